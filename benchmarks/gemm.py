@@ -1,0 +1,102 @@
+"""GEMM on the GPU: tune fp32 GEMM for CUDA (and OpenCL) and compare with cuBLAS in the same run.
+
+Run through the device tool (see ../shared/DEVICE.md):
+    source .tvm-device/boot.sh && python benchmarks/gemm.py --out $OUT
+Prints a markdown table last; records go to --out so nothing measured is lost.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import table, time_torch  # noqa: E402
+
+from tvm_ext.builder import LocalBuilder  # noqa: E402
+from tvm_ext.records import RecordStore  # noqa: E402
+from tvm_ext.runner import LocalRunner  # noqa: E402
+from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
+from tvm_ext.search import GeneticSearch  # noqa: E402
+from tvm_ext.target import resolve_target  # noqa: E402
+from tvm_ext.tuner import Tuner  # noqa: E402
+
+
+def cublas_fp32(n: int) -> float:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    return time_torch(lambda: torch.matmul(a, b))
+
+
+def tune(target_kind: str, n: int, args: argparse.Namespace, seeds=()) -> dict:
+    target = resolve_target(target_kind, 0)
+    template = GemmTemplate(n, n, n)
+    store = RecordStore(os.path.join(args.out, f"gemm_{target_kind}_{n}.jsonl"))
+    builder = LocalBuilder(workers=args.workers, timeout=300)
+    runner = LocalRunner(target, timeout=120)
+    tuner = Tuner(template, target, builder, runner, store, trials=args.trials,
+                  on_record=lambda rec, t: print(
+                      f"  [{target_kind}] trial {t.trials}: {rec.config} -> "
+                      f"{(template.flops() / rec.cost / 1e12) if rec.ok else rec.error_kind + ' ' + rec.error_msg[:120]}",
+                      flush=True))
+    default = template.default_config(target)
+    space = tuner.space
+    ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
+                       generations=args.generations, seeds=[space.encode(default)]
+                       + [space.encode(space.make(**s)) for s in seeds])
+    start = time.time()
+    result = tuner.tune(ga, default)
+    builder.close()
+    runner.close()
+    return {"target": target, "template": template, "result": result, "wall": time.time() - start}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--opencl-size", type=int, default=2048)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--population", type=int, default=24)
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--opencl-trials", type=int, default=60)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--skip-opencl", action="store_true")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    n = args.size
+    cublas = cublas_fp32(n)
+    cublas_tflops = 2 * n**3 / cublas / 1e12
+    print(f"cuBLAS fp32 {n}^3: {cublas * 1e3:.3f} ms = {cublas_tflops:.1f} TFLOP/s", flush=True)
+    rows = [["cuBLAS (torch.matmul, TF32 off)", f"{n}³", f"{cublas * 1e3:.3f}", f"{cublas_tflops:.1f}", "1.00", "-", "-", "-"]]
+    runs = [("cuda", n, args.trials)]
+    if not args.skip_opencl:
+        runs.append(("opencl", args.opencl_size, args.opencl_trials))
+    for kind, size, trials in runs:
+        args.trials = trials
+        out = tune(kind, size, args)
+        res = out["result"]
+        flops = out["template"].flops()
+        for label, rec in (("tuned", res.best), ("default config", res.default)):
+            if rec is None or not rec.ok:
+                rows.append([f"tvm_ext {kind} {label}", f"{size}³", "failed", "-", "-", "-", "-", "-"])
+                continue
+            tf = flops / rec.cost / 1e12
+            rows.append([f"tvm_ext {kind} {label}", f"{size}³", f"{rec.cost * 1e3:.3f}", f"{tf:.1f}",
+                         f"{tf / cublas_tflops:.2f}", res.trials if label == "tuned" else "-",
+                         f"{out['wall']:.0f}" if label == "tuned" else "-",
+                         " ".join(f"{k}={v}" for k, v in rec.config.items())])
+    print()
+    print(table("fp32 GEMM vs cuBLAS", ["kernel", "shape", "ms", "TFLOP/s", "vs cuBLAS 4096³", "trials", "tuning s", "config"], rows))
+
+
+if __name__ == "__main__":
+    main()

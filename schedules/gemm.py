@@ -1,0 +1,225 @@
+"""GEMM C = A·B (fp32) as a TVM tensor expression with method 000's knobs.
+
+Knobs (patent 000): work-group size ``wg_x`` × ``wg_y`` (threads along N × M),
+per-thread work ``task_x`` × ``task_y`` (outputs along N × M), plus what the text
+says speed depends on: shared (local) memory staging, bank-conflict padding and
+unrolling to constant indexing; and the k-step and vector width of loads/stores.
+
+Any M, N, K ≥ 1 works: when a dimension is not a multiple of its tile the
+iteration space is padded (``pad_einsum``) and the padding is folded into guarded
+loads and stores, so no out-of-bounds access and no extra kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import Template, TensorSpec
+
+KNOBS = (
+    Knob("wg_x", (1, 2, 4, 8, 16, 32), "work-group (thread block) width: threads along N"),
+    Knob("wg_y", (1, 2, 4, 8, 16, 32), "work-group height: threads along M"),
+    Knob("task_x", (1, 2, 4, 8), "outputs per thread along N"),
+    Knob("task_y", (1, 2, 4, 8), "outputs per thread along M"),
+    Knob("k_step", (4, 8, 16, 32), "K slice staged per iteration of the outer k loop"),
+    Knob("use_shared", (0, 1), "stage A and B tiles in shared (OpenCL local) memory"),
+    Knob("pad", (0, 1), "pad shared-memory rows to avoid bank conflicts (storage_align)"),
+    Knob("unroll", (0, 16, 64, 512), "max unrolled steps: loops become constant indexing"),
+    Knob("vec", (1, 2, 4), "vector width of shared-memory fills and output stores"),
+)
+
+FEASIBILITY_RULES = ("tvm", "patent")
+
+
+def patent_padded_size(m: int, n: int) -> int:
+    """P of patent 000: the smallest even number ≥ M and ≥ N."""
+    p = max(m, n)
+    return p + (p % 2)
+
+
+@dataclass(frozen=True)
+class GemmTemplate(Template):
+    """C[M, N] = A[M, K] · B[K, N].
+
+    ``feasibility="tvm"`` (default) admits every config whose tile fits the target's
+    thread and shared-memory limits.  ``feasibility="patent"`` additionally applies
+    patent 000's rule: wg_x·wg_y·task_x·task_y must divide P·P with P the smallest
+    even number ≥ M and ≥ N.
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "float32"
+    feasibility: str = "tvm"
+
+    name = "gemm"
+    tolerance = 1e-4
+
+    def __post_init__(self) -> None:
+        for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
+        if self.dtype != "float32":
+            raise TvmExtError(f"GEMM dtype {self.dtype!r} is not supported; allowed: float32")
+        if self.feasibility not in FEASIBILITY_RULES:
+            raise TvmExtError(
+                f"unknown feasibility rule {self.feasibility!r}; allowed: {', '.join(FEASIBILITY_RULES)}"
+            )
+
+    @classmethod
+    def from_shape(cls, shape: tuple[int, ...], **options: Any) -> "GemmTemplate":
+        if len(shape) != 3:
+            raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
+        return cls(*shape, **options)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype}
+
+    # ---- tensors and reference -------------------------------------------------
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.k), self.dtype), TensorSpec((self.k, self.n), self.dtype)]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.n), self.dtype)]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, b = inputs
+        return [a.astype(np.float64) @ b.astype(np.float64)]
+
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    # ---- knob space -------------------------------------------------------------
+    def space(self, target: TargetInfo) -> Space:
+        constraints = [lambda c: self._hardware_reason(c, target)]
+        if self.feasibility == "patent":
+            constraints.append(self._patent_reason)
+        return Space(KNOBS, tuple(constraints))
+
+    def _patent_reason(self, c: Config) -> str | None:
+        p = patent_padded_size(self.m, self.n)
+        work = c.wg_x * c.wg_y * c.task_x * c.task_y
+        if (p * p) % work:
+            return f"patent rule: wg_x*wg_y*task_x*task_y={work} does not divide P*P={p * p}"
+        return None
+
+    @staticmethod
+    def shared_bytes(c: Config) -> int:
+        if not c.use_shared:
+            return 0
+        bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
+        pad = c.vec if c.pad else 0
+        return 4 * (bm * (c.k_step + pad) + c.k_step * (bn + pad))
+
+    def _hardware_reason(self, c: Config, target: TargetInfo) -> str | None:
+        threads = c.wg_x * c.wg_y
+        if threads > target.max_threads_per_block:
+            return f"{threads} threads per block > device limit {target.max_threads_per_block}"
+        if c.task_x * c.task_y > 64:
+            return "more than 64 accumulators per thread"
+        if c.task_x % c.vec:
+            return "vec must divide task_x (vectorized stores)"
+        if self.shared_bytes(c) > target.max_shared_memory_per_block:
+            return f"needs {self.shared_bytes(c)} B shared memory > {target.max_shared_memory_per_block}"
+        if c.pad and not c.use_shared:
+            return "bank-conflict padding needs shared memory"
+        if c.use_shared:
+            bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
+            chunk = threads * c.vec
+            if (bm * c.k_step) % chunk or (bn * c.k_step) % chunk or c.k_step % c.vec:
+                return "tile fills do not split evenly over the threads and vector width"
+        return None
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """A textbook 16×16-thread, 4×4-per-thread tile with shared memory.
+
+        Degrades gracefully on devices with small work-groups (PoCL allows 4096,
+        some GPUs 256).
+        """
+        space = self.space(target)
+        for wg in (16, 8, 4, 2, 1):
+            cfg = space.make(wg_x=wg, wg_y=wg, task_x=4, task_y=4, k_step=8, use_shared=1,
+                             pad=0, unroll=64, vec=1)
+            if space.is_feasible(cfg):
+                return cfg
+        return space.make(wg_x=1, wg_y=1, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0,
+                          unroll=0, vec=1)
+
+    # ---- compute and schedule ----------------------------------------------------
+    def prim_func(self) -> Any:
+        from tvm import te
+
+        a = te.placeholder((self.m, self.k), self.dtype, name="A")
+        b = te.placeholder((self.k, self.n), self.dtype, name="B")
+        r = te.reduce_axis((0, self.k), name="k")
+        c = te.compute((self.m, self.n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+        return te.create_prim_func([a, b, c])
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        from tvm import s_tir
+
+        c = config
+        bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
+        sch = s_tir.Schedule(self.prim_func())
+        gemm = sch.get_sblock("C")
+        pad_m, pad_n, pad_k = self.m % bm != 0, self.n % bn != 0, self.k % c.k_step != 0
+        # pad_einsum makes a padded copy only of the operands whose dims need it.
+        pads = {"A": pad_m or pad_k, "B": pad_k or pad_n, "C": pad_m or pad_n}
+        padded = any(pads.values())
+        if padded:
+            sch.pad_einsum(gemm, [bm, bn, c.k_step])
+        i, j, k = sch.get_loops(gemm)
+        by, ty, ii = sch.split(i, [None, c.wg_y, c.task_y])
+        bx, tx, jj = sch.split(j, [None, c.wg_x, c.task_x])
+        ko, ki = sch.split(k, [None, c.k_step])
+        sch.reorder(by, bx, ty, tx, ko, ki, ii, jj)
+        sch.bind(by, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+
+        acc = sch.cache_write(gemm, 0, "local")
+        sch.reverse_compute_at(acc, tx)
+        if pads["C"]:
+            sch.reverse_compute_inline(sch.get_sblock("C_pad"))
+        if c.vec > 1:
+            _, store_j = sch.get_loops(acc)[-2:]
+            _, store_vec = sch.split(store_j, [None, c.vec])
+            if not pads["C"]:
+                sch.vectorize(store_vec)
+
+        if c.use_shared:
+            for operand, name in ((0, "A"), (1, "B")):
+                stage = sch.cache_read(gemm, operand, "shared")
+                sch.compute_at(stage, ko)
+                if pads[name]:
+                    sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+                if c.pad:
+                    sch.storage_align(stage, 0, axis=0, factor=32, offset=c.vec)
+                fused = sch.fuse(*sch.get_loops(stage)[-2:])
+                _, fy, fx, fv = sch.split(fused, [None, c.wg_y, c.wg_x, c.vec])
+                sch.bind(fy, "threadIdx.y")
+                sch.bind(fx, "threadIdx.x")
+                if c.vec > 1 and not pads[name]:
+                    sch.vectorize(fv)
+            # Register tiles of A and B per k so the inner product reads registers.
+            for operand in (0, 1):
+                frag = sch.cache_read(gemm, operand, "local")
+                sch.compute_at(frag, ki)
+        else:
+            for name in ("A", "B"):
+                if pads[name]:
+                    sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+
+        if c.unroll:
+            sch.annotate(by, "pragma_auto_unroll_max_step", c.unroll)
+            sch.annotate(by, "pragma_unroll_explicit", 1)
+        sch.decompose_reduction(gemm, ko)
+        return sch

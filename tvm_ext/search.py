@@ -1,0 +1,157 @@
+"""Search strategies over a space's index encoding: the parallel GA (method 000) and random.
+
+A strategy only sees index vectors and costs (seconds, +inf for infeasible or
+failed).  ``propose`` returns the next batch as one (batch, genes) array and
+``observe`` takes the batch's costs: every GA operator works on the whole
+population array at once, which is the patent's "parallel" GA, and the driver
+builds a whole batch in parallel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .space import Space
+
+
+class SearchStrategy(Protocol):
+    def propose(self) -> np.ndarray: ...
+
+    def observe(self, indices: np.ndarray, costs: np.ndarray) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
+# ---- GA operators: pure functions on whole populations ---------------------------------
+
+def two_point_crossover(parents: np.ndarray, rng: np.random.Generator, rate: float = 1.0) -> np.ndarray:
+    """Pair the parents at random; each pair swaps the genes between two cut points.
+
+    Genes outside [cut1, cut2) stay with their parent.  A pair crosses with
+    probability ``rate``; otherwise the children are copies.
+    """
+    pop, genes = parents.shape
+    order = rng.permutation(pop)
+    children = parents[order].copy()
+    n_pairs = pop // 2
+    if n_pairs == 0 or genes < 2:
+        return children
+    first, second = children[0 : 2 * n_pairs : 2], children[1 : 2 * n_pairs : 2]
+    cuts = np.sort(rng.integers(0, genes + 1, size=(n_pairs, 2)), axis=1)
+    pos = np.arange(genes)
+    swap = (pos >= cuts[:, :1]) & (pos < cuts[:, 1:]) & (rng.random((n_pairs, 1)) < rate)
+    new_first = np.where(swap, second, first)
+    new_second = np.where(swap, first, second)
+    children[0 : 2 * n_pairs : 2], children[1 : 2 * n_pairs : 2] = new_first, new_second
+    return children
+
+
+def mutate(population: np.ndarray, cardinalities: np.ndarray, rng: np.random.Generator,
+           rate: float) -> np.ndarray:
+    """Each gene is redrawn uniformly from its knob's choices with probability ``rate``."""
+    mask = rng.random(population.shape) < rate
+    fresh = rng.integers(0, cardinalities, size=population.shape)
+    return np.where(mask, fresh, population)
+
+
+def tournament_select(candidates: np.ndarray, costs: np.ndarray, size_pop: int, tourn_size: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Draw tourn_size·size_pop individuals, split into size_pop groups, keep each group's fastest."""
+    drawn = tourn_size * size_pop
+    picks = rng.choice(len(candidates), size=drawn, replace=drawn > len(candidates))
+    groups = picks.reshape(size_pop, tourn_size)
+    winners = groups[np.arange(size_pop), np.argmin(costs[groups], axis=1)]
+    return candidates[winners], costs[winners]
+
+
+@dataclass
+class GeneticSearch:
+    """Method 000: two-point crossover → mutation → back up offspring → tournament selection.
+
+    Offspring are evaluated, then selection draws from parents ∪ offspring (the
+    backup), so a good parent survives unless beaten.  ``history`` keeps each
+    generation's fastest; the overall best is the minimum over it.
+    """
+
+    space: Space
+    rng: np.random.Generator
+    size_pop: int = 16
+    generations: int = 8
+    tourn_size: int = 2
+    mutation_rate: float = 0.1
+    crossover_rate: float = 0.9
+    seeds: Sequence[np.ndarray] = ()
+    population: np.ndarray | None = field(default=None, init=False)
+    fitness: np.ndarray | None = field(default=None, init=False)
+    generation: int = field(default=0, init=False)
+    history: list[float] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        if self.size_pop < 2:
+            raise ValueError("population size must be at least 2")
+        if self.tourn_size < 1 or (self.size_pop >= 4 and self.tourn_size >= self.size_pop / 2):
+            raise ValueError(f"tourn_size must be >= 1 and < size_pop/2, got {self.tourn_size}")
+
+    @property
+    def done(self) -> bool:
+        return self.generation > self.generations
+
+    def propose(self) -> np.ndarray:
+        if self.population is None:
+            seeds = np.array(list(self.seeds)[: self.size_pop], dtype=np.int64).reshape(-1, len(self.space.knobs))
+            rest = self.space.random_indices(self.rng, self.size_pop - len(seeds))
+            return np.concatenate([seeds, rest]) if len(seeds) else rest
+        children = two_point_crossover(self.population, self.rng, self.crossover_rate)
+        return mutate(children, self.space.cardinalities, self.rng, self.mutation_rate)
+
+    def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
+        costs = np.asarray(costs, dtype=np.float64)
+        if self.population is None:  # generation 0: the initial population
+            self.population, self.fitness = indices.copy(), costs
+        else:
+            union = np.concatenate([self.population, indices])
+            union_costs = np.concatenate([self.fitness, costs])
+            self.population, self.fitness = tournament_select(
+                union, union_costs, self.size_pop, self.tourn_size, self.rng)
+        self.history.append(float(np.min(costs)))
+        self.generation += 1
+
+
+@dataclass
+class RandomSearch:
+    """Uniform random index vectors, batch by batch: the baseline the GA must beat."""
+
+    space: Space
+    rng: np.random.Generator
+    batch: int = 16
+    generations: int = 8
+    generation: int = field(default=0, init=False)
+    history: list[float] = field(default_factory=list, init=False)
+
+    @property
+    def done(self) -> bool:
+        return self.generation > self.generations
+
+    def propose(self) -> np.ndarray:
+        return self.space.random_indices(self.rng, self.batch)
+
+    def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
+        self.history.append(float(np.min(costs)))
+        self.generation += 1
+
+
+STRATEGIES = ("ga", "random")
+
+
+def make_strategy(name: str, space: Space, rng: np.random.Generator, *, population: int,
+                  generations: int, seeds: Sequence[np.ndarray] = (), tourn_size: int = 2,
+                  mutation_rate: float = 0.1) -> SearchStrategy:
+    if name == "ga":
+        return GeneticSearch(space, rng, size_pop=population, generations=generations,
+                             tourn_size=tourn_size, mutation_rate=mutation_rate, seeds=seeds)
+    if name == "random":
+        return RandomSearch(space, rng, batch=population, generations=generations)
+    raise ValueError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")

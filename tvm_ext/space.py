@@ -1,0 +1,154 @@
+"""Knob spaces: finite typed choices, frozen configs, and the integer index encoding.
+
+The genetic tuner (method 000) works on index vectors, one gene per knob, so a
+space maps a config to an ``np.ndarray`` of choice indices and back.  Constraints
+mark configs infeasible *before* anything is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from .errors import TvmExtError
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One schedule parameter with a finite, ordered list of allowed values."""
+
+    name: str
+    choices: tuple
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise ValueError(f"knob {self.name!r} has no choices")
+        if len(set(self.choices)) != len(self.choices):
+            raise ValueError(f"knob {self.name!r} has duplicate choices {self.choices}")
+
+    def index(self, value: Any) -> int:
+        try:
+            return self.choices.index(value)
+        except ValueError:
+            raise TvmExtError(
+                f"knob {self.name}={value!r} is not allowed; allowed values: "
+                + ", ".join(map(str, self.choices))
+            ) from None
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """A frozen, hashable assignment of a value to every knob (ordered by knob)."""
+
+    items: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, mapping: Mapping[str, Any]) -> "Config":
+        return cls(tuple(mapping.items()))
+
+    def __getitem__(self, name: str) -> Any:
+        for key, value in self.items:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def __getattr__(self, name: str) -> Any:
+        # Lets templates write ``cfg.wg_x``; dataclass fields resolve first.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.items)
+
+    def replace(self, **changes: Any) -> "Config":
+        values = self.as_dict()
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise KeyError(f"unknown knobs {sorted(unknown)}")
+        values.update(changes)
+        return Config.of(values)
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.items)
+
+
+Constraint = Callable[[Config], "str | None"]
+"""Returns ``None`` when the config is allowed, else the reason it is not."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """The cross product of the knobs' choices, minus what the constraints reject."""
+
+    knobs: tuple[Knob, ...]
+    constraints: tuple[Constraint, ...] = field(default=(), compare=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.knobs)
+
+    @property
+    def cardinalities(self) -> np.ndarray:
+        """Number of choices per gene, the upper bound of each index."""
+        return np.array([len(k.choices) for k in self.knobs], dtype=np.int64)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.cardinalities, dtype=object))
+
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise TvmExtError(f"unknown knob {name!r}; knobs: {', '.join(self.names)}")
+
+    def encode(self, config: Config) -> np.ndarray:
+        values = config.as_dict()
+        if set(values) != set(self.names):
+            raise TvmExtError(
+                f"config knobs {sorted(values)} do not match the space's {sorted(self.names)}"
+            )
+        return np.array([k.index(values[k.name]) for k in self.knobs], dtype=np.int64)
+
+    def decode(self, index: Iterable[int]) -> Config:
+        idx = [int(i) for i in index]
+        if len(idx) != len(self.knobs):
+            raise ValueError(f"index vector has {len(idx)} genes, space has {len(self.knobs)}")
+        return Config(tuple((k.name, k.choices[i]) for k, i in zip(self.knobs, idx)))
+
+    def make(self, **values: Any) -> Config:
+        """A config from keyword values, validated against the choices."""
+        config = Config(tuple((k.name, values[k.name]) for k in self.knobs if k.name in values))
+        missing = set(self.names) - set(values)
+        if missing:
+            raise TvmExtError(f"config is missing knobs {sorted(missing)}")
+        self.encode(config)
+        return config
+
+    def infeasible_reason(self, config: Config) -> str | None:
+        for constraint in self.constraints:
+            reason = constraint(config)
+            if reason:
+                return reason
+        return None
+
+    def is_feasible(self, config: Config) -> bool:
+        return self.infeasible_reason(config) is None
+
+    def random_indices(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``count`` uniformly drawn index vectors, shape (count, genes)."""
+        return rng.integers(0, self.cardinalities, size=(count, len(self.knobs)))
+
+    def __iter__(self) -> Iterator[Config]:
+        """Every config in index order (feasible or not)."""
+        for flat in np.ndindex(*self.cardinalities):
+            yield self.decode(flat)
+
+    def feasible_configs(self) -> list[Config]:
+        return [c for c in self if self.is_feasible(c)]

@@ -1,0 +1,147 @@
+"""Targets: which backend, which device, and the hardware limits a schedule must respect.
+
+A ``TargetInfo`` is what templates and the hardware model read (threads per block,
+shared memory, warp width, SM count); it is filled from the device when one is
+present, and from documented defaults when we only generate code (CUDA on a
+machine with no GPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import TvmExtError
+
+TARGET_KINDS = ("opencl", "cuda")
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    kind: str  # "opencl" | "cuda"
+    device_id: int = 0
+    device_name: str = "unknown"
+    max_threads_per_block: int = 1024
+    max_shared_memory_per_block: int = 48 * 1024
+    warp_size: int = 32
+    compute_units: int = 1
+    l2_bytes: int = 0
+    arch: str = ""  # CUDA "sm_90"; empty for OpenCL
+    registers_per_block: int = 65536
+    is_cpu: bool = False  # OpenCL on a CPU device (PoCL)
+
+    def tvm_target(self) -> dict[str, Any]:
+        """The target dict given to ``tvm.compile``."""
+        common = {
+            "max_threads_per_block": self.max_threads_per_block,
+            "max_shared_memory_per_block": self.max_shared_memory_per_block,
+        }
+        if self.kind == "cuda":
+            return {"kind": "cuda", "arch": self.arch or "sm_90", "thread_warp_size": 32, **common}
+        return {"kind": "opencl", "max_num_threads": self.max_threads_per_block, **common}
+
+    def key(self) -> dict[str, Any]:
+        """What identifies this target in a workload key (the device, not its index)."""
+        return {"kind": self.kind, "device": self.device_name, "arch": self.arch}
+
+
+def _opencl_devices() -> list[Any]:
+    try:
+        import pyopencl as cl
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise TvmExtError(
+            "OpenCL target needs pyopencl: pip install 'tvm_ext[opencl]'"
+        ) from exc
+    devices = []
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        platforms = []
+    for platform in platforms:
+        try:
+            devices.extend(platform.get_devices())
+        except cl.Error:
+            continue
+    # Prefer GPUs over CPUs, keep platform order otherwise.
+    devices.sort(key=lambda d: 0 if d.type & cl.device_type.GPU else 1)
+    return devices
+
+
+def opencl_device(device_id: int) -> Any:
+    devices = _opencl_devices()
+    if not devices:
+        raise TvmExtError(
+            "no OpenCL platform found; install a driver or 'pip install pocl-binary-distribution'"
+        )
+    if not 0 <= device_id < len(devices):
+        names = ", ".join(f"{i}: {d.name.strip()}" for i, d in enumerate(devices))
+        raise TvmExtError(f"no OpenCL device {device_id}; devices: {names}")
+    return devices[device_id]
+
+
+def _opencl_info(device_id: int) -> TargetInfo:
+    import pyopencl as cl
+
+    dev = opencl_device(device_id)
+    is_cpu = bool(dev.type & cl.device_type.CPU)
+    name = f"{dev.platform.name.strip()}/{dev.name.strip()}"
+    warp = 32 if "NVIDIA" in dev.vendor.upper() else 1
+    return TargetInfo(
+        kind="opencl",
+        device_id=device_id,
+        device_name=name,
+        max_threads_per_block=int(dev.max_work_group_size),
+        max_shared_memory_per_block=int(dev.local_mem_size),
+        warp_size=warp,
+        compute_units=int(dev.max_compute_units),
+        l2_bytes=int(getattr(dev, "global_mem_cache_size", 0) or 0),
+        is_cpu=is_cpu,
+    )
+
+
+def _cuda_info(device_id: int) -> TargetInfo:
+    import tvm
+
+    dev = tvm.cuda(device_id)
+    if not dev.exist:
+        raise TvmExtError(
+            f"no CUDA GPU {device_id} found (use --target opencl, or run on a GPU machine)"
+        )
+    major, minor = (int(x) for x in str(dev.compute_version).split("."))
+    l2 = 0
+    try:  # L2 size decides whether timing must rotate inputs; cupy/torch know it.
+        from cuda.bindings import runtime as cudart  # type: ignore
+
+        err, l2 = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrL2CacheSize, device_id)
+    except Exception:
+        l2 = 50 * 1024 * 1024
+    return TargetInfo(
+        kind="cuda",
+        device_id=device_id,
+        device_name=str(dev.device_name),
+        max_threads_per_block=int(dev.max_threads_per_block),
+        max_shared_memory_per_block=int(dev.max_shared_memory_per_block),
+        warp_size=int(dev.warp_size),
+        compute_units=int(dev.multi_processor_count),
+        l2_bytes=int(l2),
+        arch=f"sm_{major}{minor}",
+    )
+
+
+def offline_cuda(arch: str = "sm_90") -> TargetInfo:
+    """CUDA limits for code generation without a GPU (H100 defaults)."""
+    return TargetInfo(
+        kind="cuda", device_name=f"offline-{arch}", arch=arch, compute_units=132,
+        l2_bytes=50 * 1024 * 1024,
+    )
+
+
+def resolve_target(kind: str, device_id: int = 0) -> TargetInfo:
+    """Look the device up and return its limits; a clear error if it is not there."""
+    kind = kind.lower()
+    if kind not in TARGET_KINDS:
+        raise TvmExtError(f"unknown target {kind!r}; allowed: {', '.join(TARGET_KINDS)}")
+    if device_id < 0:
+        raise TvmExtError(f"device index must be >= 0, got {device_id}")
+    if kind == "opencl":
+        return _opencl_info(device_id)
+    return _cuda_info(device_id)

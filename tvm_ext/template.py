@@ -1,0 +1,168 @@
+"""The template interface: what an operator file in ``schedules/`` provides.
+
+One file per operator holds its TE compute, its knobs, its schedule and its numpy
+reference, so a reader finds everything about an operator in one place.  The core
+(builder, runner, tuner) only talks to this interface.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .errors import TvmExtError
+from .space import Config, Space
+from .target import TargetInfo
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class Template(ABC):
+    """An operator at one shape: compute, knob space, schedule, reference.
+
+    Instances are small and picklable: builder workers receive them.
+    """
+
+    name: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def params(self) -> dict[str, Any]:
+        """The shape and dtype parameters that, with the template, define the workload."""
+
+    @abstractmethod
+    def space(self, target: TargetInfo) -> Space: ...
+
+    @abstractmethod
+    def default_config(self, target: TargetInfo) -> Config:
+        """A reasonable hand-picked config: the baseline the tuner must beat."""
+
+    @abstractmethod
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        """Return the scheduled ``tvm.s_tir.Schedule`` for ``config``."""
+
+    @abstractmethod
+    def inputs(self) -> list[TensorSpec]: ...
+
+    @abstractmethod
+    def outputs(self) -> list[TensorSpec]: ...
+
+    @abstractmethod
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """float64 numpy result for the given inputs."""
+
+    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """Fresh random inputs (never zeros: they hide unwritten outputs)."""
+        return [rng.uniform(-1.0, 1.0, size=s.shape).astype(s.dtype) for s in self.inputs()]
+
+    def check(self, outputs: list[np.ndarray], refs: list[np.ndarray]) -> str | None:
+        """``None`` if outputs match the reference, else what is wrong."""
+        for i, (out, ref) in enumerate(zip(outputs, refs)):
+            out64 = out.astype(np.float64)
+            if out.shape != ref.shape:
+                return f"output {i} has shape {out.shape}, expected {ref.shape}"
+            if not np.array_equal(np.isnan(out64), np.isnan(ref)):
+                return f"output {i}: NaN where the reference has none (or the reverse)"
+            mask = ~np.isnan(ref)
+            denom = max(np.linalg.norm(ref[mask]), 1e-30)
+            err = float(np.linalg.norm(out64[mask] - ref[mask]) / denom)
+            if not err <= self.tolerance:
+                return f"output {i}: relative error {err:.3g} exceeds {self.tolerance:.1g}"
+        return None
+
+    tolerance: ClassVar[float] = 1e-4
+
+    def flops(self) -> float:
+        """Floating-point operations of one run (0 when speed is a bandwidth figure)."""
+        return 0.0
+
+    def bytes_moved(self) -> float:
+        """The fewest bytes one run must read and write."""
+        size = lambda s: int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize  # noqa: E731
+        return float(sum(size(s) for s in self.inputs() + self.outputs()))
+
+    @cached_property
+    def source_hash(self) -> str:
+        """Hash of the template's source file: a template edit invalidates old records."""
+        source = inspect.getsource(inspect.getmodule(type(self)))
+        return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return f"{self.name} " + " ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything that changes the kernel: the cache key of a record."""
+
+    template: str
+    params: tuple[tuple[str, Any], ...]
+    target: tuple[tuple[str, Any], ...]
+    tvm_version: str
+    template_hash: str
+
+    @classmethod
+    def of(cls, template: Template, target: TargetInfo) -> "Workload":
+        import tvm
+
+        return cls(
+            template=template.name,
+            params=tuple(sorted((k, _plain(v)) for k, v in template.params.items())),
+            target=tuple(sorted(target.key().items())),
+            tvm_version=str(tvm.__version__),
+            template_hash=template.source_hash,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "template": self.template,
+            "params": dict(self.params),
+            "target": dict(self.target),
+            "tvm_version": self.tvm_version,
+            "template_hash": self.template_hash,
+        }
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.as_json(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# name -> "module:Class"; modules are imported on first use so the CLI starts fast.
+_REGISTRY: dict[str, str] = {
+    "gemm": "tvm_ext.schedules.gemm:GemmTemplate",
+}
+
+
+def template_names() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def register_template(name: str, path: str) -> None:
+    _REGISTRY[name] = path
+
+
+def get_template_class(name: str) -> type[Template]:
+    if name not in _REGISTRY:
+        raise TvmExtError(f"unknown template {name!r}; available: {', '.join(template_names())}")
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,159 @@
+"""The tuning driver: strategy → feasibility → dedup → build (parallel) → run → record.
+
+It owns the measure loop so every strategy gets the same guarantees: infeasible
+configs cost +inf without a build, a config (or a generated source) already
+measured is never measured again, each result is appended to the records file
+as it arrives, and Ctrl-C returns the best so far.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from .builder import BuildResult
+from .records import Record, RecordStore
+from .runner import RunResult
+from .search import SearchStrategy
+from .space import Config
+from .target import TargetInfo
+from .template import Template, Workload
+
+
+class Runner(Protocol):
+    def run(self, template: Template, builds: Sequence[BuildResult]) -> list[RunResult]: ...
+
+
+class Builder(Protocol):
+    def build(self, template: Template, configs: Sequence[Config], target: TargetInfo) -> list[BuildResult]: ...
+
+
+@dataclass
+class TuneResult:
+    workload: Workload
+    best: Record | None
+    default: Record | None
+    trials: int  # measurements made in this run
+    errors: int  # of which failed
+    resumed: int  # records read back from an earlier run
+    wall_secs: float
+    interrupted: bool = False
+    history: list[float] = field(default_factory=list)  # best cost after each batch
+
+    def speedup_over_default(self) -> float:
+        if self.best is None or self.default is None or not self.default.ok:
+            return math.nan
+        return self.default.cost / self.best.cost
+
+
+ProgressHook = Callable[[Record, "Tuner"], None]
+
+
+class Tuner:
+    """Measures configs of one workload, with resume and dedup, under a trial budget."""
+
+    def __init__(self, template: Template, target: TargetInfo, builder: Builder, runner: Runner,
+                 store: RecordStore, trials: int = 1 << 30, on_record: ProgressHook | None = None):
+        self.template = template
+        self.target = target
+        self.space = template.space(target)
+        self.builder = builder
+        self.runner = runner
+        self.store = store
+        self.workload = Workload.of(template, target)
+        self.trials_budget = trials
+        self.on_record = on_record
+        self.trials = 0
+        self.errors = 0
+        self._cost: dict[Config, float] = {}
+        self._by_source: dict[str, float] = {}
+        self._records: dict[Config, Record] = {}
+        for rec in store.for_workload(self.workload.key):
+            self._remember(rec)
+        self.resumed = len(self._records)
+
+    def _remember(self, rec: Record) -> None:
+        cfg = rec.config_obj()
+        self._records[cfg] = rec
+        self._cost[cfg] = rec.cost
+        if rec.source_hash and rec.ok:
+            self._by_source[rec.source_hash] = rec.cost
+
+    @property
+    def best(self) -> Record | None:
+        good = [r for r in self._records.values() if r.ok]
+        return min(good, key=lambda r: r.cost) if good else None
+
+    def record_of(self, config: Config) -> Record | None:
+        return self._records.get(config)
+
+    @property
+    def budget_left(self) -> int:
+        return self.trials_budget - self.trials
+
+    def evaluate(self, configs: Sequence[Config]) -> np.ndarray:
+        """Cost (s) of each config; measures only what is new, feasible and within budget.
+
+        Configs beyond the budget get +inf (unmeasured) so a strategy can still rank.
+        """
+        pending: list[Config] = []
+        for cfg in dict.fromkeys(configs):  # unique, in order
+            if cfg in self._cost:
+                continue
+            if not self.space.is_feasible(cfg):
+                self._cost[cfg] = math.inf  # kept, never built
+                continue
+            if len(pending) < self.budget_left:
+                pending.append(cfg)
+        if pending:
+            for build in self.builder.build(self.template, pending, self.target):
+                self._measure(build)
+        return np.array([self._cost.get(c, math.inf) for c in configs], dtype=np.float64)
+
+    def _measure(self, build: BuildResult) -> None:
+        source_hash = build.artifact.source_hash if build.artifact else ""
+        if source_hash in self._by_source:  # same kernel as one already measured
+            self._cost[build.config] = self._by_source[source_hash]
+            return
+        (result,) = self.runner.run(self.template, [build])
+        rec = Record(
+            workload_key=self.workload.key,
+            workload=self.workload.as_json(),
+            config=build.config.as_dict(),
+            costs=result.costs,
+            error_kind=result.error_kind,
+            error_msg=result.error_msg,
+            build_secs=round(build.build_secs, 4),
+            source_hash=source_hash,
+            trace=build.trace,
+        )
+        self.store.append(rec)
+        self._remember(rec)
+        self.trials += 1
+        self.errors += 0 if rec.ok else 1
+        if self.on_record:
+            self.on_record(rec, self)
+
+    def tune(self, strategy: SearchStrategy, default: Config | None = None) -> TuneResult:
+        start = time.perf_counter()
+        interrupted = False
+        history: list[float] = []
+        default = default or self.template.default_config(self.target)
+        try:
+            self.evaluate([default])
+            while not strategy.done and self.budget_left > 0:
+                batch = strategy.propose()
+                configs = [self.space.decode(row) for row in batch]
+                costs = self.evaluate(configs)
+                strategy.observe(batch, costs)
+                history.append(self.best.cost if self.best else math.inf)
+        except KeyboardInterrupt:
+            interrupted = True
+        return TuneResult(
+            workload=self.workload, best=self.best, default=self.record_of(default),
+            trials=self.trials, errors=self.errors, resumed=self.resumed,
+            wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history,
+        )
