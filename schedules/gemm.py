@@ -31,6 +31,7 @@ KNOBS = (
     Knob("pad", (0, 1), "pad shared-memory rows to avoid bank conflicts (storage_align)"),
     Knob("unroll", (0, 16, 64, 512), "max unrolled steps: loops become constant indexing"),
     Knob("vec", (1, 2, 4), "vector width of shared-memory fills and output stores"),
+    Knob("double_buffer", (0, 1), "prefetch the next K slice into a second shared buffer"),
 )
 
 FEASIBILITY_RULES = ("tvm", "patent")
@@ -116,7 +117,8 @@ class GemmTemplate(Template):
             return 0
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
         pad = c.vec if c.pad else 0
-        return 4 * (bm * (c.k_step + pad) + c.k_step * (bn + pad))
+        stages = 2 if c.double_buffer else 1
+        return 4 * stages * (bm * (c.k_step + pad) + c.k_step * (bn + pad))
 
     def _hardware_reason(self, c: Config, target: TargetInfo) -> str | None:
         threads = c.wg_x * c.wg_y
@@ -128,8 +130,8 @@ class GemmTemplate(Template):
             return "vec must divide task_x (vectorized stores)"
         if self.shared_bytes(c) > target.max_shared_memory_per_block:
             return f"needs {self.shared_bytes(c)} B shared memory > {target.max_shared_memory_per_block}"
-        if c.pad and not c.use_shared:
-            return "bank-conflict padding needs shared memory"
+        if (c.pad or c.double_buffer) and not c.use_shared:
+            return "bank-conflict padding and double buffering need shared memory"
         if c.use_shared:
             bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
             chunk = threads * c.vec
@@ -146,11 +148,11 @@ class GemmTemplate(Template):
         space = self.space(target)
         for wg in (16, 8, 4, 2, 1):
             cfg = space.make(wg_x=wg, wg_y=wg, task_x=4, task_y=4, k_step=8, use_shared=1,
-                             pad=0, unroll=64, vec=1)
+                             pad=0, unroll=64, vec=1, double_buffer=0)
             if space.is_feasible(cfg):
                 return cfg
         return space.make(wg_x=1, wg_y=1, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0,
-                          unroll=0, vec=1)
+                          unroll=0, vec=1, double_buffer=0)
 
     # ---- compute and schedule ----------------------------------------------------
     def prim_func(self) -> Any:
@@ -177,11 +179,16 @@ class GemmTemplate(Template):
             sch.pad_einsum(gemm, [bm, bn, c.k_step])
         i, j, k = sch.get_loops(gemm)
         by, ty, ii = sch.split(i, [None, c.wg_y, c.task_y])
-        bx, tx, jj = sch.split(j, [None, c.wg_x, c.task_x])
+        # N is interleaved: each thread owns task_x/vec chunks of vec adjacent columns,
+        # wg_x*vec apart, so a warp's shared and global accesses are contiguous
+        # (no bank conflicts, coalesced vector stores).  The chunk loop is a virtual
+        # thread so the thread's accumulators stay one compact register tile.
+        bx, vx, tx, jj = sch.split(j, [None, c.task_x // c.vec, c.wg_x, c.vec])
         ko, ki = sch.split(k, [None, c.k_step])
-        sch.reorder(by, bx, ty, tx, ko, ki, ii, jj)
+        sch.reorder(by, bx, vx, ty, tx, ko, ki, ii, jj)
         sch.bind(by, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
+        sch.bind(vx, "vthread.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
 
@@ -189,11 +196,8 @@ class GemmTemplate(Template):
         sch.reverse_compute_at(acc, tx)
         if pads["C"]:
             sch.reverse_compute_inline(sch.get_sblock("C_pad"))
-        if c.vec > 1:
-            _, store_j = sch.get_loops(acc)[-2:]
-            _, store_vec = sch.split(store_j, [None, c.vec])
-            if not pads["C"]:
-                sch.vectorize(store_vec)
+        if c.vec > 1 and not pads["C"]:
+            sch.vectorize(sch.get_loops(acc)[-1])
 
         if c.use_shared:
             for operand, name in ((0, "A"), (1, "B")):
@@ -201,8 +205,9 @@ class GemmTemplate(Template):
                 sch.compute_at(stage, ko)
                 if pads[name]:
                     sch.compute_inline(sch.get_sblock(f"{name}_pad"))
-                if c.pad:
-                    sch.storage_align(stage, 0, axis=0, factor=32, offset=c.vec)
+                if c.pad:  # row stride = row length + vec: rows start on different banks
+                    row = c.k_step if name == "A" else bn
+                    sch.storage_align(stage, 0, axis=0, factor=row, offset=c.vec % row)
                 fused = sch.fuse(*sch.get_loops(stage)[-2:])
                 _, fy, fx, fv = sch.split(fused, [None, c.wg_y, c.wg_x, c.vec])
                 sch.bind(fy, "threadIdx.y")
@@ -213,6 +218,11 @@ class GemmTemplate(Template):
             for operand in (0, 1):
                 frag = sch.cache_read(gemm, operand, "local")
                 sch.compute_at(frag, ki)
+                if operand == 1 and c.vec > 1:
+                    sch.vectorize(sch.get_loops(frag)[-1])
+            if c.double_buffer:  # fills of slice k+1 overlap the math of slice k
+                sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
+                sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
         else:
             for name in ("A", "B"):
                 if pads[name]:

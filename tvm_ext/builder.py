@@ -142,6 +142,7 @@ def build_one(template: Template, config: Config, target: TargetInfo, out_dir: s
         library = ""
         if target.kind == "cuda":
             digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+            os.makedirs(out_dir, exist_ok=True)
             library = os.path.join(out_dir, f"{template.name}-{digest}.so")
             if not os.path.exists(library):
                 tmp = f"{library}.{os.getpid()}.tmp.so"
@@ -150,11 +151,17 @@ def build_one(template: Template, config: Config, target: TargetInfo, out_dir: s
         artifact = Artifact(target.kind, source, launches, params, library)
         return BuildResult(config, artifact, trace, time.perf_counter() - start)
     except Exception as exc:  # a config that does not compile is data, not a crash
-        msg = str(exc).strip().splitlines()
-        return BuildResult(
-            config, None, trace, time.perf_counter() - start, "build_error",
-            _short(msg[-1] if msg else type(exc).__name__),
-        )
+        return BuildResult(config, None, trace, time.perf_counter() - start, "build_error",
+                           error_summary(exc))
+
+
+def error_summary(exc: BaseException) -> str:
+    """One line for a record: TVM's errors put the useful line last, compilers first."""
+    lines = [l.strip() for l in str(exc).strip().splitlines() if l.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[-1] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return _short(text)
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -97,8 +97,9 @@ def _reference_case(template: Template, seed: int) -> tuple[list[np.ndarray], li
 
 
 def _poisoned_outputs(template: Template) -> list[np.ndarray]:
+    """Outputs (then scratch buffers) filled with NaN, so an unwritten element fails the check."""
     outs = []
-    for spec in template.outputs():
+    for spec in template.outputs() + template.scratch():
         arr = np.empty(spec.shape, spec.dtype)
         arr.fill(np.nan if np.dtype(spec.dtype).kind == "f" else -1)
         outs.append(arr)
@@ -152,7 +153,7 @@ def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
     for name, out in zip(artifact.params[n_in:], outs):
         cl.enqueue_copy(queue, out, check_bufs[name])
     queue.finish()
-    wrong = template.check(outs, refs)
+    wrong = template.check(outs[: len(refs)], refs)
     if wrong:
         return RunResult((), "wrong_answer", wrong)
 
@@ -192,7 +193,7 @@ def measure_cuda(artifact: Artifact, template: Template, target: TargetInfo,
     func(*args)
     dev.sync()
     n_in = len(inputs)
-    wrong = template.check([a.numpy() for a in args[n_in:]], refs)
+    wrong = template.check([a.numpy() for a in args[n_in : n_in + len(refs)]], refs)
     if wrong:
         return RunResult((), "wrong_answer", wrong)
     sets = [args]

@@ -101,9 +101,14 @@ class GeneticSearch:
 
     def propose(self) -> np.ndarray:
         if self.population is None:
-            seeds = np.array(list(self.seeds)[: self.size_pop], dtype=np.int64).reshape(-1, len(self.space.knobs))
-            rest = self.space.random_indices(self.rng, self.size_pop - len(seeds))
-            return np.concatenate([seeds, rest]) if len(seeds) else rest
+            # Initial population: the seeds (default config, analytic picks), then
+            # random *feasible* individuals so no slot starts at +inf.
+            genes = len(self.space.knobs)
+            seeds = np.array(list(self.seeds)[: self.size_pop], dtype=np.int64).reshape(-1, genes)
+            rest = self.space.random_feasible_indices(self.rng, self.size_pop - len(seeds))
+            missing = self.size_pop - len(seeds) - len(rest)
+            filler = self.space.random_indices(self.rng, missing)  # tiny spaces only
+            return np.concatenate([seeds, rest, filler])
         children = two_point_crossover(self.population, self.rng, self.crossover_rate)
         return mutate(children, self.space.cardinalities, self.rng, self.mutation_rate)
 

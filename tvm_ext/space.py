@@ -145,6 +145,22 @@ class Space:
         """``count`` uniformly drawn index vectors, shape (count, genes)."""
         return rng.integers(0, self.cardinalities, size=(count, len(self.knobs)))
 
+    def random_feasible_indices(self, rng: np.random.Generator, count: int,
+                                max_draws: int = 10_000) -> np.ndarray:
+        """Up to ``count`` distinct feasible index vectors by rejection sampling."""
+        found: dict[tuple[int, ...], None] = {}
+        draws = 0
+        while len(found) < count and draws < max_draws:
+            batch = self.random_indices(rng, max(count, 64))
+            draws += len(batch)
+            for row in batch:
+                key = tuple(int(v) for v in row)
+                if key not in found and self.is_feasible(self.decode(key)):
+                    found[key] = None
+                    if len(found) == count:
+                        break
+        return np.array(list(found), dtype=np.int64).reshape(-1, len(self.knobs))
+
     def __iter__(self) -> Iterator[Config]:
         """Every config in index order (feasible or not)."""
         for flat in np.ndindex(*self.cardinalities):

@@ -58,6 +58,11 @@ class Template(ABC):
     @abstractmethod
     def outputs(self) -> list[TensorSpec]: ...
 
+    def scratch(self) -> list[TensorSpec]:
+        """Intermediate buffers passed as trailing parameters (e.g. partial sums of a
+        two-stage reduction): allocated by the runner, never checked."""
+        return []
+
     @abstractmethod
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """float64 numpy result for the given inputs."""
