@@ -208,7 +208,8 @@ class GemmTemplate(Template):
                 if c.pad:  # row stride = row length + vec: rows start on different banks
                     row = c.k_step if name == "A" else bn
                     sch.storage_align(stage, 0, axis=0, factor=row, offset=c.vec % row)
-                fused = sch.fuse(*sch.get_loops(stage)[-2:])
+                own = sch.get_loops(stage)[6:]  # below by, bx, vx, ty, tx, ko
+                fused = own[0] if len(own) == 1 else sch.fuse(*own)
                 _, fy, fx, fv = sch.split(fused, [None, c.wg_y, c.wg_x, c.vec])
                 sch.bind(fy, "threadIdx.y")
                 sch.bind(fx, "threadIdx.x")
