@@ -71,14 +71,22 @@ def _check_tuning_args(args: argparse.Namespace) -> None:
         raise TvmExtError(f"--tourn-size must be < population/2 ({args.population / 2:g})")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .schedules.gemm import KNOBS as GEMM_KNOBS
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m tvm_ext.tune",
         description="Search the schedule space of a TVM operator template and keep the fastest kernel.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="TEMPLATE", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="TEMPLATE", required=True,
+                                parser_class=_Parser)
     gemm = sub.add_parser(
         "gemm", help="fp32 GEMM C[M,N] = A[M,K]·B[K,N]",
         description="Tune fp32 GEMM C[M,N] = A[M,K]·B[K,N] with the parallel genetic algorithm (patent 000).",

@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo, offline_cuda
+
+
+def test_encode_decode_round_trip_over_whole_small_space():
+    space = Space((Knob("a", (1, 2, 4)), Knob("b", ("x", "y")), Knob("c", (0, 1))))
+    seen = set()
+    for cfg in space:
+        idx = space.encode(cfg)
+        assert space.decode(idx) == cfg
+        seen.add(cfg)
+    assert len(seen) == space.size == 12
+
+
+def test_gemm_space_round_trip_random_vectors():
+    space = GemmTemplate(64, 64, 64).space(offline_cuda())
+    rng = np.random.default_rng(1)
+    for row in space.random_indices(rng, 200):
+        assert np.array_equal(space.encode(space.decode(row)), row)
+    assert len(space.knobs) == len(KNOBS)
+
+
+def test_config_is_frozen_hashable_and_readable():
+    cfg = Config.of({"wg_x": 8, "wg_y": 4})
+    assert cfg.wg_x == 8 and cfg["wg_y"] == 4
+    assert {cfg: 1}[Config.of({"wg_x": 8, "wg_y": 4})] == 1
+    with pytest.raises(Exception):
+        cfg.items = ()  # type: ignore[misc]
+    assert cfg.replace(wg_x=16).wg_x == 16 and cfg.wg_x == 8
+
+
+def test_bad_knob_value_names_the_allowed_values():
+    space = GemmTemplate(64, 64, 64).space(offline_cuda())
+    with pytest.raises(TvmExtError, match="allowed values: 1, 2, 4, 8, 16, 32"):
+        space.make(wg_x=3, wg_y=1, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0,
+                   vec=1, double_buffer=0)
+
+
+def test_hardware_constraint_rejects_too_many_threads():
+    cfg_1024 = dict(wg_x=32, wg_y=32, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0,
+                    unroll=0, vec=1, double_buffer=0)
+    cuda_space = GemmTemplate(64, 64, 64).space(offline_cuda())
+    assert cuda_space.is_feasible(cuda_space.make(**cfg_1024))
+    small = TargetInfo(kind="opencl", max_threads_per_block=256)
+    small_space = GemmTemplate(64, 64, 64).space(small)
+    assert "threads per block" in small_space.infeasible_reason(small_space.make(**cfg_1024))
+
+
+def test_shared_memory_limit():
+    tiny_smem = TargetInfo(kind="opencl", max_shared_memory_per_block=1024)
+    space = GemmTemplate(64, 64, 64).space(tiny_smem)
+    cfg = space.make(wg_x=16, wg_y=16, task_x=4, task_y=4, k_step=32, use_shared=1, pad=0,
+                     unroll=0, vec=1, double_buffer=0)
+    assert "shared memory" in space.infeasible_reason(cfg)
+
+
+def test_patent_feasibility_rule():
+    # M=N=6 -> P=6, P*P=36: 2*2*1*1=4 does not divide 36? 36 % 4 == 0 -> feasible; 8 does not.
+    tmpl = GemmTemplate(5, 6, 7, feasibility="patent")
+    space = tmpl.space(offline_cuda())
+    ok = space.make(wg_x=2, wg_y=2, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0, vec=1, double_buffer=0)
+    bad = ok.replace(wg_x=4, wg_y=2)
+    assert space.is_feasible(ok)
+    assert "patent rule" in space.infeasible_reason(bad)
+    assert GemmTemplate(5, 6, 7).space(offline_cuda()).is_feasible(bad)  # default rule admits it
+
+
+@pytest.mark.parametrize("shape", [(0, 1, 1), (1, -2, 1)])
+def test_non_positive_shape_rejected(shape):
+    with pytest.raises(TvmExtError, match="positive"):
+        GemmTemplate(*shape)

@@ -1,0 +1,142 @@
+"""End-to-end tuning on the real OpenCL device (PoCL on CI): records, resume, failures as data."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from broken_gemm import BrokenGemm
+from tvm_ext.builder import LocalBuilder, build_one
+from tvm_ext.records import RecordStore
+from tvm_ext.runner import LocalRunner, MeasureSettings, _measure_in_worker
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.search import GeneticSearch
+from tvm_ext.tuner import Tuner
+
+FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
+
+
+def _tuner(template, target, path, builder=None, trials=1 << 30):
+    return Tuner(template, target, builder or LocalBuilder(workers=2, timeout=120),
+                 LocalRunner(target, FAST, timeout=60), RecordStore(path), trials=trials)
+
+
+def _ga(tuner, seed=0, pop=6, gens=2):
+    default = tuner.template.default_config(tuner.target)
+    return GeneticSearch(tuner.space, np.random.default_rng(seed), size_pop=pop, generations=gens,
+                         seeds=[tuner.space.encode(default)])
+
+
+@pytest.mark.parametrize("shape", [(127, 513, 65), (1, 1, 1), (33, 7, 129)])
+def test_non_multiple_shapes_are_correct(opencl, shape, tmp_path):
+    """Every config here runs the reference check on fresh random inputs; a wrong one fails."""
+    tmpl = GemmTemplate(*shape)
+    space = tmpl.space(opencl)
+    configs = [tmpl.default_config(opencl),
+               space.make(wg_x=8, wg_y=4, task_x=4, task_y=2, k_step=16, use_shared=1, pad=1,
+                          unroll=512, vec=4, double_buffer=1),
+               space.make(wg_x=4, wg_y=8, task_x=2, task_y=1, k_step=4, use_shared=0, pad=0,
+                          unroll=0, vec=2, double_buffer=0)]
+    for cfg in configs:
+        build = build_one(tmpl, cfg, opencl, str(tmp_path))
+        assert build.ok, build.error_msg
+        result = _measure_in_worker(build.artifact, tmpl, opencl, FAST)
+        assert result.ok, f"{cfg}: {result.error_kind} {result.error_msg}"
+        assert 0 < result.cost < 10
+
+
+def test_tuning_writes_records_beats_default_and_resumes(opencl, tmp_path):
+    path = tmp_path / "records.jsonl"
+    tmpl = GemmTemplate(64, 64, 64)
+    tuner = _tuner(tmpl, opencl, path)
+    result = tuner.tune(_ga(tuner))
+    tuner.builder.close(), tuner.runner.close()
+    lines = path.read_text().splitlines()
+    assert result.trials == len(lines) >= 8
+    rec = json.loads(lines[0])
+    for field in ("workload_key", "config", "costs", "error_kind", "build_secs", "trace", "timestamp"):
+        assert field in rec
+    assert rec["workload"]["template"] == "gemm" and rec["workload"]["params"]["m"] == 64
+    assert rec["workload"]["tvm_version"] and rec["workload"]["template_hash"]
+    assert isinstance(rec["trace"], list) and rec["trace"]
+    assert result.best is not None and result.default is not None
+    assert result.best.cost < result.default.cost
+    assert RecordStore(path).best(result.workload.key).cost == result.best.cost
+
+    # Same command again: everything is read back, nothing is measured twice.
+    again = _tuner(tmpl, opencl, path)
+    second = again.tune(_ga(again))
+    again.builder.close(), again.runner.close()
+    assert second.resumed == result.trials
+    assert second.trials == 0
+    assert len(path.read_text().splitlines()) == len(lines)
+    assert second.best.cost == result.best.cost
+
+
+def test_budget_stops_the_search_and_a_rerun_continues(opencl, tmp_path):
+    path = tmp_path / "r.jsonl"
+    tmpl = GemmTemplate(32, 32, 32)
+    first = _tuner(tmpl, opencl, path, trials=4)
+    r1 = first.tune(_ga(first, gens=3))
+    assert r1.trials == 4
+    second = _tuner(tmpl, opencl, path, trials=4)
+    r2 = second.tune(_ga(second, gens=3))
+    assert r2.resumed == 4 and r2.trials == 4
+    configs = [json.dumps(json.loads(l)["config"], sort_keys=True) for l in path.read_text().splitlines()]
+    assert len(configs) == len(set(configs)) == 8  # no config measured twice
+    for t in (first, second):
+        t.builder.close(), t.runner.close()
+
+
+class RecordingBuilder(LocalBuilder):
+    """The real builder, remembering what it was asked to build."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.asked = []
+
+    def build(self, template, configs, target):
+        self.asked.extend(configs)
+        return super().build(template, configs, target)
+
+
+def test_infeasible_configs_never_reach_the_builder(opencl, tmp_path):
+    narrow = dataclasses.replace(opencl, max_threads_per_block=16)  # most configs infeasible
+    builder = RecordingBuilder(workers=2)
+    tuner = _tuner(GemmTemplate(16, 16, 16), narrow, tmp_path / "r.jsonl", builder=builder)
+    ga = _ga(tuner, pop=8, gens=3)
+    proposed = []
+    original = ga.propose
+
+    def spy():
+        batch = original()
+        proposed.extend(tuner.space.decode(r) for r in batch)
+        return batch
+
+    ga.propose = spy
+    tuner.tune(ga)
+    tuner.builder.close(), tuner.runner.close()
+    assert builder.asked and all(tuner.space.is_feasible(c) for c in builder.asked)
+    assert any(not tuner.space.is_feasible(c) for c in proposed)
+    assert len(builder.asked) == len(set(builder.asked))
+
+
+def test_failures_become_error_records_and_the_run_finishes(opencl, tmp_path):
+    path = tmp_path / "r.jsonl"
+    tmpl = BrokenGemm(16, 16, 16)
+    tuner = _tuner(tmpl, opencl, path)
+    default = tmpl.default_config(opencl)
+    configs = [default.replace(mode=m) for m in ("compile_error", "trap", "wrong", "ok")]
+    costs = tuner.evaluate(configs)
+    tuner.builder.close(), tuner.runner.close()
+    kinds = {json.loads(l)["config"]["mode"]: json.loads(l) for l in path.read_text().splitlines()}
+    assert kinds["compile_error"]["error_kind"] == "build_error"
+    assert "no_such_block" in kinds["compile_error"]["error_msg"]
+    assert kinds["trap"]["error_kind"] in ("crash", "run_error")
+    assert kinds["wrong"]["error_kind"] == "wrong_answer"
+    assert kinds["ok"]["error_kind"] == ""
+    assert np.isinf(costs[:3]).all() and np.isfinite(costs[3])
+    best = RecordStore(path).best(tuner.workload.key)
+    assert best.config["mode"] == "ok"  # a wrong answer is never the best
