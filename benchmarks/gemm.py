@@ -34,7 +34,7 @@ def cublas_fp32(n: int) -> float:
     return time_torch(lambda: torch.matmul(a, b))
 
 
-def tune(target_kind: str, n: int, args: argparse.Namespace, seeds=()) -> dict:
+def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> dict:
     target = resolve_target(target_kind, 0)
     template = GemmTemplate(n, n, n)
     store = RecordStore(os.path.join(args.out, f"gemm_{target_kind}_{n}.jsonl"))
@@ -48,13 +48,19 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, seeds=()) -> dict:
     default = template.default_config(target)
     space = tuner.space
     ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
-                       generations=args.generations, seeds=[space.encode(default)]
-                       + [space.encode(space.make(**s)) for s in seeds])
+                       generations=args.generations, seeds=[space.encode(default)])
     start = time.time()
     result = tuner.tune(ga, default)
+    wall = time.time() - start
+    tuner.trials_budget += len(hand_picked)
+    picked = []
+    for text in hand_picked:
+        cfg = space.make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
+        tuner.evaluate([cfg])
+        picked.append(tuner.record_of(cfg))
     builder.close()
     runner.close()
-    return {"target": target, "template": template, "result": result, "wall": time.time() - start}
+    return {"target": target, "template": template, "result": result, "wall": wall, "picked": picked}
 
 
 def main() -> None:
@@ -69,6 +75,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out")
     p.add_argument("--skip-opencl", action="store_true")
+    p.add_argument("--hand-picked", action="append", default=[],
+                   help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -82,17 +90,19 @@ def main() -> None:
         runs.append(("opencl", args.opencl_size, args.opencl_trials))
     for kind, size, trials in runs:
         args.trials = trials
-        out = tune(kind, size, args)
+        out = tune(kind, size, args, args.hand_picked if kind == "cuda" else ())
         res = out["result"]
         flops = out["template"].flops()
-        for label, rec in (("tuned", res.best), ("default config", res.default)):
+        labelled = [("tuned (GA)", res.best), ("default config", res.default)]
+        labelled += [("hand-picked", rec) for rec in out["picked"]]
+        for label, rec in labelled:
             if rec is None or not rec.ok:
                 rows.append([f"tvm_ext {kind} {label}", f"{size}³", "failed", "-", "-", "-", "-", "-"])
                 continue
             tf = flops / rec.cost / 1e12
             rows.append([f"tvm_ext {kind} {label}", f"{size}³", f"{rec.cost * 1e3:.3f}", f"{tf:.1f}",
-                         f"{tf / cublas_tflops:.2f}", res.trials if label == "tuned" else "-",
-                         f"{out['wall']:.0f}" if label == "tuned" else "-",
+                         f"{tf / cublas_tflops:.2f}", res.trials if label.startswith("tuned") else "-",
+                         f"{out['wall']:.0f}" if label.startswith("tuned") else "-",
                          " ".join(f"{k}={v}" for k, v in rec.config.items())])
     print()
     print(table("fp32 GEMM vs cuBLAS", ["kernel", "shape", "ms", "TFLOP/s", "vs cuBLAS 4096³", "trials", "tuning s", "config"], rows))
