@@ -32,6 +32,7 @@ KNOBS = (
     Knob("unroll", (0, 16, 64, 512), "max unrolled steps: loops become constant indexing"),
     Knob("vec", (1, 2, 4), "vector width of shared-memory fills and output stores"),
     Knob("double_buffer", (0, 1), "prefetch the next K slice into a second shared buffer"),
+    Knob("a_transposed", (0, 1), "keep the A tile K-major in shared memory: vector fragment loads of A"),
 )
 
 FEASIBILITY_RULES = ("tvm", "patent")
@@ -130,8 +131,10 @@ class GemmTemplate(Template):
             return "vec must divide task_x (vectorized stores)"
         if self.shared_bytes(c) > target.max_shared_memory_per_block:
             return f"needs {self.shared_bytes(c)} B shared memory > {target.max_shared_memory_per_block}"
-        if (c.pad or c.double_buffer) and not c.use_shared:
-            return "bank-conflict padding and double buffering need shared memory"
+        if (c.pad or c.double_buffer or c.a_transposed) and not c.use_shared:
+            return "padding, double buffering and a transposed A tile need shared memory"
+        if c.a_transposed and c.task_y % c.vec:
+            return "vec must divide task_y with a transposed A tile"
         if c.use_shared:
             bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
             chunk = threads * c.vec
@@ -148,11 +151,11 @@ class GemmTemplate(Template):
         space = self.space(target)
         for wg in (16, 8, 4, 2, 1):
             cfg = space.make(wg_x=wg, wg_y=wg, task_x=4, task_y=4, k_step=8, use_shared=1,
-                             pad=0, unroll=64, vec=1, double_buffer=0)
+                             pad=0, unroll=64, vec=1, double_buffer=0, a_transposed=0)
             if space.is_feasible(cfg):
                 return cfg
         return space.make(wg_x=1, wg_y=1, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0,
-                          unroll=0, vec=1, double_buffer=0)
+                          unroll=0, vec=1, double_buffer=0, a_transposed=0)
 
     # ---- compute and schedule ----------------------------------------------------
     def prim_func(self) -> Any:
@@ -178,16 +181,19 @@ class GemmTemplate(Template):
         if padded:
             sch.pad_einsum(gemm, [bm, bn, c.k_step])
         i, j, k = sch.get_loops(gemm)
-        by, ty, ii = sch.split(i, [None, c.wg_y, c.task_y])
         # N is interleaved: each thread owns task_x/vec chunks of vec adjacent columns,
         # wg_x*vec apart, so a warp's shared and global accesses are contiguous
         # (no bank conflicts, coalesced vector stores).  The chunk loop is a virtual
-        # thread so the thread's accumulators stay one compact register tile.
+        # thread so the thread's accumulators stay one compact register tile.  With a
+        # K-major A tile, M is interleaved the same way.
+        row_chunk = c.vec if c.a_transposed else c.task_y
+        by, vy, ty, ii = sch.split(i, [None, c.task_y // row_chunk, c.wg_y, row_chunk])
         bx, vx, tx, jj = sch.split(j, [None, c.task_x // c.vec, c.wg_x, c.vec])
         ko, ki = sch.split(k, [None, c.k_step])
-        sch.reorder(by, bx, vx, ty, tx, ko, ki, ii, jj)
+        sch.reorder(by, bx, vy, vx, ty, tx, ko, ki, ii, jj)
         sch.bind(by, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
+        sch.bind(vy, "vthread.y")
         sch.bind(vx, "vthread.x")
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
@@ -205,10 +211,13 @@ class GemmTemplate(Template):
                 sch.compute_at(stage, ko)
                 if pads[name]:
                     sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+                transposed = name == "A" and c.a_transposed
+                if transposed:
+                    sch.transform_layout(stage, ("write", 0), lambda m, kk: (kk, m))
                 if c.pad:  # row stride = row length + vec: rows start on different banks
-                    row = c.k_step if name == "A" else bn
+                    row = bn if name == "B" else (bm if transposed else c.k_step)
                     sch.storage_align(stage, 0, axis=0, factor=row, offset=c.vec % row)
-                own = sch.get_loops(stage)[6:]  # below by, bx, vx, ty, tx, ko
+                own = sch.get_loops(stage)[7:]  # below by, bx, vy, vx, ty, tx, ko
                 fused = own[0] if len(own) == 1 else sch.fuse(*own)
                 _, fy, fx, fv = sch.split(fused, [None, c.wg_y, c.wg_x, c.vec])
                 sch.bind(fy, "threadIdx.y")
@@ -219,7 +228,7 @@ class GemmTemplate(Template):
             for operand in (0, 1):
                 frag = sch.cache_read(gemm, operand, "local")
                 sch.compute_at(frag, ki)
-                if operand == 1 and c.vec > 1:
+                if c.vec > 1 and (operand == 1 or c.a_transposed):
                     sch.vectorize(sch.get_loops(frag)[-1])
             if c.double_buffer:  # fills of slice k+1 overlap the math of slice k
                 sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])

@@ -37,7 +37,7 @@ def test_nvcc_compiles_a_sample_to_ptx(cuda, tmp_path):
     tmpl = GemmTemplate(256, 256, 256)
     space = tmpl.space(cuda)
     cfg = space.make(wg_x=16, wg_y=16, task_x=8, task_y=8, k_step=8, use_shared=1, pad=1, unroll=512,
-                     vec=4, double_buffer=1)
+                     vec=4, double_buffer=1, a_transposed=1)
     build = build_one(tmpl, cfg, cuda, str(tmp_path))
     assert build.ok, build.error_msg
     with tvm.target.Target(cuda.tvm_target()):

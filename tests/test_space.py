@@ -38,12 +38,12 @@ def test_bad_knob_value_names_the_allowed_values():
     space = GemmTemplate(64, 64, 64).space(offline_cuda())
     with pytest.raises(TvmExtError, match="allowed values: 1, 2, 4, 8, 16, 32"):
         space.make(wg_x=3, wg_y=1, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0,
-                   vec=1, double_buffer=0)
+                   vec=1, double_buffer=0, a_transposed=0)
 
 
 def test_hardware_constraint_rejects_too_many_threads():
     cfg_1024 = dict(wg_x=32, wg_y=32, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0,
-                    unroll=0, vec=1, double_buffer=0)
+                    unroll=0, vec=1, double_buffer=0, a_transposed=0)
     cuda_space = GemmTemplate(64, 64, 64).space(offline_cuda())
     assert cuda_space.is_feasible(cuda_space.make(**cfg_1024))
     small = TargetInfo(kind="opencl", max_threads_per_block=256)
@@ -55,7 +55,7 @@ def test_shared_memory_limit():
     tiny_smem = TargetInfo(kind="opencl", max_shared_memory_per_block=1024)
     space = GemmTemplate(64, 64, 64).space(tiny_smem)
     cfg = space.make(wg_x=16, wg_y=16, task_x=4, task_y=4, k_step=32, use_shared=1, pad=0,
-                     unroll=0, vec=1, double_buffer=0)
+                     unroll=0, vec=1, double_buffer=0, a_transposed=0)
     assert "shared memory" in space.infeasible_reason(cfg)
 
 
@@ -63,7 +63,7 @@ def test_patent_feasibility_rule():
     # M=N=6 -> P=6, P*P=36: 2*2*1*1=4 does not divide 36? 36 % 4 == 0 -> feasible; 8 does not.
     tmpl = GemmTemplate(5, 6, 7, feasibility="patent")
     space = tmpl.space(offline_cuda())
-    ok = space.make(wg_x=2, wg_y=2, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0, vec=1, double_buffer=0)
+    ok = space.make(wg_x=2, wg_y=2, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0, vec=1, double_buffer=0, a_transposed=0)
     bad = ok.replace(wg_x=4, wg_y=2)
     assert space.is_feasible(ok)
     assert "patent rule" in space.infeasible_reason(bad)

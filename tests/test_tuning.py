@@ -35,11 +35,12 @@ def test_non_multiple_shapes_are_correct(opencl, shape, tmp_path):
     tmpl = GemmTemplate(*shape)
     space = tmpl.space(opencl)
     configs = [tmpl.default_config(opencl),
-               space.make(wg_x=8, wg_y=4, task_x=4, task_y=2, k_step=16, use_shared=1, pad=1,
-                          unroll=512, vec=4, double_buffer=1),
+               space.make(wg_x=8, wg_y=4, task_x=4, task_y=4, k_step=16, use_shared=1, pad=1,
+                          unroll=512, vec=4, double_buffer=1, a_transposed=1),
                space.make(wg_x=4, wg_y=8, task_x=2, task_y=1, k_step=4, use_shared=0, pad=0,
-                          unroll=0, vec=2, double_buffer=0)]
+                          unroll=0, vec=2, double_buffer=0, a_transposed=0)]
     for cfg in configs:
+        assert space.is_feasible(cfg), space.infeasible_reason(cfg)
         build = build_one(tmpl, cfg, opencl, str(tmp_path))
         assert build.ok, build.error_msg
         result = _measure_in_worker(build.artifact, tmpl, opencl, FAST)
