@@ -69,7 +69,7 @@ class Tuner:
         self.trials = 0
         self.errors = 0
         self._cost: dict[Config, float] = {}
-        self._by_source: dict[str, float] = {}
+        self._by_source: dict[str, Record] = {}
         self._records: dict[Config, Record] = {}
         for rec in store.for_workload(self.workload.key):
             self._remember(rec)
@@ -80,7 +80,7 @@ class Tuner:
         self._records[cfg] = rec
         self._cost[cfg] = rec.cost
         if rec.source_hash and rec.ok:
-            self._by_source[rec.source_hash] = rec.cost
+            self._by_source[rec.source_hash] = rec
 
     @property
     def best(self) -> Record | None:
@@ -116,7 +116,9 @@ class Tuner:
     def _measure(self, build: BuildResult) -> None:
         source_hash = build.artifact.source_hash if build.artifact else ""
         if source_hash in self._by_source:  # same kernel as one already measured
-            self._cost[build.config] = self._by_source[source_hash]
+            twin = self._by_source[source_hash]
+            self._cost[build.config] = twin.cost
+            self._records[build.config] = twin
             return
         (result,) = self.runner.run(self.template, [build])
         rec = Record(
