@@ -1,0 +1,192 @@
+"""GRU inference on the GPU: our CUDA layer (patent 004 + step fusion) vs torch.nn.GRU (cuDNN), fp32.
+
+Run through the device tool (see ../shared/DEVICE.md):
+    source .tvm-device/boot.sh && python benchmarks/gru.py --out $OUT
+T=128, input size = hidden size: B1 H256, B8 H512, B64 H1024, and bidirectional B8 H512.
+Each case: torch's output and a float64 numpy reference first; then a short hand-picked
+search over our knobs (patent pipeline, cell block, step fusion tiles), every candidate
+checked against both before it is timed.  Both sides are timed with CUDA events around
+the forward pass on resident inputs (``time_torch``).  Records go to --out as they are
+measured; a markdown table is printed last.  ``--dry-run`` only generates the CUDA
+source of every candidate (no GPU, no torch): the check this script still builds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import table, time_torch  # noqa: E402
+
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
+from tvm_ext.space import Config  # noqa: E402
+from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
+
+SEQ = 128
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    batch: int
+    hidden: int
+    bidirectional: bool = False
+
+    def template(self) -> GruTemplate:
+        return GruTemplate(batch=self.batch, hidden=self.hidden, input=self.hidden, seq=SEQ,
+                           bidirectional=self.bidirectional)
+
+
+CASES = (Case("B1 H256", 1, 256), Case("B8 H512", 8, 512), Case("B64 H1024", 64, 1024),
+         Case("B8 H512 bidirectional", 8, 512, True))
+
+
+def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Config]:
+    """The patent's default first, then step-fusion tiles, per-step GEMM tiles and a smaller
+    cell block, alternating (feasible and unique only)."""
+    base = template.default_config(target)
+    step_b = min(8, 1 << max(0, (template.batch - 1).bit_length()))
+    picks = [
+        base,
+        base.replace(fuse_step=1, step_j=64, step_b=1, step_k=32),
+        base.replace(hid_wg_x=16, hid_wg_y=8, hid_task_x=4, hid_task_y=4, hid_k_step=16),
+        base.replace(fuse_step=1, step_j=128, step_b=min(step_b, 2), step_k=32),
+        base.replace(hid_wg_x=32, hid_wg_y=4, hid_task_x=2, hid_task_y=2, hid_k_step=16),
+        base.replace(fuse_step=1, step_j=32, step_b=min(step_b, 4), step_k=64),
+        base.replace(cell_block=128),
+        base.replace(fuse_step=1, step_j=256, step_b=step_b, step_k=16),
+    ]
+    space = template.space(target)
+    out: list[Config] = []
+    for cfg in picks:
+        if cfg not in out and space.is_feasible(cfg):
+            out.append(cfg)
+    return out[:count]
+
+
+def short(cfg: Config) -> str:
+    if cfg.fuse_step:
+        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k}"
+    return f"patent cell_block={cfg.cell_block} hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}"
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(np.asarray(a, np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def dry_run(args: argparse.Namespace) -> None:
+    target = offline_cuda()
+    for case in selected(args):
+        template = case.template()
+        for cfg in candidates(template, target, args.candidates):
+            start = time.perf_counter()
+            source = template.compile(cfg, target).source
+            print(f"{case.label}: {short(cfg)}: CUDA source {len(source)} chars, "
+                  f"{source.count('__global__')} kernels, {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def selected(args: argparse.Namespace) -> list[Case]:
+    """The cases named by --cases (labels, spaces as underscores: b8_h512_bidirectional)."""
+    if not args.cases:
+        return list(CASES)
+    wanted = {c.strip().lower() for c in args.cases.split(",")}
+    return [c for c in CASES if c.label.lower().replace(" ", "_") in wanted]
+
+
+def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any) -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.GRU(case.hidden, case.hidden, bidirectional=case.bidirectional).cuda().eval()
+    x = torch.randn(SEQ, case.batch, case.hidden, device="cuda")
+    x_np = x.cpu().numpy()
+    state = {k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        torch.backends.cudnn.allow_tf32 = False
+        ref_out, ref_h = (t.cpu().numpy() for t in net(x))
+        cudnn = time_torch(lambda: net(x))
+        torch.backends.cudnn.allow_tf32 = True
+        cudnn_tf32 = time_torch(lambda: net(x))
+        torch.backends.cudnn.allow_tf32 = False
+    ref64_out, ref64_h = gru_reference(x_np, state, None, 1, case.bidirectional)
+    torch_err = rel_err(ref_out, ref64_out)
+    print(f"[{case.label}] cuDNN fp32 {cudnn * 1e3:.3f} ms (TF32 allowed {cudnn_tf32 * 1e3:.3f} ms), "
+          f"rel err vs float64 {torch_err:.2e}", flush=True)
+
+    template = case.template()
+    results = []
+    start = time.perf_counter()
+    for cfg in candidates(template, target, args.candidates):
+        if time.perf_counter() - start > args.budget and results:
+            print(f"[{case.label}] search budget {args.budget:g} s spent", flush=True)
+            break
+        row: dict[str, Any] = {"case": case.label, "config": cfg.as_dict(), "cudnn_s": cudnn,
+                               "cudnn_tf32_s": cudnn_tf32}
+        try:
+            t0 = time.perf_counter()
+            gru = GRU.build(target, case.hidden, case.hidden, bidirectional=case.bidirectional,
+                            batch=case.batch, seq=SEQ, config=cfg).load_numpy(state)
+            out, h_n = gru(x_np)  # the first call also compiles the kernels (NVRTC)
+            row["build_s"] = time.perf_counter() - t0
+            row["err_vs_torch"] = max(rel_err(out, ref_out), rel_err(h_n, ref_h))
+            row["err_vs_f64"] = max(rel_err(out, ref64_out), rel_err(h_n, ref64_h))
+            if not row["err_vs_f64"] <= 1e-4:
+                row["error"] = f"wrong answer: rel err {row['err_vs_f64']:.2e} vs float64"
+            else:
+                row["ours_s"] = time_torch(gru.executor.run)
+                row["ours_wall_s"] = gru.time(x_np)
+        except Exception as exc:  # a candidate that fails is a row, not the end of the run
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        shown = f"{row['ours_s'] * 1e3:.3f} ms (wall {row['ours_wall_s'] * 1e3:.3f})" if "ours_s" in row else row["error"]
+        print(f"[{case.label}] {short(cfg)}: {shown}", flush=True)
+        results.append((cfg, row))
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out", help="folder for the JSON-lines records")
+    p.add_argument("--candidates", type=int, default=8, help="configs tried per case (default 8)")
+    p.add_argument("--budget", type=float, default=40.0, help="seconds of search per case (default 40)")
+    p.add_argument("--cases", default="", help="comma-separated cases, e.g. b1_h256,b8_h512_bidirectional (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="only generate CUDA source (no GPU needed)")
+    args = p.parse_args()
+    if args.dry_run:
+        dry_run(args)
+        return
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target("cuda", 0)
+    rows = []
+    with open(os.path.join(args.out, "gru_cuda.jsonl"), "a") as log:
+        for case in selected(args):
+            results = run_case(case, args, target, log)
+            timed = [(cfg, r) for cfg, r in results if "ours_s" in r]
+            cudnn = results[0][1]["cudnn_s"] if results else float("nan")
+            tf32 = results[0][1]["cudnn_tf32_s"] if results else float("nan")
+            default = next((r for cfg, r in results if cfg == results[0][0] and "ours_s" in r), None)
+            if not timed:
+                rows.append([case.label, f"{cudnn * 1e3:.3f}", f"{tf32 * 1e3:.3f}", "failed", "-", "-", "-", "-"])
+                continue
+            cfg, best = min(timed, key=lambda cr: cr[1]["ours_s"])
+            rows.append([case.label, f"{cudnn * 1e3:.3f}", f"{tf32 * 1e3:.3f}", f"{best['ours_s'] * 1e3:.3f}",
+                         f"{cudnn / best['ours_s']:.2f}",
+                         f"{default['ours_s'] * 1e3:.3f}" if default else "failed",
+                         f"{best['err_vs_f64']:.1e}", short(cfg)])
+    print()
+    print(table(f"GRU inference fp32, T={SEQ}, input = hidden: ours vs torch.nn.GRU (cuDNN)",
+                ["case", "cuDNN ms", "cuDNN TF32-allowed ms", "ours ms", "speed vs cuDNN", "patent default ms",
+                 "rel err vs f64", "best config"], rows))
+
+
+if __name__ == "__main__":
+    main()

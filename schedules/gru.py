@@ -1,0 +1,954 @@
+"""GRU inference (patent 004) as TVM kernels, with PyTorch's semantics and weight layout.
+
+Everything about the GRU lives here: the float64 numpy reference of
+``torch.nn.GRU``, the kernels (TE GEMMs and TIR cell kernels), their knobs, the
+host plan that strings the kernels over time steps and layers, a ``Template``
+whose "kernel" is the whole layer (so the GA tuner searches it), and the
+user-facing ``GRU`` object (build once, run many times).
+
+Pipeline per layer (patent 004), gate order r, z, n as in PyTorch:
+
+- S1 ``gi = x·W_iᵀ + b_i`` for all T steps and both directions in one GEMM,
+  shape (T·B, dirs·3H).
+- S2 per step ``gh = h·W_hᵀ + b_h``, a GEMM batched over directions, (dirs, B, 3H).
+- S3/S4 per step one cell kernel, grid (batch, dirs), block ``cell_block``
+  threads: r, z, n, h' and the writes of h' (the backward direction walks time
+  in reverse, so it reads and writes step T-1-s).
+
+Beyond the patent (knob ``fuse_step``): S2 and S3 fused into one kernel per step,
+each thread owning one hidden unit's three gate dot products for a few batch
+rows, so a step costs one launch and ``gh`` never goes through global memory.
+
+The per-step loop is host code that only enqueues compiled kernels: the step
+index and layer are scalar kernel arguments, the hidden state ping-pongs
+between two buffers, and nothing per element happens in Python.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import Template, TensorSpec
+
+# ---- knobs -----------------------------------------------------------------------------
+STEP_KNOBS = (
+    Knob("cell_block", (32, 64, 128, 256, 512, 1024),
+         "cell kernel threads per block (patent: 512), clamped to the device limit"),
+    Knob("fuse_step", (0, 1),
+         "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
+    Knob("step_j", (32, 64, 128, 256), "fused step kernel: threads per block, one hidden unit each"),
+    Knob("step_b", (1, 2, 4, 8), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
+    Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
+)
+# The hidden GEMM is batched over directions, so it has its own schedule (below) that
+# implements these of the GEMM template's knobs; the input GEMM is the template's own
+# schedule and searches all of them.
+BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
+                      "vec", "double_buffer")
+IN_GEMM_KNOBS = GEMM_KNOBS
+HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
+KNOBS = (STEP_KNOBS
+         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
+         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
+
+
+def gemm_config(config: Config, prefix: str, base: Config) -> Config:
+    """The GEMM config held in a GRU config under ``prefix``; GEMM knobs the GRU does not
+    search keep ``base``'s values (the GEMM template's default)."""
+    values = config.as_dict()
+    return base.replace(**{k: values[prefix + k] for k in base.as_dict() if prefix + k in values})
+
+
+# ---- reference ---------------------------------------------------------------------------
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # exact identity, no overflow warnings
+
+
+def gru_reference(x: np.ndarray, weights: Mapping[str, np.ndarray], h0: np.ndarray | None = None,
+                  num_layers: int = 1, bidirectional: bool = False,
+                  batch_first: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``torch.nn.GRU`` forward: (output, h_n), PyTorch's equations and layouts."""
+    x = np.asarray(x, np.float64)
+    if batch_first:
+        x = x.transpose(1, 0, 2)
+    steps, batch, _ = x.shape
+    dirs = 2 if bidirectional else 1
+    hidden = np.asarray(weights["weight_hh_l0"]).shape[1]
+    h_all = np.zeros((num_layers * dirs, batch, hidden)) if h0 is None else np.asarray(h0, np.float64)
+    layer_in, h_n = x, []
+    for layer in range(num_layers):
+        outs = []
+        for d in range(dirs):
+            sfx = f"l{layer}" + ("_reverse" if d else "")
+            w_ih = np.asarray(weights[f"weight_ih_{sfx}"], np.float64)
+            w_hh = np.asarray(weights[f"weight_hh_{sfx}"], np.float64)
+            b_ih = np.asarray(weights.get(f"bias_ih_{sfx}", np.zeros(3 * hidden)), np.float64)
+            b_hh = np.asarray(weights.get(f"bias_hh_{sfx}", np.zeros(3 * hidden)), np.float64)
+            gi = layer_in @ w_ih.T + b_ih  # (T, B, 3H): S1 for all steps
+            h = h_all[layer * dirs + d]
+            seq = np.empty((steps, batch, hidden))
+            for t in (range(steps) if d == 0 else reversed(range(steps))):
+                gh = h @ w_hh.T + b_hh
+                r = _sigmoid(gi[t, :, :hidden] + gh[:, :hidden])
+                z = _sigmoid(gi[t, :, hidden:2 * hidden] + gh[:, hidden:2 * hidden])
+                n = np.tanh(gi[t, :, 2 * hidden:] + r * gh[:, 2 * hidden:])
+                h = (1.0 - z) * n + z * h
+                seq[t] = h
+            outs.append(seq)
+            h_n.append(h)
+        layer_in = np.concatenate(outs, axis=2)
+    out = layer_in.transpose(1, 0, 2) if batch_first else layer_in
+    return out, np.stack(h_n)
+
+
+# ---- kernels -----------------------------------------------------------------------------
+def gemm_bias_func(batch: int, m: int, n: int, k: int) -> Any:
+    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch)."""
+    from tvm import te
+
+    lead = (batch,) if batch else ()
+    a = te.placeholder(lead + (m, k), "float32", name="A")
+    b = te.placeholder(lead + (k, n), "float32", name="B")
+    bias = te.placeholder(lead + (n,), "float32", name="bias")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(lead + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)] * b[i[:-2] + (r, i[-1])], axis=r),
+                   name="C")
+    d = te.compute(lead + (m, n), lambda *i: c[i] + bias[i[:-2] + (i[-1],)], name="D")
+    return te.create_prim_func([a, b, bias, d])
+
+
+@dataclass(frozen=True)
+class BiasGemmTemplate(GemmTemplate):
+    """The GEMM template with a bias row, D = A·B + bias: the template's own schedule
+    applies unchanged, and the bias is folded into the register tile's store."""
+
+    name = "gemm_bias"
+
+    def prim_func(self) -> Any:
+        return gemm_bias_func(0, self.m, self.n, self.k)
+
+    def inputs(self) -> list[TensorSpec]:
+        return super().inputs() + [TensorSpec((self.n,), self.dtype)]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, b, bias = inputs
+        return [a.astype(np.float64) @ b.astype(np.float64) + bias]
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        sch = super().schedule(config, target)
+        sch.reverse_compute_inline(sch.get_sblock("D"))
+        return sch
+
+
+def schedule_batched_gemm(batch: int, m: int, n: int, k: int, c: Config) -> Any:
+    """The GEMM template's schedule (the ``BATCHED_GEMM_KNOBS``, same meaning) with a
+    leading batch axis on blockIdx.z and the bias folded into the register tile's store."""
+    from tvm import s_tir
+
+    bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
+    sch = s_tir.Schedule(gemm_bias_func(batch, m, n, k))
+    gemm = sch.get_sblock("C")
+    pads = {"A": m % bm != 0 or k % c.k_step != 0, "B": k % c.k_step != 0 or n % bn != 0,
+            "C": m % bm != 0 or n % bn != 0}
+    if any(pads.values()):
+        sch.pad_einsum(gemm, [1, bm, bn, c.k_step])
+    z, i, j, kk = sch.get_loops(gemm)
+    by, ty, ii = sch.split(i, [None, c.wg_y, c.task_y])
+    # N interleaved as in the template: vec adjacent columns per chunk, wg_x·vec apart.
+    bx, vx, tx, jj = sch.split(j, [None, c.task_x // c.vec, c.wg_x, c.vec])
+    ko, ki = sch.split(kk, [None, c.k_step])
+    sch.reorder(z, by, bx, vx, ty, tx, ko, ki, ii, jj)
+    sch.bind(z, "blockIdx.z")
+    sch.bind(by, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(vx, "vthread.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+
+    acc = sch.cache_write(gemm, 0, "local")
+    sch.reverse_compute_at(acc, tx)
+    if pads["C"]:
+        sch.reverse_compute_inline(sch.get_sblock("C_pad"))
+    sch.reverse_compute_inline(sch.get_sblock("D"))  # bias added as the tile is stored
+    if c.vec > 1 and not pads["C"]:
+        sch.vectorize(sch.get_loops(acc)[-1])
+
+    if c.use_shared:
+        for operand, name in ((0, "A"), (1, "B")):
+            stage = sch.cache_read(gemm, operand, "shared")
+            sch.compute_at(stage, ko)
+            if pads[name]:
+                sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+            if c.pad:  # row stride = row length + vec: rows start on different banks
+                row = c.k_step if name == "A" else bn
+                sch.storage_align(stage, 0, axis=1, factor=row, offset=c.vec % row)
+            own = sch.get_loops(stage)[7:]  # below z, by, bx, vx, ty, tx, ko
+            fused = own[0] if len(own) == 1 else sch.fuse(*own)
+            _, fy, fx, fv = sch.split(fused, [None, c.wg_y, c.wg_x, c.vec])
+            sch.bind(fy, "threadIdx.y")
+            sch.bind(fx, "threadIdx.x")
+            if c.vec > 1 and not pads[name]:
+                sch.vectorize(fv)
+        for operand in (0, 1):  # register fragments: the inner product reads registers
+            frag = sch.cache_read(gemm, operand, "local")
+            sch.compute_at(frag, ki)
+            if operand == 1 and c.vec > 1:
+                sch.vectorize(sch.get_loops(frag)[-1])
+        if c.double_buffer:
+            sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
+            sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
+    else:
+        for name in ("A", "B"):
+            if pads[name]:
+                sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+    if c.unroll:
+        sch.annotate(z, "pragma_auto_unroll_max_step", c.unroll)
+        sch.annotate(z, "pragma_unroll_explicit", 1)
+    sch.decompose_reduction(gemm, ko)
+    return sch
+
+
+def _cell_math(T: Any, gi: Any, row: Any, col: Any, hidden: int, gh_r: Any, gh_z: Any, gh_n: Any,
+               h: Any) -> Any:
+    """PyTorch's cell: r, z from input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h."""
+    r = T.sigmoid(gi[row, col] + gh_r)
+    z = T.sigmoid(gi[row, col + hidden] + gh_z)
+    n = T.tanh(gi[row, col + 2 * hidden] + r * gh_n)
+    return (T.float32(1) - z) * n + z * h
+
+
+def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int) -> Any:
+    """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer]."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+
+    @T.prim_func(s_tir=True)
+    def cell(gi: T.Buffer((steps * batch, dirs * G), "float32"), gh: T.Buffer((dirs, batch, G), "float32"),
+             h: T.Buffer((dirs, batch, hidden), "float32"), step: T.int32, layer: T.int32,
+             h_out: T.Buffer((dirs, batch, hidden), "float32"),
+             out: T.Buffer((steps * batch, dirs * hidden), "float32"),
+             h_n: T.Buffer((layers * dirs, batch, hidden), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), "float32")
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, gh[vd, vb, vj],
+                                               gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
+                                               h[vd, vb, vj])
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_out[vd, vb, vj] = h_new[vd, vb, vj]
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj]
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj]
+
+    return cell
+
+
+def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int) -> Any:
+    """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+
+    @T.prim_func(s_tir=True)
+    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), "float32"),
+                    h: T.Buffer((dirs, batch, hidden), "float32"),
+                    w: T.Buffer((dirs, hidden, G), "float32"), bias: T.Buffer((dirs, G), "float32"),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((dirs, batch, hidden), "float32"),
+                    out: T.Buffer((steps * batch, dirs * hidden), "float32"),
+                    h_n: T.Buffer((layers * dirs, batch, hidden), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), "float32")
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), "float32")
+        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
+            with T.sblock("gh"):
+                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
+                with T.init():
+                    acc[vd, vb, vg, vj] = bias[vd, vg * hidden + vj]
+                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + h[vd, vb, vk] * w[vd, vk, vg * hidden + vj]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, acc[vd, vb, 0, vj],
+                                               acc[vd, vb, 1, vj], acc[vd, vb, 2, vj], h[vd, vb, vj])
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_out[vd, vb, vj] = h_new[vd, vb, vj]
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj]
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj]
+
+    return step_kernel
+
+
+def init_func(batch: int, hidden: int, dirs: int, layers: int) -> Any:
+    """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def init(h0: T.Buffer((layers * dirs, batch, hidden), "float32"), layer: T.int32,
+             h: T.Buffer((dirs, batch, hidden), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                h[vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+
+    return init
+
+
+def schedule_cell(func: Any, cell_block: int) -> Any:
+    """Grid (batch, dirs), ``cell_block`` threads striding over the hidden units."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    store = sch.get_sblock("store")
+    d, b, j = sch.get_loops(store)
+    jo, ji = sch.split(j, [None, cell_block])
+    sch.reorder(b, d, jo, ji)
+    sch.bind(b, "blockIdx.x")
+    sch.bind(d, "blockIdx.y")
+    sch.bind(ji, "threadIdx.x")
+    cell = sch.get_sblock("cell")
+    sch.compute_at(cell, ji)
+    sch.set_scope(cell, 0, "local")
+    return sch
+
+
+def schedule_step(func: Any, c: Config) -> Any:
+    """Fused step: block = ``step_j`` hidden units × ``step_b`` batch rows of one direction;
+    each thread keeps 3·step_b gate sums in registers, h is staged in shared memory."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    store = sch.get_sblock("store")
+    d, b, j = sch.get_loops(store)
+    bo, bi = sch.split(b, [None, c.step_b])
+    jo, jt = sch.split(j, [None, c.step_j])
+    sch.reorder(d, bo, jo, jt, bi)
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(bo, "blockIdx.y")
+    sch.bind(d, "blockIdx.z")
+    sch.bind(jt, "threadIdx.x")
+    cell = sch.get_sblock("cell")
+    sch.compute_at(cell, bi)
+    sch.set_scope(cell, 0, "local")
+    gh = sch.get_sblock("gh")
+    sch.compute_at(gh, jt, preserve_unit_loops=True)
+    sch.set_scope(gh, 0, "local")
+    own = sch.get_loops(gh)[4:]  # below d, bo, jo, jt: batch rows, gates, unit j, k
+    ko, ki = sch.split(own[-1], [None, c.step_k])
+    sch.reorder(ko, ki, *own[:-1])
+    staged = sch.cache_read(gh, "h", "shared", consumer_blocks=[gh])
+    sch.compute_at(staged, ko, preserve_unit_loops=True)
+    fused = sch.fuse(*sch.get_loops(staged)[5:])  # below d, bo, jo, jt, ko: direction, rows, k
+    _, fx = sch.split(fused, [None, c.step_j])
+    sch.bind(fx, "threadIdx.x")
+    sch.annotate(ko, "pragma_auto_unroll_max_step", 256)
+    sch.annotate(ko, "pragma_unroll_explicit", 1)
+    sch.decompose_reduction(gh, ko)
+    return sch
+
+
+def schedule_init(func: Any, threads: int) -> Any:
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    blk = sch.get_sblock("init")
+    fused = sch.fuse(*sch.get_loops(blk))
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+# ---- the layer as a template: buffers, host plan, build -----------------------------------
+@dataclass(frozen=True)
+class Call:
+    """One host call of the plan: a kernel function and its arguments in parameter order."""
+
+    func: str
+    args: tuple[str | int, ...]  # plan buffer names, or scalar ints (step, layer)
+
+
+def _pow2_at_least(value: int, cap: int) -> int:
+    p = 1
+    while p < value and p < cap:
+        p *= 2
+    return p
+
+
+def default_gemm_config(template: GemmTemplate, target: TargetInfo) -> Config:
+    """The GEMM template's default, or for few rows (the per-step GEMM at small batch) a
+    flat tile of 32 threads along N so most threads do not compute padding."""
+    base = template.default_config(target)
+    if template.m >= 32:
+        return base
+    flat = base.replace(wg_x=32, wg_y=_pow2_at_least(template.m, 16), task_x=4, task_y=1, k_step=32,
+                        use_shared=1, pad=0, vec=1, double_buffer=0)
+    return flat if template.space(target).is_feasible(flat) else base
+
+
+@dataclass(frozen=True)
+class GruTemplate(Template):
+    """A stack of GRU layers at one shape, as one tunable unit: its "kernel" is the whole
+    forward pass (every launch of every step of every layer).
+
+    Buffers are in device layout: x (T·B, I); weights transposed so the gate GEMMs read
+    B operands row-major: w_ih{l} (K_l, dirs·3H), w_hh{l} (dirs, H, 3H).
+    """
+
+    batch: int
+    hidden: int
+    input: int
+    seq: int
+    layers: int = 1
+    bidirectional: bool = False
+
+    name = "gru"
+    tolerance = 1e-4
+
+    def __post_init__(self) -> None:
+        for field_name in ("batch", "hidden", "input", "seq", "layers"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise TvmExtError(f"GRU {field_name} must be a positive integer, got {value!r}")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
+                "layers": self.layers, "bidirectional": bool(self.bidirectional)}
+
+    @property
+    def dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def layer_input(self, layer: int) -> int:
+        return self.input if layer == 0 else self.dirs * self.hidden
+
+    # ---- buffers -------------------------------------------------------------------------
+    def _input_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d, f = self.seq, self.batch, self.hidden, self.dirs, "float32"
+        specs = {"x": TensorSpec((t * b, self.input), f), "h0": TensorSpec((self.layers * d, b, h), f)}
+        for layer in range(self.layers):
+            specs[f"w_ih{layer}"] = TensorSpec((self.layer_input(layer), d * 3 * h), f)
+            specs[f"b_ih{layer}"] = TensorSpec((d * 3 * h,), f)
+            specs[f"w_hh{layer}"] = TensorSpec((d, h, 3 * h), f)
+            specs[f"b_hh{layer}"] = TensorSpec((d, 3 * h), f)
+        return specs
+
+    def _output_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d, f = self.seq, self.batch, self.hidden, self.dirs, "float32"
+        return {"out": TensorSpec((t * b, d * h), f), "h_n": TensorSpec((self.layers * d, b, h), f)}
+
+    def _scratch_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d, f = self.seq, self.batch, self.hidden, self.dirs, "float32"
+        specs = {"gi": TensorSpec((t * b, d * 3 * h), f), "gh": TensorSpec((d, b, 3 * h), f),
+                 "p0": TensorSpec((d, b, h), f), "p1": TensorSpec((d, b, h), f)}
+        for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
+            specs[f"y{i}"] = TensorSpec((t * b, d * h), f)
+        return specs
+
+    def buffers(self) -> dict[str, TensorSpec]:
+        """Every buffer of the plan by name: inputs, outputs, then scratch."""
+        return {**self._input_specs(), **self._output_specs(), **self._scratch_specs()}
+
+    def inputs(self) -> list[TensorSpec]:
+        return list(self._input_specs().values())
+
+    def outputs(self) -> list[TensorSpec]:
+        return list(self._output_specs().values())
+
+    def scratch(self) -> list[TensorSpec]:
+        return list(self._scratch_specs().values())
+
+    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """x and h0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H)."""
+        scale = 1.0 / math.sqrt(self.hidden)
+        arrays = []
+        for name, spec in self._input_specs().items():
+            bound = 1.0 if name in ("x", "h0") else scale
+            arrays.append(rng.uniform(-bound, bound, size=spec.shape).astype(spec.dtype))
+        return arrays
+
+    # ---- layouts: PyTorch <-> device ------------------------------------------------------
+    def device_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """PyTorch ``state_dict`` arrays (already validated) -> device-layout buffers."""
+        out = {}
+        for layer in range(self.layers):
+            sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(self.dirs)]
+            out[f"w_ih{layer}"] = np.concatenate([weights[f"weight_ih_{s}"].T for s in sfx], axis=1)
+            out[f"b_ih{layer}"] = np.concatenate([weights[f"bias_ih_{s}"] for s in sfx])
+            out[f"w_hh{layer}"] = np.stack([weights[f"weight_hh_{s}"].T for s in sfx])
+            out[f"b_hh{layer}"] = np.stack([weights[f"bias_hh_{s}"] for s in sfx])
+        return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+
+    def torch_weights(self, device: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Device-layout buffers -> PyTorch ``state_dict`` arrays (for the reference)."""
+        g = 3 * self.hidden
+        out = {}
+        for layer in range(self.layers):
+            for d in range(self.dirs):
+                s = f"l{layer}" + ("_reverse" if d else "")
+                out[f"weight_ih_{s}"] = device[f"w_ih{layer}"][:, d * g:(d + 1) * g].T
+                out[f"bias_ih_{s}"] = device[f"b_ih{layer}"][d * g:(d + 1) * g]
+                out[f"weight_hh_{s}"] = device[f"w_hh{layer}"][d].T
+                out[f"bias_hh_{s}"] = device[f"b_hh{layer}"][d]
+        return out
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        named = dict(zip(self._input_specs(), inputs))
+        x = named["x"].reshape(self.seq, self.batch, self.input)
+        out, h_n = gru_reference(x, self.torch_weights(named), named["h0"], self.layers, self.bidirectional)
+        return [out.reshape(self.seq * self.batch, -1), h_n]
+
+    def flops(self) -> float:
+        g = 3 * self.hidden * self.dirs
+        per_step = sum(2 * self.batch * g * (self.layer_input(l) + self.hidden) for l in range(self.layers))
+        return float(self.seq * per_step)
+
+    # ---- knobs -----------------------------------------------------------------------------
+    def gemm_templates(self) -> dict[str, GemmTemplate]:
+        """The gate GEMMs as GEMM templates, by knob prefix (the hidden one per direction)."""
+        g = 3 * self.hidden
+        return {"in_": BiasGemmTemplate(self.seq * self.batch, self.dirs * g, self.input),
+                "hid_": GemmTemplate(self.batch, g, self.hidden)}
+
+    def gemm_configs(self, config: Config, target: TargetInfo) -> dict[str, Config]:
+        return {p: gemm_config(config, p, t.default_config(target)) for p, t in self.gemm_templates().items()}
+
+    def space(self, target: TargetInfo) -> Space:
+        templates = self.gemm_templates()
+        spaces = {p: t.space(target) for p, t in templates.items()}
+        bases = {p: t.default_config(target) for p, t in templates.items()}
+
+        def gemm_reason(c: Config) -> str | None:
+            for prefix, label in (("in_", "input GEMM"), ("hid_", "hidden GEMM")):
+                if prefix == "hid_" and c.fuse_step:
+                    continue  # the fused step kernel does its own hidden GEMM
+                reason = spaces[prefix].infeasible_reason(gemm_config(c, prefix, bases[prefix]))
+                if reason:
+                    return f"{label}: {reason}"
+            return None
+
+        def step_reason(c: Config) -> str | None:
+            if c.fuse_step and c.step_j > target.max_threads_per_block:
+                return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
+            if c.fuse_step and 4 * c.step_b * c.step_k > target.max_shared_memory_per_block:
+                return "step kernel: staged h slice exceeds shared memory"
+            return None
+
+        return Space(KNOBS, (gemm_reason, step_reason))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
+        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32}
+        for prefix, template in self.gemm_templates().items():
+            values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
+        names = set(self.space(target).names)
+        return self.space(target).make(**{k: v for k, v in values.items() if k in names})
+
+    # ---- kernels and plan ------------------------------------------------------------------
+    def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """Scheduled ``s_tir.Schedule`` of each kernel function the plan calls, by name."""
+        t, b, h, d, layers = self.seq, self.batch, self.hidden, self.dirs, self.layers
+        g = 3 * h
+        gemms = self.gemm_configs(config, target)
+        funcs = {
+            "gru_init": schedule_init(init_func(b, h, d, layers), min(256, target.max_threads_per_block)),
+            "gru_gemm_x0": BiasGemmTemplate(t * b, d * g, self.input).schedule(gemms["in_"], target),
+        }
+        if layers > 1 and self.layer_input(1) != self.input:
+            funcs["gru_gemm_x1"] = BiasGemmTemplate(t * b, d * g, self.layer_input(1)).schedule(gemms["in_"], target)
+        if config.fuse_step:
+            funcs["gru_step"] = schedule_step(step_func(t, b, h, d, layers), config)
+        else:
+            funcs["gru_gemm_h"] = schedule_batched_gemm(d, b, g, h, gemms["hid_"])
+            block = min(config.cell_block, target.max_threads_per_block)
+            funcs["gru_cell"] = schedule_cell(cell_func(t, b, h, d, layers), block)
+        return funcs
+
+    def plan(self, config: Config) -> tuple[Call, ...]:
+        """Every call of one forward pass, in order: per layer init, S1, then T steps."""
+        calls = []
+        for layer in range(self.layers):
+            x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
+            out = "out" if layer == self.layers - 1 else f"y{layer % 2}"
+            gemm_x = "gru_gemm_x0" if layer == 0 or self.layer_input(1) == self.input else "gru_gemm_x1"
+            calls.append(Call("gru_init", ("h0", layer, "p0")))
+            calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
+            for s in range(self.seq):
+                h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
+                if config.fuse_step:
+                    calls.append(Call("gru_step", ("gi", h_in, f"w_hh{layer}", f"b_hh{layer}", s, layer,
+                                                   h_out, out, "h_n")))
+                else:
+                    calls.append(Call("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
+                    calls.append(Call("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
+        return tuple(calls)
+
+    def compile(self, config: Config, target: TargetInfo) -> "CompiledGru":
+        """Schedule and compile every kernel function into one module (one source)."""
+        import tvm
+
+        from tvm_ext.builder import extract_launches, plain_json
+
+        scheds = self.kernels(config, target)
+        funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
+        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
+        launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
+                    for name, func in funcs.items()}
+        plan = self.plan(config)
+        self._check_plan(plan, funcs)
+        trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
+        return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace)
+
+    def _check_plan(self, plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:
+        """Every buffer a call passes has the shape its kernel declares (TVM's runtime checks
+        shapes on CUDA; OpenCL would silently misread)."""
+        specs = self.buffers()
+        for call in plan:
+            params = funcs[call.func].params
+            if len(params) != len(call.args):
+                raise RuntimeError(f"{call.func} takes {len(params)} arguments, the plan passes {len(call.args)}")
+            for param, arg in zip(params, call.args):
+                if isinstance(arg, str) and tuple(int(x) for x in param.shape) != specs[arg].shape:
+                    raise RuntimeError(f"{call.func}: buffer {arg} {specs[arg].shape} passed as {param.name} "
+                                       f"{tuple(int(x) for x in param.shape)}")
+
+    def build_artifact(self, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
+        """The builder hook: the whole forward pass as one artifact (see ``CompiledGru``)."""
+        compiled = self.compile(config, target)
+        library = ""
+        if target.kind == "cuda":
+            library = compiled.export(out_dir)
+        return compiled.artifact(target.kind, tuple(self.buffers()), library), compiled.trace
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("a GRU is several kernels and a host loop: use build_artifact or GRU.build")
+
+    def measure_artifact(self, artifact: Any, target: TargetInfo, settings: Any) -> Any:
+        """The runner hook: check the whole forward pass against the reference, then time it
+        with the executors ``GRU`` uses (host clock around back-to-back passes)."""
+        from tvm_ext.runner import RunResult, time_loop
+
+        rng = np.random.default_rng(settings.seed)
+        inputs = self.make_inputs(rng)
+        refs = self.reference(inputs)
+        if artifact.kind == "opencl":
+            executor: Any = OpenclExecutor(artifact.source, artifact.launches, self.buffers(), target.device_id)
+        else:
+            executor = CudaExecutor.load(artifact, self.buffers(), target.device_id)
+        for name, array in zip(self._input_specs(), inputs):
+            executor.write(name, array)
+        for name, spec in {**self._output_specs(), **self._scratch_specs()}.items():
+            executor.write(name, np.full(spec.shape, np.nan, np.float32))  # unwritten -> wrong answer
+        executor.run()
+        wrong = self.check([executor.read(name) for name in self._output_specs()], refs)
+        if wrong:
+            return RunResult((), "wrong_answer", wrong)
+        return RunResult(tuple(time_loop(lambda i: executor.run(), executor.sync, settings)))
+
+
+@dataclass(frozen=True)
+class CompiledGru:
+    """One compiled module holding every kernel of the plan, and the plan itself."""
+
+    executable: Any  # tvm.runtime.Executable
+    source: str  # OpenCL C or CUDA source of all kernels
+    launches: dict[str, Any]  # function -> (its device kernel launches, its parameter names)
+    calls: tuple[Call, ...]
+    trace: Any  # function -> schedule trace (plain JSON)
+
+    def kernel_launches(self) -> tuple[Any, ...]:
+        """The plan as device kernel launches, arguments bound to plan buffers and scalars."""
+        from tvm_ext.builder import KernelLaunch
+
+        out = []
+        for call in self.calls:
+            kernels, params = self.launches[call.func]
+            bound = dict(zip(params, call.args))
+            for k in kernels:
+                args = tuple(bound[a] if isinstance(a, str) else a for a in k.args)
+                out.append(KernelLaunch(k.name, args, k.grid, k.block))
+        return tuple(out)
+
+    def function_calls(self) -> tuple[Any, ...]:
+        """The plan for TVM's runtime (CUDA): one entry per call, named by function; grid and
+        block are the function's first kernel's (for reading only)."""
+        from tvm_ext.builder import KernelLaunch
+
+        return tuple(KernelLaunch(c.func, c.args, self.launches[c.func][0][0].grid,
+                                  self.launches[c.func][0][0].block) for c in self.calls)
+
+    def artifact(self, kind: str, params: tuple[str, ...], library: str = "") -> Any:
+        """OpenCL: a flat launch list the core runner can run; CUDA: function calls + library."""
+        from tvm_ext.builder import Artifact
+
+        launches = self.kernel_launches() if kind == "opencl" else self.function_calls()
+        return Artifact(kind, self.source, launches, params, library)
+
+    def export(self, out_dir: str) -> str:
+        import hashlib
+
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        os.makedirs(out_dir, exist_ok=True)
+        library = os.path.join(out_dir, f"gru-{digest}.so")
+        if not os.path.exists(library):
+            tmp = f"{library}.{os.getpid()}.tmp.so"
+            self.executable.export_library(tmp)
+            os.replace(tmp, library)
+        return library
+
+
+# ---- executors: buffers allocated once, the whole plan enqueued per run -----------------------
+_CL_CONTEXTS: dict[int, Any] = {}
+
+
+def _cl_context(device_id: int) -> tuple[Any, Any]:
+    import pyopencl as cl
+
+    from tvm_ext.target import opencl_device
+
+    if device_id not in _CL_CONTEXTS:
+        ctx = cl.Context([opencl_device(device_id)])
+        _CL_CONTEXTS[device_id] = (ctx, cl.CommandQueue(ctx))
+    return _CL_CONTEXTS[device_id]
+
+
+class OpenclExecutor:
+    """Runs a plan's kernel launches with pyopencl: one kernel object per launch with its
+    arguments set once, so a run is only ``enqueue_nd_range_kernel`` calls."""
+
+    def __init__(self, source: str, launches: Sequence[Any], specs: Mapping[str, TensorSpec], device_id: int):
+        import pyopencl as cl
+
+        self.ctx, self.queue = _cl_context(device_id)
+        self.specs = dict(specs)
+        program = cl.Program(self.ctx, source).build()
+        self.bufs = {name: cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=_nbytes(spec))
+                     for name, spec in self.specs.items()}
+        self.kernels = []
+        for launch in launches:
+            kernel = cl.Kernel(program, launch.name)
+            kernel.set_args(*[self.bufs[a] if isinstance(a, str) else np.int32(a) for a in launch.args])
+            self.kernels.append((kernel, launch.global_size, launch.block))
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        import pyopencl as cl
+
+        cl.enqueue_copy(self.queue, self.bufs[name], _contiguous(array, self.specs[name]))
+
+    def run(self) -> None:
+        import pyopencl as cl
+
+        for kernel, global_size, block in self.kernels:
+            cl.enqueue_nd_range_kernel(self.queue, kernel, global_size, block)
+
+    def read(self, name: str) -> np.ndarray:
+        import pyopencl as cl
+
+        spec = self.specs[name]
+        out = np.empty(spec.shape, spec.dtype)
+        cl.enqueue_copy(self.queue, out, self.bufs[name])
+        return out
+
+    def sync(self) -> None:
+        self.queue.finish()
+
+
+class CudaExecutor:
+    """Runs a plan through TVM's runtime module: one packed-function call per kernel launch."""
+
+    def __init__(self, module: Any, calls: Sequence[Any], specs: Mapping[str, TensorSpec], device_id: int):
+        import tvm
+
+        self.dev = tvm.cuda(device_id)
+        self.specs = dict(specs)
+        self.tensors = {name: tvm.runtime.empty(spec.shape, spec.dtype, self.dev)
+                        for name, spec in self.specs.items()}
+        funcs = {name: module[name] for name in {c.name for c in calls}}
+        self.calls = [(funcs[c.name], [self.tensors[a] if isinstance(a, str) else int(a) for a in c.args])
+                      for c in calls]
+
+    @classmethod
+    def load(cls, artifact: Any, specs: Mapping[str, TensorSpec], device_id: int) -> "CudaExecutor":
+        import tvm
+
+        return cls(tvm.runtime.load_module(artifact.library), artifact.launches, specs, device_id)
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        self.tensors[name].copyfrom(_contiguous(array, self.specs[name]))
+
+    def run(self) -> None:
+        for func, args in self.calls:
+            func(*args)
+
+    def read(self, name: str) -> np.ndarray:
+        return self.tensors[name].numpy()
+
+    def sync(self) -> None:
+        self.dev.sync()
+
+
+def _nbytes(spec: TensorSpec) -> int:
+    return int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+
+
+def _contiguous(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(array, spec.dtype).reshape(spec.shape))
+
+
+# ---- the user-facing layer -------------------------------------------------------------------
+class GRU:
+    """``torch.nn.GRU`` inference compiled for one (batch, seq) shape: build once, run many times.
+
+    >>> gru = GRU.build("opencl", input_size=16, hidden_size=32, batch=4, seq=10)
+    >>> gru.load_state_dict(torch_gru.state_dict())
+    >>> output, h_n = gru(x)            # numpy in, numpy out, PyTorch's shapes
+    """
+
+    def __init__(self, template: GruTemplate, config: Config, target: TargetInfo, batch_first: bool,
+                 compiled: CompiledGru):
+        self.template = template
+        self.config = config
+        self.target = target
+        self.batch_first = batch_first
+        self.compiled = compiled
+        specs = template.buffers()
+        if target.kind == "opencl":
+            self.executor: Any = OpenclExecutor(compiled.source, compiled.kernel_launches(), specs,
+                                                target.device_id)
+        else:
+            self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs,
+                                         target.device_id)
+        self._loaded = False
+
+    @classmethod
+    def build(cls, target: TargetInfo | str, input_size: int, hidden_size: int, num_layers: int = 1,
+              bidirectional: bool = False, batch_first: bool = False, batch: int = 1, seq: int = 1,
+              config: Config | Mapping[str, Any] | None = None, device_id: int = 0) -> "GRU":
+        """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
+        values that override the default (e.g. ``{"fuse_step": 1}``)."""
+        from tvm_ext.target import resolve_target
+
+        info = resolve_target(target, device_id) if isinstance(target, str) else target
+        template = GruTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq,
+                               layers=num_layers, bidirectional=bool(bidirectional))
+        space = template.space(info)
+        if config is None:
+            cfg = template.default_config(info)
+        elif isinstance(config, Config):
+            cfg = config
+            space.encode(cfg)
+        else:
+            unknown = set(config) - set(space.names)
+            if unknown:
+                raise TvmExtError(f"unknown GRU knobs {sorted(unknown)}; knobs: {', '.join(space.names)}")
+            cfg = template.default_config(info).replace(**config)
+            space.encode(cfg)
+        reason = space.infeasible_reason(cfg)
+        if reason:
+            raise TvmExtError(f"GRU config not feasible on {info.kind}: {reason}")
+        return cls(template, cfg, info, bool(batch_first), template.compile(cfg, info))
+
+    # ---- weights --------------------------------------------------------------------------
+    def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        t, g = self.template, 3 * self.template.hidden
+        shapes = {}
+        for layer in range(t.layers):
+            for sfx in ("", "_reverse")[: t.dirs]:
+                shapes[f"weight_ih_l{layer}{sfx}"] = (g, t.layer_input(layer))
+                shapes[f"weight_hh_l{layer}{sfx}"] = (g, t.hidden)
+                shapes[f"bias_ih_l{layer}{sfx}"] = (g,)
+                shapes[f"bias_hh_l{layer}{sfx}"] = (g,)
+        return shapes
+
+    def load_numpy(self, weights: Mapping[str, Any]) -> "GRU":
+        """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
+        be left out altogether (``nn.GRU(bias=False)``)."""
+        expected = self.expected_weight_shapes()
+        unknown = sorted(set(weights) - set(expected))
+        if unknown:
+            raise TvmExtError(f"unexpected GRU weight {unknown[0]!r}; expected keys: {', '.join(expected)}")
+        has_bias = any(k.startswith("bias") for k in weights)
+        arrays = {}
+        for name, shape in expected.items():
+            if name not in weights:
+                if name.startswith("bias") and not has_bias:
+                    arrays[name] = np.zeros(shape, np.float32)
+                    continue
+                raise TvmExtError(f"missing GRU weight {name!r} of shape {shape}")
+            array = np.asarray(weights[name], dtype=np.float32)
+            if array.shape != shape:
+                raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
+            arrays[name] = array
+        for name, array in self.template.device_weights(arrays).items():
+            self.executor.write(name, array)
+        self._loaded = True
+        return self
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> "GRU":
+        """Load ``torch.nn.GRU.state_dict()`` (tensors on any device)."""
+        return self.load_numpy({k: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+                                for k, v in state_dict.items()})
+
+    # ---- forward ----------------------------------------------------------------------------
+    def __call__(self, x: Any, h0: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """(output, h_n) as ``torch.nn.GRU`` returns them, as float32 numpy arrays."""
+        t = self.template
+        if not self._loaded:
+            raise TvmExtError("GRU weights are not loaded: call load_numpy or load_state_dict first")
+        x = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+        want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
+        if x.shape != want:
+            layout = "(batch, seq, input)" if self.batch_first else "(seq, batch, input)"
+            raise TvmExtError(f"GRU input has shape {x.shape}, expected {want} {layout}")
+        if self.batch_first:
+            x = x.transpose(1, 0, 2)
+        state_shape = (t.layers * t.dirs, t.batch, t.hidden)
+        if h0 is None:
+            h0 = np.zeros(state_shape, np.float32)
+        else:
+            h0 = np.asarray(h0.detach().cpu().numpy() if hasattr(h0, "detach") else h0)
+            if h0.shape != state_shape:
+                raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} (layers·directions, batch, hidden)")
+        ex = self.executor
+        ex.write("x", x)
+        ex.write("h0", h0)
+        ex.run()
+        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden)
+        h_n = ex.read("h_n")
+        ex.sync()
+        if self.batch_first:
+            out = np.ascontiguousarray(out.transpose(1, 0, 2))
+        return out, h_n
+
+    def time(self, x: Any, h0: Any = None, repeat: int = 20) -> float:
+        """Median seconds of one forward pass (inputs already on the device, after a warm-up)."""
+        self(x, h0)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.executor.run()
+            self.executor.sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)

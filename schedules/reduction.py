@@ -1,0 +1,646 @@
+"""Reductions (sum, max, min, mean, sum of squares) with patent 001's x / z / w / z' plan.
+
+Patent 001 gives each of a block's 1024 threads ``num = n / 1024`` elements, split
+into ``y`` vectors of ``x`` elements; a pass loads ``z`` vectors (``x·z`` fills the
+64-lane vector register file), ``w`` passes cover the thread's share, the last pass
+loads only ``z'``.  The reduction order is: inside each vector and across the ``z``
+vectors of a pass, across the ``w`` passes, inside each warp, across the warps.
+``patent_plan`` computes that plan; ``ReductionTemplate`` turns it into a TVM kernel
+and makes its parameters knobs (block size, x, register capacity, number of blocks,
+small-n threshold), with the patent plan as the default config.
+
+Kernel shape (one thread block per reduced row, or ``blocks`` of them):
+
+* element ``k`` of a row is ``((((p·z + j)·blocks + g)·xc + c)·B + t)·vw + l``:
+  thread ``t`` of block ``g`` owns, in pass ``p``, vectors ``j < z`` of ``x = xc·vw``
+  lanes, each loaded as ``xc`` chunks of ``vw`` contiguous lanes (16-byte loads) that
+  lie ``B·vw`` apart, so every load instruction of a warp is contiguous (coalesced);
+* a pass copies its ``z·x`` elements into a per-thread register tile (vector loads),
+  then folds them into the thread's accumulator, vector by vector;
+* the thread accumulators meet in TVM's cross-thread allreduce: warp shuffles, then
+  across warps through shared memory (on OpenCL a local-memory tree, warp = 1 lane);
+* ``blocks > 1`` adds a second kernel that reduces the per-block partials, which live
+  in an explicit scratch parameter (``Template.scratch``): the runners only pass
+  buffers they allocate, they cannot see intermediates allocated inside the kernel;
+* reductions shorter than ``small_n`` take one simple kernel: a strided loop per
+  thread, no register tile, then the same allreduce.
+
+Elements past ``n`` (``n`` not a multiple of the block's reach, or the last pass
+holding ``z' < z`` vectors) read as the reduction's identity, so any ``n ≥ 1`` works.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import Template, TensorSpec
+
+OPS = ("sum", "max", "min", "mean", "sumsq")
+DTYPES = ("float32", "float16")
+BLOCK_SIZES = (128, 256, 512, 1024)
+VECTOR_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+CAPACITIES = (16, 32, 64, 128)
+BLOCK_COUNTS = tuple(1 << i for i in range(13))  # 1 .. 4096
+SMALL_N = (0, 1024, 8192, 65536)
+
+PATENT_BLOCK_SIZE = 1024  # threads per block in patent 001
+PATENT_CAPACITY = 64  # vector register capacity per thread, in 4-byte lanes
+DEFAULT_SMALL_N = 1024  # below this the patent's num = n / 1024 is < 1 element per thread
+MAX_SCRATCH = 1 << 24  # partial-result slots (64 MiB of float32) the runner may be asked for
+INT32_LIMIT = (1 << 31) - 1  # kernels index with int32
+
+KNOBS = (
+    Knob("block_size", BLOCK_SIZES, "threads per block (patent: 1024; capped by the device)"),
+    Knob("x", VECTOR_LENGTHS, "vector length: elements per vector of a thread (patent: power of two <= 64)"),
+    Knob("capacity", CAPACITIES,
+         "per-thread vector register capacity in elements: z = capacity/x vectors per pass (patent: 64)"),
+    Knob("blocks", BLOCK_COUNTS,
+         "blocks per reduced row: 1 = one kernel (patent); >1 = partials, then a second kernel"),
+    Knob("small_n", SMALL_N, "reductions shorter than this run the simple single kernel"),
+)
+
+
+# ---- patent 001: the x / y / z / w / z' plan ----------------------------------------------
+
+@dataclass(frozen=True)
+class PatentPlan:
+    """How one thread's ``num`` elements are cut into vectors and passes (patent 001, S4).
+
+    ``x``: vector length; ``y``: vectors per thread; ``z``: vectors per pass;
+    ``w``: passes; ``z_last``: vectors in the last pass.  ``x·y ≥ num``: the
+    ``x·y − num`` lanes past the data read as the reduction's identity.
+    """
+
+    num: int
+    x: int
+    y: int
+    z: int
+    w: int
+    z_last: int
+
+    @property
+    def padded(self) -> int:
+        """Elements one thread steps over, padding included (``x·y``)."""
+        return self.x * self.y
+
+
+def _is_power_of_two(value: int) -> bool:
+    return isinstance(value, (int, np.integer)) and value >= 1 and value & (value - 1) == 0
+
+
+def _pow2_floor(value: int) -> int:
+    return 1 << (max(1, int(value)).bit_length() - 1)
+
+
+def _pow2_ceil(value: int) -> int:
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def decompose(num: int, x: int, vector_capacity: int = PATENT_CAPACITY) -> PatentPlan:
+    """Patent 001 S41–S42 for a given vector length ``x``.
+
+    y is the smallest integer with x·y ≥ num.  If x·y ≤ capacity all vectors fit in
+    one pass (z = y, w = 1, z' = z); otherwise a pass holds z = capacity/x vectors,
+    w = ceil(y/z) passes, and the last pass z' = y − (w−1)·z.
+    """
+    if not isinstance(num, (int, np.integer)) or num < 1:
+        raise TvmExtError(f"elements per thread must be a positive integer, got {num!r}")
+    if not _is_power_of_two(vector_capacity):
+        raise TvmExtError(f"vector capacity must be a power of two, got {vector_capacity!r}")
+    if not _is_power_of_two(x) or x > vector_capacity:
+        raise TvmExtError(f"vector length x must be a power of two <= {vector_capacity}, got {x!r}")
+    num, x = int(num), int(x)
+    y = -(-num // x)
+    if x * y <= vector_capacity:
+        z, w = y, 1
+        z_last = z
+    else:
+        z = vector_capacity // x
+        w = -(-y // z)
+        z_last = y - (w - 1) * z
+    return PatentPlan(num=num, x=x, y=y, z=z, w=w, z_last=z_last)
+
+
+def patent_plan(n: int, block_size: int = PATENT_BLOCK_SIZE,
+                vector_capacity: int = PATENT_CAPACITY) -> PatentPlan:
+    """The patent 001 plan for a reduction of ``n`` elements by one block.
+
+    Decisions where the text is silent:
+
+    * ``num = ceil(n / block_size)``: when ``n`` is not a multiple of the block size
+      the last threads' final vectors are padded with the reduction identity (the
+      text writes ``num = n / 1024`` and assumes it divides).
+    * ``n < block_size`` gives ``num = 1`` (x = y = z = w = z' = 1): fewer elements
+      than threads; the template sends such short reductions to its simple kernel.
+    * ``n < 1`` (an empty reduction) is an error: no identity-only result is defined
+      for max/min/mean.
+    * ``x`` is the largest power of two ≤ min(vector_capacity, num): the longest vector
+      that the registers hold and that the data fill, so no pass loads padding unless
+      num itself is not a power of two.
+    """
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise TvmExtError(f"empty reduction: need at least one element, got n={n!r}")
+    if not isinstance(block_size, (int, np.integer)) or block_size < 1:
+        raise TvmExtError(f"block size must be a positive integer, got {block_size!r}")
+    num = -(-int(n) // int(block_size))
+    if not _is_power_of_two(vector_capacity):
+        raise TvmExtError(f"vector capacity must be a power of two, got {vector_capacity!r}")
+    x = _pow2_floor(min(int(vector_capacity), num))
+    return decompose(num, x, vector_capacity)
+
+
+# ---- NaN-propagating max / min reducers ------------------------------------------------------
+# IEEE max/min (CUDA fmaxf, OpenCL max) drop NaN; numpy propagates it.  TVM's schedule
+# only lowers reductions whose combiner it recognises, so the two select-based
+# combiners are registered once per process (the references are kept alive: the C++
+# registry outlives the interpreter and must not own the last reference).
+
+def _nan_max(a: Any, b: Any) -> Any:
+    from tvm import tirx
+
+    return tirx.Select(tirx.Or(a > b, tirx.isnan(a)), a, b)
+
+
+def _nan_min(a: Any, b: Any) -> Any:
+    from tvm import tirx
+
+    return tirx.Select(tirx.Or(a < b, tirx.isnan(a)), a, b)
+
+
+_REDUCER_REFS: list[Any] = []
+
+
+def _register_reducers() -> None:
+    if _REDUCER_REFS:
+        return
+    import tvm_ffi
+    from tvm import tirx
+
+    def combiner(fn: Any) -> Any:
+        def get(x: Any, y: Any) -> Any:
+            try:
+                return [fn(x[0], y[0])]
+            except Exception:  # never raise into C++: a non-matching pattern is enough
+                return [x[0]]
+        return get
+
+    def identity(value: float) -> Any:
+        def get(values: Any) -> Any:
+            try:
+                dtype = str(values[0].ty)
+                if not dtype.startswith("float"):
+                    return [values[0]]
+                return [tirx.const(value, dtype)]
+            except Exception:
+                return [values[0]]
+        return get
+
+    register = tvm_ffi.get_global_func("s_tir.schedule.RegisterReducer")
+    for fn, ident in ((_nan_max, -math.inf), (_nan_min, math.inf)):
+        refs = [tvm_ffi.convert(combiner(fn)), tvm_ffi.convert(identity(ident))]
+        register(1, *refs)
+        _REDUCER_REFS.extend(refs)
+
+
+# ---- the kernel shape a config stands for ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Geometry:
+    """What ``schedule`` builds for one config and one row length ``n``.
+
+    ``simple``: the short-reduction kernel (no register tile, x = z = 1).  ``vw``: lanes
+    per vector load (16 bytes at most); ``xc = x / vw`` loads per vector.
+    """
+
+    simple: bool
+    threads: int
+    blocks: int
+    plan: PatentPlan
+    vw: int
+
+    @property
+    def xc(self) -> int:
+        return self.plan.x // self.vw
+
+    @property
+    def reach(self) -> int:
+        """Elements the index space covers, padding included: w·z·x per thread."""
+        p = self.plan
+        return p.w * p.z * p.x * self.threads * self.blocks
+
+
+@dataclass(frozen=True)
+class ReductionTemplate(Template):
+    """Reduce a (n,) tensor to (1,), or each row of a (rows, cols) tensor to (rows,).
+
+    ``op``: sum, max, min, mean or sumsq (sum of squares).  Input float32, or float16
+    read and accumulated in float32; the output is always float32.  NaN propagates as
+    in numpy; an empty reduction is an error.
+    """
+
+    shape: tuple[int, ...]
+    op: str = "sum"
+    dtype: str = "float32"
+
+    name = "reduce"
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape) if isinstance(self.shape, (tuple, list)) else (self.shape,)
+        if len(shape) not in (1, 2) or not all(isinstance(d, (int, np.integer)) for d in shape):
+            raise TvmExtError(f"reduction shape must be N or ROWS,COLS (integers), got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if self.shape[-1] < 1:
+            raise TvmExtError(f"empty reduction: shape {self.shape} has no elements to reduce")
+        if min(self.shape) < 1:
+            raise TvmExtError(f"reduction shape {self.shape} has an empty dimension")
+        if self.op not in OPS:
+            raise TvmExtError(f"unknown reduction op {self.op!r}; allowed: {', '.join(OPS)}")
+        if self.dtype not in DTYPES:
+            raise TvmExtError(f"reduction dtype {self.dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+        if self.rows * self.n > INT32_LIMIT // 2:  # headroom for the padded index space
+            raise TvmExtError(f"reduction of {self.rows * self.n} elements is too large (int32 indexing)")
+
+    @classmethod
+    def from_shape(cls, shape: tuple[int, ...], **options: Any) -> "ReductionTemplate":
+        return cls(tuple(shape), **options)
+
+    @property
+    def n(self) -> int:
+        """Length of each reduction (the reduced axis)."""
+        return self.shape[-1]
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if len(self.shape) == 2 else 1
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"shape": self.shape, "op": self.op, "dtype": self.dtype}
+
+    # ---- tensors and reference -------------------------------------------------
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec(self.shape, self.dtype)]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.rows,), "float32")]
+
+    @property
+    def max_blocks(self) -> int:
+        """Most blocks per row any feasible config uses: every thread gets an element."""
+        limit = min(BLOCK_COUNTS[-1], self.n // BLOCK_SIZES[0], MAX_SCRATCH // self.rows)
+        return _pow2_floor(limit) if limit >= 2 else 1
+
+    def scratch(self) -> list[TensorSpec]:
+        """Per-block partials of the two-stage kernels, sized for the largest ``blocks``.
+
+        The same buffer serves every config (the runner allocates it from the template
+        alone); a config with fewer blocks uses the first columns.
+        """
+        if self.max_blocks < 2:
+            return []
+        return [TensorSpec((self.rows, self.max_blocks), "float32")]
+
+    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """Mostly positive data, uniform in [-0.5, 1.5).
+
+        Mixed signs exercise max/min and cancellation, while the sum stays near n/2
+        (not near 0): a dropped or doubled block then moves the result far outside
+        the rounding bound of ``check``, which zero-mean data would hide.
+        """
+        return [rng.uniform(-0.5, 1.5, size=self.shape).astype(self.dtype)]
+
+    def _mapped(self, data: np.ndarray) -> np.ndarray:
+        a = np.asarray(data, dtype=np.float64).reshape(self.rows, self.n)
+        return a * a if self.op == "sumsq" else a
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """float64 result; it carries ``bound`` (per-row absolute error allowed)."""
+        a = self._mapped(inputs[0])
+        with np.errstate(invalid="ignore", over="ignore"):
+            if self.op == "max":
+                ref = a.max(axis=1)
+            elif self.op == "min":
+                ref = a.min(axis=1)
+            else:
+                ref = a.sum(axis=1)
+                if self.op == "mean":
+                    ref = ref / self.n
+            out = np.asarray(ref, dtype=np.float64).view(_Reference)
+            out.bound = self.error_bound(np.abs(a).sum(axis=1), np.abs(ref))
+        return [out]
+
+    def chain_length(self) -> int:
+        """Upper bound on the additions any element goes through, for every config.
+
+        A thread adds at most ceil(n/128) elements in sequence (a block has >= 128
+        threads, or at least as many as elements in the simple kernel); the allreduce
+        adds log2(1024) = 10 levels, the second stage at most 4096/128 + 10, the mean
+        one division: 64 covers all of that.
+        """
+        return -(-self.n // BLOCK_SIZES[0]) + 64
+
+    def error_bound(self, abs_sum: np.ndarray, abs_ref: np.ndarray) -> np.ndarray:
+        """Allowed |result − exact| per row.
+
+        max/min: 0 (a comparison never rounds).  sum-like: float32 summation in any
+        order along chains of at most h additions errs by at most h·u·Σ|a_i|
+        (u = 2^-24); that worst case needs every rounding error to point the same way.
+        Rounding errors behave like independent zero-mean variables, so with
+        overwhelming probability the error stays below λ·sqrt(h)·u·Σ|a_i|
+        (Higham & Mary, SIAM J. Sci. Comput. 2019); λ = 8 makes a false alarm
+        astronomically unlikely.  Squares (sumsq) add one rounding each, the
+        float32 output one more (u·|result|), and OpenCL C prints float constants
+        with 7 digits (the mean's 1/n): a few u·|result|.
+        """
+        if self.op in ("max", "min"):
+            return np.zeros_like(abs_sum)
+        u = 2.0 ** -24
+        h = self.chain_length()
+        bound = 8.0 * math.sqrt(h) * u * abs_sum + (4 if self.op == "sumsq" else 0) * u * abs_sum
+        if self.op == "mean":
+            bound = bound / self.n
+        return bound + 4 * u * abs_ref
+
+    def check(self, outputs: list[np.ndarray], refs: list[np.ndarray]) -> str | None:
+        """NaN exactly where numpy has NaN, infinities equal, finite values within the bound."""
+        with np.errstate(invalid="ignore"):  # widening a signalling NaN flags "invalid"
+            out = np.asarray(outputs[0]).astype(np.float64)
+        ref = np.asarray(refs[0], dtype=np.float64)
+        if out.shape != ref.shape:
+            return f"output has shape {out.shape}, expected {ref.shape}"
+        bound = getattr(refs[0], "bound", None)
+        if bound is None:  # a plain array: allow float32 rounding of the result only
+            bound = 4 * 2.0 ** -24 * np.abs(ref)
+        bound = np.where(np.isfinite(bound), bound, 0.0)
+        nan_out, nan_ref = np.isnan(out), np.isnan(ref)
+        if not np.array_equal(nan_out, nan_ref):
+            i = int(np.flatnonzero(nan_out != nan_ref)[0])
+            return f"row {i}: got {out[i]!r}, expected {ref[i]!r} (NaN must propagate as in numpy)"
+        inf = np.isinf(ref) | np.isinf(out)
+        if not np.array_equal(out[inf], ref[inf]):
+            i = int(np.flatnonzero(inf & (out != ref))[0])
+            return f"row {i}: got {out[i]!r}, expected {ref[i]!r}"
+        fin = ~nan_ref & ~inf
+        err = np.where(fin, np.abs(np.where(fin, out, 0.0) - np.where(fin, ref, 0.0)), 0.0)
+        bad = fin & ~(err <= bound)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            return (f"row {i}: got {out[i]!r}, expected {ref[i]!r}: error {err[i]:.3g} "
+                    f"exceeds the float32 bound {bound[i]:.3g} ({int(bad.sum())} rows wrong)")
+        return None
+
+    # ---- knob space -------------------------------------------------------------
+    def space(self, target: TargetInfo) -> Space:
+        sizes = tuple(b for b in BLOCK_SIZES if b <= target.max_threads_per_block)
+        if not sizes:
+            raise TvmExtError(
+                f"device allows {target.max_threads_per_block} threads per block; "
+                f"reductions need at least {BLOCK_SIZES[0]}"
+            )
+        knobs = tuple(Knob(k.name, sizes, k.doc) if k.name == "block_size" else k for k in KNOBS)
+        return Space(knobs, (self._infeasible_reason,))
+
+    def _infeasible_reason(self, c: Config) -> str | None:
+        if c.x > c.capacity:
+            return f"vector length x={c.x} exceeds the register capacity {c.capacity}"
+        if c.blocks > 1:
+            if self.n < c.small_n:
+                return "the simple kernel (n < small_n) is a single kernel: blocks must be 1"
+            if c.blocks > self.max_blocks or c.blocks * c.block_size > self.n:
+                return f"{c.blocks} blocks of {c.block_size} threads leave threads without elements"
+        if self.geometry(c).reach * self.rows > INT32_LIMIT:
+            return "index space exceeds int32"
+        return None
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """Patent 001's plan: 1024 threads (or the device's most), one block, x from
+        ``patent_plan``, 64-lane registers; reductions shorter than 1024 take the
+        simple kernel (the patent's preset threshold)."""
+        space = self.space(target)
+        block = max(space.knob("block_size").choices)
+        plan = patent_plan(self.n, block, PATENT_CAPACITY)
+        return space.make(block_size=block, x=plan.x, capacity=PATENT_CAPACITY, blocks=1,
+                          small_n=DEFAULT_SMALL_N)
+
+    def filled_config(self, target: TargetInfo, threads_per_unit: int = 2048) -> Config:
+        """The patent plan spread over enough blocks to fill the device.
+
+        The patent runs one block; a GPU needs about ``threads_per_unit`` resident
+        threads on each of its compute units (2048 per SM on H100) to hide memory
+        latency.  Blocks per row = the power of two closest above what fills the
+        device, as far as the space allows; x is re-planned for the smaller share.
+        An analytic GA seed next to the default, not a replacement for it.
+        """
+        default = self.default_config(target)
+        space = self.space(target)
+        want = -(-target.compute_units * threads_per_unit // (default.block_size * self.rows))
+        blocks = min(_pow2_ceil(max(1, want)), self.max_blocks)
+        while blocks > 1:
+            share = -(-self.n // blocks)
+            cfg = default.replace(blocks=blocks, x=patent_plan(share, default.block_size, PATENT_CAPACITY).x)
+            if space.is_feasible(cfg):
+                return cfg
+            blocks //= 2
+        return default
+
+    def geometry(self, c: Config) -> Geometry:
+        """The kernel a config stands for (``simple`` below the small-n threshold)."""
+        if self.n < c.small_n:
+            threads = min(c.block_size, _pow2_ceil(self.n))
+            num = -(-self.n // threads)  # a plain loop: one element per step, num steps
+            return Geometry(True, threads, 1, PatentPlan(num, 1, num, 1, num, 1), 1)
+        plan = decompose(-(-self.n // (c.blocks * c.block_size)), c.x, c.capacity)
+        vw = min(c.x, 16 // np.dtype(self.dtype).itemsize)
+        return Geometry(False, c.block_size, c.blocks, plan, vw)
+
+    # ---- compute and schedule ----------------------------------------------------
+    def _storage_dtype(self, target: TargetInfo) -> str:
+        """float16 arrives as its bit pattern on OpenCL: neither PoCL nor NVIDIA's OpenCL
+        offers cl_khr_fp16, and the runner passes raw bytes, so the kernel widens the
+        16-bit pattern to float32 with integer operations."""
+        if self.dtype == "float16" and target.kind == "opencl":
+            return "uint16"
+        return self.dtype
+
+    def _identity_raw(self, storage: str) -> Any:
+        from tvm import tirx
+
+        if storage == "uint16":  # bit patterns of -inf, +inf, 0.0 in float16
+            return tirx.const({"max": 0xFC00, "min": 0x7C00}.get(self.op, 0), "uint16")
+        value = {"max": -math.inf, "min": math.inf}.get(self.op, 0.0)
+        return tirx.const(value, storage)
+
+    def _widen(self, raw: Any, storage: str) -> Any:
+        """Storage value -> float32 (then squared for sumsq): exact for every input."""
+        if storage == "uint16":
+            val = _half_bits_to_float(raw)
+        elif storage == "float32":
+            val = raw
+        else:
+            val = raw.astype("float32")
+        return val * val if self.op == "sumsq" else val
+
+    def _reducer(self) -> Any:
+        from tvm import te, tirx
+
+        if self.op == "max":
+            return te.comm_reducer(_nan_max, lambda t: tirx.const(-math.inf, t), name="nan_max")
+        if self.op == "min":
+            return te.comm_reducer(_nan_min, lambda t: tirx.const(math.inf, t), name="nan_min")
+        return te.sum
+
+    def prim_func(self, config: Config, target: TargetInfo) -> Any:
+        """TE compute for one geometry; the partials (if any) view the scratch parameter."""
+        from tvm import te, tirx
+
+        _register_reducers()
+        geo = self.geometry(config)
+        rows, n, G, B = self.rows, self.n, geo.blocks, geo.threads
+        plan, vw, xc = geo.plan, geo.vw, geo.xc
+        z, w = plan.z, plan.w
+        storage = self._storage_dtype(target)
+        a = te.placeholder(self.shape, storage, name="A")
+        guarded = geo.reach != n
+        identity = self._identity_raw(storage)
+        reducer = self._reducer()
+
+        def index(g: Any, t: Any, p: Any, j: Any, c: Any, l: Any) -> Any:
+            return ((((p * z + j) * G + g) * xc + c) * B + t) * vw + l
+
+        def load(r: Any, k: Any) -> Any:
+            value = a[r, k] if len(self.shape) == 2 else a[k]
+            return tirx.if_then_else(k < n, value, identity) if guarded else value
+
+        axes = [te.reduce_axis((0, B), "t"), te.reduce_axis((0, w), "p"), te.reduce_axis((0, z), "j"),
+                te.reduce_axis((0, xc), "c"), te.reduce_axis((0, vw), "l")]
+        t, p, j, c, l = axes
+        if geo.simple:
+            def partial(r: Any, g: Any) -> Any:
+                return reducer(self._widen(load(r, index(g, t, p, j, c, l)), storage), axis=axes)
+        else:
+            # The register tile of one pass: z vectors of x lanes, loaded before use.
+            tile = te.compute((rows, G, B, w, z, xc, vw),
+                              lambda r, g, t_, p_, j_, c_, l_: load(r, index(g, t_, p_, j_, c_, l_)),
+                              name="tile")
+
+            def partial(r: Any, g: Any) -> Any:
+                return reducer(self._widen(tile[r, g, t, p, j, c, l], storage), axis=axes)
+
+        if G == 1:
+            total = te.compute((rows,), lambda r: partial(r, 0), name="total")
+            part = None
+        else:
+            part = te.compute((rows, G), partial, name="partial")
+            g2 = te.reduce_axis((0, G), "g2")
+            total = te.compute((rows,), lambda r: reducer(part[r, g2], axis=g2), name="total")
+        out = total
+        if self.op == "mean":
+            out = te.compute((rows,), lambda r: total[r] / tirx.const(float(n), "float32"), name="mean")
+        func = te.create_prim_func([a, out] + ([part] if part is not None else []))
+        return _with_scratch(func, self.scratch(), part is not None)
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        from tvm import s_tir
+
+        geo = self.geometry(config)
+        sch = s_tir.Schedule(self.prim_func(config, target))
+        first = sch.get_sblock("total" if geo.blocks == 1 else "partial")
+        loops = sch.get_loops(first)
+        if geo.blocks == 1:
+            bx, tx, p, j, c, l = loops
+        else:
+            r, g, tx, p, j, c, l = loops
+            bx = sch.fuse(r, g)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")  # the allreduce: warp shuffles, then across warps
+        if not geo.simple:
+            # S51: load the pass's z vectors into registers, reduce inside each vector and
+            # across the z vectors; S52: the pass results accumulate across the w passes.
+            tile = sch.get_sblock("tile")
+            sch.compute_at(tile, p, preserve_unit_loops=True)
+            sch.set_scope(tile, 0, "local")
+            tloops = sch.get_loops(tile)
+            if geo.vw > 1:
+                sch.vectorize(tloops[-1])
+            sch.unroll(tloops[-2])
+            sch.unroll(tloops[-3])
+            for loop in (j, c, l):
+                sch.unroll(loop)
+        last = sch.get_sblock("total")
+        if geo.blocks > 1:  # second kernel: one block per row reduces the partials
+            r, g2 = sch.get_loops(last)
+            threads = min(geo.threads, geo.blocks)
+            _, gt = sch.split(g2, [None, threads])
+            sch.bind(r, "blockIdx.x")
+            sch.bind(gt, "threadIdx.x")
+            bx = r
+        if self.op == "mean":  # divide by n in the same kernel, after the allreduce
+            sch.set_scope(last, 0, "local")
+            sch.reverse_compute_at(sch.get_sblock("mean"), bx)
+        return sch
+
+
+class _Reference(np.ndarray):
+    """A float64 reference that carries ``bound``: the error ``check`` allows per row.
+
+    ``check`` only sees outputs and references, and the bound depends on Σ|a_i|.
+    """
+
+    bound: np.ndarray
+
+
+def _half_bits_to_float(raw: Any) -> Any:
+    """float16 bit pattern (uint16) -> float32 with integer operations only.
+
+    Exact for normals, subnormals, ±0, ±inf and NaN.  No float constants: OpenCL C
+    code generation prints them with 7 digits.
+    """
+    from tvm import tirx
+
+    u32 = lambda v: tirx.const(v, "uint32")  # noqa: E731
+    bits = raw.astype("uint32")
+    sign = (bits & u32(0x8000)) << u32(16)
+    magnitude = bits & u32(0x7FFF)
+    exponent = magnitude >> u32(10)
+    mantissa = bits & u32(0x3FF)
+    normal = (magnitude << u32(13)) + u32(112 << 23)  # rebias the exponent 15 -> 127
+    special = (magnitude << u32(13)) | u32(0x7F800000)  # inf / NaN keep their payload
+    # subnormal m·2^-24: convert m exactly, then lower the float's exponent by 24
+    sub = tirx.reinterpret("uint32", mantissa.astype("float32")) - u32(24 << 23)
+    sub = tirx.Select(mantissa == u32(0), u32(0), sub)
+    pattern = tirx.Select(exponent == u32(31), special, tirx.Select(exponent == u32(0), sub, normal))
+    return tirx.reinterpret("float32", pattern | sign)
+
+
+def _with_scratch(func: Any, scratch: list[TensorSpec], used: bool) -> Any:
+    """Make the function's last parameter the template's scratch buffer.
+
+    The partials are computed into a (rows, blocks) buffer; the runner allocates
+    (rows, max_blocks) for every config.  The partials become a view of the first
+    ``blocks`` columns of that parameter (a root-block match_buffer), and a config
+    without partials still takes the parameter, unused.
+    """
+    if not scratch:
+        return func
+    from tvm import ir, s_tir, tirx
+
+    spec = scratch[0]
+    big = tirx.decl_buffer(spec.shape, spec.dtype, name="scratch")
+    params = list(func.params)
+    realize = func.body
+    root = realize.block
+    match = list(root.match_buffers)
+    if used:
+        part = params.pop()
+        region = tirx.BufferRegion(big, [ir.Range.from_min_extent(0, d) for d in part.shape])
+        match.append(s_tir.MatchBufferRegion(part, region))
+    block = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body, root.init,
+                         root.alloc_buffers, match, root.annotations)
+    body = s_tir.SBlockRealize(realize.iter_values, realize.predicate, block)
+    return tirx.PrimFunc(params + [big], body, attrs=func.attrs)
