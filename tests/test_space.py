@@ -74,3 +74,11 @@ def test_patent_feasibility_rule():
 def test_non_positive_shape_rejected(shape):
     with pytest.raises(TvmExtError, match="positive"):
         GemmTemplate(*shape)
+
+
+def test_config_equality_ignores_knob_order():
+    """Records store knobs sorted by name; the space decodes them in knob order."""
+    space = GemmTemplate(64, 64, 64).space(offline_cuda())
+    cfg = space.decode(space.random_indices(np.random.default_rng(2), 1)[0])
+    from_record = Config.of(dict(sorted(cfg.as_dict().items())))
+    assert from_record == cfg and hash(from_record) == hash(cfg)

@@ -38,11 +38,24 @@ class Knob:
             ) from None
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, eq=False)
 class Config:
-    """A frozen, hashable assignment of a value to every knob (ordered by knob)."""
+    """A frozen, hashable assignment of a value to every knob.
+
+    Items keep the space's knob order for display; equality and hashing ignore the
+    order, so a config read back from a record (keys sorted) equals the decoded one.
+    """
 
     items: tuple[tuple[str, Any], ...]
+
+    def _key(self) -> tuple[tuple[str, Any], ...]:
+        return tuple(sorted(self.items, key=lambda kv: kv[0]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     @classmethod
     def of(cls, mapping: Mapping[str, Any]) -> "Config":
