@@ -47,8 +47,13 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
                       flush=True))
     default = template.default_config(target)
     space = tuner.space
+    seeds = [default]
+    if not args.no_analytic_seeds:  # method 002's zero-measurement picks join generation 0
+        from tvm_ext.cost_model.analytic import analytic_seeds
+
+        seeds += analytic_seeds(template, target)
     ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
-                       generations=args.generations, seeds=[space.encode(default)])
+                       generations=args.generations, seeds=[space.encode(c) for c in seeds])
     start = time.time()
     result = tuner.tune(ga, default)
     wall = time.time() - start
@@ -60,7 +65,9 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
         picked.append(tuner.record_of(cfg))
     builder.close()
     runner.close()
-    return {"target": target, "template": template, "result": result, "wall": wall, "picked": picked}
+    analytic = [tuner.record_of(c) for c in seeds[1:2]]
+    return {"target": target, "template": template, "result": result, "wall": wall, "picked": picked,
+            "analytic": analytic}
 
 
 def main() -> None:
@@ -75,6 +82,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out")
     p.add_argument("--skip-opencl", action="store_true")
+    p.add_argument("--no-analytic-seeds", action="store_true",
+                   help="seed the GA with the default config only (no method-002 picks)")
     p.add_argument("--hand-picked", action="append", default=[],
                    help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
     args = p.parse_args()
@@ -94,6 +103,7 @@ def main() -> None:
         res = out["result"]
         flops = out["template"].flops()
         labelled = [("tuned (GA)", res.best), ("default config", res.default)]
+        labelled += [("analytic pick (0 trials)", rec) for rec in out["analytic"]]
         labelled += [("hand-picked", rec) for rec in out["picked"]]
         for label, rec in labelled:
             if rec is None or not rec.ok:

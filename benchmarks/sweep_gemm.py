@@ -4,11 +4,13 @@
 
 Measures ``count`` distinct feasible configs drawn at random (or the whole feasible space
 if it is smaller), then writes a compact gzipped JSON-lines file: a header line with the
-workload and target, then one line per config with its median cost (or error kind).
+workload and target (``target_info``: the device's limits, which the replay's hardware
+model reads), then one line per config with its median cost (or error kind).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -60,7 +62,8 @@ def main() -> None:
     tuner.builder.close(), tuner.runner.close()
     with gzip.open(os.path.join(args.out, name + ".jsonl.gz"), "wt") as fh:
         fh.write(json.dumps({"workload": tuner.workload.as_json(), "target": target.key(),
-                             "knobs": list(space.names), "feasible_space": sum(1 for c in space if space.is_feasible(c)),
+                             "target_info": dataclasses.asdict(target), "knobs": list(space.names),
+                             "feasible_space": sum(1 for c in space if space.is_feasible(c)),
                              "measured": len(tuner._records)}) + "\n")
         for cfg in configs:
             rec = tuner.record_of(cfg)

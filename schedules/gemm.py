@@ -45,6 +45,18 @@ def patent_padded_size(m: int, n: int) -> int:
 
 
 @dataclass(frozen=True)
+class MatmulSite:
+    """Where the GEMM sits in a PrimFunc: its block, which reads are A[i, k] and B[k, j],
+    and the elementwise blocks after it (bias, activation) that the write-back stage
+    absorbs.  The default is the template's own compute."""
+
+    block: str = "C"
+    a: int = 0
+    b: int = 1
+    epilogue: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class GemmTemplate(Template):
     """C[M, N] = A[M, K] · B[K, N].
 
@@ -167,13 +179,22 @@ class GemmTemplate(Template):
         c = te.compute((self.m, self.n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
         return te.create_prim_func([a, b, c])
 
-    def schedule(self, config: Config, target: TargetInfo) -> Any:
+    def schedule(self, config: Config, target: TargetInfo, func: Any = None,
+                 site: "MatmulSite | None" = None) -> Any:
+        """The schedule of ``config``; with ``func`` and ``site``, of the GEMM inside a
+        foreign PrimFunc (e.g. a Relax task, found by ``tvm_ext.tasks``) instead of our
+        own compute, so tuned configs can be replayed on what TVM's lowering produced."""
         from tvm import s_tir
 
         c = config
+        site = site or MatmulSite()
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
-        sch = s_tir.Schedule(self.prim_func())
-        gemm = sch.get_sblock("C")
+        sch = s_tir.Schedule(self.prim_func() if func is None else func)
+        gemm = sch.get_sblock(site.block)
+        blk = sch.get(gemm)
+        buf = {"A": blk.reads[site.a].source.name, "B": blk.reads[site.b].source.name,
+               "C": blk.writes[0].source.name}
+        operand = {"A": site.a, "B": site.b}
         pad_m, pad_n, pad_k = self.m % bm != 0, self.n % bn != 0, self.k % c.k_step != 0
         # pad_einsum makes a padded copy only of the operands whose dims need it.
         pads = {"A": pad_m or pad_k, "B": pad_k or pad_n, "C": pad_m or pad_n}
@@ -201,16 +222,18 @@ class GemmTemplate(Template):
         acc = sch.cache_write(gemm, 0, "local")
         sch.reverse_compute_at(acc, tx)
         if pads["C"]:
-            sch.reverse_compute_inline(sch.get_sblock("C_pad"))
+            sch.reverse_compute_inline(sch.get_sblock(f"{buf['C']}_pad"))
+        for name in site.epilogue:  # elementwise consumers join the register tile's store
+            sch.reverse_compute_inline(sch.get_sblock(name))
         if c.vec > 1 and not pads["C"]:
             sch.vectorize(sch.get_loops(acc)[-1])
 
         if c.use_shared:
-            for operand, name in ((0, "A"), (1, "B")):
-                stage = sch.cache_read(gemm, operand, "shared")
+            for name in ("A", "B"):
+                stage = sch.cache_read(gemm, operand[name], "shared")
                 sch.compute_at(stage, ko)
                 if pads[name]:
-                    sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+                    sch.compute_inline(sch.get_sblock(f"{buf[name]}_pad"))
                 transposed = name == "A" and c.a_transposed
                 if transposed:
                     sch.transform_layout(stage, ("write", 0), lambda m, kk: (kk, m))
@@ -225,10 +248,10 @@ class GemmTemplate(Template):
                 if c.vec > 1 and not pads[name]:
                     sch.vectorize(fv)
             # Register tiles of A and B per k so the inner product reads registers.
-            for operand in (0, 1):
-                frag = sch.cache_read(gemm, operand, "local")
+            for name in ("A", "B"):
+                frag = sch.cache_read(gemm, operand[name], "local")
                 sch.compute_at(frag, ki)
-                if c.vec > 1 and (operand == 1 or c.a_transposed):
+                if c.vec > 1 and (name == "B" or c.a_transposed):
                     sch.vectorize(sch.get_loops(frag)[-1])
             if c.double_buffer:  # fills of slice k+1 overlap the math of slice k
                 sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
@@ -236,7 +259,7 @@ class GemmTemplate(Template):
         else:
             for name in ("A", "B"):
                 if pads[name]:
-                    sch.compute_inline(sch.get_sblock(f"{name}_pad"))
+                    sch.compute_inline(sch.get_sblock(f"{buf[name]}_pad"))
 
         if c.unroll:
             sch.annotate(by, "pragma_auto_unroll_max_step", c.unroll)

@@ -27,7 +27,7 @@ class KernelLaunch:
     """One device kernel call of the host function, in launch order."""
 
     name: str
-    args: tuple[Any, ...]  # buffer parameter names (str) or scalar ints
+    args: tuple[Any, ...]  # parameter names (str: buffers, or scalar parameters) or constant ints
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
 
@@ -93,6 +93,12 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     tgt = Target(target.tvm_target()).with_host(Target("llvm"))
     main = mod["main"]
     params = tuple(p.name for p in main.params)
+    by_data = {}  # "fc1_bias.data" -> "fc1.bias": Relax tasks' parameter names are not identifiers
+    for p in main.params:
+        try:
+            by_data[str(p.data)] = p.name
+        except Exception:  # a scalar parameter has no data pointer
+            pass
     lowered = tvm.tirx.transform.BindTarget(tgt)(mod)
     pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(tgt)
     host, _ = split_host_device_mods(pipeline(lowered))
@@ -118,6 +124,12 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
                 args.append(int(arg))
                 continue
             text = str(arg)
+            if isinstance(arg, tvm.tirx.Var) and text in params:  # a scalar parameter, by name
+                args.append(text)
+                continue
+            if text in by_data:
+                args.append(by_data[text])
+                continue
             if not text.endswith(".data") or text[:-5] not in params:
                 raise RuntimeError(f"kernel argument {text!r} is not a function parameter")
             args.append(text[:-5])
@@ -134,6 +146,9 @@ def build_one(template: Template, config: Config, target: TargetInfo, out_dir: s
     start = time.perf_counter()
     trace: Any = None
     try:
+        if hasattr(template, "build_artifact"):  # several kernels and a host plan (e.g. GRU)
+            artifact, trace = template.build_artifact(config, target, out_dir)
+            return BuildResult(config, artifact, trace, time.perf_counter() - start)
         sch = template.schedule(config, target)
         trace = plain_json(sch.trace.as_json())
         ex = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))

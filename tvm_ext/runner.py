@@ -119,14 +119,34 @@ def _opencl_context(device_id: int) -> tuple[Any, Any]:
     return _STATE[key]
 
 
+def opencl_kernels(ctx: Any, artifact: Artifact) -> list[tuple[Any, Any]]:
+    """Compile an OpenCL artifact's source; its kernels paired with their launches, in order."""
+    import pyopencl as cl
+
+    program = cl.Program(ctx, artifact.source).build()
+    return [(getattr(program, l.name), l) for l in artifact.launches]
+
+
+def enqueue_launches(queue: Any, kernels: list[tuple[Any, Any]], bufs: dict[str, Any]) -> list[Any]:
+    """Enqueue the kernels in launch order on ``bufs`` (parameter name -> buffer or scalar).
+
+    The one place that turns ``KernelLaunch``es into pyopencl calls: measurement and the
+    Relax OpenCL executor (``tvm_ext.relax_opencl``) share it.
+    """
+    events = []
+    for kernel, launch in kernels:
+        args = [bufs[a] if isinstance(a, str) else np.int32(a) for a in launch.args]
+        events.append(kernel(queue, launch.global_size, launch.block, *args))
+    return events
+
+
 def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
                    settings: MeasureSettings) -> RunResult:
     """Run an OpenCL artifact through pyopencl: launches derived from the lowered TIR."""
     import pyopencl as cl
 
     ctx, queue = _opencl_context(target.device_id)
-    program = cl.Program(ctx, artifact.source).build()
-    kernels = [(getattr(program, l.name), l) for l in artifact.launches]
+    kernels = opencl_kernels(ctx, artifact)
     inputs, refs = _reference_case(template, settings.seed)
     n_in = len(template.inputs())
     mf = cl.mem_flags
@@ -142,11 +162,7 @@ def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
     check_bufs = device_buffers(inputs + outs)
 
     def enqueue(bufs: dict[str, Any]) -> list[Any]:
-        events = []
-        for kernel, launch in kernels:
-            args = [bufs[a] if isinstance(a, str) else np.int32(a) for a in launch.args]
-            events.append(kernel(queue, launch.global_size, launch.block, *args))
-        return events
+        return enqueue_launches(queue, kernels, bufs)
 
     enqueue(check_bufs)
     queue.finish()
@@ -214,6 +230,8 @@ MEASURE: dict[str, Callable[..., RunResult]] = {"opencl": measure_opencl, "cuda"
 def _measure_in_worker(artifact: Artifact, template: Template, target: TargetInfo,
                        settings: MeasureSettings) -> RunResult:
     try:
+        if hasattr(template, "measure_artifact"):  # templates that build their own artifacts
+            return template.measure_artifact(artifact, target, settings)
         return MEASURE[artifact.kind](artifact, template, target, settings)
     except Exception as exc:
         text = str(exc).strip().splitlines()

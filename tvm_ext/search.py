@@ -9,7 +9,7 @@ builds a whole batch in parallel.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -84,6 +84,9 @@ class GeneticSearch:
     mutation_rate: float = 0.1
     crossover_rate: float = 0.9
     seeds: Sequence[np.ndarray] = ()
+    # Optional map of offspring onto configs that can be measured (the replay of a
+    # recorded sweep maps each child to its nearest recorded config); None: as bred.
+    repair: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None
     population: np.ndarray | None = field(default=None, init=False)
     fitness: np.ndarray | None = field(default=None, init=False)
     generation: int = field(default=0, init=False)
@@ -110,7 +113,8 @@ class GeneticSearch:
             filler = self.space.random_indices(self.rng, missing)  # tiny spaces only
             return np.concatenate([seeds, rest, filler])
         children = two_point_crossover(self.population, self.rng, self.crossover_rate)
-        return mutate(children, self.space.cardinalities, self.rng, self.mutation_rate)
+        children = mutate(children, self.space.cardinalities, self.rng, self.mutation_rate)
+        return children if self.repair is None else self.repair(children, self.rng)
 
     def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
         costs = np.asarray(costs, dtype=np.float64)
@@ -127,12 +131,18 @@ class GeneticSearch:
 
 @dataclass
 class RandomSearch:
-    """Uniform random index vectors, batch by batch: the baseline the GA must beat."""
+    """Uniform random index vectors, batch by batch: the baseline the GA must beat.
+
+    ``feasible_only`` draws distinct feasible configs per batch: the same sequence of
+    measured configs in distribution (infeasible draws cost no trial), far fewer draws
+    when the feasible set is a sliver of the space (a replayed sweep).
+    """
 
     space: Space
     rng: np.random.Generator
     batch: int = 16
     generations: int = 8
+    feasible_only: bool = False
     generation: int = field(default=0, init=False)
     history: list[float] = field(default_factory=list, init=False)
 
@@ -141,10 +151,12 @@ class RandomSearch:
         return self.generation > self.generations
 
     def propose(self) -> np.ndarray:
+        if self.feasible_only:
+            return self.space.random_feasible_indices(self.rng, self.batch)
         return self.space.random_indices(self.rng, self.batch)
 
     def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
-        self.history.append(float(np.min(costs)))
+        self.history.append(float(np.min(costs)) if len(costs) else float("inf"))
         self.generation += 1
 
 

@@ -45,7 +45,9 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tuning")
     g.add_argument("--target", default="opencl", help="opencl (default: any OpenCL device, PoCL on a CPU) or cuda")
     g.add_argument("--device", type=int, default=0, help="device index (default 0; OpenCL GPUs first)")
-    g.add_argument("--strategy", default="ga", choices=("ga", "random"), help="search strategy (default ga)")
+    g.add_argument("--strategy", default="ga", choices=("ga", "random", "analytic"),
+                   help="search strategy (default ga); analytic: method 002's GEMM tile from the hardware "
+                        "model, printed and measured once (--no-measure: not measured)")
     g.add_argument("--generations", type=int, default=6, help="GA generations (default 6)")
     g.add_argument("--population", type=int, default=12, help="GA population size (default 12)")
     g.add_argument("--tourn-size", type=int, default=2, help="tournament size, < population/2 (default 2)")
@@ -57,6 +59,20 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--build-timeout", type=float, default=120.0, help="seconds per build (default 120)")
     g.add_argument("--run-timeout", type=float, default=60.0, help="seconds per measurement (default 60)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    m = p.add_argument_group("cost model (predictor stage of the GA)")
+    m.add_argument("--cost-model", default="none", choices=("none", "xgb"),
+                   help="xgb: each generation breeds --ng candidates, an XGBoost model trained on the records "
+                        "ranks them and only --nm are measured; saved as RECORDS.xgb.json (default none)")
+    m.add_argument("--ng", type=int, default=None, help="candidates bred per generation (default 16 x nm)")
+    m.add_argument("--nm", type=int, default=None, help="candidates measured per generation (default population/2)")
+    m.add_argument("--explore", type=float, default=0.2,
+                   help="share of nm picked at random instead of by the model (default 0.2)")
+    m.add_argument("--ptxas", action="store_true",
+                   help="CUDA: add registers/spills from nvcc's ptxas -v to the model's features "
+                        "(compiles each ranked candidate; cached in RECORDS.ptxas.json)")
+    m.add_argument("--no-measure", action="store_true",
+                   help="with --strategy analytic: print the pick without measuring it (no device needed "
+                        "for --target cuda: H100 limits are assumed when no GPU is found)")
 
 
 def _check_tuning_args(args: argparse.Namespace) -> None:
@@ -69,6 +85,15 @@ def _check_tuning_args(args: argparse.Namespace) -> None:
         raise TvmExtError("--mutation must be a probability in [0, 1]")
     if args.population >= 4 and args.tourn_size >= args.population / 2:
         raise TvmExtError(f"--tourn-size must be < population/2 ({args.population / 2:g})")
+    if args.cost_model != "none" and args.strategy != "ga":
+        raise TvmExtError("--cost-model needs --strategy ga (the GA breeds the candidates the model ranks)")
+    for name in ("ng", "nm"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise TvmExtError(f"--{name} must be >= 1")
+    if args.ng is not None and args.nm is not None and args.ng < args.nm:
+        raise TvmExtError("--ng must be >= --nm (the model picks nm of ng candidates)")
+    if not 0.0 <= args.explore <= 1.0:
+        raise TvmExtError("--explore must be a share in [0, 1]")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,13 +122,65 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tvm: tile fits the device limits (default); patent: also wg_x·wg_y·task_x·task_y | P·P")
     add_tuning_args(gemm)
     gemm.set_defaults(make_template=_gemm_template)
+
+    from .schedules.reduction import DTYPES as REDUCE_DTYPES, KNOBS as REDUCE_KNOBS, OPS as REDUCE_OPS
+
+    reduce = sub.add_parser(
+        "reduce", help="reduction of a vector, or of each row of a matrix (sum, max, min, mean, sumsq)",
+        description="Tune a full 1-D reduction (--shape N) or a row-wise reduction (--shape ROWS,COLS) "
+                    "from patent 001's x/z/w plan (the default config) with the genetic algorithm.",
+        epilog=knob_help(REDUCE_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    reduce.add_argument("--op", default="sum", choices=REDUCE_OPS, help="reduction (default sum)")
+    reduce.add_argument("--shape", required=True, help="N (e.g. 1048576) or ROWS,COLS (e.g. 4096,4096)")
+    reduce.add_argument("--dtype", default="float32", choices=REDUCE_DTYPES,
+                        help="input type; float16 accumulates in float32 (default float32)")
+    add_tuning_args(reduce)
+    reduce.set_defaults(make_template=_reduce_template)
+    _add_gru_parser(sub)
+    from .model_cli import add_model_parser
+
+    add_model_parser(sub, add_tuning_args)
     return parser
+
+
+def _add_gru_parser(sub: Any) -> None:
+    from .schedules.gru import KNOBS as GRU_KNOBS
+
+    gru = sub.add_parser(
+        "gru", help="GRU inference layer (torch.nn.GRU semantics): the whole forward pass",
+        description="Tune a GRU layer stack (patent 004's pipeline and its fusions): cell block size, "
+                    "step fusion and both gate GEMMs' tiles, timing the whole forward pass.",
+        epilog=knob_help(GRU_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gru.add_argument("--batch", type=int, required=True, help="batch size B")
+    gru.add_argument("--hidden", type=int, required=True, help="hidden size H")
+    gru.add_argument("--input", type=int, required=True, help="input size I")
+    gru.add_argument("--seq", type=int, required=True, help="sequence length T")
+    gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
+    gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
+    add_tuning_args(gru)
+    gru.set_defaults(make_template=_gru_template)
+
+
+def _gru_template(args: argparse.Namespace) -> Any:
+    from .schedules.gru import GruTemplate
+
+    return GruTemplate(batch=args.batch, hidden=args.hidden, input=args.input, seq=args.seq,
+                       layers=args.layers, bidirectional=args.bidirectional)
 
 
 def _gemm_template(args: argparse.Namespace) -> Any:
     from .schedules.gemm import GemmTemplate
 
     return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility)
+
+
+def _reduce_template(args: argparse.Namespace) -> Any:
+    from .schedules.reduction import ReductionTemplate
+
+    names = ("ROWS", "COLS") if "," in args.shape.replace("x", ",") else ("N",)
+    return ReductionTemplate.from_shape(parse_shape(args.shape, names), op=args.op, dtype=args.dtype)
 
 
 def run_tuning(args: argparse.Namespace) -> int:
@@ -118,20 +195,27 @@ def run_tuning(args: argparse.Namespace) -> int:
 
     _check_tuning_args(args)
     template = args.make_template(args)
+    if args.strategy == "analytic":
+        return _run_analytic(args, template)
     store = RecordStore(args.records)
     target = resolve_target(args.target, args.device)
     builder = LocalBuilder(workers=args.workers, timeout=args.build_timeout)
     runner = LocalRunner(target, timeout=args.run_timeout)
+    per_generation = args.population if args.cost_model == "none" else _nm(args)
     progress = _Progress(template, disabled=args.no_progress,
-                         total=args.trials or args.population * (args.generations + 1) + 1)
+                         total=args.trials or args.population + per_generation * args.generations + 1)
     tuner = Tuner(template, target, builder, runner, store,
                   trials=args.trials or (1 << 30), on_record=progress.update)
     default = template.default_config(target)
-    strategy = make_strategy(
-        args.strategy, tuner.space, np.random.default_rng(args.seed), population=args.population,
-        generations=args.generations, seeds=[tuner.space.encode(default)],
-        tourn_size=args.tourn_size, mutation_rate=args.mutation,
-    )
+    seeds = [tuner.space.encode(c) for c in [default] + _analytic_seeds(template, target)]
+    model = None
+    if args.cost_model == "xgb":
+        strategy, model = _model_strategy(args, tuner, seeds, progress.write)
+    else:
+        strategy = make_strategy(
+            args.strategy, tuner.space, np.random.default_rng(args.seed), population=args.population,
+            generations=args.generations, seeds=seeds, tourn_size=args.tourn_size, mutation_rate=args.mutation,
+        )
     print(f"tuning {template.describe()} on {target.kind}:{target.device_name} "
           f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records})",
           file=sys.stderr)
@@ -141,6 +225,10 @@ def run_tuning(args: argparse.Namespace) -> int:
         progress.close()
         builder.close()
         runner.close()
+        if model is not None and model.ready:
+            from .cost_model.model import model_path
+
+            model.save(model_path(args.records))
     print_summary(template, result, target, args.records)
     if result.interrupted:
         print("interrupted: records so far are kept; rerun the same command to resume", file=sys.stderr)
@@ -148,6 +236,100 @@ def run_tuning(args: argparse.Namespace) -> int:
     if result.best is None:
         print("error: no candidate compiled and ran correctly (see error records)", file=sys.stderr)
         return 1
+    return 0
+
+
+def _nm(args: argparse.Namespace) -> int:
+    return args.nm or max(1, args.population // 2)
+
+
+def _analytic_seeds(template: Any, target: Any) -> list[Any]:
+    """Method 002's picks (GEMM only) as extra GA seeds, after the default config."""
+    from .cost_model.analytic import analytic_seeds
+
+    try:
+        return analytic_seeds(template, target)
+    except TvmExtError:  # no tile passes the template's own rule: the GA still runs
+        return []
+
+
+def _model_strategy(args: argparse.Namespace, tuner: Any, seeds: list[Any], log: Any) -> tuple[Any, Any]:
+    """The GA with the XGBoost predictor stage, its model warm from the records file."""
+    import numpy as np
+
+    from .cost_model.model import XGBCostModel, model_path
+    from .cost_model.ptxas import PtxasCache, nvcc_available
+    from .cost_model.search import ModelGuidedSearch
+
+    ptxas = None
+    if args.ptxas:
+        if tuner.target.kind != "cuda" or not nvcc_available():
+            raise TvmExtError("--ptxas needs --target cuda and nvcc on PATH")
+        ptxas = PtxasCache(model_path(args.records)[: -len(".xgb.json")] + ".ptxas.json")
+    path = model_path(args.records)
+    model = XGBCostModel(tuner.template, tuner.target, seed=args.seed, ptxas=ptxas)
+    loaded = ""
+    if os.path.exists(path):
+        try:
+            model = XGBCostModel.load(path, tuner.template, tuner.target, seed=args.seed, ptxas=ptxas)
+            loaded = f", loaded {path}"
+        except TvmExtError as exc:
+            log(f"note: {exc}; training a new model")
+    model.fill_ptxas = ptxas is not None
+    model.ptxas_workers = args.workers
+    transfer = model.add_records(tuner.store, tuner.workload.key)
+    model.fit()
+    log(f"cost model: {model.n_current} records of this workload, {transfer} of other shapes{loaded}")
+    nm = _nm(args)
+    strategy = ModelGuidedSearch(
+        tuner.space, np.random.default_rng(args.seed), model, size_pop=args.population,
+        ng=args.ng or max(16 * nm, args.population), nm=nm, explore=args.explore,
+        generations=args.generations, tourn_size=args.tourn_size, mutation_rate=args.mutation,
+        seeds=seeds, log=log)
+    return strategy, model
+
+
+def _run_analytic(args: argparse.Namespace, template: Any) -> int:
+    """Method 002: print the tile chosen from the hardware model; measure it once."""
+    import dataclasses
+
+    from .cost_model.analytic import select_tile
+    from .target import offline_cuda, resolve_target
+
+    try:
+        target = resolve_target(args.target, args.device)
+    except TvmExtError:
+        if not (args.no_measure and args.target.lower() == "cuda"):
+            raise
+        target = dataclasses.replace(offline_cuda(), device_id=args.device)
+        print("note: no CUDA GPU found; using H100 (sm_90) limits", file=sys.stderr)
+    result = select_tile(template, target)
+    print(f"{template.describe()}  target={target.kind} device={target.device_name}")
+    print(result.explain())
+    print(f"config: {result.config}")
+    if args.no_measure:
+        return 0
+    from .builder import LocalBuilder
+    from .records import RecordStore
+    from .runner import LocalRunner
+    from .tuner import Tuner
+
+    store = RecordStore(args.records)
+    builder = LocalBuilder(workers=1, timeout=args.build_timeout)
+    runner = LocalRunner(target, timeout=args.run_timeout)
+    try:
+        tuner = Tuner(template, target, builder, runner, store, trials=1)
+        (cost,) = tuner.evaluate([result.config])
+    finally:
+        builder.close()
+        runner.close()
+    rec = tuner.record_of(result.config)
+    if rec is None or not rec.ok:
+        why = f"{rec.error_kind}: {rec.error_msg}" if rec else "not measured"
+        print(f"measured: failed ({why})")
+        return 1
+    print(f"measured: {cost * 1e3:.4f} ms  {_speed(template, cost)}  "
+          f"({'resumed from' if tuner.trials == 0 else 'recorded in'} {os.path.abspath(args.records)})")
     return 0
 
 
@@ -162,6 +344,10 @@ class _Progress:
         best = tuner.best
         self.bar.update(1)
         self.bar.set_postfix(best=_speed(self.template, best.cost) if best else "-", errors=tuner.errors)
+
+    def write(self, message: str) -> None:
+        """A log line on stderr that does not break the bar."""
+        self.bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()
@@ -198,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run_tuning(args)
+        return getattr(args, "run", run_tuning)(args)  # "model" has its own driver
     except TvmExtError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,241 @@
+"""Tuned schedules inside TVM's Relax pipeline, for real on PoCL: tune the example MLP's GEMMs,
+export a meta_schedule database, compile the model with it, run it and compare with numpy."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.builder import build_one
+from tvm_ext.pipeline import (TuneOptions, compile_relax, extract_tasks, legalize_and_fuse, load_model,
+                              match_tasks, tune_relax)
+from tvm_ext.records import RecordStore
+from tvm_ext.tvm_export import open_database, ranked_records, replay, tvm_target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "mlp.py")
+OPTIONS = TuneOptions(generations=1, population=6, seed=0)  # the CLI's defaults for the same flags
+
+
+def _load_example():
+    spec = importlib.util.spec_from_file_location("example_mlp", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _load_example()
+
+
+@pytest.fixture(scope="module")
+def tuned(mlp, opencl, tmp_path_factory):
+    """A real tuning run of the example's GEMMs on PoCL, exported as a database."""
+    work = tmp_path_factory.mktemp("pipeline")
+    records, database = str(work / "records.jsonl"), str(work / "database")
+    messages: list[str] = []
+    result = tune_relax(mlp.get_module(), opencl, records, database, OPTIONS, log=messages.append)
+    return {"result": result, "records": records, "database": database, "messages": messages, "work": work}
+
+
+def _task(result, name):
+    (task,) = [t for t in result.tasks if t.name == name]
+    return task
+
+
+def test_gemm_tasks_are_tuned_and_the_rest_falls_back(tuned):
+    result = tuned["result"]
+    gemms = {t.name: t for t in result.tasks if t.template == "gemm"}
+    assert set(gemms) == {"fused_matmul_add_relu", "matmul1"}
+    assert all(t.exported and np.isfinite(t.best_secs) for t in gemms.values())
+    assert dict(gemms["fused_matmul_add_relu"].params)["n"] == 256
+    others = [t for t in result.tasks if t.template != "gemm"]
+    assert {t.name for t in others} == {"layer_norm", "softmax", "transpose", "transpose1"}
+    assert all(not t.exported and "not a GEMM" in t.note for t in others)
+    assert any("layer_norm" in m and "no template" in m for m in tuned["messages"])
+
+
+def test_compiled_model_gives_the_reference_result(tuned, mlp, opencl):
+    messages: list[str] = []
+    model = load_model(mlp.get_module(), opencl, tuned["database"], log=messages.append)
+    inputs = mlp.get_inputs()
+    out = model(*inputs)
+    ref = mlp.reference(inputs)
+    assert out.shape == ref.shape and out.dtype == np.float32
+    assert np.abs(out - ref).max() < 1e-5
+    # exactly the untuned kernels were given dlight's schedules, each with a message
+    fallback = sorted(m.split(":")[1].strip() for m in messages)
+    assert fallback == ["layer_norm", "softmax", "transpose", "transpose1"]
+    assert all("dlight" in m for m in messages)
+    assert model.time(*inputs, repeat=3) > 0
+
+
+def _canonical(source: str, params: tuple[str, ...], ours: tuple[str, ...]) -> str:
+    """Kernel body with the task's buffer names replaced by the template's (A, B, C)."""
+    for theirs, mine in zip(params, ours):
+        stem = re.escape(theirs.replace(".", "_"))
+        source = re.sub(rf"\b{stem}(?=_(?:pad|shared|local|ptr))", mine, source)
+    return "\n".join(l for l in source.splitlines() if not l.startswith("__kernel")).strip()
+
+
+def test_best_records_reach_the_compiled_kernels(tuned, mlp, opencl, tmp_path):
+    """The model's GEMM kernels are the kernels our builder produced for the best configs."""
+    model = load_model(mlp.get_module(), opencl, tuned["database"], log=None)
+    steps = {s.func: s for s in model._exec.plan.steps}
+    lowered = legalize_and_fuse(mlp.get_module())
+    tasks = extract_tasks(lowered, opencl)
+    store = RecordStore(tuned["records"])
+    for task, match in zip(tasks, match_tasks(tasks, opencl)):
+        if not match.matched:
+            continue
+        best = ranked_records(store, match, opencl)[0]
+        assert best.cost == _task(tuned["result"], match.name).best_secs
+        ours = build_one(match.template, best.config_obj(), opencl, str(tmp_path))
+        assert ours.ok and ours.artifact.source_hash == best.source_hash  # the measured kernel
+        compiled = steps[match.name].artifact
+        assert [(l.grid, l.block) for l in compiled.launches] == [(l.grid, l.block) for l in ours.artifact.launches]
+        if match.site.epilogue:  # bias and ReLU are stored by the GEMM kernel itself
+            assert len(compiled.launches) == 1 and "max(" in compiled.source
+        else:  # no epilogue: the very same kernel, up to buffer names
+            a, b = (compiled.params[match.site.a], compiled.params[match.site.b])
+            theirs = (a, b, compiled.params[-1])
+            assert _canonical(compiled.source, theirs, ("A", "B", "C")) == \
+                _canonical(ours.artifact.source, ("A", "B", "C"), ("A", "B", "C"))
+
+
+def test_database_round_trip(tuned, mlp, opencl):
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=tuned["database"])  # a fresh reader of the files
+    lowered = legalize_and_fuse(mlp.get_module())
+    tasks = extract_tasks(lowered, opencl)
+    store = RecordStore(tuned["records"])
+    found = 0
+    for task, match in zip(tasks, match_tasks(tasks, opencl)):
+        mod = task.dispatched[0]
+        if not match.matched:
+            assert not db.has_workload(mod)
+            continue
+        assert db.has_workload(mod)
+        record = db.query_tuning_record(mod, tvm_target(opencl), "main")
+        best = ranked_records(store, match, opencl)[0]
+        assert record is not None and float(record.run_secs[0]) == pytest.approx(best.cost)
+        scheduled = db.query_ir_module(mod, tvm_target(opencl), "main")
+        expected = replay(match, best.config_obj(), mod, opencl).mod
+        assert tvm_ffi.structural_equal(scheduled["main"], expected["main"])
+        found += 1
+    assert found == 2
+    # what a TVM user does with the folder: the zero pipeline inside `with target, database`
+    from tvm import relax
+
+    with tvm_target(opencl), db, tvm.transform.PassContext(opt_level=3):
+        applied = relax.get_pipeline("zero")(mlp.get_module())
+    assert applied["fused_matmul_add_relu"].attrs["tirx.is_scheduled"]
+    assert "tirx.is_scheduled" not in (applied["softmax"].attrs or {})
+
+
+def test_export_is_idempotent(tuned, mlp, opencl):
+    before = open(os.path.join(tuned["database"], "database_tuning_record.json")).read()
+    again = tune_relax(mlp.get_module(), opencl, tuned["records"], tuned["database"], OPTIONS, log=None)
+    assert sum(t.trials for t in again.tasks) == 0  # resumed: nothing measured twice
+    assert open(os.path.join(tuned["database"], "database_tuning_record.json")).read() == before
+
+
+def test_task_without_template_falls_back_to_dlight(opencl, tmp_path):
+    """A batched matmul and a row sum: no template, dlight schedules them, with a message each."""
+    from tvm.relax.frontend import nn
+
+    class Batched(nn.Module):
+        def forward(self, a, b):
+            return nn.op.sum(nn.op.matmul(a, b), axis=-1)
+
+    mod, _ = Batched().export_tvm(spec={"forward": {"a": nn.spec.Tensor((3, 8, 16), "float32"),
+                                                    "b": nn.spec.Tensor((3, 16, 4), "float32")}})
+    messages: list[str] = []
+    result = tune_relax(mod, opencl, str(tmp_path / "r.jsonl"), str(tmp_path / "db"), OPTIONS,
+                        log=messages.append)
+    assert all(not t.exported for t in result.tasks)
+    assert any("batched" in t.note for t in result.tasks)
+    assert len(messages) == len(result.tasks) and all("no template" in m for m in messages)
+    assert not os.path.getsize(tmp_path / "r.jsonl")  # nothing tuned, nothing recorded
+    messages.clear()
+    model = load_model(mod, opencl, str(tmp_path / "db"), log=messages.append)
+    assert messages and all("using TVM's default (dlight)" in m for m in messages)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 8, 16)).astype("float32")
+    b = rng.standard_normal((3, 16, 4)).astype("float32")
+    np.testing.assert_allclose(model(a, b), (a.astype(np.float64) @ b).sum(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_compile_with_exported_schedules_offline(tuned, mlp, tmp_path):
+    """No GPU here: the CUDA build of the model still uses the exported schedules (source only)."""
+    import tvm
+
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import commit
+
+    cuda = offline_cuda()
+    lowered = legalize_and_fuse(mlp.get_module())
+    tasks = extract_tasks(lowered, cuda)
+    db = open_database(str(tmp_path / "cuda_db"))
+    for task, match in zip(tasks, match_tasks(tasks, cuda)):
+        if match.matched:  # a fixed config stands in for a CUDA tuning run
+            config = match.template.space(cuda).make(
+                wg_x=16, wg_y=8, task_x=4, task_y=4, k_step=16, use_shared=1, pad=1, unroll=64, vec=4,
+                double_buffer=1, a_transposed=1)
+            commit(db, task.dispatched[0], match, config, 1e-3, cuda)
+    scheduled = compile_relax(mlp.get_module(), cuda, db, log=None)
+    ex = tvm.compile(scheduled, target=tvm_target(cuda))
+    source = ex.mod.imports[0].imports[0].inspect_source()
+    start = re.search(r"__launch_bounds__\((\d+)\) fused_matmul_add_relu_kernel\([^)]*\) \{", source)
+    assert start and start.group(1) == "128"  # 16 x 8 threads
+    gemm = source[start.end():]
+    gemm = gemm[:gemm.index("\n}\n")]
+    assert "__shared__" in gemm and "max(" in gemm and "fc1_bias_ptr" in gemm  # epilogue in the GEMM
+
+
+def test_cli_model_runs(tuned, tmp_path):
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", EXAMPLE, "--generations", "1", "--population", "6",
+           "--records", tuned["records"], "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "fused_matmul_add_relu" in p.stdout and "tuned (database)" in p.stdout
+    assert "max |error| vs reference" in p.stdout and "(ok)" in p.stdout
+    assert "softmax: no tuned schedule in the database, using TVM's default (dlight)" in p.stderr
+    assert os.path.getsize(tmp_path / "db" / "database_tuning_record.json")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model", "no/such/model.py"], "does not exist"),
+    (["model", os.path.join(ROOT, "tests", "conftest.py")], "must define get_module()"),
+    (["model", EXAMPLE, "--target", "cuda"], "no CUDA GPU"),
+    (["model", EXAMPLE, "--strategy", "analytic"], "supports --strategy ga or random"),
+])
+def test_cli_model_bad_input(args, message, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune"] + args + ["--records", str(tmp_path / "r.jsonl")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], p.stderr
+
+
+@pytest.mark.gpu
+def test_cuda_model_matches_reference(mlp, tmp_path):
+    """On the GPU machine: tune on CUDA, compile with the database, run in the Relax VM."""
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    result = tune_relax(mlp.get_module(), cuda, str(tmp_path / "r.jsonl"), str(tmp_path / "db"), OPTIONS)
+    assert sum(t.exported for t in result.tasks) == 2
+    model = load_model(mlp.get_module(), cuda, str(tmp_path / "db"))
+    inputs = mlp.get_inputs()
+    assert np.abs(model(*inputs) - mlp.reference(inputs)).max() < 1e-5
+    assert model.time(*inputs) > 0

@@ -1,0 +1,125 @@
+"""``python -m tvm_ext.tune model FILE.py``: tune a Relax model's kernels, export, compile, run.
+
+FILE.py defines ``get_module() -> tvm.IRModule`` (a Relax module, e.g. from
+``relax.frontend.nn`` + ``export_tvm``) and optionally ``get_inputs() -> list of numpy
+arrays`` (every parameter of the Relax function, weights included) and
+``reference(inputs) -> numpy array``.  With inputs the compiled model is run (and
+checked when a reference exists); without, it is only compiled.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import sys
+from typing import Any
+
+from .errors import TvmExtError
+
+DEFAULT_DATABASE = "tvm_ext_database"
+
+
+def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
+    model = sub.add_parser(
+        "model", help="a Relax model: tune its kernels, export a meta_schedule database, compile and run",
+        description="Lower a Relax model (FILE.py: get_module(), optionally get_inputs() and reference(inputs)) "
+                    "with TVM, tune every kernel a template matches (GEMMs, with fused elementwise "
+                    "epilogues), export the best schedules as a meta_schedule database, compile the model "
+                    "with them (TVM's default dlight schedules for the other kernels) and run it. "
+                    "Tuning arguments apply to each distinct kernel; --trials caps each one.",
+    )
+    model.add_argument("file", metavar="FILE.py", help="Python file defining get_module()")
+    model.add_argument("--database", default=DEFAULT_DATABASE,
+                       help=f"meta_schedule database folder to write (default {DEFAULT_DATABASE})")
+    model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
+    add_tuning_args(model)
+    model.set_defaults(run=run_model)
+
+
+def load_model_file(path: str) -> Any:
+    """Import FILE.py as a module; a clear error when it is missing or lacks get_module."""
+    if not os.path.isfile(path):
+        raise TvmExtError(f"model file {path} does not exist")
+    spec = importlib.util.spec_from_file_location("tvm_ext_user_model", os.path.abspath(path))
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as exc:
+        raise TvmExtError(f"cannot import {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if not callable(getattr(module, "get_module", None)):
+        raise TvmExtError(f"{path} must define get_module() returning a Relax IRModule")
+    return module
+
+
+def run_model(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .pipeline import TuneOptions, load_model, summary, tune_relax
+    from .target import resolve_target
+    from .tune import _check_tuning_args
+
+    _check_tuning_args(args)
+    if args.strategy not in ("ga", "random"):
+        raise TvmExtError(f"model tuning supports --strategy ga or random, not {args.strategy}")
+    if getattr(args, "cost_model", "none") != "none":
+        raise TvmExtError("model tuning does not use a cost model yet: leave out --cost-model")
+    user = load_model_file(args.file)
+    mod = user.get_module()
+    target = resolve_target(args.target, args.device)
+    options = TuneOptions(strategy=args.strategy, generations=args.generations, population=args.population,
+                          tourn_size=args.tourn_size, mutation=args.mutation, trials=args.trials,
+                          workers=args.workers, seed=args.seed, build_timeout=args.build_timeout,
+                          run_timeout=args.run_timeout)
+    progress = _Progress(disabled=args.no_progress)
+    try:
+        result = tune_relax(mod, target, args.records, args.database, options, on_record=progress.update)
+    finally:
+        progress.close()
+    print(f"\nmodel {args.file}  target={target.kind} device={target.device_name}  "
+          f"wall {result.wall_secs:.1f} s, records: {os.path.abspath(args.records)}, "
+          f"database: {os.path.abspath(args.database)}")
+    print(summary(result))
+    if result.interrupted:
+        print("interrupted: records so far are kept and exported; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    model = load_model(mod, target, args.database, args.function)
+    if not callable(getattr(user, "get_inputs", None)):
+        print("compiled (the file has no get_inputs(): not run)")
+        return 0
+    inputs = [np.asarray(a) for a in user.get_inputs()]
+    out = model(*inputs)
+    secs = model.time(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    line = f"ran: output {', '.join(str(o.shape) for o in outs)}, latency {secs * 1e3:.3f} ms"
+    if callable(getattr(user, "reference", None)):
+        ref = user.reference(inputs)
+        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(outs, refs))
+        scale = max(float(np.abs(r).max()) for r in refs) or 1.0
+        ok = math.isfinite(err) and err <= 1e-4 * max(1.0, scale)
+        print(f"{line}, max |error| vs reference {err:.2e} ({'ok' if ok else 'WRONG'})")
+        return 0 if ok else 1
+    print(line)
+    return 0
+
+
+class _Progress:
+    """One bar over all tasks: trials measured, current kernel, its best so far."""
+
+    def __init__(self, disabled: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(unit="trial", disable=disabled, file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, record: Any, tuner: Any) -> None:
+        from .tune import _speed
+
+        best = tuner.best
+        self.bar.update(1)
+        self.bar.set_postfix(kernel=tuner.template.describe(),
+                             best=_speed(tuner.template, best.cost) if best else "-", errors=tuner.errors)
+
+    def close(self) -> None:
+        self.bar.close()
