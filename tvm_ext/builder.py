@@ -7,7 +7,6 @@ exception, so one bad candidate never stops a search.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -240,7 +239,3 @@ class LocalBuilder:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def trace_to_json(trace: Any) -> str:
-    return json.dumps(trace, separators=(",", ":"))
