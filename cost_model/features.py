@@ -29,14 +29,23 @@ GEMM_DERIVED = (
 )
 
 
+# Precision knobs (mixed-precision programs) are featurized by their mantissa bits:
+# ordered like precision, so "narrower" is one direction for the trees.
+MANTISSA_BITS = {"float64": 52.0, "float32": 23.0, "float16": 10.0, "bfloat16": 7.0}
+STORAGE_BITS = {52.0: 64.0, 23.0: 32.0, 10.0: 16.0, 7.0: 16.0}
+
+
 def knob_matrix(space: Space, configs: Sequence[Config]) -> np.ndarray:
-    """(n, knobs) float matrix: numeric knob values as is, other values by choice index."""
+    """(n, knobs) float matrix: numeric knob values as is, dtypes by mantissa bits, other
+    values by choice index."""
     out = np.empty((len(configs), len(space.knobs)), dtype=np.float64)
     for j, knob in enumerate(space.knobs):
         numeric = all(isinstance(v, (int, float, np.integer, np.floating)) for v in knob.choices)
+        dtypes = all(v in MANTISSA_BITS for v in knob.choices)
         for i, cfg in enumerate(configs):
             value = cfg[knob.name]
-            out[i, j] = float(value) if numeric else float(knob.index(value))
+            out[i, j] = (float(value) if numeric else MANTISSA_BITS[value] if dtypes
+                         else float(knob.index(value)))
     return out
 
 
@@ -134,7 +143,20 @@ def estimate_registers(k: dict[str, np.ndarray]) -> np.ndarray:
     return np.minimum(255.0, k["task_x"] * k["task_y"] + frag + 30.0 + 8.0 * (k["double_buffer"] > 0))
 
 
+PRECISION_DERIVED = ("min_mantissa", "lowered_params", "mean_storage_bits")
+
+
+def precision_derived(template: Any, hw: HardwareModel, k: dict[str, np.ndarray],
+                      ptxas: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+    """Mixed-precision programs: how far the program as a whole was narrowed."""
+    mantissa = np.stack(list(k.values()), axis=1)
+    storage = np.vectorize(lambda m: STORAGE_BITS.get(float(m), 32.0))(mantissa)
+    return {"min_mantissa": mantissa.min(axis=1), "lowered_params": (mantissa < 23.0).sum(axis=1),
+            "mean_storage_bits": storage.mean(axis=1)}
+
+
 # template name -> (derived feature names, function)
 DERIVED: dict[str, tuple[tuple[str, ...], Callable[..., dict[str, np.ndarray]]]] = {
     "gemm": (GEMM_DERIVED, gemm_derived),
+    "mixed_precision": (PRECISION_DERIVED, precision_derived),
 }

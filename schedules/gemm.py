@@ -1,4 +1,4 @@
-"""GEMM C = A·B (fp32) as a TVM tensor expression with method 000's knobs.
+"""GEMM C = A·B as a TVM tensor expression with method 000's knobs.
 
 Knobs (patent 000): work-group size ``wg_x`` × ``wg_y`` (threads along N × M),
 per-thread work ``task_x`` × ``task_y`` (outputs along N × M), plus what the text
@@ -8,15 +8,21 @@ unrolling to constant indexing; and the k-step and vector width of loads/stores.
 Any M, N, K ≥ 1 works: when a dimension is not a multiple of its tile the
 iteration space is padded (``pad_einsum``) and the padding is folded into guarded
 loads and stores, so no out-of-bounds access and no extra kernels.
+
+Precision (method 003's parameters): A, B and C each have a storage dtype and the
+dot products accumulate in ``acc_dtype``; operands are widened as they are multiplied
+and the result is narrowed as it is stored.  Everything defaults to float32.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
+from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, PrecisionParam, check_assignment, itemsize
+from tvm_ext.precision import sanity_tolerance
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -36,6 +42,13 @@ KNOBS = (
 )
 
 FEASIBILITY_RULES = ("tvm", "patent")
+
+PRECISION_PARAMS = (
+    PrecisionParam("a", "gemm", "tensor", "storage type of A"),
+    PrecisionParam("b", "gemm", "tensor", "storage type of B"),
+    PrecisionParam("acc", "gemm", "accumulator", "type the dot products accumulate in"),
+    PrecisionParam("c", "gemm", "tensor", "storage type of C"),
+)
 
 
 def patent_padded_size(m: int, n: int) -> int:
@@ -69,18 +82,25 @@ class GemmTemplate(Template):
     m: int
     n: int
     k: int
-    dtype: str = "float32"
     feasibility: str = "tvm"
+    a_dtype: str = HIGH_PRECISION
+    b_dtype: str = HIGH_PRECISION
+    acc_dtype: str = HIGH_PRECISION
+    c_dtype: str = HIGH_PRECISION
+    dtype: InitVar[str | None] = None  # shorthand: all four (older records name only this)
 
     name = "gemm"
-    tolerance = 1e-4
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, dtype: str | None = None) -> None:
+        if dtype is not None:
+            for param in ("a_dtype", "b_dtype", "acc_dtype", "c_dtype"):
+                object.__setattr__(self, param, dtype)
         for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
-        if self.dtype != "float32":
-            raise TvmExtError(f"GEMM dtype {self.dtype!r} is not supported; allowed: float32")
+        for param, dtype in self.precision.items():
+            if dtype not in FLOAT_DTYPES:
+                raise TvmExtError(f"GEMM {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
         if self.feasibility not in FEASIBILITY_RULES:
             raise TvmExtError(
                 f"unknown feasibility rule {self.feasibility!r}; allowed: {', '.join(FEASIBILITY_RULES)}"
@@ -94,14 +114,35 @@ class GemmTemplate(Template):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"m": self.m, "n": self.n, "k": self.k, "dtype": self.dtype}
+        return {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
+
+    # ---- precision ---------------------------------------------------------------
+    def precision_params(self) -> tuple[PrecisionParam, ...]:
+        return PRECISION_PARAMS
+
+    @property
+    def precision(self) -> dict[str, str]:
+        return {"a": self.a_dtype, "b": self.b_dtype, "acc": self.acc_dtype, "c": self.c_dtype}
+
+    def with_precision(self, assignment: Any) -> "GemmTemplate":
+        from dataclasses import replace
+
+        check_assignment(PRECISION_PARAMS, assignment)
+        return replace(self, **{f"{p}_dtype": d for p, d in assignment.items()})
+
+    def full_precision(self) -> "GemmTemplate":
+        return self.with_precision({p.name: HIGH_PRECISION for p in PRECISION_PARAMS})
+
+    @property
+    def tolerance(self) -> float:  # type: ignore[override]
+        return sanity_tolerance(self.precision)
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.k), self.dtype), TensorSpec((self.k, self.n), self.dtype)]
+        return [TensorSpec((self.m, self.k), self.a_dtype), TensorSpec((self.k, self.n), self.b_dtype)]
 
     def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.n), self.dtype)]
+        return [TensorSpec((self.m, self.n), self.c_dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b = inputs
@@ -124,14 +165,14 @@ class GemmTemplate(Template):
             return f"patent rule: wg_x*wg_y*task_x*task_y={work} does not divide P*P={p * p}"
         return None
 
-    @staticmethod
-    def shared_bytes(c: Config) -> int:
+    def shared_bytes(self, c: Config) -> int:
         if not c.use_shared:
             return 0
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
         pad = c.vec if c.pad else 0
         stages = 2 if c.double_buffer else 1
-        return 4 * stages * (bm * (c.k_step + pad) + c.k_step * (bn + pad))
+        return stages * (itemsize(self.a_dtype) * bm * (c.k_step + pad)
+                         + itemsize(self.b_dtype) * c.k_step * (bn + pad))
 
     def _hardware_reason(self, c: Config, target: TargetInfo) -> str | None:
         threads = c.wg_x * c.wg_y
@@ -173,11 +214,20 @@ class GemmTemplate(Template):
     def prim_func(self) -> Any:
         from tvm import te
 
-        a = te.placeholder((self.m, self.k), self.dtype, name="A")
-        b = te.placeholder((self.k, self.n), self.dtype, name="B")
+        acc = self.acc_dtype
+        a = te.placeholder((self.m, self.k), self.a_dtype, name="A")
+        b = te.placeholder((self.k, self.n), self.b_dtype, name="B")
         r = te.reduce_axis((0, self.k), name="k")
-        c = te.compute((self.m, self.n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
-        return te.create_prim_func([a, b, c])
+        c = te.compute((self.m, self.n), lambda i, j: te.sum(a[i, r].astype(acc) * b[r, j].astype(acc), axis=r),
+                       name="C")
+        if self.c_dtype == acc:
+            return te.create_prim_func([a, b, c])
+        out = te.compute((self.m, self.n), lambda i, j: c[i, j].astype(self.c_dtype), name="C_out")
+        return te.create_prim_func([a, b, out])
+
+    def own_site(self) -> MatmulSite:
+        """Where the GEMM sits in ``prim_func``: the narrowing store is an epilogue."""
+        return MatmulSite(epilogue=() if self.c_dtype == self.acc_dtype else ("C_out",))
 
     def schedule(self, config: Config, target: TargetInfo, func: Any = None,
                  site: "MatmulSite | None" = None) -> Any:
@@ -187,7 +237,7 @@ class GemmTemplate(Template):
         from tvm import s_tir
 
         c = config
-        site = site or MatmulSite()
+        site = site or (self.own_site() if func is None else MatmulSite())
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
         sch = s_tir.Schedule(self.prim_func() if func is None else func)
         gemm = sch.get_sblock(site.block)

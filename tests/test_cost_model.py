@@ -262,7 +262,7 @@ def test_analytic_pick_respects_hardware_limits_and_the_filters(shape):
     cfg = pick.config
     assert gemm.space(SYNTHETIC).is_feasible(cfg)
     assert cfg.wg_x * cfg.wg_y <= SYNTHETIC.max_threads_per_block
-    assert GemmTemplate.shared_bytes(cfg) <= SYNTHETIC.max_shared_memory_per_block
+    assert gemm.shared_bytes(cfg) <= SYNTHETIC.max_shared_memory_per_block
     assert [name[:2] for name, _ in result.steps] == ["1.", "2a", "2b", "3.", "4.", "5."]
     counts = [n for _, n in result.steps]
     assert counts == sorted(counts, reverse=True) and counts[-1] >= 1  # each step narrows, never to nothing

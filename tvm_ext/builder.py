@@ -44,6 +44,7 @@ class Artifact:
     launches: tuple[KernelLaunch, ...]
     params: tuple[str, ...]  # PrimFunc buffer parameters, inputs then outputs
     library: str = ""  # exported TVM module (CUDA)
+    precision: tuple[tuple[str, str], ...] = ()  # dtype assignment of a mixed-precision program
 
     @property
     def source_hash(self) -> str:
@@ -140,8 +141,6 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
 
 def build_one(template: Template, config: Config, target: TargetInfo, out_dir: str) -> BuildResult:
     """Schedule, compile and package one config (runs inside a worker process)."""
-    import tvm
-
     start = time.perf_counter()
     trace: Any = None
     try:
@@ -150,23 +149,30 @@ def build_one(template: Template, config: Config, target: TargetInfo, out_dir: s
             return BuildResult(config, artifact, trace, time.perf_counter() - start)
         sch = template.schedule(config, target)
         trace = plain_json(sch.trace.as_json())
-        ex = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
-        source = ex.mod.imports[0].inspect_source()
-        launches, params = extract_launches(sch.mod, target)
-        library = ""
-        if target.kind == "cuda":
-            digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-            os.makedirs(out_dir, exist_ok=True)
-            library = os.path.join(out_dir, f"{template.name}-{digest}.so")
-            if not os.path.exists(library):
-                tmp = f"{library}.{os.getpid()}.tmp.so"
-                ex.export_library(tmp)
-                os.replace(tmp, library)
-        artifact = Artifact(target.kind, source, launches, params, library)
+        artifact = compile_schedule(template.name, sch, target, out_dir)
         return BuildResult(config, artifact, trace, time.perf_counter() - start)
     except Exception as exc:  # a config that does not compile is data, not a crash
         return BuildResult(config, None, trace, time.perf_counter() - start, "build_error",
                            error_summary(exc))
+
+
+def compile_schedule(name: str, sch: Any, target: TargetInfo, out_dir: str) -> Artifact:
+    """Compile one scheduled PrimFunc; on CUDA also export the library the runner loads."""
+    import tvm
+
+    ex = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
+    source = ex.mod.imports[0].inspect_source()
+    launches, params = extract_launches(sch.mod, target)
+    library = ""
+    if target.kind == "cuda":
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        os.makedirs(out_dir, exist_ok=True)
+        library = os.path.join(out_dir, f"{name}-{digest}.so")
+        if not os.path.exists(library):
+            tmp = f"{library}.{os.getpid()}.tmp.so"
+            ex.export_library(tmp)
+            os.replace(tmp, library)
+    return Artifact(target.kind, source, launches, params, library)
 
 
 def error_summary(exc: BaseException) -> str:

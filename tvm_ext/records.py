@@ -28,6 +28,7 @@ class Record:
     build_secs: float = 0.0
     source_hash: str = ""
     trace: Any = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # rel_error, stage_secs, ...
     timestamp: float = field(default_factory=time.time)
 
     @property

@@ -11,12 +11,13 @@ import math
 import statistics
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .builder import Artifact, BuildResult
+from .precision import np_dtype, relative_error
 from .target import TargetInfo
 from .template import Template
 
@@ -34,6 +35,7 @@ class RunResult:
     costs: tuple[float, ...]  # seconds per run, one per repeat
     error_kind: str = ""  # "", run_error, run_timeout, wrong_answer, crash
     error_msg: str = ""
+    metrics: dict = field(default_factory=dict)  # e.g. rel_error, stage_secs
 
     @property
     def ok(self) -> bool:
@@ -93,9 +95,7 @@ def _reference_case(template: Template, seed: int) -> tuple[list[np.ndarray], li
     if key not in _REFERENCES:
         if len(_REFERENCES) >= _MAX_REFERENCES:  # bound memory, keep device contexts
             _REFERENCES.clear()
-        rng = np.random.default_rng(seed)
-        inputs = template.make_inputs(rng)
-        _REFERENCES[key] = (inputs, template.reference(inputs))
+        _REFERENCES[key] = template.make_case(np.random.default_rng(seed))
     return _REFERENCES[key]
 
 
@@ -103,8 +103,8 @@ def _poisoned_outputs(template: Template) -> list[np.ndarray]:
     """Outputs (then scratch buffers) filled with NaN, so an unwritten element fails the check."""
     outs = []
     for spec in template.outputs() + template.scratch():
-        arr = np.empty(spec.shape, spec.dtype)
-        arr.fill(np.nan if np.dtype(spec.dtype).kind == "f" else -1)
+        arr = np.empty(spec.shape, np_dtype(spec.dtype))
+        arr.fill(np.nan if spec.dtype.startswith(("float", "bfloat")) else -1)
         outs.append(arr)
     return outs
 
@@ -175,6 +175,7 @@ def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
     wrong = template.check(outs[: len(refs)], refs)
     if wrong:
         return RunResult((), "wrong_answer", wrong)
+    metrics = {"rel_error": relative_error(outs[: len(refs)], refs)}
 
     sets = [check_bufs]
     rng = np.random.default_rng(settings.seed + 1)
@@ -195,7 +196,7 @@ def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
         samples.extend(one(i) for i in range(len(samples)))
     chunk = max(1, len(samples) // settings.repeat)
     costs = [statistics.median(samples[i:i + chunk]) for i in range(0, chunk * settings.repeat, chunk)]
-    return RunResult(tuple(costs))
+    return RunResult(tuple(costs), metrics=metrics)
 
 
 def measure_cuda(artifact: Artifact, template: Template, target: TargetInfo,
@@ -212,9 +213,11 @@ def measure_cuda(artifact: Artifact, template: Template, target: TargetInfo,
     func(*args)
     dev.sync()
     n_in = len(inputs)
-    wrong = template.check([a.numpy() for a in args[n_in : n_in + len(refs)]], refs)
+    results = [a.numpy() for a in args[n_in : n_in + len(refs)]]
+    wrong = template.check(results, refs)
     if wrong:
         return RunResult((), "wrong_answer", wrong)
+    metrics = {"rel_error": relative_error(results, refs)}
     sets = [args]
     rng = np.random.default_rng(settings.seed + 1)
     for _ in range(_rotation_sets(template, target) - 1):
@@ -222,9 +225,9 @@ def measure_cuda(artifact: Artifact, template: Template, target: TargetInfo,
     if len(sets) == 1:  # inputs larger than L2: TVM's own device-synchronised timer
         evaluator = module.time_evaluator(
             "main", dev, number=1, repeat=settings.repeat, min_repeat_ms=int(settings.min_repeat_secs * 1000))
-        return RunResult(tuple(float(x) for x in evaluator(*args).results))
+        return RunResult(tuple(float(x) for x in evaluator(*args).results), metrics=metrics)
     costs = time_loop(lambda i: func(*sets[i % len(sets)]), dev.sync, settings)
-    return RunResult(tuple(costs))
+    return RunResult(tuple(costs), metrics=metrics)
 
 
 MEASURE: dict[str, Callable[..., RunResult]] = {"opencl": measure_opencl, "cuda": measure_cuda}

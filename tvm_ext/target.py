@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TvmExtError
+from .precision import FLOAT_DTYPES
 
 TARGET_KINDS = ("opencl", "cuda")
 
@@ -28,6 +29,9 @@ class TargetInfo:
     arch: str = ""  # CUDA "sm_90"; empty for OpenCL
     registers_per_block: int = 65536
     is_cpu: bool = False  # OpenCL on a CPU device (PoCL)
+    # Float types kernels may use here.  OpenCL: float16 needs cl_khr_fp16 and float64
+    # cl_khr_fp64; bfloat16 always works (TVM stores it as ushort and computes in fp32).
+    float_dtypes: tuple[str, ...] = FLOAT_DTYPES
 
     def tvm_target(self) -> dict[str, Any]:
         """The target dict given to ``tvm.compile``."""
@@ -85,8 +89,13 @@ def _opencl_info(device_id: int) -> TargetInfo:
     is_cpu = bool(dev.type & cl.device_type.CPU)
     name = f"{dev.platform.name.strip()}/{dev.name.strip()}"
     warp = 32 if "NVIDIA" in dev.vendor.upper() else 1
+    extensions = str(dev.extensions).split()
+    dtypes = tuple(d for d in FLOAT_DTYPES
+                   if d in ("float32", "bfloat16") or (d == "float16" and "cl_khr_fp16" in extensions)
+                   or (d == "float64" and "cl_khr_fp64" in extensions))
     return TargetInfo(
         kind="opencl",
+        float_dtypes=dtypes,
         device_id=device_id,
         device_name=name,
         max_threads_per_block=int(dev.max_work_group_size),

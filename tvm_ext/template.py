@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import TvmExtError
+from .precision import cast, np_dtype
 from .space import Config, Space
 from .target import TargetInfo
 
@@ -69,7 +70,22 @@ class Template(ABC):
 
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         """Fresh random inputs (never zeros: they hide unwritten outputs)."""
-        return [rng.uniform(-1.0, 1.0, size=s.shape).astype(s.dtype) for s in self.inputs()]
+        return [cast(rng.uniform(-1.0, 1.0, size=s.shape), s.dtype) for s in self.inputs()]
+
+    def full_precision(self) -> "Template":
+        """The all-float32 version of this operator (itself unless precision was lowered)."""
+        return self
+
+    def make_case(self, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Inputs in this template's dtypes and the float64 reference of the full-precision
+        values they were rounded from, so a lowered program's error includes the rounding
+        of its inputs and weights (what a user converting fp32 data would see)."""
+        full = self.full_precision()
+        values = full.make_inputs(rng)
+        refs = full.reference(values)
+        inputs = [x if x.dtype == np_dtype(s.dtype) else cast(x, s.dtype)
+                  for x, s in zip(values, self.inputs())]
+        return inputs, refs
 
     def check(self, outputs: list[np.ndarray], refs: list[np.ndarray]) -> str | None:
         """``None`` if outputs match the reference, else what is wrong."""
@@ -94,7 +110,7 @@ class Template(ABC):
 
     def bytes_moved(self) -> float:
         """The fewest bytes one run must read and write."""
-        size = lambda s: int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize  # noqa: E731
+        size = lambda s: int(np.prod(s.shape)) * np_dtype(s.dtype).itemsize  # noqa: E731
         return float(sum(size(s) for s in self.inputs() + self.outputs()))
 
     @cached_property

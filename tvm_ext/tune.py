@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .model_cli import add_model_parser
 
     add_model_parser(sub, add_tuning_args)
+    from .mp_cli import add_mixed_precision_parser
+
+    add_mixed_precision_parser(sub, _Parser, parse_shape)
     return parser
 
 

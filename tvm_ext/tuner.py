@@ -131,6 +131,7 @@ class Tuner:
             build_secs=round(build.build_secs, 4),
             source_hash=source_hash,
             trace=build.trace,
+            metrics=result.metrics,
         )
         self.store.append(rec)
         self._remember(rec)

@@ -1,0 +1,106 @@
+"""Precision parameters: what method 003 (S2) calls the mixed-precision space.
+
+A template that supports mixed precision names one ``PrecisionParam`` per tensor it
+reads or writes, per accumulator and per stage-internal math type, each tied to the
+stage (kernel function) it belongs to, so S3 can keep only the stages that matter.
+``with_precision`` returns the same operator with some of them lowered; its inputs,
+outputs and generated kernels carry those dtypes, and its workload key differs.
+
+This module only knows dtypes and errors; which parameters exist is the template's
+business, and the search over them is ``tvm_ext.mixed_precision``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from .errors import TvmExtError
+
+# Highest precision first: the search starts from the first supported one.
+FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
+HIGH_PRECISION = "float32"  # the "full precision" program of S3 (what users run today)
+PARAM_KINDS = ("tensor", "accumulator", "math")
+
+
+def np_dtype(name: str) -> np.dtype:
+    """numpy dtype of a TVM dtype name; bfloat16 comes from ml_dtypes (a TVM dependency)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def cast(array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` rounded to ``dtype`` (round to nearest even, as the device does)."""
+    return np.ascontiguousarray(array.astype(np_dtype(dtype)))
+
+
+def itemsize(dtype: str) -> int:
+    return np_dtype(dtype).itemsize
+
+
+@dataclass(frozen=True)
+class PrecisionParam:
+    """One precision choice of a program: a tensor's storage type, an accumulator's type,
+    or the type a kernel does its elementwise math in."""
+
+    name: str  # unique in the program: "a", "acc", "w_hh", "cell_math"
+    stage: str  # the kernel function it belongs to (S3 keeps or drops whole stages)
+    kind: str  # one of PARAM_KINDS
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"precision kind {self.kind!r}; allowed: {', '.join(PARAM_KINDS)}")
+
+
+@runtime_checkable
+class MixedPrecisionOperator(Protocol):
+    """What a template adds to take part in the mixed-precision search."""
+
+    def precision_params(self) -> tuple[PrecisionParam, ...]: ...
+
+    @property
+    def precision(self) -> dict[str, str]:
+        """The current assignment: parameter name -> dtype."""
+
+    def with_precision(self, assignment: Mapping[str, str]) -> "MixedPrecisionOperator":
+        """The same operator with the named parameters set (the others unchanged)."""
+
+
+def check_assignment(params: Sequence[PrecisionParam], assignment: Mapping[str, str]) -> None:
+    """Unknown parameter names or dtypes: an error naming what is allowed."""
+    names = {p.name for p in params}
+    for name, dtype in assignment.items():
+        if name not in names:
+            raise TvmExtError(f"unknown precision parameter {name!r}; allowed: {', '.join(sorted(names))}")
+        if dtype not in FLOAT_DTYPES:
+            raise TvmExtError(f"{name}: unknown dtype {dtype!r}; allowed: {', '.join(FLOAT_DTYPES)}")
+
+
+def relative_error(outputs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> float:
+    """The program's error: the largest normwise relative error over its outputs,
+    ``‖out − ref‖₂ / ‖ref‖₂`` against the float64 reference (inf for NaN or inf)."""
+    worst = 0.0
+    for out, ref in zip(outputs, refs):
+        out64 = np.asarray(out).astype(np.float64)
+        ref64 = np.asarray(ref, dtype=np.float64)
+        if not np.all(np.isfinite(out64)):
+            return float("inf")
+        denom = max(float(np.linalg.norm(ref64)), 1e-30)
+        worst = max(worst, float(np.linalg.norm(out64 - ref64)) / denom)
+    return worst
+
+
+def sanity_tolerance(assignment: Mapping[str, str]) -> float:
+    """The error beyond which a result is a wrong kernel, not a rounding effect.
+
+    At float32 and above that is 1e-4 (as for every template); once anything is
+    lowered, rounding alone may reach a few 1e-3, so only gross errors (> 0.1) are
+    rejected as wrong answers: the rest is recorded and judged against the bound.
+    """
+    lowered = any(d in ("float16", "bfloat16") for d in assignment.values())
+    return 0.1 if lowered else 1e-4
