@@ -7,9 +7,11 @@ Prints a markdown table last; records go to --out so nothing measured is lost.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -52,8 +54,11 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
         from tvm_ext.cost_model.analytic import analytic_seeds
 
         seeds += analytic_seeds(template, target)
-    ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
-                       generations=args.generations, seeds=[space.encode(c) for c in seeds])
+    if args.cost_model == "xgb" and target_kind == "cuda":
+        ga = model_guided(tuner, args, seeds)
+    else:
+        ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
+                           generations=args.generations, seeds=[space.encode(c) for c in seeds])
     start = time.time()
     result = tuner.tune(ga, default)
     wall = time.time() - start
@@ -70,6 +75,33 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
             "analytic": analytic}
 
 
+def sweep_records(path: str) -> list[Any]:
+    """A recorded sweep (benchmarks/data/sweep_*.jsonl.gz) as records of its workload."""
+    import gzip
+
+    from tvm_ext.records import Record
+
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        header, *rows = [json.loads(line) for line in fh if line.strip()]
+    key = "sweep:" + os.path.basename(path)
+    return [Record(key, header["workload"], r["config"], (r["cost"],) if r.get("cost") else (),
+                   r.get("error_kind", "")) for r in rows]
+
+
+def model_guided(tuner: Any, args: argparse.Namespace, seeds: list[Any]) -> Any:
+    """GA + XGBoost predictor stage (issue 4/6), warm-started from a sweep of another shape."""
+    from tvm_ext.cost_model.model import XGBCostModel
+    from tvm_ext.cost_model.search import ModelGuidedSearch
+
+    model = XGBCostModel(tuner.template, tuner.target, seed=args.seed)
+    transfer = model.add_records(sweep_records(args.transfer), tuner.workload.key) if args.transfer else 0
+    model.fit()
+    print(f"cost model: {transfer} transfer records from {args.transfer}", flush=True)
+    return ModelGuidedSearch(tuner.space, np.random.default_rng(args.seed), model, size_pop=args.population,
+                             ng=16 * args.nm, nm=args.nm, generations=args.generations,
+                             seeds=[tuner.space.encode(c) for c in seeds], log=print)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--size", type=int, default=4096)
@@ -84,6 +116,11 @@ def main() -> None:
     p.add_argument("--skip-opencl", action="store_true")
     p.add_argument("--no-analytic-seeds", action="store_true",
                    help="seed the GA with the default config only (no method-002 picks)")
+    p.add_argument("--cost-model", default="none", choices=("none", "xgb"),
+                   help="xgb: the GA breeds 16*nm per generation, the XGBoost model picks nm (CUDA run only)")
+    p.add_argument("--nm", type=int, default=16, help="measured per generation with --cost-model xgb")
+    p.add_argument("--transfer", default=None,
+                   help="records of another shape to warm-start the model (e.g. data/sweep_gemm_cuda_2048x2048x2048.jsonl.gz)")
     p.add_argument("--hand-picked", action="append", default=[],
                    help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
     args = p.parse_args()
@@ -102,7 +139,7 @@ def main() -> None:
         out = tune(kind, size, args, args.hand_picked if kind == "cuda" else ())
         res = out["result"]
         flops = out["template"].flops()
-        labelled = [("tuned (GA)", res.best), ("default config", res.default)]
+        labelled = [(f"tuned ({'GA+XGB' if args.cost_model == 'xgb' and kind == 'cuda' else 'GA'})", res.best), ("default config", res.default)]
         labelled += [("analytic pick (0 trials)", rec) for rec in out["analytic"]]
         labelled += [("hand-picked", rec) for rec in out["picked"]]
         for label, rec in labelled:

@@ -22,6 +22,21 @@ rows, so a step costs one launch and ``gh`` never goes through global memory.
 The per-step loop is host code that only enqueues compiled kernels: the step
 index and layer are scalar kernel arguments, the hidden state ping-pongs
 between two buffers, and nothing per element happens in Python.
+
+Precision (method 003): every tensor, accumulator and the cell's math type is a
+``PrecisionParam`` tied to the stage that owns it (``PRECISION_PARAMS``): stage
+"input_gemm" (S1: ``x``, ``w_ih``, ``in_acc``, ``gi``), "hidden_gemm" (S2:
+``w_hh``, ``hid_acc``, ``gh``) and "cell" (S3/S4: ``h``, ``cell_math``, ``out``).
+Kernels widen what they load to their accumulator or math type and narrow what
+they store to the tensor's type; all float32 (the default) is the program above,
+unchanged.  Choices where a buffer has no parameter of its own: the biases take
+their weights' type; h0, the state ping-pong buffers and h_n are ``h``; the
+inner layers' output sequences (which feed layer ≥ 1's input GEMM) are written by
+the same cell kernel as the final output, so they are ``out`` (layer ≥ 1's input
+GEMM reads its A operand in ``out``'s type, a kernel of its own when that differs
+from ``x``); in the fused step kernel gh never reaches memory, yet its gate sums
+are still rounded to ``gh`` before the cell uses them, so a precision assignment
+computes the same numbers whatever the fusion knob says.
 """
 from __future__ import annotations
 
@@ -35,8 +50,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
+from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, PrecisionParam, cast, check_assignment, itemsize
+from tvm_ext.precision import np_dtype, relative_error, sanity_tolerance
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.schedules.gemm import GemmTemplate, MatmulSite
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -61,6 +78,39 @@ HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
 KNOBS = (STEP_KNOBS
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
+
+
+# ---- precision ---------------------------------------------------------------------------
+F32 = HIGH_PRECISION
+STAGES = ("input_gemm", "hidden_gemm", "cell")
+PRECISION_PARAMS = (
+    PrecisionParam("x", "input_gemm", "tensor",
+                   "input sequence x (the inner layers' output sequences, which layer >= 1's input "
+                   "GEMM reads, are stored in out's type)"),
+    PrecisionParam("w_ih", "input_gemm", "tensor", "input weights W_ih and their biases b_ih"),
+    PrecisionParam("in_acc", "input_gemm", "accumulator", "type S1 accumulates x·W_ihᵀ + b_ih in"),
+    PrecisionParam("gi", "input_gemm", "tensor", "input-gate buffer gi (T·B, dirs·3H)"),
+    PrecisionParam("w_hh", "hidden_gemm", "tensor", "hidden weights W_hh and their biases b_hh"),
+    PrecisionParam("hid_acc", "hidden_gemm", "accumulator", "type S2 accumulates h·W_hhᵀ + b_hh in"),
+    PrecisionParam("gh", "hidden_gemm", "tensor",
+                   "hidden-gate buffer gh (dirs, B, 3H); in the fused step kernel the register "
+                   "gate sums are rounded to it"),
+    PrecisionParam("h", "cell", "tensor", "hidden state: h0, the ping-pong state buffers and h_n"),
+    PrecisionParam("cell_math", "cell", "math", "type the cell computes sigmoid, tanh and the blend in"),
+    PrecisionParam("out", "cell", "tensor", "output sequence (and the inner layers' output sequences)"),
+)
+# Kernel function (name prefix) -> the stages its time counts toward.  The fused step
+# kernel is both the hidden GEMM and the cell, so its time counts toward both.
+FUNCTION_STAGES = {"gru_init": ("cell",), "gru_gemm_x": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
+                   "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}
+
+
+def function_stages(name: str) -> tuple[str, ...]:
+    """The stages of a kernel function or of one of its device kernels ("gru_cell_kernel")."""
+    for prefix, stages in FUNCTION_STAGES.items():
+        if name.startswith(prefix):
+            return stages
+    raise TvmExtError(f"kernel {name!r} belongs to no GRU stage")
 
 
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:
@@ -113,37 +163,48 @@ def gru_reference(x: np.ndarray, weights: Mapping[str, np.ndarray], h0: np.ndarr
 
 
 # ---- kernels -----------------------------------------------------------------------------
-def gemm_bias_func(batch: int, m: int, n: int, k: int) -> Any:
-    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch)."""
+def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = F32, b_dtype: str = F32,
+                   acc_dtype: str = F32, c_dtype: str = F32) -> Any:
+    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch).
+
+    The bias is stored in B's type (a weight); A, B and the bias are widened to
+    ``acc_dtype``, and D is narrowed to ``c_dtype`` as it is stored."""
     from tvm import te
 
     lead = (batch,) if batch else ()
-    a = te.placeholder(lead + (m, k), "float32", name="A")
-    b = te.placeholder(lead + (k, n), "float32", name="B")
-    bias = te.placeholder(lead + (n,), "float32", name="bias")
+    a = te.placeholder(lead + (m, k), a_dtype, name="A")
+    b = te.placeholder(lead + (k, n), b_dtype, name="B")
+    bias = te.placeholder(lead + (n,), b_dtype, name="bias")
     r = te.reduce_axis((0, k), name="k")
-    c = te.compute(lead + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)] * b[i[:-2] + (r, i[-1])], axis=r),
+    c = te.compute(lead + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)].astype(acc_dtype)
+                                                    * b[i[:-2] + (r, i[-1])].astype(acc_dtype), axis=r),
                    name="C")
-    d = te.compute(lead + (m, n), lambda *i: c[i] + bias[i[:-2] + (i[-1],)], name="D")
+    d = te.compute(lead + (m, n), lambda *i: (c[i] + bias[i[:-2] + (i[-1],)].astype(acc_dtype)).astype(c_dtype),
+                   name="D")
     return te.create_prim_func([a, b, bias, d])
 
 
 @dataclass(frozen=True)
 class BiasGemmTemplate(GemmTemplate):
     """The GEMM template with a bias row, D = A·B + bias: the template's own schedule
-    applies unchanged, and the bias is folded into the register tile's store."""
+    applies unchanged, and the bias is folded into the register tile's store.  The bias
+    has B's dtype (it belongs to the weights); the narrowing to ``c_dtype`` is part of D."""
 
     name = "gemm_bias"
 
     def prim_func(self) -> Any:
-        return gemm_bias_func(0, self.m, self.n, self.k)
+        return gemm_bias_func(0, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
+                              self.c_dtype)
+
+    def own_site(self) -> MatmulSite:
+        return MatmulSite()  # D (bias and narrowing) is inlined after the GEMM's schedule
 
     def inputs(self) -> list[TensorSpec]:
-        return super().inputs() + [TensorSpec((self.n,), self.dtype)]
+        return super().inputs() + [TensorSpec((self.n,), self.b_dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b, bias = inputs
-        return [a.astype(np.float64) @ b.astype(np.float64) + bias]
+        return [a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)]
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         sch = super().schedule(config, target)
@@ -151,13 +212,15 @@ class BiasGemmTemplate(GemmTemplate):
         return sch
 
 
-def schedule_batched_gemm(batch: int, m: int, n: int, k: int, c: Config) -> Any:
+def schedule_batched_gemm(batch: int, m: int, n: int, k: int, c: Config, a_dtype: str = F32,
+                          b_dtype: str = F32, acc_dtype: str = F32, c_dtype: str = F32) -> Any:
     """The GEMM template's schedule (the ``BATCHED_GEMM_KNOBS``, same meaning) with a
-    leading batch axis on blockIdx.z and the bias folded into the register tile's store."""
+    leading batch axis on blockIdx.z and the bias folded into the register tile's store
+    (dtypes as in ``gemm_bias_func``)."""
     from tvm import s_tir
 
     bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
-    sch = s_tir.Schedule(gemm_bias_func(batch, m, n, k))
+    sch = s_tir.Schedule(gemm_bias_func(batch, m, n, k, a_dtype, b_dtype, acc_dtype, c_dtype))
     gemm = sch.get_sblock("C")
     pads = {"A": m % bm != 0 or k % c.k_step != 0, "B": k % c.k_step != 0 or n % bn != 0,
             "C": m % bm != 0 or n % bn != 0}
@@ -220,92 +283,127 @@ def schedule_batched_gemm(batch: int, m: int, n: int, k: int, c: Config) -> Any:
 
 
 def _cell_math(T: Any, gi: Any, row: Any, col: Any, hidden: int, gh_r: Any, gh_z: Any, gh_n: Any,
-               h: Any) -> Any:
-    """PyTorch's cell: r, z from input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h."""
-    r = T.sigmoid(gi[row, col] + gh_r)
-    z = T.sigmoid(gi[row, col + hidden] + gh_z)
-    n = T.tanh(gi[row, col + 2 * hidden] + r * gh_n)
-    return (T.float32(1) - z) * n + z * h
+               h: Any, math: str) -> Any:
+    """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
+    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h."""
+    import tvm
+
+    def m(value: Any) -> Any:
+        return value.astype(math)  # no cast when the type already is ``math``
+
+    r = T.sigmoid(m(gi[row, col]) + m(gh_r))
+    z = T.sigmoid(m(gi[row, col + hidden]) + m(gh_z))
+    n = T.tanh(m(gi[row, col + 2 * hidden]) + r * m(gh_n))
+    return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
 
 
-def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int) -> Any:
-    """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer]."""
+def _stored_as(value: Any, dtype: str) -> Any:
+    """``value`` rounded to ``dtype`` as storing it in a ``dtype`` buffer would, for a value
+    that stays in registers.  bfloat16 is rounded with integer ops on the float32 bits
+    (round to nearest even, as TVM's bfloat16 stores do), because TVM computes bfloat16 in
+    float32 where the target has no bfloat16 arithmetic and would drop a plain cast there."""
+    from tvm import tirx
+
+    if dtype != "bfloat16":
+        return value.astype(dtype)
+    u32 = lambda v: tirx.const(v, "uint32")  # noqa: E731
+    bits = tirx.reinterpret("uint32", value.astype("float32"))
+    rounded = (bits + u32(0x7FFF) + ((bits >> u32(16)) & u32(1))) & u32(0xFFFF0000)
+    return tirx.reinterpret("float32", rounded)
+
+
+def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
+              gh_dtype: str = F32, h_dtype: str = F32, math_dtype: str = F32, out_dtype: str = F32) -> Any:
+    """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer].
+
+    The math is in ``math_dtype``; h', h_n are stored as ``h_dtype``, out[t] as ``out_dtype``."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
 
     @T.prim_func(s_tir=True)
-    def cell(gi: T.Buffer((steps * batch, dirs * G), "float32"), gh: T.Buffer((dirs, batch, G), "float32"),
-             h: T.Buffer((dirs, batch, hidden), "float32"), step: T.int32, layer: T.int32,
-             h_out: T.Buffer((dirs, batch, hidden), "float32"),
-             out: T.Buffer((steps * batch, dirs * hidden), "float32"),
-             h_n: T.Buffer((layers * dirs, batch, hidden), "float32")):
+    def cell(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), gh: T.Buffer((dirs, batch, G), gh_dtype),
+             h: T.Buffer((dirs, batch, hidden), h_dtype), step: T.int32, layer: T.int32,
+             h_out: T.Buffer((dirs, batch, hidden), h_dtype),
+             out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+             h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
         T.func_attr({"tirx.noalias": True})
-        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), "float32")
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("cell"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
                 h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, gh[vd, vb, vj],
                                                gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
-                                               h[vd, vb, vj])
+                                               h[vd, vb, vj], math_dtype)
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("store"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_out[vd, vb, vj] = h_new[vd, vb, vj]
-                out[row, vd * hidden + vj] = h_new[vd, vb, vj]
-                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj]
+                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
 
     return cell
 
 
-def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int) -> Any:
-    """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel."""
+def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
+              h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
+              math_dtype: str = F32, out_dtype: str = F32) -> Any:
+    """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
+
+    The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
+    are widened to ``acc_dtype``, the gate sums rounded to ``gh_dtype`` (as if stored)
+    and widened to ``math_dtype`` for the cell; stores as in ``cell_func``."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
 
     @T.prim_func(s_tir=True)
-    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), "float32"),
-                    h: T.Buffer((dirs, batch, hidden), "float32"),
-                    w: T.Buffer((dirs, hidden, G), "float32"), bias: T.Buffer((dirs, G), "float32"),
-                    step: T.int32, layer: T.int32, h_out: T.Buffer((dirs, batch, hidden), "float32"),
-                    out: T.Buffer((steps * batch, dirs * hidden), "float32"),
-                    h_n: T.Buffer((layers * dirs, batch, hidden), "float32")):
+    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
+                    h: T.Buffer((dirs, batch, hidden), h_dtype),
+                    w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((dirs, batch, hidden), h_dtype),
+                    out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+                    h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
         T.func_attr({"tirx.noalias": True})
-        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), "float32")
-        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), "float32")
+        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
         for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
             with T.sblock("gh"):
                 vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
                 with T.init():
-                    acc[vd, vb, vg, vj] = bias[vd, vg * hidden + vj]
-                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + h[vd, vb, vk] * w[vd, vk, vg * hidden + vj]
+                    acc[vd, vb, vg, vj] = bias[vd, vg * hidden + vj].astype(acc_dtype)
+                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[vd, vb, vk].astype(acc_dtype)
+                                                             * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("cell"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, acc[vd, vb, 0, vj],
-                                               acc[vd, vb, 1, vj], acc[vd, vb, 2, vj], h[vd, vb, vj])
+                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden,
+                                               _stored_as(acc[vd, vb, 0, vj], gh_dtype),
+                                               _stored_as(acc[vd, vb, 1, vj], gh_dtype),
+                                               _stored_as(acc[vd, vb, 2, vj], gh_dtype), h[vd, vb, vj],
+                                               math_dtype)
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("store"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_out[vd, vb, vj] = h_new[vd, vb, vj]
-                out[row, vd * hidden + vj] = h_new[vd, vb, vj]
-                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj]
+                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
 
     return step_kernel
 
 
-def init_func(batch: int, hidden: int, dirs: int, layers: int) -> Any:
-    """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer)."""
+def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32) -> Any:
+    """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
+    both are of the state type ``dtype``."""
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
-    def init(h0: T.Buffer((layers * dirs, batch, hidden), "float32"), layer: T.int32,
-             h: T.Buffer((dirs, batch, hidden), "float32")):
+    def init(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+             h: T.Buffer((dirs, batch, hidden), dtype)):
         T.func_attr({"tirx.noalias": True})
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
@@ -414,6 +512,9 @@ class GruTemplate(Template):
 
     Buffers are in device layout: x (T·B, I); weights transposed so the gate GEMMs read
     B operands row-major: w_ih{l} (K_l, dirs·3H), w_hh{l} (dirs, H, 3H).
+
+    Precision: one ``<name>_dtype`` field per entry of ``PRECISION_PARAMS`` (all
+    float32 by default); set them with ``with_precision``.
     """
 
     batch: int
@@ -422,20 +523,56 @@ class GruTemplate(Template):
     seq: int
     layers: int = 1
     bidirectional: bool = False
+    x_dtype: str = F32
+    w_ih_dtype: str = F32
+    in_acc_dtype: str = F32
+    gi_dtype: str = F32
+    w_hh_dtype: str = F32
+    hid_acc_dtype: str = F32
+    gh_dtype: str = F32
+    h_dtype: str = F32
+    cell_math_dtype: str = F32
+    out_dtype: str = F32
 
     name = "gru"
-    tolerance = 1e-4
 
     def __post_init__(self) -> None:
         for field_name in ("batch", "hidden", "input", "seq", "layers"):
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise TvmExtError(f"GRU {field_name} must be a positive integer, got {value!r}")
+        for param, dtype in self.precision.items():
+            if dtype not in FLOAT_DTYPES:
+                raise TvmExtError(f"GRU {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
 
     @property
     def params(self) -> dict[str, Any]:
         return {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
-                "layers": self.layers, "bidirectional": bool(self.bidirectional)}
+                "layers": self.layers, "bidirectional": bool(self.bidirectional),
+                **{f"{p}_dtype": d for p, d in self.precision.items()}}
+
+    # ---- precision -------------------------------------------------------------------------
+    def precision_params(self) -> tuple[PrecisionParam, ...]:
+        return PRECISION_PARAMS
+
+    @property
+    def precision(self) -> dict[str, str]:
+        """The current assignment: parameter name -> dtype."""
+        return {p.name: getattr(self, f"{p.name}_dtype") for p in PRECISION_PARAMS}
+
+    def with_precision(self, assignment: Mapping[str, str]) -> "GruTemplate":
+        """The same GRU with the named parameters set (the others unchanged)."""
+        from dataclasses import replace
+
+        check_assignment(PRECISION_PARAMS, assignment)
+        return replace(self, **{f"{p}_dtype": d for p, d in assignment.items()})
+
+    def full_precision(self) -> "GruTemplate":
+        return self.with_precision({p.name: HIGH_PRECISION for p in PRECISION_PARAMS})
+
+    @property
+    def tolerance(self) -> float:  # type: ignore[override]
+        return sanity_tolerance(self.precision)
 
     @property
     def dirs(self) -> int:
@@ -446,25 +583,29 @@ class GruTemplate(Template):
 
     # ---- buffers -------------------------------------------------------------------------
     def _input_specs(self) -> dict[str, TensorSpec]:
-        t, b, h, d, f = self.seq, self.batch, self.hidden, self.dirs, "float32"
-        specs = {"x": TensorSpec((t * b, self.input), f), "h0": TensorSpec((self.layers * d, b, h), f)}
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        wi, wh = self.w_ih_dtype, self.w_hh_dtype
+        specs = {"x": TensorSpec((t * b, self.input), self.x_dtype),
+                 "h0": TensorSpec((self.layers * d, b, h), self.h_dtype)}
         for layer in range(self.layers):
-            specs[f"w_ih{layer}"] = TensorSpec((self.layer_input(layer), d * 3 * h), f)
-            specs[f"b_ih{layer}"] = TensorSpec((d * 3 * h,), f)
-            specs[f"w_hh{layer}"] = TensorSpec((d, h, 3 * h), f)
-            specs[f"b_hh{layer}"] = TensorSpec((d, 3 * h), f)
+            specs[f"w_ih{layer}"] = TensorSpec((self.layer_input(layer), d * 3 * h), wi)
+            specs[f"b_ih{layer}"] = TensorSpec((d * 3 * h,), wi)
+            specs[f"w_hh{layer}"] = TensorSpec((d, h, 3 * h), wh)
+            specs[f"b_hh{layer}"] = TensorSpec((d, 3 * h), wh)
         return specs
 
     def _output_specs(self) -> dict[str, TensorSpec]:
-        t, b, h, d, f = self.seq, self.batch, self.hidden, self.dirs, "float32"
-        return {"out": TensorSpec((t * b, d * h), f), "h_n": TensorSpec((self.layers * d, b, h), f)}
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        return {"out": TensorSpec((t * b, d * h), self.out_dtype),
+                "h_n": TensorSpec((self.layers * d, b, h), self.h_dtype)}
 
     def _scratch_specs(self) -> dict[str, TensorSpec]:
-        t, b, h, d, f = self.seq, self.batch, self.hidden, self.dirs, "float32"
-        specs = {"gi": TensorSpec((t * b, d * 3 * h), f), "gh": TensorSpec((d, b, 3 * h), f),
-                 "p0": TensorSpec((d, b, h), f), "p1": TensorSpec((d, b, h), f)}
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        specs = {"gi": TensorSpec((t * b, d * 3 * h), self.gi_dtype),
+                 "gh": TensorSpec((d, b, 3 * h), self.gh_dtype),
+                 "p0": TensorSpec((d, b, h), self.h_dtype), "p1": TensorSpec((d, b, h), self.h_dtype)}
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
-            specs[f"y{i}"] = TensorSpec((t * b, d * h), f)
+            specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         return specs
 
     def buffers(self) -> dict[str, TensorSpec]:
@@ -481,17 +622,21 @@ class GruTemplate(Template):
         return list(self._scratch_specs().values())
 
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
-        """x and h0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H)."""
+        """x and h0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H).  The values are
+        float32 numbers (whatever the precision), held in the declared dtypes; ``make_case``
+        draws them from the full-precision template, so its reference is unrounded."""
         scale = 1.0 / math.sqrt(self.hidden)
         arrays = []
         for name, spec in self._input_specs().items():
             bound = 1.0 if name in ("x", "h0") else scale
-            arrays.append(rng.uniform(-bound, bound, size=spec.shape).astype(spec.dtype))
+            values = rng.uniform(-bound, bound, size=spec.shape).astype(np.float32)
+            arrays.append(values if spec.dtype == F32 else cast(values, spec.dtype))
         return arrays
 
     # ---- layouts: PyTorch <-> device ------------------------------------------------------
     def device_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """PyTorch ``state_dict`` arrays (already validated) -> device-layout buffers."""
+        """PyTorch ``state_dict`` arrays (already validated) -> device-layout buffers, in
+        the dtypes of ``w_ih`` / ``w_hh``."""
         out = {}
         for layer in range(self.layers):
             sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(self.dirs)]
@@ -499,7 +644,8 @@ class GruTemplate(Template):
             out[f"b_ih{layer}"] = np.concatenate([weights[f"bias_ih_{s}"] for s in sfx])
             out[f"w_hh{layer}"] = np.stack([weights[f"weight_hh_{s}"].T for s in sfx])
             out[f"b_hh{layer}"] = np.stack([weights[f"bias_hh_{s}"] for s in sfx])
-        return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+        specs = self._input_specs()
+        return {k: cast(v, specs[k].dtype) for k, v in out.items()}  # rounded to the weights' dtypes
 
     def torch_weights(self, device: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Device-layout buffers -> PyTorch ``state_dict`` arrays (for the reference)."""
@@ -526,33 +672,52 @@ class GruTemplate(Template):
         return float(self.seq * per_step)
 
     # ---- knobs -----------------------------------------------------------------------------
+    def input_gemm(self, layer: int) -> BiasGemmTemplate:
+        """S1 of ``layer`` as a GEMM template: A is x (layer 0) or the previous layer's output
+        sequence (``out``'s dtype), B is W_ih, D is gi."""
+        return BiasGemmTemplate(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer),
+                                a_dtype=self.x_dtype if layer == 0 else self.out_dtype, b_dtype=self.w_ih_dtype,
+                                acc_dtype=self.in_acc_dtype, c_dtype=self.gi_dtype)
+
+    def hidden_gemm(self) -> GemmTemplate:
+        """S2 of one direction as a GEMM template: A is h, B is W_hh, C is gh."""
+        return GemmTemplate(self.batch, 3 * self.hidden, self.hidden, a_dtype=self.h_dtype,
+                            b_dtype=self.w_hh_dtype, acc_dtype=self.hid_acc_dtype, c_dtype=self.gh_dtype)
+
+    def layers_share_input_gemm(self) -> bool:
+        """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
+        return self.layer_input(1) == self.input and self.out_dtype == self.x_dtype
+
     def gemm_templates(self) -> dict[str, GemmTemplate]:
         """The gate GEMMs as GEMM templates, by knob prefix (the hidden one per direction)."""
-        g = 3 * self.hidden
-        return {"in_": BiasGemmTemplate(self.seq * self.batch, self.dirs * g, self.input),
-                "hid_": GemmTemplate(self.batch, g, self.hidden)}
+        return {"in_": self.input_gemm(0), "hid_": self.hidden_gemm()}
 
     def gemm_configs(self, config: Config, target: TargetInfo) -> dict[str, Config]:
         return {p: gemm_config(config, p, t.default_config(target)) for p, t in self.gemm_templates().items()}
 
     def space(self, target: TargetInfo) -> Space:
         templates = self.gemm_templates()
-        spaces = {p: t.space(target) for p, t in templates.items()}
+        checks = [("in_", "input GEMM", templates["in_"]), ("hid_", "hidden GEMM", templates["hid_"])]
+        if self.layers > 1 and self.out_dtype != self.x_dtype:  # layer ≥ 1 stages A in out's dtype
+            checks.insert(1, ("in_", "input GEMM of layer 1", self.input_gemm(1)))
+        spaces = [(prefix, label, t.space(target)) for prefix, label, t in checks]
         bases = {p: t.default_config(target) for p, t in templates.items()}
 
         def gemm_reason(c: Config) -> str | None:
-            for prefix, label in (("in_", "input GEMM"), ("hid_", "hidden GEMM")):
+            for prefix, label, space in spaces:
                 if prefix == "hid_" and c.fuse_step:
                     continue  # the fused step kernel does its own hidden GEMM
-                reason = spaces[prefix].infeasible_reason(gemm_config(c, prefix, bases[prefix]))
+                reason = space.infeasible_reason(gemm_config(c, prefix, bases[prefix]))
                 if reason:
                     return f"{label}: {reason}"
             return None
 
+        h_bytes = itemsize(self.h_dtype)
+
         def step_reason(c: Config) -> str | None:
             if c.fuse_step and c.step_j > target.max_threads_per_block:
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
-            if c.fuse_step and 4 * c.step_b * c.step_k > target.max_shared_memory_per_block:
+            if c.fuse_step and h_bytes * c.step_b * c.step_k > target.max_shared_memory_per_block:
                 return "step kernel: staged h slice exceeds shared memory"
             return None
 
@@ -572,18 +737,26 @@ class GruTemplate(Template):
         t, b, h, d, layers = self.seq, self.batch, self.hidden, self.dirs, self.layers
         g = 3 * h
         gemms = self.gemm_configs(config, target)
+        p = self.precision
         funcs = {
-            "gru_init": schedule_init(init_func(b, h, d, layers), min(256, target.max_threads_per_block)),
-            "gru_gemm_x0": BiasGemmTemplate(t * b, d * g, self.input).schedule(gemms["in_"], target),
+            "gru_init": schedule_init(init_func(b, h, d, layers, p["h"]), min(256, target.max_threads_per_block)),
+            "gru_gemm_x0": self.input_gemm(0).schedule(gemms["in_"], target),
         }
-        if layers > 1 and self.layer_input(1) != self.input:
-            funcs["gru_gemm_x1"] = BiasGemmTemplate(t * b, d * g, self.layer_input(1)).schedule(gemms["in_"], target)
+        if layers > 1 and not self.layers_share_input_gemm():
+            funcs["gru_gemm_x1"] = self.input_gemm(1).schedule(gemms["in_"], target)
         if config.fuse_step:
-            funcs["gru_step"] = schedule_step(step_func(t, b, h, d, layers), config)
+            funcs["gru_step"] = schedule_step(
+                step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
+                          acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
+                          out_dtype=p["out"]), config)
         else:
-            funcs["gru_gemm_h"] = schedule_batched_gemm(d, b, g, h, gemms["hid_"])
+            funcs["gru_gemm_h"] = schedule_batched_gemm(d, b, g, h, gemms["hid_"], a_dtype=p["h"],
+                                                        b_dtype=p["w_hh"], acc_dtype=p["hid_acc"],
+                                                        c_dtype=p["gh"])
             block = min(config.cell_block, target.max_threads_per_block)
-            funcs["gru_cell"] = schedule_cell(cell_func(t, b, h, d, layers), block)
+            funcs["gru_cell"] = schedule_cell(
+                cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
+                          math_dtype=p["cell_math"], out_dtype=p["out"]), block)
         return funcs
 
     def plan(self, config: Config) -> tuple[Call, ...]:
@@ -592,7 +765,7 @@ class GruTemplate(Template):
         for layer in range(self.layers):
             x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
             out = "out" if layer == self.layers - 1 else f"y{layer % 2}"
-            gemm_x = "gru_gemm_x0" if layer == 0 or self.layer_input(1) == self.input else "gru_gemm_x1"
+            gemm_x = "gru_gemm_x0" if layer == 0 or self.layers_share_input_gemm() else "gru_gemm_x1"
             calls.append(Call("gru_init", ("h0", layer, "p0")))
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
             for s in range(self.seq):
@@ -622,17 +795,22 @@ class GruTemplate(Template):
         return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace)
 
     def _check_plan(self, plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:
-        """Every buffer a call passes has the shape its kernel declares (TVM's runtime checks
-        shapes on CUDA; OpenCL would silently misread)."""
+        """Every buffer a call passes has the shape and dtype its kernel declares (TVM's
+        runtime checks them on CUDA; OpenCL would silently misread)."""
         specs = self.buffers()
         for call in plan:
             params = funcs[call.func].params
             if len(params) != len(call.args):
                 raise RuntimeError(f"{call.func} takes {len(params)} arguments, the plan passes {len(call.args)}")
             for param, arg in zip(params, call.args):
-                if isinstance(arg, str) and tuple(int(x) for x in param.shape) != specs[arg].shape:
+                if not isinstance(arg, str):
+                    continue
+                if tuple(int(x) for x in param.shape) != specs[arg].shape:
                     raise RuntimeError(f"{call.func}: buffer {arg} {specs[arg].shape} passed as {param.name} "
                                        f"{tuple(int(x) for x in param.shape)}")
+                if str(param.dtype) != specs[arg].dtype:
+                    raise RuntimeError(f"{call.func}: buffer {arg} ({specs[arg].dtype}) passed as {param.name} "
+                                       f"({param.dtype})")
 
     def build_artifact(self, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
         """The builder hook: the whole forward pass as one artifact (see ``CompiledGru``)."""
@@ -647,12 +825,16 @@ class GruTemplate(Template):
 
     def measure_artifact(self, artifact: Any, target: TargetInfo, settings: Any) -> Any:
         """The runner hook: check the whole forward pass against the reference, then time it
-        with the executors ``GRU`` uses (host clock around back-to-back passes)."""
+        with the executors ``GRU`` uses (host clock around back-to-back passes).
+
+        Inputs come from ``make_case``: float32 values rounded to this template's dtypes,
+        the reference computed in float64 from the unrounded values, so ``rel_error``
+        includes the rounding of inputs and weights.  Metrics: ``rel_error`` (also on a
+        wrong answer) and ``stage_secs``, seconds per forward pass of each stage's kernels
+        (see ``OpenclExecutor.stage_secs`` / ``CudaExecutor.stage_secs``)."""
         from tvm_ext.runner import RunResult, time_loop
 
-        rng = np.random.default_rng(settings.seed)
-        inputs = self.make_inputs(rng)
-        refs = self.reference(inputs)
+        inputs, refs = self.make_case(np.random.default_rng(settings.seed))
         if artifact.kind == "opencl":
             executor: Any = OpenclExecutor(artifact.source, artifact.launches, self.buffers(), target.device_id)
         else:
@@ -660,12 +842,16 @@ class GruTemplate(Template):
         for name, array in zip(self._input_specs(), inputs):
             executor.write(name, array)
         for name, spec in {**self._output_specs(), **self._scratch_specs()}.items():
-            executor.write(name, np.full(spec.shape, np.nan, np.float32))  # unwritten -> wrong answer
+            executor.write(name, np.full(spec.shape, np.nan, np_dtype(spec.dtype)))  # unwritten -> wrong answer
         executor.run()
-        wrong = self.check([executor.read(name) for name in self._output_specs()], refs)
+        outputs = [executor.read(name) for name in self._output_specs()]
+        metrics: dict[str, Any] = {"rel_error": relative_error(outputs, refs)}
+        wrong = self.check(outputs, refs)
         if wrong:
-            return RunResult((), "wrong_answer", wrong)
-        return RunResult(tuple(time_loop(lambda i: executor.run(), executor.sync, settings)))
+            return RunResult((), "wrong_answer", wrong, metrics=metrics)
+        costs = tuple(time_loop(lambda i: executor.run(), executor.sync, settings))
+        metrics["stage_secs"] = executor.stage_secs()
+        return RunResult(costs, metrics=metrics)
 
 
 @dataclass(frozen=True)
@@ -721,6 +907,8 @@ class CompiledGru:
 
 # ---- executors: buffers allocated once, the whole plan enqueued per run -----------------------
 _CL_CONTEXTS: dict[int, Any] = {}
+_CL_PROFILING_QUEUES: dict[int, Any] = {}
+STAGE_REPEAT = 3  # timed passes per stage measurement (after one warm-up pass)
 
 
 def _cl_context(device_id: int) -> tuple[Any, Any]:
@@ -734,6 +922,27 @@ def _cl_context(device_id: int) -> tuple[Any, Any]:
     return _CL_CONTEXTS[device_id]
 
 
+def _cl_profiling_queue(device_id: int) -> Any:
+    """A second queue on the same context with profiling events, for per-stage timing only
+    (the plain queue stays free of profiling overhead)."""
+    import pyopencl as cl
+
+    if device_id not in _CL_PROFILING_QUEUES:
+        ctx, _ = _cl_context(device_id)
+        _CL_PROFILING_QUEUES[device_id] = cl.CommandQueue(
+            ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    return _CL_PROFILING_QUEUES[device_id]
+
+
+def _stage_totals(named_secs: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Seconds per stage from (kernel or function name, seconds) pairs of one pass."""
+    totals = dict.fromkeys(STAGES, 0.0)
+    for name, secs in named_secs:
+        for stage in function_stages(name):
+            totals[stage] += secs
+    return totals
+
+
 class OpenclExecutor:
     """Runs a plan's kernel launches with pyopencl: one kernel object per launch with its
     arguments set once, so a run is only ``enqueue_nd_range_kernel`` calls."""
@@ -741,12 +950,14 @@ class OpenclExecutor:
     def __init__(self, source: str, launches: Sequence[Any], specs: Mapping[str, TensorSpec], device_id: int):
         import pyopencl as cl
 
+        self.device_id = device_id
         self.ctx, self.queue = _cl_context(device_id)
         self.specs = dict(specs)
         program = cl.Program(self.ctx, source).build()
         self.bufs = {name: cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size=_nbytes(spec))
                      for name, spec in self.specs.items()}
         self.kernels = []
+        self.names = [launch.name for launch in launches]
         for launch in launches:
             kernel = cl.Kernel(program, launch.name)
             kernel.set_args(*[self.bufs[a] if isinstance(a, str) else np.int32(a) for a in launch.args])
@@ -767,12 +978,30 @@ class OpenclExecutor:
         import pyopencl as cl
 
         spec = self.specs[name]
-        out = np.empty(spec.shape, spec.dtype)
+        out = np.empty(spec.shape, np_dtype(spec.dtype))
         cl.enqueue_copy(self.queue, out, self.bufs[name])
         return out
 
     def sync(self) -> None:
         self.queue.finish()
+
+    def stage_secs(self, repeat: int = STAGE_REPEAT) -> dict[str, float]:
+        """Device seconds per forward pass of each stage (``STAGES``): the whole plan enqueued
+        on a profiling queue, each launch's event time added to its function's stages (the
+        fused step kernel to both "hidden_gemm" and "cell", the init kernel to "cell");
+        the median over ``repeat`` passes after one warm-up pass."""
+        import pyopencl as cl
+
+        self.sync()
+        queue = _cl_profiling_queue(self.device_id)
+        passes = []
+        for _ in range(repeat + 1):
+            events = [cl.enqueue_nd_range_kernel(queue, kernel, global_size, block)
+                      for kernel, global_size, block in self.kernels]
+            queue.finish()
+            passes.append(_stage_totals([(name, (e.profile.end - e.profile.start) * 1e-9)
+                                         for name, e in zip(self.names, events)]))
+        return {stage: statistics.median(p[stage] for p in passes[1:]) for stage in STAGES}
 
 
 class CudaExecutor:
@@ -786,6 +1015,7 @@ class CudaExecutor:
         self.tensors = {name: tvm.runtime.empty(spec.shape, spec.dtype, self.dev)
                         for name, spec in self.specs.items()}
         funcs = {name: module[name] for name in {c.name for c in calls}}
+        self.names = [c.name for c in calls]
         self.calls = [(funcs[c.name], [self.tensors[a] if isinstance(a, str) else int(a) for a in c.args])
                       for c in calls]
 
@@ -808,13 +1038,49 @@ class CudaExecutor:
     def sync(self) -> None:
         self.dev.sync()
 
+    def stage_secs(self, repeat: int = STAGE_REPEAT) -> dict[str, float]:
+        """Seconds per forward pass of each stage (``STAGES``): all of the plan's calls of one
+        stage's functions run back to back (the others left out), synchronised, host clock
+        (the fused step kernel counts toward both "hidden_gemm" and "cell", the init kernel
+        toward "cell"); the median over ``repeat`` passes after one warm-up pass.  For ranking
+        stages: run on their own, kernels may time a little differently than interleaved."""
+        out = {}
+        for stage in STAGES:
+            calls = [call for name, call in zip(self.names, self.calls) if stage in function_stages(name)]
+            times = []
+            for _ in range(repeat + 1):
+                self.sync()
+                start = time.perf_counter()
+                for func, args in calls:
+                    func(*args)
+                self.sync()
+                times.append(time.perf_counter() - start)
+            out[stage] = statistics.median(times[1:])
+        return out
+
 
 def _nbytes(spec: TensorSpec) -> int:
-    return int(np.prod(spec.shape)) * np.dtype(spec.dtype).itemsize
+    return int(np.prod(spec.shape)) * itemsize(spec.dtype)
 
 
 def _contiguous(array: np.ndarray, spec: TensorSpec) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(array, spec.dtype).reshape(spec.shape))
+    """``array`` in the buffer's layout and dtype (rounded to it: float32 -> bfloat16, ...)."""
+    array = np.asarray(array)
+    if array.dtype != np_dtype(spec.dtype):
+        array = array.astype(np_dtype(spec.dtype))
+    return np.ascontiguousarray(array.reshape(spec.shape))
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A numpy array of a numpy array, a list or a torch tensor on any device (torch's
+    bfloat16 and other types numpy lacks come out as float32)."""
+    if hasattr(value, "detach"):
+        tensor = value.detach().cpu()
+        try:
+            return tensor.numpy()
+        except TypeError:
+            return tensor.float().numpy()
+    return np.asarray(value)
 
 
 # ---- the user-facing layer -------------------------------------------------------------------
@@ -824,6 +1090,12 @@ class GRU:
     >>> gru = GRU.build("opencl", input_size=16, hidden_size=32, batch=4, seq=10)
     >>> gru.load_state_dict(torch_gru.state_dict())
     >>> output, h_n = gru(x)            # numpy in, numpy out, PyTorch's shapes
+
+    Mixed precision: ``GRU.build(..., precision={"w_ih": "bfloat16", "w_hh": "bfloat16"})``
+    (names and stages in ``PRECISION_PARAMS``).  The interface stays float32: weights are
+    given as usual (float32 numpy arrays or a torch ``state_dict``) and rounded to their
+    dtypes as they are loaded, x and h0 are rounded to ``x`` and ``h``, and the outputs come
+    back as float32 arrays (widened from bfloat16/float16, rounded from float64).
     """
 
     def __init__(self, template: GruTemplate, config: Config, target: TargetInfo, batch_first: bool,
@@ -845,14 +1117,17 @@ class GRU:
     @classmethod
     def build(cls, target: TargetInfo | str, input_size: int, hidden_size: int, num_layers: int = 1,
               bidirectional: bool = False, batch_first: bool = False, batch: int = 1, seq: int = 1,
-              config: Config | Mapping[str, Any] | None = None, device_id: int = 0) -> "GRU":
+              config: Config | Mapping[str, Any] | None = None, device_id: int = 0,
+              precision: Mapping[str, str] | None = None) -> "GRU":
         """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
-        values that override the default (e.g. ``{"fuse_step": 1}``)."""
+        values that override the default (e.g. ``{"fuse_step": 1}``).  ``precision``: dtypes
+        of some of ``PRECISION_PARAMS`` (e.g. ``{"gi": "bfloat16"}``), the rest float32."""
         from tvm_ext.target import resolve_target
 
         info = resolve_target(target, device_id) if isinstance(target, str) else target
         template = GruTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq,
                                layers=num_layers, bidirectional=bool(bidirectional))
+        template = template.with_precision(dict(precision or {}))
         space = template.space(info)
         if config is None:
             cfg = template.default_config(info)
@@ -870,6 +1145,11 @@ class GRU:
             raise TvmExtError(f"GRU config not feasible on {info.kind}: {reason}")
         return cls(template, cfg, info, bool(batch_first), template.compile(cfg, info))
 
+    @property
+    def precision(self) -> dict[str, str]:
+        """The dtype of each precision parameter (``PRECISION_PARAMS``)."""
+        return self.template.precision
+
     # ---- weights --------------------------------------------------------------------------
     def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:
         t, g = self.template, 3 * self.template.hidden
@@ -884,7 +1164,8 @@ class GRU:
 
     def load_numpy(self, weights: Mapping[str, Any]) -> "GRU":
         """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
-        be left out altogether (``nn.GRU(bias=False)``)."""
+        be left out altogether (``nn.GRU(bias=False)``).  Any float type is accepted; they are
+        rounded once, to the dtypes of ``w_ih`` / ``w_hh``."""
         expected = self.expected_weight_shapes()
         unknown = sorted(set(weights) - set(expected))
         if unknown:
@@ -897,7 +1178,9 @@ class GRU:
                     arrays[name] = np.zeros(shape, np.float32)
                     continue
                 raise TvmExtError(f"missing GRU weight {name!r} of shape {shape}")
-            array = np.asarray(weights[name], dtype=np.float32)
+            array = _numpy(weights[name])
+            if array.dtype.kind not in "f" and array.dtype != np_dtype("bfloat16"):
+                array = array.astype(np.float64)  # integers, bools: exact in float64
             if array.shape != shape:
                 raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
             arrays[name] = array
@@ -908,16 +1191,16 @@ class GRU:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> "GRU":
         """Load ``torch.nn.GRU.state_dict()`` (tensors on any device)."""
-        return self.load_numpy({k: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
-                                for k, v in state_dict.items()})
+        return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
 
     # ---- forward ----------------------------------------------------------------------------
     def __call__(self, x: Any, h0: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """(output, h_n) as ``torch.nn.GRU`` returns them, as float32 numpy arrays."""
+        """(output, h_n) as ``torch.nn.GRU`` returns them, as float32 numpy arrays whatever the
+        precision; x and h0 (any float type, e.g. float32) are rounded to ``x`` and ``h``."""
         t = self.template
         if not self._loaded:
             raise TvmExtError("GRU weights are not loaded: call load_numpy or load_state_dict first")
-        x = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+        x = _numpy(x)
         want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
         if x.shape != want:
             layout = "(batch, seq, input)" if self.batch_first else "(seq, batch, input)"
@@ -928,15 +1211,15 @@ class GRU:
         if h0 is None:
             h0 = np.zeros(state_shape, np.float32)
         else:
-            h0 = np.asarray(h0.detach().cpu().numpy() if hasattr(h0, "detach") else h0)
+            h0 = _numpy(h0)
             if h0.shape != state_shape:
                 raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} (layers·directions, batch, hidden)")
         ex = self.executor
         ex.write("x", x)
         ex.write("h0", h0)
         ex.run()
-        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden)
-        h_n = ex.read("h_n")
+        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(np.float32, copy=False)
+        h_n = ex.read("h_n").astype(np.float32, copy=False)
         ex.sync()
         if self.batch_first:
             out = np.ascontiguousarray(out.transpose(1, 0, 2))

@@ -265,3 +265,225 @@ def test_cuda_layer_matches_reference(fuse):
     ref_out, ref_h = gru_reference(x, _weights(s), h0, s.layers, True)
     _close(out, ref_out)
     _close(h_n, ref_h)
+
+
+# ---- mixed precision (method 003): per-tensor / accumulator / math dtypes ---------------------
+from tvm_ext.builder import LocalBuilder, build_one  # noqa: E402
+from tvm_ext.precision import FLOAT_DTYPES, relative_error  # noqa: E402
+from tvm_ext.records import RecordStore  # noqa: E402
+from tvm_ext.runner import LocalRunner, MeasureSettings  # noqa: E402
+from tvm_ext.schedules.gru import PRECISION_PARAMS, STAGES  # noqa: E402
+from tvm_ext.template import Workload  # noqa: E402
+from tvm_ext.tuner import Tuner  # noqa: E402
+
+BF16 = "bfloat16"
+LOW = {"w_ih": BF16, "w_hh": BF16, "gi": BF16, "gh": BF16}  # bf16 weights and gate buffers
+F64 = {p.name: "float64" for p in PRECISION_PARAMS}
+FAST = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+# B2 H16 I8 T5: uni/bi, 1/2 layers, each with one of the two step pipelines
+SMALL = {"uni-1layer": (False, 1, 0), "bi-1layer": (True, 1, 1), "uni-2layer": (False, 2, 1),
+         "bi-2layer": (True, 2, 0)}
+
+
+def _small(key: str, precision=None) -> tuple[GruTemplate, int]:
+    bidirectional, layers, fuse = SMALL[key]
+    t = GruTemplate(batch=2, hidden=16, input=8, seq=5, layers=layers, bidirectional=bidirectional)
+    return t.with_precision(precision or {}), fuse
+
+
+@pytest.fixture(scope="module")
+def runner(opencl):
+    """The core runner (an isolated worker process), shared by the tests below."""
+    r = LocalRunner(opencl, FAST, timeout=120)
+    yield r
+    r.close()
+
+
+def _measure(runner, template, fuse, tmp_path):
+    cfg = template.default_config(runner.target).replace(fuse_step=fuse)
+    build = build_one(template, cfg, runner.target, str(tmp_path))
+    assert build.ok, build.error_msg
+    (result,) = runner.run(template, [build])
+    assert result.ok, f"{result.error_kind}: {result.error_msg}"
+    return result
+
+
+def _check_stage_secs(metrics):
+    assert set(metrics["stage_secs"]) == set(STAGES) == {"input_gemm", "hidden_gemm", "cell"}
+    assert all(0 < s < 1 for s in metrics["stage_secs"].values()), metrics["stage_secs"]
+
+
+def test_precision_params_name_every_tensor_accumulator_and_math_type():
+    stages = {p.name: (p.stage, p.kind) for p in PRECISION_PARAMS}
+    assert stages == {
+        "x": ("input_gemm", "tensor"), "w_ih": ("input_gemm", "tensor"),
+        "in_acc": ("input_gemm", "accumulator"), "gi": ("input_gemm", "tensor"),
+        "w_hh": ("hidden_gemm", "tensor"), "hid_acc": ("hidden_gemm", "accumulator"),
+        "gh": ("hidden_gemm", "tensor"), "h": ("cell", "tensor"), "cell_math": ("cell", "math"),
+        "out": ("cell", "tensor")}
+    t = GruTemplate(batch=2, hidden=4, input=3, seq=2, layers=2)
+    assert t.precision_params() == PRECISION_PARAMS
+    assert t.precision == dict.fromkeys(stages, "float32") and t.tolerance == 1e-4
+    low = t.with_precision(LOW)
+    assert low.precision == {**t.precision, **LOW} and t.precision["gi"] == "float32"  # a copy
+    assert low.full_precision() == t and t.full_precision() == t
+    assert low.tolerance > t.tolerance
+    assert low.params["gi_dtype"] == BF16 and t.params["gi_dtype"] == "float32"
+    target = offline_cuda()
+    assert Workload.of(low, target).key != Workload.of(t, target).key
+    specs = low.buffers()
+    assert specs["w_ih1"].dtype == specs["b_hh0"].dtype == specs["gi"].dtype == specs["gh"].dtype == BF16
+    assert specs["x"].dtype == specs["out"].dtype == specs["h0"].dtype == specs["p1"].dtype == "float32"
+    inputs, refs = low.make_case(np.random.default_rng(0))  # rounded inputs, fp32-valued reference
+    full_inputs = t.make_inputs(np.random.default_rng(0))
+    assert [str(a.dtype) for a in inputs] == [s.dtype for s in low.inputs()]
+    assert all(a.dtype == np.float32 for a in full_inputs)
+    np.testing.assert_array_equal(refs[0], t.reference(full_inputs)[0])
+
+
+def test_with_precision_rejects_unknown_names_and_dtypes():
+    t = GruTemplate(batch=2, hidden=4, input=3, seq=2)
+    with pytest.raises(TvmExtError, match=r"unknown precision parameter 'w_x'; allowed: .*cell_math.*w_hh") as e:
+        t.with_precision({"w_x": BF16})
+    assert "\n" not in str(e.value)
+    with pytest.raises(TvmExtError, match="gi: unknown dtype 'int8'; allowed: " + ", ".join(FLOAT_DTYPES)):
+        t.with_precision({"gi": "int8"})
+    with pytest.raises(TvmExtError, match="GRU h dtype 'half' is not supported; allowed: float64"):
+        GruTemplate(batch=2, hidden=4, input=3, seq=2, h_dtype="half")
+    with pytest.raises(TvmExtError, match="unknown precision parameter 'acc'"):
+        GRU.build("opencl", 3, 4, precision={"acc": BF16})
+
+
+def test_layers_read_the_inner_sequences_in_the_output_dtype():
+    """Inner layers' outputs are stored as ``out``: layer ≥ 1 gets its own input GEMM kernel
+    when that differs from ``x`` (even when the shapes agree)."""
+    t = GruTemplate(batch=2, hidden=4, input=4, seq=2, layers=3)
+    cfg = t.default_config(offline_cuda())
+    assert "gru_gemm_x1" not in {c.func for c in t.plan(cfg)}
+    low = t.with_precision({"x": BF16})
+    funcs = [c.func for c in low.plan(cfg)]
+    assert funcs.count("gru_gemm_x0") == 1 and funcs.count("gru_gemm_x1") == 2
+    assert low.input_gemm(1).a_dtype == "float32" and low.input_gemm(0).a_dtype == BF16
+    assert low.buffers()["y0"].dtype == low.buffers()["out"].dtype == "float32"
+
+
+def test_fp32_kernels_have_no_conversions(opencl):
+    """All float32 (the default) generates the kernels it always did: no other type appears."""
+    t = GruTemplate(batch=2, hidden=16, input=8, seq=3, layers=2, bidirectional=True)
+    for fuse in (0, 1):
+        source = t.compile(t.default_config(opencl).replace(fuse_step=fuse), opencl).source
+        for word in ("double", "half", "ushort", "bfloat"):
+            assert word not in source
+    low = t.with_precision(LOW).compile(t.default_config(opencl), opencl).source
+    assert "ushort" in low  # bfloat16 storage on OpenCL, math in float
+
+
+@pytest.mark.parametrize("key", list(SMALL))
+def test_bf16_weights_and_gates_through_the_runner(runner, key, tmp_path):
+    """bf16 weights and gi/gh: a correct program with a measured error above float32's and
+    still small, and per-stage times of every stage."""
+    full, fuse = _small(key)
+    low, _ = _small(key, LOW)
+    exact = _measure(runner, full, fuse, tmp_path)
+    lowered = _measure(runner, low, fuse, tmp_path)
+    assert exact.metrics["rel_error"] < 1e-6
+    assert exact.metrics["rel_error"] < 1e-3 < lowered.metrics["rel_error"] < 2e-2
+    assert np.isfinite(lowered.cost) and lowered.cost > 0
+    _check_stage_secs(exact.metrics)
+    _check_stage_secs(lowered.metrics)
+
+
+@pytest.mark.parametrize("fuse", [0, 1], ids=["patent", "fused-step"])
+def test_float64_everywhere_is_exact(runner, fuse, tmp_path):
+    t, _ = _small("bi-2layer", F64)
+    result = _measure(runner, t, fuse, tmp_path)
+    assert result.metrics["rel_error"] < 1e-10
+    _check_stage_secs(result.metrics)
+
+
+def test_fused_step_rounds_gh_like_the_patent_pipeline(runner, tmp_path):
+    """The precision of a program does not depend on the fusion knob: the fused kernel's
+    register gate sums are rounded to ``gh`` as the patent pipeline's buffer is."""
+    t, _ = _small("bi-1layer", {"gh": BF16})
+    errors = [_measure(runner, t, fuse, tmp_path).metrics["rel_error"] for fuse in (0, 1)]
+    assert 1e-4 < errors[0] < 2e-2
+    assert errors[1] == pytest.approx(errors[0], rel=0.05)
+
+
+def test_tuner_records_carry_error_and_stage_times(opencl, runner, tmp_path):
+    t, _ = _small("bi-2layer", LOW)
+    path = tmp_path / "gru.jsonl"
+    with LocalBuilder(workers=1, timeout=120) as builder:
+        tuner = Tuner(t, opencl, builder, runner, RecordStore(path))
+        tuner.evaluate([t.default_config(opencl)])
+    (rec,) = RecordStore(path)
+    assert rec.ok and rec.workload["params"]["w_hh_dtype"] == BF16
+    assert 1e-3 < rec.metrics["rel_error"] < 2e-2
+    _check_stage_secs(rec.metrics)
+
+
+@pytest.mark.parametrize("fuse", [0, 1], ids=["patent", "fused-step"])
+def test_gru_with_precision_matches_the_reference_within_the_measured_error(opencl, runner, fuse, tmp_path):
+    """The user-facing layer: float32 weights and input in, float32 out, lowered inside."""
+    s = Shape(seq=5, batch=2, input=8, hidden=16, layers=2, bidirectional=True)
+    gru = GRU.build(opencl, s.input, s.hidden, num_layers=2, bidirectional=True, batch=s.batch, seq=s.seq,
+                    config={"fuse_step": fuse}, precision=LOW)
+    assert gru.precision == {**GruTemplate(1, 1, 1, 1).precision, **LOW}
+    weights = _weights(s)
+    gru.load_numpy(weights)
+    x, h0 = _inputs(s)
+    out, h_n = gru(x, h0)
+    assert out.dtype == h_n.dtype == np.float32
+    ref = gru_reference(x, weights, h0, s.layers, True)
+    error = relative_error([out.reshape(s.seq * s.batch, -1), h_n], [ref[0].reshape(s.seq * s.batch, -1), ref[1]])
+    measured = _measure(runner, gru.template, fuse, tmp_path).metrics["rel_error"]
+    assert 1e-4 < error < 3 * measured
+    exact = built(opencl, "h7-bi-b1", fuse)  # the float32 layer is untouched by all this
+    assert exact.precision == dict.fromkeys(gru.precision, "float32")
+
+
+def test_gru_with_precision_loads_torch_weights(opencl):
+    torch = pytest.importorskip("torch")
+    s = Shape(seq=5, batch=2, input=8, hidden=16, bidirectional=True)
+    torch.manual_seed(0)
+    net = torch.nn.GRU(s.input, s.hidden, bidirectional=True)
+    gru = GRU.build(opencl, s.input, s.hidden, bidirectional=True, batch=s.batch, seq=s.seq,
+                    config={"fuse_step": 1}, precision={**LOW, "x": BF16, "h": BF16, "out": BF16})
+    x, h0 = _inputs(s)
+    with torch.no_grad():
+        ref_out, ref_h = net(torch.from_numpy(x), torch.from_numpy(h0))
+    # a bf16 state_dict and bf16 tensors in: converted as they are loaded
+    gru.load_state_dict(net.to(torch.bfloat16).state_dict())
+    out, h_n = gru(torch.from_numpy(x).to(torch.bfloat16), torch.from_numpy(h0))
+    assert out.dtype == np.float32 and out.shape == (s.seq, s.batch, 2 * s.hidden)
+    error = relative_error([out, h_n], [ref_out.numpy(), ref_h.numpy()])
+    assert 1e-4 < error < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, bound", [("float16", 5e-3), ("bfloat16", 2e-2), ("float64", 1e-10)])
+def test_cuda_precisions(dtype, bound, tmp_path):
+    """On a GPU machine (``pytest -m gpu``): every tensor in ``dtype`` (accumulators and math
+    too for float64), both step pipelines, through the runner hook and the user-facing layer."""
+    from tvm_ext.runner import _measure_in_worker
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda", 0)
+    precision = {p.name: dtype for p in PRECISION_PARAMS if dtype == "float64" or p.kind == "tensor"}
+    s = Shape(seq=5, batch=2, input=8, hidden=16, layers=2, bidirectional=True)
+    t = GruTemplate(batch=s.batch, hidden=s.hidden, input=s.input, seq=s.seq, layers=2,
+                    bidirectional=True).with_precision(precision)
+    for fuse in (0, 1):
+        build = build_one(t, t.default_config(target).replace(fuse_step=fuse), target, str(tmp_path))
+        assert build.ok, build.error_msg
+        result = _measure_in_worker(build.artifact, t, target, FAST)
+        assert result.ok, f"{result.error_kind}: {result.error_msg}"
+        assert result.metrics["rel_error"] < bound
+        _check_stage_secs(result.metrics)
+        gru = GRU.build(target, s.input, s.hidden, num_layers=2, bidirectional=True, batch=s.batch, seq=s.seq,
+                        config={"fuse_step": fuse}, precision=precision).load_numpy(_weights(s))
+        x, h0 = _inputs(s)
+        out, h_n = gru(x, h0)
+        ref = gru_reference(x, _weights(s), h0, s.layers, True)
+        assert out.dtype == np.float32
+        assert relative_error([out, h_n], ref) < max(bound, 1e-6)  # float32 outputs

@@ -24,14 +24,15 @@ from tvm_ext.precision import relative_error
 from tvm_ext.records import RecordStore
 from tvm_ext.runner import LocalRunner, MeasureSettings, _measure_in_worker
 from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.schedules.gru import GruTemplate
 from tvm_ext.tuner import Tuner
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 SHAPE = (40, 36, 300)  # K large enough that bfloat16 inputs cost ~1e-3 of relative error
 
 
-def _search(target, path, eb, m=10, seed=0, predictor=True):
-    base = GemmTemplate(*SHAPE)
+def _search(target, path, eb, m=10, seed=0, predictor=True, base=None):
+    base = base or GemmTemplate(*SHAPE)
     store = RecordStore(path)
     schedule, _ = schedule_for(base, target, store)
     program = PrecisionProgram(base, schedule)
@@ -197,3 +198,37 @@ def test_cli_bad_input_is_one_line(args, message, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert message in p.stderr and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_gru_search_keeps_the_bound_resumes_and_its_program_reproduces_the_error(opencl, tmp_path):
+    """The GRU layer as a mixed-precision program: S3 sees its three stages, the chosen
+    program respects eb on fresh inputs, a rerun measures nothing, and the exported
+    program (several kernels and a host plan) gives back the recorded error."""
+    gru = GruTemplate(batch=2, hidden=16, input=8, seq=5)
+    eb = 1e-2
+    result, tuner = _search(opencl, tmp_path / "gru.jsonl", eb, m=8, base=gru)
+    assert set(result.stage_secs) == {"input_gemm", "hidden_gemm", "cell"}
+    assert all(v > 0 for v in result.stage_secs.values())
+    assert result.best is not None and error_of(result.best) <= eb
+    again, _ = _search(opencl, tmp_path / "gru.jsonl", eb, m=8, base=gru)
+    assert again.new_measurements == 0 and again.best.config == result.best.config
+
+    program = tuner.template
+    chosen = tuner.space.make(**{**program.default_config(opencl).as_dict(),
+                                 "w_ih": "bfloat16", "w_hh": "bfloat16", "gi": "bfloat16"})
+    tuner.runner, tuner.builder = LocalRunner(opencl, FAST), LocalBuilder(workers=1)
+    tuner.evaluate([chosen])
+    tuner.builder.close(), tuner.runner.close()
+    rec = tuner.record_of(chosen)
+    assert 1e-4 < error_of(rec) <= eb
+    out = tmp_path / "gru_program"
+    export_program(program.lowered(chosen), program.schedule_config, opencl, str(out),
+                   extra={"error": error_of(rec)})
+    assert {"gru_init.py", "gru_gemm_x0.py"} <= {p.name for p in (out / "kernels").iterdir()}
+    loaded = load_program(str(out))
+    lowered = program.lowered(chosen)
+    inputs, refs = lowered.make_case(np.random.default_rng(0))
+    assert math.isclose(relative_error(loaded.run(*inputs), refs), error_of(rec), rel_tol=1e-6)
+    inputs, refs = lowered.make_case(np.random.default_rng(99))
+    assert relative_error(loaded.run(*inputs), refs) <= eb

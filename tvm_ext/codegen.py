@@ -180,7 +180,8 @@ class GeneratedProgram:
                 program = cl.Program(ctx, fh.read()).build()
             launches = [KernelLaunch(l["name"], tuple(l["args"]), tuple(l["grid"]), tuple(l["block"]))
                         for l in self.manifest["launches"]]
-            self._impl = (ctx, cl.CommandQueue(ctx), [(getattr(program, l.name), l) for l in launches])
+            by_name = {name: cl.Kernel(program, name) for name in dict.fromkeys(l.name for l in launches)}
+            self._impl = (ctx, cl.CommandQueue(ctx), [(by_name[l.name], l) for l in launches])
         ctx, queue, kernels = self._impl
         mf = cl.mem_flags
         values = iter(inputs)

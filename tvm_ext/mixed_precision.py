@@ -90,7 +90,7 @@ class PrecisionProgram(Template):
         return hashlib.sha256((own + self.base.source_hash).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        return f"mixed-precision {self.base.full_precision().describe()}"
+        return f"mixed-precision {self.base.full_precision().describe()}"  # float32 dtypes not shown
 
     # ---- tensors: the full-precision operator's (each lowered program has its own) -------
     def inputs(self) -> list[TensorSpec]:

@@ -120,7 +120,8 @@ class Template(ABC):
         return hashlib.sha256(source.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        return f"{self.name} " + " ".join(f"{k}={v}" for k, v in self.params.items())
+        shown = {k: v for k, v in self.params.items() if not (k.endswith("_dtype") and v == "float32")}
+        return f"{self.name} " + " ".join(f"{k}={v}" for k, v in shown.items())
 
 
 @dataclass(frozen=True)

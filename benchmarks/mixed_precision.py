@@ -1,0 +1,131 @@
+"""Mixed-precision search (method 003) on the GPU: speedup over the all-fp32 program
+within an error bound, for a GEMM 4096³ and a GRU layer B64 H1024 T128.
+
+Run through the device tool (see ../shared/DEVICE.md):
+    source .tvm-device/boot.sh && python benchmarks/mixed_precision.py --out $OUT
+For each case and each bound (1e-3, 1e-2): the search runs at the case's best fp32
+schedule (``SCHEDULES``, from the earlier H100 tuning runs), every config is checked
+against a float64 reference of the unrounded fp32 inputs (its error is the normwise
+relative error of the outputs) and timed by the tuning core's runner; the two bounds
+share one records file, so the second run re-uses what the first measured.  The
+chosen program is then exported (S7), loaded back with ``tvm_ext.codegen`` and run on
+fresh inputs, and its error there is reported too.  A markdown table is printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import table  # noqa: E402
+
+from tvm_ext.builder import LocalBuilder  # noqa: E402
+from tvm_ext.codegen import export_program, load_program  # noqa: E402
+from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
+from tvm_ext.mixed_precision import Method003Settings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
+from tvm_ext.precision import relative_error  # noqa: E402
+from tvm_ext.records import RecordStore  # noqa: E402
+from tvm_ext.runner import LocalRunner  # noqa: E402
+from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
+from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
+from tvm_ext.target import resolve_target  # noqa: E402
+from tvm_ext.tuner import Tuner  # noqa: E402
+
+GEMM_BEST = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
+                 double_buffer=1, a_transposed=1)  # 43.2 TFLOP/s fp32 on the H100 (RESULTS.md)
+
+
+def gru_schedule(template: GruTemplate, target: Any) -> Any:
+    """The fused step kernel that was fastest at B64 H1024 (j=32 b=4 k=64) with the
+    default gate-GEMM tile."""
+    return template.default_config(target).replace(fuse_step=1, step_j=32, step_b=4, step_k=64)
+
+
+def cases(target: Any) -> list[tuple[str, Any, Any]]:
+    gemm = GemmTemplate(4096, 4096, 4096)
+    gru = GruTemplate(batch=64, hidden=1024, input=1024, seq=128)
+    return [("GEMM 4096³", gemm, gemm.space(target).make(**GEMM_BEST)),
+            ("GRU B64 H1024 T128", gru, gru_schedule(gru, target))]
+
+
+def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args: argparse.Namespace) -> dict:
+    store = RecordStore(os.path.join(args.out, f"mp_{label.split()[0].lower()}.jsonl"))
+    program = PrecisionProgram(base, schedule)
+    tuner = Tuner(program, target, LocalBuilder(timeout=600), LocalRunner(target, timeout=300), store)
+    settings = Method003Settings(error_bound=eb, max_measurements=args.m, population=4, generated=32,
+                                 measured=4, seed=0)
+    start = time.perf_counter()
+    try:
+        result = MixedPrecisionSearch(tuner, settings, PrecisionPredictor(program, target, eb),
+                                      log=lambda line: print(f"[{label} eb={eb:g}] {line}", flush=True)).run()
+    finally:
+        tuner.builder.close()
+        tuner.runner.close()
+    row = {"case": label, "eb": eb, "fp32_ms": result.baseline.cost * 1e3, "measured": result.measured,
+           "new": result.new_measurements, "kept": ",".join(result.kept_stages), "secs": time.perf_counter() - start,
+           "stage_ms": {k: v * 1e3 for k, v in result.stage_secs.items()}}
+    if result.best is None:
+        return {**row, "best_ms": float("nan"), "speedup": float("nan"), "error": float("nan"),
+                "precision": "none within the bound", "reload_error": float("nan")}
+    chosen = tuner.space.make(**result.best.config)
+    lowered = program.lowered(chosen)
+    folder = os.path.join(args.out, f"program_{label.split()[0].lower()}_{eb:g}")
+    export_program(lowered, schedule, target, folder,
+                   extra={"error": result.error, "error_bound": eb, "time_s": result.best.cost,
+                          "baseline_time_s": result.baseline.cost, "speedup": result.speedup})
+    inputs, refs = lowered.make_case(np.random.default_rng(977))  # fresh inputs
+    reload_error = relative_error(load_program(folder).run(*inputs), refs)
+    lowered_params = {k: v for k, v in result.best.config.items() if v != "float32"}
+    return {**row, "best_ms": result.best.cost * 1e3, "speedup": result.speedup, "error": result.error,
+            "precision": " ".join(f"{k}={v}" for k, v in sorted(lowered_params.items())) or "all float32",
+            "reload_error": reload_error}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="mp_out")
+    parser.add_argument("--m", type=int, default=24, help="max measurements per search (default 24)")
+    parser.add_argument("--cases", default="gemm,gru", help="comma list of gemm, gru")
+    parser.add_argument("--bounds", default="1e-3,1e-2")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target("cuda")
+    wanted = args.cases.split(",")
+    rows = []
+    for label, base, schedule in cases(target):
+        if label.split()[0].lower() not in wanted:
+            continue
+        for eb in (float(b) for b in args.bounds.split(",")):
+            try:
+                rows.append(run_case(label, base, schedule, target, eb, args))
+            except Exception as exc:  # one failed case must not hide the others
+                traceback.print_exc()
+                rows.append({"case": label, "eb": eb, "error_msg": f"{type(exc).__name__}: {exc}"[:200]})
+            with open(os.path.join(args.out, "mixed_precision.json"), "w") as fh:
+                json.dump(rows, fh, indent=1, default=str)
+    body = []
+    for r in rows:
+        if "error_msg" in r:
+            body.append([r["case"], f"{r['eb']:g}", "-", "-", "-", "-", "-", "-", "-", r["error_msg"]])
+            continue
+        body.append([r["case"], f"{r['eb']:g}", f"{r['fp32_ms']:.3f}", f"{r['best_ms']:.3f}", f"{r['speedup']:.2f}",
+                     f"{r['error']:.2e}", f"{r['reload_error']:.2e}", f"{r['measured']} ({r['new']} new)",
+                     r["kept"], r["precision"]])
+    print(table("Mixed-precision search (method 003) vs the all-fp32 program",
+                ["case", "eb", "fp32 ms", "chosen ms", "speedup", "error", "error, reloaded program on fresh inputs",
+                 "configs measured", "stages kept", "lowered parameters"], body))
+    for r in rows:
+        if "stage_ms" in r:
+            print(f"{r['case']} eb={r['eb']:g}: fp32 stage times (ms) {r['stage_ms']}; search {r['secs']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
