@@ -31,11 +31,11 @@ FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 SHAPE = (40, 36, 300)  # K large enough that bfloat16 inputs cost ~1e-3 of relative error
 
 
-def _search(target, path, eb, m=10, seed=0, predictor=True, base=None):
+def _search(target, path, eb, m=10, seed=0, predictor=True, base=None, dtypes=("bfloat16", "float64")):
     base = base or GemmTemplate(*SHAPE)
     store = RecordStore(path)
     schedule, _ = schedule_for(base, target, store)
-    program = PrecisionProgram(base, schedule)
+    program = PrecisionProgram(base, schedule, dtypes)
     tuner = Tuner(program, target, LocalBuilder(workers=2, timeout=120), LocalRunner(target, FAST), store)
     settings = Method003Settings(error_bound=eb, max_measurements=m, population=3, generated=12, measured=3,
                                  seed=seed)
@@ -155,8 +155,20 @@ def test_a_tiny_bound_admits_only_float64_accumulation(opencl, tmp_path):
         assert result.best.config["acc"] == "float64"
 
 
+def test_default_search_types_are_float32_and_the_targets_16_bit_types(opencl):
+    from tvm_ext.target import offline_cuda
+
+    gemm = GemmTemplate(*SHAPE)
+    program = PrecisionProgram(gemm, gemm.default_config(opencl))
+    assert program.space(opencl).knobs[0].choices == ("float32", "bfloat16")  # PoCL: no fp16
+    cuda = offline_cuda()
+    program = PrecisionProgram(gemm, gemm.default_config(cuda))
+    assert program.space(cuda).knobs[0].choices == ("float32", "float16", "bfloat16")
+
+
 def test_predictor_ranks_bound_violations_last(opencl):
-    program = PrecisionProgram(GemmTemplate(*SHAPE), GemmTemplate(*SHAPE).default_config(opencl))
+    program = PrecisionProgram(GemmTemplate(*SHAPE), GemmTemplate(*SHAPE).default_config(opencl),
+                               ("bfloat16", "float64"))
     space = program.space(opencl)
     configs = [space.make(a=a, b=b, acc=acc, c="float32") for a in ("float32", "bfloat16", "float64")
                for b in ("float32", "bfloat16") for acc in ("float32", "float64")]
@@ -190,6 +202,8 @@ def test_cli_mixed_precision_gemm(tmp_path):
     (["gemm", "--shape", "8,0,8"], "shape dimensions must be positive"),
     (["conv"], "invalid choice"),
     (["gemm", "--shape", "8,8,8", "--target", "vulkan"], "unknown target"),
+    (["gemm", "--shape", "8,8,8", "--dtypes", "float16"], "float16 not supported"),
+    (["gemm", "--shape", "8,8,8", "--dtypes", "int8"], "int8 not supported"),
 ])
 def test_cli_bad_input_is_one_line(args, message, tmp_path):
     p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "mixed-precision", *args,

@@ -46,6 +46,9 @@ class PrecisionProgram(Template):
 
     base: Any  # a Template that is a MixedPrecisionOperator
     schedule_config: Config
+    # The method's "high and low precision types": float32 first (the program as users
+    # run it), then the low types; empty = float32 and the target's 16-bit types.
+    dtypes: tuple[str, ...] = ()
     name = "mixed_precision"
 
     def __post_init__(self) -> None:
@@ -64,8 +67,17 @@ class PrecisionProgram(Template):
         """The operator with the precision ``config`` assigns."""
         return self.base.with_precision(config.as_dict())
 
+    def search_dtypes(self, target: TargetInfo) -> tuple[str, ...]:
+        if not self.dtypes:
+            return (HIGH_PRECISION,) + tuple(d for d in ("float16", "bfloat16") if d in target.float_dtypes)
+        missing = [d for d in self.dtypes if d not in target.float_dtypes]
+        if missing:
+            raise TvmExtError(f"{', '.join(missing)} not supported on {target.device_name}; "
+                              f"allowed: {', '.join(target.float_dtypes)}")
+        return (HIGH_PRECISION,) + tuple(d for d in self.dtypes if d != HIGH_PRECISION)
+
     def space(self, target: TargetInfo) -> Space:
-        dtypes = target.float_dtypes
+        dtypes = self.search_dtypes(target)
         knobs = tuple(Knob(p.name, dtypes, f"{p.kind} of stage {p.stage}: {p.doc}")
                       for p in self.precision_params())
 
@@ -82,6 +94,7 @@ class PrecisionProgram(Template):
     @property
     def params(self) -> dict[str, Any]:
         full = self.base.full_precision()
+        # The allowed dtypes are not part of it: a config measures the same under any list.
         return {"operator": full.name, **full.params, "schedule": tuple(sorted(self.schedule_config.items))}
 
     @cached_property

@@ -57,6 +57,9 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    help=f"share of nm drawn at random instead of by the predictor (default {d.explore:g})")
     g.add_argument("--predictor", default="xgb", choices=("xgb", "none"),
                    help="S6 predictor: xgb (speed and error models) or none (random nm of ng)")
+    g.add_argument("--dtypes", default="",
+                   help="the low precision types to try besides float32, comma-separated from float16, "
+                        "bfloat16, float64 (default: the target's 16-bit types)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r = p.add_argument_group("run")
     r.add_argument("--target", default="opencl", help="opencl (default) or cuda")
@@ -97,7 +100,9 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     store = RecordStore(args.records)
     target = resolve_target(args.target, args.device)
     schedule, source = schedule_for(base, target, store)
-    program = PrecisionProgram(base, schedule)
+    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    program = PrecisionProgram(base, schedule, dtypes)
+    program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
     builder = LocalBuilder(workers=args.workers, timeout=args.build_timeout)
     runner = LocalRunner(target, timeout=args.run_timeout)
     tuner = Tuner(program, target, builder, runner, store)
