@@ -53,8 +53,18 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     cell block, alternating (feasible and unique only)."""
     base = template.default_config(target)
     step_b = min(8, 1 << max(0, (template.batch - 1).bit_length()))
+    wide_b = min(16, 1 << max(0, (template.batch - 1).bit_length()))
     picks = [
         base,
+        # split-K step kernels (step_ks threads per dot product): more warps in flight
+        base.replace(fuse_step=1, step_j=32, step_b=min(step_b, 4), step_k=64, step_ks=8),
+        base.replace(fuse_step=1, step_j=32, step_b=wide_b, step_k=64, step_ks=4),
+        base.replace(fuse_step=1, step_j=64, step_b=step_b, step_k=32, step_ks=4),
+        base.replace(fuse_step=1, step_j=32, step_b=step_b, step_k=32, step_ks=4),
+        base.replace(fuse_step=1, step_j=32, step_b=1, step_k=64, step_ks=8),
+        base.replace(fuse_step=1, step_j=32, step_b=min(step_b, 2), step_k=64, step_ks=8),
+        base.replace(fuse_step=1, step_j=32, step_b=step_b, step_k=64, step_ks=8),
+        base.replace(fuse_step=1, step_j=64, step_b=min(step_b, 4), step_k=64, step_ks=8),
         base.replace(fuse_step=1, step_j=64, step_b=1, step_k=32),
         base.replace(hid_wg_x=16, hid_wg_y=8, hid_task_x=4, hid_task_y=4, hid_k_step=16),
         base.replace(fuse_step=1, step_j=128, step_b=min(step_b, 2), step_k=32),
@@ -73,7 +83,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 def short(cfg: Config) -> str:
     if cfg.fuse_step:
-        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k}"
+        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}"
     return f"patent cell_block={cfg.cell_block} hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}"
 
 
@@ -156,8 +166,8 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench_out", help="folder for the JSON-lines records")
-    p.add_argument("--candidates", type=int, default=8, help="configs tried per case (default 8)")
-    p.add_argument("--budget", type=float, default=40.0, help="seconds of search per case (default 40)")
+    p.add_argument("--candidates", type=int, default=12, help="configs tried per case (default 12)")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of search per case (default 60)")
     p.add_argument("--cases", default="", help="comma-separated cases, e.g. b1_h256,b8_h512_bidirectional (default: all)")
     p.add_argument("--dry-run", action="store_true", help="only generate CUDA source (no GPU needed)")
     args = p.parse_args()

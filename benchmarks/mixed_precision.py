@@ -42,17 +42,18 @@ GEMM_BEST = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, p
                  double_buffer=1, a_transposed=1)  # 43.2 TFLOP/s fp32 on the H100 (RESULTS.md)
 
 
-def gru_schedule(template: GruTemplate, target: Any) -> Any:
-    """The fused step kernel that was fastest at B64 H1024 (j=32 b=4 k=64) with the
-    default gate-GEMM tile."""
-    return template.default_config(target).replace(fuse_step=1, step_j=32, step_b=4, step_k=64)
+def gru_schedule(template: GruTemplate, target: Any, text: str) -> Any:
+    """The fused step kernel (``--gru-schedule``, k=v,...: by default the one fastest at
+    B64 H1024 in benchmarks/gru.py) with the default gate-GEMM tile."""
+    values = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    return template.default_config(target).replace(fuse_step=1, **values)
 
 
-def cases(target: Any) -> list[tuple[str, Any, Any]]:
+def cases(target: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
     gemm = GemmTemplate(4096, 4096, 4096)
     gru = GruTemplate(batch=64, hidden=1024, input=1024, seq=128)
     return [("GEMM 4096³", gemm, gemm.space(target).make(**GEMM_BEST)),
-            ("GRU B64 H1024 T128", gru, gru_schedule(gru, target))]
+            ("GRU B64 H1024 T128", gru, gru_schedule(gru, target, args.gru_schedule))]
 
 
 def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args: argparse.Namespace) -> dict:
@@ -94,12 +95,14 @@ def main() -> int:
     parser.add_argument("--m", type=int, default=24, help="max measurements per search (default 24)")
     parser.add_argument("--cases", default="gemm,gru", help="comma list of gemm, gru")
     parser.add_argument("--bounds", default="1e-3,1e-2")
+    parser.add_argument("--gru-schedule", default="step_j=32,step_b=4,step_k=64,step_ks=1",
+                        help="the GRU's fused step kernel knobs (k=v,...)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")
     wanted = args.cases.split(",")
     rows = []
-    for label, base, schedule in cases(target):
+    for label, base, schedule in cases(target, args):
         if label.split()[0].lower() not in wanted:
             continue
         for eb in (float(b) for b in args.bounds.split(",")):

@@ -65,8 +65,10 @@ STEP_KNOBS = (
     Knob("fuse_step", (0, 1),
          "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
     Knob("step_j", (32, 64, 128, 256), "fused step kernel: threads per block, one hidden unit each"),
-    Knob("step_b", (1, 2, 4, 8), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
+    Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
     Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
+    Knob("step_ks", (1, 2, 4, 8), "fused step kernel: threads splitting each dot product over k "
+                                  "(more warps in flight; partial sums meet in shared memory)"),
 )
 # The hidden GEMM is batched over directions, so it has its own schedule (below) that
 # implements these of the GEMM template's knobs; the input GEMM is the template's own
@@ -372,19 +374,20 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
         for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
             with T.sblock("gh"):
                 vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
-                with T.init():
-                    acc[vd, vb, vg, vj] = bias[vd, vg * hidden + vj].astype(acc_dtype)
+                with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
+                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
                 acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[vd, vb, vk].astype(acc_dtype)
                                                              * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("cell"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden,
-                                               _stored_as(acc[vd, vb, 0, vj], gh_dtype),
-                                               _stored_as(acc[vd, vb, 1, vj], gh_dtype),
-                                               _stored_as(acc[vd, vb, 2, vj], gh_dtype), h[vd, vb, vj],
-                                               math_dtype)
+                h_new[vd, vb, vj] = _cell_math(
+                    T, gi, row, vd * G + vj, hidden,
+                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
+                    h[vd, vb, vj], math_dtype)
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("store"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
@@ -450,19 +453,39 @@ def schedule_step(func: Any, c: Config) -> Any:
     sch.compute_at(cell, bi)
     sch.set_scope(cell, 0, "local")
     gh = sch.get_sblock("gh")
+    ks = c.step_ks
+    main = gh
+    if ks > 1:
+        # Split-K: threadIdx.y = ks threads share each dot product, each summing its
+        # k-slice (step_k/ks of every staged slice) in registers; the partial sums meet
+        # in shared memory (rfactor) and every thread adds them up for the cell.  ks
+        # times the warps per SM for the same W traffic (the kernel is latency-bound).
+        k = sch.get_loops(gh)[-1]
+        _, kt, _ = sch.split(k, [None, ks, c.step_k // ks])
+        main = sch.rfactor(kt, 0)
     sch.compute_at(gh, jt, preserve_unit_loops=True)
     sch.set_scope(gh, 0, "local")
-    own = sch.get_loops(gh)[4:]  # below d, bo, jo, jt: batch rows, gates, unit j, k
-    ko, ki = sch.split(own[-1], [None, c.step_k])
-    sch.reorder(ko, ki, *own[:-1])
-    staged = sch.cache_read(gh, "h", "shared", consumer_blocks=[gh])
+    if ks == 1:
+        own = sch.get_loops(gh)[4:]  # below d, bo, jo, jt: batch rows, gates, unit j, k
+        ko, ki = sch.split(own[-1], [None, c.step_k])
+        sch.reorder(ko, ki, *own[:-1])
+    else:
+        sch.compute_at(main, jt, preserve_unit_loops=True)
+        kt, *spatial, ko, ki = sch.get_loops(main)[4:]  # iter order: kt, d, rows, gates, j, ko, ki
+        sch.reorder(kt, ko, ki, *spatial)
+        sch.bind(kt, "threadIdx.y")
+        sch.set_scope(main, 0, "shared")
+        partial = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(partial, kt, preserve_unit_loops=True)
+    staged = sch.cache_read(main, "h", "shared", consumer_blocks=[main])
     sch.compute_at(staged, ko, preserve_unit_loops=True)
-    fused = sch.fuse(*sch.get_loops(staged)[5:])  # below d, bo, jo, jt, ko: direction, rows, k
+    below = 5 if ks == 1 else 6  # d, bo, jo, jt, (kt,) ko
+    fused = sch.fuse(*sch.get_loops(staged)[below:])  # the staged rows × k-slice
     _, fx = sch.split(fused, [None, c.step_j])
     sch.bind(fx, "threadIdx.x")
     sch.annotate(ko, "pragma_auto_unroll_max_step", 256)
     sch.annotate(ko, "pragma_unroll_explicit", 1)
-    sch.decompose_reduction(gh, ko)
+    sch.decompose_reduction(main, ko)
     return sch
 
 
@@ -717,15 +740,25 @@ class GruTemplate(Template):
         def step_reason(c: Config) -> str | None:
             if c.fuse_step and c.step_j > target.max_threads_per_block:
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
-            if c.fuse_step and h_bytes * c.step_b * c.step_k > target.max_shared_memory_per_block:
-                return "step kernel: staged h slice exceeds shared memory"
+            if not c.fuse_step:
+                return None
+            if c.step_j * c.step_ks > target.max_threads_per_block:
+                return f"step kernel: {c.step_j}x{c.step_ks} threads > device limit {target.max_threads_per_block}"
+            if c.step_k % c.step_ks:
+                return "step kernel: step_ks must divide step_k"
+            if c.step_ks > 1 and self.hidden % c.step_k:
+                return "step kernel: split-K (step_ks > 1) needs hidden to be a multiple of step_k"
+            partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
+            if h_bytes * c.step_b * c.step_k + partials > target.max_shared_memory_per_block:
+                return "step kernel: staged h slice and partial sums exceed shared memory"
             return None
 
         return Space(KNOBS, (gemm_reason, step_reason))
 
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
-        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32}
+        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,
+                                  "step_ks": 1}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
