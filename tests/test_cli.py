@@ -72,13 +72,13 @@ def test_ctrl_c_keeps_records_and_prints_best_so_far(tmp_path):
     proc = subprocess.Popen(CLI + ["gemm", "--shape", "96,96,96", "--generations", "30", "--population", "8",
                                    "--records", str(rec), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
+    deadline = time.time() + 600  # a loaded 2-core machine can take minutes to measure 3
     while time.time() < deadline:
         if rec.exists() and len(rec.read_text().splitlines()) >= 3:
             break
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     assert "best" in out and "interrupted" in err and "Traceback" not in err
     lines = rec.read_text().splitlines()

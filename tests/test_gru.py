@@ -109,6 +109,34 @@ def test_fusion_knob_does_not_change_the_result(opencl, key):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("key, knobs", [
+    ("h64-2layer-bi", dict(step_j=32, step_b=2, step_k=16, step_ks=4)),  # batch 5: rows padded
+    ("h64-2layer-b1-batchfirst", dict(step_j=64, step_b=1, step_k=64, step_ks=8)),
+    ("h200-seq17", dict(step_j=32, step_b=4, step_k=8, step_ks=2)),  # hidden 200: units guarded
+])
+def test_split_k_step_kernel_matches_the_reference(opencl, key, knobs):
+    """step_ks threads per dot product, partial sums through shared memory: same answer."""
+    s = SHAPES[key]
+    gru = GRU.build(opencl, s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
+                    batch_first=s.batch_first, batch=s.batch, seq=s.seq,
+                    config={"fuse_step": 1, **knobs}).load_numpy(_weights(s))
+    launch = next(l for l in gru.compiled.kernel_launches() if "step" in l.name)
+    assert launch.block == (knobs["step_j"], knobs["step_ks"], 1)
+    x, h0 = _inputs(s)
+    out, h_n = gru(x, h0)
+    ref_out, ref_h = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional, s.batch_first)
+    _close(out, ref_out)
+    _close(h_n, ref_h)
+
+
+def test_split_k_needs_hidden_to_be_a_multiple_of_the_staged_slice(opencl):
+    t = GruTemplate(batch=2, hidden=200, input=8, seq=3)
+    space = t.space(opencl)
+    cfg = t.default_config(opencl).replace(fuse_step=1, step_j=32, step_b=2, step_k=16, step_ks=4)
+    assert "multiple of step_k" in space.infeasible_reason(cfg)
+    assert space.is_feasible(cfg.replace(step_k=8, step_ks=4))
+
+
 def test_plan_is_one_gemm_then_steps():
     """S1 once per layer, then per step S2 + S3 (patent) or one fused kernel."""
     t = GruTemplate(batch=5, hidden=8, input=4, seq=6, layers=2, bidirectional=True)

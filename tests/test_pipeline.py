@@ -239,3 +239,17 @@ def test_cuda_model_matches_reference(mlp, tmp_path):
     inputs = mlp.get_inputs()
     assert np.abs(model(*inputs) - mlp.reference(inputs)).max() < 1e-5
     assert model.time(*inputs) > 0
+
+
+def test_gru_classifier_example_runs_and_matches_numpy(tmp_path, capsys):
+    """examples/gru_classifier.py: a tuned GRU layer feeding a Relax head compiled with tuned
+    schedules, on OpenCL (PoCL), against float64 numpy."""
+    spec = importlib.util.spec_from_file_location("example_gru", os.path.join(ROOT, "examples", "gru_classifier.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    code = example.main(["--seq", "4", "--batch", "2", "--features", "8", "--hidden", "16", "--classes", "3",
+                         "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"),
+                         "--workers", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "(ok)" in out and "fused_matmul_add" in out and "tuned (database)" in out
