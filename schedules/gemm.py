@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, PrecisionParam, check_assignment, itemsize
-from tvm_ext.precision import sanity_tolerance
+from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, PrecisionParam, itemsize
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -70,7 +69,7 @@ class MatmulSite:
 
 
 @dataclass(frozen=True)
-class GemmTemplate(Template):
+class GemmTemplate(DtypeFields, Template):
     """C[M, N] = A[M, K] · B[K, N].
 
     ``feasibility="tvm"`` (default) admits every config whose tile fits the target's
@@ -90,6 +89,7 @@ class GemmTemplate(Template):
     dtype: InitVar[str | None] = None  # shorthand: all four (older records name only this)
 
     name = "gemm"
+    PRECISION_PARAMS = PRECISION_PARAMS
 
     def __post_init__(self, dtype: str | None = None) -> None:
         if dtype is not None:
@@ -115,27 +115,6 @@ class GemmTemplate(Template):
     @property
     def params(self) -> dict[str, Any]:
         return {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
-
-    # ---- precision ---------------------------------------------------------------
-    def precision_params(self) -> tuple[PrecisionParam, ...]:
-        return PRECISION_PARAMS
-
-    @property
-    def precision(self) -> dict[str, str]:
-        return {"a": self.a_dtype, "b": self.b_dtype, "acc": self.acc_dtype, "c": self.c_dtype}
-
-    def with_precision(self, assignment: Any) -> "GemmTemplate":
-        from dataclasses import replace
-
-        check_assignment(PRECISION_PARAMS, assignment)
-        return replace(self, **{f"{p}_dtype": d for p, d in assignment.items()})
-
-    def full_precision(self) -> "GemmTemplate":
-        return self.with_precision({p.name: HIGH_PRECISION for p in PRECISION_PARAMS})
-
-    @property
-    def tolerance(self) -> float:  # type: ignore[override]
-        return sanity_tolerance(self.precision)
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:

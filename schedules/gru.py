@@ -50,8 +50,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, PrecisionParam, cast, check_assignment, itemsize
-from tvm_ext.precision import np_dtype, relative_error, sanity_tolerance
+from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, PrecisionParam, cast, itemsize
+from tvm_ext.precision import np_dtype, relative_error
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import GemmTemplate, MatmulSite
 from tvm_ext.space import Config, Knob, Space
@@ -529,7 +529,7 @@ def default_gemm_config(template: GemmTemplate, target: TargetInfo) -> Config:
 
 
 @dataclass(frozen=True)
-class GruTemplate(Template):
+class GruTemplate(DtypeFields, Template):
     """A stack of GRU layers at one shape, as one tunable unit: its "kernel" is the whole
     forward pass (every launch of every step of every layer).
 
@@ -558,6 +558,7 @@ class GruTemplate(Template):
     out_dtype: str = F32
 
     name = "gru"
+    PRECISION_PARAMS = PRECISION_PARAMS
 
     def __post_init__(self) -> None:
         for field_name in ("batch", "hidden", "input", "seq", "layers"):
@@ -573,29 +574,6 @@ class GruTemplate(Template):
         return {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
                 "layers": self.layers, "bidirectional": bool(self.bidirectional),
                 **{f"{p}_dtype": d for p, d in self.precision.items()}}
-
-    # ---- precision -------------------------------------------------------------------------
-    def precision_params(self) -> tuple[PrecisionParam, ...]:
-        return PRECISION_PARAMS
-
-    @property
-    def precision(self) -> dict[str, str]:
-        """The current assignment: parameter name -> dtype."""
-        return {p.name: getattr(self, f"{p.name}_dtype") for p in PRECISION_PARAMS}
-
-    def with_precision(self, assignment: Mapping[str, str]) -> "GruTemplate":
-        """The same GRU with the named parameters set (the others unchanged)."""
-        from dataclasses import replace
-
-        check_assignment(PRECISION_PARAMS, assignment)
-        return replace(self, **{f"{p}_dtype": d for p, d in assignment.items()})
-
-    def full_precision(self) -> "GruTemplate":
-        return self.with_precision({p.name: HIGH_PRECISION for p in PRECISION_PARAMS})
-
-    @property
-    def tolerance(self) -> float:  # type: ignore[override]
-        return sanity_tolerance(self.precision)
 
     @property
     def dirs(self) -> int:

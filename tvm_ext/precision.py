@@ -11,8 +11,9 @@ business, and the search over them is ``tvm_ext.mixed_precision``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -104,3 +105,31 @@ def sanity_tolerance(assignment: Mapping[str, str]) -> float:
     """
     lowered = any(d in ("float16", "bfloat16") for d in assignment.values())
     return 0.1 if lowered else 1e-4
+
+
+class DtypeFields:
+    """Mixin for frozen-dataclass templates that keep each precision parameter ``p`` in a
+    field ``p_dtype`` and list them in ``PRECISION_PARAMS``: the MixedPrecisionOperator
+    methods, written once."""
+
+    PRECISION_PARAMS: ClassVar[tuple[PrecisionParam, ...]] = ()
+
+    def precision_params(self) -> tuple[PrecisionParam, ...]:
+        return self.PRECISION_PARAMS
+
+    @property
+    def precision(self) -> dict[str, str]:
+        """The current assignment: parameter name -> dtype."""
+        return {p.name: getattr(self, f"{p.name}_dtype") for p in self.PRECISION_PARAMS}
+
+    def with_precision(self, assignment: Mapping[str, str]) -> Any:
+        """The same operator with the named parameters set (the others unchanged)."""
+        check_assignment(self.PRECISION_PARAMS, assignment)
+        return dataclasses.replace(self, **{f"{name}_dtype": d for name, d in assignment.items()})  # type: ignore[type-var]
+
+    def full_precision(self) -> Any:
+        return self.with_precision({p.name: HIGH_PRECISION for p in self.PRECISION_PARAMS})
+
+    @property
+    def tolerance(self) -> float:
+        return sanity_tolerance(self.precision)
