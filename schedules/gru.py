@@ -314,6 +314,24 @@ def _stored_as(value: Any, dtype: str) -> Any:
     return tirx.reinterpret("float32", rounded)
 
 
+def _store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, out_dtype: str) -> Any:
+    """S4 of the cell and of the fused step kernel: h' (math type) into the next state and
+    h_n as ``h_dtype``, and into out[t] (t = step, or T-1-step backward) as ``out_dtype``."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def store(h_new, step, layer, h_out, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    return store
+
+
 def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               gh_dtype: str = F32, h_dtype: str = F32, math_dtype: str = F32, out_dtype: str = F32) -> Any:
     """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer].
@@ -322,6 +340,7 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     from tvm.script import tirx as T
 
     G = 3 * hidden
+    store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype)
 
     @T.prim_func(s_tir=True)
     def cell(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), gh: T.Buffer((dirs, batch, G), gh_dtype),
@@ -338,13 +357,7 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                 h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, gh[vd, vb, vj],
                                                gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
                                                h[vd, vb, vj], math_dtype)
-        for d, b, j in T.grid(dirs, batch, hidden):
-            with T.sblock("store"):
-                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
-                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
-                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+        store(h_new, step, layer, h_out, out, h_n)
 
     return cell
 
@@ -360,6 +373,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     from tvm.script import tirx as T
 
     G = 3 * hidden
+    store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype)
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
@@ -388,13 +402,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
                     _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
                     h[vd, vb, vj], math_dtype)
-        for d, b, j in T.grid(dirs, batch, hidden):
-            with T.sblock("store"):
-                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
-                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
-                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+        store(h_new, step, layer, h_out, out, h_n)
 
     return step_kernel
 
