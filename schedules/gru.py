@@ -811,7 +811,8 @@ class GruTemplate(DtypeFields, Template):
         plan = self.plan(config)
         self._check_plan(plan, funcs)
         trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
-        return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace)
+        return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace,
+                           {name: sch.mod for name, sch in scheds.items()})
 
     def _check_plan(self, plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:
         """Every buffer a call passes has the shape and dtype its kernel declares (TVM's
@@ -882,6 +883,7 @@ class CompiledGru:
     launches: dict[str, Any]  # function -> (its device kernel launches, its parameter names)
     calls: tuple[Call, ...]
     trace: Any  # function -> schedule trace (plain JSON)
+    modules: dict[str, Any]  # function -> its scheduled IRModule (TVMScript of generated programs)
 
     def kernel_launches(self) -> tuple[Any, ...]:
         """The plan as device kernel launches, arguments bound to plan buffers and scalars."""

@@ -45,22 +45,22 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
 
     os.makedirs(os.path.join(out_dir, "kernels"), exist_ok=True)
     if hasattr(op, "compile"):  # several kernels and a host plan (GRU)
-        scheds = op.kernels(schedule_config, target)
         compiled = op.compile(schedule_config, target)
+        modules = compiled.modules
         executable, source = compiled.executable, compiled.source
         params = tuple(op.buffers())
         art = compiled.artifact(target.kind, params)
         launches, entry = art.launches, "calls" if target.kind == "cuda" else "launches"
     else:
         sch = op.schedule(schedule_config, target)
-        scheds = {"main": sch}
+        modules = {"main": sch.mod}
         executable = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
         source = executable.mod.imports[0].inspect_source()
         launches, params = extract_launches(sch.mod, target)
         entry = "main" if target.kind == "cuda" else "launches"
-    for name, sch in scheds.items():
+    for name, mod in modules.items():
         with open(os.path.join(out_dir, "kernels", f"{name}.py"), "w", encoding="utf-8") as fh:
-            fh.write(sch.mod.script())
+            fh.write(mod.script())
     library = os.path.join(out_dir, "program.so")
     executable.export_library(library)
     source_file = "program.cu" if target.kind == "cuda" else "program.cl"
