@@ -21,7 +21,11 @@ rows, so a step costs one launch and ``gh`` never goes through global memory.
 
 The per-step loop is host code that only enqueues compiled kernels: the step
 index and layer are scalar kernel arguments, the hidden state ping-pongs
-between two buffers, and nothing per element happens in Python.
+between two buffers, and nothing per element happens in Python.  On CUDA the
+fused step kernel can also run every step from one call (knob ``step_loop``,
+``tvm_ext.step_loop``): a loop in TVM's host function, or a persistent kernel
+whose blocks meet at a grid barrier between steps (its state ping-pongs inside
+one buffer, ``hs``, indexed by the step's parity).
 
 Precision (method 003): every tensor, accumulator and the cell's math type is a
 ``PrecisionParam`` tied to the stage that owns it (``PRECISION_PARAMS``): stage
@@ -54,7 +58,9 @@ from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, Precisi
 from tvm_ext.precision import np_dtype, relative_error
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import GemmTemplate, MatmulSite
+from tvm_ext import step_loop
 from tvm_ext.space import Config, Knob, Space
+from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
@@ -64,11 +70,15 @@ STEP_KNOBS = (
          "cell kernel threads per block (patent: 512), clamped to the device limit"),
     Knob("fuse_step", (0, 1),
          "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
-    Knob("step_j", (32, 64, 128, 256), "fused step kernel: threads per block, one hidden unit each"),
+    Knob("step_j", (16, 32, 64, 128, 256), "fused step kernel: hidden units per block, one per thread "
+                                          "(times step_ks threads)"),
     Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
     Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
     Knob("step_ks", (1, 2, 4, 8), "fused step kernel: threads splitting each dot product over k "
                                   "(more warps in flight; partial sums meet in shared memory)"),
+    Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
+                                 "loop compiled into TVM's host code (one call per layer); 2 persistent: "
+                                 "one launch per layer, a grid barrier between steps (grid <= SM count)"),
 )
 # The hidden GEMM is batched over directions, so it has its own schedule (below) that
 # implements these of the GEMM template's knobs; the input GEMM is the template's own
@@ -104,7 +114,7 @@ PRECISION_PARAMS = (
 # Kernel function (name prefix) -> the stages its time counts toward.  The fused step
 # kernel is both the hidden GEMM and the cell, so its time counts toward both.
 FUNCTION_STAGES = {"gru_init": ("cell",), "gru_gemm_x": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
-                   "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}
+                   "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}  # also gru_steps (all steps)
 
 
 def function_stages(name: str) -> tuple[str, ...]:
@@ -314,9 +324,12 @@ def _stored_as(value: Any, dtype: str) -> Any:
     return tirx.reinterpret("float32", rounded)
 
 
-def _store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, out_dtype: str) -> Any:
+def _store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, out_dtype: str,
+                 pingpong: bool = False) -> Any:
     """S4 of the cell and of the fused step kernel: h' (math type) into the next state and
-    h_n as ``h_dtype``, and into out[t] (t = step, or T-1-step backward) as ``out_dtype``."""
+    h_n as ``h_dtype``, and into out[t] (t = step, or T-1-step backward) as ``out_dtype``.
+    ``pingpong``: the state is one (2, dirs, batch, hidden) buffer and step s writes slot
+    (s+1) % 2 (the fused step kernel; see ``step_func``)."""
     from tvm.script import tirx as T
 
     @T.macro
@@ -329,7 +342,17 @@ def _store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, o
                 out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
                 h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
 
-    return store
+    @T.macro
+    def store_pingpong(h_new, step, layer, hs, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                hs[(step + 1) % 2, vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    return store_pingpong if pingpong else store
 
 
 def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
@@ -369,17 +392,23 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
     The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
     are widened to ``acc_dtype``, the gate sums rounded to ``gh_dtype`` (as if stored)
-    and widened to ``math_dtype`` for the cell; stores as in ``cell_func``."""
+    and widened to ``math_dtype`` for the cell; stores as in ``cell_func``.
+
+    The state ping-pongs inside one (2, dirs, batch, hidden) buffer: step s reads slot
+    s % 2 and writes slot (s+1) % 2, so the kernel's only per-step argument is ``step`` and
+    a loop over steps (``tvm_ext.step_loop``) needs no buffer swapping.  The plan passes that
+    buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
+    written would make TVM see a write-after-read hazard it cannot schedule around."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
-    store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype)
+    store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
-                    h: T.Buffer((dirs, batch, hidden), h_dtype),
+                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
                     w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
-                    step: T.int32, layer: T.int32, h_out: T.Buffer((dirs, batch, hidden), h_dtype),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
                     out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                     h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
         T.func_attr({"tirx.noalias": True})
@@ -390,7 +419,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                 vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
                 with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
                     acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
-                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[vd, vb, vk].astype(acc_dtype)
+                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
                                                              * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("cell"):
@@ -401,27 +430,59 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
                     _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
                     _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
-                    h[vd, vb, vj], math_dtype)
+                    h[step % 2, vd, vb, vj], math_dtype)
         store(h_new, step, layer, h_out, out, h_n)
 
     return step_kernel
 
 
-def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32) -> Any:
+def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
+              barrier: bool = False) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
-    both are of the state type ``dtype``."""
+    both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
+    (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
+    step kernel's barrier counter (and, at layer 0, its timed-out flag)."""
     from tvm.script import tirx as T
 
+    from tvm_ext.step_loop import BARRIER_WORDS
+
+    if not pingpong:
+        @T.prim_func(s_tir=True)
+        def init(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                 h: T.Buffer((dirs, batch, hidden), dtype)):
+            T.func_attr({"tirx.noalias": True})
+            for d, b, j in T.grid(dirs, batch, hidden):
+                with T.sblock("init"):
+                    vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                    h[vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+
+        return init
+
     @T.prim_func(s_tir=True)
-    def init(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
-             h: T.Buffer((dirs, batch, hidden), dtype)):
+    def init_pingpong(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                      hs: T.Buffer((2, dirs, batch, hidden), dtype)):
         T.func_attr({"tirx.noalias": True})
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                h[vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
 
-    return init
+    @T.prim_func(s_tir=True)
+    def init_barrier(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                     hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS])
+                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+                if vd == 0 and vb == 0 and vj == 0:
+                    bar[0] = 0
+                    if layer == 0:
+                        bar[1] = 0
+
+    return init_barrier if barrier else init_pingpong
 
 
 def schedule_cell(func: Any, cell_block: int) -> Any:
@@ -612,7 +673,9 @@ class GruTemplate(DtypeFields, Template):
         t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
         specs = {"gi": TensorSpec((t * b, d * 3 * h), self.gi_dtype),
                  "gh": TensorSpec((d, b, 3 * h), self.gh_dtype),
-                 "p0": TensorSpec((d, b, h), self.h_dtype), "p1": TensorSpec((d, b, h), self.h_dtype)}
+                 "p0": TensorSpec((d, b, h), self.h_dtype), "p1": TensorSpec((d, b, h), self.h_dtype),
+                 "hs": TensorSpec((2, d, b, h), self.h_dtype),  # the fused step kernel's ping-pong
+                 "bar": TensorSpec((BARRIER_WORDS,), "int32")}  # the persistent kernel's grid barrier
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         return specs
@@ -734,6 +797,12 @@ class GruTemplate(DtypeFields, Template):
                 return "step kernel: step_ks must divide step_k"
             if c.step_ks > 1 and self.hidden % c.step_k:
                 return "step kernel: split-K (step_ks > 1) needs hidden to be a multiple of step_k"
+            if c.step_loop and target.kind != "cuda":
+                return "step kernel: step_loop 1 and 2 are CUDA only (OpenCL runs one launch per step)"
+            blocks = -(-self.hidden // c.step_j) * -(-self.batch // c.step_b) * self.dirs
+            if c.step_loop == 2 and blocks > target.compute_units:
+                return (f"step kernel: persistent (step_loop 2) needs every block resident, "
+                        f"{blocks} blocks > {target.compute_units} SMs")
             partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
             if h_bytes * c.step_b * c.step_k + partials > target.max_shared_memory_per_block:
                 return "step kernel: staged h slice and partial sums exceed shared memory"
@@ -744,7 +813,7 @@ class GruTemplate(DtypeFields, Template):
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,
-                                  "step_ks": 1}
+                                  "step_ks": 1, "step_loop": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -757,8 +826,10 @@ class GruTemplate(DtypeFields, Template):
         g = 3 * h
         gemms = self.gemm_configs(config, target)
         p = self.precision
+        fused, persistent = bool(config.fuse_step), config.step_loop == 2
+        init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent)
         funcs = {
-            "gru_init": schedule_init(init_func(b, h, d, layers, p["h"]), min(256, target.max_threads_per_block)),
+            "gru_init": schedule_init(init, min(256, target.max_threads_per_block)),
             "gru_gemm_x0": self.input_gemm(0).schedule(gemms["in_"], target),
         }
         if layers > 1 and not self.layers_share_input_gemm():
@@ -785,13 +856,22 @@ class GruTemplate(DtypeFields, Template):
             x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
             out = "out" if layer == self.layers - 1 else f"y{layer % 2}"
             gemm_x = "gru_gemm_x0" if layer == 0 or self.layers_share_input_gemm() else "gru_gemm_x1"
-            calls.append(Call("gru_init", ("h0", layer, "p0")))
+            if not config.fuse_step:
+                calls.append(Call("gru_init", ("h0", layer, "p0")))
+            elif config.step_loop == 2:
+                calls.append(Call("gru_init", ("h0", layer, "hs", "bar")))
+            else:
+                calls.append(Call("gru_init", ("h0", layer, "hs")))
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
+            weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
+            if config.fuse_step and config.step_loop:  # all T steps in one call
+                barrier = ("bar",) if config.step_loop == 2 else ()
+                calls.append(Call("gru_steps", (*weights, layer, out, "h_n", *barrier)))
+                continue
             for s in range(self.seq):
                 h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
                 if config.fuse_step:
-                    calls.append(Call("gru_step", ("gi", h_in, f"w_hh{layer}", f"b_hh{layer}", s, layer,
-                                                   h_out, out, "h_n")))
+                    calls.append(Call("gru_step", (*weights, s, layer, "hs", out, "h_n")))
                 else:
                     calls.append(Call("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
                     calls.append(Call("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
@@ -805,14 +885,23 @@ class GruTemplate(DtypeFields, Template):
 
         scheds = self.kernels(config, target)
         funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
+        modules = {name: sch.mod for name, sch in scheds.items()}
+        trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
+        if config.fuse_step and config.step_loop:
+            mode = step_loop.HOST if config.step_loop == 1 else step_loop.PERSISTENT
+            step = scheds["gru_step"]
+            funcs["gru_steps"] = step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), self.seq,
+                                                      mode, state=("h", "h_out"), name="gru_steps")
+            modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
+            trace["gru_steps"] = trace.pop("gru_step")
+            for table in (funcs, modules):
+                del table["gru_step"]
         executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
                     for name, func in funcs.items()}
         plan = self.plan(config)
         self._check_plan(plan, funcs)
-        trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
-        return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace,
-                           {name: sch.mod for name, sch in scheds.items()})
+        return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace, modules)
 
     def _check_plan(self, plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:
         """Every buffer a call passes has the shape and dtype its kernel declares (TVM's
@@ -861,11 +950,14 @@ class GruTemplate(DtypeFields, Template):
             executor = CudaExecutor.load(artifact, self.buffers(), target.device_id)
         for name, array in zip(self._input_specs(), inputs):
             executor.write(name, array)
-        for name, spec in {**self._output_specs(), **self._scratch_specs()}.items():
-            executor.write(name, np.full(spec.shape, np.nan, np_dtype(spec.dtype)))  # unwritten -> wrong answer
+        for name, spec in {**self._output_specs(), **self._scratch_specs()}.items():  # unwritten -> wrong answer
+            junk = np.nan if spec.dtype in FLOAT_DTYPES else 12345  # (the barrier counter must be reset)
+            executor.write(name, np.full(spec.shape, junk, np_dtype(spec.dtype)))
         executor.run()
         outputs = [executor.read(name) for name in self._output_specs()]
         metrics: dict[str, Any] = {"rel_error": relative_error(outputs, refs)}
+        if _barrier_timed_out(any("bar" in launch.args for launch in artifact.launches), executor):
+            return RunResult((), "runtime_error", BARRIER_TIMEOUT, metrics=metrics)
         wrong = self.check(outputs, refs)
         if wrong:
             return RunResult((), "wrong_answer", wrong, metrics=metrics)
@@ -924,6 +1016,16 @@ class CompiledGru:
             self.executable.export_library(tmp)
             os.replace(tmp, library)
         return library
+
+
+BARRIER_TIMEOUT = ("persistent GRU step kernel: a grid barrier timed out (not every block was resident "
+                   "on the GPU); use step_loop 0 or 1")
+
+
+def _barrier_timed_out(persistent: bool, executor: Any) -> bool:
+    """Whether a persistent step kernel raised its barrier's timed-out flag (its results are
+    then wrong: blocks went on without their neighbours' state)."""
+    return persistent and bool(executor.read("bar")[1])
 
 
 # ---- executors: buffers allocated once, the whole plan enqueued per run -----------------------
@@ -1239,6 +1341,8 @@ class GRU:
         ex.write("x", x)
         ex.write("h0", h0)
         ex.run()
+        if _barrier_timed_out(any("bar" in c.args for c in self.compiled.calls), ex):
+            raise TvmExtError(BARRIER_TIMEOUT)
         out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(np.float32, copy=False)
         h_n = ex.read("h_n").astype(np.float32, copy=False)
         ex.sync()

@@ -295,6 +295,63 @@ def test_cuda_layer_matches_reference(fuse):
     _close(h_n, ref_h)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("loop", [1, 2])
+@pytest.mark.parametrize("shape", ["h64-2layer-bi", "h200-seq17"])
+def test_cuda_step_loop_matches_reference(loop, shape):
+    """On a GPU machine: the step loop in TVM's host code (1) and the persistent kernel with
+    its grid barrier (2) give the reference answer, for 2 layers, both directions, odd T and
+    a hidden size the tiles do not divide; the barrier never timed out."""
+    s = SHAPES[shape]
+    cfg = {"fuse_step": 1, "step_j": 32, "step_b": 2, "step_k": 8, "step_ks": 2, "step_loop": loop}
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
+                    batch=s.batch, seq=s.seq, config=cfg).load_numpy(_weights(s))
+    x, h0 = _inputs(s)
+    for _ in range(3):  # reruns: the init kernel resets the barrier counter each layer
+        out, h_n = gru(x, h0)
+        ref_out, ref_h = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
+        _close(out, ref_out)
+        _close(h_n, ref_h)
+    calls = [c.func for c in gru.compiled.calls]
+    assert calls.count("gru_steps") == s.layers and "gru_step" not in calls
+
+
+def test_step_loop_plan_and_code(tmp_path):
+    """step_loop 1/2 (CUDA, generated here without a GPU): one gru_steps call per layer; the
+    host form launches its kernel from a loop in the host function, the persistent form once
+    with a grid barrier (atomics) in the kernel; OpenCL and oversized persistent grids are
+    infeasible with the reason."""
+    t = GruTemplate(batch=4, hidden=64, input=16, seq=5, layers=2)
+    target = offline_cuda()
+    base = t.default_config(target).replace(fuse_step=1, step_j=32, step_b=2, step_k=16, step_ks=2)
+    per_step = [c.func for c in t.plan(base)]
+    assert per_step.count("gru_step") == 2 * 5
+    for loop in (1, 2):
+        cfg = base.replace(step_loop=loop)
+        compiled = t.compile(cfg, target)
+        funcs = [c.func for c in compiled.calls]
+        assert funcs.count("gru_steps") == 2 and "gru_step" not in funcs
+        (kernel,), params = compiled.launches["gru_steps"]
+        assert ("bar" in params) == (loop == 2)
+        assert "step" not in params and "h_out" not in params  # state read and written through h
+        assert ("atomicAdd" in compiled.source) == (loop == 2)
+        assert ("loop:s" in kernel.args) == (loop == 1)  # host form: the step index is a launch argument
+        artifact, trace = t.build_artifact(cfg, target, str(tmp_path))
+        assert set(trace) == set(funcs)
+    space = t.space(target)
+    small = offline_cuda().__class__(**{**offline_cuda().__dict__, "compute_units": 2})
+    assert "persistent" in t.space(small).infeasible_reason(base.replace(step_loop=2))  # 4 blocks > 2 SMs
+    assert space.is_feasible(base.replace(step_loop=2))
+
+
+def test_step_loop_is_cuda_only(opencl):
+    t = GruTemplate(batch=4, hidden=64, input=16, seq=5)
+    cfg = t.default_config(opencl).replace(fuse_step=1, step_j=32, step_b=2, step_k=16, step_ks=2, step_loop=1)
+    assert "CUDA only" in t.space(opencl).infeasible_reason(cfg)
+    with pytest.raises(TvmExtError, match="CUDA only"):
+        GRU.build(opencl, 16, 64, batch=4, seq=5, config=cfg)
+
+
 # ---- mixed precision (method 003): per-tensor / accumulator / math dtypes ---------------------
 from tvm_ext.builder import LocalBuilder, build_one  # noqa: E402
 from tvm_ext.precision import FLOAT_DTYPES, relative_error  # noqa: E402

@@ -26,7 +26,8 @@ class KernelLaunch:
     """One device kernel call of the host function, in launch order."""
 
     name: str
-    args: tuple[Any, ...]  # parameter names (str: buffers, or scalar parameters) or constant ints
+    args: tuple[Any, ...]  # parameter names (str: buffers, or scalar parameters), constant ints, or
+    # "loop:<var>" for the index of a loop in the host function (a kernel launched once per step)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
 
@@ -129,6 +130,9 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
                 continue
             if text in by_data:
                 args.append(by_data[text])
+                continue
+            if isinstance(arg, tvm.tirx.Var) and "int" in str(arg.ty):  # a host loop's index
+                args.append(f"loop:{text}")
                 continue
             if not text.endswith(".data") or text[:-5] not in params:
                 raise RuntimeError(f"kernel argument {text!r} is not a function parameter")

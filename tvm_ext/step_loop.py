@@ -1,0 +1,159 @@
+"""A per-step kernel run for all T steps from one call: the step loop compiled into
+TVM's host code, or inside one persistent launch with a grid barrier between steps.
+
+Why: a recurrent layer's step kernel does microseconds of work, so issuing it from
+Python once per step makes the host the bottleneck (patent 004's small-batch case;
+cuDNN spends ~11 µs per step there).  Both forms take a scheduled kernel whose only
+per-step argument is a scalar ``step`` (its state must ping-pong inside one buffer
+indexed by the step's parity) and remove ``step`` from its signature.
+
+- ``HOST``: the kernel is launched T times by a loop in the compiled host function
+  (no Python between launches; works for any grid).
+- ``PERSISTENT`` (CUDA): the loop runs inside the kernel; after each step every
+  block meets at a grid barrier (an atomic counter in a 2-int buffer ``bar`` that
+  must be zeroed before the launch; its word 1 is set if a barrier timed out).  All
+  blocks must be resident at once, so callers keep the grid at or below one block
+  per SM; a barrier that still waits ``SPIN_LIMIT`` polls gives up and raises the
+  flag, so a non-resident grid gives a wrong answer, never a hang.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+HOST = "host"
+PERSISTENT = "persistent"
+MODES = (HOST, PERSISTENT)
+SPIN_LIMIT = 1 << 21  # polls of the counter (~1 s on an H100) before a barrier gives up
+BARRIER_WORDS = 2  # [arrivals, timed-out flag]
+
+
+def lower_to_loops(mod: Any, target: Any) -> Any:
+    """The ``main`` PrimFunc of a scheduled module with its blocks lowered away (the
+    s_tir pipeline up to ``LowerOpaqueBlock``): thread bindings become the leading
+    ``thread_extent`` attributes and the rest is loops, so a step loop can be put
+    around or inside the launch.  ``tvm.compile`` finishes the lowering."""
+    import tvm
+    from tvm import s_tir
+    from tvm.target import Target
+
+    tgt = Target(target.tvm_target()).with_host(Target("llvm"))
+    passes = [
+        tvm.tirx.transform.BindTarget(tgt),
+        s_tir.transform.CanonicalizeLoop(),
+        s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(),
+        s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerAutoCopy(),
+        s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(),
+        s_tir.transform.InjectPermutedLayout(),
+        s_tir.transform.AnnotateIrregularLoop(),
+        s_tir.transform.InjectSoftwarePipeline(),
+        s_tir.transform.TransformMmaBufferLayout(),
+        s_tir.transform.LowerOpaqueBlock(),
+    ]
+    return tvm.ir.transform.Sequential(passes)(mod)["main"]
+
+
+def _launch_chain(body: Any) -> tuple[list[Any], Any]:
+    """The leading ``thread_extent`` attributes of a lowered kernel and what they wrap."""
+    import tvm
+
+    chain = []
+    while isinstance(body, tvm.tirx.AttrStmt) and body.attr_key == "thread_extent":
+        chain.append(body)
+        body = body.body
+    return chain, body
+
+
+def _rewrap(chain: list[Any], body: Any) -> Any:
+    import tvm
+
+    for attr in reversed(chain):
+        body = tvm.tirx.AttrStmt(attr.node, attr.attr_key, attr.value, body)
+    return body
+
+
+def _barrier_template() -> Any:
+    """Grid barrier for one block: everyone syncs, one leader thread arrives on the
+    counter (an atomic add) and polls it until ``expected`` blocks have arrived (or SPIN_LIMIT polls
+    pass: then it raises the flag), with fences either side so the state written in
+    the step is visible to every block after it (the cooperative-groups pattern)."""
+    from tvm.script import tirx as T
+
+    limit = SPIN_LIMIT
+
+    @T.prim_func(private=True)
+    def barrier(bar: T.Buffer((BARRIER_WORDS,), "int32"), expected: T.int32, leader: T.bool):
+        T.tvm_storage_sync("shared")
+        if leader:
+            T.evaluate(T.call_extern("void", "__threadfence"))
+            T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 1))
+            spins: T.int32 = 0
+            # poll with an atomic read (polling with ``__ldcv`` loads never saw the other
+            # blocks' arrivals on the H100: the barrier timed out)
+            while T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 0) < expected and spins < limit:
+                spins = spins + 1
+            if spins >= limit:
+                bar[1] = 1
+            T.evaluate(T.call_extern("void", "__threadfence"))
+        T.tvm_storage_sync("shared")
+
+    return barrier
+
+
+def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tuple[str, str] | None = None,
+               name: str = "") -> Any:
+    """``func`` (from ``lower_to_loops``) with its ``step`` parameter replaced by a loop
+    over ``steps`` (see the module docstring).  Parameters keep their order without
+    ``step``; ``PERSISTENT`` appends ``bar`` (int32, BARRIER_WORDS).
+
+    ``state``: (read, write) names of two parameters that are one buffer, the state read
+    through one and written through the other (a schedulable kernel cannot read and
+    write one buffer at data-dependent slots).  They become one parameter, the first:
+    kernel parameters are ``__restrict__``, and a pointer only read would let nvcc load
+    through the non-coherent cache, stale once another block rewrote the state."""
+    import tvm
+    from tvm import tirx
+
+    if mode not in MODES:
+        raise ValueError(f"unknown step-loop mode {mode!r}; allowed: {', '.join(MODES)}")
+    params = {p.name: p for p in func.params}
+    if step not in params:
+        raise ValueError(f"kernel has no parameter {step!r}; it has {list(params)}")
+    chain, inner = _launch_chain(func.body)
+    if not chain:
+        raise ValueError("kernel has no thread bindings")
+    index = tirx.Var("s", "int32")
+    values: dict[Any, Any] = {params[step]: index}
+    dropped = {step}
+    if state is not None:
+        read, write = state
+        if read not in params or write not in params:
+            raise ValueError(f"kernel has no parameters {state}; it has {list(params)}")
+        values[params[write]] = params[read]
+        dropped.add(write)
+    kept = [p for p in func.params if p.name not in dropped]
+    if mode == HOST:
+        body = tirx.PrimFunc(func.params, func.body).specialize(values).body
+        new_params = kept
+    else:
+        blocks, leader = 1, tirx.const(True, "bool")
+        for attr in chain:
+            if attr.node.thread_tag.startswith("blockIdx"):
+                blocks *= int(attr.value)
+            else:
+                leader = tirx.And(leader, attr.node.var == 0)
+        barrier = _barrier_template()
+        arrive = barrier.specialize({barrier.params[1]: (index + 1) * blocks, barrier.params[2]: leader})
+        one_step = tirx.PrimFunc(func.params, inner).specialize(values).body
+        body = tvm.tirx.SeqStmt([one_step, arrive.body])
+        new_params = kept + [barrier.params[0]]
+    loop = tirx.For(index, tirx.const(0, "int32"), tirx.const(steps, "int32"), tirx.ForKind.SERIAL, body)
+    out = tirx.PrimFunc(new_params, _rewrap(chain, loop) if mode == PERSISTENT else loop, attrs=func.attrs)
+    return out.with_attr("global_symbol", name) if name else out
