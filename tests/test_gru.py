@@ -339,7 +339,7 @@ def test_step_loop_plan_and_code(tmp_path):
         artifact, trace = t.build_artifact(cfg, target, str(tmp_path))
         assert set(trace) == set(funcs)
     space = t.space(target)
-    small = offline_cuda().__class__(**{**offline_cuda().__dict__, "compute_units": 2})
+    small = dataclasses.replace(target, compute_units=2)
     assert "persistent" in t.space(small).infeasible_reason(base.replace(step_loop=2))  # 4 blocks > 2 SMs
     assert space.is_feasible(base.replace(step_loop=2))
 
