@@ -51,13 +51,18 @@ CASES = (Case("B1 H256", 1, 256), Case("B8 H512", 8, 512), Case("B64 H1024", 64,
 def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Config]:
     """The patent's default first, then step-fusion tiles, per-step GEMM tiles and a smaller
     cell block, alternating (feasible and unique only); each fused tile is tried as a
-    persistent kernel (step_loop 2, where its grid fits the SMs), with the step loop in
-    TVM's host code (1), and with one Python call per step (0)."""
+    persistent kernel (step_loop 2; where its grid cannot all be resident, with the step
+    loop in TVM's host code, 1) and with one Python call per step (0)."""
     base = template.default_config(target)
     step_b = min(8, 1 << max(0, (template.batch - 1).bit_length()))
     wide_b = min(16, 1 << max(0, (template.batch - 1).bit_length()))
+    # W_hh on chip (small batch): every block holds all batch rows of its units and their W
+    # slice in shared memory, which the persistent kernel fills once for all T steps
+    onchip = [base.replace(fuse_step=1, step_j=j, step_b=wide_b, step_k=64, step_ks=ks, step_w_onchip=1)
+              for j, ks in ((8, 8), (16, 8), (8, 4), (16, 4), (32, 4), (32, 8))] if template.batch <= 16 else []
     picks = [
         base,
+        *onchip,
         # split-K step kernels (step_ks threads per dot product): more warps in flight
         base.replace(fuse_step=1, step_j=32, step_b=min(step_b, 4), step_k=64, step_ks=8),
         base.replace(fuse_step=1, step_j=32, step_b=wide_b, step_k=64, step_ks=4),
@@ -87,7 +92,13 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     space = template.space(target)
     out: list[Config] = [base] if space.is_feasible(base) else []
     for cfg in picks:
-        for variant in ([cfg.replace(step_loop=2), cfg.replace(step_loop=1), cfg] if cfg.fuse_step else [cfg]):
+        variants = [cfg]
+        if cfg.step_w_onchip:  # only the persistent kernel keeps W on chip across steps
+            variants = [cfg.replace(step_loop=2)]
+        elif cfg.fuse_step:  # the host loop (1) only where the persistent grid does not fit
+            persistent = cfg.replace(step_loop=2)
+            variants = [persistent if space.is_feasible(persistent) else cfg.replace(step_loop=1), cfg]
+        for variant in variants:
             if variant not in out and space.is_feasible(variant):
                 out.append(variant)
     return out[:count]
@@ -96,7 +107,8 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 def short(cfg: Config) -> str:
     if cfg.fuse_step:
         loop = ("", " host-loop", " persistent")[cfg.step_loop]
-        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}{loop}"
+        onchip = " W on chip" if cfg.step_w_onchip else ""
+        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}{onchip}{loop}"
     return f"patent cell_block={cfg.cell_block} hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}"
 
 

@@ -85,6 +85,15 @@ class HardwareModel:
             shared_per_block=target.max_shared_memory_per_block,
         )
 
+    @property
+    def shared_per_block_optin(self) -> int:
+        """Shared memory one block may use: on CUDA a kernel can opt in (dynamic shared
+        memory) to all of an SM's but the 1 KiB the SM reserves per block; elsewhere the
+        per-block limit."""
+        if self.kind == "cuda":
+            return max(self.shared_per_block, self.shared_per_sm - 1024)
+        return self.shared_per_block
+
     # ---- residency (vectorized over candidates) --------------------------------------------
     def blocks_per_sm(self, threads: np.ndarray, registers: np.ndarray, shared: np.ndarray) -> np.ndarray:
         """Resident blocks per SM given threads, registers per thread and shared bytes per block."""

@@ -61,6 +61,7 @@ from tvm_ext.schedules.gemm import GemmTemplate, MatmulSite
 from tvm_ext import step_loop
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.step_loop import BARRIER_WORDS
+from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
@@ -70,8 +71,8 @@ STEP_KNOBS = (
          "cell kernel threads per block (patent: 512), clamped to the device limit"),
     Knob("fuse_step", (0, 1),
          "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
-    Knob("step_j", (16, 32, 64, 128, 256), "fused step kernel: hidden units per block, one per thread "
-                                          "(times step_ks threads)"),
+    Knob("step_j", (8, 16, 32, 64, 128, 256), "fused step kernel: hidden units per block, one per thread "
+                                             "(times step_ks threads)"),
     Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
     Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
     Knob("step_ks", (1, 2, 4, 8), "fused step kernel: threads splitting each dot product over k "
@@ -79,7 +80,15 @@ STEP_KNOBS = (
     Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
                                  "loop compiled into TVM's host code (one call per layer); 2 persistent: "
                                  "one launch per layer, a grid barrier between steps (grid <= SM count)"),
+    Knob("step_w_onchip", (0, 1), "fused step kernel: 1 stages the block's W_hh slice (step_j units x 3 gates "
+                                  "x hidden) in shared memory; the persistent kernel loads it once for all "
+                                  "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
 )
+# A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
+# memory per resident block (sm_80+), and fitting several blocks per SM by capping
+# registers (launch bounds) is refused below this many registers per thread (spills).
+SHARED_RESERVED_PER_BLOCK = 1024
+PERSISTENT_MIN_REGISTERS = 64
 # The hidden GEMM is batched over directions, so it has its own schedule (below) that
 # implements these of the GEMM template's knobs; the input GEMM is the template's own
 # schedule and searches all of them.
@@ -387,7 +396,7 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
 def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
-              math_dtype: str = F32, out_dtype: str = F32) -> Any:
+              math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0) -> Any:
     """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
 
     The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
@@ -398,11 +407,19 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     s % 2 and writes slot (s+1) % 2, so the kernel's only per-step argument is ``step`` and
     a loop over steps (``tvm_ext.step_loop``) needs no buffer swapping.  The plan passes that
     buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
-    written would make TVM see a write-after-read hazard it cannot schedule around."""
+    written would make TVM see a write-after-read hazard it cannot schedule around.
+
+    ``w_tile`` > 0 (it must divide ``hidden``): W_h is read through a copy ``w_tiles``
+    laid out per tile of ``w_tile`` units, (dirs, hidden/w_tile, k, gate, unit), so a
+    block's slice of all three gates is one compact region (in the (k, 3·hidden) layout
+    the gates lie hidden apart) that the schedule stages in shared memory."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
     store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
+    if w_tile:
+        return _step_func_w_tiles(steps, batch, hidden, dirs, layers, gi_dtype, h_dtype, w_dtype, acc_dtype,
+                                  gh_dtype, math_dtype, out_dtype, w_tile, store)
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
@@ -421,6 +438,52 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
                 acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
                                                              * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = _cell_math(
+                    T, gi, row, vd * G + vj, hidden,
+                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
+                    h[step % 2, vd, vb, vj], math_dtype)
+        store(h_new, step, layer, h_out, out, h_n)
+
+    return step_kernel
+
+
+def _step_func_w_tiles(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str,
+                       h_dtype: str, w_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str,
+                       out_dtype: str, w_tile: int, store: Any) -> Any:
+    """``step_func`` with W_h read through per-tile copies (see its ``w_tile``)."""
+    from tvm.script import tirx as T
+
+    G, tiles = 3 * hidden, hidden // w_tile
+
+    @T.prim_func(s_tir=True)
+    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
+                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+                    h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        w_tiles = T.sblock_alloc_buffer((dirs, tiles, hidden, 3, w_tile), w_dtype)
+        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
+        for d, t, k, g, u in T.grid(dirs, tiles, hidden, 3, w_tile):
+            with T.sblock("w_stage"):
+                vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
+                w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * w_tile + vu]
+        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
+            with T.sblock("gh"):
+                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
+                with T.init():
+                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
+                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
+                    h[step % 2, vd, vb, vk].astype(acc_dtype)
+                    * w_tiles[vd, vj // w_tile, vk, vg, vj % w_tile].astype(acc_dtype))
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("cell"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
@@ -503,9 +566,11 @@ def schedule_cell(func: Any, cell_block: int) -> Any:
     return sch
 
 
-def schedule_step(func: Any, c: Config) -> Any:
+def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
     """Fused step: block = ``step_j`` hidden units × ``step_b`` batch rows of one direction;
-    each thread keeps 3·step_b gate sums in registers, h is staged in shared memory."""
+    each thread keeps 3·step_b gate sums in registers, h is staged in shared memory, and
+    with ``step_w_onchip`` the block's W_h slice too (dynamic shared memory on CUDA, where
+    it exceeds the 48 KiB of a static array)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
@@ -546,6 +611,17 @@ def schedule_step(func: Any, c: Config) -> Any:
         sch.set_scope(main, 0, "shared")
         partial = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(partial, kt, preserve_unit_loops=True)
+    if c.step_w_onchip:  # the block's W slice: all of k, 3 gates, step_j units
+        w_stage = sch.get_sblock("w_stage")
+        sch.compute_at(w_stage, jo, preserve_unit_loops=True)
+        sch.set_scope(w_stage, 0, "shared.dyn" if kind == "cuda" else "shared")
+        fused = sch.fuse(*sch.get_loops(w_stage)[3:])  # below d, bo, jo: k, gate, unit
+        if ks > 1:
+            _, fy, fx = sch.split(fused, [None, ks, c.step_j])
+            sch.bind(fy, "threadIdx.y")
+        else:
+            _, fx = sch.split(fused, [None, c.step_j])
+        sch.bind(fx, "threadIdx.x")
     staged = sch.cache_read(main, "h", "shared", consumer_blocks=[main])
     sch.compute_at(staged, ko, preserve_unit_loops=True)
     below = 5 if ks == 1 else 6  # d, bo, jo, jt, (kt,) ko
@@ -784,8 +860,6 @@ class GruTemplate(DtypeFields, Template):
                     return f"{label}: {reason}"
             return None
 
-        h_bytes = itemsize(self.h_dtype)
-
         def step_reason(c: Config) -> str | None:
             if c.fuse_step and c.step_j > target.max_threads_per_block:
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
@@ -797,23 +871,55 @@ class GruTemplate(DtypeFields, Template):
                 return "step kernel: step_ks must divide step_k"
             if c.step_ks > 1 and self.hidden % c.step_k:
                 return "step kernel: split-K (step_ks > 1) needs hidden to be a multiple of step_k"
+            if c.step_w_onchip and self.hidden % c.step_j:
+                return "step kernel: step_w_onchip needs hidden to be a multiple of step_j"
             if c.step_loop and target.kind != "cuda":
                 return "step kernel: step_loop 1 and 2 are CUDA only (OpenCL runs one launch per step)"
-            blocks = -(-self.hidden // c.step_j) * -(-self.batch // c.step_b) * self.dirs
-            if c.step_loop == 2 and blocks > target.compute_units:
-                return (f"step kernel: persistent (step_loop 2) needs every block resident, "
-                        f"{blocks} blocks > {target.compute_units} SMs")
-            partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
-            if h_bytes * c.step_b * c.step_k + partials > target.max_shared_memory_per_block:
+            static = self.step_shared_bytes(c.replace(step_w_onchip=0))
+            if static > target.max_shared_memory_per_block:
                 return "step kernel: staged h slice and partial sums exceed shared memory"
+            # the W slice is dynamic shared memory on CUDA (up to the opt-in limit per block)
+            limit = HardwareModel.from_target(target).shared_per_block_optin
+            if self.step_shared_bytes(c) > limit:
+                return (f"step kernel: h slice, partial sums and W_hh slice need {self.step_shared_bytes(c)} B "
+                        f"of shared memory > {limit}")
+            if c.step_loop == 2:
+                return self.persistent_residency(c, target)[1]
             return None
 
         return Space(KNOBS, (gemm_reason, step_reason))
 
+    def step_shared_bytes(self, c: Config) -> int:
+        """Shared memory of one fused-step block: the staged h slice, split-K partial sums
+        and (``step_w_onchip``) the W slice."""
+        partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
+        w_slice = c.step_w_onchip * self.hidden * 3 * c.step_j * itemsize(self.w_hh_dtype)
+        return itemsize(self.h_dtype) * c.step_b * c.step_k + partials + w_slice
+
+    def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
+        """Blocks per SM the persistent step kernel needs resident (its grid spread over the
+        SMs), or why they cannot all be: a grid barrier waits for every block, so a block
+        that is not resident would never arrive.  Threads, resident-block and shared-memory
+        limits come from the hardware model; registers are made to fit by compiling with
+        ``__launch_bounds__(threads, per_sm)``, refused when that leaves too few."""
+        hw = HardwareModel.from_target(target)
+        blocks = -(-self.hidden // c.step_j) * -(-self.batch // c.step_b) * self.dirs
+        threads = c.step_j * c.step_ks
+        per_sm = -(-blocks // hw.sm_count)
+        shared = self.step_shared_bytes(c) + SHARED_RESERVED_PER_BLOCK
+        fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads, hw.shared_per_sm // shared)
+        if per_sm > fits:
+            return per_sm, (f"step kernel: persistent (step_loop 2) needs every block resident, {blocks} "
+                            f"blocks > {hw.sm_count} SMs x {fits} resident per SM")
+        if hw.registers_per_sm and hw.registers_per_sm // (per_sm * threads) < PERSISTENT_MIN_REGISTERS:
+            return per_sm, (f"step kernel: persistent (step_loop 2) with {per_sm} blocks of {threads} threads "
+                            f"per SM leaves < {PERSISTENT_MIN_REGISTERS} registers per thread")
+        return per_sm, None
+
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,
-                                  "step_ks": 1, "step_loop": 0}
+                                  "step_ks": 1, "step_loop": 0, "step_w_onchip": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -838,7 +944,8 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_step"] = schedule_step(
                 step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
                           acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                          out_dtype=p["out"]), config)
+                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip else 0),
+                config, target.kind)
         else:
             funcs["gru_gemm_h"] = schedule_batched_gemm(d, b, g, h, gemms["hid_"], a_dtype=p["h"],
                                                         b_dtype=p["w_hh"], acc_dtype=p["hid_acc"],
@@ -890,8 +997,12 @@ class GruTemplate(DtypeFields, Template):
         if config.fuse_step and config.step_loop:
             mode = step_loop.HOST if config.step_loop == 1 else step_loop.PERSISTENT
             step = scheds["gru_step"]
+            per_sm = self.persistent_residency(config, target)[0] if mode == step_loop.PERSISTENT else 1
+            # W_hh's tile is filled from the weights only: the persistent kernel loads it once
+            hoist = ("w_tiles_shared.dyn",) if config.step_w_onchip and mode == step_loop.PERSISTENT else ()
             funcs["gru_steps"] = step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), self.seq,
-                                                      mode, state=("h", "h_out"), name="gru_steps")
+                                                      mode, state=("h", "h_out"), name="gru_steps",
+                                                      min_blocks_per_sm=per_sm, hoist=hoist)
             modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
             trace["gru_steps"] = trace.pop("gru_step")
             for table in (funcs, modules):

@@ -6,6 +6,7 @@ Kernels are built once per (shape, fusion) and reused by every test of that shap
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 
 import numpy as np
@@ -113,9 +114,12 @@ def test_fusion_knob_does_not_change_the_result(opencl, key):
     ("h64-2layer-bi", dict(step_j=32, step_b=2, step_k=16, step_ks=4)),  # batch 5: rows padded
     ("h64-2layer-b1-batchfirst", dict(step_j=64, step_b=1, step_k=64, step_ks=8)),
     ("h200-seq17", dict(step_j=32, step_b=4, step_k=8, step_ks=2)),  # hidden 200: units guarded
+    ("h64-2layer-bi", dict(step_j=16, step_b=8, step_k=16, step_ks=4, step_w_onchip=1)),  # W slice staged
+    ("h200-seq17", dict(step_j=8, step_b=1, step_k=8, step_ks=1, step_w_onchip=1)),
 ])
 def test_split_k_step_kernel_matches_the_reference(opencl, key, knobs):
-    """step_ks threads per dot product, partial sums through shared memory: same answer."""
+    """step_ks threads per dot product, partial sums through shared memory, and the W_hh
+    slice staged in shared memory (step_w_onchip): same answer."""
     s = SHAPES[key]
     gru = GRU.build(opencl, s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
                     batch_first=s.batch_first, batch=s.batch, seq=s.seq,
@@ -135,6 +139,33 @@ def test_split_k_needs_hidden_to_be_a_multiple_of_the_staged_slice(opencl):
     cfg = t.default_config(opencl).replace(fuse_step=1, step_j=32, step_b=2, step_k=16, step_ks=4)
     assert "multiple of step_k" in space.infeasible_reason(cfg)
     assert space.is_feasible(cfg.replace(step_k=8, step_ks=4))
+    assert "multiple of step_j" in space.infeasible_reason(cfg.replace(step_k=8, step_w_onchip=1))
+    assert space.is_feasible(cfg.replace(step_k=8, step_j=8, step_w_onchip=1))
+
+
+def test_w_onchip_persistent_kernel_loads_w_once(tmp_path):
+    """CUDA, generated here: with step_w_onchip the persistent kernel fills its W_hh slice
+    (dynamic shared memory) once, before the step loop; the per-step form refills it every
+    step; a slice over the per-block shared-memory limit is infeasible with the reason."""
+    t = GruTemplate(batch=8, hidden=512, input=16, seq=5, bidirectional=True)
+    target = offline_cuda()
+    cfg = t.default_config(target).replace(fuse_step=1, step_j=16, step_b=8, step_k=64, step_ks=8,
+                                           step_w_onchip=1)
+    for loop in (0, 2):
+        compiled = t.compile(cfg.replace(step_loop=loop), target)
+        name = "gru_steps" if loop else "gru_step"
+        (launch,), _ = compiled.launches[name]
+        assert launch.dyn_shared_bytes == 512 * 3 * 16 * 4  # 96 KiB: more than a static array may have
+        definition = re.search(rf"{name}_kernel\([^)]*\) {{", compiled.source)
+        kernel = compiled.source[definition.end():]
+        kernel = kernel[:kernel.index("\n}\n")]
+        fill = kernel.index("w_tiles_shared_dyn_ptr[")  # first use: the fill
+        if loop:
+            assert "__launch_bounds__(128)" in compiled.source  # 64 blocks: one per SM
+            assert fill < kernel.index("for (int s = 0;")  # filled once, before the step loop
+        else:
+            assert "for (int s" not in kernel
+    assert "shared memory" in t.space(target).infeasible_reason(cfg.replace(step_j=128))  # 768 KiB
 
 
 def test_plan_is_one_gemm_then_steps():
@@ -296,14 +327,17 @@ def test_cuda_layer_matches_reference(fuse):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("w_onchip", [0, 1])
 @pytest.mark.parametrize("loop", [1, 2])
 @pytest.mark.parametrize("shape", ["h64-2layer-bi", "h200-seq17"])
-def test_cuda_step_loop_matches_reference(loop, shape):
+def test_cuda_step_loop_matches_reference(loop, shape, w_onchip):
     """On a GPU machine: the step loop in TVM's host code (1) and the persistent kernel with
     its grid barrier (2) give the reference answer, for 2 layers, both directions, odd T and
-    a hidden size the tiles do not divide; the barrier never timed out."""
+    a hidden size the tiles do not divide; the barrier never timed out.  With ``w_onchip`` the
+    W_hh slice lives in shared memory (the persistent kernel fills it once per layer)."""
     s = SHAPES[shape]
-    cfg = {"fuse_step": 1, "step_j": 32, "step_b": 2, "step_k": 8, "step_ks": 2, "step_loop": loop}
+    tile = {"step_j": 8, "step_b": 8} if w_onchip else {"step_j": 32, "step_b": 2}
+    cfg = {"fuse_step": 1, **tile, "step_k": 8, "step_ks": 2, "step_loop": loop, "step_w_onchip": w_onchip}
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
                     batch=s.batch, seq=s.seq, config=cfg).load_numpy(_weights(s))
     x, h0 = _inputs(s)
@@ -314,6 +348,27 @@ def test_cuda_step_loop_matches_reference(loop, shape):
         _close(h_n, ref_h)
     calls = [c.func for c in gru.compiled.calls]
     assert calls.count("gru_steps") == s.layers and "gru_step" not in calls
+
+
+@pytest.mark.gpu
+def test_cuda_persistent_grid_with_several_blocks_per_sm():
+    """On a GPU machine: a persistent grid larger than the SM count (blocks share SMs, their
+    registers capped by the launch bound) still meets at every barrier and matches the reference."""
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    s = Shape(seq=9, batch=8, input=16, hidden=32 * target.compute_units, bidirectional=True)
+    weights = _weights(s)  # 2 directions x hidden/32 blocks of 32 units: 2 blocks per SM
+    cfg = {"fuse_step": 1, "step_j": 32, "step_b": 8, "step_k": 8, "step_ks": 2, "step_loop": 2}
+    gru = GRU.build(target, s.input, s.hidden, bidirectional=True, batch=s.batch, seq=s.seq,
+                    config=cfg).load_numpy(weights)
+    assert gru.template.persistent_residency(gru.config, target)[0] == 2
+    x, h0 = _inputs(s)
+    for _ in range(2):
+        out, h_n = gru(x, h0)
+        ref_out, ref_h = gru_reference(x, weights, h0, 1, True)
+        _close(out, ref_out)
+        _close(h_n, ref_h)
 
 
 def test_step_loop_plan_and_code(tmp_path):
@@ -339,9 +394,18 @@ def test_step_loop_plan_and_code(tmp_path):
         artifact, trace = t.build_artifact(cfg, target, str(tmp_path))
         assert set(trace) == set(funcs)
     space = t.space(target)
-    small = dataclasses.replace(target, compute_units=2)
-    assert "persistent" in t.space(small).infeasible_reason(base.replace(step_loop=2))  # 4 blocks > 2 SMs
     assert space.is_feasible(base.replace(step_loop=2))
+    assert "__launch_bounds__(64)" in t.compile(base.replace(step_loop=2), target).source  # 4 blocks, 132 SMs
+    # 4 blocks on 2 SMs: two per SM, registers capped by the launch bound so both fit
+    small = dataclasses.replace(target, compute_units=2)
+    assert t.persistent_residency(base.replace(step_loop=2), small) == (2, None)
+    assert "__launch_bounds__(64, 2)" in t.compile(base.replace(step_loop=2), small).source
+    # 2048 blocks of 128 threads on 2 SMs: more than an SM holds
+    wide = GruTemplate(batch=64, hidden=512, input=16, seq=5)
+    cfg = wide.default_config(target).replace(fuse_step=1, step_j=16, step_b=1, step_k=64, step_ks=8, step_loop=2)
+    assert "resident per SM" in wide.space(small).infeasible_reason(cfg)
+    assert "registers per thread" in wide.space(target).infeasible_reason(cfg)  # 16 per SM: 32 registers
+    assert wide.space(target).is_feasible(cfg.replace(step_b=4))  # 4 per SM on 132 SMs
 
 
 def test_step_loop_is_cuda_only(opencl):

@@ -19,6 +19,7 @@ from .target import TargetInfo
 from .template import Template
 
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+DYN_SHARED_TAG = "tirx.use_dyn_shared_memory"  # launch parameter: bytes of dynamic shared memory
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class KernelLaunch:
     # "loop:<var>" for the index of a loop in the host function (a kernel launched once per step)
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    dyn_shared_bytes: int = 0  # CUDA dynamic shared memory (TVM's runtime passes it at launch)
 
     @property
     def global_size(self) -> tuple[int, int, int]:
@@ -114,7 +116,7 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     launches = []
     for call in calls:
         tags = list(call.attrs.launch_params)
-        unknown = [t for t in tags if t not in THREAD_TAGS]
+        unknown = [t for t in tags if t not in THREAD_TAGS and t != DYN_SHARED_TAG]
         if unknown:
             raise RuntimeError(f"unsupported launch parameters {unknown}")
         values = call.args[len(call.args) - len(tags):]
@@ -139,7 +141,8 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
             args.append(text[:-5])
         grid = tuple(extents.get(f"blockIdx.{d}", 1) for d in "xyz")
         block = tuple(extents.get(f"threadIdx.{d}", 1) for d in "xyz")
-        launches.append(KernelLaunch(str(call.args[0].value), tuple(args), grid, block))  # type: ignore[arg-type]
+        launches.append(KernelLaunch(str(call.args[0].value), tuple(args), grid, block,  # type: ignore[arg-type]
+                                     extents.get(DYN_SHARED_TAG, 0)))
     return tuple(launches), params
 
 

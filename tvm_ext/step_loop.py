@@ -12,9 +12,10 @@ indexed by the step's parity) and remove ``step`` from its signature.
 - ``PERSISTENT`` (CUDA): the loop runs inside the kernel; after each step every
   block meets at a grid barrier (an atomic counter in a 2-int buffer ``bar`` that
   must be zeroed before the launch; its word 1 is set if a barrier timed out).  All
-  blocks must be resident at once, so callers keep the grid at or below one block
-  per SM; a barrier that still waits ``SPIN_LIMIT`` polls gives up and raises the
-  flag, so a non-resident grid gives a wrong answer, never a hang.
+  blocks must be resident at once, so callers keep the grid within what the SMs
+  hold (``min_blocks_per_sm`` caps registers so several blocks fit); a barrier that
+  still waits ``SPIN_LIMIT`` polls gives up and raises the flag, so a non-resident
+  grid gives a wrong answer, never a hang.
 """
 from __future__ import annotations
 
@@ -107,8 +108,41 @@ def _barrier_template() -> Any:
     return barrier
 
 
+def _stored_buffers(stmt: Any) -> set[str]:
+    """Names of the buffers a lowered statement stores to."""
+    import tvm
+    import tvm_ffi
+
+    names: set[str] = set()
+    tvm_ffi.structural_walk(stmt, [(tvm.tirx.BufferStore, lambda node: names.add(node.buffer.name))])
+    return names
+
+
+def _hoist(body: Any, hoist: tuple[str, ...], index: Any) -> tuple[list[Any], Any]:
+    """Split a kernel body into what runs once before the step loop (the allocations and the
+    top-level statements that store only to ``hoist`` buffers) and the per-step rest."""
+    from tvm import tirx
+
+    stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    before, rest, found = [], [], set()
+    for stmt in stmts:
+        stored = _stored_buffers(stmt)
+        if isinstance(stmt, tirx.AllocBuffer):
+            before.append(stmt)
+        elif stored and stored <= set(hoist):
+            if any(v.same_as(index) for v in tirx.analysis.undefined_vars(stmt, [])):
+                raise ValueError(f"the fill of {sorted(stored)} depends on the step: it cannot run once")
+            before.append(stmt)
+            found |= stored
+        else:
+            rest.append(stmt)
+    if found != set(hoist):
+        raise ValueError(f"no top-level fill of {sorted(set(hoist) - found)} to run before the step loop")
+    return before, (rest[0] if len(rest) == 1 else tirx.SeqStmt(rest))
+
+
 def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tuple[str, str] | None = None,
-               name: str = "") -> Any:
+               name: str = "", min_blocks_per_sm: int = 1, hoist: tuple[str, ...] = ()) -> Any:
     """``func`` (from ``lower_to_loops``) with its ``step`` parameter replaced by a loop
     over ``steps`` (see the module docstring).  Parameters keep their order without
     ``step``; ``PERSISTENT`` appends ``bar`` (int32, BARRIER_WORDS).
@@ -117,7 +151,15 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
     through one and written through the other (a schedulable kernel cannot read and
     write one buffer at data-dependent slots).  They become one parameter, the first:
     kernel parameters are ``__restrict__``, and a pointer only read would let nvcc load
-    through the non-coherent cache, stale once another block rewrote the state."""
+    through the non-coherent cache, stale once another block rewrote the state.
+
+    ``min_blocks_per_sm`` (``PERSISTENT``): blocks each SM must hold at once for the whole
+    grid to be resident; above 1 it becomes ``__launch_bounds__(threads, n)``, so nvcc
+    caps the registers per thread to let them fit.
+
+    ``hoist`` (``PERSISTENT``): buffers (e.g. a weight tile staged in shared memory) whose
+    top-level fill statements run once before the step loop instead of every step; the
+    caller guarantees they are filled only from data no step changes."""
     import tvm
     from tvm import tirx
 
@@ -152,8 +194,14 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
         barrier = _barrier_template()
         arrive = barrier.specialize({barrier.params[1]: (index + 1) * blocks, barrier.params[2]: leader})
         one_step = tirx.PrimFunc(func.params, inner).specialize(values).body
+        before, one_step = _hoist(one_step, hoist, index) if hoist else ([], one_step)
         body = tvm.tirx.SeqStmt([one_step, arrive.body])
         new_params = kept + [barrier.params[0]]
     loop = tirx.For(index, tirx.const(0, "int32"), tirx.const(steps, "int32"), tirx.ForKind.SERIAL, body)
+    if mode == PERSISTENT:
+        loop = tirx.SeqStmt(before + [loop]) if before else loop
+        if min_blocks_per_sm > 1:  # read from the kernel body by SplitHostDevice
+            loop = tirx.AttrStmt(tirx.const(0, "int32"), "tirx.launch_bounds_min_blocks_per_sm",
+                                 tirx.const(min_blocks_per_sm, "int32"), loop)
     out = tirx.PrimFunc(new_params, _rewrap(chain, loop) if mode == PERSISTENT else loop, attrs=func.attrs)
     return out.with_attr("global_symbol", name) if name else out
