@@ -35,6 +35,8 @@ from tvm_ext.records import RecordStore  # noqa: E402
 from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
+from tvm_ext.schedules.tensor_core import TC_KNOBS  # noqa: E402
+from tvm_ext.space import Space  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 from tvm_ext.tuner import Tuner  # noqa: E402
 
@@ -43,15 +45,23 @@ GEMM_BEST = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, p
 
 
 def gru_schedule(template: GruTemplate, target: Any, text: str) -> Any:
-    """The fused step kernel (``--gru-schedule``, k=v,...: by default the one fastest at
-    B64 H1024 in benchmarks/gru.py) with the default gate-GEMM tile."""
+    """The GRU's knobs (``--gru-schedule``, k=v,...) over its default config."""
     values = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
-    return template.default_config(target).replace(fuse_step=1, **values)
+    return template.default_config(target).replace(**values)
+
+
+def tensor_core_tile(text: str) -> Any:
+    """A WMMA tile from k=v,... (``tc_`` knobs), or None for "none"."""
+    if text == "none":
+        return None
+    return Space(TC_KNOBS).make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
 
 
 def cases(target: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
-    gemm = GemmTemplate(4096, 4096, 4096)
-    gru = GruTemplate(batch=64, hidden=1024, input=1024, seq=128)
+    gemm = GemmTemplate(4096, 4096, 4096, tensor_core=tensor_core_tile(args.gemm_tensor_core))
+    gru = GruTemplate(batch=64, hidden=1024, input=1024, seq=128,
+                      in_tensor_core=tensor_core_tile(args.gru_in_tensor_core),
+                      hid_tensor_core=tensor_core_tile(args.gru_hid_tensor_core))
     return [("GEMM 4096³", gemm, gemm.space(target).make(**GEMM_BEST)),
             ("GRU B64 H1024 T128", gru, gru_schedule(gru, target, args.gru_schedule))]
 
@@ -95,8 +105,17 @@ def main() -> int:
     parser.add_argument("--m", type=int, default=24, help="max measurements per search (default 24)")
     parser.add_argument("--cases", default="gemm,gru", help="comma list of gemm, gru")
     parser.add_argument("--bounds", default="1e-3,1e-2")
-    parser.add_argument("--gru-schedule", default="step_j=32,step_b=4,step_k=64,step_ks=1",
-                        help="the GRU's fused step kernel knobs (k=v,...)")
+    parser.add_argument("--gru-schedule", default="fuse_step=1,step_j=32,step_b=4,step_k=64,step_ks=8",
+                        help="the GRU's knobs over its default config (k=v,...; default: the split-K fused "
+                             "step kernel)")
+    tile = "tc_warps_m={},tc_warps_n={},tc_frags_m={},tc_frags_n={},tc_k_frags=2,tc_vec=8,tc_pipeline=1,tc_out_smem=1"
+    parser.add_argument("--gemm-tensor-core", default=tile.format(2, 4, 4, 2),
+                        help="WMMA tile for the GEMM where A and B are float16 (tc_ knobs k=v,..., or none)")
+    parser.add_argument("--gru-in-tensor-core", default=tile.format(2, 4, 4, 2),
+                        help="WMMA tile for the GRU's input GEMM where x and W_ih are float16 (or none)")
+    parser.add_argument("--gru-hid-tensor-core", default=tile.format(2, 2, 2, 2),
+                        help="WMMA tile for the GRU's hidden GEMM (unfused schedules) where h and W_hh "
+                             "are float16 (or none)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")

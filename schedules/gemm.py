@@ -87,6 +87,10 @@ class GemmTemplate(DtypeFields, Template):
     acc_dtype: str = HIGH_PRECISION
     c_dtype: str = HIGH_PRECISION
     dtype: InitVar[str | None] = None  # shorthand: all four (older records name only this)
+    # A WMMA tile (``tvm_ext.schedules.tensor_core``): where A and B are float16 on a CUDA
+    # target that it fits, the GEMM runs on tensor cores with it and the CUDA-core
+    # config is not used (method 003's low types then buy the tensor cores' speed).
+    tensor_core: Config | None = None
 
     name = "gemm"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -114,7 +118,24 @@ class GemmTemplate(DtypeFields, Template):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        params = {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        if self.tensor_core is not None:
+            params["tensor_core"] = str(self.tensor_core)
+        return params
+
+    def uses_tensor_cores(self, target: TargetInfo) -> bool:
+        """Whether ``schedule`` takes the tensor-core path (see ``tensor_core``)."""
+        from tvm_ext.schedules.tensor_core import tensor_core_reason
+
+        return self.tensor_core is not None and tensor_core_reason(
+            self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target, self.tensor_core) is None
+
+    def _tensor_core_schedule(self, epilogue: tuple[str, ...]) -> Any:
+        from tvm import s_tir
+
+        from tvm_ext.schedules.tensor_core import schedule_wmma
+
+        return schedule_wmma(s_tir.Schedule(self.prim_func()), "C", self.tensor_core, epilogue=epilogue)
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
@@ -215,6 +236,8 @@ class GemmTemplate(DtypeFields, Template):
         own compute, so tuned configs can be replayed on what TVM's lowering produced."""
         from tvm import s_tir
 
+        if func is None and self.uses_tensor_cores(target):
+            return self._tensor_core_schedule(self.own_site().epilogue)
         c = config
         site = site or (self.own_site() if func is None else MatmulSite())
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x

@@ -228,17 +228,28 @@ class BiasGemmTemplate(GemmTemplate):
         return [a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)]
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
+        if self.uses_tensor_cores(target):
+            return self._tensor_core_schedule(("D",))
         sch = super().schedule(config, target)
         sch.reverse_compute_inline(sch.get_sblock("D"))
         return sch
 
 
 def schedule_batched_gemm(batch: int, m: int, n: int, k: int, c: Config, a_dtype: str = F32,
-                          b_dtype: str = F32, acc_dtype: str = F32, c_dtype: str = F32) -> Any:
+                          b_dtype: str = F32, acc_dtype: str = F32, c_dtype: str = F32,
+                          tensor_core: Config | None = None, target: TargetInfo | None = None) -> Any:
     """The GEMM template's schedule (the ``BATCHED_GEMM_KNOBS``, same meaning) with a
     leading batch axis on blockIdx.z and the bias folded into the register tile's store
-    (dtypes as in ``gemm_bias_func``)."""
+    (dtypes as in ``gemm_bias_func``); on tensor cores with the WMMA tile ``tensor_core``
+    where it applies (float16 A and B on CUDA, see ``GemmTemplate.tensor_core``)."""
     from tvm import s_tir
+
+    from tvm_ext.schedules.tensor_core import schedule_wmma, tensor_core_reason
+
+    if tensor_core is not None and target is not None and tensor_core_reason(
+            m, n, k, a_dtype, b_dtype, acc_dtype, target, tensor_core) is None:
+        func = gemm_bias_func(batch, m, n, k, a_dtype, b_dtype, acc_dtype, c_dtype)
+        return schedule_wmma(s_tir.Schedule(func), "C", tensor_core, epilogue=("D",))
 
     bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
     sch = s_tir.Schedule(gemm_bias_func(batch, m, n, k, a_dtype, b_dtype, acc_dtype, c_dtype))
@@ -701,6 +712,10 @@ class GruTemplate(DtypeFields, Template):
     h_dtype: str = F32
     cell_math_dtype: str = F32
     out_dtype: str = F32
+    # WMMA tiles for the input and (unfused) hidden GEMMs: tensor cores where their operands
+    # are float16 on CUDA (see ``GemmTemplate.tensor_core``)
+    in_tensor_core: Config | None = None
+    hid_tensor_core: Config | None = None
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -716,9 +731,13 @@ class GruTemplate(DtypeFields, Template):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
-                "layers": self.layers, "bidirectional": bool(self.bidirectional),
-                **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        params = {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
+                  "layers": self.layers, "bidirectional": bool(self.bidirectional),
+                  **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        for name in ("in_tensor_core", "hid_tensor_core"):
+            if getattr(self, name) is not None:
+                params[name] = str(getattr(self, name))
+        return params
 
     @property
     def dirs(self) -> int:
@@ -825,7 +844,8 @@ class GruTemplate(DtypeFields, Template):
         sequence (``out``'s dtype), B is W_ih, D is gi."""
         return BiasGemmTemplate(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer),
                                 a_dtype=self.x_dtype if layer == 0 else self.out_dtype, b_dtype=self.w_ih_dtype,
-                                acc_dtype=self.in_acc_dtype, c_dtype=self.gi_dtype)
+                                acc_dtype=self.in_acc_dtype, c_dtype=self.gi_dtype,
+                                tensor_core=self.in_tensor_core)
 
     def hidden_gemm(self) -> GemmTemplate:
         """S2 of one direction as a GEMM template: A is h, B is W_hh, C is gh."""
@@ -949,7 +969,8 @@ class GruTemplate(DtypeFields, Template):
         else:
             funcs["gru_gemm_h"] = schedule_batched_gemm(d, b, g, h, gemms["hid_"], a_dtype=p["h"],
                                                         b_dtype=p["w_hh"], acc_dtype=p["hid_acc"],
-                                                        c_dtype=p["gh"])
+                                                        c_dtype=p["gh"], tensor_core=self.hid_tensor_core,
+                                                        target=target)
             block = min(config.cell_block, target.max_threads_per_block)
             funcs["gru_cell"] = schedule_cell(
                 cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
