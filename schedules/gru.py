@@ -405,6 +405,30 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     return cell
 
 
+def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: str, gh_dtype: str,
+                     math_dtype: str) -> Any:
+    """S3 of the fused step kernels: the gate sums ``acc`` plus b_h, rounded to ``gh_dtype``
+    as if stored, and the cell on them into ``h_new`` (both step kernels share it)."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+
+    @T.macro
+    def cell(gi, h, acc, bias, h_new, step):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = _cell_math(
+                    T, gi, row, vd * G + vj, hidden,
+                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
+                    h[step % 2, vd, vb, vj], math_dtype)
+
+    return cell
+
+
 def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
               math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0) -> Any:
@@ -428,9 +452,10 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
     G = 3 * hidden
     store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
+    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype)
     if w_tile:
         return _step_func_w_tiles(steps, batch, hidden, dirs, layers, gi_dtype, h_dtype, w_dtype, acc_dtype,
-                                  gh_dtype, math_dtype, out_dtype, w_tile, store)
+                                  math_dtype, out_dtype, w_tile, cell, store)
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
@@ -449,24 +474,15 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
                 acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
                                                              * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
-        for d, b, j in T.grid(dirs, batch, hidden):
-            with T.sblock("cell"):
-                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_new[vd, vb, vj] = _cell_math(
-                    T, gi, row, vd * G + vj, hidden,
-                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
-                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
-                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
-                    h[step % 2, vd, vb, vj], math_dtype)
+        cell(gi, h, acc, bias, h_new, step)
         store(h_new, step, layer, h_out, out, h_n)
 
     return step_kernel
 
 
 def _step_func_w_tiles(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str,
-                       h_dtype: str, w_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str,
-                       out_dtype: str, w_tile: int, store: Any) -> Any:
+                       h_dtype: str, w_dtype: str, acc_dtype: str, math_dtype: str, out_dtype: str, w_tile: int,
+                       cell: Any, store: Any) -> Any:
     """``step_func`` with W_h read through per-tile copies (see its ``w_tile``)."""
     from tvm.script import tirx as T
 
@@ -495,16 +511,7 @@ def _step_func_w_tiles(steps: int, batch: int, hidden: int, dirs: int, layers: i
                 acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
                     h[step % 2, vd, vb, vk].astype(acc_dtype)
                     * w_tiles[vd, vj // w_tile, vk, vg, vj % w_tile].astype(acc_dtype))
-        for d, b, j in T.grid(dirs, batch, hidden):
-            with T.sblock("cell"):
-                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_new[vd, vb, vj] = _cell_math(
-                    T, gi, row, vd * G + vj, hidden,
-                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
-                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
-                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
-                    h[step % 2, vd, vb, vj], math_dtype)
+        cell(gi, h, acc, bias, h_new, step)
         store(h_new, step, layer, h_out, out, h_n)
 
     return step_kernel
