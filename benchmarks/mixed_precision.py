@@ -9,7 +9,9 @@ against a float64 reference of the unrounded fp32 inputs (its error is the normw
 relative error of the outputs) and timed by the tuning core's runner; the two bounds
 share one records file, so the second run re-uses what the first measured.  The
 chosen program is then exported (S7), loaded back with ``tvm_ext.codegen`` and run on
-fresh inputs, and its error there is reported too.  A markdown table is printed last.
+fresh inputs, and its error there is reported too.  The vendor library runs the same
+operator in the same process, in float32 and in float16 (torch: cuBLAS for the GEMM, cuDNN
+for the GRU; TF32 off), for the last columns.  A markdown table is printed last.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import table  # noqa: E402
+from common import table, time_torch  # noqa: E402
 
 from tvm_ext.builder import LocalBuilder  # noqa: E402
 from tvm_ext.codegen import export_program, load_program  # noqa: E402
@@ -35,8 +37,7 @@ from tvm_ext.records import RecordStore  # noqa: E402
 from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
-from tvm_ext.schedules.tensor_core import TC_KNOBS  # noqa: E402
-from tvm_ext.space import Space  # noqa: E402
+from tvm_ext.schedules.tensor_core import parse_tile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 from tvm_ext.tuner import Tuner  # noqa: E402
 
@@ -50,20 +51,35 @@ def gru_schedule(template: GruTemplate, target: Any, text: str) -> Any:
     return template.default_config(target).replace(**values)
 
 
-def tensor_core_tile(text: str) -> Any:
-    """A WMMA tile from k=v,... (``tc_`` knobs), or None for "none"."""
-    if text == "none":
-        return None
-    return Space(TC_KNOBS).make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
-
-
 def cases(target: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
-    gemm = GemmTemplate(4096, 4096, 4096, tensor_core=tensor_core_tile(args.gemm_tensor_core))
+    gemm = GemmTemplate(4096, 4096, 4096, tensor_core=parse_tile(args.gemm_tensor_core))
     gru = GruTemplate(batch=64, hidden=1024, input=1024, seq=128,
-                      in_tensor_core=tensor_core_tile(args.gru_in_tensor_core),
-                      hid_tensor_core=tensor_core_tile(args.gru_hid_tensor_core))
+                      in_tensor_core=parse_tile(args.gru_in_tensor_core),
+                      hid_tensor_core=parse_tile(args.gru_hid_tensor_core))
     return [("GEMM 4096³", gemm, gemm.space(target).make(**GEMM_BEST)),
             ("GRU B64 H1024 T128", gru, gru_schedule(gru, target, args.gru_schedule))]
+
+
+def vendor_ms(label: str) -> dict[str, float]:
+    """torch's time for the case in float32 and float16 (NaN where torch cannot run it)."""
+    out = {"vendor_fp32_ms": float("nan"), "vendor_fp16_ms": float("nan")}
+    try:
+        import torch
+    except ImportError:
+        return out
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for dtype, key in ((torch.float32, "vendor_fp32_ms"), (torch.float16, "vendor_fp16_ms")):
+            if label.startswith("GEMM"):
+                a, b = (torch.randn(4096, 4096, device="cuda", dtype=dtype) for _ in range(2))
+                out[key] = time_torch(lambda: a @ b) * 1e3
+            else:
+                net = torch.nn.GRU(1024, 1024).cuda().to(dtype).eval()
+                x = torch.randn(128, 64, 1024, device="cuda", dtype=dtype)
+                out[key] = time_torch(lambda: net(x)) * 1e3
+    return out
 
 
 def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args: argparse.Namespace) -> dict:
@@ -109,7 +125,9 @@ def main() -> int:
                         help="the GRU's knobs over its default config (k=v,...; default: the split-K fused "
                              "step kernel)")
     tile = "tc_warps_m={},tc_warps_n={},tc_frags_m={},tc_frags_n={},tc_k_frags=2,tc_vec=8,tc_pipeline=1,tc_out_smem=1"
-    parser.add_argument("--gemm-tensor-core", default=tile.format(2, 4, 4, 2),
+    # 128x256, cp.async: the tensor-core probe's fastest at 4096^3 (and --tensor-core auto's pick)
+    gemm_tile = "tc_warps_m=2,tc_warps_n=4,tc_frags_m=4,tc_frags_n=4,tc_k_frags=2,tc_vec=8,tc_pipeline=2,tc_out_smem=1"
+    parser.add_argument("--gemm-tensor-core", default=gemm_tile,
                         help="WMMA tile for the GEMM where A and B are float16 (tc_ knobs k=v,..., or none)")
     parser.add_argument("--gru-in-tensor-core", default=tile.format(2, 4, 4, 2),
                         help="WMMA tile for the GRU's input GEMM where x and W_ih are float16 (or none)")
@@ -124,9 +142,12 @@ def main() -> int:
     for label, base, schedule in cases(target, args):
         if label.split()[0].lower() not in wanted:
             continue
+        vendor = vendor_ms(label)
+        print(f"[{label}] torch float32 {vendor['vendor_fp32_ms']:.3f} ms, float16 {vendor['vendor_fp16_ms']:.3f} ms",
+              flush=True)
         for eb in (float(b) for b in args.bounds.split(",")):
             try:
-                rows.append(run_case(label, base, schedule, target, eb, args))
+                rows.append({**run_case(label, base, schedule, target, eb, args), **vendor})
             except Exception as exc:  # one failed case must not hide the others
                 traceback.print_exc()
                 rows.append({"case": label, "eb": eb, "error_msg": f"{type(exc).__name__}: {exc}"[:200]})
@@ -135,14 +156,16 @@ def main() -> int:
     body = []
     for r in rows:
         if "error_msg" in r:
-            body.append([r["case"], f"{r['eb']:g}", "-", "-", "-", "-", "-", "-", "-", r["error_msg"]])
+            body.append([r["case"], f"{r['eb']:g}", "-", "-", "-", "-", "-", "-", "-", r["error_msg"], "-", "-", "-"])
             continue
         body.append([r["case"], f"{r['eb']:g}", f"{r['fp32_ms']:.3f}", f"{r['best_ms']:.3f}", f"{r['speedup']:.2f}",
                      f"{r['error']:.2e}", f"{r['reload_error']:.2e}", f"{r['measured']} ({r['new']} new)",
-                     r["kept"], r["precision"]])
-    print(table("Mixed-precision search (method 003) vs the all-fp32 program",
+                     r["kept"], r["precision"], f"{r['vendor_fp32_ms']:.3f}", f"{r['vendor_fp16_ms']:.3f}",
+                     f"{r['vendor_fp16_ms'] / r['best_ms']:.2f}"])
+    print(table("Mixed-precision search (method 003) vs the all-fp32 program and torch",
                 ["case", "eb", "fp32 ms", "chosen ms", "speedup", "error", "error, reloaded program on fresh inputs",
-                 "configs measured", "stages kept", "lowered parameters"], body))
+                 "configs measured", "stages kept", "lowered parameters", "torch fp32 ms", "torch fp16 ms",
+                 "torch fp16 / chosen"], body))
     for r in rows:
         if "stage_ms" in r:
             print(f"{r['case']} eb={r['eb']:g}: fp32 stage times (ms) {r['stage_ms']}; search {r['secs']:.0f} s")

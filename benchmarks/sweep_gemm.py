@@ -6,6 +6,12 @@ Measures ``count`` distinct feasible configs drawn at random (or the whole feasi
 if it is smaller), then writes a compact gzipped JSON-lines file: a header line with the
 workload and target (``target_info``: the device's limits, which the replay's hardware
 model reads), then one line per config with its median cost (or error kind).
+
+``--rounds R`` measures each block of 64 built configs R times, round by round, and keeps
+the median of the R round medians: on a noisy device (PoCL on a shared 2-core CPU, where
+one config's time at 64^3 moves by +-40 % from one measurement to the next) a single
+measurement makes the sweep's "best" a lucky draw.  Records are appended as they are
+made (the full store beside the output), so a rerun resumes.
 """
 from __future__ import annotations
 
@@ -14,17 +20,18 @@ import dataclasses
 import gzip
 import json
 import os
+import statistics
 import sys
 import time
 
 import numpy as np
 
-from tvm_ext.builder import LocalBuilder
-from tvm_ext.records import RecordStore
-from tvm_ext.runner import LocalRunner, MeasureSettings
+from tvm_ext.builder import BuildResult, LocalBuilder
+from tvm_ext.records import Record, RecordStore
+from tvm_ext.runner import LocalRunner, MeasureSettings, RunResult
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.target import resolve_target
-from tvm_ext.tuner import Tuner
+from tvm_ext.template import Workload
 
 
 def main() -> None:
@@ -36,6 +43,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out")
     p.add_argument("--max-minutes", type=float, default=8.0)
+    p.add_argument("--rounds", type=int, default=1, help="measurements per config, interleaved (median kept)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target(args.target)
@@ -48,30 +56,49 @@ def main() -> None:
     name = f"sweep_gemm_{args.target}_{'x'.join(map(str, shape))}"
     store = RecordStore(os.path.join(args.out, name + ".full.jsonl"))
     settings = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.005)
-    tuner = Tuner(template, target, LocalBuilder(workers=args.workers, timeout=300),
-                  LocalRunner(target, settings, timeout=60), store)
+    workload = Workload.of(template, target)
+    records = {r.config_obj(): r for r in store.for_workload(workload.key)}
+    builder = LocalBuilder(workers=args.workers, timeout=300)
+    runner = LocalRunner(target, settings, timeout=60)
     start = time.time()
-    for i in range(0, len(configs), 64):
+    todo = [c for c in configs if c not in records]
+    for i in range(0, len(todo), 64):
         if time.time() - start > args.max_minutes * 60:
-            print(f"time limit: stopping after {i} configs", flush=True)
+            print(f"time limit: stopping with {len(todo) - i} configs left (a rerun resumes)", flush=True)
             break
-        tuner.evaluate(configs[i:i + 64])
-        best = tuner.best
-        print(f"{min(i + 64, len(configs))}/{len(configs)} measured, best "
-              f"{template.flops() / best.cost / 1e9:.0f} GFLOP/s" if best else "-", flush=True)
-    tuner.builder.close(), tuner.runner.close()
+        builds = builder.build(template, todo[i:i + 64], target)
+        rounds = [runner.run(template, builds) for _ in range(args.rounds)]
+        for j, build in enumerate(builds):
+            rec = _record(workload, build, [r[j] for r in rounds])
+            store.append(rec)
+            records[build.config] = rec
+        good = [r.cost for r in records.values() if r.ok]
+        print(f"{len(records)}/{len(configs)} measured, best "
+              f"{template.flops() / min(good) / 1e9:.1f} GFLOP/s" if good else "-", flush=True)
+    builder.close(), runner.close()
     with gzip.open(os.path.join(args.out, name + ".jsonl.gz"), "wt") as fh:
-        fh.write(json.dumps({"workload": tuner.workload.as_json(), "target": target.key(),
+        fh.write(json.dumps({"workload": workload.as_json(), "target": target.key(),
                              "target_info": dataclasses.asdict(target), "knobs": list(space.names),
                              "feasible_space": sum(1 for c in space if space.is_feasible(c)),
-                             "measured": len(tuner._records)}) + "\n")
+                             "measured": len(records), "rounds": args.rounds}) + "\n")
         for cfg in configs:
-            rec = tuner.record_of(cfg)
+            rec = records.get(cfg)
             if rec is None:
                 continue
             fh.write(json.dumps({"config": cfg.as_dict(), "cost": rec.cost if rec.ok else None,
                                  "error_kind": rec.error_kind}, sort_keys=True) + "\n")
-    print(f"wrote {name}.jsonl.gz with {len(tuner._records)} configs in {time.time() - start:.0f} s")
+    print(f"wrote {name}.jsonl.gz with {len(records)} configs in {time.time() - start:.0f} s")
+
+
+def _record(workload: Workload, build: BuildResult, results: list[RunResult]) -> Record:
+    """One record per config: its costs are the round medians (a failed round fails it)."""
+    failed = next((r for r in results if not r.ok), None) if build.ok else None
+    error_kind, error_msg = ((build.error_kind, build.error_msg) if not build.ok else
+                             (failed.error_kind, failed.error_msg) if failed else ("", ""))
+    costs = () if error_kind else tuple(statistics.median(r.costs) for r in results)
+    return Record(workload_key=workload.key, workload=workload.as_json(), config=build.config.as_dict(),
+                  costs=costs, error_kind=error_kind, error_msg=error_msg, build_secs=round(build.build_secs, 4),
+                  source_hash=build.artifact.source_hash if build.artifact else "")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Tensor-core (WMMA) GEMM probe: a dozen hand-picked configs per workload, each checked
 against float64 and timed, next to torch fp16 (cuBLAS) in the same run.
 
-Run through the device tool (see ../shared/DEVICE.md), about 3 minutes on an H100:
+Run through the device tool (see ../shared/DEVICE.md), about 2.5 minutes on an H100:
     source .tvm-device/boot.sh && python benchmarks/tensor_core_probe.py --out $OUT
 Each config runs in a worker process: a kernel that faults poisons its CUDA context, so
 the worker is replaced and the probe goes on with the next config.  Prints one table per
@@ -61,6 +61,11 @@ LARGE_CONFIGS = [
     config(4, 2, 4, 4, 2),                           # 256x128
     config(4, 4, 4, 2, 2),                           # 256x128, 16 warps
     config(2, 4, 4, 2, 2, vec=4),                    # 8-byte copies
+    config(2, 4, 4, 2, 2, pipeline=3),               # 3 stages in flight
+    config(4, 2, 2, 4, 2, pipeline=3),
+    config(2, 4, 4, 2, 4, pipeline=3),
+    config(2, 4, 4, 4, 2, pipeline=3),               # 128x256, 3 stages
+    config(4, 2, 4, 4, 2, pipeline=3),               # 256x128, 3 stages
 ]
 # M = 64: block tiles 64 x (32..256); narrow ones give more blocks than the 132 SMs
 # (64x3072 batch 2 is only 48 blocks of 64x128).
@@ -76,8 +81,10 @@ SMALL_M_CONFIGS = [
     config(2, 4, 2, 2, 2),                           # 64x128x32, 8 warps
     config(1, 2, 4, 4, 4, pipeline=1),               # 64x128x64, double buffer only
     config(1, 4, 4, 4, 2),                           # 64x256x32
+    config(2, 2, 2, 2, 4, pipeline=3),               # 64x64x64, 3 stages
+    config(2, 2, 2, 1, 4, pipeline=3),               # 64x32x64, 3 stages
 ]
-MEDIUM_CONFIGS = [LARGE_CONFIGS[i] for i in (0, 3, 5, 7, 9)]
+MEDIUM_CONFIGS = [LARGE_CONFIGS[i] for i in (0, 3, 5, 7, 9, 16)]
 
 
 def configs_for(name: str) -> list[Any]:
@@ -206,7 +213,8 @@ def main() -> None:
             print(f"== {name} {problem}: reference in {time.time() - start:.1f} s", flush=True)
             rows = []
             for cfg in configs_for(name):
-                rec = {"workload": name, "problem": dataclasses.asdict(problem), "config": cfg.as_dict(), "label": short(cfg)}
+                rec = {"workload": name, "problem": dataclasses.asdict(problem), "config": cfg.as_dict(),
+                       "label": short(cfg)}
                 rec.update(worker.call(run_config, name, cfg.as_dict(), ref_dir, args.repeat,
                                        timeout=args.timeout))
                 records.append(rec)

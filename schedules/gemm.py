@@ -130,6 +130,12 @@ class GemmTemplate(DtypeFields, Template):
         return self.tensor_core is not None and tensor_core_reason(
             self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target, self.tensor_core) is None
 
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """The WMMA tile's options (cp.async for ``tc_pipeline`` >= 2) when it is used."""
+        from tvm_ext.schedules import tensor_core
+
+        return tensor_core.pass_config(self.tensor_core) if self.uses_tensor_cores(target) else {}
+
     def _tensor_core_schedule(self, epilogue: tuple[str, ...]) -> Any:
         from tvm import s_tir
 

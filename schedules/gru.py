@@ -750,6 +750,19 @@ class GruTemplate(DtypeFields, Template):
     def dirs(self) -> int:
         return 2 if self.bidirectional else 1
 
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """The WMMA tiles' options (cp.async): they only act on copies a tile marked async,
+        so one module-wide context serves every kernel."""
+        from tvm_ext.schedules import tensor_core
+
+        if target.kind != "cuda":
+            return {}
+        options: dict[str, Any] = {}
+        for tile in (self.in_tensor_core, self.hid_tensor_core):
+            if tile is not None:
+                options.update(tensor_core.pass_config(tile))
+        return options
+
     def layer_input(self, layer: int) -> int:
         return self.input if layer == 0 else self.dirs * self.hidden
 
@@ -1035,9 +1048,10 @@ class GruTemplate(DtypeFields, Template):
             trace["gru_steps"] = trace.pop("gru_step")
             for table in (funcs, modules):
                 del table["gru_step"]
-        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
-        launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
-                    for name, func in funcs.items()}
+        with tvm.transform.PassContext(config=self.pass_config(config, target)):
+            executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
+            launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
+                        for name, func in funcs.items()}
         plan = self.plan(config)
         self._check_plan(plan, funcs)
         return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace, modules)

@@ -13,9 +13,9 @@ registers the few it needs, the same as TVM's ``tensor_intrin.cuda`` ones):
   global → shared (vector width ``tc_vec`` fp16 elements, rows padded by 16 bytes so
   the fragment loads do not conflict on banks) → ``wmma.matrix_a``/``_b`` fragments;
 - ``tc_pipeline`` double-buffers the shared stages (1), and issues the copies as
-  ``cp.async`` (2, sm_80+), so loads of slice k+1 overlap the math of slice k; cp.async
-  needs the PassContext option in ``pass_config`` (``compile_wmma`` sets it), without
-  it 2 builds the same kernel as 1;
+  ``cp.async`` (2, sm_80+), or triple-buffers them with cp.async (3), so loads of the
+  next slices overlap the math of this one; cp.async needs the PassContext option in
+  ``pass_config`` (``compile_wmma`` sets it), without it 2 builds the same kernel as 1;
 - the accumulators go straight to global memory (``tc_out_smem=0``, only when the
   block writes the function's output in the accumulator type) or through a shared
   tile that the whole block stores with vector writes (``tc_out_smem=1``); any
@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tvm_ext.errors import TvmExtError
 from tvm_ext.precision import itemsize
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -51,8 +52,9 @@ TC_KNOBS = (
     Knob("tc_frags_n", (1, 2, 4), "16x16 accumulator fragments per warp along N"),
     Knob("tc_k_frags", (1, 2, 4), "16-deep k fragments per shared-memory stage"),
     Knob("tc_vec", (1, 2, 4, 8), "fp16 elements per thread per global->shared copy (8 = 16-byte loads)"),
-    Knob("tc_pipeline", (0, 1, 2), "shared stages: 0 single buffer; 1 double-buffered (software "
-                                   "pipeline); 2 double-buffered with cp.async copies (sm_80+)"),
+    Knob("tc_pipeline", (0, 1, 2, 3), "shared stages: 0 single buffer; 1 double-buffered (software "
+                                      "pipeline); 2 double-buffered with cp.async copies (sm_80+); "
+                                      "3 triple-buffered with cp.async"),
     Knob("tc_out_smem", (0, 1), "stage the output tile in shared memory for vector stores "
                                 "(always on with an epilogue)"),
 )
@@ -108,7 +110,12 @@ class WmmaTile:
 
     @property
     def stages(self) -> int:
-        return 2 if self.pipeline else 1
+        """Shared buffers per operand: k stages in flight."""
+        return {0: 1, 1: 2, 2: 2, 3: 3}[self.pipeline]
+
+    @property
+    def async_copy(self) -> bool:
+        return self.pipeline >= 2
 
     def operand_row_strides(self, operand_dtype: str = "float16") -> tuple[int, int]:
         """Row strides of the A (block_m x block_k) and B (block_k x block_n) shared tiles: rows
@@ -179,8 +186,8 @@ def tensor_core_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_d
     cc = compute_capability(target)
     if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
         return f"WMMA needs compute capability >= 7.0, target is {target.arch}"
-    if config.tc_pipeline == 2 and cc is not None and cc < 80:
-        return f"cp.async (tc_pipeline=2) needs sm_80+, target is {target.arch}"
+    if config.tc_pipeline >= 2 and cc is not None and cc < 80:
+        return f"cp.async (tc_pipeline={config.tc_pipeline}) needs sm_80+, target is {target.arch}"
     t = WmmaTile.of(config)
     for dim, size, tile in (("M", m, t.block_m), ("N", n, t.block_n), ("K", k, t.block_k)):
         if size % tile:
@@ -197,6 +204,61 @@ def tensor_core_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_d
             return (f"the {name} tile ({elements} elements) does not split evenly over {t.threads} "
                     f"threads x tc_vec={t.vec}")
     return None
+
+
+# ---- choosing a tile --------------------------------------------------------------------
+def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int) -> Config:
+    return TC_SPACE.make(tc_warps_m=warps[0], tc_warps_n=warps[1], tc_frags_m=frags[0], tc_frags_n=frags[1],
+                         tc_k_frags=k_frags, tc_vec=8, tc_pipeline=2, tc_out_smem=1)
+
+
+# Tiles ``pick_tile`` tries, largest first: on the H100 probe (``benchmarks/tensor_core_probe.py``,
+# fp16 GEMMs 2048-8192) 128x256x32 and 128x128x32 with cp.async led (292-299 TFLOP/s at
+# 4096^3), 64x64x64 led at M = 64; the smaller ones fit shapes the large ones do not divide.
+AUTO_TILES = (
+    _tile((2, 4), (4, 4), 2),  # 128x256x32, 8 warps
+    _tile((2, 2), (4, 4), 2),  # 128x128x32, 4 warps
+    _tile((2, 2), (2, 2), 4),  # 64x64x64
+    _tile((2, 2), (2, 1), 4),  # 64x32x64
+    _tile((1, 1), (2, 2), 2),  # 32x32x32, 1 warp
+    _tile((1, 1), (1, 1), 1),  # 16x16x16
+)
+
+
+def pick_tile(shapes: Sequence[tuple[int, int, int]], target: TargetInfo,
+              acc_dtype: str = "float32") -> Config | None:
+    """A WMMA tile for fp16 matmuls of every (M, N, K) in ``shapes`` on ``target``, without
+    measuring: the first of ``AUTO_TILES`` that fits them all and still gives half the SMs a
+    block on the smallest shape (on the probe a 64x64 tile over 96 blocks beat smaller tiles
+    that filled all 132), else the fitting one with the most blocks; None if none fits."""
+    fitting = [c for c in AUTO_TILES if all(tensor_core_reason(m, n, k, "float16", "float16", acc_dtype, target, c)
+                                            is None for m, n, k in shapes)]
+    if not fitting:
+        return None
+
+    def blocks(config: Config) -> int:
+        t = WmmaTile.of(config)
+        return min((m // t.block_m) * (n // t.block_n) for m, n, _ in shapes)
+
+    return next((c for c in fitting if 2 * blocks(c) >= target.compute_units), max(fitting, key=blocks))
+
+
+def parse_tile(text: str) -> Config | None:
+    """A tile from the command line: ``none``, or ``tc_`` knobs as k=v,... over the 128x128x32
+    cp.async tile (unknown knobs and values are errors that name the allowed ones)."""
+    if text.strip() == "none":
+        return None
+    values: dict[str, int] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise TvmExtError(f"tensor-core tile item {item!r} is not knob=integer "
+                              f"(knobs: {', '.join(TC_SPACE.names)}), or use 'none' / 'auto'")
+        values[key.strip()] = int(value)
+    unknown = sorted(set(values) - set(TC_SPACE.names))
+    if unknown:
+        raise TvmExtError(f"unknown tensor-core knob {unknown[0]!r}; knobs: {', '.join(TC_SPACE.names)}")
+    return TC_SPACE.make(**{**AUTO_TILES[1].as_dict(), **values})
 
 
 # ---- WMMA tensor intrinsics ------------------------------------------------------------
@@ -370,7 +432,7 @@ def wmma_intrinsics(acc_dtype: str, out_scope: str) -> dict[str, str]:
 def pass_config(config: Config) -> dict[str, Any]:
     """PassContext options ``tvm.compile`` needs for ``config``: cp.async copies are only
     emitted with ``tirx.use_async_copy`` (without it tc_pipeline=2 builds as 1)."""
-    return {"tirx.use_async_copy": True} if config.tc_pipeline == 2 else {}
+    return {"tirx.use_async_copy": True} if WmmaTile.of(config).async_copy else {}
 
 
 def compile_wmma(sch: Any, config: Config, target: TargetInfo) -> Any:
@@ -396,7 +458,7 @@ def _tensorize_tiles(sch: Any, block: Any, intrin: str) -> Any:
     return tile
 
 
-def _cooperative_copy(sch: Any, block: Any, threads: int, vec: int, warps: int) -> None:
+def _cooperative_copy(sch: Any, block: Any, vec: int, warps: int) -> None:
     """All the block's threads copy a tile: vec elements each, consecutive threads on
     consecutive vectors (coalesced global access)."""
     own = sch.get_loops(block)[-2:]
@@ -457,7 +519,7 @@ def schedule_wmma(sch: Any, block_name: str, config: Config, *, epilogue: Sequen
     frag_store = sch.cache_write(mma, 0, "wmma.accumulator")
     sch.reverse_compute_at(frag_store, warp)
     if out_smem:
-        _cooperative_copy(sch, out_stage, t.threads, t.epilogue_vec(acc_dtype), t.warps)
+        _cooperative_copy(sch, out_stage, t.epilogue_vec(acc_dtype), t.warps)
 
     # Operands: global -> shared (padded rows) -> fragments, per k stage / k fragment.
     fragments = []
@@ -466,7 +528,7 @@ def schedule_wmma(sch: Any, block_name: str, config: Config, *, epilogue: Sequen
         smem = sch.cache_read(mma, read, "shared.dyn")
         sch.compute_at(smem, ko)
         sch.storage_align(smem, 0, axis=-2, factor=row, offset=0)  # row stride = row
-        _cooperative_copy(sch, smem, t.threads, t.vec, t.warps)
+        _cooperative_copy(sch, smem, t.vec, t.warps)
         frag = sch.cache_read(mma, read, scope)
         sch.compute_at(frag, ki)
         fragments.append(frag)
@@ -482,10 +544,10 @@ def schedule_wmma(sch: Any, block_name: str, config: Config, *, epilogue: Sequen
         sch.storage_align(store_tile, 0, axis=-2, factor=t.output_row_stride(acc_dtype), offset=0)
     sch.tensorize(mma, intrin["sync"])
 
-    if t.pipeline:  # children of ko: A copy, B copy, the k-fragment loop
-        sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
+    if t.pipeline:  # children of ko: A copy, B copy, the k-fragment loop, stages-1 apart
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, t.stages - 1])
         sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
-        if t.pipeline == 2:
+        if t.async_copy:
             sch.annotate(ko, "software_pipeline_async_stages", [0])
     return sch
 
@@ -536,7 +598,9 @@ class MatmulProblem:
     def inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         """A, B (and the bias) in fp16, uniform in [-1, 1)."""
         lead = (self.batch,) if self.batch else ()
-        shapes = [lead + (self.m, self.k), lead + (self.k, self.n)] + ([lead + (self.n,)] if self.form == "bias" else [])
+        shapes = [lead + (self.m, self.k), lead + (self.k, self.n)]
+        if self.form == "bias":
+            shapes.append(lead + (self.n,))
         return [rng.uniform(-1, 1, s).astype(np.float16) for s in shapes]
 
     def reference(self, inputs: Sequence[np.ndarray]) -> np.ndarray:

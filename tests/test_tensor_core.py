@@ -50,8 +50,9 @@ def _source(problem: MatmulProblem, config: Any, target: Any) -> str:
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-@pytest.mark.parametrize("changes", [{}, {"tc_pipeline": 1, "tc_out_smem": 1}, {"tc_pipeline": 2}],
-                         ids=["single", "double_buffer", "cp_async"])
+@pytest.mark.parametrize("changes", [{}, {"tc_pipeline": 1, "tc_out_smem": 1}, {"tc_pipeline": 2},
+                                     {"tc_pipeline": 3, "tc_out_smem": 1}],
+                         ids=["single", "double_buffer", "cp_async", "cp_async_3_stages"])
 def test_variants_generate_wmma_code(cuda, name, changes):
     problem = VARIANTS[name]
     config = _config(**changes)
@@ -62,7 +63,7 @@ def test_variants_generate_wmma_code(cuda, name, changes):
     assert "__launch_bounds__(128)" in src  # 2x2 warps
     assert src.count('extern "C" __global__') == 2  # one kernel (declaration + definition)
     assert ("blockIdx.z" in src) == bool(problem.batch)
-    assert ("cp.async" in src) == (config.tc_pipeline == 2)
+    assert ("cp.async" in src) == (config.tc_pipeline >= 2)
     staged = problem.form == "bias" or problem.c != problem.acc or config.tc_out_smem
     # An epilogue reads the fragments staged in shared memory; no intermediate C in global.
     assert (f"store_matrix_sync((&((({acc_type}*)buf_dyn_shmem_ptr)" in src) == bool(staged)
@@ -93,6 +94,74 @@ def test_launch_geometry_through_the_project_builder(cuda, tmp_path):
     assert launch.block == (32, tile.warps, 1)
     assert launch.grid == (problem.n // tile.block_n, problem.m // tile.block_m, problem.batch)
     assert artifact.params == ("A", "B", "bias", "D")
+
+
+@pytest.mark.parametrize("pipeline", [1, 2, 3])
+def test_tuner_builds_emit_cp_async(cuda, tmp_path, pipeline):
+    """The tuner's builder compiles a tensor-core GemmTemplate under the tile's pass options:
+    tc_pipeline >= 2 gives cp.async copies there too, not only through ``compile_wmma``."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.schedules.gemm import GemmTemplate
+
+    half = {"a_dtype": "float16", "b_dtype": "float16"}
+    template = GemmTemplate(128, 128, 64, tensor_core=_config(tc_pipeline=pipeline), **half)
+    assert template.pass_config(template.default_config(cuda), cuda) == (
+        {"tirx.use_async_copy": True} if pipeline >= 2 else {})
+    result = build_one(template, template.default_config(cuda), cuda, str(tmp_path))
+    assert result.ok, result.error_msg
+    assert "wmma::mma_sync" in result.artifact.source
+    assert ("cp.async" in result.artifact.source) == (pipeline >= 2)
+
+
+def test_pick_tile_fits_the_shapes_without_measuring(cuda):
+    """``--tensor-core auto``: the largest probe-led tile that divides every shape and keeps
+    half the SMs busy; smaller tiles for small or odd shapes; None where no tile divides."""
+    from tvm_ext.schedules.tensor_core import pick_tile
+
+    def size(shapes):
+        tile = pick_tile(shapes, cuda)
+        if tile is None:
+            return None
+        for m, n, k in shapes:
+            assert tensor_core_reason(m, n, k, "float16", "float16", "float32", cuda, tile) is None
+        t = WmmaTile.of(tile)
+        assert t.async_copy  # sm_90: cp.async
+        return t.block_m, t.block_n, t.block_k
+
+    assert size([(4096, 4096, 4096)]) == (128, 256, 32)
+    assert size([(1024, 1024, 1024)]) == (64, 64, 64)  # 128x128 gives 64 blocks: under half of 132 SMs
+    assert size([(8192, 3072, 1024), (64, 3072, 1024)]) == (64, 32, 64)  # M = 64: 64x64 gives 48 blocks
+    assert size([(48, 48, 48)]) == (16, 16, 16)
+    assert size([(100, 100, 100)]) is None
+
+
+def test_parse_tile_names_the_allowed_values():
+    from tvm_ext.errors import TvmExtError
+    from tvm_ext.schedules.tensor_core import parse_tile
+
+    assert parse_tile("none") is None
+    assert WmmaTile.of(parse_tile("tc_pipeline=1")).pipeline == 1
+    for text, message in (("tc_vec=3", "allowed values: 1, 2, 4, 8"), ("tc_foo=1", "knobs: tc_warps_m"),
+                          ("tc_vec", "is not knob=integer")):
+        with pytest.raises(TvmExtError, match=message):
+            parse_tile(text)
+
+
+def test_trace_replays_exactly(cuda):
+    """Records keep ``sch.trace`` as JSON; replaying it rebuilds the same module (the WMMA
+    intrinsics it names are registered by ``schedule_wmma`` in this process)."""
+    import json
+
+    import tvm_ffi
+    from tvm import s_tir
+
+    from tvm_ext.builder import plain_json
+
+    problem = VARIANTS["bias_batch2"]
+    sch = problem.schedule(_config(tc_pipeline=2, tc_out_smem=1))
+    fresh = s_tir.Schedule(problem.func_and_epilogue()[0])
+    s_tir.schedule.Trace.apply_json_to_schedule(json.loads(json.dumps(plain_json(sch.trace.as_json()))), fresh)
+    assert tvm_ffi.structural_equal(fresh.mod, sch.mod)
 
 
 def test_shared_memory_above_48k_builds(cuda):
@@ -167,7 +236,8 @@ def test_feasible_space_is_not_empty_for_the_probe_shapes(cuda):
 
 # ---- on a GPU --------------------------------------------------------------------------------
 GPU_CASES = {f"{name}-{label}": (problem, changes) for name, problem in VARIANTS.items()
-             for label, changes in (("single", {}), ("cp_async", {"tc_pipeline": 2, "tc_out_smem": 1}))}
+             for label, changes in (("single", {}), ("cp_async", {"tc_pipeline": 2, "tc_out_smem": 1}),
+                                    ("3_stages", {"tc_pipeline": 3}))}
 GPU_CASES["gemm_f32-large"] = (VARIANTS["gemm_f32"], {**LARGE, "tc_pipeline": 2})
 GPU_CASES["bias-large"] = (VARIANTS["bias"], LARGE)
 GPU_CASES["64cubed-one_warp"] = (MatmulProblem("gemm", 64, 64, 64),

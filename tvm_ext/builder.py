@@ -12,7 +12,7 @@ import tempfile
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .space import Config
 from .target import TargetInfo
@@ -156,20 +156,23 @@ def build_one(template: Template, config: Config, target: TargetInfo, out_dir: s
             return BuildResult(config, artifact, trace, time.perf_counter() - start)
         sch = template.schedule(config, target)
         trace = plain_json(sch.trace.as_json())
-        artifact = compile_schedule(template.name, sch, target, out_dir)
+        artifact = compile_schedule(template.name, sch, target, out_dir, template.pass_config(config, target))
         return BuildResult(config, artifact, trace, time.perf_counter() - start)
     except Exception as exc:  # a config that does not compile is data, not a crash
         return BuildResult(config, None, trace, time.perf_counter() - start, "build_error",
                            error_summary(exc))
 
 
-def compile_schedule(name: str, sch: Any, target: TargetInfo, out_dir: str) -> Artifact:
-    """Compile one scheduled PrimFunc; on CUDA also export the library the runner loads."""
+def compile_schedule(name: str, sch: Any, target: TargetInfo, out_dir: str,
+                     pass_config: Mapping[str, Any] | None = None) -> Artifact:
+    """Compile one scheduled PrimFunc (under the template's ``pass_config``); on CUDA also
+    export the library the runner loads."""
     import tvm
 
-    ex = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
-    source = ex.mod.imports[0].inspect_source()
-    launches, params = extract_launches(sch.mod, target)
+    with tvm.transform.PassContext(config=dict(pass_config or {})):
+        ex = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
+        source = ex.mod.imports[0].inspect_source()
+        launches, params = extract_launches(sch.mod, target)
     library = ""
     if target.kind == "cuda":
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -54,9 +54,10 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
     else:
         sch = op.schedule(schedule_config, target)
         modules = {"main": sch.mod}
-        executable = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
-        source = executable.mod.imports[0].inspect_source()
-        launches, params = extract_launches(sch.mod, target)
+        with tvm.transform.PassContext(config=op.pass_config(schedule_config, target)):
+            executable = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
+            source = executable.mod.imports[0].inspect_source()
+            launches, params = extract_launches(sch.mod, target)
         entry = "main" if target.kind == "cuda" else "launches"
     for name, mod in modules.items():
         with open(os.path.join(out_dir, "kernels", f"{name}.py"), "w", encoding="utf-8") as fh:

@@ -135,7 +135,8 @@ class PrecisionProgram(Template):
             artifact, trace = op.build_artifact(self.schedule_config, target, out_dir)
         else:
             sch = op.schedule(self.schedule_config, target)
-            artifact, trace = compile_schedule(op.name, sch, target, out_dir), plain_json(sch.trace.as_json())
+            artifact = compile_schedule(op.name, sch, target, out_dir, op.pass_config(self.schedule_config, target))
+            trace = plain_json(sch.trace.as_json())
         # The runner gets the artifact, not the config: stamp the precision on it.
         return replace(artifact, precision=tuple(sorted(config.items))), trace
 

@@ -26,7 +26,10 @@ def add_mixed_precision_parser(sub: Any, parser_class: Any, parse_shape: Any) ->
     ops = mp.add_subparsers(dest="operator", metavar="OPERATOR", required=True, parser_class=parser_class)
     gemm = ops.add_parser("gemm", help="C = A·B: dtypes of A, B, C and the accumulator")
     gemm.add_argument("--shape", required=True, help="M,N,K")
-    gemm.set_defaults(make_operator=lambda a: _gemm(a, parse_shape))
+    gemm.add_argument("--tensor-core", default="auto", metavar="TILE",
+                      help="WMMA tile for configs with float16 A and B on CUDA: auto (default: picked for the "
+                           "shape), none, or tc_ knobs as k=v,...")
+    gemm.set_defaults(make_operator=lambda a: _gemm(a, parse_shape), tensor_cores=_gemm_tensor_cores)
     gru = ops.add_parser("gru", help="a GRU layer: dtypes of x, weights, gate buffers, state, output, "
                                      "both accumulators and the cell's math")
     for name, help_text in (("batch", "batch size B"), ("hidden", "hidden size H"), ("input", "input size I"),
@@ -34,7 +37,12 @@ def add_mixed_precision_parser(sub: Any, parser_class: Any, parse_shape: Any) ->
         gru.add_argument(f"--{name}", type=int, required=True, help=help_text)
     gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
     gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
-    gru.set_defaults(make_operator=_gru)
+    gru.add_argument("--tensor-core", default="auto", metavar="TILE",
+                     help="WMMA tile for the input GEMM where x and W_ih are float16 on CUDA: auto (default), "
+                          "none, or tc_ knobs as k=v,...")
+    gru.add_argument("--hidden-tensor-core", default="auto", metavar="TILE",
+                     help="the same for the hidden GEMM of unfused schedules (h and W_hh float16)")
+    gru.set_defaults(make_operator=_gru, tensor_cores=_gru_tensor_cores)
     for p in (gemm, gru):
         _add_method_args(p)
         p.set_defaults(run=run_mixed_precision)
@@ -84,6 +92,32 @@ def _gru(args: argparse.Namespace) -> Any:
                        layers=args.layers, bidirectional=args.bidirectional)
 
 
+def _tile(text: str, shapes: list[tuple[int, int, int]], target: Any) -> Any:
+    """The tile for ``--tensor-core``-like text (checked on any target; None off CUDA)."""
+    from .schedules.tensor_core import parse_tile, pick_tile
+
+    tile = None if text.strip() == "auto" else parse_tile(text)
+    if target.kind != "cuda":
+        return None
+    return pick_tile(shapes, target) if text.strip() == "auto" else tile
+
+
+def _gemm_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(base, tensor_core=_tile(args.tensor_core, [(base.m, base.n, base.k)], target))
+
+
+def _gru_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
+    from dataclasses import replace
+
+    inputs = [(base.seq * base.batch, base.dirs * 3 * base.hidden, base.layer_input(layer))
+              for layer in range(base.layers)]
+    return replace(base, in_tensor_core=_tile(args.tensor_core, inputs, target),
+                   hid_tensor_core=_tile(args.hidden_tensor_core, [(base.batch, 3 * base.hidden, base.hidden)],
+                                         target))
+
+
 def run_mixed_precision(args: argparse.Namespace) -> int:
     from .builder import LocalBuilder
     from .codegen import export_program
@@ -100,6 +134,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     store = RecordStore(args.records)
     target = resolve_target(args.target, args.device)
     schedule, source = schedule_for(base, target, store)
+    base = args.tensor_cores(base, args, target)  # float16 operands on CUDA run on the tensor cores
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     program = PrecisionProgram(base, schedule, dtypes)
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs

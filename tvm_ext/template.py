@@ -59,6 +59,11 @@ class Template(ABC):
     @abstractmethod
     def outputs(self) -> list[TensorSpec]: ...
 
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """PassContext options ``tvm.compile`` needs for ``config`` (e.g. cp.async copies are
+        only emitted with ``tirx.use_async_copy``); part of what the builder compiles with."""
+        return {}
+
     def scratch(self) -> list[TensorSpec]:
         """Intermediate buffers passed as trailing parameters (e.g. partial sums of a
         two-stage reduction): allocated by the runner, never checked."""
