@@ -125,10 +125,9 @@ class GemmTemplate(DtypeFields, Template):
 
     def uses_tensor_cores(self, target: TargetInfo) -> bool:
         """Whether ``schedule`` takes the tensor-core path (see ``tensor_core``)."""
-        from tvm_ext.schedules.tensor_core import tensor_core_reason
+        from tvm_ext.schedules.tensor_core import uses_tile
 
-        return self.tensor_core is not None and tensor_core_reason(
-            self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target, self.tensor_core) is None
+        return uses_tile(self.tensor_core, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target)
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """The WMMA tile's options (cp.async for ``tc_pipeline`` >= 2) when it is used."""

@@ -244,10 +244,9 @@ def schedule_batched_gemm(batch: int, m: int, n: int, k: int, c: Config, a_dtype
     where it applies (float16 A and B on CUDA, see ``GemmTemplate.tensor_core``)."""
     from tvm import s_tir
 
-    from tvm_ext.schedules.tensor_core import schedule_wmma, tensor_core_reason
+    from tvm_ext.schedules.tensor_core import schedule_wmma, uses_tile
 
-    if tensor_core is not None and target is not None and tensor_core_reason(
-            m, n, k, a_dtype, b_dtype, acc_dtype, target, tensor_core) is None:
+    if uses_tile(tensor_core, m, n, k, a_dtype, b_dtype, acc_dtype, target):
         func = gemm_bias_func(batch, m, n, k, a_dtype, b_dtype, acc_dtype, c_dtype)
         return schedule_wmma(s_tir.Schedule(func), "C", tensor_core, epilogue=("D",))
 

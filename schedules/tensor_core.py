@@ -206,6 +206,14 @@ def tensor_core_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_d
     return None
 
 
+def uses_tile(tile: Config | None, m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str,
+              target: TargetInfo | None) -> bool:
+    """Whether a matmul given ``tile`` takes the tensor-core path (the one test every
+    operator with a WMMA tile asks): a tile, a target, and no reason against it."""
+    return tile is not None and target is not None and tensor_core_reason(
+        m, n, k, a_dtype, b_dtype, acc_dtype, target, tile) is None
+
+
 # ---- choosing a tile --------------------------------------------------------------------
 def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int) -> Config:
     return TC_SPACE.make(tc_warps_m=warps[0], tc_warps_n=warps[1], tc_frags_m=frags[0], tc_frags_n=frags[1],
