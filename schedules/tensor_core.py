@@ -625,3 +625,70 @@ class MatmulProblem:
         if self.acc == "float16":
             return 1e-3 * float(np.sqrt(self.k))
         return 3e-3 if self.c == "float16" else 1e-3
+
+
+# ---- the tunable tensor-core GEMM ------------------------------------------------------------
+from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402  (gemm imports this module lazily)
+
+
+@dataclass(frozen=True)
+class TensorCoreGemmTemplate(GemmTemplate):
+    """C[M, N] = A[M, K] · B[K, N] with float16 A and B on the tensor cores: the knobs are
+    the WMMA tile (``TC_KNOBS``), so the GA searches tiles; ``tensor_core_reason`` is the
+    space's constraint (a tile that does not divide the shape, or does not fit the device,
+    is infeasible).  Accumulator float32 (default) or float16; C in any float type.
+    Compute and reference are the GEMM template's; only the schedule differs."""
+
+    a_dtype: str = "float16"
+    b_dtype: str = "float16"
+    acc_dtype: str = "float32"
+    c_dtype: str = "float32"
+
+    name = "gemm_tc"
+
+    def __post_init__(self, dtype: str | None = None) -> None:
+        super().__post_init__(dtype)
+        if self.a_dtype not in OPERAND_DTYPES or self.b_dtype not in OPERAND_DTYPES:
+            raise TvmExtError(f"tensor-core GEMM operands must be {'/'.join(OPERAND_DTYPES)}, "
+                              f"got A {self.a_dtype} and B {self.b_dtype}")
+        if self.acc_dtype not in ACC_DTYPES:
+            raise TvmExtError(f"tensor-core GEMM accumulates in {' or '.join(ACC_DTYPES)}, not {self.acc_dtype}")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
+
+    def full_precision(self) -> GemmTemplate:
+        """The float32 GEMM the inputs are drawn for (its reference is the check)."""
+        return GemmTemplate(self.m, self.n, self.k)
+
+    def space(self, target: TargetInfo) -> Space:
+        return Space(TC_KNOBS, (lambda c: tensor_core_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype,
+                                                             self.acc_dtype, target, c),))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """``pick_tile``'s tile (no measurement); an error naming why when none fits."""
+        tile = pick_tile([(self.m, self.n, self.k)], target, self.acc_dtype)
+        if tile is None:
+            reason = tensor_core_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target,
+                                        AUTO_TILES[-1])
+            raise TvmExtError(f"no tensor-core tile fits GEMM {self.m}x{self.n}x{self.k}: {reason}")
+        return tile
+
+    def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
+        """The zero-measurement pick (``--strategy analytic``) and why."""
+        tile = WmmaTile.of(self.default_config(target))
+        return self.default_config(target), (
+            f"pick_tile: the largest probe-led WMMA tile that divides {self.m}x{self.n}x{self.k} and gives at "
+            f"least half the device's {target.compute_units} SMs a block: {tile.block_m}x{tile.block_n}x"
+            f"{tile.block_k}, {tile.warps} warps, {'cp.async' if tile.async_copy else 'synchronous'} copies")
+
+    def schedule(self, config: Config, target: TargetInfo, func: Any = None, site: Any = None) -> Any:
+        from tvm import s_tir
+
+        if func is not None:
+            raise TvmExtError("the tensor-core GEMM schedules its own compute only")
+        return schedule_wmma(s_tir.Schedule(self.prim_func()), "C", config, epilogue=self.own_site().epilogue)
+
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        return pass_config(config)

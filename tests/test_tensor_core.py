@@ -13,7 +13,8 @@ import pytest
 
 from tvm_ext.builder import compile_schedule
 from tvm_ext.schedules.tensor_core import TC_SPACE, MatmulProblem, WmmaTile, compile_wmma, tensor_core_reason
-from tvm_ext.target import offline_cuda
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.target import TargetInfo, offline_cuda
 
 F16, F32 = "float16", "float32"
 BASE = dict(tc_warps_m=2, tc_warps_n=2, tc_frags_m=2, tc_frags_n=2, tc_k_frags=2, tc_vec=8, tc_pipeline=0,
@@ -265,3 +266,75 @@ def test_gpu_matches_float64_reference(case):
     ref = problem.reference(inputs)
     err = np.max(np.abs(out.numpy().astype(np.float64) - ref)) / np.max(np.abs(ref))
     assert err < problem.tolerance(), f"{case} {config}: max rel err {err:.2e}"
+
+
+# ---- the tunable tensor-core GEMM (python -m tvm_ext.tune gemm-tc) ----------------------------
+def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
+    """The WMMA tile is the search space: feasible exactly where ``tensor_core_reason`` has
+    nothing against it; the default is ``pick_tile``'s; a built config is a WMMA kernel with
+    cp.async, compiled by the tuner's builder; the record's workload rebuilds the template."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate, pick_tile
+    from tvm_ext.template import Workload, get_template_class
+
+    template = TensorCoreGemmTemplate(256, 512, 128, c_dtype="float16")
+    space = template.space(cuda)
+    feasible = [c for c in space if space.is_feasible(c)]
+    assert 0 < len(feasible) < space.size
+    assert all(tensor_core_reason(256, 512, 128, "float16", "float16", "float32", cuda, c) is None for c in feasible)
+    default = template.default_config(cuda)
+    assert default == pick_tile([(256, 512, 128)], cuda) and space.is_feasible(default)
+    inputs, refs = template.make_case(np.random.default_rng(0))  # what the runner checks against
+    assert [a.dtype for a in inputs] == [np.float16, np.float16] and refs[0].shape == (256, 512)
+    result = build_one(template, default, cuda, str(tmp_path))
+    assert result.ok, result.error_msg
+    assert "wmma::mma_sync" in result.artifact.source and "cp.async" in result.artifact.source
+    workload = Workload.of(template, cuda).as_json()
+    assert get_template_class(workload["template"])(**workload["params"]) == template
+    assert Workload.of(template, cuda).key != Workload.of(GemmTemplate(256, 512, 128), cuda).key
+
+
+def test_tensor_core_gemm_refuses_what_it_cannot_run(cuda):
+    from tvm_ext.errors import TvmExtError
+    from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate
+
+    with pytest.raises(TvmExtError, match="operands must be float16"):
+        TensorCoreGemmTemplate(64, 64, 64, a_dtype="float32")
+    with pytest.raises(TvmExtError, match="M=100 is not a multiple"):
+        TensorCoreGemmTemplate(100, 64, 64).default_config(cuda)
+    with pytest.raises(TvmExtError, match="need a CUDA target, not opencl"):
+        TensorCoreGemmTemplate(64, 64, 64).default_config(TargetInfo(kind="opencl", device_name="any"))
+
+
+@pytest.mark.parametrize("args, code, expect", [
+    (["--shape", "4096,4096,4096", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 0,
+     "config: tc_warps_m=2 tc_warps_n=4 tc_frags_m=4 tc_frags_n=4 tc_k_frags=2 tc_vec=8 tc_pipeline=2"),
+    (["--shape", "64,64,64"], 2, "error: no tensor-core tile fits GEMM 64x64x64: tensor cores (WMMA) need a CUDA target"),
+    (["--shape", "100,64,64", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 2,
+     "error: no tensor-core tile fits GEMM 100x64x64: M=100 is not a multiple"),
+])
+def test_gemm_tc_cli(args, code, expect, tmp_path):
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", *args, "--records", str(tmp_path / "r.jsonl"),
+                        "--no-progress"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == code, p.stderr
+    assert expect in (p.stdout if code == 0 else p.stderr)
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.gpu
+def test_gemm_tc_tunes_on_the_gpu(tmp_path):
+    """End to end on a GPU: the GA over WMMA tiles measures correct kernels and keeps the best."""
+    import sys
+
+    from tvm_ext.records import RecordStore
+
+    records = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", "--shape", "512,512,256", "--target", "cuda",
+                        "--generations", "2", "--population", "6", "--records", str(records), "--no-progress"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    recs = list(RecordStore(str(records)))
+    assert sum(r.ok for r in recs) >= 6
+    assert all(r.error_kind != "wrong_answer" for r in recs)

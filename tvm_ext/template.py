@@ -177,6 +177,7 @@ def _plain(value: Any) -> Any:
 # name -> "module:Class"; modules are imported on first use so the CLI starts fast.
 _REGISTRY: dict[str, str] = {
     "gemm": "tvm_ext.schedules.gemm:GemmTemplate",
+    "gemm_tc": "tvm_ext.schedules.tensor_core:TensorCoreGemmTemplate",
     "gru": "tvm_ext.schedules.gru:GruTemplate",
     "reduce": "tvm_ext.schedules.reduction:ReductionTemplate",
 }

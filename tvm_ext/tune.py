@@ -123,6 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_tuning_args(gemm)
     gemm.set_defaults(make_template=_gemm_template)
 
+    from .schedules.tensor_core import ACC_DTYPES, TC_KNOBS
+
+    gemm_tc = sub.add_parser(
+        "gemm-tc", help="float16 GEMM on tensor cores (CUDA): the WMMA tile is what is searched",
+        description="Tune C[M,N] = A[M,K]·B[K,N] with float16 A and B on the tensor cores (WMMA, CUDA): the GA "
+                    "searches the tile; --strategy analytic gives a tile without measuring.",
+        epilog=knob_help(TC_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gemm_tc.add_argument("--shape", required=True, help="M,N,K, multiples of 16 (e.g. 4096,4096,4096)")
+    gemm_tc.add_argument("--acc-dtype", default="float32", choices=ACC_DTYPES, help="accumulator (default float32)")
+    gemm_tc.add_argument("--out-dtype", default="float32", choices=("float32", "float16"),
+                         help="C's dtype (default float32)")
+    add_tuning_args(gemm_tc)
+    gemm_tc.set_defaults(make_template=_gemm_tc_template)
+
     from .schedules.reduction import DTYPES as REDUCE_DTYPES, KNOBS as REDUCE_KNOBS, OPS as REDUCE_OPS
 
     reduce = sub.add_parser(
@@ -179,6 +194,13 @@ def _gemm_template(args: argparse.Namespace) -> Any:
     return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility)
 
 
+def _gemm_tc_template(args: argparse.Namespace) -> Any:
+    from .schedules.tensor_core import TensorCoreGemmTemplate
+
+    return TensorCoreGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), acc_dtype=args.acc_dtype,
+                                             c_dtype=args.out_dtype)
+
+
 def _reduce_template(args: argparse.Namespace) -> Any:
     from .schedules.reduction import ReductionTemplate
 
@@ -202,6 +224,7 @@ def run_tuning(args: argparse.Namespace) -> int:
         return _run_analytic(args, template)
     store = RecordStore(args.records)
     target = resolve_target(args.target, args.device)
+    default = template.default_config(target)  # a template that cannot run here says so before anything starts
     builder = LocalBuilder(workers=args.workers, timeout=args.build_timeout)
     runner = LocalRunner(target, timeout=args.run_timeout)
     per_generation = args.population if args.cost_model == "none" else _nm(args)
@@ -209,7 +232,6 @@ def run_tuning(args: argparse.Namespace) -> int:
                          total=args.trials or args.population + per_generation * args.generations + 1)
     tuner = Tuner(template, target, builder, runner, store,
                   trials=args.trials or (1 << 30), on_record=progress.update)
-    default = template.default_config(target)
     seeds = [tuner.space.encode(c) for c in [default] + _analytic_seeds(template, target)]
     model = None
     if args.cost_model == "xgb":
@@ -306,10 +328,14 @@ def _run_analytic(args: argparse.Namespace, template: Any) -> int:
             raise
         target = dataclasses.replace(offline_cuda(), device_id=args.device)
         print("note: no CUDA GPU found; using H100 (sm_90) limits", file=sys.stderr)
-    result = select_tile(template, target)
+    if hasattr(template, "analytic_pick"):  # a template with its own zero-measurement rule
+        config, explanation = template.analytic_pick(target)
+    else:
+        result = select_tile(template, target)
+        config, explanation = result.config, result.explain()
     print(f"{template.describe()}  target={target.kind} device={target.device_name}")
-    print(result.explain())
-    print(f"config: {result.config}")
+    print(explanation)
+    print(f"config: {config}")
     if args.no_measure:
         return 0
     from .builder import LocalBuilder
@@ -322,11 +348,11 @@ def _run_analytic(args: argparse.Namespace, template: Any) -> int:
     runner = LocalRunner(target, timeout=args.run_timeout)
     try:
         tuner = Tuner(template, target, builder, runner, store, trials=1)
-        (cost,) = tuner.evaluate([result.config])
+        (cost,) = tuner.evaluate([config])
     finally:
         builder.close()
         runner.close()
-    rec = tuner.record_of(result.config)
+    rec = tuner.record_of(config)
     if rec is None or not rec.ok:
         why = f"{rec.error_kind}: {rec.error_msg}" if rec else "not measured"
         print(f"measured: failed ({why})")
