@@ -91,13 +91,13 @@ def main() -> None:
 
 
 def _record(workload: Workload, build: BuildResult, results: list[RunResult]) -> Record:
-    """One record per config: its costs are the round medians (a failed round fails it)."""
-    failed = next((r for r in results if not r.ok), None) if build.ok else None
-    error_kind, error_msg = ((build.error_kind, build.error_msg) if not build.ok else
-                             (failed.error_kind, failed.error_msg) if failed else ("", ""))
-    costs = () if error_kind else tuple(statistics.median(r.costs) for r in results)
+    """One record per config: its costs are the round medians (a failed round fails it; the
+    runner reports a failed build as every round's error)."""
+    failed = next((r for r in results if not r.ok), None)
+    costs = () if failed else tuple(statistics.median(r.costs) for r in results)
     return Record(workload_key=workload.key, workload=workload.as_json(), config=build.config.as_dict(),
-                  costs=costs, error_kind=error_kind, error_msg=error_msg, build_secs=round(build.build_secs, 4),
+                  costs=costs, error_kind=failed.error_kind if failed else "",
+                  error_msg=failed.error_msg if failed else "", build_secs=round(build.build_secs, 4),
                   source_hash=build.artifact.source_hash if build.artifact else "")
 
 

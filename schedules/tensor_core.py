@@ -677,8 +677,9 @@ class TensorCoreGemmTemplate(GemmTemplate):
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
         """The zero-measurement pick (``--strategy analytic``) and why."""
-        tile = WmmaTile.of(self.default_config(target))
-        return self.default_config(target), (
+        config = self.default_config(target)
+        tile = WmmaTile.of(config)
+        return config, (
             f"pick_tile: the largest probe-led WMMA tile that divides {self.m}x{self.n}x{self.k} and gives at "
             f"least half the device's {target.compute_units} SMs a block: {tile.block_m}x{tile.block_n}x"
             f"{tile.block_k}, {tile.warps} warps, {'cp.async' if tile.async_copy else 'synchronous'} copies")

@@ -163,16 +163,24 @@ def build_one(template: Template, config: Config, target: TargetInfo, out_dir: s
                            error_summary(exc))
 
 
+def compile_module(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None
+                   ) -> tuple[Any, str, tuple[KernelLaunch, ...], tuple[str, ...]]:
+    """``tvm.compile`` of one scheduled PrimFunc module under the template's ``pass_config``:
+    the executable, its kernel source, and its launches and parameters (read under the
+    same options, so they describe the kernel that was built)."""
+    import tvm
+
+    with tvm.transform.PassContext(config=dict(pass_config or {})):
+        ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
+        launches, params = extract_launches(mod, target)
+    return ex, ex.mod.imports[0].inspect_source(), launches, params
+
+
 def compile_schedule(name: str, sch: Any, target: TargetInfo, out_dir: str,
                      pass_config: Mapping[str, Any] | None = None) -> Artifact:
     """Compile one scheduled PrimFunc (under the template's ``pass_config``); on CUDA also
     export the library the runner loads."""
-    import tvm
-
-    with tvm.transform.PassContext(config=dict(pass_config or {})):
-        ex = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
-        source = ex.mod.imports[0].inspect_source()
-        launches, params = extract_launches(sch.mod, target)
+    ex, source, launches, params = compile_module(sch.mod, target, pass_config)
     library = ""
     if target.kind == "cuda":
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]

@@ -41,7 +41,7 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
     returns the manifest's path.  ``extra`` (error, speedup, ...) goes into the manifest."""
     import tvm
 
-    from .builder import extract_launches
+    from .builder import compile_module
 
     os.makedirs(os.path.join(out_dir, "kernels"), exist_ok=True)
     if hasattr(op, "compile"):  # several kernels and a host plan (GRU)
@@ -54,10 +54,8 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
     else:
         sch = op.schedule(schedule_config, target)
         modules = {"main": sch.mod}
-        with tvm.transform.PassContext(config=op.pass_config(schedule_config, target)):
-            executable = tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
-            source = executable.mod.imports[0].inspect_source()
-            launches, params = extract_launches(sch.mod, target)
+        executable, source, launches, params = compile_module(sch.mod, target,
+                                                              op.pass_config(schedule_config, target))
         entry = "main" if target.kind == "cuda" else "launches"
     for name, mod in modules.items():
         with open(os.path.join(out_dir, "kernels", f"{name}.py"), "w", encoding="utf-8") as fh:

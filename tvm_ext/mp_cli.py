@@ -96,10 +96,11 @@ def _tile(text: str, shapes: list[tuple[int, int, int]], target: Any) -> Any:
     """The tile for ``--tensor-core``-like text (checked on any target; None off CUDA)."""
     from .schedules.tensor_core import parse_tile, pick_tile
 
-    tile = None if text.strip() == "auto" else parse_tile(text)
+    auto = text.strip() == "auto"
+    tile = None if auto else parse_tile(text)
     if target.kind != "cuda":
         return None
-    return pick_tile(shapes, target) if text.strip() == "auto" else tile
+    return pick_tile(shapes, target) if auto else tile
 
 
 def _gemm_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
