@@ -7,6 +7,7 @@ machine with no GPU).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,18 @@ class TargetInfo:
         return {"kind": self.kind, "device": self.device_name, "arch": self.arch}
 
 
-def _opencl_devices() -> list[Any]:
+_PROBE_KERNEL = "__kernel void tvm_ext_probe(__global float* a) { a[get_global_id(0)] = 1.0f; }"
+
+
+@functools.lru_cache(maxsize=None)
+def _opencl_devices() -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """OpenCL devices that can build a kernel (GPUs first), and why the others were left out.
+
+    A device whose compiler cannot build a trivial kernel is skipped: e.g. the PoCL 3.0 that
+    pyopencl's wheel bundles (LLVM 14) does not know CPUs newer than it (AMD Zen 5) and fails
+    every build with "unknown target CPU 'generic'".  Every process filters the same way, so a
+    device index means the same device in the tuner and in its measurement workers.
+    """
     try:
         import pyopencl as cl
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -67,12 +79,34 @@ def _opencl_devices() -> list[Any]:
             continue
     # Prefer GPUs over CPUs, keep platform order otherwise.
     devices.sort(key=lambda d: 0 if d.type & cl.device_type.GPU else 1)
-    return devices
+    usable, skipped = [], []
+    for dev in devices:
+        reason = _build_failure(cl, dev)
+        if reason is None:
+            usable.append(dev)
+        else:
+            skipped.append(f"{dev.platform.name.strip()}/{dev.name.strip()}: {reason}")
+    return tuple(usable), tuple(skipped)
+
+
+def _build_failure(cl: Any, dev: Any) -> str | None:
+    """``None`` if ``dev`` builds a trivial kernel, else the compiler's first error line."""
+    try:
+        cl.Program(cl.Context([dev]), _PROBE_KERNEL).build()
+        return None
+    except cl.Error as exc:
+        lines = [l.strip() for l in str(exc).splitlines() if "error" in l.lower() and "clBuild" not in l]
+        return lines[0] if lines else "cannot build a kernel"
 
 
 def opencl_device(device_id: int) -> Any:
-    devices = _opencl_devices()
+    devices, skipped = _opencl_devices()
     if not devices:
+        if skipped:
+            raise TvmExtError(
+                "no OpenCL device can build kernels (" + "; ".join(skipped) + "); on a CPU that PoCL 3.0 "
+                "does not know, install the system PoCL: apt-get install pocl-opencl-icd"
+            )
         raise TvmExtError(
             "no OpenCL platform found; install a driver or 'pip install pocl-binary-distribution'"
         )
