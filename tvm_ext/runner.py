@@ -109,7 +109,7 @@ def _poisoned_outputs(template: Template) -> list[np.ndarray]:
     return outs
 
 
-def _opencl_context(device_id: int) -> tuple[Any, Any]:
+def opencl_context(device_id: int) -> tuple[Any, Any]:
     import pyopencl as cl
 
     from .target import opencl_device
@@ -148,7 +148,7 @@ def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
     """Run an OpenCL artifact through pyopencl: launches derived from the lowered TIR."""
     import pyopencl as cl
 
-    ctx, queue = _opencl_context(target.device_id)
+    ctx, queue = opencl_context(target.device_id)
     kernels = opencl_kernels(ctx, artifact)
     inputs, refs = _reference_case(template, settings.seed)
     n_in = len(template.inputs())
