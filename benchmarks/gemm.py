@@ -13,18 +13,12 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table, time_torch  # noqa: E402
 
-from tvm_ext.builder import LocalBuilder  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
-from tvm_ext.search import GeneticSearch  # noqa: E402
-from tvm_ext.target import resolve_target  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
+from tvm_ext.session import Session, SessionOptions, analytic_pick  # noqa: E402
 
 
 def cublas_fp32(n: int) -> float:
@@ -37,40 +31,33 @@ def cublas_fp32(n: int) -> float:
 
 
 def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> dict:
-    target = resolve_target(target_kind, 0)
     template = GemmTemplate(n, n, n)
-    store = RecordStore(os.path.join(args.out, f"gemm_{target_kind}_{n}.jsonl"))
-    builder = LocalBuilder(workers=args.workers, timeout=300)
-    runner = LocalRunner(target, timeout=120)
-    tuner = Tuner(template, target, builder, runner, store, trials=args.trials,
-                  on_record=lambda rec, t: print(
-                      f"  [{target_kind}] trial {t.trials}: {rec.config} -> "
-                      f"{(template.flops() / rec.cost / 1e12) if rec.ok else rec.error_kind + ' ' + rec.error_msg[:120]}",
-                      flush=True))
-    default = template.default_config(target)
-    space = tuner.space
-    seeds = [default]
-    if not args.no_analytic_seeds:  # method 002's zero-measurement picks join generation 0
-        from tvm_ext.cost_model.analytic import analytic_seeds
-
-        seeds += analytic_seeds(template, target)
-    if args.cost_model == "xgb" and target_kind == "cuda":
-        ga = model_guided(tuner, args, seeds)
-    else:
-        ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
-                           generations=args.generations, seeds=[space.encode(c) for c in seeds])
-    start = time.time()
-    result = tuner.tune(ga, default)
-    wall = time.time() - start
-    tuner.trials_budget += len(hand_picked)
-    picked = []
-    for text in hand_picked:
-        cfg = space.make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
-        tuner.evaluate([cfg])
-        picked.append(tuner.record_of(cfg))
-    builder.close()
-    runner.close()
-    analytic = [tuner.record_of(c) for c in seeds[1:2]]
+    xgb = args.cost_model == "xgb" and target_kind == "cuda"
+    options = SessionOptions(
+        target=target_kind, strategy="ga+xgb" if xgb else "ga", generations=args.generations,
+        population=args.population, trials=args.trials, workers=args.workers, seed=args.seed,
+        records=os.path.join(args.out, f"gemm_{target_kind}_{n}.jsonl"), build_timeout=300, run_timeout=120,
+        nm=args.nm, ng=16 * args.nm, model_file=False,
+        analytic_seeds=0 if args.no_analytic_seeds else 4)  # method 002's picks join generation 0
+    transfer = sweep_records(args.transfer) if xgb and args.transfer else ()
+    if xgb:
+        print(f"cost model: {len(transfer)} transfer records from {args.transfer}", flush=True)
+    with Session(options, transfer=transfer, log=print) as session:
+        target = session.target
+        tuner = session.tuner(template, on_record=lambda rec, t: print(
+            f"  [{target_kind}] trial {t.trials}: {rec.config} -> "
+            f"{(template.flops() / rec.cost / 1e12) if rec.ok else rec.error_kind + ' ' + rec.error_msg[:120]}",
+            flush=True))
+        start = time.time()
+        result = session.search(tuner)
+        wall = time.time() - start
+        tuner.trials_budget += len(hand_picked)
+        picked = []
+        for text in hand_picked:
+            cfg = tuner.space.make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
+            tuner.evaluate([cfg])
+            picked.append(tuner.record_of(cfg))
+    analytic = [] if args.no_analytic_seeds else [tuner.record_of(analytic_pick(template, target)[0])]
     return {"target": target, "template": template, "result": result, "wall": wall, "picked": picked,
             "analytic": analytic}
 
@@ -86,20 +73,6 @@ def sweep_records(path: str) -> list[Any]:
     key = "sweep:" + os.path.basename(path)
     return [Record(key, header["workload"], r["config"], (r["cost"],) if r.get("cost") else (),
                    r.get("error_kind", "")) for r in rows]
-
-
-def model_guided(tuner: Any, args: argparse.Namespace, seeds: list[Any]) -> Any:
-    """GA + XGBoost predictor stage (issue 4/6), warm-started from a sweep of another shape."""
-    from tvm_ext.cost_model.model import XGBCostModel
-    from tvm_ext.cost_model.search import ModelGuidedSearch
-
-    model = XGBCostModel(tuner.template, tuner.target, seed=args.seed)
-    transfer = model.add_records(sweep_records(args.transfer), tuner.workload.key) if args.transfer else 0
-    model.fit()
-    print(f"cost model: {transfer} transfer records from {args.transfer}", flush=True)
-    return ModelGuidedSearch(tuner.space, np.random.default_rng(args.seed), model, size_pop=args.population,
-                             ng=16 * args.nm, nm=args.nm, generations=args.generations,
-                             seeds=[tuner.space.encode(c) for c in seeds], log=print)
 
 
 def main() -> None:

@@ -28,18 +28,15 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table, time_torch  # noqa: E402
 
-from tvm_ext.builder import LocalBuilder  # noqa: E402
 from tvm_ext.codegen import export_program, load_program  # noqa: E402
 from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
 from tvm_ext.mixed_precision import Method003Settings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
 from tvm_ext.precision import relative_error  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
 from tvm_ext.schedules.tensor_core import parse_tile  # noqa: E402
+from tvm_ext.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
 
 GEMM_BEST = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                  double_buffer=1, a_transposed=1)  # 43.2 TFLOP/s fp32 on the H100 (RESULTS.md)
@@ -83,9 +80,11 @@ def vendor_ms(label: str) -> dict[str, float]:
 
 
 def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args: argparse.Namespace) -> dict:
-    store = RecordStore(os.path.join(args.out, f"mp_{label.split()[0].lower()}.jsonl"))
+    records = os.path.join(args.out, f"mp_{label.split()[0].lower()}.jsonl")
     program = PrecisionProgram(base, schedule)
-    tuner = Tuner(program, target, LocalBuilder(timeout=600), LocalRunner(target, timeout=300), store)
+    session = Session(SessionOptions(target=target.kind, records=records, build_timeout=600, run_timeout=300),
+                      target=target)
+    tuner = session.tuner(program)
     settings = Method003Settings(error_bound=eb, max_measurements=args.m, population=4, generated=32,
                                  measured=4, seed=0)
     start = time.perf_counter()
@@ -93,8 +92,7 @@ def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args:
         result = MixedPrecisionSearch(tuner, settings, PrecisionPredictor(program, target, eb),
                                       log=lambda line: print(f"[{label} eb={eb:g}] {line}", flush=True)).run()
     finally:
-        tuner.builder.close()
-        tuner.runner.close()
+        session.close()
     row = {"case": label, "eb": eb, "fp32_ms": result.baseline.cost * 1e3, "measured": result.measured,
            "new": result.new_measurements, "kept": ",".join(result.kept_stages), "secs": time.perf_counter() - start,
            "stage_ms": {k: v * 1e3 for k, v in result.stage_secs.items()}}

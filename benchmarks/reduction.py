@@ -22,12 +22,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table, time_torch  # noqa: E402
 
-from tvm_ext.builder import LocalBuilder  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.reduction import ReductionTemplate  # noqa: E402
-from tvm_ext.search import GeneticSearch  # noqa: E402
-from tvm_ext.target import TargetInfo, resolve_target  # noqa: E402
+from tvm_ext.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.target import TargetInfo  # noqa: E402
 from tvm_ext.tuner import Tuner  # noqa: E402
 
 # (label, shape): 1-D shapes are torch.sum(x), 2-D shapes x.sum(dim=1)
@@ -74,56 +71,43 @@ def _measured(tuner: Tuner, configs: list[Any]) -> list[tuple[Any, float, str]]:
 
 
 def tune_cuda(workload: tuple[str, tuple[int, ...]], args: argparse.Namespace) -> dict:
-    target = resolve_target("cuda", 0)
     template = template_of(workload)
     tag = "x".join(map(str, workload[1]))
-    store = RecordStore(os.path.join(args.out, f"reduce_cuda_{tag}.jsonl"))
-    builder = LocalBuilder(workers=args.workers, timeout=300)
-    runner = LocalRunner(target, timeout=120)
-    tuner = Tuner(template, target, builder, runner, store, trials=args.trials,
-                  on_record=_progress("cuda", template))
-    space = tuner.space
-    seeds = seed_configs(template, target)
-    ga = GeneticSearch(space, np.random.default_rng(args.seed), size_pop=args.population,
-                       generations=args.generations, seeds=[space.encode(c) for c in seeds])
-    start = time.time()
-    try:
-        result = tuner.tune(ga, seeds[0])
+    options = SessionOptions(target="cuda", generations=args.generations, population=args.population,
+                             trials=args.trials, workers=args.workers, seed=args.seed, build_timeout=300,
+                             run_timeout=120, records=os.path.join(args.out, f"reduce_cuda_{tag}.jsonl"))
+    with Session(options) as session:
+        tuner = session.tuner(template, on_record=_progress("cuda", template))
+        seeds = seed_configs(template, session.target)
+        start = time.time()
+        result = session.search(tuner, seeds=seeds)
         wall = time.time() - start
         tuner.trials_budget += len(seeds)  # a seed cut off by the budget is still reported
         seeded = _measured(tuner, seeds)
-    finally:
-        builder.close()
-        runner.close()
     return {"template": template, "result": result, "wall": wall, "seeds": seeded}
 
 
 def run_opencl(workload: tuple[str, tuple[int, ...]], configs: list[Any],
                args: argparse.Namespace) -> list[tuple[Any, float, str]]:
     """The given configs (patent plan, filled plan, CUDA's best) built for OpenCL on the same GPU."""
-    target = resolve_target("opencl", 0)
     template = template_of(workload)
-    space = template.space(target)
-    wanted = []
-    for cfg in configs:
-        try:
-            cfg = space.make(**cfg.as_dict())
-        except Exception:  # a block size this OpenCL device does not allow
-            continue
-        if space.is_feasible(cfg):
-            wanted.append(cfg)
-    wanted = list(dict.fromkeys(wanted))
     tag = "x".join(map(str, workload[1]))
-    store = RecordStore(os.path.join(args.out, f"reduce_opencl_{tag}.jsonl"))
-    builder = LocalBuilder(workers=min(args.workers, 4), timeout=300)
-    runner = LocalRunner(target, timeout=120)
-    tuner = Tuner(template, target, builder, runner, store, trials=len(wanted),
-                  on_record=_progress("opencl", template))
-    try:
+    options = SessionOptions(target="opencl", workers=min(args.workers, 4), build_timeout=300, run_timeout=120,
+                             records=os.path.join(args.out, f"reduce_opencl_{tag}.jsonl"))
+    with Session(options) as session:
+        space = template.space(session.target)
+        wanted = []
+        for cfg in configs:
+            try:
+                cfg = space.make(**cfg.as_dict())
+            except Exception:  # a block size this OpenCL device does not allow
+                continue
+            if space.is_feasible(cfg):
+                wanted.append(cfg)
+        wanted = list(dict.fromkeys(wanted))
+        tuner = session.tuner(template, on_record=_progress("opencl", template))
+        tuner.trials_budget = len(wanted)
         return _measured(tuner, wanted)
-    finally:
-        builder.close()
-        runner.close()
 
 
 def main() -> None:

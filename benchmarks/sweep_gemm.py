@@ -26,11 +26,11 @@ import time
 
 import numpy as np
 
-from tvm_ext.builder import BuildResult, LocalBuilder
-from tvm_ext.records import Record, RecordStore
-from tvm_ext.runner import LocalRunner, MeasureSettings, RunResult
+from tvm_ext.builder import BuildResult
+from tvm_ext.records import Record
+from tvm_ext.runner import MeasureSettings, RunResult, run_all
 from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.target import resolve_target
+from tvm_ext.session import Session, SessionOptions
 from tvm_ext.template import Workload
 
 
@@ -46,20 +46,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="measurements per config, interleaved (median kept)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    target = resolve_target(args.target)
+    name = f"sweep_gemm_{args.target}_{args.shape.replace(',', 'x')}"
+    settings = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.005)
+    session = Session(SessionOptions(target=args.target, workers=args.workers, build_timeout=300, run_timeout=60,
+                                     measure=settings, records=os.path.join(args.out, name + ".full.jsonl")))
+    target, store, builder, runner = session.target, session.store, session.builder, session.runner
     shape = tuple(int(x) for x in args.shape.split(","))
     template = GemmTemplate(*shape)
     space = template.space(target)
     rng = np.random.default_rng(args.seed)
     rows = space.random_feasible_indices(rng, args.count, max_draws=200 * args.count)
     configs = [space.decode(r) for r in rows]
-    name = f"sweep_gemm_{args.target}_{'x'.join(map(str, shape))}"
-    store = RecordStore(os.path.join(args.out, name + ".full.jsonl"))
-    settings = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.005)
     workload = Workload.of(template, target)
     records = {r.config_obj(): r for r in store.for_workload(workload.key)}
-    builder = LocalBuilder(workers=args.workers, timeout=300)
-    runner = LocalRunner(target, settings, timeout=60)
     start = time.time()
     todo = [c for c in configs if c not in records]
     for i in range(0, len(todo), 64):
@@ -67,7 +66,7 @@ def main() -> None:
             print(f"time limit: stopping with {len(todo) - i} configs left (a rerun resumes)", flush=True)
             break
         builds = builder.build(template, todo[i:i + 64], target)
-        rounds = [runner.run(template, builds) for _ in range(args.rounds)]
+        rounds = [run_all(runner, template, builds) for _ in range(args.rounds)]
         for j, build in enumerate(builds):
             rec = _record(workload, build, [r[j] for r in rounds])
             store.append(rec)
@@ -75,7 +74,7 @@ def main() -> None:
         good = [r.cost for r in records.values() if r.ok]
         print(f"{len(records)}/{len(configs)} measured, best "
               f"{template.flops() / min(good) / 1e9:.1f} GFLOP/s" if good else "-", flush=True)
-    builder.close(), runner.close()
+    session.close()
     with gzip.open(os.path.join(args.out, name + ".jsonl.gz"), "wt") as fh:
         fh.write(json.dumps({"workload": workload.as_json(), "target": target.key(),
                              "target_info": dataclasses.asdict(target), "knobs": list(space.names),

@@ -34,13 +34,11 @@ from common import table  # noqa: E402
 
 import mlp  # noqa: E402  (examples/mlp.py: the model, its inputs and numpy reference)
 
-from tvm_ext.builder import LocalBuilder, build_one  # noqa: E402
-from tvm_ext.pipeline import TuneOptions, compile_relax, extract_tasks, legalize_and_fuse  # noqa: E402
+from tvm_ext.builder import build_one  # noqa: E402
+from tvm_ext.pipeline import compile_relax, extract_tasks, legalize_and_fuse  # noqa: E402
 from tvm_ext.pipeline import load_model, match_tasks, summary, tune_relax  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
-from tvm_ext.search import GeneticSearch  # noqa: E402
+from tvm_ext.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
 from tvm_ext.tuner import Tuner  # noqa: E402
 from tvm_ext.tvm_export import commit, open_database, tvm_target  # noqa: E402
@@ -66,8 +64,9 @@ def bench_model(target: TargetInfo, args: argparse.Namespace) -> list[list[Any]]
     db = os.path.join(args.out, "model_database")
     start = time.time()
     tuning = tune_relax(mod, target, os.path.join(args.out, "model_records.jsonl"), db,
-                        TuneOptions(population=args.population, generations=1000, trials=args.model_trials,
-                                    workers=args.workers, seed=args.seed, build_timeout=300, run_timeout=120),
+                        SessionOptions(population=args.population, generations=1000, trials=args.model_trials,
+                                       workers=args.workers, seed=args.seed, build_timeout=300, run_timeout=120,
+                                       analytic_seeds=0),  # the GA from the default config, as recorded
                         on_record=_progress("model"))
     tune_secs = time.time() - start
     print(summary(tuning), flush=True)
@@ -109,19 +108,13 @@ def ours(template: GemmTemplate, target: TargetInfo, budget: int, args: argparse
     path = os.path.join(args.out, f"gemm_ours_{budget}.jsonl")
     if os.path.exists(path):
         os.remove(path)  # each budget is an independent run, not a resume
-    builder = LocalBuilder(workers=args.workers, timeout=300)
-    runner = LocalRunner(target, timeout=120)
-    tuner = Tuner(template, target, builder, runner, RecordStore(path), trials=budget,
-                  on_record=_progress(f"ours {budget}"))
-    default = template.default_config(target)
-    ga = GeneticSearch(tuner.space, np.random.default_rng(args.seed), size_pop=args.population,
-                       generations=1000, seeds=[tuner.space.encode(default)])
+    options = SessionOptions(target=target.kind, device=target.device_id, population=args.population,
+                             generations=1000, trials=budget, workers=args.workers, seed=args.seed,
+                             records=path, build_timeout=300, run_timeout=120,
+                             analytic_seeds=0)  # the GA from the default config, like ms from scratch
     start = time.time()
-    try:
-        result = tuner.tune(ga, default)
-    finally:
-        builder.close()
-        runner.close()
+    with Session(options, target=target) as session:
+        result = session.tune(template, on_record=_progress(f"ours {budget}"))
     wall = time.time() - start
     if result.best is None:
         return {"wall": wall, "trials": result.trials, "error": "no correct kernel"}
@@ -216,7 +209,7 @@ def dry_run(args: argparse.Namespace) -> None:
     kernels = list(dict.fromkeys(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source)))
     rows.append(["(compiled model)", f"{len(kernels)} CUDA kernels", ", ".join(kernels)])
     gemm = GemmTemplate(args.size, args.size, args.size)
-    build = build_one(gemm, gemm.default_config(target), target, os.path.join(args.out, "dry_run_build"))
+    build = build_one(gemm, gemm.default_config(target), target)
     rows.append([gemm.describe(), "default config", "CUDA source ok" if build.ok else build.error_msg])
     print(table(f"dry run (no GPU): {model_label(sizes)}, GEMM {args.size}³", ["task", "template", "result"], rows))
 

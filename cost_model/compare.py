@@ -1,8 +1,10 @@
 """Run every search strategy on a recorded sweep through the real Tuner (no hardware).
 
 Used by ``benchmarks/search_efficiency.py`` and the tests, so what CI checks is what the
-benchmark reports.  Strategies, with the seeds ``run_tuning`` gives them (the default
-config, then the analytic picks):
+benchmark reports.  Each run is a ``tvm_ext.session.Session`` with the replay's builder,
+runner and an in-memory record store, so the strategies are the CLI's own (the registry's
+factories, with the seeds every tuning run gets: the default config, then the analytic
+picks):
 
 - ``random``: uniform random feasible configs;
 - ``ga``: method 000's GA (offspring moved to the nearest recorded config, see
@@ -21,16 +23,15 @@ from typing import Sequence
 import numpy as np
 
 from tvm_ext.records import Record
-from tvm_ext.search import GeneticSearch, RandomSearch
+from tvm_ext.session import STRATEGIES as SESSION_STRATEGIES
+from tvm_ext.session import Session, SessionOptions, analytic_pick
 from tvm_ext.tuner import Tuner
 
-from .analytic import analytic_seeds, select_tile
-from .model import ModelSettings, XGBCostModel
-from .ptxas import PtxasCache
+from .model import ModelSettings
 from .replay import MemoryRecordStore, NearestRecorded, ReplayBuilder, ReplayRunner, ReplayTemplate, Sweep
 from .search import ModelGuidedSearch
 
-STRATEGIES = ("random", "ga", "ga+xgb", "ga+s6", "analytic")
+STRATEGIES = tuple(SESSION_STRATEGIES)  # the session's registry: what the CLI runs is what is replayed
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,14 @@ def replay_run(sweep: Sweep, strategy: str, seed: int, budget: int | None = None
     template, target = ReplayTemplate(sweep.template(), sweep), sweep.target()
     budget = budget or len(sweep.entries)
     recorded = [e.config for e in sweep.entries]
+    options = SessionOptions(  # an unknown strategy: TvmExtError naming the allowed ones
+        strategy=strategy, seed=seed, population=s.population, generations=50 * budget,  # the budget stops a run
+        tourn_size=s.tourn_size, mutation=s.mutation, trials=budget, analytic_seeds=s.analytic_seeds,
+        ng=s.ng, nm=s.nm, explore=s.explore, ptxas_cache=s.ptxas_cache, model_file=False)
+    session = Session(options, target=target, builder=ReplayBuilder(sweep), runner=ReplayRunner(sweep),
+                      store=MemoryRecordStore(transfer))
     if strategy == "analytic":
-        pick = select_tile(template, target, recorded).config
+        pick, _ = analytic_pick(template, target, recorded)
         return ReplayRun(strategy, seed, (sweep.cost(pick),), sweep.best_cost)
     costs: list[float] = []
 
@@ -93,32 +100,8 @@ def replay_run(sweep: Sweep, strategy: str, seed: int, budget: int | None = None
         if stop_at is not None and sweep.best_cost >= stop_at * rec.cost:
             tuner.trials_budget = tuner.trials  # the goal is reached: measure nothing more
 
-    tuner = Tuner(template, target, ReplayBuilder(sweep), ReplayRunner(sweep), MemoryRecordStore(),
-                  trials=budget, on_record=on_record)
-    space, rng = tuner.space, np.random.default_rng(seed)
-    default = template.default_config(target)
-    seeds = [space.encode(default)] + [space.encode(c) for c in
-                                       analytic_seeds(template, target, s.analytic_seeds, recorded)]
-    generations = 50 * budget  # the trial budget stops every run, not the generation count
-    if strategy == "random":
-        search = RandomSearch(space, rng, batch=s.population, generations=generations, feasible_only=True)
-    elif strategy == "ga":
-        search = GeneticSearch(space, rng, size_pop=s.population, generations=generations,
-                               tourn_size=s.tourn_size, mutation_rate=s.mutation, seeds=seeds,
-                               repair=NearestRecorded(space))
-    elif strategy in ("ga+xgb", "ga+s6"):
-        model = None
-        if strategy == "ga+xgb":
-            ptxas = PtxasCache(s.ptxas_cache) if s.ptxas_cache else None
-            model = XGBCostModel(template, target, s.model, seed=seed, ptxas=ptxas)
-            if transfer:
-                model.add_records(transfer, tuner.workload.key)
-                model.fit()
-        search = ModelGuidedSearch(space, rng, model, size_pop=s.population, ng=s.ng, nm=s.nm,
-                                   explore=s.explore, generations=generations, tourn_size=s.tourn_size,
-                                   mutation_rate=s.mutation, seeds=seeds, repair=NearestRecorded(space))
-    else:
-        raise ValueError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
-    tuner.tune(search, default)
-    rho = tuple(getattr(search, "rank_correlations", ()))
+    tuner = session.tuner(template, on_record)
+    search = session.strategy(tuner, candidates=recorded, repair=NearestRecorded, feasible_only=True)
+    session.search(tuner, search)
+    rho = tuple(search.rank_correlations) if isinstance(search, ModelGuidedSearch) else ()
     return ReplayRun(strategy, seed, tuple(costs), sweep.best_cost, rho)

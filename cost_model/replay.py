@@ -19,15 +19,16 @@ import gzip
 import json
 import math
 import os
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from tvm_ext.builder import Artifact, BuildResult
-from tvm_ext.errors import TvmExtError
+from tvm_ext.errors import ErrorKind, TvmExtError
 from tvm_ext.records import Record, RecordStore
-from tvm_ext.runner import RunResult
+from tvm_ext.runner import RunResult, resolved
 from tvm_ext.space import Config, Space
 from tvm_ext.target import TargetInfo, offline_cuda
 from tvm_ext.template import Template, TensorSpec, get_template_class
@@ -249,9 +250,9 @@ class ReplayBuilder:
         for cfg in configs:
             kind = self._errors.get(cfg)
             if kind is None:
-                out.append(BuildResult(cfg, None, None, 0.0, "build_error", "not recorded in the sweep"))
+                out.append(BuildResult(cfg, None, None, 0.0, ErrorKind.BUILD_ERROR, "not recorded in the sweep"))
             elif kind.startswith("build"):
-                out.append(BuildResult(cfg, None, None, 0.0, kind, "recorded failure"))
+                out.append(BuildResult(cfg, None, None, 0.0, ErrorKind(kind), "recorded failure"))
             else:  # the source only has to be unique: the tuner dedups by its hash
                 out.append(BuildResult(cfg, Artifact(target.kind, f"// replay {cfg}", (), ()), None, 0.0))
         return out
@@ -261,23 +262,22 @@ class ReplayBuilder:
 
 
 class ReplayRunner:
-    """Runner protocol: the recorded cost, or the recorded error kind."""
+    """Runner protocol: the recorded cost, or the recorded error kind (futures already done)."""
 
     def __init__(self, sweep: Sweep):
         self.sweep = sweep
         self._entries = {e.config: e for e in sweep.entries}
 
-    def run(self, template: Template, builds: Sequence[BuildResult]) -> list[RunResult]:
-        out = []
-        for build in builds:
-            entry = self._entries.get(build.config)
-            if build.artifact is None or entry is None:
-                out.append(RunResult((), build.error_kind or "run_error", build.error_msg or "not recorded"))
-            elif math.isfinite(entry.cost):
-                out.append(RunResult((entry.cost,)))
-            else:
-                out.append(RunResult((), entry.error_kind or "run_error", "recorded failure"))
-        return out
+    def submit(self, template: Template, builds: Sequence[BuildResult]) -> list["Future[RunResult]"]:
+        return [resolved(self._result(build)) for build in builds]
+
+    def _result(self, build: BuildResult) -> RunResult:
+        entry = self._entries.get(build.config)
+        if build.artifact is None or entry is None:
+            return RunResult((), build.error_kind or ErrorKind.RUN_ERROR, build.error_msg or "not recorded")
+        if math.isfinite(entry.cost):
+            return RunResult((entry.cost,))
+        return RunResult((), ErrorKind(entry.error_kind or ErrorKind.RUN_ERROR), "recorded failure")
 
     def close(self) -> None:
         pass

@@ -59,26 +59,17 @@ def reference(x: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
 
 def tune_gru(target: Any, sizes: dict[str, int], args: argparse.Namespace) -> Any:
     """The GRU layer's best config after a short GA (records resumed from --records)."""
-    from tvm_ext.builder import LocalBuilder
-    from tvm_ext.records import RecordStore
-    from tvm_ext.runner import LocalRunner
     from tvm_ext.schedules.gru import GruTemplate
-    from tvm_ext.search import GeneticSearch
-    from tvm_ext.tuner import Tuner
+    from tvm_ext.session import Session, SessionOptions
 
     template = GruTemplate(batch=sizes["batch"], hidden=sizes["hidden"], input=sizes["features"], seq=sizes["seq"])
-    tuner = Tuner(template, target, LocalBuilder(workers=args.workers), LocalRunner(target),
-                  RecordStore(args.records))
-    default = template.default_config(target)
-    fused = default.replace(fuse_step=1, step_j=32, step_b=1, step_k=8, step_ks=4)
-    seeds = [tuner.space.encode(c) for c in (default, fused) if tuner.space.is_feasible(c)]
-    ga = GeneticSearch(tuner.space, np.random.default_rng(args.seed), size_pop=args.population,
-                       generations=args.generations, seeds=seeds)
-    try:
-        result = tuner.tune(ga, default)
-    finally:
-        tuner.builder.close()
-        tuner.runner.close()
+    options = SessionOptions(generations=args.generations, population=args.population, seed=args.seed,
+                             workers=args.workers, records=args.records)
+    with Session(options, target=target) as session:
+        space = template.space(target)
+        default = template.default_config(target)
+        fused = default.replace(fuse_step=1, step_j=32, step_b=1, step_k=8, step_ks=4)
+        result = session.tune(template, seeds=[c for c in (default, fused) if space.is_feasible(c)])
     if result.best is None:
         from tvm_ext.errors import TvmExtError
 
@@ -91,8 +82,9 @@ def tune_gru(target: Any, sizes: dict[str, int], args: argparse.Namespace) -> An
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from tvm_ext.errors import TvmExtError
-    from tvm_ext.pipeline import TuneOptions, load_model, summary, tune_relax
+    from tvm_ext.pipeline import load_model, summary, tune_relax
     from tvm_ext.schedules.gru import GRU
+    from tvm_ext.session import SessionOptions
     from tvm_ext.target import resolve_target
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -115,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                         config=config).load_state_dict({k: v for k, v in weights.items() if k.endswith("_l0")})
         head = get_head_module(sizes["batch"], sizes["hidden"], sizes["classes"])
         tuning = tune_relax(head, target, args.records, args.database,
-                            TuneOptions(generations=args.generations, population=max(args.population, 4),
-                                        workers=args.workers))
+                            SessionOptions(generations=args.generations, population=max(args.population, 4),
+                                           workers=args.workers))
         print(summary(tuning))
         model = load_model(head, target, args.database)
         x = np.random.default_rng(args.seed + 1).uniform(-1, 1, (sizes["seq"], sizes["batch"], sizes["features"]))

@@ -76,7 +76,8 @@ def reference(inputs: list[np.ndarray]) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from tvm_ext.errors import TvmExtError
-    from tvm_ext.pipeline import TuneOptions, load_model, summary, tune_relax
+    from tvm_ext.pipeline import load_model, summary, tune_relax
+    from tvm_ext.session import SessionOptions
     from tvm_ext.target import resolve_target
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve_target(args.target)
         mod = get_module(**sizes)
         tuning = tune_relax(mod, target, args.records, args.database,
-                            TuneOptions(generations=args.generations, population=args.population,
-                                        workers=args.workers))
+                            SessionOptions(generations=args.generations, population=args.population,
+                                           workers=args.workers))
         print(summary(tuning))
         model = load_model(mod, target, args.database)
         inputs = get_inputs(**sizes)

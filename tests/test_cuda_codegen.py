@@ -23,7 +23,7 @@ def test_cuda_source_for_sampled_feasible_configs(cuda, shape, tmp_path):
     rng = np.random.default_rng(0)
     configs = [tmpl.default_config(cuda)] + [space.decode(r) for r in space.random_feasible_indices(rng, 24)]
     for cfg in configs:
-        build = build_one(tmpl, cfg, cuda, str(tmp_path))
+        build = build_one(tmpl, cfg, cuda)
         assert build.ok, f"{cfg}: {build.error_msg}"
         assert "__global__" in build.artifact.source
         assert build.artifact.launches[0].block[0] * build.artifact.launches[0].block[1] == cfg.wg_x * cfg.wg_y
@@ -38,7 +38,7 @@ def test_nvcc_compiles_a_sample_to_ptx(cuda, tmp_path):
     space = tmpl.space(cuda)
     cfg = space.make(wg_x=16, wg_y=16, task_x=8, task_y=8, k_step=8, use_shared=1, pad=1, unroll=512,
                      vec=4, double_buffer=1, a_transposed=1)
-    build = build_one(tmpl, cfg, cuda, str(tmp_path))
+    build = build_one(tmpl, cfg, cuda)
     assert build.ok, build.error_msg
     with tvm.target.Target(cuda.tvm_target()):
         ptx = nvcc.compile_cuda(build.artifact.source, target_format="ptx", compiler="nvcc")

@@ -206,9 +206,11 @@ def test_cuda_source_generates(fuse, tmp_path):
     assert ("gru_step_kernel" if fuse else "gru_cell_kernel") in compiled.source
     for call in compiled.function_calls():  # what CudaExecutor looks up in TVM's module
         assert compiled.executable.mod.implements_function(call.name)
-    artifact, trace = t.build_artifact(cfg, target, str(tmp_path))
-    assert artifact.kind == "cuda" and artifact.library.endswith(".so")
-    assert set(trace) == {c.func for c in compiled.calls}
+    program = t.build_program(cfg, target)
+    artifact = program.artifact()
+    assert artifact.kind == "cuda" and artifact.library.startswith(b"\x7fELF")  # the module, as bytes
+    assert [c.name for c in artifact.calls] == [c.func for c in compiled.calls]
+    assert set(program.trace) == {c.func for c in compiled.calls}
 
 
 def test_bad_shapes_are_rejected_with_one_line(opencl):
@@ -391,8 +393,8 @@ def test_step_loop_plan_and_code(tmp_path):
         assert "step" not in params and "h_out" not in params  # state read and written through h
         assert ("atomicAdd" in compiled.source) == (loop == 2)
         assert ("loop:s" in kernel.args) == (loop == 1)  # host form: the step index is a launch argument
-        artifact, trace = t.build_artifact(cfg, target, str(tmp_path))
-        assert set(trace) == set(funcs)
+        program = t.build_program(cfg, target)
+        assert set(program.trace) == set(funcs) and [c.name for c in program.calls] == funcs
     space = t.space(target)
     assert space.is_feasible(base.replace(step_loop=2))
     assert "__launch_bounds__(64)" in t.compile(base.replace(step_loop=2), target).source  # 4 blocks, 132 SMs
@@ -450,7 +452,7 @@ def runner(opencl):
 
 def _measure(runner, template, fuse, tmp_path):
     cfg = template.default_config(runner.target).replace(fuse_step=fuse)
-    build = build_one(template, cfg, runner.target, str(tmp_path))
+    build = build_one(template, cfg, runner.target)
     assert build.ok, build.error_msg
     (result,) = runner.run(template, [build])
     assert result.ok, f"{result.error_kind}: {result.error_msg}"
@@ -614,7 +616,7 @@ def test_gru_with_precision_loads_torch_weights(opencl):
 def test_cuda_precisions(dtype, bound, tmp_path):
     """On a GPU machine (``pytest -m gpu``): every tensor in ``dtype`` (accumulators and math
     too for float64), both step pipelines, through the runner hook and the user-facing layer."""
-    from tvm_ext.runner import _measure_in_worker
+    from tvm_ext.measure import measure
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)
@@ -623,9 +625,9 @@ def test_cuda_precisions(dtype, bound, tmp_path):
     t = GruTemplate(batch=s.batch, hidden=s.hidden, input=s.input, seq=s.seq, layers=2,
                     bidirectional=True).with_precision(precision)
     for fuse in (0, 1):
-        build = build_one(t, t.default_config(target).replace(fuse_step=fuse), target, str(tmp_path))
+        build = build_one(t, t.default_config(target).replace(fuse_step=fuse), target)
         assert build.ok, build.error_msg
-        result = _measure_in_worker(build.artifact, t, target, FAST)
+        result = measure(t, build.config, build.artifact, target, FAST)
         assert result.ok, f"{result.error_kind}: {result.error_msg}"
         assert result.metrics["rel_error"] < bound
         _check_stage_secs(result.metrics)

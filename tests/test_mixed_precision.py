@@ -24,7 +24,8 @@ from tvm_ext.mixed_precision import (Method003Settings, MixedPrecisionSearch, Pr
                                      breed_precisions, error_of, schedule_for)
 from tvm_ext.precision import relative_error
 from tvm_ext.records import RecordStore
-from tvm_ext.runner import LocalRunner, MeasureSettings, _measure_in_worker
+from tvm_ext.measure import measure
+from tvm_ext.runner import LocalRunner, MeasureSettings
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.schedules.gru import GruTemplate
 from tvm_ext.tuner import Tuner
@@ -74,9 +75,9 @@ def test_lowered_gemm_error_is_measured_against_unrounded_inputs(opencl, tmp_pat
     """The error includes the rounding of the inputs: float64 of the fp32 data is exact,
     bfloat16 inputs cost ~1e-3, and the value lands in the run's metrics."""
     gemm = GemmTemplate(*SHAPE).with_precision(precision)
-    build = build_one(gemm, gemm.default_config(opencl), opencl, str(tmp_path))
+    build = build_one(gemm, gemm.default_config(opencl), opencl)
     assert build.ok, build.error_msg
-    result = _measure_in_worker(build.artifact, gemm, opencl, FAST)
+    result = measure(gemm, build.config, build.artifact, opencl, FAST)
     assert result.ok, result.error_msg
     assert low <= result.metrics["rel_error"] <= high
 

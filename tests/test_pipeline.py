@@ -96,7 +96,7 @@ def test_best_records_reach_the_compiled_kernels(tuned, mlp, opencl, tmp_path):
             continue
         best = ranked_records(store, match, opencl)[0]
         assert best.cost == _task(tuned["result"], match.name).best_secs
-        ours = build_one(match.template, best.config_obj(), opencl, str(tmp_path))
+        ours = build_one(match.template, best.config_obj(), opencl)
         assert ours.ok and ours.artifact.source_hash == best.source_hash  # the measured kernel
         compiled = steps[match.name].artifact
         assert [(l.grid, l.block) for l in compiled.launches] == [(l.grid, l.block) for l in ours.artifact.launches]
@@ -217,7 +217,7 @@ def test_cli_model_runs(tuned, tmp_path):
     (["model", "no/such/model.py"], "does not exist"),
     (["model", os.path.join(ROOT, "tests", "conftest.py")], "must define get_module()"),
     (["model", EXAMPLE, "--target", "cuda"], "no CUDA GPU"),
-    (["model", EXAMPLE, "--strategy", "analytic"], "supports --strategy ga or random"),
+    (["model", EXAMPLE, "--runner", "cluster"], "unknown runner 'cluster'; allowed: local"),
 ])
 def test_cli_model_bad_input(args, message, tmp_path):
     p = subprocess.run([sys.executable, "-m", "tvm_ext.tune"] + args + ["--records", str(tmp_path / "r.jsonl")],

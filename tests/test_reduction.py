@@ -18,7 +18,8 @@ import pytest
 
 from tvm_ext.builder import build_one
 from tvm_ext.errors import TvmExtError
-from tvm_ext.runner import MeasureSettings, _measure_in_worker
+from tvm_ext.measure import measure
+from tvm_ext.runner import MeasureSettings
 from tvm_ext.schedules.reduction import (OPS, PatentPlan, ReductionTemplate, decompose,
                                          patent_plan)
 from tvm_ext.search import GeneticSearch
@@ -33,9 +34,9 @@ def run_config(template, config, target, tmp_path):
     """Build one config, run it once on the device, check it: the tuner's own path."""
     space = template.space(target)
     assert space.is_feasible(config), space.infeasible_reason(config)
-    build = build_one(template, config, target, str(tmp_path))
+    build = build_one(template, config, target)
     assert build.ok, f"{config}: {build.error_msg}"
-    result = _measure_in_worker(build.artifact, template, target, FAST)
+    result = measure(template, build.config, build.artifact, target, FAST)
     assert result.ok, f"{template.describe()} {config}: {result.error_kind} {result.error_msg}"
     return build
 
@@ -294,7 +295,7 @@ def test_cuda_source_for_sampled_configs(tmp_path):
         space = tmpl.space(cuda)
         configs = [tmpl.default_config(cuda)] + [space.decode(r) for r in space.random_feasible_indices(rng, 6)]
         for cfg in configs:
-            build = build_one(tmpl, cfg, cuda, str(tmp_path))
+            build = build_one(tmpl, cfg, cuda)
             assert build.ok, f"{tmpl.describe()} {cfg}: {build.error_msg}"
             assert "__global__" in build.artifact.source
             if tmpl.geometry(cfg).threads >= 64:
@@ -309,7 +310,7 @@ def test_benchmark_script_imports_and_generates_cuda(tmp_path):
     for workload in bench.WORKLOADS:
         tmpl = bench.template_of(workload)
         for cfg in bench.seed_configs(tmpl, cuda):
-            build = build_one(tmpl, cfg, cuda, str(tmp_path))
+            build = build_one(tmpl, cfg, cuda)
             assert build.ok, f"{workload} {cfg}: {build.error_msg}"
 
 

@@ -89,7 +89,7 @@ def test_launch_geometry_through_the_project_builder(cuda, tmp_path):
     """The project's builder (launch extraction, library export) takes the schedule as is."""
     problem = VARIANTS["bias_batch2"]
     config = _config()
-    artifact = compile_schedule("tc", problem.schedule(config), cuda, str(tmp_path))
+    artifact = compile_schedule(problem.schedule(config), cuda).artifact()
     (launch,) = artifact.launches
     tile = WmmaTile.of(config)
     assert launch.block == (32, tile.warps, 1)
@@ -108,7 +108,7 @@ def test_tuner_builds_emit_cp_async(cuda, tmp_path, pipeline):
     template = GemmTemplate(128, 128, 64, tensor_core=_config(tc_pipeline=pipeline), **half)
     assert template.pass_config(template.default_config(cuda), cuda) == (
         {"tirx.use_async_copy": True} if pipeline >= 2 else {})
-    result = build_one(template, template.default_config(cuda), cuda, str(tmp_path))
+    result = build_one(template, template.default_config(cuda), cuda)
     assert result.ok, result.error_msg
     assert "wmma::mma_sync" in result.artifact.source
     assert ("cp.async" in result.artifact.source) == (pipeline >= 2)
@@ -286,7 +286,7 @@ def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
     assert default == pick_tile([(256, 512, 128)], cuda) and space.is_feasible(default)
     inputs, refs = template.make_case(np.random.default_rng(0))  # what the runner checks against
     assert [a.dtype for a in inputs] == [np.float16, np.float16] and refs[0].shape == (256, 512)
-    result = build_one(template, default, cuda, str(tmp_path))
+    result = build_one(template, default, cuda)
     assert result.ok, result.error_msg
     assert "wmma::mma_sync" in result.artifact.source and "cp.async" in result.artifact.source
     workload = Workload.of(template, cuda).as_json()

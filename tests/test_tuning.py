@@ -10,7 +10,8 @@ import pytest
 from broken_gemm import BrokenGemm
 from tvm_ext.builder import LocalBuilder, build_one
 from tvm_ext.records import RecordStore
-from tvm_ext.runner import LocalRunner, MeasureSettings, _measure_in_worker
+from tvm_ext.measure import measure
+from tvm_ext.runner import LocalRunner, MeasureSettings
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.search import GeneticSearch
 from tvm_ext.tuner import Tuner
@@ -41,9 +42,9 @@ def test_non_multiple_shapes_are_correct(opencl, shape, tmp_path):
                           unroll=0, vec=2, double_buffer=0, a_transposed=0)]
     for cfg in configs:
         assert space.is_feasible(cfg), space.infeasible_reason(cfg)
-        build = build_one(tmpl, cfg, opencl, str(tmp_path))
+        build = build_one(tmpl, cfg, opencl)
         assert build.ok, build.error_msg
-        result = _measure_in_worker(build.artifact, tmpl, opencl, FAST)
+        result = measure(tmpl, build.config, build.artifact, opencl, FAST)
         assert result.ok, f"{cfg}: {result.error_kind} {result.error_msg}"
         assert 0 < result.cost < 10
 

@@ -7,9 +7,8 @@ import math
 from typing import Any, Sequence
 
 from .errors import TvmExtError
+from .session import DEFAULT_RECORDS, RUNNERS, STRATEGIES, SessionOptions
 from .space import Knob
-
-DEFAULT_RECORDS = "tvm_ext_records.jsonl"
 
 
 def parse_shape(text: str, names: Sequence[str]) -> tuple[int, ...]:
@@ -39,9 +38,10 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tuning")
     g.add_argument("--target", default="opencl", help="opencl (default: any OpenCL device, PoCL on a CPU) or cuda")
     g.add_argument("--device", type=int, default=0, help="device index (default 0; OpenCL GPUs first)")
-    g.add_argument("--strategy", default="ga", choices=("ga", "random", "analytic"),
-                   help="search strategy (default ga); analytic: method 002's GEMM tile from the hardware "
-                        "model, printed and measured once (--no-measure: not measured)")
+    g.add_argument("--strategy", default="ga", metavar="NAME",
+                   help=f"search strategy: {', '.join(STRATEGIES)} (default ga); analytic: method 002's GEMM "
+                        "tile from the hardware model (or the template's own pick), printed and measured once "
+                        "(--no-measure: not measured); ga+xgb is ga with --cost-model xgb")
     g.add_argument("--generations", type=int, default=6, help="GA generations (default 6)")
     g.add_argument("--population", type=int, default=12, help="GA population size (default 12)")
     g.add_argument("--tourn-size", type=int, default=2, help="tournament size, < population/2 (default 2)")
@@ -52,6 +52,12 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--records", default=DEFAULT_RECORDS, help=f"JSON-lines records file, resumed if present (default {DEFAULT_RECORDS})")
     g.add_argument("--build-timeout", type=float, default=120.0, help="seconds per build (default 120)")
     g.add_argument("--run-timeout", type=float, default=60.0, help="seconds per measurement (default 60)")
+    g.add_argument("--runner", default="local", metavar="NAME",
+                   help=f"where candidates are measured: {', '.join(RUNNERS)} (default local: this machine, "
+                        "an isolated process per device)")
+    g.add_argument("--runner-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the runner, repeatable (local: devices=0,1 measures on both devices "
+                        "at once)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     m = p.add_argument_group("cost model (predictor stage of the GA)")
     m.add_argument("--cost-model", default="none", choices=("none", "xgb"),
@@ -69,25 +75,29 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
                         "for --target cuda: H100 limits are assumed when no GPU is found)")
 
 
-def check_tuning_args(args: argparse.Namespace) -> None:
-    for name in ("generations", "population", "tourn_size"):
-        if getattr(args, name) < 1:
-            raise TvmExtError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.trials is not None and args.trials < 1:
-        raise TvmExtError("--trials must be >= 1")
-    if not 0.0 <= args.mutation <= 1.0:
-        raise TvmExtError("--mutation must be a probability in [0, 1]")
-    if args.population >= 4 and args.tourn_size >= args.population / 2:
-        raise TvmExtError(f"--tourn-size must be < population/2 ({args.population / 2:g})")
-    if args.cost_model != "none" and args.strategy != "ga":
-        raise TvmExtError("--cost-model needs --strategy ga (the GA breeds the candidates the model ranks)")
-    for name in ("ng", "nm"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise TvmExtError(f"--{name} must be >= 1")
-    if args.ng is not None and args.nm is not None and args.ng < args.nm:
-        raise TvmExtError("--ng must be >= --nm (the model picks nm of ng candidates)")
-    if not 0.0 <= args.explore <= 1.0:
-        raise TvmExtError("--explore must be a share in [0, 1]")
+def session_options(args: argparse.Namespace) -> SessionOptions:
+    """The tuning arguments as session options (checked there: one ``TvmExtError`` per problem)."""
+    strategy = args.strategy
+    if args.cost_model != "none":
+        if strategy != "ga":
+            raise TvmExtError("--cost-model needs --strategy ga (the GA breeds the candidates the model ranks)")
+        strategy = f"ga+{args.cost_model}"
+    return SessionOptions(
+        target=args.target, device=args.device, strategy=strategy, runner=args.runner,
+        generations=args.generations, population=args.population, tourn_size=args.tourn_size,
+        mutation=args.mutation, trials=args.trials, workers=args.workers, seed=args.seed, records=args.records,
+        build_timeout=args.build_timeout, run_timeout=args.run_timeout, ng=args.ng, nm=args.nm,
+        explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option))
+
+
+def parse_runner_options(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TvmExtError(f"--runner-option {item!r} is not KEY=VALUE")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
 
 
 class Parser(argparse.ArgumentParser):

@@ -12,7 +12,8 @@
 
 ``load_program`` needs only numpy and TVM's runtime (CUDA) or pyopencl (OpenCL:
 the PyPI TVM wheel has no OpenCL runtime, so the kernels in ``program.cl`` are
-launched as the manifest lists them).  No search code is involved.
+launched as the manifest lists them), through the executors of ``tvm_ext.executors``.
+No search code is involved.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import TvmExtError
+from .executors import CudaExecutor, OpenclExecutor
 from .precision import cast, np_dtype
+from .program import MAIN, KernelLaunch, TensorSpec
 
 MANIFEST = "manifest.json"
 FORMAT = "tvm_ext.program/1"
@@ -41,22 +44,15 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
     returns the manifest's path.  ``extra`` (error, speedup, ...) goes into the manifest."""
     import tvm
 
-    from .builder import compile_module
-
     os.makedirs(os.path.join(out_dir, "kernels"), exist_ok=True)
-    if hasattr(op, "compile"):  # several kernels and a host plan (GRU)
-        compiled = op.compile(schedule_config, target)
-        modules = compiled.modules
-        executable, source = compiled.executable, compiled.source
-        params = tuple(op.buffers())
-        art = compiled.artifact(target.kind, params)
-        launches, entry = art.launches, "calls" if target.kind == "cuda" else "launches"
-    else:
-        sch = op.schedule(schedule_config, target)
-        modules = {"main": sch.mod}
-        executable, source, launches, params = compile_module(sch.mod, target,
-                                                              op.pass_config(schedule_config, target))
-        entry = "main" if target.kind == "cuda" else "launches"
+    program = op.build_program(schedule_config, target)
+    modules, executable, source, params = program.modules, program.executable, program.source, program.params
+    if target.kind != "cuda":
+        entry, launches = "launches", program.launches
+    elif program.single_function:  # one PrimFunc: called as main, its kernels listed for reading
+        entry, launches = MAIN, program.launches
+    else:  # a host plan: the module's functions called in order
+        entry, launches = "calls", program.calls
     for name, mod in modules.items():
         with open(os.path.join(out_dir, "kernels", f"{name}.py"), "w", encoding="utf-8") as fh:
             fh.write(mod.script())
@@ -144,56 +140,38 @@ class GeneratedProgram:
 
     def run(self, *arrays: np.ndarray) -> list[np.ndarray]:
         inputs = self._prepare(arrays)
+        executor = self.executor
+        for spec in self.tensors:
+            values = inputs.pop(0) if spec["role"] == "input" else np.zeros(spec["shape"], np_dtype(spec["dtype"]))
+            executor.write(spec["name"], values)
+        executor.run()
+        executor.sync()
+        return [executor.read(t["name"]) for t in self.outputs]
+
+    @property
+    def executor(self) -> Any:
+        """The program's executor (made once): the library's functions through TVM's runtime
+        (CUDA), or the kernels of the source through pyopencl (OpenCL), as the manifest lists them."""
+        if self._impl is not None:
+            return self._impl
+        specs = {t["name"]: TensorSpec(tuple(t["shape"]), t["dtype"]) for t in self.tensors}
+        names = tuple(t["name"] for t in self.tensors)
         if self.kind == "cuda":
-            return self._run_cuda(inputs)
-        return self._run_opencl(inputs)
+            import tvm
 
-    def _run_cuda(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        import tvm
-
-        dev = tvm.cuda(self.device_id)
-        if self._impl is None:
-            self._impl = tvm.runtime.load_module(os.path.join(self.directory, self.manifest["library"]))
-        values = iter(inputs)
-        bufs = {t["name"]: tvm.runtime.tensor(next(values) if t["role"] == "input"
-                                              else np.zeros(t["shape"], np_dtype(t["dtype"])), dev)
-                for t in self.tensors}
-        if self.manifest["entry"] == "main":
-            self._impl["main"](*(bufs[t["name"]] for t in self.tensors))
-        else:  # a host plan: one call per entry, scalars inline
-            for call in self.manifest["launches"]:
-                self._impl[call["name"]](*(bufs[a] if isinstance(a, str) else a for a in call["args"]))
-        dev.sync()
-        return [bufs[t["name"]].numpy() for t in self.outputs]
-
-    def _run_opencl(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        import pyopencl as cl
-
-        from .builder import KernelLaunch
-        from .runner import enqueue_launches
-        from .target import opencl_device
-
-        if self._impl is None:
-            ctx = cl.Context([opencl_device(self.device_id)])
+            module = tvm.runtime.load_module(os.path.join(self.directory, self.manifest["library"]))
+            calls = ([KernelLaunch(MAIN, names, (1, 1, 1), (1, 1, 1))] if self.manifest["entry"] == MAIN
+                     else _launches(self.manifest["launches"]))
+            self._impl = CudaExecutor(module, calls, specs, self.device_id)
+        else:
             with open(os.path.join(self.directory, self.manifest["source"]), encoding="utf-8") as fh:
-                program = cl.Program(ctx, fh.read()).build()
-            launches = [KernelLaunch(l["name"], tuple(l["args"]), tuple(l["grid"]), tuple(l["block"]))
-                        for l in self.manifest["launches"]]
-            by_name = {name: cl.Kernel(program, name) for name in dict.fromkeys(l.name for l in launches)}
-            self._impl = (ctx, cl.CommandQueue(ctx), [(by_name[l.name], l) for l in launches])
-        ctx, queue, kernels = self._impl
-        mf = cl.mem_flags
-        values = iter(inputs)
-        host = {t["name"]: (next(values) if t["role"] == "input" else np.zeros(t["shape"], np_dtype(t["dtype"])))
-                for t in self.tensors}
-        bufs = {n: cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=a) for n, a in host.items()}
-        enqueue_launches(queue, kernels, bufs)
-        outs = []
-        for t in self.outputs:
-            cl.enqueue_copy(queue, host[t["name"]], bufs[t["name"]])
-            outs.append(host[t["name"]])
-        queue.finish()
-        return outs
+                source = fh.read()
+            self._impl = OpenclExecutor.of(source, _launches(self.manifest["launches"]), specs, self.device_id)
+        return self._impl
+
+
+def _launches(entries: Sequence[Mapping[str, Any]]) -> list[KernelLaunch]:
+    return [KernelLaunch(e["name"], tuple(e["args"]), tuple(e["grid"]), tuple(e["block"])) for e in entries]
 
 
 def load_program(path: str, device_id: int = 0) -> GeneratedProgram:

@@ -1,4 +1,8 @@
-"""User-facing errors: one line, non-zero exit, never a traceback."""
+"""User-facing errors (one line, non-zero exit, never a traceback), and the kinds of failure
+a candidate can have inside a search (data in its record, never an exception)."""
+from __future__ import annotations
+
+from enum import Enum
 
 
 class TvmExtError(Exception):
@@ -6,3 +10,25 @@ class TvmExtError(Exception):
 
     The CLI prints ``error: <message>`` and exits with code 2.
     """
+
+
+class ErrorKind(str, Enum):
+    """Why a candidate failed, shared by the builder, the runner and the records.
+
+    A ``str`` enum whose values are the strings records hold, so old records read back and
+    ``kind == "wrong_answer"`` still works; ``OK`` (the empty string) is a success."""
+
+    OK = ""
+    BUILD_ERROR = "build_error"  # scheduling or compiling raised
+    BUILD_TIMEOUT = "build_timeout"  # the build ran past the builder's timeout
+    RUN_ERROR = "run_error"  # loading or running the program raised, or it flagged a failure
+    RUN_TIMEOUT = "run_timeout"  # the measurement ran past the runner's timeout
+    WRONG_ANSWER = "wrong_answer"  # the outputs do not match the float64 reference
+    CRASH = "crash"  # the measuring process died (a trap or segfault in the kernel)
+
+    @classmethod
+    def _missing_(cls, value: object) -> "ErrorKind | None":
+        return cls.RUN_ERROR if value == "runtime_error" else None  # an older GRU record's name
+
+    def __str__(self) -> str:
+        return self.value

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from .errors import TvmExtError
+from .measure import RunPlan
 from .precision import HIGH_PRECISION, MixedPrecisionOperator, PrecisionParam
+from .program import Artifact, CompiledProgram
 from .space import Config, Knob, Space
 from .target import TargetInfo
 from .template import Template, TensorSpec
@@ -125,36 +127,21 @@ class PrecisionProgram(Template):
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         return self.lowered(config).schedule(self.schedule_config, target)
 
-    def build_artifact(self, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
-        from dataclasses import replace
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        return self.lowered(config).build_program(self.schedule_config, target)
 
-        from .builder import compile_schedule, plain_json
+    def measured_operator(self, config: Config) -> Template:
+        """The lowered operator: its make_case rounds the fixed full-precision inputs, and its
+        reference is float64 of the unrounded ones."""
+        return self.lowered(config)
 
-        op = self.lowered(config)
-        if hasattr(op, "build_artifact"):
-            artifact, trace = op.build_artifact(self.schedule_config, target, out_dir)
-        else:
-            sch = op.schedule(self.schedule_config, target)
-            artifact = compile_schedule(op.name, sch, target, out_dir, op.pass_config(self.schedule_config, target))
-            trace = plain_json(sch.trace.as_json())
-        # The runner gets the artifact, not the config: stamp the precision on it.
-        return replace(artifact, precision=tuple(sorted(config.items))), trace
-
-    def measure_artifact(self, artifact: Any, target: TargetInfo, settings: Any) -> Any:
-        from dataclasses import replace
-
-        from .runner import MEASURE
-
-        # Build and run are the lowered operator's; its make_case rounds the fixed
-        # full-precision inputs, and its reference is float64 of the unrounded ones.
-        op = self.base.with_precision(dict(artifact.precision))
-        if hasattr(op, "measure_artifact"):
-            result = op.measure_artifact(artifact, target, settings)
-        else:
-            result = MEASURE[artifact.kind](artifact, op, target, settings)
-        if result.ok and "stage_secs" not in result.metrics and len(self.stages) == 1:
-            result = replace(result, metrics={**result.metrics, "stage_secs": {self.stages[0]: result.cost}})
-        return result
+    def run_plan(self, config: Config, artifact: Artifact) -> RunPlan:
+        """The lowered operator's plan; an operator of one stage counts all of it toward that stage."""
+        plan = self.lowered(config).run_plan(self.schedule_config, artifact)
+        if plan.stages or len(self.stages) != 1:
+            return plan
+        steps = artifact.calls if artifact.kind == "cuda" else artifact.launches
+        return replace(plan, stages=((self.stages[0],),) * len(steps))
 
 
 def breed_precisions(current: np.ndarray, history: np.ndarray, cardinalities: np.ndarray, free: np.ndarray,

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from .cli_args import check_tuning_args, format_speed
+from .cli_args import format_speed, session_options
 from .errors import TvmExtError
 
 DEFAULT_DATABASE = "tvm_ext_database"
@@ -56,23 +56,17 @@ def load_model_file(path: str) -> Any:
 def run_model(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .pipeline import TuneOptions, load_model, summary, tune_relax
+    from .pipeline import load_model, summary, tune_relax
     from .target import resolve_target
-    check_tuning_args(args)
-    if args.strategy not in ("ga", "random"):
-        raise TvmExtError(f"model tuning supports --strategy ga or random, not {args.strategy}")
-    if getattr(args, "cost_model", "none") != "none":
-        raise TvmExtError("model tuning does not use a cost model yet: leave out --cost-model")
+
+    options = session_options(args)
     user = load_model_file(args.file)
     mod = user.get_module()
     target = resolve_target(args.target, args.device)
-    options = TuneOptions(strategy=args.strategy, generations=args.generations, population=args.population,
-                          tourn_size=args.tourn_size, mutation=args.mutation, trials=args.trials,
-                          workers=args.workers, seed=args.seed, build_timeout=args.build_timeout,
-                          run_timeout=args.run_timeout)
     progress = _Progress(disabled=args.no_progress)
     try:
-        result = tune_relax(mod, target, args.records, args.database, options, on_record=progress.update)
+        result = tune_relax(mod, target, args.records, args.database, options, log=progress.write,
+                            on_record=progress.update)
     finally:
         progress.close()
     print(f"\nmodel {args.file}  target={target.kind} device={target.device_name}  "
@@ -117,6 +111,10 @@ class _Progress:
         self.bar.update(1)
         self.bar.set_postfix(kernel=tuner.template.describe(),
                              best=format_speed(tuner.template, best.cost) if best else "-", errors=tuner.errors)
+
+    def write(self, message: str) -> None:
+        """A log line on stderr that does not break the bar."""
+        self.bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

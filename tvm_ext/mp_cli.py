@@ -13,23 +13,24 @@ import os
 import sys
 from typing import Any
 
-from .errors import TvmExtError
+from .cli_args import Parser, parse_shape
+from .session import DEFAULT_RECORDS
 
 DEFAULT_OUT = "tvm_ext_program"
 
 
-def add_mixed_precision_parser(sub: Any, parser_class: Any, parse_shape: Any) -> None:
+def add_mixed_precision_parser(sub: Any) -> None:
     mp = sub.add_parser(
         "mixed-precision", help="method 003: fastest precision per tensor within an error bound",
         description=__doc__.split("\n\n", 1)[1].replace("\n", " "),
     )
-    ops = mp.add_subparsers(dest="operator", metavar="OPERATOR", required=True, parser_class=parser_class)
+    ops = mp.add_subparsers(dest="operator", metavar="OPERATOR", required=True, parser_class=Parser)
     gemm = ops.add_parser("gemm", help="C = A·B: dtypes of A, B, C and the accumulator")
     gemm.add_argument("--shape", required=True, help="M,N,K")
     gemm.add_argument("--tensor-core", default="auto", metavar="TILE",
                       help="WMMA tile for configs with float16 A and B on CUDA: auto (default: picked for the "
                            "shape), none, or tc_ knobs as k=v,...")
-    gemm.set_defaults(make_operator=lambda a: _gemm(a, parse_shape), tensor_cores=_gemm_tensor_cores)
+    gemm.set_defaults(make_operator=_gemm, tensor_cores=_gemm_tensor_cores)
     gru = ops.add_parser("gru", help="a GRU layer: dtypes of x, weights, gate buffers, state, output, "
                                      "both accumulators and the cell's math")
     for name, help_text in (("batch", "batch size B"), ("hidden", "hidden size H"), ("input", "input size I"),
@@ -72,14 +73,14 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("run")
     r.add_argument("--target", default="opencl", help="opencl (default) or cuda")
     r.add_argument("--device", type=int, default=0, help="device index (default 0)")
-    r.add_argument("--records", default="tvm_ext_records.jsonl", help="records file, resumed if present")
+    r.add_argument("--records", default=DEFAULT_RECORDS, help="records file, resumed if present")
     r.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the generated program (default {DEFAULT_OUT})")
     r.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
     r.add_argument("--build-timeout", type=float, default=300.0, help="seconds per build (default 300)")
     r.add_argument("--run-timeout", type=float, default=120.0, help="seconds per measurement (default 120)")
 
 
-def _gemm(args: argparse.Namespace, parse_shape: Any) -> Any:
+def _gemm(args: argparse.Namespace) -> Any:
     from .schedules.gemm import GemmTemplate
 
     return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")))
@@ -120,28 +121,25 @@ def _gru_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
 
 
 def run_mixed_precision(args: argparse.Namespace) -> int:
-    from .builder import LocalBuilder
     from .codegen import export_program
     from .mixed_precision import Method003Settings, MixedPrecisionSearch, PrecisionProgram, schedule_for
     from .records import RecordStore
-    from .runner import LocalRunner
-    from .target import resolve_target
-    from .tuner import Tuner
+    from .session import Session, SessionOptions
 
     settings = Method003Settings(
         error_bound=args.error_bound, max_measurements=args.m, max_stages=args.nf, population=args.n0,
         generated=args.ng, measured=args.nm, mutation=args.u0, explore=args.explore, seed=args.seed)
     base = args.make_operator(args)
-    store = RecordStore(args.records)
-    target = resolve_target(args.target, args.device)
-    schedule, source = schedule_for(base, target, store)
+    options = SessionOptions(target=args.target, device=args.device, records=args.records, workers=args.workers,
+                             build_timeout=args.build_timeout, run_timeout=args.run_timeout, seed=args.seed)
+    session = Session(options, store=RecordStore(args.records))
+    target = session.target
+    schedule, source = schedule_for(base, target, session.store)
     base = args.tensor_cores(base, args, target)  # float16 operands on CUDA run on the tensor cores
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     program = PrecisionProgram(base, schedule, dtypes)
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
-    builder = LocalBuilder(workers=args.workers, timeout=args.build_timeout)
-    runner = LocalRunner(target, timeout=args.run_timeout)
-    tuner = Tuner(program, target, builder, runner, store)
+    tuner = session.tuner(program)
     predictor = None
     if args.predictor == "xgb":
         from .cost_model.precision import PrecisionPredictor
@@ -156,8 +154,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
         print("interrupted: records so far are kept; rerun the same command to resume", file=sys.stderr)
         return 130
     finally:
-        builder.close()
-        runner.close()
+        session.close()
     print_result(program, result, settings)
     if result.best is None:
         print(f"error: no configuration within the error bound {settings.error_bound:g} ran correctly",

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import TvmExtError
+from .session import Session, SessionOptions
 from .target import TargetInfo
 from .tasks import TaskMatch, match_task
 
@@ -30,20 +31,7 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class TuneOptions:
-    """Search settings for every task (same meaning as the CLI's tuning arguments)."""
-
-    strategy: str = "ga"
-    generations: int = 6
-    population: int = 12
-    tourn_size: int = 2
-    mutation: float = 0.1
-    trials: int | None = None  # per distinct template workload
-    workers: int | None = None
-    seed: int = 0
-    build_timeout: float = 120.0
-    run_timeout: float = 60.0
+TuneOptions = SessionOptions  # search settings for every task (the CLI's tuning arguments)
 
 
 @dataclass(frozen=True)
@@ -214,22 +202,20 @@ class _Group:
 
 
 def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
-               options: TuneOptions = TuneOptions(), log: Log | None = _stderr,
+               options: SessionOptions = SessionOptions(), log: Log | None = _stderr,
                on_record: Callable[[Any, Any], None] | None = None) -> RelaxTuning:
     """Tune every PrimFunc of ``mod`` that a template matches; export the best to ``database``.
 
     Tasks with no template (or whose tuning found nothing correct) are reported with a
     note and get TVM's default schedule when the model is compiled.  Ctrl-C stops the
-    search, keeps the records and still exports what was found.
+    search, keeps the records and still exports what was found.  Every task is tuned with
+    ``options`` (``records`` replaces its records file) through one ``Session``.
     """
+    import dataclasses
     import time
 
-    from .builder import LocalBuilder
     from .records import RecordStore
-    from .runner import LocalRunner
-    from .search import make_strategy
     from .template import Workload
-    from .tuner import Tuner
     from .tvm_export import Exported, export_task, open_database
 
     log = log or (lambda _msg: None)
@@ -249,31 +235,18 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
 
     interrupted = False
     if groups:
-        builder = LocalBuilder(workers=options.workers, timeout=options.build_timeout)
-        runner = LocalRunner(target, timeout=options.run_timeout)
-        try:
+        with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
             for key, group in groups.items():
                 names = ", ".join(matches[i].name for i in group.tasks)
-                tuner = Tuner(group.template, target, builder, runner, store,
-                              trials=options.trials or (1 << 30), on_record=on_record)
-                default = group.template.default_config(target)
-                strategy = make_strategy(
-                    options.strategy, tuner.space, np.random.default_rng(options.seed),
-                    population=options.population, generations=options.generations,
-                    seeds=[tuner.space.encode(default)], tourn_size=options.tourn_size,
-                    mutation_rate=options.mutation)
-                log(f"tuning {group.template.describe()} for {names} "
-                    f"({tuner.resumed} records resumed)")
-                result = tuner.tune(strategy, default)
+                tuner = session.tuner(group.template, on_record=on_record)
+                log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")
+                result = session.search(tuner)
                 group.trials = result.trials
                 group.best = result.best.cost if result.best else math.inf
                 group.default = result.default.cost if result.default and result.default.ok else math.inf
                 if result.interrupted:
                     interrupted = True
                     break
-        finally:
-            builder.close()
-            runner.close()
 
     reports = []
     for i, (task, m) in enumerate(zip(tasks, matches)):

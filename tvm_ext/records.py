@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
-from .errors import TvmExtError
+from .errors import ErrorKind, TvmExtError
 from .space import Config
 
 
@@ -23,13 +23,16 @@ class Record:
     workload: dict[str, Any]
     config: dict[str, Any]
     costs: tuple[float, ...]
-    error_kind: str = ""
+    error_kind: ErrorKind = ErrorKind.OK
     error_msg: str = ""
     build_secs: float = 0.0
     source_hash: str = ""
     trace: Any = None
     metrics: dict[str, Any] = field(default_factory=dict)  # rel_error, stage_secs, ...
     timestamp: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "error_kind", ErrorKind(self.error_kind))  # a kind's string works too
 
     @property
     def ok(self) -> bool:

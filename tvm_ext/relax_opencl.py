@@ -8,19 +8,20 @@ OpenCL driver on the GPU machine) this is the smallest executor that still runs
 exactly TVM's kernels: it takes a static-shape Relax function made only of
 ``call_tir`` bindings (what ``legalize + fuse + schedule`` leaves), builds every
 scheduled PrimFunc for OpenCL with TVM, reads each one's launches from the lowered
-TIR (``builder.extract_launches``) and enqueues them with the runner's launch code
-(``runner.enqueue_launches``), one device buffer per Relax value.
+TIR (``program.extract_launches``) and runs them with the OpenCL executor every other
+OpenCL path uses (``tvm_ext.executors``), one device buffer per Relax value.
 """
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from .builder import Artifact, extract_launches
 from .errors import TvmExtError
+from .executors import OpenclExecutor
+from .program import Artifact, TensorSpec, extract_launches
 from .target import TargetInfo
 
 
@@ -185,27 +186,22 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
 
 
 class OpenCLExecutor:
-    """Runs a ``Plan`` on an OpenCL device: one buffer per value, kernels in binding order."""
+    """Runs a ``Plan`` on an OpenCL device through the OpenCL executor of ``tvm_ext.executors``:
+    one buffer per value, every PrimFunc's kernels in binding order."""
 
     def __init__(self, plan: Plan, target: TargetInfo):
-        import pyopencl as cl
-
-        from .runner import opencl_context, opencl_kernels
-
         self.plan = plan
         self.target = target
-        self.ctx, self.queue = opencl_context(target.device_id)
-        self._kernels = {}
+        specs = {v.name: TensorSpec(v.shape, v.dtype) for v in plan.values}
+        steps = []
         for step in plan.steps:
-            if step.func not in self._kernels:
-                self._kernels[step.func] = opencl_kernels(self.ctx, step.artifact)
-        mf = cl.mem_flags
-        self._buffers = {
-            v.name: cl.Buffer(self.ctx, mf.READ_WRITE, max(1, int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize))
-            for v in plan.values
-        }
+            bound = dict(zip(step.artifact.params, step.args))
+            steps += [(step.artifact.source, replace(launch, args=tuple(bound[a] if isinstance(a, str) else a
+                                                                          for a in launch.args)))
+                      for launch in step.artifact.launches]
+        self.executor = OpenclExecutor(steps, specs, target.device_id, profiling=True)
         for vname, array in plan.constants:
-            cl.enqueue_copy(self.queue, self._buffers[vname], np.ascontiguousarray(array))
+            self.executor.write(vname, array)
 
     @classmethod
     def from_module(cls, mod: Any, target: TargetInfo, function: str | None = None) -> "OpenCLExecutor":
@@ -216,8 +212,6 @@ class OpenCLExecutor:
         return {s.func: s.artifact.source for s in self.plan.steps}
 
     def _upload(self, inputs: Sequence[np.ndarray]) -> None:
-        import pyopencl as cl
-
         if len(inputs) != len(self.plan.inputs):
             names = ", ".join(v.name for v in self.plan.inputs)
             raise TvmExtError(f"{self.plan.function} takes {len(self.plan.inputs)} inputs ({names}), got {len(inputs)}")
@@ -226,31 +220,14 @@ class OpenCLExecutor:
             if tuple(array.shape) != spec.shape or str(array.dtype) != spec.dtype:
                 raise TvmExtError(f"input {spec.name} must be {spec.dtype}{list(spec.shape)}, "
                                   f"got {array.dtype}{list(array.shape)}")
-            cl.enqueue_copy(self.queue, self._buffers[spec.name], np.ascontiguousarray(array))
-
-    def _enqueue(self) -> list[Any]:
-        from .runner import enqueue_launches
-
-        events = []
-        for step in self.plan.steps:
-            bufs = {param: self._buffers[arg] for param, arg in zip(step.artifact.params, step.args)}
-            events += enqueue_launches(self.queue, self._kernels[step.func], bufs)
-        return events
+            self.executor.write(spec.name, array)
 
     def run(self, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """Inputs in the Relax function's parameter order; numpy output(s)."""
-        import pyopencl as cl
-
         self._upload(inputs)
-        self._enqueue()
-        outs = []
-        by_name = {v.name: v for v in self.plan.values}
-        for name in self.plan.outputs:
-            v = by_name[name]
-            out = np.empty(v.shape, v.dtype)
-            cl.enqueue_copy(self.queue, out, self._buffers[name])
-            outs.append(out)
-        self.queue.finish()
+        self.executor.run()
+        outs = [self.executor.read(name) for name in self.plan.outputs]
+        self.executor.sync()
         return tuple(outs) if self.plan.tuple_output else outs[0]
 
     __call__ = run
@@ -260,13 +237,8 @@ class OpenCLExecutor:
         self._upload(inputs)
         samples = []
         for i in range(warmup + repeat):
-            events = self._enqueue()
-            events[-1].wait()
-            self.queue.finish()
-            try:
-                secs = (events[-1].profile.end - events[0].profile.start) * 1e-9
-            except Exception:  # a queue without profiling
-                secs = float("nan")
+            secs = self.executor.device_secs()
+            self.executor.sync()
             if i >= warmup:
                 samples.append(secs)
         return statistics.median(samples) if samples else float("nan")

@@ -158,17 +158,3 @@ class RandomSearch:
     def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
         self.history.append(float(np.min(costs)) if len(costs) else float("inf"))
         self.generation += 1
-
-
-STRATEGIES = ("ga", "random")
-
-
-def make_strategy(name: str, space: Space, rng: np.random.Generator, *, population: int,
-                  generations: int, seeds: Sequence[np.ndarray] = (), tourn_size: int = 2,
-                  mutation_rate: float = 0.1) -> SearchStrategy:
-    if name == "ga":
-        return GeneticSearch(space, rng, size_pop=population, generations=generations,
-                             tourn_size=tourn_size, mutation_rate=mutation_rate, seeds=seeds)
-    if name == "random":
-        return RandomSearch(space, rng, batch=population, generations=generations)
-    raise ValueError(f"unknown strategy {name!r}; allowed: {', '.join(STRATEGIES)}")

@@ -1,8 +1,11 @@
 """The template interface: what an operator file in ``schedules/`` provides.
 
-One file per operator holds its TE compute, its knobs, its schedule and its numpy
-reference, so a reader finds everything about an operator in one place.  The core
-(builder, runner, tuner) only talks to this interface.
+One file per operator (or one package, for an operator of several kernels) holds its TE
+compute, its knobs, its schedule and its numpy reference, so a reader finds everything
+about an operator in one place.  The core (builder, runner, tuner, CLI) only talks to
+this interface: ``build_program``, ``measured_operator``, ``run_plan``, ``output_check``
+and ``analytic_pick`` have defaults for a one-kernel operator, which an operator with a
+host plan (the GRU) or a search over another operator (mixed precision) overrides.
 """
 from __future__ import annotations
 
@@ -18,19 +21,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .checks import NormwiseCheck, OutputCheck
 from .errors import TvmExtError
+from .measure import RunPlan
 from .precision import cast, np_dtype
+from .program import Artifact, CompiledProgram, TensorSpec, compile_schedule
 from .space import Config, Space
 from .target import TargetInfo
 
+__all__ = ["Template", "TensorSpec", "Workload", "get_template_class", "template_names"]
+
 
 OPERATOR_PACKAGES = "tvm_ext.schedules"  # an operator in a subpackage of it is hashed whole
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    shape: tuple[int, ...]
-    dtype: str
 
 
 class Template(ABC):
@@ -96,20 +98,14 @@ class Template(ABC):
                   for x, s in zip(values, self.inputs())]
         return inputs, refs
 
+    def output_check(self, refs: list[np.ndarray]) -> OutputCheck:
+        """How outputs are compared with ``refs`` (data a runner's worker applies): each
+        output's normwise relative error within ``tolerance``."""
+        return NormwiseCheck(self.tolerance)
+
     def check(self, outputs: list[np.ndarray], refs: list[np.ndarray]) -> str | None:
         """``None`` if outputs match the reference, else what is wrong."""
-        for i, (out, ref) in enumerate(zip(outputs, refs)):
-            out64 = out.astype(np.float64)
-            if out.shape != ref.shape:
-                return f"output {i} has shape {out.shape}, expected {ref.shape}"
-            if not np.array_equal(np.isnan(out64), np.isnan(ref)):
-                return f"output {i}: NaN where the reference has none (or the reverse)"
-            mask = ~np.isnan(ref)
-            denom = max(np.linalg.norm(ref[mask]), 1e-30)
-            err = float(np.linalg.norm(out64[mask] - ref[mask]) / denom)
-            if not err <= self.tolerance:
-                return f"output {i}: relative error {err:.3g} exceeds {self.tolerance:.1g}"
-        return None
+        return self.output_check(refs)(outputs, refs)
 
     tolerance: ClassVar[float] = 1e-4
 
@@ -121,6 +117,28 @@ class Template(ABC):
         """The fewest bytes one run must read and write."""
         size = lambda s: int(np.prod(s.shape)) * np_dtype(s.dtype).itemsize  # noqa: E731
         return float(sum(size(s) for s in self.inputs() + self.outputs()))
+
+    # ---- building and measuring: what the builder, the runner and the CLI ask every template ----
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        """Every kernel of ``config`` compiled into one module, with the plan that runs it: by
+        default ``schedule``'s one PrimFunc, called once with every buffer.  An operator of
+        several kernels and a host plan (the GRU) compiles them all and gives its plan."""
+        return compile_schedule(self.schedule(config, target), target, self.pass_config(config, target))
+
+    def measured_operator(self, config: Config) -> "Template":
+        """The operator whose buffers, inputs, reference and check judge ``config``'s program:
+        the template itself (a precision search's: the operator at that precision)."""
+        return self
+
+    def run_plan(self, config: Config, artifact: Artifact) -> RunPlan:
+        """How ``config``'s program is run and timed beyond its launches: the device's timer,
+        inputs rotated when they fit in L2, no failure flag, no stage times."""
+        return RunPlan()
+
+    def analytic_pick(self, target: TargetInfo) -> tuple[Config, str] | None:
+        """A config chosen without measuring and why (``--strategy analytic``), or None when
+        the template has no rule of its own (method 002's GEMM tile selection applies)."""
+        return None
 
     @cached_property
     def source_hash(self) -> str:

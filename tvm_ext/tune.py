@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .cli_args import Parser, add_tuning_args, check_tuning_args, format_speed, knob_help, parse_shape
+from .cli_args import Parser, add_tuning_args, format_speed, knob_help, parse_shape, session_options
 from .errors import TvmExtError
 
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_parser(sub, add_tuning_args)
     from .mp_cli import add_mixed_precision_parser
 
-    add_mixed_precision_parser(sub, Parser, parse_shape)
+    add_mixed_precision_parser(sub)
     return parser
 
 
@@ -122,51 +122,30 @@ def _reduce_template(args: argparse.Namespace) -> Any:
 
 
 def run_tuning(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from .builder import LocalBuilder
     from .records import RecordStore
-    from .runner import LocalRunner
-    from .search import make_strategy
-    from .target import resolve_target
-    from .tuner import Tuner
+    from .session import Session
 
-    check_tuning_args(args)
+    options = session_options(args)
     template = args.make_template(args)
-    if args.strategy == "analytic":
-        return _run_analytic(args, template)
-    store = RecordStore(args.records)
-    target = resolve_target(args.target, args.device)
-    default = template.default_config(target)  # a template that cannot run here says so before anything starts
-    builder = LocalBuilder(workers=args.workers, timeout=args.build_timeout)
-    runner = LocalRunner(target, timeout=args.run_timeout)
-    per_generation = args.population if args.cost_model == "none" else _nm(args)
-    progress = _Progress(template, disabled=args.no_progress,
-                         total=args.trials or args.population + per_generation * args.generations + 1)
-    tuner = Tuner(template, target, builder, runner, store,
-                  trials=args.trials or (1 << 30), on_record=progress.update)
-    seeds = [tuner.space.encode(c) for c in [default] + _analytic_seeds(template, target)]
-    model = None
-    if args.cost_model == "xgb":
-        strategy, model = _model_strategy(args, tuner, seeds, progress.write)
-    else:
-        strategy = make_strategy(
-            args.strategy, tuner.space, np.random.default_rng(args.seed), population=args.population,
-            generations=args.generations, seeds=seeds, tourn_size=args.tourn_size, mutation_rate=args.mutation,
-        )
-    print(f"tuning {template.describe()} on {target.kind}:{target.device_name} "
-          f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records})",
-          file=sys.stderr)
+    if options.strategy == "analytic":
+        return _run_analytic(args, options, template)
+    session = Session(options, store=RecordStore(options.records))  # unwritable records: said at once
+    progress = None
     try:
-        result = tuner.tune(strategy, default)
+        target = session.target
+        template.default_config(target)  # as does a template that cannot run here
+        total = args.trials or args.population + options.measured_per_generation * args.generations + 1
+        progress = _Progress(template, disabled=args.no_progress, total=total)
+        session.log = progress.write
+        tuner = session.tuner(template, on_record=progress.update)
+        print(f"tuning {template.describe()} on {target.kind}:{target.device_name} "
+              f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records})",
+              file=sys.stderr)
+        result = session.search(tuner)
     finally:
-        progress.close()
-        builder.close()
-        runner.close()
-        if model is not None and model.ready:
-            from .cost_model.model import model_path
-
-            model.save(model_path(args.records))
+        if progress is not None:
+            progress.close()
+        session.close()
     print_summary(template, result, target, args.records)
     if result.interrupted:
         print("interrupted: records so far are kept; rerun the same command to resume", file=sys.stderr)
@@ -177,61 +156,11 @@ def run_tuning(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nm(args: argparse.Namespace) -> int:
-    return args.nm or max(1, args.population // 2)
-
-
-def _analytic_seeds(template: Any, target: Any) -> list[Any]:
-    """Method 002's picks (GEMM only) as extra GA seeds, after the default config."""
-    from .cost_model.analytic import analytic_seeds
-
-    try:
-        return analytic_seeds(template, target)
-    except TvmExtError:  # no tile passes the template's own rule: the GA still runs
-        return []
-
-
-def _model_strategy(args: argparse.Namespace, tuner: Any, seeds: list[Any], log: Any) -> tuple[Any, Any]:
-    """The GA with the XGBoost predictor stage, its model warm from the records file."""
-    import numpy as np
-
-    from .cost_model.model import XGBCostModel, model_path
-    from .cost_model.ptxas import PtxasCache, nvcc_available
-    from .cost_model.search import ModelGuidedSearch
-
-    ptxas = None
-    if args.ptxas:
-        if tuner.target.kind != "cuda" or not nvcc_available():
-            raise TvmExtError("--ptxas needs --target cuda and nvcc on PATH")
-        ptxas = PtxasCache(model_path(args.records)[: -len(".xgb.json")] + ".ptxas.json")
-    path = model_path(args.records)
-    model = XGBCostModel(tuner.template, tuner.target, seed=args.seed, ptxas=ptxas)
-    loaded = ""
-    if os.path.exists(path):
-        try:
-            model = XGBCostModel.load(path, tuner.template, tuner.target, seed=args.seed, ptxas=ptxas)
-            loaded = f", loaded {path}"
-        except TvmExtError as exc:
-            log(f"note: {exc}; training a new model")
-    model.fill_ptxas = ptxas is not None
-    model.ptxas_workers = args.workers
-    transfer = model.add_records(tuner.store, tuner.workload.key)
-    model.fit()
-    log(f"cost model: {model.n_current} records of this workload, {transfer} of other shapes{loaded}")
-    nm = _nm(args)
-    strategy = ModelGuidedSearch(
-        tuner.space, np.random.default_rng(args.seed), model, size_pop=args.population,
-        ng=args.ng or max(16 * nm, args.population), nm=nm, explore=args.explore,
-        generations=args.generations, tourn_size=args.tourn_size, mutation_rate=args.mutation,
-        seeds=seeds, log=log)
-    return strategy, model
-
-
-def _run_analytic(args: argparse.Namespace, template: Any) -> int:
-    """Method 002: print the tile chosen from the hardware model; measure it once."""
+def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
+    """Method 002 (or the template's own rule): print the pick; measure it once."""
     import dataclasses
 
-    from .cost_model.analytic import select_tile
+    from .session import Session, analytic_pick
     from .target import offline_cuda, resolve_target
 
     try:
@@ -241,30 +170,15 @@ def _run_analytic(args: argparse.Namespace, template: Any) -> int:
             raise
         target = dataclasses.replace(offline_cuda(), device_id=args.device)
         print("note: no CUDA GPU found; using H100 (sm_90) limits", file=sys.stderr)
-    if hasattr(template, "analytic_pick"):  # a template with its own zero-measurement rule
-        config, explanation = template.analytic_pick(target)
-    else:
-        result = select_tile(template, target)
-        config, explanation = result.config, result.explain()
+    config, explanation = analytic_pick(template, target)
     print(f"{template.describe()}  target={target.kind} device={target.device_name}")
     print(explanation)
     print(f"config: {config}")
     if args.no_measure:
         return 0
-    from .builder import LocalBuilder
-    from .records import RecordStore
-    from .runner import LocalRunner
-    from .tuner import Tuner
-
-    store = RecordStore(args.records)
-    builder = LocalBuilder(workers=1, timeout=args.build_timeout)
-    runner = LocalRunner(target, timeout=args.run_timeout)
-    try:
-        tuner = Tuner(template, target, builder, runner, store, trials=1)
+    with Session(dataclasses.replace(options, trials=1, workers=1), target=target) as session:
+        tuner = session.tuner(template)
         (cost,) = tuner.evaluate([config])
-    finally:
-        builder.close()
-        runner.close()
     rec = tuner.record_of(config)
     if rec is None or not rec.ok:
         why = f"{rec.error_kind}: {rec.error_msg}" if rec else "not measured"

@@ -1,34 +1,35 @@
-"""The tuning driver: strategy → feasibility → dedup → build (parallel) → run → record.
+"""The tuning driver: strategy → feasibility → dedup → build (parallel) → measure (batch) → record.
 
 It owns the measure loop so every strategy gets the same guarantees: infeasible
 configs cost +inf without a build, a config (or a generated source) already
-measured is never measured again, each result is appended to the records file
-as it arrives, and Ctrl-C returns the best so far.
+measured is never measured again, a generation is deduplicated by config and by
+generated source before the runner gets it as one batch, each result is appended to
+the records file as it arrives, and Ctrl-C returns the best so far.
 """
 from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
 from .builder import BuildResult
+from .errors import ErrorKind
 from .records import Record, RecordStore
-from .runner import RunResult
+from .runner import Runner, RunResult
 from .search import SearchStrategy
 from .space import Config
 from .target import TargetInfo
 from .template import Template, Workload
 
 
-class Runner(Protocol):
-    def run(self, template: Template, builds: Sequence[BuildResult]) -> list[RunResult]: ...
-
-
 class Builder(Protocol):
     def build(self, template: Template, configs: Sequence[Config], target: TargetInfo) -> list[BuildResult]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -50,6 +51,20 @@ class TuneResult:
 
 
 ProgressHook = Callable[[Record, "Tuner"], None]
+
+
+def in_completion_order(futures: Sequence[Future]) -> Iterator[int]:
+    """Indices of ``futures`` as they complete; those done together in submission order
+    (a runner that resolves at once then gives a reproducible order)."""
+    left = list(range(len(futures)))
+    while left:
+        done = [i for i in left if futures[i].done()]
+        if not done:
+            wait([futures[i] for i in left], return_when=FIRST_COMPLETED)
+            continue
+        for i in done:
+            yield i
+        left = [i for i in left if i not in set(done)]
 
 
 class Tuner:
@@ -109,18 +124,42 @@ class Tuner:
             if len(pending) < self.budget_left:
                 pending.append(cfg)
         if pending:
-            for build in self.builder.build(self.template, pending, self.target):
-                self._measure(build)
+            self._measure(self.builder.build(self.template, pending, self.target))
         return np.array([self._cost.get(c, math.inf) for c in configs], dtype=np.float64)
 
-    def _measure(self, build: BuildResult) -> None:
-        source_hash = build.artifact.source_hash if build.artifact else ""
-        if source_hash in self._by_source:  # same kernel as one already measured
-            twin = self._by_source[source_hash]
-            self._cost[build.config] = twin.cost
-            self._records[build.config] = twin
+    def _measure(self, builds: Sequence[BuildResult]) -> None:
+        """One batch: failed builds are recorded as they are; a program already measured
+        (same generated source) is not measured again, nor twice within the batch; the
+        runner gets the rest at once and each result is recorded as it arrives."""
+        first: dict[str, BuildResult] = {}
+        twins: dict[str, list[Config]] = {}
+        for build in builds:
+            if build.artifact is None:
+                self._record(build, RunResult((), build.error_kind or ErrorKind.BUILD_ERROR, build.error_msg))
+                continue
+            source_hash = build.artifact.source_hash
+            if source_hash in self._by_source:  # same kernel as one already measured
+                self._alias(build.config, self._by_source[source_hash])
+            elif source_hash in first:
+                twins[source_hash].append(build.config)
+            else:
+                first[source_hash], twins[source_hash] = build, []
+        if not first:
             return
-        (result,) = self.runner.run(self.template, [build])
+        futures = self.runner.submit(self.template, list(first.values()))
+        batch = list(first.items())
+        for index in in_completion_order(futures):
+            source_hash, build = batch[index]
+            future = futures[index]
+            rec = self._record(build, future.result())
+            for config in twins[source_hash]:
+                self._alias(config, rec)
+
+    def _alias(self, config: Config, rec: Record) -> None:
+        self._cost[config] = rec.cost
+        self._records[config] = rec
+
+    def _record(self, build: BuildResult, result: RunResult) -> Record:
         rec = Record(
             workload_key=self.workload.key,
             workload=self.workload.as_json(),
@@ -129,7 +168,7 @@ class Tuner:
             error_kind=result.error_kind,
             error_msg=result.error_msg,
             build_secs=round(build.build_secs, 4),
-            source_hash=source_hash,
+            source_hash=build.artifact.source_hash if build.artifact else "",
             trace=build.trace,
             metrics=result.metrics,
         )
@@ -139,14 +178,19 @@ class Tuner:
         self.errors += 0 if rec.ok else 1
         if self.on_record:
             self.on_record(rec, self)
+        return rec
 
-    def tune(self, strategy: SearchStrategy, default: Config | None = None) -> TuneResult:
+    def tune(self, strategy: SearchStrategy, default: Config | None = None,
+             measure_default: bool = True) -> TuneResult:
+        """Run ``strategy`` until it is done or the budget is spent, the default config (the
+        baseline the result's speedup is over) measured first unless ``measure_default`` is off."""
         start = time.perf_counter()
         interrupted = False
         history: list[float] = []
         default = default or self.template.default_config(self.target)
         try:
-            self.evaluate([default])
+            if measure_default:
+                self.evaluate([default])
             while not strategy.done and self.budget_left > 0:
                 batch = strategy.propose()
                 configs = [self.space.decode(row) for row in batch]

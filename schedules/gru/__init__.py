@@ -9,8 +9,7 @@ Everything about the GRU lives in this package, one role per module:
 - ``kernels``: the cell, fused step and init kernels (TVMScript) and their schedules (the
   gate GEMMs are ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
 - ``plan``: the host plan (the calls of one forward pass), compiling it into one module,
-  and building and measuring the whole pass for the tuner;
-- ``executors``: running a compiled plan on OpenCL or CUDA;
+  and what the builder and the runner ask of it (the program, how it is timed);
 - ``layer``: the user-facing ``GRU`` object (build once, run many times).
 
 Pipeline per layer (patent 004), gate order r, z, n as in PyTorch: S1 ``gi = x·W_iᵀ + b_i``
@@ -18,12 +17,12 @@ for all T steps and both directions in one GEMM; per step S2 ``gh = h·W_hᵀ + 
 batched over directions) and S3/S4 the cell (or S2-S4 fused into one step kernel).
 """
 from .compute import F32, FUNCTION_STAGES, PRECISION_PARAMS, STAGES, function_stages, gru_reference
-from .executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
 from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
 from .layer import GRU
 from .plan import BARRIER_TIMEOUT, Call, CompiledGru
 from .template import (BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, PERSISTENT_MIN_REGISTERS,
                        SHARED_RESERVED_PER_BLOCK, STEP_KNOBS, GruTemplate, default_gemm_config, gemm_config)
+from tvm_ext.executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
 from tvm_ext.schedules.gemm import BiasGemmTemplate, gemm_bias_func
 
 __all__ = ["BARRIER_TIMEOUT", "BATCHED_GEMM_KNOBS", "F32", "FUNCTION_STAGES", "GRU", "HID_GEMM_KNOBS",

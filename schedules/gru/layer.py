@@ -9,11 +9,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
+from tvm_ext.executors import CudaExecutor, OpenclExecutor
 from tvm_ext.precision import np_dtype
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
-from .executors import CudaExecutor, OpenclExecutor
 from .plan import BARRIER_TIMEOUT, CompiledGru, barrier_timed_out
 from .template import GruTemplate
 
@@ -54,8 +54,8 @@ class GRU:
         self._persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
         specs = template.buffers()
         if target.kind == "opencl":
-            self.executor: Any = OpenclExecutor(compiled.source, compiled.kernel_launches(), specs,
-                                                target.device_id)
+            self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
+                                                   target.device_id)
         else:
             self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs,
                                          target.device_id)

@@ -11,21 +11,16 @@ state ping-pongs inside one buffer, ``hs``, indexed by the step's parity).
 """
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from tvm_ext import step_loop
-from tvm_ext.builder import Artifact, KernelLaunch, extract_launches, plain_json
-from tvm_ext.precision import FLOAT_DTYPES, np_dtype, relative_error
+from tvm_ext.measure import FailureFlag, RunPlan
+from tvm_ext.program import Artifact, CompiledProgram, KernelLaunch, TensorSpec, extract_launches, plain_json
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import TensorSpec
 
-from .executors import CudaExecutor, OpenclExecutor
+from .compute import function_stages
 
 
 @dataclass(frozen=True)
@@ -125,14 +120,15 @@ class CompiledGru:
     modules: dict[str, Any]  # function -> its scheduled IRModule (TVMScript of generated programs)
 
     def kernel_launches(self) -> tuple[Any, ...]:
-        """The plan as device kernel launches, arguments bound to plan buffers and scalars."""
+        """The plan as device kernel launches, arguments bound to plan buffers and scalars (a
+        host loop's index, ``loop:<var>``, stays: such a kernel runs from its function only)."""
         out = []
         for call in self.calls:
             kernels, params = self.launches[call.func]
             bound = dict(zip(params, call.args))
             for k in kernels:
-                args = tuple(bound[a] if isinstance(a, str) else a for a in k.args)
-                out.append(KernelLaunch(k.name, args, k.grid, k.block))
+                args = tuple(bound.get(a, a) if isinstance(a, str) else a for a in k.args)
+                out.append(KernelLaunch(k.name, args, k.grid, k.block, k.dyn_shared_bytes))
         return tuple(out)
 
     def function_calls(self) -> tuple[Any, ...]:
@@ -141,20 +137,11 @@ class CompiledGru:
         return tuple(KernelLaunch(c.func, c.args, self.launches[c.func][0][0].grid,
                                   self.launches[c.func][0][0].block) for c in self.calls)
 
-    def artifact(self, kind: str, params: tuple[str, ...], library: str = "") -> Any:
-        """OpenCL: a flat launch list the core runner can run; CUDA: function calls + library."""
-        launches = self.kernel_launches() if kind == "opencl" else self.function_calls()
-        return Artifact(kind, self.source, launches, params, library)
-
-    def export(self, out_dir: str) -> str:
-        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
-        os.makedirs(out_dir, exist_ok=True)
-        library = os.path.join(out_dir, f"gru-{digest}.so")
-        if not os.path.exists(library):
-            tmp = f"{library}.{os.getpid()}.tmp.so"
-            self.executable.export_library(tmp)
-            os.replace(tmp, library)
-        return library
+    def program(self, kind: str, params: tuple[str, ...]) -> CompiledProgram:
+        """The compiled plan as the builder's program: OpenCL runs the device kernel launches,
+        CUDA calls the module's functions."""
+        return CompiledProgram(kind, self.executable, self.source, self.kernel_launches(), self.function_calls(),
+                               params, self.modules, self.trace)
 
 
 BARRIER_TIMEOUT = ("persistent GRU step kernel: a grid barrier timed out (not every block was resident "
@@ -167,44 +154,18 @@ def barrier_timed_out(persistent: bool, executor: Any) -> bool:
     return persistent and bool(executor.read("bar")[1])
 
 
-def build_artifact(template: Any, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
-    """The builder hook: the whole forward pass as one artifact (see ``CompiledGru``)."""
-    compiled = compile_gru(template, config, target)
-    library = ""
-    if target.kind == "cuda":
-        library = compiled.export(out_dir)
-    return compiled.artifact(target.kind, tuple(template.buffers()), library), compiled.trace
+def build_program(template: Any, config: Config, target: TargetInfo) -> CompiledProgram:
+    """The whole forward pass as one program (see ``CompiledGru``), its buffers ``buffers()``."""
+    return compile_gru(template, config, target).program(target.kind, tuple(template.buffers()))
 
 
-def measure_artifact(template: Any, artifact: Any, target: TargetInfo, settings: Any) -> Any:
-    """The runner hook: check the whole forward pass against the reference, then time it
-    with the executors ``GRU`` uses (host clock around back-to-back passes).
-
-    Inputs come from ``make_case``: float32 values rounded to this template's dtypes,
-    the reference computed in float64 from the unrounded values, so ``rel_error``
-    includes the rounding of inputs and weights.  Metrics: ``rel_error`` (also on a
-    wrong answer) and ``stage_secs``, seconds per forward pass of each stage's kernels
-    (see ``OpenclExecutor.stage_secs`` / ``CudaExecutor.stage_secs``)."""
-    from tvm_ext.runner import RunResult, time_loop
-
-    inputs, refs = template.make_case(np.random.default_rng(settings.seed))
-    if artifact.kind == "opencl":
-        executor: Any = OpenclExecutor(artifact.source, artifact.launches, template.buffers(), target.device_id)
-    else:
-        executor = CudaExecutor.load(artifact, template.buffers(), target.device_id)
-    for name, array in zip(template.input_specs(), inputs):
-        executor.write(name, array)
-    for name, spec in {**template.output_specs(), **template.scratch_specs()}.items():  # unwritten -> wrong answer
-        junk = np.nan if spec.dtype in FLOAT_DTYPES else 12345  # (the barrier counter must be reset)
-        executor.write(name, np.full(spec.shape, junk, np_dtype(spec.dtype)))
-    executor.run()
-    outputs = [executor.read(name) for name in template.output_specs()]
-    metrics: dict[str, Any] = {"rel_error": relative_error(outputs, refs)}
-    if barrier_timed_out(any("bar" in launch.args for launch in artifact.launches), executor):
-        return RunResult((), "runtime_error", BARRIER_TIMEOUT, metrics=metrics)
-    wrong = template.check(outputs, refs)
-    if wrong:
-        return RunResult((), "wrong_answer", wrong, metrics=metrics)
-    costs = tuple(time_loop(lambda i: executor.run(), executor.sync, settings))
-    metrics["stage_secs"] = executor.stage_secs()
-    return RunResult(costs, metrics=metrics)
+def run_plan(artifact: Artifact) -> RunPlan:
+    """How the tuner times a forward pass: the host clock around back-to-back passes (what a
+    caller of ``GRU`` waits), one input set, the persistent kernel's barrier flag checked,
+    and seconds per stage (``stage_secs``: each launch, or each call on CUDA, counts toward
+    its function's stages, the fused step kernel toward both "hidden_gemm" and "cell")."""
+    steps = artifact.calls if artifact.kind == "cuda" else artifact.launches
+    persistent = any("bar" in step.args for step in steps)
+    flag = FailureFlag("bar", 1, BARRIER_TIMEOUT) if persistent else None
+    return RunPlan(timer="host", rotate_inputs=False, failure_flag=flag,
+                   stages=tuple(function_stages(step.name) for step in steps))

@@ -20,7 +20,9 @@ import numpy as np
 
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.errors import TvmExtError
+from tvm_ext.measure import RunPlan
 from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, cast, itemsize
+from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules import wmma
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate
@@ -403,13 +405,13 @@ class GruTemplate(DtypeFields, Template):
         """Schedule and compile every kernel function into one module (one source)."""
         return host_plan.compile_gru(self, config, target)
 
-    def build_artifact(self, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
-        """The builder hook: the whole forward pass as one artifact (see ``CompiledGru``)."""
-        return host_plan.build_artifact(self, config, target, out_dir)
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        """Every kernel function and the host plan of one forward pass (``plan.build_program``)."""
+        return host_plan.build_program(self, config, target)
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
-        raise TvmExtError("a GRU is several kernels and a host loop: use build_artifact or GRU.build")
+        raise TvmExtError("a GRU is several kernels and a host loop: use build_program or GRU.build")
 
-    def measure_artifact(self, artifact: Any, target: TargetInfo, settings: Any) -> Any:
-        """The runner hook: the whole forward pass checked and timed (``plan.measure_artifact``)."""
-        return host_plan.measure_artifact(self, artifact, target, settings)
+    def run_plan(self, config: Config, artifact: Artifact) -> RunPlan:
+        """The whole pass timed by the host clock, stage times, the barrier flag (``plan.run_plan``)."""
+        return host_plan.run_plan(artifact)

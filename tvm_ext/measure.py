@@ -1,0 +1,266 @@
+"""Measurement as data: a job that checks one built program against its float64 reference,
+then times it, in any process (or machine) that has the device and none of the template code.
+
+The driver turns (template, config, artifact) into a ``MeasureJob`` (``make_job``): the
+artifact (OpenCL source or the CUDA library as bytes, and the launch plan), every buffer's
+name and spec, the check's inputs drawn from the seed and their references computed once
+(per workload and seed) on the driver, the check itself, and how to run and time the
+program (``RunPlan``).  A worker runs it with ``run_job``: the executor of its backend
+(``tvm_ext.executors``) runs the launches on the inputs with outputs and scratch poisoned
+(NaN), the outputs are checked, and only a correct program is timed.  Failures are data
+(``RunResult.error_kind``), never exceptions.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from .checks import OutputCheck
+from .errors import ErrorKind
+from .precision import cast, np_dtype, relative_error
+from .program import Artifact, TensorSpec
+from .target import TargetInfo
+
+if TYPE_CHECKING:
+    from .space import Config
+    from .template import Template
+
+TIMERS = ("device", "host")
+_CASE_CACHE_SIZE = 8  # workloads whose check inputs and references the driver keeps
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    warmup: int = 2
+    repeat: int = 5  # timed repeats; the cost is their median
+    min_repeat_secs: float = 0.02  # each repeat loops the kernel at least this long
+    seed: int = 0  # inputs used for the correctness check and timing
+
+
+@dataclass(frozen=True)
+class RunResult:
+    costs: tuple[float, ...]  # seconds per run, one per repeat
+    error_kind: ErrorKind = ErrorKind.OK
+    error_msg: str = ""
+    metrics: dict = field(default_factory=dict)  # rel_error (also of a wrong answer), stage_secs
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "error_kind", ErrorKind(self.error_kind))  # a kind's string works too
+
+    @property
+    def ok(self) -> bool:
+        return not self.error_kind
+
+    @property
+    def cost(self) -> float:
+        return statistics.median(self.costs) if self.ok and self.costs else math.inf
+
+
+@dataclass(frozen=True)
+class FailureFlag:
+    """A word the program sets when it knows its results are wrong (e.g. a grid barrier that
+    timed out): nonzero after the check run makes the run a ``run_error`` with ``message``."""
+
+    buffer: str
+    word: int
+    message: str
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How a program is run and timed beyond its launches (a template's ``run_plan``).
+
+    ``timer``: "device" times one run by the device (OpenCL profiling events, first start to
+    last end; CUDA: TVM's time evaluator for one function, else the host clock around
+    synchronised back-to-back runs); "host" always takes the host clock around back-to-back
+    runs (what a caller of the whole program waits, launch overhead included).
+    ``stages``: for each executed step (OpenCL: launch; CUDA: call), the stages its time
+    counts toward; given, the result carries ``stage_secs`` per stage."""
+
+    timer: str = "device"
+    rotate_inputs: bool = True  # rotate input sets that fit in L2 together (timing a cold cache)
+    failure_flag: FailureFlag | None = None
+    stages: tuple[tuple[str, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.timer not in TIMERS:
+            raise ValueError(f"unknown timer {self.timer!r}; allowed: {', '.join(TIMERS)}")
+
+
+@dataclass(frozen=True, eq=False)
+class MeasureJob:
+    """Everything needed to check and time one program, as picklable data."""
+
+    artifact: Artifact
+    buffers: tuple[tuple[str, TensorSpec], ...]  # every buffer by name: inputs, outputs, then scratch
+    n_inputs: int
+    n_outputs: int
+    inputs: tuple[np.ndarray, ...]  # the check's inputs, drawn from ``settings.seed`` on the driver
+    references: tuple[np.ndarray, ...]  # their float64 references, computed on the driver
+    check: OutputCheck
+    plan: RunPlan
+    settings: MeasureSettings
+    rotation_sets: int = 1  # input sets the timing cycles through
+    device_id: int = 0
+
+
+# ---- the driver's side -------------------------------------------------------------------------
+_CASES: dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+
+def reference_case(operator: "Template", seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The check's inputs and float64 references for ``operator`` (``make_case``), computed
+    once per workload and seed."""
+    key = (repr(operator), seed)
+    if key not in _CASES:
+        if len(_CASES) >= _CASE_CACHE_SIZE:
+            _CASES.clear()
+        _CASES[key] = operator.make_case(np.random.default_rng(seed))
+    return _CASES[key]
+
+
+def rotation_sets(nbytes: float, target: TargetInfo) -> int:
+    """How many input sets to cycle through so timing does not measure a warm L2."""
+    if not target.l2_bytes or nbytes >= 2 * target.l2_bytes or target.is_cpu:
+        return 1
+    return int(min(8, math.ceil(2 * target.l2_bytes / max(nbytes, 1))))
+
+
+def make_job(template: "Template", config: "Config", artifact: Artifact, target: TargetInfo,
+             settings: MeasureSettings, device_id: int | None = None) -> MeasureJob:
+    """The job measuring ``artifact`` (built from ``config`` of ``template``) on ``target``."""
+    operator = template.measured_operator(config)
+    inputs, refs = reference_case(operator, settings.seed)
+    specs = operator.inputs() + operator.outputs() + operator.scratch()
+    if len(specs) != len(artifact.params):
+        raise ValueError(f"{operator.name}: the program has {len(artifact.params)} buffers, "
+                         f"the operator {len(specs)} tensors")
+    plan = template.run_plan(config, artifact)
+    sets = rotation_sets(operator.bytes_moved(), target) if plan.rotate_inputs else 1
+    plain = lambda arrays: tuple(np.asarray(a) for a in arrays)  # noqa: E731  (no template's array types)
+    return MeasureJob(artifact, tuple(zip(artifact.params, specs)), len(operator.inputs()),
+                      len(operator.outputs()), plain(inputs), plain(refs), operator.output_check(refs), plan,
+                      settings, sets, target.device_id if device_id is None else device_id)
+
+
+# ---- the worker's side ----------------------------------------------------------------------------
+def time_loop(launch: Callable[[int], Any], sync: Callable[[], None], settings: MeasureSettings) -> list[float]:
+    """Host clock around ``number`` back-to-back launches, synchronised.
+
+    ``launch(i)`` runs the program on input set i.  ``number`` grows until one repeat
+    lasts ``min_repeat_secs``, so launch overhead and timer resolution stay small.
+    """
+    for i in range(settings.warmup):
+        launch(i)
+    sync()
+    number, elapsed = 1, 0.0
+    while True:
+        start = time.perf_counter()
+        for i in range(number):
+            launch(i)
+        sync()
+        elapsed = time.perf_counter() - start
+        if elapsed >= settings.min_repeat_secs or number >= 1 << 16:
+            break
+        number = min(1 << 16, max(number * 2, int(number * settings.min_repeat_secs / max(elapsed, 1e-9))))
+    costs = [elapsed / number]
+    for _ in range(settings.repeat - 1):
+        start = time.perf_counter()
+        for i in range(number):
+            launch(i)
+        sync()
+        costs.append((time.perf_counter() - start) / number)
+    return costs
+
+
+def _events_loop(one: Callable[[int], float], settings: MeasureSettings) -> list[float]:
+    """Device-timed runs (``one(i)``: seconds of a run on input set i), medians of chunks:
+    short programs are run more often so the median is stable."""
+    for i in range(settings.warmup):
+        one(i)
+    samples = [one(i) for i in range(max(settings.repeat, 3))]
+    while sum(samples) < settings.min_repeat_secs and len(samples) < 200:
+        samples.extend(one(i) for i in range(len(samples)))
+    chunk = max(1, len(samples) // settings.repeat)
+    return [statistics.median(samples[i:i + chunk]) for i in range(0, chunk * settings.repeat, chunk)]
+
+
+def _poison(spec: TensorSpec) -> np.ndarray:
+    """NaN (or -1 for integer buffers), so an unwritten element fails the check."""
+    junk = np.nan if spec.dtype.startswith(("float", "bfloat")) else -1
+    return np.full(spec.shape, junk, np_dtype(spec.dtype))
+
+
+def executor_for(job: MeasureJob) -> Any:
+    from .executors import CudaExecutor, OpenclExecutor
+
+    art, specs = job.artifact, dict(job.buffers)
+    if art.kind == "opencl":
+        return OpenclExecutor.of(art.source, art.launches, specs, job.device_id, sets=job.rotation_sets,
+                                 profiling=job.plan.timer == "device")
+    return CudaExecutor.from_library(art.library, art.calls, specs, job.device_id, sets=job.rotation_sets)
+
+
+def _timed(executor: Any, job: MeasureJob) -> list[float]:
+    sets, s = len(executor.sets), job.settings
+    if job.plan.timer == "device" and job.artifact.kind == "opencl":
+        return _events_loop(lambda i: executor.device_secs(i % sets), s)
+    if job.plan.timer == "device" and sets == 1 and executor.single_main:
+        return executor.evaluator_secs(s.repeat, s.min_repeat_secs)
+    return time_loop(lambda i: executor.run(i % sets), executor.sync, s)
+
+
+def run_job(job: MeasureJob) -> RunResult:
+    """Check, then time, one program (inside a runner's worker); any failure is data."""
+    try:
+        return _run(job)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        return RunResult((), ErrorKind.RUN_ERROR, (text[-1] if text else type(exc).__name__)[:300])
+
+
+def _run(job: MeasureJob) -> RunResult:
+    executor = executor_for(job)
+    names = [name for name, _ in job.buffers]
+    specs = dict(job.buffers)
+    inputs, outputs = names[: job.n_inputs], names[job.n_inputs: job.n_inputs + job.n_outputs]
+    rng = np.random.default_rng(job.settings.seed + 1)
+    for index in range(len(executor.sets)):
+        for name, array in zip(inputs, job.inputs):  # other sets: fresh values for timing only
+            executor.write(name, array if index == 0 else cast(rng.uniform(-1.0, 1.0, specs[name].shape),
+                                                                specs[name].dtype), index)
+        for name in names[job.n_inputs:]:
+            executor.write(name, _poison(specs[name]), index)
+    executor.run()
+    executor.sync()
+    results = [executor.read(name) for name in outputs]
+    metrics: dict[str, Any] = {"rel_error": relative_error(results, job.references)}
+    flag = job.plan.failure_flag
+    if flag is not None and executor.read(flag.buffer).reshape(-1)[flag.word]:
+        return RunResult((), ErrorKind.RUN_ERROR, flag.message, metrics=metrics)
+    wrong = job.check(results, job.references)
+    if wrong:
+        return RunResult((), ErrorKind.WRONG_ANSWER, wrong, metrics=metrics)
+    costs = tuple(_timed(executor, job))
+    if job.plan.stages:
+        metrics["stage_secs"] = _stage_secs(executor, job.plan.stages, statistics.median(costs))
+    return RunResult(costs, metrics=metrics)
+
+
+def _stage_secs(executor: Any, stages: Sequence[Sequence[str]], cost: float) -> dict[str, float]:
+    """Seconds per run of each stage; a program of one stage is all of its cost."""
+    names = tuple(dict.fromkeys(s for owners in stages for s in owners))
+    if len(names) == 1:
+        return {names[0]: cost}
+    return executor.stage_secs(stages)
+
+
+def measure(template: "Template", config: "Config", artifact: Artifact, target: TargetInfo,
+            settings: MeasureSettings | None = None) -> RunResult:
+    """``run_job`` of ``make_job`` in this process (no isolation, no timeout): tests and scripts."""
+    return run_job(make_job(template, config, artifact, target, settings or MeasureSettings()))

@@ -1,0 +1,377 @@
+"""One way in: options -> builder, runner, search strategy, records, tuner.
+
+Every tuning run goes through a ``Session``: the CLI's subcommands (``tune gemm``, ``gru``,
+``model``, ``mixed-precision``), the Relax pipeline, the replay of recorded sweeps, the
+benchmarks and the examples.  What a name means is decided in one place, the registries:
+``STRATEGIES`` maps a strategy name to the factory of its search, ``RUNNERS`` a runner
+name to the factory of its runner.  A new strategy or runner is one entry there; the
+CLI's choices and the errors for unknown names follow from them.
+
+    with Session(SessionOptions(generations=2, records="r.jsonl")) as session:
+        result = session.tune(GemmTemplate(512, 512, 512))
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .builder import LocalBuilder
+from .errors import TvmExtError
+from .measure import MeasureSettings
+from .records import Record, RecordStore
+from .runner import LocalRunner, Runner
+from .search import GeneticSearch, RandomSearch, SearchStrategy
+from .space import Config, Space
+from .target import TargetInfo
+from .template import Template
+from .tuner import Builder, ProgressHook, Tuner, TuneResult
+
+DEFAULT_RECORDS = "tvm_ext_records.jsonl"
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Everything a tuning run is made of, by name (the CLI's tuning arguments)."""
+
+    target: str = "opencl"
+    device: int = 0
+    strategy: str = "ga"  # a name in STRATEGIES
+    runner: str = "local"  # a name in RUNNERS
+    generations: int = 6
+    population: int = 12
+    tourn_size: int = 2
+    mutation: float = 0.1
+    trials: int | None = None  # measurements per workload in this run (None: no cap)
+    workers: int | None = None  # parallel build processes (None: all cores)
+    seed: int = 0
+    records: str = DEFAULT_RECORDS
+    build_timeout: float = 120.0
+    run_timeout: float = 60.0
+    measure: MeasureSettings = MeasureSettings()
+    analytic_seeds: int = 4  # method 002's picks seeding the GA after the default config
+    # the predictor stage (strategy "ga+xgb"): breed ng, measure the model's nm
+    ng: int | None = None  # default 16 x nm
+    nm: int | None = None  # default population / 2
+    explore: float = 0.2
+    ptxas: bool = False  # CUDA: ptxas registers/spills as features, filled as needed (RECORDS.ptxas.json)
+    ptxas_cache: str = ""  # a ptxas cache file read as it is (a replayed sweep's)
+    model_file: bool = True  # load and save the cost model beside the records (RECORDS.xgb.json)
+    runner_options: tuple[tuple[str, str], ...] = ()  # what a runner reads by name (``runner_option``)
+
+    def __post_init__(self) -> None:
+        for name in ("generations", "population", "tourn_size"):
+            if getattr(self, name) < 1:
+                raise TvmExtError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.trials is not None and self.trials < 1:
+            raise TvmExtError("--trials must be >= 1")
+        if not 0.0 <= self.mutation <= 1.0:
+            raise TvmExtError("--mutation must be a probability in [0, 1]")
+        if self.population >= 4 and self.tourn_size >= self.population / 2:
+            raise TvmExtError(f"--tourn-size must be < population/2 ({self.population / 2:g})")
+        for name in ("ng", "nm"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise TvmExtError(f"--{name} must be >= 1")
+        if self.ng is not None and self.nm is not None and self.ng < self.nm:
+            raise TvmExtError("--ng must be >= --nm (the model picks nm of ng candidates)")
+        if not 0.0 <= self.explore <= 1.0:
+            raise TvmExtError("--explore must be a share in [0, 1]")
+        check_name("strategy", self.strategy, STRATEGIES)
+        check_name("runner", self.runner, RUNNERS)
+
+    @property
+    def measured_per_generation(self) -> int:
+        if STRATEGIES[self.strategy].predictor:
+            return self.nm or max(1, self.population // 2)
+        return self.population
+
+    def runner_option(self, name: str, default: str | None = None) -> str | None:
+        return dict(self.runner_options).get(name, default)
+
+
+def check_name(what: str, name: str, registry: Mapping[str, Any]) -> None:
+    if name not in registry:
+        raise TvmExtError(f"unknown {what} {name!r}; allowed: {', '.join(registry)}")
+
+
+# ---- strategies -----------------------------------------------------------------------------------
+@dataclass
+class StrategyContext:
+    """What a strategy factory builds its search from."""
+
+    options: SessionOptions
+    tuner: Tuner
+    seeds: list[np.ndarray]  # index rows: the default config, then the analytic picks
+    rng: np.random.Generator
+    log: Log | None = None
+    repair: Any = None  # maps offspring onto measurable configs (a replayed sweep: the nearest recorded)
+    feasible_only: bool = False  # random search draws feasible configs only (a sparse replayed sweep)
+    candidates: Sequence[Config] | None = None  # what an analytic pick chooses among (None: every tile)
+    transfer: Sequence[Record] = ()  # more records for a cost model (other shapes), beside the store's
+    model: Any = None  # the cost model a factory made (the session saves it after the run)
+
+    @property
+    def space(self) -> Space:
+        return self.tuner.space
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    make: Callable[[StrategyContext], SearchStrategy]
+    doc: str
+    predictor: bool = False  # measures nm per generation, ranked by a cost model
+    measures_default: bool = True  # the template's default config is measured first (the baseline)
+
+
+def _ga(ctx: StrategyContext) -> SearchStrategy:
+    o = ctx.options
+    return GeneticSearch(ctx.space, ctx.rng, size_pop=o.population, generations=o.generations, tourn_size=o.tourn_size,
+                         mutation_rate=o.mutation, seeds=ctx.seeds, repair=ctx.repair)
+
+
+def _random(ctx: StrategyContext) -> SearchStrategy:
+    o = ctx.options
+    return RandomSearch(ctx.space, ctx.rng, batch=o.population, generations=o.generations,
+                        feasible_only=ctx.feasible_only)
+
+
+def _predictor_stage(ctx: StrategyContext, model: Any) -> SearchStrategy:
+    from .cost_model.search import ModelGuidedSearch
+
+    o = ctx.options
+    nm = o.nm or max(1, o.population // 2)
+    return ModelGuidedSearch(ctx.space, ctx.rng, model, size_pop=o.population, ng=o.ng or max(16 * nm, o.population),
+                             nm=nm, explore=o.explore, generations=o.generations, tourn_size=o.tourn_size,
+                             mutation_rate=o.mutation, seeds=ctx.seeds, repair=ctx.repair, log=ctx.log)
+
+
+def _ga_xgb(ctx: StrategyContext) -> SearchStrategy:
+    """The GA with the XGBoost predictor stage, its model warm from the records (this
+    workload's, and other shapes' as transfer) and from the model saved beside them."""
+    from .cost_model.model import XGBCostModel, model_path
+    from .cost_model.ptxas import PtxasCache, nvcc_available
+
+    o, tuner = ctx.options, ctx.tuner
+    ptxas = None
+    if o.ptxas:
+        if tuner.target.kind != "cuda" or not nvcc_available():
+            raise TvmExtError("--ptxas needs --target cuda and nvcc on PATH")
+        ptxas = PtxasCache(model_path(o.records)[: -len(".xgb.json")] + ".ptxas.json")
+    elif o.ptxas_cache:
+        ptxas = PtxasCache(o.ptxas_cache)
+    model = XGBCostModel(tuner.template, tuner.target, seed=o.seed, ptxas=ptxas)
+    loaded = ""
+    path = model_path(o.records)
+    if o.model_file and os.path.exists(path):
+        try:
+            model = XGBCostModel.load(path, tuner.template, tuner.target, seed=o.seed, ptxas=ptxas)
+            loaded = f", loaded {path}"
+        except TvmExtError as exc:
+            if ctx.log:
+                ctx.log(f"note: {exc}; training a new model")
+    model.fill_ptxas = o.ptxas
+    model.ptxas_workers = o.workers
+    transfer = model.add_records(itertools.chain(tuner.store, ctx.transfer), tuner.workload.key)
+    model.fit()
+    if ctx.log:
+        ctx.log(f"cost model: {model.n_current} records of this workload, {transfer} of other shapes{loaded}")
+    ctx.model = model
+    return _predictor_stage(ctx, model)
+
+
+def _ga_s6(ctx: StrategyContext) -> SearchStrategy:
+    return _predictor_stage(ctx, None)
+
+
+@dataclass
+class AnalyticPick:
+    """One config chosen without measuring (the template's rule, or method 002's tile), then done."""
+
+    space: Space
+    config: Config
+    explanation: str
+    generation: int = 0
+    history: list[float] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.generation > 0
+
+    def propose(self) -> np.ndarray:
+        return self.space.encode(self.config).reshape(1, -1)
+
+    def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
+        self.history.append(float(np.min(costs)))
+        self.generation += 1
+
+
+def analytic_pick(template: Template, target: TargetInfo, candidates: Iterable[Config] | None = None
+                  ) -> tuple[Config, str]:
+    """The template's own zero-measurement pick, else method 002's GEMM tile, and why."""
+    own = template.analytic_pick(target)
+    if own is not None:
+        return own
+    from .cost_model.analytic import select_tile
+
+    result = select_tile(template, target, candidates)
+    return result.config, result.explain()
+
+
+def _analytic(ctx: StrategyContext) -> SearchStrategy:
+    config, explanation = analytic_pick(ctx.tuner.template, ctx.tuner.target, ctx.candidates)
+    return AnalyticPick(ctx.space, config, explanation)
+
+
+STRATEGIES: dict[str, StrategyEntry] = {
+    "random": StrategyEntry(_random, "uniform random configs, batch by batch (the baseline)"),
+    "ga": StrategyEntry(_ga, "the parallel genetic algorithm of method 000"),
+    "ga+xgb": StrategyEntry(_ga_xgb, "the GA with the XGBoost predictor stage (breed ng, measure nm)", predictor=True),
+    "ga+s6": StrategyEntry(_ga_s6, "the predictor-stage GA with the model off (nm offspring at random)",
+                           predictor=True),
+    "analytic": StrategyEntry(_analytic, "method 002's tile (or the template's own pick), measured once",
+                              measures_default=False),
+}
+
+
+# ---- runners --------------------------------------------------------------------------------------
+RunnerFactory = Callable[[SessionOptions, TargetInfo], Runner]
+
+
+def _local_runner(options: SessionOptions, target: TargetInfo) -> Runner:
+    """This machine: an isolated worker per device (runner option ``devices=0,1``; default
+    the target's device)."""
+    devices = options.runner_option("devices")
+    try:
+        ids = tuple(int(d) for d in devices.split(",")) if devices else None
+    except ValueError:
+        raise TvmExtError(f"runner option devices={devices!r} is not a comma-separated list of integers") from None
+    return LocalRunner(target, options.measure, timeout=options.run_timeout, devices=ids)
+
+
+RUNNERS: dict[str, RunnerFactory] = {"local": _local_runner}
+
+
+# ---- the session ---------------------------------------------------------------------------------
+class Session:
+    """The parts of tuning runs, made from ``options`` once and shared by every workload
+    tuned through it (a builder pool, a runner, the records file).  Parts given here
+    (e.g. a replay's builder and runner, an in-memory store) are used instead."""
+
+    def __init__(self, options: SessionOptions | None = None, *, target: TargetInfo | None = None,
+                 builder: Builder | None = None, runner: Runner | None = None, store: RecordStore | None = None,
+                 transfer: Sequence[Record] = (), log: Log | None = None):
+        self.options = options or SessionOptions()
+        self.transfer = tuple(transfer)  # records of other shapes for a cost model, beside the records file's
+        self.log = log
+        self._target = target
+        self._builder = builder
+        self._runner = runner
+        self._store = store
+        self._models: list[Any] = []  # cost models made by strategies, saved after their search
+
+    @property
+    def target(self) -> TargetInfo:
+        if self._target is None:
+            from .target import resolve_target
+
+            self._target = resolve_target(self.options.target, self.options.device)
+        return self._target
+
+    @property
+    def store(self) -> RecordStore:
+        if self._store is None:
+            self._store = RecordStore(self.options.records)
+        return self._store
+
+    @property
+    def builder(self) -> Builder:
+        if self._builder is None:
+            self._builder = LocalBuilder(workers=self.options.workers, timeout=self.options.build_timeout)
+        return self._builder
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            self._runner = RUNNERS[self.options.runner](self.options, self.target)
+        return self._runner
+
+    def tuner(self, template: Template, on_record: ProgressHook | None = None) -> Tuner:
+        trials = self.options.trials or (1 << 30)
+        return Tuner(template, self.target, self.builder, self.runner, self.store, trials=trials, on_record=on_record)
+
+    def seeds(self, template: Template, space: Space, default: Config,
+              candidates: Iterable[Config] | None = None) -> list[np.ndarray]:
+        """The default config, then method 002's picks (GEMM only) as the GA's first individuals."""
+        from .cost_model.analytic import analytic_seeds
+
+        try:
+            picks = analytic_seeds(template, self.target, self.options.analytic_seeds, candidates)
+        except TvmExtError:  # no tile passes the template's own rule: the GA still runs
+            picks = []
+        return [space.encode(c) for c in [default] + picks]
+
+    def tune(self, template: Template, *, on_record: ProgressHook | None = None, **fit: Any) -> TuneResult:
+        """Tune one workload with the options' strategy; the records file gets every result as
+        it arrives and a rerun resumes.  ``fit`` (``strategy``'s keywords) fits the search to a
+        workload: its ``seeds``, or to a replayed sweep the analytic pick's ``candidates``, a
+        ``repair`` of offspring onto recorded configs and random draws ``feasible_only``."""
+        template.default_config(self.target)  # a template that cannot run here says so first
+        return self.search(self.tuner(template, on_record), **fit)
+
+    def strategy(self, tuner: Tuner, *, candidates: Sequence[Config] | None = None,
+                 repair: Callable[[Space], Any] | None = None, feasible_only: bool = False,
+                 seeds: Sequence[Config] | None = None) -> SearchStrategy:
+        """The options' strategy (a ``STRATEGIES`` factory) for ``tuner``'s workload; ``seeds``
+        replace the first individuals it is given (the default config and the analytic picks)."""
+        default = tuner.template.default_config(self.target)
+        rows = ([tuner.space.encode(c) for c in seeds] if seeds is not None
+                else self.seeds(tuner.template, tuner.space, default, candidates))
+        ctx = StrategyContext(self.options, tuner, rows,
+                              np.random.default_rng(self.options.seed), self.log,
+                              repair(tuner.space) if repair else None, feasible_only, candidates, self.transfer)
+        strategy = STRATEGIES[self.options.strategy].make(ctx)
+        if ctx.model is not None:
+            self._models.append(ctx.model)
+        return strategy
+
+    def search(self, tuner: Tuner, strategy: SearchStrategy | None = None, **fit: Any) -> TuneResult:
+        """``tune`` on a tuner from ``tuner`` (to report on it before the search starts), with
+        ``strategy`` or the options' (``fit``: as ``tune`` takes them)."""
+        default = tuner.template.default_config(self.target)
+        strategy = strategy or self.strategy(tuner, **fit)
+        try:
+            return tuner.tune(strategy, default, measure_default=STRATEGIES[self.options.strategy].measures_default)
+        finally:
+            self._save_models()
+
+    def _save_models(self) -> None:
+        """Cost models trained in this session, kept beside the records (``model_file``)."""
+        if self.options.model_file:
+            from .cost_model.model import model_path
+
+            for model in self._models:
+                if model.ready:
+                    model.save(model_path(self.options.records))
+        self._models.clear()
+
+    def measure(self, template: Template, config: Config) -> Record | None:
+        """Measure one config (once: a config already in the records is read back)."""
+        tuner = self.tuner(template)
+        tuner.evaluate([config])
+        return tuner.record_of(config)
+
+    def close(self) -> None:
+        for part in (self._builder, self._runner):
+            if part is not None:
+                part.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
