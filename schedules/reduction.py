@@ -307,14 +307,10 @@ class ReductionTemplate(Template):
             return []
         return [TensorSpec((self.rows, self.max_blocks), "float32")]
 
-    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
-        """Mostly positive data, uniform in [-0.5, 1.5).
-
-        Mixed signs exercise max/min and cancellation, while the sum stays near n/2
-        (not near 0): a dropped or doubled block then moves the result far outside
-        the rounding bound of ``check``, which zero-mean data would hide.
-        """
-        return [rng.uniform(-0.5, 1.5, size=self.shape).astype(self.dtype)]
+    # Inputs: mostly positive data, uniform in [-0.5, 1.5).  Mixed signs exercise max/min and
+    # cancellation, while the sum stays near n/2 (not near 0): a dropped or doubled block then
+    # moves the result far outside the rounding bound of ``check``, which zero-mean data would hide.
+    input_range = (-0.5, 1.5)
 
     def _mapped(self, data: np.ndarray) -> np.ndarray:
         a = np.asarray(data, dtype=np.float64).reshape(self.rows, self.n)

@@ -15,7 +15,7 @@ import pytest
 
 from tvm_ext.builder import build_one
 from tvm_ext.errors import ErrorKind, TvmExtError
-from tvm_ext.measure import MeasureSettings, make_job
+from tvm_ext.measure import MeasureSettings, UniformInputs, make_job
 from tvm_ext.records import RecordStore
 from tvm_ext.runner import LocalRunner
 from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
@@ -176,6 +176,7 @@ def test_a_job_runs_in_a_fresh_process_without_template_code(opencl, tmp_path):
     build = build_one(template, template.default_config(opencl), opencl)
     job = make_job(template, build.config, build.artifact, opencl, FAST)
     assert [name for name, _ in job.buffers] == ["A", "B", "C"] and len(job.references) == 1
+    assert isinstance(job.inputs, UniformInputs)  # drawn by the worker from the seed: A and B do not travel
     wrong = dataclasses.replace(job, references=(job.references[0] * 1.01,))
     script = tmp_path / "run_job.py"
     script.write_text(JOB_RUNNER)

@@ -3,9 +3,9 @@ then times it, in any process (or machine) that has the device and none of the t
 
 The driver turns (template, config, artifact) into a ``MeasureJob`` (``make_job``): the
 artifact (OpenCL source or the CUDA library as bytes, and the launch plan), every buffer's
-name and spec, the check's inputs drawn from the seed and their references computed once
-(per workload and seed) on the driver, the check itself, and how to run and time the
-program (``RunPlan``).  A worker runs it with ``run_job``: the executor of its backend
+name and spec, the check's inputs (how to draw them from the seed, or the arrays when a
+template draws its own), their references computed once (per workload and seed) on the
+driver, the check itself, and how to run and time the program (``RunPlan``).  A worker runs it with ``run_job``: the executor of its backend
 (``tvm_ext.executors``) runs the launches on the inputs with outputs and scratch poisoned
 (NaN), the outputs are checked, and only a correct program is timed.  Failures are data
 (``RunResult.error_kind``), never exceptions.
@@ -92,6 +92,22 @@ class RunPlan:
             raise ValueError(f"unknown timer {self.timer!r}; allowed: {', '.join(TIMERS)}")
 
 
+@dataclass(frozen=True)
+class UniformInputs:
+    """How ``Template.make_inputs`` draws inputs, as data: each input in order uniform in
+    [low, high), rounded to the full-precision operator's dtype, then to the program's (the
+    rounding ``make_case`` applies), so a worker draws the same arrays from the seed."""
+
+    low: float = -1.0
+    high: float = 1.0
+    full_dtypes: tuple[str, ...] = ()  # the full-precision operator's input dtypes
+
+    def draw(self, rng: np.random.Generator, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+        full = self.full_dtypes or tuple(s.dtype for s in specs)
+        values = [cast(rng.uniform(self.low, self.high, size=s.shape), d) for s, d in zip(specs, full)]
+        return [v if v.dtype == np_dtype(s.dtype) else cast(v, s.dtype) for v, s in zip(values, specs)]
+
+
 @dataclass(frozen=True, eq=False)
 class MeasureJob:
     """Everything needed to check and time one program, as picklable data."""
@@ -100,8 +116,9 @@ class MeasureJob:
     buffers: tuple[tuple[str, TensorSpec], ...]  # every buffer by name: inputs, outputs, then scratch
     n_inputs: int
     n_outputs: int
-    inputs: tuple[np.ndarray, ...]  # the check's inputs, drawn from ``settings.seed`` on the driver
-    references: tuple[np.ndarray, ...]  # their float64 references, computed on the driver
+    inputs: UniformInputs | tuple[np.ndarray, ...]  # the check's inputs: drawn from ``settings.seed``
+    # (by the worker), or the arrays themselves for a template that draws its own
+    references: tuple[np.ndarray, ...]  # float64 references of those inputs, computed on the driver
     check: OutputCheck
     plan: RunPlan
     settings: MeasureSettings
@@ -142,9 +159,14 @@ def make_job(template: "Template", config: "Config", artifact: Artifact, target:
                          f"the operator {len(specs)} tensors")
     plan = template.run_plan(config, artifact)
     sets = rotation_sets(operator.bytes_moved(), target) if plan.rotate_inputs else 1
-    plain = lambda arrays: tuple(np.asarray(a) for a in arrays)  # noqa: E731  (no template's array types)
-    return MeasureJob(artifact, tuple(zip(artifact.params, specs)), len(operator.inputs()),
-                      len(operator.outputs()), plain(inputs), plain(refs), operator.output_check(refs), plan,
+    full = operator.full_precision()
+    if full.draws_uniform_inputs:  # the worker draws them from the seed: large inputs do not travel
+        drawn: UniformInputs | tuple[np.ndarray, ...] = UniformInputs(*full.input_range,
+                                                                     tuple(s.dtype for s in full.inputs()))
+    else:
+        drawn = tuple(np.asarray(a) for a in inputs)
+    return MeasureJob(artifact, tuple(zip(artifact.params, specs)), len(operator.inputs()), len(operator.outputs()),
+                      drawn, tuple(np.asarray(r) for r in refs), operator.output_check(refs), plan,
                       settings, sets, target.device_id if device_id is None else device_id)
 
 
@@ -229,9 +251,11 @@ def _run(job: MeasureJob) -> RunResult:
     names = [name for name, _ in job.buffers]
     specs = dict(job.buffers)
     inputs, outputs = names[: job.n_inputs], names[job.n_inputs: job.n_inputs + job.n_outputs]
+    check_inputs = (job.inputs.draw(np.random.default_rng(job.settings.seed), [specs[n] for n in inputs])
+                    if isinstance(job.inputs, UniformInputs) else job.inputs)
     rng = np.random.default_rng(job.settings.seed + 1)
     for index in range(len(executor.sets)):
-        for name, array in zip(inputs, job.inputs):  # other sets: fresh values for timing only
+        for name, array in zip(inputs, check_inputs):  # other sets: fresh values for timing only
             executor.write(name, array if index == 0 else cast(rng.uniform(-1.0, 1.0, specs[name].shape),
                                                                 specs[name].dtype), index)
         for name in names[job.n_inputs:]:

@@ -342,7 +342,8 @@ class Session:
         """``tune`` on a tuner from ``tuner`` (to report on it before the search starts), with
         ``strategy`` or the options' (``fit``: as ``tune`` takes them)."""
         default = tuner.template.default_config(self.target)
-        strategy = strategy or self.strategy(tuner, **fit)
+        if strategy is None:
+            strategy = self.strategy(tuner, **fit)
         try:
             return tuner.tune(strategy, default, measure_default=STRATEGIES[self.options.strategy].measures_default)
         finally:
@@ -357,12 +358,6 @@ class Session:
                 if model.ready:
                     model.save(model_path(self.options.records))
         self._models.clear()
-
-    def measure(self, template: Template, config: Config) -> Record | None:
-        """Measure one config (once: a config already in the records is read back)."""
-        tuner = self.tuner(template)
-        tuner.evaluate([config])
-        return tuner.record_of(config)
 
     def close(self) -> None:
         for part in (self._builder, self._runner):

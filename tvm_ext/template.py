@@ -23,7 +23,7 @@ import numpy as np
 
 from .checks import NormwiseCheck, OutputCheck
 from .errors import TvmExtError
-from .measure import RunPlan
+from .measure import RunPlan, UniformInputs
 from .precision import cast, np_dtype
 from .program import Artifact, CompiledProgram, TensorSpec, compile_schedule
 from .space import Config, Space
@@ -79,9 +79,18 @@ class Template(ABC):
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """float64 numpy result for the given inputs."""
 
+    input_range: ClassVar[tuple[float, float]] = (-1.0, 1.0)  # where ``make_inputs`` draws from
+
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
-        """Fresh random inputs (never zeros: they hide unwritten outputs)."""
-        return [cast(rng.uniform(-1.0, 1.0, size=s.shape), s.dtype) for s in self.inputs()]
+        """Fresh random inputs, uniform in ``input_range`` (never zeros: they hide unwritten
+        outputs).  A template drawing its own overrides this; the standard draw is data a
+        measuring worker repeats from the seed (``measure.UniformInputs``)."""
+        return UniformInputs(*self.input_range).draw(rng, self.inputs())
+
+    @property
+    def draws_uniform_inputs(self) -> bool:
+        """Whether ``make_inputs`` is the standard draw (not overridden)."""
+        return type(self).make_inputs is Template.make_inputs
 
     def full_precision(self) -> "Template":
         """The all-float32 version of this operator (itself unless precision was lowered)."""
