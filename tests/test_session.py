@@ -15,7 +15,7 @@ import pytest
 
 from tvm_ext.builder import build_one
 from tvm_ext.errors import ErrorKind, TvmExtError
-from tvm_ext.measure import MeasureSettings, UniformInputs, make_job
+from tvm_ext.measure import MeasureSettings, UniformInputs, make_job, run_job
 from tvm_ext.records import RecordStore
 from tvm_ext.runner import LocalRunner
 from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
@@ -191,6 +191,8 @@ def test_a_job_runs_in_a_fresh_process_without_template_code(opencl, tmp_path):
     assert right["kind"] == "" and 0 < right["cost"] < 10, right
     assert wrong_outcome["kind"] == ErrorKind.WRONG_ANSWER.value and "relative error" in wrong_outcome["msg"]
     assert right["loaded"] == [] and wrong_outcome["loaded"] == []
+    rotated = run_job(dataclasses.replace(job, rotation_sets=3))  # timing cycles over 3 input sets
+    assert rotated.ok and len(rotated.costs) == FAST.repeat
 
 
 def test_error_kinds_are_one_enum_and_old_records_read_back(tmp_path):

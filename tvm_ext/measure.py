@@ -253,11 +253,12 @@ def _run(job: MeasureJob) -> RunResult:
     inputs, outputs = names[: job.n_inputs], names[job.n_inputs: job.n_inputs + job.n_outputs]
     check_inputs = (job.inputs.draw(np.random.default_rng(job.settings.seed), [specs[n] for n in inputs])
                     if isinstance(job.inputs, UniformInputs) else job.inputs)
-    rng = np.random.default_rng(job.settings.seed + 1)
+    rng = np.random.default_rng(job.settings.seed + 1)  # other sets: fresh values, for timing only
+    draw = job.inputs if isinstance(job.inputs, UniformInputs) else UniformInputs()
     for index in range(len(executor.sets)):
-        for name, array in zip(inputs, check_inputs):  # other sets: fresh values for timing only
-            executor.write(name, array if index == 0 else cast(rng.uniform(-1.0, 1.0, specs[name].shape),
-                                                                specs[name].dtype), index)
+        arrays = check_inputs if index == 0 else draw.draw(rng, [specs[n] for n in inputs])
+        for name, array in zip(inputs, arrays):
+            executor.write(name, array, index)
         for name in names[job.n_inputs:]:
             executor.write(name, _poison(specs[name]), index)
     executor.run()
