@@ -190,7 +190,9 @@ class RecordFeed:
 class RecordStore:
     """A JSON-lines file of records, appended as results arrive, shareable between processes."""
 
-    claim_secs = 3600.0  # a claim from another host expires after this long
+    # A claim of a process on another host (whose death this host cannot see) expires after
+    # this long; a batch that takes longer may then be measured twice, never lost.
+    claim_secs = 900.0
     poll_secs = 0.25  # how often a tuner looks for configs another tuner is measuring
 
     def __init__(self, path: str | os.PathLike[str], warn: Callable[[str], None] | None = None):
