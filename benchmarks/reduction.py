@@ -56,7 +56,9 @@ def seed_configs(template: ReductionTemplate, target: TargetInfo) -> list[tuple[
     row groups (a warp, or two, per row) for many rows.  Unique configs only."""
     named = [("patent plan (default)", template.default_config(target)),
              ("patent plan, filled", template.filled_config(target)),
-             ("patent plan, filled, one launch", template.filled_config(target, combine=1))]
+             ("patent plan, filled, one launch", template.filled_config(target, combine=1)),
+             ("patent plan, half filled, one launch", template.filled_config(target, 1024, combine=1)),
+             ("patent plan, twice filled, one launch", template.filled_config(target, 4096, combine=1))]
     if template.rows > 1:
         named += [("warp per row, 8 rows/block", template.row_group_config(target, 32, 256)),
                   ("warp per row, 4 rows/block", template.row_group_config(target, 32, 128)),
