@@ -23,7 +23,11 @@ Kernel shape (one thread block per reduced row, or ``blocks`` of them):
   in an explicit scratch parameter (``Template.scratch``): the runners only pass
   buffers they allocate, they cannot see intermediates allocated inside the kernel;
 * reductions shorter than ``small_n`` take one simple kernel: a strided loop per
-  thread, no register tile, then the same allreduce.
+  thread, no register tile, then the same allreduce;
+* ``combine=1`` (beyond the patent) merges the two kernels into one launch: the last
+  block of a row to finish (``merge_partials``) adds the partials up;
+* ``rows_per_block > 1`` (beyond the patent) gives each of a block's rows its own group
+  of threads (threadIdx.y), so many short rows need fewer, fuller blocks.
 
 Elements past ``n`` (``n`` not a multiple of the block's reach, or the last pass
 holding ``z' < z`` vectors) read as the reduction's identity, so any ``n ≥ 1`` works.
