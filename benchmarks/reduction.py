@@ -11,9 +11,11 @@ ratios are against torch's best.  Our candidates: the GA's best few (the runner'
 the patent plan (default), the patent plan spread over the GPU (two partials kernels, or one
 launch: ``combine=1``) and row groups (a warp per row) — the seeds of the GA.  Every output
 is checked against float64 before it is timed; both sides' errors vs float64 are printed.
-The OpenCL build of the same configs runs on the same GPU through NVIDIA's OpenCL driver,
-timed by the runner (profiling events around each launch).  Prints a markdown table last;
-records go to --out.  About 4-6 min with the defaults (2 generations × 12).
+The OpenCL build of the winner, the patent plan and the filled plan runs on the same GPU
+through NVIDIA's OpenCL driver, timed by the runner (profiling events around each launch).
+Prints a markdown table last; records go to --out.  About 5-6 min with the defaults
+(2 generations × 12, at most 30 CUDA trials per workload; 2^20 and rows alone with 1
+generation × 10 took 2 min on an H100).
 """
 from __future__ import annotations
 
@@ -245,7 +247,9 @@ def bench_workload(workload: tuple[Any, ...], args: argparse.Namespace) -> list[
                      f"{best / secs:.2f}", f"{err:.1e}", res.trials if star else "-",
                      f"{tuned['wall']:.0f}" if star else "-", str(cfg)])
     if not args.skip_opencl:  # the same configs, built for OpenCL on the same GPU
-        for cfg, cost, err in run_opencl(workload, list(candidates), args):
+        # the protocol's winner and the first two seeds (the patent plan, and filled)
+        opencl_configs = ([winner[1]] if winner else []) + [cfg for _, cfg in tuned["seeds"][:2]]
+        for cfg, cost, err in run_opencl(workload, opencl_configs, args):
             name = candidates.get(cfg, "")
             timing = "runner (OpenCL events, per launch)"
             if err or not np.isfinite(cost):
@@ -261,7 +265,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--generations", type=int, default=2)
     p.add_argument("--population", type=int, default=12)
-    p.add_argument("--trials", type=int, default=36, help="max CUDA kernels measured per workload")
+    p.add_argument("--trials", type=int, default=30, help="max CUDA kernels measured per workload")
     p.add_argument("--retime", type=int, default=3, help="the GA's best N re-timed under the protocol (default 3)")
     p.add_argument("--workloads", default="2^28,2^20,rows", help="comma list of 2^28, 2^20, rows")
     p.add_argument("--workers", type=int, default=16)
