@@ -31,6 +31,9 @@ OPERATOR_PACKAGES = "tvm_ext.schedules"  # an operator in a subpackage of it is 
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
+    # What a scratch buffer must hold before the first launch (e.g. 0 for a counter the
+    # kernel itself resets after use); None: runners poison it (NaN, or -1 for integers).
+    fill: float | None = None
 
 
 class Template(ABC):
