@@ -325,6 +325,7 @@ def test_mixed_precision_out_under_a_file_is_refused_before_the_search(tmp_path)
 @pytest.mark.parametrize("args, message", [
     (["--workers", "0"], "--workers must be >= 1"),
     (["--run-timeout", "0"], "--run-timeout must be a positive"),
+    (["--seed", "-3"], "--seed must be >= 0"),
 ])
 def test_bad_mixed_precision_option(tmp_path, args, message):
     p = run(["mixed-precision", "gemm", "--shape", "16,16,16", "--records", str(tmp_path / "r.jsonl"),

@@ -24,7 +24,9 @@ def default_tourn_size(population: int) -> int:
 
 
 def check_run_inputs(args: argparse.Namespace) -> None:
-    """Build and run settings every tuning command shares."""
+    """Build, run and seed settings every tuning command shares."""
+    if args.seed < 0:
+        raise TvmExtError(f"--seed must be >= 0, got {args.seed}")
     if args.workers is not None and args.workers < 1:
         raise TvmExtError(f"--workers must be >= 1 (build processes), got {args.workers}")
     for name in ("build_timeout", "run_timeout"):
@@ -41,8 +43,6 @@ def check_tuning_inputs(args: argparse.Namespace) -> None:
         args.tourn_size = default_tourn_size(args.population)
     if args.strategy == "ga" and args.population < 2:
         raise TvmExtError(f"--population must be >= 2 for the GA (crossover pairs parents), got {args.population}")
-    if args.seed < 0:
-        raise TvmExtError(f"--seed must be >= 0, got {args.seed}")
     if getattr(args, "no_measure", False) and args.strategy != "analytic":
         raise TvmExtError("--no-measure needs --strategy analytic (the other strategies measure every candidate)")
 
