@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import TvmExtError
 from .executors import CudaExecutor, OpenclExecutor
-from .precision import cast, np_dtype
+from .precision import MixedPrecisionOperator, cast, np_dtype, precision_reason
 from .program import MAIN, KernelLaunch, TensorSpec
 
 MANIFEST = "manifest.json"
@@ -44,6 +44,11 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
     returns the manifest's path.  ``extra`` (error, speedup, ...) goes into the manifest."""
     import tvm
 
+    params_of = op.precision_params() if isinstance(op, MixedPrecisionOperator) else ()
+    precision = dict(op.precision) if isinstance(op, MixedPrecisionOperator) else {}
+    unhonoured = precision_reason(params_of, precision, target.kind)
+    if unhonoured:  # the manifest would claim a precision the kernel does not have
+        raise TvmExtError(f"cannot export {op.name} for {target.kind}: {unhonoured}")
     os.makedirs(os.path.join(out_dir, "kernels"), exist_ok=True)
     program = op.build_program(schedule_config, target)
     modules, executable, source, params = program.modules, program.executable, program.source, program.params
@@ -68,7 +73,7 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
         "format": FORMAT,
         "operator": op.name,
         "params": {k: v for k, v in op.params.items()},
-        "precision": dict(op.precision),
+        "precision": precision,
         "schedule": schedule_config.as_dict(),
         "target": target.key(),
         "tvm_target": target.tvm_target(),

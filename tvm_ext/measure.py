@@ -25,6 +25,7 @@ from .errors import ErrorKind
 from .precision import cast, np_dtype, relative_error
 from .program import Artifact, TensorSpec
 from .target import TargetInfo
+from .timing import rotation_count
 
 if TYPE_CHECKING:
     from .space import Config
@@ -141,11 +142,15 @@ def reference_case(operator: "Template", seed: int) -> tuple[list[np.ndarray], l
     return _CASES[key]
 
 
+MAX_ROTATION_SETS = 32  # input sets a measurement cycles through at most
+
+
 def rotation_sets(nbytes: float, target: TargetInfo) -> int:
-    """How many input sets to cycle through so timing does not measure a warm L2."""
-    if not target.l2_bytes or nbytes >= 2 * target.l2_bytes or target.is_cpu:
+    """How many input sets to cycle through so timing does not measure a warm L2: together
+    twice the L2 (``tvm_ext.timing.rotation_count``, the benchmarks' rule too)."""
+    if target.is_cpu:
         return 1
-    return int(min(8, math.ceil(2 * target.l2_bytes / max(nbytes, 1))))
+    return rotation_count(nbytes, target.l2_bytes, MAX_ROTATION_SETS)
 
 
 def make_job(template: "Template", config: "Config", artifact: Artifact, target: TargetInfo,
@@ -213,7 +218,10 @@ def _events_loop(one: Callable[[int], float], settings: MeasureSettings) -> list
 
 
 def _poison(spec: TensorSpec) -> np.ndarray:
-    """NaN (or -1 for integer buffers), so an unwritten element fails the check."""
+    """NaN (or -1 for integer buffers), so an unwritten element fails the check; a scratch
+    buffer that declares a ``fill`` (a counter that starts at 0) gets that."""
+    if spec.fill is not None:
+        return np.full(spec.shape, spec.fill, np_dtype(spec.dtype))
     junk = np.nan if spec.dtype.startswith(("float", "bfloat")) else -1
     return np.full(spec.shape, junk, np_dtype(spec.dtype))
 

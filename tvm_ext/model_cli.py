@@ -58,10 +58,11 @@ def run_model(args: argparse.Namespace) -> int:
 
     from .pipeline import load_model, summary, tune_relax
     from .target import resolve_target
+    from .cli_checks import model_module
 
     options = session_options(args)
     user = load_model_file(args.file)
-    mod = user.get_module()
+    mod = model_module(user, args.file)
     target = resolve_target(args.target, args.device)
     progress = _Progress(disabled=args.no_progress)
     try:

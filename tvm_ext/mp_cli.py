@@ -124,12 +124,16 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     from .codegen import export_program
     from .mixed_precision import Method003Settings, MixedPrecisionSearch, PrecisionProgram, schedule_for
     from .records import RecordStore
+    from .cli_checks import check_index_range, check_out_dir, check_run_inputs
     from .session import Session, SessionOptions
 
+    check_run_inputs(args)
+    check_out_dir(args.out)
     settings = Method003Settings(
         error_bound=args.error_bound, max_measurements=args.m, max_stages=args.nf, population=args.n0,
         generated=args.ng, measured=args.nm, mutation=args.u0, explore=args.explore, seed=args.seed)
     base = args.make_operator(args)
+    check_index_range(base)
     options = SessionOptions(target=args.target, device=args.device, records=args.records, workers=args.workers,
                              build_timeout=args.build_timeout, run_timeout=args.run_timeout, seed=args.seed)
     session = Session(options, store=RecordStore(args.records))
@@ -139,7 +143,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     program = PrecisionProgram(base, schedule, dtypes)
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
-    tuner = session.tuner(program)
+    tuner = session.tuner(program, recorded_as="method003")
     predictor = None
     if args.predictor == "xgb":
         from .cost_model.precision import PrecisionPredictor

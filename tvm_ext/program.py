@@ -27,6 +27,9 @@ class TensorSpec:
 
     shape: tuple[int, ...]
     dtype: str
+    # What a scratch buffer must hold before the first launch (e.g. 0 for a counter the
+    # kernel itself resets after use); None: runners poison it (NaN, or -1 for integers).
+    fill: float | None = None
 
 
 @dataclass(frozen=True)

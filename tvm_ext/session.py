@@ -82,6 +82,8 @@ class SessionOptions:
             raise TvmExtError("--explore must be a share in [0, 1]")
         check_name("strategy", self.strategy, STRATEGIES)
         check_name("runner", self.runner, RUNNERS)
+        if STRATEGIES[self.strategy].breeds and self.population < 2:
+            raise TvmExtError(f"--population must be >= 2 for the GA (crossover pairs parents), got {self.population}")
 
     @property
     def measured_per_generation(self) -> int:
@@ -124,6 +126,7 @@ class StrategyEntry:
     make: Callable[[StrategyContext], SearchStrategy]
     doc: str
     predictor: bool = False  # measures nm per generation, ranked by a cost model
+    breeds: bool = False  # a GA: crossover pairs parents (a population of at least 2)
     measures_default: bool = True  # the template's default config is measured first (the baseline)
 
 
@@ -228,10 +231,11 @@ def _analytic(ctx: StrategyContext) -> SearchStrategy:
 
 STRATEGIES: dict[str, StrategyEntry] = {
     "random": StrategyEntry(_random, "uniform random configs, batch by batch (the baseline)"),
-    "ga": StrategyEntry(_ga, "the parallel genetic algorithm of method 000"),
-    "ga+xgb": StrategyEntry(_ga_xgb, "the GA with the XGBoost predictor stage (breed ng, measure nm)", predictor=True),
+    "ga": StrategyEntry(_ga, "the parallel genetic algorithm of method 000", breeds=True),
+    "ga+xgb": StrategyEntry(_ga_xgb, "the GA with the XGBoost predictor stage (breed ng, measure nm)",
+                            predictor=True, breeds=True),
     "ga+s6": StrategyEntry(_ga_s6, "the predictor-stage GA with the model off (nm offspring at random)",
-                           predictor=True),
+                           predictor=True, breeds=True),
     "analytic": StrategyEntry(_analytic, "method 002's tile (or the template's own pick), measured once",
                               measures_default=False),
 }
@@ -299,9 +303,13 @@ class Session:
             self._runner = RUNNERS[self.options.runner](self.options, self.target)
         return self._runner
 
-    def tuner(self, template: Template, on_record: ProgressHook | None = None) -> Tuner:
+    def tuner(self, template: Template, on_record: ProgressHook | None = None,
+              recorded_as: str | None = None) -> Tuner:
+        """A tuner of ``template`` on the session's parts; its records name the options'
+        strategy (or ``recorded_as``, a search that drives the tuner itself)."""
         trials = self.options.trials or (1 << 30)
-        return Tuner(template, self.target, self.builder, self.runner, self.store, trials=trials, on_record=on_record)
+        return Tuner(template, self.target, self.builder, self.runner, self.store, trials=trials, on_record=on_record,
+                     strategy=recorded_as or self.options.strategy)
 
     def seeds(self, template: Template, space: Space, default: Config,
               candidates: Iterable[Config] | None = None) -> list[np.ndarray]:
