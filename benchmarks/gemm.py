@@ -1,7 +1,11 @@
 """GEMM on the GPU: tune fp32 GEMM for CUDA (and OpenCL) and compare with cuBLAS in the same run.
 
-Run through the device tool (see ../shared/DEVICE.md):
+Run through the device tool (see ../shared/DEVICE.md), about 6 minutes on an H100:
     source .tvm-device/boot.sh && python benchmarks/gemm.py --out $OUT
+The template searches its staging knobs too (register-staged or cp.async prefetch, warp
+tiling, 16-byte fills; ``--no-staging``: the original knobs only), seeded with the default,
+method 002's picks and ``STAGED_SEEDS``.  cuBLAS (TF32 off) is timed call by call, back to
+back on rotated inputs and from a CUDA graph, and compared at its best.
 Prints a markdown table last; records go to --out so nothing measured is lost.
 """
 from __future__ import annotations
@@ -16,29 +20,41 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import table, time_torch  # noqa: E402
+from common import table  # noqa: E402
+from vendor_timing import describe, rotation_sets, vendor_times  # noqa: E402
 
 from tvm_ext.builder import LocalBuilder  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
 from tvm_ext.runner import LocalRunner  # noqa: E402
-from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
+from tvm_ext.schedules.gemm import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
 from tvm_ext.search import GeneticSearch  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 from tvm_ext.tuner import Tuner  # noqa: E402
 
 
-def cublas_fp32(n: int) -> float:
+# The two leaders of the H100 staging probe (benchmarks/sgemm_probe.py, 2026-11-23: 43.8 and
+# 43.4 TFLOP/s = 0.85 and 0.84 of cuBLAS fp32 at 4096^3): GA seeds.
+STAGED_SEEDS = (
+    dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
+         a_transposed=1, prefetch=1, warp_x=0, load_vec=0),
+    dict(wg_x=8, wg_y=16, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
+         a_transposed=1, prefetch=0, warp_x=8, load_vec=0),
+)
+
+
+def cublas_fp32(n: int) -> dict[str, float]:
+    """cuBLAS fp32 (TF32 off), three ways (``vendor_times``), on rotated inputs."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    a = torch.randn(n, n, device="cuda")
-    b = torch.randn(n, n, device="cuda")
-    return time_torch(lambda: torch.matmul(a, b))
+    sets = rotation_sets(3 * 4 * n * n)
+    data = [(torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")) for _ in range(sets)]
+    return vendor_times([lambda a=a, b=b: torch.matmul(a, b) for a, b in data])
 
 
 def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> dict:
     target = resolve_target(target_kind, 0)
-    template = GemmTemplate(n, n, n)
+    template = GemmTemplate(n, n, n, staging=not args.no_staging)
     store = RecordStore(os.path.join(args.out, f"gemm_{target_kind}_{n}.jsonl"))
     builder = LocalBuilder(workers=args.workers, timeout=300)
     runner = LocalRunner(target, timeout=120)
@@ -54,6 +70,9 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
         from tvm_ext.cost_model.analytic import analytic_seeds
 
         seeds += analytic_seeds(template, target)
+    if template.staging:
+        staged = [space.make(**c) for c in STAGED_SEEDS]
+        seeds += [c for c in staged if space.is_feasible(c)]
     if args.cost_model == "xgb" and target_kind == "cuda":
         ga = model_guided(tuner, args, seeds)
     else:
@@ -65,7 +84,8 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
     tuner.trials_budget += len(hand_picked)
     picked = []
     for text in hand_picked:
-        cfg = space.make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
+        values = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+        cfg = space.make(**{**(STAGING_DEFAULTS if template.staging else {}), **values})
         tuner.evaluate([cfg])
         picked.append(tuner.record_of(cfg))
     builder.close()
@@ -75,8 +95,9 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
             "analytic": analytic}
 
 
-def sweep_records(path: str) -> list[Any]:
-    """A recorded sweep (benchmarks/data/sweep_*.jsonl.gz) as records of its workload."""
+def sweep_records(path: str, staging: bool = False) -> list[Any]:
+    """A recorded sweep (benchmarks/data/sweep_*.jsonl.gz) as records of its workload (the
+    staging knobs, which the sweep predates, at their first values when ``staging``)."""
     import gzip
 
     from tvm_ext.records import Record
@@ -84,7 +105,8 @@ def sweep_records(path: str) -> list[Any]:
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         header, *rows = [json.loads(line) for line in fh if line.strip()]
     key = "sweep:" + os.path.basename(path)
-    return [Record(key, header["workload"], r["config"], (r["cost"],) if r.get("cost") else (),
+    extra = STAGING_DEFAULTS if staging else {}
+    return [Record(key, header["workload"], {**extra, **r["config"]}, (r["cost"],) if r.get("cost") else (),
                    r.get("error_kind", "")) for r in rows]
 
 
@@ -94,7 +116,8 @@ def model_guided(tuner: Any, args: argparse.Namespace, seeds: list[Any]) -> Any:
     from tvm_ext.cost_model.search import ModelGuidedSearch
 
     model = XGBCostModel(tuner.template, tuner.target, seed=args.seed)
-    transfer = model.add_records(sweep_records(args.transfer), tuner.workload.key) if args.transfer else 0
+    transfer = (model.add_records(sweep_records(args.transfer, tuner.template.staging), tuner.workload.key)
+                if args.transfer else 0)
     model.fit()
     print(f"cost model: {transfer} transfer records from {args.transfer}", flush=True)
     return ModelGuidedSearch(tuner.space, np.random.default_rng(args.seed), model, size_pop=args.population,
@@ -121,16 +144,20 @@ def main() -> None:
     p.add_argument("--nm", type=int, default=16, help="measured per generation with --cost-model xgb")
     p.add_argument("--transfer", default=None,
                    help="records of another shape to warm-start the model (e.g. data/sweep_gemm_cuda_2048x2048x2048.jsonl.gz)")
+    p.add_argument("--no-staging", action="store_true", help="the template's original knobs only (no STAGING_KNOBS)")
     p.add_argument("--hand-picked", action="append", default=[],
                    help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
     n = args.size
-    cublas = cublas_fp32(n)
+    vendor = cublas_fp32(n)
+    cublas = vendor["best"]
     cublas_tflops = 2 * n**3 / cublas / 1e12
-    print(f"cuBLAS fp32 {n}^3: {cublas * 1e3:.3f} ms = {cublas_tflops:.1f} TFLOP/s", flush=True)
-    rows = [["cuBLAS (torch.matmul, TF32 off)", f"{n}³", f"{cublas * 1e3:.3f}", f"{cublas_tflops:.1f}", "1.00", "-", "-", "-"]]
+    print(f"cuBLAS fp32 {n}^3: {describe(vendor, 2 * n**3)}", flush=True)
+    rows = [[f"cuBLAS (torch.matmul, TF32 off), best of per call {vendor['per_call'] * 1e3:.3f} / back to back "
+             f"{vendor['back_to_back'] * 1e3:.3f} / graph {vendor['graph'] * 1e3:.3f} ms", f"{n}³", f"{cublas * 1e3:.3f}",
+             f"{cublas_tflops:.1f}", "1.00", "-", "-", "-"]]
     runs = [("cuda", n, args.trials)]
     if not args.skip_opencl:
         runs.append(("opencl", args.opencl_size, args.opencl_trials))
