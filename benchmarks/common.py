@@ -1,27 +1,161 @@
-"""Shared helpers of the GPU benchmark scripts: baseline timing and the printed table."""
+"""Shared helpers of the GPU benchmark scripts: the timing protocol on CUDA (torch's events
+and graphs) and the printed table.
+
+The protocol itself is ``tvm_ext.timing`` (framework-free, tested on PoCL); this file adds
+what needs torch: CUDA events as the clock, the vendor timed per call, back to back and
+replayed from a CUDA graph (``time_vendor``), and our kernels timed back to back with the
+same events and input rotation (``time_ours``).  Every benchmark reports its ratios
+against the vendor's best of the three (``VendorTimes.best``).
+"""
 from __future__ import annotations
 
 import datetime
-import statistics
 from typing import Any, Callable, Sequence
 
+from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
+                            VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
 
-def time_torch(fn: Callable[[], Any], warmup: int = 5, repeat: int = 30) -> float:
-    """Median seconds of ``fn`` with CUDA events (the baselines: cuBLAS, cuDNN, torch)."""
+__all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "l2_rotation", "vendor_header",
+           "vendor_cells", "vendor_methods", "table", "device_name", "rel_error_vs", "tvm_launch", "TimingSettings", "VendorTimes", "Timing"]
+
+MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
+
+
+class TorchEventClock:
+    """CUDA events on torch's current stream.  TVM's CUDA runtime launches on the legacy
+    default stream, which is torch's default stream too, so the same events time both."""
+
+    def idle(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def mark(self) -> Any:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+
+def l2_rotation(set_bytes: float, max_sets: int = 64) -> int:
+    """Input sets for ``set_bytes`` per call on this GPU (``rotation_count`` with its L2)."""
     import torch
 
-    for _ in range(warmup):
-        fn()
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+    return rotation_count(set_bytes, l2, max_sets)
+
+
+def _tensors(value: Any) -> list[Any]:
+    """The tensors in a call's result (a tensor, or nested tuples/lists of them)."""
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return [value] if hasattr(value, "detach") else []
+
+
+def _same(graph_out: Any, eager_out: Any) -> str:
+    """'' when the graph's result equals the eager result of the same call, else what differs."""
+    import torch
+
+    got, want = _tensors(graph_out), _tensors(eager_out)
+    if len(got) != len(want):
+        return f"graph returned {len(got)} tensors, eager {len(want)}"
+    for a, b in zip(got, want):
+        if a.shape != b.shape or not torch.equal(a, b):
+            diff = (a.double() - b.double()).abs().max().item() if a.shape == b.shape else float("nan")
+            return f"graph output differs from eager output (max |diff| {diff:.3g})"
+    return ""
+
+
+def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = TimingSettings()) -> Timing:
+    """Capture ``calls`` calls (cycling the sets) in one CUDA graph; each sample is events
+    around one replay, divided by ``calls``.  Raises ``RuntimeError`` if the replayed output
+    of any set differs from the same call run eagerly."""
+    import torch
+
+    calls = max(sets, min(calls, MAX_GRAPH_CALLS) // sets * sets)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture stream (workspaces, autotuning)
+        for i in range(3 * sets):
+            fn(i % sets)
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return statistics.median(times)
+    graph = torch.cuda.CUDAGraph()
+    outs: list[Any] = [None] * sets
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            outs[i % sets] = fn(i % sets)  # the last call of each set keeps its output
+    graph.replay()
+    torch.cuda.synchronize()
+    for i in range(sets):
+        differs = _same(outs[i], fn(i))
+        if differs:
+            raise RuntimeError(differs)
+    timed = per_call(lambda _: graph.replay(), 1, TorchEventClock(), settings)
+    samples = tuple(s / calls for s in timed.samples)
+    return Timing(GRAPH, timed.seconds / calls, samples, calls, sets)
+
+
+def time_vendor(fn: Launch, sets: int = 1, settings: TimingSettings = TimingSettings(),
+                graph: bool = True) -> VendorTimes:
+    """The vendor's ``fn(i)`` (one call on input set i, returning its output) per call, back
+    to back and replayed from a CUDA graph, in this order, in this process.  A graph that
+    cannot be captured or whose output differs from eager is left out (``graph_note``)."""
+    clock = TorchEventClock()
+    single = per_call(fn, sets, clock, settings)
+    loop = back_to_back(fn, sets, clock, settings)
+    if not graph:
+        return VendorTimes(single, loop, None, "not run")
+    try:
+        replayed = time_graph(fn, sets, calls_per_sample(loop.seconds, sets, settings), settings)
+    except Exception as exc:  # reported in the table, never the end of the run
+        text = str(exc).strip().splitlines()
+        return VendorTimes(single, loop, None, (text[-1] if text else type(exc).__name__)[:160])
+    return VendorTimes(single, loop, replayed)
+
+
+def time_ours(launch: Launch, sets: int = 1, settings: TimingSettings = TimingSettings()) -> Timing:
+    """Our kernel's ``launch(i)`` (e.g. a TVM ``Module`` function on input set i, or the GRU
+    layer's executor) back to back on the rotated sets, with the same CUDA events."""
+    return back_to_back(launch, sets, TorchEventClock(), settings, Rotation(sets))
+
+
+def vendor_methods(times: VendorTimes) -> list[tuple[str, Timing | None]]:
+    """The three methods in table order, each with its timing; a graph that was left out
+    comes as (``"CUDA graph: <why>"``, None), so every table shows all three."""
+    graph = (GRAPH, times.graph) if times.graph is not None else (f"{GRAPH}: {times.graph_note}", None)
+    return [(PER_CALL, times.per_call), (BACK_TO_BACK, times.back_to_back), graph]
+
+
+def rel_error_vs(out: Any, ref: Any) -> float:
+    """Normwise relative error of ``out`` (tensor or array) against a float64 reference."""
+    import numpy as np
+
+    if hasattr(out, "detach"):
+        out = out.detach().double().cpu().numpy()
+    if hasattr(ref, "detach"):
+        ref = ref.detach().double().cpu().numpy()
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def vendor_header(unit: str = "ms", name: str = "vendor") -> list[str]:
+    """Column names for ``vendor_cells``: the three methods and which one was best."""
+    return [f"{name} {PER_CALL} {unit}", f"{name} {BACK_TO_BACK} {unit}", f"{name} {GRAPH} {unit}",
+            f"{name} best {unit}"]
+
+
+def vendor_cells(times: VendorTimes, scale: float = 1e3, digits: int = 3) -> list[str]:
+    """The vendor's three times (``scale``: 1e3 for ms, 1e6 for µs) and the best's method."""
+    fmt = lambda t: f"{t.seconds * scale:.{digits}f}"  # noqa: E731
+    graph = fmt(times.graph) if times.graph is not None else f"- ({times.graph_note or 'failed'})"
+    best = times.best
+    return [fmt(times.per_call), fmt(times.back_to_back), graph, f"{fmt(best)} ({best.method})"]
 
 
 def device_name() -> str:
@@ -41,3 +175,8 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> s
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells[1:]]
     return "\n".join(out)
+
+
+def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]]) -> Launch:
+    """``launch(i)`` for a TVM function over prepared argument lists, one per input set."""
+    return lambda i: func(*arg_sets[i])

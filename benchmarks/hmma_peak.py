@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vendor_timing import rotation_sets, vendor_times  # noqa: E402
+from common import l2_rotation, time_vendor  # noqa: E402
 
 CHAINS = 8  # independent accumulator tiles per warp (latency hidden by ILP)
 SOURCE = r"""
@@ -59,11 +59,9 @@ def main() -> int:
         flops = grid * warps * iters * CHAINS * 2 * 16 * 8 * 16
         rows.append((blocks_per_sm * warps, flops / secs / 1e12))
     m = n = k = 8192
-    sets = rotation_sets(2 * (m * k + k * n + m * n))
-    data = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-             torch.randn(k, n, device="cuda", dtype=torch.float16)) for _ in range(sets)]
-    vendor = vendor_times([lambda a=a, b=b: a @ b for a, b in data], repeat=10, run=5)
-    cublas = 2 * m * n * k / vendor["best"] / 1e12
+    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16), torch.randn(k, n, device="cuda", dtype=torch.float16))
+            for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
+    cublas = 2 * m * n * k / time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets)).best.seconds / 1e12
     print(f"cuBLAS fp16 8192^3 (best of per call / back to back / graph): {cublas:.0f} TFLOP/s")
     for warps_per_sm, tflops in rows:
         print(f"mma.sync.m16n8k16 f32 from registers, {warps_per_sm} warps/SM x {CHAINS} chains: "

@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table  # noqa: E402
-from vendor_timing import describe, rotation_sets, vendor_times  # noqa: E402
+from common import l2_rotation, time_vendor, vendor_methods  # noqa: E402
 
 from tvm_ext.builder import LocalBuilder  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
@@ -56,13 +56,20 @@ FOCUS = [
 ]
 
 
-def cublas_fp16(m: int, n: int, k: int) -> dict[str, float]:
+def cublas_fp16(m: int, n: int, k: int) -> Any:
+    """cuBLAS float16 per call, back to back and from a CUDA graph, on rotated operands."""
     import torch
 
-    sets = rotation_sets(2 * (m * k + k * n + m * n))
-    data = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-             torch.randn(k, n, device="cuda", dtype=torch.float16)) for _ in range(sets)]
-    return vendor_times([lambda a=a, b=b: a @ b for a, b in data])
+    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16), torch.randn(k, n, device="cuda", dtype=torch.float16))
+            for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
+    return time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
+
+
+def describe(times: Any, flops: float) -> str:
+    """'0.186 ms (738 TFLOP/s, CUDA graph; per call 0.206, back-to-back 0.188, CUDA graph 0.186)'."""
+    best = times.best
+    parts = ", ".join(f"{method} {t.seconds * 1e3:.3f}" if t else method for method, t in vendor_methods(times))
+    return f"{best.seconds * 1e3:.3f} ms ({flops / best.seconds / 1e12:.0f} TFLOP/s, {best.method}; {parts})"
 
 
 def main() -> int:
@@ -103,7 +110,7 @@ def main() -> int:
                 speed = f"{template.flops() / rec.cost / 1e12:.0f}" if rec.ok else rec.error_kind
                 rows.append((rec.cost if rec.ok else float("inf"), [
                     MmaTile.of(config).label(), f"{rec.cost * 1e3:.4f}" if rec.ok else "-", speed,
-                    f"{vendor['best'] / rec.cost:.2f}" if rec.ok else "-",
+                    f"{vendor.best.seconds / rec.cost:.2f}" if rec.ok else "-",
                     f"{rec.metrics.get('rel_error', float('nan')):.1e}" if rec.ok else rec.error_msg[:80]]))
             rows.sort(key=lambda r: r[0])
             print(f"{name}: {len(feasible)} configs in {wall:.0f} s; cuBLAS fp16 {describe(vendor, template.flops())}",

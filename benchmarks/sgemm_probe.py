@@ -12,10 +12,12 @@ import itertools
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table  # noqa: E402
-from vendor_timing import describe, rotation_sets, vendor_times  # noqa: E402
+from common import l2_rotation, time_vendor  # noqa: E402
+from mma_probe import describe  # noqa: E402
 
 from tvm_ext.builder import LocalBuilder  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
@@ -37,13 +39,14 @@ STAGING = [dict(prefetch=p, warp_x=w) for p, w in itertools.product((0, 1), (0, 
 STAGING += [dict(prefetch=2, a_transposed=0), dict(prefetch=1, k_step=32)]
 
 
-def cublas_fp32(n: int) -> dict[str, float]:
+def cublas_fp32(n: int) -> Any:
+    """cuBLAS fp32 (TF32 off) per call, back to back and from a CUDA graph, on rotated operands."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    sets = rotation_sets(3 * 4 * n * n)
-    data = [(torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")) for _ in range(sets)]
-    return vendor_times([lambda a=a, b=b: a @ b for a, b in data])
+    sets = [(torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda"))
+            for _ in range(l2_rotation(3 * 4 * n * n))]
+    return time_vendor(lambda i: torch.matmul(*sets[i]), len(sets))
 
 
 def main() -> int:
@@ -81,7 +84,7 @@ def main() -> int:
         rows.append((rec.cost if rec.ok else float("inf"), [
             shown, f"{rec.cost * 1e3:.3f}" if rec.ok else rec.error_kind,
             f"{template.flops() / rec.cost / 1e12:.1f}" if rec.ok else rec.error_msg[:60],
-            f"{vendor['best'] / rec.cost:.3f}" if rec.ok else "-"]))
+            f"{vendor.best.seconds / rec.cost:.3f}" if rec.ok else "-"]))
     rows.sort(key=lambda r: r[0])
     print(table(f"SGEMM {n}^3 staging probe ({len(configs)} configs, {time.time() - start:.0f} s); cuBLAS fp32 "
                 f"{describe(vendor, template.flops())}", ["config (8x8 per thread, vec 4, pad)", "ms", "TFLOP/s",

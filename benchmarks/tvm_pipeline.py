@@ -6,9 +6,10 @@ Run through the device tool (see ../shared/DEVICE.md):
     source .tvm-device/boot.sh && python benchmarks/tvm_pipeline.py --out $OUT
 Budgets: 64 trials by default (``--budget 256`` or ``--with-256`` adds the larger one; GPU
 time is scarce).  About 4-5 min with the defaults.  Both GEMM kernels are checked against a
-float64 numpy reference and timed the same way (TVM ``time_evaluator`` on the compiled
-PrimFunc, median of repeats); tuning wall time includes each tuner's builds and
-measurements.  Records, the exported database and meta_schedule's work dir go under --out.
+float64 numpy reference and timed the same way (``benchmarks/common.py``: back to back on
+operand sets rotated past the L2, CUDA events, median of repeats), with cuBLAS (TF32 off)
+per call, back to back and from a CUDA graph on the same sets as the vendor reference;
+tuning wall time includes each tuner's builds and measurements.  Records, the exported database and meta_schedule's work dir go under --out.
 
 Without a GPU, ``--dry-run`` runs every step that needs none: task extraction, matching,
 database export (default configs), compiling the model for CUDA (source only, with
@@ -20,7 +21,6 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import sys
 import time
 from typing import Any
@@ -30,7 +30,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
-from common import table  # noqa: E402
+from common import l2_rotation, rel_error_vs, table, time_ours, time_vendor, tvm_launch  # noqa: E402
+from common import vendor_methods  # noqa: E402
 
 import mlp  # noqa: E402  (examples/mlp.py: the model, its inputs and numpy reference)
 
@@ -88,21 +89,40 @@ def bench_model(target: TargetInfo, args: argparse.Namespace) -> list[list[Any]]
 
 
 # ---- (b) GEMM: our tuner vs ms.tune_tir ------------------------------------------------------
-def time_prim_module(mod: Any, target: TargetInfo, n: int, inputs: list[np.ndarray],
+def operand_sets(n: int, seed: int) -> list[list[np.ndarray]]:
+    """GEMM operands (A, B), as many sets as take twice the L2 with C (the timing rotation)."""
+    rng = np.random.default_rng(seed)
+    return [[rng.uniform(-1, 1, (n, n)).astype("float32") for _ in range(2)]
+            for _ in range(l2_rotation(3 * 4 * n * n))]
+
+
+def time_prim_module(mod: Any, target: TargetInfo, n: int, sets: list[list[np.ndarray]],
                      ref: np.ndarray) -> tuple[float, float]:
-    """(median seconds, relative error): compile, check, time with TVM's time_evaluator."""
+    """(median seconds, relative error vs float64 of set 0): compile, check (C poisoned with
+    NaN), time back to back on the rotated sets with CUDA events."""
     import tvm
 
     ex = tvm.compile(mod, target=tvm_target(target))
     dev = tvm.cuda(target.device_id)
-    c = np.full((n, n), np.nan, "float32")
-    args = [tvm.runtime.tensor(a, dev) for a in inputs + [c]]
-    ex.mod["main"](*args)
+    arg_sets = [[tvm.runtime.tensor(a, dev) for a in ab + [np.full((n, n), np.nan, "float32")]] for ab in sets]
+    ex.mod["main"](*arg_sets[0])
     dev.sync()
-    out = args[-1].numpy().astype(np.float64)
-    err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-    timer = ex.mod.time_evaluator("main", dev, number=1, repeat=20, min_repeat_ms=50)
-    return statistics.median(timer(*args).results), err
+    err = rel_error_vs(arg_sets[0][-1].numpy(), ref)
+    return time_ours(tvm_launch(ex.mod["main"], arg_sets), len(arg_sets)).seconds, err
+
+
+def cublas_rows(n: int, sets: list[list[np.ndarray]], ref: np.ndarray) -> list[list[Any]]:
+    """cuBLAS fp32 (TF32 off) on the same operand sets, per call, back to back, CUDA graph."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    pairs = [[torch.from_numpy(a).cuda() for a in ab] for ab in sets]
+    times = time_vendor(lambda i: torch.matmul(*pairs[i]), len(pairs))
+    err = rel_error_vs(torch.matmul(*pairs[0]), ref)
+    flops = 2 * n ** 3
+    return [[f"{n}³", "-", f"cuBLAS (torch.matmul), {method}", f"{t.seconds * 1e3:.3f}" if t else "-",
+             f"{flops / t.seconds / 1e12:.1f}" if t else "-", "-", "-", f"rel err vs f64 {err:.1e}"]
+            for method, t in vendor_methods(times)]
 
 
 def ours(template: GemmTemplate, target: TargetInfo, budget: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -164,10 +184,9 @@ def meta_schedule(template: GemmTemplate, target: TargetInfo, budget: int, args:
 def bench_gemm(target: TargetInfo, args: argparse.Namespace) -> list[list[Any]]:
     n = args.size
     template = GemmTemplate(n, n, n)
-    rng = np.random.default_rng(args.seed)
-    inputs = [rng.uniform(-1, 1, (n, n)).astype("float32") for _ in range(2)]
-    ref = inputs[0].astype(np.float64) @ inputs[1].astype(np.float64)
-    rows = []
+    sets = operand_sets(n, args.seed)
+    ref = sets[0][0].astype(np.float64) @ sets[0][1].astype(np.float64)
+    rows = cublas_rows(n, sets, ref)
     for budget in args.budgets:
         for name, fn in (("tvm_ext GA (ours)", ours), ("meta_schedule tune_tir", meta_schedule)):
             print(f"== {name}, budget {budget}", flush=True)
@@ -175,7 +194,7 @@ def bench_gemm(target: TargetInfo, args: argparse.Namespace) -> list[list[Any]]:
             if "error" in res:
                 rows.append([f"{n}³", budget, name, "failed", "-", f"{res['wall']:.0f}", res["trials"], res["error"]])
                 continue
-            secs, err = time_prim_module(res["mod"], target, n, inputs, ref)
+            secs, err = time_prim_module(res["mod"], target, n, sets, ref)
             ok = err <= 1e-4
             rows.append([f"{n}³", budget, name, f"{secs * 1e3:.3f}" if ok else f"WRONG ({err:.1e})",
                          f"{template.flops() / secs / 1e12:.1f}", f"{res['wall']:.0f}", res["trials"], res["config"]])

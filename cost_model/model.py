@@ -120,6 +120,10 @@ class XGBCostModel:
         for cfg, cost in zip(configs, costs):
             self._current[cfg] = float(cost)
 
+    def forget_observations(self) -> None:
+        """Drop this workload's observations (for a caller that refits from its own list)."""
+        self._current.clear()
+
     def add_records(self, records: Iterable[Record], workload_key: str) -> int:
         """Take records of a store: this workload's become observations, other shapes of the
         same template on the same target become transfer data.  Returns transfer rows added."""
@@ -221,6 +225,17 @@ class XGBCostModel:
         if not configs:
             return np.zeros(0)
         return self.booster.predict(self._dmatrix(self.featurizer(configs)))
+
+    def train_regressor(self, x: np.ndarray, y: np.ndarray) -> Any:
+        """A booster on another target ``y`` over this model's features (rows ``x`` from
+        ``featurizer``), with its settings and seed: e.g. an error predicted beside the speed."""
+        import xgboost as xgb
+
+        return xgb.train(self._params(), self._dmatrix(x, y), num_boost_round=self.settings.rounds)
+
+    def regressor_predict(self, booster: Any, x: np.ndarray) -> np.ndarray:
+        """Predictions of a booster from ``train_regressor`` for feature rows ``x``."""
+        return booster.predict(self._dmatrix(x))
 
     # ---- persistence -------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:

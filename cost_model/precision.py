@@ -34,9 +34,7 @@ class PrecisionPredictor:
         self.error_booster: Any = None
 
     def fit(self, configs: Sequence[Config], costs: Sequence[float], errors: Sequence[float]) -> bool:
-        import xgboost as xgb
-
-        self.speed._current.clear()
+        self.speed.forget_observations()
         self.speed.observe(configs, costs)
         if not self.speed.fit():
             return False
@@ -45,15 +43,14 @@ class PrecisionPredictor:
         if len(ok) >= self.settings.min_train:
             x = self.speed.featurizer([c for c, _ in ok])
             y = np.log10(np.maximum([e for _, e in ok], ERROR_FLOOR))
-            self.error_booster = xgb.train(self.speed._params(), self.speed._dmatrix(x, y),
-                                           num_boost_round=self.settings.rounds)
+            self.error_booster = self.speed.train_regressor(x, y)
         return True
 
     def predicted_error(self, configs: Sequence[Config]) -> np.ndarray:
         if self.error_booster is None:
             return np.zeros(len(configs))
         x = self.speed.featurizer(list(configs))
-        return 10.0 ** self.error_booster.predict(self.speed._dmatrix(x))
+        return 10.0 ** self.speed.regressor_predict(self.error_booster, x)
 
     def score(self, configs: Sequence[Config]) -> np.ndarray:
         speed = self.speed.predict(list(configs))

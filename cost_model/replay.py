@@ -86,10 +86,6 @@ class Sweep:
         return os.path.basename(self.path).split(".jsonl")[0]
 
     @property
-    def knob_names(self) -> tuple[str, ...]:
-        return tuple(self.header["knobs"])
-
-    @property
     def best(self) -> SweepEntry:
         return min(self.entries, key=lambda e: e.cost)
 

@@ -12,6 +12,10 @@ loads and stores, so no out-of-bounds access and no extra kernels.
 Precision (method 003's parameters): A, B and C each have a storage dtype and the
 dot products accumulate in ``acc_dtype``; operands are widened as they are multiplied
 and the result is narrowed as it is stored.  Everything defaults to float32.
+
+Variants the GRU uses, with the same knobs and the same schedule: a leading batch axis
+(``batch`` > 0: one A, B and C per batch entry, on blockIdx.z) and a bias row added as
+the tile is stored (``BiasGemmTemplate``).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import numpy as np
 
 from tvm_ext.errors import TvmExtError
 from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, PrecisionParam, itemsize
+from tvm_ext.schedules import wmma
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -140,6 +145,7 @@ class GemmTemplate(DtypeFields, Template):
     # target that it fits, the GEMM runs on tensor cores with it and the CUDA-core
     # config is not used (method 003's low types then buy the tensor cores' speed).
     tensor_core: Config | None = None
+    batch: int = 0  # > 0: a leading batch axis of this many independent GEMMs (blockIdx.z)
     # Also search ``STAGING_KNOBS`` (register-staged prefetch, warp tiling, load width).
     staging: bool = False
 
@@ -153,6 +159,8 @@ class GemmTemplate(DtypeFields, Template):
         for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
+        if not isinstance(self.batch, (int, np.integer)) or self.batch < 0:
+            raise TvmExtError(f"GEMM batch must be a non-negative integer, got {self.batch!r}")
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GEMM {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
@@ -172,44 +180,46 @@ class GemmTemplate(DtypeFields, Template):
         params = {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
         if self.tensor_core is not None:
             params["tensor_core"] = str(self.tensor_core)
+        if self.batch:
+            params["batch"] = self.batch
         if self.staging:
             params["staging"] = True
         return params
 
+    @property
+    def lead(self) -> tuple[int, ...]:
+        """The batch axis as a shape prefix: () or (batch,)."""
+        return (self.batch,) if self.batch else ()
+
     def uses_tensor_cores(self, target: TargetInfo) -> bool:
         """Whether ``schedule`` takes the tensor-core path (see ``tensor_core``)."""
-        from tvm_ext.schedules.tensor_core import uses_tile
-
-        return uses_tile(self.tensor_core, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target)
+        return wmma.uses_tile(self.tensor_core, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target)
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """The WMMA tile's options (cp.async for ``tc_pipeline`` >= 2) when it is used."""
-        from tvm_ext.schedules import tensor_core
-
         if self.uses_tensor_cores(target):
-            return tensor_core.pass_config(self.tensor_core)
+            return wmma.pass_config(self.tensor_core)
         return {"tirx.use_async_copy": True} if staging_value(config, "prefetch") == 2 else {}
 
     def _tensor_core_schedule(self, epilogue: tuple[str, ...]) -> Any:
         from tvm import s_tir
 
-        from tvm_ext.schedules.tensor_core import schedule_wmma
-
-        return schedule_wmma(s_tir.Schedule(self.prim_func()), "C", self.tensor_core, epilogue=epilogue)
+        return wmma.schedule_wmma(s_tir.Schedule(self.prim_func()), "C", self.tensor_core, epilogue=epilogue)
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.k), self.a_dtype), TensorSpec((self.k, self.n), self.b_dtype)]
+        return [TensorSpec(self.lead + (self.m, self.k), self.a_dtype),
+                TensorSpec(self.lead + (self.k, self.n), self.b_dtype)]
 
     def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.n), self.c_dtype)]
+        return [TensorSpec(self.lead + (self.m, self.n), self.c_dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b = inputs
         return [a.astype(np.float64) @ b.astype(np.float64)]
 
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * max(self.batch, 1) * self.m * self.n * self.k
 
     # ---- knob space -------------------------------------------------------------
     def space(self, target: TargetInfo) -> Space:
@@ -278,6 +288,9 @@ class GemmTemplate(DtypeFields, Template):
     def prim_func(self) -> Any:
         from tvm import te
 
+        if self.batch:
+            return gemm_bias_func(self.batch, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
+                                  self.c_dtype, bias=False)
         acc = self.acc_dtype
         a = te.placeholder((self.m, self.k), self.a_dtype, name="A")
         b = te.placeholder((self.k, self.n), self.b_dtype, name="B")
@@ -316,8 +329,8 @@ class GemmTemplate(DtypeFields, Template):
         pads = {"A": pad_m or pad_k, "B": pad_k or pad_n, "C": pad_m or pad_n}
         padded = any(pads.values())
         if padded:
-            sch.pad_einsum(gemm, [bm, bn, c.k_step])
-        i, j, k = sch.get_loops(gemm)
+            sch.pad_einsum(gemm, [1] * len(self.lead) + [bm, bn, c.k_step])
+        *lead, i, j, k = sch.get_loops(gemm)  # lead: the batch axis, if any
         # N is interleaved: each thread owns task_x/vec chunks of vec adjacent columns,
         # wg_x*vec apart, so a warp's shared and global accesses are contiguous
         # (no bank conflicts, coalesced vector stores).  The chunk loop is a virtual
@@ -327,7 +340,9 @@ class GemmTemplate(DtypeFields, Template):
         by, vy, ty, ii = sch.split(i, [None, c.task_y // row_chunk, c.wg_y, row_chunk])
         bx, vx, tx, jj = sch.split(j, [None, c.task_x // c.vec, c.wg_x, c.vec])
         ko, ki = sch.split(k, [None, c.k_step])
-        sch.reorder(by, bx, vy, vx, ty, tx, ko, ki, ii, jj)
+        sch.reorder(*lead, by, bx, vy, vx, ty, tx, ko, ki, ii, jj)
+        for axis in lead:
+            sch.bind(axis, "blockIdx.z")
         sch.bind(by, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
         sch.bind(vy, "vthread.y")
@@ -363,8 +378,8 @@ class GemmTemplate(DtypeFields, Template):
                     sch.transform_layout(stage, ("write", 0), lambda m, kk: (kk, m))
                 if c.pad:  # row stride = row length + vec: rows start on different banks
                     row = bn if name == "B" else (bm if transposed else c.k_step)
-                    sch.storage_align(stage, 0, axis=0, factor=row, offset=c.vec % row)
-                own = sch.get_loops(stage)[7:]  # below by, bx, vy, vx, ty, tx, ko
+                    sch.storage_align(stage, 0, axis=len(lead), factor=row, offset=c.vec % row)
+                own = sch.get_loops(stage)[len(lead) + 7:]  # below (batch,) by, bx, vy, vx, ty, tx, ko
                 fused = own[0] if len(own) == 1 else sch.fuse(*own)
                 fill_vec = staging_value(c, "load_vec") or c.vec
                 _, fy, fx, fv = sch.split(fused, [None, threads_y, threads_x, fill_vec])
@@ -396,7 +411,70 @@ class GemmTemplate(DtypeFields, Template):
                     sch.compute_inline(sch.get_sblock(f"{buf[name]}_pad"))
 
         if c.unroll:
-            sch.annotate(by, "pragma_auto_unroll_max_step", c.unroll)
-            sch.annotate(by, "pragma_unroll_explicit", 1)
+            outer = lead[0] if lead else by
+            sch.annotate(outer, "pragma_auto_unroll_max_step", c.unroll)
+            sch.annotate(outer, "pragma_unroll_explicit", 1)
         sch.decompose_reduction(gemm, ko)
+        return sch
+
+
+# ---- with a bias row (and a batch axis): the GRU's gate GEMMs ------------------------------
+def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = HIGH_PRECISION,
+                   b_dtype: str = HIGH_PRECISION, acc_dtype: str = HIGH_PRECISION,
+                   c_dtype: str = HIGH_PRECISION, bias: bool = True) -> Any:
+    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch).
+
+    The bias is stored in B's type (a weight); A, B and the bias are widened to
+    ``acc_dtype``, and D is narrowed to ``c_dtype`` as it is stored.  ``bias=False``:
+    ``C = A·B`` with the narrowing block "C_out" as ``GemmTemplate.prim_func`` has it."""
+    from tvm import te
+
+    lead = (batch,) if batch else ()
+    a = te.placeholder(lead + (m, k), a_dtype, name="A")
+    b = te.placeholder(lead + (k, n), b_dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute(lead + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)].astype(acc_dtype)
+                                                    * b[i[:-2] + (r, i[-1])].astype(acc_dtype), axis=r),
+                   name="C")
+    if not bias:
+        if c_dtype == acc_dtype:
+            return te.create_prim_func([a, b, c])
+        out = te.compute(lead + (m, n), lambda *i: c[i].astype(c_dtype), name="C_out")
+        return te.create_prim_func([a, b, out])
+    bias_row = te.placeholder(lead + (n,), b_dtype, name="bias")
+    d = te.compute(lead + (m, n), lambda *i: (c[i] + bias_row[i[:-2] + (i[-1],)].astype(acc_dtype)).astype(c_dtype),
+                   name="D")
+    return te.create_prim_func([a, b, bias_row, d])
+
+
+@dataclass(frozen=True)
+class BiasGemmTemplate(GemmTemplate):
+    """The GEMM template with a bias row, D = A·B + bias: the template's own schedule
+    applies unchanged (with ``batch``, one bias row per batch entry), and the bias is folded
+    into the register tile's store.  The bias has B's dtype (it belongs to the weights); the
+    narrowing to ``c_dtype`` is part of D."""
+
+    name = "gemm_bias"
+
+    def prim_func(self) -> Any:
+        return gemm_bias_func(self.batch, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
+                              self.c_dtype)
+
+    def own_site(self) -> MatmulSite:
+        return MatmulSite()  # D (bias and narrowing) is inlined after the GEMM's schedule
+
+    def inputs(self) -> list[TensorSpec]:
+        return super().inputs() + [TensorSpec(self.lead + (self.n,), self.b_dtype)]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, b, bias = inputs
+        return [a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)[..., None, :]]
+
+    def schedule(self, config: Config, target: TargetInfo, func: Any = None, site: Any = None) -> Any:
+        if func is not None:
+            raise TvmExtError("the bias GEMM schedules its own compute only")
+        if self.uses_tensor_cores(target):
+            return self._tensor_core_schedule(("D",))
+        sch = super().schedule(config, target)
+        sch.reverse_compute_inline(sch.get_sblock("D"))
         return sch

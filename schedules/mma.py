@@ -166,7 +166,7 @@ def compute_capability(target: TargetInfo) -> int | None:
 
 
 def max_dynamic_smem(target: TargetInfo) -> int:
-    from tvm_ext.schedules.tensor_core import max_dynamic_smem as limit
+    from tvm_ext.schedules.wmma import max_dynamic_smem as limit
 
     return limit(target)
 

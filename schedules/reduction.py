@@ -23,7 +23,11 @@ Kernel shape (one thread block per reduced row, or ``blocks`` of them):
   in an explicit scratch parameter (``Template.scratch``): the runners only pass
   buffers they allocate, they cannot see intermediates allocated inside the kernel;
 * reductions shorter than ``small_n`` take one simple kernel: a strided loop per
-  thread, no register tile, then the same allreduce.
+  thread, no register tile, then the same allreduce;
+* ``combine=1`` (beyond the patent) merges the two kernels into one launch: the last
+  block of a row to finish (``merge_partials``) adds the partials up;
+* ``rows_per_block > 1`` (beyond the patent) gives each of a block's rows its own group
+  of threads (threadIdx.y), so many short rows need fewer, fuller blocks.
 
 Elements past ``n`` (``n`` not a multiple of the block's reach, or the last pass
 holding ``z' < z`` vectors) read as the reduction's identity, so any ``n ≥ 1`` works.
@@ -48,6 +52,9 @@ VECTOR_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 CAPACITIES = (16, 32, 64, 128)
 BLOCK_COUNTS = tuple(1 << i for i in range(13))  # 1 .. 4096
 SMALL_N = (0, 1024, 8192, 65536)
+ROWS_PER_BLOCK = (1, 2, 4, 8, 16, 32)
+COMBINES = (0, 1)
+MIN_ROW_THREADS = 32  # threads per row when a block holds several rows: a warp at least
 
 PATENT_BLOCK_SIZE = 1024  # threads per block in patent 001
 PATENT_CAPACITY = 64  # vector register capacity per thread, in 4-byte lanes
@@ -63,6 +70,13 @@ KNOBS = (
     Knob("blocks", BLOCK_COUNTS,
          "blocks per reduced row: 1 = one kernel (patent); >1 = partials, then a second kernel"),
     Knob("small_n", SMALL_N, "reductions shorter than this run the simple single kernel"),
+    Knob("rows_per_block", ROWS_PER_BLOCK,
+         "rows one block reduces at once (threadIdx.y), block_size/rows_per_block threads each: "
+         "a warp per row when that is 32 (shuffles only); needs blocks = 1"),
+    Knob("combine", COMBINES,
+         "how a row's per-block partials meet (blocks > 1): 0 = a second kernel; 1 = in the same "
+         "launch: the last block to finish (a memory fence, then an atomic counter) adds them up "
+         "and resets the counter for the next launch"),
 )
 
 
@@ -219,10 +233,12 @@ class Geometry:
     """
 
     simple: bool
-    threads: int
+    threads: int  # threads per reduced row (a block holds rows_per_block such groups)
     blocks: int
     plan: PatentPlan
     vw: int
+    rows_per_block: int = 1
+    combine: int = 0
 
     @property
     def xc(self) -> int:
@@ -304,7 +320,8 @@ class ReductionTemplate(Template):
         """
         if self.max_blocks < 2:
             return []
-        return [TensorSpec((self.rows, self.max_blocks), "float32")]
+        return [TensorSpec((self.rows, self.max_blocks), "float32"),
+                TensorSpec((self.rows,), "int32", fill=0)]  # combine=1: blocks done per row
 
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         """Mostly positive data, uniform in [-0.5, 1.5).
@@ -409,6 +426,16 @@ class ReductionTemplate(Template):
     def _infeasible_reason(self, c: Config) -> str | None:
         if c.x > c.capacity:
             return f"vector length x={c.x} exceeds the register capacity {c.capacity}"
+        if c.combine and c.blocks == 1:
+            return "combine=1 merges per-block partials: it needs blocks > 1"
+        if c.rows_per_block > 1:
+            if c.blocks > 1:
+                return "several rows per block need whole rows per block: blocks must be 1"
+            if c.rows_per_block > self.rows:
+                return f"{c.rows_per_block} rows per block but the tensor has {self.rows}"
+            if c.block_size // c.rows_per_block < MIN_ROW_THREADS:
+                return (f"{c.block_size} threads over {c.rows_per_block} rows leave fewer than "
+                        f"{MIN_ROW_THREADS} per row")
         if c.blocks > 1:
             if self.n < c.small_n:
                 return "the simple kernel (n < small_n) is a single kernel: blocks must be 1"
@@ -426,15 +453,16 @@ class ReductionTemplate(Template):
         block = max(space.knob("block_size").choices)
         plan = patent_plan(self.n, block, PATENT_CAPACITY)
         return space.make(block_size=block, x=plan.x, capacity=PATENT_CAPACITY, blocks=1,
-                          small_n=DEFAULT_SMALL_N)
+                          small_n=DEFAULT_SMALL_N, rows_per_block=1, combine=0)
 
-    def filled_config(self, target: TargetInfo, threads_per_unit: int = 2048) -> Config:
+    def filled_config(self, target: TargetInfo, threads_per_unit: int = 2048, combine: int = 0) -> Config:
         """The patent plan spread over enough blocks to fill the device.
 
         The patent runs one block; a GPU needs about ``threads_per_unit`` resident
         threads on each of its compute units (2048 per SM on H100) to hide memory
         latency.  Blocks per row = the power of two closest above what fills the
-        device, as far as the space allows; x is re-planned for the smaller share.
+        device, as far as the space allows; x is re-planned for the smaller share;
+        ``combine``: how the partials meet (1: in the same launch).
         An analytic GA seed next to the default, not a replacement for it.
         """
         default = self.default_config(target)
@@ -443,21 +471,38 @@ class ReductionTemplate(Template):
         blocks = min(_pow2_ceil(max(1, want)), self.max_blocks)
         while blocks > 1:
             share = -(-self.n // blocks)
-            cfg = default.replace(blocks=blocks, x=patent_plan(share, default.block_size, PATENT_CAPACITY).x)
+            cfg = default.replace(blocks=blocks, x=patent_plan(share, default.block_size, PATENT_CAPACITY).x,
+                                  combine=combine)
             if space.is_feasible(cfg):
                 return cfg
             blocks //= 2
         return default
 
+    def row_group_config(self, target: TargetInfo, threads_per_row: int = 32, block_size: int = 256) -> Config:
+        """Many rows: ``threads_per_row`` threads (a warp: shuffles only) reduce each row,
+        ``block_size / threads_per_row`` rows per block, x from the patent plan for one
+        row's share.  An analytic GA seed; the default config where the shape has too few
+        rows or the device too few threads."""
+        default = self.default_config(target)
+        rows_per_block = max(1, block_size // threads_per_row)
+        x = patent_plan(self.n, threads_per_row, PATENT_CAPACITY).x
+        try:
+            cfg = default.replace(block_size=block_size, rows_per_block=rows_per_block, x=x)
+            self.space(target).encode(cfg)
+        except TvmExtError:
+            return default
+        return cfg if self.space(target).is_feasible(cfg) else default
+
     def geometry(self, c: Config) -> Geometry:
         """The kernel a config stands for (``simple`` below the small-n threshold)."""
+        per_row = max(1, c.block_size // c.rows_per_block)
         if self.n < c.small_n:
-            threads = min(c.block_size, _pow2_ceil(self.n))
+            threads = min(per_row, _pow2_ceil(self.n))
             num = -(-self.n // threads)  # a plain loop: one element per step, num steps
-            return Geometry(True, threads, 1, PatentPlan(num, 1, num, 1, num, 1), 1)
-        plan = decompose(-(-self.n // (c.blocks * c.block_size)), c.x, c.capacity)
+            return Geometry(True, threads, 1, PatentPlan(num, 1, num, 1, num, 1), 1, c.rows_per_block)
+        plan = decompose(-(-self.n // (c.blocks * per_row)), c.x, c.capacity)
         vw = min(c.x, 16 // np.dtype(self.dtype).itemsize)
-        return Geometry(False, c.block_size, c.blocks, plan, vw)
+        return Geometry(False, per_row, c.blocks, plan, vw, c.rows_per_block, c.combine if c.blocks > 1 else 0)
 
     # ---- compute and schedule ----------------------------------------------------
     def _storage_dtype(self, target: TargetInfo) -> str:
@@ -546,14 +591,20 @@ class ReductionTemplate(Template):
         return _with_scratch(func, self.scratch(), part is not None)
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
+        """The scheduled kernel(s); with ``combine=1`` a ``MergedSchedule`` whose module is
+        the two kernels merged into one launch (``merge_partials``)."""
         from tvm import s_tir
 
         geo = self.geometry(config)
         sch = s_tir.Schedule(self.prim_func(config, target))
         first = sch.get_sblock("total" if geo.blocks == 1 else "partial")
         loops = sch.get_loops(first)
+        row = None
         if geo.blocks == 1:
             bx, tx, p, j, c, l = loops
+            if geo.rows_per_block > 1:  # several rows per block: one thread group (y) per row
+                bx, row = sch.split(bx, [None, geo.rows_per_block])
+                sch.bind(row, "threadIdx.y")
         else:
             r, g, tx, p, j, c, l = loops
             bx = sch.fuse(r, g)
@@ -575,15 +626,127 @@ class ReductionTemplate(Template):
         last = sch.get_sblock("total")
         if geo.blocks > 1:  # second kernel: one block per row reduces the partials
             r, g2 = sch.get_loops(last)
-            threads = min(geo.threads, geo.blocks)
+            # merged into the first kernel's blocks, it runs on all their threads
+            threads = geo.threads if geo.combine else min(geo.threads, geo.blocks)
             _, gt = sch.split(g2, [None, threads])
             sch.bind(r, "blockIdx.x")
             sch.bind(gt, "threadIdx.x")
             bx = r
         if self.op == "mean":  # divide by n in the same kernel, after the allreduce
             sch.set_scope(last, 0, "local")
-            sch.reverse_compute_at(sch.get_sblock("mean"), bx)
+            sch.reverse_compute_at(sch.get_sblock("mean"), row if row is not None else bx)
+        if geo.combine:
+            return MergedSchedule(merge_partials(sch.mod, target, self.rows, geo.blocks), sch.trace)
         return sch
+
+
+@dataclass(frozen=True)
+class MergedSchedule:
+    """What ``schedule`` returns for ``combine=1``: the one-launch module the builder compiles,
+    and the trace of the two-kernel schedule it was merged from (replaying the trace gives
+    the two kernels; ``merge_partials``, a function of the config, makes them one)."""
+
+    mod: Any
+    trace: Any
+
+
+# ---- one launch: the last block to finish combines the partials -------------------------------
+_FENCE, _SECOND = 0x5EED1, 0x5EED2  # placeholders in the combine step, replaced when merging
+CLK_GLOBAL_MEM_FENCE = 2  # OpenCL C's flag value (a macro the generated source cannot name)
+
+
+def _combine_step(rows: int, last: int, atomic: str) -> Any:
+    """After a block has written its partial: every thread fences its writes, one thread
+    takes a ticket from the row's counter (an atomic add); the block holding the last ticket
+    fences again (so it sees every other block's partial), runs the second stage (``_SECOND``)
+    and resets the counter to 0 for the next launch."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def combine(counter: T.Buffer((rows,), "int32"), row: T.int32, thread: T.int32):
+        ticket = T.alloc_shared((1,), "int32")
+        mine = T.alloc_local((1,), "int32")
+        T.evaluate(_FENCE)
+        T.tvm_storage_sync("shared")
+        if thread == 0:
+            ticket[0] = T.call_extern("int32", atomic, T.address_of(counter[row]), 1)
+        T.tvm_storage_sync("shared")
+        mine[0] = ticket[0]  # (TVM's sync planner allows shared loads in statements only)
+        if mine[0] == last:
+            T.evaluate(_FENCE)
+            T.evaluate(_SECOND)
+            if thread == 0:
+                counter[row] = 0
+
+    return combine
+
+
+def _launch_chain(stmt: Any) -> tuple[list[Any], Any]:
+    """The leading ``thread_extent`` attributes of a lowered kernel, and what they wrap."""
+    import tvm
+
+    chain = []
+    while isinstance(stmt, tvm.tirx.AttrStmt) and stmt.attr_key == "thread_extent":
+        chain.append(stmt)
+        stmt = stmt.body
+    return chain, stmt
+
+
+def merge_partials(mod: Any, target: TargetInfo, rows: int, blocks: int) -> Any:
+    """The two-kernel reduction (partials, then one block per row adding them up) as one
+    kernel: every block computes its partial, then the last block of each row to finish
+    runs the second kernel's code for that row (threadfence reduction, as in CUB's
+    single-pass reductions).  The row's counter is the ``counter`` parameter (zero before
+    the first launch; the last block resets it).  CUDA: ``__threadfence`` and ``atomicAdd``;
+    OpenCL: ``mem_fence(CLK_GLOBAL_MEM_FENCE)`` and ``atomic_add``."""
+    import tvm
+    from tvm import tirx
+
+    from tvm_ext.step_loop import lower_to_loops
+
+    func = lower_to_loops(mod, target)
+    kernels = list(func.body.seq) if isinstance(func.body, tirx.SeqStmt) else [func.body]
+    if len(kernels) != 2 or not all(_launch_chain(k)[0] for k in kernels):
+        raise ValueError(f"expected two kernels to merge, found {len(kernels)} statements")
+    (chain1, first), (chain2, second) = _launch_chain(kernels[0]), _launch_chain(kernels[1])
+    tags1 = {a.node.thread_tag: a for a in chain1}
+    tags2 = {a.node.thread_tag: a for a in chain2}
+    if set(tags1) != {"blockIdx.x", "threadIdx.x"} or set(tags2) != set(tags1):
+        raise ValueError(f"kernels bound to {sorted(tags1)} and {sorted(tags2)}: expected blockIdx.x, threadIdx.x")
+    if int(tags1["threadIdx.x"].value) != int(tags2["threadIdx.x"].value):
+        raise ValueError("the two kernels must run the same threads per block")
+    block, thread = tags1["blockIdx.x"].node.var, tags1["threadIdx.x"].node.var
+    row = tirx.floordiv(block, blocks)
+    outer = [tags2["blockIdx.x"].node.var, tags2["threadIdx.x"].node.var]
+    second = tirx.PrimFunc(outer, second).specialize({outer[0]: row, outer[1]: thread}).body
+    if target.kind == "cuda":
+        fence, atomic = tirx.call_extern("void", "__threadfence"), "atomicAdd"
+    else:
+        fence, atomic = tirx.call_extern("void", "mem_fence", CLK_GLOBAL_MEM_FENCE), "atomic_add"
+    # the step's counter buffer takes the place of the (so far unused) counter parameter
+    if func.params[-1].name != "counter":
+        raise ValueError(f"the last parameter is {func.params[-1].name!r}, not the counter")
+    step = _combine_step(rows, blocks - 1, atomic)
+    step = step.specialize({step.params[1]: row, step.params[2]: thread})
+    counter = step.params[0]
+
+    def fill(stmt: Any) -> Any:  # the step holds only sequences, ifs and statements
+        if isinstance(stmt, tirx.SeqStmt):
+            return tirx.SeqStmt([fill(s) for s in stmt.seq])
+        if isinstance(stmt, tirx.IfThenElse):
+            return tirx.IfThenElse(stmt.condition, fill(stmt.then_case),
+                                   fill(stmt.else_case) if stmt.else_case is not None else None)
+        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tirx.IntImm):
+            return {_FENCE: tirx.Evaluate(fence), _SECOND: second}.get(stmt.value.value, stmt)
+        return stmt
+
+    allocs = [stmt for stmt in step.body.seq if isinstance(stmt, tirx.AllocBuffer)]
+    rest = [fill(stmt) for stmt in step.body.seq if not isinstance(stmt, tirx.AllocBuffer)]
+    body = tirx.SeqStmt([*allocs, first, *rest])  # allocations first in the kernel
+    for attr in reversed(chain1):
+        body = tirx.AttrStmt(attr.node, attr.attr_key, attr.value, body)
+    merged = tirx.PrimFunc(list(func.params[:-1]) + [counter], body, func.ret_type, func.attrs)
+    return tvm.IRModule({"main": merged})
 
 
 class _Reference(np.ndarray):
@@ -619,19 +782,21 @@ def _half_bits_to_float(raw: Any) -> Any:
 
 
 def _with_scratch(func: Any, scratch: list[TensorSpec], used: bool) -> Any:
-    """Make the function's last parameter the template's scratch buffer.
+    """Make the function's last parameters the template's scratch buffers: the partials,
+    then the per-row counter of the one-launch combine.
 
     The partials are computed into a (rows, blocks) buffer; the runner allocates
     (rows, max_blocks) for every config.  The partials become a view of the first
     ``blocks`` columns of that parameter (a root-block match_buffer), and a config
-    without partials still takes the parameter, unused.
+    without partials still takes the parameters, unused.
     """
     if not scratch:
         return func
     from tvm import ir, s_tir, tirx
 
-    spec = scratch[0]
+    spec, counter_spec = scratch
     big = tirx.decl_buffer(spec.shape, spec.dtype, name="scratch")
+    counter = tirx.decl_buffer(counter_spec.shape, counter_spec.dtype, name="counter")
     params = list(func.params)
     realize = func.body
     root = realize.block
@@ -643,4 +808,4 @@ def _with_scratch(func: Any, scratch: list[TensorSpec], used: bool) -> Any:
     block = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body, root.init,
                          root.alloc_buffers, match, root.annotations)
     body = s_tir.SBlockRealize(realize.iter_values, realize.predicate, block)
-    return tirx.PrimFunc(params + [big], body, attrs=func.attrs)
+    return tirx.PrimFunc(params + [big, counter], body, attrs=func.attrs)

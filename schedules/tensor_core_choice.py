@@ -1,5 +1,5 @@
 """The tensor-core GEMM whose kernel is itself a knob: mma.sync (``mma.py``) or WMMA
-(``tensor_core.py``), each with its own tile knobs, so one search (``tune gemm-tc``) picks
+(``wmma.py``), each with its own tile knobs, so one search (``tune gemm-tc``) picks
 the kernel as well as its tile.
 
 A config carries both kernels' knobs; only the chosen kernel's are read (``kernel_config``),
@@ -15,9 +15,10 @@ from tvm_ext.errors import TvmExtError
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.schedules.mma import MMA_KNOBS, MmaGemmTemplate, with_unused_param
 from tvm_ext.schedules.mma import pass_config as mma_pass_config
-from tvm_ext.schedules.tensor_core import AUTO_TILES as WMMA_TILES
-from tvm_ext.schedules.tensor_core import TC_KNOBS, TensorCoreGemmTemplate, pick_tile, schedule_wmma
-from tvm_ext.schedules.tensor_core import pass_config as wmma_pass_config
+from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate
+from tvm_ext.schedules.wmma import AUTO_TILES as WMMA_TILES
+from tvm_ext.schedules.wmma import TC_KNOBS, pick_tile, schedule_wmma, tensor_core_reason
+from tvm_ext.schedules.wmma import pass_config as wmma_pass_config
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import TensorSpec
@@ -65,8 +66,6 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         kernel, own = self.kernel_config(config)
         if kernel == "mma":
             return self.mma.reason(own, target)
-        from tvm_ext.schedules.tensor_core import tensor_core_reason
-
         return tensor_core_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target, own)
 
     def space(self, target: TargetInfo) -> Space:

@@ -220,7 +220,7 @@ def test_exact_fit_uses_vector_loads(opencl, tmp_path):
     build = run_config(tmpl, cfg, opencl, tmp_path)
     assert "vload4" in build.artifact.source
     assert len(build.artifact.launches) == 2 and build.artifact.launches[0].grid[0] == 4
-    assert build.artifact.params[-1] == "scratch"
+    assert build.artifact.params[-2:] == ("scratch", "counter")
 
 
 # ---- NaN, infinities, float16 ----------------------------------------------------------------
@@ -283,6 +283,150 @@ def test_every_float16_bit_pattern_widens_exactly(opencl, tmp_path):
     run_config(tmpl, tmpl.default_config(opencl), opencl, tmp_path)
 
 
+# ---- one launch: the last block to finish combines the partials ------------------------------
+# Each runs through the tuner's runner: outputs poisoned with NaN, the result checked
+# against float64.  G > B: the last block loops over the partials; G < B: some threads idle.
+
+ONE_LAUNCH = [
+    ((1 << 20,), "sum", dict(blocks=256, block_size=1024, x=4)),  # the benchmark's 2^20 shape
+    ((1 << 20,), "sum", dict(blocks=2048, block_size=128, x=4)),  # 2048 partials, 128 threads
+    ((1_000_003,), "mean", dict(blocks=64, block_size=256, x=4)),
+    ((3, 200_003), "sumsq", dict(blocks=8, block_size=512)),
+    ((5, 65537), "max", dict(blocks=16, block_size=128, x=2)),
+]
+
+
+@pytest.mark.parametrize("shape, op, knobs", ONE_LAUNCH)
+def test_one_launch_combine_matches_float64(opencl, shape, op, knobs, tmp_path):
+    tmpl = ReductionTemplate(shape, op)
+    build = run_config(tmpl, tmpl.default_config(opencl).replace(combine=1, **knobs), opencl, tmp_path)
+    assert len(build.artifact.launches) == 1  # partials and their sum in one kernel
+    assert "atomic_add" in build.artifact.source and "mem_fence" in build.artifact.source
+
+
+def test_one_launch_propagates_nan_from_any_block(opencl, tmp_path):
+    tmpl = WithSpecials((1_000_003,), "max", specials=((5, np.nan), (777_777, 1.0)))
+    run_config(tmpl, tmpl.default_config(opencl).replace(combine=1, **TWO_STAGE), opencl, tmp_path)
+
+
+def test_one_launch_resets_its_counter_for_the_next_launch(opencl, tmp_path):
+    """Three launches on the same buffers, the output poisoned before each: every launch
+    writes the right sums, and each row's counter is back at 0 afterwards."""
+    import pyopencl as cl
+
+    from tvm_ext.runner import enqueue_launches, opencl_kernels
+    from tvm_ext.target import opencl_device
+
+    tmpl = ReductionTemplate((3, 200_003), "sum")
+    build = run_config(tmpl, tmpl.default_config(opencl).replace(blocks=16, combine=1), opencl, tmp_path)
+    ctx = cl.Context([opencl_device(opencl.device_id)])
+    queue = cl.CommandQueue(ctx)
+    kernels = opencl_kernels(ctx, build.artifact)
+    inputs, refs = tmpl.make_case(np.random.default_rng(4))
+    arrays = dict(zip(build.artifact.params, inputs + [np.full(3, np.nan, np.float32)] +
+                      [np.full(spec.shape, np.nan, np.float32) if spec.fill is None else
+                       np.full(spec.shape, spec.fill, np.int32) for spec in tmpl.scratch()]))
+    assert arrays["counter"].dtype == np.int32 and not arrays["counter"].any()
+    bufs = {name: cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=a)
+            for name, a in arrays.items()}
+    for launch in range(3):
+        cl.enqueue_copy(queue, bufs["total"], np.full(3, np.nan, np.float32))
+        enqueue_launches(queue, kernels, bufs)
+        out, counter = np.empty(3, np.float32), np.empty(3, np.int32)
+        cl.enqueue_copy(queue, out, bufs["total"])
+        cl.enqueue_copy(queue, counter, bufs["counter"])
+        queue.finish()
+        assert tmpl.check([out], refs) is None, f"launch {launch}: {tmpl.check([out], refs)}"
+        assert counter.tolist() == [0, 0, 0], f"launch {launch} left the counters at {counter}"
+
+
+def test_one_launch_needs_partials_and_is_in_the_cuda_source(tmp_path):
+    cuda = offline_cuda("sm_90")
+    tmpl = ReductionTemplate((1 << 20,), "sum")
+    space = tmpl.space(cuda)
+    assert "needs blocks > 1" in space.infeasible_reason(tmpl.default_config(cuda).replace(combine=1))
+    cfg = tmpl.filled_config(cuda, combine=1)
+    assert cfg.combine == 1 and cfg.blocks > 1 and space.is_feasible(cfg)
+    build = build_one(tmpl, cfg, cuda, str(tmp_path))
+    assert build.ok, build.error_msg
+    source = build.artifact.source
+    assert len(build.artifact.launches) == 1 and source.count("__global__ void") == 2  # declaration + body
+    fence, ticket = source.index("__threadfence()"), source.index("atomicAdd(")
+    assert fence < ticket < source.index("__threadfence()", ticket)  # fence, ticket, fence
+    assert "counter_ptr[0] = 0" in source  # the last block resets the counter
+
+
+# ---- several rows per block: a thread group (threadIdx.y) per row ------------------------------
+
+ROW_GROUPS = [
+    ((4096, 512), "sum", dict(rows_per_block=8, block_size=256, x=4)),  # a warp per row, float4 loads
+    ((1000, 300), "mean", dict(rows_per_block=4, block_size=256, x=2)),  # rows not a multiple of 4
+    ((4097, 7), "max", dict(rows_per_block=32, block_size=1024)),  # short rows: 8 threads each
+    ((33, 5000), "sumsq", dict(rows_per_block=2, block_size=128, x=8, capacity=32)),
+]
+
+
+@pytest.mark.parametrize("shape, op, knobs", ROW_GROUPS)
+def test_rows_per_block_matches_float64(opencl, shape, op, knobs, tmp_path):
+    tmpl = ReductionTemplate(shape, op)
+    cfg = tmpl.default_config(opencl).replace(**knobs)
+    build = run_config(tmpl, cfg, opencl, tmp_path)
+    (launch,) = build.artifact.launches
+    assert launch.block[1] == knobs["rows_per_block"] and launch.grid[0] == -(-shape[0] // knobs["rows_per_block"])
+
+
+def test_rows_per_block_feasibility_and_cuda_source(opencl, tmp_path):
+    tmpl = ReductionTemplate((4096, 4096), "sum")
+    space = tmpl.space(opencl)
+    base = tmpl.default_config(opencl)
+    assert "blocks must be 1" in space.infeasible_reason(base.replace(rows_per_block=2, blocks=2))
+    assert "fewer than 32" in space.infeasible_reason(base.replace(rows_per_block=16, block_size=256))
+    assert "has 1" in ReductionTemplate((5000,)).space(opencl).infeasible_reason(
+        ReductionTemplate((5000,)).default_config(opencl).replace(rows_per_block=2))
+    cuda = offline_cuda("sm_90")
+    cfg = tmpl.row_group_config(cuda)
+    assert (cfg.rows_per_block, cfg.block_size, tmpl.geometry(cfg).threads) == (8, 256, 32)
+    build = build_one(tmpl, cfg, cuda, str(tmp_path))
+    assert build.ok, build.error_msg
+    assert "threadIdx.y" in build.artifact.source and "__shfl_down_sync" in build.artifact.source
+    assert "__syncthreads" not in build.artifact.source  # a warp per row: shuffles only
+    assert build.artifact.launches[0].block == (32, 8, 1)
+
+
+@pytest.mark.gpu
+def test_one_launch_and_row_groups_on_the_gpu(tmp_path):
+    """On the GPU: the one-launch sum against float64 over 200 back-to-back launches on the
+    same buffers (the output poisoned before them; the counter must come back to 0 each
+    time), and the row-group kernel of the row sum."""
+    import tvm
+
+    from tvm_ext.runner import MeasureSettings, _measure_in_worker
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda", 0)
+    settings = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.01)
+    for tmpl, cfg in ((ReductionTemplate((1 << 20,)), None), (ReductionTemplate((3, 200_003), "mean"), None),
+                      (ReductionTemplate((4096, 4096)), "rows")):
+        cfg = tmpl.row_group_config(cuda) if cfg == "rows" else tmpl.filled_config(cuda, combine=1)
+        build = build_one(tmpl, cfg, cuda, str(tmp_path))
+        assert build.ok, build.error_msg
+        result = _measure_in_worker(build.artifact, tmpl, cuda, settings)
+        assert result.ok, f"{tmpl.describe()} {cfg}: {result.error_kind} {result.error_msg}"
+        if not cfg.combine:
+            continue
+        dev = tvm.cuda(0)
+        func = tvm.runtime.load_module(build.artifact.library)["main"]
+        inputs, refs = tmpl.make_case(np.random.default_rng(9))
+        outs = [np.full(s.shape, np.nan if s.fill is None else s.fill, s.dtype)
+                for s in tmpl.outputs() + tmpl.scratch()]
+        args = [tvm.runtime.tensor(a, dev) for a in inputs + outs]
+        for _ in range(200):
+            func(*args)
+        dev.sync()
+        assert tmpl.check([args[1].numpy()], refs) is None
+        assert not args[-1].numpy().any()  # every row's counter reset
+
+
 # ---- CUDA source without a GPU, the CLI, the benchmark script -------------------------------------
 
 def test_cuda_source_for_sampled_configs(tmp_path):
@@ -308,9 +452,12 @@ def test_benchmark_script_imports_and_generates_cuda(tmp_path):
     cuda = offline_cuda("sm_90")
     for workload in bench.WORKLOADS:
         tmpl = bench.template_of(workload)
-        for cfg in bench.seed_configs(tmpl, cuda):
+        seeds = bench.seed_configs(tmpl, cuda)
+        assert any(cfg.combine for _, cfg in seeds) == (tmpl.rows == 1)  # one launch where it applies
+        assert any(cfg.rows_per_block > 1 for _, cfg in seeds) == (tmpl.rows > 1)
+        for name, cfg in seeds:
             build = build_one(tmpl, cfg, cuda, str(tmp_path))
-            assert build.ok, f"{workload} {cfg}: {build.error_msg}"
+            assert build.ok, f"{workload} {name} {cfg}: {build.error_msg}"
 
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -329,14 +476,15 @@ def test_cli_tuning_run_writes_records(tmp_path):
     assert lines[0]["workload"]["template"] == "reduce"
     assert lines[0]["workload"]["params"] == {"shape": [3, 5000], "op": "sum", "dtype": "float32"}
     plan = patent_plan(5000)
-    assert lines[0]["config"] == {"block_size": 1024, "x": plan.x, "capacity": 64, "blocks": 1, "small_n": 1024}
+    assert lines[0]["config"] == {"block_size": 1024, "x": plan.x, "capacity": 64, "blocks": 1, "small_n": 1024,
+                                  "rows_per_block": 1, "combine": 0}
     assert any(line["error_kind"] == "" for line in lines)
 
 
 def test_cli_help_lists_the_knobs_and_bad_shapes_are_one_line_errors(tmp_path):
     p = subprocess.run(CLI + ["reduce", "--help"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0
-    for knob in ("block_size", "x ", "capacity", "blocks", "small_n"):
+    for knob in ("block_size", "x ", "capacity", "blocks", "small_n", "rows_per_block", "combine"):
         assert knob in p.stdout
     for shape, message in (("0", "must be positive"), ("4,0", "must be positive"), ("2,3,4", "needs 2 numbers"),
                            ("a", "malformed")):

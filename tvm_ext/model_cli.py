@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from .cli_args import check_tuning_args, format_speed
 from .errors import TvmExtError
 
 DEFAULT_DATABASE = "tvm_ext_database"
@@ -57,9 +58,7 @@ def run_model(args: argparse.Namespace) -> int:
 
     from .pipeline import TuneOptions, load_model, summary, tune_relax
     from .target import resolve_target
-    from .tune import _check_tuning_args
-
-    _check_tuning_args(args)
+    check_tuning_args(args)
     if args.strategy not in ("ga", "random"):
         raise TvmExtError(f"model tuning supports --strategy ga or random, not {args.strategy}")
     if getattr(args, "cost_model", "none") != "none":
@@ -114,12 +113,10 @@ class _Progress:
         self.bar = tqdm(unit="trial", disable=disabled, file=sys.stderr, dynamic_ncols=True)
 
     def update(self, record: Any, tuner: Any) -> None:
-        from .tune import _speed
-
         best = tuner.best
         self.bar.update(1)
         self.bar.set_postfix(kernel=tuner.template.describe(),
-                             best=_speed(tuner.template, best.cost) if best else "-", errors=tuner.errors)
+                             best=format_speed(tuner.template, best.cost) if best else "-", errors=tuner.errors)
 
     def close(self) -> None:
         self.bar.close()

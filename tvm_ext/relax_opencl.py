@@ -190,11 +190,11 @@ class OpenCLExecutor:
     def __init__(self, plan: Plan, target: TargetInfo):
         import pyopencl as cl
 
-        from .runner import _opencl_context, opencl_kernels
+        from .runner import opencl_context, opencl_kernels
 
         self.plan = plan
         self.target = target
-        self.ctx, self.queue = _opencl_context(target.device_id)
+        self.ctx, self.queue = opencl_context(target.device_id)
         self._kernels = {}
         for step in plan.steps:
             if step.func not in self._kernels:

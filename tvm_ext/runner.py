@@ -20,6 +20,7 @@ from .builder import Artifact, BuildResult
 from .precision import np_dtype, relative_error
 from .target import TargetInfo
 from .template import Template
+from .timing import rotation_count
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,15 @@ class RunResult:
         return statistics.median(self.costs) if self.ok and self.costs else math.inf
 
 
+MAX_ROTATION_SETS = 32  # input sets a measurement cycles through at most
+
+
 def _rotation_sets(template: Template, target: TargetInfo) -> int:
-    """How many input sets to cycle through so timing does not measure a warm L2."""
-    nbytes = template.bytes_moved()
-    if not target.l2_bytes or nbytes >= 2 * target.l2_bytes or target.is_cpu:
+    """How many input sets to cycle through so timing does not measure a warm L2: together
+    twice the L2 (``tvm_ext.timing.rotation_count``, the benchmarks' rule too)."""
+    if target.is_cpu:
         return 1
-    return int(min(8, math.ceil(2 * target.l2_bytes / max(nbytes, 1))))
+    return rotation_count(template.bytes_moved(), target.l2_bytes, MAX_ROTATION_SETS)
 
 
 def time_loop(launch: Callable[[int], None], sync: Callable[[], None], settings: MeasureSettings) -> list[float]:
@@ -100,16 +104,20 @@ def _reference_case(template: Template, seed: int) -> tuple[list[np.ndarray], li
 
 
 def _poisoned_outputs(template: Template) -> list[np.ndarray]:
-    """Outputs (then scratch buffers) filled with NaN, so an unwritten element fails the check."""
+    """Outputs (then scratch buffers) filled with NaN, so an unwritten element fails the check;
+    a scratch buffer that declares a ``fill`` (a counter that starts at 0) gets that."""
     outs = []
     for spec in template.outputs() + template.scratch():
         arr = np.empty(spec.shape, np_dtype(spec.dtype))
-        arr.fill(np.nan if spec.dtype.startswith(("float", "bfloat")) else -1)
+        if spec.fill is not None:
+            arr.fill(spec.fill)
+        else:
+            arr.fill(np.nan if spec.dtype.startswith(("float", "bfloat")) else -1)
         outs.append(arr)
     return outs
 
 
-def _opencl_context(device_id: int) -> tuple[Any, Any]:
+def opencl_context(device_id: int) -> tuple[Any, Any]:
     import pyopencl as cl
 
     from .target import opencl_device
@@ -148,7 +156,7 @@ def measure_opencl(artifact: Artifact, template: Template, target: TargetInfo,
     """Run an OpenCL artifact through pyopencl: launches derived from the lowered TIR."""
     import pyopencl as cl
 
-    ctx, queue = _opencl_context(target.device_id)
+    ctx, queue = opencl_context(target.device_id)
     kernels = opencl_kernels(ctx, artifact)
     inputs, refs = _reference_case(template, settings.seed)
     n_in = len(template.inputs())

@@ -178,6 +178,3 @@ class Space:
         """Every config in index order (feasible or not)."""
         for flat in np.ndindex(*self.cardinalities):
             yield self.decode(flat)
-
-    def feasible_configs(self) -> list[Config]:
-        return [c for c in self if self.is_feasible(c)]

@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,10 +24,16 @@ from .space import Config, Space
 from .target import TargetInfo
 
 
+OPERATOR_PACKAGES = "tvm_ext.schedules"  # an operator in a subpackage of it is hashed whole
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
+    # What a scratch buffer must hold before the first launch (e.g. 0 for a counter the
+    # kernel itself resets after use); None: runners poison it (NaN, or -1 for integers).
+    fill: float | None = None
 
 
 class Template(ABC):
@@ -120,8 +127,16 @@ class Template(ABC):
 
     @cached_property
     def source_hash(self) -> str:
-        """Hash of the template's source file: a template edit invalidates old records."""
-        source = inspect.getsource(inspect.getmodule(type(self)))
+        """Hash of the template's source file, or of every file of its package for an
+        operator that is a package (``tvm_ext.schedules.gru``): an edit invalidates old records."""
+        module = inspect.getmodule(type(self))
+        package = module.__package__ or ""
+        if package.startswith(OPERATOR_PACKAGES + "."):
+            folder = os.path.dirname(os.path.abspath(module.__file__))
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
+            source = "".join(open(os.path.join(folder, n), encoding="utf-8").read() for n in names)
+        else:
+            source = inspect.getsource(module)
         return hashlib.sha256(source.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -187,10 +202,6 @@ _REGISTRY: dict[str, str] = {
 
 def template_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
-
-
-def register_template(name: str, path: str) -> None:
-    _REGISTRY[name] = path
 
 
 def get_template_class(name: str) -> type[Template]:

@@ -111,7 +111,3 @@ def _already_committed(db: Any, workload: Any, run_secs: float) -> bool:
     return bool(top) and top[0].run_secs is not None and len(top[0].run_secs) == 1 \
         and abs(float(top[0].run_secs[0]) - run_secs) <= 1e-12 * max(1.0, run_secs)
 
-
-def query(db: Any, task_mod: Any, target: TargetInfo) -> Any:
-    """The scheduled module the database gives for ``task_mod`` (``None`` if none)."""
-    return db.query_ir_module(task_mod, tvm_target(target), "main")

@@ -1,0 +1,34 @@
+"""GRU inference (patent 004) as TVM kernels, with PyTorch's semantics and weight layout.
+
+Everything about the GRU lives in this package, one role per module:
+
+- ``compute``: the float64 numpy reference of ``torch.nn.GRU``, the precision parameters
+  (method 003) and the stage of each kernel function;
+- ``template``: ``GruTemplate``, the layer stack as one tunable unit (knobs, buffers,
+  search space, default config, the kernel functions a config schedules);
+- ``kernels``: the cell, fused step and init kernels (TVMScript) and their schedules (the
+  gate GEMMs are ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
+- ``plan``: the host plan (the calls of one forward pass), compiling it into one module,
+  and building and measuring the whole pass for the tuner;
+- ``executors``: running a compiled plan on OpenCL or CUDA;
+- ``layer``: the user-facing ``GRU`` object (build once, run many times).
+
+Pipeline per layer (patent 004), gate order r, z, n as in PyTorch: S1 ``gi = x·W_iᵀ + b_i``
+for all T steps and both directions in one GEMM; per step S2 ``gh = h·W_hᵀ + b_h`` (a GEMM
+batched over directions) and S3/S4 the cell (or S2-S4 fused into one step kernel).
+"""
+from .compute import F32, FUNCTION_STAGES, PRECISION_PARAMS, STAGES, function_stages, gru_reference
+from .executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
+from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
+from .layer import GRU
+from .plan import BARRIER_TIMEOUT, Call, CompiledGru
+from .template import (BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, PERSISTENT_MIN_REGISTERS,
+                       SHARED_RESERVED_PER_BLOCK, STEP_KNOBS, GruTemplate, default_gemm_config, gemm_config)
+from tvm_ext.schedules.gemm import BiasGemmTemplate, gemm_bias_func
+
+__all__ = ["BARRIER_TIMEOUT", "BATCHED_GEMM_KNOBS", "F32", "FUNCTION_STAGES", "GRU", "HID_GEMM_KNOBS",
+           "IN_GEMM_KNOBS", "KNOBS", "PERSISTENT_MIN_REGISTERS", "PRECISION_PARAMS", "SHARED_RESERVED_PER_BLOCK",
+           "STAGES", "STAGE_REPEAT", "STEP_KNOBS", "BiasGemmTemplate", "Call", "CompiledGru", "CudaExecutor",
+           "GruTemplate", "OpenclExecutor", "cell_func", "default_gemm_config", "function_stages",
+           "gemm_bias_func", "gemm_config", "gru_reference", "init_func", "schedule_cell", "schedule_init",
+           "schedule_step", "step_func"]

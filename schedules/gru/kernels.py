@@ -1,0 +1,367 @@
+"""The GRU's own kernels (TVMScript PrimFuncs) and their schedules: the cell (S3+S4), the
+fused step (S2+S3+S4) and the init of the state buffer.  The gate GEMMs are the GEMM
+template's (``tvm_ext.schedules.gemm``).
+
+S3/S4 per step, gate order r, z, n as in PyTorch: one cell kernel, grid (batch, dirs),
+block ``cell_block`` threads: r, z, n, h' and the writes of h' (the backward direction
+walks time in reverse, so it reads and writes step T-1-s).  Beyond the patent (knob
+``fuse_step``): S2 and S3 fused into one kernel per step, each thread owning one hidden
+unit's three gate dot products for a few batch rows, so a step costs one launch and
+``gh`` never goes through global memory.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.space import Config
+from tvm_ext.step_loop import BARRIER_WORDS
+
+from .compute import F32
+
+
+def _cell_math(T: Any, gi: Any, row: Any, col: Any, hidden: int, gh_r: Any, gh_z: Any, gh_n: Any,
+               h: Any, math: str) -> Any:
+    """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
+    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h."""
+    import tvm
+
+    def m(value: Any) -> Any:
+        return value.astype(math)  # no cast when the type already is ``math``
+
+    r = T.sigmoid(m(gi[row, col]) + m(gh_r))
+    z = T.sigmoid(m(gi[row, col + hidden]) + m(gh_z))
+    n = T.tanh(m(gi[row, col + 2 * hidden]) + r * m(gh_n))
+    return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
+
+
+def _stored_as(value: Any, dtype: str) -> Any:
+    """``value`` rounded to ``dtype`` as storing it in a ``dtype`` buffer would, for a value
+    that stays in registers.  bfloat16 is rounded with integer ops on the float32 bits
+    (round to nearest even, as TVM's bfloat16 stores do), because TVM computes bfloat16 in
+    float32 where the target has no bfloat16 arithmetic and would drop a plain cast there."""
+    from tvm import tirx
+
+    if dtype != "bfloat16":
+        return value.astype(dtype)
+    u32 = lambda v: tirx.const(v, "uint32")  # noqa: E731
+    bits = tirx.reinterpret("uint32", value.astype("float32"))
+    rounded = (bits + u32(0x7FFF) + ((bits >> u32(16)) & u32(1))) & u32(0xFFFF0000)
+    return tirx.reinterpret("float32", rounded)
+
+
+def _store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, out_dtype: str,
+                 pingpong: bool = False) -> Any:
+    """S4 of the cell and of the fused step kernel: h' (math type) into the next state and
+    h_n as ``h_dtype``, and into out[t] (t = step, or T-1-step backward) as ``out_dtype``.
+    ``pingpong``: the state is one (2, dirs, batch, hidden) buffer and step s writes slot
+    (s+1) % 2 (the fused step kernel; see ``step_func``)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def store(h_new, step, layer, h_out, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    @T.macro
+    def store_pingpong(h_new, step, layer, hs, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                hs[(step + 1) % 2, vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    return store_pingpong if pingpong else store
+
+
+def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
+              gh_dtype: str = F32, h_dtype: str = F32, math_dtype: str = F32, out_dtype: str = F32) -> Any:
+    """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer].
+
+    The math is in ``math_dtype``; h', h_n are stored as ``h_dtype``, out[t] as ``out_dtype``."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+    store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype)
+
+    @T.prim_func(s_tir=True)
+    def cell(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), gh: T.Buffer((dirs, batch, G), gh_dtype),
+             h: T.Buffer((dirs, batch, hidden), h_dtype), step: T.int32, layer: T.int32,
+             h_out: T.Buffer((dirs, batch, hidden), h_dtype),
+             out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+             h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, gh[vd, vb, vj],
+                                               gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
+                                               h[vd, vb, vj], math_dtype)
+        store(h_new, step, layer, h_out, out, h_n)
+
+    return cell
+
+
+def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: str, gh_dtype: str,
+                     math_dtype: str) -> Any:
+    """S3 of the fused step kernels: the gate sums ``acc`` plus b_h, rounded to ``gh_dtype``
+    as if stored, and the cell on them into ``h_new`` (both step kernels share it)."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+
+    @T.macro
+    def cell(gi, h, acc, bias, h_new, step):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = _cell_math(
+                    T, gi, row, vd * G + vj, hidden,
+                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
+                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
+                    h[step % 2, vd, vb, vj], math_dtype)
+
+    return cell
+
+
+def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
+              h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
+              math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0) -> Any:
+    """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
+
+    The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
+    are widened to ``acc_dtype``, the gate sums rounded to ``gh_dtype`` (as if stored)
+    and widened to ``math_dtype`` for the cell; stores as in ``cell_func``.
+
+    The state ping-pongs inside one (2, dirs, batch, hidden) buffer: step s reads slot
+    s % 2 and writes slot (s+1) % 2, so the kernel's only per-step argument is ``step`` and
+    a loop over steps (``tvm_ext.step_loop``) needs no buffer swapping.  The plan passes that
+    buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
+    written would make TVM see a write-after-read hazard it cannot schedule around.
+
+    ``w_tile`` > 0 (it must divide ``hidden``): W_h is read through a copy ``w_tiles``
+    laid out per tile of ``w_tile`` units, (dirs, hidden/w_tile, k, gate, unit), so a
+    block's slice of all three gates is one compact region (in the (k, 3·hidden) layout
+    the gates lie hidden apart) that the schedule stages in shared memory."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+    store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
+    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype)
+    if w_tile:
+        return _step_func_w_tiles(steps, batch, hidden, dirs, layers, gi_dtype, h_dtype, w_dtype, acc_dtype,
+                                  math_dtype, out_dtype, w_tile, cell, store)
+
+    @T.prim_func(s_tir=True)
+    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
+                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+                    h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
+        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
+            with T.sblock("gh"):
+                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
+                with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
+                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
+                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
+                                                             * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
+        cell(gi, h, acc, bias, h_new, step)
+        store(h_new, step, layer, h_out, out, h_n)
+
+    return step_kernel
+
+
+def _step_func_w_tiles(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str,
+                       h_dtype: str, w_dtype: str, acc_dtype: str, math_dtype: str, out_dtype: str, w_tile: int,
+                       cell: Any, store: Any) -> Any:
+    """``step_func`` with W_h read through per-tile copies (see its ``w_tile``)."""
+    from tvm.script import tirx as T
+
+    G, tiles = 3 * hidden, hidden // w_tile
+
+    @T.prim_func(s_tir=True)
+    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
+                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+                    h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        w_tiles = T.sblock_alloc_buffer((dirs, tiles, hidden, 3, w_tile), w_dtype)
+        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
+        for d, t, k, g, u in T.grid(dirs, tiles, hidden, 3, w_tile):
+            with T.sblock("w_stage"):
+                vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
+                w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * w_tile + vu]
+        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
+            with T.sblock("gh"):
+                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
+                with T.init():
+                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
+                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
+                    h[step % 2, vd, vb, vk].astype(acc_dtype)
+                    * w_tiles[vd, vj // w_tile, vk, vg, vj % w_tile].astype(acc_dtype))
+        cell(gi, h, acc, bias, h_new, step)
+        store(h_new, step, layer, h_out, out, h_n)
+
+    return step_kernel
+
+
+def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
+              barrier: bool = False) -> Any:
+    """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
+    both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
+    (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
+    step kernel's barrier counter (and, at layer 0, its timed-out flag)."""
+    from tvm.script import tirx as T
+
+    if not pingpong:
+        @T.prim_func(s_tir=True)
+        def init(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                 h: T.Buffer((dirs, batch, hidden), dtype)):
+            T.func_attr({"tirx.noalias": True})
+            for d, b, j in T.grid(dirs, batch, hidden):
+                with T.sblock("init"):
+                    vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                    h[vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+
+        return init
+
+    @T.prim_func(s_tir=True)
+    def init_pingpong(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                      hs: T.Buffer((2, dirs, batch, hidden), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+
+    @T.prim_func(s_tir=True)
+    def init_barrier(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                     hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS])
+                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+                if vd == 0 and vb == 0 and vj == 0:
+                    bar[0] = 0
+                    if layer == 0:
+                        bar[1] = 0
+
+    return init_barrier if barrier else init_pingpong
+
+
+def schedule_cell(func: Any, cell_block: int) -> Any:
+    """Grid (batch, dirs), ``cell_block`` threads striding over the hidden units."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    store = sch.get_sblock("store")
+    d, b, j = sch.get_loops(store)
+    jo, ji = sch.split(j, [None, cell_block])
+    sch.reorder(b, d, jo, ji)
+    sch.bind(b, "blockIdx.x")
+    sch.bind(d, "blockIdx.y")
+    sch.bind(ji, "threadIdx.x")
+    cell = sch.get_sblock("cell")
+    sch.compute_at(cell, ji)
+    sch.set_scope(cell, 0, "local")
+    return sch
+
+
+def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
+    """Fused step: block = ``step_j`` hidden units × ``step_b`` batch rows of one direction;
+    each thread keeps 3·step_b gate sums in registers, h is staged in shared memory, and
+    with ``step_w_onchip`` the block's W_h slice too (dynamic shared memory on CUDA, where
+    it exceeds the 48 KiB of a static array)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    store = sch.get_sblock("store")
+    d, b, j = sch.get_loops(store)
+    bo, bi = sch.split(b, [None, c.step_b])
+    jo, jt = sch.split(j, [None, c.step_j])
+    sch.reorder(d, bo, jo, jt, bi)
+    sch.bind(jo, "blockIdx.x")
+    sch.bind(bo, "blockIdx.y")
+    sch.bind(d, "blockIdx.z")
+    sch.bind(jt, "threadIdx.x")
+    cell = sch.get_sblock("cell")
+    sch.compute_at(cell, bi)
+    sch.set_scope(cell, 0, "local")
+    gh = sch.get_sblock("gh")
+    ks = c.step_ks
+    main = gh
+    if ks > 1:
+        # Split-K: threadIdx.y = ks threads share each dot product, each summing its
+        # k-slice (step_k/ks of every staged slice) in registers; the partial sums meet
+        # in shared memory (rfactor) and every thread adds them up for the cell.  ks
+        # times the warps per SM for the same W traffic (the kernel is latency-bound).
+        k = sch.get_loops(gh)[-1]
+        _, kt, _ = sch.split(k, [None, ks, c.step_k // ks])
+        main = sch.rfactor(kt, 0)
+    sch.compute_at(gh, jt, preserve_unit_loops=True)
+    sch.set_scope(gh, 0, "local")
+    if ks == 1:
+        own = sch.get_loops(gh)[4:]  # below d, bo, jo, jt: batch rows, gates, unit j, k
+        ko, ki = sch.split(own[-1], [None, c.step_k])
+        sch.reorder(ko, ki, *own[:-1])
+    else:
+        sch.compute_at(main, jt, preserve_unit_loops=True)
+        kt, *spatial, ko, ki = sch.get_loops(main)[4:]  # iter order: kt, d, rows, gates, j, ko, ki
+        sch.reorder(kt, ko, ki, *spatial)
+        sch.bind(kt, "threadIdx.y")
+        sch.set_scope(main, 0, "shared")
+        partial = sch.cache_write(main, 0, "local")
+        sch.reverse_compute_at(partial, kt, preserve_unit_loops=True)
+    if c.step_w_onchip:  # the block's W slice: all of k, 3 gates, step_j units
+        w_stage = sch.get_sblock("w_stage")
+        sch.compute_at(w_stage, jo, preserve_unit_loops=True)
+        sch.set_scope(w_stage, 0, "shared.dyn" if kind == "cuda" else "shared")
+        fused = sch.fuse(*sch.get_loops(w_stage)[3:])  # below d, bo, jo: k, gate, unit
+        if ks > 1:
+            _, fy, fx = sch.split(fused, [None, ks, c.step_j])
+            sch.bind(fy, "threadIdx.y")
+        else:
+            _, fx = sch.split(fused, [None, c.step_j])
+        sch.bind(fx, "threadIdx.x")
+    staged = sch.cache_read(main, "h", "shared", consumer_blocks=[main])
+    sch.compute_at(staged, ko, preserve_unit_loops=True)
+    below = 5 if ks == 1 else 6  # d, bo, jo, jt, (kt,) ko
+    fused = sch.fuse(*sch.get_loops(staged)[below:])  # the staged rows × k-slice
+    _, fx = sch.split(fused, [None, c.step_j])
+    sch.bind(fx, "threadIdx.x")
+    sch.annotate(ko, "pragma_auto_unroll_max_step", 256)
+    sch.annotate(ko, "pragma_unroll_explicit", 1)
+    sch.decompose_reduction(main, ko)
+    return sch
+
+
+def schedule_init(func: Any, threads: int) -> Any:
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    blk = sch.get_sblock("init")
+    fused = sch.fuse(*sch.get_loops(blk))
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch

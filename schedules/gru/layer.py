@@ -1,0 +1,186 @@
+"""The user-facing ``GRU``: ``torch.nn.GRU`` inference compiled for one shape, PyTorch's
+weights and layouts in, numpy arrays out."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.precision import np_dtype
+from tvm_ext.space import Config
+from tvm_ext.target import TargetInfo
+
+from .executors import CudaExecutor, OpenclExecutor
+from .plan import BARRIER_TIMEOUT, CompiledGru, barrier_timed_out
+from .template import GruTemplate
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A numpy array of a numpy array, a list or a torch tensor on any device (torch's
+    bfloat16 and other types numpy lacks come out as float32)."""
+    if hasattr(value, "detach"):
+        tensor = value.detach().cpu()
+        try:
+            return tensor.numpy()
+        except TypeError:
+            return tensor.float().numpy()
+    return np.asarray(value)
+
+
+class GRU:
+    """``torch.nn.GRU`` inference compiled for one (batch, seq) shape: build once, run many times.
+
+    >>> gru = GRU.build("opencl", input_size=16, hidden_size=32, batch=4, seq=10)
+    >>> gru.load_state_dict(torch_gru.state_dict())
+    >>> output, h_n = gru(x)            # numpy in, numpy out, PyTorch's shapes
+
+    Mixed precision: ``GRU.build(..., precision={"w_ih": "bfloat16", "w_hh": "bfloat16"})``
+    (names and stages in ``PRECISION_PARAMS``).  The interface stays float32: weights are
+    given as usual (float32 numpy arrays or a torch ``state_dict``) and rounded to their
+    dtypes as they are loaded, x and h0 are rounded to ``x`` and ``h``, and the outputs come
+    back as float32 arrays (widened from bfloat16/float16, rounded from float64).
+    """
+
+    def __init__(self, template: GruTemplate, config: Config, target: TargetInfo, batch_first: bool,
+                 compiled: CompiledGru):
+        self.template = template
+        self.config = config
+        self.target = target
+        self.batch_first = batch_first
+        self.compiled = compiled
+        self._persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
+        specs = template.buffers()
+        if target.kind == "opencl":
+            self.executor: Any = OpenclExecutor(compiled.source, compiled.kernel_launches(), specs,
+                                                target.device_id)
+        else:
+            self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs,
+                                         target.device_id)
+        self._loaded = False
+
+    @classmethod
+    def build(cls, target: TargetInfo | str, input_size: int, hidden_size: int, num_layers: int = 1,
+              bidirectional: bool = False, batch_first: bool = False, batch: int = 1, seq: int = 1,
+              config: Config | Mapping[str, Any] | None = None, device_id: int = 0,
+              precision: Mapping[str, str] | None = None) -> "GRU":
+        """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
+        values that override the default (e.g. ``{"fuse_step": 1}``).  ``precision``: dtypes
+        of some of ``PRECISION_PARAMS`` (e.g. ``{"gi": "bfloat16"}``), the rest float32."""
+        from tvm_ext.target import resolve_target
+
+        info = resolve_target(target, device_id) if isinstance(target, str) else target
+        template = GruTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq,
+                               layers=num_layers, bidirectional=bool(bidirectional))
+        template = template.with_precision(dict(precision or {}))
+        space = template.space(info)
+        if config is None:
+            cfg = template.default_config(info)
+        elif isinstance(config, Config):
+            cfg = config
+            space.encode(cfg)
+        else:
+            unknown = set(config) - set(space.names)
+            if unknown:
+                raise TvmExtError(f"unknown GRU knobs {sorted(unknown)}; knobs: {', '.join(space.names)}")
+            cfg = template.default_config(info).replace(**config)
+            space.encode(cfg)
+        reason = space.infeasible_reason(cfg)
+        if reason:
+            raise TvmExtError(f"GRU config not feasible on {info.kind}: {reason}")
+        return cls(template, cfg, info, bool(batch_first), template.compile(cfg, info))
+
+    @property
+    def precision(self) -> dict[str, str]:
+        """The dtype of each precision parameter (``PRECISION_PARAMS``)."""
+        return self.template.precision
+
+    # ---- weights --------------------------------------------------------------------------
+    def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        t, g = self.template, 3 * self.template.hidden
+        shapes = {}
+        for layer in range(t.layers):
+            for sfx in ("", "_reverse")[: t.dirs]:
+                shapes[f"weight_ih_l{layer}{sfx}"] = (g, t.layer_input(layer))
+                shapes[f"weight_hh_l{layer}{sfx}"] = (g, t.hidden)
+                shapes[f"bias_ih_l{layer}{sfx}"] = (g,)
+                shapes[f"bias_hh_l{layer}{sfx}"] = (g,)
+        return shapes
+
+    def load_numpy(self, weights: Mapping[str, Any]) -> "GRU":
+        """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
+        be left out altogether (``nn.GRU(bias=False)``).  Any float type is accepted; they are
+        rounded once, to the dtypes of ``w_ih`` / ``w_hh``."""
+        expected = self.expected_weight_shapes()
+        unknown = sorted(set(weights) - set(expected))
+        if unknown:
+            raise TvmExtError(f"unexpected GRU weight {unknown[0]!r}; expected keys: {', '.join(expected)}")
+        has_bias = any(k.startswith("bias") for k in weights)
+        arrays = {}
+        for name, shape in expected.items():
+            if name not in weights:
+                if name.startswith("bias") and not has_bias:
+                    arrays[name] = np.zeros(shape, np.float32)
+                    continue
+                raise TvmExtError(f"missing GRU weight {name!r} of shape {shape}")
+            array = _numpy(weights[name])
+            if array.dtype.kind not in "f" and array.dtype != np_dtype("bfloat16"):
+                array = array.astype(np.float64)  # integers, bools: exact in float64
+            if array.shape != shape:
+                raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
+            arrays[name] = array
+        for name, array in self.template.device_weights(arrays).items():
+            self.executor.write(name, array)
+        self._loaded = True
+        return self
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> "GRU":
+        """Load ``torch.nn.GRU.state_dict()`` (tensors on any device)."""
+        return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
+
+    # ---- forward ----------------------------------------------------------------------------
+    def __call__(self, x: Any, h0: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """(output, h_n) as ``torch.nn.GRU`` returns them, as float32 numpy arrays whatever the
+        precision; x and h0 (any float type, e.g. float32) are rounded to ``x`` and ``h``."""
+        t = self.template
+        if not self._loaded:
+            raise TvmExtError("GRU weights are not loaded: call load_numpy or load_state_dict first")
+        x = _numpy(x)
+        want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
+        if x.shape != want:
+            layout = "(batch, seq, input)" if self.batch_first else "(seq, batch, input)"
+            raise TvmExtError(f"GRU input has shape {x.shape}, expected {want} {layout}")
+        if self.batch_first:
+            x = x.transpose(1, 0, 2)
+        state_shape = (t.layers * t.dirs, t.batch, t.hidden)
+        if h0 is None:
+            h0 = np.zeros(state_shape, np.float32)
+        else:
+            h0 = _numpy(h0)
+            if h0.shape != state_shape:
+                raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} (layers·directions, batch, hidden)")
+        ex = self.executor
+        ex.write("x", x)
+        ex.write("h0", h0)
+        ex.run()
+        if barrier_timed_out(self._persistent, ex):
+            raise TvmExtError(BARRIER_TIMEOUT)
+        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(np.float32, copy=False)
+        h_n = ex.read("h_n").astype(np.float32, copy=False)
+        ex.sync()
+        if self.batch_first:
+            out = np.ascontiguousarray(out.transpose(1, 0, 2))
+        return out, h_n
+
+    def time(self, x: Any, h0: Any = None, repeat: int = 20) -> float:
+        """Median seconds of one forward pass (inputs already on the device, after a warm-up)."""
+        self(x, h0)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.executor.run()
+            self.executor.sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)

@@ -1,0 +1,210 @@
+"""The GRU's host plan: the calls of one forward pass (every launch of every step of every
+layer, scalars and buffer names), compiling every kernel function into one module, and
+the builder and runner hooks that build and measure the whole pass.
+
+The per-step loop is host code that only enqueues compiled kernels: the step index and
+layer are scalar kernel arguments, the hidden state ping-pongs between two buffers, and
+nothing per element happens in Python.  On CUDA the fused step kernel can also run every
+step from one call (knob ``step_loop``, ``tvm_ext.step_loop``): a loop in TVM's host
+function, or a persistent kernel whose blocks meet at a grid barrier between steps (its
+state ping-pongs inside one buffer, ``hs``, indexed by the step's parity).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tvm_ext import step_loop
+from tvm_ext.builder import Artifact, KernelLaunch, extract_launches, plain_json
+from tvm_ext.precision import FLOAT_DTYPES, np_dtype, relative_error
+from tvm_ext.space import Config
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import TensorSpec
+
+from .executors import CudaExecutor, OpenclExecutor
+
+
+@dataclass(frozen=True)
+class Call:
+    """One host call of the plan: a kernel function and its arguments in parameter order."""
+
+    func: str
+    args: tuple[str | int, ...]  # plan buffer names, or scalar ints (step, layer)
+
+
+def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
+    """Every call of one forward pass, in order: per layer init, S1, then T steps."""
+    calls = []
+    for layer in range(template.layers):
+        x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
+        out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
+        gemm_x = "gru_gemm_x0" if layer == 0 or template.layers_share_input_gemm() else "gru_gemm_x1"
+        if not config.fuse_step:
+            calls.append(Call("gru_init", ("h0", layer, "p0")))
+        elif config.step_loop == 2:
+            calls.append(Call("gru_init", ("h0", layer, "hs", "bar")))
+        else:
+            calls.append(Call("gru_init", ("h0", layer, "hs")))
+        calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
+        weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
+        if config.fuse_step and config.step_loop:  # all T steps in one call
+            barrier = ("bar",) if config.step_loop == 2 else ()
+            calls.append(Call("gru_steps", (*weights, layer, out, "h_n", *barrier)))
+            continue
+        for s in range(template.seq):
+            h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
+            if config.fuse_step:
+                calls.append(Call("gru_step", (*weights, s, layer, "hs", out, "h_n")))
+            else:
+                calls.append(Call("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
+                calls.append(Call("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
+    return tuple(calls)
+
+
+def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledGru":
+    """Schedule and compile every kernel function into one module (one source)."""
+    import tvm
+
+    scheds = template.kernels(config, target)
+    funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
+    modules = {name: sch.mod for name, sch in scheds.items()}
+    trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
+    if config.fuse_step and config.step_loop:
+        mode = step_loop.HOST if config.step_loop == 1 else step_loop.PERSISTENT
+        step = scheds["gru_step"]
+        per_sm = template.persistent_residency(config, target)[0] if mode == step_loop.PERSISTENT else 1
+        # W_hh's tile is filled from the weights only: the persistent kernel loads it once
+        hoist = ("w_tiles_shared.dyn",) if config.step_w_onchip and mode == step_loop.PERSISTENT else ()
+        funcs["gru_steps"] = step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), template.seq,
+                                                  mode, state=("h", "h_out"), name="gru_steps",
+                                                  min_blocks_per_sm=per_sm, hoist=hoist)
+        modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
+        trace["gru_steps"] = trace.pop("gru_step")
+        for table in (funcs, modules):
+            del table["gru_step"]
+    with tvm.transform.PassContext(config=template.pass_config(config, target)):
+        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
+        launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
+                    for name, func in funcs.items()}
+    plan = plan_calls(template, config)
+    check_plan(template.buffers(), plan, funcs)
+    return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace, modules)
+
+
+def check_plan(specs: Mapping[str, TensorSpec], plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:
+    """Every buffer a call passes has the shape and dtype its kernel declares (TVM's
+    runtime checks them on CUDA; OpenCL would silently misread)."""
+    for call in plan:
+        params = funcs[call.func].params
+        if len(params) != len(call.args):
+            raise RuntimeError(f"{call.func} takes {len(params)} arguments, the plan passes {len(call.args)}")
+        for param, arg in zip(params, call.args):
+            if not isinstance(arg, str):
+                continue
+            if tuple(int(x) for x in param.shape) != specs[arg].shape:
+                raise RuntimeError(f"{call.func}: buffer {arg} {specs[arg].shape} passed as {param.name} "
+                                   f"{tuple(int(x) for x in param.shape)}")
+            if str(param.dtype) != specs[arg].dtype:
+                raise RuntimeError(f"{call.func}: buffer {arg} ({specs[arg].dtype}) passed as {param.name} "
+                                   f"({param.dtype})")
+
+
+@dataclass(frozen=True)
+class CompiledGru:
+    """One compiled module holding every kernel of the plan, and the plan itself."""
+
+    executable: Any  # tvm.runtime.Executable
+    source: str  # OpenCL C or CUDA source of all kernels
+    launches: dict[str, Any]  # function -> (its device kernel launches, its parameter names)
+    calls: tuple[Call, ...]
+    trace: Any  # function -> schedule trace (plain JSON)
+    modules: dict[str, Any]  # function -> its scheduled IRModule (TVMScript of generated programs)
+
+    def kernel_launches(self) -> tuple[Any, ...]:
+        """The plan as device kernel launches, arguments bound to plan buffers and scalars."""
+        out = []
+        for call in self.calls:
+            kernels, params = self.launches[call.func]
+            bound = dict(zip(params, call.args))
+            for k in kernels:
+                args = tuple(bound[a] if isinstance(a, str) else a for a in k.args)
+                out.append(KernelLaunch(k.name, args, k.grid, k.block))
+        return tuple(out)
+
+    def function_calls(self) -> tuple[Any, ...]:
+        """The plan for TVM's runtime (CUDA): one entry per call, named by function; grid and
+        block are the function's first kernel's (for reading only)."""
+        return tuple(KernelLaunch(c.func, c.args, self.launches[c.func][0][0].grid,
+                                  self.launches[c.func][0][0].block) for c in self.calls)
+
+    def artifact(self, kind: str, params: tuple[str, ...], library: str = "") -> Any:
+        """OpenCL: a flat launch list the core runner can run; CUDA: function calls + library."""
+        launches = self.kernel_launches() if kind == "opencl" else self.function_calls()
+        return Artifact(kind, self.source, launches, params, library)
+
+    def export(self, out_dir: str) -> str:
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        os.makedirs(out_dir, exist_ok=True)
+        library = os.path.join(out_dir, f"gru-{digest}.so")
+        if not os.path.exists(library):
+            tmp = f"{library}.{os.getpid()}.tmp.so"
+            self.executable.export_library(tmp)
+            os.replace(tmp, library)
+        return library
+
+
+BARRIER_TIMEOUT = ("persistent GRU step kernel: a grid barrier timed out (not every block was resident "
+                   "on the GPU); use step_loop 0 or 1")
+
+
+def barrier_timed_out(persistent: bool, executor: Any) -> bool:
+    """Whether a persistent step kernel raised its barrier's timed-out flag (its results are
+    then wrong: blocks went on without their neighbours' state)."""
+    return persistent and bool(executor.read("bar")[1])
+
+
+def build_artifact(template: Any, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
+    """The builder hook: the whole forward pass as one artifact (see ``CompiledGru``)."""
+    compiled = compile_gru(template, config, target)
+    library = ""
+    if target.kind == "cuda":
+        library = compiled.export(out_dir)
+    return compiled.artifact(target.kind, tuple(template.buffers()), library), compiled.trace
+
+
+def measure_artifact(template: Any, artifact: Any, target: TargetInfo, settings: Any) -> Any:
+    """The runner hook: check the whole forward pass against the reference, then time it
+    with the executors ``GRU`` uses (host clock around back-to-back passes).
+
+    Inputs come from ``make_case``: float32 values rounded to this template's dtypes,
+    the reference computed in float64 from the unrounded values, so ``rel_error``
+    includes the rounding of inputs and weights.  Metrics: ``rel_error`` (also on a
+    wrong answer) and ``stage_secs``, seconds per forward pass of each stage's kernels
+    (see ``OpenclExecutor.stage_secs`` / ``CudaExecutor.stage_secs``)."""
+    from tvm_ext.runner import RunResult, time_loop
+
+    inputs, refs = template.make_case(np.random.default_rng(settings.seed))
+    if artifact.kind == "opencl":
+        executor: Any = OpenclExecutor(artifact.source, artifact.launches, template.buffers(), target.device_id)
+    else:
+        executor = CudaExecutor.load(artifact, template.buffers(), target.device_id)
+    for name, array in zip(template.input_specs(), inputs):
+        executor.write(name, array)
+    for name, spec in {**template.output_specs(), **template.scratch_specs()}.items():  # unwritten -> wrong answer
+        junk = np.nan if spec.dtype in FLOAT_DTYPES else 12345  # (the barrier counter must be reset)
+        executor.write(name, np.full(spec.shape, junk, np_dtype(spec.dtype)))
+    executor.run()
+    outputs = [executor.read(name) for name in template.output_specs()]
+    metrics: dict[str, Any] = {"rel_error": relative_error(outputs, refs)}
+    if barrier_timed_out(any("bar" in launch.args for launch in artifact.launches), executor):
+        return RunResult((), "runtime_error", BARRIER_TIMEOUT, metrics=metrics)
+    wrong = template.check(outputs, refs)
+    if wrong:
+        return RunResult((), "wrong_answer", wrong, metrics=metrics)
+    costs = tuple(time_loop(lambda i: executor.run(), executor.sync, settings))
+    metrics["stage_secs"] = executor.stage_secs()
+    return RunResult(costs, metrics=metrics)

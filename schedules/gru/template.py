@@ -1,0 +1,415 @@
+"""The GRU layer stack as one tunable template: its knobs, buffers, search space and
+default config, and the kernel functions a config schedules.
+
+Its "kernel" is the whole forward pass (every launch of every step of every layer), so
+the GA tuner searches it like any operator.  Pipeline per layer (patent 004):
+
+- S1 ``gi = x·W_iᵀ + b_i`` for all T steps and both directions in one GEMM,
+  shape (T·B, dirs·3H) (``input_gemm``: the GEMM template with a bias row).
+- S2 per step ``gh = h·W_hᵀ + b_h``, the GEMM template batched over directions,
+  (dirs, B, 3H) (``hidden_gemm``).
+- S3/S4 per step one cell kernel, or S2-S4 fused into one step kernel (``kernels.py``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.errors import TvmExtError
+from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, cast, itemsize
+from tvm_ext.schedules import wmma
+from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
+from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.step_loop import BARRIER_WORDS
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import Template, TensorSpec
+
+from . import plan as host_plan
+from .compute import F32, PRECISION_PARAMS, gru_reference
+from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
+
+STEP_KNOBS = (
+    Knob("cell_block", (32, 64, 128, 256, 512, 1024),
+         "cell kernel threads per block (patent: 512), clamped to the device limit"),
+    Knob("fuse_step", (0, 1),
+         "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
+    Knob("step_j", (8, 16, 32, 64, 128, 256), "fused step kernel: hidden units per block, one per thread "
+                                             "(times step_ks threads)"),
+    Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
+    Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
+    Knob("step_ks", (1, 2, 4, 8), "fused step kernel: threads splitting each dot product over k "
+                                  "(more warps in flight; partial sums meet in shared memory)"),
+    Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
+                                 "loop compiled into TVM's host code (one call per layer); 2 persistent: "
+                                 "one launch per layer, a grid barrier between steps (grid <= SM count)"),
+    Knob("step_w_onchip", (0, 1), "fused step kernel: 1 stages the block's W_hh slice (step_j units x 3 gates "
+                                  "x hidden) in shared memory; the persistent kernel loads it once for all "
+                                  "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
+)
+# A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
+# memory per resident block (sm_80+), and fitting several blocks per SM by capping
+# registers (launch bounds) is refused below this many registers per thread (spills).
+SHARED_RESERVED_PER_BLOCK = 1024
+PERSISTENT_MIN_REGISTERS = 64
+# The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
+# (its transposed A tile is not searched); the input GEMM searches all of them.
+BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
+                      "vec", "double_buffer")
+IN_GEMM_KNOBS = GEMM_KNOBS
+HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
+KNOBS = (STEP_KNOBS
+         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
+         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
+
+
+def gemm_config(config: Config, prefix: str, base: Config) -> Config:
+    """The GEMM config held in a GRU config under ``prefix``; GEMM knobs the GRU does not
+    search keep ``base``'s values (the GEMM template's default)."""
+    values = config.as_dict()
+    return base.replace(**{k: values[prefix + k] for k in base.as_dict() if prefix + k in values})
+
+
+def _pow2_at_least(value: int, cap: int) -> int:
+    p = 1
+    while p < value and p < cap:
+        p *= 2
+    return p
+
+
+def default_gemm_config(template: GemmTemplate, target: TargetInfo) -> Config:
+    """The GEMM template's default, or for few rows (the per-step GEMM at small batch) a
+    flat tile of 32 threads along N so most threads do not compute padding."""
+    base = template.default_config(target)
+    if template.m >= 32:
+        return base
+    flat = base.replace(wg_x=32, wg_y=_pow2_at_least(template.m, 16), task_x=4, task_y=1, k_step=32,
+                        use_shared=1, pad=0, vec=1, double_buffer=0)
+    return flat if template.space(target).is_feasible(flat) else base
+
+
+@dataclass(frozen=True)
+class GruTemplate(DtypeFields, Template):
+    """A stack of GRU layers at one shape, as one tunable unit: its "kernel" is the whole
+    forward pass (every launch of every step of every layer).
+
+    Buffers are in device layout: x (T·B, I); weights transposed so the gate GEMMs read
+    B operands row-major: w_ih{l} (K_l, dirs·3H), w_hh{l} (dirs, H, 3H).
+
+    Precision: one ``<name>_dtype`` field per entry of ``PRECISION_PARAMS`` (all
+    float32 by default); set them with ``with_precision``.
+    """
+
+    batch: int
+    hidden: int
+    input: int
+    seq: int
+    layers: int = 1
+    bidirectional: bool = False
+    x_dtype: str = F32
+    w_ih_dtype: str = F32
+    in_acc_dtype: str = F32
+    gi_dtype: str = F32
+    w_hh_dtype: str = F32
+    hid_acc_dtype: str = F32
+    gh_dtype: str = F32
+    h_dtype: str = F32
+    cell_math_dtype: str = F32
+    out_dtype: str = F32
+    # WMMA tiles for the input and (unfused) hidden GEMMs: tensor cores where their operands
+    # are float16 on CUDA (see ``GemmTemplate.tensor_core``)
+    in_tensor_core: Config | None = None
+    hid_tensor_core: Config | None = None
+
+    name = "gru"
+    PRECISION_PARAMS = PRECISION_PARAMS
+
+    def __post_init__(self) -> None:
+        for field_name in ("batch", "hidden", "input", "seq", "layers"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise TvmExtError(f"GRU {field_name} must be a positive integer, got {value!r}")
+        for param, dtype in self.precision.items():
+            if dtype not in FLOAT_DTYPES:
+                raise TvmExtError(f"GRU {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        params = {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
+                  "layers": self.layers, "bidirectional": bool(self.bidirectional),
+                  **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        for name in ("in_tensor_core", "hid_tensor_core"):
+            if getattr(self, name) is not None:
+                params[name] = str(getattr(self, name))
+        return params
+
+    @property
+    def dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """The WMMA tiles' options (cp.async): they only act on copies a tile marked async,
+        so one module-wide context serves every kernel."""
+        if target.kind != "cuda":
+            return {}
+        options: dict[str, Any] = {}
+        for tile in (self.in_tensor_core, self.hid_tensor_core):
+            if tile is not None:
+                options.update(wmma.pass_config(tile))
+        return options
+
+    def layer_input(self, layer: int) -> int:
+        return self.input if layer == 0 else self.dirs * self.hidden
+
+    # ---- buffers -------------------------------------------------------------------------
+    def input_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        wi, wh = self.w_ih_dtype, self.w_hh_dtype
+        specs = {"x": TensorSpec((t * b, self.input), self.x_dtype),
+                 "h0": TensorSpec((self.layers * d, b, h), self.h_dtype)}
+        for layer in range(self.layers):
+            specs[f"w_ih{layer}"] = TensorSpec((self.layer_input(layer), d * 3 * h), wi)
+            specs[f"b_ih{layer}"] = TensorSpec((d * 3 * h,), wi)
+            specs[f"w_hh{layer}"] = TensorSpec((d, h, 3 * h), wh)
+            specs[f"b_hh{layer}"] = TensorSpec((d, 3 * h), wh)
+        return specs
+
+    def output_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        return {"out": TensorSpec((t * b, d * h), self.out_dtype),
+                "h_n": TensorSpec((self.layers * d, b, h), self.h_dtype)}
+
+    def scratch_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        specs = {"gi": TensorSpec((t * b, d * 3 * h), self.gi_dtype),
+                 "gh": TensorSpec((d, b, 3 * h), self.gh_dtype),
+                 "p0": TensorSpec((d, b, h), self.h_dtype), "p1": TensorSpec((d, b, h), self.h_dtype),
+                 "hs": TensorSpec((2, d, b, h), self.h_dtype),  # the fused step kernel's ping-pong
+                 "bar": TensorSpec((BARRIER_WORDS,), "int32")}  # the persistent kernel's grid barrier
+        for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
+            specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
+        return specs
+
+    def buffers(self) -> dict[str, TensorSpec]:
+        """Every buffer of the plan by name: inputs, outputs, then scratch."""
+        return {**self.input_specs(), **self.output_specs(), **self.scratch_specs()}
+
+    def inputs(self) -> list[TensorSpec]:
+        return list(self.input_specs().values())
+
+    def outputs(self) -> list[TensorSpec]:
+        return list(self.output_specs().values())
+
+    def scratch(self) -> list[TensorSpec]:
+        return list(self.scratch_specs().values())
+
+    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """x and h0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H).  The values are
+        float32 numbers (whatever the precision), held in the declared dtypes; ``make_case``
+        draws them from the full-precision template, so its reference is unrounded."""
+        scale = 1.0 / math.sqrt(self.hidden)
+        arrays = []
+        for name, spec in self.input_specs().items():
+            bound = 1.0 if name in ("x", "h0") else scale
+            values = rng.uniform(-bound, bound, size=spec.shape).astype(np.float32)
+            arrays.append(values if spec.dtype == F32 else cast(values, spec.dtype))
+        return arrays
+
+    # ---- layouts: PyTorch <-> device ------------------------------------------------------
+    def device_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """PyTorch ``state_dict`` arrays (already validated) -> device-layout buffers, in
+        the dtypes of ``w_ih`` / ``w_hh``."""
+        out = {}
+        for layer in range(self.layers):
+            sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(self.dirs)]
+            out[f"w_ih{layer}"] = np.concatenate([weights[f"weight_ih_{s}"].T for s in sfx], axis=1)
+            out[f"b_ih{layer}"] = np.concatenate([weights[f"bias_ih_{s}"] for s in sfx])
+            out[f"w_hh{layer}"] = np.stack([weights[f"weight_hh_{s}"].T for s in sfx])
+            out[f"b_hh{layer}"] = np.stack([weights[f"bias_hh_{s}"] for s in sfx])
+        specs = self.input_specs()
+        return {k: cast(v, specs[k].dtype) for k, v in out.items()}  # rounded to the weights' dtypes
+
+    def torch_weights(self, device: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Device-layout buffers -> PyTorch ``state_dict`` arrays (for the reference)."""
+        g = 3 * self.hidden
+        out = {}
+        for layer in range(self.layers):
+            for d in range(self.dirs):
+                s = f"l{layer}" + ("_reverse" if d else "")
+                out[f"weight_ih_{s}"] = device[f"w_ih{layer}"][:, d * g:(d + 1) * g].T
+                out[f"bias_ih_{s}"] = device[f"b_ih{layer}"][d * g:(d + 1) * g]
+                out[f"weight_hh_{s}"] = device[f"w_hh{layer}"][d].T
+                out[f"bias_hh_{s}"] = device[f"b_hh{layer}"][d]
+        return out
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        named = dict(zip(self.input_specs(), inputs))
+        x = named["x"].reshape(self.seq, self.batch, self.input)
+        out, h_n = gru_reference(x, self.torch_weights(named), named["h0"], self.layers, self.bidirectional)
+        return [out.reshape(self.seq * self.batch, -1), h_n]
+
+    def flops(self) -> float:
+        g = 3 * self.hidden * self.dirs
+        per_step = sum(2 * self.batch * g * (self.layer_input(l) + self.hidden) for l in range(self.layers))
+        return float(self.seq * per_step)
+
+    # ---- knobs -----------------------------------------------------------------------------
+    def input_gemm(self, layer: int) -> BiasGemmTemplate:
+        """S1 of ``layer`` as a GEMM template: A is x (layer 0) or the previous layer's output
+        sequence (``out``'s dtype), B is W_ih, D is gi."""
+        return BiasGemmTemplate(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer),
+                                a_dtype=self.x_dtype if layer == 0 else self.out_dtype, b_dtype=self.w_ih_dtype,
+                                acc_dtype=self.in_acc_dtype, c_dtype=self.gi_dtype,
+                                tensor_core=self.in_tensor_core)
+
+    def hidden_gemm(self) -> BiasGemmTemplate:
+        """S2 as a GEMM template batched over directions: A is h, B is W_hh (one per
+        direction), the bias b_hh, D is gh."""
+        return BiasGemmTemplate(self.batch, 3 * self.hidden, self.hidden, a_dtype=self.h_dtype,
+                                b_dtype=self.w_hh_dtype, acc_dtype=self.hid_acc_dtype, c_dtype=self.gh_dtype,
+                                tensor_core=self.hid_tensor_core, batch=self.dirs)
+
+    def layers_share_input_gemm(self) -> bool:
+        """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
+        return self.layer_input(1) == self.input and self.out_dtype == self.x_dtype
+
+    def gemm_templates(self) -> dict[str, GemmTemplate]:
+        """The gate GEMMs as GEMM templates, by knob prefix (the hidden one per direction)."""
+        return {"in_": self.input_gemm(0), "hid_": self.hidden_gemm()}
+
+    def gemm_configs(self, config: Config, target: TargetInfo) -> dict[str, Config]:
+        return {p: gemm_config(config, p, t.default_config(target)) for p, t in self.gemm_templates().items()}
+
+    def space(self, target: TargetInfo) -> Space:
+        templates = self.gemm_templates()
+        checks = [("in_", "input GEMM", templates["in_"]), ("hid_", "hidden GEMM", templates["hid_"])]
+        if self.layers > 1 and self.out_dtype != self.x_dtype:  # layer ≥ 1 stages A in out's dtype
+            checks.insert(1, ("in_", "input GEMM of layer 1", self.input_gemm(1)))
+        spaces = [(prefix, label, t.space(target)) for prefix, label, t in checks]
+        bases = {p: t.default_config(target) for p, t in templates.items()}
+
+        def gemm_reason(c: Config) -> str | None:
+            for prefix, label, space in spaces:
+                if prefix == "hid_" and c.fuse_step:
+                    continue  # the fused step kernel does its own hidden GEMM
+                reason = space.infeasible_reason(gemm_config(c, prefix, bases[prefix]))
+                if reason:
+                    return f"{label}: {reason}"
+            return None
+
+        def step_reason(c: Config) -> str | None:
+            if c.fuse_step and c.step_j > target.max_threads_per_block:
+                return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
+            if not c.fuse_step:
+                return None
+            if c.step_j * c.step_ks > target.max_threads_per_block:
+                return f"step kernel: {c.step_j}x{c.step_ks} threads > device limit {target.max_threads_per_block}"
+            if c.step_k % c.step_ks:
+                return "step kernel: step_ks must divide step_k"
+            if c.step_ks > 1 and self.hidden % c.step_k:
+                return "step kernel: split-K (step_ks > 1) needs hidden to be a multiple of step_k"
+            if c.step_w_onchip and self.hidden % c.step_j:
+                return "step kernel: step_w_onchip needs hidden to be a multiple of step_j"
+            if c.step_loop and target.kind != "cuda":
+                return "step kernel: step_loop 1 and 2 are CUDA only (OpenCL runs one launch per step)"
+            static = self.step_shared_bytes(c.replace(step_w_onchip=0))
+            if static > target.max_shared_memory_per_block:
+                return "step kernel: staged h slice and partial sums exceed shared memory"
+            # the W slice is dynamic shared memory on CUDA (up to the opt-in limit per block)
+            limit = HardwareModel.from_target(target).shared_per_block_optin
+            if self.step_shared_bytes(c) > limit:
+                return (f"step kernel: h slice, partial sums and W_hh slice need {self.step_shared_bytes(c)} B "
+                        f"of shared memory > {limit}")
+            if c.step_loop == 2:
+                return self.persistent_residency(c, target)[1]
+            return None
+
+        return Space(KNOBS, (gemm_reason, step_reason))
+
+    def step_shared_bytes(self, c: Config) -> int:
+        """Shared memory of one fused-step block: the staged h slice, split-K partial sums
+        and (``step_w_onchip``) the W slice."""
+        partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
+        w_slice = c.step_w_onchip * self.hidden * 3 * c.step_j * itemsize(self.w_hh_dtype)
+        return itemsize(self.h_dtype) * c.step_b * c.step_k + partials + w_slice
+
+    def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
+        """Blocks per SM the persistent step kernel needs resident (its grid spread over the
+        SMs), or why they cannot all be: a grid barrier waits for every block, so a block
+        that is not resident would never arrive.  Threads, resident-block and shared-memory
+        limits come from the hardware model; registers are made to fit by compiling with
+        ``__launch_bounds__(threads, per_sm)``, refused when that leaves too few."""
+        hw = HardwareModel.from_target(target)
+        blocks = -(-self.hidden // c.step_j) * -(-self.batch // c.step_b) * self.dirs
+        threads = c.step_j * c.step_ks
+        per_sm = -(-blocks // hw.sm_count)
+        shared = self.step_shared_bytes(c) + SHARED_RESERVED_PER_BLOCK
+        fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads, hw.shared_per_sm // shared)
+        if per_sm > fits:
+            return per_sm, (f"step kernel: persistent (step_loop 2) needs every block resident, {blocks} "
+                            f"blocks > {hw.sm_count} SMs x {fits} resident per SM")
+        if hw.registers_per_sm and hw.registers_per_sm // (per_sm * threads) < PERSISTENT_MIN_REGISTERS:
+            return per_sm, (f"step kernel: persistent (step_loop 2) with {per_sm} blocks of {threads} threads "
+                            f"per SM leaves < {PERSISTENT_MIN_REGISTERS} registers per thread")
+        return per_sm, None
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
+        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,
+                                  "step_ks": 1, "step_loop": 0, "step_w_onchip": 0}
+        for prefix, template in self.gemm_templates().items():
+            values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
+        names = set(self.space(target).names)
+        return self.space(target).make(**{k: v for k, v in values.items() if k in names})
+
+    # ---- kernels and plan ------------------------------------------------------------------
+    def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """Scheduled ``s_tir.Schedule`` of each kernel function the plan calls, by name."""
+        t, b, h, d, layers = self.seq, self.batch, self.hidden, self.dirs, self.layers
+        gemms = self.gemm_configs(config, target)
+        p = self.precision
+        fused, persistent = bool(config.fuse_step), config.step_loop == 2
+        init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent)
+        funcs = {
+            "gru_init": schedule_init(init, min(256, target.max_threads_per_block)),
+            "gru_gemm_x0": self.input_gemm(0).schedule(gemms["in_"], target),
+        }
+        if layers > 1 and not self.layers_share_input_gemm():
+            funcs["gru_gemm_x1"] = self.input_gemm(1).schedule(gemms["in_"], target)
+        if config.fuse_step:
+            funcs["gru_step"] = schedule_step(
+                step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
+                          acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
+                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip else 0),
+                config, target.kind)
+        else:
+            funcs["gru_gemm_h"] = self.hidden_gemm().schedule(gemms["hid_"], target)
+            block = min(config.cell_block, target.max_threads_per_block)
+            funcs["gru_cell"] = schedule_cell(
+                cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
+                          math_dtype=p["cell_math"], out_dtype=p["out"]), block)
+        return funcs
+
+    # ---- host plan, build and measurement (``plan.py``) -----------------------------------------
+    def plan(self, config: Config) -> tuple[host_plan.Call, ...]:
+        """Every call of one forward pass, in order: per layer init, S1, then T steps."""
+        return host_plan.plan_calls(self, config)
+
+    def compile(self, config: Config, target: TargetInfo) -> host_plan.CompiledGru:
+        """Schedule and compile every kernel function into one module (one source)."""
+        return host_plan.compile_gru(self, config, target)
+
+    def build_artifact(self, config: Config, target: TargetInfo, out_dir: str) -> tuple[Any, Any]:
+        """The builder hook: the whole forward pass as one artifact (see ``CompiledGru``)."""
+        return host_plan.build_artifact(self, config, target, out_dir)
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("a GRU is several kernels and a host loop: use build_artifact or GRU.build")
+
+    def measure_artifact(self, artifact: Any, target: TargetInfo, settings: Any) -> Any:
+        """The runner hook: the whole forward pass checked and timed (``plan.measure_artifact``)."""
+        return host_plan.measure_artifact(self, artifact, target, settings)
