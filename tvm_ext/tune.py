@@ -17,7 +17,7 @@ from .errors import TvmExtError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schedules.gemm import KNOBS as GEMM_KNOBS
+    from .schedules.gemm import KNOBS as GEMM_KNOBS, STAGING_KNOBS
 
     parser = Parser(
         prog="python -m tvm_ext.tune",
@@ -28,9 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     gemm = sub.add_parser(
         "gemm", help="fp32 GEMM C[M,N] = A[M,K]·B[K,N]",
         description="Tune fp32 GEMM C[M,N] = A[M,K]·B[K,N] with the parallel genetic algorithm (patent 000).",
-        epilog=knob_help(GEMM_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=knob_help(GEMM_KNOBS + STAGING_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gemm.add_argument("--shape", required=True, help="M,N,K (e.g. 512,512,512)")
+    gemm.add_argument("--staging", action="store_true",
+                      help="also search the staging knobs (prefetch, warp_x, load_vec; listed last below)")
     gemm.add_argument("--feasibility", default="tvm", choices=("tvm", "patent"),
                       help="tvm: tile fits the device limits (default); patent: also wg_x·wg_y·task_x·task_y | P·P")
     add_tuning_args(gemm)
@@ -111,7 +113,8 @@ def _gru_template(args: argparse.Namespace) -> Any:
 def _gemm_template(args: argparse.Namespace) -> Any:
     from .schedules.gemm import GemmTemplate
 
-    return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility)
+    return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility,
+                                   staging=args.staging)
 
 
 def _gemm_tc_template(args: argparse.Namespace) -> Any:
