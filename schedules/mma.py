@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
+from tvm_ext.warp_memory import install_warp_memory_fix
 from tvm_ext.precision import itemsize
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -235,59 +236,6 @@ def mma_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: st
     if t.raster and (n // t.block_n) % t.raster:
         return f"rasterization in strips of {t.raster} blocks needs N/{t.block_n} = {n // t.block_n} to divide"
     return None
-
-
-# ---- lowering every warp buffer -------------------------------------------------------------
-def _lower_all_warp_memory() -> Any:
-    """``LowerWarpMemory`` until no warp-scope buffer is left.  TVM 0.27's pass rewrites only
-    the first warp buffer of a statement sequence (it hands the siblings after it to the
-    access rewriter and stops), so a kernel with A, B and C fragments kept the later ones as
-    32-lane arrays in every thread; each further run lowers the next one."""
-    import tvm
-    import tvm_ffi
-    from tvm.tirx.stmt import AllocBuffer
-
-    def has_warp_buffer(mod: Any) -> bool:
-        found = []
-
-        def visit(node: Any) -> None:
-            if node.buffer.scope() == "warp":
-                found.append(node)
-
-        for func in mod.functions.values():
-            if hasattr(func, "body"):
-                tvm_ffi.structural_walk(func.body, [(AllocBuffer, visit)])
-        return bool(found)
-
-    @tvm.transform.module_pass(opt_level=0, name="tvm_ext.LowerAllWarpMemory")
-    def lower(mod: Any, _ctx: Any) -> Any:
-        for _ in range(64):
-            if not has_warp_buffer(mod):
-                break
-            mod = tvm.tirx.transform.LowerWarpMemory()(mod)
-        return mod
-
-    return lower
-
-
-def install_warp_memory_fix() -> None:
-    """Wrap the default ("s_tir") TIR pipeline so its device finalization lowers every warp
-    buffer (see ``_lower_all_warp_memory``).  Idempotent; a no-op for kernels without warp
-    buffers, so other templates compiled in the same process are unaffected."""
-    import tvm
-    from tvm.tirx import compilation_pipeline
-
-    factory = compilation_pipeline.PIPELINE_MAP["s_tir"]
-    if getattr(factory, "lowers_all_warp_memory", False):
-        return
-
-    def wrapped(**kwargs: Any) -> Any:
-        pipeline, finalize_host, finalize_device = factory(**kwargs)
-        return pipeline, finalize_host, lambda: tvm.ir.transform.Sequential(
-            [_lower_all_warp_memory(), finalize_device()])
-
-    wrapped.lowers_all_warp_memory = True  # type: ignore[attr-defined]
-    compilation_pipeline.PIPELINE_MAP["s_tir"] = wrapped
 
 
 # ---- the 16x16 tensor intrinsics ---------------------------------------------------------
