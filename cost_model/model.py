@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+from scipy.stats import spearmanr
 
 from tvm_ext.errors import TvmExtError
 from tvm_ext.records import Record
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template, get_template_class
+from tvm_ext.template import Template, template_of
 
 from .features import Featurizer
 
@@ -58,29 +59,10 @@ def normalized_throughput(costs: np.ndarray) -> np.ndarray:
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman rank correlation (average ranks for ties); NaN when undefined."""
-    x, y = _ranks(np.asarray(a, dtype=np.float64)), _ranks(np.asarray(b, dtype=np.float64))
-    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):  # constant: no ranking to correlate
         return math.nan
-    return float(np.corrcoef(x, y)[0, 1])
-
-
-def _ranks(v: np.ndarray) -> np.ndarray:
-    order = np.argsort(v, kind="mergesort")
-    ranks = np.empty(len(v), dtype=np.float64)
-    ranks[order] = np.arange(len(v), dtype=np.float64)
-    for value in np.unique(v[np.isfinite(v)] if np.isfinite(v).any() else v):
-        tie = v == value
-        if tie.sum() > 1:
-            ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def template_of(workload: dict[str, Any]) -> Template | None:
-    """Rebuild the template of a record's workload (None when its shape cannot be)."""
-    try:
-        return get_template_class(workload["template"])(**workload["params"])
-    except Exception:
-        return None
+    return float(spearmanr(x, y).statistic)
 
 
 class XGBCostModel:

@@ -20,7 +20,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Container, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -296,6 +296,29 @@ class MemoryRecordStore(RecordStore):
 
     def append(self, record: Record) -> None:
         self._records.append(record)
+
+    def feed(self) -> "_MemoryFeed":
+        return _MemoryFeed(self._records)
+
+    def claim_batches(self, workload_key: str, configs: Sequence[Config],
+                      known: Callable[[], Container[Config]]) -> Iterator[list[Config]]:
+        """One process, no one to share with: everything not yet known, at once."""
+        todo = [c for c in dict.fromkeys(configs) if c not in known()]
+        if todo:
+            yield todo
+
+
+@dataclass
+class _MemoryFeed:
+    """``RecordFeed`` of a list: the records appended since the last call."""
+
+    records: list[Record]
+    seen: int = 0
+
+    def new(self) -> list[Record]:
+        fresh = self.records[self.seen:]
+        self.seen = len(self.records)
+        return fresh
 
 
 def sweep_records(sweep: Sweep) -> list[Record]:

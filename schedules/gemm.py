@@ -224,6 +224,9 @@ class GemmTemplate(DtypeFields, Template):
     # ---- knob space -------------------------------------------------------------
     def space(self, target: TargetInfo) -> Space:
         constraints = [lambda c: self._hardware_reason(c, target)]
+        unhonoured = self.precision_reason(target.kind)
+        if unhonoured:  # e.g. a bfloat16 accumulator on OpenCL: no config has it
+            constraints.insert(0, lambda c: unhonoured)
         if self.feasibility == "patent":
             constraints.append(self._patent_reason)
         if self.staging:

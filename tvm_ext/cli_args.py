@@ -3,7 +3,6 @@ arguments and their checks, shapes, knob help, the one-line-error parser, speeds
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any, Sequence
 
 from .errors import TvmExtError
@@ -44,7 +43,8 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
                         "model, printed and measured once (--no-measure: not measured)")
     g.add_argument("--generations", type=int, default=6, help="GA generations (default 6)")
     g.add_argument("--population", type=int, default=12, help="GA population size (default 12)")
-    g.add_argument("--tourn-size", type=int, default=2, help="tournament size, < population/2 (default 2)")
+    g.add_argument("--tourn-size", type=int, default=None,
+                   help="tournament size, < population/2 (default 2, or 1 for a population of 4)")
     g.add_argument("--mutation", type=float, default=0.1, help="per-gene mutation probability (default 0.1)")
     g.add_argument("--trials", type=int, default=None, help="max kernels measured in this run (default: no cap)")
     g.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
@@ -70,6 +70,9 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_tuning_args(args: argparse.Namespace) -> None:
+    from .cli_checks import check_tuning_inputs
+
+    check_tuning_inputs(args)  # first: it fills in the default --tourn-size
     for name in ("generations", "population", "tourn_size"):
         if getattr(args, name) < 1:
             raise TvmExtError(f"--{name.replace('_', '-')} must be >= 1")
@@ -99,8 +102,6 @@ class Parser(argparse.ArgumentParser):
 
 def format_speed(template: Any, cost: float) -> str:
     """GFLOP/s of a cost (seconds), or GB/s for an operator without flops; "-" when it failed."""
-    if not math.isfinite(cost):
-        return "-"
-    if template.flops():
-        return f"{template.flops() / cost / 1e9:.1f} GFLOP/s"
-    return f"{template.bytes_moved() / cost / 1e9:.1f} GB/s"
+    from .results.summary import speed_text
+
+    return speed_text(template, cost)

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import TvmExtError
-from .precision import cast, np_dtype
+from .precision import MixedPrecisionOperator, cast, np_dtype, precision_reason
 
 MANIFEST = "manifest.json"
 FORMAT = "tvm_ext.program/1"
@@ -43,6 +43,11 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
 
     from .builder import compile_module
 
+    params_of = op.precision_params() if isinstance(op, MixedPrecisionOperator) else ()
+    precision = dict(op.precision) if isinstance(op, MixedPrecisionOperator) else {}
+    unhonoured = precision_reason(params_of, precision, target.kind)
+    if unhonoured:  # the manifest would claim a precision the kernel does not have
+        raise TvmExtError(f"cannot export {op.name} for {target.kind}: {unhonoured}")
     os.makedirs(os.path.join(out_dir, "kernels"), exist_ok=True)
     if hasattr(op, "compile"):  # several kernels and a host plan (GRU)
         compiled = op.compile(schedule_config, target)
@@ -72,7 +77,7 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
         "format": FORMAT,
         "operator": op.name,
         "params": {k: v for k, v in op.params.items()},
-        "precision": dict(op.precision),
+        "precision": precision,
         "schedule": schedule_config.as_dict(),
         "target": target.key(),
         "tvm_target": target.tvm_target(),

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .errors import TvmExtError
-from .precision import HIGH_PRECISION, MixedPrecisionOperator, PrecisionParam
+from .precision import HIGH_PRECISION, MixedPrecisionOperator, PrecisionParam, precision_reason
 from .space import Config, Knob, Space
 from .target import TargetInfo
 from .template import Template, TensorSpec
@@ -81,11 +81,17 @@ class PrecisionProgram(Template):
         knobs = tuple(Knob(p.name, dtypes, f"{p.kind} of stage {p.stage}: {p.doc}")
                       for p in self.precision_params())
 
+        params = self.precision_params()
+
+        def honoured(c: Config) -> str | None:
+            # A type the target would silently replace (bfloat16 math on OpenCL) is not a choice.
+            return precision_reason(params, c.as_dict(), target.kind)
+
         def schedule_fits(c: Config) -> str | None:
             # Narrower types change e.g. shared-memory bytes; the schedule must still fit.
             return self.lowered(c).space(target).infeasible_reason(self.schedule_config)
 
-        return Space(knobs, (schedule_fits,))
+        return Space(knobs, (honoured, schedule_fits))
 
     def default_config(self, target: TargetInfo) -> Config:
         return self.space(target).make(**{p.name: HIGH_PRECISION for p in self.precision_params()})

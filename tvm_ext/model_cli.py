@@ -58,13 +58,15 @@ def run_model(args: argparse.Namespace) -> int:
 
     from .pipeline import TuneOptions, load_model, summary, tune_relax
     from .target import resolve_target
+    from .cli_checks import model_module
+
     check_tuning_args(args)
     if args.strategy not in ("ga", "random"):
         raise TvmExtError(f"model tuning supports --strategy ga or random, not {args.strategy}")
     if getattr(args, "cost_model", "none") != "none":
         raise TvmExtError("model tuning does not use a cost model yet: leave out --cost-model")
     user = load_model_file(args.file)
-    mod = user.get_module()
+    mod = model_module(user, args.file)
     target = resolve_target(args.target, args.device)
     options = TuneOptions(strategy=args.strategy, generations=args.generations, population=args.population,
                           tourn_size=args.tourn_size, mutation=args.mutation, trials=args.trials,

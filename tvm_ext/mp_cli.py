@@ -128,10 +128,15 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     from .target import resolve_target
     from .tuner import Tuner
 
+    from .cli_checks import check_index_range, check_out_dir, check_run_inputs
+
+    check_run_inputs(args)
+    check_out_dir(args.out)
     settings = Method003Settings(
         error_bound=args.error_bound, max_measurements=args.m, max_stages=args.nf, population=args.n0,
         generated=args.ng, measured=args.nm, mutation=args.u0, explore=args.explore, seed=args.seed)
     base = args.make_operator(args)
+    check_index_range(base)
     store = RecordStore(args.records)
     target = resolve_target(args.target, args.device)
     schedule, source = schedule_for(base, target, store)
@@ -141,7 +146,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
     builder = LocalBuilder(workers=args.workers, timeout=args.build_timeout)
     runner = LocalRunner(target, timeout=args.run_timeout)
-    tuner = Tuner(program, target, builder, runner, store)
+    tuner = Tuner(program, target, builder, runner, store, strategy="method003")
     predictor = None
     if args.predictor == "xgb":
         from .cost_model.precision import PrecisionPredictor

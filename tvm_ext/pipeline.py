@@ -255,7 +255,8 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
             for key, group in groups.items():
                 names = ", ".join(matches[i].name for i in group.tasks)
                 tuner = Tuner(group.template, target, builder, runner, store,
-                              trials=options.trials or (1 << 30), on_record=on_record)
+                              trials=options.trials or (1 << 30), on_record=on_record,
+                              strategy=options.strategy)
                 default = group.template.default_config(target)
                 strategy = make_strategy(
                     options.strategy, tuner.space, np.random.default_rng(options.seed),

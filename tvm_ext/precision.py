@@ -82,6 +82,30 @@ def check_assignment(params: Sequence[PrecisionParam], assignment: Mapping[str, 
             raise TvmExtError(f"{name}: unknown dtype {dtype!r}; allowed: {', '.join(FLOAT_DTYPES)}")
 
 
+def unhonoured_reason(param: PrecisionParam, dtype: str, target_kind: str) -> str | None:
+    """Why a target would not give ``param`` the precision ``dtype`` (None: it would).
+
+    OpenCL has no bfloat16 arithmetic: TVM stores bfloat16 tensors as 16-bit words,
+    rounded as the type demands, but computes every bfloat16 operation in float32 and
+    keeps bfloat16 registers as float.  A bfloat16 accumulator or math type would
+    silently be float32, and a program recorded (or exported) as bfloat16 would claim
+    a precision its kernel does not have, so it is infeasible instead."""
+    if target_kind == "opencl" and dtype == "bfloat16" and param.kind in ("accumulator", "math"):
+        return (f"{param.name}=bfloat16: OpenCL has no bfloat16 arithmetic (TVM computes it in float32), "
+                f"so this {param.kind} would really be float32")
+    return None
+
+
+def precision_reason(params: Sequence[PrecisionParam], assignment: Mapping[str, str],
+                     target_kind: str) -> str | None:
+    """The first parameter of ``assignment`` the target cannot honour, as a reason."""
+    for param in params:
+        reason = unhonoured_reason(param, assignment.get(param.name, HIGH_PRECISION), target_kind)
+        if reason:
+            return reason
+    return None
+
+
 def relative_error(outputs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> float:
     """The program's error: the largest normwise relative error over its outputs,
     ``‖out − ref‖₂ / ‖ref‖₂`` against the float64 reference (inf for NaN or inf)."""
@@ -129,6 +153,10 @@ class DtypeFields:
 
     def full_precision(self) -> Any:
         return self.with_precision({p.name: HIGH_PRECISION for p in self.PRECISION_PARAMS})
+
+    def precision_reason(self, target_kind: str) -> str | None:
+        """Why ``target_kind`` cannot run this assignment as declared (None: it can)."""
+        return precision_reason(self.PRECISION_PARAMS, self.precision, target_kind)
 
     @property
     def tolerance(self) -> float:

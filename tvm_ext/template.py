@@ -143,6 +143,11 @@ class Template(ABC):
         shown = {k: v for k, v in self.params.items() if not (k.endswith("_dtype") and v == "float32")}
         return f"{self.name} " + " ".join(f"{k}={v}" for k, v in shown.items())
 
+    def shown_knobs(self, config: Config) -> tuple[str, ...]:
+        """The knobs that change the kernel of ``config``: summaries print only these
+        (a template hides e.g. the knobs of a kernel the config does not use)."""
+        return tuple(name for name, _ in config.items)
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -198,6 +203,14 @@ _REGISTRY: dict[str, str] = {
     "gru": "tvm_ext.schedules.gru:GruTemplate",
     "reduce": "tvm_ext.schedules.reduction:ReductionTemplate",
 }
+
+
+def template_of(workload: dict[str, Any]) -> Template | None:
+    """Rebuild the template of a record's workload (None when its shape cannot be)."""
+    try:
+        return get_template_class(workload["template"])(**workload["params"])
+    except Exception:
+        return None
 
 
 def template_names() -> tuple[str, ...]:

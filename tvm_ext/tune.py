@@ -7,6 +7,7 @@ record written so far, prints the best so far and exits with code 130.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     gemm.add_argument("--feasibility", default="tvm", choices=("tvm", "patent"),
                       help="tvm: tile fits the device limits (default); patent: also wg_x·wg_y·task_x·task_y | P·P")
     add_tuning_args(gemm)
+    _add_json_arg(gemm)
     gemm.set_defaults(make_template=_gemm_template)
 
     from .schedules.mma import ACC_DTYPES, OPERAND_DTYPES
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     gemm_tc.add_argument("--out-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                          help="C's dtype (default float32)")
     add_tuning_args(gemm_tc)
+    _add_json_arg(gemm_tc)
     gemm_tc.set_defaults(make_template=_gemm_tc_template)
 
     from .schedules.reduction import DTYPES as REDUCE_DTYPES, KNOBS as REDUCE_KNOBS, OPS as REDUCE_OPS
@@ -73,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     reduce.add_argument("--dtype", default="float32", choices=REDUCE_DTYPES,
                         help="input type; float16 accumulates in float32 (default float32)")
     add_tuning_args(reduce)
+    _add_json_arg(reduce)
     reduce.set_defaults(make_template=_reduce_template)
     _add_gru_parser(sub)
     from .model_cli import add_model_parser
@@ -81,7 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .mp_cli import add_mixed_precision_parser
 
     add_mixed_precision_parser(sub, Parser, parse_shape)
+    from .results.cli import add_result_parsers
+
+    add_result_parsers(sub)
     return parser
+
+
+def _add_json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print the final result as JSON on stdout (progress and notes stay on stderr)")
 
 
 def _add_gru_parser(sub: Any) -> None:
@@ -100,6 +112,7 @@ def _add_gru_parser(sub: Any) -> None:
     gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
     gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
     add_tuning_args(gru)
+    _add_json_arg(gru)
     gru.set_defaults(make_template=_gru_template)
 
 
@@ -144,8 +157,11 @@ def run_tuning(args: argparse.Namespace) -> int:
     from .target import resolve_target
     from .tuner import Tuner
 
+    from .cli_checks import check_index_range
+
     check_tuning_args(args)
     template = args.make_template(args)
+    check_index_range(template)
     if args.strategy == "analytic":
         return _run_analytic(args, template)
     store = RecordStore(args.records)
@@ -156,8 +172,8 @@ def run_tuning(args: argparse.Namespace) -> int:
     per_generation = args.population if args.cost_model == "none" else _nm(args)
     progress = _Progress(template, disabled=args.no_progress,
                          total=args.trials or args.population + per_generation * args.generations + 1)
-    tuner = Tuner(template, target, builder, runner, store,
-                  trials=args.trials or (1 << 30), on_record=progress.update)
+    tuner = Tuner(template, target, builder, runner, store, trials=args.trials or (1 << 30),
+                  on_record=progress.update, strategy=args.strategy + ("+xgb" if args.cost_model == "xgb" else ""))
     seeds = [tuner.space.encode(c) for c in [default] + _analytic_seeds(template, target)]
     model = None
     if args.cost_model == "xgb":
@@ -167,11 +183,13 @@ def run_tuning(args: argparse.Namespace) -> int:
             args.strategy, tuner.space, np.random.default_rng(args.seed), population=args.population,
             generations=args.generations, seeds=seeds, tourn_size=args.tourn_size, mutation_rate=args.mutation,
         )
-    print(f"tuning {template.describe()} on {target.kind}:{target.device_name} "
-          f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records})",
-          file=sys.stderr)
+    progress.write(f"tuning {template.describe()} on {target.kind}:{target.device_name} "
+                   f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records})")
+    progress.start()
     try:
         result = tuner.tune(strategy, default)
+        if not result.interrupted:
+            progress.finish()
     finally:
         progress.close()
         builder.close()
@@ -180,7 +198,12 @@ def run_tuning(args: argparse.Namespace) -> int:
             from .cost_model.model import model_path
 
             model.save(model_path(args.records))
-    print_summary(template, result, target, args.records)
+    if args.json:
+        from .results.summary import tune_result_json
+
+        print(json.dumps(tune_result_json(template, target, result, args.records), indent=1))
+    else:
+        print_summary(template, result, target, args.records)
     if result.interrupted:
         print("interrupted: records so far are kept; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -259,10 +282,16 @@ def _run_analytic(args: argparse.Namespace, template: Any) -> int:
     else:
         result = select_tile(template, target)
         config, explanation = result.config, result.explain()
-    print(f"{template.describe()}  target={target.kind} device={target.device_name}")
-    print(explanation)
-    print(f"config: {config}")
+    pick = {"description": template.describe(), "strategy": "analytic",
+            "target": {"kind": target.kind, "device": target.device_name, "arch": target.arch},
+            "config": config.as_dict(), "explanation": explanation, "measured": None}
+    if not args.json:
+        print(f"{template.describe()}  target={target.kind} device={target.device_name}")
+        print(explanation)
+        print(f"config: {config}")
     if args.no_measure:
+        if args.json:
+            print(json.dumps(pick, indent=1))
         return 0
     from .builder import LocalBuilder
     from .records import RecordStore
@@ -273,49 +302,82 @@ def _run_analytic(args: argparse.Namespace, template: Any) -> int:
     builder = LocalBuilder(workers=1, timeout=args.build_timeout)
     runner = LocalRunner(target, timeout=args.run_timeout)
     try:
-        tuner = Tuner(template, target, builder, runner, store, trials=1)
+        tuner = Tuner(template, target, builder, runner, store, trials=1, strategy="analytic")
         (cost,) = tuner.evaluate([config])
     finally:
         builder.close()
         runner.close()
     rec = tuner.record_of(config)
+    if rec is not None:
+        pick["measured"] = {"cost_secs": rec.cost if rec.ok else None, "costs": list(rec.costs),
+                            "error_kind": rec.error_kind, "error_msg": rec.error_msg,
+                            "records": os.path.abspath(args.records)}
+    if args.json:
+        print(json.dumps(pick, indent=1))
     if rec is None or not rec.ok:
         why = f"{rec.error_kind}: {rec.error_msg}" if rec else "not measured"
-        print(f"measured: failed ({why})")
+        if not args.json:
+            print(f"measured: failed ({why})")
         return 1
-    print(f"measured: {cost * 1e3:.4f} ms  {format_speed(template, cost)}  "
-          f"({'resumed from' if tuner.trials == 0 else 'recorded in'} {os.path.abspath(args.records)})")
+    if not args.json:
+        print(f"measured: {cost * 1e3:.4f} ms  {format_speed(template, cost)}  "
+              f"({'resumed from' if tuner.trials == 0 else 'recorded in'} {os.path.abspath(args.records)})")
     return 0
 
 
 class _Progress:
-    def __init__(self, template: Any, disabled: bool, total: int):
-        from tqdm import tqdm
+    """The trials bar on stderr, opened (``start``) once the header is printed so nothing
+    is glued to it; ``finish`` makes the total the trials really made."""
 
+    def __init__(self, template: Any, disabled: bool, total: int):
         self.template = template
-        self.bar = tqdm(total=total, unit="trial", disable=disabled, file=sys.stderr, dynamic_ncols=True)
+        self.disabled = disabled
+        self.total = total
+        self.bar: Any = None
+
+    def start(self) -> Any:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="trial", disable=self.disabled, file=sys.stderr,
+                            dynamic_ncols=True)
+        return self.bar
 
     def update(self, record: Any, tuner: Any) -> None:
         best = tuner.best
-        self.bar.update(1)
-        self.bar.set_postfix(best=format_speed(self.template, best.cost) if best else "-", errors=tuner.errors)
+        bar = self.start()
+        bar.update(1)
+        bar.set_postfix(best=format_speed(self.template, best.cost) if best else "-", errors=tuner.errors)
 
     def write(self, message: str) -> None:
         """A log line on stderr that does not break the bar."""
-        self.bar.write(message, file=sys.stderr)
+        if self.bar is None:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            self.bar.write(message, file=sys.stderr)
+
+    def finish(self) -> None:
+        """The search ended: configs already measured, infeasible or twins of a measured
+        kernel cost no trial, so the bar ends at the trials made, full."""
+        if self.bar is not None and self.bar.n != self.bar.total:
+            self.bar.total = self.bar.n
+            self.bar.refresh()
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def print_summary(template: Any, result: Any, target: Any, records: str) -> None:
+    from .results.summary import config_text
+
     rows = []
     for label, rec in (("best", result.best), ("default", result.default)):
         if rec is None:
             continue
         cost = rec.cost
         rows.append((label, f"{cost * 1e3:.4f} ms" if math.isfinite(cost) else rec.error_kind,
-                     format_speed(template, cost), " ".join(f"{k}={v}" for k, v in rec.config.items())))
+                     format_speed(template, cost), config_text(template, target, rec.config)))
     print(f"\n{template.describe()}  target={target.kind} device={target.device_name}")
     print(f"trials this run: {result.trials} (errors {result.errors}), resumed: {result.resumed}, "
           f"wall: {result.wall_secs:.1f} s, records: {os.path.abspath(records)}")

@@ -3,14 +3,19 @@
 It owns the measure loop so every strategy gets the same guarantees: infeasible
 configs cost +inf without a build, a config (or a generated source) already
 measured is never measured again, each result is appended to the records file
-as it arrives, and Ctrl-C returns the best so far.
+as it arrives, and Ctrl-C returns the best so far.  Before each batch it catches up
+with the records other processes appended to the same file and claims what it
+measures (``RecordStore.claim_batches``), so tuners sharing a file measure each
+config once.
 """
 from __future__ import annotations
 
 import math
+import os
+import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -56,7 +61,8 @@ class Tuner:
     """Measures configs of one workload, with resume and dedup, under a trial budget."""
 
     def __init__(self, template: Template, target: TargetInfo, builder: Builder, runner: Runner,
-                 store: RecordStore, trials: int = 1 << 30, on_record: ProgressHook | None = None):
+                 store: RecordStore, trials: int = 1 << 30, on_record: ProgressHook | None = None,
+                 strategy: str = ""):
         self.template = template
         self.target = target
         self.space = template.space(target)
@@ -71,9 +77,20 @@ class Tuner:
         self._cost: dict[Config, float] = {}
         self._by_source: dict[str, Record] = {}
         self._records: dict[Config, Record] = {}
-        for rec in store.for_workload(self.workload.key):
-            self._remember(rec)
+        self.strategy = strategy  # recorded with each measurement; tune() names it if empty
+        self._started = time.time()
+        self.run = f"{socket.gethostname()}-{os.getpid()}-{int(self._started)}"
+        self._feed = store.feed()
+        self._catch_up()
         self.resumed = len(self._records)
+
+    def _catch_up(self) -> Mapping[Config, float]:
+        """Take in the records appended since the last look (ours, or another process's
+        sharing the file); returns every config whose cost is known."""
+        for rec in self._feed.new():
+            if rec.workload_key == self.workload.key and rec.config_obj() not in self._records:
+                self._remember(rec)
+        return self._cost
 
     def _remember(self, rec: Record) -> None:
         cfg = rec.config_obj()
@@ -109,8 +126,9 @@ class Tuner:
             if len(pending) < self.budget_left:
                 pending.append(cfg)
         if pending:
-            for build in self.builder.build(self.template, pending, self.target):
-                self._measure(build)
+            for mine in self.store.claim_batches(self.workload.key, pending, self._catch_up):
+                for build in self.builder.build(self.template, mine, self.target):
+                    self._measure(build)
         return np.array([self._cost.get(c, math.inf) for c in configs], dtype=np.float64)
 
     def _measure(self, build: BuildResult) -> None:
@@ -132,6 +150,9 @@ class Tuner:
             source_hash=source_hash,
             trace=build.trace,
             metrics=result.metrics,
+            strategy=self.strategy,
+            run=self.run,
+            elapsed=round(time.time() - self._started, 3),
         )
         self.store.append(rec)
         self._remember(rec)
@@ -145,6 +166,7 @@ class Tuner:
         interrupted = False
         history: list[float] = []
         default = default or self.template.default_config(self.target)
+        self.strategy = self.strategy or type(strategy).__name__
         try:
             self.evaluate([default])
             while not strategy.done and self.budget_left > 0:

@@ -357,6 +357,12 @@ class GruTemplate(DtypeFields, Template):
                             f"per SM leaves < {PERSISTENT_MIN_REGISTERS} registers per thread")
         return per_sm, None
 
+    def shown_knobs(self, config: Config) -> tuple[str, ...]:
+        """Unfused (``fuse_step=0``): no ``step_*`` knob matters; fused: neither the cell
+        kernel's block nor the hidden GEMM's tile (the step kernel does both)."""
+        unused = ("cell_block", "hid_") if config.fuse_step else ("step_",)
+        return tuple(name for name, _ in config.items if not name.startswith(unused))
+
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,

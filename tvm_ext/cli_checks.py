@@ -1,0 +1,87 @@
+"""Checks of command-line input that run before any work starts.
+
+Every bad value becomes one ``TvmExtError`` (the CLI prints ``error: ...`` and exits
+with code 2) instead of a traceback, a silently ignored option, or a failure found
+only after a whole search ran.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from .errors import TvmExtError
+
+INDEX_LIMIT = 2**31 - 1  # TVM indexes buffers with int32 expressions
+
+
+def default_tourn_size(population: int) -> int:
+    """2, or less where the GA's rule (tourn_size < population/2 from 4 up) needs it."""
+    return 2 if population < 4 else min(2, math.ceil(population / 2) - 1)
+
+
+def check_run_inputs(args: argparse.Namespace) -> None:
+    """Build, run and seed settings every tuning command shares."""
+    if args.seed < 0:
+        raise TvmExtError(f"--seed must be >= 0, got {args.seed}")
+    if args.workers is not None and args.workers < 1:
+        raise TvmExtError(f"--workers must be >= 1 (build processes), got {args.workers}")
+    for name in ("build_timeout", "run_timeout"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise TvmExtError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value:g}")
+
+
+def check_tuning_inputs(args: argparse.Namespace) -> None:
+    """The tuning options of ``gemm``/``reduce``/``gru``/``gemm-tc``/``model`` (before the
+    range checks of each option); fills in the default ``--tourn-size`` for the population."""
+    check_run_inputs(args)
+    if args.tourn_size is None:
+        args.tourn_size = default_tourn_size(args.population)
+    if args.strategy == "ga" and args.population < 2:
+        raise TvmExtError(f"--population must be >= 2 for the GA (crossover pairs parents), got {args.population}")
+    if getattr(args, "no_measure", False) and args.strategy != "analytic":
+        raise TvmExtError("--no-measure needs --strategy analytic (the other strategies measure every candidate)")
+
+
+def check_index_range(template: Any) -> None:
+    """Refuse a workload whose buffers TVM's int32 indexing cannot address, with the
+    reason, instead of letting every build fail."""
+    for spec in template.inputs() + template.outputs() + template.scratch():
+        elements = int(np.prod([int(d) for d in spec.shape], dtype=object))
+        if elements > INDEX_LIMIT:
+            shape = "x".join(str(d) for d in spec.shape)
+            raise TvmExtError(f"{template.describe()}: a {shape} tensor has {elements} elements, more than "
+                              f"TVM's int32 indices reach ({INDEX_LIMIT}); use smaller shapes")
+
+
+def check_out_dir(path: str, option: str = "--out") -> None:
+    """A folder the command will write into: it, or its nearest existing parent, must be
+    a writable folder (checked before a search whose result would have nowhere to go)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise TvmExtError(f"{option} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise TvmExtError(f"{option} {path}: {probe} is not writable")
+
+
+def model_module(user: Any, path: str) -> Any:
+    """``get_module()`` of a model file, or the reason it gave no Relax module."""
+    import tvm
+
+    try:
+        mod = user.get_module()
+    except Exception as exc:  # the user's code: any failure is bad input, not our crash
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        raise TvmExtError(f"{path}: get_module() raised {first}") from None
+    if not isinstance(mod, tvm.IRModule):
+        raise TvmExtError(f"{path}: get_module() returned {type(mod).__name__}, expected a Relax IRModule")
+    return mod
