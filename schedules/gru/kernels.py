@@ -134,9 +134,18 @@ def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: 
     return cell
 
 
+def step_k_extent(hidden: int, step_k: int, step_ks: int) -> int:
+    """The extent of the fused step kernel's reduction over k: ``hidden``, or rounded up to a
+    multiple of ``step_k`` when split-K (``step_ks`` > 1) would otherwise split it unevenly
+    (rfactor drops the guard of an uneven split, so the padding is part of the compute)."""
+    if step_ks > 1 and hidden % step_k:
+        return -(-hidden // step_k) * step_k
+    return hidden
+
+
 def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
-              math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0) -> Any:
+              math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0, k_extent: int = 0) -> Any:
     """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
 
     The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
@@ -149,18 +158,25 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
     written would make TVM see a write-after-read hazard it cannot schedule around.
 
-    ``w_tile`` > 0 (it must divide ``hidden``): W_h is read through a copy ``w_tiles``
-    laid out per tile of ``w_tile`` units, (dirs, hidden/w_tile, k, gate, unit), so a
-    block's slice of all three gates is one compact region (in the (k, 3·hidden) layout
-    the gates lie hidden apart) that the schedule stages in shared memory."""
+    ``w_tile`` > 0: W_h is read through a copy ``w_tiles`` laid out per tile of ``w_tile``
+    units, (dirs, ceil(hidden/w_tile), k, gate, unit), so a block's slice of all three gates
+    is one compact region (in the (k, 3·hidden) layout the gates lie hidden apart) that the
+    schedule stages in shared memory; units past ``hidden`` are zeros.
+
+    ``k_extent`` > ``hidden`` (``step_k_extent``): the dot products run over k < k_extent,
+    the state read through ``h_pad`` (zeros past ``hidden``) and W's row index clamped to
+    ``hidden``-1 (real weights times zero: every load stays in bounds), so a split of k
+    into equal slices needs no guard."""
     from tvm.script import tirx as T
 
-    G = 3 * hidden
+    G, K = 3 * hidden, max(k_extent, hidden)
+    padded, last = K > hidden, hidden - 1
+    tiles, tile = (-(-hidden // w_tile), w_tile) if w_tile else (1, 1)
+    staged_w = bool(w_tile)
+    guard_w = padded or (staged_w and hidden % w_tile != 0)
     store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
     cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype)
-    if w_tile:
-        return _step_func_w_tiles(steps, batch, hidden, dirs, layers, gi_dtype, h_dtype, w_dtype, acc_dtype,
-                                  math_dtype, out_dtype, w_tile, cell, store)
+    zero_h, zero_w, zero_acc = (T.cast(0, dtype) for dtype in (h_dtype, w_dtype, acc_dtype))
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
@@ -170,52 +186,45 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                     h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
         T.func_attr({"tirx.noalias": True})
+        w_tiles = T.sblock_alloc_buffer((dirs, tiles, K, 3, tile), w_dtype)
+        h_pad = T.sblock_alloc_buffer((dirs, batch, K), h_dtype)
         acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
         h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
-        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
+        if staged_w:
+            for d, t, k, g, u in T.grid(dirs, tiles, K, 3, tile):
+                with T.sblock("w_stage"):
+                    vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
+                    if guard_w:
+                        w_tiles[vd, vt, vk, vg, vu] = T.if_then_else(
+                            vk < hidden and vt * tile + vu < hidden,
+                            w[vd, T.min(vk, last), vg * hidden + T.min(vt * tile + vu, last)], zero_w)
+                    else:
+                        w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * tile + vu]
+        if padded:
+            for d, b, k in T.grid(dirs, batch, K):
+                with T.sblock("h_pad"):
+                    vd, vb, vk = T.axis.remap("SSS", [d, b, k])
+                    h_pad[vd, vb, vk] = T.if_then_else(vk < hidden, h[step % 2, vd, vb, T.min(vk, last)], zero_h)
+        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, K):
             with T.sblock("gh"):
                 vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
                 with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
-                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
-                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
-                                                             * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
-        cell(gi, h, acc, bias, h_new, step)
-        store(h_new, step, layer, h_out, out, h_n)
-
-    return step_kernel
-
-
-def _step_func_w_tiles(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str,
-                       h_dtype: str, w_dtype: str, acc_dtype: str, math_dtype: str, out_dtype: str, w_tile: int,
-                       cell: Any, store: Any) -> Any:
-    """``step_func`` with W_h read through per-tile copies (see its ``w_tile``)."""
-    from tvm.script import tirx as T
-
-    G, tiles = 3 * hidden, hidden // w_tile
-
-    @T.prim_func(s_tir=True)
-    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
-                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
-                    w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
-                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
-                    out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-                    h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
-        T.func_attr({"tirx.noalias": True})
-        w_tiles = T.sblock_alloc_buffer((dirs, tiles, hidden, 3, w_tile), w_dtype)
-        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
-        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
-        for d, t, k, g, u in T.grid(dirs, tiles, hidden, 3, w_tile):
-            with T.sblock("w_stage"):
-                vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
-                w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * w_tile + vu]
-        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
-            with T.sblock("gh"):
-                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
-                with T.init():
-                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
-                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
-                    h[step % 2, vd, vb, vk].astype(acc_dtype)
-                    * w_tiles[vd, vj // w_tile, vk, vg, vj % w_tile].astype(acc_dtype))
+                    acc[vd, vb, vg, vj] = zero_acc
+                if staged_w and padded:
+                    acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
+                        h_pad[vd, vb, vk].astype(acc_dtype)
+                        * w_tiles[vd, vj // tile, vk, vg, vj % tile].astype(acc_dtype))
+                elif staged_w:
+                    acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
+                        h[step % 2, vd, vb, vk].astype(acc_dtype)
+                        * w_tiles[vd, vj // tile, vk, vg, vj % tile].astype(acc_dtype))
+                elif padded:
+                    acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
+                        h_pad[vd, vb, vk].astype(acc_dtype)
+                        * w[vd, T.min(vk, last), vg * hidden + vj].astype(acc_dtype))
+                else:
+                    acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
+                                                                 * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
         cell(gi, h, acc, bias, h_new, step)
         store(h_new, step, layer, h_out, out, h_n)
 
@@ -343,7 +352,12 @@ def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
         else:
             _, fx = sch.split(fused, [None, c.step_j])
         sch.bind(fx, "threadIdx.x")
-    staged = sch.cache_read(main, "h", "shared", consumer_blocks=[main])
+    padded = [b for b in sch.get_producers(main) if sch.get(b).name_hint == "h_pad"]
+    if padded:  # padded k (``step_k_extent``): the zero-padded state slice is what is staged
+        (staged,) = padded
+        sch.set_scope(staged, 0, "shared")
+    else:
+        staged = sch.cache_read(main, "h", "shared", consumer_blocks=[main])
     sch.compute_at(staged, ko, preserve_unit_loops=True)
     below = 5 if ks == 1 else 6  # d, bo, jo, jt, (kt,) ko
     fused = sch.fuse(*sch.get_loops(staged)[below:])  # the staged rows × k-slice

@@ -81,7 +81,8 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         hoist = ("w_tiles_shared.dyn",) if config.step_w_onchip and mode == step_loop.PERSISTENT else ()
         funcs["gru_steps"] = step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), template.seq,
                                                   mode, state=("h", "h_out"), name="gru_steps",
-                                                  min_blocks_per_sm=per_sm, hoist=hoist)
+                                                  min_blocks_per_sm=per_sm, hoist=hoist,
+                                                  barrier=step_loop.BARRIERS[config.step_barrier])
         modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
         trace["gru_steps"] = trace.pop("gru_step")
         for table in (funcs, modules):

@@ -31,7 +31,7 @@ from tvm_ext.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
-from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
+from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func, step_k_extent
 
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),
@@ -47,6 +47,9 @@ STEP_KNOBS = (
     Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
                                  "loop compiled into TVM's host code (one call per layer); 2 persistent: "
                                  "one launch per layer, a grid barrier between steps (grid <= SM count)"),
+    Knob("step_barrier", (0, 1, 2), "persistent step kernel (step_loop 2): its grid barrier's leader arrives with "
+                                     "an atomic add and polls with 0 atomics, 1 volatile loads, 2 acquire loads "
+                                     "(arriving with a release add; no trailing fence)"),
     Knob("step_w_onchip", (0, 1), "fused step kernel: 1 stages the block's W_hh slice (step_j units x 3 gates "
                                   "x hidden) in shared memory; the persistent kernel loads it once for all "
                                   "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
@@ -310,10 +313,6 @@ class GruTemplate(DtypeFields, Template):
                 return f"step kernel: {c.step_j}x{c.step_ks} threads > device limit {target.max_threads_per_block}"
             if c.step_k % c.step_ks:
                 return "step kernel: step_ks must divide step_k"
-            if c.step_ks > 1 and self.hidden % c.step_k:
-                return "step kernel: split-K (step_ks > 1) needs hidden to be a multiple of step_k"
-            if c.step_w_onchip and self.hidden % c.step_j:
-                return "step kernel: step_w_onchip needs hidden to be a multiple of step_j"
             if c.step_loop and target.kind != "cuda":
                 return "step kernel: step_loop 1 and 2 are CUDA only (OpenCL runs one launch per step)"
             static = self.step_shared_bytes(c.replace(step_w_onchip=0))
@@ -334,7 +333,8 @@ class GruTemplate(DtypeFields, Template):
         """Shared memory of one fused-step block: the staged h slice, split-K partial sums
         and (``step_w_onchip``) the W slice."""
         partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
-        w_slice = c.step_w_onchip * self.hidden * 3 * c.step_j * itemsize(self.w_hh_dtype)
+        k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
+        w_slice = c.step_w_onchip * k_extent * 3 * c.step_j * itemsize(self.w_hh_dtype)
         return itemsize(self.h_dtype) * c.step_b * c.step_k + partials + w_slice
 
     def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
@@ -360,11 +360,50 @@ class GruTemplate(DtypeFields, Template):
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,
-                                  "step_ks": 1, "step_loop": 0, "step_w_onchip": 0}
+                                  "step_ks": 1, "step_loop": 0, "step_barrier": 0, "step_w_onchip": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
         return self.space(target).make(**{k: v for k, v in values.items() if k in names})
+
+    def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
+        """A config for this shape without measuring (``GRU.build`` without a config, and
+        ``tune gru --strategy analytic``), and why.
+
+        On a GPU: the fused step kernel with split-K, the family every tuned H100 shape chose.
+        The rules come from those measurements, the sizes from the hardware model: ``step_ks``
+        8 (4 below hidden 128); the largest ``step_k`` whose padded k extent stays within
+        hidden + 25 %; ``step_j`` 32; the fewest batch rows per block (1, 2, 4, 8) whose grid
+        is resident at <= 2 blocks per SM, run as the persistent kernel (CUDA), else 8 rows with
+        one launch per step.  On a CPU device (PoCL) the patent pipeline, which was the faster
+        family there."""
+        base = self.default_config(target)
+        if target.is_cpu:
+            return base, "CPU device: the patent pipeline (per-step GEMM, then the cell kernel)"
+        hw = HardwareModel.from_target(target)
+        space = self.space(target)
+        ks = 8 if self.hidden >= 128 else 4
+        step_k = next((k for k in (64, 32, 16) if step_k_extent(self.hidden, k, ks) * 4 <= self.hidden * 5), 8)
+        j = 32 if self.hidden > 16 else 16
+        fused = base.replace(fuse_step=1, step_j=j, step_k=step_k, step_ks=ks, step_w_onchip=0)
+        for rows in (1, 2, 4, 8):
+            blocks = -(-self.hidden // j) * -(-self.batch // rows) * self.dirs
+            cfg = fused.replace(step_b=rows, step_loop=2 if target.kind == "cuda" else 0)
+            if target.kind == "cuda":
+                per_sm, reason = self.persistent_residency(cfg, target)
+                fits = reason is None and per_sm <= 2
+            else:
+                fits = blocks <= 2 * hw.sm_count
+            if fits and space.is_feasible(cfg):
+                loop = "a persistent kernel (one launch, a grid barrier per step)" if cfg.step_loop else "one launch per step"
+                return cfg, (f"fused step kernel, split-K: {blocks} blocks of {j} units x {rows} batch rows "
+                             f"({j}x{ks} threads, k slices of {step_k}, k extent "
+                             f"{step_k_extent(self.hidden, step_k, ks)}) on {hw.sm_count} SMs, {loop}")
+        cfg = fused.replace(step_b=8, step_loop=0)
+        if space.is_feasible(cfg):
+            return cfg, (f"fused step kernel, split-K: {j} units x 8 batch rows per block ({j}x{ks} threads, k slices "
+                         f"of {step_k}), one launch per step (no resident persistent grid at <= 2 blocks per SM)")
+        return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
 
     # ---- kernels and plan ------------------------------------------------------------------
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
@@ -384,7 +423,8 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_step"] = schedule_step(
                 step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
                           acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip else 0),
+                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip else 0,
+                          k_extent=step_k_extent(h, config.step_k, config.step_ks)),
                 config, target.kind)
         else:
             funcs["gru_gemm_h"] = self.hidden_gemm().schedule(gemms["hid_"], target)

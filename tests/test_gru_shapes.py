@@ -1,0 +1,233 @@
+"""GRU configs at any hidden size and the persistent kernel's grid barriers.
+
+- Split-K and the on-chip W_hh slice on hidden sizes their tiles do not divide (the
+  reduction is padded to a multiple of ``step_k``): real OpenCL runs on PoCL against the
+  float64 reference (and ``torch.nn.GRU`` where torch is installed).
+- The analytic pick ``GRU.build`` uses without a config.
+- The grid barrier kinds (``step_barrier``): generated CUDA and, where nvcc is installed,
+  the PTX of the spin loop.
+- ``-m gpu``: all of it on the GPU against float64, and a grid that cannot be resident
+  gives the barrier's error, not a hang.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+from test_gru import Shape, _close, _inputs, _weights
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.gru import BARRIER_TIMEOUT, GRU, GruTemplate, gru_reference
+from tvm_ext.schedules.gru.kernels import step_k_extent
+from tvm_ext.step_loop import BARRIERS
+from tvm_ext.target import offline_cuda
+
+ODD = {
+    "h33-3layer-bi": Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+    "h200": Shape(seq=5, batch=5, input=40, hidden=200),
+    "h1000": Shape(seq=3, batch=2, input=16, hidden=1000),
+}
+# config families whose tiles do not divide these hidden sizes
+FAMILIES = {
+    "split-k": dict(fuse_step=1, step_j=32, step_b=2, step_k=64, step_ks=8),
+    "split-k-w-onchip": dict(fuse_step=1, step_j=8, step_b=4, step_k=16, step_ks=4, step_w_onchip=1),
+}
+
+
+def _build(target, s: Shape, config) -> GRU:
+    return GRU.build(target, s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
+                     batch=s.batch, seq=s.seq, config=config).load_numpy(_weights(s))
+
+
+def _check(gru: GRU, s: Shape, runs: int = 1) -> None:
+    x, h0 = _inputs(s)
+    ref_out, ref_h = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
+    for _ in range(runs):
+        out, h_n = gru(x, h0)
+        _close(out, ref_out)
+        _close(h_n, ref_h)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("key", list(ODD))
+def test_odd_hidden_sizes_match_the_reference(opencl, key, family):
+    """The k split and the W slice are padded (zeros in h, clamped W rows), so configs the
+    tuned shapes use are feasible at hidden 33, 200 and 1000 and give the reference."""
+    s, knobs = ODD[key], FAMILIES[family]
+    assert s.hidden % knobs["step_k"] and step_k_extent(s.hidden, knobs["step_k"], knobs["step_ks"]) > s.hidden
+    gru = _build(opencl, s, knobs)
+    assert gru.config.step_ks == knobs["step_ks"]  # split-K as asked, not a fallback
+    _check(gru, s)
+
+
+def test_odd_hidden_sizes_match_torch(opencl):
+    torch = pytest.importorskip("torch")
+    s = ODD["h33-3layer-bi"]
+    torch.manual_seed(0)
+    net = torch.nn.GRU(s.input, s.hidden, num_layers=s.layers, bidirectional=True)
+    gru = _build(opencl, s, FAMILIES["split-k"]).load_state_dict(net.state_dict())
+    x, h0 = _inputs(s)
+    with torch.no_grad():
+        ref_out, ref_h = net(torch.from_numpy(x), torch.from_numpy(h0))
+    out, h_n = gru(x, h0)
+    _close(out, ref_out.numpy())
+    _close(h_n, ref_h.numpy())
+
+
+def test_padded_split_is_only_where_needed():
+    """A split that divides hidden is not padded (its kernel is what it always was); the
+    shared-memory need of a padded W slice counts the padded k extent."""
+    assert step_k_extent(512, 64, 8) == 512 and step_k_extent(200, 64, 1) == 200  # no split-K: guards
+    assert step_k_extent(200, 64, 8) == 256 and step_k_extent(33, 16, 4) == 48
+    t = GruTemplate(batch=2, hidden=200, input=8, seq=3)
+    target = offline_cuda()
+    cfg = t.default_config(target).replace(fuse_step=1, step_j=16, step_b=2, step_k=64, step_ks=8, step_w_onchip=1)
+    assert t.step_shared_bytes(cfg) == 4 * (2 * 64 + 8 * 2 * 3 * 16 + 256 * 3 * 16)
+    source = t.compile(cfg, target).source
+    assert "h_pad_shared" in source  # the zero-padded state slice is what is staged
+    plain = t.compile(cfg.replace(step_k=8), target).source  # 200 % 8 == 0
+    assert "h_pad" not in plain
+
+
+@pytest.mark.parametrize("shape", [(1, 256, False), (8, 512, False), (64, 1024, False), (8, 512, True),
+                                   (5, 200, False), (3, 33, True), (4, 1000, False)])
+def test_analytic_pick_is_a_fused_split_k_config(shape):
+    """On a GPU the pick is the fused step kernel with split-K, feasible, and persistent where
+    its grid is resident at <= 2 blocks per SM (one row per block where that fits)."""
+    batch, hidden, bidirectional = shape
+    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=5, bidirectional=bidirectional)
+    target = offline_cuda()
+    cfg, why = t.analytic_pick(target)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    assert cfg.fuse_step == 1 and cfg.step_ks > 1 and cfg.step_loop == 2 and "persistent" in why
+    assert step_k_extent(hidden, cfg.step_k, cfg.step_ks) * 4 <= hidden * 5  # padding within 25 %
+    per_sm, reason = t.persistent_residency(cfg, target)
+    assert reason is None and per_sm <= 2
+    assert cfg.step_b == (1 if batch <= 8 else 8)
+    wide = GruTemplate(batch=512, hidden=1024, input=16, seq=5)  # no resident grid: one launch per step
+    cfg, why = wide.analytic_pick(target)
+    assert cfg.fuse_step == 1 and cfg.step_loop == 0 and cfg.step_b == 8 and "per step" in why
+
+
+def test_build_without_a_config_uses_the_pick(opencl):
+    """``GRU.build`` without a config: the pick (CPU devices: the patent pipeline, faster on
+    PoCL); on a GPU-like OpenCL device the fused split-K kernel, run here on PoCL."""
+    s = ODD["h200"]
+    cpu = GRU.build(opencl, s.input, s.hidden, batch=s.batch, seq=s.seq)
+    assert cpu.config == GruTemplate(s.batch, s.hidden, s.input, s.seq).default_config(opencl)
+    gpu_like = dataclasses.replace(opencl, is_cpu=False)
+    gru = _build(gpu_like, s, None)
+    assert gru.config.fuse_step == 1 and gru.config.step_ks == 8 and gru.config.step_loop == 0
+    assert gru.config == gru.template.analytic_pick(gpu_like)[0]
+    _check(gru, s)
+
+
+def _persistent(template: GruTemplate, barrier: int):
+    target = offline_cuda()
+    cfg = template.default_config(target).replace(fuse_step=1, step_j=32, step_b=1, step_k=64, step_ks=8,
+                                                  step_loop=2, step_barrier=barrier)
+    return template.compile(cfg, target)
+
+
+@pytest.mark.parametrize("barrier", range(len(BARRIERS)))
+def test_barrier_kinds_in_generated_cuda(barrier):
+    """Each kind polls with its own access inside the spin loop (atomics, a volatile load, an
+    acquire load: never a plain load the compiler could hoist); the acquire kind arrives with
+    a release add and has no trailing fence."""
+    source = _persistent(GruTemplate(batch=8, hidden=512, input=16, seq=3), barrier).source
+    spin = source[source.index("while (1) {"):]
+    spin = spin[:spin.index("}")]
+    poll = {"atomic": "atomicAdd((&(bar_ptr[0])), 0)", "volatile": "*(volatile int*)((&(bar_ptr[0])))",
+            "acquire": "__nv_atomic_load_n((&(bar_ptr[0])), 2, 3)"}[BARRIERS[barrier]]
+    assert poll in spin
+    kernel = source[re.search(r"gru_steps_kernel\([^)]*\) \{", source).end():]
+    fences = kernel.count("__threadfence()")
+    assert fences == (0 if BARRIERS[barrier] == "acquire" else 2)
+    assert ("__nv_atomic_fetch_add((&(bar_ptr[0])), 1, 3, 3)" in kernel) == (BARRIERS[barrier] == "acquire")
+
+
+def _spin_loop_polls(ptx: str, instruction: str) -> bool:
+    """Whether ``instruction`` is inside a loop of the PTX: a later branch jumps back to a
+    label defined before it."""
+    lines = ptx.splitlines()
+    at = next(i for i, line in enumerate(lines) if instruction in line)
+    labels = {line.strip().rstrip(":"): i for i, line in enumerate(lines) if re.match(r"^\$L__\w+:", line.strip())}
+    for line in lines[at:]:
+        jump = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+        if jump and labels.get(jump.group(1), len(lines)) < at:
+            return True
+    return False
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("barrier", range(len(BARRIERS)))
+def test_barrier_poll_stays_in_the_spin_loop(barrier):
+    """nvcc's PTX: the poll is re-executed every iteration (a hoisted load would leave the
+    loop spinning on a register)."""
+    import tvm
+    from tvm.support import nvcc
+
+    compiled = _persistent(GruTemplate(batch=8, hidden=512, input=16, seq=3), barrier)
+    with tvm.target.Target(offline_cuda().tvm_target()):
+        ptx = nvcc.compile_cuda(compiled.source, target_format="ptx", compiler="nvcc")
+    text = bytes(ptx).decode() if isinstance(ptx, (bytes, bytearray)) else str(ptx)
+    text = text[text.index(".entry gru_steps_kernel"):]
+    instruction = {"atomic": "atom.global.add", "volatile": "ld.volatile.global",
+                   "acquire": "ld.acquire.gpu"}[BARRIERS[barrier]]
+    arrive = "atom.add.release.gpu" if BARRIERS[barrier] == "acquire" else "atom.global.add"
+    assert arrive in text
+    polls = [line for line in text.splitlines() if instruction in line]
+    assert polls and _spin_loop_polls(text, polls[-1].strip())
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("barrier", range(len(BARRIERS)))
+@pytest.mark.parametrize("key", ["h33-3layer-bi", "h200", "h1000"])
+def test_cuda_odd_hidden_persistent_barriers(key, barrier):
+    """Padded split-K in the persistent kernel with each barrier kind: the reference answer
+    on reruns (a race would move the error), the barrier never timed out."""
+    s = ODD[key]
+    knobs = {**FAMILIES["split-k"], "step_loop": 2, "step_barrier": barrier}
+    _check(_build("cuda", s, knobs), s, runs=3)
+    onchip = {**FAMILIES["split-k-w-onchip"], "step_loop": 2, "step_barrier": barrier}
+    _check(_build("cuda", s, onchip), s, runs=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(ODD))
+def test_cuda_build_without_a_config(key):
+    s = ODD[key]
+    gru = _build("cuda", s, None)
+    assert gru.config == gru.template.analytic_pick(gru.target)[0] and gru.config.fuse_step == 1
+    _check(gru, s, runs=2)
+
+
+@pytest.mark.gpu
+def test_cuda_grid_that_cannot_be_resident_is_an_error_not_a_hang(tmp_path):
+    """A target claiming 4096 SMs lets a grid of 1120 blocks of 256 threads through the
+    residency check; the H100 holds at most 8 such blocks on each of its SMs, so blocks wait
+    at a barrier for blocks that never start: the barrier times out, the layer raises its
+    error and the runner records it (within seconds: the spin limit bounds every wait)."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.runner import MeasureSettings, _measure_in_worker
+    from tvm_ext.target import resolve_target
+
+    real = resolve_target("cuda")
+    fake = dataclasses.replace(real, compute_units=4096)
+    s = Shape(seq=2, batch=35, input=16, hidden=1024)  # 32 x 35 = 1120 blocks > 132 x 8
+    knobs = dict(fuse_step=1, step_j=32, step_b=1, step_k=64, step_ks=8, step_loop=2, step_barrier=2)
+    gru = _build(fake, s, knobs)
+    start = time.perf_counter()
+    with pytest.raises(TvmExtError, match="grid barrier timed out"):
+        gru(*_inputs(s))
+    assert time.perf_counter() - start < 120
+    t = gru.template
+    build = build_one(t, gru.config, fake, str(tmp_path))
+    assert build.ok, build.error_msg
+    result = _measure_in_worker(build.artifact, t, fake, MeasureSettings(warmup=1, repeat=1, min_repeat_secs=0.0))
+    assert result.error_kind == "runtime_error" and result.error_msg == BARRIER_TIMEOUT
