@@ -50,23 +50,42 @@ class Case:
 
 
 def _fused(j: int, b: int, k: int, ks: int, loop: int = 2, barrier: int = 0, **more: int) -> dict[str, int]:
-    return dict(fuse_step=1, step_j=j, step_b=b, step_k=k, step_ks=ks, step_loop=loop, step_barrier=barrier, **more)
+    return dict(fuse_step=1, step_j=j, step_b=b, step_k=k, step_ks=ks, step_loop=loop, step_barrier=barrier,
+                **{f"step_{name}": value for name, value in more.items()})
 
 
 def _barriers(**tile: int) -> tuple[dict[str, int], ...]:
     return tuple(_fused(**tile, barrier=kind) for kind in (0, 1, 2))
 
 
+def _new(j: int, b: int, k: int, ks: int, **more: int) -> dict[str, int]:
+    """A persistent tile with the acquire barrier and gi/b_h prefetched a step ahead."""
+    return _fused(j, b, k, ks, barrier=2, prefetch=1, **more)
+
+
 CASES = (
-    Case("B1 H256", 1, 256, configs=(*_barriers(j=32, b=1, k=64, ks=4), (PICK, 0), (PICK, 2))),
-    Case("B8 H512", 8, 512, configs=(*_barriers(j=32, b=1, k=64, ks=8), (PICK, 2))),
-    Case("B64 H1024", 64, 1024, configs=(*_barriers(j=32, b=8, k=32, ks=4), _fused(32, 8, 64, 8, loop=0),
-                                         (PICK, 2))),
-    Case("B8 H512 bidirectional", 8, 512, bidirectional=True,
-         configs=(*_barriers(j=16, b=2, k=64, ks=8), _fused(32, 1, 64, 8, barrier=2), (PICK, 2))),
-    Case("B5 H200 T129", 5, 200, seq=129, configs=({}, _fused(32, 1, 8, 8, barrier=2), (PICK, 0), (PICK, 2))),
+    Case("B1 H256", 1, 256, configs=(
+        _fused(32, 1, 64, 4, barrier=2), _fused(32, 1, 64, 8, barrier=2, prefetch=1),
+        _new(32, 1, 64, 8, w_onchip=2), _new(16, 1, 64, 8, w_onchip=2), _new(8, 1, 32, 16, w_onchip=2),
+        _new(32, 1, 64, 8, w_onchip=1), (PICK, 2))),
+    Case("B8 H512", 8, 512, configs=(
+        _fused(32, 1, 64, 8, barrier=2), _fused(32, 1, 64, 8, barrier=2, prefetch=1),
+        _new(32, 1, 64, 8, w_onchip=2), _new(16, 2, 64, 16, w_onchip=2), _new(16, 8, 64, 16, w_onchip=2),
+        _new(8, 8, 64, 16, w_onchip=2), (PICK, 2))),
+    Case("B64 H1024", 64, 1024, configs=(
+        _fused(32, 8, 32, 4, barrier=2), _fused(32, 8, 32, 4, barrier=2, prefetch=1),
+        _new(8, 8, 64, 4, bt=8, w_onchip=1, pipeline=1), _new(8, 8, 64, 4, bt=8, w_onchip=1),
+        _new(8, 8, 32, 4, bt=8, w_onchip=1, pipeline=1), _new(8, 4, 64, 2, bt=16, w_onchip=1, pipeline=1),
+        (PICK, 2))),
+    Case("B8 H512 bidirectional", 8, 512, bidirectional=True, configs=(
+        _fused(16, 2, 64, 8, barrier=2), _fused(16, 2, 64, 8, barrier=2, prefetch=1),
+        _new(16, 8, 64, 16, w_onchip=2), _new(8, 8, 64, 16, w_onchip=2), _new(16, 4, 64, 16, w_onchip=2),
+        (PICK, 2))),
+    Case("B5 H200 T129", 5, 200, seq=129, configs=(
+        {}, _fused(32, 1, 32, 8, barrier=2), _new(32, 1, 32, 8, w_onchip=2), _new(8, 8, 32, 16, w_onchip=2),
+        _new(16, 1, 32, 16, w_onchip=2), (PICK, 2))),
     Case("B3 H33 T7 3 layers bidirectional", 3, 33, seq=7, layers=3, bidirectional=True,
-         configs=({}, (PICK, 0), (PICK, 2))),
+         configs=({}, (PICK, 2), _new(16, 1, 16, 4, w_onchip=2), _new(16, 4, 16, 4, w_onchip=2))),
 )
 
 
@@ -175,6 +194,7 @@ def run_case(case: Case, args: argparse.Namespace, target: Any, log: Any) -> lis
             else:
                 row["ours_s"] = time_runs(rotated_runs(gru, xs), args.rotate, args.reps)
                 gru(xs[0])  # the barrier flag is checked per call: a timed-out run raises here
+                row["stage_s"] = gru.executor.stage_secs()  # input GEMM vs the step kernel (run alone)
         except Exception as exc:  # one failing config is a row, not the end of the run
             row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
         log.write(json.dumps(row) + "\n")

@@ -29,12 +29,18 @@ from tvm_ext.target import offline_cuda
 ODD = {
     "h33-3layer-bi": Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
     "h200": Shape(seq=5, batch=5, input=40, hidden=200),
-    "h1000": Shape(seq=3, batch=2, input=16, hidden=1000),
+    "h1000": Shape(seq=3, batch=3, input=16, hidden=1000),
 }
 # config families whose tiles do not divide these hidden sizes
 FAMILIES = {
     "split-k": dict(fuse_step=1, step_j=32, step_b=2, step_k=64, step_ks=8),
     "split-k-w-onchip": dict(fuse_step=1, step_j=8, step_b=4, step_k=16, step_ks=4, step_w_onchip=1),
+    # W_hh in registers, gi and b_h loaded before the dot products
+    "w-registers-prefetch": dict(fuse_step=1, step_j=16, step_b=2, step_k=32, step_ks=16, step_w_onchip=2,
+                                 step_prefetch=1),
+    # threads along the batch rows sharing the W slice in shared memory, the h slice double-buffered
+    "row-threads-pipeline": dict(fuse_step=1, step_j=8, step_b=2, step_bt=2, step_k=16, step_ks=4,
+                                 step_w_onchip=1, step_pipeline=1, step_prefetch=1),
 }
 
 
@@ -87,9 +93,9 @@ def test_padded_split_is_only_where_needed():
     target = offline_cuda()
     cfg = t.default_config(target).replace(fuse_step=1, step_j=16, step_b=2, step_k=64, step_ks=8, step_w_onchip=1)
     assert t.step_shared_bytes(cfg) == 4 * (2 * 64 + 8 * 2 * 3 * 16 + 256 * 3 * 16)
-    source = t.compile(cfg, target).source
+    source = t.compile(cfg.replace(step_w_onchip=0), target).source
     assert "h_pad_shared" in source  # the zero-padded state slice is what is staged
-    plain = t.compile(cfg.replace(step_k=8), target).source  # 200 % 8 == 0
+    plain = t.compile(cfg.replace(step_k=8, step_w_onchip=0), target).source  # 200 % 8 == 0
     assert "h_pad" not in plain
 
 
@@ -184,6 +190,62 @@ def test_barrier_poll_stays_in_the_spin_loop(barrier):
     assert polls and _spin_loop_polls(text, polls[-1].strip())
 
 
+def _kernel_source(template: GruTemplate, **knobs: int) -> tuple[str, object]:
+    target = offline_cuda()
+    compiled = template.compile(template.default_config(target).replace(fuse_step=1, **knobs), target)
+    source = compiled.source
+    body = source[re.search(r"gru_steps_kernel\([^)]*\) \{", source).end():]
+    return body[:body.index("\n}\n")], compiled
+
+
+def test_w_registers_and_prefetch_in_generated_cuda():
+    """W_hh in registers and b_h are loaded once before the step loop; the next step's gi is
+    loaded after this step's work, before the barrier; the per-step form loads them per call."""
+    t = GruTemplate(batch=1, hidden=256, input=16, seq=5)
+    knobs = dict(step_j=32, step_b=1, step_k=64, step_ks=8, step_w_onchip=2, step_prefetch=1, step_barrier=2)
+    kernel, _ = _kernel_source(t, step_loop=2, **knobs)
+    loop = kernel.index("for (int s = 0; s < 5; ++s)")
+    assert kernel.index("w_regs_local_ptr[95] = ") < loop  # 3 gates x 256/8 k: one thread's share
+    assert kernel.index("bias_pre_local_ptr[2] = ") < loop and kernel.index("gi_pre_local_ptr[2] = ") < loop
+    ahead = kernel.index("if (s < 4) {", loop)
+    assert kernel.index("gi_pre_local_ptr[0] = ", ahead) < kernel.index("__nv_atomic_fetch_add", ahead)
+    assert "w_regs_local_ptr[" not in kernel[loop:].split("=")[0]  # never refilled in the loop
+    assert kernel[loop:].count("w_regs_local_ptr[0] =") == 0
+
+
+def test_row_threads_and_pipeline_in_generated_cuda():
+    """Row threads (threadIdx.z) share a W slice in dynamic shared memory, and the pipelined h
+    slice is filled with cp.async (all shared memory dynamic: one launch-time size)."""
+    t = GruTemplate(batch=64, hidden=1024, input=16, seq=3)
+    knobs = dict(step_j=8, step_b=8, step_bt=8, step_k=64, step_ks=4, step_w_onchip=1, step_pipeline=1,
+                 step_prefetch=1, step_loop=2, step_barrier=2)
+    kernel, compiled = _kernel_source(t, **knobs)
+    assert "threadIdx.z" in kernel and "cp_async" in kernel
+    assert "extern __shared__" in kernel and "__shared__ alignas" not in kernel  # no static arrays
+    (launch,), _ = compiled.launches["gru_steps"]
+    assert launch.block == (8, 4, 8)
+    cfg = t.default_config(offline_cuda()).replace(fuse_step=1, **knobs)
+    assert launch.dyn_shared_bytes == t.step_shared_bytes(cfg) == 4 * (1024 * 3 * 8 + 2 * 64 * 64 + 4 * 64 * 3 * 8)
+
+
+def test_new_step_knobs_are_refused_with_their_reasons():
+    t = GruTemplate(batch=8, hidden=512, input=16, seq=3)
+    target = offline_cuda()
+    space = t.space(target)
+    base = t.default_config(target).replace(fuse_step=1, step_j=32, step_b=1, step_k=64, step_ks=8, step_loop=2)
+    assert space.is_feasible(base.replace(step_w_onchip=2))  # 192 registers of W per thread, 1 block per SM
+    assert "needs split-K" in space.infeasible_reason(base.replace(step_w_onchip=2, step_ks=1, step_k=32))
+    assert "W_hh in registers needs 384" in space.infeasible_reason(base.replace(step_w_onchip=2, step_ks=4))
+    two_per_sm = GruTemplate(batch=8, hidden=512, input=16, seq=3, bidirectional=True)  # 256 blocks
+    assert "> 128" in two_per_sm.space(target).infeasible_reason(base.replace(step_w_onchip=2))
+    assert "rows per block for batch 8 (half of them idle)" in space.infeasible_reason(
+        base.replace(step_b=4, step_bt=4))
+    wide = GruTemplate(batch=64, hidden=1024, input=16, seq=3)  # static: 2 x 64 x 64 h + partials > 48 KiB
+    pipelined = base.replace(step_j=8, step_b=8, step_bt=8, step_ks=4, step_pipeline=1, step_loop=0)
+    assert "exceed shared memory" in wide.space(target).infeasible_reason(pipelined)
+    assert wide.space(target).is_feasible(pipelined.replace(step_w_onchip=1))  # all dynamic with the W slice
+
+
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("barrier", range(len(BARRIERS)))
@@ -192,10 +254,17 @@ def test_cuda_odd_hidden_persistent_barriers(key, barrier):
     """Padded split-K in the persistent kernel with each barrier kind: the reference answer
     on reruns (a race would move the error), the barrier never timed out."""
     s = ODD[key]
-    knobs = {**FAMILIES["split-k"], "step_loop": 2, "step_barrier": barrier}
-    _check(_build("cuda", s, knobs), s, runs=3)
-    onchip = {**FAMILIES["split-k-w-onchip"], "step_loop": 2, "step_barrier": barrier}
-    _check(_build("cuda", s, onchip), s, runs=3)
+    _check(_build("cuda", s, {**FAMILIES["split-k"], "step_loop": 2, "step_barrier": barrier}), s, runs=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "split-k"])
+@pytest.mark.parametrize("key", list(ODD))
+def test_cuda_odd_hidden_persistent_families(key, family):
+    """W on chip (shared memory, registers), gi/b_h prefetched a step ahead, row threads and
+    the pipelined h slice in the persistent kernel: the reference answer on reruns."""
+    s = ODD[key]
+    _check(_build("cuda", s, {**FAMILIES[family], "step_loop": 2, "step_barrier": 2}), s, runs=3)
 
 
 @pytest.mark.gpu

@@ -150,32 +150,53 @@ def _stored_buffers(stmt: Any) -> set[str]:
     return names
 
 
-def _hoist(body: Any, hoist: tuple[str, ...], index: Any) -> tuple[list[Any], Any]:
-    """Split a kernel body into what runs once before the step loop (the allocations and the
-    top-level statements that store only to ``hoist`` buffers) and the per-step rest."""
+def _loaded_buffers(stmt: Any) -> set[str]:
+    """Names of the buffers a lowered statement loads from."""
+    import tvm
+    import tvm_ffi
+
+    names: set[str] = set()  # a buffer load is an ``ir.TensorLoad`` whose source is the buffer
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.TensorLoad, lambda node: names.add(node.source.name))])
+    return names
+
+
+def _split_body(body: Any, hoist: tuple[str, ...], early: tuple[str, ...],
+                step: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """Split a kernel body (its ``step`` not yet bound) into what runs once before the step
+    loop (the allocations and the top-level statements that store only to ``hoist``
+    buffers), the top-level fills of ``early`` buffers (issued a step ahead) and the rest."""
     from tvm import tirx
 
     stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
-    before, rest, found = [], [], set()
+    before, fills, rest, found = [], [], [], set()
     for stmt in stmts:
         stored = _stored_buffers(stmt)
         if isinstance(stmt, tirx.AllocBuffer):
             before.append(stmt)
         elif stored and stored <= set(hoist):
-            if any(v.same_as(index) for v in tirx.analysis.undefined_vars(stmt, [])):
+            if any(v.same_as(step) for v in tirx.analysis.undefined_vars(stmt, [])):
                 raise ValueError(f"the fill of {sorted(stored)} depends on the step: it cannot run once")
             before.append(stmt)
             found |= stored
+        elif stored and stored <= set(early):
+            fills.append(stmt)
+            found |= stored
         else:
             rest.append(stmt)
-    if found != set(hoist):
-        raise ValueError(f"no top-level fill of {sorted(set(hoist) - found)} to run before the step loop")
-    return before, (rest[0] if len(rest) == 1 else tirx.SeqStmt(rest))
+    missing = (set(hoist) | set(early)) - found
+    if missing:
+        raise ValueError(f"no top-level fill of {sorted(missing)} to move out of the step")
+    written = set().union(*map(_stored_buffers, rest)) if rest else set()
+    clash = set().union(*map(_loaded_buffers, fills)) & written if fills else set()
+    if clash or written & set(early):
+        raise ValueError(f"the fills of {sorted(early)} cannot run a step ahead: the step writes "
+                         f"{sorted(clash | (written & set(early)))}")
+    return before, fills, rest
 
 
 def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tuple[str, str] | None = None,
                name: str = "", min_blocks_per_sm: int = 1, hoist: tuple[str, ...] = (),
-               barrier: str = BARRIER_ATOMIC) -> Any:
+               barrier: str = BARRIER_ATOMIC, early: tuple[str, ...] = ()) -> Any:
     """``func`` (from ``lower_to_loops``) with its ``step`` parameter replaced by a loop
     over ``steps`` (see the module docstring).  Parameters keep their order without
     ``step``; ``PERSISTENT`` appends ``bar`` (int32, BARRIER_WORDS).
@@ -194,7 +215,12 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
     top-level fill statements run once before the step loop instead of every step; the
     caller guarantees they are filled only from data no step changes.
 
-    ``barrier`` (``PERSISTENT``): the grid barrier's kind (``BARRIERS``)."""
+    ``barrier`` (``PERSISTENT``): the grid barrier's kind (``BARRIERS``).
+
+    ``early`` (``PERSISTENT``): buffers (e.g. registers holding a step's inputs) whose
+    top-level fills run a step ahead: step s+1's fill is issued after step s's work and
+    before its barrier (step 0's before the loop), so the loads overlap the wait.  The caller
+    guarantees the fills read only data no step changes (checked: nothing the step writes)."""
     import tvm
     from tvm import tirx
 
@@ -228,9 +254,21 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
                 leader = tirx.And(leader, attr.node.var == 0)
         sync = _barrier_template(barrier)
         arrive = sync.specialize({sync.params[1]: (index + 1) * blocks, sync.params[2]: leader})
-        one_step = tirx.PrimFunc(func.params, inner).specialize(values).body
-        before, one_step = _hoist(one_step, hoist, index) if hoist else ([], one_step)
-        body = tvm.tirx.SeqStmt([one_step, arrive.body])
+
+        def at(stmts: list[Any], step_value: Any) -> Any:  # the statements with ``step`` bound
+            seq = stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+            return tirx.PrimFunc(func.params, seq).specialize({**values, params[step]: step_value}).body
+
+        if hoist or early:
+            before, fills, rest = _split_body(inner, hoist, early, params[step])
+            before = [at([stmt], index) for stmt in before]
+        else:
+            before, fills, rest = [], [], [inner]
+        body_stmts = [at(rest, index)]
+        if fills:  # the next step's fills, issued before the barrier so their loads overlap it
+            before.append(at(fills, tirx.const(0, "int32")))
+            body_stmts.append(tirx.IfThenElse(index + 1 < steps, at(fills, index + 1), None))
+        body = tvm.tirx.SeqStmt(body_stmts + [arrive.body])
         new_params = kept + [sync.params[0]]
     loop = tirx.For(index, tirx.const(0, "int32"), tirx.const(steps, "int32"), tirx.ForKind.SERIAL, body)
     if mode == PERSISTENT:
