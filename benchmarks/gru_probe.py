@@ -35,7 +35,7 @@ from common import table  # noqa: E402
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
-PICK = "pick"  # the analytic pick (GRU.build without a config), with the step_barrier given
+PICK = "pick"  # the analytic pick (GRU.build without a config), with some knobs overridden
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Case:
     seq: int = 128
     layers: int = 1
     bidirectional: bool = False
-    configs: tuple[Any, ...] = field(default=())  # knob dicts over the default config, or (PICK, barrier)
+    configs: tuple[Any, ...] = field(default=())  # knob dicts over the default config, or (PICK, overrides)
 
 
 def _fused(j: int, b: int, k: int, ks: int, loop: int = 2, barrier: int = 0, **more: int) -> dict[str, int]:
@@ -54,38 +54,31 @@ def _fused(j: int, b: int, k: int, ks: int, loop: int = 2, barrier: int = 0, **m
                 **{f"step_{name}": value for name, value in more.items()})
 
 
-def _barriers(**tile: int) -> tuple[dict[str, int], ...]:
-    return tuple(_fused(**tile, barrier=kind) for kind in (0, 1, 2))
-
-
 def _new(j: int, b: int, k: int, ks: int, **more: int) -> dict[str, int]:
     """A persistent tile with the acquire barrier and gi/b_h prefetched a step ahead."""
     return _fused(j, b, k, ks, barrier=2, prefetch=1, **more)
 
 
+def _pick(**overrides: int) -> tuple[str, dict[str, int]]:
+    return (PICK, overrides)
+
+
+# Per case: the best config before the barrier, prefetch, W-in-registers and row-thread knobs
+# (RESULTS.md, 2026-11-22; the patent default where no fused config was feasible), the
+# analytic pick, and variants that show where the pick's gain comes from.
 CASES = (
-    Case("B1 H256", 1, 256, configs=(
-        _fused(32, 1, 64, 4, barrier=2), _fused(32, 1, 64, 8, barrier=2, prefetch=1),
-        _new(32, 1, 64, 8, w_onchip=2), _new(16, 1, 64, 8, w_onchip=2), _new(8, 1, 32, 16, w_onchip=2),
-        _new(32, 1, 64, 8, w_onchip=1), (PICK, 2))),
-    Case("B8 H512", 8, 512, configs=(
-        _fused(32, 1, 64, 8, barrier=2), _fused(32, 1, 64, 8, barrier=2, prefetch=1),
-        _new(32, 1, 64, 8, w_onchip=2), _new(16, 2, 64, 16, w_onchip=2), _new(16, 8, 64, 16, w_onchip=2),
-        _new(8, 8, 64, 16, w_onchip=2), (PICK, 2))),
+    Case("B1 H256", 1, 256, configs=(_fused(32, 1, 64, 4), _pick(), _pick(step_barrier=0, step_prefetch=0))),
+    Case("B8 H512", 8, 512, configs=(_fused(32, 1, 64, 8), _pick(), _pick(step_barrier=0, step_prefetch=0))),
     Case("B64 H1024", 64, 1024, configs=(
-        _fused(32, 8, 32, 4, barrier=2), _fused(32, 8, 32, 4, barrier=2, prefetch=1),
-        _new(8, 8, 64, 4, bt=8, w_onchip=1, pipeline=1), _new(8, 8, 64, 4, bt=8, w_onchip=1),
-        _new(8, 8, 32, 4, bt=8, w_onchip=1, pipeline=1), _new(8, 4, 64, 2, bt=16, w_onchip=1, pipeline=1),
-        (PICK, 2))),
-    Case("B8 H512 bidirectional", 8, 512, bidirectional=True, configs=(
-        _fused(16, 2, 64, 8, barrier=2), _fused(16, 2, 64, 8, barrier=2, prefetch=1),
-        _new(16, 8, 64, 16, w_onchip=2), _new(8, 8, 64, 16, w_onchip=2), _new(16, 4, 64, 16, w_onchip=2),
-        (PICK, 2))),
-    Case("B5 H200 T129", 5, 200, seq=129, configs=(
-        {}, _fused(32, 1, 32, 8, barrier=2), _new(32, 1, 32, 8, w_onchip=2), _new(8, 8, 32, 16, w_onchip=2),
-        _new(16, 1, 32, 16, w_onchip=2), (PICK, 2))),
+        _fused(32, 8, 32, 4), _pick(),
+        _pick(in_wg_x=16, in_wg_y=16, in_task_x=4, in_task_y=4, in_k_step=8, in_pad=0, in_unroll=64, in_vec=1,
+              in_double_buffer=0, in_a_transposed=0),  # the pick with the default input GEMM tile
+        _pick(step_pipeline=0))),
+    Case("B8 H512 bidirectional", 8, 512, bidirectional=True,
+         configs=(_fused(16, 2, 64, 8), _pick(), _pick(step_barrier=0, step_prefetch=0))),
+    Case("B5 H200 T129", 5, 200, seq=129, configs=({}, _pick(), _pick(step_w_onchip=0))),
     Case("B3 H33 T7 3 layers bidirectional", 3, 33, seq=7, layers=3, bidirectional=True,
-         configs=({}, (PICK, 2), _new(16, 1, 16, 4, w_onchip=2), _new(16, 4, 16, 4, w_onchip=2))),
+         configs=({}, _pick(), _new(16, 1, 16, 4, w_onchip=2))),
 )
 
 
@@ -174,8 +167,10 @@ def run_case(case: Case, args: argparse.Namespace, target: Any, log: Any) -> lis
             template = GruTemplate(batch=case.batch, hidden=case.hidden, input=case.hidden, seq=case.seq,
                                    layers=case.layers, bidirectional=case.bidirectional)
             if isinstance(entry, tuple):
-                config = template.analytic_pick(target)[0].replace(step_barrier=entry[1])
-                row["label"] = f"pick barrier={entry[1]}"
+                config = template.analytic_pick(target)[0].replace(**entry[1])
+                row["label"] = "pick" + "".join(f" {k.replace('step_', '')}={v}" for k, v in entry[1].items()
+                                                if not k.startswith("in_")) + (" default input GEMM tile" if any(
+                                                    k.startswith("in_") for k in entry[1]) else "")
             else:
                 config = template.default_config(target).replace(**entry)
                 row["label"] = ("default" if not entry else

@@ -101,20 +101,32 @@ def test_padded_split_is_only_where_needed():
 
 @pytest.mark.parametrize("shape", [(1, 256, False), (8, 512, False), (64, 1024, False), (8, 512, True),
                                    (5, 200, False), (3, 33, True), (4, 1000, False)])
-def test_analytic_pick_is_a_fused_split_k_config(shape):
-    """On a GPU the pick is the fused step kernel with split-K, feasible, and persistent where
-    its grid is resident at <= 2 blocks per SM (one row per block where that fits)."""
+def test_analytic_pick_follows_the_measured_rules(shape):
+    """On a GPU the pick is the fused split-K step kernel as a persistent kernel with the
+    acquire barrier and gi prefetched; one batch row per block at small batch (two rows of 16
+    units where one-row blocks would crowd 512 threads on an SM), all rows per block with W_hh's
+    slice on chip at batch 64, W_hh in registers where the k extent is padded."""
+    from tvm_ext.schedules.gru.pick import LARGE_GEMM_TILE, THREADS_PER_SM
+
     batch, hidden, bidirectional = shape
-    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=5, bidirectional=bidirectional)
+    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128, bidirectional=bidirectional)
     target = offline_cuda()
     cfg, why = t.analytic_pick(target)
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     assert cfg.fuse_step == 1 and cfg.step_ks > 1 and cfg.step_loop == 2 and "persistent" in why
+    assert cfg.step_barrier == 2 and cfg.step_prefetch == 1
     assert step_k_extent(hidden, cfg.step_k, cfg.step_ks) * 4 <= hidden * 5  # padding within 25 %
     per_sm, reason = t.persistent_residency(cfg, target)
-    assert reason is None and per_sm <= 2
-    assert cfg.step_b == (1 if batch <= 8 else 8)
-    wide = GruTemplate(batch=512, hidden=1024, input=16, seq=5)  # no resident grid: one launch per step
+    assert reason is None
+    padded = step_k_extent(hidden, cfg.step_k, cfg.step_ks) > hidden
+    if batch >= 32:
+        assert cfg.step_b * cfg.step_bt >= batch and cfg.step_w_onchip == 1 and cfg.step_pipeline == 1
+        assert all(cfg.as_dict()["in_" + k] == v for k, v in LARGE_GEMM_TILE.items())
+    else:
+        assert per_sm * cfg.step_j * cfg.step_ks <= THREADS_PER_SM
+        assert (cfg.step_b, cfg.step_j) == ((2, 16) if bidirectional and batch == 8 else (1, 32))
+        assert cfg.step_w_onchip == (2 if padded and hidden < 1000 else 0)  # 1000: 384 registers, too many
+    wide = GruTemplate(batch=512, hidden=1024, input=16, seq=5, bidirectional=True)  # nothing resident
     cfg, why = wide.analytic_pick(target)
     assert cfg.fuse_step == 1 and cfg.step_loop == 0 and cfg.step_b == 8 and "per step" in why
 

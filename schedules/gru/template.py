@@ -405,42 +405,10 @@ class GruTemplate(DtypeFields, Template):
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
         """A config for this shape without measuring (``GRU.build`` without a config, and
-        ``tune gru --strategy analytic``), and why.
+        ``tune gru --strategy analytic``), and why (the rules: ``pick.py``)."""
+        from .pick import analytic_pick
 
-        On a GPU: the fused step kernel with split-K, the family every tuned H100 shape chose.
-        The rules come from those measurements, the sizes from the hardware model: ``step_ks``
-        8 (4 below hidden 128); the largest ``step_k`` whose padded k extent stays within
-        hidden + 25 %; ``step_j`` 32; the fewest batch rows per block (1, 2, 4, 8) whose grid
-        is resident at <= 2 blocks per SM, run as the persistent kernel (CUDA), else 8 rows with
-        one launch per step.  On a CPU device (PoCL) the patent pipeline, which was the faster
-        family there."""
-        base = self.default_config(target)
-        if target.is_cpu:
-            return base, "CPU device: the patent pipeline (per-step GEMM, then the cell kernel)"
-        hw = HardwareModel.from_target(target)
-        space = self.space(target)
-        ks = 8 if self.hidden >= 128 else 4
-        step_k = next((k for k in (64, 32, 16) if step_k_extent(self.hidden, k, ks) * 4 <= self.hidden * 5), 8)
-        j = 32 if self.hidden > 16 else 16
-        fused = base.replace(fuse_step=1, step_j=j, step_k=step_k, step_ks=ks, step_w_onchip=0)
-        for rows in (1, 2, 4, 8):
-            blocks = -(-self.hidden // j) * -(-self.batch // rows) * self.dirs
-            cfg = fused.replace(step_b=rows, step_loop=2 if target.kind == "cuda" else 0)
-            if target.kind == "cuda":
-                per_sm, reason = self.persistent_residency(cfg, target)
-                fits = reason is None and per_sm <= 2
-            else:
-                fits = blocks <= 2 * hw.sm_count
-            if fits and space.is_feasible(cfg):
-                loop = "a persistent kernel (one launch, a grid barrier per step)" if cfg.step_loop else "one launch per step"
-                return cfg, (f"fused step kernel, split-K: {blocks} blocks of {j} units x {rows} batch rows "
-                             f"({j}x{ks} threads, k slices of {step_k}, k extent "
-                             f"{step_k_extent(self.hidden, step_k, ks)}) on {hw.sm_count} SMs, {loop}")
-        cfg = fused.replace(step_b=8, step_loop=0)
-        if space.is_feasible(cfg):
-            return cfg, (f"fused step kernel, split-K: {j} units x 8 batch rows per block ({j}x{ks} threads, k slices "
-                         f"of {step_k}), one launch per step (no resident persistent grid at <= 2 blocks per SM)")
-        return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+        return analytic_pick(self, target)
 
     # ---- kernels and plan ------------------------------------------------------------------
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
