@@ -306,13 +306,16 @@ def test_benchmark_script_imports_and_picks_feasible_candidates(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ on the path
     spec.loader.exec_module(bench)
     target = offline_cuda()
-    assert [c.label for c in bench.CASES] == ["B1 H256", "B8 H512", "B64 H1024", "B8 H512 bidirectional"]
+    assert [c.label for c in bench.CASES] == ["B1 H256", "B8 H512", "B64 H1024", "B8 H512 bidirectional",
+                                              "B5 H200 T129", "B3 H33 T7 3 layers bidirectional"]
     for case in bench.CASES:
         template = case.template()
         picks = bench.candidates(template, target, 6)
         assert picks[0] == template.default_config(target) and len(picks) >= 4
+        assert picks[1] == template.analytic_pick(target)[0]  # what GRU.build uses without a config
         assert {c.fuse_step for c in picks} == {0, 1}
         assert all(template.space(target).is_feasible(c) for c in picks)
+        assert all(bench.short(c) for c in picks)
 
 
 @pytest.mark.gpu

@@ -312,3 +312,29 @@ def test_cuda_grid_that_cannot_be_resident_is_an_error_not_a_hang(tmp_path):
     assert build.ok, build.error_msg
     result = _measure_in_worker(build.artifact, t, fake, MeasureSettings(warmup=1, repeat=1, min_repeat_secs=0.0))
     assert result.error_kind == "runtime_error" and result.error_msg == BARRIER_TIMEOUT
+
+
+def test_probe_script_configs_are_feasible(monkeypatch):
+    """``benchmarks/gru_probe.py`` (how the GRU figures in RESULTS.md were measured) imports
+    without a GPU and every config it times is feasible on the H100's limits."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "gru_probe.py"
+    spec = importlib.util.spec_from_file_location("bench_gru_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gru_probe", probe)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec.loader.exec_module(probe)
+    target = offline_cuda()
+    for case in probe.CASES:
+        t = GruTemplate(batch=case.batch, hidden=case.hidden, input=case.hidden, seq=case.seq, layers=case.layers,
+                        bidirectional=case.bidirectional)
+        assert any(isinstance(e, tuple) and e[0] == probe.PICK for e in case.configs)
+        for entry in case.configs:
+            if isinstance(entry, tuple):
+                cfg = t.analytic_pick(target)[0].replace(**entry[1])
+            else:
+                cfg = t.default_config(target).replace(**entry)
+            assert t.space(target).is_feasible(cfg), (case.label, entry, t.space(target).infeasible_reason(cfg))
