@@ -16,7 +16,9 @@ indexed by the step's parity) and remove ``step`` from its signature.
   blocks must be resident at once, so callers keep the grid within what the SMs
   hold (``min_blocks_per_sm`` caps registers so several blocks fit); a barrier that
   still waits ``SPIN_LIMIT`` polls gives up and raises the flag, so a non-resident
-  grid gives a wrong answer, never a hang.
+  grid gives a wrong answer, never a hang.  Fills no step changes (a weight tile in
+  shared memory or registers) can run once before the loop (``hoist``), and fills of a
+  step's own inputs a step ahead, before the barrier, so their loads overlap it (``early``).
 """
 from __future__ import annotations
 

@@ -346,9 +346,12 @@ def schedule_cell(func: Any, cell_block: int) -> Any:
 def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
     """Fused step: block = ``step_j`` hidden units × ``step_bt``·``step_b`` batch rows of one
     direction; each thread keeps 3·step_b gate sums in registers (``step_bt`` threads along
-    the rows, ``step_ks`` along k), h is staged in shared memory, and with ``step_w_onchip``
-    the block's W_h slice too (dynamic shared memory on CUDA, where it exceeds the 48 KiB of
-    a static array), which then serves all the block's rows."""
+    the rows, ``step_ks`` along k), h is staged in shared memory ``step_k`` at a time
+    (double-buffered with ``step_pipeline``).  ``step_w_onchip`` 1: the block's W_h slice in
+    shared memory too (dynamic on CUDA, with every other shared buffer: it exceeds the 48 KiB
+    of a static array), serving all the block's rows; 2: each thread's share of W_h in
+    registers.  ``step_prefetch``: this step's gi and b_h in registers (the step-loop
+    forms move their loads early, ``tvm_ext.step_loop``)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)

@@ -365,9 +365,10 @@ class GruTemplate(DtypeFields, Template):
         return stages * itemsize(self.h_dtype) * rows * c.step_k + partials + w_slice
 
     def step_w_registers(self, c: Config) -> int:
-        """32-bit registers per thread that hold its share of W_hh (``step_w_onchip`` 2)."""
+        """32-bit registers per thread that hold its share of W_hh (``step_w_onchip`` 2): one per
+        value of up to 4 bytes (16-bit values are not assumed packed), two per float64."""
         k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
-        return -(-3 * (k_extent // c.step_ks) * itemsize(self.w_hh_dtype) // 4)
+        return 3 * (k_extent // c.step_ks) * max(1, itemsize(self.w_hh_dtype) // 4)
 
     def step_blocks(self, c: Config) -> int:
         """Blocks of the fused step kernel's grid: unit tiles x row tiles x directions."""
