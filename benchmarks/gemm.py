@@ -1,7 +1,10 @@
 """GEMM on the GPU: tune fp32 GEMM for CUDA (and OpenCL) and compare with cuBLAS in the same run.
 
-Run through the device tool (see ../shared/DEVICE.md):
+Run through the device tool (see ../shared/DEVICE.md), about 6 minutes on an H100:
     source .tvm-device/boot.sh && python benchmarks/gemm.py --out $OUT
+The template searches its staging knobs too (register-staged or cp.async prefetch, warp
+tiling, 16-byte fills; ``--no-staging``: the original knobs only), seeded with the default,
+method 002's picks and ``STAGED_SEEDS``.
 Prints a markdown table last; records go to --out so nothing measured is lost.
 """
 from __future__ import annotations
@@ -17,8 +20,19 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
 
-from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
-from tvm_ext.session import Session, SessionOptions, analytic_pick  # noqa: E402
+from tvm_ext.cost_model.analytic import analytic_seeds  # noqa: E402
+from tvm_ext.schedules.gemm import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
+from tvm_ext.session import Session, SessionOptions  # noqa: E402
+
+
+# The two leaders of the H100 staging probe (benchmarks/sgemm_probe.py, 2026-11-23: 43.8 and
+# 43.4 TFLOP/s = 0.85 and 0.84 of cuBLAS fp32 at 4096^3): GA seeds.
+STAGED_SEEDS = (
+    dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
+         a_transposed=1, prefetch=1, warp_x=0, load_vec=0),
+    dict(wg_x=8, wg_y=16, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
+         a_transposed=1, prefetch=0, warp_x=8, load_vec=0),
+)
 
 
 def cublas_fp32(n: int) -> tuple[Any, float]:
@@ -35,15 +49,14 @@ def cublas_fp32(n: int) -> tuple[Any, float]:
 
 
 def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> dict:
-    template = GemmTemplate(n, n, n)
+    template = GemmTemplate(n, n, n, staging=not args.no_staging)
     xgb = args.cost_model == "xgb" and target_kind == "cuda"
     options = SessionOptions(
         target=target_kind, strategy="ga+xgb" if xgb else "ga", generations=args.generations,
         population=args.population, trials=args.trials, workers=args.workers, seed=args.seed,
         records=os.path.join(args.out, f"gemm_{target_kind}_{n}.jsonl"), build_timeout=300, run_timeout=120,
-        nm=args.nm, ng=16 * args.nm, model_file=False,
-        analytic_seeds=0 if args.no_analytic_seeds else 4)  # method 002's picks join generation 0
-    transfer = sweep_records(args.transfer) if xgb and args.transfer else ()
+        nm=args.nm, ng=16 * args.nm, model_file=False)
+    transfer = sweep_records(args.transfer, template.staging) if xgb and args.transfer else ()
     if xgb:
         print(f"cost model: {len(transfer)} transfer records from {args.transfer}", flush=True)
     with Session(options, transfer=transfer, log=print) as session:
@@ -52,22 +65,31 @@ def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> 
             f"  [{target_kind}] trial {t.trials}: {rec.config} -> "
             f"{(template.flops() / rec.cost / 1e12) if rec.ok else rec.error_kind + ' ' + rec.error_msg[:120]}",
             flush=True))
+        space = tuner.space
+        seeds = [template.default_config(target)]
+        if not args.no_analytic_seeds:  # method 002's zero-measurement picks join generation 0
+            seeds += analytic_seeds(template, target)
+        if template.staging:
+            staged = [space.make(**c) for c in STAGED_SEEDS]
+            seeds += [c for c in staged if space.is_feasible(c)]
         start = time.time()
-        result = session.search(tuner)
+        result = session.search(tuner, seeds=seeds)
         wall = time.time() - start
         tuner.trials_budget += len(hand_picked)
         picked = []
         for text in hand_picked:
-            cfg = tuner.space.make(**{k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
+            values = {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+            cfg = space.make(**{**(STAGING_DEFAULTS if template.staging else {}), **values})
             tuner.evaluate([cfg])
             picked.append(tuner.record_of(cfg))
-    analytic = [] if args.no_analytic_seeds else [tuner.record_of(analytic_pick(template, target)[0])]
+    analytic = [tuner.record_of(c) for c in seeds[1:2]]
     return {"target": target, "template": template, "result": result, "wall": wall, "picked": picked,
             "analytic": analytic}
 
 
-def sweep_records(path: str) -> list[Any]:
-    """A recorded sweep (benchmarks/data/sweep_*.jsonl.gz) as records of its workload."""
+def sweep_records(path: str, staging: bool = False) -> list[Any]:
+    """A recorded sweep (benchmarks/data/sweep_*.jsonl.gz) as records of its workload (the
+    staging knobs, which the sweep predates, at their first values when ``staging``)."""
     import gzip
 
     from tvm_ext.records import Record
@@ -75,7 +97,8 @@ def sweep_records(path: str) -> list[Any]:
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         header, *rows = [json.loads(line) for line in fh if line.strip()]
     key = "sweep:" + os.path.basename(path)
-    return [Record(key, header["workload"], r["config"], (r["cost"],) if r.get("cost") else (),
+    extra = STAGING_DEFAULTS if staging else {}
+    return [Record(key, header["workload"], {**extra, **r["config"]}, (r["cost"],) if r.get("cost") else (),
                    r.get("error_kind", "")) for r in rows]
 
 
@@ -98,6 +121,7 @@ def main() -> None:
     p.add_argument("--nm", type=int, default=16, help="measured per generation with --cost-model xgb")
     p.add_argument("--transfer", default=None,
                    help="records of another shape to warm-start the model (e.g. data/sweep_gemm_cuda_2048x2048x2048.jsonl.gz)")
+    p.add_argument("--no-staging", action="store_true", help="the template's original knobs only (no STAGING_KNOBS)")
     p.add_argument("--hand-picked", action="append", default=[],
                    help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
     args = p.parse_args()

@@ -1,18 +1,20 @@
-"""Tensor-core GEMM on the GPU: ``python -m tvm_ext.tune gemm-tc`` (the GA over WMMA tiles, with
-the XGBoost predictor) against cuBLAS float16 (torch) in the same run.
+"""Tensor-core GEMM on the GPU: ``python -m tvm_ext.tune gemm-tc`` (the GA over the kernel,
+mma.sync or WMMA, and its tile) against cuBLAS float16 (torch) in the same run.
 
-Run through the device tool (see ../shared/DEVICE.md):
+Run through the device tool (see ../shared/DEVICE.md), about 7 minutes on an H100:
     source .tvm-device/boot.sh && python benchmarks/gemm_tensor_core.py --out $OUT
-For each size: the zero-measurement pick (``--strategy analytic``), then the tuning run
-(which resumes the pick from the same records file), both through the CLI's own code;
-then torch.matmul on float16 operands (float16 result, as ours: A, B, C float16, float32
-accumulation).  Prints a markdown table last; records go to --out.
+For each shape (float16 A, B and C, float32 accumulation): the zero-measurement pick
+(``--strategy analytic``), then the tuning run (which resumes the pick from the same records
+file), both through the CLI's own code; then torch.matmul on the same dtypes, timed call by
+call, back to back on rotated inputs and replayed from a CUDA graph, compared at its best.
+Prints a markdown table last; records go to --out.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -20,72 +22,97 @@ from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods
 
 from tvm_ext import tune  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate, WmmaTile  # noqa: E402
+from tvm_ext.schedules.mma import MmaGemmTemplate, MmaTile  # noqa: E402
+from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate  # noqa: E402
+from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate  # noqa: E402
+from tvm_ext.space import Config  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
+from tvm_ext.schedules.wmma import WmmaTile  # noqa: E402
 from tvm_ext.template import Workload  # noqa: E402
 
+SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
+          "gru_in": (8192, 3072, 1024), "gru_hid": (64, 3072, 1024), "gru_hid8": (8, 1536, 512)}
+LABELS = {"4096": "4096³", "8192": "8192³", "2048": "2048³", "gru_in": "GRU input 8192x3072x1024",
+          "gru_hid": "GRU hidden 64x3072x1024", "gru_hid8": "GRU hidden 8x1536x512"}
+TEMPLATES = {"any": TensorCoreChoiceTemplate, "mma": MmaGemmTemplate, "wmma": TensorCoreGemmTemplate}
 
-def cublas_fp16(n: int) -> tuple[Any, float]:
+
+def cublas_fp16(m: int, n: int, k: int) -> tuple[Any, float]:
     """cuBLAS float16 per call, back to back and from a CUDA graph on rotated operands, and
     its error vs float64 (of the float16 operands)."""
     import torch
 
-    sets = [tuple(torch.randn(n, n, device="cuda", dtype=torch.float16) for _ in range(2))
-            for _ in range(l2_rotation(3 * 2 * n * n))]
+    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+             torch.randn(k, n, device="cuda", dtype=torch.float16)) for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
     times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
     a, b = sets[0]
     return times, rel_error_vs(a @ b, a.double() @ b.double())
 
 
-def tile_label(config: dict) -> str:
-    t = WmmaTile(*(config[k] for k in ("tc_warps_m", "tc_warps_n", "tc_frags_m", "tc_frags_n", "tc_k_frags",
-                                       "tc_vec", "tc_pipeline", "tc_out_smem")))
-    return f"{t.block_m}x{t.block_n}x{t.block_k} {t.warps}w p{t.pipeline}"
+def label(template: Any, config: dict) -> str:
+    """The tile of a record's config: '128x128x32 w2x2 s4 swz fb2 r0 smem k1' or 'wmma 128x256x32 8w p2'."""
+    cfg = Config.of(config)
+    kernel = "mma"
+    if isinstance(template, TensorCoreChoiceTemplate):
+        kernel, cfg = template.kernel_config(cfg)
+    elif isinstance(template, TensorCoreGemmTemplate):
+        kernel = "wmma"
+    if kernel == "mma":
+        return "mma " + MmaTile.of(cfg).label()
+    t = WmmaTile.of(cfg)
+    return f"wmma {t.block_m}x{t.block_n}x{t.block_k} {t.warps}w p{t.pipeline}"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="4096,2048")
-    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {', '.join(SHAPES)}")
+    p.add_argument("--kernel", default="any", choices=tuple(TEMPLATES))
+    p.add_argument("--generations", type=int, default=4)
     p.add_argument("--population", type=int, default=12)
+    p.add_argument("--workers", type=int, default=16)
     p.add_argument("--out", default="bench_out")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")
     rows = []
-    for n in (int(s) for s in args.sizes.split(",")):
-        records = os.path.join(args.out, f"gemm_tc_{n}.jsonl")
-        common = ["gemm-tc", "--shape", f"{n},{n},{n}", "--out-dtype", "float16", "--target", "cuda",
-                  "--records", records, "--no-progress"]
+    for name in args.shapes.split(","):
+        m, n, k = SHAPES[name]
+        template = TEMPLATES[args.kernel](m, n, k, c_dtype="float16")
+        flops = template.flops()
+        records = os.path.join(args.out, f"gemm_tc_{name}.jsonl")
+        common = ["gemm-tc", "--shape", f"{m},{n},{k}", "--out-dtype", "float16", "--target", "cuda", "--kernel",
+                  args.kernel, "--records", records, "--no-progress", "--workers", str(args.workers)]
+        start = time.time()
         tune.main(common + ["--strategy", "analytic"])
         pick = [r for r in RecordStore(records) if r.ok]
-        code = tune.main(common + ["--generations", str(args.generations), "--population", str(args.population),
-                                   "--cost-model", "xgb"])
-        template = TensorCoreGemmTemplate(n, n, n, c_dtype="float16")
+        code = tune.main(common + ["--generations", str(args.generations), "--population", str(args.population)])
+        wall = time.time() - start
         recs = RecordStore(records).for_workload(Workload.of(template, target).key)
         ok = [r for r in recs if r.ok]
+        times, vendor_err = cublas_fp16(m, n, k)
+        vendor = times.best.seconds  # cuBLAS at its best of the three methods
+        shown = [f"{t.seconds * 1e3:.4f} ({flops / t.seconds / 1e12:.0f})" if t else method
+                 for method, t in vendor_methods(times)]
         if not ok:
-            rows.append([f"{n}³", "-", "-", "-", "-", "-", "-", "-", "-", f"{len(recs)} (all failed)", "-", "-",
-                         str(code)])
+            rows.append([LABELS[name], *shown, f"{vendor_err:.1e}", "-", "-", "-", "-", f"{len(recs)} (all failed)",
+                         "-", f"{wall:.0f}", str(code)])
             continue
         best = min(ok, key=lambda r: r.cost)
-        trials_to_best = next(i for i, r in enumerate(recs, 1) if r is best)
-        times, vendor_err = cublas_fp16(n)
-        vendor = times.best.seconds  # cuBLAS at its best of the three methods
-        tflops = lambda s: template.flops() / s / 1e12  # noqa: E731
-        shown = [f"{t.seconds * 1e3:.3f} ({tflops(t.seconds):.0f})" if t else method
-                 for method, t in vendor_methods(times)]
+        trial_of_best = next(i for i, r in enumerate(recs, 1) if r is best)
+
+        def cell(rec: Any) -> str:
+            return f"{rec.cost * 1e3:.4f} ({flops / rec.cost / 1e12:.0f}, {vendor / rec.cost:.2f})"
+
         err = best.metrics.get("rel_error")
-        rows.append([f"{n}³", *shown, f"{vendor_err:.1e}",
-                     f"{pick[0].cost * 1e3:.3f} ({tflops(pick[0].cost):.0f})" if pick else "-",
-                     f"{best.cost * 1e3:.3f} ({tflops(best.cost):.0f})", f"{err:.1e}" if err is not None else "-",
-                     tile_label(best.config), f"{len(recs)} ({len(recs) - len(ok)} failed)", str(trials_to_best),
-                     f"{vendor / best.cost:.2f}", str(code)])
+        rows.append([LABELS[name], *shown, f"{vendor_err:.1e}", cell(pick[0]) if pick else "-", cell(best),
+                     f"{err:.1e}" if err is not None else "-", label(template, best.config),
+                     f"{len(recs)} ({len(recs) - len(ok)} failed)", str(trial_of_best), f"{wall:.0f}", str(code)])
         print(rows[-1], flush=True)
     print(table("Tensor-core GEMM (float16 A, B, C; float32 accumulation) vs cuBLAS float16",
-                ["size", "cuBLAS fp16 per call ms (TFLOP/s)", "cuBLAS back-to-back", "cuBLAS CUDA graph",
-                 "cuBLAS rel err vs f64", "analytic pick ms (TFLOP/s)", "tuned ms (TFLOP/s)", "tuned rel err vs f64",
-                 "tuned tile", "configs measured", "trial of the best", "cuBLAS best / tuned", "CLI exit"], rows))
+                ["shape", "cuBLAS per call ms (TFLOP/s)", "cuBLAS back-to-back", "cuBLAS CUDA graph",
+                 "cuBLAS rel err vs f64", "analytic pick ms (TFLOP/s, of cuBLAS best)",
+                 "tuned ms (TFLOP/s, of cuBLAS best)", "tuned rel err vs f64", "tuned config", "configs measured",
+                 "trial of the best", "analytic + tuning s", "CLI exit"], rows))
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Run through the device tool (see ../shared/DEVICE.md):
     source .tvm-device/boot.sh && python benchmarks/gru.py --out $OUT
-T=128, input size = hidden size: B1 H256, B8 H512, B64 H1024, and bidirectional B8 H512.
+T=128, input size = hidden size: B1 H256, B8 H512, B64 H1024, and bidirectional B8 H512; and two
+hidden sizes no tuned tile divides: B5 H200 T129, and B3 H33 T7 with 3 bidirectional layers.
 Each case: torch's output and a float64 numpy reference first; then a short hand-picked
 search over our knobs (patent pipeline, cell block, step fusion tiles), every candidate
 checked against both before it is timed.  Timing protocol (``benchmarks/common.py``): cuDNN
@@ -41,14 +42,18 @@ class Case:
     batch: int
     hidden: int
     bidirectional: bool = False
+    seq: int = SEQ
+    layers: int = 1
 
     def template(self) -> GruTemplate:
-        return GruTemplate(batch=self.batch, hidden=self.hidden, input=self.hidden, seq=SEQ,
-                           bidirectional=self.bidirectional)
+        return GruTemplate(batch=self.batch, hidden=self.hidden, input=self.hidden, seq=self.seq,
+                           layers=self.layers, bidirectional=self.bidirectional)
 
 
 CASES = (Case("B1 H256", 1, 256), Case("B8 H512", 8, 512), Case("B64 H1024", 64, 1024),
-         Case("B8 H512 bidirectional", 8, 512, True))
+         Case("B8 H512 bidirectional", 8, 512, True),
+         # hidden sizes no tuned tile divides (the k split is padded)
+         Case("B5 H200 T129", 5, 200, seq=129), Case("B3 H33 T7 3 layers bidirectional", 3, 33, True, seq=7, layers=3))
 
 
 def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Config]:
@@ -57,14 +62,22 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     persistent kernel (step_loop 2; where its grid cannot all be resident, with the step
     loop in TVM's host code, 1) and with one Python call per step (0)."""
     base = template.default_config(target)
+    pick = template.analytic_pick(target)[0]
     step_b = min(8, 1 << max(0, (template.batch - 1).bit_length()))
     wide_b = min(16, 1 << max(0, (template.batch - 1).bit_length()))
     # W_hh on chip (small batch): every block holds all batch rows of its units and their W
     # slice in shared memory, which the persistent kernel fills once for all T steps
     onchip = [base.replace(fuse_step=1, step_j=j, step_b=wide_b, step_k=64, step_ks=ks, step_w_onchip=1)
               for j, ks in ((8, 8), (16, 8), (8, 4), (16, 4), (32, 4), (32, 8))] if template.batch <= 16 else []
+    latency = dict(step_barrier=2, step_prefetch=1)  # the acquire barrier, gi a step ahead
     picks = [
         base,
+        pick,  # GRU.build without a config
+        pick.replace(step_w_onchip=2) if pick.fuse_step and pick.step_bt == 1 else pick,  # W_hh in registers
+        base.replace(fuse_step=1, step_j=8, step_b=8, step_bt=8, step_k=64, step_ks=4, step_w_onchip=1,
+                     step_pipeline=1, **latency),  # blocks of 64 rows sharing the W slice (large batch)
+        base.replace(fuse_step=1, step_j=32, step_b=1, step_k=64, step_ks=8, **latency),
+        base.replace(fuse_step=1, step_j=16, step_b=2, step_k=64, step_ks=8, **latency),
         *onchip,
         # split-K step kernels (step_ks threads per dot product): more warps in flight
         base.replace(fuse_step=1, step_j=32, step_b=min(step_b, 4), step_k=64, step_ks=8),
@@ -96,7 +109,9 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     out: list[Config] = [base] if space.is_feasible(base) else []
     for cfg in picks:
         variants = [cfg]
-        if cfg.step_w_onchip:  # only the persistent kernel keeps W on chip across steps
+        if cfg.step_loop:  # set by the pick or above: as it is
+            pass
+        elif cfg.step_w_onchip:  # only the persistent kernel keeps W on chip across steps
             variants = [cfg.replace(step_loop=2)]
         elif cfg.fuse_step:  # the host loop (1) only where the persistent grid does not fit
             persistent = cfg.replace(step_loop=2)
@@ -110,8 +125,10 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 def short(cfg: Config) -> str:
     if cfg.fuse_step:
         loop = ("", " host-loop", " persistent")[cfg.step_loop]
-        onchip = " W on chip" if cfg.step_w_onchip else ""
-        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}{onchip}{loop}"
+        onchip = ("", " W on chip", " W in registers")[cfg.step_w_onchip]
+        more = "".join(f" {name}={cfg.as_dict()['step_' + name]}" for name in ("bt", "pipeline", "prefetch", "barrier")
+                       if cfg.as_dict()["step_" + name] != (1 if name == "bt" else 0))
+        return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}{more}{onchip}{loop}"
     return f"patent cell_block={cfg.cell_block} hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}"
 
 
@@ -143,8 +160,8 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
     import torch
 
     torch.manual_seed(0)
-    net = torch.nn.GRU(case.hidden, case.hidden, bidirectional=case.bidirectional).cuda().eval()
-    x = torch.randn(SEQ, case.batch, case.hidden, device="cuda")
+    net = torch.nn.GRU(case.hidden, case.hidden, num_layers=case.layers, bidirectional=case.bidirectional).cuda().eval()
+    x = torch.randn(case.seq, case.batch, case.hidden, device="cuda")
     x_np = x.cpu().numpy()
     state = {k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}
     with torch.no_grad():
@@ -155,7 +172,7 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
         vendor_tf32 = time_vendor(lambda i: net(x))
         torch.backends.cudnn.allow_tf32 = False
     cudnn, cudnn_tf32 = vendor.best.seconds, vendor_tf32.best.seconds  # each at its best of three
-    ref64_out, ref64_h = gru_reference(x_np, state, None, 1, case.bidirectional)
+    ref64_out, ref64_h = gru_reference(x_np, state, None, case.layers, case.bidirectional)
     torch_err = max(rel_err(ref_out, ref64_out), rel_err(ref_h, ref64_h))
     print(f"[{case.label}] cuDNN fp32 per call / back-to-back / graph: {' / '.join(vendor_cells(vendor))} ms "
           f"(TF32 allowed, best {cudnn_tf32 * 1e3:.3f} ms), rel err vs float64 {torch_err:.2e}", flush=True)
@@ -172,8 +189,9 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
                                "cudnn_err_vs_f64": torch_err}
         try:
             t0 = time.perf_counter()
-            gru = GRU.build(target, case.hidden, case.hidden, bidirectional=case.bidirectional,
-                            batch=case.batch, seq=SEQ, config=cfg).load_numpy(state)
+            gru = GRU.build(target, case.hidden, case.hidden, num_layers=case.layers,
+                            bidirectional=case.bidirectional, batch=case.batch, seq=case.seq,
+                            config=cfg).load_numpy(state)
             out, h_n = gru(x_np)  # the first call also compiles the kernels (NVRTC)
             row["build_s"] = time.perf_counter() - t0
             row["err_vs_torch"] = max(rel_err(out, ref_out), rel_err(h_n, ref_h))
@@ -227,7 +245,7 @@ def main() -> None:
                          f"{min(per_call) * 1e3:.3f}" if per_call else "-",
                          f"{best['err_vs_f64']:.1e}", cudnn_err, short(cfg)])
     print()
-    print(table(f"GRU inference fp32, T={SEQ}, input = hidden: ours (back-to-back) vs torch.nn.GRU (cuDNN) at its best",
+    print(table("GRU inference fp32, input = hidden: ours (back-to-back) vs torch.nn.GRU (cuDNN) at its best",
                 ["case", *vendor_header("ms", "cuDNN"), "cuDNN TF32-allowed best ms", "ours ms",
                  "speed vs cuDNN best", "patent default ms", "best with a call per step ms",
                  "ours rel err vs f64", "cuDNN rel err vs f64", "best config"], rows))

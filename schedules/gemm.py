@@ -45,6 +45,18 @@ KNOBS = (
     Knob("a_transposed", (0, 1), "keep the A tile K-major in shared memory: vector fragment loads of A"),
 )
 
+# Searched only when the template asks for them (``GemmTemplate.staging``); a config without
+# them, or with every one at its first value, builds exactly the kernel of ``KNOBS`` alone.
+STAGING_KNOBS = (
+    Knob("prefetch", (0, 1, 2), "next K slice: 0 as double_buffer says; 1 register-staged (global -> "
+                                "registers before the math, registers -> shared after it); 2 cp.async "
+                                "(CUDA sm_80+)"),
+    Knob("warp_x", (0, 4, 8, 16), "warp tiling: 0 threads numbered row by row over the block; w: each warp "
+                                  "a (32/w) x w patch of threads"),
+    Knob("load_vec", (0, 4), "global -> shared copy width: 0 = vec; 4 = 16-byte loads whatever vec is"),
+)
+STAGING_DEFAULTS = {k.name: k.choices[0] for k in STAGING_KNOBS}
+
 FEASIBILITY_RULES = ("tvm", "patent")
 
 PRECISION_PARAMS = (
@@ -59,6 +71,43 @@ def patent_padded_size(m: int, n: int) -> int:
     """P of patent 000: the smallest even number ≥ M and ≥ N."""
     p = max(m, n)
     return p + (p % 2)
+
+
+def staging_value(config: Config, name: str) -> int:
+    """A ``STAGING_KNOBS`` value of ``config``, its first choice when the config has no such
+    knob (the template without ``staging``, older records, the GRU's GEMM configs)."""
+    return config.as_dict().get(name, STAGING_DEFAULTS[name])
+
+
+def staging_reason(c: Config, target: TargetInfo) -> str | None:
+    """Why the ``STAGING_KNOBS`` of ``c`` cannot build (one line), or None."""
+    threads = c.wg_x * c.wg_y
+    if c.prefetch and not (c.use_shared and c.double_buffer):
+        return f"prefetch={c.prefetch} stages the next K slice into the second shared buffer: it needs " \
+               "use_shared=1 and double_buffer=1"
+    if c.prefetch == 2:
+        arch = (target.arch or "").rstrip("a")
+        if target.kind != "cuda" or (arch.startswith("sm_") and arch[3:].isdigit() and int(arch[3:]) < 80):
+            return f"cp.async (prefetch=2) needs a CUDA sm_80+ target, not {target.kind} {target.arch or ''}".strip()
+        if c.a_transposed:
+            return "cp.async (prefetch=2) copies rows as they are: it needs a_transposed=0"
+        # TVM 0.27's InjectPTXAsyncCopy fails on these copies (vector lanes of load and store differ)
+        if c.warp_x or (c.vec > 1 and c.task_x == c.vec):
+            return "cp.async (prefetch=2) does not lower with warp_x > 0 or task_x == vec > 1 in TVM 0.27"
+    if c.warp_x:
+        if threads % 32 or c.wg_x % c.warp_x or c.wg_y % (32 // c.warp_x):
+            return (f"warp_x={c.warp_x}: the {c.wg_y}x{c.wg_x} thread block does not split into "
+                    f"{32 // c.warp_x}x{c.warp_x} warps")
+    if c.load_vec:
+        bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
+        if not c.use_shared:
+            return "load_vec sets the width of the shared-memory fills: it needs use_shared=1"
+        if c.pad and c.vec % c.load_vec:
+            return f"load_vec={c.load_vec} copies need shared rows padded by a multiple of it (vec={c.vec})"
+        chunk = threads * c.load_vec
+        if (bm * c.k_step) % chunk or (bn * c.k_step) % chunk or c.k_step % c.load_vec or bn % c.load_vec:
+            return f"tile fills do not split evenly over the threads with load_vec={c.load_vec}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -97,6 +146,8 @@ class GemmTemplate(DtypeFields, Template):
     # config is not used (method 003's low types then buy the tensor cores' speed).
     tensor_core: Config | None = None
     batch: int = 0  # > 0: a leading batch axis of this many independent GEMMs (blockIdx.z)
+    # Also search ``STAGING_KNOBS`` (register-staged prefetch, warp tiling, load width).
+    staging: bool = False
 
     name = "gemm"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -131,6 +182,8 @@ class GemmTemplate(DtypeFields, Template):
             params["tensor_core"] = str(self.tensor_core)
         if self.batch:
             params["batch"] = self.batch
+        if self.staging:
+            params["staging"] = True
         return params
 
     @property
@@ -144,7 +197,9 @@ class GemmTemplate(DtypeFields, Template):
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """The WMMA tile's options (cp.async for ``tc_pipeline`` >= 2) when it is used."""
-        return wmma.pass_config(self.tensor_core) if self.uses_tensor_cores(target) else {}
+        if self.uses_tensor_cores(target):
+            return wmma.pass_config(self.tensor_core)
+        return {"tirx.use_async_copy": True} if staging_value(config, "prefetch") == 2 else {}
 
     def _tensor_core_schedule(self, epilogue: tuple[str, ...]) -> Any:
         from tvm import s_tir
@@ -174,7 +229,9 @@ class GemmTemplate(DtypeFields, Template):
             constraints.insert(0, lambda c: unhonoured)
         if self.feasibility == "patent":
             constraints.append(self._patent_reason)
-        return Space(KNOBS, tuple(constraints))
+        if self.staging:
+            constraints.append(lambda c: staging_reason(c, target))
+        return Space(KNOBS + STAGING_KNOBS if self.staging else KNOBS, tuple(constraints))
 
     def _patent_reason(self, c: Config) -> str | None:
         p = patent_padded_size(self.m, self.n)
@@ -188,7 +245,8 @@ class GemmTemplate(DtypeFields, Template):
             return 0
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
         pad = c.vec if c.pad else 0
-        stages = 2 if c.double_buffer else 1
+        # register-staged prefetch stores the next slice after the math: one shared buffer
+        stages = 2 if c.double_buffer and staging_value(c, "prefetch") != 1 else 1
         return stages * (itemsize(self.a_dtype) * bm * (c.k_step + pad)
                          + itemsize(self.b_dtype) * c.k_step * (bn + pad))
 
@@ -220,13 +278,14 @@ class GemmTemplate(DtypeFields, Template):
         some GPUs 256).
         """
         space = self.space(target)
+        extra = STAGING_DEFAULTS if self.staging else {}
         for wg in (16, 8, 4, 2, 1):
             cfg = space.make(wg_x=wg, wg_y=wg, task_x=4, task_y=4, k_step=8, use_shared=1,
-                             pad=0, unroll=64, vec=1, double_buffer=0, a_transposed=0)
+                             pad=0, unroll=64, vec=1, double_buffer=0, a_transposed=0, **extra)
             if space.is_feasible(cfg):
                 return cfg
         return space.make(wg_x=1, wg_y=1, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0,
-                          unroll=0, vec=1, double_buffer=0, a_transposed=0)
+                          unroll=0, vec=1, double_buffer=0, a_transposed=0, **extra)
 
     # ---- compute and schedule ----------------------------------------------------
     def prim_func(self) -> Any:
@@ -291,6 +350,14 @@ class GemmTemplate(DtypeFields, Template):
         sch.bind(bx, "blockIdx.x")
         sch.bind(vy, "vthread.y")
         sch.bind(vx, "vthread.x")
+        warp_x = staging_value(c, "warp_x")
+        threads_y, threads_x = c.wg_y, c.wg_x
+        if warp_x:  # threadIdx.x = lane of a (32/w) x w patch, threadIdx.y = the patch
+            wy, ly = sch.split(ty, [None, 32 // warp_x])
+            wx, lx = sch.split(tx, [None, warp_x])
+            sch.reorder(wy, wx, ly, lx)
+            ty, tx = sch.fuse(wy, wx), sch.fuse(ly, lx)
+            threads_y, threads_x = c.wg_x * c.wg_y // 32, 32
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
 
@@ -317,20 +384,30 @@ class GemmTemplate(DtypeFields, Template):
                     sch.storage_align(stage, 0, axis=len(lead), factor=row, offset=c.vec % row)
                 own = sch.get_loops(stage)[len(lead) + 7:]  # below (batch,) by, bx, vy, vx, ty, tx, ko
                 fused = own[0] if len(own) == 1 else sch.fuse(*own)
-                _, fy, fx, fv = sch.split(fused, [None, c.wg_y, c.wg_x, c.vec])
+                fill_vec = staging_value(c, "load_vec") or c.vec
+                _, fy, fx, fv = sch.split(fused, [None, threads_y, threads_x, fill_vec])
                 sch.bind(fy, "threadIdx.y")
                 sch.bind(fx, "threadIdx.x")
-                if c.vec > 1 and not pads[name]:
+                if fill_vec > 1 and not pads[name]:
                     sch.vectorize(fv)
+                if staging_value(c, "prefetch") == 1:  # global -> registers -> shared
+                    sch.annotate(stage, "tirx.manifest_shared_memory_local_stage", 1)
             # Register tiles of A and B per k so the inner product reads registers.
             for name in ("A", "B"):
                 frag = sch.cache_read(gemm, operand[name], "local")
                 sch.compute_at(frag, ki)
                 if c.vec > 1 and (name == "B" or c.a_transposed):
                     sch.vectorize(sch.get_loops(frag)[-1])
-            if c.double_buffer:  # fills of slice k+1 overlap the math of slice k
+            prefetch = staging_value(c, "prefetch")
+            if prefetch == 1:  # children: A global->regs, A regs->shared, B the same, the k loop:
+                # the loads of slice k+1 are issued before the math of slice k, the stores after it
+                sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 1])
+                sch.annotate(ko, "software_pipeline_order", [0, 3, 1, 4, 2])
+            elif c.double_buffer:  # fills of slice k+1 overlap the math of slice k
                 sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
                 sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
+                if prefetch == 2:  # as cp.async copies (the pass option is in ``pass_config``)
+                    sch.annotate(ko, "software_pipeline_async_stages", [0])
         else:
             for name in ("A", "B"):
                 if pads[name]:

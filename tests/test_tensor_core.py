@@ -316,8 +316,9 @@ def test_tensor_core_gemm_refuses_what_it_cannot_run(cuda):
 def test_gemm_tc_cli(args, code, expect, tmp_path):
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", *args, "--records", str(tmp_path / "r.jsonl"),
-                        "--no-progress"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", "--kernel", "wmma", *args, "--records",
+                        str(tmp_path / "r.jsonl"), "--no-progress"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
     assert p.returncode == code, p.stderr
     assert expect in (p.stdout if code == 0 else p.stderr)
     assert "Traceback" not in p.stderr
@@ -331,8 +332,9 @@ def test_gemm_tc_tunes_on_the_gpu(tmp_path):
     from tvm_ext.records import RecordStore
 
     records = tmp_path / "r.jsonl"
-    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", "--shape", "512,512,256", "--target", "cuda",
-                        "--generations", "2", "--population", "6", "--records", str(records), "--no-progress"],
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", "--kernel", "wmma", "--shape", "512,512,256",
+                        "--target", "cuda", "--generations", "2", "--population", "6", "--records", str(records),
+                        "--no-progress"],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     recs = list(RecordStore(str(records)))

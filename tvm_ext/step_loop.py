@@ -11,11 +11,14 @@ indexed by the step's parity) and remove ``step`` from its signature.
   (no Python between launches; works for any grid).
 - ``PERSISTENT`` (CUDA): the loop runs inside the kernel; after each step every
   block meets at a grid barrier (an atomic counter in a 2-int buffer ``bar`` that
-  must be zeroed before the launch; its word 1 is set if a barrier timed out).  All
+  must be zeroed before the launch; its word 1 is set if a barrier timed out; how
+  blocks arrive and poll is the caller's choice of ``BARRIERS``).  All
   blocks must be resident at once, so callers keep the grid within what the SMs
   hold (``min_blocks_per_sm`` caps registers so several blocks fit); a barrier that
   still waits ``SPIN_LIMIT`` polls gives up and raises the flag, so a non-resident
-  grid gives a wrong answer, never a hang.
+  grid gives a wrong answer, never a hang.  Fills no step changes (a weight tile in
+  shared memory or registers) can run once before the loop (``hoist``), and fills of a
+  step's own inputs a step ahead, before the barrier, so their loads overlap it (``early``).
 """
 from __future__ import annotations
 
@@ -80,29 +83,60 @@ def _rewrap(chain: list[Any], body: Any) -> Any:
     return body
 
 
-def _barrier_template() -> Any:
-    """Grid barrier for one block: everyone syncs, one leader thread arrives on the
-    counter (an atomic add) and polls it until ``expected`` blocks have arrived (or SPIN_LIMIT polls
-    pass: then it raises the flag), with fences either side so the state written in
-    the step is visible to every block after it (the cooperative-groups pattern)."""
+# Grid barriers of the persistent form: how the leader thread of each block arrives and
+# waits.  All three fence the block's writes before arriving and keep the timed-out flag.
+BARRIER_ATOMIC = "atomic"  # arrive with atomicAdd, poll with atomicAdd(ptr, 0), fences both sides
+BARRIER_VOLATILE = "volatile"  # arrive with atomicAdd, poll with volatile loads (cooperative groups' way)
+BARRIER_ACQUIRE = "acquire"  # arrive with a release add, poll with acquire loads, no trailing fence
+BARRIERS = (BARRIER_ATOMIC, BARRIER_VOLATILE, BARRIER_ACQUIRE)
+# PTX memory orders and scopes as the ``__nv_atomic_*`` builtins number them (CUDA >= 12.8)
+_NV_ATOMIC_ACQUIRE, _NV_ATOMIC_RELEASE, _NV_SCOPE_DEVICE = 2, 3, 3
+
+
+def _barrier_template(kind: str = BARRIER_ATOMIC) -> Any:
+    """Grid barrier for one block: everyone syncs, one leader thread arrives on the counter
+    and polls it until ``expected`` blocks have arrived (or SPIN_LIMIT polls pass: then it
+    raises the flag), then everyone syncs again; the state written in the step is visible to
+    every block after it (``BARRIERS`` says how each kind orders it).
+
+    Why the poll is an atomic, volatile or acquire access: a plain load of ``bar`` (a
+    ``__restrict__`` parameter the spin loop does not write) is loop-invariant to the
+    compiler, which may hoist it out of the loop, and a weak load may be served by the SM's
+    incoherent L1.  (An earlier attempt with ``__ldcv`` loads timed out on every multi-block
+    grid on the H100; nvcc keeps that load inside the loop, so the cause was elsewhere.)"""
     from tvm.script import tirx as T
 
+    if kind not in BARRIERS:
+        raise ValueError(f"unknown grid barrier {kind!r}; allowed: {', '.join(BARRIERS)}")
     limit = SPIN_LIMIT
+
+    def poll(bar: Any) -> Any:
+        if kind == BARRIER_ATOMIC:
+            return T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 0)
+        if kind == BARRIER_VOLATILE:  # prints as *(volatile int*)(&bar[0]): a load nvcc must repeat
+            return T.call_extern("int32", "*(volatile int*)", T.address_of(bar[0]))
+        return T.call_extern("int32", "__nv_atomic_load_n", T.address_of(bar[0]), _NV_ATOMIC_ACQUIRE,
+                             _NV_SCOPE_DEVICE)
+
+    release = kind == BARRIER_ACQUIRE
 
     @T.prim_func(private=True)
     def barrier(bar: T.Buffer((BARRIER_WORDS,), "int32"), expected: T.int32, leader: T.bool):
         T.tvm_storage_sync("shared")
         if leader:
-            T.evaluate(T.call_extern("void", "__threadfence"))
-            T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 1))
+            if release:  # the add is a release: the block's writes (ordered by the sync) come first
+                T.evaluate(T.call_extern("int32", "__nv_atomic_fetch_add", T.address_of(bar[0]), 1,
+                                         _NV_ATOMIC_RELEASE, _NV_SCOPE_DEVICE))
+            else:
+                T.evaluate(T.call_extern("void", "__threadfence"))
+                T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 1))
             spins: T.int32 = 0
-            # poll with an atomic read (polling with ``__ldcv`` loads never saw the other
-            # blocks' arrivals on the H100: the barrier timed out)
-            while T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 0) < expected and spins < limit:
+            while poll(bar) < expected and spins < limit:
                 spins = spins + 1
             if spins >= limit:
                 bar[1] = 1
-            T.evaluate(T.call_extern("void", "__threadfence"))
+            if not release:  # an acquire load already orders what follows
+                T.evaluate(T.call_extern("void", "__threadfence"))
         T.tvm_storage_sync("shared")
 
     return barrier
@@ -118,31 +152,53 @@ def _stored_buffers(stmt: Any) -> set[str]:
     return names
 
 
-def _hoist(body: Any, hoist: tuple[str, ...], index: Any) -> tuple[list[Any], Any]:
-    """Split a kernel body into what runs once before the step loop (the allocations and the
-    top-level statements that store only to ``hoist`` buffers) and the per-step rest."""
+def _loaded_buffers(stmt: Any) -> set[str]:
+    """Names of the buffers a lowered statement loads from."""
+    import tvm
+    import tvm_ffi
+
+    names: set[str] = set()  # a buffer load is an ``ir.TensorLoad`` whose source is the buffer
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.TensorLoad, lambda node: names.add(node.source.name))])
+    return names
+
+
+def _split_body(body: Any, hoist: tuple[str, ...], early: tuple[str, ...],
+                step: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """Split a kernel body (its ``step`` not yet bound) into what runs once before the step
+    loop (the allocations and the top-level statements that store only to ``hoist``
+    buffers), the top-level fills of ``early`` buffers (issued a step ahead) and the rest."""
     from tvm import tirx
 
     stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
-    before, rest, found = [], [], set()
+    before, fills, rest, found = [], [], [], set()
     for stmt in stmts:
         stored = _stored_buffers(stmt)
         if isinstance(stmt, tirx.AllocBuffer):
             before.append(stmt)
         elif stored and stored <= set(hoist):
-            if any(v.same_as(index) for v in tirx.analysis.undefined_vars(stmt, [])):
+            if any(v.same_as(step) for v in tirx.analysis.undefined_vars(stmt, [])):
                 raise ValueError(f"the fill of {sorted(stored)} depends on the step: it cannot run once")
             before.append(stmt)
             found |= stored
+        elif stored and stored <= set(early):
+            fills.append(stmt)
+            found |= stored
         else:
             rest.append(stmt)
-    if found != set(hoist):
-        raise ValueError(f"no top-level fill of {sorted(set(hoist) - found)} to run before the step loop")
-    return before, (rest[0] if len(rest) == 1 else tirx.SeqStmt(rest))
+    missing = (set(hoist) | set(early)) - found
+    if missing:
+        raise ValueError(f"no top-level fill of {sorted(missing)} to move out of the step")
+    written = set().union(*map(_stored_buffers, rest)) if rest else set()
+    clash = set().union(*map(_loaded_buffers, fills)) & written if fills else set()
+    if clash or written & set(early):
+        raise ValueError(f"the fills of {sorted(early)} cannot run a step ahead: the step writes "
+                         f"{sorted(clash | (written & set(early)))}")
+    return before, fills, rest
 
 
 def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tuple[str, str] | None = None,
-               name: str = "", min_blocks_per_sm: int = 1, hoist: tuple[str, ...] = ()) -> Any:
+               name: str = "", min_blocks_per_sm: int = 1, hoist: tuple[str, ...] = (),
+               barrier: str = BARRIER_ATOMIC, early: tuple[str, ...] = ()) -> Any:
     """``func`` (from ``lower_to_loops``) with its ``step`` parameter replaced by a loop
     over ``steps`` (see the module docstring).  Parameters keep their order without
     ``step``; ``PERSISTENT`` appends ``bar`` (int32, BARRIER_WORDS).
@@ -159,7 +215,14 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
 
     ``hoist`` (``PERSISTENT``): buffers (e.g. a weight tile staged in shared memory) whose
     top-level fill statements run once before the step loop instead of every step; the
-    caller guarantees they are filled only from data no step changes."""
+    caller guarantees they are filled only from data no step changes.
+
+    ``barrier`` (``PERSISTENT``): the grid barrier's kind (``BARRIERS``).
+
+    ``early`` (``PERSISTENT``): buffers (e.g. registers holding a step's inputs) whose
+    top-level fills run a step ahead: step s+1's fill is issued after step s's work and
+    before its barrier (step 0's before the loop), so the loads overlap the wait.  The caller
+    guarantees the fills read only data no step changes (checked: nothing the step writes)."""
     import tvm
     from tvm import tirx
 
@@ -191,12 +254,24 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
                 blocks *= int(attr.value)
             else:
                 leader = tirx.And(leader, attr.node.var == 0)
-        barrier = _barrier_template()
-        arrive = barrier.specialize({barrier.params[1]: (index + 1) * blocks, barrier.params[2]: leader})
-        one_step = tirx.PrimFunc(func.params, inner).specialize(values).body
-        before, one_step = _hoist(one_step, hoist, index) if hoist else ([], one_step)
-        body = tvm.tirx.SeqStmt([one_step, arrive.body])
-        new_params = kept + [barrier.params[0]]
+        sync = _barrier_template(barrier)
+        arrive = sync.specialize({sync.params[1]: (index + 1) * blocks, sync.params[2]: leader})
+
+        def at(stmts: list[Any], step_value: Any) -> Any:  # the statements with ``step`` bound
+            seq = stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+            return tirx.PrimFunc(func.params, seq).specialize({**values, params[step]: step_value}).body
+
+        if hoist or early:
+            before, fills, rest = _split_body(inner, hoist, early, params[step])
+            before = [at([stmt], index) for stmt in before]
+        else:
+            before, fills, rest = [], [], [inner]
+        body_stmts = [at(rest, index)]
+        if fills:  # the next step's fills, issued before the barrier so their loads overlap it
+            before.append(at(fills, tirx.const(0, "int32")))
+            body_stmts.append(tirx.IfThenElse(index + 1 < steps, at(fills, index + 1), None))
+        body = tvm.tirx.SeqStmt(body_stmts + [arrive.body])
+        new_params = kept + [sync.params[0]]
     loop = tirx.For(index, tirx.const(0, "int32"), tirx.const(steps, "int32"), tirx.ForKind.SERIAL, body)
     if mode == PERSISTENT:
         loop = tirx.SeqStmt(before + [loop]) if before else loop

@@ -222,6 +222,8 @@ def _plain(value: Any) -> Any:
 _REGISTRY: dict[str, str] = {
     "gemm": "tvm_ext.schedules.gemm:GemmTemplate",
     "gemm_tc": "tvm_ext.schedules.tensor_core:TensorCoreGemmTemplate",
+    "gemm_mma": "tvm_ext.schedules.mma:MmaGemmTemplate",
+    "gemm_tc_any": "tvm_ext.schedules.tensor_core_choice:TensorCoreChoiceTemplate",
     "gru": "tvm_ext.schedules.gru:GruTemplate",
     "reduce": "tvm_ext.schedules.reduction:ReductionTemplate",
 }

@@ -18,7 +18,7 @@ from .errors import TvmExtError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schedules.gemm import KNOBS as GEMM_KNOBS
+    from .schedules.gemm import KNOBS as GEMM_KNOBS, STAGING_KNOBS
 
     parser = Parser(
         prog="python -m tvm_ext.tune",
@@ -29,26 +29,35 @@ def build_parser() -> argparse.ArgumentParser:
     gemm = sub.add_parser(
         "gemm", help="fp32 GEMM C[M,N] = A[M,K]·B[K,N]",
         description="Tune fp32 GEMM C[M,N] = A[M,K]·B[K,N] with the parallel genetic algorithm (patent 000).",
-        epilog=knob_help(GEMM_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=knob_help(GEMM_KNOBS + STAGING_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gemm.add_argument("--shape", required=True, help="M,N,K (e.g. 512,512,512)")
+    gemm.add_argument("--staging", action="store_true",
+                      help="also search the staging knobs (prefetch, warp_x, load_vec; listed last below)")
     gemm.add_argument("--feasibility", default="tvm", choices=("tvm", "patent"),
                       help="tvm: tile fits the device limits (default); patent: also wg_x·wg_y·task_x·task_y | P·P")
     add_tuning_args(gemm)
     _add_json_arg(gemm)
     gemm.set_defaults(make_template=_gemm_template)
 
-    from .schedules.tensor_core import ACC_DTYPES, TC_KNOBS
+    from .schedules.mma import ACC_DTYPES, OPERAND_DTYPES
+    from .schedules.tensor_core_choice import CHOICE_KNOBS
 
     gemm_tc = sub.add_parser(
-        "gemm-tc", help="float16 GEMM on tensor cores (CUDA): the WMMA tile is what is searched",
-        description="Tune C[M,N] = A[M,K]·B[K,N] with float16 A and B on the tensor cores (WMMA, CUDA): the GA "
-                    "searches the tile; --strategy analytic gives a tile without measuring.",
-        epilog=knob_help(TC_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+        "gemm-tc", help="float16/bfloat16 GEMM on tensor cores (CUDA): the kernel (mma.sync or WMMA) and its tile "
+                        "are what is searched",
+        description="Tune C[M,N] = A[M,K]·B[K,N] with float16 (or bfloat16) A and B on the tensor cores (CUDA): "
+                    "the GA searches the kernel (--kernel any: mma.sync with ldmatrix, or WMMA) and its tile; "
+                    "--strategy analytic gives a tile without measuring.",
+        epilog=knob_help(CHOICE_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    gemm_tc.add_argument("--shape", required=True, help="M,N,K, multiples of 16 (e.g. 4096,4096,4096)")
+    gemm_tc.add_argument("--shape", required=True, help="M,N,K; N and K multiples of 16 (e.g. 4096,4096,4096)")
+    gemm_tc.add_argument("--kernel", default="any", choices=("any", "mma", "wmma"),
+                         help="any: the search picks mma.sync or WMMA (default); mma / wmma: that kernel only")
+    gemm_tc.add_argument("--in-dtype", default="float16", choices=OPERAND_DTYPES,
+                         help="A and B (default float16; WMMA takes float16 only)")
     gemm_tc.add_argument("--acc-dtype", default="float32", choices=ACC_DTYPES, help="accumulator (default float32)")
-    gemm_tc.add_argument("--out-dtype", default="float32", choices=("float32", "float16"),
+    gemm_tc.add_argument("--out-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                          help="C's dtype (default float32)")
     add_tuning_args(gemm_tc)
     _add_json_arg(gemm_tc)
@@ -117,14 +126,18 @@ def _gru_template(args: argparse.Namespace) -> Any:
 def _gemm_template(args: argparse.Namespace) -> Any:
     from .schedules.gemm import GemmTemplate
 
-    return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility)
+    return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility,
+                                   staging=args.staging)
 
 
 def _gemm_tc_template(args: argparse.Namespace) -> Any:
+    from .schedules.mma import MmaGemmTemplate
     from .schedules.tensor_core import TensorCoreGemmTemplate
+    from .schedules.tensor_core_choice import TensorCoreChoiceTemplate
 
-    return TensorCoreGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), acc_dtype=args.acc_dtype,
-                                             c_dtype=args.out_dtype)
+    kind = {"any": TensorCoreChoiceTemplate, "mma": MmaGemmTemplate, "wmma": TensorCoreGemmTemplate}[args.kernel]
+    return kind.from_shape(parse_shape(args.shape, ("M", "N", "K")), a_dtype=args.in_dtype, b_dtype=args.in_dtype,
+                           acc_dtype=args.acc_dtype, c_dtype=args.out_dtype)
 
 
 def _reduce_template(args: argparse.Namespace) -> Any:

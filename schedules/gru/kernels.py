@@ -19,7 +19,7 @@ from tvm_ext.step_loop import BARRIER_WORDS
 from .compute import F32
 
 
-def _cell_math(T: Any, gi: Any, row: Any, col: Any, hidden: int, gh_r: Any, gh_z: Any, gh_n: Any,
+def _cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
                h: Any, math: str) -> Any:
     """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
     input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h."""
@@ -28,9 +28,9 @@ def _cell_math(T: Any, gi: Any, row: Any, col: Any, hidden: int, gh_r: Any, gh_z
     def m(value: Any) -> Any:
         return value.astype(math)  # no cast when the type already is ``math``
 
-    r = T.sigmoid(m(gi[row, col]) + m(gh_r))
-    z = T.sigmoid(m(gi[row, col + hidden]) + m(gh_z))
-    n = T.tanh(m(gi[row, col + 2 * hidden]) + r * m(gh_n))
+    r = T.sigmoid(m(gi_r) + m(gh_r))
+    z = T.sigmoid(m(gi_z) + m(gh_z))
+    n = T.tanh(m(gi_n) + r * m(gh_n))
     return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
 
 
@@ -102,8 +102,9 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
             with T.sblock("cell"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
-                h_new[vd, vb, vj] = _cell_math(T, gi, row, vd * G + vj, hidden, gh[vd, vb, vj],
-                                               gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
+                col = T.meta_var(vd * G + vj)
+                h_new[vd, vb, vj] = _cell_math(T, gi[row, col], gi[row, col + hidden], gi[row, col + 2 * hidden],
+                                               gh[vd, vb, vj], gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
                                                h[vd, vb, vj], math_dtype)
         store(h_new, step, layer, h_out, out, h_n)
 
@@ -111,12 +112,18 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
 
 def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: str, gh_dtype: str,
-                     math_dtype: str) -> Any:
+                     math_dtype: str, prefetched: bool = False) -> Any:
     """S3 of the fused step kernels: the gate sums ``acc`` plus b_h, rounded to ``gh_dtype``
-    as if stored, and the cell on them into ``h_new`` (both step kernels share it)."""
+    as if stored, and the cell on them into ``h_new`` (both step kernels share it).
+    ``prefetched``: gi and b_h come from the step's copies (dirs, batch, 3, hidden) and
+    (dirs, 3, hidden) (``step_func``'s ``prefetch``)."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
+
+    def gate_sum(acc: Any, bias: Any, vd: Any, vb: Any, g: int, vj: Any) -> Any:
+        b_h = bias[vd, g, vj] if prefetched else bias[vd, g * hidden + vj] if g else bias[vd, vj]
+        return _stored_as(acc[vd, vb, g, vj] + b_h.astype(acc_dtype), gh_dtype)
 
     @T.macro
     def cell(gi, h, acc, bias, h_new, step):  # type: ignore[no-untyped-def]
@@ -124,19 +131,29 @@ def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: 
             with T.sblock("cell"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                col = T.meta_var(vd * G + vj)
                 h_new[vd, vb, vj] = _cell_math(
-                    T, gi, row, vd * G + vj, hidden,
-                    _stored_as(acc[vd, vb, 0, vj] + bias[vd, vj].astype(acc_dtype), gh_dtype),
-                    _stored_as(acc[vd, vb, 1, vj] + bias[vd, hidden + vj].astype(acc_dtype), gh_dtype),
-                    _stored_as(acc[vd, vb, 2, vj] + bias[vd, 2 * hidden + vj].astype(acc_dtype), gh_dtype),
-                    h[step % 2, vd, vb, vj], math_dtype)
+                    T, *((gi[vd, vb, 0, vj], gi[vd, vb, 1, vj], gi[vd, vb, 2, vj]) if prefetched
+                         else (gi[row, col], gi[row, col + hidden], gi[row, col + 2 * hidden])),
+                    gate_sum(acc, bias, vd, vb, 0, vj), gate_sum(acc, bias, vd, vb, 1, vj),
+                    gate_sum(acc, bias, vd, vb, 2, vj), h[step % 2, vd, vb, vj], math_dtype)
 
     return cell
 
 
+def step_k_extent(hidden: int, step_k: int, step_ks: int) -> int:
+    """The extent of the fused step kernel's reduction over k: ``hidden``, or rounded up to a
+    multiple of ``step_k`` when split-K (``step_ks`` > 1) would otherwise split it unevenly
+    (rfactor drops the guard of an uneven split, so the padding is part of the compute)."""
+    if step_ks > 1 and hidden % step_k:
+        return -(-hidden // step_k) * step_k
+    return hidden
+
+
 def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
-              math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0) -> Any:
+              math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0, k_extent: int = 0,
+              w_split: int = 0, prefetch: bool = False) -> Any:
     """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
 
     The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
@@ -149,18 +166,34 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
     written would make TVM see a write-after-read hazard it cannot schedule around.
 
-    ``w_tile`` > 0 (it must divide ``hidden``): W_h is read through a copy ``w_tiles``
-    laid out per tile of ``w_tile`` units, (dirs, hidden/w_tile, k, gate, unit), so a
-    block's slice of all three gates is one compact region (in the (k, 3·hidden) layout
-    the gates lie hidden apart) that the schedule stages in shared memory."""
+    ``w_tile`` > 0: W_h is read through a copy ``w_tiles`` laid out per tile of ``w_tile``
+    units, (dirs, ceil(hidden/w_tile), k, gate, unit), so a block's slice of all three gates
+    is one compact region (in the (k, 3·hidden) layout the gates lie hidden apart) that the
+    schedule stages in shared memory; units past ``hidden`` are zeros.
+
+    ``w_split`` > 0 (instead of ``w_tile``): W_h is read through a copy ``w_regs`` laid out per
+    thread of a split-K over ``w_split`` threads interleaved in k (k = i·w_split + t), (dirs,
+    unit, t, i, gate): one thread's share of W is one compact region, which the schedule
+    keeps in registers (the persistent kernel loads it once for all T steps).
+
+    ``prefetch``: the cell reads this step's gi and b_h through copies ``gi_pre`` (dirs, batch,
+    3, hidden) and ``bias_pre`` (dirs, 3, hidden) made before the dot products, so the
+    schedule can load them early (their latency behind the math; b_h once per launch).
+
+    ``k_extent`` > ``hidden`` (``step_k_extent``): the dot products run over k < k_extent,
+    the state read through ``h_pad`` (zeros past ``hidden``) and W's row index clamped to
+    ``hidden``-1 (real weights times zero: every load stays in bounds), so a split of k
+    into equal slices needs no guard."""
     from tvm.script import tirx as T
 
-    G = 3 * hidden
+    G, K = 3 * hidden, max(k_extent, hidden)
+    padded, last = K > hidden, hidden - 1
+    tiles, tile = (-(-hidden // w_tile), w_tile) if w_tile else (1, 1)
+    staged_w, reg_w, split = bool(w_tile), bool(w_split), max(w_split, 1)
+    guard_w = padded or (staged_w and hidden % w_tile != 0)
     store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
-    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype)
-    if w_tile:
-        return _step_func_w_tiles(steps, batch, hidden, dirs, layers, gi_dtype, h_dtype, w_dtype, acc_dtype,
-                                  math_dtype, out_dtype, w_tile, cell, store)
+    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype, prefetched=prefetch)
+    zero_h, zero_w, zero_acc = (T.cast(0, dtype) for dtype in (h_dtype, w_dtype, acc_dtype))
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
@@ -170,53 +203,76 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                     h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
         T.func_attr({"tirx.noalias": True})
+        w_tiles = T.sblock_alloc_buffer((dirs, tiles, K, 3, tile), w_dtype)
+        h_pad = T.sblock_alloc_buffer((dirs, batch, K), h_dtype)
+        w_regs = T.sblock_alloc_buffer((dirs, hidden, split, K // split, 3), w_dtype)
+        gi_pre = T.sblock_alloc_buffer((dirs, batch, 3, hidden), gi_dtype)
+        bias_pre = T.sblock_alloc_buffer((dirs, 3, hidden), w_dtype)
+        if prefetch:
+            for d, b, g, j in T.grid(dirs, batch, 3, hidden):
+                with T.sblock("gi_pre"):
+                    vd, vb, vg, vj = T.axis.remap("SSSS", [d, b, g, j])
+                    row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                    gi_pre[vd, vb, vg, vj] = gi[row, vd * G + vg * hidden + vj]
+            for d, g, j in T.grid(dirs, 3, hidden):
+                with T.sblock("bias_pre"):
+                    vd, vg, vj = T.axis.remap("SSS", [d, g, j])
+                    bias_pre[vd, vg, vj] = bias[vd, vg * hidden + vj]
         acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
         h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
-        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
-            with T.sblock("gh"):
-                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
-                with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
-                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
-                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (h[step % 2, vd, vb, vk].astype(acc_dtype)
-                                                             * w[vd, vk, vg * hidden + vj].astype(acc_dtype))
-        cell(gi, h, acc, bias, h_new, step)
-        store(h_new, step, layer, h_out, out, h_n)
-
-    return step_kernel
-
-
-def _step_func_w_tiles(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str,
-                       h_dtype: str, w_dtype: str, acc_dtype: str, math_dtype: str, out_dtype: str, w_tile: int,
-                       cell: Any, store: Any) -> Any:
-    """``step_func`` with W_h read through per-tile copies (see its ``w_tile``)."""
-    from tvm.script import tirx as T
-
-    G, tiles = 3 * hidden, hidden // w_tile
-
-    @T.prim_func(s_tir=True)
-    def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
-                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
-                    w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
-                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
-                    out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-                    h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
-        T.func_attr({"tirx.noalias": True})
-        w_tiles = T.sblock_alloc_buffer((dirs, tiles, hidden, 3, w_tile), w_dtype)
-        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
-        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
-        for d, t, k, g, u in T.grid(dirs, tiles, hidden, 3, w_tile):
-            with T.sblock("w_stage"):
-                vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
-                w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * w_tile + vu]
-        for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, hidden):
-            with T.sblock("gh"):
-                vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
-                with T.init():
-                    acc[vd, vb, vg, vj] = T.cast(0, acc_dtype)
-                acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
-                    h[step % 2, vd, vb, vk].astype(acc_dtype)
-                    * w_tiles[vd, vj // w_tile, vk, vg, vj % w_tile].astype(acc_dtype))
-        cell(gi, h, acc, bias, h_new, step)
+        if staged_w:
+            for d, t, k, g, u in T.grid(dirs, tiles, K, 3, tile):
+                with T.sblock("w_stage"):
+                    vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
+                    if guard_w:
+                        w_tiles[vd, vt, vk, vg, vu] = T.if_then_else(
+                            vk < hidden and vt * tile + vu < hidden,
+                            w[vd, T.min(vk, last), vg * hidden + T.min(vt * tile + vu, last)], zero_w)
+                    else:
+                        w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * tile + vu]
+        if reg_w:
+            for d, j, kt, kk, g in T.grid(dirs, hidden, w_split, K // w_split, 3):
+                with T.sblock("w_regs"):
+                    vd, vj, vkt, vkk, vg = T.axis.remap("SSSSS", [d, j, kt, kk, g])
+                    if padded:
+                        w_regs[vd, vj, vkt, vkk, vg] = T.if_then_else(
+                            vkk * w_split + vkt < hidden,
+                            w[vd, T.min(vkk * w_split + vkt, last), vg * hidden + vj], zero_w)
+                    else:
+                        w_regs[vd, vj, vkt, vkk, vg] = w[vd, vkk * w_split + vkt, vg * hidden + vj]
+        if padded:
+            for d, b, k in T.grid(dirs, batch, K):
+                with T.sblock("h_pad"):
+                    vd, vb, vk = T.axis.remap("SSS", [d, b, k])
+                    h_pad[vd, vb, vk] = T.if_then_else(vk < hidden, h[step % 2, vd, vb, T.min(vk, last)], zero_h)
+        if reg_w:  # k = i·w_split + t: the split-K threads' axis t is the block's own
+            for d, b, g, j, i, t in T.grid(dirs, batch, 3, hidden, K // w_split, w_split):
+                with T.sblock("gh"):
+                    vd, vb, vg, vj, vi, vt = T.axis.remap("SSSSRR", [d, b, g, j, i, t])
+                    with T.init():
+                        acc[vd, vb, vg, vj] = zero_acc
+                    h_k = T.meta_var(h_pad[vd, vb, vi * w_split + vt] if padded
+                                     else h[step % 2, vd, vb, vi * w_split + vt])
+                    acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
+                        h_k.astype(acc_dtype) * w_regs[vd, vj, vt, vi, vg].astype(acc_dtype))
+        else:
+            for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, K):
+                with T.sblock("gh"):
+                    vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
+                    with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
+                        acc[vd, vb, vg, vj] = zero_acc
+                    h_k = T.meta_var(h_pad[vd, vb, vk] if padded else h[step % 2, vd, vb, vk])
+                    if staged_w:
+                        w_k = T.meta_var(w_tiles[vd, vj // tile, vk, vg, vj % tile])
+                    elif padded:
+                        w_k = T.meta_var(w[vd, T.min(vk, last), vg * hidden + vj])
+                    else:
+                        w_k = T.meta_var(w[vd, vk, vg * hidden + vj])
+                    acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + h_k.astype(acc_dtype) * w_k.astype(acc_dtype)
+        if prefetch:
+            cell(gi_pre, h, acc, bias_pre, h_new, step)
+        else:
+            cell(gi, h, acc, bias, h_new, step)
         store(h_new, step, layer, h_out, out, h_n)
 
     return step_kernel
@@ -288,25 +344,42 @@ def schedule_cell(func: Any, cell_block: int) -> Any:
 
 
 def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
-    """Fused step: block = ``step_j`` hidden units × ``step_b`` batch rows of one direction;
-    each thread keeps 3·step_b gate sums in registers, h is staged in shared memory, and
-    with ``step_w_onchip`` the block's W_h slice too (dynamic shared memory on CUDA, where
-    it exceeds the 48 KiB of a static array)."""
+    """Fused step: block = ``step_j`` hidden units × ``step_bt``·``step_b`` batch rows of one
+    direction; each thread keeps 3·step_b gate sums in registers (``step_bt`` threads along
+    the rows, ``step_ks`` along k), h is staged in shared memory ``step_k`` at a time
+    (double-buffered with ``step_pipeline``).  ``step_w_onchip`` 1: the block's W_h slice in
+    shared memory too (dynamic on CUDA, with every other shared buffer: it exceeds the 48 KiB
+    of a static array), serving all the block's rows; 2: each thread's share of W_h in
+    registers.  ``step_prefetch``: this step's gi and b_h in registers (the step-loop
+    forms move their loads early, ``tvm_ext.step_loop``)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
+    # with the W slice in dynamic shared memory, every shared buffer is (one allocation, up
+    # to the opt-in limit); otherwise static arrays (48 KiB)
+    dynamic = "shared.dyn" if kind == "cuda" else "shared"
     store = sch.get_sblock("store")
     d, b, j = sch.get_loops(store)
-    bo, bi = sch.split(b, [None, c.step_b])
-    jo, jt = sch.split(j, [None, c.step_j])
-    sch.reorder(d, bo, jo, jt, bi)
+    bt = c.step_bt
+    if bt > 1:  # rows: block, thread (threadIdx.z), each thread's own
+        bo, bz, bi = sch.split(b, [None, bt, c.step_b])
+        jo, jt = sch.split(j, [None, c.step_j])
+        sch.reorder(d, bo, jo, bz, jt, bi)
+        sch.bind(bz, "threadIdx.z")
+    else:
+        bo, bi = sch.split(b, [None, c.step_b])
+        jo, jt = sch.split(j, [None, c.step_j])
+        sch.reorder(d, bo, jo, jt, bi)
     sch.bind(jo, "blockIdx.x")
     sch.bind(bo, "blockIdx.y")
     sch.bind(d, "blockIdx.z")
     sch.bind(jt, "threadIdx.x")
+    outer = 4 + (bt > 1)  # the loops above a thread's own: d, bo, jo, (bz,) jt
     cell = sch.get_sblock("cell")
     sch.compute_at(cell, bi)
     sch.set_scope(cell, 0, "local")
+    if c.step_prefetch or c.step_w_onchip == 2 or bt > 1:
+        sch.unroll(bi)  # the thread's rows: register arrays indexed by constants (no local memory)
     gh = sch.get_sblock("gh")
     ks = c.step_ks
     main = gh
@@ -315,44 +388,91 @@ def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
         # k-slice (step_k/ks of every staged slice) in registers; the partial sums meet
         # in shared memory (rfactor) and every thread adds them up for the cell.  ks
         # times the warps per SM for the same W traffic (the kernel is latency-bound).
-        k = sch.get_loops(gh)[-1]
-        _, kt, _ = sch.split(k, [None, ks, c.step_k // ks])
+        # With W on chip, k is interleaved over the ks threads (k = ki·ks + kt): their
+        # shared-memory reads of one W row and one h row fall in different banks (in
+        # contiguous chunks the chunk stride is a multiple of 32 words: ks-way conflicts).
+        if c.step_w_onchip == 2:  # the compute already splits k = i·ks + t
+            kt = sch.get_loops(gh)[-1]
+        elif c.step_w_onchip:
+            _, _, kt = sch.split(sch.get_loops(gh)[-1], [None, c.step_k // ks, ks])
+        else:
+            _, kt, _ = sch.split(sch.get_loops(gh)[-1], [None, ks, c.step_k // ks])
         main = sch.rfactor(kt, 0)
     sch.compute_at(gh, jt, preserve_unit_loops=True)
     sch.set_scope(gh, 0, "local")
     if ks == 1:
-        own = sch.get_loops(gh)[4:]  # below d, bo, jo, jt: batch rows, gates, unit j, k
+        own = sch.get_loops(gh)[outer:]  # batch rows, gates, unit j, k
         ko, ki = sch.split(own[-1], [None, c.step_k])
         sch.reorder(ko, ki, *own[:-1])
     else:
         sch.compute_at(main, jt, preserve_unit_loops=True)
-        kt, *spatial, ko, ki = sch.get_loops(main)[4:]  # iter order: kt, d, rows, gates, j, ko, ki
+        if c.step_w_onchip == 2:  # iter order: kt, d, rows, gates, j, i
+            kt, *spatial, i = sch.get_loops(main)[outer:]
+            ko, ki = sch.split(i, [None, c.step_k // ks])
+        else:  # iter order: kt, d, rows, gates, j, ko, ki
+            kt, *spatial, ko, ki = sch.get_loops(main)[outer:]
         sch.reorder(kt, ko, ki, *spatial)
         sch.bind(kt, "threadIdx.y")
-        sch.set_scope(main, 0, "shared")
+        sch.set_scope(main, 0, dynamic if c.step_w_onchip == 1 else "shared")
         partial = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(partial, kt, preserve_unit_loops=True)
-    if c.step_w_onchip:  # the block's W slice: all of k, 3 gates, step_j units
+    if c.step_w_onchip == 2:  # the thread's share of W (its k's, 3 gates, its unit) in registers
+        w_regs = sch.get_sblock("w_regs")
+        sch.compute_at(w_regs, kt if ks > 1 else jt, preserve_unit_loops=True)
+        sch.set_scope(w_regs, 0, "local")
+        for loop in sch.get_loops(w_regs)[outer + (ks > 1):]:
+            sch.unroll(loop)  # constant indices: the array stays in registers
+    elif c.step_w_onchip:  # the block's W slice: all of k, 3 gates, step_j units
         w_stage = sch.get_sblock("w_stage")
         sch.compute_at(w_stage, jo, preserve_unit_loops=True)
-        sch.set_scope(w_stage, 0, "shared.dyn" if kind == "cuda" else "shared")
+        sch.set_scope(w_stage, 0, dynamic)
         fused = sch.fuse(*sch.get_loops(w_stage)[3:])  # below d, bo, jo: k, gate, unit
-        if ks > 1:
-            _, fy, fx = sch.split(fused, [None, ks, c.step_j])
-            sch.bind(fy, "threadIdx.y")
-        else:
-            _, fx = sch.split(fused, [None, c.step_j])
-        sch.bind(fx, "threadIdx.x")
-    staged = sch.cache_read(main, "h", "shared", consumer_blocks=[main])
+        _bind_fill(sch, fused, c)
+    if c.step_prefetch:  # this step's gi and b_h in registers, loaded before the dot products
+        for name in ("gi_pre", "bias_pre"):
+            pre = sch.get_sblock(name)
+            sch.compute_at(pre, jt, preserve_unit_loops=True)
+            sch.set_scope(pre, 0, "local")
+            for loop in sch.get_loops(pre)[outer:]:
+                sch.unroll(loop)
+    padded = [b for b in sch.get_producers(main) if sch.get(b).name_hint == "h_pad"]
+    h_scope = dynamic if c.step_w_onchip == 1 else "shared"
+    if padded:  # padded k (``step_k_extent``): the zero-padded state slice is what is staged
+        (staged,) = padded
+        sch.set_scope(staged, 0, h_scope)
+    else:
+        staged = sch.cache_read(main, "h", h_scope, consumer_blocks=[main])
     sch.compute_at(staged, ko, preserve_unit_loops=True)
-    below = 5 if ks == 1 else 6  # d, bo, jo, jt, (kt,) ko
+    below = outer + 1 + (ks > 1)  # d, bo, jo, (bz,) jt, (kt,) ko
     fused = sch.fuse(*sch.get_loops(staged)[below:])  # the staged rows × k-slice
-    _, fx = sch.split(fused, [None, c.step_j])
-    sch.bind(fx, "threadIdx.x")
-    sch.annotate(ko, "pragma_auto_unroll_max_step", 256)
-    sch.annotate(ko, "pragma_unroll_explicit", 1)
+    if bt > 1:  # every thread of the block takes a share
+        _bind_fill(sch, fused, c)
+    else:
+        _, fx = sch.split(fused, [None, c.step_j])
+        sch.bind(fx, "threadIdx.x")
+    if c.step_pipeline:  # the fill of slice k+1 (its own buffer) overlaps the math of slice k
+        sch.annotate(ko, "software_pipeline_stage", [0, 1])
+        sch.annotate(ko, "software_pipeline_order", [0, 1])
+        if kind == "cuda":  # cp.async: the fill does not wait for its loads (``GruTemplate.pass_config``)
+            sch.annotate(ko, "software_pipeline_async_stages", [0])
+    if c.step_w_onchip == 2:  # every k slice: its W values are registers, named by constants
+        sch.unroll(ko)
+        sch.unroll(ki)
+    else:
+        sch.annotate(ko, "pragma_auto_unroll_max_step", 256)
+        sch.annotate(ko, "pragma_unroll_explicit", 1)
     sch.decompose_reduction(main, ko)
     return sch
+
+
+def _bind_fill(sch: Any, fused: Any, c: Config) -> None:
+    """A cooperative fill loop over the block's threads (z: step_bt, y: step_ks, x: step_j)."""
+    factors = [c.step_bt, c.step_ks, c.step_j]
+    tags = ["threadIdx.z", "threadIdx.y", "threadIdx.x"]
+    used = [(f, t) for f, t in zip(factors, tags) if f > 1 or t == "threadIdx.x"]
+    loops = sch.split(fused, [None, *(f for f, _ in used)])
+    for loop, (_, tag) in zip(loops[1:], used):
+        sch.bind(loop, tag)
 
 
 def schedule_init(func: Any, threads: int) -> Any:

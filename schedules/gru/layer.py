@@ -67,7 +67,8 @@ class GRU:
               config: Config | Mapping[str, Any] | None = None, device_id: int = 0,
               precision: Mapping[str, str] | None = None) -> "GRU":
         """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
-        values that override the default (e.g. ``{"fuse_step": 1}``).  ``precision``: dtypes
+        values that override the default (e.g. ``{"fuse_step": 1}``); none: the template's
+        ``analytic_pick`` for this shape and device (on a GPU, the fused split-K step kernel).  ``precision``: dtypes
         of some of ``PRECISION_PARAMS`` (e.g. ``{"gi": "bfloat16"}``), the rest float32."""
         from tvm_ext.target import resolve_target
 
@@ -77,7 +78,7 @@ class GRU:
         template = template.with_precision(dict(precision or {}))
         space = template.space(info)
         if config is None:
-            cfg = template.default_config(info)
+            cfg = template.analytic_pick(info)[0]
         elif isinstance(config, Config):
             cfg = config
             space.encode(cfg)

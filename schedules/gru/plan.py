@@ -73,10 +73,16 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         step = scheds["gru_step"]
         per_sm = template.persistent_residency(config, target)[0] if mode == step_loop.PERSISTENT else 1
         # W_hh's tile is filled from the weights only: the persistent kernel loads it once
-        hoist = ("w_tiles_shared.dyn",) if config.step_w_onchip and mode == step_loop.PERSISTENT else ()
+        hoist: tuple[str, ...] = ()
+        early: tuple[str, ...] = ()
+        if mode == step_loop.PERSISTENT and config.step_w_onchip:
+            hoist = ("w_tiles_shared.dyn",) if config.step_w_onchip == 1 else ("w_regs_local",)
+        if mode == step_loop.PERSISTENT and config.step_prefetch:  # b_h once, gi a step ahead
+            hoist, early = hoist + ("bias_pre_local",), ("gi_pre_local",)
         funcs["gru_steps"] = step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), template.seq,
                                                   mode, state=("h", "h_out"), name="gru_steps",
-                                                  min_blocks_per_sm=per_sm, hoist=hoist)
+                                                  min_blocks_per_sm=per_sm, hoist=hoist,
+                                                  barrier=step_loop.BARRIERS[config.step_barrier], early=early)
         modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
         trace["gru_steps"] = trace.pop("gru_step")
         for table in (funcs, modules):

@@ -33,7 +33,7 @@ from tvm_ext.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
-from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
+from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func, step_k_extent
 
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),
@@ -43,21 +43,35 @@ STEP_KNOBS = (
     Knob("step_j", (8, 16, 32, 64, 128, 256), "fused step kernel: hidden units per block, one per thread "
                                              "(times step_ks threads)"),
     Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
+    Knob("step_bt", (1, 2, 4, 8, 16), "fused step kernel: threads along batch rows (threadIdx.z); a block "
+                                      "covers step_bt x step_b rows, so an on-chip W slice serves more rows"),
     Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
-    Knob("step_ks", (1, 2, 4, 8), "fused step kernel: threads splitting each dot product over k "
+    Knob("step_pipeline", (0, 1), "fused step kernel: 1 double-buffers the staged h slice, the fill of slice "
+                                  "k+1 overlapping the math of slice k (a software pipeline)"),
+    Knob("step_ks", (1, 2, 4, 8, 16), "fused step kernel: threads splitting each dot product over k "
                                   "(more warps in flight; partial sums meet in shared memory)"),
     Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
                                  "loop compiled into TVM's host code (one call per layer); 2 persistent: "
                                  "one launch per layer, a grid barrier between steps (grid <= SM count)"),
-    Knob("step_w_onchip", (0, 1), "fused step kernel: 1 stages the block's W_hh slice (step_j units x 3 gates "
-                                  "x hidden) in shared memory; the persistent kernel loads it once for all "
-                                  "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
+    Knob("step_prefetch", (0, 1), "fused step kernel: 1 loads the step's gi and b_h into registers before the "
+                                  "dot products (their latency behind the math; the persistent kernel loads b_h "
+                                  "once)"),
+    Knob("step_barrier", (0, 1, 2), "persistent step kernel (step_loop 2): its grid barrier's leader arrives with "
+                                     "an atomic add and polls with 0 atomics, 1 volatile loads, 2 acquire loads "
+                                     "(arriving with a release add; no trailing fence)"),
+    Knob("step_w_onchip", (0, 1, 2), "fused step kernel: 1 stages the block's W_hh slice (step_j units x 3 "
+                                     "gates x hidden) in shared memory, 2 keeps each thread's share (3 gates x "
+                                     "hidden/step_ks) in registers; the persistent kernel loads it once for all "
+                                     "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
 )
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
 # registers (launch bounds) is refused below this many registers per thread (spills).
 SHARED_RESERVED_PER_BLOCK = 1024
 PERSISTENT_MIN_REGISTERS = 64
+# W_hh held in registers (step_w_onchip 2): a thread's share plus this many for the rest
+# (accumulators, addresses, the cell) must fit the registers a thread may have.
+MAX_REGISTERS, OTHER_REGISTERS = 255, 40
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
@@ -154,11 +168,12 @@ class GruTemplate(DtypeFields, Template):
         return 2 if self.bidirectional else 1
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
-        """The WMMA tiles' options (cp.async): they only act on copies a tile marked async,
-        so one module-wide context serves every kernel."""
+        """The options of the WMMA tiles and of the step kernel's pipelined h slice (cp.async):
+        they only act on copies a schedule marked async, so one module-wide context serves
+        every kernel."""
         if target.kind != "cuda":
             return {}
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"tirx.use_async_copy": True} if config.fuse_step and config.step_pipeline else {}
         for tile in (self.in_tensor_core, self.hid_tensor_core):
             if tile is not None:
                 options.update(wmma.pass_config(tile))
@@ -308,24 +323,33 @@ class GruTemplate(DtypeFields, Template):
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
             if not c.fuse_step:
                 return None
-            if c.step_j * c.step_ks > target.max_threads_per_block:
-                return f"step kernel: {c.step_j}x{c.step_ks} threads > device limit {target.max_threads_per_block}"
+            if c.step_j * c.step_ks * c.step_bt > target.max_threads_per_block:
+                return (f"step kernel: {c.step_j}x{c.step_ks}x{c.step_bt} threads > device limit "
+                        f"{target.max_threads_per_block}")
+            if c.step_bt > 1 and c.step_bt * c.step_b >= 2 * self.batch:
+                return f"step kernel: {c.step_bt}x{c.step_b} rows per block for batch {self.batch} (half of them idle)"
             if c.step_k % c.step_ks:
                 return "step kernel: step_ks must divide step_k"
-            if c.step_ks > 1 and self.hidden % c.step_k:
-                return "step kernel: split-K (step_ks > 1) needs hidden to be a multiple of step_k"
-            if c.step_w_onchip and self.hidden % c.step_j:
-                return "step kernel: step_w_onchip needs hidden to be a multiple of step_j"
             if c.step_loop and target.kind != "cuda":
                 return "step kernel: step_loop 1 and 2 are CUDA only (OpenCL runs one launch per step)"
             static = self.step_shared_bytes(c.replace(step_w_onchip=0))
-            if static > target.max_shared_memory_per_block:
+            if static > target.max_shared_memory_per_block and not (c.step_w_onchip == 1 and target.kind == "cuda"):
                 return "step kernel: staged h slice and partial sums exceed shared memory"
-            # the W slice is dynamic shared memory on CUDA (up to the opt-in limit per block)
+            # with the W slice, all is dynamic shared memory on CUDA (up to the opt-in limit per block)
             limit = HardwareModel.from_target(target).shared_per_block_optin
             if self.step_shared_bytes(c) > limit:
                 return (f"step kernel: h slice, partial sums and W_hh slice need {self.step_shared_bytes(c)} B "
                         f"of shared memory > {limit}")
+            if c.step_w_onchip == 2 and c.step_ks == 1:
+                return "step kernel: W_hh in registers (step_w_onchip 2) needs split-K (step_ks > 1)"
+            if c.step_w_onchip == 2 and target.kind == "cuda":
+                per_sm = self.persistent_residency(c, target)[0] if c.step_loop == 2 else 1
+                threads = c.step_j * c.step_ks * c.step_bt
+                available = min(MAX_REGISTERS, 65536 // (per_sm * threads))
+                if self.step_w_registers(c) + OTHER_REGISTERS > available:
+                    return (f"step kernel: W_hh in registers needs {self.step_w_registers(c)} per thread (3 gates x "
+                            f"{step_k_extent(self.hidden, c.step_k, c.step_ks) // c.step_ks} k) + "
+                            f"{OTHER_REGISTERS} > {available}")
             if c.step_loop == 2:
                 return self.persistent_residency(c, target)[1]
             return None
@@ -335,9 +359,22 @@ class GruTemplate(DtypeFields, Template):
     def step_shared_bytes(self, c: Config) -> int:
         """Shared memory of one fused-step block: the staged h slice, split-K partial sums
         and (``step_w_onchip``) the W slice."""
-        partials = 0 if c.step_ks == 1 else c.step_ks * c.step_b * 3 * c.step_j * itemsize(self.hid_acc_dtype)
-        w_slice = c.step_w_onchip * self.hidden * 3 * c.step_j * itemsize(self.w_hh_dtype)
-        return itemsize(self.h_dtype) * c.step_b * c.step_k + partials + w_slice
+        rows = c.step_b * c.step_bt
+        partials = 0 if c.step_ks == 1 else c.step_ks * rows * 3 * c.step_j * itemsize(self.hid_acc_dtype)
+        k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
+        w_slice = (c.step_w_onchip == 1) * k_extent * 3 * c.step_j * itemsize(self.w_hh_dtype)
+        stages = 2 if c.step_pipeline else 1  # the pipelined slice is double-buffered
+        return stages * itemsize(self.h_dtype) * rows * c.step_k + partials + w_slice
+
+    def step_w_registers(self, c: Config) -> int:
+        """32-bit registers per thread that hold its share of W_hh (``step_w_onchip`` 2): one per
+        value of up to 4 bytes (16-bit values are not assumed packed), two per float64."""
+        k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
+        return 3 * (k_extent // c.step_ks) * max(1, itemsize(self.w_hh_dtype) // 4)
+
+    def step_blocks(self, c: Config) -> int:
+        """Blocks of the fused step kernel's grid: unit tiles x row tiles x directions."""
+        return -(-self.hidden // c.step_j) * -(-self.batch // (c.step_b * c.step_bt)) * self.dirs
 
     def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
         """Blocks per SM the persistent step kernel needs resident (its grid spread over the
@@ -346,8 +383,8 @@ class GruTemplate(DtypeFields, Template):
         limits come from the hardware model; registers are made to fit by compiling with
         ``__launch_bounds__(threads, per_sm)``, refused when that leaves too few."""
         hw = HardwareModel.from_target(target)
-        blocks = -(-self.hidden // c.step_j) * -(-self.batch // c.step_b) * self.dirs
-        threads = c.step_j * c.step_ks
+        blocks = self.step_blocks(c)
+        threads = c.step_j * c.step_ks * c.step_bt
         per_sm = -(-blocks // hw.sm_count)
         shared = self.step_shared_bytes(c) + SHARED_RESERVED_PER_BLOCK
         fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads, hw.shared_per_sm // shared)
@@ -367,12 +404,20 @@ class GruTemplate(DtypeFields, Template):
 
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
-        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_k": 32,
-                                  "step_ks": 1, "step_loop": 0, "step_w_onchip": 0}
+        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_bt": 1, "step_k": 32, "step_pipeline": 0,
+                                  "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
+                                  "step_w_onchip": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
         return self.space(target).make(**{k: v for k, v in values.items() if k in names})
+
+    def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
+        """A config for this shape without measuring (``GRU.build`` without a config, and
+        ``tune gru --strategy analytic``), and why (the rules: ``pick.py``)."""
+        from .pick import analytic_pick
+
+        return analytic_pick(self, target)
 
     # ---- kernels and plan ------------------------------------------------------------------
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
@@ -392,7 +437,10 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_step"] = schedule_step(
                 step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
                           acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip else 0),
+                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip == 1 else 0,
+                          w_split=config.step_ks if config.step_w_onchip == 2 else 0,
+                          prefetch=bool(config.step_prefetch),
+                          k_extent=step_k_extent(h, config.step_k, config.step_ks)),
                 config, target.kind)
         else:
             funcs["gru_gemm_h"] = self.hidden_gemm().schedule(gemms["hid_"], target)

@@ -1,0 +1,104 @@
+"""The GRU's zero-measurement config: rules read off the H100 measurements of the fused
+step kernel (``benchmarks/RESULTS.md``, ``benchmarks/gru_probe.py``), sized by the
+hardware model, so any shape gets a fast kernel without tuning.
+
+What the measurements said, and the rule each gives:
+
+- The fused step kernel with split-K was every tuned shape's best, and on CUDA as the
+  persistent kernel (one launch per layer) wherever its grid is resident.
+- The acquire/release grid barrier (``step_barrier`` 2) and loading gi a step ahead of
+  the barrier (``step_prefetch``) were each faster than without, at every shape measured.
+- Few batch rows per thread: one row per block beat two to eight rows at B1-B8 by up to
+  2x; the tile (rows, units) is the first of ``SMALL_TILES`` whose grid is resident with
+  at most 256 threads per SM (255 registers a thread: more threads per SM capped the
+  registers, and the kernels spilled).
+- Many rows (batch >= 32): blocks of 8 units x all rows (threads along the rows), W_hh's
+  slice in shared memory, the h slice double-buffered (B64 H1024: 4.57 ms against 4.91).
+- W_hh in registers won where the k extent is padded (hidden 200: 0.42 ms against 0.90;
+  hidden 33: 0.068 against 0.100) and lost slightly where it divides (hidden 256, 512).
+- The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
+  fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
+  SM a block, else the default.
+
+On a CPU device (PoCL) the patent pipeline, which was the faster family there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.space import Config
+from tvm_ext.target import TargetInfo
+
+from .kernels import step_k_extent
+
+# (batch rows per thread, hidden units per block), tried in order at small batch
+SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
+MANY_ROWS = 32  # from this batch on, blocks of all rows with W_hh's slice in shared memory
+THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
+# The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
+LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
+                       double_buffer=1, a_transposed=1)
+
+
+def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
+    """(config, why) for ``template`` (a ``GruTemplate``) on ``target``."""
+    base = template.default_config(target)
+    if target.is_cpu:
+        return base, "CPU device: the patent pipeline (per-step GEMM, then the cell kernel)"
+    hw = HardwareModel.from_target(target)
+    space = template.space(target)
+    cuda = target.kind == "cuda"
+    base, gemm_why = _input_gemm(template, base, space, hw.sm_count)
+    extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
+    if cuda and template.batch >= MANY_ROWS:
+        cfg = _many_rows(template, base, extras)
+        if cfg is not None and space.is_feasible(cfg):
+            return cfg, (f"fused step kernel, {template.step_blocks(cfg)} blocks of 8 units x "
+                         f"{cfg.step_b * cfg.step_bt} batch rows (threads 8x{cfg.step_ks}x{cfg.step_bt}), W_hh's "
+                         f"slice in shared memory, h slices of 64 double-buffered, persistent; {gemm_why}")
+    ks = 8 if template.hidden >= 128 else 4
+    step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
+    padded = step_k_extent(template.hidden, step_k, ks) > template.hidden
+    for rows, units in SMALL_TILES:
+        units = units if template.hidden > 16 else 16
+        cfg = base.replace(fuse_step=1, step_j=units, step_b=rows, step_k=step_k, step_ks=ks, **extras)
+        if padded and space.is_feasible(cfg.replace(step_w_onchip=2)):
+            cfg = cfg.replace(step_w_onchip=2)
+        if not space.is_feasible(cfg):
+            continue
+        per_sm = template.persistent_residency(cfg, target)[0] if cuda else -(-template.step_blocks(cfg) // hw.sm_count)
+        if per_sm * units * ks > THREADS_PER_SM and (cuda or per_sm > 2):
+            continue
+        loop = "persistent kernel (one launch, a grid barrier per step)" if cuda else "one launch per step"
+        w_hh = "W_hh in registers, " if cfg.step_w_onchip == 2 else ""
+        return cfg, (f"fused step kernel, split-K: {template.step_blocks(cfg)} blocks of {units} units x {rows} "
+                     f"batch rows ({units}x{ks} threads, k slices of {step_k}, k extent "
+                     f"{step_k_extent(template.hidden, step_k, ks)}), {w_hh}{loop} on {hw.sm_count} SMs; {gemm_why}")
+    cfg = base.replace(fuse_step=1, step_j=32, step_b=8, step_k=step_k, step_ks=ks, step_loop=0, step_prefetch=1)
+    if space.is_feasible(cfg):
+        return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
+                     f"{step_k}), one launch per step (no resident persistent grid); {gemm_why}")
+    return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+
+
+def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+    """``base`` with the input GEMM's large tile where it gives every SM a block."""
+    gemm = template.input_gemm(0)
+    tile_m = LARGE_GEMM_TILE["wg_y"] * LARGE_GEMM_TILE["task_y"]
+    tile_n = LARGE_GEMM_TILE["wg_x"] * LARGE_GEMM_TILE["task_x"]
+    if -(-gemm.m // tile_m) * -(-gemm.n // tile_n) < sm_count:
+        return base, "input GEMM: the default tile"
+    cfg = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})
+    if space.is_feasible(cfg):
+        return cfg, f"input GEMM: the {tile_m}x{tile_n} tile"
+    return base, "input GEMM: the default tile"
+
+
+def _many_rows(template: Any, base: Config, extras: dict[str, int]) -> Config | None:
+    """Blocks of 8 units x all rows: 8 rows per thread, up to 16 threads along the rows."""
+    row_threads = 1
+    while row_threads * 8 < template.batch and row_threads < 16:
+        row_threads *= 2
+    return base.replace(fuse_step=1, step_j=8, step_b=8, step_bt=row_threads, step_k=64, step_ks=4,
+                        step_w_onchip=1, step_pipeline=1, **extras)

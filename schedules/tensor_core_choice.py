@@ -1,0 +1,109 @@
+"""The tensor-core GEMM whose kernel is itself a knob: mma.sync (``mma.py``) or WMMA
+(``wmma.py``), each with its own tile knobs, so one search (``tune gemm-tc``) picks
+the kernel as well as its tile.
+
+A config carries both kernels' knobs; only the chosen kernel's are read (``kernel_config``),
+so two configs that differ only in the other kernel's knobs build the same source, which
+the tuner measures once.  Compute, inputs and reference are the GEMM template's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.schedules.mma import MMA_KNOBS, MmaGemmTemplate, with_unused_param
+from tvm_ext.schedules.mma import pass_config as mma_pass_config
+from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate
+from tvm_ext.schedules.wmma import AUTO_TILES as WMMA_TILES
+from tvm_ext.schedules.wmma import TC_KNOBS, pick_tile, schedule_wmma, tensor_core_reason
+from tvm_ext.schedules.wmma import pass_config as wmma_pass_config
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import TensorSpec
+
+KERNELS = ("mma", "wmma")
+KERNEL_KNOB = Knob("tc_kernel", KERNELS, "tensor-core kernel: mma.sync + ldmatrix, or WMMA fragments")
+CHOICE_KNOBS = (KERNEL_KNOB, *MMA_KNOBS, *TC_KNOBS)
+
+
+@dataclass(frozen=True)
+class TensorCoreChoiceTemplate(GemmTemplate):
+    """C[M, N] = A[M, K] · B[K, N] on the tensor cores, the kernel (``tc_kernel``) searched
+    with its tile.  WMMA takes float16 operands only; with bfloat16 every WMMA config is
+    infeasible (the reason says so) and the search stays on mma.sync."""
+
+    a_dtype: str = "float16"
+    b_dtype: str = "float16"
+    acc_dtype: str = "float32"
+    c_dtype: str = "float32"
+
+    name = "gemm_tc_any"
+
+    def __post_init__(self, dtype: str | None = None) -> None:
+        super().__post_init__(dtype)
+        self.mma  # validates the dtypes (the mma.sync kernel takes every supported combination)
+
+    @property
+    def mma(self) -> MmaGemmTemplate:
+        return MmaGemmTemplate(self.m, self.n, self.k, a_dtype=self.a_dtype, b_dtype=self.b_dtype,
+                               acc_dtype=self.acc_dtype, c_dtype=self.c_dtype)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.mma.params
+
+    def full_precision(self) -> GemmTemplate:
+        return GemmTemplate(self.m, self.n, self.k)
+
+    def kernel_config(self, config: Config) -> tuple[str, Config]:
+        """The chosen kernel and its own config (the knobs it reads)."""
+        names = [k.name for k in (MMA_KNOBS if config.tc_kernel == "mma" else TC_KNOBS)]
+        return config.tc_kernel, Config(tuple((n, config[n]) for n in names))
+
+    def reason(self, config: Config, target: TargetInfo) -> str | None:
+        kernel, own = self.kernel_config(config)
+        if kernel == "mma":
+            return self.mma.reason(own, target)
+        return tensor_core_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target, own)
+
+    def space(self, target: TargetInfo) -> Space:
+        return Space(CHOICE_KNOBS, (lambda c: self.reason(c, target),))
+
+    def scratch(self) -> list[TensorSpec]:
+        return self.mma.scratch()  # a WMMA kernel takes the same (unused) scratch parameter
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """mma.sync with ``pick_mma_tile``'s tile; the WMMA knobs at ``pick_tile``'s (or the
+        128x128 tile's) values, so a mutation of ``tc_kernel`` lands on a sensible WMMA tile."""
+        try:
+            mma = self.mma.default_config(target)
+        except TvmExtError as exc:
+            raise TvmExtError(str(exc).replace("no mma.sync tile fits", "no tensor-core tile fits")) from None
+        wmma = pick_tile([(self.m, self.n, self.k)], target, self.acc_dtype) if self.a_dtype == "float16" else None
+        values = {**(wmma or WMMA_TILES[1]).as_dict(), **mma.as_dict(), "tc_kernel": "mma"}
+        return Config(tuple((k.name, values[k.name]) for k in CHOICE_KNOBS))
+
+    def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
+        config = self.default_config(target)
+        return config, self.mma.analytic_pick(target)[1]
+
+    def schedule(self, config: Config, target: TargetInfo, func: Any = None, site: Any = None) -> Any:
+        from tvm import s_tir
+
+        if func is not None:
+            raise TvmExtError("the tensor-core GEMM schedules its own compute only")
+        kernel, own = self.kernel_config(config)
+        if kernel == "mma":
+            return self.mma.schedule(own, target)
+        scratch = self.scratch()
+        wmma = TensorCoreGemmTemplate(self.m, self.n, self.k, a_dtype=self.a_dtype, b_dtype=self.b_dtype,
+                                      acc_dtype=self.acc_dtype, c_dtype=self.c_dtype)
+        prim = with_unused_param(self, scratch[0]) if scratch else self.prim_func()
+        return schedule_wmma(s_tir.Schedule(prim), "C", own, epilogue=wmma.own_site().epilogue)
+
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        kernel, own = self.kernel_config(config)
+        return mma_pass_config(own) if kernel == "mma" else wmma_pass_config(own)
+
