@@ -19,12 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table  # noqa: E402
 from common import l2_rotation, time_vendor, vendor_methods  # noqa: E402
 
-from tvm_ext.builder import LocalBuilder  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.mma import AUTO_TILES, MmaGemmTemplate, MmaTile  # noqa: E402
+from tvm_ext.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
           "gru_in": (8192, 3072, 1024), "gru_hid": (64, 3072, 1024), "gru_hid8": (8, 1536, 512)}
@@ -84,15 +81,14 @@ def main() -> int:
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")
-    builder = LocalBuilder(workers=args.workers, timeout=300)
-    runner = LocalRunner(target, timeout=120)
     tables = []
-    try:
-        for name in args.shapes.split(","):
-            m, n, k = SHAPES[name]
-            template = MmaGemmTemplate(m, n, k, c_dtype="float16")
-            store = RecordStore(os.path.join(args.out, f"mma_probe_{name}.jsonl"))
-            tuner = Tuner(template, target, builder, runner, store)
+    for name in args.shapes.split(","):
+        m, n, k = SHAPES[name]
+        template = MmaGemmTemplate(m, n, k, c_dtype="float16")
+        options = SessionOptions(target="cuda", workers=args.workers, build_timeout=300, run_timeout=120,
+                                 records=os.path.join(args.out, f"mma_probe_{name}.jsonl"))  # a file per shape
+        with Session(options, target=target) as session:
+            tuner = session.tuner(template)
             configs = variations(template.default_config(target)) if args.variations else [template.default_config(target)]
             configs += [c for c in list(AUTO_TILES) + (FOCUS if args.focus else []) if c not in configs]
             space = tuner.space
@@ -117,9 +113,6 @@ def main() -> int:
                   flush=True)
             tables.append(table(f"mma.sync {m}x{n}x{k} (fp16, fp32 acc, fp16 C); cuBLAS {describe(vendor, template.flops())}",
                                 ["config", "ms", "TFLOP/s", "of cuBLAS", "rel err / error"], [r for _, r in rows]))
-    finally:
-        builder.close()
-        runner.close()
     print("\n\n".join(tables))
     return 0
 

@@ -19,12 +19,9 @@ from common import table  # noqa: E402
 from common import l2_rotation, time_vendor  # noqa: E402
 from mma_probe import describe  # noqa: E402
 
-from tvm_ext.builder import LocalBuilder  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner  # noqa: E402
 from tvm_ext.schedules.gemm import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
+from tvm_ext.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
 
 # The two best tiles of the earlier H100 searches (43.4 TFLOP/s), and the 128x128 / 256-thread tile.
 TILES = (
@@ -65,14 +62,12 @@ def main() -> int:
         config = space.make(**{**tile, **STAGING_DEFAULTS, **staging})
         if space.is_feasible(config) and config not in configs:
             configs.append(config)
-    builder, runner = LocalBuilder(workers=args.workers, timeout=300), LocalRunner(target, timeout=120)
-    tuner = Tuner(template, target, builder, runner, RecordStore(os.path.join(args.out, f"sgemm_probe_{n}.jsonl")))
+    options = SessionOptions(target="cuda", workers=args.workers, build_timeout=300, run_timeout=120,
+                             records=os.path.join(args.out, f"sgemm_probe_{n}.jsonl"))
     start = time.time()
-    try:
+    with Session(options, target=target) as session:
+        tuner = session.tuner(template)
         tuner.evaluate(configs)
-    finally:
-        builder.close()
-        runner.close()
     vendor = cublas_fp32(n)
     rows = []
     for config in configs:

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from tvm_ext.builder import build_one, compile_module
-from tvm_ext.runner import MeasureSettings, _measure_in_worker
+from tvm_ext.measure import MeasureSettings, measure
 from tvm_ext.schedules.gemm import KNOBS, STAGING_DEFAULTS, GemmTemplate, staging_reason
 from tvm_ext.target import offline_cuda
 
@@ -40,9 +40,9 @@ def test_staging_knobs_run_correctly_on_opencl(opencl, tmp_path, shape, name):
     template = GemmTemplate(*shape, staging=True)
     config = _config(template, opencl, **STAGED[name])
     assert template.space(opencl).is_feasible(config), template.space(opencl).infeasible_reason(config)
-    build = build_one(template, config, opencl, str(tmp_path))
+    build = build_one(template, config, opencl)
     assert build.ok, build.error_msg
-    result = _measure_in_worker(build.artifact, template, opencl, FAST)
+    result = measure(template, build.config, build.artifact, opencl, FAST)
     assert result.ok, f"{name} {shape}: {result.error_kind} {result.error_msg}"
     assert result.metrics["rel_error"] < 1e-5
 

@@ -295,7 +295,8 @@ def test_cuda_grid_that_cannot_be_resident_is_an_error_not_a_hang(tmp_path):
     at a barrier for blocks that never start: the barrier times out, the layer raises its
     error and the runner records it (within seconds: the spin limit bounds every wait)."""
     from tvm_ext.builder import build_one
-    from tvm_ext.runner import MeasureSettings, _measure_in_worker
+    from tvm_ext.errors import ErrorKind
+    from tvm_ext.measure import MeasureSettings, measure
     from tvm_ext.target import resolve_target
 
     real = resolve_target("cuda")
@@ -308,10 +309,10 @@ def test_cuda_grid_that_cannot_be_resident_is_an_error_not_a_hang(tmp_path):
         gru(*_inputs(s))
     assert time.perf_counter() - start < 120
     t = gru.template
-    build = build_one(t, gru.config, fake, str(tmp_path))
+    build = build_one(t, gru.config, fake)
     assert build.ok, build.error_msg
-    result = _measure_in_worker(build.artifact, t, fake, MeasureSettings(warmup=1, repeat=1, min_repeat_secs=0.0))
-    assert result.error_kind == "runtime_error" and result.error_msg == BARRIER_TIMEOUT
+    result = measure(t, build.config, build.artifact, fake, MeasureSettings(warmup=1, repeat=1, min_repeat_secs=0.0))
+    assert result.error_kind == ErrorKind.RUN_ERROR and result.error_msg == BARRIER_TIMEOUT
 
 
 def test_probe_script_configs_are_feasible(monkeypatch):

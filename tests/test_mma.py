@@ -188,7 +188,7 @@ def test_template_space_default_scratch_and_records(cuda, tmp_path):
     default = template.default_config(cuda)
     assert space.is_feasible(default)
     for config in (default, default.replace(mma_split_k=1), default.replace(mma_split_k=2)):
-        result = build_one(template, config, cuda, str(tmp_path))
+        result = build_one(template, config, cuda)
         assert result.ok, result.error_msg
         assert result.artifact.params == ("A", "B", "C_out" if config.mma_split_k == 1 else "C", "partial")
         assert "mma.sync" in result.artifact.source and "cp.async" in result.artifact.source
@@ -226,7 +226,7 @@ def test_choice_template_builds_both_kernels(cuda, tmp_path):
     assert default.tc_kernel == "mma" and template.space(cuda).is_feasible(default)
     sources = {}
     for config in (default, default.replace(tc_kernel="wmma"), default.replace(tc_kernel="wmma", mma_raster=4 - default.mma_raster)):
-        result = build_one(template, config, cuda, str(tmp_path))
+        result = build_one(template, config, cuda)
         assert result.ok, result.error_msg
         assert result.artifact.params[-1] == "partial"  # both kernels take the split-K scratch
         sources[config] = result.artifact.source
