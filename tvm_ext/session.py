@@ -24,7 +24,7 @@ from .errors import TvmExtError
 from .measure import MeasureSettings
 from .records import Record, RecordStore
 from .runner import LocalRunner, Runner
-from .search import GeneticSearch, RandomSearch, SearchStrategy
+from .search import GeneticSearch, RandomSearch, SearchStrategy, default_tourn_size, tourn_size_reason
 from .space import Config, Space
 from .target import TargetInfo
 from .template import Template
@@ -44,7 +44,7 @@ class SessionOptions:
     runner: str = "local"  # a name in RUNNERS
     generations: int = 6
     population: int = 12
-    tourn_size: int = 2
+    tourn_size: int | None = None  # None: the GA's default for the population
     mutation: float = 0.1
     trials: int | None = None  # measurements per workload in this run (None: no cap)
     workers: int | None = None  # parallel build processes (None: all cores)
@@ -64,6 +64,8 @@ class SessionOptions:
     runner_options: tuple[tuple[str, str], ...] = ()  # what a runner reads by name (``runner_option``)
 
     def __post_init__(self) -> None:
+        if self.tourn_size is None:
+            object.__setattr__(self, "tourn_size", default_tourn_size(self.population))
         for name in ("generations", "population", "tourn_size"):
             if getattr(self, name) < 1:
                 raise TvmExtError(f"--{name.replace('_', '-')} must be >= 1")
@@ -71,8 +73,9 @@ class SessionOptions:
             raise TvmExtError("--trials must be >= 1")
         if not 0.0 <= self.mutation <= 1.0:
             raise TvmExtError("--mutation must be a probability in [0, 1]")
-        if self.population >= 4 and self.tourn_size >= self.population / 2:
-            raise TvmExtError(f"--tourn-size must be < population/2 ({self.population / 2:g})")
+        reason = tourn_size_reason(self.population, self.tourn_size)
+        if reason:
+            raise TvmExtError(f"--tourn-size {reason}")
         for name in ("ng", "nm"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TvmExtError(f"--{name} must be >= 1")
