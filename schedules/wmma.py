@@ -230,9 +230,12 @@ def pick_wmma_tile(shapes: Sequence[tuple[int, int, int]], target: TargetInfo,
     """A WMMA tile for fp16 matmuls of every (M, N, K) in ``shapes`` on ``target``, without
     measuring: the first of ``AUTO_TILES`` that fits them all and still gives half the SMs a
     block on the smallest shape (on the probe a 64x64 tile over 96 blocks beat smaller tiles
-    that filled all 132), else the fitting one with the most blocks; None if none fits."""
-    fitting = [c for c in AUTO_TILES if all(tensor_core_reason(m, n, k, "float16", "float16", acc_dtype, target, c)
-                                            is None for m, n, k in shapes)]
+    that filled all 132), else the fitting one with the most blocks; None if none fits.  Before
+    sm_80 (no cp.async) the tiles are double-buffered with synchronous copies instead."""
+    cc = compute_capability(target)
+    tiles = AUTO_TILES if cc is None or cc >= 80 else tuple(c.replace(tc_pipeline=1) for c in AUTO_TILES)
+    fitting = [c for c in tiles if all(tensor_core_reason(m, n, k, "float16", "float16", acc_dtype, target, c)
+                                       is None for m, n, k in shapes)]
     if not fitting:
         return None
 
