@@ -136,6 +136,13 @@ class TensorCoreTile(Protocol):
         """PassContext options ``tvm.compile`` needs for the tile's kernel."""
 
 
+def check_tile(tile: Any, field: str) -> None:
+    """A tensor-core field holds a tile (which says its kernel), not a bare knob config."""
+    if isinstance(tile, Config):
+        raise TvmExtError(f"{field} takes a tensor-core tile (tensor_core.parse_tile / pick_tile, or "
+                          f"MmaGemmTile(config) / WmmaGemmTile(config)), not a bare config: {tile}")
+
+
 @dataclass(frozen=True)
 class MatmulSite:
     """Where the GEMM sits in a PrimFunc: its block, which reads are A[i, k] and B[k, j],
@@ -188,6 +195,7 @@ class GemmTemplate(DtypeFields, Template):
                 raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
         if not isinstance(self.batch, (int, np.integer)) or self.batch < 0:
             raise TvmExtError(f"GEMM batch must be a non-negative integer, got {self.batch!r}")
+        check_tile(self.tensor_core, "tensor_core")
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GEMM {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")

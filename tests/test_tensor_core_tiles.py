@@ -212,8 +212,8 @@ def test_parse_and_pick_round_trip(cuda):
     assert pick_tile([(100, 100, 100)], cuda) is None
     assert pick_tile([(8192, 3072, 1024), (8192, 3072, 2048)], cuda).label().startswith("mma.sync 128x128x32")
     assert pick_tile([(4096, 4096, 4096)], TargetInfo(kind="opencl", device_name="any")) is None
-    turing = pick_tile([(4096, 4096, 4096)], offline_cuda("sm_75"))  # no mma.sync tile: ldmatrix/cp.async
-    assert turing.label() == "WMMA 128x256x32 w2x4 p1 smem" and parse_tile(str(turing)) == turing
+    turing = pick_tile([(4096, 4096, 4096)], offline_cuda("sm_75"))  # no mma.sync, no cp.async; 64 KiB shared
+    assert turing.label() == "WMMA 64x64x64 w2x2 p1 smem" and parse_tile(str(turing)) == turing
     assert parse_tile("mma") == MmaGemmTile(MMA_TILES[0]) and parse_tile("wmma").kernel == "wmma"
     assert parse_tile(" none ") is None
     two = parse_tile("mma_stages=2,mma_swizzle=0")
@@ -222,6 +222,10 @@ def test_parse_and_pick_round_trip(cuda):
         assert parse_tile(str(tile)) == tile
     keys = {GemmTemplate(64, 64, 64, tensor_core=t).params["tensor_core"] for t in TILES.values()}
     assert keys == {str(t) for t in TILES.values()} and len(keys) == 2
+    with pytest.raises(TvmExtError, match="tensor_core takes a tensor-core tile"):
+        GemmTemplate(64, 64, 64, tensor_core=MMA_TILES[0])
+    with pytest.raises(TvmExtError, match="hid_tensor_core takes a tensor-core tile"):
+        GruTemplate(**GRU_SHAPE, hid_tensor_core=TILES["wmma"].config)
 
 
 @pytest.mark.parametrize("text, message", [

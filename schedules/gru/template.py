@@ -24,7 +24,7 @@ from tvm_ext.measure import RunPlan
 from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
 from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
-from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile
+from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
@@ -153,6 +153,8 @@ class GruTemplate(DtypeFields, Template):
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GRU {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
+        for name in ("in_tensor_core", "hid_tensor_core"):
+            check_tile(getattr(self, name), name)
 
     @property
     def params(self) -> dict[str, Any]:
