@@ -14,15 +14,18 @@ then also measures a few configs on a stock TVM server (``python -m tvm.exec.rpc
 tvm_ext) and checks they are as correct as on a worker.
 
 Measurement, not building, is the bottleneck here, by construction and by measurement:
-- builds stay in this process's build pool with one process per core (16-32 on the GPU
-  host), warmed up before the timed runs (spawning the pool is not in either run's time);
-- one fp32 GEMM build takes about a second (NVRTC), so a generation of ``--population`` 64
-  builds in a few seconds, while its 64 measurements take about half a second to a second
-  each on a worker (the check's inputs drawn for three rotated input sets, the float64
-  check, then the timing): several times the build time even with two workers;
-- the builder is timed (``TimedBuilder``): the table's "build share" is the share of each
-  run's wall spent waiting for builds; it must stay well below the measurement's share for
-  the ratio to mean anything (the script says so when it does not).
+- builds stay in this process's build pool with one process per core (32 on the GPU host),
+  warmed up before the timed runs (spawning the pool is in neither run's time);
+- one fp32 GEMM build takes one to two seconds (NVRTC, then linking the library), so a
+  generation of ``--population`` 64 builds in two rounds of the pool, a few seconds; its 64
+  measurements take about a second each on a worker (the check's inputs drawn for three
+  rotated input sets, the float64 check, then ``--repeat`` 10 timed repeats of at least
+  ``--min-repeat-secs`` 0.05 s: steadier costs than the defaults' 5 x 0.02 s), so even two
+  workers spend several times the build time measuring;
+- the builder is timed (``TimedBuilder``): the table gives each run's build share of the
+  wall and its configs per minute of the rest of the wall (measuring and the tuner's own
+  work), whose ratio is the runner's scaling alone; the script warns when builds take over
+  a quarter of a run.
 Raw records, the worker logs and ``summary.json`` go to ``--out``.
 """
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any, Sequence
 from tvm_ext.builder import LocalBuilder
 from tvm_ext.cluster import LocalCluster, free_port
 from tvm_ext.errors import TvmExtError
+from tvm_ext.measure import MeasureSettings
 from tvm_ext.records import RecordStore
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.session import Session, SessionOptions
@@ -72,6 +76,7 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
     options = SessionOptions(
         target=args.target, strategy="ga", generations=args.generations, population=args.population,
         trials=args.trials, workers=args.workers, seed=args.seed, records=records, run_timeout=120,
+        measure=MeasureSettings(repeat=args.repeat, min_repeat_secs=args.min_repeat_secs),
         runner="rpc", runner_options=(("tracker", cluster.tracker_text), ("key", cluster.key),
                                       ("parallel", str(parallel))))
     builder.secs = 0.0
@@ -93,6 +98,7 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         "label": label, "parallel": parallel, "trials": result.trials, "errors": result.errors,
         "wall_secs": result.wall_secs, "build_secs": builder.secs,
         "configs_per_min": 60.0 * result.trials / result.wall_secs if result.wall_secs > 0 else 0.0,
+        "configs_per_measuring_min": 60.0 * result.trials / max(1e-9, result.wall_secs - builder.secs),
         "best_tflops": template.flops() / best.cost / 1e12 if best else 0.0,
         "best_ms": best.cost * 1e3 if best else float("nan"),
         "best_config": best.config if best else None, "servers": servers,
@@ -104,7 +110,6 @@ def warm_up(builder: TimedBuilder, target_kind: str, args: argparse.Namespace, c
     """Spawn the build pool and compile once per process before anything is timed."""
     import numpy as np
 
-    from tvm_ext.measure import MeasureSettings
     from tvm_ext.rpc_runner import RpcRunner
 
     with RpcRunner(cluster.tracker, cluster.key, target_kind, MeasureSettings(), parallel=1, log=print) as runner:
@@ -156,12 +161,14 @@ def stock_check(cluster: LocalCluster, args: argparse.Namespace) -> dict:
 
 
 def table(runs: list[dict], flops_unit: str = "TFLOP/s") -> str:
-    lines = ["| run | jobs in flight | trials | wall (s) | build share | configs / min | best | best config |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | jobs in flight | trials | wall (s) | build share | configs / min | configs / min without "
+             "builds | best | best config |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         cfg = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items())
         lines.append(f"| {r['label']} | {r['parallel']} | {r['trials']} ({r['errors']} errors) | {r['wall_secs']:.1f} | "
                      f"{r['build_secs'] / r['wall_secs']:.0%} | {r['configs_per_min']:.1f} | "
+                     f"{r['configs_per_measuring_min']:.1f} | "
                      f"{r['best_tflops']:.2f} {flops_unit} ({r['best_ms']:.3f} ms) | {cfg} |")
     return "\n".join(lines)
 
@@ -174,7 +181,9 @@ def main() -> int:
     p.add_argument("--shape", default="2048,2048,2048")
     p.add_argument("--population", type=int, default=64)
     p.add_argument("--generations", type=int, default=3)
-    p.add_argument("--trials", type=int, default=160, help="trials of each run (default 160)")
+    p.add_argument("--trials", type=int, default=128, help="trials of each run (default 128)")
+    p.add_argument("--repeat", type=int, default=10, help="timed repeats per config (default 10)")
+    p.add_argument("--min-repeat-secs", type=float, default=0.05, help="each repeat lasts at least (default 0.05)")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes (default: every core)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stock", action=argparse.BooleanOptionalAction, default=True,
@@ -215,6 +224,7 @@ def main() -> int:
                       default=str)
     one, two = runs
     ratio = two["configs_per_min"] / one["configs_per_min"]
+    measuring = two["configs_per_measuring_min"] / one["configs_per_measuring_min"]
     print()
     if stock is not None:
         print(f"stock TVM server (512^3 GEMM, {stock['configs']} configs): {stock['ok']} correct, same outcome as on a "
@@ -223,9 +233,10 @@ def main() -> int:
     if build_heavy:
         print(f"warning: builds took over a quarter of the wall in {', '.join(build_heavy)}: the ratio is not a "
               "measurement-throughput figure")
-    print(f"two workers / one: {ratio:.2f}x configs per minute (target >= 1.8x); best {two['best_tflops']:.2f} vs "
-          f"{one['best_tflops']:.2f} TFLOP/s; {one['device']}, {'x'.join(map(str, args.shape))} fp32 GEMM, GA seed "
-          f"{args.seed}, {args.trials} trials, population {args.population}, {args.workers} build processes")
+    print(f"two workers / one: {ratio:.2f}x configs per minute (target >= 1.8x), {measuring:.2f}x without the builds; "
+          f"best {two['best_tflops']:.2f} vs {one['best_tflops']:.2f} TFLOP/s; {one['device']}, "
+          f"{'x'.join(map(str, args.shape))} fp32 GEMM, GA seed {args.seed}, {args.trials} trials, population "
+          f"{args.population}, {args.repeat} x {args.min_repeat_secs:g} s repeats, {args.workers} build processes")
     print(table(runs))
     return 0
 
