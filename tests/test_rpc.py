@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import replace
@@ -328,13 +329,15 @@ def test_a_driver_killed_outright_takes_its_tracker_and_workers_with_it(tmp_path
                    or "tvm_ext.worker" in " ".join(c.cmdline())]
         assert len(cluster) == 3
         run.kill()
-        run.wait(timeout=60)
+        _, err = run.communicate(timeout=60)
     finally:
         run.kill()
     deadline = time.monotonic() + 30
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(children)
+    logs = err.split("logs: ")[1].split(")")[0]
+    assert logs.startswith(os.path.join(tempfile.gettempdir(), "tvm_ext_cluster_")) and not os.path.exists(logs)
 
 
 # ---- what a run refuses ---------------------------------------------------------------------------------

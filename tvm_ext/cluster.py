@@ -104,7 +104,7 @@ class LocalCluster:
         port = free_port(self.host)
         self.tracker = (self.host, port)
         tracker = self._spawn("tracker", ["-m", "tvm_ext.cluster", "tracker", "--host", self.host,
-                                          "--port", str(port)])
+                                          "--port", str(port), "--log-dir", self.log_dir])
         deadline = time.monotonic() + self.start_timeout
         client = None
         while client is None:
@@ -188,6 +188,7 @@ def _serve_tracker(host: str, port: int) -> int:
 
 
 def _stop(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ending already: a second signal must not cut it short
     raise SystemExit(0)
 
 
@@ -197,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracker = sub.add_parser("tracker", help="a TVM RPC tracker, ended with everything under it")
     tracker.add_argument("--host", default="127.0.0.1")
     tracker.add_argument("--port", type=int, required=True)
+    tracker.add_argument("--log-dir", default="", help="the cluster's logs: removed if the driver died first")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     end_with_parent()
@@ -206,6 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         end_descendants()
+        if args.log_dir and _driver_gone():  # nobody is left to read or remove them
+            shutil.rmtree(args.log_dir, ignore_errors=True)
+
+
+def _driver_gone() -> bool:
+    parent = os.environ.get(PARENT_ENV)
+    return bool(parent) and os.getppid() != int(parent)
 
 
 if __name__ == "__main__":

@@ -275,6 +275,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _stop(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ending already: a second signal must not cut it short
     raise SystemExit(0 if signum == signal.SIGTERM else 130)
 
 
