@@ -19,6 +19,13 @@ from .search import default_tourn_size
 INDEX_LIMIT = 2**31 - 1  # TVM indexes buffers with int32 expressions
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def check_run_inputs(args: argparse.Namespace) -> None:
     """Build, run and seed settings every tuning command shares."""
     if args.seed < 0:
