@@ -143,6 +143,8 @@ class LocalCluster:
     def stop(self, keep_logs: bool = False) -> None:
         """End every process group (SIGTERM, then SIGKILL after a few seconds); the logs go
         too unless ``keep_logs`` (a start that failed names them)."""
+        if self.log_dir and os.path.isdir(self.log_dir):  # the tracker then leaves the logs to us
+            open(os.path.join(self.log_dir, STOPPING_MARK), "w").close()
         for process in self.processes:
             _signal_group(process.popen, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
@@ -187,6 +189,9 @@ def _serve_tracker(host: str, port: int) -> int:
     return 1
 
 
+STOPPING_MARK = "driver-stopping"  # written by a driver ending its cluster itself
+
+
 def _stop(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ending already: a second signal must not cut it short
     raise SystemExit(0)
@@ -208,13 +213,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         end_descendants()
-        if args.log_dir and _driver_gone():  # nobody is left to read or remove them
+        orphaned = args.log_dir and not os.path.exists(os.path.join(args.log_dir, STOPPING_MARK))
+        if orphaned and _driver_gone():  # nobody is left to read or remove them
             shutil.rmtree(args.log_dir, ignore_errors=True)
 
 
-def _driver_gone() -> bool:
+def _driver_gone(wait: float = 5.0) -> bool:
+    """Whether the driver has ended.  The kernel signals us when the driver's *thread* that
+    started us ends, which can be a moment before its last thread does and we are reparented:
+    so the parent id is polled for a few seconds."""
     parent = os.environ.get(PARENT_ENV)
-    return bool(parent) and os.getppid() != int(parent)
+    if not parent:
+        return False
+    deadline = time.monotonic() + wait
+    while os.getppid() == int(parent):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+OPEN_FAILURES_LIMIT = 5  # sessions one server may fail to open in a row before the run stops with why
+
 class ServerLost(Exception):
     """The connection to a server broke while it had a job (the job was not measured there)."""
 
@@ -348,6 +350,7 @@ class RpcRunner:
         self._pending: set[_Item] = set()
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._open_failures: dict[str, int] = {}  # server address -> sessions it failed to open in a row
         self._lost: RunnerLost | None = None
         self._threads: list[threading.Thread] = []
         self._held = 0  # slots holding a session
@@ -460,9 +463,17 @@ class RpcRunner:
             except TvmExtError as exc:
                 raise RunnerLost(str(exc)) from None
             except Exception as exc:  # the server went away between the tracker and us
-                self.log(f"rpc: could not open a session with {url}:{port} ({_tvm_error_line(exc)}); asking again")
+                address = f"{url}:{port}"
+                failures = self._open_failures[address] = self._open_failures.get(address, 0) + 1
+                if failures >= OPEN_FAILURES_LIMIT:  # a server that registers but cannot serve
+                    raise RunnerLost(
+                        f"the server at {address} failed to open a session {failures} times in a row (last: "
+                        f"{_tvm_error_line(exc)}); a stock TVM server measuring CUDA must run with --no-fork "
+                        "(a forked session cannot initialise CUDA): stop it or fix it, then rerun to resume") from None
+                self.log(f"rpc: could not open a session with {address} ({_tvm_error_line(exc)}); asking again")
                 time.sleep(0.5)
                 continue
+            self._open_failures.pop(f"{url}:{port}", None)
             self._accept(session)
             return session
         return None
