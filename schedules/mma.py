@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Sequence
 
 from tvm_ext.errors import TvmExtError
 from tvm_ext.precision import itemsize
+from tvm_ext.schedules.warp_tile import WarpGridSizes
 from tvm_ext.schedules.mma_intrin import FRAG, LANE_ELEMS, WARP, fragment_index_map, mma_intrinsics
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -77,7 +78,7 @@ MAX_ACC_TILES = 16  # 16x16 accumulator tiles per warp: 128 fp32 registers per l
 
 
 @dataclass(frozen=True)
-class MmaTile:
+class MmaTile(WarpGridSizes):
     """The sizes a config implies (elements unless named otherwise)."""
 
     warps_m: int
@@ -95,26 +96,6 @@ class MmaTile:
     @classmethod
     def of(cls, config: Config) -> "MmaTile":
         return cls(*(config[k.name] for k in MMA_KNOBS))
-
-    @property
-    def block_m(self) -> int:
-        return self.warps_m * self.frags_m * FRAG
-
-    @property
-    def block_n(self) -> int:
-        return self.warps_n * self.frags_n * FRAG
-
-    @property
-    def block_k(self) -> int:
-        return self.k_frags * FRAG
-
-    @property
-    def warps(self) -> int:
-        return self.warps_m * self.warps_n
-
-    @property
-    def threads(self) -> int:
-        return self.warps * WARP
 
     @property
     def async_copy(self) -> bool:

@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from tvm_ext.precision import itemsize
+from tvm_ext.schedules.warp_tile import FRAG, WARP, WarpGridSizes
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 
-FRAG = 16  # WMMA m = n = k for fp16 operands
-WARP = 32
 SMEM_ROW_PAD_BYTES = 16  # shared rows padded by 16 B: fragment loads/stores avoid bank conflicts
 
 TC_KNOBS = (
@@ -71,7 +70,7 @@ SMEM_OPT_IN_BYTES = {70: 96 * 1024, 72: 48 * 1024, 75: 64 * 1024, 80: 163 * 1024
 
 
 @dataclass(frozen=True)
-class WmmaTile:
+class WmmaTile(WarpGridSizes):
     """The sizes a tensor-core config implies (elements unless named otherwise)."""
 
     warps_m: int
@@ -87,26 +86,6 @@ class WmmaTile:
     def of(cls, config: Config) -> "WmmaTile":
         return cls(config.tc_warps_m, config.tc_warps_n, config.tc_frags_m, config.tc_frags_n,
                    config.tc_k_frags, config.tc_vec, config.tc_pipeline, config.tc_out_smem)
-
-    @property
-    def block_m(self) -> int:
-        return self.warps_m * self.frags_m * FRAG
-
-    @property
-    def block_n(self) -> int:
-        return self.warps_n * self.frags_n * FRAG
-
-    @property
-    def block_k(self) -> int:
-        return self.k_frags * FRAG
-
-    @property
-    def warps(self) -> int:
-        return self.warps_m * self.warps_n
-
-    @property
-    def threads(self) -> int:
-        return self.warps * WARP
 
     @property
     def stages(self) -> int:
