@@ -71,6 +71,9 @@ class RowTemplate(Template):
     rows: int
     n: int
     dtype: str = "float32"
+    # the length of the last row axis of the PrimFunc scheduled (several row axes, e.g. batch,
+    # heads and sequence): a block's rows are consecutive along it, so rows_per_block divides it
+    last_rows: int = 0
 
     name = "rows"
 
@@ -85,7 +88,10 @@ class RowTemplate(Template):
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"op": self.op, "rows": self.rows, "n": self.n, "dtype": self.dtype}
+        params = {"op": self.op, "rows": self.rows, "n": self.n, "dtype": self.dtype}
+        if self.last_rows:
+            params["last_rows"] = self.last_rows
+        return params
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
@@ -139,6 +145,8 @@ class RowTemplate(Template):
             return f"{c.block_size} threads over {c.rows_per_block} rows leave fewer than {MIN_ROW_THREADS} per row"
         if c.rows_per_block > self.rows:
             return f"{c.rows_per_block} rows per block but the tensor has {self.rows}"
+        if self.last_rows and self.last_rows % c.rows_per_block:
+            return f"{c.rows_per_block} rows per block do not divide the last row axis ({self.last_rows})"
         if c.x * itemsize(self.dtype) > VECTOR_BYTES:
             return f"x={c.x} {self.dtype} elements exceed a {VECTOR_BYTES}-byte load"
         if threads * c.x > 2 * max(self.n, MIN_ROW_THREADS):
@@ -159,7 +167,7 @@ class RowTemplate(Template):
         threads = 1 << max(5, min(10, (max(1, self.n // 4)).bit_length() - 1))
         threads = min(threads, max(space.knob("block_size").choices))
         rows = max(1, min(256 // threads, self.rows))
-        rows = max(r for r in ROWS_PER_BLOCK if r <= rows)
+        rows = max(r for r in ROWS_PER_BLOCK if r <= rows and (self.last_rows or self.rows) % r == 0)
         x = min(patent_plan(self.n, threads).x, VECTOR_BYTES // itemsize(self.dtype), 8)
         candidates = [dict(cache=1, x=x), dict(cache=1, x=1), dict(cache=0, x=x), dict(cache=0, x=1)]
         for extra in candidates:

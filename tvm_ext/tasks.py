@@ -301,11 +301,17 @@ def match_rows(func: Any, target: TargetInfo) -> Any:
             return NoMatch("not a row operator: dynamic shape", True)
         shapes.add(extents)
         k = red.iter_vars[-1].var
+        rows_vars = [iv.var for iv in red.iter_vars[:-1]]
         row_reads = [r for r in red.reads if len(r.region) and _region_is_var(r.region[-1], k)]
         if not row_reads:
             return NoMatch(f"not a row operator: {red.name_hint} does not reduce the last axis of its input")
         if any(_uses(r.region[i], k) for r in red.reads for i in range(len(r.region) - 1)):
             return NoMatch(f"not a row operator: {red.name_hint} reduces an axis other than the last")
+        for r in row_reads:  # a row input is read at (row..., k); a weight along the row at (k)
+            if len(r.region) > 1 and not (len(r.region) == len(rows_vars) + 1 and all(
+                    _region_is_var(rng, v) for rng, v in zip(r.region, rows_vars))):
+                return NoMatch(f"not a row operator: {red.name_hint} reads {r.source.name} at other than (row, k) "
+                               "(a matmul?)")
     if len(shapes) != 1:
         return NoMatch("not a row operator: its reductions run over different rows", True)
     *row_dims, n = shapes.pop()
@@ -325,7 +331,8 @@ def match_rows(func: Any, target: TargetInfo) -> Any:
         return NoMatch(f"{op} over rows of {dtype}: the row template takes {', '.join(DTYPES)}", True)
     if dtype not in target.float_dtypes:
         return NoMatch(f"{op} over rows of {dtype}: no {dtype} arithmetic on this {target.kind} device", True)
-    return RowTemplate(op, rows, n, dtype), RowSite(rows, n)
+    last_rows = row_dims[-1] if len(row_dims) > 1 else 0
+    return RowTemplate(op, rows, n, dtype, last_rows=last_rows), RowSite(rows, n)
 
 
 def _region_is_var(rng: Any, var: Any) -> bool:
