@@ -26,11 +26,13 @@ DEFAULT_DATABASE = "tvm_ext_database"
 def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
     model = sub.add_parser(
         "model", help="a Relax model: tune its kernels, export a meta_schedule database, compile and run",
-        description="Lower a Relax model (FILE.py: get_module(), optionally get_inputs() and reference(inputs)) "
-                    "with TVM, tune every kernel a template matches (GEMMs, with fused elementwise "
-                    "epilogues), export the best schedules as a meta_schedule database, compile the model "
-                    "with them (TVM's default dlight schedules for the other kernels) and run it. "
-                    "Tuning arguments apply to each distinct kernel; --trials caps each one.",
+        description="Lower a Relax model (FILE.py: get_module(), optionally get_inputs(), reference(inputs) and "
+                    "tolerance()) with TVM, tune every kernel a template matches (GEMMs and tensor-core "
+                    "matmuls with their fused elementwise epilogues, softmax, norms and row reductions) and "
+                    "every GRU layer, export the best schedules as a meta_schedule database (GRU configs "
+                    "beside it), compile the model with them (TVM's default dlight schedules for the other "
+                    "kernels) and run it. Tuning arguments apply to each distinct kernel; --trials caps each "
+                    "one. Kernels already in the database are reused.",
     )
     model.add_argument("file", metavar="FILE.py", help="Python file defining get_module()")
     model.add_argument("--database", default=DEFAULT_DATABASE,

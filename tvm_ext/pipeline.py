@@ -269,8 +269,7 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     from .records import RecordStore
     from .relax_gru import find_grus
     from .template import Workload
-    from .tvm_export import (Exported, already_exported, export_operator, export_task, open_database,
-                             read_operators)
+    from .tvm_export import already_exported, export_operator, export_task, open_database, read_operators
 
     log = log or (lambda _msg: None)
     start = time.perf_counter()
