@@ -362,9 +362,9 @@ def _last_line(exc: Exception) -> str:
 
 
 def match_task(name: str, func: Any, target: TargetInfo) -> TaskMatch:
-    """The template that schedules ``func``: each matcher's pattern, then a trial build of
-    the template's default config on the function."""
-    import tvm
+    """The template that schedules ``func``: each matcher's pattern, then the template's
+    default config scheduled on the function and lowered (``program.lower_check``)."""
+    from .program import lower_check
 
     dynamic = dynamic_shape_reason(func)
     if dynamic:
@@ -381,8 +381,7 @@ def match_task(name: str, func: Any, target: TargetInfo) -> TaskMatch:
         try:
             config = template.default_config(target)
             sch = template.schedule(config, target, func=func, site=site)
-            with tvm.transform.PassContext(config=template.pass_config(config, target)):
-                tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target()))
+            lower_check(sch.mod, target, template.pass_config(config, target))
         except Exception as exc:  # e.g. an epilogue that cannot join the write-back stage
             reasons.append(NoMatch(f"{template.name} pattern found but not schedulable: {_last_line(exc)}", True))
             continue

@@ -106,13 +106,13 @@ def export_operator(database: str, template: Any, store: RecordStore, target: Ta
 
 
 def replay(match: TaskMatch, config: Config, task_mod: Any, target: TargetInfo) -> Any:
-    """Schedule the task's PrimFunc with ``config``; compiles it as a check."""
-    import tvm
+    """Schedule the task's PrimFunc with ``config``; lowers it as a check."""
+    from .program import lower_check
 
     assert match.template is not None and match.site is not None
     sch = match.template.schedule(config, target, func=task_mod["main"], site=match.site)
-    with tvm.transform.PassContext(config=match.template.pass_config(config, target)):
-        tvm.compile(sch.mod, target=tvm_target(target))  # a trace that does not build must not be exported
+    # a trace that does not lower must not be exported (its own compute was compiled and run)
+    lower_check(sch.mod, target, match.template.pass_config(config, target))
     return sch
 
 
