@@ -15,9 +15,11 @@ timed with ``benchmarks/common.py``'s protocol:
 TVM variants are timed back to back on input sets rotated past the L2 with CUDA events
 around the Relax VM's call; torch per call, back to back and from a CUDA graph
 (``time_vendor``); ratios are against meta_schedule and against torch's best.  Tuning wall
-time counts every build and measurement.  Budget: one run of about 8-9 minutes with the
-defaults (``--quick``: smaller budgets, about 5); stages that would not fit in
-``--time-limit`` are skipped and say so in the table, which is printed last.
+time counts every build and measurement.  Budget: one run within ``--time-limit`` (510 s):
+the models run in the order of ``MODELS`` (BERT float16, GRU float32, BERT float32, GRU
+float16), ours first within each, and a stage that would not fit the time left is skipped
+and says so in the table, which is printed last (``--quick``: 4 trials per task, so that
+more of it fits; ``--models`` picks models for a second run).
 
     source .tvm-device/boot.sh && python benchmarks/models.py --out $OUT [--quick]
     python benchmarks/models.py --dry-run   # no GPU: import, lower, match, compile for CUDA (source only)
@@ -31,7 +33,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +48,7 @@ from tvm_ext.session import SessionOptions  # noqa: E402
 from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
 from tvm_ext.tvm_export import tvm_target  # noqa: E402
 
-MODELS = ("bert:float32", "bert:float16", "gru:float32", "gru:float16")
+MODELS = ("bert:float16", "gru:float32", "bert:float32", "gru:float16")  # in the order they run
 
 
 def _example(name: str) -> Any:
@@ -150,7 +152,8 @@ def tvm_variant(model: Model, target: TargetInfo, database: Any, label: str, tun
 
 def tune_ours(model: Model, target: TargetInfo, args: argparse.Namespace, work: str) -> tuple[str, float, str]:
     options = SessionOptions(target="cuda", population=args.population, generations=1000, trials=args.trials,
-                             workers=args.workers, seed=args.seed, build_timeout=300, run_timeout=120)
+                             tourn_size=1 if args.population <= 4 else 2, workers=args.workers, seed=args.seed,
+                             build_timeout=300, run_timeout=120)
     start = time.time()
     result = tune_relax(model.mod, target, os.path.join(work, "records.jsonl"), os.path.join(work, "database"),
                         options, log=lambda m: print(f"  {m}", flush=True))
@@ -182,54 +185,70 @@ def tune_meta_schedule(model: Model, target: TargetInfo, args: argparse.Namespac
 
 
 # ---- torch -------------------------------------------------------------------------------------
-def torch_rows(model: Model, args: argparse.Namespace, clock: Clock) -> list[Row]:
+def _torch_sets(model: Model) -> list[list[Any]]:
     import torch
 
-    inputs = [torch.from_numpy(a).cuda() for a in model.inputs]
     sets = l2_rotation(sum(a.nbytes for a in model.inputs) + model.reference.size * 4)
     rng = np.random.default_rng(1)
-    arg_sets = [inputs] + [[torch.from_numpy(rng.permutation(a.reshape(-1)).reshape(a.shape)).cuda()
-                            for a in model.inputs] for _ in range(sets - 1)]
+    return [[torch.from_numpy(a).cuda() for a in model.inputs]] + [
+        [torch.from_numpy(rng.permutation(a.reshape(-1)).reshape(a.shape)).cuda() for a in model.inputs]
+        for _ in range(sets - 1)]
+
+
+def torch_rows(model: Model) -> list[Row]:
+    """torch eager per call, back to back and replayed from a CUDA graph (cuDNN for the GRU)."""
+    import torch
+
+    arg_sets = _torch_sets(model)
     rows = []
     with torch.no_grad():
         eager = model.torch_model
-        err = rel_error_vs(eager(*inputs), model.reference)
+        err = rel_error_vs(eager(*arg_sets[0]), model.reference)
         times = time_vendor(lambda i: eager(*arg_sets[i]), len(arg_sets))
         names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
         for method, t in vendor_methods(times):
             label = names.get(method, f"torch {method}")
             rows.append(Row(model.label, label, t.seconds * 1e3 if t else None, err if t else None,
                             note="" if t else label))
-        if args.no_compile or not clock.allows(90):
-            rows.append(Row(model.label, "torch.compile", note="skipped (" + ("--no-compile" if args.no_compile
-                                                                            else "time") + ")"))
-            return rows
-        try:
+    return rows
+
+
+def torch_compile_row(model: Model) -> Row:
+    """``torch.compile`` (default mode), back to back; its compile time as the tuning time."""
+    import torch
+
+    arg_sets = _torch_sets(model)
+    try:
+        with torch.no_grad():
             start = time.time()
-            compiled = torch.compile(eager)
-            out = compiled(*inputs)
+            compiled = torch.compile(model.torch_model)
+            out = compiled(*arg_sets[0])
             torch.cuda.synchronize()
             compile_s = time.time() - start
             times = time_vendor(lambda i: compiled(*arg_sets[i]), len(arg_sets), graph=False)
-            rows.append(Row(model.label, "torch.compile", times.back_to_back.seconds * 1e3,
-                            rel_error_vs(out, model.reference), compile_s, note="back to back"))
-        except Exception as exc:
-            rows.append(Row(model.label, "torch.compile", note=f"failed: {_last_line(exc)}"))
-    return rows
+        return Row(model.label, "torch.compile", times.back_to_back.seconds * 1e3, rel_error_vs(out, model.reference),
+                   compile_s, note="back to back; tuning s = compile")
+    except Exception as exc:
+        return Row(model.label, "torch.compile", note=f"failed: {_last_line(exc)}")
 
 
 # ---- one model ---------------------------------------------------------------------------------
 def bench(kind: str, dtype: str, target: TargetInfo, args: argparse.Namespace, clock: Clock) -> list[Row]:
+    """One model: ours first (the point of the run), then torch, dlight, meta_schedule and
+    torch.compile, each only if it fits the run's time."""
     print(f"== {kind} {dtype} ({clock.left():.0f} s left)", flush=True)
     model = make_model(kind, dtype)
     work = os.path.join(args.out, f"{kind}_{dtype}")
-    rows = torch_rows(model, args, clock)
-    rows.append(tvm_variant(model, target, None, "dlight" if kind == "bert" else "dlight + GRU analytic config"))
+    rows: list[Row] = []
     if clock.allows(120):
         database, wall, trials = tune_ours(model, target, args, os.path.join(work, "tvm_ext"))
         rows.append(tvm_variant(model, target, database, "tvm_ext", wall, trials))
     else:
         rows.append(Row(model.label, "tvm_ext", note="skipped (time)"))
+    rows += torch_rows(model)
+    dlight = "dlight" if kind == "bert" else "dlight + GRU analytic config"
+    rows.append(tvm_variant(model, target, None, dlight) if clock.allows(30) else
+                Row(model.label, dlight, note="skipped (time)"))
     if kind == "bert":
         for seed in range(args.seeds):
             label = f"meta_schedule (seed {args.seed + seed})"
@@ -242,6 +261,11 @@ def bench(kind: str, dtype: str, target: TargetInfo, args: argparse.Namespace, c
                 rows.append(tvm_variant(model, target, db, label, wall, trials))
             except Exception as exc:
                 rows.append(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
+    if args.no_compile or not clock.allows(75):
+        rows.append(Row(model.label, "torch.compile",
+                        note="skipped (" + ("--no-compile" if args.no_compile else "time") + ")"))
+    else:
+        rows.append(torch_compile_row(model))
     return rows
 
 
@@ -324,10 +348,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="bench_out")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated of {', '.join(MODELS)}")
-    p.add_argument("--trials", type=int, default=None, help="trials per task, ours and meta_schedule's (default 16; "
-                                                            "--quick 6)")
+    p.add_argument("--trials", type=int, default=None, help="trials per task, ours and meta_schedule's (default 8; "
+                                                            "--quick 4)")
     p.add_argument("--seeds", type=int, default=1, help="meta_schedule seeds (3 if time allows; default 1)")
-    p.add_argument("--population", type=int, default=None, help="our GA's population (default 8; --quick 6)")
+    p.add_argument("--population", type=int, default=None, help="our GA's population (default 8; --quick 4)")
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds; later stages are skipped past it")
@@ -340,8 +364,8 @@ def main() -> None:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; allowed: {', '.join(MODELS)}")
-    args.trials = args.trials or (6 if args.quick else 16)
-    args.population = args.population or (6 if args.quick else 8)
+    args.trials = args.trials or (4 if args.quick else 8)
+    args.population = args.population or (4 if args.quick else 8)
     os.makedirs(args.out, exist_ok=True)
     if args.dry_run:
         dry_run(args)

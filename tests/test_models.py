@@ -282,3 +282,38 @@ def test_models_in_float16_on_cuda(path, tmp_path):
     inputs = module.get_inputs(dtype="float16")
     assert _relative_error(model(*inputs), module.reference(inputs, dtype="float16")) < module.tolerance(
         dtype="float16")
+
+
+def test_float16_models_compile_for_cuda_with_tensor_cores_offline(bert, gru_model, tmp_path):
+    """No GPU here: the float16 BERT layer's matmuls replayed with the mma.sync template's
+    default configs and the GRU pointed at its plan's packed function, both compiled by the
+    Relax build for CUDA (source only)."""
+    import tvm
+
+    from tvm_ext.pipeline import compile_relax, match_tasks, model_pass_config
+    from tvm_ext.relax_gru import find_grus, program
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import commit, open_database, tvm_target
+
+    cuda = offline_cuda()
+    mod = bert.get_module(dtype="float16")
+    tasks = extract_tasks(legalize_and_fuse(mod), cuda)
+    db = open_database(str(tmp_path / "db"))
+    mma = 0
+    for task, match in zip(tasks, match_tasks(tasks, cuda)):
+        if match.matched:
+            commit(db, task.dispatched[0], match, match.template.default_config(cuda), 1e-3, cuda)
+            mma += match.template.name == "gemm_mma"
+    assert mma == 4  # Q/K/V, the output projections and the feed-forward GEMM (attention's N = 16 is too narrow)
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        ex = tvm.compile(compile_relax(mod, cuda, str(tmp_path / "db"), log=None), target=tvm_target(cuda))
+    source = ex.mod.imports[0].imports[0].inspect_source()
+    assert "mma.sync.aligned.m16n8k16" in source and "ldmatrix" in source
+
+    gru_mod = gru_model.get_module(dtype="float16")
+    (call,) = find_grus(gru_mod, cuda)
+    scheduled = compile_relax(gru_mod, cuda, None, log=None)
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        tvm.compile(scheduled, target=tvm_target(cuda))
+    (name,) = [n for n in scheduled["forward"].script().split('"') if n.startswith("tvm_ext.gru.")]
+    assert program(name).template == call.template and tvm.get_global_func(name) is not None

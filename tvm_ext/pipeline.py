@@ -281,20 +281,20 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     matches = match_tasks(tasks, target)
     grus = find_grus(mod, target)
     groups: dict[str, _Group] = {}
+    in_database: dict[int, bool] = {}  # task index -> the database already holds it
     for i, m in enumerate(matches):
         if m.matched:
             key = Workload.of(m.template, target).key
-            group = groups.setdefault(key, _Group(m.template))
-            group.tasks.append(i)
-            if not retune and already_exported(db, tasks[i].dispatched[0], target):
-                group.reused = True
+            groups.setdefault(key, _Group(m.template)).tasks.append(i)
+            in_database[i] = not retune and already_exported(db, tasks[i].dispatched[0], target)
         else:
             log(f"note: {m.name}: not tuned, no template ({m.reason})")
     for j, gru in enumerate(grus):
         key = Workload.of(gru.template, target).key
-        group = groups.setdefault(key, _Group(gru.template))
-        group.tasks.append(len(matches) + j)
-        group.reused = not retune and key in operators
+        groups.setdefault(key, _Group(gru.template)).tasks.append(len(matches) + j)
+        in_database[len(matches) + j] = not retune and key in operators
+    for group in groups.values():  # reused when every task it schedules is in the database
+        group.reused = all(in_database[i] for i in group.tasks)
 
     interrupted = False
     todo = {k: g for k, g in groups.items() if not g.reused}
