@@ -297,7 +297,8 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
         group.reused = all(in_database[i] for i in group.tasks)
 
     interrupted = False
-    todo = {k: g for k, g in groups.items() if not g.reused}
+    # one template's workloads one after another: a cost model carries over between its shapes
+    todo = {k: g for k, g in sorted(groups.items(), key=lambda kv: kv[1].template.name) if not g.reused}
     for key, group in groups.items():
         if group.reused:
             log(f"{group.template.describe()}: in the database, not tuned again")
