@@ -101,11 +101,8 @@ def _nn_module(s: dict[str, int], dtype: str, w: dict[str, np.ndarray]) -> Any:
 
     layer = Layer()
     mod, params = layer.export_tvm(spec={"forward": {"x": nn.spec.Tensor((batch, seq, h), dtype)}})
-    names = {"attn_out": "attn_out", "inter": "inter", "out": "out"}
-    bound = {}
-    for pname, _ in params:  # e.g. "query.weight", "ln1.bias": weights become constants
-        owner, kind = pname.split(".")
-        bound[pname] = tvm.runtime.tensor(w[f"{names.get(owner, owner)}.{kind}"].astype(dtype))
+    # the parameters are named as ``weights`` names them ("query.weight", "ln1.bias"): they become constants
+    bound = {name: tvm.runtime.tensor(w[name].astype(dtype)) for name, _ in params}
     return relax.transform.BindParams("forward", bound)(mod)
 
 

@@ -80,11 +80,13 @@ def device_weights(state_dict: Mapping[str, Any], input_size: int, hidden_size: 
     """A ``torch.nn.GRU`` state dict (numpy arrays or tensors) -> the layer's parameters by
     name (``w_ih0``, ...), in the device layout and ``dtype``."""
     from .schedules.gru import GruTemplate
-    from .schedules.gru.layer import _numpy
+
+    def as_numpy(value: Any) -> np.ndarray:  # a torch tensor on any device, or an array
+        return value.detach().cpu().double().numpy() if hasattr(value, "detach") else np.asarray(value, np.float64)
 
     template = GruTemplate(batch=1, hidden=hidden_size, input=input_size, seq=1, layers=num_layers,
                            bidirectional=bidirectional)
-    arrays = template.device_weights({k: _numpy(v).astype(np.float64) for k, v in state_dict.items()})
+    arrays = template.device_weights({k: as_numpy(v) for k, v in state_dict.items()})
     return {k: np.asarray(v, dtype=np.float64).astype(dtype) for k, v in arrays.items()}
 
 
@@ -145,16 +147,19 @@ def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
 
 
 def with_tensor_cores(template: Any, target: TargetInfo) -> Any:
-    """WMMA tiles for the input GEMMs (and the unfused hidden GEMM) where their operands are
-    float16 on CUDA, as ``tune gru`` picks them by default."""
+    """WMMA tiles (``pick_tile``, as ``tune mixed-precision gru`` picks them by default) for the
+    input GEMMs and the unfused hidden GEMM where their operands are float16 on CUDA."""
     from .schedules.tensor_core import pick_tile
 
     if target.kind != "cuda":
         return template
+    p = template.precision
     inputs = [(template.seq * template.batch, template.dirs * 3 * template.hidden, template.layer_input(layer))
               for layer in range(template.layers)]
     hidden = [(template.batch, 3 * template.hidden, template.hidden)]
-    return replace(template, in_tensor_core=pick_tile(inputs, target), hid_tensor_core=pick_tile(hidden, target))
+    half = lambda *names: all(p[n] == "float16" for n in names)  # noqa: E731
+    return replace(template, in_tensor_core=pick_tile(inputs, target) if half("x", "w_ih") else None,
+                   hid_tensor_core=pick_tile(hidden, target) if half("h", "w_hh") else None)
 
 
 def find_grus(mod: Any, target: TargetInfo | None = None) -> list[GruCall]:
@@ -182,19 +187,16 @@ class GruProgram:
     executor of ``tvm_ext.relax_opencl`` runs its kernel launches (``artifact``)."""
 
     def __init__(self, template: Any, config: Config, target: TargetInfo):
-        from .template import Workload
-
         self.template = template
         self.config = config
         self.target = target
         self.compiled = template.compile(config, target)
-        digest = hashlib.sha256(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
-        key = f"{Workload.of(template, target).key}.{digest}"
-        self.name = f"{GRU_FUNCTION}.{key}"  # the packed function's name
+        self.name = program_name(template, config, target)  # the packed function's name
         self.specs = template.buffers()
         self.inputs = list(template.input_specs())
         self.outputs = list(template.output_specs())
-        self._scratch: dict[str, Any] | None = None
+        self._scratch: dict[str, Any] | None = None  # on the device of the first call
+        self._funcs: dict[str, Any] = {}
         self._checked = False
 
     def artifact(self) -> Any:
@@ -233,20 +235,29 @@ def program(name: str) -> GruProgram | None:
     return _PROGRAMS.get(name)
 
 
+def program_name(template: Any, config: Config, target: TargetInfo) -> str:
+    """``tvm_ext.gru.<workload key>.<config digest>``: one name per compiled plan."""
+    from .template import Workload
+
+    digest = hashlib.sha256(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{GRU_FUNCTION}.{Workload.of(template, target).key}.{digest}"
+
+
 def gru_program(template: Any, config: Config, target: TargetInfo) -> GruProgram:
-    """The compiled program of ``config``, registered under its name (a packed function on CUDA)."""
+    """The compiled program of ``config`` (compiled once per process), registered under its
+    name: a packed function on CUDA, an ``EXTERN_PROGRAMS`` entry for the OpenCL executor."""
     import tvm
 
     from .relax_opencl import EXTERN_PROGRAMS
 
-    made = GruProgram(template, config, target)
-    if made.name not in _PROGRAMS:
-        _PROGRAMS[made.name] = made
+    name = program_name(template, config, target)
+    if name not in _PROGRAMS:
+        made = _PROGRAMS[name] = GruProgram(template, config, target)
         if target.kind == "cuda":
-            tvm.register_global_func(made.name, made, override=True)
+            tvm.register_global_func(name, made, override=True)
         else:
-            EXTERN_PROGRAMS[made.name] = made
-    return _PROGRAMS[made.name]
+            EXTERN_PROGRAMS[name] = made
+    return _PROGRAMS[name]
 
 
 # ---- lowering the placeholders -------------------------------------------------------------------
