@@ -157,13 +157,18 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
     tgt = tvm_target(target)
     operators = read_operators(database) if isinstance(database, str) else {}
 
-    def gru_config(template: Any) -> Any:
+    def gru_config(template: Any) -> Config | None:
         entry = operators.get(Workload.of(template, target).key)
-        if entry is None:
-            if log:
-                log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
-            return None
-        return template.space(target).decode(template.space(target).encode(Config.of(entry["config"])))
+        config = None
+        if entry is not None:
+            space = template.space(target)
+            try:
+                config = space.decode(space.encode(Config.of(entry["config"])))
+            except TvmExtError:  # knobs of another version of the template
+                config = None
+        if config is None and log:
+            log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
+        return config
 
     lowered = legalize_and_fuse(lower_grus(mod, target, gru_config))
     _register_intrinsics(target)
