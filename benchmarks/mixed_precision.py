@@ -37,7 +37,7 @@ from tvm_ext.mixed_precision import Method003Settings, MixedPrecisionSearch, Pre
 from tvm_ext.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
-from tvm_ext.schedules.tensor_core import parse_tile  # noqa: E402
+from tvm_ext.schedules.tensor_core import parse_tile, pick_tile  # noqa: E402
 from tvm_ext.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
@@ -51,11 +51,16 @@ def gru_schedule(template: GruTemplate, target: Any, text: str) -> Any:
     return template.default_config(target).replace(**values)
 
 
+def tile(text: str, shapes: list[tuple[int, int, int]], target: Any) -> Any:
+    """A tile option: ``auto`` (``pick_tile`` for the shapes), or ``parse_tile``'s text."""
+    return pick_tile(shapes, target) if text.strip() == "auto" else parse_tile(text)
+
+
 def cases(target: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
-    gemm = GemmTemplate(4096, 4096, 4096, tensor_core=parse_tile(args.gemm_tensor_core))
+    gemm = GemmTemplate(4096, 4096, 4096, tensor_core=tile(args.gemm_tensor_core, [(4096, 4096, 4096)], target))
     gru = GruTemplate(batch=64, hidden=1024, input=1024, seq=128,
-                      in_tensor_core=parse_tile(args.gru_in_tensor_core),
-                      hid_tensor_core=parse_tile(args.gru_hid_tensor_core))
+                      in_tensor_core=tile(args.gru_in_tensor_core, [(128 * 64, 3 * 1024, 1024)], target),
+                      hid_tensor_core=tile(args.gru_hid_tensor_core, [(64, 3 * 1024, 1024)], target))
     return [("GEMM 4096³", gemm, gemm.space(target).make(**GEMM_BEST)),
             ("GRU B64 H1024 T128", gru, gru_schedule(gru, target, args.gru_schedule))]
 
@@ -103,6 +108,7 @@ def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args:
     session = Session(SessionOptions(target=target.kind, records=records, build_timeout=600, run_timeout=300),
                       target=target)
     tuner = session.tuner(program)
+    print(f"[{label} eb={eb:g}] {program.tensor_core_note(target)}", flush=True)
     settings = Method003Settings(error_bound=eb, max_measurements=args.m, population=4, generated=32,
                                  measured=4, seed=0)
     start = time.perf_counter()
@@ -131,7 +137,7 @@ def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args:
             "reload_error": reload_error}
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="mp_out")
     parser.add_argument("--m", type=int, default=24, help="max measurements per search (default 24)")
@@ -140,17 +146,24 @@ def main() -> int:
     parser.add_argument("--gru-schedule", default="fuse_step=1,step_j=32,step_b=4,step_k=64,step_ks=8",
                         help="the GRU's knobs over its default config (k=v,...; default: the split-K fused "
                              "step kernel)")
-    tile = "tc_warps_m={},tc_warps_n={},tc_frags_m={},tc_frags_n={},tc_k_frags=2,tc_vec=8,tc_pipeline=1,tc_out_smem=1"
-    # 128x256, cp.async: the tensor-core probe's fastest at 4096^3 (and --tensor-core auto's pick)
-    gemm_tile = "tc_warps_m=2,tc_warps_n=4,tc_frags_m=4,tc_frags_n=4,tc_k_frags=2,tc_vec=8,tc_pipeline=2,tc_out_smem=1"
-    parser.add_argument("--gemm-tensor-core", default=gemm_tile,
-                        help="WMMA tile for the GEMM where A and B are float16 (tc_ knobs k=v,..., or none)")
-    parser.add_argument("--gru-in-tensor-core", default=tile.format(2, 4, 4, 2),
-                        help="WMMA tile for the GRU's input GEMM where x and W_ih are float16 (or none)")
-    parser.add_argument("--gru-hid-tensor-core", default=tile.format(2, 2, 2, 2),
-                        help="WMMA tile for the GRU's hidden GEMM (unfused schedules) where h and W_hh "
-                             "are float16 (or none)")
-    args = parser.parse_args()
+    # mma.sync tiles (what ``--tensor-core auto`` picks for these shapes; H100, 2026-11-23: 390
+    # TFLOP/s at 4096^3 against WMMA's 345-358, 8.0 us at 64x3072x1024): 128x128x32, 4 warps of
+    # 64x64, 4 cp.async stages, swizzled, for the GEMM and the GRU's input GEMM (8192x3072x1024);
+    # 16x64x64 in 16-row tiles for the GRU's per-step hidden GEMM (64x3072x1024).
+    hidden_tile = ("mma_warps_m=1,mma_warps_n=2,mma_frags_m=1,mma_frags_n=2,mma_k_frags=4,mma_stages=4,"
+                   "mma_swizzle=1,mma_frag_buffers=2,mma_raster=0,mma_out_smem=1,mma_split_k=1")
+    tile_help = ("tensor-core tile for {} (where both operands are float16 or both bfloat16 on mma.sync, float16 "
+                 "on WMMA): mma / wmma (that kernel's 128x128x32 tile), mma_ or tc_ knobs as k=v,..., auto "
+                 "(picked for the shape) or none")
+    parser.add_argument("--gemm-tensor-core", default="mma", help=tile_help.format("the GEMM"))
+    parser.add_argument("--gru-in-tensor-core", default="mma", help=tile_help.format("the GRU's input GEMM"))
+    parser.add_argument("--gru-hid-tensor-core", default=hidden_tile,
+                        help=tile_help.format("the GRU's hidden GEMM (unfused schedules)"))
+    return parser
+
+
+def main() -> int:
+    args = arguments().parse_args()
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")
     wanted = args.cases.split(",")

@@ -22,13 +22,13 @@ stored (``BiasGemmTemplate``, the GRU's gate GEMMs).
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.precision import FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, PrecisionParam, itemsize
-from tvm_ext.schedules import wmma
+from tvm_ext.precision import (FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, PrecisionParam, TensorCoreGemm,
+                               itemsize)
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -112,6 +112,39 @@ def staging_reason(c: Config, target: TargetInfo) -> str | None:
     return None
 
 
+class TensorCoreTile(Protocol):
+    """A tensor-core kernel and its tile for the matmul block of a PrimFunc: ``mma.MmaGemmTile``
+    (mma.sync + ldmatrix, float16 or bfloat16 operands) or ``wmma.WmmaGemmTile`` (WMMA, float16);
+    ``tvm_ext.schedules.tensor_core.parse_tile`` / ``pick_tile`` make them.  A GEMM template
+    holding one (``GemmTemplate.tensor_core``) runs on it wherever ``reason`` has nothing
+    against its shape, dtypes and target, and on the CUDA cores elsewhere."""
+
+    kernel: str  # "mma" or "wmma"
+    operand_dtypes: tuple[str, ...]  # the types A and B may both have on it
+    config: Config  # the kernel's own knobs
+
+    def label(self) -> str:
+        """The tile in a few words (kernel, block tile, pipeline)."""
+
+    def reason(self, m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str, c_dtype: str,
+               target: TargetInfo, *, epilogue: bool = False) -> str | None:
+        """Why this tile cannot run the matmul (``epilogue``: blocks after it join its store)."""
+
+    def schedule(self, sch: Any, block_name: str, *, epilogue: Sequence[str] = (), a_read: int = 0,
+                 b_read: int = 1) -> Any:
+        """Schedule matmul block ``block_name`` of ``sch`` (and its ``epilogue`` blocks) on the tile."""
+
+    def pass_config(self) -> dict[str, Any]:
+        """PassContext options ``tvm.compile`` needs for the tile's kernel."""
+
+
+def check_tile(tile: Any, field: str) -> None:
+    """A tensor-core field holds a tile (which says its kernel), not a bare knob config."""
+    if isinstance(tile, Config):
+        raise TvmExtError(f"{field} takes a tensor-core tile (tensor_core.parse_tile / pick_tile, or "
+                          f"MmaGemmTile(config) / WmmaGemmTile(config)), not a bare config: {tile}")
+
+
 @dataclass(frozen=True)
 class MatmulSite:
     """Where the GEMM sits in a PrimFunc: its block, which reads are A[i, k] and B[k, j],
@@ -152,10 +185,11 @@ class GemmTemplate(DtypeFields, Template):
     acc_dtype: str = HIGH_PRECISION
     c_dtype: str = HIGH_PRECISION
     dtype: InitVar[str | None] = None  # shorthand: all four (older records name only this)
-    # A WMMA tile (``tvm_ext.schedules.tensor_core``): where A and B are float16 on a CUDA
-    # target that it fits, the GEMM runs on tensor cores with it and the CUDA-core
-    # config is not used (method 003's low types then buy the tensor cores' speed).
-    tensor_core: Config | None = None
+    # A tensor-core tile (``TensorCoreTile``: mma.sync or WMMA): where it can run this GEMM
+    # (operand types it takes, a CUDA target, a shape it fits) the GEMM runs on tensor cores
+    # with it and the CUDA-core config is not used (method 003's low types then buy the
+    # tensor cores' speed).
+    tensor_core: TensorCoreTile | None = None
     batch: int = 0  # > 0: a leading batch axis of this many independent GEMMs (blockIdx.z)
     # Also search ``STAGING_KNOBS`` (register-staged prefetch, warp tiling, load width).
     staging: bool = False
@@ -176,6 +210,7 @@ class GemmTemplate(DtypeFields, Template):
             raise TvmExtError(f"GEMM batch must be a non-negative integer, got {self.batch!r}")
         if self.b_shared and not self.batch:
             raise TvmExtError("b_shared (one B for every batch entry) needs a batch axis")
+        check_tile(self.tensor_core, "tensor_core")
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GEMM {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
@@ -216,22 +251,37 @@ class GemmTemplate(DtypeFields, Template):
         rows = (self.n, self.k) if self.b_transposed else (self.k, self.n)
         return rows if self.b_shared else self.lead + rows
 
+    def tensor_core_reason(self, target: TargetInfo) -> str | None:
+        """Why the GEMM does not run on its tensor-core tile (None: it does)."""
+        if self.tensor_core is None:
+            return "no tensor-core tile"
+        if self.b_transposed or self.b_shared:
+            return "the tensor-core tiles read B as [K, N], one per batch entry"
+        return self.tensor_core.reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
+                                       self.c_dtype, target, epilogue=bool(self.tensor_core_epilogue()))
+
+    def tensor_core_gemms(self) -> tuple[TensorCoreGemm, ...]:
+        return (TensorCoreGemm("GEMM", ("a", "b"), self.full_precision()),) if self.tensor_core is not None else ()
+
     def uses_tensor_cores(self, target: TargetInfo) -> bool:
-        """Whether ``schedule`` takes the tensor-core path (see ``tensor_core``; WMMA reads B
-        as stored, [K, N] per batch entry)."""
-        return not (self.b_transposed or self.b_shared) and wmma.uses_tile(
-            self.tensor_core, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target)
+        """Whether ``schedule`` takes the tensor-core path (see ``tensor_core``)."""
+        return self.tensor_core is not None and self.tensor_core_reason(target) is None
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
-        """The WMMA tile's options (cp.async for ``tc_pipeline`` >= 2) when it is used."""
+        """The tensor-core tile's options (e.g. cp.async) when it is used."""
         if self.uses_tensor_cores(target):
-            return wmma.pass_config(self.tensor_core)
+            return self.tensor_core.pass_config()  # type: ignore[union-attr]
         return {"tirx.use_async_copy": True} if staging_value(config, "prefetch") == 2 else {}
 
-    def _tensor_core_schedule(self, epilogue: tuple[str, ...]) -> Any:
+    def tensor_core_epilogue(self) -> tuple[str, ...]:
+        """The blocks after the GEMM that the tensor-core tile's output store absorbs."""
+        return self.own_site().epilogue
+
+    def _tensor_core_schedule(self) -> Any:
         from tvm import s_tir
 
-        return wmma.schedule_wmma(s_tir.Schedule(self.prim_func()), "C", self.tensor_core, epilogue=epilogue)
+        return self.tensor_core.schedule(s_tir.Schedule(self.prim_func()), "C",  # type: ignore[union-attr]
+                                         epilogue=self.tensor_core_epilogue())
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
@@ -344,7 +394,7 @@ class GemmTemplate(DtypeFields, Template):
         from tvm import s_tir
 
         if func is None and self.uses_tensor_cores(target):
-            return self._tensor_core_schedule(self.own_site().epilogue)
+            return self._tensor_core_schedule()
         c = config
         site = site or (self.own_site() if func is None else MatmulSite())
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
@@ -509,6 +559,9 @@ class BiasGemmTemplate(GemmTemplate):
     def own_site(self) -> MatmulSite:
         return MatmulSite()  # D (bias and narrowing) is inlined after the GEMM's schedule
 
+    def tensor_core_epilogue(self) -> tuple[str, ...]:
+        return ("D",)  # bias and narrowing join the tile's output store
+
     def inputs(self) -> list[TensorSpec]:
         return super().inputs() + [TensorSpec(self.lead + (self.n,), self.b_dtype)]
 
@@ -520,7 +573,7 @@ class BiasGemmTemplate(GemmTemplate):
         if func is not None:
             raise TvmExtError("the bias GEMM schedules its own compute only")
         if self.uses_tensor_cores(target):
-            return self._tensor_core_schedule(("D",))
+            return self._tensor_core_schedule()
         sch = super().schedule(config, target)
         sch.reverse_compute_inline(sch.get_sblock("D"))
         return sch

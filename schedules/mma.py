@@ -5,9 +5,10 @@ memory for the fragment loads, keep fragments of the next k step in registers, o
 the output by hand.  This schedule works on the layout itself: every 16x16 operand tile is
 a warp buffer of 32 lanes x 8 elements (the ``ldmatrix``/``mma.sync.m16n8k16`` register
 layout), loaded by one ``ldmatrix.x4`` and multiplied by two ``mma.sync.m16n8k16``.  The
-intrinsics are registered here (``mma_intrinsics``), only the few this schedule uses and
-for float16 or bfloat16 operands (TVM's ``tensor_intrin.cuda`` has no bfloat16 ones and
-takes over a minute to import).
+intrinsics are registered by ``mma_intrin.py`` (only the few this schedule uses, for
+float16 or bfloat16 operands).  ``schedule_mma`` schedules the matmul block of any PrimFunc
+(with epilogue blocks and a batch axis): ``MmaGemmTile`` is that schedule as the tile a
+``GemmTemplate`` (and so the GRU's gate GEMMs and the mixed-precision GEMM) runs on.
 
 The knobs (``MMA_KNOBS``):
 
@@ -40,20 +41,14 @@ be multiples of the block tile.  ``mma_reason`` names why a config cannot run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any, ClassVar, Sequence
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.warp_memory import install_warp_memory_fix
 from tvm_ext.precision import itemsize
+from tvm_ext.schedules.mma_intrin import FRAG, LANE_ELEMS, WARP, fragment_index_map, mma_intrinsics
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 
-FRAG = 16  # every operand and accumulator tile is 16x16
-WARP = 32
-LANE_ELEMS = FRAG * FRAG // WARP  # 8 elements of a 16x16 tile per lane
-WARP_TILE = (WARP, 1, 1, LANE_ELEMS)  # one 16x16 tile of a (lane, tile row, tile col, element) warp buffer
 COPY_BYTES = 16  # global -> shared copies: 16 bytes per thread (cp.async's widest)
 PAD_BYTES = 16  # padded rows: 16 bytes more than the tile row
 SPLIT_K_SCRATCH_BYTES = 64 << 20  # largest float32 partial-sum buffer split-K may use
@@ -185,8 +180,10 @@ def max_split_k(m: int, n: int) -> int:
 
 
 def mma_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str, c_dtype: str,
-               target: TargetInfo, config: Config) -> str | None:
-    """Why ``config`` cannot run this matmul with mma.sync (one line), or None if it can."""
+               target: TargetInfo, config: Config, *, epilogue: bool = False) -> str | None:
+    """Why ``config`` cannot run this matmul with mma.sync (one line), or None if it can.
+    ``epilogue``: elementwise blocks after the matmul (a bias row) join the output store, so
+    the output tile goes through shared memory whatever ``mma_out_smem`` says."""
     if a_dtype not in OPERAND_DTYPES or a_dtype != b_dtype:
         return f"mma.sync needs float16 or bfloat16 operands of one type, got A {a_dtype} and B {b_dtype}"
     if acc_dtype not in ACC_DTYPES:
@@ -219,7 +216,7 @@ def mma_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: st
                 f"tile would compute padding only")
     if t.threads > target.max_threads_per_block:
         return f"{t.threads} threads per block > device limit {target.max_threads_per_block}"
-    out_smem = bool(t.out_smem or c_dtype != acc_dtype or t.split_k > 1 or m % t.block_m)
+    out_smem = bool(epilogue or t.out_smem or c_dtype != acc_dtype or t.split_k > 1 or m % t.block_m)
     smem, limit = t.smem_bytes(a_dtype, acc_dtype, out_smem), max_dynamic_smem(target)
     if smem > limit:
         return f"needs {smem} B shared memory > {limit}"
@@ -236,216 +233,6 @@ def mma_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: st
     if t.raster and (n // t.block_n) % t.raster:
         return f"rasterization in strips of {t.raster} blocks needs N/{t.block_n} = {n // t.block_n} to divide"
     return None
-
-
-# ---- the 16x16 tensor intrinsics ---------------------------------------------------------
-INTRIN_PREFIX = "tvm_ext_mma16"
-DTYPE_ABBREV = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
-
-
-def lane_layout(i: Any, j: Any) -> tuple[Any, Any]:
-    """(lane, element) holding element (i, j) of a 16x16 tile in the ldmatrix / mma.sync
-    m16n8k16 register layout (TVM's ``shared_16x16_to_ldmatrix_32x8_layout``)."""
-    return 4 * (i % 8) + (j % 8) // 2, 4 * (j // 8) + (i // 8) * 2 + (j % 2)
-
-
-def fragment_index_map(*indices: Any) -> tuple[Any, ...]:
-    """A warp buffer (operand or accumulator) of rows x cols elements as (lane, tile row,
-    tile col, element): lane-major, so after ``LowerWarpMemory`` each lane holds one array
-    of 8 elements per 16x16 tile.  Tile-major offsets (8 x 32 per tile) defeat that pass's
-    index simplifier as soon as an access adds an element offset (the second 8-column half
-    of a B tile, the output store), which leaves the array in local memory."""
-    *lead, i, j = indices  # leading (batch, split) indices are kept
-    lane, elem = lane_layout(i % FRAG, j % FRAG)
-    return (*lead, lane, i // FRAG, j // FRAG, elem)
-
-
-def _warp_tile(T: Any, handle: Any, dtype: str, strided: bool) -> Any:
-    """One 16x16 tile of a ``fragment_index_map`` warp buffer: (32 lanes, 1, 1, 8 elements)."""
-    if not strided:
-        return T.match_buffer(handle, WARP_TILE, dtype, offset_factor=1, scope="warp")
-    strides = [T.int32() for _ in WARP_TILE]
-    return T.match_buffer(handle, WARP_TILE, dtype, offset_factor=1, scope="warp", strides=strides)
-
-
-def _ldmatrix_intrin(dtype: str, operand: str) -> tuple[Any, Any]:
-    """One ``ldmatrix.x4`` of a 16x16 tile from ``shared.dyn`` into the lane layout: A
-    tiles as stored (row = m), B tiles transposed by the instruction (row = k)."""
-    from tvm.script import tirx as T
-
-    transpose = operand == "B"
-
-    @T.prim_func(s_tir=True)
-    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
-        shared = T.match_buffer(shared_handle, (FRAG, FRAG), dtype, align=64, offset_factor=FRAG,
-                                scope="shared.dyn")
-        warp = _warp_tile(T, warp_handle, dtype, False)
-        with T.sblock("root"):
-            T.reads(shared[0:FRAG, 0:FRAG])
-            T.writes(warp[0:WARP, 0, 0, 0:LANE_ELEMS])
-            for ax0, ax1 in T.grid(FRAG, FRAG):
-                with T.sblock("shared_warp"):
-                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
-                    T.reads(shared[v0, v1])
-                    lane, elem = T.meta_var(lane_layout(v0, v1))
-                    T.writes(warp[lane, 0, 0, elem])
-                    warp[lane, 0, 0, elem] = shared[v0, v1]
-
-    @T.prim_func(s_tir=True)
-    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
-        s0 = T.int32()
-        s1 = T.int32()
-        shared = T.match_buffer(shared_handle, (FRAG, FRAG), dtype, align=64, offset_factor=FRAG,
-                                scope="shared.dyn", strides=[s0, s1])
-        warp = _warp_tile(T, warp_handle, dtype, True)
-        with T.sblock("root"):
-            T.reads(shared[0:FRAG, 0:FRAG])
-            T.writes(warp[0:WARP, 0, 0, 0:LANE_ELEMS])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                # lane t points at row t % 16, column 8 * (t // 16): the four 8x8 matrices
-                T.evaluate(T.ptx_legacy.ldmatrix(
-                    transpose, 4, ".b16", warp.data, warp.elem_offset + tx * warp.strides[0],
-                    shared.access_ptr("r"), s0 * (tx % 16) + 8 * (tx // 16), dtype=dtype))
-
-    return desc, impl
-
-
-def _mma_intrin(in_dtype: str, acc_dtype: str) -> tuple[Any, Any]:
-    """C += A · B on 16x16x16 lane-layout tiles: two ``mma.sync.m16n8k16``, one per 8-column half."""
-    from tvm.script import tirx as T
-    from tvm.tirx import Cast
-
-    def widen(v: Any) -> Any:
-        return Cast(acc_dtype, v) if acc_dtype != in_dtype else v
-
-    a_abbrev, c_abbrev = DTYPE_ABBREV[in_dtype], DTYPE_ABBREV[acc_dtype]
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = _warp_tile(T, a, in_dtype, False)
-        B = _warp_tile(T, b, in_dtype, False)
-        C = _warp_tile(T, c, acc_dtype, False)
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0, 0, 0:LANE_ELEMS], A[0:WARP, 0, 0, 0:LANE_ELEMS], B[0:WARP, 0, 0, 0:LANE_ELEMS])
-            T.writes(C[0:WARP, 0, 0, 0:LANE_ELEMS])
-            for i, j, k in T.grid(FRAG, FRAG, FRAG):
-                with T.sblock("C"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    c_lane, c_elem = T.meta_var(lane_layout(vi, vj))
-                    a_lane, a_elem = T.meta_var(lane_layout(vi, vk))
-                    b_lane, b_elem = T.meta_var(lane_layout(vk, vj))
-                    T.reads(C[c_lane, 0, 0, c_elem], A[a_lane, 0, 0, a_elem], B[b_lane, 0, 0, b_elem])
-                    T.writes(C[c_lane, 0, 0, c_elem])
-                    C[c_lane, 0, 0, c_elem] += widen(A[a_lane, 0, 0, a_elem]) * widen(B[b_lane, 0, 0, b_elem])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = _warp_tile(T, a, in_dtype, True)
-        B = _warp_tile(T, b, in_dtype, True)
-        C = _warp_tile(T, c, acc_dtype, True)
-        with T.sblock("root"):
-            T.reads(C[0:WARP, 0, 0, 0:LANE_ELEMS], A[0:WARP, 0, 0, 0:LANE_ELEMS], B[0:WARP, 0, 0, 0:LANE_ELEMS])
-            T.writes(C[0:WARP, 0, 0, 0:LANE_ELEMS])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                for half in T.unroll(2):  # columns 0-7, then 8-15: B and C elements 4 * half + ...
-                    T.evaluate(T.ptx_legacy.mma(
-                        "m16n8k16", "row", "col", a_abbrev, a_abbrev, c_abbrev,
-                        A.data, A.elem_offset + tx * A.strides[0],
-                        B.data, B.elem_offset + tx * B.strides[0] + half * 4,
-                        C.data, C.elem_offset + tx * C.strides[0] + half * 4,
-                        False, dtype=acc_dtype))
-
-    return desc, impl
-
-
-def _fill_intrin(acc_dtype: str) -> tuple[Any, Any]:
-    from tvm.script import tirx as T
-    from tvm.tirx import IntImm
-
-    zero = IntImm("int32", 0).astype(acc_dtype)
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle) -> None:
-        C = _warp_tile(T, a, acc_dtype, False)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:WARP, 0, 0, 0:LANE_ELEMS])
-            for i0, i1 in T.grid(FRAG, FRAG):
-                with T.sblock("C_warp"):
-                    i, j = T.axis.remap("SS", [i0, i1])
-                    lane, elem = T.meta_var(lane_layout(i, j))
-                    T.reads()
-                    T.writes(C[lane, 0, 0, elem])
-                    C[lane, 0, 0, elem] = zero
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle) -> None:
-        C = _warp_tile(T, a, acc_dtype, True)
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:WARP, 0, 0, 0:LANE_ELEMS])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                for e in T.unroll(LANE_ELEMS):
-                    C[tx, 0, 0, e] = zero
-
-    return desc, impl
-
-
-def _store_intrin(acc_dtype: str, scope: str) -> tuple[Any, Any]:
-    """Lane-layout accumulator tile -> a 16x16 tile of ``scope``, element by element (a
-    vector read of the warp buffer would make TVM retype the whole buffer as vectors)."""
-    from tvm.script import tirx as T
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, c: T.handle) -> None:
-        C_warp = _warp_tile(T, a, acc_dtype, False)
-        C = T.match_buffer(c, (FRAG, FRAG), acc_dtype, scope=scope, offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C_warp[0:WARP, 0, 0, 0:LANE_ELEMS])
-            T.writes(C[0:FRAG, 0:FRAG])
-            for i0, i1 in T.grid(FRAG, FRAG):
-                with T.sblock("C_warp"):
-                    v0, v1 = T.axis.remap("SS", [i0, i1])
-                    lane, elem = T.meta_var(lane_layout(v0, v1))
-                    T.reads(C_warp[lane, 0, 0, elem])
-                    T.writes(C[v0, v1])
-                    C[v0, v1] = C_warp[lane, 0, 0, elem]
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, c: T.handle) -> None:
-        s0 = T.int32()
-        s1 = T.int32()
-        C_warp = _warp_tile(T, a, acc_dtype, True)
-        C = T.match_buffer(c, (FRAG, FRAG), acc_dtype, scope=scope, offset_factor=1, strides=[s0, s1])
-        with T.sblock("root"):
-            T.reads(C_warp[0:WARP, 0, 0, 0:LANE_ELEMS])
-            T.writes(C[0:FRAG, 0:FRAG])
-            for tx in T.thread_binding(0, WARP, "threadIdx.x"):
-                for e in T.unroll(LANE_ELEMS):  # row tx/4 + 8*(e/2%2), column 8*(e/4) + 2*(tx%4) + e%2
-                    C[tx // 4 + 8 * (e // 2 % 2), 8 * (e // 4) + (tx % 4) * 2 + e % 2] = C_warp[tx, 0, 0, e]
-
-    return desc, impl
-
-
-def mma_intrinsics(operand_dtype: str, acc_dtype: str, out_scope: str) -> dict[str, str]:
-    """Names of the intrinsics for ``operand_dtype`` tiles staged in ``shared.dyn``,
-    accumulating in ``acc_dtype`` and storing the accumulators to ``out_scope``; registered
-    on first use (a process that replays a trace of ``schedule_mma`` must call this first)."""
-    from tvm.s_tir import TensorIntrin
-
-    install_warp_memory_fix()
-    op, acc, scope = DTYPE_ABBREV[operand_dtype], DTYPE_ABBREV[acc_dtype], out_scope.replace(".", "_")
-    specs = {
-        "load_a": (f"{INTRIN_PREFIX}_ldmatrix_a_{op}", lambda: _ldmatrix_intrin(operand_dtype, "A")),
-        "load_b": (f"{INTRIN_PREFIX}_ldmatrix_b_{op}", lambda: _ldmatrix_intrin(operand_dtype, "B")),
-        "sync": (f"{INTRIN_PREFIX}_mma_{op}_{acc}", lambda: _mma_intrin(operand_dtype, acc_dtype)),
-        "fill": (f"{INTRIN_PREFIX}_fill_{acc}", lambda: _fill_intrin(acc_dtype)),
-        "store": (f"{INTRIN_PREFIX}_store_{acc}_{scope}", lambda: _store_intrin(acc_dtype, out_scope)),
-    }
-    for name, make in specs.values():
-        if TensorIntrin.get(name, allow_missing=True) is None:
-            TensorIntrin.register(name, *make())
-    return {role: name for role, (name, _) in specs.items()}
 
 
 # ---- the schedule ---------------------------------------------------------------------------
@@ -671,27 +458,75 @@ AUTO_TILES = (
 def pick_mma_tile(m: int, n: int, k: int, operand_dtype: str, acc_dtype: str, c_dtype: str,
                   target: TargetInfo, split_k: bool = True, batch: int = 1) -> Config | None:
     """An mma.sync config for one GEMM without measuring: the first of ``AUTO_TILES`` that fits
-    and gives 90 % of the SMs a block; else (``split_k``) the first that, split over K (the
-    largest split that keeps at least 4 k stages per block), gives every SM one; else the
-    fitting config with the most blocks; None if none fits.  ``batch``: GEMMs side by side
-    (the grid's z axis), each of M x N."""
+    and gives 90 % of the SMs a block; else the first that, split over K (the largest split
+    that keeps at least 4 k stages per block), gives every SM one; else the fitting config
+    with the most blocks; None if none fits.  ``split_k`` False: whole-K tiles only;
+    ``batch``: GEMMs side by side (the grid's z axis), each of M x N."""
+    return pick_mma_tile_for([(m, n, k)], operand_dtype, acc_dtype, c_dtype, target, split_k=split_k, batch=batch)
+
+
+def pick_mma_tile_for(shapes: Sequence[tuple[int, int, int]], operand_dtype: str, acc_dtype: str, c_dtype: str,
+                      target: TargetInfo, *, split_k: bool = True, epilogue: bool = False,
+                      batch: int = 0) -> Config | None:
+    """``pick_mma_tile``'s rule for one tile that fits every (M, N, K) of ``shapes`` (blocks
+    counted on the one with fewest, times the ``batch`` axis): without ``split_k`` only whole-K
+    tiles (a GEMM inside another PrimFunc has no scratch for partial sums); ``epilogue`` as in
+    ``mma_reason``."""
     def fits(c: Config) -> bool:
-        return mma_reason(m, n, k, operand_dtype, operand_dtype, acc_dtype, c_dtype, target, c) is None
+        return all(mma_reason(m, n, k, operand_dtype, operand_dtype, acc_dtype, c_dtype, target, c,
+                              epilogue=epilogue) is None for m, n, k in shapes)
 
     def blocks(c: Config) -> int:
         t = MmaTile.of(c)
-        return padded(m, t.block_m) // t.block_m * (n // t.block_n) * t.split_k * batch
+        return max(batch, 1) * t.split_k * min(padded(m, t.block_m) // t.block_m * (n // t.block_n)
+                                               for m, n, _ in shapes)
 
     options = []
     for tile in AUTO_TILES:
         split_options = [tile.replace(mma_split_k=s) for s in (8, 4, 2)
-                         if split_k and k // (s * MmaTile.of(tile).block_k) >= 4]
+                         if split_k and min(k for _, _, k in shapes) // (s * MmaTile.of(tile).block_k) >= 4]
         options += [c for c in [tile] + split_options if fits(c)]
     if not options:
         return None
     whole = [c for c in options if c.mma_split_k == 1 and 10 * blocks(c) >= 9 * target.compute_units]
     split = [c for c in options if blocks(c) >= target.compute_units]
     return (whole or split or [max(options, key=blocks)])[0]
+
+
+@dataclass(frozen=True)
+class MmaGemmTile:
+    """An mma.sync tile for the GEMM block of any PrimFunc: what ``GemmTemplate.tensor_core``
+    holds (``gemm.TensorCoreTile``) to run its GEMM, with a narrowing store, a bias row or a
+    batch axis (the mixed-precision GEMM, the GRU's gate GEMMs), on ``schedule_mma``.  Split-K
+    is refused there: its partial sums need a scratch buffer and a second kernel, which only
+    ``MmaGemmTemplate`` has.  ``str`` is the tile as ``tensor_core.parse_tile`` reads it."""
+
+    config: Config
+    kernel: ClassVar[str] = "mma"
+    operand_dtypes: ClassVar[tuple[str, ...]] = OPERAND_DTYPES
+
+    def __post_init__(self) -> None:
+        MMA_SPACE.encode(self.config)  # every mma knob, each an allowed value
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}={value}" for name, value in self.config.items)
+
+    def label(self) -> str:
+        return f"mma.sync {MmaTile.of(self.config).label()}"
+
+    def reason(self, m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str, c_dtype: str,
+               target: TargetInfo, *, epilogue: bool = False) -> str | None:
+        if self.config.mma_split_k > 1:
+            return ("split-K needs a scratch buffer of partial sums and a second kernel, which only the mma.sync "
+                    "GEMM template (tune gemm-tc) has")
+        return mma_reason(m, n, k, a_dtype, b_dtype, acc_dtype, c_dtype, target, self.config, epilogue=epilogue)
+
+    def schedule(self, sch: Any, block_name: str, *, epilogue: Sequence[str] = (), a_read: int = 0,
+                 b_read: int = 1) -> Any:
+        return schedule_mma(sch, block_name, self.config, epilogue=epilogue, a_read=a_read, b_read=b_read)
+
+    def pass_config(self) -> dict[str, Any]:
+        return pass_config(self.config)
 
 
 # ---- the tunable template ------------------------------------------------------------------

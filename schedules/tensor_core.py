@@ -1,8 +1,9 @@
-"""The tensor-core GEMM as a tunable template, and the matmul forms the WMMA schedule is
-probed on.
+"""The tensor-core GEMM as a tunable template (WMMA), and the matmul forms the WMMA schedule
+is probed on.
 
-The WMMA tile, its knobs, limits and schedule live in ``wmma.py`` (the GEMM and GRU
-templates use them too); their names are re-exported here, where the tensor-core GEMM's
+The WMMA tile, its knobs, limits and schedule live in ``wmma.py``; the tile any float16 or
+bfloat16 GEMM takes (mma.sync or WMMA: ``parse_tile``, ``pick_tile``) in
+``tensor_core_tile.py``.  Their names are re-exported here, where the tensor-core GEMM's
 users find them.
 """
 from __future__ import annotations
@@ -13,19 +14,21 @@ from typing import Any, Sequence
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.gemm import GemmTemplate, gemm_bias_func
+from tvm_ext.schedules.gemm import GemmTemplate, TensorCoreTile, gemm_bias_func
+from tvm_ext.schedules.tensor_core_tile import parse_tile, pick_tile, tile_of
 from tvm_ext.schedules.wmma import (ACC_DTYPES, AUTO_TILES, FRAG, MIN_COMPUTE_CAPABILITY, OPERAND_DTYPES,
                                     SMEM_OPT_IN_BYTES, SMEM_ROW_PAD_BYTES, TC_KNOBS, TC_SPACE, WARP,
-                                    WmmaTile, compile_wmma, compute_capability, max_dynamic_smem,
-                                    parse_tile, pass_config, pick_tile, schedule_wmma, tensor_core_reason,
-                                    uses_tile, wmma_intrinsics)
+                                    WmmaGemmTile, WmmaTile, compile_wmma, compute_capability, max_dynamic_smem,
+                                    pass_config, pick_wmma_tile, schedule_wmma, tensor_core_reason,
+                                    wmma_intrinsics)
 from tvm_ext.space import Config, Space
 from tvm_ext.target import TargetInfo
 
 __all__ = ["ACC_DTYPES", "AUTO_TILES", "FRAG", "MIN_COMPUTE_CAPABILITY", "OPERAND_DTYPES", "SMEM_OPT_IN_BYTES",
            "SMEM_ROW_PAD_BYTES", "TC_KNOBS", "TC_SPACE", "WARP", "MatmulProblem", "TensorCoreGemmTemplate",
-           "WmmaTile", "compile_wmma", "compute_capability", "max_dynamic_smem", "parse_tile", "pass_config",
-           "pick_tile", "schedule_wmma", "tensor_core_reason", "uses_tile", "wmma_intrinsics"]
+           "TensorCoreTile", "WmmaGemmTile", "WmmaTile", "compile_wmma", "compute_capability", "max_dynamic_smem",
+           "parse_tile", "pass_config", "pick_tile", "pick_wmma_tile", "schedule_wmma", "tensor_core_reason",
+           "tile_of", "wmma_intrinsics"]
 
 
 # ---- the matmul forms this schedule is used on ---------------------------------------------
@@ -128,8 +131,8 @@ class TensorCoreGemmTemplate(GemmTemplate):
                                                              self.acc_dtype, target, c),))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """``pick_tile``'s tile (no measurement); an error naming why when none fits."""
-        tile = pick_tile([(self.m, self.n, self.k)], target, self.acc_dtype)
+        """``pick_wmma_tile``'s tile (no measurement); an error naming why when none fits."""
+        tile = pick_wmma_tile([(self.m, self.n, self.k)], target, self.acc_dtype)
         if tile is None:
             reason = tensor_core_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target,
                                         AUTO_TILES[-1])
@@ -141,7 +144,7 @@ class TensorCoreGemmTemplate(GemmTemplate):
         config = self.default_config(target)
         tile = WmmaTile.of(config)
         return config, (
-            f"pick_tile: the largest probe-led WMMA tile that divides {self.m}x{self.n}x{self.k} and gives at "
+            f"pick_wmma_tile: the largest probe-led WMMA tile that divides {self.m}x{self.n}x{self.k} and gives at "
             f"least half the device's {target.compute_units} SMs a block: {tile.block_m}x{tile.block_n}x"
             f"{tile.block_k}, {tile.warps} warps, {'cp.async' if tile.async_copy else 'synchronous'} copies")
 

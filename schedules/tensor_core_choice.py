@@ -17,7 +17,7 @@ from tvm_ext.schedules.mma import MMA_KNOBS, MmaGemmTemplate, with_unused_param
 from tvm_ext.schedules.mma import pass_config as mma_pass_config
 from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate
 from tvm_ext.schedules.wmma import AUTO_TILES as WMMA_TILES
-from tvm_ext.schedules.wmma import TC_KNOBS, pick_tile, schedule_wmma, tensor_core_reason
+from tvm_ext.schedules.wmma import TC_KNOBS, pick_wmma_tile, schedule_wmma, tensor_core_reason
 from tvm_ext.schedules.wmma import pass_config as wmma_pass_config
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -75,13 +75,13 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         return self.mma.scratch()  # a WMMA kernel takes the same (unused) scratch parameter
 
     def default_config(self, target: TargetInfo) -> Config:
-        """mma.sync with ``pick_mma_tile``'s tile; the WMMA knobs at ``pick_tile``'s (or the
+        """mma.sync with ``pick_mma_tile``'s tile; the WMMA knobs at ``pick_wmma_tile``'s (or the
         128x128 tile's) values, so a mutation of ``tc_kernel`` lands on a sensible WMMA tile."""
         try:
             mma = self.mma.default_config(target)
         except TvmExtError as exc:
             raise TvmExtError(str(exc).replace("no mma.sync tile fits", "no tensor-core tile fits")) from None
-        wmma = pick_tile([(self.m, self.n, self.k)], target, self.acc_dtype) if self.a_dtype == "float16" else None
+        wmma = pick_wmma_tile([(self.m, self.n, self.k)], target, self.acc_dtype) if self.a_dtype == "float16" else None
         values = {**(wmma or WMMA_TILES[1]).as_dict(), **mma.as_dict(), "tc_kernel": "mma"}
         return Config(tuple((k.name, values[k.name]) for k in CHOICE_KNOBS))
 

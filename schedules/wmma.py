@@ -1,6 +1,7 @@
 """Tensor-core (WMMA, fp16 operands) schedule for a matmul block: the tile, its knobs and
-limits, the intrinsics and the schedule (no operator here: ``gemm.py`` and the GRU use it
-for their matmuls, ``tensor_core.py`` holds the tunable tensor-core GEMM).
+limits, the intrinsics and the schedule (no operator here: ``WmmaGemmTile`` is the tile a
+``GemmTemplate``, and so the GRU, runs its matmul on; ``tensor_core.py`` holds the tunable
+tensor-core GEMM).
 
 The CUDA-core schedules in ``gemm.py`` top out far below what an
 sm_70+ GPU does with fp16 operands: its tensor cores multiply 16×16×16 tiles per
@@ -34,9 +35,8 @@ no padding path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
-from tvm_ext.errors import TvmExtError
 from tvm_ext.precision import itemsize
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -206,21 +206,13 @@ def tensor_core_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_d
     return None
 
 
-def uses_tile(tile: Config | None, m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str,
-              target: TargetInfo | None) -> bool:
-    """Whether a matmul given ``tile`` takes the tensor-core path (the one test every
-    operator with a WMMA tile asks): a tile, a target, and no reason against it."""
-    return tile is not None and target is not None and tensor_core_reason(
-        m, n, k, a_dtype, b_dtype, acc_dtype, target, tile) is None
-
-
 # ---- choosing a tile --------------------------------------------------------------------
 def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int) -> Config:
     return TC_SPACE.make(tc_warps_m=warps[0], tc_warps_n=warps[1], tc_frags_m=frags[0], tc_frags_n=frags[1],
                          tc_k_frags=k_frags, tc_vec=8, tc_pipeline=2, tc_out_smem=1)
 
 
-# Tiles ``pick_tile`` tries, largest first: on the H100 probe (``benchmarks/tensor_core_probe.py``,
+# Tiles ``pick_wmma_tile`` tries, largest first: on the H100 probe (``benchmarks/tensor_core_probe.py``,
 # fp16 GEMMs 2048-8192) 128x256x32 and 128x128x32 with cp.async led (292-299 TFLOP/s at
 # 4096^3), 64x64x64 led at M = 64; the smaller ones fit shapes the large ones do not divide.
 AUTO_TILES = (
@@ -233,14 +225,17 @@ AUTO_TILES = (
 )
 
 
-def pick_tile(shapes: Sequence[tuple[int, int, int]], target: TargetInfo,
-              acc_dtype: str = "float32") -> Config | None:
+def pick_wmma_tile(shapes: Sequence[tuple[int, int, int]], target: TargetInfo,
+                   acc_dtype: str = "float32") -> Config | None:
     """A WMMA tile for fp16 matmuls of every (M, N, K) in ``shapes`` on ``target``, without
     measuring: the first of ``AUTO_TILES`` that fits them all and still gives half the SMs a
     block on the smallest shape (on the probe a 64x64 tile over 96 blocks beat smaller tiles
-    that filled all 132), else the fitting one with the most blocks; None if none fits."""
-    fitting = [c for c in AUTO_TILES if all(tensor_core_reason(m, n, k, "float16", "float16", acc_dtype, target, c)
-                                            is None for m, n, k in shapes)]
+    that filled all 132), else the fitting one with the most blocks; None if none fits.  Before
+    sm_80 (no cp.async) the tiles are double-buffered with synchronous copies instead."""
+    cc = compute_capability(target)
+    tiles = AUTO_TILES if cc is None or cc >= 80 else tuple(c.replace(tc_pipeline=1) for c in AUTO_TILES)
+    fitting = [c for c in tiles if all(tensor_core_reason(m, n, k, "float16", "float16", acc_dtype, target, c)
+                                       is None for m, n, k in shapes)]
     if not fitting:
         return None
 
@@ -249,24 +244,6 @@ def pick_tile(shapes: Sequence[tuple[int, int, int]], target: TargetInfo,
         return min((m // t.block_m) * (n // t.block_n) for m, n, _ in shapes)
 
     return next((c for c in fitting if 2 * blocks(c) >= target.compute_units), max(fitting, key=blocks))
-
-
-def parse_tile(text: str) -> Config | None:
-    """A tile from the command line: ``none``, or ``tc_`` knobs as k=v,... over the 128x128x32
-    cp.async tile (unknown knobs and values are errors that name the allowed ones)."""
-    if text.strip() == "none":
-        return None
-    values: dict[str, int] = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not value.strip().lstrip("-").isdigit():
-            raise TvmExtError(f"tensor-core tile item {item!r} is not knob=integer "
-                              f"(knobs: {', '.join(TC_SPACE.names)}), or use 'none' / 'auto'")
-        values[key.strip()] = int(value)
-    unknown = sorted(set(values) - set(TC_SPACE.names))
-    if unknown:
-        raise TvmExtError(f"unknown tensor-core knob {unknown[0]!r}; knobs: {', '.join(TC_SPACE.names)}")
-    return TC_SPACE.make(**{**AUTO_TILES[1].as_dict(), **values})
 
 
 # ---- WMMA tensor intrinsics ------------------------------------------------------------
@@ -558,3 +535,38 @@ def schedule_wmma(sch: Any, block_name: str, config: Config, *, epilogue: Sequen
         if t.async_copy:
             sch.annotate(ko, "software_pipeline_async_stages", [0])
     return sch
+
+
+@dataclass(frozen=True)
+class WmmaGemmTile:
+    """A WMMA tile for the GEMM block of any PrimFunc: what ``GemmTemplate.tensor_core`` holds
+    (``gemm.TensorCoreTile``) to run its GEMM (narrowing store, bias row, batch axis) on
+    ``schedule_wmma``; float16 operands only.  ``str`` is the tile as
+    ``tensor_core.parse_tile`` reads it."""
+
+    config: Config
+    kernel: ClassVar[str] = "wmma"
+    operand_dtypes: ClassVar[tuple[str, ...]] = OPERAND_DTYPES
+
+    def __post_init__(self) -> None:
+        TC_SPACE.encode(self.config)  # every tc_ knob, each an allowed value
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}={value}" for name, value in self.config.items)
+
+    def label(self) -> str:
+        t = WmmaTile.of(self.config)
+        return (f"WMMA {t.block_m}x{t.block_n}x{t.block_k} w{t.warps_m}x{t.warps_n} p{t.pipeline}"
+                f"{' smem' if t.out_smem else ''}")
+
+    def reason(self, m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str, c_dtype: str,
+               target: TargetInfo, *, epilogue: bool = False) -> str | None:
+        """``tensor_core_reason`` (which counts the staged output tile whatever ``epilogue`` says)."""
+        return tensor_core_reason(m, n, k, a_dtype, b_dtype, acc_dtype, target, self.config)
+
+    def schedule(self, sch: Any, block_name: str, *, epilogue: Sequence[str] = (), a_read: int = 0,
+                 b_read: int = 1) -> Any:
+        return schedule_wmma(sch, block_name, self.config, epilogue=epilogue, a_read=a_read, b_read=b_read)
+
+    def pass_config(self) -> dict[str, Any]:
+        return pass_config(self.config)

@@ -6,10 +6,8 @@ stores bfloat16 as ushort and computes in float32); CUDA adds float16.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import re
 import subprocess
 import sys
 
@@ -255,67 +253,3 @@ def test_gru_search_keeps_the_bound_resumes_and_its_program_reproduces_the_error
     assert math.isclose(relative_error(loaded.run(*inputs), refs), error_of(rec), rel_tol=1e-6)
     inputs, refs = lowered.make_case(np.random.default_rng(99))
     assert relative_error(loaded.run(*inputs), refs) <= eb
-
-
-# ---- tensor cores: the low types reach the WMMA schedule (CUDA, generated here) -------------
-def _wmma_tile(**changes):
-    from tvm_ext.schedules.tensor_core import TC_KNOBS
-    from tvm_ext.space import Space
-
-    values = dict(tc_warps_m=2, tc_warps_n=2, tc_frags_m=2, tc_frags_n=2, tc_k_frags=2, tc_vec=8,
-                  tc_pipeline=1, tc_out_smem=1)
-    return Space(TC_KNOBS).make(**{**values, **changes})
-
-
-def test_precision_program_uses_tensor_cores_only_for_float16_operands():
-    """A GEMM with a WMMA tile: its float16-operand precision configs compile to mma_sync,
-    float32 and bfloat16 ones to the CUDA-core schedule; the tile is part of the template's
-    params (so records of the two schedules never mix)."""
-    import tvm
-
-    from tvm_ext.target import offline_cuda
-
-    target = offline_cuda()
-    base = GemmTemplate(128, 128, 64, tensor_core=_wmma_tile())
-    assert "tensor_core" in base.params and "tensor_core" not in GemmTemplate(128, 128, 64).params
-    program = PrecisionProgram(base, base.default_config(target))
-    space = program.space(target)
-
-    def source(**dtypes):
-        sch = program.schedule(space.make(**{"a": "float32", "b": "float32", "acc": "float32", "c": "float32",
-                                             **dtypes}), target)
-        return tvm.compile(sch.mod, target=tvm.target.Target(target.tvm_target())).mod.imports[0].inspect_source()
-
-    assert "mma_sync" in source(a="float16", b="float16")
-    assert "mma_sync" in source(a="float16", b="float16", acc="float16", c="float16")
-    assert "mma_sync" not in source()
-    assert "mma_sync" not in source(a="bfloat16", b="bfloat16")
-    assert not base.uses_tensor_cores(target)  # float32 operands
-    assert not base.with_precision({"a": "float16", "b": "float16"}).uses_tensor_cores(opencl_target())
-
-
-def opencl_target():
-    from tvm_ext.target import TargetInfo
-
-    return TargetInfo(kind="opencl", device_name="any OpenCL device")
-
-
-def test_gru_gemms_use_tensor_cores_with_float16_operands():
-    """The GRU's input GEMM and (unfused) hidden GEMM take their WMMA tiles where their
-    operands are float16: one gru_gemm_x0 and one gru_gemm_h kernel with mma_sync."""
-    from tvm_ext.schedules.gru import GruTemplate
-    from tvm_ext.target import offline_cuda
-
-    target = offline_cuda()
-    half = dict(x_dtype="float16", w_ih_dtype="float16", h_dtype="float16", w_hh_dtype="float16")
-    gru = GruTemplate(batch=32, hidden=64, input=64, seq=4, in_tensor_core=_wmma_tile(),  # x·W_ih: 128x192x64
-                      hid_tensor_core=_wmma_tile(tc_warps_m=1, tc_frags_m=2), **half)
-    compiled = gru.compile(gru.default_config(target), target)
-    kernels = compiled.source.split('extern "C" __global__')
-    with_mma = sorted({re.search(r"(\w+_kernel)\(", k).group(1) for k in kernels if "mma_sync" in k})
-    assert with_mma == ["gru_gemm_h_kernel", "gru_gemm_x0_kernel"]
-    plain = GruTemplate(batch=32, hidden=64, input=64, seq=4, in_tensor_core=_wmma_tile())
-    assert "mma_sync" not in plain.compile(plain.default_config(target), target).source  # float32
-    odd = dataclasses.replace(gru, seq=3)  # 96 rows: not a multiple of the 64-row tile, CUDA cores
-    kernels = odd.compile(odd.default_config(target), target).source.split('extern "C" __global__')
-    assert [k for k in kernels if "mma_sync" in k and "gru_gemm_x0_kernel(" in k] == []

@@ -217,3 +217,15 @@ def test_elite_parent_survives_offspring_that_are_all_worse():
         children = ga.propose()
         ga.observe(children, np.full(len(children), 100.0))
         assert ga.fitness.min() == 1.0
+
+
+def test_default_tournament_size_follows_the_population():
+    """From Python as from the CLI, a small population gets a tournament size that fits it."""
+    space = Space((Knob("a", tuple(range(8))), Knob("b", tuple(range(8)))))
+    for population in (2, 3, 4, 5, 6, 12):
+        ga = GeneticSearch(space, np.random.default_rng(0), size_pop=population, generations=1)
+        assert ga.tourn_size == (1 if population == 4 else 2)
+        ga.observe(ga.propose(), np.arange(population, dtype=float))
+        assert len(ga.propose()) == population
+    with pytest.raises(ValueError, match="population/2"):
+        GeneticSearch(space, np.random.default_rng(0), size_pop=4, tourn_size=2)

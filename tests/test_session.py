@@ -48,8 +48,8 @@ def test_unknown_strategy_or_runner_is_one_line_naming_the_allowed(args, allowed
 def test_options_check_names_from_python():
     with pytest.raises(TvmExtError, match="allowed: random, ga, ga.xgb, ga.s6, analytic"):
         SessionOptions(strategy="annealing")
-    with pytest.raises(TvmExtError, match="unknown runner 'rpc'; allowed: local"):
-        SessionOptions(runner="rpc")
+    with pytest.raises(TvmExtError, match="unknown runner 'cluster'; allowed: local, rpc"):
+        SessionOptions(runner="cluster")
 
 
 # ---- one session for every entry point --------------------------------------------------------------
@@ -223,12 +223,12 @@ def test_the_local_runner_measures_on_several_devices(opencl, tmp_path):
                                                    space.random_feasible_indices(np.random.default_rng(1), 5)]
     builds = [build_one(template, c, opencl) for c in configs]
     options = SessionOptions(runner_options=(("devices", "0,0"),), measure=FAST)
-    with RUNNERS["local"](options, opencl) as runner:
+    with RUNNERS["local"].make(options, opencl, print) as runner:
         results = [f.result() for f in runner.submit(template, builds)]
         assert runner.devices == (0, 0) and len(runner.workers) == 2
     assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
-    with pytest.raises(TvmExtError, match="devices='x'"):
-        RUNNERS["local"](SessionOptions(runner_options=(("devices", "x"),)), opencl)
+    with pytest.raises(TvmExtError, match="devices='x' is not"):
+        SessionOptions(runner_options=(("devices", "x"),))
 
 
 # ---- one executor per backend, one OpenCL context --------------------------------------------------------

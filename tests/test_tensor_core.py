@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tvm_ext.builder import compile_schedule
-from tvm_ext.schedules.tensor_core import TC_SPACE, MatmulProblem, WmmaTile, compile_wmma, tensor_core_reason
+from tvm_ext.schedules.tensor_core import (TC_SPACE, MatmulProblem, WmmaGemmTile, WmmaTile, compile_wmma,
+                                           tensor_core_reason)
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.target import TargetInfo, offline_cuda
 
@@ -105,7 +106,7 @@ def test_tuner_builds_emit_cp_async(cuda, tmp_path, pipeline):
     from tvm_ext.schedules.gemm import GemmTemplate
 
     half = {"a_dtype": "float16", "b_dtype": "float16"}
-    template = GemmTemplate(128, 128, 64, tensor_core=_config(tc_pipeline=pipeline), **half)
+    template = GemmTemplate(128, 128, 64, tensor_core=WmmaGemmTile(_config(tc_pipeline=pipeline)), **half)
     assert template.pass_config(template.default_config(cuda), cuda) == (
         {"tirx.use_async_copy": True} if pipeline >= 2 else {})
     result = build_one(template, template.default_config(cuda), cuda)
@@ -114,13 +115,14 @@ def test_tuner_builds_emit_cp_async(cuda, tmp_path, pipeline):
     assert ("cp.async" in result.artifact.source) == (pipeline >= 2)
 
 
-def test_pick_tile_fits_the_shapes_without_measuring(cuda):
-    """``--tensor-core auto``: the largest probe-led tile that divides every shape and keeps
-    half the SMs busy; smaller tiles for small or odd shapes; None where no tile divides."""
-    from tvm_ext.schedules.tensor_core import pick_tile
+def test_pick_wmma_tile_fits_the_shapes_without_measuring(cuda):
+    """WMMA's pick (``--tensor-core auto`` where no mma.sync tile fits): the largest probe-led
+    tile that divides every shape and keeps half the SMs busy; smaller tiles for small or odd
+    shapes; None where no tile divides."""
+    from tvm_ext.schedules.tensor_core import pick_wmma_tile
 
     def size(shapes):
-        tile = pick_tile(shapes, cuda)
+        tile = pick_wmma_tile(shapes, cuda)
         if tile is None:
             return None
         for m, n, k in shapes:
@@ -141,7 +143,8 @@ def test_parse_tile_names_the_allowed_values():
     from tvm_ext.schedules.tensor_core import parse_tile
 
     assert parse_tile("none") is None
-    assert WmmaTile.of(parse_tile("tc_pipeline=1")).pipeline == 1
+    tile = parse_tile("tc_pipeline=1")
+    assert tile.kernel == "wmma" and WmmaTile.of(tile.config).pipeline == 1
     for text, message in (("tc_vec=3", "allowed values: 1, 2, 4, 8"), ("tc_foo=1", "knobs: tc_warps_m"),
                           ("tc_vec", "is not knob=integer")):
         with pytest.raises(TvmExtError, match=message):
@@ -271,10 +274,10 @@ def test_gpu_matches_float64_reference(case):
 # ---- the tunable tensor-core GEMM (python -m tvm_ext.tune gemm-tc) ----------------------------
 def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
     """The WMMA tile is the search space: feasible exactly where ``tensor_core_reason`` has
-    nothing against it; the default is ``pick_tile``'s; a built config is a WMMA kernel with
+    nothing against it; the default is ``pick_wmma_tile``'s; a built config is a WMMA kernel with
     cp.async, compiled by the tuner's builder; the record's workload rebuilds the template."""
     from tvm_ext.builder import build_one
-    from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate, pick_tile
+    from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate, pick_wmma_tile
     from tvm_ext.template import Workload, get_template_class
 
     template = TensorCoreGemmTemplate(256, 512, 128, c_dtype="float16")
@@ -283,7 +286,7 @@ def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
     assert 0 < len(feasible) < space.size
     assert all(tensor_core_reason(256, 512, 128, "float16", "float16", "float32", cuda, c) is None for c in feasible)
     default = template.default_config(cuda)
-    assert default == pick_tile([(256, 512, 128)], cuda) and space.is_feasible(default)
+    assert default == pick_wmma_tile([(256, 512, 128)], cuda) and space.is_feasible(default)
     inputs, refs = template.make_case(np.random.default_rng(0))  # what the runner checks against
     assert [a.dtype for a in inputs] == [np.float16, np.float16] and refs[0].shape == (256, 512)
     result = build_one(template, default, cuda)

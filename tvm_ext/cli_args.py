@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Sequence
 
+from .cli_checks import Parser  # noqa: F401  (the CLI's parser: one-line errors)
 from .errors import TvmExtError
 from .session import DEFAULT_RECORDS, RUNNERS, STRATEGIES, SessionOptions
 from .space import Knob
@@ -52,12 +53,21 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--records", default=DEFAULT_RECORDS, help=f"JSON-lines records file, resumed if present (default {DEFAULT_RECORDS})")
     g.add_argument("--build-timeout", type=float, default=120.0, help="seconds per build (default 120)")
     g.add_argument("--run-timeout", type=float, default=60.0, help="seconds per measurement (default 60)")
-    g.add_argument("--runner", default="local", metavar="NAME",
+    g.add_argument("--runner", default=None, metavar="NAME",
                    help=f"where candidates are measured: {', '.join(RUNNERS)} (default local: this machine, "
-                        "an isolated process per device)")
+                        "an isolated process per device; rpc with --tracker or --devices)")
     g.add_argument("--runner-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the runner, repeatable (local: devices=0,1 measures on both devices "
                         "at once)")
+    r = p.add_argument_group("measuring on many GPUs or hosts (--runner rpc, TVM's RPC tracker)")
+    r.add_argument("--tracker", default=None, metavar="HOST:PORT",
+                   help="the TVM RPC tracker whose servers measure (python -m tvm_ext.worker, or stock TVM servers)")
+    r.add_argument("--key", default=None, help="the servers' key at the tracker (one key per kind of device)")
+    r.add_argument("--parallel", type=int, default=None,
+                   help="jobs in flight (default: one per server registered under the key)")
+    r.add_argument("--devices", default=None, metavar="0,1,...",
+                   help="this host's devices: start a local tracker and a worker per device, measure on all of "
+                        "them, stop them at the end")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     m = p.add_argument_group("cost model (predictor stage of the GA)")
     m.add_argument("--cost-model", default="none", choices=("none", "xgb"),
@@ -87,11 +97,34 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
             raise TvmExtError("--cost-model needs --strategy ga (the GA breeds the candidates the model ranks)")
         strategy = f"ga+{args.cost_model}"
     return SessionOptions(
-        target=args.target, device=args.device, strategy=strategy, runner=args.runner,
+        target=args.target, device=args.device, strategy=strategy, runner=runner_name(args),
         generations=args.generations, population=args.population, tourn_size=args.tourn_size,
         mutation=args.mutation, trials=args.trials, workers=args.workers, seed=args.seed, records=args.records,
         build_timeout=args.build_timeout, run_timeout=args.run_timeout, ng=args.ng, nm=args.nm,
-        explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option))
+        explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option)
+        + rpc_runner_options(args))
+
+
+def runner_name(args: argparse.Namespace) -> str:
+    """``--runner``, or rpc where ``--tracker`` or ``--devices`` says so (local otherwise)."""
+    rpc = args.tracker is not None or args.devices is not None
+    if args.runner is None:
+        return "rpc" if rpc else "local"
+    if rpc and args.runner != "rpc":
+        flag = "--tracker" if args.tracker is not None else "--devices"
+        raise TvmExtError(f"{flag} measures through --runner rpc, not --runner {args.runner}")
+    return args.runner
+
+
+def rpc_runner_options(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The rpc flags as the runner options the rpc runner reads."""
+    if args.parallel is not None and args.parallel < 1:
+        raise TvmExtError(f"--parallel must be >= 1, got {args.parallel}")
+    if args.key is not None and args.tracker is None:
+        raise TvmExtError("--key names servers at a tracker: give --tracker HOST:PORT too")
+    flags = {"tracker": args.tracker, "key": args.key, "devices": args.devices,
+             "parallel": None if args.parallel is None else str(args.parallel)}
+    return tuple((name, value) for name, value in flags.items() if value is not None)
 
 
 def parse_runner_options(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -102,13 +135,6 @@ def parse_runner_options(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
             raise TvmExtError(f"--runner-option {item!r} is not KEY=VALUE")
         out.append((key.strip(), value.strip()))
     return tuple(out)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage dump) and exit code 2."""
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def format_speed(template: Any, cost: float) -> str:

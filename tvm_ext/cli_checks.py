@@ -14,13 +14,16 @@ from typing import Any
 import numpy as np
 
 from .errors import TvmExtError
+from .search import default_tourn_size
 
 INDEX_LIMIT = 2**31 - 1  # TVM indexes buffers with int32 expressions
 
 
-def default_tourn_size(population: int) -> int:
-    """2, or less where the GA's rule (tourn_size < population/2 from 4 up) needs it."""
-    return 2 if population < 4 else min(2, math.ceil(population / 2) - 1)
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def check_run_inputs(args: argparse.Namespace) -> None:

@@ -12,6 +12,11 @@ class TvmExtError(Exception):
     """
 
 
+class RunnerLost(TvmExtError):
+    """A runner can measure nothing more (its RPC tracker or every server is gone, a server
+    of another device joined): the search stops; the records written so far are kept."""
+
+
 class ErrorKind(str, Enum):
     """Why a candidate failed, shared by the builder, the runner and the records.
 

@@ -184,14 +184,18 @@ def load_library(library: bytes) -> Any:
 
 class CudaExecutor:
     """A TVM module's functions through TVM's runtime: one packed-function call per ``calls``
-    entry, its arguments naming buffers of ``specs`` (or scalar ints)."""
+    entry, its arguments naming buffers of ``specs`` (or scalar ints).
+
+    ``dev``: where the buffers live and the module runs, default ``tvm.cuda(device_id)``; a
+    remote module and device of an RPC session work the same way (every call goes over the
+    connection)."""
 
     def __init__(self, module: Any, calls: Sequence[KernelLaunch], specs: Mapping[str, TensorSpec], device_id: int,
-                 sets: int = 1):
+                 sets: int = 1, dev: Any = None):
         import tvm
 
         self.module = module
-        self.dev = tvm.cuda(device_id)
+        self.dev = dev if dev is not None else tvm.cuda(device_id)
         self.specs = dict(specs)
         self.names = [c.name for c in calls]
         funcs = {name: module[name] for name in dict.fromkeys(self.names)}

@@ -245,17 +245,20 @@ def _timed(executor: Any, job: MeasureJob) -> list[float]:
     return time_loop(lambda i: executor.run(i % sets), executor.sync, s)
 
 
-def run_job(job: MeasureJob) -> RunResult:
-    """Check, then time, one program (inside a runner's worker); any failure is data."""
+def run_job(job: MeasureJob, executor: Any = None) -> RunResult:
+    """Check, then time, one program (inside a runner's worker); any failure is data.
+
+    ``executor``: the program already loaded somewhere else than this process's device
+    (a stock TVM RPC server's module and device: ``tvm_ext.rpc_runner``); default: the
+    executor of the job's backend here."""
     try:
-        return _run(job)
+        return _run(job, executor if executor is not None else executor_for(job))
     except Exception as exc:
         text = str(exc).strip().splitlines()
         return RunResult((), ErrorKind.RUN_ERROR, (text[-1] if text else type(exc).__name__)[:300])
 
 
-def _run(job: MeasureJob) -> RunResult:
-    executor = executor_for(job)
+def _run(job: MeasureJob, executor: Any) -> RunResult:
     names = [name for name, _ in job.buffers]
     specs = dict(job.buffers)
     inputs, outputs = names[: job.n_inputs], names[job.n_inputs: job.n_inputs + job.n_outputs]

@@ -98,6 +98,28 @@ class PrecisionProgram(Template):
     def default_config(self, target: TargetInfo) -> Config:
         return self.space(target).make(**{p.name: HIGH_PRECISION for p in self.precision_params()})
 
+    def tensor_core_note(self, target: TargetInfo) -> str:
+        """Which operand types of this search run on the tensor cores, per GEMM that has a tile
+        (mma.sync takes float16 or bfloat16 pairs, WMMA float16 ones; other pairs, or a shape or
+        target the tile refuses, stay on the CUDA cores): one line for the search's log."""
+        gemms = self.base.tensor_core_gemms()
+        if not gemms:
+            return "tensor cores: no tile, every GEMM on the CUDA cores"
+        dtypes = self.search_dtypes(target)
+        parts = []
+        for use in gemms:
+            tile, (a, b) = use.gemm.tensor_core, use.operands
+            reasons = {d: use.gemm.with_precision({"a": d, "b": d}).tensor_core_reason(target)
+                       for d in dtypes if d in tile.operand_dtypes}
+            taken = [d for d, reason in reasons.items() if reason is None]
+            if taken:
+                parts.append(f"{use.label} on {tile.label()} where {a} and {b} are both {' or both '.join(taken)}")
+                continue
+            why = next(iter(reasons.values()), None) or (
+                f"it takes {' or '.join(tile.operand_dtypes)} operands, none of this search's types")
+            parts.append(f"{use.label} on the CUDA cores ({tile.label()}: {why})")
+        return "tensor cores: " + "; ".join(parts)
+
     # ---- the workload ---------------------------------------------------------------------
     @property
     def params(self) -> dict[str, Any]:

@@ -93,6 +93,12 @@ def run_model(args: argparse.Namespace) -> int:
 
     options = session_options(args)
     extra = model_options(args.model_option)
+    from .session import RUNNERS
+
+    if RUNNERS[options.runner].remote_target:
+        raise TvmExtError(f"--runner {options.runner}: the model command compiles and runs the tuned model on this "
+                          "machine, so it measures here too (--runner local); tune single operators on servers "
+                          "with tune gemm / gemm-tc / reduce / gru")
     user = load_model_file(args.file)
     mod = model_module(user, args.file, **extra)
     target = resolve_target(args.target, args.device)

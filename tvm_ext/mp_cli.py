@@ -17,6 +17,10 @@ from .cli_args import Parser, parse_shape
 from .session import DEFAULT_RECORDS
 
 DEFAULT_OUT = "tvm_ext_program"
+TILE_HELP = ("tensor-core tile for {what} are both float16 or both bfloat16 (mma.sync), or float16 "
+             "(WMMA), on CUDA: auto (default: picked for {where}, mma.sync where one of its tiles fits, else "
+             "WMMA), none, mma / wmma (that kernel's 128x128x32 tile), or one kernel's knobs as k=v,... "
+             "(mma_ knobs: mma.sync, tc_ knobs: WMMA)")
 
 
 def add_mixed_precision_parser(sub: Any) -> None:
@@ -27,9 +31,8 @@ def add_mixed_precision_parser(sub: Any) -> None:
     ops = mp.add_subparsers(dest="operator", metavar="OPERATOR", required=True, parser_class=Parser)
     gemm = ops.add_parser("gemm", help="C = A·B: dtypes of A, B, C and the accumulator")
     gemm.add_argument("--shape", required=True, help="M,N,K")
-    gemm.add_argument("--tensor-core", default="auto", metavar="TILE",
-                      help="WMMA tile for configs with float16 A and B on CUDA: auto (default: picked for the "
-                           "shape), none, or tc_ knobs as k=v,...")
+    gemm.add_argument("--tensor-core", default="auto", metavar="TILE", help=TILE_HELP.format(
+        what="configs whose A and B", where="the shape"))
     gemm.set_defaults(make_operator=_gemm, tensor_cores=_gemm_tensor_cores)
     gru = ops.add_parser("gru", help="a GRU layer: dtypes of x, weights, gate buffers, state, output, "
                                      "both accumulators and the cell's math")
@@ -38,11 +41,10 @@ def add_mixed_precision_parser(sub: Any) -> None:
         gru.add_argument(f"--{name}", type=int, required=True, help=help_text)
     gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
     gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
-    gru.add_argument("--tensor-core", default="auto", metavar="TILE",
-                     help="WMMA tile for the input GEMM where x and W_ih are float16 on CUDA: auto (default), "
-                          "none, or tc_ knobs as k=v,...")
+    gru.add_argument("--tensor-core", default="auto", metavar="TILE", help=TILE_HELP.format(
+        what="the input GEMM where x and W_ih", where="its shape"))
     gru.add_argument("--hidden-tensor-core", default="auto", metavar="TILE",
-                     help="the same for the hidden GEMM of unfused schedules (h and W_hh float16)")
+                     help="the same for the hidden GEMM of unfused schedules (h and W_hh)")
     gru.set_defaults(make_operator=_gru, tensor_cores=_gru_tensor_cores)
     for p in (gemm, gru):
         _add_method_args(p)
@@ -93,21 +95,32 @@ def _gru(args: argparse.Namespace) -> Any:
                        layers=args.layers, bidirectional=args.bidirectional)
 
 
-def _tile(text: str, shapes: list[tuple[int, int, int]], target: Any) -> Any:
-    """The tile for ``--tensor-core``-like text (checked on any target; None off CUDA)."""
+def tile_option(text: str, shapes: list[tuple[int, int, int]], target: Any, option: str, epilogue: bool,
+          batch: int = 0) -> Any:
+    """The tile for ``--tensor-core``-like text (its syntax checked on any target; None off
+    CUDA).  A tile given by hand that cannot run the float16 GEMM of every shape is refused
+    with the reason: it would silently leave them on the CUDA cores."""
+    from .errors import TvmExtError
     from .schedules.tensor_core import parse_tile, pick_tile
 
     auto = text.strip() == "auto"
     tile = None if auto else parse_tile(text)
     if target.kind != "cuda":
         return None
-    return pick_tile(shapes, target) if auto else tile
+    if auto:
+        return pick_tile(shapes, target, batch=batch)
+    for m, n, k in shapes if tile is not None else ():
+        reason = tile.reason(m, n, k, "float16", "float16", "float32", "float32", target, epilogue=epilogue)
+        if reason:
+            raise TvmExtError(f"{option} {text}: the {m}x{n}x{k} GEMM cannot run on {tile.label()}: {reason}")
+    return tile
 
 
 def _gemm_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
     from dataclasses import replace
 
-    return replace(base, tensor_core=_tile(args.tensor_core, [(base.m, base.n, base.k)], target))
+    shapes = [(base.m, base.n, base.k)]
+    return replace(base, tensor_core=tile_option(args.tensor_core, shapes, target, "--tensor-core", epilogue=False))
 
 
 def _gru_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
@@ -115,9 +128,10 @@ def _gru_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
 
     inputs = [(base.seq * base.batch, base.dirs * 3 * base.hidden, base.layer_input(layer))
               for layer in range(base.layers)]
-    return replace(base, in_tensor_core=_tile(args.tensor_core, inputs, target),
-                   hid_tensor_core=_tile(args.hidden_tensor_core, [(base.batch, 3 * base.hidden, base.hidden)],
-                                         target))
+    hidden = [(base.batch, 3 * base.hidden, base.hidden)]
+    return replace(base, in_tensor_core=tile_option(args.tensor_core, inputs, target, "--tensor-core", epilogue=True),
+                   hid_tensor_core=tile_option(args.hidden_tensor_core, hidden, target, "--hidden-tensor-core",
+                                               epilogue=True, batch=base.dirs))
 
 
 def run_mixed_precision(args: argparse.Namespace) -> int:
@@ -139,7 +153,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     session = Session(options, store=RecordStore(args.records))
     target = session.target
     schedule, source = schedule_for(base, target, session.store)
-    base = args.tensor_cores(base, args, target)  # float16 operands on CUDA run on the tensor cores
+    base = args.tensor_cores(base, args, target)  # 16-bit operands on CUDA run on the tensor cores
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     program = PrecisionProgram(base, schedule, dtypes)
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
@@ -152,6 +166,8 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     log(f"{program.describe()} on {target.kind}:{target.device_name}, schedule: {source}; "
         f"dtypes {', '.join(target.float_dtypes)}; {tuner.resumed} records resumed from {args.records}")
+    if target.kind == "cuda":
+        log(program.tensor_core_note(target))
     try:
         result = MixedPrecisionSearch(tuner, settings, predictor, log=log).run()
     except KeyboardInterrupt:

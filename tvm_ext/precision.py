@@ -58,6 +58,17 @@ class PrecisionParam:
             raise ValueError(f"precision kind {self.kind!r}; allowed: {', '.join(PARAM_KINDS)}")
 
 
+@dataclass(frozen=True)
+class TensorCoreGemm:
+    """A GEMM of an operator that has a tensor-core tile: a label, the precision parameters of
+    its A and B operands, and the GEMM template (at full precision, with the tile), so a
+    search can say which operand types run on the tensor cores."""
+
+    label: str
+    operands: tuple[str, str]
+    gemm: Any  # a schedules.gemm.GemmTemplate with ``tensor_core`` set
+
+
 @runtime_checkable
 class MixedPrecisionOperator(Protocol):
     """What a template adds to take part in the mixed-precision search."""
@@ -70,6 +81,9 @@ class MixedPrecisionOperator(Protocol):
 
     def with_precision(self, assignment: Mapping[str, str]) -> "MixedPrecisionOperator":
         """The same operator with the named parameters set (the others unchanged)."""
+
+    def tensor_core_gemms(self) -> tuple[TensorCoreGemm, ...]:
+        """The operator's GEMMs that have a tensor-core tile (none: every GEMM on CUDA cores)."""
 
 
 def check_assignment(params: Sequence[PrecisionParam], assignment: Mapping[str, str]) -> None:
@@ -153,6 +167,9 @@ class DtypeFields:
 
     def full_precision(self) -> Any:
         return self.with_precision({p.name: HIGH_PRECISION for p in self.PRECISION_PARAMS})
+
+    def tensor_core_gemms(self) -> tuple[TensorCoreGemm, ...]:
+        return ()
 
     def precision_reason(self, target_kind: str) -> str | None:
         """Why ``target_kind`` cannot run this assignment as declared (None: it can)."""

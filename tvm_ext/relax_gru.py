@@ -147,9 +147,10 @@ def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
 
 
 def with_tensor_cores(template: Any, target: TargetInfo) -> Any:
-    """WMMA tiles (``pick_tile``, as ``tune mixed-precision gru`` picks them by default) for the
-    input GEMMs and the unfused hidden GEMM where their operands are float16 on CUDA."""
-    from .schedules.tensor_core import pick_tile
+    """Tensor-core tiles (``pick_tile``: mma.sync where one fits, as ``tune mixed-precision gru``
+    picks them by default) for the input GEMMs and the unfused hidden GEMM where their operands
+    are float16 on CUDA."""
+    from .schedules.tensor_core_tile import pick_tile
 
     if target.kind != "cuda":
         return template

@@ -5,8 +5,10 @@ see ``tvm_ext.measure``) and returns one ``Future`` per build that always resolv
 ``RunResult``: a program that hangs (run timeout) or crashes its process becomes an
 error result and the rest of the batch goes on, in a fresh worker.
 
-``LocalRunner`` measures on this machine: one isolated worker process per device, so
-jobs on different devices run at the same time and jobs on one device never overlap.
+``IsolatedMeasurer`` is that isolation: one process measuring jobs one at a time under a run
+timeout.  ``LocalRunner`` measures on this machine with one per device, so jobs on different
+devices run at the same time and jobs on one device never overlap; a ``tvm_ext.worker``
+(the RPC runner's server, ``tvm_ext.rpc_runner``) measures with one per session.
 """
 from __future__ import annotations
 
@@ -15,20 +17,30 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, Sequence
 
 from .builder import BuildResult
-from .errors import ErrorKind
+from .errors import ErrorKind, RunnerLost
 from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop
 from .target import TargetInfo
 from .template import Template
 
-__all__ = ["LocalRunner", "MeasureJob", "MeasureSettings", "RunResult", "Runner", "resolved", "run_all", "time_loop"]
+__all__ = ["IsolatedMeasurer", "LocalRunner", "MeasureJob", "MeasureSettings", "RemoteRunner", "RunResult", "Runner",
+           "RunnerLost", "resolved", "run_all", "time_loop"]
 
 
 class Runner(Protocol):
     def submit(self, template: Template, builds: Sequence[BuildResult]) -> list["Future[RunResult]"]:
         """Start measuring every build (all built: ``artifact`` set); one future per build, in
-        order, each resolving to a ``RunResult`` (failures included), never raising."""
+        order, each resolving to a ``RunResult`` (failures included).  A future raises only
+        ``RunnerLost``: the runner can measure nothing more (e.g. its RPC tracker is gone)."""
 
     def close(self) -> None: ...
+
+
+class RemoteRunner(Runner, Protocol):
+    """A runner whose devices are elsewhere (RPC servers): the target is theirs, asked at start,
+    not this machine's ``--target``/``--device``."""
+
+    @property
+    def target(self) -> TargetInfo: ...
 
 
 def resolved(result: RunResult) -> "Future[RunResult]":
@@ -46,6 +58,11 @@ def run_all(runner: Runner, template: Template, builds: Sequence[BuildResult]) -
                                                                     b.error_msg) for b in builds]
 
 
+def job_error(exc: Exception) -> RunResult:
+    """A job that could not be made (no case for the workload, e.g. a reference that fails)."""
+    return RunResult((), ErrorKind.RUN_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+
+
 def _outcome(pool_future: Any, timeout: float) -> RunResult:
     """A pebble future's result as a RunResult: timeouts and dead workers are data too."""
     try:
@@ -58,6 +75,37 @@ def _outcome(pool_future: Any, timeout: float) -> RunResult:
         return RunResult((), ErrorKind.CRASH, f"{type(exc).__name__}: {exc}"[:300])
 
 
+class IsolatedMeasurer:
+    """One process (spawned, so no device state is inherited) measuring jobs one at a time:
+    a job past ``timeout`` or one that kills the process (a trap in the kernel) is an error
+    result, and the next job gets a fresh process."""
+
+    def __init__(self, timeout: float = 60.0):
+        self.timeout = timeout
+        self._pool: Any = None
+
+    def schedule(self, job: MeasureJob) -> "Future[RunResult]":
+        if self._pool is None:
+            import multiprocessing
+
+            from pebble import ProcessPool
+
+            self._pool = ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"))
+        future: Future[RunResult] = Future()
+        pool_future = self._pool.schedule(run_job, args=(job,), timeout=self.timeout)
+        pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
+        return future
+
+    def run(self, job: MeasureJob) -> RunResult:
+        return self.schedule(job).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool.join()
+            self._pool = None
+
+
 class LocalRunner:
     """Measures in isolated worker processes on this machine, one per device (``devices``,
     default the target's), with a run timeout per job."""
@@ -68,7 +116,7 @@ class LocalRunner:
         self.settings = settings or MeasureSettings()
         self.timeout = timeout
         self.devices = tuple(devices) if devices else (target.device_id,)
-        self._pools: dict[int, Any] = {}
+        self._pools: dict[int, IsolatedMeasurer] = {}
         self._next = 0
 
     @property
@@ -76,13 +124,9 @@ class LocalRunner:
         """The device of each worker process started so far."""
         return tuple(self.devices[slot] for slot in sorted(self._pools))
 
-    def _pool(self, slot: int) -> Any:
+    def _pool(self, slot: int) -> IsolatedMeasurer:
         if slot not in self._pools:
-            import multiprocessing
-
-            from pebble import ProcessPool
-
-            self._pools[slot] = ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"))
+            self._pools[slot] = IsolatedMeasurer(self.timeout)
         return self._pools[slot]
 
     def job(self, template: Template, build: BuildResult, device: int | None = None) -> MeasureJob:
@@ -96,16 +140,12 @@ class LocalRunner:
             slot = self._next % len(self.devices)
             device = self.devices[slot]
             self._next += 1
-            future: Future[RunResult] = Future()
             try:
                 job = self.job(template, build, device)
             except Exception as exc:  # no case for the workload (e.g. a reference that fails): data
-                future.set_result(RunResult((), ErrorKind.RUN_ERROR, f"{type(exc).__name__}: {exc}"[:300]))
-                futures.append(future)
+                futures.append(resolved(job_error(exc)))
                 continue
-            pool_future = self._pool(slot).schedule(run_job, args=(job,), timeout=self.timeout)
-            pool_future.add_done_callback(lambda f, out=future: out.set_result(_outcome(f, self.timeout)))
-            futures.append(future)
+            futures.append(self._pool(slot).schedule(job))
         return futures
 
     def run(self, template: Template, builds: Sequence[BuildResult]) -> list[RunResult]:
@@ -113,8 +153,7 @@ class LocalRunner:
 
     def close(self) -> None:
         for pool in self._pools.values():
-            pool.stop()
-            pool.join()
+            pool.close()
         self._pools.clear()
 
     def __enter__(self) -> "LocalRunner":

@@ -8,6 +8,8 @@ builds a whole batch in parallel.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -57,6 +59,21 @@ def mutate(population: np.ndarray, cardinalities: np.ndarray, rng: np.random.Gen
     return np.where(mask, fresh, population)
 
 
+def default_tourn_size(population: int) -> int:
+    """2, or less where the tournament rule (tourn_size < population/2 from 4 up) needs it,
+    so any population of at least 2 has a valid default."""
+    return 2 if population < 4 else min(2, math.ceil(population / 2) - 1)
+
+
+def tourn_size_reason(population: int, tourn_size: int) -> str | None:
+    """``None`` when tournaments of ``tourn_size`` suit ``population``, else why not."""
+    if tourn_size < 1:
+        return f"must be >= 1, got {tourn_size}"
+    if population >= 4 and tourn_size >= population / 2:
+        return f"must be < population/2 ({population / 2:g}), got {tourn_size}"
+    return None
+
+
 def tournament_select(candidates: np.ndarray, costs: np.ndarray, size_pop: int, tourn_size: int,
                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Draw tourn_size·size_pop individuals, split into size_pop groups, keep each group's fastest."""
@@ -80,7 +97,7 @@ class GeneticSearch:
     rng: np.random.Generator
     size_pop: int = 16
     generations: int = 8
-    tourn_size: int = 2
+    tourn_size: int | None = None  # None: default_tourn_size(size_pop)
     mutation_rate: float = 0.1
     crossover_rate: float = 0.9
     seeds: Sequence[np.ndarray] = ()
@@ -95,8 +112,11 @@ class GeneticSearch:
     def __post_init__(self) -> None:
         if self.size_pop < 2:
             raise ValueError("population size must be at least 2")
-        if self.tourn_size < 1 or (self.size_pop >= 4 and self.tourn_size >= self.size_pop / 2):
-            raise ValueError(f"tourn_size must be >= 1 and < size_pop/2, got {self.tourn_size}")
+        if self.tourn_size is None:
+            self.tourn_size = default_tourn_size(self.size_pop)
+        reason = tourn_size_reason(self.size_pop, self.tourn_size)
+        if reason:
+            raise ValueError(f"tourn_size {reason}")
 
     @property
     def done(self) -> bool:

@@ -4,7 +4,8 @@ Every tuning run goes through a ``Session``: the CLI's subcommands (``tune gemm`
 ``model``, ``mixed-precision``), the Relax pipeline, the replay of recorded sweeps, the
 benchmarks and the examples.  What a name means is decided in one place, the registries:
 ``STRATEGIES`` maps a strategy name to the factory of its search, ``RUNNERS`` a runner
-name to the factory of its runner.  A new strategy or runner is one entry there; the
+name to its entry (the factory of the runner and the check of its options; ``rpc``'s
+devices are elsewhere, so its runner is made first and the run's target is its servers').  A new strategy or runner is one entry there; the
 CLI's choices and the errors for unknown names follow from them.
 
     with Session(SessionOptions(generations=2, records="r.jsonl")) as session:
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -24,7 +26,7 @@ from .errors import TvmExtError
 from .measure import MeasureSettings
 from .records import Record, RecordStore
 from .runner import LocalRunner, Runner
-from .search import GeneticSearch, RandomSearch, SearchStrategy
+from .search import GeneticSearch, RandomSearch, SearchStrategy, default_tourn_size, tourn_size_reason
 from .space import Config, Space
 from .target import TargetInfo
 from .template import Template
@@ -32,6 +34,10 @@ from .tuner import Builder, ProgressHook, Tuner, TuneResult
 
 DEFAULT_RECORDS = "tvm_ext_records.jsonl"
 Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class SessionOptions:
     runner: str = "local"  # a name in RUNNERS
     generations: int = 6
     population: int = 12
-    tourn_size: int = 2
+    tourn_size: int | None = None  # None: the GA's default for the population
     mutation: float = 0.1
     trials: int | None = None  # measurements per workload in this run (None: no cap)
     workers: int | None = None  # parallel build processes (None: all cores)
@@ -64,6 +70,8 @@ class SessionOptions:
     runner_options: tuple[tuple[str, str], ...] = ()  # what a runner reads by name (``runner_option``)
 
     def __post_init__(self) -> None:
+        if self.tourn_size is None:
+            object.__setattr__(self, "tourn_size", default_tourn_size(self.population))
         for name in ("generations", "population", "tourn_size"):
             if getattr(self, name) < 1:
                 raise TvmExtError(f"--{name.replace('_', '-')} must be >= 1")
@@ -71,8 +79,9 @@ class SessionOptions:
             raise TvmExtError("--trials must be >= 1")
         if not 0.0 <= self.mutation <= 1.0:
             raise TvmExtError("--mutation must be a probability in [0, 1]")
-        if self.population >= 4 and self.tourn_size >= self.population / 2:
-            raise TvmExtError(f"--tourn-size must be < population/2 ({self.population / 2:g})")
+        reason = tourn_size_reason(self.population, self.tourn_size)
+        if reason:
+            raise TvmExtError(f"--tourn-size {reason}")
         for name in ("ng", "nm"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TvmExtError(f"--{name} must be >= 1")
@@ -82,6 +91,7 @@ class SessionOptions:
             raise TvmExtError("--explore must be a share in [0, 1]")
         check_name("strategy", self.strategy, STRATEGIES)
         check_name("runner", self.runner, RUNNERS)
+        RUNNERS[self.runner].check(self)
         if STRATEGIES[self.strategy].breeds and self.population < 2:
             raise TvmExtError(f"--population must be >= 2 for the GA (crossover pairs parents), got {self.population}")
 
@@ -242,21 +252,100 @@ STRATEGIES: dict[str, StrategyEntry] = {
 
 
 # ---- runners --------------------------------------------------------------------------------------
-RunnerFactory = Callable[[SessionOptions, TargetInfo], Runner]
+@dataclass(frozen=True)
+class RunnerEntry:
+    """``make(options, target, log)``: the runner; ``check(options)``: its runner options,
+    checked before anything starts (one ``TvmExtError``).  A runner with ``remote_target``
+    measures on devices elsewhere: it is made first (``target`` None) and the run's target is
+    its ``target`` (a ``RemoteRunner``: the servers' device), not this machine's."""
+
+    make: Callable[["SessionOptions", TargetInfo | None, Log], Runner]
+    doc: str
+    check: Callable[["SessionOptions"], None] = lambda options: None
+    remote_target: bool = False
 
 
-def _local_runner(options: SessionOptions, target: TargetInfo) -> Runner:
+def _device_list(text: str, what: str) -> tuple[int, ...]:
+    """``text`` ("0,1") as device indices; ``what`` names it in errors ("--devices '0,x'")."""
+    try:
+        ids = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise TvmExtError(f"{what} is not a comma-separated list of integers") from None
+    if any(i < 0 for i in ids):
+        raise TvmExtError(f"{what}: device indices must be >= 0")
+    return ids
+
+
+def _local_runner(options: SessionOptions, target: TargetInfo | None, log: Log) -> Runner:
     """This machine: an isolated worker per device (runner option ``devices=0,1``; default
     the target's device)."""
     devices = options.runner_option("devices")
-    try:
-        ids = tuple(int(d) for d in devices.split(",")) if devices else None
-    except ValueError:
-        raise TvmExtError(f"runner option devices={devices!r} is not a comma-separated list of integers") from None
+    ids = _device_list(devices, f"runner option devices={devices!r}") if devices else None
+    assert target is not None
     return LocalRunner(target, options.measure, timeout=options.run_timeout, devices=ids)
 
 
-RUNNERS: dict[str, RunnerFactory] = {"local": _local_runner}
+def _check_local(options: SessionOptions) -> None:
+    devices = options.runner_option("devices")
+    if devices:
+        _device_list(devices, f"runner option devices={devices!r}")
+    extra = sorted({k for k, _ in options.runner_options} - {"devices"})
+    if extra:
+        raise TvmExtError(f"runner option {extra[0]!r} is not an option of the local runner (devices); "
+                          "--tracker, --key and --parallel belong to --runner rpc")
+
+
+def _check_rpc(options: SessionOptions) -> None:
+    from .worker import parse_address
+
+    tracker, key = options.runner_option("tracker"), options.runner_option("key")
+    devices, parallel = options.runner_option("devices"), options.runner_option("parallel")
+    if devices and tracker:
+        raise TvmExtError("--devices starts a tracker of its own: give either --devices or --tracker")
+    if not devices and not tracker:
+        raise TvmExtError("--runner rpc needs --tracker HOST:PORT and --key KEY (servers started with python -m "
+                          "tvm_ext.worker), or --devices 0,1 (a local tracker and a worker per device)")
+    if tracker:
+        parse_address(tracker)
+        if not key:
+            raise TvmExtError("--tracker needs --key KEY (the servers' key at the tracker)")
+    if devices:
+        _device_list(devices, f"--devices {devices!r}")
+    if parallel is not None and (not parallel.isdigit() or int(parallel) < 1):
+        raise TvmExtError(f"--parallel must be an integer >= 1, got {parallel!r}")
+
+
+def _rpc_runner(options: SessionOptions, target: TargetInfo | None, log: Log) -> Runner:
+    """Servers of a key at a TVM RPC tracker (``tracker``, ``key``), or (``devices``) a local
+    tracker with a worker per device, started here and stopped with the runner."""
+    from .rpc_runner import RpcRunner
+    from .worker import parse_address
+
+    parallel = options.runner_option("parallel")
+    devices = options.runner_option("devices")
+    cluster = None
+    if devices:
+        from .cluster import LocalCluster
+
+        cluster = LocalCluster(_device_list(devices, f"--devices {devices!r}"), options.target.lower(), log).start()
+        tracker, key = cluster.tracker, cluster.key
+    else:
+        tracker, key = parse_address(options.runner_option("tracker") or ""), options.runner_option("key") or ""
+    runner = RpcRunner(tracker, key, options.target.lower(), options.measure, timeout=options.run_timeout,
+                       parallel=int(parallel) if parallel else None, log=log, cluster=cluster)
+    try:
+        return runner.start()
+    except BaseException:
+        runner.close()
+        raise
+
+
+RUNNERS: dict[str, RunnerEntry] = {
+    "local": RunnerEntry(_local_runner, "this machine: an isolated process per device", _check_local),
+    "rpc": RunnerEntry(_rpc_runner, "the servers of a key at a TVM RPC tracker (tvm_ext workers or stock TVM "
+                                    "servers), or --devices: a local tracker and a worker per device",
+                       _check_rpc, remote_target=True),
+}
 
 
 # ---- the session ---------------------------------------------------------------------------------
@@ -279,10 +368,14 @@ class Session:
 
     @property
     def target(self) -> TargetInfo:
+        """This machine's ``--target``/``--device``, or a remote runner's devices (made first)."""
         if self._target is None:
-            from .target import resolve_target
+            if RUNNERS[self.options.runner].remote_target:
+                self._target = self.runner.target  # type: ignore[attr-defined]
+            else:
+                from .target import resolve_target
 
-            self._target = resolve_target(self.options.target, self.options.device)
+                self._target = resolve_target(self.options.target, self.options.device)
         return self._target
 
     @property
@@ -300,8 +393,12 @@ class Session:
     @property
     def runner(self) -> Runner:
         if self._runner is None:
-            self._runner = RUNNERS[self.options.runner](self.options, self.target)
+            entry = RUNNERS[self.options.runner]
+            self._runner = entry.make(self.options, None if entry.remote_target else self.target, self._log)
         return self._runner
+
+    def _log(self, message: str) -> None:
+        (self.log or _stderr)(message)
 
     def tuner(self, template: Template, on_record: ProgressHook | None = None,
               recorded_as: str | None = None) -> Tuner:

@@ -149,7 +149,6 @@ def _cuda_info(device_id: int) -> TargetInfo:
         raise TvmExtError(
             f"no CUDA GPU {device_id} found (use --target opencl, or run on a GPU machine)"
         )
-    major, minor = (int(x) for x in str(dev.compute_version).split("."))
     l2 = 0
     try:  # L2 size decides whether timing must rotate inputs; cupy/torch know it.
         from cuda.bindings import runtime as cudart  # type: ignore
@@ -157,6 +156,12 @@ def _cuda_info(device_id: int) -> TargetInfo:
         err, l2 = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrL2CacheSize, device_id)
     except Exception:
         l2 = 50 * 1024 * 1024
+    return cuda_target_of(dev, device_id, l2)
+
+
+def cuda_target_of(dev: Any, device_id: int, l2_bytes: int) -> TargetInfo:
+    """The limits of a CUDA device TVM can see (here, or a remote device of an RPC session)."""
+    major, minor = (int(x) for x in str(dev.compute_version).split("."))
     return TargetInfo(
         kind="cuda",
         device_id=device_id,
@@ -165,7 +170,7 @@ def _cuda_info(device_id: int) -> TargetInfo:
         max_shared_memory_per_block=int(dev.max_shared_memory_per_block),
         warp_size=int(dev.warp_size),
         compute_units=int(dev.multi_processor_count),
-        l2_bytes=int(l2),
+        l2_bytes=int(l2_bytes),
         arch=f"sm_{major}{minor}",
     )
 

@@ -196,9 +196,15 @@ def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
     """Method 002 (or the template's own rule): print the pick; measure it once."""
     import dataclasses
 
-    from .session import Session, analytic_pick
+    from .session import RUNNERS, Session
     from .target import offline_cuda, resolve_target
 
+    session = Session(dataclasses.replace(options, trials=1, workers=1))
+    if RUNNERS[options.runner].remote_target:  # the servers' device (asked when they are reached)
+        try:
+            return _analytic_on(args, template, session, session.target)
+        finally:
+            session.close()
     try:
         target = resolve_target(args.target, args.device)
     except TvmExtError:
@@ -206,6 +212,13 @@ def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
             raise
         target = dataclasses.replace(offline_cuda(), device_id=args.device)
         print("note: no CUDA GPU found; using H100 (sm_90) limits", file=sys.stderr)
+    with Session(session.options, target=target) as session:
+        return _analytic_on(args, template, session, target)
+
+
+def _analytic_on(args: argparse.Namespace, template: Any, session: Any, target: Any) -> int:
+    from .session import analytic_pick
+
     config, explanation = analytic_pick(template, target)
     pick = {"description": template.describe(), "strategy": "analytic",
             "target": {"kind": target.kind, "device": target.device_name, "arch": target.arch},
@@ -218,9 +231,8 @@ def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
         if args.json:
             print(json.dumps(pick, indent=1))
         return 0
-    with Session(dataclasses.replace(options, trials=1, workers=1), target=target) as session:
-        tuner = session.tuner(template)
-        (cost,) = tuner.evaluate([config])
+    tuner = session.tuner(template)
+    (cost,) = tuner.evaluate([config])
     rec = tuner.record_of(config)
     if rec is not None:
         pick["measured"] = {"cost_secs": rec.cost if rec.ok else None, "costs": list(rec.costs),

@@ -21,11 +21,10 @@ import numpy as np
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.errors import TvmExtError
 from tvm_ext.measure import RunPlan
-from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, cast, itemsize
+from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
 from tvm_ext.program import Artifact, CompiledProgram
-from tvm_ext.schedules import wmma
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
-from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate
+from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
@@ -136,10 +135,12 @@ class GruTemplate(DtypeFields, Template):
     h_dtype: str = F32
     cell_math_dtype: str = F32
     out_dtype: str = F32
-    # WMMA tiles for the input and (unfused) hidden GEMMs: tensor cores where their operands
-    # are float16 on CUDA (see ``GemmTemplate.tensor_core``)
-    in_tensor_core: Config | None = None
-    hid_tensor_core: Config | None = None
+    # Tensor-core tiles (mma.sync or WMMA, ``tvm_ext.schedules.tensor_core.parse_tile`` /
+    # ``pick_tile``) for the input and (unfused) hidden GEMMs: tensor cores where the tile takes
+    # their operand types (mma.sync: both float16 or both bfloat16; WMMA: float16) and shape
+    # on CUDA (see ``GemmTemplate.tensor_core``)
+    in_tensor_core: TensorCoreTile | None = None
+    hid_tensor_core: TensorCoreTile | None = None
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -152,6 +153,8 @@ class GruTemplate(DtypeFields, Template):
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GRU {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
+        for name in ("in_tensor_core", "hid_tensor_core"):
+            check_tile(getattr(self, name), name)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -168,16 +171,24 @@ class GruTemplate(DtypeFields, Template):
         return 2 if self.bidirectional else 1
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
-        """The options of the WMMA tiles and of the step kernel's pipelined h slice (cp.async):
-        they only act on copies a schedule marked async, so one module-wide context serves
-        every kernel."""
+        """The options of the tensor-core tiles the GEMMs run on and of the step kernel's
+        pipelined h slice (cp.async): one module-wide context serves every kernel (cp.async
+        only acts on copies a schedule marked async; the mma.sync tile's ``disable_cse_tir``
+        leaves the other kernels' arithmetic as it is, nvcc eliminates common terms anyway)."""
         if target.kind != "cuda":
             return {}
         options: dict[str, Any] = {"tirx.use_async_copy": True} if config.fuse_step and config.step_pipeline else {}
-        for tile in (self.in_tensor_core, self.hid_tensor_core):
-            if tile is not None:
-                options.update(wmma.pass_config(tile))
+        for gemm in self.gemms_on_tensor_cores(config, target):
+            options.update(gemm.tensor_core.pass_config())
         return options
+
+    def gemms_on_tensor_cores(self, config: Config, target: TargetInfo) -> list[GemmTemplate]:
+        """The gate GEMMs ``config`` runs on their tensor-core tiles (layer 1's input GEMM
+        too where its A differs; the hidden GEMM only unfused)."""
+        gemms = [self.input_gemm(layer) for layer in range(min(self.layers, 2))]
+        if not config.fuse_step:
+            gemms.append(self.hidden_gemm())
+        return [g for g in gemms if g.uses_tensor_cores(target)]
 
     def layer_input(self, layer: int) -> int:
         return self.input if layer == 0 else self.dirs * self.hidden
@@ -293,6 +304,13 @@ class GruTemplate(DtypeFields, Template):
     def layers_share_input_gemm(self) -> bool:
         """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
         return self.layer_input(1) == self.input and self.out_dtype == self.x_dtype
+
+    def tensor_core_gemms(self) -> tuple[TensorCoreGemm, ...]:
+        full = self.full_precision()
+        gemms = [TensorCoreGemm("input GEMM", ("x", "w_ih"), full.input_gemm(0))] if self.in_tensor_core else []
+        if self.hid_tensor_core is not None:
+            gemms.append(TensorCoreGemm("hidden GEMM (unfused steps)", ("h", "w_hh"), full.hidden_gemm()))
+        return tuple(gemms)
 
     def gemm_templates(self) -> dict[str, GemmTemplate]:
         """The gate GEMMs as GEMM templates, by knob prefix (the hidden one per direction)."""

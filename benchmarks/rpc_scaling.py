@@ -1,0 +1,245 @@
+"""Measurement throughput through TVM's RPC tracker: one worker vs two on one host.
+
+Run on a host with two GPUs through the device tool (``nvidia-h200-x2``), about 5 minutes:
+    source .tvm-device/boot.sh && python benchmarks/rpc_scaling.py --out $OUT
+
+A local tracker and a ``tvm_ext.worker`` per GPU (pinned through ``CUDA_VISIBLE_DEVICES``)
+start (``tvm_ext.cluster.LocalCluster``: a worker that cannot start stops the script with its
+log's last lines, never a hang); then the same fp32 GEMM tuning job (2048³, the GA, seed 0, a
+fixed trial count) runs twice on them, each into its own records file: once with one job in
+flight (``--parallel 1``: one worker measures, the other idles) and once with two.  Printed
+last: configs measured per minute of each run (target: two workers at least 1.8x one), the
+share of the wall spent building, and the best config each found.  ``--stock`` (default on)
+then also measures a few configs on a stock TVM server (``python -m tvm.exec.rpc_server``, no
+tvm_ext) and checks they are as correct as on a worker.
+
+Measurement, not building, is the bottleneck here, by construction and by measurement:
+- builds stay in this process's build pool with one process per core (32 on the GPU host),
+  warmed up before the timed runs (spawning the pool is in neither run's time);
+- one fp32 GEMM build takes one to two seconds (NVRTC, then linking the library), so a
+  generation of ``--population`` 64 builds in two rounds of the pool, a few seconds; its 64
+  measurements take about a second each on a worker (the check's inputs drawn for three
+  rotated input sets, the float64 check, then ``--repeat`` 10 timed repeats of at least
+  ``--min-repeat-secs`` 0.05 s: steadier costs than the defaults' 5 x 0.02 s), so even two
+  workers spend several times the build time measuring;
+- the builder is timed (``TimedBuilder``): the table gives each run's build share of the
+  wall and its configs per minute of the rest of the wall (measuring and the tuner's own
+  work), whose ratio is the runner's scaling alone; the script warns when builds take over
+  a quarter of a run.
+Raw records, the worker logs and ``summary.json`` go to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+from tvm_ext.builder import LocalBuilder
+from tvm_ext.cluster import LocalCluster, free_port
+from tvm_ext.errors import TvmExtError
+from tvm_ext.measure import MeasureSettings
+from tvm_ext.records import RecordStore
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.session import Session, SessionOptions
+
+
+class TimedBuilder:
+    """The shared build pool, with the wall time spent in ``build`` added up."""
+
+    def __init__(self, builder: LocalBuilder):
+        self.builder = builder
+        self.secs = 0.0
+
+    def build(self, template: Any, configs: Sequence[Any], target: Any) -> list:
+        start = time.perf_counter()
+        try:
+            return self.builder.build(template, configs, target)
+        finally:
+            self.secs += time.perf_counter() - start
+
+    def close(self) -> None:  # the pool outlives each session
+        pass
+
+
+def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBuilder, args: argparse.Namespace
+              ) -> dict:
+    template = GemmTemplate(*args.shape)
+    records = os.path.join(args.out, f"{label}.jsonl")
+    if os.path.exists(records):
+        os.remove(records)  # each run measures from scratch
+    options = SessionOptions(
+        target=args.target, strategy="ga", generations=args.generations, population=args.population,
+        trials=args.trials, workers=args.workers, seed=args.seed, records=records, run_timeout=120,
+        measure=MeasureSettings(repeat=args.repeat, min_repeat_secs=args.min_repeat_secs),
+        runner="rpc", runner_options=(("tracker", cluster.tracker_text), ("key", cluster.key),
+                                      ("parallel", str(parallel))))
+    builder.secs = 0.0
+    start = time.perf_counter()
+
+    def progress(rec: Any, tuner: Any) -> None:
+        if tuner.trials % 16 == 0:
+            print(f"  [{label}] {tuner.trials} trials, {time.perf_counter() - start:.1f} s", flush=True)
+
+    with Session(options, builder=builder, log=print) as session:
+        target = session.target
+        print(f"[{label}] tuning {template.describe()} on {target.kind}:{target.device_name}, "
+              f"{parallel} job{'s' * (parallel > 1)} in flight", flush=True)
+        result = session.tune(template, on_record=progress)
+    recs = list(RecordStore(records))
+    servers = sorted({r.metrics.get("server", "?") for r in recs})
+    best = result.best
+    return {
+        "label": label, "parallel": parallel, "trials": result.trials, "errors": result.errors,
+        "wall_secs": result.wall_secs, "build_secs": builder.secs,
+        "configs_per_min": 60.0 * result.trials / result.wall_secs if result.wall_secs > 0 else 0.0,
+        "configs_per_measuring_min": 60.0 * result.trials / max(1e-9, result.wall_secs - builder.secs),
+        "best_tflops": template.flops() / best.cost / 1e12 if best else 0.0,
+        "best_ms": best.cost * 1e3 if best else float("nan"),
+        "best_config": best.config if best else None, "servers": servers,
+        "device": target.device_name, "records": records,
+    }
+
+
+def warm_up(builder: TimedBuilder, target_kind: str, args: argparse.Namespace, cluster: LocalCluster) -> None:
+    """Spawn the build pool and compile once per process before anything is timed."""
+    import numpy as np
+
+    from tvm_ext.rpc_runner import RpcRunner
+
+    with RpcRunner(cluster.tracker, cluster.key, target_kind, MeasureSettings(), parallel=1, log=print) as runner:
+        target = runner.start().target  # the workers' device, as the runs will build for it
+    template = GemmTemplate(*args.shape)
+    space = template.space(target)
+    rows = space.random_feasible_indices(np.random.default_rng(12345), builder.builder.workers)
+    builder.build(template, [space.decode(r) for r in rows], target)
+
+
+def stock_check(cluster: LocalCluster, args: argparse.Namespace) -> dict:
+    """A few configs of a smaller GEMM on a stock TVM server (GPU 1) and on a worker: the
+    same configs, equally correct."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(args.devices[-1])}
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", cluster.tracker_text,
+                               "--key", "stock", "--host", "127.0.0.1", "--port", str(port), "--port-end",
+                               str(port + 1), "--silent"], env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from tvm_ext.rpc_runner import TrackerClient
+
+        client = TrackerClient(cluster.tracker)
+        deadline = time.monotonic() + 120
+        while not client.servers("stock"):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise TvmExtError("the stock TVM server did not register")
+            time.sleep(0.25)
+        client.close()
+        out = {}
+        for key in ("stock", cluster.key):
+            records = os.path.join(args.out, f"stock_check_{'stock' if key == 'stock' else 'worker'}.jsonl")
+            if os.path.exists(records):
+                os.remove(records)
+            options = SessionOptions(target=args.target, strategy="random", generations=1, population=6, seed=1,
+                                     records=records, workers=args.workers, runner="rpc", runner_options=(
+                                         ("tracker", cluster.tracker_text), ("key", key), ("parallel", "1")))
+            with Session(options, log=print) as session:
+                session.tune(GemmTemplate(512, 512, 512))
+            out[key] = {json.dumps(r.config, sort_keys=True): r for r in RecordStore(records)}
+        stock, worker = out["stock"], out[cluster.key]
+        same = stock.keys() == worker.keys() and all(stock[c].ok == worker[c].ok for c in stock)
+        errors = [stock[c].metrics.get("rel_error", float("nan")) for c in stock if stock[c].ok]
+        return {"configs": len(stock), "ok": sum(r.ok for r in stock.values()), "same_as_worker": same,
+                "max_rel_error": max(errors) if errors else None}
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def table(runs: list[dict], flops_unit: str = "TFLOP/s") -> str:
+    lines = ["| run | jobs in flight | trials | wall (s) | build share | configs / min | configs / min without "
+             "builds | best | best config |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        cfg = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items())
+        lines.append(f"| {r['label']} | {r['parallel']} | {r['trials']} ({r['errors']} errors) | {r['wall_secs']:.1f} | "
+                     f"{r['build_secs'] / r['wall_secs']:.0%} | {r['configs_per_min']:.1f} | "
+                     f"{r['configs_per_measuring_min']:.1f} | "
+                     f"{r['best_tflops']:.2f} {flops_unit} ({r['best_ms']:.3f} ms) | {cfg} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--target", default="cuda")
+    p.add_argument("--devices", default="0,1", help="one worker per device (default 0,1)")
+    p.add_argument("--shape", default="2048,2048,2048")
+    p.add_argument("--population", type=int, default=64)
+    p.add_argument("--generations", type=int, default=3)
+    p.add_argument("--trials", type=int, default=128, help="trials of each run (default 128)")
+    p.add_argument("--repeat", type=int, default=10, help="timed repeats per config (default 10)")
+    p.add_argument("--min-repeat-secs", type=float, default=0.05, help="each repeat lasts at least (default 0.05)")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes (default: every core)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stock", action=argparse.BooleanOptionalAction, default=True,
+                   help="also check a stock TVM server on the last device (CUDA only; default on)")
+    p.add_argument("--max-secs", type=float, default=540.0, help="give up (loudly) after this long")
+    args = p.parse_args()
+    args.shape = tuple(int(x) for x in args.shape.split(","))
+    args.devices = [int(d) for d in args.devices.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+
+    def too_long(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"rpc_scaling ran past --max-secs {args.max_secs:g}")
+
+    signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(int(args.max_secs))
+    cluster = LocalCluster(args.devices, args.target, log=print)
+    builder = TimedBuilder(LocalBuilder(workers=args.workers, timeout=300))
+    runs: list[dict] = []
+    stock: dict | None = None
+    try:
+        cluster.start()
+        warm_up(builder, args.target, args, cluster)
+        runs.append(tune_once("one_worker", cluster, 1, builder, args))
+        runs.append(tune_once("two_workers", cluster, len(args.devices), builder, args))
+        if args.stock and args.target == "cuda":
+            stock = stock_check(cluster, args)
+    except (TvmExtError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        signal.alarm(0)
+        if cluster.log_dir and os.path.isdir(cluster.log_dir):
+            shutil.copytree(cluster.log_dir, os.path.join(args.out, "worker_logs"), dirs_exist_ok=True)
+        cluster.stop()
+        builder.builder.close()
+        with open(os.path.join(args.out, "summary.json"), "w") as fh:
+            json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs, "stock": stock}, fh, indent=1,
+                      default=str)
+    one, two = runs
+    ratio = two["configs_per_min"] / one["configs_per_min"]
+    measuring = two["configs_per_measuring_min"] / one["configs_per_measuring_min"]
+    print()
+    if stock is not None:
+        print(f"stock TVM server (512^3 GEMM, {stock['configs']} configs): {stock['ok']} correct, same outcome as on a "
+              f"worker: {stock['same_as_worker']}, max rel. error {stock['max_rel_error']}")
+    build_heavy = [r["label"] for r in runs if r["build_secs"] > 0.25 * r["wall_secs"]]
+    if build_heavy:
+        print(f"warning: builds took over a quarter of the wall in {', '.join(build_heavy)}: the ratio is not a "
+              "measurement-throughput figure")
+    print(f"two workers / one: {ratio:.2f}x configs per minute (target >= 1.8x), {measuring:.2f}x without the builds; "
+          f"best {two['best_tflops']:.2f} vs {one['best_tflops']:.2f} TFLOP/s; {one['device']}, "
+          f"{'x'.join(map(str, args.shape))} fp32 GEMM, GA seed {args.seed}, {args.trials} trials, population "
+          f"{args.population}, {args.repeat} x {args.min_repeat_secs:g} s repeats, {args.workers} build processes")
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,440 @@
+"""Measuring through TVM's RPC tracker: real trackers and tvm_ext workers on 127.0.0.1 (PoCL).
+
+A tuning run lands on both workers and is as correct as a local run; a worker killed while
+it measures gives its job to the other, and a run survives it with nothing lost or measured
+twice; a kernel past the run timeout and a crashing kernel are records and the workers go on;
+the tracker missing at start is one ``error:`` line, lost mid-run a clear message with the
+records kept; Ctrl-C and the end of a ``--devices`` run leave no process behind; servers of
+another device or kind under one key are refused.  Every process a test starts lives in a
+process group of its own, and each test checks that none is left when it ends.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import psutil
+import pytest
+
+from broken_gemm import BrokenGemm
+from tvm_ext.builder import build_one
+from tvm_ext.cluster import LocalCluster, free_port
+from tvm_ext.errors import ErrorKind, TvmExtError
+from tvm_ext.measure import MeasureSettings
+from tvm_ext.records import RecordStore
+from tvm_ext.rpc_runner import RpcRunner, same_device
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.target import offline_cuda
+
+CLI = [sys.executable, "-m", "tvm_ext.tune"]
+SHAPE = ["gemm", "--shape", "24,16,20", "--workers", "2", "--no-progress"]
+FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
+SLOW = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=3.0)  # with ``slowed`` kernels: jobs of 3 s and more
+
+
+def quiet(_message: str) -> None:
+    pass
+
+
+def group_members(groups) -> list[psutil.Process]:
+    """Every live process in the process groups ``groups``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) in groups and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return found
+
+
+def alive(processes) -> list[int]:
+    out = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture
+def make_cluster():
+    """Local clusters (a tracker and tvm_ext workers), stopped after the test: then no
+    process of their groups may be left."""
+    clusters = []
+
+    def make(devices=(0, 0)) -> LocalCluster:
+        cluster = LocalCluster(list(devices), "opencl", log=quiet)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    groups = set()
+    for cluster in clusters:
+        groups |= {p.popen.pid for p in cluster.processes}
+        cluster.stop()
+    assert not group_members(groups)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One tracker and two workers (both on PoCL device 0) shared by the tests that leave them up."""
+    cluster = LocalCluster([0, 0], "opencl", log=quiet).start()
+    groups = {p.popen.pid for p in cluster.processes}
+    yield cluster
+    cluster.stop()
+    assert not group_members(groups)
+
+
+def tune(args, records, timeout=600, **kwargs):
+    return subprocess.run(CLI + SHAPE + args + ["--records", str(records)], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def records_of(path) -> list:
+    return list(RecordStore(path, warn=quiet))
+
+
+def tracker_args(cluster: LocalCluster) -> list[str]:
+    return ["--tracker", cluster.tracker_text, "--key", cluster.key]
+
+
+def worker_jobs(process) -> int:
+    with open(process.log_path, encoding="utf-8") as fh:
+        return sum(": job " in line for line in fh)
+
+
+def gemm_builds(opencl, count: int, seed: int = 1):
+    template = GemmTemplate(24, 16, 20)
+    space = template.space(opencl)
+    configs = [template.default_config(opencl)] + [
+        space.decode(r) for r in space.random_feasible_indices(np.random.default_rng(seed), count - 1)]
+    return template, [build_one(template, c, opencl) for c in configs]
+
+
+def slowed(build, iterations: int = 200_000):
+    """The same kernel (same result) with a loop at its start that makes each run last
+    milliseconds: a condition the inputs never meet (they lie in [-1, 1)) keeps it."""
+    source = build.artifact.source
+    head = source.index(") {\n") + len(") {\n")  # the definition (the declaration ends with ";")
+    loop = "  for (int spin = 0; spin < %d; ++spin) { if (A_ptr[0] > 2.0f + spin) { C_ptr[0] = 0.0f; } }\n" % iterations
+    return replace(build, artifact=replace(build.artifact, source=source[:head] + loop + source[head:]))
+
+
+# ---- a tuning run over the tracker ------------------------------------------------------------------
+def test_a_tuning_run_lands_on_both_workers_and_is_as_correct_as_a_local_run(cluster, tmp_path):
+    search = ["--strategy", "random", "--generations", "2", "--population", "6", "--seed", "3"]
+    remote = tune(search + tracker_args(cluster), tmp_path / "rpc.jsonl")
+    assert remote.returncode == 0, remote.stderr
+    local = tune(search, tmp_path / "local.jsonl")
+    assert local.returncode == 0, local.stderr
+    by_config = lambda recs: {json.dumps(r.config, sort_keys=True): r for r in recs}  # noqa: E731
+    rpc_records, local_records = by_config(records_of(tmp_path / "rpc.jsonl")), by_config(records_of(tmp_path / "local.jsonl"))
+    assert len(rpc_records) == len(records_of(tmp_path / "rpc.jsonl")) >= 6  # each config once
+    assert rpc_records.keys() == local_records.keys()
+    servers = Counter(r.metrics["server"] for r in rpc_records.values())
+    assert len(servers) == 2, servers  # both workers measured
+    assert all(worker_jobs(p) > 0 for p in cluster.processes if p.name.startswith("worker"))
+    for config, rec in rpc_records.items():
+        twin = local_records[config]
+        assert rec.workload_key == twin.workload_key  # the workers' device is the one in the key
+        assert rec.error_kind == twin.error_kind and rec.ok
+        assert rec.metrics["rel_error"] == pytest.approx(twin.metrics["rel_error"], rel=1e-6, abs=1e-12)
+    assert "rpc: 2 of 2 tvm_ext workers" in remote.stderr
+
+
+def test_a_kernel_past_the_run_timeout_and_a_crashing_kernel_are_records_and_the_workers_go_on(cluster, opencl):
+    template, (ok_build, other_build) = gemm_builds(opencl, 2)
+    art = ok_build.artifact
+    params = ", ".join(f"__global float* {a}" for a in art.launches[0].args)
+    spin = f"__kernel void {art.launches[0].name}({params}) {{ for (;;) {{ C[0] += 1.0f; }} }}"
+    hang = replace(ok_build, artifact=replace(art, source=spin))
+    broken = BrokenGemm(24, 16, 20)
+    trap = build_one(broken, broken.default_config(opencl).replace(mode="trap"), opencl)
+    assert hang.artifact.source_hash != art.source_hash and trap.ok
+    with RpcRunner(cluster.tracker, cluster.key, "opencl", FAST, timeout=3.0, log=quiet).start() as runner:
+        first = [f.result(timeout=300) for f in runner.submit(template, [hang, trap])]
+        then = [f.result(timeout=300) for f in runner.submit(template, [ok_build, other_build])]
+    assert first[0].error_kind == ErrorKind.RUN_TIMEOUT, first[0]
+    assert first[1].error_kind in (ErrorKind.CRASH, ErrorKind.RUN_ERROR), first[1]
+    assert all(r.ok for r in then), then  # the same workers measure on
+    assert {r.metrics["server"] for r in first} <= {f"127.0.0.1:{p}" for p in ports_of(cluster)}
+
+
+def wait_registered(tracker, key: str, server: subprocess.Popen, count: int = 1) -> None:
+    from tvm_ext.rpc_runner import TrackerClient
+
+    deadline = time.monotonic() + 180
+    client = TrackerClient(tracker)
+    try:
+        while len(client.servers(key)) < count:
+            assert time.monotonic() < deadline and server.poll() is None, "the server did not register"
+            time.sleep(0.2)
+    finally:
+        client.close()
+
+
+def ports_of(cluster: LocalCluster) -> list[int]:
+    from tvm_ext.rpc_runner import TrackerClient
+
+    client = TrackerClient(cluster.tracker)
+    try:
+        return [port for _, port in client.servers(cluster.key)]
+    finally:
+        client.close()
+
+
+def test_a_worker_killed_while_it_measures_gives_its_job_to_another(make_cluster, opencl):
+    """Worker A alone takes the first job; B joins; A is killed mid-job: the job is measured
+    on B, once, and nothing else is lost."""
+    cluster = make_cluster([0])
+    a = cluster.processes[-1]
+    template, builds = gemm_builds(opencl, 3, seed=2)
+    builds = [slowed(b) for b in builds]
+    said = []
+    with RpcRunner(cluster.tracker, cluster.key, "opencl", SLOW, parallel=2, log=said.append).start() as runner:
+        (a_address,) = [f"127.0.0.1:{p}" for p in ports_of(cluster)]
+        futures = runner.submit(template, builds)
+        b = cluster.start_worker(0)
+        time.sleep(1.5)  # A starts its measuring process, then times for over 3 s: mid-job
+        os.killpg(a.popen.pid, signal.SIGKILL)
+        results = [f.result(timeout=300) for f in futures]
+    assert all(r.ok for r in results), results
+    servers = [r.metrics["server"] for r in results]
+    assert a_address not in servers and len(set(servers)) == 1, servers
+    assert any("lost during a measurement" in m for m in said), said
+    assert worker_jobs(a) == 0 and worker_jobs(b) == 3  # measured once each, all on B
+
+
+def test_a_tuning_run_survives_a_killed_worker_with_nothing_lost_or_measured_twice(make_cluster, tmp_path):
+    cluster = make_cluster([0, 0])
+    records = tmp_path / "r.jsonl"
+    run = subprocess.Popen(CLI + SHAPE + ["--strategy", "random", "--generations", "6", "--population", "8",
+                                          "--seed", "5", "--records", str(records)] + tracker_args(cluster),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while len(records_of(records)) < 4 and run.poll() is None:
+            time.sleep(0.1)
+        os.killpg(cluster.processes[1].popen.pid, signal.SIGKILL)  # worker 0 (processes[0] is the tracker)
+        before = len(records_of(records))
+        out, err = run.communicate(timeout=600)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    recs = records_of(records)
+    configs = Counter(json.dumps(r.config, sort_keys=True) for r in recs)
+    assert max(configs.values()) == 1  # nothing measured twice
+    trials = int(next(l for l in out.splitlines() if l.startswith("trials this run:")).split(":")[1].split()[0])
+    assert trials == len(recs) > before and all(r.ok for r in recs)  # nothing lost, no error record
+
+
+# ---- the tracker -------------------------------------------------------------------------------------
+def test_an_unreachable_tracker_is_one_error_line_and_exit_2_at_once(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    for argv in (CLI + SHAPE + ["--tracker", address, "--key", "k", "--records", str(tmp_path / "r.jsonl")],
+                 [sys.executable, "-m", "tvm_ext.worker", "--tracker", address, "--key", "k"]):
+        start = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert time.monotonic() - start < 30  # no waiting for a tracker to appear
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1, p.stderr
+        assert err[0].startswith(f"error: cannot reach the RPC tracker {address}")
+
+
+def test_the_tracker_lost_mid_run_stops_with_a_clear_message_and_keeps_the_records(make_cluster, tmp_path):
+    cluster = make_cluster([0, 0])
+    records = tmp_path / "r.jsonl"
+    run = subprocess.Popen(CLI + SHAPE + ["--strategy", "random", "--generations", "6", "--population", "4",
+                                          "--seed", "7", "--records", str(records)] + tracker_args(cluster),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while len(records_of(records)) < 3 and run.poll() is None:
+            time.sleep(0.1)
+        os.killpg(cluster.processes[0].popen.pid, signal.SIGKILL)  # the tracker
+        _, err = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: lost the RPC tracker {cluster.tracker_text}") and "rerun" in last, err
+    recs = records_of(records)
+    assert 3 <= len(recs) < 25 and all(r.ok for r in recs)
+    assert max(Counter(json.dumps(r.config, sort_keys=True) for r in recs).values()) == 1
+
+
+# ---- --devices: a local tracker and workers, gone at the end --------------------------------------------
+def devices_run(tmp_path, generations: str):
+    return subprocess.Popen(CLI + SHAPE + ["--strategy", "random", "--generations", generations, "--population",
+                                           "4", "--seed", "2", "--devices", "0,0", "--records",
+                                           str(tmp_path / "r.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def children_once_measuring(run, records) -> list[psutil.Process]:
+    while len(records_of(records)) < 2 and run.poll() is None:
+        time.sleep(0.1)
+    return psutil.Process(run.pid).children(recursive=True)
+
+
+def test_a_devices_run_stops_its_tracker_and_workers_when_it_ends(tmp_path):
+    run = devices_run(tmp_path, "2")
+    try:
+        children = children_once_measuring(run, tmp_path / "r.jsonl")
+        out, err = run.communicate(timeout=600)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    assert "one opencl worker per device (0, 0" in err
+    servers = {r.metrics["server"] for r in records_of(tmp_path / "r.jsonl")}
+    assert len(servers) == 2
+    time.sleep(0.5)
+    assert not alive(children)
+
+
+def test_ctrl_c_ends_every_process_of_a_devices_run(tmp_path):
+    run = devices_run(tmp_path, "20")
+    try:
+        children = children_once_measuring(run, tmp_path / "r.jsonl")
+        names = " ".join(" ".join(c.cmdline()) for c in children)
+        assert "tvm_ext.cluster tracker" in names and names.count("tvm_ext.worker") == 2
+        start = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 130 and time.monotonic() - start < 60, err
+    assert "interrupted: records so far are kept" in err
+    time.sleep(0.5)
+    assert not alive(children)
+    recs = records_of(tmp_path / "r.jsonl")
+    assert len(recs) >= 2 and max(Counter(json.dumps(r.config, sort_keys=True) for r in recs).values()) == 1
+
+
+def test_a_driver_killed_outright_takes_its_tracker_and_workers_with_it(tmp_path):
+    """SIGKILL leaves the driver no chance to stop them: each ends itself (the kernel tells it)."""
+    run = devices_run(tmp_path, "20")
+    try:
+        children = children_once_measuring(run, tmp_path / "r.jsonl")
+        cluster = [c for c in children if "tvm_ext.cluster" in " ".join(c.cmdline())
+                   or "tvm_ext.worker" in " ".join(c.cmdline())]
+        assert len(cluster) == 3
+        run.kill()
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    deadline = time.monotonic() + 30
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(children)
+    logs = err.split("logs: ")[1].split(")")[0]
+    assert logs.startswith(os.path.join(tempfile.gettempdir(), "tvm_ext_cluster_")) and not os.path.exists(logs)
+
+
+# ---- what a run refuses ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--runner", "rpc"], "--runner rpc needs --tracker HOST:PORT and --key KEY"),
+    (["--tracker", "127.0.0.1:9190"], "--tracker needs --key KEY"),
+    (["--key", "k"], "--key names servers at a tracker"),
+    (["--tracker", "9190", "--key", "k"], "--tracker '9190' is not HOST:PORT"),
+    (["--devices", "0", "--parallel", "0"], "--parallel must be >= 1"),
+    (["--devices", "0,x"], "--devices '0,x' is not a comma-separated list of integers"),
+    (["--devices", "0", "--tracker", "127.0.0.1:9190", "--key", "k"], "give either --devices or --tracker"),
+    (["--runner", "local", "--tracker", "127.0.0.1:9190", "--key", "k"], "--tracker measures through --runner rpc"),
+])
+def test_bad_rpc_options_are_one_error_line(args, message, tmp_path):
+    p = tune(args, tmp_path / "r.jsonl", timeout=120)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], p.stderr
+
+
+def test_the_servers_device_must_be_the_target(cluster, tmp_path):
+    p = tune(["--target", "cuda"] + tracker_args(cluster), tmp_path / "r.jsonl", timeout=120)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1, p.stderr
+    assert "measure on opencl" in err[0] and "pass --target opencl" in err[0]
+    assert same_device(offline_cuda(), replace(offline_cuda(), device_id=3))
+    assert not same_device(offline_cuda(), offline_cuda("sm_80"))
+
+
+@pytest.fixture
+def stock_server(cluster):
+    """A stock TVM server (no tvm_ext functions) at the cluster's tracker, under ``key``."""
+    servers = []
+
+    def start(key: str, registered: int = 1) -> None:
+        servers.append(subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", cluster.tracker_text, "--key", key,
+             "--host", "127.0.0.1", "--port", str(free_port()), "--port-end", "65535", "--silent"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        wait_registered(cluster.tracker, key, servers[-1], registered)
+
+    yield start
+    for server in servers:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert not group_members({s.pid for s in servers})
+
+
+def test_a_stock_server_is_told_apart_and_refused_where_it_cannot_measure(cluster, stock_server, tmp_path):
+    stock_server("stock")
+    base = ["--tracker", cluster.tracker_text, "--key", "stock"]
+    opencl_run = tune(base, tmp_path / "r.jsonl", timeout=120)
+    cuda_run = tune(base + ["--target", "cuda"], tmp_path / "r.jsonl", timeout=120)
+    for run, message in ((opencl_run, "is a stock TVM server (no tvm_ext there, no OpenCL device)"),
+                         (cuda_run, "has no CUDA GPU")):
+        err = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(err) == 1 and message in err[0], run.stderr
+
+
+def test_two_kinds_of_server_under_one_key_are_refused(cluster, stock_server, tmp_path):
+    stock_server(cluster.key, registered=3)  # beside the two tvm_ext workers
+    p = tune(tracker_args(cluster), tmp_path / "r.jsonl", timeout=180)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1, p.stderr
+    assert "give each kind of server its own key" in err[0] or "is a stock TVM server" in err[0], err
+
+
+def test_runner_protocol_errors_are_tvm_ext_errors():
+    with pytest.raises(TvmExtError, match="cannot reach the RPC tracker"):
+        RpcRunner(("127.0.0.1", free_port()), "k", "opencl", FAST).start()
+
+
+# ---- the GPU machine: a stock TVM server and tvm_ext workers on CUDA ------------------------------------
+@pytest.mark.gpu
+def test_cuda_on_a_stock_server_and_on_workers(tmp_path):
+    """A stock TVM server measures a CUDA GEMM (upload, load_module, time_evaluator, the check
+    here) as correctly as a tvm_ext worker on the same GPU."""
+    tracker = LocalCluster([0], "cuda", log=quiet).start()
+    stock = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker.tracker_text,
+                              "--key", "stock", "--host", "127.0.0.1", "--port", str(free_port()),
+                              "--port-end", "65535", "--silent"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        search = ["gemm", "--shape", "512,512,512", "--target", "cuda", "--strategy", "random", "--generations",
+                  "1", "--population", "6", "--seed", "1", "--no-progress"]
+        wait_registered(tracker.tracker, "stock", stock)
+        results = {}
+        for key in ("stock", tracker.key):
+            path = tmp_path / f"{key}.jsonl"
+            p = subprocess.run(CLI + search + ["--tracker", tracker.tracker_text, "--key", key, "--records",
+                                               str(path)], capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, p.stderr
+            results[key] = {json.dumps(r.config, sort_keys=True): r for r in records_of(path)}
+        assert results["stock"].keys() == results[tracker.key].keys()
+        for config, rec in results["stock"].items():
+            assert rec.ok == results[tracker.key][config].ok, (rec, results[tracker.key][config])
+            if rec.ok:
+                assert rec.metrics["rel_error"] < 1e-4
+    finally:
+        os.killpg(stock.pid, signal.SIGKILL)
+        tracker.stop()
