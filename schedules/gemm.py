@@ -13,9 +13,11 @@ Precision (method 003's parameters): A, B and C each have a storage dtype and th
 dot products accumulate in ``acc_dtype``; operands are widened as they are multiplied
 and the result is narrowed as it is stored.  Everything defaults to float32.
 
-Variants the GRU uses, with the same knobs and the same schedule: a leading batch axis
-(``batch`` > 0: one A, B and C per batch entry, on blockIdx.z) and a bias row added as
-the tile is stored (``BiasGemmTemplate``).
+Variants with the same knobs and the same schedule: a leading batch axis (``batch`` > 0:
+one A, B and C per batch entry, on blockIdx.z; ``b_shared``: one B for every entry, as a
+weight applied to a batch of matrices), B stored transposed (``b_transposed``: B[N, K], as
+attention's Q·Kᵀ and fused weight transposes give it), and a bias row added as the tile is
+stored (``BiasGemmTemplate``, the GRU's gate GEMMs).
 """
 from __future__ import annotations
 
@@ -155,6 +157,15 @@ class MatmulSite:
     epilogue: tuple[str, ...] = ()
 
 
+def collapse_epilogue(sch: Any, site: MatmulSite) -> MatmulSite:
+    """Inline a foreign matmul's elementwise epilogue into its last block, so one block joins
+    the write-back: TVM's GELU reads the pre-activation twice, and a chain whose blocks
+    share an intermediate does not reverse-inline into the store."""
+    for name in site.epilogue[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    return MatmulSite(site.block, site.a, site.b, site.epilogue[-1:])
+
+
 @dataclass(frozen=True)
 class GemmTemplate(DtypeFields, Template):
     """C[M, N] = A[M, K] · B[K, N].
@@ -182,6 +193,8 @@ class GemmTemplate(DtypeFields, Template):
     batch: int = 0  # > 0: a leading batch axis of this many independent GEMMs (blockIdx.z)
     # Also search ``STAGING_KNOBS`` (register-staged prefetch, warp tiling, load width).
     staging: bool = False
+    b_transposed: bool = False  # B is stored [N, K] (read B[j, k]): its shared tile keeps that layout
+    b_shared: bool = False  # with ``batch``: one B [K, N] for every batch entry
 
     name = "gemm"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -195,6 +208,8 @@ class GemmTemplate(DtypeFields, Template):
                 raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
         if not isinstance(self.batch, (int, np.integer)) or self.batch < 0:
             raise TvmExtError(f"GEMM batch must be a non-negative integer, got {self.batch!r}")
+        if self.b_shared and not self.batch:
+            raise TvmExtError("b_shared (one B for every batch entry) needs a batch axis")
         check_tile(self.tensor_core, "tensor_core")
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
@@ -219,6 +234,10 @@ class GemmTemplate(DtypeFields, Template):
             params["batch"] = self.batch
         if self.staging:
             params["staging"] = True
+        if self.b_transposed:
+            params["b_transposed"] = True
+        if self.b_shared:
+            params["b_shared"] = True
         return params
 
     @property
@@ -226,10 +245,18 @@ class GemmTemplate(DtypeFields, Template):
         """The batch axis as a shape prefix: () or (batch,)."""
         return (self.batch,) if self.batch else ()
 
+    @property
+    def b_shape(self) -> tuple[int, ...]:
+        """B's shape: [batch,] K, N, or N, K transposed; no batch axis when shared."""
+        rows = (self.n, self.k) if self.b_transposed else (self.k, self.n)
+        return rows if self.b_shared else self.lead + rows
+
     def tensor_core_reason(self, target: TargetInfo) -> str | None:
         """Why the GEMM does not run on its tensor-core tile (None: it does)."""
         if self.tensor_core is None:
             return "no tensor-core tile"
+        if self.b_transposed or self.b_shared:
+            return "the tensor-core tiles read B as [K, N], one per batch entry"
         return self.tensor_core.reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
                                        self.c_dtype, target, epilogue=bool(self.tensor_core_epilogue()))
 
@@ -258,15 +285,15 @@ class GemmTemplate(DtypeFields, Template):
 
     # ---- tensors and reference -------------------------------------------------
     def inputs(self) -> list[TensorSpec]:
-        return [TensorSpec(self.lead + (self.m, self.k), self.a_dtype),
-                TensorSpec(self.lead + (self.k, self.n), self.b_dtype)]
+        return [TensorSpec(self.lead + (self.m, self.k), self.a_dtype), TensorSpec(self.b_shape, self.b_dtype)]
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec(self.lead + (self.m, self.n), self.c_dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b = inputs
-        return [a.astype(np.float64) @ b.astype(np.float64)]
+        b = b.astype(np.float64)
+        return [a.astype(np.float64) @ (np.swapaxes(b, -1, -2) if self.b_transposed else b)]
 
     def flops(self) -> float:
         return 2.0 * max(self.batch, 1) * self.m * self.n * self.k
@@ -341,9 +368,9 @@ class GemmTemplate(DtypeFields, Template):
     def prim_func(self) -> Any:
         from tvm import te
 
-        if self.batch:
+        if self.batch or self.b_transposed:
             return gemm_bias_func(self.batch, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
-                                  self.c_dtype, bias=False)
+                                  self.c_dtype, bias=False, b_transposed=self.b_transposed, b_shared=self.b_shared)
         acc = self.acc_dtype
         a = te.placeholder((self.m, self.k), self.a_dtype, name="A")
         b = te.placeholder((self.k, self.n), self.b_dtype, name="B")
@@ -372,6 +399,8 @@ class GemmTemplate(DtypeFields, Template):
         site = site or (self.own_site() if func is None else MatmulSite())
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
         sch = s_tir.Schedule(self.prim_func() if func is None else func)
+        if func is not None:
+            site = collapse_epilogue(sch, site)
         gemm = sch.get_sblock(site.block)
         blk = sch.get(gemm)
         buf = {"A": blk.reads[site.a].source.name, "B": blk.reads[site.b].source.name,
@@ -381,9 +410,11 @@ class GemmTemplate(DtypeFields, Template):
         # pad_einsum makes a padded copy only of the operands whose dims need it.
         pads = {"A": pad_m or pad_k, "B": pad_k or pad_n, "C": pad_m or pad_n}
         padded = any(pads.values())
-        if padded:
-            sch.pad_einsum(gemm, [1] * len(self.lead) + [bm, bn, c.k_step])
+        if padded:  # a foreign matmul may have several batch axes: no padding along them
+            sch.pad_einsum(gemm, [1] * (len(blk.iter_vars) - 3) + [bm, bn, c.k_step])
         *lead, i, j, k = sch.get_loops(gemm)  # lead: the batch axis, if any
+        if len(lead) > 1:  # several batch axes (e.g. batch and heads): one grid axis
+            lead = [sch.fuse(*lead)]
         # N is interleaved: each thread owns task_x/vec chunks of vec adjacent columns,
         # wg_x*vec apart, so a warp's shared and global accesses are contiguous
         # (no bank conflicts, coalesced vector stores).  The chunk loop is a virtual
@@ -428,10 +459,14 @@ class GemmTemplate(DtypeFields, Template):
                     sch.compute_inline(sch.get_sblock(f"{buf[name]}_pad"))
                 transposed = name == "A" and c.a_transposed
                 if transposed:
-                    sch.transform_layout(stage, ("write", 0), lambda m, kk: (kk, m))
+                    sch.transform_layout(stage, ("write", 0),  # batch axes (if any) stay first
+                                         lambda *idx: (*idx[:-2], idx[-1], idx[-2]))
                 if c.pad:  # row stride = row length + vec: rows start on different banks
-                    row = bn if name == "B" else (bm if transposed else c.k_step)
-                    sch.storage_align(stage, 0, axis=len(lead), factor=row, offset=c.vec % row)
+                    # rows along k: A as stored, and a transposed B (its tile is [bn, k_step])
+                    k_rows = (name == "A" and not transposed) or (name == "B" and self.b_transposed)
+                    row = c.k_step if k_rows else (bm if transposed else bn)
+                    rank = len(sch.get(stage).writes[0].source.shape)  # batch axes (if any) first
+                    sch.storage_align(stage, 0, axis=rank - 2, factor=row, offset=c.vec % row)
                 own = sch.get_loops(stage)[len(lead) + 7:]  # below (batch,) by, bx, vy, vx, ty, tx, ko
                 fused = own[0] if len(own) == 1 else sch.fuse(*own)
                 fill_vec = staging_value(c, "load_vec") or c.vec
@@ -446,7 +481,7 @@ class GemmTemplate(DtypeFields, Template):
             for name in ("A", "B"):
                 frag = sch.cache_read(gemm, operand[name], "local")
                 sch.compute_at(frag, ki)
-                if c.vec > 1 and (name == "B" or c.a_transposed):
+                if c.vec > 1 and ((name == "B" and not self.b_transposed) or (name == "A" and c.a_transposed)):
                     sch.vectorize(sch.get_loops(frag)[-1])
             prefetch = staging_value(c, "prefetch")
             if prefetch == 1:  # children: A global->regs, A regs->shared, B the same, the k loop:
@@ -474,8 +509,10 @@ class GemmTemplate(DtypeFields, Template):
 # ---- with a bias row (and a batch axis): the GRU's gate GEMMs ------------------------------
 def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = HIGH_PRECISION,
                    b_dtype: str = HIGH_PRECISION, acc_dtype: str = HIGH_PRECISION,
-                   c_dtype: str = HIGH_PRECISION, bias: bool = True) -> Any:
-    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch).
+                   c_dtype: str = HIGH_PRECISION, bias: bool = True, b_transposed: bool = False,
+                   b_shared: bool = False) -> Any:
+    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch
+    unless ``b_shared``; ``b_transposed``: B stored [N, K]).
 
     The bias is stored in B's type (a weight); A, B and the bias are widened to
     ``acc_dtype``, and D is narrowed to ``c_dtype`` as it is stored.  ``bias=False``:
@@ -483,11 +520,17 @@ def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = HIGH_PRECI
     from tvm import te
 
     lead = (batch,) if batch else ()
+    b_lead = () if b_shared else lead
     a = te.placeholder(lead + (m, k), a_dtype, name="A")
-    b = te.placeholder(lead + (k, n), b_dtype, name="B")
+    b = te.placeholder(b_lead + ((n, k) if b_transposed else (k, n)), b_dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
-    c = te.compute(lead + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)].astype(acc_dtype)
-                                                    * b[i[:-2] + (r, i[-1])].astype(acc_dtype), axis=r),
+
+    def b_at(i: tuple[Any, ...]) -> Any:
+        rows = (i[-1], r) if b_transposed else (r, i[-1])
+        return b[(i[:-2] if b_lead else ()) + rows]
+
+    c = te.compute(lead + (m, n), lambda *i: te.sum(a[i[:-1] + (r,)].astype(acc_dtype) * b_at(i).astype(acc_dtype),
+                                                    axis=r),
                    name="C")
     if not bias:
         if c_dtype == acc_dtype:

@@ -242,11 +242,7 @@ def _split_tiles(sch: Any, block: Any) -> tuple[Any, Any]:
 def _tensorize_tiles(sch: Any, block: Any, intrin: str, warp_buffer: tuple[str, int]) -> Any:
     """Tile the block 16x16, lay its warp buffer out by lanes, tensorize; returns the tile block."""
     _, r1 = _split_tiles(sch, block)
-    kind, index = warp_buffer
-    regions = sch.get(block).writes if kind == "write" else sch.get(block).reads
-    index_map = {2: lambda i, j: fragment_index_map(i, j),
-                 3: lambda b, i, j: fragment_index_map(b, i, j)}[len(regions[index].region)]
-    sch.transform_layout(block, warp_buffer, index_map)
+    sch.transform_layout(block, warp_buffer, lambda *idx: fragment_index_map(*idx))  # batch axes kept
     tile = sch.blockize(r1)
     sch.tensorize(tile, intrin)
     return tile
@@ -270,7 +266,7 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
 
     The block's loops are ([batch,] i, j, k): it reads A[..., i, k] (read ``a_read``) and
     B[..., k, j] (read ``b_read``), float16 or bfloat16, and accumulates their widened
-    product; a batch loop binds to blockIdx.z.  ``epilogue`` names elementwise blocks after
+    product; the batch loops (fused) bind to blockIdx.z.  ``epilogue`` names elementwise blocks after
     it (narrowing, bias): they join the shared -> global store of the output tile, which
     ``out_smem`` (or the config's ``mma_out_smem``) also asks for.  Shapes must divide the
     tile (``mma_reason``).
@@ -285,13 +281,15 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     m = int(sch.get(loops[-3]).extent)
     padded_m = m % t.block_m != 0
     if padded_m:  # rows past M: A reads zeros (guarded copies), the store drops them
-        sch.pad_einsum(gemm, [1] * (len(loops) - 3) + [t.block_m, t.block_n, t.block_k])
+        sch.pad_einsum(gemm, [1] * (len(block.iter_vars) - 3) + [t.block_m, t.block_n, t.block_k])
         epilogue = (f"{out_name}_pad", *epilogue)
     staged = bool(epilogue) or out_smem or bool(t.out_smem)
     intrin = mma_intrinsics(operand_dtype, acc_dtype, "shared.dyn" if staged else "global")
 
     loops = sch.get_loops(gemm)
     batch, (i, j, k) = loops[:-3], loops[-3:]
+    if len(batch) > 1:  # several batch axes (a model's batch and heads): one grid axis
+        batch = [sch.fuse(*batch)]
     i_t, i_f = sch.split(i, [None, FRAG])
     j_t, j_f = sch.split(j, [None, FRAG])
     k_t, k_f = sch.split(k, [None, FRAG])
@@ -439,12 +437,13 @@ AUTO_TILES = (
 
 
 def pick_mma_tile(m: int, n: int, k: int, operand_dtype: str, acc_dtype: str, c_dtype: str,
-                  target: TargetInfo) -> Config | None:
+                  target: TargetInfo, split_k: bool = True, batch: int = 1) -> Config | None:
     """An mma.sync config for one GEMM without measuring: the first of ``AUTO_TILES`` that fits
     and gives 90 % of the SMs a block; else the first that, split over K (the largest split
     that keeps at least 4 k stages per block), gives every SM one; else the fitting config
-    with the most blocks; None if none fits."""
-    return pick_mma_tile_for([(m, n, k)], operand_dtype, acc_dtype, c_dtype, target)
+    with the most blocks; None if none fits.  ``split_k`` False: whole-K tiles only;
+    ``batch``: GEMMs side by side (the grid's z axis), each of M x N."""
+    return pick_mma_tile_for([(m, n, k)], operand_dtype, acc_dtype, c_dtype, target, split_k=split_k, batch=batch)
 
 
 def pick_mma_tile_for(shapes: Sequence[tuple[int, int, int]], operand_dtype: str, acc_dtype: str, c_dtype: str,
@@ -512,7 +511,7 @@ class MmaGemmTile:
 
 
 # ---- the tunable template ------------------------------------------------------------------
-from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402  (gemm imports nothing from here)
+from tvm_ext.schedules.gemm import GemmTemplate, collapse_epilogue  # noqa: E402  (gemm imports nothing from here)
 from tvm_ext.template import TensorSpec  # noqa: E402
 
 
@@ -527,6 +526,9 @@ class MmaGemmTemplate(GemmTemplate):
     b_dtype: str = "float16"
     acc_dtype: str = "float32"
     c_dtype: str = "float32"
+    # False: no split-K configs (and no scratch parameter), as for a matmul inside a Relax
+    # model, whose PrimFunc has no buffer for the partial sums
+    allow_split_k: bool = True
 
     name = "gemm_mma"
 
@@ -537,16 +539,33 @@ class MmaGemmTemplate(GemmTemplate):
                               f"and B {self.b_dtype}")
         if self.acc_dtype not in ACC_DTYPES:
             raise TvmExtError(f"mma.sync GEMM accumulates in {' or '.join(ACC_DTYPES)}, not {self.acc_dtype}")
+        if self.b_transposed:
+            raise TvmExtError("the mma.sync GEMM reads B as [K, N] (ldmatrix transposes its tiles); B is [N, K]")
 
     @property
     def params(self) -> dict[str, Any]:
-        return {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        params = {"m": self.m, "n": self.n, "k": self.k, **{f"{p}_dtype": d for p, d in self.precision.items()}}
+        if self.batch:
+            params["batch"] = self.batch
+        if self.b_shared:
+            params["b_shared"] = True
+        if not self.allow_split_k:
+            params["allow_split_k"] = False
+        return params
+
+    @property
+    def splits_k(self) -> bool:
+        """Whether split-K configs exist (they have no batch axis)."""
+        return self.allow_split_k and not self.batch
 
     def full_precision(self) -> GemmTemplate:
         """The float32 GEMM the inputs are drawn for (its reference is the check)."""
-        return GemmTemplate(self.m, self.n, self.k)
+        return GemmTemplate(self.m, self.n, self.k, batch=self.batch, b_shared=self.b_shared)
 
     def reason(self, config: Config, target: TargetInfo) -> str | None:
+        if config.mma_split_k > 1 and not self.splits_k:
+            return ("split-K needs a scratch buffer of partial sums: not with a batch axis or in a Relax "
+                    "model's matmul")
         return mma_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, self.c_dtype,
                           target, config)
 
@@ -554,12 +573,15 @@ class MmaGemmTemplate(GemmTemplate):
         return Space(MMA_KNOBS, (lambda c: self.reason(c, target),))
 
     def scratch(self) -> list[TensorSpec]:
+        if not self.splits_k:
+            return []
         splits = max_split_k(self.m, self.n) if self.acc_dtype == "float32" and self.m % FRAG == 0 else 1
         return [TensorSpec((splits, self.m, self.n), "float32")] if splits > 1 else []
 
     def default_config(self, target: TargetInfo) -> Config:
         """``pick_mma_tile``'s config (no measurement); an error naming why when none fits."""
-        config = pick_mma_tile(self.m, self.n, self.k, self.a_dtype, self.acc_dtype, self.c_dtype, target)
+        config = pick_mma_tile(self.m, self.n, self.k, self.a_dtype, self.acc_dtype, self.c_dtype, target,
+                               split_k=self.splits_k, batch=max(1, self.batch))
         if config is None:
             raise TvmExtError(f"no mma.sync tile fits GEMM {self.m}x{self.n}x{self.k}: "
                               f"{self.reason(AUTO_TILES[-1], target)}")
@@ -583,10 +605,16 @@ class MmaGemmTemplate(GemmTemplate):
         return with_unused_param(self, scratch[0])  # the scratch parameter every config of this shape takes
 
     def schedule(self, config: Config, target: TargetInfo, func: Any = None, site: Any = None) -> Any:
+        """The schedule of ``config``; with ``func`` and ``site`` (``gemm.MatmulSite``), of the
+        matmul inside a foreign PrimFunc (a Relax task), its epilogue joining the output tile's store."""
         from tvm import s_tir
 
         if func is not None:
-            raise TvmExtError("the mma.sync GEMM schedules its own compute only")
+            if MmaTile.of(config).split_k > 1:
+                raise TvmExtError("a split-K config needs the scratch buffer of its own compute")
+            sch = s_tir.Schedule(func)
+            site = collapse_epilogue(sch, site)
+            return schedule_mma(sch, site.block, config, epilogue=site.epilogue, a_read=site.a, b_read=site.b)
         sch = s_tir.Schedule(self.func(config))
         if MmaTile.of(config).split_k > 1:
             schedule_mma(sch, "C", config, out_smem=True)

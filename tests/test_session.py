@@ -72,9 +72,10 @@ MODEL_FILE = textwrap.dedent(f"""
 
 
 def test_tune_model_with_the_xgb_cost_model(tmp_path):
-    """``tune model --cost-model xgb`` runs the GA with the predictor stage on every GEMM of
+    """``tune model --cost-model xgb`` runs the GA with the predictor stage on every task of
     the model, as ``tune gemm --cost-model xgb`` does: the second GEMM's model is warm from the
-    first's records (another shape of the same template), and the model is saved."""
+    first's records (another shape of the same template, tuned right after it), and the model
+    is saved."""
     model_file = tmp_path / "small_mlp.py"
     model_file.write_text(MODEL_FILE)
     rec = tmp_path / "r.jsonl"
@@ -84,13 +85,20 @@ def test_tune_model_with_the_xgb_cost_model(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "(ok)" in p.stdout and "tuned (database)" in p.stdout
-    notes = [line for line in p.stderr.splitlines() if line.startswith("cost model:")]
-    assert len(notes) == 2, p.stderr  # one predictor stage per distinct GEMM
-    assert "0 of other shapes" in notes[0] and "0 of other shapes" not in notes[1]
+    notes, tuning = {}, None
+    for line in p.stderr.splitlines():
+        if line.startswith("tuning "):
+            tuning = line.split(" for ")[0][len("tuning "):]
+        elif line.startswith("cost model:"):
+            notes[tuning] = line
+    # one predictor stage per distinct workload: two GEMMs, the softmax and the layer norm
+    gemms = [note for workload, note in notes.items() if workload.startswith("gemm ")]
+    assert len(notes) == 4 and len(gemms) == 2, p.stderr
+    assert "0 of other shapes" in gemms[0] and "0 of other shapes" not in gemms[1]  # the second GEMM's is warm
     assert "generation 1:" in p.stderr and "predictor" in p.stderr
     assert (tmp_path / "r.xgb.json").exists()
     workloads = {json.loads(line)["workload_key"] for line in rec.read_text().splitlines()}
-    assert len(workloads) == 2
+    assert len(workloads) == 4
 
 
 # ---- batches, dedup by generated source, results as they arrive ------------------------------------------

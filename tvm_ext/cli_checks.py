@@ -76,12 +76,12 @@ def check_out_dir(path: str, option: str = "--out") -> None:
         raise TvmExtError(f"{option} {path}: {probe} is not writable")
 
 
-def model_module(user: Any, path: str) -> Any:
-    """``get_module()`` of a model file, or the reason it gave no Relax module."""
+def model_module(user: Any, path: str, **options: str) -> Any:
+    """``get_module(**options)`` of a model file, or the reason it gave no Relax module."""
     import tvm
 
     try:
-        mod = user.get_module()
+        mod = user.get_module(**options)
     except Exception as exc:  # the user's code: any failure is bad input, not our crash
         first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
         raise TvmExtError(f"{path}: get_module() raised {first}") from None

@@ -2,9 +2,11 @@
 
 FILE.py defines ``get_module() -> tvm.IRModule`` (a Relax module, e.g. from
 ``relax.frontend.nn`` + ``export_tvm``) and optionally ``get_inputs() -> list of numpy
-arrays`` (every parameter of the Relax function, weights included) and
-``reference(inputs) -> numpy array``.  With inputs the compiled model is run (and
-checked when a reference exists); without, it is only compiled.
+arrays`` (every parameter of the Relax function, weights included),
+``reference(inputs) -> numpy array`` and ``tolerance() -> float`` (largest |error| over
+max |reference| accepted; default 1e-4).  With inputs the compiled model is run (and
+checked when a reference exists); without, it is only compiled.  ``--model-option
+KEY=VALUE`` passes keyword arguments (strings) to every one of these functions.
 """
 from __future__ import annotations
 
@@ -24,16 +26,23 @@ DEFAULT_DATABASE = "tvm_ext_database"
 def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
     model = sub.add_parser(
         "model", help="a Relax model: tune its kernels, export a meta_schedule database, compile and run",
-        description="Lower a Relax model (FILE.py: get_module(), optionally get_inputs() and reference(inputs)) "
-                    "with TVM, tune every kernel a template matches (GEMMs, with fused elementwise "
-                    "epilogues), export the best schedules as a meta_schedule database, compile the model "
-                    "with them (TVM's default dlight schedules for the other kernels) and run it. "
-                    "Tuning arguments apply to each distinct kernel; --trials caps each one.",
+        description="Lower a Relax model (FILE.py: get_module(), optionally get_inputs(), reference(inputs) and "
+                    "tolerance()) with TVM, tune every kernel a template matches (GEMMs and tensor-core "
+                    "matmuls with their fused elementwise epilogues, softmax, norms and row reductions) and "
+                    "every GRU layer, export the best schedules as a meta_schedule database (GRU configs "
+                    "beside it), compile the model with them (TVM's default dlight schedules for the other "
+                    "kernels) and run it. Tuning arguments apply to each distinct kernel; --trials caps each "
+                    "one. Kernels already in the database are reused.",
     )
     model.add_argument("file", metavar="FILE.py", help="Python file defining get_module()")
     model.add_argument("--database", default=DEFAULT_DATABASE,
                        help=f"meta_schedule database folder to write (default {DEFAULT_DATABASE})")
     model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
+    model.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="keyword argument for the file's get_module/get_inputs/reference/tolerance "
+                            "(e.g. size=base, dtype=float16; repeatable)")
+    model.add_argument("--retune", action="store_true",
+                       help="tune kernels the database already holds (default: reuse them)")
     add_tuning_args(model)
     model.set_defaults(run=run_model)
 
@@ -53,6 +62,28 @@ def load_model_file(path: str) -> Any:
     return module
 
 
+def model_options(pairs: list[str]) -> dict[str, str]:
+    """``--model-option KEY=VALUE`` pairs as keyword arguments."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise TvmExtError(f"--model-option must be KEY=VALUE with KEY a Python name, got {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def call_user(user: Any, path: str, name: str, *args: Any, **options: str) -> Any:
+    """A function of the model file; what it raises is bad input (one line), not our crash."""
+    try:
+        return getattr(user, name)(*args, **options)
+    except TvmExtError:
+        raise
+    except Exception as exc:
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        raise TvmExtError(f"{path}: {name}() raised {first}") from None
+
+
 def run_model(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -61,6 +92,7 @@ def run_model(args: argparse.Namespace) -> int:
     from .cli_checks import model_module
 
     options = session_options(args)
+    extra = model_options(args.model_option)
     from .session import RUNNERS
 
     if RUNNERS[options.runner].remote_target:
@@ -68,12 +100,12 @@ def run_model(args: argparse.Namespace) -> int:
                           "machine, so it measures here too (--runner local); tune single operators on servers "
                           "with tune gemm / gemm-tc / reduce / gru")
     user = load_model_file(args.file)
-    mod = model_module(user, args.file)
+    mod = model_module(user, args.file, **extra)
     target = resolve_target(args.target, args.device)
     progress = _Progress(disabled=args.no_progress)
     try:
         result = tune_relax(mod, target, args.records, args.database, options, log=progress.write,
-                            on_record=progress.update)
+                            on_record=progress.update, retune=args.retune)
     finally:
         progress.close()
     print(f"\nmodel {args.file}  target={target.kind} device={target.device_name}  "
@@ -88,17 +120,19 @@ def run_model(args: argparse.Namespace) -> int:
     if not callable(getattr(user, "get_inputs", None)):
         print("compiled (the file has no get_inputs(): not run)")
         return 0
-    inputs = [np.asarray(a) for a in user.get_inputs()]
+    inputs = [np.asarray(a) for a in call_user(user, args.file, "get_inputs", **extra)]
     out = model(*inputs)
     secs = model.time(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     line = f"ran: output {', '.join(str(o.shape) for o in outs)}, latency {secs * 1e3:.3f} ms"
     if callable(getattr(user, "reference", None)):
-        ref = user.reference(inputs)
+        ref = call_user(user, args.file, "reference", inputs, **extra)
         refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        tol = float(call_user(user, args.file, "tolerance", **extra)) if callable(getattr(user, "tolerance", None)) \
+            else 1e-4
         err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(outs, refs))
         scale = max(float(np.abs(r).max()) for r in refs) or 1.0
-        ok = math.isfinite(err) and err <= 1e-4 * max(1.0, scale)
+        ok = math.isfinite(err) and err <= tol * max(1.0, scale)
         print(f"{line}, max |error| vs reference {err:.2e} ({'ok' if ok else 'WRONG'})")
         return 0 if ok else 1
     print(line)

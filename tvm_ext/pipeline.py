@@ -1,14 +1,18 @@
 """Tuned schedules inside TVM's Relax pipeline: tune a model's kernels, export, compile, run.
 
-``tune_relax`` lowers a Relax model the way TVM does (legalize and fuse), extracts
-meta_schedule's tasks, matches each PrimFunc to one of our templates
-(``tvm_ext.tasks``), tunes the templates with the usual Tuner and search (records
-appended to the records file, so a rerun resumes) and exports the best records as a
-meta_schedule database (``tvm_ext.tvm_export``).  ``compile_relax`` then applies the
-database exactly as a TVM user would (``MetaScheduleApplyDatabase``) and gives every
-PrimFunc without a tuned schedule TVM's default GPU schedule (dlight), with a printed
-note rather than a failure.  ``load_model`` runs the result: the Relax VM on CUDA, our
-pyopencl executor on OpenCL (the TVM wheel has no OpenCL runtime).
+``tune_relax`` rewrites a Relax model for our kernels (``tvm_ext.relax_rewrites``: float32
+accumulation of low-precision matmuls, elementwise ops moved before reshapes so they fuse
+into the matmul), lowers it the way TVM does (legalize and fuse), extracts meta_schedule's
+tasks, matches each PrimFunc to one of our templates (``tvm_ext.tasks``: GEMMs, tensor-core
+matmuls, row operators), finds the model's GRU layers (``tvm_ext.relax_gru``), tunes every
+template through one session (records appended to the records file, so a rerun resumes)
+and exports the best records: schedules as a meta_schedule database
+(``tvm_ext.tvm_export``), GRU configs beside it (``tvm_export.OPERATORS_FILE``).
+``compile_relax`` then points each GRU at its tuned plan, applies the database exactly as a
+TVM user would (``MetaScheduleApplyDatabase``) and gives every PrimFunc without a tuned
+schedule TVM's default GPU schedule (dlight), with a printed note rather than a failure.
+``load_model`` runs the result: the Relax VM on CUDA, our pyopencl executor on OpenCL (the
+TVM wheel has no OpenCL runtime).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from .errors import TvmExtError
 from .session import Session, SessionOptions
+from .space import Config
 from .target import TargetInfo
 from .tasks import TaskMatch, match_task
 
@@ -36,17 +41,19 @@ TuneOptions = SessionOptions  # search settings for every task (the CLI's tuning
 
 @dataclass(frozen=True)
 class TaskReport:
-    """What happened to one PrimFunc of the model."""
+    """What happened to one PrimFunc (or GRU layer) of the model."""
 
     name: str
     weight: int
-    template: str  # "gemm", or "" when TVM's default schedule is used
+    template: str  # the template's name ("gemm", "rows", "gru", ...), or "" when TVM's default schedule is used
     params: tuple[tuple[str, Any], ...] = ()
     best_secs: float = math.inf  # our kernel's time (the template's compute)
     default_secs: float = math.inf  # the template's default config
     trials: int = 0  # measured in this run
     exported: bool = False
     note: str = ""  # why the task falls back to dlight
+    workload: str = ""  # the template at the task's shape (``describe``)
+    reused: bool = False  # already in the database: not tuned again
 
 
 @dataclass(frozen=True)
@@ -61,9 +68,12 @@ class RelaxTuning:
 
 # ---- lowering ------------------------------------------------------------------------------
 def legalize_and_fuse(mod: Any) -> Any:
-    """Relax ops -> fused PrimFuncs, the passes TVM's GPU pipelines run before scheduling."""
+    """Relax ops -> fused PrimFuncs, the passes TVM's GPU pipelines run before scheduling,
+    after ``relax_rewrites.rewrite_model``."""
     import tvm
     from tvm import relax
+
+    from .relax_rewrites import rewrite_model
 
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(),
@@ -71,7 +81,7 @@ def legalize_and_fuse(mod: Any) -> Any:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
-    ])(mod)
+    ])(rewrite_model(mod))
 
 
 def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:
@@ -105,22 +115,63 @@ def _is_scheduled(func: Any) -> bool:
     return func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"])
 
 
+def model_pass_config(target: TargetInfo) -> dict[str, Any]:
+    """PassContext options a model with tuned schedules compiles under: on CUDA those of the
+    mma.sync schedule (cp.async copies, no TIR CSE) and of pipelined copies, which act only on
+    kernels whose schedule asks for them."""
+    return {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True} if target.kind == "cuda" else {}
+
+
+def _register_intrinsics(target: TargetInfo) -> None:
+    """The tensor intrinsics a database's mma.sync traces name (registered on first use)."""
+    if target.kind != "cuda":
+        return
+    from .schedules.mma import ACC_DTYPES, OPERAND_DTYPES, mma_intrinsics
+
+    for operand in OPERAND_DTYPES:
+        for acc in ACC_DTYPES:
+            if operand == "bfloat16" and acc != "float32":
+                continue
+            for scope in ("shared.dyn", "global"):
+                mma_intrinsics(operand, acc, scope)
+
+
 def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = None,
                   log: Log | None = _stderr) -> Any:
-    """Legalize, fuse, apply the database's schedules, dlight for the rest.
+    """Tuned GRU plans for the GRU layers, then legalize, fuse, apply the database's
+    schedules, dlight for the rest.
 
     Returns the Relax IRModule with every PrimFunc scheduled: give it to ``tvm.compile``
     (CUDA) or to ``OpenCLExecutor`` (OpenCL).  ``database`` is a folder written by
-    ``tune_relax``/``export``, a meta_schedule Database, or ``None`` (dlight only).
+    ``tune_relax``/``export``, a meta_schedule Database, or ``None`` (dlight only; GRUs
+    take their analytic config).
     """
     import tvm
     from tvm import relax
     from tvm.s_tir import dlight as dl
 
-    from .tvm_export import open_database, tvm_target
+    from .relax_gru import lower_grus
+    from .template import Workload
+    from .tvm_export import open_database, read_operators, tvm_target
 
     tgt = tvm_target(target)
-    lowered = legalize_and_fuse(mod)
+    operators = read_operators(database) if isinstance(database, str) else {}
+
+    def gru_config(template: Any) -> Config | None:
+        entry = operators.get(Workload.of(template, target).key)
+        config = None
+        if entry is not None:
+            space = template.space(target)
+            try:
+                config = space.decode(space.encode(Config.of(entry["config"])))
+            except TvmExtError:  # knobs of another version of the template
+                config = None
+        if config is None and log:
+            log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
+        return config
+
+    lowered = legalize_and_fuse(lower_grus(mod, target, gru_config))
+    _register_intrinsics(target)
     if database is not None:
         db = open_database(database) if isinstance(database, str) else database
         with tgt, db, tvm.transform.PassContext(opt_level=3):  # as a TVM user applies tuning logs
@@ -157,7 +208,8 @@ class CompiledModel:
             from .tvm_export import tvm_target
 
             self._dev = tvm.cuda(target.device_id)
-            self.executable = tvm.compile(mod, target=tvm_target(target))
+            with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
+                self.executable = tvm.compile(mod, target=tvm_target(target))
             self._vm = relax.VirtualMachine(self.executable, self._dev)
 
     def _args(self, inputs: Sequence[np.ndarray]) -> list[Any]:
@@ -194,50 +246,71 @@ def load_model(mod: Any, target: TargetInfo, database: str | Any | None = None,
 # ---- tuning ---------------------------------------------------------------------------------
 @dataclass
 class _Group:
+    """One template workload and the tasks it schedules (several PrimFuncs may share one)."""
+
     template: Any
     tasks: list[int] = field(default_factory=list)
     best: float = math.inf
     default: float = math.inf
     trials: int = 0
+    reused: bool = False
 
 
 def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
                options: SessionOptions = SessionOptions(), log: Log | None = _stderr,
-               on_record: Callable[[Any, Any], None] | None = None) -> RelaxTuning:
-    """Tune every PrimFunc of ``mod`` that a template matches; export the best to ``database``.
+               on_record: Callable[[Any, Any], None] | None = None, retune: bool = False) -> RelaxTuning:
+    """Tune every PrimFunc of ``mod`` that a template matches, and every GRU layer; export
+    the best to ``database``.
 
     Tasks with no template (or whose tuning found nothing correct) are reported with a
-    note and get TVM's default schedule when the model is compiled.  Ctrl-C stops the
-    search, keeps the records and still exports what was found.  Every task is tuned with
-    ``options`` (``records`` replaces its records file) through one ``Session``.
+    note and get TVM's default schedule when the model is compiled.  A task the database
+    already holds is not tuned again (``retune``: it is, resuming its records).  Ctrl-C
+    stops the search, keeps the records and still exports what was found.  Every task is
+    tuned with ``options`` (``records`` replaces its records file) through one ``Session``.
     """
     import dataclasses
     import time
 
     from .records import RecordStore
+    from .relax_gru import find_grus
     from .template import Workload
-    from .tvm_export import Exported, export_task, open_database
+    from .tvm_export import already_exported, export_operator, export_task, open_database, read_operators
 
     log = log or (lambda _msg: None)
     start = time.perf_counter()
     store = RecordStore(records)
     db = open_database(database)
+    operators = read_operators(database)
     lowered = legalize_and_fuse(mod)
     tasks = extract_tasks(lowered, target)
     matches = match_tasks(tasks, target)
+    grus = find_grus(mod, target)
     groups: dict[str, _Group] = {}
+    in_database: dict[int, bool] = {}  # task index -> the database already holds it
     for i, m in enumerate(matches):
         if m.matched:
             key = Workload.of(m.template, target).key
             groups.setdefault(key, _Group(m.template)).tasks.append(i)
+            in_database[i] = not retune and already_exported(db, tasks[i].dispatched[0], target)
         else:
             log(f"note: {m.name}: not tuned, no template ({m.reason})")
+    for j, gru in enumerate(grus):
+        key = Workload.of(gru.template, target).key
+        groups.setdefault(key, _Group(gru.template)).tasks.append(len(matches) + j)
+        in_database[len(matches) + j] = not retune and key in operators
+    for group in groups.values():  # reused when every task it schedules is in the database
+        group.reused = all(in_database[i] for i in group.tasks)
 
     interrupted = False
-    if groups:
+    # one template's workloads one after another: a cost model carries over between its shapes
+    todo = {k: g for k, g in sorted(groups.items(), key=lambda kv: kv[1].template.name) if not g.reused}
+    for key, group in groups.items():
+        if group.reused:
+            log(f"{group.template.describe()}: in the database, not tuned again")
+    if todo:
         with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
-            for key, group in groups.items():
-                names = ", ".join(matches[i].name for i in group.tasks)
+            for key, group in todo.items():
+                names = ", ".join(_task_name(i, matches, grus) for i in group.tasks)
                 tuner = session.tuner(group.template, on_record=on_record)
                 log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")
                 result = session.search(tuner)
@@ -254,27 +327,50 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
             reports.append(TaskReport(m.name, int(task.weight), "", note=m.reason))
             continue
         group = groups[Workload.of(m.template, target).key]
-        outcome = export_task(db, task.dispatched[0], m, store, target)
-        exported = isinstance(outcome, Exported)
-        if not exported:
-            log(f"note: {m.name}: not exported ({outcome})")
-        reports.append(TaskReport(
-            m.name, int(task.weight), m.template.name, tuple(m.template.params.items()),
-            best_secs=outcome.run_secs if exported else group.best, default_secs=group.default,
-            trials=group.trials if group.tasks[0] == i else 0, exported=exported,
-            note="" if exported else str(outcome)))
+        outcome = export_task(db, task.dispatched[0], m, store, target) if not group.reused else None
+        reports.append(_report(m.name, int(task.weight), m.template, group, i, outcome, log))
+    for j, gru in enumerate(grus):
+        group = groups[Workload.of(gru.template, target).key]
+        outcome = export_operator(database, gru.template, store, target) if not group.reused else None
+        name = f"gru {gru.function}.{gru.var}"
+        reports.append(_report(name, 1, gru.template, group, len(matches) + j, outcome, log))
     return RelaxTuning(tuple(reports), database, records, target, interrupted,
                        time.perf_counter() - start)
 
 
+def _task_name(index: int, matches: Sequence[TaskMatch], grus: Sequence[Any]) -> str:
+    if index < len(matches):
+        return matches[index].name
+    gru = grus[index - len(matches)]
+    return f"gru {gru.function}.{gru.var}"
+
+
+def _report(name: str, weight: int, template: Any, group: _Group, index: int, outcome: Any,
+            log: Log) -> TaskReport:
+    """A matched task's report: exported (or reused from the database), or why not."""
+    from .tvm_export import Exported
+
+    exported = group.reused or isinstance(outcome, Exported)
+    if not exported:
+        log(f"note: {name}: not exported ({outcome})")
+    return TaskReport(
+        name, weight, template.name, tuple(template.params.items()),
+        best_secs=outcome.run_secs if isinstance(outcome, Exported) else group.best, default_secs=group.default,
+        trials=group.trials if group.tasks[0] == index else 0, exported=exported,
+        note="" if exported else str(outcome), workload=template.describe(), reused=group.reused)
+
+
 def summary(result: RelaxTuning) -> str:
-    """A plain-text table of the tasks: template, shape, tuned and default times."""
-    lines = [f"{'task':<28} {'template':<10} {'shape':<16} {'tuned':>12} {'default':>12}  schedule"]
+    """A plain-text table of the tasks: template and shape, tuned and default times."""
+    width = max([28] + [len(t.name) for t in result.tasks])
+    lines = [f"{'task':<{width}} {'template':<48} {'tuned':>12} {'default':>12}  schedule"]
     for t in result.tasks:
-        params = dict(t.params)
-        shape = f"{params.get('m')}x{params.get('n')}x{params.get('k')}" if t.template == "gemm" else "-"
         fmt = lambda s: f"{s * 1e3:.4f} ms" if math.isfinite(s) else "-"  # noqa: E731
-        how = "tuned (database)" if t.exported else f"dlight: {t.note}"
-        lines.append(f"{t.name:<28} {t.template or '-':<10} {shape:<16} {fmt(t.best_secs):>12} "
+        if t.reused:
+            how = "tuned (database, reused)"
+        else:
+            how = ("tuned (database)" if t.exported else f"dlight: {t.note}") if t.template != "gru" else \
+                ("tuned (GRU plan)" if t.exported else f"analytic GRU config: {t.note}")
+        lines.append(f"{t.name:<{width}} {t.workload or '-':<48} {fmt(t.best_secs):>12} "
                      f"{fmt(t.default_secs):>12}  {how}")
     return "\n".join(lines)

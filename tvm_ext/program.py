@@ -177,6 +177,18 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     return tuple(launches), params
 
 
+def lower_check(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None) -> None:
+    """Run ``tvm.compile``'s TIR pipeline on a scheduled module without generating code: what a
+    schedule that cannot build fails in, at a fraction of a CUDA compile (NVRTC on a GPU host)."""
+    import tvm
+    from tvm.target import Target
+
+    tgt = Target(target.tvm_target()).with_host(Target("llvm"))
+    with tvm.transform.PassContext(config=dict(pass_config or {})):
+        pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(tgt)
+        pipeline(tvm.tirx.transform.BindTarget(tgt)(mod))
+
+
 def compile_module(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None
                    ) -> tuple[Any, str, tuple[KernelLaunch, ...], tuple[str, ...]]:
     """``tvm.compile`` of one scheduled PrimFunc module under the template's ``pass_config``:

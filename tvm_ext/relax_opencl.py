@@ -9,13 +9,15 @@ exactly TVM's kernels: it takes a static-shape Relax function made only of
 ``call_tir`` bindings (what ``legalize + fuse + schedule`` leaves), builds every
 scheduled PrimFunc for OpenCL with TVM, reads each one's launches from the lowered
 TIR (``program.extract_launches``) and runs them with the OpenCL executor every other
-OpenCL path uses (``tvm_ext.executors``), one device buffer per Relax value.
+OpenCL path uses (``tvm_ext.executors``), one device buffer per Relax value.  A
+``call_dps_packed`` of a program registered in ``EXTERN_PROGRAMS`` (a tuned GRU plan,
+``tvm_ext.relax_gru``) runs that program's kernel launches, its scratch buffers its own.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -23,6 +25,20 @@ from .errors import TvmExtError
 from .executors import OpenclExecutor
 from .program import Artifact, TensorSpec, extract_launches
 from .target import TargetInfo
+
+
+class ExternProgram(Protocol):
+    """A program a Relax function calls by name (``call_dps_packed``) that runs here as kernel
+    launches: ``specs`` names every buffer (inputs, then outputs, then scratch)."""
+
+    specs: Mapping[str, TensorSpec]
+    inputs: list[str]
+    outputs: list[str]
+
+    def artifact(self) -> Artifact: ...
+
+
+EXTERN_PROGRAMS: dict[str, ExternProgram] = {}  # packed-function name -> its program (filled by who lowers to it)
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,7 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
     name = relax_function_name(mod, function)
     func = mod[name]
     call_tir = tvm.ir.Op.get("relax.call_tir")
+    call_packed = tvm.ir.Op.get("relax.call_dps_packed")
     values: dict[str, Value] = {}
     env: dict[Any, Any] = {}  # relax Var -> value name, or tuple of names
     constants: list[tuple[str, np.ndarray]] = []
@@ -117,10 +134,16 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
     built: dict[str, Artifact] = {}
 
     def new_value(base: str, ty: Any) -> str:
-        shape, dtype = _static_tensor(ty, f"value {base!r}")
+        return add_value(base, *_static_tensor(ty, f"value {base!r}"))
+
+    def add_value(base: str, shape: tuple[int, ...], dtype: str) -> str:
         vname = base if base not in values else f"{base}.{len(values)}"
-        values[vname] = Value(vname, shape, dtype)
+        values[vname] = Value(vname, tuple(shape), dtype)
         return vname
+
+    def out_types(call: Any) -> list[Any]:
+        types = list(call.ty_args)
+        return list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
 
     def resolve(expr: Any) -> Any:
         if isinstance(expr, Var):
@@ -158,11 +181,9 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
                 args = [resolve(a) for a in value.args[1].fields]
                 if any(isinstance(a, tuple) for a in args):
                     raise TvmExtError(f"call_tir {gv.name_hint} takes a tuple argument")
-                out_types = list(value.ty_args)
-                if len(out_types) == 1 and hasattr(out_types[0], "fields"):
-                    out_types = list(out_types[0].fields)
-                outs = [new_value(_vname(var) if len(out_types) == 1 else f"{_vname(var)}.{i}", t)
-                        for i, t in enumerate(out_types)]
+                types = out_types(value)
+                outs = [new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
+                        for i, t in enumerate(types)]
                 env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
                 if gv.name_hint not in built:
                     try:
@@ -177,6 +198,22 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
                     raise TvmExtError(f"call_tir {gv.name_hint} passes {len(step_args)} tensors, "
                                       f"the PrimFunc takes {len(artifact.params)}")
                 steps.append(Step(gv.name_hint, artifact, step_args))
+            elif isinstance(value, Call) and value.op.same_as(call_packed):
+                name = str(value.args[0].global_symbol)
+                program = EXTERN_PROGRAMS.get(name)
+                if program is None:
+                    raise TvmExtError(f"the OpenCL executor cannot run the packed function {name}")
+                args = [resolve(a) for a in value.args[1].fields]
+                types = out_types(value)
+                outs = [new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
+                        for i, t in enumerate(types)]
+                env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
+                if len(args) != len(program.inputs) or len(outs) != len(program.outputs):
+                    raise TvmExtError(f"{name} takes {len(program.inputs)} inputs and {len(program.outputs)} "
+                                      f"outputs, the call passes {len(args)} and {len(outs)}")
+                scratch = [add_value(f"{_vname(var)}.{n}", spec.shape, spec.dtype)
+                           for n, spec in program.specs.items() if n not in program.inputs + program.outputs]
+                steps.append(Step(name, program.artifact(), tuple(args) + tuple(outs) + tuple(scratch)))
             else:
                 env[var] = resolve(value)
     result = resolve(body.body)

@@ -226,6 +226,7 @@ _REGISTRY: dict[str, str] = {
     "gemm_tc_any": "tvm_ext.schedules.tensor_core_choice:TensorCoreChoiceTemplate",
     "gru": "tvm_ext.schedules.gru:GruTemplate",
     "reduce": "tvm_ext.schedules.reduction:ReductionTemplate",
+    "rows": "tvm_ext.schedules.rows:RowTemplate",
 }
 
 

@@ -8,11 +8,17 @@ func=..., site=...)``) and committing the resulting trace with the task's worklo
 ``relax.transform.MetaScheduleApplyDatabase`` or ``with target, database:`` then
 applies it unchanged.  The measured time of our kernel becomes the record's
 ``run_secs`` (the fused epilogue is not part of that measurement).
+
+An operator of several kernels and a host plan (the GRU) has no PrimFunc to hang a
+meta_schedule record on: its best config goes to ``OPERATORS_FILE`` in the same folder, by
+workload key, and ``pipeline.compile_relax`` builds the plan from it.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +30,7 @@ from .tasks import TaskMatch
 from .template import Workload
 
 MAX_REPLAY_TRIES = 5  # best records tried in order when a replay does not compile
+OPERATORS_FILE = "tvm_ext_operators.json"  # configs of multi-kernel operators (GRU plans), by workload key
 
 
 @dataclass(frozen=True)
@@ -53,20 +60,59 @@ def tvm_target(target: TargetInfo) -> Any:
     return tvm.target.Target(target.tvm_target())
 
 
-def ranked_records(store: RecordStore, match: TaskMatch, target: TargetInfo) -> list[Record]:
-    """Correct records of the task's template workload, fastest first."""
-    assert match.template is not None
-    key = Workload.of(match.template, target).key
+def ranked_records(store: RecordStore, match: TaskMatch | Any, target: TargetInfo) -> list[Record]:
+    """Correct records of the task's template workload (or of a template), fastest first."""
+    template = match.template if isinstance(match, TaskMatch) else match
+    assert template is not None
+    key = Workload.of(template, target).key
     return sorted((r for r in store.for_workload(key) if r.ok), key=lambda r: r.cost)
 
 
+def already_exported(db: Any, task_mod: Any, target: TargetInfo) -> bool:
+    """Whether the database holds a tuning record for the task's PrimFunc on ``target``."""
+    return bool(db.has_workload(task_mod)) and db.query_tuning_record(task_mod, tvm_target(target), "main") is not None
+
+
+def read_operators(database: str) -> dict[str, dict[str, Any]]:
+    """``OPERATORS_FILE`` of a database folder: workload key -> entry (empty when absent)."""
+    path = os.path.join(database, OPERATORS_FILE)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return dict(data["operators"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TvmExtError(f"{path} is not a tvm_ext operators file: {exc}") from None
+
+
+def export_operator(database: str, template: Any, store: RecordStore, target: TargetInfo) -> Exported | str:
+    """The best record of ``template`` (a GRU) into ``OPERATORS_FILE``; else why none."""
+    records = ranked_records(store, template, target)
+    if not records:
+        return f"no correct record for its {template.name} template yet"
+    best = records[0]
+    key = Workload.of(template, target).key
+    operators = read_operators(database)
+    entry = {"template": template.name, "workload": template.describe(), "config": dict(best.config),
+             "run_secs": best.cost, "target": target.kind}
+    if operators.get(key) != entry:
+        operators[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=database, prefix=".operators")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"version": 1, "operators": operators}, fh, indent=1, sort_keys=True)
+        os.replace(tmp, os.path.join(database, OPERATORS_FILE))
+    return Exported(template.describe(), best.workload_key, dict(best.config), best.cost)
+
+
 def replay(match: TaskMatch, config: Config, task_mod: Any, target: TargetInfo) -> Any:
-    """Schedule the task's PrimFunc with ``config``; compiles it as a check."""
-    import tvm
+    """Schedule the task's PrimFunc with ``config``; lowers it as a check."""
+    from .program import lower_check
 
     assert match.template is not None and match.site is not None
     sch = match.template.schedule(config, target, func=task_mod["main"], site=match.site)
-    tvm.compile(sch.mod, target=tvm_target(target))  # a trace that does not build must not be exported
+    # a trace that does not lower must not be exported (its own compute was compiled and run)
+    lower_check(sch.mod, target, match.template.pass_config(config, target))
     return sch
 
 
@@ -93,7 +139,7 @@ def export_task(db: Any, task_mod: Any, match: TaskMatch, store: RecordStore,
         return match.reason
     records = ranked_records(store, match, target)
     if not records:
-        return "no correct record for its GEMM yet"
+        return f"no correct record for its {match.template.name} template yet"
     errors = []
     for record in records[:MAX_REPLAY_TRIES]:
         try:

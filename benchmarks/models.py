@@ -1,0 +1,400 @@
+"""Two real models end to end on the GPU: the BERT-base encoder layer (transformers'
+``BertLayer``, hidden 768, 12 heads, sequence 128, batch 8) and the GRU sequence model
+(embedding -> 2-layer GRU hidden 512 -> linear), each in float32 and float16.
+
+Per model, every variant is run in one process, checked against a float64 reference and
+timed with ``benchmarks/common.py``'s protocol:
+
+- tvm_ext: ``tune_relax`` (our templates: GEMMs, mma.sync matmuls, row operators, the GRU
+  plan; ``--trials`` per task), compiled in the Relax VM with the exported database;
+- dlight: TVM's default schedules only (the GRU at its analytic config: TVM has no GRU);
+- meta_schedule: ``ms.tune_tasks`` on the same tasks as ours, the same trial budget per task
+  (BERT only: the GRU is no TIR task for it), ``--seeds`` seeds (a row per seed);
+- torch eager, replayed from a CUDA graph (cuDNN for the GRU), and ``torch.compile``.
+
+TVM variants are timed back to back on input sets rotated past the L2 with CUDA events
+around the Relax VM's call; torch per call, back to back and from a CUDA graph
+(``time_vendor``); ratios are against meta_schedule and against torch's best.  Tuning wall
+time counts every build and measurement.  Budget: one run within ``--time-limit`` (510 s):
+the models run in the order of ``MODELS`` (BERT float16, GRU float32, BERT float32, GRU
+float16), ours first within each, and a stage that would not fit the time left is skipped
+and says so in the table, which is printed last (``--quick``: 4 trials per task, so that
+more of it fits; ``--models`` picks models for a second run).
+
+    source .tvm-device/boot.sh && python benchmarks/models.py --out $OUT [--quick]
+    python benchmarks/models.py --dry-run   # no GPU: import, lower, match, compile for CUDA (source only)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from common import l2_rotation, rel_error_vs, table, time_ours, time_vendor, vendor_methods  # noqa: E402
+
+from tvm_ext.pipeline import (compile_relax, extract_tasks, legalize_and_fuse, load_model,  # noqa: E402
+                              match_tasks, model_pass_config, summary, tune_relax)
+from tvm_ext.session import SessionOptions  # noqa: E402
+from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
+from tvm_ext.tvm_export import tvm_target  # noqa: E402
+
+MODELS = ("bert:float16", "gru:float32", "bert:float32", "gru:float16")  # in the order they run
+
+
+def _example(name: str) -> Any:
+    path = os.path.join(ROOT, "examples", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Clock:
+    """The run's deadline: a stage starts only if its estimate fits."""
+
+    limit: float
+    start: float = field(default_factory=time.time)
+
+    def left(self) -> float:
+        return self.limit - (time.time() - self.start)
+
+    def allows(self, estimate: float) -> bool:
+        return self.left() >= estimate
+
+
+@dataclass
+class Row:
+    model: str
+    variant: str
+    ms: float | None = None
+    err: float | None = None
+    tune_s: float | None = None
+    trials: str = "-"
+    note: str = ""
+
+
+# ---- the models --------------------------------------------------------------------------------
+@dataclass
+class Model:
+    """One model at one dtype: its Relax module, inputs, float64 reference and torch module."""
+
+    kind: str  # "bert" | "gru"
+    dtype: str
+    mod: Any
+    inputs: list[np.ndarray]
+    reference: np.ndarray
+    torch_model: Any
+    label: str
+
+
+def make_model(kind: str, dtype: str, size: str = "base") -> Model:
+    import torch
+
+    if kind == "bert":
+        bert = _example("bert_layer")
+        mod = bert.get_module(size=size, dtype=dtype, source="transformers")
+        inputs = bert.get_inputs(size=size, dtype=dtype)
+        reference = bert.reference(inputs, size=size, dtype=dtype, source="transformers")
+        model = bert.torch_model(size=size, dtype=dtype)
+        s = bert.SIZES[size]
+        label = f"BERT layer h{s['hidden']} {s['heads']} heads s{s['seq']} b{s['batch']} {dtype}"
+    else:
+        gru = _example("gru_model")
+        mod = gru.get_module(size=size, dtype=dtype)
+        inputs = gru.get_inputs(size=size, dtype=dtype)
+        reference = gru.reference(inputs, size=size, dtype=dtype)
+        model = gru.torch_model(size=size, dtype=dtype)
+        s = gru.SIZES[size]
+        label = (f"GRU model v{s['vocab']} e{s['embed']} {s['layers']}x{s['hidden']} T{s['seq']} b{s['batch']} "
+                 f"{dtype}")
+    return Model(kind, dtype, mod, inputs, reference, model.cuda().eval() if torch.cuda.is_available() else model,
+                 label)
+
+
+# ---- TVM variants ------------------------------------------------------------------------------
+def time_tvm(compiled: Any, inputs: list[np.ndarray], reference: np.ndarray) -> tuple[float, float]:
+    """(seconds, relative error): the Relax VM's call on rotated input sets, back to back."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    set_bytes = sum(a.nbytes for a in inputs) + reference.size * np.dtype(inputs[0].dtype).itemsize
+    sets = l2_rotation(set_bytes)
+    rng = np.random.default_rng(1)
+    arg_sets = [[tvm.runtime.tensor(a, dev) for a in inputs]]
+    for _ in range(sets - 1):  # the same kind of data: token ids permuted, activations drawn again
+        arg_sets.append([tvm.runtime.tensor(rng.permutation(a.reshape(-1)).reshape(a.shape), dev) for a in inputs])
+    out = compiled(*inputs)
+    err = rel_error_vs(out, reference)
+    func = compiled._vm[compiled.function]
+    return time_ours(lambda i: func(*arg_sets[i]), len(arg_sets)).seconds, err
+
+
+def tvm_variant(model: Model, target: TargetInfo, database: Any, label: str, tune_s: float | None = None,
+                trials: str = "-", note: str = "") -> Row:
+    try:
+        compiled = load_model(model.mod, target, database, log=None)
+        secs, err = time_tvm(compiled, model.inputs, model.reference)
+        return Row(model.label, label, secs * 1e3, err, tune_s, trials, note)
+    except Exception as exc:  # a variant that fails is a row of the table, not the end of the run
+        return Row(model.label, label, None, None, tune_s, trials, f"failed: {_last_line(exc)}")
+
+
+def tune_ours(model: Model, target: TargetInfo, args: argparse.Namespace, work: str) -> tuple[str, float, str]:
+    options = SessionOptions(target="cuda", population=args.population, generations=1000, trials=args.trials,
+                             tourn_size=1 if args.population <= 4 else 2, workers=args.workers, seed=args.seed,
+                             build_timeout=300, run_timeout=120)
+    start = time.time()
+    result = tune_relax(model.mod, target, os.path.join(work, "records.jsonl"), os.path.join(work, "database"),
+                        options, log=lambda m: print(f"  {m}", flush=True))
+    wall = time.time() - start
+    print(summary(result), flush=True)
+    tuned = [t for t in result.tasks if t.template]
+    trials = f"{sum(t.trials for t in tuned)} ({args.trials}/task, {len(tuned)} tasks)"
+    return os.path.join(work, "database"), wall, trials
+
+
+def tune_meta_schedule(model: Model, target: TargetInfo, args: argparse.Namespace, work: str,
+                       seed: int) -> tuple[Any, float, str]:
+    """meta_schedule on the tasks our templates match, ``args.trials`` each."""
+    from tvm.s_tir import meta_schedule as ms
+
+    lowered = legalize_and_fuse(model.mod)
+    tasks = extract_tasks(lowered, target)
+    chosen = [t for t, m in zip(tasks, match_tasks(tasks, target)) if m.matched]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    start = time.time()
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(chosen, work, seed=seed)
+    builder = ms.builder.LocalBuilder(max_workers=args.workers, timeout_sec=300)
+    db = ms.tune_tasks(tasks=contexts, task_weights=weights, work_dir=work,
+                       max_trials_global=args.trials * len(contexts), max_trials_per_task=args.trials,
+                       num_trials_per_iter=args.trials, builder=builder)
+    wall = time.time() - start
+    return db, wall, f"{len(db.get_all_tuning_records())} ({args.trials}/task, {len(contexts)} tasks)"
+
+
+# ---- torch -------------------------------------------------------------------------------------
+def _torch_sets(model: Model) -> list[list[Any]]:
+    import torch
+
+    sets = l2_rotation(sum(a.nbytes for a in model.inputs) + model.reference.size * 4)
+    rng = np.random.default_rng(1)
+    return [[torch.from_numpy(a).cuda() for a in model.inputs]] + [
+        [torch.from_numpy(rng.permutation(a.reshape(-1)).reshape(a.shape)).cuda() for a in model.inputs]
+        for _ in range(sets - 1)]
+
+
+def torch_rows(model: Model) -> list[Row]:
+    """torch eager per call, back to back and replayed from a CUDA graph (cuDNN for the GRU)."""
+    import torch
+
+    arg_sets = _torch_sets(model)
+    rows = []
+    with torch.no_grad():
+        eager = model.torch_model
+        err = rel_error_vs(eager(*arg_sets[0]), model.reference)
+        times = time_vendor(lambda i: eager(*arg_sets[i]), len(arg_sets))
+        names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
+        for method, t in vendor_methods(times):
+            label = names.get(method, f"torch {method}")
+            rows.append(Row(model.label, label, t.seconds * 1e3 if t else None, err if t else None,
+                            note="" if t else label))
+    return rows
+
+
+def torch_compile_row(model: Model) -> Row:
+    """``torch.compile`` (default mode), back to back; its compile time as the tuning time."""
+    import torch
+
+    arg_sets = _torch_sets(model)
+    try:
+        with torch.no_grad():
+            start = time.time()
+            compiled = torch.compile(model.torch_model)
+            out = compiled(*arg_sets[0])
+            torch.cuda.synchronize()
+            compile_s = time.time() - start
+            times = time_vendor(lambda i: compiled(*arg_sets[i]), len(arg_sets), graph=False)
+        return Row(model.label, "torch.compile", times.back_to_back.seconds * 1e3, rel_error_vs(out, model.reference),
+                   compile_s, note="back to back; tuning s = compile")
+    except Exception as exc:
+        return Row(model.label, "torch.compile", note=f"failed: {_last_line(exc)}")
+
+
+# ---- one model ---------------------------------------------------------------------------------
+def bench(kind: str, dtype: str, target: TargetInfo, args: argparse.Namespace, clock: Clock) -> list[Row]:
+    """One model: ours first (the point of the run), then torch, dlight, meta_schedule and
+    torch.compile, each only if it fits the run's time."""
+    print(f"== {kind} {dtype} ({clock.left():.0f} s left)", flush=True)
+    model = make_model(kind, dtype)
+    work = os.path.join(args.out, f"{kind}_{dtype}")
+    rows: list[Row] = []
+    if clock.allows(120):
+        database, wall, trials = tune_ours(model, target, args, os.path.join(work, "tvm_ext"))
+        rows.append(tvm_variant(model, target, database, "tvm_ext", wall, trials))
+    else:
+        rows.append(Row(model.label, "tvm_ext", note="skipped (time)"))
+    rows += torch_rows(model)
+    dlight = "dlight" if kind == "bert" else "dlight + GRU analytic config"
+    rows.append(tvm_variant(model, target, None, dlight) if clock.allows(30) else
+                Row(model.label, dlight, note="skipped (time)"))
+    if kind == "bert":
+        for seed in range(args.seeds):
+            label = f"meta_schedule (seed {args.seed + seed})"
+            if not clock.allows(150):
+                rows.append(Row(model.label, label, note="skipped (time)"))
+                break
+            try:
+                db, wall, trials = tune_meta_schedule(model, target, args, os.path.join(work, f"ms_{seed}"),
+                                                      args.seed + seed)
+                rows.append(tvm_variant(model, target, db, label, wall, trials))
+            except Exception as exc:
+                rows.append(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
+    if args.no_compile or not clock.allows(75):
+        rows.append(Row(model.label, "torch.compile",
+                        note="skipped (" + ("--no-compile" if args.no_compile else "time") + ")"))
+    else:
+        rows.append(torch_compile_row(model))
+    return rows
+
+
+def ratios(rows: list[Row]) -> list[list[str]]:
+    """Every row with its speedup over meta_schedule (best seed) and over torch's best."""
+    out = []
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        timed = lambda prefix: [r.ms for r in mine if r.variant.startswith(prefix) and r.ms]  # noqa: E731
+        ms_best = min(timed("meta_schedule"), default=None)
+        torch_best = min(timed("torch"), default=None)
+        for r in mine:
+            vs = lambda base: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
+            out.append([r.model, r.variant, f"{r.ms:.3f}" if r.ms else "-", vs(ms_best), vs(torch_best),
+                        f"{r.err:.1e}" if r.err is not None else "-", f"{r.tune_s:.0f}" if r.tune_s else "-",
+                        r.trials, r.note])
+    return out
+
+
+def targets(rows: list[Row]) -> list[str]:
+    """The issue's targets, met or not, from the measured rows."""
+    lines = []
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = {r.variant: r.ms for r in rows if r.model == model and r.ms}
+        ours = mine.get("tvm_ext")
+        if not ours:
+            continue
+        ms = min((v for k, v in mine.items() if k.startswith("meta_schedule")), default=None)
+        eager = mine.get("torch eager")
+        graph = mine.get("torch CUDA graph")
+        if model.startswith("BERT"):
+            if ms:
+                lines.append(f"{model}: tvm_ext {ms / ours:.2f}x meta_schedule (target >= 1.3)")
+            if eager:
+                lines.append(f"{model}: tvm_ext {eager / ours:.2f}x torch eager (target >= 1.0)")
+        elif graph:
+            lines.append(f"{model}: tvm_ext {graph / ours:.2f}x torch in a CUDA graph (cuDNN; target >= 1.5)")
+    return lines
+
+
+def _last_line(exc: Exception) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:160]
+
+
+# ---- CPU-only check ----------------------------------------------------------------------------------
+def dry_run(args: argparse.Namespace) -> None:
+    """No GPU: each model's module (the nn BERT, or transformers' when importable), its tasks
+    and matches for CUDA, and the model compiled for CUDA with default configs (source only)."""
+    import tvm
+
+    target = offline_cuda()
+    rows = []
+    for spec in args.models:
+        kind, dtype = spec.split(":")
+        start = time.time()
+        if kind == "bert":
+            bert = _example("bert_layer")
+            try:
+                mod = bert.get_module(size=args.size, dtype=dtype, source="transformers")
+                source = "transformers"
+            except ImportError:
+                mod, source = bert.get_module(size=args.size, dtype=dtype, source="nn"), "nn (no transformers here)"
+        else:
+            mod, source = _example("gru_model").get_module(size=args.size, dtype=dtype), "nn"
+        tasks = extract_tasks(legalize_and_fuse(mod), target)
+        matches = match_tasks(tasks, target)
+        scheduled = compile_relax(mod, target, None, log=None)
+        with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
+            tvm.compile(scheduled, target=tvm_target(target))
+        from tvm_ext.relax_gru import find_grus
+
+        matched = [f"{m.name}: {m.template.describe()}" for m in matches if m.matched]
+        matched += [f"GRU: {g.template.describe()}" for g in find_grus(mod, target)]
+        rows.append([f"{kind} {dtype} ({source})", len(tasks), "; ".join(matched) or "-", f"{time.time() - start:.0f}"])
+    print(table(f"dry run (no GPU, {args.size})", ["model", "tasks", "matched", "s"], rows))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated of {', '.join(MODELS)}")
+    p.add_argument("--trials", type=int, default=None, help="trials per task, ours and meta_schedule's (default 8; "
+                                                            "--quick 4)")
+    p.add_argument("--seeds", type=int, default=1, help="meta_schedule seeds (3 if time allows; default 1)")
+    p.add_argument("--population", type=int, default=None, help="our GA's population (default 8; --quick 4)")
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=510.0, help="seconds; later stages are skipped past it")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--quick", action="store_true", help="smaller budgets")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: import, lower, match, compile for CUDA")
+    p.add_argument("--size", default="base", help="model sizes for --dry-run (base or small)")
+    args = p.parse_args()
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        p.error(f"unknown models {unknown}; allowed: {', '.join(MODELS)}")
+    args.trials = args.trials or (4 if args.quick else 8)
+    args.population = args.population or (4 if args.quick else 8)
+    os.makedirs(args.out, exist_ok=True)
+    if args.dry_run:
+        dry_run(args)
+        return
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 GEMMs in float32, as ours
+    torch.backends.cudnn.allow_tf32 = False
+    clock = Clock(args.time_limit)
+    target = resolve_target("cuda", 0)
+    rows: list[Row] = []
+    for spec in args.models:
+        kind, dtype = spec.split(":")
+        if not clock.allows(60):
+            rows.append(Row(spec, "all variants", note="skipped (time)"))
+            continue
+        try:
+            rows += bench(kind, dtype, target, args, clock)
+        except Exception as exc:  # one model failing leaves the others' rows
+            rows.append(Row(spec, "all variants", note=f"failed: {_last_line(exc)}"))
+        print(f"  ({time.time() - clock.start:.0f} s so far)", flush=True)
+    seeds = f"meta_schedule {args.seeds} seed(s)" + ("" if args.seeds >= 3 else " (3 did not fit the run's time)")
+    print()
+    print(table(f"models end to end: ms per forward pass; {args.trials} trials per task; {seeds}",
+                ["model", "variant", "ms", "vs meta_schedule", "vs torch best", "rel err vs f64", "tuning s",
+                 "trials", "note"], ratios(rows)))
+    for line in targets(rows):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""The two real model files end to end on PoCL: the small BERT encoder layer and the small GRU
+sequence model tuned with a tiny budget, every task listed, the compiled models checked
+against float64 numpy; the database reused by a second run and by ``load_model`` alone; the
+GRU inside Relax; the model CLI's bad input."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.pipeline import TuneOptions, extract_tasks, legalize_and_fuse, load_model, tune_relax
+from tvm_ext.records import RecordStore
+from tvm_ext.tvm_export import OPERATORS_FILE, ranked_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BERT = os.path.join(ROOT, "examples", "bert_layer.py")
+GRU_MODEL = os.path.join(ROOT, "examples", "gru_model.py")
+TINY = TuneOptions(generations=1, population=4, tourn_size=1, seed=0, workers=2)
+
+
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return _load(BERT, "example_bert_layer")
+
+
+@pytest.fixture(scope="module")
+def gru_model():
+    return _load(GRU_MODEL, "example_gru_model")
+
+
+def _tune(module, opencl, work):
+    records, database = str(work / "records.jsonl"), str(work / "database")
+    messages: list[str] = []
+    result = tune_relax(module.get_module(), opencl, records, database, TINY, log=messages.append)
+    return {"result": result, "records": records, "database": database, "messages": messages}
+
+
+@pytest.fixture(scope="module")
+def bert_tuned(bert, opencl, tmp_path_factory):
+    return _tune(bert, opencl, tmp_path_factory.mktemp("bert"))
+
+
+@pytest.fixture(scope="module")
+def gru_tuned(gru_model, opencl, tmp_path_factory):
+    return _tune(gru_model, opencl, tmp_path_factory.mktemp("gru"))
+
+
+def _relative_error(out, ref) -> float:
+    return float(np.abs(np.asarray(out, np.float64) - ref).max() / np.abs(ref).max())
+
+
+def test_bert_layer_every_task_listed_and_the_hot_ones_tuned(bert, bert_tuned, opencl):
+    result = bert_tuned["result"]
+    tasks = extract_tasks(legalize_and_fuse(bert.get_module()), opencl)
+    assert sorted(t.name for t in result.tasks) == sorted(t.task_name for t in tasks)  # every task listed
+    by_template = {}
+    for t in result.tasks:
+        by_template.setdefault(t.template, set()).add(t.name)
+    # Q, K and V (one task of weight 3: the same PrimFunc), the two output projections with the
+    # residual add joining the bias, the feed-forward GEMM with its GELU, the attention scores
+    # (with their scaling) and context: the GEMM template, batched for attention
+    gemms = by_template["gemm"]
+    assert len(gemms) == 6 and any("gelu" in n for n in gemms) and sum("add_add" in n for n in gemms) == 2
+    assert {t.weight for t in result.tasks if t.name == "fused_matmul_add"} == {3}
+    batched = [t for t in result.tasks if t.template == "gemm" and dict(t.params).get("batch") == 8]
+    assert len(batched) == 2 and any("divide" in t.name for t in batched)
+    assert by_template["rows"] == {"softmax", "layer_norm"}
+    assert all(t.exported and np.isfinite(t.best_secs) for t in result.tasks if t.template)
+    untuned = [t for t in result.tasks if not t.template]  # head splits and merges: data movement only
+    assert untuned and all("no reduction" in t.note for t in untuned)
+
+
+def test_bert_layer_compiled_with_the_database_matches_numpy(bert, bert_tuned, opencl):
+    messages: list[str] = []
+    model = load_model(bert.get_module(), opencl, bert_tuned["database"], log=messages.append)
+    inputs = bert.get_inputs()
+    out = model(*inputs)
+    assert out.shape == (2, 16, 64) and out.dtype == np.float32
+    assert _relative_error(out, bert.reference(inputs)) < 1e-5
+    tuned = {t.name for t in bert_tuned["result"].tasks if t.template}
+    assert not any(name in m for m in messages for name in tuned)  # the tuned kernels ran, not dlight's
+
+
+def test_gru_model_tunes_the_gru_as_one_task_and_runs_it_inside_relax(gru_model, gru_tuned, opencl):
+    result = gru_tuned["result"]
+    (gru,) = [t for t in result.tasks if t.template == "gru"]
+    params = dict(gru.params)
+    assert (params["batch"], params["hidden"], params["input"], params["seq"], params["layers"]) == (2, 32, 16, 6, 2)
+    assert gru.exported and gru.trials > 0 and np.isfinite(gru.best_secs)
+    assert any(t.template == "gemm" and "matmul" in t.name for t in result.tasks)  # the head
+    # the database's GRU entry is the best record of its workload
+    operators = json.load(open(os.path.join(gru_tuned["database"], OPERATORS_FILE)))["operators"]
+    (entry,) = operators.values()
+    from tvm_ext.relax_gru import find_grus
+
+    (call,) = find_grus(gru_model.get_module(), opencl)
+    best = ranked_records(RecordStore(gru_tuned["records"]), call.template, opencl)[0]
+    assert entry["config"] == dict(best.config) and entry["run_secs"] == best.cost
+
+    model = load_model(gru_model.get_module(), opencl, gru_tuned["database"], log=None)
+    steps = [s.func for s in model._exec.plan.steps]
+    (gru_step,) = [s for s in steps if s.startswith("tvm_ext.gru.")]
+    assert steps.index(gru_step) not in (0, len(steps) - 1)  # between the embedding and the head
+    from tvm_ext.relax_gru import program
+
+    assert program(gru_step).config == best.config_obj()  # the tuned plan runs
+    inputs = gru_model.get_inputs()
+    out = model(*inputs)
+    assert out.shape == (6, 2, 64)
+    assert _relative_error(out, gru_model.reference(inputs)) < 1e-5
+
+
+def test_relax_gru_runs_the_gru_layers_kernels(opencl):
+    """A Relax module of one ``gru_layer`` lowered to a given config gives, bit for bit, what the
+    tvm_ext ``GRU`` built with that config gives: the same kernels, the same plan."""
+    import torch
+    from tvm import relax
+    from tvm.relax.frontend import nn
+
+    from tvm_ext.relax_gru import device_weights, find_grus, gru_layer, lower_grus, program
+    from tvm_ext.schedules.gru import GRU
+
+    torch.manual_seed(0)
+    reference_gru = torch.nn.GRU(8, 16, 2, bidirectional=True)
+    layer = GRU.build(opencl, 8, 16, num_layers=2, bidirectional=True, batch=3, seq=5, config={"fuse_step": 1})
+    layer.load_state_dict(reference_gru.state_dict())
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.gru = gru_layer(8, 16, 2, bidirectional=True)
+
+        def forward(self, x, h0):
+            return self.gru(x, h0)
+
+    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((5, 3, 8), "float32"),
+                                                       "h0": nn.spec.Tensor((4, 3, 16), "float32")}})
+    weights = device_weights(reference_gru.state_dict(), 8, 16, 2, bidirectional=True)
+    import tvm
+
+    mod = relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[-1]])
+                                                 for n, _ in params})(mod)
+    (call,) = find_grus(mod, opencl)
+    assert call.template.params == layer.template.params
+    lowered = lower_grus(mod, opencl, lambda template: layer.config)
+    model = load_model(lowered, opencl, None, log=None)
+    (name,) = [s.func for s in model._exec.plan.steps if s.func.startswith("tvm_ext.gru.")]
+    assert program(name).compiled.source == layer.compiled.source
+    rng = np.random.default_rng(3)
+    x, h0 = rng.standard_normal((5, 3, 8)).astype("float32"), rng.standard_normal((4, 3, 16)).astype("float32")
+    out, h_n = model(x, h0)
+    expected_out, expected_h = layer(x, h0)
+    np.testing.assert_array_equal(out, expected_out)
+    np.testing.assert_array_equal(h_n, expected_h)
+    torch_out, _ = reference_gru(torch.from_numpy(x), torch.from_numpy(h0))
+    assert _relative_error(out, torch_out.detach().numpy().astype(np.float64)) < 1e-5
+
+
+def test_gru_placeholder_states_its_precision(opencl):
+    """A float16 layer: x, weights, state and output float16, gates accumulating in float32."""
+    from tvm.relax.frontend import nn
+
+    from tvm_ext.relax_gru import find_grus, gru_layer
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.gru = gru_layer(8, 16, 1, dtype="float16")
+
+        def forward(self, x):
+            return self.gru(x)[0]
+
+    mod, _ = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((4, 2, 8), "float16")}})
+    (call,) = find_grus(mod, opencl)
+    p = call.template.precision
+    assert {k: p[k] for k in ("x", "w_ih", "w_hh", "h", "out")} == dict.fromkeys(("x", "w_ih", "w_hh", "h", "out"),
+                                                                                 "float16")
+    assert {k: p[k] for k in ("in_acc", "gi", "hid_acc", "gh", "cell_math")} == dict.fromkeys(
+        ("in_acc", "gi", "hid_acc", "gh", "cell_math"), "float32")
+    assert (call.template.seq, call.template.batch) == (4, 2)
+
+
+def test_second_run_on_the_database_measures_nothing_and_load_model_needs_only_the_database(
+        gru_model, gru_tuned, opencl, tmp_path):
+    database = gru_tuned["database"]
+    files = {n: open(os.path.join(database, n)).read() for n in sorted(os.listdir(database))}
+    again = tune_relax(gru_model.get_module(), opencl, str(tmp_path / "fresh.jsonl"), database, TINY, log=None)
+    assert sum(t.trials for t in again.tasks) == 0
+    assert all(t.reused for t in again.tasks if t.template)
+    assert not os.path.getsize(tmp_path / "fresh.jsonl")  # nothing measured, nothing recorded
+    assert {n: open(os.path.join(database, n)).read() for n in sorted(os.listdir(database))} == files
+    # the records are gone: the database alone builds the tuned model
+    moved = str(tmp_path / "records_elsewhere.jsonl")
+    os.rename(gru_tuned["records"], moved)
+    try:
+        messages: list[str] = []
+        model = load_model(gru_model.get_module(), opencl, database, log=messages.append)
+        inputs = gru_model.get_inputs()
+        assert _relative_error(model(*inputs), gru_model.reference(inputs)) < 1e-5
+        assert not any("GRU" in m or "matmul" in m for m in messages)  # tuned GRU plan and head
+    finally:
+        os.rename(moved, gru_tuned["records"])
+
+
+def test_cli_reuses_the_database_with_model_options(bert_tuned, tmp_path):
+    """``tune model`` on the database of the same model: reused, run, checked (``--model-option``
+    reaches get_module, get_inputs, reference and tolerance)."""
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", BERT, "--model-option", "size=small",
+           "--model-option", "dtype=float32", "--records", str(tmp_path / "r.jsonl"),
+           "--database", bert_tuned["database"], "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "tuned (database, reused)" in p.stdout and "(ok)" in p.stdout
+    assert not os.path.getsize(tmp_path / "r.jsonl")
+
+
+BAD_MODELS = {
+    "syntax.py": ("def get_module(:\n", "cannot import"),
+    "raises.py": ("def get_module(**options):\n    raise RuntimeError('no weights here')\n",
+                  "get_module() raised RuntimeError: no weights here"),
+    "dynamic.py": ("""
+def get_module(**options):
+    from tvm import tirx
+    from tvm.relax.frontend import nn
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return nn.op.softmax(x, axis=-1)
+
+    n = tirx.Var("n", "int64")
+    mod, _ = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, 16), "float32")}})
+    return mod
+""", "dynamic shape"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_MODELS))
+def test_cli_bad_model_files_give_one_error_line(tmp_path, name):
+    text, message = BAD_MODELS[name]
+    path = tmp_path / name
+    path.write_text(text)
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--records",
+                        str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], p.stderr
+    assert "Traceback" not in p.stderr
+    if name == "dynamic.py":  # the dynamic kernel fell back to dlight with a note; the OpenCL run is what fails
+        assert "dynamic shape" in p.stdout and "softmax" in p.stdout
+
+
+def test_cli_model_option_must_be_key_value(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "model", BERT, "--model-option", "size",
+                        "--records", str(tmp_path / "r.jsonl")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: --model-option must be KEY=VALUE")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [BERT, GRU_MODEL])
+def test_models_in_float16_on_cuda(path, tmp_path):
+    """On the GPU machine: the float16 variants tuned (tensor cores for the matmuls, the GRU
+    plan), compiled into the Relax VM and checked against float64 numpy."""
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    module = _load(path, "gpu_model")
+    mod = module.get_module(dtype="float16")
+    result = tune_relax(mod, cuda, str(tmp_path / "r.jsonl"), str(tmp_path / "db"), TINY)
+    assert all(t.exported for t in result.tasks if t.template)
+    model = load_model(mod, cuda, str(tmp_path / "db"))
+    inputs = module.get_inputs(dtype="float16")
+    assert _relative_error(model(*inputs), module.reference(inputs, dtype="float16")) < module.tolerance(
+        dtype="float16")
+
+
+def test_float16_models_compile_for_cuda_with_tensor_cores_offline(bert, gru_model, tmp_path):
+    """No GPU here: the float16 BERT layer's matmuls replayed with the mma.sync template's
+    default configs and the GRU pointed at its plan's packed function, both compiled by the
+    Relax build for CUDA (source only)."""
+    import tvm
+
+    from tvm_ext.pipeline import compile_relax, match_tasks, model_pass_config
+    from tvm_ext.relax_gru import find_grus, program
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import commit, open_database, tvm_target
+
+    cuda = offline_cuda()
+    mod = bert.get_module(dtype="float16")
+    tasks = extract_tasks(legalize_and_fuse(mod), cuda)
+    db = open_database(str(tmp_path / "db"))
+    mma = 0
+    for task, match in zip(tasks, match_tasks(tasks, cuda)):
+        if match.matched:
+            commit(db, task.dispatched[0], match, match.template.default_config(cuda), 1e-3, cuda)
+            mma += match.template.name == "gemm_mma"
+    assert mma == 4  # Q/K/V, the output projections and the feed-forward GEMM (attention's N = 16 is too narrow)
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        ex = tvm.compile(compile_relax(mod, cuda, str(tmp_path / "db"), log=None), target=tvm_target(cuda))
+    source = ex.mod.imports[0].imports[0].inspect_source()
+    assert "mma.sync.aligned.m16n8k16" in source and "ldmatrix" in source
+
+    gru_mod = gru_model.get_module(dtype="float16")
+    (call,) = find_grus(gru_mod, cuda)
+    scheduled = compile_relax(gru_mod, cuda, None, log=None)
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        tvm.compile(scheduled, target=tvm_target(cuda))
+    (name,) = [n for n in scheduled["forward"].script().split('"') if n.startswith("tvm_ext.gru.")]
+    assert program(name).template == call.template and tvm.get_global_func(name) is not None

@@ -1,0 +1,156 @@
+"""Relax rewrites applied before a model is legalized, so its kernels take the shapes our
+templates tune: every variant of a model (tuned, TVM's default schedules, meta_schedule) is
+built from the same rewritten module.
+
+- ``accumulate_fp32``: a float16/bfloat16 ``matmul`` accumulating in its operand type becomes
+  a float32-accumulating matmul and a cast back, as cuBLAS and PyTorch compute it; the cast
+  is an elementwise epilogue the matmul kernel stores.
+- ``sink_reshapes``: an elementwise op applied after a ``reshape`` (PyTorch's exported
+  ``Linear`` flattens to 2-D for the matmul and reshapes back before GELU or a residual add)
+  is applied before it, and reshapes of reshapes collapse.  TVM's ``FuseOps`` stops fusing at
+  a reshape, so this is what lets the bias, the GELU and the residual add join the matmul's
+  store instead of running as kernels of their own.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+LOW_PRECISION = ("float16", "bfloat16")
+UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
+         "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
+BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+def _shape(expr: Any) -> tuple[Any, ...] | None:
+    values = getattr(getattr(getattr(expr, "ty", None), "shape", None), "values", None)
+    return None if values is None else tuple(values)
+
+
+def _static(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
+    if shape is None or not all(hasattr(d, "value") for d in shape):
+        return None
+    return tuple(int(d.value) for d in shape)
+
+
+def _op_name(expr: Any) -> str:
+    from tvm.ir.expr import Call
+
+    return str(getattr(expr.op, "name", "")) if isinstance(expr, Call) else ""
+
+
+def _make_mutator() -> Any:
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Rewriter(relax.PyExprMutator):  # type: ignore[misc]
+        def __init__(self, mod: Any) -> None:
+            super().__init__(mod)
+            self.changed = 0
+
+        def _producer(self, expr: Any) -> Any:
+            if isinstance(expr, relax.Var):
+                bound = self.lookup_binding(expr)
+                return bound if bound is not None else expr
+            return expr
+
+        def _from_matmul(self, expr: Any, depth: int = 0) -> bool:
+            """Whether ``expr`` is a matmul, or elementwise ops on one: where an op moved before
+            a reshape ends up in a fused matmul kernel (moving ops toward anything else could
+            move them back and forth)."""
+            bound = self._producer(expr)
+            name = _op_name(bound)
+            if name == "relax.matmul":
+                return True
+            if depth < 8 and name in UNARY + BINARY:
+                return any(self._from_matmul(a, depth + 1) for a in bound.args[:2])
+            return False
+
+        def _reshape_source(self, expr: Any, anchored: bool = True) -> tuple[Any, tuple[int, ...]] | None:
+            """(y, shape of the reshape) when ``expr`` is bound to reshape(y, ...) of static shapes
+            (and, ``anchored``, y comes from a matmul)."""
+            bound = self._producer(expr)
+            if _op_name(bound) != "relax.reshape":
+                return None
+            src = bound.args[0]
+            if _static(_shape(src)) is None or _static(_shape(expr)) is None:
+                return None
+            if anchored and not self._from_matmul(src):
+                return None
+            return src, _static(_shape(expr))
+
+        def visit_call_(self, call: Any) -> Any:  # noqa: N802 (TVM's visitor name)
+            call = self.visit_expr_post_order(call)
+            name = _op_name(call)
+            if name == "relax.matmul":
+                return self._accumulate_fp32(call)
+            if name == "relax.reshape":
+                inner = self._reshape_source(call.args[0], anchored=False)
+                if inner is not None:
+                    src, _ = inner
+                    self.changed += 1
+                    if _static(_shape(src)) == _static(_shape(call)):
+                        return src
+                    return relax.op.reshape(src, call.args[1])
+                return call
+            if name in UNARY:
+                inner = self._reshape_source(call.args[0])
+                if inner is None:
+                    return call
+                src, shape = inner
+                self.changed += 1
+                moved = self.builder_.emit(relax.Call(call.op, [src] + list(call.args[1:]), call.attrs))
+                return relax.op.reshape(moved, shape)
+            if name in BINARY:
+                return self._binary(call)
+            return call
+
+        def _binary(self, call: Any) -> Any:
+            for side in (0, 1):
+                inner = self._reshape_source(call.args[side])
+                if inner is None:
+                    continue
+                src, shape = inner
+                other = call.args[1 - side]
+                src_shape, other_shape = _static(_shape(src)), _static(_shape(other))
+                if other_shape is None:
+                    continue
+                if other_shape == shape:  # the same shape: reshape the other operand too
+                    other = self.builder_.emit(relax.op.reshape(other, src_shape))
+                elif not (len(other_shape) <= 1 and src_shape and shape[-1] == src_shape[-1]):
+                    continue  # a broadcast that the reshape changes
+                args = [src, other] if side == 0 else [other, src]
+                self.changed += 1
+                moved = self.builder_.emit(relax.Call(call.op, args, call.attrs))
+                return relax.op.reshape(moved, shape)
+            return call
+
+        def _accumulate_fp32(self, call: Any) -> Any:
+            dtype = str(call.ty.dtype)
+            a, b = call.args
+            if dtype not in LOW_PRECISION or str(a.ty.dtype) != dtype or str(b.ty.dtype) != dtype:
+                return call
+            self.changed += 1
+            wide = self.builder_.emit(relax.op.matmul(a, b, out_dtype="float32"))
+            return relax.op.astype(wide, dtype)
+
+    return Rewriter
+
+
+def rewrite_model(mod: Any) -> Any:
+    """``accumulate_fp32`` and ``sink_reshapes`` on every Relax function, until nothing
+    changes; dead bindings are removed."""
+    import tvm
+    from tvm import relax
+
+    rewriter_class = _make_mutator()
+    for _ in range(8):  # each round moves an op past one reshape
+        rewriter = rewriter_class(mod)
+        funcs = {gv: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+        for gv, func in funcs.items():
+            new = rewriter.visit_expr(func)
+            rewriter.builder_.update_func(gv, new)
+        mod = rewriter.builder_.get()
+        mod = relax.transform.DeadCodeElimination()(mod)
+        if not rewriter.changed:
+            break
+    return tvm.ir.transform.Sequential([relax.transform.CanonicalizeBindings()])(mod)
