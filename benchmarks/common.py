@@ -16,7 +16,8 @@ from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Tim
                             VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
 
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "l2_rotation", "vendor_header",
-           "vendor_cells", "vendor_methods", "table", "device_name", "rel_error_vs", "tvm_launch", "TimingSettings", "VendorTimes", "Timing"]
+           "vendor_cells", "vendor_methods", "table", "device_name", "rel_error_vs", "tvm_launch", "TimingSettings",
+           "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 

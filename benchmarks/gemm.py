@@ -120,7 +120,8 @@ def main() -> None:
                    help="xgb: the GA breeds 16*nm per generation, the XGBoost model picks nm (CUDA run only)")
     p.add_argument("--nm", type=int, default=16, help="measured per generation with --cost-model xgb")
     p.add_argument("--transfer", default=None,
-                   help="records of another shape to warm-start the model (e.g. data/sweep_gemm_cuda_2048x2048x2048.jsonl.gz)")
+                   help="records of another shape to warm-start the model "
+                        "(e.g. data/sweep_gemm_cuda_2048x2048x2048.jsonl.gz)")
     p.add_argument("--no-staging", action="store_true", help="the template's original knobs only (no STAGING_KNOBS)")
     p.add_argument("--hand-picked", action="append", default=[],
                    help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
@@ -146,7 +147,8 @@ def main() -> None:
         out = tune(kind, size, args, args.hand_picked if kind == "cuda" else ())
         res = out["result"]
         flops = out["template"].flops()
-        labelled = [(f"tuned ({'GA+XGB' if args.cost_model == 'xgb' and kind == 'cuda' else 'GA'})", res.best), ("default config", res.default)]
+        strategy = "GA+XGB" if args.cost_model == "xgb" and kind == "cuda" else "GA"
+        labelled = [(f"tuned ({strategy})", res.best), ("default config", res.default)]
         labelled += [("analytic pick (0 trials)", rec) for rec in out["analytic"]]
         labelled += [("hand-picked", rec) for rec in out["picked"]]
         for label, rec in labelled:

@@ -43,7 +43,8 @@ def cublas_fp16(m: int, n: int, k: int) -> tuple[Any, float]:
     import torch
 
     sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-             torch.randn(k, n, device="cuda", dtype=torch.float16)) for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
+             torch.randn(k, n, device="cuda", dtype=torch.float16))
+            for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
     times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
     a, b = sets[0]
     return times, rel_error_vs(a @ b, a.double() @ b.double())
@@ -100,7 +101,7 @@ def main() -> int:
         best = min(ok, key=lambda r: r.cost)
         trial_of_best = next(i for i, r in enumerate(recs, 1) if r is best)
 
-        def cell(rec: Any) -> str:
+        def cell(rec: Any, flops: float = flops, vendor: float = vendor) -> str:
             return f"{rec.cost * 1e3:.4f} ({flops / rec.cost / 1e12:.0f}, {vendor / rec.cost:.2f})"
 
         err = best.metrics.get("rel_error")

@@ -129,7 +129,8 @@ def short(cfg: Config) -> str:
         more = "".join(f" {name}={cfg.as_dict()['step_' + name]}" for name in ("bt", "pipeline", "prefetch", "barrier")
                        if cfg.as_dict()["step_" + name] != (1 if name == "bt" else 0))
         return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}{more}{onchip}{loop}"
-    return f"patent cell_block={cfg.cell_block} hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}"
+    return (f"patent cell_block={cfg.cell_block} "
+            f"hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}")
 
 
 def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
@@ -199,13 +200,15 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
             if not row["err_vs_f64"] <= 1e-4:
                 row["error"] = f"wrong answer: rel err {row['err_vs_f64']:.2e} vs float64"
             else:
-                row["ours_s"] = time_ours(lambda i: gru.executor.run()).seconds
+                row["ours_s"] = time_ours(lambda i, gru=gru: gru.executor.run()).seconds
                 row["ours_wall_s"] = gru.time(x_np)
         except Exception as exc:  # a candidate that fails is a row, not the end of the run
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
+            last = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
+            row["error"] = f"{type(exc).__name__}: {last}"
         log.write(json.dumps(row) + "\n")
         log.flush()
-        shown = f"{row['ours_s'] * 1e3:.3f} ms (wall {row['ours_wall_s'] * 1e3:.3f})" if "ours_s" in row else row["error"]
+        shown = (f"{row['ours_s'] * 1e3:.3f} ms (wall {row['ours_wall_s'] * 1e3:.3f})" if "ours_s" in row
+                 else row["error"])
         print(f"[{case.label}] {short(cfg)}: {shown}", flush=True)
         results.append((cfg, row))
     return results
@@ -216,7 +219,8 @@ def main() -> None:
     p.add_argument("--out", default="bench_out", help="folder for the JSON-lines records")
     p.add_argument("--candidates", type=int, default=40, help="configs tried per case (default 40)")
     p.add_argument("--budget", type=float, default=90.0, help="seconds of search per case (default 90)")
-    p.add_argument("--cases", default="", help="comma-separated cases, e.g. b1_h256,b8_h512_bidirectional (default: all)")
+    p.add_argument("--cases", default="",
+                   help="comma-separated cases, e.g. b1_h256,b8_h512_bidirectional (default: all)")
     p.add_argument("--dry-run", action="store_true", help="only generate CUDA source (no GPU needed)")
     args = p.parse_args()
     if args.dry_run:

@@ -191,7 +191,8 @@ def run_case(case: Case, args: argparse.Namespace, target: Any, log: Any) -> lis
                 gru(xs[0])  # the barrier flag is checked per call: a timed-out run raises here
                 row["stage_s"] = gru.executor.stage_secs()  # input GEMM vs the step kernel (run alone)
         except Exception as exc:  # one failing config is a row, not the end of the run
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
+            last = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
+            row["error"] = f"{type(exc).__name__}: {last}"
         log.write(json.dumps(row) + "\n")
         log.flush()
         shown = f"{row['ours_s'] * 1e3:.4f} ms err {row['err']:.1e}" if "ours_s" in row else row["error"]

@@ -59,7 +59,8 @@ def main() -> int:
         flops = grid * warps * iters * CHAINS * 2 * 16 * 8 * 16
         rows.append((blocks_per_sm * warps, flops / secs / 1e12))
     m = n = k = 8192
-    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16), torch.randn(k, n, device="cuda", dtype=torch.float16))
+    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+             torch.randn(k, n, device="cuda", dtype=torch.float16))
             for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
     cublas = 2 * m * n * k / time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets)).best.seconds / 1e12
     print(f"cuBLAS fp16 8192^3 (best of per call / back to back / graph): {cublas:.0f} TFLOP/s")

@@ -90,10 +90,10 @@ def vendor_ms(label: str) -> dict[str, Any]:
         for dtype, tag in ((torch.float32, "fp32"), (torch.float16, "fp16")):
             sets = [tuple(t.to(dtype) for t in group) for group in full]
             if label.startswith("GEMM"):
-                call = lambda i: sets[i][0] @ sets[i][1]  # noqa: E731
+                call = lambda i, sets=sets: sets[i][0] @ sets[i][1]  # noqa: E731
             else:
                 net = net32.to(dtype)
-                call = lambda i: net(sets[i][0])  # noqa: E731
+                call = lambda i, net=net, sets=sets: net(sets[i][0])  # noqa: E731
             times = time_vendor(call, len(sets))
             result = call(0)
             out[f"vendor_{tag}_ms"] = times.best.seconds * 1e3

@@ -57,7 +57,8 @@ def cublas_fp16(m: int, n: int, k: int) -> Any:
     """cuBLAS float16 per call, back to back and from a CUDA graph, on rotated operands."""
     import torch
 
-    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16), torch.randn(k, n, device="cuda", dtype=torch.float16))
+    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+             torch.randn(k, n, device="cuda", dtype=torch.float16))
             for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
     return time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
 
@@ -89,7 +90,8 @@ def main() -> int:
                                  records=os.path.join(args.out, f"mma_probe_{name}.jsonl"))  # a file per shape
         with Session(options, target=target) as session:
             tuner = session.tuner(template)
-            configs = variations(template.default_config(target)) if args.variations else [template.default_config(target)]
+            default = template.default_config(target)
+            configs = variations(default) if args.variations else [default]
             configs += [c for c in list(AUTO_TILES) + (FOCUS if args.focus else []) if c not in configs]
             space = tuner.space
             configs += [space.decode(r) for r in space.random_feasible_indices(np.random.default_rng(0), args.random)]
@@ -111,7 +113,8 @@ def main() -> int:
             rows.sort(key=lambda r: r[0])
             print(f"{name}: {len(feasible)} configs in {wall:.0f} s; cuBLAS fp16 {describe(vendor, template.flops())}",
                   flush=True)
-            tables.append(table(f"mma.sync {m}x{n}x{k} (fp16, fp32 acc, fp16 C); cuBLAS {describe(vendor, template.flops())}",
+            title = f"mma.sync {m}x{n}x{k} (fp16, fp32 acc, fp16 C); cuBLAS {describe(vendor, template.flops())}"
+            tables.append(table(title,
                                 ["config", "ms", "TFLOP/s", "of cuBLAS", "rel err / error"], [r for _, r in rows]))
     print("\n\n".join(tables))
     return 0

@@ -274,11 +274,11 @@ def ratios(rows: list[Row]) -> list[list[str]]:
     out = []
     for model in dict.fromkeys(r.model for r in rows):
         mine = [r for r in rows if r.model == model]
-        timed = lambda prefix: [r.ms for r in mine if r.variant.startswith(prefix) and r.ms]  # noqa: E731
+        timed = lambda prefix, mine=mine: [r.ms for r in mine if r.variant.startswith(prefix) and r.ms]  # noqa: E731
         ms_best = min(timed("meta_schedule"), default=None)
         torch_best = min(timed("torch"), default=None)
         for r in mine:
-            vs = lambda base: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
+            vs = lambda base, r=r: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
             out.append([r.model, r.variant, f"{r.ms:.3f}" if r.ms else "-", vs(ms_best), vs(torch_best),
                         f"{r.err:.1e}" if r.err is not None else "-", f"{r.tune_s:.0f}" if r.tune_s else "-",
                         r.trials, r.note])

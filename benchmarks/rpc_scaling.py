@@ -166,7 +166,8 @@ def table(runs: list[dict], flops_unit: str = "TFLOP/s") -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         cfg = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items())
-        lines.append(f"| {r['label']} | {r['parallel']} | {r['trials']} ({r['errors']} errors) | {r['wall_secs']:.1f} | "
+        lines.append(f"| {r['label']} | {r['parallel']} | {r['trials']} ({r['errors']} errors) | "
+                     f"{r['wall_secs']:.1f} | "
                      f"{r['build_secs'] / r['wall_secs']:.0%} | {r['configs_per_min']:.1f} | "
                      f"{r['configs_per_measuring_min']:.1f} | "
                      f"{r['best_tflops']:.2f} {flops_unit} ({r['best_ms']:.3f} ms) | {cfg} |")

@@ -9,7 +9,8 @@ time is scarce).  About 4-5 min with the defaults.  Both GEMM kernels are checke
 float64 numpy reference and timed the same way (``benchmarks/common.py``: back to back on
 operand sets rotated past the L2, CUDA events, median of repeats), with cuBLAS (TF32 off)
 per call, back to back and from a CUDA graph on the same sets as the vendor reference;
-tuning wall time includes each tuner's builds and measurements.  Records, the exported database and meta_schedule's work dir go under --out.
+tuning wall time includes each tuner's builds and measurements.  Records, the exported
+database and meta_schedule's work dir go under --out.
 
 Without a GPU, ``--dry-run`` runs every step that needs none: task extraction, matching,
 database export (default configs), compiling the model for CUDA (source only, with

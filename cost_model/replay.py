@@ -124,8 +124,9 @@ class ReplaySpace(Space):
     @classmethod
     def of(cls, base: Space, sweep: Sweep) -> "ReplaySpace":
         costs = sweep.costs
-        in_sweep: Callable[[Config], str | None] = (
-            lambda c: None if c in costs else "not recorded in the sweep")
+        def in_sweep(c: Config) -> str | None:
+            return None if c in costs else "not recorded in the sweep"
+
         rows = np.array([base.encode(e.config) for e in sweep.entries], dtype=np.int64)
         flat = np.unique(np.ravel_multi_index(rows.T, base.cardinalities))
         return cls(base.knobs, (in_sweep,), flat)

@@ -138,7 +138,8 @@ def _torch_weights(layer: Any) -> dict[str, np.ndarray]:
     names = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
              "attn_out": "attention.output.dense", "inter": "intermediate.dense", "out": "output.dense",
              "ln1": "attention.output.LayerNorm", "ln2": "output.LayerNorm"}
-    return {f"{ours}.{kind}": state[f"{theirs}.{kind}"] for ours, theirs in names.items() for kind in ("weight", "bias")}
+    return {f"{ours}.{kind}": state[f"{theirs}.{kind}"]
+            for ours, theirs in names.items() for kind in ("weight", "bias")}
 
 
 def torch_model(size: str = "small", dtype: str = "float32", source: str = "transformers") -> Any:
@@ -203,7 +204,8 @@ def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float
 
     def layer_norm(t: np.ndarray, name: str) -> np.ndarray:
         centered = t - t.mean(-1, keepdims=True)
-        return centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + EPS) * w[f"{name}.weight"] + w[f"{name}.bias"]
+        scale = np.sqrt((centered ** 2).mean(-1, keepdims=True) + EPS)
+        return centered / scale * w[f"{name}.weight"] + w[f"{name}.bias"]
 
     def split(t: np.ndarray) -> np.ndarray:
         return t.reshape(batch, seq, heads, d).transpose(0, 2, 1, 3)

@@ -43,7 +43,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
 
     def __post_init__(self, dtype: str | None = None) -> None:
         super().__post_init__(dtype)
-        self.mma  # validates the dtypes (the mma.sync kernel takes every supported combination)
+        _ = self.mma  # validates the dtypes (the mma.sync kernel takes every supported combination)
 
     @property
     def mma(self) -> MmaGemmTemplate:

@@ -72,7 +72,8 @@ def test_replay_answers_recorded_costs_and_rejects_unrecorded(small_sweep):
     np.testing.assert_array_equal(costs, [e.cost for e in entries])
     assert tuner.trials == 5
     outside = next(c for c in (template.default_config(target),
-                               *[tuner.space.decode(r) for r in tuner.space.random_indices(np.random.default_rng(0), 50)])
+                               *[tuner.space.decode(r)
+                                 for r in tuner.space.random_indices(np.random.default_rng(0), 50)])
                    if c not in small_sweep.costs)
     assert math.isinf(tuner.evaluate([outside])[0]) and tuner.trials == 5  # infeasible: no trial
     assert Workload.of(template, target).as_json()["template_hash"] == small_sweep.header["workload"]["template_hash"]

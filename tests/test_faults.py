@@ -150,7 +150,10 @@ def test_kill_9_mid_write_loses_no_finished_record(tmp_path):
         path.unlink(missing_ok=True)
         proc = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True)
         finished: list[int] = []
-        reader = threading.Thread(target=lambda: finished.extend(int(l) for l in proc.stdout))
+        def read(proc=proc, finished=finished) -> None:
+            finished.extend(int(line) for line in proc.stdout)
+
+        reader = threading.Thread(target=read)
         reader.start()
         deadline, torn = time.time() + 120, False
         while time.time() < deadline and proc.poll() is None:

@@ -16,7 +16,6 @@ import re
 import shutil
 import time
 
-import numpy as np
 import pytest
 from test_gru import Shape, _close, _inputs, _weights
 

@@ -225,7 +225,8 @@ def test_choice_template_builds_both_kernels(cuda, tmp_path):
     default = template.default_config(cuda)
     assert default.tc_kernel == "mma" and template.space(cuda).is_feasible(default)
     sources = {}
-    for config in (default, default.replace(tc_kernel="wmma"), default.replace(tc_kernel="wmma", mma_raster=4 - default.mma_raster)):
+    wmma = default.replace(tc_kernel="wmma")
+    for config in (default, wmma, wmma.replace(mma_raster=4 - default.mma_raster)):
         result = build_one(template, config, cuda)
         assert result.ok, result.error_msg
         assert result.artifact.params[-1] == "partial"  # both kernels take the split-K scratch

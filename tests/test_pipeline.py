@@ -94,7 +94,7 @@ def test_best_records_reach_the_compiled_kernels(tuned, mlp, opencl, tmp_path):
     lowered = legalize_and_fuse(mlp.get_module())
     tasks = extract_tasks(lowered, opencl)
     store = RecordStore(tuned["records"])
-    for task, match in zip(tasks, match_tasks(tasks, opencl)):
+    for match in match_tasks(tasks, opencl):
         if not match.matched:
             continue
         best = ranked_records(store, match, opencl)[0]

@@ -149,7 +149,8 @@ def test_a_tuning_run_lands_on_both_workers_and_is_as_correct_as_a_local_run(clu
     local = tune(search, tmp_path / "local.jsonl")
     assert local.returncode == 0, local.stderr
     by_config = lambda recs: {json.dumps(r.config, sort_keys=True): r for r in recs}  # noqa: E731
-    rpc_records, local_records = by_config(records_of(tmp_path / "rpc.jsonl")), by_config(records_of(tmp_path / "local.jsonl"))
+    rpc_records = by_config(records_of(tmp_path / "rpc.jsonl"))
+    local_records = by_config(records_of(tmp_path / "local.jsonl"))
     assert len(rpc_records) == len(records_of(tmp_path / "rpc.jsonl")) >= 6  # each config once
     assert rpc_records.keys() == local_records.keys()
     servers = Counter(r.metrics["server"] for r in rpc_records.values())

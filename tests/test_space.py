@@ -29,7 +29,7 @@ def test_config_is_frozen_hashable_and_readable():
     cfg = Config.of({"wg_x": 8, "wg_y": 4})
     assert cfg.wg_x == 8 and cfg["wg_y"] == 4
     assert {cfg: 1}[Config.of({"wg_x": 8, "wg_y": 4})] == 1
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):  # dataclasses.FrozenInstanceError
         cfg.items = ()  # type: ignore[misc]
     assert cfg.replace(wg_x=16).wg_x == 16 and cfg.wg_x == 8
 
@@ -63,7 +63,8 @@ def test_patent_feasibility_rule():
     # M=N=6 -> P=6, P*P=36: 2*2*1*1=4 does not divide 36? 36 % 4 == 0 -> feasible; 8 does not.
     tmpl = GemmTemplate(5, 6, 7, feasibility="patent")
     space = tmpl.space(offline_cuda())
-    ok = space.make(wg_x=2, wg_y=2, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0, vec=1, double_buffer=0, a_transposed=0)
+    ok = space.make(wg_x=2, wg_y=2, task_x=1, task_y=1, k_step=4, use_shared=0, pad=0, unroll=0, vec=1,
+                    double_buffer=0, a_transposed=0)
     bad = ok.replace(wg_x=4, wg_y=2)
     assert space.is_feasible(ok)
     assert "patent rule" in space.infeasible_reason(bad)

@@ -312,7 +312,8 @@ def test_tensor_core_gemm_refuses_what_it_cannot_run(cuda):
 @pytest.mark.parametrize("args, code, expect", [
     (["--shape", "4096,4096,4096", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 0,
      "config: tc_warps_m=2 tc_warps_n=4 tc_frags_m=4 tc_frags_n=4 tc_k_frags=2 tc_vec=8 tc_pipeline=2"),
-    (["--shape", "64,64,64"], 2, "error: no tensor-core tile fits GEMM 64x64x64: tensor cores (WMMA) need a CUDA target"),
+    (["--shape", "64,64,64"], 2,
+     "error: no tensor-core tile fits GEMM 64x64x64: tensor cores (WMMA) need a CUDA target"),
     (["--shape", "100,64,64", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 2,
      "error: no tensor-core tile fits GEMM 100x64x64: M=100 is not a multiple"),
 ])

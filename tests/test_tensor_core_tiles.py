@@ -282,7 +282,8 @@ def test_bias_and_batch_gemms_on_mma_tiles(cuda):
     result = build_one(gemm, gemm.default_config(cuda), cuda)
     assert result.ok, result.error_msg
     (launch,) = result.artifact.launches
-    t_m, t_n = tile.config.mma_warps_m * tile.config.mma_frags_m * 16, tile.config.mma_warps_n * tile.config.mma_frags_n * 16
+    c = tile.config
+    t_m, t_n = c.mma_warps_m * c.mma_frags_m * 16, c.mma_warps_n * c.mma_frags_n * 16
     assert t_m == 16 and launch.grid == (192 // t_n, 1, 2)
     assert using(result.artifact.source) == {"mma"} and "bias" in result.artifact.source
 

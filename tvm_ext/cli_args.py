@@ -50,7 +50,8 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trials", type=int, default=None, help="max kernels measured in this run (default: no cap)")
     g.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
     g.add_argument("--seed", type=int, default=0, help="random seed: same seed, same search (default 0)")
-    g.add_argument("--records", default=DEFAULT_RECORDS, help=f"JSON-lines records file, resumed if present (default {DEFAULT_RECORDS})")
+    g.add_argument("--records", default=DEFAULT_RECORDS,
+                   help=f"JSON-lines records file, resumed if present (default {DEFAULT_RECORDS})")
     g.add_argument("--build-timeout", type=float, default=120.0, help="seconds per build (default 120)")
     g.add_argument("--run-timeout", type=float, default=60.0, help="seconds per measurement (default 60)")
     g.add_argument("--runner", default=None, metavar="NAME",

@@ -5,9 +5,10 @@ The driver turns (template, config, artifact) into a ``MeasureJob`` (``make_job`
 artifact (OpenCL source or the CUDA library as bytes, and the launch plan), every buffer's
 name and spec, the check's inputs (how to draw them from the seed, or the arrays when a
 template draws its own), their references computed once (per workload and seed) on the
-driver, the check itself, and how to run and time the program (``RunPlan``).  A worker runs it with ``run_job``: the executor of its backend
-(``tvm_ext.executors``) runs the launches on the inputs with outputs and scratch poisoned
-(NaN), the outputs are checked, and only a correct program is timed.  Failures are data
+driver, the check itself, and how to run and time the program (``RunPlan``).  A worker runs
+it with ``run_job``: the executor of its backend (``tvm_ext.executors``) runs the launches
+on the inputs with outputs and scratch poisoned (NaN), the outputs are checked, and only a
+correct program is timed.  Failures are data
 (``RunResult.error_kind``), never exceptions.
 """
 from __future__ import annotations

@@ -304,12 +304,12 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     interrupted = False
     # one template's workloads one after another: a cost model carries over between its shapes
     todo = {k: g for k, g in sorted(groups.items(), key=lambda kv: kv[1].template.name) if not g.reused}
-    for key, group in groups.items():
+    for group in groups.values():
         if group.reused:
             log(f"{group.template.describe()}: in the database, not tuned again")
     if todo:
         with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
-            for key, group in todo.items():
+            for group in todo.values():
                 names = ", ".join(_task_name(i, matches, grus) for i in group.tasks)
                 tuner = session.tuner(group.template, on_record=on_record)
                 log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")

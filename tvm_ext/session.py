@@ -5,8 +5,8 @@ Every tuning run goes through a ``Session``: the CLI's subcommands (``tune gemm`
 benchmarks and the examples.  What a name means is decided in one place, the registries:
 ``STRATEGIES`` maps a strategy name to the factory of its search, ``RUNNERS`` a runner
 name to its entry (the factory of the runner and the check of its options; ``rpc``'s
-devices are elsewhere, so its runner is made first and the run's target is its servers').  A new strategy or runner is one entry there; the
-CLI's choices and the errors for unknown names follow from them.
+devices are elsewhere, so its runner is made first and the run's target is its servers').
+A new strategy or runner is one entry there; the CLI's choices and the errors for unknown names follow from them.
 
     with Session(SessionOptions(generations=2, records="r.jsonl")) as session:
         result = session.tune(GemmTemplate(512, 512, 512))

@@ -161,7 +161,8 @@ class GRU:
         else:
             h0 = _numpy(h0)
             if h0.shape != state_shape:
-                raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} (layers·directions, batch, hidden)")
+                raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} "
+                                  "(layers·directions, batch, hidden)")
         ex = self.executor
         ex.write("x", x)
         ex.write("h0", h0)

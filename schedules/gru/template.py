@@ -422,9 +422,9 @@ class GruTemplate(DtypeFields, Template):
 
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
-        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_bt": 1, "step_k": 32, "step_pipeline": 0,
-                                  "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
-                                  "step_w_onchip": 0}
+        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_bt": 1,
+                                  "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0, "step_prefetch": 0,
+                                  "step_barrier": 0, "step_w_onchip": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
