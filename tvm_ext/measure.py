@@ -23,8 +23,8 @@ import numpy as np
 
 from .checks import OutputCheck
 from .errors import ErrorKind
-from .precision import cast, np_dtype, relative_error
-from .program import Artifact, TensorSpec
+from .precision import np_dtype, relative_error
+from .program import Artifact, FailureFlag, RunPlan, TensorSpec, UniformInputs  # noqa: F401  (re-exported)
 from .target import TargetInfo
 from .timing import rotation_count
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from .space import Config
     from .template import Template
 
-TIMERS = ("device", "host")
 _CASE_CACHE_SIZE = 8  # workloads whose check inputs and references the driver keeps
 
 
@@ -61,53 +60,6 @@ class RunResult:
     @property
     def cost(self) -> float:
         return statistics.median(self.costs) if self.ok and self.costs else math.inf
-
-
-@dataclass(frozen=True)
-class FailureFlag:
-    """A word the program sets when it knows its results are wrong (e.g. a grid barrier that
-    timed out): nonzero after the check run makes the run a ``run_error`` with ``message``."""
-
-    buffer: str
-    word: int
-    message: str
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """How a program is run and timed beyond its launches (a template's ``run_plan``).
-
-    ``timer``: "device" times one run by the device (OpenCL profiling events, first start to
-    last end; CUDA: TVM's time evaluator for one function, else the host clock around
-    synchronised back-to-back runs); "host" always takes the host clock around back-to-back
-    runs (what a caller of the whole program waits, launch overhead included).
-    ``stages``: for each executed step (OpenCL: launch; CUDA: call), the stages its time
-    counts toward; given, the result carries ``stage_secs`` per stage."""
-
-    timer: str = "device"
-    rotate_inputs: bool = True  # rotate input sets that fit in L2 together (timing a cold cache)
-    failure_flag: FailureFlag | None = None
-    stages: tuple[tuple[str, ...], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.timer not in TIMERS:
-            raise ValueError(f"unknown timer {self.timer!r}; allowed: {', '.join(TIMERS)}")
-
-
-@dataclass(frozen=True)
-class UniformInputs:
-    """How ``Template.make_inputs`` draws inputs, as data: each input in order uniform in
-    [low, high), rounded to the full-precision operator's dtype, then to the program's (the
-    rounding ``make_case`` applies), so a worker draws the same arrays from the seed."""
-
-    low: float = -1.0
-    high: float = 1.0
-    full_dtypes: tuple[str, ...] = ()  # the full-precision operator's input dtypes
-
-    def draw(self, rng: np.random.Generator, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
-        full = self.full_dtypes or tuple(s.dtype for s in specs)
-        values = [cast(rng.uniform(self.low, self.high, size=s.shape), d) for s, d in zip(specs, full)]
-        return [v if v.dtype == np_dtype(s.dtype) else cast(v, s.dtype) for v, s in zip(values, specs)]
 
 
 @dataclass(frozen=True, eq=False)

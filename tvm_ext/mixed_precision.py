@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .errors import TvmExtError
-from .measure import RunPlan
+from .program import RunPlan
 from .precision import HIGH_PRECISION, MixedPrecisionOperator, PrecisionParam, precision_reason
 from .program import Artifact, CompiledProgram
 from .space import Config, Knob, Space

@@ -12,8 +12,11 @@ import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from .precision import cast, np_dtype
 from .target import TargetInfo
 
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
@@ -210,3 +213,54 @@ def compile_schedule(sch: Any, target: TargetInfo, pass_config: Mapping[str, Any
     main = KernelLaunch(MAIN, params, first.grid, first.block, first.dyn_shared_bytes)
     return CompiledProgram(target.kind, ex, source, launches, (main,), params, {MAIN: sch.mod},
                            plain_json(sch.trace.as_json()))
+
+
+# ---- how a program is run and checked (a template says; the runner follows) ------------------
+TIMERS = ("device", "host")
+
+
+@dataclass(frozen=True)
+class FailureFlag:
+    """A word the program sets when it knows its results are wrong (e.g. a grid barrier that
+    timed out): nonzero after the check run makes the run a ``run_error`` with ``message``."""
+
+    buffer: str
+    word: int
+    message: str
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How a program is run and timed beyond its launches (a template's ``run_plan``).
+
+    ``timer``: "device" times one run by the device (OpenCL profiling events, first start to
+    last end; CUDA: TVM's time evaluator for one function, else the host clock around
+    synchronised back-to-back runs); "host" always takes the host clock around back-to-back
+    runs (what a caller of the whole program waits, launch overhead included).
+    ``stages``: for each executed step (OpenCL: launch; CUDA: call), the stages its time
+    counts toward; given, the result carries ``stage_secs`` per stage."""
+
+    timer: str = "device"
+    rotate_inputs: bool = True  # rotate input sets that fit in L2 together (timing a cold cache)
+    failure_flag: FailureFlag | None = None
+    stages: tuple[tuple[str, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.timer not in TIMERS:
+            raise ValueError(f"unknown timer {self.timer!r}; allowed: {', '.join(TIMERS)}")
+
+
+@dataclass(frozen=True)
+class UniformInputs:
+    """How ``Template.make_inputs`` draws inputs, as data: each input in order uniform in
+    [low, high), rounded to the full-precision operator's dtype, then to the program's (the
+    rounding ``make_case`` applies), so a worker draws the same arrays from the seed."""
+
+    low: float = -1.0
+    high: float = 1.0
+    full_dtypes: tuple[str, ...] = ()  # the full-precision operator's input dtypes
+
+    def draw(self, rng: np.random.Generator, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+        full = self.full_dtypes or tuple(s.dtype for s in specs)
+        values = [cast(rng.uniform(self.low, self.high, size=s.shape), d) for s, d in zip(specs, full)]
+        return [v if v.dtype == np_dtype(s.dtype) else cast(v, s.dtype) for v, s in zip(values, specs)]

@@ -23,7 +23,7 @@ import numpy as np
 
 from .checks import NormwiseCheck, OutputCheck
 from .errors import TvmExtError
-from .measure import RunPlan, UniformInputs
+from .program import RunPlan, UniformInputs
 from .precision import cast, np_dtype
 from .program import Artifact, CompiledProgram, TensorSpec, compile_schedule
 from .space import Config, Space

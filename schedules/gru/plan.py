@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tvm_ext import step_loop
-from tvm_ext.measure import FailureFlag, RunPlan
+from tvm_ext.program import FailureFlag, RunPlan
 from tvm_ext.program import Artifact, CompiledProgram, KernelLaunch, TensorSpec, extract_launches, plain_json
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo

@@ -20,7 +20,7 @@ import numpy as np
 
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.errors import TvmExtError
-from tvm_ext.measure import RunPlan
+from tvm_ext.program import RunPlan
 from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
 from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
