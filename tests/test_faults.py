@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 
+import psutil
 import pytest
 
 from tvm_ext.records import Record, RecordStore
@@ -190,8 +191,11 @@ def test_kill_9_tuner_resumes_without_measuring_twice(tmp_path):
         if path.exists() and path.read_bytes().count(b"\n") >= 3:
             break
         time.sleep(0.05)
+    pools = psutil.Process(proc.pid).children(recursive=True)  # its build and measuring processes
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+    _, left = psutil.wait_procs(pools, timeout=10)  # each ends itself once its driver is gone
+    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
     kept = len(readable(path))
     assert kept >= 3
     rerun = run(args)  # the dead tuner's claims must not hold it up
@@ -201,6 +205,48 @@ def test_kill_9_tuner_resumes_without_measuring_twice(tmp_path):
     assert max(counts.values()) == 1  # nothing measured twice
     assert sum(counts.values()) == kept + trials_of(rerun.stdout)
     assert not os.path.exists(f"{path}.claims")
+
+
+SLOW_MEASURING = """
+import sys
+from dataclasses import replace
+from tvm_ext.builder import build_one
+from tvm_ext.measure import MeasureSettings, make_job
+from tvm_ext.runner import IsolatedMeasurer
+from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.target import resolve_target
+if __name__ == "__main__":
+    target, template = resolve_target("opencl"), GemmTemplate(24, 16, 20)
+    build = build_one(template, template.default_config(target), target)
+    source = build.artifact.source  # each run spins first (a condition the inputs never meet)
+    head = source.index(") {\\n") + len(") {\\n")
+    spin = "for (int s = 0; s < 5000000; ++s) { if (A_ptr[0] > 2.0f + s) { C_ptr[0] = 0.0f; } }\\n"
+    artifact = replace(build.artifact, source=source[:head] + spin + source[head:])
+    slow = MeasureSettings(warmup=1, repeat=10)  # runs of 0.4 s: about 9 s in all
+    print("measuring", flush=True)
+    print(IsolatedMeasurer(timeout=300).run(make_job(template, build.config, artifact, target, slow)), flush=True)
+"""
+
+
+def test_a_driver_killed_mid_measurement_leaves_no_process_behind(tmp_path):
+    """SIGKILL gives the driver no chance to stop its pools: a measuring process in the
+    middle of a long measurement ends itself within seconds, not when its work is done."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_MEASURING)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first == "measuring\n", first + proc.stdout.read()
+        time.sleep(2.0)  # the measuring process is now inside its 9 s of work
+        pools = psutil.Process(proc.pid).children(recursive=True)
+        assert any("multiprocessing.spawn" in " ".join(p.cmdline()) for p in pools)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)  # not communicate(): the measuring process holds the same pipe
+        proc.stdout.close()
+    _, left = psutil.wait_procs(pools, timeout=3)
+    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
 
 
 # ---- shared files -------------------------------------------------------------------------------

@@ -346,7 +346,7 @@ def test_a_driver_killed_outright_takes_its_tracker_and_workers_with_it(tmp_path
     deadline = time.monotonic() + 30
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not alive(children), alive(children)
+    assert not alive(children), [" ".join(c.cmdline()) for c in children if c.pid in alive(children)]
     logs = err.split("logs: ")[1].split(")")[0]
     assert logs.startswith(os.path.join(tempfile.gettempdir(), "tvm_ext_cluster_"))
     while os.path.exists(logs) and time.monotonic() < deadline:  # the tracker removes them as it ends

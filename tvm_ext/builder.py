@@ -9,6 +9,7 @@ library included as bytes, so a runner needs no file of the builder's.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -66,9 +67,24 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def exit_with_parent(poll_secs: float = 0.5) -> None:
+    """In a pool worker: end this process once the process that started it is gone.  A driver
+    killed outright (SIGKILL, OOM) cannot stop its pools, and a worker busy with a build or a
+    measurement would otherwise go on alone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_secs)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tvm_ext-exit-with-parent", daemon=True).start()
+
+
 def _init_worker() -> None:
     # Workers compile; they never touch a device.  Keep their threads modest.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    exit_with_parent()
 
 
 class LocalBuilder:

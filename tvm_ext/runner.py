@@ -16,7 +16,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, Sequence
 
-from .builder import BuildResult
+from .builder import BuildResult, exit_with_parent
 from .errors import ErrorKind, RunnerLost
 from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop
 from .target import TargetInfo
@@ -90,7 +90,8 @@ class IsolatedMeasurer:
 
             from pebble import ProcessPool
 
-            self._pool = ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
+                                     initializer=exit_with_parent)
         future: Future[RunResult] = Future()
         pool_future = self._pool.schedule(run_job, args=(job,), timeout=self.timeout)
         pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
