@@ -15,30 +15,20 @@ import sys
 
 import numpy as np
 import pytest
+from build_check import run_config
 
 from tvm_ext.builder import build_one
 from tvm_ext.errors import TvmExtError
 from tvm_ext.measure import measure
-from tvm_ext.runner import MeasureSettings
 from tvm_ext.schedules.reduction import (OPS, PatentPlan, ReductionTemplate, decompose,
                                          patent_plan)
 from tvm_ext.search import GeneticSearch
 from tvm_ext.target import offline_cuda
 from tvm_ext.template import get_template_class
 
-FAST = MeasureSettings(warmup=0, repeat=1, min_repeat_secs=0.0)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_config(template, config, target, tmp_path):
-    """Build one config, run it once on the device, check it: the tuner's own path."""
-    space = template.space(target)
-    assert space.is_feasible(config), space.infeasible_reason(config)
-    build = build_one(template, config, target)
-    assert build.ok, f"{config}: {build.error_msg}"
-    result = measure(template, build.config, build.artifact, target, FAST)
-    assert result.ok, f"{template.describe()} {config}: {result.error_kind} {result.error_msg}"
-    return build
 
 
 # ---- patent 001: the plan ------------------------------------------------------------------
@@ -191,7 +181,7 @@ SHAPES = [(1,), (2,), (31,), (1023,), (1024,), (1025,), (65537,), (1_000_003,), 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_every_op_matches_numpy_default_config(opencl, shape, op, tmp_path):
     tmpl = ReductionTemplate(shape, op)
-    run_config(tmpl, tmpl.default_config(opencl), opencl, tmp_path)
+    run_config(tmpl, tmpl.default_config(opencl), opencl)
 
 
 # Other corners of the space: two-stage (scratch partials), the last pass holding
@@ -212,13 +202,13 @@ VARIANTS = [
 @pytest.mark.parametrize("shape, op, knobs", VARIANTS)
 def test_other_configs_match_numpy(opencl, shape, op, knobs, tmp_path):
     tmpl = ReductionTemplate(shape, op)
-    run_config(tmpl, tmpl.default_config(opencl).replace(**knobs), opencl, tmp_path)
+    run_config(tmpl, tmpl.default_config(opencl).replace(**knobs), opencl)
 
 
 def test_exact_fit_uses_vector_loads(opencl, tmp_path):
     tmpl = ReductionTemplate((1 << 16,), "sum")
     cfg = tmpl.default_config(opencl).replace(blocks=4, x=16, capacity=16)
-    build = run_config(tmpl, cfg, opencl, tmp_path)
+    build = run_config(tmpl, cfg, opencl)
     assert "vload4" in build.artifact.source
     assert len(build.artifact.launches) == 2 and build.artifact.launches[0].grid[0] == 4
     assert build.artifact.params[-2:] == ("scratch", "counter")
@@ -256,7 +246,7 @@ def test_nan_and_inf_propagate_like_numpy(opencl, shape, knobs, specials, op, tm
     tmpl = WithSpecials(shape, op, specials=specials)
     (ref,) = tmpl.reference(tmpl.make_inputs(np.random.default_rng(0)))
     assert np.isnan(ref).any()  # the case is meaningful: numpy gives NaN somewhere
-    run_config(tmpl, tmpl.default_config(opencl).replace(**knobs), opencl, tmp_path)
+    run_config(tmpl, tmpl.default_config(opencl).replace(**knobs), opencl)
 
 
 FLOAT16 = [((65537,), {}, OPS), ((4097, 7), {}, ("sum", "max")),
@@ -267,7 +257,7 @@ FLOAT16 = [((65537,), {}, OPS), ((4097, 7), {}, ("sum", "max")),
 def test_float16_input_accumulates_in_float32(opencl, shape, knobs, op, tmp_path):
     tmpl = ReductionTemplate(shape, op, "float16")
     assert tmpl.outputs()[0].dtype == "float32"
-    run_config(tmpl, tmpl.default_config(opencl).replace(**knobs), opencl, tmp_path)
+    run_config(tmpl, tmpl.default_config(opencl).replace(**knobs), opencl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +271,7 @@ class EveryHalf(ReductionTemplate):
 def test_every_float16_bit_pattern_widens_exactly(opencl, tmp_path):
     # ±0, subnormals, normals, ±inf and NaN payloads: max of one element is exact
     tmpl = EveryHalf((65536, 1), "max", "float16")
-    run_config(tmpl, tmpl.default_config(opencl), opencl, tmp_path)
+    run_config(tmpl, tmpl.default_config(opencl), opencl)
 
 
 # ---- one launch: the last block to finish combines the partials ------------------------------
@@ -300,14 +290,14 @@ ONE_LAUNCH = [
 @pytest.mark.parametrize("shape, op, knobs", ONE_LAUNCH)
 def test_one_launch_combine_matches_float64(opencl, shape, op, knobs, tmp_path):
     tmpl = ReductionTemplate(shape, op)
-    build = run_config(tmpl, tmpl.default_config(opencl).replace(combine=1, **knobs), opencl, tmp_path)
+    build = run_config(tmpl, tmpl.default_config(opencl).replace(combine=1, **knobs), opencl)
     assert len(build.artifact.launches) == 1  # partials and their sum in one kernel
     assert "atomic_add" in build.artifact.source and "mem_fence" in build.artifact.source
 
 
 def test_one_launch_propagates_nan_from_any_block(opencl, tmp_path):
     tmpl = WithSpecials((1_000_003,), "max", specials=((5, np.nan), (777_777, 1.0)))
-    run_config(tmpl, tmpl.default_config(opencl).replace(combine=1, **TWO_STAGE), opencl, tmp_path)
+    run_config(tmpl, tmpl.default_config(opencl).replace(combine=1, **TWO_STAGE), opencl)
 
 
 def test_one_launch_resets_its_counter_for_the_next_launch(opencl, tmp_path):
@@ -316,7 +306,7 @@ def test_one_launch_resets_its_counter_for_the_next_launch(opencl, tmp_path):
     from tvm_ext.executors import OpenclExecutor
 
     tmpl = ReductionTemplate((3, 200_003), "sum")
-    build = run_config(tmpl, tmpl.default_config(opencl).replace(blocks=16, combine=1), opencl, tmp_path)
+    build = run_config(tmpl, tmpl.default_config(opencl).replace(blocks=16, combine=1), opencl)
     specs = dict(zip(build.artifact.params, tmpl.inputs() + tmpl.outputs() + tmpl.scratch()))
     executor = OpenclExecutor.of(build.artifact.source, build.artifact.launches, specs, opencl.device_id)
     inputs, refs = tmpl.make_case(np.random.default_rng(4))
@@ -365,7 +355,7 @@ ROW_GROUPS = [
 def test_rows_per_block_matches_float64(opencl, shape, op, knobs, tmp_path):
     tmpl = ReductionTemplate(shape, op)
     cfg = tmpl.default_config(opencl).replace(**knobs)
-    build = run_config(tmpl, cfg, opencl, tmp_path)
+    build = run_config(tmpl, cfg, opencl)
     (launch,) = build.artifact.launches
     assert launch.block[1] == knobs["rows_per_block"] and launch.grid[0] == -(-shape[0] // knobs["rows_per_block"])
 
@@ -396,7 +386,7 @@ def test_one_launch_and_row_groups_on_the_gpu(tmp_path):
     import tvm
 
     from tvm_ext.executors import load_library
-    from tvm_ext.measure import MeasureSettings, measure
+    from tvm_ext.measure import MeasureSettings
     from tvm_ext.target import resolve_target
 
     cuda = resolve_target("cuda", 0)

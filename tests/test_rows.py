@@ -3,14 +3,11 @@ each op under configs that exercise every knob, through the tuner's own build-an
 from __future__ import annotations
 
 import pytest
+from build_check import run_config
 
-from tvm_ext.builder import build_one
-from tvm_ext.measure import measure
-from tvm_ext.runner import MeasureSettings
 from tvm_ext.schedules.rows import OPS, RowTemplate
 from tvm_ext.template import get_template_class
 
-FAST = MeasureSettings(warmup=0, repeat=1, min_repeat_secs=0.0)
 CONFIGS = [  # threads per row = block_size / rows_per_block
     dict(block_size=32, rows_per_block=1, x=1, cache=0),
     dict(block_size=64, rows_per_block=2, x=2, cache=1),  # 32 threads x 2 elements, rows in shared memory
@@ -19,14 +16,6 @@ CONFIGS = [  # threads per row = block_size / rows_per_block
 ]
 
 
-def run_config(template, config, target):
-    space = template.space(target)
-    assert space.is_feasible(config), space.infeasible_reason(config)
-    build = build_one(template, config, target)
-    assert build.ok, f"{config}: {build.error_msg}"
-    result = measure(template, build.config, build.artifact, target, FAST)
-    assert result.ok, f"{template.describe()} {config}: {result.error_kind} {result.error_msg}"
-    return build
 
 
 @pytest.mark.parametrize("op", OPS)
