@@ -9,13 +9,13 @@ library included as bytes, so a runner needs no file of the builder's.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import ErrorKind
+from .lifetime import exit_with_parent
 from .program import Artifact, CompiledProgram, KernelLaunch, compile_module, compile_schedule, extract_launches
 from .program import plain_json
 from .space import Config
@@ -65,20 +65,6 @@ def error_summary(exc: BaseException) -> str:
 
 def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def exit_with_parent(poll_secs: float = 0.5) -> None:
-    """In a pool worker: end this process once the process that started it is gone.  A driver
-    killed outright (SIGKILL, OOM) cannot stop its pools, and a worker busy with a build or a
-    measurement would otherwise go on alone."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_secs)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tvm_ext-exit-with-parent", daemon=True).start()
 
 
 def _init_worker() -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .errors import TvmExtError
-from .worker import PARENT_ENV, end_descendants, end_with_parent
+from .lifetime import PARENT_ENV, end_descendants, end_with_parent, parent_gone
 
 START_TIMEOUT = 180.0  # seconds for the tracker and every worker to come up (imports TVM twice)
 Log = Callable[[str], None]
@@ -214,23 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         end_descendants()
         orphaned = args.log_dir and not os.path.exists(os.path.join(args.log_dir, STOPPING_MARK))
-        if orphaned and _driver_gone():  # nobody is left to read or remove them
+        if orphaned and parent_gone():  # nobody is left to read or remove them
             shutil.rmtree(args.log_dir, ignore_errors=True)
-
-
-def _driver_gone(wait: float = 5.0) -> bool:
-    """Whether the driver has ended.  The kernel signals us when the driver's *thread* that
-    started us ends, which can be a moment before its last thread does and we are reparented:
-    so the parent id is polled for a few seconds."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent:
-        return False
-    deadline = time.monotonic() + wait
-    while os.getppid() == int(parent):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, Sequence
 
-from .builder import BuildResult, exit_with_parent
+from .builder import BuildResult
 from .errors import ErrorKind, RunnerLost
+from .lifetime import exit_with_parent
 from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop
 from .target import TargetInfo
 from .template import Template

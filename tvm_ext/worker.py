@@ -25,20 +25,19 @@ process) ends together: SIGTERM or SIGINT here ends every process under this one
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import os
 import pickle
 import signal
 import socket
 import sys
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from .errors import TvmExtError
+from .lifetime import end_descendants, end_with_parent
 from .measure import MeasureJob, RunResult
 from .target import TARGET_KINDS, TargetInfo
 
@@ -48,7 +47,6 @@ MEASURE = "tvm_ext.worker.measure"
 DEFAULT_PORT = 9091
 PORT_RANGE = 100  # ports tried from --port on (TVM's server binds the first free one)
 _CASES_KEPT = 4  # workloads whose check inputs and references a session keeps
-PARENT_ENV = "TVM_EXT_PARENT_PID"  # set by a local cluster: end when that process does
 
 
 @dataclass(frozen=True)
@@ -178,74 +176,6 @@ def select_cuda_device(device: int) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ids[device]
     else:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-
-
-def end_descendants(timeout: float = 3.0, rounds: int = 3) -> None:
-    """Every process under this one (TVM's server, its sessions, their measuring processes):
-    TVM's server keeps running threads after its parent is gone, so it is ended here.  A
-    process may start another while it is being ended, and a child whose parent died first
-    is no longer under us: so this goes round until none is left, and a process a local
-    cluster started (the leader of its own process group) also ends the rest of its group."""
-    import psutil
-
-    for _ in range(rounds):
-        try:
-            children = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            return
-        children += [p for p in _group_members(psutil) if p not in children]
-        if not children:
-            return
-        for child in children:
-            try:
-                child.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(children, timeout=timeout)
-        for child in alive:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=timeout)
-
-
-def _group_members(psutil: Any) -> list[Any]:
-    """The other live processes of this process's group, when a local cluster made it the
-    group's leader (``PARENT_ENV``); none otherwise (a user's shell job may hold others)."""
-    me = os.getpid()
-    if not os.environ.get(PARENT_ENV) or os.getpgrp() != me:
-        return []
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != me and os.getpgid(proc.pid) == me and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    return found
-
-
-def end_with_parent() -> None:
-    """In a process a local cluster started (``PARENT_ENV`` set, ``tvm_ext.cluster``): ask the
-    kernel for SIGTERM when the driver that started it ends, and end now if it already has.
-    The kernel's signal follows the driver's thread that started us, so a watcher also sends
-    it once we have another parent (Linux; elsewhere the cluster's ``stop`` ends them)."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-
-    def watch() -> None:
-        while os.getppid() == int(parent):
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="tvm_ext-end-with-parent", daemon=True).start()
 
 
 def build_parser() -> argparse.ArgumentParser:
