@@ -354,6 +354,32 @@ def test_a_driver_killed_outright_takes_its_tracker_and_workers_with_it(tmp_path
     assert not os.path.exists(logs), os.listdir(logs)
 
 
+SIGNAL_HANDLERS_AFTER_OPENCL = """
+import ctypes, signal
+from tvm_ext.target import resolve_target
+libc = ctypes.CDLL(None)
+class Action(ctypes.Structure):
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+def c_handler(signum):
+    action = Action()
+    libc.sigaction(signum, None, ctypes.byref(action))
+    return action.handler
+signal.signal(signal.SIGTERM, lambda *_: None)  # as a worker or the tracker does
+before = {s: c_handler(s) for s in (signal.SIGINT, signal.SIGTERM)}
+resolve_target("opencl")  # loads the OpenCL platforms (PoCL)
+print(all(c_handler(s) == h for s, h in before.items()))
+"""
+
+
+def test_loading_opencl_leaves_the_processs_own_signal_handlers_in_place():
+    """PoCL installs SIGINT and SIGTERM handlers as it loads; its SIGTERM one could end a
+    worker without running the worker's, which left the worker's TVM server behind."""
+    out = subprocess.run([sys.executable, "-c", SIGNAL_HANDLERS_AFTER_OPENCL], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr
+
+
 # ---- what a run refuses ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
     (["--runner", "rpc"], "--runner rpc needs --tracker HOST:PORT and --key KEY"),

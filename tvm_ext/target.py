@@ -8,6 +8,8 @@ machine with no GPU).
 from __future__ import annotations
 
 import functools
+import signal
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,21 @@ class TargetInfo:
 _PROBE_KERNEL = "__kernel void tvm_ext_probe(__global float* a) { a[get_global_id(0)] = 1.0f; }"
 
 
+def _platforms_keeping_signal_handlers(cl: Any) -> list[Any]:
+    """``cl.get_platforms()`` with this process's SIGINT and SIGTERM handlers put back after it.
+    PoCL installs its own as it loads, and its SIGTERM handler can end the process without
+    running ours: a cluster worker then died without ending its TVM server.  (Handlers can
+    only be set from the main thread; elsewhere PoCL's stay.)"""
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        return cl.get_platforms()
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
 @functools.lru_cache(maxsize=None)
 def _opencl_devices() -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """OpenCL devices that can build a kernel (GPUs first), and why the others were left out.
@@ -69,7 +86,7 @@ def _opencl_devices() -> tuple[tuple[Any, ...], tuple[str, ...]]:
         ) from exc
     devices = []
     try:
-        platforms = cl.get_platforms()
+        platforms = _platforms_keeping_signal_handlers(cl)
     except cl.Error:
         platforms = []
     for platform in platforms:
