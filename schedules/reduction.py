@@ -43,6 +43,7 @@ import numpy as np
 from tvm_ext.checks import ElementwiseCheck
 from tvm_ext.errors import TvmExtError
 from tvm_ext.space import Config, Knob, Space
+from tvm_ext.step_loop import launch_chain, rewrap
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
@@ -658,17 +659,6 @@ def _combine_step(rows: int, last: int, atomic: str) -> Any:
     return combine
 
 
-def _launch_chain(stmt: Any) -> tuple[list[Any], Any]:
-    """The leading ``thread_extent`` attributes of a lowered kernel, and what they wrap."""
-    import tvm
-
-    chain = []
-    while isinstance(stmt, tvm.tirx.AttrStmt) and stmt.attr_key == "thread_extent":
-        chain.append(stmt)
-        stmt = stmt.body
-    return chain, stmt
-
-
 def merge_partials(mod: Any, target: TargetInfo, rows: int, blocks: int) -> Any:
     """The two-kernel reduction (partials, then one block per row adding them up) as one
     kernel: every block computes its partial, then the last block of each row to finish
@@ -683,9 +673,9 @@ def merge_partials(mod: Any, target: TargetInfo, rows: int, blocks: int) -> Any:
 
     func = lower_to_loops(mod, target)
     kernels = list(func.body.seq) if isinstance(func.body, tirx.SeqStmt) else [func.body]
-    if len(kernels) != 2 or not all(_launch_chain(k)[0] for k in kernels):
+    if len(kernels) != 2 or not all(launch_chain(k)[0] for k in kernels):
         raise ValueError(f"expected two kernels to merge, found {len(kernels)} statements")
-    (chain1, first), (chain2, second) = _launch_chain(kernels[0]), _launch_chain(kernels[1])
+    (chain1, first), (chain2, second) = launch_chain(kernels[0]), launch_chain(kernels[1])
     tags1 = {a.node.thread_tag: a for a in chain1}
     tags2 = {a.node.thread_tag: a for a in chain2}
     if set(tags1) != {"blockIdx.x", "threadIdx.x"} or set(tags2) != set(tags1):
@@ -720,9 +710,7 @@ def merge_partials(mod: Any, target: TargetInfo, rows: int, blocks: int) -> Any:
     allocs = [stmt for stmt in step.body.seq if isinstance(stmt, tirx.AllocBuffer)]
     rest = [fill(stmt) for stmt in step.body.seq if not isinstance(stmt, tirx.AllocBuffer)]
     body = tirx.SeqStmt([*allocs, first, *rest])  # allocations first in the kernel
-    for attr in reversed(chain1):
-        body = tirx.AttrStmt(attr.node, attr.attr_key, attr.value, body)
-    merged = tirx.PrimFunc(list(func.params[:-1]) + [counter], body, func.ret_type, func.attrs)
+    merged = tirx.PrimFunc(list(func.params[:-1]) + [counter], rewrap(chain1, body), func.ret_type, func.attrs)
     return tvm.IRModule({"main": merged})
 
 

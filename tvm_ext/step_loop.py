@@ -64,7 +64,7 @@ def lower_to_loops(mod: Any, target: Any) -> Any:
     return tvm.ir.transform.Sequential(passes)(mod)["main"]
 
 
-def _launch_chain(body: Any) -> tuple[list[Any], Any]:
+def launch_chain(body: Any) -> tuple[list[Any], Any]:
     """The leading ``thread_extent`` attributes of a lowered kernel and what they wrap."""
     import tvm
 
@@ -75,7 +75,8 @@ def _launch_chain(body: Any) -> tuple[list[Any], Any]:
     return chain, body
 
 
-def _rewrap(chain: list[Any], body: Any) -> Any:
+def rewrap(chain: list[Any], body: Any) -> Any:
+    """``body`` inside the ``thread_extent`` attributes ``launch_chain`` took off."""
     import tvm
 
     for attr in reversed(chain):
@@ -231,7 +232,7 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
     params = {p.name: p for p in func.params}
     if step not in params:
         raise ValueError(f"kernel has no parameter {step!r}; it has {list(params)}")
-    chain, inner = _launch_chain(func.body)
+    chain, inner = launch_chain(func.body)
     if not chain:
         raise ValueError("kernel has no thread bindings")
     index = tirx.Var("s", "int32")
@@ -278,5 +279,5 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
         if min_blocks_per_sm > 1:  # read from the kernel body by SplitHostDevice
             loop = tirx.AttrStmt(tirx.const(0, "int32"), "tirx.launch_bounds_min_blocks_per_sm",
                                  tirx.const(min_blocks_per_sm, "int32"), loop)
-    out = tirx.PrimFunc(new_params, _rewrap(chain, loop) if mode == PERSISTENT else loop, attrs=func.attrs)
+    out = tirx.PrimFunc(new_params, rewrap(chain, loop) if mode == PERSISTENT else loop, attrs=func.attrs)
     return out.with_attr("global_symbol", name) if name else out
