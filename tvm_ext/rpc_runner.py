@@ -457,13 +457,13 @@ class RpcRunner:
             if got is None:
                 return None
             url, port, matchkey = got
+            address = f"{url}:{port}"
             timeout = self.timeout if self._kind == "stock" else 0
             try:
                 session = open_session(url, port, matchkey, self.target_kind, timeout)
             except TvmExtError as exc:
                 raise RunnerLost(str(exc)) from None
             except Exception as exc:  # the server went away between the tracker and us
-                address = f"{url}:{port}"
                 failures = self._open_failures[address] = self._open_failures.get(address, 0) + 1
                 if failures >= OPEN_FAILURES_LIMIT:  # a server that registers but cannot serve
                     raise RunnerLost(
@@ -473,7 +473,7 @@ class RpcRunner:
                 self.log(f"rpc: could not open a session with {address} ({_tvm_error_line(exc)}); asking again")
                 time.sleep(0.5)
                 continue
-            self._open_failures.pop(f"{url}:{port}", None)
+            self._open_failures.pop(address, None)
             self._accept(session)
             return session
         return None
