@@ -1,4 +1,4 @@
-"""GRU inference on the GPU: our CUDA layer (patent 004 + step fusion) vs torch.nn.GRU (cuDNN), fp32.
+"""GRU inference on the GPU: our CUDA layer (patent 004 + step fusion) vs torch.nn.GRU (cuDNN), fp32 or fp16.
 
 Run through the device tool (see ../shared/DEVICE.md):
     source .tvm-device/boot.sh && python benchmarks/gru.py --out $OUT
@@ -13,6 +13,12 @@ inputs resident on both sides (one input set: the layer's executor owns its buff
 at most 32 MB and the weights, which both sides keep on the GPU, dominate).  Records go to
 --out as they are measured; a markdown table is printed last.  ``--dry-run`` only generates the CUDA
 source of every candidate (no GPU, no torch): the check this script still builds.
+
+``--precision float16`` (or bfloat16): both sides store x, the weights, h, gi and the output
+in that type and accumulate in float32 (torch: the module and x cast with ``.to(dtype)``,
+cuDNN's half-precision path; ours: ``GRU.build(precision=...)``, every gate sum and the cell
+in float32).  Both errors are against float64 of the unrounded float32 weights and input,
+and a candidate passes at 1e-2 (method 003's bound) instead of fp32's 1e-4.
 """
 from __future__ import annotations
 
@@ -34,6 +40,14 @@ from tvm_ext.space import Config  # noqa: E402
 from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
 
 SEQ = 128
+# --precision: the stored tensors in the low type, accumulation and the cell in float32
+LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
+MAX_ERROR = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
+
+
+def precision_of(dtype: str) -> dict[str, str]:
+    """``GRU.build``'s precision for a run in ``dtype`` (empty: all float32)."""
+    return {} if dtype == "float32" else {name: dtype for name in LOW_PRECISION_TENSORS}
 
 
 @dataclass(frozen=True)
@@ -141,7 +155,7 @@ def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 def dry_run(args: argparse.Namespace) -> None:
     target = offline_cuda()
     for case in selected(args):
-        template = case.template()
+        template = case.template().with_precision(precision_of(args.precision)).with_tensor_cores(target)
         for cfg in candidates(template, target, args.candidates):
             start = time.perf_counter()
             source = template.compile(cfg, target).source
@@ -164,21 +178,25 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
     net = torch.nn.GRU(case.hidden, case.hidden, num_layers=case.layers, bidirectional=case.bidirectional).cuda().eval()
     x = torch.randn(case.seq, case.batch, case.hidden, device="cuda")
     x_np = x.cpu().numpy()
-    state = {k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}
+    state = {k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}  # float32: the reference's
+    low = args.precision != "float32"
+    if low:  # cuDNN's half-precision GRU on the same weights and input, rounded once
+        net, x = net.to(getattr(torch, args.precision)), x.to(getattr(torch, args.precision))
     with torch.no_grad():
         torch.backends.cudnn.allow_tf32 = False
-        ref_out, ref_h = (t.cpu().numpy() for t in net(x))
+        ref_out, ref_h = (t.float().cpu().numpy() for t in net(x))
         vendor = time_vendor(lambda i: net(x))
         torch.backends.cudnn.allow_tf32 = True
-        vendor_tf32 = time_vendor(lambda i: net(x))
+        vendor_tf32 = vendor if low else time_vendor(lambda i: net(x))  # TF32 only acts on float32
         torch.backends.cudnn.allow_tf32 = False
     cudnn, cudnn_tf32 = vendor.best.seconds, vendor_tf32.best.seconds  # each at its best of three
     ref64_out, ref64_h = gru_reference(x_np, state, None, case.layers, case.bidirectional)
     torch_err = max(rel_err(ref_out, ref64_out), rel_err(ref_h, ref64_h))
-    print(f"[{case.label}] cuDNN fp32 per call / back-to-back / graph: {' / '.join(vendor_cells(vendor))} ms "
+    print(f"[{case.label}] cuDNN {args.precision} per call / back-to-back / graph: "
+          f"{' / '.join(vendor_cells(vendor))} ms "
           f"(TF32 allowed, best {cudnn_tf32 * 1e3:.3f} ms), rel err vs float64 {torch_err:.2e}", flush=True)
 
-    template = case.template()
+    template = case.template().with_precision(precision_of(args.precision)).with_tensor_cores(target)
     results = []
     start = time.perf_counter()
     for cfg in candidates(template, target, args.candidates):
@@ -192,12 +210,12 @@ def run_case(case: Case, args: argparse.Namespace, target: TargetInfo, log: Any)
             t0 = time.perf_counter()
             gru = GRU.build(target, case.hidden, case.hidden, num_layers=case.layers,
                             bidirectional=case.bidirectional, batch=case.batch, seq=case.seq,
-                            config=cfg).load_numpy(state)
+                            config=cfg, precision=precision_of(args.precision)).load_numpy(state)
             out, h_n = gru(x_np)  # the first call also compiles the kernels (NVRTC)
             row["build_s"] = time.perf_counter() - t0
             row["err_vs_torch"] = max(rel_err(out, ref_out), rel_err(h_n, ref_h))
             row["err_vs_f64"] = max(rel_err(out, ref64_out), rel_err(h_n, ref64_h))
-            if not row["err_vs_f64"] <= 1e-4:
+            if not row["err_vs_f64"] <= MAX_ERROR[args.precision]:
                 row["error"] = f"wrong answer: rel err {row['err_vs_f64']:.2e} vs float64"
             else:
                 row["ours_s"] = time_ours(lambda i, gru=gru: gru.executor.run()).seconds
@@ -221,6 +239,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=90.0, help="seconds of search per case (default 90)")
     p.add_argument("--cases", default="",
                    help="comma-separated cases, e.g. b1_h256,b8_h512_bidirectional (default: all)")
+    p.add_argument("--precision", default="float32", choices=sorted(MAX_ERROR),
+                   help="type of the stored tensors on both sides (accumulation in float32; default float32)")
     p.add_argument("--dry-run", action="store_true", help="only generate CUDA source (no GPU needed)")
     args = p.parse_args()
     if args.dry_run:
@@ -229,7 +249,8 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda", 0)
     rows = []
-    with open(os.path.join(args.out, "gru_cuda.jsonl"), "a") as log:
+    suffix = "" if args.precision == "float32" else f"_{args.precision}"
+    with open(os.path.join(args.out, f"gru_cuda{suffix}.jsonl"), "a") as log:
         for case in selected(args):
             results = run_case(case, args, target, log)
             timed = [(cfg, r) for cfg, r in results if "ours_s" in r]
@@ -249,8 +270,8 @@ def main() -> None:
                          f"{min(per_call) * 1e3:.3f}" if per_call else "-",
                          f"{best['err_vs_f64']:.1e}", cudnn_err, short(cfg)])
     print()
-    print(table("GRU inference fp32, input = hidden: ours (back-to-back) vs torch.nn.GRU (cuDNN) at its best",
-                ["case", *vendor_header("ms", "cuDNN"), "cuDNN TF32-allowed best ms", "ours ms",
+    print(table(f"GRU inference {args.precision}, input = hidden: ours (back-to-back) vs torch.nn.GRU (cuDNN) "
+                "at its best", ["case", *vendor_header("ms", "cuDNN"), "cuDNN TF32-allowed best ms", "ours ms",
                  "speed vs cuDNN best", "patent default ms", "best with a call per step ms",
                  "ours rel err vs f64", "cuDNN rel err vs f64", "best config"], rows))
 

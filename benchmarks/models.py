@@ -18,19 +18,33 @@ around the Relax VM's call; torch per call, back to back and from a CUDA graph
 time counts every build and measurement.  Budget: one run within ``--time-limit`` (510 s):
 the models run in the order of ``MODELS`` (BERT float16, GRU float32, BERT float32, GRU
 float16), ours first within each, and a stage that would not fit the time left is skipped
-and says so in the table, which is printed last (``--quick``: 4 trials per task, so that
-more of it fits; ``--models`` picks models for a second run).
+and says so in the table (``--quick``: 4 trials per task, so that more of it fits;
+``--models`` and ``--variants`` pick what a run does).  Every row is appended to
+``OUT/models_rows.jsonl`` as it is made and each model's table is printed when the model is
+done, so a run stopped by its time limit keeps what it measured.
+
+meta_schedule's tuning alone can take most of a run (BERT: about 8 minutes for 8 trials on
+each of its 8 tasks), so it can run by itself (``--variants meta_schedule``), leaving its
+database and ``tuning.json`` (wall time, trials) under ``OUT/bert_<dtype>/ms_<seed>``; a
+later run times that database beside ours and torch in one process (``--ms-database DIR``,
+one per seed, its tuning time read from ``tuning.json``).
 
     source .tvm-device/boot.sh && python benchmarks/models.py --out $OUT [--quick]
     python benchmarks/models.py --dry-run   # no GPU: import, lower, match, compile for CUDA (source only)
+    ... --models bert:float32 --variants meta_schedule            # meta_schedule's tuning alone
+    ... --models bert:float32 --ms-database benchmarks/data/ms_bert_float32_seed0  # then all, it timed
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gzip
 import importlib.util
+import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +63,10 @@ from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E40
 from tvm_ext.tvm_export import tvm_target  # noqa: E402
 
 MODELS = ("bert:float16", "gru:float32", "bert:float32", "gru:float16")  # in the order they run
+VARIANTS = ("tvm_ext", "torch", "dlight", "meta_schedule", "compile")
+# meta_schedule on the H100, per BERT task: about 50 s to build and measure 8 candidates, most of it
+# its builder's fixed cost (a fresh process per batch)
+MS_TASK_SECONDS, MS_CANDIDATE_SECONDS = 20, 4
 
 
 def _example(name: str) -> Any:
@@ -164,14 +182,19 @@ def tune_ours(model: Model, target: TargetInfo, args: argparse.Namespace, work: 
     return os.path.join(work, "database"), wall, trials
 
 
+def matched_tasks(model: Model, target: TargetInfo) -> list[Any]:
+    """The model's tasks our templates match: the ones meta_schedule tunes too."""
+    tasks = extract_tasks(legalize_and_fuse(model.mod), target)
+    return [t for t, m in zip(tasks, match_tasks(tasks, target)) if m.matched]
+
+
 def tune_meta_schedule(model: Model, target: TargetInfo, args: argparse.Namespace, work: str,
                        seed: int) -> tuple[Any, float, str]:
-    """meta_schedule on the tasks our templates match, ``args.trials`` each."""
+    """meta_schedule on the tasks our templates match, ``args.trials`` each; its database and
+    ``tuning.json`` stay in ``work`` for a later run (``--ms-database``)."""
     from tvm.s_tir import meta_schedule as ms
 
-    lowered = legalize_and_fuse(model.mod)
-    tasks = extract_tasks(lowered, target)
-    chosen = [t for t, m in zip(tasks, match_tasks(tasks, target)) if m.matched]
+    chosen = matched_tasks(model, target)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     start = time.time()
@@ -181,7 +204,28 @@ def tune_meta_schedule(model: Model, target: TargetInfo, args: argparse.Namespac
                        max_trials_global=args.trials * len(contexts), max_trials_per_task=args.trials,
                        num_trials_per_iter=args.trials, builder=builder)
     wall = time.time() - start
-    return db, wall, f"{len(db.get_all_tuning_records())} ({args.trials}/task, {len(contexts)} tasks)"
+    trials = f"{len(db.get_all_tuning_records())} ({args.trials}/task, {len(contexts)} tasks)"
+    with open(os.path.join(work, "tuning.json"), "w") as f:
+        json.dump({"wall_s": wall, "trials": trials, "seed": seed, "model": model.label}, f)
+    return db, wall, trials
+
+
+def load_meta_schedule(work: str) -> tuple[Any, float, str]:
+    """A database ``tune_meta_schedule`` left in ``work`` (an earlier run), with its tuning time."""
+    from tvm.s_tir import meta_schedule as ms
+
+    with open(os.path.join(work, "tuning.json")) as f:
+        info = json.load(f)
+    paths = []
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        path = os.path.join(work, name)
+        if not os.path.exists(path) and os.path.exists(path + ".gz"):  # as kept under benchmarks/data
+            path = os.path.join(tempfile.mkdtemp(prefix="ms_db_"), name)
+            with gzip.open(os.path.join(work, name + ".gz"), "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        paths.append(path)
+    db = ms.database.JSONDatabase(*paths, allow_missing=False)
+    return db, info["wall_s"], info["trials"] + " (tuned in an earlier run)"
 
 
 # ---- torch -------------------------------------------------------------------------------------
@@ -233,40 +277,76 @@ def torch_compile_row(model: Model) -> Row:
 
 
 # ---- one model ---------------------------------------------------------------------------------
-def bench(kind: str, dtype: str, target: TargetInfo, args: argparse.Namespace, clock: Clock) -> list[Row]:
+class RowLog:
+    """The run's rows: each appended to ``OUT/models_rows.jsonl`` and printed as it is made."""
+
+    def __init__(self, out: str) -> None:
+        self.path = os.path.join(out, "models_rows.jsonl")
+        self.rows: list[Row] = []
+
+    def add(self, *rows: Row) -> None:
+        with open(self.path, "a") as f:
+            for row in rows:
+                self.rows.append(row)
+                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
+                ms = f"{row.ms:.3f} ms" if row.ms else "-"
+                print(f"  row: {row.variant}: {ms} {row.note}".rstrip(), flush=True)
+
+
+def bench(kind: str, dtype: str, target: TargetInfo, args: argparse.Namespace, clock: Clock, log: RowLog) -> None:
     """One model: ours first (the point of the run), then torch, dlight, meta_schedule and
-    torch.compile, each only if it fits the run's time."""
+    torch.compile (those of ``args.variants``), each only if it fits the run's time."""
     print(f"== {kind} {dtype} ({clock.left():.0f} s left)", flush=True)
     model = make_model(kind, dtype)
     work = os.path.join(args.out, f"{kind}_{dtype}")
-    rows: list[Row] = []
-    if clock.allows(120):
-        database, wall, trials = tune_ours(model, target, args, os.path.join(work, "tvm_ext"))
-        rows.append(tvm_variant(model, target, database, "tvm_ext", wall, trials))
-    else:
-        rows.append(Row(model.label, "tvm_ext", note="skipped (time)"))
-    rows += torch_rows(model)
+    wants = args.variants.__contains__
+    if wants("tvm_ext"):
+        if clock.allows(120):
+            database, wall, trials = tune_ours(model, target, args, os.path.join(work, "tvm_ext"))
+            log.add(tvm_variant(model, target, database, "tvm_ext", wall, trials))
+        else:
+            log.add(Row(model.label, "tvm_ext", note="skipped (time)"))
+    if wants("torch"):
+        log.add(*torch_rows(model))
     dlight = "dlight" if kind == "bert" else "dlight + GRU analytic config"
-    rows.append(tvm_variant(model, target, None, dlight) if clock.allows(30) else
+    if wants("dlight"):
+        log.add(tvm_variant(model, target, None, dlight) if clock.allows(30) else
                 Row(model.label, dlight, note="skipped (time)"))
-    if kind == "bert":
-        for seed in range(args.seeds):
-            label = f"meta_schedule (seed {args.seed + seed})"
-            if not clock.allows(150):
-                rows.append(Row(model.label, label, note="skipped (time)"))
-                break
-            try:
-                db, wall, trials = tune_meta_schedule(model, target, args, os.path.join(work, f"ms_{seed}"),
-                                                      args.seed + seed)
-                rows.append(tvm_variant(model, target, db, label, wall, trials))
-            except Exception as exc:
-                rows.append(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
-    if args.no_compile or not clock.allows(75):
-        rows.append(Row(model.label, "torch.compile",
+    if kind == "bert" and wants("meta_schedule"):
+        meta_schedule_rows(model, target, args, clock, work, log)
+    if wants("compile"):
+        if args.no_compile or not clock.allows(75):
+            log.add(Row(model.label, "torch.compile",
                         note="skipped (" + ("--no-compile" if args.no_compile else "time") + ")"))
-    else:
-        rows.append(torch_compile_row(model))
-    return rows
+        else:
+            log.add(torch_compile_row(model))
+
+
+def meta_schedule_rows(model: Model, target: TargetInfo, args: argparse.Namespace, clock: Clock, work: str,
+                       log: RowLog) -> None:
+    """A row per seed: the databases of ``--ms-database`` (tuned in an earlier run), else a tuning
+    run per seed where its estimated time fits."""
+    if args.ms_database:
+        for seed, folder in enumerate(args.ms_database):
+            label = f"meta_schedule (seed {args.seed + seed})"
+            try:
+                db, wall, trials = load_meta_schedule(folder)
+                log.add(tvm_variant(model, target, db, label, wall, trials))
+            except Exception as exc:
+                log.add(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
+        return
+    estimate = 60 + (MS_TASK_SECONDS + MS_CANDIDATE_SECONDS * args.trials) * len(matched_tasks(model, target))
+    for seed in range(args.seeds):
+        label = f"meta_schedule (seed {args.seed + seed})"
+        if not clock.allows(estimate):
+            log.add(Row(model.label, label, note=f"skipped (time: about {estimate:.0f} s)"))
+            continue
+        try:
+            db, wall, trials = tune_meta_schedule(model, target, args, os.path.join(work, f"ms_{seed}"),
+                                                  args.seed + seed)
+            log.add(tvm_variant(model, target, db, label, wall, trials))
+        except Exception as exc:
+            log.add(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
 
 
 def ratios(rows: list[Row]) -> list[list[str]]:
@@ -355,6 +435,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds; later stages are skipped past it")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
+    p.add_argument("--ms-database", default="",
+                   help="comma-separated meta_schedule work folders of an earlier run (one per seed) to time "
+                        "instead of tuning")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--quick", action="store_true", help="smaller budgets")
     p.add_argument("--dry-run", action="store_true", help="no GPU: import, lower, match, compile for CUDA")
@@ -364,6 +448,14 @@ def main() -> None:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         p.error(f"unknown models {unknown}; allowed: {', '.join(MODELS)}")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; allowed: {', '.join(VARIANTS)}")
+    args.ms_database = [d.strip() for d in args.ms_database.split(",") if d.strip()]
+    missing = [d for d in args.ms_database if not os.path.isfile(os.path.join(d, "tuning.json"))]
+    if missing:
+        p.error(f"no meta_schedule run in {missing[0]} (tuning.json missing)")
     args.trials = args.trials or (4 if args.quick else 8)
     args.population = args.population or (4 if args.quick else 8)
     os.makedirs(args.out, exist_ok=True)
@@ -376,20 +468,25 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     clock = Clock(args.time_limit)
     target = resolve_target("cuda", 0)
-    rows: list[Row] = []
+    log = RowLog(args.out)
+    seeds = len(args.ms_database) or args.seeds
+    seeds_text = f"meta_schedule {seeds} seed(s)" + ("" if seeds >= 3 else " (3 did not fit the run's time)")
     for spec in args.models:
         kind, dtype = spec.split(":")
         if not clock.allows(60):
-            rows.append(Row(spec, "all variants", note="skipped (time)"))
+            log.add(Row(spec, "all variants", note="skipped (time)"))
             continue
         try:
-            rows += bench(kind, dtype, target, args, clock)
+            bench(kind, dtype, target, args, clock, log)
         except Exception as exc:  # one model failing leaves the others' rows
-            rows.append(Row(spec, "all variants", note=f"failed: {_last_line(exc)}"))
+            log.add(Row(spec, "all variants", note=f"failed: {_last_line(exc)}"))
         print(f"  ({time.time() - clock.start:.0f} s so far)", flush=True)
-    seeds = f"meta_schedule {args.seeds} seed(s)" + ("" if args.seeds >= 3 else " (3 did not fit the run's time)")
+        print_table(log.rows, args.trials, seeds_text)
+
+
+def print_table(rows: list[Row], trials: int, seeds: str) -> None:
     print()
-    print(table(f"models end to end: ms per forward pass; {args.trials} trials per task; {seeds}",
+    print(table(f"models end to end: ms per forward pass; {trials} trials per task; {seeds}",
                 ["model", "variant", "ms", "vs meta_schedule", "vs torch best", "rel err vs f64", "tuning s",
                  "trials", "note"], ratios(rows)))
     for line in targets(rows):

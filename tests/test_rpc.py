@@ -414,7 +414,7 @@ def stock_server(cluster):
     def start(key: str, registered: int = 1) -> None:
         servers.append(subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", cluster.tracker_text, "--key", key,
-             "--host", "127.0.0.1", "--port", str(free_port()), "--port-end", "65535", "--silent"],
+             "--host", "127.0.0.1", "--port", str(free_port()), "--port-end", "65535", "--silent", "--no-fork"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         wait_registered(cluster.tracker, key, servers[-1], registered)
 
@@ -457,7 +457,7 @@ def test_cuda_on_a_stock_server_and_on_workers(tmp_path):
     tracker = LocalCluster([0], "cuda", log=quiet).start()
     stock = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker.tracker_text,
                               "--key", "stock", "--host", "127.0.0.1", "--port", str(free_port()),
-                              "--port-end", "65535", "--silent"],
+                              "--port-end", "65535", "--silent", "--no-fork"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         search = ["gemm", "--shape", "512,512,512", "--target", "cuda", "--strategy", "random", "--generations",

@@ -246,3 +246,22 @@ def test_every_opencl_path_shares_one_context(opencl, tmp_path):
     assert np.allclose(c, 16.0)
     ctx, _ = opencl_context(opencl.device_id)
     assert gru.executor.ctx is ctx and program.executor.ctx is ctx
+
+
+# ---- the GA's first individuals ----------------------------------------------------------------------------
+def test_the_ga_starts_from_the_default_and_the_templates_own_analytic_pick(tmp_path):
+    """A short search (a model's tasks get a few trials each) must not end below the
+    zero-measurement pick: the GRU's pick is a persistent fused kernel random draws rarely hit."""
+    from tvm_ext.schedules.gru import GruTemplate
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda()
+    template = GruTemplate(batch=16, hidden=512, input=256, seq=8, layers=2)
+    space, default = template.space(target), template.default_config(target)
+    pick = template.analytic_pick(target)[0]
+    assert pick != default and pick.fuse_step == 1
+    with Session(SessionOptions(records=str(tmp_path / "r.jsonl")), target=target) as session:
+        first = [space.decode(row) for row in session.seeds(template, space, default)]
+    assert first == [default, pick]
+    with Session(SessionOptions(records=str(tmp_path / "r.jsonl"), analytic_seeds=0), target=target) as session:
+        assert [space.decode(row) for row in session.seeds(template, space, default)] == [default]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -142,25 +142,8 @@ def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
         "x": x_dtype, "w_ih": w_ih_dtype, "in_acc": acc, "gi": acc, "w_hh": w_hh_dtype, "hid_acc": acc,
         "gh": acc, "h": h_dtype, "cell_math": acc, "out": out_dtype})
     if target is not None:
-        template = with_tensor_cores(template, target)
+        template = template.with_tensor_cores(target)
     return template
-
-
-def with_tensor_cores(template: Any, target: TargetInfo) -> Any:
-    """Tensor-core tiles (``pick_tile``: mma.sync where one fits, as ``tune mixed-precision gru``
-    picks them by default) for the input GEMMs and the unfused hidden GEMM where their operands
-    are float16 on CUDA."""
-    from .schedules.tensor_core_tile import pick_tile
-
-    if target.kind != "cuda":
-        return template
-    p = template.precision
-    inputs = [(template.seq * template.batch, template.dirs * 3 * template.hidden, template.layer_input(layer))
-              for layer in range(template.layers)]
-    hidden = [(template.batch, 3 * template.hidden, template.hidden)]
-    half = lambda *names: all(p[n] == "float16" for n in names)  # noqa: E731
-    return replace(template, in_tensor_core=pick_tile(inputs, target) if half("x", "w_ih") else None,
-                   hid_tensor_core=pick_tile(hidden, target) if half("h", "w_hh") else None)
 
 
 def find_grus(mod: Any, target: TargetInfo | None = None) -> list[GruCall]:

@@ -410,13 +410,24 @@ class Session:
 
     def seeds(self, template: Template, space: Space, default: Config,
               candidates: Iterable[Config] | None = None) -> list[np.ndarray]:
-        """The default config, then method 002's picks (GEMM only) as the GA's first individuals."""
+        """The GA's first individuals: the default config, the template's own zero-measurement
+        pick (so a short search never ends below what ``--strategy analytic`` gives: the GRU's
+        pick is a persistent kernel a few random draws rarely find), then method 002's picks
+        (GEMM only)."""
         from .cost_model.analytic import analytic_seeds
 
+        picks: list[Config] = []
+        if self.options.analytic_seeds > 0 and candidates is None:  # a replayed sweep seeds from its own picks
+            try:
+                own = template.analytic_pick(self.target)
+            except TvmExtError:  # a pick that cannot be made here: the GA still runs
+                own = None
+            if own is not None and own[0] != default and space.is_feasible(own[0]):
+                picks.append(own[0])
         try:
-            picks = analytic_seeds(template, self.target, self.options.analytic_seeds, candidates)
+            picks += analytic_seeds(template, self.target, self.options.analytic_seeds, candidates)
         except TvmExtError:  # no tile passes the template's own rule: the GA still runs
-            picks = []
+            pass
         return [space.encode(c) for c in [default] + picks]
 
     def tune(self, template: Template, *, on_record: ProgressHook | None = None, **fit: Any) -> TuneResult:

@@ -69,13 +69,14 @@ class GRU:
         """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
         values that override the default (e.g. ``{"fuse_step": 1}``); none: the template's
         ``analytic_pick`` for this shape and device (on a GPU, the fused split-K step kernel).  ``precision``: dtypes
-        of some of ``PRECISION_PARAMS`` (e.g. ``{"gi": "bfloat16"}``), the rest float32."""
+        of some of ``PRECISION_PARAMS`` (e.g. ``{"gi": "bfloat16"}``), the rest float32; float16 GEMM
+        operands run on a tensor-core tile on CUDA (``GruTemplate.with_tensor_cores``)."""
         from tvm_ext.target import resolve_target
 
         info = resolve_target(target, device_id) if isinstance(target, str) else target
         template = GruTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq,
                                layers=num_layers, bidirectional=bool(bidirectional))
-        template = template.with_precision(dict(precision or {}))
+        template = template.with_precision(dict(precision or {})).with_tensor_cores(info)
         space = template.space(info)
         if config is None:
             cfg = template.analytic_pick(info)[0]

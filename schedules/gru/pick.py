@@ -15,7 +15,9 @@ What the measurements said, and the rule each gives:
 - Many rows (batch >= 32): blocks of 8 units x all rows (threads along the rows), W_hh's
   slice in shared memory, the h slice double-buffered (B64 H1024: 4.57 ms against 4.91).
 - W_hh in registers won where the k extent is padded (hidden 200: 0.42 ms against 0.90;
-  hidden 33: 0.068 against 0.100) and lost slightly where it divides (hidden 256, 512).
+  hidden 33: 0.068 against 0.100) and lost slightly where it divides (hidden 256, 512) in
+  float32; with W_hh in float16 (half the registers) it won by about 2x at every small-batch
+  shape measured (B1 H256: 0.270 ms against 0.563; B8 H512: 0.415 against 0.773).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
   fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
   SM a block, else the default.
@@ -60,10 +62,11 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     ks = 8 if template.hidden >= 128 else 4
     step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
     padded = step_k_extent(template.hidden, step_k, ks) > template.hidden
+    in_registers = padded or template.w_hh_dtype in ("float16", "bfloat16")
     for rows, units in SMALL_TILES:
         units = units if template.hidden > 16 else 16
         cfg = base.replace(fuse_step=1, step_j=units, step_b=rows, step_k=step_k, step_ks=ks, **extras)
-        if padded and space.is_feasible(cfg.replace(step_w_onchip=2)):
+        if in_registers and space.is_feasible(cfg.replace(step_w_onchip=2)):
             cfg = cfg.replace(step_w_onchip=2)
         if not space.is_feasible(cfg):
             continue

@@ -13,7 +13,7 @@ the GA tuner searches it like any operator.  Pipeline per layer (patent 004):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -300,6 +300,21 @@ class GruTemplate(DtypeFields, Template):
         return BiasGemmTemplate(self.batch, 3 * self.hidden, self.hidden, a_dtype=self.h_dtype,
                                 b_dtype=self.w_hh_dtype, acc_dtype=self.hid_acc_dtype, c_dtype=self.gh_dtype,
                                 tensor_core=self.hid_tensor_core, batch=self.dirs)
+
+    def with_tensor_cores(self, target: TargetInfo) -> "GruTemplate":
+        """This template with tensor-core tiles (``pick_tile``: mma.sync where one fits the
+        shapes) for the input GEMMs and the unfused hidden GEMM where their operands are
+        float16 on CUDA, and with none elsewhere: what ``GRU.build`` and the Relax GRU run."""
+        from tvm_ext.schedules.tensor_core_tile import pick_tile
+
+        if target.kind != "cuda":
+            return replace(self, in_tensor_core=None, hid_tensor_core=None)
+        inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
+                  for layer in range(self.layers)]
+        hidden = [(self.batch, 3 * self.hidden, self.hidden)]
+        half = lambda *names: all(self.precision[n] == "float16" for n in names)  # noqa: E731
+        return replace(self, in_tensor_core=pick_tile(inputs, target) if half("x", "w_ih") else None,
+                       hid_tensor_core=pick_tile(hidden, target) if half("h", "w_hh") else None)
 
     def layers_share_input_gemm(self) -> bool:
         """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
