@@ -188,13 +188,12 @@ def matched_tasks(model: Model, target: TargetInfo) -> list[Any]:
     return [t for t, m in zip(tasks, match_tasks(tasks, target)) if m.matched]
 
 
-def tune_meta_schedule(model: Model, target: TargetInfo, args: argparse.Namespace, work: str,
+def tune_meta_schedule(model: Model, chosen: list[Any], args: argparse.Namespace, work: str,
                        seed: int) -> tuple[Any, float, str]:
-    """meta_schedule on the tasks our templates match, ``args.trials`` each; its database and
-    ``tuning.json`` stay in ``work`` for a later run (``--ms-database``)."""
+    """meta_schedule on ``chosen`` (the tasks our templates match), ``args.trials`` each; its
+    database and ``tuning.json`` stay in ``work`` for a later run (``--ms-database``)."""
     from tvm.s_tir import meta_schedule as ms
 
-    chosen = matched_tasks(model, target)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     start = time.time()
@@ -335,14 +334,15 @@ def meta_schedule_rows(model: Model, target: TargetInfo, args: argparse.Namespac
             except Exception as exc:
                 log.add(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
         return
-    estimate = 60 + (MS_TASK_SECONDS + MS_CANDIDATE_SECONDS * args.trials) * len(matched_tasks(model, target))
+    chosen = matched_tasks(model, target)  # lowered once for every seed
+    estimate = 60 + (MS_TASK_SECONDS + MS_CANDIDATE_SECONDS * args.trials) * len(chosen)
     for seed in range(args.seeds):
         label = f"meta_schedule (seed {args.seed + seed})"
         if not clock.allows(estimate):
             log.add(Row(model.label, label, note=f"skipped (time: about {estimate:.0f} s)"))
             continue
         try:
-            db, wall, trials = tune_meta_schedule(model, target, args, os.path.join(work, f"ms_{seed}"),
+            db, wall, trials = tune_meta_schedule(model, chosen, args, os.path.join(work, f"ms_{seed}"),
                                                   args.seed + seed)
             log.add(tvm_variant(model, target, db, label, wall, trials))
         except Exception as exc:

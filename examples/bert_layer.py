@@ -199,7 +199,7 @@ def _addmm_in_operand_type(node: Any, importer: Any) -> Any:
     with the result in the operands' type (see ``_matmul_in_operand_type``)."""
     from tvm import relax
 
-    bias, a, b = (importer.env[arg] for arg in node.args[:3])
+    bias, a, b = importer.retrieve_args(node)[:3]
     alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
     emit = importer.block_builder.emit
     product = emit(relax.op.matmul(a, b))

@@ -29,8 +29,6 @@ from tvm_ext.template import get_template_class
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-
-
 # ---- patent 001: the plan ------------------------------------------------------------------
 
 @pytest.mark.parametrize("n, expected", [

@@ -16,8 +16,6 @@ CONFIGS = [  # threads per row = block_size / rows_per_block
 ]
 
 
-
-
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("knobs", CONFIGS, ids=lambda k: "-".join(f"{v}" for v in k.values()))
 def test_every_op_and_knob_matches_numpy(opencl, op, knobs):

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.precision import itemsize
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
@@ -62,7 +63,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     ks = 8 if template.hidden >= 128 else 4
     step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
     padded = step_k_extent(template.hidden, step_k, ks) > template.hidden
-    in_registers = padded or template.w_hh_dtype in ("float16", "bfloat16")
+    in_registers = padded or itemsize(template.w_hh_dtype) == 2  # a 16-bit W_hh takes half the registers
     for rows, units in SMALL_TILES:
         units = units if template.hidden > 16 else 16
         cfg = base.replace(fuse_step=1, step_j=units, step_b=rows, step_k=step_k, step_ks=ks, **extras)
