@@ -84,9 +84,15 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     onchip = [base.replace(fuse_step=1, step_j=j, step_b=wide_b, step_k=64, step_ks=ks, step_w_onchip=1)
               for j, ks in ((8, 8), (16, 8), (8, 4), (16, 4), (32, 4), (32, 8))] if template.batch <= 16 else []
     latency = dict(step_barrier=2, step_prefetch=1)  # the acquire barrier, gi a step ahead
+    # the tensor-core persistent step kernel (16-bit h and W_hh; the space refuses it otherwise)
+    tensor_core = [base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=j, step_tc_rows=rows,
+                                step_tc_kw=kw)
+                   for j, rows, kw in ((16, 16, 8), (16, 16, 4), (16, 32, 2), (16, 32, 4), (16, 32, 8), (32, 16, 4),
+                                       (32, 16, 8), (16, 64, 4), (32, 32, 4), (16, 16, 2), (32, 64, 4))]
     picks = [
         base,
         pick,  # GRU.build without a config
+        *tensor_core,
         pick.replace(step_w_onchip=2) if pick.fuse_step and pick.step_bt == 1 else pick,  # W_hh in registers
         base.replace(fuse_step=1, step_j=8, step_b=8, step_bt=8, step_k=64, step_ks=4, step_w_onchip=1,
                      step_pipeline=1, **latency),  # blocks of 64 rows sharing the W slice (large batch)
@@ -137,6 +143,8 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 
 def short(cfg: Config) -> str:
+    if cfg.fuse_step and cfg.step_tc:
+        return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw} persistent"
     if cfg.fuse_step:
         loop = ("", " host-loop", " persistent")[cfg.step_loop]
         onchip = ("", " W on chip", " W in registers")[cfg.step_w_onchip]

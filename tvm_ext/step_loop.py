@@ -143,6 +143,14 @@ def _barrier_template(kind: str = BARRIER_ATOMIC) -> Any:
     return barrier
 
 
+def grid_barrier(kind: str, expected: Any, leader: Any) -> tuple[Any, Any]:
+    """The grid barrier of kind ``kind`` (``BARRIERS``) as a statement, and the int32 buffer
+    (BARRIER_WORDS) it uses, for the kernel to take as its parameter: it waits for
+    ``expected`` arrivals in all, and ``leader`` (one thread of each block) arrives and polls."""
+    sync = _barrier_template(kind)
+    return sync.specialize({sync.params[1]: expected, sync.params[2]: leader}).body, sync.params[0]
+
+
 def _stored_buffers(stmt: Any) -> set[str]:
     """Names of the buffers a lowered statement stores to."""
     import tvm

@@ -18,6 +18,9 @@ What the measurements said, and the rule each gives:
   hidden 33: 0.068 against 0.100) and lost slightly where it divides (hidden 256, 512) in
   float32; with W_hh in float16 (half the registers) it won by about 2x at every small-batch
   shape measured (B1 H256: 0.270 ms against 0.563; B8 H512: 0.415 against 0.773).
+- With h and W_hh both 16-bit, the tensor-core persistent step kernel beat every fused
+  step kernel on the CUDA cores (float16, T128: B1 H256 0.249 ms against 0.270, B8 H512
+  0.302 against 0.415, B64 H1024 0.802 against 1.582 ms).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
   fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
   SM a block, else the default.
@@ -34,6 +37,7 @@ from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
 from .kernels import step_k_extent
+from .tensor_core_step import TC_ROWS
 
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
@@ -54,6 +58,12 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     cuda = target.kind == "cuda"
     base, gemm_why = _input_gemm(template, base, space, hw.sm_count)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
+    tensor_core = _tensor_core_step(template, base, space) if cuda else None
+    if tensor_core is not None:
+        shape = template.tc_step_shape(tensor_core)
+        return tensor_core, (f"tensor-core persistent step kernel: {shape.blocks} blocks of 16 units x "
+                             f"{shape.rows} batch rows, {shape.k_warps} warps splitting k, W_hh's slice in "
+                             f"shared memory; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS:
         cfg = _many_rows(template, base, extras)
         if cfg is not None and space.is_feasible(cfg):
@@ -84,6 +94,19 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid); {gemm_why}")
     return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+
+
+def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
+    """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid): 16
+    units and the fewest rows per block whose grid is resident (more, smaller blocks), 4 k
+    warps with 16 rows, 2 with more (B1-B8: 4 of 1/2/4/8 measured fastest; B64 H1024: 2);
+    None where no such config fits."""
+    for rows in TC_ROWS:
+        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=16, step_tc_rows=rows,
+                           step_tc_kw=4 if rows == 16 else 2)
+        if space.is_feasible(cfg):
+            return cfg
+    return None
 
 
 def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:

@@ -68,7 +68,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
     funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
     modules = {name: sch.mod for name, sch in scheds.items()}
     trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
-    if config.fuse_step and config.step_loop:
+    if config.fuse_step and config.step_loop and not config.step_tc:
         mode = step_loop.HOST if config.step_loop == 1 else step_loop.PERSISTENT
         step = scheds["gru_step"]
         per_sm = template.persistent_residency(config, target)[0] if mode == step_loop.PERSISTENT else 1
@@ -87,6 +87,10 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         trace["gru_steps"] = trace.pop("gru_step")
         for table in (funcs, modules):
             del table["gru_step"]
+    for name, func in template.lowered_kernels(config).items():  # written as loops: no schedule trace
+        funcs[name] = func.with_attr("global_symbol", name)
+        modules[name] = tvm.IRModule({"main": funcs[name]})
+        trace[name] = {"lowered": name}
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
         executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)

@@ -25,6 +25,7 @@ from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, i
 from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
+from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
@@ -33,6 +34,7 @@ from tvm_ext.template import Template, TensorSpec
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func, step_k_extent
+from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),
@@ -62,6 +64,12 @@ STEP_KNOBS = (
                                      "gates x hidden) in shared memory, 2 keeps each thread's share (3 gates x "
                                      "hidden/step_ks) in registers; the persistent kernel loads it once for all "
                                      "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
+    Knob("step_tc", (0, 1), "persistent step kernel, CUDA, h and W_hh both float16 or both bfloat16: 1 runs the "
+                            "gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
+                            "(16 or 32) in shared memory for all T steps (``tensor_core_step.py``)"),
+    Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
+    Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
+                                     "partial sums meet in shared memory)"),
 )
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
@@ -373,6 +381,8 @@ class GruTemplate(DtypeFields, Template):
             if self.step_shared_bytes(c) > limit:
                 return (f"step kernel: h slice, partial sums and W_hh slice need {self.step_shared_bytes(c)} B "
                         f"of shared memory > {limit}")
+            if c.step_tc:
+                return self.tc_step_reason(c, target)
             if c.step_w_onchip == 2 and c.step_ks == 1:
                 return "step kernel: W_hh in registers (step_w_onchip 2) needs split-K (step_ks > 1)"
             if c.step_w_onchip == 2 and target.kind == "cuda":
@@ -388,6 +398,37 @@ class GruTemplate(DtypeFields, Template):
             return None
 
         return Space(KNOBS, (gemm_reason, step_reason))
+
+    def tc_step_shape(self, c: Config) -> TcStepShape:
+        """The tensor-core step kernel's sizes under ``c`` (``step_tc`` 1)."""
+        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype)
+
+    def tc_step_reason(self, c: Config, target: TargetInfo) -> str | None:
+        """Why the tensor-core step kernel cannot run ``c`` here: types, tile, and a grid that
+        must be resident (persistent) with its shared memory."""
+        if target.kind != "cuda" or c.step_loop != 2:
+            return "tensor-core step kernel (step_tc 1) is CUDA's persistent kernel only (step_loop 2)"
+        shape = self.tc_step_shape(c)
+        reason = tc_step_reason(shape, self.h_dtype, self.w_hh_dtype, self.hid_acc_dtype)
+        if reason:
+            return reason
+        hw = HardwareModel.from_target(target)
+        if shape.threads > target.max_threads_per_block:
+            return f"tensor-core step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
+        cc = compute_capability(target)
+        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+            return f"tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
+        shared = shape.shared_bytes()
+        if shared > hw.shared_per_block_optin:
+            return (f"tensor-core step kernel: W_hh slice, h rows and partial sums need {shared} B of shared "
+                    f"memory > {hw.shared_per_block_optin}")
+        per_sm = -(-shape.blocks // hw.sm_count)
+        fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // shape.threads,
+                   hw.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
+        if per_sm > fits:
+            return (f"tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
+                    f"> {hw.sm_count} SMs x {fits} resident per SM")
+        return None
 
     def step_shared_bytes(self, c: Config) -> int:
         """Shared memory of one fused-step block: the staged h slice, split-K partial sums
@@ -433,13 +474,19 @@ class GruTemplate(DtypeFields, Template):
         """Unfused (``fuse_step=0``): no ``step_*`` knob matters; fused: neither the cell
         kernel's block nor the hidden GEMM's tile (the step kernel does both)."""
         unused = ("cell_block", "hid_") if config.fuse_step else ("step_",)
-        return tuple(name for name, _ in config.items if not name.startswith(unused))
+        shown = [name for name, _ in config.items if not name.startswith(unused)]
+        if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
+            simt = ("step_b", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch", "step_w_onchip")
+            hidden = simt if config.step_tc else ("step_tc_rows", "step_tc_kw")
+            shown = [name for name in shown if name not in hidden]
+        return tuple(shown)
 
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_bt": 1,
                                   "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0, "step_prefetch": 0,
-                                  "step_barrier": 0, "step_w_onchip": 0}
+                                  "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0, "step_tc_rows": 16,
+                                  "step_tc_kw": 1}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -466,7 +513,9 @@ class GruTemplate(DtypeFields, Template):
         }
         if layers > 1 and not self.layers_share_input_gemm():
             funcs["gru_gemm_x1"] = self.input_gemm(1).schedule(gemms["in_"], target)
-        if config.fuse_step:
+        if config.fuse_step and config.step_tc:  # a lowered persistent kernel, no schedule (``lowered_kernels``)
+            pass
+        elif config.fuse_step:
             funcs["gru_step"] = schedule_step(
                 step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
                           acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
@@ -482,6 +531,18 @@ class GruTemplate(DtypeFields, Template):
                 cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
                           math_dtype=p["cell_math"], out_dtype=p["out"]), block)
         return funcs
+
+    def lowered_kernels(self, config: Config) -> dict[str, Any]:
+        """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):
+        the tensor-core persistent step kernel (``step_tc``)."""
+        if not (config.fuse_step and config.step_tc):
+            return {}
+        p = self.precision
+        func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
+                            rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
+                            gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],
+                            barrier=config.step_barrier)
+        return {"gru_steps": func}
 
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------
     def plan(self, config: Config) -> tuple[host_plan.Call, ...]:

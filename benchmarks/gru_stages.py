@@ -1,0 +1,48 @@
+"""Where a GRU config's time goes on the GPU: each kernel function's share of one forward pass
+(the runner's stage times) for the configs named on the command line, at one shape.
+
+    source .tvm-device/boot.sh && python benchmarks/gru_stages.py --batch 64 --hidden 1024 \
+        --precision float16 --config '{"fuse_step": 1, "step_loop": 2, "step_tc": 1, ...}'
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gru import SEQ, precision_of  # noqa: E402
+
+from tvm_ext.builder import build_one  # noqa: E402
+from tvm_ext.measure import MeasureSettings, measure  # noqa: E402
+from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
+from tvm_ext.target import resolve_target  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--seq", type=int, default=SEQ)
+    p.add_argument("--precision", default="float32", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--config", action="append", default=[], help="JSON knobs over the analytic pick (repeatable)")
+    args = p.parse_args()
+    target = resolve_target("cuda", 0)
+    template = GruTemplate(batch=args.batch, hidden=args.hidden, input=args.hidden, seq=args.seq)
+    template = template.with_precision(precision_of(args.precision)).with_tensor_cores(target)
+    pick = template.analytic_pick(target)[0]
+    for knobs in args.config or ["{}"]:
+        cfg = pick.replace(**json.loads(knobs))
+        build = build_one(template, cfg, target)
+        if not build.ok:
+            print(f"{knobs}: {build.error_msg}")
+            continue
+        result = measure(template, cfg, build.artifact, target, MeasureSettings(warmup=2, repeat=5))
+        stages = {k: f"{v * 1e3:.3f}" for k, v in result.metrics.get("stage_secs", {}).items()}
+        shown = f"{result.cost * 1e3:.3f} ms" if result.ok else f"{result.error_kind}: {result.error_msg}"
+        print(f"{knobs}: {shown}, stages ms {stages}, rel err {result.metrics.get('rel_error', float('nan')):.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""The persistent GRU step kernel on the tensor cores (knob ``step_tc``): every step's gate
+dot products ``h · W_hh`` through ``ldmatrix`` + ``mma.sync.m16n8k16``, W_hh's block slice
+in shared memory for all T steps, the cell on the accumulators, one launch per layer.
+
+Why a kernel of its own: at large batch the fused step kernel's dot products on the CUDA
+cores are the floor (B64 H1024: 403 MFLOP a step, ~8 µs at the float32 SIMT rate), while
+the tensor cores do them in well under a microsecond; a 16-bit W_hh (6 MB at H1024) fits
+the SMs' shared memory, so it is read from memory once per layer instead of every step.
+It is written as the loops TVM lowers a schedule to (launch threads, shared and register
+arrays, the PTX intrinsics), parameterised by its knobs and compiled by ``tvm.compile`` like
+any kernel: that way the cell reads the ``mma.sync`` accumulators where they are, in
+registers (a tensorized schedule stores them to a buffer first), and the W fill stands
+outside the step loop.
+
+A block owns ``units`` hidden units of one direction (all three gates: 3·units columns of
+the gate GEMM, laid out gate by gate) and ``rows`` batch rows (16 per warp along M), and
+``k_warps`` warps split the dot products over k (their partial sums meet in shared
+memory).  Per step: each warp copies its rows and k range of h into shared memory in up to
+``H_CHUNKS`` ``cp.async`` groups and multiplies chunk c (``ldmatrix.x4`` of A,
+``ldmatrix.x4.trans`` of B, two ``mma.sync`` per 16x16x16) while the later chunks are in
+flight; then the first warp of each row tile runs the cell on its accumulators: a lane's
+accumulators hold the r, z and n sums of the same (row, unit) pairs, so the cell needs no
+exchange, and its gi was loaded into registers before the previous barrier.  h' goes to the
+other state slot and the output, and the blocks meet at ``tvm_ext.step_loop``'s grid barrier.
+
+Rows past the batch and k past the hidden size are zeros in shared memory (any batch and
+hidden size run); units past the hidden size are computed on zero weights and not stored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tvm_ext.precision import itemsize
+from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
+from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, grid_barrier
+
+from .kernels import _cell_math, _stored_as
+
+WARP = 32
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+OPERANDS = ("float16", "bfloat16")
+TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
+TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
+H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
+
+
+def _padded_stride(columns: int, dtype: str) -> int:
+    """A shared row stride of at least ``columns`` whose 16-byte chunk count is odd, so the
+    8 rows one ``ldmatrix`` phase reads lie on distinct banks."""
+    per_chunk = 16 // itemsize(dtype)
+    chunks = -(-columns // per_chunk)
+    return (chunks + (chunks % 2 == 0)) * per_chunk
+
+
+@dataclass(frozen=True)
+class TcStepShape:
+    """The sizes a tensor-core step config implies for one GRU shape."""
+
+    batch: int
+    hidden: int
+    dirs: int
+    units: int
+    rows: int
+    k_warps: int
+    operand: str
+
+    @property
+    def k_extent(self) -> int:
+        """k rounded up so each of the ``k_warps`` warps takes whole 16-deep slices."""
+        step = MMA_K * self.k_warps
+        return -(-self.hidden // step) * step
+
+    @property
+    def warps(self) -> int:
+        return self.rows // MMA_M * self.k_warps
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.warps
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
+
+    @property
+    def w_stride(self) -> int:
+        return _padded_stride(3 * self.units, self.operand)
+
+    @property
+    def h_stride(self) -> int:
+        return _padded_stride(self.k_extent, self.operand)
+
+    @property
+    def n_tiles(self) -> int:
+        return 3 * self.units // MMA_N
+
+    def shared_bytes(self) -> int:
+        """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
+        operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
+        partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_tiles * 4 * WARP * 4
+        return operands + partials
+
+
+def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: str) -> str | None:
+    """Why these types or sizes cannot run on the tensor-core step kernel (None: they can)."""
+    if h_dtype != w_dtype or w_dtype not in OPERANDS:
+        return (f"tensor-core step kernel (step_tc 1) needs h and W_hh both float16 or both bfloat16, got "
+                f"{h_dtype} and {w_dtype}")
+    if acc_dtype != "float32":
+        return f"tensor-core step kernel (step_tc 1) accumulates in float32, not {acc_dtype}"
+    if shape.units not in TC_UNITS:
+        return f"tensor-core step kernel: step_j {shape.units} units per block; allowed: {TC_UNITS}"
+    if shape.rows not in TC_ROWS:
+        return f"tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
+    if shape.rows > 16 and shape.rows >= 2 * shape.batch:
+        return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
+    return None
+
+
+def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
+                 k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
+                 barrier: str, name: str = "gru_steps") -> Any:
+    """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
+    (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
+    persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand)
+    G, K, U = 3 * hidden, shape.k_extent, units
+    m_warps, threads, n_tiles, unit_tiles = rows // MMA_M, shape.threads, shape.n_tiles, units // MMA_N
+    k_slices = K // k_warps // MMA_K  # 16-deep k slices per warp
+    warp_k = K // k_warps
+    chunks = math.gcd(k_slices, H_CHUNKS)  # a warp's h copy in this many cp.async groups
+    chunk_k = warp_k // chunks
+    grid_x, grid_y = -(-hidden // units), -(-batch // rows)
+    blocks = grid_x * grid_y * dirs
+    sw, sh = shape.w_stride, shape.h_stride
+    vec = 8 if hidden % 8 == 0 else 1  # 16-byte copies where a row's k and units come in whole vectors
+    asynchronous = vec == 8  # cp.async copies 16 bytes (a 2-byte element cannot go)
+    w_vectors = K * 3 * U // vec
+    h_vectors = rows * K // vec
+    chunk_vectors = MMA_M * chunk_k // vec // WARP  # per lane
+    partial_tiles = (k_warps - 1) * m_warps
+    gi_values = 3 * unit_tiles * 4
+    abbrev = DTYPE_ABBREV[operand]
+    zero_op = tirx.const(0, operand)
+
+    def cell(acc: Any, b_h: Any, gi_reg: Any, h_prev: Any, t: int, e: int) -> Any:
+        """h' of the lane's element e of unit tile t: gate g's sum is accumulator tile
+        g * unit_tiles + t, the same element (the same row and unit)."""
+        def at(g: int) -> int:
+            return (g * unit_tiles + t) * 4 + e
+
+        gh = [_stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        return _cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype)
+
+    @T.macro
+    def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
+        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
+        for g in T.unroll(3):
+            for t in T.unroll(unit_tiles):
+                for e in T.unroll(4):
+                    row = T.meta_var(m0 + mi * MMA_M + tx // 4 + e // 2 * 8)
+                    unit = T.meta_var(j0 + t * MMA_N + tx % 4 * 2 + e % 2)
+                    gi_reg[(g * unit_tiles + t) * 4 + e] = T.if_then_else(
+                        row < batch and unit < hidden,
+                        gi[T.min(t_row * batch + row, steps * batch - 1),
+                           T.min(bz * G + g * hidden + unit, dirs * G - 1)],
+                        T.cast(0, gi_dtype))
+
+    @T.macro
+    def copy_h(h_s, hs, step, bz, m0, mi, ki, c, tx):  # type: ignore[no-untyped-def]
+        for it in T.unroll(chunk_vectors):
+            f = T.meta_var(it * WARP + tx)
+            r = T.meta_var(mi * MMA_M + f // (chunk_k // vec))
+            k = T.meta_var(ki * warp_k + c * chunk_k + f % (chunk_k // vec) * vec)
+            if m0 + r < batch and k < hidden:
+                for v in T.vectorized(vec):
+                    h_s[r * sh + k + v] = hs[step % 2, bz, m0 + r, k + v]
+
+    @T.prim_func(private=True)
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
+               w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
+               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+               h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        bx = T.launch_thread("blockIdx.x", grid_x)
+        by = T.launch_thread("blockIdx.y", grid_y)
+        bz = T.launch_thread("blockIdx.z", dirs)
+        tx = T.launch_thread("threadIdx.x", WARP)
+        ty = T.launch_thread("threadIdx.y", m_warps * k_warps)
+        w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
+        h_s = T.alloc_buffer((rows * sh,), operand, scope="shared.dyn")
+        part = T.alloc_buffer((max(partial_tiles, 1) * n_tiles * 4 * WARP,), "float32", scope="shared.dyn")
+        a_frag = T.alloc_buffer((8,), operand, scope="local")
+        b_frag = T.alloc_buffer((8,), operand, scope="local")
+        acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
+        b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
+        gi_reg = T.alloc_buffer((gi_values,), gi_dtype, scope="local")
+        tid = T.meta_var(ty * WARP + tx)
+        mi = T.meta_var(ty % m_warps)
+        ki = T.meta_var(ty // m_warps)
+        j0 = T.meta_var(bx * U)
+        m0 = T.meta_var(by * rows)
+        # W_hh's slice of this block, all k, once for all steps: w_s[k, g * U + u] = W[k, g * H + j0 + u]
+        for it in T.unroll(-(-w_vectors // threads)):
+            f = T.meta_var(it * threads + tid)
+            k = T.meta_var(f // (3 * U // vec))
+            g = T.meta_var(f % (3 * U // vec) // (U // vec))
+            u = T.meta_var(f % (U // vec) * vec)
+            if f < w_vectors:
+                if k < hidden and j0 + u < hidden:
+                    for v in T.vectorized(vec):
+                        w_s[k * sw + g * U + u + v] = w[bz, k, g * hidden + j0 + u + v]
+                else:
+                    for v in T.vectorized(vec):
+                        w_s[k * sw + g * U + u + v] = zero_op
+        # the h rows past the batch and k past the hidden size: zeros, once (the steps copy the rest)
+        for it in T.unroll(-(-h_vectors // threads)):
+            f = T.meta_var(it * threads + tid)
+            r = T.meta_var(f // (K // vec))
+            k = T.meta_var(f % (K // vec) * vec)
+            if f < h_vectors and (m0 + r >= batch or k >= hidden):
+                for v in T.vectorized(vec):
+                    h_s[r * sh + k + v] = zero_op
+        # b_h of the lane's units (two per n8 tile), once
+        for t in T.unroll(n_tiles):
+            for e in T.unroll(2):
+                unit = T.meta_var(j0 + t % unit_tiles * MMA_N + tx % 4 * 2 + e)
+                b_h[t * 2 + e] = T.if_then_else(
+                    unit < hidden, T.cast(bias[bz, T.min(t // unit_tiles * hidden + unit, G - 1)], "float32"),
+                    T.float32(0))
+        if ki == 0:
+            load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+        T.tvm_storage_sync("shared")
+        for s in T.serial(steps):
+            # the warp's own rows and k range of h, chunk by chunk (cp.async groups): the dot
+            # products on chunk c start while the later chunks are still in flight
+            for c in T.unroll(chunks):
+                if asynchronous:
+                    with T.attr(0, "async_commit_queue_scope", 0):
+                        with T.attr(0, "async_scope", 1):
+                            copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
+                else:
+                    copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
+            for i in T.unroll(n_tiles * 4):
+                acc[i] = T.float32(0)
+            for c in T.unroll(chunks):
+                with T.attr(0, "async_wait_queue_scope", 0):
+                    with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
+                        T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
+                        for ks in T.unroll(chunk_k // MMA_K):
+                            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
+                            T.ptx_legacy.ldmatrix(
+                                False, 4, ".b16", a_frag.data, 0,
+                                T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
+                                                 (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
+                                dtype=operand)
+                            for p in T.unroll(n_tiles // 2):
+                                T.ptx_legacy.ldmatrix(
+                                    True, 4, ".b16", b_frag.data, 0,
+                                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                                                     (kk + tx % 16) * sw + p * 16 + tx // 16 * 8, 8, 1), 0,
+                                    dtype=operand)
+                                for half in T.unroll(2):
+                                    T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
+                                                     b_frag.data, half * 4, acc.data, (p * 2 + half) * 4, False,
+                                                     dtype="float32")
+            if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
+                if ki > 0:
+                    for i in T.unroll(n_tiles * 4):
+                        part[(((ki - 1) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx] = acc[i]
+                T.tvm_storage_sync("shared")  # also: every warp's h chunks are in (the cell reads them)
+                if ki == 0:
+                    for q in T.unroll(k_warps - 1):
+                        for i in T.unroll(n_tiles * 4):
+                            acc[i] = acc[i] + part[((q * m_warps + mi) * n_tiles * 4 + i) * WARP + tx]
+            if ki == 0:  # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
+                t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
+                for t in T.unroll(unit_tiles):
+                    for e in T.unroll(4):
+                        row_in = T.meta_var(mi * MMA_M + tx // 4 + e // 2 * 8)
+                        col = T.meta_var(t * MMA_N + tx % 4 * 2 + e % 2)
+                        row = T.meta_var(m0 + row_in)
+                        unit = T.meta_var(j0 + col)
+                        if row < batch and unit < hidden:
+                            h_new = T.meta_var(cell(acc, b_h, gi_reg, h_s[row_in * sh + unit], t, e))
+                            hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
+                            out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
+                            if s == steps - 1:
+                                h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
+                if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
+                    load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
+            T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks))
+
+    return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
+
+
+BARRIER_MARK = "tvm_ext_grid_barrier"  # where the step's grid barrier goes (``_with_barrier``)
+
+
+def _with_barrier(func: Any, kind: str) -> Any:
+    """``func`` with its barrier mark replaced by ``tvm_ext.step_loop``'s grid barrier (one
+    leader thread per block: threadIdx 0)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    threads = {}
+
+    def find(node: Any) -> None:
+        if node.attr_key == "thread_extent":
+            threads[node.node.thread_tag] = node.node.var
+
+    tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, find)])
+    leader = tirx.And(threads["threadIdx.x"] == 0, threads["threadIdx.y"] == 0)
+    barrier: list[Any] = []
+
+    def replace(node: Any, mutator: Any) -> Any:
+        call = node.value
+        if isinstance(call, tvm.ir.Call) and call.op.name == "tirx.call_extern" and call.args[0].value == BARRIER_MARK:
+            stmt, bar = grid_barrier(kind, call.args[1], leader)
+            barrier.append(bar)
+            return stmt
+        return mutator.default_mutate(node)
+
+    body = tvm_ffi.structural_mutate(func.body, [(tirx.Evaluate, replace)])
+    (bar,) = barrier  # the kernel's own ``bar`` parameter is replaced by the barrier's
+    return tirx.PrimFunc([*func.params[:-1], bar], body, attrs=func.attrs)

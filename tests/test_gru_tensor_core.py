@@ -1,0 +1,181 @@
+"""The GRU's tensor-core persistent step kernel (``step_tc``): generated CUDA and nvcc here,
+the space's refusals with their reasons, and ``-m gpu`` runs against float64 at shapes whose
+batch and hidden size its tiles do not divide."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+from test_gru import Shape, _inputs, _weights
+
+from tvm_ext.precision import relative_error
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
+from tvm_ext.schedules.gru.tensor_core_step import TcStepShape
+from tvm_ext.target import offline_cuda
+
+HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+BF16 = {name: "bfloat16" for name in HALF}
+TC = dict(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1)
+
+
+def _template(batch: int, hidden: int, seq: int = 5, layers: int = 1, bidirectional: bool = False,
+              precision: dict | None = None) -> GruTemplate:
+    return GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=seq, layers=layers,
+                       bidirectional=bidirectional).with_precision(HALF if precision is None else precision)
+
+
+def _kernel(source: str) -> str:
+    body = source[re.search(r"gru_steps_kernel\([^)]*\) \{", source).end():]
+    return body[:body.index("\n}\n")]
+
+
+def test_generated_cuda_loads_w_once_and_runs_mma_per_step():
+    """W_hh's slice is copied to shared memory before the step loop and never again; each step
+    loads h (ldmatrix), transposes W tiles (ldmatrix .trans) and multiplies with mma.sync:
+    H 64 over 2 k warps is 2 k slices a warp, x 6 n8 tiles (16 units x 3 gates)."""
+    t = _template(8, 64)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_rows=16, step_tc_kw=2)
+    assert t.space(target).is_feasible(cfg)
+    kernel = _kernel(t.compile(cfg, target).source)
+    loop = kernel.index("for (int s = 0; s < 5; ++s)")
+    assert "w_ptr" in kernel[:loop] and "w_ptr" not in kernel[loop:]
+    step = kernel[loop:]
+    assert step.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == 2
+    assert step.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == 2 * 3
+    assert step.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 2 * 6
+    assert "__nv_atomic_fetch_add" in step  # the acquire/release grid barrier, every step
+
+
+def test_bfloat16_operands_use_the_bf16_mma():
+    t = _template(3, 40, precision=BF16)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_rows=16, step_tc_kw=1)
+    kernel = _kernel(t.compile(cfg, target).source)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_compiles_the_kernel_for_sm_90(tmp_path):
+    """The source nvcc gets (the GPU compiles it with NVRTC) is valid for sm_90 at an odd
+    batch, hidden size and both directions, 4 k warps and 32 units."""
+    import tvm
+    from tvm.support import nvcc
+
+    t = _template(5, 200, bidirectional=True, layers=2)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**TC, step_j=32, step_tc_rows=16, step_tc_kw=4)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    with tvm.target.Target(target.tvm_target()):
+        ptx = nvcc.compile_cuda(t.compile(cfg, target).source, target_format="ptx", compiler="nvcc")
+    text = ptx.decode() if isinstance(ptx, bytes) else str(ptx)
+    assert "mma.sync.aligned.m16n8k16" in text and "ldmatrix.sync.aligned" in text
+
+
+def test_shape_sizes():
+    """k is padded to whole 16-deep slices per k warp; shared rows have an odd number of
+    16-byte chunks (conflict-free ldmatrix)."""
+    shape = TcStepShape(batch=5, hidden=200, dirs=2, units=16, rows=16, k_warps=4, operand="float16")
+    assert shape.k_extent == 256 and shape.warps == 4 and shape.threads == 128
+    assert shape.blocks == 13 * 1 * 2
+    assert shape.w_stride == 56 and (shape.w_stride * 2 // 16) % 2 == 1
+    assert shape.h_stride == 264 and (shape.h_stride * 2 // 16) % 2 == 1
+    assert shape.shared_bytes() == (256 * 56 + 16 * 264) * 2 + 3 * 6 * 4 * 32 * 4
+
+
+@pytest.mark.parametrize("precision, knobs, reason", [
+    ({}, dict(step_j=16), "needs h and W_hh both float16 or both bfloat16"),
+    (HALF, dict(step_j=8), "step_j 8 units per block; allowed: (16, 32)"),
+    (HALF, dict(step_j=16, step_tc_rows=64), "64 rows per block for batch 8"),
+    (HALF, dict(step_j=16, step_loop=1), "persistent kernel only (step_loop 2)"),
+])
+def test_space_refuses_with_the_reason(precision, knobs, reason):
+    t = _template(8, 512, precision=precision)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**{**TC, **knobs})
+    assert reason in t.space(target).infeasible_reason(cfg)
+
+
+def test_space_refuses_a_slice_beyond_shared_memory_and_a_grid_that_cannot_be_resident():
+    target = offline_cuda("sm_90")
+    wide = _template(16, 4096)  # 4096 k x (96 + 8) columns of W: 852 KB
+    cfg = wide.default_config(target).replace(**TC, step_j=32, step_tc_rows=16)
+    assert "B of shared memory >" in wide.space(target).infeasible_reason(cfg)
+    many = _template(64, 1024)  # 64 unit tiles x 4 row tiles: 256 blocks of ~100 KB
+    cfg = many.default_config(target).replace(**TC, step_j=16, step_tc_rows=16, step_tc_kw=2)
+    assert "needs every block resident, 256 blocks" in many.space(target).infeasible_reason(cfg)
+    assert many.space(target).is_feasible(cfg.replace(step_tc_rows=32))
+
+
+def test_shown_knobs_are_the_kernels_own():
+    t = _template(8, 512)
+    cfg = t.default_config(offline_cuda("sm_90")).replace(**TC, step_j=16)
+    shown = t.shown_knobs(cfg)
+    assert "step_tc_kw" in shown and "step_ks" not in shown and "step_w_onchip" not in shown
+    assert "step_tc_kw" not in t.shown_knobs(cfg.replace(step_tc=0))
+
+
+@pytest.mark.parametrize("shape, rows, k_warps", [((1, 256, False), 16, 4), ((8, 512, True), 16, 4),
+                                                  ((64, 1024, False), 32, 2), ((5, 200, False), 16, 4)])
+def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, rows, k_warps):
+    """float16 h and W_hh: the pick is the tensor-core kernel with the fewest rows per block
+    whose grid is resident (B64 H1024: 16-row blocks would be 256, more than the SMs hold)."""
+    batch, hidden, bidirectional = shape
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, bidirectional=bidirectional)
+    cfg, why = t.analytic_pick(target)
+    assert (cfg.step_tc, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (1, 16, rows, k_warps)
+    assert t.space(target).is_feasible(cfg) and why.startswith("tensor-core persistent step kernel")
+    assert t.analytic_pick(offline_cuda("sm_75"))[0].step_tc == 0  # no ldmatrix/mma.sync bf16 path there
+    full = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=5, bidirectional=bidirectional)
+    assert full.analytic_pick(target)[0].step_tc == 0  # float32: the CUDA-core kernels
+
+
+def test_pick_falls_back_where_no_tensor_core_grid_is_resident():
+    t = _template(128, 1024)  # 16/32/64-row blocks: 512/256 blocks, or 64 rows beyond shared memory
+    cfg, why = t.analytic_pick(offline_cuda("sm_90"))
+    assert cfg.step_tc == 0 and cfg.fuse_step == 1 and "tensor-core" not in why
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+GPU_CASES = {
+    "b8-h512": (Shape(seq=9, batch=8, input=512, hidden=512), dict(step_j=16, step_tc_rows=16, step_tc_kw=2)),
+    "b64-h1024": (Shape(seq=5, batch=64, input=1024, hidden=1024), dict(step_j=16, step_tc_rows=32, step_tc_kw=2)),
+    "b40-h256-kw4": (Shape(seq=6, batch=40, input=256, hidden=256), dict(step_j=32, step_tc_rows=64, step_tc_kw=4)),
+    "b5-h200-bi": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
+                   dict(step_j=16, step_tc_rows=16, step_tc_kw=4)),
+    "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+                         dict(step_j=32, step_tc_rows=16, step_tc_kw=1)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision, bound", [(HALF, 5e-3), (BF16, 3e-2)], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("key", list(GPU_CASES))
+def test_cuda_tensor_core_step_matches_float64(key, precision, bound):
+    """Against float64 on reruns (a race between blocks would move the error); the error is
+    the 16-bit storage's, not a wrong tile (a wrong fragment layout is O(1))."""
+    s, knobs = GPU_CASES[key]
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq, config={**TC, **knobs}, precision=precision).load_numpy(_weights(s))
+    assert gru.config.step_tc == 1
+    x, h0 = _inputs(s)
+    ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
+    errors = []
+    for _ in range(3):
+        out, h_n = gru(x, h0)
+        errors.append(relative_error([out, h_n], ref))
+    assert max(errors) < bound, errors
+    assert np.ptp(errors) < 1e-6  # every rerun the same answer
+
+
+@pytest.mark.gpu
+def test_cuda_build_without_a_config_runs_the_tensor_core_kernel():
+    s = Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True)
+    gru = GRU.build("cuda", s.input, s.hidden, bidirectional=True, batch=s.batch, seq=s.seq,
+                    precision=HALF).load_numpy(_weights(s))
+    assert gru.config.step_tc == 1
+    x, h0 = _inputs(s)
+    assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, True)) < 5e-3
