@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gru import SEQ, precision_of  # noqa: E402
@@ -17,6 +18,7 @@ from gru import SEQ, precision_of  # noqa: E402
 from tvm_ext.builder import build_one  # noqa: E402
 from tvm_ext.measure import MeasureSettings, measure  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
+from tvm_ext.schedules.tensor_core_tile import parse_tile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 
@@ -27,21 +29,28 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=SEQ)
     p.add_argument("--precision", default="float32", choices=("float32", "float16", "bfloat16"))
     p.add_argument("--config", action="append", default=[], help="JSON knobs over the analytic pick (repeatable)")
+    p.add_argument("--in-tile", action="append", default=[],
+                   help="the input GEMM's tensor-core tile (parse_tile's k=v,... text; repeatable: each "
+                        "with every --config)")
     args = p.parse_args()
     target = resolve_target("cuda", 0)
     template = GruTemplate(batch=args.batch, hidden=args.hidden, input=args.hidden, seq=args.seq)
     template = template.with_precision(precision_of(args.precision)).with_tensor_cores(target)
     pick = template.analytic_pick(target)[0]
-    for knobs in args.config or ["{}"]:
-        cfg = pick.replace(**json.loads(knobs))
-        build = build_one(template, cfg, target)
-        if not build.ok:
-            print(f"{knobs}: {build.error_msg}")
-            continue
-        result = measure(template, cfg, build.artifact, target, MeasureSettings(warmup=2, repeat=5))
-        stages = {k: f"{v * 1e3:.3f}" for k, v in result.metrics.get("stage_secs", {}).items()}
-        shown = f"{result.cost * 1e3:.3f} ms" if result.ok else f"{result.error_kind}: {result.error_msg}"
-        print(f"{knobs}: {shown}, stages ms {stages}, rel err {result.metrics.get('rel_error', float('nan')):.1e}")
+    for tile in args.in_tile or [None]:
+        tiled = template if tile is None else replace(template, in_tensor_core=parse_tile(tile))
+        for knobs in args.config or ["{}"]:
+            cfg = pick.replace(**json.loads(knobs))
+            label = f"input tile {tiled.in_tensor_core}; {knobs}"
+            build = build_one(tiled, cfg, target)
+            if not build.ok:
+                print(f"{label}: {build.error_msg}")
+                continue
+            result = measure(tiled, cfg, build.artifact, target, MeasureSettings(warmup=2, repeat=5))
+            stages = {k: f"{v * 1e3:.3f}" for k, v in result.metrics.get("stage_secs", {}).items()}
+            shown = f"{result.cost * 1e3:.3f} ms" if result.ok else f"{result.error_kind}: {result.error_msg}"
+            print(f"{label}: {shown}, stages ms {stages}, rel err {result.metrics.get('rel_error', float('nan')):.1e}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ machine with no GPU).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import TvmExtError
 from .precision import FLOAT_DTYPES
@@ -54,15 +55,17 @@ class TargetInfo:
 _PROBE_KERNEL = "__kernel void tvm_ext_probe(__global float* a) { a[get_global_id(0)] = 1.0f; }"
 
 
-def _platforms_keeping_signal_handlers(cl: Any) -> list[Any]:
-    """``cl.get_platforms()`` with this process's SIGINT and SIGTERM handlers put back after it.
-    PoCL installs its own as it loads, and its SIGTERM handler can end the process without
+@contextlib.contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """This process's SIGINT and SIGTERM handlers put back after the block (OpenCL discovery).
+    PoCL installs its own as it loads (the system PoCL in ``get_platforms``, the pip one when
+    it first makes a context or builds), and its SIGTERM handler can end the process without
     running ours: a cluster worker then died without ending its TVM server.  (Handlers can
     only be set from the main thread; elsewhere PoCL's stay.)"""
     main = threading.current_thread() is threading.main_thread()
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
-        return cl.get_platforms()
+        yield
     finally:
         for signum, handler in saved.items():
             if handler is not None:
@@ -84,9 +87,14 @@ def _opencl_devices() -> tuple[tuple[Any, ...], tuple[str, ...]]:
         raise TvmExtError(
             "OpenCL target needs pyopencl: pip install 'tvm_ext[opencl]'"
         ) from exc
+    with _keeping_signal_handlers():  # PoCL's first context and build too
+        return _discover_devices(cl)
+
+
+def _discover_devices(cl: Any) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     devices = []
     try:
-        platforms = _platforms_keeping_signal_handlers(cl)
+        platforms = cl.get_platforms()
     except cl.Error:
         platforms = []
     for platform in platforms:
