@@ -26,8 +26,8 @@ def _template(batch: int, hidden: int, seq: int = 5, layers: int = 1, bidirectio
                        bidirectional=bidirectional).with_precision(HALF if precision is None else precision)
 
 
-def _kernel(source: str) -> str:
-    body = source[re.search(r"gru_steps_kernel\([^)]*\) \{", source).end():]
+def _kernel(source: str, name: str = "gru_steps") -> str:
+    body = source[re.search(name + r"_kernel\([^)]*\) \{", source).end():]
     return body[:body.index("\n}\n")]
 
 
@@ -55,6 +55,19 @@ def test_bfloat16_operands_use_the_bf16_mma():
     cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_rows=16, step_tc_kw=1)
     kernel = _kernel(t.compile(cfg, target).source)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in kernel
+
+
+def test_bfloat16_gate_gemms_get_mma_tiles():
+    """bfloat16 x and W_ih (and h, W_hh) take mma.sync tiles like float16: the input GEMM of a
+    bfloat16 GRU ran on the CUDA cores before (B64 H1024: 2.16 ms against 0.80 in float16)."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024, precision=BF16).with_tensor_cores(target)
+    assert t.in_tensor_core is not None and t.hid_tensor_core is not None
+    assert t.input_gemm(0).uses_tensor_cores(target)
+    source = t.compile(t.analytic_pick(target)[0], target).source
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in _kernel(source, "gru_gemm_x0")
+    mixed = _template(64, 1024, precision={**HALF, "x": "bfloat16"}).with_tensor_cores(target)
+    assert mixed.in_tensor_core is None and mixed.hid_tensor_core is not None
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

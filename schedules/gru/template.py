@@ -311,8 +311,9 @@ class GruTemplate(DtypeFields, Template):
 
     def with_tensor_cores(self, target: TargetInfo) -> "GruTemplate":
         """This template with tensor-core tiles (``pick_tile``: mma.sync where one fits the
-        shapes) for the input GEMMs and the unfused hidden GEMM where their operands are
-        float16 on CUDA, and with none elsewhere: what ``GRU.build`` and the Relax GRU run."""
+        shapes) for the input GEMMs and the unfused hidden GEMM where their operands are both
+        float16 or both bfloat16 on CUDA (a bfloat16 GEMM on a WMMA tile stays on the CUDA
+        cores), and with none elsewhere: what ``GRU.build`` and the Relax GRU run."""
         from tvm_ext.schedules.tensor_core_tile import pick_tile
 
         if target.kind != "cuda":
@@ -320,9 +321,11 @@ class GruTemplate(DtypeFields, Template):
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
-        half = lambda *names: all(self.precision[n] == "float16" for n in names)  # noqa: E731
-        return replace(self, in_tensor_core=pick_tile(inputs, target) if half("x", "w_ih") else None,
-                       hid_tensor_core=pick_tile(hidden, target) if half("h", "w_hh") else None)
+        def sixteen_bit(*names: str) -> bool:  # the same 16-bit type: mma.sync takes both
+            return len({self.precision[n] for n in names}) == 1 and self.precision[names[0]] in ("float16", "bfloat16")
+
+        return replace(self, in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
+                       hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None)
 
     def layers_share_input_gemm(self) -> bool:
         """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""

@@ -121,10 +121,11 @@ def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: st
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: str, name: str = "gru_steps") -> Any:
+                 barrier: int, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
-    persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike."""
+    persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike.
+    ``barrier`` indexes ``tvm_ext.step_loop.BARRIERS`` (the knob ``step_barrier``)."""
     from tvm import tirx
     from tvm.script import tirx as T
 
