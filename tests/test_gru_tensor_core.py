@@ -122,6 +122,14 @@ def test_space_refuses_a_slice_beyond_shared_memory_and_a_grid_that_cannot_be_re
     assert many.space(target).is_feasible(cfg.replace(step_tc_rows=32))
 
 
+def test_the_cuda_core_kernels_knobs_do_not_refuse_a_tensor_core_config():
+    t = _template(8, 512)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**TC, step_j=16, step_b=16, step_bt=16, step_k=8, step_ks=16)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    assert not t.space(target).is_feasible(cfg.replace(step_tc=0))
+
+
 def test_shown_knobs_are_the_kernels_own():
     t = _template(8, 512)
     cfg = t.default_config(offline_cuda("sm_90")).replace(**TC, step_j=16)

@@ -367,6 +367,8 @@ class GruTemplate(DtypeFields, Template):
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
             if not c.fuse_step:
                 return None
+            if c.step_tc:  # the CUDA-core kernel's knobs do not apply
+                return self.tc_step_reason(c, target)
             if c.step_j * c.step_ks * c.step_bt > target.max_threads_per_block:
                 return (f"step kernel: {c.step_j}x{c.step_ks}x{c.step_bt} threads > device limit "
                         f"{target.max_threads_per_block}")
@@ -384,8 +386,6 @@ class GruTemplate(DtypeFields, Template):
             if self.step_shared_bytes(c) > limit:
                 return (f"step kernel: h slice, partial sums and W_hh slice need {self.step_shared_bytes(c)} B "
                         f"of shared memory > {limit}")
-            if c.step_tc:
-                return self.tc_step_reason(c, target)
             if c.step_w_onchip == 2 and c.step_ks == 1:
                 return "step kernel: W_hh in registers (step_w_onchip 2) needs split-K (step_ks > 1)"
             if c.step_w_onchip == 2 and target.kind == "cuda":
