@@ -228,6 +228,18 @@ if __name__ == "__main__":
 """
 
 
+def _measuring_processes(pid: int, within: float) -> list:
+    """The process's descendants once a spawned pool process is among them (polled: on a
+    busy 2-core machine the pool can take seconds to start), or all of them at ``within``."""
+    deadline = time.monotonic() + within
+    while True:
+        pools = psutil.Process(pid).children(recursive=True)
+        if any("multiprocessing.spawn" in " ".join(p.cmdline()) for p in pools) or time.monotonic() > deadline:
+            time.sleep(1.0)  # well inside the measurement, past the pool's start
+            return psutil.Process(pid).children(recursive=True)
+        time.sleep(0.2)
+
+
 def test_a_driver_killed_mid_measurement_leaves_no_process_behind(tmp_path):
     """SIGKILL gives the driver no chance to stop its pools: a measuring process in the
     middle of a long measurement ends itself within seconds, not when its work is done."""
@@ -238,8 +250,7 @@ def test_a_driver_killed_mid_measurement_leaves_no_process_behind(tmp_path):
     try:
         first = proc.stdout.readline()
         assert first == "measuring\n", first + proc.stdout.read()
-        time.sleep(2.0)  # the measuring process is now inside its 9 s of work
-        pools = psutil.Process(proc.pid).children(recursive=True)
+        pools = _measuring_processes(proc.pid, within=30.0)  # then inside its 9 s of work
         assert any("multiprocessing.spawn" in " ".join(p.cmdline()) for p in pools)
     finally:
         proc.send_signal(signal.SIGKILL)
