@@ -90,6 +90,14 @@ KNOBS = (STEP_KNOBS
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
 
 
+def _residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tuple[int, int]:
+    """(blocks each SM must hold for a persistent grid of ``blocks`` to be resident, blocks of
+    ``threads`` threads and ``shared`` bytes of shared memory one SM can hold)."""
+    fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads,
+               hw.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
+    return -(-blocks // hw.sm_count), fits
+
+
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:
     """The GEMM config held in a GRU config under ``prefix``; GEMM knobs the GRU does not
     search keep ``base``'s values (the GEMM template's default)."""
@@ -425,9 +433,7 @@ class GruTemplate(DtypeFields, Template):
         if shared > hw.shared_per_block_optin:
             return (f"tensor-core step kernel: W_hh slice, h rows and partial sums need {shared} B of shared "
                     f"memory > {hw.shared_per_block_optin}")
-        per_sm = -(-shape.blocks // hw.sm_count)
-        fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // shape.threads,
-                   hw.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
+        per_sm, fits = _residency(hw, shape.blocks, shape.threads, shared)
         if per_sm > fits:
             return (f"tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
                     f"> {hw.sm_count} SMs x {fits} resident per SM")
@@ -462,9 +468,7 @@ class GruTemplate(DtypeFields, Template):
         hw = HardwareModel.from_target(target)
         blocks = self.step_blocks(c)
         threads = c.step_j * c.step_ks * c.step_bt
-        per_sm = -(-blocks // hw.sm_count)
-        shared = self.step_shared_bytes(c) + SHARED_RESERVED_PER_BLOCK
-        fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads, hw.shared_per_sm // shared)
+        per_sm, fits = _residency(hw, blocks, threads, self.step_shared_bytes(c))
         if per_sm > fits:
             return per_sm, (f"step kernel: persistent (step_loop 2) needs every block resident, {blocks} "
                             f"blocks > {hw.sm_count} SMs x {fits} resident per SM")

@@ -46,6 +46,12 @@ TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 
 
+def _acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
+    """(row, column) within its m16n8 tile of accumulator element ``e`` (0-3) of lane ``tx``
+    (the ``mma.sync.m16n8k16`` layout: rows tx/4 and tx/4 + 8, two adjacent columns)."""
+    return tx // 4 + e // 2 * 8, tx % 4 * 2 + e % 2
+
+
 def _padded_stride(columns: int, dtype: str) -> int:
     """A shared row stride of at least ``columns`` whose 16-byte chunk count is odd, so the
     8 rows one ``ldmatrix`` phase reads lie on distinct banks."""
@@ -137,7 +143,6 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     chunks = math.gcd(k_slices, H_CHUNKS)  # a warp's h copy in this many cp.async groups
     chunk_k = warp_k // chunks
     grid_x, grid_y = -(-hidden // units), -(-batch // rows)
-    blocks = grid_x * grid_y * dirs
     sw, sh = shape.w_stride, shape.h_stride
     vec = 8 if hidden % 8 == 0 else 1  # 16-byte copies where a row's k and units come in whole vectors
     asynchronous = vec == 8  # cp.async copies 16 bytes (a 2-byte element cannot go)
@@ -164,8 +169,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         for g in T.unroll(3):
             for t in T.unroll(unit_tiles):
                 for e in T.unroll(4):
-                    row = T.meta_var(m0 + mi * MMA_M + tx // 4 + e // 2 * 8)
-                    unit = T.meta_var(j0 + t * MMA_N + tx % 4 * 2 + e % 2)
+                    row = T.meta_var(m0 + mi * MMA_M + _acc_row_col(tx, e)[0])
+                    unit = T.meta_var(j0 + t * MMA_N + _acc_row_col(tx, e)[1])
                     gi_reg[(g * unit_tiles + t) * 4 + e] = T.if_then_else(
                         row < batch and unit < hidden,
                         gi[T.min(t_row * batch + row, steps * batch - 1),
@@ -230,7 +235,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         # b_h of the lane's units (two per n8 tile), once
         for t in T.unroll(n_tiles):
             for e in T.unroll(2):
-                unit = T.meta_var(j0 + t % unit_tiles * MMA_N + tx % 4 * 2 + e)
+                unit = T.meta_var(j0 + t % unit_tiles * MMA_N + _acc_row_col(tx, e)[1])  # e: 0, 1
                 b_h[t * 2 + e] = T.if_then_else(
                     unit < hidden, T.cast(bias[bz, T.min(t // unit_tiles * hidden + unit, G - 1)], "float32"),
                     T.float32(0))
@@ -283,8 +288,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
                 for t in T.unroll(unit_tiles):
                     for e in T.unroll(4):
-                        row_in = T.meta_var(mi * MMA_M + tx // 4 + e // 2 * 8)
-                        col = T.meta_var(t * MMA_N + tx % 4 * 2 + e % 2)
+                        row_in = T.meta_var(mi * MMA_M + _acc_row_col(tx, e)[0])
+                        col = T.meta_var(t * MMA_N + _acc_row_col(tx, e)[1])
                         row = T.meta_var(m0 + row_in)
                         unit = T.meta_var(j0 + col)
                         if row < batch and unit < hidden:
@@ -295,35 +300,27 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                                 h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
                 if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
                     load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
-            T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks))
+            T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * shape.blocks, tx == 0 and ty == 0))
 
     return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
 
 
-BARRIER_MARK = "tvm_ext_grid_barrier"  # where the step's grid barrier goes (``_with_barrier``)
+BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
 
 
 def _with_barrier(func: Any, kind: str) -> Any:
-    """``func`` with its barrier mark replaced by ``tvm_ext.step_loop``'s grid barrier (one
-    leader thread per block: threadIdx 0)."""
+    """``func`` with its barrier mark replaced by ``tvm_ext.step_loop``'s grid barrier, and
+    its ``bar`` parameter by the barrier's."""
     import tvm
     import tvm_ffi
     from tvm import tirx
 
-    threads = {}
-
-    def find(node: Any) -> None:
-        if node.attr_key == "thread_extent":
-            threads[node.node.thread_tag] = node.node.var
-
-    tvm_ffi.structural_walk(func.body, [(tirx.AttrStmt, find)])
-    leader = tirx.And(threads["threadIdx.x"] == 0, threads["threadIdx.y"] == 0)
     barrier: list[Any] = []
 
     def replace(node: Any, mutator: Any) -> Any:
         call = node.value
         if isinstance(call, tvm.ir.Call) and call.op.name == "tirx.call_extern" and call.args[0].value == BARRIER_MARK:
-            stmt, bar = grid_barrier(kind, call.args[1], leader)
+            stmt, bar = grid_barrier(kind, call.args[1], call.args[2])
             barrier.append(bar)
             return stmt
         return mutator.default_mutate(node)
