@@ -68,9 +68,10 @@ class GRU:
               precision: Mapping[str, str] | None = None) -> "GRU":
         """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
         values that override the default (e.g. ``{"fuse_step": 1}``); none: the template's
-        ``analytic_pick`` for this shape and device (on a GPU, the fused split-K step kernel).  ``precision``: dtypes
-        of some of ``PRECISION_PARAMS`` (e.g. ``{"gi": "bfloat16"}``), the rest float32; float16 GEMM
-        operands run on a tensor-core tile on CUDA (``GruTemplate.with_tensor_cores``)."""
+        ``analytic_pick`` for this shape and device (on a GPU, the fused split-K step kernel, or with
+        16-bit h and W_hh the tensor-core one).  ``precision``: dtypes of some of ``PRECISION_PARAMS``
+        (e.g. ``{"gi": "bfloat16"}``), the rest float32; GEMM operands both float16 or both bfloat16
+        run on a tensor-core tile on CUDA (``GruTemplate.with_tensor_cores``)."""
         from tvm_ext.target import resolve_target
 
         info = resolve_target(target, device_id) if isinstance(target, str) else target
