@@ -89,9 +89,12 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
                                 step_tc_kw=kw)
                    for j, rows, kw in ((16, 16, 8), (16, 16, 4), (16, 32, 2), (16, 32, 4), (16, 32, 8), (32, 16, 4),
                                        (32, 16, 8), (16, 64, 4), (32, 32, 4), (16, 16, 2), (32, 64, 4))]
+    # the flag-exchange persistent step kernel (batch <= 32; no grid barrier)
+    flags = [base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=u) for u in (4, 8, 16)]
     picks = [
         base,
         pick,  # GRU.build without a config
+        *flags,
         *tensor_core,
         pick.replace(step_w_onchip=2) if pick.fuse_step and pick.step_bt == 1 else pick,  # W_hh in registers
         base.replace(fuse_step=1, step_j=8, step_b=8, step_bt=8, step_k=64, step_ks=4, step_w_onchip=1,
@@ -143,6 +146,8 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 
 def short(cfg: Config) -> str:
+    if cfg.fuse_step and cfg.step_flags:
+        return f"flag-exchange step units={cfg.step_flag_units} persistent"
     if cfg.fuse_step and cfg.step_tc:
         return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw} persistent"
     if cfg.fuse_step:

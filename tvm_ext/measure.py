@@ -171,12 +171,15 @@ def _events_loop(one: Callable[[int], float], settings: MeasureSettings) -> list
 
 
 def _poison(spec: TensorSpec) -> np.ndarray:
-    """NaN (or -1 for integer buffers), so an unwritten element fails the check; a scratch
-    buffer that declares a ``fill`` (a counter that starts at 0) gets that."""
+    """NaN (or all bits set for integer buffers: -1, or an unsigned type's maximum), so an
+    unwritten element fails the check; a scratch buffer that declares a ``fill`` (a counter
+    that starts at 0) gets that."""
+    dtype = np_dtype(spec.dtype)
     if spec.fill is not None:
-        return np.full(spec.shape, spec.fill, np_dtype(spec.dtype))
-    junk = np.nan if spec.dtype.startswith(("float", "bfloat")) else -1
-    return np.full(spec.shape, junk, np_dtype(spec.dtype))
+        return np.full(spec.shape, spec.fill, dtype)
+    if spec.dtype.startswith(("float", "bfloat")):
+        return np.full(spec.shape, np.nan, dtype)
+    return np.full(spec.shape, np.iinfo(dtype).max if dtype.kind == "u" else -1, dtype)
 
 
 def executor_for(job: MeasureJob) -> Any:

@@ -279,11 +279,13 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
-              barrier: bool = False) -> Any:
+              barrier: bool = False, flags: bool = False) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
-    step kernel's barrier counter (and, at layer 0, its timed-out flag)."""
+    step kernel's barrier counter (and, at layer 0, its timed-out flag).  ``flags``: also writes
+    the flag-exchange step kernel's words ``hx`` (``flag_step.py``): slot 0 (h0's float32 bits,
+    step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -322,6 +324,29 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                     if layer == 0:
                         bar[1] = 0
 
+    n = dirs * batch * hidden
+
+    @T.prim_func(s_tir=True)
+    def init_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                   hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+                   hx: T.Buffer((2 * n,), "uint64")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
+                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+                hx[(vd * batch + vb) * hidden + vj] = T.Cast(
+                    "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
+                hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+                if vd == 0 and vb == 0 and vj == 0:
+                    bar[0] = 0
+                    if layer == 0:
+                        bar[1] = 0
+
+    if flags:
+        return init_flags
     return init_barrier if barrier else init_pingpong
 
 

@@ -21,6 +21,9 @@ What the measurements said, and the rule each gives:
 - With h and W_hh both 16-bit, the tensor-core persistent step kernel beat every fused
   step kernel on the CUDA cores (float16, T128: B1 H256 0.249 ms against 0.270, B8 H512
   0.302 against 0.415, B64 H1024 0.802 against 1.582 ms).
+- Up to batch 8 (where no tensor-core kernel applies), the flag-exchange step kernel, which
+  has no grid barrier (``flag_step.py``), with the fewest units per block whose grid fits
+  one block per SM.
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
   fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
   SM a block, else the default.
@@ -36,12 +39,14 @@ from tvm_ext.precision import itemsize
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
+from .flag_step import FLAG_UNITS
 from .kernels import step_k_extent
 from .tensor_core_step import TC_ROWS
 
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of all rows with W_hh's slice in shared memory
+FLAG_BATCH = 8  # up to this batch, the flag-exchange step kernel (measured up to B8)
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
@@ -59,6 +64,11 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     base, gemm_why = _input_gemm(template, base, space, hw.sm_count)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = _tensor_core_step(template, base, space) if cuda else None
+    flags = _flag_step(template, base, space, hw.sm_count) if cuda and tensor_core is None else None
+    if flags is not None:
+        shape = template.flag_step_shape(flags)
+        return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
+                       f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {gemm_why}")
     if tensor_core is not None:
         shape = template.tc_step_shape(tensor_core)
         return tensor_core, (f"tensor-core persistent step kernel: {shape.blocks} blocks of 16 units x "
@@ -105,6 +115,20 @@ def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=16, step_tc_rows=rows,
                            step_tc_kw=4 if rows == 16 else 2)
         if space.is_feasible(cfg):
+            return cfg
+    return None
+
+
+def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+    """The flag-exchange step kernel at small batch (up to ``FLAG_BATCH`` rows): the fewest
+    units per block whose grid fits one block per SM (more blocks share the math; float32 on
+    the H100: B1 H256 0.84 µs a step, B8 H512 2.64 with 4 units, against 1.54 and 4.15 with a
+    grid barrier); None where no such config fits."""
+    if template.batch > FLAG_BATCH:
+        return None
+    for units in FLAG_UNITS:
+        cfg = base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=units)
+        if template.flag_step_shape(cfg).blocks <= sm_count and space.is_feasible(cfg):
             return cfg
     return None
 

@@ -41,13 +41,15 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
         if not config.fuse_step:
             calls.append(Call("gru_init", ("h0", layer, "p0")))
         elif config.step_loop == 2:
-            calls.append(Call("gru_init", ("h0", layer, "hs", "bar")))
+            flags = ("hx",) if config.step_flags else ()
+            calls.append(Call("gru_init", ("h0", layer, "hs", "bar", *flags)))
         else:
             calls.append(Call("gru_init", ("h0", layer, "hs")))
         calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
         weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
         if config.fuse_step and config.step_loop:  # all T steps in one call
             barrier = ("bar",) if config.step_loop == 2 else ()
+            barrier += ("hx",) if config.step_loop == 2 and config.step_flags else ()
             calls.append(Call("gru_steps", (*weights, layer, out, "h_n", *barrier)))
             continue
         for s in range(template.seq):
@@ -68,7 +70,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
     funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
     modules = {name: sch.mod for name, sch in scheds.items()}
     trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
-    if config.fuse_step and config.step_loop and not config.step_tc:
+    if config.fuse_step and config.step_loop and not (config.step_tc or config.step_flags):
         mode = step_loop.HOST if config.step_loop == 1 else step_loop.PERSISTENT
         step = scheds["gru_step"]
         per_sm = template.persistent_residency(config, target)[0] if mode == step_loop.PERSISTENT else 1

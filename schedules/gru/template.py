@@ -34,6 +34,7 @@ from tvm_ext.template import Template, TensorSpec
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func, step_k_extent
+from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 STEP_KNOBS = (
@@ -70,6 +71,11 @@ STEP_KNOBS = (
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
+    Knob("step_flags", (0, 1), "persistent step kernel, CUDA, batch <= 32: 1 runs the small-batch kernel that "
+                               "needs no grid barrier: h goes between blocks as (value, step) words, polled "
+                               "until every tag says the step (``flag_step.py``)"),
+    Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
+                                            "its lanes splitting k, W_hh's share in registers)"),
 )
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
@@ -233,7 +239,8 @@ class GruTemplate(DtypeFields, Template):
                  "gh": TensorSpec((d, b, 3 * h), self.gh_dtype),
                  "p0": TensorSpec((d, b, h), self.h_dtype), "p1": TensorSpec((d, b, h), self.h_dtype),
                  "hs": TensorSpec((2, d, b, h), self.h_dtype),  # the fused step kernel's ping-pong
-                 "bar": TensorSpec((BARRIER_WORDS,), "int32")}  # the persistent kernel's grid barrier
+                 "bar": TensorSpec((BARRIER_WORDS,), "int32"),  # the persistent kernel's grid barrier
+                 "hx": TensorSpec((2 * d * b * h,), "uint64")}  # the flag-exchange kernel's (h, step) words
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         return specs
@@ -375,6 +382,8 @@ class GruTemplate(DtypeFields, Template):
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
             if not c.fuse_step:
                 return None
+            if c.step_flags:  # its own kernel: the other step knobs do not apply
+                return self.flag_step_reason(c, target)
             if c.step_tc:  # the CUDA-core kernel's knobs do not apply
                 return self.tc_step_reason(c, target)
             if c.step_j * c.step_ks * c.step_bt > target.max_threads_per_block:
@@ -439,6 +448,31 @@ class GruTemplate(DtypeFields, Template):
                     f"> {hw.sm_count} SMs x {fits} resident per SM")
         return None
 
+    def flag_step_shape(self, c: Config) -> FlagStepShape:
+        """The flag-exchange step kernel's sizes under ``c`` (``step_flags`` 1)."""
+        return FlagStepShape(self.batch, self.hidden, self.dirs, c.step_flag_units, self.w_hh_dtype)
+
+    def flag_step_reason(self, c: Config, target: TargetInfo) -> str | None:
+        """Why the flag-exchange step kernel cannot run ``c`` here: CUDA's persistent kernel
+        only, its tile, and a grid that must be resident (a block that never runs would never
+        write its h)."""
+        if target.kind != "cuda" or c.step_loop != 2 or c.step_tc:
+            return "flag-exchange step kernel (step_flags 1) is CUDA's persistent kernel only (step_loop 2, step_tc 0)"
+        shape = self.flag_step_shape(c)
+        reason = flag_step_reason(shape)
+        if reason:
+            return reason
+        if shape.threads > target.max_threads_per_block:
+            return f"flag-exchange step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
+        hw = HardwareModel.from_target(target)
+        per_sm, fits = _residency(hw, shape.blocks, shape.threads, shape.shared_bytes())
+        if hw.registers_per_sm:
+            fits = min(fits, hw.registers_per_sm // (shape.threads * shape.registers()))
+        if per_sm > fits:
+            return (f"flag-exchange step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
+                    f"> {hw.sm_count} SMs x {fits} resident per SM")
+        return None
+
     def step_shared_bytes(self, c: Config) -> int:
         """Shared memory of one fused-step block: the staged h slice, split-K partial sums
         and (``step_w_onchip``) the W slice."""
@@ -484,7 +518,11 @@ class GruTemplate(DtypeFields, Template):
         shown = [name for name, _ in config.items if not name.startswith(unused)]
         if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
             simt = ("step_b", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch", "step_w_onchip")
-            hidden = simt if config.step_tc else ("step_tc_rows", "step_tc_kw")
+            tensor_core, flags = ("step_tc_rows", "step_tc_kw"), ("step_flag_units",)
+            if config.step_flags:
+                hidden = simt + tensor_core + ("step_j", "step_barrier", "step_tc")
+            else:
+                hidden = (simt if config.step_tc else tensor_core) + flags
             shown = [name for name in shown if name not in hidden]
         return tuple(shown)
 
@@ -493,7 +531,7 @@ class GruTemplate(DtypeFields, Template):
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_bt": 1,
                                   "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0, "step_prefetch": 0,
                                   "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0, "step_tc_rows": 16,
-                                  "step_tc_kw": 1}
+                                  "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -513,14 +551,15 @@ class GruTemplate(DtypeFields, Template):
         gemms = self.gemm_configs(config, target)
         p = self.precision
         fused, persistent = bool(config.fuse_step), config.step_loop == 2
-        init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent)
+        init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent,
+                         flags=fused and persistent and bool(config.step_flags))
         funcs = {
             "gru_init": schedule_init(init, min(256, target.max_threads_per_block)),
             "gru_gemm_x0": self.input_gemm(0).schedule(gemms["in_"], target),
         }
         if layers > 1 and not self.layers_share_input_gemm():
             funcs["gru_gemm_x1"] = self.input_gemm(1).schedule(gemms["in_"], target)
-        if config.fuse_step and config.step_tc:  # a lowered persistent kernel, no schedule (``lowered_kernels``)
+        if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
             pass
         elif config.fuse_step:
             funcs["gru_step"] = schedule_step(
@@ -541,10 +580,16 @@ class GruTemplate(DtypeFields, Template):
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
         """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):
-        the tensor-core persistent step kernel (``step_tc``)."""
+        the tensor-core persistent step kernel (``step_tc``) and the flag-exchange one
+        (``step_flags``)."""
+        p = self.precision
+        if config.fuse_step and config.step_flags:
+            return {"gru_steps": flag_step_func(
+                self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_flag_units,
+                h_dtype=p["h"], w_dtype=p["w_hh"], gi_dtype=p["gi"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"],
+                math_dtype=p["cell_math"], out_dtype=p["out"])}
         if not (config.fuse_step and config.step_tc):
             return {}
-        p = self.precision
         func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
                             rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
                             gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],

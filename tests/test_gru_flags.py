@@ -1,0 +1,158 @@
+"""The GRU's flag-exchange persistent step kernel (``step_flags``): generated CUDA and nvcc
+here, the space's refusals with their reasons, the pick, and ``-m gpu`` runs against float64
+(odd sizes, both directions, several layers, repeated calls)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from test_gru import Shape, _inputs, _weights
+
+from tvm_ext.precision import relative_error
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
+from tvm_ext.target import offline_cuda
+
+FLAGS = dict(fuse_step=1, step_loop=2, step_flags=1)
+HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+
+
+def _template(batch: int, hidden: int, seq: int = 5, layers: int = 1, bidirectional: bool = False) -> GruTemplate:
+    return GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=seq, layers=layers, bidirectional=bidirectional)
+
+
+def _kernel(source: str, name: str = "gru_steps") -> str:
+    body = source[re.search(name + r"_kernel\([^)]*\) \{", source).end():]
+    return body[:body.index("\n}\n")]
+
+
+def test_generated_cuda_polls_tagged_words_and_has_no_grid_barrier():
+    """Every h word is polled with a relaxed 64-bit load and written with one relaxed 64-bit
+    store; no counter is added to (no barrier), W_hh is read before the step loop only."""
+    t = _template(2, 64)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4)
+    compiled = t.compile(cfg, target)
+    body = _kernel(compiled.source)
+    loop = body.index("for (int s = 0; s < 5; ++s)")
+    assert "atomicAdd" not in body and "__nv_atomic_fetch_add" not in body
+    words = 2 * 64 // (4 * 32)  # all of h (batch x hidden) over the block's 128 threads
+    assert body[loop:].count("__nv_atomic_load_n((&(hx_ptr[") == words
+    assert body[loop:].count("__nv_atomic_store_n((&(hx_ptr[") == 1
+    assert "w_ptr[" in body[:loop] and "w_ptr[" not in body[loop:]
+    assert body[loop:].count("__shfl_xor_sync") == 5 * 3 * 2  # 5 rounds x 3 gates x 2 rows
+    calls = [(c.func, c.args[-1]) for c in compiled.calls]
+    assert ("gru_init", "hx") in calls and ("gru_steps", "hx") in calls
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_compiles_the_kernel_for_sm_90(tmp_path):
+    """The source the GPU compiles with NVRTC is valid for sm_90 (3 rows, hidden 33, two
+    directions) and keeps its registers (no spills)."""
+    t = _template(3, 33, bidirectional=True)
+    target = offline_cuda("sm_90")
+    compiled = t.compile(t.default_config(target).replace(**FLAGS, step_flag_units=8), target)
+    source = tmp_path / "gru.cu"
+    source.write_text(compiled.source)
+    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "gru.cubin"),
+                           str(source)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "spill stores" in done.stderr and " 0 bytes spill stores" in done.stderr
+
+
+@pytest.mark.parametrize("template, knobs, reason", [
+    (_template(33, 64), dict(step_flag_units=4), "batch 33 > 32"),
+    (_template(32, 1024), dict(step_flag_units=4), "registers per thread"),
+    (_template(1, 1024, bidirectional=True), dict(step_flag_units=4), "needs every block resident, 512 blocks"),
+    (_template(32, 96), dict(step_flag_units=32), "3 blocks > 132 SMs x 0 resident"),  # 1024 x ~150 registers
+    (_template(8, 512), dict(step_flag_units=8, step_loop=1), "persistent kernel only"),
+    (_template(8, 512), dict(step_flag_units=8, step_tc=1), "persistent kernel only"),
+])
+def test_space_refuses_with_the_reason(template, knobs, reason):
+    target = offline_cuda("sm_90")
+    cfg = template.default_config(target).replace(**{**FLAGS, **knobs})
+    assert reason in template.space(target).infeasible_reason(cfg)
+
+
+def test_opencl_refuses_it():
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("opencl")
+    t = _template(2, 64)
+    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4)
+    assert "CUDA" in t.space(target).infeasible_reason(cfg)
+
+
+def test_other_step_knobs_do_not_refuse_a_flag_config_and_are_not_shown():
+    t = _template(8, 512)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4, step_j=256, step_b=16, step_bt=16, step_ks=16)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    assert not t.space(target).is_feasible(cfg.replace(step_flags=0))
+    shown = t.shown_knobs(cfg)
+    assert "step_flag_units" in shown and "step_j" not in shown and "step_ks" not in shown
+    assert "step_flag_units" not in t.shown_knobs(cfg.replace(step_flags=0))
+
+
+@pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((8, 512, False), 4), ((8, 512, True), 8),
+                                          ((5, 200, False), 4), ((3, 33, True), 4)])
+def test_analytic_pick_takes_it_for_small_float32_batches(shape, units):
+    """float32 up to batch 8: the fewest units per block whose grid fits one block per SM
+    (132 on the H100: 4 units at H512 is 128 blocks, bidirectional 256, so 8)."""
+    batch, hidden, bidirectional = shape
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, bidirectional=bidirectional)
+    cfg, why = t.analytic_pick(target)
+    assert (cfg.step_flags, cfg.step_flag_units) == (1, units), why
+    assert why.startswith("flag-exchange persistent step kernel")
+    assert _template(16, hidden).analytic_pick(target)[0].step_flags == 0  # beyond batch 8
+    half = t.with_precision(HALF)
+    assert half.analytic_pick(target)[0].step_tc == 1  # 16-bit: the tensor-core kernel
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+GPU_CASES = {
+    "b1-h256": (Shape(seq=9, batch=1, input=256, hidden=256), 4),
+    "b8-h512-bi": (Shape(seq=7, batch=8, input=512, hidden=512, bidirectional=True), 8),
+    "b5-h200-u16": (Shape(seq=9, batch=5, input=40, hidden=200), 16),
+    "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True), 4),
+    "b32-h96": (Shape(seq=6, batch=32, input=96, hidden=96), 8),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(GPU_CASES))
+def test_cuda_flag_step_matches_float64(key):
+    """Against float64 on reruns with the same input (a stale or torn word would move the
+    error) and on a second input (a tag left from the first call would be read as this one's)."""
+    s, units = GPU_CASES[key]
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq, config={**FLAGS, "step_flag_units": units}).load_numpy(_weights(s))
+    assert gru.config.step_flags == 1
+    x, h0 = _inputs(s)
+    ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
+    errors = [relative_error(list(gru(x, h0)), ref) for _ in range(3)]
+    assert max(errors) < 1e-5, errors
+    assert np.ptp(errors) < 1e-9
+    x2, h2 = x[::-1].copy(), -h0
+    assert relative_error(list(gru(x2, h2)), gru_reference(x2, _weights(s), h2, s.layers, s.bidirectional)) < 1e-5
+
+
+@pytest.mark.gpu
+def test_cuda_flag_step_in_float16():
+    s = Shape(seq=9, batch=8, input=512, hidden=512)
+    gru = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, config={**FLAGS, "step_flag_units": 4},
+                    precision=HALF).load_numpy(_weights(s))
+    x, h0 = _inputs(s)
+    assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, False)) < 5e-3
+
+
+@pytest.mark.gpu
+def test_cuda_build_without_a_config_runs_it():
+    s = Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True)
+    gru = GRU.build("cuda", s.input, s.hidden, bidirectional=True, batch=s.batch, seq=s.seq).load_numpy(_weights(s))
+    assert gru.config.step_flags == 1
+    x, h0 = _inputs(s)
+    assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, True)) < 1e-5
