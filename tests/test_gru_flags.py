@@ -98,8 +98,8 @@ def test_other_step_knobs_do_not_refuse_a_flag_config_and_are_not_shown():
 
 @pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((8, 512, False), 4), ((8, 512, True), 8),
                                           ((5, 200, False), 4), ((3, 33, True), 4)])
-def test_analytic_pick_takes_it_for_small_float32_batches(shape, units):
-    """float32 up to batch 8: the fewest units per block whose grid fits one block per SM
+def test_analytic_pick_takes_it_for_small_batches(shape, units):
+    """Up to batch 8: the fewest units per block whose grid fits one block per SM
     (132 on the H100: 4 units at H512 is 128 blocks, bidirectional 256, so 8)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
@@ -109,7 +109,8 @@ def test_analytic_pick_takes_it_for_small_float32_batches(shape, units):
     assert why.startswith("flag-exchange persistent step kernel")
     assert _template(16, hidden).analytic_pick(target)[0].step_flags == 0  # beyond batch 8
     half = t.with_precision(HALF)
-    assert half.analytic_pick(target)[0].step_tc == 1  # 16-bit: the tensor-core kernel
+    assert half.analytic_pick(target)[0].step_flags == 1  # 16-bit too (faster than the tensor-core kernel)
+    assert _template(16, hidden).with_precision(HALF).analytic_pick(target)[0].step_tc == 1
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------

@@ -138,11 +138,12 @@ def test_shown_knobs_are_the_kernels_own():
     assert "step_tc_kw" not in t.shown_knobs(cfg.replace(step_tc=0))
 
 
-@pytest.mark.parametrize("shape, rows, k_warps", [((1, 256, False), 16, 4), ((8, 512, True), 16, 4),
-                                                  ((64, 1024, False), 32, 2), ((5, 200, False), 16, 4)])
+@pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 4), ((16, 512, True), 16, 4),
+                                                  ((64, 1024, False), 32, 2), ((12, 200, False), 16, 4)])
 def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, rows, k_warps):
-    """float16 h and W_hh: the pick is the tensor-core kernel with the fewest rows per block
-    whose grid is resident (B64 H1024: 16-row blocks would be 256, more than the SMs hold)."""
+    """float16 h and W_hh above batch 8 (below: the flag-exchange kernel): the pick is the
+    tensor-core kernel with the fewest rows per block whose grid is resident (B64 H1024: 16-row
+    blocks would be 256, more than the SMs hold)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
@@ -194,7 +195,7 @@ def test_cuda_tensor_core_step_matches_float64(key, precision, bound):
 
 @pytest.mark.gpu
 def test_cuda_build_without_a_config_runs_the_tensor_core_kernel():
-    s = Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True)
+    s = Shape(seq=9, batch=12, input=40, hidden=200, bidirectional=True)
     gru = GRU.build("cuda", s.input, s.hidden, bidirectional=True, batch=s.batch, seq=s.seq,
                     precision=HALF).load_numpy(_weights(s))
     assert gru.config.step_tc == 1
