@@ -91,7 +91,7 @@ BARRIER_VOLATILE = "volatile"  # arrive with atomicAdd, poll with volatile loads
 BARRIER_ACQUIRE = "acquire"  # arrive with a release add, poll with acquire loads, no trailing fence
 BARRIERS = (BARRIER_ATOMIC, BARRIER_VOLATILE, BARRIER_ACQUIRE)
 # PTX memory orders and scopes as the ``__nv_atomic_*`` builtins number them (CUDA >= 12.8)
-_NV_ATOMIC_ACQUIRE, _NV_ATOMIC_RELEASE, _NV_SCOPE_DEVICE = 2, 3, 3
+NV_ATOMIC_RELAXED, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELEASE, NV_SCOPE_DEVICE = 0, 2, 3, 3
 
 
 def _barrier_template(kind: str = BARRIER_ATOMIC) -> Any:
@@ -116,8 +116,8 @@ def _barrier_template(kind: str = BARRIER_ATOMIC) -> Any:
             return T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 0)
         if kind == BARRIER_VOLATILE:  # prints as *(volatile int*)(&bar[0]): a load nvcc must repeat
             return T.call_extern("int32", "*(volatile int*)", T.address_of(bar[0]))
-        return T.call_extern("int32", "__nv_atomic_load_n", T.address_of(bar[0]), _NV_ATOMIC_ACQUIRE,
-                             _NV_SCOPE_DEVICE)
+        return T.call_extern("int32", "__nv_atomic_load_n", T.address_of(bar[0]), NV_ATOMIC_ACQUIRE,
+                             NV_SCOPE_DEVICE)
 
     release = kind == BARRIER_ACQUIRE
 
@@ -127,7 +127,7 @@ def _barrier_template(kind: str = BARRIER_ATOMIC) -> Any:
         if leader:
             if release:  # the add is a release: the block's writes (ordered by the sync) come first
                 T.evaluate(T.call_extern("int32", "__nv_atomic_fetch_add", T.address_of(bar[0]), 1,
-                                         _NV_ATOMIC_RELEASE, _NV_SCOPE_DEVICE))
+                                         NV_ATOMIC_RELEASE, NV_SCOPE_DEVICE))
             else:
                 T.evaluate(T.call_extern("void", "__threadfence"))
                 T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(bar[0]), 1))

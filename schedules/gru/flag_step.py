@@ -28,16 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.precision import itemsize
-from tvm_ext.step_loop import BARRIER_WORDS, SPIN_LIMIT
+from tvm_ext.schedules.warp_tile import WARP
+from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 
-from .kernels import _cell_math, _stored_as
+from .kernels import MAX_REGISTERS, OTHER_REGISTERS, _cell_math, _stored_as
 
-WARP = 32
 FLAG_UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
 MAX_ROWS = WARP  # lane b runs the cell of row b
-MAX_REGISTERS, OTHER_REGISTERS = 255, 40
-# PTX memory order and scope as the ``__nv_atomic_*`` builtins number them (CUDA >= 12.8)
-_RELAXED, _SCOPE_DEVICE = 0, 3
 
 
 @dataclass(frozen=True)
@@ -176,7 +173,8 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                 for i in T.unroll(words):
                     if i * threads + tid < n_words:
                         got[i] = T.call_extern("uint64", "__nv_atomic_load_n",
-                                               T.address_of(hx[base + i * threads + tid]), _RELAXED, _SCOPE_DEVICE)
+                                               T.address_of(hx[base + i * threads + tid]),
+                                               NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
                 for i in T.unroll(words):
                     if i * threads + tid < n_words and tag_of(got[i]) != s:
                         poll[1] = 0
@@ -208,7 +206,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                 h_new = T.meta_var(cell(sums, b_h, gi_reg, h_s[tx * HP + j]))
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),
-                                         packed(_stored_as(h_new, h_dtype), s + 1), _RELAXED, _SCOPE_DEVICE))
+                                         packed(_stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new, out_dtype)
                 if s == steps - 1:
                     h_n[layer * dirs + bz, tx, j] = T.cast(h_new, h_dtype)

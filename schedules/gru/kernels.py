@@ -18,6 +18,10 @@ from tvm_ext.step_loop import BARRIER_WORDS
 
 from .compute import F32
 
+# A thread's registers: what it may have, and what a step kernel needs besides a share of
+# W_hh held in registers (accumulators, addresses, the cell).
+MAX_REGISTERS, OTHER_REGISTERS = 255, 40
+
 
 def _cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
                h: Any, math: str) -> Any:
@@ -309,6 +313,14 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
 
+    @T.macro
+    def copy_and_reset(h0, hs, bar, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+        if vd == 0 and vb == 0 and vj == 0:
+            bar[0] = 0
+            if layer == 0:
+                bar[1] = 0
+
     @T.prim_func(s_tir=True)
     def init_barrier(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
                      hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32")):
@@ -318,11 +330,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 T.reads(h0[layer * dirs + vd, vb, vj])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS])
-                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
-                if vd == 0 and vb == 0 and vj == 0:
-                    bar[0] = 0
-                    if layer == 0:
-                        bar[1] = 0
+                copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
 
     n = dirs * batch * hidden
 
@@ -336,14 +344,10 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 T.reads(h0[layer * dirs + vd, vb, vj])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
-                hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+                copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
                 hx[(vd * batch + vb) * hidden + vj] = T.Cast(
                     "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
                 hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
-                if vd == 0 and vb == 0 and vj == 0:
-                    bar[0] = 0
-                    if layer == 0:
-                        bar[1] = 0
 
     if flags:
         return init_flags

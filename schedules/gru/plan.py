@@ -34,6 +34,8 @@ class Call:
 def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
     """Every call of one forward pass, in order: per layer init, S1, then T steps."""
     calls = []
+    # the persistent kernel's barrier words, and the flag-exchange kernel's h words
+    persistent = ("bar", "hx") if config.step_flags else ("bar",)
     for layer in range(template.layers):
         x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
@@ -41,15 +43,13 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
         if not config.fuse_step:
             calls.append(Call("gru_init", ("h0", layer, "p0")))
         elif config.step_loop == 2:
-            flags = ("hx",) if config.step_flags else ()
-            calls.append(Call("gru_init", ("h0", layer, "hs", "bar", *flags)))
+            calls.append(Call("gru_init", ("h0", layer, "hs", *persistent)))
         else:
             calls.append(Call("gru_init", ("h0", layer, "hs")))
         calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
         weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
         if config.fuse_step and config.step_loop:  # all T steps in one call
-            barrier = ("bar",) if config.step_loop == 2 else ()
-            barrier += ("hx",) if config.step_loop == 2 and config.step_flags else ()
+            barrier = persistent if config.step_loop == 2 else ()
             calls.append(Call("gru_steps", (*weights, layer, out, "h_n", *barrier)))
             continue
         for s in range(template.seq):

@@ -33,7 +33,8 @@ from tvm_ext.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
-from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func, step_k_extent
+from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_init,
+                      schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
@@ -82,9 +83,6 @@ STEP_KNOBS = (
 # registers (launch bounds) is refused below this many registers per thread (spills).
 SHARED_RESERVED_PER_BLOCK = 1024
 PERSISTENT_MIN_REGISTERS = 64
-# W_hh held in registers (step_w_onchip 2): a thread's share plus this many for the rest
-# (accumulators, addresses, the cell) must fit the registers a thread may have.
-MAX_REGISTERS, OTHER_REGISTERS = 255, 40
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
