@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from broken_gemm import BrokenGemm
+from interrupt import sigint_default
 from tvm_ext.builder import build_one
 from tvm_ext.cluster import LocalCluster, free_port
 from tvm_ext.errors import ErrorKind, TvmExtError
@@ -288,7 +289,7 @@ def devices_run(tmp_path, generations: str):
     return subprocess.Popen(CLI + SHAPE + ["--strategy", "random", "--generations", generations, "--population",
                                            "4", "--seed", "2", "--devices", "0,0", "--records",
                                            str(tmp_path / "r.jsonl")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
 
 
 def children_once_measuring(run, records) -> list[psutil.Process]:
