@@ -3,7 +3,8 @@
 Run through the device tool (see ../shared/DEVICE.md):
     source .tvm-device/boot.sh && python benchmarks/gru.py --out $OUT
 T=128, input size = hidden size: B1 H256, B8 H512, B64 H1024, and bidirectional B8 H512; and two
-hidden sizes no tuned tile divides: B5 H200 T129, and B3 H33 T7 with 3 bidirectional layers.
+hidden sizes no tuned tile divides: B5 H200 T129, and B3 H33 T7 with 3 bidirectional layers;
+B16 H512 T64 (the GRU model's layer) and B32 H512.
 Each case: torch's output and a float64 numpy reference first; then a short hand-picked
 search over our knobs (patent pipeline, cell block, step fusion tiles), every candidate
 checked against both before it is timed.  Timing protocol (``benchmarks/common.py``): cuDNN
@@ -66,6 +67,9 @@ class Case:
 
 CASES = (Case("B1 H256", 1, 256), Case("B8 H512", 8, 512), Case("B64 H1024", 64, 1024),
          Case("B8 H512 bidirectional", 8, 512, True),
+         # batches between the flag-exchange kernel's pick limit and the many-rows tiles (the
+         # GRU model's layer: B16 H512 T64)
+         Case("B16 H512 T64", 16, 512, seq=64), Case("B32 H512", 32, 512),
          # hidden sizes no tuned tile divides (the k split is padded)
          Case("B5 H200 T129", 5, 200, seq=129), Case("B3 H33 T7 3 layers bidirectional", 3, 33, True, seq=7, layers=3))
 

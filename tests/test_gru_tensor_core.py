@@ -138,12 +138,12 @@ def test_shown_knobs_are_the_kernels_own():
     assert "step_tc_kw" not in t.shown_knobs(cfg.replace(step_tc=0))
 
 
-@pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 4), ((16, 512, True), 16, 4),
-                                                  ((64, 1024, False), 32, 2), ((12, 200, False), 16, 4)])
+@pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 2), ((16, 512, True), 16, 2),
+                                                  ((64, 1024, False), 32, 2), ((12, 200, False), 16, 2)])
 def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, rows, k_warps):
     """float16 h and W_hh above batch 8 (below: the flag-exchange kernel): the pick is the
     tensor-core kernel with the fewest rows per block whose grid is resident (B64 H1024: 16-row
-    blocks would be 256, more than the SMs hold)."""
+    blocks would be 256, more than the SMs hold), 2 warps splitting k above batch 8."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)

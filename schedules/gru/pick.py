@@ -21,10 +21,12 @@ What the measurements said, and the rule each gives:
 - With h and W_hh both 16-bit, the tensor-core persistent step kernel beat every fused
   step kernel on the CUDA cores (float16, T128: B1 H256 0.249 ms against 0.270, B8 H512
   0.302 against 0.415, B64 H1024 0.802 against 1.582 ms).
-- Up to batch 8, the flag-exchange step kernel, which has no grid barrier (``flag_step.py``),
-  with the fewest units per block whose grid fits one block per SM: float32, T128, B1 H256
-  0.111 ms against 0.269 with the barrier kernel; float16 B1 H256 0.099 against 0.244 on the
-  tensor-core kernel, B8 H512 0.273 against 0.310, bidirectional 0.302 against 0.332.
+- The flag-exchange step kernel, which has no grid barrier (``flag_step.py``), with the
+  fewest units per block whose grid fits one block per SM: up to batch 16 with float32 state
+  (T128, B1 H256 0.111 ms against 0.269 with the barrier kernel; T64, B16 H512 0.319 against
+  0.366 for the best barrier kernel), up to batch 8 with 16-bit state (float16 B1 H256 0.099
+  against 0.244 on the tensor-core kernel, B8 H512 0.273 against 0.310, bidirectional 0.302
+  against 0.332; at B16 H512 T64 the tensor-core kernel wins, 0.167 against 0.265).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
   fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
   SM a block, else the default.
@@ -47,7 +49,8 @@ from .tensor_core_step import TC_ROWS
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of all rows with W_hh's slice in shared memory
-FLAG_BATCH = 8  # up to this batch, the flag-exchange step kernel (measured up to B8)
+FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
+FLAG_BATCH_TENSOR_CORE = 8  # where the tensor-core step kernel applies (16-bit state), up to this one
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
@@ -64,8 +67,9 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     cuda = target.kind == "cuda"
     base, gemm_why = _input_gemm(template, base, space, hw.sm_count)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
-    flags = _flag_step(template, base, space, hw.sm_count) if cuda else None
-    tensor_core = _tensor_core_step(template, base, space) if cuda and flags is None else None
+    tensor_core = _tensor_core_step(template, base, space) if cuda else None
+    most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
+    flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.flag_step_shape(flags)
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
@@ -110,23 +114,22 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
 def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
     """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid): 16
     units and the fewest rows per block whose grid is resident (more, smaller blocks), 4 k
-    warps with 16 rows, 2 with more (B1-B8: 4 of 1/2/4/8 measured fastest; B64 H1024: 2);
-    None where no such config fits."""
+    warps with 16 rows up to batch 8, else 2 (B1-B8: 4 of 1/2/4/8 measured fastest; B16 H512
+    T64: 2, 0.167 ms against 0.183; B64 H1024: 2); None where no such config fits."""
     for rows in TC_ROWS:
+        k_warps = 4 if rows == 16 and template.batch <= FLAG_BATCH_TENSOR_CORE else 2
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=16, step_tc_rows=rows,
-                           step_tc_kw=4 if rows == 16 else 2)
+                           step_tc_kw=k_warps)
         if space.is_feasible(cfg):
             return cfg
     return None
 
 
 def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
-    """The flag-exchange step kernel at small batch (up to ``FLAG_BATCH`` rows, any dtype): the fewest
+    """The flag-exchange step kernel at small batch (the caller bounds the batch): the fewest
     units per block whose grid fits one block per SM (more blocks share the math; float32 on
     the H100: B1 H256 0.84 µs a step, B8 H512 2.64 with 4 units, against 1.54 and 4.15 with a
     grid barrier); None where no such config fits."""
-    if template.batch > FLAG_BATCH:
-        return None
     for units in FLAG_UNITS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=units)
         if template.flag_step_shape(cfg).blocks <= sm_count and space.is_feasible(cfg):
