@@ -47,6 +47,24 @@ def test_generated_cuda_polls_tagged_words_and_has_no_grid_barrier():
     assert ("gru_init", "hx") in calls and ("gru_steps", "hx") in calls
 
 
+def test_more_words_than_a_poll_holds_are_polled_in_rounds():
+    """B16 H512 with 4 units: 64 words a thread, polled as 2 rounds of ``POLL_WORDS`` (32),
+    each with its own wait, so the words in registers stay within the budget."""
+    from tvm_ext.schedules.gru.flag_step import POLL_WORDS
+
+    t = _template(16, 512)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4)
+    shape = t.flag_step_shape(cfg)
+    assert (shape.words_per_thread, shape.poll_words, shape.poll_rounds) == (64, POLL_WORDS, 2)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    body = _kernel(t.compile(cfg, target).source)
+    loop = body[body.index("for (int s = 0; s < 5; ++s)"):]
+    assert loop.count("__nv_atomic_load_n((&(hx_ptr[") == 64
+    assert loop.count("while (") == 2
+    assert "uint64_t got_ptr[32];" in body  # one round's words in registers, not 64
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_nvcc_compiles_the_kernel_for_sm_90(tmp_path):
     """The source the GPU compiles with NVRTC is valid for sm_90 (3 rows, hidden 33, two
@@ -67,6 +85,7 @@ def test_nvcc_compiles_the_kernel_for_sm_90(tmp_path):
     (_template(32, 1024), dict(step_flag_units=4), "registers per thread"),
     (_template(1, 1024, bidirectional=True), dict(step_flag_units=4), "needs every block resident, 512 blocks"),
     (_template(32, 96), dict(step_flag_units=32), "3 blocks > 132 SMs x 0 resident"),  # 1024 x ~150 registers
+    (_template(32, 512), dict(step_flag_units=4), "65536 B > 49152 B of static shared memory"),
     (_template(8, 512), dict(step_flag_units=8, step_loop=1), "persistent kernel only"),
     (_template(8, 512), dict(step_flag_units=8, step_tc=1), "persistent kernel only"),
 ])
@@ -97,11 +116,11 @@ def test_other_step_knobs_do_not_refuse_a_flag_config_and_are_not_shown():
 
 
 @pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((8, 512, False), 4), ((8, 512, True), 8),
-                                          ((5, 200, False), 4), ((3, 33, True), 4), ((16, 512, False), 8)])
+                                          ((5, 200, False), 4), ((3, 33, True), 4), ((16, 512, False), 4)])
 def test_analytic_pick_takes_it_for_small_batches(shape, units):
     """Up to batch 16 (float32 state), 8 (16-bit state, where the tensor-core kernel is next):
     the fewest units per block whose grid fits one block per SM (132 on the H100: 4 units at
-    H512 is 128 blocks, bidirectional 256, so 8; at B16 H512 4 units need too many registers)."""
+    H512 is 128 blocks, bidirectional 256, so 8; B16 H512 polls its 64 words in 2 rounds)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
@@ -124,6 +143,7 @@ GPU_CASES = {
     "b5-h200-u16": (Shape(seq=9, batch=5, input=40, hidden=200), 16),
     "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True), 4),
     "b32-h96": (Shape(seq=6, batch=32, input=96, hidden=96), 8),
+    "b16-h512-poll-rounds": (Shape(seq=7, batch=16, input=256, hidden=512), 4),
 }
 
 

@@ -13,14 +13,15 @@ barrier, B8 H512 2.64 against 4.15.
 A block owns ``units`` hidden units of one direction, all batch rows; a warp per unit, its
 32 lanes splitting k (lane l takes k = l, l+32, ...), each lane's share of W_hh (3 gates)
 in registers for all T steps.  Per step the block polls all of h (batch x hidden words,
-slot s % 2 of ``hx``) into shared memory, each lane forms its partial dot products for
-every row, a butterfly of shuffles sums them, and lane b (b < batch) runs the cell of row
-b: its gi was loaded into registers a step ahead.  Two slots suffice: a block writes slot
-(s+1) % 2 only after reading every block's h_s, which each block wrote after reading h_{s-1}
-from that slot.  Tags are never stale: ``gru_init`` writes slot 0 (h0, tag 0) and zeroes
-slot 1 before each layer.  A lane that has polled ``SPIN_LIMIT`` times in all stops waiting
-and raises the barrier flag (``bar[1]``), so a grid that is not resident gives an error
-record, never a hang.
+slot s % 2 of ``hx``; up to ``POLL_WORDS`` a thread at once, in rounds past that) into
+shared memory, each lane forms its partial dot products for every row, a butterfly of
+shuffles sums them, and lane b (b < batch) runs the cell of row b: its gi was loaded into
+registers a step ahead.  Two slots suffice: a block writes slot (s+1) % 2 only after
+reading every block's h_s, which each block wrote after reading h_{s-1} from that slot.
+Tags are never stale: ``gru_init`` writes slot 0 (h0, tag 0) and zeroes slot 1 before each
+layer.  A lane that has polled ``SPIN_LIMIT`` times in all stops waiting and raises the
+barrier flag (``bar[1]``), so a grid that is not resident gives an error record, never a
+hang.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE,
 from .kernels import MAX_REGISTERS, OTHER_REGISTERS, _cell_math, _stored_as
 
 FLAG_UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
+POLL_WORDS = 32  # h words a thread polls at once (64 registers); more are polled in rounds of this many
 MAX_ROWS = WARP  # lane b runs the cell of row b
 
 
@@ -64,11 +66,20 @@ class FlagStepShape:
         """h words each thread polls per step (all of h, spread over the block)."""
         return -(-self.batch * self.hidden // self.threads)
 
+    @property
+    def poll_words(self) -> int:
+        """h words a thread polls at once: all of its words, or rounds of ``POLL_WORDS``."""
+        return min(self.words_per_thread, POLL_WORDS)
+
+    @property
+    def poll_rounds(self) -> int:
+        return -(-self.words_per_thread // self.poll_words)
+
     def registers(self) -> int:
-        """32-bit registers a thread needs: its W share, the polled words (64-bit), the
-        accumulators (3 gates x rows) and the rest."""
+        """32-bit registers a thread needs: its W share, the words it polls at once (64-bit),
+        the accumulators (3 gates x rows) and the rest."""
         w = 3 * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
-        return w + 2 * self.words_per_thread + 3 * self.batch + OTHER_REGISTERS
+        return w + 2 * self.poll_words + 3 * self.batch + OTHER_REGISTERS
 
     def shared_bytes(self) -> int:
         return self.batch * self.k_per_lane * WARP * 4
@@ -83,7 +94,8 @@ def flag_step_reason(shape: FlagStepShape) -> str | None:
         return f"flag-exchange step kernel: batch {shape.batch} > {MAX_ROWS} (one lane per row runs the cell)"
     if shape.registers() > MAX_REGISTERS:
         return (f"flag-exchange step kernel: needs about {shape.registers()} registers per thread (W share "
-                f"3 x {shape.k_per_lane}, {shape.words_per_thread} h words, {3 * shape.batch} sums) > {MAX_REGISTERS}")
+                f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums) > "
+                f"{MAX_REGISTERS}")
     return None
 
 
@@ -99,7 +111,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     shape = FlagStepShape(batch, hidden, dirs, units, w_dtype)
     G, KP, U = 3 * hidden, shape.k_per_lane, units
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
-    threads, words = shape.threads, shape.words_per_thread
+    threads, chunk = shape.threads, shape.poll_words
     grid_x = -(-hidden // units)
     n_words = batch * hidden
     full = tirx.const(0xFFFFFFFF, "uint32")
@@ -143,7 +155,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         w_r = T.alloc_buffer((3 * KP,), w_dtype, scope="local")
         acc = T.alloc_buffer((3 * batch,), acc_dtype, scope="local")
         sums = T.alloc_buffer((3,), acc_dtype, scope="local")
-        got = T.alloc_buffer((words,), "uint64", scope="local")
+        got = T.alloc_buffer((chunk,), "uint64", scope="local")
         gi_reg = T.alloc_buffer((3,), gi_dtype, scope="local")
         b_h = T.alloc_buffer((3,), "float32", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
@@ -165,26 +177,27 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         load_gi(gi, gi_reg, 0, bz, j, tx)
         poll[0] = 0
         for s in T.serial(steps):
-            # every block's h_s, the words polled until each tag says s
+            # every block's h_s, the words polled (``chunk`` at once) until each tag says s
             base = T.meta_var(((s % 2) * dirs + bz) * n_words)
-            poll[1] = 0
-            while poll[1] == 0:
-                poll[1] = 1
-                for i in T.unroll(words):
-                    if i * threads + tid < n_words:
-                        got[i] = T.call_extern("uint64", "__nv_atomic_load_n",
-                                               T.address_of(hx[base + i * threads + tid]),
-                                               NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-                for i in T.unroll(words):
-                    if i * threads + tid < n_words and tag_of(got[i]) != s:
-                        poll[1] = 0
-                poll[0] = poll[0] + 1
-                if poll[0] >= SPIN_LIMIT:
+            for c in T.unroll(shape.poll_rounds):
+                poll[1] = 0
+                while poll[1] == 0:
                     poll[1] = 1
-            for i in T.unroll(words):
-                f = T.meta_var(i * threads + tid)
-                if f < n_words:
-                    h_s[f // hidden * HP + f % hidden] = value_of(got[i])
+                    for i in T.unroll(chunk):
+                        if (c * chunk + i) * threads + tid < n_words:
+                            got[i] = T.call_extern("uint64", "__nv_atomic_load_n",
+                                                   T.address_of(hx[base + (c * chunk + i) * threads + tid]),
+                                                   NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
+                    for i in T.unroll(chunk):
+                        if (c * chunk + i) * threads + tid < n_words and tag_of(got[i]) != s:
+                            poll[1] = 0
+                    poll[0] = poll[0] + 1
+                    if poll[0] >= SPIN_LIMIT:
+                        poll[1] = 1
+                for i in T.unroll(chunk):
+                    f = T.meta_var((c * chunk + i) * threads + tid)
+                    if f < n_words:
+                        h_s[f // hidden * HP + f % hidden] = value_of(got[i])
             T.tvm_storage_sync("shared")
             for b in T.unroll(batch):
                 for g in T.unroll(3):

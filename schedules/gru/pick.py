@@ -23,10 +23,11 @@ What the measurements said, and the rule each gives:
   0.302 against 0.415, B64 H1024 0.802 against 1.582 ms).
 - The flag-exchange step kernel, which has no grid barrier (``flag_step.py``), with the
   fewest units per block whose grid fits one block per SM: up to batch 16 with float32 state
-  (T128, B1 H256 0.111 ms against 0.269 with the barrier kernel; T64, B16 H512 0.319 against
-  0.366 for the best barrier kernel), up to batch 8 with 16-bit state (float16 B1 H256 0.099
-  against 0.244 on the tensor-core kernel, B8 H512 0.273 against 0.310, bidirectional 0.302
-  against 0.332; at B16 H512 T64 the tensor-core kernel wins, 0.167 against 0.265).
+  (T128, B1 H256 0.111 ms against 0.269 with the barrier kernel; T64, B16 H512 0.287–0.300
+  with 4 units, 0.319 with 8, against 0.366 for the best barrier kernel), up to batch 8 with
+  16-bit state (float16 B1 H256 0.099 against 0.244 on the tensor-core kernel, B8 H512 0.273
+  against 0.310, bidirectional 0.302 against 0.332; at B16 H512 T64 the tensor-core kernel
+  wins, 0.163–0.167 against 0.243 with 4 units).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
   fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
   SM a block, else the default.

@@ -462,6 +462,9 @@ class GruTemplate(DtypeFields, Template):
             return reason
         if shape.threads > target.max_threads_per_block:
             return f"flag-exchange step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
+        if shape.shared_bytes() > target.max_shared_memory_per_block:  # h_s is static shared memory
+            return (f"flag-exchange step kernel: h in shared memory needs {shape.shared_bytes()} B > "
+                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
         hw = HardwareModel.from_target(target)
         per_sm, fits = _residency(hw, shape.blocks, shape.threads, shape.shared_bytes())
         if hw.registers_per_sm:
