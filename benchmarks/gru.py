@@ -91,8 +91,9 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     # the tensor-core persistent step kernel (16-bit h and W_hh; the space refuses it otherwise)
     tensor_core = [base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=j, step_tc_rows=rows,
                                 step_tc_kw=kw)
-                   for j, rows, kw in ((16, 16, 1), (32, 16, 2), (16, 16, 8), (16, 16, 4), (16, 32, 2), (16, 32, 4), (16, 32, 8), (32, 16, 4),
-                                       (32, 16, 8), (16, 64, 4), (32, 32, 4), (16, 16, 2), (32, 64, 4))]
+                   for j, rows, kw in ((16, 16, 1), (32, 16, 2), (16, 16, 8), (16, 16, 4), (16, 32, 2), (16, 32, 4),
+                                       (16, 32, 8), (32, 16, 4), (32, 16, 8), (16, 64, 4), (32, 32, 4), (16, 16, 2),
+                                       (32, 64, 4))]
     # the flag-exchange persistent step kernel (batch <= 32; no grid barrier)
     flags = [base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=u) for u in (4, 8, 16)]
     picks = [
