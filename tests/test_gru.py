@@ -309,7 +309,8 @@ def test_benchmark_script_imports_and_picks_feasible_candidates(monkeypatch):
     spec.loader.exec_module(bench)
     target = offline_cuda()
     assert [c.label for c in bench.CASES] == ["B1 H256", "B8 H512", "B64 H1024", "B8 H512 bidirectional",
-                                              "B5 H200 T129", "B3 H33 T7 3 layers bidirectional"]
+                                              "B16 H512 T64", "B32 H512", "B5 H200 T129",
+                                              "B3 H33 T7 3 layers bidirectional"]
     for case in bench.CASES:
         template = case.template()
         picks = bench.candidates(template, target, 6)
