@@ -96,9 +96,14 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
                                        (32, 64, 4))]
     # the flag-exchange persistent step kernel (batch <= 32; no grid barrier)
     flags = [base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=u) for u in (4, 8, 16)]
+    # the tensor-core kernel exchanging h through tagged words instead of a grid barrier
+    tensor_core_flags = [base.replace(fuse_step=1, step_loop=2, step_tc=1, step_flags=1, step_j=j, step_tc_rows=rows,
+                                      step_tc_kw=kw)
+                         for j, rows, kw in ((16, 16, 2), (16, 16, 4), (16, 32, 2), (16, 16, 1), (16, 64, 2))]
     picks = [
         base,
         pick,  # GRU.build without a config
+        *tensor_core_flags,
         *flags,
         *tensor_core,
         pick.replace(step_w_onchip=2) if pick.fuse_step and pick.step_bt == 1 else pick,  # W_hh in registers
@@ -151,10 +156,11 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 
 def short(cfg: Config) -> str:
+    if cfg.fuse_step and cfg.step_tc:
+        exchange = " flags" if cfg.step_flags else ""
+        return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw}{exchange} persistent"
     if cfg.fuse_step and cfg.step_flags:
         return f"flag-exchange step units={cfg.step_flag_units} persistent"
-    if cfg.fuse_step and cfg.step_tc:
-        return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw} persistent"
     if cfg.fuse_step:
         loop = ("", " host-loop", " persistent")[cfg.step_loop]
         onchip = ("", " W on chip", " W in registers")[cfg.step_w_onchip]

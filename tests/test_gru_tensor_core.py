@@ -79,12 +79,41 @@ def test_nvcc_compiles_the_kernel_for_sm_90(tmp_path):
 
     t = _template(5, 200, bidirectional=True, layers=2)
     target = offline_cuda("sm_90")
-    cfg = t.default_config(target).replace(**TC, step_j=32, step_tc_rows=16, step_tc_kw=4)
+    for flags in (0, 1):  # with the grid barrier, and with h as tagged words
+        cfg = t.default_config(target).replace(**TC, step_j=32, step_tc_rows=16, step_tc_kw=4, step_flags=flags)
+        assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+        with tvm.target.Target(target.tvm_target()):
+            ptx = nvcc.compile_cuda(t.compile(cfg, target).source, target_format="ptx", compiler="nvcc")
+        text = ptx.decode() if isinstance(ptx, bytes) else str(ptx)
+        assert "mma.sync.aligned.m16n8k16" in text and "ldmatrix.sync.aligned" in text
+
+
+def test_with_flags_h_goes_as_tagged_word_pairs_and_there_is_no_grid_barrier():
+    """``step_flags`` on the tensor-core kernel: no counter is added to; each lane polls its
+    share of the warp's 16 rows x k range as 64-bit words of two units (H 64, 2 k warps: 16 x
+    32 / 2 words a warp, 8 a lane, of which the 4 in rows past the batch of 8 are not read),
+    and writes h' as one tagged store per pair of units (2 unit tiles; of the 2 row halves,
+    rows 8-15 are past the batch); the init writes the paired words."""
+    t = _template(8, 64)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_rows=16, step_tc_kw=2, step_flags=1)
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
-    with tvm.target.Target(target.tvm_target()):
-        ptx = nvcc.compile_cuda(t.compile(cfg, target).source, target_format="ptx", compiler="nvcc")
-    text = ptx.decode() if isinstance(ptx, bytes) else str(ptx)
-    assert "mma.sync.aligned.m16n8k16" in text and "ldmatrix.sync.aligned" in text
+    compiled = t.compile(cfg, target)
+    kernel = _kernel(compiled.source)
+    step = kernel[kernel.index("for (int s = 0; s < 5; ++s)"):]
+    assert "atomicAdd" not in step and "__nv_atomic_fetch_add" not in step
+    assert step.count("__nv_atomic_load_n((&(hx_ptr[") == 4
+    assert step.count("__nv_atomic_store_n((&(hx_ptr[") == 2
+    assert step.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 2 * 6
+    calls = [(c.func, c.args[-1]) for c in compiled.calls]
+    assert ("gru_init", "hx") in calls and ("gru_steps", "hx") in calls
+    init = _kernel(compiled.source, "gru_init")
+    assert "<< (uint64_t)16" in init.replace("((uint64_t)16)", "(uint64_t)16")  # two 16-bit halves a word
+    shown = t.shown_knobs(cfg)
+    assert "step_tc_kw" in shown and "step_flags" in shown
+    assert "step_barrier" not in shown and "step_flag_units" not in shown
+    # the barrier form's source has no exchange words
+    assert "hx_ptr" not in _kernel(t.compile(cfg.replace(step_flags=0), target).source)
 
 
 def test_shape_sizes():
@@ -138,17 +167,20 @@ def test_shown_knobs_are_the_kernels_own():
     assert "step_tc_kw" not in t.shown_knobs(cfg.replace(step_tc=0))
 
 
-@pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 2), ((16, 512, True), 16, 2),
-                                                  ((64, 1024, False), 32, 2), ((12, 200, False), 16, 2)])
+@pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 4), ((16, 512, True), 16, 4),
+                                                  ((64, 1024, False), 32, 2), ((12, 200, False), 16, 4),
+                                                  ((2, 512, False), 16, 4), ((8, 512, True), 16, 4)])
 def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, rows, k_warps):
-    """float16 h and W_hh above batch 8 (below: the flag-exchange kernel): the pick is the
-    tensor-core kernel with the fewest rows per block whose grid is resident (B64 H1024: 16-row
-    blocks would be 256, more than the SMs hold), 2 warps splitting k above batch 8."""
+    """float16 h and W_hh above batch 1 (there: the CUDA-core flag-exchange kernel): the pick
+    is the tensor-core kernel exchanging h as tagged words, with the fewest rows per block
+    whose grid is resident (B64 H1024: 16-row blocks would be 256, more than the SMs hold), 4
+    warps splitting k with 16 rows, else 2."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
     cfg, why = t.analytic_pick(target)
-    assert (cfg.step_tc, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (1, 16, rows, k_warps)
+    assert (cfg.step_tc, cfg.step_flags, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (1, 1, 16, rows, k_warps)
+    assert "tagged words" in why
     assert t.space(target).is_feasible(cfg) and why.startswith("tensor-core persistent step kernel")
     assert t.analytic_pick(offline_cuda("sm_75"))[0].step_tc == 0  # no ldmatrix/mma.sync bf16 path there
     full = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=5, bidirectional=bidirectional)
@@ -174,15 +206,18 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("flags", [0, 1], ids=["barrier", "flags"])
 @pytest.mark.parametrize("precision, bound", [(HALF, 5e-3), (BF16, 3e-2)], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("key", list(GPU_CASES))
-def test_cuda_tensor_core_step_matches_float64(key, precision, bound):
-    """Against float64 on reruns (a race between blocks would move the error); the error is
-    the 16-bit storage's, not a wrong tile (a wrong fragment layout is O(1))."""
+def test_cuda_tensor_core_step_matches_float64(key, precision, bound, flags):
+    """Against float64 on reruns (a race between blocks would move the error) and on a second
+    input (with flags, a tag left from the first call would be read as this one's); the error
+    is the 16-bit storage's, not a wrong tile (a wrong fragment layout is O(1))."""
     s, knobs = GPU_CASES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config={**TC, **knobs}, precision=precision).load_numpy(_weights(s))
-    assert gru.config.step_tc == 1
+                    seq=s.seq, config={**TC, **knobs, "step_flags": flags},
+                    precision=precision).load_numpy(_weights(s))
+    assert gru.config.step_tc == 1 and gru.config.step_flags == flags
     x, h0 = _inputs(s)
     ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
     errors = []
@@ -191,6 +226,8 @@ def test_cuda_tensor_core_step_matches_float64(key, precision, bound):
         errors.append(relative_error([out, h_n], ref))
     assert max(errors) < bound, errors
     assert np.ptp(errors) < 1e-6  # every rerun the same answer
+    x2, h2 = x[::-1].copy(), -h0
+    assert relative_error(list(gru(x2, h2)), gru_reference(x2, _weights(s), h2, s.layers, s.bidirectional)) < bound
 
 
 @pytest.mark.gpu

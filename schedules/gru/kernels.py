@@ -283,13 +283,15 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
-              barrier: bool = False, flags: bool = False) -> Any:
+              barrier: bool = False, flags: bool = False, paired: bool = False) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
     step kernel's barrier counter (and, at layer 0, its timed-out flag).  ``flags``: also writes
     the flag-exchange step kernel's words ``hx`` (``flag_step.py``): slot 0 (h0's float32 bits,
-    step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's."""
+    step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's;
+    ``paired``: the words of the tensor-core kernel's exchange, two 16-bit values of adjacent
+    units a word (``pack_pair``)."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -349,9 +351,41 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                     "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
                 hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
 
+    if flags and paired:  # parsed only where it is used: 16-bit state
+        pair_words = -(-hidden // 2)
+
+        @T.prim_func(s_tir=True)
+        def init_paired_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                              hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+                              hx: T.Buffer((2 * n,), "uint64")):
+            T.func_attr({"tirx.noalias": True})
+            for d, b, j in T.grid(dirs, batch, hidden):
+                with T.sblock("init"):
+                    vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                    T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
+                    T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
+                    copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
+                    if vj % 2 == 0:
+                        word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
+                        second = T.meta_var(T.if_then_else(
+                            vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
+                        hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
+                        hx[n + word] = T.uint64(0)
+
+        return init_paired_flags
     if flags:
         return init_flags
     return init_barrier if barrier else init_pingpong
+
+
+def pack_pair(T: Any, first: Any, second: Any, dtype: str, tag: Any) -> Any:
+    """One exchange word of the tensor-core kernel: two 16-bit values (``first`` in the low
+    half) and the step ``tag`` in the high 32 bits."""
+    def bits(value: Any) -> Any:
+        return T.Cast("uint64", T.reinterpret("uint16", T.Cast(dtype, value)))
+
+    return T.bitwise_or(T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)),
+                                     T.shift_left(bits(second), T.uint64(16))), bits(first))
 
 
 def schedule_cell(func: Any, cell_block: int) -> Any:

@@ -24,10 +24,13 @@ What the measurements said, and the rule each gives:
 - The flag-exchange step kernel, which has no grid barrier (``flag_step.py``), with the
   fewest units per block whose grid fits one block per SM: up to batch 16 with float32 state
   (T128, B1 H256 0.111 ms against 0.269 with the barrier kernel; T64, B16 H512 0.287–0.300
-  with 4 units, 0.319 with 8, against 0.366 for the best barrier kernel), up to batch 8 with
-  16-bit state (float16 B1 H256 0.099 against 0.244 on the tensor-core kernel, B8 H512 0.273
-  against 0.310, bidirectional 0.302 against 0.332; at B16 H512 T64 the tensor-core kernel
-  wins, 0.163–0.167 against 0.243 with 4 units).
+  with 4 units, 0.319 with 8, against 0.366 for the best barrier kernel); with 16-bit state
+  only at batch 1 (float16 B1 H256 0.099 against 0.156 on the tensor-core kernel with tagged
+  words, 0.244 with its grid barrier).
+- With 16-bit state above batch 1, the tensor-core step kernel exchanging h as tagged words
+  (``step_tc`` and ``step_flags``; float16: B8 H512 0.199 ms against 0.279 on the CUDA-core
+  flag kernel, bidirectional 0.208 against 0.444, B16 H512 T64 0.131 against 0.164 with the
+  grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
   fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
   SM a block, else the default.
@@ -51,7 +54,7 @@ from .tensor_core_step import TC_ROWS
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of all rows with W_hh's slice in shared memory
 FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
-FLAG_BATCH_TENSOR_CORE = 8  # where the tensor-core step kernel applies (16-bit state), up to this one
+FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (B1: 0.099 ms against 0.156 on tensor cores)
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
@@ -77,7 +80,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {gemm_why}")
     if tensor_core is not None:
         shape = template.tc_step_shape(tensor_core)
-        return tensor_core, (f"tensor-core persistent step kernel: {shape.blocks} blocks of 16 units x "
+        return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
+                             f"barrier): {shape.blocks} blocks of 16 units x "
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k, W_hh's slice in "
                              f"shared memory; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS:
@@ -113,14 +117,15 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
 
 
 def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
-    """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid): 16
-    units and the fewest rows per block whose grid is resident (more, smaller blocks), 4 k
-    warps with 16 rows up to batch 8, else 2 (B1-B8: 4 of 1/2/4/8 measured fastest; B16 H512
-    T64: 2, 0.167 ms against 0.183; B64 H1024: 2); None where no such config fits."""
+    """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid), h
+    exchanged as tagged words (float16 B16 H512 T64: 0.131 ms against 0.164 with the grid
+    barrier; B8 H512 0.199 against 0.279 on the flag-exchange CUDA-core kernel; B64 H1024
+    0.803 against 0.807): 16 units and the fewest rows per block whose grid is resident (more,
+    smaller blocks), 4 k warps with 16 rows (B8, B16: 4 of 1/2/4 fastest), else 2 (B64
+    H1024); None where no such config fits."""
     for rows in TC_ROWS:
-        k_warps = 4 if rows == 16 and template.batch <= FLAG_BATCH_TENSOR_CORE else 2
-        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=16, step_tc_rows=rows,
-                           step_tc_kw=k_warps)
+        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=16,
+                           step_tc_rows=rows, step_tc_kw=4 if rows == 16 else 2)
         if space.is_feasible(cfg):
             return cfg
     return None

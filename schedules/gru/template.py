@@ -72,9 +72,10 @@ STEP_KNOBS = (
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
-    Knob("step_flags", (0, 1), "persistent step kernel, CUDA, batch <= 32: 1 runs the small-batch kernel that "
-                               "needs no grid barrier: h goes between blocks as (value, step) words, polled "
-                               "until every tag says the step (``flag_step.py``)"),
+    Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks as "
+                               "(value, step) words, polled until every tag says the step; with step_tc 0 the "
+                               "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
+                               "tensor-core kernel exchanging two 16-bit values a word"),
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
                                             "its lanes splitting k, W_hh's share in registers)"),
 )
@@ -380,9 +381,9 @@ class GruTemplate(DtypeFields, Template):
                 return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
             if not c.fuse_step:
                 return None
-            if c.step_flags:  # its own kernel: the other step knobs do not apply
+            if c.step_flags and not c.step_tc:  # its own kernel: the other step knobs do not apply
                 return self.flag_step_reason(c, target)
-            if c.step_tc:  # the CUDA-core kernel's knobs do not apply
+            if c.step_tc:  # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
                 return self.tc_step_reason(c, target)
             if c.step_j * c.step_ks * c.step_bt > target.max_threads_per_block:
                 return (f"step kernel: {c.step_j}x{c.step_ks}x{c.step_bt} threads > device limit "
@@ -520,7 +521,9 @@ class GruTemplate(DtypeFields, Template):
         if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
             simt = ("step_b", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch", "step_w_onchip")
             tensor_core, flags = ("step_tc_rows", "step_tc_kw"), ("step_flag_units",)
-            if config.step_flags:
+            if config.step_flags and config.step_tc:
+                hidden = simt + flags + ("step_barrier",)
+            elif config.step_flags:
                 hidden = simt + tensor_core + ("step_j", "step_barrier", "step_tc")
             else:
                 hidden = (simt if config.step_tc else tensor_core) + flags
@@ -553,7 +556,7 @@ class GruTemplate(DtypeFields, Template):
         p = self.precision
         fused, persistent = bool(config.fuse_step), config.step_loop == 2
         init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent,
-                         flags=fused and persistent and bool(config.step_flags))
+                         flags=fused and persistent and bool(config.step_flags), paired=bool(config.step_tc))
         funcs = {
             "gru_init": schedule_init(init, min(256, target.max_threads_per_block)),
             "gru_gemm_x0": self.input_gemm(0).schedule(gemms["in_"], target),
@@ -584,7 +587,7 @@ class GruTemplate(DtypeFields, Template):
         the tensor-core persistent step kernel (``step_tc``) and the flag-exchange one
         (``step_flags``)."""
         p = self.precision
-        if config.fuse_step and config.step_flags:
+        if config.fuse_step and config.step_flags and not config.step_tc:
             return {"gru_steps": flag_step_func(
                 self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_flag_units,
                 h_dtype=p["h"], w_dtype=p["w_hh"], gi_dtype=p["gi"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"],
@@ -594,7 +597,7 @@ class GruTemplate(DtypeFields, Template):
         func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
                             rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
                             gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],
-                            barrier=config.step_barrier)
+                            barrier=config.step_barrier, flags=bool(config.step_flags))
         return {"gru_steps": func}
 
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------

@@ -34,9 +34,9 @@ from typing import Any
 
 from tvm_ext.precision import itemsize
 from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
-from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, grid_barrier
+from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier
 
-from .kernels import _cell_math, _stored_as
+from .kernels import _cell_math, _stored_as, pack_pair
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -44,6 +44,7 @@ OPERANDS = ("float16", "bfloat16")
 TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
+POLL_WORDS = 32  # with flags: exchange words a lane polls at once (more in rounds)
 
 
 def _acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
@@ -127,11 +128,18 @@ def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: st
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: int, name: str = "gru_steps") -> Any:
+                 barrier: int, flags: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike.
-    ``barrier`` indexes ``tvm_ext.step_loop.BARRIERS`` (the knob ``step_barrier``)."""
+    ``barrier`` indexes ``tvm_ext.step_loop.BARRIERS`` (the knob ``step_barrier``).
+
+    ``flags`` (the knob ``step_flags``): no grid barrier; h goes between blocks as 8-byte
+    words of ``hx`` (a further parameter), two adjacent units' 16-bit values and the step as
+    a tag (``kernels.pack_pair``), each written with one relaxed store by the lane whose
+    accumulators hold the pair, and polled by the warps that read those rows and k until the
+    tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
+    suffice, and the poll limit that turns a grid that is not resident into an error)."""
     from tvm import tirx
     from tvm.script import tirx as T
 
@@ -153,6 +161,12 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     gi_values = 3 * unit_tiles * 4
     abbrev = DTYPE_ABBREV[operand]
     zero_op = tirx.const(0, operand)
+    # with flags: the exchange words (two units each) of the warp's 16 rows and k range
+    pair_words = -(-hidden // 2)
+    slot_words = dirs * batch * hidden  # hx holds two slots of this many words
+    lane_words = MMA_M * warp_k // 2 // WARP
+    poll_words = min(lane_words, POLL_WORDS)
+    poll_rounds = -(-lane_words // poll_words)
 
     def cell(acc: Any, b_h: Any, gi_reg: Any, h_prev: Any, t: int, e: int) -> Any:
         """h' of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -187,11 +201,64 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = hs[step % 2, bz, m0 + r, k + v]
 
+    @T.macro
+    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
+        """The warp's rows and k range of h_step from the exchange words, ``poll_words`` a
+        lane at once, each round polled until every tag says ``step``."""
+        for c in T.unroll(poll_rounds):
+            poll[1] = 0
+            while poll[1] == 0:
+                poll[1] = 1
+                for i in T.unroll(poll_words):
+                    f = T.meta_var((c * poll_words + i) * WARP + tx)
+                    r = T.meta_var(f // (warp_k // 2))
+                    k = T.meta_var(ki * warp_k + f % (warp_k // 2) * 2)
+                    if f < MMA_M * warp_k // 2 and m0 + mi * MMA_M + r < batch and k < hidden:
+                        got[i] = T.call_extern(
+                            "uint64", "__nv_atomic_load_n",
+                            T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
+                                            + k // 2]), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
+                        if T.Cast("int32", T.shift_right(got[i], T.uint64(32))) != step:
+                            poll[1] = 0
+                poll[0] = poll[0] + 1
+                if poll[0] >= SPIN_LIMIT:
+                    poll[1] = 1
+            for i in T.unroll(poll_words):
+                f = T.meta_var((c * poll_words + i) * WARP + tx)
+                r = T.meta_var(f // (warp_k // 2))
+                k = T.meta_var(ki * warp_k + f % (warp_k // 2) * 2)
+                if f < MMA_M * warp_k // 2 and m0 + mi * MMA_M + r < batch and k < hidden:
+                    for half in T.unroll(2):
+                        h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
+                            "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
+
+    @T.macro
+    def products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx):  # type: ignore[no-untyped-def]
+        """The warp's dot products on h chunk ``c``: ldmatrix of A and B, two mma.sync per 16x16x16."""
+        for ks in T.unroll(chunk_k // MMA_K):
+            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
+            T.ptx_legacy.ldmatrix(
+                False, 4, ".b16", a_frag.data, 0,
+                T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
+                                 (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
+                dtype=operand)
+            for p in T.unroll(n_tiles // 2):
+                T.ptx_legacy.ldmatrix(
+                    True, 4, ".b16", b_frag.data, 0,
+                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                                     (kk + tx % 16) * sw + p * 16 + tx // 16 * 8, 8, 1), 0,
+                    dtype=operand)
+                for half in T.unroll(2):
+                    T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
+                                     b_frag.data, half * 4, acc.data, (p * 2 + half) * 4, False,
+                                     dtype="float32")
+
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
                w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
                out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-               h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+               h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+               hx: T.Buffer((2 * slot_words,), "uint64")):
         T.func_attr({"tirx.noalias": True})
         bx = T.launch_thread("blockIdx.x", grid_x)
         by = T.launch_thread("blockIdx.y", grid_y)
@@ -206,6 +273,9 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
         gi_reg = T.alloc_buffer((gi_values,), gi_dtype, scope="local")
+        got = T.alloc_buffer((poll_words,), "uint64", scope="local")
+        poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
+        h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
         ki = T.meta_var(ty // m_warps)
@@ -241,40 +311,34 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                     T.float32(0))
         if ki == 0:
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+        if flags:
+            poll[0] = 0
         T.tvm_storage_sync("shared")
         for s in T.serial(steps):
-            # the warp's own rows and k range of h, chunk by chunk (cp.async groups): the dot
-            # products on chunk c start while the later chunks are still in flight
-            for c in T.unroll(chunks):
-                if asynchronous:
-                    with T.attr(0, "async_commit_queue_scope", 0):
-                        with T.attr(0, "async_scope", 1):
-                            copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
-                else:
-                    copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
-            for i in T.unroll(n_tiles * 4):
-                acc[i] = T.float32(0)
-            for c in T.unroll(chunks):
-                with T.attr(0, "async_wait_queue_scope", 0):
-                    with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
-                        T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
-                        for ks in T.unroll(chunk_k // MMA_K):
-                            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
-                            T.ptx_legacy.ldmatrix(
-                                False, 4, ".b16", a_frag.data, 0,
-                                T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
-                                                 (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
-                                dtype=operand)
-                            for p in T.unroll(n_tiles // 2):
-                                T.ptx_legacy.ldmatrix(
-                                    True, 4, ".b16", b_frag.data, 0,
-                                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                                                     (kk + tx % 16) * sw + p * 16 + tx // 16 * 8, 8, 1), 0,
-                                    dtype=operand)
-                                for half in T.unroll(2):
-                                    T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
-                                                     b_frag.data, half * 4, acc.data, (p * 2 + half) * 4, False,
-                                                     dtype="float32")
+            if flags:  # the words of the warp's rows and k range, polled until their tags say s
+                for i in T.unroll(n_tiles * 4):
+                    acc[i] = T.float32(0)
+                poll_h(h_s, hx, got, poll, s, bz, m0, mi, ki, tx)
+                T.evaluate(T.call_extern("void", "__syncwarp"))
+                for c in T.unroll(chunks):
+                    products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx)
+            else:
+                # the warp's own rows and k range of h, chunk by chunk (cp.async groups): the dot
+                # products on chunk c start while the later chunks are still in flight
+                for c in T.unroll(chunks):
+                    if asynchronous:
+                        with T.attr(0, "async_commit_queue_scope", 0):
+                            with T.attr(0, "async_scope", 1):
+                                copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
+                    else:
+                        copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
+                for i in T.unroll(n_tiles * 4):
+                    acc[i] = T.float32(0)
+                for c in T.unroll(chunks):
+                    with T.attr(0, "async_wait_queue_scope", 0):
+                        with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
+                            T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
+                            products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx)
             if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
                 if ki > 0:
                     for i in T.unroll(n_tiles * 4):
@@ -294,14 +358,32 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                         unit = T.meta_var(j0 + col)
                         if row < batch and unit < hidden:
                             h_new = T.meta_var(cell(acc, b_h, gi_reg, h_s[row_in * sh + unit], t, e))
-                            hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
+                            if flags:  # the pair (e, e + 1) goes out as one word from its even unit
+                                h_rounded[e] = T.cast(h_new, operand)
+                                if e % 2 == 1 or unit + 1 >= hidden:
+                                    T.evaluate(T.call_extern(
+                                        "void", "__nv_atomic_store_n",
+                                        T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
+                                                        + unit // 2]),
+                                        pack_pair(T, h_rounded[e - e % 2],
+                                                  T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
+                                        NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                            else:
+                                hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
                             out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
                             if s == steps - 1:
                                 h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
                 if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
                     load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
-            T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * shape.blocks, tx == 0 and ty == 0))
+            if flags:
+                T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
+            else:
+                T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * shape.blocks, tx == 0 and ty == 0))
+        if flags and poll[0] >= SPIN_LIMIT:
+            bar[1] = 1
 
+    if flags:
+        return kernel.with_attr("global_symbol", name)
     return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
 
 
@@ -326,5 +408,5 @@ def _with_barrier(func: Any, kind: str) -> Any:
         return mutator.default_mutate(node)
 
     body = tvm_ffi.structural_mutate(func.body, [(tirx.Evaluate, replace)])
-    (bar,) = barrier  # the kernel's own ``bar`` parameter is replaced by the barrier's
-    return tirx.PrimFunc([*func.params[:-1], bar], body, attrs=func.attrs)
+    (bar,) = barrier  # the kernel's own ``bar`` and ``hx`` parameters by the barrier's
+    return tirx.PrimFunc([*func.params[:-2], bar], body, attrs=func.attrs)
