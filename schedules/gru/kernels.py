@@ -335,6 +335,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
 
     n = dirs * batch * hidden
+    pair_words = -(-hidden // 2)
 
     @T.prim_func(s_tir=True)
     def init_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
@@ -344,35 +345,21 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                T.reads(h0[layer * dirs + vd, vb, vj])
+                T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                hx[(vd * batch + vb) * hidden + vj] = T.Cast(
-                    "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
-                hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
-
-    if flags and paired:  # parsed only where it is used: 16-bit state
-        pair_words = -(-hidden // 2)
-
-        @T.prim_func(s_tir=True)
-        def init_paired_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
-                              hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-                              hx: T.Buffer((2 * n,), "uint64")):
-            T.func_attr({"tirx.noalias": True})
-            for d, b, j in T.grid(dirs, batch, hidden):
-                with T.sblock("init"):
-                    vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                    T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
-                    T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
-                    copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
+                if paired:  # (parsed only where it is taken: 16-bit state)
                     if vj % 2 == 0:
                         word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
                         second = T.meta_var(T.if_then_else(
                             vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
                         hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
                         hx[n + word] = T.uint64(0)
+                else:
+                    hx[(vd * batch + vb) * hidden + vj] = T.Cast(
+                        "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
+                    hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
 
-        return init_paired_flags
     if flags:
         return init_flags
     return init_barrier if barrier else init_pingpong

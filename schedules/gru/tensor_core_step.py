@@ -201,6 +201,11 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = hs[step % 2, bz, m0 + r, k + v]
 
+    def word(c: Any, i: Any, ki: Any, tx: Any) -> tuple[Any, Any, Any]:
+        """(row in the warp's 16, k, within the warp's words) of word i of poll round c."""
+        f = (c * poll_words + i) * WARP + tx
+        return f // (warp_k // 2), ki * warp_k + f % (warp_k // 2) * 2, f < MMA_M * warp_k // 2
+
     @T.macro
     def poll_h(h_s, hx, got, poll, step, bz, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
         """The warp's rows and k range of h_step from the exchange words, ``poll_words`` a
@@ -210,10 +215,9 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             while poll[1] == 0:
                 poll[1] = 1
                 for i in T.unroll(poll_words):
-                    f = T.meta_var((c * poll_words + i) * WARP + tx)
-                    r = T.meta_var(f // (warp_k // 2))
-                    k = T.meta_var(ki * warp_k + f % (warp_k // 2) * 2)
-                    if f < MMA_M * warp_k // 2 and m0 + mi * MMA_M + r < batch and k < hidden:
+                    r = T.meta_var(word(c, i, ki, tx)[0])
+                    k = T.meta_var(word(c, i, ki, tx)[1])
+                    if word(c, i, ki, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                         got[i] = T.call_extern(
                             "uint64", "__nv_atomic_load_n",
                             T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
@@ -224,10 +228,9 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 if poll[0] >= SPIN_LIMIT:
                     poll[1] = 1
             for i in T.unroll(poll_words):
-                f = T.meta_var((c * poll_words + i) * WARP + tx)
-                r = T.meta_var(f // (warp_k // 2))
-                k = T.meta_var(ki * warp_k + f % (warp_k // 2) * 2)
-                if f < MMA_M * warp_k // 2 and m0 + mi * MMA_M + r < batch and k < hidden:
+                r = T.meta_var(word(c, i, ki, tx)[0])
+                k = T.meta_var(word(c, i, ki, tx)[1])
+                if word(c, i, ki, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                     for half in T.unroll(2):
                         h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
                             "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
