@@ -32,7 +32,7 @@ from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import WARP
 from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 
-from .kernels import MAX_REGISTERS, OTHER_REGISTERS, _cell_math, _stored_as
+from .kernels import MAX_REGISTERS, OTHER_REGISTERS, _cell_math, _stored_as, word_tag
 
 FLAG_UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
 POLL_WORDS = 32  # h words a thread polls at once (64 registers); more are polled in rounds of this many
@@ -119,9 +119,6 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     def value_of(word: Any) -> Any:
         return T.reinterpret("float32", T.Cast("uint32", word))
 
-    def tag_of(word: Any) -> Any:
-        return T.Cast("int32", T.shift_right(word, T.uint64(32)))
-
     def packed(value: Any, tag: Any) -> Any:
         bits = T.Cast("uint64", T.reinterpret("uint32", T.Cast("float32", value)))
         return T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)), bits)
@@ -189,7 +186,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                                                    T.address_of(hx[base + (c * chunk + i) * threads + tid]),
                                                    NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
                     for i in T.unroll(chunk):
-                        if (c * chunk + i) * threads + tid < n_words and tag_of(got[i]) != s:
+                        if (c * chunk + i) * threads + tid < n_words and word_tag(T, got[i]) != s:
                             poll[1] = 0
                     poll[0] = poll[0] + 1
                     if poll[0] >= SPIN_LIMIT:

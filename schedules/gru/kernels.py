@@ -365,6 +365,11 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     return init_barrier if barrier else init_pingpong
 
 
+def word_tag(T: Any, word: Any) -> Any:
+    """The step tag of an exchange word (its high 32 bits), as either step kernel writes it."""
+    return T.Cast("int32", T.shift_right(word, T.uint64(32)))
+
+
 def pack_pair(T: Any, first: Any, second: Any, dtype: str, tag: Any) -> Any:
     """One exchange word of the tensor-core kernel: two 16-bit values (``first`` in the low
     half) and the step ``tag`` in the high 32 bits."""

@@ -36,7 +36,7 @@ from tvm_ext.precision import itemsize
 from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
 from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier
 
-from .kernels import _cell_math, _stored_as, pack_pair
+from .kernels import _cell_math, _stored_as, pack_pair, word_tag
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -222,7 +222,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                             "uint64", "__nv_atomic_load_n",
                             T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
                                             + k // 2]), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-                        if T.Cast("int32", T.shift_right(got[i], T.uint64(32))) != step:
+                        if word_tag(T, got[i]) != step:
                             poll[1] = 0
                 poll[0] = poll[0] + 1
                 if poll[0] >= SPIN_LIMIT:
