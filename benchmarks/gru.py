@@ -88,6 +88,12 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     onchip = [base.replace(fuse_step=1, step_j=j, step_b=wide_b, step_k=64, step_ks=ks, step_w_onchip=1)
               for j, ks in ((8, 8), (16, 8), (8, 4), (16, 4), (32, 4), (32, 8))] if template.batch <= 16 else []
     latency = dict(step_barrier=2, step_prefetch=1)  # the acquire barrier, gi a step ahead
+    # blocks of 32 rows (large batch): 4-16 units, a thread's share of them in registers (step_u)
+    rows32 = [pick.replace(step_tc=0, step_flags=0, fuse_step=1, step_j=j, step_u=u, step_b=b, step_bt=32 // b,
+                           step_k=k, step_ks=256 * b // (32 * j), step_w_onchip=1, step_pipeline=1, step_loop=2,
+                           **latency)
+              for j, u, b, k in ((8, 2, 4, 32), (16, 1, 8, 32), (4, 1, 4, 64), (8, 1, 4, 64), (2, 2, 4, 64),
+                                 (4, 4, 4, 32))] if template.batch >= 32 else []
     # the tensor-core persistent step kernel (16-bit h and W_hh; the space refuses it otherwise)
     tensor_core = [base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_j=j, step_tc_rows=rows,
                                 step_tc_kw=kw)
@@ -103,6 +109,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     picks = [
         base,
         pick,  # GRU.build without a config
+        *rows32,
         *tensor_core_flags,
         *flags,
         *tensor_core,
@@ -164,8 +171,9 @@ def short(cfg: Config) -> str:
     if cfg.fuse_step:
         loop = ("", " host-loop", " persistent")[cfg.step_loop]
         onchip = ("", " W on chip", " W in registers")[cfg.step_w_onchip]
-        more = "".join(f" {name}={cfg.as_dict()['step_' + name]}" for name in ("bt", "pipeline", "prefetch", "barrier")
-                       if cfg.as_dict()["step_" + name] != (1 if name == "bt" else 0))
+        more = "".join(f" {name}={cfg.as_dict()['step_' + name]}"
+                       for name in ("u", "bt", "pipeline", "prefetch", "barrier")
+                       if cfg.as_dict()["step_" + name] != (1 if name in ("u", "bt") else 0))
         return f"fused step j={cfg.step_j} b={cfg.step_b} k={cfg.step_k} ks={cfg.step_ks}{more}{onchip}{loop}"
     return (f"patent cell_block={cfg.cell_block} "
             f"hid_gemm={cfg.hid_wg_x}x{cfg.hid_wg_y}/{cfg.hid_task_x}x{cfg.hid_task_y}")

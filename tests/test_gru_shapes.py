@@ -40,6 +40,11 @@ FAMILIES = {
     # threads along the batch rows sharing the W slice in shared memory, the h slice double-buffered
     "row-threads-pipeline": dict(fuse_step=1, step_j=8, step_b=2, step_bt=2, step_k=16, step_ks=4,
                                  step_w_onchip=1, step_pipeline=1, step_prefetch=1),
+    # two hidden units per thread (each h value serves 6 gate sums) over the W slice in shared memory
+    "units-per-thread": dict(fuse_step=1, step_j=4, step_u=2, step_b=2, step_bt=2, step_k=16, step_ks=4,
+                             step_w_onchip=1, step_pipeline=1),
+    # the h slice in 4 buffers: fills of the next 3 slices overlap the math of this one
+    "deep-pipeline": dict(fuse_step=1, step_j=16, step_b=2, step_k=16, step_ks=4, step_pipeline=3, step_prefetch=1),
 }
 
 
@@ -100,15 +105,15 @@ def test_padded_split_is_only_where_needed():
 
 @pytest.mark.parametrize("shape", [(1, 256, False), (8, 512, True), (4, 1000, False), (16, 256, False),
                                    (64, 1024, False), (16, 512, True), (16, 200, False), (16, 33, True),
-                                   (12, 1000, False)])
+                                   (12, 1000, False), (32, 512, False), (128, 1024, False)])
 def test_analytic_pick_follows_the_measured_rules(shape):
     """On a GPU, up to batch 16 the pick is the flag-exchange persistent kernel with a grid of
     at most one block per SM wherever one fits; elsewhere, the fused split-K step kernel as a persistent kernel with
     the acquire barrier and gi prefetched: at most 256 threads per SM at small batch, all rows
-    per block with W_hh's slice on chip at batch 64, W_hh in registers where the k extent is
-    padded."""
+    per block with W_hh's slice on chip at batch >= 32 (32 rows and the fewest units whose grid
+    fits one block per SM, else all rows), W_hh in registers where the k extent is padded."""
     from tvm_ext.schedules.gru.flag_step import FLAG_UNITS
-    from tvm_ext.schedules.gru.pick import FLAG_BATCH, LARGE_GEMM_TILE, THREADS_PER_SM
+    from tvm_ext.schedules.gru.pick import FLAG_BATCH, LARGE_GEMM_TILE, MANY_ROWS_UNITS, THREADS_PER_SM
 
     batch, hidden, bidirectional = shape
     t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128, bidirectional=bidirectional)
@@ -130,8 +135,17 @@ def test_analytic_pick_follows_the_measured_rules(shape):
     assert reason is None
     padded = step_k_extent(hidden, cfg.step_k, cfg.step_ks) > hidden
     if batch >= 32:
-        assert cfg.step_b * cfg.step_bt >= batch and cfg.step_w_onchip == 1 and cfg.step_pipeline == 1
+        assert cfg.step_w_onchip == 1 and cfg.step_pipeline == 1
         assert all(cfg.as_dict()["in_" + k] == v for k, v in LARGE_GEMM_TILE.items())
+        units, rows = cfg.step_j * cfg.step_u, cfg.step_b * cfg.step_bt
+        fewer = [u for u in MANY_ROWS_UNITS if u < units]
+        if rows == 32:  # the fewest units whose grid fits the 132 SMs
+            assert t.step_blocks(cfg) <= 132 and cfg.step_j * cfg.step_ks * cfg.step_bt == 256
+            assert all(t.step_blocks(cfg.replace(step_j=min(u, 8), step_u=max(1, u // 8))) > 132 for u in fewer)
+            assert (units, cfg.step_j, cfg.step_u) == {(64, 1024): (16, 8, 2), (32, 512): (4, 4, 1)}.get(
+                (batch, hidden), (units, cfg.step_j, cfg.step_u))  # the measured bests
+        else:  # no 32-row grid fits: all rows a block
+            assert rows >= batch and units == 8 and batch > 64
     else:
         assert per_sm * cfg.step_j * cfg.step_ks <= THREADS_PER_SM
         assert cfg.step_w_onchip == (2 if padded and hidden < 1000 else 0)  # 1000: 384 registers, too many
@@ -247,6 +261,24 @@ def test_row_threads_and_pipeline_in_generated_cuda():
     assert launch.block == (8, 4, 8)
     cfg = t.default_config(offline_cuda()).replace(fuse_step=1, **knobs)
     assert launch.dyn_shared_bytes == t.step_shared_bytes(cfg) == 4 * (1024 * 3 * 8 + 2 * 64 * 64 + 4 * 64 * 3 * 8)
+    assert "wait_group_2" not in kernel
+
+
+def test_units_per_thread_and_deep_pipeline_in_generated_cuda():
+    """``step_u`` units per thread: the same 8-unit W slice with half the threads along the
+    units (a grid of the same 128 blocks); ``step_pipeline`` 3: four h-slice buffers and
+    cp.async waits that leave up to 3 fills in flight."""
+    t = GruTemplate(batch=64, hidden=1024, input=16, seq=3)
+    knobs = dict(step_j=4, step_u=2, step_b=8, step_bt=8, step_k=64, step_ks=8, step_w_onchip=1, step_pipeline=3,
+                 step_prefetch=1, step_loop=2, step_barrier=2)
+    kernel, compiled = _kernel_source(t, **knobs)
+    (launch,), _ = compiled.launches["gru_steps"]
+    assert launch.block == (4, 8, 8) and launch.grid[0] == 128
+    cfg = t.default_config(offline_cuda()).replace(fuse_step=1, **knobs)
+    assert t.step_blocks(cfg) == 128
+    assert launch.dyn_shared_bytes == t.step_shared_bytes(cfg) == 4 * (1024 * 3 * 8 + 4 * 64 * 64 + 8 * 64 * 3 * 8)
+    assert "wait_group_3" in kernel and "wait_group_4" not in kernel
+    assert "gi_pre_local_ptr[47] = " in kernel  # 3 gates x 2 units x 8 rows prefetched per thread
 
 
 def test_new_step_knobs_are_refused_with_their_reasons():

@@ -169,9 +169,9 @@ def test_shown_knobs_are_the_kernels_own():
 
 @pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 4), ((16, 512, True), 16, 4),
                                                   ((64, 1024, False), 32, 2), ((12, 200, False), 16, 4),
-                                                  ((2, 512, False), 16, 4), ((8, 512, True), 16, 4)])
+                                                  ((5, 512, False), 16, 4), ((8, 512, True), 16, 4)])
 def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, rows, k_warps):
-    """float16 h and W_hh above batch 1 (there: the CUDA-core flag-exchange kernel): the pick
+    """float16 h and W_hh above batch 4 (up to it: the CUDA-core flag-exchange kernel): the pick
     is the tensor-core kernel exchanging h as tagged words, with the fewest rows per block
     whose grid is resident (B64 H1024: 16-row blocks would be 256, more than the SMs hold), 4
     warps splitting k with 16 rows, else 2."""

@@ -402,7 +402,7 @@ def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
     """Fused step: block = ``step_j`` hidden units × ``step_bt``·``step_b`` batch rows of one
     direction; each thread keeps 3·step_b gate sums in registers (``step_bt`` threads along
     the rows, ``step_ks`` along k), h is staged in shared memory ``step_k`` at a time
-    (double-buffered with ``step_pipeline``).  ``step_w_onchip`` 1: the block's W_h slice in
+    (in 1 + ``step_pipeline`` buffers, a software pipeline).  ``step_w_onchip`` 1: the block's W_h slice in
     shared memory too (dynamic on CUDA, with every other shared buffer: it exceeds the 48 KiB
     of a static array), serving all the block's rows; 2: each thread's share of W_h in
     registers.  ``step_prefetch``: this step's gi and b_h in registers (the step-loop
@@ -416,25 +416,27 @@ def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
     store = sch.get_sblock("store")
     d, b, j = sch.get_loops(store)
     bt = c.step_bt
+    # units: block, thread (threadIdx.x), each thread's own (step_u, innermost)
+    jo, jt, *ju = sch.split(j, [None, c.step_j, c.step_u] if c.step_u > 1 else [None, c.step_j])
     if bt > 1:  # rows: block, thread (threadIdx.z), each thread's own
         bo, bz, bi = sch.split(b, [None, bt, c.step_b])
-        jo, jt = sch.split(j, [None, c.step_j])
-        sch.reorder(d, bo, jo, bz, jt, bi)
+        sch.reorder(d, bo, jo, bz, jt, bi, *ju)
         sch.bind(bz, "threadIdx.z")
     else:
         bo, bi = sch.split(b, [None, c.step_b])
-        jo, jt = sch.split(j, [None, c.step_j])
-        sch.reorder(d, bo, jo, jt, bi)
+        sch.reorder(d, bo, jo, jt, bi, *ju)
     sch.bind(jo, "blockIdx.x")
     sch.bind(bo, "blockIdx.y")
     sch.bind(d, "blockIdx.z")
     sch.bind(jt, "threadIdx.x")
     outer = 4 + (bt > 1)  # the loops above a thread's own: d, bo, jo, (bz,) jt
     cell = sch.get_sblock("cell")
-    sch.compute_at(cell, bi)
+    sch.compute_at(cell, ju[0] if ju else bi)
     sch.set_scope(cell, 0, "local")
-    if c.step_prefetch or c.step_w_onchip == 2 or bt > 1:
+    if c.step_prefetch or c.step_w_onchip == 2 or bt > 1 or ju:
         sch.unroll(bi)  # the thread's rows: register arrays indexed by constants (no local memory)
+    for loop in ju:
+        sch.unroll(loop)  # the thread's units, likewise
     gh = sch.get_sblock("gh")
     ks = c.step_ks
     main = gh
@@ -505,8 +507,8 @@ def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
     else:
         _, fx = sch.split(fused, [None, c.step_j])
         sch.bind(fx, "threadIdx.x")
-    if c.step_pipeline:  # the fill of slice k+1 (its own buffer) overlaps the math of slice k
-        sch.annotate(ko, "software_pipeline_stage", [0, 1])
+    if c.step_pipeline:  # the fills of slices k+1..k+n (their own buffers) overlap the math of slice k
+        sch.annotate(ko, "software_pipeline_stage", [0, c.step_pipeline])
         sch.annotate(ko, "software_pipeline_order", [0, 1])
         if kind == "cuda":  # cp.async: the fill does not wait for its loads (``GruTemplate.pass_config``)
             sch.annotate(ko, "software_pipeline_async_stages", [0])

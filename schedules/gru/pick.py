@@ -12,8 +12,14 @@ What the measurements said, and the rule each gives:
   2x; the tile (rows, units) is the first of ``SMALL_TILES`` whose grid is resident with
   at most 256 threads per SM (255 registers a thread: more threads per SM capped the
   registers, and the kernels spilled).
-- Many rows (batch >= 32): blocks of 8 units x all rows (threads along the rows), W_hh's
-  slice in shared memory, the h slice double-buffered (B64 H1024: 4.57 ms against 4.91).
+- Many rows (batch >= 32): blocks of 32 rows and the fewest units (4, 8 or 16) whose grid fits
+  one block per SM, W_hh's slice in shared memory, the h slice double-buffered, 256 threads
+  (8 along the rows, up to 8 along the units with the rest of a block's units in each
+  thread's registers, the others splitting k).  Every block reads all of its rows' h each
+  step, so fewer rows a block means less of that traffic; the W slice held twice is the
+  price (float32 B64 H1024, 16 units x 32 rows, 2 units a thread: a step of 18.3 µs against
+  20.7 with 8 units x 64 rows; B32 H512, 4 units x 32 rows: 6.5 µs against 7.8 with 8 units).
+  Where none fits, blocks of 8 units x all rows.
 - W_hh in registers won where the k extent is padded (hidden 200: 0.42 ms against 0.90;
   hidden 33: 0.068 against 0.100) and lost slightly where it divides (hidden 256, 512) in
   float32; with W_hh in float16 (half the registers) it won by about 2x at every small-batch
@@ -24,10 +30,11 @@ What the measurements said, and the rule each gives:
 - The flag-exchange step kernel, which has no grid barrier (``flag_step.py``), with the
   fewest units per block whose grid fits one block per SM: up to batch 16 with float32 state
   (T128, B1 H256 0.111 ms against 0.269 with the barrier kernel; T64, B16 H512 0.287–0.300
-  with 4 units, 0.319 with 8, against 0.366 for the best barrier kernel); with 16-bit state
-  only at batch 1 (float16 B1 H256 0.099 against 0.156 on the tensor-core kernel with tagged
-  words, 0.244 with its grid barrier).
-- With 16-bit state above batch 1, the tensor-core step kernel exchanging h as tagged words
+  with 4 units, 0.319 with 8, against 0.366 for the best barrier kernel; B12 H1000 1.02 ms
+  against 2.44); with 16-bit state up to batch 4 (float16 against the tensor-core kernel with
+  tagged words: B1 H256 0.099 against 0.156, B2 H512 0.141 against 0.211, B4 H512 0.186
+  against 0.196).
+- With 16-bit state above batch 4, the tensor-core step kernel exchanging h as tagged words
   (``step_tc`` and ``step_flags``; float16: B8 H512 0.199 ms against 0.279 on the CUDA-core
   flag kernel, bidirectional 0.208 against 0.444, B16 H512 T64 0.131 against 0.164 with the
   grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
@@ -52,9 +59,10 @@ from .tensor_core_step import TC_ROWS
 
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
-MANY_ROWS = 32  # from this batch on, blocks of all rows with W_hh's slice in shared memory
+MANY_ROWS = 32  # from this batch on, blocks of 32 rows with W_hh's slice in shared memory
+MANY_ROWS_UNITS = (4, 8, 16)  # their units per block, tried in order
 FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
-FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (B1: 0.099 ms against 0.156 on tensor cores)
+FLAG_BATCH_TENSOR_CORE = 4  # with 16-bit state, up to this batch (B2 H512: 0.141 ms against 0.211 on tensor cores)
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
@@ -85,11 +93,12 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k, W_hh's slice in "
                              f"shared memory; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS:
-        cfg = _many_rows(template, base, extras)
-        if cfg is not None and space.is_feasible(cfg):
-            return cfg, (f"fused step kernel, {template.step_blocks(cfg)} blocks of 8 units x "
-                         f"{cfg.step_b * cfg.step_bt} batch rows (threads 8x{cfg.step_ks}x{cfg.step_bt}), W_hh's "
-                         f"slice in shared memory, h slices of 64 double-buffered, persistent; {gemm_why}")
+        cfg = _many_rows(template, base, space, hw.sm_count, extras)
+        if cfg is not None:
+            return cfg, (f"fused step kernel, {template.step_blocks(cfg)} blocks of {cfg.step_j * cfg.step_u} units x "
+                         f"{cfg.step_b * cfg.step_bt} batch rows (threads {cfg.step_j}x{cfg.step_ks}x{cfg.step_bt}, "
+                         f"{cfg.step_u * cfg.step_b} outputs of each gate a thread), W_hh's slice in shared memory, "
+                         f"h slices of {cfg.step_k} double-buffered, persistent; {gemm_why}")
     ks = 8 if template.hidden >= 128 else 4
     step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
     padded = step_k_extent(template.hidden, step_k, ks) > template.hidden
@@ -156,10 +165,24 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     return base, "input GEMM: the default tile"
 
 
-def _many_rows(template: Any, base: Config, extras: dict[str, int]) -> Config | None:
-    """Blocks of 8 units x all rows: 8 rows per thread, up to 16 threads along the rows."""
+def _many_rows(template: Any, base: Config, space: Any, sm_count: int, extras: dict[str, int]) -> Config | None:
+    """Blocks of 32 rows and the fewest units (``MANY_ROWS_UNITS``) whose grid fits one block
+    per SM, 256 threads (8 along the rows, 4 rows each; up to 8 along the units; the rest split
+    k), h slices of 64 (32 where shared memory is short); else blocks of 8 units x all rows
+    (8 rows per thread, up to 16 threads along the rows); None where neither is feasible."""
+    rows = dict(step_b=4, step_bt=8)
+    for units in MANY_ROWS_UNITS:
+        threads_j = min(units, 8)
+        cfg = base.replace(fuse_step=1, step_j=threads_j, step_u=units // threads_j, step_ks=32 // threads_j,
+                           step_w_onchip=1, step_pipeline=1, **rows, **extras)
+        if template.step_blocks(cfg) > sm_count:
+            continue
+        for step_k in (64, 32):
+            if space.is_feasible(cfg.replace(step_k=step_k)):
+                return cfg.replace(step_k=step_k)
     row_threads = 1
     while row_threads * 8 < template.batch and row_threads < 16:
         row_threads *= 2
-    return base.replace(fuse_step=1, step_j=8, step_b=8, step_bt=row_threads, step_k=64, step_ks=4,
-                        step_w_onchip=1, step_pipeline=1, **extras)
+    cfg = base.replace(fuse_step=1, step_j=8, step_b=8, step_bt=row_threads, step_k=64, step_ks=4,
+                       step_w_onchip=1, step_pipeline=1, **extras)
+    return cfg if space.is_feasible(cfg) else None

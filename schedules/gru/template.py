@@ -43,14 +43,17 @@ STEP_KNOBS = (
          "cell kernel threads per block (patent: 512), clamped to the device limit"),
     Knob("fuse_step", (0, 1),
          "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
-    Knob("step_j", (8, 16, 32, 64, 128, 256), "fused step kernel: hidden units per block, one per thread "
-                                             "(times step_ks threads)"),
+    Knob("step_j", (2, 4, 8, 16, 32, 64, 128, 256), "fused step kernel: threads along the hidden units "
+                                                   "(threadIdx.x; times step_ks x step_bt threads a block), "
+                                                   "step_u units each"),
     Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
+    Knob("step_u", (1, 2, 4), "fused step kernel: hidden units per thread (reuse of each h value read from "
+                              "shared memory for 3 x step_u gate sums); a block covers step_j x step_u units"),
     Knob("step_bt", (1, 2, 4, 8, 16), "fused step kernel: threads along batch rows (threadIdx.z); a block "
                                       "covers step_bt x step_b rows, so an on-chip W slice serves more rows"),
-    Knob("step_k", (8, 16, 32, 64), "fused step kernel: slice of h staged in shared memory"),
-    Knob("step_pipeline", (0, 1), "fused step kernel: 1 double-buffers the staged h slice, the fill of slice "
-                                  "k+1 overlapping the math of slice k (a software pipeline)"),
+    Knob("step_k", (8, 16, 32, 64, 128), "fused step kernel: slice of h staged in shared memory"),
+    Knob("step_pipeline", (0, 1, 2, 3), "fused step kernel: n > 0 stages the h slice in n + 1 buffers, the fills of "
+                                        "the next n slices overlapping the math of this one (a software pipeline)"),
     Knob("step_ks", (1, 2, 4, 8, 16), "fused step kernel: threads splitting each dot product over k "
                                   "(more warps in flight; partial sums meet in shared memory)"),
     Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
@@ -62,7 +65,7 @@ STEP_KNOBS = (
     Knob("step_barrier", (0, 1, 2), "persistent step kernel (step_loop 2): its grid barrier's leader arrives with "
                                      "an atomic add and polls with 0 atomics, 1 volatile loads, 2 acquire loads "
                                      "(arriving with a release add; no trailing fence)"),
-    Knob("step_w_onchip", (0, 1, 2), "fused step kernel: 1 stages the block's W_hh slice (step_j units x 3 "
+    Knob("step_w_onchip", (0, 1, 2), "fused step kernel: 1 stages the block's W_hh slice (step_j x step_u units x 3 "
                                      "gates x hidden) in shared memory, 2 keeps each thread's share (3 gates x "
                                      "hidden/step_ks) in registers; the persistent kernel loads it once for all "
                                      "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
@@ -410,7 +413,7 @@ class GruTemplate(DtypeFields, Template):
                 available = min(MAX_REGISTERS, 65536 // (per_sm * threads))
                 if self.step_w_registers(c) + OTHER_REGISTERS > available:
                     return (f"step kernel: W_hh in registers needs {self.step_w_registers(c)} per thread (3 gates x "
-                            f"{step_k_extent(self.hidden, c.step_k, c.step_ks) // c.step_ks} k) + "
+                            f"{c.step_u} units x {step_k_extent(self.hidden, c.step_k, c.step_ks) // c.step_ks} k) + "
                             f"{OTHER_REGISTERS} > {available}")
             if c.step_loop == 2:
                 return self.persistent_residency(c, target)[1]
@@ -479,21 +482,22 @@ class GruTemplate(DtypeFields, Template):
         """Shared memory of one fused-step block: the staged h slice, split-K partial sums
         and (``step_w_onchip``) the W slice."""
         rows = c.step_b * c.step_bt
-        partials = 0 if c.step_ks == 1 else c.step_ks * rows * 3 * c.step_j * itemsize(self.hid_acc_dtype)
+        units = c.step_j * c.step_u
+        partials = 0 if c.step_ks == 1 else c.step_ks * rows * 3 * units * itemsize(self.hid_acc_dtype)
         k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
-        w_slice = (c.step_w_onchip == 1) * k_extent * 3 * c.step_j * itemsize(self.w_hh_dtype)
-        stages = 2 if c.step_pipeline else 1  # the pipelined slice is double-buffered
+        w_slice = (c.step_w_onchip == 1) * k_extent * 3 * units * itemsize(self.w_hh_dtype)
+        stages = 1 + c.step_pipeline  # the pipelined slice has a buffer per stage
         return stages * itemsize(self.h_dtype) * rows * c.step_k + partials + w_slice
 
     def step_w_registers(self, c: Config) -> int:
         """32-bit registers per thread that hold its share of W_hh (``step_w_onchip`` 2): one per
         value of up to 4 bytes (16-bit values are not assumed packed), two per float64."""
         k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
-        return 3 * (k_extent // c.step_ks) * max(1, itemsize(self.w_hh_dtype) // 4)
+        return 3 * c.step_u * (k_extent // c.step_ks) * max(1, itemsize(self.w_hh_dtype) // 4)
 
     def step_blocks(self, c: Config) -> int:
         """Blocks of the fused step kernel's grid: unit tiles x row tiles x directions."""
-        return -(-self.hidden // c.step_j) * -(-self.batch // (c.step_b * c.step_bt)) * self.dirs
+        return -(-self.hidden // (c.step_j * c.step_u)) * -(-self.batch // (c.step_b * c.step_bt)) * self.dirs
 
     def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
         """Blocks per SM the persistent step kernel needs resident (its grid spread over the
@@ -519,7 +523,8 @@ class GruTemplate(DtypeFields, Template):
         unused = ("cell_block", "hid_") if config.fuse_step else ("step_",)
         shown = [name for name, _ in config.items if not name.startswith(unused)]
         if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
-            simt = ("step_b", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch", "step_w_onchip")
+            simt = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
+                    "step_w_onchip")
             tensor_core, flags = ("step_tc_rows", "step_tc_kw"), ("step_flag_units",)
             if config.step_flags and config.step_tc:
                 hidden = simt + flags + ("step_barrier",)
@@ -532,10 +537,10 @@ class GruTemplate(DtypeFields, Template):
 
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
-        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_bt": 1,
-                                  "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0, "step_prefetch": 0,
-                                  "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0, "step_tc_rows": 16,
-                                  "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8}
+        values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_u": 1,
+                                  "step_bt": 1, "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
+                                  "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
+                                  "step_tc_rows": 16, "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -569,7 +574,7 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_step"] = schedule_step(
                 step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
                           acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                          out_dtype=p["out"], w_tile=config.step_j if config.step_w_onchip == 1 else 0,
+                          out_dtype=p["out"], w_tile=config.step_j * config.step_u if config.step_w_onchip == 1 else 0,
                           w_split=config.step_ks if config.step_w_onchip == 2 else 0,
                           prefetch=bool(config.step_prefetch),
                           k_extent=step_k_extent(h, config.step_k, config.step_ks)),
