@@ -178,3 +178,26 @@ def test_cuda_build_without_a_config_runs_it():
     assert gru.config.step_flags == 1
     x, h0 = _inputs(s)
     assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, True)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [{**FLAGS, "step_flag_units": 4},
+                                   {**FLAGS, "step_tc": 1, "step_j": 16, "step_tc_rows": 16, "step_tc_kw": 2}])
+def test_cuda_stage_times_of_a_flag_step_kernel_are_parts_of_the_pass(knobs):
+    """Each stage is timed with its calls alone: the step kernel's stages include the init that
+    resets its tags (without it the kernel polled stale tags until its spin limit, ~0.4 s)."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.measure import MeasureSettings, measure
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda", 0)
+    t = GruTemplate(batch=8, hidden=256, input=256, seq=16)
+    if knobs.get("step_tc"):
+        t = t.with_precision(HALF)
+    cfg = t.default_config(target).replace(**knobs)
+    build = build_one(t, cfg, target)
+    assert build.ok, build.error_msg
+    result = measure(t, cfg, build.artifact, target, MeasureSettings(warmup=1, repeat=3))
+    assert result.ok, result.error_msg
+    stages = result.metrics["stage_secs"]
+    assert stages["hidden_gemm"] < 2 * result.cost and stages["cell"] < 2 * result.cost, (stages, result.cost)

@@ -43,8 +43,11 @@ PRECISION_PARAMS = (
     PrecisionParam("out", "cell", "tensor", "output sequence (and the inner layers' output sequences)"),
 )
 # Kernel function (name prefix) -> the stages its time counts toward.  The fused step
-# kernel is both the hidden GEMM and the cell, so its time counts toward both.
-FUNCTION_STAGES = {"gru_init": ("cell",), "gru_gemm_x": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
+# kernel is both the hidden GEMM and the cell, so its time counts toward both.  The init
+# (h0 into the state, the persistent kernels' barrier and step tags reset) belongs to both
+# too: a stage timed on its own runs its calls alone, and a flag-exchange step kernel run
+# without its init would poll stale tags until its spin limit.
+FUNCTION_STAGES = {"gru_init": ("hidden_gemm", "cell"), "gru_gemm_x": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
                    "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}  # also gru_steps (all steps)
 
 
