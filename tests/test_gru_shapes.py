@@ -137,13 +137,14 @@ def test_analytic_pick_follows_the_measured_rules(shape):
     if batch >= 32:
         assert cfg.step_w_onchip == 1 and cfg.step_pipeline == 1
         assert all(cfg.as_dict()["in_" + k] == v for k, v in LARGE_GEMM_TILE.items())
-        units, rows = cfg.step_j * cfg.step_u, cfg.step_b * cfg.step_bt
+        units, rows = t.step_units(cfg), cfg.step_b * cfg.step_bt
         fewer = [u for u in MANY_ROWS_UNITS if u < units]
         if rows == 32:  # the fewest units whose grid fits the 132 SMs
-            assert t.step_blocks(cfg) <= 132 and cfg.step_j * cfg.step_ks * cfg.step_bt == 256
+            assert t.step_blocks(cfg) <= 132 and t.step_threads(cfg) == 256
             assert all(t.step_blocks(cfg.replace(step_j=min(u, 8), step_u=max(1, u // 8))) > 132 for u in fewer)
-            assert (units, cfg.step_j, cfg.step_u) == {(64, 1024): (16, 8, 2), (32, 512): (4, 4, 1)}.get(
-                (batch, hidden), (units, cfg.step_j, cfg.step_u))  # the measured bests
+            measured_best = {(64, 1024): (16, 8, 2), (32, 512): (4, 4, 1)}  # (units, step_j, step_u)
+            if (batch, hidden) in measured_best:
+                assert (units, cfg.step_j, cfg.step_u) == measured_best[batch, hidden]
         else:  # no 32-row grid fits: all rows a block
             assert rows >= batch and units == 8 and batch > 64
     else:

@@ -416,7 +416,8 @@ def schedule_step(func: Any, c: Config, kind: str = "cuda") -> Any:
     store = sch.get_sblock("store")
     d, b, j = sch.get_loops(store)
     bt = c.step_bt
-    # units: block, thread (threadIdx.x), each thread's own (step_u, innermost)
+    # units: block, thread (threadIdx.x), each thread's own (step_u, innermost; no loop of one
+    # at step_u 1, so that kernel is what it was)
     jo, jt, *ju = sch.split(j, [None, c.step_j, c.step_u] if c.step_u > 1 else [None, c.step_j])
     if bt > 1:  # rows: block, thread (threadIdx.z), each thread's own
         bo, bz, bi = sch.split(b, [None, bt, c.step_b])

@@ -95,7 +95,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.batch >= MANY_ROWS:
         cfg = _many_rows(template, base, space, hw.sm_count, extras)
         if cfg is not None:
-            return cfg, (f"fused step kernel, {template.step_blocks(cfg)} blocks of {cfg.step_j * cfg.step_u} units x "
+            return cfg, (f"fused step kernel, {template.step_blocks(cfg)} blocks of {template.step_units(cfg)} units x "
                          f"{cfg.step_b * cfg.step_bt} batch rows (threads {cfg.step_j}x{cfg.step_ks}x{cfg.step_bt}, "
                          f"{cfg.step_u * cfg.step_b} outputs of each gate a thread), W_hh's slice in shared memory, "
                          f"h slices of {cfg.step_k} double-buffered, persistent; {gemm_why}")

@@ -388,7 +388,7 @@ class GruTemplate(DtypeFields, Template):
                 return self.flag_step_reason(c, target)
             if c.step_tc:  # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
                 return self.tc_step_reason(c, target)
-            if c.step_j * c.step_ks * c.step_bt > target.max_threads_per_block:
+            if self.step_threads(c) > target.max_threads_per_block:
                 return (f"step kernel: {c.step_j}x{c.step_ks}x{c.step_bt} threads > device limit "
                         f"{target.max_threads_per_block}")
             if c.step_bt > 1 and c.step_bt * c.step_b >= 2 * self.batch:
@@ -409,7 +409,7 @@ class GruTemplate(DtypeFields, Template):
                 return "step kernel: W_hh in registers (step_w_onchip 2) needs split-K (step_ks > 1)"
             if c.step_w_onchip == 2 and target.kind == "cuda":
                 per_sm = self.persistent_residency(c, target)[0] if c.step_loop == 2 else 1
-                threads = c.step_j * c.step_ks * c.step_bt
+                threads = self.step_threads(c)
                 available = min(MAX_REGISTERS, 65536 // (per_sm * threads))
                 if self.step_w_registers(c) + OTHER_REGISTERS > available:
                     return (f"step kernel: W_hh in registers needs {self.step_w_registers(c)} per thread (3 gates x "
@@ -482,7 +482,7 @@ class GruTemplate(DtypeFields, Template):
         """Shared memory of one fused-step block: the staged h slice, split-K partial sums
         and (``step_w_onchip``) the W slice."""
         rows = c.step_b * c.step_bt
-        units = c.step_j * c.step_u
+        units = self.step_units(c)
         partials = 0 if c.step_ks == 1 else c.step_ks * rows * 3 * units * itemsize(self.hid_acc_dtype)
         k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
         w_slice = (c.step_w_onchip == 1) * k_extent * 3 * units * itemsize(self.w_hh_dtype)
@@ -495,9 +495,19 @@ class GruTemplate(DtypeFields, Template):
         k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
         return 3 * c.step_u * (k_extent // c.step_ks) * max(1, itemsize(self.w_hh_dtype) // 4)
 
+    @staticmethod
+    def step_units(c: Config) -> int:
+        """Hidden units of one fused-step block: ``step_j`` threads along them, ``step_u`` each."""
+        return c.step_j * c.step_u
+
+    @staticmethod
+    def step_threads(c: Config) -> int:
+        """Threads of one fused-step block: units (x), split-K (y) and batch rows (z)."""
+        return c.step_j * c.step_ks * c.step_bt
+
     def step_blocks(self, c: Config) -> int:
         """Blocks of the fused step kernel's grid: unit tiles x row tiles x directions."""
-        return -(-self.hidden // (c.step_j * c.step_u)) * -(-self.batch // (c.step_b * c.step_bt)) * self.dirs
+        return -(-self.hidden // self.step_units(c)) * -(-self.batch // (c.step_b * c.step_bt)) * self.dirs
 
     def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
         """Blocks per SM the persistent step kernel needs resident (its grid spread over the
@@ -507,7 +517,7 @@ class GruTemplate(DtypeFields, Template):
         ``__launch_bounds__(threads, per_sm)``, refused when that leaves too few."""
         hw = HardwareModel.from_target(target)
         blocks = self.step_blocks(c)
-        threads = c.step_j * c.step_ks * c.step_bt
+        threads = self.step_threads(c)
         per_sm, fits = _residency(hw, blocks, threads, self.step_shared_bytes(c))
         if per_sm > fits:
             return per_sm, (f"step kernel: persistent (step_loop 2) needs every block resident, {blocks} "
@@ -574,7 +584,7 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_step"] = schedule_step(
                 step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
                           acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                          out_dtype=p["out"], w_tile=config.step_j * config.step_u if config.step_w_onchip == 1 else 0,
+                          out_dtype=p["out"], w_tile=self.step_units(config) if config.step_w_onchip == 1 else 0,
                           w_split=config.step_ks if config.step_w_onchip == 2 else 0,
                           prefetch=bool(config.step_prefetch),
                           k_extent=step_k_extent(h, config.step_k, config.step_ks)),
