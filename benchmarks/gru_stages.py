@@ -30,18 +30,20 @@ def main() -> None:
     p.add_argument("--precision", default="float32", choices=("float32", "float16", "bfloat16"))
     p.add_argument("--config", action="append", default=[], help="JSON knobs over the analytic pick (repeatable)")
     p.add_argument("--in-tile", action="append", default=[],
-                   help="the input GEMM's tensor-core tile (parse_tile's k=v,... text; repeatable: each "
-                        "with every --config)")
+                   help="the input GEMM's tensor-core tile, in float32 the split GEMM's (parse_tile's k=v,... "
+                        "text; repeatable: each with every --config)")
     args = p.parse_args()
     target = resolve_target("cuda", 0)
     template = GruTemplate(batch=args.batch, hidden=args.hidden, input=args.hidden, seq=args.seq)
     template = template.with_precision(precision_of(args.precision)).with_tensor_cores(target)
     pick = template.analytic_pick(target)[0]
     for tile in args.in_tile or [None]:
-        tiled = template if tile is None else replace(template, in_tensor_core=parse_tile(tile))
+        # float32: the tile of the split input GEMM (in_split 1); 16-bit: of the input GEMM
+        field = "in_split_tensor_core" if args.precision == "float32" else "in_tensor_core"
+        tiled = template if tile is None else replace(template, **{field: parse_tile(tile)})
         for knobs in args.config or ["{}"]:
             cfg = pick.replace(**json.loads(knobs))
-            label = f"input tile {tiled.in_tensor_core}; {knobs}"
+            label = f"input tile {getattr(tiled, field)}; {knobs}"
             build = build_one(tiled, cfg, target)
             if not build.ok:
                 print(f"{label}: {build.error_msg}")

@@ -510,13 +510,16 @@ class GemmTemplate(DtypeFields, Template):
 def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = HIGH_PRECISION,
                    b_dtype: str = HIGH_PRECISION, acc_dtype: str = HIGH_PRECISION,
                    c_dtype: str = HIGH_PRECISION, bias: bool = True, b_transposed: bool = False,
-                   b_shared: bool = False) -> Any:
-    """TE ``D = A·B + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per batch
-    unless ``b_shared``; ``b_transposed``: B stored [N, K]).
+                   b_shared: bool = False, scale: float = 1.0, bias_dtype: str | None = None) -> Any:
+    """TE ``D = A·B·scale + bias`` (``batch`` = 0: 2-D; else a leading batch axis, one B per
+    batch unless ``b_shared``; ``b_transposed``: B stored [N, K]).
 
-    The bias is stored in B's type (a weight); A, B and the bias are widened to
-    ``acc_dtype``, and D is narrowed to ``c_dtype`` as it is stored.  ``bias=False``:
-    ``C = A·B`` with the narrowing block "C_out" as ``GemmTemplate.prim_func`` has it."""
+    The bias is stored in B's type (a weight) unless ``bias_dtype`` says otherwise; A, B and
+    the bias are widened to ``acc_dtype``, and D is narrowed to ``c_dtype`` as it is stored.
+    ``scale`` (1: no multiply) undoes operands stored scaled, e.g. split into float16 parts.
+    ``bias=False``: ``C = A·B`` with the narrowing block "C_out" as ``GemmTemplate.prim_func``
+    has it."""
+    import tvm
     from tvm import te
 
     lead = (batch,) if batch else ()
@@ -537,9 +540,13 @@ def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = HIGH_PRECI
             return te.create_prim_func([a, b, c])
         out = te.compute(lead + (m, n), lambda *i: c[i].astype(c_dtype), name="C_out")
         return te.create_prim_func([a, b, out])
-    bias_row = te.placeholder(lead + (n,), b_dtype, name="bias")
-    d = te.compute(lead + (m, n), lambda *i: (c[i] + bias_row[i[:-2] + (i[-1],)].astype(acc_dtype)).astype(c_dtype),
-                   name="D")
+    bias_row = te.placeholder(lead + (n,), bias_dtype or b_dtype, name="bias")
+
+    def scaled(value: Any) -> Any:
+        return value if scale == 1.0 else value * tvm.tirx.const(scale, acc_dtype)
+
+    d = te.compute(lead + (m, n),
+                   lambda *i: (scaled(c[i]) + bias_row[i[:-2] + (i[-1],)].astype(acc_dtype)).astype(c_dtype), name="D")
     return te.create_prim_func([a, b, bias_row, d])
 
 
@@ -547,14 +554,27 @@ def gemm_bias_func(batch: int, m: int, n: int, k: int, a_dtype: str = HIGH_PRECI
 class BiasGemmTemplate(GemmTemplate):
     """The GEMM template with a bias row, D = A·B + bias: the template's own schedule
     applies unchanged (with ``batch``, one bias row per batch entry), and the bias is folded
-    into the register tile's store.  The bias has B's dtype (it belongs to the weights); the
-    narrowing to ``c_dtype`` is part of D."""
+    into the register tile's store.  The bias has B's dtype (it belongs to the weights) unless
+    ``bias_dtype`` names another; the narrowing to ``c_dtype`` is part of D.  ``out_scale``
+    multiplies A·B before the bias (operands stored scaled, as the GRU's split input GEMM)."""
+
+    out_scale: float = 1.0
+    bias_dtype: str | None = None
 
     name = "gemm_bias"
 
+    @property
+    def params(self) -> dict[str, Any]:
+        params = super().params
+        if self.out_scale != 1.0:
+            params["out_scale"] = self.out_scale
+        if self.bias_dtype is not None:
+            params["bias_dtype"] = self.bias_dtype
+        return params
+
     def prim_func(self) -> Any:
         return gemm_bias_func(self.batch, self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype,
-                              self.c_dtype)
+                              self.c_dtype, scale=self.out_scale, bias_dtype=self.bias_dtype)
 
     def own_site(self) -> MatmulSite:
         return MatmulSite()  # D (bias and narrowing) is inlined after the GEMM's schedule
@@ -563,11 +583,12 @@ class BiasGemmTemplate(GemmTemplate):
         return ("D",)  # bias and narrowing join the tile's output store
 
     def inputs(self) -> list[TensorSpec]:
-        return super().inputs() + [TensorSpec(self.lead + (self.n,), self.b_dtype)]
+        return super().inputs() + [TensorSpec(self.lead + (self.n,), self.bias_dtype or self.b_dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b, bias = inputs
-        return [a.astype(np.float64) @ b.astype(np.float64) + bias.astype(np.float64)[..., None, :]]
+        product = (a.astype(np.float64) @ b.astype(np.float64)) * self.out_scale
+        return [product + bias.astype(np.float64)[..., None, :]]
 
     def schedule(self, config: Config, target: TargetInfo, func: Any = None, site: Any = None) -> Any:
         if func is not None:

@@ -136,7 +136,7 @@ def test_analytic_pick_follows_the_measured_rules(shape):
     padded = step_k_extent(hidden, cfg.step_k, cfg.step_ks) > hidden
     if batch >= 32:
         assert cfg.step_w_onchip == 1 and cfg.step_pipeline == 1
-        assert all(cfg.as_dict()["in_" + k] == v for k, v in LARGE_GEMM_TILE.items())
+        assert cfg.in_split == 0 and all(cfg.as_dict()["in_" + k] == v for k, v in LARGE_GEMM_TILE.items())
         units, rows = t.step_units(cfg), cfg.step_b * cfg.step_bt
         fewer = [u for u in MANY_ROWS_UNITS if u < units]
         if rows == 32:  # the fewest units whose grid fits the 132 SMs

@@ -161,7 +161,7 @@ class PrecisionProgram(Template):
     def measured_operator(self, config: Config) -> Template:
         """The lowered operator: its make_case rounds the fixed full-precision inputs, and its
         reference is float64 of the unrounded ones."""
-        return self.lowered(config)
+        return self.lowered(config).measured_operator(self.schedule_config)
 
     def run_plan(self, config: Config, artifact: Artifact) -> RunPlan:
         """The lowered operator's plan; an operator of one stage counts all of it toward that stage."""

@@ -171,12 +171,12 @@ class GruProgram:
     executor of ``tvm_ext.relax_opencl`` runs its kernel launches (``artifact``)."""
 
     def __init__(self, template: Any, config: Config, target: TargetInfo):
-        self.template = template
+        self.template = template.for_config(config)  # its buffers are the plan's
         self.config = config
         self.target = target
         self.compiled = template.compile(config, target)
         self.name = program_name(template, config, target)  # the packed function's name
-        self.specs = template.buffers()
+        self.specs = self.template.buffers()
         self.inputs = list(template.input_specs())
         self.outputs = list(template.output_specs())
         self._scratch: dict[str, Any] | None = None  # on the device of the first call

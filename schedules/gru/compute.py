@@ -47,7 +47,8 @@ PRECISION_PARAMS = (
 # (h0 into the state, the persistent kernels' barrier and step tags reset) belongs to both
 # too: a stage timed on its own runs its calls alone, and a flag-exchange step kernel run
 # without its init would poll stale tags until its spin limit.
-FUNCTION_STAGES = {"gru_init": ("hidden_gemm", "cell"), "gru_gemm_x": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
+FUNCTION_STAGES = {"gru_init": ("hidden_gemm", "cell"), "gru_gemm_x": ("input_gemm",),
+                   "gru_split": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
                    "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}  # also gru_steps (all steps)
 
 

@@ -15,6 +15,7 @@ from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
 from .plan import BARRIER_TIMEOUT, CompiledGru, barrier_timed_out
+from .split import SPLIT_WEIGHT_SCALE, split_range_reason
 from .template import GruTemplate
 
 
@@ -52,7 +53,7 @@ class GRU:
         self.batch_first = batch_first
         self.compiled = compiled
         self._persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
-        specs = template.buffers()
+        specs = template.for_config(config).buffers()
         if target.kind == "opencl":
             self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
                                                    target.device_id)
@@ -134,6 +135,11 @@ class GRU:
             if array.shape != shape:
                 raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
             arrays[name] = array
+        if self.config.in_split:  # W_ih's float16 parts are stored scaled (``split.py``)
+            for name, array in arrays.items():
+                reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE) if "weight_ih" in name else None
+                if reason:
+                    raise TvmExtError(reason)
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
         self._loaded = True
@@ -157,6 +163,9 @@ class GRU:
             raise TvmExtError(f"GRU input has shape {x.shape}, expected {want} {layout}")
         if self.batch_first:
             x = x.transpose(1, 0, 2)
+        reason = split_range_reason("GRU input x", x) if self.config.in_split else None
+        if reason:
+            raise TvmExtError(reason)
         state_shape = (t.layers * t.dirs, t.batch, t.hidden)
         if h0 is None:
             h0 = np.zeros(state_shape, np.float32)

@@ -38,9 +38,11 @@ What the measurements said, and the rule each gives:
   (``step_tc`` and ``step_flags``; float16: B8 H512 0.199 ms against 0.279 on the CUDA-core
   flag kernel, bidirectional 0.208 against 0.444, B16 H512 T64 0.131 against 0.164 with the
   grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
-- The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): the
-  fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at 4096^3) where it gives every
-  SM a block, else the default.
+- The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): with float32
+  x and W_ih on a GPU with a float16 tensor-core tile, split into float16 parts on the tensor
+  cores (``split.py``) from ``SPLIT_MIN_FLOPS`` on (B64 H1024: 0.53 ms against 1.16, the pass
+  2.87 against 3.51); else the fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at
+  4096^3) where it gives every SM a block, else the default.
 
 On a CPU device (PoCL) the patent pipeline, which was the faster family there.
 """
@@ -64,6 +66,10 @@ MANY_ROWS_UNITS = (4, 8, 16)  # their units per block, tried in order
 FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
 FLAG_BATCH_TENSOR_CORE = 4  # with 16-bit state, up to this batch (B2 H512: 0.141 ms against 0.211 on tensor cores)
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
+# From this many flops of layer 0's input GEMM on, float32 runs it as float16 parts on the tensor
+# cores (``split.py``; H100, T128: B8 H512, 1.6 GFLOP, 0.044 ms against 0.071; B64 H1024 0.53 against
+# 1.16; B1 H256, 0.05 GFLOP: 0.029 against 0.027)
+SPLIT_MIN_FLOPS = 1e9
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -153,7 +159,13 @@ def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config
 
 
 def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:
-    """``base`` with the input GEMM's large tile where it gives every SM a block."""
+    """``base`` with the float32 input GEMM split into float16 parts on the tensor cores where it
+    is large enough to gain (``SPLIT_MIN_FLOPS``), else with its large tile where that gives every
+    SM a block."""
+    split = base.replace(in_split=1)
+    tile = template.in_split_tensor_core  # CUDA with a float16 tile (elsewhere the split gains nothing)
+    if tile is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS and space.is_feasible(split):
+        return split, f"input GEMM: float32 as float16 parts on the tensor cores ({tile.label()})"
     gemm = template.input_gemm(0)
     tile_m = LARGE_GEMM_TILE["wg_y"] * LARGE_GEMM_TILE["task_y"]
     tile_n = LARGE_GEMM_TILE["wg_x"] * LARGE_GEMM_TILE["task_x"]

@@ -39,14 +39,20 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
     for layer in range(template.layers):
         x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
-        gemm_x = "gru_gemm_x0" if layer == 0 or template.layers_share_input_gemm() else "gru_gemm_x1"
+        kind = 0 if layer == 0 or template.layers_share_input_gemm() else 1  # the input GEMM of this depth
+        gemm_x = f"gru_gemm_x{kind}"
         if not config.fuse_step:
             calls.append(Call("gru_init", ("h0", layer, "p0")))
         elif config.step_loop == 2:
             calls.append(Call("gru_init", ("h0", layer, "hs", *persistent)))
         else:
             calls.append(Call("gru_init", ("h0", layer, "hs")))
-        calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
+        if config.in_split:  # float16 parts of x and W_ih, then the GEMM of depth 3K (``split.py``)
+            calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
+            calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
+            calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi")))
+        else:
+            calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
         weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
         if config.fuse_step and config.step_loop:  # all T steps in one call
             barrier = persistent if config.step_loop == 2 else ()
@@ -98,7 +104,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
                     for name, func in funcs.items()}
     plan = plan_calls(template, config)
-    check_plan(template.buffers(), plan, funcs)
+    check_plan(template.for_config(config).buffers(), plan, funcs)
     return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace, modules)
 
 
@@ -168,7 +174,7 @@ def barrier_timed_out(persistent: bool, executor: Any) -> bool:
 
 def build_program(template: Any, config: Config, target: TargetInfo) -> CompiledProgram:
     """The whole forward pass as one program (see ``CompiledGru``), its buffers ``buffers()``."""
-    return compile_gru(template, config, target).program(target.kind, tuple(template.buffers()))
+    return compile_gru(template, config, target).program(target.kind, tuple(template.for_config(config).buffers()))
 
 
 def run_plan(artifact: Artifact) -> RunPlan:

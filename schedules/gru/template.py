@@ -36,6 +36,7 @@ from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_init,
                       schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
+from .split import PARTS, SPLIT_WEIGHT_SCALE, schedule_split, split_depth, split_rows_func, split_weight_func
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 STEP_KNOBS = (
@@ -82,6 +83,9 @@ STEP_KNOBS = (
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
                                             "its lanes splitting k, W_hh's share in registers)"),
 )
+INPUT_SPLIT_KNOB = Knob("in_split", (0, 1), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, each operand "
+                                            "split into a high and a low float16 part (one GEMM of depth 3K, "
+                                            "float32-accurate; ``split.py``)")
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
 # registers (launch bounds) is refused below this many registers per thread (spills).
@@ -93,7 +97,7 @@ BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared"
                       "vec", "double_buffer")
 IN_GEMM_KNOBS = GEMM_KNOBS
 HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
-KNOBS = (STEP_KNOBS
+KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB,)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
 
@@ -165,6 +169,10 @@ class GruTemplate(DtypeFields, Template):
     # on CUDA (see ``GemmTemplate.tensor_core``)
     in_tensor_core: TensorCoreTile | None = None
     hid_tensor_core: TensorCoreTile | None = None
+    # The tile of the split input GEMM (``in_split``: float32 x and W_ih as float16 parts), and
+    # whether the buffers include the split operands (``for_config``: a config with in_split)
+    in_split_tensor_core: TensorCoreTile | None = None
+    split_buffers: bool = False
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -177,7 +185,7 @@ class GruTemplate(DtypeFields, Template):
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GRU {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
-        for name in ("in_tensor_core", "hid_tensor_core"):
+        for name in ("in_tensor_core", "hid_tensor_core", "in_split_tensor_core"):
             check_tile(getattr(self, name), name)
 
     @property
@@ -185,7 +193,7 @@ class GruTemplate(DtypeFields, Template):
         params = {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
                   "layers": self.layers, "bidirectional": bool(self.bidirectional),
                   **{f"{p}_dtype": d for p, d in self.precision.items()}}
-        for name in ("in_tensor_core", "hid_tensor_core"):
+        for name in ("in_tensor_core", "hid_tensor_core", "in_split_tensor_core"):
             if getattr(self, name) is not None:
                 params[name] = str(getattr(self, name))
         return params
@@ -209,7 +217,7 @@ class GruTemplate(DtypeFields, Template):
     def gemms_on_tensor_cores(self, config: Config, target: TargetInfo) -> list[GemmTemplate]:
         """The gate GEMMs ``config`` runs on their tensor-core tiles (layer 1's input GEMM
         too where its A differs; the hidden GEMM only unfused)."""
-        gemms = [self.input_gemm(layer) for layer in range(min(self.layers, 2))]
+        gemms = [self.input_gemm(layer, bool(config.in_split)) for layer in range(min(self.layers, 2))]
         if not config.fuse_step:
             gemms.append(self.hidden_gemm())
         return [g for g in gemms if g.uses_tensor_cores(target)]
@@ -245,7 +253,20 @@ class GruTemplate(DtypeFields, Template):
                  "hx": TensorSpec((2 * d * b * h,), "uint64")}  # the flag-exchange kernel's (h, step) words
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
+        if self.split_buffers:  # float16 parts of the input GEMM's operands, one pair per depth K
+            for i in range(1 if self.layers == 1 or self.layers_share_input_gemm() else 2):
+                depth = PARTS * split_depth(self.layer_input(i))
+                specs[f"xs{i}"] = TensorSpec((t * b, depth), "float16")
+                specs[f"ws{i}"] = TensorSpec((depth, d * 3 * h), "float16")
         return specs
+
+    def for_config(self, config: Config) -> "GruTemplate":
+        """This template with the buffers ``config``'s plan uses (the split operands with
+        ``in_split``): what allocates, passes and checks the buffers of its program."""
+        return replace(self, split_buffers=bool(config.in_split))
+
+    def measured_operator(self, config: Config) -> "GruTemplate":
+        return self.for_config(config)
 
     def buffers(self) -> dict[str, TensorSpec]:
         """Every buffer of the plan by name: inputs, outputs, then scratch."""
@@ -311,9 +332,17 @@ class GruTemplate(DtypeFields, Template):
         return float(self.seq * per_step)
 
     # ---- knobs -----------------------------------------------------------------------------
-    def input_gemm(self, layer: int) -> BiasGemmTemplate:
+    def input_gemm(self, layer: int, split: bool = False) -> BiasGemmTemplate:
         """S1 of ``layer`` as a GEMM template: A is x (layer 0) or the previous layer's output
-        sequence (``out``'s dtype), B is W_ih, D is gi."""
+        sequence (``out``'s dtype), B is W_ih, D is gi.  ``split``: the float16 GEMM of depth
+        3K on the operands' parts (``split.py``), W_ih's scale undone before the float32 bias."""
+        if split:
+            return BiasGemmTemplate(self.seq * self.batch, self.dirs * 3 * self.hidden,
+                                    PARTS * split_depth(self.layer_input(layer)), a_dtype="float16",
+                                    b_dtype="float16",
+                                    acc_dtype=self.in_acc_dtype, c_dtype=self.gi_dtype,
+                                    tensor_core=self.in_split_tensor_core, out_scale=1.0 / SPLIT_WEIGHT_SCALE,
+                                    bias_dtype=self.w_ih_dtype)
         return BiasGemmTemplate(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer),
                                 a_dtype=self.x_dtype if layer == 0 else self.out_dtype, b_dtype=self.w_ih_dtype,
                                 acc_dtype=self.in_acc_dtype, c_dtype=self.gi_dtype,
@@ -334,15 +363,28 @@ class GruTemplate(DtypeFields, Template):
         from tvm_ext.schedules.tensor_core_tile import pick_tile
 
         if target.kind != "cuda":
-            return replace(self, in_tensor_core=None, hid_tensor_core=None)
+            return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None)
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
         def sixteen_bit(*names: str) -> bool:  # the same 16-bit type: mma.sync takes both
             return len({self.precision[n] for n in names}) == 1 and self.precision[names[0]] in ("float16", "bfloat16")
 
+        split = [(m, n, PARTS * split_depth(k)) for m, n, k in inputs]
         return replace(self, in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
-                       hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None)
+                       hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
+                       in_split_tensor_core=pick_tile(split, target) if self.split_reason() is None else None)
+
+    def split_reason(self) -> str | None:
+        """Why the input GEMM cannot run split into float16 parts (``in_split``), whatever the target."""
+        dtypes = {"x": self.x_dtype, "w_ih": self.w_ih_dtype, "in_acc": self.in_acc_dtype}
+        if self.layers > 1:
+            dtypes["out"] = self.out_dtype  # layer >= 1 splits the layer below's output
+        lowered = sorted(name for name, dtype in dtypes.items() if dtype != F32)
+        if lowered:
+            return (f"input GEMM split (in_split 1) emulates float32 x·W_ihᵀ; {', '.join(lowered)} "
+                    f"must be float32")
+        return None
 
     def layers_share_input_gemm(self) -> bool:
         """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
@@ -370,11 +412,24 @@ class GruTemplate(DtypeFields, Template):
         spaces = [(prefix, label, t.space(target)) for prefix, label, t in checks]
         bases = {p: t.default_config(target) for p, t in templates.items()}
 
+        split_spaces = [("input GEMM split", self.input_gemm(layer, True).space(target))
+                        for layer in range(min(self.layers, 2))] if self.split_reason() is None else []
+
         def gemm_reason(c: Config) -> str | None:
+            if c.in_split:
+                reason = self.split_reason() or self.split_target_reason(target)
+                if reason:
+                    return reason
             for prefix, label, space in spaces:
                 if prefix == "hid_" and c.fuse_step:
                     continue  # the fused step kernel does its own hidden GEMM
+                if prefix == "in_" and c.in_split:
+                    continue  # the split GEMM's spaces below
                 reason = space.infeasible_reason(gemm_config(c, prefix, bases[prefix]))
+                if reason:
+                    return f"{label}: {reason}"
+            for label, space in split_spaces if c.in_split else ():
+                reason = space.infeasible_reason(gemm_config(c, "in_", bases["in_"]))
                 if reason:
                     return f"{label}: {reason}"
             return None
@@ -420,6 +475,18 @@ class GruTemplate(DtypeFields, Template):
             return None
 
         return Space(KNOBS, (gemm_reason, step_reason))
+
+    def split_target_reason(self, target: TargetInfo) -> str | None:
+        """Why ``target`` cannot run the split input GEMM: on CUDA it exists for the tensor
+        cores; OpenCL runs its arithmetic on the CUDA cores (no faster than float32) where the
+        device has float16 (cl_khr_fp16)."""
+        if "float16" not in target.float_dtypes:
+            return f"input GEMM split (in_split 1) stores float16 parts; this {target.kind} device has no float16"
+        if target.kind == "cuda" and not (self.in_split_tensor_core is not None
+                                          and self.input_gemm(0, True).uses_tensor_cores(target)):
+            return ("input GEMM split (in_split 1) on CUDA needs a float16 tensor-core tile for the "
+                    "(T·B, 3H, 3·input) GEMM (sm_70 or newer; GRU.build picks one)")
+        return None
 
     def tc_step_shape(self, c: Config) -> TcStepShape:
         """The tensor-core step kernel's sizes under ``c`` (``step_tc`` 1)."""
@@ -550,7 +617,8 @@ class GruTemplate(DtypeFields, Template):
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_u": 1,
                                   "step_bt": 1, "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
-                                  "step_tc_rows": 16, "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8}
+                                  "step_tc_rows": 16, "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8,
+                                  "in_split": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -572,12 +640,18 @@ class GruTemplate(DtypeFields, Template):
         fused, persistent = bool(config.fuse_step), config.step_loop == 2
         init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent,
                          flags=fused and persistent and bool(config.step_flags), paired=bool(config.step_tc))
+        split = bool(config.in_split)
         funcs = {
             "gru_init": schedule_init(init, min(256, target.max_threads_per_block)),
-            "gru_gemm_x0": self.input_gemm(0).schedule(gemms["in_"], target),
+            "gru_gemm_x0": self.input_gemm(0, split).schedule(gemms["in_"], target),
         }
         if layers > 1 and not self.layers_share_input_gemm():
-            funcs["gru_gemm_x1"] = self.input_gemm(1).schedule(gemms["in_"], target)
+            funcs["gru_gemm_x1"] = self.input_gemm(1, split).schedule(gemms["in_"], target)
+        threads = min(256, target.max_threads_per_block)
+        for i in range(("gru_gemm_x1" in funcs) + 1) if split else ():
+            k = self.layer_input(i)
+            funcs[f"gru_split_x{i}"] = schedule_split(split_rows_func(t * b, k), threads)
+            funcs[f"gru_split_w{i}"] = schedule_split(split_weight_func(k, d * 3 * h), threads)
         if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
             pass
         elif config.fuse_step:

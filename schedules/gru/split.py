@@ -1,0 +1,117 @@
+"""The float32 input GEMM on float16 tensor cores (knob ``in_split``): each operand is split
+into a high and a low float16 part, ``v = hi + lo`` (``hi`` = v rounded to float16, ``lo`` =
+the rest rounded to float16: 22 of float32's 24 bits), and
+
+    A·B ≈ A_hi·B_hi + A_hi·B_lo + A_lo·B_hi
+
+is one float16 GEMM of depth 3K with a float32 accumulator, ``[A_hi | A_hi | A_lo]`` times
+``[B_hi; B_lo; B_hi]`` (the dropped ``A_lo·B_lo`` is 2^-22 of a product).  The tensor cores
+multiply float16 exactly into float32, so the result is float32-accurate at a third of the
+tensor cores' float16 rate, far above the CUDA cores' float32 rate (the idea of CUTLASS's
+3xTF32, with float16 parts because TVM 0.27 has float16 mma.sync tiles).
+
+Range: a float16 part must not overflow (|v| < 65504) and a low part below float16's
+smallest normal number (2^-14) loses bits.  x (and the hidden state, |h| < 1) are split as
+they are: a low part that is subnormal still has an absolute error under 2^-25.  W_ih is
+stored times ``SPLIT_WEIGHT_SCALE`` (PyTorch's init keeps |W| <= 1/sqrt(H), whose low parts
+would be subnormal) and the GEMM's epilogue multiplies by its inverse before the bias, which
+stays float32.  Both splits run on the device in every forward pass (W_ih too: the pass is
+self-contained, what a caller loading new weights gets, about 1 % of it at B64 H1024).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SPLIT_WEIGHT_SCALE = 2.0 ** 8  # W_ih's float16 parts hold W_ih x 256 (|W_ih| up to 255)
+FLOAT16_MAX = 65504.0
+PARTS = 3  # A: hi, hi, lo; B: hi, lo, hi
+K_ALIGN = 32  # each part is zero-padded to a multiple of this depth (tensor-core k stages divide it)
+
+
+def split_depth(k: int) -> int:
+    """The depth of one part of an operand of depth ``k`` (padded with zeros)."""
+    return -(-k // K_ALIGN) * K_ALIGN
+
+
+def _hi_lo(value: Any, low: Any) -> Any:
+    """``value``'s high float16 part, or where ``low`` holds its low part (TIR)."""
+    from tvm import tirx
+
+    hi = value.astype("float16")
+    lo = (value - hi.astype("float32")).astype("float16")
+    return tirx.Select(low, lo, hi)
+
+
+def _padded(depth: Any, k: int, part: Any) -> Any:
+    """``part`` where ``depth`` (within one part) is below ``k``, else 0 (not evaluated there)."""
+    from tvm import tirx
+
+    return tirx.if_then_else(depth < k, part, tirx.const(0, "float16"))
+
+
+def split_rows_func(m: int, k: int) -> Any:
+    """TE: A (m, k) float32 -> (m, 3·kp) float16, ``[A_hi | A_hi | A_lo]`` along the row, each
+    part zero-padded to ``kp = split_depth(k)``."""
+    from tvm import te, tirx
+
+    kp = split_depth(k)
+    a = te.placeholder((m, k), "float32", name="A")
+    parts = te.compute((m, PARTS * kp),
+                       lambda i, j: _padded(tirx.floormod(j, kp), k,
+                                            _hi_lo(a[i, tirx.floormod(j, kp)], j >= 2 * kp)), name="split")
+    return te.create_prim_func([a, parts])
+
+
+def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
+    """TE: B (k, n) float32 -> (3·kp, n) float16, ``[B_hi; B_lo; B_hi]`` of B x ``scale``, each
+    part zero-padded to ``kp = split_depth(k)`` rows."""
+    from tvm import te, tirx
+
+    kp = split_depth(k)
+    b = te.placeholder((k, n), "float32", name="B")
+    parts = te.compute((PARTS * kp, n),
+                       lambda j, c: _padded(tirx.floormod(j, kp), k,
+                                            _hi_lo(b[tirx.floormod(j, kp), c] * tirx.const(scale, "float32"),
+                                                   tirx.floordiv(j, kp) == 1)), name="split")
+    return te.create_prim_func([b, parts])
+
+
+def schedule_split(func: Any, threads: int) -> Any:
+    """One thread per output element (coalesced along the row), ``threads`` a block."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    block = sch.get_sblock("split")
+    fused = sch.fuse(*sch.get_loops(block))
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+def split_parts(value: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """numpy: (hi, lo) float16 parts of ``value`` x ``scale`` (what the kernels store)."""
+    scaled = np.asarray(value, np.float32) * np.float32(scale)
+    hi = scaled.astype(np.float16)
+    return hi, (scaled - hi.astype(np.float32)).astype(np.float16)
+
+
+def split_product(a: np.ndarray, b: np.ndarray, scale: float = SPLIT_WEIGHT_SCALE) -> np.ndarray:
+    """numpy float64 of what the split GEMM computes for ``a @ b`` (the three products, B
+    scaled and unscaled), for tests."""
+    a_hi, a_lo = (p.astype(np.float64) for p in split_parts(a))
+    b_hi, b_lo = (p.astype(np.float64) for p in split_parts(b, scale))
+    return (a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi) / scale
+
+
+def split_range_reason(name: str, value: np.ndarray, scale: float = 1.0) -> str | None:
+    """Why ``value`` cannot be split into float16 parts (a part would overflow), or None."""
+    if value.size == 0:
+        return None
+    largest = float(np.max(np.abs(np.asarray(value, np.float64))))
+    if not largest * scale < FLOAT16_MAX:
+        return (f"{name} has |value| {largest:g}, beyond what the float16-split input GEMM holds "
+                f"({FLOAT16_MAX / scale:g}); build without in_split")
+    return None

@@ -1,0 +1,191 @@
+"""The float32 input GEMM as float16 parts on the tensor cores (``in_split``, ``split.py``).
+
+- The split kernels, built by TVM for the CPU (LLVM) and run: the parts they store are the
+  numpy parts, and three products of them are float32-accurate where one float16 product
+  is not.
+- The scaled bias epilogue the split GEMM ends with, built and run on PoCL.
+- The plan and its CUDA (generated and compiled here, no GPU): split, split, GEMM of depth
+  3K on mma.sync per layer, one pair of part buffers per depth; the refusals; the pick.
+- ``-m gpu``: whole GRUs with the split against float64, odd shapes and layers included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+from test_gru import Shape, _inputs, _weights
+from test_gru_shapes import _check
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.gemm import BiasGemmTemplate
+from tvm_ext.schedules.gru import GRU, GruTemplate
+from tvm_ext.schedules.gru.split import (FLOAT16_MAX, SPLIT_WEIGHT_SCALE, split_depth, split_parts, split_product,
+                                          split_range_reason, split_rows_func, split_weight_func)
+from tvm_ext.target import offline_cuda
+
+
+def _run_on_cpu(func, array: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
+    import tvm
+
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    dev = tvm.cpu()
+    out = tvm.runtime.empty(out_shape, "float16", dev)
+    lib["main"](tvm.runtime.tensor(array, dev), out)
+    return out.numpy()
+
+
+def test_split_kernels_store_the_numpy_parts():
+    """Each part zero-padded to a depth of 32 (12 -> 32: the tensor-core k stages divide it)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-3, 3, (5, 12)).astype(np.float32)
+    x[0, :3] = (1e-6, -2.5e-7, 0.0)  # low parts below float16's normal range
+    hi, lo = split_parts(x)
+    assert split_depth(12) == 32 and split_depth(64) == 64
+    pad = lambda part: np.pad(part, [(0, 0), (0, 20)])  # noqa: E731
+    expected = np.concatenate([pad(hi), pad(hi), pad(lo)], axis=1)
+    assert np.array_equal(_run_on_cpu(split_rows_func(5, 12), x, (5, 96)), expected)
+    w = rng.uniform(-0.05, 0.05, (12, 7)).astype(np.float32)
+    w_hi, w_lo = (np.pad(p, [(0, 20), (0, 0)]) for p in split_parts(w, SPLIT_WEIGHT_SCALE))
+    assert np.array_equal(_run_on_cpu(split_weight_func(12, 7), w, (96, 7)), np.concatenate([w_hi, w_lo, w_hi]))
+    # the parts hold 22 bits: hi + lo is x within 2^-22 of it (2^-25 absolute where lo is subnormal)
+    rebuilt = hi.astype(np.float64) + lo.astype(np.float64)
+    assert np.all(np.abs(rebuilt - x) <= np.maximum(np.abs(x) * 2.0 ** -22, 2.0 ** -25))
+
+
+def test_three_products_of_the_parts_are_float32_accurate():
+    """GRU-like operands (x in [-1, 1], W_ih at PyTorch's init for hidden 1024): the split
+    product's error is float32's order; a single float16 product's is 1000x that."""
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (64, 1024)).astype(np.float32)
+    b = rng.uniform(-1 / 32, 1 / 32, (1024, 96)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    err = lambda got: np.linalg.norm(got - exact) / np.linalg.norm(exact)  # noqa: E731
+    assert err(split_product(a, b)) < 1e-6
+    assert err(a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)) > 1e-4
+    assert err(split_product(a, b, scale=1.0)) > err(split_product(a, b))  # W's low parts subnormal unscaled
+
+
+def test_scaled_bias_epilogue_on_opencl(opencl):
+    """D = A·B·scale + bias with a float32 bias whatever B's type: built and run on PoCL, checked
+    against float64 (a kernel that skipped the scale would be 4x off)."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.measure import MeasureSettings, measure
+
+    gemm = BiasGemmTemplate(24, 40, 36, out_scale=0.25, bias_dtype="float32")
+    assert gemm.params["out_scale"] == 0.25 and gemm.inputs()[2].dtype == "float32"
+    cfg = gemm.default_config(opencl)
+    build = build_one(gemm, cfg, opencl)
+    assert build.ok, build.error_msg
+    result = measure(gemm, cfg, build.artifact, opencl, MeasureSettings(warmup=0, repeat=1, min_repeat_secs=0.0))
+    assert result.ok, result.error_msg
+    assert result.metrics["rel_error"] < 1e-6
+
+
+def test_split_plan_and_its_cuda():
+    """Two bidirectional layers whose input sizes differ: per layer x's parts, W_ih's parts, then
+    the GEMM of depth 3K on mma.sync, W_ih's scale undone in its epilogue; a pair of part buffers
+    for each depth, in the plan's buffers only with the knob on."""
+    target = offline_cuda()
+    t = GruTemplate(batch=8, hidden=64, input=48, seq=16, layers=2, bidirectional=True).with_tensor_cores(target)
+    assert t.in_split_tensor_core is not None
+    cfg = t.analytic_pick(target)[0].replace(in_split=1)
+    assert t.space(target).infeasible_reason(cfg) is None
+    compiled = t.compile(cfg, target)  # nvcc builds it (and the plan's buffers are checked)
+    calls = [(c.func, c.args) for c in compiled.calls if c.func.startswith(("gru_split", "gru_gemm_x"))]
+    assert calls == [("gru_split_x0", ("x", "xs0")), ("gru_split_w0", ("w_ih0", "ws0")),
+                     ("gru_gemm_x0", ("xs0", "ws0", "b_ih0", "gi")),
+                     ("gru_split_x1", ("y0", "xs1")), ("gru_split_w1", ("w_ih1", "ws1")),
+                     ("gru_gemm_x1", ("xs1", "ws1", "b_ih1", "gi"))]
+    specs = t.for_config(cfg).buffers()
+    # input 48 padded to 64 a part
+    assert specs["xs0"].shape == (128, 192) and specs["ws0"].shape == (192, 384) and specs["xs0"].dtype == "float16"
+    assert specs["xs1"].shape == (128, 384) and specs["ws1"].shape == (384, 384)
+    assert "xs0" not in t.for_config(cfg.replace(in_split=0)).buffers() and "xs0" not in t.buffers()
+    body = re.search(r"gru_gemm_x0_kernel\([^)]*\) \{", compiled.source).end()
+    gemm = compiled.source[body:compiled.source.index("\n}\n", body)]
+    assert ("mma.sync" in gemm or "wmma::mma_sync" in gemm) and "0x1p-8f" in gemm  # x 1/256 before the bias
+    assert re.search(r"gru_split_w0_kernel\(float\* __restrict__ \w+, half\* __restrict__", compiled.source)
+
+
+def test_split_refusals(opencl):
+    """Where the split cannot run, the knob is refused with why: no float16 on the device (PoCL),
+    lowered operand types (it emulates float32), no tensor-core tile on CUDA (sm_61)."""
+    t = GruTemplate(batch=4, hidden=32, input=16, seq=8)
+    on = lambda tmpl, target: tmpl.default_config(target).replace(in_split=1)  # noqa: E731
+    if "float16" not in opencl.float_dtypes:
+        reason = t.space(opencl).infeasible_reason(on(t, opencl))
+        assert "no float16" in reason
+        with pytest.raises(TvmExtError, match="no float16"):
+            GRU.build(opencl, 16, 32, batch=4, seq=8, config={"in_split": 1})
+    pascal = offline_cuda("sm_61")
+    old = t.with_tensor_cores(pascal)
+    assert old.in_split_tensor_core is None
+    assert "tensor-core tile" in old.space(pascal).infeasible_reason(on(old, pascal))
+    target = offline_cuda()
+    low = t.with_precision({"x": "float16", "w_ih": "float16"}).with_tensor_cores(target)
+    assert low.in_split_tensor_core is None
+    assert "w_ih, x must be float32" in low.space(target).infeasible_reason(on(low, target))
+    two = dataclasses.replace(t, layers=2).with_precision({"out": "bfloat16"}).with_tensor_cores(target)
+    assert "out must be float32" in two.space(target).infeasible_reason(on(two, target))
+
+
+def test_split_range():
+    assert split_range_reason("x", np.array([1.0, -65000.0])) is None
+    assert "65504" in split_range_reason("x", np.array([1.0, -70000.0]))
+    assert split_range_reason("w", np.array([200.0]), SPLIT_WEIGHT_SCALE) is None
+    assert "255.875" in split_range_reason("w", np.array([-300.0]), SPLIT_WEIGHT_SCALE)
+    assert split_range_reason("w", np.array([np.nan]), SPLIT_WEIGHT_SCALE)  # NaN is refused, not split
+    assert FLOAT16_MAX == float(np.finfo(np.float16).max)
+
+
+@pytest.mark.parametrize("shape,split", [((64, 1024), 1), ((8, 512), 1), ((1, 256), 0), ((5, 200), 0)])
+def test_pick_splits_large_input_gemms(shape, split):
+    """The pick splits layer 0's input GEMM from 1 GFLOP on (H100: B8 H512 0.044 ms against
+    0.071, B1 H256 no gain), on CUDA only."""
+    from tvm_ext.schedules.gru.pick import SPLIT_MIN_FLOPS
+
+    batch, hidden = shape
+    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128)
+    target = offline_cuda()
+    cfg, why = t.with_tensor_cores(target).analytic_pick(target)
+    assert cfg.in_split == split and (t.input_gemm(0).flops() >= SPLIT_MIN_FLOPS) == bool(split)
+    assert ("float16 parts" in why) == bool(split)
+    gpu_like = dataclasses.replace(target, kind="opencl", arch="")  # a GPU without float16 tensor cores
+    assert t.with_tensor_cores(gpu_like).analytic_pick(gpu_like)[0].in_split == 0
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+# shapes whose gate count (dirs x 3H) a tensor-core tile divides; input sizes that pad
+SPLIT_SHAPES = {"b16-h256": Shape(seq=12, batch=16, input=256, hidden=256),
+                "input40-h256": Shape(seq=9, batch=5, input=40, hidden=256),
+                "input33-h128-2layer-bi": Shape(seq=7, batch=3, input=33, hidden=128, layers=2, bidirectional=True),
+                "input200-h512": Shape(seq=13, batch=5, input=200, hidden=512)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(SPLIT_SHAPES))
+def test_cuda_split_input_gemm_matches_the_reference(key):
+    """The pick with the input GEMM split (every layer's, odd K and N included): float64's
+    answer on reruns."""
+    s = SPLIT_SHAPES[key]
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq)
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq, config=gru.config.replace(in_split=1)).load_numpy(_weights(s))
+    assert "gru_split_x0" in {c.func for c in gru.compiled.calls}
+    _check(gru, s, runs=2)
+
+
+@pytest.mark.gpu
+def test_cuda_split_refuses_values_it_cannot_hold():
+    s = SPLIT_SHAPES["b16-h256"]
+    gru = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, config={"in_split": 1})
+    weights = _weights(s)
+    with pytest.raises(TvmExtError, match="weight_ih_l0 has"):
+        gru.load_numpy({**weights, "weight_ih_l0": weights["weight_ih_l0"] * 1e4})
+    gru.load_numpy(weights)
+    x, h0 = _inputs(s)
+    with pytest.raises(TvmExtError, match="GRU input x has"):
+        gru(x * 1e5, h0)
