@@ -215,6 +215,19 @@ def compile_schedule(sch: Any, target: TargetInfo, pass_config: Mapping[str, Any
                            plain_json(sch.trace.as_json()))
 
 
+def compile_module_program(func: Any, target: TargetInfo, record: Any,
+                           pass_config: Mapping[str, Any] | None = None) -> CompiledProgram:
+    """One PrimFunc written rather than scheduled (no trace: ``record`` says what built it) as a
+    program called through ``main``."""
+    import tvm
+
+    mod = tvm.IRModule({MAIN: func.with_attr("global_symbol", MAIN)})
+    ex, source, launches, params = compile_module(mod, target, pass_config)
+    first = launches[0] if launches else KernelLaunch(MAIN, (), (1, 1, 1), (1, 1, 1))
+    main = KernelLaunch(MAIN, params, first.grid, first.block, first.dyn_shared_bytes)
+    return CompiledProgram(target.kind, ex, source, launches, (main,), params, {MAIN: mod}, plain_json(record))
+
+
 # ---- how a program is run and checked (a template says; the runner follows) ------------------
 TIMERS = ("device", "host")
 

@@ -63,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json_arg(gemm_tc)
     gemm_tc.set_defaults(make_template=_gemm_tc_template)
 
+    from .schedules.wgmma import KNOBS as WGMMA_KNOBS
+
+    gemm_wgmma = sub.add_parser(
+        "gemm-wgmma", help="float16 GEMM C = A·Btᵀ (Bt stored N×K, a Linear weight) on Hopper's warpgroup MMA",
+        description="Tune C[M,N] = A[M,K]·Bt[N,K]ᵀ, float16 in and out, float32 accumulate, on Hopper's "
+                    "wgmma (sm_90): the tile, the cp.async pipeline and the epilogue are what is searched.",
+        epilog=knob_help(WGMMA_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gemm_wgmma.add_argument("--shape", required=True, help="M,N,K; multiples of the tile (e.g. 4096,4096,4096)")
+    add_tuning_args(gemm_wgmma)
+    _add_json_arg(gemm_wgmma)
+    gemm_wgmma.set_defaults(make_template=_gemm_wgmma_template)
+
     from .schedules.reduction import DTYPES as REDUCE_DTYPES, KNOBS as REDUCE_KNOBS, OPS as REDUCE_OPS
 
     reduce = sub.add_parser(
@@ -128,6 +141,12 @@ def _gemm_template(args: argparse.Namespace) -> Any:
 
     return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility,
                                    staging=args.staging)
+
+
+def _gemm_wgmma_template(args: argparse.Namespace) -> Any:
+    from .schedules.wgmma import WgmmaGemmTemplate
+
+    return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")))
 
 
 def _gemm_tc_template(args: argparse.Namespace) -> Any:

@@ -1,0 +1,292 @@
+"""Hopper's warpgroup MMA (``wgmma.mma_async``) as a GEMM template: C = A·Btᵀ, float16 in,
+float32 accumulate, float16 out, A (M, K) and Bt (N, K) both K-major (a Linear layer's weight
+layout, which wgmma reads from shared memory without a transpose).
+
+The kernel is a TVMScript (``tvm.script.tirx``) PrimFunc in TVM 0.27's table-driven PTX
+dialect, built by ``tvm.compile`` for sm_90a: every Hopper instruction is a ``T.ptx["..."]``
+call that TVM checks against its PTX table and renders into an ``asm volatile`` helper of the
+CUDA it generates (``wgmma.fence`` / ``wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16`` on
+64-bit shared-memory matrix descriptors / ``commit_group`` / ``wait_group``, 16-byte
+``cp.async``, ``fence.proxy.async.shared::cta``).  Nothing is scheduled: a config (its knobs)
+is the whole record of a kernel, and the template builds the PrimFunc from it.
+
+Kernel: a block computes a BM x BN tile with BM / 64 warpgroups (128 threads each), warpgroup
+w owning rows [64w, 64w + 64) and issuing ``m64n{BN}k16`` four times per k step of 64.  Shared
+memory holds S stages of the A and Bt tiles in the 128-byte-swizzle layout (row r of a 64-half
+k slice at byte 128 r, its 16-byte chunk c at chunk c ^ (r % 8)), filled by all threads with
+16-byte ``cp.async``; the descriptors use that swizzle, SBO = 1024 bytes (8 rows), and advance
+32 bytes per k16.  Pipeline (``wg_inflight`` = wgmma groups left in flight, 0 or 1): tiles
+k+1 .. k+S-1-W load while the wgmma of tile k runs; one barrier per k step; a stage is refilled
+once every warpgroup's wgmma that read it has retired.  Epilogue: the accumulator fragment
+converted to half2 and stored straight to global memory, or (``wg_smem_epilogue``) through
+padded shared memory and 16-byte coalesced stores.  ``wg_raster`` groups the blocks that many
+tile rows at a time.  Shapes the tile does not divide are refused (no guards).
+
+Measured (H100, 2026-11-23, ``benchmarks/wgmma_probe.py``): 128x256, 4 stages, one group in
+flight, shared-memory epilogue: 578 TFLOP/s at 4096^3 = 0.86 of cuBLAS float16, output
+bit-identical to cuBLAS; the mma.sync template reached 0.53 there.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.program import CompiledProgram, compile_module_program
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import Template, TensorSpec
+
+from .mma import compute_capability, max_dynamic_smem
+
+BK = 64  # the k step: 64 halves = one 128-byte swizzle row
+SHARED_LIMIT = 227 * 1024  # dynamic shared memory a block may have on sm_90
+KNOBS = (
+    Knob("wg_bm", (64, 128, 256), "block rows: wg_bm / 64 warpgroups of 128 threads, 64 rows each"),
+    Knob("wg_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
+    Knob("wg_stages", (2, 3, 4, 5, 6), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
+    Knob("wg_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
+    Knob("wg_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
+    Knob("wg_raster", (0, 2, 4, 8), "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
+)
+# the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide
+DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0), (128, 64, 6, 1, 1, 0),
+                 (64, 64, 4, 1, 1, 0))
+
+
+@dataclass(frozen=True)
+class WgmmaTile:
+    """A kernel's tile and pipeline (the knobs without their prefix)."""
+
+    bm: int = 128
+    bn: int = 256
+    stages: int = 4
+    inflight: int = 1
+    smem_epilogue: bool = True
+    raster: int = 0
+    bk: int = BK
+
+    @classmethod
+    def of(cls, config: Config) -> "WgmmaTile":
+        c = config.as_dict()
+        return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
+                   c["wg_raster"])
+
+    @property
+    def name(self) -> str:
+        return (f"wgmma {self.bm}x{self.bn}x{self.bk} s{self.stages} w{self.inflight} "
+                f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}")
+
+    @property
+    def threads(self) -> int:
+        return self.bm // 64 * 128
+
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * self.bk * 2
+
+
+def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT) -> str | None:
+    """Why tile ``t`` cannot run an (m, n, k) GEMM (one line), or None."""
+    if t.bk != BK or t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
+        return f"{t.name}: needs bk = 64, bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
+    if t.stages < 2 + t.inflight:
+        return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
+    if m % t.bm or n % t.bn or k % t.bk:
+        return f"{t.name}: {m}x{n}x{k} must divide the {t.bm}x{t.bn}x{t.bk} tile (no guards)"
+    if t.raster < 0 or (t.raster and m // t.bm % t.raster):
+        return f"{t.name}: the raster group ({t.raster}) must divide the {m // t.bm} tile rows"
+    if (t.bm * t.bk // 8) % t.threads or (t.bn * t.bk // 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
+        return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
+    if t.smem_bytes() > shared_limit:
+        return f"{t.name}: {t.smem_bytes()} bytes of shared memory > {shared_limit} (the limit of a block)"
+    if t.smem_epilogue and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
+        return f"{t.name}: C ({t.bm}x{t.bn} halves, padded) does not fit in the stages' shared memory"
+    return None
+
+
+def target_reason(target: TargetInfo) -> str | None:
+    """Why ``target`` has no warpgroup MMA (None: it has, sm_90)."""
+    if target.kind != "cuda":
+        return f"wgmma is a CUDA (Hopper, sm_90) instruction, not {target.kind}'s"
+    if compute_capability(target) != 90:
+        return f"wgmma needs a Hopper GPU (sm_90); this one is {target.arch or 'unknown'}"
+    return None
+
+
+def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int) -> Any:
+    """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) f16)``, C = A @ Bt^T (the
+    tile checked first: ``wgmma_reason``)."""
+    from tvm.script import tirx as T
+
+    reason = wgmma_reason(cfg, m, n, k)
+    if reason:
+        raise TvmExtError(reason)
+    bm, bn, bk, stages, smem_epilogue = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.smem_epilogue
+    threads = bm // 64 * 128
+    n_acc = bn // 2  # float32 accumulator registers per thread (m64nN: N/2)
+    a_stage, b_stage = bm * bk, bn * bk  # halves
+    stage = a_stage + b_stage
+    a_loads, b_loads = a_stage // 8 // threads, b_stage // 8 // threads  # 16-byte cp.async per thread
+    k_tiles, grid_n = k // bk, n // bn
+    group = cfg.raster or 1  # raster 0 = groups of one tile row = row-major
+    inflight = cfg.inflight
+    ahead = stages - 1 - inflight  # tiles loaded ahead of the one being multiplied
+    c_stride = bn + 8  # halves per C row in shared memory (padded: conflict-free half2 writes)
+    c_loads = bm * bn // 8 // threads
+    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16"
+    # descriptor bits 32-63: stride byte offset 1024 >> 4 (8 rows of 128 B), bit 62 = 128-byte swizzle
+    desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
+
+    def swizzled(chunk: Any) -> Any:
+        """Halves offset in a stage tile of 16-byte chunk ``chunk`` (row chunk // 8, column chunk % 8)."""
+        row = chunk // 8
+        return row * bk + (chunk % 8 ^ row % 8) * 8
+
+    def desc(smem_base: Any, halves: Any) -> Any:
+        """wgmma matrix descriptor of the K-major, 128-byte-swizzled tile at ``halves`` into smem."""
+        addr = (smem_base + halves * 2) & 0x3FFFF
+        return desc_hi | T.Cast("uint64", (addr >> 4) | (1 << 16))  # leading byte offset 16 B (unused)
+
+    @T.prim_func
+    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer((n, k), "float16"), C: T.Buffer((m, n), "float16")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        bid = T.launch_thread("blockIdx.x", m // bm * grid_n)
+        tx = T.launch_thread("threadIdx.x", threads)
+        smem = T.alloc_buffer((stages * stage,), "float16", scope="shared.dyn", align=1024)
+        acc = T.alloc_buffer((n_acc,), "float32", scope="local")
+        row0 = (bid // (group * grid_n) * group + bid % group) * bm
+        col0 = bid % (group * grid_n) // group * bn
+        wg = tx // 128
+        base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
+        for i in T.unroll(n_acc):
+            acc[i] = T.float32(0)
+        for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
+            for i in T.unroll(a_loads):
+                T.ptx["cp.async.cg.shared.global"](smem.ptr_to([s * stage + swizzled(i * threads + tx)]),
+                                                   A.ptr_to([row0 + (i * threads + tx) // 8,
+                                                             s * bk + (i * threads + tx) % 8 * 8]), 16)
+            for i in T.unroll(b_loads):
+                T.ptx["cp.async.cg.shared.global"](smem.ptr_to([s * stage + a_stage + swizzled(i * threads + tx)]),
+                                                   Bt.ptr_to([col0 + (i * threads + tx) // 8,
+                                                              s * bk + (i * threads + tx) % 8 * 8]), 16)
+            T.ptx["cp.async.commit_group"]()
+        for kt in T.serial(k_tiles):
+            T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
+            T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
+            T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
+            cur = kt % stages * stage
+            T.ptx["wgmma.fence.sync.aligned"]()
+            for kk in T.unroll(bk // 16):
+                T.ptx[mma](*[acc[i] for i in range(n_acc)], desc(base, cur + wg * 64 * bk + kk * 16),
+                           desc(base, cur + a_stage + kk * 16), T.bool(True), 1, 1, 0, 0)
+            T.ptx["wgmma.commit_group.sync.aligned"]()
+            if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
+                nxt = (kt + ahead) % stages * stage
+                for i in T.unroll(a_loads):
+                    T.ptx["cp.async.cg.shared.global"](smem.ptr_to([nxt + swizzled(i * threads + tx)]),
+                                                       A.ptr_to([row0 + (i * threads + tx) // 8,
+                                                                 (kt + ahead) * bk + (i * threads + tx) % 8 * 8]), 16)
+                for i in T.unroll(b_loads):
+                    T.ptx["cp.async.cg.shared.global"](smem.ptr_to([nxt + a_stage + swizzled(i * threads + tx)]),
+                                                       Bt.ptr_to([col0 + (i * threads + tx) // 8,
+                                                                  (kt + ahead) * bk + (i * threads + tx) % 8 * 8]), 16)
+            T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
+            T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
+        T.ptx["wgmma.wait_group.sync.aligned"](0)
+        if smem_epilogue:
+            T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
+            for p in T.unroll(n_acc // 2):  # accumulator pairs (2p, 2p+1): adjacent columns
+                for v in T.vectorized(2):
+                    smem[(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride
+                         + p // 2 * 8 + tx % 4 * 2 + v] = T.Cast("float16", acc[p * 2 + v])
+            T.tvm_storage_sync("shared")
+            for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
+                for v in T.vectorized(8):
+                    C[row0 + (i * threads + tx) // (bn // 8), col0 + (i * threads + tx) % (bn // 8) * 8 + v] = \
+                        smem[(i * threads + tx) // (bn // 8) * c_stride + (i * threads + tx) % (bn // 8) * 8 + v]
+        else:
+            for p in T.unroll(n_acc // 2):
+                for v in T.vectorized(2):
+                    C[row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
+                      col0 + p // 2 * 8 + tx % 4 * 2 + v] = T.Cast("float16", acc[p * 2 + v])
+
+    return main
+
+
+@dataclass(frozen=True)
+class WgmmaGemmTemplate(Template):
+    """C[M, N] = A[M, K] · Bt[N, K]ᵀ on Hopper's warpgroup MMA (float16 in and out, float32
+    accumulate); the knobs (``KNOBS``) are the tile, the pipeline and the epilogue."""
+
+    m: int
+    n: int
+    k: int
+
+    name = "gemm_wgmma"
+    tolerance = 2e-3  # float16 output: its rounding alone is about 2e-4
+
+    def __post_init__(self) -> None:
+        for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_shape(cls, shape: tuple[int, ...]) -> "WgmmaGemmTemplate":
+        if len(shape) != 3:
+            raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
+        return cls(*shape)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float16", "b_dtype": "float16",
+                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": "NK"}
+
+    def space(self, target: TargetInfo) -> Space:
+        def reason(c: Config) -> str | None:
+            return target_reason(target) or wgmma_reason(WgmmaTile.of(c), self.m, self.n, self.k,
+                                                         min(SHARED_LIMIT, max_dynamic_smem(target)))
+        return Space(KNOBS, (reason,))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """The probe's best tile at 4096^3, else the first of ``DEFAULT_TILES`` the shape takes;
+        an error saying why where the target has no wgmma or no tile divides the shape."""
+        reason = target_reason(target)
+        if reason:
+            raise TvmExtError(reason)
+        space = self.space(target)
+        configs = [space.make(wg_bm=bm, wg_bn=bn, wg_stages=s, wg_inflight=w, wg_smem_epilogue=e, wg_raster=r)
+                   for bm, bn, s, w, e, r in DEFAULT_TILES]
+        feasible = [c for c in configs if space.is_feasible(c)]
+        if not feasible:
+            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
+                              f"and K of 64 (no guards)")
+        return feasible[0]
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("the wgmma GEMM is written as a PrimFunc, not scheduled: use build_program")
+
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        """The PrimFunc of ``config`` compiled for sm_90a (wgmma is an arch-specific instruction);
+        the config is its record (no schedule trace)."""
+        reason = self.space(target).infeasible_reason(config)
+        if reason:
+            raise TvmExtError(reason)
+        hopper = dataclasses.replace(target, arch="sm_90a")
+        func = wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k)
+        return compile_module_program(func, hopper, {"lowered": "wgmma", "config": dict(config.items)})
+
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.k), "float16"), TensorSpec((self.n, self.k), "float16")]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.n), "float16")]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, bt = inputs
+        return [a.astype(np.float64) @ bt.astype(np.float64).T]
+
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k

@@ -1,0 +1,120 @@
+"""The wgmma GEMM template (``tvm_ext.schedules.wgmma``): C = A·Btᵀ on Hopper's warpgroup MMA,
+a TVMScript PrimFunc in TVM's PTX dialect built by ``tvm.compile`` for sm_90a.
+
+CI (no GPU): TVM builds the template's program for an offline sm_90 target and emits the
+wgmma, fence and cp.async instructions; tiles, shapes and targets that cannot work are refused
+with their reason, in the space and on the command line.  ``-m gpu``: each kind of variant
+against float64 on NaN-poisoned outputs, and a real ``tune gemm-wgmma`` run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile
+from tvm_ext.target import offline_cuda
+
+CLI = [sys.executable, "-m", "tvm_ext.tune"]
+
+
+def _config(template, target, **knobs):
+    return template.default_config(target).replace(**knobs)
+
+
+def test_the_template_builds_the_warpgroup_mma_kernel():
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(256, 256, 256)
+    cfg = _config(t, target, wg_bm=128, wg_bn=128, wg_stages=3, wg_inflight=0)
+    program = t.build_program(cfg, target)
+    source = program.source
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in source
+    assert "wgmma.commit_group" in source and "wgmma.wait_group" in source
+    assert "fence.proxy.async.shared::cta" in source and "cp.async" in source
+    assert program.params == ("A", "Bt", "C")
+    assert program.trace == {"lowered": "wgmma", "config": cfg.as_dict()}  # the config is the record
+    wide = WgmmaGemmTemplate(256, 512, 128)
+    assert wide.default_config(target).as_dict()["wg_bn"] == 256  # the probe's best tile, 128x256
+    assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
+
+
+@pytest.mark.parametrize("shape, knobs, reason", [
+    ((4096, 4096, 4096), dict(wg_stages=2, wg_inflight=1), "at least 3 stages"),
+    ((4096, 4096, 4096), dict(wg_stages=6), "bytes of shared memory"),
+    ((4096, 4000, 4096), dict(), "must divide"),
+    ((256, 256, 256), dict(wg_bn=128, wg_raster=4), "raster group (4) must divide the 2 tile rows"),
+    ((256, 256, 256), dict(wg_bm=64, wg_bn=192), "must divide"),
+])
+def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(*shape)
+    cfg = WgmmaGemmTemplate(4096, 4096, 4096).default_config(target).replace(**knobs)
+    assert reason in t.space(target).infeasible_reason(cfg)
+    with pytest.raises(TvmExtError, match="must divide|stages|shared memory"):
+        t.build_program(cfg, target)
+
+
+def test_targets_without_wgmma_and_untileable_shapes_are_errors(opencl):
+    t = WgmmaGemmTemplate(256, 256, 256)
+    with pytest.raises(TvmExtError, match="Hopper GPU \\(sm_90\\); this one is sm_80"):
+        t.default_config(offline_cuda("sm_80"))
+    with pytest.raises(TvmExtError, match="not opencl's"):
+        t.default_config(opencl)
+    assert WgmmaGemmTemplate(192, 128, 128).default_config(offline_cuda()).as_dict()["wg_bm"] == 64
+    with pytest.raises(TvmExtError, match="no wgmma tile fits 100x128x128"):
+        WgmmaGemmTemplate(100, 128, 128).default_config(offline_cuda())
+    assert WgmmaTile().name == "wgmma 128x256x64 s4 w1 smem"
+
+
+def test_cli_refuses_a_target_without_wgmma(tmp_path):
+    p = subprocess.run(CLI + ["gemm-wgmma", "--shape", "512,512,512", "--target", "opencl", "--records",
+                              str(tmp_path / "r.jsonl"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0] == "error: wgmma is a CUDA (Hopper, sm_90) instruction, not opencl's"
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [dict(), dict(wg_smem_epilogue=0), dict(wg_inflight=0),
+                                   dict(wg_bm=256, wg_bn=128, wg_raster=2), dict(wg_bn=128, wg_stages=6),
+                                   dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0)])
+def test_cuda_wgmma_variants_match_float64(knobs):
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = 512, 512, 640  # 2-8 x 2-8 blocks, 10 k tiles: every stage is reused
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k)
+    program = t.build_program(_config(t, target, **knobs), target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    bt = rng.standard_normal((n, k)).astype(np.float16)
+    ref = t.reference([a, bt])[0]
+    dev = tvm.cuda(0)
+    c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)  # poisoned: unwritten tiles fail
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(bt, dev), c)
+    out = c.numpy().astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3  # float16 output rounding: about 2e-4
+
+
+@pytest.mark.gpu
+def test_cuda_tune_gemm_wgmma(tmp_path):
+    """A real tuning run: every record measured and checked against float64 on the GPU."""
+    rec = tmp_path / "r.jsonl"
+    p = subprocess.run(CLI + ["gemm-wgmma", "--shape", "1024,1024,1024", "--target", "cuda", "--trials", "6",
+                              "--records", str(rec), "--no-progress", "--seed", "0"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert p.returncode == 0, p.stdout + p.stderr
+    records = [json.loads(line) for line in rec.read_text().splitlines()]
+    assert len(records) >= 6
+    ok = [r for r in records if r["error_kind"] == "" and r["costs"]]  # measured and checked
+    assert ok and all(r["error_kind"] in ("", "build_error") for r in records), [r["error_msg"] for r in records]
+    assert "GFLOP/s" in p.stdout
