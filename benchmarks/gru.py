@@ -110,6 +110,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
         base,
         pick,  # GRU.build without a config
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
+        pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
         *rows32,
         *tensor_core_flags,
         *flags,
@@ -164,7 +165,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 
 def short(cfg: Config) -> str:
-    split = " + input GEMM as float16 parts" if cfg.in_split else ""
+    split = ("", " + input GEMM as float16 parts", " + input GEMM as float16 parts on wgmma")[cfg.in_split]
     return _step(cfg) + split
 
 

@@ -107,6 +107,15 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     return None
 
 
+def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
+    """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can)."""
+    if c_dtype not in ("float16", "float32"):
+        return f"the wgmma GEMM stores C as float16 or float32, not {c_dtype}"
+    if t.smem_epilogue and c_dtype != "float16":
+        return f"{t.name}: the shared-memory epilogue stages float16 C only (use wg_smem_epilogue 0)"
+    return None
+
+
 def target_reason(target: TargetInfo) -> str | None:
     """Why ``target`` has no warpgroup MMA (None: it has, sm_90)."""
     if target.kind != "cuda":
@@ -116,14 +125,17 @@ def target_reason(target: TargetInfo) -> str | None:
     return None
 
 
-def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int) -> Any:
-    """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) f16)``, C = A @ Bt^T (the
+def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
+               scale: float = 1.0) -> Any:
+    """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
+    with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``)."""
     from tvm.script import tirx as T
 
-    reason = wgmma_reason(cfg, m, n, k)
+    reason = wgmma_reason(cfg, m, n, k) or epilogue_reason(cfg, c_dtype)
     if reason:
         raise TvmExtError(reason)
+    has_bias = bias_dtype is not None
     bm, bn, bk, stages, smem_epilogue = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.smem_epilogue
     threads = bm // 64 * 128
     n_acc = bn // 2  # float32 accumulator registers per thread (m64nN: N/2)
@@ -150,9 +162,16 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int) -> Any:
         addr = (smem_base + halves * 2) & 0x3FFFF
         return desc_hi | T.Cast("uint64", (addr >> 4) | (1 << 16))  # leading byte offset 16 B (unused)
 
-    @T.prim_func
-    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer((n, k), "float16"), C: T.Buffer((m, n), "float16")):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+    def out(value: Any, bias: Any, col: Any) -> Any:
+        """An accumulator as C stores it: scaled, plus the bias of its column, narrowed."""
+        if scale != 1.0:
+            value = value * T.float32(scale)
+        if has_bias:
+            value = value + T.Cast("float32", bias[col])
+        return T.Cast(c_dtype, value)
+
+    @T.macro
+    def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         bid = T.launch_thread("blockIdx.x", m // bm * grid_n)
         tx = T.launch_thread("threadIdx.x", threads)
         smem = T.alloc_buffer((stages * stage,), "float16", scope="shared.dyn", align=1024)
@@ -201,7 +220,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int) -> Any:
             for p in T.unroll(n_acc // 2):  # accumulator pairs (2p, 2p+1): adjacent columns
                 for v in T.vectorized(2):
                     smem[(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride
-                         + p // 2 * 8 + tx % 4 * 2 + v] = T.Cast("float16", acc[p * 2 + v])
+                         + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
             T.tvm_storage_sync("shared")
             for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
                 for v in T.vectorized(8):
@@ -211,7 +230,22 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int) -> Any:
             for p in T.unroll(n_acc // 2):
                 for v in T.vectorized(2):
                     C[row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                      col0 + p // 2 * 8 + tx % 4 * 2 + v] = T.Cast("float16", acc[p * 2 + v])
+                      col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias,
+                                                                col0 + p // 2 * 8 + tx % 4 * 2 + v)
+
+    if has_bias:
+        @T.prim_func
+        def main_bias(A: T.Buffer((m, k), "float16"), Bt: T.Buffer((n, k), "float16"), bias: T.Buffer((n,), bias_dtype),
+                      C: T.Buffer((m, n), c_dtype)):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            gemm(A, Bt, bias, C)
+
+        return main_bias
+
+    @T.prim_func
+    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer((n, k), "float16"), C: T.Buffer((m, n), c_dtype)):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        gemm(A, Bt, None, C)
 
     return main
 

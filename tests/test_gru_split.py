@@ -109,6 +109,30 @@ def test_split_plan_and_its_cuda():
     assert re.search(r"gru_split_w0_kernel\(float\* __restrict__ \w+, half\* __restrict__", compiled.source)
 
 
+def test_split_on_wgmma_plan_and_its_cuda():
+    """in_split 2: W_ih's parts N-major for the wgmma GEMM, which adds the float32 bias after
+    undoing the scale and stores float32 gi; the module is built for sm_90a."""
+    target = offline_cuda()
+    t = GruTemplate(batch=8, hidden=64, input=48, seq=16, layers=2, bidirectional=True).with_tensor_cores(target)
+    assert t.in_split_wgmma is not None and t.params["in_split_wgmma"] == t.in_split_wgmma.name
+    cfg = t.analytic_pick(target)[0].replace(in_split=2)
+    compiled = t.compile(cfg, target)
+    specs = t.for_config(cfg).buffers()
+    assert specs["ws0"].shape == (384, 192) and specs["ws1"].shape == (384, 384)  # (N, 3 x padded K)
+    assert specs["xs0"].shape == (128, 192)
+    body = re.search(r"gru_gemm_x0_kernel\([^)]*\) \{", compiled.source).end()
+    gemm = compiled.source[body:compiled.source.index("\n}\n", body)]
+    assert "wgmma_f16_ss_mma_async" in gemm and "0x1p-8f" in gemm and "bias" in gemm
+    assert re.search(r"gru_gemm_x0_kernel\(half\* __restrict__ A_ptr, half\* __restrict__ Bt_ptr, "
+                     r"float\* __restrict__ C_ptr, float\* __restrict__ bias_ptr\)", compiled.source)
+    ampere = offline_cuda("sm_80")
+    old = GruTemplate(batch=8, hidden=64, input=48, seq=16).with_tensor_cores(ampere)
+    assert old.in_split_wgmma is None
+    assert "needs a Hopper GPU (sm_90)" in old.space(ampere).infeasible_reason(cfg.replace(in_split=2))
+    odd = GruTemplate(batch=5, hidden=64, input=48, seq=9).with_tensor_cores(target)  # 45 rows: no tile
+    assert odd.in_split_wgmma is None and odd.in_split_tensor_core is not None
+
+
 def test_split_refusals(opencl):
     """Where the split cannot run, the knob is refused with why: no float16 on the device (PoCL),
     lowered operand types (it emulates float32), no tensor-core tile on CUDA (sm_61)."""
@@ -140,10 +164,10 @@ def test_split_range():
     assert FLOAT16_MAX == float(np.finfo(np.float16).max)
 
 
-@pytest.mark.parametrize("shape,split", [((64, 1024), 1), ((8, 512), 1), ((1, 256), 0), ((5, 200), 0)])
+@pytest.mark.parametrize("shape,split", [((64, 1024), 2), ((8, 512), 2), ((1, 256), 0), ((5, 200), 0)])
 def test_pick_splits_large_input_gemms(shape, split):
     """The pick splits layer 0's input GEMM from 1 GFLOP on (H100: B8 H512 0.044 ms against
-    0.071, B1 H256 no gain), on CUDA only."""
+    0.071, B1 H256 no gain), on CUDA only: on wgmma on Hopper, else on an mma.sync tile."""
     from tvm_ext.schedules.gru.pick import SPLIT_MIN_FLOPS
 
     batch, hidden = shape
@@ -151,7 +175,9 @@ def test_pick_splits_large_input_gemms(shape, split):
     target = offline_cuda()
     cfg, why = t.with_tensor_cores(target).analytic_pick(target)
     assert cfg.in_split == split and (t.input_gemm(0).flops() >= SPLIT_MIN_FLOPS) == bool(split)
-    assert ("float16 parts" in why) == bool(split)
+    assert ("float16 parts" in why) == bool(split) and ("wgmma" in why) == (split == 2)
+    ampere = offline_cuda("sm_80")
+    assert t.with_tensor_cores(ampere).analytic_pick(ampere)[0].in_split == min(split, 1)
     gpu_like = dataclasses.replace(target, kind="opencl", arch="")  # a GPU without float16 tensor cores
     assert t.with_tensor_cores(gpu_like).analytic_pick(gpu_like)[0].in_split == 0
 
@@ -161,19 +187,24 @@ def test_pick_splits_large_input_gemms(shape, split):
 SPLIT_SHAPES = {"b16-h256": Shape(seq=12, batch=16, input=256, hidden=256),
                 "input40-h256": Shape(seq=9, batch=5, input=40, hidden=256),
                 "input33-h128-2layer-bi": Shape(seq=7, batch=3, input=33, hidden=128, layers=2, bidirectional=True),
-                "input200-h512": Shape(seq=13, batch=5, input=200, hidden=512)}
+                "input200-h512": Shape(seq=13, batch=5, input=200, hidden=512),
+                "b8-t8-input40-h256": Shape(seq=8, batch=8, input=40, hidden=256)}
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 2], ids=["mma", "wgmma"])
 @pytest.mark.parametrize("key", list(SPLIT_SHAPES))
-def test_cuda_split_input_gemm_matches_the_reference(key):
-    """The pick with the input GEMM split (every layer's, odd K and N included): float64's
-    answer on reruns."""
+def test_cuda_split_input_gemm_matches_the_reference(key, split):
+    """The pick with the input GEMM split (every layer's, odd K and N included) on an mma.sync
+    tile and on wgmma (where a wgmma tile divides the rows): float64's answer on reruns."""
     s = SPLIT_SHAPES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
                     seq=s.seq)
+    if split == 2 and gru.template.in_split_wgmma is None:
+        assert (s.seq * s.batch) % 64  # no wgmma tile for these rows
+        return
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config=gru.config.replace(in_split=1)).load_numpy(_weights(s))
+                    seq=s.seq, config=gru.config.replace(in_split=split)).load_numpy(_weights(s))
     assert "gru_split_x0" in {c.func for c in gru.compiled.calls}
     _check(gru, s, runs=2)
 

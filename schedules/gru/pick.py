@@ -162,10 +162,12 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     """``base`` with the float32 input GEMM split into float16 parts on the tensor cores where it
     is large enough to gain (``SPLIT_MIN_FLOPS``), else with its large tile where that gives every
     SM a block."""
-    split = base.replace(in_split=1)
-    tile = template.in_split_tensor_core  # CUDA with a float16 tile (elsewhere the split gains nothing)
-    if tile is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS and space.is_feasible(split):
-        return split, f"input GEMM: float32 as float16 parts on the tensor cores ({tile.label()})"
+    # CUDA with a float16 tile (elsewhere the split gains nothing); Hopper's wgmma where it has one
+    wgmma, tile = template.in_split_wgmma, template.in_split_tensor_core
+    split = base.replace(in_split=2 if wgmma is not None else 1)
+    if (wgmma or tile) is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS and space.is_feasible(split):
+        label = wgmma.name if wgmma is not None else tile.label()
+        return split, f"input GEMM: float32 as float16 parts on the tensor cores ({label})"
     gemm = template.input_gemm(0)
     tile_m = LARGE_GEMM_TILE["wg_y"] * LARGE_GEMM_TILE["task_y"]
     tile_n = LARGE_GEMM_TILE["wg_x"] * LARGE_GEMM_TILE["task_x"]

@@ -11,6 +11,7 @@ state ping-pongs inside one buffer, ``hs``, indexed by the step's parity).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -99,13 +100,17 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         funcs[name] = func.with_attr("global_symbol", name)
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}
+    # wgmma (in_split 2) is an arch-specific instruction: the module is built for sm_90a
+    arch = dataclasses.replace(target, arch="sm_90a") if config.in_split == 2 else target
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
-        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(target.tvm_target()))
+        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(arch.tvm_target()))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
                     for name, func in funcs.items()}
     plan = plan_calls(template, config)
     check_plan(template.for_config(config).buffers(), plan, funcs)
-    return CompiledGru(executable, executable.mod.imports[0].inspect_source(), launches, plan, trace, modules)
+    # CUDA may split the kernels over several device modules (the persistent step loop's is its own)
+    source = "\n".join(m.inspect_source() for m in executable.mod.imports[:1 if target.kind != "cuda" else None])
+    return CompiledGru(executable, source, launches, plan, trace, modules)
 
 
 def check_plan(specs: Mapping[str, TensorSpec], plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:

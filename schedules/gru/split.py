@@ -64,18 +64,41 @@ def split_rows_func(m: int, k: int) -> Any:
     return te.create_prim_func([a, parts])
 
 
-def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
+def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE, n_major: bool = False) -> Any:
     """TE: B (k, n) float32 -> (3·kp, n) float16, ``[B_hi; B_lo; B_hi]`` of B x ``scale``, each
-    part zero-padded to ``kp = split_depth(k)`` rows."""
+    part zero-padded to ``kp = split_depth(k)`` rows; ``n_major``: stored transposed, (n, 3·kp)
+    (what the wgmma GEMM reads, K-major B)."""
     from tvm import te, tirx
 
     kp = split_depth(k)
     b = te.placeholder((k, n), "float32", name="B")
-    parts = te.compute((PARTS * kp, n),
-                       lambda j, c: _padded(tirx.floormod(j, kp), k,
-                                            _hi_lo(b[tirx.floormod(j, kp), c] * tirx.const(scale, "float32"),
-                                                   tirx.floordiv(j, kp) == 1)), name="split")
+
+    def part(j: Any, c: Any) -> Any:
+        depth = tirx.floormod(j, kp)
+        return _padded(depth, k, _hi_lo(b[depth, c] * tirx.const(scale, "float32"), tirx.floordiv(j, kp) == 1))
+
+    shape = (n, PARTS * kp) if n_major else (PARTS * kp, n)
+    parts = te.compute(shape, (lambda c, j: part(j, c)) if n_major else part, name="split")
     return te.create_prim_func([b, parts])
+
+
+def pick_wgmma_tile(shapes: Any, target: Any, c_dtype: str) -> Any:
+    """A wgmma tile (direct epilogue: C is the float32 gi) that divides every (M, N, K) of
+    ``shapes``: the first of the template's default tiles giving 90 % of the SMs a block, else
+    the one giving most blocks; None off Hopper or where none divides."""
+    from tvm_ext.schedules.mma import max_dynamic_smem
+    from tvm_ext.schedules.wgmma import DEFAULT_TILES, WgmmaTile, epilogue_reason, target_reason, wgmma_reason
+
+    if target_reason(target):
+        return None
+    limit = max_dynamic_smem(target)
+    tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0) for bm, bn, stages, inflight, _, _ in DEFAULT_TILES]
+    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
+               and all(wgmma_reason(t, m, n, k, limit) is None for m, n, k in shapes)]
+    if not fitting:
+        return None
+    blocks = lambda t: min(m // t.bm * (n // t.bn) for m, n, _ in shapes)  # noqa: E731
+    return next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
 
 
 def schedule_split(func: Any, threads: int) -> Any:

@@ -26,6 +26,7 @@ from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
+from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
@@ -36,7 +37,8 @@ from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_init,
                       schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
-from .split import PARTS, SPLIT_WEIGHT_SCALE, schedule_split, split_depth, split_rows_func, split_weight_func
+from .split import (PARTS, SPLIT_WEIGHT_SCALE, pick_wgmma_tile, schedule_split, split_depth, split_rows_func,
+                    split_weight_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 STEP_KNOBS = (
@@ -83,9 +85,10 @@ STEP_KNOBS = (
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
                                             "its lanes splitting k, W_hh's share in registers)"),
 )
-INPUT_SPLIT_KNOB = Knob("in_split", (0, 1), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, each operand "
-                                            "split into a high and a low float16 part (one GEMM of depth 3K, "
-                                            "float32-accurate; ``split.py``)")
+INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, each "
+                                               "operand split into a high and a low float16 part (one GEMM of depth "
+                                               "3K, float32-accurate; ``split.py``) on an mma.sync or WMMA tile, 2 on "
+                                               "Hopper's warpgroup MMA (``wgmma.py``; W_ih's parts stored N-major)")
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
 # registers (launch bounds) is refused below this many registers per thread (spills).
@@ -172,7 +175,8 @@ class GruTemplate(DtypeFields, Template):
     # The tile of the split input GEMM (``in_split``: float32 x and W_ih as float16 parts), and
     # whether the buffers include the split operands (``for_config``: a config with in_split)
     in_split_tensor_core: TensorCoreTile | None = None
-    split_buffers: bool = False
+    in_split_wgmma: WgmmaTile | None = None  # the same GEMM on Hopper's wgmma (in_split 2)
+    split_buffers: int = 0  # the in_split of the config whose buffers these are
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -196,6 +200,8 @@ class GruTemplate(DtypeFields, Template):
         for name in ("in_tensor_core", "hid_tensor_core", "in_split_tensor_core"):
             if getattr(self, name) is not None:
                 params[name] = str(getattr(self, name))
+        if self.in_split_wgmma is not None:
+            params["in_split_wgmma"] = self.in_split_wgmma.name
         return params
 
     @property
@@ -217,7 +223,8 @@ class GruTemplate(DtypeFields, Template):
     def gemms_on_tensor_cores(self, config: Config, target: TargetInfo) -> list[GemmTemplate]:
         """The gate GEMMs ``config`` runs on their tensor-core tiles (layer 1's input GEMM
         too where its A differs; the hidden GEMM only unfused)."""
-        gemms = [self.input_gemm(layer, bool(config.in_split)) for layer in range(min(self.layers, 2))]
+        gemms = [self.input_gemm(layer, bool(config.in_split)) for layer in range(min(self.layers, 2))
+                 if config.in_split != 2]  # wgmma: a PrimFunc of its own (``lowered_kernels``)
         if not config.fuse_step:
             gemms.append(self.hidden_gemm())
         return [g for g in gemms if g.uses_tensor_cores(target)]
@@ -257,13 +264,14 @@ class GruTemplate(DtypeFields, Template):
             for i in range(1 if self.layers == 1 or self.layers_share_input_gemm() else 2):
                 depth = PARTS * split_depth(self.layer_input(i))
                 specs[f"xs{i}"] = TensorSpec((t * b, depth), "float16")
-                specs[f"ws{i}"] = TensorSpec((depth, d * 3 * h), "float16")
+                specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers == 2 else (depth, d * 3 * h),
+                                             "float16")
         return specs
 
     def for_config(self, config: Config) -> "GruTemplate":
         """This template with the buffers ``config``'s plan uses (the split operands with
         ``in_split``): what allocates, passes and checks the buffers of its program."""
-        return replace(self, split_buffers=bool(config.in_split))
+        return replace(self, split_buffers=int(config.in_split))
 
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
@@ -363,7 +371,8 @@ class GruTemplate(DtypeFields, Template):
         from tvm_ext.schedules.tensor_core_tile import pick_tile
 
         if target.kind != "cuda":
-            return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None)
+            return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None,
+                           in_split_wgmma=None)
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
@@ -371,9 +380,11 @@ class GruTemplate(DtypeFields, Template):
             return len({self.precision[n] for n in names}) == 1 and self.precision[names[0]] in ("float16", "bfloat16")
 
         split = [(m, n, PARTS * split_depth(k)) for m, n, k in inputs]
+        fits = self.split_reason() is None
         return replace(self, in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
                        hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
-                       in_split_tensor_core=pick_tile(split, target) if self.split_reason() is None else None)
+                       in_split_tensor_core=pick_tile(split, target) if fits else None,
+                       in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None)
 
     def split_reason(self) -> str | None:
         """Why the input GEMM cannot run split into float16 parts (``in_split``), whatever the target."""
@@ -417,9 +428,9 @@ class GruTemplate(DtypeFields, Template):
 
         def gemm_reason(c: Config) -> str | None:
             if c.in_split:
-                reason = self.split_reason() or self.split_target_reason(target)
-                if reason:
-                    return reason
+                reason = self.split_reason() or self.split_target_reason(target, c.in_split)
+                if reason or c.in_split == 2:
+                    return reason  # wgmma: its tile was checked when picked
             for prefix, label, space in spaces:
                 if prefix == "hid_" and c.fuse_step:
                     continue  # the fused step kernel does its own hidden GEMM
@@ -476,10 +487,13 @@ class GruTemplate(DtypeFields, Template):
 
         return Space(KNOBS, (gemm_reason, step_reason))
 
-    def split_target_reason(self, target: TargetInfo) -> str | None:
+    def split_target_reason(self, target: TargetInfo, split: int = 1) -> str | None:
         """Why ``target`` cannot run the split input GEMM: on CUDA it exists for the tensor
         cores; OpenCL runs its arithmetic on the CUDA cores (no faster than float32) where the
-        device has float16 (cl_khr_fp16)."""
+        device has float16 (cl_khr_fp16); ``split`` 2 needs a wgmma tile."""
+        if split == 2 and self.in_split_wgmma is None:
+            return ("input GEMM split on wgmma (in_split 2) needs a Hopper GPU (sm_90) and a wgmma tile dividing "
+                    f"the (T·B, 3H, 3·input) GEMM, {self.seq * self.batch} rows (GRU.build picks one)")
         if "float16" not in target.float_dtypes:
             return f"input GEMM split (in_split 1) stores float16 parts; this {target.kind} device has no float16"
         if target.kind == "cuda" and not (self.in_split_tensor_core is not None
@@ -641,17 +655,15 @@ class GruTemplate(DtypeFields, Template):
         init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent,
                          flags=fused and persistent and bool(config.step_flags), paired=bool(config.step_tc))
         split = bool(config.in_split)
-        funcs = {
-            "gru_init": schedule_init(init, min(256, target.max_threads_per_block)),
-            "gru_gemm_x0": self.input_gemm(0, split).schedule(gemms["in_"], target),
-        }
-        if layers > 1 and not self.layers_share_input_gemm():
-            funcs["gru_gemm_x1"] = self.input_gemm(1, split).schedule(gemms["in_"], target)
-        threads = min(256, target.max_threads_per_block)
-        for i in range(("gru_gemm_x1" in funcs) + 1) if split else ():
-            k = self.layer_input(i)
-            funcs[f"gru_split_x{i}"] = schedule_split(split_rows_func(t * b, k), threads)
-            funcs[f"gru_split_w{i}"] = schedule_split(split_weight_func(k, d * 3 * h), threads)
+        funcs = {"gru_init": schedule_init(init, min(256, target.max_threads_per_block))}
+        for i in self.input_gemm_kinds():
+            if config.in_split != 2:  # wgmma: ``lowered_kernels``
+                funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(gemms["in_"], target)
+            if split:
+                threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
+                funcs[f"gru_split_x{i}"] = schedule_split(split_rows_func(t * b, k), threads)
+                funcs[f"gru_split_w{i}"] = schedule_split(
+                    split_weight_func(k, d * 3 * h, n_major=config.in_split == 2), threads)
         if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
             pass
         elif config.fuse_step:
@@ -673,8 +685,23 @@ class GruTemplate(DtypeFields, Template):
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
         """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):
-        the tensor-core persistent step kernel (``step_tc``) and the flag-exchange one
-        (``step_flags``)."""
+        the tensor-core persistent step kernel (``step_tc``), the flag-exchange one
+        (``step_flags``) and the split input GEMM on wgmma (``in_split`` 2)."""
+        p = self.precision
+        funcs = {}
+        if config.in_split == 2:  # the split input GEMM on wgmma, W_ih's scale undone before the bias
+            m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+            scale = 1.0 / SPLIT_WEIGHT_SCALE
+            funcs = {f"gru_gemm_x{i}": wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(self.layer_input(i)),
+                                                   c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
+                     for i in self.input_gemm_kinds()}
+        return {**funcs, **self.lowered_step_kernels(config)}
+
+    def input_gemm_kinds(self) -> tuple[int, ...]:
+        """The input GEMM functions: 0, and 1 for layers >= 1 where their depth or A type differ."""
+        return (0,) if self.layers == 1 or self.layers_share_input_gemm() else (0, 1)
+
+    def lowered_step_kernels(self, config: Config) -> dict[str, Any]:
         p = self.precision
         if config.fuse_step and config.step_flags and not config.step_tc:
             return {"gru_steps": flag_step_func(
