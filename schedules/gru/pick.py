@@ -164,7 +164,8 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     SM a block."""
     # CUDA with a float16 tile (elsewhere the split gains nothing); Hopper's wgmma where it has one
     wgmma, tile = template.in_split_wgmma, template.in_split_tensor_core
-    split = base.replace(in_split=2 if wgmma is not None else 1)
+    large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run
+    split = (large if space.is_feasible(large) else base).replace(in_split=2 if wgmma is not None else 1)
     if (wgmma or tile) is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS and space.is_feasible(split):
         label = wgmma.name if wgmma is not None else tile.label()
         return split, f"input GEMM: float32 as float16 parts on the tensor cores ({label})"

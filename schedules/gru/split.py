@@ -64,10 +64,9 @@ def split_rows_func(m: int, k: int) -> Any:
     return te.create_prim_func([a, parts])
 
 
-def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE, n_major: bool = False) -> Any:
+def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
     """TE: B (k, n) float32 -> (3·kp, n) float16, ``[B_hi; B_lo; B_hi]`` of B x ``scale``, each
-    part zero-padded to ``kp = split_depth(k)`` rows; ``n_major``: stored transposed, (n, 3·kp)
-    (what the wgmma GEMM reads, K-major B)."""
+    part zero-padded to ``kp = split_depth(k)`` rows."""
     from tvm import te, tirx
 
     kp = split_depth(k)
@@ -77,9 +76,41 @@ def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE, n_major
         depth = tirx.floormod(j, kp)
         return _padded(depth, k, _hi_lo(b[depth, c] * tirx.const(scale, "float32"), tirx.floordiv(j, kp) == 1))
 
-    shape = (n, PARTS * kp) if n_major else (PARTS * kp, n)
-    parts = te.compute(shape, (lambda c, j: part(j, c)) if n_major else part, name="split")
-    return te.create_prim_func([b, parts])
+    return te.create_prim_func([b, te.compute((PARTS * kp, n), part, name="split")])
+
+
+def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
+    """TIR: B (k, n) float32 -> (n, 3·kp) float16, ``[B_hi | B_lo | B_hi]`` of Bᵀ x ``scale`` along
+    each row (K-major, what the wgmma GEMM reads), each part zero-padded to ``kp``: 32 x 32 tiles
+    transposed through shared memory, so reads and writes are both coalesced."""
+    from tvm.script import tirx as T
+
+    kp = split_depth(k)
+    tiles_n = -(-n // 32)
+
+    @T.prim_func
+    def main(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * kp), "float16")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        bid = T.launch_thread("blockIdx.x", tiles_n * (kp // 32))
+        tx = T.launch_thread("threadIdx.x", 32)
+        ty = T.launch_thread("threadIdx.y", 8)
+        tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")  # rows padded: conflict-free columns
+        for i in T.unroll(4):
+            row = bid // tiles_n * 32 + ty + 8 * i
+            col = bid % tiles_n * 32 + tx
+            tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[T.min(row, k - 1), T.min(col, n - 1)]
+                                                  * T.float32(scale), T.float32(0))
+        T.tvm_storage_sync("shared")
+        for i in T.unroll(4):
+            col = bid % tiles_n * 32 + ty + 8 * i
+            depth = bid // tiles_n * 32 + tx
+            if col < n:
+                value = tile[tx * 33 + ty + 8 * i]
+                parts[col, depth] = T.Cast("float16", value)
+                parts[col, kp + depth] = T.Cast("float16", value - T.Cast("float32", T.Cast("float16", value)))
+                parts[col, 2 * kp + depth] = T.Cast("float16", value)
+
+    return main
 
 
 def pick_wgmma_tile(shapes: Any, target: Any, c_dtype: str) -> Any:

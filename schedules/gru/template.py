@@ -38,7 +38,7 @@ from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, sche
                       schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, pick_wgmma_tile, schedule_split, split_depth, split_rows_func,
-                    split_weight_func)
+                    split_weight_func, split_weight_n_major_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 STEP_KNOBS = (
@@ -662,8 +662,8 @@ class GruTemplate(DtypeFields, Template):
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
                 funcs[f"gru_split_x{i}"] = schedule_split(split_rows_func(t * b, k), threads)
-                funcs[f"gru_split_w{i}"] = schedule_split(
-                    split_weight_func(k, d * 3 * h, n_major=config.in_split == 2), threads)
+                if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
+                    funcs[f"gru_split_w{i}"] = schedule_split(split_weight_func(k, d * 3 * h), threads)
         if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
             pass
         elif config.fuse_step:
@@ -692,9 +692,11 @@ class GruTemplate(DtypeFields, Template):
         if config.in_split == 2:  # the split input GEMM on wgmma, W_ih's scale undone before the bias
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             scale = 1.0 / SPLIT_WEIGHT_SCALE
-            funcs = {f"gru_gemm_x{i}": wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(self.layer_input(i)),
-                                                   c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
-                     for i in self.input_gemm_kinds()}
+            for i in self.input_gemm_kinds():
+                k = self.layer_input(i)
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(k),
+                                                     c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
+                funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n)
         return {**funcs, **self.lowered_step_kernels(config)}
 
     def input_gemm_kinds(self) -> tuple[int, ...]:
