@@ -533,13 +533,17 @@ def _bind_fill(sch: Any, fused: Any, c: Config) -> None:
         sch.bind(loop, tag)
 
 
-def schedule_init(func: Any, threads: int) -> Any:
+def schedule_elementwise(func: Any, block: str, threads: int) -> Any:
+    """One thread per element of ``block``'s output (coalesced along the row), ``threads`` a block."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    blk = sch.get_sblock("init")
-    fused = sch.fuse(*sch.get_loops(blk))
+    fused = sch.fuse(*sch.get_loops(sch.get_sblock(block)))
     bx, tx = sch.split(fused, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     return sch
+
+
+def schedule_init(func: Any, threads: int) -> Any:
+    return schedule_elementwise(func, "init", threads)

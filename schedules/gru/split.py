@@ -132,17 +132,6 @@ def pick_wgmma_tile(shapes: Any, target: Any, c_dtype: str) -> Any:
     return next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
 
 
-def schedule_split(func: Any, threads: int) -> Any:
-    """One thread per output element (coalesced along the row), ``threads`` a block."""
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(func)
-    block = sch.get_sblock("split")
-    fused = sch.fuse(*sch.get_loops(block))
-    bx, tx = sch.split(fused, [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    return sch
 
 
 def split_parts(value: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

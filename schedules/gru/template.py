@@ -34,11 +34,11 @@ from tvm_ext.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
-from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_init,
-                      schedule_step, step_func, step_k_extent)
+from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_elementwise,
+                      schedule_init, schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
-from .split import (PARTS, SPLIT_WEIGHT_SCALE, pick_wgmma_tile, schedule_split, split_depth, split_rows_func,
-                    split_weight_func, split_weight_n_major_func)
+from .split import (PARTS, SPLIT_WEIGHT_SCALE, pick_wgmma_tile, split_depth, split_rows_func, split_weight_func,
+                    split_weight_n_major_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 STEP_KNOBS = (
@@ -661,9 +661,9 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(gemms["in_"], target)
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
-                funcs[f"gru_split_x{i}"] = schedule_split(split_rows_func(t * b, k), threads)
+                funcs[f"gru_split_x{i}"] = schedule_elementwise(split_rows_func(t * b, k), "split", threads)
                 if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
-                    funcs[f"gru_split_w{i}"] = schedule_split(split_weight_func(k, d * 3 * h), threads)
+                    funcs[f"gru_split_w{i}"] = schedule_elementwise(split_weight_func(k, d * 3 * h), "split", threads)
         if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
             pass
         elif config.fuse_step:
