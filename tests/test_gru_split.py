@@ -182,6 +182,24 @@ def test_pick_splits_large_input_gemms(shape, split):
     assert t.with_tensor_cores(gpu_like).analytic_pick(gpu_like)[0].in_split == 0
 
 
+def test_cli_tunes_the_gru_with_the_tiles_gru_build_uses(tmp_path):
+    """``tune gru`` on CUDA tunes the template with its target's tiles (``for_target``), so its
+    pick splits the input GEMM as ``GRU.build``'s does (offline: H100 limits, no GPU needed)."""
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gru", "--batch", "64", "--hidden", "1024", "--input",
+                        "1024", "--seq", "128", "--target", "cuda", "--strategy", "analytic", "--no-measure", "--json",
+                        "--records", str(tmp_path / "r.jsonl")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    pick = json.loads(p.stdout)
+    if "no CUDA GPU" in p.stderr:  # the H100's limits (on a GPU machine: that GPU's, whichever it is)
+        assert pick["config"]["in_split"] == 2 and "in_split_wgmma=wgmma 128x256x64" in pick["description"]
+    template = GruTemplate(batch=64, hidden=1024, input=1024, seq=128)
+    assert template.for_target(offline_cuda()) == template.with_tensor_cores(offline_cuda())
+
+
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 # shapes whose gate count (dirs x 3H) a tensor-core tile divides; input sizes that pad
 SPLIT_SHAPES = {"b16-h256": Shape(seq=12, batch=16, input=256, hidden=256),

@@ -134,6 +134,11 @@ class Template(ABC):
         several kernels and a host plan (the GRU) compiles them all and gives its plan."""
         return compile_schedule(self.schedule(config, target), target, self.pass_config(config, target))
 
+    def for_target(self, target: TargetInfo) -> "Template":
+        """This operator as it runs on ``target`` (e.g. with the tensor-core tiles it picks
+        there): what the command line tunes.  By default the template itself."""
+        return self
+
     def measured_operator(self, config: Config) -> "Template":
         """The operator whose buffers, inputs, reference and check judge ``config``'s program:
         the template itself (a precision search's: the operator at that precision)."""

@@ -181,6 +181,7 @@ def run_tuning(args: argparse.Namespace) -> int:
     progress = None
     try:
         target = session.target
+        template = template.for_target(target)
         template.default_config(target)  # as does a template that cannot run here
         total = args.trials or args.population + options.measured_per_generation * args.generations + 1
         progress = _Progress(template, disabled=args.no_progress, total=total)
@@ -238,6 +239,7 @@ def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
 def _analytic_on(args: argparse.Namespace, template: Any, session: Any, target: Any) -> int:
     from .session import analytic_pick
 
+    template = template.for_target(target)
     config, explanation = analytic_pick(template, target)
     pick = {"description": template.describe(), "strategy": "analytic",
             "target": {"kind": target.kind, "device": target.device_name, "arch": target.arch},

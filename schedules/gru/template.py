@@ -386,6 +386,11 @@ class GruTemplate(DtypeFields, Template):
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None)
 
+    def for_target(self, target: TargetInfo) -> "GruTemplate":
+        """With the tiles ``GRU.build`` runs on this target (``with_tensor_cores``): a tuned config
+        may then split the input GEMM, and its records' workload is the one ``GRU.build`` uses."""
+        return self.with_tensor_cores(target)
+
     def split_reason(self) -> str | None:
         """Why the input GEMM cannot run split into float16 parts (``in_split``), whatever the target."""
         dtypes = {"x": self.x_dtype, "w_ih": self.w_ih_dtype, "in_acc": self.in_acc_dtype}
