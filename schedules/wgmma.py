@@ -250,6 +250,22 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     return main
 
 
+def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str) -> WgmmaTile | None:
+    """A tile with the direct epilogue (C in any of its types) that divides every (M, N, K) of
+    ``shapes``: the first of ``DEFAULT_TILES`` giving 90 % of the SMs a block, else the one
+    giving most blocks; None off Hopper or where none divides (the GRU's split input GEMM)."""
+    if target_reason(target):
+        return None
+    limit = max_dynamic_smem(target)
+    tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0) for bm, bn, stages, inflight, _, _ in DEFAULT_TILES]
+    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
+               and all(wgmma_reason(t, m, n, k, limit) is None for m, n, k in shapes)]
+    if not fitting:
+        return None
+    blocks = lambda t: min(m // t.bm * (n // t.bn) for m, n, _ in shapes)  # noqa: E731
+    return next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
+
+
 @dataclass(frozen=True)
 class WgmmaGemmTemplate(Template):
     """C[M, N] = A[M, K] · Bt[N, K]ᵀ on Hopper's warpgroup MMA (float16 in and out, float32

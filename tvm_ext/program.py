@@ -208,11 +208,7 @@ def compile_module(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] 
 def compile_schedule(sch: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None
                      ) -> CompiledProgram:
     """One scheduled PrimFunc (a ``tvm.s_tir.Schedule``) as a program called through ``main``."""
-    ex, source, launches, params = compile_module(sch.mod, target, pass_config)
-    first = launches[0] if launches else KernelLaunch(MAIN, (), (1, 1, 1), (1, 1, 1))
-    main = KernelLaunch(MAIN, params, first.grid, first.block, first.dyn_shared_bytes)
-    return CompiledProgram(target.kind, ex, source, launches, (main,), params, {MAIN: sch.mod},
-                           plain_json(sch.trace.as_json()))
+    return _main_program(sch.mod, target, pass_config, plain_json(sch.trace.as_json()))
 
 
 def compile_module_program(func: Any, target: TargetInfo, record: Any,
@@ -222,10 +218,16 @@ def compile_module_program(func: Any, target: TargetInfo, record: Any,
     import tvm
 
     mod = tvm.IRModule({MAIN: func.with_attr("global_symbol", MAIN)})
+    return _main_program(mod, target, pass_config, plain_json(record))
+
+
+def _main_program(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None, trace: Any
+                  ) -> CompiledProgram:
+    """``mod`` (one PrimFunc, ``main``) compiled, as a program of one call of ``main``."""
     ex, source, launches, params = compile_module(mod, target, pass_config)
     first = launches[0] if launches else KernelLaunch(MAIN, (), (1, 1, 1), (1, 1, 1))
     main = KernelLaunch(MAIN, params, first.grid, first.block, first.dyn_shared_bytes)
-    return CompiledProgram(target.kind, ex, source, launches, (main,), params, {MAIN: mod}, plain_json(record))
+    return CompiledProgram(target.kind, ex, source, launches, (main,), params, {MAIN: mod}, trace)
 
 
 # ---- how a program is run and checked (a template says; the runner follows) ------------------

@@ -98,8 +98,8 @@ def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE)
         for i in T.unroll(4):
             row = bid // tiles_n * 32 + ty + 8 * i
             col = bid % tiles_n * 32 + tx
-            tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[T.min(row, k - 1), T.min(col, n - 1)]
-                                                  * T.float32(scale), T.float32(0))
+            tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[row, col] * T.float32(scale),
+                                                          T.float32(0))
         T.tvm_storage_sync("shared")
         for i in T.unroll(4):
             col = bid % tiles_n * 32 + ty + 8 * i
@@ -111,27 +111,6 @@ def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE)
                 parts[col, 2 * kp + depth] = T.Cast("float16", value)
 
     return main
-
-
-def pick_wgmma_tile(shapes: Any, target: Any, c_dtype: str) -> Any:
-    """A wgmma tile (direct epilogue: C is the float32 gi) that divides every (M, N, K) of
-    ``shapes``: the first of the template's default tiles giving 90 % of the SMs a block, else
-    the one giving most blocks; None off Hopper or where none divides."""
-    from tvm_ext.schedules.mma import max_dynamic_smem
-    from tvm_ext.schedules.wgmma import DEFAULT_TILES, WgmmaTile, epilogue_reason, target_reason, wgmma_reason
-
-    if target_reason(target):
-        return None
-    limit = max_dynamic_smem(target)
-    tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0) for bm, bn, stages, inflight, _, _ in DEFAULT_TILES]
-    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
-               and all(wgmma_reason(t, m, n, k, limit) is None for m, n, k in shapes)]
-    if not fitting:
-        return None
-    blocks = lambda t: min(m // t.bm * (n // t.bn) for m, n, _ in shapes)  # noqa: E731
-    return next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
-
-
 
 
 def split_parts(value: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
-from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.wgmma import WgmmaTile, pick_wgmma_tile, wgmma_gemm
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
@@ -37,7 +37,7 @@ from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_elementwise,
                       schedule_init, schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
-from .split import (PARTS, SPLIT_WEIGHT_SCALE, pick_wgmma_tile, split_depth, split_rows_func, split_weight_func,
+from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
@@ -261,7 +261,7 @@ class GruTemplate(DtypeFields, Template):
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         if self.split_buffers:  # float16 parts of the input GEMM's operands, one pair per depth K
-            for i in range(1 if self.layers == 1 or self.layers_share_input_gemm() else 2):
+            for i in self.input_gemm_kinds():
                 depth = PARTS * split_depth(self.layer_input(i))
                 specs[f"xs{i}"] = TensorSpec((t * b, depth), "float16")
                 specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers == 2 else (depth, d * 3 * h),
