@@ -111,6 +111,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
         pick,  # GRU.build without a config
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
         pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
+        pick.replace(in_wgmma=0),  # float16: the input GEMM on its mma.sync tile (where the pick has wgmma)
         *rows32,
         *tensor_core_flags,
         *flags,
@@ -166,7 +167,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 def short(cfg: Config) -> str:
     split = ("", " + input GEMM as float16 parts", " + input GEMM as float16 parts on wgmma")[cfg.in_split]
-    return _step(cfg) + split
+    return _step(cfg) + split + (" + input GEMM on wgmma" if cfg.in_wgmma else "")
 
 
 def _step(cfg: Config) -> str:

@@ -251,13 +251,15 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str) -> WgmmaTile | None:
-    """A tile with the direct epilogue (C in any of its types) that divides every (M, N, K) of
-    ``shapes``: the first of ``DEFAULT_TILES`` giving 90 % of the SMs a block, else the one
-    giving most blocks; None off Hopper or where none divides (the GRU's split input GEMM)."""
+    """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
+    of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
+    float16 (the direct one stores any C type); None off Hopper or where none divides (the GRU's
+    input GEMMs)."""
     if target_reason(target):
         return None
     limit = max_dynamic_smem(target)
-    tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0) for bm, bn, stages, inflight, _, _ in DEFAULT_TILES]
+    tiles = [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
+             for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
                and all(wgmma_reason(t, m, n, k, limit) is None for m, n, k in shapes)]
     if not fitting:

@@ -4,12 +4,13 @@ Everything about the GRU lives in this package, one role per module:
 
 - ``compute``: the float64 numpy reference of ``torch.nn.GRU``, the precision parameters
   (method 003) and the stage of each kernel function;
-- ``template``: ``GruTemplate``, the layer stack as one tunable unit (knobs, buffers,
-  search space, default config, the kernel functions a config schedules);
+- ``template``: ``GruTemplate``, the layer stack as one tunable unit (buffers, search space,
+  default config, the kernel functions a config schedules); ``knobs``: its knobs;
 - ``kernels``: the cell, fused step and init kernels (TVMScript) and their schedules (the
   gate GEMMs are ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
 - ``split``: the float32 input GEMM on float16 tensor cores (operands split into high and low
-  float16 parts, one GEMM of depth 3K; knob ``in_split``);
+  float16 parts, one GEMM of depth 3K; knob ``in_split``), and W_ih copied N-major for the
+  float16 input GEMM on wgmma (knob ``in_wgmma``);
 - ``plan``: the host plan (the calls of one forward pass), compiling it into one module,
   and what the builder and the runner ask of it (the program, how it is timed);
 - ``layer``: the user-facing ``GRU`` object (build once, run many times).
@@ -22,8 +23,8 @@ from .compute import F32, FUNCTION_STAGES, PRECISION_PARAMS, STAGES, function_st
 from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
 from .layer import GRU
 from .plan import BARRIER_TIMEOUT, Call, CompiledGru
-from .template import (BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, PERSISTENT_MIN_REGISTERS,
-                       SHARED_RESERVED_PER_BLOCK, STEP_KNOBS, GruTemplate, default_gemm_config, gemm_config)
+from .knobs import BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, STEP_KNOBS
+from .template import PERSISTENT_MIN_REGISTERS, SHARED_RESERVED_PER_BLOCK, GruTemplate, default_gemm_config, gemm_config
 from tvm_ext.executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
 from tvm_ext.schedules.gemm import BiasGemmTemplate, gemm_bias_func
 

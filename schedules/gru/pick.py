@@ -70,6 +70,9 @@ THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on on
 # cores (``split.py``; H100, T128: B8 H512, 1.6 GFLOP, 0.044 ms against 0.071; B64 H1024 0.53 against
 # 1.16; B1 H256, 0.05 GFLOP: 0.029 against 0.027)
 SPLIT_MIN_FLOPS = 1e9
+# From this many flops on, a float16 input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
+# mma.sync tile
+WGMMA_MIN_FLOPS = 1e9
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -162,6 +165,10 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     """``base`` with the float32 input GEMM split into float16 parts on the tensor cores where it
     is large enough to gain (``SPLIT_MIN_FLOPS``), else with its large tile where that gives every
     SM a block."""
+    if template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
+        cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
+        if space.is_feasible(cfg):
+            return cfg, f"input GEMM: float16 on wgmma ({template.in_wgmma_tile.name}), W_ih copied N-major"
     # CUDA with a float16 tile (elsewhere the split gains nothing); Hopper's wgmma where it has one
     wgmma, tile = template.in_split_wgmma, template.in_split_tensor_core
     large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run

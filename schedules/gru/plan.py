@@ -52,6 +52,9 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
             calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
             calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
             calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi")))
+        elif config.in_wgmma:  # W_ih copied N-major: the wgmma GEMM's Bt
+            calls.append(Call(f"gru_trans_w{kind}", (f"w_ih{layer}", f"wt{kind}")))
+            calls.append(Call(gemm_x, (x, f"wt{kind}", f"b_ih{layer}", "gi")))
         else:
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
         weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
@@ -100,8 +103,8 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         funcs[name] = func.with_attr("global_symbol", name)
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}
-    # wgmma (in_split 2) is an arch-specific instruction: the module is built for sm_90a
-    arch = dataclasses.replace(target, arch="sm_90a") if config.in_split == 2 else target
+    # wgmma is an arch-specific instruction: the module is built for sm_90a
+    arch = dataclasses.replace(target, arch="sm_90a") if template.input_on_wgmma(config) else target
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
         executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(arch.tvm_target()))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)

@@ -23,11 +23,10 @@ from tvm_ext.errors import TvmExtError
 from tvm_ext.program import RunPlan
 from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
 from tvm_ext.program import Artifact, CompiledProgram
-from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.schedules.wgmma import WgmmaTile, pick_wgmma_tile, wgmma_gemm
-from tvm_ext.space import Config, Knob, Space
+from tvm_ext.space import Config, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -37,72 +36,17 @@ from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_elementwise,
                       schedule_init, schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
+from .knobs import KNOBS
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
-                    split_weight_n_major_func)
+                    split_weight_n_major_func, transpose_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
-STEP_KNOBS = (
-    Knob("cell_block", (32, 64, 128, 256, 512, 1024),
-         "cell kernel threads per block (patent: 512), clamped to the device limit"),
-    Knob("fuse_step", (0, 1),
-         "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
-    Knob("step_j", (2, 4, 8, 16, 32, 64, 128, 256), "fused step kernel: threads along the hidden units "
-                                                   "(threadIdx.x; times step_ks x step_bt threads a block), "
-                                                   "step_u units each"),
-    Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
-    Knob("step_u", (1, 2, 4), "fused step kernel: hidden units per thread (reuse of each h value read from "
-                              "shared memory for 3 x step_u gate sums); a block covers step_j x step_u units"),
-    Knob("step_bt", (1, 2, 4, 8, 16), "fused step kernel: threads along batch rows (threadIdx.z); a block "
-                                      "covers step_bt x step_b rows, so an on-chip W slice serves more rows"),
-    Knob("step_k", (8, 16, 32, 64, 128), "fused step kernel: slice of h staged in shared memory"),
-    Knob("step_pipeline", (0, 1, 2, 3), "fused step kernel: n > 0 stages the h slice in n + 1 buffers, the fills of "
-                                        "the next n slices overlapping the math of this one (a software pipeline)"),
-    Knob("step_ks", (1, 2, 4, 8, 16), "fused step kernel: threads splitting each dot product over k "
-                                  "(more warps in flight; partial sums meet in shared memory)"),
-    Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
-                                 "loop compiled into TVM's host code (one call per layer); 2 persistent: "
-                                 "one launch per layer, a grid barrier between steps (grid <= SM count)"),
-    Knob("step_prefetch", (0, 1), "fused step kernel: 1 loads the step's gi and b_h into registers before the "
-                                  "dot products (their latency behind the math; the persistent kernel loads b_h "
-                                  "once)"),
-    Knob("step_barrier", (0, 1, 2), "persistent step kernel (step_loop 2): its grid barrier's leader arrives with "
-                                     "an atomic add and polls with 0 atomics, 1 volatile loads, 2 acquire loads "
-                                     "(arriving with a release add; no trailing fence)"),
-    Knob("step_w_onchip", (0, 1, 2), "fused step kernel: 1 stages the block's W_hh slice (step_j x step_u units x 3 "
-                                     "gates x hidden) in shared memory, 2 keeps each thread's share (3 gates x "
-                                     "hidden/step_ks) in registers; the persistent kernel loads it once for all "
-                                     "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
-    Knob("step_tc", (0, 1), "persistent step kernel, CUDA, h and W_hh both float16 or both bfloat16: 1 runs the "
-                            "gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
-                            "(16 or 32) in shared memory for all T steps (``tensor_core_step.py``)"),
-    Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
-    Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
-                                     "partial sums meet in shared memory)"),
-    Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks as "
-                               "(value, step) words, polled until every tag says the step; with step_tc 0 the "
-                               "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
-                               "tensor-core kernel exchanging two 16-bit values a word"),
-    Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
-                                            "its lanes splitting k, W_hh's share in registers)"),
-)
-INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, each "
-                                               "operand split into a high and a low float16 part (one GEMM of depth "
-                                               "3K, float32-accurate; ``split.py``) on an mma.sync or WMMA tile, 2 on "
-                                               "Hopper's warpgroup MMA (``wgmma.py``; W_ih's parts stored N-major)")
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
 # registers (launch bounds) is refused below this many registers per thread (spills).
 SHARED_RESERVED_PER_BLOCK = 1024
 PERSISTENT_MIN_REGISTERS = 64
-# The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
-# (its transposed A tile is not searched); the input GEMM searches all of them.
-BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
-                      "vec", "double_buffer")
-IN_GEMM_KNOBS = GEMM_KNOBS
-HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
-KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB,)
-         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
-         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
+
 
 
 def _residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tuple[int, int]:
@@ -176,7 +120,9 @@ class GruTemplate(DtypeFields, Template):
     # whether the buffers include the split operands (``for_config``: a config with in_split)
     in_split_tensor_core: TensorCoreTile | None = None
     in_split_wgmma: WgmmaTile | None = None  # the same GEMM on Hopper's wgmma (in_split 2)
+    in_wgmma_tile: WgmmaTile | None = None  # the float16 input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
+    n_major_buffers: bool = False  # whether they include W_ih copied N-major (in_wgmma)
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -202,6 +148,8 @@ class GruTemplate(DtypeFields, Template):
                 params[name] = str(getattr(self, name))
         if self.in_split_wgmma is not None:
             params["in_split_wgmma"] = self.in_split_wgmma.name
+        if self.in_wgmma_tile is not None:
+            params["in_wgmma"] = self.in_wgmma_tile.name
         return params
 
     @property
@@ -224,7 +172,7 @@ class GruTemplate(DtypeFields, Template):
         """The gate GEMMs ``config`` runs on their tensor-core tiles (layer 1's input GEMM
         too where its A differs; the hidden GEMM only unfused)."""
         gemms = [self.input_gemm(layer, bool(config.in_split)) for layer in range(min(self.layers, 2))
-                 if config.in_split != 2]  # wgmma: a PrimFunc of its own (``lowered_kernels``)
+                 if not self.input_on_wgmma(config)]  # wgmma: a PrimFunc of its own (``lowered_kernels``)
         if not config.fuse_step:
             gemms.append(self.hidden_gemm())
         return [g for g in gemms if g.uses_tensor_cores(target)]
@@ -266,12 +214,16 @@ class GruTemplate(DtypeFields, Template):
                 specs[f"xs{i}"] = TensorSpec((t * b, depth), "float16")
                 specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers == 2 else (depth, d * 3 * h),
                                              "float16")
+        if self.n_major_buffers:  # W_ih (K, dirs·3H) copied as (dirs·3H, K): the wgmma GEMM's Bt
+            for i in self.input_gemm_kinds():
+                specs[f"wt{i}"] = TensorSpec((d * 3 * h, self.layer_input(i)), self.w_ih_dtype)
         return specs
 
     def for_config(self, config: Config) -> "GruTemplate":
         """This template with the buffers ``config``'s plan uses (the split operands with
-        ``in_split``): what allocates, passes and checks the buffers of its program."""
-        return replace(self, split_buffers=int(config.in_split))
+        ``in_split``, W_ih N-major with ``in_wgmma``): what allocates, passes and checks the buffers
+        of its program."""
+        return replace(self, split_buffers=int(config.in_split), n_major_buffers=bool(config.in_wgmma))
 
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
@@ -372,7 +324,7 @@ class GruTemplate(DtypeFields, Template):
 
         if target.kind != "cuda":
             return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None,
-                           in_split_wgmma=None)
+                           in_split_wgmma=None, in_wgmma_tile=None)
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
@@ -384,7 +336,9 @@ class GruTemplate(DtypeFields, Template):
         return replace(self, in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
                        hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
-                       in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None)
+                       in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
+                       in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype)
+                       if self.wgmma_reason() is None else None)
 
     def for_target(self, target: TargetInfo) -> "GruTemplate":
         """With the tiles ``GRU.build`` runs on this target (``with_tensor_cores``): a tuned config
@@ -401,6 +355,21 @@ class GruTemplate(DtypeFields, Template):
             return (f"input GEMM split (in_split 1) emulates float32 x·W_ihᵀ; {', '.join(lowered)} "
                     f"must be float32")
         return None
+
+    def wgmma_reason(self) -> str | None:
+        """Why the (unsplit) input GEMM cannot run on wgmma (``in_wgmma``), whatever the target:
+        its operands must be float16 (layer ≥ 1's A is the layer below's output)."""
+        dtypes = {"x": self.x_dtype, "w_ih": self.w_ih_dtype}
+        if self.layers > 1:
+            dtypes["out"] = self.out_dtype
+        other = sorted(name for name, dtype in dtypes.items() if dtype != "float16")
+        if other:
+            return f"input GEMM on wgmma (in_wgmma 1) takes float16 operands; {', '.join(other)} must be float16"
+        return None
+
+    def input_on_wgmma(self, config: Config) -> bool:
+        """Whether ``config``'s input GEMM is a wgmma kernel (``lowered_kernels``), not a schedule."""
+        return config.in_split == 2 or bool(config.in_wgmma)
 
     def layers_share_input_gemm(self) -> bool:
         """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
@@ -434,17 +403,21 @@ class GruTemplate(DtypeFields, Template):
         def gemm_reason(c: Config) -> str | None:
             if c.in_split:
                 reason = self.split_reason() or self.split_target_reason(target, c.in_split)
-                if reason or c.in_split == 2:
-                    return reason  # wgmma: its tile was checked when picked
+                if reason:
+                    return reason
+            if c.in_wgmma:
+                reason = self.wgmma_config_reason(c)
+                if reason:
+                    return reason
             for prefix, label, space in spaces:
                 if prefix == "hid_" and c.fuse_step:
                     continue  # the fused step kernel does its own hidden GEMM
-                if prefix == "in_" and c.in_split:
-                    continue  # the split GEMM's spaces below
+                if prefix == "in_" and (c.in_split or c.in_wgmma):
+                    continue  # the split GEMM's spaces below; wgmma: its tile was checked when picked
                 reason = space.infeasible_reason(gemm_config(c, prefix, bases[prefix]))
                 if reason:
                     return f"{label}: {reason}"
-            for label, space in split_spaces if c.in_split else ():
+            for label, space in split_spaces if c.in_split == 1 else ():
                 reason = space.infeasible_reason(gemm_config(c, "in_", bases["in_"]))
                 if reason:
                     return f"{label}: {reason}"
@@ -505,6 +478,19 @@ class GruTemplate(DtypeFields, Template):
                                           and self.input_gemm(0, True).uses_tensor_cores(target)):
             return ("input GEMM split (in_split 1) on CUDA needs a float16 tensor-core tile for the "
                     "(T·B, 3H, 3·input) GEMM (sm_70 or newer; GRU.build picks one)")
+        return None
+
+    def wgmma_config_reason(self, c: Config) -> str | None:
+        """Why ``c``'s input GEMM cannot run on wgmma (``in_wgmma`` 1) with this template's tiles."""
+        if c.in_split:
+            return ("in_wgmma 1 runs the float16 input GEMM on wgmma; the float32 one split into float16 parts "
+                    "runs there with in_split 2 (in_wgmma 0)")
+        if self.wgmma_reason():
+            return self.wgmma_reason()
+        if self.in_wgmma_tile is None:
+            return ("input GEMM on wgmma (in_wgmma 1) needs a Hopper GPU (sm_90) and a wgmma tile dividing the "
+                    f"({self.seq * self.batch}, {self.dirs * 3 * self.hidden}, input) GEMMs, K a multiple of 64 "
+                    "(GRU.build picks one)")
         return None
 
     def tc_step_shape(self, c: Config) -> TcStepShape:
@@ -637,7 +623,7 @@ class GruTemplate(DtypeFields, Template):
                                   "step_bt": 1, "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8,
-                                  "in_split": 0}
+                                  "in_split": 0, "in_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -662,7 +648,7 @@ class GruTemplate(DtypeFields, Template):
         split = bool(config.in_split)
         funcs = {"gru_init": schedule_init(init, min(256, target.max_threads_per_block))}
         for i in self.input_gemm_kinds():
-            if config.in_split != 2:  # wgmma: ``lowered_kernels``
+            if not self.input_on_wgmma(config):  # wgmma: ``lowered_kernels``
                 funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(gemms["in_"], target)
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
@@ -691,7 +677,7 @@ class GruTemplate(DtypeFields, Template):
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
         """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):
         the tensor-core persistent step kernel (``step_tc``), the flag-exchange one
-        (``step_flags``) and the split input GEMM on wgmma (``in_split`` 2)."""
+        (``step_flags``) and the input GEMM on wgmma (``in_split`` 2, ``in_wgmma``)."""
         p = self.precision
         funcs = {}
         if config.in_split == 2:  # the split input GEMM on wgmma, W_ih's scale undone before the bias
@@ -702,6 +688,13 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(k),
                                                      c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n)
+        if config.in_wgmma:  # the float16 input GEMM on wgmma, Bt = W_ih copied N-major
+            m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+            for i in self.input_gemm_kinds():
+                k = self.layer_input(i)
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_wgmma_tile, m, n, k, c_dtype=p["gi"],
+                                                     bias_dtype=p["w_ih"])
+                funcs[f"gru_trans_w{i}"] = transpose_func(k, n, p["w_ih"])
         return {**funcs, **self.lowered_step_kernels(config)}
 
     def input_gemm_kinds(self) -> tuple[int, ...]:

@@ -1,0 +1,68 @@
+"""The GRU template's knobs: the step kernels' (``STEP_KNOBS``), the input GEMM's choice of
+kernel (``in_split``, ``in_wgmma``), and the input and hidden GEMMs' tiles (the GEMM template's
+knobs, prefixed ``in_`` and ``hid_``)."""
+from __future__ import annotations
+
+from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
+from tvm_ext.space import Knob
+
+STEP_KNOBS = (
+    Knob("cell_block", (32, 64, 128, 256, 512, 1024),
+         "cell kernel threads per block (patent: 512), clamped to the device limit"),
+    Knob("fuse_step", (0, 1),
+         "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
+    Knob("step_j", (2, 4, 8, 16, 32, 64, 128, 256), "fused step kernel: threads along the hidden units "
+                                                   "(threadIdx.x; times step_ks x step_bt threads a block), "
+                                                   "step_u units each"),
+    Knob("step_b", (1, 2, 4, 8, 16), "fused step kernel: batch rows per thread (reuse of W_h in registers)"),
+    Knob("step_u", (1, 2, 4), "fused step kernel: hidden units per thread (reuse of each h value read from "
+                              "shared memory for 3 x step_u gate sums); a block covers step_j x step_u units"),
+    Knob("step_bt", (1, 2, 4, 8, 16), "fused step kernel: threads along batch rows (threadIdx.z); a block "
+                                      "covers step_bt x step_b rows, so an on-chip W slice serves more rows"),
+    Knob("step_k", (8, 16, 32, 64, 128), "fused step kernel: slice of h staged in shared memory"),
+    Knob("step_pipeline", (0, 1, 2, 3), "fused step kernel: n > 0 stages the h slice in n + 1 buffers, the fills of "
+                                        "the next n slices overlapping the math of this one (a software pipeline)"),
+    Knob("step_ks", (1, 2, 4, 8, 16), "fused step kernel: threads splitting each dot product over k "
+                                  "(more warps in flight; partial sums meet in shared memory)"),
+    Knob("step_loop", (0, 1, 2), "fused step kernel, CUDA: 0 one call per step from Python; 1 the step "
+                                 "loop compiled into TVM's host code (one call per layer); 2 persistent: "
+                                 "one launch per layer, a grid barrier between steps (grid <= SM count)"),
+    Knob("step_prefetch", (0, 1), "fused step kernel: 1 loads the step's gi and b_h into registers before the "
+                                  "dot products (their latency behind the math; the persistent kernel loads b_h "
+                                  "once)"),
+    Knob("step_barrier", (0, 1, 2), "persistent step kernel (step_loop 2): its grid barrier's leader arrives with "
+                                     "an atomic add and polls with 0 atomics, 1 volatile loads, 2 acquire loads "
+                                     "(arriving with a release add; no trailing fence)"),
+    Knob("step_w_onchip", (0, 1, 2), "fused step kernel: 1 stages the block's W_hh slice (step_j x step_u units x 3 "
+                                     "gates x hidden) in shared memory, 2 keeps each thread's share (3 gates x "
+                                     "hidden/step_ks) in registers; the persistent kernel loads it once for all "
+                                     "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
+    Knob("step_tc", (0, 1), "persistent step kernel, CUDA, h and W_hh both float16 or both bfloat16: 1 runs the "
+                            "gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
+                            "(16 or 32) in shared memory for all T steps (``tensor_core_step.py``)"),
+    Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
+    Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
+                                     "partial sums meet in shared memory)"),
+    Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks as "
+                               "(value, step) words, polled until every tag says the step; with step_tc 0 the "
+                               "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
+                               "tensor-core kernel exchanging two 16-bit values a word"),
+    Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
+                                            "its lanes splitting k, W_hh's share in registers)"),
+)
+INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, each "
+                                               "operand split into a high and a low float16 part (one GEMM of depth "
+                                               "3K, float32-accurate; ``split.py``) on an mma.sync or WMMA tile, 2 on "
+                                               "Hopper's warpgroup MMA (``wgmma.py``; W_ih's parts stored N-major)")
+INPUT_WGMMA_KNOB = Knob("in_wgmma", (0, 1), "input GEMM with float16 x and W_ih: 1 runs it on Hopper's warpgroup MMA "
+                                            "(``wgmma.py``), W_ih copied N-major in each pass (the float32 GEMM's "
+                                            "counterpart is in_split 2)")
+# The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
+# (its transposed A tile is not searched); the input GEMM searches all of them.
+BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
+                      "vec", "double_buffer")
+IN_GEMM_KNOBS = GEMM_KNOBS
+HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
+KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB)
+         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
+         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))

@@ -1,0 +1,126 @@
+"""The GRU's float16 input GEMM on Hopper's wgmma (knob ``in_wgmma``): W_ih copied N-major by
+a tiled transpose in every pass, then the wgmma template's kernel with the bias row.
+
+- The transpose kernel, built for PoCL and run (float32: PoCL has no float16): Bᵀ exactly, at
+  shapes its 32 x 32 tiles do not divide.
+- The plan and its CUDA (generated here, no GPU): transpose then wgmma per input depth, the
+  N-major buffers, the sm_90a module; the refusals with their reasons; the pick.
+- ``-m gpu``: float16 GRUs with the input GEMM on wgmma against float64, two layers and both
+  directions included.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_gru import Shape, _inputs, _weights
+
+from tvm_ext.precision import relative_error
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
+from tvm_ext.schedules.gru.split import transpose_func
+from tvm_ext.target import offline_cuda
+
+HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+
+
+def _template(batch: int, hidden: int, input: int | None = None, seq: int = 128, layers: int = 1,
+              bidirectional: bool = False, precision: dict | None = None) -> GruTemplate:
+    return GruTemplate(batch=batch, hidden=hidden, input=input or hidden, seq=seq, layers=layers,
+                       bidirectional=bidirectional).with_precision(HALF if precision is None else precision)
+
+
+@pytest.mark.parametrize("k, n", [(100, 70), (64, 96), (33, 5)])
+def test_transpose_kernel_on_opencl(opencl, k, n):
+    """Every element lands at its transposed place, edge tiles included (a swapped index or a
+    missing guard moves or drops elements)."""
+    from tvm_ext.executors import OpenclExecutor
+    from tvm_ext.program import compile_module_program
+    from tvm_ext.template import TensorSpec
+
+    program = compile_module_program(transpose_func(k, n, "float32"), opencl, {"lowered": "transpose"})
+    specs = {"B": TensorSpec((k, n), "float32"), "out": TensorSpec((n, k), "float32")}
+    run = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id)
+    b = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    run.write("B", b)
+    run.write("out", np.full((n, k), np.nan, np.float32))
+    run.run()
+    assert np.array_equal(run.read("out"), b.T)
+
+
+def test_plan_transposes_w_ih_then_runs_wgmma_per_input_depth():
+    """Two bidirectional layers whose input depths differ: per layer W_ih copied N-major into the
+    buffer of its depth, then the wgmma GEMM reading it; the module holds wgmma and is built for
+    sm_90a; the buffers exist only with the knob."""
+    target = offline_cuda()
+    t = _template(8, 512, input=256, layers=2, bidirectional=True).with_tensor_cores(target)
+    assert t.in_wgmma_tile is not None and t.params["in_wgmma"] == t.in_wgmma_tile.name
+    cfg = t.analytic_pick(target)[0].replace(in_wgmma=1)
+    assert t.space(target).infeasible_reason(cfg) is None
+    compiled = t.compile(cfg, target)
+    calls = [(c.func, c.args) for c in compiled.calls if c.func.startswith(("gru_trans", "gru_gemm"))]
+    assert calls == [("gru_trans_w0", ("w_ih0", "wt0")), ("gru_gemm_x0", ("x", "wt0", "b_ih0", "gi")),
+                     ("gru_trans_w1", ("w_ih1", "wt1")), ("gru_gemm_x1", ("y0", "wt1", "b_ih1", "gi"))]
+    buffers = t.for_config(cfg).buffers()
+    assert buffers["wt0"].shape == (2 * 3 * 512, 256) and buffers["wt1"].shape == (2 * 3 * 512, 1024)
+    assert "wt0" not in t.for_config(cfg.replace(in_wgmma=0)).buffers()
+    assert "wgmma.mma_async.sync.aligned" in compiled.source and "gru_trans_w0_kernel" in compiled.source
+    without = t.compile(cfg.replace(in_wgmma=0), target)
+    assert "wgmma" not in without.source and "gru_trans" not in without.source
+
+
+@pytest.mark.parametrize("precision, knobs, reason", [
+    ({}, {}, "w_ih, x must be float16"),  # float32: its wgmma GEMM is the split one (in_split 2)
+    ({**HALF, "w_ih": "bfloat16"}, {}, "w_ih must be float16"),
+    (HALF, {"in_split": 1}, "emulates float32"),
+])
+def test_space_refuses_with_the_reason(precision, knobs, reason):
+    target = offline_cuda()
+    t = _template(64, 1024, precision=precision).with_tensor_cores(target)
+    cfg = t.default_config(target).replace(in_wgmma=1, **knobs)
+    assert reason in t.space(target).infeasible_reason(cfg)
+
+
+def test_refused_without_hopper_or_a_dividing_tile():
+    target = offline_cuda()
+    ampere = dataclasses.replace(target, arch="sm_80")
+    t = _template(64, 1024).with_tensor_cores(ampere)
+    assert t.in_wgmma_tile is None
+    assert "needs a Hopper GPU" in t.space(ampere).infeasible_reason(t.default_config(ampere).replace(in_wgmma=1))
+    odd = _template(3, 200, input=40, seq=7).with_tensor_cores(target)  # K = 40: no 64-deep k step divides it
+    assert odd.in_wgmma_tile is None and odd.analytic_pick(target)[0].in_wgmma == 0
+    assert _template(64, 1024).with_tensor_cores(dataclasses.replace(target, kind="opencl")).in_wgmma_tile is None
+
+
+@pytest.mark.parametrize("batch, hidden, on_wgmma", [(64, 1024, 1), (8, 512, 1), (1, 256, 0)])
+def test_pick_runs_large_float16_input_gemms_on_wgmma(batch, hidden, on_wgmma):
+    """From ``WGMMA_MIN_FLOPS`` on (B1 H256's 0.05 GFLOP stays on its mma.sync tile)."""
+    target = offline_cuda()
+    t = _template(batch, hidden).with_tensor_cores(target)
+    cfg, why = t.analytic_pick(target)
+    assert cfg.in_wgmma == on_wgmma
+    assert ("on wgmma" in why) == bool(on_wgmma)
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+GPU_SHAPES = {"b64-h1024": Shape(seq=5, batch=64, input=1024, hidden=1024),
+              "b8-h512-2layer-bi": Shape(seq=8, batch=8, input=256, hidden=512, layers=2, bidirectional=True),
+              "b16-h256-t12": Shape(seq=12, batch=16, input=128, hidden=256)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(GPU_SHAPES))
+def test_cuda_wgmma_input_gemm_matches_float64(key):
+    """The pick with its input GEMM on wgmma, against float64 on reruns and against the same
+    pick on its mma.sync tile (both the float16 storage's error; a wrong transpose is O(1))."""
+    s = GPU_SHAPES[key]
+    common = dict(num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch, seq=s.seq, precision=HALF)
+    gru = GRU.build("cuda", s.input, s.hidden, **common)
+    gru = GRU.build("cuda", s.input, s.hidden, config=gru.config.replace(in_wgmma=1), **common).load_numpy(_weights(s))
+    assert "gru_trans_w0" in {c.func for c in gru.compiled.calls}
+    x, h0 = _inputs(s)
+    ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
+    errors = [relative_error(list(gru(x, h0)), ref) for _ in range(2)]
+    assert max(errors) < 5e-3, errors
+    mma = GRU.build("cuda", s.input, s.hidden, config=gru.config.replace(in_wgmma=0), **common).load_numpy(_weights(s))
+    assert relative_error(list(mma(x, h0)), ref) < 5e-3
