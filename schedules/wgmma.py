@@ -44,6 +44,10 @@ from .mma import compute_capability, max_dynamic_smem
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory a block may have on sm_90
+REGISTERS_PER_SM = 65536
+# registers a thread needs beside its bn/2 accumulators (H100: 256x192, 512 threads, ran at the
+# 128-register cap; 256x256 failed to launch)
+OTHER_REGISTERS = 32
 KNOBS = (
     Knob("wg_bm", (64, 128, 256), "block rows: wg_bm / 64 warpgroups of 128 threads, 64 rows each"),
     Knob("wg_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
@@ -52,9 +56,11 @@ KNOBS = (
     Knob("wg_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
     Knob("wg_raster", (0, 2, 4, 8), "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
 )
-# the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide
-DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0), (128, 64, 6, 1, 1, 0),
-                 (64, 64, 4, 1, 1, 0))
+# the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
+# best at the GRU's projection 8192x3072x1024 (H100: 0.098 ms against 0.100 with 128x256), but no
+# better where 128x256 also divides
+DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 192, 4, 1, 1, 4), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0),
+                 (128, 64, 6, 1, 1, 0), (64, 64, 4, 1, 1, 0))
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     """Why tile ``t`` cannot run an (m, n, k) GEMM (one line), or None."""
     if t.bk != BK or t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
         return f"{t.name}: needs bk = 64, bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
+    if t.threads * (t.bn // 2 + OTHER_REGISTERS) > REGISTERS_PER_SM:
+        return (f"{t.name}: {t.threads} threads x ({t.bn // 2} accumulator + ~{OTHER_REGISTERS} other registers) > "
+                f"{REGISTERS_PER_SM} registers (an SM's; the launch fails)")
     if t.stages < 2 + t.inflight:
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
     if m % t.bm or n % t.bn or k % t.bk:

@@ -38,6 +38,7 @@ What the measurements said, and the rule each gives:
   (``step_tc`` and ``step_flags``; float16: B8 H512 0.199 ms against 0.279 on the CUDA-core
   flag kernel, bidirectional 0.208 against 0.444, B16 H512 T64 0.131 against 0.164 with the
   grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
+- A large float16 input GEMM on Hopper's wgmma, W_ih copied N-major (``WGMMA_MIN_FLOPS``).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): with float32
   x and W_ih on a GPU with a float16 tensor-core tile, split into float16 parts on the tensor
   cores (``split.py``) from ``SPLIT_MIN_FLOPS`` on (B64 H1024: 0.53 ms against 1.16, the pass
@@ -71,8 +72,9 @@ THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on on
 # 1.16; B1 H256, 0.05 GFLOP: 0.029 against 0.027)
 SPLIT_MIN_FLOPS = 1e9
 # From this many flops on, a float16 input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
-# mma.sync tile
-WGMMA_MIN_FLOPS = 1e9
+# mma.sync tile (H100, T128: B64 H1024, 51.5 GFLOP, the pass 0.758 ms against 0.806, its input GEMM
+# 0.113 against 0.160; B8 H512, 1.6 GFLOP: 0.201 both ways, W_ih's copy eating the GEMM's gain)
+WGMMA_MIN_FLOPS = 1e10
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
