@@ -48,13 +48,13 @@ CONFIGS = [  # the first: plain; then one knob at a time (the last 128x128: two 
     WgmmaTile(128, 128, 6, 1, True), WgmmaTile(128, 128, 3, 0, True)]
 
 
-def build(cfg: WgmmaTile, shape: tuple[int, int, int] = SHAPE) -> tuple[Any, str, float]:
+def build(cfg: WgmmaTile, shape: tuple[int, int, int] = SHAPE, b_layout: str = "NK") -> tuple[Any, str, float]:
     """``tvm.compile`` the kernel for sm_90a: (executable, generated CUDA source, seconds)."""
     import tvm
 
     start = time.perf_counter()
     with tvm.target.Target(TARGET):
-        ex = tvm.compile(tvm.IRModule({"main": wgmma_gemm(cfg, *shape)}), target=TARGET)
+        ex = tvm.compile(tvm.IRModule({"main": wgmma_gemm(cfg, *shape, b_layout=b_layout)}), target=TARGET)
     source = ex.mod.imports[0].inspect_source()
     return ex, source, time.perf_counter() - start
 
@@ -123,7 +123,8 @@ def error_pattern(out: Any, ref: Any, cfg: WgmmaTile) -> str:
             f"tile cols {cols[:16]}{'...' if len(cols) > 16 else ''}")
 
 
-def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, int] = SHAPE) -> int:
+def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, int] = SHAPE,
+            b_layout: str = "NK") -> int:
     import torch
     import tvm
     from common import TimingSettings, l2_rotation, rel_error_vs, table, time_ours, time_vendor, vendor_methods
@@ -136,6 +137,8 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
     a = [torch.randn(m, k, device="cuda", dtype=torch.float16, generator=gen) for _ in range(sets)]
     bt = [torch.randn(n, k, device="cuda", dtype=torch.float16, generator=gen) for _ in range(sets)]
     c = [torch.empty(m, n, device="cuda", dtype=torch.float16) for _ in range(sets)]
+    b_kn = [x.t().contiguous() for x in bt]
+    b_ours = b_kn if b_layout == "KN" else bt  # the operand our kernel reads
     ref = a[0].double() @ bt[0].double().t()  # float64 on the GPU
     vendor_out = a[0] @ bt[0].t()
     settings = TimingSettings()
@@ -145,9 +148,9 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
     for cfg in configs:
         rec: dict[str, Any] = {"config": asdict(cfg), "name": cfg.name}
         try:
-            ex, source, secs = build(cfg, shape)
+            ex, source, secs = build(cfg, shape, b_layout)
             func = ex.mod["main"]
-            args = [[tvm.runtime.from_dlpack(t) for t in (a[i], bt[i], c[i])] for i in range(sets)]
+            args = [[tvm.runtime.from_dlpack(t) for t in (a[i], b_ours[i], c[i])] for i in range(sets)]
             c[0].fill_(float("nan"))  # poison: a kernel that writes nothing fails the check
             func(*args[0])
             torch.cuda.synchronize()
@@ -166,7 +169,6 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
 
     vendor = time_vendor(cublas, sets, settings)
     vendor_err = rel_error_vs(vendor_out, ref)
-    b_kn = [x.t().contiguous() for x in bt]
     vendor_nn = time_vendor(lambda i: a[i] @ b_kn[i], sets, settings)
     best = vendor.best.seconds
     results["cublas_nt"] = {meth: (t.seconds if t else None) for meth, t in vendor_methods(vendor)}
@@ -193,10 +195,11 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
     rows.append(row(f"cuBLAS fp16 A@B (N-major B), best ({nn_best.method})", nn_best.seconds, "-"))
     if out:
         os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, f"wgmma_probe_{m}x{n}x{k}.json"), "w") as f:
+        with open(os.path.join(out, f"wgmma_probe_{m}x{n}x{k}{'_kn' if b_layout == 'KN' else ''}.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
     print()
-    print(table(f"wgmma probe, {m}x{n}x{k} fp16 in / fp32 acc / fp16 out, {sets} rotated input sets",
+    layout = "B (K, N) read N-major" if b_layout == "KN" else "Bt (N, K)"
+    print(table(f"wgmma probe, {m}x{n}x{k} fp16 in / fp32 acc / fp16 out, {layout}, {sets} rotated input sets",
                 ["kernel", "ms", "TFLOP/s", "of cuBLAS best", "rel err vs float64", "bits = cuBLAS"], rows))
     ok = any("error" not in r and not r["error_pattern"] and r["rel_error"] < 1e-2 for r in results["kernels"])
     return 0 if ok else 1
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-only", action="store_true",
                         help="no GPU: build with TVM, compile to PTX (nvcc) and assemble (ptxas -v), then stop")
     parser.add_argument("--shape", default="4096,4096,4096", help="M,N,K (default 4096,4096,4096)")
+    parser.add_argument("--b-layout", choices=("NK", "KN"), default="NK",
+                        help="NK: Bt (N, K), C = A @ Bt^T (default); KN: B (K, N), C = A @ B")
     parser.add_argument("--out", default=None, help="folder for the JSON results (and sources with --compile-only)")
     parser.add_argument("--config", action="append", default=None, metavar="BMxBNxBK:S[:W[:E[:R]]]",
                         help="a kernel to probe: tile, stages, wgmma groups in flight (0/1, default 1), "
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"error: --shape is M,N,K, got {args.shape!r}", file=sys.stderr)
         return 2
-    configs = [c for c in CONFIGS if wgmma_reason(c, *shape) is None]
+    configs = [c for c in CONFIGS if wgmma_reason(c, *shape, b_layout=args.b_layout) is None]
     if args.config:
         try:
             configs = []
@@ -231,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 bm, bn, bk = (int(x) for x in tile.split("x"))
                 stages, inflight, epilogue, raster = [int(x) for x in rest] + [4, 1, 1, 0][len(rest):]
                 configs.append(WgmmaTile(bm, bn, stages, inflight, bool(epilogue), raster, bk))
-                reason = wgmma_reason(configs[-1], *shape)
+                reason = wgmma_reason(configs[-1], *shape, b_layout=args.b_layout)
                 if reason:
                     raise ValueError(reason)
         except ValueError as exc:
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.compile_only:
         return compile_only(configs, args.out, shape)
-    return gpu_run(configs, args.out, shape)
+    return gpu_run(configs, args.out, shape, args.b_layout)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ from tvm_ext.template import Template, TensorSpec
 from .mma import compute_capability, max_dynamic_smem
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
+# B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
+# N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k)
+B_LAYOUTS = ("NK", "KN")
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory a block may have on sm_90
 REGISTERS_PER_SM = 65536
 # registers a thread needs beside its bn/2 accumulators (H100: 256x192, 512 threads, ran at the
@@ -94,8 +97,13 @@ class WgmmaTile:
         return self.stages * (self.bm + self.bn) * self.bk * 2
 
 
-def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT) -> str | None:
-    """Why tile ``t`` cannot run an (m, n, k) GEMM (one line), or None."""
+def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT,
+                 b_layout: str = "NK") -> str | None:
+    """Why tile ``t`` cannot run an (m, n, k) GEMM with B laid out as ``b_layout`` (one line), or None."""
+    if b_layout not in B_LAYOUTS:
+        return f"B layout {b_layout!r}; allowed: {', '.join(B_LAYOUTS)}"
+    if b_layout == "KN" and t.bn % 64:
+        return f"{t.name}: B stored (K, N) is read in 64-wide N atoms: bn must be a multiple of 64"
     if t.bk != BK or t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
         return f"{t.name}: needs bk = 64, bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
     if t.threads * (t.bn // 2 + OTHER_REGISTERS) > REGISTERS_PER_SM:
@@ -135,15 +143,18 @@ def target_reason(target: TargetInfo) -> str | None:
 
 
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
-               scale: float = 1.0) -> Any:
+               scale: float = 1.0, b_layout: str = "NK") -> Any:
     """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
-    tile checked first: ``wgmma_reason``)."""
+    tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
+    C = A @ B, read N-major (``B_LAYOUTS``)."""
     from tvm.script import tirx as T
 
-    reason = wgmma_reason(cfg, m, n, k) or epilogue_reason(cfg, c_dtype)
+    reason = wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
     if reason:
         raise TvmExtError(reason)
+    n_major = b_layout == "KN"
+    b_shape = (k, n) if n_major else (n, k)
     has_bias = bias_dtype is not None
     bm, bn, bk, stages, smem_epilogue = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.smem_epilogue
     threads = bm // 64 * 128
@@ -166,10 +177,26 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         row = chunk // 8
         return row * bk + (chunk % 8 ^ row % 8) * 8
 
-    def desc(smem_base: Any, halves: Any) -> Any:
-        """wgmma matrix descriptor of the K-major, 128-byte-swizzled tile at ``halves`` into smem."""
+    def desc(smem_base: Any, halves: Any, leading: int = 16) -> Any:
+        """wgmma matrix descriptor of the 128-byte-swizzled tile at ``halves`` into smem: K-major
+        (the leading byte offset unused), or N-major with ``leading`` the bytes between its
+        64-wide N atoms; 8-row groups 1024 bytes apart either way."""
         addr = (smem_base + halves * 2) & 0x3FFFF
-        return desc_hi | T.Cast("uint64", (addr >> 4) | (1 << 16))  # leading byte offset 16 B (unused)
+        return desc_hi | T.Cast("uint64", (addr >> 4) | ((leading >> 4) << 16))
+
+    def b_chunk(chunk: Any) -> Any:
+        """Halves offset in a B stage tile of 16-byte chunk ``chunk`` of the global tile: K-major,
+        the swizzled row of an N index; N-major (B (k, n)), row k of its 64-wide N atom."""
+        if not n_major:
+            return swizzled(chunk)
+        row, column = chunk // (bn // 8), chunk % (bn // 8)
+        return column // 8 * (bk * 64) + row * 64 + (column % 8 ^ row % 8) * 8
+
+    def b_global(B: Any, col0: Any, kt: Any, chunk: Any) -> Any:
+        """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
+        if not n_major:
+            return B.ptr_to([col0 + chunk // 8, kt * bk + chunk % 8 * 8])
+        return B.ptr_to([kt * bk + chunk // (bn // 8), col0 + chunk % (bn // 8) * 8])
 
     def out(value: Any, bias: Any, col: Any) -> Any:
         """An accumulator as C stores it: scaled, plus the bias of its column, narrowed."""
@@ -197,9 +224,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                                                    A.ptr_to([row0 + (i * threads + tx) // 8,
                                                              s * bk + (i * threads + tx) % 8 * 8]), 16)
             for i in T.unroll(b_loads):
-                T.ptx["cp.async.cg.shared.global"](smem.ptr_to([s * stage + a_stage + swizzled(i * threads + tx)]),
-                                                   Bt.ptr_to([col0 + (i * threads + tx) // 8,
-                                                              s * bk + (i * threads + tx) % 8 * 8]), 16)
+                T.ptx["cp.async.cg.shared.global"](smem.ptr_to([s * stage + a_stage + b_chunk(i * threads + tx)]),
+                                                   b_global(Bt, col0, s, i * threads + tx), 16)
             T.ptx["cp.async.commit_group"]()
         for kt in T.serial(k_tiles):
             T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
@@ -209,7 +235,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["wgmma.fence.sync.aligned"]()
             for kk in T.unroll(bk // 16):
                 T.ptx[mma](*[acc[i] for i in range(n_acc)], desc(base, cur + wg * 64 * bk + kk * 16),
-                           desc(base, cur + a_stage + kk * 16), T.bool(True), 1, 1, 0, 0)
+                           desc(base, cur + a_stage + kk * 16 * 64, bk * 128) if n_major
+                           else desc(base, cur + a_stage + kk * 16), T.bool(True), 1, 1, 0, int(n_major))
             T.ptx["wgmma.commit_group.sync.aligned"]()
             if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
                 nxt = (kt + ahead) % stages * stage
@@ -218,9 +245,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                                                        A.ptr_to([row0 + (i * threads + tx) // 8,
                                                                  (kt + ahead) * bk + (i * threads + tx) % 8 * 8]), 16)
                 for i in T.unroll(b_loads):
-                    T.ptx["cp.async.cg.shared.global"](smem.ptr_to([nxt + a_stage + swizzled(i * threads + tx)]),
-                                                       Bt.ptr_to([col0 + (i * threads + tx) // 8,
-                                                                  (kt + ahead) * bk + (i * threads + tx) % 8 * 8]), 16)
+                    T.ptx["cp.async.cg.shared.global"](smem.ptr_to([nxt + a_stage + b_chunk(i * threads + tx)]),
+                                                       b_global(Bt, col0, kt + ahead, i * threads + tx), 16)
             T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
             T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
         T.ptx["wgmma.wait_group.sync.aligned"](0)
@@ -244,7 +270,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 
     if has_bias:
         @T.prim_func
-        def main_bias(A: T.Buffer((m, k), "float16"), Bt: T.Buffer((n, k), "float16"), bias: T.Buffer((n,), bias_dtype),
+        def main_bias(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(b_shape, "float16"),
+                      bias: T.Buffer((n,), bias_dtype),
                       C: T.Buffer((m, n), c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
             gemm(A, Bt, bias, C)
@@ -252,7 +279,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         return main_bias
 
     @T.prim_func
-    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer((n, k), "float16"), C: T.Buffer((m, n), c_dtype)):
+    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(b_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         gemm(A, Bt, None, C)
 
@@ -279,12 +306,14 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str) -> WgmmaTile 
 
 @dataclass(frozen=True)
 class WgmmaGemmTemplate(Template):
-    """C[M, N] = A[M, K] · Bt[N, K]ᵀ on Hopper's warpgroup MMA (float16 in and out, float32
-    accumulate); the knobs (``KNOBS``) are the tile, the pipeline and the epilogue."""
+    """C[M, N] = A[M, K] · Bt[N, K]ᵀ (or A · B[K, N], ``b_layout`` "KN") on Hopper's warpgroup MMA
+    (float16 in and out, float32 accumulate); the knobs (``KNOBS``) are the tile, the pipeline and
+    the epilogue."""
 
     m: int
     n: int
     k: int
+    b_layout: str = "NK"  # "KN": B stored (K, N), C = A·B (``B_LAYOUTS``)
 
     name = "gemm_wgmma"
     tolerance = 2e-3  # float16 output: its rounding alone is about 2e-4
@@ -293,22 +322,24 @@ class WgmmaGemmTemplate(Template):
         for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
+        if self.b_layout not in B_LAYOUTS:
+            raise TvmExtError(f"B layout {self.b_layout!r}; allowed: {', '.join(B_LAYOUTS)}")
 
     @classmethod
-    def from_shape(cls, shape: tuple[int, ...]) -> "WgmmaGemmTemplate":
+    def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK") -> "WgmmaGemmTemplate":
         if len(shape) != 3:
             raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
-        return cls(*shape)
+        return cls(*shape, b_layout=b_layout)
 
     @property
     def params(self) -> dict[str, Any]:
         return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float16", "b_dtype": "float16",
-                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": "NK"}
+                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": self.b_layout}
 
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
             return target_reason(target) or wgmma_reason(WgmmaTile.of(c), self.m, self.n, self.k,
-                                                         min(SHARED_LIMIT, max_dynamic_smem(target)))
+                                                         min(SHARED_LIMIT, max_dynamic_smem(target)), self.b_layout)
         return Space(KNOBS, (reason,))
 
     def default_config(self, target: TargetInfo) -> Config:
@@ -336,18 +367,19 @@ class WgmmaGemmTemplate(Template):
         if reason:
             raise TvmExtError(reason)
         hopper = dataclasses.replace(target, arch="sm_90a")
-        func = wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k)
+        func = wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, b_layout=self.b_layout)
         return compile_module_program(func, hopper, {"lowered": "wgmma", "config": dict(config.items)})
 
     def inputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.k), "float16"), TensorSpec((self.n, self.k), "float16")]
+        b_shape = (self.k, self.n) if self.b_layout == "KN" else (self.n, self.k)
+        return [TensorSpec((self.m, self.k), "float16"), TensorSpec(b_shape, "float16")]
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec((self.m, self.n), "float16")]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        a, bt = inputs
-        return [a.astype(np.float64) @ bt.astype(np.float64).T]
+        a, b = (x.astype(np.float64) for x in inputs)
+        return [a @ (b if self.b_layout == "KN" else b.T)]
 
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile
+from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile, wgmma_reason
 from tvm_ext.target import offline_cuda
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -41,6 +41,28 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
     wide = WgmmaGemmTemplate(256, 512, 128)
     assert wide.default_config(target).as_dict()["wg_bn"] == 256  # the probe's best tile, 128x256
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
+
+
+def test_b_stored_k_by_n_is_read_n_major():
+    """B (K, N): the wgmma's transposed-B flag set, B's 16-byte chunks laid out in 64-wide N atoms
+    (``B_LAYOUTS``); the K-major kernel keeps the flag clear."""
+    import re
+
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(256, 512, 128, b_layout="KN")
+    assert t.inputs()[1].shape == (128, 512) and t.params["b_layout"] == "KN"
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((256, 128)), rng.standard_normal((128, 512))
+    assert np.allclose(t.reference([a, b])[0], a @ b)
+    flags = lambda source: re.findall(r"m64n256k16\.f32\.f16\.f16 \{[^}]*\}, %\d+, %\d+, \w+, 1, 1, 0, (\d);",  # noqa: E731
+                                      source)
+    assert flags(t.build_program(t.default_config(target), target).source) == ["1"]
+    nk = WgmmaGemmTemplate(256, 512, 128)
+    assert flags(nk.build_program(nk.default_config(target), target).source) == ["0"]
+    assert "multiple of 64" in wgmma_reason(WgmmaTile(128, 96, 4, 1, False, 0), 256, 192, 128, b_layout="KN")
+    assert wgmma_reason(WgmmaTile(128, 96, 4, 1, False, 0), 256, 192, 128) is None
+    with pytest.raises(TvmExtError, match="allowed: NK, KN"):
+        WgmmaGemmTemplate(64, 64, 64, b_layout="MN")
 
 
 @pytest.mark.parametrize("shape, knobs, reason", [
@@ -82,21 +104,24 @@ def test_cli_refuses_a_target_without_wgmma(tmp_path):
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("b_layout", ["NK", "KN"])
 @pytest.mark.parametrize("knobs", [dict(), dict(wg_smem_epilogue=0), dict(wg_inflight=0),
                                    dict(wg_bm=256, wg_bn=128, wg_raster=2), dict(wg_bn=128, wg_stages=6),
-                                   dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0)])
-def test_cuda_wgmma_variants_match_float64(knobs):
+                                   dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0), dict(wg_bn=192)])
+def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
+    """Both B layouts (KN: the transposed-B descriptors, N atoms and their swizzle; a wrong
+    stride or swizzle scrambles B and the error is O(1))."""
     import tvm
 
     from tvm_ext.target import resolve_target
 
-    m, n, k = 512, 512, 640  # 2-8 x 2-8 blocks, 10 k tiles: every stage is reused
+    m, n, k = 512, 768, 640  # 2-8 x 3-12 blocks, 10 k tiles: every stage is reused
     target = resolve_target("cuda")
-    t = WgmmaGemmTemplate(m, n, k)
+    t = WgmmaGemmTemplate(m, n, k, b_layout=b_layout)
     program = t.build_program(_config(t, target, **knobs), target)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float16)
-    bt = rng.standard_normal((n, k)).astype(np.float16)
+    bt = rng.standard_normal(t.inputs()[1].shape).astype(np.float16)
     ref = t.reference([a, bt])[0]
     dev = tvm.cuda(0)
     c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)  # poisoned: unwritten tiles fail
@@ -111,6 +136,7 @@ def test_cuda_tune_gemm_wgmma(tmp_path):
     """A real tuning run: every record measured and checked against float64 on the GPU."""
     rec = tmp_path / "r.jsonl"
     p = subprocess.run(CLI + ["gemm-wgmma", "--shape", "1024,1024,1024", "--target", "cuda", "--trials", "6",
+                              "--b-layout", "kn",
                               "--records", str(rec), "--no-progress", "--seed", "0"],
                        capture_output=True, text=True, timeout=600, env={**os.environ})
     assert p.returncode == 0, p.stdout + p.stderr

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=knob_help(WGMMA_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gemm_wgmma.add_argument("--shape", required=True, help="M,N,K; multiples of the tile (e.g. 4096,4096,4096)")
+    gemm_wgmma.add_argument("--b-layout", choices=("nk", "kn"), default="nk",
+                            help="nk: Bt stored N×K, C = A·Btᵀ (default); kn: B stored K×N, C = A·B (wgmma reads it "
+                                 "N-major)")
     add_tuning_args(gemm_wgmma)
     _add_json_arg(gemm_wgmma)
     gemm_wgmma.set_defaults(make_template=_gemm_wgmma_template)
@@ -146,7 +149,7 @@ def _gemm_template(args: argparse.Namespace) -> Any:
 def _gemm_wgmma_template(args: argparse.Namespace) -> Any:
     from .schedules.wgmma import WgmmaGemmTemplate
 
-    return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")))
+    return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), b_layout=args.b_layout.upper())
 
 
 def _gemm_tc_template(args: argparse.Namespace) -> Any:
