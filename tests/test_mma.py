@@ -236,11 +236,37 @@ def test_choice_template_builds_both_kernels(cuda, tmp_path):
     assert wmma == wmma_again
     bf16 = TensorCoreChoiceTemplate(64, 512, 256, a_dtype=BF16, b_dtype=BF16)
     assert "need float16 operands" in bf16.reason(bf16.default_config(cuda).replace(tc_kernel="wmma"), cuda)
+    assert "wgmma takes float16 operands" in bf16.reason(bf16.default_config(cuda).replace(tc_kernel="wgmma"), cuda)
+
+
+def test_choice_template_runs_wgmma_on_hopper(cuda):
+    """``tc_kernel`` wgmma: B (K, N) read N-major (the transpose flag set), the split-K scratch
+    parameter kept; the pick takes it where its tiles give every SM a block, mma.sync (with
+    split-K) for a skinny GEMM, and nothing of it off Hopper."""
+    import dataclasses
+    import re
+
+    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
+
+    square = TensorCoreChoiceTemplate(2048, 4096, 512)
+    config, why = square.analytic_pick(cuda)
+    assert config.tc_kernel == "wgmma" and "wgmma 128x256x64" in why
+    program = square.build_program(config, cuda)
+    assert re.search(r"m64n256k16\.f32\.f16\.f16 \{[^}]*\}, %\d+, %\d+, \w+, 1, 1, 0, 1;", program.source)
+    skinny = TensorCoreChoiceTemplate(64, 512, 256, c_dtype=F16)
+    assert skinny.analytic_pick(cuda)[0].tc_kernel == "mma"
+    wg = skinny.build_program(skinny.default_config(cuda).replace(tc_kernel="wgmma"), cuda)
+    assert wg.params[-1] == "partial" and len(wg.params) == 4  # the buffers the runner passes
+    ampere = dataclasses.replace(cuda, arch="sm_80")
+    assert square.analytic_pick(ampere)[0].tc_kernel == "mma"
+    assert "needs a Hopper GPU" in square.reason(config, ampere)
 
 
 @pytest.mark.parametrize("args, code, expect", [
     (["--shape", "4096,4096,4096", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 0,
-     "config: tc_kernel=mma mma_warps_m=2 mma_warps_n=2 mma_frags_m=4 mma_frags_n=4 mma_k_frags=2 mma_stages=4"),
+     "config: tc_kernel=wgmma "),  # Hopper (the H100's limits offline)
+    (["--shape", "4096,4096,4096", "--kernel", "mma", "--target", "cuda", "--strategy", "analytic", "--no-measure"],
+     0, "config: mma_warps_m=2 mma_warps_n=2 mma_frags_m=4 mma_frags_n=4 mma_k_frags=2 mma_stages=4"),
     (["--shape", "2048,2048,2048", "--kernel", "mma", "--in-dtype", "bfloat16", "--target", "cuda", "--strategy",
       "analytic", "--no-measure"], 0, "gemm_mma m=2048 n=2048 k=2048 a_dtype=bfloat16"),
     (["--shape", "64,64,64"], 2, "error: no tensor-core tile fits GEMM 64x64x64: tensor cores (mma.sync) need a "

@@ -44,16 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     from .schedules.tensor_core_choice import CHOICE_KNOBS
 
     gemm_tc = sub.add_parser(
-        "gemm-tc", help="float16/bfloat16 GEMM on tensor cores (CUDA): the kernel (mma.sync or WMMA) and its tile "
-                        "are what is searched",
+        "gemm-tc", help="float16/bfloat16 GEMM on tensor cores (CUDA): the kernel (mma.sync, WMMA or Hopper's "
+                        "wgmma) and its tile are what is searched",
         description="Tune C[M,N] = A[M,K]·B[K,N] with float16 (or bfloat16) A and B on the tensor cores (CUDA): "
-                    "the GA searches the kernel (--kernel any: mma.sync with ldmatrix, or WMMA) and its tile; "
-                    "--strategy analytic gives a tile without measuring.",
+                    "the GA searches the kernel (--kernel any: mma.sync with ldmatrix, WMMA, or on Hopper wgmma) "
+                    "and its tile; --strategy analytic gives a tile without measuring.",
         epilog=knob_help(CHOICE_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gemm_tc.add_argument("--shape", required=True, help="M,N,K; N and K multiples of 16 (e.g. 4096,4096,4096)")
     gemm_tc.add_argument("--kernel", default="any", choices=("any", "mma", "wmma"),
-                         help="any: the search picks mma.sync or WMMA (default); mma / wmma: that kernel only")
+                         help="any: the search picks mma.sync, WMMA or (Hopper) wgmma (default); mma / wmma: that "
+                              "kernel only")
     gemm_tc.add_argument("--in-dtype", default="float16", choices=OPERAND_DTYPES,
                          help="A and B (default float16; WMMA takes float16 only)")
     gemm_tc.add_argument("--acc-dtype", default="float32", choices=ACC_DTYPES, help="accumulator (default float32)")
