@@ -286,7 +286,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     return main
 
 
-def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str) -> WgmmaTile | None:
+def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK") -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
     of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
     float16 (the direct one stores any C type); None off Hopper or where none divides (the GRU's
@@ -297,7 +297,7 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str) -> WgmmaTile 
     tiles = [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
              for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
-               and all(wgmma_reason(t, m, n, k, limit) is None for m, n, k in shapes)]
+               and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
     if not fitting:
         return None
     blocks = lambda t: min(m // t.bm * (n // t.bn) for m, n, _ in shapes)  # noqa: E731

@@ -9,8 +9,7 @@ Everything about the GRU lives in this package, one role per module:
 - ``kernels``: the cell, fused step and init kernels (TVMScript) and their schedules (the
   gate GEMMs are ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
 - ``split``: the float32 input GEMM on float16 tensor cores (operands split into high and low
-  float16 parts, one GEMM of depth 3K; knob ``in_split``), and W_ih copied N-major for the
-  float16 input GEMM on wgmma (knob ``in_wgmma``);
+  float16 parts, one GEMM of depth 3K; knob ``in_split``);
 - ``plan``: the host plan (the calls of one forward pass), compiling it into one module,
   and what the builder and the runner ask of it (the program, how it is timed);
 - ``layer``: the user-facing ``GRU`` object (build once, run many times).

@@ -48,7 +48,7 @@ PRECISION_PARAMS = (
 # too: a stage timed on its own runs its calls alone, and a flag-exchange step kernel run
 # without its init would poll stale tags until its spin limit.
 FUNCTION_STAGES = {"gru_init": ("hidden_gemm", "cell"), "gru_gemm_x": ("input_gemm",),
-                   "gru_split": ("input_gemm",), "gru_trans": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
+                   "gru_split": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
                    "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}  # also gru_steps (all steps)
 
 

@@ -55,7 +55,7 @@ INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2), "input GEMM: 1 runs float32 x·W_
                                                "3K, float32-accurate; ``split.py``) on an mma.sync or WMMA tile, 2 on "
                                                "Hopper's warpgroup MMA (``wgmma.py``; W_ih's parts stored N-major)")
 INPUT_WGMMA_KNOB = Knob("in_wgmma", (0, 1), "input GEMM with float16 x and W_ih: 1 runs it on Hopper's warpgroup MMA "
-                                            "(``wgmma.py``), W_ih copied N-major in each pass (the float32 GEMM's "
+                                            "(``wgmma.py``), W_ih read N-major as stored (the float32 GEMM's "
                                             "counterpart is in_split 2)")
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.

@@ -38,7 +38,7 @@ What the measurements said, and the rule each gives:
   (``step_tc`` and ``step_flags``; float16: B8 H512 0.199 ms against 0.279 on the CUDA-core
   flag kernel, bidirectional 0.208 against 0.444, B16 H512 T64 0.131 against 0.164 with the
   grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
-- A large float16 input GEMM on Hopper's wgmma, W_ih copied N-major (``WGMMA_MIN_FLOPS``).
+- A large float16 input GEMM on Hopper's wgmma, W_ih read N-major (``WGMMA_MIN_FLOPS``).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): with float32
   x and W_ih on a GPU with a float16 tensor-core tile, split into float16 parts on the tensor
   cores (``split.py``) from ``SPLIT_MIN_FLOPS`` on (B64 H1024: 0.53 ms against 1.16, the pass
@@ -73,7 +73,8 @@ THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on on
 SPLIT_MIN_FLOPS = 1e9
 # From this many flops on, a float16 input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
 # mma.sync tile (H100, T128: B64 H1024, 51.5 GFLOP, the pass 0.758 ms against 0.806, its input GEMM
-# 0.113 against 0.160; B8 H512, 1.6 GFLOP: 0.201 both ways, W_ih's copy eating the GEMM's gain)
+# 0.113 against 0.160; B8 H512, 1.6 GFLOP: 0.201 both ways; both measured with W_ih copied N-major
+# in each pass, before the kernel read it as stored)
 WGMMA_MIN_FLOPS = 1e10
 # The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
@@ -170,7 +171,7 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     if template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
         cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
         if space.is_feasible(cfg):
-            return cfg, f"input GEMM: float16 on wgmma ({template.in_wgmma_tile.name}), W_ih copied N-major"
+            return cfg, f"input GEMM: float16 on wgmma ({template.in_wgmma_tile.name}), W_ih read N-major"
     # CUDA with a float16 tile (elsewhere the split gains nothing); Hopper's wgmma where it has one
     wgmma, tile = template.in_split_wgmma, template.in_split_tensor_core
     large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run

@@ -52,9 +52,6 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
             calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
             calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
             calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi")))
-        elif config.in_wgmma:  # W_ih copied N-major: the wgmma GEMM's Bt
-            calls.append(Call(f"gru_trans_w{kind}", (f"w_ih{layer}", f"wt{kind}")))
-            calls.append(Call(gemm_x, (x, f"wt{kind}", f"b_ih{layer}", "gi")))
         else:
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
         weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")

@@ -83,54 +83,32 @@ def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE)
     """TIR: B (k, n) float32 -> (n, 3·kp) float16, ``[B_hi | B_lo | B_hi]`` of Bᵀ x ``scale`` along
     each row (K-major, what the wgmma GEMM reads), each part zero-padded to ``kp``: 32 x 32 tiles
     transposed through shared memory, so reads and writes are both coalesced."""
-    return _n_major_func(k, n, "float32", scale)
-
-
-def transpose_func(k: int, n: int, dtype: str) -> Any:
-    """TIR: B (k, n) -> Bᵀ (n, k) in ``dtype`` (W_ih as the float16 wgmma GEMM reads it), through
-    the same 32 x 32 shared-memory tiles."""
-    return _n_major_func(k, n, dtype, None)
-
-
-def _n_major_func(k: int, n: int, dtype: str, scale: float | None) -> Any:
-    """B (k, n) -> its N-major copy, 32 x 32 tiles through shared memory (rows padded to 33: a
-    column read is conflict-free): the float16 parts of B x ``scale`` (``split_weight_n_major_func``),
-    or with ``scale`` None Bᵀ itself."""
     from tvm.script import tirx as T
 
-    split = scale is not None
-    kp = split_depth(k) if split else k
-    width, tile_dtype, out_dtype = (PARTS * kp, "float32", "float16") if split else (k, dtype, dtype)
+    kp = split_depth(k)
     tiles_n = -(-n // 32)
 
     @T.prim_func
-    def main(B: T.Buffer((k, n), dtype), out: T.Buffer((n, width), out_dtype)):
+    def main(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * kp), "float16")):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        bid = T.launch_thread("blockIdx.x", tiles_n * -(-kp // 32))
+        bid = T.launch_thread("blockIdx.x", tiles_n * (kp // 32))
         tx = T.launch_thread("threadIdx.x", 32)
         ty = T.launch_thread("threadIdx.y", 8)
-        tile = T.alloc_buffer((32 * 33,), tile_dtype, scope="shared")
+        tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")  # rows padded: conflict-free columns
         for i in T.unroll(4):
             row = bid // tiles_n * 32 + ty + 8 * i
             col = bid % tiles_n * 32 + tx
-            if split:
-                tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[row, col] * T.float32(scale),
-                                                              T.float32(0))
-            else:
-                tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[row, col], T.Cast(dtype, 0))
+            tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[row, col] * T.float32(scale),
+                                                          T.float32(0))
         T.tvm_storage_sync("shared")
         for i in T.unroll(4):
             col = bid % tiles_n * 32 + ty + 8 * i
             depth = bid // tiles_n * 32 + tx
-            if split:
-                if col < n:
-                    value = tile[tx * 33 + ty + 8 * i]
-                    out[col, depth] = T.Cast("float16", value)
-                    out[col, kp + depth] = T.Cast("float16", value - T.Cast("float32", T.Cast("float16", value)))
-                    out[col, 2 * kp + depth] = T.Cast("float16", value)
-            else:
-                if col < n and depth < k:
-                    out[col, depth] = tile[tx * 33 + ty + 8 * i]
+            if col < n:
+                value = tile[tx * 33 + ty + 8 * i]
+                parts[col, depth] = T.Cast("float16", value)
+                parts[col, kp + depth] = T.Cast("float16", value - T.Cast("float32", T.Cast("float16", value)))
+                parts[col, 2 * kp + depth] = T.Cast("float16", value)
 
     return main
 

@@ -38,7 +38,7 @@ from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, sche
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .knobs import KNOBS
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
-                    split_weight_n_major_func, transpose_func)
+                    split_weight_n_major_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
@@ -122,7 +122,6 @@ class GruTemplate(DtypeFields, Template):
     in_split_wgmma: WgmmaTile | None = None  # the same GEMM on Hopper's wgmma (in_split 2)
     in_wgmma_tile: WgmmaTile | None = None  # the float16 input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
-    n_major_buffers: bool = False  # whether they include W_ih copied N-major (in_wgmma)
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -214,16 +213,12 @@ class GruTemplate(DtypeFields, Template):
                 specs[f"xs{i}"] = TensorSpec((t * b, depth), "float16")
                 specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers == 2 else (depth, d * 3 * h),
                                              "float16")
-        if self.n_major_buffers:  # W_ih (K, dirs·3H) copied as (dirs·3H, K): the wgmma GEMM's Bt
-            for i in self.input_gemm_kinds():
-                specs[f"wt{i}"] = TensorSpec((d * 3 * h, self.layer_input(i)), self.w_ih_dtype)
         return specs
 
     def for_config(self, config: Config) -> "GruTemplate":
         """This template with the buffers ``config``'s plan uses (the split operands with
-        ``in_split``, W_ih N-major with ``in_wgmma``): what allocates, passes and checks the buffers
-        of its program."""
-        return replace(self, split_buffers=int(config.in_split), n_major_buffers=bool(config.in_wgmma))
+        ``in_split``): what allocates, passes and checks the buffers of its program."""
+        return replace(self, split_buffers=int(config.in_split))
 
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
@@ -337,7 +332,7 @@ class GruTemplate(DtypeFields, Template):
                        hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
-                       in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype)
+                       in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype, b_layout="KN")
                        if self.wgmma_reason() is None else None)
 
     def for_target(self, target: TargetInfo) -> "GruTemplate":
@@ -490,7 +485,7 @@ class GruTemplate(DtypeFields, Template):
         if self.in_wgmma_tile is None:
             return ("input GEMM on wgmma (in_wgmma 1) needs a Hopper GPU (sm_90) and a wgmma tile dividing the "
                     f"({self.seq * self.batch}, {self.dirs * 3 * self.hidden}, input) GEMMs, K a multiple of 64 "
-                    "(GRU.build picks one)")
+                    "and dirs·3H of 64 (GRU.build picks one)")
         return None
 
     def tc_step_shape(self, c: Config) -> TcStepShape:
@@ -688,13 +683,11 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(k),
                                                      c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n)
-        if config.in_wgmma:  # the float16 input GEMM on wgmma, Bt = W_ih copied N-major
+        if config.in_wgmma:  # the float16 input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             for i in self.input_gemm_kinds():
-                k = self.layer_input(i)
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_wgmma_tile, m, n, k, c_dtype=p["gi"],
-                                                     bias_dtype=p["w_ih"])
-                funcs[f"gru_trans_w{i}"] = transpose_func(k, n, p["w_ih"])
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_wgmma_tile, m, n, self.layer_input(i), c_dtype=p["gi"],
+                                                     bias_dtype=p["w_ih"], b_layout="KN")
         return {**funcs, **self.lowered_step_kernels(config)}
 
     def input_gemm_kinds(self) -> tuple[int, ...]:
