@@ -1,5 +1,5 @@
 """Tensor-core GEMM on the GPU: ``python -m tvm_ext.tune gemm-tc`` (the GA over the kernel,
-mma.sync or WMMA, and its tile) against cuBLAS float16 (torch) in the same run.
+mma.sync, WMMA or on Hopper wgmma, and its tile) against cuBLAS float16 (torch) in the same run.
 
 Run through the device tool (see ../shared/DEVICE.md), about 7 minutes on an H100:
     source .tvm-device/boot.sh && python benchmarks/gemm_tensor_core.py --out $OUT
@@ -27,6 +27,7 @@ from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate  # noqa: E402
 from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate  # noqa: E402
 from tvm_ext.space import Config  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
+from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
 from tvm_ext.schedules.wmma import WmmaTile  # noqa: E402
 from tvm_ext.template import Workload  # noqa: E402
 
@@ -60,6 +61,8 @@ def label(template: Any, config: dict) -> str:
         kernel = "wmma"
     if kernel == "mma":
         return "mma " + MmaTile.of(cfg).label()
+    if kernel == "wgmma":
+        return WgmmaTile.of(cfg).name
     t = WmmaTile.of(cfg)
     return f"wmma {t.block_m}x{t.block_n}x{t.block_k} {t.warps}w p{t.pipeline}"
 

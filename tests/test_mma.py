@@ -342,7 +342,8 @@ def test_gpu_matches_float64(case):
 
 @pytest.mark.gpu
 def test_gemm_tc_tunes_on_the_gpu(tmp_path):
-    """End to end on a GPU: the GA over both kernels measures correct kernels, both kinds."""
+    """End to end on a GPU: the GA over the kernels measures correct kernels, mma.sync and WMMA
+    at least (wgmma as the GA draws it on Hopper)."""
     from tvm_ext.records import RecordStore
 
     records = tmp_path / "r.jsonl"
@@ -353,4 +354,4 @@ def test_gemm_tc_tunes_on_the_gpu(tmp_path):
     recs = list(RecordStore(str(records)))
     assert sum(r.ok for r in recs) >= 6
     assert all(r.error_kind != "wrong_answer" for r in recs)
-    assert {r.config["tc_kernel"] for r in recs if r.ok} == {"mma", "wmma"}
+    assert {r.config["tc_kernel"] for r in recs if r.ok} >= {"mma", "wmma"}
