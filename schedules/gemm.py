@@ -26,7 +26,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.errors import TvmExtError, check_sizes
 from tvm_ext.precision import (FLOAT_DTYPES, HIGH_PRECISION, DtypeFields, PrecisionParam, TensorCoreGemm,
                                itemsize)
 from tvm_ext.space import Config, Knob, Space
@@ -203,9 +203,7 @@ class GemmTemplate(DtypeFields, Template):
         if dtype is not None:
             for param in ("a_dtype", "b_dtype", "acc_dtype", "c_dtype"):
                 object.__setattr__(self, param, dtype)
-        for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
+        check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
         if not isinstance(self.batch, (int, np.integer)) or self.batch < 0:
             raise TvmExtError(f"GEMM batch must be a non-negative integer, got {self.batch!r}")
         if self.b_shared and not self.batch:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.errors import TvmExtError, check_sizes
 from tvm_ext.precision import itemsize
 from tvm_ext.schedules.reduction import MIN_ROW_THREADS, ROWS_PER_BLOCK, patent_plan
 from tvm_ext.space import Config, Knob, Space
@@ -80,9 +80,7 @@ class RowTemplate(Template):
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise TvmExtError(f"unknown row op {self.op!r}; allowed: {', '.join(OPS)}")
-        for dim, value in (("rows", self.rows), ("n", self.n)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise TvmExtError(f"row op {dim} must be a positive integer, got {value!r}")
+        check_sizes("row op", rows=self.rows, n=self.n)
         if self.dtype not in DTYPES:
             raise TvmExtError(f"row op dtype {self.dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.errors import TvmExtError, check_sizes
 from tvm_ext.program import CompiledProgram, compile_module_program
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -319,9 +319,7 @@ class WgmmaGemmTemplate(Template):
     tolerance = 2e-3  # float16 output: its rounding alone is about 2e-4
 
     def __post_init__(self) -> None:
-        for dim, value in (("M", self.m), ("N", self.n), ("K", self.k)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise TvmExtError(f"GEMM {dim} must be a positive integer, got {value!r}")
+        check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
         if self.b_layout not in B_LAYOUTS:
             raise TvmExtError(f"B layout {self.b_layout!r}; allowed: {', '.join(B_LAYOUTS)}")
 

@@ -12,6 +12,16 @@ class TvmExtError(Exception):
     """
 
 
+def check_sizes(what: str, **sizes: object) -> None:
+    """A one-line error naming the first of ``sizes`` that is not a positive integer (a bool is
+    not one): the shape check every template's constructor makes."""
+    import numpy as np
+
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise TvmExtError(f"{what} {name} must be a positive integer, got {value!r}")
+
+
 class RunnerLost(TvmExtError):
     """A runner can measure nothing more (its RPC tracker or every server is gone, a server
     of another device joined): the search stops; the records written so far are kept."""

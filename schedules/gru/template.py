@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.errors import TvmExtError
+from tvm_ext.errors import TvmExtError, check_sizes
 from tvm_ext.program import RunPlan
 from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
 from tvm_ext.program import Artifact, CompiledProgram
@@ -127,10 +127,7 @@ class GruTemplate(DtypeFields, Template):
     PRECISION_PARAMS = PRECISION_PARAMS
 
     def __post_init__(self) -> None:
-        for field_name in ("batch", "hidden", "input", "seq", "layers"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise TvmExtError(f"GRU {field_name} must be a positive integer, got {value!r}")
+        check_sizes("GRU", batch=self.batch, hidden=self.hidden, input=self.input, seq=self.seq, layers=self.layers)
         for param, dtype in self.precision.items():
             if dtype not in FLOAT_DTYPES:
                 raise TvmExtError(f"GRU {param} dtype {dtype!r} is not supported; allowed: {', '.join(FLOAT_DTYPES)}")
