@@ -265,3 +265,17 @@ def test_the_ga_starts_from_the_default_and_the_templates_own_analytic_pick(tmp_
     assert first == [default, pick]
     with Session(SessionOptions(records=str(tmp_path / "r.jsonl"), analytic_seeds=0), target=target) as session:
         assert [space.decode(row) for row in session.seeds(template, space, default)] == [default]
+
+
+def test_the_known_good_tile_comes_before_method_002s_picks(tmp_path):
+    """A model's task gets a few trials: the GEMM's measured tile (``known_good``) is the second
+    individual, ahead of method 002's picks, so a population of 4 measures it."""
+    from tvm_ext.schedules.gemm import GemmTemplate
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda()
+    template = GemmTemplate(1024, 768, 3072, staging=True)
+    space, default = template.space(target), template.default_config(target)
+    with Session(SessionOptions(records=str(tmp_path / "r.jsonl")), target=target) as session:
+        first = [space.decode(row) for row in session.seeds(template, space, default)]
+    assert first[:2] == [default, *template.known_good(target)] and len(first) > 2

@@ -136,6 +136,36 @@ def test_low_precision_matmul_goes_to_the_tensor_cores_on_cuda_only(opencl, dtyp
     assert not miss.matched and "needs a CUDA target, not opencl" in miss.reason
 
 
+def test_cuda_gemm_tasks_search_the_staging_knobs_from_the_measured_tile(opencl):
+    """A float32 matmul with a bias on CUDA: the GEMM template with its staging knobs, whose
+    ``known_good`` seed is the register-staged 64x128 tile, built on the task's own function
+    (its epilogue included); on OpenCL neither."""
+    from tvm_ext.program import compile_schedule
+    from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE
+
+    def forward(self, a, b, bias):
+        return nn_matmul(a, b) + bias
+
+    mod = _module(forward, {"a": ((256, 512), "float32"), "b": ((512, 384), "float32"),
+                            "bias": ((384,), "float32")})
+    cuda = offline_cuda()
+    tasks, matches = _matches(mod, cuda)
+    match = _one(matches, "gemm")
+    (seed,) = match.template.known_good(cuda)
+    assert match.template.staging and {k: seed[k] for k in REGISTER_STAGED_TILE} == REGISTER_STAGED_TILE
+    task = next(t for t, m in zip(tasks, matches) if m is match)
+    program = compile_schedule(match.template.schedule(seed, cuda, task.dispatched[0], match.site), cuda)
+    assert len(program.launches) == 1  # the bias joined the GEMM's store
+    (on_opencl,) = [m for m in _matches(mod, opencl)[1] if m.matcher == "gemm"]
+    assert not on_opencl.template.staging and on_opencl.template.known_good(opencl) == []
+
+
+def nn_matmul(a, b):
+    from tvm.relax.frontend import nn
+
+    return nn.op.matmul(a, b)
+
+
 def test_tensor_core_near_miss_transposed_b():
     from tvm import relax
     from tvm.relax.frontend import nn

@@ -412,8 +412,8 @@ class Session:
               candidates: Iterable[Config] | None = None) -> list[np.ndarray]:
         """The GA's first individuals: the default config, the template's own zero-measurement
         pick (so a short search never ends below what ``--strategy analytic`` gives: the GRU's
-        pick is a persistent kernel a few random draws rarely find), then method 002's picks
-        (GEMM only)."""
+        pick is a persistent kernel a few random draws rarely find), the template's
+        ``known_good`` configs, then method 002's picks (GEMM only)."""
         from .cost_model.analytic import analytic_seeds
 
         picks: list[Config] = []
@@ -424,8 +424,10 @@ class Session:
                 own = None
             if own is not None and own[0] != default and space.is_feasible(own[0]):
                 picks.append(own[0])
+            picks += [c for c in template.known_good(self.target) if c not in picks and c != default]
         try:
-            picks += analytic_seeds(template, self.target, self.options.analytic_seeds, candidates)
+            picks += [c for c in analytic_seeds(template, self.target, self.options.analytic_seeds, candidates)
+                      if c not in picks]
         except TvmExtError:  # no tile passes the template's own rule: the GA still runs
             pass
         return [space.encode(c) for c in [default] + picks]

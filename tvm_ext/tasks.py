@@ -234,8 +234,9 @@ def match_gemm(func: Any, target: TargetInfo) -> Any:
     if dtypes != {"float32"}:
         return NoMatch(f"not a GEMM: operands {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
                        "(the GEMM template is float32; float16 and bfloat16 matmuls go to the tensor cores)")
+    # CUDA: with the staging knobs (register-staged prefetch and its seed tile, ``known_good``)
     template = GemmTemplate(found.m, found.n, found.k, batch=found.batch, b_transposed=found.b_transposed,
-                            b_shared=found.b_shared)
+                            b_shared=found.b_shared, staging=target.kind == "cuda")
     return template, found.site
 
 

@@ -154,6 +154,11 @@ class Template(ABC):
         the template has no rule of its own (method 002's GEMM tile selection applies)."""
         return None
 
+    def known_good(self, target: TargetInfo) -> list[Config]:
+        """Configs measured best on this kind of device at other shapes, feasible here: more
+        seeds for a search (none by default)."""
+        return []
+
     @cached_property
     def source_hash(self) -> str:
         """Hash of the template's source file, or of every file of its package for an
