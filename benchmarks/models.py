@@ -374,13 +374,14 @@ def targets(rows: list[Row]) -> list[str]:
         if not ours:
             continue
         ms = min((v for k, v in mine.items() if k.startswith("meta_schedule")), default=None)
-        eager = mine.get("torch eager")
+        # torch eager at its best: back to back or per call (a host-bound eager run moves with the host)
+        eager = min((v for k, v in mine.items() if k.startswith("torch eager")), default=None)
         graph = mine.get("torch CUDA graph")
         if model.startswith("BERT"):
             if ms:
                 lines.append(f"{model}: tvm_ext {ms / ours:.2f}x meta_schedule (target >= 1.3)")
             if eager:
-                lines.append(f"{model}: tvm_ext {eager / ours:.2f}x torch eager (target >= 1.0)")
+                lines.append(f"{model}: tvm_ext {eager / ours:.2f}x torch eager at its best (target >= 1.0)")
         elif graph:
             lines.append(f"{model}: tvm_ext {graph / ours:.2f}x torch in a CUDA graph (cuDNN; target >= 1.5)")
     return lines
