@@ -183,6 +183,7 @@ def test_cuda_compile_with_exported_schedules_offline(tuned, mlp, tmp_path):
     """No GPU here: the CUDA build of the model still uses the exported schedules (source only)."""
     import tvm
 
+    from tvm_ext.schedules.gemm import STAGING_DEFAULTS
     from tvm_ext.target import offline_cuda
     from tvm_ext.tvm_export import commit
 
@@ -192,9 +193,10 @@ def test_cuda_compile_with_exported_schedules_offline(tuned, mlp, tmp_path):
     db = open_database(str(tmp_path / "cuda_db"))
     for task, match in zip(tasks, match_tasks(tasks, cuda)):
         if match.matched and match.template.name == "gemm":  # a fixed config stands in for a CUDA tuning run
+            assert match.template.staging  # CUDA tasks search the staging knobs: here at their first values
             config = match.template.space(cuda).make(
                 wg_x=16, wg_y=8, task_x=4, task_y=4, k_step=16, use_shared=1, pad=1, unroll=64, vec=4,
-                double_buffer=1, a_transposed=1)
+                double_buffer=1, a_transposed=1, **STAGING_DEFAULTS)
             commit(db, task.dispatched[0], match, config, 1e-3, cuda)
     scheduled = compile_relax(mlp.get_module(), cuda, db, log=None)
     ex = tvm.compile(scheduled, target=tvm_target(cuda))
