@@ -8,7 +8,6 @@ the tuner measures once.  Compute, inputs and reference are the GEMM template's.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from tvm_ext.schedules.wmma import AUTO_TILES as WMMA_TILES
 from tvm_ext.schedules.wmma import TC_KNOBS, pick_wmma_tile, schedule_wmma, tensor_core_reason
 from tvm_ext.schedules.wmma import pass_config as wmma_pass_config
 from tvm_ext.schedules import wgmma
-from tvm_ext.program import CompiledProgram, compile_module_program
+from tvm_ext.program import CompiledProgram
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import TensorSpec
@@ -90,9 +89,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
             raise TvmExtError(str(exc).replace("no mma.sync tile fits", "no tensor-core tile fits")) from None
         wmma = pick_wmma_tile([(self.m, self.n, self.k)], target, self.acc_dtype) if self.a_dtype == "float16" else None
         wg = self.wgmma_tile(target) or wgmma.WgmmaTile()
-        wg_values = dict(wg_bm=wg.bm, wg_bn=wg.bn, wg_stages=wg.stages, wg_inflight=wg.inflight,
-                         wg_smem_epilogue=int(wg.smem_epilogue), wg_raster=wg.raster)
-        values = {**(wmma or WMMA_TILES[1]).as_dict(), **mma.as_dict(), **wg_values, "tc_kernel": "mma"}
+        values = {**(wmma or WMMA_TILES[1]).as_dict(), **mma.as_dict(), **wg.knobs(), "tc_kernel": "mma"}
         return Config(tuple((k.name, values[k.name]) for k in CHOICE_KNOBS))
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
@@ -120,8 +117,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
 
     def wgmma_reason(self, tile: "wgmma.WgmmaTile", target: TargetInfo) -> str | None:
         return (wgmma.target_reason(target) or self.wgmma_types_reason() or wgmma.epilogue_reason(tile, self.c_dtype)
-                or wgmma.wgmma_reason(tile, self.m, self.n, self.k,
-                                      min(wgmma.SHARED_LIMIT, wgmma.max_dynamic_smem(target)), "KN"))
+                or wgmma.wgmma_reason(tile, self.m, self.n, self.k, wgmma.shared_limit(target), "KN"))
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         """wgmma: its TVMScript kernel (B stored K x N) built for sm_90a, with the split-K scratch
@@ -136,8 +132,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
                                 b_layout="KN")
         for spec in self.scratch():
             func = _with_param(func, spec)
-        hopper = dataclasses.replace(target, arch="sm_90a")
-        return compile_module_program(func, hopper, {"lowered": "wgmma", "config": dict(config.items)})
+        return wgmma.compile_wgmma(func, target, config)
 
     def schedule(self, config: Config, target: TargetInfo, func: Any = None, site: Any = None) -> Any:
         from tvm import s_tir

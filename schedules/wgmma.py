@@ -84,6 +84,11 @@ class WgmmaTile:
         return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
                    c["wg_raster"])
 
+    def knobs(self) -> dict[str, int]:
+        """The knob values of this tile (``of``'s inverse)."""
+        return dict(wg_bm=self.bm, wg_bn=self.bn, wg_stages=self.stages, wg_inflight=self.inflight,
+                    wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster)
+
     @property
     def name(self) -> str:
         return (f"wgmma {self.bm}x{self.bn}x{self.bk} s{self.stages} w{self.inflight} "
@@ -142,6 +147,27 @@ def target_reason(target: TargetInfo) -> str | None:
     return None
 
 
+def shared_limit(target: TargetInfo) -> int:
+    """Dynamic shared memory a wgmma kernel's block may take on ``target``."""
+    return min(SHARED_LIMIT, max_dynamic_smem(target))
+
+
+def b_shape(n: int, k: int, b_layout: str) -> tuple[int, int]:
+    """The stored shape of the second operand: Bt (n, k), or B (k, n) with ``b_layout`` "KN"."""
+    return (k, n) if b_layout == "KN" else (n, k)
+
+
+def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProgram:
+    """A wgmma kernel compiled for sm_90a (wgmma is an arch-specific instruction); the config is
+    its record (no schedule trace)."""
+    return compile_module_program(func, sm_90a(target), {"lowered": "wgmma", "config": dict(config.items)})
+
+
+def sm_90a(target: TargetInfo) -> TargetInfo:
+    """``target`` built for sm_90a, the arch that has wgmma."""
+    return dataclasses.replace(target, arch="sm_90a")
+
+
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
                scale: float = 1.0, b_layout: str = "NK") -> Any:
     """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
@@ -154,7 +180,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     if reason:
         raise TvmExtError(reason)
     n_major = b_layout == "KN"
-    b_shape = (k, n) if n_major else (n, k)
+    bt_shape = b_shape(n, k, b_layout)
     has_bias = bias_dtype is not None
     bm, bn, bk, stages, smem_epilogue = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.smem_epilogue
     threads = bm // 64 * 128
@@ -192,10 +218,15 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         row, column = chunk // (bn // 8), chunk % (bn // 8)
         return column // 8 * (bk * 64) + row * 64 + (column % 8 ^ row % 8) * 8
 
+    def k_major(X: Any, row0: Any, kt: Any, chunk: Any) -> Any:
+        """The global address of 16-byte chunk ``chunk`` of k tile ``kt`` of a K-major operand's
+        tile (A, or Bt) whose rows start at ``row0``."""
+        return X.ptr_to([row0 + chunk // 8, kt * bk + chunk % 8 * 8])
+
     def b_global(B: Any, col0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
         if not n_major:
-            return B.ptr_to([col0 + chunk // 8, kt * bk + chunk % 8 * 8])
+            return k_major(B, col0, kt, chunk)
         return B.ptr_to([kt * bk + chunk // (bn // 8), col0 + chunk % (bn // 8) * 8])
 
     def out(value: Any, bias: Any, col: Any) -> Any:
@@ -205,6 +236,16 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         if has_bias:
             value = value + T.Cast("float32", bias[col])
         return T.Cast(c_dtype, value)
+
+    @T.macro
+    def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, row0: Any, col0: Any, tx: Any) -> None:
+        """k tile ``kt`` of A and B into stage ``slot`` (its halves offset), 16-byte ``cp.async``."""
+        for i in T.unroll(a_loads):
+            T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + swizzled(i * threads + tx)]),
+                                               k_major(A, row0, kt, i * threads + tx), 16)
+        for i in T.unroll(b_loads):
+            T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + a_stage + b_chunk(i * threads + tx)]),
+                                               b_global(Bt, col0, kt, i * threads + tx), 16)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -219,13 +260,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         for i in T.unroll(n_acc):
             acc[i] = T.float32(0)
         for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
-            for i in T.unroll(a_loads):
-                T.ptx["cp.async.cg.shared.global"](smem.ptr_to([s * stage + swizzled(i * threads + tx)]),
-                                                   A.ptr_to([row0 + (i * threads + tx) // 8,
-                                                             s * bk + (i * threads + tx) % 8 * 8]), 16)
-            for i in T.unroll(b_loads):
-                T.ptx["cp.async.cg.shared.global"](smem.ptr_to([s * stage + a_stage + b_chunk(i * threads + tx)]),
-                                                   b_global(Bt, col0, s, i * threads + tx), 16)
+            load_stage(smem, A, Bt, s * stage, s, row0, col0, tx)
             T.ptx["cp.async.commit_group"]()
         for kt in T.serial(k_tiles):
             T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
@@ -240,13 +275,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["wgmma.commit_group.sync.aligned"]()
             if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
                 nxt = (kt + ahead) % stages * stage
-                for i in T.unroll(a_loads):
-                    T.ptx["cp.async.cg.shared.global"](smem.ptr_to([nxt + swizzled(i * threads + tx)]),
-                                                       A.ptr_to([row0 + (i * threads + tx) // 8,
-                                                                 (kt + ahead) * bk + (i * threads + tx) % 8 * 8]), 16)
-                for i in T.unroll(b_loads):
-                    T.ptx["cp.async.cg.shared.global"](smem.ptr_to([nxt + a_stage + b_chunk(i * threads + tx)]),
-                                                       b_global(Bt, col0, kt + ahead, i * threads + tx), 16)
+                load_stage(smem, A, Bt, nxt, kt + ahead, row0, col0, tx)
             T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
             T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
         T.ptx["wgmma.wait_group.sync.aligned"](0)
@@ -270,7 +299,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 
     if has_bias:
         @T.prim_func
-        def main_bias(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(b_shape, "float16"),
+        def main_bias(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"),
                       bias: T.Buffer((n,), bias_dtype),
                       C: T.Buffer((m, n), c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
@@ -279,7 +308,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         return main_bias
 
     @T.prim_func
-    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(b_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
+    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         gemm(A, Bt, None, C)
 
@@ -293,7 +322,7 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     input GEMMs)."""
     if target_reason(target):
         return None
-    limit = max_dynamic_smem(target)
+    limit = shared_limit(target)
     tiles = [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
              for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
@@ -337,7 +366,7 @@ class WgmmaGemmTemplate(Template):
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
             return target_reason(target) or wgmma_reason(WgmmaTile.of(c), self.m, self.n, self.k,
-                                                         min(SHARED_LIMIT, max_dynamic_smem(target)), self.b_layout)
+                                                         shared_limit(target), self.b_layout)
         return Space(KNOBS, (reason,))
 
     def default_config(self, target: TargetInfo) -> Config:
@@ -347,8 +376,7 @@ class WgmmaGemmTemplate(Template):
         if reason:
             raise TvmExtError(reason)
         space = self.space(target)
-        configs = [space.make(wg_bm=bm, wg_bn=bn, wg_stages=s, wg_inflight=w, wg_smem_epilogue=e, wg_raster=r)
-                   for bm, bn, s, w, e, r in DEFAULT_TILES]
+        configs = [space.make(**WgmmaTile(bm, bn, s, w, bool(e), r).knobs()) for bm, bn, s, w, e, r in DEFAULT_TILES]
         feasible = [c for c in configs if space.is_feasible(c)]
         if not feasible:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
@@ -364,13 +392,11 @@ class WgmmaGemmTemplate(Template):
         reason = self.space(target).infeasible_reason(config)
         if reason:
             raise TvmExtError(reason)
-        hopper = dataclasses.replace(target, arch="sm_90a")
-        func = wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, b_layout=self.b_layout)
-        return compile_module_program(func, hopper, {"lowered": "wgmma", "config": dict(config.items)})
+        return compile_wgmma(wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, b_layout=self.b_layout),
+                             target, config)
 
     def inputs(self) -> list[TensorSpec]:
-        b_shape = (self.k, self.n) if self.b_layout == "KN" else (self.n, self.k)
-        return [TensorSpec((self.m, self.k), "float16"), TensorSpec(b_shape, "float16")]
+        return [TensorSpec((self.m, self.k), "float16"), TensorSpec(b_shape(self.n, self.k, self.b_layout), "float16")]
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec((self.m, self.n), "float16")]

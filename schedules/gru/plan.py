@@ -11,13 +11,13 @@ state ping-pongs inside one buffer, ``hs``, indexed by the step's parity).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tvm_ext import step_loop
 from tvm_ext.program import FailureFlag, RunPlan
 from tvm_ext.program import Artifact, CompiledProgram, KernelLaunch, TensorSpec, extract_launches, plain_json
+from tvm_ext.schedules.wgmma import sm_90a
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
@@ -101,7 +101,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}
     # wgmma is an arch-specific instruction: the module is built for sm_90a
-    arch = dataclasses.replace(target, arch="sm_90a") if template.input_on_wgmma(config) else target
+    arch = sm_90a(target) if template.input_on_wgmma(config) else target
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
         executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(arch.tvm_target()))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)

@@ -339,10 +339,7 @@ class GruTemplate(DtypeFields, Template):
 
     def split_reason(self) -> str | None:
         """Why the input GEMM cannot run split into float16 parts (``in_split``), whatever the target."""
-        dtypes = {"x": self.x_dtype, "w_ih": self.w_ih_dtype, "in_acc": self.in_acc_dtype}
-        if self.layers > 1:
-            dtypes["out"] = self.out_dtype  # layer >= 1 splits the layer below's output
-        lowered = sorted(name for name, dtype in dtypes.items() if dtype != F32)
+        lowered = self._input_gemm_params_not(F32, "in_acc")
         if lowered:
             return (f"input GEMM split (in_split 1) emulates float32 x·W_ihᵀ; {', '.join(lowered)} "
                     f"must be float32")
@@ -350,14 +347,17 @@ class GruTemplate(DtypeFields, Template):
 
     def wgmma_reason(self) -> str | None:
         """Why the (unsplit) input GEMM cannot run on wgmma (``in_wgmma``), whatever the target:
-        its operands must be float16 (layer ≥ 1's A is the layer below's output)."""
-        dtypes = {"x": self.x_dtype, "w_ih": self.w_ih_dtype}
-        if self.layers > 1:
-            dtypes["out"] = self.out_dtype
-        other = sorted(name for name, dtype in dtypes.items() if dtype != "float16")
+        its operands must be float16."""
+        other = self._input_gemm_params_not("float16")
         if other:
             return f"input GEMM on wgmma (in_wgmma 1) takes float16 operands; {', '.join(other)} must be float16"
         return None
+
+    def _input_gemm_params_not(self, dtype: str, *extra: str) -> list[str]:
+        """The input GEMM's precision parameters not of ``dtype``, sorted: x, W_ih, the layer below's
+        output (layer ≥ 1's A, with several layers) and ``extra``."""
+        names = ("x", "w_ih", *extra, *(("out",) if self.layers > 1 else ()))
+        return sorted(name for name in names if self.precision[name] != dtype)
 
     def input_on_wgmma(self, config: Config) -> bool:
         """Whether ``config``'s input GEMM is a wgmma kernel (``lowered_kernels``), not a schedule."""
