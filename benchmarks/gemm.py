@@ -21,15 +21,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
 
 from tvm_ext.cost_model.analytic import analytic_seeds  # noqa: E402
-from tvm_ext.schedules.gemm import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
+from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate  # noqa: E402
 from tvm_ext.session import Session, SessionOptions  # noqa: E402
 
 
 # The two leaders of the H100 staging probe (benchmarks/sgemm_probe.py, 2026-11-23: 43.8 and
 # 43.4 TFLOP/s = 0.85 and 0.84 of cuBLAS fp32 at 4096^3): GA seeds.
 STAGED_SEEDS = (
-    dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1, prefetch=1, warp_x=0, load_vec=0),
+    {**STAGING_DEFAULTS, **REGISTER_STAGED_TILE},  # the template's own known-good tile
     dict(wg_x=8, wg_y=16, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
          a_transposed=1, prefetch=0, warp_x=8, load_vec=0),
 )

@@ -28,24 +28,17 @@ from tvm_ext.schedules.gemm import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
 from tvm_ext.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
+
+def tile(wg_x: int, wg_y: int, task_x: int, task_y: int, k_step: int = 16) -> dict[str, int]:
+    """A shared-memory tile with 16-byte vectors, padded rows, double buffering, a K-major A."""
+    return dict(wg_x=wg_x, wg_y=wg_y, task_x=task_x, task_y=task_y, k_step=k_step, use_shared=1, pad=1, unroll=16,
+                vec=4, double_buffer=1, a_transposed=1)
+
+
 # The two best tiles of the earlier H100 searches (43.4 TFLOP/s), and the 128x128 / 256-thread tile.
-TILES = (
-    dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1),
-    dict(wg_x=8, wg_y=16, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1),
-    dict(wg_x=16, wg_y=16, task_x=8, task_y=8, k_step=8, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1),
-)
+TILES = (tile(16, 8, 8, 8), tile(8, 16, 8, 8), tile(16, 16, 8, 8, k_step=8))
 # Smaller blocks for shapes whose 64x128 tiles leave SMs idle (M = 1024: 96 blocks at N = 768)
-SMALL_TILES = (
-    dict(wg_x=8, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1),
-    dict(wg_x=16, wg_y=8, task_x=4, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1),
-    dict(wg_x=16, wg_y=16, task_x=4, task_y=4, k_step=16, use_shared=1, pad=1, unroll=16, vec=4, double_buffer=1,
-         a_transposed=1),
-)
+SMALL_TILES = (tile(8, 8, 8, 8), tile(16, 8, 4, 8), tile(16, 16, 4, 4))
 STAGING = [dict(prefetch=p, warp_x=w) for p, w in itertools.product((0, 1), (0, 8))]
 STAGING += [dict(prefetch=2, a_transposed=0), dict(prefetch=1, k_step=32)]
 
