@@ -27,12 +27,17 @@ meta_schedule's tuning alone can take most of a run (BERT: about 8 minutes for 8
 each of its 8 tasks), so it can run by itself (``--variants meta_schedule``), leaving its
 database and ``tuning.json`` (wall time, trials) under ``OUT/bert_<dtype>/ms_<seed>``; a
 later run times that database beside ours and torch in one process (``--ms-database DIR``,
-one per seed, its tuning time read from ``tuning.json``).
+one per seed, its tuning time read from ``tuning.json``).  Where one seed does not fit a run,
+``--ms-tasks 0:4,4:8`` tunes it in parts (each part's tasks by index, each part saved as it
+ends, under ``ms_<seed>_tasks<a>-<b>``), and ``--ms-database A+B`` joins a seed's parts (their
+tuning times added).
 
     source .tvm-device/boot.sh && python benchmarks/models.py --out $OUT [--quick]
     python benchmarks/models.py --dry-run   # no GPU: import, lower, match, compile for CUDA (source only)
     ... --models bert:float32 --variants meta_schedule            # meta_schedule's tuning alone
     ... --models bert:float32 --ms-database benchmarks/data/ms_bert_float32_seed0  # then all, it timed
+    ... --variants meta_schedule --seed 1 --ms-tasks 0:4,4:8   # a seed in parts, in one or more runs
+    ... --ms-database seed0,seed1_part1+seed1_part2            # a seed's parts joined
 """
 from __future__ import annotations
 
@@ -209,8 +214,24 @@ def tune_meta_schedule(model: Model, chosen: list[Any], args: argparse.Namespace
     return db, wall, trials
 
 
-def load_meta_schedule(work: str) -> tuple[Any, float, str]:
-    """A database ``tune_meta_schedule`` left in ``work`` (an earlier run), with its tuning time."""
+def load_meta_schedule(folders: list[str]) -> tuple[Any, float, str]:
+    """The database(s) ``tune_meta_schedule`` left in ``folders`` (an earlier run: one seed, whole or
+    in parts of its tasks), joined, with their tuning time added."""
+    from tvm.s_tir import meta_schedule as ms
+
+    parts = [_load_meta_schedule_part(folder) for folder in folders]
+    if len(parts) == 1:
+        return parts[0]
+    db = ms.database.MemoryDatabase()
+    for part_db, _, _ in parts:
+        for record in part_db.get_all_tuning_records():
+            db.commit_workload(record.workload.mod)
+            db.commit_tuning_record(record)
+    trials = " + ".join(p[2].removesuffix(" (tuned in an earlier run)") for p in parts)
+    return db, sum(p[1] for p in parts), trials + " (tuned in an earlier run, in parts)"
+
+
+def _load_meta_schedule_part(work: str) -> tuple[Any, float, str]:
     from tvm.s_tir import meta_schedule as ms
 
     with open(os.path.join(work, "tuning.json")) as f:
@@ -326,27 +347,35 @@ def meta_schedule_rows(model: Model, target: TargetInfo, args: argparse.Namespac
     """A row per seed: the databases of ``--ms-database`` (tuned in an earlier run), else a tuning
     run per seed where its estimated time fits."""
     if args.ms_database:
-        for seed, folder in enumerate(args.ms_database):
+        for seed, folders in enumerate(args.ms_database):
             label = f"meta_schedule (seed {args.seed + seed})"
             try:
-                db, wall, trials = load_meta_schedule(folder)
+                db, wall, trials = load_meta_schedule(folders)
                 log.add(tvm_variant(model, target, db, label, wall, trials))
             except Exception as exc:
                 log.add(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
         return
     chosen = matched_tasks(model, target)  # lowered once for every seed
-    estimate = 60 + (MS_TASK_SECONDS + MS_CANDIDATE_SECONDS * args.trials) * len(chosen)
+    parts = args.ms_tasks or [(0, len(chosen))]
     for seed in range(args.seeds):
-        label = f"meta_schedule (seed {args.seed + seed})"
-        if not clock.allows(estimate):
-            log.add(Row(model.label, label, note=f"skipped (time: about {estimate:.0f} s)"))
-            continue
-        try:
-            db, wall, trials = tune_meta_schedule(model, chosen, args, os.path.join(work, f"ms_{seed}"),
-                                                  args.seed + seed)
-            log.add(tvm_variant(model, target, db, label, wall, trials))
-        except Exception as exc:
-            log.add(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
+        for first, end in parts:
+            part = chosen[first:end]
+            whole = (first, end) == (0, len(chosen))
+            label = f"meta_schedule (seed {args.seed + seed})" + ("" if whole else f", tasks {first}-{end}")
+            estimate = 60 + (MS_TASK_SECONDS + MS_CANDIDATE_SECONDS * args.trials) * len(part)
+            if not part or not clock.allows(estimate):
+                why = "no such tasks" if not part else f"time: about {estimate:.0f} s"
+                log.add(Row(model.label, label, note=f"skipped ({why})"))
+                continue
+            folder = f"ms_{args.seed + seed}" + ("" if whole else f"_tasks{first}-{end}")
+            try:
+                db, wall, trials = tune_meta_schedule(model, part, args, os.path.join(work, folder),
+                                                      args.seed + seed)
+                # a part's database holds some tasks only: timed once its parts are joined (--ms-database)
+                log.add(tvm_variant(model, target, db, label, wall, trials) if whole else
+                        Row(model.label, label, None, None, wall, trials, note=f"tuned part, in {folder}"))
+            except Exception as exc:
+                log.add(Row(model.label, label, note=f"failed: {_last_line(exc)}"))
 
 
 def ratios(rows: list[Row]) -> list[list[str]]:
@@ -440,6 +469,8 @@ def main() -> None:
     p.add_argument("--ms-database", default="",
                    help="comma-separated meta_schedule work folders of an earlier run (one per seed) to time "
                         "instead of tuning")
+    p.add_argument("--ms-tasks", default="",
+                   help="tune meta_schedule in parts of its tasks, comma-separated index slices such as 0:4,4:8")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--quick", action="store_true", help="smaller budgets")
     p.add_argument("--dry-run", action="store_true", help="no GPU: import, lower, match, compile for CUDA")
@@ -453,10 +484,17 @@ def main() -> None:
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; allowed: {', '.join(VARIANTS)}")
-    args.ms_database = [d.strip() for d in args.ms_database.split(",") if d.strip()]
-    missing = [d for d in args.ms_database if not os.path.isfile(os.path.join(d, "tuning.json"))]
+    args.ms_database = [[d.strip() for d in seed.split("+") if d.strip()]
+                        for seed in args.ms_database.split(",") if seed.strip()]
+    missing = [d for seed in args.ms_database for d in seed if not os.path.isfile(os.path.join(d, "tuning.json"))]
     if missing:
         p.error(f"no meta_schedule run in {missing[0]} (tuning.json missing)")
+    try:
+        args.ms_tasks = [tuple(int(i) for i in part.split(":")) for part in args.ms_tasks.split(",") if part.strip()]
+    except ValueError:
+        p.error(f"--ms-tasks {args.ms_tasks!r}: comma-separated FIRST:END task index slices, such as 0:4,4:8")
+    if any(len(part) != 2 or not 0 <= part[0] < part[1] for part in args.ms_tasks):
+        p.error(f"--ms-tasks {args.ms_tasks}: each part is FIRST:END with 0 <= FIRST < END")
     args.trials = args.trials or (4 if args.quick else 8)
     args.population = args.population or (4 if args.quick else 8)
     os.makedirs(args.out, exist_ok=True)
