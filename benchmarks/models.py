@@ -217,18 +217,31 @@ def tune_meta_schedule(model: Model, chosen: list[Any], args: argparse.Namespace
 def load_meta_schedule(folders: list[str]) -> tuple[Any, float, str]:
     """The database(s) ``tune_meta_schedule`` left in ``folders`` (an earlier run: one seed, whole or
     in parts of its tasks), joined, with their tuning time added."""
+    import tvm.s_tir.tensor_intrin.cuda  # noqa: F401  (its tensor-core traces name these intrinsics)
     from tvm.s_tir import meta_schedule as ms
 
     parts = [_load_meta_schedule_part(folder) for folder in folders]
     if len(parts) == 1:
-        return parts[0]
-    db = ms.database.MemoryDatabase()
-    for part_db, _, _ in parts:
-        for record in part_db.get_all_tuning_records():
-            db.commit_workload(record.workload.mod)
-            db.commit_tuning_record(record)
-    trials = " + ".join(p[2].removesuffix(" (tuned in an earlier run)") for p in parts)
-    return db, sum(p[1] for p in parts), trials + " (tuned in an earlier run, in parts)"
+        db, wall, trials = parts[0]
+    else:
+        db = ms.database.MemoryDatabase()
+        for part_db, _, _ in parts:
+            for record in part_db.get_all_tuning_records():
+                db.commit_workload(record.workload.mod)
+                db.commit_tuning_record(record)
+        wall = sum(p[1] for p in parts)
+        trials = " + ".join(p[2].removesuffix(" (tuned in an earlier run)") for p in parts)
+        trials += " (tuned in an earlier run, in parts)"
+    failed = _tasks_without_a_record(db)
+    return db, wall, trials + (f"; {failed} task(s) with no candidate that ran: dlight's schedule" if failed else "")
+
+
+def _tasks_without_a_record(db: Any) -> int:
+    """Tasks whose every candidate failed to build or run: they compile with dlight's schedule."""
+    workloads: dict[str, Any] = {}
+    for record in db.get_all_tuning_records():
+        workloads.setdefault(record.workload.mod.script(), record)
+    return sum(db.query_tuning_record(r.workload.mod, r.target, "main") is None for r in workloads.values())
 
 
 def _load_meta_schedule_part(work: str) -> tuple[Any, float, str]:
