@@ -362,3 +362,33 @@ def test_the_torch_import_keeps_matmuls_in_their_operands_type(bert, dtype):
     tol = 1e-2 if dtype == "float16" else 1e-5
     np.testing.assert_allclose(got[0].numpy(), 0.5 * v["bias"] + 2.0 * v["a"] @ v["b"], rtol=tol, atol=tol)
     np.testing.assert_allclose(got[1].numpy(), v["p"] @ v["q"], rtol=tol, atol=tol)
+
+
+def test_benchmark_joins_a_meta_schedule_seed_tuned_in_parts(monkeypatch):
+    """``benchmarks/models.py --ms-database A+B``: the parts' records in one database, their
+    tuning times added, and tasks whose every candidate failed counted (they get dlight's
+    schedule).  On the databases the H100 runs kept under ``benchmarks/data``."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ on the path
+    spec = importlib.util.spec_from_file_location("bench_models", os.path.join(ROOT, "benchmarks", "models.py"))
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_models", bench)  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    data = os.path.join(ROOT, "benchmarks", "data")
+
+    def part(name: str) -> tuple[str, float]:
+        folder = os.path.join(data, name)
+        with open(os.path.join(folder, "tuning.json")) as f:
+            return folder, json.load(f)["wall_s"]
+
+    (first, first_s), (second, second_s) = (part(f"ms_bert_float32_seed1_tasks{tasks}") for tasks in ("0-4", "4-8"))
+    db, wall, trials = bench.load_meta_schedule([first, second])
+    assert len(db.get_all_tuning_records()) == 32 and wall == pytest.approx(first_s + second_s)
+    assert "in parts" in trials and "dlight" not in trials
+    workloads = {r.workload.mod.script() for r in db.get_all_tuning_records()}
+    assert len(workloads) == 8  # the BERT layer's eight tasks, four from each part
+    whole, _, whole_trials = bench.load_meta_schedule([os.path.join(data, "ms_bert_float32_seed0")])
+    assert len(whole.get_all_tuning_records()) == 32 and "in parts" not in whole_trials
+    # float16: 23 of meta_schedule's 24 WMMA candidates failed to build in TVM 0.27
+    _, _, f16_trials = bench.load_meta_schedule([os.path.join(data, "ms_bert_float16_seed0_tasks0-4"),
+                                                 os.path.join(data, "ms_bert_float16_seed0_tasks4-8")])
+    assert "5 task(s) with no candidate that ran" in f16_trials
