@@ -480,8 +480,8 @@ def main() -> None:
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds; later stages are skipped past it")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
     p.add_argument("--ms-database", default="",
-                   help="comma-separated meta_schedule work folders of an earlier run (one per seed) to time "
-                        "instead of tuning")
+                   help="comma-separated meta_schedule work folders of an earlier run (one per seed; a seed "
+                        "tuned in parts as PART+PART) to time instead of tuning")
     p.add_argument("--ms-tasks", default="",
                    help="tune meta_schedule in parts of its tasks, comma-separated index slices such as 0:4,4:8")
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
