@@ -106,7 +106,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         """``pick_wgmma_tile``'s tile for this GEMM, None where wgmma cannot run it."""
         if self.wgmma_types_reason():
             return None
-        tile = wgmma.pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype)
+        tile = wgmma.pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN")
         return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
 
     def wgmma_types_reason(self) -> str | None:

@@ -102,11 +102,17 @@ class WgmmaTile:
         return self.stages * (self.bm + self.bn) * self.bk * 2
 
 
+def b_layout_reason(b_layout: str) -> str | None:
+    """Why ``b_layout`` is no layout of B the kernel reads (one line), or None."""
+    return None if b_layout in B_LAYOUTS else f"B layout {b_layout!r}; allowed: {', '.join(B_LAYOUTS)}"
+
+
 def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT,
                  b_layout: str = "NK") -> str | None:
     """Why tile ``t`` cannot run an (m, n, k) GEMM with B laid out as ``b_layout`` (one line), or None."""
-    if b_layout not in B_LAYOUTS:
-        return f"B layout {b_layout!r}; allowed: {', '.join(B_LAYOUTS)}"
+    layout = b_layout_reason(b_layout)
+    if layout:
+        return layout
     if b_layout == "KN" and t.bn % 64:
         return f"{t.name}: B stored (K, N) is read in 64-wide N atoms: bn must be a multiple of 64"
     if t.bk != BK or t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
@@ -349,8 +355,9 @@ class WgmmaGemmTemplate(Template):
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
-        if self.b_layout not in B_LAYOUTS:
-            raise TvmExtError(f"B layout {self.b_layout!r}; allowed: {', '.join(B_LAYOUTS)}")
+        reason = b_layout_reason(self.b_layout)
+        if reason:
+            raise TvmExtError(reason)
 
     @classmethod
     def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK") -> "WgmmaGemmTemplate":
