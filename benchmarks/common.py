@@ -4,8 +4,9 @@ and graphs) and the printed table.
 The protocol itself is ``tvm_ext.timing`` (framework-free, tested on PoCL); this file adds
 what needs torch: CUDA events as the clock, the vendor timed per call, back to back and
 replayed from a CUDA graph (``time_vendor``), and our kernels timed back to back with the
-same events and input rotation (``time_ours``).  Every benchmark reports its ratios
-against the vendor's best of the three (``VendorTimes.best``).
+same events and input rotation (``time_ours``), or, for TVM calls of a few microseconds,
+the same three ways with TVM's launches captured in the graph (``time_ours_three``).  Every
+benchmark reports its ratios against the vendor's best of the three (``VendorTimes.best``).
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Any, Callable, Sequence
 from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
                             VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
 
-__all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "l2_rotation", "vendor_header",
-           "vendor_cells", "vendor_methods", "table", "device_name", "rel_error_vs", "tvm_launch", "TimingSettings",
-           "VendorTimes", "Timing"]
+__all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
+           "vendor_header", "vendor_cells", "vendor_methods", "table", "device_name", "rel_error_vs", "tvm_launch",
+           "TimingSettings", "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -52,10 +53,17 @@ def l2_rotation(set_bytes: float, max_sets: int = 64) -> int:
 
 
 def _tensors(value: Any) -> list[Any]:
-    """The tensors in a call's result (a tensor, or nested tuples/lists of them)."""
-    if isinstance(value, (tuple, list)):
+    """The tensors in a call's result (torch tensors, or TVM tensors seen through DLPack, or
+    nested tuples/lists of them)."""
+    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
         return [t for v in value for t in _tensors(v)]
-    return [value] if hasattr(value, "detach") else []
+    if hasattr(value, "detach"):
+        return [value]
+    if hasattr(value, "__dlpack__"):
+        import torch
+
+        return [torch.from_dlpack(value)]
+    return []
 
 
 def _same(graph_out: Any, eager_out: Any) -> str:
@@ -72,29 +80,48 @@ def _same(graph_out: Any, eager_out: Any) -> str:
     return ""
 
 
-def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = TimingSettings()) -> Timing:
+def _on(context: Any, tvm_stream: bool) -> Any:
+    """``context`` (a torch stream or graph capture), with TVM's launches sent to the same
+    stream where ``tvm_stream`` (TVM's CUDA runtime launches on the FFI's current stream)."""
+    if not tvm_stream:
+        return context
+    import tvm_ffi
+
+    return tvm_ffi.use_torch_stream(context)
+
+
+def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = TimingSettings(),
+               tvm_stream: bool = False) -> Timing:
     """Capture ``calls`` calls (cycling the sets) in one CUDA graph; each sample is events
-    around one replay, divided by ``calls``.  Raises ``RuntimeError`` if the replayed output
-    of any set differs from the same call run eagerly."""
+    around one replay, divided by ``calls``.  ``fn(i)`` returns its output (a call that
+    writes into a buffer returns that buffer).  The outputs are poisoned with NaN before the
+    checked replay, and ``RuntimeError`` is raised if any set's replayed output differs from
+    the same call run eagerly.  ``tvm_stream``: ``fn`` launches TVM kernels (see ``_on``)."""
     import torch
 
     calls = max(sets, min(calls, MAX_GRAPH_CALLS) // sets * sets)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up off the capture stream (workspaces, autotuning)
+    kept: list[Any] = [None] * sets
+    with _on(torch.cuda.stream(side), tvm_stream):  # warm up off the capture stream (workspaces, autotuning)
         for i in range(3 * sets):
-            fn(i % sets)
-    torch.cuda.current_stream().wait_stream(side)
+            kept[i % sets] = fn(i % sets)  # outputs held as the capture holds them: an allocator's pool
+    torch.cuda.current_stream().wait_stream(side)  # (TVM's) then has their memory, no cudaMalloc in capture
+    del kept
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     outs: list[Any] = [None] * sets
-    with torch.cuda.graph(graph):
+    with _on(torch.cuda.graph(graph), tvm_stream):
         for i in range(calls):
             outs[i % sets] = fn(i % sets)  # the last call of each set keeps its output
+    for t in _tensors(outs):
+        if t.is_floating_point():
+            t.fill_(float("nan"))  # a replay that writes nothing fails the check
     graph.replay()
     torch.cuda.synchronize()
+    replayed = [[t.clone() for t in _tensors(o)] for o in outs]  # before eager calls overwrite buffers
     for i in range(sets):
-        differs = _same(outs[i], fn(i))
+        differs = _same(replayed[i], fn(i))
         if differs:
             raise RuntimeError(differs)
     timed = per_call(lambda _: graph.replay(), 1, TorchEventClock(), settings)
@@ -103,7 +130,7 @@ def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = Tim
 
 
 def time_vendor(fn: Launch, sets: int = 1, settings: TimingSettings = TimingSettings(),
-                graph: bool = True) -> VendorTimes:
+                graph: bool = True, tvm_stream: bool = False) -> VendorTimes:
     """The vendor's ``fn(i)`` (one call on input set i, returning its output) per call, back
     to back and replayed from a CUDA graph, in this order, in this process.  A graph that
     cannot be captured or whose output differs from eager is left out (``graph_note``)."""
@@ -113,10 +140,10 @@ def time_vendor(fn: Launch, sets: int = 1, settings: TimingSettings = TimingSett
     if not graph:
         return VendorTimes(single, loop, None, "not run")
     try:
-        replayed = time_graph(fn, sets, calls_per_sample(loop.seconds, sets, settings), settings)
+        replayed = time_graph(fn, sets, calls_per_sample(loop.seconds, sets, settings), settings, tvm_stream)
     except Exception as exc:  # reported in the table, never the end of the run
-        text = str(exc).strip().splitlines()
-        return VendorTimes(single, loop, None, (text[-1] if text else type(exc).__name__)[:160])
+        text = [line for line in str(exc).strip().splitlines() if line.strip()]
+        return VendorTimes(single, loop, None, (text[0] if text else type(exc).__name__)[:160])
     return VendorTimes(single, loop, replayed)
 
 
@@ -124,6 +151,13 @@ def time_ours(launch: Launch, sets: int = 1, settings: TimingSettings = TimingSe
     """Our kernel's ``launch(i)`` (e.g. a TVM ``Module`` function on input set i, or the GRU
     layer's executor) back to back on the rotated sets, with the same CUDA events."""
     return back_to_back(launch, sets, TorchEventClock(), settings, Rotation(sets))
+
+
+def time_ours_three(launch: Launch, sets: int = 1, settings: TimingSettings = TimingSettings()) -> VendorTimes:
+    """Our TVM call timed the vendor's three ways, the graph capturing TVM's launches too: for
+    kernels of a few microseconds, where a back-to-back loop measures the host's launch rate
+    and the vendor's graph replay would be compared with it.  ``launch(i)`` returns its output."""
+    return time_vendor(launch, sets, settings, graph=True, tvm_stream=True)
 
 
 def vendor_methods(times: VendorTimes) -> list[tuple[str, Timing | None]]:

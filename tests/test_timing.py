@@ -229,3 +229,24 @@ def test_graph_timing_on_the_gpu(tmp_path):
     ours = common.time_ours(common.tvm_launch(func, args), sets, settings)
     np.testing.assert_allclose(args[1][1].numpy(), 2 * xs[1].cpu().numpy())
     assert ours.method == BACK_TO_BACK and ours.calls % sets == 0 and ours.seconds > 0
+
+    # the same TVM kernel in a CUDA graph: its launches go to the capture stream only when
+    # TVM is told the stream; the replay is checked on NaN-poisoned outputs
+    def launch(i):
+        func(*args[i])
+        return args[i][1]
+
+    with pytest.raises(Exception) as outside:  # noqa: B017  launched on TVM's own stream, outside the capture
+        common.time_graph(launch, sets, 2 * sets, settings)
+    print("TVM's launch outside the capture:", type(outside.value).__name__, outside.value)
+    torch.cuda.synchronize()
+    three = common.time_ours_three(launch, sets, settings)
+    assert three.graph is not None, three.graph_note
+    assert three.graph.calls % sets == 0 and three.graph.seconds > 0
+    np.testing.assert_allclose(args[0][1].numpy(), 2 * xs[0].cpu().numpy())
+
+    def stale(i):  # a launch that captures nothing: the poisoned output is caught
+        return args[i][1]
+
+    with pytest.raises(RuntimeError, match="differs"):
+        common.time_graph(stale, sets, 2 * sets, settings, tvm_stream=True)
