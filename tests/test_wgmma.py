@@ -43,6 +43,22 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
 
 
+def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
+    """64x3072x1024 (a GRU step's hidden GEMM at batch 64) takes only 64-row tiles; there 8
+    shared-memory stages measured 0.93-0.94 of cuBLAS on the H100 (both replayed from CUDA
+    graphs) against 0.88-0.91 with 4-6, so the default tile and the pick take 8."""
+    from tvm_ext.schedules.wgmma import pick_wgmma_tile
+
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(64, 3072, 1024)
+    cfg = t.default_config(target)
+    assert WgmmaTile.of(cfg) == WgmmaTile(64, 64, 8, 1, True, 0)
+    assert t.space(target).is_feasible(cfg) and 8 in t.space(target).knob("wg_stages").choices
+    assert pick_wgmma_tile([(64, 3072, 1024)], target, "float16") == WgmmaTile(64, 64, 8, 1, True, 0)
+    source = t.build_program(cfg, target).source
+    assert "m64n64k16" in source and "cp.async.wait_group 5" in source  # 8 stages: 6 tiles loaded ahead
+
+
 def test_b_stored_k_by_n_is_read_n_major():
     """B (K, N): the wgmma's transposed-B flag set, B's 16-byte chunks laid out in 64-wide N atoms
     (``B_LAYOUTS``); the K-major kernel keeps the flag clear."""
