@@ -11,14 +11,15 @@ benchmark reports its ratios against the vendor's best of the three (``VendorTim
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
                             VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
 
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
-           "vendor_header", "vendor_cells", "vendor_methods", "table", "device_name", "rel_error_vs", "tvm_launch",
-           "TimingSettings", "VendorTimes", "Timing"]
+           "vendor_header", "vendor_cells", "vendor_methods", "seconds_by_method", "methods_text", "table",
+           "device_name", "rel_error_vs", "tvm_launch", "TimingSettings", "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -55,7 +56,7 @@ def l2_rotation(set_bytes: float, max_sets: int = 64) -> int:
 def _tensors(value: Any) -> list[Any]:
     """The tensors in a call's result (torch tensors, or TVM tensors seen through DLPack, or
     nested tuples/lists of them)."""
-    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
+    if isinstance(value, Sequence) and not isinstance(value, str):  # tuple, list, TVM's Array
         return [t for v in value for t in _tensors(v)]
     if hasattr(value, "detach"):
         return [value]
@@ -165,6 +166,16 @@ def vendor_methods(times: VendorTimes) -> list[tuple[str, Timing | None]]:
     comes as (``"CUDA graph: <why>"``, None), so every table shows all three."""
     graph = (GRAPH, times.graph) if times.graph is not None else (f"{GRAPH}: {times.graph_note}", None)
     return [(PER_CALL, times.per_call), (BACK_TO_BACK, times.back_to_back), graph]
+
+
+def seconds_by_method(times: VendorTimes) -> dict[str, float | None]:
+    """The three methods' seconds by name, in table order (None: the graph was left out)."""
+    return {method: (t.seconds if t else None) for method, t in vendor_methods(times)}
+
+
+def methods_text(times: VendorTimes) -> str:
+    """'per call 0.206, back-to-back 0.188, CUDA graph 0.186' (ms; a left-out graph says why)."""
+    return ", ".join(f"{method} {t.seconds * 1e3:.3f}" if t else method for method, t in vendor_methods(times))
 
 
 def rel_error_vs(out: Any, ref: Any) -> float:

@@ -18,7 +18,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table  # noqa: E402
-from common import l2_rotation, rel_error_vs, time_ours_three, time_vendor, vendor_methods  # noqa: E402
+from common import (l2_rotation, methods_text, rel_error_vs, seconds_by_method, time_ours_three,  # noqa: E402
+                    time_vendor)
 
 from tvm_ext.schedules.mma import AUTO_TILES, MmaGemmTemplate, MmaTile  # noqa: E402
 from tvm_ext.session import Session, SessionOptions  # noqa: E402
@@ -67,8 +68,8 @@ def cublas_fp16(m: int, n: int, k: int) -> Any:
 def describe(times: Any, flops: float) -> str:
     """'0.186 ms (738 TFLOP/s, CUDA graph; per call 0.206, back-to-back 0.188, CUDA graph 0.186)'."""
     best = times.best
-    parts = ", ".join(f"{method} {t.seconds * 1e3:.3f}" if t else method for method, t in vendor_methods(times))
-    return f"{best.seconds * 1e3:.3f} ms ({flops / best.seconds / 1e12:.0f} TFLOP/s, {best.method}; {parts})"
+    return (f"{best.seconds * 1e3:.3f} ms ({flops / best.seconds / 1e12:.0f} TFLOP/s, {best.method}; "
+            f"{methods_text(times)})")
 
 
 def in_graph(template: Any, config: Any, target: Any) -> tuple[Any, float]:
@@ -82,9 +83,8 @@ def in_graph(template: Any, config: Any, target: Any) -> tuple[Any, float]:
         raise ValueError("a program of several calls: not timed in a graph here")
     func = program.executable.mod["main"]
     specs = template.inputs() + template.outputs() + template.scratch()
-    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
     sets = l2_rotation(sum(2 * int(np.prod(s.shape)) for s in specs))
-    buffers = [[torch.randn(s.shape, device="cuda").to(dtypes[s.dtype]) for s in specs] for _ in range(sets)]
+    buffers = [[torch.randn(s.shape, device="cuda").to(getattr(torch, s.dtype)) for s in specs] for _ in range(sets)]
     args = [[tvm.runtime.from_dlpack(t) for t in b] for b in buffers]
     out = len(template.inputs())  # the output's position among the buffers
     buffers[0][out].fill_(float("nan"))
@@ -127,19 +127,19 @@ def main() -> int:
             tuner.evaluate(feasible)
             wall = time.time() - start
             vendor = cublas_fp16(m, n, k)
-            rows = []
+            rows, measured = [], []
             for config in feasible:
                 rec = tuner.record_of(config)
                 if rec is None:
                     continue
+                if rec.ok:
+                    measured.append((rec.cost, config))
                 speed = f"{template.flops() / rec.cost / 1e12:.0f}" if rec.ok else rec.error_kind
                 rows.append((rec.cost if rec.ok else float("inf"), [
                     MmaTile.of(config).label(), f"{rec.cost * 1e3:.4f}" if rec.ok else "-", speed,
                     f"{vendor.best.seconds / rec.cost:.2f}" if rec.ok else "-",
                     f"{rec.metrics.get('rel_error', float('nan')):.1e}" if rec.ok else rec.error_msg[:80]]))
-            rows.sort(key=lambda r: r[0])
-            fastest = sorted((c for c in feasible if (r := tuner.record_of(c)) is not None and r.ok),
-                             key=lambda c: tuner.record_of(c).cost)[:args.graph]
+            fastest = [config for _, config in sorted(measured, key=lambda m: m[0])[:args.graph]]
             for config in fastest:
                 try:
                     ours, err = in_graph(template, config, target)
@@ -150,10 +150,8 @@ def main() -> int:
                 best = ours.best.seconds
                 with open(os.path.join(args.out, f"mma_probe_{name}_three_ways.jsonl"), "a") as f:
                     f.write(json.dumps({"config": config.as_dict(), "rel_error": err,
-                                        "seconds": {meth: (t.seconds if t else None)
-                                                    for meth, t in vendor_methods(ours)},
-                                        "cublas_seconds": {meth: (t.seconds if t else None)
-                                                           for meth, t in vendor_methods(vendor)}}) + "\n")
+                                        "seconds": seconds_by_method(ours),
+                                        "cublas_seconds": seconds_by_method(vendor)}) + "\n")
                 rows.append((best, [f"{MmaTile.of(config).label()}, {describe(ours, template.flops())}",
                                     f"{best * 1e3:.4f}", f"{template.flops() / best / 1e12:.0f}",
                                     f"{vendor.best.seconds / best:.2f}", f"{err:.1e}"]))

@@ -60,7 +60,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from common import l2_rotation, rel_error_vs, table, time_ours_three, time_vendor, vendor_methods  # noqa: E402
+from common import (l2_rotation, methods_text, rel_error_vs, table, time_ours_three, time_vendor,  # noqa: E402
+                    vendor_methods)
 
 from tvm_ext.pipeline import (compile_relax, extract_tasks, legalize_and_fuse, load_model,  # noqa: E402
                               match_tasks, model_pass_config, summary, tune_relax)
@@ -165,8 +166,7 @@ def time_tvm(compiled: Any, inputs: list[np.ndarray], reference: np.ndarray) -> 
     func = compiled._vm[compiled.function]
     times = time_ours_three(lambda i: func(*arg_sets[i]), len(arg_sets))
     best = times.best
-    how = ", ".join(f"{meth} {t.seconds * 1e3:.3f}" if t else meth for meth, t in vendor_methods(times))
-    return best.seconds, err, f"best {best.method} ({how})"
+    return best.seconds, err, f"best {best.method} ({methods_text(times)})"
 
 
 def tvm_variant(model: Model, target: TargetInfo, database: Any, label: str, tune_s: float | None = None,

@@ -129,7 +129,8 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
             b_layout: str = "NK") -> int:
     import torch
     import tvm
-    from common import TimingSettings, l2_rotation, rel_error_vs, table, time_ours_three, time_vendor, vendor_methods
+    from common import (TimingSettings, l2_rotation, rel_error_vs, seconds_by_method, table, time_ours_three,
+                        time_vendor, vendor_methods)
 
     m, n, k = shape
     flops = 2.0 * m * n * k
@@ -161,7 +162,7 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
             rec["error_pattern"] = error_pattern(c[0], ref, cfg)
             rec["bitwise_equal_to_cublas"] = float((c[0] == vendor_out).double().mean())
             ours = time_ours_three(lambda i, f=func, s=args: (f(*s[i]), c[i])[1], sets, settings)
-            rec["seconds_by_method"] = {meth: (t.seconds if t else None) for meth, t in vendor_methods(ours)}
+            rec["seconds_by_method"] = seconds_by_method(ours)
             rec["seconds"], rec["method"] = ours.best.seconds, ours.best.method
         except Exception as exc:  # one failing config is a result, not the end of the run
             rec["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}"
@@ -175,8 +176,8 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
     vendor_err = rel_error_vs(vendor_out, ref)
     vendor_nn = time_vendor(lambda i: a[i] @ b_kn[i], sets, settings)
     best = vendor.best.seconds
-    results["cublas_nt"] = {meth: (t.seconds if t else None) for meth, t in vendor_methods(vendor)}
-    results["cublas_nn"] = {meth: (t.seconds if t else None) for meth, t in vendor_methods(vendor_nn)}
+    results["cublas_nt"] = seconds_by_method(vendor)
+    results["cublas_nn"] = seconds_by_method(vendor_nn)
     results["cublas_rel_error"] = vendor_err
 
     def row(name: str, secs: float | None, err: float | str, same: str = "-") -> list[str]:

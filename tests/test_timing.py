@@ -187,6 +187,9 @@ def test_benchmark_helpers_import_without_torch_and_print_every_column():
     cells = common.vendor_cells(times)
     assert cells == ["2.000", "1.000", "- (differs)", f"1.000 ({BACK_TO_BACK})"]
     assert len(common.vendor_header()) == len(cells)
+    # what the probes record and the model rows' notes say: every method, the left-out graph too
+    assert common.seconds_by_method(times) == {PER_CALL: 2e-3, BACK_TO_BACK: 1e-3, f"{GRAPH}: differs": None}
+    assert common.methods_text(times) == f"{PER_CALL} 2.000, {BACK_TO_BACK} 1.000, {GRAPH}: differs"
 
 
 @pytest.mark.gpu
