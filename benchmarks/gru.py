@@ -106,18 +106,9 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     tensor_core_flags = [base.replace(fuse_step=1, step_loop=2, step_tc=1, step_flags=1, step_j=j, step_tc_rows=rows,
                                       step_tc_kw=kw)
                          for j, rows, kw in ((16, 16, 2), (16, 16, 4), (16, 32, 2), (16, 16, 1), (16, 64, 2))]
-    # the tensor-core kernel with h plain and one flag per producing warp (acquire/release), on the
-    # pick's input GEMM
-    tensor_core_warp_flags = [pick.replace(fuse_step=1, step_loop=2, step_tc=1, step_flags=2, step_j=16,
-                                           step_tc_rows=rows, step_tc_kw=kw)
-                              for rows, kw in ((32, 2), (32, 4), (16, 4), (16, 2), (32, 1), (16, 1), (64, 2))]
-    # ... and with h as words of three 16-bit values and a 16-bit tag (6 bytes of h in 8, against 4)
-    tensor_core_triples = [cfg.replace(step_flags=3) for cfg in tensor_core_warp_flags]
     picks = [
         base,
         pick,  # GRU.build without a config
-        *tensor_core_triples,
-        *tensor_core_warp_flags,
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
         pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
         pick.replace(in_wgmma=0),  # float16: the input GEMM on its mma.sync tile (where the pick has wgmma)
@@ -181,7 +172,7 @@ def short(cfg: Config) -> str:
 
 def _step(cfg: Config) -> str:
     if cfg.fuse_step and cfg.step_tc:
-        exchange = ("", " flags", " warp flags", " triples")[cfg.step_flags]
+        exchange = " flags" if cfg.step_flags else ""
         return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw}{exchange} persistent"
     if cfg.fuse_step and cfg.step_flags:
         return f"flag-exchange step units={cfg.step_flag_units} persistent"

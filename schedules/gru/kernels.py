@@ -283,7 +283,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
-              barrier: bool = False, flags: bool = False, paired: bool = False, triples: int = 0) -> Any:
+              barrier: bool = False, flags: bool = False, paired: bool = False) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
@@ -291,10 +291,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     the flag-exchange step kernel's words ``hx`` (``flag_step.py``): slot 0 (h0's float32 bits,
     step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's;
     ``paired``: the words of the tensor-core kernel's exchange, two 16-bit values of adjacent
-    units a word (``pack_pair``); ``triples`` (the units per block, with ``step_flags`` 3): three
-    16-bit values a word (``pack_triple``), each block's units of a row in words of their own
-    (``triple_word``)."""
-    from tvm import tirx
+    units a word (``pack_pair``)."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -348,19 +345,10 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                T.reads(h0[layer * dirs + vd, vb, vj:vj + 3])
+                T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                if triples > 0:  # (parsed only where it is taken)
-                    if vj % triples % TRIPLE == 0:
-                        word = T.meta_var(triple_word(vd, vb, vj // triples, vj % triples // TRIPLE, batch, hidden,
-                                                      triples))
-                        value = T.meta_var([T.if_then_else(
-                            tirx.all(vj % triples + i < triples, vj + i < hidden),
-                            h0[layer * dirs + vd, vb, T.min(vj + i, hidden - 1)], T.cast(0, dtype)) for i in range(3)])
-                        hx[word] = pack_triple(T, value, dtype, 0)
-                        hx[triple_slot_words(dirs, batch, hidden, triples) + word] = T.uint64(0)
-                elif paired:  # (parsed only where it is taken: 16-bit state)
+                if paired:  # (parsed only where it is taken: 16-bit state)
                     if vj % 2 == 0:
                         word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
                         second = T.meta_var(T.if_then_else(
@@ -375,43 +363,6 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     if flags:
         return init_flags
     return init_barrier if barrier else init_pingpong
-
-
-TRIPLE = 3  # 16-bit values in a word of ``pack_triple``
-TRIPLE_TAG_BITS = 16
-
-
-def triple_words(units: int) -> int:
-    """Words of three values that hold one block's ``units`` of a row."""
-    return -(-units // TRIPLE)
-
-
-def triple_slot_words(dirs: int, batch: int, hidden: int, units: int) -> int:
-    """Words of one slot of h as triples: every row's blocks, ``triple_words`` each."""
-    return dirs * batch * -(-hidden // units) * triple_words(units)
-
-
-def triple_word(d: Any, row: Any, block: Any, word: Any, batch: int, hidden: int, units: int) -> Any:
-    """Index within a slot of word ``word`` of block ``block``'s units of ``row`` (direction
-    ``d``): a row's blocks lie side by side, so a warp reading a k range reads contiguous words."""
-    return ((d * batch + row) * -(-hidden // units) + block) * triple_words(units) + word
-
-
-def pack_triple(T: Any, values: Any, dtype: str, tag: Any) -> Any:
-    """One exchange word of three 16-bit values (``values[0]`` in the low bits) and the step
-    ``tag`` modulo 2^16 in the high 16 bits: 6 bytes of h in 8, where a pair carries 4."""
-    def bits(value: Any, at: int) -> Any:
-        return T.shift_left(T.Cast("uint64", T.reinterpret("uint16", T.Cast(dtype, value))), T.uint64(16 * at))
-
-    word = T.shift_left(T.bitwise_and(T.Cast("uint64", tag), T.uint64(0xFFFF)), T.uint64(48))
-    for at in range(TRIPLE):
-        word = T.bitwise_or(word, bits(values[at], at))
-    return word
-
-
-def triple_tag(T: Any, word: Any) -> Any:
-    """The step tag (modulo 2^16) of a ``pack_triple`` word."""
-    return T.Cast("int32", T.shift_right(word, T.uint64(48)))
 
 
 def word_tag(T: Any, word: Any) -> Any:

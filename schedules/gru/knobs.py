@@ -43,13 +43,10 @@ STEP_KNOBS = (
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
-    Knob("step_flags", (0, 1, 2, 3), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
-                                  "as (value, step) words, polled until every tag says the step; with step_tc 0 "
-                                  "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
-                                  "tensor-core kernel exchanging two 16-bit values a word; 2 (step_tc 1): h plain, "
-                                  "each warp releasing a step count after its cell and polling those of the "
-                                  "warps that wrote the h it reads; 3 (step_tc 1): as 1 with three 16-bit "
-                                  "values and a 16-bit tag a word (6 bytes of h in 8, against 4)"),
+    Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks as "
+                               "(value, step) words, polled until every tag says the step; with step_tc 0 the "
+                               "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
+                               "tensor-core kernel exchanging two 16-bit values a word"),
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
                                             "its lanes splitting k, W_hh's share in registers)"),
 )

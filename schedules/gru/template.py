@@ -490,8 +490,7 @@ class GruTemplate(DtypeFields, Template):
 
     def tc_step_shape(self, c: Config) -> TcStepShape:
         """The tensor-core step kernel's sizes under ``c`` (``step_tc`` 1)."""
-        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype,
-                           c.step_flags)
+        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype)
 
     def tc_step_reason(self, c: Config, target: TargetInfo) -> str | None:
         """Why the tensor-core step kernel cannot run ``c`` here: types, tile, and a grid that
@@ -528,9 +527,6 @@ class GruTemplate(DtypeFields, Template):
         write its h)."""
         if target.kind != "cuda" or c.step_loop != 2 or c.step_tc:
             return "flag-exchange step kernel (step_flags 1) is CUDA's persistent kernel only (step_loop 2, step_tc 0)"
-        if c.step_flags > 1:
-            return (f"step_flags {c.step_flags} (2: plain h and a flag per producing warp, 3: h as triples) is the "
-                    f"tensor-core step kernel's (step_tc 1)")
         shape = self.flag_step_shape(c)
         reason = flag_step_reason(shape)
         if reason:
@@ -643,8 +639,7 @@ class GruTemplate(DtypeFields, Template):
         p = self.precision
         fused, persistent = bool(config.fuse_step), config.step_loop == 2
         init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent,
-                         flags=fused and persistent and bool(config.step_flags), paired=bool(config.step_tc),
-                         triples=config.step_j if config.step_tc and config.step_flags == 3 else 0)
+                         flags=fused and persistent and bool(config.step_flags), paired=bool(config.step_tc))
         split = bool(config.in_split)
         funcs = {"gru_init": schedule_init(init, min(256, target.max_threads_per_block))}
         for i in self.input_gemm_kinds():
@@ -711,7 +706,7 @@ class GruTemplate(DtypeFields, Template):
         func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
                             rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
                             gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],
-                            barrier=config.step_barrier, flags=config.step_flags)
+                            barrier=config.step_barrier, flags=bool(config.step_flags))
         return {"gru_steps": func}
 
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------

@@ -34,11 +34,9 @@ from typing import Any
 
 from tvm_ext.precision import itemsize
 from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
-from tvm_ext.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_ATOMIC_RELEASE,
-                               NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier)
+from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier
 
-from .kernels import (TRIPLE, _cell_math, _stored_as, pack_pair, pack_triple, triple_slot_words, triple_tag,
-                      triple_word, triple_words, word_tag)
+from .kernels import _cell_math, _stored_as, pack_pair, word_tag
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -48,8 +46,6 @@ TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (H100, B64 H1024 float16,
 # 2 k warps: 0.724 ms against 0.750 with 32 and 0.831 with 16; B8 H512 and 4 k warps: the same)
-# ``step_flags``: h as tagged pairs; plain h, one flag per producing warp; h as tagged triples
-TAGGED_WORDS, WARP_FLAGS, TAGGED_TRIPLES = 1, 2, 3
 
 
 def _acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
@@ -77,11 +73,6 @@ class TcStepShape:
     rows: int
     k_warps: int
     operand: str
-    exchange: int = 0  # ``step_flags``
-
-    @property
-    def warp_k(self) -> int:
-        return self.k_extent // self.k_warps
 
     @property
     def k_extent(self) -> int:
@@ -114,10 +105,8 @@ class TcStepShape:
         return 3 * self.units // MMA_N
 
     def shared_bytes(self) -> int:
-        """W slice + h rows (operand type) + the k warps' partial sums (float32); with triples,
-        the cell's h' staged for packing (operand type)."""
-        staged = self.rows * self.units if self.exchange == TAGGED_TRIPLES else 0
-        operands = (self.k_extent * self.w_stride + (self.rows * self.h_stride) + staged) * itemsize(self.operand)
+        """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
+        operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
         partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_tiles * 4 * WARP * 4
         return operands + partials
 
@@ -135,41 +124,27 @@ def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: st
         return f"tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
     if shape.rows > 16 and shape.rows >= 2 * shape.batch:
         return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
-    if shape.exchange == TAGGED_TRIPLES and shape.warp_k % shape.units:
-        return (f"tensor-core step kernel, h as triples (step_flags 3): each k warp's {shape.warp_k} k must be whole "
-                f"blocks of {shape.units} units (k extent {shape.k_extent} over {shape.k_warps} k warps)")
-    if shape.exchange == TAGGED_TRIPLES and shape.hidden < -(-shape.hidden // shape.units) * triple_words(shape.units):
-        return f"tensor-core step kernel, h as triples (step_flags 3): hidden {shape.hidden} is smaller than its words"
     return None
 
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: int, flags: int = 0, name: str = "gru_steps") -> Any:
+                 barrier: int, flags: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike.
     ``barrier`` indexes ``tvm_ext.step_loop.BARRIERS`` (the knob ``step_barrier``).
 
-    ``flags`` 1 (the knob ``step_flags``): no grid barrier; h goes between blocks as 8-byte
+    ``flags`` (the knob ``step_flags``): no grid barrier; h goes between blocks as 8-byte
     words of ``hx`` (a further parameter), two adjacent units' 16-bit values and the step as
     a tag (``kernels.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
-    suffice, and the poll limit that turns a grid that is not resident into an error).
-
-    ``flags`` 2: no grid barrier either, but h goes plain through ``hs`` (half the bytes of
-    tagged words): after its cell a warp releases a step count in its own word of ``hx``,
-    and each warp, before copying its h, acquires the words of the warps that wrote its k
-    range (its rows, the blocks of those units; a lane each, all polled at once), so it waits
-    for those producers only rather than for the whole grid.  Why two h
-    slots suffice: a warp that writes step s+1's h has seen every block of its rows finish
-    step s-1 (it acquired their words for step s after the block-wide sync that follows their
-    dot products), so no one still reads the slot it overwrites."""
+    suffice, and the poll limit that turns a grid that is not resident into an error)."""
     from tvm import tirx
     from tvm.script import tirx as T
 
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, flags)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand)
     G, K, U = 3 * hidden, shape.k_extent, units
     m_warps, threads, n_tiles, unit_tiles = rows // MMA_M, shape.threads, shape.n_tiles, units // MMA_N
     k_slices = K // k_warps // MMA_K  # 16-deep k slices per warp
@@ -193,19 +168,6 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     lane_words = MMA_M * warp_k // 2 // WARP
     poll_words = min(lane_words, POLL_WORDS)
     poll_rounds = -(-lane_words // poll_words)
-    # with warp flags: the producing warps (blocks along x) of a warp's k range, a lane each
-    flag_rounds = -(-(-(-warp_k // U) + (warp_k % U != 0)) // WARP)
-    tagged, warp_flags, triples, no_barrier = (flags == TAGGED_WORDS, flags == WARP_FLAGS, flags == TAGGED_TRIPLES,
-                                               flags != 0)
-    exchanged = tagged or triples  # h read from tagged words
-    # with triples: a warp's k range is whole blocks of U units; a row's words of them lie side by side
-    block_words = triple_words(U)
-    warp_blocks = warp_k // U
-    triple_lane_words = -(-MMA_M * warp_blocks * block_words // WARP)
-    triple_poll = min(triple_lane_words, POLL_WORDS)
-    triple_rounds = -(-triple_lane_words // triple_poll)
-    triple_slot = triple_slot_words(dirs, batch, hidden, U)
-    pack_words = rows * block_words  # the words a block writes (its rows of its units)
 
     def cell(acc: Any, b_h: Any, gi_reg: Any, h_prev: Any, t: int, e: int) -> Any:
         """h' of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -274,90 +236,6 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                         h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
                             "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
 
-    def triple_at(c: Any, i: Any, ki: Any, tx: Any) -> tuple[Any, Any, Any, Any]:
-        """(row in the warp's 16, block, word in the block, within the warp's words) of word i
-        of poll round c, with triples."""
-        f = (c * triple_poll + i) * WARP + tx
-        per_row = warp_blocks * block_words
-        return f // per_row, ki * warp_blocks + f % per_row // block_words, f % block_words, f < MMA_M * per_row
-
-    @T.macro
-    def poll_triples(h_s, hx, got, poll, step, bz, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
-        """``poll_h`` for words of three values: the warp's rows and k range of h_step, each
-        round polled until every tag says ``step`` (modulo 2^16)."""
-        for c in T.unroll(triple_rounds):
-            poll[1] = 0
-            while poll[1] == 0:
-                poll[1] = 1
-                for i in T.unroll(triple_poll):
-                    r = T.meta_var(triple_at(c, i, ki, tx)[0])
-                    block = T.meta_var(triple_at(c, i, ki, tx)[1])
-                    w = T.meta_var(triple_at(c, i, ki, tx)[2])
-                    if triple_at(c, i, ki, tx)[3] and m0 + mi * MMA_M + r < batch and block * U + w * TRIPLE < hidden:
-                        got[i] = T.call_extern(
-                            "uint64", "__nv_atomic_load_n",
-                            T.address_of(hx[(step % 2) * triple_slot
-                                            + triple_word(bz, m0 + mi * MMA_M + r, block, w, batch, hidden, U)]),
-                            NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-                        if triple_tag(T, got[i]) != step % 65536:
-                            poll[1] = 0
-                poll[0] = poll[0] + 1
-                if poll[0] >= SPIN_LIMIT:
-                    poll[1] = 1
-            for i in T.unroll(triple_poll):
-                r = T.meta_var(triple_at(c, i, ki, tx)[0])
-                block = T.meta_var(triple_at(c, i, ki, tx)[1])
-                w = T.meta_var(triple_at(c, i, ki, tx)[2])
-                if triple_at(c, i, ki, tx)[3] and m0 + mi * MMA_M + r < batch and block * U + w * TRIPLE < hidden:
-                    for v in T.unroll(TRIPLE):
-                        if w * TRIPLE + v < U and block * U + w * TRIPLE + v < hidden:
-                            h_s[(mi * MMA_M + r) * sh + block * U + w * TRIPLE + v] = T.reinterpret(operand, T.Cast(
-                                "uint16", T.bitwise_and(T.shift_right(got[i], T.Cast("uint64", 16 * v)),
-                                                        T.uint64(0xFFFF))))
-
-    @T.macro
-    def pack_h(hx, stage, step, bz, bx, m0, tid):  # type: ignore[no-untyped-def]
-        """The block's h' (staged in shared memory by the cell warps) out as words of three
-        values of its rows and units, tagged ``step``, one relaxed store each, spread over
-        all the block's threads."""
-        for it in T.unroll(-(-pack_words // threads)):
-            f = T.meta_var(it * threads + tid)
-            r = T.meta_var(f // block_words)
-            w = T.meta_var(f % block_words)
-            if f < pack_words and m0 + r < batch and bx * U + w * TRIPLE < hidden:
-                T.evaluate(T.call_extern(
-                    "void", "__nv_atomic_store_n",
-                    T.address_of(hx[(step % 2) * triple_slot + triple_word(bz, m0 + r, bx, w, batch, hidden, U)]),
-                    pack_triple(T, [T.if_then_else(
-                        tirx.all(w * TRIPLE + v < U, bx * U + w * TRIPLE + v < hidden),
-                        stage[T.min(r * U + w * TRIPLE + v, rows * U - 1)], zero_op)
-                        for v in range(TRIPLE)], operand, step),
-                    NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
-
-    def flag_word(bz: Any, by: Any, mi: Any, producer: Any) -> Any:
-        """The word of ``hx`` where warp ``mi`` of block (producer, by, bz) counts its steps."""
-        return ((bz * grid_y + by) * m_warps + mi) * grid_x + producer
-
-    @T.macro
-    def wait_producers(hx, got, poll, step, bz, by, mi, ki, tx):  # type: ignore[no-untyped-def]
-        """Until every warp that wrote the units of this warp's k range (its rows) has counted
-        ``step``: a lane polls one producer's word (all at once: one round trip once they are
-        done), a fence makes it an acquire, then the warp meets."""
-        k0 = T.meta_var(ki * warp_k)
-        for q in T.unroll(flag_rounds):
-            producer = T.meta_var(k0 // U + q * WARP + tx)
-            if producer <= (k0 + warp_k - 1) // U and producer < grid_x:
-                poll[1] = 0
-                while poll[1] == 0:
-                    got[0] = T.call_extern("uint64", "__nv_atomic_load_n",
-                                           T.address_of(hx[flag_word(bz, by, mi, producer)]), NV_ATOMIC_RELAXED,
-                                           NV_SCOPE_DEVICE)
-                    poll[0] = poll[0] + 1
-                    if word_tag(T, got[0]) >= step or poll[0] >= SPIN_LIMIT:
-                        poll[1] = 1
-                T.evaluate(T.call_extern("void", "__threadfence"))
-        T.evaluate(T.call_extern("void", "__syncwarp"))
-
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx):  # type: ignore[no-untyped-def]
         """The warp's dot products on h chunk ``c``: ldmatrix of A and B, two mma.sync per 16x16x16."""
@@ -399,8 +277,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
         gi_reg = T.alloc_buffer((gi_values,), gi_dtype, scope="local")
-        got = T.alloc_buffer((max(poll_words, triple_poll if triples else 1),), "uint64", scope="local")
-        stage = T.alloc_buffer((rows * U if triples else 1,), operand, scope="shared")  # triples: the cell's h'
+        got = T.alloc_buffer((poll_words,), "uint64", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         tid = T.meta_var(ty * WARP + tx)
@@ -438,25 +315,20 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                     T.float32(0))
         if ki == 0:
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
-        if no_barrier:
+        if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
         for s in T.serial(steps):
-            if exchanged:  # the words of the warp's rows and k range, polled until their tags say s
+            if flags:  # the words of the warp's rows and k range, polled until their tags say s
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = T.float32(0)
-                if tagged:
-                    poll_h(h_s, hx, got, poll, s, bz, m0, mi, ki, tx)
-                else:
-                    poll_triples(h_s, hx, got, poll, s, bz, m0, mi, ki, tx)
+                poll_h(h_s, hx, got, poll, s, bz, m0, mi, ki, tx)
                 T.evaluate(T.call_extern("void", "__syncwarp"))
                 for c in T.unroll(chunks):
                     products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx)
             else:
                 # the warp's own rows and k range of h, chunk by chunk (cp.async groups): the dot
                 # products on chunk c start while the later chunks are still in flight
-                if warp_flags:  # the producers of the warp's k range have written step s's h
-                    wait_producers(hx, got, poll, s, bz, by, mi, ki, tx)
                 for c in T.unroll(chunks):
                     if asynchronous:
                         with T.attr(0, "async_commit_queue_scope", 0):
@@ -490,7 +362,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                         unit = T.meta_var(j0 + col)
                         if row < batch and unit < hidden:
                             h_new = T.meta_var(cell(acc, b_h, gi_reg, h_s[row_in * sh + unit], t, e))
-                            if tagged:  # the pair (e, e + 1) goes out as one word from its even unit
+                            if flags:  # the pair (e, e + 1) goes out as one word from its even unit
                                 h_rounded[e] = T.cast(h_new, operand)
                                 if e % 2 == 1 or unit + 1 >= hidden:
                                     T.evaluate(T.call_extern(
@@ -500,31 +372,21 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                                         pack_pair(T, h_rounded[e - e % 2],
                                                   T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
                                         NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
-                            elif triples:
-                                stage[row_in * U + col] = T.cast(h_new, operand)
                             else:
                                 hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
                             out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
                             if s == steps - 1:
                                 h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
-                if warp_flags:  # the warp's h' stored (the lanes meet), then its count released
-                    T.evaluate(T.call_extern("void", "__syncwarp"))
-                    if tx == 0:
-                        T.evaluate(T.call_extern(
-                            "void", "__nv_atomic_store_n", T.address_of(hx[flag_word(bz, by, mi, bx)]),
-                            T.shift_left(T.Cast("uint64", s + 1), T.uint64(32)), NV_ATOMIC_RELEASE, NV_SCOPE_DEVICE))
                 if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
                     load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
-            if triples:  # the block's h' staged by its cell warps (TVM syncs the block), out as words of three
-                pack_h(hx, stage, s + 1, bz, bx, m0, tid)
-            if no_barrier:
+            if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
                 T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * shape.blocks, tx == 0 and ty == 0))
-        if no_barrier and poll[0] >= SPIN_LIMIT:
+        if flags and poll[0] >= SPIN_LIMIT:
             bar[1] = 1
 
-    if no_barrier:
+    if flags:
         return kernel.with_attr("global_symbol", name)
     return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
 
