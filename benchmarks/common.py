@@ -223,6 +223,16 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> s
     return "\n".join(out)
 
 
-def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]]) -> Launch:
-    """``launch(i)`` for a TVM function over prepared argument lists, one per input set."""
-    return lambda i: func(*arg_sets[i])
+def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
+               outputs: Sequence[Any] | None = None) -> Launch:
+    """``launch(i)`` for a TVM function over prepared argument lists, one per input set,
+    returning what the call returns, or ``outputs[i]`` for a function that writes into a
+    buffer of its arguments (a CUDA graph's replay is checked on the returned output)."""
+    if outputs is None:
+        return lambda i: func(*arg_sets[i])
+
+    def launch(i: int) -> Any:
+        func(*arg_sets[i])
+        return outputs[i]
+
+    return launch

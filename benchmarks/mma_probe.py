@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table  # noqa: E402
 from common import (l2_rotation, methods_text, rel_error_vs, seconds_by_method, time_ours_three,  # noqa: E402
-                    time_vendor)
+                    time_vendor, tvm_launch)
 
 from tvm_ext.schedules.mma import AUTO_TILES, MmaGemmTemplate, MmaTile  # noqa: E402
 from tvm_ext.session import Session, SessionOptions  # noqa: E402
@@ -91,7 +91,7 @@ def in_graph(template: Any, config: Any, target: Any) -> tuple[Any, float]:
     func(*args[0])
     ref = template.reference([t.double().cpu().numpy() for t in buffers[0][:out]])[0]
     err = rel_error_vs(buffers[0][out], ref)
-    return time_ours_three(lambda i: (func(*args[i]), buffers[i][out])[1], sets), err
+    return time_ours_three(tvm_launch(func, args, [b[out] for b in buffers]), sets), err
 
 
 def main() -> int:

@@ -61,7 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from common import (l2_rotation, methods_text, rel_error_vs, table, time_ours_three, time_vendor,  # noqa: E402
-                    vendor_methods)
+                    tvm_launch, vendor_methods)
 
 from tvm_ext.pipeline import (compile_relax, extract_tasks, legalize_and_fuse, load_model,  # noqa: E402
                               match_tasks, model_pass_config, summary, tune_relax)
@@ -164,7 +164,7 @@ def time_tvm(compiled: Any, inputs: list[np.ndarray], reference: np.ndarray) -> 
     out = compiled(*inputs)
     err = rel_error_vs(out, reference)
     func = compiled._vm[compiled.function]
-    times = time_ours_three(lambda i: func(*arg_sets[i]), len(arg_sets))
+    times = time_ours_three(tvm_launch(func, arg_sets), len(arg_sets))
     best = times.best
     return best.seconds, err, f"best {best.method} ({methods_text(times)})"
 

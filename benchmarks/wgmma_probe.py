@@ -130,7 +130,7 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
     import torch
     import tvm
     from common import (TimingSettings, l2_rotation, rel_error_vs, seconds_by_method, table, time_ours_three,
-                        time_vendor, vendor_methods)
+                        time_vendor, tvm_launch, vendor_methods)
 
     m, n, k = shape
     flops = 2.0 * m * n * k
@@ -161,7 +161,7 @@ def gpu_run(configs: list[WgmmaTile], out: str | None, shape: tuple[int, int, in
             rec["rel_error"] = rel_error_vs(c[0], ref)
             rec["error_pattern"] = error_pattern(c[0], ref, cfg)
             rec["bitwise_equal_to_cublas"] = float((c[0] == vendor_out).double().mean())
-            ours = time_ours_three(lambda i, f=func, s=args: (f(*s[i]), c[i])[1], sets, settings)
+            ours = time_ours_three(tvm_launch(func, args, c), sets, settings)
             rec["seconds_by_method"] = seconds_by_method(ours)
             rec["seconds"], rec["method"] = ours.best.seconds, ours.best.method
         except Exception as exc:  # one failing config is a result, not the end of the run

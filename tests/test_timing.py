@@ -190,6 +190,11 @@ def test_benchmark_helpers_import_without_torch_and_print_every_column():
     # what the probes record and the model rows' notes say: every method, the left-out graph too
     assert common.seconds_by_method(times) == {PER_CALL: 2e-3, BACK_TO_BACK: 1e-3, f"{GRAPH}: differs": None}
     assert common.methods_text(times) == f"{PER_CALL} 2.000, {BACK_TO_BACK} 1.000, {GRAPH}: differs"
+    # a TVM call over per-set arguments returns its result, or the set's output buffer it writes
+    calls: list[tuple] = []
+    result = common.tvm_launch(lambda *a: calls.append(a) or "returned", [[1], [2]])
+    written = common.tvm_launch(lambda *a: calls.append(a), [[1], [2]], ["out 1", "out 2"])
+    assert (result(1), written(0), calls) == ("returned", "out 1", [(2,), (1,)])
 
 
 @pytest.mark.gpu
@@ -235,10 +240,7 @@ def test_graph_timing_on_the_gpu(tmp_path):
 
     # the same TVM kernel in a CUDA graph: its launches go to the capture stream only when
     # TVM is told the stream; the replay is checked on NaN-poisoned outputs
-    def launch(i):
-        func(*args[i])
-        return args[i][1]
-
+    launch = common.tvm_launch(func, args, [a[1] for a in args])
     with pytest.raises(Exception) as outside:  # noqa: B017  launched on TVM's own stream, outside the capture
         common.time_graph(launch, sets, 2 * sets, settings)
     print("TVM's launch outside the capture:", type(outside.value).__name__, outside.value)

@@ -154,11 +154,11 @@ class GruTemplate(DtypeFields, Template):
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """The options of the tensor-core tiles the GEMMs run on and of the step kernels' h
-        copies in cp.async groups (the pipelined slice; the tensor-core kernel's chunks, which
-        were synchronous copies unless a GEMM tile set the option): one module-wide context
-        serves every kernel (cp.async only acts on copies a schedule marked async; the mma.sync
-        tile's ``disable_cse_tir`` leaves the other kernels' arithmetic as it is, nvcc
-        eliminates common terms anyway)."""
+        copies in cp.async groups (the pipelined slice, the tensor-core kernel's chunks: set
+        here, whatever tile the GEMMs run on): one module-wide context serves every kernel
+        (cp.async only acts on copies a schedule marked async; the mma.sync tile's
+        ``disable_cse_tir`` leaves the other kernels' arithmetic as it is, nvcc eliminates
+        common terms anyway)."""
         if target.kind != "cuda":
             return {}
         staged = config.fuse_step and (config.step_pipeline or config.step_tc)  # h copied in cp.async groups
