@@ -109,9 +109,6 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     picks = [
         base,
         pick,  # GRU.build without a config
-        pick.replace(step_tc_cluster=2),  # the tensor-core kernel's h shared in clusters (Hopper; tagged words)
-        pick.replace(step_tc_cluster=4),
-        pick.replace(step_tc_cluster=2, step_tc_kw=4),
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
         pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
         pick.replace(in_wgmma=0),  # float16: the input GEMM on its mma.sync tile (where the pick has wgmma)
@@ -175,8 +172,7 @@ def short(cfg: Config) -> str:
 
 def _step(cfg: Config) -> str:
     if cfg.fuse_step and cfg.step_tc:
-        exchange = (" flags" if cfg.step_flags else "") + (f" cluster={cfg.step_tc_cluster}"
-                                                           if cfg.step_tc_cluster > 1 else "")
+        exchange = " flags" if cfg.step_flags else ""
         return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw}{exchange} persistent"
     if cfg.fuse_step and cfg.step_flags:
         return f"flag-exchange step units={cfg.step_flag_units} persistent"

@@ -228,20 +228,18 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flags, cluster", [(0, 1), (1, 1), (1, 2), (1, 4)],
-                         ids=["barrier", "flags", "flags-cluster2", "flags-cluster4"])
+@pytest.mark.parametrize("flags", [0, 1], ids=["barrier", "flags"])
 @pytest.mark.parametrize("precision, bound", [(HALF, 5e-3), (BF16, 3e-2)], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("key", list(GPU_CASES))
-def test_cuda_tensor_core_step_matches_float64(key, precision, bound, flags, cluster):
+def test_cuda_tensor_core_step_matches_float64(key, precision, bound, flags):
     """Against float64 on reruns (a race between blocks would move the error) and on a second
     input (with flags, a tag left from the first call would be read as this one's); the error
-    is the 16-bit storage's, not a wrong tile (a wrong fragment layout is O(1)). Clusters:
-    with padding blocks where the unit blocks are not a whole number of clusters (H200, H33)."""
+    is the 16-bit storage's, not a wrong tile (a wrong fragment layout is O(1))."""
     s, knobs = GPU_CASES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config={**TC, **knobs, "step_flags": flags, "step_tc_cluster": cluster},
+                    seq=s.seq, config={**TC, **knobs, "step_flags": flags},
                     precision=precision).load_numpy(_weights(s))
-    assert gru.config.step_tc == 1 and gru.config.step_flags == flags and gru.config.step_tc_cluster == cluster
+    assert gru.config.step_tc == 1 and gru.config.step_flags == flags
     x, h0 = _inputs(s)
     ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
     errors = []
@@ -262,26 +260,3 @@ def test_cuda_build_without_a_config_runs_the_tensor_core_kernel():
     assert gru.config.step_tc == 1
     x, h0 = _inputs(s)
     assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, True)) < 5e-3
-
-
-def test_clusters_share_the_polled_words_through_distributed_shared_memory():
-    """``step_tc_cluster`` 2 at B64 H1024 (2 k warps): a lane polls half its 128 words (one
-    round of 64) and stores each into both blocks' h (st.shared::cluster), two cluster barrier
-    phases a step; the launch is a cluster of 2 along the units; refused without flags or
-    before Hopper."""
-    target = offline_cuda("sm_90")
-    t = _template(64, 1024)
-    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_rows=32, step_tc_kw=2, step_flags=1,
-                                           step_tc_cluster=2)
-    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
-    compiled = t.compile(cfg, target)
-    step = _kernel(compiled.source)
-    step = step[step.index("for (int s = 0; s < 5"):]
-    assert step.count("__nv_atomic_load_n((&(hx_ptr[") == 64 and step.count("while (1)") == 1
-    assert step.count("tvm_builtin_ptx_st_shared__cluster_b32(") == 64 * 2
-    assert step.count("barrier_cluster_arrive") == 2 and step.count("barrier_cluster_wait") == 2 + 1  # + the last
-    kernels, _ = compiled.launches["gru_steps"]
-    assert [launch.cluster for launch in kernels] == [(2, 1, 1)]
-    space = t.space(target)
-    assert "step_flags 1" in space.infeasible_reason(cfg.replace(step_flags=0))
-    assert "sm_90" in t.space(offline_cuda("sm_80")).infeasible_reason(cfg)

@@ -47,10 +47,6 @@ STEP_KNOBS = (
                                "(value, step) words, polled until every tag says the step; with step_tc 0 the "
                                "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
                                "tensor-core kernel exchanging two 16-bit values a word"),
-    Knob("step_tc_cluster", (1, 2, 4), "tensor-core step kernel exchanging h as tagged words (step_flags 1), "
-                                       "Hopper: its blocks in thread-block clusters of this many along the units, "
-                                       "each polling 1/n of the h words from L2 and storing them into every "
-                                       "cluster block's shared memory (L2 traffic of the exchange / n)"),
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
                                             "its lanes splitting k, W_hh's share in registers)"),
 )

@@ -39,7 +39,7 @@ from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .knobs import KNOBS
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
-from .tensor_core_step import CLUSTER_COMPUTE_CAPABILITY, TcStepShape, tc_step_func, tc_step_reason
+from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
@@ -490,8 +490,7 @@ class GruTemplate(DtypeFields, Template):
 
     def tc_step_shape(self, c: Config) -> TcStepShape:
         """The tensor-core step kernel's sizes under ``c`` (``step_tc`` 1)."""
-        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype,
-                           c.step_tc_cluster)
+        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype)
 
     def tc_step_reason(self, c: Config, target: TargetInfo) -> str | None:
         """Why the tensor-core step kernel cannot run ``c`` here: types, tile, and a grid that
@@ -508,12 +507,6 @@ class GruTemplate(DtypeFields, Template):
         cc = compute_capability(target)
         if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
             return f"tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
-        if shape.cluster > 1 and not c.step_flags:
-            return ("tensor-core step kernel: clusters (step_tc_cluster > 1) share the polled h words, so they need "
-                    "the tagged-word exchange (step_flags 1)")
-        if shape.cluster > 1 and (cc is None or cc < CLUSTER_COMPUTE_CAPABILITY):
-            return (f"tensor-core step kernel: thread-block clusters (step_tc_cluster {shape.cluster}) need "
-                    f"sm_{CLUSTER_COMPUTE_CAPABILITY} or newer")
         shared = shape.shared_bytes()
         if shared > hw.shared_per_block_optin:
             return (f"tensor-core step kernel: W_hh slice, h rows and partial sums need {shared} B of shared "
@@ -609,13 +602,13 @@ class GruTemplate(DtypeFields, Template):
         if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
             simt = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                     "step_w_onchip")
-            tensor_core, flags = ("step_tc_rows", "step_tc_kw", "step_tc_cluster"), ("step_flag_units",)
+            tensor_core, flags = ("step_tc_rows", "step_tc_kw"), ("step_flag_units",)
             if config.step_flags and config.step_tc:
                 hidden = simt + flags + ("step_barrier",)
             elif config.step_flags:
                 hidden = simt + tensor_core + ("step_j", "step_barrier", "step_tc")
-            else:  # clusters go with the tagged words only
-                hidden = (simt + ("step_tc_cluster",) if config.step_tc else tensor_core) + flags
+            else:
+                hidden = (simt if config.step_tc else tensor_core) + flags
             shown = [name for name in shown if name not in hidden]
         return tuple(shown)
 
@@ -625,7 +618,6 @@ class GruTemplate(DtypeFields, Template):
                                   "step_bt": 1, "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8,
-                                  "step_tc_cluster": 1,
                                   "in_split": 0, "in_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
@@ -714,8 +706,7 @@ class GruTemplate(DtypeFields, Template):
         func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
                             rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
                             gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],
-                            barrier=config.step_barrier, flags=bool(config.step_flags),
-                            cluster=config.step_tc_cluster)
+                            barrier=config.step_barrier, flags=bool(config.step_flags))
         return {"gru_steps": func}
 
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------

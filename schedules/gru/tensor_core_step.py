@@ -43,8 +43,6 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16
 OPERANDS = ("float16", "bfloat16")
 TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
-CLUSTER_COMPUTE_CAPABILITY = 90  # thread-block clusters and distributed shared memory: Hopper
-TC_CLUSTERS = (1, 2, 4)  # with flags: blocks of a thread-block cluster sharing the h words they poll
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (H100, B64 H1024 float16,
 # 2 k warps: 0.724 ms against 0.750 with 32 and 0.831 with 16; B8 H512 and 4 k warps: the same)
@@ -75,14 +73,6 @@ class TcStepShape:
     rows: int
     k_warps: int
     operand: str
-    cluster: int = 1
-
-    @property
-    def grid_x(self) -> int:
-        """Blocks along the hidden units: whole clusters (a padding block's units past the
-        hidden size are computed on zero weights and not stored; it still shares h)."""
-        unit_blocks = -(-self.hidden // self.units)
-        return -(-unit_blocks // self.cluster) * self.cluster
 
     @property
     def k_extent(self) -> int:
@@ -100,7 +90,7 @@ class TcStepShape:
 
     @property
     def blocks(self) -> int:
-        return self.grid_x * -(-self.batch // self.rows) * self.dirs
+        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
 
     @property
     def w_stride(self) -> int:
@@ -134,14 +124,12 @@ def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: st
         return f"tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
     if shape.rows > 16 and shape.rows >= 2 * shape.batch:
         return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
-    if shape.cluster not in TC_CLUSTERS:
-        return f"tensor-core step kernel: step_tc_cluster {shape.cluster}; allowed: {TC_CLUSTERS}"
     return None
 
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: int, flags: bool = False, cluster: int = 1, name: str = "gru_steps") -> Any:
+                 barrier: int, flags: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike.
@@ -152,28 +140,18 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     a tag (``kernels.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
-    suffice, and the poll limit that turns a grid that is not resident into an error).
-
-    ``cluster`` (with flags; the knob ``step_tc_cluster``): the grid's blocks go in thread-block
-    clusters of this many along the hidden units (Hopper). The blocks of a cluster need the
-    same rows of h, so each polls only its 1/cluster of every warp's words from L2 and stores
-    the values into the shared memory of every block of the cluster (``st.shared::cluster``):
-    L2 traffic of the exchange divided by the cluster size. Two cluster barrier phases a
-    step order it: a block's h chunk is complete once every block has arrived after its
-    stores, and a block stores into the others' h only after they have arrived at the end of
-    the step that read it (its poll of the next step's words already under way)."""
+    suffice, and the poll limit that turns a grid that is not resident into an error)."""
     from tvm import tirx
     from tvm.script import tirx as T
 
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, cluster)
-    clustered = flags and cluster > 1
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand)
     G, K, U = 3 * hidden, shape.k_extent, units
     m_warps, threads, n_tiles, unit_tiles = rows // MMA_M, shape.threads, shape.n_tiles, units // MMA_N
     k_slices = K // k_warps // MMA_K  # 16-deep k slices per warp
     warp_k = K // k_warps
     chunks = math.gcd(k_slices, H_CHUNKS)  # a warp's h copy in this many cp.async groups
     chunk_k = warp_k // chunks
-    grid_x, grid_y = shape.grid_x, -(-batch // rows)
+    grid_x, grid_y = -(-hidden // units), -(-batch // rows)
     sw, sh = shape.w_stride, shape.h_stride
     vec = 8 if hidden % 8 == 0 else 1  # 16-byte copies where a row's k and units come in whole vectors
     asynchronous = vec == 8  # cp.async copies 16 bytes (a 2-byte element cannot go)
@@ -187,8 +165,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     # with flags: the exchange words (two units each) of the warp's 16 rows and k range
     pair_words = -(-hidden // 2)
     slot_words = dirs * batch * hidden  # hx holds two slots of this many words
-    share_words = MMA_M * warp_k // 2 // cluster  # a warp's words this block polls (its cluster share)
-    lane_words = share_words // WARP
+    lane_words = MMA_M * warp_k // 2 // WARP
     poll_words = min(lane_words, POLL_WORDS)
     poll_rounds = -(-lane_words // poll_words)
 
@@ -225,39 +202,23 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = hs[step % 2, bz, m0 + r, k + v]
 
-    def word(c: Any, i: Any, ki: Any, tx: Any, rank: Any) -> tuple[Any, Any, Any]:
-        """(row in the warp's 16, k, within the block's share) of word i of poll round c:
-        the share of cluster rank ``rank`` of the warp's words (all of them unclustered)."""
+    def word(c: Any, i: Any, ki: Any, tx: Any) -> tuple[Any, Any, Any]:
+        """(row in the warp's 16, k, within the warp's words) of word i of poll round c."""
         f = (c * poll_words + i) * WARP + tx
-        return (f + rank * share_words) // (warp_k // 2), ki * warp_k + (f + rank * share_words) % (warp_k // 2) * 2, \
-            f < share_words
+        return f // (warp_k // 2), ki * warp_k + f % (warp_k // 2) * 2, f < MMA_M * warp_k // 2
 
     @T.macro
-    def store_pair(h_s, peer, got, at):  # type: ignore[no-untyped-def]
-        """A word's two 16-bit values to h_s[at], at], at + 1]: this block's, or with a cluster
-        every block's of it (``peer``: each one's h_s address in the cluster's window)."""
-        if clustered:
-            for p in T.unroll(cluster):
-                T.ptx["st.shared::cluster.b32"](peer[p] + T.Cast("uint32", at * 2),
-                                                T.Cast("uint32", T.bitwise_and(got, T.uint64(0xFFFFFFFF))))
-        else:
-            for half in T.unroll(2):
-                h_s[at + half] = T.reinterpret(operand, T.Cast(
-                    "uint16", T.bitwise_and(T.shift_right(got, T.uint64(16 * half)), T.uint64(0xFFFF))))
-
-    @T.macro
-    def poll_h(h_s, hx, got, poll, peer, step, bz, m0, mi, ki, tx, rank):  # type: ignore[no-untyped-def]
+    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
         """The warp's rows and k range of h_step from the exchange words, ``poll_words`` a
-        lane at once, each round polled until every tag says ``step`` (with a cluster: the
-        block's share, stored into every block's h once they have all read the last step's)."""
+        lane at once, each round polled until every tag says ``step``."""
         for c in T.unroll(poll_rounds):
             poll[1] = 0
             while poll[1] == 0:
                 poll[1] = 1
                 for i in T.unroll(poll_words):
-                    r = T.meta_var(word(c, i, ki, tx, rank)[0])
-                    k = T.meta_var(word(c, i, ki, tx, rank)[1])
-                    if word(c, i, ki, tx, rank)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                    r = T.meta_var(word(c, i, ki, tx)[0])
+                    k = T.meta_var(word(c, i, ki, tx)[1])
+                    if word(c, i, ki, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                         got[i] = T.call_extern(
                             "uint64", "__nv_atomic_load_n",
                             T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
@@ -267,13 +228,13 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 poll[0] = poll[0] + 1
                 if poll[0] >= SPIN_LIMIT:
                     poll[1] = 1
-            if clustered and c == 0:  # every block of the cluster has read the last step's h
-                T.ptx["barrier.cluster.wait.acquire"]()
             for i in T.unroll(poll_words):
-                r = T.meta_var(word(c, i, ki, tx, rank)[0])
-                k = T.meta_var(word(c, i, ki, tx, rank)[1])
-                if word(c, i, ki, tx, rank)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                    store_pair(h_s, peer, got[i], (mi * MMA_M + r) * sh + k)
+                r = T.meta_var(word(c, i, ki, tx)[0])
+                k = T.meta_var(word(c, i, ki, tx)[1])
+                if word(c, i, ki, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                    for half in T.unroll(2):
+                        h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
+                            "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
 
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx):  # type: ignore[no-untyped-def]
@@ -306,8 +267,6 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         bx = T.launch_thread("blockIdx.x", grid_x)
         by = T.launch_thread("blockIdx.y", grid_y)
         bz = T.launch_thread("blockIdx.z", dirs)
-        if clustered:
-            T.launch_thread("clusterCtaIdx.x", cluster)
         tx = T.launch_thread("threadIdx.x", WARP)
         ty = T.launch_thread("threadIdx.y", m_warps * k_warps)
         w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
@@ -321,7 +280,6 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         got = T.alloc_buffer((poll_words,), "uint64", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
-        peer = T.alloc_buffer((cluster,), "uint32", scope="local")  # with a cluster: each block's h_s, mapped
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
         ki = T.meta_var(ty // m_warps)
@@ -359,23 +317,13 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
         if flags:
             poll[0] = 0
-        if clustered:
-            for p in T.unroll(cluster):
-                T.ptx["mapa.shared::cluster.u32"](peer[p], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])),
-                                                  T.uint32(p))
         T.tvm_storage_sync("shared")
-        if clustered:  # h_s free for the first step's stores (and every block of the cluster running)
-            T.ptx["barrier.cluster.arrive.release"]()
         for s in T.serial(steps):
             if flags:  # the words of the warp's rows and k range, polled until their tags say s
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = T.float32(0)
-                poll_h(h_s, hx, got, poll, peer, s, bz, m0, mi, ki, tx, bx % cluster if clustered else 0)
-                if clustered:  # every block's share of h_s is in this block's
-                    T.ptx["barrier.cluster.arrive.release"]()
-                    T.ptx["barrier.cluster.wait.acquire"]()
-                else:
-                    T.evaluate(T.call_extern("void", "__syncwarp"))
+                poll_h(h_s, hx, got, poll, s, bz, m0, mi, ki, tx)
+                T.evaluate(T.call_extern("void", "__syncwarp"))
                 for c in T.unroll(chunks):
                     products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx)
             else:
@@ -431,14 +379,10 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                                 h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
                 if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
                     load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
-            if clustered:  # this block has read h_s: the others may store the next step's into it
-                T.ptx["barrier.cluster.arrive.release"]()
-            elif flags:
+            if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
                 T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * shape.blocks, tx == 0 and ty == 0))
-        if clustered:  # the last arrival's phase (no store into this block's h_s follows it)
-            T.ptx["barrier.cluster.wait.acquire"]()
         if flags and poll[0] >= SPIN_LIMIT:
             bar[1] = 1
 
