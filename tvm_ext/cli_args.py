@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from .cli_checks import Parser  # noqa: F401  (the CLI's parser: one-line errors)
 from .errors import TvmExtError
+from .measure import MeasureSettings
 from .session import DEFAULT_RECORDS, RUNNERS, STRATEGIES, SessionOptions
 from .space import Knob
 
@@ -70,6 +71,10 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
                    help="this host's devices: start a local tracker and a worker per device, measure on all of "
                         "them, stop them at the end")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-cuda-graph", action="store_true",
+                   help="CUDA: time each candidate by launching it back to back (TVM's evaluator) instead of "
+                        "replaying it from a CUDA graph (the default: a kernel of a few microseconds is otherwise "
+                        "timed at the host's launch rate); the timer used is in each record's metrics")
     m = p.add_argument_group("cost model (predictor stage of the GA)")
     m.add_argument("--cost-model", default="none", choices=("none", "xgb"),
                    help="xgb: each generation breeds --ng candidates, an XGBoost model trained on the records "
@@ -103,7 +108,7 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         mutation=args.mutation, trials=args.trials, workers=args.workers, seed=args.seed, records=args.records,
         build_timeout=args.build_timeout, run_timeout=args.run_timeout, ng=args.ng, nm=args.nm,
         explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option)
-        + rpc_runner_options(args))
+        + rpc_runner_options(args), measure=MeasureSettings(cuda_graph=not args.no_cuda_graph))
 
 
 def runner_name(args: argparse.Namespace) -> str:

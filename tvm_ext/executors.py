@@ -196,6 +196,7 @@ class CudaExecutor:
 
         self.module = module
         self.dev = dev if dev is not None else tvm.cuda(device_id)
+        self.remote = dev is not None
         self.specs = dict(specs)
         self.names = [c.name for c in calls]
         funcs = {name: module[name] for name in dict.fromkeys(self.names)}
@@ -222,6 +223,16 @@ class CudaExecutor:
 
     def sync(self) -> None:
         self.dev.sync()
+
+    def capture(self, call_secs: float) -> Any:
+        """The program's calls captured as one CUDA graph (``tvm_ext.cuda_graph``), as many
+        times as a replay of about 2 ms holds at ``call_secs`` a call, cycling the input sets;
+        ``CudaGraphError`` over RPC (the graph would have to be captured on the server)."""
+        from .cuda_graph import CapturedCalls, CudaGraphError, calls_per_replay
+
+        if self.remote:
+            raise CudaGraphError("not captured over RPC")
+        return CapturedCalls(self.dev, self.run, len(self.sets), calls_per_replay(call_secs, len(self.sets)))
 
     def evaluator_secs(self, repeat: int, min_repeat_secs: float) -> list[float]:
         """TVM's device-synchronised timer on ``main`` (a single-function program, set 0)."""
