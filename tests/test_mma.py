@@ -168,6 +168,9 @@ def test_pick_fits_the_benchmark_shapes_without_measuring(cuda):
     skinny = MmaTile.of(pick_mma_tile(64, 3072, 1024, F16, F32, F16, cuda))
     assert (64 // skinny.block_m) * (3072 // skinny.block_n) * skinny.split_k >= cuda.compute_units
     assert pick_mma_tile(64, 100, 64, F16, F32, F16, cuda) is None  # N = 100 divides no tile
+    # M = 8 (no split-K) fills no SM count: the most warps in flight, on the deeper tile of a tie
+    tiny = MmaTile.of(pick_mma_tile(8, 1536, 512, F16, F32, F16, cuda))
+    assert (tiny.block_m, tiny.block_n, tiny.warps, tiny.stages, tiny.split_k) == (16, 64, 2, 4, 1)
 
 
 def test_template_space_default_scratch_and_records(cuda, tmp_path):

@@ -202,7 +202,7 @@ def test_parse_and_pick_round_trip(cuda):
     whole-K tile fits (the probe's picks for the benchmark shapes), WMMA where only it divides,
     nothing where neither does."""
     picks = {(4096, 4096, 4096): "mma.sync 128x128x32", (8192, 3072, 1024): "mma.sync 128x128x32",
-             (64, 3072, 1024): "mma.sync 16x64x64", (8, 1536, 512): "mma.sync 16x32x32", (48, 48, 48): "WMMA 16x16x16"}
+             (64, 3072, 1024): "mma.sync 16x64x64", (8, 1536, 512): "mma.sync 16x64x64", (48, 48, 48): "WMMA 16x16x16"}
     for shape, label in picks.items():
         tile = pick_tile([shape], cuda)
         assert tile.label().startswith(label), tile.label()
