@@ -229,6 +229,7 @@ def _graph_secs(executor: Any, job: MeasureJob, outputs: Sequence[str]) -> list[
         specs = dict(job.buffers)
         for name in outputs:
             executor.write(name, _poison(specs[name]), 0)
+        executor.sync()  # the copies done on every stream before the replay's stream starts
         captured.replay()
         captured.sync()
         wrong = job.check([executor.read(name) for name in outputs], job.references)
