@@ -11,6 +11,7 @@ already loaded (its ``libcudart``), called through ``ctypes``: no further depend
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,10 @@ class CudaGraphError(RuntimeError):
     """The calls could not be captured or replayed (the caller times them another way)."""
 
 
+@functools.cache
 def cudart() -> ctypes.CDLL:
-    """The CUDA runtime library this process has loaded (TVM's CUDA module links it)."""
+    """The CUDA runtime library this process has loaded (TVM's CUDA module links it), found
+    once per process (a worker captures a graph for every candidate it times)."""
     try:
         with open("/proc/self/maps") as maps:
             paths = [line.split()[-1] for line in maps if "libcudart.so" in line]
@@ -33,9 +36,11 @@ def cudart() -> ctypes.CDLL:
         paths = []
     for name in paths[:1] + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:
         try:
-            return ctypes.CDLL(name)
+            lib = ctypes.CDLL(name)
         except OSError:
             continue
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        return lib
     raise CudaGraphError("no CUDA runtime library (libcudart) in this process or on the library path")
 
 
@@ -44,7 +49,6 @@ class _Runtime:
 
     def __init__(self) -> None:
         self.lib = cudart()
-        self.lib.cudaGetErrorString.restype = ctypes.c_char_p
 
     def __call__(self, name: str, *args: Any) -> None:
         code = getattr(self.lib, name)(*args)
