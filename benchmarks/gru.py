@@ -106,9 +106,16 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     tensor_core_flags = [base.replace(fuse_step=1, step_loop=2, step_tc=1, step_flags=1, step_j=j, step_tc_rows=rows,
                                       step_tc_kw=kw)
                          for j, rows, kw in ((16, 16, 2), (16, 16, 4), (16, 32, 2), (16, 16, 1), (16, 64, 2))]
+    # the tensor-core kernel with warps splitting the units (no partial sums; W unpadded, so
+    # 32 units fit with 16 rows at H1024: half the h a block reads a step of 32-row blocks)
+    unit_warps = [pick.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=flags, step_j=j,
+                               step_tc_rows=16, step_tc_kw=kw, step_tc_nw=nw)
+                  for j, kw, nw, flags in ((32, 1, 4, 1), (32, 2, 2, 1), (16, 2, 2, 1), (32, 1, 4, 0), (32, 1, 2, 1),
+                                           (16, 1, 2, 1))]
     picks = [
         base,
         pick,  # GRU.build without a config
+        *unit_warps,
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
         pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
         pick.replace(in_wgmma=0),  # float16: the input GEMM on its mma.sync tile (where the pick has wgmma)
@@ -173,7 +180,9 @@ def short(cfg: Config) -> str:
 def _step(cfg: Config) -> str:
     if cfg.fuse_step and cfg.step_tc:
         exchange = " flags" if cfg.step_flags else ""
-        return f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw}{exchange} persistent"
+        units = f" nw={cfg.step_tc_nw}" if cfg.step_tc_nw > 1 else ""
+        return (f"tensor-core step j={cfg.step_j} rows={cfg.step_tc_rows} kw={cfg.step_tc_kw}{units}{exchange} "
+                "persistent")
     if cfg.fuse_step and cfg.step_flags:
         return f"flag-exchange step units={cfg.step_flag_units} persistent"
     if cfg.fuse_step:

@@ -12,7 +12,7 @@ from test_gru import Shape, _inputs, _weights
 
 from tvm_ext.precision import relative_error
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
-from tvm_ext.schedules.gru.tensor_core_step import TcStepShape
+from tvm_ext.schedules.gru.tensor_core_step import TcStepShape, w_chunk
 from tvm_ext.target import offline_cuda
 
 HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
@@ -47,6 +47,27 @@ def test_generated_cuda_loads_w_once_and_runs_mma_per_step():
     assert step.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == 2 * 3
     assert step.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 2 * 6
     assert "__nv_atomic_fetch_add" in step  # the acquire/release grid barrier, every step
+
+
+def test_warps_splitting_the_units_share_the_blocks_h_and_multiply_all_k():
+    """``step_tc_nw`` 4 at B64 H1024, 32 units a block: 4 warps of 8 units each (128 threads);
+    each polls a quarter of the block's 16 rows x 1024 k of h (16 x 256 / 2 words, 64 a
+    lane), the block meets once before the products, and a warp's 3 n8 tiles (its units'
+    three gates) take a pair and a lone tile a k slice (64 of them, all k: no partial sums)."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024, seq=128).with_tensor_cores(target)
+    cfg = t.analytic_pick(target)[0]
+    assert (cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw, cfg.step_tc_nw) == (32, 16, 1, 4)
+    source = t.compile(cfg, target).source
+    assert "__launch_bounds__(128) gru_steps_kernel" in source
+    kernel = _kernel(source)
+    step = kernel[kernel.index("for (int s = 0; s < 128"):]
+    assert step.count("__nv_atomic_load_n((&(hx_ptr[") == 64 and step.count("while (1)") == 1
+    assert step.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == 64
+    assert step.count("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16") == 64
+    assert step.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 64 * 3
+    assert step.count("__syncthreads()") == 2  # after the poll, and before the next step's h
+    assert "part" not in kernel
 
 
 def test_bfloat16_operands_use_the_bf16_mma():
@@ -124,7 +145,8 @@ def test_the_step_kernels_h_chunks_are_cp_async_copies_whatever_the_input_gemm()
     pick = t.analytic_pick(target)[0]
     assert pick.in_wgmma == 1 and pick.step_flags == 1
     step = _kernel(t.compile(pick.replace(step_flags=0), target).source)
-    assert step[step.index("for (int s = 0; s < 128"):].count("cp_async_legacy") == 16 * 512 // 8 // 32
+    # a warp copies its quarter of 16 rows x 1024 k (4 warps splitting the units), 16 bytes a lane
+    assert step[step.index("for (int s = 0; s < 128"):].count("cp_async_legacy") == 16 * 1024 // 4 // 8 // 32
 
 
 def test_tagged_words_are_polled_64_a_lane_at_once():
@@ -132,21 +154,38 @@ def test_tagged_words_are_polled_64_a_lane_at_once():
     (32 at once measured 0.750 ms a pass against 0.724 on the H100)."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    pick = t.analytic_pick(target)[0]
-    step = _kernel(t.compile(pick, target).source)
+    cfg = t.analytic_pick(target)[0].replace(step_j=16, step_tc_rows=32, step_tc_kw=2, step_tc_nw=1)
+    step = _kernel(t.compile(cfg, target).source)
     step = step[step.index("for (int s = 0; s < 128"):]
     assert step.count("__nv_atomic_load_n((&(hx_ptr[") == 128 and step.count("while (1)") == 2
 
 
 def test_shape_sizes():
-    """k is padded to whole 16-deep slices per k warp; shared rows have an odd number of
-    16-byte chunks (conflict-free ldmatrix)."""
+    """k is padded to whole 16-deep slices per k warp (and per unit warp's share of its h);
+    W's shared rows are unpadded (swizzled), h's have an odd number of 16-byte chunks
+    (conflict-free ldmatrix)."""
     shape = TcStepShape(batch=5, hidden=200, dirs=2, units=16, rows=16, k_warps=4, operand="float16")
     assert shape.k_extent == 256 and shape.warps == 4 and shape.threads == 128
     assert shape.blocks == 13 * 1 * 2
-    assert shape.w_stride == 56 and (shape.w_stride * 2 // 16) % 2 == 1
+    assert shape.w_stride == 48 and shape.n_tiles == 6
     assert shape.h_stride == 264 and (shape.h_stride * 2 // 16) % 2 == 1
-    assert shape.shared_bytes() == (256 * 56 + 16 * 264) * 2 + 3 * 6 * 4 * 32 * 4
+    assert shape.shared_bytes() == (256 * 48 + 16 * 264) * 2 + 3 * 6 * 4 * 32 * 4
+    split = TcStepShape(batch=64, hidden=1024, dirs=1, units=32, rows=16, k_warps=1, operand="float16", n_warps=4)
+    assert split.warps == 4 and split.n_tiles == 3 and split.blocks == 32 * 4
+    assert split.shared_bytes() == (1024 * 96 + 16 * 1032) * 2  # no partial sums: fits the H100's 232448 B
+    assert TcStepShape(5, 200, 1, 32, 16, 2, "float16", n_warps=4).k_extent == 256  # 16 x 2 x 4
+
+
+@pytest.mark.parametrize("chunks", [3, 6, 12, 24])
+def test_w_chunks_of_eight_consecutive_k_rows_lie_on_distinct_banks(chunks):
+    """What ``ldmatrix.trans`` reads in one phase: the same logical chunk of 8 consecutive k
+    rows; swizzled, their 16-byte chunks start on 8 distinct 16-byte bank groups, and stay in
+    their row."""
+    for k0 in range(0, 64, 8):
+        for chunk in range(chunks):
+            stored = [w_chunk(k, chunk, chunks) for k in range(k0, k0 + 8)]
+            assert all(0 <= c < chunks for c in stored)
+            assert len({(k * chunks + c) % 8 for k, c in zip(range(k0, k0 + 8), stored)}) == 8
 
 
 @pytest.mark.parametrize("precision, knobs, reason", [
@@ -189,19 +228,22 @@ def test_shown_knobs_are_the_kernels_own():
     assert "step_tc_kw" not in t.shown_knobs(cfg.replace(step_tc=0))
 
 
-@pytest.mark.parametrize("shape, rows, k_warps", [((16, 256, False), 16, 4), ((16, 512, True), 16, 4),
-                                                  ((64, 1024, False), 32, 2), ((12, 200, False), 16, 4),
-                                                  ((5, 512, False), 16, 4), ((8, 512, True), 16, 4)])
-def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, rows, k_warps):
+@pytest.mark.parametrize("shape, block", [((16, 256, False), (16, 16, 4, 1)), ((16, 512, True), (16, 16, 4, 1)),
+                                          ((64, 1024, False), (32, 16, 1, 4)), ((12, 200, False), (16, 16, 4, 1)),
+                                          ((5, 512, False), (16, 16, 4, 1)), ((8, 512, True), (16, 16, 4, 1)),
+                                          ((96, 768, False), (16, 64, 2, 1))])
+def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, block):
     """float16 h and W_hh above batch 4 (up to it: the CUDA-core flag-exchange kernel): the pick
-    is the tensor-core kernel exchanging h as tagged words, with the fewest rows per block
-    whose grid is resident (B64 H1024: 16-row blocks would be 256, more than the SMs hold), 4
-    warps splitting k with 16 rows, else 2."""
+    is the tensor-core kernel exchanging h as tagged words, blocks (units, rows, k warps, unit
+    warps) of 16 units and 16 rows on 4 k warps where that grid is resident, else 32 units
+    on 4 unit warps (B64 H1024: 16 x 16 blocks would be 256, more than the SMs hold), else
+    16 units of more rows (B96 H768: 288, 144 and 144 blocks before 96 of 64 rows)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
     cfg, why = t.analytic_pick(target)
-    assert (cfg.step_tc, cfg.step_flags, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (1, 1, 16, rows, k_warps)
+    assert (cfg.step_tc, cfg.step_flags) == (1, 1)
+    assert (cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw, cfg.step_tc_nw) == block
     assert "tagged words" in why
     assert t.space(target).is_feasible(cfg) and why.startswith("tensor-core persistent step kernel")
     assert t.analytic_pick(offline_cuda("sm_75"))[0].step_tc == 0  # no ldmatrix/mma.sync bf16 path there
@@ -224,6 +266,12 @@ GPU_CASES = {
                    dict(step_j=16, step_tc_rows=16, step_tc_kw=4)),
     "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
                          dict(step_j=32, step_tc_rows=16, step_tc_kw=1)),
+    "b64-h1024-nw4": (Shape(seq=5, batch=64, input=1024, hidden=1024),
+                      dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
+    "b5-h200-bi-nw2-kw2": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
+                           dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2)),
+    "b3-h33-3layer-bi-nw4": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+                             dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
 }
 
 

@@ -43,6 +43,8 @@ STEP_KNOBS = (
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
+    Knob("step_tc_nw", (1, 2, 4), "tensor-core step kernel: warps splitting the block's units (each its units' "
+                                  "three gates over all k, no partial sums; they share the block's copy of h)"),
     Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks as "
                                "(value, step) words, polled until every tag says the step; with step_tc 0 the "
                                "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

@@ -58,7 +58,6 @@ from tvm_ext.target import TargetInfo
 
 from .flag_step import FLAG_UNITS
 from .kernels import step_k_extent
-from .tensor_core_step import TC_ROWS
 
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
@@ -101,8 +100,9 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if tensor_core is not None:
         shape = template.tc_step_shape(tensor_core)
         return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
-                             f"barrier): {shape.blocks} blocks of 16 units x "
-                             f"{shape.rows} batch rows, {shape.k_warps} warps splitting k, W_hh's slice in "
+                             f"barrier): {shape.blocks} blocks of {shape.units} units x "
+                             f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
+                             f"units, W_hh's slice in "
                              f"shared memory; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS:
         cfg = _many_rows(template, base, space, hw.sm_count, extras)
@@ -137,16 +137,22 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
 
 
+TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kernel, in the pick's order
+    (16, 16, 4, 1), (32, 16, 1, 4), (16, 32, 2, 1), (16, 64, 2, 1))
+
+
 def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
     """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid), h
     exchanged as tagged words (float16 B16 H512 T64: 0.131 ms against 0.164 with the grid
-    barrier; B8 H512 0.199 against 0.279 on the flag-exchange CUDA-core kernel; B64 H1024
-    0.803 against 0.807): 16 units and the fewest rows per block whose grid is resident (more,
-    smaller blocks), 4 k warps with 16 rows (B8, B16: 4 of 1/2/4 fastest), else 2 (B64
-    H1024); None where no such config fits."""
-    for rows in TC_ROWS:
-        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=16,
-                           step_tc_rows=rows, step_tc_kw=4 if rows == 16 else 2)
+    barrier; B8 H512 0.199 against 0.279 on the flag-exchange CUDA-core kernel), the first
+    block of ``TC_BLOCKS`` whose grid is resident: 16 units and 16 rows on 4 k warps (more,
+    smaller blocks: at B8 H512 0.194 ms against 0.231 with 32 units), else 32 units and 16
+    rows on 4 warps splitting the units (a step's exchange is blocks x rows x H words, H²·B/
+    units: at B64 H1024 0.603 ms against 0.745 with 16 units and 32 rows), else more rows;
+    None where no such config fits."""
+    for units, rows, k_warps, n_warps in TC_BLOCKS:
+        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=units,
+                           step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps)
         if space.is_feasible(cfg):
             return cfg
     return None

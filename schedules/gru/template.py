@@ -490,7 +490,8 @@ class GruTemplate(DtypeFields, Template):
 
     def tc_step_shape(self, c: Config) -> TcStepShape:
         """The tensor-core step kernel's sizes under ``c`` (``step_tc`` 1)."""
-        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype)
+        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype,
+                           c.step_tc_nw)
 
     def tc_step_reason(self, c: Config, target: TargetInfo) -> str | None:
         """Why the tensor-core step kernel cannot run ``c`` here: types, tile, and a grid that
@@ -602,7 +603,7 @@ class GruTemplate(DtypeFields, Template):
         if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
             simt = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                     "step_w_onchip")
-            tensor_core, flags = ("step_tc_rows", "step_tc_kw"), ("step_flag_units",)
+            tensor_core, flags = ("step_tc_rows", "step_tc_kw", "step_tc_nw"), ("step_flag_units",)
             if config.step_flags and config.step_tc:
                 hidden = simt + flags + ("step_barrier",)
             elif config.step_flags:
@@ -617,7 +618,8 @@ class GruTemplate(DtypeFields, Template):
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_u": 1,
                                   "step_bt": 1, "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
-                                  "step_tc_rows": 16, "step_tc_kw": 1, "step_flags": 0, "step_flag_units": 8,
+                                  "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1, "step_flags": 0,
+                                  "step_flag_units": 8,
                                   "in_split": 0, "in_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
@@ -706,7 +708,7 @@ class GruTemplate(DtypeFields, Template):
         func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
                             rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
                             gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],
-                            barrier=config.step_barrier, flags=bool(config.step_flags))
+                            barrier=config.step_barrier, flags=bool(config.step_flags), n_warps=config.step_tc_nw)
         return {"gru_steps": func}
 
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------

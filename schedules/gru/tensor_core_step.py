@@ -13,15 +13,24 @@ registers (a tensorized schedule stores them to a buffer first), and the W fill 
 outside the step loop.
 
 A block owns ``units`` hidden units of one direction (all three gates: 3·units columns of
-the gate GEMM, laid out gate by gate) and ``rows`` batch rows (16 per warp along M), and
-``k_warps`` warps split the dot products over k (their partial sums meet in shared
-memory).  Per step: each warp copies its rows and k range of h into shared memory in up to
-``H_CHUNKS`` ``cp.async`` groups and multiplies chunk c (``ldmatrix.x4`` of A,
-``ldmatrix.x4.trans`` of B, two ``mma.sync`` per 16x16x16) while the later chunks are in
-flight; then the first warp of each row tile runs the cell on its accumulators: a lane's
-accumulators hold the r, z and n sums of the same (row, unit) pairs, so the cell needs no
-exchange, and its gi was loaded into registers before the previous barrier.  h' goes to the
-other state slot and the output, and the blocks meet at ``tvm_ext.step_loop``'s grid barrier.
+the gate GEMM) and ``rows`` batch rows (16 per warp along M); ``k_warps`` warps split the dot
+products over k (their partial sums meet in shared memory) and ``n_warps`` split the units
+(each its own units' three gates over all k: no partial sums, but every warp reads all of the
+block's h, so they meet at a block barrier after copying it).  Per step: each warp copies
+its share of the block's rows and k of h into shared memory in up to ``H_CHUNKS``
+``cp.async`` groups; with one warp along the units it multiplies chunk c (``ldmatrix.x4`` of
+A, ``ldmatrix.x4.trans`` of B, two ``mma.sync`` per 16x16x16) while its later chunks are in
+flight.  Then the first k warp of each (row tile, unit share) runs the cell on its
+accumulators: a lane's accumulators hold the r, z and n sums of the same (row, unit) pairs,
+so the cell needs no exchange, and its gi was loaded into registers before the previous
+barrier.  h' goes to the other state slot and the output, and the blocks meet at
+``tvm_ext.step_loop``'s grid barrier.
+
+W_hh's slice sits in shared memory as k rows of 3·units columns, warp share by warp share
+(each share gate by gate), with no padding: its 16-byte chunks are XOR-swizzled by k
+(``w_chunk``) so the 8 rows one ``ldmatrix`` phase reads lie on distinct banks.  The padding
+it replaces cost 8 % of the slice, which at 32 units and H1024 is what keeps 16-row blocks
+out of shared memory: with them each block reads half the h of 32-row blocks from L2 a step.
 
 Rows past the batch and k past the hidden size are zeros in shared memory (any batch and
 hidden size run); units past the hidden size are computed on zero weights and not stored.
@@ -43,6 +52,7 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16
 OPERANDS = ("float16", "bfloat16")
 TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
+TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (H100, B64 H1024 float16,
 # 2 k warps: 0.724 ms against 0.750 with 32 and 0.831 with 16; B8 H512 and 4 k warps: the same)
@@ -62,6 +72,17 @@ def _padded_stride(columns: int, dtype: str) -> int:
     return (chunks + (chunks % 2 == 0)) * per_chunk
 
 
+def w_chunk(k: Any, chunk: Any, chunks: int) -> Any:
+    """The stored 16-byte chunk of logical ``chunk`` in k row ``k`` of a W slice whose rows
+    are ``chunks`` chunks long: rows k mod 8 start on banks k·chunks mod 8, which repeat every
+    ``8 / gcd(chunks, 8)`` rows; XOR by the repeat index (below gcd, so the chunk stays in its
+    row) puts 8 consecutive rows on 8 distinct bank groups."""
+    repeats = math.gcd(chunks, 8)
+    if repeats == 1:
+        return chunk
+    return chunk ^ (k // (8 // repeats) % repeats)
+
+
 @dataclass(frozen=True)
 class TcStepShape:
     """The sizes a tensor-core step config implies for one GRU shape."""
@@ -73,16 +94,18 @@ class TcStepShape:
     rows: int
     k_warps: int
     operand: str
+    n_warps: int = 1
 
     @property
     def k_extent(self) -> int:
-        """k rounded up so each of the ``k_warps`` warps takes whole 16-deep slices."""
-        step = MMA_K * self.k_warps
+        """k rounded up so each of the ``k_warps`` warps takes whole 16-deep slices, and each
+        of its ``n_warps`` copies whole 16-deep parts of that warp's h."""
+        step = MMA_K * self.k_warps * self.n_warps
         return -(-self.hidden // step) * step
 
     @property
     def warps(self) -> int:
-        return self.rows // MMA_M * self.k_warps
+        return self.rows // MMA_M * self.k_warps * self.n_warps
 
     @property
     def threads(self) -> int:
@@ -94,7 +117,8 @@ class TcStepShape:
 
     @property
     def w_stride(self) -> int:
-        return _padded_stride(3 * self.units, self.operand)
+        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
+        return 3 * self.units
 
     @property
     def h_stride(self) -> int:
@@ -102,12 +126,13 @@ class TcStepShape:
 
     @property
     def n_tiles(self) -> int:
-        return 3 * self.units // MMA_N
+        """n8 accumulator tiles a warp holds: its units' three gates."""
+        return 3 * self.units // self.n_warps // MMA_N
 
     def shared_bytes(self) -> int:
         """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
         operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
-        partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_tiles * 4 * WARP * 4
+        partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_warps * self.n_tiles * 4 * WARP * 4
         return operands + partials
 
 
@@ -122,6 +147,11 @@ def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: st
         return f"tensor-core step kernel: step_j {shape.units} units per block; allowed: {TC_UNITS}"
     if shape.rows not in TC_ROWS:
         return f"tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
+    if shape.n_warps not in TC_N_WARPS:
+        return f"tensor-core step kernel: {shape.n_warps} warps along the units; allowed: {TC_N_WARPS}"
+    if shape.units % (MMA_N * shape.n_warps):
+        return (f"tensor-core step kernel: step_j {shape.units} units over {shape.n_warps} warps (step_tc_nw) "
+                f"is not 8 units or more a warp")
     if shape.rows > 16 and shape.rows >= 2 * shape.batch:
         return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
     return None
@@ -129,7 +159,7 @@ def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: st
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: int, flags: bool = False, name: str = "gru_steps") -> Any:
+                 barrier: int, flags: bool = False, n_warps: int = 1, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike.
@@ -144,28 +174,33 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     from tvm import tirx
     from tvm.script import tirx as T
 
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps)
     G, K, U = 3 * hidden, shape.k_extent, units
-    m_warps, threads, n_tiles, unit_tiles = rows // MMA_M, shape.threads, shape.n_tiles, units // MMA_N
+    m_warps, threads, n_tiles = rows // MMA_M, shape.threads, shape.n_tiles
+    warp_units = units // n_warps
+    unit_tiles = warp_units // MMA_N  # n8 tiles of one gate a warp holds
     k_slices = K // k_warps // MMA_K  # 16-deep k slices per warp
     warp_k = K // k_warps
-    chunks = math.gcd(k_slices, H_CHUNKS)  # a warp's h copy in this many cp.async groups
+    chunks = math.gcd(k_slices, H_CHUNKS)  # a warp's products in this many h chunks
     chunk_k = warp_k // chunks
+    copy_k = warp_k // n_warps  # the k range of h a warp copies: its share of its k warp's range
+    copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)  # in this many cp.async groups
+    copy_chunk_k = copy_k // copy_chunks
     grid_x, grid_y = -(-hidden // units), -(-batch // rows)
-    sw, sh = shape.w_stride, shape.h_stride
+    sw, sh, w_chunks = shape.w_stride, shape.h_stride, shape.w_stride * itemsize(operand) // 16
     vec = 8 if hidden % 8 == 0 else 1  # 16-byte copies where a row's k and units come in whole vectors
     asynchronous = vec == 8  # cp.async copies 16 bytes (a 2-byte element cannot go)
     w_vectors = K * 3 * U // vec
     h_vectors = rows * K // vec
-    chunk_vectors = MMA_M * chunk_k // vec // WARP  # per lane
-    partial_tiles = (k_warps - 1) * m_warps
+    chunk_vectors = MMA_M * copy_chunk_k // vec // WARP  # per lane
+    partial_tiles = (k_warps - 1) * m_warps * n_warps
     gi_values = 3 * unit_tiles * 4
     abbrev = DTYPE_ABBREV[operand]
     zero_op = tirx.const(0, operand)
     # with flags: the exchange words (two units each) of the warp's 16 rows and k range
     pair_words = -(-hidden // 2)
     slot_words = dirs * batch * hidden  # hx holds two slots of this many words
-    lane_words = MMA_M * warp_k // 2 // WARP
+    lane_words = -(-MMA_M * copy_k // 2 // WARP)
     poll_words = min(lane_words, POLL_WORDS)
     poll_rounds = -(-lane_words // poll_words)
 
@@ -180,6 +215,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
+        """The lane's gi of step ``step`` (``j0``: the warp's first unit)."""
         t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
         for g in T.unroll(3):
             for t in T.unroll(unit_tiles):
@@ -193,22 +229,24 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                         T.cast(0, gi_dtype))
 
     @T.macro
-    def copy_h(h_s, hs, step, bz, m0, mi, ki, c, tx):  # type: ignore[no-untyped-def]
+    def copy_h(h_s, hs, step, bz, m0, mi, k0, c, tx):  # type: ignore[no-untyped-def]
+        """Chunk ``c`` of the warp's copy of h: its 16 rows, k from ``k0``."""
         for it in T.unroll(chunk_vectors):
             f = T.meta_var(it * WARP + tx)
-            r = T.meta_var(mi * MMA_M + f // (chunk_k // vec))
-            k = T.meta_var(ki * warp_k + c * chunk_k + f % (chunk_k // vec) * vec)
+            r = T.meta_var(mi * MMA_M + f // (copy_chunk_k // vec))
+            k = T.meta_var(k0 + c * copy_chunk_k + f % (copy_chunk_k // vec) * vec)
             if m0 + r < batch and k < hidden:
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = hs[step % 2, bz, m0 + r, k + v]
 
-    def word(c: Any, i: Any, ki: Any, tx: Any) -> tuple[Any, Any, Any]:
-        """(row in the warp's 16, k, within the warp's words) of word i of poll round c."""
+    def word(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
+        """(row in the warp's 16, k, within the warp's words) of word i of poll round c; the
+        warp polls its 16 rows, ``copy_k`` from ``k0``."""
         f = (c * poll_words + i) * WARP + tx
-        return f // (warp_k // 2), ki * warp_k + f % (warp_k // 2) * 2, f < MMA_M * warp_k // 2
+        return f // (copy_k // 2), k0 + f % (copy_k // 2) * 2, f < MMA_M * copy_k // 2
 
     @T.macro
-    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
+    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
         """The warp's rows and k range of h_step from the exchange words, ``poll_words`` a
         lane at once, each round polled until every tag says ``step``."""
         for c in T.unroll(poll_rounds):
@@ -216,9 +254,9 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             while poll[1] == 0:
                 poll[1] = 1
                 for i in T.unroll(poll_words):
-                    r = T.meta_var(word(c, i, ki, tx)[0])
-                    k = T.meta_var(word(c, i, ki, tx)[1])
-                    if word(c, i, ki, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                    r = T.meta_var(word(c, i, k0, tx)[0])
+                    k = T.meta_var(word(c, i, k0, tx)[1])
+                    if word(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                         got[i] = T.call_extern(
                             "uint64", "__nv_atomic_load_n",
                             T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
@@ -229,16 +267,17 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 if poll[0] >= SPIN_LIMIT:
                     poll[1] = 1
             for i in T.unroll(poll_words):
-                r = T.meta_var(word(c, i, ki, tx)[0])
-                k = T.meta_var(word(c, i, ki, tx)[1])
-                if word(c, i, ki, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                r = T.meta_var(word(c, i, k0, tx)[0])
+                k = T.meta_var(word(c, i, k0, tx)[1])
+                if word(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                     for half in T.unroll(2):
                         h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
                             "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
 
     @T.macro
-    def products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx):  # type: ignore[no-untyped-def]
-        """The warp's dot products on h chunk ``c``: ldmatrix of A and B, two mma.sync per 16x16x16."""
+    def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
+        """The warp's dot products on h chunk ``c``: ldmatrix of A and B (two n8 tiles at once,
+        an odd last one alone), two mma.sync per 16x16x16."""
         for ks in T.unroll(chunk_k // MMA_K):
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
             T.ptx_legacy.ldmatrix(
@@ -247,15 +286,23 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                                  (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
                 dtype=operand)
             for p in T.unroll(n_tiles // 2):
-                T.ptx_legacy.ldmatrix(
+                T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
                     True, 4, ".b16", b_frag.data, 0,
-                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                                     (kk + tx % 16) * sw + p * 16 + tx // 16 * 8, 8, 1), 0,
+                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data, (kk + tx % 16) * sw + w_chunk(
+                        tx % 16, ni * n_tiles + p * 2 + tx // 16, w_chunks) * 8, 8, 1), 0,
                     dtype=operand)
                 for half in T.unroll(2):
                     T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
                                      b_frag.data, half * 4, acc.data, (p * 2 + half) * 4, False,
                                      dtype="float32")
+            if n_tiles % 2 == 1:  # the last n8 tile alone (lanes 0-15 address it)
+                T.ptx_legacy.ldmatrix(
+                    True, 2, ".b16", b_frag.data, 0,
+                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data, (kk + tx % 16) * sw + w_chunk(
+                        tx % 16, ni * n_tiles + n_tiles - 1, w_chunks) * 8, 8, 1), 0,
+                    dtype=operand)
+                T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
+                                 b_frag.data, 0, acc.data, (n_tiles - 1) * 4, False, dtype="float32")
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
@@ -268,10 +315,10 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         by = T.launch_thread("blockIdx.y", grid_y)
         bz = T.launch_thread("blockIdx.z", dirs)
         tx = T.launch_thread("threadIdx.x", WARP)
-        ty = T.launch_thread("threadIdx.y", m_warps * k_warps)
+        ty = T.launch_thread("threadIdx.y", m_warps * n_warps * k_warps)
         w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
         h_s = T.alloc_buffer((rows * sh,), operand, scope="shared.dyn")
-        part = T.alloc_buffer((max(partial_tiles, 1) * n_tiles * 4 * WARP,), "float32", scope="shared.dyn")
+        part = T.alloc_buffer((max(partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
         a_frag = T.alloc_buffer((8,), operand, scope="local")
         b_frag = T.alloc_buffer((8,), operand, scope="local")
         acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
@@ -282,22 +329,27 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
-        ki = T.meta_var(ty // m_warps)
-        j0 = T.meta_var(bx * U)
+        ni = T.meta_var(ty // m_warps % n_warps)
+        ki = T.meta_var(ty // (m_warps * n_warps))
+        j0 = T.meta_var(bx * U + ni * warp_units)  # the warp's first unit
         m0 = T.meta_var(by * rows)
-        # W_hh's slice of this block, all k, once for all steps: w_s[k, g * U + u] = W[k, g * H + j0 + u]
+        copy_k0 = T.meta_var(ki * warp_k + ni * copy_k)  # where the warp's copy of h starts
+        # W_hh's slice of this block, all k, once for all steps: column (n, g, u) of row k (the
+        # n-th warp's share, gate g, its unit u) holds W[k, g * H + bx * U + n * warp_units + u]
         for it in T.unroll(-(-w_vectors // threads)):
             f = T.meta_var(it * threads + tid)
             k = T.meta_var(f // (3 * U // vec))
-            g = T.meta_var(f % (3 * U // vec) // (U // vec))
-            u = T.meta_var(f % (U // vec) * vec)
+            col = T.meta_var(f % (3 * U // vec) * vec)
+            g = T.meta_var(col % (3 * warp_units) // warp_units)
+            unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
+            at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
             if f < w_vectors:
-                if k < hidden and j0 + u < hidden:
+                if k < hidden and unit < hidden:
                     for v in T.vectorized(vec):
-                        w_s[k * sw + g * U + u + v] = w[bz, k, g * hidden + j0 + u + v]
+                        w_s[at + v] = w[bz, k, g * hidden + unit + v]
                 else:
                     for v in T.vectorized(vec):
-                        w_s[k * sw + g * U + u + v] = zero_op
+                        w_s[at + v] = zero_op
         # the h rows past the batch and k past the hidden size: zeros, once (the steps copy the rest)
         for it in T.unroll(-(-h_vectors // threads)):
             f = T.meta_var(it * threads + tid)
@@ -306,7 +358,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             if f < h_vectors and (m0 + r >= batch or k >= hidden):
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = zero_op
-        # b_h of the lane's units (two per n8 tile), once
+        # b_h of the lane's units (two per n8 tile of the warp), once
         for t in T.unroll(n_tiles):
             for e in T.unroll(2):
                 unit = T.meta_var(j0 + t % unit_tiles * MMA_N + _acc_row_col(tx, e)[1])  # e: 0, 1
@@ -322,36 +374,48 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             if flags:  # the words of the warp's rows and k range, polled until their tags say s
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = T.float32(0)
-                poll_h(h_s, hx, got, poll, s, bz, m0, mi, ki, tx)
-                T.evaluate(T.call_extern("void", "__syncwarp"))
+                poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
+                if n_warps == 1:  # the warp reads only the h it polled
+                    T.evaluate(T.call_extern("void", "__syncwarp"))
+                else:  # and the other unit warps' share of it
+                    T.tvm_storage_sync("shared")
                 for c in T.unroll(chunks):
-                    products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx)
+                    products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
             else:
-                # the warp's own rows and k range of h, chunk by chunk (cp.async groups): the dot
-                # products on chunk c start while the later chunks are still in flight
-                for c in T.unroll(chunks):
+                # the warp's share of the rows and k of h, chunk by chunk (cp.async groups): with
+                # one warp along the units the dot products on chunk c start while the later
+                # chunks are still in flight; with more, once every warp's copy is in
+                for c in T.unroll(copy_chunks):
                     if asynchronous:
                         with T.attr(0, "async_commit_queue_scope", 0):
                             with T.attr(0, "async_scope", 1):
-                                copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
+                                copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
                     else:
-                        copy_h(h_s, hs, s, bz, m0, mi, ki, c, tx)
+                        copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = T.float32(0)
-                for c in T.unroll(chunks):
+                if n_warps == 1:
+                    for c in T.unroll(chunks):
+                        with T.attr(0, "async_wait_queue_scope", 0):
+                            with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
+                                T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
+                                products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
+                else:
                     with T.attr(0, "async_wait_queue_scope", 0):
-                        with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
-                            T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
-                            products(h_s, w_s, a_frag, b_frag, acc, mi, ki, c, tx)
+                        with T.attr(0, "async_wait_inflight_count", 0):
+                            T.tvm_storage_sync("shared")  # every warp's copies are in
+                    for c in T.unroll(chunks):
+                        products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
             if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
                 if ki > 0:
                     for i in T.unroll(n_tiles * 4):
-                        part[(((ki - 1) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx] = acc[i]
+                        part[((((ki - 1) * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx] = acc[i]
                 T.tvm_storage_sync("shared")  # also: every warp's h chunks are in (the cell reads them)
                 if ki == 0:
                     for q in T.unroll(k_warps - 1):
                         for i in T.unroll(n_tiles * 4):
-                            acc[i] = acc[i] + part[((q * m_warps + mi) * n_tiles * 4 + i) * WARP + tx]
+                            acc[i] = acc[i] + part[(((q * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP
+                                                   + tx]
             if ki == 0:  # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
                 for t in T.unroll(unit_tiles):
