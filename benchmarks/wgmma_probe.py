@@ -41,7 +41,8 @@ SHAPE = (4096, 4096, 4096)  # M, N, K
 
 
 def spec(cfg: WgmmaTile) -> str:
-    return f"{cfg.bm}x{cfg.bn}x{cfg.bk}:{cfg.stages}:{cfg.inflight}:{int(cfg.smem_epilogue)}:{cfg.raster}"
+    tiles = f":{cfg.tiles}" if cfg.tiles > 1 else ""
+    return f"{cfg.bm}x{cfg.bn}x{cfg.bk}:{cfg.stages}:{cfg.inflight}:{int(cfg.smem_epilogue)}:{cfg.raster}{tiles}"
 
 
 CONFIGS = [  # the first: plain; then one knob at a time (the last 128x128: two CTAs per SM)
@@ -220,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b-layout", choices=("NK", "KN"), default="NK",
                         help="NK: Bt (N, K), C = A @ Bt^T (default); KN: B (K, N), C = A @ B")
     parser.add_argument("--out", default=None, help="folder for the JSON results (and sources with --compile-only)")
-    parser.add_argument("--config", action="append", default=None, metavar="BMxBNxBK:S[:W[:E[:R]]]",
+    parser.add_argument("--config", action="append", default=None, metavar="BMxBNxBK:S[:W[:E[:R[:T]]]]",
                         help="a kernel to probe: tile, stages, wgmma groups in flight (0/1, default 1), "
-                        "shared-memory epilogue (0/1, default 1), raster group (tile rows, 0 = row-major); "
+                        "shared-memory epilogue (0/1, default 1), raster group (tile rows, 0 = row-major), C tiles a "
+                        "block computes in turn (default 1; more needs epilogue 0); "
                         "repeatable; default: %s"
                         % ", ".join(spec(c) for c in CONFIGS))
     args = parser.parse_args(argv)
@@ -240,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             for text in args.config:
                 tile, *rest = text.split(":")
                 bm, bn, bk = (int(x) for x in tile.split("x"))
-                stages, inflight, epilogue, raster = [int(x) for x in rest] + [4, 1, 1, 0][len(rest):]
-                configs.append(WgmmaTile(bm, bn, stages, inflight, bool(epilogue), raster, bk))
+                stages, inflight, epilogue, raster, tiles = [int(x) for x in rest] + [4, 1, 1, 0, 1][len(rest):]
+                configs.append(WgmmaTile(bm, bn, stages, inflight, bool(epilogue), raster, bk, tiles))
                 reason = wgmma_reason(configs[-1], *shape, b_layout=args.b_layout)
                 if reason:
                     raise ValueError(reason)

@@ -20,11 +20,18 @@ k+1 .. k+S-1-W load while the wgmma of tile k runs; one barrier per k step; a st
 once every warpgroup's wgmma that read it has retired.  Epilogue: the accumulator fragment
 converted to half2 and stored straight to global memory, or (``wg_smem_epilogue``) through
 padded shared memory and 16-byte coalesced stores.  ``wg_raster`` groups the blocks that many
-tile rows at a time.  Shapes the tile does not divide are refused (no guards).
+tile rows at a time.  ``wg_tiles`` > 1: a block computes several C tiles in turn (b, b + grid,
+...), one cp.async pipeline running across them, so the next tile's first stages load during
+this one's last k steps and its store (the store follows the k loop and a full wgmma wait;
+touching the accumulators inside the loop makes ptxas serialise the wgmma); its shared-memory
+epilogue stages each warpgroup's C in the 1 + ``wg_inflight`` stages the next tile's loads leave
+free.  Shapes the tile does not divide are refused (no guards).
 
 Measured (H100, 2026-11-23, ``benchmarks/wgmma_probe.py``): 128x256, 4 stages, one group in
 flight, shared-memory epilogue: 578 TFLOP/s at 4096^3 = 0.86 of cuBLAS float16, output
-bit-identical to cuBLAS; the mma.sync template reached 0.53 there.
+bit-identical to cuBLAS; the mma.sync template reached 0.53 there.  2026-11-24, several tiles
+a block (128x256, raster 8, from CUDA graphs): 0.217 ms at 4096^3 = 0.93 of cuBLAS (0.239 with a
+block a tile), 0.090 ms at 8192x3072x1024 = 0.94 (0.100).
 """
 from __future__ import annotations
 
@@ -58,6 +65,10 @@ KNOBS = (
     Knob("wg_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
     Knob("wg_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
     Knob("wg_raster", (0, 2, 4, 8), "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
+    Knob("wg_tiles", (1, 2, 3, 4, 6, 8, 12, 16),
+         "C tiles a block computes in turn (tiles b, b + grid, ...), its cp.async pipeline running on from one "
+         "tile's k steps into the next's (no refill at each tile's start); the shared-memory epilogue then stages C "
+         "in the stages the next tile's loads leave free"),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # best at the GRU's projection 8192x3072x1024 (H100: 0.098 ms against 0.100 with 128x256), but no
@@ -78,22 +89,24 @@ class WgmmaTile:
     smem_epilogue: bool = True
     raster: int = 0
     bk: int = BK
+    tiles: int = 1  # C tiles a block computes in turn
 
     @classmethod
     def of(cls, config: Config) -> "WgmmaTile":
         c = config.as_dict()
         return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
-                   c["wg_raster"])
+                   c["wg_raster"], tiles=c.get("wg_tiles", 1))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wg_bm=self.bm, wg_bn=self.bn, wg_stages=self.stages, wg_inflight=self.inflight,
-                    wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster)
+                    wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster, wg_tiles=self.tiles)
 
     @property
     def name(self) -> str:
         return (f"wgmma {self.bm}x{self.bn}x{self.bk} s{self.stages} w{self.inflight} "
-                f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}")
+                f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
+                f"{f' t{self.tiles}' if self.tiles > 1 else ''}")
 
     @property
     def threads(self) -> int:
@@ -101,6 +114,10 @@ class WgmmaTile:
 
     def smem_bytes(self) -> int:
         return self.stages * (self.bm + self.bn) * self.bk * 2
+
+    def c_pieces_per_stage(self) -> int:
+        """Warpgroups' C (64 rows of bn halves, padded by 8) one stage's shared memory holds."""
+        return (self.bm + self.bn) * self.bk // (64 * (self.bn + 8))
 
 
 def b_layout_reason(b_layout: str) -> str | None:
@@ -131,6 +148,12 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
     if t.smem_bytes() > shared_limit:
         return f"{t.name}: {t.smem_bytes()} bytes of shared memory > {shared_limit} (the limit of a block)"
+    if t.tiles < 1:
+        return f"{t.name}: a block computes at least one tile"
+    if t.tiles > 1 and t.smem_epilogue and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage():
+        return (f"{t.name}: with several tiles a block stages C in the {1 + t.inflight} stage(s) the next tile's "
+                f"loads leave free, {t.c_pieces_per_stage()} warpgroup(s) of 64 x {t.bn} a stage: too few for "
+                f"{t.bm // 64}")
     if t.smem_epilogue and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
         return f"{t.name}: C ({t.bm}x{t.bn} halves, padded) does not fit in the stages' shared memory"
     return None
@@ -196,11 +219,15 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     stage = a_stage + b_stage
     a_loads, b_loads = a_stage // 8 // threads, b_stage // 8 // threads  # 16-byte cp.async per thread
     k_tiles, grid_n = k // bk, n // bn
+    c_tiles = m // bm * grid_n
+    grid = -(-c_tiles // cfg.tiles)  # blocks; block b computes tiles b, b + grid, ...
     group = cfg.raster or 1  # raster 0 = groups of one tile row = row-major
     inflight = cfg.inflight
     ahead = stages - 1 - inflight  # tiles loaded ahead of the one being multiplied
     c_stride = bn + 8  # halves per C row in shared memory (padded: conflict-free half2 writes)
     c_loads = bm * bn // 8 // threads
+    wg_c_loads = 64 * bn // 8 // 128  # a warpgroup's C, 16 bytes a thread at a time
+    pieces = cfg.c_pieces_per_stage()
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16"
     # descriptor bits 32-63: stride byte offset 1024 >> 4 (8 rows of 128 B), bit 62 = 128-byte swizzle
     desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
@@ -254,14 +281,96 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + a_stage + b_chunk(i * threads + tx)]),
                                                b_global(Bt, col0, kt, i * threads + tx), 16)
 
+    def tile_row0(tile: Any) -> Any:
+        """The first row of C tile ``tile`` (tiles numbered in raster order)."""
+        return (tile // (group * grid_n) * group + tile % group) * bm
+
+    def tile_col0(tile: Any) -> Any:
+        return tile % (group * grid_n) // group * bn
+
+    @T.macro
+    def direct_store(C: Any, bias: Any, acc: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
+        """The accumulators straight to C (pairs of adjacent columns)."""
+        for p in T.unroll(n_acc // 2):
+            for v in T.vectorized(2):
+                C[row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
+                  col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+
+    @T.macro
+    def mma_stage(base: Any, acc: Any, cur: Any, wg: Any) -> None:
+        """The warpgroup's 64 rows times the stage at ``cur`` (halves): bk / 16 wgmma, one group."""
+        T.ptx["wgmma.fence.sync.aligned"]()
+        for kk in T.unroll(bk // 16):
+            T.ptx[mma](*[acc[i] for i in range(n_acc)], desc(base, cur + wg * 64 * bk + kk * 16),
+                       desc(base, cur + a_stage + kk * 16 * 64, bk * 128) if n_major
+                       else desc(base, cur + a_stage + kk * 16), T.bool(True), 1, 1, 0, int(n_major))
+        T.ptx["wgmma.commit_group.sync.aligned"]()
+
+    @T.macro
+    def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
+        """Iteration ``it`` of a block of several tiles: k tile it % k_tiles of its
+        (it // k_tiles)-th tile (tile bid + that x grid), into stage it % stages."""
+        load_stage(smem, A, Bt, it % stages * stage, it % k_tiles, tile_row0(bid + it // k_tiles * grid),
+                   tile_col0(bid + it // k_tiles * grid), tx)
+
+    @T.macro
+    def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+        """Several tiles a block: one pipeline over the block's tiles' k steps in turn
+        (iteration j of its n-th tile: n x k_tiles + j), the loads ``ahead`` iterations ahead
+        across tile boundaries, so the next tile's first stages load during this one's last
+        k steps and its store.  The store follows the k loop and a full wgmma wait (touching
+        the accumulators inside the loop would make ptxas serialise every wgmma)."""
+        bid = T.launch_thread("blockIdx.x", grid)
+        tx = T.launch_thread("threadIdx.x", threads)
+        smem = T.alloc_buffer((stages * stage,), "float16", scope="shared.dyn", align=1024)
+        acc = T.alloc_buffer((n_acc,), "float32", scope="local")
+        wg = tx // 128
+        base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
+        mine = T.meta_var((c_tiles - 1 - bid) // grid + 1)  # tiles of this block
+        for s in T.unroll(ahead):  # prologue: iterations 0 .. ahead-1
+            if s < mine * k_tiles:
+                load_iteration(smem, A, Bt, bid, s, tx)
+            T.ptx["cp.async.commit_group"]()
+        for t in T.serial(mine):
+            for i in T.unroll(n_acc):
+                acc[i] = T.float32(0)
+            for kt in T.serial(k_tiles):
+                T.ptx["cp.async.wait_group"](ahead - 1)  # this iteration's stage has landed (this thread's)
+                T.ptx["fence.proxy.async.shared::cta"]()
+                T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
+                mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg)
+                if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
+                    load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
+                T.ptx["cp.async.commit_group"]()
+                T.ptx["wgmma.wait_group.sync.aligned"](inflight)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            if smem_epilogue:  # through the stages of this tile's last 1 + inflight k steps (not being refilled)
+                T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
+                last = T.meta_var(t * k_tiles + k_tiles - 1)
+                piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
+                for p in T.unroll(n_acc // 2):  # accumulator pairs (2p, 2p+1): adjacent columns
+                    for v in T.vectorized(2):
+                        smem[piece + (tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride + p // 2 * 8
+                             + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias,
+                                                     tile_col0(bid + t * grid) + p // 2 * 8 + tx % 4 * 2 + v)
+                T.tvm_storage_sync("shared")
+                for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
+                    f = T.meta_var(i * 128 + tx % 128)
+                    for v in T.vectorized(8):
+                        C[tile_row0(bid + t * grid) + wg * 64 + f // (bn // 8),
+                          tile_col0(bid + t * grid) + f % (bn // 8) * 8 + v] = \
+                            smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
+            else:
+                direct_store(C, bias, acc, tile_row0(bid + t * grid), tile_col0(bid + t * grid), wg, tx)
+
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         bid = T.launch_thread("blockIdx.x", m // bm * grid_n)
         tx = T.launch_thread("threadIdx.x", threads)
         smem = T.alloc_buffer((stages * stage,), "float16", scope="shared.dyn", align=1024)
         acc = T.alloc_buffer((n_acc,), "float32", scope="local")
-        row0 = (bid // (group * grid_n) * group + bid % group) * bm
-        col0 = bid % (group * grid_n) // group * bn
+        row0 = tile_row0(bid)
+        col0 = tile_col0(bid)
         wg = tx // 128
         base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
         for i in T.unroll(n_acc):
@@ -273,13 +382,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
             T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
             T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
-            cur = kt % stages * stage
-            T.ptx["wgmma.fence.sync.aligned"]()
-            for kk in T.unroll(bk // 16):
-                T.ptx[mma](*[acc[i] for i in range(n_acc)], desc(base, cur + wg * 64 * bk + kk * 16),
-                           desc(base, cur + a_stage + kk * 16 * 64, bk * 128) if n_major
-                           else desc(base, cur + a_stage + kk * 16), T.bool(True), 1, 1, 0, int(n_major))
-            T.ptx["wgmma.commit_group.sync.aligned"]()
+            mma_stage(base, acc, kt % stages * stage, wg)
             if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
                 nxt = (kt + ahead) % stages * stage
                 load_stage(smem, A, Bt, nxt, kt + ahead, row0, col0, tx)
@@ -298,11 +401,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                     C[row0 + (i * threads + tx) // (bn // 8), col0 + (i * threads + tx) % (bn // 8) * 8 + v] = \
                         smem[(i * threads + tx) // (bn // 8) * c_stride + (i * threads + tx) % (bn // 8) * 8 + v]
         else:
-            for p in T.unroll(n_acc // 2):
-                for v in T.vectorized(2):
-                    C[row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                      col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias,
-                                                                col0 + p // 2 * 8 + tx % 4 * 2 + v)
+            direct_store(C, bias, acc, row0, col0, wg, tx)
 
     if has_bias:
         @T.prim_func
@@ -310,23 +409,50 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                       bias: T.Buffer((n,), bias_dtype),
                       C: T.Buffer((m, n), c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            gemm(A, Bt, bias, C)
+            if cfg.tiles > 1:
+                gemm_tiles(A, Bt, bias, C)
+            else:
+                gemm(A, Bt, bias, C)
 
         return main_bias
 
     @T.prim_func
     def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        gemm(A, Bt, None, C)
+        if cfg.tiles > 1:
+            gemm_tiles(A, Bt, None, C)
+        else:
+            gemm(A, Bt, None, C)
 
     return main
+
+
+TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
+
+
+def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK") -> WgmmaTile:
+    """``t`` with the fewest C tiles a block (``wg_tiles``) that fit the GEMMs of ``shapes`` into
+    one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
+    then runs on from tile to tile instead of refilling at each (H100, float16 from CUDA graphs:
+    128x256 with 6 tiles a block, raster 8, 0.090 ms at 8192x3072x1024 = 0.94 of cuBLAS, against
+    0.100 with a block a tile; at 4096^3 4 tiles 0.217 ms = 0.93 against 0.239).  ``t`` where
+    one wave holds every tile or no such variant runs the shapes."""
+    c_tiles = min(m // t.bm * (n // t.bn) for m, n, _ in shapes)
+    tiles = next((c for c in TILES_PER_BLOCK if -(-c_tiles // c) <= sm_count), TILES_PER_BLOCK[-1])
+    if tiles == 1:
+        return t
+    for raster in (8, 4, 2, 0):
+        spread_tile = dataclasses.replace(t, tiles=tiles, raster=raster)
+        if all(wgmma_reason(spread_tile, m, n, k, limit, b_layout) is None for m, n, k in shapes):
+            return spread_tile
+    return t
 
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK") -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
     of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
-    float16 (the direct one stores any C type); None off Hopper or where none divides (the GRU's
-    input GEMMs)."""
+    float16 (the direct one stores any C type), several tiles a block where they are more than
+    a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs)."""
     if target_reason(target):
         return None
     limit = shared_limit(target)
@@ -337,7 +463,8 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     if not fitting:
         return None
     blocks = lambda t: min(m // t.bm * (n // t.bn) for m, n, _ in shapes)  # noqa: E731
-    return next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
+    tile = next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
+    return spread(tile, shapes, target.compute_units, limit, b_layout)
 
 
 @dataclass(frozen=True)
@@ -378,8 +505,9 @@ class WgmmaGemmTemplate(Template):
         return Space(KNOBS, (reason,))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """The probe's best tile at 4096^3, else the first of ``DEFAULT_TILES`` the shape takes;
-        an error saying why where the target has no wgmma or no tile divides the shape."""
+        """The probe's best tile at 4096^3, else the first of ``DEFAULT_TILES`` the shape takes,
+        several tiles a block where they are more than a wave (``spread``); an error saying why
+        where the target has no wgmma or no tile divides the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
@@ -389,7 +517,9 @@ class WgmmaGemmTemplate(Template):
         if not feasible:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 64 (no guards)")
-        return feasible[0]
+        tile = spread(WgmmaTile.of(feasible[0]), [(self.m, self.n, self.k)], target.compute_units,
+                      shared_limit(target), self.b_layout)
+        return feasible[0].replace(**tile.knobs())
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the wgmma GEMM is written as a PrimFunc, not scheduled: use build_program")

@@ -81,8 +81,31 @@ def test_b_stored_k_by_n_is_read_n_major():
         WgmmaGemmTemplate(64, 64, 64, b_layout="MN")
 
 
+def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
+    """Where C has more tiles than the SMs, the default and the pick give each block several
+    (the fewest that fit one block an SM) in raster groups of 8 tile rows; the kernel loops over
+    the block's tiles, its k loop inside, the store after it; a wave's worth keeps one a block."""
+    from tvm_ext.schedules.wgmma import pick_wgmma_tile
+
+    target = offline_cuda()  # 132 SMs
+    gru_input = WgmmaGemmTemplate(8192, 3072, 1024)  # 64 x 12 tiles of 128x256
+    tile = WgmmaTile.of(gru_input.default_config(target))
+    assert (tile.bm, tile.bn, tile.tiles, tile.raster, tile.smem_epilogue) == (128, 256, 6, 8, True)
+    assert pick_wgmma_tile([(8192, 3072, 1024)], target, "float32") == WgmmaTile(128, 256, 4, 1, False, 8, tiles=6)
+    assert WgmmaTile.of(WgmmaGemmTemplate(8192, 8192, 8192).default_config(target)).tiles == 16
+    assert WgmmaTile.of(WgmmaGemmTemplate(2048, 2048, 2048).default_config(target)).tiles == 1  # 128 tiles
+    source = gru_input.build_program(gru_input.default_config(target), target).source
+    kernel = source[source.index("main_kernel(half"):]
+    kernel = kernel[kernel.index("{"):]
+    # block b's tiles: b, b + 128, ... below 768 (6 each); 16 k tiles of 64 for each
+    assert "for (int t = 0; t < (((767 - ((int)blockIdx.x)) >> 7) + 1); ++t)" in kernel
+    tiles_loop, k_loop = kernel.index("for (int t = 0;"), kernel.index("for (int kt = 0; kt < 16; ++kt)")
+    assert tiles_loop < k_loop
+
+
 @pytest.mark.parametrize("shape, knobs, reason", [
     ((4096, 4096, 4096), dict(wg_stages=2, wg_inflight=1), "at least 3 stages"),
+    ((4096, 4096, 4096), dict(wg_inflight=0, wg_tiles=4, wg_stages=4), "too few for 2"),
     ((4096, 4096, 4096), dict(wg_stages=6), "bytes of shared memory"),
     ((4096, 4000, 4096), dict(), "must divide"),
     ((256, 256, 256), dict(wg_bn=128, wg_raster=4), "raster group (4) must divide the 2 tile rows"),
@@ -123,10 +146,13 @@ def test_cli_refuses_a_target_without_wgmma(tmp_path):
 @pytest.mark.parametrize("b_layout", ["NK", "KN"])
 @pytest.mark.parametrize("knobs", [dict(), dict(wg_smem_epilogue=0), dict(wg_inflight=0),
                                    dict(wg_bm=256, wg_bn=128, wg_raster=2), dict(wg_bn=128, wg_stages=6),
-                                   dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0), dict(wg_bn=192)])
+                                   dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0), dict(wg_bn=192),
+                                   dict(wg_bn=192, wg_tiles=6), dict(wg_tiles=4, wg_smem_epilogue=0, wg_raster=2),
+                                   dict(wg_bm=256, wg_bn=128, wg_tiles=3)])
 def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
     """Both B layouts (KN: the transposed-B descriptors, N atoms and their swizzle; a wrong
-    stride or swizzle scrambles B and the error is O(1))."""
+    stride or swizzle scrambles B and the error is O(1)); several tiles a block, unevenly
+    (16 tiles of 128x192 over 3 blocks: 6, 5 and 5), through the free stages or directly."""
     import tvm
 
     from tvm_ext.target import resolve_target
