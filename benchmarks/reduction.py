@@ -128,7 +128,7 @@ def time_torch_op(template: ReductionTemplate, inputs: Inputs) -> tuple[Any, flo
     return times, err
 
 
-def time_read_ceiling(template: ReductionTemplate, inputs: Inputs) -> Any:
+def time_read_ceiling(inputs: Inputs) -> Any:
     """torch.sum over the whole of each rotated set, timed three ways: a full reduction reads
     the same bytes as the row sum and writes one number, so its best is a read rate this GPU
     reaches, the yardstick for what a row-sum target asks of memory."""
@@ -216,7 +216,7 @@ def bench_workload(workload: tuple[Any, ...], args: argparse.Namespace) -> list[
           f"({vendor.graph_note or len(inputs.torch_sets)} sets)", flush=True)
     rows = []
     if len(shape) == 2:  # what this GPU reads at, and what a 1.3x row-sum target would need
-        ceiling = time_read_ceiling(template, inputs)
+        ceiling = time_read_ceiling(inputs)
         print(f"{label}: torch.sum over the whole matrix {ceiling.best.seconds * 1e6:.1f} us "
               f"({ceiling.best.method}), {gbs(ceiling.best.seconds)} GB/s; 1.3x torch's row-sum best needs "
               f"{gbs(best / 1.3)} GB/s", flush=True)

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=None, metavar="BMxBNxBK:S[:W[:E[:R[:T]]]]",
                         help="a kernel to probe: tile, stages, wgmma groups in flight (0/1, default 1), "
                         "shared-memory epilogue (0/1, default 1), raster group (tile rows, 0 = row-major), C tiles a "
-                        "block computes in turn (default 1; more needs epilogue 0); "
+                        "block computes in turn (default 1); "
                         "repeatable; default: %s"
                         % ", ".join(spec(c) for c in CONFIGS))
     args = parser.parse_args(argv)

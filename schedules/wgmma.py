@@ -297,6 +297,15 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                   col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
 
     @T.macro
+    def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, col0: Any, tx: Any) -> None:
+        """The warpgroup's accumulators as C, into its 64 padded rows of shared memory from
+        ``piece`` (halves): pairs (2p, 2p+1) of adjacent columns."""
+        for p in T.unroll(n_acc // 2):
+            for v in T.vectorized(2):
+                smem[piece + (tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride + p // 2 * 8 + tx % 4 * 2
+                     + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+
+    @T.macro
     def mma_stage(base: Any, acc: Any, cur: Any, wg: Any) -> None:
         """The warpgroup's 64 rows times the stage at ``cur`` (halves): bk / 16 wgmma, one group."""
         T.ptx["wgmma.fence.sync.aligned"]()
@@ -332,6 +341,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 load_iteration(smem, A, Bt, bid, s, tx)
             T.ptx["cp.async.commit_group"]()
         for t in T.serial(mine):
+            row0 = T.meta_var(tile_row0(bid + t * grid))
+            col0 = T.meta_var(tile_col0(bid + t * grid))
             for i in T.unroll(n_acc):
                 acc[i] = T.float32(0)
             for kt in T.serial(k_tiles):
@@ -348,20 +359,15 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
                 last = T.meta_var(t * k_tiles + k_tiles - 1)
                 piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
-                for p in T.unroll(n_acc // 2):  # accumulator pairs (2p, 2p+1): adjacent columns
-                    for v in T.vectorized(2):
-                        smem[piece + (tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride + p // 2 * 8
-                             + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias,
-                                                     tile_col0(bid + t * grid) + p // 2 * 8 + tx % 4 * 2 + v)
+                stage_c(smem, piece, acc, bias, col0, tx)
                 T.tvm_storage_sync("shared")
                 for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
                     f = T.meta_var(i * 128 + tx % 128)
                     for v in T.vectorized(8):
-                        C[tile_row0(bid + t * grid) + wg * 64 + f // (bn // 8),
-                          tile_col0(bid + t * grid) + f % (bn // 8) * 8 + v] = \
+                        C[row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v] = \
                             smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
             else:
-                direct_store(C, bias, acc, tile_row0(bid + t * grid), tile_col0(bid + t * grid), wg, tx)
+                direct_store(C, bias, acc, row0, col0, wg, tx)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -391,10 +397,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         if smem_epilogue:
             T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
-            for p in T.unroll(n_acc // 2):  # accumulator pairs (2p, 2p+1): adjacent columns
-                for v in T.vectorized(2):
-                    smem[(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride
-                         + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+            stage_c(smem, wg * 64 * c_stride, acc, bias, col0, tx)
             T.tvm_storage_sync("shared")
             for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
                 for v in T.vectorized(8):
@@ -430,6 +433,11 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
 
 
+def c_tile_count(t: WgmmaTile, shapes: Any) -> int:
+    """C tiles of ``t`` in the smallest of the GEMMs ``shapes``."""
+    return min(m // t.bm * (n // t.bn) for m, n, _ in shapes)
+
+
 def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK") -> WgmmaTile:
     """``t`` with the fewest C tiles a block (``wg_tiles``) that fit the GEMMs of ``shapes`` into
     one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
@@ -437,8 +445,8 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
     128x256 with 6 tiles a block, raster 8, 0.090 ms at 8192x3072x1024 = 0.94 of cuBLAS, against
     0.100 with a block a tile; at 4096^3 4 tiles 0.217 ms = 0.93 against 0.239).  ``t`` where
     one wave holds every tile or no such variant runs the shapes."""
-    c_tiles = min(m // t.bm * (n // t.bn) for m, n, _ in shapes)
-    tiles = next((c for c in TILES_PER_BLOCK if -(-c_tiles // c) <= sm_count), TILES_PER_BLOCK[-1])
+    count = c_tile_count(t, shapes)
+    tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), TILES_PER_BLOCK[-1])
     if tiles == 1:
         return t
     for raster in (8, 4, 2, 0):
@@ -462,8 +470,8 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
     if not fitting:
         return None
-    blocks = lambda t: min(m // t.bm * (n // t.bn) for m, n, _ in shapes)  # noqa: E731
-    tile = next((t for t in fitting if 10 * blocks(t) >= 9 * target.compute_units), max(fitting, key=blocks))
+    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes) >= 9 * target.compute_units),
+                max(fitting, key=lambda t: c_tile_count(t, shapes)))
     return spread(tile, shapes, target.compute_units, limit, b_layout)
 
 

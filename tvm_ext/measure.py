@@ -193,6 +193,13 @@ def executor_for(job: MeasureJob) -> Any:
     return CudaExecutor.from_library(art.library, art.calls, specs, job.device_id, sets=job.rotation_sets)
 
 
+def _write_poison(executor: Any, job: MeasureJob, names: Sequence[str], index: int) -> None:
+    """Buffers ``names`` of input set ``index`` set to ``_poison`` (NaN, or their fill)."""
+    specs = dict(job.buffers)
+    for name in names:
+        executor.write(name, _poison(specs[name]), index)
+
+
 def _timed(executor: Any, job: MeasureJob, outputs: Sequence[str]) -> tuple[list[float], str]:
     """The program's seconds per run and how they were taken (``metrics["timer"]``): on
     CUDA with the device timer, from a CUDA graph's replays where the calls can be captured
@@ -226,9 +233,7 @@ def _graph_secs(executor: Any, job: MeasureJob, outputs: Sequence[str]) -> list[
         executor.sync()
     captured = executor.capture((time.perf_counter() - start) / 3)
     try:
-        specs = dict(job.buffers)
-        for name in outputs:
-            executor.write(name, _poison(specs[name]), 0)
+        _write_poison(executor, job, outputs, 0)
         executor.sync()  # the copies done on every stream before the replay's stream starts
         captured.replay()
         captured.sync()
@@ -265,8 +270,7 @@ def _run(job: MeasureJob, executor: Any) -> RunResult:
         arrays = check_inputs if index == 0 else draw.draw(rng, [specs[n] for n in inputs])
         for name, array in zip(inputs, arrays):
             executor.write(name, array, index)
-        for name in names[job.n_inputs:]:
-            executor.write(name, _poison(specs[name]), index)
+        _write_poison(executor, job, names[job.n_inputs:], index)
     executor.run()
     executor.sync()
     results = [executor.read(name) for name in outputs]

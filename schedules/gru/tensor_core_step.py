@@ -274,6 +274,16 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                         h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
                             "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
 
+    def w_row(kk: Any, tile: Any, tx: Any) -> Any:
+        """Where lane ``tx``'s row of n8 tile ``tile`` (of the block's W columns) starts in W's
+        shared slice, k slice ``kk``: the row ldmatrix.trans reads from that lane."""
+        return (kk + tx % 16) * sw + w_chunk(tx % 16, tile, w_chunks) * 8
+
+    def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
+        """Accumulator ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units,
+        ``mi`` along M) in the partial sums."""
+        return (((q * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx
+
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
         """The warp's dot products on h chunk ``c``: ldmatrix of A and B (two n8 tiles at once,
@@ -288,8 +298,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             for p in T.unroll(n_tiles // 2):
                 T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
                     True, 4, ".b16", b_frag.data, 0,
-                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data, (kk + tx % 16) * sw + w_chunk(
-                        tx % 16, ni * n_tiles + p * 2 + tx // 16, w_chunks) * 8, 8, 1), 0,
+                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                                     w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx), 8, 1), 0,
                     dtype=operand)
                 for half in T.unroll(2):
                     T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
@@ -298,8 +308,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             if n_tiles % 2 == 1:  # the last n8 tile alone (lanes 0-15 address it)
                 T.ptx_legacy.ldmatrix(
                     True, 2, ".b16", b_frag.data, 0,
-                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data, (kk + tx % 16) * sw + w_chunk(
-                        tx % 16, ni * n_tiles + n_tiles - 1, w_chunks) * 8, 8, 1), 0,
+                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                                     w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
                     dtype=operand)
                 T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
                                  b_frag.data, 0, acc.data, (n_tiles - 1) * 4, False, dtype="float32")
@@ -409,13 +419,12 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
                 if ki > 0:
                     for i in T.unroll(n_tiles * 4):
-                        part[((((ki - 1) * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx] = acc[i]
+                        part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
                 T.tvm_storage_sync("shared")  # also: every warp's h chunks are in (the cell reads them)
                 if ki == 0:
                     for q in T.unroll(k_warps - 1):
                         for i in T.unroll(n_tiles * 4):
-                            acc[i] = acc[i] + part[(((q * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP
-                                                   + tx]
+                            acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
             if ki == 0:  # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
                 for t in T.unroll(unit_tiles):
