@@ -223,6 +223,21 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> s
     return "\n".join(out)
 
 
+def program_launch(program: Any, arg_sets: Sequence[dict[str, Any]], outputs: Sequence[Any]) -> Launch:
+    """``launch(i)`` running a built program's host calls (``CompiledProgram.calls``) on the
+    i-th set of TVM tensors named as its parameters, returning ``outputs[i]``: a tuned config
+    timed on the operands the vendor's call gets."""
+    funcs = {call.name: program.executable.mod[call.name] for call in program.calls}
+
+    def launch(i: int) -> Any:
+        bound = arg_sets[i]
+        for call in program.calls:
+            funcs[call.name](*[bound[a] if isinstance(a, str) else int(a) for a in call.args])
+        return outputs[i]
+
+    return launch
+
+
 def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
                outputs: Sequence[Any] | None = None) -> Launch:
     """``launch(i)`` for a TVM function over prepared argument lists, one per input set,

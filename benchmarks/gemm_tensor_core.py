@@ -7,7 +7,9 @@ For each shape (float16 A, B and C, float32 accumulation): the zero-measurement 
 (``--strategy analytic``), then the tuning run (which resumes the pick from the same records
 file), both through the CLI's own code; then torch.matmul on the same dtypes, timed call by
 call, back to back on rotated inputs and replayed from a CUDA graph, compared at its best.
-Prints a markdown table last; records go to --out.
+The tuned config is then built again and timed the same three ways on cuBLAS's own operands
+(tensor-core clocks depend on the data: the tuner's figure, on its uniform inputs, is shown
+beside it but is not the comparison).  Prints a markdown table last; records go to --out.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import (l2_rotation, program_launch, rel_error_vs, table, time_ours_three, time_vendor,  # noqa: E402
+                    vendor_methods)
 
 from tvm_ext import tune  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
@@ -38,17 +41,61 @@ LABELS = {"4096": "4096³", "8192": "8192³", "2048": "2048³", "gru_in": "GRU i
 TEMPLATES = {"any": TensorCoreChoiceTemplate, "mma": MmaGemmTemplate, "wmma": TensorCoreGemmTemplate}
 
 
-def cublas_fp16(m: int, n: int, k: int) -> tuple[Any, float]:
-    """cuBLAS float16 per call, back to back and from a CUDA graph on rotated operands, and
-    its error vs float64 (of the float16 operands)."""
+def operand_sets(m: int, n: int, k: int) -> list[tuple[Any, Any]]:
+    """float16 A [m, k] and B [k, n] from randn, enough sets to rotate past L2."""
     import torch
 
-    sets = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+    return [(torch.randn(m, k, device="cuda", dtype=torch.float16),
              torch.randn(k, n, device="cuda", dtype=torch.float16))
             for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
+
+
+def cublas_fp16(sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
+    """cuBLAS float16 per call, back to back and from a CUDA graph on the rotated operands, and
+    its error vs float64 (of the float16 operands)."""
     times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
     a, b = sets[0]
     return times, rel_error_vs(a @ b, a.double() @ b.double())
+
+
+def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
+    """The tuned config built again and timed the vendor's three ways on the vendor's operands
+    (B passed transposed where the kernel reads it [n, k]), and its error vs float64 on
+    NaN-poisoned outputs."""
+    import torch
+    import tvm
+
+    cfg = Config.of(config)
+    op = template.measured_operator(cfg)
+    program = template.build_program(cfg, target)
+    a_spec, b_spec = op.inputs()
+    (c_spec,) = op.outputs()
+    b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape) else (lambda b: b.t().contiguous())
+    outs = [torch.full(tuple(c_spec.shape), float("nan"), device="cuda", dtype=getattr(torch, c_spec.dtype))
+            for _ in sets]
+    scratch = {}
+    for name, spec in zip(program.params[3:], op.scratch()):
+        fill = 0.0 if spec.fill is None else spec.fill
+        scratch[name] = tvm.runtime.from_dlpack(torch.full(tuple(spec.shape), fill, device="cuda",
+                                                           dtype=getattr(torch, spec.dtype)))
+    a_name, b_name, c_name = program.params[:3]
+    args = [{a_name: tvm.runtime.from_dlpack(a), b_name: tvm.runtime.from_dlpack(b_of(b)),
+             c_name: tvm.runtime.from_dlpack(c), **scratch} for (a, b), c in zip(sets, outs)]
+    launch = program_launch(program, args, outs)
+    launch(0)
+    torch.cuda.synchronize()
+    a, b = sets[0]
+    err = rel_error_vs(outs[0], a.double() @ b.double())
+    return time_ours_three(launch, len(sets)), err
+
+
+def ours_cell(ours: Any, vendor: Any, flops: float) -> str:
+    """'per call / back-to-back / graph ms (TFLOP/s at our best; best/best and graph/graph
+    ratios to cuBLAS)'."""
+    three = " / ".join(f"{t.seconds * 1e3:.4f}" if t else "-" for _, t in vendor_methods(ours))
+    graphs = f", graph/graph {vendor.graph.seconds / ours.graph.seconds:.2f}" if ours.graph and vendor.graph else ""
+    return f"{three} ({flops / ours.best.seconds / 1e12:.0f}; best/best {vendor.best.seconds / ours.best.seconds:.2f}" \
+           f"{graphs})"
 
 
 def label(template: Any, config: dict) -> str:
@@ -93,13 +140,14 @@ def main() -> int:
         wall = time.time() - start
         recs = RecordStore(records).for_workload(Workload.of(template, target).key)
         ok = [r for r in recs if r.ok]
-        times, vendor_err = cublas_fp16(m, n, k)
+        sets = operand_sets(m, n, k)
+        times, vendor_err = cublas_fp16(sets)
         vendor = times.best.seconds  # cuBLAS at its best of the three methods
         shown = [f"{t.seconds * 1e3:.4f} ({flops / t.seconds / 1e12:.0f})" if t else method
                  for method, t in vendor_methods(times)]
         if not ok:
-            rows.append([LABELS[name], *shown, f"{vendor_err:.1e}", "-", "-", "-", "-", f"{len(recs)} (all failed)",
-                         "-", f"{wall:.0f}", str(code)])
+            rows.append([LABELS[name], *shown, f"{vendor_err:.1e}", "-", "-", "-", "-", "-", "-",
+                         f"{len(recs)} (all failed)", "-", f"{wall:.0f}", str(code)])
             continue
         best = min(ok, key=lambda r: r.cost)
         trial_of_best = next(i for i, r in enumerate(recs, 1) if r is best)
@@ -107,15 +155,25 @@ def main() -> int:
         def cell(rec: Any, flops: float = flops, vendor: float = vendor) -> str:
             return f"{rec.cost * 1e3:.4f} ({flops / rec.cost / 1e12:.0f}, {vendor / rec.cost:.2f})"
 
+        try:
+            ours, ours_err = ours_on(template, best.config, target, sets)
+            same = ours_cell(ours, times, flops)
+            same_err = f"{ours_err:.1e}"
+        except Exception as exc:  # reported in the table, never the end of the run
+            text = [line for line in str(exc).strip().splitlines() if line.strip()]
+            same, same_err = f"failed: {(text[-1] if text else type(exc).__name__)[:80]}", "-"
         err = best.metrics.get("rel_error")
         rows.append([LABELS[name], *shown, f"{vendor_err:.1e}", cell(pick[0]) if pick else "-", cell(best),
-                     f"{err:.1e}" if err is not None else "-", label(template, best.config),
+                     same, same_err if same_err != "-" else (f"{err:.1e}" if err is not None else "-"),
+                     label(template, best.config),
                      f"{len(recs)} ({len(recs) - len(ok)} failed)", str(trial_of_best), f"{wall:.0f}", str(code)])
         print(rows[-1], flush=True)
     print(table("Tensor-core GEMM (float16 A, B, C; float32 accumulation) vs cuBLAS float16",
                 ["shape", "cuBLAS per call ms (TFLOP/s)", "cuBLAS back-to-back", "cuBLAS CUDA graph",
-                 "cuBLAS rel err vs f64", "analytic pick ms (TFLOP/s, of cuBLAS best)",
-                 "tuned ms (TFLOP/s, of cuBLAS best)", "tuned rel err vs f64", "tuned config", "configs measured",
+                 "cuBLAS rel err vs f64", "analytic pick ms (TFLOP/s, of cuBLAS best), tuner's inputs",
+                 "tuned ms, tuner's inputs",
+                 "tuned on cuBLAS's operands: per call / back-to-back / graph ms (TFLOP/s; of cuBLAS)",
+                 "tuned rel err vs f64", "tuned config", "configs measured",
                  "trial of the best", "analytic + tuning s", "CLI exit"], rows))
     return 0
 

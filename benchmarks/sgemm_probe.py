@@ -7,6 +7,7 @@ read it; cuBLAS then runs ``torch.nn.functional.linear``).
 
     source .tvm-device/boot.sh && python benchmarks/sgemm_probe.py --out $OUT
     ... --shape 1024,3072,768 --shape 1024,768,3072 --b-transposed   # BERT-base's FFN at b8 s128
+    ... --registers-only   # register-staged prefetch into one shared buffer or two, large tiles
 """
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ def tile(wg_x: int, wg_y: int, task_x: int, task_y: int, k_step: int = 16) -> di
 TILES = (tile(16, 8, 8, 8), tile(8, 16, 8, 8), tile(16, 16, 8, 8, k_step=8))
 # Smaller blocks for shapes whose 64x128 tiles leave SMs idle (M = 1024: 96 blocks at N = 768)
 SMALL_TILES = (tile(8, 8, 8, 8), tile(16, 8, 4, 8), tile(16, 16, 4, 4))
-STAGING = [dict(prefetch=p, warp_x=w) for p, w in itertools.product((0, 1), (0, 8))]
-STAGING += [dict(prefetch=2, a_transposed=0), dict(prefetch=1, k_step=32)]
+STAGING = [dict(prefetch=p, warp_x=w) for p, w in itertools.product((0, 1, 3), (0, 8))]
+STAGING += [dict(prefetch=2, a_transposed=0), dict(prefetch=1, k_step=32), dict(prefetch=3, k_step=32)]
+# --registers-only: the register-staged variants (one shared buffer or two) of the large tiles
+REGISTER_STAGING = [dict(prefetch=p, warp_x=w) for p, w in itertools.product((1, 3), (0, 8))]
 
 
 def cublas_fp32(m: int, n: int, k: int, b_transposed: bool) -> Any:
@@ -61,6 +64,8 @@ def main() -> int:
     p.add_argument("--size", type=int, default=4096, help="an n^3 GEMM (without --shape)")
     p.add_argument("--shape", action="append", default=[], help="M,N,K (repeatable)")
     p.add_argument("--b-transposed", action="store_true", help="B stored N x K")
+    p.add_argument("--registers-only", action="store_true",
+                   help="only the register-staged variants (prefetch 1 and 3) of the large tiles")
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--out", default="bench_out")
     args = p.parse_args()
@@ -78,7 +83,9 @@ def probe(m: int, n: int, k: int, args: argparse.Namespace, target: Any) -> None
     space = template.space(target)
     configs = [space.make(**{**c.as_dict(), **STAGING_DEFAULTS})
                for c in analytic_seeds(dataclasses.replace(template, staging=False), target, 4)]
-    for tile, staging in itertools.product(TILES + SMALL_TILES, STAGING):
+    variants = itertools.product(TILES, REGISTER_STAGING) if args.registers_only else \
+        itertools.product(TILES + SMALL_TILES, STAGING)
+    for tile, staging in variants:
         config = space.make(**{**tile, **STAGING_DEFAULTS, **staging})
         if space.is_feasible(config) and config not in configs:
             configs.append(config)

@@ -50,9 +50,10 @@ KNOBS = (
 # Searched only when the template asks for them (``GemmTemplate.staging``); a config without
 # them, or with every one at its first value, builds exactly the kernel of ``KNOBS`` alone.
 STAGING_KNOBS = (
-    Knob("prefetch", (0, 1, 2), "next K slice: 0 as double_buffer says; 1 register-staged (global -> "
-                                "registers before the math, registers -> shared after it); 2 cp.async "
-                                "(CUDA sm_80+)"),
+    Knob("prefetch", (0, 1, 2, 3), "next K slice: 0 as double_buffer says; 1 register-staged (global -> "
+                                   "registers before the math, registers -> shared after it); 2 cp.async "
+                                   "(CUDA sm_80+); 3 register-staged into the second of two shared buffers "
+                                   "(the stores need not wait for the math)"),
     Knob("warp_x", (0, 4, 8, 16), "warp tiling: 0 threads numbered row by row over the block; w: each warp "
                                   "a (32/w) x w patch of threads"),
     Knob("load_vec", (0, 4), "global -> shared copy width: 0 = vec; 4 = 16-byte loads whatever vec is"),
@@ -323,10 +324,12 @@ class GemmTemplate(DtypeFields, Template):
             return 0
         bm, bn = c.wg_y * c.task_y, c.wg_x * c.task_x
         pad = c.vec if c.pad else 0
-        # register-staged prefetch stores the next slice after the math: one shared buffer
+        # register-staged prefetch 1 stores the next slice after the math: one shared buffer
         stages = 2 if c.double_buffer and staging_value(c, "prefetch") != 1 else 1
-        return stages * (itemsize(self.a_dtype) * bm * (c.k_step + pad)
-                         + itemsize(self.b_dtype) * c.k_step * (bn + pad))
+        # rows are padded by ``pad``: A [bm, k] or K-major [k, bm]; B [k, bn] or transposed [bn, k]
+        a_tile = c.k_step * (bm + pad) if c.a_transposed else bm * (c.k_step + pad)
+        b_tile = bn * (c.k_step + pad) if self.b_transposed else c.k_step * (bn + pad)
+        return stages * (itemsize(self.a_dtype) * a_tile + itemsize(self.b_dtype) * b_tile)
 
     def _hardware_reason(self, c: Config, target: TargetInfo) -> str | None:
         threads = c.wg_x * c.wg_y
@@ -486,8 +489,10 @@ class GemmTemplate(DtypeFields, Template):
                 sch.bind(fx, "threadIdx.x")
                 if fill_vec > 1 and not pads[name]:
                     sch.vectorize(fv)
-                if staging_value(c, "prefetch") == 1:  # global -> registers -> shared
+                if staging_value(c, "prefetch") in (1, 3):  # global -> registers -> shared
                     sch.annotate(stage, "tirx.manifest_shared_memory_local_stage", 1)
+                if staging_value(c, "prefetch") == 3:  # two versions of the tile: slice k+1's stores
+                    sch.annotate(stage, "double_buffer_scope", 0)  # go to the buffer slice k does not read
             # Register tiles of A and B per k so the inner product reads registers.
             for name in ("A", "B"):
                 frag = sch.cache_read(gemm, operand[name], "local")
@@ -495,7 +500,7 @@ class GemmTemplate(DtypeFields, Template):
                 if c.vec > 1 and ((name == "B" and not self.b_transposed) or (name == "A" and c.a_transposed)):
                     sch.vectorize(sch.get_loops(frag)[-1])
             prefetch = staging_value(c, "prefetch")
-            if prefetch == 1:  # children: A global->regs, A regs->shared, B the same, the k loop:
+            if prefetch in (1, 3):  # children: A global->regs, A regs->shared, B the same, the k loop:
                 # the loads of slice k+1 are issued before the math of slice k, the stores after it
                 sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 1])
                 sch.annotate(ko, "software_pipeline_order", [0, 3, 1, 4, 2])

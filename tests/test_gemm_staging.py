@@ -6,6 +6,7 @@ what they cannot build with a reason."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -20,6 +21,8 @@ BASE = dict(wg_x=8, wg_y=8, task_x=4, task_y=4, k_step=8, use_shared=1, pad=1, u
 STAGED = {
     "register_prefetch": dict(prefetch=1),
     "register_prefetch_a_rows": dict(prefetch=1, a_transposed=0),
+    "register_prefetch_two_buffers": dict(prefetch=3),
+    "two_buffers_a_rows_warps": dict(prefetch=3, a_transposed=0, warp_x=8),
     "warp_4x8": dict(warp_x=8),
     "warp_8x4": dict(warp_x=4),
     "prefetch_and_warps": dict(prefetch=1, warp_x=8),
@@ -90,6 +93,39 @@ def test_register_prefetch_loads_before_the_math_and_stores_after(cuda):
     assert "cp.async" not in source
 
 
+def _shared_floats(source: str) -> dict[str, int]:
+    """Each shared array's size in floats (TVM may declare one as float4)."""
+    return {m.group(2): int(m.group(3)) * (4 if m.group(1) else 1)
+            for m in re.finditer(r"__shared__ alignas\(\d+\) float(4?) (\w+)\[(\d+)\]", source)}
+
+
+def test_register_prefetch_into_two_buffers(cuda):
+    """prefetch=3: the same order as prefetch=1 (loads, math, stores) but each shared tile
+    has two versions: slice k+1 is stored into the one slice k's math does not read, so the
+    shared tiles are twice prefetch=1's and the template counts them."""
+    one, _ = _cuda_source(cuda, prefetch=1)
+    two, _ = _cuda_source(cuda, prefetch=3)
+    sizes_one, sizes_two = _shared_floats(one), _shared_floats(two)
+    assert set(sizes_one) == set(sizes_two) == {"A_shared_ptr", "B_shared_ptr"}
+    assert all(sizes_two[name] == 2 * sizes_one[name] for name in sizes_one)
+    body = two[two.index("for (int k_0 = 0;"):]
+    math = body.index("for (int k_1 = 0;")
+    assert body.index("*(float4*)(A_ptr") < math < body.index("A_shared_ptr[", math + 1)
+    assert "((k_0 + 1) & 1)" in body[math:]  # the stores go to the other version
+
+
+@pytest.mark.parametrize("b_transposed", [False, True])
+@pytest.mark.parametrize("changes", [dict(), dict(prefetch=1), dict(prefetch=3), dict(prefetch=3, a_transposed=0),
+                                     dict(prefetch=3, pad=0), dict(double_buffer=0), dict(k_step=16, prefetch=3)])
+def test_shared_bytes_are_the_declared_tiles(cuda, b_transposed, changes):
+    """What the template counts against the device's shared memory is what the kernel
+    declares: one or two versions, K-major or row-major A, B as stored, padded or not."""
+    template = GemmTemplate(512, 512, 256, staging=True, b_transposed=b_transposed)
+    config = _config(template, cuda, **changes)
+    source = compile_module(template.schedule(config, cuda).mod, cuda, template.pass_config(config, cuda))[1]
+    assert template.shared_bytes(config) == 4 * sum(_shared_floats(source).values())
+
+
 def test_cp_async_prefetch_and_warp_tiling_codegen(cuda):
     source, _ = _cuda_source(cuda, prefetch=2, a_transposed=0, task_x=8)
     assert "cp.async" in source
@@ -101,6 +137,7 @@ def test_cp_async_prefetch_and_warp_tiling_codegen(cuda):
 
 @pytest.mark.parametrize("changes,expected", [
     (dict(prefetch=1, double_buffer=0), "needs use_shared=1 and double_buffer=1"),
+    (dict(prefetch=3, use_shared=0, pad=0, a_transposed=0), "needs use_shared=1 and double_buffer=1"),
     (dict(warp_x=16), "does not split into 2x16 warps"),
     (dict(prefetch=2), "it needs a_transposed=0"),
     (dict(prefetch=2, a_transposed=0), "does not lower with warp_x > 0 or task_x == vec"),
