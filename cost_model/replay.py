@@ -277,7 +277,7 @@ class ReplayRunner:
         if build.artifact is None or entry is None:
             return RunResult((), build.error_kind or ErrorKind.RUN_ERROR, build.error_msg or "not recorded")
         if math.isfinite(entry.cost):
-            return RunResult((entry.cost,))
+            return RunResult((entry.cost,), metrics={"timer": "replay of a recorded sweep"})
         return RunResult((), ErrorKind(entry.error_kind or ErrorKind.RUN_ERROR), "recorded failure")
 
     def close(self) -> None:

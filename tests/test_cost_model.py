@@ -71,6 +71,9 @@ def test_replay_answers_recorded_costs_and_rejects_unrecorded(small_sweep):
     costs = tuner.evaluate([e.config for e in entries])
     np.testing.assert_array_equal(costs, [e.cost for e in entries])
     assert tuner.trials == 5
+    # replayed records name their timer, so a rerun on them resumes (``Record.timed_before_timers``)
+    assert all(not r.timed_before_timers for r in map(tuner.record_of, (e.config for e in entries)) if r.ok)
+    assert any(tuner.record_of(e.config).ok for e in entries)
     outside = next(c for c in (template.default_config(target),
                                *[tuner.space.decode(r)
                                  for r in tuner.space.random_indices(np.random.default_rng(0), 50)])

@@ -142,3 +142,44 @@ def test_failures_become_error_records_and_the_run_finishes(opencl, tmp_path):
     assert np.isinf(costs[:3]).all() and np.isfinite(costs[3])
     best = RecordStore(path).best(tuner.workload.key)
     assert best.config["mode"] == "ok"  # a wrong answer is never the best
+
+
+def _records_with_and_without_timer(target, path):
+    """Two correct records and a failure of one GEMM workload on ``target``: the first and
+    the failure without ``metrics["timer"]`` (as records were before they named it)."""
+    from tvm_ext.records import Record
+    from tvm_ext.template import Workload
+
+    template = GemmTemplate(64, 64, 64)
+    workload = Workload.of(template, target)
+    space = template.space(target)
+    untimed, timed, failed = (space.make(**{**template.default_config(target).as_dict(), "k_step": k})
+                              for k in (4, 8, 16))
+    store = RecordStore(path)
+    store.append(Record(workload.key, workload.as_json(), untimed.as_dict(), (1e-3,)))
+    store.append(Record(workload.key, workload.as_json(), timed.as_dict(), (2e-3,), metrics={"timer": "cuda graph"}))
+    store.append(Record(workload.key, workload.as_json(), failed.as_dict(), (), "run_error", "wrong answer"))
+    return template, store, (untimed, timed, failed)
+
+
+def test_cuda_records_timed_before_timers_are_measured_again(tmp_path):
+    """A correct CUDA record without a timer (host loop or TVM's evaluator, before CUDA-graph
+    replay) is not resumed: the tuner counts it and would measure the config again, and the
+    export's ranking leaves it out, though it is the fastest on file.  Failures resume."""
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import ranked_records
+
+    cuda = offline_cuda()
+    template, store, (untimed, timed, failed) = _records_with_and_without_timer(cuda, tmp_path / "r.jsonl")
+    tuner = Tuner(template, cuda, None, None, RecordStore(store.path))
+    assert tuner.record_of(untimed) is None
+    assert tuner.record_of(timed).cost == 2e-3 and not tuner.record_of(failed).ok
+    assert (tuner.resumed, tuner.stale) == (2, 1)
+    assert [r.config for r in ranked_records(store, template, cuda)] == [timed.as_dict()]
+
+
+def test_opencl_records_without_timer_resume(opencl, tmp_path):
+    """OpenCL's timer did not change: its records resume whether or not they name it."""
+    template, store, (untimed, timed, _) = _records_with_and_without_timer(opencl, tmp_path / "r.jsonl")
+    tuner = Tuner(template, opencl, None, None, RecordStore(store.path))
+    assert tuner.record_of(untimed).cost == 1e-3 and (tuner.resumed, tuner.stale) == (3, 0)

@@ -65,6 +65,15 @@ class Record:
         return not self.error_kind and bool(self.costs)
 
     @property
+    def timed_before_timers(self) -> bool:
+        """A correct CUDA measurement without ``metrics["timer"]``: taken before each record
+        named its timer, by the host loop or TVM's evaluator rather than from a CUDA graph, so
+        its cost does not compare with today's.  The tuner measures such a config again
+        instead of resuming it, and exports rank without it."""
+        target = self.workload.get("target") if isinstance(self.workload, dict) else None
+        return self.ok and isinstance(target, dict) and target.get("kind") == "cuda" and "timer" not in self.metrics
+
+    @property
     def cost(self) -> float:
         """Median seconds per run; +inf for a failed candidate."""
         if not self.ok:

@@ -192,7 +192,9 @@ def run_tuning(args: argparse.Namespace) -> int:
         session.log = progress.write
         tuner = session.tuner(template, on_record=progress.update)
         progress.write(f"tuning {template.describe()} on {target.kind}:{target.device_name} "
-                       f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records})")
+                       f"(space {tuner.space.size} configs, {tuner.resumed} records resumed from {args.records}"
+                       + (f"; {tuner.stale} timed before records named their timer, measured again" if tuner.stale
+                          else "") + ")")
         progress.start()
         result = session.search(tuner)
         if not result.interrupted:

@@ -46,6 +46,7 @@ class TuneResult:
     errors: int  # of which failed
     resumed: int  # records read back from an earlier run
     wall_secs: float
+    stale: int = 0  # records read back but timed before records named their timer: measured again
     interrupted: bool = False
     history: list[float] = field(default_factory=list)  # best cost after each batch
 
@@ -96,6 +97,7 @@ class Tuner:
         self._started = time.time()
         self.run = f"{socket.gethostname()}-{os.getpid()}-{int(self._started)}"
         self._feed = store.feed()
+        self.stale = 0  # records set aside by ``_catch_up``: timed by an older protocol
         self._catch_up()
         self.resumed = len(self._records)
 
@@ -103,8 +105,12 @@ class Tuner:
         """Take in the records appended since the last look (ours, or another process's
         sharing the file); returns every config whose cost is known."""
         for rec in self._feed.new():
-            if rec.workload_key == self.workload.key and rec.config_obj() not in self._records:
-                self._remember(rec)
+            if rec.workload_key != self.workload.key or rec.config_obj() in self._records:
+                continue
+            if rec.timed_before_timers:  # its cost does not compare with this run's: measure again
+                self.stale += 1
+                continue
+            self._remember(rec)
         return self._cost
 
     def _remember(self, rec: Record) -> None:
@@ -224,5 +230,5 @@ class Tuner:
         return TuneResult(
             workload=self.workload, best=self.best, default=self.record_of(default),
             trials=self.trials, errors=self.errors, resumed=self.resumed,
-            wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history,
+            wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history, stale=self.stale,
         )
