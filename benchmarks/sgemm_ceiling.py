@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
@@ -88,6 +89,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) sgemm_8x16(const float* A, 
 KERNELS = {"sgemm_8x8": (8, 8), "sgemm_8x16": (8, 16)}  # name -> outputs a thread (M, N)
 
 
+def torch_stream(cp: Any, torch: Any) -> Any:
+    """CuPy's view of torch's current stream (a CUDA graph's capture stream included), so the
+    raw kernels are captured and ordered like cuBLAS's calls."""
+    stream = torch.cuda.current_stream()
+    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14: ExternalStream is deprecated
+        try:
+            return cp.cuda.Stream.from_external(stream)
+        except Exception:  # a torch stream without the CUDA stream protocol
+            pass
+    return cp.cuda.ExternalStream(stream.cuda_stream)
+
+
 def main() -> int:
     import cupy as cp
     import numpy as np
@@ -122,7 +135,7 @@ def main() -> int:
 
         def launch(i: int, kernel: object = kernel, tm: int = tm, tn: int = tn) -> object:
             x, y = sets[i]
-            with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            with torch_stream(cp, torch):
                 kernel((n // (16 * tn), n // (16 * tm)), (256,),
                        (x.data_ptr(), y.data_ptr(), outs[i].data_ptr(), np.int32(n), np.int32(n)))
             return outs[i]
