@@ -176,6 +176,10 @@ def test_cuda_records_timed_before_timers_are_measured_again(tmp_path):
     assert tuner.record_of(timed).cost == 2e-3 and not tuner.record_of(failed).ok
     assert (tuner.resumed, tuner.stale) == (2, 1)
     assert [r.config for r in ranked_records(store, template, cuda)] == [timed.as_dict()]
+    from tvm_ext.results.summary import load_workloads
+
+    (summary,) = load_workloads(store.path)  # what `tvm_ext.results show` and `export` rank
+    assert summary.best.config == timed.as_dict() and len(summary.records) == 3
 
 
 def test_opencl_records_without_timer_resume(opencl, tmp_path):
