@@ -68,7 +68,7 @@ def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]
     cfg = Config.of(config)
     op = template.measured_operator(cfg)
     program = template.build_program(cfg, target)
-    a_spec, b_spec = op.inputs()
+    _, b_spec = op.inputs()
     (c_spec,) = op.outputs()
     b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape) else (lambda b: b.t().contiguous())
     outs = [torch.full(tuple(c_spec.shape), float("nan"), device="cuda", dtype=getattr(torch, c_spec.dtype))
