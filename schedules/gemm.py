@@ -465,6 +465,7 @@ class GemmTemplate(DtypeFields, Template):
         if c.vec > 1 and not pads["C"]:
             sch.vectorize(sch.get_loops(acc)[-1])
 
+        prefetch = staging_value(c, "prefetch")
         if c.use_shared:
             for name in ("A", "B"):
                 stage = sch.cache_read(gemm, operand[name], "shared")
@@ -489,9 +490,9 @@ class GemmTemplate(DtypeFields, Template):
                 sch.bind(fx, "threadIdx.x")
                 if fill_vec > 1 and not pads[name]:
                     sch.vectorize(fv)
-                if staging_value(c, "prefetch") in (1, 3):  # global -> registers -> shared
+                if prefetch in (1, 3):  # global -> registers -> shared
                     sch.annotate(stage, "tirx.manifest_shared_memory_local_stage", 1)
-                if staging_value(c, "prefetch") == 3:  # two versions of the tile: slice k+1's stores
+                if prefetch == 3:  # two versions of the tile: slice k+1's stores
                     sch.annotate(stage, "double_buffer_scope", 0)  # go to the buffer slice k does not read
             # Register tiles of A and B per k so the inner product reads registers.
             for name in ("A", "B"):
@@ -499,7 +500,6 @@ class GemmTemplate(DtypeFields, Template):
                 sch.compute_at(frag, ki)
                 if c.vec > 1 and ((name == "B" and not self.b_transposed) or (name == "A" and c.a_transposed)):
                     sch.vectorize(sch.get_loops(frag)[-1])
-            prefetch = staging_value(c, "prefetch")
             if prefetch in (1, 3):  # children: A global->regs, A regs->shared, B the same, the k loop:
                 # the loads of slice k+1 are issued before the math of slice k, the stores after it
                 sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 1])

@@ -74,6 +74,12 @@ class Record:
         return self.ok and isinstance(target, dict) and target.get("kind") == "cuda" and "timer" not in self.metrics
 
     @property
+    def ranks(self) -> bool:
+        """Whether rankings of the best (exports, summaries) take this record: correct, and
+        timed as today's records are (not ``timed_before_timers``)."""
+        return self.ok and not self.timed_before_timers
+
+    @property
     def cost(self) -> float:
         """Median seconds per run; +inf for a failed candidate."""
         if not self.ok:

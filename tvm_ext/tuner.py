@@ -46,7 +46,6 @@ class TuneResult:
     errors: int  # of which failed
     resumed: int  # records read back from an earlier run
     wall_secs: float
-    stale: int = 0  # records read back but timed before records named their timer: measured again
     interrupted: bool = False
     history: list[float] = field(default_factory=list)  # best cost after each batch
 
@@ -230,5 +229,5 @@ class Tuner:
         return TuneResult(
             workload=self.workload, best=self.best, default=self.record_of(default),
             trials=self.trials, errors=self.errors, resumed=self.resumed,
-            wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history, stale=self.stale,
+            wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history,
         )

@@ -61,12 +61,12 @@ def tvm_target(target: TargetInfo) -> Any:
 
 
 def ranked_records(store: RecordStore, match: TaskMatch | Any, target: TargetInfo) -> list[Record]:
-    """Correct records of the task's template workload (or of a template), fastest first,
-    without those timed before records named their timer (``Record.timed_before_timers``)."""
+    """The records of the task's template workload (or of a template) that rank
+    (``Record.ranks``: correct, timed as today's), fastest first."""
     template = match.template if isinstance(match, TaskMatch) else match
     assert template is not None
     key = Workload.of(template, target).key
-    return sorted((r for r in store.for_workload(key) if r.ok and not r.timed_before_timers), key=lambda r: r.cost)
+    return sorted((r for r in store.for_workload(key) if r.ranks), key=lambda r: r.cost)
 
 
 def already_exported(db: Any, task_mod: Any, target: TargetInfo) -> bool:

@@ -98,9 +98,8 @@ class WorkloadRecords:
         return f"{self.target.kind}:{self.target.device_name}"
 
     def ranked(self) -> list[Record]:
-        """Correct records, fastest first, without those timed before records named their
-        timer (``Record.timed_before_timers``: their costs do not compare with today's)."""
-        return sorted((r for r in self.records if r.ok and not r.timed_before_timers), key=lambda r: r.cost)
+        """The records that rank (``Record.ranks``: correct, timed as today's), fastest first."""
+        return sorted((r for r in self.records if r.ranks), key=lambda r: r.cost)
 
     @property
     def best(self) -> Record | None:
