@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -199,11 +199,13 @@ def sm_90a(target: TargetInfo) -> TargetInfo:
 
 
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
-               scale: float = 1.0, b_layout: str = "NK") -> Any:
+               scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[[Any, Any, Any], Any] | None = None) -> Any:
     """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
-    C = A @ B, read N-major (``B_LAYOUTS``)."""
+    C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col)``: C's element for
+    the float32 accumulator ``value`` at (row, col), as TIR (a Relax task's fused blocks, which
+    may read buffers of their own: ``tvm_ext.relax_wgmma``), in place of scale, bias and cast."""
     from tvm.script import tirx as T
 
     reason = wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
@@ -263,8 +265,11 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             return k_major(B, col0, kt, chunk)
         return B.ptr_to([kt * bk + chunk // (bn // 8), col0 + chunk % (bn // 8) * 8])
 
-    def out(value: Any, bias: Any, col: Any) -> Any:
-        """An accumulator as C stores it: scaled, plus the bias of its column, narrowed."""
+    def out(value: Any, bias: Any, row: Any, col: Any) -> Any:
+        """An accumulator as C stores it: scaled, plus the bias of its column, narrowed (or
+        what ``epilogue`` makes of it)."""
+        if epilogue is not None:
+            return T.Cast(c_dtype, epilogue(value, row, col))
         if scale != 1.0:
             value = value * T.float32(scale)
         if has_bias:
@@ -294,16 +299,19 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
                 C[row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                  col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+                  col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias,
+                                                            row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4
+                                                            + p % 2 * 8, col0 + p // 2 * 8 + tx % 4 * 2 + v)
 
     @T.macro
-    def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, col0: Any, tx: Any) -> None:
+    def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The warpgroup's accumulators as C, into its 64 padded rows of shared memory from
         ``piece`` (halves): pairs (2p, 2p+1) of adjacent columns."""
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
                 smem[piece + (tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride + p // 2 * 8 + tx % 4 * 2
-                     + v] = out(acc[p * 2 + v], bias, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+                     + v] = out(acc[p * 2 + v], bias, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
+                                col0 + p // 2 * 8 + tx % 4 * 2 + v)
 
     @T.macro
     def mma_stage(base: Any, acc: Any, cur: Any, wg: Any) -> None:
@@ -359,7 +367,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
                 last = T.meta_var(t * k_tiles + k_tiles - 1)
                 piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
-                stage_c(smem, piece, acc, bias, col0, tx)
+                stage_c(smem, piece, acc, bias, row0, col0, wg, tx)
                 T.tvm_storage_sync("shared")
                 for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
                     f = T.meta_var(i * 128 + tx % 128)
@@ -397,7 +405,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         if smem_epilogue:
             T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
-            stage_c(smem, wg * 64 * c_stride, acc, bias, col0, tx)
+            stage_c(smem, wg * 64 * c_stride, acc, bias, row0, col0, wg, tx)
             T.tvm_storage_sync("shared")
             for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
                 for v in T.vectorized(8):
@@ -418,6 +426,18 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 gemm(A, Bt, bias, C)
 
         return main_bias
+
+    if epilogue is not None:  # it may read buffers that the caller makes parameters of a function of its own
+        @T.prim_func(check_well_formed=False)
+        def main_epilogue(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"),
+                          C: T.Buffer((m, n), c_dtype)):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            if cfg.tiles > 1:
+                gemm_tiles(A, Bt, None, C)
+            else:
+                gemm(A, Bt, None, C)
+
+        return main_epilogue
 
     @T.prim_func
     def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
@@ -513,21 +533,19 @@ class WgmmaGemmTemplate(Template):
         return Space(KNOBS, (reason,))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """The probe's best tile at 4096^3, else the first of ``DEFAULT_TILES`` the shape takes,
-        several tiles a block where they are more than a wave (``spread``); an error saying why
-        where the target has no wgmma or no tile divides the shape."""
+        """``pick_wgmma_tile``: the probe's best tile at 4096^3 where it gives 90 % of the SMs a
+        block, else the first of ``DEFAULT_TILES`` that does, else the one giving most blocks
+        (BERT-base's 1024x768x768 projection: 64x64 tiles, two a block, against 24 blocks of
+        128x256), several tiles a block where they are more than a wave (``spread``); an error
+        saying why where the target has no wgmma or no tile divides the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        space = self.space(target)
-        configs = [space.make(**WgmmaTile(bm, bn, s, w, bool(e), r).knobs()) for bm, bn, s, w, e, r in DEFAULT_TILES]
-        feasible = [c for c in configs if space.is_feasible(c)]
-        if not feasible:
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, "float16", self.b_layout)
+        if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 64 (no guards)")
-        tile = spread(WgmmaTile.of(feasible[0]), [(self.m, self.n, self.k)], target.compute_units,
-                      shared_limit(target), self.b_layout)
-        return feasible[0].replace(**tile.knobs())
+        return self.space(target).make(**tile.knobs())
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the wgmma GEMM is written as a PrimFunc, not scheduled: use build_program")

@@ -38,9 +38,12 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
     assert "fence.proxy.async.shared::cta" in source and "cp.async" in source
     assert program.params == ("A", "Bt", "C")
     assert program.trace == {"lowered": "wgmma", "config": cfg.as_dict()}  # the config is the record
-    wide = WgmmaGemmTemplate(256, 512, 128)
-    assert wide.default_config(target).as_dict()["wg_bn"] == 256  # the probe's best tile, 128x256
+    wide = WgmmaGemmTemplate(2048, 2048, 128)  # 128 tiles of 128x256 give 90 % of the SMs a block
+    assert (wide.default_config(target).as_dict()["wg_bm"], wide.default_config(target).as_dict()["wg_bn"]) == \
+        (128, 256)  # the probe's best tile
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
+    small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the tile giving most blocks instead
+    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2)
 
 
 def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
@@ -70,7 +73,7 @@ def test_b_stored_k_by_n_is_read_n_major():
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((256, 128)), rng.standard_normal((128, 512))
     assert np.allclose(t.reference([a, b])[0], a @ b)
-    flags = lambda source: re.findall(r"m64n256k16\.f32\.f16\.f16 \{[^}]*\}, %\d+, %\d+, \w+, 1, 1, 0, (\d);",  # noqa: E731
+    flags = lambda source: re.findall(r"m64n\d+k16\.f32\.f16\.f16 \{[^}]*\}, %\d+, %\d+, \w+, 1, 1, 0, (\d);",  # noqa: E731
                                       source)
     assert flags(t.build_program(t.default_config(target), target).source) == ["1"]
     nk = WgmmaGemmTemplate(256, 512, 128)

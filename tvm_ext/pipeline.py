@@ -151,26 +151,18 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
     from tvm.s_tir import dlight as dl
 
     from .relax_gru import lower_grus
-    from .template import Workload
     from .tvm_export import open_database, read_operators, tvm_target
 
     tgt = tvm_target(target)
     operators = read_operators(database) if isinstance(database, str) else {}
 
     def gru_config(template: Any) -> Config | None:
-        entry = operators.get(Workload.of(template, target).key)
-        config = None
-        if entry is not None:
-            space = template.space(target)
-            try:
-                config = space.decode(space.encode(Config.of(entry["config"])))
-            except TvmExtError:  # knobs of another version of the template
-                config = None
+        config = operator_config(operators, template, target)
         if config is None and log:
             log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
         return config
 
-    lowered = legalize_and_fuse(lower_grus(mod, target, gru_config))
+    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config)), target, operators)
     _register_intrinsics(target)
     if database is not None:
         db = open_database(database) if isinstance(database, str) else database
@@ -186,6 +178,41 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
     if left:
         raise TvmExtError(f"no schedule for {', '.join(left)}: neither tuned nor covered by dlight")
     return lowered
+
+
+def operator_config(operators: dict[str, dict[str, Any]], template: Any, target: TargetInfo) -> Config | None:
+    """The operators file's tuned config of ``template`` on ``target``, or None (none there, or
+    knobs of another version of the template)."""
+    from .template import Workload
+
+    entry = operators.get(Workload.of(template, target).key)
+    if entry is None:
+        return None
+    space = template.space(target)
+    try:
+        return space.decode(space.encode(Config.of(entry["config"])))
+    except TvmExtError:
+        return None
+
+
+def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[str, Any]]) -> Any:
+    """Each function a substituting matcher takes (``Matcher.substitute``: float16 matmuls on
+    wgmma) and whose template the operators file has a tuned config for, replaced by that
+    config's kernel; the rest stay for the database's schedules and dlight."""
+    import tvm
+
+    from .tasks import MATCHERS, match_substitute
+
+    if not operators:
+        return mod
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
+            continue
+        match = match_substitute(gv.name_hint, func, target)
+        config = operator_config(operators, match.template, target) if match else None
+        if match and config is not None:
+            mod[gv] = MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
+    return mod
 
 
 # ---- running --------------------------------------------------------------------------------
@@ -291,7 +318,8 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
         if m.matched:
             key = Workload.of(m.template, target).key
             groups.setdefault(key, _Group(m.template)).tasks.append(i)
-            in_database[i] = not retune and already_exported(db, tasks[i].dispatched[0], target)
+            in_database[i] = not retune and (key in operators if m.substitutes
+                                             else already_exported(db, tasks[i].dispatched[0], target))
         else:
             log(f"note: {m.name}: not tuned, no template ({m.reason})")
     for j, gru in enumerate(grus):
@@ -327,7 +355,12 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
             reports.append(TaskReport(m.name, int(task.weight), "", note=m.reason))
             continue
         group = groups[Workload.of(m.template, target).key]
-        outcome = export_task(db, task.dispatched[0], m, store, target) if not group.reused else None
+        if group.reused:
+            outcome = None
+        elif m.substitutes:  # a kernel in the function's place: its config, as the GRU's
+            outcome = export_operator(database, m.template, store, target)
+        else:
+            outcome = export_task(db, task.dispatched[0], m, store, target)
         reports.append(_report(m.name, int(task.weight), m.template, group, i, outcome, log))
     for j, gru in enumerate(grus):
         group = groups[Workload.of(gru.template, target).key]

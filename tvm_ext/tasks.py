@@ -15,6 +15,9 @@ carries the reason.
   batch of leading axes; B transposed ``B[..., j, k]`` or shared by the batch) plus
   elementwise blocks after it (bias, GELU, residual add), which the GEMM kernel's
   write-back absorbs -> ``GemmTemplate``.
+- ``wgmma``: a float16 matmul (float32 accumulate, float16 out, no batch) on Hopper -> the
+  wgmma template, whose kernel replaces the function (``Matcher.substitute``,
+  ``relax_wgmma``) rather than scheduling it.
 - ``tensor_core``: the same matmul with float16 or bfloat16 operands -> the mma.sync
   template (CUDA; elsewhere it falls back with the reason).
 - ``rows``: one or two reductions over the last axis (softmax, layer norm, RMS norm, sum,
@@ -26,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from .relax_wgmma import WgmmaSite, compose_epilogue, substitute_kernel
 from .space import Config
 from .target import TargetInfo
 
@@ -62,6 +66,11 @@ class TaskMatch:
     def matched(self) -> bool:
         return self.template is not None
 
+    @property
+    def substitutes(self) -> bool:
+        """Whether the template's kernel replaces the function (``Matcher.substitute``)."""
+        return self.matched and MATCHERS[self.matcher].substitute is not None
+
 
 @dataclass(frozen=True)
 class NoMatch:
@@ -77,6 +86,10 @@ class Matcher:
     name: str
     match: Callable[[Any, TargetInfo], Any]  # (func, target) -> (template, site) | NoMatch
     doc: str
+    # (func, template, site, config, target) -> a PrimFunc to put in the function's place: the
+    # template's kernel replaces the function instead of a schedule of it (the matcher builds it
+    # once as its check), and its tuned config is exported as an operator config, not a trace
+    substitute: Callable[..., Any] | None = None
 
 
 # ---- reading blocks ----------------------------------------------------------------------------
@@ -267,6 +280,52 @@ def match_tensor_core(func: Any, target: TargetInfo) -> Any:
     return template, found.site
 
 
+def match_wgmma(func: Any, target: TargetInfo) -> Any:
+    """A float16 matmul accumulating in float32 with a float16 output, on Hopper -> the wgmma
+    template, its kernel in the function's place with the epilogue composed into its store
+    (``relax_wgmma``; B read as stored, [k, n] or [n, k]).  No batch axis, and a shape some
+    wgmma tile divides; else the mma.sync template takes it."""
+    from .errors import TvmExtError
+    from .schedules.wgmma import WgmmaGemmTemplate, target_reason
+
+    found = find_matmul(func)
+    if isinstance(found, NoMatch):
+        return NoMatch(f"not a wgmma matmul: {found.reason}")
+    if (found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype) != ("float16",) * 2 + ("float32", "float16"):
+        return NoMatch(f"not a wgmma matmul: {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
+                       f"into {found.c_dtype} (wgmma takes float16 accumulating in float32 into float16)")
+    what = "float16 matmul on wgmma"
+    reason = target_reason(target)
+    if reason:
+        return NoMatch(f"{what}: {reason}")
+    if found.batch:
+        return NoMatch(f"{what}: a batch of {found.batch} matmuls (the wgmma kernel has no batch axis)", True)
+    try:
+        template = WgmmaGemmTemplate(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN")
+        config = template.default_config(target)
+        a, b = (_param_position(func, mm_read(func, found.site.block, i)) for i in (found.site.a, found.site.b))
+        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue, tuple(func.params))
+        site = WgmmaSite(a, b, len(func.params) - 1, epilogue)
+        substitute_kernel(func, template, site, config, target)  # builds: the epilogue composes
+    except TvmExtError as exc:
+        return NoMatch(f"{what}: {exc}", True)
+    except Exception as exc:  # the kernel does not build with this epilogue
+        return NoMatch(f"{what}: the kernel does not build: {_last_line(exc)}", True)
+    return template, site
+
+
+def mm_read(func: Any, block: str, index: int) -> Any:
+    """The buffer of read ``index`` of block ``block`` of ``func``."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    return sch.get(sch.get_sblock(block)).reads[index].source
+
+
+def _param_position(func: Any, buffer: Any) -> int:
+    return next(i for i, p in enumerate(func.params) if p.same_as(buffer))
+
+
 # ---- row operators ------------------------------------------------------------------------------
 def _combiner(block: Any) -> str:
     """"max", "min" or "sum": how a reduction block combines (its update's top operation)."""
@@ -350,11 +409,27 @@ def _uses(rng: Any, var: Any) -> bool:
 MATCHERS: dict[str, Matcher] = {
     "gemm": Matcher("gemm", match_gemm, "float32 matmul (batched, B transposed or shared) with an elementwise "
                                         "epilogue -> GemmTemplate"),
+    "wgmma": Matcher("wgmma", match_wgmma, "float16 matmul (float32 accumulate, float16 out, no batch) on Hopper "
+                                          "-> the wgmma template's kernel in the function's place",
+                     substitute=substitute_kernel),
     "tensor_core": Matcher("tensor_core", match_tensor_core, "float16/bfloat16 matmul -> the mma.sync template "
                                                              "(CUDA)"),
     "rows": Matcher("rows", match_rows, "softmax, layer norm, RMS norm, sum/mean/max over the last axis, with "
                                         "elementwise stages -> RowTemplate"),
 }
+
+
+def match_substitute(name: str, func: Any, target: TargetInfo) -> TaskMatch | None:
+    """The first substituting matcher (``Matcher.substitute``) that takes ``func``, or None:
+    what a compiled model replaces, without the schedule checks of the other matchers."""
+    if dynamic_shape_reason(func):
+        return None
+    for matcher in MATCHERS.values():
+        if matcher.substitute is not None:
+            found = matcher.match(func, target)
+            if not isinstance(found, NoMatch):
+                return TaskMatch(name, found[0], found[1], matcher=matcher.name)
+    return None
 
 
 def _last_line(exc: Exception) -> str:
@@ -379,6 +454,8 @@ def match_task(name: str, func: Any, target: TargetInfo) -> TaskMatch:
             reasons.append(found)
             continue
         template, site = found
+        if matcher.substitute is not None:  # the matcher built the kernel
+            return TaskMatch(name, template, site, matcher=matcher.name)
         try:
             config = template.default_config(target)
             sch = template.schedule(config, target, func=func, site=site)

@@ -1,0 +1,133 @@
+"""Relax float16 matmuls on Hopper's warpgroup MMA (``tvm_ext.relax_wgmma``): the wgmma matcher
+takes a task's matmul with its fused epilogue, ``tune_relax`` exports its tuned config to the
+operators file, and ``compile_relax`` puts the wgmma kernel, the epilogue composed into its store,
+in the function's place.
+
+CI (no GPU): the BERT-base layer's float16 projections match, their epilogues compose (bias,
+GELU, residual) into float32 expressions, and the Relax build for an offline sm_90 target emits
+wgmma kernels named after the tasks with those epilogues, only where the operators file has a
+config; targets without wgmma and batched matmuls keep the mma.sync template.  ``-m gpu``: the
+layer compiled with the substituted kernels against float64 numpy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tvm_ext.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
+from tvm_ext.template import Workload
+from tvm_ext.tvm_export import OPERATORS_FILE, tvm_target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECTIONS = {  # BERT-base (batch 8, sequence 128) float16: task -> (M, N, K), its epilogue's parameters
+    "fused_matmul_cast_add": ((1024, 768, 768), 1),  # Q, K, V: bias
+    "fused_matmul_cast_add_add1": ((1024, 768, 768), 2),  # attention output: bias, residual
+    "fused_matmul3_cast3_add2_gelu": ((1024, 3072, 768), 1),  # feed-forward in: bias, GELU
+    "fused_matmul4_cast_add_add1": ((1024, 768, 3072), 2),  # feed-forward out: bias, residual
+}
+
+
+@pytest.fixture(scope="module")
+def bert():
+    spec = importlib.util.spec_from_file_location("wgmma_bert_layer", os.path.join(ROOT, "examples", "bert_layer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def base(bert):
+    return bert.get_module(size="base", dtype="float16")
+
+
+def _operators(matches, target, directory) -> str:
+    """An operators file holding each wgmma task's default config (what ``tune_relax`` exports
+    after tuning); the folder."""
+    entries = {Workload.of(m.template, target).key: {"config": m.template.default_config(target).as_dict()}
+               for m in matches if m.substitutes}
+    directory.mkdir(exist_ok=True)
+    (directory / OPERATORS_FILE).write_text(json.dumps({"version": 1, "operators": entries}))
+    return str(directory)
+
+
+def test_the_projections_match_wgmma_and_attention_keeps_mma_sync(base):
+    from tvm_ext.target import offline_cuda
+
+    cuda = offline_cuda()
+    matches = {m.name: m for m in match_tasks(extract_tasks(legalize_and_fuse(base), cuda), cuda)}
+    for name, ((m, n, k), extras) in PROJECTIONS.items():
+        match = matches[name]
+        assert match.matcher == "wgmma" and match.substitutes, (name, match.reason)
+        t = match.template
+        assert (t.m, t.n, t.k, t.b_layout) == (m, n, k, "KN")  # weights folded to (K, N): read N-major
+        expr = match.site.epilogue.expr
+        assert str(expr.ty) == "float32"  # float16 additions run in float32, one rounding at the store
+        assert expr.script().count("param_") + expr.script().count("lv") >= extras
+    assert "T.erf" in matches["fused_matmul3_cast3_add2_gelu"].site.epilogue.expr.script()
+    for name in ("fused_matmul1_cast1_divide", "fused_matmul2_cast2"):  # attention: batched matmuls
+        assert matches[name].matcher == "tensor_core" and not matches[name].substitutes
+
+
+def test_targets_without_wgmma_keep_the_mma_sync_template(base):
+    from tvm_ext.tasks import match_wgmma
+    from tvm_ext.target import offline_cuda
+
+    ampere = offline_cuda("sm_80")
+    lowered = legalize_and_fuse(base)
+    matches = {m.name: m for m in match_tasks(extract_tasks(lowered, ampere), ampere)}
+    assert all(matches[name].matcher == "tensor_core" for name in PROJECTIONS)
+    refused = match_wgmma(lowered["fused_matmul_cast_add"], ampere)
+    assert "Hopper" in refused.reason
+
+
+def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database_has_a_config(base, tmp_path):
+    import tvm
+
+    from tvm_ext.target import offline_cuda
+
+    cuda = offline_cuda()
+    matches = match_tasks(extract_tasks(legalize_and_fuse(base), cuda), cuda)
+    untuned = compile_relax(base, cuda, None, log=None)
+    assert all(untuned[name].attrs.get("target") is None for name in PROJECTIONS)  # no config, no kernel
+    compiled = compile_relax(base, cuda, _operators(matches, cuda, tmp_path / "db"), log=None)
+    for name in PROJECTIONS:
+        func = compiled[name]
+        assert str(func.attrs["target"].attrs["arch"]) == "sm_90a" and bool(func.attrs["tirx.is_scheduled"])
+        assert len(func.params) == len(legalize_and_fuse(base)[name].params)  # same call, same arguments
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        ex = tvm.compile(compiled, target=tvm_target(cuda))
+    sources = [m.inspect_source() for m in ex.mod.imports[0].imports]
+    (wgmma,) = [s for s in sources if "wgmma.mma_async" in s]  # the sm_90a module
+    for name in PROJECTIONS:
+        assert f"{name}_kernel" in wgmma
+    gelu = wgmma[wgmma.index("fused_matmul3_cast3_add2_gelu_kernel("):]
+    assert "erff(" in gelu[:gelu.index("\n}\n")]  # GELU in the store of its GEMM
+
+
+@pytest.mark.gpu
+def test_bert_base_float16_with_wgmma_kernels_matches_float64(bert, base, tmp_path):
+    """On the GPU machine: the layer compiled with its projections on wgmma (default configs)
+    against float64 numpy, and against the same layer without them."""
+    from tvm_ext.pipeline import CompiledModel
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    matches = match_tasks(extract_tasks(legalize_and_fuse(base), cuda), cuda)
+    assert sum(m.substitutes for m in matches) == len(PROJECTIONS)
+    inputs = bert.get_inputs(size="base", dtype="float16")
+    ref = bert.reference(inputs, size="base", dtype="float16")
+
+    def error(database) -> float:
+        model = CompiledModel(compile_relax(base, cuda, database, log=None), cuda)
+        sources = "".join(m.inspect_source() for m in model.executable.mod.imports[0].imports)
+        assert ("wgmma.mma_async" in sources) == (database is not None)
+        out = np.asarray(model(*inputs), dtype=np.float64)
+        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+    wgmma = error(_operators(matches, cuda, tmp_path / "db"))
+    assert wgmma < bert.tolerance(size="base", dtype="float16")
+    assert wgmma < 2 * error(None) + 1e-4  # no worse than TVM's own schedules of the same layer
