@@ -51,7 +51,8 @@ def _one(matches, matcher):
 
 
 def test_registry_has_one_matcher_per_template():
-    assert list(MATCHERS) == ["gemm", "tensor_core", "rows"]
+    assert list(MATCHERS) == ["gemm", "wgmma", "tensor_core", "rows"]
+    assert [n for n, m in MATCHERS.items() if m.substitute is not None] == ["wgmma"]
 
 
 @pytest.mark.parametrize("b_shape, b_transposed", [((3, 16, 12), False), ((3, 12, 16), True)])
@@ -116,15 +117,18 @@ def test_gemm_near_misses_name_their_reason(opencl):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_low_precision_matmul_goes_to_the_tensor_cores_on_cuda_only(opencl, dtype):
     """float16/bfloat16 matmuls (accumulating in float32 after the model rewrite, a cast and a
-    bias as epilogue) -> the mma.sync template on CUDA (offline: its default config builds);
-    on OpenCL the reason says why not."""
+    bias as epilogue) -> the mma.sync template on CUDA before Hopper (offline: its default config
+    builds); on Hopper float16 goes to wgmma, bfloat16 stays; on OpenCL the reason says why not."""
     from tvm.relax.frontend import nn
 
     def forward(self, a, b, bias):
         return nn.op.matmul(a, b) + bias
 
     mod = _module(forward, {"a": ((64, 128), dtype), "b": ((128, 256), dtype), "bias": ((256,), dtype)})
-    cuda = offline_cuda()
+    _, on_hopper = _matches(mod, offline_cuda())
+    (hopper,) = [m for m in on_hopper if "matmul" in m.name]
+    assert hopper.matcher == ("wgmma" if dtype == "float16" else "tensor_core"), hopper.reason
+    cuda = offline_cuda("sm_80")
     _, matches = _matches(mod, cuda)
     match = _one(matches, "tensor_core")
     t = match.template
