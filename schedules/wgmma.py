@@ -206,6 +206,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col)``: C's element for
     the float32 accumulator ``value`` at (row, col), as TIR (a Relax task's fused blocks, which
     may read buffers of their own: ``tvm_ext.relax_wgmma``), in place of scale, bias and cast."""
+    from tvm import s_tir
     from tvm.script import tirx as T
 
     reason = wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
@@ -427,19 +428,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 
         return main_bias
 
-    if epilogue is not None:  # it may read buffers that the caller makes parameters of a function of its own
-        @T.prim_func(check_well_formed=False)
-        def main_epilogue(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"),
-                          C: T.Buffer((m, n), c_dtype)):
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            if cfg.tiles > 1:
-                gemm_tiles(A, Bt, None, C)
-            else:
-                gemm(A, Bt, None, C)
-
-        return main_epilogue
-
-    @T.prim_func
+    # checked below: an epilogue may read buffers that the caller makes parameters of a function
+    # of its own (the parser evaluates the decorator's arguments as constants, so it cannot say so)
+    @T.prim_func(check_well_formed=False)
     def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         if cfg.tiles > 1:
@@ -447,6 +438,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         else:
             gemm(A, Bt, None, C)
 
+    if epilogue is None:
+        s_tir.analysis.verify_well_formed(main)
     return main
 
 

@@ -101,10 +101,10 @@ class WgmmaSite:
     epilogue: WgmmaEpilogue
 
 
-def compose_epilogue(func: Any, block: str, epilogue: tuple[str, ...], params: tuple[Any, ...]) -> WgmmaEpilogue:
+def compose_epilogue(func: Any, block: str, epilogue: tuple[str, ...]) -> WgmmaEpilogue:
     """The epilogue blocks ``epilogue`` after matmul block ``block`` of ``func`` as one
-    expression (``WgmmaEpilogue``); ``params`` are the function's parameters it may read
-    (a bias, a residual).  ``NotComposable`` says why where it cannot be."""
+    expression (``WgmmaEpilogue``), reading the function's parameters (a bias, a residual)
+    besides the matmul's result.  ``NotComposable`` says why where it cannot be."""
     from tvm import s_tir, tirx
 
     sch = s_tir.Schedule(func)
@@ -133,7 +133,7 @@ def compose_epilogue(func: Any, block: str, epilogue: tuple[str, ...], params: t
             if len(e.indices) != 2 or not all(i.same_as(v) for i, v in zip(e.indices, index_vars)):
                 raise NotComposable("the epilogue reads the matmul's result at another element than its own")
             return tirx.Cast(str(mm.dtype), acc)
-        if not any(e.source.same_as(p) for p in params):
+        if not any(e.source.same_as(p) for p in func.params):
             raise NotComposable(f"the epilogue reads {e.source.name}, neither a parameter nor the matmul's result")
         return e.source[tuple(_rebuild(i, places, load) for i in e.indices)]
 

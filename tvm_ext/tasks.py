@@ -87,8 +87,9 @@ class Matcher:
     match: Callable[[Any, TargetInfo], Any]  # (func, target) -> (template, site) | NoMatch
     doc: str
     # (func, template, site, config, target) -> a PrimFunc to put in the function's place: the
-    # template's kernel replaces the function instead of a schedule of it (the matcher builds it
-    # once as its check), and its tuned config is exported as an operator config, not a trace
+    # template's kernel replaces the function instead of a schedule of it (``match_task`` builds
+    # it with the default config as its check), and its tuned config is exported as an operator
+    # config, not a trace
     substitute: Callable[..., Any] | None = None
 
 
@@ -162,6 +163,7 @@ class MatmulPattern:
     acc_dtype: str
     c_dtype: str  # the function's output dtype (the narrowing epilogue, if any)
     site: Any  # schedules.gemm.MatmulSite
+    params: tuple[int, int]  # A's and B's positions among the function's parameters
 
 
 def find_matmul(func: Any) -> MatmulPattern | NoMatch:
@@ -217,7 +219,8 @@ def find_matmul(func: Any) -> MatmulPattern | NoMatch:
     read_pos = {r.source.name: pos for pos, r in enumerate(mm.reads)}
     if any(role[n].name not in read_pos for n in role):
         return NoMatch("the reduction's reads do not name A and B", near=True)
-    if not all(any(p.same_as(role[n]) for p in func.params) for n in role):
+    positions = {n: [i for i, p in enumerate(func.params) if p.same_as(role[n])] for n in role}
+    if not all(positions.values()):
         return NoMatch("A or B is computed inside the function (a fused producer)", near=True)
     position = [i for i, b in enumerate(blocks) if b.same_as(mm)][0]
     if position:
@@ -233,7 +236,8 @@ def find_matmul(func: Any) -> MatmulPattern | NoMatch:
         a_dtype=str(role["A"].dtype), b_dtype=str(role["B"].dtype), acc_dtype=str(out.dtype),
         c_dtype=str(output.dtype),
         site=MatmulSite(block=mm.name_hint, a=read_pos[role["A"].name], b=read_pos[role["B"].name],
-                        epilogue=tuple(b.name_hint for b in others)))
+                        epilogue=tuple(b.name_hint for b in others)),
+        params=(positions["A"][0], positions["B"][0]))
 
 
 def match_gemm(func: Any, target: TargetInfo) -> Any:
@@ -284,7 +288,8 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
     """A float16 matmul accumulating in float32 with a float16 output, on Hopper -> the wgmma
     template, its kernel in the function's place with the epilogue composed into its store
     (``relax_wgmma``; B read as stored, [k, n] or [n, k]).  No batch axis, and a shape some
-    wgmma tile divides; else the mma.sync template takes it."""
+    wgmma tile divides; else the mma.sync template takes it (``match_task`` builds the kernel
+    with the default config as its check)."""
     from .errors import TvmExtError
     from .schedules.wgmma import WgmmaGemmTemplate, target_reason
 
@@ -302,28 +307,10 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
         return NoMatch(f"{what}: a batch of {found.batch} matmuls (the wgmma kernel has no batch axis)", True)
     try:
         template = WgmmaGemmTemplate(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN")
-        config = template.default_config(target)
-        a, b = (_param_position(func, mm_read(func, found.site.block, i)) for i in (found.site.a, found.site.b))
-        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue, tuple(func.params))
-        site = WgmmaSite(a, b, len(func.params) - 1, epilogue)
-        substitute_kernel(func, template, site, config, target)  # builds: the epilogue composes
+        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue)
     except TvmExtError as exc:
         return NoMatch(f"{what}: {exc}", True)
-    except Exception as exc:  # the kernel does not build with this epilogue
-        return NoMatch(f"{what}: the kernel does not build: {_last_line(exc)}", True)
-    return template, site
-
-
-def mm_read(func: Any, block: str, index: int) -> Any:
-    """The buffer of read ``index`` of block ``block`` of ``func``."""
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(func)
-    return sch.get(sch.get_sblock(block)).reads[index].source
-
-
-def _param_position(func: Any, buffer: Any) -> int:
-    return next(i for i, p in enumerate(func.params) if p.same_as(buffer))
+    return template, WgmmaSite(*found.params, len(func.params) - 1, epilogue)
 
 
 # ---- row operators ------------------------------------------------------------------------------
@@ -420,8 +407,8 @@ MATCHERS: dict[str, Matcher] = {
 
 
 def match_substitute(name: str, func: Any, target: TargetInfo) -> TaskMatch | None:
-    """The first substituting matcher (``Matcher.substitute``) that takes ``func``, or None:
-    what a compiled model replaces, without the schedule checks of the other matchers."""
+    """The first substituting matcher (``Matcher.substitute``) whose pattern takes ``func``, or
+    None: what a compiled model replaces with a tuned config's kernel (built there, not here)."""
     if dynamic_shape_reason(func):
         return None
     for matcher in MATCHERS.values():
@@ -454,12 +441,13 @@ def match_task(name: str, func: Any, target: TargetInfo) -> TaskMatch:
             reasons.append(found)
             continue
         template, site = found
-        if matcher.substitute is not None:  # the matcher built the kernel
-            return TaskMatch(name, template, site, matcher=matcher.name)
         try:
             config = template.default_config(target)
-            sch = template.schedule(config, target, func=func, site=site)
-            lower_check(sch.mod, target, template.pass_config(config, target))
+            if matcher.substitute is not None:  # the kernel that would take the function's place builds
+                matcher.substitute(func, template, site, config, target)
+            else:
+                sch = template.schedule(config, target, func=func, site=site)
+                lower_check(sch.mod, target, template.pass_config(config, target))
         except Exception as exc:  # e.g. an epilogue that cannot join the write-back stage
             reasons.append(NoMatch(f"{template.name} pattern found but not schedulable: {_last_line(exc)}", True))
             continue
