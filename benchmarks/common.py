@@ -19,7 +19,8 @@ from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Tim
 
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
            "vendor_header", "vendor_cells", "vendor_methods", "seconds_by_method", "methods_text", "table",
-           "device_name", "rel_error_vs", "tvm_launch", "TimingSettings", "VendorTimes", "Timing"]
+           "device_name", "rel_error_vs", "tvm_launch", "torch_stream", "poisoned_error", "TimingSettings",
+           "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -236,6 +237,29 @@ def program_launch(program: Any, arg_sets: Sequence[dict[str, Any]], outputs: Se
         return outputs[i]
 
     return launch
+
+
+def torch_stream(cp: Any, torch: Any) -> Any:
+    """CuPy's view of torch's current stream (a CUDA graph's capture stream included), so raw
+    CuPy kernels are captured and ordered like the vendor's calls."""
+    stream = torch.cuda.current_stream()
+    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14: ExternalStream is deprecated
+        try:
+            return cp.cuda.Stream.from_external(stream)
+        except Exception:  # a torch stream without the CUDA stream protocol
+            pass
+    return cp.cuda.ExternalStream(stream.cuda_stream)
+
+
+def poisoned_error(launch: Launch, out: Any, ref: Any) -> float:
+    """``launch(0)``'s error against float64 ``ref`` with its output ``out`` (a torch tensor)
+    filled with NaN first: a kernel that leaves elements unwritten gets NaN, not a pass."""
+    import torch
+
+    out.fill_(float("nan"))
+    launch(0)
+    torch.cuda.synchronize()
+    return rel_error_vs(out, ref)
 
 
 def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
