@@ -19,7 +19,7 @@ from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Tim
 
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
            "vendor_header", "vendor_cells", "vendor_methods", "seconds_by_method", "methods_text", "table",
-           "device_name", "rel_error_vs", "tvm_launch", "torch_stream", "poisoned_error", "TimingSettings",
+           "device_name", "rel_error_vs", "tvm_launch", "torch_stream", "poisoned_error", "ours_on", "TimingSettings",
            "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
@@ -275,3 +275,36 @@ def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
         return outputs[i]
 
     return launch
+
+
+def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
+    """The tuned config built again and timed the vendor's three ways on the vendor's operands
+    (B passed transposed where the kernel reads it [n, k]), and its error vs float64 on
+    NaN-poisoned outputs."""
+    import torch
+    import tvm
+
+    from tvm_ext.space import Config
+
+    cfg = Config.of(config)
+    op = template.measured_operator(cfg)
+    program = template.build_program(cfg, target)
+    _, b_spec = op.inputs()
+    (c_spec,) = op.outputs()
+    b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape) else (lambda b: b.t().contiguous())
+    outs = [torch.full(tuple(c_spec.shape), float("nan"), device="cuda", dtype=getattr(torch, c_spec.dtype))
+            for _ in sets]
+    scratch = {}
+    for name, spec in zip(program.params[3:], op.scratch()):
+        fill = 0.0 if spec.fill is None else spec.fill
+        scratch[name] = tvm.runtime.from_dlpack(torch.full(tuple(spec.shape), fill, device="cuda",
+                                                           dtype=getattr(torch, spec.dtype)))
+    a_name, b_name, c_name = program.params[:3]
+    args = [{a_name: tvm.runtime.from_dlpack(a), b_name: tvm.runtime.from_dlpack(b_of(b)),
+             c_name: tvm.runtime.from_dlpack(c), **scratch} for (a, b), c in zip(sets, outs)]
+    launch = program_launch(program, args, outs)
+    launch(0)
+    torch.cuda.synchronize()
+    a, b = sets[0]
+    err = rel_error_vs(outs[0], a.double() @ b.double())
+    return time_ours_three(launch, len(sets)), err

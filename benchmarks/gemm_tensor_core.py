@@ -20,8 +20,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (l2_rotation, program_launch, rel_error_vs, table, time_ours_three, time_vendor,  # noqa: E402
-                    vendor_methods)
+from common import (l2_rotation, ours_on, rel_error_vs, table, time_vendor, vendor_methods)  # noqa: E402
 
 from tvm_ext import tune  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
@@ -56,37 +55,6 @@ def cublas_fp16(sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
     times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
     a, b = sets[0]
     return times, rel_error_vs(a @ b, a.double() @ b.double())
-
-
-def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
-    """The tuned config built again and timed the vendor's three ways on the vendor's operands
-    (B passed transposed where the kernel reads it [n, k]), and its error vs float64 on
-    NaN-poisoned outputs."""
-    import torch
-    import tvm
-
-    cfg = Config.of(config)
-    op = template.measured_operator(cfg)
-    program = template.build_program(cfg, target)
-    _, b_spec = op.inputs()
-    (c_spec,) = op.outputs()
-    b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape) else (lambda b: b.t().contiguous())
-    outs = [torch.full(tuple(c_spec.shape), float("nan"), device="cuda", dtype=getattr(torch, c_spec.dtype))
-            for _ in sets]
-    scratch = {}
-    for name, spec in zip(program.params[3:], op.scratch()):
-        fill = 0.0 if spec.fill is None else spec.fill
-        scratch[name] = tvm.runtime.from_dlpack(torch.full(tuple(spec.shape), fill, device="cuda",
-                                                           dtype=getattr(torch, spec.dtype)))
-    a_name, b_name, c_name = program.params[:3]
-    args = [{a_name: tvm.runtime.from_dlpack(a), b_name: tvm.runtime.from_dlpack(b_of(b)),
-             c_name: tvm.runtime.from_dlpack(c), **scratch} for (a, b), c in zip(sets, outs)]
-    launch = program_launch(program, args, outs)
-    launch(0)
-    torch.cuda.synchronize()
-    a, b = sets[0]
-    err = rel_error_vs(outs[0], a.double() @ b.double())
-    return time_ours_three(launch, len(sets)), err
 
 
 def ours_cell(ours: Any, vendor: Any, flops: float) -> str:

@@ -81,12 +81,112 @@ __device__ void sgemm(const float* __restrict__ A, const float* __restrict__ B, 
       *(float4*)(row + g * 64) = make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
   }
 }
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+// STAGES-deep cp.async pipeline, one barrier a K slice: A transposed into shared memory by
+// 4-byte copies (As[k][m], rows padded by 4), B by 16-byte copies; warps WM x WN, each a
+// (BM/WM) x (BN/WN) warp tile of lanes (32/LN) x LN holding TM x TN in 4-wide groups.
+template <int BM, int BN, int BK, int WM, int WN, int TM, int TN, int STAGES>
+__device__ void sgemm_async(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                            int N, int K) {
+  extern __shared__ __align__(16) float smem[];
+  constexpr int AP = BM + 4, ASZ = BK * AP, BSZ = BK * BN;
+  constexpr int WTM = BM / WM, WTN = BN / WN, LN = WTN / TN, LM = 32 / LN;
+  static_assert(LM * TM == WTM && WM * WN == 8, "tile");
+  float* As = smem;
+  float* Bs = smem + STAGES * ASZ;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int row0 = (warp / WN) * WTM + (lane / LN) * 4, col0 = (warp % WN) * WTN + (lane % LN) * 4;
+  const float* Ab = A + (size_t)blockIdx.y * BM * K;
+  const float* Bb = B + (size_t)blockIdx.x * BN;
+  auto load = [&](int kt, int s) {
+    const int k0 = kt * BK;
+    float* as = As + s * ASZ;
+    float* bs = Bs + s * BSZ;
+    #pragma unroll
+    for (int i = 0; i < BM * BK / 256; ++i) {
+      int idx = tid + i * 256, m = idx / BK, k = idx % BK;
+      cp_async4(as + k * AP + m, Ab + (size_t)m * K + k0 + k);
+    }
+    #pragma unroll
+    for (int i = 0; i < BK * BN / 4 / 256; ++i) {
+      int idx = tid + i * 256, k = idx / (BN / 4), n = (idx % (BN / 4)) * 4;
+      cp_async16(bs + k * BN + n, Bb + (size_t)(k0 + k) * N + n);
+    }
+  };
+  const int KT = K / BK;
+  #pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) { if (s < KT) load(s, s); cp_commit(); }
+  float acc[TM][TN] = {};
+  int read = 0, write = STAGES - 1;
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < KT) load(kt + STAGES - 1, write);
+    cp_commit();
+    write = write + 1 == STAGES ? 0 : write + 1;
+    const float* as = As + read * ASZ;
+    const float* bs = Bs + read * BSZ;
+    read = read + 1 == STAGES ? 0 : read + 1;
+    #pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      float a[TM], b[TN];
+      #pragma unroll
+      for (int g = 0; g < TM / 4; ++g) *(float4*)&a[4 * g] = *(const float4*)&as[k * AP + row0 + g * LM * 4];
+      #pragma unroll
+      for (int g = 0; g < TN / 4; ++g) *(float4*)&b[4 * g] = *(const float4*)&bs[k * BN + col0 + g * LN * 4];
+      #pragma unroll
+      for (int i = 0; i < TM; ++i)
+        #pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
+    }
+  }
+  #pragma unroll
+  for (int i = 0; i < TM; ++i) {
+    float* row = C + (size_t)(blockIdx.y * BM + row0 + i % 4 + (i / 4) * LM * 4) * N + blockIdx.x * BN + col0;
+    #pragma unroll
+    for (int g = 0; g < TN / 4; ++g)
+      *(float4*)(row + g * LN * 4) =
+          make_float4(acc[i][4 * g], acc[i][4 * g + 1], acc[i][4 * g + 2], acc[i][4 * g + 3]);
+  }
+}
+#define ASYNC(name, BM, BN, BK, WM, WN, TM, TN, S, MIN) \
+  extern "C" __global__ void __launch_bounds__(256, MIN) name(const float* A, const float* B, float* C, int N, int K) \
+  { sgemm_async<BM, BN, BK, WM, WN, TM, TN, S>(A, B, C, N, K); }
+ASYNC(async_256x128_w4x2_s3, 256, 128, 8, 4, 2, 8, 16, 3, 1)
+ASYNC(async_256x128_w4x2_s4, 256, 128, 8, 4, 2, 8, 16, 4, 1)
+ASYNC(async_256x128_w4x2_k16_s3, 256, 128, 16, 4, 2, 8, 16, 3, 1)
+ASYNC(async_128x256_w2x4_s3, 128, 256, 8, 2, 4, 8, 16, 3, 1)
+ASYNC(async_256x128_w2x4_s3, 256, 128, 8, 2, 4, 16, 8, 3, 1)
+ASYNC(async_128x128_w2x4_s3, 128, 128, 8, 2, 4, 8, 8, 3, 2)
+ASYNC(async_128x128_w2x4_s4, 128, 128, 8, 2, 4, 8, 8, 4, 2)
+ASYNC(async_128x128_w4x2_k16_s3, 128, 128, 16, 4, 2, 8, 8, 3, 2)
+
 extern "C" __global__ void __launch_bounds__(256, 2) sgemm_8x8(const float* A, const float* B, float* C, int N, int K)
 { sgemm<8, 8, 8>(A, B, C, N, K); }
 extern "C" __global__ void __launch_bounds__(256, 1) sgemm_8x16(const float* A, const float* B, float* C, int N, int K)
 { sgemm<8, 16, 8>(A, B, C, N, K); }
+extern "C" __global__ void __launch_bounds__(256, 1) sgemm_16x8(const float* A, const float* B, float* C, int N, int K)
+{ sgemm<16, 8, 8>(A, B, C, N, K); }
+extern "C" __global__ void __launch_bounds__(256, 2)
+sgemm_8x8_k16(const float* A, const float* B, float* C, int N, int K)
+{ sgemm<8, 8, 16>(A, B, C, N, K); }
 """
-KERNELS = {"sgemm_8x8": (8, 8), "sgemm_8x16": (8, 16)}  # name -> outputs a thread (M, N)
+KERNELS = {"sgemm_8x8": (8, 8, 8), "sgemm_8x16": (8, 16, 8), "sgemm_16x8": (16, 8, 8),
+           "sgemm_8x8_k16": (8, 8, 16)}  # name -> outputs a thread (M, N), K slice
+# name -> block (M, N), K slice, stages: the cp.async pipelines
+ASYNC_KERNELS = {"async_256x128_w4x2_s3": (256, 128, 8, 3), "async_256x128_w4x2_s4": (256, 128, 8, 4),
+                 "async_256x128_w4x2_k16_s3": (256, 128, 16, 3), "async_128x256_w2x4_s3": (128, 256, 8, 3),
+                 "async_256x128_w2x4_s3": (256, 128, 8, 3), "async_128x128_w2x4_s3": (128, 128, 8, 3),
+                 "async_128x128_w2x4_s4": (128, 128, 8, 4), "async_128x128_w4x2_k16_s3": (128, 128, 16, 3)}
 
 
 def main() -> int:
@@ -118,7 +218,7 @@ def main() -> int:
     vendor = time_vendor(lambda i: torch.matmul(*sets[i], out=outs[i]), len(sets))
     add("cuBLAS fp32 (TF32 off)", vendor, rel_error_vs(torch.matmul(a, b), ref))
     module = cp.RawModule(code=SOURCE, options=("-std=c++17",))
-    for name, (tm, tn) in KERNELS.items():
+    for name, (tm, tn, bk) in KERNELS.items():
         kernel = module.get_function(name)
 
         def launch(i: int, kernel: object = kernel, tm: int = tm, tn: int = tn) -> object:
@@ -132,7 +232,25 @@ def main() -> int:
         if not err < 1e-5:
             print(f"error: {name} differs from float64 by {err:.1e}", file=sys.stderr)
             return 1
-        add(f"hand {16 * tm}x{16 * tn} block, {tm}x{tn} a thread", time_vendor(launch, len(sets)), err,
+        add(f"hand {16 * tm}x{16 * tn} block, {tm}x{tn} a thread, k {bk}", time_vendor(launch, len(sets)), err,
+            str(kernel.num_regs))
+    for name, (bm, bn, bk, stages) in ASYNC_KERNELS.items():
+        kernel = module.get_function(name)
+        smem = 4 * stages * (bk * (bm + 4) + bk * bn)
+        kernel.max_dynamic_shared_size_bytes = smem
+
+        def launch(i: int, kernel: object = kernel, bm: int = bm, bn: int = bn, smem: int = smem) -> object:
+            x, y = sets[i]
+            with torch_stream(cp, torch):
+                kernel((n // bn, n // bm), (256,), (x.data_ptr(), y.data_ptr(), outs[i].data_ptr(), np.int32(n),
+                                                     np.int32(n)), shared_mem=smem)
+            return outs[i]
+
+        err = poisoned_error(launch, outs[0], ref)
+        if not err < 1e-5:
+            print(f"error: {name} differs from float64 by {err:.1e}", file=sys.stderr)
+            return 1
+        add(f"hand {bm}x{bn} block, k {bk}, {stages}-stage cp.async ({name})", time_vendor(launch, len(sets)), err,
             str(kernel.num_regs))
     print(table(f"SGEMM {n}^3 ceiling: hand-written kernels against cuBLAS fp32, {len(sets)} rotated operand sets",
                 ["kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",

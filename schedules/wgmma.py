@@ -50,6 +50,9 @@ from tvm_ext.template import Template, TensorSpec
 from .mma import compute_capability, max_dynamic_smem
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
+# what wgmma reads from shared memory: float16, or float32 words as TF32 (k8 instructions, both
+# operands K-major, the low 13 mantissa bits ignored: ``gemm_3xtf32`` splits float32 into such parts)
+OPERANDS = {"float16": 2, "tf32": 4}  # -> bytes an element
 # B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
 # N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k)
 B_LAYOUTS = ("NK", "KN")
@@ -88,14 +91,19 @@ class WgmmaTile:
     inflight: int = 1
     smem_epilogue: bool = True
     raster: int = 0
-    bk: int = BK
     tiles: int = 1  # C tiles a block computes in turn
+    operand: str = "float16"  # ``OPERANDS``
+
+    @property
+    def bk(self) -> int:
+        """The k step: one 128-byte swizzle row of the operand's elements."""
+        return 128 // OPERANDS.get(self.operand, 2)
 
     @classmethod
-    def of(cls, config: Config) -> "WgmmaTile":
+    def of(cls, config: Config, operand: str = "float16") -> "WgmmaTile":
         c = config.as_dict()
         return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
-                   c["wg_raster"], tiles=c.get("wg_tiles", 1))
+                   c["wg_raster"], tiles=c.get("wg_tiles", 1), operand=operand)
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
@@ -104,7 +112,8 @@ class WgmmaTile:
 
     @property
     def name(self) -> str:
-        return (f"wgmma {self.bm}x{self.bn}x{self.bk} s{self.stages} w{self.inflight} "
+        return (f"wgmma {'' if self.operand == 'float16' else self.operand + ' '}{self.bm}x{self.bn}x{self.bk} "
+                f"s{self.stages} w{self.inflight} "
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}")
 
@@ -113,11 +122,11 @@ class WgmmaTile:
         return self.bm // 64 * 128
 
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * self.bk * 2
+        return self.stages * (self.bm + self.bn) * 128
 
     def c_pieces_per_stage(self) -> int:
         """Warpgroups' C (64 rows of bn halves, padded by 8) one stage's shared memory holds."""
-        return (self.bm + self.bn) * self.bk // (64 * (self.bn + 8))
+        return (self.bm + self.bn) * 128 // (64 * (self.bn + 8) * 2)
 
 
 def b_layout_reason(b_layout: str) -> str | None:
@@ -131,10 +140,14 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     layout = b_layout_reason(b_layout)
     if layout:
         return layout
+    if t.operand not in OPERANDS:
+        return f"wgmma operand {t.operand!r}; allowed: {', '.join(OPERANDS)}"
+    if t.operand == "tf32" and (b_layout != "NK" or t.smem_epilogue):
+        return f"{t.name}: TF32 operands are read K-major only (B as Bt (N, K)), C stored directly (smem epilogue 0)"
     if b_layout == "KN" and t.bn % 64:
         return f"{t.name}: B stored (K, N) is read in 64-wide N atoms: bn must be a multiple of 64"
-    if t.bk != BK or t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
-        return f"{t.name}: needs bk = 64, bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
+    if t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
+        return f"{t.name}: needs bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
     if t.threads * (t.bn // 2 + OTHER_REGISTERS) > REGISTERS_PER_SM:
         return (f"{t.name}: {t.threads} threads x ({t.bn // 2} accumulator + ~{OTHER_REGISTERS} other registers) > "
                 f"{REGISTERS_PER_SM} registers (an SM's; the launch fails)")
@@ -144,7 +157,7 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: {m}x{n}x{k} must divide the {t.bm}x{t.bn}x{t.bk} tile (no guards)"
     if t.raster < 0 or (t.raster and m // t.bm % t.raster):
         return f"{t.name}: the raster group ({t.raster}) must divide the {m // t.bm} tile rows"
-    if (t.bm * t.bk // 8) % t.threads or (t.bn * t.bk // 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
+    if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
         return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
     if t.smem_bytes() > shared_limit:
         return f"{t.name}: {t.smem_bytes()} bytes of shared memory > {shared_limit} (the limit of a block)"
@@ -199,28 +212,40 @@ def sm_90a(target: TargetInfo) -> TargetInfo:
 
 
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
-               scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[[Any, Any, Any], Any] | None = None) -> Any:
+               scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[[Any, Any, Any], Any] | None = None,
+               promote: int = 0) -> Any:
     """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
     C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col)``: C's element for
     the float32 accumulator ``value`` at (row, col), as TIR (a Relax task's fused blocks, which
-    may read buffers of their own: ``tvm_ext.relax_wgmma``), in place of scale, bias and cast."""
+    may read buffers of their own: ``tvm_ext.relax_wgmma``), in place of scale, bias and cast.
+    ``cfg.operand`` "tf32": A and Bt are float32, multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
+    ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
+    second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
+    float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``)."""
     from tvm import s_tir
     from tvm.script import tirx as T
 
     reason = wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
+    if promote and (promote < 0 or k // cfg.bk % promote):
+        reason = f"{cfg.name}: promoting every {promote} k steps must divide the {k // cfg.bk} k steps"
     if reason:
         raise TvmExtError(reason)
     n_major = b_layout == "KN"
     bt_shape = b_shape(n, k, b_layout)
+    tf32 = cfg.operand == "tf32"
+    in_dtype = "float32" if tf32 else "float16"
+    elem = OPERANDS[cfg.operand]  # bytes an element of A, Bt and the stages
+    chunk_elems = 16 // elem  # elements a 16-byte cp.async moves
+    k_inst = 8 if tf32 else 16  # k of one wgmma
     has_bias = bias_dtype is not None
     bm, bn, bk, stages, smem_epilogue = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.smem_epilogue
     threads = bm // 64 * 128
     n_acc = bn // 2  # float32 accumulator registers per thread (m64nN: N/2)
-    a_stage, b_stage = bm * bk, bn * bk  # halves
+    a_stage, b_stage = bm * bk, bn * bk  # elements
     stage = a_stage + b_stage
-    a_loads, b_loads = a_stage // 8 // threads, b_stage // 8 // threads  # 16-byte cp.async per thread
+    a_loads, b_loads = a_stage // chunk_elems // threads, b_stage // chunk_elems // threads  # 16-byte cp.async
     k_tiles, grid_n = k // bk, n // bn
     c_tiles = m // bm * grid_n
     grid = -(-c_tiles // cfg.tiles)  # blocks; block b computes tiles b, b + grid, ...
@@ -231,20 +256,21 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     c_loads = bm * bn // 8 // threads
     wg_c_loads = 64 * bn // 8 // 128  # a warpgroup's C, 16 bytes a thread at a time
     pieces = cfg.c_pieces_per_stage()
-    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16"
+    mma = (f"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32" if tf32
+           else f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16")
     # descriptor bits 32-63: stride byte offset 1024 >> 4 (8 rows of 128 B), bit 62 = 128-byte swizzle
     desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
 
     def swizzled(chunk: Any) -> Any:
-        """Halves offset in a stage tile of 16-byte chunk ``chunk`` (row chunk // 8, column chunk % 8)."""
+        """Element offset in a stage tile of 16-byte chunk ``chunk`` (row chunk // 8, column chunk % 8)."""
         row = chunk // 8
-        return row * bk + (chunk % 8 ^ row % 8) * 8
+        return row * bk + (chunk % 8 ^ row % 8) * chunk_elems
 
-    def desc(smem_base: Any, halves: Any, leading: int = 16) -> Any:
-        """wgmma matrix descriptor of the 128-byte-swizzled tile at ``halves`` into smem: K-major
+    def desc(smem_base: Any, elems: Any, leading: int = 16) -> Any:
+        """wgmma matrix descriptor of the 128-byte-swizzled tile at ``elems`` into smem: K-major
         (the leading byte offset unused), or N-major with ``leading`` the bytes between its
         64-wide N atoms; 8-row groups 1024 bytes apart either way."""
-        addr = (smem_base + halves * 2) & 0x3FFFF
+        addr = (smem_base + elems * elem) & 0x3FFFF
         return desc_hi | T.Cast("uint64", (addr >> 4) | ((leading >> 4) << 16))
 
     def b_chunk(chunk: Any) -> Any:
@@ -258,7 +284,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     def k_major(X: Any, row0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt`` of a K-major operand's
         tile (A, or Bt) whose rows start at ``row0``."""
-        return X.ptr_to([row0 + chunk // 8, kt * bk + chunk % 8 * 8])
+        return X.ptr_to([row0 + chunk // 8, kt * bk + chunk % 8 * chunk_elems])
 
     def b_global(B: Any, col0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
@@ -314,14 +340,39 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                      + v] = out(acc[p * 2 + v], bias, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
                                 col0 + p // 2 * 8 + tx % 4 * 2 + v)
 
+    promoting = promote > 0
+    total_size = n_acc if promoting else 1
+
+    def summed(total: Any, acc: Any) -> Any:
+        """The registers holding C's sums: the promoted ones, or the accumulators."""
+        return total if promoting else acc
+
+    def scale_d(kk: Any, keep: Any) -> Any:
+        """wgmma's scale-d (false: D = A·B) for instruction ``kk`` of a k step."""
+        return T.Or(kk > 0, keep) if promoting else T.bool(True)
+
+    def kept(kt: Any) -> Any:
+        """Whether k step ``kt``'s first wgmma adds to the accumulators (not after a promotion)."""
+        return kt % promote != 0 if promote else T.bool(True)
+
     @T.macro
-    def mma_stage(base: Any, acc: Any, cur: Any, wg: Any) -> None:
-        """The warpgroup's 64 rows times the stage at ``cur`` (halves): bk / 16 wgmma, one group."""
+    def promotion(acc: Any, total: Any, kt: Any) -> None:
+        """At the last k step of every ``promote``: the accumulators into ``total`` (every wgmma retired)."""
+        if kt % promote == promote - 1:
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+            for i in T.unroll(n_acc):
+                total[i] = total[i] + acc[i]
+
+    @T.macro
+    def mma_stage(base: Any, acc: Any, cur: Any, wg: Any, keep: Any) -> None:
+        """The warpgroup's 64 rows times the stage at ``cur`` (elements): bk / k_inst wgmma, one
+        group; ``keep`` false: the first one starts the accumulators afresh."""
         T.ptx["wgmma.fence.sync.aligned"]()
-        for kk in T.unroll(bk // 16):
-            T.ptx[mma](*[acc[i] for i in range(n_acc)], desc(base, cur + wg * 64 * bk + kk * 16),
+        for kk in T.unroll(bk // k_inst):
+            T.ptx[mma](*[acc[i] for i in range(n_acc)], desc(base, cur + wg * 64 * bk + kk * k_inst),
                        desc(base, cur + a_stage + kk * 16 * 64, bk * 128) if n_major
-                       else desc(base, cur + a_stage + kk * 16), T.bool(True), 1, 1, 0, int(n_major))
+                       else desc(base, cur + a_stage + kk * k_inst), scale_d(kk, keep), 1, 1,
+                       *(() if tf32 else (0, int(n_major))))
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
     @T.macro
@@ -340,8 +391,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         the accumulators inside the loop would make ptxas serialise every wgmma)."""
         bid = T.launch_thread("blockIdx.x", grid)
         tx = T.launch_thread("threadIdx.x", threads)
-        smem = T.alloc_buffer((stages * stage,), "float16", scope="shared.dyn", align=1024)
+        smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_buffer((n_acc,), "float32", scope="local")
+        total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
         wg = tx // 128
         base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
         mine = T.meta_var((c_tiles - 1 - bid) // grid + 1)  # tiles of this block
@@ -354,21 +406,25 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             col0 = T.meta_var(tile_col0(bid + t * grid))
             for i in T.unroll(n_acc):
                 acc[i] = T.float32(0)
+                if promoting:
+                    total[i] = T.float32(0)
             for kt in T.serial(k_tiles):
                 T.ptx["cp.async.wait_group"](ahead - 1)  # this iteration's stage has landed (this thread's)
                 T.ptx["fence.proxy.async.shared::cta"]()
                 T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
-                mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg)
+                mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg, kept(kt))
                 if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
                     load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
                 T.ptx["cp.async.commit_group"]()
                 T.ptx["wgmma.wait_group.sync.aligned"](inflight)
+                if promoting:
+                    promotion(acc, total, kt)
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             if smem_epilogue:  # through the stages of this tile's last 1 + inflight k steps (not being refilled)
                 T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
                 last = T.meta_var(t * k_tiles + k_tiles - 1)
                 piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
-                stage_c(smem, piece, acc, bias, row0, col0, wg, tx)
+                stage_c(smem, piece, summed(total, acc), bias, row0, col0, wg, tx)
                 T.tvm_storage_sync("shared")
                 for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
                     f = T.meta_var(i * 128 + tx % 128)
@@ -376,20 +432,23 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                         C[row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v] = \
                             smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
             else:
-                direct_store(C, bias, acc, row0, col0, wg, tx)
+                direct_store(C, bias, summed(total, acc), row0, col0, wg, tx)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         bid = T.launch_thread("blockIdx.x", m // bm * grid_n)
         tx = T.launch_thread("threadIdx.x", threads)
-        smem = T.alloc_buffer((stages * stage,), "float16", scope="shared.dyn", align=1024)
+        smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_buffer((n_acc,), "float32", scope="local")
+        total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
         row0 = tile_row0(bid)
         col0 = tile_col0(bid)
         wg = tx // 128
         base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
         for i in T.unroll(n_acc):
             acc[i] = T.float32(0)
+            if promoting:
+                total[i] = T.float32(0)
         for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
             load_stage(smem, A, Bt, s * stage, s, row0, col0, tx)
             T.ptx["cp.async.commit_group"]()
@@ -397,27 +456,29 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
             T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
             T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
-            mma_stage(base, acc, kt % stages * stage, wg)
+            mma_stage(base, acc, kt % stages * stage, wg, kept(kt))
             if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
                 nxt = (kt + ahead) % stages * stage
                 load_stage(smem, A, Bt, nxt, kt + ahead, row0, col0, tx)
             T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
             T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
+            if promoting:
+                promotion(acc, total, kt)
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         if smem_epilogue:
             T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
-            stage_c(smem, wg * 64 * c_stride, acc, bias, row0, col0, wg, tx)
+            stage_c(smem, wg * 64 * c_stride, summed(total, acc), bias, row0, col0, wg, tx)
             T.tvm_storage_sync("shared")
             for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
                 for v in T.vectorized(8):
                     C[row0 + (i * threads + tx) // (bn // 8), col0 + (i * threads + tx) % (bn // 8) * 8 + v] = \
                         smem[(i * threads + tx) // (bn // 8) * c_stride + (i * threads + tx) % (bn // 8) * 8 + v]
         else:
-            direct_store(C, bias, acc, row0, col0, wg, tx)
+            direct_store(C, bias, summed(total, acc), row0, col0, wg, tx)
 
     if has_bias:
         @T.prim_func
-        def main_bias(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"),
+        def main_bias(A: T.Buffer((m, k), in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
                       bias: T.Buffer((n,), bias_dtype),
                       C: T.Buffer((m, n), c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
@@ -431,7 +492,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     # checked below: an epilogue may read buffers that the caller makes parameters of a function
     # of its own (the parser evaluates the decorator's arguments as constants, so it cannot say so)
     @T.prim_func(check_well_formed=False)
-    def main(A: T.Buffer((m, k), "float16"), Bt: T.Buffer(bt_shape, "float16"), C: T.Buffer((m, n), c_dtype)):
+    def main(A: T.Buffer((m, k), in_dtype), Bt: T.Buffer(bt_shape, in_dtype), C: T.Buffer((m, n), c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         if cfg.tiles > 1:
             gemm_tiles(A, Bt, None, C)
@@ -469,15 +530,18 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
     return t
 
 
-def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK") -> WgmmaTile | None:
+def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
+                    operand: str = "float16") -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
     of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
     float16 (the direct one stores any C type), several tiles a block where they are more than
-    a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs)."""
+    a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs).
+    ``operand`` "tf32": the same tiles on float32 words (C stored directly)."""
     if target_reason(target):
         return None
     limit = shared_limit(target)
-    tiles = [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
+    tiles = [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16" and operand == "float16", 0,
+                       operand=operand)
              for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
                and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]

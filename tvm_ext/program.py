@@ -221,6 +221,45 @@ def compile_module_program(func: Any, target: TargetInfo, record: Any,
     return _main_program(mod, target, pass_config, plain_json(record))
 
 
+def bind_launches(launches: Mapping[str, Any], calls: Sequence[tuple[str, tuple[Any, ...]]]
+                  ) -> tuple[KernelLaunch, ...]:
+    """Host calls (function, arguments) as the device kernel launches they make, each kernel's
+    arguments bound to the call's buffers and scalars (``launches``: function -> its kernels
+    and parameter names, ``extract_launches``'s)."""
+    out = []
+    for func, args in calls:
+        kernels, params = launches[func]
+        bound = dict(zip(params, args))
+        for k in kernels:
+            out.append(KernelLaunch(k.name, tuple(bound.get(a, a) if isinstance(a, str) else a for a in k.args),
+                                    k.grid, k.block, k.dyn_shared_bytes))
+    return tuple(out)
+
+
+def function_calls(launches: Mapping[str, Any], calls: Sequence[tuple[str, tuple[Any, ...]]]
+                   ) -> tuple[KernelLaunch, ...]:
+    """Host calls for TVM's runtime (CUDA): one entry per call, named by function; grid and
+    block are the function's first kernel's (for reading only)."""
+    return tuple(KernelLaunch(func, args, launches[func][0][0].grid, launches[func][0][0].block)
+                 for func, args in calls)
+
+
+def compile_calls_program(funcs: Mapping[str, Any], calls: Sequence[tuple[str, tuple[str, ...]]],
+                          target: TargetInfo, params: tuple[str, ...], record: Any) -> CompiledProgram:
+    """PrimFuncs written rather than scheduled (``record`` says what built them), compiled into
+    one module and called in the order of ``calls`` (function, buffer names) on the program's
+    buffers ``params``: an operator of a few kernels without a host loop."""
+    import tvm
+
+    named = {name: func.with_attr("global_symbol", name) for name, func in funcs.items()}
+    executable = tvm.compile(tvm.IRModule(named), target=tvm.target.Target(target.tvm_target()))
+    launches = {name: extract_launches(tvm.IRModule({MAIN: func}), target) for name, func in named.items()}
+    source = "\n".join(m.inspect_source() for m in executable.mod.imports)
+    modules = {name: tvm.IRModule({MAIN: func}) for name, func in named.items()}
+    return CompiledProgram(target.kind, executable, source, bind_launches(launches, calls),
+                           function_calls(launches, calls), params, modules, plain_json(record))
+
+
 def _main_program(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None, trace: Any
                   ) -> CompiledProgram:
     """``mod`` (one PrimFunc, ``main``) compiled, as a program of one call of ``main``."""

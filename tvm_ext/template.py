@@ -234,6 +234,7 @@ _REGISTRY: dict[str, str] = {
     "gemm_tc": "tvm_ext.schedules.tensor_core:TensorCoreGemmTemplate",
     "gemm_mma": "tvm_ext.schedules.mma:MmaGemmTemplate",
     "gemm_tc_any": "tvm_ext.schedules.tensor_core_choice:TensorCoreChoiceTemplate",
+    "gemm_3xtf32": "tvm_ext.schedules.gemm_3xtf32:Gemm3xTf32Template",
     "gru": "tvm_ext.schedules.gru:GruTemplate",
     "reduce": "tvm_ext.schedules.reduction:ReductionTemplate",
     "rows": "tvm_ext.schedules.rows:RowTemplate",

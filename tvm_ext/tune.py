@@ -80,6 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json_arg(gemm_wgmma)
     gemm_wgmma.set_defaults(make_template=_gemm_wgmma_template)
 
+    from .schedules.gemm_3xtf32 import KNOBS as TF32_KNOBS
+
+    gemm_3xtf32 = sub.add_parser(
+        "gemm-3xtf32", help="float32 GEMM C = A·B at float32 accuracy on Hopper's TF32 tensor cores (3 products)",
+        description="Tune float32 C[M,N] = A[M,K]·B[K,N] computed as three TF32 products on Hopper's wgmma "
+                    "(sm_90), each operand split into two TF32 parts, the tensor cores' sums promoted into "
+                    "round-to-nearest float32 adds: the tile, the pipeline and the promotion are what is searched.",
+        epilog=knob_help(TF32_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gemm_3xtf32.add_argument("--shape", required=True,
+                             help="M,N,K; M, N multiples of 64, K of 32 (e.g. 4096,4096,4096)")
+    add_tuning_args(gemm_3xtf32)
+    _add_json_arg(gemm_3xtf32)
+    gemm_3xtf32.set_defaults(make_template=_gemm_3xtf32_template)
+
     from .schedules.reduction import DTYPES as REDUCE_DTYPES, KNOBS as REDUCE_KNOBS, OPS as REDUCE_OPS
 
     reduce = sub.add_parser(
@@ -151,6 +166,12 @@ def _gemm_wgmma_template(args: argparse.Namespace) -> Any:
     from .schedules.wgmma import WgmmaGemmTemplate
 
     return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), b_layout=args.b_layout.upper())
+
+
+def _gemm_3xtf32_template(args: argparse.Namespace) -> Any:
+    from .schedules.gemm_3xtf32 import Gemm3xTf32Template
+
+    return Gemm3xTf32Template.from_shape(parse_shape(args.shape, ("M", "N", "K")))
 
 
 def _gemm_tc_template(args: argparse.Namespace) -> Any:

@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 
 from tvm_ext import step_loop
 from tvm_ext.program import FailureFlag, RunPlan
-from tvm_ext.program import Artifact, CompiledProgram, KernelLaunch, TensorSpec, extract_launches, plain_json
+from tvm_ext.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches, function_calls,
+                             plain_json)
 from tvm_ext.schedules.wgmma import sm_90a
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
@@ -145,20 +146,11 @@ class CompiledGru:
     def kernel_launches(self) -> tuple[Any, ...]:
         """The plan as device kernel launches, arguments bound to plan buffers and scalars (a
         host loop's index, ``loop:<var>``, stays: such a kernel runs from its function only)."""
-        out = []
-        for call in self.calls:
-            kernels, params = self.launches[call.func]
-            bound = dict(zip(params, call.args))
-            for k in kernels:
-                args = tuple(bound.get(a, a) if isinstance(a, str) else a for a in k.args)
-                out.append(KernelLaunch(k.name, args, k.grid, k.block, k.dyn_shared_bytes))
-        return tuple(out)
+        return bind_launches(self.launches, [(c.func, c.args) for c in self.calls])
 
     def function_calls(self) -> tuple[Any, ...]:
-        """The plan for TVM's runtime (CUDA): one entry per call, named by function; grid and
-        block are the function's first kernel's (for reading only)."""
-        return tuple(KernelLaunch(c.func, c.args, self.launches[c.func][0][0].grid,
-                                  self.launches[c.func][0][0].block) for c in self.calls)
+        """The plan for TVM's runtime (CUDA): one entry per call, named by function."""
+        return function_calls(self.launches, [(c.func, c.args) for c in self.calls])
 
     def program(self, kind: str, params: tuple[str, ...]) -> CompiledProgram:
         """The compiled plan as the builder's program: OpenCL runs the device kernel launches,

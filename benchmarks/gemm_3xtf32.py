@@ -1,0 +1,93 @@
+"""float32 GEMM at float32 accuracy on the TF32 tensor cores (``tune gemm-3xtf32``, three TF32
+products) against cuBLAS's float32 GEMM (torch, TF32 off) in the same run.
+
+Run through the device tool (see ../shared/DEVICE.md), about a minute on an H100:
+    source .tvm-device/boot.sh && python benchmarks/gemm_3xtf32.py
+For each shape: cuBLAS float32 timed call by call, back to back on rotated randn operands and
+replayed from a CUDA graph (the baseline is its best); cuBLAS with TF32 allowed the same ways,
+beside it with its error (faster, a thousand times less accurate: not the baseline); then our
+program (both splits and the GEMM, every call) at the template's default tile and a few other
+tiles, timed the same three ways on the same operands, with its error against float64 on
+NaN-poisoned outputs.  Prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import l2_rotation, ours_on, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+
+from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
+from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.target import resolve_target  # noqa: E402
+
+SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
+          "gru_in": (8192, 3072, 1024)}
+# other tiles tried beside the default (bm, bn, stages, inflight, raster, tiles a block, promote)
+VARIANTS = ((128, 256, 4, 1, 8, 4, 0), (128, 128, 6, 1, 8, 8, 0), (128, 128, 6, 1, 8, 8, 1), (128, 128, 6, 1, 8, 8, 2),
+            (128, 128, 6, 1, 8, 8, 8), (128, 128, 4, 1, 8, 8, 4), (128, 128, 6, 0, 8, 8, 4), (128, 128, 6, 1, 8, 4, 4))
+
+
+def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
+    """The table's rows of one shape: cuBLAS float32, cuBLAS TF32, and ours at each tile."""
+    import torch
+
+    flops = 2.0 * m * n * k
+    sets = [(torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda"))
+            for _ in range(l2_rotation(4 * (m * k + k * n + m * n)))]
+    a, b = sets[0]
+    ref = a.double() @ b.double()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    vendor = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
+    best = vendor.best.seconds
+
+    def row(kernel: str, times: object, err: float) -> list[str]:
+        three = [f"{t.seconds * 1e3:.3f}" if t else "-" for _, t in vendor_methods(times)]
+        return [f"{m}x{n}x{k}", kernel, *three, f"{flops / times.best.seconds / 1e12:.1f}",
+                f"{best / times.best.seconds:.2f}", f"{err:.1e}"]
+
+    rows = [row("cuBLAS float32 (TF32 off): the baseline", vendor, rel_error_vs(a @ b, ref))]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
+    rows.append(row("cuBLAS with TF32 allowed (not float32-accurate)", tf32, rel_error_vs(a @ b, ref)))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    template = Gemm3xTf32Template(m, n, k)
+    default = template.default_config(target)
+    space = template.space(target)
+    configs = [(f"default {WgmmaTile.of(default, 'tf32').name} p{default.tf_promote}", default)]
+    for bm, bn, stages, inflight, raster, tiles, promote in VARIANTS:
+        cfg = space.make(wg_bm=bm, wg_bn=bn, wg_stages=stages, wg_inflight=inflight, wg_smem_epilogue=0,
+                         wg_raster=raster, wg_tiles=tiles, tf_promote=promote)
+        if cfg != default and space.is_feasible(cfg):
+            configs.append((f"{WgmmaTile.of(cfg, 'tf32').name} p{promote}", cfg))
+    for label, cfg in configs:
+        times, err = ours_on(template, dict(cfg.items), target, sets)
+        if not err < 1e-3:  # a wrong kernel, not rounding
+            raise SystemExit(f"error: {label} at {m}x{n}x{k} differs from float64 by {err:.1e}")
+        rows.append(row(f"ours 3xTF32, {label}", times, err))
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="4096,8192,2048", help=f"comma-separated, of {', '.join(SHAPES)}")
+    names = p.parse_args().shapes.split(",")
+    unknown = [s for s in names if s not in SHAPES]
+    if unknown:
+        print(f"error: unknown shape {unknown[0]!r}; allowed: {', '.join(SHAPES)}", file=sys.stderr)
+        return 2
+    target = resolve_target("cuda")
+    rows = []
+    for name in names:
+        rows += shape_rows(*SHAPES[name], target)
+        print(f"{name} done", file=sys.stderr, flush=True)
+    print(table("float32 GEMM: 3xTF32 on wgmma against cuBLAS float32, rotated randn operands",
+                ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
+                 "of cuBLAS float32 best", "rel err vs f64"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""float32 GEMM C = A·B at float32 accuracy on Hopper's TF32 tensor cores (3xTF32).
+
+Each operand is split into two TF32 numbers (float32 words whose low 13 mantissa bits are
+zero): ``hi`` = the value rounded to TF32, ``lo`` = the rest rounded to TF32, so ``v = hi + lo``
+to 22 of float32's 24 bits, at float32's exponent range (the float16 split of the GRU's
+``in_split`` overflows above 65504 and loses the low parts of small numbers).  Then
+
+    A·B ≈ A_lo·B_hi + A_hi·B_lo + A_hi·B_hi
+
+(the dropped ``A_lo·B_lo`` is 2^-22 of a product) is one TF32 GEMM of depth 3K with a float32
+accumulator: ``[A_lo | A_hi | A_hi]`` (M, 3K) times ``[B_hi | B_lo | B_hi]`` stored (N, 3K),
+K-major as TF32 wgmma reads both operands, the small products first.  Three kernels a call: the
+split of A (row by row, 16 bytes a thread), the split of B (32 x 32 tiles transposed through
+shared memory), and the wgmma GEMM of ``schedules.wgmma`` with TF32 operands (its knobs; C is
+stored straight from the accumulators).  The splits write their parts to two scratch buffers
+(6 x the operands' bytes): on an H100 about a tenth of the call at 4096^3.
+
+The idea is CUTLASS's 3xTF32; cuBLAS's float32 GEMM runs on the CUDA cores, at a third of what
+the TF32 tensor cores do in three passes.  Values beyond 3.4e38 x (1 - 2^-12) round to infinity
+in the split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError, check_sizes
+from tvm_ext.program import CompiledProgram, compile_calls_program
+from tvm_ext.space import Config, Knob, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.template import Template, TensorSpec
+
+from .wgmma import (KNOBS as WGMMA_KNOBS, OTHER_REGISTERS, REGISTERS_PER_SM, WgmmaTile, shared_limit, sm_90a, spread,
+                    target_reason, wgmma_gemm, wgmma_reason)
+
+PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
+TF32_DROPPED_BITS = 13  # float32's mantissa bits a TF32 number has not
+SPLIT_THREADS = 256
+KNOBS = WGMMA_KNOBS + (
+    Knob("tf_promote", (0, 1, 2, 4, 8, 16),
+         "k steps (of 32) between promotions: the tensor cores' float32 sums added into a second set of registers "
+         "with round-to-nearest adds (0: never; the error then grows with K, about 1e-5 at K = 4096)"),
+)
+THREAD_REGISTERS = 255  # the most registers a thread may have
+# default tiles (bm, bn, stages, inflight), largest first: two sets of accumulators must fit a
+# thread's registers, so bn <= 192 when promoting
+TF32_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (128, 64, 6, 1), (64, 64, 8, 1))
+DEFAULT_PROMOTE = 4
+
+
+def round_tf32(value: Any) -> Any:
+    """TIR: float32 ``value`` rounded to the nearest TF32 (ties away from zero), as float32."""
+    from tvm.script import tirx as T
+
+    half = 1 << (TF32_DROPPED_BITS - 1)
+    mask = (0xFFFFFFFF >> TF32_DROPPED_BITS) << TF32_DROPPED_BITS
+    return T.reinterpret("float32", (T.reinterpret("uint32", value) + T.uint32(half)) & T.uint32(mask))
+
+
+def split_a_func(m: int, k: int) -> Any:
+    """TIR: A (m, k) float32 -> parts (m, 3k) ``[A_lo | A_hi | A_hi]`` along each row, four
+    columns a thread (16-byte loads and stores)."""
+    from tvm.script import tirx as T
+
+    quads = m * k // 4
+    blocks = -(-quads // SPLIT_THREADS)
+
+    @T.prim_func
+    def split_a(A: T.Buffer((m, k), "float32"), parts: T.Buffer((m, PARTS * k), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        bid = T.launch_thread("blockIdx.x", blocks)
+        tx = T.launch_thread("threadIdx.x", SPLIT_THREADS)
+        if bid * SPLIT_THREADS + tx < quads:
+            row = T.meta_var((bid * SPLIT_THREADS + tx) // (k // 4))
+            col = T.meta_var((bid * SPLIT_THREADS + tx) % (k // 4) * 4)
+            for v in T.vectorized(4):
+                parts[row, col + v] = round_tf32(A[row, col + v] - round_tf32(A[row, col + v]))
+            for v in T.vectorized(4):
+                parts[row, k + col + v] = round_tf32(A[row, col + v])
+            for v in T.vectorized(4):
+                parts[row, 2 * k + col + v] = round_tf32(A[row, col + v])
+
+    return split_a
+
+
+def split_b_func(k: int, n: int) -> Any:
+    """TIR: B (k, n) float32 -> parts (n, 3k) ``[B_hi | B_lo | B_hi]`` along each row of Bᵀ:
+    32 x 32 tiles transposed through shared memory (rows padded: conflict-free columns), so
+    reads and writes are both coalesced."""
+    from tvm.script import tirx as T
+
+    tiles_n = n // 32
+
+    @T.prim_func
+    def split_b(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * k), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        bid = T.launch_thread("blockIdx.x", tiles_n * (k // 32))
+        tx = T.launch_thread("threadIdx.x", 32)
+        ty = T.launch_thread("threadIdx.y", 8)
+        tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")
+        for i in T.unroll(4):
+            tile[(ty + 8 * i) * 33 + tx] = B[bid // tiles_n * 32 + ty + 8 * i, bid % tiles_n * 32 + tx]
+        T.tvm_storage_sync("shared")
+        for i in T.unroll(4):
+            col = T.meta_var(bid % tiles_n * 32 + ty + 8 * i)
+            depth = T.meta_var(bid // tiles_n * 32 + tx)
+            parts[col, depth] = round_tf32(tile[tx * 33 + ty + 8 * i])
+            parts[col, k + depth] = round_tf32(tile[tx * 33 + ty + 8 * i] - round_tf32(tile[tx * 33 + ty + 8 * i]))
+            parts[col, 2 * k + depth] = round_tf32(tile[tx * 33 + ty + 8 * i])
+
+    return split_b
+
+
+def tf32_parts(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy: (hi, lo) TF32 parts of float32 ``value`` as float32 (what the split kernels store)."""
+    def rounded(x: np.ndarray) -> np.ndarray:
+        bits = np.asarray(x, np.float32).view(np.uint32)
+        half, mask = np.uint32(1 << (TF32_DROPPED_BITS - 1)), np.uint32((0xFFFFFFFF >> 13) << 13)
+        return ((bits + half) & mask).view(np.float32)
+
+    hi = rounded(value)
+    return hi, rounded(np.asarray(value, np.float32) - hi)
+
+
+def split_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """numpy float64 of the three products the GEMM sums for ``a @ b`` (for tests)."""
+    a_hi, a_lo = (p.astype(np.float64) for p in tf32_parts(a))
+    b_hi, b_lo = (p.astype(np.float64) for p in tf32_parts(b))
+    return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
+
+
+@dataclass(frozen=True)
+class Gemm3xTf32Template(Template):
+    """C[M, N] = A[M, K] · B[K, N], float32 in and out, as three TF32 products on Hopper's
+    warpgroup MMA; the knobs are the wgmma GEMM's (``schedules.wgmma.KNOBS``) at depth 3K."""
+
+    m: int
+    n: int
+    k: int
+
+    name = "gemm_3xtf32"
+    tolerance = 1e-5  # float32-accurate: about 1e-6 at K = 4096, as cuBLAS's float32 GEMM
+
+    def __post_init__(self) -> None:
+        check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
+
+    @classmethod
+    def from_shape(cls, shape: tuple[int, ...]) -> "Gemm3xTf32Template":
+        if len(shape) != 3:
+            raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
+        return cls(*shape)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float32", "b_dtype": "float32",
+                "acc_dtype": "float32", "c_dtype": "float32"}
+
+    @property
+    def depth(self) -> int:
+        """K of the TF32 GEMM: the three parts' depths."""
+        return PARTS * self.k
+
+    def tile_reason(self, config: Config, target: TargetInfo) -> str | None:
+        """Why ``config`` cannot run this GEMM on ``target`` (one line), or None."""
+        tile = WgmmaTile.of(config, "tf32")
+        reason = target_reason(target) or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
+        # (the split of B transposes 32 x 32 tiles: the tile's N % 64 and 3K % 32 give N, K % 32)
+        promote = config.tf_promote
+        if reason is None and promote:
+            registers = tile.bn + OTHER_REGISTERS  # two sets of bn / 2 accumulators
+            if registers > THREAD_REGISTERS or tile.threads * registers > REGISTERS_PER_SM:
+                reason = (f"{tile.name}: promoting keeps two sets of {tile.bn // 2} accumulators, ~{registers} "
+                          f"registers a thread ({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= 192")
+            elif self.depth // tile.bk % promote:
+                reason = f"promoting every {promote} k steps must divide the {self.depth // tile.bk} k steps"
+        return reason
+
+    def space(self, target: TargetInfo) -> Space:
+        return Space(KNOBS, (lambda c: self.tile_reason(c, target),))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """The first of ``TF32_TILES`` giving 90 % of the SMs a C tile (else the one giving most),
+        several tiles a block where they are more than a wave (``spread``), promoting every
+        ``DEFAULT_PROMOTE`` k steps; an error saying why where the target has no wgmma or no
+        tile divides the shape."""
+        reason = target_reason(target)
+        if reason:
+            raise TvmExtError(reason)
+        space = self.space(target)
+        fitting = []
+        for bm, bn, stages, inflight in TF32_TILES:
+            tile = spread(WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32"),
+                          [(self.m, self.n, self.depth)], target.compute_units, shared_limit(target))
+            promote = next((p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk % p == 0), 0)
+            config = space.make(**tile.knobs(), tf_promote=promote)
+            if space.is_feasible(config):
+                fitting.append((self.m // bm * (self.n // bn), config))
+        if fitting:  # the first tile giving 90 % of the SMs a C tile, else the one giving most
+            return next((c for blocks, c in fitting if 10 * blocks >= 9 * target.compute_units),
+                        max(fitting, key=lambda f: f[0])[1])
+        raise TvmExtError(f"no TF32 wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
+                          f"and K of 32 (no guards)")
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("the 3xTF32 GEMM is three written kernels, not a schedule: use build_program")
+
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        """The two splits and the TF32 GEMM in one module for sm_90a, called in that order."""
+        reason = self.space(target).infeasible_reason(config)
+        if reason:
+            raise TvmExtError(reason)
+        gemm = wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype="float32",
+                          promote=config.tf_promote)
+        funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n), "gemm": gemm}
+        calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")), ("gemm", ("a_parts", "b_parts", "C"))]
+        return compile_calls_program(funcs, calls, sm_90a(target), ("A", "B", "C", "a_parts", "b_parts"),
+                                     {"lowered": "gemm_3xtf32", "config": dict(config.items)})
+
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.k), "float32"), TensorSpec((self.k, self.n), "float32")]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.n), "float32")]
+
+    def scratch(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.depth), "float32"), TensorSpec((self.n, self.depth), "float32")]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, b = (x.astype(np.float64) for x in inputs)
+        return [a @ b]
+
+    def flops(self) -> float:
+        """The float32 GEMM's operations (what cuBLAS's figure counts), not the three passes'."""
+        return 2.0 * self.m * self.n * self.k

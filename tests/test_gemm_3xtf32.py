@@ -1,0 +1,155 @@
+"""float32 GEMM as three TF32 products on Hopper's wgmma (``tune gemm-3xtf32``).
+
+- The TF32 parts (numpy): 13 low bits zero, hi + lo = x to 2^-22 at any normal magnitude,
+  three products float32-accurate where one TF32 product is not.
+- The split kernels, built by TVM for OpenCL and run on PoCL: the parts they store, in order.
+- The program (generated CUDA, no GPU): split, split, TF32 wgmma GEMM of depth 3K; promotion
+  in the source only where the config asks; the refusals.
+- ``-m gpu``: against float64 on NaN-poisoned outputs; promotion cuts the error of the tensor
+  cores' sums at K = 4096 below cuBLAS float32's order, without it it is ten times that.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.errors import TvmExtError
+from tvm_ext.schedules.gemm_3xtf32 import (Gemm3xTf32Template, split_a_func, split_b_func, split_product,
+                                           tf32_parts)
+from tvm_ext.target import offline_cuda
+
+CLI = [sys.executable, "-m", "tvm_ext.tune"]
+
+
+def _operands(rng, m, n, k):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    a[0, :4] = (3e30, -1e-30, 7e-39, 0.0)  # beyond float16's range both ways, a subnormal
+    return a, b
+
+
+def test_tf32_parts_hold_22_bits_at_any_magnitude():
+    a, _ = _operands(np.random.default_rng(0), 8, 8, 64)
+    hi, lo = tf32_parts(a)
+    assert not (hi.view(np.uint32) & 0x1FFF).any() and not (lo.view(np.uint32) & 0x1FFF).any()
+    rebuilt = hi.astype(np.float64) + lo.astype(np.float64)
+    # subnormals keep what TF32 can: bits down to 2^-136
+    assert np.all(np.abs(rebuilt - a) <= np.abs(a) * 2.0 ** -22 + 2.0 ** -137)
+
+
+def test_three_tf32_products_are_float32_accurate_where_one_is_not():
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((64, 512), (512, 48)))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    err = lambda x: np.linalg.norm(x - ref) / np.linalg.norm(ref)  # noqa: E731
+    one = tf32_parts(a)[0].astype(np.float64) @ tf32_parts(b)[0].astype(np.float64)
+    assert err(split_product(a, b)) < 2e-7 < 1e-4 < err(one)
+
+
+def test_split_kernels_store_the_parts_in_order(opencl):
+    """A: [lo | hi | hi] along each row; B (k, n): [hi | lo | hi] along each row of Bᵀ."""
+    from tvm_ext.executors import OpenclExecutor
+    from tvm_ext.program import TensorSpec, compile_calls_program
+
+    m, n, k = 6, 64, 32
+    a, b = _operands(np.random.default_rng(2), m, n, k)
+    funcs = {"split_a": split_a_func(m, k), "split_b": split_b_func(k, n)}
+    calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts"))]
+    program = compile_calls_program(funcs, calls, opencl, ("A", "B", "a_parts", "b_parts"), {})
+    specs = {"A": TensorSpec((m, k), "float32"), "B": TensorSpec((k, n), "float32"),
+             "a_parts": TensorSpec((m, 3 * k), "float32"), "b_parts": TensorSpec((n, 3 * k), "float32")}
+    run = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id)
+    run.write("A", a)
+    run.write("B", b)
+    for name in ("a_parts", "b_parts"):
+        run.write(name, np.full(specs[name].shape, np.nan, np.float32))
+    run.run()
+    run.sync()
+    a_hi, a_lo = tf32_parts(a)
+    b_hi, b_lo = tf32_parts(b.T.copy())
+    assert np.array_equal(run.read("a_parts"), np.concatenate([a_lo, a_hi, a_hi], axis=1))
+    assert np.array_equal(run.read("b_parts"), np.concatenate([b_hi, b_lo, b_hi], axis=1))
+
+
+def test_the_program_splits_then_multiplies_tf32_at_depth_3k():
+    target = offline_cuda()
+    t = Gemm3xTf32Template(256, 256, 128)
+    cfg = t.default_config(target)
+    assert cfg.tf_promote == 4 and cfg.wg_smem_epilogue == 0
+    program = t.build_program(cfg, target)
+    assert [(c.name, c.args) for c in program.calls] == [
+        ("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")), ("gemm", ("a_parts", "b_parts", "C"))]
+    assert [s.shape for s in t.scratch()] == [(256, 384), (256, 384)]
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.wg_bn}k8.f32.tf32.tf32" in program.source
+    plain = t.build_program(cfg.replace(tf_promote=0), target).source
+    # promoting: C is stored from the second set of sums (the promoted ones); without, from the accumulators
+    assert "(total_ptr + " in program.source and "total" not in plain
+
+
+@pytest.mark.parametrize("shape, knobs, reason", [
+    ((256, 256, 128), dict(wg_smem_epilogue=1), "C stored directly"),
+    ((256, 256, 128), dict(wg_bm=128, wg_bn=256, wg_stages=4, tf_promote=4), "bn <= 192"),
+    ((256, 256, 96), dict(tf_promote=8), "must divide the 9 k steps"),
+    ((256, 256, 128), dict(wg_stages=2, wg_inflight=1), "at least 3 stages"),
+])
+def test_configs_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
+    target = offline_cuda()
+    t = Gemm3xTf32Template(*shape)
+    cfg = t.default_config(target).replace(**knobs)
+    assert reason in t.space(target).infeasible_reason(cfg)
+
+
+def test_targets_without_wgmma_and_untileable_shapes_are_errors(tmp_path):
+    with pytest.raises(TvmExtError, match="Hopper GPU"):
+        Gemm3xTf32Template(256, 256, 256).default_config(offline_cuda("sm_80"))
+    with pytest.raises(TvmExtError, match="no TF32 wgmma tile fits 100x256x256"):
+        Gemm3xTf32Template(100, 256, 256).default_config(offline_cuda())
+    p = subprocess.run(CLI + ["gemm-3xtf32", "--shape", "256,256,256", "--target", "opencl", "--records",
+                              str(tmp_path / "r.jsonl"), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: wgmma is a CUDA (Hopper, sm_90) instruction, not opencl's"]
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+def _gpu_error(t, cfg, a, b):
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    program = t.build_program(cfg, resolve_target("cuda"))
+    dev = tvm.cuda(0)
+    bufs = {"A": a, "B": b, "C": np.full((t.m, t.n), np.nan, np.float32),
+            **{name: np.full(s.shape, np.nan, np.float32) for name, s in zip(("a_parts", "b_parts"), t.scratch())}}
+    bufs = {name: tvm.runtime.tensor(x, dev) for name, x in bufs.items()}
+    for call in program.calls:
+        program.executable.mod[call.name](*[bufs[name] for name in call.args])
+    out = bufs["C"].numpy().astype(np.float64)
+    ref = t.reference([a, b])[0]
+    return np.linalg.norm(out - ref) / np.linalg.norm(ref), out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [dict(), dict(wg_bm=128, wg_bn=192, wg_stages=4, wg_tiles=1, wg_raster=0,
+                                                tf_promote=2), dict(wg_bm=64, wg_bn=64, wg_tiles=3),
+                                   dict(wg_inflight=0, tf_promote=1)])
+def test_cuda_3xtf32_matches_float64(knobs):
+    t = Gemm3xTf32Template(384, 768, 512)
+    target_cfg = t.default_config(offline_cuda())
+    a, b = _operands(np.random.default_rng(3), t.m, t.n, t.k)
+    a[0, :4] = 0.5  # finite products: the huge values stay in the split test
+    err, out = _gpu_error(t, target_cfg.replace(**knobs), a, b)
+    assert np.isfinite(out).all() and err < 1e-6
+
+
+@pytest.mark.gpu
+def test_cuda_promotion_keeps_the_sums_float32_accurate_at_depth_4096():
+    t = Gemm3xTf32Template(256, 256, 4096)
+    cfg = t.default_config(offline_cuda())
+    rng = np.random.default_rng(4)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((256, 4096), (4096, 256)))
+    promoted, _ = _gpu_error(t, cfg, a, b)
+    plain, _ = _gpu_error(t, cfg.replace(tf_promote=0), a, b)
+    assert promoted < 1e-6 < 3 * promoted < plain
