@@ -218,40 +218,29 @@ def main() -> int:
     vendor = time_vendor(lambda i: torch.matmul(*sets[i], out=outs[i]), len(sets))
     add("cuBLAS fp32 (TF32 off)", vendor, rel_error_vs(torch.matmul(a, b), ref))
     module = cp.RawModule(code=SOURCE, options=("-std=c++17",))
-    for name, (tm, tn, bk) in KERNELS.items():
+    # name -> (row label, grid, dynamic shared bytes) of every hand kernel
+    kernels = {name: (f"hand {16 * tm}x{16 * tn} block, {tm}x{tn} a thread, k {bk}", (n // (16 * tn), n // (16 * tm)),
+                      0) for name, (tm, tn, bk) in KERNELS.items()}
+    kernels.update({name: (f"hand {bm}x{bn} block, k {bk}, {stages}-stage cp.async ({name})", (n // bn, n // bm),
+                           4 * stages * (bk * (bm + 4) + bk * bn))
+                    for name, (bm, bn, bk, stages) in ASYNC_KERNELS.items()})
+    for name, (label, grid, smem) in kernels.items():
         kernel = module.get_function(name)
+        if smem:
+            kernel.max_dynamic_shared_size_bytes = smem
 
-        def launch(i: int, kernel: object = kernel, tm: int = tm, tn: int = tn) -> object:
+        def launch(i: int, kernel: object = kernel, grid: tuple[int, int] = grid, smem: int = smem) -> object:
             x, y = sets[i]
             with torch_stream(cp, torch):
-                kernel((n // (16 * tn), n // (16 * tm)), (256,),
-                       (x.data_ptr(), y.data_ptr(), outs[i].data_ptr(), np.int32(n), np.int32(n)))
+                kernel(grid, (256,), (x.data_ptr(), y.data_ptr(), outs[i].data_ptr(), np.int32(n), np.int32(n)),
+                       shared_mem=smem)
             return outs[i]
 
         err = poisoned_error(launch, outs[0], ref)
         if not err < 1e-5:
             print(f"error: {name} differs from float64 by {err:.1e}", file=sys.stderr)
             return 1
-        add(f"hand {16 * tm}x{16 * tn} block, {tm}x{tn} a thread, k {bk}", time_vendor(launch, len(sets)), err,
-            str(kernel.num_regs))
-    for name, (bm, bn, bk, stages) in ASYNC_KERNELS.items():
-        kernel = module.get_function(name)
-        smem = 4 * stages * (bk * (bm + 4) + bk * bn)
-        kernel.max_dynamic_shared_size_bytes = smem
-
-        def launch(i: int, kernel: object = kernel, bm: int = bm, bn: int = bn, smem: int = smem) -> object:
-            x, y = sets[i]
-            with torch_stream(cp, torch):
-                kernel((n // bn, n // bm), (256,), (x.data_ptr(), y.data_ptr(), outs[i].data_ptr(), np.int32(n),
-                                                     np.int32(n)), shared_mem=smem)
-            return outs[i]
-
-        err = poisoned_error(launch, outs[0], ref)
-        if not err < 1e-5:
-            print(f"error: {name} differs from float64 by {err:.1e}", file=sys.stderr)
-            return 1
-        add(f"hand {bm}x{bn} block, k {bk}, {stages}-stage cp.async ({name})", time_vendor(launch, len(sets)), err,
-            str(kernel.num_regs))
+        add(label, time_vendor(launch, len(sets)), err, str(kernel.num_regs))
     print(table(f"SGEMM {n}^3 ceiling: hand-written kernels against cuBLAS fp32, {len(sets)} rotated operand sets",
                 ["kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLAS best", "rel err vs f64", "registers"], rows))
