@@ -32,7 +32,7 @@ from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
-from .wgmma import (KNOBS as WGMMA_KNOBS, OTHER_REGISTERS, REGISTERS_PER_SM, WgmmaTile, shared_limit, sm_90a, spread,
+from .wgmma import (KNOBS as WGMMA_KNOBS, WgmmaTile, pick_wgmma_tile, promote_reason, shared_limit, sm_90a,
                     target_reason, wgmma_gemm, wgmma_reason)
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
@@ -43,7 +43,6 @@ KNOBS = WGMMA_KNOBS + (
          "k steps (of 32) between promotions: the tensor cores' float32 sums added into a second set of registers "
          "with round-to-nearest adds (0: never; the error then grows with K, about 1e-5 at K = 4096)"),
 )
-THREAD_REGISTERS = 255  # the most registers a thread may have
 # default tiles (bm, bn, stages, inflight), largest first: two sets of accumulators must fit a
 # thread's registers, so bn <= 192 when promoting
 TF32_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (128, 64, 6, 1), (64, 64, 8, 1))
@@ -164,42 +163,28 @@ class Gemm3xTf32Template(Template):
 
     def tile_reason(self, config: Config, target: TargetInfo) -> str | None:
         """Why ``config`` cannot run this GEMM on ``target`` (one line), or None."""
-        tile = WgmmaTile.of(config, "tf32")
-        reason = target_reason(target) or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
         # (the split of B transposes 32 x 32 tiles: the tile's N % 64 and 3K % 32 give N, K % 32)
-        promote = config.tf_promote
-        if reason is None and promote:
-            registers = tile.bn + OTHER_REGISTERS  # two sets of bn / 2 accumulators
-            if registers > THREAD_REGISTERS or tile.threads * registers > REGISTERS_PER_SM:
-                reason = (f"{tile.name}: promoting keeps two sets of {tile.bn // 2} accumulators, ~{registers} "
-                          f"registers a thread ({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= 192")
-            elif self.depth // tile.bk % promote:
-                reason = f"promoting every {promote} k steps must divide the {self.depth // tile.bk} k steps"
-        return reason
+        tile = WgmmaTile.of(config, "tf32")
+        return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
+                or promote_reason(tile, self.depth, config.tf_promote))
 
     def space(self, target: TargetInfo) -> Space:
         return Space(KNOBS, (lambda c: self.tile_reason(c, target),))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """The first of ``TF32_TILES`` giving 90 % of the SMs a C tile (else the one giving most),
-        several tiles a block where they are more than a wave (``spread``), promoting every
+        """``pick_wgmma_tile`` among ``TF32_TILES`` (the first giving 90 % of the SMs a C tile, else
+        the one giving most, spread over one block an SM), promoting every
         ``DEFAULT_PROMOTE`` k steps; an error saying why where the target has no wgmma or no
         tile divides the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        space = self.space(target)
-        fitting = []
-        for bm, bn, stages, inflight in TF32_TILES:
-            tile = spread(WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32"),
-                          [(self.m, self.n, self.depth)], target.compute_units, shared_limit(target))
-            promote = next((p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk % p == 0), 0)
-            config = space.make(**tile.knobs(), tf_promote=promote)
-            if space.is_feasible(config):
-                fitting.append((self.m // bm * (self.n // bn), config))
-        if fitting:  # the first tile giving 90 % of the SMs a C tile, else the one giving most
-            return next((c for blocks, c in fitting if 10 * blocks >= 9 * target.compute_units),
-                        max(fitting, key=lambda f: f[0])[1])
+        tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
+                 for bm, bn, stages, inflight in TF32_TILES]
+        tile = pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles)
+        if tile is not None:
+            promote = next(p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk % p == 0)
+            return self.space(target).make(**tile.knobs(), tf_promote=promote)
         raise TvmExtError(f"no TF32 wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                           f"and K of 32 (no guards)")
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -61,6 +61,7 @@ REGISTERS_PER_SM = 65536
 # registers a thread needs beside its bn/2 accumulators (H100: 256x192, 512 threads, ran at the
 # 128-register cap; 256x256 failed to launch)
 OTHER_REGISTERS = 32
+THREAD_REGISTERS = 255  # the most registers a thread may have
 KNOBS = (
     Knob("wg_bm", (64, 128, 256), "block rows: wg_bm / 64 warpgroups of 128 threads, 64 rows each"),
     Knob("wg_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
@@ -172,6 +173,20 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     return None
 
 
+def promote_reason(t: WgmmaTile, k: int, promote: int) -> str | None:
+    """Why tile ``t`` cannot promote its sums every ``promote`` k steps of a depth-``k`` GEMM
+    (``wgmma_gemm``'s ``promote``; 0: never), or None."""
+    if not promote:
+        return None
+    registers = t.bn + OTHER_REGISTERS  # two sets of bn / 2 accumulators
+    if registers > THREAD_REGISTERS or t.threads * registers > REGISTERS_PER_SM:
+        return (f"{t.name}: promoting keeps two sets of {t.bn // 2} accumulators, ~{registers} registers a thread "
+                f"({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= 192")
+    if promote < 0 or k // t.bk % promote:
+        return f"promoting every {promote} k steps must divide the {k // t.bk} k steps"
+    return None
+
+
 def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
     """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can)."""
     if c_dtype not in ("float16", "float32"):
@@ -227,9 +242,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     from tvm import s_tir
     from tvm.script import tirx as T
 
-    reason = wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
-    if promote and (promote < 0 or k // cfg.bk % promote):
-        reason = f"{cfg.name}: promoting every {promote} k steps must divide the {k // cfg.bk} k steps"
+    reason = (wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
+              or promote_reason(cfg, k, promote))
     if reason:
         raise TvmExtError(reason)
     n_major = b_layout == "KN"
@@ -238,7 +252,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     in_dtype = "float32" if tf32 else "float16"
     elem = OPERANDS[cfg.operand]  # bytes an element of A, Bt and the stages
     chunk_elems = 16 // elem  # elements a 16-byte cp.async moves
-    k_inst = 8 if tf32 else 16  # k of one wgmma
+    k_inst = 32 // elem  # k of one wgmma: 32 bytes of each row
     has_bias = bias_dtype is not None
     bm, bn, bk, stages, smem_epilogue = cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.smem_epilogue
     threads = bm // 64 * 128
@@ -531,18 +545,17 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
 
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
-                    operand: str = "float16") -> WgmmaTile | None:
+                    candidates: Sequence[WgmmaTile] | None = None) -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
     of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
     float16 (the direct one stores any C type), several tiles a block where they are more than
     a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs).
-    ``operand`` "tf32": the same tiles on float32 words (C stored directly)."""
+    ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles)."""
     if target_reason(target):
         return None
     limit = shared_limit(target)
-    tiles = [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16" and operand == "float16", 0,
-                       operand=operand)
-             for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
+    tiles = candidates or [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
+                           for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
                and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
     if not fitting:

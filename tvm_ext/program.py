@@ -253,9 +253,9 @@ def compile_calls_program(funcs: Mapping[str, Any], calls: Sequence[tuple[str, t
 
     named = {name: func.with_attr("global_symbol", name) for name, func in funcs.items()}
     executable = tvm.compile(tvm.IRModule(named), target=tvm.target.Target(target.tvm_target()))
-    launches = {name: extract_launches(tvm.IRModule({MAIN: func}), target) for name, func in named.items()}
-    source = "\n".join(m.inspect_source() for m in executable.mod.imports)
     modules = {name: tvm.IRModule({MAIN: func}) for name, func in named.items()}
+    launches = {name: extract_launches(mod, target) for name, mod in modules.items()}
+    source = "\n".join(m.inspect_source() for m in executable.mod.imports)
     return CompiledProgram(target.kind, executable, source, bind_launches(launches, calls),
                            function_calls(launches, calls), params, modules, plain_json(record))
 
