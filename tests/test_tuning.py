@@ -187,3 +187,20 @@ def test_opencl_records_without_timer_resume(opencl, tmp_path):
     template, store, (untimed, timed, _) = _records_with_and_without_timer(opencl, tmp_path / "r.jsonl")
     tuner = Tuner(template, opencl, None, None, RecordStore(store.path))
     assert tuner.record_of(untimed).cost == 1e-3 and (tuner.resumed, tuner.stale) == (3, 0)
+
+
+def test_a_templates_hash_covers_the_schedule_modules_it_builds_on():
+    """Records go stale when any kernel a template builds on changes, not only its own file:
+    the 3xTF32 template's kernel is the wgmma template's, the tensor-core choice reaches the
+    warp tiling through mma.sync and WMMA, the GRU's package takes its input GEMM from gemm.py."""
+    from tvm_ext.template import schedule_modules
+
+    def short(module):
+        return {name.removeprefix("tvm_ext.schedules.") for name in schedule_modules(module)}
+
+    assert short("tvm_ext.schedules.gemm") == {"gemm"}  # imports no other schedule
+    assert short("tvm_ext.schedules.gemm_3xtf32") >= {"gemm_3xtf32", "wgmma", "mma"}
+    assert short("tvm_ext.schedules.tensor_core_choice") >= {"mma", "wmma", "wgmma", "warp_tile", "mma_intrin"}
+    gru = short("tvm_ext.schedules.gru.template")
+    assert {"gru.kernels", "gru.plan", "gru.flag_step", "gemm", "warp_tile"} <= gru and "gru.template" in gru
+    assert "tvm_ext.schedules" not in schedule_modules("tvm_ext.schedules.rows")  # the registry is not a kernel

@@ -9,8 +9,10 @@ host plan (the GRU) or a search over another operator (mixed precision) override
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -33,6 +35,59 @@ __all__ = ["Template", "TensorSpec", "Workload", "get_template_class", "template
 
 
 OPERATOR_PACKAGES = "tvm_ext.schedules"  # an operator in a subpackage of it is hashed whole
+
+
+def _imported_schedule_modules(module_name: str) -> set[str]:
+    """The ``tvm_ext.schedules`` modules that ``module_name``'s source imports, at any depth of
+    its code (imports inside functions count: they build the kernel too)."""
+    module = importlib.import_module(module_name)
+    is_package = hasattr(module, "__path__")
+    package = module_name if is_package else module_name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the module's package
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in targets:
+            if (name == OPERATOR_PACKAGES or name.startswith(OPERATOR_PACKAGES + ".")) and _is_module(name):
+                found.add(name)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``name`` names a module (``from .wgmma import KNOBS`` also yields ``wgmma.KNOBS``)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def schedule_modules(module_name: str) -> list[str]:
+    """``module_name``, the rest of its operator package (``tvm_ext.schedules.gru``) and every
+    ``tvm_ext.schedules`` module they import transitively, sorted: what a template's hash covers.
+    The package ``tvm_ext.schedules`` itself (its registry) is left out."""
+    start = {module_name}
+    package = module_name.rpartition(".")[0]
+    if package.startswith(OPERATOR_PACKAGES + "."):
+        folder = os.path.dirname(os.path.abspath(importlib.import_module(package).__file__))
+        start |= {package} | {f"{package}.{n[:-3]}" for n in os.listdir(folder)
+                              if n.endswith(".py") and n != "__init__.py"}
+    seen: set[str] = set()
+    todo = sorted(start)
+    while todo:
+        name = todo.pop()
+        if name in seen or name == OPERATOR_PACKAGES:
+            continue
+        seen.add(name)
+        todo.extend(sorted(_imported_schedule_modules(name) - seen))
+    return sorted(seen)
 
 
 class Template(ABC):
@@ -161,16 +216,13 @@ class Template(ABC):
 
     @cached_property
     def source_hash(self) -> str:
-        """Hash of the template's source file, or of every file of its package for an
-        operator that is a package (``tvm_ext.schedules.gru``): an edit invalidates old records."""
+        """Hash of the template's source file (every file of its package for an operator that is
+        a package, ``tvm_ext.schedules.gru``) and of every ``tvm_ext.schedules`` module those
+        import, however deep: an edit of a kernel the template builds on (the wgmma kernel
+        under the 3xTF32 template) invalidates old records as an edit of the template does."""
         module = inspect.getmodule(type(self))
-        package = module.__package__ or ""
-        if package.startswith(OPERATOR_PACKAGES + "."):
-            folder = os.path.dirname(os.path.abspath(module.__file__))
-            names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
-            source = "".join(open(os.path.join(folder, n), encoding="utf-8").read() for n in names)
-        else:
-            source = inspect.getsource(module)
+        names = schedule_modules(module.__name__)
+        source = "".join(inspect.getsource(importlib.import_module(name)) for name in names)
         return hashlib.sha256(source.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
