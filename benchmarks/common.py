@@ -291,7 +291,8 @@ def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]
     program = template.build_program(cfg, target)
     _, b_spec = op.inputs()
     (c_spec,) = op.outputs()
-    b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape) else (lambda b: b.t().contiguous())
+    b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape)[-2:] \
+        else (lambda b: b.transpose(-1, -2).contiguous())
     outs = [torch.full(tuple(c_spec.shape), float("nan"), device="cuda", dtype=getattr(torch, c_spec.dtype))
             for _ in sets]
     scratch = {}

@@ -227,14 +227,17 @@ def sm_90a(target: TargetInfo) -> TargetInfo:
 
 
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
-               scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[[Any, Any, Any], Any] | None = None,
-               promote: int = 0) -> Any:
+               scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
+               promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True) -> Any:
     """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
-    C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col)``: C's element for
+    C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col, lead)``: C's element for
     the float32 accumulator ``value`` at (row, col), as TIR (a Relax task's fused blocks, which
-    may read buffers of their own: ``tvm_ext.relax_wgmma``), in place of scale, bias and cast.
+    may read buffers of their own: ``tvm_ext.relax_wgmma``), in place of scale, bias and cast;
+    ``lead``: its matrix's batch indices (none without a batch).
+    ``batch``: leading axes of A, C and (``b_batched``, else B is shared) B: a GEMM per index, its
+    C tiles numbered after the previous matrix's (attention's ``(batch, heads, seq, dim)`` products).
     ``cfg.operand`` "tf32": A and Bt are float32, multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
     ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
     second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
@@ -247,7 +250,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     if reason:
         raise TvmExtError(reason)
     n_major = b_layout == "KN"
-    bt_shape = b_shape(n, k, b_layout)
+    lead = tuple(int(x) for x in batch)
+    a_shape, c_shape = (*lead, m, k), (*lead, m, n)
+    bt_shape = (*(lead if b_batched else ()), *b_shape(n, k, b_layout))
     tf32 = cfg.operand == "tf32"
     in_dtype = "float32" if tf32 else "float16"
     elem = OPERANDS[cfg.operand]  # bytes an element of A, Bt and the stages
@@ -261,7 +266,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     stage = a_stage + b_stage
     a_loads, b_loads = a_stage // chunk_elems // threads, b_stage // chunk_elems // threads  # 16-byte cp.async
     k_tiles, grid_n = k // bk, n // bn
-    c_tiles = m // bm * grid_n
+    per_matrix = m // bm * grid_n  # C tiles of one matrix of the batch
+    c_tiles = per_matrix * int(np.prod(lead, dtype=np.int64))
     grid = -(-c_tiles // cfg.tiles)  # blocks; block b computes tiles b, b + grid, ...
     group = cfg.raster or 1  # raster 0 = groups of one tile row = row-major
     inflight = cfg.inflight
@@ -295,22 +301,23 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         row, column = chunk // (bn // 8), chunk % (bn // 8)
         return column // 8 * (bk * 64) + row * 64 + (column % 8 ^ row % 8) * 8
 
-    def k_major(X: Any, row0: Any, kt: Any, chunk: Any) -> Any:
+    def k_major(X: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt`` of a K-major operand's
-        tile (A, or Bt) whose rows start at ``row0``."""
-        return X.ptr_to([row0 + chunk // 8, kt * bk + chunk % 8 * chunk_elems])
+        tile (A, or Bt) whose rows start at ``row0``, in the matrix of batch indices ``at``."""
+        return X.ptr_to([*at, row0 + chunk // 8, kt * bk + chunk % 8 * chunk_elems])
 
-    def b_global(B: Any, col0: Any, kt: Any, chunk: Any) -> Any:
+    def b_global(B: Any, at: list[Any], col0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
+        at = at if b_batched else []
         if not n_major:
-            return k_major(B, col0, kt, chunk)
-        return B.ptr_to([kt * bk + chunk // (bn // 8), col0 + chunk % (bn // 8) * 8])
+            return k_major(B, at, col0, kt, chunk)
+        return B.ptr_to([*at, kt * bk + chunk // (bn // 8), col0 + chunk % (bn // 8) * 8])
 
-    def out(value: Any, bias: Any, row: Any, col: Any) -> Any:
+    def out(value: Any, bias: Any, at: list[Any], row: Any, col: Any) -> Any:
         """An accumulator as C stores it: scaled, plus the bias of its column, narrowed (or
         what ``epilogue`` makes of it)."""
         if epilogue is not None:
-            return T.Cast(c_dtype, epilogue(value, row, col))
+            return T.Cast(c_dtype, epilogue(value, row, col, at))
         if scale != 1.0:
             value = value * T.float32(scale)
         if has_bias:
@@ -318,40 +325,52 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         return T.Cast(c_dtype, value)
 
     @T.macro
-    def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, row0: Any, col0: Any, tx: Any) -> None:
+    def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, tx: Any) -> None:
         """k tile ``kt`` of A and B into stage ``slot`` (its halves offset), 16-byte ``cp.async``."""
         for i in T.unroll(a_loads):
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + swizzled(i * threads + tx)]),
-                                               k_major(A, row0, kt, i * threads + tx), 16)
+                                               k_major(A, at, row0, kt, i * threads + tx), 16)
         for i in T.unroll(b_loads):
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + a_stage + b_chunk(i * threads + tx)]),
-                                               b_global(Bt, col0, kt, i * threads + tx), 16)
+                                               b_global(Bt, at, col0, kt, i * threads + tx), 16)
+
+    def in_matrix(tile: Any) -> Any:
+        """Tile ``tile``'s number within its matrix of the batch."""
+        return tile % per_matrix if lead else tile
 
     def tile_row0(tile: Any) -> Any:
         """The first row of C tile ``tile`` (tiles numbered in raster order)."""
-        return (tile // (group * grid_n) * group + tile % group) * bm
+        return (in_matrix(tile) // (group * grid_n) * group + in_matrix(tile) % group) * bm
 
     def tile_col0(tile: Any) -> Any:
-        return tile % (group * grid_n) // group * bn
+        return in_matrix(tile) % (group * grid_n) // group * bn
+
+    def tile_lead(tile: Any) -> list[Any]:
+        """The batch indices of tile ``tile``'s matrix (none without a batch)."""
+        index = tile // per_matrix
+        inner = [int(np.prod(lead[i + 1:], dtype=np.int64)) for i in range(len(lead))]
+        return [index // inner[i] % lead[i] if i else index // inner[i] for i in range(len(lead))]
 
     @T.macro
-    def direct_store(C: Any, bias: Any, acc: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
+    def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The accumulators straight to C (pairs of adjacent columns)."""
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
-                C[row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                  col0 + p // 2 * 8 + tx % 4 * 2 + v] = out(acc[p * 2 + v], bias,
+                C[(*at, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
+                   col0 + p // 2 * 8 + tx % 4 * 2 + v)] = out(acc[p * 2 + v], bias, at,
                                                             row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4
                                                             + p % 2 * 8, col0 + p // 2 * 8 + tx % 4 * 2 + v)
 
     @T.macro
-    def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
+    def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, at: Any, row0: Any, col0: Any, wg: Any,
+                tx: Any) -> None:
         """The warpgroup's accumulators as C, into its 64 padded rows of shared memory from
         ``piece`` (halves): pairs (2p, 2p+1) of adjacent columns."""
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
                 smem[piece + (tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride + p // 2 * 8 + tx % 4 * 2
-                     + v] = out(acc[p * 2 + v], bias, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
+                     + v] = out(acc[p * 2 + v], bias, at,
+                                row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
                                 col0 + p // 2 * 8 + tx % 4 * 2 + v)
 
     promoting = promote > 0
@@ -393,8 +412,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
         """Iteration ``it`` of a block of several tiles: k tile it % k_tiles of its
         (it // k_tiles)-th tile (tile bid + that x grid), into stage it % stages."""
-        load_stage(smem, A, Bt, it % stages * stage, it % k_tiles, tile_row0(bid + it // k_tiles * grid),
-                   tile_col0(bid + it // k_tiles * grid), tx)
+        load_stage(smem, A, Bt, it % stages * stage, it % k_tiles, tile_lead(bid + it // k_tiles * grid),
+                   tile_row0(bid + it // k_tiles * grid), tile_col0(bid + it // k_tiles * grid), tx)
 
     @T.macro
     def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -418,6 +437,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         for t in T.serial(mine):
             row0 = T.meta_var(tile_row0(bid + t * grid))
             col0 = T.meta_var(tile_col0(bid + t * grid))
+            at = T.meta_var(tile_lead(bid + t * grid))
             for i in T.unroll(n_acc):
                 acc[i] = T.float32(0)
                 if promoting:
@@ -438,25 +458,26 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
                 last = T.meta_var(t * k_tiles + k_tiles - 1)
                 piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
-                stage_c(smem, piece, summed(total, acc), bias, row0, col0, wg, tx)
+                stage_c(smem, piece, summed(total, acc), bias, at, row0, col0, wg, tx)
                 T.tvm_storage_sync("shared")
                 for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
                     f = T.meta_var(i * 128 + tx % 128)
                     for v in T.vectorized(8):
-                        C[row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v] = \
+                        C[(*at, row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
                             smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
             else:
-                direct_store(C, bias, summed(total, acc), row0, col0, wg, tx)
+                direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
-        bid = T.launch_thread("blockIdx.x", m // bm * grid_n)
+        bid = T.launch_thread("blockIdx.x", c_tiles)
         tx = T.launch_thread("threadIdx.x", threads)
         smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_buffer((n_acc,), "float32", scope="local")
         total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
         row0 = tile_row0(bid)
         col0 = tile_col0(bid)
+        at = T.meta_var(tile_lead(bid))
         wg = tx // 128
         base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
         for i in T.unroll(n_acc):
@@ -464,7 +485,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             if promoting:
                 total[i] = T.float32(0)
         for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
-            load_stage(smem, A, Bt, s * stage, s, row0, col0, tx)
+            load_stage(smem, A, Bt, s * stage, s, at, row0, col0, tx)
             T.ptx["cp.async.commit_group"]()
         for kt in T.serial(k_tiles):
             T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
@@ -473,7 +494,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             mma_stage(base, acc, kt % stages * stage, wg, kept(kt))
             if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
                 nxt = (kt + ahead) % stages * stage
-                load_stage(smem, A, Bt, nxt, kt + ahead, row0, col0, tx)
+                load_stage(smem, A, Bt, nxt, kt + ahead, at, row0, col0, tx)
             T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
             T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
             if promoting:
@@ -481,20 +502,21 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         T.ptx["wgmma.wait_group.sync.aligned"](0)
         if smem_epilogue:
             T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
-            stage_c(smem, wg * 64 * c_stride, summed(total, acc), bias, row0, col0, wg, tx)
+            stage_c(smem, wg * 64 * c_stride, summed(total, acc), bias, at, row0, col0, wg, tx)
             T.tvm_storage_sync("shared")
             for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
                 for v in T.vectorized(8):
-                    C[row0 + (i * threads + tx) // (bn // 8), col0 + (i * threads + tx) % (bn // 8) * 8 + v] = \
+                    row = T.meta_var(row0 + (i * threads + tx) // (bn // 8))
+                    C[(*at, row, col0 + (i * threads + tx) % (bn // 8) * 8 + v)] = \
                         smem[(i * threads + tx) // (bn // 8) * c_stride + (i * threads + tx) % (bn // 8) * 8 + v]
         else:
-            direct_store(C, bias, summed(total, acc), row0, col0, wg, tx)
+            direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
 
     if has_bias:
         @T.prim_func
-        def main_bias(A: T.Buffer((m, k), in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
+        def main_bias(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
                       bias: T.Buffer((n,), bias_dtype),
-                      C: T.Buffer((m, n), c_dtype)):
+                      C: T.Buffer(c_shape, c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
             if cfg.tiles > 1:
                 gemm_tiles(A, Bt, bias, C)
@@ -506,7 +528,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     # checked below: an epilogue may read buffers that the caller makes parameters of a function
     # of its own (the parser evaluates the decorator's arguments as constants, so it cannot say so)
     @T.prim_func(check_well_formed=False)
-    def main(A: T.Buffer((m, k), in_dtype), Bt: T.Buffer(bt_shape, in_dtype), C: T.Buffer((m, n), c_dtype)):
+    def main(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype), C: T.Buffer(c_shape, c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         if cfg.tiles > 1:
             gemm_tiles(A, Bt, None, C)
@@ -521,19 +543,20 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
 
 
-def c_tile_count(t: WgmmaTile, shapes: Any) -> int:
-    """C tiles of ``t`` in the smallest of the GEMMs ``shapes``."""
-    return min(m // t.bm * (n // t.bn) for m, n, _ in shapes)
+def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
+    """C tiles of ``t`` in the smallest of the GEMMs ``shapes`` (a batch of ``matrices`` each)."""
+    return min(m // t.bm * (n // t.bn) for m, n, _ in shapes) * matrices
 
 
-def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK") -> WgmmaTile:
+def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
+           matrices: int = 1) -> WgmmaTile:
     """``t`` with the fewest C tiles a block (``wg_tiles``) that fit the GEMMs of ``shapes`` into
     one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
     then runs on from tile to tile instead of refilling at each (H100, float16 from CUDA graphs:
     128x256 with 6 tiles a block, raster 8, 0.090 ms at 8192x3072x1024 = 0.94 of cuBLAS, against
     0.100 with a block a tile; at 4096^3 4 tiles 0.217 ms = 0.93 against 0.239).  ``t`` where
     one wave holds every tile or no such variant runs the shapes."""
-    count = c_tile_count(t, shapes)
+    count = c_tile_count(t, shapes, matrices)
     tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), TILES_PER_BLOCK[-1])
     if tiles == 1:
         return t
@@ -545,12 +568,13 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
 
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
-                    candidates: Sequence[WgmmaTile] | None = None) -> WgmmaTile | None:
+                    candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1) -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
     of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
     float16 (the direct one stores any C type), several tiles a block where they are more than
     a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs).
-    ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles)."""
+    ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles); ``matrices``:
+    the GEMMs are batches of that many (their tiles all count)."""
     if target_reason(target):
         return None
     limit = shared_limit(target)
@@ -560,41 +584,54 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
     if not fitting:
         return None
-    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes) >= 9 * target.compute_units),
-                max(fitting, key=lambda t: c_tile_count(t, shapes)))
-    return spread(tile, shapes, target.compute_units, limit, b_layout)
+    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units),
+                max(fitting, key=lambda t: c_tile_count(t, shapes, matrices)))
+    return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
 
 
 @dataclass(frozen=True)
 class WgmmaGemmTemplate(Template):
     """C[M, N] = A[M, K] · Bt[N, K]ᵀ (or A · B[K, N], ``b_layout`` "KN") on Hopper's warpgroup MMA
     (float16 in and out, float32 accumulate); the knobs (``KNOBS``) are the tile, the pipeline and
-    the epilogue."""
+    the epilogue.  ``batch``: leading axes of A, C and B (unless ``b_shared``), one GEMM each
+    (attention's ``(batch, heads)`` products in a Relax model)."""
 
     m: int
     n: int
     k: int
     b_layout: str = "NK"  # "KN": B stored (K, N), C = A·B (``B_LAYOUTS``)
+    batch: tuple[int, ...] = ()
+    b_shared: bool = False  # B has no batch axes: every matrix of the batch multiplies the same B
 
     name = "gemm_wgmma"
     tolerance = 2e-3  # float16 output: its rounding alone is about 2e-4
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
+        object.__setattr__(self, "batch", tuple(int(x) for x in self.batch))
+        if any(x < 1 for x in self.batch):
+            raise TvmExtError(f"batch axes must be >= 1, got {self.batch}")
         reason = b_layout_reason(self.b_layout)
         if reason:
             raise TvmExtError(reason)
 
+    @property
+    def matrices(self) -> int:
+        """GEMMs in the batch (1 without one)."""
+        return int(np.prod(self.batch, dtype=np.int64))
+
     @classmethod
-    def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK") -> "WgmmaGemmTemplate":
+    def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK", batch: tuple[int, ...] = (),
+                   b_shared: bool = False) -> "WgmmaGemmTemplate":
         if len(shape) != 3:
             raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
-        return cls(*shape, b_layout=b_layout)
+        return cls(*shape, b_layout=b_layout, batch=batch, b_shared=b_shared)
 
     @property
     def params(self) -> dict[str, Any]:
+        batched = {"batch": list(self.batch), "b_shared": self.b_shared} if self.batch else {}
         return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float16", "b_dtype": "float16",
-                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": self.b_layout}
+                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": self.b_layout, **batched}
 
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
@@ -611,7 +648,8 @@ class WgmmaGemmTemplate(Template):
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, "float16", self.b_layout)
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, "float16", self.b_layout,
+                               matrices=self.matrices)
         if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 64 (no guards)")
@@ -626,18 +664,20 @@ class WgmmaGemmTemplate(Template):
         reason = self.space(target).infeasible_reason(config)
         if reason:
             raise TvmExtError(reason)
-        return compile_wgmma(wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, b_layout=self.b_layout),
-                             target, config)
+        return compile_wgmma(wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, b_layout=self.b_layout,
+                                        batch=self.batch, b_batched=not self.b_shared), target, config)
 
     def inputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.k), "float16"), TensorSpec(b_shape(self.n, self.k, self.b_layout), "float16")]
+        b_lead = () if self.b_shared else self.batch
+        return [TensorSpec((*self.batch, self.m, self.k), "float16"),
+                TensorSpec((*b_lead, *b_shape(self.n, self.k, self.b_layout)), "float16")]
 
     def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.n), "float16")]
+        return [TensorSpec((*self.batch, self.m, self.n), "float16")]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b = (x.astype(np.float64) for x in inputs)
-        return [a @ (b if self.b_layout == "KN" else b.T)]
+        return [a @ (b if self.b_layout == "KN" else np.swapaxes(b, -1, -2))]
 
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * self.m * self.n * self.k * self.matrices

@@ -3,17 +3,18 @@ takes a task's matmul with its fused epilogue, ``tune_relax`` exports its tuned 
 operators file, and ``compile_relax`` puts the wgmma kernel, the epilogue composed into its store,
 in the function's place.
 
-CI (no GPU): the BERT-base layer's float16 projections match, their epilogues compose (bias,
-GELU, residual) into float32 expressions, and the Relax build for an offline sm_90 target emits
-wgmma kernels named after the tasks with those epilogues, only where the operators file has a
-config; targets without wgmma and batched matmuls keep the mma.sync template.  ``-m gpu``: the
-layer compiled with the substituted kernels against float64 numpy.
+CI (no GPU): the BERT-base layer's float16 projections and attention's batched products match,
+their epilogues compose (bias, GELU, residual, the scores' scaling) into float32 expressions, and
+the Relax build for an offline sm_90 target emits wgmma kernels named after the tasks with those
+epilogues, only where the operators file has a config; targets without wgmma keep the mma.sync
+template.  ``-m gpu``: the layer compiled with the substituted kernels against float64 numpy.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -28,6 +29,10 @@ PROJECTIONS = {  # BERT-base (batch 8, sequence 128) float16: task -> (M, N, K),
     "fused_matmul_cast_add_add1": ((1024, 768, 768), 2),  # attention output: bias, residual
     "fused_matmul3_cast3_add2_gelu": ((1024, 3072, 768), 1),  # feed-forward in: bias, GELU
     "fused_matmul4_cast_add_add1": ((1024, 768, 3072), 2),  # feed-forward out: bias, residual
+}
+ATTENTION = {  # (batch, heads) products, B the keys transposed / the values, stored (K, N): (M, N, K)
+    "fused_matmul1_cast1_divide": (128, 128, 64),  # scores Q·Kᵀ / sqrt(64)
+    "fused_matmul2_cast2": (128, 64, 128),  # context P·V
 }
 
 
@@ -54,7 +59,7 @@ def _operators(matches, target, directory) -> str:
     return str(directory)
 
 
-def test_the_projections_match_wgmma_and_attention_keeps_mma_sync(base):
+def test_the_projections_and_attentions_batched_products_match_wgmma(base):
     from tvm_ext.target import offline_cuda
 
     cuda = offline_cuda()
@@ -68,8 +73,14 @@ def test_the_projections_match_wgmma_and_attention_keeps_mma_sync(base):
         assert str(expr.ty) == "float32"  # float16 additions run in float32, one rounding at the store
         assert expr.script().count("param_") + expr.script().count("lv") >= extras
     assert "T.erf" in matches["fused_matmul3_cast3_add2_gelu"].site.epilogue.expr.script()
-    for name in ("fused_matmul1_cast1_divide", "fused_matmul2_cast2"):  # attention: batched matmuls
-        assert matches[name].matcher == "tensor_core" and not matches[name].substitutes
+    for name, (m, n, k) in ATTENTION.items():
+        match = matches[name]
+        assert match.matcher == "wgmma" and match.substitutes, (name, match.reason)
+        t = match.template
+        assert (t.m, t.n, t.k, t.b_layout, t.batch, t.b_shared) == (m, n, k, "KN", (8, 12), False)
+        assert len(match.site.epilogue.lead) == 2
+    scores = matches["fused_matmul1_cast1_divide"].site.epilogue
+    assert scores.expr.script() == 'T.Cast("float32", acc) / T.float32(8.0)'  # the scaling, in float32
 
 
 def test_targets_without_wgmma_keep_the_mma_sync_template(base):
@@ -94,7 +105,7 @@ def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database
     untuned = compile_relax(base, cuda, None, log=None)
     assert all(untuned[name].attrs.get("target") is None for name in PROJECTIONS)  # no config, no kernel
     compiled = compile_relax(base, cuda, _operators(matches, cuda, tmp_path / "db"), log=None)
-    for name in PROJECTIONS:
+    for name in {**PROJECTIONS, **ATTENTION}:
         func = compiled[name]
         assert str(func.attrs["target"].attrs["arch"]) == "sm_90a" and bool(func.attrs["tirx.is_scheduled"])
         assert len(func.params) == len(legalize_and_fuse(base)[name].params)  # same call, same arguments
@@ -102,9 +113,10 @@ def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database
         ex = tvm.compile(compiled, target=tvm_target(cuda))
     sources = [m.inspect_source() for m in ex.mod.imports[0].imports]
     (wgmma,) = [s for s in sources if "wgmma.mma_async" in s]  # the sm_90a module
-    for name in PROJECTIONS:
+    for name in {**PROJECTIONS, **ATTENTION}:
         assert f"{name}_kernel" in wgmma
-    gelu = wgmma[wgmma.index("fused_matmul3_cast3_add2_gelu_kernel("):]
+    definition = re.search(r"__global__ void[^\n;]*fused_matmul3_cast3_add2_gelu_kernel\([^\n;]*\{", wgmma)
+    gelu = wgmma[definition.start():]
     assert "erff(" in gelu[:gelu.index("\n}\n")]  # GELU in the store of its GEMM
 
 
@@ -117,7 +129,7 @@ def test_bert_base_float16_with_wgmma_kernels_matches_float64(bert, base, tmp_pa
 
     cuda = resolve_target("cuda")
     matches = match_tasks(extract_tasks(legalize_and_fuse(base), cuda), cuda)
-    assert sum(m.substitutes for m in matches) == len(PROJECTIONS)
+    assert sum(m.substitutes for m in matches) == len(PROJECTIONS) + len(ATTENTION)
     inputs = bert.get_inputs(size="base", dtype="float16")
     ref = bert.reference(inputs, size="base", dtype="float16")
 

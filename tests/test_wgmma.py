@@ -146,6 +146,44 @@ def test_cli_refuses_a_target_without_wgmma(tmp_path):
     assert len(err) == 1 and err[0] == "error: wgmma is a CUDA (Hopper, sm_90) instruction, not opencl's"
 
 
+def test_a_batch_of_gemms_indexes_each_matrix_and_counts_its_tiles():
+    """Attention's (batch, heads) products: A, B and C carry the leading axes (B without them when
+    shared), the tiles of every matrix count for the pick (96 matrices of 128x128: 192 tiles of
+    128x64, two a block, not 96 blocks of 128x128), and the kernel offsets each tile's matrix."""
+    import re
+
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(128, 128, 64, b_layout="KN", batch=(8, 12))
+    assert [s.shape for s in t.inputs()] == [(8, 12, 128, 64), (8, 12, 64, 128)]
+    assert t.outputs()[0].shape == (8, 12, 128, 128) and t.flops() == 2 * 128 * 128 * 64 * 96
+    assert t.params["batch"] == [8, 12] and "batch" not in WgmmaGemmTemplate(128, 128, 64).params
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 12, 128, 64)), rng.standard_normal((8, 12, 64, 128))
+    assert np.allclose(t.reference([a, b])[0][5, 7], a[5, 7] @ b[5, 7])
+    tile = WgmmaTile.of(t.default_config(target))
+    assert (tile.bm, tile.bn, tile.tiles) == (128, 64, 2)  # 96 blocks of two 128x64 tiles
+    source = t.build_program(t.default_config(target), target).source
+    kernel = source[source.index("main_kernel(half"):]
+    # tile t of block b is b + 96 t, of matrix (b + 96 t) // 2; the first one's A at 8192 halves a matrix
+    assert "for (int t = 0; t < (((191 - ((int)blockIdx.x)) / 96) + 1); ++t)" in kernel
+    assert re.search(r"A_ptr\[\(+\(\(int\)blockIdx\.x\) >> 1\) \* 8192\)", kernel)
+    shared = WgmmaGemmTemplate(128, 256, 256, batch=(3,), b_shared=True)
+    assert [s.shape for s in shared.inputs()] == [(3, 128, 256), (256, 256)]
+    a3, bt = rng.standard_normal((3, 128, 256)), rng.standard_normal((256, 256))
+    assert np.allclose(shared.reference([a3, bt])[0][2], a3[2] @ bt.T)
+    with pytest.raises(TvmExtError, match="batch axes must be >= 1"):
+        WgmmaGemmTemplate(128, 128, 64, batch=(8, 0))
+
+
+def test_cli_batch_options_are_checked(tmp_path):
+    for extra, message in ((["--batch", "8,x"], "malformed"), (["--b-shared"], "--b-shared needs --batch")):
+        p = subprocess.run(CLI + ["gemm-wgmma", "--shape", "128,128,64", "--target", "cuda", *extra, "--records",
+                                  str(tmp_path / "r.jsonl"), "--no-progress"], capture_output=True, text=True,
+                           timeout=300)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1 and message in err[0], p.stdout + p.stderr
+
+
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_layout", ["NK", "KN"])
@@ -192,3 +230,40 @@ def test_cuda_tune_gemm_wgmma(tmp_path):
     ok = [r for r in records if r["error_kind"] == "" and r["costs"]]  # measured and checked
     assert ok and all(r["error_kind"] in ("", "build_error") for r in records), [r["error_msg"] for r in records]
     assert "GFLOP/s" in p.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [
+    dict(shape=(128, 128, 64), batch=(8, 12), b_layout="KN", knobs=dict(wg_bm=128, wg_bn=64, wg_stages=6, wg_tiles=2)),
+    dict(shape=(128, 64, 128), batch=(8, 12), b_layout="KN", knobs=dict(wg_bm=64, wg_bn=64, wg_stages=3)),
+    dict(shape=(256, 128, 192), batch=(5,), b_layout="NK",
+         knobs=dict(wg_bm=128, wg_bn=128, wg_stages=3, wg_smem_epilogue=0, wg_tiles=3, wg_raster=2)),
+    dict(shape=(256, 256, 128), batch=(2, 3), b_layout="NK", b_shared=True,
+         knobs=dict(wg_bm=128, wg_bn=256, wg_stages=3)),
+    dict(shape=(128, 256, 128), batch=(3,), b_layout="KN", b_shared=True,
+         knobs=dict(wg_bm=64, wg_bn=128, wg_stages=4, wg_tiles=4, wg_smem_epilogue=1)),
+])
+def test_cuda_batched_wgmma_matches_float64(case):
+    """Each matrix of a batch at its own offset (a wrong matrix index repeats or skips one: the
+    poisoned C keeps NaN, or a matrix's product lands on another's), B batched or shared, one or
+    several tiles a block across matrices, both epilogues."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(*case["shape"], b_layout=case["b_layout"], batch=case["batch"],
+                          b_shared=case.get("b_shared", False))
+    program = t.build_program(_config(t, target, **{"wg_smem_epilogue": 1, "wg_inflight": 1, "wg_raster": 0,
+                                                     **case["knobs"]}), target)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(spec.shape).astype(np.float16) for spec in t.inputs())
+    ref = t.reference([a, b])[0]
+    dev = tvm.cuda(0)
+    c = tvm.runtime.tensor(np.full(t.outputs()[0].shape, np.nan, np.float16), dev)
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+    out = c.numpy().astype(np.float64)
+    assert np.isfinite(out).all()
+    per_matrix = np.linalg.norm((out - ref).reshape(-1, *ref.shape[-2:]), axis=(1, 2)) / \
+        np.linalg.norm(ref.reshape(-1, *ref.shape[-2:]), axis=(1, 2))
+    assert per_matrix.max() < 1e-3, per_matrix

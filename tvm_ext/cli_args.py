@@ -12,6 +12,13 @@ from .session import DEFAULT_RECORDS, RUNNERS, STRATEGIES, SessionOptions
 from .space import Knob
 
 
+def parse_batch(text: str) -> tuple[int, ...]:
+    """Batch axes as ``B1,B2,...`` (empty: none), each at least 1."""
+    if not text.strip():
+        return ()
+    return parse_shape(text, tuple(f"B{i}" for i in range(len(text.replace("x", ",").split(",")))))
+
+
 def parse_shape(text: str, names: Sequence[str]) -> tuple[int, ...]:
     parts = [p.strip() for p in text.replace("x", ",").split(",")]
     try:

@@ -74,8 +74,9 @@ def _rebuild(expr: Any, var_map: list[tuple[Any, Any]], load: Any = None, widen:
 
 @dataclass(frozen=True)
 class WgmmaEpilogue:
-    """The function's output element as one float32 expression of three placeholders: the
-    matmul's float32 element ``acc`` at output row ``row`` and column ``col``.  The blocks'
+    """The function's output element as one float32 expression of placeholders: the matmul's
+    float32 element ``acc`` at output row ``row`` and column ``col`` of the matrix at batch
+    indices ``lead`` (none for a matmul without a batch).  The blocks'
     float16 arithmetic runs in float32, rounded once at the store, as cuBLAS's epilogues and
     PyTorch's float16 ``Linear`` compute a bias (float16 additions in the kernel also made
     ptxas serialise the wgmma: its warning C7514)."""
@@ -84,10 +85,13 @@ class WgmmaEpilogue:
     acc: Any
     row: Any
     col: Any
+    lead: tuple[Any, ...] = ()
 
-    def at(self, value: Any, row: Any, col: Any) -> Any:
-        """The output element for accumulator ``value`` at (``row``, ``col``) (TIR, in the kernel)."""
-        return _rebuild(self.expr, [(self.acc, value), (self.row, row), (self.col, col)])
+    def at(self, value: Any, row: Any, col: Any, lead: Any = ()) -> Any:
+        """The output element for accumulator ``value`` at (``row``, ``col``) of the matrix at
+        batch indices ``lead`` (TIR, in the kernel)."""
+        return _rebuild(self.expr, [(self.acc, value), (self.row, row), (self.col, col),
+                                    *zip(self.lead, lead, strict=True)])
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,9 @@ def compose_epilogue(func: Any, block: str, epilogue: tuple[str, ...]) -> WgmmaE
     mm = sch.get(sch.get_sblock(block)).writes[0].source
     acc = tirx.Var("acc", "float32")
     row, col = tirx.Var("row", "int32"), tirx.Var("col", "int32")
+    lead = tuple(tirx.Var(f"lead{i}", "int32") for i in range(len(mm.shape) - 2))
     if not epilogue:  # the matmul writes the output itself
-        return WgmmaEpilogue(acc, acc, row, col)
+        return WgmmaEpilogue(acc, acc, row, col, lead)
     try:
         for name in epilogue[:-1]:
             sch.compute_inline(sch.get_sblock(name))
@@ -122,22 +127,22 @@ def compose_epilogue(func: Any, block: str, epilogue: tuple[str, ...]) -> WgmmaE
     last = sch.get(sch.get_sblock(epilogue[-1]))
     store = last.body
     index_vars = [iv.var for iv in last.iter_vars]
-    if (not isinstance(store, tirx.BufferStore) or len(index_vars) != 2
+    if (not isinstance(store, tirx.BufferStore) or len(index_vars) != len(mm.shape)
+            or len(store.indices) != len(index_vars)
             or not all(i.same_as(v) for i, v in zip(store.indices, index_vars))):
-        raise NotComposable(f"block {epilogue[-1]} does not store its element at its own (i, j)")
-    places = [(index_vars[0], tirx.Cast(str(index_vars[0].ty), row)),
-              (index_vars[1], tirx.Cast(str(index_vars[1].ty), col))]
+        raise NotComposable(f"block {epilogue[-1]} does not store its element at its own (..., i, j)")
+    places = [(var, tirx.Cast(str(var.ty), value)) for var, value in zip(index_vars, (*lead, row, col))]
 
     def load(e: Any) -> Any:
         if e.source.same_as(mm):
-            if len(e.indices) != 2 or not all(i.same_as(v) for i, v in zip(e.indices, index_vars)):
+            if len(e.indices) != len(index_vars) or not all(i.same_as(v) for i, v in zip(e.indices, index_vars)):
                 raise NotComposable("the epilogue reads the matmul's result at another element than its own")
             return tirx.Cast(str(mm.dtype), acc)
         if not any(e.source.same_as(p) for p in func.params):
             raise NotComposable(f"the epilogue reads {e.source.name}, neither a parameter nor the matmul's result")
         return e.source[tuple(_rebuild(i, places, load) for i in e.indices)]
 
-    return WgmmaEpilogue(_rebuild(store.value, places, load, widen=True), acc, row, col)
+    return WgmmaEpilogue(_rebuild(store.value, places, load, widen=True), acc, row, col, lead)
 
 
 def substitute_kernel(func: Any, template: Any, site: WgmmaSite, config: Config, target: TargetInfo) -> Any:
@@ -154,7 +159,8 @@ def substitute_kernel(func: Any, template: Any, site: WgmmaSite, config: Config,
         raise TvmExtError(reason)
     out = func.params[site.out]
     kernel = wgmma_gemm(WgmmaTile.of(config), template.m, template.n, template.k, c_dtype=str(out.dtype),
-                        b_layout=template.b_layout, epilogue=site.epilogue.at)
+                        b_layout=template.b_layout, epilogue=site.epilogue.at, batch=template.batch,
+                        b_batched=not template.b_shared)
     own = {site.a: kernel.params[0], site.b: kernel.params[1], site.out: kernel.params[2]}
     params = [own.get(i, p) for i, p in enumerate(func.params)]
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "target": tvm.target.Target(sm_90a(target).tvm_target())}

@@ -15,7 +15,7 @@ carries the reason.
   batch of leading axes; B transposed ``B[..., j, k]`` or shared by the batch) plus
   elementwise blocks after it (bias, GELU, residual add), which the GEMM kernel's
   write-back absorbs -> ``GemmTemplate``.
-- ``wgmma``: a float16 matmul (float32 accumulate, float16 out, no batch) on Hopper -> the
+- ``wgmma``: a float16 matmul (float32 accumulate, float16 out, batched or not) on Hopper -> the
   wgmma template, whose kernel replaces the function (``Matcher.substitute``,
   ``relax_wgmma``) rather than scheduling it.
 - ``tensor_core``: the same matmul with float16 or bfloat16 operands -> the mma.sync
@@ -164,6 +164,7 @@ class MatmulPattern:
     c_dtype: str  # the function's output dtype (the narrowing epilogue, if any)
     site: Any  # schedules.gemm.MatmulSite
     params: tuple[int, int]  # A's and B's positions among the function's parameters
+    lead: tuple[int, ...] = ()  # the leading batch axes (their product is ``batch``)
 
 
 def find_matmul(func: Any) -> MatmulPattern | NoMatch:
@@ -237,7 +238,7 @@ def find_matmul(func: Any) -> MatmulPattern | NoMatch:
         c_dtype=str(output.dtype),
         site=MatmulSite(block=mm.name_hint, a=read_pos[role["A"].name], b=read_pos[role["B"].name],
                         epilogue=tuple(b.name_hint for b in others)),
-        params=(positions["A"][0], positions["B"][0]))
+        params=(positions["A"][0], positions["B"][0]), lead=tuple(lead))
 
 
 def match_gemm(func: Any, target: TargetInfo) -> Any:
@@ -287,9 +288,10 @@ def match_tensor_core(func: Any, target: TargetInfo) -> Any:
 def match_wgmma(func: Any, target: TargetInfo) -> Any:
     """A float16 matmul accumulating in float32 with a float16 output, on Hopper -> the wgmma
     template, its kernel in the function's place with the epilogue composed into its store
-    (``relax_wgmma``; B read as stored, [k, n] or [n, k]).  No batch axis, and a shape some
-    wgmma tile divides; else the mma.sync template takes it (``match_task`` builds the kernel
-    with the default config as its check)."""
+    (``relax_wgmma``; B read as stored, [k, n] or [n, k]; batch axes as the function has them,
+    attention's (batch, heads), B with them or shared).  A shape some wgmma tile divides; else the
+    mma.sync template takes it (``match_task`` builds the kernel with the default config as its
+    check)."""
     from .errors import TvmExtError
     from .schedules.wgmma import WgmmaGemmTemplate, target_reason
 
@@ -303,10 +305,9 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
     reason = target_reason(target)
     if reason:
         return NoMatch(f"{what}: {reason}")
-    if found.batch:
-        return NoMatch(f"{what}: a batch of {found.batch} matmuls (the wgmma kernel has no batch axis)", True)
     try:
-        template = WgmmaGemmTemplate(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN")
+        template = WgmmaGemmTemplate(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN",
+                                     batch=found.lead, b_shared=found.b_shared)
         epilogue = compose_epilogue(func, found.site.block, found.site.epilogue)
     except TvmExtError as exc:
         return NoMatch(f"{what}: {exc}", True)
@@ -396,7 +397,7 @@ def _uses(rng: Any, var: Any) -> bool:
 MATCHERS: dict[str, Matcher] = {
     "gemm": Matcher("gemm", match_gemm, "float32 matmul (batched, B transposed or shared) with an elementwise "
                                         "epilogue -> GemmTemplate"),
-    "wgmma": Matcher("wgmma", match_wgmma, "float16 matmul (float32 accumulate, float16 out, no batch) on Hopper "
+    "wgmma": Matcher("wgmma", match_wgmma, "float16 matmul (float32 accumulate, float16 out) on Hopper "
                                           "-> the wgmma template's kernel in the function's place",
                      substitute=substitute_kernel),
     "tensor_core": Matcher("tensor_core", match_tensor_core, "float16/bfloat16 matmul -> the mma.sync template "

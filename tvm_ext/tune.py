@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .cli_args import Parser, add_tuning_args, format_speed, knob_help, parse_shape, session_options
+from .cli_args import Parser, add_tuning_args, format_speed, knob_help, parse_batch, parse_shape, session_options
 from .errors import TvmExtError
 
 
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     gemm_wgmma.add_argument("--b-layout", choices=("nk", "kn"), default="nk",
                             help="nk: Bt stored N×K, C = A·Btᵀ (default); kn: B stored K×N, C = A·B (wgmma reads it "
                                  "N-major)")
+    gemm_wgmma.add_argument("--batch", default="",
+                            help="leading batch axes of A, B and C, one GEMM each (e.g. 8,12: attention's batch "
+                                 "and heads); default none")
+    gemm_wgmma.add_argument("--b-shared", action="store_true", help="with --batch: B has no batch axes (one B for all)")
     add_tuning_args(gemm_wgmma)
     _add_json_arg(gemm_wgmma)
     gemm_wgmma.set_defaults(make_template=_gemm_wgmma_template)
@@ -165,7 +169,11 @@ def _gemm_template(args: argparse.Namespace) -> Any:
 def _gemm_wgmma_template(args: argparse.Namespace) -> Any:
     from .schedules.wgmma import WgmmaGemmTemplate
 
-    return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), b_layout=args.b_layout.upper())
+    batch = parse_batch(args.batch)
+    if args.b_shared and not batch:
+        raise TvmExtError("--b-shared needs --batch (a B shared by the matrices of a batch)")
+    return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), b_layout=args.b_layout.upper(),
+                                        batch=batch, b_shared=args.b_shared)
 
 
 def _gemm_3xtf32_template(args: argparse.Namespace) -> Any:
