@@ -32,8 +32,8 @@ from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
-from .wgmma import (KNOBS as WGMMA_KNOBS, WgmmaTile, pick_wgmma_tile, promote_reason, shared_limit, sm_90a,
-                    target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, pick_wgmma_tile, promote_reason,
+                    shared_limit, sm_90a, target_reason, wgmma_gemm, wgmma_reason)
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
 TF32_DROPPED_BITS = 13  # float32's mantissa bits a TF32 number has not
@@ -58,56 +58,93 @@ def round_tf32(value: Any) -> Any:
     return T.reinterpret("float32", (T.reinterpret("uint32", value) + T.uint32(half)) & T.uint32(mask))
 
 
-def split_a_func(m: int, k: int) -> Any:
-    """TIR: A (m, k) float32 -> parts (m, 3k) ``[A_lo | A_hi | A_hi]`` along each row, four
-    columns a thread (16-byte loads and stores)."""
+def tf32_part(value: Any, which: str) -> Any:
+    """TIR: the TF32 part ``which`` ("hi": the value rounded; "lo": the rest rounded) of ``value``."""
+    return round_tf32(value) if which == "hi" else round_tf32(value - round_tf32(value))
+
+
+A_ORDER, B_ORDER = ("lo", "hi", "hi"), ("hi", "lo", "hi")  # the parts along a row of A, of Bᵀ
+
+
+def split_rows_macro(rows: int, k: int, order: tuple[str, str, str]) -> Any:
+    """TIR macro ``split(X, parts)``: X (rows, k) float32 -> parts (rows, 3k), the parts ``order``
+    along each row, four columns a thread (16-byte loads and stores): A's split, or that of a
+    B stored transposed (N, K)."""
     from tvm.script import tirx as T
 
-    quads = m * k // 4
+    quads = rows * k // 4
     blocks = -(-quads // SPLIT_THREADS)
 
-    @T.prim_func
-    def split_a(A: T.Buffer((m, k), "float32"), parts: T.Buffer((m, PARTS * k), "float32")):
-        T.func_attr({"tirx.noalias": True})
-        bid = T.launch_thread("blockIdx.x", blocks)
-        tx = T.launch_thread("threadIdx.x", SPLIT_THREADS)
-        if bid * SPLIT_THREADS + tx < quads:
-            row = T.meta_var((bid * SPLIT_THREADS + tx) // (k // 4))
-            col = T.meta_var((bid * SPLIT_THREADS + tx) % (k // 4) * 4)
-            for v in T.vectorized(4):
-                parts[row, col + v] = round_tf32(A[row, col + v] - round_tf32(A[row, col + v]))
-            for v in T.vectorized(4):
-                parts[row, k + col + v] = round_tf32(A[row, col + v])
-            for v in T.vectorized(4):
-                parts[row, 2 * k + col + v] = round_tf32(A[row, col + v])
+    @T.macro
+    def split(X: Any, parts: Any) -> None:
+        with T.launch_thread("blockIdx.x", blocks) as bid:
+            with T.launch_thread("threadIdx.x", SPLIT_THREADS) as tx:
+                if bid * SPLIT_THREADS + tx < quads:
+                    row = T.meta_var((bid * SPLIT_THREADS + tx) // (k // 4))
+                    col = T.meta_var((bid * SPLIT_THREADS + tx) % (k // 4) * 4)
+                    for v in T.vectorized(4):
+                        parts[row, col + v] = tf32_part(X[row, col + v], order[0])
+                    for v in T.vectorized(4):
+                        parts[row, k + col + v] = tf32_part(X[row, col + v], order[1])
+                    for v in T.vectorized(4):
+                        parts[row, 2 * k + col + v] = tf32_part(X[row, col + v], order[2])
 
-    return split_a
+    return split
 
 
-def split_b_func(k: int, n: int) -> Any:
-    """TIR: B (k, n) float32 -> parts (n, 3k) ``[B_hi | B_lo | B_hi]`` along each row of Bᵀ:
-    32 x 32 tiles transposed through shared memory (rows padded: conflict-free columns), so
-    reads and writes are both coalesced."""
+def split_columns_macro(k: int, n: int) -> Any:
+    """TIR macro ``split(B, parts)``: B (k, n) float32 -> parts (n, 3k) ``[B_hi | B_lo | B_hi]``
+    along each row of Bᵀ: 32 x 32 tiles transposed through shared memory (rows padded:
+    conflict-free columns), so reads and writes are both coalesced."""
     from tvm.script import tirx as T
 
     tiles_n = n // 32
 
+    @T.macro
+    def split(B: Any, parts: Any) -> None:
+        with T.launch_thread("blockIdx.x", tiles_n * (k // 32)) as bid:
+            with T.launch_thread("threadIdx.x", 32) as tx:
+                with T.launch_thread("threadIdx.y", 8) as ty:
+                    tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")
+                    for i in T.unroll(4):
+                        tile[(ty + 8 * i) * 33 + tx] = B[bid // tiles_n * 32 + ty + 8 * i, bid % tiles_n * 32 + tx]
+                    T.tvm_storage_sync("shared")
+                    for i in T.unroll(4):
+                        col = T.meta_var(bid % tiles_n * 32 + ty + 8 * i)
+                        depth = T.meta_var(bid // tiles_n * 32 + tx)
+                        parts[col, depth] = tf32_part(tile[tx * 33 + ty + 8 * i], B_ORDER[0])
+                        parts[col, k + depth] = tf32_part(tile[tx * 33 + ty + 8 * i], B_ORDER[1])
+                        parts[col, 2 * k + depth] = tf32_part(tile[tx * 33 + ty + 8 * i], B_ORDER[2])
+
+    return split
+
+
+def split_a_func(m: int, k: int) -> Any:
+    """TIR: A (m, k) float32 -> parts (m, 3k) ``[A_lo | A_hi | A_hi]`` (``split_rows_macro``)."""
+    from tvm.script import tirx as T
+
+    split = split_rows_macro(m, k, A_ORDER)
+
     @T.prim_func
-    def split_b(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * k), "float32")):
+    def split_a(A: T.Buffer((m, k), "float32"), parts: T.Buffer((m, PARTS * k), "float32")):
         T.func_attr({"tirx.noalias": True})
-        bid = T.launch_thread("blockIdx.x", tiles_n * (k // 32))
-        tx = T.launch_thread("threadIdx.x", 32)
-        ty = T.launch_thread("threadIdx.y", 8)
-        tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")
-        for i in T.unroll(4):
-            tile[(ty + 8 * i) * 33 + tx] = B[bid // tiles_n * 32 + ty + 8 * i, bid % tiles_n * 32 + tx]
-        T.tvm_storage_sync("shared")
-        for i in T.unroll(4):
-            col = T.meta_var(bid % tiles_n * 32 + ty + 8 * i)
-            depth = T.meta_var(bid // tiles_n * 32 + tx)
-            parts[col, depth] = round_tf32(tile[tx * 33 + ty + 8 * i])
-            parts[col, k + depth] = round_tf32(tile[tx * 33 + ty + 8 * i] - round_tf32(tile[tx * 33 + ty + 8 * i]))
-            parts[col, 2 * k + depth] = round_tf32(tile[tx * 33 + ty + 8 * i])
+        split(A, parts)
+
+    return split_a
+
+
+def split_b_func(k: int, n: int, b_layout: str = "KN") -> Any:
+    """TIR: B (k, n) float32, or Bᵀ (n, k) with ``b_layout`` "NK", -> parts (n, 3k)
+    ``[B_hi | B_lo | B_hi]`` along each row of Bᵀ."""
+    from tvm.script import tirx as T
+
+    split = split_columns_macro(k, n) if b_layout == "KN" else split_rows_macro(n, k, B_ORDER)
+    b_in_shape = b_shape(n, k, b_layout)
+
+    @T.prim_func
+    def split_b(B: T.Buffer(b_in_shape, "float32"), parts: T.Buffer((n, PARTS * k), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        split(B, parts)
 
     return split_b
 
@@ -132,29 +169,35 @@ def split_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Gemm3xTf32Template(Template):
-    """C[M, N] = A[M, K] · B[K, N], float32 in and out, as three TF32 products on Hopper's
-    warpgroup MMA; the knobs are the wgmma GEMM's (``schedules.wgmma.KNOBS``) at depth 3K."""
+    """C[M, N] = A[M, K] · B[K, N] (or A · Bt[N, K]ᵀ, ``b_layout`` "NK"), float32 in and out, as
+    three TF32 products on Hopper's warpgroup MMA; the knobs are the wgmma GEMM's
+    (``schedules.wgmma.KNOBS``) at depth 3K."""
 
     m: int
     n: int
     k: int
+    b_layout: str = "KN"  # "NK": B stored transposed (N, K), a Linear weight, split row by row
 
     name = "gemm_3xtf32"
     tolerance = 1e-5  # float32-accurate: about 1e-6 at K = 4096, as cuBLAS's float32 GEMM
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
+        reason = b_layout_reason(self.b_layout)
+        if reason:
+            raise TvmExtError(reason)
 
     @classmethod
-    def from_shape(cls, shape: tuple[int, ...]) -> "Gemm3xTf32Template":
+    def from_shape(cls, shape: tuple[int, ...], b_layout: str = "KN") -> "Gemm3xTf32Template":
         if len(shape) != 3:
             raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
-        return cls(*shape)
+        return cls(*shape, b_layout=b_layout)
 
     @property
     def params(self) -> dict[str, Any]:
+        layout = {"b_layout": self.b_layout} if self.b_layout != "KN" else {}
         return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float32", "b_dtype": "float32",
-                "acc_dtype": "float32", "c_dtype": "float32"}
+                "acc_dtype": "float32", "c_dtype": "float32", **layout}
 
     @property
     def depth(self) -> int:
@@ -198,13 +241,33 @@ class Gemm3xTf32Template(Template):
             raise TvmExtError(reason)
         gemm = wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype="float32",
                           promote=config.tf_promote)
-        funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n), "gemm": gemm}
+        funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n, self.b_layout),
+                 "gemm": gemm}
         calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")), ("gemm", ("a_parts", "b_parts", "C"))]
         return compile_calls_program(funcs, calls, sm_90a(target), ("A", "B", "C", "a_parts", "b_parts"),
                                      {"lowered": "gemm_3xtf32", "config": dict(config.items)})
 
+    def kernel_func(self, config: Config, c_dtype: str = "float32", epilogue: Any = None) -> Any:
+        """One PrimFunc ``main(A, B, C)``: the two splits into buffers of its own, then the TF32
+        GEMM, ``epilogue`` (``wgmma_gemm``'s) in its store; three kernels in one function, what a
+        Relax model's float32 matmul is replaced by (``tvm_ext.relax_wgmma``)."""
+        from tvm.script import tirx as T
+
+        split_a = split_rows_macro(self.m, self.k, A_ORDER)
+        split_b = split_columns_macro(self.k, self.n) if self.b_layout == "KN" else \
+            split_rows_macro(self.n, self.k, B_ORDER)
+
+        @T.macro
+        def fill(A_in: Any, B_in: Any, a_parts: Any, b_parts: Any) -> None:
+            split_a(A_in, a_parts)
+            split_b(B_in, b_parts)
+
+        inputs = Prepare((self.m, self.k), b_shape(self.n, self.k, self.b_layout), "float32", fill)
+        return wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype=c_dtype,
+                          promote=config.tf_promote, epilogue=epilogue, prepare=inputs)
+
     def inputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.k), "float32"), TensorSpec((self.k, self.n), "float32")]
+        return [TensorSpec((self.m, self.k), "float32"), TensorSpec(b_shape(self.n, self.k, self.b_layout), "float32")]
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec((self.m, self.n), "float32")]
@@ -214,7 +277,7 @@ class Gemm3xTf32Template(Template):
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b = (x.astype(np.float64) for x in inputs)
-        return [a @ b]
+        return [a @ (b if self.b_layout == "KN" else b.T)]
 
     def flops(self) -> float:
         """The float32 GEMM's operations (what cuBLAS's figure counts), not the three passes'."""

@@ -83,6 +83,17 @@ DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 192, 4, 1, 1, 4), (256, 128, 4, 1
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """Inputs a wgmma function takes in place of A and Bt (``wgmma_gemm``'s ``prepare``): their
+    shapes and dtype, and the TIR macro ``macro(A_in, B_in, A, Bt)`` writing A and Bt from them."""
+
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    dtype: str
+    macro: Any
+
+
+@dataclass(frozen=True)
 class WgmmaTile:
     """A kernel's tile and pipeline (the knobs without their prefix)."""
 
@@ -228,7 +239,8 @@ def sm_90a(target: TargetInfo) -> TargetInfo:
 
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
-               promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True) -> Any:
+               promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
+               prepare: "Prepare | None" = None) -> Any:
     """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
@@ -238,6 +250,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     ``lead``: its matrix's batch indices (none without a batch).
     ``batch``: leading axes of A, C and (``b_batched``, else B is shared) B: a GEMM per index, its
     C tiles numbered after the previous matrix's (attention's ``(batch, heads, seq, dim)`` products).
+    ``prepare``: the function takes other inputs, from which its macro writes A and Bt into
+    buffers of their own first (``gemm_3xtf32``'s splits: one function, several kernels).
     ``cfg.operand`` "tf32": A and Bt are float32, multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
     ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
     second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
@@ -525,6 +539,25 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
 
         return main_bias
 
+    if prepare is not None:
+        a_in, b_in, in_dtype_of_inputs, fill = prepare.a_shape, prepare.b_shape, prepare.dtype, prepare.macro
+
+        @T.prim_func(check_well_formed=False)
+        def main_prepared(A_in: T.Buffer(a_in, in_dtype_of_inputs), B_in: T.Buffer(b_in, in_dtype_of_inputs),
+                          C: T.Buffer(c_shape, c_dtype)):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            A = T.alloc_buffer(a_shape, in_dtype, scope="global")
+            Bt = T.alloc_buffer(bt_shape, in_dtype, scope="global")
+            fill(A_in, B_in, A, Bt)
+            if cfg.tiles > 1:
+                gemm_tiles(A, Bt, None, C)
+            else:
+                gemm(A, Bt, None, C)
+
+        if epilogue is None:
+            s_tir.analysis.verify_well_formed(main_prepared)
+        return main_prepared
+
     # checked below: an epilogue may read buffers that the caller makes parameters of a function
     # of its own (the parser evaluates the decorator's arguments as constants, so it cannot say so)
     @T.prim_func(check_well_formed=False)
@@ -664,8 +697,13 @@ class WgmmaGemmTemplate(Template):
         reason = self.space(target).infeasible_reason(config)
         if reason:
             raise TvmExtError(reason)
-        return compile_wgmma(wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, b_layout=self.b_layout,
-                                        batch=self.batch, b_batched=not self.b_shared), target, config)
+        return compile_wgmma(self.kernel_func(config), target, config)
+
+    def kernel_func(self, config: Config, c_dtype: str = "float16", epilogue: Any = None) -> Any:
+        """The PrimFunc of ``config`` storing C as ``c_dtype``, ``epilogue`` (``wgmma_gemm``'s) in its
+        store: what a Relax model's matmul is replaced by (``tvm_ext.relax_wgmma``)."""
+        return wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, c_dtype=c_dtype, b_layout=self.b_layout,
+                          epilogue=epilogue, batch=self.batch, b_batched=not self.b_shared)
 
     def inputs(self) -> list[TensorSpec]:
         b_lead = () if self.b_shared else self.batch

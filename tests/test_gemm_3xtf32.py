@@ -49,21 +49,24 @@ def test_three_tf32_products_are_float32_accurate_where_one_is_not():
     assert err(split_product(a, b)) < 2e-7 < 1e-4 < err(one)
 
 
-def test_split_kernels_store_the_parts_in_order(opencl):
-    """A: [lo | hi | hi] along each row; B (k, n): [hi | lo | hi] along each row of Bᵀ."""
+@pytest.mark.parametrize("b_layout", ["KN", "NK"])
+def test_split_kernels_store_the_parts_in_order(opencl, b_layout):
+    """A: [lo | hi | hi] along each row; B (k, n), or Bᵀ (n, k) stored: [hi | lo | hi] along each
+    row of Bᵀ."""
     from tvm_ext.executors import OpenclExecutor
     from tvm_ext.program import TensorSpec, compile_calls_program
 
     m, n, k = 6, 64, 32
     a, b = _operands(np.random.default_rng(2), m, n, k)
-    funcs = {"split_a": split_a_func(m, k), "split_b": split_b_func(k, n)}
+    stored = b if b_layout == "KN" else b.T.copy()
+    funcs = {"split_a": split_a_func(m, k), "split_b": split_b_func(k, n, b_layout)}
     calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts"))]
     program = compile_calls_program(funcs, calls, opencl, ("A", "B", "a_parts", "b_parts"), {})
-    specs = {"A": TensorSpec((m, k), "float32"), "B": TensorSpec((k, n), "float32"),
+    specs = {"A": TensorSpec((m, k), "float32"), "B": TensorSpec(stored.shape, "float32"),
              "a_parts": TensorSpec((m, 3 * k), "float32"), "b_parts": TensorSpec((n, 3 * k), "float32")}
     run = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id)
     run.write("A", a)
-    run.write("B", b)
+    run.write("B", stored)
     for name in ("a_parts", "b_parts"):
         run.write(name, np.full(specs[name].shape, np.nan, np.float32))
     run.run()
@@ -113,6 +116,30 @@ def test_targets_without_wgmma_and_untileable_shapes_are_errors(tmp_path):
         "error: wgmma is a CUDA (Hopper, sm_90) instruction, not opencl's"]
 
 
+def test_one_function_splits_then_multiplies():
+    """``kernel_func``: the splits and the TF32 GEMM in one PrimFunc (what a Relax model's float32
+    matmul is replaced by), its part buffers its own, three kernels in its module in that order;
+    B stored (N, K) is split row by row as A is."""
+    import tvm
+
+    from tvm_ext.schedules.wgmma import sm_90a
+
+    target = offline_cuda()
+    for b_layout, b_stored in (("KN", (128, 256)), ("NK", (256, 128))):
+        t = Gemm3xTf32Template(256, 256, 128, b_layout=b_layout)
+        func = t.kernel_func(t.default_config(target))
+        assert [tuple(p.shape) for p in func.params] == [(256, 128), b_stored, (256, 256)]
+        source = tvm.compile(tvm.IRModule({"main": func}), target=tvm.target.Target(sm_90a(target).tvm_target())) \
+            .mod.imports[0].inspect_source()
+        kernels = [line for line in source.splitlines() if line.startswith('extern "C" __global__') and
+                   line.endswith("{")]  # definitions, not the declarations before them
+        assert len(kernels) == 3 and "tf32.tf32" in source
+        assert "A_in_ptr" in kernels[0] and "B_in_ptr" in kernels[1] and "C_ptr" in kernels[2]  # split, split, GEMM
+        assert ("threadIdx.y" in source.split(kernels[1])[1].split(kernels[2])[0]) == (b_layout == "KN")
+    assert Gemm3xTf32Template(64, 64, 64, b_layout="NK").params["b_layout"] == "NK"
+    assert "b_layout" not in Gemm3xTf32Template(64, 64, 64).params  # records of B (K, N) keep their key
+
+
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 def _gpu_error(t, cfg, a, b):
     import tvm
@@ -153,3 +180,27 @@ def test_cuda_promotion_keeps_the_sums_float32_accurate_at_depth_4096():
     promoted, _ = _gpu_error(t, cfg, a, b)
     plain, _ = _gpu_error(t, cfg.replace(tf_promote=0), a, b)
     assert promoted < 1e-6 < 3 * promoted < plain
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b_layout", ["KN", "NK"])
+def test_cuda_one_function_matches_float64(b_layout):
+    """The splits and the GEMM in one function (its own part buffers), both B layouts."""
+    import tvm
+
+    from tvm_ext.schedules.wgmma import sm_90a
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    t = Gemm3xTf32Template(384, 768, 512, b_layout=b_layout)
+    main = tvm.compile(tvm.IRModule({"main": t.kernel_func(t.default_config(target))}),
+                       target=tvm.target.Target(sm_90a(target).tvm_target()))["main"]  # the parts allocated inside
+    a, b = _operands(np.random.default_rng(5), t.m, t.n, t.k)
+    a[0, :4] = 0.5
+    b = b if b_layout == "KN" else b.T.copy()
+    dev = tvm.cuda(0)
+    c = tvm.runtime.tensor(np.full((t.m, t.n), np.nan, np.float32), dev)
+    main(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+    out = c.numpy().astype(np.float64)
+    ref = t.reference([a, b])[0]
+    assert np.isfinite(out).all() and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-6

@@ -120,6 +120,49 @@ def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database
     assert "erff(" in gelu[:gelu.index("\n}\n")]  # GELU in the store of its GEMM
 
 
+@pytest.fixture(scope="module")
+def base32(bert):
+    return bert.get_module(size="base", dtype="float32")
+
+
+def test_float32_matmuls_match_3xtf32_and_batched_ones_keep_the_gemm_template(base32):
+    """The float32 layer on Hopper: its four projection tasks take the 3xTF32 program (their bias,
+    GELU and residual composed into its store); attention's batched products, which it has no
+    batch axis for, and every float32 matmul off Hopper keep the GEMM template."""
+    from tvm_ext.target import offline_cuda
+
+    cuda = offline_cuda()
+    matches = match_tasks(extract_tasks(legalize_and_fuse(base32), cuda), cuda)
+    tf32 = [m for m in matches if m.matcher == "tf32"]
+    assert sorted((m.template.m, m.template.n, m.template.k) for m in tf32) == \
+        sorted(shape for shape, _ in PROJECTIONS.values())
+    assert all(m.substitutes and m.template.b_layout == "KN" for m in tf32)
+    assert sum("T.erf" in m.site.epilogue.expr.script() for m in tf32) == 1  # GELU in the FFN-up store
+    batched = [m for m in matches if m.matcher == "gemm"]
+    assert len(batched) == 2 and all(m.template.batch == 96 for m in batched)
+    ampere = offline_cuda("sm_80")
+    assert not any(m.matcher == "tf32" for m in match_tasks(extract_tasks(legalize_and_fuse(base32), ampere),
+                                                             ampere))
+
+
+def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection(base32, tmp_path):
+    import tvm
+
+    from tvm_ext.target import offline_cuda
+
+    cuda = offline_cuda()
+    matches = match_tasks(extract_tasks(legalize_and_fuse(base32), cuda), cuda)
+    names = [m.name for m in matches if m.matcher == "tf32"]
+    compiled = compile_relax(base32, cuda, _operators(matches, cuda, tmp_path / "db"), log=None)
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        ex = tvm.compile(compiled, target=tvm_target(cuda))
+    (module,) = [m.inspect_source() for m in ex.mod.imports[0].imports if "wgmma.mma_async" in m.inspect_source()]
+    for name in names:  # each function: the split of A, the split of B (transposing tiles), the TF32 GEMM
+        kernels = set(re.findall(rf"__global__ void[^\n;]*?({name}_kernel(?:_\d+)?)\(", module))
+        assert len(kernels) == 3, (name, kernels)
+    assert "tf32.tf32" in module  # the TF32 wgmma (one helper a width, shared by the functions)
+
+
 @pytest.mark.gpu
 def test_bert_base_float16_with_wgmma_kernels_matches_float64(bert, base, tmp_path):
     """On the GPU machine: the layer compiled with its projections on wgmma (default configs)
@@ -143,3 +186,28 @@ def test_bert_base_float16_with_wgmma_kernels_matches_float64(bert, base, tmp_pa
     wgmma = error(_operators(matches, cuda, tmp_path / "db"))
     assert wgmma < bert.tolerance(size="base", dtype="float16")
     assert wgmma < 2 * error(None) + 1e-4  # no worse than TVM's own schedules of the same layer
+
+
+@pytest.mark.gpu
+def test_bert_base_float32_with_3xtf32_programs_matches_float64(bert, base32, tmp_path):
+    """On the GPU machine: the float32 layer with its projections on 3xTF32 against float64
+    numpy, as accurate as the layer on TVM's own float32 schedules."""
+    from tvm_ext.pipeline import CompiledModel
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    matches = match_tasks(extract_tasks(legalize_and_fuse(base32), cuda), cuda)
+    assert sum(m.matcher == "tf32" for m in matches) == len(PROJECTIONS)
+    inputs = bert.get_inputs(size="base", dtype="float32")
+    ref = bert.reference(inputs, size="base", dtype="float32")
+
+    def error(database) -> float:
+        model = CompiledModel(compile_relax(base32, cuda, database, log=None), cuda)
+        sources = "".join(m.inspect_source() for m in model.executable.mod.imports[0].imports)
+        assert ("tf32.tf32" in sources) == (database is not None)
+        out = np.asarray(model(*inputs), dtype=np.float64)
+        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+    tf32 = error(_operators(matches, cuda, tmp_path / "db"))
+    assert tf32 < bert.tolerance(size="base", dtype="float32")
+    assert tf32 < 2 * error(None) + 1e-6

@@ -51,8 +51,8 @@ def _one(matches, matcher):
 
 
 def test_registry_has_one_matcher_per_template():
-    assert list(MATCHERS) == ["gemm", "wgmma", "tensor_core", "rows"]
-    assert [n for n, m in MATCHERS.items() if m.substitute is not None] == ["wgmma"]
+    assert list(MATCHERS) == ["tf32", "gemm", "wgmma", "tensor_core", "rows"]
+    assert [n for n, m in MATCHERS.items() if m.substitute is not None] == ["tf32", "wgmma"]
 
 
 @pytest.mark.parametrize("b_shape, b_transposed", [((3, 16, 12), False), ((3, 12, 16), True)])
@@ -141,9 +141,9 @@ def test_low_precision_matmul_goes_to_the_tensor_cores_on_cuda_only(opencl, dtyp
 
 
 def test_cuda_gemm_tasks_search_the_staging_knobs_from_the_measured_tile(opencl):
-    """A float32 matmul with a bias on CUDA: the GEMM template with its staging knobs, whose
-    ``known_good`` seed is the register-staged 64x128 tile, built on the task's own function
-    (its epilogue included); on OpenCL neither."""
+    """A float32 matmul with a bias on CUDA before Hopper: the GEMM template with its staging
+    knobs, whose ``known_good`` seed is the register-staged 64x128 tile, built on the task's own
+    function (its epilogue included); on OpenCL neither; on Hopper the 3xTF32 program takes it."""
     from tvm_ext.program import compile_schedule
     from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE
 
@@ -152,7 +152,8 @@ def test_cuda_gemm_tasks_search_the_staging_knobs_from_the_measured_tile(opencl)
 
     mod = _module(forward, {"a": ((256, 512), "float32"), "b": ((512, 384), "float32"),
                             "bias": ((384,), "float32")})
-    cuda = offline_cuda()
+    assert _one(_matches(mod, offline_cuda())[1], "tf32").substitutes
+    cuda = offline_cuda("sm_80")
     tasks, matches = _matches(mod, cuda)
     match = _one(matches, "gemm")
     (seed,) = match.template.known_good(cuda)

@@ -1,7 +1,8 @@
-"""Relax float16 matmuls on Hopper's warpgroup MMA: a task's PrimFunc (a matmul and the
-elementwise blocks ``FuseOps`` put after it: the cast back to float16, a bias, GELU, a residual
-add) replaced by the wgmma template's kernel (``schedules/wgmma.py``) with those blocks composed
-into its store.
+"""Relax matmuls on Hopper's warpgroup MMA: a task's PrimFunc (a matmul and the elementwise
+blocks ``FuseOps`` put after it: the cast back to float16, a bias, GELU, a residual add, the
+scaling of attention's scores) replaced by a written kernel with those blocks composed into its
+store: the wgmma template's (``schedules/wgmma.py``) for float16, the 3xTF32 program's
+(``schedules/gemm_3xtf32.py``: its two splits and the TF32 GEMM in one function) for float32.
 
 A meta_schedule database holds schedule traces, and the wgmma kernel is a TVMScript function
 built from its config, not a schedule of the task's function, so no trace can replay it.  Its
@@ -17,10 +18,10 @@ expression of the matmul's element and the function's other parameters at block 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import TvmExtError
-from .space import Config
+from .space import Config, Space
 from .target import TargetInfo
 
 
@@ -145,22 +146,30 @@ def compose_epilogue(func: Any, block: str, epilogue: tuple[str, ...]) -> WgmmaE
     return WgmmaEpilogue(_rebuild(store.value, places, load, widen=True), acc, row, col, lead)
 
 
-def substitute_kernel(func: Any, template: Any, site: WgmmaSite, config: Config, target: TargetInfo) -> Any:
-    """The wgmma kernel of ``config`` for task function ``func``: its parameters (A, B, the
-    output in the kernel's own buffers, the epilogue's in the function's) in the function's
-    order, built for sm_90a (the function's ``target``), marked scheduled."""
+class KernelTemplate(Protocol):
+    """A template whose kernel is a written PrimFunc ``main(A, B, C)`` built from a config (the
+    wgmma GEMM; the 3xTF32 program, its splits inside), with an epilogue in its store."""
+
+    def space(self, target: TargetInfo) -> Space: ...
+
+    def kernel_func(self, config: Config, c_dtype: str, epilogue: Any) -> Any: ...
+
+
+def substitute_kernel(func: Any, template: KernelTemplate, site: WgmmaSite, config: Config,
+                      target: TargetInfo) -> Any:
+    """The kernel of ``config`` for task function ``func``: its parameters (A, B, the output in
+    the kernel's own buffers, the epilogue's in the function's) in the function's order, built
+    for sm_90a (the function's ``target``), marked scheduled."""
     import tvm
     from tvm import s_tir, tirx
 
-    from .schedules.wgmma import WgmmaTile, sm_90a, wgmma_gemm
+    from .schedules.wgmma import sm_90a
 
     reason = template.space(target).infeasible_reason(config)
     if reason:
         raise TvmExtError(reason)
     out = func.params[site.out]
-    kernel = wgmma_gemm(WgmmaTile.of(config), template.m, template.n, template.k, c_dtype=str(out.dtype),
-                        b_layout=template.b_layout, epilogue=site.epilogue.at, batch=template.batch,
-                        b_batched=not template.b_shared)
+    kernel = template.kernel_func(config, str(out.dtype), site.epilogue.at)
     own = {site.a: kernel.params[0], site.b: kernel.params[1], site.out: kernel.params[2]}
     params = [own.get(i, p) for i, p in enumerate(func.params)]
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "target": tvm.target.Target(sm_90a(target).tvm_target())}

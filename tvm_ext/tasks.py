@@ -15,6 +15,9 @@ carries the reason.
   batch of leading axes; B transposed ``B[..., j, k]`` or shared by the batch) plus
   elementwise blocks after it (bias, GELU, residual add), which the GEMM kernel's
   write-back absorbs -> ``GemmTemplate``.
+- ``tf32``: a float32 matmul (no batch) on Hopper -> the 3xTF32 template (``gemm_3xtf32``), its
+  splits and TF32 wgmma GEMM as one function in the function's place (as ``wgmma``'s); a
+  float32 matmul elsewhere, or one no TF32 tile divides, goes on to ``gemm``.
 - ``wgmma``: a float16 matmul (float32 accumulate, float16 out, batched or not) on Hopper -> the
   wgmma template, whose kernel replaces the function (``Matcher.substitute``,
   ``relax_wgmma``) rather than scheduling it.
@@ -314,6 +317,35 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
     return template, WgmmaSite(*found.params, len(func.params) - 1, epilogue)
 
 
+def match_tf32(func: Any, target: TargetInfo) -> Any:
+    """A float32 matmul (float32 out, no batch) on Hopper -> the 3xTF32 template: its splits and
+    TF32 GEMM in one function in the function's place, the epilogue composed into the GEMM's store
+    (``relax_wgmma``; B read as stored, [k, n] or [n, k]), float32-accurate at 1.5-1.7x cuBLAS's
+    float32 GEMM.  A batch, another target, or a shape no TF32 tile divides go to ``gemm``."""
+    from .errors import TvmExtError
+    from .schedules.gemm_3xtf32 import Gemm3xTf32Template
+    from .schedules.wgmma import target_reason
+
+    found = find_matmul(func)
+    if isinstance(found, NoMatch):
+        return NoMatch(f"not a 3xTF32 matmul: {found.reason}")
+    if {found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype} != {"float32"}:
+        return NoMatch(f"not a 3xTF32 matmul: {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
+                       f"into {found.c_dtype} (3xTF32 is float32 throughout)")
+    what = "float32 matmul on 3xTF32"
+    reason = target_reason(target)
+    if reason:
+        return NoMatch(f"{what}: {reason}")
+    if found.batch:
+        return NoMatch(f"{what}: a batch of {found.batch} matmuls (the 3xTF32 program has no batch axis)")
+    try:
+        template = Gemm3xTf32Template(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN")
+        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue)
+    except TvmExtError as exc:
+        return NoMatch(f"{what}: {exc}")
+    return template, WgmmaSite(*found.params, len(func.params) - 1, epilogue)
+
+
 # ---- row operators ------------------------------------------------------------------------------
 def _combiner(block: Any) -> str:
     """"max", "min" or "sum": how a reduction block combines (its update's top operation)."""
@@ -395,6 +427,9 @@ def _uses(rng: Any, var: Any) -> bool:
 
 # ---- the registry --------------------------------------------------------------------------------
 MATCHERS: dict[str, Matcher] = {
+    "tf32": Matcher("tf32", match_tf32, "float32 matmul on Hopper -> the 3xTF32 program (two splits and a TF32 "
+                                        "wgmma GEMM, float32-accurate) in the function's place",
+                    substitute=substitute_kernel),
     "gemm": Matcher("gemm", match_gemm, "float32 matmul (batched, B transposed or shared) with an elementwise "
                                         "epilogue -> GemmTemplate"),
     "wgmma": Matcher("wgmma", match_wgmma, "float16 matmul (float32 accumulate, float16 out) on Hopper "
