@@ -19,7 +19,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import l2_rotation, ours_on, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time_vendor,  # noqa: E402
+                    vendor_methods)
 
 from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
@@ -96,10 +97,8 @@ def main() -> int:
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--records", help="a tuning run's records (tune gemm-wgmma --batch 8,12 --b-layout kn)")
     args = p.parse_args()
-    names = args.shapes.split(",")
-    unknown = [s for s in names if s not in SHAPES]
-    if unknown:
-        print(f"error: unknown shape {unknown[0]!r}; allowed: {', '.join(SHAPES)}", file=sys.stderr)
+    names = shape_names(args.shapes, list(SHAPES))
+    if names is None:
         return 2
     target = resolve_target("cuda")
     rows = []

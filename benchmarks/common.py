@@ -11,6 +11,7 @@ benchmark reports its ratios against the vendor's best of the three (``VendorTim
 from __future__ import annotations
 
 import datetime
+import sys
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -19,7 +20,8 @@ from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Tim
 
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
            "vendor_header", "vendor_cells", "vendor_methods", "seconds_by_method", "methods_text", "table",
-           "device_name", "rel_error_vs", "tvm_launch", "torch_stream", "poisoned_error", "ours_on", "TimingSettings",
+           "device_name", "rel_error_vs", "tvm_launch", "torch_stream", "poisoned_error", "ours_on", "shape_names",
+           "TimingSettings",
            "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
@@ -212,6 +214,17 @@ def device_name() -> str:
         return torch.cuda.get_device_name(0)
     except Exception:
         return "unknown device"
+
+
+def shape_names(text: str, shapes: Sequence[str]) -> list[str] | None:
+    """The comma-separated shape names of ``text``, each one of ``shapes``; None after printing
+    one error line naming the allowed ones."""
+    names = text.split(",")
+    unknown = [s for s in names if s not in shapes]
+    if unknown:
+        print(f"error: unknown shape {unknown[0]!r}; allowed: {', '.join(shapes)}", file=sys.stderr)
+        return None
+    return names
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

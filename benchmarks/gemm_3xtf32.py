@@ -17,7 +17,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import l2_rotation, ours_on, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time_vendor,  # noqa: E402
+                    vendor_methods)
 
 from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
 from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
@@ -73,10 +74,8 @@ def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="4096,8192,2048", help=f"comma-separated, of {', '.join(SHAPES)}")
-    names = p.parse_args().shapes.split(",")
-    unknown = [s for s in names if s not in SHAPES]
-    if unknown:
-        print(f"error: unknown shape {unknown[0]!r}; allowed: {', '.join(SHAPES)}", file=sys.stderr)
+    names = shape_names(p.parse_args().shapes, list(SHAPES))
+    if names is None:
         return 2
     target = resolve_target("cuda")
     rows = []

@@ -526,16 +526,21 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         else:
             direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
 
+    @T.macro
+    def run(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+        """The kernel: a tile a block, or several (``gemm_tiles``)."""
+        if cfg.tiles > 1:
+            gemm_tiles(A, Bt, bias, C)
+        else:
+            gemm(A, Bt, bias, C)
+
     if has_bias:
         @T.prim_func
         def main_bias(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
                       bias: T.Buffer((n,), bias_dtype),
                       C: T.Buffer(c_shape, c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            if cfg.tiles > 1:
-                gemm_tiles(A, Bt, bias, C)
-            else:
-                gemm(A, Bt, bias, C)
+            run(A, Bt, bias, C)
 
         return main_bias
 
@@ -549,10 +554,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             A = T.alloc_buffer(a_shape, in_dtype, scope="global")
             Bt = T.alloc_buffer(bt_shape, in_dtype, scope="global")
             fill(A_in, B_in, A, Bt)
-            if cfg.tiles > 1:
-                gemm_tiles(A, Bt, None, C)
-            else:
-                gemm(A, Bt, None, C)
+            run(A, Bt, None, C)
 
         if epilogue is None:
             s_tir.analysis.verify_well_formed(main_prepared)
@@ -563,10 +565,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     @T.prim_func(check_well_formed=False)
     def main(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype), C: T.Buffer(c_shape, c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        if cfg.tiles > 1:
-            gemm_tiles(A, Bt, None, C)
-        else:
-            gemm(A, Bt, None, C)
+        run(A, Bt, None, C)
 
     if epilogue is None:
         s_tir.analysis.verify_well_formed(main)

@@ -163,51 +163,47 @@ def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection
     assert "tf32.tf32" in module  # the TF32 wgmma (one helper a width, shared by the functions)
 
 
+def _layer_errors(bert, mod, dtype, marker, matches, cuda, tmp_path) -> tuple[float, float]:
+    """The layer's error against float64 numpy compiled with the substituted kernels (their
+    ``marker`` in its CUDA) and without them (TVM's own schedules)."""
+    from tvm_ext.pipeline import CompiledModel
+
+    inputs = bert.get_inputs(size="base", dtype=dtype)
+    ref = bert.reference(inputs, size="base", dtype=dtype)
+
+    def error(database) -> float:
+        model = CompiledModel(compile_relax(mod, cuda, database, log=None), cuda)
+        sources = "".join(m.inspect_source() for m in model.executable.mod.imports[0].imports)
+        assert (marker in sources) == (database is not None)
+        out = np.asarray(model(*inputs), dtype=np.float64)
+        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+    return error(_operators(matches, cuda, tmp_path / "db")), error(None)
+
+
 @pytest.mark.gpu
 def test_bert_base_float16_with_wgmma_kernels_matches_float64(bert, base, tmp_path):
     """On the GPU machine: the layer compiled with its projections on wgmma (default configs)
     against float64 numpy, and against the same layer without them."""
-    from tvm_ext.pipeline import CompiledModel
     from tvm_ext.target import resolve_target
 
     cuda = resolve_target("cuda")
     matches = match_tasks(extract_tasks(legalize_and_fuse(base), cuda), cuda)
     assert sum(m.substitutes for m in matches) == len(PROJECTIONS) + len(ATTENTION)
-    inputs = bert.get_inputs(size="base", dtype="float16")
-    ref = bert.reference(inputs, size="base", dtype="float16")
-
-    def error(database) -> float:
-        model = CompiledModel(compile_relax(base, cuda, database, log=None), cuda)
-        sources = "".join(m.inspect_source() for m in model.executable.mod.imports[0].imports)
-        assert ("wgmma.mma_async" in sources) == (database is not None)
-        out = np.asarray(model(*inputs), dtype=np.float64)
-        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-
-    wgmma = error(_operators(matches, cuda, tmp_path / "db"))
-    assert wgmma < bert.tolerance(size="base", dtype="float16")
-    assert wgmma < 2 * error(None) + 1e-4  # no worse than TVM's own schedules of the same layer
+    ours, tvm_own = _layer_errors(bert, base, "float16", "wgmma.mma_async", matches, cuda, tmp_path)
+    assert ours < bert.tolerance(size="base", dtype="float16")
+    assert ours < 2 * tvm_own + 1e-4  # no worse than TVM's own schedules of the same layer
 
 
 @pytest.mark.gpu
 def test_bert_base_float32_with_3xtf32_programs_matches_float64(bert, base32, tmp_path):
     """On the GPU machine: the float32 layer with its projections on 3xTF32 against float64
     numpy, as accurate as the layer on TVM's own float32 schedules."""
-    from tvm_ext.pipeline import CompiledModel
     from tvm_ext.target import resolve_target
 
     cuda = resolve_target("cuda")
     matches = match_tasks(extract_tasks(legalize_and_fuse(base32), cuda), cuda)
     assert sum(m.matcher == "tf32" for m in matches) == len(PROJECTIONS)
-    inputs = bert.get_inputs(size="base", dtype="float32")
-    ref = bert.reference(inputs, size="base", dtype="float32")
-
-    def error(database) -> float:
-        model = CompiledModel(compile_relax(base32, cuda, database, log=None), cuda)
-        sources = "".join(m.inspect_source() for m in model.executable.mod.imports[0].imports)
-        assert ("tf32.tf32" in sources) == (database is not None)
-        out = np.asarray(model(*inputs), dtype=np.float64)
-        return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-
-    tf32 = error(_operators(matches, cuda, tmp_path / "db"))
-    assert tf32 < bert.tolerance(size="base", dtype="float32")
-    assert tf32 < 2 * error(None) + 1e-6
+    ours, tvm_own = _layer_errors(bert, base32, "float32", "tf32.tf32", matches, cuda, tmp_path)
+    assert ours < bert.tolerance(size="base", dtype="float32")
+    assert ours < 2 * tvm_own + 1e-6

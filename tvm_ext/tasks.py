@@ -288,6 +288,35 @@ def match_tensor_core(func: Any, target: TargetInfo) -> Any:
     return template, found.site
 
 
+def _hopper_matmul(func: Any, target: TargetInfo, kind: str, dtypes: tuple[str, str, str, str],
+                   takes: str) -> Any:
+    """The matmul of ``func`` (``MatmulPattern``) if its A, B, accumulator and output dtypes are
+    ``dtypes`` and ``target`` is Hopper; else why not (``takes``: what the kind takes)."""
+    from .schedules.wgmma import target_reason
+
+    found = find_matmul(func)
+    if isinstance(found, NoMatch):
+        return NoMatch(f"not a {kind} matmul: {found.reason}")
+    if (found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype) != dtypes:
+        return NoMatch(f"not a {kind} matmul: {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
+                       f"into {found.c_dtype} ({takes})")
+    reason = target_reason(target)
+    return NoMatch(f"{dtypes[0]} matmul on {kind}: {reason}") if reason else found
+
+
+def _substitution(func: Any, found: MatmulPattern, make: Callable[[MatmulPattern], Any], what: str,
+                  near: bool) -> Any:
+    """(the template ``make`` gives, its ``WgmmaSite`` with the composed epilogue), or why not."""
+    from .errors import TvmExtError
+
+    try:
+        template = make(found)
+        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue)
+    except TvmExtError as exc:
+        return NoMatch(f"{what}: {exc}", near)
+    return template, WgmmaSite(*found.params, len(func.params) - 1, epilogue)
+
+
 def match_wgmma(func: Any, target: TargetInfo) -> Any:
     """A float16 matmul accumulating in float32 with a float16 output, on Hopper -> the wgmma
     template, its kernel in the function's place with the epilogue composed into its store
@@ -295,26 +324,15 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
     attention's (batch, heads), B with them or shared).  A shape some wgmma tile divides; else the
     mma.sync template takes it (``match_task`` builds the kernel with the default config as its
     check)."""
-    from .errors import TvmExtError
-    from .schedules.wgmma import WgmmaGemmTemplate, target_reason
+    from .schedules.wgmma import WgmmaGemmTemplate
 
-    found = find_matmul(func)
+    found = _hopper_matmul(func, target, "wgmma", ("float16", "float16", "float32", "float16"),
+                           "wgmma takes float16 accumulating in float32 into float16")
     if isinstance(found, NoMatch):
-        return NoMatch(f"not a wgmma matmul: {found.reason}")
-    if (found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype) != ("float16",) * 2 + ("float32", "float16"):
-        return NoMatch(f"not a wgmma matmul: {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
-                       f"into {found.c_dtype} (wgmma takes float16 accumulating in float32 into float16)")
-    what = "float16 matmul on wgmma"
-    reason = target_reason(target)
-    if reason:
-        return NoMatch(f"{what}: {reason}")
-    try:
-        template = WgmmaGemmTemplate(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN",
-                                     batch=found.lead, b_shared=found.b_shared)
-        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue)
-    except TvmExtError as exc:
-        return NoMatch(f"{what}: {exc}", True)
-    return template, WgmmaSite(*found.params, len(func.params) - 1, epilogue)
+        return found
+    return _substitution(func, found, lambda f: WgmmaGemmTemplate(
+        f.m, f.n, f.k, b_layout="NK" if f.b_transposed else "KN", batch=f.lead, b_shared=f.b_shared),
+        "float16 matmul on wgmma", near=True)
 
 
 def match_tf32(func: Any, target: TargetInfo) -> Any:
@@ -322,28 +340,16 @@ def match_tf32(func: Any, target: TargetInfo) -> Any:
     TF32 GEMM in one function in the function's place, the epilogue composed into the GEMM's store
     (``relax_wgmma``; B read as stored, [k, n] or [n, k]), float32-accurate at 1.5-1.7x cuBLAS's
     float32 GEMM.  A batch, another target, or a shape no TF32 tile divides go to ``gemm``."""
-    from .errors import TvmExtError
     from .schedules.gemm_3xtf32 import Gemm3xTf32Template
-    from .schedules.wgmma import target_reason
 
-    found = find_matmul(func)
+    found = _hopper_matmul(func, target, "3xTF32", ("float32",) * 4, "3xTF32 is float32 throughout")
     if isinstance(found, NoMatch):
-        return NoMatch(f"not a 3xTF32 matmul: {found.reason}")
-    if {found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype} != {"float32"}:
-        return NoMatch(f"not a 3xTF32 matmul: {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
-                       f"into {found.c_dtype} (3xTF32 is float32 throughout)")
+        return found
     what = "float32 matmul on 3xTF32"
-    reason = target_reason(target)
-    if reason:
-        return NoMatch(f"{what}: {reason}")
     if found.batch:
         return NoMatch(f"{what}: a batch of {found.batch} matmuls (the 3xTF32 program has no batch axis)")
-    try:
-        template = Gemm3xTf32Template(found.m, found.n, found.k, b_layout="NK" if found.b_transposed else "KN")
-        epilogue = compose_epilogue(func, found.site.block, found.site.epilogue)
-    except TvmExtError as exc:
-        return NoMatch(f"{what}: {exc}")
-    return template, WgmmaSite(*found.params, len(func.params) - 1, epilogue)
+    return _substitution(func, found, lambda f: Gemm3xTf32Template(f.m, f.n, f.k, b_layout="NK" if f.b_transposed
+                                                                   else "KN"), what, near=False)
 
 
 # ---- row operators ------------------------------------------------------------------------------
