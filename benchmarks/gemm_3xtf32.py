@@ -25,10 +25,14 @@ from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
-          "gru_in": (8192, 3072, 1024)}
+          "gru_in": (8192, 3072, 1024), "bert_ffn_up": (1024, 3072, 768), "bert_ffn_down": (1024, 768, 3072),
+          "bert_proj": (1024, 768, 768)}  # BERT-base at batch 8, sequence 128
 # other tiles tried beside the default (bm, bn, stages, inflight, raster, tiles a block, promote)
 VARIANTS = ((128, 256, 4, 1, 8, 4, 0), (128, 128, 6, 1, 8, 8, 0), (128, 128, 6, 1, 8, 8, 1), (128, 128, 6, 1, 8, 8, 2),
-            (128, 128, 6, 1, 8, 8, 8), (128, 128, 4, 1, 8, 8, 4), (128, 128, 6, 0, 8, 8, 4), (128, 128, 6, 1, 8, 4, 4))
+            (128, 128, 6, 1, 8, 8, 8), (128, 128, 4, 1, 8, 8, 4), (128, 128, 6, 0, 8, 8, 4), (128, 128, 6, 1, 8, 4, 4),
+            # narrow outputs (BERT's 768 columns): fewer, wider tiles against the most tiles
+            (64, 192, 4, 0, 4, 1, 2), (64, 192, 4, 1, 4, 1, 4), (64, 128, 6, 1, 4, 1, 4), (128, 64, 6, 1, 4, 1, 4),
+            (128, 128, 6, 1, 4, 1, 4), (128, 192, 4, 1, 4, 1, 4), (64, 64, 8, 1, 8, 1, 4))
 
 
 def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:

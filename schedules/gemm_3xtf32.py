@@ -44,8 +44,11 @@ KNOBS = WGMMA_KNOBS + (
          "with round-to-nearest adds (0: never; the error then grows with K, about 1e-5 at K = 4096)"),
 )
 # default tiles (bm, bn, stages, inflight), largest first: two sets of accumulators must fit a
-# thread's registers, so bn <= 192 when promoting
-TF32_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (128, 64, 6, 1), (64, 64, 8, 1))
+# thread's registers, so bn <= 192 when promoting.  64 columns only where no wider tile divides:
+# an m64n64k8 TF32 wgmma is too small to keep the tensor cores fed (H100, BERT's 1024x768 outputs:
+# 96 tiles of 64x128 0.121 ms at K = 3072 and 0.033 at 768, 192 of 64x64 0.166 and 0.044)
+TF32_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (64, 128, 6, 1))
+NARROW_TF32_TILES = ((128, 64, 6, 1), (64, 64, 8, 1))
 DEFAULT_PROMOTE = 4
 
 
@@ -216,15 +219,17 @@ class Gemm3xTf32Template(Template):
 
     def default_config(self, target: TargetInfo) -> Config:
         """``pick_wgmma_tile`` among ``TF32_TILES`` (the first giving 90 % of the SMs a C tile, else
-        the one giving most, spread over one block an SM), promoting every
-        ``DEFAULT_PROMOTE`` k steps; an error saying why where the target has no wgmma or no
-        tile divides the shape."""
+        the one giving most, spread over one block an SM), else among ``NARROW_TF32_TILES``,
+        promoting every ``DEFAULT_PROMOTE`` k steps; an error saying why where the target has no
+        wgmma or no tile divides the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
-                 for bm, bn, stages, inflight in TF32_TILES]
-        tile = pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles)
+        tile = None
+        for candidates in (TF32_TILES, NARROW_TF32_TILES):
+            tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
+                     for bm, bn, stages, inflight in candidates]
+            tile = tile or pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles)
         if tile is not None:
             promote = next(p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk % p == 0)
             return self.space(target).make(**tile.knobs(), tf_promote=promote)

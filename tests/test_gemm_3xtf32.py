@@ -92,6 +92,23 @@ def test_the_program_splits_then_multiplies_tf32_at_depth_3k():
     assert "(total_ptr + " in program.source and "total" not in plain
 
 
+def test_the_default_tile_is_64_columns_wide_only_where_nothing_wider_divides():
+    """An m64n64k8 TF32 wgmma underfeeds the tensor cores: BERT's 1024x768 outputs get 96 tiles of
+    64x128 rather than 192 of 64x64 (H100: 0.121 against 0.166 ms at K = 3072); the wide shapes
+    keep their tiles; 64 columns where N allows no more."""
+    from tvm_ext.schedules.wgmma import WgmmaTile
+
+    target = offline_cuda()
+
+    def tile(*shape):
+        t = WgmmaTile.of(Gemm3xTf32Template(*shape).default_config(target), "tf32")
+        return t.bm, t.bn, t.tiles
+
+    assert tile(1024, 768, 3072) == tile(1024, 768, 768) == (64, 128, 1)
+    assert tile(1024, 3072, 768) == (128, 192, 1) and tile(4096, 4096, 4096) == (128, 128, 8)
+    assert tile(128, 64, 64) == (64, 64, 1)
+
+
 @pytest.mark.parametrize("shape, knobs, reason", [
     ((256, 256, 128), dict(wg_smem_epilogue=1), "C stored directly"),
     ((256, 256, 128), dict(wg_bm=128, wg_bn=256, wg_stages=4, tf_promote=4), "bn <= 192"),
