@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 
@@ -22,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time_vendor,  # noqa: E402
                     vendor_methods)
 
+from tvm_ext.records import RecordStore  # noqa: E402
 from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 from tvm_ext.template import Workload  # noqa: E402
@@ -30,19 +30,6 @@ BATCH = (8, 12)  # BERT-base: batch 8, 12 heads
 SHAPES = {"scores128": (128, 128, 64), "context128": (128, 64, 128), "scores512": (512, 512, 64),
           "context512": (512, 64, 512)}  # (M, N, K) of each (batch, head)
 GRID = dict(bm=(64, 128), bn=(64, 128), stages=(3,), inflight=(1,), tiles=(1, 2))  # and both epilogues
-
-
-def best_record(path: str, key: str) -> dict | None:
-    """The fastest correct record of workload ``key`` in a records file (None: none)."""
-    best = None
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            if rec.get("workload_key") == key and not rec.get("error_kind") and rec.get("costs"):
-                cost = min(rec["costs"])
-                if best is None or cost < best[0]:
-                    best = (cost, rec["config"])
-    return None if best is None else best[1]
 
 
 def shape_rows(name: str, m: int, n: int, k: int, target: object, records: str | None) -> list[list[str]]:
@@ -69,9 +56,9 @@ def shape_rows(name: str, m: int, n: int, k: int, target: object, records: str |
     default = template.default_config(target)
     configs = {f"default {WgmmaTile.of(default).name}": default}
     if records:
-        tuned = best_record(records, Workload.of(template, target).key)
+        tuned = RecordStore(records).best(Workload.of(template, target).key)
         if tuned is not None:
-            cfg = space.make(**tuned)
+            cfg = space.make(**tuned.config)
             configs[f"tuned {WgmmaTile.of(cfg).name}"] = cfg
     for bm, bn, stages, inflight, tiles in itertools.product(*GRID.values()):
         for smem in (0, 1):

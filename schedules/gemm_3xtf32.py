@@ -122,6 +122,12 @@ def split_columns_macro(k: int, n: int) -> Any:
     return split
 
 
+def split_b_macro(k: int, n: int, b_layout: str) -> Any:
+    """TIR macro ``split(B, parts)`` for B stored as ``b_layout`` says: (K, N) through transposed
+    tiles (``split_columns_macro``), (N, K) row by row as A is (``split_rows_macro``)."""
+    return split_columns_macro(k, n) if b_layout == "KN" else split_rows_macro(n, k, B_ORDER)
+
+
 def split_a_func(m: int, k: int) -> Any:
     """TIR: A (m, k) float32 -> parts (m, 3k) ``[A_lo | A_hi | A_hi]`` (``split_rows_macro``)."""
     from tvm.script import tirx as T
@@ -141,7 +147,7 @@ def split_b_func(k: int, n: int, b_layout: str = "KN") -> Any:
     ``[B_hi | B_lo | B_hi]`` along each row of Bᵀ."""
     from tvm.script import tirx as T
 
-    split = split_columns_macro(k, n) if b_layout == "KN" else split_rows_macro(n, k, B_ORDER)
+    split = split_b_macro(k, n, b_layout)
     b_in_shape = b_shape(n, k, b_layout)
 
     @T.prim_func
@@ -225,11 +231,12 @@ class Gemm3xTf32Template(Template):
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        tile = None
-        for candidates in (TF32_TILES, NARROW_TF32_TILES):
+        def pick(candidates: tuple[tuple[int, int, int, int], ...]) -> WgmmaTile | None:
             tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
                      for bm, bn, stages, inflight in candidates]
-            tile = tile or pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles)
+            return pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles)
+
+        tile = pick(TF32_TILES) or pick(NARROW_TF32_TILES)
         if tile is not None:
             promote = next(p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk % p == 0)
             return self.space(target).make(**tile.knobs(), tf_promote=promote)
@@ -244,10 +251,8 @@ class Gemm3xTf32Template(Template):
         reason = self.space(target).infeasible_reason(config)
         if reason:
             raise TvmExtError(reason)
-        gemm = wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype="float32",
-                          promote=config.tf_promote)
         funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n, self.b_layout),
-                 "gemm": gemm}
+                 "gemm": self.tf32_gemm(config)}
         calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")), ("gemm", ("a_parts", "b_parts", "C"))]
         return compile_calls_program(funcs, calls, sm_90a(target), ("A", "B", "C", "a_parts", "b_parts"),
                                      {"lowered": "gemm_3xtf32", "config": dict(config.items)})
@@ -259,8 +264,7 @@ class Gemm3xTf32Template(Template):
         from tvm.script import tirx as T
 
         split_a = split_rows_macro(self.m, self.k, A_ORDER)
-        split_b = split_columns_macro(self.k, self.n) if self.b_layout == "KN" else \
-            split_rows_macro(self.n, self.k, B_ORDER)
+        split_b = split_b_macro(self.k, self.n, self.b_layout)
 
         @T.macro
         def fill(A_in: Any, B_in: Any, a_parts: Any, b_parts: Any) -> None:
@@ -268,8 +272,12 @@ class Gemm3xTf32Template(Template):
             split_b(B_in, b_parts)
 
         inputs = Prepare((self.m, self.k), b_shape(self.n, self.k, self.b_layout), "float32", fill)
+        return self.tf32_gemm(config, c_dtype, epilogue=epilogue, prepare=inputs)
+
+    def tf32_gemm(self, config: Config, c_dtype: str = "float32", **options: Any) -> Any:
+        """The TF32 wgmma GEMM of ``config`` at depth 3K (``wgmma_gemm``'s other ``options``)."""
         return wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype=c_dtype,
-                          promote=config.tf_promote, epilogue=epilogue, prepare=inputs)
+                          promote=config.tf_promote, **options)
 
     def inputs(self) -> list[TensorSpec]:
         return [TensorSpec((self.m, self.k), "float32"), TensorSpec(b_shape(self.n, self.k, self.b_layout), "float32")]

@@ -10,6 +10,7 @@ host plan (the GRU) or a search over another operator (mixed precision) override
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -88,6 +89,14 @@ def schedule_modules(module_name: str) -> list[str]:
         seen.add(name)
         todo.extend(sorted(_imported_schedule_modules(name) - seen))
     return sorted(seen)
+
+
+@functools.lru_cache(maxsize=None)
+def modules_hash(module_name: str) -> str:
+    """Hash of the sources of ``schedule_modules(module_name)``: once a process (an imported
+    module's source does not change), not once a template instance (each parses its modules)."""
+    source = "".join(inspect.getsource(importlib.import_module(name)) for name in schedule_modules(module_name))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 class Template(ABC):
@@ -220,10 +229,7 @@ class Template(ABC):
         a package, ``tvm_ext.schedules.gru``) and of every ``tvm_ext.schedules`` module those
         import, however deep: an edit of a kernel the template builds on (the wgmma kernel
         under the 3xTF32 template) invalidates old records as an edit of the template does."""
-        module = inspect.getmodule(type(self))
-        names = schedule_modules(module.__name__)
-        source = "".join(inspect.getsource(importlib.import_module(name)) for name in names)
-        return hashlib.sha256(source.encode()).hexdigest()[:16]
+        return modules_hash(inspect.getmodule(type(self)).__name__)
 
     def describe(self) -> str:
         shown = {k: v for k, v in self.params.items() if not (k.endswith("_dtype") and v == "float32")}
