@@ -22,7 +22,8 @@ from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time
                     vendor_methods)
 
 from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile  # noqa: E402
+from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 from tvm_ext.template import Workload  # noqa: E402
 

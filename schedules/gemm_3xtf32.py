@@ -32,8 +32,9 @@ from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
-from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, pick_wgmma_tile, promote_reason,
-                    shared_limit, sm_90a, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, promote_reason, shared_limit,
+                    sm_90a, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma_template import pick_wgmma_tile
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
 TF32_DROPPED_BITS = 13  # float32's mantissa bits a TF32 number has not
@@ -234,11 +235,12 @@ class Gemm3xTf32Template(Template):
         def pick(candidates: tuple[tuple[int, int, int, int], ...]) -> WgmmaTile | None:
             tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
                      for bm, bn, stages, inflight in candidates]
-            return pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles)
+            return pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles,
+                                   split_k=True)
 
         tile = pick(TF32_TILES) or pick(NARROW_TF32_TILES)
         if tile is not None:
-            promote = next(p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk % p == 0)
+            promote = next(p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk // tile.split % p == 0)
             return self.space(target).make(**tile.knobs(), tf_promote=promote)
         raise TvmExtError(f"no TF32 wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                           f"and K of 32 (no guards)")

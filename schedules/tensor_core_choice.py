@@ -20,6 +20,7 @@ from tvm_ext.schedules.wmma import AUTO_TILES as WMMA_TILES
 from tvm_ext.schedules.wmma import TC_KNOBS, pick_wmma_tile, schedule_wmma, tensor_core_reason
 from tvm_ext.schedules.wmma import pass_config as wmma_pass_config
 from tvm_ext.schedules import wgmma
+from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
 from tvm_ext.program import CompiledProgram
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
@@ -106,7 +107,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         """``pick_wgmma_tile``'s tile for this GEMM, None where wgmma cannot run it."""
         if self.wgmma_types_reason():
             return None
-        tile = wgmma.pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN")
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN")
         return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
 
     def wgmma_types_reason(self) -> str | None:

@@ -25,7 +25,10 @@ tile rows at a time.  ``wg_tiles`` > 1: a block computes several C tiles in turn
 this one's last k steps and its store (the store follows the k loop and a full wgmma wait;
 touching the accumulators inside the loop makes ptxas serialise the wgmma); its shared-memory
 epilogue stages each warpgroup's C in the 1 + ``wg_inflight`` stages the next tile's loads leave
-free.  Shapes the tile does not divide are refused (no guards).
+free.  ``wg_split_k`` S > 1: K in S slices, each a unit of work (unit u: slice u // tiles of
+tile u % tiles), its float32 sums stored straight to a buffer of the function's own (S x C),
+and a second kernel adds the slices and applies the epilogue: more blocks where C has too few
+tiles for the SMs.  Shapes the tile does not divide are refused (no guards).
 
 Measured (H100, 2026-11-23, ``benchmarks/wgmma_probe.py``): 128x256, 4 stages, one group in
 flight, shared-memory epilogue: 578 TFLOP/s at 4096^3 = 0.86 of cuBLAS float16, output
@@ -41,11 +44,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError, check_sizes
+from tvm_ext.errors import TvmExtError
 from tvm_ext.program import CompiledProgram, compile_module_program
-from tvm_ext.space import Config, Knob, Space
+from tvm_ext.space import Config, Knob
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template, TensorSpec
 
 from .mma import compute_capability, max_dynamic_smem
 
@@ -62,6 +64,8 @@ REGISTERS_PER_SM = 65536
 # 128-register cap; 256x256 failed to launch)
 OTHER_REGISTERS = 32
 THREAD_REGISTERS = 255  # the most registers a thread may have
+SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wg_split_k's choices
+REDUCE_THREADS = 256  # threads a block of the split sums' kernel, four columns each
 KNOBS = (
     Knob("wg_bm", (64, 128, 256), "block rows: wg_bm / 64 warpgroups of 128 threads, 64 rows each"),
     Knob("wg_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
@@ -73,6 +77,9 @@ KNOBS = (
          "C tiles a block computes in turn (tiles b, b + grid, ...), its cp.async pipeline running on from one "
          "tile's k steps into the next's (no refill at each tile's start); the shared-memory epilogue then stages C "
          "in the stages the next tile's loads leave free"),
+    Knob("wg_split_k", SPLITS_OF_K,
+         "slices of K: each C tile's k steps split over that many units (more blocks where C has few tiles), "
+         "their float32 sums added by a second kernel that applies the epilogue"),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # best at the GRU's projection 8192x3072x1024 (H100: 0.098 ms against 0.100 with 128x256), but no
@@ -104,6 +111,7 @@ class WgmmaTile:
     smem_epilogue: bool = True
     raster: int = 0
     tiles: int = 1  # C tiles a block computes in turn
+    split: int = 1  # slices of K (units a C tile), their sums added by a second kernel
     operand: str = "float16"  # ``OPERANDS``
 
     @property
@@ -115,19 +123,20 @@ class WgmmaTile:
     def of(cls, config: Config, operand: str = "float16") -> "WgmmaTile":
         c = config.as_dict()
         return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
-                   c["wg_raster"], tiles=c.get("wg_tiles", 1), operand=operand)
+                   c["wg_raster"], tiles=c.get("wg_tiles", 1), split=c.get("wg_split_k", 1), operand=operand)
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wg_bm=self.bm, wg_bn=self.bn, wg_stages=self.stages, wg_inflight=self.inflight,
-                    wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster, wg_tiles=self.tiles)
+                    wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster, wg_tiles=self.tiles,
+                    wg_split_k=self.split)
 
     @property
     def name(self) -> str:
         return (f"wgmma {'' if self.operand == 'float16' else self.operand + ' '}{self.bm}x{self.bn}x{self.bk} "
                 f"s{self.stages} w{self.inflight} "
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
-                f"{f' t{self.tiles}' if self.tiles > 1 else ''}")
+                f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}")
 
     @property
     def threads(self) -> int:
@@ -167,6 +176,11 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
     if m % t.bm or n % t.bn or k % t.bk:
         return f"{t.name}: {m}x{n}x{k} must divide the {t.bm}x{t.bn}x{t.bk} tile (no guards)"
+    if t.split not in SPLITS_OF_K or k // t.bk % t.split:
+        return (f"{t.name}: K's {k // t.bk} steps of {t.bk} must split into {t.split} equal slices "
+                f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
+    if t.split > 1 and t.smem_epilogue:
+        return f"{t.name}: a split K stores float32 sums straight to global memory (use wg_smem_epilogue 0)"
     if t.raster < 0 or (t.raster and m // t.bm % t.raster):
         return f"{t.name}: the raster group ({t.raster}) must divide the {m // t.bm} tile rows"
     if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
@@ -193,8 +207,8 @@ def promote_reason(t: WgmmaTile, k: int, promote: int) -> str | None:
     if registers > THREAD_REGISTERS or t.threads * registers > REGISTERS_PER_SM:
         return (f"{t.name}: promoting keeps two sets of {t.bn // 2} accumulators, ~{registers} registers a thread "
                 f"({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= 192")
-    if promote < 0 or k // t.bk % promote:
-        return f"promoting every {promote} k steps must divide the {k // t.bk} k steps"
+    if promote < 0 or k // t.bk // t.split % promote:
+        return f"promoting every {promote} k steps must divide the {k // t.bk // t.split} k steps of a slice"
     return None
 
 
@@ -279,10 +293,12 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     a_stage, b_stage = bm * bk, bn * bk  # elements
     stage = a_stage + b_stage
     a_loads, b_loads = a_stage // chunk_elems // threads, b_stage // chunk_elems // threads  # 16-byte cp.async
-    k_tiles, grid_n = k // bk, n // bn
+    split = cfg.split  # units a C tile: unit u is slice u // c_tiles of K of tile u % c_tiles
+    k_tiles, grid_n = k // bk // split, n // bn  # k steps of a unit
     per_matrix = m // bm * grid_n  # C tiles of one matrix of the batch
     c_tiles = per_matrix * int(np.prod(lead, dtype=np.int64))
-    grid = -(-c_tiles // cfg.tiles)  # blocks; block b computes tiles b, b + grid, ...
+    units = c_tiles * split
+    grid = -(-units // cfg.tiles)  # blocks; block b computes units b, b + grid, ...
     group = cfg.raster or 1  # raster 0 = groups of one tile row = row-major
     inflight = cfg.inflight
     ahead = stages - 1 - inflight  # tiles loaded ahead of the one being multiplied
@@ -348,9 +364,17 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + a_stage + b_chunk(i * threads + tx)]),
                                                b_global(Bt, at, col0, kt, i * threads + tx), 16)
 
+    def c_tile(unit: Any) -> Any:
+        """The C tile of unit ``unit`` (each tile's K slices are ``c_tiles`` units apart)."""
+        return unit % c_tiles if split > 1 else unit
+
+    def global_kt(unit: Any, kt: Any) -> Any:
+        """Unit ``unit``'s k step ``kt`` as a k step of the whole K."""
+        return kt + unit // c_tiles * k_tiles if split > 1 else kt
+
     def in_matrix(tile: Any) -> Any:
-        """Tile ``tile``'s number within its matrix of the batch."""
-        return tile % per_matrix if lead else tile
+        """Unit ``tile``'s C tile's number within its matrix of the batch."""
+        return c_tile(tile) % per_matrix if lead else c_tile(tile)
 
     def tile_row0(tile: Any) -> Any:
         """The first row of C tile ``tile`` (tiles numbered in raster order)."""
@@ -360,8 +384,11 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         return in_matrix(tile) % (group * grid_n) // group * bn
 
     def tile_lead(tile: Any) -> list[Any]:
-        """The batch indices of tile ``tile``'s matrix (none without a batch)."""
-        index = tile // per_matrix
+        """The batch indices of unit ``tile``'s matrix (none without a batch)."""
+        return matrix_lead(c_tile(tile) // per_matrix)
+
+    def matrix_lead(index: Any) -> list[Any]:
+        """The batch indices of matrix ``index`` of the batch (none without one)."""
         inner = [int(np.prod(lead[i + 1:], dtype=np.int64)) for i in range(len(lead))]
         return [index // inner[i] % lead[i] if i else index // inner[i] for i in range(len(lead))]
 
@@ -374,6 +401,36 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                    col0 + p // 2 * 8 + tx % 4 * 2 + v)] = out(acc[p * 2 + v], bias, at,
                                                             row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4
                                                             + p % 2 * 8, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+
+    @T.macro
+    def partial_store(P: Any, acc: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
+        """Unit ``unit``'s float32 sums into its slice of K's partial sums P (split, *batch, m, n)."""
+        for p in T.unroll(n_acc // 2):
+            for v in T.vectorized(2):
+                P[(unit // c_tiles, *at, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
+                   col0 + p // 2 * 8 + tx % 4 * 2 + v)] = acc[p * 2 + v]
+
+    quads = c_tiles * bm * bn // 4  # C's elements, four a thread
+    quad_blocks = -(-quads // REDUCE_THREADS)
+
+    @T.macro
+    def add_slices(P: Any, bias: Any, C: Any) -> None:
+        """C from the K slices' partial sums P: their total through the epilogue, four columns a
+        thread (16-byte loads of each slice)."""
+        with T.launch_thread("blockIdx.x", quad_blocks) as bid:
+            with T.launch_thread("threadIdx.x", REDUCE_THREADS) as tx:
+                sums = T.alloc_buffer((4,), "float32", scope="local")
+                if bid * REDUCE_THREADS + tx < quads:
+                    first = T.meta_var((bid * REDUCE_THREADS + tx) * 4)  # C's element, flat
+                    at = T.meta_var(matrix_lead(first // (m * n)))
+                    for v in T.vectorized(4):
+                        sums[v] = P[(0, *at, first // n % m, first % n + v)]
+                    for s in T.unroll(split - 1):
+                        for v in T.vectorized(4):
+                            sums[v] = sums[v] + P[(s + 1, *at, first // n % m, first % n + v)]
+                    for v in T.vectorized(4):
+                        C[(*at, first // n % m, first % n + v)] = out(sums[v], bias, at, first // n % m,
+                                                                      first % n + v)
 
     @T.macro
     def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, at: Any, row0: Any, col0: Any, wg: Any,
@@ -426,7 +483,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
         """Iteration ``it`` of a block of several tiles: k tile it % k_tiles of its
         (it // k_tiles)-th tile (tile bid + that x grid), into stage it % stages."""
-        load_stage(smem, A, Bt, it % stages * stage, it % k_tiles, tile_lead(bid + it // k_tiles * grid),
+        load_stage(smem, A, Bt, it % stages * stage, global_kt(bid + it // k_tiles * grid, it % k_tiles),
+                   tile_lead(bid + it // k_tiles * grid),
                    tile_row0(bid + it // k_tiles * grid), tile_col0(bid + it // k_tiles * grid), tx)
 
     @T.macro
@@ -436,103 +494,118 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         across tile boundaries, so the next tile's first stages load during this one's last
         k steps and its store.  The store follows the k loop and a full wgmma wait (touching
         the accumulators inside the loop would make ptxas serialise every wgmma)."""
-        bid = T.launch_thread("blockIdx.x", grid)
-        tx = T.launch_thread("threadIdx.x", threads)
-        smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
-        acc = T.alloc_buffer((n_acc,), "float32", scope="local")
-        total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
-        wg = tx // 128
-        base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
-        mine = T.meta_var((c_tiles - 1 - bid) // grid + 1)  # tiles of this block
-        for s in T.unroll(ahead):  # prologue: iterations 0 .. ahead-1
-            if s < mine * k_tiles:
-                load_iteration(smem, A, Bt, bid, s, tx)
-            T.ptx["cp.async.commit_group"]()
-        for t in T.serial(mine):
-            row0 = T.meta_var(tile_row0(bid + t * grid))
-            col0 = T.meta_var(tile_col0(bid + t * grid))
-            at = T.meta_var(tile_lead(bid + t * grid))
-            for i in T.unroll(n_acc):
-                acc[i] = T.float32(0)
-                if promoting:
-                    total[i] = T.float32(0)
-            for kt in T.serial(k_tiles):
-                T.ptx["cp.async.wait_group"](ahead - 1)  # this iteration's stage has landed (this thread's)
-                T.ptx["fence.proxy.async.shared::cta"]()
-                T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
-                mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg, kept(kt))
-                if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
-                    load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
-                T.ptx["cp.async.commit_group"]()
-                T.ptx["wgmma.wait_group.sync.aligned"](inflight)
-                if promoting:
-                    promotion(acc, total, kt)
-            T.ptx["wgmma.wait_group.sync.aligned"](0)
-            if smem_epilogue:  # through the stages of this tile's last 1 + inflight k steps (not being refilled)
-                T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
-                last = T.meta_var(t * k_tiles + k_tiles - 1)
-                piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
-                stage_c(smem, piece, summed(total, acc), bias, at, row0, col0, wg, tx)
-                T.tvm_storage_sync("shared")
-                for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
-                    f = T.meta_var(i * 128 + tx % 128)
-                    for v in T.vectorized(8):
-                        C[(*at, row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
-                            smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
-            else:
-                direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
+        with T.launch_thread("blockIdx.x", grid) as bid:
+            with T.launch_thread("threadIdx.x", threads) as tx:
+                smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
+                acc = T.alloc_buffer((n_acc,), "float32", scope="local")
+                total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
+                wg = tx // 128
+                base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
+                mine = T.meta_var((units - 1 - bid) // grid + 1)  # units of this block
+                for s in T.unroll(ahead):  # prologue: iterations 0 .. ahead-1
+                    if s < mine * k_tiles:
+                        load_iteration(smem, A, Bt, bid, s, tx)
+                    T.ptx["cp.async.commit_group"]()
+                for t in T.serial(mine):
+                    row0 = T.meta_var(tile_row0(bid + t * grid))
+                    col0 = T.meta_var(tile_col0(bid + t * grid))
+                    at = T.meta_var(tile_lead(bid + t * grid))
+                    for i in T.unroll(n_acc):
+                        acc[i] = T.float32(0)
+                        if promoting:
+                            total[i] = T.float32(0)
+                    for kt in T.serial(k_tiles):
+                        T.ptx["cp.async.wait_group"](ahead - 1)  # this iteration's stage has landed (this thread's)
+                        T.ptx["fence.proxy.async.shared::cta"]()
+                        T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
+                        mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg, kept(kt))
+                        if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
+                            load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
+                        T.ptx["cp.async.commit_group"]()
+                        T.ptx["wgmma.wait_group.sync.aligned"](inflight)
+                        if promoting:
+                            promotion(acc, total, kt)
+                    T.ptx["wgmma.wait_group.sync.aligned"](0)
+                    if split > 1:
+                        partial_store(C, summed(total, acc), bid + t * grid, at, row0, col0, wg, tx)
+                    elif smem_epilogue:  # through the stages of this tile's last 1 + inflight k steps (not refilled)
+                        T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
+                        last = T.meta_var(t * k_tiles + k_tiles - 1)
+                        piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
+                        stage_c(smem, piece, summed(total, acc), bias, at, row0, col0, wg, tx)
+                        T.tvm_storage_sync("shared")
+                        for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
+                            f = T.meta_var(i * 128 + tx % 128)
+                            for v in T.vectorized(8):
+                                C[(*at, row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
+                                    smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
+                    else:
+                        direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
-        bid = T.launch_thread("blockIdx.x", c_tiles)
-        tx = T.launch_thread("threadIdx.x", threads)
-        smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
-        acc = T.alloc_buffer((n_acc,), "float32", scope="local")
-        total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
-        row0 = tile_row0(bid)
-        col0 = tile_col0(bid)
-        at = T.meta_var(tile_lead(bid))
-        wg = tx // 128
-        base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
-        for i in T.unroll(n_acc):
-            acc[i] = T.float32(0)
-            if promoting:
-                total[i] = T.float32(0)
-        for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
-            load_stage(smem, A, Bt, s * stage, s, at, row0, col0, tx)
-            T.ptx["cp.async.commit_group"]()
-        for kt in T.serial(k_tiles):
-            T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
-            T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
-            T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
-            mma_stage(base, acc, kt % stages * stage, wg, kept(kt))
-            if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
-                nxt = (kt + ahead) % stages * stage
-                load_stage(smem, A, Bt, nxt, kt + ahead, at, row0, col0, tx)
-            T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
-            T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
-            if promoting:
-                promotion(acc, total, kt)
-        T.ptx["wgmma.wait_group.sync.aligned"](0)
-        if smem_epilogue:
-            T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
-            stage_c(smem, wg * 64 * c_stride, summed(total, acc), bias, at, row0, col0, wg, tx)
-            T.tvm_storage_sync("shared")
-            for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
-                for v in T.vectorized(8):
-                    row = T.meta_var(row0 + (i * threads + tx) // (bn // 8))
-                    C[(*at, row, col0 + (i * threads + tx) % (bn // 8) * 8 + v)] = \
-                        smem[(i * threads + tx) // (bn // 8) * c_stride + (i * threads + tx) % (bn // 8) * 8 + v]
-        else:
-            direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
+        with T.launch_thread("blockIdx.x", units) as bid:
+            with T.launch_thread("threadIdx.x", threads) as tx:
+                smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
+                acc = T.alloc_buffer((n_acc,), "float32", scope="local")
+                total = T.alloc_buffer((total_size,), "float32", scope="local")  # promoted sums
+                row0 = tile_row0(bid)
+                col0 = tile_col0(bid)
+                at = T.meta_var(tile_lead(bid))
+                wg = tx // 128
+                base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
+                for i in T.unroll(n_acc):
+                    acc[i] = T.float32(0)
+                    if promoting:
+                        total[i] = T.float32(0)
+                for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
+                    load_stage(smem, A, Bt, s * stage, global_kt(bid, s), at, row0, col0, tx)
+                    T.ptx["cp.async.commit_group"]()
+                for kt in T.serial(k_tiles):
+                    T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
+                    T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
+                    T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
+                    mma_stage(base, acc, kt % stages * stage, wg, kept(kt))
+                    if kt + ahead < k_tiles:  # refill the stage that tile kt-1-inflight used
+                        nxt = (kt + ahead) % stages * stage
+                        load_stage(smem, A, Bt, nxt, global_kt(bid, kt + ahead), at, row0, col0, tx)
+                    T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
+                    T.ptx["wgmma.wait_group.sync.aligned"](inflight)  # tile kt-inflight's wgmma retired
+                    if promoting:
+                        promotion(acc, total, kt)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
+                if split > 1:
+                    partial_store(C, summed(total, acc), bid, at, row0, col0, wg, tx)
+                elif smem_epilogue:
+                    T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
+                    stage_c(smem, wg * 64 * c_stride, summed(total, acc), bias, at, row0, col0, wg, tx)
+                    T.tvm_storage_sync("shared")
+                    for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
+                        f = T.meta_var(i * threads + tx)
+                        for v in T.vectorized(8):
+                            C[(*at, row0 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
+                                smem[f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
+                else:
+                    direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
 
     @T.macro
-    def run(A: Any, Bt: Any, bias: Any, C: Any) -> None:
-        """The kernel: a tile a block, or several (``gemm_tiles``)."""
+    def units_gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+        """The wgmma kernel: a unit a block, or several (``gemm_tiles``)."""
         if cfg.tiles > 1:
             gemm_tiles(A, Bt, bias, C)
         else:
             gemm(A, Bt, bias, C)
+
+    @T.macro
+    def run(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+        """The kernel, or with K split, the kernel into float32 sums of the slices, then their total
+        through the epilogue (``add_slices``)."""
+        if split > 1:
+            P = T.alloc_buffer((split, *c_shape), "float32", scope="global")
+            units_gemm(A, Bt, bias, P)
+            add_slices(P, bias, C)
+        else:
+            units_gemm(A, Bt, bias, C)
 
     if has_bias:
         @T.prim_func
@@ -570,151 +643,3 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     if epilogue is None:
         s_tir.analysis.verify_well_formed(main)
     return main
-
-
-TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
-
-
-def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
-    """C tiles of ``t`` in the smallest of the GEMMs ``shapes`` (a batch of ``matrices`` each)."""
-    return min(m // t.bm * (n // t.bn) for m, n, _ in shapes) * matrices
-
-
-def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
-           matrices: int = 1) -> WgmmaTile:
-    """``t`` with the fewest C tiles a block (``wg_tiles``) that fit the GEMMs of ``shapes`` into
-    one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
-    then runs on from tile to tile instead of refilling at each (H100, float16 from CUDA graphs:
-    128x256 with 6 tiles a block, raster 8, 0.090 ms at 8192x3072x1024 = 0.94 of cuBLAS, against
-    0.100 with a block a tile; at 4096^3 4 tiles 0.217 ms = 0.93 against 0.239).  ``t`` where
-    one wave holds every tile or no such variant runs the shapes."""
-    count = c_tile_count(t, shapes, matrices)
-    tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), TILES_PER_BLOCK[-1])
-    if tiles == 1:
-        return t
-    for raster in (8, 4, 2, 0):
-        spread_tile = dataclasses.replace(t, tiles=tiles, raster=raster)
-        if all(wgmma_reason(spread_tile, m, n, k, limit, b_layout) is None for m, n, k in shapes):
-            return spread_tile
-    return t
-
-
-def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
-                    candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1) -> WgmmaTile | None:
-    """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
-    of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
-    float16 (the direct one stores any C type), several tiles a block where they are more than
-    a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs).
-    ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles); ``matrices``:
-    the GEMMs are batches of that many (their tiles all count)."""
-    if target_reason(target):
-        return None
-    limit = shared_limit(target)
-    tiles = candidates or [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
-                           for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
-    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
-               and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
-    if not fitting:
-        return None
-    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units),
-                max(fitting, key=lambda t: c_tile_count(t, shapes, matrices)))
-    return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
-
-
-@dataclass(frozen=True)
-class WgmmaGemmTemplate(Template):
-    """C[M, N] = A[M, K] · Bt[N, K]ᵀ (or A · B[K, N], ``b_layout`` "KN") on Hopper's warpgroup MMA
-    (float16 in and out, float32 accumulate); the knobs (``KNOBS``) are the tile, the pipeline and
-    the epilogue.  ``batch``: leading axes of A, C and B (unless ``b_shared``), one GEMM each
-    (attention's ``(batch, heads)`` products in a Relax model)."""
-
-    m: int
-    n: int
-    k: int
-    b_layout: str = "NK"  # "KN": B stored (K, N), C = A·B (``B_LAYOUTS``)
-    batch: tuple[int, ...] = ()
-    b_shared: bool = False  # B has no batch axes: every matrix of the batch multiplies the same B
-
-    name = "gemm_wgmma"
-    tolerance = 2e-3  # float16 output: its rounding alone is about 2e-4
-
-    def __post_init__(self) -> None:
-        check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
-        object.__setattr__(self, "batch", tuple(int(x) for x in self.batch))
-        if any(x < 1 for x in self.batch):
-            raise TvmExtError(f"batch axes must be >= 1, got {self.batch}")
-        reason = b_layout_reason(self.b_layout)
-        if reason:
-            raise TvmExtError(reason)
-
-    @property
-    def matrices(self) -> int:
-        """GEMMs in the batch (1 without one)."""
-        return int(np.prod(self.batch, dtype=np.int64))
-
-    @classmethod
-    def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK", batch: tuple[int, ...] = (),
-                   b_shared: bool = False) -> "WgmmaGemmTemplate":
-        if len(shape) != 3:
-            raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
-        return cls(*shape, b_layout=b_layout, batch=batch, b_shared=b_shared)
-
-    @property
-    def params(self) -> dict[str, Any]:
-        batched = {"batch": list(self.batch), "b_shared": self.b_shared} if self.batch else {}
-        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float16", "b_dtype": "float16",
-                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": self.b_layout, **batched}
-
-    def space(self, target: TargetInfo) -> Space:
-        def reason(c: Config) -> str | None:
-            return target_reason(target) or wgmma_reason(WgmmaTile.of(c), self.m, self.n, self.k,
-                                                         shared_limit(target), self.b_layout)
-        return Space(KNOBS, (reason,))
-
-    def default_config(self, target: TargetInfo) -> Config:
-        """``pick_wgmma_tile``: the probe's best tile at 4096^3 where it gives 90 % of the SMs a
-        block, else the first of ``DEFAULT_TILES`` that does, else the one giving most blocks
-        (BERT-base's 1024x768x768 projection: 64x64 tiles, two a block, against 24 blocks of
-        128x256), several tiles a block where they are more than a wave (``spread``); an error
-        saying why where the target has no wgmma or no tile divides the shape."""
-        reason = target_reason(target)
-        if reason:
-            raise TvmExtError(reason)
-        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, "float16", self.b_layout,
-                               matrices=self.matrices)
-        if tile is None:
-            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
-                              f"and K of 64 (no guards)")
-        return self.space(target).make(**tile.knobs())
-
-    def schedule(self, config: Config, target: TargetInfo) -> Any:
-        raise TvmExtError("the wgmma GEMM is written as a PrimFunc, not scheduled: use build_program")
-
-    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
-        """The PrimFunc of ``config`` compiled for sm_90a (wgmma is an arch-specific instruction);
-        the config is its record (no schedule trace)."""
-        reason = self.space(target).infeasible_reason(config)
-        if reason:
-            raise TvmExtError(reason)
-        return compile_wgmma(self.kernel_func(config), target, config)
-
-    def kernel_func(self, config: Config, c_dtype: str = "float16", epilogue: Any = None) -> Any:
-        """The PrimFunc of ``config`` storing C as ``c_dtype``, ``epilogue`` (``wgmma_gemm``'s) in its
-        store: what a Relax model's matmul is replaced by (``tvm_ext.relax_wgmma``)."""
-        return wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, c_dtype=c_dtype, b_layout=self.b_layout,
-                          epilogue=epilogue, batch=self.batch, b_batched=not self.b_shared)
-
-    def inputs(self) -> list[TensorSpec]:
-        b_lead = () if self.b_shared else self.batch
-        return [TensorSpec((*self.batch, self.m, self.k), "float16"),
-                TensorSpec((*b_lead, *b_shape(self.n, self.k, self.b_layout)), "float16")]
-
-    def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec((*self.batch, self.m, self.n), "float16")]
-
-    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        a, b = (x.astype(np.float64) for x in inputs)
-        return [a @ (b if self.b_layout == "KN" else np.swapaxes(b, -1, -2))]
-
-    def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k * self.matrices

@@ -152,14 +152,16 @@ def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection
 
     cuda = offline_cuda()
     matches = match_tasks(extract_tasks(legalize_and_fuse(base32), cuda), cuda)
-    names = [m.name for m in matches if m.matcher == "tf32"]
+    slices = {m.name: m.template.default_config(cuda).wg_split_k for m in matches if m.matcher == "tf32"}
+    assert sorted(slices.values()) == [1, 4, 4, 4]  # BERT's 768-column outputs split K: few tiles
     compiled = compile_relax(base32, cuda, _operators(matches, cuda, tmp_path / "db"), log=None)
     with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
         ex = tvm.compile(compiled, target=tvm_target(cuda))
     (module,) = [m.inspect_source() for m in ex.mod.imports[0].imports if "wgmma.mma_async" in m.inspect_source()]
-    for name in names:  # each function: the split of A, the split of B (transposing tiles), the TF32 GEMM
+    for name, split in slices.items():  # each function: the split of A, the split of B (transposing tiles),
+        # the TF32 GEMM, and with K split, the slices' sums added and the epilogue applied
         kernels = set(re.findall(rf"__global__ void[^\n;]*?({name}_kernel(?:_\d+)?)\(", module))
-        assert len(kernels) == 3, (name, kernels)
+        assert len(kernels) == (3 if split == 1 else 4), (name, kernels)
     assert "tf32.tf32" in module  # the TF32 wgmma (one helper a width, shared by the functions)
 
 

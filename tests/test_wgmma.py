@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.wgmma import WgmmaGemmTemplate, WgmmaTile, wgmma_reason
+from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_reason
+from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
 from tvm_ext.target import offline_cuda
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -52,7 +53,7 @@ def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
     """64x3072x1024 (a GRU step's hidden GEMM at batch 64) takes only 64-row tiles; there 8
     shared-memory stages measured 0.93-0.94 of cuBLAS on the H100 (both replayed from CUDA
     graphs) against 0.88-0.91 with 4-6, so the default tile and the pick take 8."""
-    from tvm_ext.schedules.wgmma import pick_wgmma_tile
+    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
 
     target = offline_cuda()
     t = WgmmaGemmTemplate(64, 3072, 1024)
@@ -90,7 +91,7 @@ def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
     """Where C has more tiles than the SMs, the default and the pick give each block several
     (the fewest that fit one block an SM) in raster groups of 8 tile rows; the kernel loops over
     the block's tiles, its k loop inside, the store after it; a wave's worth keeps one a block."""
-    from tvm_ext.schedules.wgmma import pick_wgmma_tile
+    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
 
     target = offline_cuda()  # 132 SMs
     gru_input = WgmmaGemmTemplate(8192, 3072, 1024)  # 64 x 12 tiles of 128x256
@@ -108,6 +109,49 @@ def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
     assert tiles_loop < k_loop
 
 
+def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_kernel():
+    """BERT's FFN down (1024x768x3072): 48 tiles of 128x128 for 132 SMs, so the default splits K
+    in two: 96 units, unit u the slice u // 48 of tile u % 48 (its k steps start at slice x 1536,
+    its float32 sums go to slice x 1024 x 768 of the partial sums), then a kernel adds the two
+    slices and stores C.  The partial sums are the function's own buffer (TVM's workspace)."""
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(1024, 768, 3072)
+    cfg = t.default_config(target)
+    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2)
+    program = t.build_program(cfg, target)
+    assert program.params == ("A", "Bt", "C")
+    gemm, add = program.launches
+    assert gemm.grid == (96, 1, 1) and gemm.args == ("A", "Bt", "workspace:P")
+    assert add.grid == (1024 * 768 // 4 // 256, 1, 1) and add.args == ("C", "workspace:P")
+    source = program.source
+    start = source.index("main_kernel(half* __restrict__ A_ptr, half* __restrict__ Bt_ptr, float* "
+                         "__restrict__ P_ptr) {")
+    kernel = source[start:source.rindex("main_kernel_1(half* __restrict__ C_ptr, float")]
+    assert "for (int kt = 0; kt < 24; ++kt)" in kernel  # a slice's 24 k steps of 64
+    assert "blockIdx.x) / 48) * 1536)" in kernel and "blockIdx.x) / 48) * 786432)" in kernel
+    assert "m64n128k16" in kernel and "*(float2*)(P_ptr" in kernel
+    adder = source[source.rindex("main_kernel_1(half* __restrict__ C_ptr, float"):]
+    assert adder.count("*(float4*)(P_ptr") == 2  # both slices, 16 bytes a thread
+
+
+def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
+    """``split_pick``: few wide tiles and a deep K split (FFN down, a 512x512 output of depth
+    8192: 1.04x cuBLAS on the H100 against 0.57 unsplit); K too short to split (12 k steps) or
+    enough tiles keep the unsplit pick; callers without the partial sums' buffer (the GRU) get
+    no split."""
+    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
+
+    target = offline_cuda()
+
+    def split_of(*shape):
+        return WgmmaTile.of(WgmmaGemmTemplate(*shape).default_config(target)).split
+
+    assert split_of(1024, 768, 3072) == 2 and split_of(512, 512, 8192) == 8
+    assert split_of(1024, 768, 768) == split_of(1024, 3072, 768) == split_of(4096, 4096, 4096) == 1
+    assert pick_wgmma_tile([(1024, 768, 3072)], target, "float16").split == 1
+    assert pick_wgmma_tile([(1024, 768, 3072)], target, "float16", split_k=True).split == 2
+
+
 @pytest.mark.parametrize("shape, knobs, reason", [
     ((4096, 4096, 4096), dict(wg_stages=2, wg_inflight=1), "at least 3 stages"),
     ((4096, 4096, 4096), dict(wg_inflight=0, wg_tiles=4, wg_stages=4), "too few for 2"),
@@ -116,13 +160,15 @@ def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
     ((256, 256, 256), dict(wg_bn=128, wg_raster=4), "raster group (4) must divide the 2 tile rows"),
     ((256, 256, 256), dict(wg_bm=64, wg_bn=192), "must divide"),
     ((512, 512, 256), dict(wg_bm=256, wg_bn=256, wg_stages=3), "registers"),  # failed to launch on the H100
+    ((1024, 768, 768), dict(wg_smem_epilogue=0, wg_split_k=8), "12 steps of 64 must split into 8 equal slices"),
+    ((1024, 768, 3072), dict(wg_split_k=2), "split K stores float32 sums"),
 ])
 def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
     target = offline_cuda()
     t = WgmmaGemmTemplate(*shape)
     cfg = WgmmaGemmTemplate(4096, 4096, 4096).default_config(target).replace(**knobs)
     assert reason in t.space(target).infeasible_reason(cfg)
-    with pytest.raises(TvmExtError, match="must divide|stages|shared memory|registers"):
+    with pytest.raises(TvmExtError, match="must divide|stages|shared memory|registers|split"):
         t.build_program(cfg, target)
 
 
@@ -191,11 +237,14 @@ def test_cli_batch_options_are_checked(tmp_path):
                                    dict(wg_bm=256, wg_bn=128, wg_raster=2), dict(wg_bn=128, wg_stages=6),
                                    dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0), dict(wg_bn=192),
                                    dict(wg_bn=192, wg_tiles=6), dict(wg_tiles=4, wg_smem_epilogue=0, wg_raster=2),
-                                   dict(wg_bm=256, wg_bn=128, wg_tiles=3)])
+                                   dict(wg_bm=256, wg_bn=128, wg_tiles=3),
+                                   dict(wg_smem_epilogue=0, wg_split_k=2),
+                                   dict(wg_bn=128, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=3, wg_raster=2)])
 def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
     """Both B layouts (KN: the transposed-B descriptors, N atoms and their swizzle; a wrong
     stride or swizzle scrambles B and the error is O(1)); several tiles a block, unevenly
-    (16 tiles of 128x192 over 3 blocks: 6, 5 and 5), through the free stages or directly."""
+    (16 tiles of 128x192 over 3 blocks: 6, 5 and 5), through the free stages or directly; K split
+    in two (a wrong slice offset adds one half twice: O(1) error), with several units a block."""
     import tvm
 
     from tvm_ext.target import resolve_target
@@ -242,6 +291,8 @@ def test_cuda_tune_gemm_wgmma(tmp_path):
          knobs=dict(wg_bm=128, wg_bn=256, wg_stages=3)),
     dict(shape=(128, 256, 128), batch=(3,), b_layout="KN", b_shared=True,
          knobs=dict(wg_bm=64, wg_bn=128, wg_stages=4, wg_tiles=4, wg_smem_epilogue=1)),
+    dict(shape=(256, 128, 256), batch=(3,), b_layout="KN",
+         knobs=dict(wg_bm=128, wg_bn=128, wg_stages=3, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=2)),
 ])
 def test_cuda_batched_wgmma_matches_float64(case):
     """Each matrix of a batch at its own offset (a wrong matrix index repeats or skips one: the

@@ -22,6 +22,7 @@ from .target import TargetInfo
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 DYN_SHARED_TAG = "tirx.use_dyn_shared_memory"  # launch parameter: bytes of dynamic shared memory
 MAIN = "main"  # the function a single-PrimFunc program is called by
+WORKSPACE = "workspace:"  # a launch argument that is a buffer of the function's own (TVM allocates it)
 
 
 @dataclass(frozen=True)
@@ -140,13 +141,17 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(tgt)
     host, _ = split_host_device_mods(pipeline(lowered))
     calls: list[Any] = []
+    workspaces: set[str] = set()  # the buffers the host function allocates (TVM's workspace)
+
+    def allocated(node: Any) -> None:
+        workspaces.add(str(node.buffer.data))
 
     def visit(node: Any) -> None:
         if getattr(node.op, "name", "") == "tirx.call_ffi_kernel":
             calls.append(node)
 
     for func in host.functions.values():
-        tvm_ffi.structural_walk(func.body, [(tvm.ir.Call, visit)])
+        tvm_ffi.structural_walk(func.body, [(tvm.ir.Call, visit), (tvm.tirx.AllocBuffer, allocated)])
     launches = []
     for call in calls:
         tags = list(call.attrs.launch_params)
@@ -169,6 +174,9 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
                 continue
             if isinstance(arg, tvm.tirx.Var) and "int" in str(arg.ty):  # a host loop's index
                 args.append(f"loop:{text}")
+                continue
+            if text in workspaces:  # a global buffer of the function's own
+                args.append(f"{WORKSPACE}{text.removesuffix('.data')}")
                 continue
             if not text.endswith(".data") or text[:-5] not in params:
                 raise RuntimeError(f"kernel argument {text!r} is not a function parameter")

@@ -324,7 +324,7 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
     attention's (batch, heads), B with them or shared).  A shape some wgmma tile divides; else the
     mma.sync template takes it (``match_task`` builds the kernel with the default config as its
     check)."""
-    from .schedules.wgmma import WgmmaGemmTemplate
+    from .schedules.wgmma_template import WgmmaGemmTemplate
 
     found = _hopper_matmul(func, target, "wgmma", ("float16", "float16", "float32", "float16"),
                            "wgmma takes float16 accumulating in float32 into float16")

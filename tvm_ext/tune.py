@@ -167,7 +167,7 @@ def _gemm_template(args: argparse.Namespace) -> Any:
 
 
 def _gemm_wgmma_template(args: argparse.Namespace) -> Any:
-    from .schedules.wgmma import WgmmaGemmTemplate
+    from .schedules.wgmma_template import WgmmaGemmTemplate
 
     batch = parse_batch(args.batch)
     if args.b_shared and not batch:

@@ -25,7 +25,8 @@ from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, i
 from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
-from tvm_ext.schedules.wgmma import WgmmaTile, pick_wgmma_tile, wgmma_gemm
+from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
 from tvm_ext.space import Config, Space
 from tvm_ext.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
