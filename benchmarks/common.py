@@ -181,6 +181,23 @@ def methods_text(times: VendorTimes) -> str:
     return ", ".join(f"{method} {t.seconds * 1e3:.3f}" if t else method for method, t in vendor_methods(times))
 
 
+def gemm_operand_sets(m: int, n: int, k: int, dtype: str = "float32") -> list[tuple[Any, Any]]:
+    """randn A [m, k] and B [k, n] of ``dtype`` on the GPU, enough sets to rotate past L2."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    return [(torch.randn(m, k, device="cuda", dtype=torch_dtype), torch.randn(k, n, device="cuda", dtype=torch_dtype))
+            for _ in range(l2_rotation(torch_dtype.itemsize * (m * k + k * n + m * n)))]
+
+
+def cublas_gemm(sets: Sequence[tuple[Any, Any]]) -> tuple[VendorTimes, float]:
+    """torch's ``a @ b`` (cuBLAS, at the current TF32 setting) per call, back to back and from a
+    CUDA graph on the rotated operands ``sets``, and its error vs float64 (of those operands)."""
+    times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
+    a, b = sets[0]
+    return times, rel_error_vs(a @ b, a.double() @ b.double())
+
+
 def rel_error_vs(out: Any, ref: Any) -> float:
     """Normwise relative error of ``out`` (tensor or array) against a float64 reference."""
     import numpy as np

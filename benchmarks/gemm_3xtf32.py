@@ -17,8 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time_vendor,  # noqa: E402
-                    vendor_methods)
+from common import cublas_gemm, gemm_operand_sets, ours_on, shape_names, table, vendor_methods  # noqa: E402
 
 from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
 from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
@@ -40,12 +39,9 @@ def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
     import torch
 
     flops = 2.0 * m * n * k
-    sets = [(torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda"))
-            for _ in range(l2_rotation(4 * (m * k + k * n + m * n)))]
-    a, b = sets[0]
-    ref = a.double() @ b.double()
+    sets = gemm_operand_sets(m, n, k)
     torch.backends.cuda.matmul.allow_tf32 = False
-    vendor = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
+    vendor, vendor_err = cublas_gemm(sets)
     best = vendor.best.seconds
 
     def row(kernel: str, times: object, err: float) -> list[str]:
@@ -53,10 +49,9 @@ def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
         return [f"{m}x{n}x{k}", kernel, *three, f"{flops / times.best.seconds / 1e12:.1f}",
                 f"{best / times.best.seconds:.2f}", f"{err:.1e}"]
 
-    rows = [row("cuBLAS float32 (TF32 off): the baseline", vendor, rel_error_vs(a @ b, ref))]
+    rows = [row("cuBLAS float32 (TF32 off): the baseline", vendor, vendor_err)]
     torch.backends.cuda.matmul.allow_tf32 = True
-    tf32 = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
-    rows.append(row("cuBLAS with TF32 allowed (not float32-accurate)", tf32, rel_error_vs(a @ b, ref)))
+    rows.append(row("cuBLAS with TF32 allowed (not float32-accurate)", *cublas_gemm(sets)))
     torch.backends.cuda.matmul.allow_tf32 = False
     template = Gemm3xTf32Template(m, n, k)
     default = template.default_config(target)

@@ -18,8 +18,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time_vendor,  # noqa: E402
-                    vendor_methods)
+from common import cublas_gemm, gemm_operand_sets, ours_on, shape_names, table, vendor_methods  # noqa: E402
 
 from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
 from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
@@ -57,14 +56,10 @@ def shape_rows(m: int, n: int, k: int, precision: str, target: Any) -> list[list
     """The table's rows of one shape at one precision."""
     import torch
 
-    dtype = getattr(torch, precision)
     flops = 2.0 * m * n * k
-    sets = [(torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype))
-            for _ in range(l2_rotation(dtype.itemsize * (m * k + k * n + m * n)))]
-    a, b = sets[0]
-    ref = a.double() @ b.double()
+    sets = gemm_operand_sets(m, n, k, precision)
     torch.backends.cuda.matmul.allow_tf32 = False
-    vendor = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
+    vendor, vendor_err = cublas_gemm(sets)
     best = vendor.best.seconds
 
     def row(kernel: str, times: Any, err: float) -> list[str]:
@@ -72,7 +67,7 @@ def shape_rows(m: int, n: int, k: int, precision: str, target: Any) -> list[list
         return [f"{m}x{n}x{k}", precision, kernel, *three, f"{flops / times.best.seconds / 1e12:.0f}",
                 f"{best / times.best.seconds:.2f}", f"{err:.1e}"]
 
-    rows = [row("cuBLAS (the baseline)", vendor, rel_error_vs(a @ b, ref))]
+    rows = [row("cuBLAS (the baseline)", vendor, vendor_err)]
     if precision == "float16":
         template, operand = WgmmaGemmTemplate(m, n, k, b_layout="KN"), "float16"
     else:

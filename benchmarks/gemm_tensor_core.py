@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (l2_rotation, ours_on, rel_error_vs, table, time_vendor, vendor_methods)  # noqa: E402
+from common import cublas_gemm, gemm_operand_sets, ours_on, table, vendor_methods  # noqa: E402
 
 from tvm_ext import tune  # noqa: E402
 from tvm_ext.records import RecordStore  # noqa: E402
@@ -38,23 +38,6 @@ SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048,
 LABELS = {"4096": "4096³", "8192": "8192³", "2048": "2048³", "gru_in": "GRU input 8192x3072x1024",
           "gru_hid": "GRU hidden 64x3072x1024", "gru_hid8": "GRU hidden 8x1536x512"}
 TEMPLATES = {"any": TensorCoreChoiceTemplate, "mma": MmaGemmTemplate, "wmma": TensorCoreGemmTemplate}
-
-
-def operand_sets(m: int, n: int, k: int) -> list[tuple[Any, Any]]:
-    """float16 A [m, k] and B [k, n] from randn, enough sets to rotate past L2."""
-    import torch
-
-    return [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-             torch.randn(k, n, device="cuda", dtype=torch.float16))
-            for _ in range(l2_rotation(2 * (m * k + k * n + m * n)))]
-
-
-def cublas_fp16(sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
-    """cuBLAS float16 per call, back to back and from a CUDA graph on the rotated operands, and
-    its error vs float64 (of the float16 operands)."""
-    times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
-    a, b = sets[0]
-    return times, rel_error_vs(a @ b, a.double() @ b.double())
 
 
 def ours_cell(ours: Any, vendor: Any, flops: float) -> str:
@@ -108,8 +91,8 @@ def main() -> int:
         wall = time.time() - start
         recs = RecordStore(records).for_workload(Workload.of(template, target).key)
         ok = [r for r in recs if r.ok]
-        sets = operand_sets(m, n, k)
-        times, vendor_err = cublas_fp16(sets)
+        sets = gemm_operand_sets(m, n, k, "float16")
+        times, vendor_err = cublas_gemm(sets)
         vendor = times.best.seconds  # cuBLAS at its best of the three methods
         shown = [f"{t.seconds * 1e3:.4f} ({flops / t.seconds / 1e12:.0f})" if t else method
                  for method, t in vendor_methods(times)]

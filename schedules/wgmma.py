@@ -392,23 +392,31 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         inner = [int(np.prod(lead[i + 1:], dtype=np.int64)) for i in range(len(lead))]
         return [index // inner[i] % lead[i] if i else index // inner[i] for i in range(len(lead))]
 
+    def fragment_row(base: Any, tx: Any, p: Any) -> Any:
+        """The row of accumulator pair ``p`` of thread ``tx`` (wgmma's m64nN fragment: warp w of the
+        warpgroup rows 16w.., lane // 4, 8 further for odd pairs), after row ``base``."""
+        return base + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8
+
+    def fragment_col(base: Any, tx: Any, p: Any, v: Any) -> Any:
+        """The column of accumulator ``2p + v`` of thread ``tx``, after column ``base``."""
+        return base + p // 2 * 8 + tx % 4 * 2 + v
+
     @T.macro
     def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The accumulators straight to C (pairs of adjacent columns)."""
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
-                C[(*at, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                   col0 + p // 2 * 8 + tx % 4 * 2 + v)] = out(acc[p * 2 + v], bias, at,
-                                                            row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4
-                                                            + p % 2 * 8, col0 + p // 2 * 8 + tx % 4 * 2 + v)
+                row = T.meta_var(fragment_row(row0 + wg * 64, tx, p))
+                col = T.meta_var(fragment_col(col0, tx, p, v))
+                C[(*at, row, col)] = out(acc[p * 2 + v], bias, at, row, col)
 
     @T.macro
     def partial_store(P: Any, acc: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """Unit ``unit``'s float32 sums into its slice of K's partial sums P (split, *batch, m, n)."""
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
-                P[(unit // c_tiles, *at, row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                   col0 + p // 2 * 8 + tx % 4 * 2 + v)] = acc[p * 2 + v]
+                P[(unit // c_tiles, *at, fragment_row(row0 + wg * 64, tx, p), fragment_col(col0, tx, p, v))] = \
+                    acc[p * 2 + v]
 
     quads = c_tiles * bm * bn // 4  # C's elements, four a thread
     quad_blocks = -(-quads // REDUCE_THREADS)
@@ -423,14 +431,14 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 if bid * REDUCE_THREADS + tx < quads:
                     first = T.meta_var((bid * REDUCE_THREADS + tx) * 4)  # C's element, flat
                     at = T.meta_var(matrix_lead(first // (m * n)))
+                    row, col = T.meta_var(first // n % m), T.meta_var(first % n)
                     for v in T.vectorized(4):
-                        sums[v] = P[(0, *at, first // n % m, first % n + v)]
+                        sums[v] = P[(0, *at, row, col + v)]
                     for s in T.unroll(split - 1):
                         for v in T.vectorized(4):
-                            sums[v] = sums[v] + P[(s + 1, *at, first // n % m, first % n + v)]
+                            sums[v] = sums[v] + P[(s + 1, *at, row, col + v)]
                     for v in T.vectorized(4):
-                        C[(*at, first // n % m, first % n + v)] = out(sums[v], bias, at, first // n % m,
-                                                                      first % n + v)
+                        C[(*at, row, col + v)] = out(sums[v], bias, at, row, col + v)
 
     @T.macro
     def stage_c(smem: Any, piece: Any, acc: Any, bias: Any, at: Any, row0: Any, col0: Any, wg: Any,
@@ -439,10 +447,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         ``piece`` (halves): pairs (2p, 2p+1) of adjacent columns."""
         for p in T.unroll(n_acc // 2):
             for v in T.vectorized(2):
-                smem[piece + (tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8) * c_stride + p // 2 * 8 + tx % 4 * 2
-                     + v] = out(acc[p * 2 + v], bias, at,
-                                row0 + wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8,
-                                col0 + p // 2 * 8 + tx % 4 * 2 + v)
+                smem[piece + fragment_row(0, tx, p) * c_stride + fragment_col(0, tx, p, v)] = \
+                    out(acc[p * 2 + v], bias, at, fragment_row(row0 + wg * 64, tx, p), fragment_col(col0, tx, p, v))
 
     promoting = promote > 0
     total_size = n_acc if promoting else 1

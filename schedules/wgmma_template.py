@@ -28,6 +28,11 @@ MIN_SLICE_STEPS = 16
 SPLIT_GAIN = 0.85
 
 
+def runs(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> bool:
+    """Whether tile ``t`` runs every GEMM (M, N, K) of ``shapes`` (``wgmma_reason``)."""
+    return all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)
+
+
 def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
     """C tiles of ``t`` in the smallest of the GEMMs ``shapes`` (a batch of ``matrices`` each)."""
     return min(m // t.bm * (n // t.bn) for m, n, _ in shapes) * matrices
@@ -47,7 +52,7 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
         return t
     for raster in (8, 4, 2, 0):
         spread_tile = dataclasses.replace(t, tiles=tiles, raster=raster)
-        if all(wgmma_reason(spread_tile, m, n, k, limit, b_layout) is None for m, n, k in shapes):
+        if runs(spread_tile, shapes, limit, b_layout):
             return spread_tile
     return t
 
@@ -71,12 +76,11 @@ def split_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_co
     depth = min(k for _, _, k in shapes)
     splits = [dataclasses.replace(t, split=s, smem_epilogue=False) for t in fitting for s in SPLITS_OF_K[1:]
               if depth // t.bk // s >= MIN_SLICE_STEPS]
-    splits = [t for t in splits if all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
-    if not splits:
+    costs = [(split_cost(t, shapes, sm_count, matrices), t) for t in splits if runs(t, shapes, limit, b_layout)]
+    if not costs:
         return tile
-    best = min(splits, key=lambda t: split_cost(t, shapes, sm_count, matrices))
-    unsplit = split_cost(tile, shapes, sm_count, matrices)
-    return best if split_cost(best, shapes, sm_count, matrices) < SPLIT_GAIN * unsplit else tile
+    cost, best = min(costs, key=lambda c: c[0])
+    return best if cost < SPLIT_GAIN * split_cost(tile, shapes, sm_count, matrices) else tile
 
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
@@ -94,8 +98,7 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     limit = shared_limit(target)
     tiles = candidates or [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
                            for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
-    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None
-               and all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)]
+    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)]
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units),
