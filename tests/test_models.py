@@ -277,6 +277,13 @@ def test_cli_model_option_must_be_key_value(tmp_path):
     assert p.returncode == 2 and p.stderr.strip().startswith("error: --model-option must be KEY=VALUE")
 
 
+def test_cli_without_names_the_matchers_it_takes(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "model", BERT, "--without", "tf16",
+                        "--records", str(tmp_path / "r.jsonl")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error: argument --without: invalid choice: 'tf16'")
+    assert "'tf32', 'gemm', 'wgmma', 'tensor_core', 'rows'" in p.stderr and "Traceback" not in p.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", [BERT, GRU_MODEL])
 def test_models_in_float16_on_cuda(path, tmp_path):

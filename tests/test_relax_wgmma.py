@@ -145,6 +145,35 @@ def test_float32_matmuls_match_3xtf32_and_batched_ones_keep_the_gemm_template(ba
                                                              ampere))
 
 
+def test_without_tf32_the_float32_projections_stay_on_the_gemm_template_and_in_the_compiled_model(base32, tmp_path):
+    """A user who turns the ``tf32`` matcher off gets the CUDA-core GEMM template for every
+    float32 matmul, and an operators file's 3xTF32 configs are not put in the model's place."""
+    from tvm_ext.errors import TvmExtError
+    from tvm_ext.pipeline import substitute_kernels
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import read_operators
+
+    cuda = offline_cuda()
+    fused = legalize_and_fuse(base32)
+    tasks = extract_tasks(fused, cuda)
+    matches = match_tasks(tasks, cuda)
+    without = match_tasks(tasks, cuda, without=("tf32",))
+    assert {m.name for m in matches if m.matcher == "tf32"} == \
+        {m.name for m in without if m.matcher == "gemm" and not m.template.batch}
+    assert len([m for m in without if m.matcher == "gemm"]) == 6 and not any(m.matcher == "tf32" for m in without)
+    operators = read_operators(_operators(matches, cuda, tmp_path / "db"))
+    assert len(operators) == 3  # the 3xTF32 configs of the projections' three shapes
+
+    def substituted(**kw) -> set[str]:
+        mod = substitute_kernels(legalize_and_fuse(base32), cuda, operators, **kw)
+        return {gv.name_hint for gv, f in mod.functions_items() if "tirx.is_scheduled" in (f.attrs or {})}
+
+    assert substituted() == {m.name for m in matches if m.matcher == "tf32"}
+    assert substituted(without=("tf32",)) == set()
+    with pytest.raises(TvmExtError, match="unknown template matcher tf16: choose from tf32, gemm"):
+        match_tasks(tasks, cuda, without=("tf16",))
+
+
 def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection(base32, tmp_path):
     import tvm
 

@@ -43,8 +43,18 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                             "(e.g. size=base, dtype=float16; repeatable)")
     model.add_argument("--retune", action="store_true",
                        help="tune kernels the database already holds (default: reuse them)")
+    model.add_argument("--without", action="append", default=[], metavar="MATCHER", choices=_matcher_names(),
+                       help="turn a template matcher off, its kernels going to the next template that takes them "
+                            "(e.g. tf32: float32 matmuls on the CUDA-core GEMM template instead of 3xTF32; "
+                            f"choices: {', '.join(_matcher_names())}; repeatable)")
     add_tuning_args(model)
     model.set_defaults(run=run_model)
+
+
+def _matcher_names() -> list[str]:
+    from .tasks import MATCHERS
+
+    return list(MATCHERS)
 
 
 def load_model_file(path: str) -> Any:
@@ -105,7 +115,7 @@ def run_model(args: argparse.Namespace) -> int:
     progress = _Progress(disabled=args.no_progress)
     try:
         result = tune_relax(mod, target, args.records, args.database, options, log=progress.write,
-                            on_record=progress.update, retune=args.retune)
+                            on_record=progress.update, retune=args.retune, without=args.without)
     finally:
         progress.close()
     print(f"\nmodel {args.file}  target={target.kind} device={target.device_name}  "
@@ -116,7 +126,7 @@ def run_model(args: argparse.Namespace) -> int:
         print("interrupted: records so far are kept and exported; rerun the same command to resume",
               file=sys.stderr)
         return 130
-    model = load_model(mod, target, args.database, args.function)
+    model = load_model(mod, target, args.database, args.function, without=args.without)
     if not callable(getattr(user, "get_inputs", None)):
         print("compiled (the file has no get_inputs(): not run)")
         return 0

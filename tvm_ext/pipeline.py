@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -93,8 +93,9 @@ def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:
     return list(ms.relax_integration.extract_tasks(mod, tvm_target(target)))
 
 
-def match_tasks(tasks: Sequence[Any], target: TargetInfo) -> list[TaskMatch]:
-    return [match_task(t.task_name, t.dispatched[0]["main"], target) for t in tasks]
+def match_tasks(tasks: Sequence[Any], target: TargetInfo, without: Collection[str] = ()) -> list[TaskMatch]:
+    """Each task's template (``tasks.match_task``), the matchers in ``without`` turned off."""
+    return [match_task(t.task_name, t.dispatched[0]["main"], target, without) for t in tasks]
 
 
 def default_rules() -> list[Any]:
@@ -137,14 +138,15 @@ def _register_intrinsics(target: TargetInfo) -> None:
 
 
 def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = None,
-                  log: Log | None = _stderr) -> Any:
+                  log: Log | None = _stderr, without: Collection[str] = ()) -> Any:
     """Tuned GRU plans for the GRU layers, then legalize, fuse, apply the database's
     schedules, dlight for the rest.
 
     Returns the Relax IRModule with every PrimFunc scheduled: give it to ``tvm.compile``
     (CUDA) or to ``OpenCLExecutor`` (OpenCL).  ``database`` is a folder written by
     ``tune_relax``/``export``, a meta_schedule Database, or ``None`` (dlight only; GRUs
-    take their analytic config).
+    take their analytic config).  ``without``: template matchers turned off (``tasks.MATCHERS``
+    names; e.g. ``tf32``: the operators file's 3xTF32 configs are not put in place).
     """
     import tvm
     from tvm import relax
@@ -162,7 +164,7 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
             log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
         return config
 
-    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config)), target, operators)
+    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config)), target, operators, without)
     _register_intrinsics(target)
     if database is not None:
         db = open_database(database) if isinstance(database, str) else database
@@ -195,7 +197,8 @@ def operator_config(operators: dict[str, dict[str, Any]], template: Any, target:
         return None
 
 
-def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[str, Any]]) -> Any:
+def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[str, Any]],
+                       without: Collection[str] = ()) -> Any:
     """Each function a substituting matcher takes (``Matcher.substitute``: float16 matmuls on
     wgmma) and whose template the operators file has a tuned config for, replaced by that
     config's kernel; the rest stay for the database's schedules and dlight."""
@@ -208,7 +211,7 @@ def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[s
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
             continue
-        match = match_substitute(gv.name_hint, func, target)
+        match = match_substitute(gv.name_hint, func, target, without)
         config = operator_config(operators, match.template, target) if match else None
         if match and config is not None:
             mod[gv] = MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
@@ -265,9 +268,9 @@ class CompiledModel:
 
 
 def load_model(mod: Any, target: TargetInfo, database: str | Any | None = None,
-               function: str | None = None, log: Log | None = _stderr) -> CompiledModel:
+               function: str | None = None, log: Log | None = _stderr, without: Collection[str] = ()) -> CompiledModel:
     """``compile_relax`` then ready to run on the target's device."""
-    return CompiledModel(compile_relax(mod, target, database, log), target, function)
+    return CompiledModel(compile_relax(mod, target, database, log, without), target, function)
 
 
 # ---- tuning ---------------------------------------------------------------------------------
@@ -285,7 +288,8 @@ class _Group:
 
 def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
                options: SessionOptions = SessionOptions(), log: Log | None = _stderr,
-               on_record: Callable[[Any, Any], None] | None = None, retune: bool = False) -> RelaxTuning:
+               on_record: Callable[[Any, Any], None] | None = None, retune: bool = False,
+               without: Collection[str] = ()) -> RelaxTuning:
     """Tune every PrimFunc of ``mod`` that a template matches, and every GRU layer; export
     the best to ``database``.
 
@@ -294,6 +298,8 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     already holds is not tuned again (``retune``: it is, resuming its records).  Ctrl-C
     stops the search, keeps the records and still exports what was found.  Every task is
     tuned with ``options`` (``records`` replaces its records file) through one ``Session``.
+    ``without``: template matchers turned off (``tasks.MATCHERS`` names), their tasks going to
+    the next template that takes them.
     """
     import dataclasses
     import time
@@ -310,7 +316,7 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     operators = read_operators(database)
     lowered = legalize_and_fuse(mod)
     tasks = extract_tasks(lowered, target)
-    matches = match_tasks(tasks, target)
+    matches = match_tasks(tasks, target, without)
     grus = find_grus(mod, target)
     groups: dict[str, _Group] = {}
     in_database: dict[int, bool] = {}  # task index -> the database already holds it

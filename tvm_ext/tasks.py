@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 from .relax_wgmma import WgmmaSite, compose_epilogue, substitute_kernel
 from .space import Config
@@ -448,12 +448,29 @@ MATCHERS: dict[str, Matcher] = {
 }
 
 
-def match_substitute(name: str, func: Any, target: TargetInfo) -> TaskMatch | None:
+def without_reason(without: Collection[str]) -> str | None:
+    """Why ``without`` (matchers a user turns off) is not a list of ``MATCHERS`` names, or None."""
+    unknown = sorted(set(without) - set(MATCHERS))
+    return (f"unknown template matcher {', '.join(unknown)}: choose from {', '.join(MATCHERS)}" if unknown
+            else None)
+
+
+def _matchers(without: Collection[str]) -> list[Matcher]:
+    reason = without_reason(without)
+    if reason:
+        from .errors import TvmExtError
+
+        raise TvmExtError(reason)
+    return [m for name, m in MATCHERS.items() if name not in without]
+
+
+def match_substitute(name: str, func: Any, target: TargetInfo, without: Collection[str] = ()) -> TaskMatch | None:
     """The first substituting matcher (``Matcher.substitute``) whose pattern takes ``func``, or
-    None: what a compiled model replaces with a tuned config's kernel (built there, not here)."""
+    None: what a compiled model replaces with a tuned config's kernel (built there, not here).
+    ``without``: matchers turned off (e.g. ``tf32`` for CUDA-core float32 GEMMs)."""
     if dynamic_shape_reason(func):
         return None
-    for matcher in MATCHERS.values():
+    for matcher in _matchers(without):
         if matcher.substitute is not None:
             found = matcher.match(func, target)
             if not isinstance(found, NoMatch):
@@ -466,9 +483,10 @@ def _last_line(exc: Exception) -> str:
     return text[-1] if text else type(exc).__name__
 
 
-def match_task(name: str, func: Any, target: TargetInfo) -> TaskMatch:
-    """The template that schedules ``func``: each matcher's pattern, then the template's
-    default config scheduled on the function and lowered (``program.lower_check``)."""
+def match_task(name: str, func: Any, target: TargetInfo, without: Collection[str] = ()) -> TaskMatch:
+    """The template that schedules ``func``: each matcher's pattern (but those in ``without``),
+    then the template's default config scheduled on the function and lowered
+    (``program.lower_check``)."""
     from .program import lower_check
 
     dynamic = dynamic_shape_reason(func)
@@ -477,7 +495,7 @@ def match_task(name: str, func: Any, target: TargetInfo) -> TaskMatch:
     if not any(_is_reduction(b) for b in root_blocks(func)[1]):
         return TaskMatch(name, None, None, "no reduction (elementwise or data movement): no template")
     reasons: list[NoMatch] = []
-    for matcher in MATCHERS.values():
+    for matcher in _matchers(without):
         found = matcher.match(func, target)
         if isinstance(found, NoMatch):
             reasons.append(found)
