@@ -6,9 +6,9 @@ Run through the device tool (see ../shared/DEVICE.md), a few minutes on an H100:
 For each shape and precision: cuBLAS (torch; float32 with TF32 off) timed call by call, back to
 back on rotated randn operands and replayed from a CUDA graph (the baseline is its best); then
 our kernel at the template's default, at the same tile without a split, and at a grid of tiles
-and splits, each timed the same three ways on the same operands (both kernels of a split: the
-GEMM into float32 partial sums and their addition), with its error against float64 on
-NaN-poisoned outputs.  Prints a markdown table.
+and splits (the slices added by a second kernel, or by a thread-block cluster), each timed the
+same three ways on the same operands (a split's kernels together), with its error against
+float64 on NaN-poisoned outputs.  Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -42,13 +42,14 @@ def candidates(template: Any, target: Any, operand: str) -> list[tuple[str, Any]
     out = [(f"default: {WgmmaTile.of(default, operand).name}", default)]
     for bm, bn, stages, inflight, raster, tiles in TILES:
         for split in SPLITS:
-            tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, split, operand)
-            if operand == "tf32":  # promote within a slice: the default's period where it divides
-                steps = template.depth // tile.bk // split
-                extra = {"tf_promote": next(p for p in (extra["tf_promote"], 4, 2, 1) if steps % p == 0)}
-            cfg = space.make(**tile.knobs(), **extra)
-            if space.is_feasible(cfg) and cfg != default:
-                out.append((tile.name, cfg))
+            for cluster in (False, True) if split > 1 else (False,):  # slices added by a second kernel or a cluster
+                tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, split, cluster, operand)
+                if operand == "tf32":  # promote within a slice: the default's period where it divides
+                    steps = template.depth // tile.bk // split
+                    extra = {"tf_promote": next(p for p in (extra["tf_promote"], 4, 2, 1) if steps % p == 0)}
+                cfg = space.make(**tile.knobs(), **extra)
+                if space.is_feasible(cfg) and cfg != default:
+                    out.append((tile.name, cfg))
     return out
 
 

@@ -28,7 +28,12 @@ epilogue stages each warpgroup's C in the 1 + ``wg_inflight`` stages the next ti
 free.  ``wg_split_k`` S > 1: K in S slices, each a unit of work (unit u: slice u // tiles of
 tile u % tiles), its float32 sums stored straight to a buffer of the function's own (S x C),
 and a second kernel adds the slices and applies the epilogue: more blocks where C has too few
-tiles for the SMs.  Shapes the tile does not divide are refused (no guards).
+tiles for the SMs.  ``wg_split_cluster`` 1: a tile's S slices are one thread-block cluster
+(adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
+and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
+memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
+global memory (H100, float16 1024x768x3072 in 2: 15.4 us against 17.8; clusters of 4 and 8
+slower).  Shapes the tile does not divide are refused (no guards).
 
 Measured (H100, 2026-11-23, ``benchmarks/wgmma_probe.py``): 128x256, 4 stages, one group in
 flight, shared-memory epilogue: 578 TFLOP/s at 4096^3 = 0.86 of cuBLAS float16, output
@@ -80,6 +85,10 @@ KNOBS = (
     Knob("wg_split_k", SPLITS_OF_K,
          "slices of K: each C tile's k steps split over that many units (more blocks where C has few tiles), "
          "their float32 sums added by a second kernel that applies the epilogue"),
+    Knob("wg_split_cluster", (0, 1),
+         "with K split: 1: a tile's slices run as one thread-block cluster (Hopper) and add their sums through "
+         "distributed shared memory, each block the epilogue of its share of the tile's rows (one kernel, no "
+         "sums in global memory); 0: float32 sums to global memory, added by a second kernel"),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # best at the GRU's projection 8192x3072x1024 (H100: 0.098 ms against 0.100 with 128x256), but no
@@ -112,6 +121,7 @@ class WgmmaTile:
     raster: int = 0
     tiles: int = 1  # C tiles a block computes in turn
     split: int = 1  # slices of K (units a C tile), their sums added by a second kernel
+    cluster: bool = False  # with a split: the slices a thread-block cluster, added in its shared memory
     operand: str = "float16"  # ``OPERANDS``
 
     @property
@@ -123,20 +133,22 @@ class WgmmaTile:
     def of(cls, config: Config, operand: str = "float16") -> "WgmmaTile":
         c = config.as_dict()
         return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
-                   c["wg_raster"], tiles=c.get("wg_tiles", 1), split=c.get("wg_split_k", 1), operand=operand)
+                   c["wg_raster"], tiles=c.get("wg_tiles", 1), split=c.get("wg_split_k", 1),
+                   cluster=bool(c.get("wg_split_cluster", 0)), operand=operand)
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wg_bm=self.bm, wg_bn=self.bn, wg_stages=self.stages, wg_inflight=self.inflight,
                     wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster, wg_tiles=self.tiles,
-                    wg_split_k=self.split)
+                    wg_split_k=self.split, wg_split_cluster=int(self.cluster))
 
     @property
     def name(self) -> str:
         return (f"wgmma {'' if self.operand == 'float16' else self.operand + ' '}{self.bm}x{self.bn}x{self.bk} "
                 f"s{self.stages} w{self.inflight} "
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
-                f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}")
+                f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
+                f"{' cluster' if self.cluster else ''}")
 
     @property
     def threads(self) -> int:
@@ -144,6 +156,10 @@ class WgmmaTile:
 
     def smem_bytes(self) -> int:
         return self.stages * (self.bm + self.bn) * 128
+
+    def cluster_sum_bytes(self) -> int:
+        """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""
+        return self.bm * (self.bn + 8) * 4
 
     def c_pieces_per_stage(self) -> int:
         """Warpgroups' C (64 rows of bn halves, padded by 8) one stage's shared memory holds."""
@@ -181,6 +197,12 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
                 f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
     if t.split > 1 and t.smem_epilogue:
         return f"{t.name}: a split K stores float32 sums straight to global memory (use wg_smem_epilogue 0)"
+    if t.cluster and (t.split == 1 or t.tiles > 1 or t.bm % t.split):
+        return (f"{t.name}: a cluster adds the slices of K of one tile (wg_split_k > 1, wg_tiles 1), each block "
+                f"{t.bm} / {t.split} of its rows: the split must divide bm")
+    if t.cluster and t.cluster_sum_bytes() > t.smem_bytes():
+        return (f"{t.name}: the tile's float32 sums ({t.cluster_sum_bytes()} bytes) do not fit in the stages' "
+                f"shared memory ({t.smem_bytes()})")
     if t.raster < 0 or (t.raster and m // t.bm % t.raster):
         return f"{t.name}: the raster group ({t.raster}) must divide the {m // t.bm} tile rows"
     if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
@@ -364,13 +386,20 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + a_stage + b_chunk(i * threads + tx)]),
                                                b_global(Bt, at, col0, kt, i * threads + tx), 16)
 
+    clustered = cfg.cluster  # a tile's slices are the blocks of a cluster: adjacent units
+
     def c_tile(unit: Any) -> Any:
-        """The C tile of unit ``unit`` (each tile's K slices are ``c_tiles`` units apart)."""
-        return unit % c_tiles if split > 1 else unit
+        """The C tile of unit ``unit`` (each tile's K slices are ``c_tiles`` units apart, or with a
+        cluster adjacent)."""
+        if split == 1:
+            return unit
+        return unit // split if clustered else unit % c_tiles
 
     def global_kt(unit: Any, kt: Any) -> Any:
         """Unit ``unit``'s k step ``kt`` as a k step of the whole K."""
-        return kt + unit // c_tiles * k_tiles if split > 1 else kt
+        if split == 1:
+            return kt
+        return kt + (unit % split if clustered else unit // c_tiles) * k_tiles
 
     def in_matrix(tile: Any) -> Any:
         """Unit ``tile``'s C tile's number within its matrix of the batch."""
@@ -417,6 +446,45 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
             for v in T.vectorized(2):
                 P[(unit // c_tiles, *at, fragment_row(row0 + wg * 64, tx, p), fragment_col(col0, tx, p, v))] = \
                     acc[p * 2 + v]
+
+    band = bm // split  # with a cluster: rows of the tile each of its blocks adds and stores
+    band_quads = band * bn // 4
+    sum_stride = bn + 8  # float32 a row of the tile's sums in shared memory (padded: conflict-free pairs)
+
+    @T.macro
+    def cluster_sum(smem: Any, C: Any, bias: Any, acc: Any, bid: Any, at: Any, row0: Any, col0: Any, wg: Any,
+                    tx: Any) -> None:
+        """The cluster's K slices of this tile added: each block's float32 sums into its shared
+        memory, then block ``rank`` adds rows [rank x band, ..) of every block's (distributed
+        shared memory, 16 bytes at a time, slices in order) and stores them through the epilogue."""
+        sums = T.decl_buffer((bm * sum_stride,), "float32", data=smem.data, scope="shared.dyn")
+        peer = T.alloc_buffer((split,), "uint32", scope="local")
+        got = T.alloc_buffer((4,), "float32", scope="local")
+        quad = T.alloc_buffer((4,), "float32", scope="local")
+        T.ptx["cp.async.wait_group"](0)
+        T.tvm_storage_sync("shared")  # every warpgroup's wgmma retired: the stages are free
+        for p in T.unroll(n_acc // 2):
+            for v in T.vectorized(2):
+                sums[fragment_row(wg * 64, tx, p) * sum_stride + fragment_col(0, tx, p, v)] = acc[p * 2 + v]
+        T.ptx["barrier.cluster.arrive.release"]()
+        T.ptx["barrier.cluster.wait.acquire"]()  # every block's sums are in its shared memory
+        for b in T.unroll(split):
+            T.ptx["mapa.shared::cluster.u32"](peer[b], T.cuda.cvta_generic_to_shared(sums.ptr_to([0])), T.uint32(b))
+        for i in T.unroll(-(-band_quads // threads)):
+            if i * threads + tx < band_quads:
+                row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
+                col = T.meta_var((i * threads + tx) % (bn // 4) * 4)
+                for v in T.unroll(4):
+                    quad[v] = T.float32(0)
+                for b in T.unroll(split):
+                    T.ptx["ld.shared::cluster.v4.f32"](got[0], got[1], got[2], got[3],
+                                                       peer[b] + T.Cast("uint32", (row * sum_stride + col) * 4))
+                    for v in T.unroll(4):
+                        quad[v] = quad[v] + got[v]
+                for v in T.vectorized(4):
+                    C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
+        T.ptx["barrier.cluster.arrive.release"]()
+        T.ptx["barrier.cluster.wait.acquire"]()  # no block leaves while another reads its shared memory
 
     quads = c_tiles * bm * bn // 4  # C's elements, four a thread
     quad_blocks = -(-quads // REDUCE_THREADS)
@@ -551,6 +619,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         with T.launch_thread("blockIdx.x", units) as bid:
+            if clustered:
+                T.launch_thread("clusterCtaIdx.x", split)
             with T.launch_thread("threadIdx.x", threads) as tx:
                 smem = T.alloc_buffer((stages * stage,), in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((n_acc,), "float32", scope="local")
@@ -580,7 +650,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                     if promoting:
                         promotion(acc, total, kt)
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
-                if split > 1:
+                if clustered:
+                    cluster_sum(smem, C, bias, summed(total, acc), bid, at, row0, col0, wg, tx)
+                elif split > 1:
                     partial_store(C, summed(total, acc), bid, at, row0, col0, wg, tx)
                 elif smem_epilogue:
                     T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
@@ -606,7 +678,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     def run(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         """The kernel, or with K split, the kernel into float32 sums of the slices, then their total
         through the epilogue (``add_slices``)."""
-        if split > 1:
+        if split > 1 and not clustered:
             P = T.alloc_buffer((split, *c_shape), "float32", scope="global")
             units_gemm(A, Bt, bias, P)
             add_slices(P, bias, C)

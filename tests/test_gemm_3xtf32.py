@@ -181,7 +181,11 @@ def _gpu_error(t, cfg, a, b):
                                                 tf_promote=2), dict(wg_bm=64, wg_bn=64, wg_tiles=3),
                                    dict(wg_inflight=0, tf_promote=1),
                                    dict(wg_bm=128, wg_bn=128, wg_tiles=1, wg_split_k=4, tf_promote=4),
-                                   dict(wg_bm=64, wg_bn=128, wg_tiles=2, wg_split_k=3, tf_promote=2)])
+                                   dict(wg_bm=64, wg_bn=128, wg_tiles=2, wg_split_k=3, tf_promote=2),
+                                   dict(wg_bm=128, wg_bn=128, wg_tiles=1, wg_split_k=2, wg_split_cluster=1,
+                                        tf_promote=4),
+                                   dict(wg_bm=128, wg_bn=192, wg_stages=4, wg_tiles=1, wg_raster=0, wg_split_k=4,
+                                        wg_split_cluster=1, tf_promote=2)])
 def test_cuda_3xtf32_matches_float64(knobs):
     t = Gemm3xTf32Template(384, 768, 512)
     target_cfg = t.default_config(offline_cuda())

@@ -116,7 +116,7 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
     slices and stores C.  The partial sums are the function's own buffer (TVM's workspace)."""
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
-    cfg = t.default_config(target)
+    cfg = t.default_config(target).replace(wg_split_cluster=0)
     assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2)
     program = t.build_program(cfg, target)
     assert program.params == ("A", "Bt", "C")
@@ -134,6 +134,29 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
     assert adder.count("*(float4*)(P_ptr") == 2  # both slices, 16 bytes a thread
 
 
+def test_a_cluster_adds_the_slices_of_a_tile_in_its_shared_memory_in_one_kernel():
+    """The default at BERT's FFN down: K in two, the two slices of a tile one thread-block cluster
+    (adjacent blocks: slice blockIdx % 2, its k steps from slice x 1536); each block's float32
+    sums go to its own shared memory, and block rank r adds rows [64r, 64r + 64) of both blocks'
+    (``ld.shared::cluster``, 16 bytes at a time, 8 quads a thread) and stores them: one launch, no
+    partial sums in global memory."""
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(1024, 768, 3072)
+    cfg = t.default_config(target)
+    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, cluster=True)
+    program = t.build_program(cfg, target)
+    (gemm,) = program.launches
+    assert gemm.grid == (96, 1, 1) and gemm.cluster == (2, 1, 1) and gemm.args == ("A", "Bt", "C")
+    kernel = program.source[program.source.index("main_kernel(half* __restrict__ A_ptr"):]
+    assert "for (int kt = 0; kt < 24; ++kt)" in kernel
+    assert "((((int)blockIdx.x) & 1) * 1536)" in kernel  # the slice's first k column
+    assert "(((int)blockIdx.x) & 1) * 49152)" in kernel  # the rank's 64 rows of C (x 768)
+    assert kernel.count("tvm_builtin_ptx_ld_vec_shared__cluster_v4_f32(") == 2 * 8
+    assert kernel.count("tvm_builtin_ptx_mapa_u32_shared__cluster_u32(") == 2
+    assert kernel.count("tvm_builtin_ptx_barrier_cluster_arrive_cluster_arrive_release()") == 2
+    assert "P_ptr" not in program.source
+
+
 def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     """``split_pick``: few wide tiles and a deep K split (FFN down, a 512x512 output of depth
     8192: 1.04x cuBLAS on the H100 against 0.57 unsplit); K too short to split (12 k steps) or
@@ -147,6 +170,8 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
         return WgmmaTile.of(WgmmaGemmTemplate(*shape).default_config(target)).split
 
     assert split_of(1024, 768, 3072) == 2 and split_of(512, 512, 8192) == 8
+    cluster = WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072).default_config(target)).cluster
+    assert cluster and not WgmmaTile.of(WgmmaGemmTemplate(512, 512, 8192).default_config(target)).cluster
     assert split_of(1024, 768, 768) == split_of(1024, 3072, 768) == split_of(4096, 4096, 4096) == 1
     assert pick_wgmma_tile([(1024, 768, 3072)], target, "float16").split == 1
     assert pick_wgmma_tile([(1024, 768, 3072)], target, "float16", split_k=True).split == 2
@@ -162,6 +187,12 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     ((512, 512, 256), dict(wg_bm=256, wg_bn=256, wg_stages=3), "registers"),  # failed to launch on the H100
     ((1024, 768, 768), dict(wg_smem_epilogue=0, wg_split_k=8), "12 steps of 64 must split into 8 equal slices"),
     ((1024, 768, 3072), dict(wg_split_k=2), "split K stores float32 sums"),
+    ((1024, 768, 3072), dict(wg_smem_epilogue=0, wg_split_k=3, wg_split_cluster=1), "the split must divide bm"),
+    ((1024, 768, 3072), dict(wg_smem_epilogue=0, wg_split_k=2, wg_split_cluster=1, wg_tiles=2, wg_stages=3),
+     "wg_tiles 1"),
+    ((1024, 768, 3072), dict(wg_smem_epilogue=0, wg_split_cluster=1, wg_stages=3), "wg_split_k > 1"),
+    ((1024, 768, 3072), dict(wg_bn=256, wg_stages=2, wg_inflight=0, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=1,
+                             wg_split_cluster=1), "do not fit in the stages' shared memory"),
 ])
 def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
     target = offline_cuda()
@@ -239,7 +270,10 @@ def test_cli_batch_options_are_checked(tmp_path):
                                    dict(wg_bn=192, wg_tiles=6), dict(wg_tiles=4, wg_smem_epilogue=0, wg_raster=2),
                                    dict(wg_bm=256, wg_bn=128, wg_tiles=3),
                                    dict(wg_smem_epilogue=0, wg_split_k=2),
-                                   dict(wg_bn=128, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=3, wg_raster=2)])
+                                   dict(wg_bn=128, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=3, wg_raster=2),
+                                   dict(wg_bn=128, wg_smem_epilogue=0, wg_split_k=2, wg_split_cluster=1, wg_raster=2),
+                                   dict(wg_bm=64, wg_bn=192, wg_stages=4, wg_smem_epilogue=0, wg_split_k=2,
+                                        wg_split_cluster=1)])
 def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
     """Both B layouts (KN: the transposed-B descriptors, N atoms and their swizzle; a wrong
     stride or swizzle scrambles B and the error is O(1)); several tiles a block, unevenly
@@ -293,6 +327,10 @@ def test_cuda_tune_gemm_wgmma(tmp_path):
          knobs=dict(wg_bm=64, wg_bn=128, wg_stages=4, wg_tiles=4, wg_smem_epilogue=1)),
     dict(shape=(256, 128, 256), batch=(3,), b_layout="KN",
          knobs=dict(wg_bm=128, wg_bn=128, wg_stages=3, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=2)),
+    dict(shape=(256, 128, 512), batch=(3,), b_layout="KN",
+         knobs=dict(wg_bm=128, wg_bn=128, wg_stages=4, wg_smem_epilogue=0, wg_split_k=4, wg_split_cluster=1)),
+    dict(shape=(128, 64, 1024), batch=(2,), b_layout="NK",
+         knobs=dict(wg_bm=64, wg_bn=64, wg_stages=4, wg_smem_epilogue=0, wg_split_k=8, wg_split_cluster=1)),
 ])
 def test_cuda_batched_wgmma_matches_float64(case):
     """Each matrix of a batch at its own offset (a wrong matrix index repeats or skips one: the

@@ -20,6 +20,7 @@ from .precision import cast, np_dtype
 from .target import TargetInfo
 
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+CLUSTER_TAGS = ("clusterCtaIdx.x", "clusterCtaIdx.y", "clusterCtaIdx.z")  # thread-block clusters (Hopper)
 DYN_SHARED_TAG = "tirx.use_dyn_shared_memory"  # launch parameter: bytes of dynamic shared memory
 MAIN = "main"  # the function a single-PrimFunc program is called by
 WORKSPACE = "workspace:"  # a launch argument that is a buffer of the function's own (TVM allocates it)
@@ -47,6 +48,7 @@ class KernelLaunch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dyn_shared_bytes: int = 0  # CUDA dynamic shared memory (TVM's runtime passes it at launch)
+    cluster: tuple[int, int, int] = (1, 1, 1)  # CUDA thread-block cluster (TVM's runtime launches it so)
 
     @property
     def global_size(self) -> tuple[int, int, int]:
@@ -155,7 +157,7 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     launches = []
     for call in calls:
         tags = list(call.attrs.launch_params)
-        unknown = [t for t in tags if t not in THREAD_TAGS and t != DYN_SHARED_TAG]
+        unknown = [t for t in tags if t not in THREAD_TAGS + CLUSTER_TAGS and t != DYN_SHARED_TAG]
         if unknown:
             raise RuntimeError(f"unsupported launch parameters {unknown}")
         values = call.args[len(call.args) - len(tags):]
@@ -183,8 +185,9 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
             args.append(text[:-5])
         grid = tuple(extents.get(f"blockIdx.{d}", 1) for d in "xyz")
         block = tuple(extents.get(f"threadIdx.{d}", 1) for d in "xyz")
+        cluster = tuple(extents.get(tag, 1) for tag in CLUSTER_TAGS)
         launches.append(KernelLaunch(str(call.args[0].value), tuple(args), grid, block,  # type: ignore[arg-type]
-                                     extents.get(DYN_SHARED_TAG, 0)))
+                                     extents.get(DYN_SHARED_TAG, 0), cluster))  # type: ignore[arg-type]
     return tuple(launches), params
 
 
@@ -240,7 +243,7 @@ def bind_launches(launches: Mapping[str, Any], calls: Sequence[tuple[str, tuple[
         bound = dict(zip(params, args))
         for k in kernels:
             out.append(KernelLaunch(k.name, tuple(bound.get(a, a) if isinstance(a, str) else a for a in k.args),
-                                    k.grid, k.block, k.dyn_shared_bytes))
+                                    k.grid, k.block, k.dyn_shared_bytes, k.cluster))
     return tuple(out)
 
 
