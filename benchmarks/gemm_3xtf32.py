@@ -58,8 +58,8 @@ def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
     space = template.space(target)
     configs = [(f"default {WgmmaTile.of(default, 'tf32').name} p{default.tf_promote}", default)]
     for bm, bn, stages, inflight, raster, tiles, promote in VARIANTS:
-        cfg = space.make(wg_bm=bm, wg_bn=bn, wg_stages=stages, wg_inflight=inflight, wg_smem_epilogue=0,
-                         wg_raster=raster, wg_tiles=tiles, wg_split_k=1, tf_promote=promote)
+        tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="tf32")  # unsplit
+        cfg = space.make(**tile.knobs(), tf_promote=promote)
         if cfg != default and space.is_feasible(cfg):
             configs.append((f"{WgmmaTile.of(cfg, 'tf32').name} p{promote}", cfg))
     for label, cfg in configs:

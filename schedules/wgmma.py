@@ -69,6 +69,7 @@ REGISTERS_PER_SM = 65536
 # 128-register cap; 256x256 failed to launch)
 OTHER_REGISTERS = 32
 THREAD_REGISTERS = 255  # the most registers a thread may have
+TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
 SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wg_split_k's choices
 REDUCE_THREADS = 256  # threads a block of the split sums' kernel, four columns each
 KNOBS = (
@@ -78,7 +79,7 @@ KNOBS = (
     Knob("wg_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
     Knob("wg_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
     Knob("wg_raster", (0, 2, 4, 8), "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
-    Knob("wg_tiles", (1, 2, 3, 4, 6, 8, 12, 16),
+    Knob("wg_tiles", TILES_PER_BLOCK,
          "C tiles a block computes in turn (tiles b, b + grid, ...), its cp.async pipeline running on from one "
          "tile's k steps into the next's (no refill at each tile's start); the shared-memory epilogue then stages C "
          "in the stages the next tile's loads leave free"),

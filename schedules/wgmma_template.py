@@ -16,11 +16,9 @@ from tvm_ext.space import Config, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
-from .wgmma import (DEFAULT_TILES, KNOBS, SHARED_LIMIT, SPLITS_OF_K, WgmmaTile, b_layout_reason, b_shape,
-                    compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (DEFAULT_TILES, KNOBS, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile, b_layout_reason,
+                    b_shape, compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm, wgmma_reason)
 
-
-TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
 # the pick's split of K: at least this many k steps a slice (H100, float16 1024x768x768, 12 k
 # steps: halves of 6 ran at 0.66-0.75 of the unsplit kernels), and taken only where the cost
 # model (``split_cost``) puts it this far below the unsplit pick

@@ -43,10 +43,11 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                             "(e.g. size=base, dtype=float16; repeatable)")
     model.add_argument("--retune", action="store_true",
                        help="tune kernels the database already holds (default: reuse them)")
-    model.add_argument("--without", action="append", default=[], metavar="MATCHER", choices=_matcher_names(),
+    matchers = _matcher_names()
+    model.add_argument("--without", action="append", default=[], metavar="MATCHER", choices=matchers,
                        help="turn a template matcher off, its kernels going to the next template that takes them "
                             "(e.g. tf32: float32 matmuls on the CUDA-core GEMM template instead of 3xTF32; "
-                            f"choices: {', '.join(_matcher_names())}; repeatable)")
+                            f"choices: {', '.join(matchers)}; repeatable)")
     add_tuning_args(model)
     model.set_defaults(run=run_model)
 
