@@ -118,6 +118,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
         *unit_warps,
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
         pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
+        pick.replace(in_split=2),  # float16 parts on wgmma (where the pick has TF32 parts)
         pick.replace(in_wgmma=0),  # float16: the input GEMM on its mma.sync tile (where the pick has wgmma)
         *rows32,
         *tensor_core_flags,
@@ -173,7 +174,8 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
 
 
 def short(cfg: Config) -> str:
-    split = ("", " + input GEMM as float16 parts", " + input GEMM as float16 parts on wgmma")[cfg.in_split]
+    split = ("", " + input GEMM as float16 parts", " + input GEMM as float16 parts on wgmma",
+             " + input GEMM as TF32 parts on wgmma")[cfg.in_split]
     return _step(cfg) + split + (" + input GEMM on wgmma" if cfg.in_wgmma else "")
 
 

@@ -177,6 +177,24 @@ def split_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a_lo @ b_hi + a_hi @ b_lo + a_hi @ b_hi
 
 
+def pick_tf32_tile(shapes: Any, target: TargetInfo, split_k: bool = False) -> WgmmaTile | None:
+    """A TF32 tile dividing every (M, N, 3K) of ``shapes``: ``pick_wgmma_tile`` among ``TF32_TILES``
+    (the first giving 90 % of the SMs a C tile, else the one giving most), else among
+    ``NARROW_TF32_TILES``; None off Hopper or where none divides."""
+    def pick(candidates: tuple[tuple[int, int, int, int], ...]) -> WgmmaTile | None:
+        tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
+                 for bm, bn, stages, inflight in candidates]
+        return pick_wgmma_tile(shapes, target, "float32", candidates=tiles, split_k=split_k)
+
+    return pick(TF32_TILES) or pick(NARROW_TF32_TILES)
+
+
+def promote_steps(tile: WgmmaTile, depth: int) -> int:
+    """``DEFAULT_PROMOTE`` k steps between promotions, or the largest of 2 and 1 dividing the k
+    steps each slice of ``tile`` runs at ``depth`` (3K)."""
+    return next(p for p in (DEFAULT_PROMOTE, 2, 1) if depth // tile.bk // tile.split % p == 0)
+
+
 @dataclass(frozen=True)
 class Gemm3xTf32Template(Template):
     """C[M, N] = A[M, K] · B[K, N] (or A · Bt[N, K]ᵀ, ``b_layout`` "NK"), float32 in and out, as
@@ -225,23 +243,14 @@ class Gemm3xTf32Template(Template):
         return Space(KNOBS, (lambda c: self.tile_reason(c, target),))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """``pick_wgmma_tile`` among ``TF32_TILES`` (the first giving 90 % of the SMs a C tile, else
-        the one giving most, spread over one block an SM), else among ``NARROW_TF32_TILES``,
-        promoting every ``DEFAULT_PROMOTE`` k steps; an error saying why where the target has no
-        wgmma or no tile divides the shape."""
+        """``pick_tf32_tile`` for this shape, promoting every ``promote_steps``; an error saying why
+        where the target has no wgmma or no tile divides the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        def pick(candidates: tuple[tuple[int, int, int, int], ...]) -> WgmmaTile | None:
-            tiles = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand="tf32")
-                     for bm, bn, stages, inflight in candidates]
-            return pick_wgmma_tile([(self.m, self.n, self.depth)], target, "float32", candidates=tiles,
-                                   split_k=True)
-
-        tile = pick(TF32_TILES) or pick(NARROW_TF32_TILES)
+        tile = pick_tf32_tile([(self.m, self.n, self.depth)], target, split_k=True)
         if tile is not None:
-            promote = next(p for p in (DEFAULT_PROMOTE, 2, 1) if self.depth // tile.bk // tile.split % p == 0)
-            return self.space(target).make(**tile.knobs(), tf_promote=promote)
+            return self.space(target).make(**tile.knobs(), tf_promote=promote_steps(tile, self.depth))
         raise TvmExtError(f"no TF32 wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                           f"and K of 32 (no guards)")
 

@@ -22,7 +22,8 @@ from tvm_ext.errors import TvmExtError
 from tvm_ext.schedules.gemm import BiasGemmTemplate
 from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.schedules.gru.split import (FLOAT16_MAX, SPLIT_WEIGHT_SCALE, split_depth, split_parts, split_product,
-                                          split_range_reason, split_rows_func, split_weight_func)
+                                          split_range_reason, split_rows_func, split_weight_func,
+                                          split_weight_n_major_func, tf32_split_rows_func)
 from tvm_ext.target import offline_cuda
 
 
@@ -52,6 +53,42 @@ def test_split_kernels_store_the_numpy_parts():
     # the parts hold 22 bits: hi + lo is x within 2^-22 of it (2^-25 absolute where lo is subnormal)
     rebuilt = hi.astype(np.float64) + lo.astype(np.float64)
     assert np.all(np.abs(rebuilt - x) <= np.maximum(np.abs(x) * 2.0 ** -22, 2.0 ** -25))
+
+
+def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
+    """in_split 3: x's rows as [lo | hi | hi] and W_ih's columns (N-major) as [hi | lo | hi] TF32
+    parts (``gemm_3xtf32``'s order), each zero-padded to a depth of 64 (40 -> 64), unscaled and
+    at float32's range (1e30 and 3e-30 split as exactly as 1), built and run on PoCL."""
+    from tvm_ext.executors import OpenclExecutor
+    from tvm_ext.program import TensorSpec, compile_calls_program
+    from tvm_ext.schedules.gemm_3xtf32 import tf32_parts
+    from tvm_ext.schedules.gru.kernels import schedule_elementwise
+
+    m, k, n = 6, 40, 72  # N not a multiple of 32: the transposed tiles guard their columns
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :3] = (1e30, -3e-30, 70000.0)  # beyond float16's range both ways
+    w = (rng.standard_normal((k, n)) * 1e-3).astype(np.float32)
+    funcs = {"split_x": schedule_elementwise(tf32_split_rows_func(m, k), "split", 64).mod["main"],
+             "split_w": split_weight_n_major_func(k, n, tf32=True)}
+    calls = [("split_x", ("x", "xs")), ("split_w", ("w", "ws"))]
+    program = compile_calls_program(funcs, calls, opencl, ("x", "w", "xs", "ws"), {})
+    specs = {"x": TensorSpec((m, k), "float32"), "w": TensorSpec((k, n), "float32"),
+             "xs": TensorSpec((m, 192), "float32"), "ws": TensorSpec((n, 192), "float32")}
+    run = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id)
+    run.write("x", x)
+    run.write("w", w)
+    for name in ("xs", "ws"):
+        run.write(name, np.full(specs[name].shape, np.nan, np.float32))
+    run.run()
+    run.sync()
+    pad = lambda part: np.pad(part, [(0, 0), (0, 24)])  # noqa: E731
+    x_hi, x_lo = tf32_parts(x)
+    w_hi, w_lo = tf32_parts(w.T.copy())
+    assert np.array_equal(run.read("xs"), np.concatenate([pad(x_lo), pad(x_hi), pad(x_hi)], axis=1))
+    assert np.array_equal(run.read("ws"), np.concatenate([pad(w_hi), pad(w_lo), pad(w_hi)], axis=1))
+    rebuilt = x_hi.astype(np.float64) + x_lo.astype(np.float64)
+    assert np.all(np.abs(rebuilt - x) <= np.abs(x) * 2.0 ** -22)
 
 
 def test_three_products_of_the_parts_are_float32_accurate():
@@ -155,6 +192,34 @@ def test_split_refusals(opencl):
     assert "out must be float32" in two.space(target).infeasible_reason(on(two, target))
 
 
+def test_split_into_tf32_parts_plan_and_its_cuda():
+    """in_split 3: float32 part buffers (x's rows, W_ih's columns N-major), the TF32 wgmma GEMM of
+    depth 3 x padded K adding the float32 bias with no scale to undo, sums promoted; refused off
+    Hopper and with a 16-bit gi, with the reason."""
+    target = offline_cuda()
+    t = GruTemplate(batch=8, hidden=64, input=48, seq=16, layers=2, bidirectional=True).with_tensor_cores(target)
+    assert t.in_split_tf32 is not None and t.params["in_split_tf32"] == t.in_split_tf32.name
+    assert t.in_split_tf32.operand == "tf32"
+    cfg = t.analytic_pick(target)[0].replace(in_split=3)
+    compiled = t.compile(cfg, target)
+    specs = t.for_config(cfg).buffers()
+    assert [(specs[n].shape, specs[n].dtype) for n in ("xs0", "ws0", "xs1", "ws1")] == [
+        ((128, 192), "float32"), ((384, 192), "float32"), ((128, 384), "float32"), ((384, 384), "float32")]
+    body = re.search(r"gru_gemm_x0_kernel\([^)]*\) \{", compiled.source).end()
+    gemm = compiled.source[body:compiled.source.index("\n}\n", body)]
+    assert "wgmma_tf32_ss_mma_async" in gemm and "0x1p-8f" not in gemm and "total" in gemm  # promoted sums
+    assert re.search(r"gru_gemm_x0_kernel\(float\* __restrict__ A_ptr, float\* __restrict__ Bt_ptr, "
+                     r"float\* __restrict__ C_ptr, float\* __restrict__ bias_ptr\)", compiled.source)
+    assert re.search(r"gru_split_w0_kernel\(float\* __restrict__ B_ptr, float\* __restrict__ parts_ptr\)",
+                     compiled.source)
+    ampere = offline_cuda("sm_80")
+    old = GruTemplate(batch=8, hidden=64, input=48, seq=16).with_tensor_cores(ampere)
+    assert "(in_split 3) needs a Hopper GPU" in old.space(ampere).infeasible_reason(cfg.replace(in_split=3))
+    half_gi = GruTemplate(batch=8, hidden=64, input=48, seq=16, gi_dtype="float16").with_tensor_cores(target)
+    assert half_gi.in_split_tf32 is None and half_gi.in_split_wgmma is not None
+    assert "float32 gi" in half_gi.space(target).infeasible_reason(cfg.replace(in_split=3))
+
+
 def test_split_range():
     assert split_range_reason("x", np.array([1.0, -65000.0])) is None
     assert "65504" in split_range_reason("x", np.array([1.0, -70000.0]))
@@ -164,10 +229,11 @@ def test_split_range():
     assert FLOAT16_MAX == float(np.finfo(np.float16).max)
 
 
-@pytest.mark.parametrize("shape,split", [((64, 1024), 2), ((8, 512), 2), ((1, 256), 0), ((5, 200), 0)])
+@pytest.mark.parametrize("shape,split", [((64, 1024), 3), ((8, 512), 3), ((1, 256), 0), ((5, 200), 0)])
 def test_pick_splits_large_input_gemms(shape, split):
     """The pick splits layer 0's input GEMM from 1 GFLOP on (H100: B8 H512 0.044 ms against
-    0.071, B1 H256 no gain), on CUDA only: on wgmma on Hopper, else on an mma.sync tile."""
+    0.071, B1 H256 no gain), on CUDA only: into TF32 parts on wgmma on Hopper (float32's range),
+    else into float16 parts on an mma.sync tile."""
     from tvm_ext.schedules.gru.pick import SPLIT_MIN_FLOPS
 
     batch, hidden = shape
@@ -175,7 +241,7 @@ def test_pick_splits_large_input_gemms(shape, split):
     target = offline_cuda()
     cfg, why = t.with_tensor_cores(target).analytic_pick(target)
     assert cfg.in_split == split and (t.input_gemm(0).flops() >= SPLIT_MIN_FLOPS) == bool(split)
-    assert ("float16 parts" in why) == bool(split) and ("wgmma" in why) == (split == 2)
+    assert ("TF32 parts" in why) == (split == 3) and ("wgmma" in why) == (split == 3)
     ampere = offline_cuda("sm_80")
     assert t.with_tensor_cores(ampere).analytic_pick(ampere)[0].in_split == min(split, 1)
     gpu_like = dataclasses.replace(target, kind="opencl", arch="")  # a GPU without float16 tensor cores
@@ -195,7 +261,7 @@ def test_cli_tunes_the_gru_with_the_tiles_gru_build_uses(tmp_path):
     assert p.returncode == 0, p.stderr
     pick = json.loads(p.stdout)
     if "no CUDA GPU" in p.stderr:  # the H100's limits (on a GPU machine: that GPU's, whichever it is)
-        assert pick["config"]["in_split"] == 2 and "in_split_wgmma=wgmma 128x256x64" in pick["description"]
+        assert pick["config"]["in_split"] == 3 and "in_split_tf32=wgmma tf32 128x192x32" in pick["description"]
     template = GruTemplate(batch=64, hidden=1024, input=1024, seq=128)
     assert template.for_target(offline_cuda()) == template.with_tensor_cores(offline_cuda())
 
@@ -210,15 +276,16 @@ SPLIT_SHAPES = {"b16-h256": Shape(seq=12, batch=16, input=256, hidden=256),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 2], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("split", [1, 2, 3], ids=["mma", "wgmma", "wgmma-tf32"])
 @pytest.mark.parametrize("key", list(SPLIT_SHAPES))
 def test_cuda_split_input_gemm_matches_the_reference(key, split):
     """The pick with the input GEMM split (every layer's, odd K and N included) on an mma.sync
-    tile and on wgmma (where a wgmma tile divides the rows): float64's answer on reruns."""
+    tile and on wgmma, float16 or TF32 parts (where a wgmma tile divides the rows): float64's answer
+    on reruns."""
     s = SPLIT_SHAPES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
                     seq=s.seq)
-    if split == 2 and gru.template.in_split_wgmma is None:
+    if split >= 2 and (gru.template.in_split_wgmma, gru.template.in_split_tf32)[split - 2] is None:
         assert (s.seq * s.batch) % 64  # no wgmma tile for these rows
         return
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
@@ -238,3 +305,27 @@ def test_cuda_split_refuses_values_it_cannot_hold():
     x, h0 = _inputs(s)
     with pytest.raises(TvmExtError, match="GRU input x has"):
         gru(x * 1e5, h0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [1e5, 1e-6])
+def test_cuda_tf32_split_holds_what_float16_parts_cannot(scale):
+    """x times ``scale`` and W_ih divided by it (the same products): float16 parts refuse the
+    weights (and x at 1e5), TF32 parts (in_split 3) give float64's answer to float32's order."""
+    from tvm_ext.schedules.gru import gru_reference
+
+    s = SPLIT_SHAPES["b16-h256"]
+    weights = _weights(s)
+    weights = {**weights, "weight_ih_l0": weights["weight_ih_l0"] / np.float32(scale)}
+    x, h0 = _inputs(s)
+    x = x * np.float32(scale)
+    half = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, config={"in_split": 2})
+    with pytest.raises(TvmExtError, match="beyond what the float16-split input GEMM holds"):
+        half.load_numpy(weights)(x, h0)  # W_ih's scaled parts at 1e-6, x's at 1e5
+    gru = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, config={"in_split": 3}).load_numpy(weights)
+    assert gru.config.in_split == 3
+    ref_out, ref_h = gru_reference(x, weights, h0, s.layers, s.bidirectional)
+    for _ in range(2):
+        out, h_n = gru(x, h0)
+        for got, ref in ((out, ref_out), (h_n, ref_h)):
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5

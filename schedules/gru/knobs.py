@@ -52,10 +52,12 @@ STEP_KNOBS = (
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
                                             "its lanes splitting k, W_hh's share in registers)"),
 )
-INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, each "
-                                               "operand split into a high and a low float16 part (one GEMM of depth "
-                                               "3K, float32-accurate; ``split.py``) on an mma.sync or WMMA tile, 2 on "
-                                               "Hopper's warpgroup MMA (``wgmma.py``; W_ih's parts stored N-major)")
+INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2, 3), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, "
+                                                  "each operand split into a high and a low float16 part (one GEMM of "
+                                                  "depth 3K, float32-accurate where |x| < 65504; ``split.py``) on an "
+                                                  "mma.sync or WMMA tile, 2 on Hopper's warpgroup MMA (``wgmma.py``; "
+                                                  "W_ih's parts stored N-major), 3 there on TF32 parts (3xTF32: "
+                                                  "float32's range, half the float16 rate)")
 INPUT_WGMMA_KNOB = Knob("in_wgmma", (0, 1), "input GEMM with float16 x and W_ih: 1 runs it on Hopper's warpgroup MMA "
                                             "(``wgmma.py``), W_ih read N-major as stored (the float32 GEMM's "
                                             "counterpart is in_split 2)")

@@ -15,7 +15,7 @@ from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
 from .plan import BARRIER_TIMEOUT, CompiledGru, barrier_timed_out
-from .split import SPLIT_WEIGHT_SCALE, split_range_reason
+from .split import FLOAT16_SPLITS, SPLIT_WEIGHT_SCALE, split_range_reason
 from .template import GruTemplate
 
 
@@ -135,7 +135,7 @@ class GRU:
             if array.shape != shape:
                 raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
             arrays[name] = array
-        if self.config.in_split:  # W_ih's float16 parts are stored scaled (``split.py``)
+        if self.config.in_split in FLOAT16_SPLITS:  # W_ih's float16 parts are stored scaled (``split.py``)
             for name, array in arrays.items():
                 reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE) if "weight_ih" in name else None
                 if reason:
@@ -163,7 +163,7 @@ class GRU:
             raise TvmExtError(f"GRU input has shape {x.shape}, expected {want} {layout}")
         if self.batch_first:
             x = x.transpose(1, 0, 2)
-        reason = split_range_reason("GRU input x", x) if self.config.in_split else None
+        reason = split_range_reason("GRU input x", x) if self.config.in_split in FLOAT16_SPLITS else None
         if reason:
             raise TvmExtError(reason)
         state_shape = (t.layers * t.dirs, t.batch, t.hidden)

@@ -40,9 +40,11 @@ What the measurements said, and the rule each gives:
   grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
 - A large float16 input GEMM on Hopper's wgmma, W_ih read N-major (``WGMMA_MIN_FLOPS``).
 - The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): with float32
-  x and W_ih on a GPU with a float16 tensor-core tile, split into float16 parts on the tensor
-  cores (``split.py``) from ``SPLIT_MIN_FLOPS`` on (B64 H1024: 0.53 ms against 1.16, the pass
-  2.87 against 3.51); else the fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at
+  x and W_ih on a GPU with a float16 tensor-core tile, split into parts on the tensor cores
+  (``split.py``) from ``SPLIT_MIN_FLOPS`` on: on Hopper TF32 parts on wgmma (float32's range,
+  nothing to check per call; B64 H1024: 0.59 ms against 1.16, the pass 2.91 against 3.50; float16
+  parts there 0.34 ms and 2.65, but |x| < 65504), elsewhere float16 parts on mma.sync (0.53 ms,
+  the pass 2.87); else the fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at
   4096^3) where it gives every SM a block, else the default.
 
 On a CPU device (PoCL) the patent pipeline, which was the faster family there.
@@ -178,11 +180,15 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
         cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
         if space.is_feasible(cfg):
             return cfg, f"input GEMM: float16 on wgmma ({template.in_wgmma_tile.name}), W_ih read N-major"
-    # CUDA with a float16 tile (elsewhere the split gains nothing); Hopper's wgmma where it has one
-    wgmma, tile = template.in_split_wgmma, template.in_split_tensor_core
+    # CUDA with a float16 tile (elsewhere the split gains nothing); on Hopper TF32 parts on wgmma
+    # (float32's range), else float16 parts on wgmma, else on the mma.sync tile
+    tf32, wgmma, tile = template.in_split_tf32, template.in_split_wgmma, template.in_split_tensor_core
     large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run
-    split = (large if space.is_feasible(large) else base).replace(in_split=2 if wgmma is not None else 1)
+    way = 3 if tf32 is not None else 2 if wgmma is not None else 1
+    split = (large if space.is_feasible(large) else base).replace(in_split=way)
     if (wgmma or tile) is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS and space.is_feasible(split):
+        if way == 3:
+            return split, f"input GEMM: float32 as TF32 parts on the tensor cores ({tf32.name})"
         label = wgmma.name if wgmma is not None else tile.label()
         return split, f"input GEMM: float32 as float16 parts on the tensor cores ({label})"
     gemm = template.input_gemm(0)

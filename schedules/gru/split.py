@@ -17,6 +17,10 @@ stored times ``SPLIT_WEIGHT_SCALE`` (PyTorch's init keeps |W| <= 1/sqrt(H), whos
 would be subnormal) and the GEMM's epilogue multiplies by its inverse before the bias, which
 stays float32.  Both splits run on the device in every forward pass (W_ih too: the pass is
 self-contained, what a caller loading new weights gets, about 1 % of it at B64 H1024).
+
+``in_split`` 3 splits into TF32 parts instead (``gemm_3xtf32``: float32 words with 13 low
+mantissa bits zero, at float32's exponent range) for Hopper's TF32 wgmma: no range to check and
+no scale, at half the float16 rate and twice the parts' bytes.
 """
 from __future__ import annotations
 
@@ -24,9 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from tvm_ext.schedules.gemm_3xtf32 import A_ORDER, B_ORDER, tf32_part
+
 SPLIT_WEIGHT_SCALE = 2.0 ** 8  # W_ih's float16 parts hold W_ih x 256 (|W_ih| up to 255)
 FLOAT16_MAX = 65504.0
 PARTS = 3  # A: hi, hi, lo; B: hi, lo, hi
+FLOAT16_SPLITS = (1, 2)  # the in_split values with float16 parts (a range to check); 3 has TF32 parts
 K_ALIGN = 32  # each part is zero-padded to a multiple of this depth (tensor-core k stages divide it)
 
 
@@ -64,6 +71,23 @@ def split_rows_func(m: int, k: int) -> Any:
     return te.create_prim_func([a, parts])
 
 
+def tf32_split_rows_func(m: int, k: int) -> Any:
+    """TE: A (m, k) float32 -> (m, 3·kp) float32, ``[A_lo | A_hi | A_hi]`` TF32 parts along the row
+    (``gemm_3xtf32``'s order, the small product first), each part zero-padded to ``kp``."""
+    from tvm import te, tirx
+
+    kp = split_depth(k)
+    a = te.placeholder((m, k), "float32", name="A")
+
+    def part(i: Any, j: Any) -> Any:
+        depth, which = tirx.floormod(j, kp), tirx.floordiv(j, kp)
+        value = a[i, tirx.min(depth, k - 1)]  # in bounds where the padding discards it
+        parts = [tf32_part(value, name) for name in A_ORDER]
+        return tirx.if_then_else(depth < k, tirx.Select(which == 0, parts[0], parts[1]), tirx.const(0, "float32"))
+
+    return te.create_prim_func([a, te.compute((m, PARTS * kp), part, name="split")])
+
+
 def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
     """TE: B (k, n) float32 -> (3·kp, n) float16, ``[B_hi; B_lo; B_hi]`` of B x ``scale``, each
     part zero-padded to ``kp = split_depth(k)`` rows."""
@@ -79,17 +103,25 @@ def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
     return te.create_prim_func([b, te.compute((PARTS * kp, n), part, name="split")])
 
 
-def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
+def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE, tf32: bool = False) -> Any:
     """TIR: B (k, n) float32 -> (n, 3·kp) float16, ``[B_hi | B_lo | B_hi]`` of Bᵀ x ``scale`` along
     each row (K-major, what the wgmma GEMM reads), each part zero-padded to ``kp``: 32 x 32 tiles
-    transposed through shared memory, so reads and writes are both coalesced."""
+    transposed through shared memory, so reads and writes are both coalesced.  ``tf32``: float32
+    TF32 parts of B (``B_ORDER``, unscaled) for in_split 3."""
     from tvm.script import tirx as T
 
     kp = split_depth(k)
     tiles_n = -(-n // 32)
+    dtype, factor = ("float32", 1.0) if tf32 else ("float16", scale)
+
+    def parts_of(value: Any) -> tuple[Any, Any, Any]:
+        if tf32:
+            return tuple(tf32_part(value, which) for which in B_ORDER)
+        hi = T.Cast("float16", value)
+        return hi, T.Cast("float16", value - T.Cast("float32", hi)), hi
 
     @T.prim_func
-    def main(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * kp), "float16")):
+    def main(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * kp), dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         bid = T.launch_thread("blockIdx.x", tiles_n * (kp // 32))
         tx = T.launch_thread("threadIdx.x", 32)
@@ -98,7 +130,7 @@ def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE)
         for i in T.unroll(4):
             row = bid // tiles_n * 32 + ty + 8 * i
             col = bid % tiles_n * 32 + tx
-            tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[row, col] * T.float32(scale),
+            tile[(ty + 8 * i) * 33 + tx] = T.if_then_else(row < k and col < n, B[row, col] * T.float32(factor),
                                                           T.float32(0))
         T.tvm_storage_sync("shared")
         for i in T.unroll(4):
@@ -106,9 +138,10 @@ def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE)
             depth = bid // tiles_n * 32 + tx
             if col < n:
                 value = tile[tx * 33 + ty + 8 * i]
-                parts[col, depth] = T.Cast("float16", value)
-                parts[col, kp + depth] = T.Cast("float16", value - T.Cast("float32", T.Cast("float16", value)))
-                parts[col, 2 * kp + depth] = T.Cast("float16", value)
+                first, second, third = T.meta_var(parts_of(value))
+                parts[col, depth] = first
+                parts[col, kp + depth] = second
+                parts[col, 2 * kp + depth] = third
 
     return main
 

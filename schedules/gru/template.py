@@ -24,6 +24,7 @@ from tvm_ext.program import RunPlan
 from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
 from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
+from tvm_ext.schedules.gemm_3xtf32 import pick_tf32_tile, promote_steps
 from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm
 from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
@@ -39,7 +40,7 @@ from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, sche
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .knobs import KNOBS
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
-                    split_weight_n_major_func)
+                    split_weight_n_major_func, tf32_split_rows_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
@@ -121,6 +122,7 @@ class GruTemplate(DtypeFields, Template):
     # whether the buffers include the split operands (``for_config``: a config with in_split)
     in_split_tensor_core: TensorCoreTile | None = None
     in_split_wgmma: WgmmaTile | None = None  # the same GEMM on Hopper's wgmma (in_split 2)
+    in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
     in_wgmma_tile: WgmmaTile | None = None  # the float16 input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
 
@@ -145,6 +147,8 @@ class GruTemplate(DtypeFields, Template):
                 params[name] = str(getattr(self, name))
         if self.in_split_wgmma is not None:
             params["in_split_wgmma"] = self.in_split_wgmma.name
+        if self.in_split_tf32 is not None:
+            params["in_split_tf32"] = self.in_split_tf32.name
         if self.in_wgmma_tile is not None:
             params["in_wgmma"] = self.in_wgmma_tile.name
         return params
@@ -208,12 +212,13 @@ class GruTemplate(DtypeFields, Template):
                  "hx": TensorSpec((2 * d * b * h,), "uint64")}  # the flag-exchange kernel's (h, step) words
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
-        if self.split_buffers:  # float16 parts of the input GEMM's operands, one pair per depth K
+        if self.split_buffers:  # parts of the input GEMM's operands, one pair per depth K
+            parts = "float32" if self.split_buffers == 3 else "float16"  # TF32 parts are float32 words
             for i in self.input_gemm_kinds():
                 depth = PARTS * split_depth(self.layer_input(i))
-                specs[f"xs{i}"] = TensorSpec((t * b, depth), "float16")
-                specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers == 2 else (depth, d * 3 * h),
-                                             "float16")
+                specs[f"xs{i}"] = TensorSpec((t * b, depth), parts)
+                specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers >= 2 else (depth, d * 3 * h),
+                                             parts)
         return specs
 
     def for_config(self, config: Config) -> "GruTemplate":
@@ -320,7 +325,7 @@ class GruTemplate(DtypeFields, Template):
 
         if target.kind != "cuda":
             return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None,
-                           in_split_wgmma=None, in_wgmma_tile=None)
+                           in_split_wgmma=None, in_split_tf32=None, in_wgmma_tile=None)
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
@@ -333,6 +338,7 @@ class GruTemplate(DtypeFields, Template):
                        hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
+                       in_split_tf32=pick_tf32_tile(split, target) if fits and self.gi_dtype == F32 else None,
                        in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype, b_layout="KN")
                        if self.wgmma_reason() is None else None)
 
@@ -365,7 +371,7 @@ class GruTemplate(DtypeFields, Template):
 
     def input_on_wgmma(self, config: Config) -> bool:
         """Whether ``config``'s input GEMM is a wgmma kernel (``lowered_kernels``), not a schedule."""
-        return config.in_split == 2 or bool(config.in_wgmma)
+        return config.in_split >= 2 or bool(config.in_wgmma)
 
     def layers_share_input_gemm(self) -> bool:
         """Whether layers ≥ 1 run layer 0's input GEMM kernel (same K and A dtype)."""
@@ -468,6 +474,12 @@ class GruTemplate(DtypeFields, Template):
         if split == 2 and self.in_split_wgmma is None:
             return ("input GEMM split on wgmma (in_split 2) needs a Hopper GPU (sm_90) and a wgmma tile dividing "
                     f"the (T·B, 3H, 3·input) GEMM, {self.seq * self.batch} rows (GRU.build picks one)")
+        if split == 3:
+            if self.in_split_tf32 is None:
+                return ("input GEMM split into TF32 parts (in_split 3) needs a Hopper GPU (sm_90), float32 gi and a "
+                        f"TF32 wgmma tile dividing the (T·B, 3H, 3·input) GEMM, {self.seq * self.batch} rows "
+                        "(GRU.build picks one)")
+            return None
         if "float16" not in target.float_dtypes:
             return f"input GEMM split (in_split 1) stores float16 parts; this {target.kind} device has no float16"
         if target.kind == "cuda" and not (self.in_split_tensor_core is not None
@@ -479,8 +491,8 @@ class GruTemplate(DtypeFields, Template):
     def wgmma_config_reason(self, c: Config) -> str | None:
         """Why ``c``'s input GEMM cannot run on wgmma (``in_wgmma`` 1) with this template's tiles."""
         if c.in_split:
-            return ("in_wgmma 1 runs the float16 input GEMM on wgmma; the float32 one split into float16 parts "
-                    "runs there with in_split 2 (in_wgmma 0)")
+            return ("in_wgmma 1 runs the float16 input GEMM on wgmma; the float32 one split into parts runs there "
+                    "with in_split 2 or 3 (in_wgmma 0)")
         if self.wgmma_reason():
             return self.wgmma_reason()
         if self.in_wgmma_tile is None:
@@ -650,7 +662,8 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(gemms["in_"], target)
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
-                funcs[f"gru_split_x{i}"] = schedule_elementwise(split_rows_func(t * b, k), "split", threads)
+                rows = tf32_split_rows_func if config.in_split == 3 else split_rows_func
+                funcs[f"gru_split_x{i}"] = schedule_elementwise(rows(t * b, k), "split", threads)
                 if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
                     funcs[f"gru_split_w{i}"] = schedule_elementwise(split_weight_func(k, d * 3 * h), "split", threads)
         if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
@@ -686,6 +699,14 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(k),
                                                      c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n)
+        if config.in_split == 3:  # TF32 parts on wgmma: no scale, sums promoted as gemm_3xtf32 does
+            m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+            for i in self.input_gemm_kinds():
+                k, depth = self.layer_input(i), PARTS * split_depth(self.layer_input(i))
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_tf32, m, n, depth, c_dtype=p["gi"],
+                                                     bias_dtype=p["w_ih"], promote=promote_steps(self.in_split_tf32,
+                                                                                                 depth))
+                funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=True)
         if config.in_wgmma:  # the float16 input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             for i in self.input_gemm_kinds():
