@@ -16,8 +16,8 @@ stored straight from the accumulators).  The splits write their parts to two scr
 (6 x the operands' bytes): on an H100 about a tenth of the call at 4096^3.
 
 The idea is CUTLASS's 3xTF32; cuBLAS's float32 GEMM runs on the CUDA cores, at a third of what
-the TF32 tensor cores do in three passes.  Values beyond 3.4e38 x (1 - 2^-12) round to infinity
-in the split.
+the TF32 tensor cores do in three passes.  Values within half a TF32 step of float32's largest
+are truncated rather than rounded to infinity in the split; NaN and infinity are kept.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from .wgmma_template import pick_wgmma_tile
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
 TF32_DROPPED_BITS = 13  # float32's mantissa bits a TF32 number has not
+EXPONENT_BITS = 0x7F800000  # float32's exponent field: all ones is infinity or NaN
 SPLIT_THREADS = 256
 KNOBS = WGMMA_KNOBS + (
     Knob("tf_promote", (0, 1, 2, 4, 8, 16),
@@ -54,12 +55,21 @@ DEFAULT_PROMOTE = 4
 
 
 def round_tf32(value: Any) -> Any:
-    """TIR: float32 ``value`` rounded to the nearest TF32 (ties away from zero), as float32."""
+    """TIR: float32 ``value`` rounded to the nearest TF32 (ties away from zero), as float32; a
+    finite value that would round past float32's largest (|v| > (2 - 2^-11)·2^127) is truncated
+    instead (the split stays finite), infinity and NaN are kept (a NaN whose payload carried
+    into the exponent would come out as zero)."""
+    from tvm import tirx
     from tvm.script import tirx as T
 
     half = 1 << (TF32_DROPPED_BITS - 1)
-    mask = (0xFFFFFFFF >> TF32_DROPPED_BITS) << TF32_DROPPED_BITS
-    return T.reinterpret("float32", (T.reinterpret("uint32", value) + T.uint32(half)) & T.uint32(mask))
+    mask = T.uint32((0xFFFFFFFF >> TF32_DROPPED_BITS) << TF32_DROPPED_BITS)
+    bits = T.reinterpret("uint32", value)
+    rounded = (bits + T.uint32(half)) & mask
+    exponent = T.uint32(EXPONENT_BITS)
+    kept = (bits & exponent) == exponent  # infinity and NaN as they are (a NaN's payload must not carry)
+    overflow = (rounded & exponent) == exponent
+    return T.reinterpret("float32", tirx.Select(kept, bits, tirx.Select(overflow, bits & mask, rounded)))
 
 
 def tf32_part(value: Any, which: str) -> Any:
@@ -164,7 +174,9 @@ def tf32_parts(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     def rounded(x: np.ndarray) -> np.ndarray:
         bits = np.asarray(x, np.float32).view(np.uint32)
         half, mask = np.uint32(1 << (TF32_DROPPED_BITS - 1)), np.uint32((0xFFFFFFFF >> 13) << 13)
-        return ((bits + half) & mask).view(np.float32)
+        up, exponent = (bits + half) & mask, np.uint32(EXPONENT_BITS)
+        kept, overflow = (bits & exponent) == exponent, (up & exponent) == exponent
+        return np.where(kept, bits, np.where(overflow, bits & mask, up)).view(np.float32)
 
     hi = rounded(value)
     return hi, rounded(np.asarray(value, np.float32) - hi)

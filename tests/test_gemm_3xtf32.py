@@ -1,6 +1,7 @@
 """float32 GEMM as three TF32 products on Hopper's wgmma (``tune gemm-3xtf32``).
 
-- The TF32 parts (numpy): 13 low bits zero, hi + lo = x to 2^-22 at any normal magnitude,
+- The TF32 parts (numpy): 13 low bits zero, hi + lo = x to 2^-22 at any normal magnitude (the
+  largest floats stay finite, NaN and infinity are kept),
   three products float32-accurate where one TF32 product is not.
 - The split kernels, built by TVM for OpenCL and run on PoCL: the parts they store, in order.
 - The program (generated CUDA, no GPU): split, split, TF32 wgmma GEMM of depth 3K; promotion
@@ -24,11 +25,33 @@ from tvm_ext.target import offline_cuda
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+CUDA_NAN = np.array([0x7FFFFFFF], np.uint32).view(np.float32)[0]  # the NaN CUDA's arithmetic makes
+
+
 def _operands(rng, m, n, k):
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     a[0, :4] = (3e30, -1e-30, 7e-39, 0.0)  # beyond float16's range both ways, a subnormal
     return a, b
+
+
+def _special(rng, m, n, k):
+    """``_operands`` with float32's largest (which would round past it) in A's second row, NaN
+    (all payload bits set) and infinities in its last."""
+    a, b = _operands(rng, m, n, k)
+    a[1, :2] = (FLOAT32_MAX, -FLOAT32_MAX)
+    a[-1, :3] = (CUDA_NAN, np.inf, -np.inf)
+    return a, b
+
+
+def test_tf32_parts_keep_the_largest_floats_finite_and_nan_and_infinity_as_they_are():
+    a, _ = _special(np.random.default_rng(0), 8, 8, 64)
+    hi, lo = tf32_parts(a)
+    assert np.all(np.isfinite(hi[:2])) and np.all(np.isfinite(lo[:2]))
+    assert hi[1, 0] + np.float64(lo[1, 0]) == pytest.approx(FLOAT32_MAX, rel=2.0 ** -22)
+    assert np.isnan(hi[-1, 0]) and np.isnan(lo[-1, 0])  # a NaN's carry must not make it zero
+    assert hi[-1, 1] == np.inf and hi[-1, 2] == -np.inf
 
 
 def test_tf32_parts_hold_22_bits_at_any_magnitude():
@@ -57,7 +80,7 @@ def test_split_kernels_store_the_parts_in_order(opencl, b_layout):
     from tvm_ext.program import TensorSpec, compile_calls_program
 
     m, n, k = 6, 64, 32
-    a, b = _operands(np.random.default_rng(2), m, n, k)
+    a, b = _special(np.random.default_rng(2), m, n, k)
     stored = b if b_layout == "KN" else b.T.copy()
     funcs = {"split_a": split_a_func(m, k), "split_b": split_b_func(k, n, b_layout)}
     calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts"))]
@@ -73,7 +96,7 @@ def test_split_kernels_store_the_parts_in_order(opencl, b_layout):
     run.sync()
     a_hi, a_lo = tf32_parts(a)
     b_hi, b_lo = tf32_parts(b.T.copy())
-    assert np.array_equal(run.read("a_parts"), np.concatenate([a_lo, a_hi, a_hi], axis=1))
+    assert np.array_equal(run.read("a_parts"), np.concatenate([a_lo, a_hi, a_hi], axis=1), equal_nan=True)
     assert np.array_equal(run.read("b_parts"), np.concatenate([b_hi, b_lo, b_hi], axis=1))
 
 
