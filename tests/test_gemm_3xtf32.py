@@ -76,28 +76,18 @@ def test_three_tf32_products_are_float32_accurate_where_one_is_not():
 def test_split_kernels_store_the_parts_in_order(opencl, b_layout):
     """A: [lo | hi | hi] along each row; B (k, n), or Bᵀ (n, k) stored: [hi | lo | hi] along each
     row of Bᵀ."""
-    from tvm_ext.executors import OpenclExecutor
-    from tvm_ext.program import TensorSpec, compile_calls_program
+    from opencl_calls import run_calls
 
     m, n, k = 6, 64, 32
     a, b = _special(np.random.default_rng(2), m, n, k)
     stored = b if b_layout == "KN" else b.T.copy()
     funcs = {"split_a": split_a_func(m, k), "split_b": split_b_func(k, n, b_layout)}
-    calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts"))]
-    program = compile_calls_program(funcs, calls, opencl, ("A", "B", "a_parts", "b_parts"), {})
-    specs = {"A": TensorSpec((m, k), "float32"), "B": TensorSpec(stored.shape, "float32"),
-             "a_parts": TensorSpec((m, 3 * k), "float32"), "b_parts": TensorSpec((n, 3 * k), "float32")}
-    run = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id)
-    run.write("A", a)
-    run.write("B", stored)
-    for name in ("a_parts", "b_parts"):
-        run.write(name, np.full(specs[name].shape, np.nan, np.float32))
-    run.run()
-    run.sync()
+    out = run_calls(opencl, funcs, [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts"))],
+                    {"A": a, "B": stored}, {"a_parts": (m, 3 * k), "b_parts": (n, 3 * k)})
     a_hi, a_lo = tf32_parts(a)
     b_hi, b_lo = tf32_parts(b.T.copy())
-    assert np.array_equal(run.read("a_parts"), np.concatenate([a_lo, a_hi, a_hi], axis=1), equal_nan=True)
-    assert np.array_equal(run.read("b_parts"), np.concatenate([b_hi, b_lo, b_hi], axis=1))
+    assert np.array_equal(out["a_parts"], np.concatenate([a_lo, a_hi, a_hi], axis=1), equal_nan=True)
+    assert np.array_equal(out["b_parts"], np.concatenate([b_hi, b_lo, b_hi], axis=1))
 
 
 def test_the_program_splits_then_multiplies_tf32_at_depth_3k():

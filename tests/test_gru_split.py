@@ -59,8 +59,8 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     """in_split 3: x's rows as [lo | hi | hi] and W_ih's columns (N-major) as [hi | lo | hi] TF32
     parts (``gemm_3xtf32``'s order), each zero-padded to a depth of 64 (40 -> 64), unscaled and
     at float32's range (1e30 and 3e-30 split as exactly as 1), built and run on PoCL."""
-    from tvm_ext.executors import OpenclExecutor
-    from tvm_ext.program import TensorSpec, compile_calls_program
+    from opencl_calls import run_calls
+
     from tvm_ext.schedules.gemm_3xtf32 import tf32_parts
     from tvm_ext.schedules.gru.kernels import schedule_elementwise
 
@@ -71,22 +71,13 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     w = (rng.standard_normal((k, n)) * 1e-3).astype(np.float32)
     funcs = {"split_x": schedule_elementwise(tf32_split_rows_func(m, k), "split", 64).mod["main"],
              "split_w": split_weight_n_major_func(k, n, tf32=True)}
-    calls = [("split_x", ("x", "xs")), ("split_w", ("w", "ws"))]
-    program = compile_calls_program(funcs, calls, opencl, ("x", "w", "xs", "ws"), {})
-    specs = {"x": TensorSpec((m, k), "float32"), "w": TensorSpec((k, n), "float32"),
-             "xs": TensorSpec((m, 192), "float32"), "ws": TensorSpec((n, 192), "float32")}
-    run = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id)
-    run.write("x", x)
-    run.write("w", w)
-    for name in ("xs", "ws"):
-        run.write(name, np.full(specs[name].shape, np.nan, np.float32))
-    run.run()
-    run.sync()
+    out = run_calls(opencl, funcs, [("split_x", ("x", "xs")), ("split_w", ("w", "ws"))], {"x": x, "w": w},
+                    {"xs": (m, 192), "ws": (n, 192)})
     pad = lambda part: np.pad(part, [(0, 0), (0, 24)])  # noqa: E731
     x_hi, x_lo = tf32_parts(x)
     w_hi, w_lo = tf32_parts(w.T.copy())
-    assert np.array_equal(run.read("xs"), np.concatenate([pad(x_lo), pad(x_hi), pad(x_hi)], axis=1))
-    assert np.array_equal(run.read("ws"), np.concatenate([pad(w_hi), pad(w_lo), pad(w_hi)], axis=1))
+    assert np.array_equal(out["xs"], np.concatenate([pad(x_lo), pad(x_hi), pad(x_hi)], axis=1))
+    assert np.array_equal(out["ws"], np.concatenate([pad(w_hi), pad(w_lo), pad(w_hi)], axis=1))
     rebuilt = x_hi.astype(np.float64) + x_lo.astype(np.float64)
     assert np.all(np.abs(rebuilt - x) <= np.abs(x) * 2.0 ** -22)
 
