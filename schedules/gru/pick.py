@@ -186,7 +186,8 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run
     way = 3 if tf32 is not None else 2 if wgmma is not None else 1
     split = (large if space.is_feasible(large) else base).replace(in_split=way)
-    if (wgmma or tile) is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS and space.is_feasible(split):
+    large_enough = template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS
+    if (tf32 or wgmma or tile) is not None and large_enough and space.is_feasible(split):
         if way == 3:
             return split, f"input GEMM: float32 as TF32 parts on the tensor cores ({tf32.name})"
         label = wgmma.name if wgmma is not None else tile.label()
