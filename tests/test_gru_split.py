@@ -23,7 +23,7 @@ from tvm_ext.schedules.gemm import BiasGemmTemplate
 from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.schedules.gru.split import (FLOAT16_MAX, SPLIT_WEIGHT_SCALE, split_depth, split_parts, split_product,
                                           split_range_reason, split_rows_func, split_weight_func,
-                                          split_weight_n_major_func, tf32_split_rows_func)
+                                          split_weight_n_major_func)
 from tvm_ext.target import offline_cuda
 
 
@@ -69,7 +69,7 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :3] = (1e30, -3e-30, 70000.0)  # beyond float16's range both ways
     w = (rng.standard_normal((k, n)) * 1e-3).astype(np.float32)
-    funcs = {"split_x": schedule_elementwise(tf32_split_rows_func(m, k), "split", 64).mod["main"],
+    funcs = {"split_x": schedule_elementwise(split_rows_func(m, k, tf32=True), "split", 64).mod["main"],
              "split_w": split_weight_n_major_func(k, n, tf32=True)}
     out = run_calls(opencl, funcs, [("split_x", ("x", "xs")), ("split_w", ("w", "ws"))], {"x": x, "w": w},
                     {"xs": (m, 192), "ws": (n, 192)})

@@ -55,35 +55,24 @@ def _padded(depth: Any, k: int, part: Any) -> Any:
     """``part`` where ``depth`` (within one part) is below ``k``, else 0 (not evaluated there)."""
     from tvm import tirx
 
-    return tirx.if_then_else(depth < k, part, tirx.const(0, "float16"))
+    return tirx.if_then_else(depth < k, part, tirx.const(0, str(part.ty)))
 
 
-def split_rows_func(m: int, k: int) -> Any:
+def split_rows_func(m: int, k: int, tf32: bool = False) -> Any:
     """TE: A (m, k) float32 -> (m, 3·kp) float16, ``[A_hi | A_hi | A_lo]`` along the row, each
-    part zero-padded to ``kp = split_depth(k)``."""
-    from tvm import te, tirx
-
-    kp = split_depth(k)
-    a = te.placeholder((m, k), "float32", name="A")
-    parts = te.compute((m, PARTS * kp),
-                       lambda i, j: _padded(tirx.floormod(j, kp), k,
-                                            _hi_lo(a[i, tirx.floormod(j, kp)], j >= 2 * kp)), name="split")
-    return te.create_prim_func([a, parts])
-
-
-def tf32_split_rows_func(m: int, k: int) -> Any:
-    """TE: A (m, k) float32 -> (m, 3·kp) float32, ``[A_lo | A_hi | A_hi]`` TF32 parts along the row
-    (``gemm_3xtf32``'s order, the small product first), each part zero-padded to ``kp``."""
+    part zero-padded to ``kp = split_depth(k)``.  ``tf32``: float32 TF32 parts ``[A_lo | A_hi |
+    A_hi]`` (``gemm_3xtf32``'s ``A_ORDER``, the small product first) for in_split 3."""
     from tvm import te, tirx
 
     kp = split_depth(k)
     a = te.placeholder((m, k), "float32", name="A")
 
     def part(i: Any, j: Any) -> Any:
-        depth, which = tirx.floormod(j, kp), tirx.floordiv(j, kp)
-        value = a[i, tirx.min(depth, k - 1)]  # in bounds where the padding discards it
-        parts = [tf32_part(value, name) for name in A_ORDER]
-        return tirx.if_then_else(depth < k, tirx.Select(which == 0, parts[0], parts[1]), tirx.const(0, "float32"))
+        depth = tirx.floormod(j, kp)
+        value = a[i, depth]
+        if tf32:  # the first part, then two alike (A_ORDER[1] == A_ORDER[2])
+            return _padded(depth, k, tirx.Select(j < kp, tf32_part(value, A_ORDER[0]), tf32_part(value, A_ORDER[1])))
+        return _padded(depth, k, _hi_lo(value, j >= 2 * kp))
 
     return te.create_prim_func([a, te.compute((m, PARTS * kp), part, name="split")])
 

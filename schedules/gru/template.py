@@ -40,7 +40,7 @@ from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, sche
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .knobs import KNOBS
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
-                    split_weight_n_major_func, tf32_split_rows_func)
+                    split_weight_n_major_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
 
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
@@ -662,8 +662,8 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(gemms["in_"], target)
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
-                rows = tf32_split_rows_func if config.in_split == 3 else split_rows_func
-                funcs[f"gru_split_x{i}"] = schedule_elementwise(rows(t * b, k), "split", threads)
+                funcs[f"gru_split_x{i}"] = schedule_elementwise(split_rows_func(t * b, k, tf32=config.in_split == 3),
+                                                                "split", threads)
                 if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
                     funcs[f"gru_split_w{i}"] = schedule_elementwise(split_weight_func(k, d * 3 * h), "split", threads)
         if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
@@ -691,22 +691,17 @@ class GruTemplate(DtypeFields, Template):
         (``step_flags``) and the input GEMM on wgmma (``in_split`` 2, ``in_wgmma``)."""
         p = self.precision
         funcs = {}
-        if config.in_split == 2:  # the split input GEMM on wgmma, W_ih's scale undone before the bias
+        if config.in_split >= 2:  # the split input GEMM on wgmma: float16 parts (2), TF32 parts (3)
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
-            scale = 1.0 / SPLIT_WEIGHT_SCALE
+            tf32 = config.in_split == 3
+            tile = self.in_split_tf32 if tf32 else self.in_split_wgmma
             for i in self.input_gemm_kinds():
                 k = self.layer_input(i)
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_wgmma, m, n, PARTS * split_depth(k),
-                                                     c_dtype=p["gi"], bias_dtype=p["w_ih"], scale=scale)
-                funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n)
-        if config.in_split == 3:  # TF32 parts on wgmma: no scale, sums promoted as gemm_3xtf32 does
-            m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
-            for i in self.input_gemm_kinds():
-                k, depth = self.layer_input(i), PARTS * split_depth(self.layer_input(i))
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_split_tf32, m, n, depth, c_dtype=p["gi"],
-                                                     bias_dtype=p["w_ih"], promote=promote_steps(self.in_split_tf32,
-                                                                                                 depth))
-                funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=True)
+                depth = PARTS * split_depth(k)
+                # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
+                way = dict(promote=promote_steps(tile, depth)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE)
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"], **way)
+                funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
         if config.in_wgmma:  # the float16 input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             for i in self.input_gemm_kinds():
