@@ -453,8 +453,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     sum_stride = bn + 8  # float32 a row of the tile's sums in shared memory (padded: conflict-free pairs)
 
     @T.macro
-    def cluster_sum(smem: Any, C: Any, bias: Any, acc: Any, bid: Any, at: Any, row0: Any, col0: Any, wg: Any,
-                    tx: Any) -> None:
+    def cluster_sum(smem: Any, base: Any, C: Any, bias: Any, acc: Any, bid: Any, at: Any, row0: Any, col0: Any,
+                    wg: Any, tx: Any) -> None:
         """The cluster's K slices of this tile added: each block's float32 sums into its shared
         memory, then block ``rank`` adds rows [rank x band, ..) of every block's (distributed
         shared memory, 16 bytes at a time, slices in order) and stores them through the epilogue."""
@@ -470,7 +470,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         T.ptx["barrier.cluster.arrive.release"]()
         T.ptx["barrier.cluster.wait.acquire"]()  # every block's sums are in its shared memory
         for b in T.unroll(split):
-            T.ptx["mapa.shared::cluster.u32"](peer[b], T.cuda.cvta_generic_to_shared(sums.ptr_to([0])), T.uint32(b))
+            T.ptx["mapa.shared::cluster.u32"](peer[b], base, T.uint32(b))  # ``sums`` starts at the stages' base
         for i in T.unroll(-(-band_quads // threads)):
             if i * threads + tx < band_quads:
                 row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
@@ -652,7 +652,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                         promotion(acc, total, kt)
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
                 if clustered:
-                    cluster_sum(smem, C, bias, summed(total, acc), bid, at, row0, col0, wg, tx)
+                    cluster_sum(smem, base, C, bias, summed(total, acc), bid, at, row0, col0, wg, tx)
                 elif split > 1:
                     partial_store(C, summed(total, acc), bid, at, row0, col0, wg, tx)
                 elif smem_epilogue:
