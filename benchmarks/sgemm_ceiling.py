@@ -315,6 +315,10 @@ FRAG_KERNELS = {"frag_128x128_w4x2_l4x8": (128, 128, 8, 0), "frag_128x128_w2x4_l
                 "frag_256x128_w4x2_l4x8": (256, 128, 8, 0), "frag_256x128_w4x2_l4x8_g4": (256, 128, 8, 4),
                 "frag_256x128_w2x4_l8x4": (256, 128, 8, 0)}
 
+# The SGEMM template's knobs at the hand kernel sgemm_8x8's tile: 16 x 16 threads in 4 x 8 warps, 8 x 8 a thread
+# in 4-wide groups 64 apart, K slices of 8 register-staged into the second of two shared buffers, A K-major, padded
+HAND_TILE = dict(wg_x=16, wg_y=16, task_x=8, task_y=8, k_step=8, use_shared=1, pad=1, unroll=16, vec=4,
+                 double_buffer=1, a_transposed=1, prefetch=3, warp_x=8)
 
 def main() -> int:
     import cupy as cp
@@ -325,6 +329,9 @@ def main() -> int:
     p.add_argument("--size", type=int, default=4096, help="an n^3 GEMM (a multiple of 256)")
     p.add_argument("--only", default="",
                    help="time only the hand kernels whose names contain one of these comma-separated texts")
+    p.add_argument("--template", action="store_true",
+                   help="also time the SGEMM template (tvm_ext.schedules.gemm) at the hand kernels' tile and at "
+                        "its known-good tile, built by TVM in the same run")
     args = p.parse_args()
     n = args.size
     if n % 256:
@@ -379,6 +386,20 @@ def main() -> int:
             print(f"error: {name} differs from float64 by {err:.1e}", file=sys.stderr)
             return 1
         add(label, time_vendor(launch, len(sets)), err, str(kernel.num_regs))
+    if args.template:
+        from common import ours_on
+
+        from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate
+        from tvm_ext.target import resolve_target
+
+        template, target = GemmTemplate(n, n, n, staging=True), resolve_target("cuda")
+        tiles = {"sgemm_8x8's tile (prefetch 3, warp_x 8)": HAND_TILE,
+                 "the same, one shared buffer (prefetch 1)": {**HAND_TILE, "prefetch": 1},
+                 "its known-good 64x128 tile, k 16": REGISTER_STAGED_TILE}
+        for label, knobs in tiles.items():
+            cfg = template.space(target).make(**{**STAGING_DEFAULTS, **knobs})
+            times, err = ours_on(template, dict(cfg.items), target, sets)
+            add(f"template: {label}", times, err)
     print(table(f"SGEMM {n}^3 ceiling: hand-written kernels against cuBLAS fp32, {len(sets)} rotated operand sets",
                 ["kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLAS best", "rel err vs f64", "registers"], rows))
