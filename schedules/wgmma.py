@@ -326,8 +326,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     inflight = cfg.inflight
     ahead = stages - 1 - inflight  # tiles loaded ahead of the one being multiplied
     c_stride = bn + 8  # halves per C row in shared memory (padded: conflict-free half2 writes)
-    c_loads = bm * bn // 8 // threads
-    wg_c_loads = 64 * bn // 8 // 128  # a warpgroup's C, 16 bytes a thread at a time
+    c_loads = bm * bn // 8 // threads  # = 64 * bn // 8 // 128: a tile's or a warpgroup's C, 16 bytes a thread
     pieces = cfg.c_pieces_per_stage()
     mma = (f"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32" if tf32
            else f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16")
@@ -563,6 +562,28 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                    tile_row0(bid + it // k_tiles * grid), tile_col0(bid + it // k_tiles * grid), tx)
 
     @T.macro
+    def store_unit(smem: Any, C: Any, bias: Any, sums: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any,
+                   tx: Any, piece: Any, copy_row0: Any, copy_base: Any, copy_threads: Any, lane: Any) -> None:
+        """Unit ``unit``'s sums stored after its k loop: a K slice's float32 sums, or C through
+        the epilogue, staged in shared memory (``wg_smem_epilogue``: the warpgroup's 64 rows from
+        ``piece``) or directly.  The staged C goes out 16 bytes a thread, whole rows a warp:
+        thread ``lane`` of ``copy_threads`` copies the rows from ``copy_base`` to C's from
+        ``copy_row0`` (the whole tile, or the warpgroup's own rows)."""
+        if split > 1:
+            partial_store(C, sums, unit, at, row0, col0, wg, tx)
+        elif smem_epilogue:
+            T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: the stages are free
+            stage_c(smem, piece, sums, bias, at, row0, col0, wg, tx)
+            T.tvm_storage_sync("shared")
+            for i in T.unroll(c_loads):
+                f = T.meta_var(i * copy_threads + lane)
+                for v in T.vectorized(8):
+                    C[(*at, copy_row0 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
+                        smem[copy_base + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
+        else:
+            direct_store(C, bias, sums, at, row0, col0, wg, tx)
+
+    @T.macro
     def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         """Several tiles a block: one pipeline over the block's tiles' k steps in turn
         (iteration j of its n-th tile: n x k_tiles + j), the loads ``ahead`` iterations ahead
@@ -601,21 +622,12 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                         if promoting:
                             promotion(acc, total, kt)
                     T.ptx["wgmma.wait_group.sync.aligned"](0)
-                    if split > 1:
-                        partial_store(C, summed(total, acc), bid + t * grid, at, row0, col0, wg, tx)
-                    elif smem_epilogue:  # through the stages of this tile's last 1 + inflight k steps (not refilled)
-                        T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: those stages are free
-                        last = T.meta_var(t * k_tiles + k_tiles - 1)
-                        piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
-                        stage_c(smem, piece, summed(total, acc), bias, at, row0, col0, wg, tx)
-                        T.tvm_storage_sync("shared")
-                        for i in T.unroll(wg_c_loads):  # the warpgroup's 64 rows, 16 bytes a thread, whole rows a warp
-                            f = T.meta_var(i * 128 + tx % 128)
-                            for v in T.vectorized(8):
-                                C[(*at, row0 + wg * 64 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
-                                    smem[piece + f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
-                    else:
-                        direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
+                    # C staged in the stages of this tile's last 1 + inflight k steps (not refilled), each
+                    # warpgroup its own 64 rows
+                    last = T.meta_var(t * k_tiles + k_tiles - 1)
+                    piece = T.meta_var((last - wg // pieces) % stages * stage + wg % pieces * 64 * c_stride)
+                    store_unit(smem, C, bias, summed(total, acc), bid + t * grid, at, row0, col0, wg, tx, piece,
+                               row0 + wg * 64, piece, 128, tx % 128)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -653,19 +665,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                 T.ptx["wgmma.wait_group.sync.aligned"](0)
                 if clustered:
                     cluster_sum(smem, base, C, bias, summed(total, acc), bid, at, row0, col0, wg, tx)
-                elif split > 1:
-                    partial_store(C, summed(total, acc), bid, at, row0, col0, wg, tx)
-                elif smem_epilogue:
-                    T.tvm_storage_sync("shared")  # both warpgroups are done reading the stages
-                    stage_c(smem, wg * 64 * c_stride, summed(total, acc), bias, at, row0, col0, wg, tx)
-                    T.tvm_storage_sync("shared")
-                    for i in T.unroll(c_loads):  # 16-byte rows pieces, a warp covers whole rows
-                        f = T.meta_var(i * threads + tx)
-                        for v in T.vectorized(8):
-                            C[(*at, row0 + f // (bn // 8), col0 + f % (bn // 8) * 8 + v)] = \
-                                smem[f // (bn // 8) * c_stride + f % (bn // 8) * 8 + v]
-                else:
-                    direct_store(C, bias, summed(total, acc), at, row0, col0, wg, tx)
+                else:  # C staged from the stages' start, the block's threads copying the whole tile
+                    store_unit(smem, C, bias, summed(total, acc), bid, at, row0, col0, wg, tx, wg * 64 * c_stride,
+                               row0, 0, threads, tx)
 
     @T.macro
     def units_gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
