@@ -205,6 +205,7 @@ class CudaExecutor:
         self.calls = [[(funcs[c.name], [tensors[a] if isinstance(a, str) else int(a) for a in c.args]) for c in calls]
                       for tensors in self.sets]
         self.single_main = len(calls) == 1 and calls[0].name == MAIN
+        self.arg_names = [tuple(a if isinstance(a, str) else None for a in c.args) for c in calls]
 
     @classmethod
     def from_library(cls, library: bytes, calls: Sequence[KernelLaunch], specs: Mapping[str, TensorSpec],
@@ -220,6 +221,13 @@ class CudaExecutor:
     def run(self, set_index: int = 0) -> None:
         for func, args in self.calls[set_index]:
             func(*args)
+
+    def run_bound(self, tensors: Mapping[str, Any], set_index: int = 0) -> None:
+        """``run`` with some buffers replaced by caller-owned tensors of the same shape and
+        dtype (anything TVM's FFI takes through DLPack, e.g. torch CUDA tensors): the
+        caller's memory is read and written in place, no copy."""
+        for (func, args), names in zip(self.calls[set_index], self.arg_names):
+            func(*[tensors.get(name, arg) if name else arg for arg, name in zip(args, names)])
 
     def sync(self) -> None:
         self.dev.sync()

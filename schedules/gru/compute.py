@@ -49,7 +49,8 @@ PRECISION_PARAMS = (
 # without its init would poll stale tags until its spin limit.
 FUNCTION_STAGES = {"gru_init": ("hidden_gemm", "cell"), "gru_gemm_x": ("input_gemm",),
                    "gru_split": ("input_gemm",), "gru_gemm_h": ("hidden_gemm",),
-                   "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell")}  # also gru_steps (all steps)
+                   "gru_cell": ("cell",), "gru_step": ("hidden_gemm", "cell"),
+                   "gru_hold": ("input_gemm",), "gru_zero_out": ("cell",)}  # also gru_steps (all steps)
 
 
 def function_stages(name: str) -> tuple[str, ...]:
@@ -67,8 +68,10 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def gru_reference(x: np.ndarray, weights: Mapping[str, np.ndarray], h0: np.ndarray | None = None,
                   num_layers: int = 1, bidirectional: bool = False,
-                  batch_first: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """float64 ``torch.nn.GRU`` forward: (output, h_n), PyTorch's equations and layouts."""
+                  batch_first: bool = False, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``torch.nn.GRU`` forward: (output, h_n), PyTorch's equations and layouts.
+    ``lengths``: each batch row's own length, as a ``PackedSequence`` runs it (outputs past
+    it zero, h_n at its last step, the backward direction starting there)."""
     x = np.asarray(x, np.float64)
     if batch_first:
         x = x.transpose(1, 0, 2)
@@ -89,12 +92,14 @@ def gru_reference(x: np.ndarray, weights: Mapping[str, np.ndarray], h0: np.ndarr
             h = h_all[layer * dirs + d]
             seq = np.empty((steps, batch, hidden))
             for t in (range(steps) if d == 0 else reversed(range(steps))):
+                live = np.ones((batch, 1), bool) if lengths is None else (t < np.asarray(lengths))[:, None]
                 gh = h @ w_hh.T + b_hh
                 r = _sigmoid(gi[t, :, :hidden] + gh[:, :hidden])
                 z = _sigmoid(gi[t, :, hidden:2 * hidden] + gh[:, hidden:2 * hidden])
                 n = np.tanh(gi[t, :, 2 * hidden:] + r * gh[:, 2 * hidden:])
-                h = (1.0 - z) * n + z * h
-                seq[t] = h
+                h_new = (1.0 - z) * n + z * h
+                h = np.where(live, h_new, h)
+                seq[t] = np.where(live, h_new, 0.0)
             outs.append(seq)
             h_n.append(h)
         layer_in = np.concatenate(outs, axis=2)

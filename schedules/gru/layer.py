@@ -14,6 +14,7 @@ from tvm_ext.precision import np_dtype
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
+from .lengths import checked_lengths
 from .plan import BARRIER_TIMEOUT, CompiledGru, barrier_timed_out
 from .split import FLOAT16_SPLITS, SPLIT_WEIGHT_SCALE, split_range_reason
 from .template import GruTemplate
@@ -52,7 +53,7 @@ class GRU:
         self.target = target
         self.batch_first = batch_first
         self.compiled = compiled
-        self._persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
+        self.persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
         specs = template.for_config(config).buffers()
         if target.kind == "opencl":
             self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
@@ -66,18 +67,20 @@ class GRU:
     def build(cls, target: TargetInfo | str, input_size: int, hidden_size: int, num_layers: int = 1,
               bidirectional: bool = False, batch_first: bool = False, batch: int = 1, seq: int = 1,
               config: Config | Mapping[str, Any] | None = None, device_id: int = 0,
-              precision: Mapping[str, str] | None = None) -> "GRU":
+              precision: Mapping[str, str] | None = None, variable_lengths: bool = False) -> "GRU":
         """Compile every kernel for this shape. ``config``: a full GRU config, or a few knob
         values that override the default (e.g. ``{"fuse_step": 1}``); none: the template's
         ``analytic_pick`` for this shape and device (on a GPU, the fused split-K step kernel, or with
-        16-bit h and W_hh the tensor-core one).  ``precision``: dtypes of some of ``PRECISION_PARAMS``
+        16-bit h and W_hh the tensor-core one).  ``variable_lengths``: calls take ``lengths`` (each
+        row stops at its own length, as a ``PackedSequence``).  ``precision``: dtypes of some of ``PRECISION_PARAMS``
         (e.g. ``{"gi": "bfloat16"}``), the rest float32; GEMM operands both float16 or both bfloat16
         run on a tensor-core tile on CUDA (``GruTemplate.with_tensor_cores``)."""
         from tvm_ext.target import resolve_target
 
         info = resolve_target(target, device_id) if isinstance(target, str) else target
         template = GruTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq,
-                               layers=num_layers, bidirectional=bool(bidirectional))
+                               layers=num_layers, bidirectional=bool(bidirectional),
+                               variable_lengths=bool(variable_lengths))
         template = template.with_precision(dict(precision or {})).with_tensor_cores(info)
         space = template.space(info)
         if config is None:
@@ -150,12 +153,21 @@ class GRU:
         return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
 
     # ---- forward ----------------------------------------------------------------------------
-    def __call__(self, x: Any, h0: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, x: Any, h0: Any = None, lengths: Any = None,
+                 enforce_sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(output, h_n) as ``torch.nn.GRU`` returns them, as float32 numpy arrays whatever the
-        precision; x and h0 (any float type, e.g. float32) are rounded to ``x`` and ``h``."""
+        precision; x and h0 (any float type, e.g. float32) are rounded to ``x`` and ``h``.
+        ``lengths`` (a GRU built with ``variable_lengths``): each row's length, as
+        ``pack_padded_sequence`` takes them (sorted decreasing only with ``enforce_sorted``)."""
         t = self.template
         if not self._loaded:
             raise TvmExtError("GRU weights are not loaded: call load_numpy or load_state_dict first")
+        if t.variable_lengths:
+            lengths = (np.full(t.batch, t.seq, np.int32) if lengths is None
+                       else checked_lengths(lengths, t.batch, t.seq, enforce_sorted))
+        elif lengths is not None:
+            raise TvmExtError("this GRU was built for full-length rows: build it with variable_lengths=True "
+                              "to pass lengths")
         x = _numpy(x)
         want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
         if x.shape != want:
@@ -177,8 +189,10 @@ class GRU:
         ex = self.executor
         ex.write("x", x)
         ex.write("h0", h0)
+        if t.variable_lengths:
+            ex.write("lengths", lengths)
         ex.run()
-        if barrier_timed_out(self._persistent, ex):
+        if barrier_timed_out(self.persistent, ex):
             raise TvmExtError(BARRIER_TIMEOUT)
         out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(np.float32, copy=False)
         h_n = ex.read("h_n").astype(np.float32, copy=False)

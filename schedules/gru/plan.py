@@ -55,6 +55,8 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
             calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi")))
         else:
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
+        if template.variable_lengths:  # rows past their length hold their state (``lengths.py``)
+            calls.append(Call("gru_hold", ("lengths", "gi")))
         weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
         if config.fuse_step and config.step_loop:  # all T steps in one call
             barrier = persistent if config.step_loop == 2 else ()
@@ -67,6 +69,8 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
             else:
                 calls.append(Call("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
                 calls.append(Call("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
+    if template.variable_lengths:
+        calls.append(Call("gru_zero_out", ("lengths", "out")))
     return tuple(calls)
 
 

@@ -39,6 +39,7 @@ from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, sche
                       schedule_init, schedule_step, step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .knobs import KNOBS
+from .lengths import LENGTHS_DTYPE, hold_func, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
 from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
@@ -125,6 +126,8 @@ class GruTemplate(DtypeFields, Template):
     in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
     in_wgmma_tile: WgmmaTile | None = None  # the float16 input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
+    # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
+    variable_lengths: bool = False
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -151,6 +154,8 @@ class GruTemplate(DtypeFields, Template):
             params["in_split_tf32"] = self.in_split_tf32.name
         if self.in_wgmma_tile is not None:
             params["in_wgmma"] = self.in_wgmma_tile.name
+        if self.variable_lengths:  # only when set: keys of fixed-length records stay as they were
+            params["variable_lengths"] = True
         return params
 
     @property
@@ -195,6 +200,8 @@ class GruTemplate(DtypeFields, Template):
             specs[f"b_ih{layer}"] = TensorSpec((d * 3 * h,), wi)
             specs[f"w_hh{layer}"] = TensorSpec((d, h, 3 * h), wh)
             specs[f"b_hh{layer}"] = TensorSpec((d, 3 * h), wh)
+        if self.variable_lengths:
+            specs["lengths"] = TensorSpec((b,), LENGTHS_DTYPE)
         return specs
 
     def output_specs(self) -> dict[str, TensorSpec]:
@@ -249,6 +256,10 @@ class GruTemplate(DtypeFields, Template):
         scale = 1.0 / math.sqrt(self.hidden)
         arrays = []
         for name, spec in self.input_specs().items():
+            if name == "lengths":  # uniform in [1, T], the longest row T
+                arrays.append(np.maximum(rng.integers(1, self.seq + 1, size=spec.shape), 1).astype(np.int32))
+                arrays[-1][0] = self.seq
+                continue
             bound = 1.0 if name in ("x", "h0") else scale
             values = rng.uniform(-bound, bound, size=spec.shape).astype(np.float32)
             arrays.append(values if spec.dtype == F32 else cast(values, spec.dtype))
@@ -284,7 +295,8 @@ class GruTemplate(DtypeFields, Template):
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         named = dict(zip(self.input_specs(), inputs))
         x = named["x"].reshape(self.seq, self.batch, self.input)
-        out, h_n = gru_reference(x, self.torch_weights(named), named["h0"], self.layers, self.bidirectional)
+        out, h_n = gru_reference(x, self.torch_weights(named), named["h0"], self.layers, self.bidirectional,
+                                 lengths=named.get("lengths"))
         return [out.reshape(self.seq * self.batch, -1), h_n]
 
     def flops(self) -> float:
@@ -683,6 +695,10 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_cell"] = schedule_cell(
                 cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
                           math_dtype=p["cell_math"], out_dtype=p["out"]), block)
+        if self.variable_lengths:
+            threads = min(256, target.max_threads_per_block)
+            funcs["gru_hold"] = schedule_elementwise(hold_func(t, b, h, d, p["gi"]), "hold", threads)
+            funcs["gru_zero_out"] = schedule_elementwise(zero_out_func(t, b, d * h, p["out"]), "zero_out", threads)
         return funcs
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:

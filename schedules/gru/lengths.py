@@ -1,0 +1,93 @@
+"""Variable-length batches: each batch row stops at its own length, as ``torch.nn.GRU`` runs a
+``PackedSequence``: outputs past a row's length are zero, h_n is its state after its last
+step, and the backward direction starts at the row's last step.
+
+How, without touching any step kernel: after a layer's input GEMM, ``gru_hold`` sets the
+update gate's input sum to ``HOLD`` wherever t >= length.  Every step kernel computes
+z = sigmoid(gi_z + gh_z) and h' = (1 - z)·n + z·h, so z is exactly 1 there and h' = h exactly:
+the forward state stops at the row's last step and the backward state stays h0 until it
+reaches it.  The last layer's output rows past the length are then zeroed (``gru_zero_out``).
+Inner layers need no zeroing: what they hold past a length only feeds held steps.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tvm_ext.errors import TvmExtError
+
+# sigmoid(HOLD + gh) == 1 exactly in float16, bfloat16 and float32 (exp(-HOLD) underflows to 0)
+# for any |gh| well under HOLD; HOLD is exact in all three types.
+HOLD = 8192.0
+LENGTHS_DTYPE = "int32"
+
+
+def _constant(dtype: str, value: float) -> Any:
+    """``value`` in ``dtype``; bfloat16 as its bits (TVM's OpenCL cast of a bfloat16 literal
+    takes the address of the float literal, which OpenCL C refuses)."""
+    from tvm import tirx
+
+    if dtype != "bfloat16":
+        return tirx.const(value, dtype)
+    bits = int(np.array(value, np.float32).view(np.uint32)) >> 16  # exact: HOLD and 0 need no rounding
+    return tirx.reinterpret("bfloat16", tirx.const(bits, "uint16"))
+
+
+def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str) -> Any:
+    """gi's update-gate columns set to ``HOLD`` at rows (t, b) with t >= lengths[b] (in place)."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+
+    @T.prim_func(s_tir=True)
+    def hold(lengths: T.Buffer((batch,), LENGTHS_DTYPE), gi: T.Buffer((steps * batch, dirs * G), gi_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for r, c in T.grid(steps * batch, dirs * hidden):
+            with T.sblock("hold"):
+                vr, vc = T.axis.remap("SS", [r, c])
+                if vr // batch >= lengths[vr % batch]:
+                    gi[vr, vc // hidden * G + hidden + vc % hidden] = _constant(gi_dtype, HOLD)
+
+    return hold
+
+
+def zero_out_func(steps: int, batch: int, width: int, out_dtype: str) -> Any:
+    """out's rows (t, b) with t >= lengths[b] set to zero (in place)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def zero_out(lengths: T.Buffer((batch,), LENGTHS_DTYPE), out: T.Buffer((steps * batch, width), out_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for r, c in T.grid(steps * batch, width):
+            with T.sblock("zero_out"):
+                vr, vc = T.axis.remap("SS", [r, c])
+                if vr // batch >= lengths[vr % batch]:
+                    out[vr, vc] = _constant(out_dtype, 0.0)
+
+    return zero_out
+
+
+def checked_lengths(lengths: Any, batch: int, seq: int, enforce_sorted: bool = False) -> np.ndarray:
+    """``lengths`` (a sequence, numpy array or CPU tensor) as int32 (batch,), or a clear error:
+    one length per row, each in [1, seq]; non-increasing where ``enforce_sorted`` (as
+    ``torch.nn.utils.rnn.pack_padded_sequence`` requires by default)."""
+    if hasattr(lengths, "detach"):
+        lengths = lengths.detach().cpu().numpy()
+    array = np.asarray(lengths)
+    if array.ndim != 1 or array.shape[0] != batch:
+        raise TvmExtError(f"GRU lengths has shape {array.shape}, expected ({batch},): one length per batch row")
+    if array.dtype.kind not in "iu":
+        if array.dtype.kind != "f" or not np.all(np.isfinite(array)) or not np.all(array == np.round(array)):
+            raise TvmExtError(f"GRU lengths must be integers, got {array.dtype} values {array[:4].tolist()}")
+    values = array.astype(np.int64)
+    bad = np.flatnonzero((values < 1) | (values > seq))
+    if bad.size:
+        i = int(bad[0])
+        raise TvmExtError(f"GRU lengths[{i}] = {int(values[i])} is outside 1..{seq} (every row needs at least "
+                          f"one step and at most the sequence length {seq})")
+    if enforce_sorted and np.any(np.diff(values) > 0):
+        i = int(np.flatnonzero(np.diff(values) > 0)[0]) + 1
+        raise TvmExtError(f"GRU lengths are not sorted in decreasing order (lengths[{i}] = {int(values[i])} > "
+                          f"lengths[{i - 1}] = {int(values[i - 1])}); sort the batch or pass enforce_sorted=False")
+    return values.astype(np.int32)

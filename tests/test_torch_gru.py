@@ -1,0 +1,145 @@
+"""``tvm_ext.torch.GRU``: nn.GRU's arguments, weights and forward, against float64.
+
+Needs torch (skipped without it; CI has none).  Without the ``gpu`` marker: argument handling
+and the weight copy on CPU tensors (OpenCL).  ``gpu``: CUDA tensors in place, h0, batch_first,
+layers, directions, PackedSequence input, 16-bit dtypes, and a capture in a user's CUDA graph
+on NaN-poisoned outputs, each rerun."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tvm_ext.errors import TvmExtError  # noqa: E402
+from tvm_ext.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gru import gru_reference  # noqa: E402
+from tvm_ext.torch import GRU  # noqa: E402
+
+
+def _reference(net, x, h0=None, lengths=None, batch_first=False):
+    state = {k: v.detach().float().cpu().numpy() for k, v in net.state_dict().items()}
+    return gru_reference(x.detach().float().cpu().numpy(), state, None if h0 is None else h0.float().cpu().numpy(),
+                         net.num_layers, net.bidirectional, batch_first, lengths=lengths)
+
+
+def test_from_module_copies_arguments_and_weights():
+    net = torch.nn.GRU(6, 5, num_layers=2, bidirectional=True, batch_first=True, bias=False)
+    gru = GRU.from_module(net)
+    assert (gru.input_size, gru.hidden_size, gru.num_layers, gru.bidirectional, gru.batch_first, gru.bias) == \
+        (6, 5, 2, True, True, False)
+    assert set(gru.state_dict()) == set(net.state_dict())
+    for name, value in net.state_dict().items():
+        assert torch.equal(gru.state_dict()[name], value)
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: GRU(4, 4, dropout=0.5), "dropout must be 0"),
+    (lambda: GRU(4, 4, dtype=torch.float64), "dtype torch.float64 is not supported"),
+    (lambda: GRU.from_module(torch.nn.LSTM(4, 4)), "takes a torch.nn.GRU"),
+])
+def test_bad_arguments_are_refused(make, needle):
+    with pytest.raises(TvmExtError, match=needle):
+        make()
+
+
+def test_bad_inputs_are_refused_on_cpu():
+    gru = GRU(4, 3)
+    with pytest.raises(TvmExtError, match="expected torch.float32"):
+        gru(torch.zeros(2, 1, 4, dtype=torch.float64))
+    with pytest.raises(TvmExtError, match=r"expected \(seq, batch, 4\)"):
+        gru(torch.zeros(2, 1, 5))
+    with pytest.raises(TvmExtError, match="hx has shape"):
+        gru(torch.zeros(2, 1, 4), torch.zeros(1, 2, 3))
+
+
+def test_cpu_tensors_run_on_opencl():
+    net = torch.nn.GRU(5, 7, bidirectional=True).eval()
+    gru = GRU.from_module(net)
+    x, h0 = torch.randn(4, 3, 5), torch.randn(2, 3, 7)
+    out, h_n = gru(x, h0)
+    ref_out, ref_h = _reference(net, x, h0)
+    assert relative_error(out.numpy(), ref_out) < 1e-5 and relative_error(h_n.numpy(), ref_h) < 1e-5
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+SHAPES = [dict(input_size=17, hidden_size=33, num_layers=3, bidirectional=True),
+          dict(input_size=64, hidden_size=128, batch_first=True),
+          dict(input_size=200, hidden_size=200, num_layers=2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kwargs", SHAPES, ids=["3L-bi", "batch-first", "2L"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cuda_tensors_in_place_against_float64(kwargs, dtype):
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    net32 = torch.nn.GRU(**kwargs).cuda().eval()
+    gru = GRU.from_module(net32.to(dt))
+    bound = 1e-5 if dtype == "float32" else 1e-2
+    dirs = 2 if net32.bidirectional else 1
+    for batch, seq in ((5, 9), (5, 9), (2, 4)):  # a rerun, then another shape (another compiled GRU)
+        x = torch.randn(batch, seq, net32.input_size, device="cuda")
+        if not net32.batch_first:
+            x = x.transpose(0, 1).contiguous()
+        h0 = torch.randn(net32.num_layers * dirs, batch, net32.hidden_size, device="cuda")
+        out, h_n = gru(x.to(dt), h0.to(dt))
+        assert out.device.type == "cuda" and out.dtype == dt
+        ref_out, ref_h = _reference(net32, x.to(dt), h0.to(dt), batch_first=net32.batch_first)
+        assert relative_error(out.float().cpu().numpy(), ref_out) < bound
+        assert relative_error(h_n.float().cpu().numpy(), ref_h) < bound
+    gru.check()
+
+
+@pytest.mark.gpu
+def test_packed_sequence_like_nn_gru():
+    torch.manual_seed(1)
+    net = torch.nn.GRU(24, 40, num_layers=2, bidirectional=True).cuda().eval()
+    gru = GRU.from_module(net)
+    x = torch.randn(11, 6, 24, device="cuda")
+    lengths = torch.tensor([11, 3, 7, 1, 11, 5])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    ours, h_n = gru(packed)
+    torch.backends.cudnn.allow_tf32 = False  # torch's default for RNNs is TF32 (errors near 3e-4)
+    with torch.no_grad():
+        theirs, their_h = net(packed)
+    assert torch.equal(ours.batch_sizes, theirs.batch_sizes)
+    assert torch.equal(ours.sorted_indices.cpu(), theirs.sorted_indices.cpu())
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(ours, total_length=11)
+    ref_out, ref_h = _reference(net, x, lengths=lengths.numpy())
+    assert relative_error(padded.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+    assert relative_error(ours.data.cpu().numpy(), theirs.data.cpu().numpy()) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, {"fuse_step": 1, "step_loop": 1}, {"fuse_step": 0}],
+                         ids=["pick", "host-loop", "per-step-calls"])
+def test_captured_in_a_users_cuda_graph(config):
+    torch.manual_seed(2)
+    net = torch.nn.GRU(96, 96, bidirectional=True).cuda().eval()
+    gru = GRU.from_module(net, config=config)
+    x = torch.randn(16, 4, 96, device="cuda")
+    static_x = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gru(static_x)  # compiled and loaded outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, h_n = gru(static_x)
+    for seed in (3, 4):  # replays on new inputs, outputs poisoned before each
+        static_x.copy_(torch.randn(16, 4, 96, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        out.fill_(float("nan"))
+        h_n.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_h = _reference(net, static_x)
+        assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+    gru.check()
+
+
+@pytest.mark.gpu
+def test_wrong_device_is_refused():
+    gru = GRU.from_module(torch.nn.GRU(8, 8).cuda())
+    with pytest.raises(TvmExtError, match="is on cpu, expected cuda"):
+        gru(torch.zeros(3, 2, 8))

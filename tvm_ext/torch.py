@@ -1,0 +1,253 @@
+"""``tvm_ext.torch.GRU``: a drop-in ``torch.nn.GRU`` for inference on tvm_ext's tuned GRU.
+
+Same constructor arguments, parameters (names, shapes, ``state_dict``) and forward as
+``nn.GRU``: ``batch_first``, ``h0``, ``num_layers``, ``bidirectional``, ``bias``, and
+``PackedSequence`` input (each row stops at its own length).  On CUDA it takes and returns
+torch tensors without a copy (the compiled kernels read and write torch's memory through
+DLPack), launches on torch's current stream, and can be captured in ``torch.cuda.graph``.
+A GRU is compiled per (batch, seq) shape on first use (a few seconds) and kept.
+
+    gru = tvm_ext.torch.GRU.from_module(nn.GRU(512, 512).cuda().eval())
+    out, h_n = gru(x)                       # x: (T, B, 512) CUDA float32 tensor
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from tvm_ext.errors import TvmExtError
+
+DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+# the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
+LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
+MAX_CACHED_LENGTHS = 64  # distinct lengths vectors kept on the device
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """What a compiled GRU is specific to."""
+
+    batch: int
+    seq: int
+    variable_lengths: bool
+    device: str  # "cuda:0", or "cpu" (PoCL through OpenCL, host copies)
+
+
+class GRU(nn.Module):
+    """``torch.nn.GRU`` inference on tvm_ext's kernels (see the module docstring).
+
+    ``config``: GRU knobs overriding the pick (``tvm_ext.schedules.gru.GRU.build``);
+    ``dropout`` must be 0 (inference)."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None):
+        super().__init__()
+        if dropout:
+            raise TvmExtError(f"tvm_ext.torch.GRU is for inference: dropout must be 0, got {dropout}")
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in DTYPES:
+            raise TvmExtError(f"tvm_ext.torch.GRU dtype {dtype} is not supported; allowed: "
+                              f"{', '.join(str(d) for d in DTYPES)}")
+        self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
+        self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
+        self.config = dict(config or {})
+        dirs = 2 if bidirectional else 1
+        bound = 1.0 / math.sqrt(hidden_size)
+        for layer in range(num_layers):
+            width = input_size if layer == 0 else dirs * hidden_size
+            for sfx in ("", "_reverse")[:dirs]:
+                shapes = {"weight_ih": (3 * hidden_size, width), "weight_hh": (3 * hidden_size, hidden_size)}
+                if bias:
+                    shapes.update(bias_ih=(3 * hidden_size,), bias_hh=(3 * hidden_size,))
+                for name, shape in shapes.items():
+                    value = torch.empty(shape, device=device, dtype=dtype).uniform_(-bound, bound)
+                    self.register_parameter(f"{name}_l{layer}{sfx}", nn.Parameter(value, requires_grad=False))
+        self._engines: dict[EngineKey, Any] = {}
+        self._watches: dict[int, BarrierWatch] = {}
+        self._zero_states: dict[tuple[Any, ...], Any] = {}
+        self._lengths: dict[tuple[Any, ...], Any] = {}
+        self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
+
+    @classmethod
+    def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None) -> "GRU":
+        """A tvm_ext GRU with ``module``'s arguments, weights, device and dtype."""
+        if not isinstance(module, nn.GRU):
+            raise TvmExtError(f"from_module takes a torch.nn.GRU, got {type(module).__name__}")
+        if getattr(module, "proj_size", 0):
+            raise TvmExtError("torch.nn.GRU with proj_size is not supported")
+        first = next(module.parameters())
+        gru = cls(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
+                  0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config)
+        gru.load_state_dict(module.state_dict())
+        return gru
+
+    @property
+    def dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def dtype(self) -> Any:
+        return next(self.parameters()).dtype
+
+    def reload_weights(self) -> None:
+        """Copy the parameters into every compiled GRU (after they were changed in place;
+        ``load_state_dict`` calls it)."""
+        weights = self._numpy_weights()
+        for engine in self._engines.values():
+            engine.load_numpy(weights)
+
+    def _numpy_weights(self) -> dict[str, Any]:
+        return {name: p.detach().float().cpu().numpy() for name, p in self.named_parameters()}
+
+    # ---- forward ---------------------------------------------------------------------------
+    def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
+        packed = isinstance(input, nn.utils.rnn.PackedSequence)
+        if packed:
+            padded, lengths = nn.utils.rnn.pad_packed_sequence(input, batch_first=False)
+            x, time_major = padded, True
+        else:
+            x, lengths, time_major = input, None, not self.batch_first
+        self._check_tensor("input", x)
+        if x.dim() != 3 or x.shape[2] != self.input_size:
+            raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})"
+                              if time_major else
+                              f"GRU input has shape {tuple(x.shape)}, expected (batch, seq, {self.input_size})")
+        seq, batch = (x.shape[0], x.shape[1]) if time_major else (x.shape[1], x.shape[0])
+        state = (self.num_layers * self.dirs, batch, self.hidden_size)
+        if hx is not None:
+            self._check_tensor("hx", hx, x.device)
+            if tuple(hx.shape) != state:
+                raise TvmExtError(f"GRU hx has shape {tuple(hx.shape)}, expected {state} "
+                                  "(layers·directions, batch, hidden)")
+        if not time_major:
+            x = x.transpose(0, 1)
+        engine = self._engine(EngineKey(batch, seq, lengths is not None, str(x.device)))
+        out, h_n = self._run(engine, x.contiguous(), hx, lengths)
+        if packed:
+            order = input.sorted_indices
+            sorted_out = out if order is None else out.index_select(1, order)
+            sorted_lengths = lengths if order is None else lengths.index_select(0, order.cpu())
+            data = nn.utils.rnn.pack_padded_sequence(sorted_out, sorted_lengths, enforce_sorted=True)
+            return nn.utils.rnn.PackedSequence(data.data, data.batch_sizes, input.sorted_indices,
+                                               input.unsorted_indices), h_n
+        return (out if time_major else out.transpose(0, 1)), h_n
+
+    def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TvmExtError(f"GRU {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype != self.dtype:
+            raise TvmExtError(f"GRU {name} has dtype {tensor.dtype}, expected {self.dtype} (the module's)")
+        want = self.weight_ih_l0.device if device is None else device
+        if tensor.device != want:
+            raise TvmExtError(f"GRU {name} is on {tensor.device}, expected {want}"
+                              + (" (the module's parameters)" if device is None else " (the input's)"))
+
+    def _engine(self, key: EngineKey) -> Any:
+        engine = self._engines.get(key)
+        if engine is None:
+            from tvm_ext.schedules.gru import GRU as CompiledGRU
+            from tvm_ext.target import resolve_target
+
+            on_cuda = key.device.startswith("cuda")
+            target = resolve_target("cuda", torch.device(key.device).index or 0) if on_cuda \
+                else resolve_target("opencl", 0)
+            name = DTYPES[self.dtype]
+            precision = {} if name == "float32" else {t: name for t in LOW_PRECISION_TENSORS}
+            engine = CompiledGRU.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
+                                       False, key.batch, key.seq, config=self.config or None,
+                                       device_id=target.device_id, precision=precision,
+                                       variable_lengths=key.variable_lengths)
+            engine.load_numpy(self._numpy_weights())
+            self._engines[key] = engine
+        return engine
+
+    def _run(self, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any]:
+        """One forward pass of ``engine`` on time-major x: in place on CUDA tensors, through
+        host copies on the CPU (OpenCL)."""
+        t = engine.template
+        if x.device.type != "cuda":
+            h0 = None if hx is None else hx.float().numpy()
+            out, h_n = engine(x.float().numpy(), h0, lengths=None if lengths is None else lengths.numpy())
+            return torch.from_numpy(out).to(self.dtype), torch.from_numpy(h_n).to(self.dtype)
+        import tvm_ffi
+
+        watch = self._watches.get(id(engine))
+        if watch is None:
+            watch = self._watches[id(engine)] = BarrierWatch(engine)
+        watch.check()
+        out = torch.empty(t.seq, t.batch, t.dirs * t.hidden, dtype=x.dtype, device=x.device)
+        h_n = torch.empty(t.layers * t.dirs, t.batch, t.hidden, dtype=x.dtype, device=x.device)
+        h0 = self._zeros(h_n) if hx is None else hx.contiguous()
+        tensors = {"x": x.view(t.seq * t.batch, t.input), "h0": h0, "out": out.view(t.seq * t.batch, -1),
+                   "h_n": h_n}
+        if t.variable_lengths:
+            tensors["lengths"] = self._device_lengths(lengths, x.device)
+        stream = torch.cuda.current_stream(x.device)
+        with tvm_ffi.use_raw_stream(engine.executor.dev, stream.cuda_stream):
+            engine.executor.run_bound({k: tvm_ffi.from_dlpack(v) for k, v in tensors.items()})
+        watch.enqueue(stream)
+        return out, h_n
+
+    def _device_lengths(self, lengths: Any, device: Any) -> Any:
+        """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
+        captured with them reads the same memory at every replay (no host copy inside it)."""
+        key = (tuple(int(v) for v in lengths.tolist()), str(device))
+        cached = self._lengths.pop(key, None)
+        if cached is None:
+            cached = torch.tensor(key[0], dtype=torch.int32, device=device)
+        self._lengths[key] = cached  # most recent last
+        while len(self._lengths) > MAX_CACHED_LENGTHS:
+            self._lengths.pop(next(iter(self._lengths)))
+        return cached
+
+    def _zeros(self, like: Any) -> Any:
+        """A zero h0 of ``like``'s shape, made once (no memset in every call)."""
+        key = (tuple(like.shape), like.dtype, like.device)
+        zeros = self._zero_states.get(key)
+        if zeros is None:
+            zeros = self._zero_states[key] = torch.zeros_like(like)
+        return zeros
+
+    def check(self) -> None:
+        """Synchronise and raise if a persistent kernel's grid barrier timed out in a past call
+        (checked without a sync at the start of every call, for the calls before it)."""
+        for watch in self._watches.values():
+            watch.check(wait=True)
+
+
+class BarrierWatch:
+    """The persistent step kernels' timed-out flag (``bar[1]``), copied to pinned host memory
+    after every call on its stream (a CUDA graph captures the copy too) and read at the next
+    call: the numpy path reads it synchronously, which would cost the eager call a sync."""
+
+    def __init__(self, engine: Any):
+        from tvm_ext.schedules.gru.plan import BARRIER_TIMEOUT
+
+        self.message = BARRIER_TIMEOUT
+        self.active = engine.persistent
+        if self.active:
+            self.flags = torch.from_dlpack(engine.executor.sets[0]["bar"])
+            self.host = torch.zeros(1, dtype=self.flags.dtype, pin_memory=True)
+            self.done: Any = None
+
+    def enqueue(self, stream: Any) -> None:
+        if self.active:
+            with torch.cuda.stream(stream):
+                self.host.copy_(self.flags[1:2], non_blocking=True)
+                if not torch.cuda.is_current_stream_capturing():
+                    self.done = torch.cuda.Event()
+                    self.done.record(stream)
+
+    def check(self, wait: bool = False) -> None:
+        if not self.active or self.done is None or torch.cuda.is_current_stream_capturing():
+            return  # nothing recorded yet, or inside a capture (no event queries there)
+        if wait:
+            self.done.synchronize()
+        if self.done.query() and int(self.host[0]):
+            self.host.zero_()
+            raise TvmExtError(self.message)
