@@ -143,3 +143,18 @@ def test_wrong_device_is_refused():
     gru = GRU.from_module(torch.nn.GRU(8, 8).cuda())
     with pytest.raises(TvmExtError, match="is on cpu, expected cuda"):
         gru(torch.zeros(3, 2, 8))
+
+
+@pytest.mark.gpu
+def test_float32_module_with_float16_storage():
+    """precision="float16" behind a float32 module: float32 tensors in and out, float16 storage
+    inside, errors of the TF32 class (well under 1e-3), not float16's own I/O rounding twice."""
+    torch.manual_seed(5)
+    net = torch.nn.GRU(128, 128, num_layers=2).cuda().eval()
+    gru = GRU.from_module(net, precision="float16")
+    x = torch.randn(32, 8, 128, device="cuda")
+    out, h_n = gru(x)
+    assert out.dtype == torch.float32 and h_n.dtype == torch.float32
+    ref_out, ref_h = _reference(net, x)
+    assert 1e-6 < relative_error(out.cpu().numpy(), ref_out) < 1e-3
+    assert relative_error(h_n.cpu().numpy(), ref_h) < 1e-3

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+import tvm_ffi
 from torch import nn
 
 from tvm_ext.errors import TvmExtError
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
 LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
 MAX_CACHED_LENGTHS = 64  # distinct lengths vectors kept on the device
@@ -41,11 +43,16 @@ class GRU(nn.Module):
     """``torch.nn.GRU`` inference on tvm_ext's kernels (see the module docstring).
 
     ``config``: GRU knobs overriding the pick (``tvm_ext.schedules.gru.GRU.build``);
+    ``precision``: the stored tensors' types behind the module's dtype (a type name for all of
+    x, the weights, gi, h and out, or a mapping of ``PRECISION_PARAMS``; default: the module's
+    dtype), e.g. ``precision="float16"`` on a float32 module: float32 in and out, float16 storage,
+    float32 sums and cell (errors near 4e-4, the class of cuDNN's TF32 GRU);
     ``dropout`` must be 0 (inference)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None):
+                 device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None,
+                 precision: str | Mapping[str, str] | None = None):
         super().__init__()
         if dropout:
             raise TvmExtError(f"tvm_ext.torch.GRU is for inference: dropout must be 0, got {dropout}")
@@ -56,6 +63,11 @@ class GRU(nn.Module):
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
         self.config = dict(config or {})
+        if isinstance(precision, str):  # one type for every stored tensor, the cell and sums in float32
+            precision = {name: precision for name in LOW_PRECISION_TENSORS}
+        low = DTYPES[dtype]
+        self.precision = dict(precision) if precision is not None else \
+            ({} if low == "float32" else {name: low for name in LOW_PRECISION_TENSORS})
         dirs = 2 if bidirectional else 1
         bound = 1.0 / math.sqrt(hidden_size)
         for layer in range(num_layers):
@@ -74,7 +86,8 @@ class GRU(nn.Module):
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
     @classmethod
-    def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None) -> "GRU":
+    def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None,
+                    precision: str | Mapping[str, str] | None = None) -> "GRU":
         """A tvm_ext GRU with ``module``'s arguments, weights, device and dtype."""
         if not isinstance(module, nn.GRU):
             raise TvmExtError(f"from_module takes a torch.nn.GRU, got {type(module).__name__}")
@@ -82,7 +95,8 @@ class GRU(nn.Module):
             raise TvmExtError("torch.nn.GRU with proj_size is not supported")
         first = next(module.parameters())
         gru = cls(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
-                  0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config)
+                  0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config,
+                  precision=precision)
         gru.load_state_dict(module.state_dict())
         return gru
 
@@ -156,8 +170,7 @@ class GRU(nn.Module):
             on_cuda = key.device.startswith("cuda")
             target = resolve_target("cuda", torch.device(key.device).index or 0) if on_cuda \
                 else resolve_target("opencl", 0)
-            name = DTYPES[self.dtype]
-            precision = {} if name == "float32" else {t: name for t in LOW_PRECISION_TENSORS}
+            precision = self.precision
             engine = CompiledGRU.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
                                        False, key.batch, key.seq, config=self.config or None,
                                        device_id=target.device_id, precision=precision,
@@ -174,24 +187,24 @@ class GRU(nn.Module):
             h0 = None if hx is None else hx.float().numpy()
             out, h_n = engine(x.float().numpy(), h0, lengths=None if lengths is None else lengths.numpy())
             return torch.from_numpy(out).to(self.dtype), torch.from_numpy(h_n).to(self.dtype)
-        import tvm_ffi
-
         watch = self._watches.get(id(engine))
         if watch is None:
             watch = self._watches[id(engine)] = BarrierWatch(engine)
         watch.check()
-        out = torch.empty(t.seq, t.batch, t.dirs * t.hidden, dtype=x.dtype, device=x.device)
-        h_n = torch.empty(t.layers * t.dirs, t.batch, t.hidden, dtype=x.dtype, device=x.device)
-        h0 = self._zeros(h_n) if hx is None else hx.contiguous()
-        tensors = {"x": x.view(t.seq * t.batch, t.input), "h0": h0, "out": out.view(t.seq * t.batch, -1),
-                   "h_n": h_n}
+        kernel_dtype = {name: TORCH_DTYPES[dtype] for name, dtype in (("x", t.x_dtype), ("h", t.h_dtype),
+                                                                      ("out", t.out_dtype))}
+        out = torch.empty(t.seq, t.batch, t.dirs * t.hidden, dtype=kernel_dtype["out"], device=x.device)
+        h_n = torch.empty(t.layers * t.dirs, t.batch, t.hidden, dtype=kernel_dtype["h"], device=x.device)
+        h0 = self._zeros(h_n) if hx is None else hx.to(kernel_dtype["h"]).contiguous()
+        tensors = {"x": x.to(kernel_dtype["x"]).view(t.seq * t.batch, t.input), "h0": h0,
+                   "out": out.view(t.seq * t.batch, -1), "h_n": h_n}
         if t.variable_lengths:
             tensors["lengths"] = self._device_lengths(lengths, x.device)
         stream = torch.cuda.current_stream(x.device)
         with tvm_ffi.use_raw_stream(engine.executor.dev, stream.cuda_stream):
-            engine.executor.run_bound({k: tvm_ffi.from_dlpack(v) for k, v in tensors.items()})
+            _run_bound(engine.executor, tensors)
         watch.enqueue(stream)
-        return out, h_n
+        return out.to(self.dtype), h_n.to(self.dtype)
 
     def _device_lengths(self, lengths: Any, device: Any) -> Any:
         """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
@@ -220,6 +233,27 @@ class GRU(nn.Module):
             watch.check(wait=True)
 
 
+def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
+    """``executor.run_bound`` on torch tensors: passed as they are where tvm_ffi converts torch
+    tensors itself (its DLPack exchange with torch, found out at the first call: a refused
+    argument fails before anything launches), else each through ``tvm_ffi.from_dlpack``."""
+    global _DIRECT_TORCH_ARGUMENTS
+    if _DIRECT_TORCH_ARGUMENTS is None:
+        try:
+            executor.run_bound(tensors)
+            _DIRECT_TORCH_ARGUMENTS = True
+            return
+        except Exception:  # noqa: BLE001 - not taken (or failed): the explicit conversion decides
+            _DIRECT_TORCH_ARGUMENTS = False
+    if _DIRECT_TORCH_ARGUMENTS:
+        executor.run_bound(tensors)
+    else:
+        executor.run_bound({name: tvm_ffi.from_dlpack(tensor) for name, tensor in tensors.items()})
+
+
+_DIRECT_TORCH_ARGUMENTS: bool | None = None
+
+
 class BarrierWatch:
     """The persistent step kernels' timed-out flag (``bar[1]``), copied to pinned host memory
     after every call on its stream (a CUDA graph captures the copy too) and read at the next
@@ -236,12 +270,14 @@ class BarrierWatch:
             self.done: Any = None
 
     def enqueue(self, stream: Any) -> None:
+        """After a call, on ``stream`` (torch's current one): the flag's copy, and an event
+        that says when it landed (not inside a capture, where events cannot be queried)."""
         if self.active:
-            with torch.cuda.stream(stream):
-                self.host.copy_(self.flags[1:2], non_blocking=True)
-                if not torch.cuda.is_current_stream_capturing():
+            self.host.copy_(self.flags[1:2], non_blocking=True)
+            if not torch.cuda.is_current_stream_capturing():
+                if self.done is None:
                     self.done = torch.cuda.Event()
-                    self.done.record(stream)
+                self.done.record(stream)
 
     def check(self, wait: bool = False) -> None:
         if not self.active or self.done is None or torch.cuda.is_current_stream_capturing():

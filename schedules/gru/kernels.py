@@ -23,6 +23,19 @@ from .compute import F32
 MAX_REGISTERS, OTHER_REGISTERS = 255, 40
 
 
+def _sigmoid(T: Any, v: Any, math: str) -> Any:
+    """sigmoid(v); in float32 as 0.5·tanh(0.5·v) + 0.5: NVRTC compiles TVM's CUDA with
+    --use_fast_math, which turns sigmoid's exp into __expf and its division into an
+    approximate one (the cell's error then dominates a float32 GRU's); tanhf is not
+    replaced, and the identity needs no division."""
+    import tvm
+
+    if math != "float32":
+        return T.sigmoid(v)
+    half = tvm.tirx.const(0.5, math)
+    return half * T.tanh(half * v) + half
+
+
 def _cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
                h: Any, math: str) -> Any:
     """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
@@ -32,8 +45,8 @@ def _cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh
     def m(value: Any) -> Any:
         return value.astype(math)  # no cast when the type already is ``math``
 
-    r = T.sigmoid(m(gi_r) + m(gh_r))
-    z = T.sigmoid(m(gi_z) + m(gh_z))
+    r = _sigmoid(T, m(gi_r) + m(gh_r), math)
+    z = _sigmoid(T, m(gi_z) + m(gh_z), math)
     n = T.tanh(m(gi_n) + r * m(gh_n))
     return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
 

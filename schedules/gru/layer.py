@@ -155,8 +155,10 @@ class GRU:
     # ---- forward ----------------------------------------------------------------------------
     def __call__(self, x: Any, h0: Any = None, lengths: Any = None,
                  enforce_sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(output, h_n) as ``torch.nn.GRU`` returns them, as float32 numpy arrays whatever the
-        precision; x and h0 (any float type, e.g. float32) are rounded to ``x`` and ``h``.
+        """(output, h_n) as ``torch.nn.GRU`` returns them: float32 numpy arrays, or, where x comes
+        in the type the output is stored in (float16 x to a float16 GRU), in that type, as
+        torch returns them (no widening on the host); x and h0 (any float type) are rounded to
+        ``x`` and ``h``.
         ``lengths`` (a GRU built with ``variable_lengths``): each row's length, as
         ``pack_padded_sequence`` takes them (sorted decreasing only with ``enforce_sorted``)."""
         t = self.template
@@ -169,6 +171,7 @@ class GRU:
             raise TvmExtError("this GRU was built for full-length rows: build it with variable_lengths=True "
                               "to pass lengths")
         x = _numpy(x)
+        result = x.dtype if x.dtype == np_dtype(t.out_dtype) == np_dtype(t.h_dtype) else np.dtype(np.float32)
         want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
         if x.shape != want:
             layout = "(batch, seq, input)" if self.batch_first else "(seq, batch, input)"
@@ -194,8 +197,8 @@ class GRU:
         ex.run()
         if barrier_timed_out(self.persistent, ex):
             raise TvmExtError(BARRIER_TIMEOUT)
-        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(np.float32, copy=False)
-        h_n = ex.read("h_n").astype(np.float32, copy=False)
+        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(result, copy=False)
+        h_n = ex.read("h_n").astype(result, copy=False)
         ex.sync()
         if self.batch_first:
             out = np.ascontiguousarray(out.transpose(1, 0, 2))
