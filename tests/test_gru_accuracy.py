@@ -19,7 +19,8 @@ FAMILIES = {"pick": None, "unfused": {"fuse_step": 0}, "persistent": {"fuse_step
 def test_float32_cell_has_no_fast_exp_or_division(family):
     t = GruTemplate(batch=4, hidden=64, input=64, seq=3, bidirectional=True)
     target = offline_cuda("sm_90")
-    cfg = t.analytic_pick(target)[0] if FAMILIES[family] is None else t.default_config(target).replace(**FAMILIES[family])
+    knobs = FAMILIES[family]
+    cfg = t.analytic_pick(target)[0] if knobs is None else t.default_config(target).replace(**knobs)
     source = t.compile(cfg, target).source
     assert "expf(" not in source and "tanhf(" in source
 
