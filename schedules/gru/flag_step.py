@@ -126,7 +126,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     def cell(sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
         """h' of the lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
         gh = [_stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
-        return _cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype)
+        return _cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]

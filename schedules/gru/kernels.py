@@ -23,31 +23,36 @@ from .compute import F32
 MAX_REGISTERS, OTHER_REGISTERS = 255, 40
 
 
-def _sigmoid(T: Any, v: Any, math: str) -> Any:
-    """sigmoid(v); in float32 as 0.5·tanh(0.5·v) + 0.5: NVRTC compiles TVM's CUDA with
-    --use_fast_math, which turns sigmoid's exp into __expf and its division into an
-    approximate one (the cell's error then dominates a float32 GRU's); tanhf is not
-    replaced, and the identity needs no division."""
-    import tvm
+def _tanh(T: Any, v: Any, math: str, kind: str) -> Any:
+    """tanh(v); in float32 as sign(v)·(-e / (2 + e)) with e = expm1(-2|v|): NVRTC builds TVM's
+    CUDA with --use_fast_math, under which tanhf is an approximation (relative error up to
+    1.1e-5 on the H100, the float32 GRU's 4e-6) while expm1f stays accurate (2.6e-7 with the
+    fast division).  ``kind``: the target kind, which names the C function (CUDA ``expm1f``,
+    OpenCL ``expm1``)."""
+    from tvm import tirx
 
-    if math != "float32":
-        return T.sigmoid(v)
-    half = tvm.tirx.const(0.5, math)
-    return half * T.tanh(half * v) + half
+    if math != "float32":  # (and "" where the caller wants the plain tanh)
+        return T.tanh(v)
+    e = tirx.call_pure_extern(math, "expm1f" if kind == "cuda" else "expm1",
+                              tirx.const(-2.0, math) * tirx.abs(v))
+    magnitude = -e / (tirx.const(2.0, math) + e)
+    return tirx.if_then_else(v < tirx.const(0.0, math), -magnitude, magnitude)  # OpenCL C has no copysignf
 
 
 def _cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
-               h: Any, math: str) -> Any:
+               h: Any, math: str, kind: str = "cuda", state: str = F32) -> Any:
     """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
-    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h."""
+    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h.  ``kind``: the target's;
+    ``state``: h's stored type (a 16-bit state rounds away what ``_tanh``'s accuracy buys)."""
     import tvm
 
     def m(value: Any) -> Any:
         return value.astype(math)  # no cast when the type already is ``math``
 
-    r = _sigmoid(T, m(gi_r) + m(gh_r), math)
-    z = _sigmoid(T, m(gi_z) + m(gh_z), math)
-    n = T.tanh(m(gi_n) + r * m(gh_n))
+    r = T.sigmoid(m(gi_r) + m(gh_r))
+    z = T.sigmoid(m(gi_z) + m(gh_z))
+    # the accurate tanh where the state keeps float32's precision (16-bit states round it away)
+    n = _tanh(T, m(gi_n) + r * m(gh_n), math if state == F32 else "", kind)
     return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
 
 
@@ -98,7 +103,8 @@ def _store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, o
 
 
 def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
-              gh_dtype: str = F32, h_dtype: str = F32, math_dtype: str = F32, out_dtype: str = F32) -> Any:
+              gh_dtype: str = F32, h_dtype: str = F32, math_dtype: str = F32, out_dtype: str = F32,
+              kind: str = "cuda") -> Any:
     """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer].
 
     The math is in ``math_dtype``; h', h_n are stored as ``h_dtype``, out[t] as ``out_dtype``."""
@@ -122,14 +128,14 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                 col = T.meta_var(vd * G + vj)
                 h_new[vd, vb, vj] = _cell_math(T, gi[row, col], gi[row, col + hidden], gi[row, col + 2 * hidden],
                                                gh[vd, vb, vj], gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
-                                               h[vd, vb, vj], math_dtype)
+                                               h[vd, vb, vj], math_dtype, kind, h_dtype)
         store(h_new, step, layer, h_out, out, h_n)
 
     return cell
 
 
 def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: str, gh_dtype: str,
-                     math_dtype: str, prefetched: bool = False) -> Any:
+                     math_dtype: str, prefetched: bool = False, kind: str = "cuda", h_dtype: str = F32) -> Any:
     """S3 of the fused step kernels: the gate sums ``acc`` plus b_h, rounded to ``gh_dtype``
     as if stored, and the cell on them into ``h_new`` (both step kernels share it).
     ``prefetched``: gi and b_h come from the step's copies (dirs, batch, 3, hidden) and
@@ -153,7 +159,7 @@ def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: 
                     T, *((gi[vd, vb, 0, vj], gi[vd, vb, 1, vj], gi[vd, vb, 2, vj]) if prefetched
                          else (gi[row, col], gi[row, col + hidden], gi[row, col + 2 * hidden])),
                     gate_sum(acc, bias, vd, vb, 0, vj), gate_sum(acc, bias, vd, vb, 1, vj),
-                    gate_sum(acc, bias, vd, vb, 2, vj), h[step % 2, vd, vb, vj], math_dtype)
+                    gate_sum(acc, bias, vd, vb, 2, vj), h[step % 2, vd, vb, vj], math_dtype, kind, h_dtype)
 
     return cell
 
@@ -170,7 +176,7 @@ def step_k_extent(hidden: int, step_k: int, step_ks: int) -> int:
 def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
               math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0, k_extent: int = 0,
-              w_split: int = 0, prefetch: bool = False) -> Any:
+              w_split: int = 0, prefetch: bool = False, kind: str = "cuda") -> Any:
     """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
 
     The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
@@ -209,7 +215,8 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     staged_w, reg_w, split = bool(w_tile), bool(w_split), max(w_split, 1)
     guard_w = padded or (staged_w and hidden % w_tile != 0)
     store = _store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
-    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype, prefetched=prefetch)
+    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype, prefetched=prefetch,
+                            kind=kind, h_dtype=h_dtype)
     zero_h, zero_w, zero_acc = (T.cast(0, dtype) for dtype in (h_dtype, w_dtype, acc_dtype))
 
     @T.prim_func(s_tir=True)

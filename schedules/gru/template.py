@@ -687,14 +687,14 @@ class GruTemplate(DtypeFields, Template):
                           out_dtype=p["out"], w_tile=self.step_units(config) if config.step_w_onchip == 1 else 0,
                           w_split=config.step_ks if config.step_w_onchip == 2 else 0,
                           prefetch=bool(config.step_prefetch),
-                          k_extent=step_k_extent(h, config.step_k, config.step_ks)),
+                          k_extent=step_k_extent(h, config.step_k, config.step_ks), kind=target.kind),
                 config, target.kind)
         else:
             funcs["gru_gemm_h"] = self.hidden_gemm().schedule(gemms["hid_"], target)
             block = min(config.cell_block, target.max_threads_per_block)
             funcs["gru_cell"] = schedule_cell(
                 cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
-                          math_dtype=p["cell_math"], out_dtype=p["out"]), block)
+                          math_dtype=p["cell_math"], out_dtype=p["out"], kind=target.kind), block)
         if self.variable_lengths:
             threads = min(256, target.max_threads_per_block)
             funcs["gru_hold"] = schedule_elementwise(hold_func(t, b, h, d, p["gi"]), "hold", threads)

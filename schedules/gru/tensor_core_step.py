@@ -211,7 +211,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             return (g * unit_tiles + t) * 4 + e
 
         gh = [_stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return _cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype)
+        return _cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
