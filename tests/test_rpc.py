@@ -116,8 +116,17 @@ def records_of(path) -> list:
     return list(RecordStore(path, warn=quiet))
 
 
+def secret_file(cluster: LocalCluster) -> str:
+    """The cluster's shared secret in a file of its log folder (the tuner's ``--secret-file``)."""
+    path = os.path.join(cluster.log_dir, "secret")
+    if not os.path.exists(path):
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
+            fh.write(cluster.secret)
+    return path
+
+
 def tracker_args(cluster: LocalCluster) -> list[str]:
-    return ["--tracker", cluster.tracker_text, "--key", cluster.key]
+    return ["--tracker", cluster.tracker_text, "--key", cluster.key, "--secret-file", secret_file(cluster)]
 
 
 def worker_jobs(process) -> int:
@@ -174,7 +183,8 @@ def test_a_kernel_past_the_run_timeout_and_a_crashing_kernel_are_records_and_the
     broken = BrokenGemm(24, 16, 20)
     trap = build_one(broken, broken.default_config(opencl).replace(mode="trap"), opencl)
     assert hang.artifact.source_hash != art.source_hash and trap.ok
-    with RpcRunner(cluster.tracker, cluster.key, "opencl", FAST, timeout=3.0, log=quiet).start() as runner:
+    with RpcRunner(cluster.tracker, cluster.key, "opencl", FAST, timeout=3.0, log=quiet,
+                   secret=cluster.secret.encode()).start() as runner:
         first = [f.result(timeout=300) for f in runner.submit(template, [hang, trap])]
         then = [f.result(timeout=300) for f in runner.submit(template, [ok_build, other_build])]
     assert first[0].error_kind == ErrorKind.RUN_TIMEOUT, first[0]
@@ -214,7 +224,8 @@ def test_a_worker_killed_while_it_measures_gives_its_job_to_another(make_cluster
     template, builds = gemm_builds(opencl, 3, seed=2)
     builds = [slowed(b) for b in builds]
     said = []
-    with RpcRunner(cluster.tracker, cluster.key, "opencl", SLOW, parallel=2, log=said.append).start() as runner:
+    with RpcRunner(cluster.tracker, cluster.key, "opencl", SLOW, parallel=2, log=said.append,
+                   secret=cluster.secret.encode()).start() as runner:
         (a_address,) = [f"127.0.0.1:{p}" for p in ports_of(cluster)]
         futures = runner.submit(template, builds)
         b = cluster.start_worker(0)
