@@ -99,11 +99,11 @@ def test_the_worker_info_and_the_hello(opencl):
     info = WorkerInfo(PROTOCOL, __version__, opencl, "host", "opencl 0")
     state = WorkerSessionState()
     message, nonce = hello_request(__version__, SECRET)
-    got, session = read_hello_reply(hello_reply(message, info, state, SECRET), nonce, SECRET)
+    got, session = read_hello_reply(hello_reply(message, info, state, SECRET)[0], nonce, SECRET)
     assert got == info and session == state.session
     other, _ = hello_request(__version__, SECRET)  # a reply to another hello is not this one's
     with pytest.raises(WireError, match="another hello"):
-        read_hello_reply(hello_reply(other, info, state, SECRET), nonce, SECRET)
+        read_hello_reply(hello_reply(other, info, state, SECRET)[0], nonce, SECRET)
 
 
 # ---- pickles are refused unread ---------------------------------------------------------------------------
@@ -123,7 +123,8 @@ def test_a_pickle_is_refused_and_never_unpickled(tmp_path, opencl):
     with pytest.raises(WireError):
         read_measure_request(message, state, None)
     info = WorkerInfo(PROTOCOL, __version__, opencl, "h", "opencl 0")
-    refused = hello_reply(payload, info, state, None)
+    refused, why = hello_reply(payload, info, state, None)
+    assert why.startswith("not a tvm_ext message")
     with pytest.raises(WireError, match="the worker refused the request: not a tvm_ext message"):
         read_hello_reply(refused, "n", None)
     assert not marker.exists()

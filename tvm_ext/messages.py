@@ -273,14 +273,15 @@ class WorkerSessionState:
         self.seq = 0
 
 
-def hello_reply(data: Any, info: WorkerInfo, state: WorkerSessionState, secret: bytes | None) -> bytes:
-    """The reply to a hello message: this worker's info, or why the hello is refused."""
+def hello_reply(data: Any, info: WorkerInfo, state: WorkerSessionState, secret: bytes | None) -> tuple[bytes, str]:
+    """The reply to a hello message (this worker's info, or why the hello is refused) and
+    that refusal ("" when none)."""
     try:
         header = decode(HELLO, data, secret)
         nonce = _field(header, "nonce", "str")[:64]
     except WireError as exc:
-        return encode(HELLO_REPLY, {"nonce": "", "rejected": str(exc)}, secret)
-    return encode(HELLO_REPLY, {"nonce": nonce, "session": state.session, "info": to_plain(info)}, secret)
+        return encode(HELLO_REPLY, {"nonce": "", "rejected": str(exc)}, secret), str(exc)
+    return encode(HELLO_REPLY, {"nonce": nonce, "session": state.session, "info": to_plain(info)}, secret), ""
 
 
 def read_measure_request(data: Any, state: WorkerSessionState, secret: bytes | None) -> tuple[MeasureRequest, int]:

@@ -19,7 +19,8 @@ nothing received is unpickled), signed with the shared secret (``--secret-file``
 ``TVM_EXT_SECRET``) when there is one; a message that is not signed as it must be, or does
 not read, is refused and the refusal is the reply.  The worker listens on 127.0.0.1 unless
 ``--host`` says otherwise, and a worker listening beyond loopback needs the secret (or
-``--insecure``): TVM's RPC server runs the libraries it is sent, by design.
+``--insecure``).  The secret guards tvm_ext's functions, not TVM's own: its RPC server uploads
+and runs libraries for any client, by design, so a worker belongs on a trusted network.
 
 TVM's server serves one session at a time, each in a process forked from the server process;
 a driver keeps its session for the whole run, so the measuring process, its device context and
@@ -119,7 +120,10 @@ def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | No
     import tvm_ffi
 
     def hello(message: bytes) -> bytes:
-        return hello_reply(message, info, _session_state(), secret)
+        reply, refused = hello_reply(message, info, _session_state(), secret)
+        if refused:
+            print(f"{time.strftime('%H:%M:%S')} {label}: refused a hello: {refused}", file=sys.stderr, flush=True)
+        return reply
 
     def measure(message: bytes) -> bytes:
         global _SESSION
@@ -189,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the shared secret that signs every message (default: ${SECRET_ENV}, else none); the "
                         "tuner needs the same one")
     p.add_argument("--insecure", action="store_true",
-                   help="listen beyond loopback without a secret: anyone who reaches the port runs code here")
+                   help="listen beyond loopback without a secret (on a trusted network only: tvm_ext's functions "
+                        "then answer anyone who reaches the port, as TVM's own always do)")
     return p
 
 
