@@ -118,12 +118,7 @@ def records_of(path) -> list:
 
 
 def secret_file(cluster: LocalCluster) -> str:
-    """The cluster's shared secret in a file of its log folder (the tuner's ``--secret-file``)."""
-    path = os.path.join(cluster.log_dir, "secret")
-    if not os.path.exists(path):
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
-            fh.write(cluster.secret)
-    return path
+    return cluster.secret_file()
 
 
 def tracker_args(cluster: LocalCluster) -> list[str]:
@@ -479,8 +474,9 @@ def test_cuda_on_a_stock_server_and_on_workers(tmp_path):
         results = {}
         for key in ("stock", tracker.key):
             path = tmp_path / f"{key}.jsonl"
+            secret = [] if key == "stock" else ["--secret-file", tracker.secret_file()]
             p = subprocess.run(CLI + search + ["--tracker", tracker.tracker_text, "--key", key, "--records",
-                                               str(path)], capture_output=True, text=True, timeout=900)
+                                               str(path)] + secret, capture_output=True, text=True, timeout=900)
             assert p.returncode == 0, p.stderr
             results[key] = {json.dumps(r.config, sort_keys=True): r for r in records_of(path)}
         assert results["stock"].keys() == results[tracker.key].keys()

@@ -77,6 +77,20 @@ def test_a_job_and_its_result_make_the_round_trip(job):
     assert again.result == failed
 
 
+def test_a_cuda_program_travels_as_bytes_and_calls(job):
+    from tvm_ext.messages import job_from_plain, job_to_plain
+    from tvm_ext.program import FailureFlag, KernelLaunch, RunPlan
+
+    light, _ = split_case(job)
+    library = bytes(range(256)) * 40
+    calls = (KernelLaunch("main", ("A", "B", 3, "loop:i"), (2, 1, 1), (128, 1, 1), 1024, (2, 1, 1)),)
+    plan = RunPlan("host", False, FailureFlag("flag", 2, "barrier timed out"), (("a",), ("a", "b")))
+    cuda = replace(light, artifact=replace(light.artifact, kind="cuda", library=library, calls=calls), plan=plan)
+    header = decode("job", encode("job", job_to_plain(cuda), SECRET), SECRET)
+    got = job_from_plain({k: v for k, v in header.items() if k != "kind"})
+    assert got.artifact == cuda.artifact and got.artifact.library == library and got.plan == plan
+
+
 def test_cases_of_every_check_and_dtype_make_the_round_trip():
     import ml_dtypes
 

@@ -79,6 +79,15 @@ class LocalCluster:
     def tracker_text(self) -> str:
         return f"{self.tracker[0]}:{self.tracker[1]}"
 
+    def secret_file(self) -> str:
+        """The shared secret in a file only its owner reads, in the cluster's log folder (gone
+        with the cluster): for a runner given ``secret_file`` rather than the secret itself."""
+        path = os.path.join(self.log_dir, "secret")
+        if not os.path.exists(path):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+                fh.write(self.secret)
+        return path
+
     def _spawn(self, name: str, argv: list[str], secret: str | None = None) -> ClusterProcess:
         path = os.path.join(self.log_dir, name.replace(" ", "_") + ".log")
         env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
