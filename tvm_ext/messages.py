@@ -143,8 +143,10 @@ def _arrays(value: Any, what: str) -> tuple[np.ndarray, ...]:
 
 
 def job_to_plain(job: MeasureJob) -> dict[str, Any]:
-    """A job without its case (``split_case``'s light job)."""
-    return {"artifact": to_plain(job.artifact), "buffers": [[n, to_plain(s)] for n, s in job.buffers],
+    """A job without its case (``split_case``'s light job); the program's source travels as a
+    buffer of UTF-8 (the header stays small, and quick to check)."""
+    artifact = {**to_plain(job.artifact), "source": job.artifact.source.encode()}
+    return {"artifact": artifact, "buffers": [[n, to_plain(s)] for n, s in job.buffers],
             "n_inputs": job.n_inputs, "n_outputs": job.n_outputs,
             "inputs": to_plain(job.inputs) if isinstance(job.inputs, UniformInputs) else None,
             "plan": to_plain(job.plan), "settings": to_plain(job.settings), "rotation_sets": job.rotation_sets,
@@ -161,7 +163,14 @@ def job_from_plain(value: Any) -> MeasureJob:
         raise _fail("job.buffers", buffers)
     specs = tuple((_typed("str", n, "buffer name"), from_plain(TensorSpec, s)) for n, s in buffers)
     inputs = _field(value, "inputs", "UniformInputs | None")
-    return MeasureJob(_field(value, "artifact", "Artifact"), specs, _field(value, "n_inputs", "int"),
+    artifact = value["artifact"]
+    if not isinstance(artifact, dict) or not isinstance(artifact.get("source"), bytes):
+        raise _fail("job.artifact", artifact)
+    try:
+        source = artifact["source"].decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("job.artifact.source is not UTF-8") from None
+    return MeasureJob(from_plain(Artifact, {**artifact, "source": source}), specs, _field(value, "n_inputs", "int"),
                       _field(value, "n_outputs", "int"), () if inputs is None else inputs, (), None,  # type: ignore[arg-type]
                       _field(value, "plan", "RunPlan"), _field(value, "settings", "MeasureSettings"),
                       _field(value, "rotation_sets", "int"), _field(value, "device_id", "int"))

@@ -249,7 +249,7 @@ class WorkerSession:
 
     def _alive(self) -> bool:
         try:
-            self._hello(bytearray(hello_request("", None)[0]))
+            self._hello(bytearray(hello_request("", self._secret)[0]))
             return True
         except Exception:
             return False
