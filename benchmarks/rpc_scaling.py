@@ -78,7 +78,7 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         trials=args.trials, workers=args.workers, seed=args.seed, records=records, run_timeout=120,
         measure=MeasureSettings(repeat=args.repeat, min_repeat_secs=args.min_repeat_secs),
         runner="rpc", runner_options=(("tracker", cluster.tracker_text), ("key", cluster.key),
-                                      ("parallel", str(parallel))))
+                                      ("parallel", str(parallel)), ("secret_file", cluster.secret_file())))
     builder.secs = 0.0
     start = time.perf_counter()
 
@@ -112,7 +112,8 @@ def warm_up(builder: TimedBuilder, target_kind: str, args: argparse.Namespace, c
 
     from tvm_ext.rpc_runner import RpcRunner
 
-    with RpcRunner(cluster.tracker, cluster.key, target_kind, MeasureSettings(), parallel=1, log=print) as runner:
+    with RpcRunner(cluster.tracker, cluster.key, target_kind, MeasureSettings(), parallel=1, log=print,
+                   secret=cluster.secret.encode()) as runner:
         target = runner.start().target  # the workers' device, as the runs will build for it
     template = GemmTemplate(*args.shape)
     space = template.space(target)

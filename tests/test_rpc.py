@@ -34,6 +34,7 @@ from tvm_ext.records import RecordStore
 from tvm_ext.rpc_runner import RpcRunner, same_device
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.target import offline_cuda
+from tvm_ext.wire import SECRET_ENV
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 SHAPE = ["gemm", "--shape", "24,16,20", "--workers", "2", "--no-progress"]
@@ -116,8 +117,12 @@ def records_of(path) -> list:
     return list(RecordStore(path, warn=quiet))
 
 
+def secret_file(cluster: LocalCluster) -> str:
+    return cluster.secret_file()
+
+
 def tracker_args(cluster: LocalCluster) -> list[str]:
-    return ["--tracker", cluster.tracker_text, "--key", cluster.key]
+    return ["--tracker", cluster.tracker_text, "--key", cluster.key, "--secret-file", secret_file(cluster)]
 
 
 def worker_jobs(process) -> int:
@@ -174,7 +179,8 @@ def test_a_kernel_past_the_run_timeout_and_a_crashing_kernel_are_records_and_the
     broken = BrokenGemm(24, 16, 20)
     trap = build_one(broken, broken.default_config(opencl).replace(mode="trap"), opencl)
     assert hang.artifact.source_hash != art.source_hash and trap.ok
-    with RpcRunner(cluster.tracker, cluster.key, "opencl", FAST, timeout=3.0, log=quiet).start() as runner:
+    with RpcRunner(cluster.tracker, cluster.key, "opencl", FAST, timeout=3.0, log=quiet,
+                   secret=cluster.secret.encode()).start() as runner:
         first = [f.result(timeout=300) for f in runner.submit(template, [hang, trap])]
         then = [f.result(timeout=300) for f in runner.submit(template, [ok_build, other_build])]
     assert first[0].error_kind == ErrorKind.RUN_TIMEOUT, first[0]
@@ -214,7 +220,8 @@ def test_a_worker_killed_while_it_measures_gives_its_job_to_another(make_cluster
     template, builds = gemm_builds(opencl, 3, seed=2)
     builds = [slowed(b) for b in builds]
     said = []
-    with RpcRunner(cluster.tracker, cluster.key, "opencl", SLOW, parallel=2, log=said.append).start() as runner:
+    with RpcRunner(cluster.tracker, cluster.key, "opencl", SLOW, parallel=2, log=said.append,
+                   secret=cluster.secret.encode()).start() as runner:
         (a_address,) = [f"127.0.0.1:{p}" for p in ports_of(cluster)]
         futures = runner.submit(template, builds)
         b = cluster.start_worker(0)
@@ -467,8 +474,9 @@ def test_cuda_on_a_stock_server_and_on_workers(tmp_path):
         results = {}
         for key in ("stock", tracker.key):
             path = tmp_path / f"{key}.jsonl"
+            secret = [] if key == "stock" else ["--secret-file", tracker.secret_file()]
             p = subprocess.run(CLI + search + ["--tracker", tracker.tracker_text, "--key", key, "--records",
-                                               str(path)], capture_output=True, text=True, timeout=900)
+                                               str(path)] + secret, capture_output=True, text=True, timeout=900)
             assert p.returncode == 0, p.stderr
             results[key] = {json.dumps(r.config, sort_keys=True): r for r in records_of(path)}
         assert results["stock"].keys() == results[tracker.key].keys()
@@ -479,3 +487,138 @@ def test_cuda_on_a_stock_server_and_on_workers(tmp_path):
     finally:
         os.killpg(stock.pid, signal.SIGKILL)
         tracker.stop()
+
+
+# ---- trust: nothing received is unpickled, the shared secret, the version ------------------------------
+EVIL = os.path.join(os.path.dirname(__file__), "evil_worker.py")
+
+
+def no_secret_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+
+
+@pytest.fixture(scope="module")
+def servers(cluster):
+    """Processes started beside the cluster (each in a group of its own), ended after the module."""
+    started: dict[str, subprocess.Popen] = {}
+
+    def start(name: str, argv: list[str], key: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        if name not in started:
+            log = open(os.path.join(cluster.log_dir, f"{name}.log"), "wb")
+            started[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                             env=env or no_secret_env())
+            wait_registered(cluster.tracker, key, started[name])
+        return started[name]
+
+    yield start
+    for process in started.values():
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert_groups_end({p.pid for p in started.values()})
+
+
+def plain_worker(cluster, servers) -> str:
+    """A tvm_ext worker without a secret (loopback) under the key "plain"."""
+    servers("plain", [sys.executable, "-m", "tvm_ext.worker", "--tracker", cluster.tracker_text, "--key", "plain",
+                      "--host", "127.0.0.1", "--port", str(free_port())], "plain")
+    return "plain"
+
+
+@pytest.mark.parametrize("mode", ["hello", "measure"])
+def test_an_evil_server_under_the_key_runs_nothing_in_the_tuner(mode, cluster, servers, tmp_path):
+    """A fake worker answers the hello (or, after a good hello, each measurement) with a pickle
+    whose unpickling would create a file: the reply is rejected, the server dropped, no file."""
+    marker = tmp_path / "pwned"
+    key = f"evil-{mode}"
+    servers(key, [sys.executable, EVIL, cluster.tracker_text, key, str(free_port()), str(marker), mode], key)
+    p = tune(["--tracker", cluster.tracker_text, "--key", key], tmp_path / "r.jsonl", timeout=300,
+             env=no_secret_env())
+    assert not marker.exists()
+    assert p.returncode == 2, p.stderr
+    assert "worker reply rejected: not a tvm_ext message" in p.stderr and "is dropped" in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: worker reply rejected") and "no other server is left" in last, p.stderr
+    assert "--no-fork" not in p.stderr
+
+
+def evil_client(cluster, key: str, secret: bytes | None, payload: bytes) -> list[str]:
+    """A client given a worker by the tracker sends ``payload`` to its hello and measure
+    functions: what the worker answers to each (its refusals, read as data)."""
+    from tvm import rpc
+
+    from tvm_ext.messages import HELLO_REPLY, MEASURE_REPLY
+    from tvm_ext.wire import decode
+
+    session = rpc.connect_tracker(*cluster.tracker).request(key, session_timeout=60)
+    answers = []
+    for name, kind in (("tvm_ext.worker.measure", MEASURE_REPLY), ("tvm_ext.worker.hello", HELLO_REPLY),
+                       ("tvm_ext.worker.measure", MEASURE_REPLY)):
+        reply = bytes(session.get_function(name)(bytearray(payload)))
+        answers.append(decode(kind, reply, secret).get("rejected", ""))
+    del session
+    return answers
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_an_evil_client_runs_nothing_in_a_worker(signed, cluster, servers, tmp_path):
+    """A pickle sent to a real worker's measure and hello functions (one with the cluster's
+    secret, one without a secret) is refused unread: no file appears, the refusal is the reply,
+    and the worker measures on."""
+    import pickle
+
+    from test_wire import MakesAFile
+
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(MakesAFile(str(marker)))
+    key = cluster.key if signed else plain_worker(cluster, servers)
+    answers = evil_client(cluster, key, cluster.secret.encode() if signed else None, payload)
+    assert not marker.exists()
+    assert all(a.startswith("not a tvm_ext message") for a in answers), answers
+    secret = ["--secret-file", secret_file(cluster)] if signed else []
+    p = tune(["--tracker", cluster.tracker_text, "--key", key, "--generations", "1", "--population", "4",
+              "--strategy", "random"] + secret, tmp_path / "r.jsonl", timeout=300, env=no_secret_env())
+    assert p.returncode == 0 and all(r.ok for r in records_of(tmp_path / "r.jsonl")), p.stderr
+
+
+def test_a_wrong_or_missing_secret_is_rejected_both_ways(cluster, servers, tmp_path):
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not the cluster's secret")
+    plain = plain_worker(cluster, servers)
+    cases = [([], cluster.key, "signed but this side has no shared secret"),  # the workers sign, the tuner cannot
+             (["--secret-file", str(wrong)], cluster.key, "bad signature"),
+             (["--secret-file", secret_file(cluster)], plain, "the message is not signed")]
+    for args, key, message in cases:
+        p = tune(["--tracker", cluster.tracker_text, "--key", key] + args, tmp_path / "r.jsonl", timeout=300,
+                 env=no_secret_env())
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 2 and last.startswith("error: worker reply rejected") and message in last, p.stderr
+        assert "--no-fork" not in p.stderr
+    refused = " ".join(line for p in cluster.processes if p.name.startswith("worker")
+                       for line in open(p.log_path, encoding="utf-8") if "refused a hello" in line)
+    assert "refused a hello: the message is not signed" in refused and "refused a hello: bad signature" in refused
+
+
+def test_a_worker_beyond_loopback_needs_a_secret_or_insecure(tmp_path):
+    tracker = f"127.0.0.1:{free_port()}"
+    base = [sys.executable, "-m", "tvm_ext.worker", "--tracker", tracker, "--key", "k", "--host", "0.0.0.0"]
+    key = tmp_path / "key"
+    key.write_text("a secret")
+    for extra, env, message in (([], no_secret_env(), "error: --host 0.0.0.0 listens beyond this host"),
+                                (["--insecure"], no_secret_env(), "error: cannot reach the RPC tracker"),
+                                (["--secret-file", str(key)], no_secret_env(), "error: cannot reach the RPC tracker"),
+                                ([], {**no_secret_env(), SECRET_ENV: "x"}, "error: cannot reach the RPC tracker")):
+        p = subprocess.run(base + extra, capture_output=True, text=True, timeout=120, env=env)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1 and err[0].startswith(message), p.stderr
+
+
+def test_a_worker_of_another_tvm_ext_version_is_one_error_naming_both(cluster, servers):
+    from tvm_ext import __version__
+
+    code = ("import sys, tvm_ext; tvm_ext.__version__ = '0.0.0-other'; from tvm_ext.worker import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    servers("other", [sys.executable, "-c", code, "--tracker", cluster.tracker_text, "--key", "other", "--host",
+                      "127.0.0.1", "--port", str(free_port())], "other")
+    with pytest.raises(TvmExtError) as err:
+        RpcRunner(cluster.tracker, "other", "opencl", FAST, log=quiet).start()
+    assert f"runs tvm_ext 0.0.0-other (protocol 2), this tuner tvm_ext {__version__} (protocol 2)" in str(err.value)

@@ -74,6 +74,9 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--key", default=None, help="the servers' key at the tracker (one key per kind of device)")
     r.add_argument("--parallel", type=int, default=None,
                    help="jobs in flight (default: one per server registered under the key)")
+    r.add_argument("--secret-file", default=None, metavar="PATH",
+                   help="the shared secret that signs every message to and from the workers (default: "
+                        "$TVM_EXT_SECRET, else unsigned); the workers need the same one")
     r.add_argument("--devices", default=None, metavar="0,1,...",
                    help="this host's devices: start a local tracker and a worker per device, measure on all of "
                         "them, stop them at the end")
@@ -135,7 +138,7 @@ def rpc_runner_options(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         raise TvmExtError(f"--parallel must be >= 1, got {args.parallel}")
     if args.key is not None and args.tracker is None:
         raise TvmExtError("--key names servers at a tracker: give --tracker HOST:PORT too")
-    flags = {"tracker": args.tracker, "key": args.key, "devices": args.devices,
+    flags = {"tracker": args.tracker, "key": args.key, "devices": args.devices, "secret_file": args.secret_file,
              "parallel": None if args.parallel is None else str(args.parallel)}
     return tuple((name, value) for name, value in flags.items() if value is not None)
 

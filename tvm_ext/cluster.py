@@ -1,12 +1,15 @@
 """One host, several devices: a local RPC tracker and one ``tvm_ext.worker`` per device.
 
 ``--devices 0,1`` (``python -m tvm_ext.tune ... --devices 0,1``) starts them on 127.0.0.1 at
-free ports, waits until every worker has registered, measures through the RPC runner and
-stops them when the run ends or is interrupted.  Each process is started in a session of its
-own (its own process group), so Ctrl-C reaches only the driver, and ``stop`` ends every group
-(TVM's server and tracker leave child processes behind when only their parent is ended).  A
-driver killed outright (SIGKILL) cannot stop them: they are told by the kernel instead
-(``PR_SET_PDEATHSIG``, set by each from ``PARENT_ENV``) and end their own process trees.
+free ports, under a random key, with a random shared secret that signs every message (handed
+to the workers through their environment, ``TVM_EXT_SECRET``, never their command line: any
+local user can list the tracker's keys and read command lines), waits until every worker has
+registered, measures through the RPC runner and stops them when the run ends or is
+interrupted.  Each process is started in a session of its own (its own process group), so
+Ctrl-C reaches only the driver, and ``stop`` ends every group (TVM's server and tracker leave
+child processes behind when only their parent is ended).  A driver killed outright (SIGKILL)
+cannot stop them: they are told by the kernel instead (``PR_SET_PDEATHSIG``, set by each from
+``PARENT_ENV``) and end their own process trees.
 
 ``python -m tvm_ext.cluster tracker --host H --port P`` is the tracker process of a cluster:
 TVM's tracker, ended with everything under it.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import TvmExtError
 from .lifetime import PARENT_ENV, end_descendants, end_with_parent, parent_gone
+from .wire import SECRET_ENV
 
 START_TIMEOUT = 180.0  # seconds for the tracker and every worker to come up (imports TVM twice)
 Log = Callable[[str], None]
@@ -58,13 +63,14 @@ class LocalCluster:
     """A tracker and a worker per device on this host (``start``), ended by ``stop``."""
 
     def __init__(self, devices: Sequence[int], target_kind: str, log: Log | None = None, host: str = "127.0.0.1",
-                 start_timeout: float = START_TIMEOUT):
+                 start_timeout: float = START_TIMEOUT, secret: str | None = None):
         self.devices = tuple(devices)
         self.target_kind = target_kind
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self.host = host
         self.start_timeout = start_timeout
-        self.key = f"tvm_ext-local-{os.getpid()}"
+        self.key = f"tvm_ext-local-{secrets.token_hex(8)}"
+        self.secret = secret or secrets.token_hex(32)  # the workers' and the runner's shared secret
         self.tracker: tuple[str, int] = (host, 0)
         self.processes: list[ClusterProcess] = []
         self.log_dir = ""
@@ -73,9 +79,19 @@ class LocalCluster:
     def tracker_text(self) -> str:
         return f"{self.tracker[0]}:{self.tracker[1]}"
 
-    def _spawn(self, name: str, argv: list[str]) -> ClusterProcess:
+    def secret_file(self) -> str:
+        """The shared secret in a file only its owner reads, in the cluster's log folder (gone
+        with the cluster): for a runner given ``secret_file`` rather than the secret itself."""
+        path = os.path.join(self.log_dir, "secret")
+        if not os.path.exists(path):
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+                fh.write(self.secret)
+        return path
+
+    def _spawn(self, name: str, argv: list[str], secret: str | None = None) -> ClusterProcess:
         path = os.path.join(self.log_dir, name.replace(" ", "_") + ".log")
-        env = {**os.environ, PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+        env.update({PARENT_ENV: str(os.getpid()), "PYTHONUNBUFFERED": "1", **({SECRET_ENV: secret} if secret else {})})
         with open(path, "wb") as out:
             popen = subprocess.Popen([sys.executable, *argv], stdin=subprocess.DEVNULL, stdout=out,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -128,7 +144,7 @@ class LocalCluster:
         name = f"worker {len([p for p in self.processes if p.name.startswith('worker')])}"
         return self._spawn(name, ["-m", "tvm_ext.worker", "--tracker", self.tracker_text, "--key", self.key,
                                   "--device", str(device), "--target", self.target_kind, "--host", self.host,
-                                  "--port", str(free_port(self.host))])
+                                  "--port", str(free_port(self.host))], secret=self.secret)
 
     def _check_alive(self, deadline: float, processes: Sequence[ClusterProcess], what: str) -> None:
         for process in processes:

@@ -10,9 +10,13 @@ and each result resolves its future as it arrives.  Builds stay in the local pro
 Two kinds of server answer under a key:
 
 - a ``tvm_ext.worker`` (``python -m tvm_ext.worker``): it has tvm_ext's functions.  A slot
-  keeps its session for the run; a job travels as data (``MeasureJob``, pickled) and runs on
+  keeps its session for the run; a job travels as data (``MeasureJob`` as a ``tvm_ext.wire``
+  message: JSON and raw buffers, signed with the shared secret when there is one) and runs on
   the worker's device with the local runner's check, timing and isolation.  The device it
   reports (``WorkerInfo.target``) is the run's target, so its name is in the workload key.
+  Its replies are read as data, never unpickled: a reply that does not read (not signed with
+  the secret, damaged, forged) is "worker reply rejected: <why>" and that server is dropped;
+  a worker of another tvm_ext version is one error naming both versions.
 - a stock TVM server (``python -m tvm.exec.rpc_server``, no tvm_ext there): CUDA programs of
   one function (GEMM, reductions) are uploaded, loaded (``load_module``) and run through the
   remote module, as meta_schedule's RPC runner does: the check's inputs are written from
@@ -31,8 +35,6 @@ far are kept: a rerun resumes).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import pickle
 import queue
 import select
 import socket
@@ -47,10 +49,12 @@ from typing import Any, Callable, Protocol, Sequence
 from .builder import BuildResult
 from .errors import ErrorKind, RunnerLost, TvmExtError
 from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job
+from .messages import case_key, hello_request, measure_request, read_hello_reply, read_measure_reply
 from .program import MAIN
 from .runner import job_error, resolved
 from .target import TargetInfo, cuda_target_of
 from .template import Template
+from .wire import SECRET_ENV, WireError
 from .worker import HELLO, MEASURE, PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo, split_case
 
 Log = Callable[[str], None]
@@ -67,6 +71,11 @@ OPEN_FAILURES_LIMIT = 5  # sessions one server may fail to open in a row before 
 
 class ServerLost(Exception):
     """The connection to a server broke while it had a job (the job was not measured there)."""
+
+
+class ReplyRejected(Exception):
+    """A worker's reply did not read as a message of ours (unsigned, damaged, forged): nothing
+    of it was used, and the server is dropped."""
 
 
 # ---- the tracker ----------------------------------------------------------------------------------
@@ -154,7 +163,8 @@ def connect_tracker(address: tuple[str, int]) -> TrackerClient:
         host, port = address
         why = exc.strerror or str(exc) or type(exc).__name__
         raise TvmExtError(f"cannot reach the RPC tracker {host}:{port}: {why} (start one: python -m "
-                          f"tvm.exec.rpc_tracker --host 0.0.0.0 --port {port})") from None
+                          f"tvm.exec.rpc_tracker --host {host} --port {port}; its workers with the shared secret: "
+                          f"{SECRET_ENV} or --secret-file)") from None
 
 
 # ---- sessions with servers ------------------------------------------------------------------------
@@ -175,31 +185,46 @@ def _tvm_error_line(exc: BaseException) -> str:
     return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
+def check_worker(info: WorkerInfo, address: str) -> None:
+    """The worker runs this tuner's tvm_ext (version and protocol), or one error naming both."""
+    from . import __version__
+
+    if info.protocol != PROTOCOL or info.version != __version__:
+        raise TvmExtError(f"the tvm_ext worker at {address} runs tvm_ext {info.version} (protocol {info.protocol}), "
+                          f"this tuner tvm_ext {__version__} (protocol {PROTOCOL}): install the same tvm_ext on both")
+
+
 class WorkerSession:
     """A session with a ``tvm_ext.worker``: jobs as data, measured on the worker's device."""
 
     kind = "tvm_ext"
     single_use = False
 
-    def __init__(self, session: Any, address: str, hello: Any):
+    def __init__(self, session: Any, address: str, hello: Any, secret: bytes | None = None):
+        from . import __version__
+
         self.address = address
         self._session = session
-        info: WorkerInfo = pickle.loads(bytes(hello(PROTOCOL)))
-        if info.protocol != PROTOCOL:
-            raise TvmExtError(f"the tvm_ext worker at {address} speaks protocol {info.protocol} (tvm_ext "
-                              f"{info.version}), this driver {PROTOCOL}: install the same tvm_ext on both")
+        self._secret = secret
+        message, nonce = hello_request(__version__, secret)
+        reply = bytes(hello(bytearray(message)))
+        try:
+            info, self._id = read_hello_reply(reply, nonce, secret)
+        except WireError as exc:
+            raise ReplyRejected(f"worker reply rejected: {exc}") from None
+        check_worker(info, address)
         self.info = info
         self.target = info.target
         self._hello = hello
         self._measure = session.get_function(MEASURE)
+        self._seq = 0
         self._cases: set[str] = set()  # case keys this session has been sent
 
     def measure(self, job: MeasureJob, timeout: float) -> RunResult:
         light, case = split_case(job)
-        case_bytes = pickle.dumps(case, protocol=pickle.HIGHEST_PROTOCOL)
-        key = hashlib.blake2b(case_bytes, digest_size=16).hexdigest()
+        key = case_key(case)
         for _ in range(2):
-            send = None if key in self._cases else case_bytes
+            send = None if key in self._cases else case
             reply = self._call(MeasureRequest(light, key, send, timeout))
             self._cases.add(key)
             if reply.result is not None:
@@ -208,18 +233,23 @@ class WorkerSession:
         return RunResult((), ErrorKind.RUN_ERROR, f"the worker at {self.address} did not keep the check's data")
 
     def _call(self, request: MeasureRequest) -> MeasureReply:
-        payload = bytearray(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+        self._seq += 1
+        payload = bytearray(measure_request(request, self._id, self._seq, self._secret))
         try:
-            return pickle.loads(bytes(self._measure(payload)))
+            reply = bytes(self._measure(payload))
         except Exception as exc:
             if not self._alive():
                 raise ServerLost(_tvm_error_line(exc)) from None
             # the worker answered but its function failed: data, not a lost server
             return MeasureReply(RunResult((), ErrorKind.RUN_ERROR, f"worker {self.address}: {_tvm_error_line(exc)}"))
+        try:
+            return read_measure_reply(reply, self._id, self._seq, self._secret)
+        except WireError as exc:
+            raise ReplyRejected(f"worker reply rejected: {exc}") from None
 
     def _alive(self) -> bool:
         try:
-            self._hello(PROTOCOL)
+            self._hello(bytearray(hello_request("", self._secret)[0]))
             return True
         except Exception:
             return False
@@ -299,8 +329,8 @@ def _remote_exists(dev: Any) -> bool:
         return False
 
 
-def open_session(url: str, port: int, matchkey: str, target_kind: str, session_timeout: float = 0
-                 ) -> ServerSession:
+def open_session(url: str, port: int, matchkey: str, target_kind: str, session_timeout: float = 0,
+                 secret: bytes | None = None) -> ServerSession:
     """A session with the server the tracker gave; which kind answered decides the path."""
     from tvm import rpc
 
@@ -310,7 +340,7 @@ def open_session(url: str, port: int, matchkey: str, target_kind: str, session_t
         hello = session.get_function(HELLO)
     except AttributeError:  # no tvm_ext function there: a stock TVM server
         return StockSession(session, address, target_kind)
-    return WorkerSession(session, address, hello)
+    return WorkerSession(session, address, hello, secret)
 
 
 def same_device(a: TargetInfo, b: TargetInfo) -> bool:
@@ -333,7 +363,8 @@ class RpcRunner:
 
     def __init__(self, tracker: tuple[str, int], key: str, target_kind: str, settings: MeasureSettings,
                  timeout: float = 60.0, parallel: int | None = None, log: Log | None = None,
-                 server_wait: float = 10.0, lost_grace: float = 30.0, cluster: Any = None):
+                 server_wait: float = 10.0, lost_grace: float = 30.0, cluster: Any = None,
+                 secret: bytes | None = None):
         self.tracker = tracker
         self.key = key
         self.target_kind = target_kind
@@ -344,6 +375,8 @@ class RpcRunner:
         self.server_wait = server_wait  # seconds a start waits for a first server to register
         self.lost_grace = lost_grace  # seconds with no server of the key before the run stops
         self.cluster = cluster  # a LocalCluster this runner stops when it closes
+        self.secret = secret  # signs every message to and from tvm_ext workers (None: unsigned)
+        self._rejected: dict[str, str] = {}  # server address -> why its reply was rejected
         self._target: TargetInfo | None = None
         self._kind = ""
         self._queue: queue.Queue[_Item | None] = queue.Queue()
@@ -375,7 +408,8 @@ class RpcRunner:
         servers = self._registered(self.server_wait)
         if not servers:
             raise TvmExtError(f"no server is registered under {self.where}; start one there: python -m "
-                              f"tvm_ext.worker --tracker {self.tracker[0]}:{self.tracker[1]} --key {self.key}")
+                              f"tvm_ext.worker --tracker {self.tracker[0]}:{self.tracker[1]} --key {self.key} (beyond "
+                              f"loopback: --host ADDR with the tuner's secret, {SECRET_ENV} or --secret-file)")
         slots = self.parallel or len(servers)
         sessions: list[ServerSession] = []
         try:
@@ -458,11 +492,18 @@ class RpcRunner:
                 return None
             url, port, matchkey = got
             address = f"{url}:{port}"
+            if address in self._rejected:  # not connected to again: another server, or none
+                self._reject(address, self._rejected[address])
+                time.sleep(0.5)
+                continue
             timeout = self.timeout if self._kind == "stock" else 0
             try:
-                session = open_session(url, port, matchkey, self.target_kind, timeout)
+                session = open_session(url, port, matchkey, self.target_kind, timeout, self.secret)
             except TvmExtError as exc:
                 raise RunnerLost(str(exc)) from None
+            except ReplyRejected as exc:
+                self._reject(address, str(exc))
+                continue
             except Exception as exc:  # the server went away between the tracker and us
                 failures = self._open_failures[address] = self._open_failures.get(address, 0) + 1
                 if failures >= OPEN_FAILURES_LIMIT:  # a server that registers but cannot serve
@@ -477,6 +518,22 @@ class RpcRunner:
             self._accept(session)
             return session
         return None
+
+    def _reject(self, address: str, why: str) -> None:
+        """Drop the server at ``address`` for the run (its reply was rejected); with no other
+        server left under the key, nothing more can be measured (``RunnerLost``)."""
+        if address not in self._rejected:
+            self._rejected[address] = why
+            self.log(f"rpc: {why}; the server at {address} is dropped")
+        try:
+            with contextlib.closing(TrackerClient(self.tracker)) as client:
+                servers = client.servers(self.key)
+        except OSError as exc:
+            raise RunnerLost(self._tracker_lost(exc)) from None
+        if all(f"{host}:{port}" in self._rejected for host, port in servers):
+            raise RunnerLost(f"{why} (the server at {address}); no other server is left under {self.where}: "
+                             f"give the workers the tuner's shared secret ({SECRET_ENV} or --secret-file) and the "
+                             "same tvm_ext, or take the server off the key")
 
     def _accept(self, session: ServerSession) -> None:
         """Check a new session against the run: one kind of server, one device, ``--target``."""
@@ -553,6 +610,13 @@ class RpcRunner:
                     self._drop(session)
                     session = None
                     self._lost_server(item, exc)
+                    continue
+                except ReplyRejected as exc:  # nothing of the reply used: the job goes to another server
+                    address = session.address
+                    self._drop(session)
+                    session = None
+                    self._queue.put(item)
+                    self._reject(address, str(exc))
                     continue
                 metrics = {**result.metrics, "server": session.address}
                 self._resolve(item, replace(result, metrics=metrics))

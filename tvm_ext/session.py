@@ -311,6 +311,10 @@ def _check_rpc(options: SessionOptions) -> None:
             raise TvmExtError("--tracker needs --key KEY (the servers' key at the tracker)")
     if devices:
         _device_list(devices, f"--devices {devices!r}")
+    if tracker and options.runner_option("secret_file"):
+        from .wire import load_secret
+
+        load_secret(options.runner_option("secret_file"))  # readable and not empty, before anything runs
     if parallel is not None and (not parallel.isdigit() or int(parallel) < 1):
         raise TvmExtError(f"--parallel must be an integer >= 1, got {parallel!r}")
 
@@ -321,6 +325,8 @@ def _rpc_runner(options: SessionOptions, target: TargetInfo | None, log: Log) ->
     from .rpc_runner import RpcRunner
     from .worker import parse_address
 
+    from .wire import load_secret
+
     parallel = options.runner_option("parallel")
     devices = options.runner_option("devices")
     cluster = None
@@ -328,11 +334,12 @@ def _rpc_runner(options: SessionOptions, target: TargetInfo | None, log: Log) ->
         from .cluster import LocalCluster
 
         cluster = LocalCluster(_device_list(devices, f"--devices {devices!r}"), options.target.lower(), log).start()
-        tracker, key = cluster.tracker, cluster.key
+        tracker, key, secret = cluster.tracker, cluster.key, cluster.secret.encode()
     else:
         tracker, key = parse_address(options.runner_option("tracker") or ""), options.runner_option("key") or ""
+        secret = load_secret(options.runner_option("secret_file"))
     runner = RpcRunner(tracker, key, options.target.lower(), options.measure, timeout=options.run_timeout,
-                       parallel=int(parallel) if parallel else None, log=log, cluster=cluster)
+                       parallel=int(parallel) if parallel else None, log=log, cluster=cluster, secret=secret)
     try:
         return runner.start()
     except BaseException:

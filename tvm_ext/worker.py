@@ -1,17 +1,26 @@
 """``python -m tvm_ext.worker``: a TVM RPC server that measures tvm_ext's jobs on one device.
 
     python -m tvm_ext.worker --tracker HOST:PORT --key KEY [--device N] [--target opencl|cuda]
-                             [--host H] [--port P] [--custom-addr ADDR]
+                             [--host H] [--port P] [--custom-addr ADDR] [--secret-file PATH] [--insecure]
 
 It is TVM's own RPC server (``tvm.rpc.Server``), registered at the tracker under ``KEY``, with
 tvm_ext's functions added to the server process (``server_init_callback``):
 
-- ``tvm_ext.worker.hello(protocol)``: a pickled ``WorkerInfo``: this worker's device as a
-  ``TargetInfo`` (the driver's workload keys name it), its protocol and tvm_ext version;
-- ``tvm_ext.worker.measure(request)``: a pickled ``MeasureRequest`` in, a pickled
-  ``MeasureReply`` out: ``run_job`` on this worker's device in an ``IsolatedMeasurer``, the
-  local runner's isolation (a kernel past the run timeout or one that kills its process is an
-  error result, and the next job gets a fresh process).
+- ``tvm_ext.worker.hello(message)``: a hello in, this worker's ``WorkerInfo`` out (its device
+  as a ``TargetInfo``: the driver's workload keys name it; its protocol and tvm_ext version)
+  with the session's id;
+- ``tvm_ext.worker.measure(message)``: a ``MeasureRequest`` in, a ``MeasureReply`` out:
+  ``run_job`` on this worker's device in an ``IsolatedMeasurer``, the local runner's isolation
+  (a kernel past the run timeout or one that kills its process is an error result, and the
+  next job gets a fresh process).
+
+Both travel as ``tvm_ext.wire`` messages (JSON and raw buffers, read by ``tvm_ext.messages``:
+nothing received is unpickled), signed with the shared secret (``--secret-file`` or
+``TVM_EXT_SECRET``) when there is one; a message that is not signed as it must be, or does
+not read, is refused and the refusal is the reply.  The worker listens on 127.0.0.1 unless
+``--host`` says otherwise, and a worker listening beyond loopback needs the secret (or
+``--insecure``).  The secret guards tvm_ext's functions, not TVM's own: its RPC server uploads
+and runs libraries for any client, by design, so a worker belongs on a trusted network.
 
 TVM's server serves one session at a time, each in a process forked from the server process;
 a driver keeps its session for the whole run, so the measuring process, its device context and
@@ -26,69 +35,30 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import os
-import pickle
 import signal
 import socket
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 from .errors import TvmExtError
 from .lifetime import end_descendants, end_with_parent
-from .measure import MeasureJob, RunResult
-from .target import TARGET_KINDS, TargetInfo
+from .messages import (PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo, WorkerSessionState, hello_reply,
+                       join_case, measure_reply, read_measure_request, split_case)
+from .target import TARGET_KINDS
+from .wire import SECRET_ENV, WireError, load_secret
 
-PROTOCOL = 1  # bumped when a request or reply changes shape: driver and worker must agree
+__all__ = ["PROTOCOL", "HELLO", "MEASURE", "MeasureReply", "MeasureRequest", "WorkerInfo", "join_case", "main",
+           "split_case"]
 HELLO = "tvm_ext.worker.hello"
 MEASURE = "tvm_ext.worker.measure"
 DEFAULT_PORT = 9091
 PORT_RANGE = 100  # ports tried from --port on (TVM's server binds the first free one)
 _CASES_KEPT = 4  # workloads whose check inputs and references a session keeps
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """What a worker says about itself when a driver connects."""
-
-    protocol: int
-    version: str
-    target: TargetInfo
-    hostname: str
-    device: str  # as the worker was started: "cuda 1", "opencl 0"
-
-
-@dataclass(frozen=True)
-class MeasureRequest:
-    """One job for a worker.  The check's inputs, references and check (large: a 2048² GEMM's
-    reference is 32 MB) travel once per session and workload: ``case`` holds them (pickled)
-    the first time, ``job`` travels without them, and ``case_key`` names them."""
-
-    job: MeasureJob
-    case_key: str
-    case: bytes | None
-    timeout: float
-
-
-@dataclass(frozen=True)
-class MeasureReply:
-    result: RunResult | None  # None: the session does not have ``case_key``; send the case
-    seconds: float = 0.0  # the worker's time for the job
-
-
-def split_case(job: MeasureJob) -> tuple[MeasureJob, tuple[Any, ...]]:
-    """``job`` without its check's data, and that data: (inputs, or None when the worker
-    draws them from the seed; references; the check)."""
-    arrays = None if hasattr(job.inputs, "draw") else job.inputs
-    light = replace(job, inputs=job.inputs if arrays is None else (), references=(), check=None)  # type: ignore[arg-type]
-    return light, (arrays, job.references, job.check)
-
-
-def join_case(job: MeasureJob, case: tuple[Any, ...]) -> MeasureJob:
-    arrays, references, check = case
-    return replace(job, inputs=job.inputs if arrays is None else arrays, references=references, check=check)
 
 
 # ---- the server side (a session process) -------------------------------------------------------
@@ -111,7 +81,7 @@ class _Session:
     def measure(self, request: MeasureRequest) -> MeasureReply:
         start = time.perf_counter()
         if request.case is not None:
-            self.cases[request.case_key] = pickle.loads(request.case)
+            self.cases[request.case_key] = request.case
             while len(self.cases) > _CASES_KEPT:
                 self.cases.popitem(last=False)
         case = self.cases.get(request.case_key)
@@ -130,20 +100,42 @@ class _Session:
 
 
 _SESSION: _Session | None = None
+_STATE: WorkerSessionState | None = None
 
 
-def _serve_init(info: bytes, device_id: int, label: str) -> None:
-    """Runs in TVM's server process before it serves: tvm_ext's functions, for every session."""
+def _session_state() -> WorkerSessionState:
+    """This session process's id and sequence (made in the process forked for the session)."""
+    global _STATE
+    if _STATE is None:
+        _STATE = WorkerSessionState()
+    return _STATE
+
+
+def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | None) -> None:
+    """Runs in TVM's server process before it serves: tvm_ext's functions, for every session.
+
+    TVM starts that process itself and hands it this callback (with its arguments) pickled,
+    through a pipe to its own child process: a local process start, not network input.  What
+    the functions receive from the network is read by ``tvm_ext.messages`` only."""
     import tvm_ffi
 
-    def hello(protocol: int) -> bytes:
-        return info
+    def hello(message: bytes) -> bytes:
+        reply, refused = hello_reply(message, info, _session_state(), secret)
+        if refused:
+            print(f"{time.strftime('%H:%M:%S')} {label}: refused a hello: {refused}", file=sys.stderr, flush=True)
+        return reply
 
-    def measure(request: bytes) -> bytes:
+    def measure(message: bytes) -> bytes:
         global _SESSION
+        state = _session_state()
+        try:
+            request, seq = read_measure_request(message, state, secret)
+        except WireError as exc:
+            print(f"{time.strftime('%H:%M:%S')} {label}: refused a request: {exc}", file=sys.stderr, flush=True)
+            return measure_reply(None, state, 0, secret, rejected=str(exc))
         if _SESSION is None:  # first job of this session process (forked per session)
             _SESSION = _Session(device_id, label)
-        return pickle.dumps(_SESSION.measure(pickle.loads(bytes(request))), protocol=pickle.HIGHEST_PROTOCOL)
+        return measure_reply(_SESSION.measure(request), state, seq, secret)
 
     tvm_ffi.register_global_func(HELLO, hello, override=True)
     tvm_ffi.register_global_func(MEASURE, measure, override=True)
@@ -190,12 +182,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device index (CUDA: of the visible GPUs, via CUDA_VISIBLE_DEVICES; OpenCL: tvm_ext's "
                         "device index, GPUs first; default 0)")
     p.add_argument("--target", default="opencl", help="opencl (default) or cuda")
-    p.add_argument("--host", default="0.0.0.0", help="address the server listens on (default 0.0.0.0)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address the server listens on (default 127.0.0.1; beyond this host it needs the shared "
+                        "secret, or --insecure)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help=f"first port tried; the next free one of {PORT_RANGE} is used (default {DEFAULT_PORT})")
     p.add_argument("--custom-addr", default=None,
                    help="the address the tracker gives drivers for this server (default: as the tracker sees it)")
+    p.add_argument("--secret-file", default=None, metavar="PATH",
+                   help=f"the shared secret that signs every message (default: ${SECRET_ENV}, else none); the "
+                        "tuner needs the same one")
+    p.add_argument("--insecure", action="store_true",
+                   help="listen beyond loopback without a secret (on a trusted network only: tvm_ext's functions "
+                        "then answer anyone who reaches the port, as TVM's own always do)")
     return p
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` is an address of this host only (a name other than localhost is not assumed so)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -208,6 +218,10 @@ def serve(args: argparse.Namespace) -> int:
         raise TvmExtError(f"--port must be a port number, got {args.port}")
     if not args.key.strip():
         raise TvmExtError("--key must not be empty")
+    secret = load_secret(args.secret_file)
+    if secret is None and not is_loopback(args.host) and not args.insecure:
+        raise TvmExtError(f"--host {args.host} listens beyond this host: give a shared secret (--secret-file PATH or "
+                          f"{SECRET_ENV}, the tuner the same) or pass --insecure on a trusted network")
     tracker = parse_address(args.tracker)
     why = reachable(tracker)
     if why is not None:
@@ -225,9 +239,10 @@ def serve(args: argparse.Namespace) -> int:
 
     server = rpc.Server(args.host, args.port, min(args.port + PORT_RANGE, 65536), tracker_addr=tracker,
                         key=args.key, custom_addr=args.custom_addr, silent=True,
-                        server_init_callback=functools.partial(_serve_init, pickle.dumps(info), device_id, label))
-    print(f"tvm_ext worker: {label} serving key {args.key!r} on {args.host}:{server.port}, tracker {args.tracker}",
-          file=sys.stderr, flush=True)
+                        server_init_callback=functools.partial(_serve_init, info, device_id, label, secret))
+    signed = "signed messages" if secret else "no secret: messages unsigned"
+    print(f"tvm_ext worker: {label} serving key {args.key!r} on {args.host}:{server.port}, tracker {args.tracker} "
+          f"({signed})", file=sys.stderr, flush=True)
     while server.proc.is_alive():
         time.sleep(0.5)
     print("tvm_ext worker: the RPC server process ended", file=sys.stderr)
@@ -255,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # run as the module's own name, so what is pickled (WorkerInfo, the server's init function)
-    # names tvm_ext.worker, which the driver and TVM's server process import
+    # run as the module's own name, so what TVM pickles to start its server process locally
+    # (the server's init function) names tvm_ext.worker, which that process imports
     from tvm_ext.worker import main as _main
 
     sys.exit(_main())
