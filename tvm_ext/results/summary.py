@@ -10,7 +10,9 @@ instead of speeds and the knobs as recorded.
 A records file is data, not trusted: a record whose config is not a point of its
 template's space (``Space.outside_reason``), or whose workload differs from the one
 the first record of its key named, is skipped with the reason (``RecordsCheck``), so
-it is never shown as the best nor exported.
+it is never shown as the best nor exported.  A record of another version of the
+template (its ``template_hash`` is not today's) may lack knobs added since or hold
+knobs removed since: only the values of the knobs both have are checked.
 """
 from __future__ import annotations
 
@@ -185,7 +187,7 @@ class RecordsCheck:
 
     def __init__(self) -> None:
         self._workloads: dict[str, str] = {}
-        self._spaces: dict[str, Space | None] = {}
+        self._spaces: dict[str, tuple[Space, bool] | None] = {}
 
     def __call__(self, rec: Record) -> str | None:
         blob = json.dumps(rec.workload, sort_keys=True, default=str)
@@ -193,17 +195,22 @@ class RecordsCheck:
             return "its workload differs from the first record of its key"
         if rec.workload_key not in self._spaces:
             self._spaces[rec.workload_key] = self._space(rec.workload)
-        space = self._spaces[rec.workload_key]
-        why = space.outside_reason(rec.config_obj()) if space is not None else None
+        found = self._spaces[rec.workload_key]
+        if found is None:
+            return None
+        space, current = found
+        why = space.outside_reason(rec.config_obj(), knobs_only=not current)
         return f"config outside its template's space: {why}" if why else None
 
     @staticmethod
-    def _space(workload: dict[str, Any]) -> Space | None:
+    def _space(workload: dict[str, Any]) -> tuple[Space, bool] | None:
+        """The space of the workload's template, and whether the record was made by today's
+        version of it; None when the template or its space cannot be rebuilt."""
         template = template_of(workload)
         if template is None:
             return None
         try:
-            return template.space(target_of(workload))
+            return template.space(target_of(workload)), workload.get("template_hash") == template.source_hash
         except Exception:  # no space for the recorded target: the configs cannot be checked
             return None
 
