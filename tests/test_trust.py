@@ -259,6 +259,18 @@ def test_buffers_beyond_host_memory_are_refused_before_anything_runs(tmp_path, m
     assert not records.exists()
 
 
+def test_buffers_beyond_device_memory_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """The device's memory is known only once the target is (a CUDA GPU's; here one pretends)."""
+    from tvm_ext import cli_checks
+    from tvm_ext.tune import main
+
+    monkeypatch.setattr(cli_checks, "device_memory_bytes", lambda target: 4096)
+    monkeypatch.setattr("tvm_ext.tuner.Tuner.__init__", lambda *a, **k: pytest.fail("the run started"))
+    assert main(["gemm", "--shape", "64,64,64", "--records", str(tmp_path / "r.jsonl"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "its buffers need 48.0 KiB of device memory, more than the 4.0 KiB" in err[0], err
+
+
 @pytest.mark.parametrize("devices", ["0,1", "99"])
 def test_devices_that_do_not_exist_are_one_error_line(tmp_path, devices):
     p = run(["gemm", "--shape", "8,8,8", "--records", str(tmp_path / "r.jsonl"), "--runner-option",
