@@ -167,6 +167,7 @@ def test_the_file_has_at_least_1000_hostile_lines(fuzzed):
 def test_show(fuzzed):
     p = _run(fuzzed, ["show", "r.jsonl", "--top", "50"])
     assert p.returncode == 0 and f"[workload {fuzzed['key']}]" in p.stdout
+    assert "\x1b" not in p.stdout and "\x07" not in p.stdout  # no terminal control from the data
     warnings = [l for l in p.stderr.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1 and "unreadable lines" in warnings[0]
 

@@ -126,7 +126,6 @@ class Record:
         """Parse one line; ``ValueError`` when it is not a well-typed record (any other
         exception a hostile line provokes is caught by the readers too)."""
         data = json.loads(line)
-        _check_shape(data, line)
         if not isinstance(data, dict):
             raise ValueError(f"a record is a JSON object, not {type(data).__name__}")
         known = {f.name for f in fields(cls)}
@@ -134,6 +133,7 @@ class Record:
         missing = {"workload_key", "workload", "config", "costs"} - set(data)
         if missing:
             raise ValueError(f"missing fields {sorted(missing)}")
+        _check_shape(data, line)
         _check_types(data)
         data["costs"] = tuple(float(c) for c in data["costs"])
         return cls(**data)
