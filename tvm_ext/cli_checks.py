@@ -106,7 +106,11 @@ def device_memory_bytes(target: Any) -> int | None:
 
 
 def _gib(size: int) -> str:
-    return f"{size / 2**30:.1f} GiB"
+    """``size`` bytes in GiB, MiB or KiB, whichever gives a number of at least 1."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 2**10:.1f} KiB"
 
 
 def check_memory(template: Any, target: Any = None) -> None:
