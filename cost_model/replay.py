@@ -298,7 +298,9 @@ class MemoryRecordStore(RecordStore):
     def append(self, record: Record) -> None:
         self._records.append(record)
 
-    def feed(self) -> "_MemoryFeed":
+    def feed(self, check: Any = None) -> "_MemoryFeed":
+        """The records appended from now on; made in this process, so ``check`` (a reader's
+        test of records from a file) is not asked."""
         return _MemoryFeed(self._records)
 
     def claim_batches(self, workload_key: str, configs: Sequence[Config],

@@ -401,10 +401,14 @@ def test_bad_mixed_precision_option(tmp_path, args, message):
     (["report", "{records}", "--out", "{file}/report"], "is a file, not a folder"),
 ])
 def test_bad_results_input(tmp_path, args, message):
+    from tvm_ext.schedules.gemm import GemmTemplate
+    from tvm_ext.target import TargetInfo
+
     records = tmp_path / "r.jsonl"
-    records.write_text(record(1, workload={"template": "gemm", "params": {"m": 8, "n": 8, "k": 8},
-                                           "target": {"kind": "opencl", "device": "x", "arch": ""}}).to_json()
-                       + "\n")
+    config = GemmTemplate(8, 8, 8).default_config(TargetInfo(kind="opencl")).as_dict()  # a point of its space
+    records.write_text(Record("wk", {"template": "gemm", "params": {"m": 8, "n": 8, "k": 8},
+                                     "target": {"kind": "opencl", "device": "x", "arch": ""}},
+                              config, (1e-3,)).to_json() + "\n")
     (tmp_path / "f").write_text("")
     fill = {"missing": str(tmp_path / "none.jsonl"), "records": str(records), "file": str(tmp_path / "f")}
     p = run([a.format(**fill) for a in args])

@@ -61,6 +61,76 @@ def check_index_range(template: Any) -> None:
                               f"TVM's int32 indices reach ({INDEX_LIMIT}); use smaller shapes")
 
 
+def buffer_bytes(template: Any) -> tuple[int, int]:
+    """(device, host) bytes one measurement of ``template`` needs: every buffer in its dtype
+    on the device; on the host each buffer twice in its dtype (the driver's copy and the
+    measuring process's) and once in float64 (inputs drawn at full precision, the reference)."""
+    from .precision import np_dtype
+
+    device = host = 0
+    for spec in template.inputs() + template.outputs() + template.scratch():
+        elements = int(np.prod([int(d) for d in spec.shape], dtype=object))
+        size = elements * np_dtype(spec.dtype).itemsize
+        device += size
+        host += 2 * size + elements * 8
+    return device, host
+
+
+def host_memory_bytes() -> int | None:
+    """Memory this host can give a run now: ``MemAvailable`` (Linux), else its physical
+    memory; None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def device_memory_bytes(target: Any) -> int | None:
+    """Global memory of a CUDA device of this host (None for others, or when unknown)."""
+    if getattr(target, "kind", None) != "cuda":
+        return None
+    try:
+        import tvm
+
+        dev = tvm.cuda(target.device_id)
+        return int(dev.total_global_memory) if dev.exist else None
+    except Exception:  # a driver that cannot say: not checked
+        return None
+
+
+def _gib(size: int) -> str:
+    """``size`` bytes in GiB, MiB or KiB, whichever gives a number of at least 1."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 2**10:.1f} KiB"
+
+
+def check_memory(template: Any, target: Any = None) -> None:
+    """Refuse a workload whose buffers cannot fit this host's memory (or, given a CUDA
+    ``target`` here, the device's) before anything runs: it would be killed by the OOM
+    killer without a word, or fail every measurement."""
+    device, host = buffer_bytes(template)
+    if target is not None and getattr(target, "is_cpu", False):
+        host += device  # an OpenCL CPU device's buffers are host memory too
+    available = host_memory_bytes()
+    if available is not None and host > available:
+        raise TvmExtError(f"{template.describe()}: its buffers need about {_gib(host)} of host memory "
+                          f"(data and float64 references), more than the {_gib(available)} available; "
+                          f"use smaller shapes")
+    total = device_memory_bytes(target) if target is not None else None
+    if total is not None and device > total:
+        raise TvmExtError(f"{template.describe()}: its buffers need {_gib(device)} of device memory, more than "
+                          f"the {_gib(total)} of {target.device_name}; use smaller shapes")
+
+
 def check_out_dir(path: str, option: str = "--out") -> None:
     """A folder the command will write into: it, or its nearest existing parent, must be
     a writable folder (checked before a search whose result would have nowhere to go)."""

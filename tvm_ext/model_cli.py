@@ -11,6 +11,7 @@ KEY=VALUE`` passes keyword arguments (strings) to every one of these functions.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import math
 import os
@@ -59,13 +60,21 @@ def _matcher_names() -> list[str]:
 
 
 def load_model_file(path: str) -> Any:
-    """Import FILE.py as a module; a clear error when it is missing or lacks get_module."""
+    """Import FILE.py as a module; a clear error when it is missing, not Python (a text or
+    binary file) or lacks get_module."""
     if not os.path.isfile(path):
         raise TvmExtError(f"model file {path} does not exist")
-    spec = importlib.util.spec_from_file_location("tvm_ext_user_model", os.path.abspath(path))
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    from .records import check_regular_file
+
+    check_regular_file(path, "model file")
+    # Loaded as Python source whatever its name ends with: a file that is not Python fails to
+    # compile, which is bad input (one line), never an import machinery error.
+    name = "tvm_ext_user_model"
+    loader = importlib.machinery.SourceFileLoader(name, os.path.abspath(path))
     try:
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        spec = importlib.util.spec_from_loader(name, loader)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        loader.exec_module(module)
     except Exception as exc:
         raise TvmExtError(f"cannot import {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     if not callable(getattr(module, "get_module", None)):

@@ -16,7 +16,15 @@ configs in a small side file (``RECORDS.claims``) under the same lock, after
 catching up with the records appended by the others; configs another live tuner
 has claimed are waited for instead of measured (``claim_batches``), so each config
 is measured once.  A claim dies with its process (same host) or after
-``claim_secs``.
+``claim_secs``; a claim whose ``until`` lies further ahead than ``MAX_LEASE_FACTOR``
+leases (forged, or a clock far ahead) is ignored with one message, so no claim
+stalls a tuner for longer than that.
+
+Every line is data until proven a record: whatever one line makes the parser raise
+(deep nesting, huge numbers, NaN, wrong types, costs that are not positive seconds)
+is that line's problem, skipped and counted in the one warning with its reasons.  A
+reader may add a ``check`` (a config against its template's space) whose refusals
+are skipped and counted the same way.
 """
 from __future__ import annotations
 
@@ -26,8 +34,10 @@ import json
 import math
 import os
 import socket
+import stat
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Container, Iterator, Sequence
 
@@ -35,6 +45,12 @@ from .errors import ErrorKind, TvmExtError
 from .space import Config
 
 _SCALARS = (int, float, str, bool, type(None))
+MAX_DEPTH = 32  # nesting of a record's JSON (a trace is a few levels deep); deeper is not a record
+MAX_COST_SECS = 1e6  # a measured run slower than this (11 days) is not a measurement
+MAX_LEASE_FACTOR = 2.0  # a claim's ``until`` at most this many ``claim_secs`` ahead of now
+
+RecordCheck = Callable[["Record"], "str | None"]
+"""A reader's extra test of a parsed record: ``None`` to keep it, else why it is skipped."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,8 @@ class Record:
 
     @classmethod
     def from_json(cls, line: str | bytes) -> "Record":
-        """Parse one line; ``ValueError`` when it is not a well-typed record."""
+        """Parse one line; ``ValueError`` when it is not a well-typed record (any other
+        exception a hostile line provokes is caught by the readers too)."""
         data = json.loads(line)
         if not isinstance(data, dict):
             raise ValueError(f"a record is a JSON object, not {type(data).__name__}")
@@ -116,6 +133,7 @@ class Record:
         missing = {"workload_key", "workload", "config", "costs"} - set(data)
         if missing:
             raise ValueError(f"missing fields {sorted(missing)}")
+        _check_shape(data, line)
         _check_types(data)
         data["costs"] = tuple(float(c) for c in data["costs"])
         return cls(**data)
@@ -125,8 +143,32 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_shape(data: Any, line: str | bytes) -> None:
+    """Raise ``ValueError`` when parsed JSON nests deeper than ``MAX_DEPTH`` (every later
+    reader, printer and plot would recurse into it) or holds a lone surrogate (a string no
+    file or terminal can take); both checks only run when the text could hold them."""
+    text = line if isinstance(line, str) else line.decode("utf-8", "replace")
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        stack = [(data, 1)]
+        while stack:
+            value, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    if "\\ud" in text.lower():
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone UTF-16 surrogate") from None
+
+
+def _finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
 def _check_types(data: dict[str, Any]) -> None:
-    """Raise ``ValueError`` naming the first field whose type a record cannot have."""
+    """Raise ``ValueError`` naming the first field whose type or value a record cannot have."""
     for name in ("workload_key", "error_kind", "error_msg", "source_hash", "strategy", "run"):
         if name in data and not isinstance(data[name], str):
             raise ValueError(f"{name} must be a string")
@@ -134,29 +176,73 @@ def _check_types(data: dict[str, Any]) -> None:
         if name in data and not isinstance(data[name], dict):
             raise ValueError(f"{name} must be an object")
     for name in ("build_secs", "timestamp", "elapsed"):
-        if name in data and not _is_number(data[name]) and not (name == "elapsed" and data[name] is None):
-            raise ValueError(f"{name} must be a number")
-    if not all(isinstance(v, _SCALARS) for v in data["config"].values()):
-        raise ValueError("config values must be numbers, strings or booleans")
+        if name in data and not _finite(data[name]) and not (name == "elapsed" and data[name] is None):
+            raise ValueError(f"{name} must be a finite number")
+    workload = data["workload"]
+    for name, kind in (("template", str), ("params", dict), ("target", dict)):
+        if name in workload and not isinstance(workload[name], kind):
+            raise ValueError(f"workload {name} must be {'a string' if kind is str else 'an object'}")
+    if not all(isinstance(v, _SCALARS) and (not isinstance(v, float) or math.isfinite(v))
+               for v in data["config"].values()):
+        raise ValueError("config values must be finite numbers, strings or booleans")
     costs = data["costs"]
-    if not isinstance(costs, list) or not all(_is_number(c) and math.isfinite(c) and c >= 0 for c in costs):
-        raise ValueError("costs must be a list of seconds")
+    if not isinstance(costs, list) or not all(_finite(c) and 0 < c < MAX_COST_SECS for c in costs):
+        raise ValueError(f"costs must be a list of seconds, each > 0 and < {MAX_COST_SECS:g}")
 
 
-def _parse_lines(data: bytes) -> tuple[list[Record], int]:
-    """The records in ``data`` and how many of its lines are not records.
+def _reason(exc: BaseException) -> str:
+    """A short, printable reason for a skipped line (its text may come from the line)."""
+    if isinstance(exc, UnicodeDecodeError):
+        text = "invalid UTF-8"
+    elif isinstance(exc, json.JSONDecodeError):
+        text = "not JSON (torn by a kill?)"
+    elif isinstance(exc, RecursionError):
+        text = "nested too deeply"
+    elif isinstance(exc, ValueError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def _parse_lines(data: bytes, check: RecordCheck | None = None) -> tuple[list[Record], Counter[str]]:
+    """The records in ``data`` and, per reason, how many of its lines are not records.
 
     Read under the lock, no write is half done: a last line without its newline was
-    torn by a killed writer, and counts as not a record."""
-    records, skipped = [], 0
+    torn by a killed writer, and counts as not a record.  Whatever a line makes the
+    parser or ``check`` raise is that line's problem: it is skipped, never fatal."""
+    records: list[Record] = []
+    skipped: Counter[str] = Counter()
     for raw in data.split(b"\n"):
         if not raw.strip():
             continue
         try:
-            records.append(Record.from_json(raw.decode("utf-8")))
-        except (ValueError, TypeError):  # torn, foreign or ill-typed: never fatal
-            skipped += 1
+            rec = Record.from_json(raw.decode("utf-8"))
+            why = check(rec) if check is not None else None
+        except Exception as exc:  # torn, foreign, ill-typed or hostile: never fatal
+            why = _reason(exc)
+        if why is None:
+            records.append(rec)
+        else:
+            skipped[why] += 1
     return records, skipped
+
+
+def check_regular_file(path: str, what: str = "records file") -> None:
+    """Refuse a path that exists and is not a regular file (a FIFO would block the reader or
+    writer that opens it forever, a folder cannot be read), before anything opens it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise TvmExtError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a file")
+        raise TvmExtError(f"{path}: the {what} is {kind}, not a regular file")
 
 
 def _warn_stderr(message: str) -> None:
@@ -168,10 +254,30 @@ def _config_key(config: Config | dict[str, Any]) -> str:
     return json.dumps(sorted(items.items()), separators=(",", ":"))
 
 
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _claim_problem(claim: Any, now: float, max_lease: float) -> str | None:
+    """Why a claims-file entry cannot be honest (``None`` when it can): the wrong shape, or
+    an ``until`` beyond ``now + max_lease`` (forged, or a clock far ahead): it would keep
+    every other tuner waiting for configs nobody measures."""
+    if not (isinstance(claim, dict) and isinstance(claim.get("workload_key"), str)
+            and isinstance(claim.get("config"), str) and isinstance(claim.get("host"), str)
+            and isinstance(claim.get("pid"), int) and not isinstance(claim.get("pid"), bool)
+            and _finite(claim.get("until"))):
+        return "not a claim"
+    if claim["until"] > now + max_lease:
+        return f"it runs {claim['until'] - now:.0f} s ahead, more than the {max_lease:.0f} s a claim may"
+    return None
+
+
 def _pid_alive(pid: int) -> bool:
+    if pid <= 0:  # 0 and -1 would signal a process group: no process of a claim
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # someone else's process: alive
         return True
@@ -184,21 +290,22 @@ class RecordFeed:
     Each consumer (a tuner) has its own feed, so several can follow one store.
     """
 
-    def __init__(self, store: "RecordStore"):
+    def __init__(self, store: "RecordStore", check: RecordCheck | None = None):
         self.store = store
+        self.check = check  # e.g. the tuner's: a config of its workload must be in its space
         self._offset = 0
         self._inode: int | None = None
-        self._skipped = 0  # lines read so far that are not records
+        self._skipped: Counter[str] = Counter()  # lines read so far that are not records, per reason
 
     def new(self) -> list[Record]:
         """Every record added since the previous call (all of them on the first)."""
         with self.store._lock(exclusive=False) as fh:
             st = os.fstat(fh.fileno())
             if st.st_ino != self._inode or st.st_size < self._offset:  # replaced or truncated: start over
-                self._inode, self._offset, self._skipped = st.st_ino, 0, 0
+                self._inode, self._offset, self._skipped = st.st_ino, 0, Counter()
             fh.seek(self._offset)
             data = fh.read()
-        records, skipped = _parse_lines(data)
+        records, skipped = _parse_lines(data, self.check)
         self._offset += len(data)
         self._skipped += skipped
         self.store._saw_skipped(self._skipped)
@@ -213,9 +320,11 @@ class RecordStore:
     claim_secs = 900.0
     poll_secs = 0.25  # how often a tuner looks for configs another tuner is measuring
 
-    def __init__(self, path: str | os.PathLike[str], warn: Callable[[str], None] | None = None):
+    def __init__(self, path: str | os.PathLike[str], warn: Callable[[str], None] | None = None,
+                 check: RecordCheck | None = None):
         self.path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(self.path))
+        check_regular_file(self.path)  # a FIFO would block the open below forever
         try:
             os.makedirs(directory, exist_ok=True)
             with open(self.path, "a", encoding="utf-8"):
@@ -223,8 +332,10 @@ class RecordStore:
         except OSError as exc:
             raise TvmExtError(f"cannot write records file {self.path}: {exc.strerror}") from None
         self.warn = warn or _warn_stderr
+        self.check = check  # what every full read (iteration) also asks of a record
         self.skipped_lines = 0  # lines of the file that are not records (last full read)
         self._warned = 0
+        self._ignored_claims: set[str] = set()  # forged or stale claims already reported
         self._lock_fh: Any = None
         self._lock_depth = 0
         self._host = socket.gethostname()
@@ -248,28 +359,37 @@ class RecordStore:
             yield fh
         finally:
             self._lock_fh = None
-            fh.close()  # closing releases the lock
+            with contextlib.suppress(OSError):  # a write that failed (full disk) fails its flush again
+                fh.close()  # closing releases the lock
 
     # ---- reading ---------------------------------------------------------------------------------
-    def _saw_skipped(self, count: int) -> None:
-        """A reader found ``count`` lines that are not records: one warning per store,
-        repeated only when there are more than it already counted."""
+    def _saw_skipped(self, reasons: Counter[str]) -> None:
+        """A reader found lines that are not records (counted per reason): one warning per
+        store naming the commonest reasons, repeated only when there are more than it
+        already counted."""
+        count = sum(reasons.values())
         self.skipped_lines = count
         if count > self._warned:
+            common = reasons.most_common(3)
+            why = "; ".join(f"{n} {text}" for text, n in common)
+            others = len(reasons) - len(common)
+            why += f"; {others} other reason{'s' * (others != 1)}" if others > 0 else ""
             self.warn(f"warning: {self.path}: skipped {count} unreadable line{'s' * (count != 1)} "
-                      f"(not a record: torn by a kill, invalid UTF-8, or fields of the wrong type)")
+                      f"(not a record: {why})")
             self._warned = count
 
     def __iter__(self) -> Iterator[Record]:
         with self._lock(exclusive=False) as fh:
             fh.seek(0)
             data = fh.read()
-        records, skipped = _parse_lines(data)
+        records, skipped = _parse_lines(data, self.check)
         self._saw_skipped(skipped)
         return iter(records)
 
-    def feed(self) -> RecordFeed:
-        return RecordFeed(self)
+    def feed(self, check: RecordCheck | None = None) -> RecordFeed:
+        """A feed of the records appended from now on; ``check`` (else the store's) may
+        refuse some, counted in the warning with its reason."""
+        return RecordFeed(self, check or self.check)
 
     def for_workload(self, workload_key: str) -> list[Record]:
         return [r for r in self if r.workload_key == workload_key]
@@ -288,9 +408,12 @@ class RecordStore:
                 fh.seek(-1, os.SEEK_END)
                 if fh.read(1) != b"\n":  # a torn last line: ours must not be glued to it
                     line = b"\n" + line
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+            try:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+            except OSError as exc:  # a full disk: the line may be torn, which readers skip
+                raise TvmExtError(f"cannot write records file {self.path}: {exc.strerror or exc}") from None
 
     # ---- claims: each config measured once by whoever claims it first ------------------------------
     @property
@@ -298,32 +421,52 @@ class RecordStore:
         return self.path + ".claims"
 
     def _read_claims(self) -> list[dict[str, Any]]:
-        """Live claims (the caller holds the lock): dead processes' and expired ones dropped."""
+        """Live claims (the caller holds the lock): dead processes' and expired ones dropped,
+        and those that cannot be honest (a malformed entry, an ``until`` further ahead than
+        ``MAX_LEASE_FACTOR`` leases) ignored with one message each."""
         try:
+            check_regular_file(self.claims_path, "claims file")  # a FIFO there would block the read
             with open(self.claims_path, encoding="utf-8") as fh:
                 claims = json.load(fh)
-        except (OSError, ValueError):
+        except Exception:  # missing, unreadable, torn or hostile: no claims
             return []
         now = time.time()
         live = []
         for c in claims if isinstance(claims, list) else []:
-            try:
-                if c["until"] < now or (c["host"] == self._host and not _pid_alive(int(c["pid"]))):
-                    continue
+            why = _claim_problem(c, now, self.claim_secs * MAX_LEASE_FACTOR)
+            if why is not None:
+                self._ignore_claim(c, why)
+            elif c["until"] < now:
+                if c["host"] != self._host:  # its owner is gone or hung: whoever measures it now says so
+                    self._ignore_claim(c, "expired; its owner on another host did not release it")
+            elif not (c["host"] == self._host and not _pid_alive(c["pid"])):
                 live.append(c)
-            except (KeyError, TypeError, ValueError):
-                continue
         return live
 
+    def _ignore_claim(self, claim: Any, why: str) -> None:
+        """Say once per claim that it is ignored, and why."""
+        text = _printable(json.dumps(claim, sort_keys=True, default=str)[:200])
+        if text not in self._ignored_claims:
+            self._ignored_claims.add(text)
+            self.warn(f"warning: {self.claims_path}: ignoring a claim ({why}): {text}")
+
     def _write_claims(self, claims: list[dict[str, Any]]) -> None:
+        """Replace the claims file (atomically); a failed write (a full disk) leaves no
+        temporary file behind and is one ``TvmExtError`` naming the file."""
         if not claims:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.claims_path)
             return
         tmp = f"{self.claims_path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(claims, fh)
-        os.replace(tmp, self.claims_path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(claims, fh)
+            os.replace(tmp, self.claims_path)
+        except OSError as exc:
+            raise TvmExtError(f"cannot write claims file {self.claims_path}: {exc.strerror or exc}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
 
     def _mine(self, claim: dict[str, Any]) -> bool:
         return claim["host"] == self._host and claim["pid"] == os.getpid()

@@ -282,7 +282,28 @@ def _local_runner(options: SessionOptions, target: TargetInfo | None, log: Log) 
     devices = options.runner_option("devices")
     ids = _device_list(devices, f"runner option devices={devices!r}") if devices else None
     assert target is not None
+    if ids:
+        _check_devices_exist(target, ids, f"runner option devices={devices!r}")
     return LocalRunner(target, options.measure, timeout=options.run_timeout, devices=ids)
+
+
+def _check_devices_exist(target: TargetInfo, ids: Sequence[int], what: str) -> None:
+    """Every device index of ``ids`` names a device of ``target``'s kind here (a missing one
+    would record every config it measures as a run error); one listed twice gets two workers."""
+    if target.kind == "opencl":
+        from .target import opencl_device
+
+        for i in ids:
+            try:
+                opencl_device(i)
+            except TvmExtError as exc:
+                raise TvmExtError(f"{what}: {exc}") from None
+    elif target.kind == "cuda":
+        import tvm
+
+        missing = [i for i in ids if not tvm.cuda(i).exist]
+        if missing:
+            raise TvmExtError(f"{what}: no CUDA GPU {missing[0]} on this host")
 
 
 def _check_local(options: SessionOptions) -> None:

@@ -144,6 +144,27 @@ class Space:
         self.encode(config)
         return config
 
+    def outside_reason(self, config: Config, knobs_only: bool = False) -> str | None:
+        """Why ``config`` is not a point of this space (unknown or missing knobs, a value that
+        is not a choice, a bool for a number), short; ``None`` when it is one.  With
+        ``knobs_only`` only the values of the knobs both have are asked (a config of another
+        version of the space, which had other knobs).  Feasibility is not asked: a record
+        read back is checked against the knobs its template has."""
+        values = config.as_dict()
+        unknown = sorted(set(values) - set(self.names))
+        if unknown and not knobs_only:
+            return f"unknown knob {unknown[0][:40]!r}"
+        missing = sorted(set(self.names) - set(values))
+        if missing and not knobs_only:
+            return f"knob {missing[0]} missing"
+        for knob in self.knobs:
+            if knob.name not in values:
+                continue
+            value = values[knob.name]
+            if not any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in knob.choices):
+                return f"{knob.name}={str(value)[:40]} is not a choice"
+        return None
+
     def infeasible_reason(self, config: Config) -> str | None:
         for constraint in self.constraints:
             reason = constraint(config)

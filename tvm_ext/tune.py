@@ -1,12 +1,14 @@
 """``python -m tvm_ext.tune``: tune an operator and print the best schedule found.
 
 Bad input (unknown template or target, malformed shape, no device, unwritable
-records) prints one ``error:`` line and exits with code 2; Ctrl-C keeps every
-record written so far, prints the best so far and exits with code 130.
+records, a full disk) prints one ``error:`` line and exits with code 2; Ctrl-C or
+SIGTERM keeps every record written so far, prints the best so far and exits with
+code 130 (a second one while stopping does not cut the summary off).
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -203,11 +205,12 @@ def run_tuning(args: argparse.Namespace) -> int:
     from .records import RecordStore
     from .session import Session
 
-    from .cli_checks import check_index_range
+    from .cli_checks import check_index_range, check_memory
 
     options = session_options(args)
     template = args.make_template(args)
     check_index_range(template)
+    check_memory(template)  # the host's; the device's once the target is known
     if options.strategy == "analytic":
         return _run_analytic(args, options, template)
     session = Session(options, store=RecordStore(options.records))  # unwritable records: said at once
@@ -215,6 +218,7 @@ def run_tuning(args: argparse.Namespace) -> int:
     try:
         target = session.target
         template = template.for_target(target)
+        check_memory(template, target)
         template.default_config(target)  # as does a template that cannot run here
         total = args.trials or args.population + options.measured_per_generation * args.generations + 1
         progress = _Progress(template, disabled=args.no_progress, total=total)
@@ -371,17 +375,29 @@ def print_summary(template: Any, result: Any, target: Any, records: str) -> None
         print(f"  speedup over the default config: {speedup:.2f}x")
 
 
+# Failures of the disk or the file system, not of tvm_ext: one ``error:`` line naming the path.
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from .interrupts import EXIT_INTERRUPTED, stop_signals
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return getattr(args, "run", run_tuning)(args)  # "model" has its own driver
-    except TvmExtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted before tuning started", file=sys.stderr)
-        return 130
+    with stop_signals():
+        try:
+            return getattr(args, "run", run_tuning)(args)  # "model" has its own driver
+        except TvmExtError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            if exc.errno not in _DISK_ERRORS:
+                raise
+            print(f"error: {exc.filename or 'a file'}: {exc.strerror}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted before tuning started", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -95,10 +95,18 @@ class Tuner:
         self.strategy = strategy  # recorded with each measurement; tune() names it if empty
         self._started = time.time()
         self.run = f"{socket.gethostname()}-{os.getpid()}-{int(self._started)}"
-        self._feed = store.feed()
+        self._feed = store.feed(check=self._outside_reason)
         self.stale = 0  # records set aside by ``_catch_up``: timed by an older protocol
         self._catch_up()
         self.resumed = len(self._records)
+
+    def _outside_reason(self, rec: Record) -> str | None:
+        """A record of this workload whose config is not in the space (a forged or foreign
+        line) is skipped by the feed with this reason: never resumed, never the best."""
+        if rec.workload_key != self.workload.key:
+            return None
+        why = self.space.outside_reason(rec.config_obj())
+        return f"config outside its template's space: {why}" if why else None
 
     def _catch_up(self) -> Mapping[Config, float]:
         """Take in the records appended since the last look (ours, or another process's

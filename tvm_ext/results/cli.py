@@ -59,8 +59,14 @@ def run_show(args: argparse.Namespace) -> int:
     print(f"{os.path.abspath(args.records)}: {len(workloads)} workload{'s' * (len(workloads) != 1)}")
     for w in workloads:
         print()
-        print(w.text(args.top))
+        print(_printable(w.text(args.top)))
     return 0
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escapes, bells) but a newline
+    shown as ``?``: the strings come from the records file."""
+    return "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -48,13 +48,24 @@ def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str
     if wr.template is None:
         raise TvmExtError(f"{wr.description}: its template cannot be rebuilt from the record "
                           f"(template {wr.workload.get('template')!r})")
+    from ..cli_checks import check_index_range
+
+    check_index_range(wr.template)  # a record's absurd shape (m=n=1e12) is bad input, said at once
     target, note = export_target(wr, device)
     notes = [note] if note else []
     template = wr.template
-    config = template.space(target).make(**best.config)
     extra: dict[str, Any] = {"time_s": best.cost, "costs_s": list(best.costs), "workload_key": wr.key,
                              "record_timestamp": best.timestamp}
-    manifest = export_program(template, config, target, out_dir, extra=extra)
+    try:
+        config = template.space(target).make(**best.config)
+        manifest = export_program(template, config, target, out_dir, extra=extra)
+    except TvmExtError:
+        raise
+    except OSError as exc:  # a full disk, a read-only folder
+        raise TvmExtError(f"cannot write {exc.filename or out_dir}: {exc.strerror or exc}") from None
+    except Exception as exc:  # the workload and config come from a file: what they break is bad input
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+        raise TvmExtError(f"{wr.description}: its best record cannot be rebuilt ({first})") from None
     with open(os.path.join(out_dir, "program.cu" if target.kind == "cuda" else "program.cl"), "rb") as fh:
         source_hash = hashlib.sha256(fh.read()).hexdigest()[:16]
     if best.source_hash and source_hash != best.source_hash:

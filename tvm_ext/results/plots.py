@@ -4,14 +4,22 @@ Per workload: the best result so far against trials and against wall time, one
 line per strategy (records name the strategy and run that made them), and for each
 knob the speed of every correct record at each of its values.  Speeds are GFLOP/s
 (or GB/s) where the template is known, else times in milliseconds.
+
+Every string of the records file is data: the page escapes each one it shows, the
+plots show them as plain text (no math markup), and file names are a sanitized slug
+of the workload key and a hash of it, always inside the output folder.
 """
 from __future__ import annotations
 
+import hashlib
 import html
 import math
 import os
+import re
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -29,6 +37,29 @@ class Series:
     trials: np.ndarray
     wall_secs: np.ndarray
     best: np.ndarray
+
+
+def _text(value: object, limit: int = 120) -> str:
+    """A string of the records file as matplotlib shows it: printable, not too long, and
+    with ``$`` escaped so that it is never parsed as math markup (which can raise)."""
+    text = "".join(c if c.isprintable() else "?" for c in str(value))
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return text.replace("$", r"\$")
+
+
+def file_stem(key: str) -> str:
+    """A file name for a workload key: its safe characters (at most 40) and a hash of the
+    whole key, so that two keys never share a name and no key leaves the folder."""
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", key)[:40].strip("_") or "workload"
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{slug}-{digest}"
+
+
+def _inside(out_dir: str, name: str) -> str:
+    """``out_dir/name``, asserted to lie inside ``out_dir``."""
+    path = Path(out_dir, name)
+    assert path.resolve().is_relative_to(Path(out_dir).resolve()), path
+    return str(path)
 
 
 def _value(wr: WorkloadRecords, rec: Record) -> float:
@@ -73,7 +104,7 @@ def convergence(wr: WorkloadRecords) -> list[Series]:
             best = np.where(best > 0, best, np.nan)
         else:
             best = np.where(np.isfinite(best), best, np.nan)
-        series.append(Series(strategy, np.arange(1, len(values) + 1), np.array([t for t, _ in timed]), best))
+        series.append(Series(_text(strategy, 40), np.arange(1, len(values) + 1), np.array([t for t, _ in timed]), best))
     return series
 
 
@@ -94,8 +125,8 @@ def plot_convergence(wr: WorkloadRecords, path: str) -> None:
         ax.set_ylabel(_axis_label(wr))
         ax.grid(True, alpha=0.3)
         ax.legend(title="strategy")
-    fig.suptitle(f"{wr.description} on {wr.target_text}: best so far")
-    fig.savefig(path)
+    fig.suptitle(_text(f"{wr.description} on {wr.target_text}: best so far", 160))
+    _save(fig, path)
 
 
 def plot_knobs(wr: WorkloadRecords, path: str) -> None:
@@ -119,46 +150,57 @@ def plot_knobs(wr: WorkloadRecords, path: str) -> None:
             pick = max if higher else min
             best = [pick([y for x, y in zip(xs, ys) if x == i], default=np.nan) for i in range(len(choices))]
             ax.plot(range(len(choices)), best, "D", color="black", markersize=4)
-        ax.set_xticks(range(len(choices)), [str(c) for c in choices], fontsize=8)
-        ax.set_title(knob, fontsize=9)
+        ax.set_xticks(range(len(choices)), [_text(c, 16) for c in choices], fontsize=8)
+        ax.set_title(_text(knob, 40), fontsize=9)
         ax.grid(True, alpha=0.3)
     for ax in axes[len(knobs):]:
         ax.set_visible(False)
-    fig.suptitle(f"{wr.description}: {_axis_label(wr).replace('best ', '')} of each correct record per knob value")
-    fig.savefig(path)
+    fig.suptitle(_text(f"{wr.description}: {_axis_label(wr).replace('best ', '')} of each correct record per "
+                       f"knob value", 160))
+    _save(fig, path)
+
+
+def _save(fig, path: str) -> None:  # fig: matplotlib.figure.Figure
+    """Write the PNG; a glyph the font lacks (a record's exotic string) is not worth a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.savefig(path)
 
 
 def write_report(workloads: Sequence[WorkloadRecords], out_dir: str, records_path: str) -> str:
-    """PNG plots per workload and ``index.html`` showing them; returns the page's path."""
+    """PNG plots per workload and ``index.html`` showing them; returns the page's path.
+    Every string from the records is escaped on the page; files are named by ``file_stem``."""
     os.makedirs(out_dir, exist_ok=True)
+    esc = html.escape
     sections = []
     for wr in workloads:
-        conv, knobs = f"{wr.key}-convergence.png", f"{wr.key}-knobs.png"
-        plot_convergence(wr, os.path.join(out_dir, conv))
-        plot_knobs(wr, os.path.join(out_dir, knobs))
+        stem = file_stem(wr.key)
+        conv, knobs = f"{stem}-convergence.png", f"{stem}-knobs.png"
+        plot_convergence(wr, _inside(out_dir, conv))
+        plot_knobs(wr, _inside(out_dir, knobs))
         best = wr.best
         best_line = (f"{best.cost * 1e3:.4f} ms, {speed_text(wr.template, best.cost)}: "
-                     f"<code>{html.escape(config_text(wr.template, wr.target, best.config))}</code>"
+                     f"<code>{esc(config_text(wr.template, wr.target, best.config))}</code>"
                      if best else "no correct record")
         errors = ", ".join(f"{k} {n}" for k, n in sorted(wr.errors().items())) or "none"
         strategies = ", ".join(f"{k} ({n})" for k, n in wr.strategies().items())
         sections.append(f"""<section>
-<h2>{html.escape(wr.description)} <small>on {html.escape(wr.target_text)}</small></h2>
-<p>workload <code>{wr.key}</code>: {len(wr.records)} trials ({sum(r.ok for r in wr.records)} correct; errors:
-{html.escape(errors)}), tuning time {wr.tuning_secs():.1f} s, strategies: {html.escape(strategies)}</p>
-<p>best: {best_line}</p>
-<img src="{conv}" alt="best so far against trials and wall time">
-<img src="{knobs}" alt="speed per knob value">
+<h2>{esc(wr.description)} <small>on {esc(wr.target_text)}</small></h2>
+<p>workload <code>{esc(wr.key)}</code>: {len(wr.records)} trials ({sum(r.ok for r in wr.records)} correct; errors:
+{esc(errors)}), tuning time {wr.tuning_secs():.1f} s, strategies: {esc(strategies)}</p>
+<p>best: {esc(best_line) if best is None else best_line}</p>
+<img src="{esc(conv)}" alt="best so far against trials and wall time">
+<img src="{esc(knobs)}" alt="speed per knob value">
 </section>""")
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>tvm_ext report: {html.escape(os.path.basename(records_path))}</title>
+<html><head><meta charset="utf-8"><title>tvm_ext report: {esc(os.path.basename(records_path))}</title>
 <style>body{{font-family:sans-serif;margin:2em}} img{{max-width:100%;display:block;margin:1em 0}}</style>
 </head><body>
-<h1>Tuning report: {html.escape(os.path.abspath(records_path))}</h1>
+<h1>Tuning report: {esc(os.path.abspath(records_path))}</h1>
 {"".join(sections)}
 </body></html>
 """
-    path = os.path.join(out_dir, "index.html")
-    with open(path, "w", encoding="utf-8") as fh:
+    path = _inside(out_dir, "index.html")
+    with open(path, "w", encoding="utf-8", errors="replace") as fh:
         fh.write(page)
     return path

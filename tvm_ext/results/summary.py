@@ -6,9 +6,17 @@ knob order, showing only the knobs that matter for each config
 (``Template.shown_knobs``).  Workloads whose template cannot be rebuilt (another
 version's parameters, a mixed-precision program) are still summarized, with times
 instead of speeds and the knobs as recorded.
+
+A records file is data, not trusted: a record whose config is not a point of its
+template's space (``Space.outside_reason``), or whose workload differs from the one
+the first record of its key named, is skipped with the reason (``RecordsCheck``), so
+it is never shown as the best nor exported.  A record of another version of the
+template (its ``template_hash`` is not today's) may lack knobs added since or hold
+knobs removed since: only the values of the knobs both have are checked.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter, defaultdict
@@ -17,8 +25,8 @@ from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 from ..errors import TvmExtError
-from ..records import Record, RecordStore
-from ..space import Config
+from ..records import Record, RecordStore, check_regular_file
+from ..space import Config, Space
 from ..target import TargetInfo
 from ..template import Template, template_of
 
@@ -172,12 +180,49 @@ class WorkloadRecords:
         return "\n".join(lines)
 
 
+class RecordsCheck:
+    """The ``RecordStore`` check of one reading of a file (in file order): a key's records
+    all name its first record's workload, and where the template can be rebuilt each
+    config is a point of its space (for the recorded target's kind and arch)."""
+
+    def __init__(self) -> None:
+        self._workloads: dict[str, str] = {}
+        self._spaces: dict[str, tuple[Space, bool] | None] = {}
+
+    def __call__(self, rec: Record) -> str | None:
+        blob = json.dumps(rec.workload, sort_keys=True, default=str)
+        if self._workloads.setdefault(rec.workload_key, blob) != blob:
+            return "its workload differs from the first record of its key"
+        if rec.workload_key not in self._spaces:
+            self._spaces[rec.workload_key] = self._space(rec.workload)
+        found = self._spaces[rec.workload_key]
+        if found is None:
+            return None
+        space, current = found
+        why = space.outside_reason(rec.config_obj(), knobs_only=not current)
+        return f"config outside its template's space: {why}" if why else None
+
+    @staticmethod
+    def _space(workload: dict[str, Any]) -> tuple[Space, bool] | None:
+        """The space of the workload's template, and whether the record was made by today's
+        version of it; None when the template or its space cannot be rebuilt."""
+        template = template_of(workload)
+        if template is None:
+            return None
+        try:
+            return template.space(target_of(workload)), workload.get("template_hash") == template.source_hash
+        except Exception:  # no space for the recorded target: the configs cannot be checked
+            return None
+
+
 def load_workloads(path: str) -> list[WorkloadRecords]:
-    """Every workload of a records file, in order of first appearance."""
+    """Every workload of a records file, in order of first appearance; records that fail
+    ``RecordsCheck`` are skipped (counted in the store's one warning, with the reason)."""
+    check_regular_file(path)
     if not os.path.isfile(path):
         raise TvmExtError(f"no records file {path}")
     groups: dict[str, list[Record]] = {}
-    for rec in RecordStore(path):
+    for rec in RecordStore(path, check=RecordsCheck()):
         groups.setdefault(rec.workload_key, []).append(rec)
     if not groups:
         raise TvmExtError(f"{path} holds no records")
