@@ -234,24 +234,10 @@ class GRU(nn.Module):
 
 
 def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
-    """``executor.run_bound`` on torch tensors: passed as they are where tvm_ffi converts torch
-    tensors itself (its DLPack exchange with torch, found out at the first call: a refused
-    argument fails before anything launches), else each through ``tvm_ffi.from_dlpack``."""
-    global _DIRECT_TORCH_ARGUMENTS
-    if _DIRECT_TORCH_ARGUMENTS is None:
-        try:
-            executor.run_bound(tensors)
-            _DIRECT_TORCH_ARGUMENTS = True
-            return
-        except Exception:  # noqa: BLE001 - not taken (or failed): the explicit conversion decides
-            _DIRECT_TORCH_ARGUMENTS = False
-    if _DIRECT_TORCH_ARGUMENTS:
-        executor.run_bound(tensors)
-    else:
-        executor.run_bound({name: tvm_ffi.from_dlpack(tensor) for name, tensor in tensors.items()})
-
-
-_DIRECT_TORCH_ARGUMENTS: bool | None = None
+    """``executor.run_bound`` on torch tensors, each converted once through
+    ``tvm_ffi.from_dlpack`` (a plan passes x, h0, out and h_n to several of its calls: one
+    conversion each, not one per argument of every call)."""
+    executor.run_bound({name: tvm_ffi.from_dlpack(tensor) for name, tensor in tensors.items()})
 
 
 class BarrierWatch:
