@@ -52,3 +52,13 @@ with torch.no_grad():
     for _ in range(1000):
         tvm_ffi.from_dlpack(a)
     print(f"from_dlpack: {(time.perf_counter() - start) * 1e3:.2f} us each", flush=True)
+    # host time of each of the plan's calls on its own (after a synchronize)
+    ex = engine.executor
+    for (func, args), name in zip(ex.calls[0], names):
+        times = []
+        for _ in range(50):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            func(*args)
+            times.append(time.perf_counter() - start)
+        print(f"{name}: host {statistics.median(times) * 1e6:.1f} us", flush=True)
