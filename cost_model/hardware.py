@@ -14,14 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_ext.target import TargetInfo
-
-# arch -> (max threads per SM, max resident blocks per SM, shared memory per SM in KiB)
-_CUDA_ARCH: dict[int, tuple[int, int, int]] = {
-    70: (2048, 32, 96), 72: (2048, 32, 96), 75: (1024, 16, 64), 80: (2048, 32, 164),
-    86: (1536, 16, 100), 87: (2048, 16, 164), 89: (1536, 24, 100), 90: (2048, 32, 228),
-    100: (2048, 32, 228), 120: (1536, 32, 100),
-}
+from tvm_ext.hardware import TargetInfo, cuda_arch
 
 
 @dataclass(frozen=True)
@@ -52,8 +45,8 @@ class HardwareModel:
     def from_target(cls, target: TargetInfo) -> "HardwareModel":
         if target.kind == "cuda":
             cc = int((target.arch or "sm_90").split("_")[-1].rstrip("a"))
-            known = max((a for a in _CUDA_ARCH if a <= cc), default=70)
-            threads_sm, blocks_sm, smem_kib = _CUDA_ARCH[known]
+            arch = cuda_arch(cc)
+            threads_sm, blocks_sm, smem_kib = arch.threads_per_sm, arch.blocks_per_sm, arch.shared_per_sm_kib
             return cls(
                 kind="cuda", device=target.device_name, sm_count=max(1, target.compute_units),
                 warp_size=target.warp_size, max_threads_per_block=target.max_threads_per_block,

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
+from tvm_ext.hardware import compute_capability, max_dynamic_smem  # noqa: F401 (re-exported)
 from tvm_ext.errors import TvmExtError
 from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import WarpGridSizes
@@ -135,17 +136,6 @@ class MmaTile(WarpGridSizes):
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} s{self.stages}"
                 f"{' swz' if self.swizzle else ' pad'} fb{self.frag_buffers} r{self.raster}"
                 f"{' smem' if self.out_smem else ''} k{self.split_k}")
-
-
-def compute_capability(target: TargetInfo) -> int | None:
-    arch = (target.arch or "").rstrip("a")
-    return int(arch[3:]) if arch.startswith("sm_") and arch[3:].isdigit() else None
-
-
-def max_dynamic_smem(target: TargetInfo) -> int:
-    from tvm_ext.schedules.wmma import max_dynamic_smem as limit
-
-    return limit(target)
 
 
 def padded(size: int, tile: int) -> int:

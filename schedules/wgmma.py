@@ -43,18 +43,16 @@ block a tile), 0.090 ms at 8192x3072x1024 = 0.94 (0.100).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tvm_ext.errors import TvmExtError
+from tvm_ext.hardware import WGMMA_SHARED_BYTES, has_wgmma, max_dynamic_smem, sm_90a  # noqa: F401 (sm_90a re-exported)
 from tvm_ext.program import CompiledProgram, compile_module_program
 from tvm_ext.space import Config, Knob
 from tvm_ext.target import TargetInfo
-
-from .mma import compute_capability, max_dynamic_smem
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
 # what wgmma reads from shared memory: float16, or float32 words as TF32 (k8 instructions, both
@@ -63,7 +61,7 @@ OPERANDS = {"float16": 2, "tf32": 4}  # -> bytes an element
 # B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
 # N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k)
 B_LAYOUTS = ("NK", "KN")
-SHARED_LIMIT = 227 * 1024  # dynamic shared memory a block may have on sm_90
+SHARED_LIMIT = WGMMA_SHARED_BYTES  # dynamic shared memory a block may have on sm_90
 REGISTERS_PER_SM = 65536
 # registers a thread needs beside its bn/2 accumulators (H100: 256x192, 512 threads, ran at the
 # 128-register cap; 256x256 failed to launch)
@@ -248,7 +246,7 @@ def target_reason(target: TargetInfo) -> str | None:
     """Why ``target`` has no warpgroup MMA (None: it has, sm_90)."""
     if target.kind != "cuda":
         return f"wgmma is a CUDA (Hopper, sm_90) instruction, not {target.kind}'s"
-    if compute_capability(target) != 90:
+    if not has_wgmma(target):
         return f"wgmma needs a Hopper GPU (sm_90); this one is {target.arch or 'unknown'}"
     return None
 
@@ -267,11 +265,6 @@ def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProg
     """A wgmma kernel compiled for sm_90a (wgmma is an arch-specific instruction); the config is
     its record (no schedule trace)."""
     return compile_module_program(func, sm_90a(target), {"lowered": "wgmma", "config": dict(config.items)})
-
-
-def sm_90a(target: TargetInfo) -> TargetInfo:
-    """``target`` built for sm_90a, the arch that has wgmma."""
-    return dataclasses.replace(target, arch="sm_90a")
 
 
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,

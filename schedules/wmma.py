@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
+from tvm_ext.hardware import SMEM_OPT_IN_BYTES, compute_capability, max_dynamic_smem  # noqa: F401 (re-exported)
 from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import FRAG, WARP, WarpGridSizes
 from tvm_ext.space import Config, Knob, Space
@@ -62,11 +63,6 @@ TC_SPACE = Space(TC_KNOBS)
 OPERAND_DTYPES = ("float16",)
 ACC_DTYPES = ("float32", "float16")
 MIN_COMPUTE_CAPABILITY = 70
-# Opt-in dynamic shared memory per block (CUDA programming guide, "Compute capabilities");
-# TargetInfo's limit is the 48 KiB a kernel gets without opting in, which TVM's runtime does
-# for dynamic shared memory.
-SMEM_OPT_IN_BYTES = {70: 96 * 1024, 72: 48 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024,
-                     87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 
 
 @dataclass(frozen=True)
@@ -135,19 +131,6 @@ class WmmaTile(WarpGridSizes):
     def epilogue_vec(self, acc_dtype: str) -> int:
         """Vector width of the shared → global output copy: at most 16 bytes of accumulators."""
         return min(self.vec, 16 // itemsize(acc_dtype))
-
-
-def compute_capability(target: TargetInfo) -> int | None:
-    """70 for "sm_70"; None when the arch is unknown."""
-    arch = target.arch or ""
-    digits = arch[3:] if arch.startswith("sm_") else ""
-    return int(digits.rstrip("a")) if digits.rstrip("a").isdigit() else None
-
-
-def max_dynamic_smem(target: TargetInfo) -> int:
-    cc = compute_capability(target)
-    opt_in = SMEM_OPT_IN_BYTES.get(cc, 0) if cc else 0
-    return max(target.max_shared_memory_per_block, opt_in)
 
 
 def tensor_core_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: str,

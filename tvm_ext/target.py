@@ -11,45 +11,14 @@ import contextlib
 import functools
 import signal
 import threading
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .errors import TvmExtError
+from .hardware import TargetInfo
 from .precision import FLOAT_DTYPES
 
 TARGET_KINDS = ("opencl", "cuda")
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    kind: str  # "opencl" | "cuda"
-    device_id: int = 0
-    device_name: str = "unknown"
-    max_threads_per_block: int = 1024
-    max_shared_memory_per_block: int = 48 * 1024
-    warp_size: int = 32
-    compute_units: int = 1
-    l2_bytes: int = 0
-    arch: str = ""  # CUDA "sm_90"; empty for OpenCL
-    registers_per_block: int = 65536
-    is_cpu: bool = False  # OpenCL on a CPU device (PoCL)
-    # Float types kernels may use here.  OpenCL: float16 needs cl_khr_fp16 and float64
-    # cl_khr_fp64; bfloat16 always works (TVM stores it as ushort and computes in fp32).
-    float_dtypes: tuple[str, ...] = FLOAT_DTYPES
-
-    def tvm_target(self) -> dict[str, Any]:
-        """The target dict given to ``tvm.compile``."""
-        common = {
-            "max_threads_per_block": self.max_threads_per_block,
-            "max_shared_memory_per_block": self.max_shared_memory_per_block,
-        }
-        if self.kind == "cuda":
-            return {"kind": "cuda", "arch": self.arch or "sm_90", "thread_warp_size": 32, **common}
-        return {"kind": "opencl", "max_num_threads": self.max_threads_per_block, **common}
-
-    def key(self) -> dict[str, Any]:
-        """What identifies this target in a workload key (the device, not its index)."""
-        return {"kind": self.kind, "device": self.device_name, "arch": self.arch}
+__all__ = ["TARGET_KINDS", "TargetInfo", "offline_cuda", "resolve_target", "cuda_target_of", "opencl_device"]
 
 
 _PROBE_KERNEL = "__kernel void tvm_ext_probe(__global float* a) { a[get_global_id(0)] = 1.0f; }"

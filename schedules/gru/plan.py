@@ -18,7 +18,7 @@ from tvm_ext import step_loop
 from tvm_ext.program import FailureFlag, RunPlan
 from tvm_ext.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches, function_calls,
                              plain_json)
-from tvm_ext.schedules.wgmma import sm_90a
+from tvm_ext.hardware import sm_90a
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
