@@ -25,7 +25,7 @@ from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmT
 from tvm_ext.session import Session, SessionOptions  # noqa: E402
 
 
-# The two leaders of the H100 staging probe (benchmarks/sgemm_probe.py, 2026-11-23: 43.8 and
+# The two leaders of the H100 staging probe (benchmarks/probes/sgemm_probe.py, 2026-11-23: 43.8 and
 # 43.4 TFLOP/s = 0.85 and 0.84 of cuBLAS fp32 at 4096^3): GA seeds.
 STAGED_SEEDS = (
     {**STAGING_DEFAULTS, **REGISTER_STAGED_TILE},  # the template's own known-good tile

@@ -59,7 +59,7 @@ STAGING_KNOBS = (
     Knob("load_vec", (0, 4), "global -> shared copy width: 0 = vec; 4 = 16-byte loads whatever vec is"),
 )
 STAGING_DEFAULTS = {k.name: k.choices[0] for k in STAGING_KNOBS}
-# The leader of the H100's SGEMM staging probe (``benchmarks/sgemm_probe.py``): a GA seed
+# The leader of the H100's SGEMM staging probe (``benchmarks/probes/sgemm_probe.py``): a GA seed
 REGISTER_STAGED_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4,
                             double_buffer=1, a_transposed=1, prefetch=1)
 

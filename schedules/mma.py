@@ -413,7 +413,7 @@ def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int, stages: 
     return MMA_SPACE.make(**{**values, **changes})
 
 
-# Tiles ``pick_mma_tile`` tries, largest first.  On the H100 probe (benchmarks/mma_probe.py,
+# Tiles ``pick_mma_tile`` tries, largest first.  On the H100 probe (benchmarks/probes/mma_probe.py,
 # 2026-11-23, fp16 in, fp32 acc, fp16 out): 128x128x32 with 4 warps of 64x64 and 4 cp.async
 # stages led at 4096^3 (390 TFLOP/s, with 256x128x64 at 394), 16x64x64 with 4 stages at
 # 64x3072x1024 (8.0 us), the swizzled 16x32x32 at 8x1536x512 (4.7 us, back to back; from a CUDA

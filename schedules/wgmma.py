@@ -35,7 +35,7 @@ memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel
 global memory (H100, float16 1024x768x3072 in 2: 15.4 us against 17.8; clusters of 4 and 8
 slower).  Shapes the tile does not divide are refused (no guards).
 
-Measured (H100, 2026-11-23, ``benchmarks/wgmma_probe.py``): 128x256, 4 stages, one group in
+Measured (H100, 2026-11-23, ``benchmarks/probes/wgmma_probe.py``): 128x256, 4 stages, one group in
 flight, shared-memory epilogue: 578 TFLOP/s at 4096^3 = 0.86 of cuBLAS float16, output
 bit-identical to cuBLAS; the mma.sync template reached 0.53 there.  2026-11-24, several tiles
 a block (128x256, raster 8, from CUDA graphs): 0.217 ms at 4096^3 = 0.93 of cuBLAS (0.239 with a

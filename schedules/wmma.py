@@ -174,7 +174,7 @@ def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int) -> Confi
                          tc_k_frags=k_frags, tc_vec=8, tc_pipeline=2, tc_out_smem=1)
 
 
-# Tiles ``pick_wmma_tile`` tries, largest first: on the H100 probe (``benchmarks/tensor_core_probe.py``,
+# Tiles ``pick_wmma_tile`` tries, largest first: on the H100 probe (``benchmarks/probes/tensor_core_probe.py``,
 # fp16 GEMMs 2048-8192) 128x256x32 and 128x128x32 with cp.async led (292-299 TFLOP/s at
 # 4096^3), 64x64x64 led at M = 64; the smaller ones fit shapes the large ones do not divide.
 AUTO_TILES = (

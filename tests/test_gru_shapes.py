@@ -358,13 +358,13 @@ def test_cuda_grid_that_cannot_be_resident_is_an_error_not_a_hang(tmp_path):
 
 
 def test_probe_script_configs_are_feasible(monkeypatch):
-    """``benchmarks/gru_probe.py`` (how the GRU figures in RESULTS.md were measured) imports
+    """``benchmarks/probes/gru_probe.py`` (how the GRU figures in RESULTS.md were measured) imports
     without a GPU and every config it times is feasible on the H100's limits."""
     import importlib.util
     import pathlib
     import sys
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "gru_probe.py"
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "probes" / "gru_probe.py"
     spec = importlib.util.spec_from_file_location("bench_gru_probe", path)
     probe = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_gru_probe", probe)

@@ -7,7 +7,7 @@ Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and a
 barrier (fence, arrive on a counter, poll it, then load h) costs two L2 round trips more
 than the data needs; polling the data, whose tag comes in the same single-copy-atomic
 word, costs one.  Measured on an H100 with the same kernel in CUDA C
-(``benchmarks/gru_flag_probe.py``, float32): B1 H256 0.84 µs a step against 1.54 with a
+(``benchmarks/probes/gru_flag_probe.py``, float32): B1 H256 0.84 µs a step against 1.54 with a
 barrier, B8 H512 2.64 against 4.15.
 
 A block owns ``units`` hidden units of one direction, all batch rows; a warp per unit, its

@@ -1,5 +1,5 @@
 """The GRU's zero-measurement config: rules read off the H100 measurements of the fused
-step kernel (``benchmarks/RESULTS.md``, ``benchmarks/gru_probe.py``), sized by the
+step kernel (``benchmarks/RESULTS.md``, ``benchmarks/probes/gru_probe.py``), sized by the
 hardware model, so any shape gets a fast kernel without tuning.
 
 What the measurements said, and the rule each gives:

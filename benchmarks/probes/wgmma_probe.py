@@ -16,8 +16,8 @@ TFLOP/s = 0.85-0.86 of cuBLAS's best on the same layout (670-681 TFLOP/s), 0.84 
 (686-695).  Knobs: shared-memory epilogue +10% (520 -> 578), wgmma wait_group 1 over 0 +5%,
 128x256 = 256x128, rasterization no effect, 128x128 tiles 0.69-0.76.
 
-    python benchmarks/wgmma_probe.py --compile-only [--out DIR]     # no GPU: CUDA, PTX, ptxas -v
-    source .tvm-device/boot.sh && python benchmarks/wgmma_probe.py --out $OUT   # on the H100
+    python benchmarks/probes/wgmma_probe.py --compile-only [--out DIR]     # no GPU: CUDA, PTX, ptxas -v
+    source .tvm-device/boot.sh && python benchmarks/probes/wgmma_probe.py --out $OUT   # on the H100
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 
 from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm, wgmma_reason  # noqa: E402
 

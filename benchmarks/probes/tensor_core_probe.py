@@ -2,7 +2,7 @@
 against float64 and timed, next to torch fp16 (cuBLAS) in the same run.
 
 Run through the device tool (see ../shared/DEVICE.md), about 2.5 minutes on an H100:
-    source .tvm-device/boot.sh && python benchmarks/tensor_core_probe.py --out $OUT
+    source .tvm-device/boot.sh && python benchmarks/probes/tensor_core_probe.py --out $OUT
 Each config runs in a worker process: a kernel that faults poisons its CUDA context, so
 the worker is replaced and the probe goes on with the next config.  Prints one table per
 workload; ``--out DIR`` gets every result as JSON lines (tensor_core_probe.jsonl).
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import table, time_torch  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
+from common import table, time_vendor  # noqa: E402
 
 from tvm_ext.schedules.tensor_core import TC_SPACE, MatmulProblem, WmmaTile  # noqa: E402
 
@@ -158,7 +158,7 @@ def run_torch(name: str) -> dict[str, Any]:
         fn = lambda: torch.baddbmm(bias, inputs[0], inputs[1])  # noqa: E731
     else:
         fn = lambda: torch.addmm(inputs[2], inputs[0], inputs[1])  # noqa: E731
-    secs = time_torch(fn, warmup=10, repeat=50)
+    secs = time_vendor(lambda i: fn()).best.seconds  # the vendor at its best of the three methods
     return {"ms": secs * 1e3, "tflops": problem.flops() / secs / 1e12}
 
 

@@ -2,7 +2,7 @@
 measured by the project's runner (float64 check, NaN-poisoned outputs), next to cuBLAS fp16
 timed three ways in the same run.
 
-    source .tvm-device/boot.sh && python benchmarks/mma_probe.py --out $OUT
+    source .tvm-device/boot.sh && python benchmarks/probes/mma_probe.py --out $OUT
 Records go to --out (one JSON-lines file per shape); prints one table per shape last.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import table  # noqa: E402
 from common import (l2_rotation, methods_text, rel_error_vs, seconds_by_method, time_ours_three,  # noqa: E402
                     time_vendor, tvm_launch)

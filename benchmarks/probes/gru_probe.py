@@ -1,7 +1,7 @@
 """GRU probe: chosen configs of our layer against cuDNN replayed from a CUDA graph, fp32.
 
 Run through the device tool (see ../shared/DEVICE.md):
-    source .tvm-device/boot.sh && python benchmarks/gru_probe.py --out $OUT
+    source .tvm-device/boot.sh && python benchmarks/probes/gru_probe.py --out $OUT
 How each side is measured (the same for both, in one process):
 
 - inputs: ``--rotate`` input sets x (seq, batch, input), drawn once (seeded); the runs
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import table  # noqa: E402
 
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402

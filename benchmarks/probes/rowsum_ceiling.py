@@ -8,7 +8,7 @@ prefetch), and a persistent grid that walks the rows.  A device-to-device copy o
 against float64 on NaN-poisoned outputs and timed the three ways of ``common.time_vendor`` on
 inputs rotated through twice the L2.
 
-    python benchmarks/rowsum_ceiling.py            # 4096 x 4096 float32
+    python benchmarks/probes/rowsum_ceiling.py            # 4096 x 4096 float32
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import (l2_rotation, poisoned_error, rel_error_vs, table, time_vendor, torch_stream,  # noqa: E402
                     vendor_methods)
 

@@ -5,7 +5,7 @@ cuBLAS fp32 (TF32 off) timed three ways in the same run, at 4096^3 or at any ``-
 (``--b-transposed``: B stored N x K, a Linear layer's weight, as the Relax tasks of a model
 read it; cuBLAS then runs ``torch.nn.functional.linear``).
 
-    source .tvm-device/boot.sh && python benchmarks/sgemm_probe.py --out $OUT
+    source .tvm-device/boot.sh && python benchmarks/probes/sgemm_probe.py --out $OUT
     ... --shape 1024,3072,768 --shape 1024,768,3072 --b-transposed   # BERT-base's FFN at b8 s128
     ... --registers-only   # register-staged prefetch into one shared buffer or two, large tiles
 """
@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import table  # noqa: E402
 from common import l2_rotation, time_vendor  # noqa: E402
 from mma_probe import describe  # noqa: E402

@@ -2,14 +2,14 @@
 accumulate) issued back to back from registers, no memory traffic, against cuBLAS float16
 in the same run.  Uses CuPy (NVRTC) for the one raw kernel.
 
-    source .tvm-device/boot.sh && python benchmarks/hmma_peak.py
+    source .tvm-device/boot.sh && python benchmarks/probes/hmma_peak.py
 """
 from __future__ import annotations
 
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import l2_rotation, time_vendor  # noqa: E402
 
 CHAINS = 8  # independent accumulator tiles per warp (latency hidden by ILP)

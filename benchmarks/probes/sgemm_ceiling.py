@@ -7,8 +7,8 @@ kernels; each is checked against float64 on NaN-poisoned outputs and timed the t
 four-stage ``cp.async`` pipelines (``async_*``), fragments double-buffered in registers with warp
 tiles (``frag_*``) and two K slices staged in registers (``deep_*``).
 
-    python benchmarks/sgemm_ceiling.py                    # 4096^3, every kernel
-    python benchmarks/sgemm_ceiling.py --only frag,deep   # those kernels only
+    python benchmarks/probes/sgemm_ceiling.py                    # 4096^3, every kernel
+    python benchmarks/probes/sgemm_ceiling.py --only frag,deep   # those kernels only
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import (l2_rotation, poisoned_error, rel_error_vs, table, time_vendor, torch_stream,  # noqa: E402
                     vendor_methods)
 

@@ -1,7 +1,7 @@
 """Where a GRU config's time goes on the GPU: each kernel function's share of one forward pass
 (the runner's stage times) for the configs named on the command line, at one shape.
 
-    source .tvm-device/boot.sh && python benchmarks/gru_stages.py --batch 64 --hidden 1024 \
+    source .tvm-device/boot.sh && python benchmarks/probes/gru_stages.py --batch 64 --hidden 1024 \
         --precision float16 --config '{"fuse_step": 1, "step_loop": 2, "step_tc": 1, ...}'
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import replace
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from gru import SEQ, precision_of  # noqa: E402
 
 from tvm_ext.builder import build_one  # noqa: E402

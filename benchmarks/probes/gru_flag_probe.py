@@ -10,7 +10,7 @@ differ only in how step s+1 learns that every block's h_{s+1} is written:
   reader polls the words themselves until every tag says step s+1 (no counter, no fence).
 
 Prints µs per step (from T = 128 and T = 512 runs) and the error against float64.
-Run through the device tool: ``python benchmarks/gru_flag_probe.py --out $OUT``.
+Run through the device tool: ``python benchmarks/probes/gru_flag_probe.py --out $OUT``.
 """
 from __future__ import annotations
 
