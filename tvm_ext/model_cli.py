@@ -35,7 +35,9 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                     "kernels) and run it. Tuning arguments apply to each distinct kernel; --trials caps each "
                     "one. Kernels already in the database are reused.",
     )
-    model.add_argument("file", metavar="FILE.py", help="Python file defining get_module()")
+    model.add_argument("file", metavar="FILE.py|FILE.onnx",
+                       help="Python file defining get_module(), or an ONNX model (its GRU nodes on tvm_ext's GRU; run "
+                            "on random inputs, checked against onnxruntime where it is installed)")
     model.add_argument("--database", default=DEFAULT_DATABASE,
                        help=f"meta_schedule database folder to write (default {DEFAULT_DATABASE})")
     model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
@@ -59,14 +61,52 @@ def _matcher_names() -> list[str]:
     return list(MATCHERS)
 
 
+class OnnxModel:
+    """An ONNX file standing in for a model file: ``get_module`` imports it (``onnx_import``),
+    ``get_inputs`` draws inputs of its graph's shapes, and where onnxruntime is installed,
+    ``reference`` runs the file with it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            self.reference = None  # type: ignore[assignment]
+
+    def _no_options(self, options: dict[str, str]) -> None:
+        if options:
+            raise TvmExtError(f"--model-option does not apply to an ONNX file (got {', '.join(options)})")
+
+    def get_module(self, **options: str) -> Any:
+        from .onnx_import import load_onnx
+
+        self._no_options(options)
+        return load_onnx(self.path)
+
+    def get_inputs(self, **options: str) -> list[Any]:
+        from .onnx_import import onnx_inputs
+
+        self._no_options(options)
+        return onnx_inputs(self.path)
+
+    def reference(self, inputs: list[Any], **options: str) -> list[Any]:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(self.path, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return session.run(None, dict(zip(names, inputs)))
+
+
 def load_model_file(path: str) -> Any:
-    """Import FILE.py as a module; a clear error when it is missing, not Python (a text or
-    binary file) or lacks get_module."""
+    """Import FILE.py as a module (an ONNX file becomes an ``OnnxModel``); a clear error when it
+    is missing, not Python (a text or binary file) or lacks get_module."""
     if not os.path.isfile(path):
         raise TvmExtError(f"model file {path} does not exist")
     from .records import check_regular_file
 
     check_regular_file(path, "model file")
+    if path.lower().endswith(".onnx"):
+        return OnnxModel(path)
     # Loaded as Python source whatever its name ends with: a file that is not Python fails to
     # compile, which is bad input (one line), never an import machinery error.
     name = "tvm_ext_user_model"

@@ -123,8 +123,12 @@ def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
     from .schedules.gru import GruTemplate
 
     args = list(call.args[1].fields)
+    lengths = len(args) > 6 and (len(args) - 2) % 4 == 1 and _tensor(args[-1].ty, "lengths")[1] == "int32"
+    if lengths:  # each row's own length, last (``GruTemplate.input_specs``'s order)
+        args = args[:-1]
     if len(args) < 6 or (len(args) - 2) % 4:
-        raise TvmExtError(f"GRU call takes x, h0 and 4 weights per layer, got {len(args)} arguments")
+        raise TvmExtError(f"GRU call takes x, h0, 4 weights per layer and optionally int32 lengths, "
+                          f"got {len(call.args[1].fields)} arguments")
     (rows, features), x_dtype = _tensor(args[0].ty, "input")
     (states, batch, hidden), h_dtype = _tensor(args[1].ty, "h0")
     layers = (len(args) - 2) // 4
@@ -136,7 +140,7 @@ def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
     if rows % batch or states != layers * dirs:
         raise TvmExtError(f"GRU shapes disagree: input rows {rows}, h0 {states}x{batch}x{hidden}")
     template = GruTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
-                           bidirectional=dirs == 2)
+                           bidirectional=dirs == 2, variable_lengths=bool(lengths))
     acc = ACC_DTYPE if x_dtype != "float32" else "float32"
     template = template.with_precision({
         "x": x_dtype, "w_ih": w_ih_dtype, "in_acc": acc, "gi": acc, "w_hh": w_hh_dtype, "hid_acc": acc,

@@ -1,0 +1,160 @@
+"""ONNX GRU nodes imported as tvm_ext's GRU (``tvm_ext.onnx_import``), run on PoCL against a
+numpy ONNX GRU written from the operator's specification (gates z, r, h; not our layout
+code), at odd sizes: forward and bidirectional, with and without B, initial_h,
+sequence_lens, layout 1, two stacked nodes; the refusals name the attribute."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from tvm_ext.errors import TvmExtError  # noqa: E402
+from tvm_ext.onnx_import import load_onnx, onnx_inputs  # noqa: E402
+from tvm_ext.precision import relative_error  # noqa: E402
+
+
+def onnx_gru_reference(x, w, r, b, h0, lengths, bidirectional):
+    """float64 ONNX GRU (linear_before_reset=1, layout 0): Y (T, dirs, B, H), Y_h (dirs, B, H)."""
+    steps, batch, _ = x.shape
+    dirs, gates, _ = w.shape
+    hid = gates // 3
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    y = np.zeros((steps, dirs, batch, hid))
+    y_h = np.zeros((dirs, batch, hid))
+    lengths = np.full(batch, steps) if lengths is None else lengths
+    for d in range(dirs):
+        wz, wr, wh = np.split(w[d].astype(np.float64), 3)
+        rz, rr, rh = np.split(r[d].astype(np.float64), 3)
+        wbz, wbr, wbh, rbz, rbr, rbh = np.split(b[d].astype(np.float64), 6)
+        h = h0[d].astype(np.float64).copy()
+        order = range(steps) if d == 0 else reversed(range(steps))
+        for t in order:
+            live = (t < lengths)[:, None]
+            xt = x[t].astype(np.float64)
+            z = sig(xt @ wz.T + h @ rz.T + wbz + rbz)
+            rg = sig(xt @ wr.T + h @ rr.T + wbr + rbr)
+            n = np.tanh(xt @ wh.T + rg * (h @ rh.T + rbh) + wbh)
+            h_new = (1 - z) * n + z * h
+            h = np.where(live, h_new, h)
+            y[t, d] = np.where(live, h_new, 0.0)
+        y_h[d] = h
+    return y, y_h
+
+
+def _model(tmp_path, steps=7, batch=3, inp=10, hid=13, bidirectional=False, bias=True, h0=True, lengths=False,
+           layout=0, seed=0, **attrs):
+    rng = np.random.default_rng(seed)
+    dirs = 2 if bidirectional else 1
+    w = rng.uniform(-0.4, 0.4, (dirs, 3 * hid, inp)).astype(np.float32)
+    r = rng.uniform(-0.4, 0.4, (dirs, 3 * hid, hid)).astype(np.float32)
+    b = rng.uniform(-0.4, 0.4, (dirs, 6 * hid)).astype(np.float32)
+    x_shape = [batch, steps, inp] if layout else [steps, batch, inp]
+    h_shape = [batch, dirs, hid] if layout else [dirs, batch, hid]
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
+    names = ["X", "W", "R", "B" if bias else "", "sequence_lens" if lengths else "", "initial_h" if h0 else ""]
+    if lengths:
+        inputs.append(helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, [batch]))
+    if h0:
+        inputs.append(helper.make_tensor_value_info("initial_h", TensorProto.FLOAT, h_shape))
+    while names[-1] == "":
+        names.pop()
+    node_attrs = dict(hidden_size=hid, linear_before_reset=1,
+                      direction="bidirectional" if bidirectional else "forward", **attrs)
+    if layout:
+        node_attrs["layout"] = 1
+    node = helper.make_node("GRU", names, ["Y", "Y_h"], **node_attrs)
+    y_shape = [batch, steps, dirs, hid] if layout else [steps, dirs, batch, hid]
+    graph = helper.make_graph(
+        [node], "gru", inputs,
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, y_shape),
+         helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, h_shape)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")]
+        + ([numpy_helper.from_array(b, "B")] if bias else []))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    path = tmp_path / "gru.onnx"
+    onnx.save(model, str(path))
+    return str(path), w, r, (b if bias else np.zeros_like(b))
+
+
+def _run(path, arrays, opencl):
+    from tvm_ext.pipeline import load_model
+
+    model = load_model(load_onnx(path), opencl, None, function="main", log=None)
+    return model(*arrays)
+
+
+CASES = {
+    "forward": dict(),
+    "bidirectional": dict(bidirectional=True),
+    "no-bias-no-h0": dict(bias=False, h0=False),
+    "lengths-bi": dict(bidirectional=True, lengths=True),
+    "layout1": dict(layout=1, bidirectional=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_onnx_gru_matches_the_specification_on_pocl(opencl, tmp_path, case):
+    kwargs = CASES[case]
+    path, w, r, b = _model(tmp_path, **kwargs)
+    arrays = onnx_inputs(path, seed=1)
+    if kwargs.get("lengths"):
+        arrays[1] = np.array([7, 2, 5], np.int32)
+    y, y_h = (np.asarray(a.numpy() if hasattr(a, "numpy") else a) for a in _run(path, arrays, opencl))
+    x = arrays[0]
+    dirs = w.shape[0]
+    h0 = arrays[-1] if kwargs.get("h0", True) else np.zeros((dirs, 3, 13), np.float32)
+    if kwargs.get("layout"):
+        x, h0 = x.transpose(1, 0, 2), h0.transpose(1, 0, 2)
+    ref_y, ref_h = onnx_gru_reference(x, w, r, b, h0, arrays[1] if kwargs.get("lengths") else None, dirs == 2)
+    if kwargs.get("layout"):
+        ref_y, ref_h = ref_y.transpose(2, 0, 1, 3), ref_h.transpose(1, 0, 2)
+    assert y.shape == ref_y.shape and y_h.shape == ref_h.shape
+    assert relative_error(y, ref_y) < 1e-5 and relative_error(y_h, ref_h) < 1e-5
+
+
+@pytest.mark.parametrize("attrs,needle", [
+    (dict(linear_before_reset=0), "linear_before_reset=0"),
+    (dict(direction="reverse"), "direction='reverse'"),
+    (dict(clip=3.0), "clip=3.0"),
+    (dict(activations=["Relu", "Tanh"]), "activations=['Relu', 'Tanh']"),
+])
+def test_unsupported_attributes_are_refused_by_name(tmp_path, attrs, needle):
+    overrides = dict(attrs)
+    path, *_ = _model(tmp_path, **{k: v for k, v in overrides.items() if k not in ("linear_before_reset",
+                                                                                    "direction")})
+    if "linear_before_reset" in overrides or "direction" in overrides:
+        model = onnx.load(path)
+        for a in model.graph.node[0].attribute:
+            if a.name in overrides:
+                model.graph.node[0].attribute.remove(a)
+                model.graph.node[0].attribute.append(helper.make_attribute(a.name, overrides[a.name]))
+                break
+        onnx.save(model, path)
+    with pytest.raises(TvmExtError, match=needle.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        load_onnx(path)
+
+
+def test_a_file_that_is_not_onnx_is_one_error(tmp_path):
+    path = tmp_path / "x.onnx"
+    path.write_bytes(b"\x00\x01 not a protobuf")
+    with pytest.raises(TvmExtError, match="is not a valid ONNX model"):
+        load_onnx(str(path))
+
+
+def test_tune_model_takes_an_onnx_file(tmp_path):
+    """``tune model FILE.onnx``: the GRU node is one tuned task, the model runs on PoCL."""
+    import subprocess
+    import sys
+
+    path, *_ = _model(tmp_path, bidirectional=True)
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", path, "--generations", "1", "--population", "2",
+           "--no-progress", "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "tuned (GRU plan)" in p.stdout and "ran: output (7, 2, 3, 13), (2, 3, 13)" in p.stdout
+    bad = tmp_path / "bad.onnx"
+    bad.write_text("not a model")
+    p = subprocess.run(cmd[:4] + [str(bad)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error:") and "Traceback" not in p.stderr
