@@ -179,7 +179,8 @@ def tf32_parts(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.where(kept, bits, np.where(overflow, bits & mask, up)).view(np.float32)
 
     hi = rounded(value)
-    return hi, rounded(np.asarray(value, np.float32) - hi)
+    with np.errstate(invalid="ignore"):  # an infinity's low part is inf - inf (NaN), not a warning
+        return hi, rounded(np.asarray(value, np.float32) - hi)
 
 
 def split_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
