@@ -1,6 +1,6 @@
 """Reading results: ``tune --json``, the progress bar, ``show``, ``report`` and ``export`` on a
 records file written by real tuning runs (two strategies, and a workload whose every build
-failed), and the README's Python example run as a script."""
+failed), and the tuning page's Python example run as a script."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from tvm_ext.schedules.gru import GruTemplate
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 GEMM = ["gemm", "--shape", "24,16,20", "--workers", "1", "--seed", "1"]
 SPACE_ORDER = [k.name for k in GEMM_KNOBS]
-README = Path(__file__).resolve().parent.parent / "README.md"
+TUNING_DOC = Path(__file__).resolve().parent.parent / "docs" / "tuning.md"  # the Python example
 
 
 def run(args, timeout=600, **kwargs):
@@ -168,10 +168,10 @@ def test_gru_summary_hides_knobs_of_kernels_the_config_does_not_use(opencl):
     assert "step_j" in fused and not any(n.startswith("hid_") or n == "cell_block" for n in fused)
 
 
-def test_readme_python_example_runs_as_a_script(tmp_path):
+def test_docs_python_example_runs_as_a_script(tmp_path):
     """Saved as a file and run (builds spawn processes that import it again), it prints a
     one-line summary of the best record."""
-    block = re.search(r"From Python:\n\n```python\n(.*?)```", README.read_text(), re.S).group(1)
+    block = re.search(r"From Python:\n\n```python\n(.*?)```", TUNING_DOC.read_text(), re.S).group(1)
     (tmp_path / "example.py").write_text(block)
     p = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr
