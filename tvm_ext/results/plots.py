@@ -146,15 +146,18 @@ def plot_knobs(wr: WorkloadRecords, path: str) -> None:
             xs.append(choices.index(rec.config.get(knob)))
             ys.append(_value(wr, rec))
         if xs:
-            ax.scatter(np.array(xs) + rng.uniform(-0.15, 0.15, len(xs)), ys, s=9, alpha=0.5)
+            ax.scatter(np.array(xs) + rng.uniform(-0.15, 0.15, len(xs)), ys, s=9, alpha=0.5, label="a record")
             pick = max if higher else min
             best = [pick([y for x, y in zip(xs, ys) if x == i], default=np.nan) for i in range(len(choices))]
-            ax.plot(range(len(choices)), best, "D", color="black", markersize=4)
+            ax.plot(range(len(choices)), best, "D", color="black", markersize=4, label="best at this value")
         ax.set_xticks(range(len(choices)), [_text(c, 16) for c in choices], fontsize=8)
+        ax.set_ylabel(_axis_label(wr).replace("best ", ""), fontsize=8)
         ax.set_title(_text(knob, 40), fontsize=9)
         ax.grid(True, alpha=0.3)
     for ax in axes[len(knobs):]:
         ax.set_visible(False)
+    if knobs and axes[0].has_data():
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
     fig.suptitle(_text(f"{wr.description}: {_axis_label(wr).replace('best ', '')} of each correct record per "
                        f"knob value", 160))
     _save(fig, path)
