@@ -205,7 +205,9 @@ class _Progress:
     def __init__(self, disabled: bool):
         from tqdm import tqdm
 
-        self.bar = tqdm(unit="trial", disable=disabled, file=sys.stderr, dynamic_ncols=True)
+        # not on a terminal (a log file, a pipe): no bar, whose redraws would leave blank lines there
+        self.bar = tqdm(unit="trial", disable=disabled or not sys.stderr.isatty(), file=sys.stderr,
+                        dynamic_ncols=True)
 
     def update(self, record: Any, tuner: Any) -> None:
         best = tuner.best
