@@ -13,7 +13,7 @@ K-major as TF32 wgmma reads both operands, the small products first.  Three kern
 split of A (row by row, 16 bytes a thread), the split of B (32 x 32 tiles transposed through
 shared memory), and the wgmma GEMM of ``schedules.wgmma`` with TF32 operands (its knobs; C is
 stored straight from the accumulators).  The splits write their parts to two scratch buffers
-(6 x the operands' bytes): on an H100 about a tenth of the call at 4096^3.
+(6 x the operands' bytes), a small share of the call at large sizes.
 
 The idea is CUTLASS's 3xTF32; cuBLAS's float32 GEMM runs on the CUDA cores, at a third of what
 the TF32 tensor cores do in three passes.  Values within half a TF32 step of float32's largest

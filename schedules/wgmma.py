@@ -32,14 +32,9 @@ tiles for the SMs.  ``wg_split_cluster`` 1: a tile's S slices are one thread-blo
 (adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
-global memory (H100, float16 1024x768x3072 in 2: 15.4 us against 17.8; clusters of 4 and 8
-slower).  Shapes the tile does not divide are refused (no guards).
+global memory.  Shapes the tile does not divide are refused (no guards).
 
-Measured (H100, 2026-11-23, ``benchmarks/probes/wgmma_probe.py``): 128x256, 4 stages, one group in
-flight, shared-memory epilogue: 578 TFLOP/s at 4096^3 = 0.86 of cuBLAS float16, output
-bit-identical to cuBLAS; the mma.sync template reached 0.53 there.  2026-11-24, several tiles
-a block (128x256, raster 8, from CUDA graphs): 0.217 ms at 4096^3 = 0.93 of cuBLAS (0.239 with a
-block a tile), 0.090 ms at 8192x3072x1024 = 0.94 (0.100).
+Measurements: ``benchmarks/RESULTS.md`` (wgmma sections).
 """
 from __future__ import annotations
 

@@ -6,9 +6,8 @@ the words themselves until every tag says s+1.
 Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and a grid
 barrier (fence, arrive on a counter, poll it, then load h) costs two L2 round trips more
 than the data needs; polling the data, whose tag comes in the same single-copy-atomic
-word, costs one.  Measured on an H100 with the same kernel in CUDA C
-(``benchmarks/probes/gru_flag_probe.py``, float32): B1 H256 0.84 µs a step against 1.54 with a
-barrier, B8 H512 2.64 against 4.15.
+word, costs one (the hand-written CUDA C of ``benchmarks/probes/gru_flag_probe.py`` measured both;
+figures in ``benchmarks/RESULTS.md``).
 
 A block owns ``units`` hidden units of one direction, all batch rows; a warp per unit, its
 32 lanes splitting k (lane l takes k = l, l+32, ...), each lane's share of W_hh (3 gates)

@@ -25,10 +25,9 @@ MAX_REGISTERS, OTHER_REGISTERS = 255, 40
 
 def _tanh(T: Any, v: Any, math: str, kind: str) -> Any:
     """tanh(v); in float32 as sign(v)·(-e / (2 + e)) with e = expm1(-2|v|): NVRTC builds TVM's
-    CUDA with --use_fast_math, under which tanhf is an approximation (relative error up to
-    1.1e-5 on the H100, the float32 GRU's 4e-6) while expm1f stays accurate (2.6e-7 with the
-    fast division).  ``kind``: the target kind, which names the C function (CUDA ``expm1f``,
-    OpenCL ``expm1``)."""
+    CUDA with --use_fast_math, under which tanhf is an approximation that set the float32 GRU's
+    error, while expm1f stays accurate (figures: ``benchmarks/RESULTS.md``).  ``kind``: the
+    target kind, which names the C function (CUDA ``expm1f``, OpenCL ``expm1``)."""
     from tvm import tirx
 
     if math != "float32":  # (and "" where the caller wants the plain tanh)

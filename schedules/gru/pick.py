@@ -1,51 +1,23 @@
-"""The GRU's zero-measurement config: rules read off the H100 measurements of the fused
-step kernel (``benchmarks/RESULTS.md``, ``benchmarks/probes/gru_probe.py``), sized by the
-hardware model, so any shape gets a fast kernel without tuning.
+"""The GRU's zero-measurement config (``GruTemplate.analytic_pick``): rules read off the
+fused step kernel's measurements, sized by the hardware model, so any shape gets a fast kernel
+without tuning.  The measurements behind each rule are in ``benchmarks/RESULTS.md`` ("The GRU
+pick's evidence").
 
-What the measurements said, and the rule each gives:
-
-- The fused step kernel with split-K was every tuned shape's best, and on CUDA as the
-  persistent kernel (one launch per layer) wherever its grid is resident.
-- The acquire/release grid barrier (``step_barrier`` 2) and loading gi a step ahead of
-  the barrier (``step_prefetch``) were each faster than without, at every shape measured.
-- Few batch rows per thread: one row per block beat two to eight rows at B1-B8 by up to
-  2x; the tile (rows, units) is the first of ``SMALL_TILES`` whose grid is resident with
-  at most 256 threads per SM (255 registers a thread: more threads per SM capped the
-  registers, and the kernels spilled).
-- Many rows (batch >= 32): blocks of 32 rows and the fewest units (4, 8 or 16) whose grid fits
-  one block per SM, W_hh's slice in shared memory, the h slice double-buffered, 256 threads
-  (8 along the rows, up to 8 along the units with the rest of a block's units in each
-  thread's registers, the others splitting k).  Every block reads all of its rows' h each
-  step, so fewer rows a block means less of that traffic; the W slice held twice is the
-  price (float32 B64 H1024, 16 units x 32 rows, 2 units a thread: a step of 18.3 µs against
-  20.7 with 8 units x 64 rows; B32 H512, 4 units x 32 rows: 6.5 µs against 7.8 with 8 units).
-  Where none fits, blocks of 8 units x all rows.
-- W_hh in registers won where the k extent is padded (hidden 200: 0.42 ms against 0.90;
-  hidden 33: 0.068 against 0.100) and lost slightly where it divides (hidden 256, 512) in
-  float32; with W_hh in float16 (half the registers) it won by about 2x at every small-batch
-  shape measured (B1 H256: 0.270 ms against 0.563; B8 H512: 0.415 against 0.773).
-- With h and W_hh both 16-bit, the tensor-core persistent step kernel beat every fused
-  step kernel on the CUDA cores (float16, T128: B1 H256 0.249 ms against 0.270, B8 H512
-  0.302 against 0.415, B64 H1024 0.802 against 1.582 ms).
-- The flag-exchange step kernel, which has no grid barrier (``flag_step.py``), with the
-  fewest units per block whose grid fits one block per SM: up to batch 16 with float32 state
-  (T128, B1 H256 0.111 ms against 0.269 with the barrier kernel; T64, B16 H512 0.287–0.300
-  with 4 units, 0.319 with 8, against 0.366 for the best barrier kernel; B12 H1000 1.02 ms
-  against 2.44); with 16-bit state up to batch 4 (float16 against the tensor-core kernel with
-  tagged words: B1 H256 0.099 against 0.156, B2 H512 0.141 against 0.211, B4 H512 0.186
-  against 0.196).
-- With 16-bit state above batch 4, the tensor-core step kernel exchanging h as tagged words
-  (``step_tc`` and ``step_flags``; float16: B8 H512 0.199 ms against 0.279 on the CUDA-core
-  flag kernel, bidirectional 0.208 against 0.444, B16 H512 T64 0.131 against 0.164 with the
-  grid barrier, B64 H1024 0.803 against 0.807); 4 k warps with 16-row blocks.
-- A large float16 input GEMM on Hopper's wgmma, W_ih read N-major (``WGMMA_MIN_FLOPS``).
-- The input GEMM (B64 H1024: 1.9 of 4.6 ms with the GEMM template's default tile): with float32
-  x and W_ih on a GPU with a float16 tensor-core tile, split into parts on the tensor cores
-  (``split.py``) from ``SPLIT_MIN_FLOPS`` on: on Hopper TF32 parts on wgmma (float32's range,
-  nothing to check per call; B64 H1024: 0.59 ms against 1.16, the pass 2.91 against 3.50; float16
-  parts there 0.34 ms and 2.65, but |x| < 65504), elsewhere float16 parts on mma.sync (0.53 ms,
-  the pass 2.87); else the fp32 GEMM study's best tile (64x128 blocks, 43.2 TFLOP/s at
-  4096^3) where it gives every SM a block, else the default.
+- On CUDA the fused step kernel as the persistent kernel (one launch per layer) wherever its
+  grid is resident, with the acquire/release barrier and gi loaded a step ahead.
+- Small batch: one row per block, the first of ``SMALL_TILES`` resident with at most 256
+  threads per SM (more threads capped the registers and the kernels spilled); W_hh in
+  registers where the k extent is padded or W_hh is 16-bit.
+- Batch >= 32: blocks of 32 rows and the fewest units whose grid fits one block per SM (every
+  block reads all its rows' h each step: fewer rows, less of that traffic), W_hh's slice in
+  shared memory, the h slice double-buffered; where none fits, blocks of 8 units x all rows.
+- Up to batch 16 with float32 state, and up to batch 4 with 16-bit state: the flag-exchange
+  kernel (no grid barrier, ``flag_step.py``) with the fewest units whose grid fits.
+- 16-bit h and W_hh above batch 4: the tensor-core step kernel exchanging tagged words.
+- The input GEMM: float16 on wgmma from ``WGMMA_MIN_FLOPS`` on Hopper; float32 split into parts
+  on the tensor cores from ``SPLIT_MIN_FLOPS`` (TF32 parts on Hopper: float32's range, nothing
+  to check per call; float16 parts elsewhere), else the fp32 GEMM study's tile where it gives
+  every SM a block.
 
 On a CPU device (PoCL) the patent pipeline, which was the faster family there.
 """
