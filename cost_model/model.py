@@ -254,9 +254,6 @@ class XGBCostModel:
 
 def model_path(records_path: str | os.PathLike[str]) -> str:
     """Where the model of a records file lives: ``RECORDS.xgb.json`` beside it."""
-    root = os.fspath(records_path)
-    for ext in (".jsonl", ".json"):
-        if root.endswith(ext):
-            root = root[: -len(ext)]
-            break
-    return root + ".xgb.json"
+    from tvm_ext.records import side_file
+
+    return side_file(records_path, "model")

@@ -44,6 +44,23 @@ from typing import Any, Callable, Container, Iterator, Sequence
 from .errors import ErrorKind, TvmExtError
 from .space import Config
 
+# The files a records file keeps beside it, by kind, named in this one place
+SIDE_FILES = {"claims": ".claims", "model": ".xgb.json", "ptxas": ".ptxas.json"}
+
+
+def side_file(records_path: str | os.PathLike[str], kind: str) -> str:
+    """The ``kind`` side file of a records file (``SIDE_FILES``): RECORDS.claims beside the file
+    itself; the cost model (RECORDS.xgb.json) and the ptxas cache (RECORDS.ptxas.json) named
+    from the records file without its .jsonl / .json."""
+    path = os.fspath(records_path)
+    if kind == "claims":
+        return path + SIDE_FILES[kind]
+    for ext in (".jsonl", ".json"):
+        if path.endswith(ext):
+            path = path[: -len(ext)]
+            break
+    return path + SIDE_FILES[kind]
+
 _SCALARS = (int, float, str, bool, type(None))
 MAX_DEPTH = 32  # nesting of a record's JSON (a trace is a few levels deep); deeper is not a record
 MAX_COST_SECS = 1e6  # a measured run slower than this (11 days) is not a measurement
@@ -418,7 +435,7 @@ class RecordStore:
     # ---- claims: each config measured once by whoever claims it first ------------------------------
     @property
     def claims_path(self) -> str:
-        return self.path + ".claims"
+        return side_file(self.path, "claims")
 
     def _read_claims(self) -> list[dict[str, Any]]:
         """Live claims (the caller holds the lock): dead processes' and expired ones dropped,

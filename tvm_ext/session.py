@@ -24,7 +24,7 @@ import numpy as np
 from .builder import LocalBuilder
 from .errors import TvmExtError
 from .measure import MeasureSettings
-from .records import Record, RecordStore
+from .records import Record, RecordStore, side_file
 from .runner import LocalRunner, Runner
 from .search import GeneticSearch, RandomSearch, SearchStrategy, default_tourn_size, tourn_size_reason
 from .space import Config, Space
@@ -173,7 +173,7 @@ def _ga_xgb(ctx: StrategyContext) -> SearchStrategy:
     if o.ptxas:
         if tuner.target.kind != "cuda" or not nvcc_available():
             raise TvmExtError("--ptxas needs --target cuda and nvcc on PATH")
-        ptxas = PtxasCache(model_path(o.records)[: -len(".xgb.json")] + ".ptxas.json")
+        ptxas = PtxasCache(side_file(o.records, "ptxas"))
     elif o.ptxas_cache:
         ptxas = PtxasCache(o.ptxas_cache)
     model = XGBCostModel(tuner.template, tuner.target, seed=o.seed, ptxas=ptxas)
