@@ -171,3 +171,131 @@ def test_a_program_that_kills_its_measuring_process_is_one_crash_and_the_next_is
     assert crash.error_kind == ErrorKind.CRASH and "died each of 2 times" in crash.error_msg, crash
     assert attempts(attempt_log) == ["die", "die"]
     assert all(r.ok for r in then), then
+
+
+# ---- a tvm_ext worker's processes --------------------------------------------------------------------
+def quiet(_message: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    from tvm_ext.cluster import LocalCluster
+
+    cluster = LocalCluster([], "opencl", log=quiet).start()
+    yield cluster
+    cluster.stop()
+
+
+def registered(cluster, key: str) -> int:
+    from tvm_ext.rpc_runner import TrackerClient
+
+    client = TrackerClient(cluster.tracker)
+    try:
+        return len(client.servers(key))
+    finally:
+        client.close()
+
+
+def until(condition, secs: float, what: str) -> None:
+    deadline = time.monotonic() + secs
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def worker(tracker, tmp_path):
+    """A tvm_ext worker (in a process group of its own) registered at the tracker under a key
+    of its own: (its process, its key); whatever is left of it is killed after the test."""
+    import subprocess
+    import sys
+
+    from tvm_ext.cluster import free_port
+    from tvm_ext.wire import SECRET_ENV
+
+    key = f"procs-{tmp_path.name}"
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_ext.worker", "--tracker", tracker.tracker_text, "--key", key,
+                             "--port", str(free_port())], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        until(lambda: registered(tracker, key) or proc.poll() is not None, 120, "the worker did not register")
+        assert proc.poll() is None, proc.stderr.read()
+        yield proc, key
+    finally:
+        tree = [proc.pid] + [p.pid for p in psutil_children(proc.pid)]
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+        proc.stderr.close()
+
+
+def psutil_children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def server_process(worker_pid: int) -> psutil.Process:
+    (server,) = [p for p in psutil.Process(worker_pid).children() if "tvm.exec.popen_worker" in " ".join(p.cmdline())]
+    return server
+
+
+def open_session(cluster, key: str):
+    """A client's session on the worker (its session process forked), hello'd once."""
+    from tvm import rpc
+
+    session = rpc.connect_tracker(*cluster.tracker).request(key)
+    session.get_function("tvm_ext.worker.hello")(bytearray(b"not a hello"))  # refused, but the session is up
+    return session
+
+
+def exits_with_one_error_line(proc, secs: float = 30.0) -> str:
+    try:
+        _, err = proc.communicate(timeout=secs)
+    except Exception:
+        pytest.fail(f"the worker did not exit within {secs:g} s")
+    assert proc.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_a_worker_whose_server_process_is_killed_exits_non_zero(tracker, worker):
+    proc, key = worker
+    kill_and_wait(server_process(proc.pid).pid)
+    line = exits_with_one_error_line(proc)
+    assert "TVM RPC server process was killed (SIGKILL)" in line and "supervisor" in line, line
+    until(lambda: not registered(tracker, key), 20, "the dead server is still registered")
+
+
+def test_a_worker_whose_session_process_dies_exits_non_zero(tracker, worker):
+    proc, key = worker
+    server = server_process(proc.pid)
+    session = open_session(tracker, key)
+    until(lambda: server.children(), 20, "no session process")
+    (session_process,) = server.children()
+    kill_and_wait(session_process.pid)
+    line = exits_with_one_error_line(proc)
+    assert "a session process of the TVM RPC server died" in line, line
+    del session
+    until(lambda: not registered(tracker, key), 20, "the dead server is still registered")
+
+
+def test_a_worker_killed_outright_takes_its_server_and_session_along(tracker, worker):
+    proc, key = worker
+    session = open_session(tracker, key)
+    until(lambda: server_process(proc.pid).children(), 20, "no session process")
+    tree = psutil_children(proc.pid)
+    assert len(tree) >= 2  # the server and its session process
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    _, left = psutil.wait_procs(tree, timeout=5)
+    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
+    del session
+    until(lambda: not registered(tracker, key), 20, "the orphaned server is still registered")

@@ -117,9 +117,8 @@ class RestartingPool:
                                      context=multiprocessing.get_context("spawn"))
         try:
             inner = self._pool.schedule(job.function, args=job.args, timeout=job.timeout)
-        except RuntimeError:  # it broke since the last look: the next round rebuilds it
+        except RuntimeError:  # it broke since the last look: the next round (POLL_SECS) rebuilds it
             self._todo.append(job)
-            self._wake.set()
             return
         job.inner = inner
         inner.add_done_callback(lambda f, job=job: self._done(job, f))
