@@ -224,12 +224,10 @@ def worker(tracker, tmp_path):
         assert proc.poll() is None, proc.stderr.read()
         yield proc, key
     finally:
-        tree = [proc.pid] + [p.pid for p in psutil_children(proc.pid)]
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its group: orphans of a failed test included
+        except ProcessLookupError:
+            pass
         proc.wait(timeout=30)
         proc.stderr.close()
 
