@@ -133,11 +133,11 @@ def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(
     from tvm_ext.measure import MeasureSettings
     from tvm_ext.runner import LocalRunner
 
-    template, configs = gemm_configs(opencl, 6)
+    template, configs = gemm_configs(opencl, 4)
     settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
     with LocalBuilder(workers=1, timeout=120) as builder, LocalRunner(opencl, settings, timeout=120) as runner:
         results = []
-        for batch in (configs[:3], configs[3:]):
+        for batch in (configs[:2], configs[2:]):
             builds = builder.build(template, batch, opencl)
             assert all(b.ok for b in builds), [b.error_msg for b in builds]
             results += runner.run(template, builds)
@@ -147,7 +147,7 @@ def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(
                 kill_and_wait(process.pid)
             time.sleep(0.5)  # pebble notices: both pools are broken now
         assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
-        assert len(results) == 6
+        assert len(results) == 4
         assert builder.rebuilds >= 1 and runner._pools[0].rebuilds >= 1
 
 
@@ -297,3 +297,25 @@ def test_a_worker_killed_outright_takes_its_server_and_session_along(tracker, wo
     assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
     del session
     until(lambda: not registered(tracker, key), 20, "the orphaned server is still registered")
+
+
+def test_a_workers_measuring_process_killed_while_idle_costs_nothing(tracker, worker, opencl):
+    """Over RPC: the session's measuring process SIGKILLed between two batches; the second batch
+    is measured in full by the same worker, nothing is an error."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.measure import MeasureSettings
+    from tvm_ext.rpc_runner import RpcRunner
+
+    proc, key = worker
+    template, configs = gemm_configs(opencl, 4, seed=6)
+    builds = [build_one(template, c, opencl) for c in configs]
+    settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+    with RpcRunner(tracker.tracker, key, "opencl", settings, timeout=60, log=quiet).start() as runner:
+        results = [f.result(timeout=WAIT) for f in runner.submit(template, builds[:2])]
+        measuring = [p for p in psutil_children(proc.pid) if "multiprocessing.spawn" in " ".join(p.cmdline())]
+        assert len(measuring) == 1
+        kill_and_wait(measuring[0].pid)
+        time.sleep(0.5)  # pebble notices: the session's pool is broken now
+        results += [f.result(timeout=WAIT) for f in runner.submit(template, builds[2:])]
+    assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
+    assert proc.poll() is None  # the worker serves on
