@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from .errors import ErrorKind
 from .lifetime import exit_with_parent
+from .pools import ProcessDied, RestartingPool
 from .program import Artifact, CompiledProgram, KernelLaunch, compile_module, compile_schedule, extract_launches
 from .program import plain_json
 from .space import Config
@@ -74,31 +75,31 @@ def _init_worker() -> None:
 
 
 class LocalBuilder:
-    """Builds candidates in a pool of worker processes with a per-build timeout."""
+    """Builds candidates in a pool of worker processes with a per-build timeout.  The pool is a
+    ``RestartingPool``: a process that dies (idle or building) is replaced, its build retried
+    once, and only a config whose build kills its process twice is a ``crash``."""
 
     def __init__(self, workers: int | None = None, timeout: float = 60.0):
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.timeout = timeout
         self._pool: Any = None
 
-    def _get_pool(self) -> Any:
+    def _get_pool(self) -> RestartingPool:
         if self._pool is None:
-            import multiprocessing
-
-            from pebble import ProcessPool
-
-            self._pool = ProcessPool(
-                max_workers=self.workers, initializer=_init_worker,
-                context=multiprocessing.get_context("spawn"),
-            )
+            self._pool = RestartingPool(self.workers, _init_worker)
         return self._pool
+
+    @property
+    def rebuilds(self) -> int:
+        """How often its pool broke (a process that died idle) and was replaced."""
+        return self._pool.rebuilds if self._pool is not None else 0
 
     def build(self, template: Template, configs: Sequence[Config], target: TargetInfo) -> list[BuildResult]:
         if not configs:
             return []
         pool = self._get_pool()
         futures = [
-            pool.schedule(build_one, args=(template, c, target), timeout=self.timeout)
+            pool.schedule(build_one, (template, c, target), self.timeout)
             for c in configs
         ]
         results = []
@@ -108,15 +109,17 @@ class LocalBuilder:
             except FutureTimeout:
                 results.append(BuildResult(config, None, None, self.timeout, ErrorKind.BUILD_TIMEOUT,
                                            f"build took longer than {self.timeout:g} s"))
-            except Exception as exc:  # worker died (e.g. segfault in codegen)
+            except ProcessDied as exc:  # the build killed its process twice (e.g. a segfault in codegen)
+                results.append(BuildResult(config, None, None, 0.0, ErrorKind.CRASH,
+                                           _short(f"build process died: {exc}")))
+            except Exception as exc:  # the job itself raised (build_one makes its failures data)
                 results.append(BuildResult(config, None, None, 0.0, ErrorKind.BUILD_ERROR,
                                            _short(f"{type(exc).__name__}: {exc}")))
         return results
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.stop()
-            self._pool.join()
+            self._pool.close()
             self._pool = None
 
     def __enter__(self) -> "LocalBuilder":

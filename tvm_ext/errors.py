@@ -39,7 +39,7 @@ class ErrorKind(str, Enum):
     RUN_ERROR = "run_error"  # loading or running the program raised, or it flagged a failure
     RUN_TIMEOUT = "run_timeout"  # the measurement ran past the runner's timeout
     WRONG_ANSWER = "wrong_answer"  # the outputs do not match the float64 reference
-    CRASH = "crash"  # the measuring process died (a trap or segfault in the kernel)
+    CRASH = "crash"  # the measuring (or build) process died, again when retried (a trap or segfault)
 
     @classmethod
     def _missing_(cls, value: object) -> "ErrorKind | None":

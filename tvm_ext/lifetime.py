@@ -53,6 +53,37 @@ def end_with_parent() -> None:
     watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM), int(parent))
 
 
+def parent_death_signal(signum: int) -> bool:
+    """Ask Linux for ``signum`` when the parent (the thread of it that started us) ends."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(signum)) == 0  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
+def end_tree_with_parent(parent: int | None = None) -> None:
+    """In a process that must not outlive its parent (a worker's TVM server, one of its
+    sessions): once the parent is gone (the kernel's SIGTERM, or a watcher where it has none),
+    or on SIGTERM, end every process under this one and then this one.  A worker's main process
+    killed outright would otherwise leave its server serving, registered at the tracker.
+    ``parent``: the process expected as the parent (default: the one it has now)."""
+    parent = os.getppid() if parent is None else parent
+
+    def finish(*_: Any) -> None:
+        try:
+            end_descendants(timeout=1.0, rounds=2)
+        finally:
+            os._exit(1)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, finish)
+        parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # gone already
+        finish()
+    watch_parent(finish, parent)
+
+
 def parent_gone(wait: float = 5.0) -> bool:
     """Whether the driver that started this cluster process has ended.  The kernel signals
     us when the driver's *thread* that started us ends, which can be a moment before its last

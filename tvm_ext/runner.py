@@ -6,20 +6,23 @@ see ``tvm_ext.measure``) and returns one ``Future`` per build that always resolv
 error result and the rest of the batch goes on, in a fresh worker.
 
 ``IsolatedMeasurer`` is that isolation: one process measuring jobs one at a time under a run
-timeout.  ``LocalRunner`` measures on this machine with one per device, so jobs on different
-devices run at the same time and jobs on one device never overlap; a ``tvm_ext.worker``
-(the RPC runner's server, ``tvm_ext.rpc_runner``) measures with one per session.
+timeout, in a ``RestartingPool`` (a process that dies is replaced and the job it ran is measured
+once more: only a job that kills its process twice is a ``crash``).
+``LocalRunner`` measures on this machine with one per device, so jobs on different devices run
+at the same time and jobs on one device never overlap; a ``tvm_ext.worker`` (the RPC runner's
+server, ``tvm_ext.rpc_runner``) measures with one per session.
 """
 from __future__ import annotations
 
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from .builder import BuildResult
 from .errors import ErrorKind, RunnerLost
 from .lifetime import exit_with_parent
 from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop
+from .pools import ProcessDied, RestartingPool
 from .target import TargetInfo
 from .template import Template
 
@@ -65,36 +68,40 @@ def job_error(exc: Exception) -> RunResult:
 
 
 def _outcome(pool_future: Any, timeout: float) -> RunResult:
-    """A pebble future's result as a RunResult: timeouts and dead workers are data too."""
+    """A pool future's result as a RunResult: timeouts and dead workers are data too."""
     try:
         return pool_future.result()
     except FutureTimeout:
         return RunResult((), ErrorKind.RUN_TIMEOUT, f"kernel ran longer than {timeout:g} s")
     except CancelledError:
         return RunResult((), ErrorKind.RUN_ERROR, "measurement cancelled (the runner was closed)")
-    except Exception as exc:  # the worker died: a trap or segfault in the kernel
-        return RunResult((), ErrorKind.CRASH, f"{type(exc).__name__}: {exc}"[:300])
+    except ProcessDied as exc:  # a trap or segfault in the kernel, twice
+        return RunResult((), ErrorKind.CRASH, f"measuring process died: {exc}"[:300])
+    except Exception as exc:  # the job itself raised (run_job makes its failures data: unexpected)
+        return RunResult((), ErrorKind.RUN_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
 
 class IsolatedMeasurer:
     """One process (spawned, so no device state is inherited) measuring jobs one at a time:
-    a job past ``timeout`` or one that kills the process (a trap in the kernel) is an error
-    result, and the next job gets a fresh process."""
+    a job past ``timeout`` or one that kills the process twice (a trap in the kernel) is an
+    error result, and the next job gets a fresh process.  ``measure`` is what runs a job in
+    that process (``run_job``; a module-level function)."""
 
-    def __init__(self, timeout: float = 60.0):
+    def __init__(self, timeout: float = 60.0, measure: Callable[[MeasureJob], RunResult] = run_job):
         self.timeout = timeout
-        self._pool: Any = None
+        self.measure = measure
+        self._pool: RestartingPool | None = None
+
+    @property
+    def rebuilds(self) -> int:
+        """How often its pool broke (a process that died idle) and was replaced."""
+        return self._pool.rebuilds if self._pool is not None else 0
 
     def schedule(self, job: MeasureJob) -> "Future[RunResult]":
         if self._pool is None:
-            import multiprocessing
-
-            from pebble import ProcessPool
-
-            self._pool = ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"),
-                                     initializer=exit_with_parent)
+            self._pool = RestartingPool(1, exit_with_parent)
         future: Future[RunResult] = Future()
-        pool_future = self._pool.schedule(run_job, args=(job,), timeout=self.timeout)
+        pool_future = self._pool.schedule(self.measure, (job,), self.timeout)
         pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
         return future
 
@@ -103,8 +110,7 @@ class IsolatedMeasurer:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.stop()
-            self._pool.join()
+            self._pool.close()
             self._pool = None
 
 

@@ -29,7 +29,12 @@ device is chosen before anything touches it: ``CUDA_VISIBLE_DEVICES`` for CUDA (
 those visible), the OpenCL device index for OpenCL.
 
 The process tree (this process, TVM's server process, a session process, the measuring
-process) ends together: SIGTERM or SIGINT here ends every process under this one.
+process) ends together: SIGTERM or SIGINT here ends every process under this one, and the server
+and session processes end themselves, and what is under them, once their parent is gone (this
+process killed outright leaves no server serving, registered at the tracker).  A worker whose
+server cannot serve any more (its process died, or a session process died, which ends TVM's
+listening thread while the process lives on, dropped from the tracker) exits with code 1 and one
+``error:`` line, so a supervisor restarts it.
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from .errors import TvmExtError
-from .lifetime import end_descendants, end_with_parent
+from .lifetime import end_descendants, end_tree_with_parent, end_with_parent
 from .messages import (PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo, WorkerSessionState, hello_reply,
                        join_case, measure_reply, read_measure_request, split_case)
 from .target import TARGET_KINDS
@@ -59,6 +64,7 @@ MEASURE = "tvm_ext.worker.measure"
 DEFAULT_PORT = 9091
 PORT_RANGE = 100  # ports tried from --port on (TVM's server binds the first free one)
 _CASES_KEPT = 4  # workloads whose check inputs and references a session keeps
+LISTENER_LOST = 3  # the server process's exit code once TVM's listening thread has ended
 
 
 # ---- the server side (a session process) -------------------------------------------------------
@@ -104,20 +110,53 @@ _STATE: WorkerSessionState | None = None
 
 
 def _session_state() -> WorkerSessionState:
-    """This session process's id and sequence (made in the process forked for the session)."""
+    """This session process's id and sequence (made in the process forked for the session,
+    which from then on ends with the server process)."""
     global _STATE
     if _STATE is None:
+        end_tree_with_parent()
         _STATE = WorkerSessionState()
     return _STATE
 
 
-def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | None) -> None:
-    """Runs in TVM's server process before it serves: tvm_ext's functions, for every session.
+def _exit_when_listener_ends() -> None:
+    """In TVM's server process: exit ``LISTENER_LOST`` once its listening thread has ended.
+    TVM's server raises in that thread when a session process dies, and then serves no one and
+    is dropped by the tracker while its process lives on; exiting lets the worker see it.  The
+    thread's traceback is not printed: the worker says what happened in one line."""
+    import threading
+
+    from tvm.rpc.server import PopenRPCServerState
+
+    default_hook = threading.excepthook
+
+    def hook(args: Any) -> None:
+        state = PopenRPCServerState.current
+        if state is None or args.thread is not getattr(state, "thread", None):
+            default_hook(args)
+
+    def watch() -> None:
+        while getattr(PopenRPCServerState.current, "thread", None) is None:
+            time.sleep(0.05)
+        PopenRPCServerState.current.thread.join()
+        end_descendants(timeout=1.0, rounds=2)
+        os._exit(LISTENER_LOST)
+
+    threading.excepthook = hook
+    threading.Thread(target=watch, name="tvm_ext-watch-listener", daemon=True).start()
+
+
+def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | None, worker_pid: int) -> None:
+    """Runs in TVM's server process before it serves: tvm_ext's functions, for every session;
+    the process ends with the worker (``worker_pid``) and exits once it can serve no more.
 
     TVM starts that process itself and hands it this callback (with its arguments) pickled,
     through a pipe to its own child process: a local process start, not network input.  What
     the functions receive from the network is read by ``tvm_ext.messages`` only."""
     import tvm_ffi
+
+    end_tree_with_parent(worker_pid)
+    _exit_when_listener_ends()
 
     def hello(message: bytes) -> bytes:
         reply, refused = hello_reply(message, info, _session_state(), secret)
@@ -239,14 +278,30 @@ def serve(args: argparse.Namespace) -> int:
 
     server = rpc.Server(args.host, args.port, min(args.port + PORT_RANGE, 65536), tracker_addr=tracker,
                         key=args.key, custom_addr=args.custom_addr, silent=True,
-                        server_init_callback=functools.partial(_serve_init, info, device_id, label, secret))
+                        server_init_callback=functools.partial(_serve_init, info, device_id, label, secret,
+                                                              os.getpid()))
     signed = "signed messages" if secret else "no secret: messages unsigned"
     print(f"tvm_ext worker: {label} serving key {args.key!r} on {args.host}:{server.port}, tracker {args.tracker} "
           f"({signed})", file=sys.stderr, flush=True)
     while server.proc.is_alive():
         time.sleep(0.5)
-    print("tvm_ext worker: the RPC server process ended", file=sys.stderr)
+    code = getattr(getattr(server.proc, "_proc", None), "returncode", None)
+    print(f"error: {server_ended(code)}; the worker exits so that a supervisor can "
+          "restart it", file=sys.stderr, flush=True)
     return 1
+
+
+def server_ended(code: int | None) -> str:
+    """Why the worker's TVM server process ended, from its exit code."""
+    if code == LISTENER_LOST:
+        return "a session process of the TVM RPC server died, and the server serves no more"
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the TVM RPC server process was killed ({name})"
+    return f"the TVM RPC server process ended (exit code {code})"
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -1,0 +1,50 @@
+"""Jobs for pool and runner tests, in a module a spawned pool process can import.
+
+Each attempt of ``note_and_*`` appends a line to the file ``ATTEMPTS_ENV`` names (inherited by
+the spawned processes), so a test counts how often a job really ran."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+ATTEMPTS_ENV = "TVM_EXT_TEST_ATTEMPTS"
+KILL_MARK = "/* kill the measuring process */"
+
+
+def note(what: str) -> None:
+    path = os.environ.get(ATTEMPTS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{what} {os.getpid()}\n")
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def note_and_die(secs: float = 0.3) -> None:
+    """A job that kills its own process every time (a trap in a kernel), after a moment of work."""
+    note("die")
+    time.sleep(secs)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def note_and_sleep(secs: float, value: int) -> int:
+    note("sleep")
+    time.sleep(secs)
+    return value
+
+
+def measure_or_die(job: Any) -> Any:
+    """``run_job``, except that a program whose source holds ``KILL_MARK`` kills the process."""
+    from tvm_ext.measure import run_job
+
+    if KILL_MARK in job.artifact.source:
+        note_and_die(0.2)
+    return run_job(job)

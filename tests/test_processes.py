@@ -1,0 +1,321 @@
+"""Helper processes that die: pools rebuilt, jobs retried once, workers that exit to be restarted.
+
+A build or measuring process killed while idle (the OOM killer, a stray signal) costs nothing:
+its pool is rebuilt and every healthy config is measured; a job that kills its process is
+retried once and is one ``crash``, and the pool goes on.  A ``tvm_ext.worker`` whose TVM server
+or session process dies exits non-zero with one line (a supervisor restarts it), and a worker
+killed outright takes its server along.  Real processes throughout; every wait is bounded.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+
+import psutil
+import pytest
+
+import pool_jobs
+from tvm_ext.pools import ProcessDied, RestartingPool
+
+WAIT = 60.0  # bound on any one future in these tests
+
+
+def attempts(path) -> list[str]:
+    return path.read_text().split()[::2] if path.exists() else []
+
+
+@pytest.fixture
+def attempt_log(tmp_path, monkeypatch):
+    path = tmp_path / "attempts"
+    monkeypatch.setenv(pool_jobs.ATTEMPTS_ENV, str(path))
+    return path
+
+
+def kill_and_wait(pid: int, secs: float = 10.0) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + secs
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"process {pid} did not die"
+        time.sleep(0.05)
+
+
+def pool_processes() -> list[psutil.Process]:
+    """This process's spawned pool processes (builders and measurers)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if "multiprocessing.spawn" in " ".join(p.cmdline())]
+
+
+# ---- the pool ------------------------------------------------------------------------------------
+def test_a_process_killed_while_idle_is_replaced_and_no_job_fails():
+    pool = RestartingPool(1)
+    try:
+        first = pool.schedule(pool_jobs.pid).result(timeout=WAIT)
+        kill_and_wait(first)
+        time.sleep(0.5)  # pebble notices the death: the pool it had is broken now
+        results = [f.result(timeout=WAIT) for f in [pool.schedule(pool_jobs.square, (i,)) for i in range(6)]]
+        assert results == [i * i for i in range(6)]
+        assert pool.schedule(pool_jobs.pid).result(timeout=WAIT) != first
+        assert pool.rebuilds >= 1
+    finally:
+        pool.close()
+
+
+def test_queued_jobs_survive_a_pool_that_breaks_under_them(attempt_log):
+    """Jobs queued behind a running one, the idle second process killed: each job ends once, well."""
+    pool = RestartingPool(2)
+    try:
+        pids = {pool.schedule(pool_jobs.pid).result(timeout=WAIT) for _ in range(4)}
+        futures = [pool.schedule(pool_jobs.note_and_sleep, (0.3, i)) for i in range(6)]
+        for pid in pids:
+            if psutil.pid_exists(pid):
+                os.kill(pid, signal.SIGKILL)
+        assert [f.result(timeout=WAIT) for f in futures] == list(range(6))
+    finally:
+        pool.close()
+
+
+def test_a_job_that_kills_its_process_is_one_crash_after_one_retry_and_the_pool_goes_on(attempt_log):
+    pool = RestartingPool(1)
+    try:
+        with pytest.raises(ProcessDied, match="died each of 2 times .*SIGKILL"):
+            pool.schedule(pool_jobs.note_and_die).result(timeout=WAIT)
+        assert attempts(attempt_log) == ["die", "die"]  # retried once, not more
+        assert [pool.schedule(pool_jobs.square, (i,)).result(timeout=WAIT) for i in range(3)] == [0, 1, 4]
+    finally:
+        pool.close()
+
+
+def test_a_process_killed_mid_job_from_outside_costs_one_retry(attempt_log):
+    pool = RestartingPool(1)
+    try:
+        future = pool.schedule(pool_jobs.note_and_sleep, (3.0, 7))
+        deadline = time.monotonic() + WAIT
+        while not attempts(attempt_log):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        kill_and_wait(int(attempt_log.read_text().split()[1]))
+        assert future.result(timeout=WAIT) == 7
+        assert attempts(attempt_log) == ["sleep", "sleep"]
+    finally:
+        pool.close()
+
+
+def test_a_timeout_is_still_a_timeout():
+    pool = RestartingPool(1)
+    try:
+        with pytest.raises(FutureTimeout):
+            pool.schedule(pool_jobs.note_and_sleep, (30.0, 1), timeout=1.0).result(timeout=WAIT)
+        assert pool.schedule(pool_jobs.square, (3,)).result(timeout=WAIT) == 9
+    finally:
+        pool.close()
+
+
+# ---- the local builder and runner --------------------------------------------------------------------
+def gemm_configs(opencl, count: int, seed: int = 4):
+    import numpy as np
+
+    from tvm_ext.schedules.gemm import GemmTemplate
+
+    template = GemmTemplate(24, 16, 20)
+    space = template.space(opencl)
+    configs = [template.default_config(opencl)] + [
+        space.decode(r) for r in space.random_feasible_indices(np.random.default_rng(seed), count - 1)]
+    return template, configs
+
+
+def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(opencl):
+    """Two batches of a real search on PoCL with every pool process SIGKILLed between them: both
+    batches are built and measured in full, nothing is an error."""
+    from tvm_ext.builder import LocalBuilder
+    from tvm_ext.measure import MeasureSettings
+    from tvm_ext.runner import LocalRunner
+
+    template, configs = gemm_configs(opencl, 4)
+    settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+    with LocalBuilder(workers=1, timeout=120) as builder, LocalRunner(opencl, settings, timeout=120) as runner:
+        results = []
+        for batch in (configs[:2], configs[2:]):
+            builds = builder.build(template, batch, opencl)
+            assert all(b.ok for b in builds), [b.error_msg for b in builds]
+            results += runner.run(template, builds)
+            idle = pool_processes()
+            assert len(idle) == 2  # one builder, one measurer: both idle now
+            for process in idle:
+                kill_and_wait(process.pid)
+            time.sleep(0.5)  # pebble notices: both pools are broken now
+        assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
+        assert len(results) == 4
+        assert builder.rebuilds >= 1 and runner._pools[0].rebuilds >= 1
+
+
+def test_a_program_that_kills_its_measuring_process_is_one_crash_and_the_next_is_measured(opencl, attempt_log):
+    from tvm_ext.builder import build_one
+    from tvm_ext.errors import ErrorKind
+    from tvm_ext.measure import MeasureSettings, make_job
+    from tvm_ext.runner import IsolatedMeasurer
+
+    template, (config,) = gemm_configs(opencl, 1)
+    build = build_one(template, config, opencl)
+    settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+    good = make_job(template, config, build.artifact, opencl, settings)
+    bad = replace(good, artifact=replace(build.artifact, source=pool_jobs.KILL_MARK + build.artifact.source))
+    measurer = IsolatedMeasurer(timeout=120, measure=pool_jobs.measure_or_die)
+    try:
+        futures = [measurer.schedule(job) for job in (bad, good, good)]  # two queued behind the crash
+        crash, *then = [f.result(timeout=WAIT) for f in futures]
+    finally:
+        measurer.close()
+    assert crash.error_kind == ErrorKind.CRASH and "died each of 2 times" in crash.error_msg, crash
+    assert attempts(attempt_log) == ["die", "die"]
+    assert all(r.ok for r in then), then
+
+
+# ---- a tvm_ext worker's processes --------------------------------------------------------------------
+def quiet(_message: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    from tvm_ext.cluster import LocalCluster
+
+    cluster = LocalCluster([], "opencl", log=quiet).start()
+    yield cluster
+    cluster.stop()
+
+
+def registered(cluster, key: str) -> int:
+    from tvm_ext.rpc_runner import TrackerClient
+
+    client = TrackerClient(cluster.tracker)
+    try:
+        return len(client.servers(key))
+    finally:
+        client.close()
+
+
+def until(condition, secs: float, what: str) -> None:
+    deadline = time.monotonic() + secs
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def worker(tracker, tmp_path):
+    """A tvm_ext worker (in a process group of its own) registered at the tracker under a key
+    of its own: (its process, its key); whatever is left of it is killed after the test."""
+    import subprocess
+    import sys
+
+    from tvm_ext.cluster import free_port
+    from tvm_ext.wire import SECRET_ENV
+
+    key = f"procs-{tmp_path.name}"
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_ext.worker", "--tracker", tracker.tracker_text, "--key", key,
+                             "--port", str(free_port())], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        until(lambda: registered(tracker, key) or proc.poll() is not None, 120, "the worker did not register")
+        assert proc.poll() is None, proc.stderr.read()
+        yield proc, key
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its group: orphans of a failed test included
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        proc.stderr.close()
+
+
+def psutil_children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def server_process(worker_pid: int) -> psutil.Process:
+    (server,) = [p for p in psutil.Process(worker_pid).children() if "tvm.exec.popen_worker" in " ".join(p.cmdline())]
+    return server
+
+
+def open_session(cluster, key: str):
+    """A client's session on the worker (its session process forked), hello'd once."""
+    from tvm import rpc
+
+    session = rpc.connect_tracker(*cluster.tracker).request(key)
+    session.get_function("tvm_ext.worker.hello")(bytearray(b"not a hello"))  # refused, but the session is up
+    return session
+
+
+def exits_with_one_error_line(proc, secs: float = 30.0) -> str:
+    try:
+        _, err = proc.communicate(timeout=secs)
+    except Exception:
+        pytest.fail(f"the worker did not exit within {secs:g} s")
+    assert proc.returncode == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_a_worker_whose_server_process_is_killed_exits_non_zero(tracker, worker):
+    proc, key = worker
+    kill_and_wait(server_process(proc.pid).pid)
+    line = exits_with_one_error_line(proc)
+    assert "TVM RPC server process was killed (SIGKILL)" in line and "supervisor" in line, line
+    until(lambda: not registered(tracker, key), 20, "the dead server is still registered")
+
+
+def test_a_worker_whose_session_process_dies_exits_non_zero(tracker, worker):
+    proc, key = worker
+    server = server_process(proc.pid)
+    session = open_session(tracker, key)
+    until(lambda: server.children(), 20, "no session process")
+    (session_process,) = server.children()
+    kill_and_wait(session_process.pid)
+    line = exits_with_one_error_line(proc)
+    assert "a session process of the TVM RPC server died" in line, line
+    del session
+    until(lambda: not registered(tracker, key), 20, "the dead server is still registered")
+
+
+def test_a_worker_killed_outright_takes_its_server_and_session_along(tracker, worker):
+    proc, key = worker
+    session = open_session(tracker, key)
+    until(lambda: server_process(proc.pid).children(), 20, "no session process")
+    tree = psutil_children(proc.pid)
+    assert len(tree) >= 2  # the server and its session process
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    _, left = psutil.wait_procs(tree, timeout=5)
+    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
+    del session
+    until(lambda: not registered(tracker, key), 20, "the orphaned server is still registered")
+
+
+def test_a_workers_measuring_process_killed_while_idle_costs_nothing(tracker, worker, opencl):
+    """Over RPC: the session's measuring process SIGKILLed between two batches; the second batch
+    is measured in full by the same worker, nothing is an error."""
+    from tvm_ext.builder import build_one
+    from tvm_ext.measure import MeasureSettings
+    from tvm_ext.rpc_runner import RpcRunner
+
+    proc, key = worker
+    template, configs = gemm_configs(opencl, 4, seed=6)
+    builds = [build_one(template, c, opencl) for c in configs]
+    settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+    with RpcRunner(tracker.tracker, key, "opencl", settings, timeout=60, log=quiet).start() as runner:
+        results = [f.result(timeout=WAIT) for f in runner.submit(template, builds[:2])]
+        measuring = [p for p in psutil_children(proc.pid) if "multiprocessing.spawn" in " ".join(p.cmdline())]
+        assert len(measuring) == 1
+        kill_and_wait(measuring[0].pid)
+        time.sleep(0.5)  # pebble notices: the session's pool is broken now
+        results += [f.result(timeout=WAIT) for f in runner.submit(template, builds[2:])]
+    assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
+    assert proc.poll() is None  # the worker serves on
