@@ -150,9 +150,21 @@ def test_export_runs_on_pocl_and_matches_numpy(tuned):
     assert np.linalg.norm(c - ref) / np.linalg.norm(ref) < 1e-5
 
 
-def test_export_needs_one_workload(tuned):
+def test_export_of_several_workloads_takes_the_most_recent_and_says_so(tuned):
+    """Without --workload: the workload with a correct record tuned last, and the others listed
+    one a line; a
+    --workload that matches several is an error listing them one a line."""
+    from tvm_ext.results.summary import load_workloads
+
+    workloads = load_workloads(tuned["records"])
+    newest = max((w for w in workloads if w.best is not None), key=lambda w: max(r.timestamp for r in w.records))
     p = run(["export", tuned["records"], "--out", str(tuned["root"] / "x")])
-    assert p.returncode == 2 and p.stderr.startswith("error: 2 workloads match; choose one with --workload")
+    assert p.returncode == 0, p.stderr
+    assert f"exporting the most recently tuned, {newest.description}" in p.stderr
+    assert all(f"\n  {w.key}  {w.description}" in p.stderr for w in workloads)
+    p = run(["export", tuned["records"], "--workload", "gemm", "--out", str(tuned["root"] / "y")])
+    assert p.returncode == 2 and p.stderr.startswith("error: 2 workloads match --workload 'gemm'; name one of:\n")
+    assert "Traceback" not in p.stderr
 
 
 def test_gru_summary_hides_knobs_of_kernels_the_config_does_not_use(opencl):

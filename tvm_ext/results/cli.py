@@ -89,8 +89,13 @@ def run_export(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
     chosen = select(load_workloads(args.records), args.workload)
     if len(chosen) > 1:
-        names = "; ".join(f"{w.key} {w.description}" for w in chosen)
-        raise TvmExtError(f"{len(chosen)} workloads match; choose one with --workload: {names}")
+        names = "\n".join(f"  {w.key}  {w.description}" for w in chosen)
+        if args.workload is not None:
+            raise TvmExtError(f"{len(chosen)} workloads match --workload {args.workload!r}; name one of:\n{names}")
+        # the most recently tuned of those with a correct record (any, where none has one)
+        chosen = sorted(chosen, key=lambda w: (w.best is not None, max(r.timestamp for r in w.records)), reverse=True)
+        print(f"note: {len(chosen)} workloads in {args.records}; exporting the most recently tuned, "
+              f"{chosen[0].description} (another: --workload KEY):\n{names}", file=sys.stderr)
     manifest, notes = export_best(chosen[0], args.out, args.device)
     for note in notes:
         print(note, file=sys.stderr)
