@@ -38,6 +38,15 @@ def export_target(wr: WorkloadRecords, device: int) -> tuple[TargetInfo, str]:
     return target, note
 
 
+def export_refusal(template: Any) -> TvmExtError | None:
+    """The error of an operator whose registry entry says it cannot be exported, naming it and
+    why; None otherwise (an unknown template fails later, as a record it cannot rebuild)."""
+    from ..operators import OPERATORS
+
+    op = OPERATORS.get(template) if isinstance(template, str) else None
+    return None if op is None else op.unsupported_error("export")
+
+
 def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str, list[str]]:
     """Write the best record's kernel to ``out_dir``; returns the manifest path and notes."""
     from ..codegen import export_program
@@ -45,6 +54,9 @@ def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str
     best = wr.best
     if best is None:
         raise TvmExtError(f"{wr.description}: no correct record to export")
+    refusal = export_refusal(wr.workload.get("template"))
+    if refusal is not None:
+        raise refusal
     if wr.template is None:
         raise TvmExtError(f"{wr.description}: its template cannot be rebuilt from the record "
                           f"(template {wr.workload.get('template')!r})")
