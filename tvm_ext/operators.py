@@ -14,6 +14,7 @@ the tuning core: the core never needs the registry.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -73,6 +74,9 @@ class Operator:
     matchers: tuple[str, ...] = ()  # ``tasks.MATCHERS`` entries whose template this is
     precision: PrecisionCommand | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)  # capability -> why not
+    # record params of a small instance, for an entry without a tune subcommand (whose example
+    # arguments make one): what the registry's test round-trips, shows and exports
+    example: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.unsupported) - set(CAPABILITIES)
@@ -80,6 +84,8 @@ class Operator:
             raise ValueError(f"{self.name}: unknown capabilities {sorted(unknown)}; known: {CAPABILITIES}")
         if (self.tune is None) != ("tune" in self.unsupported):
             raise ValueError(f"{self.name}: a tune subcommand, or 'tune' in unsupported with the reason")
+        if self.tune is None and not self.example:
+            raise ValueError(f"{self.name}: without a tune subcommand, an example instance's params")
 
     def rebuild(self, params: Mapping[str, Any]) -> Template:
         """The template at a record's workload parameters (``TvmExtError``/``TypeError`` when
@@ -175,6 +181,54 @@ def fixed_dtypes(**dtypes: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]
     return args
 
 
+_WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|direct)(?: r(\d+))?(?: t(\d+))?"
+                         r"(?: k/(\d+))?( cluster)?")
+
+
+def wgmma_tile_named(name: str) -> Any:
+    """The ``WgmmaTile`` whose ``name`` (what a record's params hold) is ``name``."""
+    from .schedules.wgmma import WgmmaTile
+
+    found = _WGMMA_NAME.fullmatch(name) if isinstance(name, str) else None
+    if found is None:
+        raise TvmExtError(f"not a wgmma tile: {name!r}")
+    operand, bm, bn, stages, inflight, epilogue, raster, tiles, split, cluster = found.groups()
+    tile = WgmmaTile(int(bm), int(bn), int(stages), int(inflight), epilogue == "smem", int(raster or 0),
+                     tiles=int(tiles or 1), split=int(split or 1), cluster=bool(cluster), operand=operand or "float16")
+    if tile.name != name:  # e.g. a k step that is not the operand's
+        raise TvmExtError(f"not a wgmma tile: {name!r}")
+    return tile
+
+
+def _tensor_core_tile(text: Any) -> Any:
+    """A tensor-core tile from its text in a record (``str(tile)``: its knobs as k=v,...)."""
+    from .schedules.tensor_core import parse_tile
+
+    return parse_tile(text) if isinstance(text, str) else text
+
+
+def _gemm_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``GemmTemplate`` arguments: a tensor-core tile is recorded as its text."""
+    out = dict(params)
+    if "tensor_core" in out:
+        out["tensor_core"] = _tensor_core_tile(out["tensor_core"])
+    return out
+
+
+def _gru_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``GruTemplate`` arguments: tensor-core tiles are recorded as their text,
+    wgmma tiles as their names (the float16 input GEMM's under ``in_wgmma``)."""
+    out = dict(params)
+    for name in ("in_tensor_core", "hid_tensor_core", "in_split_tensor_core"):
+        if name in out:
+            out[name] = _tensor_core_tile(out[name])
+    for key, name in (("in_split_wgmma", "in_split_wgmma"), ("in_split_tf32", "in_split_tf32"),
+                      ("in_wgmma", "in_wgmma_tile")):
+        if key in out:
+            out[name] = wgmma_tile_named(out.pop(key))
+    return out
+
+
 # ---- the subcommands -------------------------------------------------------------------------------------
 _SHAPE = ("--shape", "128,128,64")
 
@@ -237,8 +291,9 @@ _NO_TUNE_ROWS = "no subcommand of its own: row operators are tuned as the kernel
 
 # ---- the registry: records name these; the order is the CLI's ---------------------------------------------
 OPERATORS: dict[str, Operator] = {op.name: op for op in (
-    Operator("gemm", _gemm, tune=GEMM_TUNE, matchers=("gemm",), precision=GEMM_PRECISION),
-    Operator("gemm_bias", _gemm_bias, unsupported={"tune": _NO_TUNE_BIAS}),
+    Operator("gemm", _gemm, _gemm_args, tune=GEMM_TUNE, matchers=("gemm",), precision=GEMM_PRECISION),
+    Operator("gemm_bias", _gemm_bias, _gemm_args, unsupported={"tune": _NO_TUNE_BIAS},
+             example={"m": 128, "n": 128, "k": 64}),
     Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE),
     Operator("gemm_mma", _gemm_mma, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "mma"),
              matchers=("tensor_core",)),
@@ -250,8 +305,9 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
                                                        c_dtype="float32"),
              tune=GEMM_3XTF32_TUNE, matchers=("tf32",)),
     Operator("reduce", _reduce, tune=REDUCE_TUNE),
-    Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS}),
-    Operator("gru", _gru, tune=GRU_TUNE, precision=GRU_PRECISION),
+    Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
+             example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),
+    Operator("gru", _gru, _gru_args, tune=GRU_TUNE, precision=GRU_PRECISION),
 )}
 
 
