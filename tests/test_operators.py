@@ -144,6 +144,26 @@ def test_records_of_a_gru_on_hopper_rebuild_its_tensor_core_and_wgmma_tiles(prec
     assert template_of(read.workload) == template
 
 
+def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measured(tmp_path, capsys):
+    """Knobs added since a record was written (``Operator.knobs_added``) take the value that
+    builds the kernel it measured."""
+    from tvm_ext.operators import WGMMA_KNOBS_ADDED
+    from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
+
+    template = WgmmaGemmTemplate(256, 256, 256, b_layout="KN")
+    space = template.space(TARGET)
+    config = space.make(**{**template.default_config(TARGET).as_dict(), **WGMMA_KNOBS_ADDED})
+    assert space.infeasible_reason(config) is None
+    workload = dataclasses.replace(Workload.of(template, TARGET), template_hash="0" * 16)  # an earlier version's
+    old = {k: v for k, v in config.as_dict().items() if k not in WGMMA_KNOBS_ADDED}
+    path = str(tmp_path / "old.jsonl")
+    RecordStore(path).append(Record(workload.key, workload.as_json(), old, (1e-4,), metrics={"timer": "cuda graph"}))
+    assert main(["export", path, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["schedule"] == config.as_dict()
+    assert (tmp_path / "out" / "program.cu").read_text() == template.build_program(config, TARGET).source
+
+
 def test_a_record_naming_other_dtypes_is_not_a_wgmma_gemm():
     from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
 

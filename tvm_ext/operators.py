@@ -74,6 +74,9 @@ class Operator:
     matchers: tuple[str, ...] = ()  # ``tasks.MATCHERS`` entries whose template this is
     precision: PrecisionCommand | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)  # capability -> why not
+    # knobs added after records were written, at the value that builds the kernel those records
+    # measured: ``export`` fills them in where a record lacks them
+    knobs_added: Mapping[str, Any] = field(default_factory=dict)
     # record params of a small instance, for an entry without a tune subcommand (whose example
     # arguments make one): what the registry's test round-trips, shows and exports
     example: Mapping[str, Any] = field(default_factory=dict)
@@ -92,6 +95,10 @@ class Operator:
         they are not this template's)."""
         args = self.constructor_args(params) if self.constructor_args else dict(params)
         return self.template_class()(**args)
+
+    def completed(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """A record's config with the knobs added since it was written (``knobs_added``)."""
+        return {**{k: v for k, v in self.knobs_added.items() if k not in config}, **config}
 
     @property
     def precision_params(self) -> tuple[str, ...]:
@@ -180,6 +187,9 @@ def fixed_dtypes(**dtypes: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]
         return out
     return args
 
+
+# the wgmma kernel's knobs added since its first records (``WgmmaTile.of`` reads them so too)
+WGMMA_KNOBS_ADDED = {"wg_tiles": 1, "wg_split_k": 1, "wg_split_cluster": 0}
 
 _WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|direct)(?: r(\d+))?(?: t(\d+))?"
                          r"(?: k/(\d+))?( cluster)?")
@@ -300,10 +310,10 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm_tc", _gemm_tc, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "wmma")),
     Operator("gemm_wgmma", _gemm_wgmma, fixed_dtypes(a_dtype="float16", b_dtype="float16", acc_dtype="float32",
                                                      c_dtype="float16"),
-             tune=GEMM_WGMMA_TUNE, matchers=("wgmma",)),
+             tune=GEMM_WGMMA_TUNE, matchers=("wgmma",), knobs_added=WGMMA_KNOBS_ADDED),
     Operator("gemm_3xtf32", _gemm_3xtf32, fixed_dtypes(a_dtype="float32", b_dtype="float32", acc_dtype="float32",
                                                        c_dtype="float32"),
-             tune=GEMM_3XTF32_TUNE, matchers=("tf32",)),
+             tune=GEMM_3XTF32_TUNE, matchers=("tf32",), knobs_added=WGMMA_KNOBS_ADDED),
     Operator("reduce", _reduce, tune=REDUCE_TUNE),
     Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
              example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),
