@@ -26,7 +26,8 @@ from tvm_ext.errors import TvmExtError
 from tvm_ext.records import Record
 from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template, template_of
+from tvm_ext.operators import template_of
+from tvm_ext.template import Template
 
 from .features import Featurizer
 

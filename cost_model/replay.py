@@ -31,7 +31,8 @@ from tvm_ext.records import Record, RecordStore
 from tvm_ext.runner import RunResult, resolved
 from tvm_ext.space import Config, Space
 from tvm_ext.target import TargetInfo, offline_cuda
-from tvm_ext.template import Template, TensorSpec, get_template_class
+from tvm_ext.operators import get_template_class
+from tvm_ext.template import Template, TensorSpec
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,8 @@ def test_template_space_default_scratch_and_records(cuda, tmp_path):
     ones none; the tuner's builder compiles it under the config's pass options; the record's
     workload rebuilds the template."""
     from tvm_ext.builder import build_one
-    from tvm_ext.template import Workload, get_template_class
+    from tvm_ext.operators import get_template_class
+    from tvm_ext.template import Workload
 
     template = MmaGemmTemplate(64, 512, 256, c_dtype=F16)
     space = template.space(cuda)

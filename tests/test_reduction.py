@@ -20,11 +20,11 @@ from build_check import run_config
 from tvm_ext.builder import build_one
 from tvm_ext.errors import TvmExtError
 from tvm_ext.measure import measure
+from tvm_ext.operators import get_template_class
 from tvm_ext.schedules.reduction import (OPS, PatentPlan, ReductionTemplate, decompose,
                                          patent_plan)
 from tvm_ext.search import GeneticSearch
 from tvm_ext.target import offline_cuda
-from tvm_ext.template import get_template_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from build_check import run_config
 
+from tvm_ext.operators import get_template_class
 from tvm_ext.schedules.rows import OPS, RowTemplate
-from tvm_ext.template import get_template_class
 
 CONFIGS = [  # threads per row = block_size / rows_per_block
     dict(block_size=32, rows_per_block=1, x=1, cache=0),

@@ -278,7 +278,8 @@ def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
     cp.async, compiled by the tuner's builder; the record's workload rebuilds the template."""
     from tvm_ext.builder import build_one
     from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate, pick_wmma_tile
-    from tvm_ext.template import Workload, get_template_class
+    from tvm_ext.operators import get_template_class
+    from tvm_ext.template import Workload
 
     template = TensorCoreGemmTemplate(256, 512, 128, c_dtype="float16")
     space = template.space(cuda)

@@ -11,42 +11,29 @@ import argparse
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
-from .cli_args import Parser, parse_shape
+from .cli_args import Parser
+from .operator_cli import TILE_HELP, tile_option  # noqa: F401  (imported from here too)
 from .session import DEFAULT_RECORDS
 
 DEFAULT_OUT = "tvm_ext_program"
-TILE_HELP = ("tensor-core tile for {what} are both float16 or both bfloat16 (mma.sync), or float16 "
-             "(WMMA), on CUDA: auto (default: picked for {where}, mma.sync where one of its tiles fits, else "
-             "WMMA), none, mma / wmma (that kernel's 128x128x32 tile), or one kernel's knobs as k=v,... "
-             "(mma_ knobs: mma.sync, tc_ knobs: WMMA)")
 
 
-def add_mixed_precision_parser(sub: Any) -> None:
+def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = None) -> None:
+    """``mixed-precision OPERATOR``: one subcommand per operator of ``operators`` (the registry by
+    default) that has a ``PrecisionCommand``."""
+    from .operators import precision_operators
+
     mp = sub.add_parser(
         "mixed-precision", help="method 003: fastest precision per tensor within an error bound",
         description=__doc__.split("\n\n", 1)[1].replace("\n", " "),
     )
     ops = mp.add_subparsers(dest="operator", metavar="OPERATOR", required=True, parser_class=Parser)
-    gemm = ops.add_parser("gemm", help="C = A·B: dtypes of A, B, C and the accumulator")
-    gemm.add_argument("--shape", required=True, help="M,N,K")
-    gemm.add_argument("--tensor-core", default="auto", metavar="TILE", help=TILE_HELP.format(
-        what="configs whose A and B", where="the shape"))
-    gemm.set_defaults(make_operator=_gemm, tensor_cores=_gemm_tensor_cores)
-    gru = ops.add_parser("gru", help="a GRU layer: dtypes of x, weights, gate buffers, state, output, "
-                                     "both accumulators and the cell's math")
-    for name, help_text in (("batch", "batch size B"), ("hidden", "hidden size H"), ("input", "input size I"),
-                            ("seq", "sequence length T")):
-        gru.add_argument(f"--{name}", type=int, required=True, help=help_text)
-    gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
-    gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
-    gru.add_argument("--tensor-core", default="auto", metavar="TILE", help=TILE_HELP.format(
-        what="the input GEMM where x and W_ih", where="its shape"))
-    gru.add_argument("--hidden-tensor-core", default="auto", metavar="TILE",
-                     help="the same for the hidden GEMM of unfused schedules (h and W_hh)")
-    gru.set_defaults(make_operator=_gru, tensor_cores=_gru_tensor_cores)
-    for p in (gemm, gru):
+    for op in precision_operators(operators):
+        p = ops.add_parser(op.name, help=op.precision.help)
+        op.precision.add_arguments(p)
+        p.set_defaults(make_operator=op.precision.make_operator, tensor_cores=op.precision.tensor_cores)
         _add_method_args(p)
         p.set_defaults(run=run_mixed_precision)
 
@@ -80,58 +67,6 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
     r.add_argument("--build-timeout", type=float, default=300.0, help="seconds per build (default 300)")
     r.add_argument("--run-timeout", type=float, default=120.0, help="seconds per measurement (default 120)")
-
-
-def _gemm(args: argparse.Namespace) -> Any:
-    from .schedules.gemm import GemmTemplate
-
-    return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")))
-
-
-def _gru(args: argparse.Namespace) -> Any:
-    from .schedules.gru import GruTemplate
-
-    return GruTemplate(batch=args.batch, hidden=args.hidden, input=args.input, seq=args.seq,
-                       layers=args.layers, bidirectional=args.bidirectional)
-
-
-def tile_option(text: str, shapes: list[tuple[int, int, int]], target: Any, option: str, epilogue: bool,
-          batch: int = 0) -> Any:
-    """The tile for ``--tensor-core``-like text (its syntax checked on any target; None off
-    CUDA).  A tile given by hand that cannot run the float16 GEMM of every shape is refused
-    with the reason: it would silently leave them on the CUDA cores."""
-    from .errors import TvmExtError
-    from .schedules.tensor_core import parse_tile, pick_tile
-
-    auto = text.strip() == "auto"
-    tile = None if auto else parse_tile(text)
-    if target.kind != "cuda":
-        return None
-    if auto:
-        return pick_tile(shapes, target, batch=batch)
-    for m, n, k in shapes if tile is not None else ():
-        reason = tile.reason(m, n, k, "float16", "float16", "float32", "float32", target, epilogue=epilogue)
-        if reason:
-            raise TvmExtError(f"{option} {text}: the {m}x{n}x{k} GEMM cannot run on {tile.label()}: {reason}")
-    return tile
-
-
-def _gemm_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
-    from dataclasses import replace
-
-    shapes = [(base.m, base.n, base.k)]
-    return replace(base, tensor_core=tile_option(args.tensor_core, shapes, target, "--tensor-core", epilogue=False))
-
-
-def _gru_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
-    from dataclasses import replace
-
-    inputs = [(base.seq * base.batch, base.dirs * 3 * base.hidden, base.layer_input(layer))
-              for layer in range(base.layers)]
-    hidden = [(base.batch, 3 * base.hidden, base.hidden)]
-    return replace(base, in_tensor_core=tile_option(args.tensor_core, inputs, target, "--tensor-core", epilogue=True),
-                   hid_tensor_core=tile_option(args.hidden_tensor_core, hidden, target, "--hidden-tensor-core",
-                                               epilogue=True, batch=base.dirs))
 
 
 def run_mixed_precision(args: argparse.Namespace) -> int:

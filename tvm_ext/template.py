@@ -25,14 +25,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .checks import NormwiseCheck, OutputCheck
-from .errors import TvmExtError
 from .program import RunPlan, UniformInputs
 from .precision import cast, np_dtype
 from .program import Artifact, CompiledProgram, TensorSpec, compile_schedule
 from .space import Config, Space
 from .target import TargetInfo
 
-__all__ = ["Template", "TensorSpec", "Workload", "get_template_class", "template_names", "template_of"]
+__all__ = ["Template", "TensorSpec", "Workload"]  # rebuilding a template by name: ``tvm_ext.operators``
 
 
 OPERATOR_PACKAGES = "tvm_ext.schedules"  # an operator in a subpackage of it is hashed whole
@@ -284,35 +283,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
-
-
-# name -> "module:Class"; modules are imported on first use so the CLI starts fast.
-_REGISTRY: dict[str, str] = {
-    "gemm": "tvm_ext.schedules.gemm:GemmTemplate",
-    "gemm_tc": "tvm_ext.schedules.tensor_core:TensorCoreGemmTemplate",
-    "gemm_mma": "tvm_ext.schedules.mma:MmaGemmTemplate",
-    "gemm_tc_any": "tvm_ext.schedules.tensor_core_choice:TensorCoreChoiceTemplate",
-    "gemm_3xtf32": "tvm_ext.schedules.gemm_3xtf32:Gemm3xTf32Template",
-    "gru": "tvm_ext.schedules.gru:GruTemplate",
-    "reduce": "tvm_ext.schedules.reduction:ReductionTemplate",
-    "rows": "tvm_ext.schedules.rows:RowTemplate",
-}
-
-
-def template_of(workload: dict[str, Any]) -> Template | None:
-    """Rebuild the template of a record's workload (None when its shape cannot be)."""
-    try:
-        return get_template_class(workload["template"])(**workload["params"])
-    except Exception:
-        return None
-
-
-def template_names() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
-
-
-def get_template_class(name: str) -> type[Template]:
-    if name not in _REGISTRY:
-        raise TvmExtError(f"unknown template {name!r}; available: {', '.join(template_names())}")
-    module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)

@@ -13,14 +13,16 @@ import json
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from .cli_args import Parser, add_tuning_args, format_speed, knob_help, parse_batch, parse_shape, session_options
+from .cli_args import Parser, add_tuning_args, format_speed, knob_help, session_options
 from .errors import TvmExtError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .schedules.gemm import KNOBS as GEMM_KNOBS, STAGING_KNOBS
+def build_parser(operators: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The CLI: a subcommand per tuning command of ``operators`` (``tvm_ext.operators.OPERATORS``
+    by default), then ``model``, ``mixed-precision`` and the results' subcommands."""
+    from .operators import tune_commands
 
     parser = Parser(
         prog="python -m tvm_ext.tune",
@@ -28,177 +30,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="TEMPLATE", required=True,
                                 parser_class=Parser)
-    gemm = sub.add_parser(
-        "gemm", help="fp32 GEMM C[M,N] = A[M,K]·B[K,N]",
-        description="Tune fp32 GEMM C[M,N] = A[M,K]·B[K,N] with the parallel genetic algorithm (patent 000).",
-        epilog=knob_help(GEMM_KNOBS + STAGING_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    gemm.add_argument("--shape", required=True, help="M,N,K (e.g. 512,512,512)")
-    gemm.add_argument("--staging", action="store_true",
-                      help="also search the staging knobs (prefetch, warp_x, load_vec; listed last below)")
-    gemm.add_argument("--feasibility", default="tvm", choices=("tvm", "patent"),
-                      help="tvm: tile fits the device limits (default); patent: also wg_x·wg_y·task_x·task_y | P·P")
-    add_tuning_args(gemm)
-    _add_json_arg(gemm)
-    gemm.set_defaults(make_template=_gemm_template)
-
-    from .schedules.mma import ACC_DTYPES, OPERAND_DTYPES
-    from .schedules.tensor_core_choice import CHOICE_KNOBS
-
-    gemm_tc = sub.add_parser(
-        "gemm-tc", help="float16/bfloat16 GEMM on tensor cores (CUDA): the kernel (mma.sync, WMMA or Hopper's "
-                        "wgmma) and its tile are what is searched",
-        description="Tune C[M,N] = A[M,K]·B[K,N] with float16 (or bfloat16) A and B on the tensor cores (CUDA): "
-                    "the GA searches the kernel (--kernel any: mma.sync with ldmatrix, WMMA, or on Hopper wgmma) "
-                    "and its tile; --strategy analytic gives a tile without measuring.",
-        epilog=knob_help(CHOICE_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    gemm_tc.add_argument("--shape", required=True, help="M,N,K; N and K multiples of 16 (e.g. 4096,4096,4096)")
-    gemm_tc.add_argument("--kernel", default="any", choices=("any", "mma", "wmma"),
-                         help="any: the search picks mma.sync, WMMA or (Hopper) wgmma (default); mma / wmma: that "
-                              "kernel only")
-    gemm_tc.add_argument("--in-dtype", default="float16", choices=OPERAND_DTYPES,
-                         help="A and B (default float16; WMMA takes float16 only)")
-    gemm_tc.add_argument("--acc-dtype", default="float32", choices=ACC_DTYPES, help="accumulator (default float32)")
-    gemm_tc.add_argument("--out-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
-                         help="C's dtype (default float32)")
-    add_tuning_args(gemm_tc)
-    _add_json_arg(gemm_tc)
-    gemm_tc.set_defaults(make_template=_gemm_tc_template)
-
-    from .schedules.wgmma import KNOBS as WGMMA_KNOBS
-
-    gemm_wgmma = sub.add_parser(
-        "gemm-wgmma", help="float16 GEMM C = A·Btᵀ (Bt stored N×K, a Linear weight) on Hopper's warpgroup MMA",
-        description="Tune C[M,N] = A[M,K]·Bt[N,K]ᵀ, float16 in and out, float32 accumulate, on Hopper's "
-                    "wgmma (sm_90): the tile, the cp.async pipeline and the epilogue are what is searched.",
-        epilog=knob_help(WGMMA_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    gemm_wgmma.add_argument("--shape", required=True, help="M,N,K; multiples of the tile (e.g. 4096,4096,4096)")
-    gemm_wgmma.add_argument("--b-layout", choices=("nk", "kn"), default="nk",
-                            help="nk: Bt stored N×K, C = A·Btᵀ (default); kn: B stored K×N, C = A·B (wgmma reads it "
-                                 "N-major)")
-    gemm_wgmma.add_argument("--batch", default="",
-                            help="leading batch axes of A, B and C, one GEMM each (e.g. 8,12: attention's batch "
-                                 "and heads); default none")
-    gemm_wgmma.add_argument("--b-shared", action="store_true", help="with --batch: B has no batch axes (one B for all)")
-    add_tuning_args(gemm_wgmma)
-    _add_json_arg(gemm_wgmma)
-    gemm_wgmma.set_defaults(make_template=_gemm_wgmma_template)
-
-    from .schedules.gemm_3xtf32 import KNOBS as TF32_KNOBS
-
-    gemm_3xtf32 = sub.add_parser(
-        "gemm-3xtf32", help="float32 GEMM C = A·B at float32 accuracy on Hopper's TF32 tensor cores (3 products)",
-        description="Tune float32 C[M,N] = A[M,K]·B[K,N] computed as three TF32 products on Hopper's wgmma "
-                    "(sm_90), each operand split into two TF32 parts, the tensor cores' sums promoted into "
-                    "round-to-nearest float32 adds: the tile, the pipeline and the promotion are what is searched.",
-        epilog=knob_help(TF32_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    gemm_3xtf32.add_argument("--shape", required=True,
-                             help="M,N,K; M, N multiples of 64, K of 32 (e.g. 4096,4096,4096)")
-    add_tuning_args(gemm_3xtf32)
-    _add_json_arg(gemm_3xtf32)
-    gemm_3xtf32.set_defaults(make_template=_gemm_3xtf32_template)
-
-    from .schedules.reduction import DTYPES as REDUCE_DTYPES, KNOBS as REDUCE_KNOBS, OPS as REDUCE_OPS
-
-    reduce = sub.add_parser(
-        "reduce", help="reduction of a vector, or of each row of a matrix (sum, max, min, mean, sumsq)",
-        description="Tune a full 1-D reduction (--shape N) or a row-wise reduction (--shape ROWS,COLS) "
-                    "from patent 001's x/z/w plan (the default config) with the genetic algorithm.",
-        epilog=knob_help(REDUCE_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    reduce.add_argument("--op", default="sum", choices=REDUCE_OPS, help="reduction (default sum)")
-    reduce.add_argument("--shape", required=True, help="N (e.g. 1048576) or ROWS,COLS (e.g. 4096,4096)")
-    reduce.add_argument("--dtype", default="float32", choices=REDUCE_DTYPES,
-                        help="input type; float16 accumulates in float32 (default float32)")
-    add_tuning_args(reduce)
-    _add_json_arg(reduce)
-    reduce.set_defaults(make_template=_reduce_template)
-    _add_gru_parser(sub)
+    for command in tune_commands(operators):
+        add_tune_parser(sub, command)
     from .model_cli import add_model_parser
 
     add_model_parser(sub, add_tuning_args)
     from .mp_cli import add_mixed_precision_parser
 
-    add_mixed_precision_parser(sub)
+    add_mixed_precision_parser(sub, operators)
     from .results.cli import add_result_parsers
 
     add_result_parsers(sub)
     return parser
 
 
+def add_tune_parser(sub: Any, command: Any) -> argparse.ArgumentParser:
+    """``command``'s subcommand (an ``operators.TuneCommand``): its own arguments, then the
+    tuning arguments and ``--json`` every operator takes."""
+    p = sub.add_parser(command.command, help=command.help, description=command.description,
+                       epilog=knob_help(command.knobs()), formatter_class=argparse.RawDescriptionHelpFormatter)
+    command.add_arguments(p)
+    add_tuning_args(p)
+    _add_json_arg(p)
+    p.set_defaults(make_template=command.make_template)
+    return p
+
+
 def _add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the final result as JSON on stdout (progress and notes stay on stderr)")
-
-
-def _add_gru_parser(sub: Any) -> None:
-    from .schedules.gru import KNOBS as GRU_KNOBS
-
-    gru = sub.add_parser(
-        "gru", help="GRU inference layer (torch.nn.GRU semantics): the whole forward pass",
-        description="Tune a GRU layer stack (patent 004's pipeline and its fusions): cell block size, "
-                    "step fusion and both gate GEMMs' tiles, timing the whole forward pass.",
-        epilog=knob_help(GRU_KNOBS), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    gru.add_argument("--batch", type=int, required=True, help="batch size B")
-    gru.add_argument("--hidden", type=int, required=True, help="hidden size H")
-    gru.add_argument("--input", type=int, required=True, help="input size I")
-    gru.add_argument("--seq", type=int, required=True, help="sequence length T")
-    gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
-    gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
-    add_tuning_args(gru)
-    _add_json_arg(gru)
-    gru.set_defaults(make_template=_gru_template)
-
-
-def _gru_template(args: argparse.Namespace) -> Any:
-    from .schedules.gru import GruTemplate
-
-    return GruTemplate(batch=args.batch, hidden=args.hidden, input=args.input, seq=args.seq,
-                       layers=args.layers, bidirectional=args.bidirectional)
-
-
-def _gemm_template(args: argparse.Namespace) -> Any:
-    from .schedules.gemm import GemmTemplate
-
-    return GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), feasibility=args.feasibility,
-                                   staging=args.staging)
-
-
-def _gemm_wgmma_template(args: argparse.Namespace) -> Any:
-    from .schedules.wgmma_template import WgmmaGemmTemplate
-
-    batch = parse_batch(args.batch)
-    if args.b_shared and not batch:
-        raise TvmExtError("--b-shared needs --batch (a B shared by the matrices of a batch)")
-    return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), b_layout=args.b_layout.upper(),
-                                        batch=batch, b_shared=args.b_shared)
-
-
-def _gemm_3xtf32_template(args: argparse.Namespace) -> Any:
-    from .schedules.gemm_3xtf32 import Gemm3xTf32Template
-
-    return Gemm3xTf32Template.from_shape(parse_shape(args.shape, ("M", "N", "K")))
-
-
-def _gemm_tc_template(args: argparse.Namespace) -> Any:
-    from .schedules.mma import MmaGemmTemplate
-    from .schedules.tensor_core import TensorCoreGemmTemplate
-    from .schedules.tensor_core_choice import TensorCoreChoiceTemplate
-
-    kind = {"any": TensorCoreChoiceTemplate, "mma": MmaGemmTemplate, "wmma": TensorCoreGemmTemplate}[args.kernel]
-    return kind.from_shape(parse_shape(args.shape, ("M", "N", "K")), a_dtype=args.in_dtype, b_dtype=args.in_dtype,
-                           acc_dtype=args.acc_dtype, c_dtype=args.out_dtype)
-
-
-def _reduce_template(args: argparse.Namespace) -> Any:
-    from .schedules.reduction import ReductionTemplate
-
-    names = ("ROWS", "COLS") if "," in args.shape.replace("x", ",") else ("N",)
-    return ReductionTemplate.from_shape(parse_shape(args.shape, names), op=args.op, dtype=args.dtype)
 
 
 def run_tuning(args: argparse.Namespace) -> int:

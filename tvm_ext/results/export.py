@@ -38,6 +38,20 @@ def export_target(wr: WorkloadRecords, device: int) -> tuple[TargetInfo, str]:
     return target, note
 
 
+def export_refusal(template: Any) -> TvmExtError | None:
+    """The error of an operator whose registry entry says it cannot be exported, naming it and
+    why; None otherwise (an unknown template fails later, as a record it cannot rebuild)."""
+    op = _operator(template)
+    return None if op is None else op.unsupported_error("export")
+
+
+def _operator(template: Any) -> Any:
+    """The registry entry of a record's template name, or None."""
+    from ..operators import OPERATORS
+
+    return OPERATORS.get(template) if isinstance(template, str) else None
+
+
 def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str, list[str]]:
     """Write the best record's kernel to ``out_dir``; returns the manifest path and notes."""
     from ..codegen import export_program
@@ -45,6 +59,9 @@ def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str
     best = wr.best
     if best is None:
         raise TvmExtError(f"{wr.description}: no correct record to export")
+    refusal = export_refusal(wr.workload.get("template"))
+    if refusal is not None:
+        raise refusal
     if wr.template is None:
         raise TvmExtError(f"{wr.description}: its template cannot be rebuilt from the record "
                           f"(template {wr.workload.get('template')!r})")
@@ -57,7 +74,9 @@ def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str
     extra: dict[str, Any] = {"time_s": best.cost, "costs_s": list(best.costs), "workload_key": wr.key,
                              "record_timestamp": best.timestamp}
     try:
-        config = template.space(target).make(**best.config)
+        op = _operator(wr.workload.get("template"))
+        recorded = op.completed(best.config) if op is not None else best.config  # knobs added since
+        config = template.space(target).make(**recorded)
         manifest = export_program(template, config, target, out_dir, extra=extra)
     except TvmExtError:
         raise

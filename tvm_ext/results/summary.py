@@ -28,7 +28,8 @@ from ..errors import TvmExtError
 from ..records import Record, RecordStore, check_regular_file
 from ..space import Config, Space
 from ..target import TargetInfo
-from ..template import Template, template_of
+from ..operators import template_of
+from ..template import Template
 
 
 def speed_text(template: Template | None, cost: float) -> str:
