@@ -1,12 +1,13 @@
-"""MkDocs hook: the command-line reference is generated from the argparse parser at build
-time (``<!-- cli-reference -->`` in a page is replaced by every subcommand's ``--help``), so
-the docs cannot drift from the code."""
+"""MkDocs hook: the command-line reference (``<!-- cli-reference -->``: every subcommand's
+``--help``) and the operators' knob tables (``<!-- operator-tables -->``: the registry and each
+template's space) are generated at build time, so the docs cannot drift from the code."""
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
 MARKER = "<!-- cli-reference -->"
+OPERATORS_MARKER = "<!-- operator-tables -->"
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
@@ -27,7 +28,50 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _example(op: Any, target: Any) -> Any:
+    """A small instance of ``op``, as its tune subcommand makes one (or its example params)."""
+    from tvm_ext.tune import build_parser
+
+    if op.tune is None:
+        return op.rebuild(op.example)
+    args = build_parser().parse_args([op.tune.command, *op.tune_selector, *op.tune.example, "--target", "cuda"])
+    return args.make_template(args).for_target(target)
+
+
+def operator_tables() -> str:
+    """Per registry entry: how it is tuned, what produces it, what it does not support, and its
+    knobs (name, choices, what each does) from the space of a small instance on sm_90."""
+    from tvm_ext.operators import OPERATORS
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda("sm_90")
+    parts = []
+    for name, op in OPERATORS.items():
+        template = _example(op, target)
+        parts += [f"## `{name}`", "", f"Template `{type(template).__name__}`."]
+        if op.tune is not None:
+            parts.append(f"Tuned by `python -m tvm_ext.tune {' '.join((op.tune.command, *op.tune_selector))}` "
+                         f"(e.g. `{' '.join(op.tune.example)}`).")
+        if op.matchers:
+            parts.append(f"Relax matchers: {', '.join(f'`{m}`' for m in op.matchers)}.")
+        if op.precision is not None:
+            parts.append(f"Mixed precision: `python -m tvm_ext.tune mixed-precision {name}`.")
+        for capability, why in op.unsupported.items():
+            parts.append(f"No `{capability}`: {why}.")
+        parts += ["", "| knob | choices | what it does |", "|---|---|---|"]
+        for knob in template.space(target).knobs:
+            parts.append(f"| `{knob.name}` | {_cell(', '.join(str(c) for c in knob.choices))} | {_cell(knob.doc)} |")
+        parts.append("")
+    return "\n".join(parts)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER in markdown:
-        return markdown.replace(MARKER, cli_reference())
+        markdown = markdown.replace(MARKER, cli_reference())
+    if OPERATORS_MARKER in markdown:
+        markdown = markdown.replace(OPERATORS_MARKER, operator_tables())
     return markdown

@@ -29,6 +29,12 @@ def test_site_builds_strictly_with_the_generated_cli_reference(tmp_path):
             if isinstance(name, str) and hasattr(action, "_name_parser_map"):
                 assert f"<code>{name}</code>" in cli, name
     assert "GRU" in (site / "api" / "index.html").read_text()
+    from tvm_ext.operators import OPERATORS
+
+    operators = (site / "operators" / "index.html").read_text()  # the registry's knob tables
+    for name in OPERATORS:
+        assert f"<code>{name}</code>" in operators, name
+    assert "<code>step_flags</code>" in operators and "<code>wg_split_k</code>" in operators
 
 
 def readme_commands() -> list[str]:

@@ -189,3 +189,13 @@ def test_docs_python_example_runs_as_a_script(tmp_path):
     assert p.returncode == 0, p.stderr
     line = p.stdout.strip()
     assert "\n" not in line and len(line) < 300 and re.match(r"\d+\.\d+ ms  wg_x=", line), p.stdout
+
+
+def test_a_workload_without_a_template_is_named_readably():
+    """A mixed-precision program's schedule (a list of pairs) reads as name=value pairs."""
+    from tvm_ext.results.summary import WorkloadRecords
+
+    w = WorkloadRecords("k", {"template": "mixed_precision",
+                              "params": {"operator": "gemm", "m": 8, "schedule": [["a_transposed", 0], ["wg_x", 4]]}},
+                        ())
+    assert w.description == "mixed-precision operator=gemm m=8 schedule=(a_transposed=0, wg_x=4)"

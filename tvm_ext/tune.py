@@ -173,7 +173,7 @@ def _analytic_on(args: argparse.Namespace, template: Any, session: Any, target: 
 
 class _Progress:
     """The trials bar on stderr, opened (``start``) once the header is printed so nothing
-    is glued to it; ``finish`` makes the total the trials really made."""
+    is glued to it; its total, the planned trials, stays what it was at the start."""
 
     def __init__(self, template: Any, disabled: bool, total: int):
         self.template = template
@@ -185,7 +185,9 @@ class _Progress:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, unit="trial", disable=self.disabled, file=sys.stderr,
+            # not on a terminal (a log file, a pipe): no bar, whose redraws would leave blank lines there
+            self.bar = tqdm(total=self.total, unit="trial", disable=self.disabled or not sys.stderr.isatty(),
+                            file=sys.stderr,
                             dynamic_ncols=True)
         return self.bar
 
@@ -204,10 +206,13 @@ class _Progress:
 
     def finish(self) -> None:
         """The search ended: configs already measured, infeasible or twins of a measured
-        kernel cost no trial, so the bar ends at the trials made, full."""
-        if self.bar is not None and self.bar.n != self.bar.total:
-            self.bar.total = self.bar.n
-            self.bar.refresh()
+        kernel cost no trial; the bar keeps the total it started with and counts them as done,
+        saying how many were not measured."""
+        if self.bar is not None and self.bar.total and self.bar.n < self.bar.total:
+            skipped = self.bar.total - self.bar.n
+            self.bar.set_postfix_str(f"{skipped} not measured (measured before, infeasible or twins)",
+                                     refresh=False)
+            self.bar.update(skipped)
 
     def close(self) -> None:
         if self.bar is not None:

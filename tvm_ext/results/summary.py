@@ -79,6 +79,15 @@ def config_text(template: Template | None, target: TargetInfo, config: Mapping[s
     return " ".join(f"{k}={v}" for k, v in config_items(template, target, config))
 
 
+def _readable(value: Any) -> str:
+    """A workload parameter as a reader writes it: a list of (name, value) pairs (a
+    mixed-precision program's schedule) as ``(name=value, ...)``, anything else as it prints."""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in value):
+        return "(" + ", ".join(f"{k}={v}" for k, v in value) + ")"
+    return str(value)
+
+
 @dataclass(frozen=True)
 class WorkloadRecords:
     """The records of one workload, in file order."""
@@ -100,7 +109,8 @@ class WorkloadRecords:
         if self.template is not None:
             return self.template.describe()
         params = self.workload.get("params", {})
-        return f"{self.workload.get('template', '?')} " + " ".join(f"{k}={v}" for k, v in params.items())
+        name = str(self.workload.get("template", "?")).replace("_", "-")
+        return f"{name} " + " ".join(f"{k}={_readable(v)}" for k, v in params.items())
 
     @property
     def target_text(self) -> str:
