@@ -53,3 +53,9 @@ def test_readme_commands_run_as_written(tmp_path):
         assert p.returncode == 0, f"{command}\n{p.stdout}\n{p.stderr}"
         assert "Traceback" not in p.stderr
     assert (tmp_path / "tvm_ext_report" / "index.html").exists()
+
+
+def test_getting_started_shows_the_commands_the_readme_runs():
+    """The getting-started page's commands are the README's, which the test above runs."""
+    page = re.search(r"```bash\n(.*?)```", (ROOT / "docs" / "getting-started.md").read_text(), re.S).group(1)
+    assert [line for line in page.splitlines() if line.strip()] == readme_commands()
