@@ -185,9 +185,7 @@ class _Progress:
         if self.bar is None:
             from tqdm import tqdm
 
-            # not on a terminal (a log file, a pipe): no bar, whose redraws would leave blank lines there
-            self.bar = tqdm(total=self.total, unit="trial", disable=self.disabled or not sys.stderr.isatty(),
-                            file=sys.stderr,
+            self.bar = tqdm(total=self.total, unit="trial", disable=self.disabled, file=sys.stderr,
                             dynamic_ncols=True)
         return self.bar
 
