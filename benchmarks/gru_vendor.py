@@ -11,8 +11,10 @@ Each case, same process, same rotated inputs (``SETS`` input sets):
   methods.  cuDNN with TF32 allowed is reported beside it, labelled.  ``torch.nn.GRU`` too.
 - ours through ``tvm_ext.torch.GRU`` (the pick, torch tensors in place, torch's stream) the
   same three ways, and each of ``--candidates`` more configs back to back.
-- as a user calls it: eager calls with a synchronize, wall clock (ours and ``nn.GRU``), and the
-  numpy path (``tvm_ext.schedules.gru.GRU``) against ``nn.GRU`` with its own host copies.
+- as a user calls it: eager calls with a synchronize, wall clock (ours and ``nn.GRU``; ours
+  as it ships, replaying its recorded graph, and with ``graphs=False``; against our back-to-back
+  time plus the wall of one kernel launch and a synchronize), and the numpy path
+  (``tvm_ext.schedules.gru.GRU``) against ``nn.GRU`` with its own host copies.
 Outputs of every side are checked against float64 (ours on NaN-poisoned buffers).  Cases
 with ``lengths`` time packed input: cuDNN with padded I/O and per-row lengths (every
 algorithm), ``nn.GRU`` on a ``PackedSequence``, ours with ``lengths``.
@@ -184,7 +186,12 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         engine = next(iter(mod._engines.values()))
         row["ours_config"] = engine.config.as_dict()
         row["ours"] = three(time_vendor(ours, SETS))
-        row["ours_eager_wall"] = wall_ms(lambda: ours(0))
+        row["ours_eager_wall"] = wall_ms(lambda: ours(0))  # the module's recorded graph, replayed
+        mod.graphs = False
+        row["ours_eager_wall_direct"] = wall_ms(lambda: ours(0))  # every kernel launched
+        mod.graphs = True
+        tiny = torch.zeros(1, device="cuda")
+        row["one_launch_wall"] = wall_ms(lambda: tiny.add_(1))  # one kernel launch and a synchronize
         # NaN-poisoned outputs inside a user's CUDA graph: every element rewritten on replay
         if lengths is None:
             graph = torch.cuda.CUDAGraph()
@@ -268,7 +275,9 @@ def summary(row: dict[str, Any]) -> list[str]:
     return [row["case"]["label"], ms(row["torch"]["best"]), *cells, ms(best),
             f"{min(tf32):.3f} ({tf32_err:.1e})" if tf32 else "-", reduced,
             ms(row["ours"]["best"]), f"{best / row['ours']['best']:.2f}", ms(ours_best), f"{best / ours_best:.2f}",
-            ms(row["ours_eager_wall"]), ms(row["torch_eager_wall"]),
+            ms(row["ours_eager_wall"]), ms(row.get("ours_eager_wall_direct")),
+            f"{row['ours_eager_wall'] / (row['ours']['back_to_back'] + row['one_launch_wall']):.2f}"
+            if "one_launch_wall" in row else "-", ms(row["torch_eager_wall"]),
             ms(row.get("ours_numpy_wall")), ms(row.get("torch_numpy_wall")),
             f"{row['ours_err']:.1e}", f"{min((a['err'] for a in algos.values() if 'err' in a), default=np.nan):.1e}"]
 
@@ -302,7 +311,8 @@ def main() -> None:
                 ["case", "torch.nn.GRU", *ALGOS, "cuDNN best (incl. nn.GRU)", "cuDNN TF32 best (err)",
                  "ours fp16 storage (err) vs TF32", "ours (pick)",
                  "pick / cuDNN",
-                 "ours best", "best / cuDNN", "ours eager wall", "nn.GRU eager wall", "ours numpy wall",
+                 "ours best", "best / cuDNN", "ours eager wall", "ours eager, graphs off",
+                 "eager / (back to back + one launch)", "nn.GRU eager wall", "ours numpy wall",
                  "nn.GRU numpy wall", "ours err", "cuDNN err"], rows))
 
 

@@ -158,3 +158,54 @@ def test_float32_module_with_float16_storage():
     ref_out, ref_h = _reference(net, x)
     assert 1e-6 < relative_error(out.cpu().numpy(), ref_out) < 1e-3
     assert relative_error(h_n.cpu().numpy(), ref_h) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, {"fuse_step": 0}], ids=["pick", "per-step-calls"])
+def test_eager_calls_replay_a_recorded_graph(config):
+    """Eager CUDA calls replay the shape's recorded graph: every call on new inputs (with and
+    without h0, batch_first, new lengths) matches float64 with the graph's static outputs
+    poisoned before it, results are fresh tensors (a later call leaves them alone), new weights
+    are picked up, and graphs=False gives the same bits."""
+    torch.manual_seed(6)
+    net = torch.nn.GRU(48, 64, num_layers=2, bidirectional=True, batch_first=True).cuda().eval()
+    gru, direct = GRU.from_module(net, config=config), GRU.from_module(net, config=config)
+    direct.graphs = False
+    xs = [torch.randn(5, 12, 48, device="cuda") for _ in range(3)]
+    h0 = torch.randn(4, 5, 64, device="cuda")
+    gru(xs[0])  # records the graph
+    assert len(gru._call_graphs) == 1
+    results = []
+    for x in xs:
+        for hx in (None, h0):
+            for record in gru._call_graphs.values():
+                record.out.fill_(float("nan"))
+                record.h_n.fill_(float("nan"))
+            out, h_n = gru(x, hx)
+            ref_out, ref_h = _reference(net, x, hx, batch_first=True)
+            assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+            mine, theirs = direct(x, hx)
+            assert relative_error(out.cpu().numpy(), mine.cpu().numpy()) < 1e-6
+            assert relative_error(h_n.cpu().numpy(), theirs.cpu().numpy()) < 1e-6
+            results.append((out, out.clone()))
+    assert len(gru._call_graphs) == 2  # with and without h0
+    assert all(torch.equal(out, kept) for out, kept in results)  # each call's result is its own tensor
+    with torch.no_grad():  # new weights reach the next call
+        for p in net.parameters():
+            p.mul_(0.5)
+    gru.load_state_dict(net.state_dict())
+    out, h_n = gru(xs[1])
+    ref_out, ref_h = _reference(net, xs[1], batch_first=True)
+    assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+    # variable lengths: each call's lengths reach the replay
+    x = torch.randn(12, 5, 48, device="cuda")
+    seq_first = GRU.from_module(torch.nn.GRU(48, 64).cuda().eval())
+    for lengths in (torch.tensor([12, 9, 9, 4, 1]), torch.tensor([12, 12, 3, 2, 2]), torch.tensor([12, 9, 9, 4, 1])):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
+        ours, h_n = seq_first(packed)
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(ours, total_length=12)
+        state_net = torch.nn.GRU(48, 64).cuda().eval()
+        state_net.load_state_dict(seq_first.state_dict())
+        ref_out, ref_h = _reference(state_net, x, lengths=lengths.numpy())
+        assert relative_error(padded.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+    gru.check()

@@ -7,6 +7,14 @@ torch tensors without a copy (the compiled kernels read and write torch's memory
 DLPack), launches on torch's current stream, and can be captured in ``torch.cuda.graph``.
 A GRU is compiled per (batch, seq) shape on first use (a few seconds) and kept.
 
+Eager calls on CUDA replay a CUDA graph of the plan that the module records on a shape's first
+call (``graphs=True``, the default; what ``torch.compile(mode="reduce-overhead")`` does): the
+input is copied into the graph's static input, the graph replayed on torch's current stream and
+the outputs copied out, so a call costs one graph launch and two copies on the host instead of
+one launch per kernel of the plan.  It holds one more input and output per shape on the device;
+``graphs=False`` launches every kernel instead.  Inside a user's own capture the kernels are
+launched directly, so they become part of the user's graph.
+
     gru = tvm_ext.torch.GRU.from_module(nn.GRU(512, 512).cuda().eval())
     out, h_n = gru(x)                       # x: (T, B, 512) CUDA float32 tensor
 """
@@ -47,12 +55,13 @@ class GRU(nn.Module):
     x, the weights, gi, h and out, or a mapping of ``PRECISION_PARAMS``; default: the module's
     dtype), e.g. ``precision="float16"`` on a float32 module: float32 in and out, float16 storage,
     float32 sums and cell (errors near 4e-4, the class of cuDNN's TF32 GRU);
+    ``graphs``: replay a recorded CUDA graph per shape on eager CUDA calls (see the module docstring);
     ``dropout`` must be 0 (inference)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None,
-                 precision: str | Mapping[str, str] | None = None):
+                 precision: str | Mapping[str, str] | None = None, graphs: bool = True):
         super().__init__()
         if dropout:
             raise TvmExtError(f"tvm_ext.torch.GRU is for inference: dropout must be 0, got {dropout}")
@@ -63,6 +72,7 @@ class GRU(nn.Module):
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
         self.config = dict(config or {})
+        self.graphs = bool(graphs)
         if isinstance(precision, str):  # one type for every stored tensor, the cell and sums in float32
             precision = {name: precision for name in LOW_PRECISION_TENSORS}
         low = DTYPES[dtype]
@@ -83,6 +93,7 @@ class GRU(nn.Module):
         self._watches: dict[int, BarrierWatch] = {}
         self._zero_states: dict[tuple[Any, ...], Any] = {}
         self._lengths: dict[tuple[Any, ...], Any] = {}
+        self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
     @classmethod
@@ -112,6 +123,7 @@ class GRU(nn.Module):
         """Copy the parameters into every compiled GRU (after they were changed in place;
         ``load_state_dict`` calls it)."""
         weights = self._numpy_weights()
+        self._call_graphs.clear()  # recorded against the buffers the weights were in
         for engine in self._engines.values():
             engine.load_numpy(weights)
 
@@ -140,8 +152,12 @@ class GRU(nn.Module):
                                   "(layers·directions, batch, hidden)")
         if not time_major:
             x = x.transpose(0, 1)
-        engine = self._engine(EngineKey(batch, seq, lengths is not None, str(x.device)))
-        out, h_n = self._run(engine, x.contiguous(), hx, lengths)
+        key = EngineKey(batch, seq, lengths is not None, str(x.device))
+        engine = self._engine(key)
+        if x.device.type == "cuda" and self.graphs and not torch.cuda.is_current_stream_capturing():
+            out, h_n = self._replay(key, engine, x, hx, lengths)
+        else:
+            out, h_n = self._run(engine, x.contiguous(), hx, lengths)
         if packed:
             order = input.sorted_indices
             sorted_out = out if order is None else out.index_select(1, order)
@@ -182,29 +198,63 @@ class GRU(nn.Module):
     def _run(self, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any]:
         """One forward pass of ``engine`` on time-major x: in place on CUDA tensors, through
         host copies on the CPU (OpenCL)."""
-        t = engine.template
         if x.device.type != "cuda":
             h0 = None if hx is None else hx.float().numpy()
             out, h_n = engine(x.float().numpy(), h0, lengths=None if lengths is None else lengths.numpy())
             return torch.from_numpy(out).to(self.dtype), torch.from_numpy(h_n).to(self.dtype)
-        watch = self._watches.get(id(engine))
-        if watch is None:
-            watch = self._watches[id(engine)] = BarrierWatch(engine)
+        device_lengths = None if lengths is None else self._device_lengths(lengths, x.device)
+        out, h_n, tensors = self._kernel_tensors(engine, x, hx, device_lengths)
+        stream = torch.cuda.current_stream(x.device)
+        watch = self._watch(engine)
         watch.check()
+        self._launch(engine, tensors, stream)
+        watch.enqueue(stream)
+        return out.to(self.dtype), h_n.to(self.dtype)
+
+    def _kernel_tensors(self, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any, dict[str, Any]]:
+        """New out and h_n in the kernels' dtypes, and every tensor the plan binds (x and h0
+        converted where needed; ``lengths`` an int32 CUDA tensor where the plan takes them)."""
+        t = engine.template
         kernel_dtype = {name: TORCH_DTYPES[dtype] for name, dtype in (("x", t.x_dtype), ("h", t.h_dtype),
                                                                       ("out", t.out_dtype))}
         out = torch.empty(t.seq, t.batch, t.dirs * t.hidden, dtype=kernel_dtype["out"], device=x.device)
         h_n = torch.empty(t.layers * t.dirs, t.batch, t.hidden, dtype=kernel_dtype["h"], device=x.device)
         h0 = self._zeros(h_n) if hx is None else hx.to(kernel_dtype["h"]).contiguous()
-        tensors = {"x": x.to(kernel_dtype["x"]).view(t.seq * t.batch, t.input), "h0": h0,
+        tensors = {"x": x.to(kernel_dtype["x"]).contiguous().view(t.seq * t.batch, t.input), "h0": h0,
                    "out": out.view(t.seq * t.batch, -1), "h_n": h_n}
         if t.variable_lengths:
-            tensors["lengths"] = self._device_lengths(lengths, x.device)
-        stream = torch.cuda.current_stream(x.device)
+            tensors["lengths"] = lengths
+        return out, h_n, tensors
+
+    @staticmethod
+    def _launch(engine: Any, tensors: Mapping[str, Any], stream: Any) -> None:
         with tvm_ffi.use_raw_stream(engine.executor.dev, stream.cuda_stream):
             _run_bound(engine.executor, tensors)
-        watch.enqueue(stream)
-        return out.to(self.dtype), h_n.to(self.dtype)
+
+    def _watch(self, engine: Any) -> "BarrierWatch":
+        watch = self._watches.get(id(engine))
+        if watch is None:
+            watch = self._watches[id(engine)] = BarrierWatch(engine)
+        return watch
+
+    def _replay(self, key: EngineKey, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any]:
+        """An eager CUDA call through the shape's recorded graph (recorded on its first call, after
+        one direct run that loads the kernels): inputs copied in, outputs copied out."""
+        record = self._call_graphs.get((key, hx is None))
+        if record is None:
+            result = self._run(engine, x.contiguous(), hx, lengths)
+            self._call_graphs[(key, hx is None)] = CallGraph.record(self, engine, x, hx, lengths)
+            return result
+        watch = self._watch(engine)
+        watch.check()
+        record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
+        if hx is not None:
+            record.h0.copy_(hx)
+        if record.lengths is not None:
+            record.lengths.copy_(self._device_lengths(lengths, x.device))
+        record.graph.replay()
+        watch.mark(torch.cuda.current_stream(x.device))
+        return record.out.to(self.dtype, copy=True), record.h_n.to(self.dtype, copy=True)
 
     def _device_lengths(self, lengths: Any, device: Any) -> Any:
         """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
@@ -260,10 +310,14 @@ class BarrierWatch:
         that says when it landed (not inside a capture, where events cannot be queried)."""
         if self.active:
             self.host.copy_(self.flags[1:2], non_blocking=True)
-            if not torch.cuda.is_current_stream_capturing():
-                if self.done is None:
-                    self.done = torch.cuda.Event()
-                self.done.record(stream)
+            self.mark(stream)
+
+    def mark(self, stream: Any) -> None:
+        """The event after a call whose flag copy is queued (or part of a replayed graph)."""
+        if self.active and not torch.cuda.is_current_stream_capturing():
+            if self.done is None:
+                self.done = torch.cuda.Event()
+            self.done.record(stream)
 
     def check(self, wait: bool = False) -> None:
         if not self.active or self.done is None or torch.cuda.is_current_stream_capturing():
@@ -273,3 +327,37 @@ class BarrierWatch:
         if self.done.query() and int(self.host[0]):
             self.host.zero_()
             raise TvmExtError(self.message)
+
+
+@dataclass(frozen=True)
+class CallGraph:
+    """One shape's plan recorded as a CUDA graph on static tensors (the eager path): ``x`` is
+    time-major in the kernels' dtype, ``h0`` the initial state replays read (zeros when the
+    recording had no hx), ``lengths`` the int32 lengths for a variable-length plan."""
+
+    graph: Any
+    x: Any
+    h0: Any
+    lengths: Any
+    out: Any
+    h_n: Any
+
+    @classmethod
+    def record(cls, module: GRU, engine: Any, x: Any, hx: Any, lengths: Any) -> "CallGraph":
+        t = engine.template
+        x_static = torch.empty(t.seq, t.batch, t.input, dtype=TORCH_DTYPES[t.x_dtype], device=x.device)
+        h0 = None if hx is None else torch.empty(hx.shape, dtype=TORCH_DTYPES[t.h_dtype], device=x.device)
+        lengths_static = None
+        if t.variable_lengths:
+            lengths_static = torch.empty(t.batch, dtype=torch.int32, device=x.device)
+            lengths_static.copy_(module._device_lengths(lengths, x.device))
+        if h0 is not None:
+            h0.copy_(hx)
+        x_static.copy_(x)
+        out, h_n, tensors = module._kernel_tensors(engine, x_static, h0, lengths_static)
+        graph = torch.cuda.CUDAGraph()
+        watch = module._watch(engine)
+        with torch.cuda.graph(graph):
+            module._launch(engine, tensors, torch.cuda.current_stream(x.device))
+            watch.enqueue(torch.cuda.current_stream(x.device))  # the flag's copy, replayed with the plan
+        return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n)
