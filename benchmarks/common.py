@@ -7,12 +7,22 @@ replayed from a CUDA graph (``time_vendor``), and our kernels timed back to back
 same events and input rotation (``time_ours``), or, for TVM calls of a few microseconds,
 the same three ways with TVM's launches captured in the graph (``time_ours_three``).  Every
 benchmark reports its ratios against the vendor's best of the three (``VendorTimes.best``).
+
+The GEMM comparisons also run in interleaved rounds (``interleaved_rounds``): ours and each
+vendor replayed from CUDA graphs on the same rotated operands, the order reversed every round,
+the SM clock and power read after each; the ratio quoted is the median of the per-round ratios
+(``ratio_summary``), because a card at its power cap moves both sides by more than they differ.
 """
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import statistics
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
@@ -21,7 +31,9 @@ from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Tim
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
            "vendor_header", "vendor_cells", "vendor_methods", "seconds_by_method", "methods_text", "table",
            "device_name", "rel_error_vs", "tvm_launch", "torch_stream", "poisoned_error", "ours_on", "shape_names",
-           "TimingSettings",
+           "parse_shapes", "GpuReading", "parse_gpu_reading", "read_gpu", "smi_device", "round_order", "RoundRow",
+           "interleaved_rounds", "RatioSummary", "ratio_summary", "graph_timer", "compare_in_rounds",
+           "write_rounds", "rounds_header", "rounds_cells", "cublas_launches", "ours_launch", "TimingSettings",
            "VendorTimes", "Timing"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
@@ -94,13 +106,12 @@ def _on(context: Any, tvm_stream: bool) -> Any:
     return tvm_ffi.use_torch_stream(context)
 
 
-def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = TimingSettings(),
-               tvm_stream: bool = False) -> Timing:
-    """Capture ``calls`` calls (cycling the sets) in one CUDA graph; each sample is events
-    around one replay, divided by ``calls``.  ``fn(i)`` returns its output (a call that
-    writes into a buffer returns that buffer).  The outputs are poisoned with NaN before the
-    checked replay, and ``RuntimeError`` is raised if any set's replayed output differs from
-    the same call run eagerly.  ``tvm_stream``: ``fn`` launches TVM kernels (see ``_on``)."""
+def capture_graph(fn: Launch, sets: int, calls: int, tvm_stream: bool = False) -> tuple[Any, int]:
+    """``calls`` calls (cycling the sets, rounded to a multiple of them) captured in one CUDA
+    graph, checked, and the calls it holds.  ``fn(i)`` returns its output (a call that writes
+    into a buffer returns that buffer).  The outputs are poisoned with NaN before the checked
+    replay, and ``RuntimeError`` is raised if any set's replayed output differs from the same
+    call run eagerly.  ``tvm_stream``: ``fn`` launches TVM kernels (see ``_on``)."""
     import torch
 
     calls = max(sets, min(calls, MAX_GRAPH_CALLS) // sets * sets)
@@ -128,9 +139,22 @@ def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = Tim
         differs = _same(replayed[i], fn(i))
         if differs:
             raise RuntimeError(differs)
+    return graph, calls
+
+
+def _replays(graph: Any, calls: int, sets: int, settings: TimingSettings) -> Timing:
+    """Events around each replay of a captured graph, per call."""
     timed = per_call(lambda _: graph.replay(), 1, TorchEventClock(), settings)
     samples = tuple(s / calls for s in timed.samples)
     return Timing(GRAPH, timed.seconds / calls, samples, calls, sets)
+
+
+def time_graph(fn: Launch, sets: int, calls: int, settings: TimingSettings = TimingSettings(),
+               tvm_stream: bool = False) -> Timing:
+    """``calls`` calls captured in one CUDA graph and checked (``capture_graph``); each sample
+    is events around one replay, divided by the calls."""
+    graph, calls = capture_graph(fn, sets, calls, tvm_stream)
+    return _replays(graph, calls, sets, settings)
 
 
 def time_vendor(fn: Launch, sets: int = 1, settings: TimingSettings = TimingSettings(),
@@ -196,6 +220,34 @@ def cublas_gemm(sets: Sequence[tuple[Any, Any]]) -> tuple[VendorTimes, float]:
     times = time_vendor(lambda i: sets[i][0] @ sets[i][1], len(sets))
     a, b = sets[0]
     return times, rel_error_vs(a @ b, a.double() @ b.double())
+
+
+def _on_blas(choose: Callable[..., Any], library: str, fn: Launch) -> Launch:
+    """``fn`` run with torch's preferred BLAS library set to ``library``, restored after."""
+    def launch(i: int) -> Any:
+        before = choose()
+        choose(library)
+        try:
+            return fn(i)
+        finally:
+            choose(before)
+
+    return launch
+
+
+def cublas_launches(sets: Sequence[tuple[Any, Any]], lt: bool = False) -> dict[str, Launch]:
+    """torch's ``a @ b`` on the rotated operands through cuBLAS, and where ``lt`` and this
+    torch can choose (``torch.backends.cuda.preferred_blas_library``) through cuBLASLt too."""
+    import torch
+
+    matmul = lambda i: sets[i][0] @ sets[i][1]  # noqa: E731
+    choose = getattr(torch.backends.cuda, "preferred_blas_library", None)
+    if choose is None:
+        return {"cuBLAS": matmul}
+    launches = {"cuBLAS": _on_blas(choose, "cublas", matmul)}
+    if lt:
+        launches["cuBLASLt"] = _on_blas(choose, "cublaslt", matmul)
+    return launches
 
 
 def rel_error_vs(out: Any, ref: Any) -> float:
@@ -309,8 +361,15 @@ def tvm_launch(func: Callable[..., Any], arg_sets: Sequence[Sequence[Any]],
 
 def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]]) -> tuple[Any, float]:
     """The tuned config built again and timed the vendor's three ways on the vendor's operands
-    (B passed transposed where the kernel reads it [n, k]), and its error vs float64 on
-    NaN-poisoned outputs."""
+    (``ours_launch``), and its error vs float64 on NaN-poisoned outputs."""
+    launch, err = ours_launch(template, config, target, sets)
+    return time_ours_three(launch, len(sets)), err
+
+
+def ours_launch(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]]) -> tuple[Launch, float]:
+    """``launch(i)`` of the config built again on the vendor's operands ``sets`` (B passed
+    transposed where the kernel reads it [n, k]), and its error vs float64 on NaN-poisoned
+    outputs."""
     import torch
     import tvm
 
@@ -338,4 +397,226 @@ def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]
     torch.cuda.synchronize()
     a, b = sets[0]
     err = rel_error_vs(outs[0], a.double() @ b.double())
-    return time_ours_three(launch, len(sets)), err
+    return launch, err
+
+
+def parse_shapes(text: str, named: Mapping[str, tuple[int, int, int]]) -> list[tuple[str, tuple[int, int, int]]] | None:
+    """The comma-separated GEMM shapes of ``text``, each a name of ``named`` or ``MxNxK`` (or
+    ``N`` for N³), as (label, (m, n, k)); None after printing one error line."""
+    shapes = []
+    for item in (s.strip() for s in text.split(",")):
+        if item in named:
+            shapes.append((item, tuple(named[item])))
+            continue
+        dims = item.lower().replace("³", "").split("x")
+        if len(dims) == 1:
+            dims = dims * 3
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            print(f"error: bad shape {item!r}: give MxNxK (e.g. 1024x768x3072), N for N³, or one of "
+                  f"{', '.join(named)}", file=sys.stderr)
+            return None
+        m, n, k = map(int, dims)
+        shapes.append((f"{m}x{n}x{k}", (m, n, k)))
+    return shapes
+
+
+# ---- interleaved rounds: ours and the vendors on the same operands, clocks read between ----------------
+SMI_QUERY = ("nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits")
+OURS = "ours"
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """The SM clock (MHz) and board power (W) ``nvidia-smi`` reported; None where it could not
+    (``note`` says why: no nvidia-smi, an error, a field it does not support)."""
+
+    sm_clock_mhz: float | None = None
+    power_w: float | None = None
+    note: str = ""
+
+
+def _number(field: str) -> float | None:
+    try:
+        return float(field.strip())
+    except ValueError:  # '[N/A]', '[Not Supported]', ''
+        return None
+
+
+def parse_gpu_reading(text: str) -> GpuReading:
+    """``nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits`` output
+    ('1485, 699.12') as a reading; fields it could not give are None."""
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    fields = [f.strip() for f in line.split(",")]
+    if len(fields) != 2:
+        return GpuReading(note=f"unexpected nvidia-smi output {line[:80]!r}")
+    clock, power = _number(fields[0]), _number(fields[1])
+    unread = [f"{name} {field!r}" for name, field, value in (("clock", fields[0], clock), ("power", fields[1], power))
+              if value is None]
+    return GpuReading(clock, power, ", ".join(unread))
+
+
+def read_gpu(device: str = "0", run: Callable[..., Any] = subprocess.run) -> GpuReading:
+    """The SM clock and power of nvidia-smi's GPU ``device`` (an index or a UUID) now; a
+    reading of None fields (with the reason) where nvidia-smi is missing or fails."""
+    try:
+        done = run([*SMI_QUERY, "-i", device], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return GpuReading(note=f"nvidia-smi not run: {type(exc).__name__}: {exc}"[:160])
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout or "").strip().splitlines()
+        return GpuReading(note=f"nvidia-smi exit {done.returncode}: {why[0] if why else ''}"[:160])
+    return parse_gpu_reading(done.stdout)
+
+
+def smi_device(uuid: str | None, visible: str | None) -> str:
+    """The ``-i`` that names torch's device 0 to nvidia-smi: its UUID where torch gives one
+    (nvidia-smi's indices follow PCI order, CUDA's need not), else the first of
+    ``CUDA_VISIBLE_DEVICES``, else '0'."""
+    if uuid:
+        return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    first = (visible or "").split(",")[0].strip()
+    return first or "0"
+
+
+def round_order(sides: Sequence[str], index: int) -> tuple[str, ...]:
+    """The order the sides run in round ``index``: as given in even rounds, reversed in odd
+    ones, so over an even number of rounds ours runs before and after each vendor equally
+    often and a clock that drifts within a round favours neither."""
+    return tuple(sides) if index % 2 == 0 else tuple(reversed(sides))
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """One round: each side's seconds per call, the order they ran in, and the GPU's reading
+    taken after the round."""
+
+    index: int
+    order: tuple[str, ...]
+    seconds: Mapping[str, float]
+    gpu: GpuReading
+
+    def ratio(self, vendor: str, ours: str = OURS) -> float:
+        """Ours' speed over the vendor's in this round (> 1: ours faster)."""
+        return self.seconds[vendor] / self.seconds[ours]
+
+
+def interleaved_rounds(timers: Mapping[str, Callable[[], float]], rounds: int, read: Callable[[], GpuReading],
+                       on_round: Callable[[RoundRow], None] | None = None) -> list[RoundRow]:
+    """``rounds`` rounds of every timer (a side's name to a call returning its seconds per call,
+    e.g. a graph's replays), in ``round_order``, the GPU read after each round."""
+    if rounds < 1:
+        raise ValueError(f"at least one round, got {rounds}")
+    rows = []
+    for index in range(rounds):
+        order = round_order(list(timers), index)
+        seconds = {side: timers[side]() for side in order}
+        rows.append(RoundRow(index, order, seconds, read()))
+        if on_round is not None:
+            on_round(rows[-1])
+    return rows
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    """Ours against one vendor over the rounds: the median of the per-round ratios (the figure
+    to quote), their range, the best round of each side against the other's best, each side's
+    median seconds, and the range of SM clocks (MHz) and power (W) read (None: not read)."""
+
+    vendor: str
+    rounds: int
+    median: float
+    low: float
+    high: float
+    best_vs_best: float
+    ours_median_s: float
+    vendor_median_s: float
+    clock_mhz: tuple[float, float] | None
+    power_w: tuple[float, float] | None
+
+
+def _span(values: Sequence[float | None]) -> tuple[float, float] | None:
+    known = [v for v in values if v is not None]
+    return (min(known), max(known)) if known else None
+
+
+def ratio_summary(rows: Sequence[RoundRow], vendor: str, ours: str = OURS) -> RatioSummary:
+    """The rounds of ``rows`` where both sides ran, summarised (``RatioSummary``)."""
+    both = [r for r in rows if vendor in r.seconds and ours in r.seconds]
+    if not both:
+        raise ValueError(f"no round timed both {ours} and {vendor}")
+    ratios = [r.ratio(vendor, ours) for r in both]
+    ours_s = [r.seconds[ours] for r in both]
+    vendor_s = [r.seconds[vendor] for r in both]
+    return RatioSummary(vendor, len(both), statistics.median(ratios), min(ratios), max(ratios),
+                        min(vendor_s) / min(ours_s), statistics.median(ours_s), statistics.median(vendor_s),
+                        _span([r.gpu.sm_clock_mhz for r in both]), _span([r.gpu.power_w for r in both]))
+
+
+def round_json(shape: str, row: RoundRow, ours: str = OURS, **extra: Any) -> dict[str, Any]:
+    """One round as a JSON object (a line of the raw rounds file)."""
+    return {"shape": shape, "round": row.index, "order": list(row.order), "seconds": dict(row.seconds),
+            "ratio": {side: row.ratio(side, ours) for side in row.seconds if side != ours},
+            "sm_clock_mhz": row.gpu.sm_clock_mhz, "power_w": row.gpu.power_w, "smi_note": row.gpu.note, **extra}
+
+
+def write_rounds(path: str, shape: str, rows: Sequence[RoundRow], **extra: Any) -> None:
+    """Append the rounds as JSON lines to ``path`` (earlier runs' lines are kept)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(round_json(shape, row, **extra)) + "\n")
+
+
+def rounds_header(unit: str = "ms") -> list[str]:
+    """Column names of ``rounds_cells``: the median ratio first among the ratios."""
+    return ["vendor", "median ratio (ours speed / vendor's)", "min ratio", "max ratio", "best vs best",
+            f"ours median {unit}", f"vendor median {unit}", "rounds", "SM clock MHz", "power W"]
+
+
+def rounds_cells(summary: RatioSummary, scale: float = 1e3, digits: int = 4) -> list[str]:
+    """A summary's cells for ``rounds_header`` (``scale``: 1e3 for ms)."""
+    span = lambda s: "-" if s is None else f"{s[0]:.0f}–{s[1]:.0f}"  # noqa: E731
+    return [summary.vendor, f"{summary.median:.3f}", f"{summary.low:.3f}", f"{summary.high:.3f}",
+            f"{summary.best_vs_best:.3f}", f"{summary.ours_median_s * scale:.{digits}f}",
+            f"{summary.vendor_median_s * scale:.{digits}f}", str(summary.rounds), span(summary.clock_mhz),
+            span(summary.power_w)]
+
+
+# ---- the torch side of the rounds --------------------------------------------------------------------
+def graph_timer(fn: Launch, sets: int, settings: TimingSettings = TimingSettings(),
+                tvm_stream: bool = False) -> Callable[[], float]:
+    """``fn`` captured once in a checked CUDA graph of enough calls for a ``min_secs`` replay
+    (estimated back to back); the returned call times its replays (median of ``repeat``) and
+    gives seconds per call, every time it is called (one per round)."""
+    estimate = back_to_back(fn, sets, TorchEventClock(), TimingSettings(warmup=sets, repeat=3, min_secs=0.005))
+    graph, calls = capture_graph(fn, sets, calls_per_sample(estimate.seconds, sets, settings), tvm_stream)
+    return lambda: _replays(graph, calls, sets, settings).seconds
+
+
+def torch_smi_device() -> str:
+    """``smi_device`` for torch's device 0."""
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(0), "uuid", None)
+    return smi_device(str(uuid) if uuid else None, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def compare_in_rounds(shape: str, ours: Launch, vendors: Mapping[str, Launch], sets: int, rounds: int,
+                      out_path: str, settings: TimingSettings = TimingSettings(), **extra: Any
+                      ) -> tuple[list[RatioSummary], dict[str, str]]:
+    """Ours (TVM launches) and each vendor on the same ``sets`` rotated operands, each
+    replayed from its own CUDA graph, in ``rounds`` interleaved rounds with the GPU read after
+    each; the raw rounds appended to ``out_path`` (JSON lines).  A vendor whose graph cannot
+    be captured is left out, with why; ours failing raises."""
+    device = torch_smi_device()
+    timers = {OURS: graph_timer(ours, sets, settings, tvm_stream=True)}
+    left_out = {}
+    for name, fn in vendors.items():
+        try:
+            timers[name] = graph_timer(fn, sets, settings)
+        except Exception as exc:  # reported beside the table, never the end of the run
+            text = [line for line in str(exc).strip().splitlines() if line.strip()]
+            left_out[name] = (text[0] if text else type(exc).__name__)[:160]
+    rows = interleaved_rounds(timers, rounds, lambda: read_gpu(device))
+    write_rounds(out_path, shape, rows, device=device_name(), **extra)
+    return [ratio_summary(rows, name) for name in timers if name != OURS], left_out

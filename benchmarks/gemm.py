@@ -5,6 +5,9 @@ Run through the device tool (see ../shared/DEVICE.md), about 6 minutes on an H10
 The template searches its staging knobs too (register-staged or cp.async prefetch, warp
 tiling, 16-byte fills; ``--no-staging``: the original knobs only), seeded with the default,
 method 002's picks and ``STAGED_SEEDS``.
+Then the stable comparison: the tuned CUDA config, built again on cuBLAS's operands, against
+cuBLAS in ``--rounds`` interleaved rounds, both replayed from CUDA graphs, the SM clock and power
+read after each (raw rounds in --out/gemm_rounds.jsonl; the median of the per-round ratios first).
 Prints a markdown table last; records go to --out so nothing measured is lost.
 """
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import (compare_in_rounds, l2_rotation, ours_launch, rel_error_vs, rounds_cells,  # noqa: E402
+                    rounds_header, table, time_vendor, vendor_methods)
 
 from tvm_ext.cost_model.analytic import analytic_seeds  # noqa: E402
 from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate  # noqa: E402
@@ -34,9 +38,9 @@ STAGED_SEEDS = (
 )
 
 
-def cublas_fp32(n: int) -> tuple[Any, float]:
+def cublas_fp32(n: int) -> tuple[Any, float, list[tuple[Any, Any]]]:
     """cuBLAS (TF32 off) per call, back to back and from a CUDA graph, on rotated operands,
-    and its error vs float64."""
+    its error vs float64, and the operands."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -44,7 +48,7 @@ def cublas_fp32(n: int) -> tuple[Any, float]:
             for _ in range(l2_rotation(3 * 4 * n * n))]
     times = time_vendor(lambda i: torch.matmul(*sets[i]), len(sets))
     a, b = sets[0]
-    return times, rel_error_vs(torch.matmul(a, b), a.double() @ b.double())
+    return times, rel_error_vs(torch.matmul(a, b), a.double() @ b.double()), sets
 
 
 def tune(target_kind: str, n: int, args: argparse.Namespace, hand_picked=()) -> dict:
@@ -112,6 +116,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench_out")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the tuned config against cuBLAS")
     p.add_argument("--skip-opencl", action="store_true")
     p.add_argument("--no-analytic-seeds", action="store_true",
                    help="seed the GA with the default config only (no method-002 picks)")
@@ -125,10 +130,13 @@ def main() -> None:
     p.add_argument("--hand-picked", action="append", default=[],
                    help="also measure this config (k=v,k=v...) after tuning, reported on its own row")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     os.makedirs(args.out, exist_ok=True)
 
     n = args.size
-    vendor, vendor_err = cublas_fp32(n)
+    vendor, vendor_err, sets = cublas_fp32(n)
+    round_rows = []
     cublas = vendor.best.seconds  # ratios against cuBLAS at its best of the three methods
     cublas_tflops = 2 * n**3 / cublas / 1e12
     print(f"cuBLAS fp32 {n}^3: best {cublas * 1e3:.3f} ms ({vendor.best.method}) = {cublas_tflops:.1f} TFLOP/s",
@@ -150,6 +158,8 @@ def main() -> None:
         labelled = [(f"tuned ({strategy})", res.best), ("default config", res.default)]
         labelled += [("analytic pick (0 trials)", rec) for rec in out["analytic"]]
         labelled += [("hand-picked", rec) for rec in out["picked"]]
+        if kind == "cuda" and res.best is not None and res.best.ok:
+            round_rows += rounds_rows(out["template"], res.best.config, out["target"], sets, args)
         for label, rec in labelled:
             if rec is None or not rec.ok:
                 rows.append([f"tvm_ext {kind} {label}", f"{size}³", "failed", "-", "-", "-", "-", "-", "-"])
@@ -165,6 +175,24 @@ def main() -> None:
     print(table("fp32 GEMM vs cuBLAS at its best (ours: the runner's back-to-back timer)",
                 ["kernel", "shape", "ms", "TFLOP/s", "vs cuBLAS best 4096³", "rel err vs f64", "trials", "tuning s",
                  "config"], rows))
+    print()
+    print(table(f"Stable comparison: tuned fp32 GEMM against cuBLAS (TF32 off) in {args.rounds} interleaved rounds, "
+                "both replayed from CUDA graphs on the same operands", ["shape", *rounds_header()], round_rows))
+
+
+def rounds_rows(template: Any, config: dict, target: Any, sets: list, args: argparse.Namespace) -> list[list[str]]:
+    """The tuned config against cuBLAS in interleaved rounds on cuBLAS's operands: the rounds
+    table's rows (a failure is a row)."""
+    shape = "x".join(map(str, sets[0][0].shape)) + f"x{sets[0][1].shape[1]}"
+    try:
+        launch, err = ours_launch(template, config, target, sets)
+        summaries, left_out = compare_in_rounds(shape, launch, {"cuBLAS": lambda i: sets[i][0] @ sets[i][1]},
+                                                len(sets), args.rounds, os.path.join(args.out, "gemm_rounds.jsonl"),
+                                                rel_error=err)
+    except Exception as exc:  # reported in the table, never the end of the run
+        return [[shape, f"failed: {str(exc).strip()[:80]}"] + ["-"] * 9]
+    return [[shape, *rounds_cells(s)] for s in summaries] + \
+        [[shape, f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
 
 
 if __name__ == "__main__":

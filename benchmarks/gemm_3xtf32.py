@@ -8,7 +8,10 @@ replayed from a CUDA graph (the baseline is its best); cuBLAS with TF32 allowed 
 beside it with its error (faster, a thousand times less accurate: not the baseline); then our
 program (both splits and the GEMM, every call) at the template's default tile and a few other
 tiles, timed the same three ways on the same operands, with its error against float64 on
-NaN-poisoned outputs.  Prints a markdown table.
+NaN-poisoned outputs.  Then the stable comparison: the default tile against cuBLAS float32 in
+``--rounds`` interleaved rounds, both replayed from CUDA graphs on the same operands, the SM
+clock and power read after each (raw rounds in --out/gemm_3xtf32_rounds.jsonl); the last
+table quotes the median of the per-round ratios first.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cublas_gemm, gemm_operand_sets, ours_on, shape_names, table, vendor_methods  # noqa: E402
+from common import (compare_in_rounds, cublas_gemm, gemm_operand_sets, ours_launch, ours_on,  # noqa: E402
+                    parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
 
 from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
 from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
@@ -34,8 +38,10 @@ VARIANTS = ((128, 256, 4, 1, 8, 4, 0), (128, 128, 6, 1, 8, 8, 0), (128, 128, 6, 
             (128, 128, 6, 1, 4, 1, 4), (128, 192, 4, 1, 4, 1, 4), (64, 64, 8, 1, 8, 1, 4))
 
 
-def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
-    """The table's rows of one shape: cuBLAS float32, cuBLAS TF32, and ours at each tile."""
+def shape_rows(m: int, n: int, k: int, target: object, args: argparse.Namespace
+               ) -> tuple[list[list[str]], list[list[str]]]:
+    """The table's rows of one shape (cuBLAS float32, cuBLAS TF32, and ours at each tile) and
+    the rounds table's rows (the default tile against cuBLAS float32)."""
     import torch
 
     flops = 2.0 * m * n * k
@@ -62,28 +68,50 @@ def shape_rows(m: int, n: int, k: int, target: object) -> list[list[str]]:
         cfg = space.make(**tile.knobs(), tf_promote=promote)
         if cfg != default and space.is_feasible(cfg):
             configs.append((f"{WgmmaTile.of(cfg, 'tf32').name} p{promote}", cfg))
+    round_rows = []
     for label, cfg in configs:
-        times, err = ours_on(template, dict(cfg.items), target, sets)
+        if cfg == default:
+            launch, err = ours_launch(template, dict(cfg.items), target, sets)
+            times = time_ours_three(launch, len(sets))
+        else:
+            times, err = ours_on(template, dict(cfg.items), target, sets)
         if not err < 1e-3:  # a wrong kernel, not rounding
             raise SystemExit(f"error: {label} at {m}x{n}x{k} differs from float64 by {err:.1e}")
         rows.append(row(f"ours 3xTF32, {label}", times, err))
-    return rows
+        if cfg == default:
+            summaries, left_out = compare_in_rounds(
+                f"{m}x{n}x{k}", launch, {"cuBLAS float32": lambda i: sets[i][0] @ sets[i][1]}, len(sets),
+                args.rounds, os.path.join(args.out, "gemm_3xtf32_rounds.jsonl"), config=label)
+            round_rows += [[f"{m}x{n}x{k}", *rounds_cells(s)] for s in summaries]
+            round_rows += [[f"{m}x{n}x{k}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+    return rows, round_rows
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default="4096,8192,2048", help=f"comma-separated, of {', '.join(SHAPES)}")
-    names = shape_names(p.parse_args().shapes, list(SHAPES))
-    if names is None:
+    p.add_argument("--shapes", default="4096,8192,2048",
+                   help=f"comma-separated: MxNxK (e.g. 1024x768x3072), N for N³, or of {', '.join(SHAPES)}")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the default tile against cuBLAS")
+    p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
+    args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    shapes = parse_shapes(args.shapes, SHAPES)
+    if shapes is None:
         return 2
     target = resolve_target("cuda")
-    rows = []
-    for name in names:
-        rows += shape_rows(*SHAPES[name], target)
+    rows, round_rows = [], []
+    for name, (m, n, k) in shapes:
+        shape, rounds = shape_rows(m, n, k, target, args)
+        rows += shape
+        round_rows += rounds
         print(f"{name} done", file=sys.stderr, flush=True)
     print(table("float32 GEMM: 3xTF32 on wgmma against cuBLAS float32, rotated randn operands",
                 ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLAS float32 best", "rel err vs f64"], rows))
+    print()
+    print(table(f"Stable comparison: 3xTF32 (default tile) against cuBLAS float32 in {args.rounds} interleaved "
+                "rounds, both replayed from CUDA graphs on the same operands", ["shape", *rounds_header()], round_rows))
     return 0
 
 
