@@ -1,27 +1,32 @@
-"""Process pools that outlive their processes: pebble's pool, rebuilt when a process dies.
+"""Process pools that outlive their processes: each process on its own pipe, replaced when it dies.
 
-pebble's ``ProcessPool`` replaces a process that dies while it runs a job, but one that dies
-idle (the OOM killer, a stray signal) breaks the pool for good: every later job fails with
-``Unexpected error within the Pool``.  ``RestartingPool`` wraps one so a long search never
-depends on that: a broken pool is replaced and the jobs it held are scheduled again (a job
-that was only queued is never a failure); a job whose process died runs once more, and only
-a second death is its outcome (``ProcessDied``), so a job that kills its process is one crash
-and a process killed from outside costs nothing.
+Builds and measurements run in spawned processes that may die at any moment (a trap in a
+kernel, the OOM killer, a stray signal).  Pools whose processes share one task channel
+(pebble's, the standard library's) stall or break when a process dies holding the channel's
+lock or while idle.  Here every process has its own pipe and the pool's one thread hands a job
+to a process only once it said it is ready, so a death touches only that process: it is
+replaced, a job it held runs once more, and only a second death is that job's outcome
+(``ProcessDied``); a job past its timeout has its process killed and ends in ``TimeoutError``.
 """
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import threading
-from concurrent.futures import CancelledError, Future
-from concurrent.futures.process import BrokenProcessPool
+import time
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
 __all__ = ["ProcessDied", "RestartingPool"]
 
-POLL_SECS = 0.2  # how often a pool with jobs pending is checked for being broken
-MAX_BREAKS = 3  # pool breaks a job may see before it counts as a crash (a job killing its
-# process before pebble knew it had started, over and over)
+POLL_SECS = 0.2  # the longest the pool's thread sleeps without looking at its processes
+STOP_SECS = 2.0  # a process asked to exit has this long before it is killed
+MAX_START_DEATHS = 3  # processes in a row dying before they are ready: the queued jobs fail
+READY = "ready"  # a process's first message: its initializer ran, it takes jobs
 
 
 class ProcessDied(Exception):
@@ -30,15 +35,51 @@ class ProcessDied(Exception):
 
 @dataclass(eq=False)
 class _Job:
-    """One scheduled call and what became of it so far (mutable: the pool's bookkeeping)."""
+    """One scheduled call and what became of it so far (the pool thread's bookkeeping)."""
 
     function: Callable[..., Any]
     args: Sequence[Any]
     timeout: float | None
     future: Future = field(default_factory=Future)
-    inner: Any = None  # the pebble future of the current attempt
     exits: list = field(default_factory=list)  # exit codes of the processes that died running it
-    breaks: int = 0
+
+
+@dataclass(eq=False)
+class _Process:
+    """One spawned process, its end of its pipe, and the job it runs (None: idle or starting)."""
+
+    process: Any
+    conn: Connection
+    ready: bool = False
+    job: _Job | None = None
+    started: float = 0.0
+
+
+def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
+    """A pool process: run the initializer, then one job at a time until told to stop.  Ctrl-C
+    reaches the whole process group: the driver handles it, a pool process ignores it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer()
+    conn.send(READY)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the pool is gone
+            return
+        if message is None:
+            return
+        function, args = message
+        try:
+            reply = ("result", function(*args))
+        except BaseException as exc:  # noqa: BLE001 - the caller's future gets it
+            reply = ("error", exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+            conn.send(("error", RuntimeError(f"the job's {reply[0]} could not be sent back: {exc}")))
 
 
 def _exit_text(code: Any) -> str:
@@ -61,119 +102,183 @@ class RestartingPool:
         self.workers = workers
         self.initializer = initializer
         self.retries = retries
-        self.rebuilds = 0  # pools replaced after breaking
-        self._lock = threading.RLock()
-        self._wake = threading.Event()
-        self._pool: Any = None
-        self._pending: set[_Job] = set()
-        self._todo: list[_Job] = []
+        self.rebuilds = 0  # processes replaced after dying or being killed at a timeout
+        self._lock = threading.Lock()
+        self._queue: deque[_Job] = deque()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._wake_recv, self._wake_send = multiprocessing.Pipe(duplex=False)
+        self._context = multiprocessing.get_context("spawn")
+        self._ids = itertools.count()
+        self._start_deaths = 0  # processes in a row that died before saying they were ready
 
     def schedule(self, function: Callable[..., Any], args: Sequence[Any] = (), timeout: float | None = None) -> Future:
         job = _Job(function, tuple(args), timeout)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the pool is closed")
+            self._queue.append(job)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._supervise, name="tvm_ext-pool", daemon=True)
                 self._thread.start()
-            self._pending.add(job)
-            self._todo.append(job)
-        self._wake.set()
+        self._wake()
         return job.future
 
-    # ---- the supervising thread: every submission and every rebuild happen here ----
-    def _supervise(self) -> None:
-        while True:
-            self._wake.wait(POLL_SECS)
-            self._wake.clear()
-            with self._lock:
-                if self._closed:
-                    return
-                broken = self._pool is not None and not self._pool.active
-                old = self._pool if broken else None
-                if broken:  # every job it held is scheduled again; only queued ones never resolve there
-                    self._pool = None
-                    self.rebuilds += 1
-                    for job in self._pending:
-                        if job.inner is not None:
-                            job.inner = None
-                            self._todo.append(job)
-            if old is not None:  # outside the lock: stopping joins pebble's threads, which call back
-                old.stop()
-                old.join()
-            with self._lock:
-                todo, self._todo = self._todo, []
-                for job in todo:
-                    if not job.future.done() and not self._closed:
-                        self._submit(job)
-
-    def _submit(self, job: _Job) -> None:
-        if self._pool is None:
-            from pebble import ProcessPool
-
-            self._pool = ProcessPool(max_workers=self.workers, initializer=self.initializer,
-                                     context=multiprocessing.get_context("spawn"))
-        try:
-            inner = self._pool.schedule(job.function, args=job.args, timeout=job.timeout)
-        except RuntimeError:  # it broke since the last look: the next round (POLL_SECS) rebuilds it
-            self._todo.append(job)
-            return
-        job.inner = inner
-        inner.add_done_callback(lambda f, job=job: self._done(job, f))
-
-    def _done(self, job: _Job, inner: Any) -> None:
-        """An attempt ended (on one of pebble's threads)."""
-        from pebble import ProcessExpired
-
-        outcome: tuple[str, Any] | None = None
+    def close(self) -> None:
+        """Stop the processes; jobs not finished are cancelled."""
         with self._lock:
-            if job.inner is not inner or job.future.done():
-                return  # an attempt of a pool already replaced
-            job.inner = None
-            try:
-                error = inner.exception()
-            except CancelledError as exc:
-                error = exc
-            if error is None:
-                outcome = ("result", inner.result())
-            elif isinstance(error, ProcessExpired):
-                job.exits.append(error.exitcode)
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        self._wake()
+        if thread is not None:
+            thread.join(timeout=STOP_SECS + 5.0)
+        else:
+            self._wake_recv.close()
+            self._wake_send.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_send.send_bytes(b"")
+        except OSError:  # closed
+            pass
+
+    # ---- the pool's thread: every process is started, fed, watched and stopped here ----------
+    def _supervise(self) -> None:
+        processes = [self._start() for _ in range(self.workers)]
+        try:
+            while not self._closed:
+                ready = wait([self._wake_recv, *(p.conn for p in processes), *(p.process.sentinel for p in processes)],
+                             timeout=self._next_wait(processes))
+                if self._wake_recv in ready:
+                    while self._wake_recv.poll():
+                        self._wake_recv.recv_bytes()
+                processes = [self._look_after(p) for p in processes]
+                self._hand_out(processes)
+        finally:
+            self._stop(processes)
+
+    def _start(self) -> _Process:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=_serve, args=(child, self.initializer), daemon=True,
+                                        name=f"tvm_ext-pool-{next(self._ids)}")
+        process.start()
+        child.close()
+        return _Process(process, parent)
+
+    def _next_wait(self, processes: list[_Process]) -> float:
+        now, wait_secs = time.monotonic(), POLL_SECS
+        for p in processes:
+            if p.job is not None and p.job.timeout is not None:
+                wait_secs = min(wait_secs, max(0.0, p.started + p.job.timeout - now))
+        return wait_secs
+
+    def _look_after(self, p: _Process) -> _Process:
+        """Take what ``p`` sent; replace it when it died or its job ran past its timeout."""
+        try:
+            while p.conn.poll():
+                message = p.conn.recv()
+                if message == READY:
+                    p.ready, self._start_deaths = True, 0
+                elif p.job is not None:
+                    kind, value = message
+                    job, p.job = p.job, None
+                    _resolve(job, value if kind == "result" else None, None if kind == "result" else value)
+        except (EOFError, OSError):
+            pass  # it died: its exit is handled below
+        if p.job is not None and p.job.timeout is not None and time.monotonic() > p.started + p.job.timeout:
+            job, p.job = p.job, None
+            _resolve(job, None, FutureTimeout(f"the job ran past its timeout of {job.timeout:g} s"))
+            return self._replace(p)
+        if not p.process.is_alive():
+            if not p.ready:
+                self._died_at_start(p.process.exitcode)
+            if p.job is not None:
+                job, p.job = p.job, None
+                job.exits.append(p.process.exitcode)
                 if len(job.exits) > self.retries:
                     deaths = ", ".join(_exit_text(c) for c in job.exits)
-                    outcome = ("error", ProcessDied(f"its process died each of {len(job.exits)} times ({deaths})"))
-            elif isinstance(error, BrokenProcessPool):
-                job.breaks += 1
-                if job.breaks > MAX_BREAKS:
-                    outcome = ("error", ProcessDied(f"the pool broke {job.breaks} times while running it"))
-            else:
-                outcome = ("error", error)
-            if outcome is None:
-                self._todo.append(job)
-                self._wake.set()
-                return
-            self._pending.discard(job)
-        kind, value = outcome  # resolved outside the lock: the caller's callbacks run here
-        if kind == "result":
-            job.future.set_result(value)
-        elif isinstance(value, CancelledError):
-            job.future.cancel()
-        else:
-            job.future.set_exception(value)
+                    _resolve(job, None, ProcessDied(f"its process died each of {len(job.exits)} times ({deaths})"))
+                else:
+                    with self._lock:
+                        self._queue.appendleft(job)  # runs again before the jobs queued after it
+            return self._replace(p)
+        return p
 
-    def close(self) -> None:
-        """Stop the processes; pending jobs are cancelled."""
+    def _died_at_start(self, code: Any) -> None:
+        """A process died before it was ready (its initializer failed, or it was killed): after
+        ``MAX_START_DEATHS`` in a row the queued jobs fail rather than wait for ever."""
+        self._start_deaths += 1
+        if self._start_deaths < MAX_START_DEATHS:
+            return
         with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-            pending, self._pending = list(self._pending), set()
-            self._todo = []
-        self._wake.set()
-        if pool is not None:
-            pool.stop()
-            pool.join()
-        for job in pending:
-            job.future.cancel()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+            queued, self._queue = list(self._queue), deque()
+        for job in queued:
+            _resolve(job, None, ProcessDied(f"the pool's processes die as they start ({self._start_deaths} in a row, "
+                                            f"the last with {_exit_text(code)})"))
+
+    def _replace(self, p: _Process) -> _Process:
+        _end(p)
+        self.rebuilds += 1
+        return self._start()
+
+    def _hand_out(self, processes: list[_Process]) -> None:
+        for p in processes:
+            if not p.ready or p.job is not None:
+                continue
+            with self._lock:
+                job = None
+                while self._queue and job is None:
+                    job = self._queue.popleft()
+                    if not job.exits and not job.future.set_running_or_notify_cancel():
+                        job = None  # cancelled while queued (a retried job is running already)
+            if job is None:
+                return
+            try:
+                p.conn.send((job.function, job.args))
+            except (OSError, ValueError):  # it died between its last message and now
+                with self._lock:
+                    self._queue.appendleft(job)
+                continue
+            except Exception as exc:  # noqa: BLE001 - arguments that cannot be sent
+                _resolve(job, None, exc)
+                continue
+            p.job, p.started = job, time.monotonic()
+
+    def _stop(self, processes: list[_Process]) -> None:
+        for p in processes:
+            try:
+                p.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + STOP_SECS
+        for p in processes:
+            p.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            _end(p)
+            if p.job is not None:
+                p.job.future.cancel() or _resolve(p.job, None, RuntimeError("the pool was closed"))
+        with self._lock:
+            queued, self._queue = list(self._queue), deque()
+        for job in queued:
+            job.future.cancel() or _resolve(job, None, RuntimeError("the pool was closed"))
+        self._wake_recv.close()
+        self._wake_send.close()
+
+
+def _resolve(job: _Job, result: Any, error: BaseException | None) -> None:
+    """Settle a job's future once (it may have been cancelled meanwhile)."""
+    if job.future.done():
+        return
+    if error is None:
+        job.future.set_result(result)
+    else:
+        job.future.set_exception(error)
+
+
+def _end(p: _Process) -> None:
+    """Kill ``p``'s process if it still runs and reap it; close its pipe."""
+    if p.process.is_alive():
+        p.process.kill()
+    p.process.join(timeout=STOP_SECS)
+    p.conn.close()
