@@ -1,4 +1,4 @@
-"""Split K on the wgmma GEMM (knob ``wg_split_k``) at shapes whose output has few tiles, float16
+"""Split K on the wgmma GEMM (knob ``wgmma_split_k``) at shapes whose output has few tiles, float16
 and 3xTF32 float32, against cuBLAS at the same precision in the same run.
 
 Run through the device tool (see ../shared/DEVICE.md), a few minutes on an H100:

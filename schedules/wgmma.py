@@ -15,20 +15,20 @@ w owning rows [64w, 64w + 64) and issuing ``m64n{BN}k16`` four times per k step 
 memory holds S stages of the A and Bt tiles in the 128-byte-swizzle layout (row r of a 64-half
 k slice at byte 128 r, its 16-byte chunk c at chunk c ^ (r % 8)), filled by all threads with
 16-byte ``cp.async``; the descriptors use that swizzle, SBO = 1024 bytes (8 rows), and advance
-32 bytes per k16.  Pipeline (``wg_inflight`` = wgmma groups left in flight, 0 or 1): tiles
+32 bytes per k16.  Pipeline (``wgmma_inflight`` = wgmma groups left in flight, 0 or 1): tiles
 k+1 .. k+S-1-W load while the wgmma of tile k runs; one barrier per k step; a stage is refilled
 once every warpgroup's wgmma that read it has retired.  Epilogue: the accumulator fragment
-converted to half2 and stored straight to global memory, or (``wg_smem_epilogue``) through
-padded shared memory and 16-byte coalesced stores.  ``wg_raster`` groups the blocks that many
-tile rows at a time.  ``wg_tiles`` > 1: a block computes several C tiles in turn (b, b + grid,
+converted to half2 and stored straight to global memory, or (``wgmma_smem_epilogue``) through
+padded shared memory and 16-byte coalesced stores.  ``wgmma_raster`` groups the blocks that many
+tile rows at a time.  ``wgmma_tiles`` > 1: a block computes several C tiles in turn (b, b + grid,
 ...), one cp.async pipeline running across them, so the next tile's first stages load during
 this one's last k steps and its store (the store follows the k loop and a full wgmma wait;
 touching the accumulators inside the loop makes ptxas serialise the wgmma); its shared-memory
-epilogue stages each warpgroup's C in the 1 + ``wg_inflight`` stages the next tile's loads leave
-free.  ``wg_split_k`` S > 1: K in S slices, each a unit of work (unit u: slice u // tiles of
+epilogue stages each warpgroup's C in the 1 + ``wgmma_inflight`` stages the next tile's loads leave
+free.  ``wgmma_split_k`` S > 1: K in S slices, each a unit of work (unit u: slice u // tiles of
 tile u % tiles), its float32 sums stored straight to a buffer of the function's own (S x C),
 and a second kernel adds the slices and applies the epilogue: more blocks where C has too few
-tiles for the SMs.  ``wg_split_cluster`` 1: a tile's S slices are one thread-block cluster
+tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-block cluster
 (adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
@@ -62,24 +62,25 @@ REGISTERS_PER_SM = 65536
 # 128-register cap; 256x256 failed to launch)
 OTHER_REGISTERS = 32
 THREAD_REGISTERS = 255  # the most registers a thread may have
-TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wg_tiles's choices
-SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wg_split_k's choices
+TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wgmma_tiles's choices
+SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wgmma_split_k's choices
 REDUCE_THREADS = 256  # threads a block of the split sums' kernel, four columns each
 KNOBS = (
-    Knob("wg_bm", (64, 128, 256), "block rows: wg_bm / 64 warpgroups of 128 threads, 64 rows each"),
-    Knob("wg_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
-    Knob("wg_stages", (2, 3, 4, 5, 6, 8), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
-    Knob("wg_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
-    Knob("wg_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
-    Knob("wg_raster", (0, 2, 4, 8), "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
-    Knob("wg_tiles", TILES_PER_BLOCK,
+    Knob("wgmma_bm", (64, 128, 256), "block rows: wgmma_bm / 64 warpgroups of 128 threads, 64 rows each"),
+    Knob("wgmma_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
+    Knob("wgmma_stages", (2, 3, 4, 5, 6, 8), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
+    Knob("wgmma_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
+    Knob("wgmma_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
+    Knob("wgmma_raster", (0, 2, 4, 8),
+         "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
+    Knob("wgmma_tiles", TILES_PER_BLOCK,
          "C tiles a block computes in turn (tiles b, b + grid, ...), its cp.async pipeline running on from one "
          "tile's k steps into the next's (no refill at each tile's start); the shared-memory epilogue then stages C "
          "in the stages the next tile's loads leave free"),
-    Knob("wg_split_k", SPLITS_OF_K,
+    Knob("wgmma_split_k", SPLITS_OF_K,
          "slices of K: each C tile's k steps split over that many units (more blocks where C has few tiles), "
          "their float32 sums added by a second kernel that applies the epilogue"),
-    Knob("wg_split_cluster", (0, 1),
+    Knob("wgmma_split_cluster", (0, 1),
          "with K split: 1: a tile's slices run as one thread-block cluster (Hopper) and add their sums through "
          "distributed shared memory, each block the epilogue of its share of the tile's rows (one kernel, no "
          "sums in global memory); 0: float32 sums to global memory, added by a second kernel"),
@@ -126,15 +127,15 @@ class WgmmaTile:
     @classmethod
     def of(cls, config: Config, operand: str = "float16") -> "WgmmaTile":
         c = config.as_dict()
-        return cls(c["wg_bm"], c["wg_bn"], c["wg_stages"], c["wg_inflight"], bool(c["wg_smem_epilogue"]),
-                   c["wg_raster"], tiles=c.get("wg_tiles", 1), split=c.get("wg_split_k", 1),
-                   cluster=bool(c.get("wg_split_cluster", 0)), operand=operand)
+        return cls(c["wgmma_bm"], c["wgmma_bn"], c["wgmma_stages"], c["wgmma_inflight"], bool(c["wgmma_smem_epilogue"]),
+                   c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
+                   cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand)
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
-        return dict(wg_bm=self.bm, wg_bn=self.bn, wg_stages=self.stages, wg_inflight=self.inflight,
-                    wg_smem_epilogue=int(self.smem_epilogue), wg_raster=self.raster, wg_tiles=self.tiles,
-                    wg_split_k=self.split, wg_split_cluster=int(self.cluster))
+        return dict(wgmma_bm=self.bm, wgmma_bn=self.bn, wgmma_stages=self.stages, wgmma_inflight=self.inflight,
+                    wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
+                    wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster))
 
     @property
     def name(self) -> str:
@@ -190,9 +191,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return (f"{t.name}: K's {k // t.bk} steps of {t.bk} must split into {t.split} equal slices "
                 f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
     if t.split > 1 and t.smem_epilogue:
-        return f"{t.name}: a split K stores float32 sums straight to global memory (use wg_smem_epilogue 0)"
+        return f"{t.name}: a split K stores float32 sums straight to global memory (use wgmma_smem_epilogue 0)"
     if t.cluster and (t.split == 1 or t.tiles > 1 or t.bm % t.split):
-        return (f"{t.name}: a cluster adds the slices of K of one tile (wg_split_k > 1, wg_tiles 1), each block "
+        return (f"{t.name}: a cluster adds the slices of K of one tile (wgmma_split_k > 1, wgmma_tiles 1), each block "
                 f"{t.bm} / {t.split} of its rows: the split must divide bm")
     if t.cluster and t.cluster_sum_bytes() > t.smem_bytes():
         return (f"{t.name}: the tile's float32 sums ({t.cluster_sum_bytes()} bytes) do not fit in the stages' "
@@ -233,7 +234,7 @@ def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
     if c_dtype not in ("float16", "float32"):
         return f"the wgmma GEMM stores C as float16 or float32, not {c_dtype}"
     if t.smem_epilogue and c_dtype != "float16":
-        return f"{t.name}: the shared-memory epilogue stages float16 C only (use wg_smem_epilogue 0)"
+        return f"{t.name}: the shared-memory epilogue stages float16 C only (use wgmma_smem_epilogue 0)"
     return None
 
 
@@ -553,7 +554,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     def store_unit(smem: Any, C: Any, bias: Any, sums: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any,
                    tx: Any, piece: Any, copy_row0: Any, copy_base: Any, copy_threads: Any, lane: Any) -> None:
         """Unit ``unit``'s sums stored after its k loop: a K slice's float32 sums, or C through
-        the epilogue, staged in shared memory (``wg_smem_epilogue``: the warpgroup's 64 rows from
+        the epilogue, staged in shared memory (``wgmma_smem_epilogue``: the warpgroup's 64 rows from
         ``piece``) or directly.  The staged C goes out 16 bytes a thread, whole rows a warp:
         thread ``lane`` of ``copy_threads`` copies the rows from ``copy_base`` to C's from
         ``copy_row0`` (the whole tile, or the warpgroup's own rows)."""

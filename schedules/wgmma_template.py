@@ -42,7 +42,7 @@ def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
 
 def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
            matrices: int = 1) -> WgmmaTile:
-    """``t`` with the fewest C tiles a block (``wg_tiles``) that fit the GEMMs of ``shapes`` into
+    """``t`` with the fewest C tiles a block (``wgmma_tiles``) that fit the GEMMs of ``shapes`` into
     one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
     then runs on from tile to tile instead of refilling at each (H100, float16 from CUDA graphs:
     128x256 with 6 tiles a block, raster 8, 0.090 ms at 8192x3072x1024 = 0.94 of cuBLAS, against

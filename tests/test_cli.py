@@ -87,3 +87,39 @@ def test_ctrl_c_keeps_records_and_prints_best_so_far(tmp_path):
     assert len(lines) >= 3
     for line in lines:
         json.loads(line)  # every kept record is whole
+
+
+def _group_options(parser, title):
+    (group,) = [g for g in parser._action_groups if g.title == title]
+    return [(a.option_strings, a.default) for a in group._group_actions]
+
+
+def _declared(group):
+    return [(list(o.flags), o.settings.get("default", False if o.settings.get("action") == "store_true" else None))
+            for o in group.options]
+
+
+def test_every_tuning_subcommand_takes_the_option_groups_declared_once():
+    """Each operator's tune subcommand and ``model`` list the tuning, remote and cost-model groups
+    exactly as ``cli_options`` declares them, and parse to their defaults; each mixed-precision
+    subcommand its method 003 and run groups."""
+    from tvm_ext.cli_options import RUN_GROUP, TUNING_GROUPS, method_003_group
+    from tvm_ext.operators import precision_operators, tune_commands
+    from tvm_ext.tune import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    commands = [(c.command, [c.command, *c.example]) for c in tune_commands()] + [("model", ["model", "m.py"])]
+    assert len(commands) >= 7
+    for name, argv in commands:
+        args = vars(parser.parse_args(argv))
+        for group in TUNING_GROUPS:
+            assert _group_options(sub.choices[name], group.title) == _declared(group), (name, group.title)
+            for flags, default in _declared(group):
+                assert args[flags[0].lstrip("-").replace("-", "_")] == default, (name, flags)
+    (mp,) = [a for a in sub.choices["mixed-precision"]._actions if a.dest == "operator"]
+    assert mp.choices and set(mp.choices) == {op.name for op in precision_operators()}
+    for name, p in mp.choices.items():
+        for group in (method_003_group(), RUN_GROUP):
+            assert _group_options(p, group.title) == _declared(group), (name, group.title)
+    assert _group_options(mp.choices["gemm"], "run")[5] == (["--build-timeout"], 300.0)

@@ -34,7 +34,7 @@ def test_site_builds_strictly_with_the_generated_cli_reference(tmp_path):
     operators = (site / "operators" / "index.html").read_text()  # the registry's knob tables
     for name in OPERATORS:
         assert f"<code>{name}</code>" in operators, name
-    assert "<code>step_flags</code>" in operators and "<code>wg_split_k</code>" in operators
+    assert "<code>step_flags</code>" in operators and "<code>wgmma_split_k</code>" in operators
 
 
 def readme_commands() -> list[str]:

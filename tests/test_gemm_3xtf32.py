@@ -94,12 +94,12 @@ def test_the_program_splits_then_multiplies_tf32_at_depth_3k():
     target = offline_cuda()
     t = Gemm3xTf32Template(256, 256, 128)
     cfg = t.default_config(target)
-    assert cfg.tf_promote == 4 and cfg.wg_smem_epilogue == 0
+    assert cfg.tf_promote == 4 and cfg.wgmma_smem_epilogue == 0
     program = t.build_program(cfg, target)
     assert [(c.name, c.args) for c in program.calls] == [
         ("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")), ("gemm", ("a_parts", "b_parts", "C"))]
     assert [s.shape for s in t.scratch()] == [(256, 384), (256, 384)]
-    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.wg_bn}k8.f32.tf32.tf32" in program.source
+    assert f"wgmma.mma_async.sync.aligned.m64n{cfg.wgmma_bn}k8.f32.tf32.tf32" in program.source
     plain = t.build_program(cfg.replace(tf_promote=0), target).source
     # promoting: C is stored from the second set of sums (the promoted ones); without, from the accumulators
     assert "(total_ptr + " in program.source and "total" not in plain
@@ -124,10 +124,10 @@ def test_the_default_tile_is_64_columns_wide_only_where_nothing_wider_divides():
 
 
 @pytest.mark.parametrize("shape, knobs, reason", [
-    ((256, 256, 128), dict(wg_smem_epilogue=1), "C stored directly"),
-    ((256, 256, 128), dict(wg_bm=128, wg_bn=256, wg_stages=4, tf_promote=4), "bn <= 192"),
+    ((256, 256, 128), dict(wgmma_smem_epilogue=1), "C stored directly"),
+    ((256, 256, 128), dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, tf_promote=4), "bn <= 192"),
     ((256, 256, 96), dict(tf_promote=8), "must divide the 9 k steps"),
-    ((256, 256, 128), dict(wg_stages=2, wg_inflight=1), "at least 3 stages"),
+    ((256, 256, 128), dict(wgmma_stages=2, wgmma_inflight=1), "at least 3 stages"),
 ])
 def test_configs_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
     target = offline_cuda()
@@ -190,15 +190,17 @@ def _gpu_error(t, cfg, a, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [dict(), dict(wg_bm=128, wg_bn=192, wg_stages=4, wg_tiles=1, wg_raster=0,
-                                                tf_promote=2), dict(wg_bm=64, wg_bn=64, wg_tiles=3),
-                                   dict(wg_inflight=0, tf_promote=1),
-                                   dict(wg_bm=128, wg_bn=128, wg_tiles=1, wg_split_k=4, tf_promote=4),
-                                   dict(wg_bm=64, wg_bn=128, wg_tiles=2, wg_split_k=3, tf_promote=2),
-                                   dict(wg_bm=128, wg_bn=128, wg_tiles=1, wg_split_k=2, wg_split_cluster=1,
-                                        tf_promote=4),
-                                   dict(wg_bm=128, wg_bn=192, wg_stages=4, wg_tiles=1, wg_raster=0, wg_split_k=4,
-                                        wg_split_cluster=1, tf_promote=2)])
+@pytest.mark.parametrize("knobs", [dict(),
+                                   dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_tiles=1, wgmma_raster=0,
+                                        tf_promote=2),
+                                   dict(wgmma_bm=64, wgmma_bn=64, wgmma_tiles=3),
+                                   dict(wgmma_inflight=0, tf_promote=1),
+                                   dict(wgmma_bm=128, wgmma_bn=128, wgmma_tiles=1, wgmma_split_k=4, tf_promote=4),
+                                   dict(wgmma_bm=64, wgmma_bn=128, wgmma_tiles=2, wgmma_split_k=3, tf_promote=2),
+                                   dict(wgmma_bm=128, wgmma_bn=128, wgmma_tiles=1, wgmma_split_k=2,
+                                        wgmma_split_cluster=1, tf_promote=4),
+                                   dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_tiles=1, wgmma_raster=0,
+                                        wgmma_split_k=4, wgmma_split_cluster=1, tf_promote=2)])
 def test_cuda_3xtf32_matches_float64(knobs):
     t = Gemm3xTf32Template(384, 768, 512)
     target_cfg = t.default_config(offline_cuda())

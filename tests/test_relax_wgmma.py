@@ -181,7 +181,7 @@ def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection
 
     cuda = offline_cuda()
     matches = match_tasks(extract_tasks(legalize_and_fuse(base32), cuda), cuda)
-    slices = {m.name: m.template.default_config(cuda).wg_split_k for m in matches if m.matcher == "tf32"}
+    slices = {m.name: m.template.default_config(cuda).wgmma_split_k for m in matches if m.matcher == "tf32"}
     assert sorted(slices.values()) == [1, 4, 4, 4]  # BERT's 768-column outputs split K: few tiles
     compiled = compile_relax(base32, cuda, _operators(matches, cuda, tmp_path / "db"), log=None)
     with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):

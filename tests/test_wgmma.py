@@ -33,7 +33,7 @@ def _config(template, target, **knobs):
 def test_the_template_builds_the_warpgroup_mma_kernel():
     target = offline_cuda()
     t = WgmmaGemmTemplate(256, 256, 256)
-    cfg = _config(t, target, wg_bm=128, wg_bn=128, wg_stages=3, wg_inflight=0)
+    cfg = _config(t, target, wgmma_bm=128, wgmma_bn=128, wgmma_stages=3, wgmma_inflight=0)
     program = t.build_program(cfg, target)
     source = program.source
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in source
@@ -42,7 +42,7 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
     assert program.params == ("A", "Bt", "C")
     assert program.trace == {"lowered": "wgmma", "config": cfg.as_dict()}  # the config is the record
     wide = WgmmaGemmTemplate(2048, 2048, 128)  # 128 tiles of 128x256 give 90 % of the SMs a block
-    assert (wide.default_config(target).as_dict()["wg_bm"], wide.default_config(target).as_dict()["wg_bn"]) == \
+    assert (wide.default_config(target).as_dict()["wgmma_bm"], wide.default_config(target).as_dict()["wgmma_bn"]) == \
         (128, 256)  # the probe's best tile
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
     small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the tile giving most blocks instead
@@ -59,7 +59,7 @@ def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
     t = WgmmaGemmTemplate(64, 3072, 1024)
     cfg = t.default_config(target)
     assert WgmmaTile.of(cfg) == WgmmaTile(64, 64, 8, 1, True, 0)
-    assert t.space(target).is_feasible(cfg) and 8 in t.space(target).knob("wg_stages").choices
+    assert t.space(target).is_feasible(cfg) and 8 in t.space(target).knob("wgmma_stages").choices
     assert pick_wgmma_tile([(64, 3072, 1024)], target, "float16") == WgmmaTile(64, 64, 8, 1, True, 0)
     source = t.build_program(cfg, target).source
     assert "m64n64k16" in source and "cp.async.wait_group 5" in source  # 8 stages: 6 tiles loaded ahead
@@ -116,7 +116,7 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
     slices and stores C.  The partial sums are the function's own buffer (TVM's workspace)."""
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
-    cfg = t.default_config(target).replace(wg_split_cluster=0)
+    cfg = t.default_config(target).replace(wgmma_split_cluster=0)
     assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2)
     program = t.build_program(cfg, target)
     assert program.params == ("A", "Bt", "C")
@@ -178,21 +178,24 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
 
 
 @pytest.mark.parametrize("shape, knobs, reason", [
-    ((4096, 4096, 4096), dict(wg_stages=2, wg_inflight=1), "at least 3 stages"),
-    ((4096, 4096, 4096), dict(wg_inflight=0, wg_tiles=4, wg_stages=4), "too few for 2"),
-    ((4096, 4096, 4096), dict(wg_stages=6), "bytes of shared memory"),
+    ((4096, 4096, 4096), dict(wgmma_stages=2, wgmma_inflight=1), "at least 3 stages"),
+    ((4096, 4096, 4096), dict(wgmma_inflight=0, wgmma_tiles=4, wgmma_stages=4), "too few for 2"),
+    ((4096, 4096, 4096), dict(wgmma_stages=6), "bytes of shared memory"),
     ((4096, 4000, 4096), dict(), "must divide"),
-    ((256, 256, 256), dict(wg_bn=128, wg_raster=4), "raster group (4) must divide the 2 tile rows"),
-    ((256, 256, 256), dict(wg_bm=64, wg_bn=192), "must divide"),
-    ((512, 512, 256), dict(wg_bm=256, wg_bn=256, wg_stages=3), "registers"),  # failed to launch on the H100
-    ((1024, 768, 768), dict(wg_smem_epilogue=0, wg_split_k=8), "12 steps of 64 must split into 8 equal slices"),
-    ((1024, 768, 3072), dict(wg_split_k=2), "split K stores float32 sums"),
-    ((1024, 768, 3072), dict(wg_smem_epilogue=0, wg_split_k=3, wg_split_cluster=1), "the split must divide bm"),
-    ((1024, 768, 3072), dict(wg_smem_epilogue=0, wg_split_k=2, wg_split_cluster=1, wg_tiles=2, wg_stages=3),
-     "wg_tiles 1"),
-    ((1024, 768, 3072), dict(wg_smem_epilogue=0, wg_split_cluster=1, wg_stages=3), "wg_split_k > 1"),
-    ((1024, 768, 3072), dict(wg_bn=256, wg_stages=2, wg_inflight=0, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=1,
-                             wg_split_cluster=1), "do not fit in the stages' shared memory"),
+    ((256, 256, 256), dict(wgmma_bn=128, wgmma_raster=4), "raster group (4) must divide the 2 tile rows"),
+    ((256, 256, 256), dict(wgmma_bm=64, wgmma_bn=192), "must divide"),
+    ((512, 512, 256), dict(wgmma_bm=256, wgmma_bn=256, wgmma_stages=3),
+     "registers"),  # failed to launch on the H100
+    ((1024, 768, 768), dict(wgmma_smem_epilogue=0, wgmma_split_k=8),
+     "12 steps of 64 must split into 8 equal slices"),
+    ((1024, 768, 3072), dict(wgmma_split_k=2), "split K stores float32 sums"),
+    ((1024, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_k=3, wgmma_split_cluster=1),
+     "the split must divide bm"),
+    ((1024, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_split_cluster=1, wgmma_tiles=2,
+                             wgmma_stages=3), "wgmma_tiles 1"),
+    ((1024, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_cluster=1, wgmma_stages=3), "wgmma_split_k > 1"),
+    ((1024, 768, 3072), dict(wgmma_bn=256, wgmma_stages=2, wgmma_inflight=0, wgmma_smem_epilogue=0, wgmma_split_k=2,
+                             wgmma_tiles=1, wgmma_split_cluster=1), "do not fit in the stages' shared memory"),
 ])
 def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
     target = offline_cuda()
@@ -209,7 +212,7 @@ def test_targets_without_wgmma_and_untileable_shapes_are_errors(opencl):
         t.default_config(offline_cuda("sm_80"))
     with pytest.raises(TvmExtError, match="not opencl's"):
         t.default_config(opencl)
-    assert WgmmaGemmTemplate(192, 128, 128).default_config(offline_cuda()).as_dict()["wg_bm"] == 64
+    assert WgmmaGemmTemplate(192, 128, 128).default_config(offline_cuda()).as_dict()["wgmma_bm"] == 64
     with pytest.raises(TvmExtError, match="no wgmma tile fits 100x128x128"):
         WgmmaGemmTemplate(100, 128, 128).default_config(offline_cuda())
     assert WgmmaTile().name == "wgmma 128x256x64 s4 w1 smem"
@@ -264,16 +267,19 @@ def test_cli_batch_options_are_checked(tmp_path):
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_layout", ["NK", "KN"])
-@pytest.mark.parametrize("knobs", [dict(), dict(wg_smem_epilogue=0), dict(wg_inflight=0),
-                                   dict(wg_bm=256, wg_bn=128, wg_raster=2), dict(wg_bn=128, wg_stages=6),
-                                   dict(wg_bm=64, wg_bn=64, wg_stages=2, wg_inflight=0), dict(wg_bn=192),
-                                   dict(wg_bn=192, wg_tiles=6), dict(wg_tiles=4, wg_smem_epilogue=0, wg_raster=2),
-                                   dict(wg_bm=256, wg_bn=128, wg_tiles=3),
-                                   dict(wg_smem_epilogue=0, wg_split_k=2),
-                                   dict(wg_bn=128, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=3, wg_raster=2),
-                                   dict(wg_bn=128, wg_smem_epilogue=0, wg_split_k=2, wg_split_cluster=1, wg_raster=2),
-                                   dict(wg_bm=64, wg_bn=192, wg_stages=4, wg_smem_epilogue=0, wg_split_k=2,
-                                        wg_split_cluster=1)])
+@pytest.mark.parametrize("knobs", [dict(), dict(wgmma_smem_epilogue=0), dict(wgmma_inflight=0),
+                                   dict(wgmma_bm=256, wgmma_bn=128, wgmma_raster=2), dict(wgmma_bn=128, wgmma_stages=6),
+                                   dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=2, wgmma_inflight=0), dict(wgmma_bn=192),
+                                   dict(wgmma_bn=192, wgmma_tiles=6),
+                                   dict(wgmma_tiles=4, wgmma_smem_epilogue=0, wgmma_raster=2),
+                                   dict(wgmma_bm=256, wgmma_bn=128, wgmma_tiles=3),
+                                   dict(wgmma_smem_epilogue=0, wgmma_split_k=2),
+                                   dict(wgmma_bn=128, wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_tiles=3,
+                                        wgmma_raster=2),
+                                   dict(wgmma_bn=128, wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_split_cluster=1,
+                                        wgmma_raster=2),
+                                   dict(wgmma_bm=64, wgmma_bn=192, wgmma_stages=4, wgmma_smem_epilogue=0,
+                                        wgmma_split_k=2, wgmma_split_cluster=1)])
 def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
     """Both B layouts (KN: the transposed-B descriptors, N atoms and their swizzle; a wrong
     stride or swizzle scrambles B and the error is O(1)); several tiles a block, unevenly
@@ -317,20 +323,24 @@ def test_cuda_tune_gemm_wgmma(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [
-    dict(shape=(128, 128, 64), batch=(8, 12), b_layout="KN", knobs=dict(wg_bm=128, wg_bn=64, wg_stages=6, wg_tiles=2)),
-    dict(shape=(128, 64, 128), batch=(8, 12), b_layout="KN", knobs=dict(wg_bm=64, wg_bn=64, wg_stages=3)),
+    dict(shape=(128, 128, 64), batch=(8, 12), b_layout="KN",
+         knobs=dict(wgmma_bm=128, wgmma_bn=64, wgmma_stages=6, wgmma_tiles=2)),
+    dict(shape=(128, 64, 128), batch=(8, 12), b_layout="KN", knobs=dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=3)),
     dict(shape=(256, 128, 192), batch=(5,), b_layout="NK",
-         knobs=dict(wg_bm=128, wg_bn=128, wg_stages=3, wg_smem_epilogue=0, wg_tiles=3, wg_raster=2)),
+         knobs=dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=3, wgmma_smem_epilogue=0, wgmma_tiles=3, wgmma_raster=2)),
     dict(shape=(256, 256, 128), batch=(2, 3), b_layout="NK", b_shared=True,
-         knobs=dict(wg_bm=128, wg_bn=256, wg_stages=3)),
+         knobs=dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=3)),
     dict(shape=(128, 256, 128), batch=(3,), b_layout="KN", b_shared=True,
-         knobs=dict(wg_bm=64, wg_bn=128, wg_stages=4, wg_tiles=4, wg_smem_epilogue=1)),
+         knobs=dict(wgmma_bm=64, wgmma_bn=128, wgmma_stages=4, wgmma_tiles=4, wgmma_smem_epilogue=1)),
     dict(shape=(256, 128, 256), batch=(3,), b_layout="KN",
-         knobs=dict(wg_bm=128, wg_bn=128, wg_stages=3, wg_smem_epilogue=0, wg_split_k=2, wg_tiles=2)),
+         knobs=dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=3, wgmma_smem_epilogue=0, wgmma_split_k=2,
+                    wgmma_tiles=2)),
     dict(shape=(256, 128, 512), batch=(3,), b_layout="KN",
-         knobs=dict(wg_bm=128, wg_bn=128, wg_stages=4, wg_smem_epilogue=0, wg_split_k=4, wg_split_cluster=1)),
+         knobs=dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_split_k=4,
+                    wgmma_split_cluster=1)),
     dict(shape=(128, 64, 1024), batch=(2,), b_layout="NK",
-         knobs=dict(wg_bm=64, wg_bn=64, wg_stages=4, wg_smem_epilogue=0, wg_split_k=8, wg_split_cluster=1)),
+         knobs=dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_split_k=8,
+                    wgmma_split_cluster=1)),
 ])
 def test_cuda_batched_wgmma_matches_float64(case):
     """Each matrix of a batch at its own offset (a wrong matrix index repeats or skips one: the
@@ -343,7 +353,7 @@ def test_cuda_batched_wgmma_matches_float64(case):
     target = resolve_target("cuda")
     t = WgmmaGemmTemplate(*case["shape"], b_layout=case["b_layout"], batch=case["batch"],
                           b_shared=case.get("b_shared", False))
-    program = t.build_program(_config(t, target, **{"wg_smem_epilogue": 1, "wg_inflight": 1, "wg_raster": 0,
+    program = t.build_program(_config(t, target, **{"wgmma_smem_epilogue": 1, "wgmma_inflight": 1, "wgmma_raster": 0,
                                                      **case["knobs"]}), target)
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal(spec.shape).astype(np.float16) for spec in t.inputs())

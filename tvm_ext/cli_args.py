@@ -1,74 +1,22 @@
 """Command-line pieces every ``python -m tvm_ext.tune`` subcommand shares: the tuning
-arguments and their checks, shapes, knob help, the one-line-error parser, speeds."""
+options (declared in ``cli_options``) turned into session options and checked, shapes, knob
+help, the one-line-error parser, speeds."""
 from __future__ import annotations
 
 import argparse
 from typing import Any, Sequence
 
 from .cli_checks import Parser  # noqa: F401  (the CLI's parser: one-line errors)
+from .cli_options import TUNING_GROUPS, add_groups
 from .cli_parse import knob_help, parse_batch, parse_shape  # noqa: F401  (imported from here too)
 from .errors import TvmExtError
 from .measure import MeasureSettings
-from .session import DEFAULT_RECORDS, RUNNERS, STRATEGIES, SessionOptions
+from .session import SessionOptions
 
 
 def add_tuning_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tuning")
-    g.add_argument("--target", default="opencl", help="opencl (default: any OpenCL device, PoCL on a CPU) or cuda")
-    g.add_argument("--device", type=int, default=0, help="device index (default 0; OpenCL GPUs first)")
-    g.add_argument("--strategy", default="ga", metavar="NAME",
-                   help=f"search strategy: {', '.join(STRATEGIES)} (default ga); analytic: method 002's GEMM "
-                        "tile from the hardware model (or the template's own pick), printed and measured once "
-                        "(--no-measure: not measured); ga+xgb is ga with --cost-model xgb")
-    g.add_argument("--generations", type=int, default=6, help="GA generations (default 6)")
-    g.add_argument("--population", type=int, default=12, help="GA population size (default 12)")
-    g.add_argument("--tourn-size", type=int, default=None,
-                   help="tournament size, < population/2 (default 2, or 1 for a population of 4)")
-    g.add_argument("--mutation", type=float, default=0.1, help="per-gene mutation probability (default 0.1)")
-    g.add_argument("--trials", type=int, default=None, help="max kernels measured in this run (default: no cap)")
-    g.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
-    g.add_argument("--seed", type=int, default=0, help="random seed: same seed, same search (default 0)")
-    g.add_argument("--records", default=DEFAULT_RECORDS,
-                   help=f"JSON-lines records file, resumed if present (default {DEFAULT_RECORDS})")
-    g.add_argument("--build-timeout", type=float, default=120.0, help="seconds per build (default 120)")
-    g.add_argument("--run-timeout", type=float, default=60.0, help="seconds per measurement (default 60)")
-    g.add_argument("--runner", default=None, metavar="NAME",
-                   help=f"where candidates are measured: {', '.join(RUNNERS)} (default local: this machine, "
-                        "an isolated process per device; rpc with --tracker or --devices)")
-    g.add_argument("--runner-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of the runner, repeatable (local: devices=0,1 measures on both devices "
-                        "at once)")
-    r = p.add_argument_group("measuring on many GPUs or hosts (--runner rpc, TVM's RPC tracker)")
-    r.add_argument("--tracker", default=None, metavar="HOST:PORT",
-                   help="the TVM RPC tracker whose servers measure (python -m tvm_ext.worker, or stock TVM servers)")
-    r.add_argument("--key", default=None, help="the servers' key at the tracker (one key per kind of device)")
-    r.add_argument("--parallel", type=int, default=None,
-                   help="jobs in flight (default: one per server registered under the key)")
-    r.add_argument("--secret-file", default=None, metavar="PATH",
-                   help="the shared secret that signs every message to and from the workers (default: "
-                        "$TVM_EXT_SECRET, else unsigned); the workers need the same one")
-    r.add_argument("--devices", default=None, metavar="0,1,...",
-                   help="this host's devices: start a local tracker and a worker per device, measure on all of "
-                        "them, stop them at the end")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g.add_argument("--no-cuda-graph", action="store_true",
-                   help="CUDA: time each candidate by launching it back to back (TVM's evaluator) instead of "
-                        "replaying it from a CUDA graph (the default: a kernel of a few microseconds is otherwise "
-                        "timed at the host's launch rate); the timer used is in each record's metrics")
-    m = p.add_argument_group("cost model (predictor stage of the GA)")
-    m.add_argument("--cost-model", default="none", choices=("none", "xgb"),
-                   help="xgb: each generation breeds --ng candidates, an XGBoost model trained on the records "
-                        "ranks them and only --nm are measured; saved as RECORDS.xgb.json (default none)")
-    m.add_argument("--ng", type=int, default=None, help="candidates bred per generation (default 16 x nm)")
-    m.add_argument("--nm", type=int, default=None, help="candidates measured per generation (default population/2)")
-    m.add_argument("--explore", type=float, default=0.2,
-                   help="share of nm picked at random instead of by the model (default 0.2)")
-    m.add_argument("--ptxas", action="store_true",
-                   help="CUDA: add registers/spills from nvcc's ptxas -v to the model's features "
-                        "(compiles each ranked candidate; cached in RECORDS.ptxas.json)")
-    m.add_argument("--no-measure", action="store_true",
-                   help="with --strategy analytic: print the pick without measuring it (no device needed "
-                        "for --target cuda: H100 limits are assumed when no GPU is found)")
+    """The options every tuning subcommand takes (``cli_options.TUNING_GROUPS``)."""
+    add_groups(p, *TUNING_GROUPS)
 
 
 def session_options(args: argparse.Namespace) -> SessionOptions:

@@ -15,9 +15,7 @@ from typing import Any, Mapping
 
 from .cli_args import Parser
 from .operator_cli import TILE_HELP, tile_option  # noqa: F401  (imported from here too)
-from .session import DEFAULT_RECORDS
-
-DEFAULT_OUT = "tvm_ext_program"
+from .cli_options import RUN_GROUP, add_groups, method_003_group
 
 
 def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = None) -> None:
@@ -39,34 +37,7 @@ def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = N
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
-    from .mixed_precision import Method003Settings
-
-    d = Method003Settings()
-    g = p.add_argument_group("method 003")
-    g.add_argument("--error-bound", "--eb", type=float, default=d.error_bound,
-                   help=f"largest relative error accepted (eb, default {d.error_bound:g})")
-    g.add_argument("--m", type=int, default=d.max_measurements, help=f"max measurements (default {d.max_measurements})")
-    g.add_argument("--nf", type=int, default=d.max_stages, help=f"max stages kept by S3 (default {d.max_stages})")
-    g.add_argument("--n0", type=int, default=d.population, help=f"population size (default {d.population})")
-    g.add_argument("--ng", type=int, default=d.generated, help=f"configs generated per round (default {d.generated})")
-    g.add_argument("--nm", type=int, default=d.measured, help=f"configs measured per round (default {d.measured})")
-    g.add_argument("--u0", type=float, default=d.mutation, help=f"mutation probability (default {d.mutation:g})")
-    g.add_argument("--explore", type=float, default=d.explore,
-                   help=f"share of nm drawn at random instead of by the predictor (default {d.explore:g})")
-    g.add_argument("--predictor", default="xgb", choices=("xgb", "none"),
-                   help="S6 predictor: xgb (speed and error models) or none (random nm of ng)")
-    g.add_argument("--dtypes", default="",
-                   help="the low precision types to try besides float32, comma-separated from float16, "
-                        "bfloat16, float64 (default: the target's 16-bit types)")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    r = p.add_argument_group("run")
-    r.add_argument("--target", default="opencl", help="opencl (default) or cuda")
-    r.add_argument("--device", type=int, default=0, help="device index (default 0)")
-    r.add_argument("--records", default=DEFAULT_RECORDS, help="records file, resumed if present")
-    r.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the generated program (default {DEFAULT_OUT})")
-    r.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
-    r.add_argument("--build-timeout", type=float, default=300.0, help="seconds per build (default 300)")
-    r.add_argument("--run-timeout", type=float, default=120.0, help="seconds per measurement (default 120)")
+    add_groups(p, method_003_group(), RUN_GROUP)
 
 
 def run_mixed_precision(args: argparse.Namespace) -> int:

@@ -189,7 +189,7 @@ def fixed_dtypes(**dtypes: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 # the wgmma kernel's knobs added since its first records (``WgmmaTile.of`` reads them so too)
-WGMMA_KNOBS_ADDED = {"wg_tiles": 1, "wg_split_k": 1, "wg_split_cluster": 0}
+WGMMA_KNOBS_ADDED = {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0}
 
 _WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|direct)(?: r(\d+))?(?: t(\d+))?"
                          r"(?: k/(\d+))?( cluster)?")

@@ -61,6 +61,24 @@ def side_file(records_path: str | os.PathLike[str], kind: str) -> str:
             break
     return path + SIDE_FILES[kind]
 
+# Knobs renamed since records were written, per template: a config (a record's, or an exported
+# one) naming a knob by its earlier name reads back under today's.  The warpgroup MMA's tile knobs
+# were ``wg_*``, the prefix of the CUDA-core GEMM's work-group knobs; three templates carry them.
+_WGMMA_EARLIER_NAMES = {f"wg_{name}": f"wgmma_{name}" for name in (
+    "bm", "bn", "stages", "inflight", "smem_epilogue", "raster", "tiles", "split_k", "split_cluster")}
+RENAMED_KNOBS: dict[str, dict[str, str]] = {
+    "gemm_wgmma": _WGMMA_EARLIER_NAMES, "gemm_3xtf32": _WGMMA_EARLIER_NAMES, "gemm_tc_any": _WGMMA_EARLIER_NAMES}
+
+
+def current_knob_names(template: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` of a ``template`` (its name) with each renamed knob (``RENAMED_KNOBS``) under
+    its current name (a new dict); a knob given under both names keeps the current name's value."""
+    renames = RENAMED_KNOBS.get(template, {}) if isinstance(template, str) else {}
+    if not any(k in renames for k in config):
+        return config
+    return {renames.get(k, k): v for k, v in config.items() if renames.get(k) not in config}
+
+
 _SCALARS = (int, float, str, bool, type(None))
 MAX_DEPTH = 32  # nesting of a record's JSON (a trace is a few levels deep); deeper is not a record
 MAX_COST_SECS = 1e6  # a measured run slower than this (11 days) is not a measurement
@@ -153,6 +171,11 @@ class Record:
         _check_shape(data, line)
         _check_types(data)
         data["costs"] = tuple(float(c) for c in data["costs"])
+        template = data["workload"].get("template")
+        data["config"] = current_knob_names(template, data["config"])
+        trace = data.get("trace")
+        if isinstance(trace, dict) and isinstance(trace.get("config"), dict):  # a written kernel's: its config
+            data["trace"] = {**trace, "config": current_knob_names(template, trace["config"])}
         return cls(**data)
 
 

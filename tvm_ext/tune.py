@@ -16,6 +16,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from .cli_args import Parser, add_tuning_args, format_speed, knob_help, session_options
+from .cli_options import JSON
 from .errors import TvmExtError
 
 
@@ -51,14 +52,9 @@ def add_tune_parser(sub: Any, command: Any) -> argparse.ArgumentParser:
                        epilog=knob_help(command.knobs()), formatter_class=argparse.RawDescriptionHelpFormatter)
     command.add_arguments(p)
     add_tuning_args(p)
-    _add_json_arg(p)
+    JSON.add_to(p)
     p.set_defaults(make_template=command.make_template)
     return p
-
-
-def _add_json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true",
-                   help="print the final result as JSON on stdout (progress and notes stay on stderr)")
 
 
 def run_tuning(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TvmExtError
-from .records import Record, RecordStore
+from .records import Record, RecordStore, current_knob_names
 from .space import Config
 from .target import TargetInfo
 from .tasks import TaskMatch
@@ -82,9 +82,16 @@ def read_operators(database: str) -> dict[str, dict[str, Any]]:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-        return dict(data["operators"])
+        return {key: _current_names(entry) for key, entry in dict(data["operators"]).items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TvmExtError(f"{path} is not a tvm_ext operators file: {exc}") from None
+
+
+def _current_names(entry: Any) -> Any:
+    """An operators file's entry with its config's renamed knobs under their current names."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("config"), dict)):
+        return entry
+    return {**entry, "config": current_knob_names(entry.get("template"), entry["config"])}
 
 
 def export_operator(database: str, template: Any, store: RecordStore, target: TargetInfo) -> Exported | str:

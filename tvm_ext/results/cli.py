@@ -7,20 +7,19 @@ import os
 import sys
 from typing import Any
 
+from ..cli_options import DEVICE, OUT, RECORDS_FILE, WORKLOAD
 from ..errors import TvmExtError
 
 DEFAULT_REPORT = "tvm_ext_report"
 DEFAULT_EXPORT = "tvm_ext_kernel"
-WORKLOAD_HELP = ("a workload key (or its first characters) or words of its description, e.g. 'gemm m=256' "
-                 "(default: every workload)")
 
 
 def add_result_parsers(sub: Any) -> None:
     show = sub.add_parser("show", help="summarize a records file: best configs per workload, errors, time",
                           description="Per workload of a records file: the best configs, errors by kind, "
                                       "trials, tuning time and strategies.")
-    show.add_argument("records", metavar="RECORDS", help="JSON-lines records file")
-    show.add_argument("--workload", default=None, help=WORKLOAD_HELP)
+    RECORDS_FILE.add_to(show)
+    WORKLOAD.add_to(show)
     show.add_argument("--top", type=int, default=1, help="configs shown per workload, fastest first (default 1)")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.set_defaults(run=run_show)
@@ -29,21 +28,20 @@ def add_result_parsers(sub: Any) -> None:
                             description="Write, per workload, the best result so far against trials and "
                                         "against wall time (one line per strategy) and the speed at each "
                                         "knob value as PNG, and index.html showing them.")
-    report.add_argument("records", metavar="RECORDS", help="JSON-lines records file")
-    report.add_argument("--out", default=DEFAULT_REPORT, help=f"folder to write (default {DEFAULT_REPORT})")
-    report.add_argument("--workload", default=None, help=WORKLOAD_HELP)
+    RECORDS_FILE.add_to(report)
+    OUT.but(default=DEFAULT_REPORT, help=f"folder to write (default {DEFAULT_REPORT})").add_to(report)
+    WORKLOAD.add_to(report)
     report.set_defaults(run=run_report)
 
     export = sub.add_parser("export", help="write the best kernel of a workload: source, TVMScript, library",
                             description="Rebuild the best recorded kernel of one workload and write its "
                                         "device source (program.cl/.cu), TVMScript (kernels/), library "
                                         "(program.so) and manifest.json; tvm_ext.codegen.load_program runs it.")
-    export.add_argument("records", metavar="RECORDS", help="JSON-lines records file")
-    export.add_argument("--workload", default=None,
-                        help="the workload (key, its start, or description words); needed when the file "
-                             "holds several")
-    export.add_argument("--out", default=DEFAULT_EXPORT, help=f"folder to write (default {DEFAULT_EXPORT})")
-    export.add_argument("--device", type=int, default=0, help="device index (default 0)")
+    RECORDS_FILE.add_to(export)
+    WORKLOAD.but(help="the workload (key, its start, or description words); needed when the file "
+                      "holds several").add_to(export)
+    OUT.but(default=DEFAULT_EXPORT, help=f"folder to write (default {DEFAULT_EXPORT})").add_to(export)
+    DEVICE.add_to(export)
     export.set_defaults(run=run_export)
 
 
