@@ -35,9 +35,10 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                     "kernels) and run it. Tuning arguments apply to each distinct kernel; --trials caps each "
                     "one. Kernels already in the database are reused.",
     )
-    model.add_argument("file", metavar="FILE.py|FILE.onnx",
-                       help="Python file defining get_module(), or an ONNX model (its GRU nodes on tvm_ext's GRU; run "
-                            "on random inputs, checked against onnxruntime where it is installed)")
+    model.add_argument("file", metavar="FILE.py|FILE.onnx|FILE.pt2",
+                       help="Python file defining get_module(), an ONNX model (checked against onnxruntime where it is "
+                            "installed) or a torch.export program saved with torch.export.save (checked against "
+                            "torch); in both, GRU layers run on tvm_ext's GRU, on random inputs")
     model.add_argument("--database", default=DEFAULT_DATABASE,
                        help=f"meta_schedule database folder to write (default {DEFAULT_DATABASE})")
     model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
@@ -97,9 +98,42 @@ class OnnxModel:
         return session.run(None, dict(zip(names, inputs)))
 
 
+class ExportedProgramModel(OnnxModel):
+    """A ``torch.export`` program file (``.pt2``) standing in for a model file: ``get_module``
+    imports it (``torch_import``), ``get_inputs`` draws inputs of its shapes, ``reference``
+    runs the program with torch on the CPU."""
+
+    def __init__(self, path: str):
+        from .torch_import import load_exported_program
+
+        self.path = path
+        self.program = load_exported_program(path)
+
+    def get_module(self, **options: str) -> Any:
+        from .torch_import import import_exported_program
+
+        self._no_options(options)
+        return import_exported_program(self.program)
+
+    def get_inputs(self, **options: str) -> list[Any]:
+        from .torch_import import program_inputs
+
+        self._no_options(options)
+        return program_inputs(self.program)
+
+    def reference(self, inputs: list[Any], **options: str) -> list[Any]:
+        import torch
+
+        with torch.no_grad():
+            outputs = self.program.module()(*(torch.from_numpy(a) for a in inputs))
+        outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+        return [o.detach().cpu().numpy() for o in outputs]
+
+
 def load_model_file(path: str) -> Any:
-    """Import FILE.py as a module (an ONNX file becomes an ``OnnxModel``); a clear error when it
-    is missing, not Python (a text or binary file) or lacks get_module."""
+    """Import FILE.py as a module (an ONNX file becomes an ``OnnxModel``, a ``.pt2`` file an
+    ``ExportedProgramModel``); a clear error when it is missing, not Python (a text or binary
+    file) or lacks get_module."""
     if not os.path.isfile(path):
         raise TvmExtError(f"model file {path} does not exist")
     from .records import check_regular_file
@@ -107,6 +141,8 @@ def load_model_file(path: str) -> Any:
     check_regular_file(path, "model file")
     if path.lower().endswith(".onnx"):
         return OnnxModel(path)
+    if path.lower().endswith(".pt2"):
+        return ExportedProgramModel(path)
     # Loaded as Python source whatever its name ends with: a file that is not Python fails to
     # compile, which is bad input (one line), never an import machinery error.
     name = "tvm_ext_user_model"

@@ -1,0 +1,95 @@
+"""``torch.export`` programs imported with their ``nn.GRU`` layers on tvm_ext's GRU
+(``tvm_ext.torch_import``), run on PoCL against torch in float64: layers, bidirectional,
+batch_first, a given h0, no bias; ``tune model FILE.pt2``; the refusals.  Needs torch (the
+test extra installs the CPU build)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from tvm_ext.errors import TvmExtError  # noqa: E402
+from tvm_ext.precision import relative_error  # noqa: E402
+from tvm_ext.relax_gru import find_grus  # noqa: E402
+from tvm_ext.torch_import import import_exported_program, load_exported_program, program_inputs  # noqa: E402
+
+
+class GruThenLinear(nn.Module):
+    def __init__(self, with_h0: bool, **gru):
+        super().__init__()
+        self.gru, self.with_h0 = nn.GRU(**gru), with_h0
+        self.fc = nn.Linear(self.gru.hidden_size * (2 if self.gru.bidirectional else 1), 3)
+
+    def forward(self, x, h0=None):
+        y, h_n = self.gru(x, h0) if self.with_h0 else self.gru(x)
+        return self.fc(y), h_n
+
+
+CASES = {
+    "2L-bi-batch-first": dict(input_size=7, hidden_size=13, num_layers=2, bidirectional=True, batch_first=True),
+    "h0-no-bias": dict(input_size=5, hidden_size=9, bias=False),
+}
+
+
+def _export(case, seed=0):
+    torch.manual_seed(seed)
+    kwargs = dict(CASES[case])
+    with_h0 = case.startswith("h0")
+    model = GruThenLinear(with_h0, **kwargs).eval()
+    x = torch.randn(*((3, 6) if kwargs.get("batch_first") else (6, 3)), kwargs["input_size"])
+    args = (x, torch.randn(model.gru.num_layers * (2 if model.gru.bidirectional else 1), 3, kwargs["hidden_size"])) \
+        if with_h0 else (x,)
+    return model, torch.export.export(model, args)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exported_gru_runs_on_tvm_ext_gru_against_float64(opencl, case):
+    from tvm_ext.pipeline import load_model
+
+    model, program = _export(case)
+    mod = import_exported_program(program)
+    (gru,) = find_grus(mod)  # the GRU is one placeholder (TVM's frontend alone unrolls one layer or refuses)
+    assert (gru.template.layers, gru.template.bidirectional) == (model.gru.num_layers, model.gru.bidirectional)
+    inputs = program_inputs(program, seed=1)
+    outputs = load_model(mod, opencl, None, function="main", log=None)(*inputs)
+    with torch.no_grad():
+        reference = model.double()(*(torch.from_numpy(a).double() for a in inputs))
+    for ours, ref in zip(outputs, reference):
+        ours = np.asarray(ours.numpy() if hasattr(ours, "numpy") else ours)
+        assert ours.shape == tuple(ref.shape) and relative_error(ours, ref.numpy()) < 1e-5
+
+
+def test_training_mode_dropout_is_refused():
+    model = nn.GRU(4, 6, num_layers=2, dropout=0.5).train()
+    program = torch.export.export(model, (torch.randn(3, 2, 4),))
+    with pytest.raises(TvmExtError, match="training mode with dropout=0.5"):
+        import_exported_program(program)
+
+
+def test_a_file_that_is_not_a_program_is_one_error(tmp_path):
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(TvmExtError, match="is not a torch.export program"):
+        load_exported_program(str(path))
+
+
+def test_tune_model_takes_a_pt2_file(tmp_path):
+    """``tune model FILE.pt2``: the GRU is one tuned task, the model runs on PoCL and is checked
+    against the program run by torch."""
+    import subprocess
+    import sys
+
+    _, program = _export("2L-bi-batch-first")
+    path = tmp_path / "model.pt2"
+    torch.export.save(program, str(path))
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--generations", "1", "--population", "2",
+           "--no-progress", "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "tuned (GRU plan)" in p.stdout and "ran: output (3, 6, 3), (4, 3, 13)" in p.stdout, p.stdout
+    bad = tmp_path / "bad.pt2"
+    bad.write_text("not a program")
+    p = subprocess.run(cmd[:4] + [str(bad)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().startswith("error:") and "Traceback" not in p.stderr, p.stderr
