@@ -27,6 +27,9 @@ def add_tuning_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mutation", type=float, default=0.1, help="per-gene mutation probability (default 0.1)")
     g.add_argument("--trials", type=int, default=None, help="max kernels measured in this run (default: no cap)")
     g.add_argument("--workers", type=int, default=None, help="parallel build processes (default: all cores)")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="build each generation whole, then measure it (default: a generation is built in chunks of "
+                        "--workers, the next chunk while the devices measure the ones before it)")
     g.add_argument("--seed", type=int, default=0, help="random seed: same seed, same search (default 0)")
     g.add_argument("--records", default=DEFAULT_RECORDS,
                    help=f"JSON-lines records file, resumed if present (default {DEFAULT_RECORDS})")
@@ -85,7 +88,8 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
     return SessionOptions(
         target=args.target, device=args.device, strategy=strategy, runner=runner_name(args),
         generations=args.generations, population=args.population, tourn_size=args.tourn_size,
-        mutation=args.mutation, trials=args.trials, workers=args.workers, seed=args.seed, records=args.records,
+        mutation=args.mutation, trials=args.trials, workers=args.workers, overlap=not args.no_overlap,
+        seed=args.seed, records=args.records,
         build_timeout=args.build_timeout, run_timeout=args.run_timeout, ng=args.ng, nm=args.nm,
         explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option)
         + rpc_runner_options(args), measure=MeasureSettings(cuda_graph=not args.no_cuda_graph))
