@@ -157,6 +157,13 @@ def config_keys(recs) -> list[str]:
     return [json.dumps(r.config, sort_keys=True) for r in recs]
 
 
+def assert_each_built_and_measured_once(tuner: Tuner, timeline: Timeline) -> None:
+    """No config went to the builder twice, and the runner got one job per record."""
+    asked = tuner.builder.asked
+    assert len(asked) == len(set(asked)), Counter(asked).most_common(2)
+    assert sum(count for what, count, _ in timeline.events if what == "submit") == tuner.trials
+
+
 def assert_overlapped_and_bounded(timeline: Timeline) -> None:
     """A chunk's build started while measurements were in flight, and at every build's start
     the builds in measurement and the chunk being built fit the bound of two chunks."""
@@ -170,6 +177,7 @@ def assert_overlapped_and_bounded(timeline: Timeline) -> None:
 def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(cluster, tmp_path):
     tuner, result, timeline, batches = tuned(cluster, tmp_path / "r.jsonl", ga, settings=SLOW)
     assert_overlapped_and_bounded(timeline)
+    assert_each_built_and_measured_once(tuner, timeline)
     assert tuner.most_waiting == 2 * CHUNK  # the queue filled: the builds waited for the workers
     recs = records_of(tmp_path / "r.jsonl")
     keys = config_keys(recs)
@@ -211,6 +219,7 @@ def test_a_worker_killed_mid_run_costs_nothing_and_a_rerun_resumes(make_cluster,
                                        on_record=kill_a_worker)
     assert killed_at and killed_at[0] < len(tuner.builder.asked)  # builds went on after the kill
     assert_overlapped_and_bounded(timeline)
+    assert_each_built_and_measured_once(tuner, timeline)
     recs = records_of(path)
     assert max(Counter(config_keys(recs)).values()) == 1  # nothing measured twice
     assert result.trials == len(recs) == 1 + 2 * 8 and all(r.ok for r in recs)  # nothing lost, no error
