@@ -178,7 +178,7 @@ def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(
     tuner, result, timeline, batches = tuned(cluster, tmp_path / "r.jsonl", ga, settings=SLOW)
     assert_overlapped_and_bounded(timeline)
     assert_each_built_and_measured_once(tuner, timeline)
-    assert tuner.most_waiting == 2 * CHUNK  # the queue filled: the builds waited for the workers
+    assert CHUNK < tuner.most_waiting <= 2 * CHUNK  # a chunk built and sent while the one before measured
     recs = records_of(tmp_path / "r.jsonl")
     keys = config_keys(recs)
     assert len(keys) == len(set(keys)) == result.trials  # nothing measured twice, nothing lost
