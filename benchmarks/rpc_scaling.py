@@ -1,17 +1,22 @@
-"""Measurement throughput through TVM's RPC tracker: one worker vs two on one host.
+"""Measurement throughput through TVM's RPC tracker: one worker vs two vs four on one host.
 
-Run on a host with two GPUs through the device tool (``nvidia-h200-x2``), about 5 minutes:
-    source .tvm-device/boot.sh && python benchmarks/rpc_scaling.py --out $OUT
+Run on a host with two or four GPUs through the device tool (``nvidia-h200-x2``,
+``nvidia-h100-x4``), about 5 minutes:
+    source .tvm-device/boot.sh && python benchmarks/rpc_scaling.py --out $OUT --devices 0,1,2,3
 
 A local tracker and a ``tvm_ext.worker`` per GPU (pinned through ``CUDA_VISIBLE_DEVICES``)
 start (``tvm_ext.cluster.LocalCluster``: a worker that cannot start stops the script with its
 log's last lines, never a hang); then the same fp32 GEMM tuning job (2048³, the GA, seed 0, a
-fixed trial count) runs twice on them, each into its own records file: once with one job in
-flight (``--parallel 1``: one worker measures, the other idles) and once with two.  Printed
-last: configs measured per minute of each run (target: two workers at least 1.8x one), the
-share of the wall spent building, and the best config each found.  ``--stock`` (default on)
-then also measures a few configs on a stock TVM server (``python -m tvm.exec.rpc_server``, no
-tvm_ext) and checks they are as correct as on a worker.
+fixed trial count) runs on them once per count of jobs in flight (1, 2, 4, ... up to one per
+device: ``--devices 0,1,2,3`` runs with 1, 2 and 4), each into its own records file.  Printed
+last, per run: configs measured per minute (targets: two workers at least 1.9x one, four 3.6x),
+the GPU busy fraction (the seconds the workers spent on jobs, as the RPC runner counts them,
+over the wall times the jobs in flight), the build pool's busy fraction (the share of the wall
+with a build in progress) and the best config each found, the same in every run or not.
+Builds overlap measurement as in any tuning run (``--no-overlap``: each generation built
+whole, then measured).  ``--stock`` (default on) then also measures a few configs on a stock
+TVM server (``python -m tvm.exec.rpc_server``, no tvm_ext) and checks they are as correct as
+on a worker.
 
 Measurement, not building, is the bottleneck here, by construction and by measurement:
 - builds stay in this process's build pool with one process per core (32 on the GPU host),
@@ -50,10 +55,12 @@ from tvm_ext.session import Session, SessionOptions
 
 
 class TimedBuilder:
-    """The shared build pool, with the wall time spent in ``build`` added up."""
+    """The shared build pool, with the wall time spent in ``build`` added up (the tuner calls
+    it one chunk at a time, so the sum is the time the pool had work)."""
 
     def __init__(self, builder: LocalBuilder):
         self.builder = builder
+        self.workers = builder.workers  # the tuner builds in chunks of one round of the pool
         self.secs = 0.0
 
     def build(self, template: Any, configs: Sequence[Any], target: Any) -> list:
@@ -76,6 +83,7 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
     options = SessionOptions(
         target=args.target, strategy="ga", generations=args.generations, population=args.population,
         trials=args.trials, workers=args.workers, seed=args.seed, records=records, run_timeout=120,
+        overlap=args.overlap,
         measure=MeasureSettings(repeat=args.repeat, min_repeat_secs=args.min_repeat_secs),
         runner="rpc", runner_options=(("tracker", cluster.tracker_text), ("key", cluster.key),
                                       ("parallel", str(parallel)), ("secret_file", cluster.secret_file())))
@@ -91,6 +99,7 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         print(f"[{label}] tuning {template.describe()} on {target.kind}:{target.device_name}, "
               f"{parallel} job{'s' * (parallel > 1)} in flight", flush=True)
         result = session.tune(template, on_record=progress)
+        busy = session.runner.busy_secs  # type: ignore[attr-defined]
     recs = list(RecordStore(records))
     servers = sorted({r.metrics.get("server", "?") for r in recs})
     best = result.best
@@ -99,6 +108,9 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         "wall_secs": result.wall_secs, "build_secs": builder.secs,
         "configs_per_min": 60.0 * result.trials / result.wall_secs if result.wall_secs > 0 else 0.0,
         "configs_per_measuring_min": 60.0 * result.trials / max(1e-9, result.wall_secs - builder.secs),
+        "gpu_busy": sum(busy.values()) / max(1e-9, result.wall_secs * parallel),
+        "busy_secs_by_server": busy,
+        "build_busy": builder.secs / max(1e-9, result.wall_secs),
         "best_tflops": template.flops() / best.cost / 1e12 if best else 0.0,
         "best_ms": best.cost * 1e3 if best else float("nan"),
         "best_config": best.config if best else None, "servers": servers,
@@ -161,25 +173,34 @@ def stock_check(cluster: LocalCluster, args: argparse.Namespace) -> dict:
         server.wait()
 
 
+def in_flight_counts(devices: int) -> list[int]:
+    """The runs' jobs in flight: 1, 2, 4, ... below ``devices``, then ``devices`` itself."""
+    counts = [1]
+    while counts[-1] * 2 < devices:
+        counts.append(counts[-1] * 2)
+    return counts + [devices] if devices > 1 else counts
+
+
 def table(runs: list[dict], flops_unit: str = "TFLOP/s") -> str:
-    lines = ["| run | jobs in flight | trials | wall (s) | build share | configs / min | configs / min without "
-             "builds | best | best config |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    one = runs[0]["configs_per_min"] or float("nan")
+    lines = ["| run | jobs in flight | trials | wall (s) | configs / min | vs one worker | GPU busy | build pool "
+             "busy | configs / min without builds | best | best config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         cfg = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items())
         lines.append(f"| {r['label']} | {r['parallel']} | {r['trials']} ({r['errors']} errors) | "
-                     f"{r['wall_secs']:.1f} | "
-                     f"{r['build_secs'] / r['wall_secs']:.0%} | {r['configs_per_min']:.1f} | "
-                     f"{r['configs_per_measuring_min']:.1f} | "
+                     f"{r['wall_secs']:.1f} | {r['configs_per_min']:.1f} | {r['configs_per_min'] / one:.2f}x | "
+                     f"{r['gpu_busy']:.0%} | {r['build_busy']:.0%} | {r['configs_per_measuring_min']:.1f} | "
                      f"{r['best_tflops']:.2f} {flops_unit} ({r['best_ms']:.3f} ms) | {cfg} |")
     return "\n".join(lines)
 
 
-def main() -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench_out")
     p.add_argument("--target", default="cuda")
-    p.add_argument("--devices", default="0,1", help="one worker per device (default 0,1)")
+    p.add_argument("--devices", default="0,1",
+                   help="one worker per device (default 0,1); runs with 1, 2, 4, ... and then all of them in flight")
     p.add_argument("--shape", default="2048,2048,2048")
     p.add_argument("--population", type=int, default=64)
     p.add_argument("--generations", type=int, default=3)
@@ -188,12 +209,24 @@ def main() -> int:
     p.add_argument("--min-repeat-secs", type=float, default=0.05, help="each repeat lasts at least (default 0.05)")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes (default: every core)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="build the next chunk of a generation while the workers measure (default on)")
     p.add_argument("--stock", action=argparse.BooleanOptionalAction, default=True,
                    help="also check a stock TVM server on the last device (CUDA only; default on)")
     p.add_argument("--max-secs", type=float, default=540.0, help="give up (loudly) after this long")
-    args = p.parse_args()
-    args.shape = tuple(int(x) for x in args.shape.split(","))
-    args.devices = [int(d) for d in args.devices.split(",")]
+    args = p.parse_args(argv)
+    try:
+        args.shape = tuple(int(x) for x in args.shape.split(","))
+        args.devices = [int(d) for d in args.devices.split(",")]
+    except ValueError:
+        p.error("--shape and --devices are comma-separated integers")
+    if len(args.shape) != 3 or min(args.shape) < 1 or min(args.devices) < 0:
+        p.error("--shape is M,N,K (three positive integers); --devices are indices >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
 
     def too_long(signum: int, frame: Any) -> None:
@@ -208,8 +241,8 @@ def main() -> int:
     try:
         cluster.start()
         warm_up(builder, args.target, args, cluster)
-        runs.append(tune_once("one_worker", cluster, 1, builder, args))
-        runs.append(tune_once("two_workers", cluster, len(args.devices), builder, args))
+        for parallel in in_flight_counts(len(args.devices)):
+            runs.append(tune_once(f"{parallel}_worker{'s' * (parallel > 1)}", cluster, parallel, builder, args))
         if args.stock and args.target == "cuda":
             try:  # the scaling runs are measured: a failing stock server must not lose their table
                 stock = stock_check(cluster, args)
@@ -225,11 +258,11 @@ def main() -> int:
         cluster.stop()
         builder.builder.close()
         with open(os.path.join(args.out, "summary.json"), "w") as fh:
-            json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs, "stock": stock}, fh, indent=1,
-                      default=str)
-    one, two = runs
-    ratio = two["configs_per_min"] / one["configs_per_min"]
-    measuring = two["configs_per_measuring_min"] / one["configs_per_measuring_min"]
+            same = bool(runs) and all(r["best_config"] == runs[0]["best_config"] for r in runs)
+            json.dump({"args": {k: v for k, v in vars(args).items()}, "runs": runs, "stock": stock,
+                       "same_best_config": same}, fh, indent=1, default=str)
+    if not runs:
+        return 2
     print()
     if stock is not None and "error" in stock:
         print(f"stock TVM server check failed: {stock['error']}")
@@ -237,13 +270,21 @@ def main() -> int:
         print(f"stock TVM server (512^3 GEMM, {stock['configs']} configs): {stock['ok']} correct, same outcome as on a "
               f"worker: {stock['same_as_worker']}, max rel. error {stock['max_rel_error']}")
     build_heavy = [r["label"] for r in runs if r["build_secs"] > 0.25 * r["wall_secs"]]
-    if build_heavy:
+    if build_heavy and not args.overlap:
         print(f"warning: builds took over a quarter of the wall in {', '.join(build_heavy)}: the ratio is not a "
               "measurement-throughput figure")
-    print(f"two workers / one: {ratio:.2f}x configs per minute (target >= 1.8x), {measuring:.2f}x without the builds; "
-          f"best {two['best_tflops']:.2f} vs {one['best_tflops']:.2f} TFLOP/s; {one['device']}, "
+    one = runs[0]
+    targets = {2: 1.9, 4: 3.6}
+    for r in runs[1:]:
+        target = f" (target >= {targets[r['parallel']]}x)" if r["parallel"] in targets else ""
+        print(f"{r['parallel']} workers / one: {r['configs_per_min'] / one['configs_per_min']:.2f}x configs per "
+              f"minute{target}, {r['configs_per_measuring_min'] / one['configs_per_measuring_min']:.2f}x without the "
+              f"builds; best {r['best_tflops']:.2f} vs {one['best_tflops']:.2f} TFLOP/s")
+    same = all(r["best_config"] == one["best_config"] for r in runs)
+    print(f"same best config in every run: {'yes' if same else 'NO'}; {one['device']}, "
           f"{'x'.join(map(str, args.shape))} fp32 GEMM, GA seed {args.seed}, {args.trials} trials, population "
-          f"{args.population}, {args.repeat} x {args.min_repeat_secs:g} s repeats, {args.workers} build processes")
+          f"{args.population}, {args.repeat} x {args.min_repeat_secs:g} s repeats, {args.workers} build processes, "
+          f"builds {'overlapped with' if args.overlap else 'before'} measurement")
     print(table(runs))
     return 0
 

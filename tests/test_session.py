@@ -135,7 +135,10 @@ class BatchRecordingRunner(LocalRunner):
         return futures
 
 
-def test_a_generation_is_one_batch_deduplicated_by_source_and_recorded_as_results_arrive(opencl, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_generation_is_deduplicated_by_source_and_recorded_as_results_arrive(overlap, opencl, tmp_path):
+    """Without overlap the runner gets the generation as one batch; with it, chunks of one round
+    of the build pool (two configs here), deduplicated across chunks: one job per source."""
     template = LabelledGemm(24, 16, 32)
     base = template.default_config(opencl)
     other = base.replace(wg_x=4, wg_y=4, task_x=2, task_y=2)
@@ -148,22 +151,27 @@ def test_a_generation_is_one_batch_deduplicated_by_source_and_recorded_as_result
         seen_pending.append(sum(not f.done() for f in runner.futures[-1]))
 
     path = tmp_path / "r.jsonl"
-    with Session(SessionOptions(records=str(path), workers=2), target=opencl, runner=runner) as session:
+    with Session(SessionOptions(records=str(path), workers=2, overlap=overlap), target=opencl,
+                 runner=runner) as session:
         tuner = session.tuner(template, on_record=on_record)
         costs = tuner.evaluate(generation)
-    assert len(runner.batches) == 1  # the whole generation at once
-    (batch,) = runner.batches
-    assert len(batch) == 3 and batch == [base, other, base.replace(k_step=16)]  # one per generated source
+    measured = [config for batch in runner.batches for config in batch]
+    assert measured == [base, other, base.replace(k_step=16)]  # one per generated source
+    if overlap:
+        assert len(runner.batches) == 3 and tuner.most_waiting <= 4  # a chunk each: [base], [other], [k_step=16]
+    else:
+        assert len(runner.batches) == 1  # the whole generation at once
+        assert seen_pending[0] > 0  # the first record was written while the batch was still measuring
     assert np.isfinite(costs).all()
     assert costs[0] == costs[1] == costs[4] and costs[2] == costs[3]  # twins share the measurement
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and tuner.trials == 3
-    assert seen_pending[0] > 0  # the first record was written while the batch was still measuring
+    batches = len(runner.batches)
     with Session(SessionOptions(records=str(path), workers=1), target=opencl, runner=runner) as session:
         again = session.tuner(template)
         assert again.resumed == 3
         (cost,) = again.evaluate([base.replace(label=1)])  # built, its source known: not measured
-    assert again.trials == 0 and cost == costs[0] and len(runner.batches) == 1
+    assert again.trials == 0 and cost == costs[0] and len(runner.batches) == batches
 
 
 # ---- a measurement job is data -----------------------------------------------------------------------------

@@ -88,6 +88,9 @@ TUNING = OptionGroup("tuning", (
     option("--mutation", type=float, default=0.1, help="per-gene mutation probability (default 0.1)"),
     option("--trials", type=int, default=None, help="max kernels measured in this run (default: no cap)"),
     WORKERS,
+    option("--no-overlap", action="store_true",
+           help="build each generation whole, then measure it (default: a generation is built in chunks of "
+                "--workers, the next chunk while the devices measure the ones before it)"),
     SEED,
     RECORDS,
     BUILD_TIMEOUT,

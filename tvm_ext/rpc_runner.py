@@ -389,6 +389,14 @@ class RpcRunner:
         self._held = 0  # slots holding a session
         self._none_since: float | None = None
         self._control: TrackerClient | None = None
+        self._busy: dict[str, float] = {}  # server address -> seconds its slots spent measuring
+
+    @property
+    def busy_secs(self) -> dict[str, float]:
+        """Seconds each server (by address) spent on this runner's jobs so far, a job's
+        time on a server lost mid-job included: the devices' busy time as the runner knows it."""
+        with self._lock:
+            return dict(self._busy)
 
     @property
     def target(self) -> TargetInfo:
@@ -604,6 +612,7 @@ class RpcRunner:
                         return
                     with self._lock:
                         self._held += 1
+                address, started = session.address, time.perf_counter()
                 try:
                     result = session.measure(item.job, self.timeout)
                 except ServerLost as exc:
@@ -612,12 +621,13 @@ class RpcRunner:
                     self._lost_server(item, exc)
                     continue
                 except ReplyRejected as exc:  # nothing of the reply used: the job goes to another server
-                    address = session.address
                     self._drop(session)
                     session = None
                     self._queue.put(item)
                     self._reject(address, str(exc))
                     continue
+                finally:
+                    self._busy_for(address, started)
                 metrics = {**result.metrics, "server": session.address}
                 self._resolve(item, replace(result, metrics=metrics))
                 if session.single_use:
@@ -630,6 +640,10 @@ class RpcRunner:
         finally:
             if session is not None:
                 self._drop(session)
+
+    def _busy_for(self, address: str, started: float) -> None:
+        with self._lock:
+            self._busy[address] = self._busy.get(address, 0.0) + time.perf_counter() - started
 
     def _drop(self, session: ServerSession) -> None:
         session.close()

@@ -54,6 +54,7 @@ class SessionOptions:
     mutation: float = 0.1
     trials: int | None = None  # measurements per workload in this run (None: no cap)
     workers: int | None = None  # parallel build processes (None: all cores)
+    overlap: bool = True  # build a batch's next chunk while the runner measures the ones before it
     seed: int = 0
     records: str = DEFAULT_RECORDS
     build_timeout: float = 120.0
@@ -434,7 +435,7 @@ class Session:
         strategy (or ``recorded_as``, a search that drives the tuner itself)."""
         trials = self.options.trials or (1 << 30)
         return Tuner(template, self.target, self.builder, self.runner, self.store, trials=trials, on_record=on_record,
-                     strategy=recorded_as or self.options.strategy)
+                     strategy=recorded_as or self.options.strategy, overlap=self.options.overlap)
 
     def seeds(self, template: Template, space: Space, default: Config,
               candidates: Iterable[Config] | None = None) -> list[np.ndarray]:

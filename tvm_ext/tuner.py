@@ -3,21 +3,28 @@
 It owns the measure loop so every strategy gets the same guarantees: infeasible
 configs cost +inf without a build, a config (or a generated source) already
 measured is never measured again, a generation is deduplicated by config and by
-generated source before the runner gets it as one batch, each result is appended to
-the records file as it arrives, and Ctrl-C returns the best so far.  Before each batch
-it catches up with the records other processes appended to the same file and claims
-what it measures (``RecordStore.claim_batches``), so tuners sharing a file measure each
-config once.
+generated source before the runner gets it, each result is appended to the records
+file as it arrives, and Ctrl-C returns the best so far.  Before each batch it catches
+up with the records other processes appended to the same file and claims what it
+measures (``RecordStore.claim_batches``), so tuners sharing a file measure each config
+once.
+
+Builds overlap measurement (``overlap``): a batch is built in chunks of one round of the
+build pool, each chunk handed to the runner as soon as it is built, and the next chunk
+built while the runner measures; at most ``2 x chunk`` built candidates wait for or are
+in measurement (the bounded queue ``BuildQueue``).  The next batch is not built ahead:
+a strategy proposes it from this batch's costs (the GA's generation barrier).
 """
 from __future__ import annotations
 
 import math
 import os
 import socket
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -72,12 +79,51 @@ def in_completion_order(futures: Sequence[Future]) -> Iterator[int]:
         left = [i for i in left if i not in set(done)]
 
 
+def in_thread(function: Callable[..., Any], *args: Any) -> Future:
+    """``function(*args)`` on a daemon thread (a build in flight never holds up the exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # the caller sees it at ``result()``
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="tvm_ext-build-ahead", daemon=True).start()
+    return future
+
+
+@dataclass
+class BuildQueue:
+    """How many built candidates wait for or are in measurement (``waiting``), never more
+    than ``limit``: a chunk is built only when it fits beside them."""
+
+    limit: int
+    waiting: int = 0
+    most: int = 0  # the most that ever waited
+
+    def fits(self, chunk: int) -> bool:
+        return self.waiting + chunk <= self.limit
+
+    def add(self, count: int) -> None:
+        self.waiting += count
+        self.most = max(self.most, self.waiting)
+        assert self.waiting <= self.limit, (self.waiting, self.limit)
+
+    def done(self) -> None:
+        self.waiting -= 1
+
+
 class Tuner:
-    """Measures configs of one workload, with resume and dedup, under a trial budget."""
+    """Measures configs of one workload, with resume and dedup, under a trial budget.
+
+    ``overlap`` builds a batch in chunks of ``chunk`` configs (default: the builder's
+    ``workers``, one round of its pool; a builder without a pool, a replay's, builds each
+    batch whole), the next chunk while the runner measures the ones before it."""
 
     def __init__(self, template: Template, target: TargetInfo, builder: Builder, runner: Runner,
                  store: RecordStore, trials: int = 1 << 30, on_record: ProgressHook | None = None,
-                 strategy: str = ""):
+                 strategy: str = "", overlap: bool = True, chunk: int | None = None):
         self.template = template
         self.target = target
         self.space = template.space(target)
@@ -87,6 +133,9 @@ class Tuner:
         self.workload = Workload.of(template, target)
         self.trials_budget = trials
         self.on_record = on_record
+        self.overlap = overlap
+        self.chunk = chunk
+        self.most_waiting = 0  # the most built candidates that waited for measurement at once
         self.trials = 0
         self.errors = 0
         self._cost: dict[Config, float] = {}
@@ -155,35 +204,77 @@ class Tuner:
                 pending.append(cfg)
         if pending:
             for mine in self.store.claim_batches(self.workload.key, pending, self._catch_up):
-                self._measure(self.builder.build(self.template, mine, self.target))
+                self._build_and_measure(mine)
         return np.array([self._cost.get(c, math.inf) for c in configs], dtype=np.float64)
 
-    def _measure(self, builds: Sequence[BuildResult]) -> None:
-        """One batch: failed builds are recorded as they are; a program already measured
+    def chunk_size(self, batch: int) -> int:
+        """Configs built per call of the builder: the whole batch without overlap."""
+        chunk = self.chunk or getattr(self.builder, "workers", None)
+        return max(1, min(batch, int(chunk))) if self.overlap and chunk else batch
+
+    def _build_and_measure(self, configs: Sequence[Config]) -> None:
+        """Build ``configs`` chunk by chunk, each chunk measured as soon as it is built and
+        the next one built meanwhile, while the built candidates waiting fit the queue; each
+        result is recorded as it arrives (those done together in submission order)."""
+        size = self.chunk_size(len(configs))
+        chunks = [list(configs[i: i + size]) for i in range(0, len(configs), size)]
+        if len(chunks) == 1:  # nothing to overlap: build here, then measure
+            batch = _Batch(BuildQueue(len(configs)))
+            self._submit(self.builder.build(self.template, chunks[0], self.target), batch)
+            self._collect(batch, block=True)
+            return
+        batch = _Batch(BuildQueue(2 * size))
+        building: Future | None = None
+        while chunks or building is not None or batch.inflight:
+            if building is None and chunks and batch.queue.fits(len(chunks[0])):
+                building = in_thread(self.builder.build, self.template, chunks.pop(0), self.target)
+            wait([f for f, _, _ in batch.inflight] + ([building] if building else []), return_when=FIRST_COMPLETED)
+            self._collect(batch, block=False)
+            if building is not None and building.done():
+                builds, building = building.result(), None
+                self._submit(builds, batch)
+        self.most_waiting = max(self.most_waiting, batch.queue.most)
+
+    def _submit(self, builds: Sequence[BuildResult], batch: "_Batch") -> None:
+        """One chunk: failed builds are recorded as they are; a program already measured
         (same generated source) is not measured again, nor twice within the batch; the
-        runner gets the rest at once and each result is recorded as it arrives."""
-        first: dict[str, BuildResult] = {}
-        twins: dict[str, list[Config]] = {}
+        runner gets the rest at once."""
+        fresh: list[BuildResult] = []
         for build in builds:
             if build.artifact is None:
                 self._record(build, RunResult((), build.error_kind or ErrorKind.BUILD_ERROR, build.error_msg))
                 continue
             source_hash = build.artifact.source_hash
-            if source_hash in self._by_source:  # same kernel as one already measured
-                self._alias(build.config, self._by_source[source_hash])
-            elif source_hash in first:
-                twins[source_hash].append(build.config)
+            known = self._by_source.get(source_hash) or batch.recorded.get(source_hash)
+            if known is not None:  # same kernel as one already measured
+                self._alias(build.config, known)
+            elif source_hash in batch.twins:  # same kernel as one in measurement
+                batch.twins[source_hash].append(build.config)
             else:
-                first[source_hash], twins[source_hash] = build, []
-        if not first:
+                batch.twins[source_hash] = []
+                fresh.append(build)
+        if not fresh:
             return
-        futures = self.runner.submit(self.template, list(first.values()))
-        batch = list(first.items())
-        for index in in_completion_order(futures):
-            source_hash, build = batch[index]
-            future = futures[index]
+        batch.queue.add(len(fresh))
+        futures = self.runner.submit(self.template, fresh)
+        batch.inflight += [(future, build.artifact.source_hash, build)  # type: ignore[union-attr]
+                           for future, build in zip(futures, fresh)]
+
+    def _collect(self, batch: "_Batch", block: bool) -> None:
+        """Record the measurements that are done (``block``: every one, as they arrive)."""
+        while batch.inflight:
+            futures = [f for f, _, _ in batch.inflight]
+            if block:
+                index = next(in_completion_order(futures))
+            else:
+                index = next((i for i, f in enumerate(futures) if f.done()), -1)
+                if index < 0:
+                    return
+            future, source_hash, build = batch.inflight.pop(index)
+            batch.queue.done()
             rec = self._record(build, future.result())
-            for config in twins[source_hash]:
+            batch.recorded[source_hash] = rec
+            for config in batch.twins.pop(source_hash):
                 self._alias(config, rec)
 
     def _alias(self, config: Config, rec: Record) -> None:
@@ -239,3 +330,14 @@ class Tuner:
             trials=self.trials, errors=self.errors, resumed=self.resumed,
             wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history,
         )
+
+
+@dataclass
+class _Batch:
+    """One claimed batch in flight: its queue of built candidates, the runner's futures with
+    what they measure, the configs waiting for a twin's record, and the records made."""
+
+    queue: BuildQueue
+    inflight: list[tuple[Future, str, BuildResult]] = field(default_factory=list)
+    twins: dict[str, list[Config]] = field(default_factory=dict)
+    recorded: dict[str, Record] = field(default_factory=dict)
