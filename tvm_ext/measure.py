@@ -183,6 +183,15 @@ def _poison(spec: TensorSpec) -> np.ndarray:
     return np.full(spec.shape, np.iinfo(dtype).max if dtype.kind == "u" else -1, dtype)
 
 
+def warm_device(kind: str, device_id: int) -> None:
+    """In a measuring process before its first job: load TVM's runtime and, on CUDA, create the
+    device's context (seconds that would otherwise delay that process's first measurement)."""
+    import tvm
+
+    if kind == "cuda":
+        tvm.runtime.empty((1,), "float32", tvm.cuda(device_id))
+
+
 def executor_for(job: MeasureJob) -> Any:
     from .executors import CudaExecutor, OpenclExecutor
 

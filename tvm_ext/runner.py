@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 from .builder import BuildResult
 from .errors import ErrorKind, RunnerLost
 from .lifetime import exit_with_parent
-from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop
+from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop, warm_device
 from .pools import ProcessDied, RestartingPool
 from .target import TargetInfo
 from .template import Template
@@ -108,6 +108,13 @@ class IsolatedMeasurer:
     def run(self, job: MeasureJob) -> RunResult:
         return self.schedule(job).result()
 
+    def warm(self, kind: str, device_id: int) -> None:
+        """Start the measuring process now and load its device (``measure.warm_device``), so the
+        first job does not wait for that; a failure here is left to the first job to meet."""
+        if self._pool is None:
+            self._pool = RestartingPool(1, exit_with_parent)
+        self._pool.schedule(warm_device, (kind, device_id), self.timeout)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
@@ -135,7 +142,13 @@ class LocalRunner:
     def _pool(self, slot: int) -> IsolatedMeasurer:
         if slot not in self._pools:
             self._pools[slot] = IsolatedMeasurer(self.timeout)
+            self._pools[slot].warm(self.target.kind, self.devices[slot])
         return self._pools[slot]
+
+    def warm(self) -> None:
+        """Start every device's measuring process now (while the first candidates build)."""
+        for slot in range(len(self.devices)):
+            self._pool(slot)
 
     def job(self, template: Template, build: BuildResult, device: int | None = None) -> MeasureJob:
         if build.artifact is None:

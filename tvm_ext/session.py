@@ -285,7 +285,9 @@ def _local_runner(options: SessionOptions, target: TargetInfo | None, log: Log) 
     assert target is not None
     if ids:
         _check_devices_exist(target, ids, f"runner option devices={devices!r}")
-    return LocalRunner(target, options.measure, timeout=options.run_timeout, devices=ids)
+    runner = LocalRunner(target, options.measure, timeout=options.run_timeout, devices=ids)
+    runner.warm()  # the measuring processes start while the first candidates build
+    return runner
 
 
 def _check_devices_exist(target: TargetInfo, ids: Sequence[int], what: str) -> None:

@@ -109,6 +109,16 @@ _SESSION: _Session | None = None
 _STATE: WorkerSessionState | None = None
 
 
+def _session(device_id: int, label: str, kind: str) -> _Session:
+    """This session process's ``_Session``, made at its first accepted hello (the measuring
+    process then starts and loads the device while the driver builds its first candidates)."""
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = _Session(device_id, label)
+        _SESSION.measurer.warm(kind, device_id)
+    return _SESSION
+
+
 def _session_state() -> WorkerSessionState:
     """This session process's id and sequence (made in the process forked for the session,
     which from then on ends with the server process)."""
@@ -162,19 +172,18 @@ def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | No
         reply, refused = hello_reply(message, info, _session_state(), secret)
         if refused:
             print(f"{time.strftime('%H:%M:%S')} {label}: refused a hello: {refused}", file=sys.stderr, flush=True)
+        else:
+            _session(device_id, label, info.target.kind)  # its measuring process starts while the driver builds
         return reply
 
     def measure(message: bytes) -> bytes:
-        global _SESSION
         state = _session_state()
         try:
             request, seq = read_measure_request(message, state, secret)
         except WireError as exc:
             print(f"{time.strftime('%H:%M:%S')} {label}: refused a request: {exc}", file=sys.stderr, flush=True)
             return measure_reply(None, state, 0, secret, rejected=str(exc))
-        if _SESSION is None:  # first job of this session process (forked per session)
-            _SESSION = _Session(device_id, label)
-        return measure_reply(_SESSION.measure(request), state, seq, secret)
+        return measure_reply(_session(device_id, label, info.target.kind).measure(request), state, seq, secret)
 
     tvm_ffi.register_global_func(HELLO, hello, override=True)
     tvm_ffi.register_global_func(MEASURE, measure, override=True)
