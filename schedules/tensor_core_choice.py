@@ -28,16 +28,17 @@ from tvm_ext.template import TensorSpec
 
 KERNELS = ("mma", "wmma", "wgmma")
 KERNEL_KNOB = Knob("tc_kernel", KERNELS, "tensor-core kernel: mma.sync + ldmatrix, WMMA fragments, or Hopper's "
-                                         "warpgroup MMA (sm_90, float16)")
+                                         "warpgroup MMA (sm_90, float16 or bfloat16)")
 CHOICE_KNOBS = (KERNEL_KNOB, *MMA_KNOBS, *TC_KNOBS, *wgmma.KNOBS)
 OWN_KNOBS = {"mma": MMA_KNOBS, "wmma": TC_KNOBS, "wgmma": wgmma.KNOBS}
+WGMMA_OPERANDS = ("float16", "bfloat16")  # what ``tc_kernel`` wgmma multiplies (its TF32 is gemm_3xtf32's)
 
 
 @dataclass(frozen=True)
 class TensorCoreChoiceTemplate(GemmTemplate):
     """C[M, N] = A[M, K] · B[K, N] on the tensor cores, the kernel (``tc_kernel``) searched
     with its tile.  WMMA takes float16 operands only; with bfloat16 every WMMA config is
-    infeasible (the reason says so) and the search stays on mma.sync."""
+    infeasible (the reason says so) and the search has mma.sync and, on Hopper, wgmma."""
 
     a_dtype: str = "float16"
     b_dtype: str = "float16"
@@ -72,7 +73,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         if kernel == "mma":
             return self.mma.reason(own, target)
         if kernel == "wgmma":
-            return self.wgmma_reason(wgmma.WgmmaTile.of(own), target)
+            return self.wgmma_reason(wgmma.WgmmaTile.of(own, self.a_dtype), target)
         return tensor_core_reason(self.m, self.n, self.k, self.a_dtype, self.b_dtype, self.acc_dtype, target, own)
 
     def space(self, target: TargetInfo) -> Space:
@@ -94,9 +95,9 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         return Config(tuple((k.name, values[k.name]) for k in CHOICE_KNOBS))
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
-        """Hopper's wgmma where a tile of it fits and gives 90 % of the SMs a block (H100, 4096^3:
-        0.86 of cuBLAS against 0.53 on mma.sync), else the mma.sync pick (split-K for skinny
-        shapes, which the wgmma kernel has not)."""
+        """Hopper's wgmma (float16 or bfloat16 operands) where a tile of it fits and gives 90 % of
+        the SMs a block (H100, float16 4096^3: 0.86 of cuBLAS against 0.53 on mma.sync), else the
+        mma.sync pick (split-K for skinny shapes, which the wgmma kernel has not here)."""
         config = self.default_config(target)
         tile = self.wgmma_tile(target)
         if tile is not None and 10 * (self.m // tile.bm) * (self.n // tile.bn) >= 9 * target.compute_units:
@@ -107,13 +108,14 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         """``pick_wgmma_tile``'s tile for this GEMM, None where wgmma cannot run it."""
         if self.wgmma_types_reason():
             return None
-        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN")
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN",
+                               operand=self.a_dtype)
         return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
 
     def wgmma_types_reason(self) -> str | None:
-        if (self.a_dtype, self.b_dtype, self.acc_dtype) != ("float16", "float16", "float32"):
-            return (f"wgmma takes float16 operands accumulating in float32, not {self.a_dtype}/{self.b_dtype} "
-                    f"in {self.acc_dtype}")
+        if self.a_dtype != self.b_dtype or self.a_dtype not in WGMMA_OPERANDS or self.acc_dtype != "float32":
+            return (f"wgmma takes float16 or bfloat16 operands of one type accumulating in float32, not "
+                    f"{self.a_dtype}/{self.b_dtype} in {self.acc_dtype}")
         return None
 
     def wgmma_reason(self, tile: "wgmma.WgmmaTile", target: TargetInfo) -> str | None:
@@ -129,7 +131,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         reason = self.reason(config, target)
         if reason:
             raise TvmExtError(reason)
-        func = wgmma.wgmma_gemm(wgmma.WgmmaTile.of(own), self.m, self.n, self.k, c_dtype=self.c_dtype,
+        func = wgmma.wgmma_gemm(wgmma.WgmmaTile.of(own, self.a_dtype), self.m, self.n, self.k, c_dtype=self.c_dtype,
                                 b_layout="KN")
         for spec in self.scratch():
             func = _with_param(func, spec)

@@ -1,11 +1,12 @@
-"""Hopper's warpgroup MMA (``wgmma.mma_async``) as a GEMM template: C = A·Btᵀ, float16 in,
-float32 accumulate, float16 out, A (M, K) and Bt (N, K) both K-major (a Linear layer's weight
-layout, which wgmma reads from shared memory without a transpose).
+"""Hopper's warpgroup MMA (``wgmma.mma_async``) as a GEMM template: C = A·Btᵀ, float16 (or
+bfloat16) in, float32 accumulate, float16 (bfloat16, float32) out, A (M, K) and Bt (N, K) both
+K-major (a Linear layer's weight layout, which wgmma reads from shared memory without a transpose).
 
 The kernel is a TVMScript (``tvm.script.tirx``) PrimFunc in TVM 0.27's table-driven PTX
 dialect, built by ``tvm.compile`` for sm_90a: every Hopper instruction is a ``T.ptx["..."]``
 call that TVM checks against its PTX table and renders into an ``asm volatile`` helper of the
-CUDA it generates (``wgmma.fence`` / ``wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16`` on
+CUDA it generates (``wgmma.fence`` / ``wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16``, or
+``.f32.bf16.bf16`` for bfloat16 operands, in the same 2-byte layout, on
 64-bit shared-memory matrix descriptors / ``commit_group`` / ``wait_group``, 16-byte
 ``cp.async``, ``fence.proxy.async.shared::cta``).  Nothing is scheduled: a config (its knobs)
 is the whole record of a kernel, and the template builds the PrimFunc from it.
@@ -50,9 +51,12 @@ from tvm_ext.space import Config, Knob
 from tvm_ext.target import TargetInfo
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
-# what wgmma reads from shared memory: float16, or float32 words as TF32 (k8 instructions, both
-# operands K-major, the low 13 mantissa bits ignored: ``gemm_3xtf32`` splits float32 into such parts)
-OPERANDS = {"float16": 2, "tf32": 4}  # -> bytes an element
+# what wgmma reads from shared memory: float16 or bfloat16 (k16 instructions, one layout), or
+# float32 words as TF32 (k8 instructions, both operands K-major, the low 13 mantissa bits ignored:
+# ``gemm_3xtf32`` splits float32 into such parts)
+OPERANDS = {"float16": 2, "bfloat16": 2, "tf32": 4}  # -> bytes an element
+OPERAND_STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32"}  # -> A's, Bt's, the stages'
+OPERAND_PTX = {"float16": "k16.f32.f16.f16", "bfloat16": "k16.f32.bf16.bf16", "tf32": "k8.f32.tf32.tf32"}
 # B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
 # N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k)
 B_LAYOUTS = ("NK", "KN")
@@ -229,12 +233,18 @@ def promote_reason(t: WgmmaTile, k: int, promote: int) -> str | None:
     return None
 
 
+C_DTYPES = ("float16", "bfloat16", "float32")
+
+
 def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
-    """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can)."""
-    if c_dtype not in ("float16", "float32"):
-        return f"the wgmma GEMM stores C as float16 or float32, not {c_dtype}"
-    if t.smem_epilogue and c_dtype != "float16":
-        return f"{t.name}: the shared-memory epilogue stages float16 C only (use wgmma_smem_epilogue 0)"
+    """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can): the shared-memory epilogue
+    stages C in the stages' own dtype, so C must be the operands' (float16 or bfloat16)."""
+    if c_dtype not in C_DTYPES:
+        return f"the wgmma GEMM stores C as {', '.join(C_DTYPES[:-1])} or {C_DTYPES[-1]}, not {c_dtype}"
+    staged = OPERAND_STORAGE.get(t.operand, "float16")
+    if t.smem_epilogue and c_dtype != staged:
+        return (f"{t.name}: the shared-memory epilogue stages {staged} C only (the operands' dtype; use "
+                f"wgmma_smem_epilogue 0)")
     return None
 
 
@@ -267,7 +277,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
                prepare: "Prepare | None" = None) -> Any:
-    """The PrimFunc ``main(A: (m, k) f16, Bt: (n, k) f16, C: (m, n) c_dtype)``, C = A @ Bt^T, or
+    """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
     C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col, lead)``: C's element for
@@ -278,7 +288,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     C tiles numbered after the previous matrix's (attention's ``(batch, heads, seq, dim)`` products).
     ``prepare``: the function takes other inputs, from which its macro writes A and Bt into
     buffers of their own first (``gemm_3xtf32``'s splits: one function, several kernels).
-    ``cfg.operand`` "tf32": A and Bt are float32, multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
+    ``cfg.operand``: A's and Bt's dtype, float16 (``m64nNk16.f32.f16.f16``) or bfloat16
+    (``.f32.bf16.bf16``, the same 2-byte swizzle and descriptors); "tf32": A and Bt are float32,
+    multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
     ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
     second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
     float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``)."""
@@ -294,7 +306,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     a_shape, c_shape = (*lead, m, k), (*lead, m, n)
     bt_shape = (*(lead if b_batched else ()), *b_shape(n, k, b_layout))
     tf32 = cfg.operand == "tf32"
-    in_dtype = "float32" if tf32 else "float16"
+    in_dtype = OPERAND_STORAGE[cfg.operand]
     elem = OPERANDS[cfg.operand]  # bytes an element of A, Bt and the stages
     chunk_elems = 16 // elem  # elements a 16-byte cp.async moves
     k_inst = 32 // elem  # k of one wgmma: 32 bytes of each row
@@ -317,8 +329,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     c_stride = bn + 8  # halves per C row in shared memory (padded: conflict-free half2 writes)
     c_loads = bm * bn // 8 // threads  # = 64 * bn // 8 // 128: a tile's or a warpgroup's C, 16 bytes a thread
     pieces = cfg.c_pieces_per_stage()
-    mma = (f"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32" if tf32
-           else f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.f16.f16")
+    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}{OPERAND_PTX[cfg.operand]}"
     # descriptor bits 32-63: stride byte offset 1024 >> 4 (8 rows of 128 B), bit 62 = 128-byte swizzle
     desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
 

@@ -16,8 +16,9 @@ from tvm_ext.space import Config, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
 
-from .wgmma import (DEFAULT_TILES, KNOBS, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile, b_layout_reason,
-                    b_shape, compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
+                    b_layout_reason, b_shape, compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm,
+                    wgmma_reason)
 
 # the pick's split of K: at least this many k steps a slice (H100, float16 1024x768x768, 12 k
 # steps: halves of 6 ran at 0.66-0.75 of the unsplit kernels), and taken only where the cost
@@ -28,6 +29,9 @@ SPLIT_GAIN = 0.85
 # tiles of at least 128x128 (H100 float16 1024x768x3072, 128x128 in 2: 15.4 us against 17.8
 # through global memory and a second kernel; clusters of 4 and 8, and small tiles, mostly slower)
 CLUSTER_SPLIT = 2
+# the template's dtypes of A, B and C -> its check's tolerance: the output's rounding (float16's
+# about 2e-4, bfloat16's about 2e-3) with room
+DTYPES = {"float16": 2e-3, "bfloat16": 1e-2}
 
 
 def runs(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> bool:
@@ -93,18 +97,20 @@ def split_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_co
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
-                    split_k: bool = False) -> WgmmaTile | None:
+                    split_k: bool = False, operand: str = "float16") -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
     of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
-    float16 (the direct one stores any C type), several tiles a block where they are more than
-    a wave (``spread``); None off Hopper or where none divides (the GRU's input GEMMs).
+    the ``operand``'s dtype (float16 or bfloat16; the direct one stores any C type), several
+    tiles a block where they are more than a wave (``spread``); None off Hopper or where none
+    divides (the GRU's input GEMMs).
     ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles); ``matrices``:
     the GEMMs are batches of that many (their tiles all count).  ``split_k``: a split of K where
     ``split_pick`` finds one (callers whose programs take the partial sums' buffer)."""
     if target_reason(target):
         return None
     limit = shared_limit(target)
-    tiles = candidates or [WgmmaTile(bm, bn, stages, inflight, bool(smem) and c_dtype == "float16", 0)
+    staged = bool(c_dtype == OPERAND_STORAGE.get(operand))
+    tiles = candidates or [WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand)
                            for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)]
     if not fitting:
@@ -119,9 +125,9 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 @dataclass(frozen=True)
 class WgmmaGemmTemplate(Template):
     """C[M, N] = A[M, K] · Bt[N, K]ᵀ (or A · B[K, N], ``b_layout`` "KN") on Hopper's warpgroup MMA
-    (float16 in and out, float32 accumulate); the knobs (``KNOBS``) are the tile, the pipeline and
-    the epilogue.  ``batch``: leading axes of A, C and B (unless ``b_shared``), one GEMM each
-    (attention's ``(batch, heads)`` products in a Relax model)."""
+    (``dtype`` in and out: float16 or bfloat16; float32 accumulate); the knobs (``KNOBS``) are the
+    tile, the pipeline and the epilogue.  ``batch``: leading axes of A, C and B (unless
+    ``b_shared``), one GEMM each (attention's ``(batch, heads)`` products in a Relax model)."""
 
     m: int
     n: int
@@ -129,9 +135,9 @@ class WgmmaGemmTemplate(Template):
     b_layout: str = "NK"  # "KN": B stored (K, N), C = A·B (``B_LAYOUTS``)
     batch: tuple[int, ...] = ()
     b_shared: bool = False  # B has no batch axes: every matrix of the batch multiplies the same B
+    dtype: str = "float16"  # A, B and C (``DTYPES``)
 
     name = "gemm_wgmma"
-    tolerance = 2e-3  # float16 output: its rounding alone is about 2e-4
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
@@ -141,6 +147,13 @@ class WgmmaGemmTemplate(Template):
         reason = b_layout_reason(self.b_layout)
         if reason:
             raise TvmExtError(reason)
+        if self.dtype not in DTYPES:
+            raise TvmExtError(f"wgmma GEMM dtype {self.dtype!r}; allowed: {', '.join(DTYPES)}")
+
+    @property
+    def tolerance(self) -> float:  # type: ignore[override]
+        """The output's rounding alone: about 2e-4 in float16, 2e-3 in bfloat16 (8 bits)."""
+        return DTYPES[self.dtype]
 
     @property
     def matrices(self) -> int:
@@ -149,20 +162,24 @@ class WgmmaGemmTemplate(Template):
 
     @classmethod
     def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK", batch: tuple[int, ...] = (),
-                   b_shared: bool = False) -> "WgmmaGemmTemplate":
+                   b_shared: bool = False, dtype: str = "float16") -> "WgmmaGemmTemplate":
         if len(shape) != 3:
             raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
-        return cls(*shape, b_layout=b_layout, batch=batch, b_shared=b_shared)
+        return cls(*shape, b_layout=b_layout, batch=batch, b_shared=b_shared, dtype=dtype)
 
     @property
     def params(self) -> dict[str, Any]:
         batched = {"batch": list(self.batch), "b_shared": self.b_shared} if self.batch else {}
-        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": "float16", "b_dtype": "float16",
-                "acc_dtype": "float32", "c_dtype": "float16", "b_layout": self.b_layout, **batched}
+        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": self.dtype, "b_dtype": self.dtype,
+                "acc_dtype": "float32", "c_dtype": self.dtype, "b_layout": self.b_layout, **batched}
+
+    def tile(self, config: Config) -> WgmmaTile:
+        """The tile of ``config`` on this template's operands."""
+        return WgmmaTile.of(config, self.dtype)
 
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
-            return target_reason(target) or wgmma_reason(WgmmaTile.of(c), self.m, self.n, self.k,
+            return target_reason(target) or wgmma_reason(self.tile(c), self.m, self.n, self.k,
                                                          shared_limit(target), self.b_layout)
         return Space(KNOBS, (reason,))
 
@@ -175,8 +192,8 @@ class WgmmaGemmTemplate(Template):
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, "float16", self.b_layout,
-                               matrices=self.matrices, split_k=True)
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.dtype, self.b_layout,
+                               matrices=self.matrices, split_k=True, operand=self.dtype)
         if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 64 (no guards)")
@@ -193,19 +210,20 @@ class WgmmaGemmTemplate(Template):
             raise TvmExtError(reason)
         return compile_wgmma(self.kernel_func(config), target, config)
 
-    def kernel_func(self, config: Config, c_dtype: str = "float16", epilogue: Any = None) -> Any:
-        """The PrimFunc of ``config`` storing C as ``c_dtype``, ``epilogue`` (``wgmma_gemm``'s) in its
-        store: what a Relax model's matmul is replaced by (``tvm_ext.relax_wgmma``)."""
-        return wgmma_gemm(WgmmaTile.of(config), self.m, self.n, self.k, c_dtype=c_dtype, b_layout=self.b_layout,
-                          epilogue=epilogue, batch=self.batch, b_batched=not self.b_shared)
+    def kernel_func(self, config: Config, c_dtype: str | None = None, epilogue: Any = None) -> Any:
+        """The PrimFunc of ``config`` storing C as ``c_dtype`` (None: the operands' dtype),
+        ``epilogue`` (``wgmma_gemm``'s) in its store: what a Relax model's matmul is replaced by
+        (``tvm_ext.relax_wgmma``)."""
+        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.dtype,
+                          b_layout=self.b_layout, epilogue=epilogue, batch=self.batch, b_batched=not self.b_shared)
 
     def inputs(self) -> list[TensorSpec]:
         b_lead = () if self.b_shared else self.batch
-        return [TensorSpec((*self.batch, self.m, self.k), "float16"),
-                TensorSpec((*b_lead, *b_shape(self.n, self.k, self.b_layout)), "float16")]
+        return [TensorSpec((*self.batch, self.m, self.k), self.dtype),
+                TensorSpec((*b_lead, *b_shape(self.n, self.k, self.b_layout)), self.dtype)]
 
     def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec((*self.batch, self.m, self.n), "float16")]
+        return [TensorSpec((*self.batch, self.m, self.n), self.dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, b = (x.astype(np.float64) for x in inputs)

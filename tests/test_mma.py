@@ -221,7 +221,8 @@ def test_sampled_feasible_configs_build(cuda):
 # ---- the kernel as a knob: tune gemm-tc ------------------------------------------------------
 def test_choice_template_builds_both_kernels(cuda, tmp_path):
     """``tc_kernel`` picks mma.sync or WMMA; a config reads only its kernel's knobs (the other
-    kernel's give the same source); WMMA configs are infeasible with bfloat16 operands."""
+    kernel's give the same source); WMMA configs are infeasible with bfloat16 operands, wgmma
+    ones with float16 sums."""
     from tvm_ext.builder import build_one
     from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
 
@@ -240,7 +241,10 @@ def test_choice_template_builds_both_kernels(cuda, tmp_path):
     assert wmma == wmma_again
     bf16 = TensorCoreChoiceTemplate(64, 512, 256, a_dtype=BF16, b_dtype=BF16)
     assert "need float16 operands" in bf16.reason(bf16.default_config(cuda).replace(tc_kernel="wmma"), cuda)
-    assert "wgmma takes float16 operands" in bf16.reason(bf16.default_config(cuda).replace(tc_kernel="wgmma"), cuda)
+    assert bf16.reason(bf16.default_config(cuda).replace(tc_kernel="wgmma"), cuda) is None
+    f16_sums = TensorCoreChoiceTemplate(64, 512, 256, acc_dtype=F16, c_dtype=F16)
+    assert "accumulating in float32, not float16/float16 in float16" in f16_sums.reason(
+        f16_sums.default_config(cuda).replace(tc_kernel="wgmma"), cuda)
 
 
 def test_choice_template_runs_wgmma_on_hopper(cuda):
@@ -264,6 +268,29 @@ def test_choice_template_runs_wgmma_on_hopper(cuda):
     ampere = dataclasses.replace(cuda, arch="sm_80")
     assert square.analytic_pick(ampere)[0].tc_kernel == "mma"
     assert "needs a Hopper GPU" in square.reason(config, ampere)
+
+
+@pytest.mark.parametrize("c_dtype, smem", [(BF16, True), (F32, False)])
+def test_choice_template_runs_bfloat16_on_wgmma_on_hopper(cuda, c_dtype, smem):
+    """bfloat16 operands: the pick takes wgmma on Hopper as for float16 (mma.sync reached only
+    0.54-0.60 of cuBLAS there), its ``.f32.bf16.bf16`` form with B read N-major; the shared-memory
+    epilogue where C is bfloat16 (staged in the operands' dtype), C stored directly otherwise,
+    and a staged float32 C refused with that reason."""
+    import re
+
+    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.schedules.wgmma import WgmmaTile
+
+    square = TensorCoreChoiceTemplate(2048, 4096, 512, a_dtype=BF16, b_dtype=BF16, c_dtype=c_dtype)
+    config, why = square.analytic_pick(cuda)
+    assert config.tc_kernel == "wgmma" and "wgmma bfloat16 128x256x64" in why
+    assert WgmmaTile.of(square.kernel_config(config)[1]).smem_epilogue == smem
+    source = square.build_program(config, cuda).source
+    assert re.search(r"m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, %\d+, %\d+, \w+, 1, 1, 0, 1;", source)
+    assert ".f32.f16.f16" not in source
+    if not smem:
+        staged = config.replace(wgmma_smem_epilogue=1)
+        assert "stages bfloat16 C only" in square.reason(staged, cuda)
 
 
 @pytest.mark.parametrize("args, code, expect", [

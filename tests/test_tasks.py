@@ -118,7 +118,7 @@ def test_gemm_near_misses_name_their_reason(opencl):
 def test_low_precision_matmul_goes_to_the_tensor_cores_on_cuda_only(opencl, dtype):
     """float16/bfloat16 matmuls (accumulating in float32 after the model rewrite, a cast and a
     bias as epilogue) -> the mma.sync template on CUDA before Hopper (offline: its default config
-    builds); on Hopper float16 goes to wgmma, bfloat16 stays; on OpenCL the reason says why not."""
+    builds); on Hopper both go to wgmma, in their own dtype; on OpenCL the reason says why not."""
     from tvm.relax.frontend import nn
 
     def forward(self, a, b, bias):
@@ -127,7 +127,8 @@ def test_low_precision_matmul_goes_to_the_tensor_cores_on_cuda_only(opencl, dtyp
     mod = _module(forward, {"a": ((64, 128), dtype), "b": ((128, 256), dtype), "bias": ((256,), dtype)})
     _, on_hopper = _matches(mod, offline_cuda())
     (hopper,) = [m for m in on_hopper if "matmul" in m.name]
-    assert hopper.matcher == ("wgmma" if dtype == "float16" else "tensor_core"), hopper.reason
+    assert hopper.matcher == "wgmma", hopper.reason
+    assert hopper.template.dtype == dtype and hopper.template.params["c_dtype"] == dtype
     cuda = offline_cuda("sm_80")
     _, matches = _matches(mod, cuda)
     match = _one(matches, "tensor_core")

@@ -8,8 +8,10 @@ against float64 on NaN-poisoned outputs, and a real ``tune gemm-wgmma`` run.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_reason
+from tvm_ext.schedules.wgmma import WgmmaTile, compile_wgmma, wgmma_reason
 from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
 from tvm_ext.target import offline_cuda
 
@@ -264,6 +266,128 @@ def test_cli_batch_options_are_checked(tmp_path):
         assert p.returncode == 2 and len(err) == 1 and message in err[0], p.stdout + p.stderr
 
 
+def _cubin_builds(source: str) -> bool:
+    """Whether nvcc (ptxas) assembles ``source`` for sm_90a: the wgmma forms are real PTX."""
+    from tvm_ext.cost_model.ptxas import ptxas_of_source
+
+    return ptxas_of_source(source, "sm_90a") is not None
+
+
+@pytest.mark.parametrize("shape, b_layout, knobs, c_dtype", [
+    ((512, 768, 640), "NK", dict(), None),  # staged through shared memory as bfloat16
+    ((512, 768, 640), "KN", dict(wgmma_smem_epilogue=0), "float32"),
+    ((1024, 768, 3072), "NK", None, None),  # the default: K split in a cluster
+])
+def test_bfloat16_operands_take_the_bf16_wgmma_form(shape, b_layout, knobs, c_dtype):
+    """``dtype`` bfloat16: A, B and C bfloat16 (the record's params say so), the
+    ``m64nNk16.f32.bf16.bf16`` form on the same 2-byte stages, swizzle and descriptors, C
+    bfloat16 (staged in shared memory or stored directly) or float32; ptxas assembles it for
+    sm_90a where nvcc is installed."""
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(*shape, b_layout=b_layout, dtype="bfloat16")
+    assert [s.dtype for s in t.inputs() + t.outputs()] == ["bfloat16"] * 3
+    assert (t.params["a_dtype"], t.params["b_dtype"], t.params["c_dtype"]) == ("bfloat16",) * 3
+    cfg = t.default_config(target) if knobs is None else _config(t, target, **knobs)
+    assert t.tile(cfg).name.startswith("wgmma bfloat16 ")
+    source = (t.build_program(cfg, target).source if c_dtype is None
+              else compile_wgmma(t.kernel_func(cfg, c_dtype), target, cfg).source)
+    bn = t.tile(cfg).bn
+    assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in source and ".f16.f16" not in source
+    assert "half" not in source.split("extern \"C\" __global__")[1]  # no float16 left in the kernels
+    out = "float" if c_dtype else "nv_bfloat16"
+    assert f"{out}* __restrict__ C_ptr" in source
+    if shutil.which("nvcc"):
+        assert _cubin_builds(source)
+
+
+def test_the_float16_kernel_is_unchanged_by_the_operand_parameter():
+    """float16 stays the default: the same params (old records load) and the same source."""
+    target = offline_cuda()
+    t, explicit = WgmmaGemmTemplate(512, 768, 640), WgmmaGemmTemplate(512, 768, 640, dtype="float16")
+    cfg = t.default_config(target)
+    assert t.params == explicit.params and "dtype" not in t.params and t.tolerance == 2e-3
+    assert t.build_program(cfg, target).source == explicit.build_program(cfg, target).source
+    with pytest.raises(TvmExtError, match="allowed: float16, bfloat16"):
+        WgmmaGemmTemplate(128, 128, 128, dtype="float32")
+
+
+def test_the_shared_memory_epilogue_stages_c_in_the_operands_dtype():
+    """The stages hold the operands' dtype, so C staged there must be it: a bfloat16 GEMM
+    storing float16 or float32 C (or a float16 one storing bfloat16) stores it directly, and a
+    staged one is refused with that reason."""
+    from tvm_ext.schedules.wgmma import epilogue_reason, wgmma_gemm
+
+    bf16, f16 = WgmmaTile(operand="bfloat16"), WgmmaTile()
+    assert epilogue_reason(bf16, "bfloat16") is None and epilogue_reason(f16, "float16") is None
+    for tile, c_dtype in ((bf16, "float16"), (bf16, "float32"), (f16, "bfloat16"), (f16, "float32")):
+        assert f"stages {tile.operand} C only" in epilogue_reason(tile, c_dtype)
+        assert epilogue_reason(dataclasses.replace(tile, smem_epilogue=False), c_dtype) is None
+    assert "not int8" in epilogue_reason(dataclasses.replace(bf16, smem_epilogue=False), "int8")
+    with pytest.raises(TvmExtError, match="stages bfloat16 C only"):
+        wgmma_gemm(bf16, 256, 256, 256, c_dtype="float16")
+    direct = wgmma_gemm(dataclasses.replace(bf16, smem_epilogue=False), 256, 256, 256, c_dtype="float16",
+                        bias_dtype="bfloat16")
+    assert [str(p.dtype) for p in direct.params] == ["bfloat16", "bfloat16", "bfloat16", "float16"]  # A, Bt, bias, C
+
+
+def test_the_bfloat16_check_is_float64_of_the_rounded_inputs_within_bfloat16_rounding():
+    """The CPU side of a bfloat16 run: the reference is float64 of the bfloat16 inputs, and the
+    check passes their product rounded to bfloat16 (about 2e-3 of error) but fails a kernel that
+    drops one k step of 64 (a wrong stage) or leaves a tile unwritten (NaN)."""
+    from tvm_ext.precision import cast
+
+    t = WgmmaGemmTemplate(128, 128, 256, dtype="bfloat16")
+    rng = np.random.default_rng(0)
+    a, bt = (cast(rng.uniform(-1, 1, s.shape), "bfloat16") for s in t.inputs())
+    (ref,) = t.reference([a, bt])
+    assert np.array_equal(ref, a.astype(np.float64) @ bt.astype(np.float64).T)
+    good = cast(ref, "bfloat16")
+    assert t.check([good], [ref]) is None
+    err = np.linalg.norm(good.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert 5e-4 < err < t.tolerance  # bfloat16's rounding, within the tolerance
+    short = cast(a[:, 64:].astype(np.float64) @ bt[:, 64:].astype(np.float64).T, "bfloat16")
+    assert "exceeds" in t.check([short], [ref])
+    unwritten = good.copy()
+    unwritten[:64, :64] = np.nan
+    assert t.check([unwritten], [ref]) is not None
+
+
+def test_a_bfloat16_record_names_its_dtype_and_loads_back():
+    """Records: a bfloat16 GEMM's params name bfloat16 A, B and C and load as that template;
+    operands of two types, or C of another, are no wgmma GEMM's."""
+    from tvm_ext.operators import template_of
+    from tvm_ext.template import Workload
+
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(256, 256, 128, b_layout="KN", dtype="bfloat16")
+    params = Workload.of(t, target).as_json()["params"]
+    assert template_of({"template": "gemm_wgmma", "params": params}) == t
+    assert template_of({"template": "gemm_wgmma", "params": {**params, "b_dtype": "float16"}}) is None
+    assert template_of({"template": "gemm_wgmma", "params": {**params, "c_dtype": "float32"}}) is None
+    f16 = Workload.of(WgmmaGemmTemplate(256, 256, 128), target).as_json()["params"]
+    assert template_of({"template": "gemm_wgmma", "params": f16}) == WgmmaGemmTemplate(256, 256, 128)
+
+
+def test_cli_takes_bfloat16_for_gemm_wgmma_and_gemm_tc_picks_wgmma_for_it(tmp_path):
+    """``tune gemm-wgmma --dtype bfloat16`` makes the bfloat16 template (other dtypes: one error
+    line); ``tune gemm-tc`` with bfloat16 in and out picks the wgmma kernel on Hopper."""
+    from tvm_ext.operator_cli import gemm_wgmma_template
+    from tvm_ext.tune import build_parser
+
+    args = build_parser().parse_args(["gemm-wgmma", "--shape", "256,128,64", "--dtype", "bfloat16"])
+    assert gemm_wgmma_template(args) == WgmmaGemmTemplate(256, 128, 64, dtype="bfloat16")
+    bad = subprocess.run(CLI + ["gemm-wgmma", "--shape", "128,128,64", "--dtype", "float32", "--records",
+                                str(tmp_path / "r.jsonl")], capture_output=True, text=True, timeout=300)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and "float32" in errors[0], bad.stderr
+    p = subprocess.run(CLI + ["gemm-tc", "--shape", "4096,4096,4096", "--in-dtype", "bfloat16", "--out-dtype",
+                              "bfloat16", "--target", "cuda", "--strategy", "analytic", "--no-measure", "--records",
+                              str(tmp_path / "tc.jsonl"), "--no-progress"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "config: tc_kernel=wgmma " in p.stdout and "wgmma bfloat16 128x256x64" in p.stdout, p.stdout
+
+
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_layout", ["NK", "KN"])
@@ -366,3 +490,66 @@ def test_cuda_batched_wgmma_matches_float64(case):
     per_matrix = np.linalg.norm((out - ref).reshape(-1, *ref.shape[-2:]), axis=(1, 2)) / \
         np.linalg.norm(ref.reshape(-1, *ref.shape[-2:]), axis=(1, 2))
     assert per_matrix.max() < 1e-3, per_matrix
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, b_layout, knobs, c_dtype", [
+    ((512, 768, 640), "NK", dict(), "bfloat16"),  # bfloat16 staged through shared memory
+    ((512, 768, 640), "KN", dict(wgmma_smem_epilogue=0, wgmma_tiles=4, wgmma_raster=2), "bfloat16"),
+    ((512, 768, 640), "KN", dict(wgmma_smem_epilogue=0), "float32"),
+    # odd tile counts (3 x 5 tiles of 64x64, 9 k steps): every stage reused, no tile twice
+    ((192, 320, 576), "NK", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=4), "bfloat16"),
+    ((256, 128, 1024), "NK", dict(wgmma_bn=128, wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_split_cluster=1),
+     "bfloat16"),
+])
+def test_cuda_bfloat16_wgmma_matches_float64(shape, b_layout, knobs, c_dtype):
+    """bfloat16 operands on the GPU against float64 of the same bfloat16 inputs, C NaN-poisoned:
+    the bf16 wgmma form (read as float16, the values would be O(1) wrong), both B layouts,
+    both epilogues, float32 C, a split K in a cluster."""
+    import tvm
+
+    from tvm_ext.precision import cast, np_dtype
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(*shape, b_layout=b_layout, dtype="bfloat16")
+    cfg = _config(t, target, **knobs)
+    program = t.build_program(cfg, target) if c_dtype == "bfloat16" else \
+        compile_wgmma(t.kernel_func(cfg, c_dtype), target, cfg)
+    rng = np.random.default_rng(2)
+    a, b = (cast(rng.standard_normal(spec.shape), "bfloat16") for spec in t.inputs())
+    ref = t.reference([a, b])[0]
+    dev = tvm.cuda(0)
+    c = tvm.runtime.tensor(np.full(ref.shape, np.nan, np_dtype(c_dtype)), dev)
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+    out = c.numpy().astype(np.float64)
+    assert np.isfinite(out).all()
+    err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert err < (1e-5 if c_dtype == "float32" else 8e-3), err  # bfloat16 output rounding: about 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2048, 4096, 512), (1024, 1024, 1536)])
+def test_cuda_gemm_tc_bfloat16_picks_wgmma_and_matches_float64(shape):
+    """``gemm_tc_any``'s analytic pick with bfloat16 A, B and C on Hopper: the wgmma kernel
+    (B (K, N) read N-major), against float64 on NaN-poisoned C and scratch."""
+    import tvm
+
+    from tvm_ext.precision import cast, np_dtype
+    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    t = TensorCoreChoiceTemplate(*shape, a_dtype="bfloat16", b_dtype="bfloat16", c_dtype="bfloat16")
+    config, why = t.analytic_pick(target)
+    assert config.tc_kernel == "wgmma", why
+    program = t.build_program(config, target)
+    rng = np.random.default_rng(3)
+    a, b = (cast(rng.uniform(-1, 1, s.shape), s.dtype) for s in t.inputs())
+    dev = tvm.cuda(0)
+    outs = [tvm.runtime.tensor(np.full(s.shape, np.nan, np_dtype(s.dtype)), dev) for s in t.outputs() + t.scratch()]
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), *outs)
+    out = outs[0].numpy().astype(np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 8e-3

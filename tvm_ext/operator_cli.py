@@ -90,6 +90,8 @@ def add_gemm_wgmma_args(gemm_wgmma: argparse.ArgumentParser) -> None:
                                  "and heads); default none")
     gemm_wgmma.add_argument("--b-shared", action="store_true",
                             help="with --batch: B has no batch axes (one B for all)")
+    gemm_wgmma.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                            help="A, B and C (float32 accumulate); default float16")
 
 
 def gemm_wgmma_template(args: argparse.Namespace) -> Any:
@@ -99,7 +101,7 @@ def gemm_wgmma_template(args: argparse.Namespace) -> Any:
     if args.b_shared and not batch:
         raise TvmExtError("--b-shared needs --batch (a B shared by the matrices of a batch)")
     return WgmmaGemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), b_layout=args.b_layout.upper(),
-                                        batch=batch, b_shared=args.b_shared)
+                                        batch=batch, b_shared=args.b_shared, dtype=args.dtype)
 
 
 # ---- tune: float32 GEMM as three TF32 products ----------------------------------------------------

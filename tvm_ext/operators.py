@@ -174,7 +174,7 @@ def _gru() -> type[Template]:
 
 def fixed_dtypes(**dtypes: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     """Record params -> constructor arguments for a template whose ``params`` name dtypes it
-    fixes (``gemm_wgmma``: float16 in and out): those are checked and dropped; a record naming
+    fixes (``gemm_3xtf32``: float32 throughout): those are checked and dropped; a record naming
     other dtypes is not this template's."""
     def args(params: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(params)
@@ -186,6 +186,17 @@ def fixed_dtypes(**dtypes: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]
             out["batch"] = tuple(out["batch"])
         return out
     return args
+
+
+def _wgmma_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``WgmmaGemmTemplate`` arguments: A, B and C of one dtype (float16 or
+    bfloat16: its ``dtype``), float32 accumulate; a record naming other dtypes is not its."""
+    out = dict(params)
+    dtype = out.pop("a_dtype", "float16")
+    if dtype not in ("float16", "bfloat16"):
+        raise TvmExtError(f"a_dtype {dtype!r}: this template takes float16 or bfloat16 only")
+    out = fixed_dtypes(b_dtype=dtype, acc_dtype="float32", c_dtype=dtype)(out)
+    return {**out, "dtype": dtype} if dtype != "float16" else out
 
 
 # the wgmma kernel's knobs added since its first records (``WgmmaTile.of`` reads them so too)
@@ -257,8 +268,10 @@ GEMM_TC_TUNE = TuneCommand(
     example=_SHAPE)
 
 GEMM_WGMMA_TUNE = TuneCommand(
-    "gemm-wgmma", help="float16 GEMM C = A·Btᵀ (Bt stored N×K, a Linear weight) on Hopper's warpgroup MMA",
-    description="Tune C[M,N] = A[M,K]·Bt[N,K]ᵀ, float16 in and out, float32 accumulate, on Hopper's "
+    "gemm-wgmma", help="float16/bfloat16 GEMM C = A·Btᵀ (Bt stored N×K, a Linear weight) on Hopper's warpgroup "
+                       "MMA",
+    description="Tune C[M,N] = A[M,K]·Bt[N,K]ᵀ, float16 (--dtype bfloat16: bfloat16) in and out, float32 "
+                "accumulate, on Hopper's "
                 "wgmma (sm_90): the tile, the cp.async pipeline and the epilogue are what is searched.",
     knobs=cli.gemm_wgmma_knobs, add_arguments=cli.add_gemm_wgmma_args, make_template=cli.gemm_wgmma_template,
     example=("--shape", "128,128,128"))
@@ -308,9 +321,8 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm_mma", _gemm_mma, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "mma"),
              matchers=("tensor_core",)),
     Operator("gemm_tc", _gemm_tc, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "wmma")),
-    Operator("gemm_wgmma", _gemm_wgmma, fixed_dtypes(a_dtype="float16", b_dtype="float16", acc_dtype="float32",
-                                                     c_dtype="float16"),
-             tune=GEMM_WGMMA_TUNE, matchers=("wgmma",), knobs_added=WGMMA_KNOBS_ADDED),
+    Operator("gemm_wgmma", _gemm_wgmma, _wgmma_args, tune=GEMM_WGMMA_TUNE, matchers=("wgmma",),
+             knobs_added=WGMMA_KNOBS_ADDED),
     Operator("gemm_3xtf32", _gemm_3xtf32, fixed_dtypes(a_dtype="float32", b_dtype="float32", acc_dtype="float32",
                                                        c_dtype="float32"),
              tune=GEMM_3XTF32_TUNE, matchers=("tf32",), knobs_added=WGMMA_KNOBS_ADDED),

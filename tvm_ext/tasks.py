@@ -18,7 +18,7 @@ carries the reason.
 - ``tf32``: a float32 matmul (no batch) on Hopper -> the 3xTF32 template (``gemm_3xtf32``), its
   splits and TF32 wgmma GEMM as one function in the function's place (as ``wgmma``'s); a
   float32 matmul elsewhere, or one no TF32 tile divides, goes on to ``gemm``.
-- ``wgmma``: a float16 matmul (float32 accumulate, float16 out, batched or not) on Hopper -> the
+- ``wgmma``: a float16 or bfloat16 matmul (float32 accumulate, out in its own type, batched or not) on Hopper -> the
   wgmma template, whose kernel replaces the function (``Matcher.substitute``,
   ``relax_wgmma``) rather than scheduling it.
 - ``tensor_core``: the same matmul with float16 or bfloat16 operands -> the mma.sync
@@ -288,20 +288,20 @@ def match_tensor_core(func: Any, target: TargetInfo) -> Any:
     return template, found.site
 
 
-def _hopper_matmul(func: Any, target: TargetInfo, kind: str, dtypes: tuple[str, str, str, str],
+def _hopper_matmul(func: Any, target: TargetInfo, kind: str, dtypes: tuple[tuple[str, str, str, str], ...],
                    takes: str) -> Any:
     """The matmul of ``func`` (``MatmulPattern``) if its A, B, accumulator and output dtypes are
-    ``dtypes`` and ``target`` is Hopper; else why not (``takes``: what the kind takes)."""
+    one of ``dtypes`` and ``target`` is Hopper; else why not (``takes``: what the kind takes)."""
     from .schedules.wgmma import target_reason
 
     found = find_matmul(func)
     if isinstance(found, NoMatch):
         return NoMatch(f"not a {kind} matmul: {found.reason}")
-    if (found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype) != dtypes:
+    if (found.a_dtype, found.b_dtype, found.acc_dtype, found.c_dtype) not in dtypes:
         return NoMatch(f"not a {kind} matmul: {found.a_dtype}/{found.b_dtype} accumulating in {found.acc_dtype} "
                        f"into {found.c_dtype} ({takes})")
     reason = target_reason(target)
-    return NoMatch(f"{dtypes[0]} matmul on {kind}: {reason}") if reason else found
+    return NoMatch(f"{found.a_dtype} matmul on {kind}: {reason}") if reason else found
 
 
 def _substitution(func: Any, found: MatmulPattern, make: Callable[[MatmulPattern], Any], what: str,
@@ -318,7 +318,7 @@ def _substitution(func: Any, found: MatmulPattern, make: Callable[[MatmulPattern
 
 
 def match_wgmma(func: Any, target: TargetInfo) -> Any:
-    """A float16 matmul accumulating in float32 with a float16 output, on Hopper -> the wgmma
+    """A float16 (or bfloat16) matmul accumulating in float32 into its own dtype, on Hopper -> the wgmma
     template, its kernel in the function's place with the epilogue composed into its store
     (``relax_wgmma``; B read as stored, [k, n] or [n, k]; batch axes as the function has them,
     attention's (batch, heads), B with them or shared).  A shape some wgmma tile divides; else the
@@ -326,13 +326,13 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
     check)."""
     from .schedules.wgmma_template import WgmmaGemmTemplate
 
-    found = _hopper_matmul(func, target, "wgmma", ("float16", "float16", "float32", "float16"),
-                           "wgmma takes float16 accumulating in float32 into float16")
+    found = _hopper_matmul(func, target, "wgmma", tuple((d, d, "float32", d) for d in ("float16", "bfloat16")),
+                           "wgmma takes float16 or bfloat16 accumulating in float32 into the same type")
     if isinstance(found, NoMatch):
         return found
     return _substitution(func, found, lambda f: WgmmaGemmTemplate(
-        f.m, f.n, f.k, b_layout="NK" if f.b_transposed else "KN", batch=f.lead, b_shared=f.b_shared),
-        "float16 matmul on wgmma", near=True)
+        f.m, f.n, f.k, b_layout="NK" if f.b_transposed else "KN", batch=f.lead, b_shared=f.b_shared,
+        dtype=f.a_dtype), f"{found.a_dtype} matmul on wgmma", near=True)
 
 
 def match_tf32(func: Any, target: TargetInfo) -> Any:
@@ -342,7 +342,7 @@ def match_tf32(func: Any, target: TargetInfo) -> Any:
     float32 GEMM.  A batch, another target, or a shape no TF32 tile divides go to ``gemm``."""
     from .schedules.gemm_3xtf32 import Gemm3xTf32Template
 
-    found = _hopper_matmul(func, target, "3xTF32", ("float32",) * 4, "3xTF32 is float32 throughout")
+    found = _hopper_matmul(func, target, "3xTF32", (("float32",) * 4,), "3xTF32 is float32 throughout")
     if isinstance(found, NoMatch):
         return found
     what = "float32 matmul on 3xTF32"
@@ -438,7 +438,7 @@ MATCHERS: dict[str, Matcher] = {
                     substitute=substitute_kernel),
     "gemm": Matcher("gemm", match_gemm, "float32 matmul (batched, B transposed or shared) with an elementwise "
                                         "epilogue -> GemmTemplate"),
-    "wgmma": Matcher("wgmma", match_wgmma, "float16 matmul (float32 accumulate, float16 out) on Hopper "
+    "wgmma": Matcher("wgmma", match_wgmma, "float16/bfloat16 matmul (float32 accumulate, out in its type) on Hopper "
                                           "-> the wgmma template's kernel in the function's place",
                      substitute=substitute_kernel),
     "tensor_core": Matcher("tensor_core", match_tensor_core, "float16/bfloat16 matmul -> the mma.sync template "
