@@ -189,8 +189,13 @@ def warm_device(kind: str, device_id: int) -> None:
     device's context (seconds that would otherwise delay that process's first measurement)."""
     import tvm
 
+    from . import executors  # noqa: F401  (what every job imports)
+
     if kind == "cuda":
+        from .cuda_graph import cudart
+
         tvm.runtime.empty((1,), "float32", tvm.cuda(device_id))
+        cudart()  # the CUDA runtime the graph timer calls
 
 
 def executor_for(job: MeasureJob) -> Any:
