@@ -31,7 +31,7 @@ from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import WARP
 from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 
-from .kernels import MAX_REGISTERS, OTHER_REGISTERS, _cell_math, _stored_as, word_tag
+from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_math, stored_as, word_tag
 
 FLAG_UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
 POLL_WORDS = 32  # h words a thread polls at once (64 registers); more are polled in rounds of this many
@@ -124,8 +124,8 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
 
     def cell(sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
         """h' of the lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
-        gh = [_stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
-        return _cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
+        gh = [stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
@@ -215,7 +215,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                 h_new = T.meta_var(cell(sums, b_h, gi_reg, h_s[tx * HP + j]))
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),
-                                         packed(_stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                                         packed(stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new, out_dtype)
                 if s == steps - 1:
                     h_n[layer * dirs + bz, tx, j] = T.cast(h_new, h_dtype)

@@ -35,10 +35,11 @@ from tvm_ext.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
-from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_elementwise,
-                      schedule_init, schedule_step, step_func, step_k_extent)
+from .kernels import (cell_func, init_func, schedule_cell, schedule_elementwise, schedule_init, schedule_step,
+                      step_func, step_k_extent)
 from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
 from .knobs import KNOBS
+from .step_common import MAX_REGISTERS, OTHER_REGISTERS
 from .lengths import LENGTHS_DTYPE, hold_func, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)

@@ -45,7 +45,7 @@ from tvm_ext.precision import itemsize
 from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
 from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier
 
-from .kernels import _cell_math, _stored_as, pack_pair, word_tag
+from .step_common import cell_math, pack_pair, stored_as, word_tag
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -167,7 +167,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
 
     ``flags`` (the knob ``step_flags``): no grid barrier; h goes between blocks as 8-byte
     words of ``hx`` (a further parameter), two adjacent units' 16-bit values and the step as
-    a tag (``kernels.pack_pair``), each written with one relaxed store by the lane whose
+    a tag (``step_common.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
@@ -210,8 +210,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         def at(g: int) -> int:
             return (g * unit_tiles + t) * 4 + e
 
-        gh = [_stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return _cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
+        gh = [stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
