@@ -19,17 +19,21 @@ for all T steps and both directions in one GEMM; per step S2 ``gh = h·W_hᵀ + 
 batched over directions) and S3/S4 the cell (or S2-S4 fused into one step kernel).
 """
 from .compute import F32, FUNCTION_STAGES, PRECISION_PARAMS, STAGES, function_stages, gru_reference
-from .kernels import cell_func, init_func, schedule_cell, schedule_init, schedule_step, step_func
+from .cell_step import cell_func, schedule_cell
+from .fused_step import schedule_step, step_func
+from .kernels import init_func, schedule_init
 from .layer import GRU
 from .plan import BARRIER_TIMEOUT, Call, CompiledGru
-from .knobs import BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, STEP_KNOBS
-from .template import PERSISTENT_MIN_REGISTERS, SHARED_RESERVED_PER_BLOCK, GruTemplate, default_gemm_config, gemm_config
+from .knobs import BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, STEP_KNOBS, gemm_config
+from .step_variant import PERSISTENT_MIN_REGISTERS, SHARED_RESERVED_PER_BLOCK, StepVariant
+from .template import GruTemplate, default_gemm_config
 from tvm_ext.executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
 from tvm_ext.schedules.gemm import BiasGemmTemplate, gemm_bias_func
 
 __all__ = ["BARRIER_TIMEOUT", "BATCHED_GEMM_KNOBS", "F32", "FUNCTION_STAGES", "GRU", "HID_GEMM_KNOBS",
            "IN_GEMM_KNOBS", "KNOBS", "PERSISTENT_MIN_REGISTERS", "PRECISION_PARAMS", "SHARED_RESERVED_PER_BLOCK",
            "STAGES", "STAGE_REPEAT", "STEP_KNOBS", "BiasGemmTemplate", "Call", "CompiledGru", "CudaExecutor",
+           "StepVariant",
            "GruTemplate", "OpenclExecutor", "cell_func", "default_gemm_config", "function_stages",
            "gemm_bias_func", "gemm_config", "gru_reference", "init_func", "schedule_cell", "schedule_init",
            "schedule_step", "step_func"]
