@@ -6,8 +6,14 @@ Everything about the GRU lives in this package, one role per module:
   (method 003) and the stage of each kernel function;
 - ``template``: ``GruTemplate``, the layer stack as one tunable unit (buffers, search space,
   default config, the kernel functions a config schedules); ``knobs``: its knobs;
-- ``kernels``: the cell, fused step and init kernels (TVMScript) and their schedules (the
-  gate GEMMs are ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
+- ``step_variant``: ``StepVariant``, the step kernel a config selects (``variants`` chooses it
+  once), each family in its own module with its knobs' decoding, its feasibility reason, its
+  kernels and its host calls: ``cell_step`` (the patent's hidden GEMM + cell kernel),
+  ``fused_step`` (the fused step kernel, per step, host-looped or persistent), ``flag_step``
+  (the flag-exchange kernel), ``tensor_core_step`` (the tensor-core kernel); ``step_common``:
+  the TIR they share (the cell's math, the state store, the exchange words);
+- ``kernels``: the init and elementwise kernels every config runs (the gate GEMMs are
+  ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
 - ``split``: the float32 input GEMM on float16 tensor cores (operands split into high and low
   float16 parts, one GEMM of depth 3K; knob ``in_split``);
 - ``plan``: the host plan (the calls of one forward pass), compiling it into one module,
@@ -33,7 +39,6 @@ from tvm_ext.schedules.gemm import BiasGemmTemplate, gemm_bias_func
 __all__ = ["BARRIER_TIMEOUT", "BATCHED_GEMM_KNOBS", "F32", "FUNCTION_STAGES", "GRU", "HID_GEMM_KNOBS",
            "IN_GEMM_KNOBS", "KNOBS", "PERSISTENT_MIN_REGISTERS", "PRECISION_PARAMS", "SHARED_RESERVED_PER_BLOCK",
            "STAGES", "STAGE_REPEAT", "STEP_KNOBS", "BiasGemmTemplate", "Call", "CompiledGru", "CudaExecutor",
-           "StepVariant",
-           "GruTemplate", "OpenclExecutor", "cell_func", "default_gemm_config", "function_stages",
+           "GruTemplate", "OpenclExecutor", "StepVariant", "cell_func", "default_gemm_config", "function_stages",
            "gemm_bias_func", "gemm_config", "gru_reference", "init_func", "schedule_cell", "schedule_init",
            "schedule_step", "step_func"]

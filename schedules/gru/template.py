@@ -8,7 +8,8 @@ the GA tuner searches it like any operator.  Pipeline per layer (patent 004):
   shape (T·B, dirs·3H) (``input_gemm``: the GEMM template with a bias row).
 - S2 per step ``gh = h·W_hᵀ + b_h``, the GEMM template batched over directions,
   (dirs, B, 3H) (``hidden_gemm``).
-- S3/S4 per step one cell kernel, or S2-S4 fused into one step kernel (``kernels.py``).
+- S3/S4 per step one cell kernel, or S2-S4 fused into one step kernel: the config's
+  ``StepVariant`` (``step_variant.py``), chosen once by ``step_variant``.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, spl
                     split_weight_n_major_func)
 from .step_variant import StepSizes, StepVariant
 from .variants import select_step_variant
+
 
 def _pow2_at_least(value: int, cap: int) -> int:
     p = 1
