@@ -80,7 +80,6 @@ class CellStep(StepVariant):
     hidden_gemm: Any  # the hidden GEMM's template (a ``BiasGemmTemplate``)
     gemm_knobs: Config  # the hid_* knobs
 
-    family = "hidden GEMM and cell kernel"
     unshown_prefixes = ("step_",)
     runs_hidden_gemm = True
 

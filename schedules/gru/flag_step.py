@@ -228,7 +228,6 @@ class FlagStep(StepVariant):
     step_j: int  # not this kernel's, but checked against the block limit as for every fused kernel
     pipeline: int  # not this kernel's, but it sets cp.async copies for the module as for the fused kernel
 
-    family = "flag-exchange step kernel"
     unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
 
     @classmethod

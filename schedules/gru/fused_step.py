@@ -345,7 +345,6 @@ class FusedStep(StepVariant):
     loop: int
     barrier: int
 
-    family = "fused step kernel"
     unshown_names = TC_STEP_KNOBS + FLAG_STEP_KNOBS
 
     @classmethod
@@ -474,8 +473,6 @@ class FusedStep(StepVariant):
 class PersistentStep(FusedStep):
     """The fused step kernel as one launch per layer (``step_loop`` 2, CUDA): every block
     resident, meeting the others at a grid barrier (``step_barrier``) between steps."""
-
-    family = "persistent step kernel"
 
     def residency(self, target: TargetInfo) -> tuple[int, str | None]:
         """Blocks per SM the kernel needs resident (its grid spread over the SMs), or why they

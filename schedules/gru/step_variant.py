@@ -70,7 +70,6 @@ class StepVariant(ABC):
 
     sizes: StepSizes
 
-    family: ClassVar[str]
     # The knobs that do not change this family's kernels: names starting with these, and these names
     unshown_prefixes: ClassVar[tuple[str, ...]] = ("cell_block", "hid_")
     unshown_names: ClassVar[tuple[str, ...]] = ()

@@ -488,8 +488,6 @@ class TensorCoreStep(StepVariant):
     flags: bool
     loop: int
 
-    family = "tensor-core step kernel"
-
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
