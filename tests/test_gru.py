@@ -157,7 +157,7 @@ def test_w_onchip_persistent_kernel_loads_w_once(tmp_path):
         name = "gru_steps" if loop else "gru_step"
         (launch,), _ = compiled.launches[name]
         # 96 KiB of W (more than a static array may have), and the h slice and partial sums with it
-        assert 512 * 3 * 16 * 4 < launch.dyn_shared_bytes <= t.step_shared_bytes(cfg)
+        assert 512 * 3 * 16 * 4 < launch.dyn_shared_bytes <= t.step_variant(cfg).shared_bytes()
         definition = re.search(rf"{name}_kernel\([^)]*\) {{", compiled.source)
         kernel = compiled.source[definition.end():]
         kernel = kernel[:kernel.index("\n}\n")]
@@ -371,7 +371,7 @@ def test_cuda_persistent_grid_with_several_blocks_per_sm():
     cfg = {"fuse_step": 1, "step_j": 32, "step_b": 8, "step_k": 8, "step_ks": 2, "step_loop": 2}
     gru = GRU.build(target, s.input, s.hidden, bidirectional=True, batch=s.batch, seq=s.seq,
                     config=cfg).load_numpy(weights)
-    assert gru.template.persistent_residency(gru.config, target)[0] == 2
+    assert gru.template.step_variant(gru.config).residency(target)[0] == 2
     x, h0 = _inputs(s)
     for _ in range(2):
         out, h_n = gru(x, h0)
@@ -407,7 +407,7 @@ def test_step_loop_plan_and_code(tmp_path):
     assert "__launch_bounds__(64)" in t.compile(base.replace(step_loop=2), target).source  # 4 blocks, 132 SMs
     # 4 blocks on 2 SMs: two per SM, registers capped by the launch bound so both fit
     small = dataclasses.replace(target, compute_units=2)
-    assert t.persistent_residency(base.replace(step_loop=2), small) == (2, None)
+    assert t.step_variant(base.replace(step_loop=2)).residency(small) == (2, None)
     assert "__launch_bounds__(64, 2)" in t.compile(base.replace(step_loop=2), small).source
     # 2048 blocks of 128 threads on 2 SMs: more than an SM holds
     wide = GruTemplate(batch=64, hidden=512, input=16, seq=5)

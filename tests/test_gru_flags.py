@@ -55,7 +55,7 @@ def test_more_words_than_a_poll_holds_are_polled_in_rounds():
     t = _template(16, 512)
     target = offline_cuda("sm_90")
     cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4)
-    shape = t.flag_step_shape(cfg)
+    shape = t.step_variant(cfg).shape
     assert (shape.words_per_thread, shape.poll_words, shape.poll_rounds) == (64, POLL_WORDS, 2)
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     body = _kernel(t.compile(cfg, target).source)

@@ -21,7 +21,7 @@ from test_gru import Shape, _close, _inputs, _weights
 
 from tvm_ext.errors import TvmExtError
 from tvm_ext.schedules.gru import BARRIER_TIMEOUT, GRU, GruTemplate, gru_reference
-from tvm_ext.schedules.gru.kernels import step_k_extent
+from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.step_loop import BARRIERS
 from tvm_ext.target import offline_cuda
 
@@ -96,7 +96,7 @@ def test_padded_split_is_only_where_needed():
     t = GruTemplate(batch=2, hidden=200, input=8, seq=3)
     target = offline_cuda()
     cfg = t.default_config(target).replace(fuse_step=1, step_j=16, step_b=2, step_k=64, step_ks=8, step_w_onchip=1)
-    assert t.step_shared_bytes(cfg) == 4 * (2 * 64 + 8 * 2 * 3 * 16 + 256 * 3 * 16)
+    assert t.step_variant(cfg).shared_bytes() == 4 * (2 * 64 + 8 * 2 * 3 * 16 + 256 * 3 * 16)
     source = t.compile(cfg.replace(step_w_onchip=0), target).source
     assert "h_pad_shared" in source  # the zero-padded state slice is what is staged
     plain = t.compile(cfg.replace(step_k=8, step_w_onchip=0), target).source  # 200 % 8 == 0
@@ -122,26 +122,26 @@ def test_analytic_pick_follows_the_measured_rules(shape):
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     assert cfg.fuse_step == 1 and cfg.step_loop == 2 and "persistent" in why
     space, base = t.space(target), t.default_config(target)
-    flag_grids = [t.flag_step_shape(f).blocks for f in (base.replace(fuse_step=1, step_loop=2, step_flags=1,
+    flag_grids = [t.step_variant(f).shape.blocks for f in (base.replace(fuse_step=1, step_loop=2, step_flags=1,
                                                                       step_flag_units=u) for u in FLAG_UNITS)
                   if space.is_feasible(f)]
     if batch <= FLAG_BATCH and min(flag_grids, default=133) <= 132:
-        assert cfg.step_flags == 1 and t.flag_step_shape(cfg).blocks <= 132 and "no grid barrier" in why
+        assert cfg.step_flags == 1 and t.step_variant(cfg).shape.blocks <= 132 and "no grid barrier" in why
         return
     assert cfg.step_flags == 0 and cfg.step_ks > 1
     assert cfg.step_barrier == 2 and cfg.step_prefetch == 1
     assert step_k_extent(hidden, cfg.step_k, cfg.step_ks) * 4 <= hidden * 5  # padding within 25 %
-    per_sm, reason = t.persistent_residency(cfg, target)
+    per_sm, reason = t.step_variant(cfg).residency(target)
     assert reason is None
     padded = step_k_extent(hidden, cfg.step_k, cfg.step_ks) > hidden
     if batch >= 32:
         assert cfg.step_w_onchip == 1 and cfg.step_pipeline == 1
         assert cfg.in_split == 0 and all(cfg.as_dict()["in_" + k] == v for k, v in LARGE_GEMM_TILE.items())
-        units, rows = t.step_units(cfg), cfg.step_b * cfg.step_bt
+        units, rows = t.step_variant(cfg).units, t.step_variant(cfg).rows
         fewer = [u for u in MANY_ROWS_UNITS if u < units]
         if rows == 32:  # the fewest units whose grid fits the 132 SMs
-            assert t.step_blocks(cfg) <= 132 and t.step_threads(cfg) == 256
-            assert all(t.step_blocks(cfg.replace(step_j=min(u, 8), step_u=max(1, u // 8))) > 132 for u in fewer)
+            assert t.step_variant(cfg).blocks <= 132 and t.step_variant(cfg).threads == 256
+            assert all(t.step_variant(cfg.replace(step_j=min(u, 8), step_u=max(1, u // 8))).blocks > 132 for u in fewer)
             measured_best = {(64, 1024): (16, 8, 2), (32, 512): (4, 4, 1)}  # (units, step_j, step_u)
             if (batch, hidden) in measured_best:
                 assert (units, cfg.step_j, cfg.step_u) == measured_best[batch, hidden]
@@ -261,7 +261,8 @@ def test_row_threads_and_pipeline_in_generated_cuda():
     (launch,), _ = compiled.launches["gru_steps"]
     assert launch.block == (8, 4, 8)
     cfg = t.default_config(offline_cuda()).replace(fuse_step=1, **knobs)
-    assert launch.dyn_shared_bytes == t.step_shared_bytes(cfg) == 4 * (1024 * 3 * 8 + 2 * 64 * 64 + 4 * 64 * 3 * 8)
+    shared = t.step_variant(cfg).shared_bytes()
+    assert launch.dyn_shared_bytes == shared == 4 * (1024 * 3 * 8 + 2 * 64 * 64 + 4 * 64 * 3 * 8)
     assert "wait_group_2" not in kernel
 
 
@@ -276,8 +277,9 @@ def test_units_per_thread_and_deep_pipeline_in_generated_cuda():
     (launch,), _ = compiled.launches["gru_steps"]
     assert launch.block == (4, 8, 8) and launch.grid[0] == 128
     cfg = t.default_config(offline_cuda()).replace(fuse_step=1, **knobs)
-    assert t.step_blocks(cfg) == 128
-    assert launch.dyn_shared_bytes == t.step_shared_bytes(cfg) == 4 * (1024 * 3 * 8 + 4 * 64 * 64 + 8 * 64 * 3 * 8)
+    assert t.step_variant(cfg).blocks == 128
+    shared = t.step_variant(cfg).shared_bytes()
+    assert launch.dyn_shared_bytes == shared == 4 * (1024 * 3 * 8 + 4 * 64 * 64 + 8 * 64 * 3 * 8)
     assert "wait_group_3" in kernel and "wait_group_4" not in kernel
     assert "gi_pre_local_ptr[47] = " in kernel  # 3 gates x 2 units x 8 rows prefetched per thread
 

@@ -27,11 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import WARP
+from tvm_ext.space import Config
 from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
+from tvm_ext.target import TargetInfo
 
-from .kernels import MAX_REGISTERS, OTHER_REGISTERS, _cell_math, _stored_as, word_tag
+from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_math, stored_as, word_tag
+from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
 
 FLAG_UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
 POLL_WORDS = 32  # h words a thread polls at once (64 registers); more are polled in rounds of this many
@@ -84,20 +88,6 @@ class FlagStepShape:
         return self.batch * self.k_per_lane * WARP * 4
 
 
-def flag_step_reason(shape: FlagStepShape) -> str | None:
-    """Why this shape cannot run on the flag-exchange step kernel (None: it can), before
-    residency (the caller's hardware model)."""
-    if shape.units not in FLAG_UNITS:
-        return f"flag-exchange step kernel: {shape.units} units per block; allowed: {FLAG_UNITS}"
-    if shape.batch > MAX_ROWS:
-        return f"flag-exchange step kernel: batch {shape.batch} > {MAX_ROWS} (one lane per row runs the cell)"
-    if shape.registers() > MAX_REGISTERS:
-        return (f"flag-exchange step kernel: needs about {shape.registers()} registers per thread (W share "
-                f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums) > "
-                f"{MAX_REGISTERS}")
-    return None
-
-
 def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
                    w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                    name: str = "gru_steps") -> Any:
@@ -124,8 +114,8 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
 
     def cell(sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
         """h' of the lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
-        gh = [_stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
-        return _cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
+        gh = [stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
@@ -215,7 +205,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                 h_new = T.meta_var(cell(sums, b_h, gi_reg, h_s[tx * HP + j]))
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),
-                                         packed(_stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                                         packed(stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new, out_dtype)
                 if s == steps - 1:
                     h_n[layer * dirs + bz, tx, j] = T.cast(h_new, h_dtype)
@@ -226,3 +216,81 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
             bar[1] = 1
 
     return kernel.with_attr("global_symbol", name)
+
+
+@dataclass(frozen=True)
+class FlagStep(StepVariant):
+    """The flag-exchange persistent step kernel (``step_flags`` 1, ``step_tc`` 0):
+    ``step_flag_units`` units a block, a warp each, h exchanged as tagged words."""
+
+    units: int
+    loop: int
+    step_j: int  # not this kernel's, but checked against the block limit as for every fused kernel
+    pipeline: int  # not this kernel's, but it sets cp.async copies for the module as for the fused kernel
+
+    unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
+
+    @classmethod
+    def of(cls, sizes: StepSizes, c: Config) -> "FlagStep":
+        return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j, pipeline=c.step_pipeline)
+
+    @property
+    def shape(self) -> FlagStepShape:
+        s = self.sizes
+        return FlagStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype)
+
+    def reason(self, target: TargetInfo) -> str | None:
+        """Why it cannot run here: CUDA's persistent kernel only, its tile, and a grid that must
+        be resident (a block that never runs would never write its h)."""
+        return (fused_threads_reason(self.step_j, target) or self._persistent_reason(target)
+                or self._tile_reason() or self._device_reason(target))
+
+    def _persistent_reason(self, target: TargetInfo) -> str | None:
+        if target.kind != "cuda" or self.loop != 2:
+            return "flag-exchange step kernel (step_flags 1) is CUDA's persistent kernel only (step_loop 2, step_tc 0)"
+        return None
+
+    def _tile_reason(self) -> str | None:
+        """Why this shape cannot run on the kernel, before residency."""
+        shape = self.shape
+        if shape.units not in FLAG_UNITS:
+            return f"flag-exchange step kernel: {shape.units} units per block; allowed: {FLAG_UNITS}"
+        if shape.batch > MAX_ROWS:
+            return f"flag-exchange step kernel: batch {shape.batch} > {MAX_ROWS} (one lane per row runs the cell)"
+        if shape.registers() > MAX_REGISTERS:
+            return (f"flag-exchange step kernel: needs about {shape.registers()} registers per thread (W share "
+                    f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums) > "
+                    f"{MAX_REGISTERS}")
+        return None
+
+    def _device_reason(self, target: TargetInfo) -> str | None:
+        shape = self.shape
+        if shape.threads > target.max_threads_per_block:
+            return f"flag-exchange step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
+        if shape.shared_bytes() > target.max_shared_memory_per_block:  # h_s is static shared memory
+            return (f"flag-exchange step kernel: h in shared memory needs {shape.shared_bytes()} B > "
+                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
+        hw = HardwareModel.from_target(target)
+        per_sm, fits = residency(hw, shape.blocks, shape.threads, shape.shared_bytes())
+        if hw.registers_per_sm:
+            fits = min(fits, hw.registers_per_sm // (shape.threads * shape.registers()))
+        if per_sm > fits:
+            return (f"flag-exchange step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
+                    f"> {hw.sm_count} SMs x {fits} resident per SM")
+        return None
+
+    def init_layout(self) -> dict[str, bool]:
+        return {"pingpong": True, "barrier": True, "flags": True}
+
+    def async_copy(self) -> bool:
+        return bool(self.pipeline)
+
+    def barrier_words(self) -> tuple[str, ...]:
+        return ("bar", "hx")
+
+    def lowered_kernels(self) -> dict[str, Any]:
+        s = self.sizes
+        return {"gru_steps": flag_step_func(
+            s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units, h_dtype=s.h_dtype, w_dtype=s.w_dtype,
+            gi_dtype=s.gi_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
+            out_dtype=s.out_dtype)}

@@ -4,7 +4,7 @@ knobs, prefixed ``in_`` and ``hid_``)."""
 from __future__ import annotations
 
 from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
-from tvm_ext.space import Knob
+from tvm_ext.space import Config, Knob
 
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),
@@ -70,3 +70,10 @@ HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
 KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
+
+
+def gemm_config(config: Config, prefix: str, base: Config) -> Config:
+    """The GEMM config held in a GRU config under ``prefix``; GEMM knobs the GRU does not
+    search keep ``base``'s values (the GEMM template's default)."""
+    values = config.as_dict()
+    return base.replace(**{k: values[prefix + k] for k in base.as_dict() if prefix + k in values})

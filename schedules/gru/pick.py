@@ -31,7 +31,7 @@ from tvm_ext.space import Config
 from tvm_ext.target import TargetInfo
 
 from .flag_step import FLAG_UNITS
-from .kernels import step_k_extent
+from .fused_step import step_k_extent
 
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
@@ -68,11 +68,11 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
-        shape = template.flag_step_shape(flags)
+        shape = template.step_variant(flags).shape
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {gemm_why}")
     if tensor_core is not None:
-        shape = template.tc_step_shape(tensor_core)
+        shape = template.step_variant(tensor_core).shape
         return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
                              f"barrier): {shape.blocks} blocks of {shape.units} units x "
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
@@ -81,10 +81,11 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.batch >= MANY_ROWS:
         cfg = _many_rows(template, base, space, hw.sm_count, extras)
         if cfg is not None:
-            return cfg, (f"fused step kernel, {template.step_blocks(cfg)} blocks of {template.step_units(cfg)} units x "
-                         f"{cfg.step_b * cfg.step_bt} batch rows (threads {cfg.step_j}x{cfg.step_ks}x{cfg.step_bt}, "
-                         f"{cfg.step_u * cfg.step_b} outputs of each gate a thread), W_hh's slice in shared memory, "
-                         f"h slices of {cfg.step_k} double-buffered, persistent; {gemm_why}")
+            step = template.step_variant(cfg)
+            return cfg, (f"fused step kernel, {step.blocks} blocks of {step.units} units x "
+                         f"{step.rows} batch rows (threads {step.j}x{step.ks}x{step.bt}, "
+                         f"{step.u * step.b} outputs of each gate a thread), W_hh's slice in shared memory, "
+                         f"h slices of {step.k} double-buffered, persistent; {gemm_why}")
     ks = 8 if template.hidden >= 128 else 4
     step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
     padded = step_k_extent(template.hidden, step_k, ks) > template.hidden
@@ -96,12 +97,13 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
             cfg = cfg.replace(step_w_onchip=2)
         if not space.is_feasible(cfg):
             continue
-        per_sm = template.persistent_residency(cfg, target)[0] if cuda else -(-template.step_blocks(cfg) // hw.sm_count)
+        step = template.step_variant(cfg)  # persistent on CUDA
+        per_sm = step.blocks_per_sm(target) if cuda else -(-step.blocks // hw.sm_count)
         if per_sm * units * ks > THREADS_PER_SM and (cuda or per_sm > 2):
             continue
         loop = "persistent kernel (one launch, a grid barrier per step)" if cuda else "one launch per step"
         w_hh = "W_hh in registers, " if cfg.step_w_onchip == 2 else ""
-        return cfg, (f"fused step kernel, split-K: {template.step_blocks(cfg)} blocks of {units} units x {rows} "
+        return cfg, (f"fused step kernel, split-K: {step.blocks} blocks of {units} units x {rows} "
                      f"batch rows ({units}x{ks} threads, k slices of {step_k}, k extent "
                      f"{step_k_extent(template.hidden, step_k, ks)}), {w_hh}{loop} on {hw.sm_count} SMs; {gemm_why}")
     cfg = base.replace(fuse_step=1, step_j=32, step_b=8, step_k=step_k, step_ks=ks, step_loop=0, step_prefetch=1)
@@ -139,7 +141,7 @@ def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config
     grid barrier); None where no such config fits."""
     for units in FLAG_UNITS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=units)
-        if template.flag_step_shape(cfg).blocks <= sm_count and space.is_feasible(cfg):
+        if template.step_variant(cfg).shape.blocks <= sm_count and space.is_feasible(cfg):
             return cfg
     return None
 
@@ -185,7 +187,7 @@ def _many_rows(template: Any, base: Config, space: Any, sm_count: int, extras: d
         threads_j = min(units, 8)
         cfg = base.replace(fuse_step=1, step_j=threads_j, step_u=units // threads_j, step_ks=32 // threads_j,
                            step_w_onchip=1, step_pipeline=1, **rows, **extras)
-        if template.step_blocks(cfg) > sm_count:
+        if template.step_variant(cfg).blocks > sm_count:
             continue
         for step_k in (64, 32):
             if space.is_feasible(cfg.replace(step_k=step_k)):

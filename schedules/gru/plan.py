@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from tvm_ext import step_loop
 from tvm_ext.program import FailureFlag, RunPlan
 from tvm_ext.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches, function_calls,
                              plain_json)
@@ -34,21 +33,16 @@ class Call:
 
 
 def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
-    """Every call of one forward pass, in order: per layer init, S1, then T steps."""
+    """Every call of one forward pass, in order: per layer init, S1, then T steps (the step
+    kernel's calls are its variant's, ``StepVariant.step_calls``)."""
     calls = []
-    # the persistent kernel's barrier words, and the flag-exchange kernel's h words
-    persistent = ("bar", "hx") if config.step_flags else ("bar",)
+    step = template.step_variant(config)
     for layer in range(template.layers):
         x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
         kind = 0 if layer == 0 or template.layers_share_input_gemm() else 1  # the input GEMM of this depth
         gemm_x = f"gru_gemm_x{kind}"
-        if not config.fuse_step:
-            calls.append(Call("gru_init", ("h0", layer, "p0")))
-        elif config.step_loop == 2:
-            calls.append(Call("gru_init", ("h0", layer, "hs", *persistent)))
-        else:
-            calls.append(Call("gru_init", ("h0", layer, "hs")))
+        calls.append(Call("gru_init", step.state_args(layer)))
         if config.in_split:  # float16 parts of x and W_ih, then the GEMM of depth 3K (``split.py``)
             calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
             calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
@@ -57,18 +51,7 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
         if template.variable_lengths:  # rows past their length hold their state (``lengths.py``)
             calls.append(Call("gru_hold", ("lengths", "gi")))
-        weights = ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
-        if config.fuse_step and config.step_loop:  # all T steps in one call
-            barrier = persistent if config.step_loop == 2 else ()
-            calls.append(Call("gru_steps", (*weights, layer, out, "h_n", *barrier)))
-            continue
-        for s in range(template.seq):
-            h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
-            if config.fuse_step:
-                calls.append(Call("gru_step", (*weights, s, layer, "hs", out, "h_n")))
-            else:
-                calls.append(Call("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
-                calls.append(Call("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
+        calls.extend(Call(func, args) for func, args in step.step_calls(layer, out))
     if template.variable_lengths:
         calls.append(Call("gru_zero_out", ("lengths", "out")))
     return tuple(calls)
@@ -82,21 +65,9 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
     funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
     modules = {name: sch.mod for name, sch in scheds.items()}
     trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
-    if config.fuse_step and config.step_loop and not (config.step_tc or config.step_flags):
-        mode = step_loop.HOST if config.step_loop == 1 else step_loop.PERSISTENT
-        step = scheds["gru_step"]
-        per_sm = template.persistent_residency(config, target)[0] if mode == step_loop.PERSISTENT else 1
-        # W_hh's tile is filled from the weights only: the persistent kernel loads it once
-        hoist: tuple[str, ...] = ()
-        early: tuple[str, ...] = ()
-        if mode == step_loop.PERSISTENT and config.step_w_onchip:
-            hoist = ("w_tiles_shared.dyn",) if config.step_w_onchip == 1 else ("w_regs_local",)
-        if mode == step_loop.PERSISTENT and config.step_prefetch:  # b_h once, gi a step ahead
-            hoist, early = hoist + ("bias_pre_local",), ("gi_pre_local",)
-        funcs["gru_steps"] = step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), template.seq,
-                                                  mode, state=("h", "h_out"), name="gru_steps",
-                                                  min_blocks_per_sm=per_sm, hoist=hoist,
-                                                  barrier=step_loop.BARRIERS[config.step_barrier], early=early)
+    looped = template.step_variant(config).looped_steps(scheds.get("gru_step"), target)
+    if looped is not None:  # every step from one call (``tvm_ext.step_loop``)
+        funcs["gru_steps"] = looped
         modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
         trace["gru_steps"] = trace.pop("gru_step")
         for table in (funcs, modules):

@@ -8,7 +8,8 @@ the GA tuner searches it like any operator.  Pipeline per layer (patent 004):
   shape (T·B, dirs·3H) (``input_gemm``: the GEMM template with a bias row).
 - S2 per step ``gh = h·W_hᵀ + b_h``, the GEMM template batched over directions,
   (dirs, B, 3H) (``hidden_gemm``).
-- S3/S4 per step one cell kernel, or S2-S4 fused into one step kernel (``kernels.py``).
+- S3/S4 per step one cell kernel, or S2-S4 fused into one step kernel: the config's
+  ``StepVariant`` (``step_variant.py``), chosen once by ``step_variant``.
 """
 from __future__ import annotations
 
@@ -18,14 +19,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.errors import TvmExtError, check_sizes
 from tvm_ext.program import RunPlan
-from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast, itemsize
+from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast
 from tvm_ext.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gemm_3xtf32 import pick_tf32_tile, promote_steps
-from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm
 from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
 from tvm_ext.space import Config, Space
@@ -35,36 +34,13 @@ from tvm_ext.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
-from .kernels import (MAX_REGISTERS, OTHER_REGISTERS, cell_func, init_func, schedule_cell, schedule_elementwise,
-                      schedule_init, schedule_step, step_func, step_k_extent)
-from .flag_step import FlagStepShape, flag_step_func, flag_step_reason
-from .knobs import KNOBS
+from .kernels import init_func, schedule_elementwise, schedule_init
+from .knobs import KNOBS, gemm_config
 from .lengths import LENGTHS_DTYPE, hold_func, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
-from .tensor_core_step import TcStepShape, tc_step_func, tc_step_reason
-
-# A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
-# memory per resident block (sm_80+), and fitting several blocks per SM by capping
-# registers (launch bounds) is refused below this many registers per thread (spills).
-SHARED_RESERVED_PER_BLOCK = 1024
-PERSISTENT_MIN_REGISTERS = 64
-
-
-
-def _residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tuple[int, int]:
-    """(blocks each SM must hold for a persistent grid of ``blocks`` to be resident, blocks of
-    ``threads`` threads and ``shared`` bytes of shared memory one SM can hold)."""
-    fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads,
-               hw.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
-    return -(-blocks // hw.sm_count), fits
-
-
-def gemm_config(config: Config, prefix: str, base: Config) -> Config:
-    """The GEMM config held in a GRU config under ``prefix``; GEMM knobs the GRU does not
-    search keep ``base``'s values (the GEMM template's default)."""
-    values = config.as_dict()
-    return base.replace(**{k: values[prefix + k] for k in base.as_dict() if prefix + k in values})
+from .step_variant import StepSizes, StepVariant
+from .variants import select_step_variant
 
 
 def _pow2_at_least(value: int, cap: int) -> int:
@@ -171,7 +147,7 @@ class GruTemplate(DtypeFields, Template):
         common terms anyway)."""
         if target.kind != "cuda":
             return {}
-        staged = config.fuse_step and (config.step_pipeline or config.step_tc)  # h copied in cp.async groups
+        staged = self.step_variant(config).async_copy()  # h copied in cp.async groups
         options: dict[str, Any] = {"tirx.use_async_copy": True} if staged else {}
         for gemm in self.gemms_on_tensor_cores(config, target):
             options.update(gemm.tensor_core.pass_config())
@@ -182,7 +158,7 @@ class GruTemplate(DtypeFields, Template):
         too where its A differs; the hidden GEMM only unfused)."""
         gemms = [self.input_gemm(layer, bool(config.in_split)) for layer in range(min(self.layers, 2))
                  if not self.input_on_wgmma(config)]  # wgmma: a PrimFunc of its own (``lowered_kernels``)
-        if not config.fuse_step:
+        if self.step_variant(config).runs_hidden_gemm:
             gemms.append(self.hidden_gemm())
         return [g for g in gemms if g.uses_tensor_cores(target)]
 
@@ -423,9 +399,10 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
+            hidden_gemm = self.step_variant(c).runs_hidden_gemm  # else the step kernel does its own
             for prefix, label, space in spaces:
-                if prefix == "hid_" and c.fuse_step:
-                    continue  # the fused step kernel does its own hidden GEMM
+                if prefix == "hid_" and not hidden_gemm:
+                    continue
                 if prefix == "in_" and (c.in_split or c.in_wgmma):
                     continue  # the split GEMM's spaces below; wgmma: its tile was checked when picked
                 reason = space.infeasible_reason(gemm_config(c, prefix, bases[prefix]))
@@ -438,44 +415,7 @@ class GruTemplate(DtypeFields, Template):
             return None
 
         def step_reason(c: Config) -> str | None:
-            if c.fuse_step and c.step_j > target.max_threads_per_block:
-                return f"step kernel: {c.step_j} threads > device limit {target.max_threads_per_block}"
-            if not c.fuse_step:
-                return None
-            if c.step_flags and not c.step_tc:  # its own kernel: the other step knobs do not apply
-                return self.flag_step_reason(c, target)
-            if c.step_tc:  # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
-                return self.tc_step_reason(c, target)
-            if self.step_threads(c) > target.max_threads_per_block:
-                return (f"step kernel: {c.step_j}x{c.step_ks}x{c.step_bt} threads > device limit "
-                        f"{target.max_threads_per_block}")
-            if c.step_bt > 1 and c.step_bt * c.step_b >= 2 * self.batch:
-                return f"step kernel: {c.step_bt}x{c.step_b} rows per block for batch {self.batch} (half of them idle)"
-            if c.step_k % c.step_ks:
-                return "step kernel: step_ks must divide step_k"
-            if c.step_loop and target.kind != "cuda":
-                return "step kernel: step_loop 1 and 2 are CUDA only (OpenCL runs one launch per step)"
-            static = self.step_shared_bytes(c.replace(step_w_onchip=0))
-            if static > target.max_shared_memory_per_block and not (c.step_w_onchip == 1 and target.kind == "cuda"):
-                return "step kernel: staged h slice and partial sums exceed shared memory"
-            # with the W slice, all is dynamic shared memory on CUDA (up to the opt-in limit per block)
-            limit = HardwareModel.from_target(target).shared_per_block_optin
-            if self.step_shared_bytes(c) > limit:
-                return (f"step kernel: h slice, partial sums and W_hh slice need {self.step_shared_bytes(c)} B "
-                        f"of shared memory > {limit}")
-            if c.step_w_onchip == 2 and c.step_ks == 1:
-                return "step kernel: W_hh in registers (step_w_onchip 2) needs split-K (step_ks > 1)"
-            if c.step_w_onchip == 2 and target.kind == "cuda":
-                per_sm = self.persistent_residency(c, target)[0] if c.step_loop == 2 else 1
-                threads = self.step_threads(c)
-                available = min(MAX_REGISTERS, 65536 // (per_sm * threads))
-                if self.step_w_registers(c) + OTHER_REGISTERS > available:
-                    return (f"step kernel: W_hh in registers needs {self.step_w_registers(c)} per thread (3 gates x "
-                            f"{c.step_u} units x {step_k_extent(self.hidden, c.step_k, c.step_ks) // c.step_ks} k) + "
-                            f"{OTHER_REGISTERS} > {available}")
-            if c.step_loop == 2:
-                return self.persistent_residency(c, target)[1]
-            return None
+            return self.step_variant(c).reason(target)
 
         return Space(KNOBS, (gemm_reason, step_reason))
 
@@ -513,130 +453,24 @@ class GruTemplate(DtypeFields, Template):
                     "and dirs·3H of 64 (GRU.build picks one)")
         return None
 
-    def tc_step_shape(self, c: Config) -> TcStepShape:
-        """The tensor-core step kernel's sizes under ``c`` (``step_tc`` 1)."""
-        return TcStepShape(self.batch, self.hidden, self.dirs, c.step_j, c.step_tc_rows, c.step_tc_kw, self.h_dtype,
-                           c.step_tc_nw)
+    def step_sizes(self) -> StepSizes:
+        """What the step kernels need of this GRU: sizes and the recurrent part's types."""
+        p = self.precision
+        return StepSizes(self.seq, self.batch, self.hidden, self.dirs, self.layers, gi_dtype=p["gi"], h_dtype=p["h"],
+                         w_dtype=p["w_hh"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
+                         out_dtype=p["out"])
 
-    def tc_step_reason(self, c: Config, target: TargetInfo) -> str | None:
-        """Why the tensor-core step kernel cannot run ``c`` here: types, tile, and a grid that
-        must be resident (persistent) with its shared memory."""
-        if target.kind != "cuda" or c.step_loop != 2:
-            return "tensor-core step kernel (step_tc 1) is CUDA's persistent kernel only (step_loop 2)"
-        shape = self.tc_step_shape(c)
-        reason = tc_step_reason(shape, self.h_dtype, self.w_hh_dtype, self.hid_acc_dtype)
-        if reason:
-            return reason
-        hw = HardwareModel.from_target(target)
-        if shape.threads > target.max_threads_per_block:
-            return f"tensor-core step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
-        cc = compute_capability(target)
-        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
-            return f"tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
-        shared = shape.shared_bytes()
-        if shared > hw.shared_per_block_optin:
-            return (f"tensor-core step kernel: W_hh slice, h rows and partial sums need {shared} B of shared "
-                    f"memory > {hw.shared_per_block_optin}")
-        per_sm, fits = _residency(hw, shape.blocks, shape.threads, shared)
-        if per_sm > fits:
-            return (f"tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
-                    f"> {hw.sm_count} SMs x {fits} resident per SM")
-        return None
-
-    def flag_step_shape(self, c: Config) -> FlagStepShape:
-        """The flag-exchange step kernel's sizes under ``c`` (``step_flags`` 1)."""
-        return FlagStepShape(self.batch, self.hidden, self.dirs, c.step_flag_units, self.w_hh_dtype)
-
-    def flag_step_reason(self, c: Config, target: TargetInfo) -> str | None:
-        """Why the flag-exchange step kernel cannot run ``c`` here: CUDA's persistent kernel
-        only, its tile, and a grid that must be resident (a block that never runs would never
-        write its h)."""
-        if target.kind != "cuda" or c.step_loop != 2 or c.step_tc:
-            return "flag-exchange step kernel (step_flags 1) is CUDA's persistent kernel only (step_loop 2, step_tc 0)"
-        shape = self.flag_step_shape(c)
-        reason = flag_step_reason(shape)
-        if reason:
-            return reason
-        if shape.threads > target.max_threads_per_block:
-            return f"flag-exchange step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
-        if shape.shared_bytes() > target.max_shared_memory_per_block:  # h_s is static shared memory
-            return (f"flag-exchange step kernel: h in shared memory needs {shape.shared_bytes()} B > "
-                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
-        hw = HardwareModel.from_target(target)
-        per_sm, fits = _residency(hw, shape.blocks, shape.threads, shape.shared_bytes())
-        if hw.registers_per_sm:
-            fits = min(fits, hw.registers_per_sm // (shape.threads * shape.registers()))
-        if per_sm > fits:
-            return (f"flag-exchange step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
-                    f"> {hw.sm_count} SMs x {fits} resident per SM")
-        return None
-
-    def step_shared_bytes(self, c: Config) -> int:
-        """Shared memory of one fused-step block: the staged h slice, split-K partial sums
-        and (``step_w_onchip``) the W slice."""
-        rows = c.step_b * c.step_bt
-        units = self.step_units(c)
-        partials = 0 if c.step_ks == 1 else c.step_ks * rows * 3 * units * itemsize(self.hid_acc_dtype)
-        k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
-        w_slice = (c.step_w_onchip == 1) * k_extent * 3 * units * itemsize(self.w_hh_dtype)
-        stages = 1 + c.step_pipeline  # the pipelined slice has a buffer per stage
-        return stages * itemsize(self.h_dtype) * rows * c.step_k + partials + w_slice
-
-    def step_w_registers(self, c: Config) -> int:
-        """32-bit registers per thread that hold its share of W_hh (``step_w_onchip`` 2): one per
-        value of up to 4 bytes (16-bit values are not assumed packed), two per float64."""
-        k_extent = step_k_extent(self.hidden, c.step_k, c.step_ks)
-        return 3 * c.step_u * (k_extent // c.step_ks) * max(1, itemsize(self.w_hh_dtype) // 4)
-
-    @staticmethod
-    def step_units(c: Config) -> int:
-        """Hidden units of one fused-step block: ``step_j`` threads along them, ``step_u`` each."""
-        return c.step_j * c.step_u
-
-    @staticmethod
-    def step_threads(c: Config) -> int:
-        """Threads of one fused-step block: units (x), split-K (y) and batch rows (z)."""
-        return c.step_j * c.step_ks * c.step_bt
-
-    def step_blocks(self, c: Config) -> int:
-        """Blocks of the fused step kernel's grid: unit tiles x row tiles x directions."""
-        return -(-self.hidden // self.step_units(c)) * -(-self.batch // (c.step_b * c.step_bt)) * self.dirs
-
-    def persistent_residency(self, c: Config, target: TargetInfo) -> tuple[int, str | None]:
-        """Blocks per SM the persistent step kernel needs resident (its grid spread over the
-        SMs), or why they cannot all be: a grid barrier waits for every block, so a block
-        that is not resident would never arrive.  Threads, resident-block and shared-memory
-        limits come from the hardware model; registers are made to fit by compiling with
-        ``__launch_bounds__(threads, per_sm)``, refused when that leaves too few."""
-        hw = HardwareModel.from_target(target)
-        blocks = self.step_blocks(c)
-        threads = self.step_threads(c)
-        per_sm, fits = _residency(hw, blocks, threads, self.step_shared_bytes(c))
-        if per_sm > fits:
-            return per_sm, (f"step kernel: persistent (step_loop 2) needs every block resident, {blocks} "
-                            f"blocks > {hw.sm_count} SMs x {fits} resident per SM")
-        if hw.registers_per_sm and hw.registers_per_sm // (per_sm * threads) < PERSISTENT_MIN_REGISTERS:
-            return per_sm, (f"step kernel: persistent (step_loop 2) with {per_sm} blocks of {threads} threads "
-                            f"per SM leaves < {PERSISTENT_MIN_REGISTERS} registers per thread")
-        return per_sm, None
+    def step_variant(self, config: Config) -> StepVariant:
+        """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
+        space, the kernels, the host plan and the pick ask about the steps."""
+        return select_step_variant(self.step_sizes(), config, self.hidden_gemm())
 
     def shown_knobs(self, config: Config) -> tuple[str, ...]:
-        """Unfused (``fuse_step=0``): no ``step_*`` knob matters; fused: neither the cell
-        kernel's block nor the hidden GEMM's tile (the step kernel does both)."""
-        unused = ("cell_block", "hid_") if config.fuse_step else ("step_",)
-        shown = [name for name, _ in config.items if not name.startswith(unused)]
-        if config.fuse_step:  # the tensor-core kernel's knobs, or the SIMT kernel's
-            simt = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
-                    "step_w_onchip")
-            tensor_core, flags = ("step_tc_rows", "step_tc_kw", "step_tc_nw"), ("step_flag_units",)
-            if config.step_flags and config.step_tc:
-                hidden = simt + flags + ("step_barrier",)
-            elif config.step_flags:
-                hidden = simt + tensor_core + ("step_j", "step_barrier", "step_tc")
-            else:
-                hidden = (simt if config.step_tc else tensor_core) + flags
-            shown = [name for name in shown if name not in hidden]
-        return tuple(shown)
+        """The knobs of the step kernel ``config`` selects: unfused no ``step_*`` knob matters;
+        fused neither the cell kernel's block nor the hidden GEMM's tile, nor the knobs of the
+        other fused kernels."""
+        prefixes, names = self.step_variant(config).unshown()
+        return tuple(name for name, _ in config.items if not name.startswith(prefixes) and name not in names)
 
     def default_config(self, target: TargetInfo) -> Config:
         """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
@@ -662,39 +496,22 @@ class GruTemplate(DtypeFields, Template):
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """Scheduled ``s_tir.Schedule`` of each kernel function the plan calls, by name."""
         t, b, h, d, layers = self.seq, self.batch, self.hidden, self.dirs, self.layers
-        gemms = self.gemm_configs(config, target)
+        in_gemm = self.gemm_configs(config, target)["in_"]
         p = self.precision
-        fused, persistent = bool(config.fuse_step), config.step_loop == 2
-        init = init_func(b, h, d, layers, p["h"], pingpong=fused, barrier=fused and persistent,
-                         flags=fused and persistent and bool(config.step_flags), paired=bool(config.step_tc))
+        step = self.step_variant(config)
+        init = init_func(b, h, d, layers, p["h"], **step.init_layout())
         split = bool(config.in_split)
         funcs = {"gru_init": schedule_init(init, min(256, target.max_threads_per_block))}
         for i in self.input_gemm_kinds():
             if not self.input_on_wgmma(config):  # wgmma: ``lowered_kernels``
-                funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(gemms["in_"], target)
+                funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(in_gemm, target)
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
                 funcs[f"gru_split_x{i}"] = schedule_elementwise(split_rows_func(t * b, k, tf32=config.in_split == 3),
                                                                 "split", threads)
                 if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
                     funcs[f"gru_split_w{i}"] = schedule_elementwise(split_weight_func(k, d * 3 * h), "split", threads)
-        if config.fuse_step and (config.step_tc or config.step_flags):  # lowered loops (``lowered_kernels``)
-            pass
-        elif config.fuse_step:
-            funcs["gru_step"] = schedule_step(
-                step_func(t, b, h, d, layers, gi_dtype=p["gi"], h_dtype=p["h"], w_dtype=p["w_hh"],
-                          acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                          out_dtype=p["out"], w_tile=self.step_units(config) if config.step_w_onchip == 1 else 0,
-                          w_split=config.step_ks if config.step_w_onchip == 2 else 0,
-                          prefetch=bool(config.step_prefetch),
-                          k_extent=step_k_extent(h, config.step_k, config.step_ks), kind=target.kind),
-                config, target.kind)
-        else:
-            funcs["gru_gemm_h"] = self.hidden_gemm().schedule(gemms["hid_"], target)
-            block = min(config.cell_block, target.max_threads_per_block)
-            funcs["gru_cell"] = schedule_cell(
-                cell_func(t, b, h, d, layers, gi_dtype=p["gi"], gh_dtype=p["gh"], h_dtype=p["h"],
-                          math_dtype=p["cell_math"], out_dtype=p["out"], kind=target.kind), block)
+        funcs.update(step.scheduled_kernels(target))  # none for the kernels written as loops (``lowered_kernels``)
         if self.variable_lengths:
             threads = min(256, target.max_threads_per_block)
             funcs["gru_hold"] = schedule_elementwise(hold_func(t, b, h, d, p["gi"]), "hold", threads)
@@ -723,26 +540,11 @@ class GruTemplate(DtypeFields, Template):
             for i in self.input_gemm_kinds():
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_wgmma_tile, m, n, self.layer_input(i), c_dtype=p["gi"],
                                                      bias_dtype=p["w_ih"], b_layout="KN")
-        return {**funcs, **self.lowered_step_kernels(config)}
+        return {**funcs, **self.step_variant(config).lowered_kernels()}
 
     def input_gemm_kinds(self) -> tuple[int, ...]:
         """The input GEMM functions: 0, and 1 for layers >= 1 where their depth or A type differ."""
         return (0,) if self.layers == 1 or self.layers_share_input_gemm() else (0, 1)
-
-    def lowered_step_kernels(self, config: Config) -> dict[str, Any]:
-        p = self.precision
-        if config.fuse_step and config.step_flags and not config.step_tc:
-            return {"gru_steps": flag_step_func(
-                self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_flag_units,
-                h_dtype=p["h"], w_dtype=p["w_hh"], gi_dtype=p["gi"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"],
-                math_dtype=p["cell_math"], out_dtype=p["out"])}
-        if not (config.fuse_step and config.step_tc):
-            return {}
-        func = tc_step_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, units=config.step_j,
-                            rows=config.step_tc_rows, k_warps=config.step_tc_kw, operand=p["h"], gi_dtype=p["gi"],
-                            gh_dtype=p["gh"], math_dtype=p["cell_math"], out_dtype=p["out"],
-                            barrier=config.step_barrier, flags=bool(config.step_flags), n_warps=config.step_tc_nw)
-        return {"gru_steps": func}
 
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------
     def plan(self, config: Config) -> tuple[host_plan.Call, ...]:

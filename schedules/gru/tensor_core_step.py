@@ -41,11 +41,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.precision import itemsize
+from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
+from tvm_ext.space import Config
 from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier
+from tvm_ext.target import TargetInfo
 
-from .kernels import _cell_math, _stored_as, pack_pair, word_tag
+from .step_common import cell_math, pack_pair, stored_as, word_tag
+from .step_variant import FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -136,27 +141,6 @@ class TcStepShape:
         return operands + partials
 
 
-def tc_step_reason(shape: TcStepShape, h_dtype: str, w_dtype: str, acc_dtype: str) -> str | None:
-    """Why these types or sizes cannot run on the tensor-core step kernel (None: they can)."""
-    if h_dtype != w_dtype or w_dtype not in OPERANDS:
-        return (f"tensor-core step kernel (step_tc 1) needs h and W_hh both float16 or both bfloat16, got "
-                f"{h_dtype} and {w_dtype}")
-    if acc_dtype != "float32":
-        return f"tensor-core step kernel (step_tc 1) accumulates in float32, not {acc_dtype}"
-    if shape.units not in TC_UNITS:
-        return f"tensor-core step kernel: step_j {shape.units} units per block; allowed: {TC_UNITS}"
-    if shape.rows not in TC_ROWS:
-        return f"tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
-    if shape.n_warps not in TC_N_WARPS:
-        return f"tensor-core step kernel: {shape.n_warps} warps along the units; allowed: {TC_N_WARPS}"
-    if shape.units % (MMA_N * shape.n_warps):
-        return (f"tensor-core step kernel: step_j {shape.units} units over {shape.n_warps} warps (step_tc_nw) "
-                f"is not 8 units or more a warp")
-    if shape.rows > 16 and shape.rows >= 2 * shape.batch:
-        return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
-    return None
-
-
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, name: str = "gru_steps") -> Any:
@@ -167,7 +151,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
 
     ``flags`` (the knob ``step_flags``): no grid barrier; h goes between blocks as 8-byte
     words of ``hx`` (a further parameter), two adjacent units' 16-bit values and the step as
-    a tag (``kernels.pack_pair``), each written with one relaxed store by the lane whose
+    a tag (``step_common.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
@@ -210,8 +194,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
         def at(g: int) -> int:
             return (g * unit_tiles + t) * 4 + e
 
-        gh = [_stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return _cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
+        gh = [stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
@@ -487,3 +471,100 @@ def _with_barrier(func: Any, kind: str) -> Any:
     body = tvm_ffi.structural_mutate(func.body, [(tirx.Evaluate, replace)])
     (bar,) = barrier  # the kernel's own ``bar`` and ``hx`` parameters by the barrier's
     return tirx.PrimFunc([*func.params[:-2], bar], body, attrs=func.attrs)
+
+
+@dataclass(frozen=True)
+class TensorCoreStep(StepVariant):
+    """The tensor-core persistent step kernel (``step_tc`` 1): ``step_j`` units and
+    ``step_tc_rows`` rows a block, ``step_tc_kw`` warps splitting k and ``step_tc_nw`` the units;
+    between steps the grid barrier ``step_barrier``, or with ``step_flags`` h exchanged as tagged
+    words (two 16-bit values a word)."""
+
+    units: int
+    rows: int
+    k_warps: int
+    n_warps: int
+    barrier: int
+    flags: bool
+    loop: int
+
+    @classmethod
+    def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
+        return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
+                   barrier=c.step_barrier, flags=bool(c.step_flags), loop=c.step_loop)
+
+    @property
+    def shape(self) -> TcStepShape:
+        s = self.sizes
+        return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps)
+
+    def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
+        return self.unshown_prefixes, SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + (("step_barrier",) if self.flags else ())
+
+    def reason(self, target: TargetInfo) -> str | None:
+        """Why it cannot run here: types, tile, and a grid that must be resident (persistent)
+        with its shared memory."""
+        return (fused_threads_reason(self.units, target) or self._persistent_reason(target) or self._tile_reason()
+                or self._device_reason(target))
+
+    def _persistent_reason(self, target: TargetInfo) -> str | None:
+        if target.kind != "cuda" or self.loop != 2:
+            return "tensor-core step kernel (step_tc 1) is CUDA's persistent kernel only (step_loop 2)"
+        return None
+
+    def _tile_reason(self) -> str | None:
+        """Why these types or sizes cannot run on the kernel (None: they can)."""
+        h_dtype, w_dtype, acc_dtype, shape = self.sizes.h_dtype, self.sizes.w_dtype, self.sizes.acc_dtype, self.shape
+        if h_dtype != w_dtype or w_dtype not in OPERANDS:
+            return (f"tensor-core step kernel (step_tc 1) needs h and W_hh both float16 or both bfloat16, got "
+                    f"{h_dtype} and {w_dtype}")
+        if acc_dtype != "float32":
+            return f"tensor-core step kernel (step_tc 1) accumulates in float32, not {acc_dtype}"
+        if shape.units not in TC_UNITS:
+            return f"tensor-core step kernel: step_j {shape.units} units per block; allowed: {TC_UNITS}"
+        if shape.rows not in TC_ROWS:
+            return f"tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
+        if shape.n_warps not in TC_N_WARPS:
+            return f"tensor-core step kernel: {shape.n_warps} warps along the units; allowed: {TC_N_WARPS}"
+        if shape.units % (MMA_N * shape.n_warps):
+            return (f"tensor-core step kernel: step_j {shape.units} units over {shape.n_warps} warps (step_tc_nw) "
+                    f"is not 8 units or more a warp")
+        if shape.rows > 16 and shape.rows >= 2 * shape.batch:
+            return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
+        return None
+
+    def _device_reason(self, target: TargetInfo) -> str | None:
+        shape = self.shape
+        hw = HardwareModel.from_target(target)
+        if shape.threads > target.max_threads_per_block:
+            return f"tensor-core step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
+        cc = compute_capability(target)
+        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+            return f"tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
+        shared = shape.shared_bytes()
+        if shared > hw.shared_per_block_optin:
+            return (f"tensor-core step kernel: W_hh slice, h rows and partial sums need {shared} B of shared "
+                    f"memory > {hw.shared_per_block_optin}")
+        per_sm, fits = residency(hw, shape.blocks, shape.threads, shared)
+        if per_sm > fits:
+            return (f"tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
+                    f"> {hw.sm_count} SMs x {fits} resident per SM")
+        return None
+
+    def init_layout(self) -> dict[str, bool]:
+        return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": True}
+
+    def async_copy(self) -> bool:
+        return True  # h is copied in cp.async groups
+
+    def barrier_words(self) -> tuple[str, ...]:
+        return ("bar", "hx") if self.flags else ("bar",)
+
+    def lowered_kernels(self) -> dict[str, Any]:
+        s = self.sizes
+        return {"gru_steps": tc_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
+                                          rows=self.rows, k_warps=self.k_warps, operand=s.h_dtype,
+                                          gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
+                                          out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
+                                          n_warps=self.n_warps)}

@@ -1,0 +1,111 @@
+"""The patent's step (``fuse_step`` 0): per step the hidden GEMM ``gh = h·W_hᵀ + b_h`` (S2,
+the GEMM template batched over directions, knobs ``hid_*``) and the cell kernel (S3+S4, knob
+``cell_block``), the state ping-ponging between two buffers.
+
+The cell kernel, gate order r, z, n as in PyTorch: grid (batch, dirs), block ``cell_block``
+threads: r, z, n, h' and the writes of h' (the backward direction walks time in reverse, so it
+reads and writes step T-1-s).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm_ext.space import Config
+from tvm_ext.target import TargetInfo
+
+from .compute import F32
+from .knobs import gemm_config
+from .step_common import cell_math, store_macro
+from .step_variant import StepSizes, StepVariant
+
+
+def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
+              gh_dtype: str = F32, h_dtype: str = F32, math_dtype: str = F32, out_dtype: str = F32,
+              kind: str = "cuda") -> Any:
+    """S3+S4: h' from gi (step s; T-1-s backward), gh and h; writes h', out[t] and h_n[layer].
+
+    The math is in ``math_dtype``; h', h_n are stored as ``h_dtype``, out[t] as ``out_dtype``."""
+    from tvm.script import tirx as T
+
+    G = 3 * hidden
+    store = store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype)
+
+    @T.prim_func(s_tir=True)
+    def cell(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), gh: T.Buffer((dirs, batch, G), gh_dtype),
+             h: T.Buffer((dirs, batch, hidden), h_dtype), step: T.int32, layer: T.int32,
+             h_out: T.Buffer((dirs, batch, hidden), h_dtype),
+             out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+             h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                col = T.meta_var(vd * G + vj)
+                h_new[vd, vb, vj] = cell_math(T, gi[row, col], gi[row, col + hidden], gi[row, col + 2 * hidden],
+                                               gh[vd, vb, vj], gh[vd, vb, hidden + vj], gh[vd, vb, 2 * hidden + vj],
+                                               h[vd, vb, vj], math_dtype, kind, h_dtype)
+        store(h_new, step, layer, h_out, out, h_n)
+
+    return cell
+
+
+def schedule_cell(func: Any, cell_block: int) -> Any:
+    """Grid (batch, dirs), ``cell_block`` threads striding over the hidden units."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    store = sch.get_sblock("store")
+    d, b, j = sch.get_loops(store)
+    jo, ji = sch.split(j, [None, cell_block])
+    sch.reorder(b, d, jo, ji)
+    sch.bind(b, "blockIdx.x")
+    sch.bind(d, "blockIdx.y")
+    sch.bind(ji, "threadIdx.x")
+    cell = sch.get_sblock("cell")
+    sch.compute_at(cell, ji)
+    sch.set_scope(cell, 0, "local")
+    return sch
+
+
+
+
+@dataclass(frozen=True)
+class CellStep(StepVariant):
+    """Per step the hidden GEMM (``hid_*`` knobs) then the cell kernel (``cell_block`` threads)."""
+
+    block: int  # cell_block
+    hidden_gemm: Any  # the hidden GEMM's template (a ``BiasGemmTemplate``)
+    gemm_knobs: Config  # the hid_* knobs
+
+    unshown_prefixes = ("step_",)
+    runs_hidden_gemm = True
+
+    @classmethod
+    def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any) -> "CellStep":
+        return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
+                   gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))))
+
+    def reason(self, target: TargetInfo) -> str | None:
+        return None  # the hidden GEMM's tile is checked with the other GEMMs
+
+    def scheduled_kernels(self, target: TargetInfo) -> dict[str, Any]:
+        s = self.sizes
+        gemm = gemm_config(self.gemm_knobs, "hid_", self.hidden_gemm.default_config(target))
+        cell = cell_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype,
+                         h_dtype=s.h_dtype, math_dtype=s.math_dtype, out_dtype=s.out_dtype, kind=target.kind)
+        return {"gru_gemm_h": self.hidden_gemm.schedule(gemm, target),
+                "gru_cell": schedule_cell(cell, min(self.block, target.max_threads_per_block))}
+
+    def state_args(self, layer: int) -> tuple[str | int, ...]:
+        return ("h0", layer, "p0")
+
+    def step_calls(self, layer: int, out: str) -> list[tuple[str, tuple[str | int, ...]]]:
+        calls = []
+        for s in range(self.sizes.seq):
+            h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
+            calls.append(("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
+            calls.append(("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
+        return calls

@@ -1,0 +1,107 @@
+"""What the GRU's step kernels share, in TIR: PyTorch's cell (r, z, n, h') with the accurate
+tanh, a value rounded as storing it would round it, the store of h' into the state and the
+output, the tagged words the persistent kernels exchange h in, and a thread's register
+budget.  The cell kernel, the fused step kernel, the flag-exchange kernel and the tensor-core
+kernel all build on these, so their arithmetic agrees to the bit."""
+from __future__ import annotations
+
+from typing import Any
+
+from .compute import F32
+
+# A thread's registers: what it may have, and what a step kernel needs besides a share of
+# W_hh held in registers (accumulators, addresses, the cell).
+MAX_REGISTERS, OTHER_REGISTERS = 255, 40
+
+
+def tanh(T: Any, v: Any, math: str, kind: str) -> Any:
+    """tanh(v); in float32 as sign(v)·(-e / (2 + e)) with e = expm1(-2|v|): NVRTC builds TVM's
+    CUDA with --use_fast_math, under which tanhf is an approximation that set the float32 GRU's
+    error, while expm1f stays accurate (figures: ``benchmarks/RESULTS.md``).  ``kind``: the
+    target kind, which names the C function (CUDA ``expm1f``, OpenCL ``expm1``)."""
+    from tvm import tirx
+
+    if math != "float32":  # (and "" where the caller wants the plain tanh)
+        return T.tanh(v)
+    e = tirx.call_pure_extern(math, "expm1f" if kind == "cuda" else "expm1",
+                              tirx.const(-2.0, math) * tirx.abs(v))
+    magnitude = -e / (tirx.const(2.0, math) + e)
+    return tirx.if_then_else(v < tirx.const(0.0, math), -magnitude, magnitude)  # OpenCL C has no copysignf
+
+
+def cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
+              h: Any, math: str, kind: str = "cuda", state: str = F32) -> Any:
+    """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
+    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h.  ``kind``: the target's;
+    ``state``: h's stored type (a 16-bit state rounds away what ``tanh``'s accuracy buys)."""
+    import tvm
+
+    def m(value: Any) -> Any:
+        return value.astype(math)  # no cast when the type already is ``math``
+
+    r = T.sigmoid(m(gi_r) + m(gh_r))
+    z = T.sigmoid(m(gi_z) + m(gh_z))
+    # the accurate tanh where the state keeps float32's precision (16-bit states round it away)
+    n = tanh(T, m(gi_n) + r * m(gh_n), math if state == F32 else "", kind)
+    return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
+
+
+def stored_as(value: Any, dtype: str) -> Any:
+    """``value`` rounded to ``dtype`` as storing it in a ``dtype`` buffer would, for a value
+    that stays in registers.  bfloat16 is rounded with integer ops on the float32 bits
+    (round to nearest even, as TVM's bfloat16 stores do), because TVM computes bfloat16 in
+    float32 where the target has no bfloat16 arithmetic and would drop a plain cast there."""
+    from tvm import tirx
+
+    if dtype != "bfloat16":
+        return value.astype(dtype)
+    u32 = lambda v: tirx.const(v, "uint32")  # noqa: E731
+    bits = tirx.reinterpret("uint32", value.astype("float32"))
+    rounded = (bits + u32(0x7FFF) + ((bits >> u32(16)) & u32(1))) & u32(0xFFFF0000)
+    return tirx.reinterpret("float32", rounded)
+
+
+def store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, out_dtype: str,
+                 pingpong: bool = False) -> Any:
+    """S4 of the cell and of the fused step kernel: h' (math type) into the next state and
+    h_n as ``h_dtype``, and into out[t] (t = step, or T-1-step backward) as ``out_dtype``.
+    ``pingpong``: the state is one (2, dirs, batch, hidden) buffer and step s writes slot
+    (s+1) % 2 (the fused step kernel; see ``step_func``)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def store(h_new, step, layer, h_out, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_out[vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    @T.macro
+    def store_pingpong(h_new, step, layer, hs, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                hs[(step + 1) % 2, vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    return store_pingpong if pingpong else store
+
+
+def word_tag(T: Any, word: Any) -> Any:
+    """The step tag of an exchange word (its high 32 bits), as either step kernel writes it."""
+    return T.Cast("int32", T.shift_right(word, T.uint64(32)))
+
+
+def pack_pair(T: Any, first: Any, second: Any, dtype: str, tag: Any) -> Any:
+    """One exchange word of the tensor-core kernel: two 16-bit values (``first`` in the low
+    half) and the step ``tag`` in the high 32 bits."""
+    def bits(value: Any) -> Any:
+        return T.Cast("uint64", T.reinterpret("uint16", T.Cast(dtype, value)))
+
+    return T.bitwise_or(T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)),
+                                     T.shift_left(bits(second), T.uint64(16))), bits(first))

@@ -1,0 +1,122 @@
+"""The step kernel a GRU config selects, as one frozen ``StepVariant``: the recurrent part of
+every layer (S2-S4 of each step) is one of a few kernel families, and each family owns the
+decoding of its knobs, why it cannot run a config on a target, its kernels and its calls in
+the host plan.  ``variants.step_variant`` makes the choice once; the template, the host plan
+and the pick ask the variant rather than reading the knobs again.
+
+Families (each in its own module): the patent's hidden GEMM + cell kernel per step
+(``cell_step``), the fused step kernel per step or looped on the host and its persistent form
+behind a grid barrier (``fused_step``), the flag-exchange kernel (``flag_step``) and the
+tensor-core kernel (``tensor_core_step``).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.target import TargetInfo
+
+# A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
+# memory per resident block (sm_80+), and fitting several blocks per SM by capping
+# registers (launch bounds) is refused below this many registers per thread (spills).
+SHARED_RESERVED_PER_BLOCK = 1024
+PERSISTENT_MIN_REGISTERS = 64
+
+# The knobs of the fused CUDA-core step kernel, which the other fused kernels do not read
+SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
+                   "step_w_onchip")
+TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw")
+FLAG_STEP_KNOBS = ("step_flag_units",)
+
+
+@dataclass(frozen=True)
+class StepSizes:
+    """What a step kernel needs of its GRU: the sizes and the recurrent part's types."""
+
+    seq: int
+    batch: int
+    hidden: int
+    dirs: int
+    layers: int
+    gi_dtype: str
+    h_dtype: str
+    w_dtype: str  # W_hh and b_hh
+    acc_dtype: str  # the hidden GEMM's accumulator
+    gh_dtype: str
+    math_dtype: str  # the cell's
+    out_dtype: str
+
+
+def residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tuple[int, int]:
+    """(blocks each SM must hold for a persistent grid of ``blocks`` to be resident, blocks of
+    ``threads`` threads and ``shared`` bytes of shared memory one SM can hold)."""
+    fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads,
+               hw.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
+    return -(-blocks // hw.sm_count), fits
+
+
+def fused_threads_reason(step_j: int, target: TargetInfo) -> str | None:
+    """The check every fused step kernel's config passes first: ``step_j`` threads fit a block."""
+    if step_j > target.max_threads_per_block:
+        return f"step kernel: {step_j} threads > device limit {target.max_threads_per_block}"
+    return None
+
+
+@dataclass(frozen=True)
+class StepVariant(ABC):
+    """One step kernel family with its knobs decoded (``of``), for one GRU's sizes."""
+
+    sizes: StepSizes
+
+    # The knobs that do not change this family's kernels: names starting with these, and these names
+    unshown_prefixes: ClassVar[tuple[str, ...]] = ("cell_block", "hid_")
+    unshown_names: ClassVar[tuple[str, ...]] = ()
+    runs_hidden_gemm: ClassVar[bool] = False  # the hidden GEMM (S2) is a kernel of its own (hid_ knobs)
+
+    @abstractmethod
+    def reason(self, target: TargetInfo) -> str | None:
+        """Why this kernel cannot run here (None: it can)."""
+
+    def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(prefixes, names) of the knobs that do not change this kernel (summaries hide them)."""
+        return self.unshown_prefixes, self.unshown_names
+
+    def init_layout(self) -> dict[str, bool]:
+        """``init_func``'s options: the state buffer (and barrier and exchange words) this kernel reads."""
+        return {}
+
+    def async_copy(self) -> bool:
+        """Whether the module is compiled with cp.async copies (``tirx.use_async_copy``)."""
+        return False
+
+    def scheduled_kernels(self, target: TargetInfo) -> dict[str, Any]:
+        """The scheduled ``s_tir.Schedule`` of each of its kernel functions, by name."""
+        return {}
+
+    def lowered_kernels(self) -> dict[str, Any]:
+        """Its kernel functions written as lowered loops (PrimFuncs), by name."""
+        return {}
+
+    def looped_steps(self, step: Any, target: TargetInfo) -> Any:
+        """``gru_steps``, every step in one call, from the scheduled ``gru_step``; None where the
+        steps are not looped after scheduling."""
+        return None
+
+    def barrier_words(self) -> tuple[str, ...]:
+        """The plan buffers of a persistent kernel's grid barrier and exchange words (none here)."""
+        return ()
+
+    def weights(self, layer: int) -> tuple[str, ...]:
+        """The step kernel's first arguments: gi, the state, W_hh and b_hh of ``layer``."""
+        return ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
+
+    def state_args(self, layer: int) -> tuple[str | int, ...]:
+        """``gru_init``'s arguments for ``layer``: h0 into the (2, dirs, batch, hidden) state."""
+        return ("h0", layer, "hs", *self.barrier_words())
+
+    def step_calls(self, layer: int, out: str) -> list[tuple[str, tuple[str | int, ...]]]:
+        """The (function, arguments) of ``layer``'s steps, writing the output ``out``: here all
+        T steps in one call of ``gru_steps``."""
+        return [("gru_steps", (*self.weights(layer), layer, out, "h_n", *self.barrier_words()))]

@@ -1,0 +1,29 @@
+"""Which step kernel a GRU config selects: the one place its integer-coded step knobs
+(``fuse_step``, ``step_tc``, ``step_flags``, ``step_loop``) are read to choose a family."""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.space import Config
+
+from .cell_step import CellStep
+from .flag_step import FlagStep
+from .fused_step import FusedStep, PersistentStep
+from .step_variant import StepSizes, StepVariant
+from .tensor_core_step import TensorCoreStep
+
+STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, FlagStep)
+
+
+def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> StepVariant:
+    """The step kernel ``config`` runs, its knobs decoded (``hidden_gemm``: the unfused
+    steps' GEMM template)."""
+    if not config.fuse_step:
+        return CellStep.of(sizes, config, hidden_gemm)
+    if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words
+        return TensorCoreStep.of(sizes, config)
+    if config.step_flags:
+        return FlagStep.of(sizes, config)
+    if config.step_loop == 2:
+        return PersistentStep.of(sizes, config)
+    return FusedStep.of(sizes, config)
