@@ -141,6 +141,72 @@ class TcStepShape:
         return operands + partials
 
 
+@dataclass(frozen=True)
+class TcKernelLayout:
+    """Every size the kernel's parts share, derived once from one layer's shape and knobs: the
+    warps' shares of units, rows and k, the h chunks they copy and multiply, the shared strides,
+    and with flags the exchange words a lane polls."""
+
+    steps: int
+    layers: int
+    shape: TcStepShape
+    gi_dtype: str
+    gh_dtype: str
+    math_dtype: str
+    out_dtype: str
+    flags: bool
+    gates: int  # 3·hidden: the gate GEMM's columns
+    m_warps: int
+    warp_units: int
+    unit_tiles: int  # n8 tiles of one gate a warp holds
+    warp_k: int  # the k range of a k warp's products
+    chunks: int  # a warp's products in this many h chunks
+    chunk_k: int
+    copy_k: int  # the k range of h a warp copies: its share of its k warp's range
+    copy_chunks: int  # in this many cp.async groups
+    copy_chunk_k: int
+    w_chunks: int  # 16-byte chunks of W's shared row
+    vec: int  # 16-byte copies where a row's k and units come in whole vectors
+    asynchronous: bool  # cp.async copies 16 bytes (a 2-byte element cannot go)
+    partial_tiles: int  # the k warps' partial-sum tiles (all k warps but the first)
+    pair_words: int  # with flags: the exchange words (two units each) of one row
+    slot_words: int  # hx holds two slots of this many words
+    poll_words: int  # exchange words a lane polls at once
+    poll_rounds: int
+
+    @classmethod
+    def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
+           out_dtype: str, flags: bool) -> "TcKernelLayout":
+        K, k_warps, n_warps = shape.k_extent, shape.k_warps, shape.n_warps
+        warp_k = K // k_warps
+        k_slices = warp_k // MMA_K  # 16-deep k slices per warp
+        chunks = math.gcd(k_slices, H_CHUNKS)
+        copy_k = warp_k // n_warps
+        copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)
+        vec = 8 if shape.hidden % 8 == 0 else 1
+        lane_words = -(-MMA_M * copy_k // 2 // WARP)
+        poll_words = min(lane_words, POLL_WORDS)
+        m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
+        return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
+                   gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
+                   warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
+                   copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
+                   vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
+                   pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
+                   poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Blocks along the units, the rows and the directions."""
+        s = self.shape
+        return -(-s.hidden // s.units), -(-s.batch // s.rows), s.dirs
+
+    @property
+    def chunk_vectors(self) -> int:
+        """Vectors a lane copies per chunk of h."""
+        return MMA_M * self.copy_chunk_k // self.vec // WARP
+
+
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, name: str = "gru_steps") -> Any:
@@ -155,47 +221,137 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps)
+    layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
+                               out_dtype=out_dtype, flags=flags)
+    kernel = _kernel(layout)
+    if flags:
+        return kernel.with_attr("global_symbol", name)
+    return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
+
+
+def _kernel(L: TcKernelLayout) -> Any:
+    """The kernel with its parts in order: the block's W_hh slice, h padding and b_h once, then
+    per step h in and the products, the k warps' sums, the cell and the store, and the step's
+    end (the barrier mark, or with flags a block sync)."""
+    from tvm.script import tirx as T
+
+    shape = L.shape
+    steps, batch, hidden, dirs, layers, G = L.steps, shape.batch, shape.hidden, shape.dirs, L.layers, L.gates
+    operand, gi_dtype, out_dtype, flags, blocks = shape.operand, L.gi_dtype, L.out_dtype, L.flags, shape.blocks
+    (grid_x, grid_y, _), K, sw, sh, n_tiles = L.grid, shape.k_extent, shape.w_stride, shape.h_stride, shape.n_tiles
+    m_warps, n_warps, k_warps, U, warp_units = L.m_warps, shape.n_warps, shape.k_warps, shape.units, L.warp_units
+    slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
+    stage_once, load_gi, step_products = _stage_once_macro(L), _load_gi_macro(L), _step_products_macro(L)
+    sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
+
+    @T.prim_func(private=True)
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
+               w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
+               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+               h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+               hx: T.Buffer((2 * slot_words,), "uint64")):
+        T.func_attr({"tirx.noalias": True})
+        bx = T.launch_thread("blockIdx.x", grid_x)
+        by = T.launch_thread("blockIdx.y", grid_y)
+        bz = T.launch_thread("blockIdx.z", dirs)
+        tx = T.launch_thread("threadIdx.x", WARP)
+        ty = T.launch_thread("threadIdx.y", m_warps * n_warps * k_warps)
+        w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
+        h_s = T.alloc_buffer((shape.rows * sh,), operand, scope="shared.dyn")
+        part = T.alloc_buffer((max(L.partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
+        a_frag = T.alloc_buffer((8,), operand, scope="local")
+        b_frag = T.alloc_buffer((8,), operand, scope="local")
+        acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
+        b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
+        gi_reg = T.alloc_buffer((3 * L.unit_tiles * 4,), gi_dtype, scope="local")
+        got = T.alloc_buffer((L.poll_words,), "uint64", scope="local")
+        poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
+        h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
+        tid = T.meta_var(ty * WARP + tx)
+        mi = T.meta_var(ty % m_warps)
+        ni = T.meta_var(ty // m_warps % n_warps)
+        ki = T.meta_var(ty // (m_warps * n_warps))
+        j0 = T.meta_var(bx * U + ni * warp_units)  # the warp's first unit
+        m0 = T.meta_var(by * shape.rows)
+        copy_k0 = T.meta_var(ki * warp_k + ni * copy_k)  # where the warp's copy of h starts
+        stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx)
+        if ki == 0:
+            load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+        if flags:
+            poll[0] = 0
+        T.tvm_storage_sync("shared")
+        for s in T.serial(steps):
+            step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
+            sum_k_warps(part, acc, mi, ni, ki, tx)
+            if ki == 0:
+                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, layer, s, bz, j0, m0, mi, tx)
+            if flags:
+                T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
+            else:
+                T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks, tx == 0 and ty == 0))
+        if flags and poll[0] >= SPIN_LIMIT:
+            bar[1] = 1
+
+    return kernel
+
+
+def _stage_once_macro(L: TcKernelLayout) -> Any:
+    """The block's W_hh slice in shared memory, the h padding zeroed and the lane's b_h in
+    registers: everything the steps read but never write, staged once."""
     from tvm import tirx
     from tvm.script import tirx as T
 
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps)
-    G, K, U = 3 * hidden, shape.k_extent, units
-    m_warps, threads, n_tiles = rows // MMA_M, shape.threads, shape.n_tiles
-    warp_units = units // n_warps
-    unit_tiles = warp_units // MMA_N  # n8 tiles of one gate a warp holds
-    k_slices = K // k_warps // MMA_K  # 16-deep k slices per warp
-    warp_k = K // k_warps
-    chunks = math.gcd(k_slices, H_CHUNKS)  # a warp's products in this many h chunks
-    chunk_k = warp_k // chunks
-    copy_k = warp_k // n_warps  # the k range of h a warp copies: its share of its k warp's range
-    copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)  # in this many cp.async groups
-    copy_chunk_k = copy_k // copy_chunks
-    grid_x, grid_y = -(-hidden // units), -(-batch // rows)
-    sw, sh, w_chunks = shape.w_stride, shape.h_stride, shape.w_stride * itemsize(operand) // 16
-    vec = 8 if hidden % 8 == 0 else 1  # 16-byte copies where a row's k and units come in whole vectors
-    asynchronous = vec == 8  # cp.async copies 16 bytes (a 2-byte element cannot go)
-    w_vectors = K * 3 * U // vec
-    h_vectors = rows * K // vec
-    chunk_vectors = MMA_M * copy_chunk_k // vec // WARP  # per lane
-    partial_tiles = (k_warps - 1) * m_warps * n_warps
-    gi_values = 3 * unit_tiles * 4
-    abbrev = DTYPE_ABBREV[operand]
-    zero_op = tirx.const(0, operand)
-    # with flags: the exchange words (two units each) of the warp's 16 rows and k range
-    pair_words = -(-hidden // 2)
-    slot_words = dirs * batch * hidden  # hx holds two slots of this many words
-    lane_words = -(-MMA_M * copy_k // 2 // WARP)
-    poll_words = min(lane_words, POLL_WORDS)
-    poll_rounds = -(-lane_words // poll_words)
+    shape = L.shape
+    hidden, G, K, U, sw, sh = shape.hidden, L.gates, shape.k_extent, shape.units, shape.w_stride, shape.h_stride
+    threads, vec, warp_units, w_chunks, unit_tiles = shape.threads, L.vec, L.warp_units, L.w_chunks, L.unit_tiles
+    batch, n_tiles, zero_op = shape.batch, shape.n_tiles, tirx.const(0, shape.operand)
+    w_vectors, h_vectors = K * 3 * U // vec, shape.rows * K // vec
 
-    def cell(acc: Any, b_h: Any, gi_reg: Any, h_prev: Any, t: int, e: int) -> Any:
-        """h' of the lane's element e of unit tile t: gate g's sum is accumulator tile
-        g * unit_tiles + t, the same element (the same row and unit)."""
-        def at(g: int) -> int:
-            return (g * unit_tiles + t) * 4 + e
+    @T.macro
+    def stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx):  # type: ignore[no-untyped-def]
+        # W_hh's slice of this block, all k, once for all steps: column (n, g, u) of row k (the
+        # n-th warp's share, gate g, its unit u) holds W[k, g * H + bx * U + n * warp_units + u]
+        for it in T.unroll(-(-w_vectors // threads)):
+            f = T.meta_var(it * threads + tid)
+            k = T.meta_var(f // (3 * U // vec))
+            col = T.meta_var(f % (3 * U // vec) * vec)
+            g = T.meta_var(col % (3 * warp_units) // warp_units)
+            unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
+            at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
+            if f < w_vectors:
+                if k < hidden and unit < hidden:
+                    for v in T.vectorized(vec):
+                        w_s[at + v] = w[bz, k, g * hidden + unit + v]
+                else:
+                    for v in T.vectorized(vec):
+                        w_s[at + v] = zero_op
+        # the h rows past the batch and k past the hidden size: zeros, once (the steps copy the rest)
+        for it in T.unroll(-(-h_vectors // threads)):
+            f = T.meta_var(it * threads + tid)
+            r = T.meta_var(f // (K // vec))
+            k = T.meta_var(f % (K // vec) * vec)
+            if f < h_vectors and (m0 + r >= batch or k >= hidden):
+                for v in T.vectorized(vec):
+                    h_s[r * sh + k + v] = zero_op
+        # b_h of the lane's units (two per n8 tile of the warp), once
+        for t in T.unroll(n_tiles):
+            for e in T.unroll(2):
+                unit = T.meta_var(j0 + t % unit_tiles * MMA_N + _acc_row_col(tx, e)[1])  # e: 0, 1
+                b_h[t * 2 + e] = T.if_then_else(
+                    unit < hidden, T.cast(bias[bz, T.min(t // unit_tiles * hidden + unit, G - 1)], "float32"),
+                    T.float32(0))
 
-        gh = [stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
+    return stage_once
+
+
+def _load_gi_macro(L: TcKernelLayout) -> Any:
+    """The lane's gi of one step into registers (loaded a step ahead, in flight across the barrier)."""
+    from tvm.script import tirx as T
+
+    steps, batch, hidden, dirs, G, unit_tiles = L.steps, L.shape.batch, L.shape.hidden, L.shape.dirs, L.gates, \
+        L.unit_tiles
+    gi_dtype = L.gi_dtype
 
     @T.macro
     def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
@@ -212,6 +368,16 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                            T.min(bz * G + g * hidden + unit, dirs * G - 1)],
                         T.cast(0, gi_dtype))
 
+    return load_gi
+
+
+def _copy_h_macro(L: TcKernelLayout) -> Any:
+    """One chunk of a warp's copy of h from the state slot into shared memory."""
+    from tvm.script import tirx as T
+
+    batch, hidden, sh = L.shape.batch, L.shape.hidden, L.shape.h_stride
+    chunk_vectors, copy_chunk_k, vec = L.chunk_vectors, L.copy_chunk_k, L.vec
+
     @T.macro
     def copy_h(h_s, hs, step, bz, m0, mi, k0, c, tx):  # type: ignore[no-untyped-def]
         """Chunk ``c`` of the warp's copy of h: its 16 rows, k from ``k0``."""
@@ -222,6 +388,17 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
             if m0 + r < batch and k < hidden:
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = hs[step % 2, bz, m0 + r, k + v]
+
+    return copy_h
+
+
+def _poll_h_macro(L: TcKernelLayout) -> Any:
+    """With flags: a warp's rows and k range of h from the tagged exchange words."""
+    from tvm.script import tirx as T
+
+    batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
+    copy_k, poll_words, poll_rounds = L.copy_k, L.poll_words, L.poll_rounds
+    slot_words, pair_words = L.slot_words, L.pair_words
 
     def word(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
         """(row in the warp's 16, k, within the warp's words) of word i of poll round c; the
@@ -258,15 +435,20 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                         h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
                             "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
 
+    return poll_h
+
+
+def _products_macro(L: TcKernelLayout) -> Any:
+    """A warp's MMA over one h chunk's k: ldmatrix of h and W_hh, mma.sync into the accumulators."""
+    from tvm.script import tirx as T
+
+    operand, sh, sw, n_tiles = L.shape.operand, L.shape.h_stride, L.shape.w_stride, L.shape.n_tiles
+    chunk_k, warp_k, w_chunks, abbrev = L.chunk_k, L.warp_k, L.w_chunks, DTYPE_ABBREV[L.shape.operand]
+
     def w_row(kk: Any, tile: Any, tx: Any) -> Any:
         """Where lane ``tx``'s row of n8 tile ``tile`` (of the block's W columns) starts in W's
         shared slice, k slice ``kk``: the row ldmatrix.trans reads from that lane."""
         return (kk + tx % 16) * sw + w_chunk(tx % 16, tile, w_chunks) * 8
-
-    def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
-        """Accumulator ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units,
-        ``mi`` along M) in the partial sums."""
-        return (((q * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx
 
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
@@ -298,154 +480,141 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                 T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
                                  b_frag.data, 0, acc.data, (n_tiles - 1) * 4, False, dtype="float32")
 
-    @T.prim_func(private=True)
-    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
-               w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
-               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-               h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-               hx: T.Buffer((2 * slot_words,), "uint64")):
-        T.func_attr({"tirx.noalias": True})
-        bx = T.launch_thread("blockIdx.x", grid_x)
-        by = T.launch_thread("blockIdx.y", grid_y)
-        bz = T.launch_thread("blockIdx.z", dirs)
-        tx = T.launch_thread("threadIdx.x", WARP)
-        ty = T.launch_thread("threadIdx.y", m_warps * n_warps * k_warps)
-        w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
-        h_s = T.alloc_buffer((rows * sh,), operand, scope="shared.dyn")
-        part = T.alloc_buffer((max(partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
-        a_frag = T.alloc_buffer((8,), operand, scope="local")
-        b_frag = T.alloc_buffer((8,), operand, scope="local")
-        acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
-        b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
-        gi_reg = T.alloc_buffer((gi_values,), gi_dtype, scope="local")
-        got = T.alloc_buffer((poll_words,), "uint64", scope="local")
-        poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
-        h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
-        tid = T.meta_var(ty * WARP + tx)
-        mi = T.meta_var(ty % m_warps)
-        ni = T.meta_var(ty // m_warps % n_warps)
-        ki = T.meta_var(ty // (m_warps * n_warps))
-        j0 = T.meta_var(bx * U + ni * warp_units)  # the warp's first unit
-        m0 = T.meta_var(by * rows)
-        copy_k0 = T.meta_var(ki * warp_k + ni * copy_k)  # where the warp's copy of h starts
-        # W_hh's slice of this block, all k, once for all steps: column (n, g, u) of row k (the
-        # n-th warp's share, gate g, its unit u) holds W[k, g * H + bx * U + n * warp_units + u]
-        for it in T.unroll(-(-w_vectors // threads)):
-            f = T.meta_var(it * threads + tid)
-            k = T.meta_var(f // (3 * U // vec))
-            col = T.meta_var(f % (3 * U // vec) * vec)
-            g = T.meta_var(col % (3 * warp_units) // warp_units)
-            unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
-            at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
-            if f < w_vectors:
-                if k < hidden and unit < hidden:
-                    for v in T.vectorized(vec):
-                        w_s[at + v] = w[bz, k, g * hidden + unit + v]
+    return products
+
+
+def _step_products_macro(L: TcKernelLayout) -> Any:
+    """A step's h into shared memory and the warp's products on it: with flags polled from the
+    exchange words; else copied from the state slot in cp.async groups, with one warp along the
+    units the products on chunk c starting while the later chunks are still in flight, with
+    more once every warp's copy is in."""
+    from tvm.script import tirx as T
+
+    n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
+        L.copy_chunks, L.asynchronous
+    products, copy_h, poll_h = _products_macro(L), _copy_h_macro(L), _poll_h_macro(L)
+    flags = L.flags
+
+    @T.macro
+    def step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0,  # type: ignore[no-untyped-def]
+                      tx):
+        if flags:  # the words of the warp's rows and k range, polled until their tags say s
+            for i in T.unroll(n_tiles * 4):
+                acc[i] = T.float32(0)
+            poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
+            if n_warps == 1:  # the warp reads only the h it polled
+                T.evaluate(T.call_extern("void", "__syncwarp"))
+            else:  # and the other unit warps' share of it
+                T.tvm_storage_sync("shared")
+            for c in T.unroll(chunks):
+                products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
+        else:
+            for c in T.unroll(copy_chunks):
+                if asynchronous:
+                    with T.attr(0, "async_commit_queue_scope", 0):
+                        with T.attr(0, "async_scope", 1):
+                            copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
                 else:
-                    for v in T.vectorized(vec):
-                        w_s[at + v] = zero_op
-        # the h rows past the batch and k past the hidden size: zeros, once (the steps copy the rest)
-        for it in T.unroll(-(-h_vectors // threads)):
-            f = T.meta_var(it * threads + tid)
-            r = T.meta_var(f // (K // vec))
-            k = T.meta_var(f % (K // vec) * vec)
-            if f < h_vectors and (m0 + r >= batch or k >= hidden):
-                for v in T.vectorized(vec):
-                    h_s[r * sh + k + v] = zero_op
-        # b_h of the lane's units (two per n8 tile of the warp), once
-        for t in T.unroll(n_tiles):
-            for e in T.unroll(2):
-                unit = T.meta_var(j0 + t % unit_tiles * MMA_N + _acc_row_col(tx, e)[1])  # e: 0, 1
-                b_h[t * 2 + e] = T.if_then_else(
-                    unit < hidden, T.cast(bias[bz, T.min(t // unit_tiles * hidden + unit, G - 1)], "float32"),
-                    T.float32(0))
-        if ki == 0:
-            load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
-        if flags:
-            poll[0] = 0
-        T.tvm_storage_sync("shared")
-        for s in T.serial(steps):
-            if flags:  # the words of the warp's rows and k range, polled until their tags say s
-                for i in T.unroll(n_tiles * 4):
-                    acc[i] = T.float32(0)
-                poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
-                if n_warps == 1:  # the warp reads only the h it polled
-                    T.evaluate(T.call_extern("void", "__syncwarp"))
-                else:  # and the other unit warps' share of it
-                    T.tvm_storage_sync("shared")
+                    copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
+            for i in T.unroll(n_tiles * 4):
+                acc[i] = T.float32(0)
+            if n_warps == 1:
+                for c in T.unroll(chunks):
+                    with T.attr(0, "async_wait_queue_scope", 0):
+                        with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
+                            T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
+                            products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
+            else:
+                with T.attr(0, "async_wait_queue_scope", 0):
+                    with T.attr(0, "async_wait_inflight_count", 0):
+                        T.tvm_storage_sync("shared")  # every warp's copies are in
                 for c in T.unroll(chunks):
                     products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
-            else:
-                # the warp's share of the rows and k of h, chunk by chunk (cp.async groups): with
-                # one warp along the units the dot products on chunk c start while the later
-                # chunks are still in flight; with more, once every warp's copy is in
-                for c in T.unroll(copy_chunks):
-                    if asynchronous:
-                        with T.attr(0, "async_commit_queue_scope", 0):
-                            with T.attr(0, "async_scope", 1):
-                                copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
-                    else:
-                        copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
-                for i in T.unroll(n_tiles * 4):
-                    acc[i] = T.float32(0)
-                if n_warps == 1:
-                    for c in T.unroll(chunks):
-                        with T.attr(0, "async_wait_queue_scope", 0):
-                            with T.attr(0, "async_wait_inflight_count", chunks - 1 - c if asynchronous else 0):
-                                T.evaluate(T.call_extern("void", "__syncwarp"))  # the lanes' copies are in
-                                products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
-                else:
-                    with T.attr(0, "async_wait_queue_scope", 0):
-                        with T.attr(0, "async_wait_inflight_count", 0):
-                            T.tvm_storage_sync("shared")  # every warp's copies are in
-                    for c in T.unroll(chunks):
-                        products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
-            if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
-                if ki > 0:
-                    for i in T.unroll(n_tiles * 4):
-                        part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
-                T.tvm_storage_sync("shared")  # also: every warp's h chunks are in (the cell reads them)
-                if ki == 0:
-                    for q in T.unroll(k_warps - 1):
-                        for i in T.unroll(n_tiles * 4):
-                            acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
-            if ki == 0:  # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
-                t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
-                for t in T.unroll(unit_tiles):
-                    for e in T.unroll(4):
-                        row_in = T.meta_var(mi * MMA_M + _acc_row_col(tx, e)[0])
-                        col = T.meta_var(t * MMA_N + _acc_row_col(tx, e)[1])
-                        row = T.meta_var(m0 + row_in)
-                        unit = T.meta_var(j0 + col)
-                        if row < batch and unit < hidden:
-                            h_new = T.meta_var(cell(acc, b_h, gi_reg, h_s[row_in * sh + unit], t, e))
-                            if flags:  # the pair (e, e + 1) goes out as one word from its even unit
-                                h_rounded[e] = T.cast(h_new, operand)
-                                if e % 2 == 1 or unit + 1 >= hidden:
-                                    T.evaluate(T.call_extern(
-                                        "void", "__nv_atomic_store_n",
-                                        T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
-                                                        + unit // 2]),
-                                        pack_pair(T, h_rounded[e - e % 2],
-                                                  T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
-                                        NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
-                            else:
-                                hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
-                            out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
-                            if s == steps - 1:
-                                h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
-                if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
-                    load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
-            if flags:
-                T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
-            else:
-                T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * shape.blocks, tx == 0 and ty == 0))
-        if flags and poll[0] >= SPIN_LIMIT:
-            bar[1] = 1
 
-    if flags:
-        return kernel.with_attr("global_symbol", name)
-    return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
+    return step_products
+
+
+def _sum_k_warps_macro(L: TcKernelLayout) -> Any:
+    """With k warps: the other k warps' partial sums, in the lane layout, into the first's
+    accumulators through shared memory."""
+    from tvm.script import tirx as T
+
+    k_warps, n_warps, n_tiles, m_warps = L.shape.k_warps, L.shape.n_warps, L.shape.n_tiles, L.m_warps
+
+    def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
+        """Accumulator ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units,
+        ``mi`` along M) in the partial sums."""
+        return (((q * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx
+
+    @T.macro
+    def sum_k_warps(part, acc, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
+        if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
+            if ki > 0:
+                for i in T.unroll(n_tiles * 4):
+                    part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
+            T.tvm_storage_sync("shared")  # also: every warp's h chunks are in (the cell reads them)
+            if ki == 0:
+                for q in T.unroll(k_warps - 1):
+                    for i in T.unroll(n_tiles * 4):
+                        acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
+
+    return sum_k_warps
+
+
+def _cell_and_store_macro(L: TcKernelLayout) -> Any:
+    """The first k warp's cell on its accumulators (a lane holds the r, z and n sums of the same
+    row and unit) and the store of h': to the other state slot (with flags: the exchange words),
+    the output and at the last step h_n; then the next step's gi."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    steps, batch, hidden, dirs, sh, operand = L.steps, L.shape.batch, L.shape.hidden, L.shape.dirs, \
+        L.shape.h_stride, L.shape.operand
+    unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
+        L.flags
+    slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), _load_gi_macro(L)
+
+    def cell(acc: Any, b_h: Any, gi_reg: Any, h_prev: Any, t: int, e: int) -> Any:
+        """h' of the lane's element e of unit tile t: gate g's sum is accumulator tile
+        g * unit_tiles + t, the same element (the same row and unit)."""
+        def at(g: int) -> int:
+            return (g * unit_tiles + t) * 4 + e
+
+        gh = [stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
+
+    @T.macro
+    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, layer, s, bz, j0, m0, mi,  # type: ignore[no-untyped-def]
+                       tx):
+        # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
+        t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
+        for t in T.unroll(unit_tiles):
+            for e in T.unroll(4):
+                row_in = T.meta_var(mi * MMA_M + _acc_row_col(tx, e)[0])
+                col = T.meta_var(t * MMA_N + _acc_row_col(tx, e)[1])
+                row = T.meta_var(m0 + row_in)
+                unit = T.meta_var(j0 + col)
+                if row < batch and unit < hidden:
+                    h_new = T.meta_var(cell(acc, b_h, gi_reg, h_s[row_in * sh + unit], t, e))
+                    if flags:  # the pair (e, e + 1) goes out as one word from its even unit
+                        h_rounded[e] = T.cast(h_new, operand)
+                        if e % 2 == 1 or unit + 1 >= hidden:
+                            T.evaluate(T.call_extern(
+                                "void", "__nv_atomic_store_n",
+                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
+                                                + unit // 2]),
+                                pack_pair(T, h_rounded[e - e % 2],
+                                          T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
+                                NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                    else:
+                        hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
+                    out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
+                    if s == steps - 1:
+                        h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
+        if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
+            load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
+
+    return cell_and_store
 
 
 BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
