@@ -181,6 +181,10 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.split not in SPLITS_OF_K or k // t.bk % t.split:
         return (f"{t.name}: K's {k // t.bk} steps of {t.bk} must split into {t.split} equal slices "
                 f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
+    if t.tiles == 1 and t.stages - 1 - t.inflight > k // t.bk // t.split:
+        return (f"{t.name}: its prologue loads {t.stages - 1 - t.inflight} k tiles ahead, past K's "
+                f"{k // t.bk // t.split} (reads beyond A and B): at most {k // t.bk // t.split + 1 + t.inflight} "
+                "stages here")
     if t.split > 1 and t.smem_epilogue:
         return f"{t.name}: a split K stores float32 sums straight to global memory (use wgmma_smem_epilogue 0)"
     if t.cluster and (t.split == 1 or t.tiles > 1 or t.bm % t.split):

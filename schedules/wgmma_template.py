@@ -95,6 +95,14 @@ def split_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_co
     return best
 
 
+def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
+    """``tile`` with no more stages than the shortest K of ``shapes`` fills: its prologue loads
+    stages - 1 - inflight k tiles ahead (``wgmma_reason`` refuses more)."""
+    k_tiles = min((int(k) // tile.bk for _, _, k in shapes), default=0)
+    most = max(2 + tile.inflight, k_tiles + 1 + tile.inflight)
+    return tile if tile.stages <= most else dataclasses.replace(tile, stages=most)
+
+
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
                     split_k: bool = False, operand: str = "float16") -> WgmmaTile | None:
@@ -110,7 +118,8 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
         return None
     limit = shared_limit(target)
     staged = bool(c_dtype == OPERAND_STORAGE.get(operand))
-    tiles = candidates or [WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand)
+    tiles = candidates or [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand),
+                                       shapes)
                            for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
     fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)]
     if not fitting:

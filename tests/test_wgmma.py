@@ -553,3 +553,21 @@ def test_cuda_gemm_tc_bfloat16_picks_wgmma_and_matches_float64(shape):
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 8e-3
+
+
+def test_no_tile_loads_ahead_past_k():
+    """A one-tile block's prologue loads stages - 1 - inflight k tiles before its loop; past K
+    those reads run beyond A and B (an illegal address on the GPU, depending on what lies
+    there). Such a tile is refused, and the pick takes fewer stages where K is short (the
+    GRU's input GEMM with 256 inputs: 4 k tiles)."""
+    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
+
+    deep = WgmmaTile(64, 64, 8, 1, True, 0)
+    assert "loads 6 k tiles ahead, past K's 4" in wgmma_reason(deep, 64, 3072, 256)
+    assert wgmma_reason(dataclasses.replace(deep, stages=6), 64, 3072, 256) is None
+    assert wgmma_reason(deep, 64, 3072, 1024) is None
+    for shapes in ([(64, 3072, 256), (64, 3072, 1024)], [(64, 3072, 256)], [(4096, 4096, 4096)]):
+        tile = pick_wgmma_tile(shapes, offline_cuda(), "float16")
+        assert tile is not None
+        assert all(wgmma_reason(tile, m, n, k) is None for m, n, k in shapes), tile
+    assert pick_wgmma_tile([(4096, 4096, 4096)], offline_cuda(), "float16").stages == 4  # long K: unchanged
