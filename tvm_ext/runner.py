@@ -94,14 +94,17 @@ class IsolatedMeasurer:
 
     @property
     def rebuilds(self) -> int:
-        """How often its pool broke (a process that died idle) and was replaced."""
+        """How often its measuring process died (or was killed at a timeout) and was replaced."""
         return self._pool.rebuilds if self._pool is not None else 0
 
-    def schedule(self, job: MeasureJob) -> "Future[RunResult]":
+    def _started(self) -> RestartingPool:
         if self._pool is None:
             self._pool = RestartingPool(1, exit_with_parent)
+        return self._pool
+
+    def schedule(self, job: MeasureJob) -> "Future[RunResult]":
         future: Future[RunResult] = Future()
-        pool_future = self._pool.schedule(self.measure, (job,), self.timeout)
+        pool_future = self._started().schedule(self.measure, (job,), self.timeout)
         pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
         return future
 
@@ -111,9 +114,7 @@ class IsolatedMeasurer:
     def warm(self, kind: str, device_id: int) -> None:
         """Start the measuring process now and load its device (``measure.warm_device``), so the
         first job does not wait for that; a failure here is left to the first job to meet."""
-        if self._pool is None:
-            self._pool = RestartingPool(1, exit_with_parent)
-        self._pool.schedule(warm_device, (kind, device_id), self.timeout)
+        self._started().schedule(warm_device, (kind, device_id), self.timeout)
 
     def close(self) -> None:
         if self._pool is not None:
