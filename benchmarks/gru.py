@@ -102,6 +102,9 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
                                        (32, 64, 4))]
     # the flag-exchange persistent step kernel (batch <= 32; no grid barrier)
     flags = [base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=u) for u in (4, 8, 16)]
+    # its blocks as one thread-block cluster a direction, h through distributed shared memory (sm_90+)
+    clusters = [pick.replace(fuse_step=1, step_loop=2, step_tc=0, step_flags=2, step_flag_units=u)
+                for u in (32, 16, 8, 4)]
     # the tensor-core kernel exchanging h through tagged words instead of a grid barrier
     tensor_core_flags = [base.replace(fuse_step=1, step_loop=2, step_tc=1, step_flags=1, step_j=j, step_tc_rows=rows,
                                       step_tc_kw=kw)
@@ -115,6 +118,7 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
     picks = [
         base,
         pick,  # GRU.build without a config
+        *clusters,
         *unit_warps,
         pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
         pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)

@@ -69,6 +69,8 @@ SMEM_OPT_IN_BYTES = {cc: a.shared_opt_in_bytes for cc, a in CUDA_ARCHS.items() i
 HOPPER = 90  # wgmma, TMA, thread-block clusters and distributed shared memory
 AMPERE = 80  # cp.async, ldmatrix, mma.sync with bfloat16
 WGMMA_SHARED_BYTES = CUDA_ARCHS[HOPPER].shared_opt_in_bytes  # what a wgmma kernel's block may take
+CLUSTER_MAX_PORTABLE = 8  # blocks of a thread-block cluster launched without the non-portable attribute
+CLUSTER_MAX = 16  # with it (Hopper; TVM's runtime sets the attribute for clusters past 8)
 
 
 def compute_capability(target: TargetInfo) -> int | None:
@@ -92,6 +94,12 @@ def max_dynamic_smem(target: TargetInfo) -> int:
 def has_wgmma(target: TargetInfo) -> bool:
     """Hopper's warpgroup MMA (sm_90 exactly: sm_90a's arch-specific instructions)."""
     return target.kind == "cuda" and compute_capability(target) == HOPPER
+
+
+def supports_clusters(target: TargetInfo) -> bool:
+    """Thread-block clusters with distributed shared memory (sm_90 and later)."""
+    cc = compute_capability(target)
+    return target.kind == "cuda" and cc is not None and cc >= HOPPER
 
 
 def sm_90a(target: TargetInfo) -> TargetInfo:

@@ -45,12 +45,15 @@ STEP_KNOBS = (
                                      "partial sums meet in shared memory)"),
     Knob("step_tc_nw", (1, 2, 4), "tensor-core step kernel: warps splitting the block's units (each its units' "
                                   "three gates over all k, no partial sums; they share the block's copy of h)"),
-    Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks as "
-                               "(value, step) words, polled until every tag says the step; with step_tc 0 the "
-                               "small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
-                               "tensor-core kernel exchanging two 16-bit values a word"),
-    Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, "
-                                            "its lanes splitting k, W_hh's share in registers)"),
+    Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
+                                  "as (value, step) words, polled until every tag says the step; with step_tc 0 "
+                                  "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
+                                  "tensor-core kernel exchanging two 16-bit values a word; 2 (step_tc 0, sm_90+): "
+                                  "the small-batch kernel's blocks of a direction as one thread-block cluster, h "
+                                  "stored into each block's shared memory and a cluster barrier a step "
+                                  "(``cluster_step.py``)"),
+    Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange and cluster step kernels: hidden units per block (a warp "
+                                            "each, its lanes splitting k, W_hh's share in registers)"),
 )
 INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2, 3), "input GEMM: 1 runs float32 x·W_ihᵀ on float16 tensor cores, "
                                                   "each operand split into a high and a low float16 part (one GEMM of "

@@ -6,8 +6,8 @@ and the pick ask the variant rather than reading the knobs again.
 
 Families (each in its own module): the patent's hidden GEMM + cell kernel per step
 (``cell_step``), the fused step kernel per step or looped on the host and its persistent form
-behind a grid barrier (``fused_step``), the flag-exchange kernel (``flag_step``) and the
-tensor-core kernel (``tensor_core_step``).
+behind a grid barrier (``fused_step``), the flag-exchange kernel (``flag_step``), its blocks as a
+thread-block cluster (``cluster_step``) and the tensor-core kernel (``tensor_core_step``).
 """
 from __future__ import annotations
 

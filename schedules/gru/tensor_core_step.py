@@ -656,11 +656,13 @@ class TensorCoreStep(StepVariant):
     barrier: int
     flags: bool
     loop: int
+    cluster: bool = False  # step_flags 2, which this kernel does not have
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
-                   barrier=c.step_barrier, flags=bool(c.step_flags), loop=c.step_loop)
+                   barrier=c.step_barrier, flags=bool(c.step_flags), loop=c.step_loop,
+                   cluster=c.step_flags == 2)
 
     @property
     def shape(self) -> TcStepShape:
@@ -680,6 +682,8 @@ class TensorCoreStep(StepVariant):
     def _persistent_reason(self, target: TargetInfo) -> str | None:
         if target.kind != "cuda" or self.loop != 2:
             return "tensor-core step kernel (step_tc 1) is CUDA's persistent kernel only (step_loop 2)"
+        if self.cluster:
+            return "tensor-core step kernel (step_tc 1) exchanges h as tagged words (step_flags 1), not in a cluster"
         return None
 
     def _tile_reason(self) -> str | None:

@@ -7,12 +7,13 @@ from typing import Any
 from tvm_ext.space import Config
 
 from .cell_step import CellStep
+from .cluster_step import ClusterStep
 from .flag_step import FlagStep
 from .fused_step import FusedStep, PersistentStep
 from .step_variant import StepSizes, StepVariant
 from .tensor_core_step import TensorCoreStep
 
-STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, FlagStep)
+STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, FlagStep, ClusterStep)
 
 
 def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> StepVariant:
@@ -22,6 +23,8 @@ def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> S
         return CellStep.of(sizes, config, hidden_gemm)
     if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words
         return TensorCoreStep.of(sizes, config)
+    if config.step_flags == 2:
+        return ClusterStep.of(sizes, config)
     if config.step_flags:
         return FlagStep.of(sizes, config)
     if config.step_loop == 2:

@@ -1,0 +1,298 @@
+"""The persistent GRU step kernel whose blocks form one thread-block cluster per direction
+(``step_flags`` 2, Hopper): the flag-exchange kernel's blocks and math (``flag_step.py``: a warp
+per hidden unit, its lanes splitting k, W_hh's share in registers for all T steps), but h goes
+between blocks through distributed shared memory.  Each block keeps all of h in its own shared
+memory, twice (slot s % 2 read at step s, slot (s+1) % 2 written); the lane that computes h' of
+(row, unit) stores it into that slot of every block of the cluster (``st.shared::cluster``), and
+the cluster barrier (arrive with release, wait with acquire) ends the step.
+
+Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and the flag kernel's
+exchange through L2 (a relaxed store, then polling until the tag shows) costs an L2 round trip;
+a store into a neighbour SM's shared memory and the cluster's hardware barrier cost less.  The
+cluster is launched by the hardware as a whole (all its blocks resident together), so its
+barrier cannot wait on a block that never runs, and no spin limit is needed; a cluster the GPU
+cannot place fails the launch, which is an error record.  One barrier a step suffices: a block
+writes slot (s+1) % 2 of its peers only after the barrier that ended step s-1, which each peer
+reached after reading that slot for the last time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.hardware import CLUSTER_MAX, supports_clusters
+from tvm_ext.precision import itemsize
+from tvm_ext.schedules.warp_tile import WARP
+from tvm_ext.space import Config
+from tvm_ext.step_loop import BARRIER_WORDS, SPIN_LIMIT
+from tvm_ext.target import TargetInfo
+
+from .flag_step import FLAG_UNITS, MAX_ROWS
+from .step_common import MAX_REGISTERS, cell_math, stored_as
+from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason
+
+# Registers a thread needs besides its W share, sums and peers (addresses, the cell, the loop):
+# fewer than the other step kernels' budget, which polls or stages h in registers
+CLUSTER_OTHER_REGISTERS = 20
+
+
+@dataclass(frozen=True)
+class ClusterStepShape:
+    """The sizes a cluster step config implies for one GRU shape: ``units`` hidden units a
+    block, the blocks of a direction one cluster."""
+
+    batch: int
+    hidden: int
+    dirs: int
+    units: int
+    w_dtype: str
+
+    @property
+    def k_per_lane(self) -> int:
+        return -(-self.hidden // WARP)
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.units
+
+    @property
+    def cluster(self) -> int:
+        """Blocks of a direction, which form its cluster."""
+        return -(-self.hidden // self.units)
+
+    @property
+    def blocks(self) -> int:
+        return self.cluster * self.dirs
+
+    def registers(self) -> int:
+        """32-bit registers a thread needs: its W share, the accumulators (3 gates x rows), the
+        peers' addresses and the rest."""
+        w = 3 * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
+        return w + 3 * self.batch + -(-self.cluster // (WARP // self.batch)) + CLUSTER_OTHER_REGISTERS
+
+    def shared_bytes(self) -> int:
+        """h twice (the slot read and the slot written), float32, rows padded to 32 k."""
+        return 2 * self.batch * self.k_per_lane * WARP * 4
+
+
+def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
+                      w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
+                      name: str = "gru_steps") -> Any:
+    """The cluster step kernel of one layer as a lowered PrimFunc (gi, hs, w, bias, layer, out,
+    h_n): it reads h0 from slot 0 of the state ``hs`` that ``gru_init`` wrote."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype)
+    G, KP, U, cluster = 3 * hidden, shape.k_per_lane, units, shape.cluster
+    HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
+    slot_words = batch * HP
+    threads = shape.threads
+    full = tirx.const(0xFFFFFFFF, "uint32")
+
+    def cell(sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
+        """h' of the lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
+        gh = [stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
+
+    lanes_per_row = WARP // batch  # lanes running the cell of one row, each storing h' into some of the peers
+    storing_lanes = lanes_per_row * batch
+    peers = -(-cluster // lanes_per_row)  # blocks each storing lane writes to
+
+    @T.macro
+    def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
+        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
+        for g in T.unroll(3):
+            gi_reg[g] = T.if_then_else(tx < storing_lanes and j < hidden,
+                                       gi[T.min(t_row * batch + tx % batch, steps * batch - 1),
+                                          T.min(bz * G + g * hidden + j, dirs * G - 1)],
+                                       T.cast(0, gi_dtype))
+
+    tx_bytes = batch * hidden * 4  # what each block receives a step: all of h', float32
+
+    @T.macro
+    def wait_for_step(mbar, done, polls, bar, s):  # type: ignore[no-untyped-def]
+        """Until h_s has landed in this block's slot s % 2 (its barrier's phase (s-1) // 2 done),
+        or ``SPIN_LIMIT`` polls: then the timed-out flag is raised and the kernel runs on."""
+        done[0] = T.uint32(0)
+        while done[0] == T.uint32(0):
+            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
+                done[0], T.cuda.cvta_generic_to_shared(mbar.ptr_to([s % 2])), T.Cast("uint32", T.bitwise_and(T.shift_right(s - 1, 1), 1)))
+            polls[0] = polls[0] + 1
+            if polls[0] >= SPIN_LIMIT:
+                done[0] = T.uint32(1)
+
+    @T.prim_func(private=True)
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), h_dtype),
+               w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype), layer: T.int32,
+               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+               h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        bx = T.launch_thread("blockIdx.x", cluster)
+        T.launch_thread("clusterCtaIdx.x", cluster)
+        bz = T.launch_thread("blockIdx.y", dirs)
+        tx = T.launch_thread("threadIdx.x", WARP)
+        ty = T.launch_thread("threadIdx.y", U)
+        h_s = T.alloc_buffer((2 * slot_words,), "float32", scope="shared")
+        mbar = T.alloc_buffer((2,), "uint64", scope="shared")  # slot i's arrivals (bytes of h)
+        w_r = T.alloc_buffer((3 * KP,), w_dtype, scope="local")
+        acc = T.alloc_buffer((3 * batch,), acc_dtype, scope="local")
+        sums = T.alloc_buffer((3,), acc_dtype, scope="local")
+        gi_reg = T.alloc_buffer((3,), gi_dtype, scope="local")
+        b_h = T.alloc_buffer((3,), "float32", scope="local")
+        peer = T.alloc_buffer((peers,), "uint32", scope="local")
+        peer_bar = T.alloc_buffer((peers,), "uint32", scope="local")
+        h_new = T.alloc_buffer((1,), "float32", scope="local")
+        done = T.alloc_buffer((1,), "uint32", scope="local")
+        polls = T.alloc_buffer((1,), "int32", scope="local")
+        tid = T.meta_var(ty * WARP + tx)
+        j = T.meta_var(bx * U + ty)
+        if tid == 0:
+            for i in T.unroll(2):
+                T.ptx["mbarrier.init.shared::cta.b64"](T.cuda.cvta_generic_to_shared(mbar.ptr_to([i])), T.uint32(1))
+            T.ptx["fence.mbarrier_init.release.cluster"]()
+        # the lane's W_hh share, once for all steps: w_r[g * KP + i] = W[k = tx + 32 i, g * H + j]
+        for g in T.unroll(3):
+            for i in T.unroll(KP):
+                k = T.meta_var(tx + i * WARP)
+                w_r[g * KP + i] = T.if_then_else(k < hidden and j < hidden,
+                                                 w[bz, T.min(k, hidden - 1), g * hidden + T.min(j, hidden - 1)],
+                                                 T.cast(0, w_dtype))
+        for it in T.unroll(-(-2 * slot_words // threads)):  # h0 into slot 0; k past the hidden size stays zero
+            f = T.meta_var(it * threads + tid)
+            if f < 2 * slot_words:
+                h_s[f] = T.if_then_else(f < slot_words and f % HP < hidden,
+                                        T.cast(hs[0, bz, T.min(f // HP, batch - 1), T.min(f % HP, hidden - 1)],
+                                               "float32"), T.float32(0))
+        for g in T.unroll(3):
+            b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
+                                    T.float32(0))
+        for r in T.unroll(peers):  # the blocks this lane stores into: r x lanes_per_row + l // batch
+            rank = T.meta_var(T.Cast("uint32", T.min(r * lanes_per_row + tx // batch, cluster - 1)))
+            T.ptx["mapa.shared::cluster.u32"](peer[r], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])), rank)
+            T.ptx["mapa.shared::cluster.u32"](peer_bar[r], T.cuda.cvta_generic_to_shared(mbar.ptr_to([0])), rank)
+        load_gi(gi, gi_reg, 0, bz, j, tx)
+        polls[0] = 0
+        T.ptx["barrier.cluster.arrive.release.aligned"]()
+        T.ptx["barrier.cluster.wait.acquire.aligned"]()  # every block runs, its barriers set, before any store
+        for s in T.serial(steps):
+            if s > 0:
+                wait_for_step(mbar, done, polls, bar, s)
+            if tid == 0 and s + 1 < steps:  # slot (s+1) % 2 expects h_{s+1}: its last phase ended at step s-1
+                T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                    T.cuda.cvta_generic_to_shared(mbar.ptr_to([(s + 1) % 2])), T.uint32(tx_bytes))
+            read = T.meta_var((s % 2) * slot_words)
+            for b in T.unroll(batch):
+                for g in T.unroll(3):
+                    acc[g * batch + b] = T.cast(0, acc_dtype)
+                for i in T.unroll(KP):
+                    for g in T.unroll(3):
+                        acc[g * batch + b] = acc[g * batch + b] + T.cast(w_r[g * KP + i], acc_dtype) * T.cast(
+                            h_s[read + b * HP + tx + i * WARP], acc_dtype)
+            for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
+                for v in T.unroll(3 * batch):
+                    acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
+                                                    T.shift_right(16, r), WARP)
+            for g in T.unroll(3):  # lane l's row l % batch, selected (every lane runs one cell)
+                sums[g] = acc[g * batch]
+                for b in T.unroll(1, batch):
+                    sums[g] = T.if_then_else(tx % batch == b, acc[g * batch + b], sums[g])
+            if tx < storing_lanes and j < hidden:
+                row = T.meta_var(tx % batch)
+                h_new[0] = T.cast(stored_as(cell(sums, b_h, gi_reg, h_s[read + row * HP + j]), h_dtype), "float32")
+                if s + 1 < steps:  # lane l stores into peers l // batch, + lanes_per_row, ...
+                    for r in T.unroll(peers):
+                        if r * lanes_per_row + tx // batch < cluster:
+                            T.ptx["st_async.shared::cluster.mbarrier::complete_tx::bytes.f32"](
+                                peer[r] + T.Cast("uint32", ((1 - s % 2) * slot_words + row * HP + j) * 4), h_new[0],
+                                peer_bar[r] + T.Cast("uint32", (1 - s % 2) * 8))
+            if tx < batch and j < hidden:
+                t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
+                out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new[0], out_dtype)
+                if s == steps - 1:
+                    h_n[layer * dirs + bz, tx, j] = T.cast(h_new[0], h_dtype)
+            if s + 1 < steps:
+                load_gi(gi, gi_reg, s + 1, bz, j, tx)
+        if polls[0] >= SPIN_LIMIT:
+            bar[1] = 1
+        T.ptx["barrier.cluster.arrive.release.aligned"]()
+        T.ptx["barrier.cluster.wait.acquire.aligned"]()  # no block leaves while a peer's store into it is in flight
+
+    return kernel.with_attr("global_symbol", name)
+
+
+@dataclass(frozen=True)
+class ClusterStep(StepVariant):
+    """The cluster step kernel (``step_flags`` 2, ``step_tc`` 0): ``step_flag_units`` units a
+    block, a warp each; a direction's blocks one thread-block cluster exchanging h through
+    distributed shared memory."""
+
+    units: int
+    loop: int
+    step_j: int  # not this kernel's, but checked against the block limit as for every fused kernel
+
+    unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
+
+    @classmethod
+    def of(cls, sizes: StepSizes, c: Config) -> "ClusterStep":
+        return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j)
+
+    @property
+    def shape(self) -> ClusterStepShape:
+        s = self.sizes
+        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype)
+
+    def reason(self, target: TargetInfo) -> str | None:
+        """Why it cannot run here: CUDA's persistent kernel on a GPU with clusters, its tile,
+        and a cluster the GPU can launch."""
+        return (fused_threads_reason(self.step_j, target) or self._persistent_reason(target)
+                or self._tile_reason() or self._device_reason(target))
+
+    def _persistent_reason(self, target: TargetInfo) -> str | None:
+        if target.kind != "cuda" or self.loop != 2:
+            return "cluster step kernel (step_flags 2) is CUDA's persistent kernel only (step_loop 2, step_tc 0)"
+        if not supports_clusters(target):
+            return f"cluster step kernel (step_flags 2) needs thread-block clusters (sm_90+), not {target.arch}"
+        return None
+
+    def _tile_reason(self) -> str | None:
+        shape = self.shape
+        if shape.units not in FLAG_UNITS:
+            return f"cluster step kernel: {shape.units} units per block; allowed: {FLAG_UNITS}"
+        if shape.batch > MAX_ROWS:
+            return f"cluster step kernel: batch {shape.batch} > {MAX_ROWS} (one lane per row runs the cell)"
+        if shape.cluster > CLUSTER_MAX:
+            return (f"cluster step kernel: hidden {shape.hidden} over {shape.units} units a block is a cluster of "
+                    f"{shape.cluster} blocks > {CLUSTER_MAX} (the largest cluster)")
+        if shape.registers() > MAX_REGISTERS:
+            return (f"cluster step kernel: needs about {shape.registers()} registers per thread (W share "
+                    f"3 x {shape.k_per_lane}, {3 * shape.batch} sums) > {MAX_REGISTERS}")
+        return None
+
+    def _device_reason(self, target: TargetInfo) -> str | None:
+        shape = self.shape
+        if shape.threads > target.max_threads_per_block:
+            return f"cluster step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
+        if shape.shared_bytes() > target.max_shared_memory_per_block:  # h_s is static shared memory
+            return (f"cluster step kernel: h twice in shared memory needs {shape.shared_bytes()} B > "
+                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
+        hw = HardwareModel.from_target(target)
+        if hw.registers_per_sm and shape.threads * shape.registers() > hw.registers_per_sm:
+            return (f"cluster step kernel: a block of {shape.threads} threads needs about {shape.registers()} "
+                    f"registers a thread (W share 3 x {shape.k_per_lane}, {3 * shape.batch} sums); an SM has "
+                    f"{hw.registers_per_sm // shape.threads} a thread for it")
+        return None
+
+    def init_layout(self) -> dict[str, bool]:
+        return {"pingpong": True, "barrier": True}
+
+    def barrier_words(self) -> tuple[str, ...]:
+        return ("bar",)
+
+    def lowered_kernels(self) -> dict[str, Any]:
+        s = self.sizes
+        return {"gru_steps": cluster_step_func(
+            s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units, h_dtype=s.h_dtype, w_dtype=s.w_dtype,
+            gi_dtype=s.gi_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
+            out_dtype=s.out_dtype)}

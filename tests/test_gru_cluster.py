@@ -1,0 +1,157 @@
+"""The GRU's cluster step kernel (``step_flags`` 2): the generated CUDA (cluster launch,
+distributed shared memory stores, a cluster barrier a step, no polling), nvcc here, the space's
+refusals with their reasons, and ``-m gpu`` runs against float64 (odd sizes, both directions,
+several layers, float16, repeated calls on NaN-poisoned outputs)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from test_gru import Shape, _inputs, _weights
+from test_gru_flags import HALF, _kernel, _template
+
+from tvm_ext.precision import relative_error
+from tvm_ext.schedules.gru import GRU, gru_reference
+from tvm_ext.target import offline_cuda
+
+CLUSTER = dict(fuse_step=1, step_loop=2, step_flags=2)
+
+
+def _compiled(template, units):
+    target = offline_cuda("sm_90")
+    cfg = template.default_config(target).replace(**CLUSTER, step_flag_units=units)
+    assert template.space(target).is_feasible(cfg), template.space(target).infeasible_reason(cfg)
+    return template.compile(cfg, target)
+
+
+def test_generated_cuda_exchanges_h_through_the_clusters_shared_memory():
+    """h' goes to every block of the cluster through ``st.async`` stores that count their bytes
+    on the receiver's barrier of that slot, the lanes of a row sharing the peers (B1 H256, 8
+    blocks of 32 units: lane l stores into block l; B8 H64, 8 blocks of 8 units: 4 lanes a row,
+    2 peers each); a step waits on its slot's barrier (a bounded poll), one thread arms the next
+    slot's for batch x hidden x 4 bytes, no cluster-wide barrier runs inside the step loop,
+    nothing is polled or counted in global memory, and W_hh is read before the loop only."""
+    for batch, hidden, stores in ((1, 256, 1), (8, 64, 2)):
+        body = _kernel(_compiled(_template(batch, hidden), 8 if batch == 8 else 32).source)
+        loop = body.index("for (int s = 0; s < 5; ++s)")
+        assert body[loop:].count("tvm_builtin_ptx_st_async_shared__cluster_mbarrier__complete_tx__bytes_f32(") == stores
+        assert body[:loop].count("tvm_builtin_ptx_mapa_u32_shared__cluster_u32(") == 2 * stores  # h and barriers
+        assert f"(uint){batch * hidden * 4});" in body[loop:]  # the bytes a slot expects
+    compiled = _compiled(_template(1, 256), 32)
+    body = _kernel(compiled.source)
+    loop, end = body.index("for (int s = 0; s < 5; ++s)"), body.rindex("tvm_builtin_ptx_barrier_cluster_arrive")
+    assert body[:loop].count("tvm_builtin_ptx_mbarrier_init_init_shared__cta_b64(") == 2
+    assert body[loop:end].count("tvm_builtin_ptx_mbarrier_try_wait_parity_no_hint") == 1
+    assert body[loop:end].count("tvm_builtin_ptx_mbarrier_arrive_expect_tx") == 1
+    assert "barrier_cluster" not in body[loop:end] and "__syncthreads" not in body[loop:end]
+    assert "__nv_atomic" not in body and "atomicAdd" not in body
+    assert re.search(r"\bw_ptr\[", body[:loop]) and not re.search(r"\bw_ptr\[", body[loop:])
+    calls = [(c.func, c.args) for c in compiled.calls]
+    assert ("gru_init", ("h0", 0, "hs", "bar")) in calls  # h0 into the state; the timed-out flag reset
+    assert ("gru_steps", ("gi", "hs", "w_hh0", "b_hh0", 0, "out", "h_n", "bar")) in calls
+
+
+def test_the_cluster_is_launched_with_the_blocks_of_a_direction():
+    """The kernel's launch tags carry the cluster size (``clusterCtaIdx.x``: TVM's runtime then
+    launches with ``cuLaunchKernelEx`` and the cluster dimension), one cluster per direction."""
+    compiled = _compiled(_template(3, 33, bidirectional=True), 8)  # 5 blocks of 8 units a direction
+    script = compiled.modules["gru_steps"].script()
+    assert 'T.launch_thread("clusterCtaIdx.x", 5)' in script
+    assert 'T.launch_thread("blockIdx.x", 5)' in script and 'T.launch_thread("blockIdx.y", 2)' in script
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("batch, hidden, units, bidirectional", [(1, 256, 16, False), (5, 200, 16, False),
+                                                                  (3, 33, 8, True), (8, 64, 8, False)])
+def test_nvcc_compiles_the_kernel_for_sm_90_without_spills(tmp_path, batch, hidden, units, bidirectional):
+    compiled = _compiled(_template(batch, hidden, bidirectional=bidirectional), units)
+    source = tmp_path / "gru.cu"
+    source.write_text(compiled.source)
+    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "gru.cubin"),
+                           str(source)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    steps = done.stderr[done.stderr.index("'gru_steps_kernel'"):]
+    assert " 0 bytes spill stores" in steps.split("ptxas info    : Compiling")[0]
+
+
+@pytest.mark.parametrize("template, knobs, reason", [
+    (_template(1, 1024), dict(step_flag_units=32), "cluster of 32 blocks > 16"),
+    (_template(1, 512), dict(step_flag_units=16), "cluster of 32 blocks > 16"),
+    (_template(33, 64), dict(step_flag_units=8), "batch 33 > 32"),
+    (_template(16, 256), dict(step_flag_units=32), "registers a thread"),  # 1024 threads: 64 registers each
+    (_template(2, 64), dict(step_flag_units=8, step_loop=1), "persistent kernel only"),
+    (_template(2, 64), dict(step_flag_units=12), "allowed: (4, 8, 16, 32)"),
+])
+def test_space_refuses_with_the_reason(template, knobs, reason):
+    target = offline_cuda("sm_90")
+    cfg = template.default_config(target).replace(**{**CLUSTER, **knobs})
+    why = template.space(target).infeasible_reason(cfg)
+    assert why is not None and reason in why, why
+
+
+def test_gpus_without_clusters_and_the_tensor_core_kernel_refuse_it():
+    from tvm_ext.target import resolve_target
+
+    t = _template(2, 64)
+    ampere = offline_cuda("sm_80")
+    cfg = t.default_config(ampere).replace(**CLUSTER, step_flag_units=8)
+    assert "needs thread-block clusters (sm_90+), not sm_80" in t.space(ampere).infeasible_reason(cfg)
+    opencl = resolve_target("opencl")
+    assert "CUDA" in t.space(opencl).infeasible_reason(t.default_config(opencl).replace(**CLUSTER))
+    half = t.with_precision(HALF)
+    hopper = offline_cuda("sm_90")
+    tc = half.default_config(hopper).replace(**CLUSTER, step_tc=1, step_j=16)
+    assert "not in a cluster" in half.space(hopper).infeasible_reason(tc)
+
+
+def test_other_step_knobs_do_not_change_it_and_are_not_shown():
+    t = _template(1, 256)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**CLUSTER, step_flag_units=32)
+    other = cfg.replace(step_j=64, step_b=4, step_ks=16, step_barrier=0)
+    assert t.space(target).is_feasible(other)
+    assert _kernel(t.compile(cfg, target).source) == _kernel(t.compile(other, target).source)
+    shown = t.shown_knobs(cfg)
+    assert "step_flags" in shown and "step_flag_units" in shown and "step_j" not in shown
+
+
+GPU_CASES = {
+    "b1-h256": (Shape(seq=9, batch=1, input=256, hidden=256), 32),
+    "b1-h256-u16-t128": (Shape(seq=128, batch=1, input=256, hidden=256), 16),
+    "b8-h256-u16": (Shape(seq=9, batch=8, input=256, hidden=256), 16),
+    "b5-h200": (Shape(seq=9, batch=5, input=40, hidden=200), 16),
+    "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True), 8),
+    "b2-h100-bi-batch-first": (Shape(seq=6, batch=2, input=24, hidden=100, bidirectional=True, batch_first=True), 16),
+    "b8-h64": (Shape(seq=5, batch=8, input=64, hidden=64), 8),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(GPU_CASES))
+def test_cuda_cluster_step_matches_float64(key):
+    """Against float64 on reruns with the same input (a value read before its block wrote it
+    would move the error) and on a second input (nothing of the first call is read)."""
+    s, units = GPU_CASES[key]
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq, batch_first=s.batch_first,
+                    config={**CLUSTER, "step_flag_units": units}).load_numpy(_weights(s))
+    assert gru.config.step_flags == 2
+    for seed in (1, 2):
+        x, h0 = _inputs(s, seed)
+        ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional, s.batch_first)
+        errors = [relative_error(list(gru(x, h0)), ref) for _ in range(3)]
+        assert max(errors) < 1e-5, errors
+        assert np.ptp(errors) < 1e-9
+
+
+@pytest.mark.gpu
+def test_cuda_cluster_step_in_float16():
+    s = Shape(seq=9, batch=2, input=128, hidden=128)
+    gru = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, precision=HALF,
+                    config={**CLUSTER, "step_flag_units": 16}).load_numpy(_weights(s))
+    x, h0 = _inputs(s)
+    ref = gru_reference(x, _weights(s), h0, 1, False)
+    assert relative_error(list(gru(x, h0)), ref) < 5e-3
