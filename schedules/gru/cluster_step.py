@@ -117,8 +117,9 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         or ``SPIN_LIMIT`` polls: then the timed-out flag is raised and the kernel runs on."""
         done[0] = T.uint32(0)
         while done[0] == T.uint32(0):
+            parity = T.meta_var(T.Cast("uint32", T.bitwise_and(T.shift_right(s - 1, 1), 1)))
             T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
-                done[0], T.cuda.cvta_generic_to_shared(mbar.ptr_to([s % 2])), T.Cast("uint32", T.bitwise_and(T.shift_right(s - 1, 1), 1)))
+                done[0], T.cuda.cvta_generic_to_shared(mbar.ptr_to([s % 2])), parity)
             polls[0] = polls[0] + 1
             if polls[0] >= SPIN_LIMIT:
                 done[0] = T.uint32(1)
