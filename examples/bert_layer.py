@@ -167,54 +167,13 @@ def _transformers_module(s: dict[str, int], dtype: str, size: str) -> Any:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
+    from tvm_ext.torch_import import MATMULS_IN_OPERAND_TYPE
+
     model = torch_model(size, dtype)
     x = torch.zeros((s["batch"], s["seq"], s["hidden"]), dtype=getattr(torch, dtype))
     with torch.no_grad():
         exported = torch.export.export(model, (x,))
-    return from_exported_program(exported, unwrap_unit_return_tuple=True, custom_convert_map=_MATMULS_IN_OPERAND_TYPE)
-
-
-def _matmul_in_operand_type(node: Any, importer: Any) -> Any:
-    """``mm`` / ``bmm`` / ``matmul`` with the result in the operands' type.  TVM 0.27's torch
-    frontend gives them a float32 result whatever the operands, so a float16 model would run
-    everything after each matmul in float32 (and its ``addmm`` fails adding the float16 bias);
-    ``tvm_ext``'s model rewrite then makes a float16 matmul accumulate in float32, as torch does."""
-    from tvm import relax
-
-    a, b = importer.retrieve_args(node)[:2]
-    return importer.block_builder.emit(relax.op.matmul(a, b))
-
-
-def _linear_in_operand_type(node: Any, importer: Any) -> Any:
-    """``linear`` (x·Wᵀ + b) with the result in the operands' type (see ``_matmul_in_operand_type``)."""
-    from tvm import relax
-
-    args = importer.retrieve_args(node)
-    bias = args[2] if len(args) > 2 else None
-    return importer.block_builder.emit(relax.op.linear(args[0], args[1], bias))
-
-
-def _addmm_in_operand_type(node: Any, importer: Any) -> Any:
-    """``addmm`` (beta·bias + alpha·a·b: a ``Linear`` on 2-D input after torch's decomposition)
-    with the result in the operands' type (see ``_matmul_in_operand_type``)."""
-    from tvm import relax
-
-    bias, a, b = importer.retrieve_args(node)[:3]
-    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
-    emit = importer.block_builder.emit
-    product = emit(relax.op.matmul(a, b))
-    if alpha != 1:
-        product = emit(relax.op.multiply(product, relax.const(alpha, str(product.ty.dtype))))
-    if beta == 0:
-        return product
-    if beta != 1:
-        bias = emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
-    return emit(relax.op.add(product, bias))
-
-
-_MATMULS_IN_OPERAND_TYPE = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
-                            "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
-                            "matmul.default": _matmul_in_operand_type}
+    return from_exported_program(exported, unwrap_unit_return_tuple=True, custom_convert_map=MATMULS_IN_OPERAND_TYPE)
 
 
 # ---- the model file interface ---------------------------------------------------------------------

@@ -337,40 +337,6 @@ def test_float16_models_compile_for_cuda_with_tensor_cores_offline(bert, gru_mod
     assert program(name).template == call.template and tvm.get_global_func(name) is not None
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_the_torch_import_keeps_matmuls_in_their_operands_type(bert, dtype):
-    """TVM 0.27's torch frontend gives mm/bmm/addmm a float32 result whatever the operands (a
-    float16 BERT failed adding the float16 bias); the example's converters keep the operands'
-    type, and compute the same numbers (run here on the CPU)."""
-    import types
-
-    import tvm
-    from tvm import relax
-
-    rng = np.random.default_rng(0)
-    values = {"bias": rng.standard_normal(3), "a": rng.standard_normal((4, 8)), "b": rng.standard_normal((8, 3)),
-              "p": rng.standard_normal((2, 4, 8)), "q": rng.standard_normal((2, 8, 3))}
-    params = {k: relax.Var(k, relax.TensorType(v.shape, dtype)) for k, v in values.items()}
-    bb = relax.BlockBuilder()
-    with bb.function("main", list(params.values())):
-        with bb.dataflow():
-            importer = types.SimpleNamespace(env=params, block_builder=bb,
-                                             retrieve_args=lambda node: [params[a] for a in node.args])
-            addmm = bert._addmm_in_operand_type(types.SimpleNamespace(args=("bias", "a", "b"),
-                                                                      kwargs={"alpha": 2.0, "beta": 0.5}), importer)
-            bmm = bert._matmul_in_operand_type(types.SimpleNamespace(args=("p", "q"), kwargs={}), importer)
-            assert str(addmm.ty.dtype) == str(bmm.ty.dtype) == dtype
-            out = bb.emit_output(relax.Tuple([addmm, bmm]))
-        bb.emit_func_output(out)
-    exe = tvm.compile(bb.get(), target="llvm")
-    vm = relax.VirtualMachine(exe, tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(v.astype(dtype)) for v in values.values()])
-    v = {k: x.astype(dtype).astype(np.float64) for k, x in values.items()}
-    tol = 1e-2 if dtype == "float16" else 1e-5
-    np.testing.assert_allclose(got[0].numpy(), 0.5 * v["bias"] + 2.0 * v["a"] @ v["b"], rtol=tol, atol=tol)
-    np.testing.assert_allclose(got[1].numpy(), v["p"] @ v["q"], rtol=tol, atol=tol)
-
-
 def test_benchmark_joins_a_meta_schedule_seed_tuned_in_parts(monkeypatch):
     """``benchmarks/models.py --ms-database A+B``: the parts' records in one database, their
     tuning times added, and tasks whose every candidate failed counted (they get dlight's

@@ -93,3 +93,75 @@ def test_tune_model_takes_a_pt2_file(tmp_path):
     bad.write_text("not a program")
     p = subprocess.run(cmd[:4] + [str(bad)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().startswith("error:") and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_torch_import_keeps_matmuls_in_their_operands_type(dtype):
+    """TVM 0.27's torch frontend gives mm/bmm/addmm a float32 result whatever the operands (a
+    float16 BERT failed adding the float16 bias); the importer's converters keep the operands'
+    type, and compute the same numbers (run here on the CPU)."""
+    import types
+
+    import tvm
+    from tvm import relax
+
+    from tvm_ext import torch_import
+
+    rng = np.random.default_rng(0)
+    values = {"bias": rng.standard_normal(3), "a": rng.standard_normal((4, 8)), "b": rng.standard_normal((8, 3)),
+              "p": rng.standard_normal((2, 4, 8)), "q": rng.standard_normal((2, 8, 3))}
+    params = {k: relax.Var(k, relax.TensorType(v.shape, dtype)) for k, v in values.items()}
+    bb = relax.BlockBuilder()
+    with bb.function("main", list(params.values())):
+        with bb.dataflow():
+            importer = types.SimpleNamespace(env=params, block_builder=bb,
+                                             retrieve_args=lambda node: [params[a] for a in node.args])
+            addmm = torch_import._addmm_in_operand_type(types.SimpleNamespace(args=("bias", "a", "b"),
+                                                                      kwargs={"alpha": 2.0, "beta": 0.5}), importer)
+            bmm = torch_import._matmul_in_operand_type(types.SimpleNamespace(args=("p", "q"), kwargs={}), importer)
+            assert str(addmm.ty.dtype) == str(bmm.ty.dtype) == dtype
+            out = bb.emit_output(relax.Tuple([addmm, bmm]))
+        bb.emit_func_output(out)
+    exe = tvm.compile(bb.get(), target="llvm")
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(v.astype(dtype)) for v in values.values()])
+    v = {k: x.astype(dtype).astype(np.float64) for k, x in values.items()}
+    tol = 1e-2 if dtype == "float16" else 1e-5
+    np.testing.assert_allclose(got[0].numpy(), 0.5 * v["bias"] + 2.0 * v["a"] @ v["b"], rtol=tol, atol=tol)
+    np.testing.assert_allclose(got[1].numpy(), v["p"] @ v["q"], rtol=tol, atol=tol)
+
+
+def test_a_float16_program_with_linear_layers_stays_float16_and_runs(opencl):
+    """A ``Linear`` on 3-D input (``addmm``/``mm`` after torch's decomposition): in float16 the
+    frontend's own converters made float32 results and failed adding the float16 bias; the
+    import keeps every tensor float16 and it compiles for CUDA (PoCL has no float16); the same
+    model in float32 goes through the same converters and matches float64 on PoCL."""
+    import tvm
+
+    from tvm_ext.pipeline import compile_relax, load_model, model_pass_config
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import tvm_target
+
+    class TwoLinears(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 5), nn.Linear(5, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))).sum(dim=1)
+
+    torch.manual_seed(0)
+    half = TwoLinears().half().eval()
+    mod = import_exported_program(torch.export.export(half, (torch.randn(3, 7, 6).half(),)))
+    assert "float32" not in mod["main"].script() and "float16" in mod["main"].script()
+    cuda = offline_cuda()
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
+        tvm.compile(compile_relax(mod, cuda, None, log=None), target=tvm_target(cuda))
+    model = half.float()
+    program = torch.export.export(model, (torch.randn(3, 7, 6),))
+    (x,) = program_inputs(program, seed=1)
+    out = load_model(import_exported_program(program), opencl, None, function="main", log=None)(x)
+    out = np.asarray(out.numpy() if hasattr(out, "numpy") else out)
+    with torch.no_grad():
+        reference = model.double()(torch.from_numpy(x).double()).numpy()
+    assert relative_error([out], [reference]) < 1e-5

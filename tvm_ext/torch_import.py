@@ -4,8 +4,9 @@ TVM's torch frontend (``from_exported_program``) unrolls ``aten::gru`` step by s
 layer and refuses more layers.  Here it runs with one more converter: an ``aten.gru.input``
 node (every ``nn.GRU``: layers, bidirectional, ``batch_first``, h0, with or without bias)
 becomes tvm_ext's GRU placeholder (``relax_gru``), which ``tune model`` tunes as one task and
-lowers to the tuned plan.  The weights must be the program's parameters (constants at import);
-training-mode dropout is refused.
+lowers to the tuned plan, and the matmuls keep their operands' type (the frontend's own
+converters give float32 results, which breaks a float16 model's biases).  The weights must be
+the program's parameters (constants at import); training-mode dropout is refused.
 
 A ``.pt2`` file is read with ``torch.export.load``, which loads tensors without running code
 from the file (torch's weights-only loading).
@@ -97,6 +98,50 @@ def convert_gru(node: Any, importer: Any, program: Any) -> Any:
     return bb.emit(relax.Tuple([out, bb.emit(relax.TupleGetItem(call, 1))]))
 
 
+def _matmul_in_operand_type(node: Any, importer: Any) -> Any:
+    """``mm`` / ``bmm`` / ``matmul`` with the result in the operands' type.  TVM 0.27's torch
+    frontend gives them a float32 result whatever the operands, so a float16 model would run
+    everything after each matmul in float32 (and its ``addmm`` fails adding the float16 bias);
+    ``tvm_ext``'s model rewrite then makes a float16 matmul accumulate in float32, as torch does."""
+    from tvm import relax
+
+    a, b = importer.retrieve_args(node)[:2]
+    return importer.block_builder.emit(relax.op.matmul(a, b))
+
+
+def _linear_in_operand_type(node: Any, importer: Any) -> Any:
+    """``linear`` (x·Wᵀ + b) with the result in the operands' type (see ``_matmul_in_operand_type``)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    bias = args[2] if len(args) > 2 else None
+    return importer.block_builder.emit(relax.op.linear(args[0], args[1], bias))
+
+
+def _addmm_in_operand_type(node: Any, importer: Any) -> Any:
+    """``addmm`` (beta·bias + alpha·a·b: a ``Linear`` on 2-D input after torch's decomposition)
+    with the result in the operands' type (see ``_matmul_in_operand_type``)."""
+    from tvm import relax
+
+    bias, a, b = importer.retrieve_args(node)[:3]
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    emit = importer.block_builder.emit
+    product = emit(relax.op.matmul(a, b))
+    if alpha != 1:
+        product = emit(relax.op.multiply(product, relax.const(alpha, str(product.ty.dtype))))
+    if beta == 0:
+        return product
+    if beta != 1:
+        bias = emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
+    return emit(relax.op.add(product, bias))
+
+
+# The torch frontend's converters replaced on import: the matmuls' results in their operands' type
+MATMULS_IN_OPERAND_TYPE = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
+                           "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
+                           "matmul.default": _matmul_in_operand_type}
+
+
 def import_exported_program(program: Any) -> Any:
     """The Relax IRModule (function ``main``) of a ``torch.export.ExportedProgram``, its GRUs as
     tvm_ext's; an operator TVM's frontend has no converter for is one ``TvmExtError``."""
@@ -108,7 +153,8 @@ def import_exported_program(program: Any) -> Any:
     try:
         program = program.run_decompositions(table)
         converter = functools.partial(convert_gru, program=program)
-        return from_exported_program(program, custom_convert_map={GRU_OP: converter}, run_ep_decomposition=False)
+        return from_exported_program(program, custom_convert_map={**MATMULS_IN_OPERAND_TYPE, GRU_OP: converter},
+                                     run_ep_decomposition=False)
     except TvmExtError:
         raise
     except (AssertionError, NotImplementedError, KeyError, ValueError) as exc:  # the frontend's refusals

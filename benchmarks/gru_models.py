@@ -1,0 +1,321 @@
+"""GRU models as a PyTorch user has them, imported both ways tvm_ext takes them, against torch at its best.
+
+Two models, random weights, T=128, batch 1, 8 and 64, float32 and float16:
+
+- ``classifier``: Embedding(10000, 256) -> 2-layer bidirectional GRU, hidden 512 (batch_first)
+  -> Linear(1024, 10) on the last step;
+- ``speech``: Linear(80, 1024) -> 3-layer GRU, hidden 1024 (batch_first) -> Linear(1024, 29) at
+  every step.
+
+Per case, one process, the same rotated inputs, every output against the float64 model:
+
+- torch eager per call, back to back and replayed from a CUDA graph (``nn.GRU`` runs cuDNN);
+- ``torch.compile(mode="max-autotune")`` back to back (the mode records CUDA graphs itself;
+  ``nn.GRU`` breaks its graph), its compile time as its tuning time;
+- ours imported from a ``torch.export`` program (``.pt2``, ``tvm_ext.torch_import``) and from
+  an ONNX file (TorchScript exporter, ``tvm_ext.onnx_import``): ``tune_relax`` on the imported
+  module (``--trials`` per task; the two imports give the same tasks, so the second reuses the
+  first's database), compiled in the Relax VM and timed per call, back to back and replayed
+  from a CUDA graph (the best of the three).
+
+Targets: ours >= 2x ``torch.compile(mode="max-autotune")`` and >= 1.5x torch eager in a CUDA
+graph.  Rows go to ``OUT/gru_models_rows.jsonl`` as they are made.
+
+    source .tvm-device/boot.sh && python benchmarks/gru_models.py --out $OUT --cases speech:float32:8
+    python benchmarks/gru_models.py --dry-run   # no GPU: export, import both ways, match, compile for CUDA
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from models import Row, RowLog, _last_line, time_tvm  # noqa: E402
+
+SEQ = 128
+MODELS = ("classifier", "speech")
+BATCHES = (1, 8, 64)
+DTYPES = ("float32", "float16")
+IMPORTS = ("pt2", "onnx")
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    dtype: str
+    batch: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.dtype} B{self.batch} T{SEQ}"
+
+
+def torch_model(name: str) -> Any:
+    """The model with its weights drawn from a fixed seed (float32, CPU, eval mode)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Classifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10000, 256)
+            self.gru = nn.GRU(256, 512, num_layers=2, bidirectional=True, batch_first=True)
+            self.head = nn.Linear(1024, 10)
+
+        def forward(self, tokens: Any) -> Any:
+            out, _ = self.gru(self.embed(tokens))
+            return self.head(out[:, -1])
+
+    class Speech(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.front = nn.Linear(80, 1024)
+            self.gru = nn.GRU(1024, 1024, num_layers=3, batch_first=True)
+            self.head = nn.Linear(1024, 29)
+
+        def forward(self, features: Any) -> Any:
+            out, _ = self.gru(self.front(features))
+            return self.head(out)
+
+    return (Classifier() if name == "classifier" else Speech()).eval()
+
+
+def case_inputs(case: Case) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    if case.model == "classifier":
+        return rng.integers(0, 10000, (case.batch, SEQ)).astype(np.int64)
+    return rng.uniform(-1, 1, (case.batch, SEQ, 80)).astype(case.dtype)
+
+
+def reference(case: Case, x: np.ndarray) -> np.ndarray:
+    """The model in float64 on the CPU (its float32 weights widened, so both sides' errors are
+    against the same exact answer)."""
+    import torch
+
+    with torch.no_grad():
+        model = torch_model(case.model).double()
+        arg = torch.from_numpy(x if x.dtype == np.int64 else x.astype(np.float64))
+        return model(arg).numpy()
+
+
+def export(case: Case, x: np.ndarray, work: str) -> dict[str, str]:
+    """The model at ``case.dtype`` written as a ``.pt2`` program and an ONNX file (on the CPU);
+    a way that fails is left out with its reason printed."""
+    import torch
+
+    model = torch_model(case.model).to(getattr(torch, case.dtype))
+    arg = torch.from_numpy(x)
+    os.makedirs(work, exist_ok=True)
+    files = {}
+    try:
+        files["pt2"] = os.path.join(work, "model.pt2")
+        torch.export.save(torch.export.export(model, (arg,)), files["pt2"])
+    except Exception as exc:
+        print(f"  export .pt2 failed: {_last_line(exc)}", flush=True)
+        files.pop("pt2", None)
+    try:
+        files["onnx"] = os.path.join(work, "model.onnx")
+        torch.onnx.export(model, (arg,), files["onnx"], dynamo=False, opset_version=17)
+    except Exception as exc:
+        print(f"  export ONNX failed: {_last_line(exc)}", flush=True)
+        files.pop("onnx", None)
+    return files
+
+
+def imported(way: str, path: str) -> Any:
+    """The Relax module of an exported file, as ``tune model FILE`` imports it."""
+    from tvm_ext.model_cli import load_model_file
+
+    return load_model_file(path).get_module()
+
+
+def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any]) -> list[Row]:
+    import torch
+
+    model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
+    rows = []
+    with torch.no_grad():
+        err = rel_error_vs(model(sets[0]), ref)
+        times = time_vendor(lambda i: model(sets[i]), len(sets))
+        names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
+        for method, t in vendor_methods(times):
+            label = names.get(method, f"torch {method}")
+            rows.append(Row(case.label, label, t.seconds * 1e3 if t else None, err if t else None,
+                            note="" if t else f"{label} failed"))
+    return rows
+
+
+def compile_row(case: Case, ref: np.ndarray, sets: list[Any]) -> Row:
+    import torch
+
+    model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
+    try:
+        with torch.no_grad():
+            start = time.time()
+            compiled = torch.compile(model, mode="max-autotune")
+            out = compiled(sets[0])
+            torch.cuda.synchronize()
+            compile_s = time.time() - start
+            times = time_vendor(lambda i: compiled(sets[i]), len(sets), graph=False)
+        return Row(case.label, "torch.compile max-autotune", times.back_to_back.seconds * 1e3,
+                   rel_error_vs(out, ref), compile_s, note="back to back (its own CUDA graphs); tuning s = compile")
+    except Exception as exc:
+        return Row(case.label, "torch.compile max-autotune", note=f"failed: {_last_line(exc)}")
+
+
+def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray, args: argparse.Namespace,
+              work: str) -> list[Row]:
+    """Each import tuned into one database (the second import's tasks are the first's) and timed."""
+    from tvm_ext.pipeline import load_model, tune_relax
+    from tvm_ext.session import SessionOptions
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda", 0)
+    options = SessionOptions(target="cuda", population=args.population, generations=1000, trials=args.trials,
+                             tourn_size=1 if args.population <= 4 else 2, workers=args.workers, seed=args.seed,
+                             build_timeout=300, run_timeout=120)
+    database, records = os.path.join(work, "database"), os.path.join(work, "records.jsonl")
+    rows = []
+    for way in IMPORTS:
+        label = f"tvm_ext from {'.pt2' if way == 'pt2' else 'ONNX'}"
+        if way not in files:
+            rows.append(Row(case.label, label, note="export failed"))
+            continue
+        try:
+            mod = imported(way, files[way])
+            start = time.time()
+            result = tune_relax(mod, target, records, database, options, log=lambda m: print(f"  {m}", flush=True))
+            wall = time.time() - start
+            tuned = [t for t in result.tasks if t.template]
+            trials = f"{sum(t.trials for t in tuned)} ({len(tuned)} tasks)"
+            compiled = load_model(mod, target, database, log=None)
+            secs, err, how = time_tvm(compiled, [x], ref)
+            rows.append(Row(case.label, label, secs * 1e3, err, wall, trials, how))
+        except Exception as exc:  # a variant that fails is a row, not the end of the run
+            rows.append(Row(case.label, label, note=f"failed: {_last_line(exc)}"))
+    return rows
+
+
+def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
+    import torch
+
+    from common import l2_rotation
+
+    print(f"== {case.label}", flush=True)
+    x = case_inputs(case)
+    ref = reference(case, x)
+    work = os.path.join(args.out, f"{case.model}_{case.dtype}_b{case.batch}")
+    files = export(case, x, work)
+    log.add(*ours_rows(case, files, x, ref, args, work))
+    rng = np.random.default_rng(2)
+    count = l2_rotation(x.nbytes + ref.size * np.dtype(case.dtype).itemsize)
+    sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
+                                           for _ in range(count - 1)]
+    log.add(*torch_rows(case, x, ref, sets))
+    if not args.no_compile:
+        log.add(compile_row(case, ref, sets))
+
+
+def ratios(rows: list[Row]) -> list[list[str]]:
+    """Every row with ours against torch.compile (max-autotune) and against torch in a CUDA graph."""
+    out = []
+    for label in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == label]
+        best = {r.variant: r.ms for r in mine if r.ms}
+        for r in mine:
+            vs = lambda base, r=r: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
+            out.append([label, r.variant, f"{r.ms:.3f}" if r.ms else "-", vs(best.get("torch.compile max-autotune")),
+                        vs(best.get("torch CUDA graph")), f"{r.err:.1e}" if r.err is not None else "-",
+                        f"{r.tune_s:.0f}" if r.tune_s else "-", r.trials, r.note])
+    return out
+
+
+def dry_run(cases: list[Case]) -> None:
+    """No GPU: each case exported both ways, imported, its tasks matched for CUDA and compiled
+    for CUDA with default configs (source only); the torch model checked against float64 on the CPU."""
+    import tempfile
+
+    import tvm
+
+    from tvm_ext.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
+    from tvm_ext.relax_gru import find_grus
+    from tvm_ext.target import offline_cuda
+    from tvm_ext.tvm_export import tvm_target
+
+    target = offline_cuda()
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for case in cases:
+            x = case_inputs(case)
+            files = export(case, x, os.path.join(work, case.label.replace(" ", "_")))
+            for way, path in files.items():
+                start = time.time()
+                try:
+                    mod = imported(way, path)
+                    tasks = extract_tasks(legalize_and_fuse(mod), target)
+                    matched = [m.template.describe() for m in match_tasks(tasks, target) if m.matched]
+                    matched += [f"GRU {g.template.describe()}" for g in find_grus(mod, target)]
+                    scheduled = compile_relax(mod, target, None, log=None)
+                    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
+                        tvm.compile(scheduled, target=tvm_target(target))
+                    rows.append([case.label, way, len(tasks), "; ".join(matched) or "-", f"{time.time() - start:.0f}"])
+                except Exception as exc:
+                    rows.append([case.label, way, "-", f"failed: {_last_line(exc)}", f"{time.time() - start:.0f}"])
+    print(table("dry run (no GPU)", ["case", "import", "tasks", "matched", "s"], rows))
+
+
+def parse_cases(text: str) -> list[Case]:
+    """``model:dtype:batch`` items, comma-separated; a part left out means all of its values."""
+    if not text:
+        return [Case(m, d, b) for m in MODELS for d in DTYPES for b in BATCHES]
+    cases = []
+    for item in text.split(","):
+        model, dtype, batch = (item.split(":") + ["", "", ""])[:3]
+        for m in [model] if model else MODELS:
+            for d in [dtype] if dtype else DTYPES:
+                for b in [int(batch)] if batch else BATCHES:
+                    if m not in MODELS or d not in DTYPES:
+                        raise SystemExit(f"error: case {item!r}: models {MODELS}, dtypes {DTYPES}")
+                    cases.append(Case(m, d, b))
+    return cases
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--cases", default="", help="model:dtype:batch,... (a part left out: all), default all 12")
+    p.add_argument("--trials", type=int, default=8, help="trials per task (default 8)")
+    p.add_argument("--population", type=int, default=8)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--dry-run", action="store_true", help="no GPU: export, import both ways, match, compile")
+    args = p.parse_args()
+    cases = parse_cases(args.cases)
+    if args.dry_run:
+        dry_run(cases)
+        return
+    os.makedirs(args.out, exist_ok=True)
+    log = RowLog(args.out)
+    log.path = os.path.join(args.out, "gru_models_rows.jsonl")
+    for case in cases:
+        bench(case, args, log)
+    from common import device_name
+
+    print(table(f"GRU models, T={SEQ} ({time.strftime('%Y-%m-%d')}, {device_name()})",
+                ["case", "variant", "ms", "ours vs: compile max-autotune", "torch CUDA graph", "err", "tune s",
+                 "trials", "note"], ratios(log.rows)))
+
+
+if __name__ == "__main__":
+    main()
