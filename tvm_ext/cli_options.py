@@ -78,8 +78,8 @@ TUNING = OptionGroup("tuning", (
     TARGET,
     DEVICE.but(help="device index (default 0; OpenCL GPUs first)"),
     option("--strategy", default="ga", metavar="NAME",
-           help=f"search strategy: {', '.join(STRATEGIES)} (default ga); analytic: method 002's GEMM "
-                "tile from the hardware model (or the template's own pick), printed and measured once "
+           help=f"search strategy: {', '.join(STRATEGIES)} (default ga); analytic: the GEMM tile "
+                "chosen from the hardware model (or the template's own pick), printed and measured once "
                 "(--no-measure: not measured); ga+xgb is ga with --cost-model xgb"),
     option("--generations", type=int, default=6, help="GA generations (default 6)"),
     option("--population", type=int, default=12, help="GA population size (default 12)"),
