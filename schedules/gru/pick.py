@@ -19,7 +19,7 @@ pick's evidence").
   to check per call; float16 parts elsewhere), else the fp32 GEMM study's tile where it gives
   every SM a block.
 
-On a CPU device (PoCL) the patent pipeline, which was the faster family there.
+On a CPU device (PoCL) the unfused pipeline, which was the faster family there.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     """(config, why) for ``template`` (a ``GruTemplate``) on ``target``."""
     base = template.default_config(target)
     if target.is_cpu:
-        return base, "CPU device: the patent pipeline (per-step GEMM, then the cell kernel)"
+        return base, "CPU device: the unfused pipeline (per-step GEMM, then the cell kernel)"
     hw = HardwareModel.from_target(target)
     space = template.space(target)
     cuda = target.kind == "cuda"
@@ -110,7 +110,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if space.is_feasible(cfg):
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid); {gemm_why}")
-    return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+    return base, f"the unfused pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
 
 
 TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kernel, in the pick's order
