@@ -59,7 +59,7 @@ STAGING_KNOBS = (
     Knob("load_vec", (0, 4), "global -> shared copy width: 0 = vec; 4 = 16-byte loads whatever vec is"),
 )
 STAGING_DEFAULTS = {k.name: k.choices[0] for k in STAGING_KNOBS}
-# The leader of the H100's SGEMM staging probe (``benchmarks/probes/sgemm_probe.py``): a GA seed
+# The leader of the SGEMM staging probe (``benchmarks/probes/sgemm_probe.py``): a GA seed
 REGISTER_STAGED_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4,
                             double_buffer=1, a_transposed=1, prefetch=1)
 
@@ -370,8 +370,8 @@ class GemmTemplate(DtypeFields, Template):
 
     def known_good(self, target: TargetInfo) -> list[Config]:
         """With the staging knobs on CUDA: the register-staged 64x128 tile (8x8 a thread, k 16),
-        the H100's best at 4096^3 (43.8 TFLOP/s, 0.85 of cuBLAS) and at BERT-base's
-        1024x3072x768 (42.2, 1.03 of cuBLAS) -- where it is feasible."""
+        the SGEMM probe's best at 4096^3 and at BERT-base's 1024x3072x768 (docs/results/gemm.md)
+        -- where it is feasible."""
         if not self.staging or target.kind != "cuda":
             return []
         space = self.space(target)
