@@ -39,7 +39,7 @@ global memory.  Shapes the tile does not divide are refused (no guards).
 layout derived once, then staging, the wgmma of a k step, the stores, the cluster's and the second
 kernel's sums of K slices, the kernels' launch and k loops, the PrimFunc).
 
-Measurements: ``benchmarks/RESULTS.md`` (wgmma sections).
+Measurements: ``docs/results/gemm.md`` (wgmma sections).
 """
 from __future__ import annotations
 

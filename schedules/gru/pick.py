@@ -1,7 +1,7 @@
 """The GRU's zero-measurement config (``GruTemplate.analytic_pick``): rules read off the
 fused step kernel's measurements, sized by the hardware model, so any shape gets a fast kernel
-without tuning.  The measurements behind each rule are in ``benchmarks/RESULTS.md`` ("The GRU
-pick's evidence").
+without tuning.  The measurements behind each rule are in ``docs/results/gru.md`` ("History: the
+GRU pick's evidence").
 
 - On CUDA the fused step kernel as the persistent kernel (one launch per layer) wherever its
   grid is resident, with the acquire/release barrier and gi loaded a step ahead.
