@@ -33,7 +33,7 @@ from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_cells  
 
 from tvm_ext.codegen import export_program, load_program  # noqa: E402
 from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
-from tvm_ext.mixed_precision import Method003Settings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
+from tvm_ext.mixed_precision import MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
 from tvm_ext.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
@@ -109,7 +109,7 @@ def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args:
                       target=target)
     tuner = session.tuner(program)
     print(f"[{label} eb={eb:g}] {program.tensor_core_note(target)}", flush=True)
-    settings = Method003Settings(error_bound=eb, max_measurements=args.m, population=4, generated=32,
+    settings = MixedPrecisionSettings(error_bound=eb, max_measurements=args.m, population=4, generated=32,
                                  measured=4, seed=0)
     start = time.perf_counter()
     try:

@@ -1,6 +1,6 @@
 """Method 002: choose a GEMM tile configuration from the hardware alone, with no measurement.
 
-The patent's steps, in order, each keeping a subset of the candidates:
+The method's steps, in order, each keeping a subset of the candidates:
 
 1. list every thread-block tile (block_m × block_n, k step) the template can express;
 2. split the block's threads between M (``wg_y``) and N (``wg_x``) and keep splits with
@@ -14,9 +14,9 @@ The patent's steps, in order, each keeping a subset of the candidates:
    kernel, so this step keeps them all; it matters for templates that split the work).
 
 If a step would leave nothing (a tiny problem, a small device, a replay that recorded
-none of them) it keeps its input: the patent's filters narrow, they never fail.
+none of them) it keeps its input: the method's filters narrow, they never fail.
 
-The knobs the patent does not cover (shared-memory staging, padding, unrolling, vector
+The knobs the method does not cover (shared-memory staging, padding, unrolling, vector
 width, double buffering, K-major A tile) follow a fixed policy stated in
 :func:`policy_mismatch`; among configs that tie after step 5 the one closest to the
 policy wins (these knobs are first-order: vector width alone changes speed by ~2×), then
@@ -45,7 +45,7 @@ TILE_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step")
 
 @dataclass(frozen=True)
 class AnalyticRules:
-    """The patent's thresholds (its numbers, kept as parameters)."""
+    """The method's thresholds (its published numbers, kept as parameters)."""
 
     min_threads_per_dim: int = 16
     max_threads_divisor: int = 16  # threads per direction <= max_threads_per_block / this
@@ -103,7 +103,7 @@ class AnalyticResult:
 
 
 def policy(config: Config, hw: HardwareModel) -> dict[str, object]:
-    """The non-tile knobs method 002 does not choose, as the template's hardware policy:
+    """The non-tile knobs the tile selection does not choose, as the template's hardware policy:
     stage tiles in shared memory (data reuse), the widest vector width the tile allows
     (128-bit accesses), K-major A (vector fragment loads), bank-conflict padding only where
     there are banks (GPUs), no double buffering (it doubles shared memory and registers,
@@ -183,9 +183,9 @@ def measure_candidates(template: Template, target: TargetInfo, configs: Sequence
 
 def select_tile(template: Template, target: TargetInfo, candidates: Iterable[Config] | None = None,
                 rules: AnalyticRules | None = None) -> AnalyticResult:
-    """Method 002 over ``candidates`` (default: every tile of the template's knobs)."""
+    """The tile selection over ``candidates`` (default: every tile of the template's knobs)."""
     if template.name != "gemm":
-        raise TvmExtError(f"analytic tile selection (method 002) supports the gemm template, not {template.name!r}")
+        raise TvmExtError(f"analytic tile selection supports the gemm template, not {template.name!r}")
     rules = rules or AnalyticRules()
     hw = HardwareModel.from_target(target)
     configs = list(candidates) if candidates is not None else default_candidates(template, target)
@@ -236,7 +236,7 @@ def _rank_key(c: TileCandidate) -> tuple:
 
 def analytic_seeds(template: Template, target: TargetInfo, count: int = 4,
                    candidates: Iterable[Config] | None = None) -> list[Config]:
-    """The pick and the next distinct tiles (GA seeds); [] for templates method 002 does not cover."""
+    """The pick and the next distinct tiles (GA seeds); [] for templates the tile selection does not cover."""
     if template.name != "gemm" or count <= 0:
         return []
     result = select_tile(template, target, candidates)

@@ -7,12 +7,12 @@ factories, with the seeds every tuning run gets: the default config, then the an
 picks):
 
 - ``random``: uniform random feasible configs;
-- ``ga``: method 000's GA (offspring moved to the nearest recorded config, see
+- ``ga``: the parallel GA (offspring moved to the nearest recorded config, see
   :class:`~tvm_ext.cost_model.replay.NearestRecorded`);
 - ``ga+xgb``: the GA with the XGBoost predictor stage (breed ng, measure nm);
 - ``ga+s6``: the same predictor-stage GA with the model switched off (ablation: what
   the model adds over measuring nm offspring per generation);
-- ``analytic``: method 002's pick among the recorded configs; zero trials.
+- ``analytic``: the analytic tile's pick among the recorded configs; zero trials.
 """
 from __future__ import annotations
 

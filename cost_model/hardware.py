@@ -19,7 +19,7 @@ from tvm_ext.hardware import TargetInfo, cuda_arch
 
 @dataclass(frozen=True)
 class HardwareModel:
-    """Per-SM and per-block resources, the numbers method 002's filters read.
+    """Per-SM and per-block resources, the numbers the analytic tile's filters read.
 
     ``registers_per_sm == 0`` means registers do not limit residency (a CPU device).
     ``mma_min_m/n`` is the matrix unit's smallest M/N shape (0: no matrix unit).

@@ -1,4 +1,4 @@
-"""The GA with a predictor stage (method 003's S6 on method 000's operators).
+"""The GA with a predictor stage (the mixed-precision search's S6 on the GA's operators).
 
 Each generation the GA breeds ``ng`` new feasible candidates from the history-best
 population (tournament selection → two-point crossover → mutation), the cost model

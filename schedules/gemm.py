@@ -1,6 +1,6 @@
 """GEMM C = A·B as a TVM tensor expression with method 000's knobs.
 
-Knobs (patent 000): work-group size ``wg_x`` × ``wg_y`` (threads along N × M),
+Knobs: work-group size ``wg_x`` × ``wg_y`` (threads along N × M),
 per-thread work ``task_x`` × ``task_y`` (outputs along N × M), plus what the text
 says speed depends on: shared (local) memory staging, bank-conflict padding and
 unrolling to constant indexing; and the k-step and vector width of loads/stores.
@@ -9,7 +9,7 @@ Any M, N, K ≥ 1 works: when a dimension is not a multiple of its tile the
 iteration space is padded (``pad_einsum``) and the padding is folded into guarded
 loads and stores, so no out-of-bounds access and no extra kernels.
 
-Precision (method 003's parameters): A, B and C each have a storage dtype and the
+Precision (the parameters the mixed-precision search varies): A, B and C each have a storage dtype and the
 dot products accumulate in ``acc_dtype``; operands are widened as they are multiplied
 and the result is narrowed as it is stored.  Everything defaults to float32.
 
@@ -59,11 +59,11 @@ STAGING_KNOBS = (
     Knob("load_vec", (0, 4), "global -> shared copy width: 0 = vec; 4 = 16-byte loads whatever vec is"),
 )
 STAGING_DEFAULTS = {k.name: k.choices[0] for k in STAGING_KNOBS}
-# The leader of the H100's SGEMM staging probe (``benchmarks/probes/sgemm_probe.py``): a GA seed
+# The leader of the SGEMM staging probe (``benchmarks/probes/sgemm_probe.py``): a GA seed
 REGISTER_STAGED_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=16, vec=4,
                             double_buffer=1, a_transposed=1, prefetch=1)
 
-FEASIBILITY_RULES = ("tvm", "patent")
+FEASIBILITY_RULES = ("tvm", "patent")  # "patent": the published work-size rule too (a CLI choice)
 
 PRECISION_PARAMS = (
     PrecisionParam("a", "gemm", "tensor", "storage type of A"),
@@ -73,8 +73,8 @@ PRECISION_PARAMS = (
 )
 
 
-def patent_padded_size(m: int, n: int) -> int:
-    """P of patent 000: the smallest even number ≥ M and ≥ N."""
+def even_padded_size(m: int, n: int) -> int:
+    """P of the published work-size rule: the smallest even number ≥ M and ≥ N."""
     p = max(m, n)
     return p + (p % 2)
 
@@ -176,7 +176,7 @@ class GemmTemplate(DtypeFields, Template):
 
     ``feasibility="tvm"`` (default) admits every config whose tile fits the target's
     thread and shared-memory limits.  ``feasibility="patent"`` additionally applies
-    patent 000's rule: wg_x·wg_y·task_x·task_y must divide P·P with P the smallest
+    the published work-size rule: wg_x·wg_y·task_x·task_y must divide P·P with P the smallest
     even number ≥ M and ≥ N.
     """
 
@@ -191,8 +191,8 @@ class GemmTemplate(DtypeFields, Template):
     dtype: InitVar[str | None] = None  # shorthand: all four (older records name only this)
     # A tensor-core tile (``TensorCoreTile``: mma.sync or WMMA): where it can run this GEMM
     # (operand types it takes, a CUDA target, a shape it fits) the GEMM runs on tensor cores
-    # with it and the CUDA-core config is not used (method 003's low types then buy the
-    # tensor cores' speed).
+    # with it and the CUDA-core config is not used (the mixed-precision search's low types then
+    # buy the tensor cores' speed).
     tensor_core: TensorCoreTile | None = None
     batch: int = 0  # > 0: a leading batch axis of this many independent GEMMs (blockIdx.z)
     # Also search ``STAGING_KNOBS`` (register-staged prefetch, warp tiling, load width).
@@ -307,13 +307,13 @@ class GemmTemplate(DtypeFields, Template):
         if unhonoured:  # e.g. a bfloat16 accumulator on OpenCL: no config has it
             constraints.insert(0, lambda c: unhonoured)
         if self.feasibility == "patent":
-            constraints.append(self._patent_reason)
+            constraints.append(self._padded_square_reason)
         if self.staging:
             constraints.append(lambda c: staging_reason(c, target))
         return Space(KNOBS + STAGING_KNOBS if self.staging else KNOBS, tuple(constraints))
 
-    def _patent_reason(self, c: Config) -> str | None:
-        p = patent_padded_size(self.m, self.n)
+    def _padded_square_reason(self, c: Config) -> str | None:
+        p = even_padded_size(self.m, self.n)
         work = c.wg_x * c.wg_y * c.task_x * c.task_y
         if (p * p) % work:
             return f"patent rule: wg_x*wg_y*task_x*task_y={work} does not divide P*P={p * p}"
@@ -370,8 +370,8 @@ class GemmTemplate(DtypeFields, Template):
 
     def known_good(self, target: TargetInfo) -> list[Config]:
         """With the staging knobs on CUDA: the register-staged 64x128 tile (8x8 a thread, k 16),
-        the H100's best at 4096^3 (43.8 TFLOP/s, 0.85 of cuBLAS) and at BERT-base's
-        1024x3072x768 (42.2, 1.03 of cuBLAS) -- where it is feasible."""
+        the SGEMM probe's best at 4096^3 and at BERT-base's 1024x3072x768 (docs/results/gemm.md)
+        -- where it is feasible."""
         if not self.staging or target.kind != "cuda":
             return []
         space = self.space(target)

@@ -47,8 +47,8 @@ KNOBS = WGMMA_KNOBS + (
 )
 # default tiles (bm, bn, stages, inflight), largest first: two sets of accumulators must fit a
 # thread's registers, so bn <= 192 when promoting.  64 columns only where no wider tile divides:
-# an m64n64k8 TF32 wgmma is too small to keep the tensor cores fed (H100, BERT's 1024x768 outputs:
-# 96 tiles of 64x128 0.121 ms at K = 3072 and 0.033 at 768, 192 of 64x64 0.166 and 0.044)
+# an m64n64k8 TF32 wgmma is too small to keep the tensor cores fed (twice as many 64x64 tiles were
+# slower than 64x128 ones at BERT's 1024x768 outputs; docs/results/gemm.md)
 TF32_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (64, 128, 6, 1))
 NARROW_TF32_TILES = ((128, 64, 6, 1), (64, 64, 8, 1))
 DEFAULT_PROMOTE = 4

@@ -413,11 +413,10 @@ def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int, stages: 
     return MMA_SPACE.make(**{**values, **changes})
 
 
-# Tiles ``pick_mma_tile`` tries, largest first.  On the H100 probe (benchmarks/probes/mma_probe.py,
-# 2026-11-23, fp16 in, fp32 acc, fp16 out): 128x128x32 with 4 warps of 64x64 and 4 cp.async
-# stages led at 4096^3 (390 TFLOP/s, with 256x128x64 at 394), 16x64x64 with 4 stages at
-# 64x3072x1024 (8.0 us), the swizzled 16x32x32 at 8x1536x512 (4.7 us, back to back; from a CUDA
-# graph on 2026-11-24 16x64x64 took 4.0 us there and 16x32x32 6.5).
+# Tiles ``pick_mma_tile`` tries, largest first: the leaders of the mma.sync probe
+# (benchmarks/probes/mma_probe.py, fp16 in, fp32 acc, fp16 out; docs/results/gemm.md): 128x128x32
+# with 4 warps of 64x64 and 4 cp.async stages at 4096^3, 16x64x64 with 4 stages at 64x3072x1024,
+# the swizzled 16x32x32 at 8x1536x512 back to back (from a CUDA graph 16x64x64 led there too).
 AUTO_TILES = (
     _tile((2, 2), (4, 4), 2, 4),  # 128x128x32, 4 warps of 64x64
     _tile((2, 2), (2, 4), 4, 3),  # 64x128x64
@@ -463,9 +462,8 @@ def pick_mma_tile_for(shapes: Sequence[tuple[int, int, int]], operand_dtype: str
     whole = [c for c in options if c.mma_split_k == 1 and 10 * blocks(c) >= 9 * target.compute_units]
     split = [c for c in options if blocks(c) >= target.compute_units]
     # a grid that fills no SM count runs each block on an SM of its own: the most warps in
-    # flight, the larger (deeper-pipelined) tile on a tie (H100, 8x1536x512 timed from a CUDA
-    # graph: 16x64x64 on 2 warps, 4 stages, 24 blocks, 4.0 us against 6.5 for 16x32x32 on 1
-    # warp, 2 stages, 48 blocks)
+    # flight, the larger (deeper-pipelined) tile on a tie (at 8x1536x512 from a CUDA graph,
+    # 16x64x64 on 2 warps and 24 blocks beat 16x32x32 on 1 warp and 48 blocks; docs/results/gemm.md)
     return (whole or split or [max(options, key=lambda c: blocks(c) * MmaTile.of(c).warps)])[0]
 
 

@@ -1,13 +1,14 @@
-"""Reductions (sum, max, min, mean, sum of squares) with patent 001's x / z / w / z' plan.
+"""Reductions (sum, max, min, mean, sum of squares) with the x / z / w / z' vector split
+(method 001).
 
-Patent 001 gives each of a block's 1024 threads ``num = n / 1024`` elements, split
+The split gives each of a block's 1024 threads ``num = n / 1024`` elements, split
 into ``y`` vectors of ``x`` elements; a pass loads ``z`` vectors (``x·z`` fills the
 64-lane vector register file), ``w`` passes cover the thread's share, the last pass
 loads only ``z'``.  The reduction order is: inside each vector and across the ``z``
 vectors of a pass, across the ``w`` passes, inside each warp, across the warps.
-``patent_plan`` computes that plan; ``ReductionTemplate`` turns it into a TVM kernel
+``vector_split_plan`` computes that plan; ``ReductionTemplate`` turns it into a TVM kernel
 and makes its parameters knobs (block size, x, register capacity, number of blocks,
-small-n threshold), with the patent plan as the default config.
+small-n threshold), with that plan as the default config.
 
 Kernel shape (one thread block per reduced row, or ``blocks`` of them):
 
@@ -24,9 +25,9 @@ Kernel shape (one thread block per reduced row, or ``blocks`` of them):
   buffers they allocate, they cannot see intermediates allocated inside the kernel;
 * reductions shorter than ``small_n`` take one simple kernel: a strided loop per
   thread, no register tile, then the same allreduce;
-* ``combine=1`` (beyond the patent) merges the two kernels into one launch: the last
+* ``combine=1`` (beyond the published plan) merges the two kernels into one launch: the last
   block of a row to finish (``merge_partials``) adds the partials up;
-* ``rows_per_block > 1`` (beyond the patent) gives each of a block's rows its own group
+* ``rows_per_block > 1`` (beyond the published plan) gives each of a block's rows its own group
   of threads (threadIdx.y), so many short rows need fewer, fuller blocks.
 
 Elements past ``n`` (``n`` not a multiple of the block's reach, or the last pass
@@ -58,19 +59,20 @@ ROWS_PER_BLOCK = (1, 2, 4, 8, 16, 32)
 COMBINES = (0, 1)
 MIN_ROW_THREADS = 32  # threads per row when a block holds several rows: a warp at least
 
-PATENT_BLOCK_SIZE = 1024  # threads per block in patent 001
-PATENT_CAPACITY = 64  # vector register capacity per thread, in 4-byte lanes
-DEFAULT_SMALL_N = 1024  # below this the patent's num = n / 1024 is < 1 element per thread
+PLAN_BLOCK_SIZE = 1024  # threads per block in the published plan
+REGISTER_CAPACITY = 64  # vector register capacity per thread, in 4-byte lanes
+DEFAULT_SMALL_N = 1024  # below this the plan's num = n / 1024 is < 1 element per thread
 MAX_SCRATCH = 1 << 24  # partial-result slots (64 MiB of float32) the runner may be asked for
 INT32_LIMIT = (1 << 31) - 1  # kernels index with int32
 
 KNOBS = (
-    Knob("block_size", BLOCK_SIZES, "threads per block (patent: 1024; capped by the device)"),
-    Knob("x", VECTOR_LENGTHS, "vector length: elements per vector of a thread (patent: power of two <= 64)"),
+    Knob("block_size", BLOCK_SIZES, "threads per block (the published plan: 1024; capped by the device)"),
+    Knob("x", VECTOR_LENGTHS,
+         "vector length: elements per vector of a thread (the published plan: power of two <= 64)"),
     Knob("capacity", CAPACITIES,
-         "per-thread vector register capacity in elements: z = capacity/x vectors per pass (patent: 64)"),
+         "per-thread vector register capacity in elements: z = capacity/x vectors per pass (the published plan: 64)"),
     Knob("blocks", BLOCK_COUNTS,
-         "blocks per reduced row: 1 = one kernel (patent); >1 = partials, then a second kernel"),
+         "blocks per reduced row: 1 = one kernel (the published plan); >1 = partials, then a second kernel"),
     Knob("small_n", SMALL_N, "reductions shorter than this run the simple single kernel"),
     Knob("rows_per_block", ROWS_PER_BLOCK,
          "rows one block reduces at once (threadIdx.y), block_size/rows_per_block threads each: "
@@ -82,11 +84,11 @@ KNOBS = (
 )
 
 
-# ---- patent 001: the x / y / z / w / z' plan ----------------------------------------------
+# ---- the x / y / z / w / z' vector split plan ------------------------------------------
 
 @dataclass(frozen=True)
-class PatentPlan:
-    """How one thread's ``num`` elements are cut into vectors and passes (patent 001, S4).
+class VectorSplitPlan:
+    """How one thread's ``num`` elements are cut into vectors and passes (S4).
 
     ``x``: vector length; ``y``: vectors per thread; ``z``: vectors per pass;
     ``w``: passes; ``z_last``: vectors in the last pass.  ``x·y ≥ num``: the
@@ -118,8 +120,8 @@ def _pow2_ceil(value: int) -> int:
     return 1 << max(0, int(value) - 1).bit_length()
 
 
-def decompose(num: int, x: int, vector_capacity: int = PATENT_CAPACITY) -> PatentPlan:
-    """Patent 001 S41–S42 for a given vector length ``x``.
+def decompose(num: int, x: int, vector_capacity: int = REGISTER_CAPACITY) -> VectorSplitPlan:
+    """S41–S42 of the split for a given vector length ``x``.
 
     y is the smallest integer with x·y ≥ num.  If x·y ≤ capacity all vectors fit in
     one pass (z = y, w = 1, z' = z); otherwise a pass holds z = capacity/x vectors,
@@ -140,12 +142,12 @@ def decompose(num: int, x: int, vector_capacity: int = PATENT_CAPACITY) -> Paten
         z = vector_capacity // x
         w = -(-y // z)
         z_last = y - (w - 1) * z
-    return PatentPlan(num=num, x=x, y=y, z=z, w=w, z_last=z_last)
+    return VectorSplitPlan(num=num, x=x, y=y, z=z, w=w, z_last=z_last)
 
 
-def patent_plan(n: int, block_size: int = PATENT_BLOCK_SIZE,
-                vector_capacity: int = PATENT_CAPACITY) -> PatentPlan:
-    """The patent 001 plan for a reduction of ``n`` elements by one block.
+def vector_split_plan(n: int, block_size: int = PLAN_BLOCK_SIZE,
+                vector_capacity: int = REGISTER_CAPACITY) -> VectorSplitPlan:
+    """The vector split plan for a reduction of ``n`` elements by one block.
 
     Decisions where the text is silent:
 
@@ -237,7 +239,7 @@ class Geometry:
     simple: bool
     threads: int  # threads per reduced row (a block holds rows_per_block such groups)
     blocks: int
-    plan: PatentPlan
+    plan: VectorSplitPlan
     vw: int
     rows_per_block: int = 1
     combine: int = 0
@@ -424,19 +426,19 @@ class ReductionTemplate(Template):
         return None
 
     def default_config(self, target: TargetInfo) -> Config:
-        """Patent 001's plan: 1024 threads (or the device's most), one block, x from
-        ``patent_plan``, 64-lane registers; reductions shorter than 1024 take the
-        simple kernel (the patent's preset threshold)."""
+        """The vector split plan: 1024 threads (or the device's most), one block, x from
+        ``vector_split_plan``, 64-lane registers; reductions shorter than 1024 take the
+        simple kernel (the published plan's preset threshold)."""
         space = self.space(target)
         block = max(space.knob("block_size").choices)
-        plan = patent_plan(self.n, block, PATENT_CAPACITY)
-        return space.make(block_size=block, x=plan.x, capacity=PATENT_CAPACITY, blocks=1,
+        plan = vector_split_plan(self.n, block, REGISTER_CAPACITY)
+        return space.make(block_size=block, x=plan.x, capacity=REGISTER_CAPACITY, blocks=1,
                           small_n=DEFAULT_SMALL_N, rows_per_block=1, combine=0)
 
     def filled_config(self, target: TargetInfo, threads_per_unit: int = 2048, combine: int = 0) -> Config:
-        """The patent plan spread over enough blocks to fill the device.
+        """The vector split plan spread over enough blocks to fill the device.
 
-        The patent runs one block; a GPU needs about ``threads_per_unit`` resident
+        The published plan runs one block; a GPU needs about ``threads_per_unit`` resident
         threads on each of its compute units (2048 per SM on H100) to hide memory
         latency.  Blocks per row = the power of two closest above what fills the
         device, as far as the space allows; x is re-planned for the smaller share;
@@ -449,7 +451,7 @@ class ReductionTemplate(Template):
         blocks = min(_pow2_ceil(max(1, want)), self.max_blocks)
         while blocks > 1:
             share = -(-self.n // blocks)
-            cfg = default.replace(blocks=blocks, x=patent_plan(share, default.block_size, PATENT_CAPACITY).x,
+            cfg = default.replace(blocks=blocks, x=vector_split_plan(share, default.block_size, REGISTER_CAPACITY).x,
                                   combine=combine)
             if space.is_feasible(cfg):
                 return cfg
@@ -458,12 +460,12 @@ class ReductionTemplate(Template):
 
     def row_group_config(self, target: TargetInfo, threads_per_row: int = 32, block_size: int = 256) -> Config:
         """Many rows: ``threads_per_row`` threads (a warp: shuffles only) reduce each row,
-        ``block_size / threads_per_row`` rows per block, x from the patent plan for one
+        ``block_size / threads_per_row`` rows per block, x from the vector split plan for one
         row's share.  An analytic GA seed; the default config where the shape has too few
         rows or the device too few threads."""
         default = self.default_config(target)
         rows_per_block = max(1, block_size // threads_per_row)
-        x = patent_plan(self.n, threads_per_row, PATENT_CAPACITY).x
+        x = vector_split_plan(self.n, threads_per_row, REGISTER_CAPACITY).x
         try:
             cfg = default.replace(block_size=block_size, rows_per_block=rows_per_block, x=x)
             self.space(target).encode(cfg)
@@ -477,7 +479,7 @@ class ReductionTemplate(Template):
         if self.n < c.small_n:
             threads = min(per_row, _pow2_ceil(self.n))
             num = -(-self.n // threads)  # a plain loop: one element per step, num steps
-            return Geometry(True, threads, 1, PatentPlan(num, 1, num, 1, num, 1), 1, c.rows_per_block)
+            return Geometry(True, threads, 1, VectorSplitPlan(num, 1, num, 1, num, 1), 1, c.rows_per_block)
         plan = decompose(-(-self.n // (c.blocks * per_row)), c.x, c.capacity)
         vw = min(c.x, 16 // np.dtype(self.dtype).itemsize)
         return Geometry(False, per_row, c.blocks, plan, vw, c.rows_per_block, c.combine if c.blocks > 1 else 0)

@@ -31,7 +31,7 @@ import numpy as np
 
 from tvm_ext.errors import TvmExtError, check_sizes
 from tvm_ext.precision import itemsize
-from tvm_ext.schedules.reduction import MIN_ROW_THREADS, ROWS_PER_BLOCK, patent_plan
+from tvm_ext.schedules.reduction import MIN_ROW_THREADS, ROWS_PER_BLOCK, vector_split_plan
 from tvm_ext.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.template import Template, TensorSpec
@@ -158,7 +158,7 @@ class RowTemplate(Template):
         return None
 
     def default_config(self, target: TargetInfo) -> Config:
-        """A row per 2-4 elements' worth of threads (patent 001's plan for the row: its x),
+        """A row per 2-4 elements' worth of threads (the vector split plan for the row: its x),
         several short rows per 256-thread block, rows staged in shared memory when they split
         evenly."""
         space = self.space(target)
@@ -166,7 +166,7 @@ class RowTemplate(Template):
         threads = min(threads, max(space.knob("block_size").choices))
         rows = max(1, min(256 // threads, self.rows))
         rows = max(r for r in ROWS_PER_BLOCK if r <= rows and (self.last_rows or self.rows) % r == 0)
-        x = min(patent_plan(self.n, threads).x, VECTOR_BYTES // itemsize(self.dtype), 8)
+        x = min(vector_split_plan(self.n, threads).x, VECTOR_BYTES // itemsize(self.dtype), 8)
         candidates = [dict(cache=1, x=x), dict(cache=1, x=1), dict(cache=0, x=x), dict(cache=0, x=1)]
         for extra in candidates:
             cfg = space.make(block_size=threads * rows, rows_per_block=rows, **extra)

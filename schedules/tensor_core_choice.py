@@ -96,7 +96,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
         """Hopper's wgmma (float16 or bfloat16 operands) where a tile of it fits and gives 90 % of
-        the SMs a block (H100, float16 4096^3: 0.86 of cuBLAS against 0.53 on mma.sync), else the
+        the SMs a block (faster than mma.sync at 4096^3; docs/results/gemm.md), else the
         mma.sync pick (split-K for skinny shapes, which the wgmma kernel has not here)."""
         config = self.default_config(target)
         tile = self.wgmma_tile(target)

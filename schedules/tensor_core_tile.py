@@ -7,7 +7,7 @@ A tile (``gemm.TensorCoreTile``) says which kernel and holds that kernel's knobs
 
 - ``mma.MmaGemmTile``: mma.sync + ldmatrix (``mma_`` knobs), float16 or bfloat16 operands,
   M padded to the tile; it measured faster than WMMA at 4096^3 and on the GRU's per-step
-  shapes (``benchmarks/RESULTS.md``);
+  shapes (``docs/results/gemm.md``);
 - ``wmma.WmmaGemmTile``: WMMA fragments (``tc_`` knobs), float16 operands, every dimension a
   multiple of the tile; it also runs on sm_70/75 and takes shapes mma's smallest tile (16x32x32)
   does not divide (e.g. N = 48).

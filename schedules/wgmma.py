@@ -39,7 +39,7 @@ global memory.  Shapes the tile does not divide are refused (no guards).
 layout derived once, then staging, the wgmma of a k step, the stores, the cluster's and the second
 kernel's sums of K slices, the kernels' launch and k loops, the PrimFunc).
 
-Measurements: ``benchmarks/RESULTS.md`` (wgmma sections).
+Measurements: ``docs/results/gemm.md`` (wgmma sections).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ BK = 64  # the k step: 64 halves = one 128-byte swizzle row
 B_LAYOUTS = ("NK", "KN")
 SHARED_LIMIT = WGMMA_SHARED_BYTES  # dynamic shared memory a block may have on sm_90
 REGISTERS_PER_SM = 65536
-# registers a thread needs beside its bn/2 accumulators (H100: 256x192, 512 threads, ran at the
+# registers a thread needs beside its bn/2 accumulators (a 256x192 tile of 512 threads ran at the
 # 128-register cap; 256x256 failed to launch)
 OTHER_REGISTERS = 32
 THREAD_REGISTERS = 255  # the most registers a thread may have
@@ -88,9 +88,9 @@ KNOBS = (
          "sums in global memory); 0: float32 sums to global memory, added by a second kernel"),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
-# best at the GRU's projection 8192x3072x1024 (H100: 0.098 ms against 0.100 with 128x256), but no
-# better where 128x256 also divides; 64x64 takes 8 stages: at 64x3072x1024 (a GRU step's hidden
-# GEMM) 0.93-0.94 of cuBLAS, both replayed from CUDA graphs, against 0.88-0.91 with 4-6 stages
+# slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
+# 64x64 takes 8 stages, faster than 4-6 at 64x3072x1024 (a GRU step's hidden GEMM); the timings:
+# docs/results/gemm.md
 DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 192, 4, 1, 1, 4), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0),
                  (128, 64, 6, 1, 1, 0), (64, 64, 8, 1, 1, 0))
 

@@ -20,14 +20,14 @@ from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_
                     b_layout_reason, b_shape, compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm,
                     wgmma_reason)
 
-# the pick's split of K: at least this many k steps a slice (H100, float16 1024x768x768, 12 k
-# steps: halves of 6 ran at 0.66-0.75 of the unsplit kernels), and taken only where the cost
-# model (``split_cost``) puts it this far below the unsplit pick
+# the pick's split of K: at least this many k steps a slice (shorter slices ran slower than the
+# unsplit kernels; docs/results/gemm.md), and taken only where the cost model (``split_cost``)
+# puts it this far below the unsplit pick
 MIN_SLICE_STEPS = 16
 SPLIT_GAIN = 0.85
 # a split the pick adds in a thread-block cluster (distributed shared memory, one kernel), on
-# tiles of at least 128x128 (H100 float16 1024x768x3072, 128x128 in 2: 15.4 us against 17.8
-# through global memory and a second kernel; clusters of 4 and 8, and small tiles, mostly slower)
+# tiles of at least 128x128 (faster there than the split through global memory and a second
+# kernel; clusters of 4 and 8, and small tiles, mostly slower; docs/results/models.md)
 CLUSTER_SPLIT = 2
 # the template's dtypes of A, B and C -> its check's tolerance: the output's rounding (float16's
 # about 2e-4, bfloat16's about 2e-3) with room
@@ -48,10 +48,9 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
            matrices: int = 1) -> WgmmaTile:
     """``t`` with the fewest C tiles a block (``wgmma_tiles``) that fit the GEMMs of ``shapes`` into
     one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
-    then runs on from tile to tile instead of refilling at each (H100, float16 from CUDA graphs:
-    128x256 with 6 tiles a block, raster 8, 0.090 ms at 8192x3072x1024 = 0.94 of cuBLAS, against
-    0.100 with a block a tile; at 4096^3 4 tiles 0.217 ms = 0.93 against 0.239).  ``t`` where
-    one wave holds every tile or no such variant runs the shapes."""
+    then runs on from tile to tile instead of refilling at each (faster than a block a tile at
+    8192x3072x1024 and 4096^3; docs/results/gemm.md).  ``t`` where one wave holds every tile or
+    no such variant runs the shapes."""
     count = c_tile_count(t, shapes, matrices) * t.split  # units
     tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), TILES_PER_BLOCK[-1])
     if tiles == 1:

@@ -174,9 +174,10 @@ def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int) -> Confi
                          tc_k_frags=k_frags, tc_vec=8, tc_pipeline=2, tc_out_smem=1)
 
 
-# Tiles ``pick_wmma_tile`` tries, largest first: on the H100 probe (``benchmarks/probes/tensor_core_probe.py``,
-# fp16 GEMMs 2048-8192) 128x256x32 and 128x128x32 with cp.async led (292-299 TFLOP/s at
-# 4096^3), 64x64x64 led at M = 64; the smaller ones fit shapes the large ones do not divide.
+# Tiles ``pick_wmma_tile`` tries, largest first: the WMMA probe's leaders
+# (``benchmarks/probes/tensor_core_probe.py``, fp16 GEMMs 2048-8192; docs/results/gemm.md),
+# 128x256x32 and 128x128x32 with cp.async, 64x64x64 at M = 64; the smaller ones fit shapes the
+# large ones do not divide.
 AUTO_TILES = (
     _tile((2, 4), (4, 4), 2),  # 128x256x32, 8 warps
     _tile((2, 2), (4, 4), 2),  # 128x128x32, 4 warps

@@ -103,7 +103,7 @@ def test_every_tuning_subcommand_takes_the_option_groups_declared_once():
     """Each operator's tune subcommand and ``model`` list the tuning, remote and cost-model groups
     exactly as ``cli_options`` declares them, and parse to their defaults; each mixed-precision
     subcommand its method 003 and run groups."""
-    from tvm_ext.cli_options import RUN_GROUP, TUNING_GROUPS, method_003_group
+    from tvm_ext.cli_options import RUN_GROUP, TUNING_GROUPS, mixed_precision_group
     from tvm_ext.operators import precision_operators, tune_commands
     from tvm_ext.tune import build_parser
 
@@ -120,6 +120,6 @@ def test_every_tuning_subcommand_takes_the_option_groups_declared_once():
     (mp,) = [a for a in sub.choices["mixed-precision"]._actions if a.dest == "operator"]
     assert mp.choices and set(mp.choices) == {op.name for op in precision_operators()}
     for name, p in mp.choices.items():
-        for group in (method_003_group(), RUN_GROUP):
+        for group in (mixed_precision_group(), RUN_GROUP):
             assert _group_options(p, group.title) == _declared(group), (name, group.title)
     assert _group_options(mp.choices["gemm"], "run")[5] == (["--build-timeout"], 300.0)

@@ -18,7 +18,7 @@ from tvm_ext.builder import LocalBuilder, build_one
 from tvm_ext.codegen import export_program, load_program
 from tvm_ext.cost_model.precision import PrecisionPredictor
 from tvm_ext.errors import TvmExtError
-from tvm_ext.mixed_precision import (Method003Settings, MixedPrecisionSearch, PrecisionProgram,
+from tvm_ext.mixed_precision import (MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram,
                                      breed_precisions, error_of, schedule_for)
 from tvm_ext.precision import relative_error
 from tvm_ext.records import RecordStore
@@ -38,7 +38,7 @@ def _search(target, path, eb, m=10, seed=0, predictor=True, base=None, dtypes=("
     schedule, _ = schedule_for(base, target, store)
     program = PrecisionProgram(base, schedule, dtypes)
     tuner = Tuner(program, target, LocalBuilder(workers=2, timeout=120), LocalRunner(target, FAST), store)
-    settings = Method003Settings(error_bound=eb, max_measurements=m, population=3, generated=12, measured=3,
+    settings = MixedPrecisionSettings(error_bound=eb, max_measurements=m, population=3, generated=12, measured=3,
                                  seed=seed)
     pred = PrecisionPredictor(program, target, eb, seed=seed) if predictor else None
     try:

@@ -21,8 +21,8 @@ from tvm_ext.builder import build_one
 from tvm_ext.errors import TvmExtError
 from tvm_ext.measure import measure
 from tvm_ext.operators import get_template_class
-from tvm_ext.schedules.reduction import (OPS, PatentPlan, ReductionTemplate, decompose,
-                                         patent_plan)
+from tvm_ext.schedules.reduction import (OPS, VectorSplitPlan, ReductionTemplate, decompose,
+                                         vector_split_plan)
 from tvm_ext.search import GeneticSearch
 from tvm_ext.target import offline_cuda
 
@@ -33,32 +33,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.parametrize("n, expected", [
     # num = 100 -> x = 64, y = 2; x·y = 128 > 64 -> z = 64/64 = 1, w = 2, z' = 2 - 1 = 1
-    (1024 * 100, PatentPlan(num=100, x=64, y=2, z=1, w=2, z_last=1)),
+    (1024 * 100, VectorSplitPlan(num=100, x=64, y=2, z=1, w=2, z_last=1)),
     # num = 48 -> x = 32, y = 2; x·y = 64 <= 64 -> z = y = 2, w = 1, z' = z
-    (1024 * 48, PatentPlan(num=48, x=32, y=2, z=2, w=1, z_last=2)),
+    (1024 * 48, VectorSplitPlan(num=48, x=32, y=2, z=2, w=1, z_last=2)),
     # num = 3 -> x = 2, y = 2 (x·y = 4 >= 3, one padded lane) -> z = 2, w = 1
-    (1024 * 3, PatentPlan(num=3, x=2, y=2, z=2, w=1, z_last=2)),
+    (1024 * 3, VectorSplitPlan(num=3, x=2, y=2, z=2, w=1, z_last=2)),
     # num = 1000 -> x = 64, y = 16 -> z = 1, w = 16, z' = 1
-    (1024 * 1000, PatentPlan(num=1000, x=64, y=16, z=1, w=16, z_last=1)),
+    (1024 * 1000, VectorSplitPlan(num=1000, x=64, y=16, z=1, w=16, z_last=1)),
     # n not a multiple of 1024: num = ceil(n/1024)
-    (1025, PatentPlan(num=2, x=2, y=1, z=1, w=1, z_last=1)),
-    (1_000_003, PatentPlan(num=977, x=64, y=16, z=1, w=16, z_last=1)),
+    (1025, VectorSplitPlan(num=2, x=2, y=1, z=1, w=1, z_last=1)),
+    (1_000_003, VectorSplitPlan(num=977, x=64, y=16, z=1, w=16, z_last=1)),
     # fewer elements than threads: num = 1, a single one-lane vector
-    (1, PatentPlan(num=1, x=1, y=1, z=1, w=1, z_last=1)),
-    (1023, PatentPlan(num=1, x=1, y=1, z=1, w=1, z_last=1)),
+    (1, VectorSplitPlan(num=1, x=1, y=1, z=1, w=1, z_last=1)),
+    (1023, VectorSplitPlan(num=1, x=1, y=1, z=1, w=1, z_last=1)),
 ])
 def test_patent_plan_hand_worked(n, expected):
-    assert patent_plan(n) == expected
+    assert vector_split_plan(n) == expected
 
 
 def test_patent_plan_with_a_given_vector_length_has_a_short_last_pass():
     # num = 100, x = 8: y = 13 (104 >= 100); 104 > 64 -> z = 8, w = ceil(13/8) = 2, z' = 13 - 8 = 5
-    assert decompose(100, 8) == PatentPlan(num=100, x=8, y=13, z=8, w=2, z_last=5)
+    assert decompose(100, 8) == VectorSplitPlan(num=100, x=8, y=13, z=8, w=2, z_last=5)
     # num = 1000, x = 16: y = 63; z = 4, w = 16, z' = 63 - 60 = 3
-    assert decompose(1000, 16) == PatentPlan(num=1000, x=16, y=63, z=4, w=16, z_last=3)
+    assert decompose(1000, 16) == VectorSplitPlan(num=1000, x=16, y=63, z=4, w=16, z_last=3)
     # a smaller register file: capacity 16 -> x <= 16, z = 16/x
-    assert patent_plan(1024 * 100, vector_capacity=16) == PatentPlan(100, 16, 7, 1, 7, 1)
-    assert patent_plan(4096 * 10, block_size=4096) == PatentPlan(10, 8, 2, 2, 1, 2)
+    assert vector_split_plan(1024 * 100, vector_capacity=16) == VectorSplitPlan(100, 16, 7, 1, 7, 1)
+    assert vector_split_plan(4096 * 10, block_size=4096) == VectorSplitPlan(10, 8, 2, 2, 1, 2)
 
 
 def test_patent_plan_invariants_over_many_sizes():
@@ -70,15 +70,15 @@ def test_patent_plan_invariants_over_many_sizes():
             assert p.z * p.x <= 64 or p.w == 1
             if p.x * p.y <= 64:
                 assert (p.z, p.w, p.z_last) == (p.y, 1, p.y)
-        chosen = patent_plan(num * 1024).x
+        chosen = vector_split_plan(num * 1024).x
         assert chosen == min(64, 1 << (num.bit_length() - 1))  # largest power of two <= min(64, num)
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: patent_plan(0), "empty reduction"),
-    (lambda: patent_plan(-3), "empty reduction"),
-    (lambda: patent_plan(10, block_size=0), "block size"),
-    (lambda: patent_plan(10, vector_capacity=48), "power of two"),
+    (lambda: vector_split_plan(0), "empty reduction"),
+    (lambda: vector_split_plan(-3), "empty reduction"),
+    (lambda: vector_split_plan(10, block_size=0), "block size"),
+    (lambda: vector_split_plan(10, vector_capacity=48), "power of two"),
     (lambda: decompose(10, 3), "power of two"),
     (lambda: decompose(10, 128), "power of two <= 64"),
     (lambda: decompose(0, 1), "positive"),
@@ -111,7 +111,7 @@ def test_registered_and_default_is_the_patent_plan(opencl):
     for n in (1025, 65537, 1_000_003, 1 << 20):
         tmpl = ReductionTemplate((n,))
         cfg = tmpl.default_config(opencl)
-        plan = patent_plan(n, 1024, 64)
+        plan = vector_split_plan(n, 1024, 64)
         assert (cfg.block_size, cfg.x, cfg.capacity, cfg.blocks) == (1024, plan.x, 64, 1)
         assert tmpl.geometry(cfg).plan == plan
         # the GA's first individual is the patent plan
@@ -129,7 +129,7 @@ def test_block_sizes_follow_the_device_limit(opencl):
     tmpl = ReductionTemplate((1 << 20,))
     assert tmpl.space(narrow).knob("block_size").choices == (128, 256)
     cfg = tmpl.default_config(narrow)
-    assert cfg.block_size == 256 and cfg.x == patent_plan(1 << 20, 256).x
+    assert cfg.block_size == 256 and cfg.x == vector_split_plan(1 << 20, 256).x
     with pytest.raises(TvmExtError, match="threads per block"):
         tmpl.space(dataclasses.replace(opencl, max_threads_per_block=64))
 
@@ -459,7 +459,7 @@ def test_cli_tuning_run_writes_records(tmp_path):
     assert len(lines) >= 3
     assert lines[0]["workload"]["template"] == "reduce"
     assert lines[0]["workload"]["params"] == {"shape": [3, 5000], "op": "sum", "dtype": "float32"}
-    plan = patent_plan(5000)
+    plan = vector_split_plan(5000)
     assert lines[0]["config"] == {"block_size": 1024, "x": plan.x, "capacity": 64, "blocks": 1, "small_n": 1024,
                                   "rows_per_block": 1, "combine": 0}
     assert any(line["error_kind"] == "" for line in lines)

@@ -1,6 +1,6 @@
 """The options of ``python -m tvm_ext.tune``, each declared once, and the named groups its
 subcommands add: ``TUNING_GROUPS`` on every tuning subcommand and ``model``, ``RUN_GROUP`` and
-``method_003_group`` on ``mixed-precision``'s, ``RECORDS_FILE`` and ``WORKLOAD`` on the
+``mixed_precision_group`` on ``mixed-precision``'s, ``RECORDS_FILE`` and ``WORKLOAD`` on the
 results' subcommands.  Where a subcommand gives an option another default or help, the
 variant is spelled out here with ``Option.but``, beside the option it varies."""
 from __future__ import annotations
@@ -78,8 +78,8 @@ TUNING = OptionGroup("tuning", (
     TARGET,
     DEVICE.but(help="device index (default 0; OpenCL GPUs first)"),
     option("--strategy", default="ga", metavar="NAME",
-           help=f"search strategy: {', '.join(STRATEGIES)} (default ga); analytic: method 002's GEMM "
-                "tile from the hardware model (or the template's own pick), printed and measured once "
+           help=f"search strategy: {', '.join(STRATEGIES)} (default ga); analytic: the GEMM tile "
+                "chosen from the hardware model (or the template's own pick), printed and measured once "
                 "(--no-measure: not measured); ga+xgb is ga with --cost-model xgb"),
     option("--generations", type=int, default=6, help="GA generations (default 6)"),
     option("--population", type=int, default=12, help="GA population size (default 12)"),
@@ -136,7 +136,7 @@ COST_MODEL = OptionGroup("cost model (predictor stage of the GA)", (
 ))
 TUNING_GROUPS = (TUNING, REMOTE, COST_MODEL)
 
-# ---- ``mixed-precision OPERATOR``: method 003 and where it runs -------------------------------------
+# ---- ``mixed-precision OPERATOR``: the search's settings and where it runs -------------------------------------
 DEFAULT_PROGRAM_OUT = "tvm_ext_program"
 RUN_GROUP = OptionGroup("run", (
     TARGET.but(help="opencl (default) or cuda"),
@@ -149,11 +149,12 @@ RUN_GROUP = OptionGroup("run", (
 ))
 
 
-def method_003_group() -> OptionGroup:
-    """Method 003's settings, their defaults ``Method003Settings``' (imported when a parser is built)."""
-    from .mixed_precision import Method003Settings
+def mixed_precision_group() -> OptionGroup:
+    """The mixed-precision search's settings (the "method 003" group), their defaults
+    ``MixedPrecisionSettings``' (imported when a parser is built)."""
+    from .mixed_precision import MixedPrecisionSettings
 
-    d = Method003Settings()
+    d = MixedPrecisionSettings()
     return OptionGroup("method 003", (
         option("--error-bound", "--eb", type=float, default=d.error_bound,
                help=f"largest relative error accepted (eb, default {d.error_bound:g})"),

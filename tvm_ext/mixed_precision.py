@@ -6,7 +6,7 @@ The tuning core then gives the search what it gives every search: feasibility,
 parallel builds, isolated runs, dedup by config and by generated source, records
 appended as they are made (with the measured error in ``metrics``), and resume.
 
-``MixedPrecisionSearch`` is the method's S3–S6 loop as the patent states it:
+``MixedPrecisionSearch`` is the method's S3–S6 loop as it is published:
 
 - S3  measure the all-float32 program; keep at most ``nf`` stages, the slowest;
       parameters of the other stages stay float32.
@@ -195,8 +195,8 @@ class Predictor(Protocol):
 
 
 @dataclass(frozen=True)
-class Method003Settings:
-    """The method's parameters, by their names in the patent."""
+class MixedPrecisionSettings:
+    """The search's parameters; each comment gives the name the published method uses."""
 
     error_bound: float = 1e-3  # eb
     max_measurements: int = 40  # m
@@ -252,9 +252,9 @@ def error_of(record: Any) -> float:
 
 
 class MixedPrecisionSearch:
-    """S3–S6 of method 003 over a ``Tuner`` of a ``PrecisionProgram``."""
+    """The S3–S6 loop over a ``Tuner`` of a ``PrecisionProgram``."""
 
-    def __init__(self, tuner: Any, settings: Method003Settings, predictor: Predictor | None = None,
+    def __init__(self, tuner: Any, settings: MixedPrecisionSettings, predictor: Predictor | None = None,
                  log: Callable[[str], None] | None = None):
         self.tuner = tuner
         self.program: PrecisionProgram = tuner.template

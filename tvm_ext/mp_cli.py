@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .cli_args import Parser
 from .operator_cli import TILE_HELP, tile_option  # noqa: F401  (imported from here too)
-from .cli_options import RUN_GROUP, add_groups, method_003_group
+from .cli_options import RUN_GROUP, add_groups, mixed_precision_group
 
 
 def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = None) -> None:
@@ -37,19 +37,19 @@ def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = N
 
 
 def _add_method_args(p: argparse.ArgumentParser) -> None:
-    add_groups(p, method_003_group(), RUN_GROUP)
+    add_groups(p, mixed_precision_group(), RUN_GROUP)
 
 
 def run_mixed_precision(args: argparse.Namespace) -> int:
     from .codegen import export_program
-    from .mixed_precision import Method003Settings, MixedPrecisionSearch, PrecisionProgram, schedule_for
+    from .mixed_precision import MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram, schedule_for
     from .records import RecordStore
     from .cli_checks import check_index_range, check_out_dir, check_run_inputs
     from .session import Session, SessionOptions
 
     check_run_inputs(args)
     check_out_dir(args.out)
-    settings = Method003Settings(
+    settings = MixedPrecisionSettings(
         error_bound=args.error_bound, max_measurements=args.m, max_stages=args.nf, population=args.n0,
         generated=args.ng, measured=args.nm, mutation=args.u0, explore=args.explore, seed=args.seed)
     base = args.make_operator(args)

@@ -49,8 +49,8 @@ class TuneCommand:
 
 @dataclass(frozen=True)
 class PrecisionCommand:
-    """A ``mixed-precision`` subcommand (method 003 on the operator): its arguments, the
-    float32 operator they make and how it takes the tensor cores on CUDA."""
+    """A ``mixed-precision`` subcommand (the mixed-precision search on the operator): its
+    arguments, the float32 operator they make and how it takes the tensor cores on CUDA."""
 
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
@@ -102,7 +102,7 @@ class Operator:
 
     @property
     def precision_params(self) -> tuple[str, ...]:
-        """The tensors whose dtypes method 003 searches (the template's ``PRECISION_PARAMS``)."""
+        """The tensors whose dtypes the mixed-precision search varies (the template's ``PRECISION_PARAMS``)."""
         return tuple(p.name for p in getattr(self.template_class(), "PRECISION_PARAMS", ()))
 
     def unsupported_error(self, capability: str) -> TvmExtError | None:
@@ -255,7 +255,7 @@ _SHAPE = ("--shape", "128,128,64")
 
 GEMM_TUNE = TuneCommand(
     "gemm", help="fp32 GEMM C[M,N] = A[M,K]·B[K,N]",
-    description="Tune fp32 GEMM C[M,N] = A[M,K]·B[K,N] with the parallel genetic algorithm (patent 000).",
+    description="Tune fp32 GEMM C[M,N] = A[M,K]·B[K,N] with the parallel genetic algorithm.",
     knobs=cli.gemm_knobs, add_arguments=cli.add_gemm_args, make_template=cli.gemm_template, example=_SHAPE)
 
 GEMM_TC_TUNE = TuneCommand(
@@ -287,13 +287,14 @@ GEMM_3XTF32_TUNE = TuneCommand(
 REDUCE_TUNE = TuneCommand(
     "reduce", help="reduction of a vector, or of each row of a matrix (sum, max, min, mean, sumsq)",
     description="Tune a full 1-D reduction (--shape N) or a row-wise reduction (--shape ROWS,COLS) "
-                "from patent 001's x/z/w plan (the default config) with the genetic algorithm.",
+                "from the x/z/w vector split plan (the default config) with the genetic algorithm.",
     knobs=cli.reduce_knobs, add_arguments=cli.add_reduce_args, make_template=cli.reduce_template,
     example=("--shape", "64,256"))
 
 GRU_TUNE = TuneCommand(
     "gru", help="GRU inference layer (torch.nn.GRU semantics): the whole forward pass",
-    description="Tune a GRU layer stack (patent 004's pipeline and its fusions): cell block size, "
+    description="Tune a GRU layer stack (the input GEMM, per-step hidden GEMM and cell kernel pipeline, and "
+                "its fusions): cell block size, "
                 "step fusion and both gate GEMMs' tiles, timing the whole forward pass.",
     knobs=cli.gru_knobs, add_arguments=cli.add_gru_shape_args, make_template=cli.gru_template,
     example=("--batch", "2", "--hidden", "32", "--input", "16", "--seq", "3"))

@@ -3,7 +3,7 @@
 A strategy only sees index vectors and costs (seconds, +inf for infeasible or
 failed).  ``propose`` returns the next batch as one (batch, genes) array and
 ``observe`` takes the batch's costs: every GA operator works on the whole
-population array at once, which is the patent's "parallel" GA, and the driver
+population array at once, which is what makes the GA "parallel", and the driver
 builds a whole batch in parallel.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ def tournament_select(candidates: np.ndarray, costs: np.ndarray, size_pop: int, 
 
 @dataclass
 class GeneticSearch:
-    """Method 000: two-point crossover → mutation → back up offspring → tournament selection.
+    """The parallel GA: two-point crossover → mutation → back up offspring → tournament selection.
 
     Offspring are evaluated, then selection draws from parents ∪ offspring (the
     backup), so a good parent survives unless beaten.  ``history`` keeps each

@@ -60,7 +60,7 @@ class SessionOptions:
     build_timeout: float = 120.0
     run_timeout: float = 60.0
     measure: MeasureSettings = MeasureSettings()
-    analytic_seeds: int = 4  # method 002's picks seeding the GA after the default config
+    analytic_seeds: int = 4  # analytic GEMM tile picks seeding the GA after the default config
     # the predictor stage (strategy "ga+xgb"): breed ng, measure the model's nm
     ng: int | None = None  # default 16 x nm
     nm: int | None = None  # default population / 2
@@ -203,7 +203,7 @@ def _ga_s6(ctx: StrategyContext) -> SearchStrategy:
 
 @dataclass
 class AnalyticPick:
-    """One config chosen without measuring (the template's rule, or method 002's tile), then done."""
+    """One config chosen without measuring (the template's rule, or the analytic GEMM tile), then done."""
 
     space: Space
     config: Config
@@ -225,7 +225,7 @@ class AnalyticPick:
 
 def analytic_pick(template: Template, target: TargetInfo, candidates: Iterable[Config] | None = None
                   ) -> tuple[Config, str]:
-    """The template's own zero-measurement pick, else method 002's GEMM tile, and why."""
+    """The template's own zero-measurement pick, else the analytic GEMM tile, and why."""
     own = template.analytic_pick(target)
     if own is not None:
         return own
@@ -242,12 +242,12 @@ def _analytic(ctx: StrategyContext) -> SearchStrategy:
 
 STRATEGIES: dict[str, StrategyEntry] = {
     "random": StrategyEntry(_random, "uniform random configs, batch by batch (the baseline)"),
-    "ga": StrategyEntry(_ga, "the parallel genetic algorithm of method 000", breeds=True),
+    "ga": StrategyEntry(_ga, "the parallel genetic algorithm", breeds=True),
     "ga+xgb": StrategyEntry(_ga_xgb, "the GA with the XGBoost predictor stage (breed ng, measure nm)",
                             predictor=True, breeds=True),
     "ga+s6": StrategyEntry(_ga_s6, "the predictor-stage GA with the model off (nm offspring at random)",
                            predictor=True, breeds=True),
-    "analytic": StrategyEntry(_analytic, "method 002's tile (or the template's own pick), measured once",
+    "analytic": StrategyEntry(_analytic, "the analytic GEMM tile (or the template's own pick), measured once",
                               measures_default=False),
 }
 
@@ -444,7 +444,7 @@ class Session:
         """The GA's first individuals: the default config, the template's own zero-measurement
         pick (so a short search never ends below what ``--strategy analytic`` gives: the GRU's
         pick is a persistent kernel a few random draws rarely find), the template's
-        ``known_good`` configs, then method 002's picks (GEMM only)."""
+        ``known_good`` configs, then the analytic tile picks (GEMM only)."""
         from .cost_model.analytic import analytic_seeds
 
         picks: list[Config] = []

@@ -1,6 +1,6 @@
 """Knob spaces: finite typed choices, frozen configs, and the integer index encoding.
 
-The genetic tuner (method 000) works on index vectors, one gene per knob, so a
+The genetic tuner (``search.GeneticSearch``) works on index vectors, one gene per knob, so a
 space maps a config to an ``np.ndarray`` of choice indices and back.  Constraints
 mark configs infeasible *before* anything is built.
 """

@@ -2,10 +2,10 @@
 TVM's host code, or inside one persistent launch with a grid barrier between steps.
 
 Why: a recurrent layer's step kernel does microseconds of work, so issuing it from
-Python once per step makes the host the bottleneck (patent 004's small-batch case;
-cuDNN spends ~11 µs per step there).  Both forms take a scheduled kernel whose only
-per-step argument is a scalar ``step`` (its state must ping-pong inside one buffer
-indexed by the step's parity) and remove ``step`` from its signature.
+Python once per step makes the host the bottleneck (the GRU at small batch;
+docs/results/gru.md).  Both forms take a scheduled kernel whose only per-step argument is
+a scalar ``step`` (its state must ping-pong inside one buffer indexed by the step's
+parity) and remove ``step`` from its signature.
 
 - ``HOST``: the kernel is launched T times by a loop in the compiled host function
   (no Python between launches; works for any grid).

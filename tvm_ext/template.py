@@ -214,7 +214,8 @@ class Template(ABC):
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str] | None:
         """A config chosen without measuring and why (``--strategy analytic``), or None when
-        the template has no rule of its own (method 002's GEMM tile selection applies)."""
+        the template has no rule of its own (the analytic GEMM tile selection of
+        ``cost_model.analytic`` applies)."""
         return None
 
     def known_good(self, target: TargetInfo) -> list[Config]:

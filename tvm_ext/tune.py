@@ -108,7 +108,7 @@ def run_tuning(args: argparse.Namespace) -> int:
 
 
 def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
-    """Method 002 (or the template's own rule): print the pick; measure it once."""
+    """The analytic tile (or the template's own rule): print the pick; measure it once."""
     import dataclasses
 
     from .session import RUNNERS, Session

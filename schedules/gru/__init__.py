@@ -1,14 +1,14 @@
-"""GRU inference (patent 004) as TVM kernels, with PyTorch's semantics and weight layout.
+"""GRU inference (method 004) as TVM kernels, with PyTorch's semantics and weight layout.
 
 Everything about the GRU lives in this package, one role per module:
 
 - ``compute``: the float64 numpy reference of ``torch.nn.GRU``, the precision parameters
-  (method 003) and the stage of each kernel function;
+  (what the mixed-precision search varies) and the stage of each kernel function;
 - ``template``: ``GruTemplate``, the layer stack as one tunable unit (buffers, search space,
   default config, the kernel functions a config schedules); ``knobs``: its knobs;
 - ``step_variant``: ``StepVariant``, the step kernel a config selects (``variants`` chooses it
   once), each family in its own module with its knobs' decoding, its feasibility reason, its
-  kernels and its host calls: ``cell_step`` (the patent's hidden GEMM + cell kernel),
+  kernels and its host calls: ``cell_step`` (the unfused hidden GEMM + cell kernel),
   ``fused_step`` (the fused step kernel, per step, host-looped or persistent), ``flag_step``
   (the flag-exchange kernel), ``tensor_core_step`` (the tensor-core kernel); ``step_common``:
   the TIR they share (the cell's math, the state store, the exchange words);
@@ -20,7 +20,7 @@ Everything about the GRU lives in this package, one role per module:
   and what the builder and the runner ask of it (the program, how it is timed);
 - ``layer``: the user-facing ``GRU`` object (build once, run many times).
 
-Pipeline per layer (patent 004), gate order r, z, n as in PyTorch: S1 ``gi = x·W_iᵀ + b_i``
+Pipeline per layer (as published), gate order r, z, n as in PyTorch: S1 ``gi = x·W_iᵀ + b_i``
 for all T steps and both directions in one GEMM; per step S2 ``gh = h·W_hᵀ + b_h`` (a GEMM
 batched over directions) and S3/S4 the cell (or S2-S4 fused into one step kernel).
 """

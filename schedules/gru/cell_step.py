@@ -1,4 +1,4 @@
-"""The patent's step (``fuse_step`` 0): per step the hidden GEMM ``gh = h·W_hᵀ + b_h`` (S2,
+"""The unfused step (``fuse_step`` 0): per step the hidden GEMM ``gh = h·W_hᵀ + b_h`` (S2,
 the GEMM template batched over directions, knobs ``hid_*``) and the cell kernel (S3+S4, knob
 ``cell_block``), the state ping-ponging between two buffers.
 

@@ -1,12 +1,12 @@
 """The GRU's numbers: its float64 reference (``torch.nn.GRU``'s equations and layouts),
-its precision parameters (method 003) and which stage each kernel function belongs to.
+its precision parameters (what the mixed-precision search varies) and which stage each kernel function belongs to.
 
 Precision: every tensor, accumulator and the cell's math type is a ``PrecisionParam``
 tied to the stage that owns it (``PRECISION_PARAMS``): stage "input_gemm" (S1: ``x``,
 ``w_ih``, ``in_acc``, ``gi``), "hidden_gemm" (S2: ``w_hh``, ``hid_acc``, ``gh``) and
 "cell" (S3/S4: ``h``, ``cell_math``, ``out``).  Kernels widen what they load to their
 accumulator or math type and narrow what they store to the tensor's type; all float32
-(the default) is the patent's program, unchanged.  Choices where a buffer has no
+(the default) is the published program, unchanged.  Choices where a buffer has no
 parameter of its own: the biases take their weights' type; h0, the state ping-pong
 buffers and h_n are ``h``; the inner layers' output sequences (which feed layer ≥ 1's
 input GEMM) are written by the same cell kernel as the final output, so they are ``out``

@@ -7,7 +7,7 @@ Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and a
 barrier (fence, arrive on a counter, poll it, then load h) costs two L2 round trips more
 than the data needs; polling the data, whose tag comes in the same single-copy-atomic
 word, costs one (the hand-written CUDA C of ``benchmarks/probes/gru_flag_probe.py`` measured both;
-figures in ``benchmarks/RESULTS.md``).
+figures in ``docs/results/gru.md``).
 
 A block owns ``units`` hidden units of one direction, all batch rows; a warp per unit, its
 32 lanes splitting k (lane l takes k = l, l+32, ...), each lane's share of W_hh (3 gates)

@@ -8,7 +8,7 @@ from tvm_ext.space import Config, Knob
 
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),
-         "cell kernel threads per block (patent: 512), clamped to the device limit"),
+         "cell kernel threads per block (the published pipeline: 512), clamped to the device limit"),
     Knob("fuse_step", (0, 1),
          "1: hidden GEMM + cell in one kernel per step (one launch fewer per step)"),
     Knob("step_j", (2, 4, 8, 16, 32, 64, 128, 256), "fused step kernel: threads along the hidden units "

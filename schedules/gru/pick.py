@@ -1,7 +1,7 @@
 """The GRU's zero-measurement config (``GruTemplate.analytic_pick``): rules read off the
 fused step kernel's measurements, sized by the hardware model, so any shape gets a fast kernel
-without tuning.  The measurements behind each rule are in ``benchmarks/RESULTS.md`` ("The GRU
-pick's evidence").
+without tuning.  The measurements behind each rule are in ``docs/results/gru.md`` ("History: the
+GRU pick's evidence").
 
 - On CUDA the fused step kernel as the persistent kernel (one launch per layer) wherever its
   grid is resident, with the acquire/release barrier and gi loaded a step ahead.
@@ -19,7 +19,7 @@ pick's evidence").
   to check per call; float16 parts elsewhere), else the fp32 GEMM study's tile where it gives
   every SM a block.
 
-On a CPU device (PoCL) the patent pipeline, which was the faster family there.
+On a CPU device (PoCL) the unfused pipeline, which was the faster family there.
 """
 from __future__ import annotations
 
@@ -38,18 +38,15 @@ SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of 32 rows with W_hh's slice in shared memory
 MANY_ROWS_UNITS = (4, 8, 16)  # their units per block, tried in order
 FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
-FLAG_BATCH_TENSOR_CORE = 4  # with 16-bit state, up to this batch (B2 H512: 0.141 ms against 0.211 on tensor cores)
+FLAG_BATCH_TENSOR_CORE = 4  # with 16-bit state, up to this batch (faster there than the tensor-core kernel)
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
 # From this many flops of layer 0's input GEMM on, float32 runs it as float16 parts on the tensor
-# cores (``split.py``; H100, T128: B8 H512, 1.6 GFLOP, 0.044 ms against 0.071; B64 H1024 0.53 against
-# 1.16; B1 H256, 0.05 GFLOP: 0.029 against 0.027)
+# cores (``split.py``): faster from B8 H512 (1.6 GFLOP) on, not at B1 H256 (docs/results/gru.md)
 SPLIT_MIN_FLOPS = 1e9
 # From this many flops on, a float16 input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
-# mma.sync tile (H100, T128: B64 H1024, 51.5 GFLOP, the pass 0.758 ms against 0.806, its input GEMM
-# 0.113 against 0.160; B8 H512, 1.6 GFLOP: 0.201 both ways; both measured with W_ih copied N-major
-# in each pass, before the kernel read it as stored)
+# mma.sync tile: faster at B64 H1024 (51.5 GFLOP), a tie at B8 H512 (1.6 GFLOP; docs/results/gru.md)
 WGMMA_MIN_FLOPS = 1e10
-# The fp32 GEMM study's best tile (RESULTS.md: 43.2 TFLOP/s at 4096^3 on the H100)
+# The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
 
@@ -58,7 +55,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     """(config, why) for ``template`` (a ``GruTemplate``) on ``target``."""
     base = template.default_config(target)
     if target.is_cpu:
-        return base, "CPU device: the patent pipeline (per-step GEMM, then the cell kernel)"
+        return base, "CPU device: the unfused pipeline (per-step GEMM, then the cell kernel)"
     hw = HardwareModel.from_target(target)
     space = template.space(target)
     cuda = target.kind == "cuda"
@@ -110,7 +107,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if space.is_feasible(cfg):
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid); {gemm_why}")
-    return base, f"the patent pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+    return base, f"the unfused pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
 
 
 TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kernel, in the pick's order
@@ -119,13 +116,12 @@ TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kern
 
 def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
     """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid), h
-    exchanged as tagged words (float16 B16 H512 T64: 0.131 ms against 0.164 with the grid
-    barrier; B8 H512 0.199 against 0.279 on the flag-exchange CUDA-core kernel), the first
-    block of ``TC_BLOCKS`` whose grid is resident: 16 units and 16 rows on 4 k warps (more,
-    smaller blocks: at B8 H512 0.194 ms against 0.231 with 32 units), else 32 units and 16
-    rows on 4 warps splitting the units (a step's exchange is blocks x rows x H words, H²·B/
-    units: at B64 H1024 0.603 ms against 0.745 with 16 units and 32 rows), else more rows;
-    None where no such config fits."""
+    exchanged as tagged words (faster than the grid barrier and than the flag-exchange
+    CUDA-core kernel), the first block of ``TC_BLOCKS`` whose grid is resident: 16 units and
+    16 rows on 4 k warps (more, smaller blocks), else 32 units and 16 rows on 4 warps
+    splitting the units (a step's exchange is blocks x rows x H words, H²·B/units, so fewer
+    blocks exchange less), else more rows; None where no such config fits.  The timings
+    behind each choice: docs/results/gru.md."""
     for units, rows, k_warps, n_warps in TC_BLOCKS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=units,
                            step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps)
@@ -136,9 +132,8 @@ def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
 
 def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
     """The flag-exchange step kernel at small batch (the caller bounds the batch): the fewest
-    units per block whose grid fits one block per SM (more blocks share the math; float32 on
-    the H100: B1 H256 0.84 µs a step, B8 H512 2.64 with 4 units, against 1.54 and 4.15 with a
-    grid barrier); None where no such config fits."""
+    units per block whose grid fits one block per SM (more blocks share the math; faster than
+    a grid barrier, docs/results/gru.md); None where no such config fits."""
     for units in FLAG_UNITS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=units)
         if template.step_variant(cfg).shape.blocks <= sm_count and space.is_feasible(cfg):

@@ -17,7 +17,7 @@ MAX_REGISTERS, OTHER_REGISTERS = 255, 40
 def tanh(T: Any, v: Any, math: str, kind: str) -> Any:
     """tanh(v); in float32 as sign(v)·(-e / (2 + e)) with e = expm1(-2|v|): NVRTC builds TVM's
     CUDA with --use_fast_math, under which tanhf is an approximation that set the float32 GRU's
-    error, while expm1f stays accurate (figures: ``benchmarks/RESULTS.md``).  ``kind``: the
+    error, while expm1f stays accurate (figures: ``docs/results/gru.md``).  ``kind``: the
     target kind, which names the C function (CUDA ``expm1f``, OpenCL ``expm1``)."""
     from tvm import tirx
 

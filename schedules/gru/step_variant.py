@@ -4,7 +4,7 @@ decoding of its knobs, why it cannot run a config on a target, its kernels and i
 the host plan.  ``variants.step_variant`` makes the choice once; the template, the host plan
 and the pick ask the variant rather than reading the knobs again.
 
-Families (each in its own module): the patent's hidden GEMM + cell kernel per step
+Families (each in its own module): the unfused hidden GEMM + cell kernel per step
 (``cell_step``), the fused step kernel per step or looped on the host and its persistent form
 behind a grid barrier (``fused_step``), the flag-exchange kernel (``flag_step``), its blocks as a
 thread-block cluster (``cluster_step``) and the tensor-core kernel (``tensor_core_step``).

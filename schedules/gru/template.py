@@ -2,7 +2,7 @@
 default config, and the kernel functions a config schedules.
 
 Its "kernel" is the whole forward pass (every launch of every step of every layer), so
-the GA tuner searches it like any operator.  Pipeline per layer (patent 004):
+the GA tuner searches it like any operator.  Pipeline per layer (as published):
 
 - S1 ``gi = x·W_iᵀ + b_i`` for all T steps and both directions in one GEMM,
   shape (T·B, dirs·3H) (``input_gemm``: the GEMM template with a bias row).
@@ -473,7 +473,7 @@ class GruTemplate(DtypeFields, Template):
         return tuple(name for name, _ in config.items if not name.startswith(prefixes) and name not in names)
 
     def default_config(self, target: TargetInfo) -> Config:
-        """The patent's pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
+        """The published pipeline (no step fusion, 512-thread cell blocks) with sensible GEMM tiles."""
         values: dict[str, Any] = {"cell_block": 512, "fuse_step": 0, "step_j": 64, "step_b": 1, "step_u": 1,
                                   "step_bt": 1, "step_k": 32, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,

@@ -3,7 +3,7 @@ dot products ``h · W_hh`` through ``ldmatrix`` + ``mma.sync.m16n8k16``, W_hh's 
 in shared memory for all T steps, the cell on the accumulators, one launch per layer.
 
 Why a kernel of its own: at large batch the fused step kernel's dot products on the CUDA
-cores are the floor (B64 H1024: 403 MFLOP a step, ~8 µs at the float32 SIMT rate), while
+cores are the floor (B64 H1024: 403 MFLOP a step, several microseconds at the float32 SIMT rate), while
 the tensor cores do them in well under a microsecond; a 16-bit W_hh (6 MB at H1024) fits
 the SMs' shared memory, so it is read from memory once per layer instead of every step.
 It is written as the loops TVM lowers a schedule to (launch threads, shared and register
@@ -59,8 +59,8 @@ TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
-POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (H100, B64 H1024 float16,
-# 2 k warps: 0.724 ms against 0.750 with 32 and 0.831 with 16; B8 H512 and 4 k warps: the same)
+POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
+# at B64 H1024, the same at B8 H512; docs/results/gru.md)
 
 
 def _acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
