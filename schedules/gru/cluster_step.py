@@ -22,39 +22,25 @@ from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.hardware import CLUSTER_MAX, supports_clusters
-from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import WARP
 from tvm_ext.space import Config
 from tvm_ext.step_loop import BARRIER_WORDS, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
-from .flag_step import FLAG_UNITS, MAX_ROWS
-from .step_common import MAX_REGISTERS, cell_math, stored_as
+from .step_common import MAX_REGISTERS, stored_as
 from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason
+from .warp_units import WarpUnitMath, WarpUnitShape
 
 # Registers a thread needs besides its W share, sums and peers (addresses, the cell, the loop):
 # fewer than the other step kernels' budget, which polls or stages h in registers
 CLUSTER_OTHER_REGISTERS = 20
+KERNEL = "cluster step kernel"  # its name in messages
 
 
 @dataclass(frozen=True)
-class ClusterStepShape:
+class ClusterStepShape(WarpUnitShape):
     """The sizes a cluster step config implies for one GRU shape: ``units`` hidden units a
     block, the blocks of a direction one cluster."""
-
-    batch: int
-    hidden: int
-    dirs: int
-    units: int
-    w_dtype: str
-
-    @property
-    def k_per_lane(self) -> int:
-        return -(-self.hidden // WARP)
-
-    @property
-    def threads(self) -> int:
-        return WARP * self.units
 
     @property
     def cluster(self) -> int:
@@ -68,8 +54,7 @@ class ClusterStepShape:
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the accumulators (3 gates x rows), the
         peers' addresses and the rest."""
-        w = 3 * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
-        return w + 3 * self.batch + -(-self.cluster // (WARP // self.batch)) + CLUSTER_OTHER_REGISTERS
+        return self.w_registers() + 3 * self.batch + -(-self.cluster // (WARP // self.batch)) + CLUSTER_OTHER_REGISTERS
 
     def shared_bytes(self) -> int:
         """h twice (the slot read and the slot written), float32, rows padded to 32 k."""
@@ -81,7 +66,6 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                       name: str = "gru_steps") -> Any:
     """The cluster step kernel of one layer as a lowered PrimFunc (gi, hs, w, bias, layer, out,
     h_n): it reads h0 from slot 0 of the state ``hs`` that ``gru_init`` wrote."""
-    from tvm import tirx
     from tvm.script import tirx as T
 
     shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype)
@@ -89,25 +73,12 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
     slot_words = batch * HP
     threads = shape.threads
-    full = tirx.const(0xFFFFFFFF, "uint32")
-
-    def cell(sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
-        """h' of the lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
-        gh = [stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
-        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
-
     lanes_per_row = WARP // batch  # lanes running the cell of one row, each storing h' into some of the peers
     storing_lanes = lanes_per_row * batch
     peers = -(-cluster // lanes_per_row)  # blocks each storing lane writes to
-
-    @T.macro
-    def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
-        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
-        for g in T.unroll(3):
-            gi_reg[g] = T.if_then_else(tx < storing_lanes and j < hidden,
-                                       gi[T.min(t_row * batch + tx % batch, steps * batch - 1),
-                                          T.min(bz * G + g * hidden + j, dirs * G - 1)],
-                                       T.cast(0, gi_dtype))
+    math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
+                        cell_lanes=storing_lanes)
+    load_w, load_gi, gate_sums, select_row = math.macros(slotted=True)
 
     tx_bytes = batch * hidden * 4  # what each block receives a step: all of h', float32
 
@@ -153,13 +124,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
             for i in T.unroll(2):
                 T.ptx["mbarrier.init.shared::cta.b64"](T.cuda.cvta_generic_to_shared(mbar.ptr_to([i])), T.uint32(1))
             T.ptx["fence.mbarrier_init.release.cluster"]()
-        # the lane's W_hh share, once for all steps: w_r[g * KP + i] = W[k = tx + 32 i, g * H + j]
-        for g in T.unroll(3):
-            for i in T.unroll(KP):
-                k = T.meta_var(tx + i * WARP)
-                w_r[g * KP + i] = T.if_then_else(k < hidden and j < hidden,
-                                                 w[bz, T.min(k, hidden - 1), g * hidden + T.min(j, hidden - 1)],
-                                                 T.cast(0, w_dtype))
+        load_w(w, w_r, bz, j, tx)  # the lane's W_hh share, once for all steps
         for it in T.unroll(-(-2 * slot_words // threads)):  # h0 into slot 0; k past the hidden size stays zero
             f = T.meta_var(it * threads + tid)
             if f < 2 * slot_words:
@@ -184,24 +149,12 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                 T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
                     T.cuda.cvta_generic_to_shared(mbar.ptr_to([(s + 1) % 2])), T.uint32(tx_bytes))
             read = T.meta_var((s % 2) * slot_words)
-            for b in T.unroll(batch):
-                for g in T.unroll(3):
-                    acc[g * batch + b] = T.cast(0, acc_dtype)
-                for i in T.unroll(KP):
-                    for g in T.unroll(3):
-                        acc[g * batch + b] = acc[g * batch + b] + T.cast(w_r[g * KP + i], acc_dtype) * T.cast(
-                            h_s[read + b * HP + tx + i * WARP], acc_dtype)
-            for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
-                for v in T.unroll(3 * batch):
-                    acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
-                                                    T.shift_right(16, r), WARP)
-            for g in T.unroll(3):  # lane l's row l % batch, selected (every lane runs one cell)
-                sums[g] = acc[g * batch]
-                for b in T.unroll(1, batch):
-                    sums[g] = T.if_then_else(tx % batch == b, acc[g * batch + b], sums[g])
+            gate_sums(acc, w_r, h_s, read, tx)
+            select_row(sums, acc, tx)  # lane l's row l % batch
             if tx < storing_lanes and j < hidden:
                 row = T.meta_var(tx % batch)
-                h_new[0] = T.cast(stored_as(cell(sums, b_h, gi_reg, h_s[read + row * HP + j]), h_dtype), "float32")
+                h_new[0] = T.cast(stored_as(math.cell(sums, b_h, gi_reg, h_s[read + row * HP + j]), h_dtype),
+                                  "float32")
                 if s + 1 < steps:  # lane l stores into peers l // batch, + lanes_per_row, ...
                     for r in T.unroll(peers):
                         if r * lanes_per_row + tx // batch < cluster:
@@ -259,10 +212,8 @@ class ClusterStep(StepVariant):
 
     def _tile_reason(self) -> str | None:
         shape = self.shape
-        if shape.units not in FLAG_UNITS:
-            return f"cluster step kernel: {shape.units} units per block; allowed: {FLAG_UNITS}"
-        if shape.batch > MAX_ROWS:
-            return f"cluster step kernel: batch {shape.batch} > {MAX_ROWS} (one lane per row runs the cell)"
+        if why := shape.tile_reason(KERNEL):
+            return why
         if shape.cluster > CLUSTER_MAX:
             return (f"cluster step kernel: hidden {shape.hidden} over {shape.units} units a block is a cluster of "
                     f"{shape.cluster} blocks > {CLUSTER_MAX} (the largest cluster)")
@@ -273,11 +224,8 @@ class ClusterStep(StepVariant):
 
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
-        if shape.threads > target.max_threads_per_block:
-            return f"cluster step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
-        if shape.shared_bytes() > target.max_shared_memory_per_block:  # h_s is static shared memory
-            return (f"cluster step kernel: h twice in shared memory needs {shape.shared_bytes()} B > "
-                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
+        if why := shape.block_reason(KERNEL, target, shape.shared_bytes(), "h twice"):
+            return why
         hw = HardwareModel.from_target(target)
         if hw.registers_per_sm and shape.threads * shape.registers() > hw.registers_per_sm:
             return (f"cluster step kernel: a block of {shape.threads} threads needs about {shape.registers()} "

@@ -28,37 +28,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.precision import itemsize
 from tvm_ext.schedules.warp_tile import WARP
 from tvm_ext.space import Config
 from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
-from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_math, stored_as, word_tag
+from .step_common import MAX_REGISTERS, OTHER_REGISTERS, stored_as, word_tag
+from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
 
-FLAG_UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
+FLAG_UNITS = UNITS  # hidden units per block, a warp each
+KERNEL = "flag-exchange step kernel"  # its name in messages
 POLL_WORDS = 32  # h words a thread polls at once (64 registers); more are polled in rounds of this many
-MAX_ROWS = WARP  # lane b runs the cell of row b
 
 
 @dataclass(frozen=True)
-class FlagStepShape:
+class FlagStepShape(WarpUnitShape):
     """The sizes a flag-exchange step config implies for one GRU shape."""
-
-    batch: int
-    hidden: int
-    dirs: int
-    units: int
-    w_dtype: str
-
-    @property
-    def k_per_lane(self) -> int:
-        return -(-self.hidden // WARP)
-
-    @property
-    def threads(self) -> int:
-        return WARP * self.units
 
     @property
     def blocks(self) -> int:
@@ -81,8 +67,7 @@ class FlagStepShape:
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the words it polls at once (64-bit),
         the accumulators (3 gates x rows) and the rest."""
-        w = 3 * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
-        return w + 2 * self.poll_words + 3 * self.batch + OTHER_REGISTERS
+        return self.w_registers() + 2 * self.poll_words + 3 * self.batch + OTHER_REGISTERS
 
     def shared_bytes(self) -> int:
         return self.batch * self.k_per_lane * WARP * 4
@@ -94,7 +79,6 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     """The persistent flag-exchange step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar, hx), the persistent step kernels' signature
     plus ``hx``, the (2, dirs, batch, hidden) uint64 words of h ``gru_init`` prepared."""
-    from tvm import tirx
     from tvm.script import tirx as T
 
     shape = FlagStepShape(batch, hidden, dirs, units, w_dtype)
@@ -103,7 +87,6 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     threads, chunk = shape.threads, shape.poll_words
     grid_x = -(-hidden // units)
     n_words = batch * hidden
-    full = tirx.const(0xFFFFFFFF, "uint32")
 
     def value_of(word: Any) -> Any:
         return T.reinterpret("float32", T.Cast("uint32", word))
@@ -112,19 +95,9 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         bits = T.Cast("uint64", T.reinterpret("uint32", T.Cast("float32", value)))
         return T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)), bits)
 
-    def cell(sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
-        """h' of the lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
-        gh = [stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(3)]
-        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, math_dtype, state=h_dtype)
-
-    @T.macro
-    def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
-        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
-        for g in T.unroll(3):
-            gi_reg[g] = T.if_then_else(tx < batch and j < hidden,
-                                       gi[T.min(t_row * batch + tx, steps * batch - 1),
-                                          T.min(bz * G + g * hidden + j, dirs * G - 1)],
-                                       T.cast(0, gi_dtype))
+    math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
+                        cell_lanes=batch)
+    load_w, load_gi, gate_sums, select_row = math.macros()
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), h_dtype),
@@ -147,13 +120,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         tid = T.meta_var(ty * WARP + tx)
         j = T.meta_var(bx * U + ty)
-        # the lane's W_hh share, once for all steps: w_r[g * KP + i] = W[k = tx + 32 i, g * H + j]
-        for g in T.unroll(3):
-            for i in T.unroll(KP):
-                k = T.meta_var(tx + i * WARP)
-                w_r[g * KP + i] = T.if_then_else(k < hidden and j < hidden,
-                                                 w[bz, T.min(k, hidden - 1), g * hidden + T.min(j, hidden - 1)],
-                                                 T.cast(0, w_dtype))
+        load_w(w, w_r, bz, j, tx)  # the lane's W_hh share, once for all steps
         for it in T.unroll(-(-batch * HP // threads)):  # k past the hidden size stays zero
             if it * threads + tid < batch * HP:
                 h_s[it * threads + tid] = T.float32(0)
@@ -185,24 +152,11 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                     if f < n_words:
                         h_s[f // hidden * HP + f % hidden] = value_of(got[i])
             T.tvm_storage_sync("shared")
-            for b in T.unroll(batch):
-                for g in T.unroll(3):
-                    acc[g * batch + b] = T.cast(0, acc_dtype)
-                for i in T.unroll(KP):
-                    for g in T.unroll(3):
-                        acc[g * batch + b] = acc[g * batch + b] + T.cast(w_r[g * KP + i], acc_dtype) * T.cast(
-                            h_s[b * HP + tx + i * WARP], acc_dtype)
-            for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
-                for v in T.unroll(3 * batch):
-                    acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
-                                                    T.shift_right(16, r), WARP)
-            for g in T.unroll(3):  # lane b's row b, selected (every lane runs one cell)
-                sums[g] = acc[g * batch]
-                for b in T.unroll(1, batch):
-                    sums[g] = T.if_then_else(tx == b, acc[g * batch + b], sums[g])
+            gate_sums(acc, w_r, h_s, tx)
+            select_row(sums, acc, tx)  # lane b's row b
             if tx < batch and j < hidden:
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
-                h_new = T.meta_var(cell(sums, b_h, gi_reg, h_s[tx * HP + j]))
+                h_new = T.meta_var(math.cell(sums, b_h, gi_reg, h_s[tx * HP + j]))
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),
                                          packed(stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
@@ -253,10 +207,8 @@ class FlagStep(StepVariant):
     def _tile_reason(self) -> str | None:
         """Why this shape cannot run on the kernel, before residency."""
         shape = self.shape
-        if shape.units not in FLAG_UNITS:
-            return f"flag-exchange step kernel: {shape.units} units per block; allowed: {FLAG_UNITS}"
-        if shape.batch > MAX_ROWS:
-            return f"flag-exchange step kernel: batch {shape.batch} > {MAX_ROWS} (one lane per row runs the cell)"
+        if why := shape.tile_reason(KERNEL):
+            return why
         if shape.registers() > MAX_REGISTERS:
             return (f"flag-exchange step kernel: needs about {shape.registers()} registers per thread (W share "
                     f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums) > "
@@ -265,11 +217,8 @@ class FlagStep(StepVariant):
 
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
-        if shape.threads > target.max_threads_per_block:
-            return f"flag-exchange step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
-        if shape.shared_bytes() > target.max_shared_memory_per_block:  # h_s is static shared memory
-            return (f"flag-exchange step kernel: h in shared memory needs {shape.shared_bytes()} B > "
-                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
+        if why := shape.block_reason(KERNEL, target, shape.shared_bytes(), "h"):
+            return why
         hw = HardwareModel.from_target(target)
         per_sm, fits = residency(hw, shape.blocks, shape.threads, shape.shared_bytes())
         if hw.registers_per_sm:

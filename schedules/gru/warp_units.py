@@ -1,0 +1,169 @@
+"""What the small-batch persistent step kernels share (``flag_step.py``, ``cluster_step.py``): a
+warp per hidden unit, its 32 lanes splitting k (lane l takes k = l, l+32, ...), each lane's share of
+W_hh (3 gates) in registers for all T steps, partial dot products over a row of h in shared memory,
+a butterfly of shuffles that leaves every lane with every sum, and the cell of one row per lane.
+The kernels differ in how h goes between blocks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm_ext.precision import itemsize
+from tvm_ext.schedules.warp_tile import WARP
+from tvm_ext.target import TargetInfo
+
+from .step_common import cell_math, stored_as
+
+
+UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
+MAX_ROWS = WARP  # a lane per row runs the cell
+
+
+@dataclass(frozen=True)
+class WarpUnitShape:
+    """``units`` hidden units a block, a warp each, for one GRU shape."""
+
+    batch: int
+    hidden: int
+    dirs: int
+    units: int
+    w_dtype: str
+
+    @property
+    def k_per_lane(self) -> int:
+        return -(-self.hidden // WARP)
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.units
+
+    def w_registers(self) -> int:
+        """32-bit registers of a lane's W_hh share (3 gates x ``k_per_lane``)."""
+        return 3 * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
+
+    def tile_reason(self, kernel: str) -> str | None:
+        """Why ``kernel`` (its name in messages) cannot take these units and rows."""
+        if self.units not in UNITS:
+            return f"{kernel}: {self.units} units per block; allowed: {UNITS}"
+        if self.batch > MAX_ROWS:
+            return f"{kernel}: batch {self.batch} > {MAX_ROWS} (one lane per row runs the cell)"
+        return None
+
+    def block_reason(self, kernel: str, target: TargetInfo, shared_bytes: int, what: str) -> str | None:
+        """Why a block of ``kernel`` does not fit ``target``: its threads, or ``what`` (h as it
+        is held) in ``shared_bytes`` of static shared memory."""
+        if self.threads > target.max_threads_per_block:
+            return f"{kernel}: {self.threads} threads > device limit {target.max_threads_per_block}"
+        if shared_bytes > target.max_shared_memory_per_block:
+            return (f"{kernel}: {what} in shared memory needs {shared_bytes} B > "
+                    f"{target.max_shared_memory_per_block} B of static shared memory a block")
+        return None
+
+
+@dataclass(frozen=True)
+class WarpUnitMath:
+    """The TIR macros of the shared math for one kernel's sizes and types.  ``cell_lanes``:
+    the lanes that run a cell, lane l the row l % batch (``batch``: lane b runs row b)."""
+
+    steps: int
+    batch: int
+    hidden: int
+    dirs: int
+    k_per_lane: int
+    h_dtype: str
+    w_dtype: str
+    gi_dtype: str
+    acc_dtype: str
+    gh_dtype: str
+    math_dtype: str
+    cell_lanes: int
+
+    @property
+    def row_padded(self) -> int:
+        """A row of h in shared memory: ``k_per_lane`` x 32 words, zero past the hidden size."""
+        return self.k_per_lane * WARP
+
+    def row_of(self, tx: Any) -> Any:
+        """The batch row whose cell lane ``tx`` runs."""
+        return tx if self.cell_lanes == self.batch else tx % self.batch
+
+    def cell(self, sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
+        """h' of a lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
+        from tvm.script import tirx as T
+
+        gh = [stored_as(sums[g] + b_h[g].astype(self.acc_dtype), self.gh_dtype) for g in range(3)]
+        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, self.math_dtype, state=self.h_dtype)
+
+    def macros(self, slotted: bool = False) -> tuple[Any, Any, Any, Any]:
+        """(load_w, load_gi, gate_sums, select_row): the lane's W_hh share once; its row's gi of
+        a step into registers; every lane's 3 x batch sums over the rows of h in shared memory
+        (``slotted``: from word ``base`` on, ``gate_sums(acc, w_r, h_s, base, tx)``); each gate's
+        sum of the lane's own row into ``sums``."""
+        from tvm import tirx
+        from tvm.script import tirx as T
+
+        steps, batch, hidden, dirs, KP, HP = (self.steps, self.batch, self.hidden, self.dirs, self.k_per_lane,
+                                              self.row_padded)
+        G, gi_dtype, w_dtype, acc_dtype, cell_lanes = 3 * hidden, self.gi_dtype, self.w_dtype, self.acc_dtype, \
+            self.cell_lanes
+        full = tirx.const(0xFFFFFFFF, "uint32")
+        row_of = self.row_of
+
+        @T.macro
+        def load_w(w, w_r, bz, j, tx):  # type: ignore[no-untyped-def]
+            # w_r[g * KP + i] = W[k = tx + 32 i, g * H + j]
+            for g in T.unroll(3):
+                for i in T.unroll(KP):
+                    k = T.meta_var(tx + i * WARP)
+                    w_r[g * KP + i] = T.if_then_else(k < hidden and j < hidden,
+                                                     w[bz, T.min(k, hidden - 1), g * hidden + T.min(j, hidden - 1)],
+                                                     T.cast(0, w_dtype))
+
+        @T.macro
+        def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
+            t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
+            for g in T.unroll(3):
+                gi_reg[g] = T.if_then_else(tx < cell_lanes and j < hidden,
+                                           gi[T.min(t_row * batch + row_of(tx), steps * batch - 1),
+                                              T.min(bz * G + g * hidden + j, dirs * G - 1)],
+                                           T.cast(0, gi_dtype))
+
+        @T.macro
+        def dot_products(acc, w_r, h_s, at, b, i):  # type: ignore[no-untyped-def]
+            for g in T.unroll(3):
+                acc[g * batch + b] = acc[g * batch + b] + T.cast(w_r[g * KP + i], acc_dtype) * T.cast(
+                    h_s[at], acc_dtype)
+
+        @T.macro
+        def butterfly(acc):  # type: ignore[no-untyped-def]
+            for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
+                for v in T.unroll(3 * batch):
+                    acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
+                                                    T.shift_right(16, r), WARP)
+
+        @T.macro
+        def gate_sums(acc, w_r, h_s, tx):  # type: ignore[no-untyped-def]
+            for b in T.unroll(batch):
+                for g in T.unroll(3):
+                    acc[g * batch + b] = T.cast(0, acc_dtype)
+                for i in T.unroll(KP):
+                    dot_products(acc, w_r, h_s, b * HP + tx + i * WARP, b, i)
+            butterfly(acc)
+
+        @T.macro
+        def gate_sums_from(acc, w_r, h_s, base, tx):  # type: ignore[no-untyped-def]
+            for b in T.unroll(batch):
+                for g in T.unroll(3):
+                    acc[g * batch + b] = T.cast(0, acc_dtype)
+                for i in T.unroll(KP):
+                    dot_products(acc, w_r, h_s, base + b * HP + tx + i * WARP, b, i)
+            butterfly(acc)
+
+        @T.macro
+        def select_row(sums, acc, tx):  # type: ignore[no-untyped-def]
+            for g in T.unroll(3):  # every lane runs one cell: its row's sums selected
+                sums[g] = acc[g * batch]
+                for b in T.unroll(1, batch):
+                    sums[g] = T.if_then_else(row_of(tx) == b, acc[g * batch + b], sums[g])
+
+        return load_w, load_gi, gate_sums_from if slotted else gate_sums, select_row
