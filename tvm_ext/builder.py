@@ -9,6 +9,7 @@ library included as bytes, so a runner needs no file of the builder's.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -83,11 +84,13 @@ class LocalBuilder:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.timeout = timeout
         self._pool: Any = None
+        self._lock = threading.Lock()  # tuners in several threads build at once
 
     def _get_pool(self) -> RestartingPool:
-        if self._pool is None:
-            self._pool = RestartingPool(self.workers, _init_worker)
-        return self._pool
+        with self._lock:
+            if self._pool is None:
+                self._pool = RestartingPool(self.workers, _init_worker)
+            return self._pool
 
     @property
     def rebuilds(self) -> int:

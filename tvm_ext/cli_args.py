@@ -34,7 +34,7 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         target=args.target, device=args.device, strategy=strategy, runner=runner_name(args),
         generations=args.generations, population=args.population, tourn_size=args.tourn_size,
         mutation=args.mutation, trials=args.trials, workers=args.workers, overlap=not args.no_overlap,
-        seed=args.seed, records=args.records,
+        seed=args.seed, records=args.records, tasks_in_flight=getattr(args, "tasks_in_flight", 1),
         build_timeout=args.build_timeout, run_timeout=args.run_timeout, ng=args.ng, nm=args.nm,
         explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option)
         + rpc_runner_options(args), measure=MeasureSettings(cuda_graph=not args.no_cuda_graph))

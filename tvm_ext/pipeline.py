@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
@@ -343,17 +344,29 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
             log(f"{group.template.describe()}: in the database, not tuned again")
     if todo:
         with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
-            for group in todo.values():
+            def search(group: _Group, searches: _Searches | None = None) -> bool:
+                """One workload's search (one of ``searches``, in a thread with a handle of its
+                own on the records file); True where it was stopped."""
                 names = ", ".join(_task_name(i, matches, grus) for i in group.tasks)
-                tuner = session.tuner(group.template, on_record=on_record)
+                tuner = session.tuner(group.template, on_record=on_record,
+                                      store=None if searches is None else RecordStore(records))
                 log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")
-                result = session.search(tuner)
+                result = session.search(tuner) if searches is None else searches.run(tuner, session.search)
                 group.trials = result.trials
                 group.best = result.best.cost if result.best else math.inf
                 group.default = result.default.cost if result.default and result.default.ok else math.inf
-                if result.interrupted:
-                    interrupted = True
-                    break
+                return result.interrupted
+
+            if options.tasks_in_flight > 1 and len(todo) > 1:
+                searches = _Searches()
+                interrupted = searches.all_at_once(list(todo.values()), options.tasks_in_flight,
+                                                   lambda group: search(group, searches), session)
+                store = RecordStore(records)  # the records the threads wrote, read afresh for the export
+            else:
+                for group in todo.values():
+                    if search(group):
+                        interrupted = True
+                        break
 
     reports = []
     for i, (task, m) in enumerate(zip(tasks, matches)):
@@ -375,6 +388,55 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
         reports.append(_report(name, 1, gru.template, group, len(matches) + j, outcome, log))
     return RelaxTuning(tuple(reports), database, records, target, interrupted,
                        time.perf_counter() - start)
+
+
+class _Searches:
+    """Several workloads searched at once, each in a thread with its own tuner and records
+    handle, sharing the session's builder pool and runner (a model's tasks spread over the
+    runner's devices: while one search waits at the end of its generation, the others measure).
+    Ctrl-C reaches the main thread: every tuner then ends after its batch in flight, and
+    workloads not started yet are not."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tuners: list[Any] = []
+        self._stopped = False
+
+    def run(self, tuner: Any, search: Callable[[Any], Any]) -> Any:
+        with self._lock:
+            self._tuners.append(tuner)
+            if self._stopped:
+                tuner.stop()
+        return search(tuner)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for tuner in self._tuners:
+                tuner.stop()
+
+    def all_at_once(self, groups: Sequence[Any], at_once: int, search: Callable[[Any], bool], session: Any) -> bool:
+        """``search`` of every group, ``at_once`` in flight; True where they were stopped (Ctrl-C
+        here, or in a search).  A search that raises stops the others and its error is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ = (session.builder, session.runner)  # made here, before any thread asks for them
+        pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="tvm_ext-search")
+        futures = [pool.submit(lambda g=g: not self._stopped and search(g)) for g in groups]
+        stopped = False
+        try:
+            for future in futures:
+                stopped = bool(future.result()) or stopped
+        except BaseException as exc:
+            self.stop()
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True)
+            if isinstance(exc, KeyboardInterrupt):
+                return True
+            raise
+        pool.shutdown(wait=True)
+        return stopped or self._stopped
 
 
 def _task_name(index: int, matches: Sequence[TaskMatch], grus: Sequence[Any]) -> str:

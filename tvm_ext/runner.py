@@ -14,6 +14,7 @@ server, ``tvm_ext.rpc_runner``) measures with one per session.
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Protocol, Sequence
@@ -134,6 +135,7 @@ class LocalRunner:
         self.devices = tuple(devices) if devices else (target.device_id,)
         self._pools: dict[int, IsolatedMeasurer] = {}
         self._next = 0
+        self._lock = threading.Lock()  # tuners in several threads submit at once
 
     @property
     def workers(self) -> tuple[int, ...]:
@@ -159,15 +161,16 @@ class LocalRunner:
     def submit(self, template: Template, builds: Sequence[BuildResult]) -> list["Future[RunResult]"]:
         futures = []
         for build in builds:
-            slot = self._next % len(self.devices)
-            device = self.devices[slot]
-            self._next += 1
+            with self._lock:
+                slot = self._next % len(self.devices)
+                self._next += 1
+                pool = self._pool(slot)
             try:
-                job = self.job(template, build, device)
+                job = self.job(template, build, self.devices[slot])
             except Exception as exc:  # no case for the workload (e.g. a reference that fails): data
                 futures.append(resolved(job_error(exc)))
                 continue
-            futures.append(self._pool(slot).schedule(job))
+            futures.append(pool.schedule(job))
         return futures
 
     def run(self, template: Template, builds: Sequence[BuildResult]) -> list[RunResult]:

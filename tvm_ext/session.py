@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -55,6 +56,7 @@ class SessionOptions:
     trials: int | None = None  # measurements per workload in this run (None: no cap)
     workers: int | None = None  # parallel build processes (None: all cores)
     overlap: bool = True  # build a batch's next chunk while the runner measures the ones before it
+    tasks_in_flight: int = 1  # a model's workloads searched at once (``pipeline.tune_relax``)
     seed: int = 0
     records: str = DEFAULT_RECORDS
     build_timeout: float = 120.0
@@ -90,6 +92,8 @@ class SessionOptions:
             raise TvmExtError("--ng must be >= --nm (the model picks nm of ng candidates)")
         if not 0.0 <= self.explore <= 1.0:
             raise TvmExtError("--explore must be a share in [0, 1]")
+        if self.tasks_in_flight < 1:
+            raise TvmExtError(f"--tasks-in-flight must be >= 1, got {self.tasks_in_flight}")
         check_name("strategy", self.strategy, STRATEGIES)
         check_name("runner", self.runner, RUNNERS)
         RUNNERS[self.runner].check(self)
@@ -396,6 +400,7 @@ class Session:
         self._runner = runner
         self._store = store
         self._models: list[Any] = []  # cost models made by strategies, saved after their search
+        self._models_lock = threading.Lock()  # workloads searched at once (threads) share the list
 
     @property
     def target(self) -> TargetInfo:
@@ -432,12 +437,14 @@ class Session:
         (self.log or _stderr)(message)
 
     def tuner(self, template: Template, on_record: ProgressHook | None = None,
-              recorded_as: str | None = None) -> Tuner:
+              recorded_as: str | None = None, store: RecordStore | None = None) -> Tuner:
         """A tuner of ``template`` on the session's parts; its records name the options'
-        strategy (or ``recorded_as``, a search that drives the tuner itself)."""
+        strategy (or ``recorded_as``, a search that drives the tuner itself).  ``store``: its own
+        handle on the records file (a tuner in a thread of its own: each handle holds the file's
+        lock apart, as tuners in separate processes do)."""
         trials = self.options.trials or (1 << 30)
-        return Tuner(template, self.target, self.builder, self.runner, self.store, trials=trials, on_record=on_record,
-                     strategy=recorded_as or self.options.strategy, overlap=self.options.overlap)
+        return Tuner(template, self.target, self.builder, self.runner, store or self.store, trials=trials,
+                     on_record=on_record, strategy=recorded_as or self.options.strategy, overlap=self.options.overlap)
 
     def seeds(self, template: Template, space: Space, default: Config,
               candidates: Iterable[Config] | None = None) -> list[np.ndarray]:
@@ -484,7 +491,8 @@ class Session:
                               repair(tuner.space) if repair else None, feasible_only, candidates, self.transfer)
         strategy = STRATEGIES[self.options.strategy].make(ctx)
         if ctx.model is not None:
-            self._models.append(ctx.model)
+            with self._models_lock:
+                self._models.append(ctx.model)
         return strategy
 
     def search(self, tuner: Tuner, strategy: SearchStrategy | None = None, **fit: Any) -> TuneResult:
@@ -500,13 +508,14 @@ class Session:
 
     def _save_models(self) -> None:
         """Cost models trained in this session, kept beside the records (``model_file``)."""
+        with self._models_lock:
+            models, self._models = self._models, []
         if self.options.model_file:
             from .cost_model.model import model_path
 
-            for model in self._models:
+            for model in models:
                 if model.ready:
                     model.save(model_path(self.options.records))
-        self._models.clear()
 
     def close(self) -> None:
         for part in (self._builder, self._runner):

@@ -144,6 +144,7 @@ class Tuner:
         self.strategy = strategy  # recorded with each measurement; tune() names it if empty
         self._started = time.time()
         self.run = f"{socket.gethostname()}-{os.getpid()}-{int(self._started)}"
+        self._stop = threading.Event()  # ``stop()``: no new batch (a stop seen by another thread)
         self._feed = store.feed(check=self._outside_reason)
         self.stale = 0  # records set aside by ``_catch_up``: timed by an older protocol
         self._catch_up()
@@ -187,6 +188,11 @@ class Tuner:
     @property
     def budget_left(self) -> int:
         return self.trials_budget - self.trials
+
+    def stop(self) -> None:
+        """End the search after the batch in flight (its results recorded), as Ctrl-C does; for
+        a tuner in another thread than the one the stop reached."""
+        self._stop.set()
 
     def evaluate(self, configs: Sequence[Config]) -> np.ndarray:
         """Cost (s) of each config; measures only what is new, feasible and within budget.
@@ -317,7 +323,7 @@ class Tuner:
         try:
             if measure_default:
                 self.evaluate([default])
-            while not strategy.done and self.budget_left > 0:
+            while not strategy.done and self.budget_left > 0 and not self._stop.is_set():
                 batch = strategy.propose()
                 configs = [self.space.decode(row) for row in batch]
                 costs = self.evaluate(configs)
@@ -328,7 +334,7 @@ class Tuner:
         return TuneResult(
             workload=self.workload, best=self.best, default=self.record_of(default),
             trials=self.trials, errors=self.errors, resumed=self.resumed,
-            wall_secs=time.perf_counter() - start, interrupted=interrupted, history=history,
+            wall_secs=time.perf_counter() - start, interrupted=interrupted or self._stop.is_set(), history=history,
         )
 
 

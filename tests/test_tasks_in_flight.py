@@ -1,0 +1,79 @@
+"""A model's kernels tuned at once (``tune_relax`` with ``tasks_in_flight``), for real on PoCL with
+two measuring processes on the one CPU device: the searches run side by side, every kernel is
+tuned and exported, nothing is measured twice, the model gives the reference result, and one
+at a time stays the default."""
+from __future__ import annotations
+
+import collections
+import importlib.util
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from tvm_ext.measure import MeasureSettings
+from tvm_ext.pipeline import TuneOptions, load_model, tune_relax
+from tvm_ext.records import RecordStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+WAIT = 120.0  # seconds the first search waits for another to record (it never needs that long)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    spec = importlib.util.spec_from_file_location("example_mlp", os.path.join(ROOT, "examples", "mlp.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class SideBySide:
+    """A progress hook that holds the first search's second record until another kernel's
+    search has recorded one: searches one after another would wait here for ``WAIT`` seconds
+    and report it."""
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+        self.keys: list[str] = []
+        self.other = threading.Event()
+        self.waited_in_vain = False
+        self.lock = threading.Lock()
+
+    def __call__(self, record, tuner) -> None:
+        key = tuner.workload.key
+        with self.lock:
+            self.keys.append(key)
+            self.first = self.first or key
+            if key != self.first:
+                self.other.set()
+            hold = key == self.first and self.keys.count(key) == 2
+        if hold and not self.other.wait(WAIT):
+            self.waited_in_vain = True
+
+
+def test_kernels_tuned_at_once_share_the_devices_and_give_the_model(mlp, opencl, tmp_path):
+    options = TuneOptions(generations=1, population=4, seed=0, tasks_in_flight=2, measure=FAST,
+                          runner_options=(("devices", "0,0"),))
+    records, database = str(tmp_path / "records.jsonl"), str(tmp_path / "database")
+    hook = SideBySide()
+    result = tune_relax(mlp.get_module(), opencl, records, database, options, log=None, on_record=hook)
+    assert not hook.waited_in_vain and hook.other.is_set()  # a second search recorded while the first ran
+    tuned = [t for t in result.tasks if t.template]
+    assert {t.template for t in tuned} == {"gemm", "rows"} and len(tuned) == 4
+    assert all(t.exported and np.isfinite(t.best_secs) for t in tuned), [(t.name, t.note) for t in tuned]
+    measured = collections.Counter((r.workload_key, r.config_obj()) for r in RecordStore(records))
+    assert measured and max(measured.values()) == 1  # nothing measured twice
+    assert len({key for key, _ in measured}) == 4
+    inputs = mlp.get_inputs()
+    out = load_model(mlp.get_module(), opencl, database, log=None)(*inputs)
+    assert np.abs(out - mlp.reference(inputs)).max() < 1e-5
+
+
+def test_one_at_a_time_is_the_default_and_a_bad_count_is_refused(mlp):
+    from tvm_ext.errors import TvmExtError
+
+    assert TuneOptions().tasks_in_flight == 1
+    with pytest.raises(TvmExtError, match="--tasks-in-flight must be >= 1, got 0"):
+        TuneOptions(tasks_in_flight=0)
