@@ -77,3 +77,36 @@ def test_one_at_a_time_is_the_default_and_a_bad_count_is_refused(mlp):
     assert TuneOptions().tasks_in_flight == 1
     with pytest.raises(TvmExtError, match="--tasks-in-flight must be >= 1, got 0"):
         TuneOptions(tasks_in_flight=0)
+
+
+class FakeTuner:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class FakeSession:
+    builder = runner = None
+
+
+def test_a_failing_search_stops_the_others_and_its_error_is_raised():
+    """The searches in flight are told to stop (they end after their batch), the ones not
+    started never start, and the failure reaches the caller."""
+    from tvm_ext.pipeline import _Searches
+
+    searches, tuners, started = _Searches(), [FakeTuner() for _ in range(3)], []
+    failed = threading.Event()
+
+    def search(index: int) -> bool:
+        started.append(index)
+        if index == 0:
+            failed.wait(10)
+            raise RuntimeError("build pool gone")
+        return searches.run(tuners[index], lambda tuner: (failed.set(), tuner.stopped.wait(10))[1] and False)
+
+    with pytest.raises(RuntimeError, match="build pool gone"):
+        searches.all_at_once([0, 1, 2], 2, search, FakeSession())
+    assert tuners[1].stopped.is_set()  # in flight when the other failed: told to stop
+    assert 2 not in started  # not started: never runs

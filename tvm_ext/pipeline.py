@@ -415,6 +415,16 @@ class _Searches:
             for tuner in self._tuners:
                 tuner.stop()
 
+    def _guarded(self, search: Callable[[Any], bool], group: Any) -> bool:
+        """``search(group)`` unless the searches were stopped; one that raises stops the rest."""
+        if self._stopped:
+            return False
+        try:
+            return search(group)
+        except BaseException:
+            self.stop()
+            raise
+
     def all_at_once(self, groups: Sequence[Any], at_once: int, search: Callable[[Any], bool], session: Any) -> bool:
         """``search`` of every group, ``at_once`` in flight; True where they were stopped (Ctrl-C
         here, or in a search).  A search that raises stops the others and its error is raised."""
@@ -422,7 +432,7 @@ class _Searches:
 
         _ = (session.builder, session.runner)  # made here, before any thread asks for them
         pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="tvm_ext-search")
-        futures = [pool.submit(lambda g=g: not self._stopped and search(g)) for g in groups]
+        futures = [pool.submit(self._guarded, search, g) for g in groups]
         stopped = False
         try:
             for future in futures:
