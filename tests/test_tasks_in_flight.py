@@ -110,3 +110,15 @@ def test_a_failing_search_stops_the_others_and_its_error_is_raised():
         searches.all_at_once([0, 1, 2], 2, search, FakeSession())
     assert tuners[1].stopped.is_set()  # in flight when the other failed: told to stop
     assert 2 not in started  # not started: never runs
+
+
+def test_devices_alone_measure_a_model_on_this_machines_devices():
+    """``tune model --devices 0,1``: the local runner's process per device (the model is compiled
+    and run here, so its kernels are measured here); a tracker stays the rpc runner's, refused."""
+    from tvm_ext.model_cli import _devices_here
+    from tvm_ext.session import SessionOptions
+
+    here = _devices_here(SessionOptions(runner="rpc", runner_options=(("devices", "0,1"),)))
+    assert (here.runner, here.runner_options) == ("local", (("devices", "0,1"),))
+    remote = SessionOptions(runner="rpc", runner_options=(("tracker", "127.0.0.1:9190"), ("key", "h100")))
+    assert _devices_here(remote) is remote

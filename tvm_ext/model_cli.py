@@ -195,10 +195,11 @@ def run_model(args: argparse.Namespace) -> int:
     extra = model_options(args.model_option)
     from .session import RUNNERS
 
+    options = _devices_here(options)
     if RUNNERS[options.runner].remote_target:
         raise TvmExtError(f"--runner {options.runner}: the model command compiles and runs the tuned model on this "
-                          "machine, so it measures here too (--runner local); tune single operators on servers "
-                          "with tune gemm / gemm-tc / reduce / gru")
+                          "machine, so it measures here too (--runner local, or --devices 0,1 for this machine's "
+                          "GPUs); tune single operators on servers with tune gemm / gemm-tc / reduce / gru")
     user = load_model_file(args.file)
     mod = model_module(user, args.file, **extra)
     target = resolve_target(args.target, args.device)
@@ -237,6 +238,17 @@ def run_model(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     print(line)
     return 0
+
+
+def _devices_here(options: Any) -> Any:
+    """``--devices 0,1`` alone: the model is measured on this machine's devices, so by the local
+    runner's isolated process per device (no tracker to start)."""
+    import dataclasses
+
+    devices = options.runner_option("devices")
+    if options.runner != "rpc" or not devices or set(dict(options.runner_options)) != {"devices"}:
+        return options
+    return dataclasses.replace(options, runner="local", runner_options=(("devices", devices),))
 
 
 class _Progress:
