@@ -51,10 +51,15 @@ class ClusterStepShape(WarpUnitShape):
     def blocks(self) -> int:
         return self.cluster * self.dirs
 
+    @property
+    def peers(self) -> int:
+        """Blocks each lane that runs a cell stores h' into (the lanes of a row share the cluster)."""
+        return -(-self.cluster // (WARP // self.batch))
+
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the accumulators (3 gates x rows), the
-        peers' addresses and the rest."""
-        return self.w_registers() + 3 * self.batch + -(-self.cluster // (WARP // self.batch)) + CLUSTER_OTHER_REGISTERS
+        peers' addresses (of h and of its barriers) and the rest."""
+        return self.w_registers() + 3 * self.batch + 2 * self.peers + CLUSTER_OTHER_REGISTERS
 
     def shared_bytes(self) -> int:
         """h twice (the slot read and the slot written), float32, rows padded to 32 k."""
@@ -75,7 +80,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
     threads = shape.threads
     lanes_per_row = WARP // batch  # lanes running the cell of one row, each storing h' into some of the peers
     storing_lanes = lanes_per_row * batch
-    peers = -(-cluster // lanes_per_row)  # blocks each storing lane writes to
+    peers = shape.peers
     math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
                         cell_lanes=storing_lanes)
     load_w, load_gi, gate_sums, select_row = math.macros(slotted=True)
@@ -83,7 +88,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
     tx_bytes = batch * hidden * 4  # what each block receives a step: all of h', float32
 
     @T.macro
-    def wait_for_step(mbar, done, polls, bar, s):  # type: ignore[no-untyped-def]
+    def wait_for_step(mbar, done, polls, s):  # type: ignore[no-untyped-def]
         """Until h_s has landed in this block's slot s % 2 (its barrier's phase (s-1) // 2 done),
         or ``SPIN_LIMIT`` polls: then the timed-out flag is raised and the kernel runs on."""
         done[0] = T.uint32(0)
@@ -144,7 +149,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         T.ptx["barrier.cluster.wait.acquire.aligned"]()  # every block runs, its barriers set, before any store
         for s in T.serial(steps):
             if s > 0:
-                wait_for_step(mbar, done, polls, bar, s)
+                wait_for_step(mbar, done, polls, s)
             if tid == 0 and s + 1 < steps:  # slot (s+1) % 2 expects h_{s+1}: its last phase ended at step s-1
                 T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
                     T.cuda.cvta_generic_to_shared(mbar.ptr_to([(s + 1) % 2])), T.uint32(tx_bytes))
