@@ -57,10 +57,14 @@ class _Process:
 
 def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
     """A pool process: run the initializer, then one job at a time until told to stop.  Ctrl-C
-    reaches the whole process group: the driver handles it, a pool process ignores it."""
+    reaches the whole process group: the driver handles it, a pool process ignores it.  Its jobs
+    build and measure with TVM, never torch, which TVM's FFI imports whenever it is installed
+    (most of the process's start: seconds before its first job); so torch is kept out here."""
     import signal
+    import sys
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]  # ``import torch`` fails at once
     if initializer is not None:
         initializer()
     conn.send(READY)
