@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from broken_gemm import BrokenGemm
+from cluster_groups import assert_groups_end, quiet
 from interrupt import sigint_default
 from tvm_ext.builder import build_one
 from tvm_ext.cluster import LocalCluster, free_port
@@ -42,32 +43,6 @@ FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 SLOW = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=3.0)  # with ``slowed`` kernels: jobs of 3 s and more
 
 
-def quiet(_message: str) -> None:
-    pass
-
-
-def group_members(groups) -> list[psutil.Process]:
-    """Every live process in the process groups ``groups``."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) in groups and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    return found
-
-
-def assert_groups_end(groups, secs: float = 10.0) -> None:
-    """Every process of ``groups`` is gone within ``secs`` (a killed group's members die, and are
-    reaped, a moment after the signal)."""
-    deadline = time.monotonic() + secs
-    while group_members(groups) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = group_members(groups)
-    assert not left, [" ".join(p.cmdline()) for p in left if p.is_running()]
-
-
 def alive(processes) -> list[int]:
     out = []
     for proc in processes:
@@ -77,35 +52,6 @@ def alive(processes) -> list[int]:
         except psutil.Error:
             continue
     return out
-
-
-@pytest.fixture
-def make_cluster():
-    """Local clusters (a tracker and tvm_ext workers), stopped after the test: then no
-    process of their groups may be left."""
-    clusters = []
-
-    def make(devices=(0, 0)) -> LocalCluster:
-        cluster = LocalCluster(list(devices), "opencl", log=quiet)
-        clusters.append(cluster)
-        return cluster.start()
-
-    yield make
-    groups = set()
-    for cluster in clusters:
-        groups |= {p.popen.pid for p in cluster.processes}
-        cluster.stop()
-    assert_groups_end(groups)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One tracker and two workers (both on PoCL device 0) shared by the tests that leave them up."""
-    cluster = LocalCluster([0, 0], "opencl", log=quiet).start()
-    groups = {p.popen.pid for p in cluster.processes}
-    yield cluster
-    cluster.stop()
-    assert_groups_end(groups)
 
 
 def tune(args, records, timeout=600, **kwargs):
