@@ -94,13 +94,20 @@ def test_torn_last_line_never_swallows_the_next_record(tmp_path):
     assert skipped(path) == 1
 
 
-def test_tuner_runs_through_damaged_records(tmp_path):
+@pytest.fixture(scope="module")
+def small_records(tmp_path_factory) -> bytes:
+    """The records file of one ``SMALL`` run: each test damages a copy of its own."""
+    path = tmp_path_factory.mktemp("small") / "r.jsonl"
+    first = run(SMALL + ["--records", str(path)])
+    assert first.returncode == 0, first.stderr
+    return path.read_bytes()
+
+
+def test_tuner_runs_through_damaged_records(tmp_path, small_records):
     """The CLI resumes from a file with every kind of damaged line: nothing re-measured,
     one warning line that counts them, no traceback."""
     path = tmp_path / "r.jsonl"
-    first = run(SMALL + ["--records", str(path)])
-    assert first.returncode == 0, first.stderr
-    lines = path.read_bytes().splitlines()
+    lines = small_records.splitlines()
     damaged = lines[:2] + list(BAD_LINES.values()) + lines[2:]
     path.write_bytes(b"\n".join(damaged) + b"\n")
     again = run(SMALL + ["--records", str(path)])
@@ -111,12 +118,11 @@ def test_tuner_runs_through_damaged_records(tmp_path):
     assert len(warnings) == 1 and f"skipped {len(BAD_LINES)} unreadable lines" in warnings[0], again.stderr
 
 
-def test_torn_record_is_measured_again_once(tmp_path):
+def test_torn_record_is_measured_again_once(tmp_path, small_records):
     """A kill mid-write loses the record being written: the next run measures that config
     again (its record on its own line) and the run after measures nothing."""
     path = tmp_path / "r.jsonl"
-    assert run(SMALL + ["--records", str(path)]).returncode == 0
-    data = path.read_bytes()
+    data = small_records
     before = data.count(b"\n")
     path.write_bytes(data[: data.rstrip(b"\n").rfind(b"\n") + 1 + 60])  # tear the last record
     second = run(SMALL + ["--records", str(path)])

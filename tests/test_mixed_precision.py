@@ -192,7 +192,7 @@ def test_cli_mixed_precision_gemm(tmp_path):
                         # float64 too: float32/bfloat16 alone leave PoCL 8 configs (no bfloat16
                         # accumulator on OpenCL), few enough for breeding to find nothing new
                         "--dtypes", "bfloat16,float64",
-                        "--records", str(tmp_path / "r.jsonl"), "--out", str(out), "--workers", "2"],
+                        "--records", str(tmp_path / "r.jsonl"), "--out", str(out), "--workers", "1"],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     assert "6 configs measured" in p.stdout and "speedup" in p.stdout

@@ -5,6 +5,7 @@ GRU inside Relax; the model CLI's bad input."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -342,6 +343,12 @@ def test_benchmark_joins_a_meta_schedule_seed_tuned_in_parts(monkeypatch):
     tuning times added, and tasks whose every candidate failed counted (they get dlight's
     schedule).  On the databases the H100 runs kept under ``benchmarks/data``."""
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ on the path
+    # TVM's prim_func parser calls inspect.stack() for each of the hundreds of tensor intrinsics
+    # load_meta_schedule imports; for the import machinery's frames inspect.getmodule scans every
+    # loaded module, then answers None.  Giving it that answer at once takes the import from a
+    # minute to seconds and changes nothing it returns.
+    for frame_file in ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", "<ast>"):
+        monkeypatch.setitem(inspect.modulesbyfile, frame_file, frame_file)  # no module is named so: None
     spec = importlib.util.spec_from_file_location("bench_models", os.path.join(ROOT, "benchmarks", "models.py"))
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_models", bench)  # dataclasses look their module up

@@ -19,7 +19,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from test_rpc import FAST, assert_groups_end, make_cluster, quiet, records_of, slowed  # noqa: F401  (fixture)
+from cluster_groups import quiet
+from test_rpc import FAST, records_of, slowed
 from tvm_ext.builder import LocalBuilder
 from tvm_ext.cluster import LocalCluster
 from tvm_ext.measure import MeasureSettings
@@ -57,13 +58,13 @@ class Timeline:
 
 
 class LoggedBuilder:
-    """The real build pool, logging each call on the timeline; ``slow``: each kernel built
-    with a loop that makes it run for milliseconds (same result), so measuring a chunk
-    outlasts building the next."""
+    """The real build pool (the module's, its two processes started once), logging each call
+    on the timeline; ``slow``: each kernel built with a loop that makes it run for milliseconds
+    (same result), so measuring a chunk outlasts building the next."""
 
-    def __init__(self, timeline: Timeline, workers: int = 2, slow: bool = False):
-        self.builder = LocalBuilder(workers=workers, timeout=120)
-        self.workers = workers
+    def __init__(self, timeline: Timeline, builder: LocalBuilder, slow: bool = False):
+        self.builder = builder
+        self.workers = builder.workers
         self.timeline = timeline
         self.slow = slow
         self.asked: list = []
@@ -76,10 +77,6 @@ class LoggedBuilder:
             return [slowed(b) if self.slow and b.ok else b for b in builds]
         finally:
             self.timeline.add("built", len(configs))
-
-    def close(self) -> None:
-        self.builder.close()
-
 
 class LoggedRunner:
     """The RPC runner, logging what it is given and each measurement done."""
@@ -104,13 +101,11 @@ class LoggedRunner:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A tracker and two workers, both on PoCL device 0."""
-    cluster = LocalCluster([0, 0], "opencl", log=quiet).start()
-    groups = {p.popen.pid for p in cluster.processes}
-    yield cluster
-    cluster.stop()
-    assert_groups_end(groups)
+def build_pool():
+    """Two build processes shared by the module's runs (a build leaves nothing behind in them)."""
+    builder = LocalBuilder(workers=2, timeout=120)
+    yield builder
+    builder.close()
 
 
 def rpc(cluster: LocalCluster, parallel: int, settings: MeasureSettings = FAST) -> RpcRunner:
@@ -118,11 +113,13 @@ def rpc(cluster: LocalCluster, parallel: int, settings: MeasureSettings = FAST) 
                      secret=cluster.secret.encode()).start()
 
 
-def tuned(cluster, path, strategy_of, parallel=2, overlap=True, on_record=None, settings=FAST):
-    """A tuning run over the cluster; its tuner, result, timeline and the batches proposed."""
+def tuned(cluster, build_pool, path, strategy_of, parallel=2, overlap=True, on_record=None, settings=FAST,
+          rpc_runner: RpcRunner | None = None):
+    """A tuning run over the cluster; its tuner, result, timeline and the batches proposed.
+    ``rpc_runner``: measure through this one (left open) instead of a runner of its own."""
     timeline = Timeline()
-    builder = LoggedBuilder(timeline, slow=settings is SLOW)
-    runner = LoggedRunner(timeline, rpc(cluster, parallel, settings))
+    builder = LoggedBuilder(timeline, build_pool, slow=settings is SLOW)
+    runner = LoggedRunner(timeline, rpc_runner or rpc(cluster, parallel, settings))
     try:
         tuner = Tuner(TEMPLATE, runner.target, builder, runner, RecordStore(path), overlap=overlap, chunk=CHUNK,
                       on_record=on_record)
@@ -138,7 +135,8 @@ def tuned(cluster, path, strategy_of, parallel=2, overlap=True, on_record=None, 
         strategy.propose = spy
         result = tuner.tune(strategy)
     finally:
-        builder.close(), runner.close()
+        if rpc_runner is None:
+            runner.close()
     return tuner, result, timeline, batches
 
 
@@ -174,8 +172,8 @@ def assert_overlapped_and_bounded(timeline: Timeline) -> None:
 
 
 # ---- overlap -------------------------------------------------------------------------------------
-def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(cluster, tmp_path):
-    tuner, result, timeline, batches = tuned(cluster, tmp_path / "r.jsonl", ga, settings=SLOW)
+def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(cluster, build_pool, tmp_path):
+    tuner, result, timeline, batches = tuned(cluster, build_pool, tmp_path / "r.jsonl", ga, settings=SLOW)
     assert_overlapped_and_bounded(timeline)
     assert_each_built_and_measured_once(tuner, timeline)
     assert CHUNK < tuner.most_waiting <= 2 * CHUNK  # a chunk built and sent while the one before measured
@@ -196,16 +194,19 @@ def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(
     assert len(builder_calls := [e for e in timeline.events if e[0] == "build"]) > len(batches) + 1, builder_calls
 
 
-def test_with_one_worker_the_records_are_those_of_a_run_without_overlap_in_the_same_order(cluster, tmp_path):
-    on = tuned(cluster, tmp_path / "on.jsonl", random_search, parallel=1)
-    off = tuned(cluster, tmp_path / "off.jsonl", random_search, parallel=1, overlap=False)
+def test_with_one_worker_the_records_are_those_of_a_run_without_overlap_in_the_same_order(cluster, build_pool,
+                                                                                          tmp_path):
+    with rpc(cluster, parallel=1) as one_at_a_time:  # both runs measure through it
+        on = tuned(cluster, build_pool, tmp_path / "on.jsonl", random_search, rpc_runner=one_at_a_time)
+        off = tuned(cluster, build_pool, tmp_path / "off.jsonl", random_search, overlap=False,
+                    rpc_runner=one_at_a_time)
     assert_overlapped_and_bounded(on[2])
     assert not any(waiting > 0 for what, _, waiting in off[2].in_measurement() if what == "build")
     assert config_keys(records_of(tmp_path / "on.jsonl")) == config_keys(records_of(tmp_path / "off.jsonl"))
     assert on[1].trials == off[1].trials == 1 + 2 * 6
 
 
-def test_a_worker_killed_mid_run_costs_nothing_and_a_rerun_resumes(make_cluster, tmp_path):  # noqa: F811
+def test_a_worker_killed_mid_run_costs_nothing_and_a_rerun_resumes(make_cluster, build_pool, tmp_path):
     cluster = make_cluster([0, 0])
     path = tmp_path / "r.jsonl"
     killed_at: list[int] = []
@@ -215,7 +216,7 @@ def test_a_worker_killed_mid_run_costs_nothing_and_a_rerun_resumes(make_cluster,
             os.killpg(cluster.processes[1].popen.pid, signal.SIGKILL)  # worker 0 ([0] is the tracker)
             killed_at.append(len(tuner.builder.asked))
 
-    tuner, result, timeline, _ = tuned(cluster, path, lambda t: random_search(t, batch=8),
+    tuner, result, timeline, _ = tuned(cluster, build_pool, path, lambda t: random_search(t, batch=8),
                                        on_record=kill_a_worker)
     assert killed_at and killed_at[0] < len(tuner.builder.asked)  # builds went on after the kill
     assert_overlapped_and_bounded(timeline)
@@ -223,6 +224,6 @@ def test_a_worker_killed_mid_run_costs_nothing_and_a_rerun_resumes(make_cluster,
     recs = records_of(path)
     assert max(Counter(config_keys(recs)).values()) == 1  # nothing measured twice
     assert result.trials == len(recs) == 1 + 2 * 8 and all(r.ok for r in recs)  # nothing lost, no error
-    again = tuned(cluster, path, lambda t: random_search(t, batch=8))
+    again = tuned(cluster, build_pool, path, lambda t: random_search(t, batch=8))
     assert again[1].trials == 0 and again[1].resumed == len(recs)
     assert not [e for e in again[2].events if e[0] == "build"]  # nothing built again either

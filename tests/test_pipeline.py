@@ -256,7 +256,7 @@ def test_gru_classifier_example_runs_and_matches_numpy(tmp_path, capsys):
     spec.loader.exec_module(example)
     code = example.main(["--seq", "4", "--batch", "2", "--features", "8", "--hidden", "16", "--classes", "3",
                          "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"),
-                         "--workers", "2"])
+                         "--workers", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "(ok)" in out and "fused_matmul_add" in out and "tuned (database)" in out

@@ -34,10 +34,18 @@ def attempt_log(tmp_path, monkeypatch):
     return path
 
 
+def dead(pid: int) -> bool:
+    """``pid`` is gone or a zombie (it may be reaped between any two looks at it)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def kill_and_wait(pid: int, secs: float = 10.0) -> None:
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + secs
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    while not dead(pid):
         assert time.monotonic() < deadline, f"process {pid} did not die"
         time.sleep(0.05)
 
@@ -70,8 +78,10 @@ def test_queued_jobs_survive_a_pool_that_breaks_under_them(attempt_log):
         pids = {pool.schedule(pool_jobs.pid).result(timeout=WAIT) for _ in range(4)}
         futures = [pool.schedule(pool_jobs.note_and_sleep, (0.3, i)) for i in range(6)]
         for pid in pids:
-            if psutil.pid_exists(pid):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # gone already
+                pass
         assert [f.result(timeout=WAIT) for f in futures] == list(range(6))
     finally:
         pool.close()

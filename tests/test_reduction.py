@@ -451,7 +451,7 @@ def test_cli_tuning_run_writes_records(tmp_path):
     rec = tmp_path / "r.jsonl"
     p = subprocess.run(CLI + ["reduce", "--op", "sum", "--shape", "3,5000", "--generations", "1",
                               "--population", "5", "--trials", "6", "--records", str(rec), "--no-progress",
-                              "--seed", "1", "--workers", "2"],
+                              "--seed", "1", "--workers", "1"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "GB/s" in p.stdout and "best" in p.stdout

@@ -81,7 +81,7 @@ def test_tune_model_with_the_xgb_cost_model(tmp_path):
     rec = tmp_path / "r.jsonl"
     p = subprocess.run(CLI + ["model", str(model_file), "--cost-model", "xgb", "--generations", "2",
                               "--population", "5", "--nm", "2", "--records", str(rec), "--database",
-                              str(tmp_path / "db"), "--no-progress", "--workers", "2"],
+                              str(tmp_path / "db"), "--no-progress", "--workers", "1"],
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "(ok)" in p.stdout and "tuned (database)" in p.stdout

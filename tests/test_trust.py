@@ -279,21 +279,35 @@ def test_devices_that_do_not_exist_are_one_error_line(tmp_path, devices):
     assert not (tmp_path / "r.jsonl").exists() or not (tmp_path / "r.jsonl").read_text()
 
 
-@pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGTERM, signal.SIGTERM),
-                                     (signal.SIGTERM, signal.SIGINT)])
-def test_sigterm_stops_like_ctrl_c_and_a_second_stop_keeps_the_summary(tmp_path, signals):
-    rec = tmp_path / "r.jsonl"
-    proc = subprocess.Popen(CLI + ["gemm", "--shape", "96,96,96", "--generations", "30", "--population", "8",
-                                   "--records", str(rec), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and not (rec.exists() and len(rec.read_text().splitlines()) >= 2):
-        time.sleep(0.2)
-    for signum in signals:
-        proc.send_signal(signum)
-        time.sleep(0.05)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err
-    assert "best" in out and "trials this run" in out and "interrupted" in err and "Traceback" not in err
-    for line in rec.read_text().splitlines():
-        json.loads(line)  # every kept record is whole
+STOPS = [(signal.SIGTERM,), (signal.SIGTERM, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)]
+
+
+def test_sigterm_stops_like_ctrl_c_and_a_second_stop_keeps_the_summary(tmp_path):
+    """One run per sequence of stops (SIGTERM; SIGTERM twice; SIGTERM then Ctrl-C), side by
+    side: each stopped once it has records ends with 130, the summary and whole records."""
+    runs = []
+    try:
+        for index, signals in enumerate(STOPS):
+            rec = tmp_path / f"r{index}.jsonl"
+            runs.append((signals, rec, subprocess.Popen(
+                CLI + ["gemm", "--shape", "96,96,96", "--generations", "30", "--population", "8", "--workers", "1",
+                       "--records", str(rec), "--no-progress"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        deadline = time.time() + 600
+        for signals, rec, proc in runs:
+            while time.time() < deadline and not (rec.exists() and len(rec.read_text().splitlines()) >= 2):
+                time.sleep(0.2)
+            for signum in signals:
+                proc.send_signal(signum)
+                time.sleep(0.05)
+        for signals, rec, proc in runs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 130, (signals, err)
+            assert "best" in out and "trials this run" in out and "interrupted" in err and "Traceback" not in err
+            for line in rec.read_text().splitlines():
+                json.loads(line)  # every kept record is whole
+    finally:
+        for _, _, proc in runs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()

@@ -19,9 +19,17 @@ from tvm_ext.tuner import Tuner
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 
 
-def _tuner(template, target, path, builder=None, trials=1 << 30):
-    return Tuner(template, target, builder or LocalBuilder(workers=2, timeout=120),
-                 LocalRunner(target, FAST, timeout=60), RecordStore(path), trials=trials)
+@pytest.fixture(scope="module")
+def build_pool():
+    """Two build processes for the module's tuners (a build leaves nothing behind in them; a
+    process a broken kernel kills is replaced)."""
+    builder = LocalBuilder(workers=2, timeout=120)
+    yield builder
+    builder.close()
+
+
+def _tuner(template, target, path, builder, trials=1 << 30):
+    return Tuner(template, target, builder, LocalRunner(target, FAST, timeout=60), RecordStore(path), trials=trials)
 
 
 def _ga(tuner, seed=0, pop=6, gens=2):
@@ -49,12 +57,12 @@ def test_non_multiple_shapes_are_correct(opencl, shape, tmp_path):
         assert 0 < result.cost < 10
 
 
-def test_tuning_writes_records_beats_default_and_resumes(opencl, tmp_path):
+def test_tuning_writes_records_beats_default_and_resumes(opencl, build_pool, tmp_path):
     path = tmp_path / "records.jsonl"
     tmpl = GemmTemplate(64, 64, 64)
-    tuner = _tuner(tmpl, opencl, path)
+    tuner = _tuner(tmpl, opencl, path, build_pool)
     result = tuner.tune(_ga(tuner))
-    tuner.builder.close(), tuner.runner.close()
+    tuner.runner.close()
     lines = path.read_text().splitlines()
     assert result.trials == len(lines) >= 8
     rec = json.loads(lines[0])
@@ -68,45 +76,46 @@ def test_tuning_writes_records_beats_default_and_resumes(opencl, tmp_path):
     assert RecordStore(path).best(result.workload.key).cost == result.best.cost
 
     # Same command again: everything is read back, nothing is measured twice.
-    again = _tuner(tmpl, opencl, path)
+    again = _tuner(tmpl, opencl, path, build_pool)
     second = again.tune(_ga(again))
-    again.builder.close(), again.runner.close()
+    again.runner.close()
     assert second.resumed == result.trials
     assert second.trials == 0
     assert len(path.read_text().splitlines()) == len(lines)
     assert second.best.cost == result.best.cost
 
 
-def test_budget_stops_the_search_and_a_rerun_continues(opencl, tmp_path):
+def test_budget_stops_the_search_and_a_rerun_continues(opencl, build_pool, tmp_path):
     path = tmp_path / "r.jsonl"
     tmpl = GemmTemplate(32, 32, 32)
-    first = _tuner(tmpl, opencl, path, trials=4)
+    first = _tuner(tmpl, opencl, path, build_pool, trials=4)
     r1 = first.tune(_ga(first, gens=3))
     assert r1.trials == 4
-    second = _tuner(tmpl, opencl, path, trials=4)
+    second = _tuner(tmpl, opencl, path, build_pool, trials=4)
     r2 = second.tune(_ga(second, gens=3))
     assert r2.resumed == 4 and r2.trials == 4
     configs = [json.dumps(json.loads(l)["config"], sort_keys=True) for l in path.read_text().splitlines()]
     assert len(configs) == len(set(configs)) == 8  # no config measured twice
     for t in (first, second):
-        t.builder.close(), t.runner.close()
+        t.runner.close()
 
 
-class RecordingBuilder(LocalBuilder):
+class RecordingBuilder:
     """The real builder, remembering what it was asked to build."""
 
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
+    def __init__(self, builder: LocalBuilder):
+        self.builder = builder
+        self.workers = builder.workers
         self.asked = []
 
     def build(self, template, configs, target):
         self.asked.extend(configs)
-        return super().build(template, configs, target)
+        return self.builder.build(template, configs, target)
 
 
-def test_infeasible_configs_never_reach_the_builder(opencl, tmp_path):
+def test_infeasible_configs_never_reach_the_builder(opencl, build_pool, tmp_path):
     narrow = dataclasses.replace(opencl, max_threads_per_block=16)  # most configs infeasible
-    builder = RecordingBuilder(workers=2)
+    builder = RecordingBuilder(build_pool)
     tuner = _tuner(GemmTemplate(16, 16, 16), narrow, tmp_path / "r.jsonl", builder=builder)
     ga = _ga(tuner, pop=8, gens=3)
     proposed = []
@@ -119,20 +128,20 @@ def test_infeasible_configs_never_reach_the_builder(opencl, tmp_path):
 
     ga.propose = spy
     tuner.tune(ga)
-    tuner.builder.close(), tuner.runner.close()
+    tuner.runner.close()
     assert builder.asked and all(tuner.space.is_feasible(c) for c in builder.asked)
     assert any(not tuner.space.is_feasible(c) for c in proposed)
     assert len(builder.asked) == len(set(builder.asked))
 
 
-def test_failures_become_error_records_and_the_run_finishes(opencl, tmp_path):
+def test_failures_become_error_records_and_the_run_finishes(opencl, build_pool, tmp_path):
     path = tmp_path / "r.jsonl"
     tmpl = BrokenGemm(16, 16, 16)
-    tuner = _tuner(tmpl, opencl, path)
+    tuner = _tuner(tmpl, opencl, path, build_pool)
     default = tmpl.default_config(opencl)
     configs = [default.replace(mode=m) for m in ("compile_error", "trap", "wrong", "ok")]
     costs = tuner.evaluate(configs)
-    tuner.builder.close(), tuner.runner.close()
+    tuner.runner.close()
     kinds = {json.loads(l)["config"]["mode"]: json.loads(l) for l in path.read_text().splitlines()}
     assert kinds["compile_error"]["error_kind"] == "build_error"
     assert "no_such_block" in kinds["compile_error"]["error_msg"]
