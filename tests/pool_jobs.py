@@ -53,3 +53,12 @@ def measure_or_die(job: Any) -> Any:
 def exit_at_start() -> None:
     """A pool initializer that fails: the process exits before it takes a job."""
     os._exit(3)
+
+
+def tvm_imported_with(name: str) -> bool:
+    """Import TVM in the pool process and say whether module ``name`` came with it."""
+    import sys
+
+    import tvm  # noqa: F401
+
+    return name in sys.modules

@@ -8,8 +8,10 @@ kernel for SIGTERM (``PR_SET_PDEATHSIG``), and end their own process trees as th
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -143,3 +145,21 @@ def _group_members(psutil: Any) -> list[Any]:
         except (psutil.Error, ProcessLookupError):
             continue
     return found
+
+
+class _TorchKeptOut(importlib.abc.MetaPathFinder):
+    """An import finder that refuses torch (``keep_torch_out``)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r} (kept out of this process)", name=name)
+        return None
+
+
+def keep_torch_out() -> None:
+    """Refuse ``import torch`` in this process (where torch is not imported yet): TVM's FFI imports
+    it whenever it is installed, which is most of a fresh process's start (seconds), and a build,
+    measuring, worker or tracker process never uses it.  A finder, not ``sys.modules["torch"] =
+    None``: code that looks torch up in ``sys.modules`` (scipy's array checks) must find nothing."""
+    if "torch" not in sys.modules and not any(isinstance(f, _TorchKeptOut) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchKeptOut())

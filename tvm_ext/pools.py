@@ -61,10 +61,11 @@ def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
     build and measure with TVM, never torch, which TVM's FFI imports whenever it is installed
     (most of the process's start: seconds before its first job); so torch is kept out here."""
     import signal
-    import sys
+
+    from .lifetime import keep_torch_out
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]  # ``import torch`` fails at once
+    keep_torch_out()
     if initializer is not None:
         initializer()
     conn.send(READY)

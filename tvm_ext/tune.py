@@ -260,4 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] != ["model"]:  # a model file may use torch; the operators' commands never do, and
+        from tvm_ext.lifetime import keep_torch_out  # TVM's FFI would import it: seconds of every start
+
+        keep_torch_out()
     sys.exit(main())

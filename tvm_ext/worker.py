@@ -336,7 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     # a worker measures with TVM, never torch, which TVM's FFI imports whenever it is installed
     # (seconds of the worker's start): kept out of this process
-    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
+    from tvm_ext.lifetime import keep_torch_out
+
+    keep_torch_out()
     # run as the module's own name, so what TVM pickles to start its server process locally
     # (the server's init function) names tvm_ext.worker, which that process imports
     from tvm_ext.worker import main as _main
