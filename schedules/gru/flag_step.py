@@ -34,8 +34,8 @@ from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE,
 from tvm_ext.target import TargetInfo
 
 from .step_common import MAX_REGISTERS, OTHER_REGISTERS, stored_as, word_tag
-from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
+from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 
 FLAG_UNITS = UNITS  # hidden units per block, a warp each
 KERNEL = "flag-exchange step kernel"  # its name in messages
@@ -152,7 +152,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                     if f < n_words:
                         h_s[f // hidden * HP + f % hidden] = value_of(got[i])
             T.tvm_storage_sync("shared")
-            gate_sums(acc, w_r, h_s, tx)
+            gate_sums(acc, w_r, h_s, 0, tx)
             select_row(sums, acc, tx)  # lane b's row b
             if tx < batch and j < hidden:
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))

@@ -94,11 +94,11 @@ class WarpUnitMath:
         gh = [stored_as(sums[g] + b_h[g].astype(self.acc_dtype), self.gh_dtype) for g in range(3)]
         return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, self.math_dtype, state=self.h_dtype)
 
-    def macros(self, slotted: bool = False) -> tuple[Any, Any, Any, Any]:
+    def macros(self) -> tuple[Any, Any, Any, Any]:
         """(load_w, load_gi, gate_sums, select_row): the lane's W_hh share once; its row's gi of
         a step into registers; every lane's 3 x batch sums over the rows of h in shared memory
-        (``slotted``: from word ``base`` on, ``gate_sums(acc, w_r, h_s, base, tx)``); each gate's
-        sum of the lane's own row into ``sums``."""
+        from word ``base`` on (``gate_sums(acc, w_r, h_s, base, tx)``); each gate's sum of the
+        lane's own row into ``sums``."""
         from tvm import tirx
         from tvm.script import tirx as T
 
@@ -142,16 +142,7 @@ class WarpUnitMath:
                                                     T.shift_right(16, r), WARP)
 
         @T.macro
-        def gate_sums(acc, w_r, h_s, tx):  # type: ignore[no-untyped-def]
-            for b in T.unroll(batch):
-                for g in T.unroll(3):
-                    acc[g * batch + b] = T.cast(0, acc_dtype)
-                for i in T.unroll(KP):
-                    dot_products(acc, w_r, h_s, b * HP + tx + i * WARP, b, i)
-            butterfly(acc)
-
-        @T.macro
-        def gate_sums_from(acc, w_r, h_s, base, tx):  # type: ignore[no-untyped-def]
+        def gate_sums(acc, w_r, h_s, base, tx):  # type: ignore[no-untyped-def]
             for b in T.unroll(batch):
                 for g in T.unroll(3):
                     acc[g * batch + b] = T.cast(0, acc_dtype)
@@ -166,4 +157,4 @@ class WarpUnitMath:
                 for b in T.unroll(1, batch):
                     sums[g] = T.if_then_else(row_of(tx) == b, acc[g * batch + b], sums[g])
 
-        return load_w, load_gi, gate_sums_from if slotted else gate_sums, select_row
+        return load_w, load_gi, gate_sums, select_row
