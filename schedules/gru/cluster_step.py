@@ -1,19 +1,20 @@
 """The persistent GRU step kernel whose blocks form one thread-block cluster per direction
-(``step_flags`` 2, Hopper): the flag-exchange kernel's blocks and math (``flag_step.py``: a warp
+(``step_flags`` 2, Hopper): the flag-exchange kernel's blocks and math (``warp_units.py``: a warp
 per hidden unit, its lanes splitting k, W_hh's share in registers for all T steps), but h goes
 between blocks through distributed shared memory.  Each block keeps all of h in its own shared
-memory, twice (slot s % 2 read at step s, slot (s+1) % 2 written); the lane that computes h' of
-(row, unit) stores it into that slot of every block of the cluster (``st.shared::cluster``), and
-the cluster barrier (arrive with release, wait with acquire) ends the step.
+memory, twice (slot s % 2 read at step s, slot (s+1) % 2 written), and a barrier (``mbarrier``)
+per slot; the lanes that run a row's cell store h' into that slot of every block of the cluster
+with ``st.async``, which counts the bytes on the receiving block's barrier of the slot, and a step
+begins once its slot's barrier has counted all of h (one thread arms it for the next step).
 
 Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and the flag kernel's
 exchange through L2 (a relaxed store, then polling until the tag shows) costs an L2 round trip;
-a store into a neighbour SM's shared memory and the cluster's hardware barrier cost less.  The
-cluster is launched by the hardware as a whole (all its blocks resident together), so its
-barrier cannot wait on a block that never runs, and no spin limit is needed; a cluster the GPU
-cannot place fails the launch, which is an error record.  One barrier a step suffices: a block
-writes slot (s+1) % 2 of its peers only after the barrier that ended step s-1, which each peer
-reached after reading that slot for the last time.
+a store into a neighbour SM's shared memory might cost less (measured: it does not, so the pick
+leaves this kernel to the search; ``docs/results/gru.md``).  The cluster is launched as a whole
+(its blocks resident together); a wait that polls ``SPIN_LIMIT`` times raises the timed-out flag
+rather than hang, and a cluster the GPU cannot place fails the launch, an error record.  No
+barrier between steps is needed for the slot written: a block receives all of h_s only after
+every warp of every block has read slot (s-1) % 2 for the last time, and only then writes it.
 """
 from __future__ import annotations
 
@@ -52,9 +53,14 @@ class ClusterStepShape(WarpUnitShape):
         return self.cluster * self.dirs
 
     @property
+    def lanes_per_row(self) -> int:
+        """Lanes that run the cell of one row, sharing the stores of its h' into the cluster."""
+        return WARP // self.batch
+
+    @property
     def peers(self) -> int:
-        """Blocks each lane that runs a cell stores h' into (the lanes of a row share the cluster)."""
-        return -(-self.cluster // (WARP // self.batch))
+        """Blocks each lane that runs a cell stores h' into."""
+        return -(-self.cluster // self.lanes_per_row)
 
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the accumulators (3 gates x rows), the
@@ -70,7 +76,8 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                       w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                       name: str = "gru_steps") -> Any:
     """The cluster step kernel of one layer as a lowered PrimFunc (gi, hs, w, bias, layer, out,
-    h_n): it reads h0 from slot 0 of the state ``hs`` that ``gru_init`` wrote."""
+    h_n, bar): it reads h0 from slot 0 of the state ``hs`` that ``gru_init`` wrote, and raises the
+    timed-out flag ``bar[1]`` where a wait gave up."""
     from tvm.script import tirx as T
 
     shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype)
@@ -78,12 +85,11 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
     slot_words = batch * HP
     threads = shape.threads
-    lanes_per_row = WARP // batch  # lanes running the cell of one row, each storing h' into some of the peers
+    lanes_per_row, peers = shape.lanes_per_row, shape.peers
     storing_lanes = lanes_per_row * batch
-    peers = shape.peers
     math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
                         cell_lanes=storing_lanes)
-    load_w, load_gi, gate_sums, select_row = math.macros(slotted=True)
+    load_w, load_gi, gate_sums, select_row = math.macros()
 
     tx_bytes = batch * hidden * 4  # what each block receives a step: all of h', float32
 
