@@ -116,23 +116,20 @@ def export(case: Case, x: np.ndarray, work: str) -> dict[str, str]:
     model = torch_model(case.model).to(getattr(torch, case.dtype))
     arg = torch.from_numpy(x)
     os.makedirs(work, exist_ok=True)
+    writers = {"pt2": lambda path: torch.export.save(torch.export.export(model, (arg,)), path),
+               "onnx": lambda path: torch.onnx.export(model, (arg,), path, dynamo=False, opset_version=17)}
     files = {}
-    try:
-        files["pt2"] = os.path.join(work, "model.pt2")
-        torch.export.save(torch.export.export(model, (arg,)), files["pt2"])
-    except Exception as exc:
-        print(f"  export .pt2 failed: {_last_line(exc)}", flush=True)
-        files.pop("pt2", None)
-    try:
-        files["onnx"] = os.path.join(work, "model.onnx")
-        torch.onnx.export(model, (arg,), files["onnx"], dynamo=False, opset_version=17)
-    except Exception as exc:
-        print(f"  export ONNX failed: {_last_line(exc)}", flush=True)
-        files.pop("onnx", None)
+    for way, write in writers.items():
+        path = os.path.join(work, f"model.{way}")
+        try:
+            write(path)
+            files[way] = path
+        except Exception as exc:
+            print(f"  export {way} failed: {_last_line(exc)}", flush=True)
     return files
 
 
-def imported(way: str, path: str) -> Any:
+def imported(path: str) -> Any:
     """The Relax module of an exported file, as ``tune model FILE`` imports it."""
     from tvm_ext.model_cli import load_model_file
 
@@ -192,7 +189,7 @@ def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray,
             rows.append(Row(case.label, label, note="export failed"))
             continue
         try:
-            mod = imported(way, files[way])
+            mod = imported(files[way])
             start = time.time()
             result = tune_relax(mod, target, records, database, options, log=lambda m: print(f"  {m}", flush=True))
             wall = time.time() - start
@@ -261,7 +258,7 @@ def dry_run(cases: list[Case]) -> None:
             for way, path in files.items():
                 start = time.time()
                 try:
-                    mod = imported(way, path)
+                    mod = imported(path)
                     tasks = extract_tasks(legalize_and_fuse(mod), target)
                     matched = [m.template.describe() for m in match_tasks(tasks, target) if m.matched]
                     matched += [f"GRU {g.template.describe()}" for g in find_grus(mod, target)]
@@ -306,8 +303,7 @@ def main() -> None:
         dry_run(cases)
         return
     os.makedirs(args.out, exist_ok=True)
-    log = RowLog(args.out)
-    log.path = os.path.join(args.out, "gru_models_rows.jsonl")
+    log = RowLog(args.out, "gru_models_rows.jsonl")
     for case in cases:
         bench(case, args, log)
     from common import device_name

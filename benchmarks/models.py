@@ -317,10 +317,10 @@ def torch_compile_row(model: Model) -> Row:
 
 # ---- one model ---------------------------------------------------------------------------------
 class RowLog:
-    """The run's rows: each appended to ``OUT/models_rows.jsonl`` and printed as it is made."""
+    """The run's rows: each appended to ``OUT/name`` and printed as it is made."""
 
-    def __init__(self, out: str) -> None:
-        self.path = os.path.join(out, "models_rows.jsonl")
+    def __init__(self, out: str, name: str = "models_rows.jsonl") -> None:
+        self.path = os.path.join(out, name)
         self.rows: list[Row] = []
 
     def add(self, *rows: Row) -> None:

@@ -5,28 +5,23 @@ at a time stays the default."""
 from __future__ import annotations
 
 import collections
-import importlib.util
-import os
 import threading
 
 import numpy as np
 import pytest
+from test_pipeline import _load_example
 
 from tvm_ext.measure import MeasureSettings
 from tvm_ext.pipeline import TuneOptions, load_model, tune_relax
 from tvm_ext.records import RecordStore
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
 WAIT = 120.0  # seconds the first search waits for another to record (it never needs that long)
 
 
 @pytest.fixture(scope="module")
 def mlp():
-    spec = importlib.util.spec_from_file_location("example_mlp", os.path.join(ROOT, "examples", "mlp.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_example()
 
 
 class SideBySide:
