@@ -42,7 +42,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Sequence
 
 from tvm_ext.builder import LocalBuilder
@@ -55,20 +57,38 @@ from tvm_ext.session import Session, SessionOptions
 
 
 class TimedBuilder:
-    """The shared build pool, with the wall time spent in ``build`` added up (the tuner calls
-    it one chunk at a time, so the sum is the time the pool had work)."""
+    """The shared build pool, with the wall time it had a build in progress added up (``secs``):
+    the tuner hands each build to the runner as it ends (``submit``)."""
 
     def __init__(self, builder: LocalBuilder):
         self.builder = builder
-        self.workers = builder.workers  # the tuner builds in chunks of one round of the pool
+        self.workers = builder.workers  # the tuner sends chunks of one round of the pool
         self.secs = 0.0
+        self._lock = threading.Lock()
+        self._building = 0
+        self._since = 0.0
+
+    def _started(self, count: int) -> None:
+        with self._lock:
+            if self._building == 0:
+                self._since = time.perf_counter()
+            self._building += count
+
+    def _ended(self, _: Any = None) -> None:
+        with self._lock:
+            self._building -= 1
+            if self._building == 0:
+                self.secs += time.perf_counter() - self._since
+
+    def submit(self, template: Any, configs: Sequence[Any], target: Any) -> list[Future]:
+        self._started(len(configs))
+        futures = self.builder.submit(template, configs, target)
+        for future in futures:
+            future.add_done_callback(self._ended)
+        return futures
 
     def build(self, template: Any, configs: Sequence[Any], target: Any) -> list:
-        start = time.perf_counter()
-        try:
-            return self.builder.build(template, configs, target)
-        finally:
-            self.secs += time.perf_counter() - start
+        return [future.result() for future in self.submit(template, configs, target)]
 
     def close(self) -> None:  # the pool outlives each session
         pass

@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from tvm_ext.records import RecordStore
 from tvm_ext.rpc_runner import RpcRunner
 from tvm_ext.schedules.gemm import GemmTemplate
 from tvm_ext.search import GeneticSearch, RandomSearch
+from tvm_ext.target import resolve_target
 from tvm_ext.tuner import Tuner
 
 TEMPLATE = GemmTemplate(24, 16, 20)
@@ -68,6 +70,8 @@ class LoggedBuilder:
         self.timeline = timeline
         self.slow = slow
         self.asked: list = []
+        self.late: dict = {}  # config -> seconds its build ends late (``submit``)
+        self.ended: dict = {}  # config -> when its build ended
 
     def build(self, template, configs, target):
         self.timeline.add("build", len(configs))
@@ -77,6 +81,25 @@ class LoggedBuilder:
             return [slowed(b) if self.slow and b.ok else b for b in builds]
         finally:
             self.timeline.add("built", len(configs))
+
+    def submit(self, template, configs, target):
+        """The pool's futures, one per config, each logged ("built", 1) as it ends; the configs
+        in ``late`` end that many seconds after their build did."""
+        self.timeline.add("build", len(configs))
+        self.asked += configs
+        out = []
+        for config, future in zip(configs, self.builder.submit(template, configs, target)):
+            mine = Future()
+            delay = self.late.get(config, 0.0)
+            future.add_done_callback(lambda f, mine=mine, delay=delay: threading.Timer(
+                delay, self._ended, (f.result(), mine)).start())
+            out.append(mine)
+        return out
+
+    def _ended(self, build, mine) -> None:
+        self.timeline.add("built", 1)
+        self.ended[build.config] = time.monotonic()
+        mine.set_result(slowed(build) if self.slow and build.ok else build)
 
 class LoggedRunner:
     """The RPC runner, logging what it is given and each measurement done."""
@@ -114,11 +137,13 @@ def rpc(cluster: LocalCluster, parallel: int, settings: MeasureSettings = FAST) 
 
 
 def tuned(cluster, build_pool, path, strategy_of, parallel=2, overlap=True, on_record=None, settings=FAST,
-          rpc_runner: RpcRunner | None = None):
+          rpc_runner: RpcRunner | None = None, late: dict | None = None):
     """A tuning run over the cluster; its tuner, result, timeline and the batches proposed.
-    ``rpc_runner``: measure through this one (left open) instead of a runner of its own."""
+    ``rpc_runner``: measure through this one (left open) instead of a runner of its own;
+    ``late``: configs whose builds end that many seconds late."""
     timeline = Timeline()
     builder = LoggedBuilder(timeline, build_pool, slow=settings is SLOW)
+    builder.late = late or {}
     runner = LoggedRunner(timeline, rpc_runner or rpc(cluster, parallel, settings))
     try:
         tuner = Tuner(TEMPLATE, runner.target, builder, runner, RecordStore(path), overlap=overlap, chunk=CHUNK,
@@ -187,23 +212,41 @@ def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(
     for index, batch in enumerate(batches):
         for config in batch:
             first_batch.setdefault(json.dumps(config.as_dict(), sort_keys=True), index + 1)
-    default = json.dumps(TEMPLATE.default_config(tuner.target).as_dict(), sort_keys=True)
-    assert keys[0] == default
-    order = [first_batch.get(k, 0) for k in keys[1:]]
+    default = TEMPLATE.default_config(tuner.target)
+    assert tuner.builder.asked[0] == default  # built first, with the first batch, not alone before it
+    assert next(e for e in timeline.events if e[0] == "build")[1] == CHUNK
+    first_batch[json.dumps(default.as_dict(), sort_keys=True)] = 1
+    order = [first_batch[k] for k in keys]
     assert order == sorted(order) and order[-1] == len(batches), order
     assert len(builder_calls := [e for e in timeline.events if e[0] == "build"]) > len(batches) + 1, builder_calls
 
 
-def test_with_one_worker_the_records_are_those_of_a_run_without_overlap_in_the_same_order(cluster, build_pool,
-                                                                                          tmp_path):
+def test_with_one_worker_the_records_are_those_of_a_run_without_overlap(cluster, build_pool, tmp_path):
     with rpc(cluster, parallel=1) as one_at_a_time:  # both runs measure through it
         on = tuned(cluster, build_pool, tmp_path / "on.jsonl", random_search, rpc_runner=one_at_a_time)
         off = tuned(cluster, build_pool, tmp_path / "off.jsonl", random_search, overlap=False,
                     rpc_runner=one_at_a_time)
     assert_overlapped_and_bounded(on[2])
     assert not any(waiting > 0 for what, _, waiting in off[2].in_measurement() if what == "build")
-    assert config_keys(records_of(tmp_path / "on.jsonl")) == config_keys(records_of(tmp_path / "off.jsonl"))
+    # builds go to the runner as each ends: the same records, in the order the builds ended
+    on_keys, off_keys = (config_keys(records_of(tmp_path / name)) for name in ("on.jsonl", "off.jsonl"))
+    assert sorted(on_keys) == sorted(off_keys)
     assert on[1].trials == off[1].trials == 1 + 2 * 6
+
+
+def test_a_build_goes_to_the_runner_when_it_ends_not_when_its_chunk_does(cluster, build_pool, tmp_path):
+    """The default config's build (the first of the first chunk) ends 3 s late: the chunk's other
+    config is measured meanwhile, and the default is measured once it ends."""
+    default = TEMPLATE.default_config(resolve_target("opencl", 0))  # the workers' device: PoCL here too
+    tuner, result, timeline, _ = tuned(cluster, build_pool, tmp_path / "r.jsonl", random_search,
+                                       late={default: 3.0})
+    submits = [at for what, _, at in timeline.events if what == "submit"]
+    dones = [at for what, _, at in timeline.events if what == "done"]
+    default_ended = tuner.builder.ended[default]
+    assert submits[0] < default_ended and dones[0] < default_ended  # measured while the default was late
+    recs = records_of(tmp_path / "r.jsonl")
+    keys = config_keys(recs)
+    assert json.dumps(default.as_dict(), sort_keys=True) in keys and result.trials == len(keys) == 1 + 2 * 6
 
 
 def test_a_worker_killed_mid_run_costs_nothing_and_a_rerun_resumes(make_cluster, build_pool, tmp_path):

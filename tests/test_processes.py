@@ -145,6 +145,22 @@ def gemm_configs(opencl, count: int, seed: int = 4):
     return template, configs
 
 
+def test_build_processes_yield_the_cpu_to_measuring_ones():
+    """A build process runs BUILD_NICENESS nicer than the tuner; a measuring process does not."""
+    from tvm_ext.builder import BUILD_NICENESS, LocalBuilder
+    from tvm_ext.runner import IsolatedMeasurer
+
+    with LocalBuilder(workers=1) as builder:
+        built_at = builder._get_pool().schedule(os.nice, (0,), 60).result(timeout=120)
+    measurer = IsolatedMeasurer(measure=os.nice)  # "measures" by reporting its niceness
+    try:
+        measured_at = measurer.schedule(0).result(timeout=120)
+    finally:
+        measurer.close()
+    assert built_at == min(19, os.nice(0) + BUILD_NICENESS)
+    assert measured_at == os.nice(0)
+
+
 def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(opencl):
     """Two batches of a real search on PoCL with every pool process SIGKILLed between them: both
     batches are built and measured in full, nothing is an error."""

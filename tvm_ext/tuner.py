@@ -9,11 +9,13 @@ up with the records other processes appended to the same file and claims what it
 measures (``RecordStore.claim_batches``), so tuners sharing a file measure each config
 once.
 
-Builds overlap measurement (``overlap``): a batch is built in chunks of one round of the
-build pool, each chunk handed to the runner as soon as it is built, and the next chunk
-built while the runner measures; at most ``2 x chunk`` built candidates wait for or are
-in measurement (the bounded queue ``BuildQueue``).  The next batch is not built ahead:
-a strategy proposes it from this batch's costs (the GA's generation barrier).
+Builds overlap measurement (``overlap``): a batch goes to the build pool in chunks of one
+round of the pool, each build handed to the runner as soon as it ends (not when its chunk
+does), and the next chunk starts while the runner measures; at most ``2 x chunk``
+candidates are building or built and not yet measured (the bounded queue ``BuildQueue``).
+The next batch is not built ahead: a strategy proposes it from this batch's costs (the
+GA's generation barrier).  The default config is measured with the first batch, not alone
+before it.
 """
 from __future__ import annotations
 
@@ -95,8 +97,9 @@ def in_thread(function: Callable[..., Any], *args: Any) -> Future:
 
 @dataclass
 class BuildQueue:
-    """How many built candidates wait for or are in measurement (``waiting``), never more
-    than ``limit``: a chunk is built only when it fits beside them."""
+    """How many candidates are building, or built and waiting for or in measurement
+    (``waiting``), never more than ``limit``: a chunk starts building only when it fits
+    beside them."""
 
     limit: int
     waiting: int = 0
@@ -219,49 +222,80 @@ class Tuner:
         return max(1, min(batch, int(chunk))) if self.overlap and chunk else batch
 
     def _build_and_measure(self, configs: Sequence[Config]) -> None:
-        """Build ``configs`` chunk by chunk, each chunk measured as soon as it is built and
-        the next one built meanwhile, while the built candidates waiting fit the queue; each
-        result is recorded as it arrives (those done together in submission order)."""
-        size = self.chunk_size(len(configs))
-        chunks = [list(configs[i: i + size]) for i in range(0, len(configs), size)]
-        if len(chunks) == 1:  # nothing to overlap: build here, then measure
+        """Build ``configs`` and hand each build to the runner as soon as it ends, while more
+        build; at most ``2 x chunk`` candidates are building or built and not yet measured (the
+        queue).  Each result is recorded as it arrives (those done together in submission
+        order).  Without overlap the batch is built whole, then measured."""
+        if not self.overlap or len(configs) == 1:
             batch = _Batch(BuildQueue(len(configs)))
-            self._submit(self.builder.build(self.template, chunks[0], self.target), batch)
+            batch.queue.add(len(configs))
+            self._submit(self.builder.build(self.template, list(configs), self.target), batch)
             self._collect(batch, block=True)
             return
+        size = self.chunk_size(len(configs))
         batch = _Batch(BuildQueue(2 * size))
-        building: Future | None = None
-        while chunks or building is not None or batch.inflight:
-            if building is None and chunks and batch.queue.fits(len(chunks[0])):
-                building = in_thread(self.builder.build, self.template, chunks.pop(0), self.target)
-            wait([f for f, _, _ in batch.inflight] + ([building] if building else []), return_when=FIRST_COMPLETED)
+        left = list(configs)
+        building: list[Future] = []
+        while left or building or batch.inflight:
+            while left and batch.queue.fits(min(size, len(left))):
+                group, left = left[:size], left[size:]
+                batch.queue.add(len(group))
+                building += self._start_builds(group)
+            wait([f for f, _, _ in batch.inflight] + building, return_when=FIRST_COMPLETED)
             self._collect(batch, block=False)
-            if building is not None and building.done():
-                builds, building = building.result(), None
-                self._submit(builds, batch)
+            ended = [f.done() for f in building]
+            built = [f.result() for f, end in zip(building, ended) if end]
+            building = [f for f, end in zip(building, ended) if not end]
+            if built:
+                self._submit(built, batch)
         self.most_waiting = max(self.most_waiting, batch.queue.most)
 
+    def _start_builds(self, configs: Sequence[Config]) -> list[Future]:
+        """A future per config for its ``BuildResult``: the builder's own (``submit``, each
+        resolved as its build ends), or, for a builder that only builds lists, the list's
+        build on a thread, every future resolved when it ends."""
+        submit = getattr(self.builder, "submit", None)
+        if submit is not None:
+            return submit(self.template, configs, self.target)
+        whole = in_thread(self.builder.build, self.template, configs, self.target)
+        futures: list[Future] = [Future() for _ in configs]
+
+        def fan_out(done: Future) -> None:
+            try:
+                results = done.result()
+            except BaseException as exc:
+                for future in futures:
+                    future.set_exception(exc)
+                return
+            for future, result in zip(futures, results):
+                future.set_result(result)
+
+        whole.add_done_callback(fan_out)
+        return futures
+
     def _submit(self, builds: Sequence[BuildResult], batch: "_Batch") -> None:
-        """One chunk: failed builds are recorded as they are; a program already measured
-        (same generated source) is not measured again, nor twice within the batch; the
-        runner gets the rest at once."""
+        """Builds that ended (each counted in the queue when it started): failed builds are
+        recorded as they are; a program already measured (same generated source) is not
+        measured again, nor twice within the batch; the runner gets the rest at once."""
         fresh: list[BuildResult] = []
         for build in builds:
             if build.artifact is None:
+                batch.queue.done()
                 self._record(build, RunResult((), build.error_kind or ErrorKind.BUILD_ERROR, build.error_msg))
                 continue
             source_hash = build.artifact.source_hash
             known = self._by_source.get(source_hash) or batch.recorded.get(source_hash)
             if known is not None:  # same kernel as one already measured
+                batch.queue.done()
                 self._alias(build.config, known)
             elif source_hash in batch.twins:  # same kernel as one in measurement
+                batch.queue.done()
                 batch.twins[source_hash].append(build.config)
             else:
                 batch.twins[source_hash] = []
                 fresh.append(build)
         if not fresh:
             return
-        batch.queue.add(len(fresh))
         futures = self.runner.submit(self.template, fresh)
         batch.inflight += [(future, build.artifact.source_hash, build)  # type: ignore[union-attr]
                            for future, build in zip(futures, fresh)]
@@ -320,15 +354,17 @@ class Tuner:
         history: list[float] = []
         default = default or self.template.default_config(self.target)
         self.strategy = self.strategy or type(strategy).__name__
+        first = [default] if measure_default else []  # measured with the first batch, first in it
         try:
-            if measure_default:
-                self.evaluate([default])
             while not strategy.done and self.budget_left > 0 and not self._stop.is_set():
                 batch = strategy.propose()
                 configs = [self.space.decode(row) for row in batch]
-                costs = self.evaluate(configs)
+                costs = self.evaluate(first + configs)[len(first):]
+                first = []
                 strategy.observe(batch, costs)
                 history.append(self.best.cost if self.best else math.inf)
+            if first and self.budget_left > 0 and not self._stop.is_set():  # no batch came
+                self.evaluate(first)
         except KeyboardInterrupt:
             interrupted = True
         return TuneResult(
