@@ -47,6 +47,8 @@ import time
 from concurrent.futures import Future
 from typing import Any, Sequence
 
+import numpy as np
+
 from tvm_ext.builder import LocalBuilder
 from tvm_ext.cluster import LocalCluster, free_port
 from tvm_ext.errors import TvmExtError
@@ -122,6 +124,8 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         busy = session.runner.busy_secs  # type: ignore[attr-defined]
     recs = list(RecordStore(records))
     servers = sorted({r.metrics.get("server", "?") for r in recs})
+    job_secs = {what: float(np.median([r.metrics[what] for r in recs if what in r.metrics] or [np.nan]))
+                for what in ("round_trip_secs", "worker_secs", "measure_secs")}
     best = result.best
     return {
         "label": label, "parallel": parallel, "trials": result.trials, "errors": result.errors,
@@ -134,13 +138,12 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         "best_tflops": template.flops() / best.cost / 1e12 if best else 0.0,
         "best_ms": best.cost * 1e3 if best else float("nan"),
         "best_config": best.config if best else None, "servers": servers,
-        "device": target.device_name, "records": records,
+        "device": target.device_name, "records": records, "median_job_secs": job_secs,
     }
 
 
 def warm_up(builder: TimedBuilder, target_kind: str, args: argparse.Namespace, cluster: LocalCluster) -> None:
     """Spawn the build pool and compile once per process before anything is timed."""
-    import numpy as np
 
     from tvm_ext.rpc_runner import RpcRunner
 
@@ -204,13 +207,14 @@ def in_flight_counts(devices: int) -> list[int]:
 def table(runs: list[dict], flops_unit: str = "TFLOP/s") -> str:
     one = runs[0]["configs_per_min"] or float("nan")
     lines = ["| run | jobs in flight | trials | wall (s) | configs / min | vs one worker | GPU busy | build pool "
-             "busy | configs / min without builds | best | best config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "busy | configs / min without builds | a job's s: round trip / worker / measuring | best | best config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         cfg = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items())
         lines.append(f"| {r['label']} | {r['parallel']} | {r['trials']} ({r['errors']} errors) | "
                      f"{r['wall_secs']:.1f} | {r['configs_per_min']:.1f} | {r['configs_per_min'] / one:.2f}x | "
                      f"{r['gpu_busy']:.0%} | {r['build_busy']:.0%} | {r['configs_per_measuring_min']:.1f} | "
+                     f"{' / '.join(f'{v:.3f}' for v in r['median_job_secs'].values())} | "
                      f"{r['best_tflops']:.2f} {flops_unit} ({r['best_ms']:.3f} ms) | {cfg} |")
     return "\n".join(lines)
 
@@ -228,6 +232,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=10, help="timed repeats per config (default 10)")
     p.add_argument("--min-repeat-secs", type=float, default=0.05, help="each repeat lasts at least (default 0.05)")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes (default: every core)")
+    p.add_argument("--in-flight", default="",
+                   help="jobs in flight of the runs, comma-separated (default 1, 2, 4, ... up to one per device)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="build the next chunk of a generation while the workers measure (default on)")
@@ -238,10 +244,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     try:
         args.shape = tuple(int(x) for x in args.shape.split(","))
         args.devices = [int(d) for d in args.devices.split(",")]
+        args.in_flight = ([int(n) for n in args.in_flight.split(",")] if args.in_flight
+                          else in_flight_counts(len(args.devices)))
     except ValueError:
         p.error("--shape and --devices are comma-separated integers")
     if len(args.shape) != 3 or min(args.shape) < 1 or min(args.devices) < 0:
         p.error("--shape is M,N,K (three positive integers); --devices are indices >= 0")
+    if not 1 <= min(args.in_flight) <= max(args.in_flight) <= len(args.devices):
+        p.error("--in-flight counts lie between 1 and the number of --devices")
     return args
 
 
@@ -261,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cluster.start()
         warm_up(builder, args.target, args, cluster)
-        for parallel in in_flight_counts(len(args.devices)):
+        for parallel in args.in_flight:
             runs.append(tune_once(f"{parallel}_worker{'s' * (parallel > 1)}", cluster, parallel, builder, args))
         if args.stock and args.target == "cuda":
             try:  # the scaling runs are measured: a failing stock server must not lose their table

@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -265,12 +265,14 @@ def run_job(job: MeasureJob, executor: Any = None) -> RunResult:
 
     ``executor``: the program already loaded somewhere else than this process's device
     (a stock TVM RPC server's module and device: ``tvm_ext.rpc_runner``); default: the
-    executor of the job's backend here."""
+    executor of the job's backend here.  ``metrics["measure_secs"]``: the seconds it took."""
+    start = time.perf_counter()
     try:
-        return _run(job, executor if executor is not None else executor_for(job))
+        result = _run(job, executor if executor is not None else executor_for(job))
     except Exception as exc:
         text = str(exc).strip().splitlines()
-        return RunResult((), ErrorKind.RUN_ERROR, (text[-1] if text else type(exc).__name__)[:300])
+        result = RunResult((), ErrorKind.RUN_ERROR, (text[-1] if text else type(exc).__name__)[:300])
+    return replace(result, metrics={**result.metrics, "measure_secs": round(time.perf_counter() - start, 4)})
 
 
 def _run(job: MeasureJob, executor: Any) -> RunResult:

@@ -254,8 +254,8 @@ class WorkerSession:
             send = None if key in self._cases else case
             reply = self._call(MeasureRequest(light, key, send, timeout))
             self._cases.add(key)
-            if reply.result is not None:
-                return reply.result
+            if reply.result is not None:  # the worker's own seconds beside the round trip's (the slot's)
+                return replace(reply.result, metrics={**reply.result.metrics, "worker_secs": round(reply.seconds, 4)})
             self._cases.discard(key)  # the worker dropped it: send it again
         return RunResult((), ErrorKind.RUN_ERROR, f"the worker at {self.address} did not keep the check's data")
 
@@ -655,7 +655,8 @@ class RpcRunner:
                     continue
                 finally:
                     self._busy_for(address, started)
-                metrics = {**result.metrics, "server": session.address}
+                metrics = {**result.metrics, "server": session.address,
+                           "round_trip_secs": round(time.perf_counter() - started, 4)}
                 self._resolve(item, replace(result, metrics=metrics))
                 if session.single_use:
                     self._drop(session)
