@@ -28,6 +28,10 @@ def pid() -> int:
     return os.getpid()
 
 
+def environment(name: str) -> str | None:
+    return os.environ.get(name)
+
+
 def note_and_die(secs: float = 0.3) -> None:
     """A job that kills its own process every time (a trap in a kernel), after a moment of work."""
     note("die")

@@ -145,6 +145,23 @@ def gemm_configs(opencl, count: int, seed: int = 4):
     return template, configs
 
 
+def test_pool_processes_run_single_threaded_blas_unless_the_user_says_otherwise(monkeypatch):
+    """One job at a time: a BLAS thread per core in each pool process would only compete with
+    the measuring processes of other devices.  A value the user set is kept; the tuner's own
+    environment is left as it was."""
+    from tvm_ext.pools import CHILD_ENV
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    pool = RestartingPool(1)
+    try:
+        seen = {name: pool.schedule(pool_jobs.environment, (name,), 60).result(timeout=120) for name in CHILD_ENV}
+    finally:
+        pool.close()
+    assert seen == {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "3"}
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"
+
+
 def test_build_processes_yield_the_cpu_to_measuring_ones():
     """A build process runs BUILD_NICENESS nicer than the tuner; a measuring process does not."""
     from tvm_ext.builder import BUILD_NICENESS, LocalBuilder

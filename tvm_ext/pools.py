@@ -10,8 +10,10 @@ replaced, a job it held runs once more, and only a second death is that job's ou
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
+import os
 import threading
 import time
 from collections import deque
@@ -19,7 +21,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 __all__ = ["ProcessDied", "RestartingPool"]
 
@@ -27,6 +29,26 @@ POLL_SECS = 0.2  # the longest the pool's thread sleeps without looking at its p
 STOP_SECS = 2.0  # a process asked to exit has this long before it is killed
 MAX_START_DEATHS = 3  # processes in a row dying before they are ready: the queued jobs fail
 READY = "ready"  # a process's first message: its initializer ran, it takes jobs
+# A pool process runs one job at a time: a BLAS thread per core in each (numpy's float64
+# checks) only competes with the other processes, measuring processes on other devices
+# included.  Set for the spawned process where the user has not set them.
+CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+_ENVIRON_LOCK = threading.Lock()  # pools start processes from their own threads
+
+
+@contextlib.contextmanager
+def child_environment(defaults: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``defaults`` for the variables not set, while a process spawns (it
+    copies the environment as it starts); restored afterwards."""
+    with _ENVIRON_LOCK:
+        added = [name for name in defaults if name not in os.environ]
+        for name in added:
+            os.environ[name] = defaults[name]
+        try:
+            yield
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
 
 
 class ProcessDied(Exception):
@@ -168,7 +190,8 @@ class RestartingPool:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=_serve, args=(child, self.initializer), daemon=True,
                                         name=f"tvm_ext-pool-{next(self._ids)}")
-        process.start()
+        with child_environment(CHILD_ENV):
+            process.start()
         child.close()
         return _Process(process, parent)
 
