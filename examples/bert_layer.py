@@ -167,13 +167,13 @@ def _transformers_module(s: dict[str, int], dtype: str, size: str) -> Any:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    from tvm_ext.torch_import import MATMULS_IN_OPERAND_TYPE
+    from tvm_ext.torch_import import CONVERTERS
 
     model = torch_model(size, dtype)
     x = torch.zeros((s["batch"], s["seq"], s["hidden"]), dtype=getattr(torch, dtype))
     with torch.no_grad():
         exported = torch.export.export(model, (x,))
-    return from_exported_program(exported, unwrap_unit_return_tuple=True, custom_convert_map=MATMULS_IN_OPERAND_TYPE)
+    return from_exported_program(exported, unwrap_unit_return_tuple=True, custom_convert_map=CONVERTERS)
 
 
 # ---- the model file interface ---------------------------------------------------------------------

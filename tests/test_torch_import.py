@@ -165,3 +165,22 @@ def test_a_float16_program_with_linear_layers_stays_float16_and_runs(opencl):
     with torch.no_grad():
         reference = model.double()(torch.from_numpy(x).double()).numpy()
     assert relative_error([out], [reference]) < 1e-5
+
+
+@pytest.mark.parametrize("index", [-1, -3, 2])
+def test_a_negative_index_selects_from_the_end(opencl, index):
+    """``out[:, -1]`` (a classifier's last step) is ``select.int`` with a negative index: TVM's
+    frontend makes it a ``take`` in fast mode, which reads before the row (wrong numbers here,
+    an illegal address on CUDA); the import selects from the end, as torch does."""
+    from tvm_ext.pipeline import load_model
+
+    class LastStep(nn.Module):
+        def forward(self, x):
+            return x[:, index] * 2.0
+
+    model = LastStep().eval()
+    program = torch.export.export(model, (torch.randn(3, 5, 4),))
+    mod = import_exported_program(program)
+    (x,) = program_inputs(program, seed=1)
+    (out,) = load_model(mod, opencl, None, function="main", log=None)(x)
+    np.testing.assert_array_equal(np.asarray(out.numpy() if hasattr(out, "numpy") else out), 2.0 * x[:, index])

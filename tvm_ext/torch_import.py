@@ -136,10 +136,25 @@ def _addmm_in_operand_type(node: Any, importer: Any) -> Any:
     return emit(relax.op.add(product, bias))
 
 
-# The torch frontend's converters replaced on import: the matmuls' results in their operands' type
-MATMULS_IN_OPERAND_TYPE = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
-                           "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
-                           "matmul.default": _matmul_in_operand_type}
+def _select_from_the_end(node: Any, importer: Any) -> Any:
+    """``select.int`` (``x[:, i]``) with a negative index counted from the end, as torch does.
+    TVM 0.27's converter makes every index a ``take`` in fast mode, which for ``-1`` (a
+    classifier's last step) reads before the row: wrong numbers, an illegal address on CUDA."""
+    from tvm import relax, tirx
+
+    x, dim, index = importer.env[node.args[0]], int(node.args[1]), int(node.args[2])
+    size = x.ty.shape[dim] if x.ty.shape is not None else None
+    if index < 0 and isinstance(size, tirx.IntImm):
+        index += int(size)
+    mode = "fast" if index >= 0 else "wrap"  # a size known only at run time: wrapped there
+    return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim, mode=mode))
+
+
+# The torch frontend's converters replaced on import: the matmuls' results in their operands'
+# type, and a negative index selecting from the end
+CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
+              "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
+              "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end}
 
 
 def import_exported_program(program: Any) -> Any:
@@ -153,7 +168,7 @@ def import_exported_program(program: Any) -> Any:
     try:
         program = program.run_decompositions(table)
         converter = functools.partial(convert_gru, program=program)
-        return from_exported_program(program, custom_convert_map={**MATMULS_IN_OPERAND_TYPE, GRU_OP: converter},
+        return from_exported_program(program, custom_convert_map={**CONVERTERS, GRU_OP: converter},
                                      run_ep_decomposition=False)
     except TvmExtError:
         raise
