@@ -162,6 +162,39 @@ def test_pool_processes_run_single_threaded_blas_unless_the_user_says_otherwise(
     assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"
 
 
+MAIN_THAT_IMPORTS = """
+import os, sys
+with open(os.environ["MAIN_IMPORTS"], "a") as fh:  # each import of this main module: a line
+    fh.write(f"{os.getpid()}\\n")
+sys.path.insert(0, TESTS)
+import pool_jobs
+from tvm_ext.pools import RestartingPool
+
+if __name__ == "__main__":
+    pool = RestartingPool(1)
+    print(pool.schedule(pool_jobs.pid, (), 60).result(timeout=120))
+    pool.close()
+"""
+
+
+def test_a_pool_process_does_not_import_the_parents_main_module_again(tmp_path):
+    """A spawned process imports its parent's main module again unless told not to; a main
+    module that imports TVM (the worker, TVM's server processes, a benchmark) then costs every
+    measuring process torch's import before it can keep torch out.  Pool jobs live in
+    importable modules, so the pool's processes start from a bare main."""
+    import subprocess
+    import sys
+
+    script, log = tmp_path / "main.py", tmp_path / "imports"
+    script.write_text(MAIN_THAT_IMPORTS.replace("TESTS", repr(os.path.dirname(os.path.abspath(__file__)))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MAIN_IMPORTS": str(log)})
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout.split()[-1])
+    importers = [int(line) for line in log.read_text().split()]
+    assert len(importers) == 1 and child not in importers, (importers, child)  # the parent only
+
+
 def test_build_processes_yield_the_cpu_to_measuring_ones():
     """A build process runs BUILD_NICENESS nicer than the tuner; a measuring process does not."""
     from tvm_ext.builder import BUILD_NICENESS, LocalBuilder

@@ -14,7 +14,9 @@ import contextlib
 import itertools
 import multiprocessing
 import os
+import sys
 import threading
+import types
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -33,7 +35,24 @@ READY = "ready"  # a process's first message: its initializer ran, it takes jobs
 # checks) only competes with the other processes, measuring processes on other devices
 # included.  Set for the spawned process where the user has not set them.
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-_ENVIRON_LOCK = threading.Lock()  # pools start processes from their own threads
+_ENVIRON_LOCK = threading.RLock()  # pools start processes from their own threads
+
+
+@contextlib.contextmanager
+def _main_left_behind() -> Iterator[None]:
+    """While a process spawns, a bare ``__main__``: a spawned child otherwise imports the
+    parent's main module again (``python -m tvm_ext.worker``, TVM's server and session
+    processes, a benchmark script), and a main module that imports TVM imports torch with it
+    (TVM's FFI does whenever it is installed) before the child can keep torch out: seconds
+    before a measuring process is ready.  Pool jobs are functions of importable modules."""
+    with _ENVIRON_LOCK:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main
 
 
 @contextlib.contextmanager
@@ -190,7 +209,7 @@ class RestartingPool:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=_serve, args=(child, self.initializer), daemon=True,
                                         name=f"tvm_ext-pool-{next(self._ids)}")
-        with child_environment(CHILD_ENV):
+        with child_environment(CHILD_ENV), _main_left_behind():
             process.start()
         child.close()
         return _Process(process, parent)

@@ -112,10 +112,11 @@ class IsolatedMeasurer:
     def run(self, job: MeasureJob) -> RunResult:
         return self.schedule(job).result()
 
-    def warm(self, kind: str, device_id: int) -> None:
+    def warm(self, kind: str, device_id: int) -> Future:
         """Start the measuring process now and load its device (``measure.warm_device``), so the
-        first job does not wait for that; a failure here is left to the first job to meet."""
-        self._started().schedule(warm_device, (kind, device_id), self.timeout)
+        first job does not wait for that; a failure here is left to the first job to meet.  The
+        future ends when the device is loaded."""
+        return self._started().schedule(warm_device, (kind, device_id), self.timeout)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -115,7 +115,10 @@ def _session(device_id: int, label: str, kind: str) -> _Session:
     global _SESSION
     if _SESSION is None:
         _SESSION = _Session(device_id, label)
-        _SESSION.measurer.warm(kind, device_id)
+        start = time.perf_counter()
+        _SESSION.measurer.warm(kind, device_id).add_done_callback(lambda _: print(
+            f"{time.strftime('%H:%M:%S')} {label}: measuring process ready ({time.perf_counter() - start:.2f} s)",
+            file=sys.stderr, flush=True))
     return _SESSION
 
 
