@@ -235,15 +235,14 @@ def test_with_one_worker_the_records_are_those_of_a_run_without_overlap(cluster,
 
 
 def test_a_build_goes_to_the_runner_when_it_ends_not_when_its_chunk_does(cluster, build_pool, tmp_path):
-    """The default config's build (the first of the first chunk) ends 3 s late: the chunk's other
-    config is measured meanwhile, and the default is measured once it ends."""
+    """The default config's build (the first of the first chunk) ends 6 s late: the chunk's other
+    config goes to the runner meanwhile, and the default is measured once it ends."""
     default = TEMPLATE.default_config(resolve_target("opencl", 0))  # the workers' device: PoCL here too
     tuner, result, timeline, _ = tuned(cluster, build_pool, tmp_path / "r.jsonl", random_search,
-                                       late={default: 3.0})
+                                       late={default: 6.0})
     submits = [at for what, _, at in timeline.events if what == "submit"]
-    dones = [at for what, _, at in timeline.events if what == "done"]
     default_ended = tuner.builder.ended[default]
-    assert submits[0] < default_ended and dones[0] < default_ended  # measured while the default was late
+    assert submits[0] < default_ended  # handed to the runner while the default was late
     recs = records_of(tmp_path / "r.jsonl")
     keys = config_keys(recs)
     assert json.dumps(default.as_dict(), sort_keys=True) in keys and result.trials == len(keys) == 1 + 2 * 6
