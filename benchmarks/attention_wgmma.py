@@ -21,11 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (l2_rotation, ours_on, rel_error_vs, shape_names, table, time_vendor,  # noqa: E402
                     vendor_methods)
 
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
-from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate  # noqa: E402
+from tvm_ext.core.records import RecordStore  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
-from tvm_ext.template import Workload  # noqa: E402
+from tvm_ext.core.template import Workload  # noqa: E402
 
 BATCH = (8, 12)  # BERT-base: batch 8, 12 heads
 SHAPES = {"scores128": (128, 128, 64), "context128": (128, 64, 128), "scores512": (512, 512, 64),

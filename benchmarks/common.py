@@ -1,7 +1,7 @@
 """Shared helpers of the GPU benchmark scripts: the timing protocol on CUDA (torch's events
 and graphs) and the printed table.
 
-The protocol itself is ``tvm_ext.timing`` (framework-free, tested on PoCL); this file adds
+The protocol itself is ``tvm_ext.measure.timing`` (framework-free, tested on PoCL); this file adds
 what needs torch: CUDA events as the clock, the vendor timed per call, back to back and
 replayed from a CUDA graph (``time_vendor``), and our kernels timed back to back with the
 same events and input rotation (``time_ours``), or, for TVM calls of a few microseconds,
@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
-                            VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
+from tvm_ext.measure.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
+                                    VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
 
 __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ours_three", "l2_rotation",
            "vendor_header", "vendor_cells", "vendor_methods", "seconds_by_method", "methods_text", "table",
@@ -373,7 +373,7 @@ def ours_launch(template: Any, config: dict, target: Any, sets: list[tuple[Any, 
     import torch
     import tvm
 
-    from tvm_ext.space import Config
+    from tvm_ext.core.space import Config
 
     cfg = Config.of(config)
     op = template.measured_operator(cfg)

@@ -25,8 +25,8 @@ from common import (compare_in_rounds, l2_rotation, ours_launch, rel_error_vs, r
                     rounds_header, table, time_vendor, vendor_methods)
 
 from tvm_ext.cost_model.analytic import analytic_seeds  # noqa: E402
-from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate  # noqa: E402
-from tvm_ext.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.schedules.gemm.simt import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate  # noqa: E402
+from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
 
 
 # The two leaders of the H100 staging probe (benchmarks/probes/sgemm_probe.py, 2026-11-23: 43.8 and
@@ -95,7 +95,7 @@ def sweep_records(path: str, staging: bool = False) -> list[Any]:
     staging knobs, which the sweep predates, at their first values when ``staging``)."""
     import gzip
 
-    from tvm_ext.records import Record
+    from tvm_ext.core.records import Record
 
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         header, *rows = [json.loads(line) for line in fh if line.strip()]

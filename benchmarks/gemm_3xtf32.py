@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, cublas_gemm, gemm_operand_sets, ours_launch, ours_on,  # noqa: E402
                     parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
 
-from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
-from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),

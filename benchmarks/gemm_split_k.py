@@ -20,9 +20,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cublas_gemm, gemm_operand_sets, ours_on, shape_names, table, vendor_methods  # noqa: E402
 
-from tvm_ext.schedules.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
-from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
-from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate  # noqa: E402
+from tvm_ext.schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"bert_ffn_down": (1024, 768, 3072), "bert_proj": (1024, 768, 768), "bert_ffn_up": (1024, 3072, 768),

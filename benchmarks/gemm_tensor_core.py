@@ -28,15 +28,15 @@ from common import (compare_in_rounds, cublas_gemm, cublas_launches, gemm_operan
                     parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
 
 from tvm_ext import tune  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.schedules.mma import MmaGemmTemplate, MmaTile  # noqa: E402
-from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate  # noqa: E402
-from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate  # noqa: E402
-from tvm_ext.space import Config  # noqa: E402
+from tvm_ext.core.records import RecordStore  # noqa: E402
+from tvm_ext.schedules.gemm.mma import MmaGemmTemplate, MmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.tensor_core import TensorCoreGemmTemplate  # noqa: E402
+from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate  # noqa: E402
+from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
-from tvm_ext.schedules.wgmma import WgmmaTile  # noqa: E402
-from tvm_ext.schedules.wmma import WmmaTile  # noqa: E402
-from tvm_ext.template import Workload  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.wmma import WmmaTile  # noqa: E402
+from tvm_ext.core.template import Workload  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
           "gru_in": (8192, 3072, 1024), "gru_hid": (64, 3072, 1024), "gru_hid8": (8, 1536, 512)}
@@ -123,7 +123,7 @@ def main() -> int:
     if shapes is None:
         return 2
     os.makedirs(args.out, exist_ok=True)
-    from tvm_ext.session import analytic_pick
+    from tvm_ext.core.session import analytic_pick
 
     target = resolve_target("cuda")
     rows, round_rows, notes = [], [], []

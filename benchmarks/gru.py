@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import table, time_ours, time_vendor, vendor_cells, vendor_header  # noqa: E402
 
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
-from tvm_ext.space import Config  # noqa: E402
+from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
 
 SEQ = 128

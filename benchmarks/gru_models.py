@@ -12,8 +12,8 @@ Per case, one process, the same rotated inputs, every output against the float64
 - torch eager per call, back to back and replayed from a CUDA graph (``nn.GRU`` runs cuDNN);
 - ``torch.compile(mode="max-autotune")`` back to back (the mode records CUDA graphs itself;
   ``nn.GRU`` breaks its graph), its compile time as its tuning time;
-- ours imported from a ``torch.export`` program (``.pt2``, ``tvm_ext.torch_import``) and from
-  an ONNX file (TorchScript exporter, ``tvm_ext.onnx_import``): ``tune_relax`` on the imported
+- ours imported from a ``torch.export`` program (``.pt2``, ``tvm_ext.relax.torch_import``) and from
+  an ONNX file (TorchScript exporter, ``tvm_ext.relax.onnx_import``): ``tune_relax`` on the imported
   module (``--trials`` per task; the two imports give the same tasks, so the second reuses the
   first's database), compiled in the Relax VM and timed per call, back to back and replayed
   from a CUDA graph (the best of the three).
@@ -131,7 +131,7 @@ def export(case: Case, x: np.ndarray, work: str) -> dict[str, str]:
 
 def imported(path: str) -> Any:
     """The Relax module of an exported file, as ``tune model FILE`` imports it."""
-    from tvm_ext.model_cli import load_model_file
+    from tvm_ext.cli.model_cli import load_model_file
 
     return load_model_file(path).get_module()
 
@@ -173,8 +173,8 @@ def compile_row(case: Case, ref: np.ndarray, sets: list[Any]) -> Row:
 def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray, args: argparse.Namespace,
               work: str) -> list[Row]:
     """Each import tuned into one database (the second import's tasks are the first's) and timed."""
-    from tvm_ext.pipeline import load_model, tune_relax
-    from tvm_ext.session import SessionOptions
+    from tvm_ext.relax.pipeline import load_model, tune_relax
+    from tvm_ext.core.session import SessionOptions
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)
@@ -244,10 +244,10 @@ def dry_run(cases: list[Case]) -> None:
 
     import tvm
 
-    from tvm_ext.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
-    from tvm_ext.relax_gru import find_grus
+    from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
+    from tvm_ext.relax.relax_gru import find_grus
     from tvm_ext.target import offline_cuda
-    from tvm_ext.tvm_export import tvm_target
+    from tvm_ext.relax.tvm_export import tvm_target
 
     target = offline_cuda()
     rows = []

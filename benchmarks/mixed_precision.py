@@ -8,7 +8,7 @@ schedule (``SCHEDULES``, from the earlier H100 tuning runs), every config is che
 against a float64 reference of the unrounded fp32 inputs (its error is the normwise
 relative error of the outputs) and timed by the tuning core's runner; the two bounds
 share one records file, so the second run re-uses what the first measured.  The
-chosen program is then exported (S7), loaded back with ``tvm_ext.codegen`` and run on
+chosen program is then exported (S7), loaded back with ``tvm_ext.precision.codegen`` and run on
 fresh inputs, and its error there is reported too.  The vendor library runs the same
 operator in the same process, in float32 and in float16 (torch: cuBLAS for the GEMM, cuDNN
 for the GRU; TF32 off), for the last columns: timed per call, back to back and replayed from
@@ -31,14 +31,14 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_cells  # noqa: E402
 
-from tvm_ext.codegen import export_program, load_program  # noqa: E402
+from tvm_ext.precision.codegen import export_program, load_program  # noqa: E402
 from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
-from tvm_ext.mixed_precision import MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
-from tvm_ext.precision import relative_error  # noqa: E402
-from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
+from tvm_ext.precision.mixed_precision import MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
+from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gemm.simt import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
-from tvm_ext.schedules.tensor_core import parse_tile, pick_tile  # noqa: E402
-from tvm_ext.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.schedules.gemm.tensor_core import parse_tile, pick_tile  # noqa: E402
+from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 GEMM_BEST = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,

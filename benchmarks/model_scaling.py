@@ -26,7 +26,7 @@ sys.path.insert(0, HERE)
 from common import table  # noqa: E402
 from models import _example  # noqa: E402
 
-from tvm_ext.pipeline import TuneOptions, load_model, tune_relax  # noqa: E402
+from tvm_ext.relax.pipeline import TuneOptions, load_model, tune_relax  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 

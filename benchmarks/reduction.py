@@ -33,13 +33,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (TimingSettings, l2_rotation, rel_error_vs, table,  # noqa: E402
                     time_ours_three, time_vendor, tvm_launch, vendor_methods)
 
-from tvm_ext.builder import build_one  # noqa: E402
-from tvm_ext.executors import load_library  # noqa: E402
-from tvm_ext.schedules.reduction import ReductionTemplate  # noqa: E402
-from tvm_ext.session import Session, SessionOptions  # noqa: E402
-from tvm_ext.space import Config  # noqa: E402
+from tvm_ext.measure.builder import build_one  # noqa: E402
+from tvm_ext.measure.executors import load_library  # noqa: E402
+from tvm_ext.schedules.reduce.reduction import ReductionTemplate  # noqa: E402
+from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.target import TargetInfo  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
+from tvm_ext.core.tuner import Tuner  # noqa: E402
 
 # (label, shape, --workloads name): 1-D shapes are torch.sum(x), 2-D shapes x.sum(dim=1)
 WORKLOADS = (("sum 2^28", (1 << 28,), "2^28"), ("sum 2^20", (1 << 20,), "2^20"),

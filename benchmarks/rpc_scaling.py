@@ -5,7 +5,7 @@ Run on a host with two or four GPUs through the device tool (``nvidia-h200-x2``,
     source .tvm-device/boot.sh && python benchmarks/rpc_scaling.py --out $OUT --devices 0,1,2,3
 
 A local tracker and a ``tvm_ext.worker`` per GPU (pinned through ``CUDA_VISIBLE_DEVICES``)
-start (``tvm_ext.cluster.LocalCluster``: a worker that cannot start stops the script with its
+start (``tvm_ext.remote.cluster.LocalCluster``: a worker that cannot start stops the script with its
 log's last lines, never a hang); then the same fp32 GEMM tuning job (2048³, the GA, seed 0, a
 fixed trial count) runs on them once per count of jobs in flight (1, 2, 4, ... up to one per
 device: ``--devices 0,1,2,3`` runs with 1, 2 and 4), each into its own records file.  Printed
@@ -49,13 +49,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tvm_ext.builder import LocalBuilder
-from tvm_ext.cluster import LocalCluster, free_port
-from tvm_ext.errors import TvmExtError
-from tvm_ext.measure import MeasureSettings
-from tvm_ext.records import RecordStore
-from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.session import Session, SessionOptions
+from tvm_ext.measure.builder import LocalBuilder
+from tvm_ext.remote.cluster import LocalCluster, free_port
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.measure.measure import MeasureSettings
+from tvm_ext.core.records import RecordStore
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.core.session import Session, SessionOptions
 
 
 class TimedBuilder:
@@ -145,7 +145,7 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
 def warm_up(builder: TimedBuilder, target_kind: str, args: argparse.Namespace, cluster: LocalCluster) -> None:
     """Spawn the build pool and compile once per process before anything is timed."""
 
-    from tvm_ext.rpc_runner import RpcRunner
+    from tvm_ext.remote.rpc_runner import RpcRunner
 
     with RpcRunner(cluster.tracker, cluster.key, target_kind, MeasureSettings(), parallel=1, log=print,
                    secret=cluster.secret.encode()) as runner:
@@ -166,7 +166,7 @@ def stock_check(cluster: LocalCluster, args: argparse.Namespace) -> dict:
                                str(port + 1), "--silent", "--no-fork"], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        from tvm_ext.rpc_runner import TrackerClient
+        from tvm_ext.remote.rpc_runner import TrackerClient
 
         client = TrackerClient(cluster.tracker)
         deadline = time.monotonic() + 120

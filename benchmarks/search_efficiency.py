@@ -29,7 +29,7 @@ import numpy as np
 
 from tvm_ext.cost_model.compare import SearchSettings, replay_run
 from tvm_ext.cost_model.replay import Sweep
-from tvm_ext.records import Record
+from tvm_ext.core.records import Record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = ("random", "ga", "ga+s6", "ga+xgb", "ga+xgb ptxas", "ga+xgb transfer", "analytic")

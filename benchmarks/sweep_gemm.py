@@ -26,12 +26,12 @@ import time
 
 import numpy as np
 
-from tvm_ext.builder import BuildResult
-from tvm_ext.records import Record
-from tvm_ext.runner import MeasureSettings, RunResult, run_all
-from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.session import Session, SessionOptions
-from tvm_ext.template import Workload
+from tvm_ext.measure.builder import BuildResult
+from tvm_ext.core.records import Record
+from tvm_ext.measure.runner import MeasureSettings, RunResult, run_all
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.core.session import Session, SessionOptions
+from tvm_ext.core.template import Workload
 
 
 def main() -> None:

@@ -36,14 +36,14 @@ from common import vendor_methods  # noqa: E402
 
 import mlp  # noqa: E402  (examples/mlp.py: the model, its inputs and numpy reference)
 
-from tvm_ext.builder import build_one  # noqa: E402
-from tvm_ext.pipeline import compile_relax, extract_tasks, legalize_and_fuse  # noqa: E402
-from tvm_ext.pipeline import load_model, match_tasks, summary, tune_relax  # noqa: E402
-from tvm_ext.schedules.gemm import GemmTemplate  # noqa: E402
-from tvm_ext.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.measure.builder import build_one  # noqa: E402
+from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse  # noqa: E402
+from tvm_ext.relax.pipeline import load_model, match_tasks, summary, tune_relax  # noqa: E402
+from tvm_ext.schedules.gemm.simt import GemmTemplate  # noqa: E402
+from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
-from tvm_ext.tvm_export import commit, open_database, tvm_target  # noqa: E402
+from tvm_ext.core.tuner import Tuner  # noqa: E402
+from tvm_ext.relax.tvm_export import commit, open_database, tvm_target  # noqa: E402
 
 # The example model at a size where the GEMMs dominate on an H100.
 MODEL_SIZES = {"batch": 2048, "features": 1024, "hidden": 4096, "classes": 1024}

@@ -32,10 +32,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.space import Config
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template
+from tvm_ext.core.template import Template
 
 from .features import estimate_registers
 from .hardware import HardwareModel, ceil_div, waves

@@ -1,7 +1,7 @@
 """Run every search strategy on a recorded sweep through the real Tuner (no hardware).
 
 Used by ``benchmarks/search_efficiency.py`` and the tests, so what CI checks is what the
-benchmark reports.  Each run is a ``tvm_ext.session.Session`` with the replay's builder,
+benchmark reports.  Each run is a ``tvm_ext.core.session.Session`` with the replay's builder,
 runner and an in-memory record store, so the strategies are the CLI's own (the registry's
 factories, with the seeds every tuning run gets: the default config, then the analytic
 picks):
@@ -22,10 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from tvm_ext.records import Record
-from tvm_ext.session import STRATEGIES as SESSION_STRATEGIES
-from tvm_ext.session import Session, SessionOptions, analytic_pick
-from tvm_ext.tuner import Tuner
+from tvm_ext.core.records import Record
+from tvm_ext.core.session import STRATEGIES as SESSION_STRATEGIES
+from tvm_ext.core.session import Session, SessionOptions, analytic_pick
+from tvm_ext.core.tuner import Tuner
 
 from .model import ModelSettings
 from .replay import MemoryRecordStore, NearestRecorded, ReplayBuilder, ReplayRunner, ReplayTemplate, Sweep

@@ -15,9 +15,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tvm_ext.space import Config, Space
+from tvm_ext.core.space import Config, Space
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template
+from tvm_ext.core.template import Template
 
 from .hardware import HardwareModel, ceil_div, waves
 

@@ -22,12 +22,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.records import Record
-from tvm_ext.space import Config
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.core.records import Record
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 from tvm_ext.operators import template_of
-from tvm_ext.template import Template
+from tvm_ext.core.template import Template
 
 from .features import Featurizer
 
@@ -255,6 +255,6 @@ class XGBCostModel:
 
 def model_path(records_path: str | os.PathLike[str]) -> str:
     """Where the model of a records file lives: ``RECORDS.xgb.json`` beside it."""
-    from tvm_ext.records import side_file
+    from tvm_ext.core.records import side_file
 
     return side_file(records_path, "model")

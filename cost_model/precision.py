@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tvm_ext.space import Config
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .model import ModelSettings, XGBCostModel

@@ -17,9 +17,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from tvm_ext.space import Config
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template
+from tvm_ext.core.template import Template
 
 _USED = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")

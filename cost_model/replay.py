@@ -5,7 +5,7 @@ A sweep file (``benchmarks/sweep_gemm.py``) is gzipped JSON lines: a header
 ``"target_info"``, the full :class:`TargetInfo`), then one line per measured config
 ``{"config": {...}, "cost": seconds | null, "error_kind": ""}``.
 
-The replay plugs into the real :class:`~tvm_ext.tuner.Tuner`: :class:`ReplayTemplate`
+The replay plugs into the real :class:`~tvm_ext.core.tuner.Tuner`: :class:`ReplayTemplate`
 wraps the operator's template and adds one constraint to its space, "recorded in the
 sweep", so every strategy (GA, random, GA + cost model, analytic) only gets measurements
 for recorded configs and a config outside the sweep costs +inf without a trial, exactly
@@ -25,14 +25,14 @@ from typing import Any, Callable, Container, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from tvm_ext.builder import Artifact, BuildResult
-from tvm_ext.errors import ErrorKind, TvmExtError
-from tvm_ext.records import Record, RecordStore
-from tvm_ext.runner import RunResult, resolved
-from tvm_ext.space import Config, Space
+from tvm_ext.measure.builder import Artifact, BuildResult
+from tvm_ext.core.errors import ErrorKind, TvmExtError
+from tvm_ext.core.records import Record, RecordStore
+from tvm_ext.measure.runner import RunResult, resolved
+from tvm_ext.core.space import Config, Space
 from tvm_ext.target import TargetInfo, offline_cuda
 from tvm_ext.operators import get_template_class
-from tvm_ext.template import Template, TensorSpec
+from tvm_ext.core.template import Template, TensorSpec
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ class _MemoryFeed:
 
 def sweep_records(sweep: Sweep) -> list[Record]:
     """The sweep as tuner records (for training a cost model on another shape's sweep)."""
-    from tvm_ext.template import Workload
+    from tvm_ext.core.template import Workload
 
     template, target = sweep.template(), sweep.target()
     wl = Workload(template.name, tuple(sorted(template.params.items())), tuple(sorted(target.key().items())),

@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tvm_ext.search import mutate, two_point_crossover
-from tvm_ext.space import Space
+from tvm_ext.core.search import mutate, two_point_crossover
+from tvm_ext.core.space import Space
 
 from .model import spearman
 

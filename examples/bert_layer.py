@@ -167,7 +167,7 @@ def _transformers_module(s: dict[str, int], dtype: str, size: str) -> Any:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    from tvm_ext.torch_import import CONVERTERS
+    from tvm_ext.relax.torch_import import CONVERTERS
 
     model = torch_model(size, dtype)
     x = torch.zeros((s["batch"], s["seq"], s["hidden"]), dtype=getattr(torch, dtype))

@@ -60,7 +60,7 @@ def reference(x: np.ndarray, weights: dict[str, np.ndarray]) -> np.ndarray:
 def tune_gru(target: Any, sizes: dict[str, int], args: argparse.Namespace) -> Any:
     """The GRU layer's best config after a short GA (records resumed from --records)."""
     from tvm_ext.schedules.gru import GruTemplate
-    from tvm_ext.session import Session, SessionOptions
+    from tvm_ext.core.session import Session, SessionOptions
 
     template = GruTemplate(batch=sizes["batch"], hidden=sizes["hidden"], input=sizes["features"], seq=sizes["seq"])
     options = SessionOptions(generations=args.generations, population=args.population, seed=args.seed,
@@ -71,7 +71,7 @@ def tune_gru(target: Any, sizes: dict[str, int], args: argparse.Namespace) -> An
         fused = default.replace(fuse_step=1, step_j=32, step_b=1, step_k=8, step_ks=4)
         result = session.tune(template, seeds=[c for c in (default, fused) if space.is_feasible(c)])
     if result.best is None:
-        from tvm_ext.errors import TvmExtError
+        from tvm_ext.core.errors import TvmExtError
 
         raise TvmExtError("no GRU config compiled and ran correctly (see the records)")
     print(f"GRU layer: best of {result.trials} trials ({result.resumed} resumed) "
@@ -81,10 +81,10 @@ def tune_gru(target: Any, sizes: dict[str, int], args: argparse.Namespace) -> An
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from tvm_ext.errors import TvmExtError
-    from tvm_ext.pipeline import load_model, summary, tune_relax
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.relax.pipeline import load_model, summary, tune_relax
     from tvm_ext.schedules.gru import GRU
-    from tvm_ext.session import SessionOptions
+    from tvm_ext.core.session import SessionOptions
     from tvm_ext.target import resolve_target
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

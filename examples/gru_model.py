@@ -1,5 +1,5 @@
 """A GRU sequence model (embedding -> stacked GRU -> linear) as a model file for
-``python -m tvm_ext.tune model``: its GRU is tvm_ext's (``tvm_ext.relax_gru``), tuned as one
+``python -m tvm_ext.tune model``: its GRU is tvm_ext's (``tvm_ext.relax.relax_gru``), tuned as one
 task with the model's kernels and run inside the compiled Relax model.
 
     python -m tvm_ext.tune model examples/gru_model.py [--model-option size=base]
@@ -62,7 +62,7 @@ def get_module(size: str = "small", dtype: str = "float32") -> Any:
     from tvm import relax
     from tvm.relax.frontend import nn
 
-    from tvm_ext.relax_gru import device_weights, gru_layer
+    from tvm_ext.relax.relax_gru import device_weights, gru_layer
 
     s, dtype = _options(size, dtype)
     seq, batch, h = s["seq"], s["batch"], s["hidden"]

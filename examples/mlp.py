@@ -75,9 +75,9 @@ def reference(inputs: list[np.ndarray]) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from tvm_ext.errors import TvmExtError
-    from tvm_ext.pipeline import load_model, summary, tune_relax
-    from tvm_ext.session import SessionOptions
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.relax.pipeline import load_model, summary, tune_relax
+    from tvm_ext.core.session import SessionOptions
     from tvm_ext.target import resolve_target
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

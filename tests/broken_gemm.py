@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
-from tvm_ext.space import Config, Knob, Space
+from tvm_ext.schedules.gemm.simt import KNOBS, GemmTemplate
+from tvm_ext.core.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 
 MODES = ("ok", "compile_error", "trap", "wrong")

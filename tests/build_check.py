@@ -2,8 +2,8 @@
 for template tests that walk the knobs."""
 from __future__ import annotations
 
-from tvm_ext.builder import BuildResult, build_one
-from tvm_ext.measure import MeasureSettings, measure
+from tvm_ext.measure.builder import BuildResult, build_one
+from tvm_ext.measure.measure import MeasureSettings, measure
 
 ONCE = MeasureSettings(warmup=0, repeat=1, min_repeat_secs=0.0)
 

@@ -16,7 +16,7 @@ def make_cluster():
     """Local clusters (a tracker and tvm_ext workers), stopped after the test: then no
     process of their groups may be left."""
     from cluster_groups import assert_groups_end, quiet
-    from tvm_ext.cluster import LocalCluster
+    from tvm_ext.remote.cluster import LocalCluster
 
     clusters = []
 
@@ -38,7 +38,7 @@ def cluster():
     """One tracker and two workers (both on PoCL device 0) shared by a module's tests that
     leave them up; stopped after the module, when no process of their groups may be left."""
     from cluster_groups import assert_groups_end, quiet
-    from tvm_ext.cluster import LocalCluster
+    from tvm_ext.remote.cluster import LocalCluster
 
     cluster = LocalCluster([0, 0], "opencl", log=quiet).start()
     groups = {p.popen.pid for p in cluster.processes}

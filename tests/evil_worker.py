@@ -27,7 +27,7 @@ def init(marker: str, mode: str) -> None:
     import tvm_ffi
 
     from tvm_ext import __version__
-    from tvm_ext.messages import PROTOCOL, WorkerInfo, WorkerSessionState, hello_reply
+    from tvm_ext.remote.messages import PROTOCOL, WorkerInfo, WorkerSessionState, hello_reply
     from tvm_ext.target import resolve_target
 
     payload = pickle.dumps(MakesAFile(marker))

@@ -11,8 +11,8 @@ def run_calls(opencl: Any, funcs: Mapping[str, Any], calls: Sequence[tuple[str, 
     """``funcs`` compiled into one OpenCL program and called as ``calls`` say on the float32
     buffers ``inputs`` (written) and ``outputs`` (their shapes; NaN-poisoned first, so a part
     no kernel writes shows), which are read back."""
-    from tvm_ext.executors import OpenclExecutor
-    from tvm_ext.program import TensorSpec, compile_calls_program
+    from tvm_ext.measure.executors import OpenclExecutor
+    from tvm_ext.measure.program import TensorSpec, compile_calls_program
 
     program = compile_calls_program(funcs, calls, opencl, (*inputs, *outputs), {})
     specs = {**{name: TensorSpec(array.shape, "float32") for name, array in inputs.items()},

@@ -103,7 +103,7 @@ def test_every_tuning_subcommand_takes_the_option_groups_declared_once():
     """Each operator's tune subcommand and ``model`` list the tuning, remote and cost-model groups
     exactly as ``cli_options`` declares them, and parse to their defaults; each mixed-precision
     subcommand its method 003 and run groups."""
-    from tvm_ext.cli_options import RUN_GROUP, TUNING_GROUPS, mixed_precision_group
+    from tvm_ext.cli.cli_options import RUN_GROUP, TUNING_GROUPS, mixed_precision_group
     from tvm_ext.operators import precision_operators, tune_commands
     from tvm_ext.tune import build_parser
 

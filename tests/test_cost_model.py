@@ -27,12 +27,12 @@ from tvm_ext.cost_model.ptxas import PtxasCache, parse_ptxas
 from tvm_ext.cost_model.replay import (MemoryRecordStore, NearestRecorded, ReplayBuilder, ReplayRunner,
                                        ReplayTemplate, Sweep)
 from tvm_ext.cost_model.search import ModelGuidedSearch
-from tvm_ext.records import Record
-from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.space import Knob, Space
+from tvm_ext.core.records import Record
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.core.space import Knob, Space
 from tvm_ext.target import TargetInfo, offline_cuda
-from tvm_ext.template import Workload
-from tvm_ext.tuner import Tuner
+from tvm_ext.core.template import Workload
+from tvm_ext.core.tuner import Tuner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "benchmarks", "data")

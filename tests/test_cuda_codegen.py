@@ -6,8 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tvm_ext.builder import build_one
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import build_one
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.target import offline_cuda
 
 

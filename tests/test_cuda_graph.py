@@ -1,4 +1,4 @@
-"""The runner's CUDA graph timer (``tvm_ext.cuda_graph``): how many calls a graph holds,
+"""The runner's CUDA graph timer (``tvm_ext.measure.cuda_graph``): how many calls a graph holds,
 a clear error where no graph can be captured, the timer each measurement used in its
 metrics, the CLI's switch; on the GPU (``gpu``) a kernel of a few microseconds timed from a
 graph, below the launch-bound loop, and the switch back to TVM's evaluator."""
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_ext.builder import build_one
-from tvm_ext.cuda_graph import MAX_CALLS, CapturedCalls, CudaGraphError, calls_per_replay
-from tvm_ext.measure import MeasureSettings, measure
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import build_one
+from tvm_ext.measure.cuda_graph import MAX_CALLS, CapturedCalls, CudaGraphError, calls_per_replay
+from tvm_ext.measure.measure import MeasureSettings, measure
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 TILE = dict(wg_x=8, wg_y=8, task_x=2, task_y=2, k_step=8, use_shared=1, pad=1, unroll=0, vec=1, double_buffer=0,
@@ -48,8 +48,8 @@ def test_an_opencl_measurement_says_its_timer(opencl):
 
 
 def test_the_cli_times_from_a_graph_unless_told_not_to():
-    from tvm_ext.cli_args import add_tuning_args, session_options
-    from tvm_ext.cli_checks import Parser
+    from tvm_ext.cli.cli_args import add_tuning_args, session_options
+    from tvm_ext.cli.cli_checks import Parser
 
     parser = Parser(prog="t")
     add_tuning_args(parser)

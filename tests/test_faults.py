@@ -20,7 +20,7 @@ from collections import Counter
 import psutil
 import pytest
 
-from tvm_ext.records import Record, RecordStore
+from tvm_ext.core.records import Record, RecordStore
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 SMALL = ["gemm", "--shape", "24,16,20", "--generations", "1", "--population", "6", "--seed", "1",
@@ -138,7 +138,7 @@ def test_torn_record_is_measured_again_once(tmp_path, small_records):
 
 WRITER = """
 import sys
-from tvm_ext.records import Record, RecordStore
+from tvm_ext.core.records import Record, RecordStore
 store = RecordStore(sys.argv[1])
 for i in range(10**6):
     store.append(Record("wk", {"template": "t"}, {"i": i}, (1e-3,), trace="x" * (8 << 20)))
@@ -216,10 +216,10 @@ def test_kill_9_tuner_resumes_without_measuring_twice(tmp_path):
 SLOW_MEASURING = """
 import sys
 from dataclasses import replace
-from tvm_ext.builder import build_one
-from tvm_ext.measure import MeasureSettings, make_job
-from tvm_ext.runner import IsolatedMeasurer
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import build_one
+from tvm_ext.measure.measure import MeasureSettings, make_job
+from tvm_ext.measure.runner import IsolatedMeasurer
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.target import resolve_target
 if __name__ == "__main__":
     target, template = resolve_target("opencl"), GemmTemplate(24, 16, 20)
@@ -270,8 +270,8 @@ def test_a_driver_killed_mid_measurement_leaves_no_process_behind(tmp_path):
 
 SHARER = """
 import sys, time
-from tvm_ext.records import Record, RecordStore
-from tvm_ext.space import Config
+from tvm_ext.core.records import Record, RecordStore
+from tvm_ext.core.space import Config
 path, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = RecordStore(path)
 feed = store.feed()
@@ -407,7 +407,7 @@ def test_bad_mixed_precision_option(tmp_path, args, message):
     (["report", "{records}", "--out", "{file}/report"], "is a file, not a folder"),
 ])
 def test_bad_results_input(tmp_path, args, message):
-    from tvm_ext.schedules.gemm import GemmTemplate
+    from tvm_ext.schedules.gemm.simt import GemmTemplate
     from tvm_ext.target import TargetInfo
 
     records = tmp_path / "r.jsonl"

@@ -17,9 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.gemm_3xtf32 import (Gemm3xTf32Template, split_a_func, split_b_func, split_product,
-                                           tf32_parts)
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.gemm_3xtf32 import (Gemm3xTf32Template, split_a_func, split_b_func, split_product,
+                                                tf32_parts)
 from tvm_ext.target import offline_cuda
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -110,7 +110,7 @@ def test_the_default_tile_is_64_columns_wide_only_where_nothing_wider_divides():
     BERT's 1024x768 outputs have few wide tiles, so K is split: 128x192 in 4 slices, 128 units
     (H100: 1.32x and 1.19x cuBLAS float32 at K = 3072 and 768, against 1.00 and 1.09 with 96
     unsplit tiles of 64x128); the wide shapes keep their tiles, unsplit."""
-    from tvm_ext.schedules.wgmma import WgmmaTile
+    from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 
     target = offline_cuda()
 
@@ -153,7 +153,7 @@ def test_one_function_splits_then_multiplies():
     B stored (N, K) is split row by row as A is."""
     import tvm
 
-    from tvm_ext.schedules.wgmma import sm_90a
+    from tvm_ext.schedules.gemm.wgmma import sm_90a
 
     target = offline_cuda()
     for b_layout, b_stored in (("KN", (128, 256)), ("NK", (256, 128))):
@@ -227,7 +227,7 @@ def test_cuda_one_function_matches_float64(b_layout):
     """The splits and the GEMM in one function (its own part buffers), both B layouts."""
     import tvm
 
-    from tvm_ext.schedules.wgmma import sm_90a
+    from tvm_ext.schedules.gemm.wgmma import sm_90a
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda")

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from tvm_ext.builder import build_one, compile_module
-from tvm_ext.measure import MeasureSettings, measure
-from tvm_ext.schedules.gemm import KNOBS, STAGING_DEFAULTS, GemmTemplate, staging_reason
+from tvm_ext.measure.builder import build_one, compile_module
+from tvm_ext.measure.measure import MeasureSettings, measure
+from tvm_ext.schedules.gemm.simt import KNOBS, STAGING_DEFAULTS, GemmTemplate, staging_reason
 from tvm_ext.target import offline_cuda
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.core.errors import TvmExtError
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
 from tvm_ext.target import offline_cuda
 
@@ -426,13 +426,13 @@ def test_step_loop_is_cuda_only(opencl):
 
 
 # ---- mixed precision (method 003): per-tensor / accumulator / math dtypes ---------------------
-from tvm_ext.builder import LocalBuilder, build_one  # noqa: E402
-from tvm_ext.precision import FLOAT_DTYPES, relative_error  # noqa: E402
-from tvm_ext.records import RecordStore  # noqa: E402
-from tvm_ext.runner import LocalRunner, MeasureSettings  # noqa: E402
+from tvm_ext.measure.builder import LocalBuilder, build_one  # noqa: E402
+from tvm_ext.precision.precision import FLOAT_DTYPES, relative_error  # noqa: E402
+from tvm_ext.core.records import RecordStore  # noqa: E402
+from tvm_ext.measure.runner import LocalRunner, MeasureSettings  # noqa: E402
 from tvm_ext.schedules.gru import PRECISION_PARAMS, STAGES  # noqa: E402
-from tvm_ext.template import Workload  # noqa: E402
-from tvm_ext.tuner import Tuner  # noqa: E402
+from tvm_ext.core.template import Workload  # noqa: E402
+from tvm_ext.core.tuner import Tuner  # noqa: E402
 
 BF16 = "bfloat16"
 LOW = {"w_ih": BF16, "w_hh": BF16, "gi": BF16, "gh": BF16}  # bf16 weights and gate buffers
@@ -623,7 +623,7 @@ def test_gru_with_precision_loads_torch_weights(opencl):
 def test_cuda_precisions(dtype, bound, tmp_path):
     """On a GPU machine (``pytest -m gpu``): every tensor in ``dtype`` (accumulators and math
     too for float64), both step pipelines, through the runner hook and the user-facing layer."""
-    from tvm_ext.measure import measure
+    from tvm_ext.measure.measure import measure
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from test_gru import Shape, _inputs, _weights
 
-from tvm_ext.precision import relative_error
+from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
 from tvm_ext.target import offline_cuda
 

@@ -13,7 +13,7 @@ import pytest
 from test_gru import Shape, _inputs, _weights
 from test_gru_flags import HALF, _kernel, _template
 
-from tvm_ext.precision import relative_error
+from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, gru_reference
 from tvm_ext.target import offline_cuda
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_gru import Shape, _inputs, _weights
 
-from tvm_ext.precision import relative_error
+from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
 from tvm_ext.target import offline_cuda
 
@@ -186,8 +186,8 @@ def test_cuda_build_without_a_config_runs_it():
 def test_cuda_stage_times_of_a_flag_step_kernel_are_parts_of_the_pass(knobs):
     """Each stage is timed with its calls alone: the step kernel's stages include the init that
     resets its tags (without it the kernel polled stale tags until its spin limit, ~0.4 s)."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.measure import MeasureSettings, measure
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.measure.measure import MeasureSettings, measure
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)

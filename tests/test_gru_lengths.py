@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from test_gru import Shape, _inputs, _weights
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.precision import relative_error
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
 from tvm_ext.schedules.gru.lengths import checked_lengths
 

@@ -19,10 +19,10 @@ import time
 import pytest
 from test_gru import Shape, _close, _inputs, _weights
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.core.errors import TvmExtError
 from tvm_ext.schedules.gru import BARRIER_TIMEOUT, GRU, GruTemplate, gru_reference
 from tvm_ext.schedules.gru.fused_step import step_k_extent
-from tvm_ext.step_loop import BARRIERS
+from tvm_ext.lowering.step_loop import BARRIERS
 from tvm_ext.target import offline_cuda
 
 ODD = {
@@ -338,9 +338,9 @@ def test_cuda_grid_that_cannot_be_resident_is_an_error_not_a_hang(tmp_path):
     residency check; the H100 holds at most 8 such blocks on each of its SMs, so blocks wait
     at a barrier for blocks that never start: the barrier times out, the layer raises its
     error and the runner records it (within seconds: the spin limit bounds every wait)."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.errors import ErrorKind
-    from tvm_ext.measure import MeasureSettings, measure
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.core.errors import ErrorKind
+    from tvm_ext.measure.measure import MeasureSettings, measure
     from tvm_ext.target import resolve_target
 
     real = resolve_target("cuda")

@@ -18,12 +18,12 @@ import pytest
 from test_gru import Shape, _inputs, _weights
 from test_gru_shapes import _check
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.gemm import BiasGemmTemplate
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.simt import BiasGemmTemplate
 from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.schedules.gru.split import (FLOAT16_MAX, SPLIT_WEIGHT_SCALE, split_depth, split_parts, split_product,
-                                          split_range_reason, split_rows_func, split_weight_func,
-                                          split_weight_n_major_func)
+                                         split_range_reason, split_rows_func, split_weight_func,
+                                         split_weight_n_major_func)
 from tvm_ext.target import offline_cuda
 
 
@@ -61,7 +61,7 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     at float32's range (1e30 and 3e-30 split as exactly as 1), built and run on PoCL."""
     from opencl_calls import run_calls
 
-    from tvm_ext.schedules.gemm_3xtf32 import tf32_parts
+    from tvm_ext.schedules.gemm.gemm_3xtf32 import tf32_parts
     from tvm_ext.schedules.gru.kernels import schedule_elementwise
 
     m, k, n = 6, 40, 72  # N not a multiple of 32: the transposed tiles guard their columns
@@ -98,8 +98,8 @@ def test_three_products_of_the_parts_are_float32_accurate():
 def test_scaled_bias_epilogue_on_opencl(opencl):
     """D = A·B·scale + bias with a float32 bias whatever B's type: built and run on PoCL, checked
     against float64 (a kernel that skipped the scale would be 4x off)."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.measure import MeasureSettings, measure
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.measure.measure import MeasureSettings, measure
 
     gemm = BiasGemmTemplate(24, 40, 36, out_scale=0.25, bias_dtype="float32")
     assert gemm.params["out_scale"] == 0.25 and gemm.inputs()[2].dtype == "float32"

@@ -10,9 +10,9 @@ import os
 import pytest
 
 from tvm_ext.operators import operator_named
-from tvm_ext.records import RecordStore
+from tvm_ext.core.records import RecordStore
 from tvm_ext.target import offline_cuda
-from tvm_ext.template import Workload
+from tvm_ext.core.template import Workload
 from tvm_ext.tune import main
 
 TARGET = offline_cuda("sm_90")
@@ -68,9 +68,9 @@ def test_an_operators_file_under_the_earlier_names_gives_its_tuned_config(tmp_pa
     """An operators file ``export_operator`` wrote before the rename: its config reaches
     ``compile_relax``'s lookup under today's names (filed under today's workload key, as a file
     written by this version of the template would be)."""
-    from tvm_ext.pipeline import operator_config
-    from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
-    from tvm_ext.tvm_export import OPERATORS_FILE, read_operators
+    from tvm_ext.relax.pipeline import operator_config
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.relax.tvm_export import OPERATORS_FILE, read_operators
 
     earlier = json.loads(open(EARLIER_OPERATORS_FILE, encoding="utf-8").read())
     ((_, entry),) = earlier["operators"].items()

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from tvm_ext import measure
-from tvm_ext.measure import UniformInputs
-from tvm_ext.template import TensorSpec
+from tvm_ext.measure import measure
+from tvm_ext.measure.measure import UniformInputs
+from tvm_ext.core.template import TensorSpec
 
 SPECS = [TensorSpec((7, 5), "float32"), TensorSpec((5, 3), "float32")]
 

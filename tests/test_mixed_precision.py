@@ -14,19 +14,19 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.builder import LocalBuilder, build_one
-from tvm_ext.codegen import export_program, load_program
+from tvm_ext.measure.builder import LocalBuilder, build_one
+from tvm_ext.precision.codegen import export_program, load_program
 from tvm_ext.cost_model.precision import PrecisionPredictor
-from tvm_ext.errors import TvmExtError
-from tvm_ext.mixed_precision import (MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram,
-                                     breed_precisions, error_of, schedule_for)
-from tvm_ext.precision import relative_error
-from tvm_ext.records import RecordStore
-from tvm_ext.measure import measure
-from tvm_ext.runner import LocalRunner, MeasureSettings
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.mixed_precision import (MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram,
+                                               breed_precisions, error_of, schedule_for)
+from tvm_ext.precision.precision import relative_error
+from tvm_ext.core.records import RecordStore
+from tvm_ext.measure.measure import measure
+from tvm_ext.measure.runner import LocalRunner, MeasureSettings
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.schedules.gru import GruTemplate
-from tvm_ext.tuner import Tuner
+from tvm_ext.core.tuner import Tuner
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 SHAPE = (40, 36, 300)  # K large enough that bfloat16 inputs cost ~1e-3 of relative error
@@ -58,7 +58,7 @@ def test_precision_parameters_validate_names_and_dtypes():
     low = gemm.with_precision({"a": "bfloat16", "acc": "float64"})
     assert low.inputs()[0].dtype == "bfloat16" and low.precision["b"] == "float32"
     assert low.full_precision() == gemm
-    from tvm_ext.template import Workload
+    from tvm_ext.core.template import Workload
     from tvm_ext.target import offline_cuda
 
     assert Workload.of(low, offline_cuda()).key != Workload.of(gemm, offline_cuda()).key

@@ -1,4 +1,4 @@
-"""mma.sync + ldmatrix tensor-core GEMM (``schedules/mma.py``): CUDA source generated offline
+"""mma.sync + ldmatrix tensor-core GEMM (``schedules/gemm/mma.py``): CUDA source generated offline
 for every knob and dtype variant and assembled by nvcc, the reasons configs are refused, the
 template and CLI wiring, and (``-m gpu``) every variant against float64 with NaN-poisoned
 outputs."""
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tvm_ext.builder import compile_module
-from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.mma import (AUTO_TILES, MMA_SPACE, MmaGemmTemplate, MmaTile, mma_reason, pick_mma_tile)
+from tvm_ext.measure.builder import compile_module
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.mma import (AUTO_TILES, MMA_SPACE, MmaGemmTemplate, MmaTile, mma_reason, pick_mma_tile)
 from tvm_ext.target import TargetInfo, offline_cuda
 
 F16, BF16, F32 = "float16", "bfloat16", "float32"
@@ -178,9 +178,9 @@ def test_template_space_default_scratch_and_records(cuda, tmp_path):
     skinny shapes get a split-K scratch buffer as the last parameter of every config, large
     ones none; the tuner's builder compiles it under the config's pass options; the record's
     workload rebuilds the template."""
-    from tvm_ext.builder import build_one
+    from tvm_ext.measure.builder import build_one
     from tvm_ext.operators import get_template_class
-    from tvm_ext.template import Workload
+    from tvm_ext.core.template import Workload
 
     template = MmaGemmTemplate(64, 512, 256, c_dtype=F16)
     space = template.space(cuda)
@@ -223,8 +223,8 @@ def test_choice_template_builds_both_kernels(cuda, tmp_path):
     """``tc_kernel`` picks mma.sync or WMMA; a config reads only its kernel's knobs (the other
     kernel's give the same source); WMMA configs are infeasible with bfloat16 operands, wgmma
     ones with float16 sums."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
 
     template = TensorCoreChoiceTemplate(64, 512, 256, c_dtype=F16)
     default = template.default_config(cuda)
@@ -254,7 +254,7 @@ def test_choice_template_runs_wgmma_on_hopper(cuda):
     import dataclasses
     import re
 
-    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
 
     square = TensorCoreChoiceTemplate(2048, 4096, 512)
     config, why = square.analytic_pick(cuda)
@@ -278,8 +278,8 @@ def test_choice_template_runs_bfloat16_on_wgmma_on_hopper(cuda, c_dtype, smem):
     and a staged float32 C refused with that reason."""
     import re
 
-    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
-    from tvm_ext.schedules.wgmma import WgmmaTile
+    from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 
     square = TensorCoreChoiceTemplate(2048, 4096, 512, a_dtype=BF16, b_dtype=BF16, c_dtype=c_dtype)
     config, why = square.analytic_pick(cuda)
@@ -332,7 +332,7 @@ def gpu_error(template: MmaGemmTemplate, config: Any, target: TargetInfo, seed: 
     any output element is not finite, i.e. unwritten)."""
     import tvm
 
-    from tvm_ext.precision import cast, np_dtype
+    from tvm_ext.precision.precision import cast, np_dtype
 
     ex, _, _ = _build(template, config, target)
     dev = tvm.cuda(target.device_id)
@@ -375,7 +375,7 @@ def test_gpu_matches_float64(case):
 def test_gemm_tc_tunes_on_the_gpu(tmp_path):
     """End to end on a GPU: the GA over the kernels measures correct kernels, mma.sync and WMMA
     at least (wgmma as the GA draws it on Hopper)."""
-    from tvm_ext.records import RecordStore
+    from tvm_ext.core.records import RecordStore
 
     records = tmp_path / "r.jsonl"
     p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", "--shape", "512,512,256", "--out-dtype",

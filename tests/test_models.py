@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.pipeline import TuneOptions, extract_tasks, legalize_and_fuse, load_model, tune_relax
-from tvm_ext.records import RecordStore
-from tvm_ext.tvm_export import OPERATORS_FILE, ranked_records
+from tvm_ext.relax.pipeline import TuneOptions, extract_tasks, legalize_and_fuse, load_model, tune_relax
+from tvm_ext.core.records import RecordStore
+from tvm_ext.relax.tvm_export import OPERATORS_FILE, ranked_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERT = os.path.join(ROOT, "examples", "bert_layer.py")
@@ -104,7 +104,7 @@ def test_gru_model_tunes_the_gru_as_one_task_and_runs_it_inside_relax(gru_model,
     # the database's GRU entry is the best record of its workload
     operators = json.load(open(os.path.join(gru_tuned["database"], OPERATORS_FILE)))["operators"]
     (entry,) = operators.values()
-    from tvm_ext.relax_gru import find_grus
+    from tvm_ext.relax.relax_gru import find_grus
 
     (call,) = find_grus(gru_model.get_module(), opencl)
     best = ranked_records(RecordStore(gru_tuned["records"]), call.template, opencl)[0]
@@ -114,7 +114,7 @@ def test_gru_model_tunes_the_gru_as_one_task_and_runs_it_inside_relax(gru_model,
     steps = [s.func for s in model._exec.plan.steps]
     (gru_step,) = [s for s in steps if s.startswith("tvm_ext.gru.")]
     assert steps.index(gru_step) not in (0, len(steps) - 1)  # between the embedding and the head
-    from tvm_ext.relax_gru import program
+    from tvm_ext.relax.relax_gru import program
 
     assert program(gru_step).config == best.config_obj()  # the tuned plan runs
     inputs = gru_model.get_inputs()
@@ -141,7 +141,7 @@ def test_relax_gru_runs_the_gru_layers_kernels(opencl):
     from tvm import relax
     from tvm.relax.frontend import nn
 
-    from tvm_ext.relax_gru import device_weights, find_grus, gru_layer, lower_grus, program
+    from tvm_ext.relax.relax_gru import device_weights, find_grus, gru_layer, lower_grus, program
     from tvm_ext.schedules.gru import GRU
     from tvm_ext.schedules.gru.compute import gru_reference
 
@@ -183,7 +183,7 @@ def test_gru_placeholder_states_its_precision(opencl):
     """A float16 layer: x, weights, state and output float16, gates accumulating in float32."""
     from tvm.relax.frontend import nn
 
-    from tvm_ext.relax_gru import find_grus, gru_layer
+    from tvm_ext.relax.relax_gru import find_grus, gru_layer
 
     class Model(nn.Module):
         def __init__(self):
@@ -309,10 +309,10 @@ def test_float16_models_compile_for_cuda_with_tensor_cores_offline(bert, gru_mod
     Relax build for CUDA (source only)."""
     import tvm
 
-    from tvm_ext.pipeline import compile_relax, match_tasks, model_pass_config
-    from tvm_ext.relax_gru import find_grus, program
+    from tvm_ext.relax.pipeline import compile_relax, match_tasks, model_pass_config
+    from tvm_ext.relax.relax_gru import find_grus, program
     from tvm_ext.target import offline_cuda
-    from tvm_ext.tvm_export import commit, open_database, tvm_target
+    from tvm_ext.relax.tvm_export import commit, open_database, tvm_target
 
     cuda = offline_cuda()
     mod = bert.get_module(dtype="float16")

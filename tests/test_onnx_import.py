@@ -1,4 +1,4 @@
-"""ONNX GRU nodes imported as tvm_ext's GRU (``tvm_ext.onnx_import``), run on PoCL against a
+"""ONNX GRU nodes imported as tvm_ext's GRU (``tvm_ext.relax.onnx_import``), run on PoCL against a
 numpy ONNX GRU written from the operator's specification (gates z, r, h; not our layout
 code), at odd sizes: forward and bidirectional, with and without B, initial_h,
 sequence_lens, layout 1, two stacked nodes; the refusals name the attribute."""
@@ -10,9 +10,9 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from tvm_ext.errors import TvmExtError  # noqa: E402
-from tvm_ext.onnx_import import load_onnx, onnx_inputs  # noqa: E402
-from tvm_ext.precision import relative_error  # noqa: E402
+from tvm_ext.core.errors import TvmExtError  # noqa: E402
+from tvm_ext.relax.onnx_import import load_onnx, onnx_inputs  # noqa: E402
+from tvm_ext.precision.precision import relative_error  # noqa: E402
 
 
 def onnx_gru_reference(x, w, r, b, h0, lengths, bidirectional):
@@ -79,7 +79,7 @@ def _model(tmp_path, steps=7, batch=3, inp=10, hid=13, bidirectional=False, bias
 
 
 def _run(path, arrays, opencl):
-    from tvm_ext.pipeline import load_model
+    from tvm_ext.relax.pipeline import load_model
 
     model = load_model(load_onnx(path), opencl, None, function="main", log=None)
     return model(*arrays)

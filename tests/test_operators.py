@@ -13,9 +13,9 @@ import pytest
 
 from tvm_ext.operators import (CAPABILITIES, OPERATORS, Operator, PrecisionCommand, TuneCommand, template_names,
                                template_of)
-from tvm_ext.records import Record, RecordStore
+from tvm_ext.core.records import Record, RecordStore
 from tvm_ext.target import offline_cuda
-from tvm_ext.template import Template, Workload
+from tvm_ext.core.template import Template, Workload
 from tvm_ext.tune import build_parser, main
 
 TARGET = offline_cuda("sm_90")
@@ -79,7 +79,7 @@ def test_the_cli_makes_each_template_or_the_entry_says_why_not(name):
 
 
 def test_relax_matchers_belong_to_one_operator_each():
-    from tvm_ext.tasks import MATCHERS
+    from tvm_ext.relax.tasks import MATCHERS
 
     claimed = [m for op in OPERATORS.values() for m in op.matchers]
     assert sorted(claimed) == sorted(MATCHERS)  # every matcher names its operator, once
@@ -148,7 +148,7 @@ def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measur
     """Knobs added since a record was written (``Operator.knobs_added``) take the value that
     builds the kernel it measured."""
     from tvm_ext.operators import WGMMA_KNOBS_ADDED
-    from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
 
     template = WgmmaGemmTemplate(256, 256, 256, b_layout="KN")
     space = template.space(TARGET)
@@ -165,7 +165,7 @@ def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measur
 
 
 def test_a_record_naming_other_dtypes_is_not_a_wgmma_gemm():
-    from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
 
     params = Workload.of(WgmmaGemmTemplate(128, 128, 128, batch=(2, 3)), TARGET).as_json()["params"]
     assert template_of({"template": "gemm_wgmma", "params": params}) is not None
@@ -175,7 +175,7 @@ def test_a_record_naming_other_dtypes_is_not_a_wgmma_gemm():
 # ---- one entry is all it takes ------------------------------------------------------------------------------
 def _toy_template_class():
     """A new operator's template, standing in: a reduction under another name."""
-    from tvm_ext.schedules.reduction import ReductionTemplate
+    from tvm_ext.schedules.reduce.reduction import ReductionTemplate
 
     @dataclasses.dataclass(frozen=True)
     class ToyTemplate(ReductionTemplate):

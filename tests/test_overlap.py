@@ -22,15 +22,15 @@ import pytest
 
 from cluster_groups import quiet
 from test_rpc import FAST, records_of, slowed
-from tvm_ext.builder import LocalBuilder
-from tvm_ext.cluster import LocalCluster
-from tvm_ext.measure import MeasureSettings
-from tvm_ext.records import RecordStore
-from tvm_ext.rpc_runner import RpcRunner
-from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.search import GeneticSearch, RandomSearch
+from tvm_ext.measure.builder import LocalBuilder
+from tvm_ext.remote.cluster import LocalCluster
+from tvm_ext.measure.measure import MeasureSettings
+from tvm_ext.core.records import RecordStore
+from tvm_ext.remote.rpc_runner import RpcRunner
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.core.search import GeneticSearch, RandomSearch
 from tvm_ext.target import resolve_target
-from tvm_ext.tuner import Tuner
+from tvm_ext.core.tuner import Tuner
 
 TEMPLATE = GemmTemplate(24, 16, 20)
 CHUNK = 2  # configs a build call gets: the build queue's bound is two chunks

@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.builder import build_one
-from tvm_ext.pipeline import (TuneOptions, compile_relax, extract_tasks, legalize_and_fuse, load_model,
-                              match_tasks, tune_relax)
-from tvm_ext.records import RecordStore
-from tvm_ext.tvm_export import open_database, ranked_records, replay, tvm_target
+from tvm_ext.measure.builder import build_one
+from tvm_ext.relax.pipeline import (TuneOptions, compile_relax, extract_tasks, legalize_and_fuse, load_model,
+                                    match_tasks, tune_relax)
+from tvm_ext.core.records import RecordStore
+from tvm_ext.relax.tvm_export import open_database, ranked_records, replay, tvm_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "mlp.py")
@@ -183,9 +183,9 @@ def test_cuda_compile_with_exported_schedules_offline(tuned, mlp, tmp_path):
     """No GPU here: the CUDA build of the model still uses the exported schedules (source only)."""
     import tvm
 
-    from tvm_ext.schedules.gemm import STAGING_DEFAULTS
+    from tvm_ext.schedules.gemm.simt import STAGING_DEFAULTS
     from tvm_ext.target import offline_cuda
-    from tvm_ext.tvm_export import commit
+    from tvm_ext.relax.tvm_export import commit
 
     cuda = offline_cuda()
     lowered = legalize_and_fuse(mlp.get_module())

@@ -12,16 +12,16 @@ import re
 
 import pytest
 
-from tvm_ext.builder import LocalBuilder, compile_module
-from tvm_ext.codegen import export_program
-from tvm_ext.errors import TvmExtError
-from tvm_ext.mixed_precision import PrecisionProgram
-from tvm_ext.records import RecordStore
-from tvm_ext.runner import LocalRunner, MeasureSettings
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import LocalBuilder, compile_module
+from tvm_ext.precision.codegen import export_program
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.mixed_precision import PrecisionProgram
+from tvm_ext.core.records import RecordStore
+from tvm_ext.measure.runner import LocalRunner, MeasureSettings
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.schedules.gru import GruTemplate
 from tvm_ext.target import offline_cuda
-from tvm_ext.tuner import Tuner
+from tvm_ext.core.tuner import Tuner
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 REASON = "OpenCL has no bfloat16 arithmetic"

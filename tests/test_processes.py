@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import pool_jobs
-from tvm_ext.pools import ProcessDied, RestartingPool
+from tvm_ext.measure.pools import ProcessDied, RestartingPool
 
 WAIT = 60.0  # bound on any one future in these tests
 
@@ -136,7 +136,7 @@ def test_a_timeout_is_still_a_timeout():
 def gemm_configs(opencl, count: int, seed: int = 4):
     import numpy as np
 
-    from tvm_ext.schedules.gemm import GemmTemplate
+    from tvm_ext.schedules.gemm.simt import GemmTemplate
 
     template = GemmTemplate(24, 16, 20)
     space = template.space(opencl)
@@ -149,7 +149,7 @@ def test_pool_processes_run_single_threaded_blas_unless_the_user_says_otherwise(
     """One job at a time: a BLAS thread per core in each pool process would only compete with
     the measuring processes of other devices.  A value the user set is kept; the tuner's own
     environment is left as it was."""
-    from tvm_ext.pools import CHILD_ENV
+    from tvm_ext.measure.pools import CHILD_ENV
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")
@@ -197,8 +197,8 @@ def test_a_pool_process_does_not_import_the_parents_main_module_again(tmp_path):
 
 def test_build_processes_yield_the_cpu_to_measuring_ones():
     """A build process runs BUILD_NICENESS nicer than the tuner; a measuring process does not."""
-    from tvm_ext.builder import BUILD_NICENESS, LocalBuilder
-    from tvm_ext.runner import IsolatedMeasurer
+    from tvm_ext.measure.builder import BUILD_NICENESS, LocalBuilder
+    from tvm_ext.measure.runner import IsolatedMeasurer
 
     with LocalBuilder(workers=1) as builder:
         built_at = builder._get_pool().schedule(os.nice, (0,), 60).result(timeout=120)
@@ -214,9 +214,9 @@ def test_build_processes_yield_the_cpu_to_measuring_ones():
 def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(opencl):
     """Two batches of a real search on PoCL with every pool process SIGKILLed between them: both
     batches are built and measured in full, nothing is an error."""
-    from tvm_ext.builder import LocalBuilder
-    from tvm_ext.measure import MeasureSettings
-    from tvm_ext.runner import LocalRunner
+    from tvm_ext.measure.builder import LocalBuilder
+    from tvm_ext.measure.measure import MeasureSettings
+    from tvm_ext.measure.runner import LocalRunner
 
     template, configs = gemm_configs(opencl, 4)
     settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
@@ -237,10 +237,10 @@ def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(
 
 
 def test_a_program_that_kills_its_measuring_process_is_one_crash_and_the_next_is_measured(opencl, attempt_log):
-    from tvm_ext.builder import build_one
-    from tvm_ext.errors import ErrorKind
-    from tvm_ext.measure import MeasureSettings, make_job
-    from tvm_ext.runner import IsolatedMeasurer
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.core.errors import ErrorKind
+    from tvm_ext.measure.measure import MeasureSettings, make_job
+    from tvm_ext.measure.runner import IsolatedMeasurer
 
     template, (config,) = gemm_configs(opencl, 1)
     build = build_one(template, config, opencl)
@@ -265,7 +265,7 @@ def quiet(_message: str) -> None:
 
 @pytest.fixture(scope="module")
 def tracker():
-    from tvm_ext.cluster import LocalCluster
+    from tvm_ext.remote.cluster import LocalCluster
 
     cluster = LocalCluster([], "opencl", log=quiet).start()
     yield cluster
@@ -273,7 +273,7 @@ def tracker():
 
 
 def registered(cluster, key: str) -> int:
-    from tvm_ext.rpc_runner import TrackerClient
+    from tvm_ext.remote.rpc_runner import TrackerClient
 
     client = TrackerClient(cluster.tracker)
     try:
@@ -296,8 +296,8 @@ def worker(tracker, tmp_path):
     import subprocess
     import sys
 
-    from tvm_ext.cluster import free_port
-    from tvm_ext.wire import SECRET_ENV
+    from tvm_ext.remote.cluster import free_port
+    from tvm_ext.remote.wire import SECRET_ENV
 
     key = f"procs-{tmp_path.name}"
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
@@ -387,9 +387,9 @@ def test_a_worker_killed_outright_takes_its_server_and_session_along(tracker, wo
 def test_a_workers_measuring_process_killed_while_idle_costs_nothing(tracker, worker, opencl):
     """Over RPC: the session's measuring process SIGKILLed between two batches; the second batch
     is measured in full by the same worker, nothing is an error."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.measure import MeasureSettings
-    from tvm_ext.rpc_runner import RpcRunner
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.measure.measure import MeasureSettings
+    from tvm_ext.remote.rpc_runner import RpcRunner
 
     proc, key = worker
     template, configs = gemm_configs(opencl, 4, seed=6)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tvm_ext.records import Record
-from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
+from tvm_ext.core.records import Record
+from tvm_ext.schedules.gemm.simt import KNOBS, GemmTemplate
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Workload
+from tvm_ext.core.template import Workload
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 LINES = 1200

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from build_check import run_config
 
-from tvm_ext.builder import build_one
-from tvm_ext.errors import TvmExtError
-from tvm_ext.measure import measure
+from tvm_ext.measure.builder import build_one
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.measure.measure import measure
 from tvm_ext.operators import get_template_class
-from tvm_ext.schedules.reduction import (OPS, VectorSplitPlan, ReductionTemplate, decompose,
-                                         vector_split_plan)
-from tvm_ext.search import GeneticSearch
+from tvm_ext.schedules.reduce.reduction import (OPS, VectorSplitPlan, ReductionTemplate, decompose,
+                                                vector_split_plan)
+from tvm_ext.core.search import GeneticSearch
 from tvm_ext.target import offline_cuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -301,7 +301,7 @@ def test_one_launch_propagates_nan_from_any_block(opencl, tmp_path):
 def test_one_launch_resets_its_counter_for_the_next_launch(opencl, tmp_path):
     """Three launches on the same buffers, the output poisoned before each: every launch
     writes the right sums, and each row's counter is back at 0 afterwards."""
-    from tvm_ext.executors import OpenclExecutor
+    from tvm_ext.measure.executors import OpenclExecutor
 
     tmpl = ReductionTemplate((3, 200_003), "sum")
     build = run_config(tmpl, tmpl.default_config(opencl).replace(blocks=16, combine=1), opencl)
@@ -383,8 +383,8 @@ def test_one_launch_and_row_groups_on_the_gpu(tmp_path):
     time), and the row-group kernel of the row sum."""
     import tvm
 
-    from tvm_ext.executors import load_library
-    from tvm_ext.measure import MeasureSettings
+    from tvm_ext.measure.executors import load_library
+    from tvm_ext.measure.measure import MeasureSettings
     from tvm_ext.target import resolve_target
 
     cuda = resolve_target("cuda", 0)

@@ -1,4 +1,4 @@
-"""Relax float16 matmuls on Hopper's warpgroup MMA (``tvm_ext.relax_wgmma``): the wgmma matcher
+"""Relax float16 matmuls on Hopper's warpgroup MMA (``tvm_ext.relax.relax_wgmma``): the wgmma matcher
 takes a task's matmul with its fused epilogue, ``tune_relax`` exports its tuned config to the
 operators file, and ``compile_relax`` puts the wgmma kernel, the epilogue composed into its store,
 in the function's place.
@@ -19,9 +19,9 @@ import re
 import numpy as np
 import pytest
 
-from tvm_ext.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
-from tvm_ext.template import Workload
-from tvm_ext.tvm_export import OPERATORS_FILE, tvm_target
+from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
+from tvm_ext.core.template import Workload
+from tvm_ext.relax.tvm_export import OPERATORS_FILE, tvm_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECTIONS = {  # BERT-base (batch 8, sequence 128) float16: task -> (M, N, K), its epilogue's parameters
@@ -84,7 +84,7 @@ def test_the_projections_and_attentions_batched_products_match_wgmma(base):
 
 
 def test_targets_without_wgmma_keep_the_mma_sync_template(base):
-    from tvm_ext.tasks import match_wgmma
+    from tvm_ext.relax.tasks import match_wgmma
     from tvm_ext.target import offline_cuda
 
     ampere = offline_cuda("sm_80")
@@ -148,10 +148,10 @@ def test_float32_matmuls_match_3xtf32_and_batched_ones_keep_the_gemm_template(ba
 def test_without_tf32_the_float32_projections_stay_on_the_gemm_template_and_in_the_compiled_model(base32, tmp_path):
     """A user who turns the ``tf32`` matcher off gets the CUDA-core GEMM template for every
     float32 matmul, and an operators file's 3xTF32 configs are not put in the model's place."""
-    from tvm_ext.errors import TvmExtError
-    from tvm_ext.pipeline import substitute_kernels
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.relax.pipeline import substitute_kernels
     from tvm_ext.target import offline_cuda
-    from tvm_ext.tvm_export import read_operators
+    from tvm_ext.relax.tvm_export import read_operators
 
     cuda = offline_cuda()
     fused = legalize_and_fuse(base32)
@@ -197,7 +197,7 @@ def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection
 def _layer_errors(bert, mod, dtype, marker, matches, cuda, tmp_path) -> tuple[float, float]:
     """The layer's error against float64 numpy compiled with the substituted kernels (their
     ``marker`` in its CUDA) and without them (TVM's own schedules)."""
-    from tvm_ext.pipeline import CompiledModel
+    from tvm_ext.relax.pipeline import CompiledModel
 
     inputs = bert.get_inputs(size="base", dtype=dtype)
     ref = bert.reference(inputs, size="base", dtype=dtype)

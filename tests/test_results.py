@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_ext.records import RecordStore
-from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
+from tvm_ext.core.records import RecordStore
+from tvm_ext.schedules.gemm.simt import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gru import GruTemplate
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -136,7 +136,7 @@ def test_report_writes_valid_pngs_and_a_page(tuned):
 def test_export_runs_on_pocl_and_matches_numpy(tuned):
     import tvm
 
-    from tvm_ext.codegen import load_program
+    from tvm_ext.precision.codegen import load_program
 
     out = tuned["root"] / "kernel"
     p = run(["export", tuned["records"], "--workload", "gemm m=24", "--out", str(out)])

@@ -6,7 +6,7 @@ import pytest
 from build_check import run_config
 
 from tvm_ext.operators import get_template_class
-from tvm_ext.schedules.rows import OPS, RowTemplate
+from tvm_ext.schedules.reduce.rows import OPS, RowTemplate
 
 CONFIGS = [  # threads per row = block_size / rows_per_block
     dict(block_size=32, rows_per_block=1, x=1, cache=0),

@@ -27,15 +27,15 @@ import pytest
 from broken_gemm import BrokenGemm
 from cluster_groups import assert_groups_end, quiet
 from interrupt import sigint_default
-from tvm_ext.builder import build_one
-from tvm_ext.cluster import LocalCluster, free_port
-from tvm_ext.errors import ErrorKind, TvmExtError
-from tvm_ext.measure import MeasureSettings
-from tvm_ext.records import RecordStore
-from tvm_ext.rpc_runner import RpcRunner, same_device
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import build_one
+from tvm_ext.remote.cluster import LocalCluster, free_port
+from tvm_ext.core.errors import ErrorKind, TvmExtError
+from tvm_ext.measure.measure import MeasureSettings
+from tvm_ext.core.records import RecordStore
+from tvm_ext.remote.rpc_runner import RpcRunner, same_device
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.target import offline_cuda
-from tvm_ext.wire import SECRET_ENV
+from tvm_ext.remote.wire import SECRET_ENV
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 SHAPE = ["gemm", "--shape", "24,16,20", "--workers", "1", "--no-progress"]
@@ -161,7 +161,7 @@ def test_each_workers_measuring_process_starts_when_the_driver_connects(make_clu
 
 
 def wait_registered(tracker, key: str, server: subprocess.Popen, count: int = 1) -> None:
-    from tvm_ext.rpc_runner import TrackerClient
+    from tvm_ext.remote.rpc_runner import TrackerClient
 
     deadline = time.monotonic() + 180
     client = TrackerClient(tracker)
@@ -174,7 +174,7 @@ def wait_registered(tracker, key: str, server: subprocess.Popen, count: int = 1)
 
 
 def ports_of(cluster: LocalCluster) -> list[int]:
-    from tvm_ext.rpc_runner import TrackerClient
+    from tvm_ext.remote.rpc_runner import TrackerClient
 
     client = TrackerClient(cluster.tracker)
     try:
@@ -296,7 +296,7 @@ def test_ctrl_c_ends_every_process_of_a_devices_run(tmp_path):
     try:
         children = children_once_measuring(run, tmp_path / "r.jsonl")
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        assert "tvm_ext.cluster tracker" in names and names.count("tvm_ext.worker") == 1
+        assert "tvm_ext.remote.cluster tracker" in names and names.count("tvm_ext.worker") == 1
         start = time.monotonic()
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=120)
@@ -315,7 +315,7 @@ def test_a_driver_killed_outright_takes_its_tracker_and_workers_with_it(tmp_path
     run = devices_run(tmp_path, "20", devices="0")
     try:
         children = children_once_measuring(run, tmp_path / "r.jsonl")
-        cluster = [c for c in children if "tvm_ext.cluster" in " ".join(c.cmdline())
+        cluster = [c for c in children if "tvm_ext.remote.cluster" in " ".join(c.cmdline())
                    or "tvm_ext.worker" in " ".join(c.cmdline())]
         assert len(cluster) == 2
         run.kill()
@@ -518,8 +518,8 @@ def evil_client(cluster, key: str, secret: bytes | None, payload: bytes) -> list
     functions: what the worker answers to each (its refusals, read as data)."""
     from tvm import rpc
 
-    from tvm_ext.messages import HELLO_REPLY, MEASURE_REPLY
-    from tvm_ext.wire import decode
+    from tvm_ext.remote.messages import HELLO_REPLY, MEASURE_REPLY
+    from tvm_ext.remote.wire import decode
 
     session = rpc.connect_tracker(*cluster.tracker).request(key, session_timeout=60)
     answers = []
@@ -588,7 +588,7 @@ def test_a_worker_beyond_loopback_needs_a_secret_or_insecure(tmp_path):
 def test_a_worker_of_another_tvm_ext_version_is_one_error_naming_both(cluster, servers):
     from tvm_ext import __version__
 
-    code = ("import sys, tvm_ext; tvm_ext.__version__ = '0.0.0-other'; from tvm_ext.worker import main; "
+    code = ("import sys, tvm_ext; tvm_ext.__version__ = '0.0.0-other'; from tvm_ext.remote.worker import main; "
             "sys.exit(main(sys.argv[1:]))")
     servers("other", [sys.executable, "-c", code, "--tracker", cluster.tracker_text, "--key", "other", "--host",
                       "127.0.0.1", "--port", str(free_port())], "other")

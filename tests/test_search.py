@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from tvm_ext.search import GeneticSearch, RandomSearch, mutate, tournament_select, two_point_crossover
-from tvm_ext.space import Knob, Space
+from tvm_ext.core.search import GeneticSearch, RandomSearch, mutate, tournament_select, two_point_crossover
+from tvm_ext.core.space import Knob, Space
 
 
 def test_crossover_keeps_genes_outside_the_cut_points():

@@ -13,14 +13,14 @@ import textwrap
 import numpy as np
 import pytest
 
-from tvm_ext.builder import build_one
-from tvm_ext.errors import ErrorKind, TvmExtError
-from tvm_ext.measure import MeasureSettings, UniformInputs, make_job, run_job
-from tvm_ext.records import RecordStore
-from tvm_ext.runner import LocalRunner
-from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
-from tvm_ext.session import RUNNERS, STRATEGIES, Session, SessionOptions
-from tvm_ext.space import Config, Knob, Space
+from tvm_ext.measure.builder import build_one
+from tvm_ext.core.errors import ErrorKind, TvmExtError
+from tvm_ext.measure.measure import MeasureSettings, UniformInputs, make_job, run_job
+from tvm_ext.core.records import RecordStore
+from tvm_ext.measure.runner import LocalRunner
+from tvm_ext.schedules.gemm.simt import KNOBS, GemmTemplate
+from tvm_ext.core.session import RUNNERS, STRATEGIES, Session, SessionOptions
+from tvm_ext.core.space import Config, Knob, Space
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -181,10 +181,10 @@ def test_a_generation_is_deduplicated_by_source_and_recorded_as_results_arrive(o
 # ---- a measurement job is data -----------------------------------------------------------------------------
 JOB_RUNNER = """
 import json, pickle, sys
-from tvm_ext.measure import run_job
+from tvm_ext.measure.measure import run_job
 job = pickle.load(open(sys.argv[1], "rb"))
 result = run_job(job)
-loaded = sorted(m for m in sys.modules if m.startswith(("tvm_ext.schedules", "tvm_ext.template")))
+loaded = sorted(m for m in sys.modules if m.startswith(("tvm_ext.schedules", "tvm_ext.core.template")))
 print(json.dumps({"kind": result.error_kind.value, "cost": result.cost, "msg": result.error_msg, "loaded": loaded}))
 """
 
@@ -245,8 +245,8 @@ def test_the_local_runner_measures_on_several_devices(opencl, tmp_path):
 
 # ---- one executor per backend, one OpenCL context --------------------------------------------------------
 def test_every_opencl_path_shares_one_context(opencl, tmp_path):
-    from tvm_ext.codegen import export_program, load_program
-    from tvm_ext.executors import opencl_context
+    from tvm_ext.precision.codegen import export_program, load_program
+    from tvm_ext.measure.executors import opencl_context
     from tvm_ext.schedules.gru import GRU
 
     gru = GRU.build(opencl, 3, 4, batch=2, seq=2)
@@ -282,7 +282,7 @@ def test_the_ga_starts_from_the_default_and_the_templates_own_analytic_pick(tmp_
 def test_the_known_good_tile_comes_before_method_002s_picks(tmp_path):
     """A model's task gets a few trials: the GEMM's measured tile (``known_good``) is the second
     individual, ahead of method 002's picks, so a population of 4 measures it."""
-    from tvm_ext.schedules.gemm import GemmTemplate
+    from tvm_ext.schedules.gemm.simt import GemmTemplate
     from tvm_ext.target import offline_cuda
 
     target = offline_cuda()

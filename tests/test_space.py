@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.gemm import KNOBS, GemmTemplate
-from tvm_ext.space import Config, Knob, Space
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.simt import KNOBS, GemmTemplate
+from tvm_ext.core.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo, offline_cuda
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_ext.pipeline import extract_tasks, legalize_and_fuse, load_model, match_tasks
-from tvm_ext.tasks import MATCHERS
+from tvm_ext.relax.pipeline import extract_tasks, legalize_and_fuse, load_model, match_tasks
+from tvm_ext.relax.tasks import MATCHERS
 from tvm_ext.target import offline_cuda
-from tvm_ext.tvm_export import commit, open_database
+from tvm_ext.relax.tvm_export import commit, open_database
 
 RNG = np.random.default_rng(7)
 
@@ -145,8 +145,8 @@ def test_cuda_gemm_tasks_search_the_staging_knobs_from_the_measured_tile(opencl)
     """A float32 matmul with a bias on CUDA before Hopper: the GEMM template with its staging
     knobs, whose ``known_good`` seed is the register-staged 64x128 tile, built on the task's own
     function (its epilogue included); on OpenCL neither; on Hopper the 3xTF32 program takes it."""
-    from tvm_ext.program import compile_schedule
-    from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE
+    from tvm_ext.measure.program import compile_schedule
+    from tvm_ext.schedules.gemm.simt import REGISTER_STAGED_TILE
 
     def forward(self, a, b, bias):
         return nn_matmul(a, b) + bias
@@ -333,7 +333,7 @@ def test_a_broadcast_the_reshape_changes_stays_after_it(opencl):
 def test_low_precision_matmuls_accumulate_in_float32():
     from tvm.relax.frontend import nn
 
-    from tvm_ext.relax_rewrites import rewrite_model
+    from tvm_ext.relax.relax_rewrites import rewrite_model
 
     def forward(self, a, b):
         return nn.op.matmul(a, b)

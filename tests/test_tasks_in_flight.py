@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from test_pipeline import _load_example
 
-from tvm_ext.measure import MeasureSettings
-from tvm_ext.pipeline import TuneOptions, load_model, tune_relax
-from tvm_ext.records import RecordStore
+from tvm_ext.measure.measure import MeasureSettings
+from tvm_ext.relax.pipeline import TuneOptions, load_model, tune_relax
+from tvm_ext.core.records import RecordStore
 
 FAST = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
 WAIT = 120.0  # seconds the first search waits for another to record (it never needs that long)
@@ -67,7 +67,7 @@ def test_kernels_tuned_at_once_share_the_devices_and_give_the_model(mlp, opencl,
 
 
 def test_one_at_a_time_is_the_default_and_a_bad_count_is_refused(mlp):
-    from tvm_ext.errors import TvmExtError
+    from tvm_ext.core.errors import TvmExtError
 
     assert TuneOptions().tasks_in_flight == 1
     with pytest.raises(TvmExtError, match="--tasks-in-flight must be >= 1, got 0"):
@@ -89,7 +89,7 @@ class FakeSession:
 def test_a_failing_search_stops_the_others_and_its_error_is_raised():
     """The searches in flight are told to stop (they end after their batch), the ones not
     started never start, and the failure reaches the caller."""
-    from tvm_ext.pipeline import _Searches
+    from tvm_ext.relax.pipeline import _Searches
 
     searches, tuners, started = _Searches(), [FakeTuner() for _ in range(3)], []
     failed = threading.Event()
@@ -110,8 +110,8 @@ def test_a_failing_search_stops_the_others_and_its_error_is_raised():
 def test_devices_alone_measure_a_model_on_this_machines_devices():
     """``tune model --devices 0,1``: the local runner's process per device (the model is compiled
     and run here, so its kernels are measured here); a tracker stays the rpc runner's, refused."""
-    from tvm_ext.model_cli import _devices_here
-    from tvm_ext.session import SessionOptions
+    from tvm_ext.cli.model_cli import _devices_here
+    from tvm_ext.core.session import SessionOptions
 
     here = _devices_here(SessionOptions(runner="rpc", runner_options=(("devices", "0,1"),)))
     assert (here.runner, here.runner_options) == ("local", (("devices", "0,1"),))

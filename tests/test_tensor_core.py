@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tvm_ext.builder import compile_schedule
-from tvm_ext.schedules.tensor_core import (TC_SPACE, MatmulProblem, WmmaGemmTile, WmmaTile, compile_wmma,
-                                           tensor_core_reason)
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import compile_schedule
+from tvm_ext.schedules.gemm.tensor_core import (TC_SPACE, MatmulProblem, WmmaGemmTile, WmmaTile, compile_wmma,
+                                                tensor_core_reason)
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.target import TargetInfo, offline_cuda
 
 F16, F32 = "float16", "float32"
@@ -102,8 +102,8 @@ def test_launch_geometry_through_the_project_builder(cuda, tmp_path):
 def test_tuner_builds_emit_cp_async(cuda, tmp_path, pipeline):
     """The tuner's builder compiles a tensor-core GemmTemplate under the tile's pass options:
     tc_pipeline >= 2 gives cp.async copies there too, not only through ``compile_wmma``."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.schedules.gemm import GemmTemplate
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.schedules.gemm.simt import GemmTemplate
 
     half = {"a_dtype": "float16", "b_dtype": "float16"}
     template = GemmTemplate(128, 128, 64, tensor_core=WmmaGemmTile(_config(tc_pipeline=pipeline)), **half)
@@ -119,7 +119,7 @@ def test_pick_wmma_tile_fits_the_shapes_without_measuring(cuda):
     """WMMA's pick (``--tensor-core auto`` where no mma.sync tile fits): the largest probe-led
     tile that divides every shape and keeps half the SMs busy; smaller tiles for small or odd
     shapes; None where no tile divides."""
-    from tvm_ext.schedules.tensor_core import pick_wmma_tile
+    from tvm_ext.schedules.gemm.tensor_core import pick_wmma_tile
 
     def size(shapes):
         tile = pick_wmma_tile(shapes, cuda)
@@ -139,8 +139,8 @@ def test_pick_wmma_tile_fits_the_shapes_without_measuring(cuda):
 
 
 def test_parse_tile_names_the_allowed_values():
-    from tvm_ext.errors import TvmExtError
-    from tvm_ext.schedules.tensor_core import parse_tile
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.schedules.gemm.tensor_core import parse_tile
 
     assert parse_tile("none") is None
     tile = parse_tile("tc_pipeline=1")
@@ -159,7 +159,7 @@ def test_trace_replays_exactly(cuda):
     import tvm_ffi
     from tvm import s_tir
 
-    from tvm_ext.builder import plain_json
+    from tvm_ext.measure.builder import plain_json
 
     problem = VARIANTS["bias_batch2"]
     sch = problem.schedule(_config(tc_pipeline=2, tc_out_smem=1))
@@ -276,10 +276,10 @@ def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
     """The WMMA tile is the search space: feasible exactly where ``tensor_core_reason`` has
     nothing against it; the default is ``pick_wmma_tile``'s; a built config is a WMMA kernel with
     cp.async, compiled by the tuner's builder; the record's workload rebuilds the template."""
-    from tvm_ext.builder import build_one
-    from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate, pick_wmma_tile
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.schedules.gemm.tensor_core import TensorCoreGemmTemplate, pick_wmma_tile
     from tvm_ext.operators import get_template_class
-    from tvm_ext.template import Workload
+    from tvm_ext.core.template import Workload
 
     template = TensorCoreGemmTemplate(256, 512, 128, c_dtype="float16")
     space = template.space(cuda)
@@ -299,8 +299,8 @@ def test_tensor_core_gemm_template_space_default_and_build(cuda, tmp_path):
 
 
 def test_tensor_core_gemm_refuses_what_it_cannot_run(cuda):
-    from tvm_ext.errors import TvmExtError
-    from tvm_ext.schedules.tensor_core import TensorCoreGemmTemplate
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.schedules.gemm.tensor_core import TensorCoreGemmTemplate
 
     with pytest.raises(TvmExtError, match="operands must be float16"):
         TensorCoreGemmTemplate(64, 64, 64, a_dtype="float32")
@@ -334,7 +334,7 @@ def test_gemm_tc_tunes_on_the_gpu(tmp_path):
     """End to end on a GPU: the GA over WMMA tiles measures correct kernels and keeps the best."""
     import sys
 
-    from tvm_ext.records import RecordStore
+    from tvm_ext.core.records import RecordStore
 
     records = tmp_path / "r.jsonl"
     p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", "--kernel", "wmma", "--shape", "512,512,256",

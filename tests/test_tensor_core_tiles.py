@@ -1,4 +1,4 @@
-"""Tensor-core tiles wherever a float16/bfloat16 GEMM runs on CUDA (``schedules/tensor_core_tile.py``):
+"""Tensor-core tiles wherever a float16/bfloat16 GEMM runs on CUDA (``schedules/gemm/tensor_core_tile.py``):
 the GEMM template, the GRU's input and hidden GEMMs and the mixed-precision programs take an
 mma.sync or a WMMA tile.  CUDA source generated offline (and compiled by nvcc), which operand
 types reach which kernel, the tile's text and pick, refusals with reasons, generated programs;
@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tvm_ext.builder import build_one
-from tvm_ext.errors import TvmExtError
-from tvm_ext.mixed_precision import PrecisionProgram
-from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate
+from tvm_ext.measure.builder import build_one
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.mixed_precision import PrecisionProgram
+from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate
 from tvm_ext.schedules.gru import GruTemplate
-from tvm_ext.schedules.mma import AUTO_TILES as MMA_TILES
-from tvm_ext.schedules.mma import MmaGemmTile
-from tvm_ext.schedules.tensor_core import WmmaGemmTile, parse_tile, pick_tile, pick_wmma_tile
+from tvm_ext.schedules.gemm.mma import AUTO_TILES as MMA_TILES
+from tvm_ext.schedules.gemm.mma import MmaGemmTile
+from tvm_ext.schedules.gemm.tensor_core import WmmaGemmTile, parse_tile, pick_tile, pick_wmma_tile
 from tvm_ext.target import TargetInfo, offline_cuda
 
 F16, BF16, F32 = "float16", "bfloat16", "float32"
@@ -115,7 +115,7 @@ def test_precision_gemm_runs_each_operand_type_on_the_kernel_that_takes_it(cuda,
 def test_exported_program_builds_the_measured_kernel(cuda, tmp_path):
     """S7 on an mma.sync tile: the exported source is the kernel the builder built for the
     search (same tile, same pass options), the manifest names the tile."""
-    from tvm_ext.codegen import export_program
+    from tvm_ext.precision.codegen import export_program
 
     tile = pick_tile([(128, 128, 64)], cuda)
     program = gemm_program(tile, cuda)
@@ -242,7 +242,7 @@ def test_parse_tile_refuses_bad_text(text, message):
 def test_tiles_a_gemm_cannot_take_are_refused_with_a_reason(cuda):
     """The tile's reason names why; a GEMM given such a tile stays on the CUDA cores; the CLI
     refuses a tile given by hand that its shape cannot take (a silent fallback otherwise)."""
-    from tvm_ext.mp_cli import tile_option
+    from tvm_ext.cli.mp_cli import tile_option
 
     mma, wmma = TILES["mma"], TILES["wmma"]
     cases = [
@@ -311,8 +311,8 @@ def test_benchmark_default_tiles_are_mma_where_it_applies(monkeypatch):
 def _measure(template: Any, config: Any, target: TargetInfo) -> Any:
     """Build and measure as the tuner does: outputs and scratch NaN-poisoned, checked against
     float64 of the unrounded inputs; returns the result (its ``rel_error``)."""
-    from tvm_ext.measure import measure
-    from tvm_ext.runner import MeasureSettings
+    from tvm_ext.measure.measure import measure
+    from tvm_ext.measure.runner import MeasureSettings
 
     build = build_one(template, config, target)
     assert build.ok, build.error_msg
@@ -349,8 +349,8 @@ def test_gpu_gru_with_16_bit_weights_on_mma_tiles(shape, dtype, bound):
 def test_gpu_mixed_precision_gemm_on_mma_tiles(shape, tmp_path):
     """Precision configs of a GEMM on its mma.sync tile (M = 100 padded), measured against float64
     on NaN-poisoned outputs; the exported program, loaded back, gives the measured error."""
-    from tvm_ext.codegen import export_program, load_program
-    from tvm_ext.precision import np_dtype, relative_error
+    from tvm_ext.precision.codegen import export_program, load_program
+    from tvm_ext.precision.precision import np_dtype, relative_error
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)

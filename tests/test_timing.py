@@ -1,4 +1,4 @@
-"""The timing protocol (``tvm_ext.timing``): real kernels on PoCL, host clock around a sync.
+"""The timing protocol (``tvm_ext.measure.timing``): real kernels on PoCL, host clock around a sync.
 
 The CUDA-graph path and the CUDA-event clock need a GPU and torch (``benchmarks/common.py``);
 their test carries ``gpu``.
@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from tvm_ext.timing import (BACK_TO_BACK, GRAPH, PER_CALL, HostClock, Rotation, Timing, TimingSettings,
-                            VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
+from tvm_ext.measure.timing import (BACK_TO_BACK, GRAPH, PER_CALL, HostClock, Rotation, Timing, TimingSettings,
+                                    VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1 << 20

@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tvm_ext.errors import TvmExtError  # noqa: E402
-from tvm_ext.precision import relative_error  # noqa: E402
+from tvm_ext.core.errors import TvmExtError  # noqa: E402
+from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import gru_reference  # noqa: E402
 from tvm_ext.torch import GRU  # noqa: E402
 

@@ -1,5 +1,5 @@
 """``torch.export`` programs imported with their ``nn.GRU`` layers on tvm_ext's GRU
-(``tvm_ext.torch_import``), run on PoCL against torch in float64: layers, bidirectional,
+(``tvm_ext.relax.torch_import``), run on PoCL against torch in float64: layers, bidirectional,
 batch_first, a given h0, no bias; ``tune model FILE.pt2``; the refusals.  Needs torch (the
 test extra installs the CPU build)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from tvm_ext.errors import TvmExtError  # noqa: E402
-from tvm_ext.precision import relative_error  # noqa: E402
-from tvm_ext.relax_gru import find_grus  # noqa: E402
-from tvm_ext.torch_import import import_exported_program, load_exported_program, program_inputs  # noqa: E402
+from tvm_ext.core.errors import TvmExtError  # noqa: E402
+from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.relax.relax_gru import find_grus  # noqa: E402
+from tvm_ext.relax.torch_import import import_exported_program, load_exported_program, program_inputs  # noqa: E402
 
 
 class GruThenLinear(nn.Module):
@@ -46,7 +46,7 @@ def _export(case, seed=0):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_exported_gru_runs_on_tvm_ext_gru_against_float64(opencl, case):
-    from tvm_ext.pipeline import load_model
+    from tvm_ext.relax.pipeline import load_model
 
     model, program = _export(case)
     mod = import_exported_program(program)
@@ -105,7 +105,7 @@ def test_the_torch_import_keeps_matmuls_in_their_operands_type(dtype):
     import tvm
     from tvm import relax
 
-    from tvm_ext import torch_import
+    from tvm_ext.relax import torch_import
 
     rng = np.random.default_rng(0)
     values = {"bias": rng.standard_normal(3), "a": rng.standard_normal((4, 8)), "b": rng.standard_normal((8, 3)),
@@ -138,9 +138,9 @@ def test_a_float16_program_with_linear_layers_stays_float16_and_runs(opencl):
     model in float32 goes through the same converters and matches float64 on PoCL."""
     import tvm
 
-    from tvm_ext.pipeline import compile_relax, load_model, model_pass_config
+    from tvm_ext.relax.pipeline import compile_relax, load_model, model_pass_config
     from tvm_ext.target import offline_cuda
-    from tvm_ext.tvm_export import tvm_target
+    from tvm_ext.relax.tvm_export import tvm_target
 
     class TwoLinears(nn.Module):
         def __init__(self):

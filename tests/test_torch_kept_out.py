@@ -9,7 +9,7 @@ import sys
 import pool_jobs
 import pytest
 
-from tvm_ext.pools import RestartingPool
+from tvm_ext.measure.pools import RestartingPool
 
 pytest.importorskip("torch")  # where torch is not installed there is nothing to keep out
 
@@ -24,7 +24,7 @@ def test_a_pool_process_imports_tvm_without_torch():
 
 
 def test_kept_out_torch_is_an_import_error_and_scipy_still_works():
-    code = ("from tvm_ext.lifetime import keep_torch_out; keep_torch_out()\n"
+    code = ("from tvm_ext.measure.lifetime import keep_torch_out; keep_torch_out()\n"
             "import sys, tvm, numpy as np, scipy.stats\n"
             "assert 'torch' not in sys.modules\n"
             "try:\n    import torch\nexcept ImportError as exc:\n    print('refused:', exc)\n"

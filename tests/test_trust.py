@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.records import Record, RecordStore
-from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.space import Config
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.core.records import Record, RecordStore
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Workload
+from tvm_ext.core.template import Workload
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
 SMALL = ["gemm", "--shape", "24,16,20", "--workers", "1", "--seed", "1", "--no-progress"]
@@ -246,11 +246,11 @@ def test_a_model_file_that_is_not_python_is_one_error_line(tmp_path, content):
 
 
 def test_buffers_beyond_host_memory_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
-    from tvm_ext import cli_checks
+    from tvm_ext.cli import cli_checks
     from tvm_ext.tune import main
 
     monkeypatch.setattr(cli_checks, "host_memory_bytes", lambda: 2**30)
-    monkeypatch.setattr("tvm_ext.records.RecordStore.__init__", lambda *a, **k: pytest.fail("the run started"))
+    monkeypatch.setattr("tvm_ext.core.records.RecordStore.__init__", lambda *a, **k: pytest.fail("the run started"))
     records = tmp_path / "r.jsonl"
     assert main(["gemm", "--shape", "100000000,1,1", "--records", str(records)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -261,11 +261,11 @@ def test_buffers_beyond_host_memory_are_refused_before_anything_runs(tmp_path, m
 
 def test_buffers_beyond_device_memory_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     """The device's memory is known only once the target is (a CUDA GPU's; here one pretends)."""
-    from tvm_ext import cli_checks
+    from tvm_ext.cli import cli_checks
     from tvm_ext.tune import main
 
     monkeypatch.setattr(cli_checks, "device_memory_bytes", lambda target: 4096)
-    monkeypatch.setattr("tvm_ext.tuner.Tuner.__init__", lambda *a, **k: pytest.fail("the run started"))
+    monkeypatch.setattr("tvm_ext.core.tuner.Tuner.__init__", lambda *a, **k: pytest.fail("the run started"))
     assert main(["gemm", "--shape", "64,64,64", "--records", str(tmp_path / "r.jsonl"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "its buffers need 48.0 KiB of device memory, more than the 4.0 KiB" in err[0], err

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from broken_gemm import BrokenGemm
-from tvm_ext.builder import LocalBuilder, build_one
-from tvm_ext.records import RecordStore
-from tvm_ext.measure import measure
-from tvm_ext.runner import LocalRunner, MeasureSettings
-from tvm_ext.schedules.gemm import GemmTemplate
-from tvm_ext.search import GeneticSearch
-from tvm_ext.tuner import Tuner
+from tvm_ext.measure.builder import LocalBuilder, build_one
+from tvm_ext.core.records import RecordStore
+from tvm_ext.measure.measure import measure
+from tvm_ext.measure.runner import LocalRunner, MeasureSettings
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.core.search import GeneticSearch
+from tvm_ext.core.tuner import Tuner
 
 FAST = MeasureSettings(warmup=1, repeat=3, min_repeat_secs=0.002)
 
@@ -156,8 +156,8 @@ def test_failures_become_error_records_and_the_run_finishes(opencl, build_pool, 
 def _records_with_and_without_timer(target, path):
     """Two correct records and a failure of one GEMM workload on ``target``: the first and
     the failure without ``metrics["timer"]`` (as records were before they named it)."""
-    from tvm_ext.records import Record
-    from tvm_ext.template import Workload
+    from tvm_ext.core.records import Record
+    from tvm_ext.core.template import Workload
 
     template = GemmTemplate(64, 64, 64)
     workload = Workload.of(template, target)
@@ -176,7 +176,7 @@ def test_cuda_records_timed_before_timers_are_measured_again(tmp_path):
     replay) is not resumed: the tuner counts it and would measure the config again, and the
     export's ranking leaves it out, though it is the fastest on file.  Failures resume."""
     from tvm_ext.target import offline_cuda
-    from tvm_ext.tvm_export import ranked_records
+    from tvm_ext.relax.tvm_export import ranked_records
 
     cuda = offline_cuda()
     template, store, (untimed, timed, failed) = _records_with_and_without_timer(cuda, tmp_path / "r.jsonl")
@@ -201,15 +201,17 @@ def test_opencl_records_without_timer_resume(opencl, tmp_path):
 def test_a_templates_hash_covers_the_schedule_modules_it_builds_on():
     """Records go stale when any kernel a template builds on changes, not only its own file:
     the 3xTF32 template's kernel is the wgmma template's, the tensor-core choice reaches the
-    warp tiling through mma.sync and WMMA, the GRU's package takes its input GEMM from gemm.py."""
-    from tvm_ext.template import schedule_modules
+    warp tiling through mma.sync and WMMA, the GRU's package takes its input GEMM from gemm/simt.py."""
+    from tvm_ext.core.template import schedule_modules
 
     def short(module):
         return {name.removeprefix("tvm_ext.schedules.") for name in schedule_modules(module)}
 
-    assert short("tvm_ext.schedules.gemm") == {"gemm"}  # imports no other schedule
-    assert short("tvm_ext.schedules.gemm_3xtf32") >= {"gemm_3xtf32", "wgmma"}  # hardware facts: tvm_ext.hardware
-    assert short("tvm_ext.schedules.tensor_core_choice") >= {"mma", "wmma", "wgmma", "warp_tile", "mma_intrin"}
+    assert short("tvm_ext.schedules.gemm.simt") == {"gemm.simt"}  # imports no other schedule, not its whole family
+    assert short("tvm_ext.schedules.gemm.gemm_3xtf32") >= {"gemm.gemm_3xtf32", "gemm.wgmma"}  # facts: tvm_ext.hardware
+    choice = short("tvm_ext.schedules.gemm.tensor_core_choice")
+    assert choice >= {"gemm.mma", "gemm.wmma", "gemm.wgmma", "gemm.warp_tile", "gemm.mma_intrin"}
+    assert "gemm" not in choice  # the family's package is no kernel
     gru = short("tvm_ext.schedules.gru.template")
-    assert {"gru.kernels", "gru.plan", "gru.flag_step", "gemm", "warp_tile"} <= gru and "gru.template" in gru
-    assert "tvm_ext.schedules" not in schedule_modules("tvm_ext.schedules.rows")  # the registry is not a kernel
+    assert {"gru.kernels", "gru.plan", "gru.flag_step", "gemm.simt", "gemm.warp_tile"} <= gru and "gru.template" in gru
+    assert "tvm_ext.schedules" not in schedule_modules("tvm_ext.schedules.reduce.rows")  # the registry is not a kernel

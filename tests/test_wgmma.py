@@ -1,4 +1,4 @@
-"""The wgmma GEMM template (``tvm_ext.schedules.wgmma``): C = A·Btᵀ on Hopper's warpgroup MMA,
+"""The wgmma GEMM template (``tvm_ext.schedules.gemm.wgmma``): C = A·Btᵀ on Hopper's warpgroup MMA,
 a TVMScript PrimFunc in TVM's PTX dialect built by ``tvm.compile`` for sm_90a.
 
 CI (no GPU): TVM builds the template's program for an offline sm_90 target and emits the
@@ -18,9 +18,9 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.schedules.wgmma import WgmmaTile, compile_wgmma, wgmma_reason
-from tvm_ext.schedules.wgmma_template import WgmmaGemmTemplate
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, compile_wgmma, wgmma_reason
+from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
 from tvm_ext.target import offline_cuda
 
 CLI = [sys.executable, "-m", "tvm_ext.tune"]
@@ -55,7 +55,7 @@ def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
     """64x3072x1024 (a GRU step's hidden GEMM at batch 64) takes only 64-row tiles; there 8
     shared-memory stages measured 0.93-0.94 of cuBLAS on the H100 (both replayed from CUDA
     graphs) against 0.88-0.91 with 4-6, so the default tile and the pick take 8."""
-    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 
     target = offline_cuda()
     t = WgmmaGemmTemplate(64, 3072, 1024)
@@ -93,7 +93,7 @@ def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
     """Where C has more tiles than the SMs, the default and the pick give each block several
     (the fewest that fit one block an SM) in raster groups of 8 tile rows; the kernel loops over
     the block's tiles, its k loop inside, the store after it; a wave's worth keeps one a block."""
-    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 
     target = offline_cuda()  # 132 SMs
     gru_input = WgmmaGemmTemplate(8192, 3072, 1024)  # 64 x 12 tiles of 128x256
@@ -164,7 +164,7 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     8192: 1.04x cuBLAS on the H100 against 0.57 unsplit); K too short to split (12 k steps) or
     enough tiles keep the unsplit pick; callers without the partial sums' buffer (the GRU) get
     no split."""
-    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 
     target = offline_cuda()
 
@@ -315,7 +315,7 @@ def test_the_shared_memory_epilogue_stages_c_in_the_operands_dtype():
     """The stages hold the operands' dtype, so C staged there must be it: a bfloat16 GEMM
     storing float16 or float32 C (or a float16 one storing bfloat16) stores it directly, and a
     staged one is refused with that reason."""
-    from tvm_ext.schedules.wgmma import epilogue_reason, wgmma_gemm
+    from tvm_ext.schedules.gemm.wgmma import epilogue_reason, wgmma_gemm
 
     bf16, f16 = WgmmaTile(operand="bfloat16"), WgmmaTile()
     assert epilogue_reason(bf16, "bfloat16") is None and epilogue_reason(f16, "float16") is None
@@ -334,7 +334,7 @@ def test_the_bfloat16_check_is_float64_of_the_rounded_inputs_within_bfloat16_rou
     """The CPU side of a bfloat16 run: the reference is float64 of the bfloat16 inputs, and the
     check passes their product rounded to bfloat16 (about 2e-3 of error) but fails a kernel that
     drops one k step of 64 (a wrong stage) or leaves a tile unwritten (NaN)."""
-    from tvm_ext.precision import cast
+    from tvm_ext.precision.precision import cast
 
     t = WgmmaGemmTemplate(128, 128, 256, dtype="bfloat16")
     rng = np.random.default_rng(0)
@@ -356,7 +356,7 @@ def test_a_bfloat16_record_names_its_dtype_and_loads_back():
     """Records: a bfloat16 GEMM's params name bfloat16 A, B and C and load as that template;
     operands of two types, or C of another, are no wgmma GEMM's."""
     from tvm_ext.operators import template_of
-    from tvm_ext.template import Workload
+    from tvm_ext.core.template import Workload
 
     target = offline_cuda()
     t = WgmmaGemmTemplate(256, 256, 128, b_layout="KN", dtype="bfloat16")
@@ -371,7 +371,7 @@ def test_a_bfloat16_record_names_its_dtype_and_loads_back():
 def test_cli_takes_bfloat16_for_gemm_wgmma_and_gemm_tc_picks_wgmma_for_it(tmp_path):
     """``tune gemm-wgmma --dtype bfloat16`` makes the bfloat16 template (other dtypes: one error
     line); ``tune gemm-tc`` with bfloat16 in and out picks the wgmma kernel on Hopper."""
-    from tvm_ext.operator_cli import gemm_wgmma_template
+    from tvm_ext.cli.operator_cli import gemm_wgmma_template
     from tvm_ext.tune import build_parser
 
     args = build_parser().parse_args(["gemm-wgmma", "--shape", "256,128,64", "--dtype", "bfloat16"])
@@ -508,7 +508,7 @@ def test_cuda_bfloat16_wgmma_matches_float64(shape, b_layout, knobs, c_dtype):
     both epilogues, float32 C, a split K in a cluster."""
     import tvm
 
-    from tvm_ext.precision import cast, np_dtype
+    from tvm_ext.precision.precision import cast, np_dtype
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda")
@@ -535,8 +535,8 @@ def test_cuda_gemm_tc_bfloat16_picks_wgmma_and_matches_float64(shape):
     (B (K, N) read N-major), against float64 on NaN-poisoned C and scratch."""
     import tvm
 
-    from tvm_ext.precision import cast, np_dtype
-    from tvm_ext.schedules.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.precision.precision import cast, np_dtype
+    from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda")
@@ -560,7 +560,7 @@ def test_no_tile_loads_ahead_past_k():
     those reads run beyond A and B (an illegal address on the GPU, depending on what lies
     there). Such a tile is refused, and the pick takes fewer stages where K is short (the
     GRU's input GEMM with 256 inputs: 4 k tiles)."""
-    from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 
     deep = WgmmaTile(64, 64, 8, 1, True, 0)
     assert "loads 6 k tiles ahead, past K's 4" in wgmma_reason(deep, 64, 3072, 256)

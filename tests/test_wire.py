@@ -1,4 +1,4 @@
-"""Tuner <-> worker messages as data (``tvm_ext.wire``, ``tvm_ext.messages``), without a network.
+"""Tuner <-> worker messages as data (``tvm_ext.remote.wire``, ``tvm_ext.remote.messages``), without a network.
 
 A job, its case and its result make the round trip field for field; a pickle is refused
 before anything reads it (a file its unpickling would create never appears); the shared
@@ -21,18 +21,18 @@ import numpy as np
 import pytest
 
 from tvm_ext import __version__
-from tvm_ext.builder import build_one
-from tvm_ext.checks import ElementwiseCheck, NormwiseCheck
-from tvm_ext.errors import ErrorKind, TvmExtError
-from tvm_ext.measure import MeasureSettings, RunResult, make_job
-from tvm_ext.messages import (MEASURE, MEASURE_REPLY, PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo,
-                              WorkerSessionState, case_from_plain, case_key, case_to_plain, hello_reply,
-                              hello_request, measure_reply, measure_request, read_hello_reply, read_measure_reply,
-                              read_measure_request, split_case)
-from tvm_ext.rpc_runner import check_worker
-from tvm_ext.schedules.gemm import GemmTemplate
+from tvm_ext.measure.builder import build_one
+from tvm_ext.measure.checks import ElementwiseCheck, NormwiseCheck
+from tvm_ext.core.errors import ErrorKind, TvmExtError
+from tvm_ext.measure.measure import MeasureSettings, RunResult, make_job
+from tvm_ext.remote.messages import (MEASURE, MEASURE_REPLY, PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo,
+                                     WorkerSessionState, case_from_plain, case_key, case_to_plain, hello_reply,
+                                     hello_request, measure_reply, measure_request, read_hello_reply,
+                                     read_measure_reply, read_measure_request, split_case)
+from tvm_ext.remote.rpc_runner import check_worker
+from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.target import offline_cuda
-from tvm_ext.wire import MAGIC, SECRET_ENV, Limits, WireError, decode, encode, load_secret
+from tvm_ext.remote.wire import MAGIC, SECRET_ENV, Limits, WireError, decode, encode, load_secret
 
 SECRET = b"s3cret-of-this-test"
 
@@ -78,8 +78,8 @@ def test_a_job_and_its_result_make_the_round_trip(job):
 
 
 def test_a_cuda_program_travels_as_bytes_and_calls(job):
-    from tvm_ext.messages import job_from_plain, job_to_plain
-    from tvm_ext.program import FailureFlag, KernelLaunch, RunPlan
+    from tvm_ext.remote.messages import job_from_plain, job_to_plain
+    from tvm_ext.measure.program import FailureFlag, KernelLaunch, RunPlan
 
     light, _ = split_case(job)
     library = bytes(range(256)) * 40

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .precision import FLOAT_DTYPES
+from .precision.precision import FLOAT_DTYPES
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from . import operator_cli as cli
-from .errors import TvmExtError
+from .cli import operator_cli as cli
+from .core.errors import TvmExtError
 
 if TYPE_CHECKING:
-    from .space import Knob
-    from .template import Template
+    from .core.space import Knob
+    from .core.template import Template
 
 __all__ = ["CAPABILITIES", "OPERATORS", "Operator", "PrecisionCommand", "TuneCommand", "get_template_class",
            "operator_named", "template_names", "template_of"]
@@ -113,55 +113,55 @@ class Operator:
 
 # ---- the template classes, imported on first use ---------------------------------------------------
 def _gemm() -> type[Template]:
-    from .schedules.gemm import GemmTemplate
+    from .schedules.gemm.simt import GemmTemplate
 
     return GemmTemplate
 
 
 def _gemm_bias() -> type[Template]:
-    from .schedules.gemm import BiasGemmTemplate
+    from .schedules.gemm.simt import BiasGemmTemplate
 
     return BiasGemmTemplate
 
 
 def _gemm_tc_any() -> type[Template]:
-    from .schedules.tensor_core_choice import TensorCoreChoiceTemplate
+    from .schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
 
     return TensorCoreChoiceTemplate
 
 
 def _gemm_mma() -> type[Template]:
-    from .schedules.mma import MmaGemmTemplate
+    from .schedules.gemm.mma import MmaGemmTemplate
 
     return MmaGemmTemplate
 
 
 def _gemm_tc() -> type[Template]:
-    from .schedules.tensor_core import TensorCoreGemmTemplate
+    from .schedules.gemm.tensor_core import TensorCoreGemmTemplate
 
     return TensorCoreGemmTemplate
 
 
 def _gemm_wgmma() -> type[Template]:
-    from .schedules.wgmma_template import WgmmaGemmTemplate
+    from .schedules.gemm.wgmma_template import WgmmaGemmTemplate
 
     return WgmmaGemmTemplate
 
 
 def _gemm_3xtf32() -> type[Template]:
-    from .schedules.gemm_3xtf32 import Gemm3xTf32Template
+    from .schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template
 
     return Gemm3xTf32Template
 
 
 def _reduce() -> type[Template]:
-    from .schedules.reduction import ReductionTemplate
+    from .schedules.reduce.reduction import ReductionTemplate
 
     return ReductionTemplate
 
 
 def _rows() -> type[Template]:
-    from .schedules.rows import RowTemplate
+    from .schedules.reduce.rows import RowTemplate
 
     return RowTemplate
 
@@ -208,7 +208,7 @@ _WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|
 
 def wgmma_tile_named(name: str) -> Any:
     """The ``WgmmaTile`` whose ``name`` (what a record's params hold) is ``name``."""
-    from .schedules.wgmma import WgmmaTile
+    from .schedules.gemm.wgmma import WgmmaTile
 
     found = _WGMMA_NAME.fullmatch(name) if isinstance(name, str) else None
     if found is None:
@@ -223,7 +223,7 @@ def wgmma_tile_named(name: str) -> Any:
 
 def _tensor_core_tile(text: Any) -> Any:
     """A tensor-core tile from its text in a record (``str(tile)``: its knobs as k=v,...)."""
-    from .schedules.tensor_core import parse_tile
+    from .schedules.gemm.tensor_core import parse_tile
 
     return parse_tile(text) if isinstance(text, str) else text
 

@@ -13,9 +13,9 @@ import signal
 import threading
 from typing import Any, Iterator
 
-from .errors import TvmExtError
+from .core.errors import TvmExtError
 from .hardware import TargetInfo
-from .precision import FLOAT_DTYPES
+from .precision.precision import FLOAT_DTYPES
 
 TARGET_KINDS = ("opencl", "cuda")
 __all__ = ["TARGET_KINDS", "TargetInfo", "offline_cuda", "resolve_target", "cuda_target_of", "opencl_device"]

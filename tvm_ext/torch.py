@@ -28,7 +28,7 @@ import torch
 import tvm_ffi
 from torch import nn
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.core.errors import TvmExtError
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}

@@ -15,9 +15,9 @@ import os
 import sys
 from typing import Any, Mapping, Sequence
 
-from .cli_args import Parser, add_tuning_args, format_speed, knob_help, session_options
-from .cli_options import JSON
-from .errors import TvmExtError
+from .cli.cli_args import Parser, add_tuning_args, format_speed, knob_help, session_options
+from .cli.cli_options import JSON
+from .core.errors import TvmExtError
 
 
 def build_parser(operators: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -33,10 +33,10 @@ def build_parser(operators: Mapping[str, Any] | None = None) -> argparse.Argumen
                                 parser_class=Parser)
     for command in tune_commands(operators):
         add_tune_parser(sub, command)
-    from .model_cli import add_model_parser
+    from .cli.model_cli import add_model_parser
 
     add_model_parser(sub, add_tuning_args)
-    from .mp_cli import add_mixed_precision_parser
+    from .cli.mp_cli import add_mixed_precision_parser
 
     add_mixed_precision_parser(sub, operators)
     from .results.cli import add_result_parsers
@@ -58,10 +58,10 @@ def add_tune_parser(sub: Any, command: Any) -> argparse.ArgumentParser:
 
 
 def run_tuning(args: argparse.Namespace) -> int:
-    from .records import RecordStore
-    from .session import Session
+    from .core.records import RecordStore
+    from .core.session import Session
 
-    from .cli_checks import check_index_range, check_memory
+    from .cli.cli_checks import check_index_range, check_memory
 
     options = session_options(args)
     template = args.make_template(args)
@@ -111,7 +111,7 @@ def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
     """The analytic tile (or the template's own rule): print the pick; measure it once."""
     import dataclasses
 
-    from .session import RUNNERS, Session
+    from .core.session import RUNNERS, Session
     from .target import offline_cuda, resolve_target
 
     session = Session(dataclasses.replace(options, trials=1, workers=1))
@@ -132,7 +132,7 @@ def _run_analytic(args: argparse.Namespace, options: Any, template: Any) -> int:
 
 
 def _analytic_on(args: argparse.Namespace, template: Any, session: Any, target: Any) -> int:
-    from .session import analytic_pick
+    from .core.session import analytic_pick
 
     template = template.for_target(target)
     config, explanation = analytic_pick(template, target)
@@ -239,7 +239,7 @@ _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .interrupts import EXIT_INTERRUPTED, stop_signals
+    from .cli.interrupts import EXIT_INTERRUPTED, stop_signals
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["model"]:  # a model file may use torch; the operators' commands never do, and
-        from tvm_ext.lifetime import keep_torch_out  # TVM's FFI would import it: seconds of every start
+        from tvm_ext.measure.lifetime import keep_torch_out  # TVM's FFI would import it: seconds of every start
 
         keep_torch_out()
     sys.exit(main())

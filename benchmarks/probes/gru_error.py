@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 
-from tvm_ext.precision import relative_error
+from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, gru_reference
 from tvm_ext.target import resolve_target
 

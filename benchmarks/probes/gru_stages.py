@@ -15,10 +15,10 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from gru import SEQ, precision_of  # noqa: E402
 
-from tvm_ext.builder import build_one  # noqa: E402
-from tvm_ext.measure import MeasureSettings, measure  # noqa: E402
+from tvm_ext.measure.builder import build_one  # noqa: E402
+from tvm_ext.measure.measure import MeasureSettings, measure  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
-from tvm_ext.schedules.tensor_core_tile import parse_tile  # noqa: E402
+from tvm_ext.schedules.gemm.tensor_core_tile import parse_tile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 

@@ -21,8 +21,8 @@ from common import table  # noqa: E402
 from common import (l2_rotation, methods_text, rel_error_vs, seconds_by_method, time_ours_three,  # noqa: E402
                     time_vendor, tvm_launch)
 
-from tvm_ext.schedules.mma import AUTO_TILES, MmaGemmTemplate, MmaTile  # noqa: E402
-from tvm_ext.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.schedules.gemm.mma import AUTO_TILES, MmaGemmTemplate, MmaTile  # noqa: E402
+from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),

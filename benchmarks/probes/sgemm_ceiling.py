@@ -330,7 +330,7 @@ def main() -> int:
     p.add_argument("--only", default="",
                    help="time only the hand kernels whose names contain one of these comma-separated texts")
     p.add_argument("--template", action="store_true",
-                   help="also time the SGEMM template (tvm_ext.schedules.gemm) at the hand kernels' tile and at "
+                   help="also time the SGEMM template (tvm_ext.schedules.gemm.simt) at the hand kernels' tile and at "
                         "its known-good tile, built by TVM in the same run")
     args = p.parse_args()
     n = args.size
@@ -389,7 +389,7 @@ def main() -> int:
     if args.template:
         from common import ours_on
 
-        from tvm_ext.schedules.gemm import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate
+        from tvm_ext.schedules.gemm.simt import REGISTER_STAGED_TILE, STAGING_DEFAULTS, GemmTemplate
         from tvm_ext.target import resolve_target
 
         template, target = GemmTemplate(n, n, n, staging=True), resolve_target("cuda")

@@ -25,8 +25,8 @@ from common import l2_rotation, time_vendor  # noqa: E402
 from mma_probe import describe  # noqa: E402
 
 from tvm_ext.cost_model.analytic import analytic_seeds  # noqa: E402
-from tvm_ext.schedules.gemm import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
-from tvm_ext.session import Session, SessionOptions  # noqa: E402
+from tvm_ext.schedules.gemm.simt import STAGING_DEFAULTS, GemmTemplate  # noqa: E402
+from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 

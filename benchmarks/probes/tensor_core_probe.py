@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from common import table, time_vendor  # noqa: E402
 
-from tvm_ext.schedules.tensor_core import TC_SPACE, MatmulProblem, WmmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.tensor_core import TC_SPACE, MatmulProblem, WmmaTile  # noqa: E402
 
 WORKLOADS = {
     "gemm4096_c32": MatmulProblem("gemm", 4096, 4096, 4096),
@@ -122,7 +122,7 @@ def _workload_data(name: str, ref_dir: str) -> tuple[Any, list[Any], np.ndarray]
 def run_config(name: str, values: dict[str, int], ref_dir: str, repeat: int) -> dict[str, Any]:
     import tvm
 
-    from tvm_ext.schedules.tensor_core import compile_wmma
+    from tvm_ext.schedules.gemm.tensor_core import compile_wmma
     from tvm_ext.target import resolve_target
 
     problem, cfg = WORKLOADS[name], TC_SPACE.make(**values)

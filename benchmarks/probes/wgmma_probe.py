@@ -3,7 +3,7 @@ accumulate, float16 out, written as a TVMScript (``tvm.script.tirx``) PrimFunc a
 ``tvm.compile`` for ``{"kind": "cuda", "arch": "sm_90a"}``; checked against float64 and timed
 next to cuBLAS float16 in the same run.
 
-The kernel is the wgmma GEMM template's (``tvm_ext.schedules.wgmma``: C = A @ Bt^T with A (M, K)
+The kernel is the wgmma GEMM template's (``tvm_ext.schedules.gemm.wgmma``: C = A @ Bt^T with A (M, K)
 and Bt (N, K) both K-major, the layout wgmma reads without a transpose; cuBLAS is timed on the
 same layout, ``a @ bt.t()``, and on the plain ``a @ b`` for reference); this script builds its
 tiles at one shape and times them beside cuBLAS, both the same three ways (per call, back to
@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 
-from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm, wgmma_reason  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm, wgmma_reason  # noqa: E402
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
 SHAPE = (4096, 4096, 4096)  # M, N, K

@@ -13,7 +13,7 @@ Everything about the GRU lives in this package, one role per module:
   (the flag-exchange kernel), ``tensor_core_step`` (the tensor-core kernel); ``step_common``:
   the TIR they share (the cell's math, the state store, the exchange words);
 - ``kernels``: the init and elementwise kernels every config runs (the gate GEMMs are
-  ``tvm_ext.schedules.gemm``'s template, with a bias row and a batch axis);
+  ``tvm_ext.schedules.gemm.simt``'s template, with a bias row and a batch axis);
 - ``split``: the float32 input GEMM on float16 tensor cores (operands split into high and low
   float16 parts, one GEMM of depth 3K; knob ``in_split``);
 - ``plan``: the host plan (the calls of one forward pass), compiling it into one module,
@@ -33,8 +33,8 @@ from .plan import BARRIER_TIMEOUT, Call, CompiledGru
 from .knobs import BATCHED_GEMM_KNOBS, HID_GEMM_KNOBS, IN_GEMM_KNOBS, KNOBS, STEP_KNOBS, gemm_config
 from .step_variant import PERSISTENT_MIN_REGISTERS, SHARED_RESERVED_PER_BLOCK, StepVariant
 from .template import GruTemplate, default_gemm_config
-from tvm_ext.executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
-from tvm_ext.schedules.gemm import BiasGemmTemplate, gemm_bias_func
+from tvm_ext.measure.executors import STAGE_REPEAT, CudaExecutor, OpenclExecutor
+from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, gemm_bias_func
 
 __all__ = ["BARRIER_TIMEOUT", "BATCHED_GEMM_KNOBS", "F32", "FUNCTION_STAGES", "GRU", "HID_GEMM_KNOBS",
            "IN_GEMM_KNOBS", "KNOBS", "PERSISTENT_MIN_REGISTERS", "PRECISION_PARAMS", "SHARED_RESERVED_PER_BLOCK",

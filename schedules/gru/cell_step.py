@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_ext.space import Config
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .compute import F32

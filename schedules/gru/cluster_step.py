@@ -23,9 +23,9 @@ from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.hardware import CLUSTER_MAX, supports_clusters
-from tvm_ext.schedules.warp_tile import WARP
-from tvm_ext.space import Config
-from tvm_ext.step_loop import BARRIER_WORDS, SPIN_LIMIT
+from tvm_ext.schedules.gemm.warp_tile import WARP
+from tvm_ext.core.space import Config
+from tvm_ext.lowering.step_loop import BARRIER_WORDS, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
 from .step_common import MAX_REGISTERS, stored_as

@@ -21,8 +21,8 @@ from typing import Mapping
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.precision import HIGH_PRECISION, PrecisionParam
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.precision import HIGH_PRECISION, PrecisionParam
 
 F32 = HIGH_PRECISION
 STAGES = ("input_gemm", "hidden_gemm", "cell")

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.schedules.warp_tile import WARP
-from tvm_ext.space import Config
-from tvm_ext.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
+from tvm_ext.schedules.gemm.warp_tile import WARP
+from tvm_ext.core.space import Config
+from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
 from .step_common import MAX_REGISTERS, OTHER_REGISTERS, stored_as, word_tag

@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_ext import step_loop
+from tvm_ext.lowering import step_loop
 from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.precision import itemsize
-from tvm_ext.space import Config
+from tvm_ext.precision.precision import itemsize
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .compute import F32
@@ -73,7 +73,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
     The state ping-pongs inside one (2, dirs, batch, hidden) buffer: step s reads slot
     s % 2 and writes slot (s+1) % 2, so the kernel's only per-step argument is ``step`` and
-    a loop over steps (``tvm_ext.step_loop``) needs no buffer swapping.  The plan passes that
+    a loop over steps (``tvm_ext.lowering.step_loop``) needs no buffer swapping.  The plan passes that
     buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
     written would make TVM see a write-after-read hazard it cannot schedule around.
 
@@ -198,7 +198,7 @@ def schedule_step(func: Any, tile: "FusedStep", kind: str = "cuda") -> Any:
     shared memory too (dynamic on CUDA, with every other shared buffer: it exceeds the 48 KiB
     of a static array), serving all the block's rows; 2: each thread's share of W_h in
     registers.  ``step_prefetch``: this step's gi and b_h in registers (the step-loop
-    forms move their loads early, ``tvm_ext.step_loop``)."""
+    forms move their loads early, ``tvm_ext.lowering.step_loop``)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)

@@ -2,13 +2,13 @@
 of the state buffer (and of a persistent kernel's barrier and exchange words) per layer, and
 one thread per element for the elementwise kernels (the init, the input GEMM's operand splits,
 the variable-length holds).  The step kernels are their variants' (``step_variant.py``); the
-gate GEMMs are the GEMM template's (``tvm_ext.schedules.gemm``).
+gate GEMMs are the GEMM template's (``tvm_ext.schedules.gemm.simt``).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from tvm_ext.step_loop import BARRIER_WORDS
+from tvm_ext.lowering.step_loop import BARRIER_WORDS
 
 from .compute import F32
 from .step_common import pack_pair

@@ -3,8 +3,8 @@ kernel (``in_split``, ``in_wgmma``), and the input and hidden GEMMs' tiles (the 
 knobs, prefixed ``in_`` and ``hid_``)."""
 from __future__ import annotations
 
-from tvm_ext.schedules.gemm import KNOBS as GEMM_KNOBS
-from tvm_ext.space import Config, Knob
+from tvm_ext.schedules.gemm.simt import KNOBS as GEMM_KNOBS
+from tvm_ext.core.space import Config, Knob
 
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),

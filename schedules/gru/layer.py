@@ -8,10 +8,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
-from tvm_ext.executors import CudaExecutor, OpenclExecutor
-from tvm_ext.precision import np_dtype
-from tvm_ext.space import Config
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.measure.executors import CudaExecutor, OpenclExecutor
+from tvm_ext.precision.precision import np_dtype
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .lengths import checked_lengths

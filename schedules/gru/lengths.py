@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError
+from tvm_ext.core.errors import TvmExtError
 
 # sigmoid(HOLD + gh) == 1 exactly in float16, bfloat16 and float32 (exp(-HOLD) underflows to 0)
 # for any |gh| well under HOLD; HOLD is exact in all three types.

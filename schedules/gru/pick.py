@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.precision import itemsize
-from tvm_ext.space import Config
+from tvm_ext.precision.precision import itemsize
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .flag_step import FLAG_UNITS

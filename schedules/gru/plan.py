@@ -5,7 +5,7 @@ the builder and runner hooks that build and measure the whole pass.
 The per-step loop is host code that only enqueues compiled kernels: the step index and
 layer are scalar kernel arguments, the hidden state ping-pongs between two buffers, and
 nothing per element happens in Python.  On CUDA the fused step kernel can also run every
-step from one call (knob ``step_loop``, ``tvm_ext.step_loop``): a loop in TVM's host
+step from one call (knob ``step_loop``, ``tvm_ext.lowering.step_loop``): a loop in TVM's host
 function, or a persistent kernel whose blocks meet at a grid barrier between steps (its
 state ping-pongs inside one buffer, ``hs``, indexed by the step's parity).
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from tvm_ext.program import FailureFlag, RunPlan
-from tvm_ext.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches, function_calls,
-                             plain_json)
+from tvm_ext.measure.program import FailureFlag, RunPlan
+from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches,
+                                     function_calls, plain_json)
 from tvm_ext.hardware import sm_90a
-from tvm_ext.space import Config
+from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .compute import function_stages
@@ -66,7 +66,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
     modules = {name: sch.mod for name, sch in scheds.items()}
     trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
     looped = template.step_variant(config).looped_steps(scheds.get("gru_step"), target)
-    if looped is not None:  # every step from one call (``tvm_ext.step_loop``)
+    if looped is not None:  # every step from one call (``tvm_ext.lowering.step_loop``)
         funcs["gru_steps"] = looped
         modules["gru_steps"] = tvm.IRModule({"main": funcs["gru_steps"]})
         trace["gru_steps"] = trace.pop("gru_step")

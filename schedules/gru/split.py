@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tvm_ext.schedules.gemm_3xtf32 import A_ORDER, B_ORDER, tf32_part
+from tvm_ext.schedules.gemm.gemm_3xtf32 import A_ORDER, B_ORDER, tf32_part
 
 SPLIT_WEIGHT_SCALE = 2.0 ** 8  # W_ih's float16 parts hold W_ih x 256 (|W_ih| up to 255)
 FLOAT16_MAX = 65504.0

@@ -19,18 +19,18 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tvm_ext.errors import TvmExtError, check_sizes
-from tvm_ext.program import RunPlan
-from tvm_ext.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast
-from tvm_ext.program import Artifact, CompiledProgram
-from tvm_ext.schedules.gemm import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
-from tvm_ext.schedules.gemm_3xtf32 import pick_tf32_tile, promote_steps
-from tvm_ext.schedules.wgmma import WgmmaTile, wgmma_gemm
-from tvm_ext.schedules.wgmma_template import pick_wgmma_tile
-from tvm_ext.space import Config, Space
-from tvm_ext.step_loop import BARRIER_WORDS
+from tvm_ext.core.errors import TvmExtError, check_sizes
+from tvm_ext.measure.program import RunPlan
+from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast
+from tvm_ext.measure.program import Artifact, CompiledProgram
+from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
+from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
+from tvm_ext.core.space import Config, Space
+from tvm_ext.lowering.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
-from tvm_ext.template import Template, TensorSpec
+from tvm_ext.core.template import Template, TensorSpec
 
 from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
@@ -89,7 +89,7 @@ class GruTemplate(DtypeFields, Template):
     h_dtype: str = F32
     cell_math_dtype: str = F32
     out_dtype: str = F32
-    # Tensor-core tiles (mma.sync or WMMA, ``tvm_ext.schedules.tensor_core.parse_tile`` /
+    # Tensor-core tiles (mma.sync or WMMA, ``tvm_ext.schedules.gemm.tensor_core.parse_tile`` /
     # ``pick_tile``) for the input and (unfused) hidden GEMMs: tensor cores where the tile takes
     # their operand types (mma.sync: both float16 or both bfloat16; WMMA: float16) and shape
     # on CUDA (see ``GemmTemplate.tensor_core``)
@@ -309,7 +309,7 @@ class GruTemplate(DtypeFields, Template):
         shapes) for the input GEMMs and the unfused hidden GEMM where their operands are both
         float16 or both bfloat16 on CUDA (a bfloat16 GEMM on a WMMA tile stays on the CUDA
         cores), and with none elsewhere: what ``GRU.build`` and the Relax GRU run."""
-        from tvm_ext.schedules.tensor_core_tile import pick_tile
+        from tvm_ext.schedules.gemm.tensor_core_tile import pick_tile
 
         if target.kind != "cuda":
             return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None,

@@ -24,7 +24,7 @@ flight.  Then the first k warp of each (row tile, unit share) runs the cell on i
 accumulators: a lane's accumulators hold the r, z and n sums of the same (row, unit) pairs,
 so the cell needs no exchange, and its gi was loaded into registers before the previous
 barrier.  h' goes to the other state slot and the output, and the blocks meet at
-``tvm_ext.step_loop``'s grid barrier.
+``tvm_ext.lowering.step_loop``'s grid barrier.
 
 W_hh's slice sits in shared memory as k rows of 3·units columns, warp share by warp share
 (each share gate by gate), with no padding: its 16-byte chunks are XOR-swizzled by k
@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.precision import itemsize
-from tvm_ext.schedules.mma import MIN_COMPUTE_CAPABILITY, compute_capability
-from tvm_ext.schedules.mma_intrin import DTYPE_ABBREV
-from tvm_ext.space import Config
-from tvm_ext.step_loop import BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier
+from tvm_ext.precision.precision import itemsize
+from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capability
+from tvm_ext.schedules.gemm.mma_intrin import DTYPE_ABBREV
+from tvm_ext.core.space import Config
+from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT,
+                                        grid_barrier)
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_math, pack_pair, stored_as, word_tag
@@ -212,8 +213,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                  barrier: int, flags: bool = False, n_warps: int = 1, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
-    persistent form (``tvm_ext.step_loop.loop_steps``), so the plan calls either alike.
-    ``barrier`` indexes ``tvm_ext.step_loop.BARRIERS`` (the knob ``step_barrier``).
+    persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
+    ``barrier`` indexes ``tvm_ext.lowering.step_loop.BARRIERS`` (the knob ``step_barrier``).
 
     ``flags`` (the knob ``step_flags``): no grid barrier; h goes between blocks as 8-byte
     words of ``hx`` (a further parameter), two adjacent units' 16-bit values and the step as
@@ -621,7 +622,7 @@ BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the 
 
 
 def _with_barrier(func: Any, kind: str) -> Any:
-    """``func`` with its barrier mark replaced by ``tvm_ext.step_loop``'s grid barrier, and
+    """``func`` with its barrier mark replaced by ``tvm_ext.lowering.step_loop``'s grid barrier, and
     its ``bar`` parameter by the barrier's."""
     import tvm
     import tvm_ffi

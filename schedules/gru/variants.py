@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvm_ext.space import Config
+from tvm_ext.core.space import Config
 
 from .cell_step import CellStep
 from .cluster_step import ClusterStep

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_ext.precision import itemsize
-from tvm_ext.schedules.warp_tile import WARP
+from tvm_ext.precision.precision import itemsize
+from tvm_ext.schedules.gemm.warp_tile import WARP
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_math, stored_as

@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Any
 
-from ..cli_options import DEVICE, OUT, RECORDS_FILE, WORKLOAD
-from ..errors import TvmExtError
+from ..cli.cli_options import DEVICE, OUT, RECORDS_FILE, WORKLOAD
+from ..core.errors import TvmExtError
 
 DEFAULT_REPORT = "tvm_ext_report"
 DEFAULT_EXPORT = "tvm_ext_kernel"
@@ -36,7 +36,8 @@ def add_result_parsers(sub: Any) -> None:
     export = sub.add_parser("export", help="write the best kernel of a workload: source, TVMScript, library",
                             description="Rebuild the best recorded kernel of one workload and write its "
                                         "device source (program.cl/.cu), TVMScript (kernels/), library "
-                                        "(program.so) and manifest.json; tvm_ext.codegen.load_program runs it.")
+                                        "(program.so) and manifest.json; tvm_ext.precision.codegen.load_program "
+                                        "runs it.")
     RECORDS_FILE.add_to(export)
     WORKLOAD.but(help="the workload (key, its start, or description words); needed when the file "
                       "holds several").add_to(export)
@@ -68,7 +69,7 @@ def _printable(text: str) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ..cli_checks import check_out_dir
+    from ..cli.cli_checks import check_out_dir
     from .plots import write_report
     from .summary import load_workloads, select
 
@@ -80,7 +81,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..cli_checks import check_out_dir
+    from ..cli.cli_checks import check_out_dir
     from .export import export_best
     from .summary import load_workloads, select
 
@@ -99,5 +100,5 @@ def run_export(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     out = os.path.abspath(os.path.dirname(manifest))
     print(f"exported {chosen[0].description} (best {chosen[0].best.cost * 1e3:.4f} ms) to {out} "  # type: ignore[union-attr]
-          f"(load with tvm_ext.codegen.load_program)")
+          f"(load with tvm_ext.precision.codegen.load_program)")
     return 0

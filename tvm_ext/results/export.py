@@ -1,10 +1,10 @@
 """``export``: the best recorded kernel of a workload, written as a loadable program.
 
 The template is rebuilt from the record's workload and scheduled with the best
-record's config for the recorded target, then written by ``tvm_ext.codegen``:
+record's config for the recorded target, then written by ``tvm_ext.precision.codegen``:
 device source (``program.cl`` / ``program.cu``), TVMScript (``kernels/*.py``), the
 compiled library (``program.so``) and ``manifest.json``, which
-``tvm_ext.codegen.load_program`` runs (on OpenCL through pyopencl).  The kernel is
+``tvm_ext.precision.codegen.load_program`` runs (on OpenCL through pyopencl).  The kernel is
 regenerated, so its source is compared with the one measured.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 import os
 from typing import Any
 
-from ..errors import TvmExtError
+from ..core.errors import TvmExtError
 from ..target import TargetInfo, offline_cuda, resolve_target
 from .summary import WorkloadRecords
 
@@ -54,7 +54,7 @@ def _operator(template: Any) -> Any:
 
 def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str, list[str]]:
     """Write the best record's kernel to ``out_dir``; returns the manifest path and notes."""
-    from ..codegen import export_program
+    from ..precision.codegen import export_program
 
     best = wr.best
     if best is None:
@@ -65,7 +65,7 @@ def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str
     if wr.template is None:
         raise TvmExtError(f"{wr.description}: its template cannot be rebuilt from the record "
                           f"(template {wr.workload.get('template')!r})")
-    from ..cli_checks import check_index_range
+    from ..cli.cli_checks import check_index_range
 
     check_index_range(wr.template)  # a record's absurd shape (m=n=1e12) is bad input, said at once
     target, note = export_target(wr, device)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..records import Record
+from ..core.records import Record
 from .summary import WorkloadRecords, config_items, config_text, speed_text, throughput
 
 

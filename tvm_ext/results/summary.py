@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Mapping, Sequence
 
-from ..errors import TvmExtError
-from ..records import Record, RecordStore, check_regular_file
-from ..space import Config, Space
+from ..core.errors import TvmExtError
+from ..core.records import Record, RecordStore, check_regular_file
+from ..core.space import Config, Space
 from ..target import TargetInfo
 from ..operators import template_of
-from ..template import Template
+from ..core.template import Template
 
 
 def speed_text(template: Template | None, cost: float) -> str:

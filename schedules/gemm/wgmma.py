@@ -1,0 +1,290 @@
+"""Hopper's warpgroup MMA (``wgmma.mma_async``) as a GEMM template: C = A·Btᵀ, float16 (or
+bfloat16) in, float32 accumulate, float16 (bfloat16, float32) out, A (M, K) and Bt (N, K) both
+K-major (a Linear layer's weight layout, which wgmma reads from shared memory without a transpose).
+
+The kernel is a TVMScript (``tvm.script.tirx``) PrimFunc in TVM 0.27's table-driven PTX
+dialect, built by ``tvm.compile`` for sm_90a: every Hopper instruction is a ``T.ptx["..."]``
+call that TVM checks against its PTX table and renders into an ``asm volatile`` helper of the
+CUDA it generates (``wgmma.fence`` / ``wgmma.mma_async.sync.aligned.m64nNk16.f32.f16.f16``, or
+``.f32.bf16.bf16`` for bfloat16 operands, in the same 2-byte layout, on
+64-bit shared-memory matrix descriptors / ``commit_group`` / ``wait_group``, 16-byte
+``cp.async``, ``fence.proxy.async.shared::cta``).  Nothing is scheduled: a config (its knobs)
+is the whole record of a kernel, and the template builds the PrimFunc from it.
+
+Kernel: a block computes a BM x BN tile with BM / 64 warpgroups (128 threads each), warpgroup
+w owning rows [64w, 64w + 64) and issuing ``m64n{BN}k16`` four times per k step of 64.  Shared
+memory holds S stages of the A and Bt tiles in the 128-byte-swizzle layout (row r of a 64-half
+k slice at byte 128 r, its 16-byte chunk c at chunk c ^ (r % 8)), filled by all threads with
+16-byte ``cp.async``; the descriptors use that swizzle, SBO = 1024 bytes (8 rows), and advance
+32 bytes per k16.  Pipeline (``wgmma_inflight`` = wgmma groups left in flight, 0 or 1): tiles
+k+1 .. k+S-1-W load while the wgmma of tile k runs; one barrier per k step; a stage is refilled
+once every warpgroup's wgmma that read it has retired.  Epilogue: the accumulator fragment
+converted to half2 and stored straight to global memory, or (``wgmma_smem_epilogue``) through
+padded shared memory and 16-byte coalesced stores.  ``wgmma_raster`` groups the blocks that many
+tile rows at a time.  ``wgmma_tiles`` > 1: a block computes several C tiles in turn (b, b + grid,
+...), one cp.async pipeline running across them, so the next tile's first stages load during
+this one's last k steps and its store (the store follows the k loop and a full wgmma wait;
+touching the accumulators inside the loop makes ptxas serialise the wgmma); its shared-memory
+epilogue stages each warpgroup's C in the 1 + ``wgmma_inflight`` stages the next tile's loads leave
+free.  ``wgmma_split_k`` S > 1: K in S slices, each a unit of work (unit u: slice u // tiles of
+tile u % tiles), its float32 sums stored straight to a buffer of the function's own (S x C),
+and a second kernel adds the slices and applies the epilogue: more blocks where C has too few
+tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-block cluster
+(adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
+and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
+memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
+global memory.  Shapes the tile does not divide are refused (no guards).
+
+``wgmma_gemm`` checks the tile and assembles the kernel from its steps in ``wgmma_steps`` (the
+layout derived once, then staging, the wgmma of a k step, the stores, the cluster's and the second
+kernel's sums of K slices, the kernels' launch and k loops, the PrimFunc).
+
+Measurements: ``docs/results/gemm.md`` (wgmma sections).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.hardware import WGMMA_SHARED_BYTES, has_wgmma, max_dynamic_smem, sm_90a  # noqa: F401 (sm_90a re-exported)
+from tvm_ext.measure.program import CompiledProgram, compile_module_program
+from tvm_ext.core.space import Config, Knob
+from tvm_ext.target import TargetInfo
+
+from .wgmma_steps import (OPERAND_STORAGE, OPERANDS, CValue, KernelLayout, Prepare, b_shape,  # noqa: F401
+                          kernels, prim_func)
+
+BK = 64  # the k step: 64 halves = one 128-byte swizzle row
+# B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
+# N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k)
+B_LAYOUTS = ("NK", "KN")
+SHARED_LIMIT = WGMMA_SHARED_BYTES  # dynamic shared memory a block may have on sm_90
+REGISTERS_PER_SM = 65536
+# registers a thread needs beside its bn/2 accumulators (a 256x192 tile of 512 threads ran at the
+# 128-register cap; 256x256 failed to launch)
+OTHER_REGISTERS = 32
+THREAD_REGISTERS = 255  # the most registers a thread may have
+TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wgmma_tiles's choices
+SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wgmma_split_k's choices
+KNOBS = (
+    Knob("wgmma_bm", (64, 128, 256), "block rows: wgmma_bm / 64 warpgroups of 128 threads, 64 rows each"),
+    Knob("wgmma_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
+    Knob("wgmma_stages", (2, 3, 4, 5, 6, 8), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
+    Knob("wgmma_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
+    Knob("wgmma_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
+    Knob("wgmma_raster", (0, 2, 4, 8),
+         "0: blocks in row-major tile order; G: column-major within groups of G tile rows"),
+    Knob("wgmma_tiles", TILES_PER_BLOCK,
+         "C tiles a block computes in turn (tiles b, b + grid, ...), its cp.async pipeline running on from one "
+         "tile's k steps into the next's (no refill at each tile's start); the shared-memory epilogue then stages C "
+         "in the stages the next tile's loads leave free"),
+    Knob("wgmma_split_k", SPLITS_OF_K,
+         "slices of K: each C tile's k steps split over that many units (more blocks where C has few tiles), "
+         "their float32 sums added by a second kernel that applies the epilogue"),
+    Knob("wgmma_split_cluster", (0, 1),
+         "with K split: 1: a tile's slices run as one thread-block cluster (Hopper) and add their sums through "
+         "distributed shared memory, each block the epilogue of its share of the tile's rows (one kernel, no "
+         "sums in global memory); 0: float32 sums to global memory, added by a second kernel"),
+)
+# the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
+# slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
+# 64x64 takes 8 stages, faster than 4-6 at 64x3072x1024 (a GRU step's hidden GEMM); the timings:
+# docs/results/gemm.md
+DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 192, 4, 1, 1, 4), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0),
+                 (128, 64, 6, 1, 1, 0), (64, 64, 8, 1, 1, 0))
+
+
+@dataclass(frozen=True)
+class WgmmaTile:
+    """A kernel's tile and pipeline (the knobs without their prefix)."""
+
+    bm: int = 128
+    bn: int = 256
+    stages: int = 4
+    inflight: int = 1
+    smem_epilogue: bool = True
+    raster: int = 0
+    tiles: int = 1  # C tiles a block computes in turn
+    split: int = 1  # slices of K (units a C tile), their sums added by a second kernel
+    cluster: bool = False  # with a split: the slices a thread-block cluster, added in its shared memory
+    operand: str = "float16"  # ``OPERANDS``
+
+    @property
+    def bk(self) -> int:
+        """The k step: one 128-byte swizzle row of the operand's elements."""
+        return 128 // OPERANDS.get(self.operand, 2)
+
+    @classmethod
+    def of(cls, config: Config, operand: str = "float16") -> "WgmmaTile":
+        c = config.as_dict()
+        return cls(c["wgmma_bm"], c["wgmma_bn"], c["wgmma_stages"], c["wgmma_inflight"], bool(c["wgmma_smem_epilogue"]),
+                   c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
+                   cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand)
+
+    def knobs(self) -> dict[str, int]:
+        """The knob values of this tile (``of``'s inverse)."""
+        return dict(wgmma_bm=self.bm, wgmma_bn=self.bn, wgmma_stages=self.stages, wgmma_inflight=self.inflight,
+                    wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
+                    wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster))
+
+    @property
+    def name(self) -> str:
+        return (f"wgmma {'' if self.operand == 'float16' else self.operand + ' '}{self.bm}x{self.bn}x{self.bk} "
+                f"s{self.stages} w{self.inflight} "
+                f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
+                f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
+                f"{' cluster' if self.cluster else ''}")
+
+    @property
+    def threads(self) -> int:
+        return self.bm // 64 * 128
+
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * 128
+
+    def cluster_sum_bytes(self) -> int:
+        """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""
+        return self.bm * (self.bn + 8) * 4
+
+    def c_pieces_per_stage(self) -> int:
+        """Warpgroups' C (64 rows of bn halves, padded by 8) one stage's shared memory holds."""
+        return (self.bm + self.bn) * 128 // (64 * (self.bn + 8) * 2)
+
+
+def b_layout_reason(b_layout: str) -> str | None:
+    """Why ``b_layout`` is no layout of B the kernel reads (one line), or None."""
+    return None if b_layout in B_LAYOUTS else f"B layout {b_layout!r}; allowed: {', '.join(B_LAYOUTS)}"
+
+
+def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT,
+                 b_layout: str = "NK") -> str | None:
+    """Why tile ``t`` cannot run an (m, n, k) GEMM with B laid out as ``b_layout`` (one line), or None."""
+    layout = b_layout_reason(b_layout)
+    if layout:
+        return layout
+    if t.operand not in OPERANDS:
+        return f"wgmma operand {t.operand!r}; allowed: {', '.join(OPERANDS)}"
+    if t.operand == "tf32" and (b_layout != "NK" or t.smem_epilogue):
+        return f"{t.name}: TF32 operands are read K-major only (B as Bt (N, K)), C stored directly (smem epilogue 0)"
+    if b_layout == "KN" and t.bn % 64:
+        return f"{t.name}: B stored (K, N) is read in 64-wide N atoms: bn must be a multiple of 64"
+    if t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
+        return f"{t.name}: needs bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
+    if t.threads * (t.bn // 2 + OTHER_REGISTERS) > REGISTERS_PER_SM:
+        return (f"{t.name}: {t.threads} threads x ({t.bn // 2} accumulator + ~{OTHER_REGISTERS} other registers) > "
+                f"{REGISTERS_PER_SM} registers (an SM's; the launch fails)")
+    if t.stages < 2 + t.inflight:
+        return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
+    if m % t.bm or n % t.bn or k % t.bk:
+        return f"{t.name}: {m}x{n}x{k} must divide the {t.bm}x{t.bn}x{t.bk} tile (no guards)"
+    if t.split not in SPLITS_OF_K or k // t.bk % t.split:
+        return (f"{t.name}: K's {k // t.bk} steps of {t.bk} must split into {t.split} equal slices "
+                f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
+    if t.tiles == 1 and t.stages - 1 - t.inflight > k // t.bk // t.split:
+        return (f"{t.name}: its prologue loads {t.stages - 1 - t.inflight} k tiles ahead, past K's "
+                f"{k // t.bk // t.split} (reads beyond A and B): at most {k // t.bk // t.split + 1 + t.inflight} "
+                "stages here")
+    if t.split > 1 and t.smem_epilogue:
+        return f"{t.name}: a split K stores float32 sums straight to global memory (use wgmma_smem_epilogue 0)"
+    if t.cluster and (t.split == 1 or t.tiles > 1 or t.bm % t.split):
+        return (f"{t.name}: a cluster adds the slices of K of one tile (wgmma_split_k > 1, wgmma_tiles 1), each block "
+                f"{t.bm} / {t.split} of its rows: the split must divide bm")
+    if t.cluster and t.cluster_sum_bytes() > t.smem_bytes():
+        return (f"{t.name}: the tile's float32 sums ({t.cluster_sum_bytes()} bytes) do not fit in the stages' "
+                f"shared memory ({t.smem_bytes()})")
+    if t.raster < 0 or (t.raster and m // t.bm % t.raster):
+        return f"{t.name}: the raster group ({t.raster}) must divide the {m // t.bm} tile rows"
+    if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
+        return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
+    if t.smem_bytes() > shared_limit:
+        return f"{t.name}: {t.smem_bytes()} bytes of shared memory > {shared_limit} (the limit of a block)"
+    if t.tiles < 1:
+        return f"{t.name}: a block computes at least one tile"
+    if t.tiles > 1 and t.smem_epilogue and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage():
+        return (f"{t.name}: with several tiles a block stages C in the {1 + t.inflight} stage(s) the next tile's "
+                f"loads leave free, {t.c_pieces_per_stage()} warpgroup(s) of 64 x {t.bn} a stage: too few for "
+                f"{t.bm // 64}")
+    if t.smem_epilogue and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
+        return f"{t.name}: C ({t.bm}x{t.bn} halves, padded) does not fit in the stages' shared memory"
+    return None
+
+
+def promote_reason(t: WgmmaTile, k: int, promote: int) -> str | None:
+    """Why tile ``t`` cannot promote its sums every ``promote`` k steps of a depth-``k`` GEMM
+    (``wgmma_gemm``'s ``promote``; 0: never), or None."""
+    if not promote:
+        return None
+    registers = t.bn + OTHER_REGISTERS  # two sets of bn / 2 accumulators
+    if registers > THREAD_REGISTERS or t.threads * registers > REGISTERS_PER_SM:
+        return (f"{t.name}: promoting keeps two sets of {t.bn // 2} accumulators, ~{registers} registers a thread "
+                f"({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= 192")
+    if promote < 0 or k // t.bk // t.split % promote:
+        return f"promoting every {promote} k steps must divide the {k // t.bk // t.split} k steps of a slice"
+    return None
+
+
+C_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
+    """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can): the shared-memory epilogue
+    stages C in the stages' own dtype, so C must be the operands' (float16 or bfloat16)."""
+    if c_dtype not in C_DTYPES:
+        return f"the wgmma GEMM stores C as {', '.join(C_DTYPES[:-1])} or {C_DTYPES[-1]}, not {c_dtype}"
+    staged = OPERAND_STORAGE.get(t.operand, "float16")
+    if t.smem_epilogue and c_dtype != staged:
+        return (f"{t.name}: the shared-memory epilogue stages {staged} C only (the operands' dtype; use "
+                f"wgmma_smem_epilogue 0)")
+    return None
+
+
+def target_reason(target: TargetInfo) -> str | None:
+    """Why ``target`` has no warpgroup MMA (None: it has, sm_90)."""
+    if target.kind != "cuda":
+        return f"wgmma is a CUDA (Hopper, sm_90) instruction, not {target.kind}'s"
+    if not has_wgmma(target):
+        return f"wgmma needs a Hopper GPU (sm_90); this one is {target.arch or 'unknown'}"
+    return None
+
+
+def shared_limit(target: TargetInfo) -> int:
+    """Dynamic shared memory a wgmma kernel's block may take on ``target``."""
+    return min(SHARED_LIMIT, max_dynamic_smem(target))
+
+
+def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProgram:
+    """A wgmma kernel compiled for sm_90a (wgmma is an arch-specific instruction); the config is
+    its record (no schedule trace)."""
+    return compile_module_program(func, sm_90a(target), {"lowered": "wgmma", "config": dict(config.items)})
+
+
+def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
+               scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
+               promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
+               prepare: "Prepare | None" = None) -> Any:
+    """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
+    with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
+    tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
+    C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col, lead)``: C's element for
+    the float32 accumulator ``value`` at (row, col), as TIR (a Relax task's fused blocks, which
+    may read buffers of their own: ``tvm_ext.relax.relax_wgmma``), in place of scale, bias and cast;
+    ``lead``: its matrix's batch indices (none without a batch).
+    ``batch``: leading axes of A, C and (``b_batched``, else B is shared) B: a GEMM per index, its
+    C tiles numbered after the previous matrix's (attention's ``(batch, heads, seq, dim)`` products).
+    ``prepare``: the function takes other inputs, from which its macro writes A and Bt into
+    buffers of their own first (``gemm_3xtf32``'s splits: one function, several kernels).
+    ``cfg.operand``: A's and Bt's dtype, float16 (``m64nNk16.f32.f16.f16``) or bfloat16
+    (``.f32.bf16.bf16``, the same 2-byte swizzle and descriptors); "tf32": A and Bt are float32,
+    multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
+    ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
+    second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
+    float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``)."""
+    reason = (wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
+              or promote_reason(cfg, k, promote))
+    if reason:
+        raise TvmExtError(reason)
+    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote)
+    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue)
+    # an epilogue may read buffers that the caller makes parameters of a function of its own: not checked
+    return prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None)

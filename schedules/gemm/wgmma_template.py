@@ -1,0 +1,241 @@
+"""The wgmma GEMM as a template: its default tile (``pick_wgmma_tile``: enough blocks for the
+SMs, several C tiles a block past a wave, K split where C has too few tiles) and
+``WgmmaGemmTemplate`` (``tune gemm-wgmma``, the Relax ``wgmma`` matcher's kernel).  The kernel
+itself, its knobs and what refuses a tile are in ``schedules.wgmma``."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from tvm_ext.core.errors import TvmExtError, check_sizes
+from tvm_ext.measure.program import CompiledProgram
+from tvm_ext.core.space import Config, Space
+from tvm_ext.target import TargetInfo
+from tvm_ext.core.template import Template, TensorSpec
+
+from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
+                    b_layout_reason, b_shape, compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm,
+                    wgmma_reason)
+
+# the pick's split of K: at least this many k steps a slice (shorter slices ran slower than the
+# unsplit kernels; docs/results/gemm.md), and taken only where the cost model (``split_cost``)
+# puts it this far below the unsplit pick
+MIN_SLICE_STEPS = 16
+SPLIT_GAIN = 0.85
+# a split the pick adds in a thread-block cluster (distributed shared memory, one kernel), on
+# tiles of at least 128x128 (faster there than the split through global memory and a second
+# kernel; clusters of 4 and 8, and small tiles, mostly slower; docs/results/models.md)
+CLUSTER_SPLIT = 2
+# the template's dtypes of A, B and C -> its check's tolerance: the output's rounding (float16's
+# about 2e-4, bfloat16's about 2e-3) with room
+DTYPES = {"float16": 2e-3, "bfloat16": 1e-2}
+
+
+def runs(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> bool:
+    """Whether tile ``t`` runs every GEMM (M, N, K) of ``shapes`` (``wgmma_reason``)."""
+    return all(wgmma_reason(t, m, n, k, limit, b_layout) is None for m, n, k in shapes)
+
+
+def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
+    """C tiles of ``t`` in the smallest of the GEMMs ``shapes`` (a batch of ``matrices`` each)."""
+    return min(m // t.bm * (n // t.bn) for m, n, _ in shapes) * matrices
+
+
+def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
+           matrices: int = 1) -> WgmmaTile:
+    """``t`` with the fewest C tiles a block (``wgmma_tiles``) that fit the GEMMs of ``shapes`` into
+    one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
+    then runs on from tile to tile instead of refilling at each (faster than a block a tile at
+    8192x3072x1024 and 4096^3; docs/results/gemm.md).  ``t`` where one wave holds every tile or
+    no such variant runs the shapes."""
+    count = c_tile_count(t, shapes, matrices) * t.split  # units
+    tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), TILES_PER_BLOCK[-1])
+    if tiles == 1:
+        return t
+    for raster in (8, 4, 2, 0):
+        spread_tile = dataclasses.replace(t, tiles=tiles, raster=raster)
+        if runs(spread_tile, shapes, limit, b_layout):
+            return spread_tile
+    return t
+
+
+def split_cost(t: WgmmaTile, shapes: Any, sm_count: int, matrices: int = 1) -> float:
+    """A model of ``t``'s time, to weigh splits of K against each other and against none: waves of
+    units times a unit's multiply-adds, divided by the tile's rate (its intensity bm·bn/(bm+bn)
+    against 128x128's, at most 1) and 10 % more for each extra slice (the partial sums'
+    writes, reads and their kernel).  Fitted to H100 float16 and 3xTF32 sweeps
+    (``benchmarks/gemm_split_k.py``)."""
+    waves = -(-c_tile_count(t, shapes, matrices) * t.split // sm_count)
+    depth = max(k for _, _, k in shapes)
+    rate = min(1.0, t.bm * t.bn / (t.bm + t.bn) / 64)
+    return waves * t.bm * t.bn * (depth // t.split) / rate * (1 + 0.1 * (t.split - 1))
+
+
+def split_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_count: int, limit: int,
+               b_layout: str, matrices: int) -> WgmmaTile:
+    """The fitting tile with K split (C stored directly) that ``split_cost`` puts lowest, where
+    it is below ``SPLIT_GAIN`` of the unsplit pick ``tile``'s (its slices added by a cluster at
+    ``CLUSTER_SPLIT`` on tiles of 128x128 and more); else ``tile``."""
+    depth = min(k for _, _, k in shapes)
+    splits = [dataclasses.replace(t, split=s, smem_epilogue=False) for t in fitting for s in SPLITS_OF_K[1:]
+              if depth // t.bk // s >= MIN_SLICE_STEPS]
+    costs = [(split_cost(t, shapes, sm_count, matrices), t) for t in splits if runs(t, shapes, limit, b_layout)]
+    if not costs:
+        return tile
+    cost, best = min(costs, key=lambda c: c[0])
+    if cost >= SPLIT_GAIN * split_cost(tile, shapes, sm_count, matrices):
+        return tile
+    clustered = dataclasses.replace(best, cluster=True)
+    if best.split == CLUSTER_SPLIT and min(best.bm, best.bn) >= 128 and runs(clustered, shapes, limit, b_layout):
+        return clustered
+    return best
+
+
+def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
+    """``tile`` with no more stages than the shortest K of ``shapes`` fills: its prologue loads
+    stages - 1 - inflight k tiles ahead (``wgmma_reason`` refuses more)."""
+    k_tiles = min((int(k) // tile.bk for _, _, k in shapes), default=0)
+    most = max(2 + tile.inflight, k_tiles + 1 + tile.inflight)
+    return tile if tile.stages <= most else dataclasses.replace(tile, stages=most)
+
+
+def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
+                    candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
+                    split_k: bool = False, operand: str = "float16") -> WgmmaTile | None:
+    """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
+    of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
+    the ``operand``'s dtype (float16 or bfloat16; the direct one stores any C type), several
+    tiles a block where they are more than a wave (``spread``); None off Hopper or where none
+    divides (the GRU's input GEMMs).
+    ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles); ``matrices``:
+    the GEMMs are batches of that many (their tiles all count).  ``split_k``: a split of K where
+    ``split_pick`` finds one (callers whose programs take the partial sums' buffer)."""
+    if target_reason(target):
+        return None
+    limit = shared_limit(target)
+    staged = bool(c_dtype == OPERAND_STORAGE.get(operand))
+    tiles = candidates or [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand),
+                                       shapes)
+                           for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
+    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)]
+    if not fitting:
+        return None
+    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units),
+                max(fitting, key=lambda t: c_tile_count(t, shapes, matrices)))
+    if split_k:
+        tile = split_pick(tile, fitting, shapes, target.compute_units, limit, b_layout, matrices)
+    return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
+
+
+@dataclass(frozen=True)
+class WgmmaGemmTemplate(Template):
+    """C[M, N] = A[M, K] · Bt[N, K]ᵀ (or A · B[K, N], ``b_layout`` "KN") on Hopper's warpgroup MMA
+    (``dtype`` in and out: float16 or bfloat16; float32 accumulate); the knobs (``KNOBS``) are the
+    tile, the pipeline and the epilogue.  ``batch``: leading axes of A, C and B (unless
+    ``b_shared``), one GEMM each (attention's ``(batch, heads)`` products in a Relax model)."""
+
+    m: int
+    n: int
+    k: int
+    b_layout: str = "NK"  # "KN": B stored (K, N), C = A·B (``B_LAYOUTS``)
+    batch: tuple[int, ...] = ()
+    b_shared: bool = False  # B has no batch axes: every matrix of the batch multiplies the same B
+    dtype: str = "float16"  # A, B and C (``DTYPES``)
+
+    name = "gemm_wgmma"
+
+    def __post_init__(self) -> None:
+        check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
+        object.__setattr__(self, "batch", tuple(int(x) for x in self.batch))
+        if any(x < 1 for x in self.batch):
+            raise TvmExtError(f"batch axes must be >= 1, got {self.batch}")
+        reason = b_layout_reason(self.b_layout)
+        if reason:
+            raise TvmExtError(reason)
+        if self.dtype not in DTYPES:
+            raise TvmExtError(f"wgmma GEMM dtype {self.dtype!r}; allowed: {', '.join(DTYPES)}")
+
+    @property
+    def tolerance(self) -> float:  # type: ignore[override]
+        """The output's rounding alone: about 2e-4 in float16, 2e-3 in bfloat16 (8 bits)."""
+        return DTYPES[self.dtype]
+
+    @property
+    def matrices(self) -> int:
+        """GEMMs in the batch (1 without one)."""
+        return int(np.prod(self.batch, dtype=np.int64))
+
+    @classmethod
+    def from_shape(cls, shape: tuple[int, ...], b_layout: str = "NK", batch: tuple[int, ...] = (),
+                   b_shared: bool = False, dtype: str = "float16") -> "WgmmaGemmTemplate":
+        if len(shape) != 3:
+            raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
+        return cls(*shape, b_layout=b_layout, batch=batch, b_shared=b_shared, dtype=dtype)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        batched = {"batch": list(self.batch), "b_shared": self.b_shared} if self.batch else {}
+        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": self.dtype, "b_dtype": self.dtype,
+                "acc_dtype": "float32", "c_dtype": self.dtype, "b_layout": self.b_layout, **batched}
+
+    def tile(self, config: Config) -> WgmmaTile:
+        """The tile of ``config`` on this template's operands."""
+        return WgmmaTile.of(config, self.dtype)
+
+    def space(self, target: TargetInfo) -> Space:
+        def reason(c: Config) -> str | None:
+            return target_reason(target) or wgmma_reason(self.tile(c), self.m, self.n, self.k,
+                                                         shared_limit(target), self.b_layout)
+        return Space(KNOBS, (reason,))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """``pick_wgmma_tile``: the probe's best tile at 4096^3 where it gives 90 % of the SMs a
+        block, else the first of ``DEFAULT_TILES`` that does, else the one giving most blocks
+        (BERT-base's 1024x768x768 projection: 64x64 tiles, two a block, against 24 blocks of
+        128x256), several tiles a block where they are more than a wave (``spread``); an error
+        saying why where the target has no wgmma or no tile divides the shape."""
+        reason = target_reason(target)
+        if reason:
+            raise TvmExtError(reason)
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.dtype, self.b_layout,
+                               matrices=self.matrices, split_k=True, operand=self.dtype)
+        if tile is None:
+            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
+                              f"and K of 64 (no guards)")
+        return self.space(target).make(**tile.knobs())
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("the wgmma GEMM is written as a PrimFunc, not scheduled: use build_program")
+
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        """The PrimFunc of ``config`` compiled for sm_90a (wgmma is an arch-specific instruction);
+        the config is its record (no schedule trace)."""
+        reason = self.space(target).infeasible_reason(config)
+        if reason:
+            raise TvmExtError(reason)
+        return compile_wgmma(self.kernel_func(config), target, config)
+
+    def kernel_func(self, config: Config, c_dtype: str | None = None, epilogue: Any = None) -> Any:
+        """The PrimFunc of ``config`` storing C as ``c_dtype`` (None: the operands' dtype),
+        ``epilogue`` (``wgmma_gemm``'s) in its store: what a Relax model's matmul is replaced by
+        (``tvm_ext.relax.relax_wgmma``)."""
+        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.dtype,
+                          b_layout=self.b_layout, epilogue=epilogue, batch=self.batch, b_batched=not self.b_shared)
+
+    def inputs(self) -> list[TensorSpec]:
+        b_lead = () if self.b_shared else self.batch
+        return [TensorSpec((*self.batch, self.m, self.k), self.dtype),
+                TensorSpec((*b_lead, *b_shape(self.n, self.k, self.b_layout)), self.dtype)]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec((*self.batch, self.m, self.n), self.dtype)]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, b = (x.astype(np.float64) for x in inputs)
+        return [a @ (b if self.b_layout == "KN" else np.swapaxes(b, -1, -2))]
+
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.matrices

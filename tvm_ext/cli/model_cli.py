@@ -1,0 +1,275 @@
+"""``python -m tvm_ext.tune model FILE.py``: tune a Relax model's kernels, export, compile, run.
+
+FILE.py defines ``get_module() -> tvm.IRModule`` (a Relax module, e.g. from
+``relax.frontend.nn`` + ``export_tvm``) and optionally ``get_inputs() -> list of numpy
+arrays`` (every parameter of the Relax function, weights included),
+``reference(inputs) -> numpy array`` and ``tolerance() -> float`` (largest |error| over
+max |reference| accepted; default 1e-4).  With inputs the compiled model is run (and
+checked when a reference exists); without, it is only compiled.  ``--model-option
+KEY=VALUE`` passes keyword arguments (strings) to every one of these functions.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import math
+import os
+import sys
+from typing import Any
+
+from .cli_args import format_speed, session_options
+from ..core.errors import TvmExtError
+
+DEFAULT_DATABASE = "tvm_ext_database"
+
+
+def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
+    model = sub.add_parser(
+        "model", help="a Relax model: tune its kernels, export a meta_schedule database, compile and run",
+        description="Lower a Relax model (FILE.py: get_module(), optionally get_inputs(), reference(inputs) and "
+                    "tolerance()) with TVM, tune every kernel a template matches (GEMMs and tensor-core "
+                    "matmuls with their fused elementwise epilogues, softmax, norms and row reductions) and "
+                    "every GRU layer, export the best schedules as a meta_schedule database (GRU configs "
+                    "beside it), compile the model with them (TVM's default dlight schedules for the other "
+                    "kernels) and run it. Tuning arguments apply to each distinct kernel; --trials caps each "
+                    "one. Kernels already in the database are reused.",
+    )
+    model.add_argument("file", metavar="FILE.py|FILE.onnx|FILE.pt2",
+                       help="Python file defining get_module(), an ONNX model (checked against onnxruntime where it is "
+                            "installed) or a torch.export program saved with torch.export.save (checked against "
+                            "torch); in both, GRU layers run on tvm_ext's GRU, on random inputs")
+    model.add_argument("--database", default=DEFAULT_DATABASE,
+                       help=f"meta_schedule database folder to write (default {DEFAULT_DATABASE})")
+    model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
+    model.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="keyword argument for the file's get_module/get_inputs/reference/tolerance "
+                            "(e.g. size=base, dtype=float16; repeatable)")
+    model.add_argument("--retune", action="store_true",
+                       help="tune kernels the database already holds (default: reuse them)")
+    matchers = _matcher_names()
+    model.add_argument("--without", action="append", default=[], metavar="MATCHER", choices=matchers,
+                       help="turn a template matcher off, its kernels going to the next template that takes them "
+                            "(e.g. tf32: float32 matmuls on the CUDA-core GEMM template instead of 3xTF32; "
+                            f"choices: {', '.join(matchers)}; repeatable)")
+    model.add_argument("--tasks-in-flight", type=int, default=1, metavar="N",
+                       help="kernels tuned at once (default 1: one after another); with several devices "
+                            "(--runner-option devices=0,1,...) more than one keeps every device measuring while a "
+                            "kernel's search waits at the end of its generation")
+    add_tuning_args(model)
+    model.set_defaults(run=run_model)
+
+
+def _matcher_names() -> list[str]:
+    from ..relax.tasks import MATCHERS
+
+    return list(MATCHERS)
+
+
+class OnnxModel:
+    """An ONNX file standing in for a model file: ``get_module`` imports it (``onnx_import``),
+    ``get_inputs`` draws inputs of its graph's shapes, and where onnxruntime is installed,
+    ``reference`` runs the file with it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            self.reference = None  # type: ignore[assignment]
+
+    def _no_options(self, options: dict[str, str]) -> None:
+        if options:
+            raise TvmExtError(f"--model-option does not apply to an ONNX file (got {', '.join(options)})")
+
+    def get_module(self, **options: str) -> Any:
+        from ..relax.onnx_import import load_onnx
+
+        self._no_options(options)
+        return load_onnx(self.path)
+
+    def get_inputs(self, **options: str) -> list[Any]:
+        from ..relax.onnx_import import onnx_inputs
+
+        self._no_options(options)
+        return onnx_inputs(self.path)
+
+    def reference(self, inputs: list[Any], **options: str) -> list[Any]:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(self.path, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return session.run(None, dict(zip(names, inputs)))
+
+
+class ExportedProgramModel(OnnxModel):
+    """A ``torch.export`` program file (``.pt2``) standing in for a model file: ``get_module``
+    imports it (``torch_import``), ``get_inputs`` draws inputs of its shapes, ``reference``
+    runs the program with torch on the CPU."""
+
+    def __init__(self, path: str):
+        from ..relax.torch_import import load_exported_program
+
+        self.path = path
+        self.program = load_exported_program(path)
+
+    def get_module(self, **options: str) -> Any:
+        from ..relax.torch_import import import_exported_program
+
+        self._no_options(options)
+        return import_exported_program(self.program)
+
+    def get_inputs(self, **options: str) -> list[Any]:
+        from ..relax.torch_import import program_inputs
+
+        self._no_options(options)
+        return program_inputs(self.program)
+
+    def reference(self, inputs: list[Any], **options: str) -> list[Any]:
+        import torch
+
+        with torch.no_grad():
+            outputs = self.program.module()(*(torch.from_numpy(a) for a in inputs))
+        outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+        return [o.detach().cpu().numpy() for o in outputs]
+
+
+def load_model_file(path: str) -> Any:
+    """Import FILE.py as a module (an ONNX file becomes an ``OnnxModel``, a ``.pt2`` file an
+    ``ExportedProgramModel``); a clear error when it is missing, not Python (a text or binary
+    file) or lacks get_module."""
+    if not os.path.isfile(path):
+        raise TvmExtError(f"model file {path} does not exist")
+    from ..core.records import check_regular_file
+
+    check_regular_file(path, "model file")
+    if path.lower().endswith(".onnx"):
+        return OnnxModel(path)
+    if path.lower().endswith(".pt2"):
+        return ExportedProgramModel(path)
+    # Loaded as Python source whatever its name ends with: a file that is not Python fails to
+    # compile, which is bad input (one line), never an import machinery error.
+    name = "tvm_ext_user_model"
+    loader = importlib.machinery.SourceFileLoader(name, os.path.abspath(path))
+    try:
+        spec = importlib.util.spec_from_loader(name, loader)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        loader.exec_module(module)
+    except Exception as exc:
+        raise TvmExtError(f"cannot import {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if not callable(getattr(module, "get_module", None)):
+        raise TvmExtError(f"{path} must define get_module() returning a Relax IRModule")
+    return module
+
+
+def model_options(pairs: list[str]) -> dict[str, str]:
+    """``--model-option KEY=VALUE`` pairs as keyword arguments."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise TvmExtError(f"--model-option must be KEY=VALUE with KEY a Python name, got {pair!r}")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def call_user(user: Any, path: str, name: str, *args: Any, **options: str) -> Any:
+    """A function of the model file; what it raises is bad input (one line), not our crash."""
+    try:
+        return getattr(user, name)(*args, **options)
+    except TvmExtError:
+        raise
+    except Exception as exc:
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        raise TvmExtError(f"{path}: {name}() raised {first}") from None
+
+
+def run_model(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..relax.pipeline import load_model, summary, tune_relax
+    from ..target import resolve_target
+    from .cli_checks import model_module
+
+    options = session_options(args)
+    extra = model_options(args.model_option)
+    from ..core.session import RUNNERS
+
+    options = _devices_here(options)
+    if RUNNERS[options.runner].remote_target:
+        raise TvmExtError(f"--runner {options.runner}: the model command compiles and runs the tuned model on this "
+                          "machine, so it measures here too (--runner local, or --devices 0,1 for this machine's "
+                          "GPUs); tune single operators on servers with tune gemm / gemm-tc / reduce / gru")
+    user = load_model_file(args.file)
+    mod = model_module(user, args.file, **extra)
+    target = resolve_target(args.target, args.device)
+    progress = _Progress(disabled=args.no_progress)
+    try:
+        result = tune_relax(mod, target, args.records, args.database, options, log=progress.write,
+                            on_record=progress.update, retune=args.retune, without=args.without)
+    finally:
+        progress.close()
+    print(f"\nmodel {args.file}  target={target.kind} device={target.device_name}  "
+          f"wall {result.wall_secs:.1f} s, records: {os.path.abspath(args.records)}, "
+          f"database: {os.path.abspath(args.database)}")
+    print(summary(result))
+    if result.interrupted:
+        print("interrupted: records so far are kept and exported; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    model = load_model(mod, target, args.database, args.function, without=args.without)
+    if not callable(getattr(user, "get_inputs", None)):
+        print("compiled (the file has no get_inputs(): not run)")
+        return 0
+    inputs = [np.asarray(a) for a in call_user(user, args.file, "get_inputs", **extra)]
+    out = model(*inputs)
+    secs = model.time(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    line = f"ran: output {', '.join(str(o.shape) for o in outs)}, latency {secs * 1e3:.3f} ms"
+    if callable(getattr(user, "reference", None)):
+        ref = call_user(user, args.file, "reference", inputs, **extra)
+        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        tol = float(call_user(user, args.file, "tolerance", **extra)) if callable(getattr(user, "tolerance", None)) \
+            else 1e-4
+        err = max(float(np.abs(o.astype(np.float64) - r).max()) for o, r in zip(outs, refs))
+        scale = max(float(np.abs(r).max()) for r in refs) or 1.0
+        ok = math.isfinite(err) and err <= tol * max(1.0, scale)
+        print(f"{line}, max |error| vs reference {err:.2e} ({'ok' if ok else 'WRONG'})")
+        return 0 if ok else 1
+    print(line)
+    return 0
+
+
+def _devices_here(options: Any) -> Any:
+    """``--devices 0,1`` alone: the model is measured on this machine's devices, so by the local
+    runner's isolated process per device (no tracker to start)."""
+    import dataclasses
+
+    devices = options.runner_option("devices")
+    if options.runner != "rpc" or not devices or set(dict(options.runner_options)) != {"devices"}:
+        return options
+    return dataclasses.replace(options, runner="local", runner_options=(("devices", devices),))
+
+
+class _Progress:
+    """One bar over all tasks: trials measured, current kernel, its best so far."""
+
+    def __init__(self, disabled: bool):
+        from tqdm import tqdm
+
+        # not on a terminal (a log file, a pipe): no bar, whose redraws would leave blank lines there
+        self.bar = tqdm(unit="trial", disable=disabled or not sys.stderr.isatty(), file=sys.stderr,
+                        dynamic_ncols=True)
+
+    def update(self, record: Any, tuner: Any) -> None:
+        best = tuner.best
+        self.bar.update(1)
+        self.bar.set_postfix(kernel=tuner.template.describe(),
+                             best=format_speed(tuner.template, best.cost) if best else "-", errors=tuner.errors)
+
+    def write(self, message: str) -> None:
+        """A log line on stderr that does not break the bar."""
+        self.bar.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()

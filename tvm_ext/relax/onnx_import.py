@@ -1,0 +1,187 @@
+"""ONNX models into Relax with their GRU layers on tvm_ext's GRU.
+
+TVM's ONNX frontend has no ``GRU`` operator, so a GRU model cannot be imported at all.  Here
+the frontend runs with one more converter: an ONNX ``GRU`` node becomes tvm_ext's GRU
+placeholder (``relax_gru``: ``call_dps_packed("tvm_ext.gru", ...)``), which ``tune model``
+tunes as one task and lowers to the tuned plan.  ONNX's gates come in the order z, r, h and
+PyTorch's (ours) r, z, n; the weights are reordered into the device layout once, at import.
+
+Supported as PyTorch exports it: ``linear_before_reset=1``, ``direction`` forward or
+bidirectional, the default activations, no ``clip``, ``layout`` 0 or 1, optional ``B``,
+``sequence_lens`` and ``initial_h``; W, R and B must be initializers.  Anything else is
+refused with the attribute named.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+from .relax_gru import GRU_FUNCTION
+
+ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
+TORCH_GATES = ("r", "z", "h")  # PyTorch's (and the device layout's): reset, update, new
+DEFAULT_ACTIVATIONS = ("Sigmoid", "Tanh")
+
+
+def _gates_to_torch(array: np.ndarray, hidden: int) -> np.ndarray:
+    """Rows of [z; r; h] blocks (ONNX) as [r; z; h] (PyTorch), along the first axis."""
+    blocks = {g: array[i * hidden:(i + 1) * hidden] for i, g in enumerate(ONNX_GATES)}
+    return np.concatenate([blocks[g] for g in TORCH_GATES])
+
+
+def _constant(expr: Any, name: str) -> np.ndarray:
+    import tvm
+
+    if not isinstance(expr, tvm.ir.expr.Constant):
+        raise TvmExtError(f"ONNX GRU input {name} must be an initializer (a constant), got {type(expr).__name__}")
+    return expr.value.numpy()
+
+
+def _check_attributes(attrs: dict[str, Any]) -> str:
+    """The node's direction, or a clear error naming the attribute we cannot run."""
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    if int(attrs.get("linear_before_reset", 0)) != 1:
+        raise TvmExtError("ONNX GRU attribute linear_before_reset=0 is not supported (PyTorch exports 1: the "
+                          "reset gate applied after the recurrent product)")
+    direction = text(attrs.get("direction", "forward"))
+    if direction not in ("forward", "bidirectional"):
+        raise TvmExtError(f"ONNX GRU attribute direction={direction!r} is not supported; allowed: forward, "
+                          "bidirectional")
+    if "clip" in attrs:
+        raise TvmExtError(f"ONNX GRU attribute clip={attrs['clip']} is not supported")
+    activations = tuple(text(a) for a in attrs.get("activations", ()))
+    if activations and activations not in (DEFAULT_ACTIVATIONS, DEFAULT_ACTIVATIONS * 2):
+        raise TvmExtError(f"ONNX GRU attribute activations={list(activations)} is not supported; allowed: "
+                          f"{list(DEFAULT_ACTIVATIONS)} (per direction)")
+    if int(attrs.get("layout", 0)) not in (0, 1):
+        raise TvmExtError(f"ONNX GRU attribute layout={attrs['layout']} is not supported; allowed: 0, 1")
+    return direction
+
+
+def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """One ONNX GRU node as tvm_ext's GRU placeholder: (Y (T, dirs, B, H), Y_h (dirs, B, H))."""
+    from tvm import relax
+
+    from ..schedules.gru import GruTemplate
+
+    direction = _check_attributes(attrs)
+    x, w, r = inputs[0], inputs[1], inputs[2]
+    extra = list(inputs[3:]) + [None] * (6 - len(inputs))
+    b, lengths, h0 = extra[0], extra[1], extra[2]
+    w_array, r_array = _constant(w, "W"), _constant(r, "R")
+    dirs, gates, input_size = w_array.shape
+    hidden = gates // 3
+    if int(attrs.get("hidden_size", hidden)) != hidden or r_array.shape != (dirs, gates, hidden):
+        raise TvmExtError(f"ONNX GRU hidden_size={attrs.get('hidden_size')} disagrees with W {w_array.shape} "
+                          f"and R {r_array.shape}")
+    if dirs != (2 if direction == "bidirectional" else 1):
+        raise TvmExtError(f"ONNX GRU direction={direction} with W of {dirs} directions")
+    b_array = np.zeros((dirs, 2 * gates), w_array.dtype) if b is None else _constant(b, "B")
+    layout = int(attrs.get("layout", 0))
+    if layout == 1:  # (B, T, I) -> (T, B, I)
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+        if h0 is not None:
+            h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
+    steps, batch = (int(d) for d in x.ty.shape.values[:2])
+    dtype = str(x.ty.dtype)
+    state = {}
+    for d in range(dirs):
+        sfx = "_reverse" if d else ""
+        state[f"weight_ih_l0{sfx}"] = _gates_to_torch(w_array[d], hidden)
+        state[f"weight_hh_l0{sfx}"] = _gates_to_torch(r_array[d], hidden)
+        state[f"bias_ih_l0{sfx}"] = _gates_to_torch(b_array[d, :gates], hidden)
+        state[f"bias_hh_l0{sfx}"] = _gates_to_torch(b_array[d, gates:], hidden)
+    template = GruTemplate(batch=batch, hidden=hidden, input=input_size, seq=steps, bidirectional=dirs == 2)
+    weights = template.device_weights({k: v.astype(np.float64) for k, v in state.items()})
+    args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))),
+            h0 if h0 is not None else relax.const(np.zeros((dirs, batch, hidden), dtype)),
+            *(relax.const(weights[f"{n}0"].astype(dtype)) for n in ("w_ih", "b_ih", "w_hh", "b_hh"))]
+    if lengths is not None:
+        args.append(bb.emit(relax.op.astype(lengths, "int32")))
+    call = bb.emit(relax.call_dps_packed(
+        GRU_FUNCTION, relax.Tuple(args),
+        [relax.TensorType([steps * batch, dirs * hidden], dtype),
+         relax.TensorType([dirs, batch, hidden], dtype)]))
+    out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs, hidden)))
+    y = bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3]))  # (T, dirs, B, H)
+    y_h = bb.emit(relax.TupleGetItem(call, 1))
+    if layout == 1:  # Y (B, T, dirs, H), Y_h (B, dirs, H)
+        y = bb.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
+        y_h = bb.emit(relax.op.permute_dims(y_h, [1, 0, 2]))
+    return relax.Tuple([y, y_h])
+
+
+@contextlib.contextmanager
+def _gru_converter() -> Iterator[None]:
+    """TVM's ONNX frontend with ``GRU`` in its converter table, for the duration."""
+    from tvm.relax.frontend.onnx import onnx_frontend as frontend
+
+    class GRU(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v7(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            return convert_gru(bb, list(inputs), attr)
+
+        _impl_v14 = _impl_v7
+
+    original = frontend._get_convert_map
+
+    def with_gru() -> dict[str, Any]:
+        return {**original(), "GRU": GRU}
+
+    frontend._get_convert_map = with_gru
+    try:
+        yield
+    finally:
+        frontend._get_convert_map = original
+
+
+def load_onnx(path: str) -> Any:
+    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's; bad input
+    (a file that does not parse, an operator no converter takes) is one ``TvmExtError``."""
+    try:
+        import onnx
+    except ImportError:
+        raise TvmExtError("importing an ONNX model needs the onnx package: pip install onnx") from None
+    if not os.path.isfile(path):
+        raise TvmExtError(f"ONNX file {path} does not exist")
+    try:
+        model = onnx.load(path)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001 - whatever the parser says is the file's problem
+        raise TvmExtError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0][:200]}") from None
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        with _gru_converter(), contextlib.redirect_stdout(open(os.devnull, "w")):
+            return from_onnx(model)
+    except TvmExtError as exc:
+        raise TvmExtError(f"{path}: {exc}") from None
+    except NotImplementedError as exc:  # the frontend's "Operator X not implemented."
+        raise TvmExtError(f"{path}: {exc} (no converter in TVM's ONNX frontend)") from None
+
+
+def onnx_inputs(path: str, seed: int = 0) -> list[np.ndarray]:
+    """Random inputs of an ONNX model's graph inputs (static shapes): floats from a standard
+    normal, integers zero, lengths-like int inputs at their largest (``sequence_lens``: T)."""
+    import onnx
+
+    model = onnx.load(path)
+    initializers = {i.name for i in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if not all(dims):
+            raise TvmExtError(f"ONNX input {value.name} has a symbolic dimension ({dims}); give it a size")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        arrays.append(rng.standard_normal(dims).astype(dtype) if np.issubdtype(dtype, np.floating)
+                      else np.zeros(dims, dtype))
+    return arrays

@@ -1,0 +1,487 @@
+"""Tuned schedules inside TVM's Relax pipeline: tune a model's kernels, export, compile, run.
+
+``tune_relax`` rewrites a Relax model for our kernels (``tvm_ext.relax.relax_rewrites``: float32
+accumulation of low-precision matmuls, elementwise ops moved before reshapes so they fuse
+into the matmul), lowers it the way TVM does (legalize and fuse), extracts meta_schedule's
+tasks, matches each PrimFunc to one of our templates (``tvm_ext.relax.tasks``: GEMMs, tensor-core
+matmuls, row operators), finds the model's GRU layers (``tvm_ext.relax.relax_gru``), tunes every
+template through one session (records appended to the records file, so a rerun resumes)
+and exports the best records: schedules as a meta_schedule database
+(``tvm_ext.relax.tvm_export``), GRU configs beside it (``tvm_export.OPERATORS_FILE``).
+``compile_relax`` then points each GRU at its tuned plan, applies the database exactly as a
+TVM user would (``MetaScheduleApplyDatabase``) and gives every PrimFunc without a tuned
+schedule TVM's default GPU schedule (dlight), with a printed note rather than a failure.
+``load_model`` runs the result: the Relax VM on CUDA, our pyopencl executor on OpenCL (the
+TVM wheel has no OpenCL runtime).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Sequence
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+from ..core.session import Session, SessionOptions
+from ..core.space import Config
+from ..target import TargetInfo
+from .tasks import TaskMatch, match_task
+
+Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+TuneOptions = SessionOptions  # search settings for every task (the CLI's tuning arguments)
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """What happened to one PrimFunc (or GRU layer) of the model."""
+
+    name: str
+    weight: int
+    template: str  # the template's name ("gemm", "rows", "gru", ...), or "" when TVM's default schedule is used
+    params: tuple[tuple[str, Any], ...] = ()
+    best_secs: float = math.inf  # our kernel's time (the template's compute)
+    default_secs: float = math.inf  # the template's default config
+    trials: int = 0  # measured in this run
+    exported: bool = False
+    note: str = ""  # why the task falls back to dlight
+    workload: str = ""  # the template at the task's shape (``describe``)
+    reused: bool = False  # already in the database: not tuned again
+
+
+@dataclass(frozen=True)
+class RelaxTuning:
+    tasks: tuple[TaskReport, ...]
+    database: str
+    records: str
+    target: TargetInfo
+    interrupted: bool = False
+    wall_secs: float = 0.0
+
+
+# ---- lowering ------------------------------------------------------------------------------
+def legalize_and_fuse(mod: Any) -> Any:
+    """Relax ops -> fused PrimFuncs, the passes TVM's GPU pipelines run before scheduling,
+    after ``relax_rewrites.rewrite_model``."""
+    import tvm
+    from tvm import relax
+
+    from .relax_rewrites import rewrite_model
+
+    return tvm.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ])(rewrite_model(mod))
+
+
+def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:
+    """meta_schedule's tasks of a legalized and fused module (one per distinct PrimFunc)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .tvm_export import tvm_target
+
+    return list(ms.relax_integration.extract_tasks(mod, tvm_target(target)))
+
+
+def match_tasks(tasks: Sequence[Any], target: TargetInfo, without: Collection[str] = ()) -> list[TaskMatch]:
+    """Each task's template (``tasks.match_task``), the matchers in ``without`` turned off."""
+    return [match_task(t.task_name, t.dispatched[0]["main"], target, without) for t in tasks]
+
+
+def default_rules() -> list[Any]:
+    """TVM's default GPU schedules, in the order TVM's CUDA pipeline applies them."""
+    from tvm.s_tir import dlight as dl
+
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+def _unscheduled(mod: Any) -> list[str]:
+    import tvm
+
+    return sorted(gv.name_hint for gv, f in mod.functions_items()
+                  if isinstance(f, tvm.tirx.PrimFunc) and not _is_scheduled(f))
+
+
+def _is_scheduled(func: Any) -> bool:
+    return func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"])
+
+
+def model_pass_config(target: TargetInfo) -> dict[str, Any]:
+    """PassContext options a model with tuned schedules compiles under: on CUDA those of the
+    mma.sync schedule (cp.async copies, no TIR CSE) and of pipelined copies, which act only on
+    kernels whose schedule asks for them."""
+    return {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True} if target.kind == "cuda" else {}
+
+
+def _register_intrinsics(target: TargetInfo) -> None:
+    """The tensor intrinsics a database's mma.sync traces name (registered on first use)."""
+    if target.kind != "cuda":
+        return
+    from ..schedules.gemm.mma import ACC_DTYPES, OPERAND_DTYPES, mma_intrinsics
+
+    for operand in OPERAND_DTYPES:
+        for acc in ACC_DTYPES:
+            if operand == "bfloat16" and acc != "float32":
+                continue
+            for scope in ("shared.dyn", "global"):
+                mma_intrinsics(operand, acc, scope)
+
+
+def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = None,
+                  log: Log | None = _stderr, without: Collection[str] = ()) -> Any:
+    """Tuned GRU plans for the GRU layers, then legalize, fuse, apply the database's
+    schedules, dlight for the rest.
+
+    Returns the Relax IRModule with every PrimFunc scheduled: give it to ``tvm.compile``
+    (CUDA) or to ``OpenCLExecutor`` (OpenCL).  ``database`` is a folder written by
+    ``tune_relax``/``export``, a meta_schedule Database, or ``None`` (dlight only; GRUs
+    take their analytic config).  ``without``: template matchers turned off (``tasks.MATCHERS``
+    names; e.g. ``tf32``: the operators file's 3xTF32 configs are not put in place).
+    """
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import dlight as dl
+
+    from .relax_gru import lower_grus
+    from .tvm_export import open_database, read_operators, tvm_target
+
+    tgt = tvm_target(target)
+    operators = read_operators(database) if isinstance(database, str) else {}
+
+    def gru_config(template: Any) -> Config | None:
+        config = operator_config(operators, template, target)
+        if config is None and log:
+            log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
+        return config
+
+    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config)), target, operators, without)
+    _register_intrinsics(target)
+    if database is not None:
+        db = open_database(database) if isinstance(database, str) else database
+        with tgt, db, tvm.transform.PassContext(opt_level=3):  # as a TVM user applies tuning logs
+            lowered = relax.transform.MetaScheduleApplyDatabase()(lowered)
+    fallback = _unscheduled(lowered)
+    with tgt:
+        lowered = dl.ApplyDefaultSchedule(*default_rules())(lowered)
+    if log:
+        for name in fallback:
+            log(f"note: {name}: no tuned schedule in the database, using TVM's default (dlight)")
+    left = _unscheduled(lowered)
+    if left:
+        raise TvmExtError(f"no schedule for {', '.join(left)}: neither tuned nor covered by dlight")
+    return lowered
+
+
+def operator_config(operators: dict[str, dict[str, Any]], template: Any, target: TargetInfo) -> Config | None:
+    """The operators file's tuned config of ``template`` on ``target``, or None (none there, or
+    knobs of another version of the template)."""
+    from ..core.template import Workload
+
+    entry = operators.get(Workload.of(template, target).key)
+    if entry is None:
+        return None
+    space = template.space(target)
+    try:
+        return space.decode(space.encode(Config.of(entry["config"])))
+    except TvmExtError:
+        return None
+
+
+def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[str, Any]],
+                       without: Collection[str] = ()) -> Any:
+    """Each function a substituting matcher takes (``Matcher.substitute``: float16 matmuls on
+    wgmma) and whose template the operators file has a tuned config for, replaced by that
+    config's kernel; the rest stay for the database's schedules and dlight."""
+    import tvm
+
+    from .tasks import MATCHERS, match_substitute
+
+    if not operators:
+        return mod
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or _is_scheduled(func):
+            continue
+        match = match_substitute(gv.name_hint, func, target, without)
+        config = operator_config(operators, match.template, target) if match else None
+        if match and config is not None:
+            mod[gv] = MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
+    return mod
+
+
+# ---- running --------------------------------------------------------------------------------
+class CompiledModel:
+    """A scheduled Relax module ready to run: ``model(*inputs) -> numpy``, ``model.time(*inputs)``."""
+
+    def __init__(self, mod: Any, target: TargetInfo, function: str | None = None):
+        from .relax_opencl import OpenCLExecutor, relax_function_name
+
+        self.target = target
+        self.function = relax_function_name(mod, function)
+        self.mod = mod
+        if target.kind == "opencl":
+            self._exec = OpenCLExecutor.from_module(mod, target, self.function)
+            self._vm = None
+        else:
+            import tvm
+            from tvm import relax
+
+            from .tvm_export import tvm_target
+
+            self._dev = tvm.cuda(target.device_id)
+            with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
+                self.executable = tvm.compile(mod, target=tvm_target(target))
+            self._vm = relax.VirtualMachine(self.executable, self._dev)
+
+    def _args(self, inputs: Sequence[np.ndarray]) -> list[Any]:
+        import tvm
+
+        return [tvm.runtime.tensor(np.ascontiguousarray(a), self._dev) for a in inputs]
+
+    def __call__(self, *inputs: np.ndarray) -> Any:
+        if self._vm is None:
+            return self._exec.run(*inputs)
+        out = self._vm[self.function](*self._args(inputs))
+        return out.numpy() if hasattr(out, "numpy") else tuple(o.numpy() for o in out)  # tensor or tuple
+
+    def time(self, *inputs: np.ndarray, repeat: int = 10) -> float:
+        """Median seconds per forward pass (device-synchronised)."""
+        if self._vm is None:
+            return self._exec.time(*inputs, repeat=repeat)
+        self._vm.set_input(self.function, *self._args(inputs))
+        timer = self._vm.time_evaluator("invoke_stateful", self._dev, number=10, repeat=repeat,
+                                        min_repeat_ms=50)
+        return float(np.median(timer(self.function).results))
+
+    def sources(self) -> dict[str, str]:
+        """Generated kernel source by PrimFunc name (OpenCL only)."""
+        return self._exec.sources() if self._vm is None else {}
+
+
+def load_model(mod: Any, target: TargetInfo, database: str | Any | None = None,
+               function: str | None = None, log: Log | None = _stderr, without: Collection[str] = ()) -> CompiledModel:
+    """``compile_relax`` then ready to run on the target's device."""
+    return CompiledModel(compile_relax(mod, target, database, log, without), target, function)
+
+
+# ---- tuning ---------------------------------------------------------------------------------
+@dataclass
+class _Group:
+    """One template workload and the tasks it schedules (several PrimFuncs may share one)."""
+
+    template: Any
+    tasks: list[int] = field(default_factory=list)
+    best: float = math.inf
+    default: float = math.inf
+    trials: int = 0
+    reused: bool = False
+
+
+def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
+               options: SessionOptions = SessionOptions(), log: Log | None = _stderr,
+               on_record: Callable[[Any, Any], None] | None = None, retune: bool = False,
+               without: Collection[str] = ()) -> RelaxTuning:
+    """Tune every PrimFunc of ``mod`` that a template matches, and every GRU layer; export
+    the best to ``database``.
+
+    Tasks with no template (or whose tuning found nothing correct) are reported with a
+    note and get TVM's default schedule when the model is compiled.  A task the database
+    already holds is not tuned again (``retune``: it is, resuming its records).  Ctrl-C
+    stops the search, keeps the records and still exports what was found.  Every task is
+    tuned with ``options`` (``records`` replaces its records file) through one ``Session``.
+    ``without``: template matchers turned off (``tasks.MATCHERS`` names), their tasks going to
+    the next template that takes them.
+    """
+    import dataclasses
+    import time
+
+    from ..core.records import RecordStore
+    from .relax_gru import find_grus
+    from ..core.template import Workload
+    from .tvm_export import already_exported, export_operator, export_task, open_database, read_operators
+
+    log = log or (lambda _msg: None)
+    start = time.perf_counter()
+    store = RecordStore(records)
+    db = open_database(database)
+    operators = read_operators(database)
+    lowered = legalize_and_fuse(mod)
+    tasks = extract_tasks(lowered, target)
+    matches = match_tasks(tasks, target, without)
+    grus = find_grus(mod, target)
+    groups: dict[str, _Group] = {}
+    in_database: dict[int, bool] = {}  # task index -> the database already holds it
+    for i, m in enumerate(matches):
+        if m.matched:
+            key = Workload.of(m.template, target).key
+            groups.setdefault(key, _Group(m.template)).tasks.append(i)
+            in_database[i] = not retune and (key in operators if m.substitutes
+                                             else already_exported(db, tasks[i].dispatched[0], target))
+        else:
+            log(f"note: {m.name}: not tuned, no template ({m.reason})")
+    for j, gru in enumerate(grus):
+        key = Workload.of(gru.template, target).key
+        groups.setdefault(key, _Group(gru.template)).tasks.append(len(matches) + j)
+        in_database[len(matches) + j] = not retune and key in operators
+    for group in groups.values():  # reused when every task it schedules is in the database
+        group.reused = all(in_database[i] for i in group.tasks)
+
+    interrupted = False
+    # one template's workloads one after another: a cost model carries over between its shapes
+    todo = {k: g for k, g in sorted(groups.items(), key=lambda kv: kv[1].template.name) if not g.reused}
+    for group in groups.values():
+        if group.reused:
+            log(f"{group.template.describe()}: in the database, not tuned again")
+    if todo:
+        with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
+            def search(group: _Group, searches: _Searches | None = None) -> bool:
+                """One workload's search (one of ``searches``, in a thread with a handle of its
+                own on the records file); True where it was stopped."""
+                names = ", ".join(_task_name(i, matches, grus) for i in group.tasks)
+                tuner = session.tuner(group.template, on_record=on_record,
+                                      store=None if searches is None else RecordStore(records))
+                log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")
+                result = session.search(tuner) if searches is None else searches.run(tuner, session.search)
+                group.trials = result.trials
+                group.best = result.best.cost if result.best else math.inf
+                group.default = result.default.cost if result.default and result.default.ok else math.inf
+                return result.interrupted
+
+            if options.tasks_in_flight > 1 and len(todo) > 1:
+                searches = _Searches()
+                interrupted = searches.all_at_once(list(todo.values()), options.tasks_in_flight,
+                                                   lambda group: search(group, searches), session)
+                store = RecordStore(records)  # the records the threads wrote, read afresh for the export
+            else:
+                for group in todo.values():
+                    if search(group):
+                        interrupted = True
+                        break
+
+    reports = []
+    for i, (task, m) in enumerate(zip(tasks, matches)):
+        if not m.matched:
+            reports.append(TaskReport(m.name, int(task.weight), "", note=m.reason))
+            continue
+        group = groups[Workload.of(m.template, target).key]
+        if group.reused:
+            outcome = None
+        elif m.substitutes:  # a kernel in the function's place: its config, as the GRU's
+            outcome = export_operator(database, m.template, store, target)
+        else:
+            outcome = export_task(db, task.dispatched[0], m, store, target)
+        reports.append(_report(m.name, int(task.weight), m.template, group, i, outcome, log))
+    for j, gru in enumerate(grus):
+        group = groups[Workload.of(gru.template, target).key]
+        outcome = export_operator(database, gru.template, store, target) if not group.reused else None
+        name = f"gru {gru.function}.{gru.var}"
+        reports.append(_report(name, 1, gru.template, group, len(matches) + j, outcome, log))
+    return RelaxTuning(tuple(reports), database, records, target, interrupted,
+                       time.perf_counter() - start)
+
+
+class _Searches:
+    """Several workloads searched at once, each in a thread with its own tuner and records
+    handle, sharing the session's builder pool and runner (a model's tasks spread over the
+    runner's devices: while one search waits at the end of its generation, the others measure).
+    Ctrl-C reaches the main thread: every tuner then ends after its batch in flight, and
+    workloads not started yet are not."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tuners: list[Any] = []
+        self._stopped = False
+
+    def run(self, tuner: Any, search: Callable[[Any], Any]) -> Any:
+        with self._lock:
+            self._tuners.append(tuner)
+            if self._stopped:
+                tuner.stop()
+        return search(tuner)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for tuner in self._tuners:
+                tuner.stop()
+
+    def _guarded(self, search: Callable[[Any], bool], group: Any) -> bool:
+        """``search(group)`` unless the searches were stopped; one that raises stops the rest."""
+        if self._stopped:
+            return False
+        try:
+            return search(group)
+        except BaseException:
+            self.stop()
+            raise
+
+    def all_at_once(self, groups: Sequence[Any], at_once: int, search: Callable[[Any], bool], session: Any) -> bool:
+        """``search`` of every group, ``at_once`` in flight; True where they were stopped (Ctrl-C
+        here, or in a search).  A search that raises stops the others and its error is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ = (session.builder, session.runner)  # made here, before any thread asks for them
+        pool = ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="tvm_ext-search")
+        futures = [pool.submit(self._guarded, search, g) for g in groups]
+        stopped = False
+        try:
+            for future in futures:
+                stopped = bool(future.result()) or stopped
+        except BaseException as exc:
+            self.stop()
+            for future in futures:
+                future.cancel()
+            pool.shutdown(wait=True)
+            if isinstance(exc, KeyboardInterrupt):
+                return True
+            raise
+        pool.shutdown(wait=True)
+        return stopped or self._stopped
+
+
+def _task_name(index: int, matches: Sequence[TaskMatch], grus: Sequence[Any]) -> str:
+    if index < len(matches):
+        return matches[index].name
+    gru = grus[index - len(matches)]
+    return f"gru {gru.function}.{gru.var}"
+
+
+def _report(name: str, weight: int, template: Any, group: _Group, index: int, outcome: Any,
+            log: Log) -> TaskReport:
+    """A matched task's report: exported (or reused from the database), or why not."""
+    from .tvm_export import Exported
+
+    exported = group.reused or isinstance(outcome, Exported)
+    if not exported:
+        log(f"note: {name}: not exported ({outcome})")
+    return TaskReport(
+        name, weight, template.name, tuple(template.params.items()),
+        best_secs=outcome.run_secs if isinstance(outcome, Exported) else group.best, default_secs=group.default,
+        trials=group.trials if group.tasks[0] == index else 0, exported=exported,
+        note="" if exported else str(outcome), workload=template.describe(), reused=group.reused)
+
+
+def summary(result: RelaxTuning) -> str:
+    """A plain-text table of the tasks: template and shape, tuned and default times."""
+    width = max([28] + [len(t.name) for t in result.tasks])
+    lines = [f"{'task':<{width}} {'template':<48} {'tuned':>12} {'default':>12}  schedule"]
+    for t in result.tasks:
+        fmt = lambda s: f"{s * 1e3:.4f} ms" if math.isfinite(s) else "-"  # noqa: E731
+        if t.reused:
+            how = "tuned (database, reused)"
+        else:
+            how = ("tuned (database)" if t.exported else f"dlight: {t.note}") if t.template != "gru" else \
+                ("tuned (GRU plan)" if t.exported else f"analytic GRU config: {t.note}")
+        lines.append(f"{t.name:<{width}} {t.workload or '-':<48} {fmt(t.best_secs):>12} "
+                     f"{fmt(t.default_secs):>12}  {how}")
+    return "\n".join(lines)

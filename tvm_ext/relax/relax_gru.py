@@ -1,0 +1,282 @@
+"""The GRU inside Relax: a ``relax.frontend.nn`` layer, and its lowering to the tuned GRU plan.
+
+A GRU is several kernels and a host loop over the steps (``schedules/gru``), which no Relax
+op or single PrimFunc pattern covers (TVM's torch frontend unrolls ``torch.nn.GRU`` per step
+and refuses stacked layers).  So the layer (``gru_layer``) emits one placeholder call,
+``call_dps_packed("tvm_ext.gru", [x, h0, weights...])``, that says everything about the
+layer through its arguments' shapes and dtypes (``gru_template``).  ``tune_relax`` tunes the
+``GruTemplate`` each placeholder stands for like any task, and ``lower_grus`` points the
+placeholder at the tuned config's compiled plan (``GruProgram``: the very kernels the tuner
+measured, the persistent step kernel included), registered as a packed function: the Relax
+VM calls it with the model's tensors (CUDA), and the OpenCL executor runs its kernel
+launches on its own buffers (``tvm_ext.relax.relax_opencl``).  The plan's scratch buffers belong to
+the program.
+
+Weights are parameters in the device layout (``GruTemplate.input_specs``: W_ih as (K, dirs·3H),
+W_hh as (dirs, H, 3H)); ``device_weights`` converts a ``torch.nn.GRU`` state dict.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+from ..core.space import Config
+from ..target import TargetInfo
+
+GRU_FUNCTION = "tvm_ext.gru"  # the placeholder's extern name
+ACC_DTYPE = "float32"  # gate GEMM accumulators, gi/gh and the cell math of a low-precision GRU
+
+
+# ---- the frontend layer -----------------------------------------------------------------------
+def gru_layer(input_size: int, hidden_size: int, num_layers: int = 1, bidirectional: bool = False,
+              dtype: str = "float32") -> Any:
+    """A ``relax.frontend.nn`` GRU layer (``torch.nn.GRU`` semantics, sequence-first): call it
+    on x (T, B, input) and optionally h0 (layers·dirs, B, hidden); it returns (out (T, B,
+    dirs·hidden), h_n).  Parameters ``w_ih{l}``, ``b_ih{l}``, ``w_hh{l}``, ``b_hh{l}`` are in
+    the device layout (``device_weights``)."""
+    from tvm import relax
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn.core import wrap_nested
+
+    dirs = 2 if bidirectional else 1
+    gates = dirs * 3 * hidden_size
+
+    class GRU(nn.Module):
+        def __init__(self) -> None:
+            for layer in range(num_layers):
+                k = input_size if layer == 0 else dirs * hidden_size
+                setattr(self, f"w_ih{layer}", nn.Parameter((k, gates), dtype))
+                setattr(self, f"b_ih{layer}", nn.Parameter((gates,), dtype))
+                setattr(self, f"w_hh{layer}", nn.Parameter((dirs, hidden_size, 3 * hidden_size), dtype))
+                setattr(self, f"b_hh{layer}", nn.Parameter((dirs, 3 * hidden_size), dtype))
+
+        def forward(self, x: Any, h0: Any = None) -> Any:
+            seq, batch, features = (int(d) for d in x.shape)
+            if features != input_size:
+                raise TvmExtError(f"GRU input has {features} features, the layer takes {input_size}")
+            if h0 is None:
+                h0 = nn.op.zeros((num_layers * dirs, batch, hidden_size), dtype)
+            weights = []
+            for layer in range(num_layers):
+                weights += [getattr(self, f"{name}{layer}") for name in ("w_ih", "b_ih", "w_hh", "b_hh")]
+            args = [nn.op.reshape(x, (seq * batch, input_size)), h0, *weights]
+            call = relax.call_dps_packed(  # (nn.op.extern cannot declare two outputs in TVM 0.27)
+                GRU_FUNCTION, relax.Tuple([a._expr for a in args]),
+                [relax.TensorType([seq * batch, dirs * hidden_size], dtype),
+                 relax.TensorType([num_layers * dirs, batch, hidden_size], dtype)])
+            out, h_n = wrap_nested(call, "gru")
+            return nn.op.reshape(out, (seq, batch, dirs * hidden_size)), h_n
+
+    return GRU()
+
+
+def device_weights(state_dict: Mapping[str, Any], input_size: int, hidden_size: int, num_layers: int = 1,
+                   bidirectional: bool = False, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """A ``torch.nn.GRU`` state dict (numpy arrays or tensors) -> the layer's parameters by
+    name (``w_ih0``, ...), in the device layout and ``dtype``."""
+    from ..schedules.gru import GruTemplate
+
+    def as_numpy(value: Any) -> np.ndarray:  # a torch tensor on any device, or an array
+        return value.detach().cpu().double().numpy() if hasattr(value, "detach") else np.asarray(value, np.float64)
+
+    template = GruTemplate(batch=1, hidden=hidden_size, input=input_size, seq=1, layers=num_layers,
+                           bidirectional=bidirectional)
+    arrays = template.device_weights({k: as_numpy(v) for k, v in state_dict.items()})
+    return {k: np.asarray(v, dtype=np.float64).astype(dtype) for k, v in arrays.items()}
+
+
+# ---- finding the placeholders ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class GruCall:
+    """A placeholder in a Relax function, and the GRU it stands for."""
+
+    function: str
+    var: str
+    template: Any  # schedules.gru.GruTemplate
+
+
+def _is_gru_call(value: Any) -> bool:
+    import tvm
+    from tvm import relax
+
+    if not isinstance(value, relax.Call) or not value.op.same_as(tvm.ir.Op.get("relax.call_dps_packed")):
+        return False
+    func = value.args[0]
+    return isinstance(func, relax.ExternFunc) and str(func.global_symbol) == GRU_FUNCTION
+
+
+def _tensor(expr_type: Any, what: str) -> tuple[tuple[int, ...], str]:
+    values = getattr(getattr(expr_type, "shape", None), "values", None)
+    if values is None or not all(hasattr(v, "value") for v in values):
+        raise TvmExtError(f"GRU {what} needs a static shape, got {getattr(expr_type, 'shape', None)}")
+    return tuple(int(v.value) for v in values), str(expr_type.dtype)
+
+
+def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
+    """The ``GruTemplate`` a placeholder call stands for: sizes from its arguments' shapes,
+    precision from their dtypes (accumulators, gi/gh and the cell math float32)."""
+    from ..schedules.gru import GruTemplate
+
+    args = list(call.args[1].fields)
+    lengths = len(args) > 6 and (len(args) - 2) % 4 == 1 and _tensor(args[-1].ty, "lengths")[1] == "int32"
+    if lengths:  # each row's own length, last (``GruTemplate.input_specs``'s order)
+        args = args[:-1]
+    if len(args) < 6 or (len(args) - 2) % 4:
+        raise TvmExtError(f"GRU call takes x, h0, 4 weights per layer and optionally int32 lengths, "
+                          f"got {len(call.args[1].fields)} arguments")
+    (rows, features), x_dtype = _tensor(args[0].ty, "input")
+    (states, batch, hidden), h_dtype = _tensor(args[1].ty, "h0")
+    layers = (len(args) - 2) // 4
+    (dirs, _, _), w_hh_dtype = _tensor(args[4].ty, "w_hh0")
+    _, w_ih_dtype = _tensor(args[2].ty, "w_ih0")
+    out_types = list(call.ty_args)
+    out_types = list(out_types[0].fields) if len(out_types) == 1 and hasattr(out_types[0], "fields") else out_types
+    _, out_dtype = _tensor(out_types[0], "output")
+    if rows % batch or states != layers * dirs:
+        raise TvmExtError(f"GRU shapes disagree: input rows {rows}, h0 {states}x{batch}x{hidden}")
+    template = GruTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
+                           bidirectional=dirs == 2, variable_lengths=bool(lengths))
+    acc = ACC_DTYPE if x_dtype != "float32" else "float32"
+    template = template.with_precision({
+        "x": x_dtype, "w_ih": w_ih_dtype, "in_acc": acc, "gi": acc, "w_hh": w_hh_dtype, "hid_acc": acc,
+        "gh": acc, "h": h_dtype, "cell_math": acc, "out": out_dtype})
+    if target is not None:
+        template = template.with_tensor_cores(target)
+    return template
+
+
+def find_grus(mod: Any, target: TargetInfo | None = None) -> list[GruCall]:
+    """Every GRU placeholder of the module's Relax functions, in order."""
+    from tvm import relax
+
+    found = []
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, relax.VarBinding) and _is_gru_call(binding.value):
+                    found.append(GruCall(gv.name_hint, str(binding.var.name),
+                                         gru_template(binding.value, target)))
+    return found
+
+
+# ---- the tuned plan behind a packed function ------------------------------------------------------
+class GruProgram:
+    """One GRU config compiled (``GruTemplate.compile``: the kernels the tuner measured) and run
+    in destination-passing style: inputs and outputs are the caller's tensors, the plan's
+    scratch buffers are its own.  On CUDA it is a packed function the Relax VM calls (the
+    plan's calls, the persistent kernel included, through TVM's runtime); on OpenCL the
+    executor of ``tvm_ext.relax.relax_opencl`` runs its kernel launches (``artifact``)."""
+
+    def __init__(self, template: Any, config: Config, target: TargetInfo):
+        self.template = template.for_config(config)  # its buffers are the plan's
+        self.config = config
+        self.target = target
+        self.compiled = template.compile(config, target)
+        self.name = program_name(template, config, target)  # the packed function's name
+        self.specs = self.template.buffers()
+        self.inputs = list(template.input_specs())
+        self.outputs = list(template.output_specs())
+        self._scratch: dict[str, Any] | None = None  # on the device of the first call
+        self._funcs: dict[str, Any] = {}
+        self._checked = False
+
+    def artifact(self) -> Any:
+        """The plan as OpenCL kernel launches on the buffers ``buffers()`` names."""
+        from ..measure.program import Artifact
+
+        return Artifact("opencl", self.compiled.source, self.compiled.kernel_launches(), tuple(self.specs))
+
+    def __call__(self, *tensors: Any) -> None:
+        """The Relax VM's call: every input, then every output (TVM tensors on the device)."""
+        import tvm
+
+        if len(tensors) != len(self.inputs) + len(self.outputs):
+            raise TvmExtError(f"{self.name} takes {len(self.inputs) + len(self.outputs)} tensors, got {len(tensors)}")
+        if self._scratch is None:
+            dev = tensors[0].device
+            self._scratch = {name: tvm.runtime.empty(spec.shape, spec.dtype, dev)
+                             for name, spec in self.template.scratch_specs().items()}
+            self._funcs = {c.func: self.compiled.executable.mod[c.func] for c in self.compiled.calls}
+        bound = {**dict(zip(self.inputs + self.outputs, tensors)), **self._scratch}
+        for call in self.compiled.calls:
+            self._funcs[call.func](*[bound[a] if isinstance(a, str) else int(a) for a in call.args])
+        if not self._checked and "bar" in self._scratch:  # a persistent kernel: its barrier held once
+            from ..schedules.gru.plan import BARRIER_TIMEOUT
+
+            self._checked = True
+            if int(self._scratch["bar"].numpy()[1]):
+                raise TvmExtError(BARRIER_TIMEOUT)
+
+
+_PROGRAMS: dict[str, GruProgram] = {}  # by packed-function name: what the lowered modules call
+
+
+def program(name: str) -> GruProgram | None:
+    """The GRU program a lowered module calls by ``name`` (None: not a GRU of this process)."""
+    return _PROGRAMS.get(name)
+
+
+def program_name(template: Any, config: Config, target: TargetInfo) -> str:
+    """``tvm_ext.gru.<workload key>.<config digest>``: one name per compiled plan."""
+    from ..core.template import Workload
+
+    digest = hashlib.sha256(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{GRU_FUNCTION}.{Workload.of(template, target).key}.{digest}"
+
+
+def gru_program(template: Any, config: Config, target: TargetInfo) -> GruProgram:
+    """The compiled program of ``config`` (compiled once per process), registered under its
+    name: a packed function on CUDA, an ``EXTERN_PROGRAMS`` entry for the OpenCL executor."""
+    import tvm
+
+    from .relax_opencl import EXTERN_PROGRAMS
+
+    name = program_name(template, config, target)
+    if name not in _PROGRAMS:
+        made = _PROGRAMS[name] = GruProgram(template, config, target)
+        if target.kind == "cuda":
+            tvm.register_global_func(name, made, override=True)
+        else:
+            EXTERN_PROGRAMS[name] = made
+    return _PROGRAMS[name]
+
+
+# ---- lowering the placeholders -------------------------------------------------------------------
+ConfigFor = Callable[[Any], "Config | None"]  # GruTemplate -> its tuned config (None: the analytic pick)
+
+
+def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor) -> Any:
+    """Every GRU placeholder calling the compiled program of ``config_for``'s config (its own
+    packed function, ``gru_program``) instead of ``tvm_ext.gru``."""
+    from tvm import relax
+
+    if not find_grus(mod):
+        return mod
+    programs: dict[Any, GruProgram] = {}
+
+    @relax.expr_functor.mutator
+    class Lower(relax.PyExprMutator):  # type: ignore[misc]
+        def visit_call_(self, call: Any) -> Any:  # noqa: N802
+            call = self.visit_expr_post_order(call)
+            if not _is_gru_call(call):
+                return call
+            template = gru_template(call, target)
+            if template not in programs:
+                config = config_for(template) or template.analytic_pick(target)[0]
+                programs[template] = gru_program(template, config, target)
+            types = list(call.ty_args)
+            types = list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
+            return relax.call_dps_packed(programs[template].name, call.args[1], types)
+
+    lower = Lower(mod)
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            lower.builder_.update_func(gv, lower.visit_expr(func))
+    return lower.builder_.get()

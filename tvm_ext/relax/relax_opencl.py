@@ -1,0 +1,281 @@
+"""Run a compiled Relax model on OpenCL through pyopencl.
+
+Why this exists: the PyPI TVM wheel is built without TVM's OpenCL runtime
+(``USE_OPENCL=OFF``), so ``relax.VirtualMachine`` cannot run OpenCL kernels at all,
+even though ``tvm.compile`` generates correct OpenCL C.  On CUDA the Relax VM runs
+the model and this module is not needed.  For OpenCL (PoCL on a CPU machine, NVIDIA's
+OpenCL driver on the GPU machine) this is the smallest executor that still runs
+exactly TVM's kernels: it takes a static-shape Relax function made only of
+``call_tir`` bindings (what ``legalize + fuse + schedule`` leaves), builds every
+scheduled PrimFunc for OpenCL with TVM, reads each one's launches from the lowered
+TIR (``program.extract_launches``) and runs them with the OpenCL executor every other
+OpenCL path uses (``tvm_ext.measure.executors``), one device buffer per Relax value.  A
+``call_dps_packed`` of a program registered in ``EXTERN_PROGRAMS`` (a tuned GRU plan,
+``tvm_ext.relax.relax_gru``) runs that program's kernel launches, its scratch buffers its own.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+from ..measure.executors import OpenclExecutor
+from ..measure.program import Artifact, TensorSpec, extract_launches
+from ..target import TargetInfo
+
+
+class ExternProgram(Protocol):
+    """A program a Relax function calls by name (``call_dps_packed``) that runs here as kernel
+    launches: ``specs`` names every buffer (inputs, then outputs, then scratch)."""
+
+    specs: Mapping[str, TensorSpec]
+    inputs: list[str]
+    outputs: list[str]
+
+    def artifact(self) -> Artifact: ...
+
+
+EXTERN_PROGRAMS: dict[str, ExternProgram] = {}  # packed-function name -> its program (filled by who lowers to it)
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor of the Relax function: parameter, constant or call_tir result."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``call_tir``: the PrimFunc's kernels and the values bound to its parameters."""
+
+    func: str  # PrimFunc name in the IRModule
+    artifact: Artifact
+    args: tuple[str, ...]  # value names, positionally matching ``artifact.params``
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole function as data: inputs, constants, steps in order, outputs."""
+
+    function: str
+    inputs: tuple[Value, ...]
+    values: tuple[Value, ...]  # every value (inputs, constants, intermediates, outputs)
+    constants: tuple[tuple[str, np.ndarray], ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[str, ...]
+    tuple_output: bool
+
+
+def relax_function_name(mod: Any, name: str | None = None) -> str:
+    """``name`` if given, else the module's only Relax function (or ``main``)."""
+    from tvm import relax
+
+    funcs = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+    if name is not None:
+        if name not in funcs:
+            raise TvmExtError(f"no Relax function {name!r} in the module; functions: {', '.join(funcs) or 'none'}")
+        return name
+    if len(funcs) == 1:
+        return funcs[0]
+    if "main" in funcs:
+        return "main"
+    raise TvmExtError(f"the module has several Relax functions ({', '.join(funcs)}): name one")
+
+
+def _vname(var: Any) -> str:
+    """A Relax variable's name (0.27 Relax and TIR share ``tvm.ir.Var``)."""
+    return str(getattr(var, "name_hint", None) or var.name)
+
+
+def _static_tensor(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
+    shape = getattr(ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None:
+        raise TvmExtError(f"{what} is not a tensor of known rank (the OpenCL executor needs static shapes)")
+    dims = []
+    for v in values:
+        if not hasattr(v, "value"):
+            raise TvmExtError(f"{what} has a dynamic shape {shape}; the OpenCL executor needs static shapes")
+        dims.append(int(v.value))
+    return tuple(dims), str(ty.dtype)
+
+
+def build_primfunc(func: Any, target: TargetInfo) -> Artifact:
+    """Compile one scheduled PrimFunc for OpenCL with TVM; its source and launches."""
+    import tvm
+
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
+    source = ex.mod.imports[0].inspect_source() if ex.mod.imports else ""
+    launches, params = extract_launches(mod, target)
+    return Artifact("opencl", source, launches, params)
+
+
+def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Plan:
+    """Walk the Relax function and build each PrimFunc it calls (each one once)."""
+    import tvm
+    from tvm import relax
+    from tvm.ir.expr import Call, Constant, GlobalVar, Tuple, Var
+
+    name = relax_function_name(mod, function)
+    func = mod[name]
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    call_packed = tvm.ir.Op.get("relax.call_dps_packed")
+    values: dict[str, Value] = {}
+    env: dict[Any, Any] = {}  # relax Var -> value name, or tuple of names
+    constants: list[tuple[str, np.ndarray]] = []
+    steps: list[Step] = []
+    built: dict[str, Artifact] = {}
+
+    def new_value(base: str, ty: Any) -> str:
+        return add_value(base, *_static_tensor(ty, f"value {base!r}"))
+
+    def add_value(base: str, shape: tuple[int, ...], dtype: str) -> str:
+        vname = base if base not in values else f"{base}.{len(values)}"
+        values[vname] = Value(vname, tuple(shape), dtype)
+        return vname
+
+    def out_types(call: Any) -> list[Any]:
+        types = list(call.ty_args)
+        return list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
+
+    def resolve(expr: Any) -> Any:
+        if isinstance(expr, Var):
+            if expr not in env:
+                raise TvmExtError(f"value {_vname(expr)} is used before it is defined")
+            return env[expr]
+        if isinstance(expr, Constant):
+            array = expr.value.numpy()
+            vname = new_value(f"const{len(constants)}", expr.ty)
+            constants.append((vname, array))
+            return vname
+        if isinstance(expr, Tuple):
+            return tuple(resolve(f) for f in expr.fields)
+        if isinstance(expr, relax.TupleGetItem):
+            return resolve(expr.tuple_value)[int(expr.index)]
+        raise TvmExtError(f"the OpenCL executor only runs call_tir bindings; found {type(expr).__name__}: "
+                          f"{str(expr)[:120]}")
+
+    inputs = []
+    for p in func.params:
+        vname = new_value(_vname(p), p.ty)
+        env[p] = vname
+        inputs.append(values[vname])
+    body = func.body
+    for block in body.blocks:
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                raise TvmExtError(f"the OpenCL executor cannot run {type(binding).__name__} bindings")
+            value, var = binding.value, binding.var
+            if isinstance(value, Call) and value.op.same_as(call_tir):
+                if len(value.args) > 2:
+                    raise TvmExtError("call_tir with symbolic shape arguments: the OpenCL executor needs static shapes")
+                gv = value.args[0]
+                assert isinstance(gv, GlobalVar)
+                args = [resolve(a) for a in value.args[1].fields]
+                if any(isinstance(a, tuple) for a in args):
+                    raise TvmExtError(f"call_tir {gv.name_hint} takes a tuple argument")
+                types = out_types(value)
+                outs = [new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
+                        for i, t in enumerate(types)]
+                env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
+                if gv.name_hint not in built:
+                    try:
+                        built[gv.name_hint] = build_primfunc(mod[gv], target)
+                    except Exception as exc:
+                        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
+                        raise TvmExtError(f"PrimFunc {gv.name_hint} does not build for OpenCL "
+                                          f"(is it scheduled?): {lines[-1] if lines else type(exc).__name__}") from None
+                artifact = built[gv.name_hint]
+                step_args = tuple(args) + tuple(outs)
+                if len(step_args) != len(artifact.params):
+                    raise TvmExtError(f"call_tir {gv.name_hint} passes {len(step_args)} tensors, "
+                                      f"the PrimFunc takes {len(artifact.params)}")
+                steps.append(Step(gv.name_hint, artifact, step_args))
+            elif isinstance(value, Call) and value.op.same_as(call_packed):
+                name = str(value.args[0].global_symbol)
+                program = EXTERN_PROGRAMS.get(name)
+                if program is None:
+                    raise TvmExtError(f"the OpenCL executor cannot run the packed function {name}")
+                args = [resolve(a) for a in value.args[1].fields]
+                types = out_types(value)
+                outs = [new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
+                        for i, t in enumerate(types)]
+                env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
+                if len(args) != len(program.inputs) or len(outs) != len(program.outputs):
+                    raise TvmExtError(f"{name} takes {len(program.inputs)} inputs and {len(program.outputs)} "
+                                      f"outputs, the call passes {len(args)} and {len(outs)}")
+                scratch = [add_value(f"{_vname(var)}.{n}", spec.shape, spec.dtype)
+                           for n, spec in program.specs.items() if n not in program.inputs + program.outputs]
+                steps.append(Step(name, program.artifact(), tuple(args) + tuple(outs) + tuple(scratch)))
+            else:
+                env[var] = resolve(value)
+    result = resolve(body.body)
+    outputs = result if isinstance(result, tuple) else (result,)
+    return Plan(name, tuple(inputs), tuple(values.values()), tuple(constants), tuple(steps),
+                tuple(outputs), isinstance(result, tuple))
+
+
+class OpenCLExecutor:
+    """Runs a ``Plan`` on an OpenCL device through the OpenCL executor of ``tvm_ext.measure.executors``:
+    one buffer per value, every PrimFunc's kernels in binding order."""
+
+    def __init__(self, plan: Plan, target: TargetInfo):
+        self.plan = plan
+        self.target = target
+        specs = {v.name: TensorSpec(v.shape, v.dtype) for v in plan.values}
+        steps = []
+        for step in plan.steps:
+            bound = dict(zip(step.artifact.params, step.args))
+            steps += [(step.artifact.source, replace(launch, args=tuple(bound[a] if isinstance(a, str) else a
+                                                                          for a in launch.args)))
+                      for launch in step.artifact.launches]
+        self.executor = OpenclExecutor(steps, specs, target.device_id, profiling=True)
+        for vname, array in plan.constants:
+            self.executor.write(vname, array)
+
+    @classmethod
+    def from_module(cls, mod: Any, target: TargetInfo, function: str | None = None) -> "OpenCLExecutor":
+        return cls(plan_relax(mod, target, function), target)
+
+    def sources(self) -> dict[str, str]:
+        """OpenCL C of every PrimFunc that runs, by PrimFunc name."""
+        return {s.func: s.artifact.source for s in self.plan.steps}
+
+    def _upload(self, inputs: Sequence[np.ndarray]) -> None:
+        if len(inputs) != len(self.plan.inputs):
+            names = ", ".join(v.name for v in self.plan.inputs)
+            raise TvmExtError(f"{self.plan.function} takes {len(self.plan.inputs)} inputs ({names}), got {len(inputs)}")
+        for spec, array in zip(self.plan.inputs, inputs):
+            array = np.asarray(array)
+            if tuple(array.shape) != spec.shape or str(array.dtype) != spec.dtype:
+                raise TvmExtError(f"input {spec.name} must be {spec.dtype}{list(spec.shape)}, "
+                                  f"got {array.dtype}{list(array.shape)}")
+            self.executor.write(spec.name, array)
+
+    def run(self, *inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Inputs in the Relax function's parameter order; numpy output(s)."""
+        self._upload(inputs)
+        self.executor.run()
+        outs = [self.executor.read(name) for name in self.plan.outputs]
+        self.executor.sync()
+        return tuple(outs) if self.plan.tuple_output else outs[0]
+
+    __call__ = run
+
+    def time(self, *inputs: np.ndarray, warmup: int = 2, repeat: int = 10) -> float:
+        """Median seconds of one forward pass (device events, first start to last end)."""
+        self._upload(inputs)
+        samples = []
+        for i in range(warmup + repeat):
+            secs = self.executor.device_secs()
+            self.executor.sync()
+            if i >= warmup:
+                samples.append(secs)
+        return statistics.median(samples) if samples else float("nan")

@@ -1,0 +1,216 @@
+"""``torch.export`` programs into Relax with their GRU layers on tvm_ext's GRU.
+
+TVM's torch frontend (``from_exported_program``) unrolls ``aten::gru`` step by step for one
+layer and refuses more layers.  Here it runs with one more converter: an ``aten.gru.input``
+node (every ``nn.GRU``: layers, bidirectional, ``batch_first``, h0, with or without bias)
+becomes tvm_ext's GRU placeholder (``relax_gru``), which ``tune model`` tunes as one task and
+lowers to the tuned plan, and the matmuls keep their operands' type (the frontend's own
+converters give float32 results, which breaks a float16 model's biases).  The weights must be
+the program's parameters (constants at import); training-mode dropout is refused.
+
+A ``.pt2`` file is read with ``torch.export.load``, which loads tensors without running code
+from the file (torch's weights-only loading).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+from .relax_gru import GRU_FUNCTION
+
+GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
+
+
+def _weight(node: Any, program: Any, what: str) -> np.ndarray:
+    """The tensor behind one of aten::gru's weight arguments: a parameter, buffer or constant of
+    the program (read from its state dict, as the frontend binds them at the end)."""
+    signature = program.graph_signature
+    name = getattr(node, "name", None)
+    for table, values in ((signature.inputs_to_parameters, program.state_dict),
+                          (signature.inputs_to_buffers, program.state_dict),
+                          (signature.inputs_to_lifted_tensor_constants, program.constants)):
+        if name in table and table[name] in values:
+            return values[table[name]].detach().cpu().double().numpy()
+    raise TvmExtError(f"aten::gru {what} must be a parameter of the program, got {name or type(node).__name__}")
+
+
+def _torch_state(params: list[Any], program: Any, layers: int, dirs: int, has_biases: bool) -> dict[str, np.ndarray]:
+    """aten::gru's flat weight list as ``nn.GRU``'s state dict (per layer, per direction:
+    w_ih, w_hh, then b_ih, b_hh when the GRU has biases)."""
+    names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if has_biases else [])
+    expected = layers * dirs * len(names)
+    if len(params) != expected:
+        raise TvmExtError(f"aten::gru has {len(params)} weights, expected {expected} for {layers} layers, "
+                          f"{dirs} directions{'' if has_biases else ', no bias'}")
+    state, flat = {}, iter(params)
+    for layer in range(layers):
+        for d in range(dirs):
+            for name in names:
+                key = f"{name}_l{layer}{'_reverse' if d else ''}"
+                state[key] = _weight(next(flat), program, key)
+            if not has_biases:  # nn.GRU(bias=False): zero biases, as the kernels always add one
+                for name in ("bias_ih", "bias_hh"):
+                    state[f"{name}_l{layer}{'_reverse' if d else ''}"] = np.zeros(state[key].shape[0])
+    return state
+
+
+def convert_gru(node: Any, importer: Any, program: Any) -> Any:
+    """One ``aten.gru.input`` node of ``program`` as tvm_ext's GRU placeholder: (output, h_n) as
+    torch returns them."""
+    from tvm import relax
+
+    from ..schedules.gru import GruTemplate
+
+    args = list(importer.retrieve_args(node)) + [None] * 9
+    x, hx, _, has_biases, layers, dropout, train, bidirectional, batch_first = args[:9]
+    layers, dirs = int(layers or 1), 2 if bidirectional else 1
+    if train and dropout:
+        raise TvmExtError(f"aten::gru in training mode with dropout={dropout} is not supported (export the "
+                          "model in eval mode)")
+    bb = importer.block_builder
+    if batch_first:
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+    steps, batch, input_size = (int(d) for d in x.ty.shape.values)
+    dtype = str(x.ty.dtype)
+    state = _torch_state(list(node.args[2]), program, layers, dirs, bool(has_biases))
+    hidden = state["weight_hh_l0"].shape[1]
+    template = GruTemplate(batch=batch, hidden=hidden, input=input_size, seq=steps, layers=layers,
+                           bidirectional=dirs == 2)
+    weights = template.device_weights(state)  # biases left out: zeros
+    h0 = hx if hx is not None else relax.const(np.zeros((layers * dirs, batch, hidden), dtype))
+    call_args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))), h0]
+    for layer in range(layers):
+        call_args += [relax.const(np.asarray(weights[f"{n}{layer}"]).astype(dtype))
+                      for n in ("w_ih", "b_ih", "w_hh", "b_hh")]
+    call = bb.emit(relax.call_dps_packed(
+        GRU_FUNCTION, relax.Tuple(call_args),
+        [relax.TensorType([steps * batch, dirs * hidden], dtype),
+         relax.TensorType([layers * dirs, batch, hidden], dtype)]))
+    out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs * hidden)))
+    if batch_first:
+        out = bb.emit(relax.op.permute_dims(out, [1, 0, 2]))
+    return bb.emit(relax.Tuple([out, bb.emit(relax.TupleGetItem(call, 1))]))
+
+
+def _matmul_in_operand_type(node: Any, importer: Any) -> Any:
+    """``mm`` / ``bmm`` / ``matmul`` with the result in the operands' type.  TVM 0.27's torch
+    frontend gives them a float32 result whatever the operands, so a float16 model would run
+    everything after each matmul in float32 (and its ``addmm`` fails adding the float16 bias);
+    ``tvm_ext``'s model rewrite then makes a float16 matmul accumulate in float32, as torch does."""
+    from tvm import relax
+
+    a, b = importer.retrieve_args(node)[:2]
+    return importer.block_builder.emit(relax.op.matmul(a, b))
+
+
+def _linear_in_operand_type(node: Any, importer: Any) -> Any:
+    """``linear`` (x·Wᵀ + b) with the result in the operands' type (see ``_matmul_in_operand_type``)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    bias = args[2] if len(args) > 2 else None
+    return importer.block_builder.emit(relax.op.linear(args[0], args[1], bias))
+
+
+def _addmm_in_operand_type(node: Any, importer: Any) -> Any:
+    """``addmm`` (beta·bias + alpha·a·b: a ``Linear`` on 2-D input after torch's decomposition)
+    with the result in the operands' type (see ``_matmul_in_operand_type``)."""
+    from tvm import relax
+
+    bias, a, b = importer.retrieve_args(node)[:3]
+    alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+    emit = importer.block_builder.emit
+    product = emit(relax.op.matmul(a, b))
+    if alpha != 1:
+        product = emit(relax.op.multiply(product, relax.const(alpha, str(product.ty.dtype))))
+    if beta == 0:
+        return product
+    if beta != 1:
+        bias = emit(relax.op.multiply(bias, relax.const(beta, str(bias.ty.dtype))))
+    return emit(relax.op.add(product, bias))
+
+
+def _select_from_the_end(node: Any, importer: Any) -> Any:
+    """``select.int`` (``x[:, i]``) with a negative index counted from the end, as torch does.
+    TVM 0.27's converter makes every index a ``take`` in fast mode, which for ``-1`` (a
+    classifier's last step) reads before the row: wrong numbers, an illegal address on CUDA."""
+    from tvm import relax, tirx
+
+    x, dim, index = importer.env[node.args[0]], int(node.args[1]), int(node.args[2])
+    size = x.ty.shape[dim] if x.ty.shape is not None else None
+    if index < 0 and isinstance(size, tirx.IntImm):
+        index += int(size)
+    mode = "fast" if index >= 0 else "wrap"  # a size known only at run time: wrapped there
+    return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim, mode=mode))
+
+
+# The torch frontend's converters replaced on import: the matmuls' results in their operands'
+# type, and a negative index selecting from the end
+CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
+              "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
+              "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end}
+
+
+def import_exported_program(program: Any) -> Any:
+    """The Relax IRModule (function ``main``) of a ``torch.export.ExportedProgram``, its GRUs as
+    tvm_ext's; an operator TVM's frontend has no converter for is one ``TvmExtError``."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    table = torch.export.default_decompositions()  # Core ATen, as TVM's frontend runs it, but the GRU kept
+    table.pop(torch.ops.aten.gru.input, None)
+    try:
+        program = program.run_decompositions(table)
+        converter = functools.partial(convert_gru, program=program)
+        return from_exported_program(program, custom_convert_map={**CONVERTERS, GRU_OP: converter},
+                                     run_ep_decomposition=False)
+    except TvmExtError:
+        raise
+    except (AssertionError, NotImplementedError, KeyError, ValueError) as exc:  # the frontend's refusals
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise TvmExtError(f"TVM's torch frontend cannot import the program: {first}") from None
+
+
+def load_exported_program(path: str) -> Any:
+    """A ``.pt2`` file (``torch.export.save``) as an ``ExportedProgram``; bad input is one error."""
+    try:
+        import torch
+    except ImportError:
+        raise TvmExtError("importing a .pt2 program needs torch: pip install torch") from None
+    if not os.path.isfile(path):
+        raise TvmExtError(f"program file {path} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise TvmExtError(f"{path} is not a torch.export program (.pt2): not a zip archive")
+    quiet = logging.getLogger("torch.export")
+    level, quiet.level = quiet.level, logging.CRITICAL  # its loader logs a traceback before raising
+    try:
+        return torch.export.load(path)
+    except Exception as exc:  # noqa: BLE001 - whatever the loader says is the file's problem
+        first = (f"{type(exc).__name__}: {exc}".strip().splitlines() or ["?"])[0][:200]
+        raise TvmExtError(f"{path} is not a torch.export program (.pt2): {first}") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def program_inputs(program: Any, seed: int = 0) -> list[np.ndarray]:
+    """Random inputs of the program's user inputs (static shapes): floats from a standard
+    normal, integers zero."""
+    rng = np.random.default_rng(seed)
+    user_inputs = set(program.graph_signature.user_inputs)
+    arrays = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user_inputs:
+            continue
+        value = node.meta.get("val")
+        if value is None or not all(isinstance(d, int) for d in value.shape):
+            raise TvmExtError(f"program input {node.name} has no static shape; export it with static shapes")
+        dtype = np.dtype(str(value.dtype).removeprefix("torch."))
+        arrays.append(rng.standard_normal(tuple(value.shape)).astype(dtype) if np.issubdtype(dtype, np.floating)
+                      else np.zeros(tuple(value.shape), dtype))
+    return arrays
