@@ -1,1 +1,2 @@
-"""Operator templates: one file per operator with its compute, knobs, schedule and reference."""
+"""Operator templates, one package a family (``gemm``, ``reduce``, ``gru``): each template with its
+compute, knobs, schedule and reference."""
