@@ -168,7 +168,7 @@ with open(os.environ["MAIN_IMPORTS"], "a") as fh:  # each import of this main mo
     fh.write(f"{os.getpid()}\\n")
 sys.path.insert(0, TESTS)
 import pool_jobs
-from tvm_ext.pools import RestartingPool
+from tvm_ext.measure.pools import RestartingPool
 
 if __name__ == "__main__":
     pool = RestartingPool(1)
