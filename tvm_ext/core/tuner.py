@@ -120,9 +120,10 @@ class BuildQueue:
 class Tuner:
     """Measures configs of one workload, with resume and dedup, under a trial budget.
 
-    ``overlap`` builds a batch in chunks of ``chunk`` configs (default: the builder's
-    ``workers``, one round of its pool; a builder without a pool, a replay's, builds each
-    batch whole), the next chunk while the runner measures the ones before it."""
+    ``overlap`` sends a batch to the builder in chunks of ``chunk`` configs (default: the
+    builder's ``workers``, one round of its pool; a builder without a pool, a replay's, builds
+    each batch whole), each build measured as it ends, the next chunk started while the runner
+    measures the ones before it."""
 
     def __init__(self, template: Template, target: TargetInfo, builder: Builder, runner: Runner,
                  store: RecordStore, trials: int = 1 << 30, on_record: ProgressHook | None = None,
@@ -138,7 +139,7 @@ class Tuner:
         self.on_record = on_record
         self.overlap = overlap
         self.chunk = chunk
-        self.most_waiting = 0  # the most built candidates that waited for measurement at once
+        self.most_waiting = 0  # the most candidates building or waiting for measurement at once
         self.trials = 0
         self.errors = 0
         self._cost: dict[Config, float] = {}
@@ -217,9 +218,10 @@ class Tuner:
         return np.array([self._cost.get(c, math.inf) for c in configs], dtype=np.float64)
 
     def chunk_size(self, batch: int) -> int:
-        """Configs built per call of the builder: the whole batch without overlap."""
+        """Configs sent to the builder at once with overlap: the whole batch for a builder
+        without a pool."""
         chunk = self.chunk or getattr(self.builder, "workers", None)
-        return max(1, min(batch, int(chunk))) if self.overlap and chunk else batch
+        return max(1, min(batch, int(chunk))) if chunk else batch
 
     def _build_and_measure(self, configs: Sequence[Config]) -> None:
         """Build ``configs`` and hand each build to the runner as soon as it ends, while more

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["ProcessDied", "RestartingPool"]
 
@@ -35,17 +35,22 @@ READY = "ready"  # a process's first message: its initializer ran, it takes jobs
 # checks) only competes with the other processes, measuring processes on other devices
 # included.  Set for the spawned process where the user has not set them.
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-_ENVIRON_LOCK = threading.RLock()  # pools start processes from their own threads
+_SPAWN_LOCK = threading.Lock()  # pools start processes from their own threads
 
 
 @contextlib.contextmanager
-def _main_left_behind() -> Iterator[None]:
-    """While a process spawns, a bare ``__main__``: a spawned child otherwise imports the
-    parent's main module again (``python -m tvm_ext.worker``, TVM's server and session
-    processes, a benchmark script), and a main module that imports TVM imports torch with it
-    (TVM's FFI does whenever it is installed) before the child can keep torch out: seconds
-    before a measuring process is ready.  Pool jobs are functions of importable modules."""
-    with _ENVIRON_LOCK:
+def _spawning() -> Iterator[None]:
+    """What a process copies as it spawns, set for the pool's processes and restored after:
+    ``CHILD_ENV`` in ``os.environ`` for the variables the user has not set, and a bare
+    ``__main__``.  A spawned child otherwise imports the parent's main module again
+    (``python -m tvm_ext.worker``, TVM's server and session processes, a benchmark script), and
+    a main module that imports TVM imports torch with it (TVM's FFI does whenever it is
+    installed) before the child can keep torch out: seconds before a measuring process is
+    ready.  Pool jobs are functions of importable modules."""
+    with _SPAWN_LOCK:
+        added = [name for name in CHILD_ENV if name not in os.environ]
+        for name in added:
+            os.environ[name] = CHILD_ENV[name]
         main = sys.modules.get("__main__")
         sys.modules["__main__"] = types.ModuleType("__main__")
         try:
@@ -53,19 +58,6 @@ def _main_left_behind() -> Iterator[None]:
         finally:
             if main is not None:
                 sys.modules["__main__"] = main
-
-
-@contextlib.contextmanager
-def child_environment(defaults: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``defaults`` for the variables not set, while a process spawns (it
-    copies the environment as it starts); restored afterwards."""
-    with _ENVIRON_LOCK:
-        added = [name for name in defaults if name not in os.environ]
-        for name in added:
-            os.environ[name] = defaults[name]
-        try:
-            yield
-        finally:
             for name in added:
                 os.environ.pop(name, None)
 
@@ -209,7 +201,7 @@ class RestartingPool:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=_serve, args=(child, self.initializer), daemon=True,
                                         name=f"tvm_ext-pool-{next(self._ids)}")
-        with child_environment(CHILD_ENV), _main_left_behind():
+        with _spawning():
             process.start()
         child.close()
         return _Process(process, parent)
