@@ -587,6 +587,7 @@ def test_a_worker_beyond_loopback_needs_a_secret_or_insecure(tmp_path):
 
 def test_a_worker_of_another_tvm_ext_version_is_one_error_naming_both(cluster, servers):
     from tvm_ext import __version__
+    from tvm_ext.remote.messages import PROTOCOL
 
     code = ("import sys, tvm_ext; tvm_ext.__version__ = '0.0.0-other'; from tvm_ext.remote.worker import main; "
             "sys.exit(main(sys.argv[1:]))")
@@ -594,4 +595,5 @@ def test_a_worker_of_another_tvm_ext_version_is_one_error_naming_both(cluster, s
                       "127.0.0.1", "--port", str(free_port())], "other")
     with pytest.raises(TvmExtError) as err:
         RpcRunner(cluster.tracker, "other", "opencl", FAST, log=quiet).start()
-    assert f"runs tvm_ext 0.0.0-other (protocol 2), this tuner tvm_ext {__version__} (protocol 2)" in str(err.value)
+    assert (f"runs tvm_ext 0.0.0-other (protocol {PROTOCOL}), this tuner tvm_ext {__version__} (protocol {PROTOCOL})"
+            in str(err.value))

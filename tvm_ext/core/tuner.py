@@ -357,6 +357,9 @@ class Tuner:
         default = default or self.template.default_config(self.target)
         self.strategy = self.strategy or type(strategy).__name__
         first = [default] if measure_default else []  # measured with the first batch, first in it
+        prepare = getattr(self.runner, "prepare", None)
+        if prepare is not None:  # the check's data travels while the first batch builds
+            prepare(self.template, default)
         try:
             while not strategy.done and self.budget_left > 0 and not self._stop.is_set():
                 batch = strategy.propose()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -84,17 +85,19 @@ class MeasureJob:
 
 # ---- the driver's side -------------------------------------------------------------------------
 _CASES: dict[tuple[str, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+_CASES_LOCK = threading.Lock()  # one computation per case: the runners make it ahead on a thread
 
 
 def reference_case(operator: "Template", seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The check's inputs and float64 references for ``operator`` (``make_case``), computed
     once per workload and seed."""
     key = (repr(operator), seed)
-    if key not in _CASES:
-        if len(_CASES) >= _CASE_CACHE_SIZE:
-            _CASES.clear()
-        _CASES[key] = operator.make_case(np.random.default_rng(seed))
-    return _CASES[key]
+    with _CASES_LOCK:
+        if key not in _CASES:
+            if len(_CASES) >= _CASE_CACHE_SIZE:
+                _CASES.clear()
+            _CASES[key] = operator.make_case(np.random.default_rng(seed))
+        return _CASES[key]
 
 
 MAX_ROTATION_SETS = 32  # input sets a measurement cycles through at most
@@ -119,15 +122,31 @@ def make_job(template: "Template", config: "Config", artifact: Artifact, target:
                          f"the operator {len(specs)} tensors")
     plan = template.run_plan(config, artifact)
     sets = rotation_sets(operator.bytes_moved(), target) if plan.rotate_inputs else 1
+    drawn, references, check = _check_data(operator, inputs, refs)
+    return MeasureJob(artifact, tuple(zip(artifact.params, specs)), len(operator.inputs()), len(operator.outputs()),
+                      drawn, references, check, plan, settings, sets,
+                      target.device_id if device_id is None else device_id)
+
+
+def job_case(template: "Template", config: "Config", settings: MeasureSettings) -> tuple[Any, ...]:
+    """The case (``tvm_ext.measure.cases``) of every job measuring ``config`` of ``template``:
+    known before anything is built, so it can be sent ahead of the first job."""
+    operator = template.measured_operator(config)
+    drawn, references, check = _check_data(operator, *reference_case(operator, settings.seed))
+    return (None if isinstance(drawn, UniformInputs) else drawn), references, check
+
+
+def _check_data(operator: Any, inputs: Sequence[np.ndarray], refs: Sequence[np.ndarray]
+                ) -> tuple[UniformInputs | tuple[np.ndarray, ...], tuple[np.ndarray, ...], OutputCheck]:
+    """A job's inputs (drawn from the seed where the measuring side can: large inputs do not
+    travel), references and check."""
     full = operator.full_precision()
-    if full.draws_uniform_inputs:  # the worker draws them from the seed: large inputs do not travel
+    if full.draws_uniform_inputs:
         drawn: UniformInputs | tuple[np.ndarray, ...] = UniformInputs(*full.input_range,
                                                                      tuple(s.dtype for s in full.inputs()))
     else:
         drawn = tuple(np.asarray(a) for a in inputs)
-    return MeasureJob(artifact, tuple(zip(artifact.params, specs)), len(operator.inputs()), len(operator.outputs()),
-                      drawn, tuple(np.asarray(r) for r in refs), operator.output_check(refs), plan,
-                      settings, sets, target.device_id if device_id is None else device_id)
+    return drawn, tuple(np.asarray(r) for r in refs), operator.output_check(refs)
 
 
 # ---- the worker's side ----------------------------------------------------------------------------

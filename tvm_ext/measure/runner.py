@@ -7,7 +7,8 @@ error result and the rest of the batch goes on, in a fresh worker.
 
 ``IsolatedMeasurer`` is that isolation: one process measuring jobs one at a time under a run
 timeout, in a ``RestartingPool`` (a process that dies is replaced and the job it ran is measured
-once more: only a job that kills its process twice is a ``crash``).
+once more: only a job that kills its process twice is a ``crash``).  A job's check data (its
+case, ``tvm_ext.measure.cases``) goes into that process once and stays there: jobs go without it.
 ``LocalRunner`` measures on this machine with one per device, so jobs on different devices run
 at the same time and jobs on one device never overlap; a ``tvm_ext.worker`` (the RPC runner's
 server, ``tvm_ext.remote.rpc_runner``) measures with one per session.
@@ -15,14 +16,16 @@ server, ``tvm_ext.remote.rpc_runner``) measures with one per session.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Protocol, Sequence
 
 from .builder import BuildResult
+from .cases import CASES_KEPT, case_key_of, join_case, split_case
 from ..core.errors import ErrorKind, RunnerLost
 from .lifetime import exit_with_parent
-from .measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job, time_loop, warm_device
+from .measure import MeasureJob, MeasureSettings, RunResult, job_case, make_job, run_job, time_loop, warm_device
 from .pools import ProcessDied, RestartingPool
 from ..target import TargetInfo
 from ..core.template import Template
@@ -32,6 +35,10 @@ __all__ = ["IsolatedMeasurer", "LocalRunner", "MeasureJob", "MeasureSettings", "
 
 
 class Runner(Protocol):
+    """Measures built programs.  A runner may also have ``prepare(template, config)``, called
+    once as a search starts, before anything is built: it makes the workload's check data and
+    sends it where the jobs will be measured, so the first jobs do not wait for it."""
+
     def submit(self, template: Template, builds: Sequence[BuildResult]) -> list["Future[RunResult]"]:
         """Start measuring every build (all built: ``artifact`` set); one future per build, in
         order, each resolving to a ``RunResult`` (failures included).  A future raises only
@@ -68,6 +75,13 @@ def job_error(exc: Exception) -> RunResult:
     return RunResult((), ErrorKind.RUN_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
 
+def _returned(pool_future: Any) -> Any:
+    """What the pool's job returned; ``None`` when it raised, timed out or was cancelled."""
+    if pool_future.cancelled() or pool_future.exception() is not None:
+        return None
+    return pool_future.result()
+
+
 def _outcome(pool_future: Any, timeout: float) -> RunResult:
     """A pool future's result as a RunResult: timeouts and dead workers are data too."""
     try:
@@ -82,6 +96,31 @@ def _outcome(pool_future: Any, timeout: float) -> RunResult:
         return RunResult((), ErrorKind.RUN_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
 
+CASE_MISSING = "tvm_ext: the measuring process does not hold this case"
+_HELD: OrderedDict[str, tuple[Any, ...]] = OrderedDict()  # in a measuring process: its cases by key
+
+
+def hold_case(key: str, case: tuple[Any, ...]) -> None:
+    """In a measuring process: keep ``case`` under ``key`` (the ``CASES_KEPT`` latest)."""
+    _HELD[key] = case
+    _HELD.move_to_end(key)
+    while len(_HELD) > CASES_KEPT:
+        _HELD.popitem(last=False)
+
+
+def measure_held(measure: Callable[[MeasureJob], RunResult], job: MeasureJob, key: str,
+                 case: tuple[Any, ...] | None) -> RunResult | str:
+    """In a measuring process: ``measure`` ``job`` with case ``key`` (``case`` when sent along,
+    else the one held); ``CASE_MISSING`` when it holds none (a fresh process), to be sent again."""
+    if case is not None:
+        hold_case(key, case)
+    held = _HELD.get(key)
+    if held is None:
+        return CASE_MISSING
+    _HELD.move_to_end(key)
+    return measure(join_case(job, held))
+
+
 class IsolatedMeasurer:
     """One process (spawned, so no device state is inherited) measuring jobs one at a time:
     a job past ``timeout`` or one that kills the process twice (a trap in the kernel) is an
@@ -92,6 +131,8 @@ class IsolatedMeasurer:
         self.timeout = timeout
         self.measure = measure
         self._pool: RestartingPool | None = None
+        self._sent: OrderedDict[str, None] = OrderedDict()  # cases sent to the process (it may have lost them)
+        self._lock = threading.Lock()
 
     @property
     def rebuilds(self) -> int:
@@ -103,14 +144,49 @@ class IsolatedMeasurer:
             self._pool = RestartingPool(1, exit_with_parent)
         return self._pool
 
-    def schedule(self, job: MeasureJob) -> "Future[RunResult]":
+    def schedule(self, job: MeasureJob, case_key: str | None = None) -> "Future[RunResult]":
+        """Measure ``job``; with ``case_key`` (its case's, ``cases.case_key``) the case goes to
+        the process only if it was not sent before, and again if the process lost it."""
         future: Future[RunResult] = Future()
-        pool_future = self._started().schedule(self.measure, (job,), self.timeout)
-        pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
+        if case_key is None:
+            pool_future = self._started().schedule(self.measure, (job,), self.timeout)
+            pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
+            return future
+        light, case = split_case(job)
+
+        def send(with_case: bool) -> None:
+            args = (self.measure, light, case_key, case if with_case else None)
+            self._started().schedule(measure_held, args, self.timeout).add_done_callback(
+                lambda f: ended(f, with_case))
+
+        def ended(pool_future: Any, with_case: bool) -> None:
+            if not with_case and _returned(pool_future) == CASE_MISSING:
+                try:
+                    return send(True)
+                except RuntimeError:  # closed meanwhile
+                    return future.set_result(RunResult((), ErrorKind.RUN_ERROR, "the measuring process was closed"))
+            future.set_result(_outcome(pool_future, self.timeout))
+
+        send(not self._mark_sent(case_key))
         return future
 
-    def run(self, job: MeasureJob) -> RunResult:
-        return self.schedule(job).result()
+    def _mark_sent(self, key: str) -> bool:
+        """Whether case ``key`` was sent before; it counts as sent from now on."""
+        with self._lock:
+            known = key in self._sent
+            self._sent[key] = None
+            self._sent.move_to_end(key)
+            while len(self._sent) > CASES_KEPT:
+                self._sent.popitem(last=False)
+        return known
+
+    def hold(self, case_key: str, case: tuple[Any, ...]) -> None:
+        """Send case ``case_key`` to the process ahead of its jobs (while they build)."""
+        if not self._mark_sent(case_key):
+            self._started().schedule(hold_case, (case_key, case), self.timeout)
+
+    def run(self, job: MeasureJob, case_key: str | None = None) -> RunResult:
+        return self.schedule(job, case_key).result()
 
     def warm(self, kind: str, device_id: int) -> Future:
         """Start the measuring process now and load its device (``measure.warm_device``), so the
@@ -154,6 +230,25 @@ class LocalRunner:
         for slot in range(len(self.devices)):
             self._pool(slot)
 
+    def prepare(self, template: Template, config: Any) -> None:
+        """The workload's check data (``config``'s, the default's), made on a thread while the
+        first candidates build and sent to every device's measuring process ahead of its jobs."""
+        def send_all() -> None:
+            try:
+                case = job_case(template, config, self.settings)
+            except Exception:  # the jobs meet it and say so
+                return
+            key = case_key_of(case)
+            for slot in range(len(self.devices)) if key is not None else ():
+                with self._lock:
+                    pool = self._pool(slot)
+                try:
+                    pool.hold(key, case)
+                except RuntimeError:  # closed meanwhile
+                    return
+
+        threading.Thread(target=send_all, daemon=True, name="tvm_ext-case-ahead").start()
+
     def job(self, template: Template, build: BuildResult, device: int | None = None) -> MeasureJob:
         if build.artifact is None:
             raise ValueError(f"{build.config} was not built: nothing to measure")
@@ -171,7 +266,7 @@ class LocalRunner:
             except Exception as exc:  # no case for the workload (e.g. a reference that fails): data
                 futures.append(resolved(job_error(exc)))
                 continue
-            futures.append(pool.schedule(job))
+            futures.append(pool.schedule(job, case_key_of(split_case(job)[1])))
         return futures
 
     def run(self, template: Template, builds: Sequence[BuildResult]) -> list[RunResult]:

@@ -14,14 +14,13 @@ order, or of another kind, is refused.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import secrets
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 import numpy as np
 
+from ..measure.cases import case_key, join_case, split_case  # noqa: F401  (re-exported)
 from ..measure.checks import ElementwiseCheck, NormwiseCheck
 from ..core.errors import ErrorKind
 from ..measure.measure import MeasureJob, MeasureSettings, RunResult
@@ -29,7 +28,7 @@ from ..measure.program import Artifact, FailureFlag, KernelLaunch, RunPlan, Tens
 from ..target import TargetInfo
 from .wire import WireError, decode, encode
 
-PROTOCOL = 2  # bumped when a request or reply changes shape: driver and worker must agree
+PROTOCOL = 3  # bumped when a request or reply changes shape: driver and worker must agree
 HELLO, HELLO_REPLY, MEASURE, MEASURE_REPLY = "hello", "hello-reply", "measure", "measure-reply"
 
 
@@ -50,7 +49,7 @@ class MeasureRequest:
     reference is 32 MB) travel once per session and workload: ``case`` holds them the first
     time, ``job`` travels without them, and ``case_key`` names them."""
 
-    job: MeasureJob
+    job: MeasureJob | None  # None: only the case, sent ahead of the workload's jobs
     case_key: str
     case: tuple[Any, ...] | None
     timeout: float
@@ -60,19 +59,6 @@ class MeasureRequest:
 class MeasureReply:
     result: RunResult | None  # None: the session does not have ``case_key``; send the case
     seconds: float = 0.0  # the worker's time for the job
-
-
-def split_case(job: MeasureJob) -> tuple[MeasureJob, tuple[Any, ...]]:
-    """``job`` without its check's data, and that data: (inputs, or None when the worker
-    draws them from the seed; references; the check)."""
-    arrays = None if isinstance(job.inputs, UniformInputs) else tuple(job.inputs)
-    light = replace(job, inputs=job.inputs if arrays is None else (), references=(), check=None)  # type: ignore[arg-type]
-    return light, (arrays, tuple(job.references), job.check)
-
-
-def join_case(job: MeasureJob, case: tuple[Any, ...]) -> MeasureJob:
-    arrays, references, check = case
-    return replace(job, inputs=job.inputs if arrays is None else arrays, references=references, check=check)
 
 
 # ---- dataclasses as dicts, and back through a strict reader ----------------------------------------
@@ -202,18 +188,6 @@ def case_from_plain(value: Any) -> tuple[Any, ...]:
             _arrays(value["references"], "case.references"), made)
 
 
-def case_key(case: tuple[Any, ...]) -> str:
-    """A digest of a case: its arrays' dtypes, shapes and bytes, and its check."""
-    digest = hashlib.blake2b(digest_size=16)
-    plain = case_to_plain(case)
-    listed = (plain["arrays"] or []) + plain["references"] + [plain["check"].get("bounds", np.zeros(0))]
-    for array in listed:
-        digest.update(f"{array.dtype.name}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-    digest.update(json.dumps({k: v for k, v in plain["check"].items() if k != "bounds"}, sort_keys=True).encode())
-    return digest.hexdigest()
-
-
 def result_to_plain(result: RunResult) -> dict[str, Any]:
     return {"costs": list(result.costs), "error_kind": str(result.error_kind), "error_msg": result.error_msg,
             "metrics": result.metrics}
@@ -258,7 +232,8 @@ def read_hello_reply(data: Any, nonce: str, secret: bytes | None) -> tuple[Worke
 
 
 def measure_request(request: MeasureRequest, session: str, seq: int, secret: bytes | None) -> bytes:
-    return encode(MEASURE, {"session": session, "seq": seq, "job": job_to_plain(request.job),
+    return encode(MEASURE, {"session": session, "seq": seq,
+                            "job": None if request.job is None else job_to_plain(request.job),
                             "case_key": request.case_key,
                             "case": None if request.case is None else case_to_plain(request.case),
                             "timeout": request.timeout}, secret)
@@ -302,8 +277,10 @@ def read_measure_request(data: Any, state: WorkerSessionState, secret: bytes | N
     if seq <= state.seq:
         raise WireError(f"request {seq} after {state.seq} (replayed)")
     state.seq = seq
-    case = header.get("case")
-    request = MeasureRequest(job_from_plain(header.get("job")), _field(header, "case_key", "str"),
+    case, job = header.get("case"), header.get("job")
+    if job is None and case is None:
+        raise WireError("a request without a job must carry a case")
+    request = MeasureRequest(None if job is None else job_from_plain(job), _field(header, "case_key", "str"),
                              None if case is None else case_from_plain(case), _field(header, "timeout", "float"))
     return request, seq
 

@@ -47,9 +47,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, Sequence
 
 from ..measure.builder import BuildResult
+from ..measure.cases import case_key_of
 from ..core.errors import ErrorKind, RunnerLost, TvmExtError
-from ..measure.measure import MeasureJob, MeasureSettings, RunResult, make_job, run_job
-from .messages import case_key, hello_request, measure_request, read_hello_reply, read_measure_reply
+from ..measure.measure import MeasureJob, MeasureSettings, RunResult, job_case, make_job, run_job
+from .messages import hello_request, measure_request, read_hello_reply, read_measure_reply
 from ..measure.program import MAIN
 from ..measure.runner import job_error, resolved
 from ..target import TargetInfo, cuda_target_of
@@ -194,33 +195,6 @@ def check_worker(info: WorkerInfo, address: str) -> None:
                           f"this tuner tvm_ext {__version__} (protocol {PROTOCOL}): install the same tvm_ext on both")
 
 
-_KEYS_KEPT = 8  # cases whose digest the driver keeps (a 2048^2 GEMM's takes tens of ms to hash)
-_keys: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
-_keys_lock = threading.Lock()
-
-
-def _case_key_of(case: tuple[Any, ...]) -> str:
-    """``case_key`` of ``case``, hashed once per case: every job of a workload carries the same
-    cached arrays (``measure.reference_case``) and an equal check; the entry holds the arrays,
-    so an id here is never another object's."""
-    arrays, references, check = case
-    try:  # a check equal by value (a tolerance) is the same check; one holding arrays goes by identity
-        same_check: Any = (type(check), hash(check), check)
-    except TypeError:
-        same_check = id(check)
-    ids = (*(id(a) for a in (*(arrays or ()), *references)), same_check)
-    with _keys_lock:
-        known = _keys.get(ids)
-    if known is not None:
-        return known[0]
-    key = case_key(case)
-    with _keys_lock:
-        if len(_keys) >= _KEYS_KEPT:
-            _keys.clear()
-        _keys[ids] = (key, case)
-    return key
-
-
 class WorkerSession:
     """A session with a ``tvm_ext.worker``: jobs as data, measured on the worker's device."""
 
@@ -246,10 +220,29 @@ class WorkerSession:
         self._measure = session.get_function(MEASURE)
         self._seq = 0
         self._cases: set[str] = set()  # case keys this session has been sent
+        self._lock = threading.Lock()  # the slot's jobs and a case sent ahead take turns
+
+    def send_case(self, key: str, case: tuple[Any, ...], timeout: float) -> None:
+        """Send case ``key`` ahead of its jobs (the worker passes it on to its measuring
+        process); a failure is left to the next job to meet."""
+        with self._lock:
+            if key in self._cases or self._measure is None:
+                return
+            try:
+                self._call(MeasureRequest(None, key, case, timeout))
+                self._cases.add(key)
+            except (ServerLost, ReplyRejected):
+                pass
 
     def measure(self, job: MeasureJob, timeout: float) -> RunResult:
+        with self._lock:
+            return self._measure_job(job, timeout)
+
+    def _measure_job(self, job: MeasureJob, timeout: float) -> RunResult:
         light, case = split_case(job)
-        key = _case_key_of(case)
+        key = case_key_of(case)
+        if key is None:
+            return RunResult((), ErrorKind.RUN_ERROR, f"a {type(case[2]).__name__} check cannot go to a worker")
         for _ in range(2):
             send = None if key in self._cases else case
             reply = self._call(MeasureRequest(light, key, send, timeout))
@@ -414,6 +407,7 @@ class RpcRunner:
         self._lost: RunnerLost | None = None
         self._threads: list[threading.Thread] = []
         self._held = 0  # slots holding a session
+        self._sessions: set[ServerSession] = set()  # the sessions the slots hold
         self._none_since: float | None = None
         self._control: TrackerClient | None = None
         self._busy: dict[str, float] = {}  # server address -> seconds its slots spent measuring
@@ -472,7 +466,7 @@ class RpcRunner:
             thread = threading.Thread(target=self._slot, args=(held,), name=f"rpc-slot-{index}", daemon=True)
             self._threads.append(thread)
             if held is not None:
-                self._held += 1
+                self._hold(held)
             thread.start()
         return self
 
@@ -627,8 +621,7 @@ class RpcRunner:
                     session = self._open(threading.Event())  # hold a server, then take jobs
                     if session is None:
                         return
-                    with self._lock:
-                        self._held += 1
+                    self._hold(session)
                 item = self._queue.get()
                 if item is None:
                     return
@@ -637,8 +630,7 @@ class RpcRunner:
                     if session is None:
                         self._queue.put(item)
                         return
-                    with self._lock:
-                        self._held += 1
+                    self._hold(session)
                 address, started = session.address, time.perf_counter()
                 try:
                     result = session.measure(item.job, self.timeout)
@@ -673,10 +665,16 @@ class RpcRunner:
         with self._lock:
             self._busy[address] = self._busy.get(address, 0.0) + time.perf_counter() - started
 
+    def _hold(self, session: ServerSession) -> None:
+        with self._lock:
+            self._held += 1
+            self._sessions.add(session)
+
     def _drop(self, session: ServerSession) -> None:
         session.close()
         with self._lock:
             self._held -= 1
+            self._sessions.discard(session)
 
     def _lost_server(self, item: _Item, exc: ServerLost) -> None:
         item.attempts += 1
@@ -706,6 +704,24 @@ class RpcRunner:
                     item.future.set_exception(exc)
 
     # ---- the Runner protocol ----------------------------------------------------------------------
+    def prepare(self, template: Template, config: Any) -> None:
+        """The workload's check data (``config``'s, the default's), made and sent to every worker
+        session held, on threads while the first candidates build: the first job of each then
+        travels without it, and its measuring process holds it already."""
+        def send_all() -> None:
+            try:
+                case = job_case(template, config, self.settings)
+                key = case_key_of(case)
+            except Exception:  # the jobs meet it and say so
+                return
+            with self._lock:
+                sessions = [s for s in self._sessions if isinstance(s, WorkerSession)]
+            for session in sessions if key is not None else ():
+                threading.Thread(target=session.send_case, args=(key, case, self.timeout), daemon=True,
+                                 name="rpc-case-ahead").start()
+
+        threading.Thread(target=send_all, daemon=True, name="rpc-prepare").start()
+
     def submit(self, template: Template, builds: Sequence[BuildResult]) -> list["Future[RunResult]"]:
         if self._lost is not None:
             raise self._lost

@@ -51,6 +51,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ..core.errors import TvmExtError
+from ..measure.cases import CASES_KEPT
 from ..measure.lifetime import end_descendants, end_tree_with_parent, end_with_parent
 from .messages import (PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo, WorkerSessionState, hello_reply,
                        join_case, measure_reply, read_measure_request, split_case)
@@ -63,7 +64,6 @@ HELLO = "tvm_ext.worker.hello"
 MEASURE = "tvm_ext.worker.measure"
 DEFAULT_PORT = 9091
 PORT_RANGE = 100  # ports tried from --port on (TVM's server binds the first free one)
-_CASES_KEPT = 4  # workloads whose check inputs and references a session keeps
 LISTENER_LOST = 3  # the server process's exit code once TVM's listening thread has ended
 
 
@@ -88,15 +88,17 @@ class _Session:
         start = time.perf_counter()
         if request.case is not None:
             self.cases[request.case_key] = request.case
-            while len(self.cases) > _CASES_KEPT:
+            while len(self.cases) > CASES_KEPT:
                 self.cases.popitem(last=False)
         case = self.cases.get(request.case_key)
-        if case is None:
-            return MeasureReply(None)
+        if case is None or request.job is None:  # a case sent ahead goes on to the measuring process
+            if case is not None:
+                self.measurer.hold(request.case_key, case)
+            return MeasureReply(None, time.perf_counter() - start)
         self.cases.move_to_end(request.case_key)
         job = replace(join_case(request.job, case), device_id=self.device_id)
         self.measurer.timeout = request.timeout
-        result = self.measurer.run(job)
+        result = self.measurer.run(job, request.case_key)
         self.jobs += 1
         secs = time.perf_counter() - start
         status = f"{result.cost * 1e3:.4f} ms" if result.ok else f"{result.error_kind}: {result.error_msg[:80]}"
