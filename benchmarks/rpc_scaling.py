@@ -112,7 +112,10 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
     builder.secs = 0.0
     start = time.perf_counter()
 
+    seen: dict[str, Any] = {}
+
     def progress(rec: Any, tuner: Any) -> None:
+        seen["tuner"] = tuner
         if tuner.trials % 16 == 0:
             print(f"  [{label}] {tuner.trials} trials, {time.perf_counter() - start:.1f} s", flush=True)
 
@@ -139,6 +142,8 @@ def tune_once(label: str, cluster: LocalCluster, parallel: int, builder: TimedBu
         "best_ms": best.cost * 1e3 if best else float("nan"),
         "best_config": best.config if best else None, "servers": servers,
         "device": target.device_name, "records": records, "median_job_secs": job_secs,
+        "built_ahead": getattr(seen.get("tuner"), "built_ahead", 0),
+        "first_result_secs": min((r.elapsed for r in recs), default=float("nan")),
     }
 
 

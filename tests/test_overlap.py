@@ -202,6 +202,7 @@ def test_chunks_are_built_while_the_workers_measure_and_the_queue_stays_bounded(
     assert_overlapped_and_bounded(timeline)
     assert_each_built_and_measured_once(tuner, timeline)
     assert CHUNK < tuner.most_waiting <= 2 * CHUNK  # a chunk built and sent while the one before measured
+    assert tuner.built_ahead > 0  # the next generation's first candidates were built while this one measured
     recs = records_of(tmp_path / "r.jsonl")
     keys = config_keys(recs)
     assert len(keys) == len(set(keys)) == result.trials  # nothing measured twice, nothing lost

@@ -229,3 +229,35 @@ def test_default_tournament_size_follows_the_population():
         assert len(ga.propose()) == population
     with pytest.raises(ValueError, match="population/2"):
         GeneticSearch(space, np.random.default_rng(0), size_pop=4, tourn_size=2)
+
+
+@pytest.mark.parametrize("kind", ["ga", "random"])
+def test_peek_is_the_batch_propose_gives_after_observe_and_leaves_the_strategy_as_it_was(kind):
+    """The tuner builds the peeked batch while the last jobs of this one measure: it must be the
+    very batch of the search, and peeking must not move the search (its rng above all)."""
+    space = Space(tuple(Knob(f"g{i}", tuple(range(8))) for i in range(6)))
+    target = np.array([3, 5, 1, 7, 0, 2])
+
+    def cost(pop):
+        return np.abs(pop - target).sum(axis=1).astype(float) + 1.0
+
+    def make():
+        if kind == "ga":
+            return GeneticSearch(space, np.random.default_rng(9), size_pop=12, generations=3, tourn_size=3)
+        return RandomSearch(space, np.random.default_rng(9), batch=12, generations=3)
+
+    peeking, plain = make(), make()
+    peeked = []
+    while not peeking.done:
+        batch = peeking.propose()
+        assert np.array_equal(batch, plain.propose())  # peeking never changed the search
+        if peeked:
+            assert peeked[-1] is not None and np.array_equal(peeked[-1], batch)
+        partial = cost(batch)
+        partial[-3:] = np.inf  # the batch's last jobs still measuring: peeked as if they failed
+        peeked.append(peeking.peek(batch, cost(batch)))
+        peeking.peek(batch, partial)
+        peeking.observe(batch, cost(batch))
+        plain.observe(batch, cost(batch))
+    assert peeked[-1] is None  # the search is done after the last batch: nothing to build ahead
+    assert peeking.history == plain.history

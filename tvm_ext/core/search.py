@@ -8,10 +8,11 @@ builds a whole batch in parallel.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -19,12 +20,29 @@ from .space import Space
 
 
 class SearchStrategy(Protocol):
+    """``propose`` a batch, ``observe`` its costs, until ``done``.  A strategy may also have
+    ``peek(indices, costs)``: the batch ``propose`` would return after ``observe(indices,
+    costs)`` (``None`` if it would be done), the strategy itself unchanged; the tuner builds
+    that batch while the tail of this one measures (``peek_by_copy``)."""
+
     def propose(self) -> np.ndarray: ...
 
     def observe(self, indices: np.ndarray, costs: np.ndarray) -> None: ...
 
     @property
     def done(self) -> bool: ...
+
+
+def peek_by_copy(strategy: Any, indices: np.ndarray, costs: np.ndarray) -> np.ndarray | None:
+    """``peek`` for a strategy whose state is its fields, arrays it replaces (never writes
+    into), its ``history`` list and its ``rng``: its class's ``observe`` and ``propose`` on a
+    copy (the class's: a method wrapped on the instance would reach the original)."""
+    cls = type(strategy)
+    twin = copy.copy(strategy)
+    twin.rng = copy.deepcopy(strategy.rng)
+    twin.history = list(strategy.history)
+    cls.observe(twin, indices, costs)
+    return None if twin.done else cls.propose(twin)
 
 
 # ---- GA operators: pure functions on whole populations ---------------------------------
@@ -148,6 +166,9 @@ class GeneticSearch:
         self.history.append(float(np.min(costs)))
         self.generation += 1
 
+    def peek(self, indices: np.ndarray, costs: np.ndarray) -> np.ndarray | None:
+        return peek_by_copy(self, indices, costs)
+
 
 @dataclass
 class RandomSearch:
@@ -178,3 +199,6 @@ class RandomSearch:
     def observe(self, indices: np.ndarray, costs: np.ndarray) -> None:
         self.history.append(float(np.min(costs)) if len(costs) else float("inf"))
         self.generation += 1
+
+    def peek(self, indices: np.ndarray, costs: np.ndarray) -> np.ndarray | None:
+        return peek_by_copy(self, indices, costs)

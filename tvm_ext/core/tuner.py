@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
@@ -38,6 +39,9 @@ from .search import SearchStrategy
 from .space import Config
 from ..target import TargetInfo
 from .template import Template, Workload
+
+AHEAD_AFTER = 4  # the next batch starts building when this many jobs per device are left to measure
+AHEAD_KEPT = 256  # candidates built ahead and kept for a later batch at most
 
 
 class Builder(Protocol):
@@ -140,6 +144,9 @@ class Tuner:
         self.overlap = overlap
         self.chunk = chunk
         self.most_waiting = 0  # the most candidates building or waiting for measurement at once
+        self.built_ahead = 0  # candidates whose build was started by ``_build_ahead`` and then measured
+        self._ahead: OrderedDict[Config, Future] = OrderedDict()  # builds started ahead of their batch
+        self._peek: tuple[Any, np.ndarray, list[Config]] | None = None  # the batch in measurement, to peek past
         self.trials = 0
         self.errors = 0
         self._cost: dict[Config, float] = {}
@@ -250,7 +257,30 @@ class Tuner:
             building = [f for f, end in zip(building, ended) if not end]
             if built:
                 self._submit(built, batch)
+            if not left and not building:
+                self._build_ahead(batch, size)
         self.most_waiting = max(self.most_waiting, batch.queue.most)
+
+    def _build_ahead(self, batch: "_Batch", size: int) -> None:
+        """Once a batch is built and its last few candidates measure, start building the next
+        batch as the strategy would propose it were the unmeasured ones to fail (``peek``): the
+        GA's next generation is then built, not waited for, when its turn comes.  Nothing is
+        measured ahead, so the search and its records are those of a run without it; a
+        candidate the real batch does not hold stays built for a later one (``AHEAD_KEPT``)."""
+        if self._peek is None or len(batch.inflight) > AHEAD_AFTER * max(1, getattr(self.runner, "in_flight", 1)):
+            return
+        strategy, rows, configs = self._peek
+        self._peek = None
+        rows_next = strategy.peek(rows, np.array([self._cost.get(c, math.inf) for c in configs]))
+        if rows_next is None:
+            return
+        room = min(size, batch.queue.limit - batch.queue.waiting, self.budget_left - len(batch.inflight))
+        fresh = [c for c in dict.fromkeys(self.space.decode(r) for r in rows_next)
+                 if c not in self._cost and c not in self._ahead and self.space.is_feasible(c)][:max(0, room)]
+        if fresh:
+            self._ahead.update(zip(fresh, self.builder.submit(self.template, fresh, self.target)))  # type: ignore[attr-defined]
+        while len(self._ahead) > AHEAD_KEPT:
+            self._ahead.popitem(last=False)[1].cancel()
 
     def _start_builds(self, configs: Sequence[Config]) -> list[Future]:
         """A future per config for its ``BuildResult``: the builder's own (``submit``, each
@@ -258,7 +288,12 @@ class Tuner:
         build on a thread, every future resolved when it ends."""
         submit = getattr(self.builder, "submit", None)
         if submit is not None:
-            return submit(self.template, configs, self.target)
+            ahead = [self._ahead.pop(c, None) for c in configs]
+            ahead = [None if f is None or f.cancelled() else f for f in ahead]
+            self.built_ahead += sum(f is not None for f in ahead)
+            rest = [c for c, f in zip(configs, ahead) if f is None]
+            started = iter(submit(self.template, rest, self.target) if rest else ())
+            return [f if f is not None else next(started) for f in ahead]
         whole = in_thread(self.builder.build, self.template, configs, self.target)
         futures: list[Future] = [Future() for _ in configs]
 
@@ -357,6 +392,7 @@ class Tuner:
         default = default or self.template.default_config(self.target)
         self.strategy = self.strategy or type(strategy).__name__
         first = [default] if measure_default else []  # measured with the first batch, first in it
+        peeks = self.overlap and hasattr(strategy, "peek") and hasattr(self.builder, "submit")
         prepare = getattr(self.runner, "prepare", None)
         if prepare is not None:  # the check's data travels while the first batch builds
             prepare(self.template, default)
@@ -364,6 +400,7 @@ class Tuner:
             while not strategy.done and self.budget_left > 0 and not self._stop.is_set():
                 batch = strategy.propose()
                 configs = [self.space.decode(row) for row in batch]
+                self._peek = (strategy, batch, configs) if peeks else None
                 costs = self.evaluate(first + configs)[len(first):]
                 first = []
                 strategy.observe(batch, costs)
@@ -372,6 +409,10 @@ class Tuner:
                 self.evaluate(first)
         except KeyboardInterrupt:
             interrupted = True
+        finally:
+            self._peek = None
+            while self._ahead:
+                self._ahead.popitem()[1].cancel()
         return TuneResult(
             workload=self.workload, best=self.best, default=self.record_of(default),
             trials=self.trials, errors=self.errors, resumed=self.resumed,

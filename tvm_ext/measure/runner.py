@@ -215,6 +215,11 @@ class LocalRunner:
         self._lock = threading.Lock()  # tuners in several threads submit at once
 
     @property
+    def in_flight(self) -> int:
+        """Jobs measured at once: one a device."""
+        return len(self.devices)
+
+    @property
     def workers(self) -> tuple[int, ...]:
         """The device of each worker process started so far."""
         return tuple(self.devices[slot] for slot in sorted(self._pools))

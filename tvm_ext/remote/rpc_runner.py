@@ -440,6 +440,7 @@ class RpcRunner:
                               f"tvm_ext.worker --tracker {self.tracker[0]}:{self.tracker[1]} --key {self.key} (beyond "
                               f"loopback: --host ADDR with the tuner's secret, {SECRET_ENV} or --secret-file)")
         slots = self.parallel or len(servers)
+        self.in_flight = slots  # jobs measured at once
         sessions: list[ServerSession] = []
         try:
             first = self._open_at_start(None)
