@@ -9,7 +9,8 @@ Two models, random weights, T=128, batch 1, 8 and 64, float32 and float16:
 
 Per case, one process, the same rotated inputs, every output against the float64 model:
 
-- torch eager per call, back to back and replayed from a CUDA graph (``nn.GRU`` runs cuDNN);
+- torch eager per call, back to back and replayed from a CUDA graph (``nn.GRU`` runs cuDNN;
+  float32 with torch's defaults, which let cuDNN use TF32, and again with TF32 off, labelled);
 - ``torch.compile(mode="max-autotune")`` back to back (the mode records CUDA graphs itself;
   ``nn.GRU`` breaks its graph), its compile time as its tuning time;
 - ours imported from a ``torch.export`` program (``.pt2``, ``tvm_ext.relax.torch_import``) and from
@@ -136,7 +137,7 @@ def imported(path: str) -> Any:
     return load_model_file(path).get_module()
 
 
-def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any]) -> list[Row]:
+def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suffix: str = "") -> list[Row]:
     import torch
 
     model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
@@ -146,7 +147,7 @@ def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any]) -> l
         times = time_vendor(lambda i: model(sets[i]), len(sets))
         names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
         for method, t in vendor_methods(times):
-            label = names.get(method, f"torch {method}")
+            label = names.get(method, f"torch {method}") + suffix
             rows.append(Row(case.label, label, t.seconds * 1e3 if t else None, err if t else None,
                             note="" if t else f"{label} failed"))
     return rows
@@ -219,6 +220,13 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
                                            for _ in range(count - 1)]
     log.add(*torch_rows(case, x, ref, sets))
+    if case.dtype == "float32":  # torch's default lets cuDNN and cuBLAS use TF32: also float32 math, labelled
+        tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            log.add(*torch_rows(case, x, ref, sets, suffix=", TF32 off"))
+        finally:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     if not args.no_compile:
         log.add(compile_row(case, ref, sets))
 

@@ -518,9 +518,9 @@ class Session:
                     model.save(model_path(self.options.records))
 
     def close(self) -> None:
-        for part in (self._builder, self._runner):
-            if part is not None:
-                part.close()
+        from ..measure.pools import close_all
+
+        close_all([part for part in (self._builder, self._runner) if part is not None])
 
     def __enter__(self) -> "Session":
         return self

@@ -26,7 +26,7 @@ from .cases import CASES_KEPT, case_key_of, join_case, split_case
 from ..core.errors import ErrorKind, RunnerLost
 from .lifetime import exit_with_parent
 from .measure import MeasureJob, MeasureSettings, RunResult, job_case, make_job, run_job, time_loop, warm_device
-from .pools import ProcessDied, RestartingPool
+from .pools import ProcessDied, RestartingPool, close_all
 from ..target import TargetInfo
 from ..core.template import Template
 
@@ -278,8 +278,7 @@ class LocalRunner:
         return run_all(self, template, builds)
 
     def close(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
+        close_all(list(self._pools.values()))
         self._pools.clear()
 
     def __enter__(self) -> "LocalRunner":
