@@ -154,6 +154,25 @@ def _gemm_3xtf32() -> type[Template]:
     return Gemm3xTf32Template
 
 
+def _gemm_fp8() -> type[Template]:
+    from .schedules.gemm.gemm_fp8 import Fp8GemmTemplate
+
+    return Fp8GemmTemplate
+
+
+def _fp8_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``Fp8GemmTemplate`` arguments: A and B of one 8-bit float, float32
+    accumulate, per-tensor scales, C float16 or bfloat16."""
+    formats = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+    out = dict(params)
+    dtype = out.pop("a_dtype", None)
+    if dtype not in formats:
+        raise TvmExtError(f"a_dtype {dtype!r}: this template takes {' or '.join(formats)} only")
+    c_dtype = out.pop("c_dtype", "float16")
+    out = fixed_dtypes(b_dtype=dtype, acc_dtype="float32", scales="per_tensor")(out)
+    return {**out, "fp8": formats[dtype], "out_dtype": c_dtype}
+
+
 def _reduce() -> type[Template]:
     from .schedules.reduce.reduction import ReductionTemplate
 
@@ -284,6 +303,15 @@ GEMM_3XTF32_TUNE = TuneCommand(
     knobs=cli.gemm_3xtf32_knobs, add_arguments=cli.add_gemm_3xtf32_args, make_template=cli.gemm_3xtf32_template,
     example=("--shape", "128,128,64"))
 
+GEMM_FP8_TUNE = TuneCommand(
+    "gemm-fp8", help="8-bit float GEMM C = (A·Btᵀ) x scale_a x scale_b on Hopper's wgmma (e4m3 or e5m2)",
+    description="Tune C[M,N] = (A[M,K]·Bt[N,K]ᵀ) x scale_a x scale_b with A and Bt 8-bit floats (e4m3 or e5m2, "
+                "K-major), per-tensor float32 scales, float32 accumulate and float16 (or bfloat16) C on Hopper's "
+                "wgmma (sm_90), as torch._scaled_mm computes it: the tile and the cp.async pipeline are what is "
+                "searched.",
+    knobs=cli.gemm_wgmma_knobs, add_arguments=cli.add_gemm_fp8_args, make_template=cli.gemm_fp8_template,
+    example=("--shape", "128,128,128"))
+
 REDUCE_TUNE = TuneCommand(
     "reduce", help="reduction of a vector, or of each row of a matrix (sum, max, min, mean, sumsq)",
     description="Tune a full 1-D reduction (--shape N) or a row-wise reduction (--shape ROWS,COLS) "
@@ -327,6 +355,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm_3xtf32", _gemm_3xtf32, fixed_dtypes(a_dtype="float32", b_dtype="float32", acc_dtype="float32",
                                                        c_dtype="float32"),
              tune=GEMM_3XTF32_TUNE, matchers=("tf32",), knobs_added=WGMMA_KNOBS_ADDED),
+    Operator("gemm_fp8", _gemm_fp8, _fp8_args, tune=GEMM_FP8_TUNE, knobs_added=WGMMA_KNOBS_ADDED),
     Operator("reduce", _reduce, tune=REDUCE_TUNE),
     Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
              example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),

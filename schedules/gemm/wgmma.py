@@ -52,7 +52,7 @@ from tvm_ext.measure.program import CompiledProgram, compile_module_program
 from tvm_ext.core.space import Config, Knob
 from tvm_ext.target import TargetInfo
 
-from .wgmma_steps import (OPERAND_STORAGE, OPERANDS, CValue, KernelLayout, Prepare, b_shape,  # noqa: F401
+from .wgmma_steps import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, CValue, KernelLayout, Prepare, b_shape,  # noqa: F401
                           kernels, prim_func)
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
@@ -165,8 +165,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return layout
     if t.operand not in OPERANDS:
         return f"wgmma operand {t.operand!r}; allowed: {', '.join(OPERANDS)}"
-    if t.operand == "tf32" and (b_layout != "NK" or t.smem_epilogue):
-        return f"{t.name}: TF32 operands are read K-major only (B as Bt (N, K)), C stored directly (smem epilogue 0)"
+    if t.operand in K_MAJOR_ONLY and (b_layout != "NK" or t.smem_epilogue):
+        return (f"{t.name}: {t.operand} operands are read K-major only (B as Bt (N, K)), C stored directly "
+                "(smem epilogue 0)")
     if b_layout == "KN" and t.bn % 64:
         return f"{t.name}: B stored (K, N) is read in 64-wide N atoms: bn must be a multiple of 64"
     if t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
@@ -262,7 +263,7 @@ def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProg
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
-               prepare: "Prepare | None" = None) -> Any:
+               prepare: "Prepare | None" = None, scales: bool = False) -> Any:
     """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
@@ -276,7 +277,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     buffers of their own first (``gemm_3xtf32``'s splits: one function, several kernels).
     ``cfg.operand``: A's and Bt's dtype, float16 (``m64nNk16.f32.f16.f16``) or bfloat16
     (``.f32.bf16.bf16``, the same 2-byte swizzle and descriptors); "tf32": A and Bt are float32,
-    multiplied as TF32 (``m64nNk8.f32.tf32.tf32``).
+    multiplied as TF32 (``m64nNk8.f32.tf32.tf32``); "e4m3" or "e5m2": 8-bit floats
+    (``m64nNk32.f32.e4m3.e4m3``), and with ``scales`` the function is ``main(A, Bt, scale_ab, C)``,
+    C = A @ Bt^T x scale_ab[0] x scale_ab[1] (per-tensor scales, as ``torch._scaled_mm`` takes them).
     ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
     second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
     float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``)."""
@@ -285,6 +288,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     if reason:
         raise TvmExtError(reason)
     layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote)
-    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue)
+    if scales and (bias_dtype is not None or epilogue is not None or prepare is not None or cfg.split > 1):
+        raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
+    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales)
     # an epilogue may read buffers that the caller makes parameters of a function of its own: not checked
-    return prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None)
+    return prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None,
+                     scales=scales)

@@ -17,12 +17,16 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-# what wgmma reads from shared memory: float16 or bfloat16 (k16 instructions, one layout), or
+# what wgmma reads from shared memory: float16 or bfloat16 (k16 instructions, one layout),
 # float32 words as TF32 (k8 instructions, both operands K-major, the low 13 mantissa bits ignored:
-# ``gemm_3xtf32`` splits float32 into such parts)
-OPERANDS = {"float16": 2, "bfloat16": 2, "tf32": 4}  # -> bytes an element
-OPERAND_STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32"}  # -> A's, Bt's, the stages'
-OPERAND_PTX = {"float16": "k16.f32.f16.f16", "bfloat16": "k16.f32.bf16.bf16", "tf32": "k8.f32.tf32.tf32"}
+# ``gemm_3xtf32`` splits float32 into such parts), or 8-bit floats, e4m3 or e5m2 (k32
+# instructions, both operands K-major): the same 128-byte swizzle rows, of 64, 32 or 128 elements
+OPERANDS = {"float16": 2, "bfloat16": 2, "tf32": 4, "e4m3": 1, "e5m2": 1}  # -> bytes an element
+OPERAND_STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32",  # -> A's, Bt's, the stages'
+                   "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+OPERAND_PTX = {"float16": "k16.f32.f16.f16", "bfloat16": "k16.f32.bf16.bf16", "tf32": "k8.f32.tf32.tf32",
+               "e4m3": "k32.f32.e4m3.e4m3", "e5m2": "k32.f32.e5m2.e5m2"}
+K_MAJOR_ONLY = ("tf32", "e4m3", "e5m2")  # operands wgmma reads K-major only: its lines have no transpose
 REDUCE_THREADS = 256  # threads a block of the split sums' kernel, four columns each
 
 
@@ -67,7 +71,7 @@ class KernelLayout:
     split: int  # units a C tile (slices of K)
     clustered: bool  # a tile's slices are the blocks of a cluster: adjacent units
     promote: int  # k steps between promotions of the sums (0: never)
-    tf32: bool
+    k_major_only: bool  # the operand has no transposed read (``K_MAJOR_ONLY``): no transpose immediates
     n_major: bool  # B stored (k, n), read N-major
     b_batched: bool
     in_dtype: str  # A's, Bt's and the stages'
@@ -94,7 +98,7 @@ class KernelLayout:
         per_matrix = m // cfg.bm * (n // cfg.bn)
         return cls(bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, stages=cfg.stages, smem_epilogue=cfg.smem_epilogue,
                    inflight=cfg.inflight, tiles=cfg.tiles, split=split, clustered=cfg.cluster, promote=promote,
-                   tf32=cfg.operand == "tf32", n_major=b_layout == "KN", b_batched=b_batched,
+                   k_major_only=cfg.operand in K_MAJOR_ONLY, n_major=b_layout == "KN", b_batched=b_batched,
                    in_dtype=OPERAND_STORAGE[cfg.operand], elem=OPERANDS[cfg.operand],
                    mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}{OPERAND_PTX[cfg.operand]}",
                    lead=lead, a_shape=(*lead, m, k), c_shape=(*lead, m, n),
@@ -284,18 +288,23 @@ class KernelLayout:
 @dataclass(frozen=True)
 class CValue:
     """What C stores for an accumulator: scaled, plus the bias of its column, cast to ``c_dtype``;
-    or what ``epilogue(value, row, col, lead)`` makes of it."""
+    or what ``epilogue(value, row, col, lead)`` makes of it.  ``scales``: the buffer in the
+    bias's place holds two float32 scales (A's and B's, per tensor: an 8-bit float GEMM's) that
+    multiply the sum."""
 
     c_dtype: str
     scale: float = 1.0
     has_bias: bool = False
     epilogue: Callable[..., Any] | None = None
+    scales: bool = False
 
     def __call__(self, value: Any, bias: Any, at: list[Any], row: Any, col: Any) -> Any:
         from tvm.script import tirx as T
 
         if self.epilogue is not None:
             return T.Cast(self.c_dtype, self.epilogue(value, row, col, at))
+        if self.scales:
+            value = value * (bias[0] * bias[1])
         if self.scale != 1.0:
             value = value * T.float32(self.scale)
         if self.has_bias:
@@ -367,7 +376,7 @@ def mma(L: KernelLayout) -> Mma:
             T.ptx[L.mma](*[acc[i] for i in range(L.n_acc)], L.desc(base, cur + wg * 64 * L.bk + kk * L.k_inst),
                          L.desc(base, cur + L.a_stage + kk * 16 * 64, L.bk * 128) if L.n_major
                          else L.desc(base, cur + L.a_stage + kk * L.k_inst), L.scale_d(kk, keep), 1, 1,
-                         *(() if L.tf32 else (0, int(L.n_major))))
+                         *(() if L.k_major_only else (0, int(L.n_major))))
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
     return Mma(mma_stage, promotion)
@@ -651,9 +660,10 @@ class Prepare:
 
 
 def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None, prepare: Prepare | None,
-              c_dtype: str, checked: bool) -> Any:
+              c_dtype: str, checked: bool, scales: bool = False) -> Any:
     """The PrimFunc ``main`` around ``run``: ``main(A, Bt, C)``, ``main(A, Bt, bias, C)`` with
-    ``bias_dtype``, or ``main(A_in, B_in, C)`` writing A and Bt first (``prepare``).  ``checked``
+    ``bias_dtype``, ``main(A, Bt, scale_ab, C)`` with ``scales`` (A's and B's float32 scales),
+    or ``main(A_in, B_in, C)`` writing A and Bt first (``prepare``).  ``checked``
     false: not verified well formed (an epilogue may read buffers that the caller makes parameters
     of a function of its own; the parser evaluates the decorator's arguments as constants, so it
     cannot say so)."""
@@ -661,6 +671,15 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
     from tvm.script import tirx as T
 
     a_shape, bt_shape, c_shape, in_dtype, n = L.a_shape, L.bt_shape, L.c_shape, L.in_dtype, L.n
+    if scales:
+        @T.prim_func
+        def main_scaled(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
+                        scale_ab: T.Buffer((2,), "float32"), C: T.Buffer(c_shape, c_dtype)):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            run(A, Bt, scale_ab, C)
+
+        return main_scaled
+
     if bias_dtype is not None:
         @T.prim_func
         def main_bias(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),

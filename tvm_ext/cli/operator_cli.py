@@ -122,6 +122,21 @@ def gemm_3xtf32_template(args: argparse.Namespace) -> Any:
     return Gemm3xTf32Template.from_shape(parse_shape(args.shape, ("M", "N", "K")))
 
 
+# ---- tune: 8-bit float GEMM ---------------------------------------------------------------------------
+def add_gemm_fp8_args(gemm_fp8: argparse.ArgumentParser) -> None:
+    gemm_fp8.add_argument("--shape", required=True, help="M,N,K; M, N multiples of 64, K of 128 (e.g. 4096,4096,4096)")
+    gemm_fp8.add_argument("--fp8", choices=("e4m3", "e5m2"), default="e4m3", help="A's and Bt's format (default e4m3)")
+    gemm_fp8.add_argument("--out-dtype", choices=("float16", "bfloat16"), default="float16",
+                          help="C's dtype (default float16)")
+
+
+def gemm_fp8_template(args: argparse.Namespace) -> Any:
+    from ..schedules.gemm.gemm_fp8 import Fp8GemmTemplate
+
+    return Fp8GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), fp8=args.fp8,
+                                      out_dtype=args.out_dtype)
+
+
 # ---- tune: reductions -------------------------------------------------------------------------------
 def reduce_knobs() -> Sequence[Knob]:
     from ..schedules.reduce.reduction import KNOBS as REDUCE_KNOBS

@@ -26,11 +26,12 @@ PARAM_KINDS = ("tensor", "accumulator", "math")
 
 
 def np_dtype(name: str) -> np.dtype:
-    """numpy dtype of a TVM dtype name; bfloat16 comes from ml_dtypes (a TVM dependency)."""
-    if name == "bfloat16":
+    """numpy dtype of a TVM dtype name; bfloat16 and the 8-bit floats (float8_e4m3fn,
+    float8_e5m2) come from ml_dtypes (a TVM dependency)."""
+    if name == "bfloat16" or name.startswith("float8_"):
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 

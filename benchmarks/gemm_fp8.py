@@ -1,0 +1,167 @@
+"""8-bit float GEMM on wgmma (``tune gemm-fp8``) against cuBLASLt's (``torch._scaled_mm``) in the
+same run, both with per-tensor scales, float32 accumulate, float16 C.
+
+Run through the device tool (see ../shared/DEVICE.md):
+    source .tvm-device/boot.sh && python benchmarks/gemm_fp8.py --shapes 4096,8192 --rounds 5
+For each shape: operands drawn randn in float32, each scaled into e4m3's range by its own
+per-tensor scale (amax / 448) and rounded to e4m3, as a quantized model's are; cuBLASLt's
+``torch._scaled_mm(A, Btᵀ, scale_a, scale_b)`` and cuBLAS's float16 GEMM on the same (rounded)
+values timed per call, back to back and replayed from a CUDA graph on rotated operands; then ours
+at the template's default tile and a few others the same three ways; every output against
+float64 of the 8-bit operands times their scales, ours on NaN-poisoned outputs.  Then the
+stable comparison: the default tile against ``torch._scaled_mm`` in ``--rounds`` interleaved
+rounds, both replayed from CUDA graphs, the SM clock and power read after each (raw rounds in
+--out/gemm_fp8_rounds.jsonl); the median of the per-round ratios is the figure quoted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (compare_in_rounds, l2_rotation, parse_shapes, program_launch, rel_error_vs,  # noqa: E402
+                    rounds_cells, rounds_header, table, time_ours_three, time_vendor, vendor_methods)
+
+from tvm_ext.core.space import Config  # noqa: E402
+from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate  # noqa: E402
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.target import resolve_target  # noqa: E402
+
+SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "gru_in": (8192, 3072, 1024),
+          "bert_ffn_up": (1024, 3072, 768), "bert_ffn_down": (1024, 768, 3072), "bert_proj": (1024, 768, 768)}
+E4M3_MAX = 448.0
+# tiles tried beside the default: (bm, bn, stages, inflight, raster, tiles a block)
+VARIANTS = ((128, 256, 4, 1, 8, 4), (128, 256, 3, 1, 8, 4), (128, 128, 6, 1, 8, 8), (128, 128, 4, 1, 8, 8),
+            (128, 192, 4, 1, 8, 4), (64, 256, 4, 1, 8, 4))
+
+
+def fp8_sets(m: int, n: int, k: int) -> list[dict[str, Any]]:
+    """Rotated operand sets: A (m, k) and Bt (n, k) in e4m3 with their float32 scales."""
+    import torch
+
+    def quantized(rows: int, cols: int) -> tuple[Any, Any]:
+        x = torch.randn(rows, cols, device="cuda")
+        scale = x.abs().max() / E4M3_MAX
+        return (x / scale).to(torch.float8_e4m3fn), scale.float()
+
+    count = l2_rotation(m * k + n * k + 2 * m * n)
+    sets = []
+    for _ in range(count):
+        (a, sa), (bt, sb) = quantized(m, k), quantized(n, k)
+        sets.append({"a": a, "bt": bt, "sa": sa, "sb": sb, "scale_ab": torch.stack([sa, sb]).contiguous()})
+    return sets
+
+
+def reference(s: dict[str, Any]) -> Any:
+    return (s["a"].double() @ s["bt"].double().T) * (s["sa"].double() * s["sb"].double())
+
+
+def tvm_of(t: Any) -> Any:
+    """A TVM view of torch tensor ``t``, 8-bit floats through a byte view where DLPack lacks them."""
+    import torch
+    import tvm
+
+    try:
+        return tvm.runtime.from_dlpack(t)
+    except Exception:
+        if t.dtype != torch.float8_e4m3fn:
+            raise
+        return tvm.runtime.from_dlpack(t.view(torch.uint8))._create_view(tuple(t.shape), "float8_e4m3fn")
+
+
+def ours(template: Fp8GemmTemplate, cfg: Config, target: Any, sets: list[dict[str, Any]]) -> tuple[Any, float]:
+    """``launch(i)`` of ``cfg`` on the sets, and its error against float64 on NaN-poisoned C."""
+    import torch
+
+    program = template.build_program(cfg, target)
+    outs = [torch.full((template.m, template.n), float("nan"), device="cuda", dtype=torch.float16) for _ in sets]
+    a, bt, scales, c = program.params[:4]
+    args = [{a: tvm_of(s["a"]), bt: tvm_of(s["bt"]), scales: tvm_of(s["scale_ab"]), c: tvm_of(out)}
+            for s, out in zip(sets, outs)]
+    launch = program_launch(program, args, outs)
+    launch(0)
+    torch.cuda.synchronize()
+    return launch, rel_error_vs(outs[0], reference(sets[0]))
+
+
+def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
+               ) -> tuple[list[list[str]], list[list[str]]]:
+    import torch
+
+    flops = 2.0 * m * n * k
+    sets = fp8_sets(m, n, k)
+    ref = reference(sets[0])
+
+    def scaled_mm(i: int) -> Any:
+        s = sets[i]
+        return torch._scaled_mm(s["a"], s["bt"].t(), scale_a=s["sa"], scale_b=s["sb"], out_dtype=torch.float16)
+
+    vendor = time_vendor(scaled_mm, len(sets))
+    best = vendor.best.seconds
+    halves = [(s["a"].half(), s["bt"].half().t().contiguous()) for s in sets]
+    fp16 = time_vendor(lambda i: halves[i][0] @ halves[i][1], len(sets))
+    fp16_err = rel_error_vs((halves[0][0] @ halves[0][1]) * (sets[0]["sa"] * sets[0]["sb"]), ref)
+
+    def row(kernel: str, times: Any, err: float) -> list[str]:
+        three = [f"{t.seconds * 1e3:.4f}" if t else "-" for _, t in vendor_methods(times)]
+        return [f"{m}x{n}x{k}", kernel, *three, f"{flops / times.best.seconds / 1e12:.0f}",
+                f"{best / times.best.seconds:.2f}", f"{err:.1e}"]
+
+    rows = [row("cuBLASLt e4m3 (torch._scaled_mm): the baseline", vendor, rel_error_vs(scaled_mm(0), ref)),
+            row("cuBLAS float16 on the same values (for scale)", fp16, fp16_err)]
+    template = Fp8GemmTemplate(m, n, k)
+    default = template.default_config(target)
+    space = template.space(target)
+    configs = [(f"default {template.tile(default).name}", default)]
+    for bm, bn, stages, inflight, raster, tiles in VARIANTS:
+        cfg = space.make(**WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="e4m3").knobs())
+        if cfg != default and space.is_feasible(cfg):
+            configs.append((template.tile(cfg).name, cfg))
+    round_rows = []
+    for label, cfg in configs:
+        launch, err = ours(template, cfg, target, sets)
+        if not err < 1e-2:  # a wrong kernel, not rounding
+            raise SystemExit(f"error: {label} at {m}x{n}x{k} differs from float64 by {err:.1e}")
+        rows.append(row(f"ours e4m3, {label}", time_ours_three(launch, len(sets)), err))
+        if cfg == default:
+            summaries, left_out = compare_in_rounds(
+                f"{m}x{n}x{k}", launch, {"cuBLASLt e4m3": scaled_mm}, len(sets), args.rounds,
+                os.path.join(args.out, "gemm_fp8_rounds.jsonl"), config=label)
+            round_rows += [[f"{m}x{n}x{k}", *rounds_cells(s)] for s in summaries]
+            round_rows += [[f"{m}x{n}x{k}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+    return rows, round_rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="4096,8192",
+                   help=f"comma-separated: MxNxK, N for N³, or of {', '.join(SHAPES)}")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the default tile against cuBLASLt")
+    p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
+    args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    shapes = parse_shapes(args.shapes, SHAPES)
+    if shapes is None:
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target("cuda")
+    rows, round_rows = [], []
+    for name, (m, n, k) in shapes:
+        shape, rounds = shape_rows(m, n, k, target, args)
+        rows += shape
+        round_rows += rounds
+        print(f"{name} done", file=sys.stderr, flush=True)
+    print(table("e4m3 GEMM, per-tensor scales, float16 C: ours on wgmma against cuBLASLt",
+                ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
+                 "of cuBLASLt's best", "rel err vs f64"], rows))
+    print()
+    print(table(f"Stable comparison: e4m3 (default tile) against torch._scaled_mm in {args.rounds} interleaved "
+                "rounds, both replayed from CUDA graphs on the same operands", ["shape", *rounds_header()], round_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

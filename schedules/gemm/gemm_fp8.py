@@ -1,0 +1,121 @@
+"""8-bit float GEMM on Hopper's wgmma: C = (A · Btᵀ) x scale_a x scale_b, A (M, K) and Bt (N, K)
+both e4m3 (or both e5m2), K-major, float32 accumulate, C float16 or bfloat16: what
+``torch._scaled_mm`` (cuBLASLt) computes with per-tensor scales, and how quantized LLM weights
+and activations are multiplied.
+
+The kernel is the wgmma GEMM's (``schedules.gemm.wgmma``) on 1-byte operands: 128 elements a
+128-byte swizzle row (a k step of 128), ``m64nNk32.f32.e4m3.e4m3`` (four a k step), the
+descriptors and stages as for float16; C stored directly, the two scales (one float32 buffer,
+``scale_ab``) multiplying the sum in the epilogue.  wgmma reads 8-bit operands K-major only,
+so B is Bt (N, K), a Linear weight's layout; K is not split (the scales are the epilogue).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tvm_ext.core.errors import TvmExtError, check_sizes
+from tvm_ext.core.space import Config, Space
+from tvm_ext.core.template import Template, TensorSpec
+from tvm_ext.measure.program import CompiledProgram
+from tvm_ext.target import TargetInfo
+
+from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, shared_limit, target_reason, wgmma_gemm,
+                    wgmma_reason)
+from .wgmma_template import pick_wgmma_tile
+
+FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
+OUT_DTYPES = {"float16": 2e-3, "bfloat16": 1e-2}  # C -> the check's tolerance: C's rounding with room
+
+
+@dataclass(frozen=True)
+class Fp8GemmTemplate(Template):
+    """C[M, N] = (A[M, K] · Bt[N, K]ᵀ) x scale_ab[0] x scale_ab[1]: A and Bt ``fp8`` (e4m3 or
+    e5m2), per-tensor float32 scales, float32 accumulate, C ``out_dtype``; the knobs are the
+    wgmma GEMM's (tile, pipeline, tiles a block, raster), K never split."""
+
+    m: int
+    n: int
+    k: int
+    fp8: str = "e4m3"
+    out_dtype: str = "float16"
+
+    name = "gemm_fp8"
+
+    def __post_init__(self) -> None:
+        check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
+        if self.fp8 not in FP8:
+            raise TvmExtError(f"8-bit float {self.fp8!r}; allowed: {', '.join(FP8)}")
+        if self.out_dtype not in OUT_DTYPES:
+            raise TvmExtError(f"an 8-bit GEMM stores C as {' or '.join(OUT_DTYPES)}, not {self.out_dtype}")
+
+    @property
+    def tolerance(self) -> float:  # type: ignore[override]
+        """C's rounding (the products of 8-bit floats and their float32 sums are all but exact)."""
+        return OUT_DTYPES[self.out_dtype]
+
+    @classmethod
+    def from_shape(cls, shape: tuple[int, ...], fp8: str = "e4m3", out_dtype: str = "float16") -> "Fp8GemmTemplate":
+        if len(shape) != 3:
+            raise TvmExtError(f"GEMM shape is M,N,K (3 numbers), got {len(shape)}")
+        return cls(*shape, fp8=fp8, out_dtype=out_dtype)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        dtype = FP8[self.fp8]
+        return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": dtype, "b_dtype": dtype, "acc_dtype": "float32",
+                "c_dtype": self.out_dtype, "scales": "per_tensor"}
+
+    def tile(self, config: Config) -> WgmmaTile:
+        return WgmmaTile.of(config, self.fp8)
+
+    def reason(self, config: Config, target: TargetInfo) -> str | None:
+        """Why ``config`` cannot run this GEMM on ``target`` (None: it can)."""
+        tile = self.tile(config)
+        if tile.split > 1:
+            return f"{tile.name}: an 8-bit GEMM does not split K (its scales are the epilogue)"
+        return target_reason(target) or wgmma_reason(tile, self.m, self.n, self.k, shared_limit(target))
+
+    def space(self, target: TargetInfo) -> Space:
+        return Space(KNOBS, (lambda c: self.reason(c, target),))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """``pick_wgmma_tile`` on the 8-bit operands (C stored directly, K not split)."""
+        reason = target_reason(target)
+        if reason:
+            raise TvmExtError(reason)
+        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.out_dtype, operand=self.fp8)
+        if tile is None:
+            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
+                              f"and K of 128 (no guards)")
+        return self.space(target).make(**dataclasses.replace(tile, smem_epilogue=False).knobs())
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("the 8-bit GEMM is written as a PrimFunc, not scheduled: use build_program")
+
+    def kernel_func(self, config: Config) -> Any:
+        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=self.out_dtype, scales=True)
+
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        reason = self.space(target).infeasible_reason(config)
+        if reason:
+            raise TvmExtError(reason)
+        return compile_wgmma(self.kernel_func(config), target, config)
+
+    def inputs(self) -> list[TensorSpec]:
+        dtype = OPERAND_STORAGE[self.fp8]
+        return [TensorSpec((self.m, self.k), dtype), TensorSpec((self.n, self.k), dtype),
+                TensorSpec((2,), "float32")]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec((self.m, self.n), self.out_dtype)]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        a, bt, scales = (x.astype(np.float64) for x in inputs)
+        return [a @ bt.T * scales[0] * scales[1]]
+
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k

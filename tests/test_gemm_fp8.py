@@ -1,0 +1,167 @@
+"""The 8-bit float GEMM (``tvm_ext.schedules.gemm.gemm_fp8``): C = (A·Btᵀ) x scale_a x scale_b with
+e4m3 or e5m2 operands on Hopper's wgmma, as ``torch._scaled_mm`` computes it.
+
+CI (no GPU): the program built for an offline sm_90 target takes the ``m64nNk32`` e4m3 / e5m2
+form on 1-byte stages (a k step of 128) and reads the two scales; what cannot work is refused
+with its reason; the check is float64 of the rounded 8-bit operands times the scales; records
+load back.  ``-m gpu``: tiles against float64 on NaN-poisoned outputs, and ``tune gemm-fp8``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile
+from tvm_ext.target import offline_cuda
+
+
+def _config(template, target, **knobs):
+    return template.space(target).make(**{**WgmmaTile(128, 256, 4, 1, False, 0).knobs(), **knobs})
+
+
+def _cubin_builds(source: str) -> bool:
+    from tvm_ext.cost_model.ptxas import ptxas_of_source
+
+    return ptxas_of_source(source, "sm_90a") is not None
+
+
+@pytest.mark.parametrize("fp8, out_dtype, storage, c_type", [
+    ("e4m3", "float16", "__nv_fp8_e4m3", "half"),
+    ("e5m2", "bfloat16", "__nv_fp8_e5m2", "nv_bfloat16"),
+])
+def test_the_program_takes_the_k32_fp8_wgmma_form_and_reads_both_scales(fp8, out_dtype, storage, c_type):
+    target = offline_cuda()
+    t = Fp8GemmTemplate(512, 768, 1024, fp8=fp8, out_dtype=out_dtype)
+    cfg = t.default_config(target)
+    tile = t.tile(cfg)
+    assert tile.bk == 128 and not tile.smem_epilogue and tile.split == 1 and tile.name.startswith(f"wgmma {fp8} ")
+    source = t.build_program(cfg, target).source
+    assert f"wgmma.mma_async.sync.aligned.m64n{tile.bn}k32.f32.{fp8}.{fp8}" in source
+    assert ".f16.f16" not in source and "k16" not in source
+    kernel = source.split('extern "C" __global__', 1)[1]  # the declarations and the kernels
+    assert f"{storage}* __restrict__ A_ptr" in kernel and f"{c_type}* __restrict__ C_ptr" in kernel
+    assert "scale_ab_ptr[0] * scale_ab_ptr[1]" in kernel  # both scales multiply the sum
+    assert [s.dtype for s in t.inputs()] == [f"float8_{fp8}fn" if fp8 == "e4m3" else "float8_e5m2"] * 2 + ["float32"]
+    if shutil.which("nvcc"):
+        assert _cubin_builds(source)
+
+
+@pytest.mark.parametrize("knobs, reason", [
+    (dict(wgmma_split_k=2), "does not split K"),
+    (dict(wgmma_smem_epilogue=1), "read K-major only"),
+])
+def test_what_the_fp8_kernel_cannot_do_is_refused_with_its_reason(knobs, reason):
+    target = offline_cuda()
+    t = Fp8GemmTemplate(512, 512, 1024)
+    assert reason in t.space(target).infeasible_reason(_config(t, target, **knobs))
+    with pytest.raises(TvmExtError, match="multiples of 64 and K of 128"):
+        Fp8GemmTemplate(512, 512, 192).default_config(target)  # K = 1.5 k steps of 128
+    with pytest.raises(TvmExtError, match="allowed: e4m3, e5m2"):
+        Fp8GemmTemplate(128, 128, 128, fp8="e3m4")
+    with pytest.raises(TvmExtError, match="not float32"):
+        Fp8GemmTemplate(128, 128, 128, out_dtype="float32")
+
+
+def test_the_check_is_float64_of_the_rounded_operands_times_the_scales():
+    """The reference multiplies the 8-bit values exactly and scales them; the check passes their
+    product rounded to float16 but fails one that drops a k step of 128 or leaves a tile
+    unwritten."""
+    from tvm_ext.precision.precision import cast
+
+    t = Fp8GemmTemplate(128, 128, 512)
+    inputs, (ref,) = t.make_case(np.random.default_rng(0))
+    a, bt, scales = inputs
+    assert a.dtype.name == "float8_e4m3fn" and scales.dtype == np.float32
+    exact = a.astype(np.float64) @ bt.astype(np.float64).T * float(scales[0]) * float(scales[1])
+    assert np.array_equal(ref, exact)
+    good = cast(ref, "float16")
+    assert t.check([good], [ref]) is None
+    short = a[:, 128:].astype(np.float64) @ bt[:, 128:].astype(np.float64).T * float(scales[0]) * float(scales[1])
+    assert "exceeds" in t.check([cast(short, "float16")], [ref])
+    unwritten = good.copy()
+    unwritten[:64, :64] = np.nan
+    assert t.check([unwritten], [ref]) is not None
+
+
+def test_an_fp8_record_names_its_formats_and_loads_back():
+    from tvm_ext.operators import template_of
+    from tvm_ext.core.template import Workload
+
+    t = Fp8GemmTemplate(256, 256, 512, fp8="e5m2", out_dtype="bfloat16")
+    workload = json.loads(json.dumps(Workload.of(t, offline_cuda()).as_json()))
+    assert workload["params"]["a_dtype"] == "float8_e5m2" and workload["params"]["scales"] == "per_tensor"
+    assert template_of(workload) == t
+    other = dict(workload, params=dict(workload["params"], a_dtype="float16"))
+    assert template_of(other) is None
+    assert template_of(dict(workload, params=dict(workload["params"], scales="per_row"))) is None
+
+
+def test_the_float16_wgmma_kernel_is_unchanged_by_the_fp8_operands():
+    """The operand table grew 1-byte entries; float16's and TF32's programs read the same."""
+    from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
+    from tvm_ext.schedules.gemm.wgmma_steps import K_MAJOR_ONLY, KernelLayout
+
+    assert "float16" not in K_MAJOR_ONLY and "tf32" in K_MAJOR_ONLY
+    layout = KernelLayout.of(WgmmaTile(operand="e4m3"), 256, 256, 256, "NK", (), True, 0)
+    assert (layout.bk, layout.k_inst, layout.chunk_elems, layout.k_major_only) == (128, 32, 16, True)
+    scaled = wgmma_gemm(dataclasses.replace(WgmmaTile(operand="e4m3"), smem_epilogue=False), 256, 256, 256,
+                        scales=True)
+    assert [str(p.dtype) for p in scaled.params] == ["float8_e4m3fn", "float8_e4m3fn", "float32", "float16"]
+    with pytest.raises(TvmExtError, match="per-tensor scales are the whole epilogue"):
+        wgmma_gemm(dataclasses.replace(WgmmaTile(operand="e4m3"), smem_epilogue=False), 256, 256, 256,
+                   bias_dtype="float16", scales=True)
+
+
+def test_cli_takes_gemm_fp8_and_refuses_a_target_without_wgmma():
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-fp8", "--shape", "128,128,128"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: wgmma is a CUDA (Hopper, sm_90) instruction, not opencl's"], p.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, fp8, out_dtype, knobs", [
+    ((512, 768, 1024), "e4m3", "float16", None),  # the default pick
+    ((512, 768, 1024), "e5m2", "bfloat16", None),
+    ((192, 320, 640), "e4m3", "float16", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=4)),  # odd tile counts
+    ((1024, 1024, 2048), "e4m3", "float16", dict(wgmma_bn=128, wgmma_stages=6, wgmma_tiles=4, wgmma_raster=2)),
+])
+def test_cuda_fp8_gemm_matches_float64(shape, fp8, out_dtype, knobs):
+    """On the GPU against float64 of the same 8-bit operands times the scales, C NaN-poisoned."""
+    import tvm
+
+    from tvm_ext.precision.precision import np_dtype
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    t = Fp8GemmTemplate(*shape, fp8=fp8, out_dtype=out_dtype)
+    cfg = t.default_config(target) if knobs is None else _config(t, target, **knobs)
+    program = t.build_program(cfg, target)
+    for seed in (1, 2):
+        inputs, (ref,) = t.make_case(np.random.default_rng(seed))
+        dev = tvm.cuda(0)
+        c = tvm.runtime.tensor(np.full(ref.shape, np.nan, np_dtype(out_dtype)), dev)
+        program.executable.mod["main"](*[tvm.runtime.tensor(x, dev) for x in inputs], c)
+        out = c.numpy().astype(np.float64)
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < t.tolerance
+
+
+@pytest.mark.gpu
+def test_cuda_tune_gemm_fp8(tmp_path):
+    records = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-fp8", "--shape", "1024,1024,1024",
+                        "--target", "cuda", "--trials", "6", "--population", "3", "--records", str(records)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = [json.loads(line) for line in records.read_text().splitlines()]
+    assert recs and all(r["workload"]["template"] == "gemm_fp8" for r in recs)
+    assert any(not r["error_kind"] for r in recs)
