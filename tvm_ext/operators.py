@@ -309,7 +309,7 @@ GEMM_FP8_TUNE = TuneCommand(
                 "K-major), per-tensor float32 scales, float32 accumulate and float16 (or bfloat16) C on Hopper's "
                 "wgmma (sm_90), as torch._scaled_mm computes it: the tile and the cp.async pipeline are what is "
                 "searched.",
-    knobs=cli.gemm_wgmma_knobs, add_arguments=cli.add_gemm_fp8_args, make_template=cli.gemm_fp8_template,
+    knobs=cli.gemm_fp8_knobs, add_arguments=cli.add_gemm_fp8_args, make_template=cli.gemm_fp8_template,
     example=("--shape", "128,128,128"))
 
 REDUCE_TUNE = TuneCommand(

@@ -8,6 +8,12 @@ The kernel is the wgmma GEMM's (``schedules.gemm.wgmma``) on 1-byte operands: 12
 descriptors and stages as for float16; C stored directly, the two scales (one float32 buffer,
 ``scale_ab``) multiplying the sum in the epilogue.  wgmma reads 8-bit operands K-major only,
 so B is Bt (N, K), a Linear weight's layout; K is not split (the scales are the epilogue).
+
+Hopper's tensor cores add 8-bit products into float32 with fewer bits kept than a float32 add:
+``fp8_promote`` k steps (1: every 128 of K) adds the wgmma sums into a second set of
+accumulators with the CUDA cores' float32 adds and restarts them, as cuBLASLt does unless
+asked for its fast accumulation; 0 never does (faster, an error that grows with K).  The
+default promotes every k step, on a tile with room for both sets (bn <= 192).
 """
 from __future__ import annotations
 
@@ -18,17 +24,22 @@ from typing import Any
 import numpy as np
 
 from tvm_ext.core.errors import TvmExtError, check_sizes
-from tvm_ext.core.space import Config, Space
+from tvm_ext.core.space import Config, Knob, Space
 from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.measure.program import CompiledProgram
 from tvm_ext.target import TargetInfo
 
-from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, shared_limit, target_reason, wgmma_gemm,
-                    wgmma_reason)
+from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, promote_reason, shared_limit, target_reason,
+                    wgmma_gemm, wgmma_reason)
 from .wgmma_template import pick_wgmma_tile
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
-OUT_DTYPES = {"float16": 2e-3, "bfloat16": 1e-2}  # C -> the check's tolerance: C's rounding with room
+FP8_KNOBS = (*KNOBS, Knob("fp8_promote", (0, 1, 2, 4), "k steps (of 128) between promotions of the sums (0: never)"))
+# the default's tiles, in order: room for two sets of accumulators (``promote_reason``)
+PROMOTE_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (64, 192, 6, 1), (64, 128, 6, 1), (64, 64, 8, 1))
+# C -> the check's tolerance: C's rounding, and without promotion the tensor cores' sums, whose
+# error grows with K (float16 C: 1.3e-3 at K 4096, 2.1e-3 at 8192 on an H200), with room
+OUT_DTYPES = {"float16": 1e-2, "bfloat16": 1e-2}
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ class Fp8GemmTemplate(Template):
 
     @property
     def tolerance(self) -> float:  # type: ignore[override]
-        """C's rounding (the products of 8-bit floats and their float32 sums are all but exact)."""
+        """C's rounding and the unpromoted sums' error (``OUT_DTYPES``)."""
         return OUT_DTYPES[self.out_dtype]
 
     @classmethod
@@ -77,27 +88,37 @@ class Fp8GemmTemplate(Template):
         tile = self.tile(config)
         if tile.split > 1:
             return f"{tile.name}: an 8-bit GEMM does not split K (its scales are the epilogue)"
-        return target_reason(target) or wgmma_reason(tile, self.m, self.n, self.k, shared_limit(target))
+        return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.k, shared_limit(target))
+                or promote_reason(tile, self.k, config.fp8_promote))
 
     def space(self, target: TargetInfo) -> Space:
-        return Space(KNOBS, (lambda c: self.reason(c, target),))
+        return Space(FP8_KNOBS, (lambda c: self.reason(c, target),))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """``pick_wgmma_tile`` on the 8-bit operands (C stored directly, K not split)."""
+        """``pick_wgmma_tile`` among ``PROMOTE_TILES`` on the 8-bit operands (C stored directly, K
+        not split), its sums promoted every k step; without promotion where none of them fits."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.out_dtype, operand=self.fp8)
+        shapes = [(self.m, self.n, self.k)]
+        candidates = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand=self.fp8)
+                      for bm, bn, stages, inflight in PROMOTE_TILES]
+        tile = pick_wgmma_tile(shapes, target, self.out_dtype, candidates=candidates, operand=self.fp8)
+        promote = 1
+        if tile is None or promote_reason(tile, self.k, promote):
+            tile, promote = pick_wgmma_tile(shapes, target, self.out_dtype, operand=self.fp8), 0
         if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 128 (no guards)")
-        return self.space(target).make(**dataclasses.replace(tile, smem_epilogue=False).knobs())
+        return self.space(target).make(**dataclasses.replace(tile, smem_epilogue=False).knobs(),
+                                       fp8_promote=promote)
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the 8-bit GEMM is written as a PrimFunc, not scheduled: use build_program")
 
     def kernel_func(self, config: Config) -> Any:
-        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=self.out_dtype, scales=True)
+        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=self.out_dtype, scales=True,
+                          promote=config.fp8_promote)
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         reason = self.space(target).infeasible_reason(config)

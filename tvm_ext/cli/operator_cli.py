@@ -123,6 +123,12 @@ def gemm_3xtf32_template(args: argparse.Namespace) -> Any:
 
 
 # ---- tune: 8-bit float GEMM ---------------------------------------------------------------------------
+def gemm_fp8_knobs() -> Sequence[Knob]:
+    from ..schedules.gemm.gemm_fp8 import FP8_KNOBS
+
+    return FP8_KNOBS
+
+
 def add_gemm_fp8_args(gemm_fp8: argparse.ArgumentParser) -> None:
     gemm_fp8.add_argument("--shape", required=True, help="M,N,K; M, N multiples of 64, K of 128 (e.g. 4096,4096,4096)")
     gemm_fp8.add_argument("--fp8", choices=("e4m3", "e5m2"), default="e4m3", help="A's and Bt's format (default e4m3)")
