@@ -62,6 +62,9 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=32, help="trials per kernel (default 32)")
     p.add_argument("--population", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tasks-per-device", type=int, default=1,
+                   help="kernels searched at once per device (default 1): more keep a GPU measuring while "
+                        "another kernel's candidates build")
     args = p.parse_args()
     target = resolve_target(args.target, 0)
     mod, inputs, reference = model_parts(args.model, args.dtype)
@@ -70,7 +73,8 @@ def main() -> None:
     for devices in args.device_sets.split("/"):
         count = len(devices.split(","))
         options = TuneOptions(target=args.target, generations=1000, trials=args.trials, population=args.population,
-                              tourn_size=1 if args.population <= 4 else 2, seed=args.seed, tasks_in_flight=count,
+                              tourn_size=1 if args.population <= 4 else 2, seed=args.seed,
+                              tasks_in_flight=count * args.tasks_per_device,
                               runner_options=(("devices", devices),))
         work = os.path.join(args.out, f"devices_{devices.replace(',', '-')}")
         start = time.time()
@@ -81,7 +85,7 @@ def main() -> None:
                             target.kind)
         first = first or wall
         tuned = [t for t in result.tasks if t.template]
-        row = {"devices": devices, "kernels": len(tuned), "trials": sum(t.trials for t in tuned), "wall_s": wall,
+        row = {"devices": devices, "tasks_in_flight": count * args.tasks_per_device, "kernels": len(tuned), "trials": sum(t.trials for t in tuned), "wall_s": wall,
                "wall_vs_first": wall / first, "latency_ms": secs * 1e3, "err": err}
         with open(os.path.join(args.out, "model_scaling.jsonl"), "a") as fh:
             fh.write(json.dumps(row) + "\n")
