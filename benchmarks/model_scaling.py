@@ -85,7 +85,8 @@ def main() -> None:
                             target.kind)
         first = first or wall
         tuned = [t for t in result.tasks if t.template]
-        row = {"devices": devices, "tasks_in_flight": count * args.tasks_per_device, "kernels": len(tuned), "trials": sum(t.trials for t in tuned), "wall_s": wall,
+        row = {"devices": devices, "tasks_in_flight": count * args.tasks_per_device,
+               "kernels": len(tuned), "trials": sum(t.trials for t in tuned), "wall_s": wall,
                "wall_vs_first": wall / first, "latency_ms": secs * 1e3, "err": err}
         with open(os.path.join(args.out, "model_scaling.jsonl"), "a") as fh:
             fh.write(json.dumps(row) + "\n")
