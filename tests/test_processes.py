@@ -404,3 +404,37 @@ def test_a_workers_measuring_process_killed_while_idle_costs_nothing(tracker, wo
         results += [f.result(timeout=WAIT) for f in runner.submit(template, builds[2:])]
     assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
     assert proc.poll() is None  # the worker serves on
+
+
+def measuring_processes(worker_pid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil_children(worker_pid):
+        try:
+            if "multiprocessing.spawn" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:  # gone, or a zombie not yet reaped
+            pass
+    return found
+
+
+def test_a_workers_measuring_process_is_warm_before_a_tuner_connects_and_kept_between_runs(tracker, worker, opencl):
+    """The worker's own process starts its measuring process (a tuner's first job does not wait
+    for a fresh interpreter and the device), and two runs one after the other use the same one,
+    its case held from the first run."""
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.measure.measure import MeasureSettings
+    from tvm_ext.remote.rpc_runner import RpcRunner
+
+    proc, key = worker
+    until(lambda: len(measuring_processes(proc.pid)) == 1, 60, "no measuring process before any session")
+    (before,) = measuring_processes(proc.pid)
+    assert before.ppid() == proc.pid  # the worker's own, not a session's
+    template, configs = gemm_configs(opencl, 2, seed=9)
+    builds = [build_one(template, c, opencl) for c in configs]
+    settings = MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001)
+    results = []
+    for _ in range(2):  # two runs, each a session of its own
+        with RpcRunner(tracker.tracker, key, "opencl", settings, timeout=60, log=quiet).start() as runner:
+            results += [f.result(timeout=WAIT) for f in runner.submit(template, builds)]
+    assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
+    assert [p.pid for p in measuring_processes(proc.pid)] == [before.pid]

@@ -135,9 +135,10 @@ def test_a_kernel_past_the_run_timeout_and_a_crashing_kernel_are_records_and_the
     assert {r.metrics["server"] for r in first} <= {f"127.0.0.1:{p}" for p in ports_of(cluster)}
 
 
-def test_each_workers_measuring_process_starts_when_the_driver_connects(make_cluster):
-    """A session's measuring process (a spawned child of the worker's session process) starts
-    at the driver's hello, not at its first job: the device loads while the driver builds."""
+def test_each_workers_measuring_process_is_its_own_and_ready_before_a_driver_connects(make_cluster):
+    """A worker's measuring process (a spawned child of the worker's own process, not of a
+    session's) starts with the worker: a driver's first job does not wait for a fresh
+    interpreter and the device, and a driver that connects starts no other."""
     import psutil
 
     cluster = make_cluster((0, 0))
@@ -149,15 +150,19 @@ def test_each_workers_measuring_process_starts_when_the_driver_connects(make_clu
                 tree = psutil.Process(proc.popen.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 continue
-            found += [p for p in tree if "multiprocessing.spawn" in " ".join(p.cmdline())]
+            found += [(p.pid, p.ppid() == proc.popen.pid) for p in tree
+                      if "multiprocessing.spawn" in " ".join(p.cmdline())]
         return found
 
-    assert measuring_processes() == []
+    deadline = time.monotonic() + 60
+    while len(measuring_processes()) < 2:  # one per worker, no driver yet
+        assert time.monotonic() < deadline, "the workers' measuring processes did not start with the workers"
+        time.sleep(0.2)
+    before = measuring_processes()
+    assert all(own for _, own in before), before
     with RpcRunner(cluster.tracker, cluster.key, "opencl", FAST, log=quiet, secret=cluster.secret.encode()).start():
-        deadline = time.monotonic() + 60
-        while len(measuring_processes()) < 2:  # one per worker, no job sent
-            assert time.monotonic() < deadline, "the workers' measuring processes did not start at the hello"
-            time.sleep(0.2)
+        time.sleep(1.0)
+        assert measuring_processes() == before
 
 
 def wait_registered(tracker, key: str, server: subprocess.Popen, count: int = 1) -> None:

@@ -34,10 +34,25 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         target=args.target, device=args.device, strategy=strategy, runner=runner_name(args),
         generations=args.generations, population=args.population, tourn_size=args.tourn_size,
         mutation=args.mutation, trials=args.trials, workers=args.workers, overlap=not args.no_overlap,
-        seed=args.seed, records=args.records, tasks_in_flight=getattr(args, "tasks_in_flight", 1),
+        seed=args.seed, records=args.records, tasks_in_flight=tasks_in_flight(args),
         build_timeout=args.build_timeout, run_timeout=args.run_timeout, ng=args.ng, nm=args.nm,
         explore=args.explore, ptxas=args.ptxas, runner_options=parse_runner_options(args.runner_option)
         + rpc_runner_options(args), measure=MeasureSettings(cuda_graph=not args.no_cuda_graph))
+
+
+TASKS_PER_DEVICE = 4  # a model's kernels tuned at once per device by default (``tune model``)
+
+
+def tasks_in_flight(args: argparse.Namespace) -> int:
+    """``--tasks-in-flight``, or ``TASKS_PER_DEVICE`` for each device the run measures on
+    (``--devices`` or ``--runner-option devices=...``; one otherwise); 1 for commands without it."""
+    if not hasattr(args, "tasks_in_flight"):
+        return 1
+    if args.tasks_in_flight is not None:
+        return args.tasks_in_flight
+    listed = args.devices or dict(parse_runner_options(args.runner_option)).get("devices") or "0"
+    devices = listed if isinstance(listed, (list, tuple)) else [d for d in str(listed).split(",") if d.strip()]
+    return TASKS_PER_DEVICE * max(1, len(devices))
 
 
 def runner_name(args: argparse.Namespace) -> str:

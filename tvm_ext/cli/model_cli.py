@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from .cli_args import format_speed, session_options
+from .cli_args import TASKS_PER_DEVICE, format_speed, session_options
 from ..core.errors import TvmExtError
 
 DEFAULT_DATABASE = "tvm_ext_database"
@@ -52,10 +52,10 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                        help="turn a template matcher off, its kernels going to the next template that takes them "
                             "(e.g. tf32: float32 matmuls on the CUDA-core GEMM template instead of 3xTF32; "
                             f"choices: {', '.join(matchers)}; repeatable)")
-    model.add_argument("--tasks-in-flight", type=int, default=1, metavar="N",
-                       help="kernels tuned at once (default 1: one after another); with several devices "
-                            "(--runner-option devices=0,1,...) more than one keeps every device measuring while a "
-                            "kernel's search waits at the end of its generation")
+    model.add_argument("--tasks-in-flight", type=int, default=None, metavar="N",
+                       help=f"kernels tuned at once (default {TASKS_PER_DEVICE} a device: while one kernel's "
+                            "candidates build or its search waits at the end of a generation, the others keep "
+                            "the devices measuring; 1: one after another)")
     add_tuning_args(model)
     model.set_defaults(run=run_model)
 

@@ -12,7 +12,9 @@ tvm_ext's functions added to the server process (``server_init_callback``):
 - ``tvm_ext.worker.measure(message)``: a ``MeasureRequest`` in, a ``MeasureReply`` out:
   ``run_job`` on this worker's device in an ``IsolatedMeasurer``, the local runner's isolation
   (a kernel past the run timeout or one that kills its process is an error result, and the
-  next job gets a fresh process).
+  next job gets a fresh process).  That measuring process belongs to this process
+  (``measuring_service``): started and warmed when the worker starts, kept between runs, and
+  reached by the session processes over a local socket.
 
 Both travel as ``tvm_ext.remote.wire`` messages (JSON and raw buffers, read by ``tvm_ext.remote.messages``:
 nothing received is unpickled), signed with the shared secret (``--secret-file`` or
@@ -23,12 +25,12 @@ not read, is refused and the refusal is the reply.  The worker listens on 127.0.
 and runs libraries for any client, by design, so a worker belongs on a trusted network.
 
 TVM's server serves one session at a time, each in a process forked from the server process;
-a driver keeps its session for the whole run, so the measuring process, its device context and
-the check's inputs (sent once per workload: ``MeasureRequest.case``) live as long.  The
+a driver keeps its session for the whole run, and the check's inputs (sent once per workload:
+``MeasureRequest.case``) live as long, in the session and in the measuring process.  The
 device is chosen before anything touches it: ``CUDA_VISIBLE_DEVICES`` for CUDA (device N of
 those visible), the OpenCL device index for OpenCL.
 
-The process tree (this process, TVM's server process, a session process, the measuring
+The process tree (this process, its measuring process, TVM's server process, a session
 process) ends together: SIGTERM or SIGINT here ends every process under this one, and the server
 and session processes end themselves, and what is under them, once their parent is gone (this
 process killed outright leaves no server serving, registered at the tracker).  A worker whose
@@ -69,14 +71,15 @@ LISTENER_LOST = 3  # the server process's exit code once TVM's listening thread 
 
 # ---- the server side (a session process) -------------------------------------------------------
 class _Session:
-    """What one RPC session (one driver's run) keeps: its measuring process and cases."""
+    """What one RPC session (one driver's run) keeps: its handle on the worker's measuring
+    process (``measuring_service``) and its cases."""
 
-    def __init__(self, device_id: int, label: str):
-        from ..measure.runner import IsolatedMeasurer
+    def __init__(self, device_id: int, label: str, service: tuple[str, bytes]):
+        from .measuring_service import ServiceClient
 
         self.device_id = device_id
         self.label = label
-        self.measurer = IsolatedMeasurer()
+        self.measurer = ServiceClient(*service)
         self.cases: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
         self.jobs = 0
         import multiprocessing.util
@@ -111,16 +114,11 @@ _SESSION: _Session | None = None
 _STATE: WorkerSessionState | None = None
 
 
-def _session(device_id: int, label: str, kind: str) -> _Session:
-    """This session process's ``_Session``, made at its first accepted hello (the measuring
-    process then starts and loads the device while the driver builds its first candidates)."""
+def _session(device_id: int, label: str, service: tuple[str, bytes]) -> _Session:
+    """This session process's ``_Session``, made at its first accepted hello."""
     global _SESSION
     if _SESSION is None:
-        _SESSION = _Session(device_id, label)
-        start = time.perf_counter()
-        _SESSION.measurer.warm(kind, device_id).add_done_callback(lambda _: print(
-            f"{time.strftime('%H:%M:%S')} {label}: measuring process ready ({time.perf_counter() - start:.2f} s)",
-            file=sys.stderr, flush=True))
+        _SESSION = _Session(device_id, label, service)
     return _SESSION
 
 
@@ -161,7 +159,8 @@ def _exit_when_listener_ends() -> None:
     threading.Thread(target=watch, name="tvm_ext-watch-listener", daemon=True).start()
 
 
-def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | None, worker_pid: int) -> None:
+def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | None, worker_pid: int,
+                service: tuple[str, bytes]) -> None:
     """Runs in TVM's server process before it serves: tvm_ext's functions, for every session;
     the process ends with the worker (``worker_pid``) and exits once it can serve no more.
 
@@ -178,7 +177,7 @@ def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | No
         if refused:
             print(f"{time.strftime('%H:%M:%S')} {label}: refused a hello: {refused}", file=sys.stderr, flush=True)
         else:
-            _session(device_id, label, info.target.kind)  # its measuring process starts while the driver builds
+            _session(device_id, label, service)
         return reply
 
     def measure(message: bytes) -> bytes:
@@ -188,7 +187,7 @@ def _serve_init(info: WorkerInfo, device_id: int, label: str, secret: bytes | No
         except WireError as exc:
             print(f"{time.strftime('%H:%M:%S')} {label}: refused a request: {exc}", file=sys.stderr, flush=True)
             return measure_reply(None, state, 0, secret, rejected=str(exc))
-        return measure_reply(_session(device_id, label, info.target.kind).measure(request), state, seq, secret)
+        return measure_reply(_session(device_id, label, service).measure(request), state, seq, secret)
 
     tvm_ffi.register_global_func(HELLO, hello, override=True)
     tvm_ffi.register_global_func(MEASURE, measure, override=True)
@@ -290,19 +289,25 @@ def serve(args: argparse.Namespace) -> int:
     info = WorkerInfo(PROTOCOL, __version__, target, socket.gethostname(), f"{target_kind} {args.device}")
     from tvm import rpc
 
-    server = rpc.Server(args.host, args.port, min(args.port + PORT_RANGE, 65536), tracker_addr=tracker,
-                        key=args.key, custom_addr=args.custom_addr, silent=True,
-                        server_init_callback=functools.partial(_serve_init, info, device_id, label, secret,
-                                                              os.getpid()))
-    signed = "signed messages" if secret else "no secret: messages unsigned"
-    print(f"tvm_ext worker: {label} serving key {args.key!r} on {args.host}:{server.port}, tracker {args.tracker} "
-          f"({signed})", file=sys.stderr, flush=True)
-    while server.proc.is_alive():
-        time.sleep(0.5)
-    code = getattr(getattr(server.proc, "_proc", None), "returncode", None)
-    print(f"error: {server_ended(code)}; the worker exits so that a supervisor can "
-          "restart it", file=sys.stderr, flush=True)
-    return 1
+    from .measuring_service import MeasuringService
+
+    service = MeasuringService(target_kind, device_id, label)  # warm before a tuner connects
+    try:
+        server = rpc.Server(args.host, args.port, min(args.port + PORT_RANGE, 65536), tracker_addr=tracker,
+                            key=args.key, custom_addr=args.custom_addr, silent=True,
+                            server_init_callback=functools.partial(_serve_init, info, device_id, label, secret,
+                                                                  os.getpid(), (service.address, service.authkey)))
+        signed = "signed messages" if secret else "no secret: messages unsigned"
+        print(f"tvm_ext worker: {label} serving key {args.key!r} on {args.host}:{server.port}, tracker "
+              f"{args.tracker} ({signed})", file=sys.stderr, flush=True)
+        while server.proc.is_alive():
+            time.sleep(0.5)
+        code = getattr(getattr(server.proc, "_proc", None), "returncode", None)
+        print(f"error: {server_ended(code)}; the worker exits so that a supervisor can "
+              "restart it", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        service.close()
 
 
 def server_ended(code: int | None) -> str:
