@@ -79,6 +79,8 @@ def test_one_at_a_time_is_the_api_default_and_a_bad_count_is_refused(mlp):
     (["--devices", "0,1"], 8),
     (["--runner-option", "devices=0,1,2"], 12),
     (["--tasks-in-flight", "1"], 1),
+    (["--cost-model", "xgb"], 1),  # one after another: each shape's model warm from the shapes before it
+    (["--cost-model", "xgb", "--tasks-in-flight", "3"], 3),
 ])
 def test_tune_model_tunes_four_kernels_a_device_at_once_unless_told(argv, expected):
     from tvm_ext.cli.cli_args import tasks_in_flight

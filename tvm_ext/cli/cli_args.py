@@ -45,11 +45,15 @@ TASKS_PER_DEVICE = 4  # a model's kernels tuned at once per device by default (`
 
 def tasks_in_flight(args: argparse.Namespace) -> int:
     """``--tasks-in-flight``, or ``TASKS_PER_DEVICE`` for each device the run measures on
-    (``--devices`` or ``--runner-option devices=...``; one otherwise); 1 for commands without it."""
+    (``--devices`` or ``--runner-option devices=...``; one otherwise); 1 for commands without it,
+    and with a cost model (one after another, each shape's model starts from the records of the
+    shapes of its template tuned before it)."""
     if not hasattr(args, "tasks_in_flight"):
         return 1
     if args.tasks_in_flight is not None:
         return args.tasks_in_flight
+    if getattr(args, "cost_model", "none") != "none":
+        return 1
     listed = args.devices or dict(parse_runner_options(args.runner_option)).get("devices") or "0"
     devices = listed if isinstance(listed, (list, tuple)) else [d for d in str(listed).split(",") if d.strip()]
     return TASKS_PER_DEVICE * max(1, len(devices))

@@ -55,7 +55,7 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
     model.add_argument("--tasks-in-flight", type=int, default=None, metavar="N",
                        help=f"kernels tuned at once (default {TASKS_PER_DEVICE} a device: while one kernel's "
                             "candidates build or its search waits at the end of a generation, the others keep "
-                            "the devices measuring; 1: one after another)")
+                            "the devices measuring; 1: one after another, the default with --cost-model)")
     add_tuning_args(model)
     model.set_defaults(run=run_model)
 

@@ -269,14 +269,16 @@ class Tuner:
         candidate the real batch does not hold stays built for a later one (``AHEAD_KEPT``)."""
         if self._peek is None or len(batch.inflight) > AHEAD_AFTER * max(1, getattr(self.runner, "in_flight", 1)):
             return
+        room = min(size, batch.queue.limit - batch.queue.waiting, self.budget_left - len(batch.inflight))
+        if room <= 0:  # the queue is full: look again when a measurement frees a place
+            return
         strategy, rows, configs = self._peek
         self._peek = None
         rows_next = strategy.peek(rows, np.array([self._cost.get(c, math.inf) for c in configs]))
         if rows_next is None:
             return
-        room = min(size, batch.queue.limit - batch.queue.waiting, self.budget_left - len(batch.inflight))
         fresh = [c for c in dict.fromkeys(self.space.decode(r) for r in rows_next)
-                 if c not in self._cost and c not in self._ahead and self.space.is_feasible(c)][:max(0, room)]
+                 if c not in self._cost and c not in self._ahead and self.space.is_feasible(c)][:room]
         if fresh:
             self._ahead.update(zip(fresh, self.builder.submit(self.template, fresh, self.target)))  # type: ignore[attr-defined]
         while len(self._ahead) > AHEAD_KEPT:
