@@ -20,9 +20,18 @@ import numpy as np
 from .checks import ElementwiseCheck, NormwiseCheck
 from .program import UniformInputs
 
-__all__ = ["CASES_KEPT", "case_key", "case_key_of", "join_case", "split_case"]
+__all__ = ["CASES_KEPT", "case_key", "case_key_of", "join_case", "keep_latest", "split_case"]
 
 CASES_KEPT = 4  # cases a worker session or a measuring process keeps (least recently used dropped)
+
+
+def keep_latest(store: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """``store[key] = value`` as the most recent entry, the oldest dropped past ``CASES_KEPT``:
+    how a session, a measuring process and its parent keep cases (or their keys)."""
+    store[key] = value
+    store.move_to_end(key)
+    while len(store) > CASES_KEPT:
+        store.popitem(last=False)
 
 
 def split_case(job: Any) -> tuple[Any, tuple[Any, ...]]:

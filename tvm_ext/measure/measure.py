@@ -136,6 +136,19 @@ def job_case(template: "Template", config: "Config", settings: MeasureSettings) 
     return (None if isinstance(drawn, UniformInputs) else drawn), references, check
 
 
+def keyed_case(template: "Template", config: "Config", settings: MeasureSettings) -> tuple[str, tuple[Any, ...]] | None:
+    """``job_case`` with its key, for sending ahead of the jobs (``Runner.prepare``); None where
+    it cannot be made or has no key (the jobs then meet the failure and say so, or carry it)."""
+    from .cases import case_key_of
+
+    try:
+        case = job_case(template, config, settings)
+    except Exception:
+        return None
+    key = case_key_of(case)
+    return None if key is None else (key, case)
+
+
 def _check_data(operator: Any, inputs: Sequence[np.ndarray], refs: Sequence[np.ndarray]
                 ) -> tuple[UniformInputs | tuple[np.ndarray, ...], tuple[np.ndarray, ...], OutputCheck]:
     """A job's inputs (drawn from the seed where the measuring side can: large inputs do not

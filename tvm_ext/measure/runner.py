@@ -22,10 +22,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Protocol, Sequence
 
 from .builder import BuildResult
-from .cases import CASES_KEPT, case_key_of, join_case, split_case
+from .cases import case_key_of, join_case, keep_latest, split_case
 from ..core.errors import ErrorKind, RunnerLost
 from .lifetime import exit_with_parent
-from .measure import MeasureJob, MeasureSettings, RunResult, job_case, make_job, run_job, time_loop, warm_device
+from .measure import MeasureJob, MeasureSettings, RunResult, keyed_case, make_job, run_job, time_loop, warm_device
 from .pools import ProcessDied, RestartingPool, close_all
 from ..target import TargetInfo
 from ..core.template import Template
@@ -102,10 +102,7 @@ _HELD: OrderedDict[str, tuple[Any, ...]] = OrderedDict()  # in a measuring proce
 
 def hold_case(key: str, case: tuple[Any, ...]) -> None:
     """In a measuring process: keep ``case`` under ``key`` (the ``CASES_KEPT`` latest)."""
-    _HELD[key] = case
-    _HELD.move_to_end(key)
-    while len(_HELD) > CASES_KEPT:
-        _HELD.popitem(last=False)
+    keep_latest(_HELD, key, case)
 
 
 def measure_held(measure: Callable[[MeasureJob], RunResult], job: MeasureJob, key: str,
@@ -174,10 +171,7 @@ class IsolatedMeasurer:
         """Whether case ``key`` was sent before; it counts as sent from now on."""
         with self._lock:
             known = key in self._sent
-            self._sent[key] = None
-            self._sent.move_to_end(key)
-            while len(self._sent) > CASES_KEPT:
-                self._sent.popitem(last=False)
+            keep_latest(self._sent, key, None)
         return known
 
     def hold(self, case_key: str, case: tuple[Any, ...]) -> None:
@@ -239,16 +233,12 @@ class LocalRunner:
         """The workload's check data (``config``'s, the default's), made on a thread while the
         first candidates build and sent to every device's measuring process ahead of its jobs."""
         def send_all() -> None:
-            try:
-                case = job_case(template, config, self.settings)
-            except Exception:  # the jobs meet it and say so
-                return
-            key = case_key_of(case)
-            for slot in range(len(self.devices)) if key is not None else ():
+            keyed = keyed_case(template, config, self.settings)
+            for slot in range(len(self.devices)) if keyed is not None else ():
                 with self._lock:
                     pool = self._pool(slot)
                 try:
-                    pool.hold(key, case)
+                    pool.hold(*keyed)
                 except RuntimeError:  # closed meanwhile
                     return
 

@@ -23,11 +23,10 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from ..measure.cases import CASES_KEPT, join_case, split_case
+from ..measure.cases import join_case, keep_latest
 from ..measure.measure import MeasureJob, RunResult
 from ..measure.runner import CASE_MISSING, IsolatedMeasurer
 
@@ -64,8 +63,9 @@ class MeasuringService:
             threading.Thread(target=self._serve, args=(conn,), name="tvm_ext-measuring-client", daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
-        """One client's requests in order: ("run", job, key, timeout) -> its ``RunResult``;
-        ("hold", key, case) -> None; anything that fails -> ("error", why)."""
+        """One client's requests in order: ("run", job, key, timeout) -> its ``RunResult``
+        (``CASE_MISSING`` where the case of ``key`` is not held); ("hold", key, case) -> None;
+        anything that fails -> ("error", why)."""
         with conn:
             while True:
                 try:
@@ -84,29 +84,20 @@ class MeasuringService:
     def _handle(self, request: tuple[Any, ...]) -> Any:
         op, *args = request
         with self._lock:
-            if op == "run":  # a job without its case, which comes once (``tvm_ext.measure.cases``)
-                job, key, case, timeout = args
-                if key is not None:
-                    if case is not None:
-                        self._keep(key, case)
-                    if key not in self._cases:
-                        return CASE_MISSING
-                    self._cases.move_to_end(key)
-                    job = join_case(job, self._cases[key])
+            if op == "run":  # a job without its case, held here (``tvm_ext.measure.cases``)
+                job, key, timeout = args
+                if key not in self._cases:
+                    return CASE_MISSING
+                self._cases.move_to_end(key)
+                job = join_case(job, self._cases[key])
                 self.measurer.timeout = timeout
                 return self.measurer.run(job, key)
             if op == "hold":
                 key, case = args
-                self._keep(key, case)
+                keep_latest(self._cases, key, case)
                 self.measurer.hold(key, case)
                 return None
         raise ValueError(f"unknown request {op!r}")
-
-    def _keep(self, key: str, case: tuple[Any, ...]) -> None:
-        self._cases[key] = case
-        self._cases.move_to_end(key)
-        while len(self._cases) > CASES_KEPT:
-            self._cases.popitem(last=False)
 
     def close(self) -> None:
         self._closed = True
@@ -118,15 +109,14 @@ class MeasuringService:
 
 
 class ServiceClient:
-    """A session's handle on the worker's ``MeasuringService``: ``IsolatedMeasurer``'s calls
-    (``run``, ``hold``, ``warm``, ``timeout``), each answered by the service."""
+    """A session's handle on the worker's ``MeasuringService``: cases go there once (``hold``),
+    jobs without them (``run``)."""
 
     def __init__(self, address: str, authkey: bytes, timeout: float = 60.0):
         self.timeout = timeout
         self._address, self._authkey = address, authkey
         self._conn: Connection | None = None
         self._lock = threading.Lock()
-        self._sent: set[str] = set()  # case keys the service was sent (it may have dropped some since)
 
     def _call(self, *request: Any) -> Any:
         with self._lock:
@@ -138,27 +128,14 @@ class ServiceClient:
             raise RuntimeError(f"the worker's measuring service: {value}")
         return value
 
-    def run(self, job: MeasureJob, case_key: str | None = None) -> RunResult:
-        """Measure ``job``; with ``case_key`` its case goes to the service once (again if the
-        service no longer holds it)."""
-        if case_key is None:
-            return self._call("run", job, None, None, self.timeout)
-        light, case = split_case(job)
-        result = self._call("run", light, case_key, None if case_key in self._sent else case, self.timeout)
-        if isinstance(result, str) and result == CASE_MISSING:
-            result = self._call("run", light, case_key, case, self.timeout)
-        self._sent.add(case_key)
-        return result
+    def run(self, job: MeasureJob, case_key: str) -> RunResult | None:
+        """Measure ``job`` (without its case) with the held case ``case_key``; None where the
+        service does not hold it (never sent, or dropped for newer ones): send it again."""
+        result = self._call("run", job, case_key, self.timeout)
+        return None if isinstance(result, str) and result == CASE_MISSING else result
 
     def hold(self, case_key: str, case: tuple[Any, ...]) -> None:
         self._call("hold", case_key, case)
-        self._sent.add(case_key)
-
-    def warm(self, kind: str, device_id: int) -> Future:
-        """Done: the service warmed its measuring process when the worker started."""
-        done: Future = Future()
-        done.set_result(None)
-        return done
 
     def close(self) -> None:
         with self._lock:

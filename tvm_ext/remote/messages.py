@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..measure.cases import case_key, join_case, split_case  # noqa: F401  (re-exported)
+from ..measure.cases import case_key, check_fields, join_case, split_case  # noqa: F401  (re-exported)
 from ..measure.checks import ElementwiseCheck, NormwiseCheck
 from ..core.errors import ErrorKind
 from ..measure.measure import MeasureJob, MeasureSettings, RunResult
@@ -164,12 +164,11 @@ def job_from_plain(value: Any) -> MeasureJob:
 
 def case_to_plain(case: tuple[Any, ...]) -> dict[str, Any]:
     arrays, references, check = case
-    if isinstance(check, NormwiseCheck):
-        plain_check: dict[str, Any] = {"type": "normwise", "tolerance": check.tolerance}
-    elif isinstance(check, ElementwiseCheck):
-        plain_check = {"type": "elementwise", "bounds": np.asarray(check.bounds), "what": check.what}
-    else:
-        raise WireError(f"a {type(check).__name__} check does not travel (normwise and elementwise do)")
+    try:
+        scalars, check_arrays = check_fields(check)
+    except TypeError as exc:
+        raise WireError(str(exc)) from None
+    plain_check = {**scalars, **({"bounds": check_arrays[0]} if check_arrays else {})}
     return {"arrays": None if arrays is None else [np.asarray(a) for a in arrays],
             "references": [np.asarray(r) for r in references], "check": plain_check}
 

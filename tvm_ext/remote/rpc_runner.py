@@ -49,7 +49,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..measure.builder import BuildResult
 from ..measure.cases import case_key_of
 from ..core.errors import ErrorKind, RunnerLost, TvmExtError
-from ..measure.measure import MeasureJob, MeasureSettings, RunResult, job_case, make_job, run_job
+from ..measure.measure import MeasureJob, MeasureSettings, RunResult, keyed_case, make_job, run_job
 from .messages import hello_request, measure_request, read_hello_reply, read_measure_reply
 from ..measure.program import MAIN
 from ..measure.runner import job_error, resolved
@@ -710,15 +710,11 @@ class RpcRunner:
         session held, on threads while the first candidates build: the first job of each then
         travels without it, and its measuring process holds it already."""
         def send_all() -> None:
-            try:
-                case = job_case(template, config, self.settings)
-                key = case_key_of(case)
-            except Exception:  # the jobs meet it and say so
-                return
+            keyed = keyed_case(template, config, self.settings)
             with self._lock:
                 sessions = [s for s in self._sessions if isinstance(s, WorkerSession)]
-            for session in sessions if key is not None else ():
-                threading.Thread(target=session.send_case, args=(key, case, self.timeout), daemon=True,
+            for session in sessions if keyed is not None else ():
+                threading.Thread(target=session.send_case, args=(*keyed, self.timeout), daemon=True,
                                  name="rpc-case-ahead").start()
 
         threading.Thread(target=send_all, daemon=True, name="rpc-prepare").start()

@@ -48,12 +48,10 @@ import signal
 import socket
 import sys
 import time
-from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Sequence
 
 from ..core.errors import TvmExtError
-from ..measure.cases import CASES_KEPT
 from ..measure.lifetime import end_descendants, end_tree_with_parent, end_with_parent
 from .messages import (PROTOCOL, MeasureReply, MeasureRequest, WorkerInfo, WorkerSessionState, hello_reply,
                        join_case, measure_reply, read_measure_request, split_case)
@@ -72,7 +70,7 @@ LISTENER_LOST = 3  # the server process's exit code once TVM's listening thread 
 # ---- the server side (a session process) -------------------------------------------------------
 class _Session:
     """What one RPC session (one driver's run) keeps: its handle on the worker's measuring
-    process (``measuring_service``) and its cases."""
+    process (``measuring_service``), which holds the cases it is sent."""
 
     def __init__(self, device_id: int, label: str, service: tuple[str, bytes]):
         from .measuring_service import ServiceClient
@@ -80,7 +78,6 @@ class _Session:
         self.device_id = device_id
         self.label = label
         self.measurer = ServiceClient(*service)
-        self.cases: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
         self.jobs = 0
         import multiprocessing.util
 
@@ -89,19 +86,15 @@ class _Session:
 
     def measure(self, request: MeasureRequest) -> MeasureReply:
         start = time.perf_counter()
-        if request.case is not None:
-            self.cases[request.case_key] = request.case
-            while len(self.cases) > CASES_KEPT:
-                self.cases.popitem(last=False)
-        case = self.cases.get(request.case_key)
-        if case is None or request.job is None:  # a case sent ahead goes on to the measuring process
-            if case is not None:
-                self.measurer.hold(request.case_key, case)
+        if request.case is not None:  # with a job or ahead of one: on to the measuring process
+            self.measurer.hold(request.case_key, request.case)
+        if request.job is None:
             return MeasureReply(None, time.perf_counter() - start)
-        self.cases.move_to_end(request.case_key)
-        job = replace(join_case(request.job, case), device_id=self.device_id)
+        job = replace(request.job, device_id=self.device_id)
         self.measurer.timeout = request.timeout
         result = self.measurer.run(job, request.case_key)
+        if result is None:  # the case is not held (dropped for newer ones): the driver sends it again
+            return MeasureReply(None, time.perf_counter() - start)
         self.jobs += 1
         secs = time.perf_counter() - start
         status = f"{result.cost * 1e3:.4f} ms" if result.ok else f"{result.error_kind}: {result.error_msg[:80]}"
