@@ -61,6 +61,27 @@ def test_cpu_tensors_run_on_opencl():
     assert relative_error(out.numpy(), ref_out) < 1e-5 and relative_error(h_n.numpy(), ref_h) < 1e-5
 
 
+def test_packed_sequence_with_hx_on_opencl():
+    """Unsorted lengths and an h0 in the caller's row order: the module pads the packed rows in
+    their packed order, so h0 goes in sorted and h_n comes out unsorted, as nn.GRU does."""
+    torch.manual_seed(3)
+    net = torch.nn.GRU(5, 6, bidirectional=True).eval()
+    gru = GRU.from_module(net)
+    x, h0 = torch.randn(7, 4, 5), torch.randn(2, 4, 6)
+    lengths = torch.tensor([3, 7, 1, 5])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    ours, h_n = gru(packed, h0)
+    with torch.no_grad():
+        theirs, their_h = net(packed, h0)
+    assert torch.equal(ours.batch_sizes, theirs.batch_sizes)
+    assert torch.equal(ours.sorted_indices, theirs.sorted_indices)
+    assert ours.data.shape == theirs.data.shape
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(ours, total_length=7)
+    ref_out, ref_h = _reference(net, x, h0, lengths=lengths.numpy())
+    assert relative_error(padded.numpy(), ref_out) < 1e-5 and relative_error(h_n.numpy(), ref_h) < 1e-5
+    assert relative_error(ours.data.numpy(), theirs.data.numpy()) < 1e-4
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 SHAPES = [dict(input_size=17, hidden_size=33, num_layers=3, bidirectional=True),
           dict(input_size=64, hidden_size=128, batch_first=True),

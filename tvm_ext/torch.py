@@ -93,6 +93,7 @@ class GRU(nn.Module):
         self._watches: dict[int, BarrierWatch] = {}
         self._zero_states: dict[tuple[Any, ...], Any] = {}
         self._lengths: dict[tuple[Any, ...], Any] = {}
+        self._layouts: dict[tuple[Any, ...], PackedLayout] = {}
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
@@ -133,9 +134,11 @@ class GRU(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         packed = isinstance(input, nn.utils.rnn.PackedSequence)
-        if packed:
-            padded, lengths = nn.utils.rnn.pad_packed_sequence(input, batch_first=False)
-            x, time_major = padded, True
+        layout = None
+        if packed:  # padded in the packed (sorted) row order: one index kernel each way
+            self._check_tensor("input", input.data)
+            layout = self._packed_layout(input.batch_sizes, input.data.device)
+            x, lengths, time_major = layout.pad(input.data), layout.lengths, True
         else:
             x, lengths, time_major = input, None, not self.batch_first
         self._check_tensor("input", x)
@@ -152,20 +155,31 @@ class GRU(nn.Module):
                                   "(layers·directions, batch, hidden)")
         if not time_major:
             x = x.transpose(0, 1)
+        if packed and hx is not None and input.sorted_indices is not None:
+            hx = hx.index_select(1, input.sorted_indices)  # into the packed row order, as nn.GRU does
         key = EngineKey(batch, seq, lengths is not None, str(x.device))
         engine = self._engine(key)
         if x.device.type == "cuda" and self.graphs and not torch.cuda.is_current_stream_capturing():
-            out, h_n = self._replay(key, engine, x, hx, lengths)
+            out, h_n = self._replay(key, engine, x, hx, lengths, copy_out=not packed)
         else:
             out, h_n = self._run(engine, x.contiguous(), hx, lengths)
         if packed:
-            order = input.sorted_indices
-            sorted_out = out if order is None else out.index_select(1, order)
-            sorted_lengths = lengths if order is None else lengths.index_select(0, order.cpu())
-            data = nn.utils.rnn.pack_padded_sequence(sorted_out, sorted_lengths, enforce_sorted=True)
-            return nn.utils.rnn.PackedSequence(data.data, data.batch_sizes, input.sorted_indices,
+            if input.unsorted_indices is not None:
+                h_n = h_n.index_select(1, input.unsorted_indices)
+            return nn.utils.rnn.PackedSequence(layout.unpack(out), input.batch_sizes, input.sorted_indices,
                                                input.unsorted_indices), h_n
         return (out if time_major else out.transpose(0, 1)), h_n
+
+    def _packed_layout(self, batch_sizes: Any, device: Any) -> "PackedLayout":
+        """The pad/unpack index of a ``PackedSequence``'s batch sizes, kept per distinct value."""
+        key = (tuple(int(v) for v in batch_sizes.tolist()), str(device))
+        layout = self._layouts.pop(key, None)
+        if layout is None:
+            layout = PackedLayout.of(key[0], device)
+        self._layouts[key] = layout  # most recent last
+        while len(self._layouts) > MAX_CACHED_LENGTHS:
+            self._layouts.pop(next(iter(self._layouts)))
+        return layout
 
     def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -237,9 +251,11 @@ class GRU(nn.Module):
             watch = self._watches[id(engine)] = BarrierWatch(engine)
         return watch
 
-    def _replay(self, key: EngineKey, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any]:
+    def _replay(self, key: EngineKey, engine: Any, x: Any, hx: Any, lengths: Any,
+                copy_out: bool = True) -> tuple[Any, Any]:
         """An eager CUDA call through the shape's recorded graph (recorded on its first call, after
-        one direct run that loads the kernels): inputs copied in, outputs copied out."""
+        one direct run that loads the kernels): inputs copied in, outputs copied out (``out`` is
+        the static one where ``copy_out`` is false: the caller copies what it needs at once)."""
         record = self._call_graphs.get((key, hx is None))
         if record is None:
             result = self._run(engine, x.contiguous(), hx, lengths)
@@ -254,7 +270,8 @@ class GRU(nn.Module):
             record.lengths.copy_(self._device_lengths(lengths, x.device))
         record.graph.replay()
         watch.mark(torch.cuda.current_stream(x.device))
-        return record.out.to(self.dtype, copy=True), record.h_n.to(self.dtype, copy=True)
+        out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
+        return out, record.h_n.to(self.dtype, copy=True)
 
     def _device_lengths(self, lengths: Any, device: Any) -> Any:
         """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
@@ -327,6 +344,37 @@ class BarrierWatch:
         if self.done.query() and int(self.host[0]):
             self.host.zero_()
             raise TvmExtError(self.message)
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where a ``PackedSequence``'s data rows sit among the padded time-major (seq·batch) rows,
+    batch in the packed (sorted, longest first) order: padding is one zero fill and one
+    ``index_copy_``, unpacking one ``index_select`` (``pad_packed_sequence`` copies once per
+    distinct batch size, up to one copy a step, and ``pack_padded_sequence`` slices every step)."""
+
+    seq: int
+    batch: int
+    rows: Any  # int64 (sum of the lengths,) on the data's device: row t·batch + b of packed row j
+    lengths: Any  # int32 CPU tensor (batch,), non-increasing
+
+    @classmethod
+    def of(cls, batch_sizes: tuple[int, ...], device: Any) -> "PackedLayout":
+        seq, batch = len(batch_sizes), batch_sizes[0]
+        rows = torch.cat([torch.arange(t * batch, t * batch + n) for t, n in enumerate(batch_sizes)])
+        sizes = torch.tensor(batch_sizes)
+        lengths = (torch.arange(batch)[None, :] < sizes[:, None]).sum(0).to(torch.int32)
+        return cls(seq, batch, rows.to(device), lengths)
+
+    def pad(self, data: Any) -> Any:
+        """(seq, batch, features): ``data``'s rows in place, zeros past each row's length."""
+        padded = data.new_zeros(self.seq * self.batch, *data.shape[1:])
+        padded.index_copy_(0, self.rows, data)
+        return padded.view(self.seq, self.batch, *data.shape[1:])
+
+    def unpack(self, out: Any) -> Any:
+        """The packed data rows of time-major ``out`` (seq, batch, width)."""
+        return out.reshape(self.seq * self.batch, -1).index_select(0, self.rows)
 
 
 @dataclass(frozen=True)
