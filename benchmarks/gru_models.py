@@ -17,7 +17,9 @@ Per case, one process, the same rotated inputs, every output against the float64
   an ONNX file (TorchScript exporter, ``tvm_ext.relax.onnx_import``): ``tune_relax`` on the imported
   module (``--trials`` per task; the two imports give the same tasks, so the second reuses the
   first's database), compiled in the Relax VM and timed per call, back to back and replayed
-  from a CUDA graph (the best of the three).
+  from a CUDA graph (the best of the three); for float32 also the ``.pt2`` import with its GRU in
+  float16 storage (``tune model --gru-storage float16``: sums and cell float32, errors the class
+  of torch's default TF32 cuDNN).
 
 Targets: ours >= 2x ``torch.compile(mode="max-autotune")`` and >= 1.5x torch eager in a CUDA
 graph.  Rows go to ``OUT/gru_models_rows.jsonl`` as they are made.
@@ -184,19 +186,22 @@ def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray,
                              build_timeout=300, run_timeout=120)
     database, records = os.path.join(work, "database"), os.path.join(work, "records.jsonl")
     rows = []
-    for way in IMPORTS:
-        label = f"tvm_ext from {'.pt2' if way == 'pt2' else 'ONNX'}"
+    # float32: also the GRU with float16 storage (its errors the class of torch's default TF32 cuDNN)
+    variants = [(way, None) for way in IMPORTS] + ([("pt2", "float16")] if case.dtype == "float32" else [])
+    for way, storage in variants:
+        label = f"tvm_ext from {'.pt2' if way == 'pt2' else 'ONNX'}" + (f", GRU {storage} storage" if storage else "")
         if way not in files:
             rows.append(Row(case.label, label, note="export failed"))
             continue
         try:
             mod = imported(files[way])
             start = time.time()
-            result = tune_relax(mod, target, records, database, options, log=lambda m: print(f"  {m}", flush=True))
+            result = tune_relax(mod, target, records, database, options, log=lambda m: print(f"  {m}", flush=True),
+                                gru_storage=storage)
             wall = time.time() - start
             tuned = [t for t in result.tasks if t.template]
             trials = f"{sum(t.trials for t in tuned)} ({len(tuned)} tasks)"
-            compiled = load_model(mod, target, database, log=None)
+            compiled = load_model(mod, target, database, log=None, gru_storage=storage)
             secs, err, how = time_tvm(compiled, [x], ref)
             rows.append(Row(case.label, label, secs * 1e3, err, wall, trials, how))
         except Exception as exc:  # a variant that fails is a row, not the end of the run

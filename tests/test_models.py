@@ -179,6 +179,52 @@ def test_relax_gru_runs_the_gru_layers_kernels(opencl):
     assert _relative_error(out, ref_out) < 1e-5
 
 
+def test_float32_gru_with_16_bit_storage_casts_around_its_program(opencl):
+    """``storage``: a float32 model's GRU runs its program in bfloat16 storage (PoCL has no
+    float16), its arguments cast in and its results cast back to float32: errors of the
+    16-bit class against float64, the same program as the GRU built with that precision."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend import nn
+
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.relax.relax_gru import STORED_TENSORS, device_weights, find_grus, gru_layer, lower_grus, program
+    from tvm_ext.schedules.gru import GRU
+    from tvm_ext.schedules.gru.compute import gru_reference
+
+    state = _gru_state_dict(8, 16, layers=1, dirs=2)
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.gru = gru_layer(8, 16, 1, bidirectional=True)
+
+        def forward(self, x, h0):
+            return self.gru(x, h0)
+
+    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((5, 3, 8), "float32"),
+                                                       "h0": nn.spec.Tensor((2, 3, 16), "float32")}})
+    weights = device_weights(state, 8, 16, 1, bidirectional=True)
+    mod = relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[-1]])
+                                                 for n, _ in params})(mod)
+    (call,) = find_grus(mod, opencl, storage="bfloat16")
+    assert {call.template.params[f"{name}_dtype"] for name in STORED_TENSORS} == {"bfloat16"}
+    assert call.template.params["cell_math_dtype"] == "float32"
+    layer = GRU.build(opencl, 8, 16, bidirectional=True, batch=3, seq=5, config={"fuse_step": 1},
+                      precision={name: "bfloat16" for name in STORED_TENSORS})
+    model = load_model(lower_grus(mod, opencl, lambda template: layer.config, storage="bfloat16"), opencl, None,
+                       log=None)
+    (name,) = [s.func for s in model._exec.plan.steps if s.func.startswith("tvm_ext.gru.")]
+    assert program(name).compiled.source == layer.compiled.source
+    rng = np.random.default_rng(4)
+    x, h0 = rng.standard_normal((5, 3, 8)).astype("float32"), rng.standard_normal((2, 3, 16)).astype("float32")
+    out, h_n = model(x, h0)
+    assert out.dtype == np.float32 and h_n.dtype == np.float32
+    ref_out, ref_h = gru_reference(x, state, h0, 1, True)
+    assert 1e-5 < _relative_error(out, ref_out) < 2e-2 and _relative_error(h_n, ref_h) < 2e-2
+    with pytest.raises(TvmExtError, match="storage 'int8' is not supported"):
+        find_grus(mod, opencl, storage="int8")
+
+
 def test_gru_placeholder_states_its_precision(opencl):
     """A float16 layer: x, weights, state and output float16, gates accumulating in float32."""
     from tvm.relax.frontend import nn
@@ -234,6 +280,20 @@ def test_cli_reuses_the_database_with_model_options(bert_tuned, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "tuned (database, reused)" in p.stdout and "(ok)" in p.stdout
     assert not os.path.getsize(tmp_path / "r.jsonl")
+
+
+def test_cli_gru_storage_tunes_and_runs_the_16_bit_gru(tmp_path):
+    """``--gru-storage bfloat16`` on a float32 model: the GRU is tuned and run with bfloat16
+    storage (its workload says so), the output checked against the file's reference within
+    the storage's bound; a second run reuses what the first exported under that key."""
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", GRU_MODEL, "--gru-storage", "bfloat16",
+           "--generations", "1", "--population", "2", "--records", str(tmp_path / "r.jsonl"),
+           "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "x_dtype=bfloat16" in p.stdout and "h_dtype=bfloat16" in p.stdout and "(ok)" in p.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "tuned (database, reused)" in again.stdout, again.stdout + again.stderr
 
 
 BAD_MODELS = {

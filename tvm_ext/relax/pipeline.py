@@ -139,7 +139,7 @@ def _register_intrinsics(target: TargetInfo) -> None:
 
 
 def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = None,
-                  log: Log | None = _stderr, without: Collection[str] = ()) -> Any:
+                  log: Log | None = _stderr, without: Collection[str] = (), gru_storage: str | None = None) -> Any:
     """Tuned GRU plans for the GRU layers, then legalize, fuse, apply the database's
     schedules, dlight for the rest.
 
@@ -148,6 +148,8 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
     ``tune_relax``/``export``, a meta_schedule Database, or ``None`` (dlight only; GRUs
     take their analytic config).  ``without``: template matchers turned off (``tasks.MATCHERS``
     names; e.g. ``tf32``: the operators file's 3xTF32 configs are not put in place).
+    ``gru_storage`` (float16, bfloat16): float32 GRU layers store their tensors in that type, as
+    tuned with the same setting (``relax_gru.gru_template``).
     """
     import tvm
     from tvm import relax
@@ -165,7 +167,8 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
             log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
         return config
 
-    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config)), target, operators, without)
+    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config, gru_storage)), target,
+                                 operators, without)
     _register_intrinsics(target)
     if database is not None:
         db = open_database(database) if isinstance(database, str) else database
@@ -269,9 +272,10 @@ class CompiledModel:
 
 
 def load_model(mod: Any, target: TargetInfo, database: str | Any | None = None,
-               function: str | None = None, log: Log | None = _stderr, without: Collection[str] = ()) -> CompiledModel:
+               function: str | None = None, log: Log | None = _stderr, without: Collection[str] = (),
+               gru_storage: str | None = None) -> CompiledModel:
     """``compile_relax`` then ready to run on the target's device."""
-    return CompiledModel(compile_relax(mod, target, database, log, without), target, function)
+    return CompiledModel(compile_relax(mod, target, database, log, without, gru_storage), target, function)
 
 
 # ---- tuning ---------------------------------------------------------------------------------
@@ -290,7 +294,7 @@ class _Group:
 def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
                options: SessionOptions = SessionOptions(), log: Log | None = _stderr,
                on_record: Callable[[Any, Any], None] | None = None, retune: bool = False,
-               without: Collection[str] = ()) -> RelaxTuning:
+               without: Collection[str] = (), gru_storage: str | None = None) -> RelaxTuning:
     """Tune every PrimFunc of ``mod`` that a template matches, and every GRU layer; export
     the best to ``database``.
 
@@ -300,7 +304,8 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     stops the search, keeps the records and still exports what was found.  Every task is
     tuned with ``options`` (``records`` replaces its records file) through one ``Session``.
     ``without``: template matchers turned off (``tasks.MATCHERS`` names), their tasks going to
-    the next template that takes them.
+    the next template that takes them.  ``gru_storage``: float32 GRU layers tuned with their
+    tensors stored in that 16-bit type (``compile_relax`` takes the same).
     """
     import dataclasses
     import time
@@ -318,7 +323,7 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     lowered = legalize_and_fuse(mod)
     tasks = extract_tasks(lowered, target)
     matches = match_tasks(tasks, target, without)
-    grus = find_grus(mod, target)
+    grus = find_grus(mod, target, gru_storage)
     groups: dict[str, _Group] = {}
     in_database: dict[int, bool] = {}  # task index -> the database already holds it
     for i, m in enumerate(matches):

@@ -30,6 +30,9 @@ from ..target import TargetInfo
 
 GRU_FUNCTION = "tvm_ext.gru"  # the placeholder's extern name
 ACC_DTYPE = "float32"  # gate GEMM accumulators, gi/gh and the cell math of a low-precision GRU
+# what a float32 GRU stores in a 16-bit ``storage`` type (the torch module's ``precision="float16"``)
+STORED_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
+STORAGE_DTYPES = ("float16", "bfloat16")
 
 
 # ---- the frontend layer -----------------------------------------------------------------------
@@ -117,9 +120,11 @@ def _tensor(expr_type: Any, what: str) -> tuple[tuple[int, ...], str]:
     return tuple(int(v.value) for v in values), str(expr_type.dtype)
 
 
-def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
+def gru_template(call: Any, target: TargetInfo | None = None, storage: str | None = None) -> Any:
     """The ``GruTemplate`` a placeholder call stands for: sizes from its arguments' shapes,
-    precision from their dtypes (accumulators, gi/gh and the cell math float32)."""
+    precision from their dtypes (accumulators, gi/gh and the cell math float32).  ``storage``
+    (float16 or bfloat16): a float32 GRU stores x, the weights, gi, h and out in that type
+    (``lower_grus`` casts its arguments and results), its sums and cell staying float32."""
     from ..schedules.gru import GruTemplate
 
     args = list(call.args[1].fields)
@@ -145,13 +150,19 @@ def gru_template(call: Any, target: TargetInfo | None = None) -> Any:
     template = template.with_precision({
         "x": x_dtype, "w_ih": w_ih_dtype, "in_acc": acc, "gi": acc, "w_hh": w_hh_dtype, "hid_acc": acc,
         "gh": acc, "h": h_dtype, "cell_math": acc, "out": out_dtype})
+    if storage is not None:
+        if storage not in STORAGE_DTYPES:
+            raise TvmExtError(f"GRU storage {storage!r} is not supported; allowed: {', '.join(STORAGE_DTYPES)}")
+        if {x_dtype, w_ih_dtype, w_hh_dtype, h_dtype, out_dtype} == {"float32"}:
+            template = template.with_precision({name: storage for name in STORED_TENSORS})
     if target is not None:
         template = template.with_tensor_cores(target)
     return template
 
 
-def find_grus(mod: Any, target: TargetInfo | None = None) -> list[GruCall]:
-    """Every GRU placeholder of the module's Relax functions, in order."""
+def find_grus(mod: Any, target: TargetInfo | None = None, storage: str | None = None) -> list[GruCall]:
+    """Every GRU placeholder of the module's Relax functions, in order (``storage``: as
+    ``gru_template``'s)."""
     from tvm import relax
 
     found = []
@@ -162,7 +173,7 @@ def find_grus(mod: Any, target: TargetInfo | None = None) -> list[GruCall]:
             for binding in block.bindings:
                 if isinstance(binding, relax.VarBinding) and _is_gru_call(binding.value):
                     found.append(GruCall(gv.name_hint, str(binding.var.name),
-                                         gru_template(binding.value, target)))
+                                         gru_template(binding.value, target, storage)))
     return found
 
 
@@ -252,9 +263,10 @@ def gru_program(template: Any, config: Config, target: TargetInfo) -> GruProgram
 ConfigFor = Callable[[Any], "Config | None"]  # GruTemplate -> its tuned config (None: the analytic pick)
 
 
-def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor) -> Any:
+def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor, storage: str | None = None) -> Any:
     """Every GRU placeholder calling the compiled program of ``config_for``'s config (its own
-    packed function, ``gru_program``) instead of ``tvm_ext.gru``."""
+    packed function, ``gru_program``) instead of ``tvm_ext.gru``; where the program stores
+    tensors in another type (``storage``), the arguments are cast to it and the results back."""
     from tvm import relax
 
     if not find_grus(mod):
@@ -267,16 +279,31 @@ def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor) -> Any:
             call = self.visit_expr_post_order(call)
             if not _is_gru_call(call):
                 return call
-            template = gru_template(call, target)
+            template = gru_template(call, target, storage)
             if template not in programs:
                 config = config_for(template) or template.analytic_pick(target)[0]
                 programs[template] = gru_program(template, config, target)
             types = list(call.ty_args)
             types = list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
-            return relax.call_dps_packed(programs[template].name, call.args[1], types)
+            args = [_cast(arg, spec.dtype) for arg, spec in zip(call.args[1].fields, template.input_specs().values())]
+            stored = [relax.TensorType(t.shape, spec.dtype) for t, spec in zip(types, template.output_specs().values())]
+            result = relax.call_dps_packed(programs[template].name, relax.Tuple(args), stored)
+            if [str(t.dtype) for t in stored] == [str(t.dtype) for t in types]:
+                return result
+            return relax.Tuple([_cast(relax.TupleGetItem(result, i), str(t.dtype)) for i, t in enumerate(types)])
 
     lower = Lower(mod)
     for gv, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
             lower.builder_.update_func(gv, lower.visit_expr(func))
     return lower.builder_.get()
+
+
+def _cast(expr: Any, dtype: str) -> Any:
+    """``expr`` as ``dtype`` (itself where it is already)."""
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None) or getattr(expr, "struct_info", None)
+    if ty is not None and str(getattr(ty, "dtype", "")) == dtype:
+        return expr
+    return relax.op.astype(expr, dtype)
