@@ -135,34 +135,40 @@ def _gru_state_dict(input_size: int, hidden: int, layers: int, dirs: int) -> dic
     return out
 
 
-def test_relax_gru_runs_the_gru_layers_kernels(opencl):
-    """A Relax module of one ``gru_layer`` lowered to a given config gives, bit for bit, what the
-    tvm_ext ``GRU`` built with that config gives: the same kernels, the same plan."""
+def _bound_gru_module(state, layers: int, seq: int = 5, batch: int = 3):
+    """A Relax module of one bidirectional ``gru_layer`` (input 8, hidden 16) on x (seq, batch, 8)
+    and h0, its weights ``state`` (torch.nn.GRU's names) bound as constants."""
+    import tvm
     from tvm import relax
     from tvm.relax.frontend import nn
 
-    from tvm_ext.relax.relax_gru import device_weights, find_grus, gru_layer, lower_grus, program
+    from tvm_ext.relax.relax_gru import device_weights, gru_layer
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.gru = gru_layer(8, 16, layers, bidirectional=True)
+
+        def forward(self, x, h0):
+            return self.gru(x, h0)
+
+    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((seq, batch, 8), "float32"),
+                                                       "h0": nn.spec.Tensor((2 * layers, batch, 16), "float32")}})
+    weights = device_weights(state, 8, 16, layers, bidirectional=True)
+    return relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[-1]])
+                                                  for n, _ in params})(mod)
+
+
+def test_relax_gru_runs_the_gru_layers_kernels(opencl):
+    """A Relax module of one ``gru_layer`` lowered to a given config gives, bit for bit, what the
+    tvm_ext ``GRU`` built with that config gives: the same kernels, the same plan."""
+    from tvm_ext.relax.relax_gru import find_grus, lower_grus, program
     from tvm_ext.schedules.gru import GRU
     from tvm_ext.schedules.gru.compute import gru_reference
 
     state = _gru_state_dict(8, 16, layers=2, dirs=2)  # torch.nn.GRU's names and shapes
     layer = GRU.build(opencl, 8, 16, num_layers=2, bidirectional=True, batch=3, seq=5, config={"fuse_step": 1})
     layer.load_numpy(state)
-
-    class Model(nn.Module):
-        def __init__(self):
-            self.gru = gru_layer(8, 16, 2, bidirectional=True)
-
-        def forward(self, x, h0):
-            return self.gru(x, h0)
-
-    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((5, 3, 8), "float32"),
-                                                       "h0": nn.spec.Tensor((4, 3, 16), "float32")}})
-    weights = device_weights(state, 8, 16, 2, bidirectional=True)
-    import tvm
-
-    mod = relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[-1]])
-                                                 for n, _ in params})(mod)
+    mod = _bound_gru_module(state, layers=2)
     (call,) = find_grus(mod, opencl)
     assert call.template.params == layer.template.params
     lowered = lower_grus(mod, opencl, lambda template: layer.config)
@@ -183,29 +189,13 @@ def test_float32_gru_with_16_bit_storage_casts_around_its_program(opencl):
     """``storage``: a float32 model's GRU runs its program in bfloat16 storage (PoCL has no
     float16), its arguments cast in and its results cast back to float32: errors of the
     16-bit class against float64, the same program as the GRU built with that precision."""
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend import nn
-
     from tvm_ext.core.errors import TvmExtError
-    from tvm_ext.relax.relax_gru import STORED_TENSORS, device_weights, find_grus, gru_layer, lower_grus, program
+    from tvm_ext.relax.relax_gru import STORED_TENSORS, find_grus, lower_grus, program
     from tvm_ext.schedules.gru import GRU
     from tvm_ext.schedules.gru.compute import gru_reference
 
     state = _gru_state_dict(8, 16, layers=1, dirs=2)
-
-    class Model(nn.Module):
-        def __init__(self):
-            self.gru = gru_layer(8, 16, 1, bidirectional=True)
-
-        def forward(self, x, h0):
-            return self.gru(x, h0)
-
-    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((5, 3, 8), "float32"),
-                                                       "h0": nn.spec.Tensor((2, 3, 16), "float32")}})
-    weights = device_weights(state, 8, 16, 1, bidirectional=True)
-    mod = relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[-1]])
-                                                 for n, _ in params})(mod)
+    mod = _bound_gru_module(state, layers=1)
     (call,) = find_grus(mod, opencl, storage="bfloat16")
     assert {call.template.params[f"{name}_dtype"] for name in STORED_TENSORS} == {"bfloat16"}
     assert call.template.params["cell_math_dtype"] == "float32"
