@@ -61,6 +61,10 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                             "(float16 or bfloat16), their sums and cell in float32: errors near 4e-4 with float16, "
                             "the class of cuDNN's TF32 GRU that torch runs by default; the reference check's "
                             f"tolerance becomes at least {STORAGE_TOLERANCE:g} (default: float32 storage)")
+    model.add_argument("--buckets", default=None, metavar="NAME=SIZES",
+                       help="a model with a symbolic dimension NAME (tokens, sequence length): tune it at each "
+                            "size of SIZES (e.g. n=1,16,128,512) and run any size on the configs of the nearest "
+                            "bucket that fits (the smallest at or above it first), compiled on its first call")
     model.add_argument("--tasks-in-flight", type=int, default=None, metavar="N",
                        help=f"kernels tuned at once (default {TASKS_PER_DEVICE} a device: while one kernel's "
                             "candidates build or its search waits at the end of a generation, the others keep "
@@ -196,6 +200,7 @@ def call_user(user: Any, path: str, name: str, *args: Any, **options: str) -> An
 def run_model(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from ..relax.buckets import BucketedModel, Buckets, check_buckets, tune_buckets
     from ..relax.pipeline import load_model, summary, tune_relax
     from ..target import resolve_target
     from .cli_checks import model_module
@@ -212,28 +217,46 @@ def run_model(args: argparse.Namespace) -> int:
     user = load_model_file(args.file)
     mod = model_module(user, args.file, **extra)
     target = resolve_target(args.target, args.device)
+    buckets = None
+    if args.buckets:
+        buckets = Buckets.parse(args.buckets)
+        check_buckets(mod, buckets, args.function)
     progress = _Progress(disabled=args.no_progress)
+
+    def tune(static: Any) -> Any:
+        return tune_relax(static, target, args.records, args.database, options, log=progress.write,
+                          on_record=progress.update, retune=args.retune, without=args.without,
+                          gru_storage=args.gru_storage)
+
     try:
-        result = tune_relax(mod, target, args.records, args.database, options, log=progress.write,
-                            on_record=progress.update, retune=args.retune, without=args.without,
-                            gru_storage=args.gru_storage)
+        results = [tune(mod)] if buckets is None else \
+            tune_buckets(mod, target, args.records, args.database, buckets, tune, args.without, args.function)
     finally:
         progress.close()
-    print(f"\nmodel {args.file}  target={target.kind} device={target.device_name}  "
-          f"wall {result.wall_secs:.1f} s, records: {os.path.abspath(args.records)}, "
-          f"database: {os.path.abspath(args.database)}")
-    print(summary(result))
-    if result.interrupted:
+    for i, result in enumerate(results):
+        title = f"model {args.file}" + (f", {buckets.var} = {buckets.sizes[i]}" if buckets else "")
+        print(f"\n{title}  target={target.kind} device={target.device_name}  "
+              f"wall {result.wall_secs:.1f} s, records: {os.path.abspath(args.records)}, "
+              f"database: {os.path.abspath(args.database)}")
+        print(summary(result))
+    if any(result.interrupted for result in results):
         print("interrupted: records so far are kept and exported; rerun the same command to resume",
               file=sys.stderr)
         return 130
-    model = load_model(mod, target, args.database, args.function, without=args.without,
-                       gru_storage=args.gru_storage)
+    if buckets is None:
+        model = load_model(mod, target, args.database, args.function, without=args.without,
+                           gru_storage=args.gru_storage)
+    else:
+        model = BucketedModel(mod, target, args.database, args.function, without=args.without,
+                              gru_storage=args.gru_storage)
     if not callable(getattr(user, "get_inputs", None)):
         print("compiled (the file has no get_inputs(): not run)")
         return 0
     inputs = [np.asarray(a) for a in call_user(user, args.file, "get_inputs", **extra)]
     out = model(*inputs)
+    if buckets is not None:
+        size = model.size_of(inputs)
+        print(f"{buckets.var} = {size}: " + ", ".join(f"{name} {how}" for name, how in model.schedules[size].items()))
     secs = model.time(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     line = f"ran: output {', '.join(str(o.shape) for o in outs)}, latency {secs * 1e3:.3f} ms"

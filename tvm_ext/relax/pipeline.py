@@ -151,9 +151,15 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
     ``gru_storage`` (float16, bfloat16): float32 GRU layers store their tensors in that type, as
     tuned with the same setting (``relax_gru.gru_template``).
     """
+    return schedule_rest(apply_tuned(mod, target, database, log, without, gru_storage), target, log)
+
+
+def apply_tuned(mod: Any, target: TargetInfo, database: str | Any | None = None,
+                log: Log | None = _stderr, without: Collection[str] = (), gru_storage: str | None = None) -> Any:
+    """``compile_relax``'s first part: GRU plans, legalize and fuse, the tuned kernels and schedules
+    of the database in place; functions without one are left unscheduled."""
     import tvm
     from tvm import relax
-    from tvm.s_tir import dlight as dl
 
     from .relax_gru import lower_grus
     from .tvm_export import open_database, read_operators, tvm_target
@@ -174,8 +180,17 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
         db = open_database(database) if isinstance(database, str) else database
         with tgt, db, tvm.transform.PassContext(opt_level=3):  # as a TVM user applies tuning logs
             lowered = relax.transform.MetaScheduleApplyDatabase()(lowered)
+    return lowered
+
+
+def schedule_rest(lowered: Any, target: TargetInfo, log: Log | None = _stderr) -> Any:
+    """``compile_relax``'s last part: dlight for every function still unscheduled (said in a note)."""
+    from tvm.s_tir import dlight as dl
+
+    from .tvm_export import tvm_target
+
     fallback = _unscheduled(lowered)
-    with tgt:
+    with tvm_target(target):
         lowered = dl.ApplyDefaultSchedule(*default_rules())(lowered)
     if log:
         for name in fallback:

@@ -1,0 +1,134 @@
+"""A symbolic dimension tuned at buckets and dispatched at run time (``tvm_ext.relax.buckets``):
+real tuning on PoCL at two bucket sizes, the buckets file on disk, calls at the buckets, between
+and past them against float64 numpy, each size's functions scheduled from the right place."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.relax.buckets import BUCKETS_FILE, BucketedModel, Buckets, read_buckets, symbolic_vars, tune_buckets
+from tvm_ext.relax.pipeline import TuneOptions, tune_relax
+
+TINY = TuneOptions(generations=1, population=4, tourn_size=1, seed=0, workers=2)
+IN, OUT = 16, 32
+
+
+def _weights():
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((OUT, IN)).astype("float32") / 4, rng.standard_normal(OUT).astype("float32")
+
+
+def _symbolic_mlp():
+    """Linear(16 -> 32) + GELU on x (n, 16), n symbolic, its weights bound as constants."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax.frontend import nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.fc = nn.Linear(IN, OUT)
+
+        def forward(self, x):
+            return nn.op.gelu(self.fc(x))
+
+    n = tirx.Var("n", "int64")
+    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, IN), "float32")}})
+    w, b = _weights()
+    values = {"fc.weight": w, "fc.bias": b}
+    return relax.transform.BindParams("forward", {name: tvm.runtime.tensor(values[name]) for name, _ in params})(mod)
+
+
+def _reference(x):
+    from math import erf
+
+    w, b = _weights()
+    y = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    return 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+
+
+def test_buckets_parse_and_order():
+    assert Buckets.parse("n=128,1,16") == Buckets("n", (1, 16, 128))
+    assert Buckets("n", (1, 16, 128)).nearest(10) == (16, 128, 1)
+    assert Buckets("n", (1, 16, 128)).nearest(16) == (16, 128, 1)
+    assert Buckets("n", (1, 16, 128)).nearest(500) == (128, 16, 1)
+    for bad, needle in (("16,128", "expected NAME=SIZE"), ("n=a,2", "integers"), ("n=0,4", "at least 1"),
+                        ("n=", "at least one size")):
+        with pytest.raises(TvmExtError, match=needle):
+            Buckets.parse(bad)
+
+
+@pytest.fixture(scope="module")
+def tuned(opencl, tmp_path_factory):
+    work = tmp_path_factory.mktemp("buckets")
+    records, database = str(work / "records.jsonl"), str(work / "database")
+    mod = _symbolic_mlp()
+    results = tune_buckets(mod, opencl, records, database, Buckets("n", (4, 16)),
+                           lambda static: tune_relax(static, opencl, records, database, TINY, log=None))
+    return {"mod": mod, "database": database, "results": results}
+
+
+def test_each_bucket_is_tuned_and_its_configs_written(tuned):
+    assert len(tuned["results"]) == 2
+    for result in tuned["results"]:  # the matmul with its bias and GELU, tuned at each size
+        assert any(t.template == "gemm" and t.exported for t in result.tasks)
+    with open(os.path.join(tuned["database"], BUCKETS_FILE), encoding="utf-8") as fh:
+        data = json.load(fh)
+    assert data["var"] == "n" and data["sizes"] == [4, 16]
+    (name,) = [n for n, by_size in data["functions"].items() if set(by_size) == {"4", "16"}]
+    assert "matmul" in name
+    buckets, functions = read_buckets(tuned["database"])
+    assert buckets == Buckets("n", (4, 16)) and functions[name][16] == data["functions"][name]["16"]
+
+
+def test_calls_dispatch_on_the_size(tuned, opencl):
+    model = BucketedModel(tuned["mod"], opencl, tuned["database"])
+    (name,) = [n for n in model.configs if "matmul" in n]
+    rng = np.random.default_rng(0)
+    for size, how in ((4, "database"), (16, "database"), (10, "bucket 16"), (3, "bucket 4"), (24, "bucket 16")):
+        x = rng.standard_normal((size, IN)).astype("float32")
+        out = model(x)
+        assert out.shape == (size, OUT)
+        np.testing.assert_allclose(out, _reference(x), rtol=1e-4, atol=1e-4)
+        assert model.schedules[size][name] == how, (size, model.schedules[size])
+    assert model.model(10) is model.model(10)  # compiled once per size
+
+
+def test_bad_buckets_and_inputs(tuned, opencl):
+    assert symbolic_vars(tuned["mod"]) == {"n": [(0, 0)]}
+    with pytest.raises(TvmExtError, match="model's symbolic dimensions are n"):
+        tune_buckets(tuned["mod"], opencl, "r.jsonl", "db", Buckets("tokens", (4,)), lambda m: None)
+    with pytest.raises(TvmExtError, match="has no tvm_ext_buckets.json"):
+        BucketedModel(tuned["mod"], opencl, os.path.dirname(tuned["database"]))
+    model = BucketedModel(tuned["mod"], opencl, tuned["database"])
+    with pytest.raises(TvmExtError, match="at least 1"):
+        model(np.zeros((0, IN), "float32"))
+
+
+def test_cli_tunes_buckets_and_runs_between_them(tmp_path):
+    """``tune model FILE --buckets n=4,16``: each bucket tuned, the file's inputs run (size 10:
+    bucket 16's config) and checked against its reference."""
+    path = tmp_path / "mlp.py"
+    path.write_text(
+        "import numpy as np\n"
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        "import test_buckets as t\n"
+        "def get_module():\n    return t._symbolic_mlp()\n"
+        "def get_inputs():\n    return [np.random.default_rng(1).standard_normal((10, t.IN)).astype('float32')]\n"
+        "def reference(inputs):\n    return t._reference(inputs[0])\n")
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--buckets", "n=4,16", "--generations", "1",
+           "--population", "2", "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"),
+           "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "n = 4" in p.stdout and "n = 16" in p.stdout and "(ok)" in p.stdout
+    assert "bucket 16" in p.stdout
+    bad = subprocess.run(cmd[:4] + ["--buckets", "tokens=4"], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr

@@ -1,0 +1,256 @@
+"""A symbolic dimension tuned at buckets of its size and dispatched on it at run time.
+
+A Relax function whose inputs have a symbolic dimension (tokens, a sequence length) gets no
+tuned kernel: our templates take static shapes, as meta_schedule does, so every function falls
+back to dlight.  ``tune_buckets`` binds the dimension to each bucket size
+(``relax.transform.BindSymbolicVars``) and tunes that static model like any other, all buckets
+into one records file and database; the best config of every function at every bucket goes to
+``BUCKETS_FILE`` beside the database, by function name (a function keeps its name across sizes:
+the same graph legalizes to the same functions).  ``BucketedModel`` dispatches each call on the
+dimension's size: a size is compiled once and kept; its functions are scheduled by the database
+where that size was tuned, else by a bucket's config the template accepts at this size (the
+smallest bucket at or above it first, then the largest below: ``Buckets.nearest``), else by
+dlight.  ``BucketedModel.schedules`` says which, per function.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Mapping, Sequence
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+from ..core.space import Config
+from ..target import TargetInfo
+
+BUCKETS_FILE = "tvm_ext_buckets.json"  # in the database folder: the buckets and each function's configs
+COMPILED_KEPT = 8  # sizes a BucketedModel keeps compiled
+Borrowed = Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]]  # function -> (bucket, config), tried in order
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The sizes a symbolic dimension (``var``, by name) is tuned at."""
+
+    var: str
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> "Buckets":
+        """``NAME=S1,S2,...`` (``n=1,16,128,512``): sizes are positive integers, sorted here."""
+        name, eq, values = text.partition("=")
+        if not eq or not name.strip().isidentifier():
+            raise TvmExtError(f"buckets {text!r}: expected NAME=SIZE,SIZE,... (e.g. n=1,16,128)")
+        try:
+            sizes = sorted({int(v) for v in values.split(",") if v.strip()})
+        except ValueError:
+            raise TvmExtError(f"buckets {text!r}: sizes must be integers") from None
+        if not sizes or sizes[0] < 1:
+            raise TvmExtError(f"buckets {text!r}: give at least one size, each at least 1")
+        return cls(name.strip(), tuple(sizes))
+
+    def nearest(self, size: int) -> tuple[int, ...]:
+        """The buckets whose configs a size borrows, in the order tried: those at or above it,
+        smallest first (a tile tuned for more rows covers these), then those below, largest first."""
+        return tuple(b for b in self.sizes if b >= size) + tuple(reversed([b for b in self.sizes if b < size]))
+
+
+def symbolic_vars(mod: Any, function: str | None = None) -> dict[str, list[tuple[int, int]]]:
+    """Each symbolic dimension of the function's inputs by name: (input, axis) where it appears."""
+    from .relax_opencl import relax_function_name
+
+    func = mod[relax_function_name(mod, function)]
+    found: dict[str, list[tuple[int, int]]] = {}
+    for i, param in enumerate(func.params):
+        shape = getattr(getattr(param, "ty", None), "shape", None)
+        for axis, dim in enumerate(getattr(shape, "values", None) or ()):
+            if not hasattr(dim, "value"):
+                found.setdefault(str(dim), []).append((i, axis))
+    return found
+
+
+def specialize(mod: Any, var: str, size: int) -> Any:
+    """``mod`` with the symbolic dimension ``var`` bound to ``size`` everywhere."""
+    from tvm import relax
+
+    return relax.transform.BindSymbolicVars({var: size})(mod)
+
+
+def check_buckets(mod: Any, buckets: Buckets, function: str | None = None) -> None:
+    """A clear error unless ``buckets.var`` is the function's one symbolic dimension."""
+    names = sorted(symbolic_vars(mod, function))
+    if buckets.var not in names:
+        raise TvmExtError(f"buckets for {buckets.var!r}, but the model's symbolic dimensions are "
+                          f"{', '.join(names) or 'none'}")
+    if len(names) > 1:
+        raise TvmExtError(f"the model has symbolic dimensions {', '.join(names)}; buckets bind one")
+
+
+# ---- tuning -------------------------------------------------------------------------------------
+def tune_buckets(mod: Any, target: TargetInfo, records: str, database: str, buckets: Buckets,
+                 tune: Callable[[Any], Any], without: Collection[str] = (), function: str | None = None) -> list[Any]:
+    """``tune(static_module)`` (``tune_relax`` with the caller's settings) at each bucket size,
+    then every function's best config at every bucket into ``BUCKETS_FILE``; the results in
+    bucket order (a stopped run stops there, its configs so far written)."""
+    from ..core.records import RecordStore
+
+    check_buckets(mod, buckets, function)
+    results, functions = [], {}
+    for size in buckets.sizes:
+        static = specialize(mod, buckets.var, size)
+        result = tune(static)
+        results.append(result)
+        for name, config in best_configs(static, target, RecordStore(records), without).items():
+            functions.setdefault(name, {})[str(size)] = config
+        if getattr(result, "interrupted", False):
+            break
+    write_buckets(database, buckets, functions)
+    return results
+
+
+def best_configs(static: Any, target: TargetInfo, store: Any, without: Collection[str] = ()) -> dict[str, dict]:
+    """Each matched function of a static model with its template's best record: name -> config."""
+    import tvm
+
+    from .pipeline import legalize_and_fuse
+    from .tasks import match_task
+    from .tvm_export import ranked_records
+
+    best = {}
+    for gv, func in legalize_and_fuse(static).functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            match = match_task(gv.name_hint, as_task(func), target, without)
+            ranked = ranked_records(store, match, target) if match.matched else []
+            if ranked:
+                best[gv.name_hint] = dict(ranked[0].config)
+    return best
+
+
+def as_task(func: Any) -> Any:
+    """A module's PrimFunc as meta_schedule's task holds it (named ``main``: templates build it)."""
+    return func.with_attr("global_symbol", "main")
+
+
+def write_buckets(database: str, buckets: Buckets, functions: Mapping[str, Mapping[str, Any]]) -> None:
+    os.makedirs(database, exist_ok=True)
+    data = {"version": 1, "var": buckets.var, "sizes": list(buckets.sizes), "functions": functions}
+    fd, tmp = tempfile.mkstemp(dir=database, prefix=".buckets")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(database, BUCKETS_FILE))
+
+
+def read_buckets(database: str) -> tuple[Buckets, dict[str, dict[int, dict]]]:
+    """``BUCKETS_FILE`` of a database folder: the buckets and function -> bucket -> config."""
+    path = os.path.join(database, BUCKETS_FILE)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        buckets = Buckets(str(data["var"]), tuple(int(s) for s in data["sizes"]))
+        functions = {str(name): {int(size): dict(config) for size, config in dict(by_size).items()}
+                     for name, by_size in dict(data["functions"]).items()}
+    except FileNotFoundError:
+        raise TvmExtError(f"{database} has no {BUCKETS_FILE}: tune the model with buckets first") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TvmExtError(f"{path} is not a tvm_ext buckets file: {exc}") from None
+    return buckets, functions
+
+
+# ---- compiling a size ----------------------------------------------------------------------------
+def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
+                     without: Collection[str] = ()) -> tuple[Any, dict[str, str]]:
+    """Every unscheduled function of ``borrowed`` scheduled by the first of its buckets' configs
+    that its template (at this function's size) accepts and that lowers.  Returns the module and,
+    for each function of ``borrowed``, what schedules it: "database" (scheduled already),
+    "bucket B" (B's config) or "dlight" (no bucket's config fits)."""
+    import tvm
+
+    from .tasks import MATCHERS, match_task
+    from .tvm_export import replay
+
+    how = {}
+    for gv, func in list(mod.functions_items()):
+        name = gv.name_hint
+        if not isinstance(func, tvm.tirx.PrimFunc) or name not in borrowed:
+            continue
+        if func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"]):
+            how[name] = "database"
+            continue
+        how[name] = "dlight"
+        func = as_task(func)
+        match = match_task(name, func, target, without)
+        if not match.matched:
+            continue
+        space = match.template.space(target)
+        for bucket, values in borrowed[name]:
+            try:
+                config = space.decode(space.encode(Config.of(dict(values))))  # refused where this size cannot take it
+                if space.infeasible_reason(config):
+                    continue
+                if match.substitutes:
+                    scheduled = MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
+                else:
+                    scheduled = replay(match, config, tvm.IRModule({"main": func}), target).mod["main"]
+                    scheduled = scheduled.with_attr("tirx.is_scheduled", True)
+            except Exception:  # noqa: BLE001 - a config this size cannot take: the next bucket's
+                continue
+            mod[gv] = scheduled.without_attr("global_symbol")  # private again, as the module had it
+            how[name] = f"bucket {bucket}"
+            break
+    return mod, how
+
+
+class BucketedModel:
+    """A model with a symbolic dimension, run at any size: each call dispatched on the size to its
+    compiled model (compiled on the size's first call and kept, the last ``COMPILED_KEPT`` sizes),
+    scheduled from the database and the buckets' configs (``read_buckets``)."""
+
+    def __init__(self, mod: Any, target: TargetInfo, database: str, function: str | None = None,
+                 log: Callable[[str], None] | None = None, without: Collection[str] = (),
+                 gru_storage: str | None = None):
+        self.buckets, self.configs = read_buckets(database)
+        check_buckets(mod, self.buckets, function)
+        self.mod, self.target, self.database, self.function = mod, target, database, function
+        self.log, self.without, self.gru_storage = log, tuple(without), gru_storage
+        self.where = symbolic_vars(mod, function)[self.buckets.var]  # (input, axis) of the dimension
+        self.schedules: dict[int, dict[str, str]] = {}  # size -> function -> "database" | "bucket B" | "dlight"
+        self._compiled: OrderedDict[int, Any] = OrderedDict()
+
+    def size_of(self, inputs: Sequence[np.ndarray]) -> int:
+        sizes = {int(np.shape(inputs[i])[axis]) for i, axis in self.where if i < len(inputs)}
+        if len(sizes) != 1:
+            raise TvmExtError(f"inputs give {self.buckets.var} = {sorted(sizes) or 'nothing'}: one size expected")
+        (size,) = sizes
+        if size < 1:
+            raise TvmExtError(f"{self.buckets.var} = {size}: at least 1")
+        return size
+
+    def model(self, size: int) -> Any:
+        """The compiled model at ``size`` (compiled on first use)."""
+        compiled = self._compiled.pop(size, None)
+        if compiled is None:
+            compiled = self._compile(size)
+        self._compiled[size] = compiled
+        while len(self._compiled) > COMPILED_KEPT:
+            self._compiled.popitem(last=False)
+        return compiled
+
+    def _compile(self, size: int) -> Any:
+        from .pipeline import CompiledModel, apply_tuned, schedule_rest
+
+        borrowed = {name: [(b, by_size[b]) for b in self.buckets.nearest(size) if b in by_size]
+                    for name, by_size in self.configs.items()}
+        static = specialize(self.mod, self.buckets.var, size)
+        tuned = apply_tuned(static, self.target, self.database, self.log, self.without, self.gru_storage)
+        tuned, self.schedules[size] = borrow_schedules(tuned, self.target, borrowed, self.without)
+        return CompiledModel(schedule_rest(tuned, self.target, self.log), self.target, self.function)
+
+    def __call__(self, *inputs: np.ndarray) -> Any:
+        return self.model(self.size_of(inputs))(*inputs)
+
+    def time(self, *inputs: np.ndarray, repeat: int = 10) -> float:
+        return self.model(self.size_of(inputs)).time(*inputs, repeat=repeat)
