@@ -12,7 +12,10 @@ Options (``--model-option KEY=VALUE``):
   in float32, as PyTorch's do);
 - ``source``: ``nn`` (default: the layer written with ``relax.frontend.nn``) or ``transformers``
   (``transformers``' ``BertLayer`` with random weights, exported with ``torch.export`` and
-  imported with TVM's Relax torch frontend; needs torch and transformers, as on the GPU machine).
+  imported with TVM's Relax torch frontend; needs torch and transformers, as on the GPU machine);
+- ``seq``: the sequence length of the inputs (default the size's);
+- ``symbolic``: ``1`` makes the nn layer's sequence length a symbolic dimension named ``seq``
+  (tune it with ``--buckets seq=SIZES``); the inputs still have length ``seq``.
 
 Both sources compute the same layer (self-attention without a mask, output projection,
 residual + LayerNorm, GELU feed-forward, residual + LayerNorm) with the same structure after
@@ -36,14 +39,24 @@ SEED = 0
 LINEARS = ("query", "key", "value", "attn_out", "inter", "out")
 
 
-def _options(size: str = "small", dtype: str = "float32", source: str = "nn") -> tuple[dict[str, int], str, str]:
+def _options(size: str = "small", dtype: str = "float32", source: str = "nn",
+             seq: str | None = None, symbolic: str = "0") -> tuple[dict[str, int], str, str]:
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
     if source not in ("nn", "transformers"):
         raise ValueError(f"source must be nn or transformers, got {source!r}")
-    return SIZES[size], dtype, source
+    if symbolic not in ("0", "1") or (symbolic == "1" and source != "nn"):
+        raise ValueError(f"symbolic must be 0 or 1 (1 with source=nn), got {symbolic!r}")
+    sizes = dict(SIZES[size])
+    if seq is not None:
+        if not str(seq).isdigit() or int(seq) < 1:
+            raise ValueError(f"seq must be a positive integer, got {seq!r}")
+        sizes["seq"] = int(seq)
+    if symbolic == "1":
+        sizes["symbolic"] = 1
+    return sizes, dtype, source
 
 
 def _shapes(s: dict[str, int]) -> dict[str, tuple[int, int]]:
@@ -77,6 +90,10 @@ def _nn_module(s: dict[str, int], dtype: str, w: dict[str, np.ndarray]) -> Any:
     from tvm.relax.frontend import nn
 
     h, heads, seq, batch = s["hidden"], s["heads"], s["seq"], s["batch"]
+    if s.get("symbolic"):
+        from tvm import tirx
+
+        seq = tirx.Var("seq", "int64")
     d = h // heads
 
     class Layer(nn.Module):
@@ -177,27 +194,31 @@ def _transformers_module(s: dict[str, int], dtype: str, size: str) -> Any:
 
 
 # ---- the model file interface ---------------------------------------------------------------------
-def get_module(size: str = "small", dtype: str = "float32", source: str = "nn") -> Any:
-    s, dtype, source = _options(size, dtype, source)
+def get_module(size: str = "small", dtype: str = "float32", source: str = "nn", seq: str | None = None,
+               symbolic: str = "0") -> Any:
+    s, dtype, source = _options(size, dtype, source, seq, symbolic)
     if source == "transformers":
         return _transformers_module(s, dtype, size)
     return _nn_module(s, dtype, weights(size, dtype, source))
 
 
-def get_inputs(size: str = "small", dtype: str = "float32", source: str = "nn") -> list[np.ndarray]:
-    s, dtype, _ = _options(size, dtype, source)
+def get_inputs(size: str = "small", dtype: str = "float32", source: str = "nn", seq: str | None = None,
+               symbolic: str = "0") -> list[np.ndarray]:
+    s, dtype, _ = _options(size, dtype, source, seq, symbolic)
     rng = np.random.default_rng(SEED + 1)
     return [rng.standard_normal((s["batch"], s["seq"], s["hidden"])).astype(dtype)]
 
 
-def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float32", source: str = "nn") -> np.ndarray:
+def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float32", source: str = "nn",
+              seq: str | None = None, symbolic: str = "0") -> np.ndarray:
     """float64 numpy forward pass of the float32 weights (a float16 model's error includes the
     rounding of its weights)."""
     from scipy.special import erf
 
-    s, _, _ = _options(size, dtype, source)
+    s, _, _ = _options(size, dtype, source, seq, symbolic)
     w = {k: v.astype(np.float64) for k, v in weights(size, dtype, source).items()}
-    h, heads, seq, batch = s["hidden"], s["heads"], s["seq"], s["batch"]
+    h, heads, batch = s["hidden"], s["heads"], s["batch"]
+    seq = inputs[0].shape[1]
     d = h // heads
     x = inputs[0].astype(np.float64)
 
@@ -223,7 +244,8 @@ def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float
     return layer_norm(linear(inter, "out") + attn, "ln2")
 
 
-def tolerance(size: str = "small", dtype: str = "float32", source: str = "nn") -> float:
+def tolerance(size: str = "small", dtype: str = "float32", source: str = "nn", seq: str | None = None,
+              symbolic: str = "0") -> float:
     """Largest |error| / max |reference| a correct build stays under: float32 arithmetic, or
     float16 activations (2^-11 per rounding, through two LayerNorms)."""
     return 1e-4 if dtype == "float32" else 2e-2

@@ -80,15 +80,15 @@ def test_each_bucket_is_tuned_and_its_configs_written(tuned):
     with open(os.path.join(tuned["database"], BUCKETS_FILE), encoding="utf-8") as fh:
         data = json.load(fh)
     assert data["var"] == "n" and data["sizes"] == [4, 16]
-    (name,) = [n for n, by_size in data["functions"].items() if set(by_size) == {"4", "16"}]
-    assert "matmul" in name
-    buckets, functions = read_buckets(tuned["database"])
-    assert buckets == Buckets("n", (4, 16)) and functions[name][16] == data["functions"][name]["16"]
+    assert set(data["calls"]) == {"0"} and set(data["calls"]["0"]) == {"4", "16"}  # the one call, both sizes
+    assert "matmul" in data["calls"]["0"]["16"]["function"]
+    buckets, calls = read_buckets(tuned["database"])
+    assert buckets == Buckets("n", (4, 16)) and calls[0][16] == data["calls"]["0"]["16"]["config"]
 
 
 def test_calls_dispatch_on_the_size(tuned, opencl):
     model = BucketedModel(tuned["mod"], opencl, tuned["database"])
-    (name,) = [n for n in model.configs if "matmul" in n]
+    name = "fused_matmul_add_gelu"
     rng = np.random.default_rng(0)
     for size, how in ((4, "database"), (16, "database"), (10, "bucket 16"), (3, "bucket 4"), (24, "bucket 16")):
         x = rng.standard_normal((size, IN)).astype("float32")
@@ -110,25 +110,20 @@ def test_bad_buckets_and_inputs(tuned, opencl):
         model(np.zeros((0, IN), "float32"))
 
 
-def test_cli_tunes_buckets_and_runs_between_them(tmp_path):
-    """``tune model FILE --buckets n=4,16``: each bucket tuned, the file's inputs run (size 10:
-    bucket 16's config) and checked against its reference."""
-    path = tmp_path / "mlp.py"
-    path.write_text(
-        "import numpy as np\n"
-        "import sys\n"
-        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-        "import test_buckets as t\n"
-        "def get_module():\n    return t._symbolic_mlp()\n"
-        "def get_inputs():\n    return [np.random.default_rng(1).standard_normal((10, t.IN)).astype('float32')]\n"
-        "def reference(inputs):\n    return t._reference(inputs[0])\n")
-    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--buckets", "n=4,16", "--generations", "1",
-           "--population", "2", "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"),
-           "--no-progress"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+def test_cli_tunes_bert_at_buckets_and_runs_between_them(tmp_path):
+    """The BERT layer with a symbolic sequence length, ``--buckets seq=8,16``, run at 12: every
+    matched function takes bucket 16's config for its call, though some functions are named
+    differently at 16 (there the two attention matmuls are one function) than at 12."""
+    bert = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "bert_layer.py")
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", bert, "--model-option", "symbolic=1", "--model-option",
+           "seq=12", "--buckets", "seq=8,16", "--generations", "1", "--population", "2", "--seed", "0", "--records",
+           str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "n = 4" in p.stdout and "n = 16" in p.stdout and "(ok)" in p.stdout
-    assert "bucket 16" in p.stdout
-    bad = subprocess.run(cmd[:4] + ["--buckets", "tokens=4"], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
+    assert "seq = 8 " in p.stdout and "seq = 16 " in p.stdout and "(ok)" in p.stdout
+    (line,) = [line for line in p.stdout.splitlines() if line.startswith("seq = 12:")]
+    how = dict(part.split(" ", 1) for part in line[len("seq = 12: "):].split(", "))  # function -> where from
+    gemms = {name: h for name, h in how.items() if "matmul" in name}
+    assert len(gemms) >= 5 and set(gemms.values()) == {"bucket 16"}, line
+    bad = subprocess.run(cmd[:4] + ["--buckets", "tokens=4"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr

@@ -4,13 +4,15 @@ A Relax function whose inputs have a symbolic dimension (tokens, a sequence leng
 tuned kernel: our templates take static shapes, as meta_schedule does, so every function falls
 back to dlight.  ``tune_buckets`` binds the dimension to each bucket size
 (``relax.transform.BindSymbolicVars``) and tunes that static model like any other, all buckets
-into one records file and database; the best config of every function at every bucket goes to
-``BUCKETS_FILE`` beside the database, by function name (a function keeps its name across sizes:
-the same graph legalizes to the same functions).  ``BucketedModel`` dispatches each call on the
-dimension's size: a size is compiled once and kept; its functions are scheduled by the database
-where that size was tuned, else by a bucket's config the template accepts at this size (the
-smallest bucket at or above it first, then the largest below: ``Buckets.nearest``), else by
-dlight.  ``BucketedModel.schedules`` says which, per function.
+into one records file and database.  The best config of every call at every bucket goes to
+``BUCKETS_FILE`` beside the database, keyed by the call's place among the function's
+``call_tir`` bindings: the same graph lowers to the same calls in the same order at every size,
+while the callees' names shift (two calls whose functions are identical at one size share one
+function there and not at another).  ``BucketedModel`` dispatches each call on the dimension's
+size: a size is compiled once and kept; its functions are scheduled by the database where that
+size was tuned, else by a bucket's config the template accepts at this size (the smallest bucket
+at or above it first, then the largest below: ``Buckets.nearest``), else by dlight.
+``BucketedModel.schedules`` says which, per function.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from ..core.errors import TvmExtError
 from ..core.space import Config
 from ..target import TargetInfo
 
-BUCKETS_FILE = "tvm_ext_buckets.json"  # in the database folder: the buckets and each function's configs
+BUCKETS_FILE = "tvm_ext_buckets.json"  # in the database folder: the buckets and each call's configs
 COMPILED_KEPT = 8  # sizes a BucketedModel keeps compiled
 Borrowed = Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]]  # function -> (bucket, config), tried in order
 
@@ -98,30 +100,51 @@ def tune_buckets(mod: Any, target: TargetInfo, records: str, database: str, buck
     bucket order (a stopped run stops there, its configs so far written)."""
     from ..core.records import RecordStore
 
+    from .pipeline import legalize_and_fuse
+
     check_buckets(mod, buckets, function)
-    results, functions = [], {}
+    results, calls = [], {}
     for size in buckets.sizes:
         static = specialize(mod, buckets.var, size)
         result = tune(static)
         results.append(result)
-        for name, config in best_configs(static, target, RecordStore(records), without).items():
-            functions.setdefault(name, {})[str(size)] = config
+        lowered = legalize_and_fuse(static)
+        best = best_configs(lowered, target, RecordStore(records), without)
+        for place, name in enumerate(call_sites(lowered, function)):
+            if name in best:
+                calls.setdefault(str(place), {})[str(size)] = {"function": name, "config": best[name]}
         if getattr(result, "interrupted", False):
             break
-    write_buckets(database, buckets, functions)
+    write_buckets(database, buckets, calls)
     return results
 
 
-def best_configs(static: Any, target: TargetInfo, store: Any, without: Collection[str] = ()) -> dict[str, dict]:
-    """Each matched function of a static model with its template's best record: name -> config."""
+def call_sites(lowered: Any, function: str | None = None) -> list[str]:
+    """The callee of each ``call_tir`` of the Relax function, in binding order."""
+    import tvm
+    from tvm import relax
+
+    from .relax_opencl import relax_function_name
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    names = []
+    for block in lowered[relax_function_name(lowered, function)].body.blocks:
+        for binding in block.bindings:
+            value = getattr(binding, "value", None)
+            if isinstance(value, relax.Call) and value.op.same_as(call_tir):
+                names.append(value.args[0].name_hint)
+    return names
+
+
+def best_configs(lowered: Any, target: TargetInfo, store: Any, without: Collection[str] = ()) -> dict[str, dict]:
+    """Each matched function of a lowered static model with its template's best record: name -> config."""
     import tvm
 
-    from .pipeline import legalize_and_fuse
     from .tasks import match_task
     from .tvm_export import ranked_records
 
     best = {}
-    for gv, func in legalize_and_fuse(static).functions_items():
+    for gv, func in lowered.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc):
             match = match_task(gv.name_hint, as_task(func), target, without)
             ranked = ranked_records(store, match, target) if match.matched else []
@@ -135,29 +158,29 @@ def as_task(func: Any) -> Any:
     return func.with_attr("global_symbol", "main")
 
 
-def write_buckets(database: str, buckets: Buckets, functions: Mapping[str, Mapping[str, Any]]) -> None:
+def write_buckets(database: str, buckets: Buckets, calls: Mapping[str, Mapping[str, Any]]) -> None:
     os.makedirs(database, exist_ok=True)
-    data = {"version": 1, "var": buckets.var, "sizes": list(buckets.sizes), "functions": functions}
+    data = {"version": 1, "var": buckets.var, "sizes": list(buckets.sizes), "calls": calls}
     fd, tmp = tempfile.mkstemp(dir=database, prefix=".buckets")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
     os.replace(tmp, os.path.join(database, BUCKETS_FILE))
 
 
-def read_buckets(database: str) -> tuple[Buckets, dict[str, dict[int, dict]]]:
-    """``BUCKETS_FILE`` of a database folder: the buckets and function -> bucket -> config."""
+def read_buckets(database: str) -> tuple[Buckets, dict[int, dict[int, dict]]]:
+    """``BUCKETS_FILE`` of a database folder: the buckets and call place -> bucket -> config."""
     path = os.path.join(database, BUCKETS_FILE)
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         buckets = Buckets(str(data["var"]), tuple(int(s) for s in data["sizes"]))
-        functions = {str(name): {int(size): dict(config) for size, config in dict(by_size).items()}
-                     for name, by_size in dict(data["functions"]).items()}
+        calls = {int(place): {int(size): dict(dict(entry)["config"]) for size, entry in dict(by_size).items()}
+                 for place, by_size in dict(data["calls"]).items()}
     except FileNotFoundError:
         raise TvmExtError(f"{database} has no {BUCKETS_FILE}: tune the model with buckets first") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TvmExtError(f"{path} is not a tvm_ext buckets file: {exc}") from None
-    return buckets, functions
+    return buckets, calls
 
 
 # ---- compiling a size ----------------------------------------------------------------------------
@@ -212,7 +235,7 @@ class BucketedModel:
     def __init__(self, mod: Any, target: TargetInfo, database: str, function: str | None = None,
                  log: Callable[[str], None] | None = None, without: Collection[str] = (),
                  gru_storage: str | None = None):
-        self.buckets, self.configs = read_buckets(database)
+        self.buckets, self.calls = read_buckets(database)
         check_buckets(mod, self.buckets, function)
         self.mod, self.target, self.database, self.function = mod, target, database, function
         self.log, self.without, self.gru_storage = log, tuple(without), gru_storage
@@ -242,10 +265,13 @@ class BucketedModel:
     def _compile(self, size: int) -> Any:
         from .pipeline import CompiledModel, apply_tuned, schedule_rest
 
-        borrowed = {name: [(b, by_size[b]) for b in self.buckets.nearest(size) if b in by_size]
-                    for name, by_size in self.configs.items()}
         static = specialize(self.mod, self.buckets.var, size)
         tuned = apply_tuned(static, self.target, self.database, self.log, self.without, self.gru_storage)
+        borrowed: dict[str, list[tuple[int, dict]]] = {}
+        for place, name in enumerate(call_sites(tuned, self.function)):  # a function called twice: its first call's
+            by_size = self.calls.get(place, {})
+            if name not in borrowed and by_size:
+                borrowed[name] = [(b, by_size[b]) for b in self.buckets.nearest(size) if b in by_size]
         tuned, self.schedules[size] = borrow_schedules(tuned, self.target, borrowed, self.without)
         return CompiledModel(schedule_rest(tuned, self.target, self.log), self.target, self.function)
 

@@ -101,7 +101,8 @@ def _static_tensor(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
     dims = []
     for v in values:
         if not hasattr(v, "value"):
-            raise TvmExtError(f"{what} has a dynamic shape {shape}; the OpenCL executor needs static shapes")
+            raise TvmExtError(f"{what} has a dynamic shape {shape}; the OpenCL executor needs static shapes "
+                              "(tune model --buckets NAME=SIZES binds a symbolic dimension to each size)")
         dims.append(int(v.value))
     return tuple(dims), str(ty.dtype)
 

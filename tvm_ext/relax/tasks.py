@@ -146,7 +146,8 @@ def dynamic_shape_reason(func: Any) -> str | None:
             continue  # a scalar parameter
         if any(_static(d) is None for d in shape):
             dims = ", ".join(str(d) for d in shape)
-            return f"dynamic shape: {param.name} is ({dims}); the templates take static shapes"
+            return (f"dynamic shape: {param.name} is ({dims}); the templates take static shapes "
+                    "(tune model --buckets tunes a symbolic dimension at sizes)")
     return None
 
 
