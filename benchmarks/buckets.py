@@ -1,0 +1,159 @@
+"""A symbolic token dimension tuned at buckets: sizes between the buckets against a config tuned
+for that very size, and against dlight.
+
+The model is a BERT-base feed-forward up-projection, ``GELU(x · Wᵀ + b)`` with x (n, 768) and
+W (3072, 768), n symbolic (the token count).  ``tune_buckets`` tunes it at ``--buckets``; then, at
+each size of ``--sizes`` (between the buckets by default), one process times three builds of the
+static model at that size on the same rotated inputs, each checked against float64 numpy:
+
+- ``buckets``: ``BucketedModel`` (the nearest fitting bucket's config, ``tvm_ext.relax.buckets``);
+- ``tuned``: ``tune_relax`` on the model bound to that size (``--trials`` as for the buckets), its own
+  database;
+- ``dlight``: TVM's default schedules.
+
+Targets: buckets >= 0.9x tuned at every size, and >= dlight everywhere.  Rows go to
+``OUT/buckets_rows.jsonl`` as they are made; a table is printed last.
+
+    source .tvm-device/boot.sh && python benchmarks/buckets.py --out $OUT
+    python benchmarks/buckets.py --target opencl --hidden 64 --buckets 4,16 --sizes 10 --trials 2  # no GPU
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from math import erf
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import table  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    size: int
+    variant: str  # buckets | tuned | dlight
+    ms: float | None
+    err: float | None
+    note: str = ""
+
+
+def weights(hidden: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    bound = 1.0 / np.sqrt(hidden)
+    w = rng.uniform(-bound, bound, (4 * hidden, hidden)).astype(dtype)
+    return w, rng.uniform(-bound, bound, 4 * hidden).astype(dtype)
+
+
+def symbolic_module(hidden: int, dtype: str):
+    """GELU(x · Wᵀ + b) on x (n, hidden), n symbolic, the weights bound as constants."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.relax.frontend import nn
+
+    class Up(nn.Module):
+        def __init__(self):
+            self.fc = nn.Linear(hidden, 4 * hidden, dtype=dtype)
+
+        def forward(self, x):
+            return nn.op.gelu(self.fc(x))
+
+    n = tirx.Var("n", "int64")
+    mod, params = Up().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, hidden), dtype)}})
+    w, b = weights(hidden, dtype)
+    values = {"fc.weight": w, "fc.bias": b}
+    return relax.transform.BindParams("forward", {name: tvm.runtime.tensor(values[name]) for name, _ in params})(mod)
+
+
+def reference(x: np.ndarray, hidden: int, dtype: str) -> np.ndarray:
+    w, b = (a.astype(np.float64) for a in weights(hidden, dtype))
+    y = x.astype(np.float64) @ w.T + b
+    return 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+
+
+def timed(model, size: int, hidden: int, dtype: str) -> tuple[float, float]:
+    """(seconds, normwise error against float64) of ``model`` at ``size`` rows."""
+    x = np.random.default_rng(size).standard_normal((size, hidden)).astype(dtype)
+    ref = reference(x, hidden, dtype)
+    out = np.asarray(model(x), np.float64)
+    err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    return model.time(x), err
+
+
+def _ratio(ms: dict, ours: str, other: str) -> str:
+    """How many times faster ``ours`` ran than ``other`` ("-" where either failed)."""
+    return f"{ms[other] / ms[ours]:.2f}" if ms[ours] and ms[other] else "-"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--target", default="cuda", choices=("cuda", "opencl"))
+    p.add_argument("--dtype", default="float16", choices=("float16", "float32"))
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--buckets", default="1,16,128,512,2048")
+    p.add_argument("--sizes", default="8,48,200,700,1500", help="sizes timed (default: between the buckets)")
+    p.add_argument("--trials", type=int, default=16, help="trials per task, at every bucket and size (default 16)")
+    p.add_argument("--population", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    from tvm_ext.core.session import SessionOptions
+    from tvm_ext.relax.buckets import BucketedModel, Buckets, specialize, tune_buckets
+    from tvm_ext.relax.pipeline import load_model, tune_relax
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target(args.target, 0)
+    options = SessionOptions(target=args.target, population=args.population, generations=1000, trials=args.trials,
+                             tourn_size=2, seed=args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    rows_path = os.path.join(args.out, "buckets_rows.jsonl")
+    mod = symbolic_module(args.hidden, args.dtype)
+    buckets = Buckets.parse(f"n={args.buckets}")
+    work = os.path.join(args.out, "work")
+    records, database = os.path.join(work, "records.jsonl"), os.path.join(work, "database")
+    start = time.time()
+    tune_buckets(mod, target, records, database, buckets,
+                 lambda static: tune_relax(static, target, records, database, options, log=None))
+    print(f"buckets {buckets.sizes} tuned in {time.time() - start:.0f} s", flush=True)
+    bucketed = BucketedModel(mod, target, database)
+    rows = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        static = specialize(mod, "n", size)
+        own = os.path.join(work, f"size{size}")
+        tune_relax(static, target, os.path.join(own, "records.jsonl"), os.path.join(own, "database"), options,
+                   log=None)
+        models = {"buckets": bucketed, "tuned": load_model(static, target, os.path.join(own, "database"), log=None),
+                  "dlight": load_model(static, target, None, log=None)}
+        for variant, model in models.items():
+            try:
+                secs, err = timed(model, size, args.hidden, args.dtype)
+                how = bucketed.schedules[size].items() if variant == "buckets" else ()
+                note = ", ".join(f"{k} {v}" for k, v in how)
+                row = Row(size, variant, secs * 1e3, err, note)
+            except Exception as exc:  # noqa: BLE001 - a build that fails is a row
+                row = Row(size, variant, None, None, f"failed: {str(exc).strip().splitlines()[-1][:160]}")
+            rows.append(row)
+            with open(rows_path, "a") as fh:
+                fh.write(json.dumps(dataclasses.asdict(row)) + "\n")
+            print(f"  n={size} {variant}: {row.ms if row.ms is None else round(row.ms, 4)} ms {row.note}", flush=True)
+    by = {(r.size, r.variant): r for r in rows}
+    table_rows = []
+    for size in sorted({r.size for r in rows}):
+        ms = {v: by[(size, v)].ms for v in ("buckets", "tuned", "dlight")}
+        table_rows.append([size, *(f"{ms[v]:.4f}" if ms[v] else "-" for v in ("buckets", "tuned", "dlight")),
+                           _ratio(ms, "buckets", "tuned"), _ratio(ms, "buckets", "dlight"),
+                           f"{by[(size, 'buckets')].err:.1e}" if by[(size, "buckets")].err is not None else "-",
+                           by[(size, "buckets")].note])
+    print(table(f"GELU(x·Wᵀ+b), x (n, {args.hidden}) {args.dtype}, buckets {args.buckets}",
+                ["n", "buckets ms", "tuned for n ms", "dlight ms", "buckets vs tuned", "buckets vs dlight",
+                 "err", "schedules"], table_rows))
+
+
+if __name__ == "__main__":
+    main()
