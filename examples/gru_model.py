@@ -11,7 +11,10 @@ Options (``--model-option KEY=VALUE``):
   batch 2; tunes in minutes on a CPU OpenCL device) or ``base`` (vocabulary 1024, embedding
   256, hidden 512, 2 layers, 64 steps, batch 16);
 - ``dtype``: ``float32`` (default) or ``float16`` (embedding, GRU and head weights and
-  activations; the GRU's gates and the head's matmul accumulate in float32).
+  activations; the GRU's gates and the head's matmul accumulate in float32);
+- ``seq``: the number of steps of the inputs (default the size's);
+- ``symbolic``: ``1`` makes the step count a symbolic dimension named ``seq`` (tune it with
+  ``--buckets seq=SIZES``).
 
 Tokens (seq, batch) int32 in, logits (seq, batch, vocabulary) out: the next-token scores at
 every step.  Weights are constants of the module; ``torch_model`` is the same model in
@@ -31,12 +34,20 @@ SIZES = {
 SEED = 0
 
 
-def _options(size: str = "small", dtype: str = "float32") -> tuple[dict[str, int], str]:
+def _options(size: str = "small", dtype: str = "float32", seq: str | None = None,
+             symbolic: str = "0") -> tuple[dict[str, int], str]:
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
-    return SIZES[size], dtype
+    if symbolic not in ("0", "1"):
+        raise ValueError(f"symbolic must be 0 or 1, got {symbolic!r}")
+    sizes = dict(SIZES[size], symbolic=int(symbolic))
+    if seq is not None:
+        if not str(seq).isdigit() or int(seq) < 1:
+            raise ValueError(f"seq must be a positive integer, got {seq!r}")
+        sizes["seq"] = int(seq)
+    return sizes, dtype
 
 
 def weights(size: str = "small", dtype: str = "float32") -> dict[str, np.ndarray]:
@@ -57,15 +68,19 @@ def weights(size: str = "small", dtype: str = "float32") -> dict[str, np.ndarray
     return out
 
 
-def get_module(size: str = "small", dtype: str = "float32") -> Any:
+def get_module(size: str = "small", dtype: str = "float32", seq: str | None = None, symbolic: str = "0") -> Any:
     import tvm
     from tvm import relax
     from tvm.relax.frontend import nn
 
     from tvm_ext.relax.relax_gru import device_weights, gru_layer
 
-    s, dtype = _options(size, dtype)
+    s, dtype = _options(size, dtype, seq, symbolic)
     seq, batch, h = s["seq"], s["batch"], s["hidden"]
+    if s["symbolic"]:
+        from tvm import tirx
+
+        seq = tirx.Var("seq", "int64")
 
     class Model(nn.Module):
         def __init__(self) -> None:
@@ -86,17 +101,19 @@ def get_module(size: str = "small", dtype: str = "float32") -> Any:
     return relax.transform.BindParams("forward", bound)(mod)
 
 
-def get_inputs(size: str = "small", dtype: str = "float32") -> list[np.ndarray]:
-    s, _ = _options(size, dtype)
+def get_inputs(size: str = "small", dtype: str = "float32", seq: str | None = None,
+               symbolic: str = "0") -> list[np.ndarray]:
+    s, _ = _options(size, dtype, seq, symbolic)
     rng = np.random.default_rng(SEED + 1)
     return [rng.integers(0, s["vocab"], (s["seq"], s["batch"])).astype(np.int32)]
 
 
-def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float32") -> np.ndarray:
+def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float32", seq: str | None = None,
+              symbolic: str = "0") -> np.ndarray:
     """float64 numpy forward pass of the float32 weights."""
     from tvm_ext.schedules.gru import gru_reference
 
-    s, _ = _options(size, dtype)
+    s, _ = _options(size, dtype, seq, symbolic)
     w = {k: v.astype(np.float64) for k, v in weights(size, dtype).items()}
     x = w["embedding.weight"][inputs[0]]
     gru = {k[4:]: v for k, v in w.items() if k.startswith("gru.")}
@@ -105,7 +122,7 @@ def reference(inputs: list[np.ndarray], size: str = "small", dtype: str = "float
     return out @ w["head.weight"].T + w["head.bias"]
 
 
-def tolerance(size: str = "small", dtype: str = "float32") -> float:
+def tolerance(size: str = "small", dtype: str = "float32", seq: str | None = None, symbolic: str = "0") -> float:
     """Largest |error| / max |reference| of a correct build: float32 arithmetic, or float16
     storage of the weights, the state and the activations (2^-11 per rounding)."""
     return 1e-4 if dtype == "float32" else 2e-2

@@ -82,7 +82,8 @@ def test_each_bucket_is_tuned_and_its_configs_written(tuned):
     assert data["var"] == "n" and data["sizes"] == [4, 16]
     assert set(data["calls"]) == {"0"} and set(data["calls"]["0"]) == {"4", "16"}  # the one call, both sizes
     assert "matmul" in data["calls"]["0"]["16"]["function"]
-    buckets, calls = read_buckets(tuned["database"])
+    buckets, calls, grus = read_buckets(tuned["database"])
+    assert grus == {} and data["grus"] == {}  # no GRU layer
     assert buckets == Buckets("n", (4, 16)) and calls[0][16] == data["calls"]["0"]["16"]["config"]
 
 
@@ -127,3 +128,37 @@ def test_cli_tunes_bert_at_buckets_and_runs_between_them(tmp_path):
     assert len(gemms) >= 5 and set(gemms.values()) == {"bucket 16"}, line
     bad = subprocess.run(cmd[:4] + ["--buckets", "tokens=4"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+def test_cli_gru_model_with_a_symbolic_step_count(tmp_path, opencl):
+    """The GRU model with T symbolic, ``--buckets seq=4,8``, run at 7: its GRU layer on bucket 8's
+    tuned plan config (the GRU is not a call_tir: its configs are kept by layer order) and its
+    head GEMM on bucket 8's config, checked against float64."""
+    gru = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gru_model.py")
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", gru, "--model-option", "symbolic=1", "--model-option",
+           "seq=7", "--buckets", "seq=4,8", "--generations", "1", "--population", "2", "--seed", "0", "--records",
+           str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "seq = 7: fused_matmul_add bucket 8, gru gru bucket 8" in p.stdout and "(ok)" in p.stdout
+    with open(tmp_path / "db" / BUCKETS_FILE, encoding="utf-8") as fh:
+        grus = json.load(fh)["grus"]
+    assert set(grus["0"]) == {"4", "8"}
+    # in this process: the plan compiled at 7 steps is bucket 8's config
+    import importlib.util
+
+    from tvm_ext.relax.relax_gru import _PROGRAMS
+
+    spec = importlib.util.spec_from_file_location("gru_model_example", gru)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = BucketedModel(example.get_module(symbolic="1", seq="7"), opencl, str(tmp_path / "db"))
+    (tokens,) = example.get_inputs(seq="7")
+    out = model(tokens)
+    assert np.abs(out - example.reference([tokens])).max() < 1e-4
+    (program,) = [p for p in _PROGRAMS.values() if p.template.seq == 7 and p.target == opencl]
+    assert program.config.as_dict() == grus["0"]["8"]["config"]
+    assert model.schedules[7]["gru gru"] == "bucket 8"
+    (tokens,) = example.get_inputs(seq="8")  # a bucket: the database's own config
+    assert np.abs(model(tokens) - example.reference([tokens])).max() < 1e-4
+    assert model.schedules[8] == {"fused_matmul_add": "database", "gru gru": "database"}

@@ -230,7 +230,8 @@ def run_model(args: argparse.Namespace) -> int:
 
     try:
         results = [tune(mod)] if buckets is None else \
-            tune_buckets(mod, target, args.records, args.database, buckets, tune, args.without, args.function)
+            tune_buckets(mod, target, args.records, args.database, buckets, tune, args.without, args.function,
+                         args.gru_storage)
     finally:
         progress.close()
     for i, result in enumerate(results):

@@ -94,16 +94,20 @@ def check_buckets(mod: Any, buckets: Buckets, function: str | None = None) -> No
 
 # ---- tuning -------------------------------------------------------------------------------------
 def tune_buckets(mod: Any, target: TargetInfo, records: str, database: str, buckets: Buckets,
-                 tune: Callable[[Any], Any], without: Collection[str] = (), function: str | None = None) -> list[Any]:
+                 tune: Callable[[Any], Any], without: Collection[str] = (), function: str | None = None,
+                 gru_storage: str | None = None) -> list[Any]:
     """``tune(static_module)`` (``tune_relax`` with the caller's settings) at each bucket size,
-    then every function's best config at every bucket into ``BUCKETS_FILE``; the results in
-    bucket order (a stopped run stops there, its configs so far written)."""
+    then the best config of every call and every GRU layer (by their order) at every bucket into
+    ``BUCKETS_FILE``; the results in bucket order (a stopped run stops there, its configs so far
+    written)."""
     from ..core.records import RecordStore
 
     from .pipeline import legalize_and_fuse
+    from .relax_gru import find_grus
+    from .tvm_export import ranked_records
 
     check_buckets(mod, buckets, function)
-    results, calls = [], {}
+    results, calls, grus = [], {}, {}
     for size in buckets.sizes:
         static = specialize(mod, buckets.var, size)
         result = tune(static)
@@ -113,9 +117,13 @@ def tune_buckets(mod: Any, target: TargetInfo, records: str, database: str, buck
         for place, name in enumerate(call_sites(lowered, function)):
             if name in best:
                 calls.setdefault(str(place), {})[str(size)] = {"function": name, "config": best[name]}
+        for place, gru in enumerate(find_grus(static, target, gru_storage)):
+            ranked = ranked_records(RecordStore(records), gru.template, target)
+            if ranked:
+                grus.setdefault(str(place), {})[str(size)] = {"function": gru.var, "config": dict(ranked[0].config)}
         if getattr(result, "interrupted", False):
             break
-    write_buckets(database, buckets, calls)
+    write_buckets(database, buckets, calls, grus)
     return results
 
 
@@ -158,29 +166,34 @@ def as_task(func: Any) -> Any:
     return func.with_attr("global_symbol", "main")
 
 
-def write_buckets(database: str, buckets: Buckets, calls: Mapping[str, Mapping[str, Any]]) -> None:
+def write_buckets(database: str, buckets: Buckets, calls: Mapping[str, Mapping[str, Any]],
+                  grus: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     os.makedirs(database, exist_ok=True)
-    data = {"version": 1, "var": buckets.var, "sizes": list(buckets.sizes), "calls": calls}
+    data = {"version": 1, "var": buckets.var, "sizes": list(buckets.sizes), "calls": calls, "grus": grus or {}}
     fd, tmp = tempfile.mkstemp(dir=database, prefix=".buckets")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
     os.replace(tmp, os.path.join(database, BUCKETS_FILE))
 
 
-def read_buckets(database: str) -> tuple[Buckets, dict[int, dict[int, dict]]]:
-    """``BUCKETS_FILE`` of a database folder: the buckets and call place -> bucket -> config."""
+ByPlace = dict[int, dict[int, dict]]  # call (or GRU layer) place -> bucket -> config
+
+
+def read_buckets(database: str) -> tuple[Buckets, ByPlace, ByPlace]:
+    """``BUCKETS_FILE`` of a database folder: the buckets, and place -> bucket -> config of the
+    calls and of the GRU layers."""
     path = os.path.join(database, BUCKETS_FILE)
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
         buckets = Buckets(str(data["var"]), tuple(int(s) for s in data["sizes"]))
-        calls = {int(place): {int(size): dict(dict(entry)["config"]) for size, entry in dict(by_size).items()}
-                 for place, by_size in dict(data["calls"]).items()}
+        calls, grus = ({int(place): {int(size): dict(dict(entry)["config"]) for size, entry in dict(by_size).items()}
+                        for place, by_size in dict(data.get(part, {})).items()} for part in ("calls", "grus"))
     except FileNotFoundError:
         raise TvmExtError(f"{database} has no {BUCKETS_FILE}: tune the model with buckets first") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TvmExtError(f"{path} is not a tvm_ext buckets file: {exc}") from None
-    return buckets, calls
+    return buckets, calls, grus
 
 
 # ---- compiling a size ----------------------------------------------------------------------------
@@ -235,7 +248,7 @@ class BucketedModel:
     def __init__(self, mod: Any, target: TargetInfo, database: str, function: str | None = None,
                  log: Callable[[str], None] | None = None, without: Collection[str] = (),
                  gru_storage: str | None = None):
-        self.buckets, self.calls = read_buckets(database)
+        self.buckets, self.calls, self.grus = read_buckets(database)
         check_buckets(mod, self.buckets, function)
         self.mod, self.target, self.database, self.function = mod, target, database, function
         self.log, self.without, self.gru_storage = log, tuple(without), gru_storage
@@ -266,14 +279,46 @@ class BucketedModel:
         from .pipeline import CompiledModel, apply_tuned, schedule_rest
 
         static = specialize(self.mod, self.buckets.var, size)
-        tuned = apply_tuned(static, self.target, self.database, self.log, self.without, self.gru_storage)
+        tuned = apply_tuned(static, self.target, self.database, self.log, self.without, self.gru_storage,
+                            gru_fallback=self._gru_configs(static, size))
         borrowed: dict[str, list[tuple[int, dict]]] = {}
         for place, name in enumerate(call_sites(tuned, self.function)):  # a function called twice: its first call's
             by_size = self.calls.get(place, {})
             if name not in borrowed and by_size:
                 borrowed[name] = [(b, by_size[b]) for b in self.buckets.nearest(size) if b in by_size]
-        tuned, self.schedules[size] = borrow_schedules(tuned, self.target, borrowed, self.without)
+        tuned, how = borrow_schedules(tuned, self.target, borrowed, self.without)
+        self.schedules[size] = {**how, **self.schedules[size]}  # the GRU layers' entries made by apply_tuned
         return CompiledModel(schedule_rest(tuned, self.target, self.log), self.target, self.function)
+
+    def _gru_configs(self, static: Any, size: int) -> Callable[[Any], Config | None]:
+        """The GRU layers' configs at ``size`` where the database has none: each layer's nearest
+        bucket's config that its template accepts (by the layers' order); what each layer took
+        goes to ``schedules`` when it is asked for ("database" where it is not)."""
+        from .relax_gru import find_grus
+
+        chosen: dict[Any, tuple[Config, str]] = {}
+        how = self.schedules.setdefault(size, {})
+        for place, gru in enumerate(find_grus(static, self.target, self.gru_storage)):
+            how[f"gru {gru.var}"] = "database"
+            space = gru.template.space(self.target)
+            for bucket in self.buckets.nearest(size):
+                values = self.grus.get(place, {}).get(bucket)
+                try:
+                    config = space.decode(space.encode(Config.of(values))) if values is not None else None
+                except TvmExtError:
+                    continue
+                if config is not None and not space.infeasible_reason(config):
+                    chosen.setdefault(gru.template, (config, f"gru {gru.var}", f"bucket {bucket}"))
+                    break
+
+        def fallback(template: Any) -> Config | None:
+            if template not in chosen:
+                return None
+            config, name, label = chosen[template]
+            how[name] = label
+            return config
+
+        return fallback
 
     def __call__(self, *inputs: np.ndarray) -> Any:
         return self.model(self.size_of(inputs))(*inputs)

@@ -155,9 +155,11 @@ def compile_relax(mod: Any, target: TargetInfo, database: str | Any | None = Non
 
 
 def apply_tuned(mod: Any, target: TargetInfo, database: str | Any | None = None,
-                log: Log | None = _stderr, without: Collection[str] = (), gru_storage: str | None = None) -> Any:
+                log: Log | None = _stderr, without: Collection[str] = (), gru_storage: str | None = None,
+                gru_fallback: Callable[[Any], Config | None] | None = None) -> Any:
     """``compile_relax``'s first part: GRU plans, legalize and fuse, the tuned kernels and schedules
-    of the database in place; functions without one are left unscheduled."""
+    of the database in place; functions without one are left unscheduled.  A GRU the database has
+    no config for takes ``gru_fallback``'s (a bucket's: ``buckets``), else its analytic pick."""
     import tvm
     from tvm import relax
 
@@ -169,6 +171,8 @@ def apply_tuned(mod: Any, target: TargetInfo, database: str | Any | None = None,
 
     def gru_config(template: Any) -> Config | None:
         config = operator_config(operators, template, target)
+        if config is None and gru_fallback is not None:
+            config = gru_fallback(template)
         if config is None and log:
             log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
         return config

@@ -59,8 +59,8 @@ def gru_layer(input_size: int, hidden_size: int, num_layers: int = 1, bidirectio
                 setattr(self, f"b_hh{layer}", nn.Parameter((dirs, 3 * hidden_size), dtype))
 
         def forward(self, x: Any, h0: Any = None) -> Any:
-            seq, batch, features = (int(d) for d in x.shape)
-            if features != input_size:
+            seq, batch, features = x.shape  # seq and batch may be symbolic (bound before tuning: ``buckets``)
+            if int(features) != input_size:
                 raise TvmExtError(f"GRU input has {features} features, the layer takes {input_size}")
             if h0 is None:
                 h0 = nn.op.zeros((num_layers * dirs, batch, hidden_size), dtype)
