@@ -111,16 +111,23 @@ def test_bad_buckets_and_inputs(tuned, opencl):
         model(np.zeros((0, IN), "float32"))
 
 
+def _tune_example(tmp_path, example: str, seq: int, sizes: str):
+    """``tune model examples/EXAMPLE`` with a symbolic sequence length, its inputs ``seq`` long,
+    tuned at ``--buckets seq=SIZES`` (a tiny search, seeded): the command and its finished run."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", example)
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", path, "--model-option", "symbolic=1", "--model-option",
+           f"seq={seq}", "--buckets", f"seq={sizes}", "--generations", "1", "--population", "2", "--seed", "0",
+           "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return cmd, p
+
+
 def test_cli_tunes_bert_at_buckets_and_runs_between_them(tmp_path):
     """The BERT layer with a symbolic sequence length, ``--buckets seq=8,16``, run at 12: every
     matched function takes bucket 16's config for its call, though some functions are named
     differently at 16 (there the two attention matmuls are one function) than at 12."""
-    bert = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "bert_layer.py")
-    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", bert, "--model-option", "symbolic=1", "--model-option",
-           "seq=12", "--buckets", "seq=8,16", "--generations", "1", "--population", "2", "--seed", "0", "--records",
-           str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
+    cmd, p = _tune_example(tmp_path, "bert_layer.py", 12, "8,16")
     assert "seq = 8 " in p.stdout and "seq = 16 " in p.stdout and "(ok)" in p.stdout
     (line,) = [line for line in p.stdout.splitlines() if line.startswith("seq = 12:")]
     how = dict(part.split(" ", 1) for part in line[len("seq = 12: "):].split(", "))  # function -> where from
@@ -134,12 +141,8 @@ def test_cli_gru_model_with_a_symbolic_step_count(tmp_path, opencl):
     """The GRU model with T symbolic, ``--buckets seq=4,8``, run at 7: its GRU layer on bucket 8's
     tuned plan config (the GRU is not a call_tir: its configs are kept by layer order) and its
     head GEMM on bucket 8's config, checked against float64."""
-    gru = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gru_model.py")
-    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", gru, "--model-option", "symbolic=1", "--model-option",
-           "seq=7", "--buckets", "seq=4,8", "--generations", "1", "--population", "2", "--seed", "0", "--records",
-           str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
+    cmd, p = _tune_example(tmp_path, "gru_model.py", 7, "4,8")
+    gru = cmd[4]
     assert "seq = 7: fused_matmul_add bucket 8, gru gru bucket 8" in p.stdout and "(ok)" in p.stdout
     with open(tmp_path / "db" / BUCKETS_FILE, encoding="utf-8") as fh:
         grus = json.load(fh)["grus"]
