@@ -165,3 +165,48 @@ def test_cli_gru_model_with_a_symbolic_step_count(tmp_path, opencl):
     (tokens,) = example.get_inputs(seq="8")  # a bucket: the database's own config
     assert np.abs(model(tokens) - example.reference([tokens])).max() < 1e-4
     assert model.schedules[8] == {"fused_matmul_add": "database", "gru gru": "database"}
+
+
+def _dynamic_onnx(path) -> np.ndarray:
+    """An ONNX model ``relu(x · w)`` whose input x is (batch, 16), ``batch`` a named symbolic
+    dimension (as exporters mark dynamic axes); returns w."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(5).standard_normal((IN, OUT)).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", OUT])], [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return w
+
+
+def test_onnx_dynamic_axis_sized_by_option_or_tuned_at_buckets(tmp_path, opencl):
+    """An ONNX file's named dynamic axis: ``--model-option batch=N`` sizes it (bound in the module
+    and in the inputs); with ``--buckets batch=...`` it stays symbolic and only the inputs take the
+    size; unsized, one error line says how to give one."""
+    from tvm_ext.cli.model_cli import OnnxModel
+
+    path = tmp_path / "dyn.onnx"
+    w = _dynamic_onnx(path)
+    user = OnnxModel(str(path))
+    assert symbolic_vars(user.get_module()) == {"batch": [(0, 0)]}
+    assert symbolic_vars(user.get_module(batch="5")) == {} and user.get_inputs(batch="5")[0].shape == (5, IN)
+    with pytest.raises(TvmExtError, match="symbolic dimensions \\(batch\\)"):
+        user.get_module(tokens="5")
+    with pytest.raises(TvmExtError, match="symbolic dimension batch; give it a size: --model-option batch=N"):
+        user.get_inputs()
+    base = [sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--generations", "1", "--population", "2",
+            "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    unsized = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    assert unsized.returncode == 2 and "Traceback" not in unsized.stderr
+    (error,) = [line for line in unsized.stderr.splitlines() if line.startswith("error:")]
+    assert "--buckets" in error or "--model-option batch=N" in error  # OpenCL needs static shapes first
+    p = subprocess.run(base + ["--buckets", "batch=4,8", "--model-option", "batch=6"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "batch = 6: " in p.stdout and "bucket 8" in p.stdout
+    model = BucketedModel(user.get_module(), opencl, str(tmp_path / "db"))
+    (x,) = user.get_inputs(batch="6")
+    np.testing.assert_allclose(model(x), np.maximum(x.astype(np.float64) @ w, 0), rtol=1e-4, atol=1e-4)

@@ -91,21 +91,41 @@ class OnnxModel:
         except ImportError:
             self.reference = None  # type: ignore[assignment]
 
+    kind = "an ONNX file"
+
     def _no_options(self, options: dict[str, str]) -> None:
         if options:
-            raise TvmExtError(f"--model-option does not apply to an ONNX file (got {', '.join(options)})")
+            raise TvmExtError(f"--model-option does not apply to {self.kind} (got {', '.join(options)})")
+
+    def _sizes(self, options: dict[str, str]) -> dict[str, int]:
+        """``--model-option NAME=N``: sizes of the inputs' named symbolic dimensions."""
+        from ..relax.onnx_import import onnx_symbolic_dims
+
+        names = onnx_symbolic_dims(self.path)
+        sizes = {}
+        for name, value in options.items():
+            if name not in names:
+                raise TvmExtError(f"--model-option {name}: an ONNX file takes sizes of its inputs' symbolic "
+                                  f"dimensions ({', '.join(names) or 'it has none'})")
+            if not str(value).isdigit() or int(value) < 1:
+                raise TvmExtError(f"--model-option {name}={value}: a size is a positive integer")
+            sizes[name] = int(value)
+        return sizes
 
     def get_module(self, **options: str) -> Any:
+        """The imported model, the symbolic dimensions named in ``options`` bound to their sizes."""
+        from tvm import relax
+
         from ..relax.onnx_import import load_onnx
 
-        self._no_options(options)
-        return load_onnx(self.path)
+        sizes = self._sizes(options)
+        mod = load_onnx(self.path)
+        return relax.transform.BindSymbolicVars(sizes)(mod) if sizes else mod
 
     def get_inputs(self, **options: str) -> list[Any]:
         from ..relax.onnx_import import onnx_inputs
 
-        self._no_options(options)
-        return onnx_inputs(self.path)
+        return onnx_inputs(self.path, sizes=self._sizes(options))
 
     def reference(self, inputs: list[Any], **options: str) -> list[Any]:
         import onnxruntime
@@ -119,6 +139,8 @@ class ExportedProgramModel(OnnxModel):
     """A ``torch.export`` program file (``.pt2``) standing in for a model file: ``get_module``
     imports it (``torch_import``), ``get_inputs`` draws inputs of its shapes, ``reference``
     runs the program with torch on the CPU."""
+
+    kind = "a torch.export program"
 
     def __init__(self, path: str):
         from ..relax.torch_import import load_exported_program
@@ -215,11 +237,12 @@ def run_model(args: argparse.Namespace) -> int:
                           "machine, so it measures here too (--runner local, or --devices 0,1 for this machine's "
                           "GPUs); tune single operators on servers with tune gemm / gemm-tc / reduce / gru")
     user = load_model_file(args.file)
-    mod = model_module(user, args.file, **extra)
+    buckets = Buckets.parse(args.buckets) if args.buckets else None
+    # an ONNX file's symbolic dimension tuned at buckets stays symbolic; its option sizes the inputs only
+    keep = buckets.var if buckets and isinstance(user, OnnxModel) else None
+    mod = model_module(user, args.file, **{k: v for k, v in extra.items() if k != keep})
     target = resolve_target(args.target, args.device)
-    buckets = None
-    if args.buckets:
-        buckets = Buckets.parse(args.buckets)
+    if buckets:
         check_buckets(mod, buckets, args.function)
     progress = _Progress(disabled=args.no_progress)
 

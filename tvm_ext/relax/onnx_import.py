@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -166,21 +166,44 @@ def load_onnx(path: str) -> Any:
         raise TvmExtError(f"{path}: {exc} (no converter in TVM's ONNX frontend)") from None
 
 
-def onnx_inputs(path: str, seed: int = 0) -> list[np.ndarray]:
-    """Random inputs of an ONNX model's graph inputs (static shapes): floats from a standard
-    normal, integers zero, lengths-like int inputs at their largest (``sequence_lens``: T)."""
+def onnx_symbolic_dims(path: str) -> list[str]:
+    """The named symbolic dimensions (``dim_param``) of an ONNX model's graph inputs, in order."""
+    import onnx
+
+    model = onnx.load(path)
+    initializers = {i.name for i in model.graph.initializer}
+    names: list[str] = []
+    for value in model.graph.input:
+        if value.name not in initializers:
+            names += [d.dim_param for d in value.type.tensor_type.shape.dim
+                      if not d.dim_value and d.dim_param and d.dim_param not in names]
+    return names
+
+
+def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
+    """Random inputs of an ONNX model's graph inputs, symbolic dimensions at ``sizes`` (by name):
+    floats from a standard normal, integers zero, lengths-like int inputs at their largest
+    (``sequence_lens``: T)."""
     import onnx
 
     model = onnx.load(path)
     initializers = {i.name for i in model.graph.initializer}
     rng = np.random.default_rng(seed)
+    sizes = dict(sizes or {})
     arrays = []
     for value in model.graph.input:
         if value.name in initializers:
             continue
-        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        if not all(dims):
-            raise TvmExtError(f"ONNX input {value.name} has a symbolic dimension ({dims}); give it a size")
+        dims = []
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_value:
+                dims.append(d.dim_value)
+            elif d.dim_param in sizes:
+                dims.append(int(sizes[d.dim_param]))
+            else:
+                name = d.dim_param or "?"
+                raise TvmExtError(f"ONNX input {value.name} has a symbolic dimension {name}; give it a size: "
+                                  f"--model-option {name}=N")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         arrays.append(rng.standard_normal(dims).astype(dtype) if np.issubdtype(dtype, np.floating)
                       else np.zeros(dims, dtype))
