@@ -48,7 +48,8 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
     model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
     model.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                        help="keyword argument for the file's get_module/get_inputs/reference/tolerance "
-                            "(e.g. size=base, dtype=float16; repeatable)")
+                            "(e.g. size=base, dtype=float16; an ONNX file: NAME=N sizes its dynamic axis NAME; "
+                            "repeatable)")
     model.add_argument("--retune", action="store_true",
                        help="tune kernels the database already holds (default: reuse them)")
     matchers = _matcher_names()
