@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import tvm_ffi
@@ -135,13 +135,12 @@ class GRU(nn.Module):
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         packed = isinstance(input, nn.utils.rnn.PackedSequence)
         layout = None
+        self._check_tensor("input", input.data if packed else input)
         if packed:  # padded in the packed (sorted) row order: one index kernel each way
-            self._check_tensor("input", input.data)
             layout = self._packed_layout(input.batch_sizes, input.data.device)
             x, lengths, time_major = layout.pad(input.data), layout.lengths, True
         else:
             x, lengths, time_major = input, None, not self.batch_first
-        self._check_tensor("input", x)
         if x.dim() != 3 or x.shape[2] != self.input_size:
             raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})"
                               if time_major else
@@ -172,14 +171,8 @@ class GRU(nn.Module):
 
     def _packed_layout(self, batch_sizes: Any, device: Any) -> "PackedLayout":
         """The pad/unpack index of a ``PackedSequence``'s batch sizes, kept per distinct value."""
-        key = (tuple(int(v) for v in batch_sizes.tolist()), str(device))
-        layout = self._layouts.pop(key, None)
-        if layout is None:
-            layout = PackedLayout.of(key[0], device)
-        self._layouts[key] = layout  # most recent last
-        while len(self._layouts) > MAX_CACHED_LENGTHS:
-            self._layouts.pop(next(iter(self._layouts)))
-        return layout
+        sizes = tuple(int(v) for v in batch_sizes.tolist())
+        return _kept(self._layouts, (sizes, str(device)), lambda: PackedLayout.of(sizes, device))
 
     def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -276,14 +269,9 @@ class GRU(nn.Module):
     def _device_lengths(self, lengths: Any, device: Any) -> Any:
         """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
         captured with them reads the same memory at every replay (no host copy inside it)."""
-        key = (tuple(int(v) for v in lengths.tolist()), str(device))
-        cached = self._lengths.pop(key, None)
-        if cached is None:
-            cached = torch.tensor(key[0], dtype=torch.int32, device=device)
-        self._lengths[key] = cached  # most recent last
-        while len(self._lengths) > MAX_CACHED_LENGTHS:
-            self._lengths.pop(next(iter(self._lengths)))
-        return cached
+        values = tuple(int(v) for v in lengths.tolist())
+        return _kept(self._lengths, (values, str(device)),
+                     lambda: torch.tensor(values, dtype=torch.int32, device=device))
 
     def _zeros(self, like: Any) -> Any:
         """A zero h0 of ``like``'s shape, made once (no memset in every call)."""
@@ -298,6 +286,18 @@ class GRU(nn.Module):
         (checked without a sync at the start of every call, for the calls before it)."""
         for watch in self._watches.values():
             watch.check(wait=True)
+
+
+def _kept(cache: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``make()`` when absent, as the most recent entry; the oldest
+    dropped past ``MAX_CACHED_LENGTHS`` (the module's per-value device tensors)."""
+    value = cache.pop(key, None)
+    if value is None:
+        value = make()
+    cache[key] = value  # most recent last
+    while len(cache) > MAX_CACHED_LENGTHS:
+        cache.pop(next(iter(cache)))
+    return value
 
 
 def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
