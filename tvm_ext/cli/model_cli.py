@@ -102,6 +102,8 @@ class OnnxModel:
         """``--model-option NAME=N``: sizes of the inputs' named symbolic dimensions."""
         from ..relax.onnx_import import onnx_symbolic_dims
 
+        if not options:
+            return {}
         names = onnx_symbolic_dims(self.path)
         sizes = {}
         for name, value in options.items():

@@ -166,17 +166,21 @@ def load_onnx(path: str) -> Any:
         raise TvmExtError(f"{path}: {exc} (no converter in TVM's ONNX frontend)") from None
 
 
-def onnx_symbolic_dims(path: str) -> list[str]:
-    """The named symbolic dimensions (``dim_param``) of an ONNX model's graph inputs, in order."""
+def _graph_inputs(path: str) -> Iterator[Any]:
+    """An ONNX model's graph inputs that are not initializers (what a caller passes)."""
     import onnx
 
     model = onnx.load(path)
     initializers = {i.name for i in model.graph.initializer}
+    return (value for value in model.graph.input if value.name not in initializers)
+
+
+def onnx_symbolic_dims(path: str) -> list[str]:
+    """The named symbolic dimensions (``dim_param``) of an ONNX model's graph inputs, in order."""
     names: list[str] = []
-    for value in model.graph.input:
-        if value.name not in initializers:
-            names += [d.dim_param for d in value.type.tensor_type.shape.dim
-                      if not d.dim_value and d.dim_param and d.dim_param not in names]
+    for value in _graph_inputs(path):
+        names += [d.dim_param for d in value.type.tensor_type.shape.dim
+                  if not d.dim_value and d.dim_param and d.dim_param not in names]
     return names
 
 
@@ -186,14 +190,10 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
     (``sequence_lens``: T)."""
     import onnx
 
-    model = onnx.load(path)
-    initializers = {i.name for i in model.graph.initializer}
     rng = np.random.default_rng(seed)
     sizes = dict(sizes or {})
     arrays = []
-    for value in model.graph.input:
-        if value.name in initializers:
-            continue
+    for value in _graph_inputs(path):
         dims = []
         for d in value.type.tensor_type.shape.dim:
             if d.dim_value:
