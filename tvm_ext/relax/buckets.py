@@ -113,12 +113,13 @@ def tune_buckets(mod: Any, target: TargetInfo, records: str, database: str, buck
         result = tune(static)
         results.append(result)
         lowered = legalize_and_fuse(static)
-        best = best_configs(lowered, target, RecordStore(records), without)
+        store = RecordStore(records)  # what this size's tuning wrote
+        best = best_configs(lowered, target, store, without)
         for place, name in enumerate(call_sites(lowered, function)):
             if name in best:
                 calls.setdefault(str(place), {})[str(size)] = {"function": name, "config": best[name]}
         for place, gru in enumerate(find_grus(static, target, gru_storage)):
-            ranked = ranked_records(RecordStore(records), gru.template, target)
+            ranked = ranked_records(store, gru.template, target)
             if ranked:
                 grus.setdefault(str(place), {})[str(size)] = {"function": gru.var, "config": dict(ranked[0].config)}
         if getattr(result, "interrupted", False):
@@ -159,6 +160,16 @@ def best_configs(lowered: Any, target: TargetInfo, store: Any, without: Collecti
             if ranked:
                 best[gv.name_hint] = dict(ranked[0].config)
     return best
+
+
+def accepted(space: Any, values: Mapping[str, Any]) -> Config | None:
+    """``values`` as a config of ``space`` (knobs renamed since read as today's), or None where the
+    space refuses it: a value it does not offer, or an infeasible combination at this size."""
+    try:
+        config = space.decode(space.encode(Config.of(dict(values))))
+    except TvmExtError:
+        return None
+    return None if space.infeasible_reason(config) else config
 
 
 def as_task(func: Any) -> Any:
@@ -224,8 +235,8 @@ def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
         space = match.template.space(target)
         for bucket, values in borrowed[name]:
             try:
-                config = space.decode(space.encode(Config.of(dict(values))))  # refused where this size cannot take it
-                if space.infeasible_reason(config):
+                config = accepted(space, values)  # None where this size cannot take it
+                if config is None:
                     continue
                 if match.substitutes:
                     scheduled = MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
@@ -296,18 +307,15 @@ class BucketedModel:
         goes to ``schedules`` when it is asked for ("database" where it is not)."""
         from .relax_gru import find_grus
 
-        chosen: dict[Any, tuple[Config, str]] = {}
+        chosen: dict[Any, tuple[Config, str, str]] = {}  # template -> (config, layer, "bucket B")
         how = self.schedules.setdefault(size, {})
         for place, gru in enumerate(find_grus(static, self.target, self.gru_storage)):
             how[f"gru {gru.var}"] = "database"
             space = gru.template.space(self.target)
             for bucket in self.buckets.nearest(size):
                 values = self.grus.get(place, {}).get(bucket)
-                try:
-                    config = space.decode(space.encode(Config.of(values))) if values is not None else None
-                except TvmExtError:
-                    continue
-                if config is not None and not space.infeasible_reason(config):
+                config = None if values is None else accepted(space, values)
+                if config is not None:
                     chosen.setdefault(gru.template, (config, f"gru {gru.var}", f"bucket {bucket}"))
                     break
 
