@@ -54,9 +54,11 @@ def _reference(x):
 
 def test_buckets_parse_and_order():
     assert Buckets.parse("n=128,1,16") == Buckets("n", (1, 16, 128))
-    assert Buckets("n", (1, 16, 128)).nearest(10) == (16, 128, 1)
+    assert Buckets("n", (1, 16, 128)).nearest(10) == (16, 1, 128)
     assert Buckets("n", (1, 16, 128)).nearest(16) == (16, 128, 1)
     assert Buckets("n", (1, 16, 128)).nearest(500) == (128, 16, 1)
+    assert Buckets("n", (128, 512, 2048)).nearest(700) == (512, 2048, 128)  # by ratio: 1.4 below, 2.9 above
+    assert Buckets("n", (128, 512, 2048)).nearest(1500) == (2048, 512, 128)
     for bad, needle in (("16,128", "expected NAME=SIZE"), ("n=a,2", "integers"), ("n=0,4", "at least 1"),
                         ("n=", "at least one size")):
         with pytest.raises(TvmExtError, match=needle):
@@ -71,6 +73,27 @@ def tuned(opencl, tmp_path_factory):
     results = tune_buckets(mod, opencl, records, database, Buckets("n", (4, 16)),
                            lambda static: tune_relax(static, opencl, records, database, TINY, log=None))
     return {"mod": mod, "database": database, "results": results}
+
+
+def test_a_bucket_config_is_refitted_where_its_raster_does_not_divide_the_size():
+    """A wgmma config tuned at 512 rows (128-row tiles, raster groups of 4) borrowed at 700 rows:
+    6 tile rows (the ragged one counted), which 4 does not divide; the template refits the group
+    to 2 rather than refuse the config, and keeps a config the size takes as it is."""
+    from tvm_ext.relax.buckets import accepted
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda()
+    tuned_at_512 = {"wgmma_bm": 128, "wgmma_bn": 64, "wgmma_inflight": 1, "wgmma_raster": 4, "wgmma_smem_epilogue": 1,
+                    "wgmma_split_cluster": 0, "wgmma_split_k": 1, "wgmma_stages": 6, "wgmma_tiles": 2}
+    at_700 = WgmmaGemmTemplate(700, 3072, 768)
+    assert accepted(at_700.space(target), tuned_at_512) is None
+    assert accepted(at_700.space(target), tuned_at_512, at_700.fitted).as_dict() == {**tuned_at_512, "wgmma_raster": 2}
+    at_1500 = WgmmaGemmTemplate(1500, 3072, 768)  # 12 tile rows: 4 divides them
+    assert accepted(at_1500.space(target), tuned_at_512, at_1500.fitted).as_dict() == tuned_at_512
+    at_900 = WgmmaGemmTemplate(900, 3072, 768)  # 8 tile rows (7 and a ragged one): groups of 8 kept
+    assert accepted(at_900.space(target), {**tuned_at_512, "wgmma_raster": 8}, at_900.fitted).as_dict() == \
+        {**tuned_at_512, "wgmma_raster": 8}
 
 
 def test_each_bucket_is_tuned_and_its_configs_written(tuned):

@@ -79,6 +79,13 @@ class TensorCoreChoiceTemplate(GemmTemplate):
     def space(self, target: TargetInfo) -> Space:
         return Space(CHOICE_KNOBS, (lambda c: self.reason(c, target),))
 
+    def fitted(self, config: Config) -> Config:
+        """A wgmma config with its raster group refitted to this M's tile rows (``fit_raster``)."""
+        if config.tc_kernel != "wgmma":
+            return config
+        return config.replace(wgmma_raster=wgmma.fit_raster(wgmma.WgmmaTile.of(self.kernel_config(config)[1],
+                                                                                self.a_dtype), self.m).raster)
+
     def scratch(self) -> list[TensorSpec]:
         return self.mma.scratch()  # a WMMA kernel takes the same (unused) scratch parameter
 
@@ -100,7 +107,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         mma.sync pick (split-K for skinny shapes, which the wgmma kernel has not here)."""
         config = self.default_config(target)
         tile = self.wgmma_tile(target)
-        if tile is not None and 10 * (self.m // tile.bm) * (self.n // tile.bn) >= 9 * target.compute_units:
+        if tile is not None and 10 * -(-self.m // tile.bm) * (self.n // tile.bn) >= 9 * target.compute_units:
             return config.replace(tc_kernel="wgmma"), f"wgmma {tile.name} (Hopper), B read N-major"
         return config, self.mma.analytic_pick(target)[1]
 
@@ -109,7 +116,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         if self.wgmma_types_reason():
             return None
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN",
-                               operand=self.a_dtype)
+                               operand=self.a_dtype, ragged_m=True)
         return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
 
     def wgmma_types_reason(self) -> str | None:

@@ -33,7 +33,9 @@ tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-
 (adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
-global memory.  Shapes the tile does not divide are refused (no guards).
+global memory.  N and K must divide the tile; an M that bm does not divide (a token count) is
+guarded in the unsplit kernel: the last tile row's loads repeat A's last row and its stores stop
+at M.
 
 ``wgmma_gemm`` checks the tile and assembles the kernel from its steps in ``wgmma_steps`` (the
 layout derived once, then staging, the wgmma of a k step, the stores, the cluster's and the second
@@ -43,7 +45,7 @@ Measurements: ``docs/results/gemm.md`` (wgmma sections).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from tvm_ext.core.errors import TvmExtError
@@ -177,8 +179,11 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
                 f"{REGISTERS_PER_SM} registers (an SM's; the launch fails)")
     if t.stages < 2 + t.inflight:
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
-    if m % t.bm or n % t.bn or k % t.bk:
-        return f"{t.name}: {m}x{n}x{k} must divide the {t.bm}x{t.bn}x{t.bk} tile (no guards)"
+    if n % t.bn or k % t.bk:
+        return f"{t.name}: N and K ({n}x{k}) must divide the tile's {t.bn}x{t.bk} (M alone is guarded)"
+    if m % t.bm and t.split > 1:
+        return (f"{t.name}: M = {m} is no multiple of bm {t.bm}: its last rows are guarded in the unsplit kernel "
+                "only (wgmma_split_k 1)")
     if t.split not in SPLITS_OF_K or k // t.bk % t.split:
         return (f"{t.name}: K's {k // t.bk} steps of {t.bk} must split into {t.split} equal slices "
                 f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
@@ -194,8 +199,8 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.cluster and t.cluster_sum_bytes() > t.smem_bytes():
         return (f"{t.name}: the tile's float32 sums ({t.cluster_sum_bytes()} bytes) do not fit in the stages' "
                 f"shared memory ({t.smem_bytes()})")
-    if t.raster < 0 or (t.raster and m // t.bm % t.raster):
-        return f"{t.name}: the raster group ({t.raster}) must divide the {m // t.bm} tile rows"
+    if t.raster < 0 or (t.raster and -(-m // t.bm) % t.raster):
+        return f"{t.name}: the raster group ({t.raster}) must divide the {-(-m // t.bm)} tile rows"
     if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
         return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
     if t.smem_bytes() > shared_limit:
@@ -209,6 +214,15 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.smem_epilogue and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
         return f"{t.name}: C ({t.bm}x{t.bn} halves, padded) does not fit in the stages' shared memory"
     return None
+
+
+def fit_raster(t: WgmmaTile, m: int) -> WgmmaTile:
+    """``t`` with the largest raster group of at most its own that divides M's tile rows (0 where
+    none does): a config tuned at another M, where its raster would be refused."""
+    rows = -(-m // t.bm)
+    if not t.raster or rows % t.raster == 0:
+        return t
+    return replace(t, raster=next((g for g in (8, 4, 2) if g < t.raster and rows % g == 0), 0))
 
 
 def promote_reason(t: WgmmaTile, k: int, promote: int) -> str | None:

@@ -95,7 +95,7 @@ class KernelLayout:
            promote: int) -> "KernelLayout":
         lead = tuple(int(x) for x in batch)
         split = cfg.split
-        per_matrix = m // cfg.bm * (n // cfg.bn)
+        per_matrix = -(-m // cfg.bm) * (n // cfg.bn)  # a ragged M's last tile row counted
         return cls(bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, stages=cfg.stages, smem_epilogue=cfg.smem_epilogue,
                    inflight=cfg.inflight, tiles=cfg.tiles, split=split, clustered=cfg.cluster, promote=promote,
                    k_major_only=cfg.operand in K_MAJOR_ONLY, n_major=b_layout == "KN", b_batched=b_batched,
@@ -108,6 +108,16 @@ class KernelLayout:
                    pieces=cfg.c_pieces_per_stage())
 
     # sizes derived from the fields
+    @property
+    def ragged(self) -> bool:
+        """M is no multiple of bm: the last tile row reads A's last row again past M (clamped
+        loads) and stores only C's rows below M (``in_rows``)."""
+        return self.m % self.bm != 0
+
+    @property
+    def tile_rows(self) -> int:
+        return -(-self.m // self.bm)
+
     @property
     def threads(self) -> int:
         return self.bm // 64 * 128
@@ -213,6 +223,27 @@ class KernelLayout:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt`` of a K-major operand's
         tile (A, or Bt) whose rows start at ``row0``, in the matrix of batch indices ``at``."""
         return X.ptr_to([*at, row0 + chunk // 8, kt * self.bk + chunk % 8 * self.chunk_elems])
+
+    def a_global(self, A: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
+        """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s A tile; with a ragged
+        M, rows past it read A's last row (their sums are never stored)."""
+        from tvm.script import tirx as T
+
+        if not self.ragged:
+            return self.k_major(A, at, row0, kt, chunk)
+        return A.ptr_to([*at, T.min(row0 + chunk // 8, self.m - 1), kt * self.bk + chunk % 8 * self.chunk_elems])
+
+    def in_rows(self, row: Any) -> Any:
+        """Whether C has row ``row`` (True, not an expression, where M is a multiple of bm)."""
+        return row < self.m if self.ragged else True
+
+    def epilogue_row(self, row: Any) -> Any:
+        """The row an epilogue reads its own buffers at for C's row ``row``: clamped below M (a
+        value computed for a row past M is never stored; computing it unguarded keeps the
+        epilogue's arithmetic free of branches)."""
+        from tvm.script import tirx as T
+
+        return T.min(row, self.m - 1) if self.ragged else row
 
     def b_global(self, B: Any, at: list[Any], col0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
@@ -330,7 +361,7 @@ def staging(L: KernelLayout) -> Staging:
         """k tile ``kt`` of A and B into stage ``slot`` (its halves offset), 16-byte ``cp.async``."""
         for i in T.unroll(L.a_loads):
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + L.swizzled(i * L.threads + tx)]),
-                                               L.k_major(A, at, row0, kt, i * L.threads + tx), 16)
+                                               L.a_global(A, at, row0, kt, i * L.threads + tx), 16)
         for i in T.unroll(L.b_loads):
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + L.a_stage + L.b_chunk(i * L.threads + tx)]),
                                                L.b_global(Bt, at, col0, kt, i * L.threads + tx), 16)
@@ -391,11 +422,21 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
     @T.macro
     def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The accumulators straight to C (pairs of adjacent columns)."""
-        for p in T.unroll(L.n_acc // 2):
-            for v in T.vectorized(2):
+        if L.ragged:  # each pair computed unguarded (clamped rows), stored below M
+            pair = T.alloc_buffer((2,), C.dtype, scope="local")
+            for p in T.unroll(L.n_acc // 2):
                 row = T.meta_var(L.fragment_row(row0 + wg * 64, tx, p))
-                col = T.meta_var(L.fragment_col(col0, tx, p, v))
-                C[(*at, row, col)] = out(acc[p * 2 + v], bias, at, row, col)
+                for v in T.vectorized(2):
+                    pair[v] = out(acc[p * 2 + v], bias, at, L.epilogue_row(row), L.fragment_col(col0, tx, p, v))
+                if L.in_rows(row):
+                    for v in T.vectorized(2):
+                        C[(*at, row, L.fragment_col(col0, tx, p, v))] = pair[v]
+        else:
+            for p in T.unroll(L.n_acc // 2):
+                for v in T.vectorized(2):
+                    row = T.meta_var(L.fragment_row(row0 + wg * 64, tx, p))
+                    col = T.meta_var(L.fragment_col(col0, tx, p, v))
+                    C[(*at, row, col)] = out(acc[p * 2 + v], bias, at, row, col)
 
     @T.macro
     def partial_store(P: Any, acc: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
@@ -411,9 +452,9 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
         """The warpgroup's accumulators as C, into its 64 padded rows of shared memory from
         ``piece`` (halves): pairs (2p, 2p+1) of adjacent columns."""
         for p in T.unroll(L.n_acc // 2):
-            for v in T.vectorized(2):
+            for v in T.vectorized(2):  # rows past a ragged M: computed at M's last row, never copied out
                 smem[piece + L.fragment_row(0, tx, p) * L.c_stride + L.fragment_col(0, tx, p, v)] = \
-                    out(acc[p * 2 + v], bias, at, L.fragment_row(row0 + wg * 64, tx, p),
+                    out(acc[p * 2 + v], bias, at, L.epilogue_row(L.fragment_row(row0 + wg * 64, tx, p)),
                         L.fragment_col(col0, tx, p, v))
 
     @T.macro
@@ -432,9 +473,10 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
             T.tvm_storage_sync("shared")
             for i in T.unroll(L.c_loads):
                 f = T.meta_var(i * copy_threads + lane)
-                for v in T.vectorized(8):
-                    C[(*at, copy_row0 + f // (L.bn // 8), col0 + f % (L.bn // 8) * 8 + v)] = \
-                        smem[copy_base + f // (L.bn // 8) * L.c_stride + f % (L.bn // 8) * 8 + v]
+                if L.in_rows(copy_row0 + f // (L.bn // 8)):
+                    for v in T.vectorized(8):
+                        C[(*at, copy_row0 + f // (L.bn // 8), col0 + f % (L.bn // 8) * 8 + v)] = \
+                            smem[copy_base + f // (L.bn // 8) * L.c_stride + f % (L.bn // 8) * 8 + v]
         else:
             direct_store(C, bias, sums, at, row0, col0, wg, tx)
 

@@ -17,8 +17,8 @@ from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
 from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
-                    b_layout_reason, b_shape, compile_wgmma, epilogue_reason, shared_limit, target_reason, wgmma_gemm,
-                    wgmma_reason)
+                    b_layout_reason, b_shape, compile_wgmma, epilogue_reason, fit_raster, shared_limit, target_reason,
+                    wgmma_gemm, wgmma_reason)
 
 # the pick's split of K: at least this many k steps a slice (shorter slices ran slower than the
 # unsplit kernels; docs/results/gemm.md), and taken only where the cost model (``split_cost``)
@@ -41,7 +41,16 @@ def runs(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> bool:
 
 def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
     """C tiles of ``t`` in the smallest of the GEMMs ``shapes`` (a batch of ``matrices`` each)."""
-    return min(m // t.bm * (n // t.bn) for m, n, _ in shapes) * matrices
+    return min(-(-m // t.bm) * (n // t.bn) for m, n, _ in shapes) * matrices
+
+
+RAGGED_PADDING = 0.5  # a picked tile spends less than this share of a ragged M's tile rows past M (mma.sync's
+# 16-row tiles take smaller M)
+
+
+def padding(t: WgmmaTile, shapes: Any) -> float:
+    """The largest share of the tile rows' rows past M (a ragged M's last tile row) over ``shapes``."""
+    return max(1 - m / (-(-m // t.bm) * t.bm) for m, _, _ in shapes)
 
 
 def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
@@ -104,9 +113,12 @@ def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
-                    split_k: bool = False, operand: str = "float16") -> WgmmaTile | None:
-    """A tile that divides every (M, N, K) of ``shapes``: the first of ``DEFAULT_TILES`` giving 90 %
-    of the SMs a block, else the one giving most blocks, its shared-memory epilogue where C is
+                    split_k: bool = False, operand: str = "float16", ragged_m: bool = False) -> WgmmaTile | None:
+    """A tile that divides every (M, N, K) of ``shapes`` (with ``ragged_m``, every N and K, the
+    kernel guarding M's last tile row, less than ``RAGGED_PADDING`` of its rows past M): the
+    first of ``DEFAULT_TILES`` giving 90 % of the SMs a block (and, with a ragged M, at most an
+    eighth of its tile rows' rows past M), else the one giving most blocks (the least padded of
+    those), its shared-memory epilogue where C is
     the ``operand``'s dtype (float16 or bfloat16; the direct one stores any C type), several
     tiles a block where they are more than a wave (``spread``); None off Hopper or where none
     divides (the GRU's input GEMMs).
@@ -120,11 +132,13 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     tiles = candidates or [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand),
                                        shapes)
                            for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
-    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)]
+    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)
+               and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0)]
     if not fitting:
         return None
-    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units),
-                max(fitting, key=lambda t: c_tile_count(t, shapes, matrices)))
+    tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
+                 and 8 * padding(t, shapes) <= 1),
+                max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if split_k:
         tile = split_pick(tile, fitting, shapes, target.compute_units, limit, b_layout, matrices)
     return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
@@ -185,6 +199,10 @@ class WgmmaGemmTemplate(Template):
         """The tile of ``config`` on this template's operands."""
         return WgmmaTile.of(config, self.dtype)
 
+    def fitted(self, config: Config) -> Config:
+        """``config`` with its raster group refitted to this M's tile rows (``fit_raster``)."""
+        return config.replace(wgmma_raster=fit_raster(self.tile(config), self.m).raster)
+
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
             return target_reason(target) or wgmma_reason(self.tile(c), self.m, self.n, self.k,
@@ -201,10 +219,10 @@ class WgmmaGemmTemplate(Template):
         if reason:
             raise TvmExtError(reason)
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.dtype, self.b_layout,
-                               matrices=self.matrices, split_k=True, operand=self.dtype)
+                               matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True)
         if tile is None:
-            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
-                              f"and K of 64 (no guards)")
+            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: N and K must be multiples of 64, "
+                              f"and M (guarded) fill more than half of a 64-row tile")
         return self.space(target).make(**tile.knobs())
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:

@@ -131,6 +131,11 @@ class Template(ABC):
     @abstractmethod
     def outputs(self) -> list[TensorSpec]: ...
 
+    def fitted(self, config: Config) -> Config:
+        """``config`` (tuned at another shape: a bucket's) with the knobs that count this shape's
+        tiles refitted to it where it would refuse them; by default ``config`` itself."""
+        return config
+
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """PassContext options ``tvm.compile`` needs for ``config`` (e.g. cp.async copies are
         only emitted with ``tirx.use_async_copy``); part of what the builder compiles with."""

@@ -17,6 +17,7 @@ at or above it first, then the largest below: ``Buckets.nearest``), else by dlig
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import OrderedDict
@@ -56,9 +57,11 @@ class Buckets:
         return cls(name.strip(), tuple(sizes))
 
     def nearest(self, size: int) -> tuple[int, ...]:
-        """The buckets whose configs a size borrows, in the order tried: those at or above it,
-        smallest first (a tile tuned for more rows covers these), then those below, largest first."""
-        return tuple(b for b in self.sizes if b >= size) + tuple(reversed([b for b in self.sizes if b < size]))
+        """The buckets whose configs a size borrows, in the order tried: nearest by ratio first (a
+        tile's count of blocks, what its choice weighs, scales with the rows), the larger of two as
+        near.  Kernels guard the rows a tile has past the size, so a smaller bucket's config serves
+        as well as a larger one's."""
+        return tuple(sorted(self.sizes, key=lambda b: (abs(math.log(b / size)), -b)))
 
 
 def symbolic_vars(mod: Any, function: str | None = None) -> dict[str, list[tuple[int, int]]]:
@@ -162,13 +165,17 @@ def best_configs(lowered: Any, target: TargetInfo, store: Any, without: Collecti
     return best
 
 
-def accepted(space: Any, values: Mapping[str, Any]) -> Config | None:
-    """``values`` as a config of ``space`` (knobs renamed since read as today's), or None where the
-    space refuses it: a value it does not offer, or an infeasible combination at this size."""
+def accepted(space: Any, values: Mapping[str, Any],
+             fitted: Callable[[Config], Config] | None = None) -> Config | None:
+    """``values`` as a config of ``space`` (knobs renamed since read as today's), refitted by
+    ``fitted`` (the template's: knobs that count the tiles) where the space refuses it as it is;
+    None where it refuses both: a value it does not offer, or an infeasible combination at this size."""
     try:
         config = space.decode(space.encode(Config.of(dict(values))))
     except TvmExtError:
         return None
+    if space.infeasible_reason(config) and fitted is not None:
+        config = fitted(config)
     return None if space.infeasible_reason(config) else config
 
 
@@ -235,7 +242,7 @@ def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
         space = match.template.space(target)
         for bucket, values in borrowed[name]:
             try:
-                config = accepted(space, values)  # None where this size cannot take it
+                config = accepted(space, values, match.template.fitted)  # None where this size cannot take it
                 if config is None:
                     continue
                 if match.substitutes:
