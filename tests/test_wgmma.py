@@ -233,8 +233,8 @@ def test_cli_refuses_a_target_without_wgmma(tmp_path):
 
 
 def test_a_ragged_m_is_guarded_and_an_m_the_tile_divides_builds_as_before():
-    """M = 700 (a token count): the last tile row's A loads clamp to row 699 and C's stores stop
-    at row 700; the pick takes the tile wasting least where two
+    """M = 700 (a token count): the last tile row's A loads past row 699 read rows below it (mod M)
+    and C's stores stop at row 700; the pick takes the tile wasting least where two
     give as many blocks, and never more than half a tile row; an M the tile divides has no
     guard (the kernel as it was: the sources of every such config are hashed unchanged); a raster
     group must divide the tile rows, the ragged one counted."""
@@ -247,9 +247,9 @@ def test_a_ragged_m_is_guarded_and_an_m_the_tile_divides_builds_as_before():
     assert (tile.bm, tile.split) == (64, 1) and t.space(target).is_feasible(t.default_config(target))
     for staged in (True, False):  # the shared-memory epilogue's copy, and the direct store, guarded
         ragged = wgmma_gemm(WgmmaTile(128, 128, 4, 1, staged, 2), 700, 768, 768, bias_dtype="float16").script()
-        assert "T.min(" in ragged and "< 700" in ragged  # clamped loads (and epilogue rows), guarded stores
+        assert "% 700" in ragged and "< 700" in ragged  # rows past M read rows below it, stores guarded
         whole = wgmma_gemm(WgmmaTile(128, 128, 4, 1, staged, 2), 1024, 768, 768, bias_dtype="float16").script()
-        assert "T.min(" not in whole and "< 1024" not in whole
+        assert "% 1024" not in whole and "< 1024" not in whole
     assert pick_wgmma_tile([(64, 3072, 1024)], target, "float16", ragged_m=True).bm == 64  # 128 rows: half wasted
     assert pick_wgmma_tile([(700, 768, 768)], target, "float16") is None  # callers that don't ask: exact tiles
 

@@ -34,8 +34,8 @@ tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
 global memory.  N and K must divide the tile; an M that bm does not divide (a token count) is
-guarded in the unsplit kernel: the last tile row's loads repeat A's last row and its stores stop
-at M.
+guarded in the unsplit kernel: the last tile row's loads past M read rows below it again (row
+mod M) and its stores stop at M.
 
 ``wgmma_gemm`` checks the tile and assembles the kernel from its steps in ``wgmma_steps`` (the
 layout derived once, then staging, the wgmma of a k step, the stores, the cluster's and the second
