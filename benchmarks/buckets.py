@@ -4,7 +4,7 @@ for that very size, and against dlight.
 The model is a BERT-base feed-forward up-projection, ``GELU(x · Wᵀ + b)`` with x (n, 768) and
 W (3072, 768), n symbolic (the token count).  ``tune_buckets`` tunes it at ``--buckets``; then, at
 each size of ``--sizes`` (between the buckets by default), one process times three builds of the
-static model at that size on the same rotated inputs, each checked against float64 numpy:
+static model at that size through the Relax VM on the same input, each checked against float64 numpy:
 
 - ``buckets``: ``BucketedModel`` (the nearest fitting bucket's config, ``tvm_ext.relax.buckets``);
 - ``tuned``: ``tune_relax`` on the model bound to that size (``--trials`` as for the buckets), its own
