@@ -227,7 +227,6 @@ class KernelLayout:
     def a_global(self, A: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s A tile; with a ragged
         M, rows past it read A's last row (their sums are never stored)."""
-        from tvm.script import tirx as T
 
         if not self.ragged:
             return self.k_major(A, at, row0, kt, chunk)
