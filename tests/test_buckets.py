@@ -233,3 +233,65 @@ def test_onnx_dynamic_axis_sized_by_option_or_tuned_at_buckets(tmp_path, opencl)
     model = BucketedModel(user.get_module(), opencl, str(tmp_path / "db"))
     (x,) = user.get_inputs(batch="6")
     np.testing.assert_allclose(model(x), np.maximum(x.astype(np.float64) @ w, 0), rtol=1e-4, atol=1e-4)
+
+
+def _dynamic_pt2(path):
+    """A torch.export program ``GELU(x · Wᵀ + b)`` on x (n, 16), n a ``torch.export.Dim`` from 2
+    to 64, saved to ``path``; returns the module (for its reference)."""
+    torch = pytest.importorskip("torch")
+
+    class Up(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(IN, OUT)
+
+        def forward(self, x):
+            return torch.nn.functional.gelu(self.fc(x))
+
+    torch.manual_seed(0)
+    module = Up().eval()
+    tokens = torch.export.Dim("tokens", min=2, max=64)
+    program = torch.export.export(module, (torch.randn(10, IN),), dynamic_shapes={"x": {0: tokens}})
+    torch.export.save(program, str(path))
+    return module
+
+
+def test_pt2_symbolic_size_sized_by_option_or_tuned_at_buckets(tmp_path, opencl):
+    """A ``torch.export`` program with a dynamic token count: its dimension under torch's name
+    (``s77``), with the range it was exported for; ``--model-option`` sizes it within that range;
+    ``--buckets`` tunes it kept symbolic (sizes outside the range refused) and the bucketed model
+    matches torch at a size between the buckets; unsized, one error line says how to give one."""
+    import torch
+
+    from tvm_ext.cli.model_cli import ExportedProgramModel
+
+    path = tmp_path / "dyn.pt2"
+    module = _dynamic_pt2(path)
+    user = ExportedProgramModel(str(path))
+    ((name, bounds),) = user.symbolic_dims().items()
+    assert bounds == (2, 64)
+    assert symbolic_vars(user.get_module()) == {name: [(0, 0)]}
+    assert symbolic_vars(user.get_module(**{name: "5"})) == {} and user.get_inputs(**{name: "5"})[0].shape == (5, IN)
+    with pytest.raises(TvmExtError, match="a size from 2 to 64"):
+        user.get_inputs(**{name: "65"})
+    with pytest.raises(TvmExtError, match=f"give it a size: --model-option {name}=N"):
+        user.get_inputs()
+    with pytest.raises(TvmExtError, match=f"symbolic dimensions \\({name} \\(2..64\\)\\)"):
+        user.get_module(tokens="5")
+    base = [sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--generations", "1", "--population", "2",
+            "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    outside = subprocess.run(base + ["--buckets", f"{name}=4,128", "--model-option", f"{name}=6"],
+                             capture_output=True, text=True, timeout=600)
+    assert outside.returncode == 2 and "Traceback" not in outside.stderr
+    assert [line for line in outside.stderr.splitlines() if line.startswith("error:")] == \
+        [f"error: --buckets {name}=128: a size from 2 to 64"]
+    p = subprocess.run(base + ["--buckets", f"{name}=4,8", "--model-option", f"{name}=6"], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{name} = 6: " in p.stdout and "bucket 8" in p.stdout
+    model = BucketedModel(user.get_module(), opencl, str(tmp_path / "db"))
+    (x,) = user.get_inputs(**{name: "6"})
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x)).double().numpy()
+    (out,) = model(x)  # the program's outputs, a tuple of one
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

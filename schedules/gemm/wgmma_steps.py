@@ -226,8 +226,7 @@ class KernelLayout:
 
     def a_global(self, A: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s A tile; with a ragged
-        M, rows past it read A's last row (their sums are never stored)."""
-
+        M, a row past it reads one below it (``row_below_m``; its sums are never stored)."""
         if not self.ragged:
             return self.k_major(A, at, row0, kt, chunk)
         return A.ptr_to([*at, self.row_below_m(row0 + chunk // 8), kt * self.bk + chunk % 8 * self.chunk_elems])

@@ -65,7 +65,8 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
     model.add_argument("--buckets", default=None, metavar="NAME=SIZES",
                        help="a model with a symbolic dimension NAME (tokens, sequence length): tune it at each "
                             "size of SIZES (e.g. n=1,16,128,512) and run any size on the configs of the nearest "
-                            "bucket that fits (the smallest at or above it first), compiled on its first call")
+                            "bucket that fits (nearest by ratio), compiled on its first call; a .pt2 program's "
+                            "dimensions have torch's names (s77: an error lists them)")
     model.add_argument("--tasks-in-flight", type=int, default=None, metavar="N",
                        help=f"kernels tuned at once (default {TASKS_PER_DEVICE} a device: while one kernel's "
                             "candidates build or its search waits at the end of a generation, the others keep "
@@ -78,6 +79,12 @@ def _matcher_names() -> list[str]:
     from ..relax.tasks import MATCHERS
 
     return list(MATCHERS)
+
+
+def describe_dims(dims: dict[str, tuple[int, int | None]]) -> str:
+    """``batch, s77 (2..64)``: symbolic dimensions for messages, a range where it is not 1 and up."""
+    return ", ".join(name if bounds == (1, None) else f"{name} ({bounds[0]}..{bounds[1] or ''})"
+                     for name, bounds in dims.items())
 
 
 class OnnxModel:
@@ -94,36 +101,40 @@ class OnnxModel:
 
     kind = "an ONNX file"
 
-    def _no_options(self, options: dict[str, str]) -> None:
-        if options:
-            raise TvmExtError(f"--model-option does not apply to {self.kind} (got {', '.join(options)})")
+    def symbolic_dims(self) -> dict[str, tuple[int, int | None]]:
+        """The inputs' named symbolic dimensions: name -> (lowest, highest or None) size."""
+        from ..relax.onnx_import import onnx_symbolic_dims
+
+        return {name: (1, None) for name in onnx_symbolic_dims(self.path)}
+
+    def check_size(self, name: str, value: str, flag: str) -> int:
+        """``value`` as a size of the symbolic dimension ``name``, within the range the model takes
+        (``flag``: the option that gave it, for the error)."""
+        dims = self.symbolic_dims()
+        if name not in dims:
+            raise TvmExtError(f"{flag} {name}: {self.kind} takes sizes of its inputs' symbolic dimensions "
+                              f"({describe_dims(dims) or 'it has none'})")
+        low, high = dims[name]
+        if not str(value).isdigit() or not low <= int(value) <= (high or int(value)):
+            raise TvmExtError(f"{flag} {name}={value}: a size from {low} to {high or 'any'}")
+        return int(value)
 
     def _sizes(self, options: dict[str, str]) -> dict[str, int]:
         """``--model-option NAME=N``: sizes of the inputs' named symbolic dimensions."""
-        from ..relax.onnx_import import onnx_symbolic_dims
-
-        if not options:
-            return {}
-        names = onnx_symbolic_dims(self.path)
-        sizes = {}
-        for name, value in options.items():
-            if name not in names:
-                raise TvmExtError(f"--model-option {name}: an ONNX file takes sizes of its inputs' symbolic "
-                                  f"dimensions ({', '.join(names) or 'it has none'})")
-            if not str(value).isdigit() or int(value) < 1:
-                raise TvmExtError(f"--model-option {name}={value}: a size is a positive integer")
-            sizes[name] = int(value)
-        return sizes
+        return {name: self.check_size(name, value, "--model-option") for name, value in options.items()}
 
     def get_module(self, **options: str) -> Any:
         """The imported model, the symbolic dimensions named in ``options`` bound to their sizes."""
         from tvm import relax
 
+        sizes = self._sizes(options)
+        mod = self.imported()
+        return relax.transform.BindSymbolicVars(sizes)(mod) if sizes else mod
+
+    def imported(self) -> Any:
         from ..relax.onnx_import import load_onnx
 
-        sizes = self._sizes(options)
-        mod = load_onnx(self.path)
-        return relax.transform.BindSymbolicVars(sizes)(mod) if sizes else mod
+        return load_onnx(self.path)
 
     def get_inputs(self, **options: str) -> list[Any]:
         from ..relax.onnx_import import onnx_inputs
@@ -151,17 +162,21 @@ class ExportedProgramModel(OnnxModel):
         self.path = path
         self.program = load_exported_program(path)
 
-    def get_module(self, **options: str) -> Any:
+    def symbolic_dims(self) -> dict[str, tuple[int, int | None]]:
+        """The program's symbolic input sizes (torch's names, ``s77``) and their exported ranges."""
+        from ..relax.torch_import import program_symbols
+
+        return program_symbols(self.program)
+
+    def imported(self) -> Any:
         from ..relax.torch_import import import_exported_program
 
-        self._no_options(options)
         return import_exported_program(self.program)
 
     def get_inputs(self, **options: str) -> list[Any]:
         from ..relax.torch_import import program_inputs
 
-        self._no_options(options)
-        return program_inputs(self.program)
+        return program_inputs(self.program, sizes=self._sizes(options))
 
     def reference(self, inputs: list[Any], **options: str) -> list[Any]:
         import torch
@@ -241,12 +256,15 @@ def run_model(args: argparse.Namespace) -> int:
                           "GPUs); tune single operators on servers with tune gemm / gemm-tc / reduce / gru")
     user = load_model_file(args.file)
     buckets = Buckets.parse(args.buckets) if args.buckets else None
-    # an ONNX file's symbolic dimension tuned at buckets stays symbolic; its option sizes the inputs only
+    # an ONNX or .pt2 file's symbolic dimension tuned at buckets stays symbolic; its option sizes the inputs only
     keep = buckets.var if buckets and isinstance(user, OnnxModel) else None
     mod = model_module(user, args.file, **{k: v for k, v in extra.items() if k != keep})
     target = resolve_target(args.target, args.device)
     if buckets:
         check_buckets(mod, buckets, args.function)
+        if isinstance(user, OnnxModel):  # an ONNX or .pt2 file: its sizes within the range it takes
+            for size in buckets.sizes:
+                user.check_size(buckets.var, str(size), "--buckets")
     progress = _Progress(disabled=args.no_progress)
 
     def tune(static: Any) -> Any:

@@ -198,19 +198,47 @@ def load_exported_program(path: str) -> Any:
         quiet.setLevel(level)
 
 
-def program_inputs(program: Any, seed: int = 0) -> list[np.ndarray]:
-    """Random inputs of the program's user inputs (static shapes): floats from a standard
-    normal, integers zero."""
-    rng = np.random.default_rng(seed)
+def program_symbols(program: Any) -> dict[str, tuple[int, int | None]]:
+    """The symbolic sizes of the program's user inputs (``torch.export.Dim``; torch names them,
+    e.g. ``s77``, and so does the imported Relax function) with the range each was exported for:
+    name -> (lowest, highest or None)."""
+    ranges = {str(symbol): bounds for symbol, bounds in program.range_constraints.items()}
+    found: dict[str, tuple[int, int | None]] = {}
+    for _, value in _user_inputs(program):
+        for size in getattr(value, "shape", ()):
+            for symbol in () if isinstance(size, int) else size.node.expr.free_symbols:
+                bounds = ranges.get(str(symbol))
+                found[str(symbol)] = (int(bounds.lower), int(bounds.upper) if bounds.upper.is_finite else None) \
+                    if bounds is not None else (1, None)
+    return found
+
+
+def _user_inputs(program: Any) -> list[tuple[str, Any]]:
+    """(name, example value) of each user input of the program, in order."""
     user_inputs = set(program.graph_signature.user_inputs)
+    return [(node.name, node.meta.get("val")) for node in program.graph.nodes
+            if node.op == "placeholder" and node.name in user_inputs]
+
+
+def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = None) -> list[np.ndarray]:
+    """Random inputs of the program's user inputs: floats from a standard normal, integers zero;
+    a symbolic size takes its value from ``sizes`` (by torch's name of it)."""
+    rng = np.random.default_rng(seed)
     arrays = []
-    for node in program.graph.nodes:
-        if node.op != "placeholder" or node.name not in user_inputs:
-            continue
-        value = node.meta.get("val")
-        if value is None or not all(isinstance(d, int) for d in value.shape):
-            raise TvmExtError(f"program input {node.name} has no static shape; export it with static shapes")
+    for name, value in _user_inputs(program):
+        if value is None:
+            raise TvmExtError(f"program input {name} has no recorded shape; export it with example inputs")
+        shape = []
+        for size in value.shape:
+            if isinstance(size, int):
+                shape.append(size)
+                continue
+            missing = sorted(str(s) for s in size.node.expr.free_symbols if str(s) not in (sizes or {}))
+            if missing:
+                raise TvmExtError(f"program input {name} has the symbolic dimension {size}; give it a size: "
+                                  f"--model-option {missing[0]}=N (or tune it at buckets: --buckets {missing[0]}=...)")
+            shape.append(int(size.node.expr.subs({s: (sizes or {})[str(s)] for s in size.node.expr.free_symbols})))
         dtype = np.dtype(str(value.dtype).removeprefix("torch."))
-        arrays.append(rng.standard_normal(tuple(value.shape)).astype(dtype) if np.issubdtype(dtype, np.floating)
-                      else np.zeros(tuple(value.shape), dtype))
+        arrays.append(rng.standard_normal(tuple(shape)).astype(dtype) if np.issubdtype(dtype, np.floating)
+                      else np.zeros(tuple(shape), dtype))
     return arrays
