@@ -115,10 +115,6 @@ class KernelLayout:
         return self.m % self.bm != 0
 
     @property
-    def tile_rows(self) -> int:
-        return -(-self.m // self.bm)
-
-    @property
     def threads(self) -> int:
         return self.bm // 64 * 128
 
@@ -424,7 +420,7 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
     @T.macro
     def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The accumulators straight to C (pairs of adjacent columns)."""
-        if L.ragged:  # each pair computed unguarded (clamped rows), stored below M
+        if L.ragged:  # each pair computed unguarded (at rows below M), stored below M; else as it always was
             pair = T.alloc_buffer((2,), C.dtype, scope="local")
             for p in T.unroll(L.n_acc // 2):
                 row = T.meta_var(L.fragment_row(row0 + wg * 64, tx, p))
@@ -454,7 +450,7 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
         """The warpgroup's accumulators as C, into its 64 padded rows of shared memory from
         ``piece`` (halves): pairs (2p, 2p+1) of adjacent columns."""
         for p in T.unroll(L.n_acc // 2):
-            for v in T.vectorized(2):  # rows past a ragged M: computed at M's last row, never copied out
+            for v in T.vectorized(2):  # rows past a ragged M: computed at rows below it, never copied out
                 smem[piece + L.fragment_row(0, tx, p) * L.c_stride + L.fragment_col(0, tx, p, v)] = \
                     out(acc[p * 2 + v], bias, at, L.epilogue_row(L.fragment_row(row0 + wg * 64, tx, p)),
                         L.fragment_col(col0, tx, p, v))

@@ -44,8 +44,10 @@ def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
     return min(-(-m // t.bm) * (n // t.bn) for m, n, _ in shapes) * matrices
 
 
-RAGGED_PADDING = 0.5  # a picked tile spends less than this share of a ragged M's tile rows past M (mma.sync's
-# 16-row tiles take smaller M)
+# a picked tile spends less than this share of a ragged M's tile rows past M (mma.sync's 16-row tiles
+# take smaller M), and the first tile giving the SMs a block is taken only with at most the second
+RAGGED_PADDING = 0.5
+FIRST_PICK_PADDING = 0.125
 
 
 def padding(t: WgmmaTile, shapes: Any) -> float:
@@ -116,12 +118,11 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                     split_k: bool = False, operand: str = "float16", ragged_m: bool = False) -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes`` (with ``ragged_m``, every N and K, the
     kernel guarding M's last tile row, less than ``RAGGED_PADDING`` of its rows past M): the
-    first of ``DEFAULT_TILES`` giving 90 % of the SMs a block (and, with a ragged M, at most an
-    eighth of its tile rows' rows past M), else the one giving most blocks (the least padded of
-    those), its shared-memory epilogue where C is
-    the ``operand``'s dtype (float16 or bfloat16; the direct one stores any C type), several
-    tiles a block where they are more than a wave (``spread``); None off Hopper or where none
-    divides (the GRU's input GEMMs).
+    first of ``DEFAULT_TILES`` giving 90 % of the SMs a block (with at most ``FIRST_PICK_PADDING``
+    of its rows past M), else the one giving most blocks (the least padded of those), its
+    shared-memory epilogue where C is the ``operand``'s dtype (float16 or bfloat16; the direct one
+    stores any C type), several tiles a block where they are more than a wave (``spread``); None
+    off Hopper or where none fits (the GRU's input GEMMs, which do not ask for ``ragged_m``).
     ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles); ``matrices``:
     the GEMMs are batches of that many (their tiles all count).  ``split_k``: a split of K where
     ``split_pick`` finds one (callers whose programs take the partial sums' buffer)."""
@@ -137,7 +138,7 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
-                 and 8 * padding(t, shapes) <= 1),
+                 and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if split_k:
         tile = split_pick(tile, fitting, shapes, target.compute_units, limit, b_layout, matrices)

@@ -10,8 +10,8 @@ into one records file and database.  The best config of every call at every buck
 while the callees' names shift (two calls whose functions are identical at one size share one
 function there and not at another).  ``BucketedModel`` dispatches each call on the dimension's
 size: a size is compiled once and kept; its functions are scheduled by the database where that
-size was tuned, else by a bucket's config the template accepts at this size (the smallest bucket
-at or above it first, then the largest below: ``Buckets.nearest``), else by dlight.
+size was tuned, else by a bucket's config the template accepts at this size, refitted by the
+template where needed (the nearest bucket by ratio first: ``Buckets.nearest``), else by dlight.
 ``BucketedModel.schedules`` says which, per function.
 """
 from __future__ import annotations
