@@ -310,7 +310,7 @@ class BucketedModel:
 
     def _gru_configs(self, static: Any, size: int) -> Callable[[Any], Config | None]:
         """The GRU layers' configs at ``size`` where the database has none: each layer's nearest
-        bucket's config that its template accepts (by the layers' order); what each layer took
+        bucket's config that its template accepts, refitted where needed (by the layers' order); what each layer took
         goes to ``schedules`` when it is asked for ("database" where it is not)."""
         from .relax_gru import find_grus
 
@@ -321,7 +321,7 @@ class BucketedModel:
             space = gru.template.space(self.target)
             for bucket in self.buckets.nearest(size):
                 values = self.grus.get(place, {}).get(bucket)
-                config = None if values is None else accepted(space, values)
+                config = None if values is None else accepted(space, values, gru.template.fitted)
                 if config is not None:
                     chosen.setdefault(gru.template, (config, f"gru {gru.var}", f"bucket {bucket}"))
                     break
