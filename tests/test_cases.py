@@ -176,3 +176,28 @@ def test_the_local_runner_sends_the_case_to_each_measuring_process_ahead(opencl)
         assert wait_for(lambda: len(runner._pools) == 2 and all(key in p._sent for p in runner._pools.values()))
         result = runner.run(template, [build_one(template, config, opencl)])[0]
     assert result.ok, result
+
+
+def test_a_local_runner_closed_while_its_case_is_made_starts_no_process_after(opencl):
+    """``prepare`` makes the case on a thread; a runner closed meanwhile (a budget that stops the
+    search) must not start a measuring process for it afterwards (one that nothing would close),
+    nor raise on that thread."""
+    import threading
+
+    from tvm_ext.measure.measure import MeasureSettings
+    from tvm_ext.measure.runner import LocalRunner
+
+    template, (config,) = gemm_configs(opencl, 1, seed=9)
+    raised: list[BaseException] = []
+    hook, threading.excepthook = threading.excepthook, lambda args: raised.append(args.exc_value)
+    try:
+        runner = LocalRunner(opencl, MeasureSettings(warmup=1, repeat=2, min_repeat_secs=0.001), timeout=WAIT)
+        runner.prepare(template, config)
+        runner.close()  # before the case is made: the thread meets a closed runner
+        for thread in [t for t in threading.enumerate() if t.name == "tvm_ext-case-ahead"]:
+            thread.join(WAIT)
+    finally:
+        threading.excepthook = hook
+    assert raised == [] and runner._pools == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.warm()  # nor on any later call

@@ -206,7 +206,8 @@ class LocalRunner:
         self.devices = tuple(devices) if devices else (target.device_id,)
         self._pools: dict[int, IsolatedMeasurer] = {}
         self._next = 0
-        self._lock = threading.Lock()  # tuners in several threads submit at once
+        self._lock = threading.Lock()  # tuners in several threads submit at once; pools made and closed under it
+        self._closed = False
 
     @property
     def in_flight(self) -> int:
@@ -219,15 +220,21 @@ class LocalRunner:
         return tuple(self.devices[slot] for slot in sorted(self._pools))
 
     def _pool(self, slot: int) -> IsolatedMeasurer:
-        if slot not in self._pools:
-            self._pools[slot] = IsolatedMeasurer(self.timeout)
-            self._pools[slot].warm(self.target.kind, self.devices[slot])
-        return self._pools[slot]
+        """Device ``slot``'s measuring process, started on first use (the caller holds the lock);
+        RuntimeError once the runner is closed: no process outlives ``close``."""
+        if self._closed:
+            raise RuntimeError("the local runner was closed")
+        pool = self._pools.get(slot)
+        if pool is None:
+            pool = self._pools[slot] = IsolatedMeasurer(self.timeout)
+            pool.warm(self.target.kind, self.devices[slot])
+        return pool
 
     def warm(self) -> None:
         """Start every device's measuring process now (while the first candidates build)."""
-        for slot in range(len(self.devices)):
-            self._pool(slot)
+        with self._lock:
+            for slot in range(len(self.devices)):
+                self._pool(slot)
 
     def prepare(self, template: Template, config: Any) -> None:
         """The workload's check data (``config``'s, the default's), made on a thread while the
@@ -235,9 +242,9 @@ class LocalRunner:
         def send_all() -> None:
             keyed = keyed_case(template, config, self.settings)
             for slot in range(len(self.devices)) if keyed is not None else ():
-                with self._lock:
-                    pool = self._pool(slot)
                 try:
+                    with self._lock:
+                        pool = self._pool(slot)
                     pool.hold(*keyed)
                 except RuntimeError:  # closed meanwhile
                     return
@@ -268,8 +275,10 @@ class LocalRunner:
         return run_all(self, template, builds)
 
     def close(self) -> None:
-        close_all(list(self._pools.values()))
-        self._pools.clear()
+        with self._lock:
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), {}
+        close_all(pools)
 
     def __enter__(self) -> "LocalRunner":
         return self
