@@ -268,7 +268,7 @@ def test_pt2_symbolic_size_sized_by_option_or_tuned_at_buckets(tmp_path, opencl)
     path = tmp_path / "dyn.pt2"
     module = _dynamic_pt2(path)
     user = ExportedProgramModel(str(path))
-    ((name, bounds),) = user.symbolic_dims().items()
+    ((name, bounds),) = user.symbolic_dims.items()
     assert bounds == (2, 64)
     assert symbolic_vars(user.get_module()) == {name: [(0, 0)]}
     assert symbolic_vars(user.get_module(**{name: "5"})) == {} and user.get_inputs(**{name: "5"})[0].shape == (5, IN)

@@ -21,14 +21,16 @@ launched directly, so they become part of the user's graph.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 import tvm_ffi
 from torch import nn
 
 from tvm_ext.core.errors import TvmExtError
+from tvm_ext.measure.cases import kept
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
@@ -92,8 +94,8 @@ class GRU(nn.Module):
         self._engines: dict[EngineKey, Any] = {}
         self._watches: dict[int, BarrierWatch] = {}
         self._zero_states: dict[tuple[Any, ...], Any] = {}
-        self._lengths: dict[tuple[Any, ...], Any] = {}
-        self._layouts: dict[tuple[Any, ...], PackedLayout] = {}
+        self._lengths: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # per value, least recent first
+        self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
@@ -172,7 +174,7 @@ class GRU(nn.Module):
     def _packed_layout(self, batch_sizes: Any, device: Any) -> "PackedLayout":
         """The pad/unpack index of a ``PackedSequence``'s batch sizes, kept per distinct value."""
         sizes = tuple(int(v) for v in batch_sizes.tolist())
-        return _kept(self._layouts, (sizes, str(device)), lambda: PackedLayout.of(sizes, device))
+        return kept(self._layouts, (sizes, str(device)), lambda: PackedLayout.of(sizes, device), MAX_CACHED_LENGTHS)
 
     def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -270,8 +272,8 @@ class GRU(nn.Module):
         """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
         captured with them reads the same memory at every replay (no host copy inside it)."""
         values = tuple(int(v) for v in lengths.tolist())
-        return _kept(self._lengths, (values, str(device)),
-                     lambda: torch.tensor(values, dtype=torch.int32, device=device))
+        return kept(self._lengths, (values, str(device)),
+                    lambda: torch.tensor(values, dtype=torch.int32, device=device), MAX_CACHED_LENGTHS)
 
     def _zeros(self, like: Any) -> Any:
         """A zero h0 of ``like``'s shape, made once (no memset in every call)."""
@@ -286,18 +288,6 @@ class GRU(nn.Module):
         (checked without a sync at the start of every call, for the calls before it)."""
         for watch in self._watches.values():
             watch.check(wait=True)
-
-
-def _kept(cache: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
-    """``cache[key]``, made by ``make()`` when absent, as the most recent entry; the oldest
-    dropped past ``MAX_CACHED_LENGTHS`` (the module's per-value device tensors)."""
-    value = cache.pop(key, None)
-    if value is None:
-        value = make()
-    cache[key] = value  # most recent last
-    while len(cache) > MAX_CACHED_LENGTHS:
-        cache.pop(next(iter(cache)))
-    return value
 
 
 def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:

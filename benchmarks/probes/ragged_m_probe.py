@@ -41,7 +41,7 @@ def gemm_ms(m: int, n: int, k: int, knobs: dict) -> float:
     return float(np.median(f(*args, c).results)) * 1e3
 
 
-def model_ms(m: int, knobs: dict) -> float:
+def model_ms(m: int, knobs: dict) -> tuple[float, str]:
     from buckets import symbolic_module
 
     from tvm_ext.relax.buckets import borrow_schedules, call_sites, specialize

@@ -11,6 +11,7 @@ KEY=VALUE`` passes keyword arguments (strings) to every one of these functions.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.machinery
 import importlib.util
 import math
@@ -48,8 +49,8 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
     model.add_argument("--function", default=None, help="Relax function to run (default: the only one, or main)")
     model.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                        help="keyword argument for the file's get_module/get_inputs/reference/tolerance "
-                            "(e.g. size=base, dtype=float16; an ONNX file: NAME=N sizes its dynamic axis NAME; "
-                            "repeatable)")
+                            "(e.g. size=base, dtype=float16; an ONNX or .pt2 file: NAME=N sizes its symbolic "
+                            "dimension NAME; repeatable)")
     model.add_argument("--retune", action="store_true",
                        help="tune kernels the database already holds (default: reuse them)")
     matchers = _matcher_names()
@@ -101,8 +102,10 @@ class OnnxModel:
 
     kind = "an ONNX file"
 
+    @functools.cached_property
     def symbolic_dims(self) -> dict[str, tuple[int, int | None]]:
-        """The inputs' named symbolic dimensions: name -> (lowest, highest or None) size."""
+        """The inputs' named symbolic dimensions: name -> (lowest, highest or None) size (read once:
+        each option and bucket size is checked against them)."""
         from ..relax.onnx_import import onnx_symbolic_dims
 
         return {name: (1, None) for name in onnx_symbolic_dims(self.path)}
@@ -110,7 +113,7 @@ class OnnxModel:
     def check_size(self, name: str, value: str, flag: str) -> int:
         """``value`` as a size of the symbolic dimension ``name``, within the range the model takes
         (``flag``: the option that gave it, for the error)."""
-        dims = self.symbolic_dims()
+        dims = self.symbolic_dims
         if name not in dims:
             raise TvmExtError(f"{flag} {name}: {self.kind} takes sizes of its inputs' symbolic dimensions "
                               f"({describe_dims(dims) or 'it has none'})")
@@ -162,6 +165,7 @@ class ExportedProgramModel(OnnxModel):
         self.path = path
         self.program = load_exported_program(path)
 
+    @functools.cached_property
     def symbolic_dims(self) -> dict[str, tuple[int, int | None]]:
         """The program's symbolic input sizes (torch's names, ``s77``) and their exported ranges."""
         from ..relax.torch_import import program_symbols

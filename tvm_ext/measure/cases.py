@@ -13,25 +13,36 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .checks import ElementwiseCheck, NormwiseCheck
 from .program import UniformInputs
 
-__all__ = ["CASES_KEPT", "case_key", "case_key_of", "join_case", "keep_latest", "split_case"]
+__all__ = ["CASES_KEPT", "case_key", "case_key_of", "join_case", "keep_latest", "kept", "split_case"]
 
 CASES_KEPT = 4  # cases a worker session or a measuring process keeps (least recently used dropped)
 
 
-def keep_latest(store: OrderedDict[str, Any], key: str, value: Any) -> None:
-    """``store[key] = value`` as the most recent entry, the oldest dropped past ``CASES_KEPT``:
-    how a session, a measuring process and its parent keep cases (or their keys)."""
+def keep_latest(store: OrderedDict[Any, Any], key: Any, value: Any, limit: int = CASES_KEPT) -> None:
+    """``store[key] = value`` as the most recent entry, the oldest dropped past ``limit``: how a
+    session, a measuring process and its parent keep cases (or their keys), and every other
+    bounded cache of the package (``kept``)."""
     store[key] = value
     store.move_to_end(key)
-    while len(store) > CASES_KEPT:
+    while len(store) > limit:
         store.popitem(last=False)
+
+
+def kept(store: OrderedDict[Any, Any], key: Any, make: Callable[[], Any], limit: int) -> Any:
+    """``store[key]``, made by ``make()`` where absent, kept as the most recent entry
+    (``keep_latest``): a module's device tensors per value, a bucketed model's compiled sizes."""
+    value = store.get(key)
+    if value is None:
+        value = make()
+    keep_latest(store, key, value, limit)
+    return value
 
 
 def split_case(job: Any) -> tuple[Any, tuple[Any, ...]]:

@@ -174,9 +174,11 @@ def accepted(space: Any, values: Mapping[str, Any],
         config = space.decode(space.encode(Config.of(dict(values))))
     except TvmExtError:
         return None
-    if space.infeasible_reason(config) and fitted is not None:
+    reason = space.infeasible_reason(config)
+    if reason and fitted is not None:
         config = fitted(config)
-    return None if space.infeasible_reason(config) else config
+        reason = space.infeasible_reason(config)
+    return None if reason else config
 
 
 def as_task(func: Any) -> Any:
@@ -285,13 +287,9 @@ class BucketedModel:
 
     def model(self, size: int) -> Any:
         """The compiled model at ``size`` (compiled on first use)."""
-        compiled = self._compiled.pop(size, None)
-        if compiled is None:
-            compiled = self._compile(size)
-        self._compiled[size] = compiled
-        while len(self._compiled) > COMPILED_KEPT:
-            self._compiled.popitem(last=False)
-        return compiled
+        from ..measure.cases import kept
+
+        return kept(self._compiled, size, lambda: self._compile(size), COMPILED_KEPT)
 
     def _compile(self, size: int) -> Any:
         from .pipeline import CompiledModel, apply_tuned, schedule_rest
@@ -310,8 +308,8 @@ class BucketedModel:
 
     def _gru_configs(self, static: Any, size: int) -> Callable[[Any], Config | None]:
         """The GRU layers' configs at ``size`` where the database has none: each layer's nearest
-        bucket's config that its template accepts, refitted where needed (by the layers' order); what each layer took
-        goes to ``schedules`` when it is asked for ("database" where it is not)."""
+        bucket's config that its template accepts, refitted where needed (by the layers' order);
+        what each layer took goes to ``schedules`` when it is asked for ("database" where it is not)."""
         from .relax_gru import find_grus
 
         chosen: dict[Any, tuple[Config, str, str]] = {}  # template -> (config, layer, "bucket B")

@@ -224,6 +224,7 @@ def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = N
     """Random inputs of the program's user inputs: floats from a standard normal, integers zero;
     a symbolic size takes its value from ``sizes`` (by torch's name of it)."""
     rng = np.random.default_rng(seed)
+    sizes = sizes or {}
     arrays = []
     for name, value in _user_inputs(program):
         if value is None:
@@ -233,11 +234,11 @@ def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = N
             if isinstance(size, int):
                 shape.append(size)
                 continue
-            missing = sorted(str(s) for s in size.node.expr.free_symbols if str(s) not in (sizes or {}))
+            missing = sorted(str(s) for s in size.node.expr.free_symbols if str(s) not in sizes)
             if missing:
                 raise TvmExtError(f"program input {name} has the symbolic dimension {size}; give it a size: "
                                   f"--model-option {missing[0]}=N (or tune it at buckets: --buckets {missing[0]}=...)")
-            shape.append(int(size.node.expr.subs({s: (sizes or {})[str(s)] for s in size.node.expr.free_symbols})))
+            shape.append(int(size.node.expr.subs({s: sizes[str(s)] for s in size.node.expr.free_symbols})))
         dtype = np.dtype(str(value.dtype).removeprefix("torch."))
         arrays.append(rng.standard_normal(tuple(shape)).astype(dtype) if np.issubdtype(dtype, np.floating)
                       else np.zeros(tuple(shape), dtype))
