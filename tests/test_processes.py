@@ -438,3 +438,20 @@ def test_a_workers_measuring_process_is_warm_before_a_tuner_connects_and_kept_be
             results += [f.result(timeout=WAIT) for f in runner.submit(template, builds)]
     assert all(r.ok for r in results), [(r.error_kind, r.error_msg) for r in results]
     assert [p.pid for p in measuring_processes(proc.pid)] == [before.pid]
+
+
+def test_a_build_whose_future_was_cancelled_ends_without_an_error(opencl, caplog):
+    """Ctrl-C cancels the futures a search waits for while their builds go on; a build ending
+    after that settles nothing and raises nothing in its callback (it once printed
+    ``InvalidStateError: CANCELLED`` as a traceback on the way out)."""
+    import logging
+
+    from tvm_ext.measure.builder import LocalBuilder
+
+    template, (config,) = gemm_configs(opencl, 1, seed=11)
+    with caplog.at_level(logging.ERROR, logger="concurrent.futures"), LocalBuilder(workers=1) as builder:
+        (future,) = builder.submit(template, [config], opencl)
+        assert future.cancel()
+        builder._get_pool().schedule(os.nice, (0,), 60).result(timeout=120)  # one worker: after the build
+    assert future.cancelled()
+    assert not [r for r in caplog.records if "exception calling callback" in r.getMessage()]

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from ..core.errors import ErrorKind
 from .lifetime import exit_with_parent
-from .pools import ProcessDied, RestartingPool
+from .pools import ProcessDied, RestartingPool, settle
 from .program import Artifact, CompiledProgram, KernelLaunch, compile_module, compile_schedule, extract_launches
 from .program import plain_json
 from ..core.space import Config
@@ -117,8 +117,8 @@ class LocalBuilder:
         for config in configs:
             result: Future[BuildResult] = Future()
             job = pool.schedule(build_one, (template, config, target), self.timeout)
-            job.add_done_callback(lambda job, config=config, result=result: result.set_result(
-                self._outcome(config, job)))
+            job.add_done_callback(lambda job, config=config, result=result: settle(
+                result, self._outcome(config, job)))
             futures.append(result)
         return futures
 

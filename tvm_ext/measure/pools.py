@@ -19,7 +19,7 @@ import threading
 import types
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -307,12 +307,19 @@ class RestartingPool:
 
 def _resolve(job: _Job, result: Any, error: BaseException | None) -> None:
     """Settle a job's future once (it may have been cancelled meanwhile)."""
-    if job.future.done():
-        return
-    if error is None:
-        job.future.set_result(result)
-    else:
-        job.future.set_exception(error)
+    settle(job.future, result, error)
+
+
+def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+    """``future``'s result (or ``error``) unless it is done already: its caller may cancel it
+    (Ctrl-C, a budget) while the work it waits for goes on, and that work's end is then no error."""
+    try:
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+    except InvalidStateError:  # cancelled or settled meanwhile, on another thread
+        pass
 
 
 def _end(p: _Process) -> None:

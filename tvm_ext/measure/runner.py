@@ -26,7 +26,7 @@ from .cases import case_key_of, join_case, keep_latest, split_case
 from ..core.errors import ErrorKind, RunnerLost
 from .lifetime import exit_with_parent
 from .measure import MeasureJob, MeasureSettings, RunResult, keyed_case, make_job, run_job, time_loop, warm_device
-from .pools import ProcessDied, RestartingPool, close_all
+from .pools import ProcessDied, RestartingPool, close_all, settle
 from ..target import TargetInfo
 from ..core.template import Template
 
@@ -147,7 +147,7 @@ class IsolatedMeasurer:
         future: Future[RunResult] = Future()
         if case_key is None:
             pool_future = self._started().schedule(self.measure, (job,), self.timeout)
-            pool_future.add_done_callback(lambda f: future.set_result(_outcome(f, self.timeout)))
+            pool_future.add_done_callback(lambda f: settle(future, _outcome(f, self.timeout)))
             return future
         light, case = split_case(job)
 
@@ -161,8 +161,8 @@ class IsolatedMeasurer:
                 try:
                     return send(True)
                 except RuntimeError:  # closed meanwhile
-                    return future.set_result(RunResult((), ErrorKind.RUN_ERROR, "the measuring process was closed"))
-            future.set_result(_outcome(pool_future, self.timeout))
+                    return settle(future, RunResult((), ErrorKind.RUN_ERROR, "the measuring process was closed"))
+            settle(future, _outcome(pool_future, self.timeout))
 
         send(not self._mark_sent(case_key))
         return future
