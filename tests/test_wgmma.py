@@ -47,8 +47,38 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
     assert (wide.default_config(target).as_dict()["wgmma_bm"], wide.default_config(target).as_dict()["wgmma_bn"]) == \
         (128, 256)  # the probe's best tile
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
-    small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the tile giving most blocks instead
-    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2)
+    small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the few-waves pick instead
+    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(128, 64, 6, 1, True, 0)
+
+
+def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_together():
+    """Where 128x256 tiles make fewer than two waves, the pick (``few_waves``) takes the tile of
+    least modelled time (the busiest SM's tiles over the tile's rate) where it beats the first-wave
+    rule's, one C tile a block with the pipeline shallow enough for every block to be resident at
+    once; where they cannot be, the first-wave rule's tile stands (and without ``few_waves``, as
+    the GRU's, FP8's and 3xTF32's callers ask, always)."""
+    from tvm_ext.hardware import SHARED_RESERVED_PER_BLOCK, WGMMA_SHARED_PER_SM
+    from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
+
+    target = offline_cuda()
+
+    def pick(m, n, k, few_waves=True):
+        return pick_wgmma_tile([(m, n, k)], target, "float16", split_k=True, ragged_m=True, few_waves=few_waves)
+
+    assert pick(1024, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # 96 tiles, one wave
+    assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2)
+    tokens = pick(700, 3072, 768)  # 264 tiles of 64x128: two a SM, so 4 stages rather than 6
+    assert (tokens.bm, tokens.bn, tokens.stages, tokens.tiles) == (64, 128, 4, 1)
+    assert 2 * (tokens.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM
+    assert 2 * (dataclasses.replace(tokens, stages=5).smem_bytes() + SHARED_RESERVED_PER_BLOCK) > WGMMA_SHARED_PER_SM
+    assert pick(1500, 768, 768) == WgmmaTile(128, 128, 6, 1, True, 0)  # 72 tiles rather than 144 two a block
+    for m, n, k in ((1500, 3072, 768), (2048, 3072, 768), (1024, 3072, 768), (4096, 4096, 4096)):
+        assert pick(m, n, k) == pick(m, n, k, few_waves=False)  # not resident together, or many waves
+    assert WgmmaGemmTemplate(700, 3072, 768).default_config(target).as_dict()["wgmma_bn"] == 128
+    choice = TensorCoreChoiceTemplate(1024, 768, 768, a_dtype="float16", b_dtype="float16", c_dtype="float16")
+    config, why = choice.analytic_pick(target)  # 96 tiles of 128x64: still wgmma (64x64 tiles would fill the SMs)
+    assert config.as_dict()["tc_kernel"] == "wgmma" and "128x64" in why
 
 
 def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():

@@ -69,6 +69,8 @@ SMEM_OPT_IN_BYTES = {cc: a.shared_opt_in_bytes for cc, a in CUDA_ARCHS.items() i
 HOPPER = 90  # wgmma, TMA, thread-block clusters and distributed shared memory
 AMPERE = 80  # cp.async, ldmatrix, mma.sync with bfloat16
 WGMMA_SHARED_BYTES = CUDA_ARCHS[HOPPER].shared_opt_in_bytes  # what a wgmma kernel's block may take
+WGMMA_SHARED_PER_SM = CUDA_ARCHS[HOPPER].shared_per_sm_kib * 1024  # what an SM's resident blocks share
+SHARED_RESERVED_PER_BLOCK = 1024  # shared memory the CUDA runtime keeps for each resident block (sm_80 on)
 CLUSTER_MAX_PORTABLE = 8  # blocks of a thread-block cluster launched without the non-portable attribute
 CLUSTER_MAX = 16  # with it (Hopper; TVM's runtime sets the attribute for clusters past 8)
 

@@ -102,12 +102,13 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         return Config(tuple((k.name, values[k.name]) for k in CHOICE_KNOBS))
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
-        """Hopper's wgmma (float16 or bfloat16 operands) where a tile of it fits and gives 90 % of
-        the SMs a block (faster than mma.sync at 4096^3; docs/results/gemm.md), else the
-        mma.sync pick (split-K for skinny shapes, which the wgmma kernel has not here)."""
+        """Hopper's wgmma (float16 or bfloat16 operands) where a tile of it fits and the GEMM is
+        large enough that 64x64 tiles would give 90 % of the SMs a block (faster than mma.sync at
+        4096^3; docs/results/gemm.md; the picked tile may be larger and fewer), else the mma.sync
+        pick (split-K for skinny shapes, which the wgmma kernel has not here)."""
         config = self.default_config(target)
         tile = self.wgmma_tile(target)
-        if tile is not None and 10 * -(-self.m // tile.bm) * (self.n // tile.bn) >= 9 * target.compute_units:
+        if tile is not None and 10 * -(-self.m // 64) * (self.n // 64) >= 9 * target.compute_units:
             return config.replace(tc_kernel="wgmma"), f"wgmma {tile.name} (Hopper), B read N-major"
         return config, self.mma.analytic_pick(target)[1]
 
@@ -116,7 +117,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         if self.wgmma_types_reason():
             return None
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN",
-                               operand=self.a_dtype, ragged_m=True)
+                               operand=self.a_dtype, ragged_m=True, few_waves=True)
         return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
 
     def wgmma_types_reason(self) -> str | None:

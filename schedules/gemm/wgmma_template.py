@@ -15,6 +15,7 @@ from tvm_ext.measure.program import CompiledProgram
 from tvm_ext.core.space import Config, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
+from tvm_ext.hardware import SHARED_RESERVED_PER_BLOCK, WGMMA_SHARED_PER_SM
 
 from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
                     b_layout_reason, b_shape, compile_wgmma, epilogue_reason, fit_raster, shared_limit, target_reason,
@@ -48,6 +49,12 @@ def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
 # take smaller M), and the first tile giving the SMs a block is taken only with at most the second
 RAGGED_PADDING = 0.5
 FIRST_PICK_PADDING = 0.125
+# ``few_waves_pick``: problems where the largest tile makes fewer waves than this, the tiles it
+# weighs (64x128 besides the default ones: the best at 700x3072x768), and the shallowest pipeline
+# it takes to make its blocks resident together
+FEW_WAVES = 2
+FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0),)
+MIN_RESIDENT_STAGES = 4
 
 
 def padding(t: WgmmaTile, shapes: Any) -> float:
@@ -115,7 +122,8 @@ def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
 
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
-                    split_k: bool = False, operand: str = "float16", ragged_m: bool = False) -> WgmmaTile | None:
+                    split_k: bool = False, operand: str = "float16", ragged_m: bool = False,
+                    few_waves: bool = False) -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes`` (with ``ragged_m``, every N and K, the
     kernel guarding M's last tile row, less than ``RAGGED_PADDING`` of its rows past M): the
     first of ``DEFAULT_TILES`` giving 90 % of the SMs a block (with at most ``FIRST_PICK_PADDING``
@@ -125,7 +133,11 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     off Hopper or where none fits (the GRU's input GEMMs, which do not ask for ``ragged_m``).
     ``candidates``: other tiles to pick from, in order (``gemm_3xtf32``'s TF32 tiles); ``matrices``:
     the GEMMs are batches of that many (their tiles all count).  ``split_k``: a split of K where
-    ``split_pick`` finds one (callers whose programs take the partial sums' buffer)."""
+    ``split_pick`` finds one (callers whose programs take the partial sums' buffer).  ``few_waves``:
+    where the largest tile would make fewer than ``FEW_WAVES`` waves and a tile of
+    ``FEW_WAVES_TILES`` has a lower ``wave_cost`` than the first pick, that tile through
+    ``few_waves_pick`` (the GRU's, FP8's and 3xTF32's callers do not ask: their workloads name
+    the tile)."""
     if target_reason(target):
         return None
     limit = shared_limit(target)
@@ -133,16 +145,72 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
     tiles = candidates or [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand),
                                        shapes)
                            for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
-    fitting = [t for t in tiles if epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)
-               and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0)]
+    def fits(t: WgmmaTile) -> bool:
+        return (epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)
+                and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0))
+
+    fitting = [t for t in tiles if fits(t)]
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
+    if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
+        extra = [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand), shapes)
+                 for bm, bn, stages, inflight, smem, _ in FEW_WAVES_TILES[len(DEFAULT_TILES):]]
+        weighed = fitting + [t for t in extra if fits(t)]
+        cheapest = min(weighed, key=lambda t: (wave_cost(t, shapes, target.compute_units, matrices),
+                                               -c_tile_count(t, shapes, matrices)))
+        if wave_cost(cheapest, shapes, target.compute_units, matrices) < wave_cost(tile, shapes, target.compute_units,
+                                                                                   matrices):
+            picked = few_waves_pick(cheapest, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
+            if picked is not None:
+                return picked
     if split_k:
         tile = split_pick(tile, fitting, shapes, target.compute_units, limit, b_layout, matrices)
     return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
+
+
+def few_waves_problem(shapes: Any, sm_count: int, matrices: int = 1) -> bool:
+    """Whether the largest default tile (128x256) makes fewer than ``FEW_WAVES`` waves of the GEMMs
+    ``shapes``: BERT-base's projections, token counts of a few hundred to a few thousand."""
+    bm, bn = DEFAULT_TILES[0][:2]
+    return min(-(-m // bm) * -(-n // bn) for m, n, _ in shapes) * matrices < FEW_WAVES * sm_count
+
+
+def wave_cost(t: WgmmaTile, shapes: Any, sm_count: int, matrices: int = 1) -> float:
+    """A model of ``t``'s time on a problem of a few waves: the C tiles the busiest SM computes
+    (its blocks resident together or in turn) times a tile's multiply-adds over the tile's rate
+    (``split_cost``'s: its intensity against 128x128's, at most 1)."""
+    per_sm = -(-c_tile_count(t, shapes, matrices) // sm_count)
+    return per_sm * t.bm * t.bn / min(1.0, t.bm * t.bn / (t.bm + t.bn) / 64)
+
+
+def resident_stages(t: WgmmaTile, blocks: int) -> WgmmaTile | None:
+    """``t`` with the deepest pipeline (down to ``MIN_RESIDENT_STAGES``) at which ``blocks`` of its
+    blocks fit one SM's shared memory together; None where none does."""
+    for stages in range(t.stages, MIN_RESIDENT_STAGES - 1, -1):
+        shallower = dataclasses.replace(t, stages=stages)
+        if blocks * (shallower.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM:
+            return shallower
+    return None
+
+
+def few_waves_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_count: int, limit: int,
+                   b_layout: str, matrices: int, split_k: bool) -> WgmmaTile | None:
+    """``tile`` (the one ``wave_cost`` puts lowest, below the first pick's) with K split where
+    ``split_k`` and ``split_pick`` finds a split among ``fitting``; else one C tile a block where
+    all the blocks can be resident at once (the pipeline made shallower for that, down to
+    ``MIN_RESIDENT_STAGES``: blocks sharing an SM hide each other's latency); None where they
+    cannot (several tiles a block measured no better than the first pick there).  From a sweep of
+    tiles, depths and tiles a block at BERT-base's shapes and token counts 200-2048 on the H200
+    (docs/results/gemm.md)."""
+    if split_k:
+        tile = split_pick(tile, fitting, shapes, sm_count, limit, b_layout, matrices)
+        if tile.split > 1:
+            return tile
+    resident = resident_stages(tile, -(-c_tile_count(tile, shapes, matrices) // sm_count))
+    return resident if resident is not None and runs(resident, shapes, limit, b_layout) else None
 
 
 @dataclass(frozen=True)
@@ -220,7 +288,8 @@ class WgmmaGemmTemplate(Template):
         if reason:
             raise TvmExtError(reason)
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.dtype, self.b_layout,
-                               matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True)
+                               matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True,
+                               few_waves=True)
         if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: N and K must be multiples of 64, "
                               f"and M (guarded) fill more than half of a 64-row tile")
