@@ -455,3 +455,32 @@ def test_a_build_whose_future_was_cancelled_ends_without_an_error(opencl, caplog
         builder._get_pool().schedule(os.nice, (0,), 60).result(timeout=120)  # one worker: after the build
     assert future.cancelled()
     assert not [r for r in caplog.records if "exception calling callback" in r.getMessage()]
+
+
+def test_a_job_sent_to_a_process_that_died_meanwhile_goes_to_the_next_one():
+    """The send of a job to a process that died since its last message fails; the job goes back to
+    the queue, already marked running, and the next ready process takes it (marking it running
+    again raised in the pool's thread, which then stopped feeding every process)."""
+    from concurrent.futures import Future
+
+    from tvm_ext.measure.pools import _Job, _Process
+
+    class Pipe:
+        def __init__(self, fails: bool):
+            self.fails, self.sent = fails, []
+
+        def send(self, message):
+            if self.fails:
+                raise OSError("broken pipe")
+            self.sent.append(message)
+
+    pool = RestartingPool(2)
+    try:
+        job = _Job(pool_jobs.square, (3,), None, Future())
+        pool._queue.append(job)
+        dead, alive = _Process(None, Pipe(fails=True), ready=True), _Process(None, Pipe(fails=False), ready=True)
+        pool._hand_out([dead, alive])
+        assert dead.job is None and alive.job is job and alive.conn.sent == [(pool_jobs.square, (3,))]
+        assert job.future.running() and not pool._queue
+    finally:
+        pool.close()

@@ -270,8 +270,9 @@ class RestartingPool:
                 job = None
                 while self._queue and job is None:
                     job = self._queue.popleft()
-                    if not job.exits and not job.future.set_running_or_notify_cancel():
-                        job = None  # cancelled while queued (a retried job is running already)
+                    if not job.future.running() and not job.future.set_running_or_notify_cancel():
+                        job = None  # cancelled while queued (a job back in the queue, retried or not
+                        # sent, is running already: marking it again raised in this thread)
             if job is None:
                 return
             try:
