@@ -19,27 +19,28 @@ TINY = TuneOptions(generations=1, population=4, tourn_size=1, seed=0, workers=2)
 IN, OUT = 16, 32
 
 
-def _weights():
+def _weights(inputs=IN, outputs=OUT, dtype="float32"):
     rng = np.random.default_rng(7)
-    return rng.standard_normal((OUT, IN)).astype("float32") / 4, rng.standard_normal(OUT).astype("float32")
+    return rng.standard_normal((outputs, inputs)).astype(dtype) / 4, rng.standard_normal(outputs).astype(dtype)
 
 
-def _symbolic_mlp():
-    """Linear(16 -> 32) + GELU on x (n, 16), n symbolic, its weights bound as constants."""
+def _symbolic_mlp(inputs=IN, outputs=OUT, dtype="float32"):
+    """Linear(16 -> 32) (or ``inputs -> outputs``) + GELU on x (n, 16), n symbolic, its weights
+    bound as constants."""
     import tvm
     from tvm import relax, tirx
     from tvm.relax.frontend import nn
 
     class Model(nn.Module):
         def __init__(self):
-            self.fc = nn.Linear(IN, OUT)
+            self.fc = nn.Linear(inputs, outputs, dtype=dtype)
 
         def forward(self, x):
             return nn.op.gelu(self.fc(x))
 
     n = tirx.Var("n", "int64")
-    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, IN), "float32")}})
-    w, b = _weights()
+    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, inputs), dtype)}})
+    w, b = _weights(inputs, outputs, dtype)
     values = {"fc.weight": w, "fc.bias": b}
     return relax.transform.BindParams("forward", {name: tvm.runtime.tensor(values[name]) for name, _ in params})(mod)
 
@@ -94,6 +95,32 @@ def test_a_bucket_config_is_refitted_where_its_raster_does_not_divide_the_size()
     at_900 = WgmmaGemmTemplate(900, 3072, 768)  # 8 tile rows (7 and a ragged one): groups of 8 kept
     assert accepted(at_900.space(target), {**tuned_at_512, "wgmma_raster": 8}, at_900.fitted).as_dict() == \
         {**tuned_at_512, "wgmma_raster": 8}
+
+
+def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with():
+    """64x64 tiles tuned at 128 rows with 8 stages (one block an SM) borrowed at 200 rows: 192
+    tiles on 132 SMs, so the template makes the pipeline 6 deep (two blocks an SM) and the
+    schedule says so; at 48 rows (48 tiles) and where the blocks cannot share an SM at any depth
+    the config stays as tuned."""
+    from tvm_ext.relax.buckets import borrow_schedules, call_sites, specialize
+    from tvm_ext.relax.pipeline import apply_tuned
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda()
+    tuned_at_128 = {"wgmma_bm": 64, "wgmma_bn": 64, "wgmma_inflight": 1, "wgmma_raster": 0, "wgmma_smem_epilogue": 1,
+                    "wgmma_split_cluster": 0, "wgmma_split_k": 1, "wgmma_stages": 8, "wgmma_tiles": 1}
+    how = {}
+    for size in (200, 48):
+        static = apply_tuned(specialize(_symbolic_mlp(768, 3072, "float16"), "n", size), target, None, None)
+        name = call_sites(static)[0]
+        how[size] = borrow_schedules(static, target, {name: [(128, tuned_at_128)]})[1][name]
+    assert how == {200: "bucket 128 (wgmma_stages 6 here)", 48: "bucket 128"}
+    at_700 = WgmmaGemmTemplate(700, 3072, 768)  # 528 tiles: four blocks an SM fit at no depth
+    config = at_700.space(target).make(**tuned_at_128)
+    assert at_700.resized(config, target) == config
+    two_a_block = config.replace(wgmma_tiles=2)
+    assert WgmmaGemmTemplate(200, 3072, 768).resized(two_a_block, target) == two_a_block
 
 
 def test_each_bucket_is_tuned_and_its_configs_written(tuned):

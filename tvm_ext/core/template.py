@@ -136,6 +136,11 @@ class Template(ABC):
         tiles refitted to it where it would refuse them; by default ``config`` itself."""
         return config
 
+    def resized(self, config: Config, target: TargetInfo) -> Config:
+        """``config`` (tuned at another shape: a bucket's; accepted at this one) changed where this
+        shape's count of blocks calls for it on ``target``; by default ``config`` itself."""
+        return config
+
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """PassContext options ``tvm.compile`` needs for ``config`` (e.g. cp.async copies are
         only emitted with ``tirx.use_async_copy``); part of what the builder compiles with."""

@@ -11,7 +11,9 @@ while the callees' names shift (two calls whose functions are identical at one s
 function there and not at another).  ``BucketedModel`` dispatches each call on the dimension's
 size: a size is compiled once and kept; its functions are scheduled by the database where that
 size was tuned, else by a bucket's config the template accepts at this size, refitted by the
-template where needed (the nearest bucket by ratio first: ``Buckets.nearest``), else by dlight.
+template where needed (the nearest bucket by ratio first: ``Buckets.nearest``) and resized for
+this size (``Template.resized``: a wgmma pipeline shallow enough for more blocks than SMs to share
+them), else by dlight.
 ``BucketedModel.schedules`` says which, per function.
 """
 from __future__ import annotations
@@ -220,9 +222,10 @@ def read_buckets(database: str) -> tuple[Buckets, ByPlace, ByPlace]:
 def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
                      without: Collection[str] = ()) -> tuple[Any, dict[str, str]]:
     """Every unscheduled function of ``borrowed`` scheduled by the first of its buckets' configs
-    that its template (at this function's size) accepts and that lowers.  Returns the module and,
-    for each function of ``borrowed``, what schedules it: "database" (scheduled already),
-    "bucket B" (B's config) or "dlight" (no bucket's config fits)."""
+    that its template (at this function's size) accepts and that lowers, resized for this size
+    by the template (``Template.resized``).  Returns the module and, for each function of
+    ``borrowed``, what schedules it: "database" (scheduled already), "bucket B" (B's config; the
+    knobs resized named after it) or "dlight" (no bucket's config fits)."""
     import tvm
 
     from .tasks import MATCHERS, match_task
@@ -247,15 +250,18 @@ def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
                 config = accepted(space, values, match.template.fitted)  # None where this size cannot take it
                 if config is None:
                     continue
+                resized = match.template.resized(config, target)
                 if match.substitutes:
-                    scheduled = MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
+                    scheduled = MATCHERS[match.matcher].substitute(func, match.template, match.site, resized, target)
                 else:
-                    scheduled = replay(match, config, tvm.IRModule({"main": func}), target).mod["main"]
+                    scheduled = replay(match, resized, tvm.IRModule({"main": func}), target).mod["main"]
                     scheduled = scheduled.with_attr("tirx.is_scheduled", True)
             except Exception:  # noqa: BLE001 - a config this size cannot take: the next bucket's
                 continue
             mod[gv] = scheduled.without_attr("global_symbol")  # private again, as the module had it
-            how[name] = f"bucket {bucket}"
+            before, after = config.as_dict(), resized.as_dict()
+            changed = [f"{k} {after[k]}" for k in sorted(after) if before.get(k) != after[k]]
+            how[name] = f"bucket {bucket}" + (f" ({', '.join(changed)} here)" if changed else "")
             break
     return mod, how
 
