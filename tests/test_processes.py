@@ -484,3 +484,22 @@ def test_a_job_sent_to_a_process_that_died_meanwhile_goes_to_the_next_one():
         assert job.future.running() and not pool._queue
     finally:
         pool.close()
+
+
+def test_a_build_on_a_thread_whose_future_was_cancelled_ends_quietly(monkeypatch):
+    """The tuner cancels a build it started ahead once it no longer wants it; the build's thread
+    then finishes and settles a cancelled future: no exception on that thread (it was printed as a
+    traceback), and an uncancelled one still gets its result."""
+    import threading
+    import time
+
+    from tvm_ext.core.tuner import in_thread
+
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    unwanted = in_thread(time.sleep, 0.2)
+    assert unwanted.cancel()
+    wanted = in_thread(lambda: time.sleep(0.2) or 7)
+    assert wanted.result(timeout=WAIT) == 7
+    time.sleep(0.3)
+    assert raised == []

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..measure.builder import BuildResult
+from ..measure.pools import settle
 from .errors import ErrorKind
 from .records import Record, RecordStore
 from ..measure.runner import Runner, RunResult
@@ -89,11 +90,11 @@ def in_thread(function: Callable[..., Any], *args: Any) -> Future:
     """``function(*args)`` on a daemon thread (a build in flight never holds up the exit)."""
     future: Future = Future()
 
-    def run() -> None:
+    def run() -> None:  # settled once: the caller may have cancelled it (a build ahead no longer wanted)
         try:
-            future.set_result(function(*args))
+            settle(future, function(*args))
         except BaseException as exc:  # the caller sees it at ``result()``
-            future.set_exception(exc)
+            settle(future, None, exc)
 
     threading.Thread(target=run, name="tvm_ext-build-ahead", daemon=True).start()
     return future
@@ -304,10 +305,10 @@ class Tuner:
                 results = done.result()
             except BaseException as exc:
                 for future in futures:
-                    future.set_exception(exc)
+                    settle(future, None, exc)
                 return
             for future, result in zip(futures, results):
-                future.set_result(result)
+                settle(future, result)
 
         whole.add_done_callback(fan_out)
         return futures
