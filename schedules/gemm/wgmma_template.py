@@ -143,30 +143,26 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
         return None
     limit = shared_limit(target)
     staged = bool(c_dtype == OPERAND_STORAGE.get(operand))
-    tiles = candidates or [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand),
-                                       shapes)
-                           for bm, bn, stages, inflight, smem, _ in DEFAULT_TILES]
+
+    def made(rows: Sequence[tuple[int, ...]]) -> list[WgmmaTile]:
+        return [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand), shapes)
+                for bm, bn, stages, inflight, smem, _ in rows]
+
     def fits(t: WgmmaTile) -> bool:
         return (epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)
                 and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0))
 
-    fitting = [t for t in tiles if fits(t)]
+    fitting = [t for t in (candidates or made(DEFAULT_TILES)) if fits(t)]
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
-        extra = [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand), shapes)
-                 for bm, bn, stages, inflight, smem, _ in FEW_WAVES_TILES[len(DEFAULT_TILES):]]
-        weighed = fitting + [t for t in extra if fits(t)]
-        cheapest = min(weighed, key=lambda t: (wave_cost(t, shapes, target.compute_units, matrices),
-                                               -c_tile_count(t, shapes, matrices)))
-        if wave_cost(cheapest, shapes, target.compute_units, matrices) < wave_cost(tile, shapes, target.compute_units,
-                                                                                   matrices):
-            picked = few_waves_pick(cheapest, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
-            if picked is not None:
-                return picked
+        weighed = fitting + [t for t in made(FEW_WAVES_TILES[len(DEFAULT_TILES):]) if fits(t)]
+        picked = few_waves_pick(tile, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
+        if picked is not None:
+            return picked
     if split_k:
         tile = split_pick(tile, fitting, shapes, target.compute_units, limit, b_layout, matrices)
     return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
@@ -197,15 +193,23 @@ def resident_stages(t: WgmmaTile, blocks: int) -> WgmmaTile | None:
     return None
 
 
-def few_waves_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_count: int, limit: int,
+def few_waves_pick(first: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_count: int, limit: int,
                    b_layout: str, matrices: int, split_k: bool) -> WgmmaTile | None:
-    """``tile`` (the one ``wave_cost`` puts lowest, below the first pick's) with K split where
-    ``split_k`` and ``split_pick`` finds a split among ``fitting``; else one C tile a block where
-    all the blocks can be resident at once (the pipeline made shallower for that, down to
-    ``MIN_RESIDENT_STAGES``: blocks sharing an SM hide each other's latency); None where they
-    cannot (several tiles a block measured no better than the first pick there).  From a sweep of
+    """The tile of ``fitting`` that ``wave_cost`` puts lowest (of two as low, the one with more
+    tiles) where it is below the first-wave rule's tile ``first``: with K split where ``split_k``
+    and ``split_pick`` finds a split, else one C tile a block where all the blocks can be
+    resident at once (the pipeline made shallower for that, down to ``MIN_RESIDENT_STAGES``:
+    blocks sharing an SM hide each other's latency).  None where it is not below ``first`` or
+    its blocks cannot be resident (several tiles a block measured no better than the first pick
+    there).  From a sweep of
     tiles, depths and tiles a block at BERT-base's shapes and token counts 200-2048 on the H200
     (docs/results/gemm.md)."""
+    def cost(t: WgmmaTile) -> float:
+        return wave_cost(t, shapes, sm_count, matrices)
+
+    tile = min(fitting, key=lambda t: (cost(t), -c_tile_count(t, shapes, matrices)))
+    if cost(tile) >= cost(first):
+        return None
     if split_k:
         tile = split_pick(tile, fitting, shapes, sm_count, limit, b_layout, matrices)
         if tile.split > 1:
