@@ -1,6 +1,9 @@
 """Shared fixtures: the real OpenCL device (PoCL on a CPU machine) and small templates."""
 from __future__ import annotations
 
+import atexit
+import os
+
 import pytest
 
 from tvm_ext.target import TargetInfo, resolve_target
@@ -45,3 +48,41 @@ def cluster():
     yield cluster
     cluster.stop()
     assert_groups_end(groups)
+
+
+def cuda_context_error() -> str | None:
+    """The CUDA context's sticky error (a kernel that faulted: an illegal address, a trap), or
+    None where it is healthy or there is no CUDA device."""
+    import tvm
+
+    device = tvm.cuda(0)
+    if not device.exist:
+        return None
+    try:
+        device.sync()
+    except Exception as exc:  # noqa: BLE001 - the runtime's error, whatever its type
+        lines = str(exc).strip().splitlines()
+        return lines[-1] if lines else type(exc).__name__
+    return None
+
+
+def stop_on_broken_cuda_context(item: pytest.Item, error_of=cuda_context_error) -> None:
+    """After a ``gpu`` test: where the CUDA context is broken, stop the run with the test's name
+    and the error, and leave without running destructors.  A broken context makes TVM's CUDA
+    module destructor abort the process (``cuModuleUnload`` under ``LOG(FATAL)`` in
+    ``~CUDAModuleNode``) at the next garbage collection, wherever it falls, so the run would end
+    later in an unrelated place with "Fatal Python error: Aborted"; the test that broke it is
+    the one to look at."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    error = error_of()
+    if error is None:
+        return
+    atexit.register(os._exit, 3)  # after pytest's summary, before the interpreter frees the modules
+    pytest.exit(f"the CUDA context is broken after {item.nodeid}: {error}; the tests after it cannot run "
+                f"in this process (TVM's CUDA module destructor would abort it)", returncode=3)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    stop_on_broken_cuda_context(item)
