@@ -158,3 +158,16 @@ def test_tune_model_takes_an_onnx_file(tmp_path):
     bad.write_text("not a model")
     p = subprocess.run(cmd[:4] + [str(bad)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().startswith("error:") and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("layout", [0, 1])
+def test_example_inputs_give_sequence_lens_the_step_count(tmp_path, layout):
+    """The example inputs (what ``tune model`` runs a file's model on) give a GRU's sequence_lens
+    its step count, every row its whole length (zeros held every row from its first step: every
+    output zero), and floats from a standard normal as before."""
+    path, *_ = _model(tmp_path, steps=7, batch=3, lengths=True, layout=layout, bidirectional=True)
+    x, lengths, h0 = onnx_inputs(path, seed=1)
+    assert lengths.dtype == np.int32 and lengths.tolist() == [7, 7, 7]
+    rng = np.random.default_rng(1)
+    assert np.array_equal(x, rng.standard_normal(x.shape).astype(np.float32))
+    assert h0.shape == ((3, 2, 13) if layout else (2, 3, 13))

@@ -44,6 +44,14 @@ def itemsize(dtype: str) -> int:
     return np_dtype(dtype).itemsize
 
 
+def example_array(rng: np.random.Generator, shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """An example input of a model's: floats from a standard normal, integers (ids, lengths) zero."""
+    dtype = np.dtype(dtype)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(tuple(shape)).astype(dtype)
+    return np.zeros(tuple(shape), dtype)
+
+
 @dataclass(frozen=True)
 class PrecisionParam:
     """One precision choice of a program: a tensor's storage type, an accumulator's type,

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from ..core.errors import TvmExtError
+from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
@@ -186,12 +187,13 @@ def onnx_symbolic_dims(path: str) -> list[str]:
 
 def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
     """Random inputs of an ONNX model's graph inputs, symbolic dimensions at ``sizes`` (by name):
-    floats from a standard normal, integers zero, lengths-like int inputs at their largest
-    (``sequence_lens``: T)."""
+    floats from a standard normal, integers zero, a GRU's ``sequence_lens`` at its step count T
+    (every row its whole length; zero lengths would hold every row from its first step)."""
     import onnx
 
     rng = np.random.default_rng(seed)
     sizes = dict(sizes or {})
+    shapes: dict[str, list[int]] = {}
     arrays = []
     for value in _graph_inputs(path):
         dims = []
@@ -204,7 +206,25 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
                 name = d.dim_param or "?"
                 raise TvmExtError(f"ONNX input {value.name} has a symbolic dimension {name}; give it a size: "
                                   f"--model-option {name}=N")
+        shapes[value.name] = dims
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        arrays.append(rng.standard_normal(dims).astype(dtype) if np.issubdtype(dtype, np.floating)
-                      else np.zeros(dims, dtype))
+        arrays.append(example_array(rng, dims, dtype))
+    names = list(shapes)
+    for name, steps in _sequence_lengths(path, shapes).items():
+        arrays[names.index(name)] = np.full(shapes[name], steps, arrays[names.index(name)].dtype)
     return arrays
+
+
+def _sequence_lengths(path: str, shapes: Mapping[str, list[int]]) -> dict[str, int]:
+    """The graph inputs that are a GRU node's ``sequence_lens``, each with the node's step count
+    (from its X's shape, X a graph input; 1 where X is computed inside the graph)."""
+    import onnx
+
+    found = {}
+    for node in onnx.load(path).graph.node:
+        if node.op_type != "GRU" or len(node.input) < 5 or node.input[4] not in shapes:
+            continue
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        x = shapes.get(node.input[0])
+        found[node.input[4]] = x[1 if layout else 0] if x else 1
+    return found

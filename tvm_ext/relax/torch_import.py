@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import TvmExtError
+from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 
 GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
@@ -240,6 +241,5 @@ def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = N
                                   f"--model-option {missing[0]}=N (or tune it at buckets: --buckets {missing[0]}=...)")
             shape.append(int(size.node.expr.subs({s: sizes[str(s)] for s in size.node.expr.free_symbols})))
         dtype = np.dtype(str(value.dtype).removeprefix("torch."))
-        arrays.append(rng.standard_normal(tuple(shape)).astype(dtype) if np.issubdtype(dtype, np.floating)
-                      else np.zeros(tuple(shape), dtype))
+        arrays.append(example_array(rng, shape, dtype))
     return arrays
