@@ -201,9 +201,8 @@ def few_waves_pick(first: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, 
     resident at once (the pipeline made shallower for that, down to ``MIN_RESIDENT_STAGES``:
     blocks sharing an SM hide each other's latency).  None where it is not below ``first`` or
     its blocks cannot be resident (several tiles a block measured no better than the first pick
-    there).  From a sweep of
-    tiles, depths and tiles a block at BERT-base's shapes and token counts 200-2048 on the H200
-    (docs/results/gemm.md)."""
+    there).  From a sweep of tiles, depths and tiles a block at BERT-base's shapes and token
+    counts 200-2048 on the H200 (docs/results/gemm.md)."""
     def cost(t: WgmmaTile) -> float:
         return wave_cost(t, shapes, sm_count, matrices)
 

@@ -171,7 +171,10 @@ def _graph_inputs(path: str) -> Iterator[Any]:
     """An ONNX model's graph inputs that are not initializers (what a caller passes)."""
     import onnx
 
-    model = onnx.load(path)
+    return _caller_inputs(onnx.load(path))
+
+
+def _caller_inputs(model: Any) -> Iterator[Any]:
     initializers = {i.name for i in model.graph.initializer}
     return (value for value in model.graph.input if value.name not in initializers)
 
@@ -195,7 +198,8 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
     sizes = dict(sizes or {})
     shapes: dict[str, list[int]] = {}
     arrays = []
-    for value in _graph_inputs(path):
+    model = onnx.load(path)
+    for value in _caller_inputs(model):
         dims = []
         for d in value.type.tensor_type.shape.dim:
             if d.dim_value:
@@ -210,18 +214,16 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         arrays.append(example_array(rng, dims, dtype))
     names = list(shapes)
-    for name, steps in _sequence_lengths(path, shapes).items():
+    for name, steps in _sequence_lengths(model, shapes).items():
         arrays[names.index(name)] = np.full(shapes[name], steps, arrays[names.index(name)].dtype)
     return arrays
 
 
-def _sequence_lengths(path: str, shapes: Mapping[str, list[int]]) -> dict[str, int]:
+def _sequence_lengths(model: Any, shapes: Mapping[str, list[int]]) -> dict[str, int]:
     """The graph inputs that are a GRU node's ``sequence_lens``, each with the node's step count
     (from its X's shape, X a graph input; 1 where X is computed inside the graph)."""
-    import onnx
-
     found = {}
-    for node in onnx.load(path).graph.node:
+    for node in model.graph.node:
         if node.op_type != "GRU" or len(node.input) < 5 or node.input[4] not in shapes:
             continue
         layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
