@@ -100,10 +100,13 @@ def test_a_bucket_config_is_refitted_where_its_raster_does_not_divide_the_size()
 def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with():
     """64x64 tiles tuned at 128 rows with 8 stages (one block an SM) borrowed at 200 rows: 192
     tiles on 132 SMs, so the template makes the pipeline 6 deep (two blocks an SM) and the
-    schedule says so; at 48 rows (48 tiles) and where the blocks cannot share an SM at any depth
-    the config stays as tuned."""
+    schedule says so; at 48 rows (48 tiles) the config stays as tuned.  Where no depth lets the
+    blocks share the SMs (700 rows: 528 tiles) the size's own pick takes over where its blocks
+    can (64x128 tiles, 4 stages), and the config stays where neither can (4096 rows) or the
+    tiles are two a block."""
     from tvm_ext.relax.buckets import borrow_schedules, call_sites, specialize
     from tvm_ext.relax.pipeline import apply_tuned
+    from tvm_ext.schedules.gemm.wgmma import WgmmaTile
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
     from tvm_ext.target import offline_cuda
 
@@ -118,7 +121,11 @@ def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with()
     assert how == {200: "bucket 128 (wgmma_stages 6 here)", 48: "bucket 128"}
     at_700 = WgmmaGemmTemplate(700, 3072, 768)  # 528 tiles: four blocks an SM fit at no depth
     config = at_700.space(target).make(**tuned_at_128)
-    assert at_700.resized(config, target) == config
+    assert at_700.resized(config, target) == at_700.default_config(target)
+    assert WgmmaTile.of(at_700.default_config(target)) == WgmmaTile(64, 128, 4, 1, True, 0)
+    at_4096 = WgmmaGemmTemplate(4096, 3072, 768)
+    assert at_4096.resized(at_4096.space(target).make(**tuned_at_128), target) == \
+        at_4096.space(target).make(**tuned_at_128)
     two_a_block = config.replace(wgmma_tiles=2)
     assert WgmmaGemmTemplate(200, 3072, 768).resized(two_a_block, target) == two_a_block
 

@@ -277,20 +277,38 @@ class WgmmaGemmTemplate(Template):
         return config.replace(wgmma_raster=fit_raster(self.tile(config), self.m).raster)
 
     def resized(self, config: Config, target: TargetInfo) -> Config:
-        """``config`` (a bucket's) with the pipeline made shallow enough for its blocks to be
-        resident together where this M has more of them than SMs (one C tile a block, K unsplit;
-        ``resident_stages``): 64x64 tiles tuned at 128 rows, 8 stages, ran at 200 rows in 7.7 µs
-        one block an SM and 5.6 µs with 6 stages, two (docs/results/gemm.md); ``config`` where
-        its blocks fit already, or no depth lets them."""
+        """``config`` (a bucket's) for this M where its blocks outnumber the SMs (one C tile a
+        block, K unsplit): its pipeline made shallow enough for them to be resident together
+        (``resident_stages``; 64x64 tiles tuned at 128 rows, 8 stages, ran at 200 rows in 7.7 µs
+        one block an SM and 5.6 µs with 6 stages, two); where no depth lets them, this M's own
+        pick if that is a resident few-waves pick (700 rows: bucket 512's 64x64 tiles, 528
+        blocks, 13.7 µs bare; the pick's 64x128, 264 blocks two an SM, 9.7 µs;
+        docs/results/gemm.md).  ``config`` elsewhere."""
         tile = self.tile(config)
         if tile.tiles != 1 or tile.split != 1:
             return config
-        blocks = -(-c_tile_count(tile, [(self.m, self.n, self.k)], self.matrices) // target.compute_units)
-        resident = resident_stages(tile, blocks)
-        if resident is None or resident.stages == tile.stages:
-            return config
+        resident = resident_stages(tile, self._blocks_per_sm(tile, target))
+        if resident is None:
+            return self._resident_pick(target) or config
         shallower = config.replace(wgmma_stages=resident.stages)
         return shallower if self.space(target).is_feasible(shallower) else config
+
+    def _blocks_per_sm(self, tile: WgmmaTile, target: TargetInfo) -> int:
+        return -(-c_tile_count(tile, [(self.m, self.n, self.k)], self.matrices) // target.compute_units)
+
+    def _resident_pick(self, target: TargetInfo) -> Config | None:
+        """The default config where it is ``few_waves_pick``'s (one tile a block, every block
+        resident at once), else None."""
+        try:
+            pick = self.default_config(target)
+        except TvmExtError:
+            return None
+        tile = self.tile(pick)
+        blocks = self._blocks_per_sm(tile, target)
+        if tile.tiles != 1 or tile.split != 1 or not few_waves_problem([(self.m, self.n, self.k)],
+                                                                       target.compute_units, self.matrices):
+            return None
+        return pick if blocks * (tile.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM else None
 
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
