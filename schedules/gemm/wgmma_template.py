@@ -179,8 +179,17 @@ def wave_cost(t: WgmmaTile, shapes: Any, sm_count: int, matrices: int = 1) -> fl
     """A model of ``t``'s time on a problem of a few waves: the C tiles the busiest SM computes
     (its blocks resident together or in turn) times a tile's multiply-adds over the tile's rate
     (``split_cost``'s: its intensity against 128x128's, at most 1)."""
-    per_sm = -(-c_tile_count(t, shapes, matrices) // sm_count)
-    return per_sm * t.bm * t.bn / min(1.0, t.bm * t.bn / (t.bm + t.bn) / 64)
+    return tiles_per_sm(t, shapes, sm_count, matrices) * t.bm * t.bn / min(1.0, t.bm * t.bn / (t.bm + t.bn) / 64)
+
+
+def tiles_per_sm(t: WgmmaTile, shapes: Any, sm_count: int, matrices: int = 1) -> int:
+    """The C tiles of ``shapes`` the busiest SM computes (with one tile a block, its blocks)."""
+    return -(-c_tile_count(t, shapes, matrices) // sm_count)
+
+
+def resident(t: WgmmaTile, blocks: int) -> bool:
+    """Whether ``blocks`` blocks of ``t`` fit one SM's shared memory together."""
+    return blocks * (t.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM
 
 
 def resident_stages(t: WgmmaTile, blocks: int) -> WgmmaTile | None:
@@ -188,7 +197,7 @@ def resident_stages(t: WgmmaTile, blocks: int) -> WgmmaTile | None:
     blocks fit one SM's shared memory together; None where none does."""
     for stages in (s for s in STAGE_CHOICES if MIN_RESIDENT_STAGES <= s <= t.stages):
         shallower = dataclasses.replace(t, stages=stages)
-        if blocks * (shallower.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM:
+        if resident(shallower, blocks):
             return shallower
     return None
 
@@ -213,8 +222,8 @@ def few_waves_pick(first: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, 
         tile = split_pick(tile, fitting, shapes, sm_count, limit, b_layout, matrices)
         if tile.split > 1:
             return tile
-    resident = resident_stages(tile, -(-c_tile_count(tile, shapes, matrices) // sm_count))
-    return resident if resident is not None and runs(resident, shapes, limit, b_layout) else None
+    shallower = resident_stages(tile, tiles_per_sm(tile, shapes, sm_count, matrices))
+    return shallower if shallower is not None and runs(shallower, shapes, limit, b_layout) else None
 
 
 @dataclass(frozen=True)
@@ -287,28 +296,29 @@ class WgmmaGemmTemplate(Template):
         tile = self.tile(config)
         if tile.tiles != 1 or tile.split != 1:
             return config
-        resident = resident_stages(tile, self._blocks_per_sm(tile, target))
-        if resident is None:
+        shallower_tile = resident_stages(tile, tiles_per_sm(tile, self._shapes, target.compute_units, self.matrices))
+        if shallower_tile is None:
             return self._resident_pick(target) or config
-        shallower = config.replace(wgmma_stages=resident.stages)
+        shallower = config.replace(wgmma_stages=shallower_tile.stages)
         return shallower if self.space(target).is_feasible(shallower) else config
 
-    def _blocks_per_sm(self, tile: WgmmaTile, target: TargetInfo) -> int:
-        return -(-c_tile_count(tile, [(self.m, self.n, self.k)], self.matrices) // target.compute_units)
+    @property
+    def _shapes(self) -> list[tuple[int, int, int]]:
+        return [(self.m, self.n, self.k)]
 
     def _resident_pick(self, target: TargetInfo) -> Config | None:
         """The default config where it is ``few_waves_pick``'s (one tile a block, every block
         resident at once), else None."""
+        if not few_waves_problem(self._shapes, target.compute_units, self.matrices):
+            return None
         try:
             pick = self.default_config(target)
         except TvmExtError:
             return None
         tile = self.tile(pick)
-        blocks = self._blocks_per_sm(tile, target)
-        if tile.tiles != 1 or tile.split != 1 or not few_waves_problem([(self.m, self.n, self.k)],
-                                                                       target.compute_units, self.matrices):
+        if tile.tiles != 1 or tile.split != 1:
             return None
-        return pick if blocks * (tile.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM else None
+        return pick if resident(tile, tiles_per_sm(tile, self._shapes, target.compute_units, self.matrices)) else None
 
     def space(self, target: TargetInfo) -> Space:
         def reason(c: Config) -> str | None:
@@ -325,7 +335,7 @@ class WgmmaGemmTemplate(Template):
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
-        tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.dtype, self.b_layout,
+        tile = pick_wgmma_tile(self._shapes, target, self.dtype, self.b_layout,
                                matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True,
                                few_waves=True)
         if tile is None:
