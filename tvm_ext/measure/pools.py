@@ -223,12 +223,12 @@ class RestartingPool:
                 elif p.job is not None:
                     kind, value = message
                     job, p.job = p.job, None
-                    _resolve(job, value if kind == "result" else None, None if kind == "result" else value)
+                    settle(job.future, value if kind == "result" else None, None if kind == "result" else value)
         except (EOFError, OSError):
             pass  # it died: its exit is handled below
         if p.job is not None and p.job.timeout is not None and time.monotonic() > p.started + p.job.timeout:
             job, p.job = p.job, None
-            _resolve(job, None, FutureTimeout(f"the job ran past its timeout of {job.timeout:g} s"))
+            settle(job.future, None, FutureTimeout(f"the job ran past its timeout of {job.timeout:g} s"))
             return self._replace(p)
         if not p.process.is_alive():
             if not p.ready:
@@ -238,7 +238,7 @@ class RestartingPool:
                 job.exits.append(p.process.exitcode)
                 if len(job.exits) > self.retries:
                     deaths = ", ".join(_exit_text(c) for c in job.exits)
-                    _resolve(job, None, ProcessDied(f"its process died each of {len(job.exits)} times ({deaths})"))
+                    settle(job.future, None, ProcessDied(f"its process died each of {len(job.exits)} times ({deaths})"))
                 else:
                     with self._lock:
                         self._queue.appendleft(job)  # runs again before the jobs queued after it
@@ -254,8 +254,8 @@ class RestartingPool:
         with self._lock:
             queued, self._queue = list(self._queue), deque()
         for job in queued:
-            _resolve(job, None, ProcessDied(f"the pool's processes die as they start ({self._start_deaths} in a row, "
-                                            f"the last with {_exit_text(code)})"))
+            settle(job.future, None, ProcessDied(f"the pool's processes die as they start ({self._start_deaths} in a "
+                                                 f"row, the last with {_exit_text(code)})"))
 
     def _replace(self, p: _Process) -> _Process:
         _end(p)
@@ -282,7 +282,7 @@ class RestartingPool:
                     self._queue.appendleft(job)
                 continue
             except Exception as exc:  # noqa: BLE001 - arguments that cannot be sent
-                _resolve(job, None, exc)
+                settle(job.future, None, exc)
                 continue
             p.job, p.started = job, time.monotonic()
 
@@ -297,18 +297,13 @@ class RestartingPool:
             p.process.join(timeout=max(0.0, deadline - time.monotonic()))
             _end(p)
             if p.job is not None:
-                p.job.future.cancel() or _resolve(p.job, None, RuntimeError("the pool was closed"))
+                p.job.future.cancel() or settle(p.job.future, None, RuntimeError("the pool was closed"))
         with self._lock:
             queued, self._queue = list(self._queue), deque()
         for job in queued:
-            job.future.cancel() or _resolve(job, None, RuntimeError("the pool was closed"))
+            job.future.cancel() or settle(job.future, None, RuntimeError("the pool was closed"))
         self._wake_recv.close()
         self._wake_send.close()
-
-
-def _resolve(job: _Job, result: Any, error: BaseException | None) -> None:
-    """Settle a job's future once (it may have been cancelled meanwhile)."""
-    settle(job.future, result, error)
 
 
 def settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:

@@ -51,6 +51,7 @@ from ..measure.cases import case_key_of
 from ..core.errors import ErrorKind, RunnerLost, TvmExtError
 from ..measure.measure import MeasureJob, MeasureSettings, RunResult, keyed_case, make_job, run_job
 from .messages import hello_request, measure_request, read_hello_reply, read_measure_reply
+from ..measure.pools import settle
 from ..measure.program import MAIN
 from ..measure.runner import job_error, resolved
 from ..target import TargetInfo, cuda_target_of
@@ -691,8 +692,7 @@ class RpcRunner:
     def _resolve(self, item: _Item, result: RunResult) -> None:
         with self._lock:
             self._pending.discard(item)
-            if not item.future.done():
-                item.future.set_result(result)
+            settle(item.future, result)
 
     def _fail(self, exc: RunnerLost) -> None:
         """Nothing more can be measured: every waiting future raises ``exc``."""
@@ -701,8 +701,7 @@ class RpcRunner:
                 self._lost = exc
             pending, self._pending = self._pending, set()
             for item in pending:
-                if not item.future.done():
-                    item.future.set_exception(exc)
+                settle(item.future, None, exc)
 
     # ---- the Runner protocol ----------------------------------------------------------------------
     def prepare(self, template: Template, config: Any) -> None:
