@@ -3,8 +3,9 @@
 same process: the evidence for the pick's rules where a problem is a wave or two of tiles.
 
 Every config is built and measured by the tuner's own builder and runner (a records file under
---out, so a rerun resumes); cuBLAS (torch.matmul on the same shape, A·Btᵀ) is timed after them,
-replayed from a CUDA graph.  ``--picks``: the pick and the first-wave rule it replaced only.  Rows go to
+--out, so a rerun resumes); cuBLAS on the same shape is timed after them as every GEMM benchmark
+times it (``common.cublas_gemm``: per call, back to back and from a CUDA graph, the best).
+``--picks``: the pick and the first-wave rule it replaced only.  Rows go to
 --out/wgmma_pick_sweep.jsonl, one per shape.
 
     source .tvm-device/boot.sh && python benchmarks/probes/wgmma_pick_sweep.py --out $OUT
@@ -15,13 +16,16 @@ import argparse
 import itertools
 import json
 import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: common
 
 SHAPES = "1024x768x768,1024x3072x768,1024x768x3072,700x3072x768,1500x768x768,1500x3072x768,200x3072x768"
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
 
 
-def grid(m: int, space) -> list:
+def grid(space) -> list:
     """Feasible configs of the sweep's grid at this shape."""
     configs = []
     for (bm, bn), stages, tiles, raster, split in itertools.product(TILES, (4, 6, 8), (1, 2), (0, 8), (1, 2)):
@@ -40,31 +44,12 @@ def grid(m: int, space) -> list:
 
 
 def cublas_ms(m: int, n: int, k: int) -> float:
-    """cuBLAS (torch.matmul, A·Btᵀ) replayed from a CUDA graph of 100 calls, best of 5 replays
-    (timed back to back from Python its launches dominate at these sizes)."""
-    import torch
+    """cuBLAS (torch's ``a @ b``) at its best of per call, back to back and from a CUDA graph, on
+    rotated operands (``common.cublas_gemm``)."""
+    from common import cublas_gemm, gemm_operand_sets, seconds_by_method
 
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, k, device="cuda", dtype=torch.float16)
-    c = torch.empty(m, n, device="cuda", dtype=torch.float16)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            torch.matmul(a, b.t(), out=c)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(100):
-            torch.matmul(a, b.t(), out=c)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 100)
-    return best
+    times, _ = cublas_gemm(gemm_operand_sets(m, n, k, "float16"))
+    return min(s for s in seconds_by_method(times).values() if s is not None) * 1e3
 
 
 def main() -> None:
@@ -92,7 +77,7 @@ def main() -> None:
             first = pick_wgmma_tile([(m, n, k)], session.target, "float16", split_k=True, ragged_m=True)
             configs = [pick, space.make(**first.knobs())]
         else:
-            configs = [pick] + [c for c in grid(m, space) if c != pick]
+            configs = [pick] + [c for c in grid(space) if c != pick]
         if time.time() - start > args.max_seconds:
             break
         builds = session.builder.build(template, configs, session.target)
