@@ -184,3 +184,42 @@ def test_a_negative_index_selects_from_the_end(opencl, index):
     (x,) = program_inputs(program, seed=1)
     (out,) = load_model(mod, opencl, None, function="main", log=None)(x)
     np.testing.assert_array_equal(np.asarray(out.numpy() if hasattr(out, "numpy") else out), 2.0 * x[:, index])
+
+
+def test_an_output_class_of_a_known_package_is_registered_on_load(tmp_path, monkeypatch):
+    """A program whose output is a class torch reads back only once its package registered it
+    (transformers' ``ModelOutput``): refused with the class named, and loaded where the package
+    is one ``torch_import`` imports for its output classes."""
+    import sys
+    import textwrap
+
+    from tvm_ext.relax import torch_import
+
+    (tmp_path / "outpkg").mkdir()
+    (tmp_path / "outpkg" / "__init__.py").write_text("")
+    (tmp_path / "outpkg" / "outputs.py").write_text(textwrap.dedent('''
+        import dataclasses
+        import torch
+
+        @dataclasses.dataclass
+        class Out:
+            y: torch.Tensor
+
+        torch.export.register_dataclass(Out, serialized_type_name="outpkg.outputs.Out")
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import outpkg.outputs
+
+    class Doubles(nn.Module):
+        def forward(self, x):
+            return outpkg.outputs.Out(x * 2)
+
+    path = str(tmp_path / "m.pt2")
+    torch.export.save(torch.export.export(Doubles(), (torch.randn(2, 3),)), path)
+    torch.utils._pytree._deregister_pytree_node(outpkg.outputs.Out)  # as a fresh process has it
+    monkeypatch.delitem(sys.modules, "outpkg.outputs")
+    with pytest.raises(TvmExtError, match="output type outpkg.outputs.Out is not known to torch here"):
+        load_exported_program(path)
+    monkeypatch.setattr(torch_import, "_OUTPUT_PACKAGES", ("outpkg",))
+    program = load_exported_program(path)
+    assert "outpkg.outputs" in sys.modules and program.module()(torch.ones(2, 3)).y.tolist() == [[2.0] * 3] * 2

@@ -7,23 +7,32 @@ becomes tvm_ext's GRU placeholder (``relax_gru``), which ``tune model`` tunes as
 lowers to the tuned plan, and the matmuls keep their operands' type (the frontend's own
 converters give float32 results, which breaks a float16 model's biases).  The weights must be
 the program's parameters (constants at import); training-mode dropout is refused.
+``scaled_dot_product_attention`` is kept out of torch's decompositions (which make it float32
+math) and imported in the operands' type (``torch_attention``).
 
 A ``.pt2`` file is read with ``torch.export.load``, which loads tensors without running code
-from the file (torch's weights-only loading).
+from the file (torch's weights-only loading).  A program whose output is a class torch reads
+back only once its package registered it (transformers' ``ModelOutput``, as every Hugging Face
+model returns) loads once that package's module is imported: done for known packages only
+(``_OUTPUT_PACKAGES``), else one error naming the class and the way around it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import logging
 import os
+import re
 import zipfile
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from ..core.errors import TvmExtError
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
+from .torch_attention import SDPA_OP, convert_sdpa
 
 GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
 
@@ -155,7 +164,8 @@ def _select_from_the_end(node: Any, importer: Any) -> Any:
 # type, and a negative index selecting from the end
 CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
               "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
-              "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end}
+              "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end,
+              SDPA_OP: convert_sdpa}
 
 
 def import_exported_program(program: Any) -> Any:
@@ -164,8 +174,9 @@ def import_exported_program(program: Any) -> Any:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    table = torch.export.default_decompositions()  # Core ATen, as TVM's frontend runs it, but the GRU kept
-    table.pop(torch.ops.aten.gru.input, None)
+    table = torch.export.default_decompositions()  # Core ATen, as TVM's frontend runs it, but the GRU
+    table.pop(torch.ops.aten.gru.input, None)  # and attention kept (``torch_attention``)
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
     try:
         program = program.run_decompositions(table)
         converter = functools.partial(convert_gru, program=program)
@@ -188,15 +199,64 @@ def load_exported_program(path: str) -> Any:
         raise TvmExtError(f"program file {path} does not exist")
     if not zipfile.is_zipfile(path):
         raise TvmExtError(f"{path} is not a torch.export program (.pt2): not a zip archive")
-    quiet = logging.getLogger("torch.export")
-    level, quiet.level = quiet.level, logging.CRITICAL  # its loader logs a traceback before raising
+    with _loader_log() as logged:
+        try:
+            try:
+                return torch.export.load(path)
+            except Exception:  # noqa: BLE001 - an output type torch cannot read back without its package
+                if not _register_output_types("\n".join(logged)):
+                    raise
+                logged.clear()
+                return torch.export.load(path)
+        except Exception as exc:  # noqa: BLE001 - whatever the loader says is the file's problem
+            first = (f"{type(exc).__name__}: {exc}".strip().splitlines() or ["?"])[0][:200]
+            unread = _UNREGISTERED.search("\n".join(logged))
+            if unread:
+                first = (f"its output type {unread.group(1)} is not known to torch here (install its package, "
+                         "or export the model with a tuple output, e.g. transformers' return_dict=False)")
+            raise TvmExtError(f"{path} is not a torch.export program (.pt2): {first}") from None
+
+
+# torch.export.load's complaint about a pytree type (a model's output class) it has no reader for
+_UNREGISTERED = re.compile(r"Deserializing ([A-Za-z_][\w.]*) in pytree is not registered")
+# packages whose output classes register themselves with torch's pytree when their module is imported
+_OUTPUT_PACKAGES = ("transformers",)
+
+
+@contextlib.contextmanager
+def _loader_log() -> Iterator[list[str]]:
+    """What ``torch.export.load`` logs while it runs (it logs the real error, with its traceback,
+    then raises a generic one), kept instead of printed."""
+    texts: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            texts.append(record.getMessage() + ("\n" + logging.Formatter().formatException(record.exc_info)
+                                                 if record.exc_info else ""))
+
+    logger = logging.getLogger("torch.export")
+    saved = logger.handlers, logger.propagate, logger.level
+    logger.handlers, logger.propagate, logger.level = [Keep()], False, logging.WARNING
     try:
-        return torch.export.load(path)
-    except Exception as exc:  # noqa: BLE001 - whatever the loader says is the file's problem
-        first = (f"{type(exc).__name__}: {exc}".strip().splitlines() or ["?"])[0][:200]
-        raise TvmExtError(f"{path} is not a torch.export program (.pt2): {first}") from None
+        yield texts
     finally:
-        quiet.setLevel(level)
+        logger.handlers, logger.propagate, logger.level = saved
+
+
+def _register_output_types(message: str) -> bool:
+    """Import the module of an output class the loader could not read, where it belongs to a
+    package in ``_OUTPUT_PACKAGES`` that is installed (transformers' ``ModelOutput`` classes
+    register with torch's pytree as they are defined).  Only modules of those packages are
+    imported; the file names which one, and nothing from the file is run.  True if one was."""
+    found = _UNREGISTERED.search(message)
+    if not found or found.group(1).split(".")[0] not in _OUTPUT_PACKAGES:
+        return False
+    module = found.group(1).rsplit(".", 1)[0]
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - not installed, or not importable here: the load error stands
+        return False
+    return True
 
 
 def program_symbols(program: Any) -> dict[str, tuple[int, int | None]]:
