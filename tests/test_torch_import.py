@@ -223,3 +223,20 @@ def test_an_output_class_of_a_known_package_is_registered_on_load(tmp_path, monk
     monkeypatch.setattr(torch_import, "_OUTPUT_PACKAGES", ("outpkg",))
     program = load_exported_program(path)
     assert "outpkg.outputs" in sys.modules and program.module()(torch.ones(2, 3)).y.tolist() == [[2.0] * 3] * 2
+
+
+def test_an_embedding_id_past_the_table_reads_inside_it(opencl):
+    """Token ids past the table (torch raises) read its last row, never outside it: TVM's own
+    converter reads out of bounds there, an illegal address on CUDA."""
+    from tvm_ext.relax.pipeline import load_model
+
+    torch.manual_seed(0)
+    model = nn.Embedding(10, 4).eval()
+    mod = import_exported_program(torch.export.export(model, (torch.tensor([[1, 9, 3]]),)))
+    assert 'mode="clip"' in mod["main"].script()
+    run = load_model(mod, opencl, None, function="main", log=None)
+    weight = model.weight.detach().numpy()
+    (inside,) = run(np.array([[1, 9, 3]], np.int64))
+    (past,) = run(np.array([[12, 1000000, 3]], np.int64))
+    np.testing.assert_array_equal(np.asarray(inside), weight[[[1, 9, 3]]])
+    np.testing.assert_array_equal(np.asarray(past), weight[[[9, 9, 3]]])
