@@ -171,3 +171,22 @@ def test_example_inputs_give_sequence_lens_the_step_count(tmp_path, layout):
     rng = np.random.default_rng(1)
     assert np.array_equal(x, rng.standard_normal(x.shape).astype(np.float32))
     assert h0.shape == ((3, 2, 13) if layout else (2, 3, 13))
+
+
+def test_a_gather_index_past_the_data_reads_inside_it(opencl, tmp_path):
+    """An embedding as ONNX exports it (``Gather`` of a table): negative ids count from the end,
+    as ONNX says, and ids past the table read its last row, never outside it (TVM's converter
+    reads out of bounds there: an illegal address on CUDA)."""
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, [1, 3, 4])],
+        [numpy_helper.from_array(table, "table")])
+    path = tmp_path / "embedding.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
+    assert 'mode="clip"' in load_onnx(str(path))["main"].script()
+    inside = _run(str(path), [np.array([[1, -1, 3]], np.int64)], opencl)
+    past = _run(str(path), [np.array([[12, 1000000, 3]], np.int64)], opencl)
+    np.testing.assert_array_equal(np.asarray(inside), table[[[1, 9, 3]]])
+    np.testing.assert_array_equal(np.asarray(past), table[[[9, 9, 3]]])
