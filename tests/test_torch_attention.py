@@ -95,3 +95,45 @@ def test_dropout_and_grouped_heads_are_refused():
     kv = torch.randn(1, 2, 5, 8)
     with pytest.raises(TvmExtError, match="enable_gqa"):
         import_exported_program(torch.export.export(Grouped(), (q, kv, kv)))
+
+
+class TinyEncoder(nn.Module):
+    """Token and position embeddings (positions sliced from a fixed table, as transformers does),
+    attention and a layer norm: a sequence length exported symbolic."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(50, 12), nn.Embedding(16, 12)
+        self.register_buffer("ids", torch.arange(16)[None])
+        self.attention, self.norm = Attention("none"), nn.LayerNorm(12)
+
+    def forward(self, x):
+        h = self.tokens(x) + self.positions(self.ids[:, :x.shape[1]])
+        return self.norm(h + self.attention(h))
+
+
+def test_a_symbolic_sequence_length_keeps_its_shapes_and_runs_at_buckets(tmp_path):
+    """The position slice of a symbolic length stays in bounds (TVM's own converter sizes it
+    ``min(s, 16)`` and the shapes after it are lost); ``tune model --buckets`` tunes at two
+    lengths and runs the model at a third, checked against torch."""
+    import subprocess
+    import sys
+
+    from tvm_ext.relax.torch_import import program_symbols
+
+    torch.manual_seed(0)
+    program = torch.export.export(TinyEncoder().eval(), (torch.randint(0, 50, (2, 8)),),
+                                  dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=16)},))
+    (name,) = program_symbols(program)
+    text = import_exported_program(program)["main"].script()
+    assert "ndim=" not in text and "T.min" not in text, text  # every shape known
+    path = tmp_path / "encoder.pt2"
+    torch.export.save(program, str(path))
+    cmd = [sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--generations", "1", "--population", "2",
+           "--no-progress",
+           "--buckets", f"{name}=4,16", "--model-option", f"{name}=10", "--records", str(tmp_path / "r.jsonl"),
+           "--database", str(tmp_path / "db")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{name} = 10:" in p.stdout and "bucket 16" in p.stdout, p.stdout
+    assert "ran: output (2, 10, 12)" in p.stdout and "(ok)" in p.stdout, p.stdout

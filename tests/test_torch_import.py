@@ -223,6 +223,10 @@ def test_an_output_class_of_a_known_package_is_registered_on_load(tmp_path, monk
     monkeypatch.setattr(torch_import, "_OUTPUT_PACKAGES", ("outpkg",))
     program = load_exported_program(path)
     assert "outpkg.outputs" in sys.modules and program.module()(torch.ones(2, 3)).y.tolist() == [[2.0] * 3] * 2
+    from tvm_ext.cli.model_cli import ExportedProgramModel  # the check's reference: the class's fields, flat
+
+    (reference,) = ExportedProgramModel(path).reference([np.ones((2, 3), np.float32)])
+    np.testing.assert_array_equal(reference, np.full((2, 3), 2.0))
 
 
 def test_an_embedding_id_past_the_table_reads_inside_it(opencl):

@@ -185,10 +185,13 @@ class ExportedProgramModel(OnnxModel):
     def reference(self, inputs: list[Any], **options: str) -> list[Any]:
         import torch
 
+        from torch.utils import _pytree
+
         with torch.no_grad():
             outputs = self.program.module()(*(torch.from_numpy(a) for a in inputs))
-        outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
-        return [o.detach().cpu().numpy() for o in outputs]
+        # the program's outputs in its order, flat: a model output class (transformers' ModelOutput)
+        # holds them as fields, as the imported function's tuple does
+        return [o.detach().cpu().numpy() for o in _pytree.tree_leaves(outputs) if hasattr(o, "detach")]
 
 
 def load_model_file(path: str) -> Any:

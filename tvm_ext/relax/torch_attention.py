@@ -36,7 +36,7 @@ def _argument(node: Any, index: int, name: str, default: Any) -> Any:
 
 def convert_sdpa(node: Any, importer: Any) -> Any:
     """One SDPA node as matmul, scale, mask, softmax, matmul in the operands' type."""
-    from tvm import relax
+    from tvm import relax, tirx
 
     emit = importer.block_builder.emit
     q, k, v = (importer.env[a] for a in node.args[:3])
@@ -46,21 +46,27 @@ def convert_sdpa(node: Any, importer: Any) -> Any:
     if dropout:
         raise TvmExtError(f"scaled_dot_product_attention with dropout_p={dropout} is not supported (export the "
                           "model in eval mode)")
-    q_shape, k_shape = [int(d) for d in q.ty.shape.values], [int(d) for d in k.ty.shape.values]
-    if gqa or q_shape[:-2] != k_shape[:-2]:
+    q_shape, k_shape = list(q.ty.shape.values), list(k.ty.shape.values)  # sizes may be symbolic
+    if gqa or [str(d) for d in q_shape[:-2]] != [str(d) for d in k_shape[:-2]]:
         raise TvmExtError(f"scaled_dot_product_attention with enable_gqa or query/key leading dims {q_shape[:-2]} "
                           f"and {k_shape[:-2]} is not supported (the heads must match)")
     dtype, rank = str(q.ty.dtype), len(q_shape)
-    queries, keys = q_shape[-2], k_shape[-2]
     transposed = list(range(rank - 2)) + [rank - 1, rank - 2]
     scores = emit(relax.op.matmul(q, emit(relax.op.permute_dims(k, transposed))))
-    factor = scale if scale is not None else 1.0 / math.sqrt(q_shape[-1])
+    if scale is None and not isinstance(q_shape[-1], tirx.IntImm):
+        raise TvmExtError(f"scaled_dot_product_attention with a symbolic head size {q_shape[-1]} needs an explicit "
+                          "scale")
+    factor = scale if scale is not None else 1.0 / math.sqrt(int(q_shape[-1]))
     scores = emit(relax.op.multiply(scores, relax.const(factor, dtype)))
     # masks as additive terms in the scores' type (a boolean tensor read in a matmul's vectorized
     # epilogue is miscompiled by TVM 0.27's CUDA codegen: a misaligned vector load)
-    if causal:  # key j <= query i (torch's top-left alignment)
-        hidden = np.triu(np.full((queries, keys), -np.inf, dtype), 1)
-        scores = emit(relax.op.add(scores, relax.const(hidden, dtype)))
+    if causal:  # key j <= query i (torch's top-left alignment): -inf past the diagonal
+        sizes = (q_shape[-2], k_shape[-2])
+        if all(isinstance(d, tirx.IntImm) for d in sizes):
+            hidden = relax.const(np.triu(np.full([int(d) for d in sizes], -np.inf, dtype), 1))
+        else:  # symbolic lengths: the term made at run time, the scores' shape
+            hidden = emit(relax.op.triu(emit(relax.op.full_like(scores, relax.const(-np.inf, dtype))), 1))
+        scores = emit(relax.op.add(scores, hidden))
     seen = None  # (.., queries, 1): 1 where a row sees any key of a boolean mask, else 0
     if mask_node is not None:
         mask = importer.env[mask_node]

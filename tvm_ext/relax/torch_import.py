@@ -24,6 +24,7 @@ import importlib
 import logging
 import os
 import re
+import warnings
 import zipfile
 from typing import Any, Iterator
 
@@ -174,6 +175,25 @@ def _embedding_in_range(node: Any, importer: Any) -> Any:
     return emit(relax.op.reshape(rows, [*ids.ty.shape.values, weight.ty.shape.values[-1]]))
 
 
+def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> Any:
+    """``slice`` (``x[:, :n]``) whose end is a symbolic size the program bounds by the sliced
+    dimension (``highest``: each symbol's upper bound), as an in-bound slice.  TVM 0.27's converter
+    gives it the size ``min(n, dim)``, which no later pass reduces to ``n``: a model with a
+    symbolic sequence length slicing a fixed table (transformers' position ids) loses its shapes
+    at the next broadcast.  Any other slice is the frontend's."""
+    from tvm import relax, tirx
+
+    x, dim = importer.env[node.args[0]], int(node.args[1]) if len(node.args) > 1 else 0
+    start, end = (node.args[2] if len(node.args) > 2 else None) or 0, node.args[3] if len(node.args) > 3 else None
+    step = node.args[4] if len(node.args) > 4 else 1
+    end = importer.env.get(end, end) if hasattr(end, "op") else end
+    size = x.ty.shape.values[dim] if x.ty.shape is not None else None
+    if (start == 0 and step == 1 and isinstance(end, tirx.Var) and isinstance(size, tirx.IntImm)
+            and highest.get(end.name) is not None and highest[end.name] <= int(size)):
+        return importer.block_builder.emit(relax.op.strided_slice(x, [dim], [0], [end], [1], assume_inbound=True))
+    return importer._slice(node)
+
+
 # The torch frontend's converters replaced on import: the matmuls' results in their operands'
 # type, a negative index selecting from the end, and embedding ids kept inside the table
 CONVERTERS = {"embedding.default": _embedding_in_range, "linear.default": _linear_in_operand_type,
@@ -195,7 +215,10 @@ def import_exported_program(program: Any) -> Any:
     try:
         program = program.run_decompositions(table)
         converter = functools.partial(convert_gru, program=program)
-        return from_exported_program(program, custom_convert_map={**CONVERTERS, GRU_OP: converter},
+        highest = {name: high for name, (_, high) in program_symbols(program).items() if high is not None}
+        slicer = functools.partial(_slice_within_bounds, highest=highest)
+        return from_exported_program(program, custom_convert_map={**CONVERTERS, GRU_OP: converter,
+                                                                  "slice.Tensor": slicer},
                                      run_ep_decomposition=False)
     except TvmExtError:
         raise
@@ -214,7 +237,8 @@ def load_exported_program(path: str) -> Any:
         raise TvmExtError(f"program file {path} does not exist")
     if not zipfile.is_zipfile(path):
         raise TvmExtError(f"{path} is not a torch.export program (.pt2): not a zip archive")
-    with _loader_log() as logged:
+    with _loader_log() as logged, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside its loader
         try:
             try:
                 return torch.export.load(path)
