@@ -97,6 +97,27 @@ def test_a_bucket_config_is_refitted_where_its_raster_does_not_divide_the_size()
         {**tuned_at_512, "wgmma_raster": 8}
 
 
+def test_a_bucket_row_config_is_refitted_to_the_rows_and_length_of_the_size(opencl):
+    """A softmax config tuned at sequence 32 (8 rows a block, rows staged) borrowed at 20: 8 rows
+    do not divide 20 and 32 threads x 4 elements do not split a row of 20; the template refits to
+    4 rows a block with the same threads a row, unstaged, rather than refuse it (dlight), and keeps
+    a config the size takes as it is."""
+    from tvm_ext.relax.buckets import accepted
+    from tvm_ext.schedules.reduce.rows import RowTemplate
+
+    tuned_at_32 = {"block_size": 256, "rows_per_block": 8, "x": 1, "cache": 1}
+    at_20 = RowTemplate("softmax", rows=4 * 20, n=20, last_rows=20)
+    space = at_20.space(opencl)
+    assert accepted(space, tuned_at_32) is None
+    assert accepted(space, tuned_at_32, at_20.fitted).as_dict() == {"block_size": 128, "rows_per_block": 4, "x": 1,
+                                                                     "cache": 0}
+    at_64 = RowTemplate("softmax", rows=4 * 64, n=64, last_rows=64)
+    assert accepted(at_64.space(opencl), tuned_at_32, at_64.fitted).as_dict() == tuned_at_32
+    short = RowTemplate("softmax", rows=4 * 3, n=3, last_rows=3)  # 3 rows of 3: one row a block, fewer threads
+    fitted = accepted(short.space(opencl), {"block_size": 1024, "rows_per_block": 8, "x": 4, "cache": 0}, short.fitted)
+    assert fitted is not None and fitted.rows_per_block == 1 and fitted.x == 1
+
+
 def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with():
     """64x64 tiles tuned at 128 rows with 8 stages (one block an SM) borrowed at 200 rows: 192
     tiles on 132 SMs, so the template makes the pipeline 6 deep (two blocks an SM) and the

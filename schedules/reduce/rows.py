@@ -157,6 +157,21 @@ class RowTemplate(Template):
                 return f"cache=1 stages {staged} B of rows in shared memory > {target.max_shared_memory_per_block}"
         return None
 
+    def fitted(self, config: Config) -> Config:
+        """``config`` (a bucket's: another row count or length) refitted where this shape refuses
+        it: the most rows a block (up to its own) that divide this shape's last row axis, with the
+        same threads a row; a vector short enough and threads few enough for this row length; rows
+        staged in shared memory only where they split evenly."""
+        rows = self.last_rows or self.rows
+        per_block = max(r for r in ROWS_PER_BLOCK if r <= min(config.rows_per_block, self.rows) and rows % r == 0)
+        threads, x = self.threads_per_row(config), config.x
+        while threads * x > 2 * max(self.n, MIN_ROW_THREADS) and x > 1:
+            x //= 2
+        while threads * x > 2 * max(self.n, MIN_ROW_THREADS) and threads > MIN_ROW_THREADS:
+            threads //= 2
+        cache = config.cache if self.n % (threads * x) == 0 else 0
+        return config.replace(block_size=threads * per_block, rows_per_block=per_block, x=x, cache=cache)
+
     def default_config(self, target: TargetInfo) -> Config:
         """A row per 2-4 elements' worth of threads (the vector split plan for the row: its x),
         several short rows per 256-thread block, rows staged in shared memory when they split
