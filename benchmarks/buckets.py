@@ -1,10 +1,18 @@
 """A symbolic token dimension tuned at buckets: sizes between the buckets against a config tuned
 for that very size, and against dlight.
 
-The model is a BERT-base feed-forward up-projection, ``GELU(x · Wᵀ + b)`` with x (n, 768) and
-W (3072, 768), n symbolic (the token count).  ``tune_buckets`` tunes it at ``--buckets``; then, at
-each size of ``--sizes`` (between the buckets by default), one process times three builds of the
-static model at that size through the Relax VM on the same input, each checked against float64 numpy:
+Two models (``--model``):
+
+- ``ffn``: a BERT-base feed-forward up-projection, ``GELU(x · Wᵀ + b)`` with x (n, 768) and W
+  (3072, 768), n symbolic (the token count);
+- ``bert``: transformers' ``BertModel`` (``--layers``, base sizes, random weights, SDPA attention) on
+  token ids (8, s), the sequence length s exported symbolic with ``torch.export`` (at most 512) and
+  imported as ``tune model FILE.pt2`` imports it: every GEMM, the attention products, softmax and
+  layer norm have s in their shapes.
+
+``tune_buckets`` tunes the model at ``--buckets``; then, at each size of ``--sizes`` (between the
+buckets by default), one process times three builds of the static model at that size through the
+Relax VM on the same input, each checked against float64 (numpy; torch for BERT):
 
 - ``buckets``: ``BucketedModel`` (the nearest fitting bucket's config, ``tvm_ext.relax.buckets``);
 - ``tuned``: ``tune_relax`` on the model bound to that size (``--trials`` as for the buckets), its own
@@ -15,7 +23,10 @@ Targets: buckets >= 0.9x tuned at every size, and >= dlight everywhere.  Rows go
 ``OUT/buckets_rows.jsonl`` as they are made; a table is printed last.
 
     source .tvm-device/boot.sh && python benchmarks/buckets.py --out $OUT
+    python benchmarks/buckets.py --model bert --buckets 32,128,512 --sizes 64,200 --trials 8 --out $OUT
     python benchmarks/buckets.py --target opencl --hidden 64 --buckets 4,16 --sizes 10 --trials 2  # no GPU
+    python benchmarks/buckets.py --target opencl --model bert --layers 1 --hidden 32 --buckets 8,32 --sizes 20 \
+        --trials 2 --dtype float32  # no GPU
 """
 from __future__ import annotations
 
@@ -50,39 +61,99 @@ def weights(hidden: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return w, rng.uniform(-bound, bound, 4 * hidden).astype(dtype)
 
 
-def symbolic_module(hidden: int, dtype: str):
+class FfnCase:
     """GELU(x · Wᵀ + b) on x (n, hidden), n symbolic, the weights bound as constants."""
-    import tvm
-    from tvm import relax, tirx
-    from tvm.relax.frontend import nn
 
-    class Up(nn.Module):
-        def __init__(self):
-            self.fc = nn.Linear(hidden, 4 * hidden, dtype=dtype)
+    def __init__(self, args: argparse.Namespace):
+        self.hidden, self.dtype, self.var = args.hidden, args.dtype, "n"
 
-        def forward(self, x):
-            return nn.op.gelu(self.fc(x))
+    def title(self, buckets: str) -> str:
+        return f"GELU(x·Wᵀ+b), x (n, {self.hidden}) {self.dtype}, buckets {buckets}"
 
-    n = tirx.Var("n", "int64")
-    mod, params = Up().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, hidden), dtype)}})
-    w, b = weights(hidden, dtype)
-    values = {"fc.weight": w, "fc.bias": b}
-    return relax.transform.BindParams("forward", {name: tvm.runtime.tensor(values[name]) for name, _ in params})(mod)
+    def module(self):
+        import tvm
+        from tvm import relax, tirx
+        from tvm.relax.frontend import nn
+
+        hidden, dtype = self.hidden, self.dtype
+
+        class Up(nn.Module):
+            def __init__(self):
+                self.fc = nn.Linear(hidden, 4 * hidden, dtype=dtype)
+
+            def forward(self, x):
+                return nn.op.gelu(self.fc(x))
+
+        n = tirx.Var("n", "int64")
+        mod, params = Up().export_tvm(spec={"forward": {"x": nn.spec.Tensor((n, hidden), dtype)}})
+        w, b = weights(hidden, dtype)
+        values = {"fc.weight": w, "fc.bias": b}
+        bound = {name: tvm.runtime.tensor(values[name]) for name, _ in params}
+        return relax.transform.BindParams("forward", bound)(mod)
+
+    def inputs(self, size: int) -> list[np.ndarray]:
+        return [np.random.default_rng(size).standard_normal((size, self.hidden)).astype(self.dtype)]
+
+    def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
+        w, b = (a.astype(np.float64) for a in weights(self.hidden, self.dtype))
+        y = inputs[0].astype(np.float64) @ w.T + b
+        return 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
 
 
-def reference(x: np.ndarray, hidden: int, dtype: str) -> np.ndarray:
-    w, b = (a.astype(np.float64) for a in weights(hidden, dtype))
-    y = x.astype(np.float64) @ w.T + b
-    return 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
+class BertCase:
+    """transformers' BertModel on token ids (8, s), s symbolic (``torch.export.Dim``, 2..512)."""
+
+    batch, max_seq = 8, 512
+
+    def __init__(self, args: argparse.Namespace):
+        import copy
+
+        import torch
+        from transformers import BertConfig, BertModel
+
+        from tvm_ext.relax.torch_import import program_symbols
+
+        self.dtype, self.layers, self.hidden = args.dtype, args.layers, args.hidden
+        heads = max(1, self.hidden // 64)
+        torch.manual_seed(0)
+        config = BertConfig(num_hidden_layers=self.layers, hidden_size=self.hidden, num_attention_heads=heads,
+                            intermediate_size=4 * self.hidden, max_position_embeddings=self.max_seq)
+        self.model = BertModel(config, add_pooling_layer=False).eval()
+        self.vocab = config.vocab_size
+        seq = torch.export.Dim("seq", min=2, max=self.max_seq)
+        ids = torch.zeros(self.batch, 16, dtype=torch.int64)
+        typed = copy.deepcopy(self.model).to(getattr(torch, self.dtype))
+        self.program = torch.export.export(typed, (ids,), dynamic_shapes=({1: seq},))
+        (self.var,) = program_symbols(self.program)
+
+    def title(self, buckets: str) -> str:
+        return f"BertModel ({self.layers} layers, hidden {self.hidden}), ids (8, s) {self.dtype}, buckets {buckets}"
+
+    def module(self):
+        from tvm_ext.relax.torch_import import import_exported_program
+
+        return import_exported_program(self.program)
+
+    def inputs(self, size: int) -> list[np.ndarray]:
+        return [np.random.default_rng(size).integers(0, self.vocab, (self.batch, size)).astype(np.int64)]
+
+    def reference(self, inputs: list[np.ndarray]) -> np.ndarray:
+        import copy
+
+        import torch
+
+        with torch.no_grad():
+            return copy.deepcopy(self.model).double()(torch.from_numpy(inputs[0])).last_hidden_state.numpy()
 
 
-def timed(model, size: int, hidden: int, dtype: str) -> tuple[float, float]:
-    """(seconds, normwise error against float64) of ``model`` at ``size`` rows."""
-    x = np.random.default_rng(size).standard_normal((size, hidden)).astype(dtype)
-    ref = reference(x, hidden, dtype)
-    out = np.asarray(model(x), np.float64)
+def timed(model, case, size: int) -> tuple[float, float]:
+    """(seconds, normwise error against float64) of ``model`` at ``size``."""
+    inputs = case.inputs(size)
+    ref = case.reference(inputs)
+    out = model(*inputs)
+    out = np.asarray(out[0] if isinstance(out, (tuple, list)) else out, np.float64)
     err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-    return model.time(x), err
+    return model.time(*inputs), err
 
 
 def _ratio(ms: dict, ours: str, other: str) -> str:
@@ -95,7 +166,9 @@ def main() -> None:
     p.add_argument("--out", default="bench_out")
     p.add_argument("--target", default="cuda", choices=("cuda", "opencl"))
     p.add_argument("--dtype", default="float16", choices=("float16", "float32"))
+    p.add_argument("--model", default="ffn", choices=("ffn", "bert"))
     p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--layers", type=int, default=12, help="BertModel's layers (--model bert)")
     p.add_argument("--buckets", default="1,16,128,512,2048")
     p.add_argument("--sizes", default="8,48,200,700,1500", help="sizes timed (default: between the buckets)")
     p.add_argument("--trials", type=int, default=16, help="trials per task, at every bucket and size (default 16)")
@@ -113,8 +186,9 @@ def main() -> None:
                              tourn_size=2, seed=args.seed)
     os.makedirs(args.out, exist_ok=True)
     rows_path = os.path.join(args.out, "buckets_rows.jsonl")
-    mod = symbolic_module(args.hidden, args.dtype)
-    buckets = Buckets.parse(f"n={args.buckets}")
+    case = BertCase(args) if args.model == "bert" else FfnCase(args)
+    mod = case.module()
+    buckets = Buckets.parse(f"{case.var}={args.buckets}")
     work = os.path.join(args.out, "work")
     records, database = os.path.join(work, "records.jsonl"), os.path.join(work, "database")
     start = time.time()
@@ -124,7 +198,7 @@ def main() -> None:
     bucketed = BucketedModel(mod, target, database)
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        static = specialize(mod, "n", size)
+        static = specialize(mod, case.var, size)
         own = os.path.join(work, f"size{size}")
         tune_relax(static, target, os.path.join(own, "records.jsonl"), os.path.join(own, "database"), options,
                    log=None)
@@ -132,7 +206,7 @@ def main() -> None:
                   "dlight": load_model(static, target, None, log=None)}
         for variant, model in models.items():
             try:
-                secs, err = timed(model, size, args.hidden, args.dtype)
+                secs, err = timed(model, case, size)
                 how = bucketed.schedules[size].items() if variant == "buckets" else ()
                 note = ", ".join(f"{k} {v}" for k, v in how)
                 row = Row(size, variant, secs * 1e3, err, note)
@@ -150,7 +224,7 @@ def main() -> None:
                            _ratio(ms, "buckets", "tuned"), _ratio(ms, "buckets", "dlight"),
                            f"{by[(size, 'buckets')].err:.1e}" if by[(size, "buckets")].err is not None else "-",
                            by[(size, "buckets")].note])
-    print(table(f"GELU(x·Wᵀ+b), x (n, {args.hidden}) {args.dtype}, buckets {args.buckets}",
+    print(table(case.title(args.buckets),
                 ["n", "buckets ms", "tuned for n ms", "dlight ms", "buckets vs tuned", "buckets vs dlight",
                  "err", "schedules"], table_rows))
 
