@@ -24,7 +24,7 @@ Targets: buckets >= 0.9x tuned at every size, and >= dlight everywhere.  Rows go
 
     source .tvm-device/boot.sh && python benchmarks/buckets.py --out $OUT
     python benchmarks/buckets.py --model bert --buckets 32,128,512 --sizes 64,200 --trials 8 --out $OUT
-    python benchmarks/buckets.py --target opencl --hidden 64 --buckets 4,16 --sizes 10 --trials 2  # no GPU
+    python benchmarks/buckets.py --target opencl --dtype float32 --hidden 64 --buckets 4,16 --sizes 10 --trials 2
     python benchmarks/buckets.py --target opencl --model bert --layers 1 --hidden 32 --buckets 8,32 --sizes 20 \
         --trials 2 --dtype float32  # no GPU
 """
