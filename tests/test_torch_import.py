@@ -244,3 +244,15 @@ def test_an_embedding_id_past_the_table_reads_inside_it(opencl):
     (past,) = run(np.array([[12, 1000000, 3]], np.int64))
     np.testing.assert_array_equal(np.asarray(inside), weight[[[1, 9, 3]]])
     np.testing.assert_array_equal(np.asarray(past), weight[[[9, 9, 3]]])
+
+
+def test_an_operator_with_side_effects_is_refused_by_name():
+    """``linalg.inv`` decomposes into an error check torch runs with an effect token, which TVM's
+    frontend refuses as "Unsupported input kind: InputKind.TOKEN"; the refusal names the operator."""
+    class Inverts(nn.Module):
+        def forward(self, x):
+            return torch.linalg.inv(x) * 2
+
+    program = torch.export.export(Inverts(), (torch.randn(3, 3),))
+    with pytest.raises(TvmExtError, match=r"side effects.*_linalg_check_errors.*\(from aten\.linalg_inv"):
+        import_exported_program(program)

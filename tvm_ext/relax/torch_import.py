@@ -213,7 +213,13 @@ def import_exported_program(program: Any) -> Any:
     table.pop(torch.ops.aten.gru.input, None)  # and attention kept (``torch_attention``)
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
     try:
-        program = program.run_decompositions(table)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside it
+            program = program.run_decompositions(table)
+        effects = _effectful_operators(program)
+        if effects:
+            raise TvmExtError("TVM's torch frontend cannot import the program: operators with side effects "
+                              f"(torch.export's effect tokens) are not supported: {', '.join(effects)}")
         converter = functools.partial(convert_gru, program=program)
         highest = {name: high for name, (_, high) in program_symbols(program).items() if high is not None}
         slicer = functools.partial(_slice_within_bounds, highest=highest)
@@ -225,6 +231,19 @@ def import_exported_program(program: Any) -> Any:
     except (AssertionError, NotImplementedError, KeyError, ValueError) as exc:  # the frontend's refusals
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise TvmExtError(f"TVM's torch frontend cannot import the program: {first}") from None
+
+
+def _effectful_operators(program: Any) -> list[str]:
+    """The operators the program runs with side effects (``with_effects`` nodes: torch threads an
+    effect token through them, an input kind TVM's frontend refuses without naming the operator),
+    each with the operator of the user's program it came from where torch recorded it."""
+    found = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "with_effects" and len(node.args) > 1:
+            origin = [getattr(source, "target", None) for source in node.meta.get("from_node") or []]
+            origin = [str(t) for t in origin if t]
+            found.append(str(node.args[1]) + (f" (from {origin[-1]})" if origin else ""))
+    return list(dict.fromkeys(found))
 
 
 def load_exported_program(path: str) -> Any:
