@@ -45,11 +45,13 @@ def itemsize(dtype: str) -> int:
 
 
 def example_array(rng: np.random.Generator, shape: Sequence[int], dtype: Any) -> np.ndarray:
-    """An example input of a model's: floats from a standard normal, integers (ids, lengths) zero."""
+    """An example input of a model's: floats from a standard normal, integers (ids, masks) and
+    booleans one: a valid id of any table of two rows or more, and an attention mask that hides
+    nothing (zeros would hide every key, and the check would see no attention)."""
     dtype = np.dtype(dtype)
     if np.issubdtype(dtype, np.floating):
         return rng.standard_normal(tuple(shape)).astype(dtype)
-    return np.zeros(tuple(shape), dtype)
+    return np.ones(tuple(shape), dtype)
 
 
 @dataclass(frozen=True)

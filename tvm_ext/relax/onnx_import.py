@@ -209,7 +209,7 @@ def onnx_symbolic_dims(path: str) -> list[str]:
 
 def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
     """Random inputs of an ONNX model's graph inputs, symbolic dimensions at ``sizes`` (by name):
-    floats from a standard normal, integers zero, a GRU's ``sequence_lens`` at its step count T
+    floats from a standard normal, integers one, a GRU's ``sequence_lens`` at its step count T
     (every row its whole length; zero lengths would hold every row from its first step)."""
     import onnx
 

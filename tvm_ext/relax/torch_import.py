@@ -340,7 +340,7 @@ def _user_inputs(program: Any) -> list[tuple[str, Any]]:
 
 
 def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = None) -> list[np.ndarray]:
-    """Random inputs of the program's user inputs: floats from a standard normal, integers zero;
+    """Random inputs of the program's user inputs: floats from a standard normal, integers one;
     a symbolic size takes its value from ``sizes`` (by torch's name of it)."""
     rng = np.random.default_rng(seed)
     sizes = sizes or {}
