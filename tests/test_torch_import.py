@@ -256,3 +256,15 @@ def test_an_operator_with_side_effects_is_refused_by_name():
     program = torch.export.export(Inverts(), (torch.randn(3, 3),))
     with pytest.raises(TvmExtError, match=r"side effects.*_linalg_check_errors.*\(from aten\.linalg_inv"):
         import_exported_program(program)
+
+
+def test_example_inputs_attend_where_a_mask_is_named():
+    """tune model's example inputs: ids zero (valid in any table), a mask named as one ones (zeros
+    would hide every key from attention), floats random."""
+    class Masked(nn.Module):
+        def forward(self, input_ids, attention_mask, x):
+            return x * attention_mask + input_ids
+
+    args = (torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3, dtype=torch.int64), torch.randn(2, 3))
+    ids, mask, x = program_inputs(torch.export.export(Masked(), args), seed=1)
+    assert not ids.any() and mask.all() and x.dtype == np.float32 and x.std() > 0

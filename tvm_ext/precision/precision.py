@@ -44,14 +44,15 @@ def itemsize(dtype: str) -> int:
     return np_dtype(dtype).itemsize
 
 
-def example_array(rng: np.random.Generator, shape: Sequence[int], dtype: Any) -> np.ndarray:
-    """An example input of a model's: floats from a standard normal, integers (ids, masks) and
-    booleans one: a valid id of any table of two rows or more, and an attention mask that hides
-    nothing (zeros would hide every key, and the check would see no attention)."""
+def example_array(rng: np.random.Generator, shape: Sequence[int], dtype: Any, name: str = "") -> np.ndarray:
+    """An example input of a model's: floats from a standard normal; integers zero (a valid id of
+    any table), but one in an input named as a mask (``attention_mask``: zeros would hide every
+    key, and a check would see no attention); booleans true."""
     dtype = np.dtype(dtype)
     if np.issubdtype(dtype, np.floating):
         return rng.standard_normal(tuple(shape)).astype(dtype)
-    return np.ones(tuple(shape), dtype)
+    one = dtype == np.bool_ or "mask" in name.lower()
+    return (np.ones if one else np.zeros)(tuple(shape), dtype)
 
 
 @dataclass(frozen=True)

@@ -209,8 +209,9 @@ def onnx_symbolic_dims(path: str) -> list[str]:
 
 def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
     """Random inputs of an ONNX model's graph inputs, symbolic dimensions at ``sizes`` (by name):
-    floats from a standard normal, integers one, a GRU's ``sequence_lens`` at its step count T
-    (every row its whole length; zero lengths would hold every row from its first step)."""
+    floats from a standard normal, integers zero (one in a mask: ``example_array``), a GRU's
+    ``sequence_lens`` at its step count T (every row its whole length; zero lengths would hold
+    every row from its first step)."""
     import onnx
 
     rng = np.random.default_rng(seed)
@@ -231,7 +232,7 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
                                   f"--model-option {name}=N")
         shapes[value.name] = dims
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        arrays.append(example_array(rng, dims, dtype))
+        arrays.append(example_array(rng, dims, dtype, value.name))
     names = list(shapes)
     for name, steps in _sequence_lengths(model, shapes).items():
         arrays[names.index(name)] = np.full(shapes[name], steps, arrays[names.index(name)].dtype)

@@ -340,8 +340,9 @@ def _user_inputs(program: Any) -> list[tuple[str, Any]]:
 
 
 def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = None) -> list[np.ndarray]:
-    """Random inputs of the program's user inputs: floats from a standard normal, integers one;
-    a symbolic size takes its value from ``sizes`` (by torch's name of it)."""
+    """Random inputs of the program's user inputs: floats from a standard normal, integers zero
+    (one in a mask: ``example_array``); a symbolic size takes its value from ``sizes`` (by
+    torch's name of it)."""
     rng = np.random.default_rng(seed)
     sizes = sizes or {}
     arrays = []
@@ -359,5 +360,5 @@ def program_inputs(program: Any, seed: int = 0, sizes: dict[str, int] | None = N
                                   f"--model-option {missing[0]}=N (or tune it at buckets: --buckets {missing[0]}=...)")
             shape.append(int(size.node.expr.subs({s: sizes[str(s)] for s in size.node.expr.free_symbols})))
         dtype = np.dtype(str(value.dtype).removeprefix("torch."))
-        arrays.append(example_array(rng, shape, dtype))
+        arrays.append(example_array(rng, shape, dtype, name))
     return arrays
