@@ -184,7 +184,7 @@ def breakdown_table(label: str, sides: dict[str, dict[str, float]], top: int) ->
     rows = []
     for side, kernels in sides.items():
         total = sum(kernels.values())
-        rows.append([side, "(all kernels)", f"{total:.1f}", str(len(kernels))])
+        rows.append([side, f"(all {len(kernels)} kernels)", f"{total:.1f}", "100 %"])
         for name, us in list(kernels.items())[:top]:
             rows.append([side, name[:90], f"{us:.1f}", f"{100 * us / total:.0f} %"])
     return table(f"{label}: GPU time per call by kernel (torch.profiler)", ["side", "kernel", "µs", "share"], rows)
