@@ -118,22 +118,10 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     return relax.Tuple([y, y_h])
 
 
-def _clipped(taken: Any) -> Any:
-    """A ``take`` in fast mode made one in clip mode (anything else as it is)."""
-    from tvm import ir, relax
-
-    if isinstance(taken, relax.Call) and taken.op == ir.Op.get("relax.take") and taken.attrs.mode == "fast":
-        return relax.op.take(taken.args[0], taken.args[1], taken.attrs.axis, mode="clip")
-    return taken
-
-
 @contextlib.contextmanager
-def _converters() -> Iterator[None]:
-    """TVM's ONNX frontend with ``GRU`` in its converter table, and its ``Gather`` with indices
-    clamped into the data, for the duration.  TVM 0.27's ``Gather`` counts negative indices from
-    the end (as ONNX says) and takes in fast mode, which reads outside the data for an index past
-    it (a token id past an embedding table: an illegal address on CUDA); clamped, it reads the
-    last row instead."""
+def _gru_converter() -> Iterator[None]:
+    """TVM's ONNX frontend with ``GRU`` in its converter table, for the duration (its ``Gather``
+    takes in clip mode once the model is rewritten: ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
     class GRU(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
@@ -143,18 +131,12 @@ def _converters() -> Iterator[None]:
 
         _impl_v14 = _impl_v7
 
-    class Gather(frontend.Gather):  # type: ignore[misc, name-defined]
-        @classmethod
-        def get_converter(cls, opset: int) -> Any:
-            convert = super().get_converter(opset)
-            return lambda bb, inputs, attr, params: _clipped(convert(bb, inputs, attr, params))
-
     original = frontend._get_convert_map
 
-    def with_ours() -> dict[str, Any]:
-        return {**original(), "GRU": GRU, "Gather": Gather}
+    def with_gru() -> dict[str, Any]:
+        return {**original(), "GRU": GRU}
 
-    frontend._get_convert_map = with_ours
+    frontend._get_convert_map = with_gru
     try:
         yield
     finally:
@@ -178,7 +160,7 @@ def load_onnx(path: str) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        with _converters(), contextlib.redirect_stdout(open(os.devnull, "w")):
+        with _gru_converter(), contextlib.redirect_stdout(open(os.devnull, "w")):
             return from_onnx(model)
     except TvmExtError as exc:
         raise TvmExtError(f"{path}: {exc}") from None

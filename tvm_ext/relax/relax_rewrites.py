@@ -10,6 +10,11 @@ built from the same rewritten module.
   is applied before it, and reshapes of reshapes collapse.  TVM's ``FuseOps`` stops fusing at
   a reshape, so this is what lets the bias, the GELU and the residual add join the matmul's
   store instead of running as kernels of their own.
+- ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
+  in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
+  index past it (a token id past an embedding table; torch raises there): an illegal address on
+  CUDA, which ends the process's CUDA context.  Clamped, a bad id reads the last (or first) row:
+  wrong for that token, never out of bounds.
 """
 from __future__ import annotations
 
@@ -102,6 +107,8 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             if name in BINARY:
                 return self._binary(call)
+            if name == "relax.take" and call.attrs.mode == "fast":  # clamp_takes (idempotent: not counted)
+                return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
             return call
 
         def _binary(self, call: Any) -> Any:
@@ -137,7 +144,7 @@ def _make_mutator() -> Any:
 
 
 def rewrite_model(mod: Any) -> Any:
-    """``accumulate_fp32`` and ``sink_reshapes`` on every Relax function, until nothing
+    """``accumulate_fp32``, ``sink_reshapes`` and ``clamp_takes`` on every Relax function, until nothing
     changes; dead bindings are removed."""
     import tvm
     from tvm import relax

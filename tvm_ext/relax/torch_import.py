@@ -161,20 +161,6 @@ def _select_from_the_end(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim, mode=mode))
 
 
-def _embedding_in_range(node: Any, importer: Any) -> Any:
-    """``embedding`` with each id clamped into the table.  TVM 0.27's converter takes the rows in
-    fast mode, which reads outside the table for an id past its end (torch raises an
-    ``IndexError``): on CUDA an illegal address, which ends the process's CUDA context.  Clamped,
-    a bad id reads the last (or first) row instead: wrong for that token, never out of bounds."""
-    from tvm import relax
-
-    weight, ids = importer.retrieve_args(node)[:2]
-    emit = importer.block_builder.emit
-    flat = emit(relax.op.reshape(emit(relax.op.astype(ids, "int32")), [-1]))
-    rows = emit(relax.op.take(weight, flat, axis=0, mode="clip"))
-    return emit(relax.op.reshape(rows, [*ids.ty.shape.values, weight.ty.shape.values[-1]]))
-
-
 def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> Any:
     """``slice`` (``x[:, :n]``) whose end is a symbolic size the program bounds by the sliced
     dimension (``highest``: each symbol's upper bound), as an in-bound slice.  TVM 0.27's converter
@@ -195,10 +181,10 @@ def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> A
 
 
 # The torch frontend's converters replaced on import: the matmuls' results in their operands'
-# type, a negative index selecting from the end, and embedding ids kept inside the table
-CONVERTERS = {"embedding.default": _embedding_in_range, "linear.default": _linear_in_operand_type,
-              "addmm.default": _addmm_in_operand_type, "mm.default": _matmul_in_operand_type,
-              "bmm.default": _matmul_in_operand_type,
+# type, a negative index selecting from the end, attention in the operands' type (embedding ids
+# are kept inside the table for every model: ``relax_rewrites.clamp_takes``)
+CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
+              "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
               "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end,
               SDPA_OP: convert_sdpa}
 
