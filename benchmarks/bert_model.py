@@ -38,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
-from models import Row, RowLog, _last_line, time_tvm  # noqa: E402
+from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 BATCH, SEQ, VOCAB = 8, 128, 30522
 
@@ -237,21 +237,6 @@ def bench(dtype: str, args: argparse.Namespace, log: RowLog) -> None:
         f.write(text + "\n")
 
 
-def ratios(rows: list[Row]) -> list[list[str]]:
-    out = []
-    for label in dict.fromkeys(r.model for r in rows):
-        mine = [r for r in rows if r.model == label]
-        compiled = min((r.ms for r in mine if r.ms and r.variant.startswith("torch.compile max-autotune")),
-                       default=None)  # its best over modes and ways of calling
-        graph = next((r.ms for r in mine if r.ms and r.variant == "torch CUDA graph"), None)
-        for r in mine:
-            vs = lambda base, r=r: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
-            out.append([label, r.variant, f"{r.ms:.3f}" if r.ms else "-", vs(compiled), vs(graph),
-                        f"{r.err:.1e}" if r.err is not None else "-",
-                        f"{r.tune_s:.0f}" if r.tune_s else "-", r.trials, r.note])
-    return out
-
-
 def dry_run(args: argparse.Namespace) -> None:
     """No GPU: export, import, tasks matched for CUDA, compiled for CUDA with default configs."""
     import tempfile
@@ -308,9 +293,7 @@ def main() -> None:
     log = RowLog(args.out, "bert_model_rows.jsonl")
     for dtype in args.dtypes:
         bench(dtype, args, log)
-    print(table(f"BERT-base, batch {BATCH}, sequence {SEQ}",
-                ["model", "variant", "ms", "ours vs: compile max-autotune (best)", "torch CUDA graph", "err", "tune s",
-                 "trials", "note"], ratios(log.rows)))
+    print(table(f"BERT-base, batch {BATCH}, sequence {SEQ}", VERSUS_COMPILE_HEADER, versus_compile(log.rows)))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
-from models import Row, RowLog, _last_line, time_tvm  # noqa: E402
+from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 SEQ = 128
 MODELS = ("classifier", "speech")
@@ -236,20 +236,6 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
         log.add(compile_row(case, ref, sets))
 
 
-def ratios(rows: list[Row]) -> list[list[str]]:
-    """Every row with ours against torch.compile (max-autotune) and against torch in a CUDA graph."""
-    out = []
-    for label in dict.fromkeys(r.model for r in rows):
-        mine = [r for r in rows if r.model == label]
-        best = {r.variant: r.ms for r in mine if r.ms}
-        for r in mine:
-            vs = lambda base, r=r: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
-            out.append([label, r.variant, f"{r.ms:.3f}" if r.ms else "-", vs(best.get("torch.compile max-autotune")),
-                        vs(best.get("torch CUDA graph")), f"{r.err:.1e}" if r.err is not None else "-",
-                        f"{r.tune_s:.0f}" if r.tune_s else "-", r.trials, r.note])
-    return out
-
-
 def dry_run(cases: list[Case]) -> None:
     """No GPU: each case exported both ways, imported, its tasks matched for CUDA and compiled
     for CUDA with default configs (source only); the torch model checked against float64 on the CPU."""
@@ -319,11 +305,7 @@ def main() -> None:
     log = RowLog(args.out, "gru_models_rows.jsonl")
     for case in cases:
         bench(case, args, log)
-    from common import device_name
-
-    print(table(f"GRU models, T={SEQ} ({time.strftime('%Y-%m-%d')}, {device_name()})",
-                ["case", "variant", "ms", "ours vs: compile max-autotune", "torch CUDA graph", "err", "tune s",
-                 "trials", "note"], ratios(log.rows)))
+    print(table(f"GRU models, T={SEQ}", VERSUS_COMPILE_HEADER, versus_compile(log.rows)))
 
 
 if __name__ == "__main__":

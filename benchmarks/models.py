@@ -332,6 +332,27 @@ class RowLog:
                 print(f"  row: {row.variant}: {ms} {row.note}".rstrip(), flush=True)
 
 
+VERSUS_COMPILE_HEADER = ["model", "variant", "ms", "ours vs: compile max-autotune (best)", "torch CUDA graph", "err",
+                         "tune s", "trials", "note"]
+
+
+def versus_compile(rows: list[Row]) -> list[list[str]]:
+    """Every row (``VERSUS_COMPILE_HEADER``) with ours against ``torch.compile`` max-autotune (its
+    best over modes and ways of calling) and against torch in a CUDA graph, per model."""
+    out = []
+    for label in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == label]
+        compiled = min((r.ms for r in mine if r.ms and r.variant.startswith("torch.compile max-autotune")),
+                       default=None)
+        graph = next((r.ms for r in mine if r.ms and r.variant == "torch CUDA graph"), None)
+        for r in mine:
+            vs = lambda base, r=r: f"{base / r.ms:.2f}" if base and r.ms else "-"  # noqa: E731
+            out.append([label, r.variant, f"{r.ms:.3f}" if r.ms else "-", vs(compiled), vs(graph),
+                        f"{r.err:.1e}" if r.err is not None else "-", f"{r.tune_s:.0f}" if r.tune_s else "-",
+                        r.trials, r.note])
+    return out
+
+
 def bench(kind: str, dtype: str, target: TargetInfo, args: argparse.Namespace, clock: Clock, log: RowLog) -> None:
     """One model: ours first (the point of the run), then torch, dlight, meta_schedule and
     torch.compile (those of ``args.variants``), each only if it fits the run's time."""
