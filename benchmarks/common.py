@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from tvm_ext.measure.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
@@ -609,14 +609,19 @@ def torch_smi_device() -> str:
 
 
 def compare_in_rounds(shape: str, ours: Launch, vendors: Mapping[str, Launch], sets: int, rounds: int,
-                      out_path: str, settings: TimingSettings = TimingSettings(), **extra: Any
+                      out_path: str, settings: TimingSettings = TimingSettings(),
+                      peers: Mapping[str, Launch] | None = None, **extra: Any
                       ) -> tuple[list[RatioSummary], dict[str, str]]:
     """Ours (TVM launches) and each vendor on the same ``sets`` rotated operands, each
     replayed from its own CUDA graph, in ``rounds`` interleaved rounds with the GPU read after
     each; the raw rounds appended to ``out_path`` (JSON lines).  A vendor whose graph cannot
-    be captured is left out, with why; ours failing raises."""
+    be captured is left out, with why; ours failing raises.  ``peers``: other kernels of ours
+    in the same rounds, each summarised against every vendor (its label ``"vendor, ours
+    NAME"``) and against ours (``"ours, ours NAME"``: the peer's speed over ours)."""
     device = torch_smi_device()
     timers = {OURS: graph_timer(ours, sets, settings, tvm_stream=True)}
+    for name, fn in (peers or {}).items():
+        timers[name] = graph_timer(fn, sets, settings, tvm_stream=True)
     left_out = {}
     for name, fn in vendors.items():
         try:
@@ -626,4 +631,9 @@ def compare_in_rounds(shape: str, ours: Launch, vendors: Mapping[str, Launch], s
             left_out[name] = (text[0] if text else type(exc).__name__)[:160]
     rows = interleaved_rounds(timers, rounds, lambda: read_gpu(device))
     write_rounds(out_path, shape, rows, device=device_name(), **extra)
-    return [ratio_summary(rows, name) for name in timers if name != OURS], left_out
+    ours_sides = [OURS, *(peers or {})]
+    summaries = [ratio_summary(rows, name) for name in timers if name not in ours_sides]
+    for peer in ours_sides[1:]:
+        summaries += [replace(ratio_summary(rows, name, ours=peer), vendor=f"{name}, ours {peer}")
+                      for name in timers if name not in ours_sides[1:]]
+    return summaries, left_out

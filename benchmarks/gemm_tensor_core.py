@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--population", type=int, default=12)
     p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--tma", default="off", choices=("off", "on", "both"),
+                   help="a wgmma config's stages loaded by the TMA (wgmma_tma): as picked or tuned (off), set "
+                        "(on), or both kernels in the same rounds (both: ours by cp.async, its TMA twin a peer)")
     p.add_argument("--out", default="bench_out")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -110,6 +113,13 @@ def tuned(template: Any, name: str, m: int, n: int, k: int, target: Any, args: a
     recs = RecordStore(records).for_workload(Workload.of(template, target).key)
     return {"pick": pick[0] if pick else None, "recs": recs, "ok": [r for r in recs if r.ok],
             "wall": time.time() - start, "code": code}
+
+
+def with_knob(config: dict, knob: str, value: int) -> dict | None:
+    """``config`` with ``knob`` set to ``value`` where it names a wgmma kernel with that knob."""
+    if knob not in config or config.get("tc_kernel", "wgmma") != "wgmma":
+        return None
+    return {**config, knob: value}
 
 
 def failure(exc: Exception) -> str:
@@ -151,13 +161,20 @@ def main() -> int:
             return f"{rec.cost * 1e3:.4f} ({flops / rec.cost / 1e12:.0f}, {vendor / rec.cost:.2f})" if rec else "-"
 
         median = "-"
+        with_tma = with_knob(config, "wgmma_tma", 1)
+        if args.tma != "off" and with_tma is not None:  # both: ours the cp.async kernel, its TMA twin a peer
+            config = with_tma if args.tma == "on" else with_knob(config, "wgmma_tma", 0)
         try:
             launch, ours_err = ours_launch(template, config, target, sets)
             same, same_err = ours_cell(time_ours_three(launch, len(sets)), times, flops), f"{ours_err:.1e}"
+            peers = {}
+            if args.tma == "both" and with_tma is not None:
+                peers["tma"], tma_err = ours_launch(template, with_tma, target, sets)
+                notes.append(f"{shape}: ours with TMA loads ({label(template, with_tma)}): error {tma_err:.1e}")
             summaries, left_out = compare_in_rounds(
                 shape, launch, cublas_launches(sets, lt=True), len(sets), args.rounds,
-                os.path.join(args.out, "gemm_tc_rounds.jsonl"), dtype=args.dtype, config=label(template, config),
-                tuned=run is not None)
+                os.path.join(args.out, "gemm_tc_rounds.jsonl"), peers=peers, dtype=args.dtype,
+                config=label(template, config), tuned=run is not None)
             median = ", ".join(f"{s.median:.3f} ({s.vendor})" for s in summaries)
             round_rows += [[shape, *rounds_cells(s)] for s in summaries]
             notes += [f"{shape}: {vendor_name} left out of the rounds: {why}" for vendor_name, why in left_out.items()]

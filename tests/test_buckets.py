@@ -89,12 +89,13 @@ def test_a_bucket_config_is_refitted_where_its_raster_does_not_divide_the_size()
                     "wgmma_split_cluster": 0, "wgmma_split_k": 1, "wgmma_stages": 6, "wgmma_tiles": 2}
     at_700 = WgmmaGemmTemplate(700, 3072, 768)
     assert accepted(at_700.space(target), tuned_at_512) is None
-    assert accepted(at_700.space(target), tuned_at_512, at_700.fitted).as_dict() == {**tuned_at_512, "wgmma_raster": 2}
+    written = {**tuned_at_512, "wgmma_tma": 0}  # a database written before the TMA knob: the value it had
+    assert accepted(at_700.space(target), tuned_at_512, at_700.fitted).as_dict() == {**written, "wgmma_raster": 2}
     at_1500 = WgmmaGemmTemplate(1500, 3072, 768)  # 12 tile rows: 4 divides them
-    assert accepted(at_1500.space(target), tuned_at_512, at_1500.fitted).as_dict() == tuned_at_512
+    assert accepted(at_1500.space(target), tuned_at_512, at_1500.fitted).as_dict() == written
     at_900 = WgmmaGemmTemplate(900, 3072, 768)  # 8 tile rows (7 and a ragged one): groups of 8 kept
     assert accepted(at_900.space(target), {**tuned_at_512, "wgmma_raster": 8}, at_900.fitted).as_dict() == \
-        {**tuned_at_512, "wgmma_raster": 8}
+        {**written, "wgmma_raster": 8}
 
 
 def test_a_bucket_row_config_is_refitted_to_the_rows_and_length_of_the_size(opencl):
@@ -141,12 +142,12 @@ def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with()
         how[size] = borrow_schedules(static, target, {name: [(128, tuned_at_128)]})[1][name]
     assert how == {200: "bucket 128 (wgmma_stages 6 here)", 48: "bucket 128"}
     at_700 = WgmmaGemmTemplate(700, 3072, 768)  # 528 tiles: four blocks an SM fit at no depth
-    config = at_700.space(target).make(**tuned_at_128)
+    config = at_700.space(target).make(**tuned_at_128, wgmma_tma=0)
     assert at_700.resized(config, target) == at_700.default_config(target)
     assert WgmmaTile.of(at_700.default_config(target)) == WgmmaTile(64, 128, 4, 1, True, 0)
     at_4096 = WgmmaGemmTemplate(4096, 3072, 768)
-    assert at_4096.resized(at_4096.space(target).make(**tuned_at_128), target) == \
-        at_4096.space(target).make(**tuned_at_128)
+    assert at_4096.resized(at_4096.space(target).make(**tuned_at_128, wgmma_tma=0), target) == \
+        at_4096.space(target).make(**tuned_at_128, wgmma_tma=0)
     two_a_block = config.replace(wgmma_tiles=2)
     assert WgmmaGemmTemplate(200, 3072, 768).resized(two_a_block, target) == two_a_block
 

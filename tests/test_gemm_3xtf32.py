@@ -200,7 +200,8 @@ def _gpu_error(t, cfg, a, b):
                                    dict(wgmma_bm=128, wgmma_bn=128, wgmma_tiles=1, wgmma_split_k=2,
                                         wgmma_split_cluster=1, tf_promote=4),
                                    dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_tiles=1, wgmma_raster=0,
-                                        wgmma_split_k=4, wgmma_split_cluster=1, tf_promote=2)])
+                                        wgmma_split_k=4, wgmma_split_cluster=1, tf_promote=2),
+                                   dict(wgmma_tma=1), dict(wgmma_bm=64, wgmma_bn=64, wgmma_tiles=3, wgmma_tma=1)])
 def test_cuda_3xtf32_matches_float64(knobs):
     t = Gemm3xTf32Template(384, 768, 512)
     target_cfg = t.default_config(offline_cuda())

@@ -67,7 +67,7 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
         return pick_wgmma_tile([(m, n, k)], target, "float16", split_k=True, ragged_m=True, few_waves=few_waves)
 
     assert pick(1024, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # 96 tiles, one wave
-    assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2)
+    assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2, tma=True)  # 24 k steps
     tokens = pick(700, 3072, 768)  # 264 tiles of 64x128: two a SM, so 4 stages rather than 6
     assert (tokens.bm, tokens.bn, tokens.stages, tokens.tiles) == (64, 128, 4, 1)
     assert 2 * (tokens.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM
@@ -129,7 +129,8 @@ def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
     gru_input = WgmmaGemmTemplate(8192, 3072, 1024)  # 64 x 12 tiles of 128x256
     tile = WgmmaTile.of(gru_input.default_config(target))
     assert (tile.bm, tile.bn, tile.tiles, tile.raster, tile.smem_epilogue) == (128, 256, 6, 8, True)
-    assert pick_wgmma_tile([(8192, 3072, 1024)], target, "float32") == WgmmaTile(128, 256, 4, 1, False, 8, tiles=6)
+    assert pick_wgmma_tile([(8192, 3072, 1024)], target, "float32") == WgmmaTile(128, 256, 4, 1, False, 8, tiles=6,
+                                                                                  tma=True)
     assert WgmmaTile.of(WgmmaGemmTemplate(8192, 8192, 8192).default_config(target)).tiles == 16
     assert WgmmaTile.of(WgmmaGemmTemplate(2048, 2048, 2048).default_config(target)).tiles == 1  # 128 tiles
     source = gru_input.build_program(gru_input.default_config(target), target).source
@@ -148,7 +149,7 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
     slices and stores C.  The partial sums are the function's own buffer (TVM's workspace)."""
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
-    cfg = t.default_config(target).replace(wgmma_split_cluster=0)
+    cfg = t.default_config(target).replace(wgmma_split_cluster=0, wgmma_tma=0)  # cp.async: the operands named
     assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2)
     program = t.build_program(cfg, target)
     assert program.params == ("A", "Bt", "C")
@@ -175,8 +176,8 @@ def test_a_cluster_adds_the_slices_of_a_tile_in_its_shared_memory_in_one_kernel(
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
     cfg = t.default_config(target)
-    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, cluster=True)
-    program = t.build_program(cfg, target)
+    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, cluster=True, tma=True)
+    program = t.build_program(cfg.replace(wgmma_tma=0), target)  # cp.async: the operands named
     (gemm,) = program.launches
     assert gemm.grid == (96, 1, 1) and gemm.cluster == (2, 1, 1) and gemm.args == ("A", "Bt", "C")
     kernel = program.source[program.source.index("main_kernel(half* __restrict__ A_ptr"):]

@@ -219,10 +219,10 @@ def _wgmma_args(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # the wgmma kernel's knobs added since its first records (``WgmmaTile.of`` reads them so too)
-WGMMA_KNOBS_ADDED = {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0}
+WGMMA_KNOBS_ADDED = {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0, "wgmma_tma": 0}
 
 _WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|direct)(?: r(\d+))?(?: t(\d+))?"
-                         r"(?: k/(\d+))?( cluster)?")
+                         r"(?: k/(\d+))?( cluster)?( tma)?")
 
 
 def wgmma_tile_named(name: str) -> Any:
@@ -232,9 +232,10 @@ def wgmma_tile_named(name: str) -> Any:
     found = _WGMMA_NAME.fullmatch(name) if isinstance(name, str) else None
     if found is None:
         raise TvmExtError(f"not a wgmma tile: {name!r}")
-    operand, bm, bn, stages, inflight, epilogue, raster, tiles, split, cluster = found.groups()
+    operand, bm, bn, stages, inflight, epilogue, raster, tiles, split, cluster, tma = found.groups()
     tile = WgmmaTile(int(bm), int(bn), int(stages), int(inflight), epilogue == "smem", int(raster or 0),
-                     tiles=int(tiles or 1), split=int(split or 1), cluster=bool(cluster), operand=operand or "float16")
+                     tiles=int(tiles or 1), split=int(split or 1), cluster=bool(cluster), operand=operand or "float16",
+                     tma=bool(tma))
     if tile.name != name:  # e.g. a k step that is not the operand's
         raise TvmExtError(f"not a wgmma tile: {name!r}")
     return tile
@@ -346,7 +347,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm", _gemm, _gemm_args, tune=GEMM_TUNE, matchers=("gemm",), precision=GEMM_PRECISION),
     Operator("gemm_bias", _gemm_bias, _gemm_args, unsupported={"tune": _NO_TUNE_BIAS},
              example={"m": 128, "n": 128, "k": 64}),
-    Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE),
+    Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE, knobs_added=WGMMA_KNOBS_ADDED),
     Operator("gemm_mma", _gemm_mma, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "mma"),
              matchers=("tensor_core",)),
     Operator("gemm_tc", _gemm_tc, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "wmma")),
@@ -382,6 +383,13 @@ def operator_named(name: str) -> Operator:
     if name not in OPERATORS:
         raise TvmExtError(f"unknown template {name!r}; available: {', '.join(template_names())}")
     return OPERATORS[name]
+
+
+def with_knobs_added(names: Sequence[str], config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` (of a space with knobs ``names``, e.g. a bucket database's) with each knob any
+    operator added since such configs were written (``knobs_added``) at its earlier value."""
+    added = {k: v for op in OPERATORS.values() for k, v in op.knobs_added.items() if k in names and k not in config}
+    return {**added, **config}
 
 
 def template_of(workload: Mapping[str, Any]) -> Template | None:

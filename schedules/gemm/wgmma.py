@@ -88,6 +88,10 @@ KNOBS = (
          "with K split: 1: a tile's slices run as one thread-block cluster (Hopper) and add their sums through "
          "distributed shared memory, each block the epilogue of its share of the tile's rows (one kernel, no "
          "sums in global memory); 0: float32 sums to global memory, added by a second kernel"),
+    Knob("wgmma_tma", (0, 1),
+         "1: a stage's A and Bt tiles loaded by the Tensor Memory Accelerator (one thread issues both boxes, "
+         "a barrier a stage counts their bytes; tensor maps encoded on the host) instead of every thread's "
+         "16-byte cp.async"),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
@@ -111,6 +115,7 @@ class WgmmaTile:
     split: int = 1  # slices of K (units a C tile), their sums added by a second kernel
     cluster: bool = False  # with a split: the slices a thread-block cluster, added in its shared memory
     operand: str = "float16"  # ``OPERANDS``
+    tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each
 
     @property
     def bk(self) -> int:
@@ -122,13 +127,13 @@ class WgmmaTile:
         c = config.as_dict()
         return cls(c["wgmma_bm"], c["wgmma_bn"], c["wgmma_stages"], c["wgmma_inflight"], bool(c["wgmma_smem_epilogue"]),
                    c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
-                   cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand)
+                   cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wgmma_bm=self.bm, wgmma_bn=self.bn, wgmma_stages=self.stages, wgmma_inflight=self.inflight,
                     wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
-                    wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster))
+                    wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma))
 
     @property
     def name(self) -> str:
@@ -136,14 +141,19 @@ class WgmmaTile:
                 f"s{self.stages} w{self.inflight} "
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
-                f"{' cluster' if self.cluster else ''}")
+                f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}")
 
     @property
     def threads(self) -> int:
         return self.bm // 64 * 128
 
     def smem_bytes(self) -> int:
+        """The stages' shared memory (with ``tma``, their barriers follow: ``barrier_bytes``)."""
         return self.stages * (self.bm + self.bn) * 128
+
+    def barrier_bytes(self) -> int:
+        """Shared memory of the stages' barriers (8 bytes a stage with ``tma``), after the stages."""
+        return 8 * self.stages if self.tma else 0
 
     def cluster_sum_bytes(self) -> int:
         """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""
@@ -203,8 +213,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: the raster group ({t.raster}) must divide the {-(-m // t.bm)} tile rows"
     if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
         return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
-    if t.smem_bytes() > shared_limit:
-        return f"{t.name}: {t.smem_bytes()} bytes of shared memory > {shared_limit} (the limit of a block)"
+    if t.smem_bytes() + t.barrier_bytes() > shared_limit:
+        return (f"{t.name}: {t.smem_bytes() + t.barrier_bytes()} bytes of shared memory > {shared_limit} "
+                "(the limit of a block)")
     if t.tiles < 1:
         return f"{t.name}: a block computes at least one tile"
     if t.tiles > 1 and t.smem_epilogue and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage():

@@ -27,6 +27,7 @@ OPERAND_STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float3
 OPERAND_PTX = {"float16": "k16.f32.f16.f16", "bfloat16": "k16.f32.bf16.bf16", "tf32": "k8.f32.tf32.tf32",
                "e4m3": "k32.f32.e4m3.e4m3", "e5m2": "k32.f32.e5m2.e5m2"}
 K_MAJOR_ONLY = ("tf32", "e4m3", "e5m2")  # operands wgmma reads K-major only: its lines have no transpose
+TMA_SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: the TMA writes the swizzle the descriptors read
 REDUCE_THREADS = 256  # threads a block of the split sums' kernel, four columns each
 
 
@@ -48,6 +49,7 @@ class Tile(Protocol):
     split: int
     cluster: bool
     operand: str
+    tma: bool
 
     @property
     def bk(self) -> int: ...
@@ -89,6 +91,7 @@ class KernelLayout:
     c_tiles: int
     group: int  # raster 0 = groups of one tile row = row-major
     pieces: int  # warpgroups' C one stage holds
+    tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each after the stages
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -105,7 +108,7 @@ class KernelLayout:
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
                    k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
-                   pieces=cfg.c_pieces_per_stage())
+                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma)
 
     # sizes derived from the fields
     @property
@@ -213,6 +216,61 @@ class KernelLayout:
         desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
         addr = (smem_base + elems * self.elem) & 0x3FFFF
         return desc_hi | T.Cast("uint64", (addr >> 4) | ((leading >> 4) << 16))
+
+    # the Tensor Memory Accelerator's stages
+    @property
+    def smem_elems(self) -> int:
+        """The dynamic shared memory's elements: the stages, and with ``tma`` their barriers after."""
+        return self.stages * self.stage + (8 * self.stages // self.elem if self.tma else 0)
+
+    def stage_barrier(self, smem: Any, index: Any) -> Any:
+        """The shared address of stage ``index``'s barrier (``tma``), after the stages: written as
+        the address of the barrier's last element less the bytes before it, because TVM sizes a
+        kernel's dynamic shared memory by the largest index of ``smem`` it sees (from the base
+        address plus bytes it saw none: 163,842 bytes of 196,640 for a block of several tiles,
+        the last stage and the barriers out of range; from the first element, 6 bytes short)."""
+        from tvm.script import tirx as T
+
+        words = 8 // self.elem  # elements a barrier
+        last = T.cuda.cvta_generic_to_shared(smem.ptr_to([self.stages * self.stage + index * words + words - 1]))
+        return last - T.uint32(8 - self.elem)
+
+    def tensor_map_dims(self, shape: Sequence[int]) -> list[Any]:
+        """``tensormap_encode_tiled``'s sizes of an operand of ``shape`` (batch axes, then its
+        matrix): dimensions and byte strides, innermost first."""
+        dims = [int(x) for x in reversed(shape)]
+        strides = [int(np.prod(dims[:i + 1], dtype=np.int64)) * self.elem for i in range(len(dims) - 1)]
+        return [*dims, *strides]
+
+    @staticmethod
+    def tensor_map_box(inner: int, outer: int, rank: int) -> list[int]:
+        """A box of ``outer`` rows of ``inner`` elements (one matrix of any batch axes), and unit
+        element strides."""
+        return [inner, outer, *[1] * (rank - 2), *[1] * rank]
+
+    @property
+    def b_box(self) -> tuple[int, int]:
+        """B's box: a stage's Bt tile (bk x bn), or B (k, n) N-major, one 64-wide N atom of bk rows."""
+        return (64, self.bk) if self.n_major else (self.bk, self.bn)
+
+    @property
+    def b_boxes(self) -> int:
+        """B's boxes a stage: the N atoms of B (k, n), else one."""
+        return self.bn // 64 if self.n_major else 1
+
+    def a_coordinates(self, at: list[Any], row0: Any, kt: Any) -> list[Any]:
+        """A's box of k tile ``kt`` at rows ``row0``, innermost first (rows past M load as zeros)."""
+        from tvm.script import tirx as T
+
+        return [T.Cast("int32", x) for x in (kt * self.bk, row0, *reversed(at))]
+
+    def b_coordinates(self, at: list[Any], col0: Any, kt: Any, atom: int) -> list[Any]:
+        """B's box ``atom`` of k tile ``kt`` at columns ``col0``, innermost first."""
+        from tvm.script import tirx as T
+
+        lead = reversed(at if self.b_batched else [])
+        inner = (col0 + atom * 64, kt * self.bk) if self.n_major else (kt * self.bk, col0)
+        return [T.Cast("int32", x) for x in (*inner, *lead)]
 
     # global memory
     def k_major(self, X: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
@@ -351,8 +409,11 @@ class Staging:
 
 def staging(L: KernelLayout) -> Staging:
     """The macros filling a stage: 16-byte ``cp.async`` of A's and B's k tile, each thread its
-    chunks, into the 128-byte swizzle (B N-major: 64-wide atoms)."""
+    chunks, into the 128-byte swizzle (B N-major: 64-wide atoms); with ``tma`` the TMA's boxes."""
     from tvm.script import tirx as T
+
+    if L.tma:
+        return tma_staging(L)
 
     @T.macro
     def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, tx: Any) -> None:
@@ -373,6 +434,73 @@ def staging(L: KernelLayout) -> Staging:
                    L.tile_row0(bid + it // L.k_tiles * L.grid), L.tile_col0(bid + it // L.k_tiles * L.grid), tx)
 
     return Staging(load_stage, load_iteration)
+
+
+def tma_staging(L: KernelLayout) -> Staging:
+    """The macros filling a stage by the Tensor Memory Accelerator: thread 0 tells the stage's
+    barrier the bytes to expect and issues A's and Bt's boxes, which the TMA writes in the 128-byte
+    swizzle the descriptors read (``A`` and ``Bt`` are their tensor maps here).  The proxy fence
+    orders the block's earlier generic accesses of the stage (a staged C) before the TMA's writes."""
+    from tvm.script import tirx as T
+
+    copy = "cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    a_copy, b_copy = copy.format(len(L.a_shape)), copy.format(len(L.bt_shape))
+
+    @T.macro
+    def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, tx: Any) -> None:
+        """k tile ``kt`` of A and B into stage ``slot`` (elements), counted on its barrier."""
+        if tx == 0:
+            bar = T.meta_var(L.stage_barrier(smem, slot // L.stage))
+            T.ptx["fence.proxy.async.shared::cta"]()
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage * L.elem))
+            T.ptx[a_copy](smem.ptr_to([slot]), T.address_of(A), *L.a_coordinates(at, row0, kt), bar)
+            for j in T.unroll(L.b_boxes):  # B's 64-wide N atoms, bk * 64 elements apart (one box K-major)
+                T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * 64]), T.address_of(Bt),
+                              *L.b_coordinates(at, col0, kt, j), bar)
+
+    @T.macro
+    def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
+        load_stage(smem, A, Bt, it % L.stages * L.stage, L.global_kt(bid + it // L.k_tiles * L.grid, it % L.k_tiles),
+                   L.tile_lead(bid + it // L.k_tiles * L.grid),
+                   L.tile_row0(bid + it // L.k_tiles * L.grid), L.tile_col0(bid + it // L.k_tiles * L.grid), tx)
+
+    return Staging(load_stage, load_iteration)
+
+
+def stage_waits(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """The macros ``init(smem, tx)`` (before the prologue), ``landed(smem, it, done)`` (before the
+    block barrier of iteration ``it``: its stage has landed) and ``issued()`` (after a stage's
+    loads): cp.async groups, or with ``tma`` a barrier a stage, waited on for the phase of the
+    iteration's round of the stages."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def init(smem: Any, tx: Any) -> None:
+        if L.tma:
+            if tx == 0:
+                for i in T.unroll(L.stages):
+                    T.ptx["mbarrier.init.shared::cta.b64"](L.stage_barrier(smem, i), T.uint32(1))
+                T.ptx["fence.mbarrier_init.release.cluster"]()
+            T.tvm_storage_sync("shared")
+
+    @T.macro
+    def landed(smem: Any, it: Any, done: Any) -> None:
+        if L.tma:
+            done[0] = T.uint32(0)
+            while done[0] == T.uint32(0):
+                T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
+                    done[0], L.stage_barrier(smem, it % L.stages),
+                    T.Cast("uint32", it // L.stages % 2))
+        else:
+            T.ptx["cp.async.wait_group"](L.ahead - 1)  # this iteration's stage has landed (this thread's copies)
+            T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
+
+    @T.macro
+    def issued() -> None:
+        if not L.tma:
+            T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
+
+    return init, landed, issued
 
 
 @dataclass(frozen=True)
@@ -564,6 +692,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
     from tvm.script import tirx as T
 
     stages, stage, ahead, threads = L.stages, L.stage, L.ahead, L.threads
+    init, landed, issued = stage_waits(L)
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -571,9 +700,10 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
             if L.clustered:
                 T.launch_thread("clusterCtaIdx.x", L.split)
             with T.launch_thread("threadIdx.x", threads) as tx:
-                smem = T.alloc_buffer((stages * stage,), L.in_dtype, scope="shared.dyn", align=1024)
+                smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")  # promoted sums
+                done = T.alloc_buffer((1,), "uint32", scope="local")
                 row0 = L.tile_row0(bid)
                 col0 = L.tile_col0(bid)
                 at = T.meta_var(L.tile_lead(bid))
@@ -583,18 +713,18 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                     acc[i] = T.float32(0)
                     if L.promoting:
                         total[i] = T.float32(0)
+                init(smem, tx)
                 for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
                     staged.load_stage(smem, A, Bt, s * stage, L.global_kt(bid, s), at, row0, col0, tx)
-                    T.ptx["cp.async.commit_group"]()
+                    issued()
                 for kt in T.serial(L.k_tiles):
-                    T.ptx["cp.async.wait_group"](ahead - 1)  # tile kt has landed (this thread's copies)
-                    T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy
+                    landed(smem, kt, done)  # tile kt has landed (this thread's copies, or the TMA's)
                     T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
                     step.mma_stage(base, acc, kt % stages * stage, wg, L.kept(kt))
                     if kt + ahead < L.k_tiles:  # refill the stage that tile kt-1-inflight used
                         nxt = (kt + ahead) % stages * stage
                         staged.load_stage(smem, A, Bt, nxt, L.global_kt(bid, kt + ahead), at, row0, col0, tx)
-                    T.ptx["cp.async.commit_group"]()  # possibly empty: keeps the group count uniform
+                    issued()
                     T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)  # tile kt-inflight's wgmma retired
                     if L.promoting:
                         step.promotion(acc, total, kt)
@@ -618,21 +748,24 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
     from tvm.script import tirx as T
 
     stages, stage, ahead, k_tiles, grid = L.stages, L.stage, L.ahead, L.k_tiles, L.grid
+    init, landed, issued = stage_waits(L)
 
     @T.macro
     def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any) -> None:
         with T.launch_thread("blockIdx.x", grid) as bid:
             with T.launch_thread("threadIdx.x", L.threads) as tx:
-                smem = T.alloc_buffer((stages * stage,), L.in_dtype, scope="shared.dyn", align=1024)
+                smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")  # promoted sums
+                done = T.alloc_buffer((1,), "uint32", scope="local")
                 wg = tx // 128
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
                 mine = T.meta_var((L.units - 1 - bid) // grid + 1)  # units of this block
+                init(smem, tx)
                 for s in T.unroll(ahead):  # prologue: iterations 0 .. ahead-1
                     if s < mine * k_tiles:
                         staged.load_iteration(smem, A, Bt, bid, s, tx)
-                    T.ptx["cp.async.commit_group"]()
+                    issued()
                 for t in T.serial(mine):
                     row0 = T.meta_var(L.tile_row0(bid + t * grid))
                     col0 = T.meta_var(L.tile_col0(bid + t * grid))
@@ -642,13 +775,12 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                         if L.promoting:
                             total[i] = T.float32(0)
                     for kt in T.serial(k_tiles):
-                        T.ptx["cp.async.wait_group"](ahead - 1)  # this iteration's stage has landed (this thread's)
-                        T.ptx["fence.proxy.async.shared::cta"]()
+                        landed(smem, t * k_tiles + kt, done)  # this iteration's stage has landed
                         T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
                         step.mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg, L.kept(kt))
                         if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
                             staged.load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
-                        T.ptx["cp.async.commit_group"]()
+                        issued()
                         T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
                         if L.promoting:
                             step.promotion(acc, total, kt)
@@ -685,7 +817,27 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
         else:
             units_gemm(A, Bt, bias, C)
 
-    return run
+    a_rank, b_rank = len(L.a_shape), len(L.bt_shape)
+
+    @T.macro
+    def run_tma(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+        """``run`` on the tensor maps of A and Bt (encoded on the host; the kernel's parameters)."""
+        a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        T.evaluate(T.tensormap_encode_tiled(a_map, A.data, *L.tensor_map_dims(L.a_shape),
+                                            *L.tensor_map_box(L.bk, L.bm, a_rank), descriptor_dtype=L.in_dtype,
+                                            rank=a_rank, swizzle=TMA_SWIZZLE_128B))
+        b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
+        T.evaluate(T.tensormap_encode_tiled(b_map, Bt.data, *L.tensor_map_dims(L.bt_shape),
+                                            *L.tensor_map_box(*L.b_box, b_rank), descriptor_dtype=L.in_dtype,
+                                            rank=b_rank, swizzle=TMA_SWIZZLE_128B))
+        if L.split > 1 and not L.clustered:
+            P = T.alloc_buffer((L.split, *L.c_shape), "float32", scope="global")
+            units_gemm(a_map, b_map, bias, P)
+            add_slices(P, bias, C)
+        else:
+            units_gemm(a_map, b_map, bias, C)
+
+    return run_tma if L.tma else run
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,13 @@ FIRST_PICK_PADDING = 0.125
 FEW_WAVES = 2
 FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0),)
 MIN_RESIDENT_STAGES = 4
+# the pick loads its stages by the TMA where a block runs at least this many k steps, with 16-bit
+# operands: at 4096^3, 8192^3, the GRU's 8192x3072x1024 and BERT-base's FFN (24-48 k steps a
+# block) it was 1.03-1.11x the cp.async kernel; at 1024x768x768 (one tile of 12 k steps a block)
+# 0.94x, its one thread's prologue not paid back (docs/results/gemm.md); 8-bit and TF32 operands
+# keep cp.async until measured
+TMA_MIN_STEPS = 24
+TMA_OPERANDS = ("float16", "bfloat16")
 STAGE_CHOICES = tuple(sorted(next(k for k in KNOBS if k.name == "wgmma_stages").choices, reverse=True))
 
 
@@ -121,7 +128,36 @@ def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
     return tile if tile.stages <= most else dataclasses.replace(tile, stages=most)
 
 
+def block_steps(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
+    """The k steps the busiest block of ``t`` runs on the shortest K of ``shapes`` (its units
+    one after another, one pipeline across them)."""
+    units = c_tile_count(t, shapes, matrices) * t.split
+    busiest = -(-units // -(-units // t.tiles))
+    return busiest * min(int(k) for _, _, k in shapes) // t.bk // t.split
+
+
+def with_tma(t: WgmmaTile, shapes: Any, limit: int, b_layout: str, matrices: int = 1) -> WgmmaTile:
+    """``t`` loading its stages by the TMA where its operand is 16-bit and its busiest block runs
+    at least ``TMA_MIN_STEPS`` k steps (and the stages' barriers fit); ``t`` elsewhere."""
+    if t.operand not in TMA_OPERANDS or block_steps(t, shapes, matrices) < TMA_MIN_STEPS:
+        return t
+    loaded = dataclasses.replace(t, tma=True)
+    return loaded if runs(loaded, shapes, limit, b_layout) else t
+
+
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
+                    candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
+                    split_k: bool = False, operand: str = "float16", ragged_m: bool = False,
+                    few_waves: bool = False) -> WgmmaTile | None:
+    """``first_wave_pick``'s tile, its stages loaded by the TMA where ``with_tma`` says."""
+    tile = first_wave_pick(shapes, target, c_dtype, b_layout, candidates, matrices, split_k, operand, ragged_m,
+                           few_waves)
+    if tile is None:
+        return None
+    return with_tma(tile, shapes, shared_limit(target), b_layout, matrices)
+
+
+def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
                     split_k: bool = False, operand: str = "float16", ragged_m: bool = False,
                     few_waves: bool = False) -> WgmmaTile | None:
@@ -189,7 +225,7 @@ def tiles_per_sm(t: WgmmaTile, shapes: Any, sm_count: int, matrices: int = 1) ->
 
 def resident(t: WgmmaTile, blocks: int) -> bool:
     """Whether ``blocks`` blocks of ``t`` fit one SM's shared memory together."""
-    return blocks * (t.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM
+    return blocks * (t.smem_bytes() + t.barrier_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM
 
 
 def resident_stages(t: WgmmaTile, blocks: int) -> WgmmaTile | None:

@@ -24,6 +24,7 @@ CLUSTER_TAGS = ("clusterCtaIdx.x", "clusterCtaIdx.y", "clusterCtaIdx.z")  # thre
 DYN_SHARED_TAG = "tirx.use_dyn_shared_memory"  # launch parameter: bytes of dynamic shared memory
 MAIN = "main"  # the function a single-PrimFunc program is called by
 WORKSPACE = "workspace:"  # a launch argument that is a buffer of the function's own (TVM allocates it)
+TENSOR_MAP = "tensormap:"  # a launch argument that is a TMA tensor map the host function encodes
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,14 @@ def plain_json(value: Any) -> Any:
     return str(value)
 
 
+def _is_tensor_map(arg: Any) -> bool:
+    """Whether a kernel call's argument is a CUDA tensor map (a pointer to ``TensorMapType``)."""
+    import tvm
+
+    ty = getattr(arg, "ty", None)
+    return isinstance(ty, tvm.ir.PointerType) and isinstance(ty.element_type, tvm.tirx.TensorMapType)
+
+
 def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, ...], tuple[str, ...]]:
     """Lower ``mod`` as ``tvm.compile`` does and read the host's kernel calls.
 
@@ -179,6 +188,9 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
                 continue
             if text in workspaces:  # a global buffer of the function's own
                 args.append(f"{WORKSPACE}{text.removesuffix('.data')}")
+                continue
+            if _is_tensor_map(arg):  # encoded by the host function before the launch
+                args.append(f"{TENSOR_MAP}{text}")
                 continue
             if not text.endswith(".data") or text[:-5] not in params:
                 raise RuntimeError(f"kernel argument {text!r} is not a function parameter")

@@ -171,9 +171,12 @@ def accepted(space: Any, values: Mapping[str, Any],
              fitted: Callable[[Config], Config] | None = None) -> Config | None:
     """``values`` as a config of ``space`` (knobs renamed since read as today's), refitted by
     ``fitted`` (the template's: knobs that count the tiles) where the space refuses it as it is;
-    None where it refuses both: a value it does not offer, or an infeasible combination at this size."""
+    None where it refuses both: a value it does not offer, or an infeasible combination at this size.
+    Knobs added since ``values`` were written take their earlier value (``with_knobs_added``)."""
+    from ..operators import with_knobs_added
+
     try:
-        config = space.decode(space.encode(Config.of(dict(values))))
+        config = space.decode(space.encode(Config.of(with_knobs_added(space.names, values))))
     except TvmExtError:
         return None
     reason = space.infeasible_reason(config)
