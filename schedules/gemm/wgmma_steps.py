@@ -4,11 +4,11 @@
 swizzle, descriptors, which C tile and K slice a unit is, the accumulator fragment).  ``CValue``:
 what C stores for an accumulator (scale, bias, cast, or a caller's epilogue).  Then a function
 per step, each returning TIR macros that close over the layout: the loads of k tiles into the
-stages (``wgmma_loads``: cp.async, or the TMA with ``wgmma_tma``), the wgmma of a k step and the promotion of its sums (``mma``), the stores after
-the k loop (``stores``: direct, through shared memory, or a K slice's float32 sums), the sum of
-a cluster's K slices (``cluster_sum``), the second kernel adding unclustered slices
-(``add_slices``), the kernels with their launch and k loops (``one_unit_kernel``,
-``several_units_kernel``), and the PrimFunc around them (``prim_func``).
+stages (``wgmma_loads``: cp.async, or the TMA with ``wgmma_tma``), the wgmma of a k step and the
+promotion of its sums (``mma``), the stores after the k loop (``stores``: direct, through shared
+memory, or a K slice's float32 sums), the sum of a cluster's K slices (``cluster_sum``), the second
+kernel adding unclustered slices (``add_slices``), the kernels with their launch and k loops
+(``one_unit_kernel``, ``several_units_kernel``), and the PrimFunc around them (``prim_func``).
 """
 from __future__ import annotations
 

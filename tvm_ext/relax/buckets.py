@@ -226,13 +226,13 @@ def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
                      without: Collection[str] = ()) -> tuple[Any, dict[str, str]]:
     """Every unscheduled function of ``borrowed`` scheduled by the first of its buckets' configs
     that its template (at this function's size) accepts and that lowers, resized for this size
-    by the template (``Template.resized``).  Returns the module and, for each function of
+    by the template (``Template.resized``); where none does, by the template's own pick at this
+    size (``default_config``: no measurement).  Returns the module and, for each function of
     ``borrowed``, what schedules it: "database" (scheduled already), "bucket B" (B's config; the
-    knobs resized named after it) or "dlight" (no bucket's config fits)."""
+    knobs resized named after it), "pick" or "dlight" (no template takes it)."""
     import tvm
 
-    from .tasks import MATCHERS, match_task
-    from .tvm_export import replay
+    from .tasks import match_task
 
     how = {}
     for gv, func in list(mod.functions_items()):
@@ -254,11 +254,7 @@ def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
                 if config is None:
                     continue
                 resized = match.template.resized(config, target)
-                if match.substitutes:
-                    scheduled = MATCHERS[match.matcher].substitute(func, match.template, match.site, resized, target)
-                else:
-                    scheduled = replay(match, resized, tvm.IRModule({"main": func}), target).mod["main"]
-                    scheduled = scheduled.with_attr("tirx.is_scheduled", True)
+                scheduled = _scheduled(match, func, resized, target)
             except Exception:  # noqa: BLE001 - a config this size cannot take: the next bucket's
                 continue
             mod[gv] = scheduled.without_attr("global_symbol")  # private again, as the module had it
@@ -266,7 +262,27 @@ def borrow_schedules(mod: Any, target: TargetInfo, borrowed: Borrowed,
             changed = [f"{k} {after[k]}" for k in sorted(after) if before.get(k) != after[k]]
             how[name] = f"bucket {bucket}" + (f" ({', '.join(changed)} here)" if changed else "")
             break
+        else:  # no bucket's config fits this size (e.g. K split where M is ragged): the template's pick
+            try:
+                mod[gv] = _scheduled(match, func, match.template.default_config(target), target) \
+                    .without_attr("global_symbol")
+                how[name] = "pick"
+            except Exception:  # noqa: BLE001 - no config of the template at this size: dlight's
+                pass
     return mod, how
+
+
+def _scheduled(match: Any, func: Any, config: Any, target: TargetInfo) -> Any:
+    """``func`` (a matched task) scheduled by ``config`` of its template: the template's kernel in
+    its place where the matcher substitutes, else the config's schedule replayed on it."""
+    import tvm
+
+    from .tasks import MATCHERS
+    from .tvm_export import replay
+
+    if match.substitutes:
+        return MATCHERS[match.matcher].substitute(func, match.template, match.site, config, target)
+    return replay(match, config, tvm.IRModule({"main": func}), target).mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 class BucketedModel:
@@ -282,7 +298,8 @@ class BucketedModel:
         self.mod, self.target, self.database, self.function = mod, target, database, function
         self.log, self.without, self.gru_storage = log, tuple(without), gru_storage
         self.where = symbolic_vars(mod, function)[self.buckets.var]  # (input, axis) of the dimension
-        self.schedules: dict[int, dict[str, str]] = {}  # size -> function -> "database" | "bucket B" | "dlight"
+        # size -> function -> "database" | "bucket B" | "pick" | "dlight"
+        self.schedules: dict[int, dict[str, str]] = {}
         self._compiled: OrderedDict[int, Any] = OrderedDict()
 
     def size_of(self, inputs: Sequence[np.ndarray]) -> int:
