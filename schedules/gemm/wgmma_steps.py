@@ -679,12 +679,7 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
         T.evaluate(T.tensormap_encode_tiled(b_map, Bt.data, *tensor_map_dims(L, L.bt_shape),
                                             *tensor_map_box(*b_box(L), b_rank), descriptor_dtype=L.in_dtype,
                                             rank=b_rank, swizzle=TMA_SWIZZLE_128B))
-        if L.split > 1 and not L.clustered:
-            P = T.alloc_buffer((L.split, *L.c_shape), "float32", scope="global")
-            units_gemm(a_map, b_map, bias, P)
-            add_slices(P, bias, C)
-        else:
-            units_gemm(a_map, b_map, bias, C)
+        run(a_map, b_map, bias, C)
 
     return run_tma if L.tma else run
 
