@@ -110,7 +110,7 @@ def test_an_fp8_record_names_its_formats_and_loads_back():
 def test_the_float16_wgmma_kernel_is_unchanged_by_the_fp8_operands():
     """The operand table grew 1-byte entries; float16's and TF32's programs read the same."""
     from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
-    from tvm_ext.schedules.gemm.wgmma_steps import K_MAJOR_ONLY, KernelLayout
+    from tvm_ext.schedules.gemm.wgmma_layout import K_MAJOR_ONLY, KernelLayout
 
     assert "float16" not in K_MAJOR_ONLY and "tf32" in K_MAJOR_ONLY
     layout = KernelLayout.of(WgmmaTile(operand="e4m3"), 256, 256, 256, "NK", (), True, 0)

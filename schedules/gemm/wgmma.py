@@ -54,8 +54,8 @@ from tvm_ext.measure.program import CompiledProgram, compile_module_program
 from tvm_ext.core.space import Config, Knob
 from tvm_ext.target import TargetInfo
 
-from .wgmma_steps import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, CValue, KernelLayout, Prepare, b_shape,  # noqa: F401
-                          kernels, prim_func)
+from .wgmma_layout import K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape  # noqa: F401
+from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
 # B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read

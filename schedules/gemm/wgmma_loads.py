@@ -6,12 +6,11 @@ one thread and counted on a barrier a stage (``tma_staging``; ``wgmma_tma``), th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .wgmma_steps import KernelLayout
+from .wgmma_layout import KernelLayout
 
 TMA_SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: the TMA writes the swizzle the descriptors read
 

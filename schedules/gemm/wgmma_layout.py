@@ -1,0 +1,316 @@
+"""The layout of a wgmma GEMM kernel: what its operands are (``OPERANDS``: bytes an element,
+the stages' dtype, the instruction's type suffix) and ``KernelLayout``, the sizes and index maps
+derived once from a tile and a GEMM's shape (stages, swizzle, descriptors, which C tile and K slice
+a unit is, the accumulator fragment) that the loads (``wgmma_loads``) and the kernel's steps
+(``wgmma_steps``) read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+# what wgmma reads from shared memory: float16 or bfloat16 (k16 instructions, one layout),
+# float32 words as TF32 (k8 instructions, both operands K-major, the low 13 mantissa bits ignored:
+# ``gemm_3xtf32`` splits float32 into such parts), or 8-bit floats, e4m3 or e5m2 (k32
+# instructions, both operands K-major): the same 128-byte swizzle rows, of 64, 32 or 128 elements
+OPERANDS = {"float16": 2, "bfloat16": 2, "tf32": 4, "e4m3": 1, "e5m2": 1}  # -> bytes an element
+OPERAND_STORAGE = {"float16": "float16", "bfloat16": "bfloat16", "tf32": "float32",  # -> A's, Bt's, the stages'
+                   "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+OPERAND_PTX = {"float16": "k16.f32.f16.f16", "bfloat16": "k16.f32.bf16.bf16", "tf32": "k8.f32.tf32.tf32",
+               "e4m3": "k32.f32.e4m3.e4m3", "e5m2": "k32.f32.e5m2.e5m2"}
+K_MAJOR_ONLY = ("tf32", "e4m3", "e5m2")  # operands wgmma reads K-major only: its lines have no transpose
+REDUCE_THREADS = 256  # threads a block of the split sums' kernel, four columns each
+
+
+def b_shape(n: int, k: int, b_layout: str) -> tuple[int, int]:
+    """The stored shape of the second operand: Bt (n, k), or B (k, n) with ``b_layout`` "KN"."""
+    return (k, n) if b_layout == "KN" else (n, k)
+
+
+class Tile(Protocol):
+    """What the layout reads of a tile (``wgmma.WgmmaTile``)."""
+
+    bm: int
+    bn: int
+    stages: int
+    inflight: int
+    smem_epilogue: bool
+    raster: int
+    tiles: int
+    split: int
+    cluster: bool
+    operand: str
+    tma: bool
+
+    @property
+    def bk(self) -> int: ...
+
+    def c_pieces_per_stage(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """The sizes of a wgmma kernel (stages and counts in elements of the operand) and its index
+    maps: a unit is a C tile's K slice (unit u: slice u // c_tiles of tile u % c_tiles, or with
+    a cluster slice u % split of tile u // split); a block computes units b, b + grid, ..."""
+
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    smem_epilogue: bool
+    inflight: int
+    tiles: int  # units a block
+    split: int  # units a C tile (slices of K)
+    clustered: bool  # a tile's slices are the blocks of a cluster: adjacent units
+    promote: int  # k steps between promotions of the sums (0: never)
+    k_major_only: bool  # the operand has no transposed read (``K_MAJOR_ONLY``): no transpose immediates
+    n_major: bool  # B stored (k, n), read N-major
+    b_batched: bool
+    in_dtype: str  # A's, Bt's and the stages'
+    elem: int  # bytes an element of A, Bt and the stages
+    mma: str  # the wgmma instruction
+    lead: tuple[int, ...]  # batch axes
+    a_shape: tuple[int, ...]
+    bt_shape: tuple[int, ...]
+    c_shape: tuple[int, ...]
+    m: int
+    n: int
+    k_tiles: int  # k steps of a unit
+    grid_n: int
+    per_matrix: int  # C tiles of one matrix of the batch
+    c_tiles: int
+    group: int  # raster 0 = groups of one tile row = row-major
+    pieces: int  # warpgroups' C one stage holds
+    tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each after the stages
+
+    @classmethod
+    def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
+           promote: int) -> "KernelLayout":
+        lead = tuple(int(x) for x in batch)
+        split = cfg.split
+        per_matrix = -(-m // cfg.bm) * (n // cfg.bn)  # a ragged M's last tile row counted
+        return cls(bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, stages=cfg.stages, smem_epilogue=cfg.smem_epilogue,
+                   inflight=cfg.inflight, tiles=cfg.tiles, split=split, clustered=cfg.cluster, promote=promote,
+                   k_major_only=cfg.operand in K_MAJOR_ONLY, n_major=b_layout == "KN", b_batched=b_batched,
+                   in_dtype=OPERAND_STORAGE[cfg.operand], elem=OPERANDS[cfg.operand],
+                   mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}{OPERAND_PTX[cfg.operand]}",
+                   lead=lead, a_shape=(*lead, m, k), c_shape=(*lead, m, n),
+                   bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
+                   k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
+                   c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
+                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma)
+
+    # sizes derived from the fields
+    @property
+    def ragged(self) -> bool:
+        """M is no multiple of bm: the last tile row reads rows of A below M again in place of
+        those past it (``row_below_m``) and stores only C's rows below M (``in_rows``)."""
+        return self.m % self.bm != 0
+
+    @property
+    def threads(self) -> int:
+        return self.bm // 64 * 128
+
+    @property
+    def n_acc(self) -> int:
+        """float32 accumulator registers per thread (m64nN: N/2)."""
+        return self.bn // 2
+
+    @property
+    def chunk_elems(self) -> int:
+        """Elements a 16-byte cp.async moves."""
+        return 16 // self.elem
+
+    @property
+    def k_inst(self) -> int:
+        """k of one wgmma: 32 bytes of each row."""
+        return 32 // self.elem
+
+    @property
+    def a_stage(self) -> int:
+        return self.bm * self.bk
+
+    @property
+    def stage(self) -> int:
+        return self.a_stage + self.bn * self.bk
+
+    @property
+    def a_loads(self) -> int:
+        """16-byte cp.async a thread of a stage's A tile."""
+        return self.a_stage // self.chunk_elems // self.threads
+
+    @property
+    def b_loads(self) -> int:
+        return self.bn * self.bk // self.chunk_elems // self.threads
+
+    @property
+    def units(self) -> int:
+        return self.c_tiles * self.split
+
+    @property
+    def grid(self) -> int:
+        """Blocks; block b computes units b, b + grid, ..."""
+        return -(-self.units // self.tiles)
+
+    @property
+    def ahead(self) -> int:
+        """k tiles loaded ahead of the one being multiplied."""
+        return self.stages - 1 - self.inflight
+
+    @property
+    def c_stride(self) -> int:
+        """Halves per C row in shared memory (padded: conflict-free half2 writes); also float32 a
+        row of a cluster's sums."""
+        return self.bn + 8
+
+    @property
+    def c_loads(self) -> int:
+        """A tile's or a warpgroup's C, 16 bytes a thread (= 64 * bn // 8 // 128)."""
+        return self.bm * self.bn // 8 // self.threads
+
+    @property
+    def band(self) -> int:
+        """With a cluster: rows of the tile each of its blocks adds and stores."""
+        return self.bm // self.split
+
+    @property
+    def quads(self) -> int:
+        """C's elements, four a thread of the slices' sum kernel."""
+        return self.c_tiles * self.bm * self.bn // 4
+
+    @property
+    def promoting(self) -> bool:
+        return self.promote > 0
+
+    # shared memory and the wgmma descriptors
+    def swizzled(self, chunk: Any) -> Any:
+        """Element offset in a stage tile of 16-byte chunk ``chunk`` (row chunk // 8, column chunk % 8)."""
+        row = chunk // 8
+        return row * self.bk + (chunk % 8 ^ row % 8) * self.chunk_elems
+
+    def b_chunk(self, chunk: Any) -> Any:
+        """Halves offset in a B stage tile of 16-byte chunk ``chunk`` of the global tile: K-major,
+        the swizzled row of an N index; N-major (B (k, n)), row k of its 64-wide N atom."""
+        if not self.n_major:
+            return self.swizzled(chunk)
+        row, column = chunk // (self.bn // 8), chunk % (self.bn // 8)
+        return column // 8 * (self.bk * 64) + row * 64 + (column % 8 ^ row % 8) * 8
+
+    def desc(self, smem_base: Any, elems: Any, leading: int = 16) -> Any:
+        """wgmma matrix descriptor of the 128-byte-swizzled tile at ``elems`` into smem: K-major
+        (the leading byte offset unused), or N-major with ``leading`` the bytes between its
+        64-wide N atoms; 8-row groups 1024 bytes apart either way."""
+        from tvm.script import tirx as T
+
+        # bits 32-63: stride byte offset 1024 >> 4 (8 rows of 128 B), bit 62 = 128-byte swizzle
+        desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
+        addr = (smem_base + elems * self.elem) & 0x3FFFF
+        return desc_hi | T.Cast("uint64", (addr >> 4) | ((leading >> 4) << 16))
+
+    # the Tensor Memory Accelerator's stages
+    @property
+    def smem_elems(self) -> int:
+        """The dynamic shared memory's elements: the stages, and with ``tma`` their barriers after."""
+        return self.stages * self.stage + (8 * self.stages // self.elem if self.tma else 0)
+
+    # global memory
+    def k_major(self, X: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
+        """The global address of 16-byte chunk ``chunk`` of k tile ``kt`` of a K-major operand's
+        tile (A, or Bt) whose rows start at ``row0``, in the matrix of batch indices ``at``."""
+        return X.ptr_to([*at, row0 + chunk // 8, kt * self.bk + chunk % 8 * self.chunk_elems])
+
+    def a_global(self, A: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
+        """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s A tile; with a ragged
+        M, a row past it reads one below it (``row_below_m``; its sums are never stored)."""
+        if not self.ragged:
+            return self.k_major(A, at, row0, kt, chunk)
+        return A.ptr_to([*at, self.row_below_m(row0 + chunk // 8), kt * self.bk + chunk % 8 * self.chunk_elems])
+
+    def row_below_m(self, row: Any) -> Any:
+        """A row of A (or of an epilogue's buffer) below M standing in for ``row``: itself, or for a
+        row past M, ``row`` mod M, distinct rows for distinct rows past M (every row past M reading
+        M's last one made one L2 line a hot spot: 200 rows on 64-row tiles ran at 0.6 of 256)."""
+        return row % self.m
+
+    def in_rows(self, row: Any) -> Any:
+        """Whether C has row ``row`` (True, not an expression, where M is a multiple of bm)."""
+        return row < self.m if self.ragged else True
+
+    def epilogue_row(self, row: Any) -> Any:
+        """The row an epilogue reads its own buffers at for C's row ``row``: one below M
+        (``row_below_m``; a value computed for a row past M is never stored, and computing it
+        unguarded keeps the epilogue's arithmetic free of branches)."""
+        return self.row_below_m(row) if self.ragged else row
+
+    def b_global(self, B: Any, at: list[Any], col0: Any, kt: Any, chunk: Any) -> Any:
+        """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
+        at = at if self.b_batched else []
+        if not self.n_major:
+            return self.k_major(B, at, col0, kt, chunk)
+        return B.ptr_to([*at, kt * self.bk + chunk // (self.bn // 8), col0 + chunk % (self.bn // 8) * 8])
+
+    # units, C tiles and the batch
+    def c_tile(self, unit: Any) -> Any:
+        """The C tile of unit ``unit`` (each tile's K slices are ``c_tiles`` units apart, or with a
+        cluster adjacent)."""
+        if self.split == 1:
+            return unit
+        return unit // self.split if self.clustered else unit % self.c_tiles
+
+    def global_kt(self, unit: Any, kt: Any) -> Any:
+        """Unit ``unit``'s k step ``kt`` as a k step of the whole K."""
+        if self.split == 1:
+            return kt
+        return kt + (unit % self.split if self.clustered else unit // self.c_tiles) * self.k_tiles
+
+    def in_matrix(self, tile: Any) -> Any:
+        """Unit ``tile``'s C tile's number within its matrix of the batch."""
+        return self.c_tile(tile) % self.per_matrix if self.lead else self.c_tile(tile)
+
+    def tile_row0(self, tile: Any) -> Any:
+        """The first row of C tile ``tile`` (tiles numbered in raster order)."""
+        return (self.in_matrix(tile) // (self.group * self.grid_n) * self.group
+                + self.in_matrix(tile) % self.group) * self.bm
+
+    def tile_col0(self, tile: Any) -> Any:
+        return self.in_matrix(tile) % (self.group * self.grid_n) // self.group * self.bn
+
+    def tile_lead(self, tile: Any) -> list[Any]:
+        """The batch indices of unit ``tile``'s matrix (none without a batch)."""
+        return self.matrix_lead(self.c_tile(tile) // self.per_matrix)
+
+    def matrix_lead(self, index: Any) -> list[Any]:
+        """The batch indices of matrix ``index`` of the batch (none without one)."""
+        lead = self.lead
+        inner = [int(np.prod(lead[i + 1:], dtype=np.int64)) for i in range(len(lead))]
+        return [index // inner[i] % lead[i] if i else index // inner[i] for i in range(len(lead))]
+
+    # the accumulator fragment
+    def fragment_row(self, base: Any, tx: Any, p: Any) -> Any:
+        """The row of accumulator pair ``p`` of thread ``tx`` (wgmma's m64nN fragment: warp w of the
+        warpgroup rows 16w.., lane // 4, 8 further for odd pairs), after row ``base``."""
+        return base + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8
+
+    def fragment_col(self, base: Any, tx: Any, p: Any, v: Any) -> Any:
+        """The column of accumulator ``2p + v`` of thread ``tx``, after column ``base``."""
+        return base + p // 2 * 8 + tx % 4 * 2 + v
+
+    # promoted sums
+    def summed(self, total: Any, acc: Any) -> Any:
+        """The registers holding C's sums: the promoted ones, or the accumulators."""
+        return total if self.promoting else acc
+
+    def scale_d(self, kk: Any, keep: Any) -> Any:
+        """wgmma's scale-d (false: D = A·B) for instruction ``kk`` of a k step."""
+        from tvm.script import tirx as T
+
+        return T.Or(kk > 0, keep) if self.promoting else T.bool(True)
+
+    def kept(self, kt: Any) -> Any:
+        """Whether k step ``kt``'s first wgmma adds to the accumulators (not after a promotion)."""
+        from tvm.script import tirx as T
+
+        return kt % self.promote != 0 if self.promote else T.bool(True)
