@@ -370,3 +370,22 @@ def test_cli_rejects_a_cost_model_without_the_ga(tmp_path):
     p = subprocess.run(CLI + ["gemm", "--shape", "8,8,8", "--strategy", "random", "--cost-model", "xgb",
                               "--records", str(tmp_path / "r.jsonl")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.strip().startswith("error: --cost-model needs --strategy ga")
+
+
+def test_records_older_than_a_knob_still_teach_the_model():
+    """wgmma records written before ``wgmma_tma`` (their configs lack it) are another shape's
+    measurements of kernels that loaded by cp.async: the model takes them as transfer data with
+    the knob at that value, rather than dropping every one for a missing knob."""
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda()
+    template, other = WgmmaGemmTemplate(1024, 1024, 1024), WgmmaGemmTemplate(2048, 1024, 1024)
+    space = other.space(target)
+    workload = Workload.of(other, target)
+    rng = np.random.default_rng(0)
+    configs = [c for c in (space.decode(i) for i in space.random_feasible_indices(rng, 40)) if not c.wgmma_tma][:12]
+    old = [Record(workload.key, workload.as_json(), {k: v for k, v in c.as_dict().items() if k != "wgmma_tma"},
+                  (float(rng.uniform(1e-4, 1e-3)),)) for c in configs]
+    model = XGBCostModel(template, target)
+    assert len(configs) >= 2 and model.add_records(old, Workload.of(template, target).key) == len(configs)
