@@ -119,6 +119,20 @@ def test_a_bucket_row_config_is_refitted_to_the_rows_and_length_of_the_size(open
     assert fitted is not None and fitted.rows_per_block == 1 and fitted.x == 1
 
 
+def _borrowed(config, sizes, target):
+    """What schedules the float16 MLP's matmul (768 -> 3072) at each of ``sizes`` with ``config``
+    its bucket 128's (``borrow_schedules``' note)."""
+    from tvm_ext.relax.buckets import borrow_schedules, call_sites, specialize
+    from tvm_ext.relax.pipeline import apply_tuned
+
+    how = {}
+    for size in sizes:
+        static = apply_tuned(specialize(_symbolic_mlp(768, 3072, "float16"), "n", size), target, None, None)
+        name = call_sites(static)[0]
+        how[size] = borrow_schedules(static, target, {name: [(128, config)]})[1][name]
+    return how
+
+
 def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with():
     """64x64 tiles tuned at 128 rows with 8 stages (one block an SM) borrowed at 200 rows: 192
     tiles on 132 SMs, so the template makes the pipeline 6 deep (two blocks an SM) and the
@@ -126,8 +140,6 @@ def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with()
     blocks share the SMs (700 rows: 528 tiles) the size's own pick takes over where its blocks
     can (64x128 tiles, 4 stages), and the config stays where neither can (4096 rows) or the
     tiles are two a block."""
-    from tvm_ext.relax.buckets import borrow_schedules, call_sites, specialize
-    from tvm_ext.relax.pipeline import apply_tuned
     from tvm_ext.schedules.gemm.wgmma import WgmmaTile
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
     from tvm_ext.target import offline_cuda
@@ -135,11 +147,7 @@ def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with()
     target = offline_cuda()
     tuned_at_128 = {"wgmma_bm": 64, "wgmma_bn": 64, "wgmma_inflight": 1, "wgmma_raster": 0, "wgmma_smem_epilogue": 1,
                     "wgmma_split_cluster": 0, "wgmma_split_k": 1, "wgmma_stages": 8, "wgmma_tiles": 1}
-    how = {}
-    for size in (200, 48):
-        static = apply_tuned(specialize(_symbolic_mlp(768, 3072, "float16"), "n", size), target, None, None)
-        name = call_sites(static)[0]
-        how[size] = borrow_schedules(static, target, {name: [(128, tuned_at_128)]})[1][name]
+    how = _borrowed(tuned_at_128, (200, 48), target)
     assert how == {200: "bucket 128 (wgmma_stages 6 here)", 48: "bucket 128"}
     at_700 = WgmmaGemmTemplate(700, 3072, 768)  # 528 tiles: four blocks an SM fit at no depth
     config = at_700.space(target).make(**tuned_at_128, wgmma_tma=0)
@@ -157,19 +165,12 @@ def test_a_size_no_bucket_config_fits_takes_its_own_pick_rather_than_dlight():
     ragged M, so the size refuses it, and the function takes its template's pick at 200 rows (no
     measurement) rather than falling back to dlight (on the H200 a whole BERT at 100 tokens ran at
     0.43 of a model tuned for that size with three of its matmuls on dlight this way)."""
-    from tvm_ext.relax.buckets import borrow_schedules, call_sites, specialize
-    from tvm_ext.relax.pipeline import apply_tuned
     from tvm_ext.target import offline_cuda
 
     target = offline_cuda()
     split_at_128 = {"wgmma_bm": 64, "wgmma_bn": 64, "wgmma_inflight": 1, "wgmma_raster": 0, "wgmma_smem_epilogue": 0,
                     "wgmma_split_cluster": 0, "wgmma_split_k": 2, "wgmma_stages": 4, "wgmma_tiles": 1, "wgmma_tma": 0}
-    how = {}
-    for size in (200, 128):
-        static = apply_tuned(specialize(_symbolic_mlp(768, 3072, "float16"), "n", size), target, None, None)
-        name = call_sites(static)[0]
-        how[size] = borrow_schedules(static, target, {name: [(128, split_at_128)]})[1][name]
-    assert how == {200: "pick", 128: "bucket 128"}
+    assert _borrowed(split_at_128, (200, 128), target) == {200: "pick", 128: "bucket 128"}
 
 
 def test_each_bucket_is_tuned_and_its_configs_written(tuned):

@@ -17,7 +17,7 @@ TMA_SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: the TMA writes the swizzle t
 
 @dataclass(frozen=True)
 class Staging:
-    """The cp.async loads of k tiles into the stages."""
+    """The loads of k tiles into the stages (cp.async or the TMA's)."""
 
     load_stage: Callable[..., None]  # (smem, A, Bt, slot, kt, at, row0, col0, tx)
     load_iteration: Callable[..., None]  # (smem, A, Bt, bid, it, tx): several units a block
@@ -41,10 +41,17 @@ def staging(L: KernelLayout) -> Staging:
             T.ptx["cp.async.cg.shared.global"](smem.ptr_to([slot + L.a_stage + L.b_chunk(i * L.threads + tx)]),
                                                L.b_global(Bt, at, col0, kt, i * L.threads + tx), 16)
 
+    return by_iteration(L, load_stage)
+
+
+def by_iteration(L: KernelLayout, load_stage: Callable[..., None]) -> Staging:
+    """``load_stage`` and the macro loading iteration ``it`` of a block of several tiles with it:
+    k tile it % k_tiles of its (it // k_tiles)-th tile (tile bid + that x grid), into stage
+    it % stages."""
+    from tvm.script import tirx as T
+
     @T.macro
     def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
-        """Iteration ``it`` of a block of several tiles: k tile it % k_tiles of its
-        (it // k_tiles)-th tile (tile bid + that x grid), into stage it % stages."""
         load_stage(smem, A, Bt, it % L.stages * L.stage, L.global_kt(bid + it // L.k_tiles * L.grid, it % L.k_tiles),
                    L.tile_lead(bid + it // L.k_tiles * L.grid),
                    L.tile_row0(bid + it // L.k_tiles * L.grid), L.tile_col0(bid + it // L.k_tiles * L.grid), tx)
@@ -74,13 +81,7 @@ def tma_staging(L: KernelLayout) -> Staging:
                 T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * 64]), T.address_of(Bt),
                               *b_coordinates(L, at, col0, kt, j), bar)
 
-    @T.macro
-    def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
-        load_stage(smem, A, Bt, it % L.stages * L.stage, L.global_kt(bid + it // L.k_tiles * L.grid, it % L.k_tiles),
-                   L.tile_lead(bid + it // L.k_tiles * L.grid),
-                   L.tile_row0(bid + it // L.k_tiles * L.grid), L.tile_col0(bid + it // L.k_tiles * L.grid), tx)
-
-    return Staging(load_stage, load_iteration)
+    return by_iteration(L, load_stage)
 
 
 def stage_waits(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
