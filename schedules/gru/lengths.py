@@ -2,12 +2,14 @@
 ``PackedSequence``: outputs past a row's length are zero, h_n is its state after its last
 step, and the backward direction starts at the row's last step.
 
-How, without touching any step kernel: after a layer's input GEMM, ``gru_hold`` sets the
-update gate's input sum to ``HOLD`` wherever t >= length.  Every step kernel computes
+How: after a layer's input GEMM, ``gru_hold`` sets the update gate's input sum to ``HOLD``
+(and the reset and new gates' to 0) wherever t >= length.  Every step kernel computes
 z = sigmoid(gi_z + gh_z) and h' = (1 - z)·n + z·h, so z is exactly 1 there and h' = h exactly:
 the forward state stops at the row's last step and the backward state stays h0 until it
 reaches it.  The last layer's output rows past the length are then zeroed (``gru_zero_out``).
-Inner layers need no zeroing: what they hold past a length only feeds held steps.
+Inner layers need no zeroing: what they hold past a length only feeds held steps, whose input
+sums the hold overwrites; so a step kernel may also leave those outputs unwritten, as the
+tensor-core kernel does when all rows of its blocks have ended (``tensor_core_step.py``).
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def _constant(dtype: str, value: float) -> Any:
 
 
 def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str) -> Any:
-    """gi's update-gate columns set to ``HOLD`` at rows (t, b) with t >= lengths[b] (in place)."""
+    """gi at rows (t, b) with t >= lengths[b], in place: the update gate's columns ``HOLD``, the
+    reset and new gates' 0 (whatever the input there was: an inner layer's output past a length
+    may be unwritten)."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
@@ -43,11 +47,12 @@ def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str) -> 
     @T.prim_func(s_tir=True)
     def hold(lengths: T.Buffer((batch,), LENGTHS_DTYPE), gi: T.Buffer((steps * batch, dirs * G), gi_dtype)):
         T.func_attr({"tirx.noalias": True})
-        for r, c in T.grid(steps * batch, dirs * hidden):
+        for r, c in T.grid(steps * batch, dirs * G):
             with T.sblock("hold"):
                 vr, vc = T.axis.remap("SS", [r, c])
                 if vr // batch >= lengths[vr % batch]:
-                    gi[vr, vc // hidden * G + hidden + vc % hidden] = _constant(gi_dtype, HOLD)
+                    gi[vr, vc] = T.if_then_else(vc % G // hidden == 1, _constant(gi_dtype, HOLD),
+                                                _constant(gi_dtype, 0.0))
 
     return hold
 

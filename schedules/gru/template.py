@@ -458,7 +458,7 @@ class GruTemplate(DtypeFields, Template):
         p = self.precision
         return StepSizes(self.seq, self.batch, self.hidden, self.dirs, self.layers, gi_dtype=p["gi"], h_dtype=p["h"],
                          w_dtype=p["w_hh"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                         out_dtype=p["out"])
+                         out_dtype=p["out"], lengths=self.variable_lengths)
 
     def step_variant(self, config: Config) -> StepVariant:
         """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
