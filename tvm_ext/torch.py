@@ -339,28 +339,31 @@ class BarrierWatch:
 @dataclass(frozen=True)
 class PackedLayout:
     """Where a ``PackedSequence``'s data rows sit among the padded time-major (seq·batch) rows,
-    batch in the packed (sorted, longest first) order: padding is one zero fill and one
-    ``index_copy_``, unpacking one ``index_select`` (``pad_packed_sequence`` copies once per
-    distinct batch size, up to one copy a step, and ``pack_padded_sequence`` slices every step)."""
+    batch in the packed (sorted, longest first) order: padding is one ``index_select`` (rows past
+    a length take data row 0: the kernels never read them, ``schedules/gru/lengths.py``),
+    unpacking another (``pad_packed_sequence`` copies once per distinct batch size, up to one
+    copy a step, and ``pack_padded_sequence`` slices every step)."""
 
     seq: int
     batch: int
     rows: Any  # int64 (sum of the lengths,) on the data's device: row t·batch + b of packed row j
+    gather: Any  # int64 (seq·batch,) on the data's device: the packed row of padded row t·batch + b
     lengths: Any  # int32 CPU tensor (batch,), non-increasing
 
     @classmethod
     def of(cls, batch_sizes: tuple[int, ...], device: Any) -> "PackedLayout":
         seq, batch = len(batch_sizes), batch_sizes[0]
         rows = torch.cat([torch.arange(t * batch, t * batch + n) for t, n in enumerate(batch_sizes)])
+        gather = torch.zeros(seq * batch, dtype=torch.int64)
+        gather[rows] = torch.arange(len(rows))
         sizes = torch.tensor(batch_sizes)
         lengths = (torch.arange(batch)[None, :] < sizes[:, None]).sum(0).to(torch.int32)
-        return cls(seq, batch, rows.to(device), lengths)
+        return cls(seq, batch, rows.to(device), gather.to(device), lengths)
 
     def pad(self, data: Any) -> Any:
-        """(seq, batch, features): ``data``'s rows in place, zeros past each row's length."""
-        padded = data.new_zeros(self.seq * self.batch, *data.shape[1:])
-        padded.index_copy_(0, self.rows, data)
-        return padded.view(self.seq, self.batch, *data.shape[1:])
+        """(seq, batch, features): ``data``'s rows in place; past each row's length a copy of
+        data row 0, which the GRU's hold keeps from the state."""
+        return data.index_select(0, self.gather).view(self.seq, self.batch, *data.shape[1:])
 
     def unpack(self, out: Any) -> Any:
         """The packed data rows of time-major ``out`` (seq, batch, width)."""

@@ -8,8 +8,8 @@ z = sigmoid(gi_z + gh_z) and h' = (1 - z)·n + z·h, so z is exactly 1 there and
 the forward state stops at the row's last step and the backward state stays h0 until it
 reaches it.  The last layer's output rows past the length are then zeroed (``gru_zero_out``).
 Inner layers need no zeroing: what they hold past a length only feeds held steps, whose input
-sums the hold overwrites; so a step kernel may also leave those outputs unwritten, as the
-tensor-core kernel does when all rows of its blocks have ended (``tensor_core_step.py``).
+sums the hold overwrites (so the padding's values, NaN or not, never reach the state).
+Both kernels run a thread per 16 bytes of a row on CUDA (``row_vector``).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.precision import itemsize
 
 # sigmoid(HOLD + gh) == 1 exactly in float16, bfloat16 and float32 (exp(-HOLD) underflows to 0)
 # for any |gh| well under HOLD; HOLD is exact in all three types.
@@ -36,10 +37,20 @@ def _constant(dtype: str, value: float) -> Any:
     return tirx.reinterpret("bfloat16", tirx.const(bits, "uint16"))
 
 
-def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str) -> Any:
+def row_vector(hidden: int, dtype: str, kind: str) -> int:
+    """Elements of a row one thread of the hold and the zeroing writes: 16 bytes on CUDA where
+    the hidden size is a multiple of them (a vector then lies in one gate), else fewer; 1 on
+    other targets."""
+    vec = 16 // itemsize(dtype) if kind == "cuda" else 1
+    while hidden % vec:
+        vec //= 2
+    return vec
+
+
+def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str, vec: int = 1) -> Any:
     """gi at rows (t, b) with t >= lengths[b], in place: the update gate's columns ``HOLD``, the
-    reset and new gates' 0 (whatever the input there was: an inner layer's output past a length
-    may be unwritten)."""
+    reset and new gates' 0 (whatever the input there was: padding, or an inner layer's output
+    past a length), ``vec`` elements at a time (``row_vector``)."""
     from tvm.script import tirx as T
 
     G = 3 * hidden
@@ -47,30 +58,44 @@ def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str) -> 
     @T.prim_func(s_tir=True)
     def hold(lengths: T.Buffer((batch,), LENGTHS_DTYPE), gi: T.Buffer((steps * batch, dirs * G), gi_dtype)):
         T.func_attr({"tirx.noalias": True})
-        for r, c in T.grid(steps * batch, dirs * G):
+        for r, c, v in T.grid(steps * batch, dirs * G // vec, vec):
             with T.sblock("hold"):
-                vr, vc = T.axis.remap("SS", [r, c])
+                vr, vc, vv = T.axis.remap("SSS", [r, c, v])
                 if vr // batch >= lengths[vr % batch]:
-                    gi[vr, vc] = T.if_then_else(vc % G // hidden == 1, _constant(gi_dtype, HOLD),
-                                                _constant(gi_dtype, 0.0))
+                    gi[vr, vc * vec + vv] = T.if_then_else(vc * vec % G // hidden == 1, _constant(gi_dtype, HOLD),
+                                                           _constant(gi_dtype, 0.0))
 
     return hold
 
 
-def zero_out_func(steps: int, batch: int, width: int, out_dtype: str) -> Any:
-    """out's rows (t, b) with t >= lengths[b] set to zero (in place)."""
+def zero_out_func(steps: int, batch: int, width: int, out_dtype: str, vec: int = 1) -> Any:
+    """out's rows (t, b) with t >= lengths[b] set to zero (in place), ``vec`` elements at a time."""
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
     def zero_out(lengths: T.Buffer((batch,), LENGTHS_DTYPE), out: T.Buffer((steps * batch, width), out_dtype)):
         T.func_attr({"tirx.noalias": True})
-        for r, c in T.grid(steps * batch, width):
+        for r, c, v in T.grid(steps * batch, width // vec, vec):
             with T.sblock("zero_out"):
-                vr, vc = T.axis.remap("SS", [r, c])
+                vr, vc, vv = T.axis.remap("SSS", [r, c, v])
                 if vr // batch >= lengths[vr % batch]:
-                    out[vr, vc] = _constant(out_dtype, 0.0)
+                    out[vr, vc * vec + vv] = _constant(out_dtype, 0.0)
 
     return zero_out
+
+
+def schedule_rows(func: Any, block: str, threads: int) -> Any:
+    """The hold or the zeroing: a thread per vector of a row (the innermost loop, vectorized),
+    ``threads`` a block; the length test is the row's, outside the vector."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    *rows, vector = sch.get_loops(sch.get_sblock(block))
+    bx, tx = sch.split(sch.fuse(*rows), [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vector)
+    return sch
 
 
 def checked_lengths(lengths: Any, batch: int, seq: int, enforce_sorted: bool = False) -> np.ndarray:

@@ -47,7 +47,6 @@ class StepSizes:
     gh_dtype: str
     math_dtype: str  # the cell's
     out_dtype: str
-    lengths: bool = False  # calls pass each batch row's length (``lengths.py``)
 
 
 def residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tuple[int, int]:

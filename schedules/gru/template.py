@@ -36,7 +36,7 @@ from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
-from .lengths import LENGTHS_DTYPE, hold_func, zero_out_func
+from .lengths import LENGTHS_DTYPE, hold_func, row_vector, schedule_rows, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
 from .step_variant import StepSizes, StepVariant
@@ -458,7 +458,7 @@ class GruTemplate(DtypeFields, Template):
         p = self.precision
         return StepSizes(self.seq, self.batch, self.hidden, self.dirs, self.layers, gi_dtype=p["gi"], h_dtype=p["h"],
                          w_dtype=p["w_hh"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                         out_dtype=p["out"], lengths=self.variable_lengths)
+                         out_dtype=p["out"])
 
     def step_variant(self, config: Config) -> StepVariant:
         """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
@@ -514,8 +514,10 @@ class GruTemplate(DtypeFields, Template):
         funcs.update(step.scheduled_kernels(target))  # none for the kernels written as loops (``lowered_kernels``)
         if self.variable_lengths:
             threads = min(256, target.max_threads_per_block)
-            funcs["gru_hold"] = schedule_elementwise(hold_func(t, b, h, d, p["gi"]), "hold", threads)
-            funcs["gru_zero_out"] = schedule_elementwise(zero_out_func(t, b, d * h, p["out"]), "zero_out", threads)
+            hold = hold_func(t, b, h, d, p["gi"], row_vector(h, p["gi"], target.kind))
+            zero = zero_out_func(t, b, d * h, p["out"], row_vector(h, p["out"], target.kind))
+            funcs["gru_hold"] = schedule_rows(hold, "hold", threads)
+            funcs["gru_zero_out"] = schedule_rows(zero, "zero_out", threads)
         return funcs
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:

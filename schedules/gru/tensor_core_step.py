@@ -50,7 +50,6 @@ from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAX
                                         grid_barrier)
 from tvm_ext.target import TargetInfo
 
-from .lengths import LENGTHS_DTYPE
 from .step_common import cell_math, pack_pair, stored_as, word_tag
 from .step_variant import FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
 
@@ -157,7 +156,6 @@ class TcKernelLayout:
     math_dtype: str
     out_dtype: str
     flags: bool
-    lengths: bool  # with flags: a forward block stops after its rows' longest length
     gates: int  # 3·hidden: the gate GEMM's columns
     m_warps: int
     warp_units: int
@@ -179,7 +177,7 @@ class TcKernelLayout:
 
     @classmethod
     def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
-           out_dtype: str, flags: bool, lengths: bool = False) -> "TcKernelLayout":
+           out_dtype: str, flags: bool) -> "TcKernelLayout":
         K, k_warps, n_warps = shape.k_extent, shape.k_warps, shape.n_warps
         warp_k = K // k_warps
         k_slices = warp_k // MMA_K  # 16-deep k slices per warp
@@ -190,7 +188,7 @@ class TcKernelLayout:
         lane_words = -(-MMA_M * copy_k // 2 // WARP)
         poll_words = min(lane_words, POLL_WORDS)
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
-        return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags, flags and lengths,
+        return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
                    gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
                    warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
@@ -212,8 +210,7 @@ class TcKernelLayout:
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: int, flags: bool = False, n_warps: int = 1, lengths: bool = False,
-                 name: str = "gru_steps") -> Any:
+                 barrier: int, flags: bool = False, n_warps: int = 1, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -224,20 +221,11 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     a tag (``step_common.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
-    suffice, and the poll limit that turns a grid that is not resident into an error).
-
-    ``lengths`` (with flags; a GRU with variable lengths): a further parameter, each batch
-    row's length; a forward block runs only as many steps as its rows' longest length.  A
-    block exchanges h only with the blocks of its own rows, which stop at the same step, so
-    the rows of a batch sorted by length (a ``PackedSequence``'s order) stop reading h and
-    computing where they all have ended; h_n is written at the block's last step, and the
-    output past it is left to the hold and the zeroing around the kernel (``lengths.py``)."""
+    suffice, and the poll limit that turns a grid that is not resident into an error)."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
-                               out_dtype=out_dtype, flags=flags, lengths=lengths)
+                               out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
-    if not layout.lengths:  # the kernel without its last parameter, which it does not read
-        kernel = tirx_without_last_param(kernel)
     if flags:
         return kernel.with_attr("global_symbol", name)
     return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
@@ -258,26 +246,12 @@ def _kernel(L: TcKernelLayout) -> Any:
     stage_once, load_gi, step_products = _stage_once_macro(L), _load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
 
-    @T.macro
-    def step(gi, hs, hx, out, h_n, layer, w_s, h_s, part, a_frag, b_frag, acc, b_h, gi_reg, got, poll,  # type: ignore[no-untyped-def]
-             h_rounded, s, last, bz, j0, m0, mi, ni, ki, copy_k0, tx, ty):
-        """Step ``s`` of the block (``last``: its last step)."""
-        step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
-        sum_k_warps(part, acc, mi, ni, ki, tx)
-        if ki == 0:
-            cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, layer, s, last, bz, j0, m0, mi,
-                           tx)
-        if flags:
-            T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
-        else:
-            T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks, tx == 0 and ty == 0))
-
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
                w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
                out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-               hx: T.Buffer((2 * slot_words,), "uint64"), lengths: T.Buffer((batch,), LENGTHS_DTYPE)):
+               hx: T.Buffer((2 * slot_words,), "uint64")):
         T.func_attr({"tirx.noalias": True})
         bx = T.launch_thread("blockIdx.x", grid_x)
         by = T.launch_thread("blockIdx.y", grid_y)
@@ -308,21 +282,15 @@ def _kernel(L: TcKernelLayout) -> Any:
         if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
-        if L.lengths:  # a forward block's steps: its rows' longest length (the backward one runs all)
-            stop = T.alloc_buffer((1,), "int32", scope="local")
-            stop[0] = steps
-            if bz == 0:
-                stop[0] = 0
-                for r in T.serial(shape.rows):
-                    if m0 + r < batch:
-                        stop[0] = T.max(stop[0], lengths[m0 + r])
-            for s in T.serial(stop[0]):
-                step(gi, hs, hx, out, h_n, layer, w_s, h_s, part, a_frag, b_frag, acc, b_h, gi_reg, got, poll,
-                     h_rounded, s, stop[0], bz, j0, m0, mi, ni, ki, copy_k0, tx, ty)
-        else:
-            for s in T.serial(steps):
-                step(gi, hs, hx, out, h_n, layer, w_s, h_s, part, a_frag, b_frag, acc, b_h, gi_reg, got, poll,
-                     h_rounded, s, steps, bz, j0, m0, mi, ni, ki, copy_k0, tx, ty)
+        for s in T.serial(steps):
+            step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
+            sum_k_warps(part, acc, mi, ni, ki, tx)
+            if ki == 0:
+                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, layer, s, bz, j0, m0, mi, tx)
+            if flags:
+                T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
+            else:
+                T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks, tx == 0 and ty == 0))
         if flags and poll[0] >= SPIN_LIMIT:
             bar[1] = 1
 
@@ -597,7 +565,7 @@ def _sum_k_warps_macro(L: TcKernelLayout) -> Any:
 def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     """The first k warp's cell on its accumulators (a lane holds the r, z and n sums of the same
     row and unit) and the store of h': to the other state slot (with flags: the exchange words),
-    the output and at the block's last step (``last`` - 1) h_n; then the next step's gi."""
+    the output and at the last step h_n; then the next step's gi."""
     from tvm import tirx
     from tvm.script import tirx as T
 
@@ -617,7 +585,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
         return cell_math(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, h_prev, math_dtype, state=operand)
 
     @T.macro
-    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, layer, s, last, bz, j0, m0, mi,  # type: ignore[no-untyped-def]
+    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, layer, s, bz, j0, m0, mi,  # type: ignore[no-untyped-def]
                        tx):
         # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
         t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
@@ -642,19 +610,12 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     else:
                         hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
                     out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
-                    if s == last - 1:
+                    if s == steps - 1:
                         h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
         if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
             load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
 
     return cell_and_store
-
-
-def tirx_without_last_param(func: Any) -> Any:
-    """``func`` (a PrimFunc whose last parameter its body does not read) without that parameter."""
-    from tvm import tirx
-
-    return tirx.PrimFunc(func.params[:-1], func.body, func.ret_type, func.attrs)
 
 
 BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
@@ -780,13 +741,4 @@ class TensorCoreStep(StepVariant):
                                           rows=self.rows, k_warps=self.k_warps, operand=s.h_dtype,
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
-                                          n_warps=self.n_warps, lengths=self.stops_early)}
-
-    @property
-    def stops_early(self) -> bool:
-        """Whether a block stops after its rows' longest length (``tc_step_func``'s ``lengths``)."""
-        return self.flags and self.sizes.lengths
-
-    def step_calls(self, layer: int, out: str) -> list[tuple[str, tuple[str | int, ...]]]:
-        (func, args), = super().step_calls(layer, out)
-        return [(func, (*args, "lengths") if self.stops_early else args)]
+                                          n_warps=self.n_warps)}

@@ -1,8 +1,10 @@
-"""Packed input at B64 H1024 T128 (lengths uniform in [64, 128], float16): the tensor-core step
-kernel's blocks stopping at their rows' longest length, against the same kernel running all
-steps, and the hold of the update gate alone (before 2026-11-29) against all three gates; each
-through ``tvm_ext.torch.GRU`` on the same packed inputs, interleaved rounds, and the GPU time
-per call of each kernel (``torch.profiler``).  Usage: python benchmarks/probes/gru_lengths_stop.py"""
+"""Packed input at B64 H1024 T128 (lengths uniform in [64, 128], float16): the hold and the
+zeroing as they were before 2026-11-29 (the update gate alone, an element a thread) against
+now (every gate, 16 bytes a thread), each through ``tvm_ext.torch.GRU`` on the same packed
+inputs, interleaved rounds, and the GPU time per call of each kernel (``torch.profiler``).
+(At a12f24c this probe also timed the tensor-core step kernel's blocks stopping at their rows'
+longest length: 495.4 against 496.3 us a call, so that was taken out again.)
+Usage: python benchmarks/probes/gru_lengths_hold.py"""
 from __future__ import annotations
 
 import json
@@ -18,13 +20,13 @@ from common import time_vendor  # noqa: E402
 
 import tvm_ext.schedules.gru.template as gru_template  # noqa: E402
 import tvm_ext.torch as tt  # noqa: E402
-from tvm_ext.schedules.gru.tensor_core_step import TensorCoreStep  # noqa: E402
+from tvm_ext.schedules.gru.kernels import schedule_elementwise  # noqa: E402
 
 SEQ, BATCH, HIDDEN, SETS, ROUNDS = 128, 64, 1024, 4, 3
-NEW_HOLD, STOPS = gru_template.hold_func, TensorCoreStep.stops_early
+NOW = (gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_rows)
 
 
-def update_gate_hold(steps, batch, hidden, dirs, gi_dtype):  # the hold before 2026-11-29
+def update_gate_hold(steps, batch, hidden, dirs, gi_dtype, vec=1):  # the hold before 2026-11-29
     from tvm.script import tirx as T
 
     from tvm_ext.schedules.gru.lengths import HOLD, LENGTHS_DTYPE, _constant
@@ -42,13 +44,17 @@ def update_gate_hold(steps, batch, hidden, dirs, gi_dtype):  # the hold before 2
     return hold
 
 
-VARIANTS = {"stop, three-gate hold": (True, NEW_HOLD), "all steps, three-gate hold": (False, NEW_HOLD),
-            "all steps, update-gate hold": (False, update_gate_hold)}
+def element_zero_out(steps, batch, width, out_dtype, vec=1):  # the zeroing before 2026-11-29
+    return NOW[1](steps, batch, width, out_dtype, 1)
 
 
-def build(net, stop, hold):
-    TensorCoreStep.stops_early = STOPS if stop else property(lambda self: False)
-    gru_template.hold_func = hold
+BEFORE = (update_gate_hold, element_zero_out, lambda func, block, threads: schedule_elementwise(
+    func, block, threads) if block == "hold" else NOW[2](func, block, threads))
+VARIANTS = {"update-gate hold, an element a thread (before)": BEFORE, "every gate, 16 bytes a thread (now)": NOW}
+
+
+def build(net, kernels):
+    gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_rows = kernels
     mod = tt.GRU(HIDDEN, HIDDEN, device="cuda", dtype=torch.float16)
     mod.load_state_dict(net.state_dict())
     return mod
@@ -64,12 +70,12 @@ def main() -> None:
     mods, rows = {}, defaultdict(list)
     with torch.no_grad():
         ref, _ = net(packs[0])
-        for name, (stop, hold) in VARIANTS.items():
-            mods[name] = build(net, stop, hold)
+        for name, kernels in VARIANTS.items():
+            mods[name] = build(net, kernels)
             out, _ = mods[name](packs[0])  # built here, with the variant's kernels
             err = float((out.data.double() - ref.data.double()).norm() / ref.data.double().norm())
             print(name, "diff from nn.GRU", f"{err:.1e}", flush=True)
-        TensorCoreStep.stops_early, gru_template.hold_func = STOPS, NEW_HOLD
+        gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_rows = NOW
         for _ in range(ROUNDS):
             for name, mod in mods.items():
                 times = time_vendor(lambda i, mod=mod: mod(packs[i])[0].data, SETS)
@@ -86,7 +92,7 @@ def main() -> None:
             for key, us in kernels:
                 print(f"    {us:8.1f} us  {key}")
     out_dir = os.environ.get("OUT", ".")
-    with open(os.path.join(out_dir, "gru_lengths_stop.json"), "w") as f:
+    with open(os.path.join(out_dir, "gru_lengths_hold.json"), "w") as f:
         json.dump({"lengths": lengths.tolist(), "rounds": rows}, f)
 
 
