@@ -70,6 +70,25 @@ def test_warps_splitting_the_units_share_the_blocks_h_and_multiply_all_k():
     assert "part" not in kernel
 
 
+@pytest.mark.parametrize("sets", [1, 2, 4])
+def test_k_slices_take_turns_in_the_accumulator_sets(sets):
+    """``step_tc_acc``: a warp's 64 k slices at B64 H1024 go round-robin into that many sets of
+    its 3 n8 tiles' accumulators (64 / sets mma.sync each), folded into the first set before
+    the cell; one set is the kernel as it was (no fold)."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024, seq=128).with_tensor_cores(target)
+    cfg = t.analytic_pick(target)[0].replace(step_tc_acc=sets)
+    assert t.space(target).is_feasible(cfg)
+    kernel = _kernel(t.compile(cfg, target).source)
+    step = kernel[kernel.index("for (int s = 0; s < 128"):]
+    outputs = re.findall(r'"=f"\(\(\(float \*\)\(acc_ptr \+ (\d+)\)\)\[0\]\)', step)
+    counts = {int(k): outputs.count(k) for k in set(outputs)}
+    assert counts == {4 * tile: 64 // sets for tile in range(3 * sets)}
+    folds = re.findall(r"acc_ptr\[(\d+)\] = \(acc_ptr\[\1\] \+ acc_ptr\[(\d+)\]\);", step)
+    assert sorted((int(a), int(b)) for a, b in folds) == sorted(
+        (i, j * 12 + i) for i in range(12) for j in range(1, sets))
+
+
 def test_bfloat16_operands_use_the_bf16_mma():
     t = _template(3, 40, precision=BF16)
     target = offline_cuda("sm_90")
@@ -272,6 +291,12 @@ GPU_CASES = {
                            dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2)),
     "b3-h33-3layer-bi-nw4": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
                              dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
+    "b64-h1024-nw4-acc4": (Shape(seq=5, batch=64, input=1024, hidden=1024),
+                           dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_acc=4)),
+    "b5-h200-bi-nw2-kw2-acc2": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
+                                dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2, step_tc_acc=2)),
+    "b3-h33-3layer-bi-acc4": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+                              dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_acc=4)),
 }
 
 

@@ -59,6 +59,7 @@ OPERANDS = ("float16", "bfloat16")
 TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
+TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
@@ -101,6 +102,7 @@ class TcStepShape:
     k_warps: int
     operand: str
     n_warps: int = 1
+    acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
 
     @property
     def k_extent(self) -> int:
@@ -210,7 +212,8 @@ class TcKernelLayout:
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                 barrier: int, flags: bool = False, n_warps: int = 1, name: str = "gru_steps") -> Any:
+                 barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
+                 name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -222,7 +225,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -263,7 +266,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         part = T.alloc_buffer((max(L.partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
         a_frag = T.alloc_buffer((8,), operand, scope="local")
         b_frag = T.alloc_buffer((8,), operand, scope="local")
-        acc = T.alloc_buffer((n_tiles * 4,), "float32", scope="local")
+        acc = T.alloc_buffer((n_tiles * 4 * shape.acc_sets,), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
         gi_reg = T.alloc_buffer((3 * L.unit_tiles * 4,), gi_dtype, scope="local")
         got = T.alloc_buffer((L.poll_words,), "uint64", scope="local")
@@ -445,6 +448,7 @@ def _products_macro(L: TcKernelLayout) -> Any:
 
     operand, sh, sw, n_tiles = L.shape.operand, L.shape.h_stride, L.shape.w_stride, L.shape.n_tiles
     chunk_k, warp_k, w_chunks, abbrev = L.chunk_k, L.warp_k, L.w_chunks, DTYPE_ABBREV[L.shape.operand]
+    acc_sets = L.shape.acc_sets
 
     def w_row(kk: Any, tile: Any, tx: Any) -> Any:
         """Where lane ``tx``'s row of n8 tile ``tile`` (of the block's W columns) starts in W's
@@ -454,9 +458,11 @@ def _products_macro(L: TcKernelLayout) -> Any:
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
         """The warp's dot products on h chunk ``c``: ldmatrix of A and B (two n8 tiles at once,
-        an odd last one alone), two mma.sync per 16x16x16."""
+        an odd last one alone), two mma.sync per 16x16x16, the warp's k slice i into
+        accumulator set i mod ``acc_sets`` (independent chains of mma.sync in flight)."""
         for ks in T.unroll(chunk_k // MMA_K):
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
+            base = T.meta_var((c * (chunk_k // MMA_K) + ks) % acc_sets * n_tiles * 4)
             T.ptx_legacy.ldmatrix(
                 False, 4, ".b16", a_frag.data, 0,
                 T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
@@ -470,7 +476,7 @@ def _products_macro(L: TcKernelLayout) -> Any:
                     dtype=operand)
                 for half in T.unroll(2):
                     T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
-                                     b_frag.data, half * 4, acc.data, (p * 2 + half) * 4, False,
+                                     b_frag.data, half * 4, acc.data, base + (p * 2 + half) * 4, False,
                                      dtype="float32")
             if n_tiles % 2 == 1:  # the last n8 tile alone (lanes 0-15 address it)
                 T.ptx_legacy.ldmatrix(
@@ -479,7 +485,7 @@ def _products_macro(L: TcKernelLayout) -> Any:
                                      w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
                     dtype=operand)
                 T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
-                                 b_frag.data, 0, acc.data, (n_tiles - 1) * 4, False, dtype="float32")
+                                 b_frag.data, 0, acc.data, base + (n_tiles - 1) * 4, False, dtype="float32")
 
     return products
 
@@ -494,13 +500,13 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
     n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
         L.copy_chunks, L.asynchronous
     products, copy_h, poll_h = _products_macro(L), _copy_h_macro(L), _poll_h_macro(L)
-    flags = L.flags
+    flags, acc_sets = L.flags, L.shape.acc_sets
 
     @T.macro
     def step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0,  # type: ignore[no-untyped-def]
                       tx):
         if flags:  # the words of the warp's rows and k range, polled until their tags say s
-            for i in T.unroll(n_tiles * 4):
+            for i in T.unroll(n_tiles * 4 * acc_sets):
                 acc[i] = T.float32(0)
             poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
             if n_warps == 1:  # the warp reads only the h it polled
@@ -517,7 +523,7 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
                             copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
                 else:
                     copy_h(h_s, hs, s, bz, m0, mi, copy_k0, c, tx)
-            for i in T.unroll(n_tiles * 4):
+            for i in T.unroll(n_tiles * 4 * acc_sets):
                 acc[i] = T.float32(0)
             if n_warps == 1:
                 for c in T.unroll(chunks):
@@ -531,6 +537,10 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
                         T.tvm_storage_sync("shared")  # every warp's copies are in
                 for c in T.unroll(chunks):
                     products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
+        if acc_sets > 1:  # the other sets into the first
+            for j in T.unroll(1, acc_sets):
+                for i in T.unroll(n_tiles * 4):
+                    acc[i] = acc[i] + acc[j * n_tiles * 4 + i]
 
     return step_products
 
@@ -654,6 +664,7 @@ class TensorCoreStep(StepVariant):
     rows: int
     k_warps: int
     n_warps: int
+    acc_sets: int
     barrier: int
     flags: bool
     loop: int
@@ -662,13 +673,14 @@ class TensorCoreStep(StepVariant):
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
-                   barrier=c.step_barrier, flags=bool(c.step_flags), loop=c.step_loop,
+                   acc_sets=c.step_tc_acc, barrier=c.step_barrier, flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2)
 
     @property
     def shape(self) -> TcStepShape:
         s = self.sizes
-        return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps)
+        return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
+                           self.acc_sets)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -704,6 +716,12 @@ class TensorCoreStep(StepVariant):
         if shape.units % (MMA_N * shape.n_warps):
             return (f"tensor-core step kernel: step_j {shape.units} units over {shape.n_warps} warps (step_tc_nw) "
                     f"is not 8 units or more a warp")
+        if shape.acc_sets not in TC_ACC_SETS:
+            return f"tensor-core step kernel: {shape.acc_sets} accumulator sets; allowed: {TC_ACC_SETS}"
+        warp_slices = shape.k_extent // shape.k_warps // MMA_K
+        if shape.acc_sets > warp_slices:
+            return (f"tensor-core step kernel: {shape.acc_sets} accumulator sets (step_tc_acc) for a warp's "
+                    f"{warp_slices} k slices")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -741,4 +759,4 @@ class TensorCoreStep(StepVariant):
                                           rows=self.rows, k_warps=self.k_warps, operand=s.h_dtype,
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
-                                          n_warps=self.n_warps)}
+                                          n_warps=self.n_warps, acc_sets=self.acc_sets)}

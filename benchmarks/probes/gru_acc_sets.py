@@ -1,0 +1,79 @@
+"""The tensor-core step kernel with its k slices in 1, 2 or 4 accumulator sets (``step_tc_acc``):
+the pick's config otherwise, timed back to back (``time_ours`` around the executor) in
+interleaved rounds, each checked against float64 first; T=128, input = hidden.
+Usage: python benchmarks/probes/gru_acc_sets.py [--rounds 3]"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from common import time_ours  # noqa: E402
+
+from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
+from tvm_ext.target import resolve_target  # noqa: E402
+
+CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("float16", 16, 512),
+         ("float16", 32, 1024), ("float16", 64, 512))
+STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
+SEQ = 128
+
+
+def weights(rng, hidden):
+    g, k = 3 * hidden, 1 / np.sqrt(hidden)
+    return {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
+        ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)), ("bias_hh_l0", (g,)))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    target = resolve_target("cuda", 0)
+    rows = []
+    for dtype, batch, hidden in CASES:
+        rng = np.random.default_rng(0)
+        w = weights(rng, hidden)
+        x = rng.standard_normal((SEQ, batch, hidden)).astype(np.float32)
+        ref = gru_reference(x, w, None, 1, False)
+        precision = {name: dtype for name in STORED}
+        template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=SEQ).with_precision(
+            precision).with_tensor_cores(target)
+        pick = template.analytic_pick(target)[0]
+        grus = {}
+        for sets in (1, 2, 4):
+            cfg = pick.replace(step_tc_acc=sets)
+            if not template.space(target).is_feasible(cfg):
+                continue
+            gru = GRU.build(target, hidden, hidden, batch=batch, seq=SEQ, config=cfg,
+                            precision=precision).load_numpy(w)
+            err = relative_error(list(gru(x)), ref)
+            grus[sets] = (gru, err)
+        times = {sets: [] for sets in grus}
+        for _ in range(args.rounds):
+            for sets, (gru, _) in grus.items():
+                times[sets].append(time_ours(lambda i, gru=gru: gru.executor.run()).seconds * 1e3)
+        row = {"case": f"{dtype} B{batch} H{hidden}", "block": [pick.step_j, pick.step_tc_rows, pick.step_tc_kw,
+                                                               pick.step_tc_nw],
+               "ms": {s: statistics.median(v) for s, v in times.items()}, "rounds": times,
+               "err": {s: e for s, (_, e) in grus.items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| case | block (units, rows, k warps, unit warps) | 1 set ms | 2 sets | 4 sets | err (1 / 4) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ms = [f"{r['ms'][s]:.3f}" if s in r["ms"] else "-" for s in (1, 2, 4)]
+        errs = " / ".join(f"{r['err'][s]:.1e}" for s in (1, 4) if s in r["err"])
+        print(f"| {r['case']} | {tuple(r['block'])} | {' | '.join(ms)} | {errs} |")
+    with open(os.path.join(os.environ.get("OUT", "."), "gru_acc_sets.json"), "w") as f:
+        json.dump(rows, f)
+
+
+if __name__ == "__main__":
+    main()
