@@ -164,6 +164,24 @@ def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measur
     assert (tmp_path / "out" / "program.cu").read_text() == template.build_program(config, TARGET).source
 
 
+def test_a_gru_record_from_before_the_accumulator_sets_exports_its_kernel(tmp_path, capsys):
+    """A tensor-core GRU record without ``step_tc_acc`` (written before it) exports with one
+    accumulator set, the kernel it measured."""
+    from tvm_ext.schedules.gru import GruTemplate
+
+    half = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+    template = GruTemplate(batch=8, hidden=64, input=64, seq=4).with_precision(half).with_tensor_cores(TARGET)
+    config = template.analytic_pick(TARGET)[0]
+    assert config.step_tc == 1 and config.step_tc_acc == 1
+    workload = dataclasses.replace(Workload.of(template, TARGET), template_hash="0" * 16)  # an earlier version's
+    old = {k: v for k, v in config.as_dict().items() if k != "step_tc_acc"}
+    path = str(tmp_path / "old.jsonl")
+    RecordStore(path).append(Record(workload.key, workload.as_json(), old, (1e-4,), metrics={"timer": "host"}))
+    assert main(["export", path, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["schedule"] == config.as_dict()
+
+
 def test_a_record_naming_other_dtypes_is_not_a_wgmma_gemm():
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
 
