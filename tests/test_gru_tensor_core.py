@@ -89,6 +89,23 @@ def test_k_slices_take_turns_in_the_accumulator_sets(sets):
         (i, j * 12 + i) for i in range(12) for j in range(1, sets))
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_fragments_loaded_a_k_slice_ahead(ahead):
+    """``step_tc_frag`` 1: in each h chunk the first two k slices' fragments are loaded, then every
+    slice's three mma.sync follow the next slice's loads (0: A and a pair of B tiles, their two
+    multiplies, the third tile and its multiply), so a slice's ldmatrix latency runs behind the
+    previous slice's multiplies."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024, seq=128).with_tensor_cores(target)
+    cfg = t.analytic_pick(target)[0].replace(step_tc_frag=ahead)
+    kernel = _kernel(t.compile(cfg, target).source)
+    step = kernel[kernel.index("for (int s = 0; s < 128"):]
+    order = "".join("L" if m.group(1) else "M" for m in
+                    re.finditer(r"(ldmatrix\.sync\.aligned\.m8n8\.x\d)|mma\.sync\.aligned", step))
+    chunk = "LLL" + "LLLMMM" * 15 + "MMM" if ahead else "LLMMLM" * 16  # 16 k slices a chunk
+    assert order == chunk * 4
+
+
 def test_bfloat16_operands_use_the_bf16_mma():
     t = _template(3, 40, precision=BF16)
     target = offline_cuda("sm_90")
@@ -297,6 +314,12 @@ GPU_CASES = {
                                 dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2, step_tc_acc=2)),
     "b3-h33-3layer-bi-acc4": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
                               dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_acc=4)),
+    "b64-h1024-nw4-frag": (Shape(seq=5, batch=64, input=1024, hidden=1024),
+                           dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_frag=1)),
+    "b5-h200-bi-kw4-frag-acc2": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
+                                 dict(step_j=16, step_tc_rows=16, step_tc_kw=4, step_tc_frag=1, step_tc_acc=2)),
+    "b3-h33-3layer-bi-nw2-kw2-frag": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+                                      dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2, step_tc_frag=1)),
 }
 
 

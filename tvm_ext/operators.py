@@ -360,7 +360,8 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("reduce", _reduce, tune=REDUCE_TUNE),
     Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
              example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),
-    Operator("gru", _gru, _gru_args, tune=GRU_TUNE, precision=GRU_PRECISION, knobs_added={"step_tc_acc": 1}),
+    Operator("gru", _gru, _gru_args, tune=GRU_TUNE, precision=GRU_PRECISION,
+             knobs_added={"step_tc_acc": 1, "step_tc_frag": 0}),
 )}
 
 

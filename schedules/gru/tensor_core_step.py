@@ -103,6 +103,7 @@ class TcStepShape:
     operand: str
     n_warps: int = 1
     acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
+    frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
 
     @property
     def k_extent(self) -> int:
@@ -199,6 +200,16 @@ class TcKernelLayout:
                    poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
 
     @property
+    def a_frag_size(self) -> int:
+        """A's fragment registers (halves): one k slice's, two with ``frags_ahead``."""
+        return 16 if self.shape.frags_ahead else 8
+
+    @property
+    def b_frag_size(self) -> int:
+        """B's: a pair of n8 tiles at a time, or with ``frags_ahead`` all of two k slices'."""
+        return 2 * self.shape.n_tiles * 4 if self.shape.frags_ahead else 8
+
+    @property
     def grid(self) -> tuple[int, int, int]:
         """Blocks along the units, the rows and the directions."""
         s = self.shape
@@ -213,7 +224,7 @@ class TcKernelLayout:
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -225,7 +236,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -264,8 +275,8 @@ def _kernel(L: TcKernelLayout) -> Any:
         w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
         h_s = T.alloc_buffer((shape.rows * sh,), operand, scope="shared.dyn")
         part = T.alloc_buffer((max(L.partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
-        a_frag = T.alloc_buffer((8,), operand, scope="local")
-        b_frag = T.alloc_buffer((8,), operand, scope="local")
+        a_frag = T.alloc_buffer((L.a_frag_size,), operand, scope="local")
+        b_frag = T.alloc_buffer((L.b_frag_size,), operand, scope="local")
         acc = T.alloc_buffer((n_tiles * 4 * shape.acc_sets,), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
         gi_reg = T.alloc_buffer((3 * L.unit_tiles * 4,), gi_dtype, scope="local")
@@ -487,7 +498,53 @@ def _products_macro(L: TcKernelLayout) -> Any:
                 T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
                                  b_frag.data, 0, acc.data, base + (n_tiles - 1) * 4, False, dtype="float32")
 
-    return products
+    if not L.shape.frags_ahead:
+        return products
+    nb = n_tiles * 4  # one k slice's B fragments (4 halves of a register pair per n8 tile)
+
+    @T.macro
+    def load(h_s, w_s, a_frag, b_frag, mi, ni, kk, buf, tx):  # type: ignore[no-untyped-def]
+        """One k slice's A and B fragments into fragment buffer ``buf``."""
+        T.ptx_legacy.ldmatrix(
+            False, 4, ".b16", a_frag.data, buf * 8,
+            T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
+                             (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
+            dtype=operand)
+        for p in T.unroll(n_tiles // 2):
+            T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
+                True, 4, ".b16", b_frag.data, buf * nb + p * 8,
+                T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                                 w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx), 8, 1), 0,
+                dtype=operand)
+        if n_tiles % 2 == 1:  # the last n8 tile alone (lanes 0-15 address it)
+            T.ptx_legacy.ldmatrix(
+                True, 2, ".b16", b_frag.data, buf * nb + (n_tiles - 1) * 4,
+                T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                                 w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
+                dtype=operand)
+
+    @T.macro
+    def multiply(a_frag, b_frag, acc, buf, base):  # type: ignore[no-untyped-def]
+        """The k slice in fragment buffer ``buf`` into the accumulator set at ``base``."""
+        for t in T.unroll(n_tiles):
+            T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, buf * 8,
+                             b_frag.data, buf * nb + t * 4, acc.data, base + t * 4, False, dtype="float32")
+
+    slices = chunk_k // MMA_K
+
+    @T.macro
+    def products_ahead(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
+        """``products`` with the next k slice's fragments loaded before this slice's mma.sync
+        (two fragment buffers): the ldmatrix latency behind the multiplies, which in source
+        order (the PTX is volatile) would otherwise wait for each slice's loads."""
+        load(h_s, w_s, a_frag, b_frag, mi, ni, ki * warp_k + c * chunk_k, 0, tx)
+        for ks in T.unroll(slices):
+            if ks + 1 < slices:
+                load(h_s, w_s, a_frag, b_frag, mi, ni, ki * warp_k + c * chunk_k + (ks + 1) * MMA_K, (ks + 1) % 2,
+                     tx)
+            multiply(a_frag, b_frag, acc, ks % 2, (c * slices + ks) % acc_sets * n_tiles * 4)
+
+    return products_ahead
 
 
 def _step_products_macro(L: TcKernelLayout) -> Any:
@@ -665,6 +722,7 @@ class TensorCoreStep(StepVariant):
     k_warps: int
     n_warps: int
     acc_sets: int
+    frags_ahead: bool
     barrier: int
     flags: bool
     loop: int
@@ -673,14 +731,15 @@ class TensorCoreStep(StepVariant):
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
-                   acc_sets=c.step_tc_acc, barrier=c.step_barrier, flags=bool(c.step_flags), loop=c.step_loop,
+                   acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag), barrier=c.step_barrier,
+                   flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2)
 
     @property
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets)
+                           self.acc_sets, self.frags_ahead)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -759,4 +818,5 @@ class TensorCoreStep(StepVariant):
                                           rows=self.rows, k_warps=self.k_warps, operand=s.h_dtype,
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
-                                          n_warps=self.n_warps, acc_sets=self.acc_sets)}
+                                          n_warps=self.n_warps, acc_sets=self.acc_sets,
+                                          frags_ahead=self.frags_ahead)}

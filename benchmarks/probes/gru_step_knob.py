@@ -1,7 +1,8 @@
-"""The tensor-core step kernel with its k slices in 1, 2 or 4 accumulator sets (``step_tc_acc``):
-the pick's config otherwise, timed back to back (``time_ours`` around the executor) in
+"""A knob of the tensor-core step kernel at each of its values, the pick's config otherwise: the
+accumulator sets (``step_tc_acc`` 1, 2, 4: the default) or the fragments loaded a k slice ahead
+(``--knob step_tc_frag --values 0,1``); timed back to back (``time_ours`` around the executor) in
 interleaved rounds, each checked against float64 first; T=128, input = hidden.
-Usage: python benchmarks/probes/gru_acc_sets.py [--rounds 3]"""
+Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b] [--cases 0,1]"""
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,15 @@ def weights(rng, hidden):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--knob", default="step_tc_acc")
+    p.add_argument("--values", default="1,2,4")
+    p.add_argument("--cases", default="", help="indices into CASES (default all)")
     args = p.parse_args()
+    values = tuple(int(v) for v in args.values.split(","))
+    cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
     target = resolve_target("cuda", 0)
     rows = []
-    for dtype, batch, hidden in CASES:
+    for dtype, batch, hidden in cases:
         rng = np.random.default_rng(0)
         w = weights(rng, hidden)
         x = rng.standard_normal((SEQ, batch, hidden)).astype(np.float32)
@@ -47,8 +53,8 @@ def main() -> None:
             precision).with_tensor_cores(target)
         pick = template.analytic_pick(target)[0]
         grus = {}
-        for sets in (1, 2, 4):
-            cfg = pick.replace(step_tc_acc=sets)
+        for sets in values:
+            cfg = pick.replace(**{args.knob: sets})
             if not template.space(target).is_feasible(cfg):
                 continue
             gru = GRU.build(target, hidden, hidden, batch=batch, seq=SEQ, config=cfg,
@@ -65,13 +71,14 @@ def main() -> None:
                "err": {s: e for s, (_, e) in grus.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| case | block (units, rows, k warps, unit warps) | 1 set ms | 2 sets | 4 sets | err (1 / 4) |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| case | block (units, rows, k warps, unit warps) | {' | '.join(f'{args.knob} {v} ms' for v in values)} "
+          "| errors |")
+    print("|---|---|" + "---|" * len(values) + "---|")
     for r in rows:
-        ms = [f"{r['ms'][s]:.3f}" if s in r["ms"] else "-" for s in (1, 2, 4)]
-        errs = " / ".join(f"{r['err'][s]:.1e}" for s in (1, 4) if s in r["err"])
+        ms = [f"{r['ms'][v]:.3f}" if v in r["ms"] else "-" for v in values]
+        errs = " / ".join(f"{r['err'][v]:.1e}" for v in values if v in r["err"])
         print(f"| {r['case']} | {tuple(r['block'])} | {' | '.join(ms)} | {errs} |")
-    with open(os.path.join(os.environ.get("OUT", "."), "gru_acc_sets.json"), "w") as f:
+    with open(os.path.join(os.environ.get("OUT", "."), f"gru_{args.knob}.json"), "w") as f:
         json.dump(rows, f)
 
 
