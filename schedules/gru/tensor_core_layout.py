@@ -1,0 +1,178 @@
+"""The tensor-core GRU step kernel's sizes (``tensor_core_step.py``): the knobs' allowed values,
+a config's shape for one GRU (``TcStepShape``: blocks, threads, strides, shared memory) and every
+size the kernel's parts share (``TcKernelLayout``), kept apart from the kernel so the space's
+checks and the pick read them without building it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tvm_ext.precision.precision import itemsize
+
+WARP = 32
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+OPERANDS = ("float16", "bfloat16")
+TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
+TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
+TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
+TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
+H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
+POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
+# at B64 H1024, the same at B8 H512; docs/results/gru.md)
+
+
+def acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
+    """(row, column) within its m16n8 tile of accumulator element ``e`` (0-3) of lane ``tx``
+    (the ``mma.sync.m16n8k16`` layout: rows tx/4 and tx/4 + 8, two adjacent columns)."""
+    return tx // 4 + e // 2 * 8, tx % 4 * 2 + e % 2
+
+
+def padded_stride(columns: int, dtype: str) -> int:
+    """A shared row stride of at least ``columns`` whose 16-byte chunk count is odd, so the
+    8 rows one ``ldmatrix`` phase reads lie on distinct banks."""
+    per_chunk = 16 // itemsize(dtype)
+    chunks = -(-columns // per_chunk)
+    return (chunks + (chunks % 2 == 0)) * per_chunk
+
+
+def w_chunk(k: Any, chunk: Any, chunks: int) -> Any:
+    """The stored 16-byte chunk of logical ``chunk`` in k row ``k`` of a W slice whose rows
+    are ``chunks`` chunks long: rows k mod 8 start on banks k·chunks mod 8, which repeat every
+    ``8 / gcd(chunks, 8)`` rows; XOR by the repeat index (below gcd, so the chunk stays in its
+    row) puts 8 consecutive rows on 8 distinct bank groups."""
+    repeats = math.gcd(chunks, 8)
+    if repeats == 1:
+        return chunk
+    return chunk ^ (k // (8 // repeats) % repeats)
+
+
+@dataclass(frozen=True)
+class TcStepShape:
+    """The sizes a tensor-core step config implies for one GRU shape."""
+
+    batch: int
+    hidden: int
+    dirs: int
+    units: int
+    rows: int
+    k_warps: int
+    operand: str
+    n_warps: int = 1
+    acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
+    frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
+
+    @property
+    def k_extent(self) -> int:
+        """k rounded up so each of the ``k_warps`` warps takes whole 16-deep slices, and each
+        of its ``n_warps`` copies whole 16-deep parts of that warp's h."""
+        step = MMA_K * self.k_warps * self.n_warps
+        return -(-self.hidden // step) * step
+
+    @property
+    def warps(self) -> int:
+        return self.rows // MMA_M * self.k_warps * self.n_warps
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.warps
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
+
+    @property
+    def w_stride(self) -> int:
+        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
+        return 3 * self.units
+
+    @property
+    def h_stride(self) -> int:
+        return padded_stride(self.k_extent, self.operand)
+
+    @property
+    def n_tiles(self) -> int:
+        """n8 accumulator tiles a warp holds: its units' three gates."""
+        return 3 * self.units // self.n_warps // MMA_N
+
+    def shared_bytes(self) -> int:
+        """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
+        operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
+        partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_warps * self.n_tiles * 4 * WARP * 4
+        return operands + partials
+
+
+@dataclass(frozen=True)
+class TcKernelLayout:
+    """Every size the kernel's parts share, derived once from one layer's shape and knobs: the
+    warps' shares of units, rows and k, the h chunks they copy and multiply, the shared strides,
+    and with flags the exchange words a lane polls."""
+
+    steps: int
+    layers: int
+    shape: TcStepShape
+    gi_dtype: str
+    gh_dtype: str
+    math_dtype: str
+    out_dtype: str
+    flags: bool
+    gates: int  # 3·hidden: the gate GEMM's columns
+    m_warps: int
+    warp_units: int
+    unit_tiles: int  # n8 tiles of one gate a warp holds
+    warp_k: int  # the k range of a k warp's products
+    chunks: int  # a warp's products in this many h chunks
+    chunk_k: int
+    copy_k: int  # the k range of h a warp copies: its share of its k warp's range
+    copy_chunks: int  # in this many cp.async groups
+    copy_chunk_k: int
+    w_chunks: int  # 16-byte chunks of W's shared row
+    vec: int  # 16-byte copies where a row's k and units come in whole vectors
+    asynchronous: bool  # cp.async copies 16 bytes (a 2-byte element cannot go)
+    partial_tiles: int  # the k warps' partial-sum tiles (all k warps but the first)
+    pair_words: int  # with flags: the exchange words (two units each) of one row
+    slot_words: int  # hx holds two slots of this many words
+    poll_words: int  # exchange words a lane polls at once
+    poll_rounds: int
+
+    @classmethod
+    def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
+           out_dtype: str, flags: bool) -> "TcKernelLayout":
+        K, k_warps, n_warps = shape.k_extent, shape.k_warps, shape.n_warps
+        warp_k = K // k_warps
+        k_slices = warp_k // MMA_K  # 16-deep k slices per warp
+        chunks = math.gcd(k_slices, H_CHUNKS)
+        copy_k = warp_k // n_warps
+        copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)
+        vec = 8 if shape.hidden % 8 == 0 else 1
+        lane_words = -(-MMA_M * copy_k // 2 // WARP)
+        poll_words = min(lane_words, POLL_WORDS)
+        m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
+        return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
+                   gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
+                   warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
+                   copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
+                   vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
+                   pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
+                   poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
+
+    @property
+    def a_frag_size(self) -> int:
+        """A's fragment registers (halves): one k slice's, two with ``frags_ahead``."""
+        return 16 if self.shape.frags_ahead else 8
+
+    @property
+    def b_frag_size(self) -> int:
+        """B's: a pair of n8 tiles at a time, or with ``frags_ahead`` all of two k slices'."""
+        return 2 * self.shape.n_tiles * 4 if self.shape.frags_ahead else 8
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Blocks along the units, the rows and the directions."""
+        s = self.shape
+        return -(-s.hidden // s.units), -(-s.batch // s.rows), s.dirs
+
+    @property
+    def chunk_vectors(self) -> int:
+        """Vectors a lane copies per chunk of h."""
+        return MMA_M * self.copy_chunk_k // self.vec // WARP
