@@ -26,7 +26,7 @@ from tvm_ext.core.errors import TvmExtError
 from tvm_ext.core.records import Record
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
-from tvm_ext.operators import template_of, with_knobs_added
+from tvm_ext.operators import template_of
 from tvm_ext.core.template import Template
 
 from .features import Featurizer
@@ -122,7 +122,7 @@ class XGBCostModel:
                 space = self.featurizer.space
                 for r in recs:
                     try:
-                        self._current[space.make(**with_knobs_added(space.names, r.config))] = r.cost
+                        self._current[space.make(**space.completed(r.config))] = r.cost
                     except TvmExtError:
                         continue  # a knob was renamed or removed since the record
                 continue
@@ -140,8 +140,8 @@ class XGBCostModel:
             return 0
         configs, costs = [], []
         for r in recs:
-            try:  # a record older than a knob: the value its kernel had (``with_knobs_added``)
-                configs.append(feats.space.make(**with_knobs_added(feats.space.names, r.config)))
+            try:  # a record older than a knob: the value its kernel had (``Space.completed``)
+                configs.append(feats.space.make(**feats.space.completed(r.config)))
                 costs.append(r.cost)
             except TvmExtError:
                 continue

@@ -145,17 +145,18 @@ def test_records_of_a_gru_on_hopper_rebuild_its_tensor_core_and_wgmma_tiles(prec
 
 
 def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measured(tmp_path, capsys):
-    """Knobs added since a record was written (``Operator.knobs_added``) take the value that
-    builds the kernel it measured."""
-    from tvm_ext.operators import WGMMA_KNOBS_ADDED
+    """Knobs added since a record was written (``Knob.before``) take the value that builds the
+    kernel it measured."""
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
 
     template = WgmmaGemmTemplate(256, 256, 256, b_layout="KN")
     space = template.space(TARGET)
-    config = space.make(**{**template.default_config(TARGET).as_dict(), **WGMMA_KNOBS_ADDED})
+    added = {knob.name: knob.before for knob in space.knobs if knob.before is not None}
+    assert added == {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0, "wgmma_tma": 0}
+    config = space.make(**{**template.default_config(TARGET).as_dict(), **added})
     assert space.infeasible_reason(config) is None
     workload = dataclasses.replace(Workload.of(template, TARGET), template_hash="0" * 16)  # an earlier version's
-    old = {k: v for k, v in config.as_dict().items() if k not in WGMMA_KNOBS_ADDED}
+    old = {k: v for k, v in config.as_dict().items() if k not in added}
     path = str(tmp_path / "old.jsonl")
     RecordStore(path).append(Record(workload.key, workload.as_json(), old, (1e-4,), metrics={"timer": "cuda graph"}))
     assert main(["export", path, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err

@@ -83,3 +83,13 @@ def test_config_equality_ignores_knob_order():
     cfg = space.decode(space.random_indices(np.random.default_rng(2), 1)[0])
     from_record = Config.of(dict(sorted(cfg.as_dict().items())))
     assert from_record == cfg and hash(from_record) == hash(cfg)
+
+
+def test_completed_gives_knobs_added_since_their_earlier_value():
+    """A config written before a knob existed gets the knob's ``before`` (the kernel it measured);
+    a value it has is kept, and a knob there from the start is never filled in."""
+    space = Space((Knob("a", (1, 2)), Knob("b", (0, 1), before=0), Knob("c", (4, 8), before=8)))
+    assert space.completed({"a": 2}) == {"a": 2, "b": 0, "c": 8}
+    assert space.completed({"a": 1, "b": 1}) == {"a": 1, "b": 1, "c": 8}
+    assert space.completed({}) == {"b": 0, "c": 8}  # "a" has no earlier value: the config stays short
+    assert space.outside_reason(space.make(**space.completed({"a": 2}))) is None

@@ -74,9 +74,6 @@ class Operator:
     matchers: tuple[str, ...] = ()  # ``tasks.MATCHERS`` entries whose template this is
     precision: PrecisionCommand | None = None
     unsupported: Mapping[str, str] = field(default_factory=dict)  # capability -> why not
-    # knobs added after records were written, at the value that builds the kernel those records
-    # measured: ``export`` fills them in where a record lacks them
-    knobs_added: Mapping[str, Any] = field(default_factory=dict)
     # record params of a small instance, for an entry without a tune subcommand (whose example
     # arguments make one): what the registry's test round-trips, shows and exports
     example: Mapping[str, Any] = field(default_factory=dict)
@@ -95,10 +92,6 @@ class Operator:
         they are not this template's)."""
         args = self.constructor_args(params) if self.constructor_args else dict(params)
         return self.template_class()(**args)
-
-    def completed(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        """A record's config with the knobs added since it was written (``knobs_added``)."""
-        return {**{k: v for k, v in self.knobs_added.items() if k not in config}, **config}
 
     @property
     def precision_params(self) -> tuple[str, ...]:
@@ -217,9 +210,6 @@ def _wgmma_args(params: Mapping[str, Any]) -> dict[str, Any]:
     out = fixed_dtypes(b_dtype=dtype, acc_dtype="float32", c_dtype=dtype)(out)
     return {**out, "dtype": dtype} if dtype != "float16" else out
 
-
-# the wgmma kernel's knobs added since its first records (``WgmmaTile.of`` reads them so too)
-WGMMA_KNOBS_ADDED = {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0, "wgmma_tma": 0}
 
 _WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|direct)(?: r(\d+))?(?: t(\d+))?"
                          r"(?: k/(\d+))?( cluster)?( tma)?")
@@ -347,21 +337,19 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm", _gemm, _gemm_args, tune=GEMM_TUNE, matchers=("gemm",), precision=GEMM_PRECISION),
     Operator("gemm_bias", _gemm_bias, _gemm_args, unsupported={"tune": _NO_TUNE_BIAS},
              example={"m": 128, "n": 128, "k": 64}),
-    Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE, knobs_added=WGMMA_KNOBS_ADDED),
+    Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE),
     Operator("gemm_mma", _gemm_mma, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "mma"),
              matchers=("tensor_core",)),
     Operator("gemm_tc", _gemm_tc, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "wmma")),
-    Operator("gemm_wgmma", _gemm_wgmma, _wgmma_args, tune=GEMM_WGMMA_TUNE, matchers=("wgmma",),
-             knobs_added=WGMMA_KNOBS_ADDED),
+    Operator("gemm_wgmma", _gemm_wgmma, _wgmma_args, tune=GEMM_WGMMA_TUNE, matchers=("wgmma",)),
     Operator("gemm_3xtf32", _gemm_3xtf32, fixed_dtypes(a_dtype="float32", b_dtype="float32", acc_dtype="float32",
                                                        c_dtype="float32"),
-             tune=GEMM_3XTF32_TUNE, matchers=("tf32",), knobs_added=WGMMA_KNOBS_ADDED),
-    Operator("gemm_fp8", _gemm_fp8, _fp8_args, tune=GEMM_FP8_TUNE, knobs_added=WGMMA_KNOBS_ADDED),
+             tune=GEMM_3XTF32_TUNE, matchers=("tf32",)),
+    Operator("gemm_fp8", _gemm_fp8, _fp8_args, tune=GEMM_FP8_TUNE),
     Operator("reduce", _reduce, tune=REDUCE_TUNE),
     Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
              example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),
-    Operator("gru", _gru, _gru_args, tune=GRU_TUNE, precision=GRU_PRECISION,
-             knobs_added={"step_tc_acc": 1, "step_tc_frag": 0}),
+    Operator("gru", _gru, _gru_args, tune=GRU_TUNE, precision=GRU_PRECISION),
 )}
 
 
@@ -384,13 +372,6 @@ def operator_named(name: str) -> Operator:
     if name not in OPERATORS:
         raise TvmExtError(f"unknown template {name!r}; available: {', '.join(template_names())}")
     return OPERATORS[name]
-
-
-def with_knobs_added(names: Sequence[str], config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` (of a space with knobs ``names``, e.g. a bucket database's) with each knob any
-    operator added since such configs were written (``knobs_added``) at its earlier value."""
-    added = {k: v for op in OPERATORS.values() for k, v in op.knobs_added.items() if k in names and k not in config}
-    return {**added, **config}
 
 
 def template_of(workload: Mapping[str, Any]) -> Template | None:

@@ -80,18 +80,18 @@ KNOBS = (
     Knob("wgmma_tiles", TILES_PER_BLOCK,
          "C tiles a block computes in turn (tiles b, b + grid, ...), its cp.async pipeline running on from one "
          "tile's k steps into the next's (no refill at each tile's start); the shared-memory epilogue then stages C "
-         "in the stages the next tile's loads leave free"),
+         "in the stages the next tile's loads leave free", before=1),
     Knob("wgmma_split_k", SPLITS_OF_K,
          "slices of K: each C tile's k steps split over that many units (more blocks where C has few tiles), "
-         "their float32 sums added by a second kernel that applies the epilogue"),
+         "their float32 sums added by a second kernel that applies the epilogue", before=1),
     Knob("wgmma_split_cluster", (0, 1),
          "with K split: 1: a tile's slices run as one thread-block cluster (Hopper) and add their sums through "
          "distributed shared memory, each block the epilogue of its share of the tile's rows (one kernel, no "
-         "sums in global memory); 0: float32 sums to global memory, added by a second kernel"),
+         "sums in global memory); 0: float32 sums to global memory, added by a second kernel", before=0),
     Knob("wgmma_tma", (0, 1),
          "1: a stage's A and Bt tiles loaded by the Tensor Memory Accelerator (one thread issues both boxes, "
          "a barrier a stage counts their bytes; tensor maps encoded on the host) instead of every thread's "
-         "16-byte cp.async"),
+         "16-byte cp.async", before=0),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;

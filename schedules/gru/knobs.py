@@ -47,10 +47,10 @@ STEP_KNOBS = (
                                   "three gates over all k, no partial sums; they share the block's copy of h)"),
     Knob("step_tc_acc", (1, 2, 4), "tensor-core step kernel: accumulator sets a warp's k slices take turns in "
                                    "(summed before the cell): more independent mma.sync chains in flight, more "
-                                   "registers"),
+                                   "registers", before=1),
     Knob("step_tc_frag", (0, 1), "tensor-core step kernel: 1 loads the next k slice's ldmatrix fragments before "
                                  "this slice's mma.sync (two fragment buffers), so the loads' latency runs behind "
-                                 "the multiplies"),
+                                 "the multiplies", before=0),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

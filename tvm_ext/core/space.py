@@ -21,6 +21,9 @@ class Knob:
     name: str
     choices: tuple
     doc: str = ""
+    # the value configs written before this knob existed had (their kernels were built as with it);
+    # None: the knob was there from the first record (``Space.completed``)
+    before: Any = None
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -143,6 +146,13 @@ class Space:
             raise TvmExtError(f"config is missing knobs {sorted(missing)}")
         self.encode(config)
         return config
+
+    def completed(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` (a config written by an earlier version of this space: a record, a bucket
+        database, an operators file) with each knob added since at its earlier value
+        (``Knob.before``), so it names the kernel it measured."""
+        added = {k.name: k.before for k in self.knobs if k.before is not None and k.name not in values}
+        return {**added, **values}
 
     def outside_reason(self, config: Config, knobs_only: bool = False) -> str | None:
         """Why ``config`` is not a point of this space (unknown or missing knobs, a value that

@@ -172,11 +172,9 @@ def accepted(space: Any, values: Mapping[str, Any],
     """``values`` as a config of ``space`` (knobs renamed since read as today's), refitted by
     ``fitted`` (the template's: knobs that count the tiles) where the space refuses it as it is;
     None where it refuses both: a value it does not offer, or an infeasible combination at this size.
-    Knobs added since ``values`` were written take their earlier value (``with_knobs_added``)."""
-    from ..operators import with_knobs_added
-
+    Knobs added since ``values`` were written take their earlier value (``Space.completed``)."""
     try:
-        config = space.decode(space.encode(Config.of(with_knobs_added(space.names, values))))
+        config = space.decode(space.encode(Config.of(space.completed(values))))
     except TvmExtError:
         return None
     reason = space.infeasible_reason(config)

@@ -208,16 +208,15 @@ def schedule_rest(lowered: Any, target: TargetInfo, log: Log | None = _stderr) -
 def operator_config(operators: dict[str, dict[str, Any]], template: Any, target: TargetInfo) -> Config | None:
     """The operators file's tuned config of ``template`` on ``target``, or None (none there, or
     knobs of another version of the template); knobs added since the file was written take
-    their earlier value (``with_knobs_added``)."""
+    their earlier value (``Space.completed``)."""
     from ..core.template import Workload
-    from ..operators import with_knobs_added
 
     entry = operators.get(Workload.of(template, target).key)
     if entry is None:
         return None
     space = template.space(target)
     try:
-        return space.decode(space.encode(Config.of(with_knobs_added(space.names, entry["config"]))))
+        return space.decode(space.encode(Config.of(space.completed(entry["config"]))))
     except TvmExtError:
         return None
 

@@ -74,9 +74,8 @@ def export_best(wr: WorkloadRecords, out_dir: str, device: int = 0) -> tuple[str
     extra: dict[str, Any] = {"time_s": best.cost, "costs_s": list(best.costs), "workload_key": wr.key,
                              "record_timestamp": best.timestamp}
     try:
-        op = _operator(wr.workload.get("template"))
-        recorded = op.completed(best.config) if op is not None else best.config  # knobs added since
-        config = template.space(target).make(**recorded)
+        space = template.space(target)
+        config = space.make(**space.completed(best.config))  # knobs added since: their earlier values
         manifest = export_program(template, config, target, out_dir, extra=extra)
     except TvmExtError:
         raise
