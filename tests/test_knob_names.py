@@ -57,9 +57,9 @@ def test_an_h100_wgmma_record_under_the_earlier_names_exports_the_kernel_it_meas
     path.write_text(line)
     assert main(["export", str(path), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    op = operator_named("gemm_wgmma")
-    template = op.rebuild(data["workload"]["params"])
-    config = template.space(TARGET).make(**op.completed(_renamed(data["config"])))
+    template = operator_named("gemm_wgmma").rebuild(data["workload"]["params"])
+    space = template.space(TARGET)
+    config = space.make(**space.completed(_renamed(data["config"])))
     assert manifest["schedule"] == config.as_dict()
     assert (tmp_path / "out" / "program.cu").read_text() == template.build_program(config, TARGET).source
 
@@ -80,5 +80,5 @@ def test_an_operators_file_under_the_earlier_names_gives_its_tuned_config(tmp_pa
     (tmp_path / OPERATORS_FILE).write_text(json.dumps(
         {**earlier, "operators": {Workload.of(template, TARGET).key: entry}}))
     config = operator_config(read_operators(str(tmp_path)), template, TARGET)
-    written = operator_named("gemm_wgmma").completed(_renamed(entry["config"]))  # knobs added since at their value
+    written = template.space(TARGET).completed(_renamed(entry["config"]))  # knobs added since at their value
     assert config is not None and config.as_dict() == written  # the file's, not today's pick
