@@ -23,7 +23,7 @@ import tvm_ext.torch as tt  # noqa: E402
 from tvm_ext.schedules.gru.kernels import schedule_elementwise  # noqa: E402
 
 SEQ, BATCH, HIDDEN, SETS, ROUNDS = 128, 64, 1024, 4, 3
-NOW = (gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_rows)
+NOW = (gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_elementwise)
 
 
 def update_gate_hold(steps, batch, hidden, dirs, gi_dtype, vec=1):  # the hold before 2026-11-29
@@ -48,13 +48,13 @@ def element_zero_out(steps, batch, width, out_dtype, vec=1):  # the zeroing befo
     return NOW[1](steps, batch, width, out_dtype, 1)
 
 
-BEFORE = (update_gate_hold, element_zero_out, lambda func, block, threads: schedule_elementwise(
-    func, block, threads) if block == "hold" else NOW[2](func, block, threads))
+BEFORE = (update_gate_hold, element_zero_out, lambda func, block, threads, vectorized=False: schedule_elementwise(
+    func, block, threads, vectorized and block != "hold"))
 VARIANTS = {"update-gate hold, an element a thread (before)": BEFORE, "every gate, 16 bytes a thread (now)": NOW}
 
 
 def build(net, kernels):
-    gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_rows = kernels
+    gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_elementwise = kernels
     mod = tt.GRU(HIDDEN, HIDDEN, device="cuda", dtype=torch.float16)
     mod.load_state_dict(net.state_dict())
     return mod
@@ -75,7 +75,7 @@ def main() -> None:
             out, _ = mods[name](packs[0])  # built here, with the variant's kernels
             err = float((out.data.double() - ref.data.double()).norm() / ref.data.double().norm())
             print(name, "diff from nn.GRU", f"{err:.1e}", flush=True)
-        gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_rows = NOW
+        gru_template.hold_func, gru_template.zero_out_func, gru_template.schedule_elementwise = NOW
         for _ in range(ROUNDS):
             for name, mod in mods.items():
                 times = time_vendor(lambda i, mod=mod: mod(packs[i])[0].data, SETS)

@@ -97,15 +97,19 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     return init_barrier if barrier else init_pingpong
 
 
-def schedule_elementwise(func: Any, block: str, threads: int) -> Any:
-    """One thread per element of ``block``'s output (coalesced along the row), ``threads`` a block."""
+def schedule_elementwise(func: Any, block: str, threads: int, vectorized: bool = False) -> Any:
+    """One thread per element of ``block``'s output (coalesced along the row), ``threads`` a block;
+    ``vectorized``: per vector instead, the block's innermost loop (the hold and the zeroing of
+    ``lengths.py``, whose length test is the row's, outside the vector)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    fused = sch.fuse(*sch.get_loops(sch.get_sblock(block)))
-    bx, tx = sch.split(fused, [None, threads])
+    loops = sch.get_loops(sch.get_sblock(block))
+    bx, tx = sch.split(sch.fuse(*loops[:-1] if vectorized else loops), [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
+    if vectorized:
+        sch.vectorize(loops[-1])
     return sch
 
 

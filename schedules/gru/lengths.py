@@ -84,19 +84,6 @@ def zero_out_func(steps: int, batch: int, width: int, out_dtype: str, vec: int =
     return zero_out
 
 
-def schedule_rows(func: Any, block: str, threads: int) -> Any:
-    """The hold or the zeroing: a thread per vector of a row (the innermost loop, vectorized),
-    ``threads`` a block; the length test is the row's, outside the vector."""
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(func)
-    *rows, vector = sch.get_loops(sch.get_sblock(block))
-    bx, tx = sch.split(sch.fuse(*rows), [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(vector)
-    return sch
-
 
 def checked_lengths(lengths: Any, batch: int, seq: int, enforce_sorted: bool = False) -> np.ndarray:
     """``lengths`` (a sequence, numpy array or CPU tensor) as int32 (batch,), or a clear error:

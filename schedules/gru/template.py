@@ -36,7 +36,7 @@ from . import plan as host_plan
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
-from .lengths import LENGTHS_DTYPE, hold_func, row_vector, schedule_rows, zero_out_func
+from .lengths import LENGTHS_DTYPE, hold_func, row_vector, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
 from .step_variant import StepSizes, StepVariant
@@ -516,8 +516,8 @@ class GruTemplate(DtypeFields, Template):
             threads = min(256, target.max_threads_per_block)
             hold = hold_func(t, b, h, d, p["gi"], row_vector(h, p["gi"], target.kind))
             zero = zero_out_func(t, b, d * h, p["out"], row_vector(h, p["out"], target.kind))
-            funcs["gru_hold"] = schedule_rows(hold, "hold", threads)
-            funcs["gru_zero_out"] = schedule_rows(zero, "zero_out", threads)
+            funcs["gru_hold"] = schedule_elementwise(hold, "hold", threads, vectorized=True)
+            funcs["gru_zero_out"] = schedule_elementwise(zero, "zero_out", threads, vectorized=True)
         return funcs
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:

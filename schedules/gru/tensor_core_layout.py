@@ -70,6 +70,11 @@ class TcStepShape:
         return -(-self.hidden // step) * step
 
     @property
+    def warp_slices(self) -> int:
+        """The 16-deep k slices of one k warp's range."""
+        return self.k_extent // self.k_warps // MMA_K
+
+    @property
     def warps(self) -> int:
         return self.rows // MMA_M * self.k_warps * self.n_warps
 
@@ -139,8 +144,7 @@ class TcKernelLayout:
     def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
            out_dtype: str, flags: bool) -> "TcKernelLayout":
         K, k_warps, n_warps = shape.k_extent, shape.k_warps, shape.n_warps
-        warp_k = K // k_warps
-        k_slices = warp_k // MMA_K  # 16-deep k slices per warp
+        warp_k, k_slices = K // k_warps, shape.warp_slices
         chunks = math.gcd(k_slices, H_CHUNKS)
         copy_k = warp_k // n_warps
         copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)

@@ -291,7 +291,7 @@ def _products_macro(L: TcKernelLayout) -> Any:
 
     operand, sh, sw, n_tiles = L.shape.operand, L.shape.h_stride, L.shape.w_stride, L.shape.n_tiles
     chunk_k, warp_k, w_chunks, abbrev = L.chunk_k, L.warp_k, L.w_chunks, DTYPE_ABBREV[L.shape.operand]
-    acc_sets = L.shape.acc_sets
+    acc_sets, slices = L.shape.acc_sets, L.chunk_k // MMA_K
 
     def w_row(kk: Any, tile: Any, tx: Any) -> Any:
         """Where lane ``tx``'s row of n8 tile ``tile`` (of the block's W columns) starts in W's
@@ -299,36 +299,53 @@ def _products_macro(L: TcKernelLayout) -> Any:
         return (kk + tx % 16) * sw + w_chunk(tx % 16, tile, w_chunks) * 8
 
     @T.macro
+    def load_a(h_s, a_frag, mi, kk, at, tx):  # type: ignore[no-untyped-def]
+        """k slice ``kk`` of the warp's 16 rows of h into ``a_frag`` from ``at``."""
+        T.ptx_legacy.ldmatrix(
+            False, 4, ".b16", a_frag.data, at,
+            T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
+                             (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
+            dtype=operand)
+
+    @T.macro
+    def load_b_pair(w_s, b_frag, ni, kk, p, at, tx):  # type: ignore[no-untyped-def]
+        """The warp's n8 tiles 2p and 2p + 1 of W, k slice ``kk``, into ``b_frag`` from ``at``."""
+        T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
+            True, 4, ".b16", b_frag.data, at,
+            T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                             w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx), 8, 1), 0,
+            dtype=operand)
+
+    @T.macro
+    def load_b_last(w_s, b_frag, ni, kk, at, tx):  # type: ignore[no-untyped-def]
+        """An odd last n8 tile alone (lanes 0-15 address it)."""
+        T.ptx_legacy.ldmatrix(
+            True, 2, ".b16", b_frag.data, at,
+            T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
+                             w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
+            dtype=operand)
+
+    @T.macro
+    def mma(a_frag, b_frag, acc, a_at, b_at, acc_at):  # type: ignore[no-untyped-def]
+        T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, a_at, b_frag.data, b_at,
+                         acc.data, acc_at, False, dtype="float32")
+
+    @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
         """The warp's dot products on h chunk ``c``: ldmatrix of A and B (two n8 tiles at once,
         an odd last one alone), two mma.sync per 16x16x16, the warp's k slice i into
         accumulator set i mod ``acc_sets`` (independent chains of mma.sync in flight)."""
-        for ks in T.unroll(chunk_k // MMA_K):
+        for ks in T.unroll(slices):
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
-            base = T.meta_var((c * (chunk_k // MMA_K) + ks) % acc_sets * n_tiles * 4)
-            T.ptx_legacy.ldmatrix(
-                False, 4, ".b16", a_frag.data, 0,
-                T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
-                                 (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
-                dtype=operand)
+            base = T.meta_var((c * slices + ks) % acc_sets * n_tiles * 4)
+            load_a(h_s, a_frag, mi, kk, 0, tx)
             for p in T.unroll(n_tiles // 2):
-                T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
-                    True, 4, ".b16", b_frag.data, 0,
-                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                                     w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx), 8, 1), 0,
-                    dtype=operand)
+                load_b_pair(w_s, b_frag, ni, kk, p, 0, tx)
                 for half in T.unroll(2):
-                    T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
-                                     b_frag.data, half * 4, acc.data, base + (p * 2 + half) * 4, False,
-                                     dtype="float32")
-            if n_tiles % 2 == 1:  # the last n8 tile alone (lanes 0-15 address it)
-                T.ptx_legacy.ldmatrix(
-                    True, 2, ".b16", b_frag.data, 0,
-                    T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                                     w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
-                    dtype=operand)
-                T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, 0,
-                                 b_frag.data, 0, acc.data, base + (n_tiles - 1) * 4, False, dtype="float32")
+                    mma(a_frag, b_frag, acc, 0, half * 4, base + (p * 2 + half) * 4)
+            if n_tiles % 2 == 1:
+                load_b_last(w_s, b_frag, ni, kk, 0, tx)
+                mma(a_frag, b_frag, acc, 0, 0, base + (n_tiles - 1) * 4)
 
     if not L.shape.frags_ahead:
         return products
@@ -337,32 +354,11 @@ def _products_macro(L: TcKernelLayout) -> Any:
     @T.macro
     def load(h_s, w_s, a_frag, b_frag, mi, ni, kk, buf, tx):  # type: ignore[no-untyped-def]
         """One k slice's A and B fragments into fragment buffer ``buf``."""
-        T.ptx_legacy.ldmatrix(
-            False, 4, ".b16", a_frag.data, buf * 8,
-            T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
-                             (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
-            dtype=operand)
+        load_a(h_s, a_frag, mi, kk, buf * 8, tx)
         for p in T.unroll(n_tiles // 2):
-            T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
-                True, 4, ".b16", b_frag.data, buf * nb + p * 8,
-                T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                                 w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx), 8, 1), 0,
-                dtype=operand)
-        if n_tiles % 2 == 1:  # the last n8 tile alone (lanes 0-15 address it)
-            T.ptx_legacy.ldmatrix(
-                True, 2, ".b16", b_frag.data, buf * nb + (n_tiles - 1) * 4,
-                T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                                 w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
-                dtype=operand)
-
-    @T.macro
-    def multiply(a_frag, b_frag, acc, buf, base):  # type: ignore[no-untyped-def]
-        """The k slice in fragment buffer ``buf`` into the accumulator set at ``base``."""
-        for t in T.unroll(n_tiles):
-            T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, buf * 8,
-                             b_frag.data, buf * nb + t * 4, acc.data, base + t * 4, False, dtype="float32")
-
-    slices = chunk_k // MMA_K
+            load_b_pair(w_s, b_frag, ni, kk, p, buf * nb + p * 8, tx)
+        if n_tiles % 2 == 1:
+            load_b_last(w_s, b_frag, ni, kk, buf * nb + (n_tiles - 1) * 4, tx)
 
     @T.macro
     def products_ahead(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
@@ -374,7 +370,9 @@ def _products_macro(L: TcKernelLayout) -> Any:
             if ks + 1 < slices:
                 load(h_s, w_s, a_frag, b_frag, mi, ni, ki * warp_k + c * chunk_k + (ks + 1) * MMA_K, (ks + 1) % 2,
                      tx)
-            multiply(a_frag, b_frag, acc, ks % 2, (c * slices + ks) % acc_sets * n_tiles * 4)
+            for t in T.unroll(n_tiles):
+                mma(a_frag, b_frag, acc, ks % 2 * 8, ks % 2 * nb + t * 4, (c * slices + ks) % acc_sets * n_tiles * 4
+                    + t * 4)
 
     return products_ahead
 
@@ -609,10 +607,9 @@ class TensorCoreStep(StepVariant):
                     f"is not 8 units or more a warp")
         if shape.acc_sets not in TC_ACC_SETS:
             return f"tensor-core step kernel: {shape.acc_sets} accumulator sets; allowed: {TC_ACC_SETS}"
-        warp_slices = shape.k_extent // shape.k_warps // MMA_K
-        if shape.acc_sets > warp_slices:
+        if shape.acc_sets > shape.warp_slices:
             return (f"tensor-core step kernel: {shape.acc_sets} accumulator sets (step_tc_acc) for a warp's "
-                    f"{warp_slices} k slices")
+                    f"{shape.warp_slices} k slices")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
