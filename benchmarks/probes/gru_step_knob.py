@@ -1,8 +1,10 @@
 """A knob of the tensor-core step kernel at each of its values, the pick's config otherwise: the
 accumulator sets (``step_tc_acc`` 1, 2, 4: the default) or the fragments loaded a k slice ahead
-(``--knob step_tc_frag --values 0,1``); timed back to back (``time_ours`` around the executor) in
-interleaved rounds, each checked against float64 first; T=128, input = hidden.
-Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b] [--cases 0,1]"""
+(``--knob step_tc_frag --values 0,1``), or named sets of knob values over the pick (``--variants
+"kw4:step_tc_kw=4,step_tc_nw=1;kw4-cell:step_tc_kw=4,step_tc_nw=1,step_tc_cell=1"``, the pick
+itself first); timed back to back (``time_ours`` around the executor) in interleaved rounds,
+each checked against float64 first; T=128, input = hidden.
+Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
 from __future__ import annotations
 
 import argparse
@@ -37,9 +39,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--knob", default="step_tc_acc")
     p.add_argument("--values", default="1,2,4")
+    p.add_argument("--variants", default="", help="name:knob=v,knob=v;name:... over the pick (instead of --knob)")
     p.add_argument("--cases", default="", help="indices into CASES (default all)")
     args = p.parse_args()
-    values = tuple(int(v) for v in args.values.split(","))
+    if args.variants:
+        variants = {"pick": {}}
+        for part in args.variants.split(";"):
+            name, _, knobs = part.partition(":")
+            variants[name] = {k: int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv)}
+        args.knob = "variant"
+    else:
+        variants = {int(v): {args.knob: int(v)} for v in args.values.split(",")}
+    values = tuple(variants)
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
     target = resolve_target("cuda", 0)
     rows = []
@@ -54,7 +65,7 @@ def main() -> None:
         pick = template.analytic_pick(target)[0]
         grus = {}
         for sets in values:
-            cfg = pick.replace(**{args.knob: sets})
+            cfg = pick.replace(**variants[sets])
             if not template.space(target).is_feasible(cfg):
                 continue
             gru = GRU.build(target, hidden, hidden, batch=batch, seq=SEQ, config=cfg,

@@ -29,21 +29,33 @@ def tanh(T: Any, v: Any, math: str, kind: str) -> Any:
     return tirx.if_then_else(v < tirx.const(0.0, math), -magnitude, magnitude)  # OpenCL C has no copysignf
 
 
-def cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
-              h: Any, math: str, kind: str = "cuda", state: str = F32) -> Any:
-    """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
-    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h.  ``kind``: the target's;
-    ``state``: h's stored type (a 16-bit state rounds away what ``tanh``'s accuracy buys)."""
-    import tvm
-
+def cell_gates(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any, math: str,
+               kind: str = "cuda", state: str = F32) -> tuple[Any, Any]:
+    """The cell's update gate z and candidate n (``cell_math``), for a kernel that keeps z
+    in a register: the blend reads z twice, and nvcc does not merge the two sigmoids."""
     def m(value: Any) -> Any:
         return value.astype(math)  # no cast when the type already is ``math``
 
     r = T.sigmoid(m(gi_r) + m(gh_r))
     z = T.sigmoid(m(gi_z) + m(gh_z))
     # the accurate tanh where the state keeps float32's precision (16-bit states round it away)
-    n = tanh(T, m(gi_n) + r * m(gh_n), math if state == F32 else "", kind)
-    return (tvm.tirx.const(1.0, math) - z) * n + z * m(h)
+    return z, tanh(T, m(gi_n) + r * m(gh_n), math if state == F32 else "", kind)
+
+
+def cell_blend(z: Any, n: Any, h: Any, math: str) -> Any:
+    """h' = (1-z)n + z·h in type ``math``."""
+    import tvm
+
+    return (tvm.tirx.const(1.0, math) - z) * n + z * h.astype(math)
+
+
+def cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_n: Any,
+              h: Any, math: str, kind: str = "cuda", state: str = F32) -> Any:
+    """PyTorch's cell in type ``math`` (every operand widened to it first): r, z from
+    input+hidden gates; n = tanh(gi_n + r·gh_n); h' = (1-z)n + z·h.  ``kind``: the target's;
+    ``state``: h's stored type (a 16-bit state rounds away what ``tanh``'s accuracy buys)."""
+    z, n = cell_gates(T, gi_r, gi_z, gi_n, gh_r, gh_z, gh_n, math, kind, state)
+    return cell_blend(z, n, h, math)
 
 
 def stored_as(value: Any, dtype: str) -> Any:
