@@ -51,11 +51,6 @@ STEP_KNOBS = (
     Knob("step_tc_frag", (0, 1), "tensor-core step kernel: 1 loads the next k slice's ldmatrix fragments before "
                                  "this slice's mma.sync (two fragment buffers), so the loads' latency runs behind "
                                  "the multiplies", before=0),
-    Knob("step_tc_cell", (0, 1), "tensor-core step kernel with k warps (step_tc_kw > 1, step_tc_nw 1): 1 has every "
-                                 "k warp run the cell of its share of the unit tiles (tile t on warp t mod "
-                                 "step_tc_kw), the k warps' partial sums written over their own rows of h once "
-                                 "their products are done (no partial-sum buffer; h_prev kept in registers); 0 "
-                                 "sums them into the first k warp, which runs the whole cell", before=0),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

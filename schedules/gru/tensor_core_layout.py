@@ -61,7 +61,6 @@ class TcStepShape:
     n_warps: int = 1
     acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
-    split_cell: bool = False  # every k warp runs the cell of its unit tiles, partial sums over its h rows
 
     @property
     def k_extent(self) -> int:
@@ -106,26 +105,9 @@ class TcStepShape:
         """n8 tiles of one gate a warp holds."""
         return self.units // self.n_warps // MMA_N
 
-    def split_cell_reason(self) -> str | None:
-        """Why ``split_cell`` cannot run at this shape: it needs k warps alone (no unit warps,
-        whose copies of h the other warps read), and a warp's rows of h (16 × its k range) must
-        hold its partial sums of every unit tile (3 gates × 4 float32 a lane)."""
-        if self.k_warps == 1 or self.n_warps > 1:
-            return (f"tensor-core step kernel: the cell split over the k warps (step_tc_cell 1) needs k warps "
-                    f"(step_tc_kw > 1) and no unit warps (step_tc_nw 1), got {self.k_warps} and {self.n_warps}")
-        region, needed = MMA_M * self.k_extent // self.k_warps * itemsize(self.operand), \
-            self.unit_tiles * 3 * 4 * WARP * 4
-        if needed > region:
-            return (f"tensor-core step kernel: a k warp's partial sums ({needed} B) do not fit over its rows of h "
-                    f"({region} B) with the cell split over the k warps (step_tc_cell 1)")
-        return None
-
     def shared_bytes(self) -> int:
-        """W slice + h rows (operand type) + the k warps' partial sums (float32; none with
-        ``split_cell``, which writes them over h)."""
+        """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
         operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
-        if self.split_cell:
-            return operands
         partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_warps * self.n_tiles * 4 * WARP * 4
         return operands + partials
 
@@ -179,8 +161,7 @@ class TcKernelLayout:
                    gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=shape.unit_tiles,
                    warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
-                   vec=vec, asynchronous=vec == 8,
-                   partial_tiles=0 if shape.split_cell else (k_warps - 1) * m_warps * n_warps,
+                   vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
                    pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
                    poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
 
@@ -199,14 +180,6 @@ class TcKernelLayout:
         """Blocks along the units, the rows and the directions."""
         s = self.shape
         return -(-s.hidden // s.units), -(-s.batch // s.rows), s.dirs
-
-    def part_over_h(self, mi: Any, q: Any, t: Any, g: Any, e: Any, tx: Any) -> Any:
-        """With ``split_cell``: where accumulator (t, g, e) of lane ``tx`` of k warp ``q`` (rows
-        ``mi``) goes in a float32 view of h's shared rows, within that warp's own rows and k
-        range (a lane's consecutive float32 words, so a warp's store is conflict-free)."""
-        row_words = self.warp_k // 2
-        p = ((t * 3 + g) * 4 + e) * WARP + tx
-        return (mi * MMA_M + p // row_words) * (self.shape.h_stride // 2) + q * row_words + p % row_words
 
     @property
     def chunk_vectors(self) -> int:

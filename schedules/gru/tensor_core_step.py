@@ -56,7 +56,7 @@ from .step_variant import FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVaria
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, split_cell: bool = False, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -68,8 +68,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead,
-                        split_cell)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -92,8 +91,6 @@ def _kernel(L: TcKernelLayout) -> Any:
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
     stage_once, load_gi, step_products = _stage_once_macro(L), _load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
-    split, keep_h0, scatter_k_warps, zero_k_pad = shape.split_cell, _keep_h0_macro(L), _scatter_k_warps_macro(L), \
-        _zero_k_pad_macro(L)
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
@@ -118,9 +115,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         got = T.alloc_buffer((L.poll_words,), "uint64", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
-        h_keep = T.alloc_buffer((L.unit_tiles * 4 if split else 1,), operand, scope="local")  # split: h_prev
         h_val = T.alloc_buffer((2,), L.math_dtype, scope="local")  # the cell's h' and z, computed once
-        h32 = T.decl_buffer((shape.rows * sh // 2,), "float32", data=h_s.data, scope="shared.dyn")
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
         ni = T.meta_var(ty // m_warps % n_warps)
@@ -129,28 +124,17 @@ def _kernel(L: TcKernelLayout) -> Any:
         m0 = T.meta_var(by * shape.rows)
         copy_k0 = T.meta_var(ki * warp_k + ni * copy_k)  # where the warp's copy of h starts
         stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx)
-        if split:  # every k warp runs the cell of its unit tiles, h_prev from registers
-            keep_h0(hs, h_keep, bz, j0, m0, mi, ki, tx)
-            load_gi(gi, gi_reg, 0, bz, j0, m0, mi, ki, tx)
-        else:
-            if ki == 0:
-                load_gi(gi, gi_reg, 0, bz, j0, m0, mi, ki, tx)
+        if ki == 0:
+            load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
         if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
         for s in T.serial(steps):
-            if split:
-                zero_k_pad(h_s, m0, mi, ki, tx)
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
-            if split:
-                scatter_k_warps(h32, acc, mi, ki, tx)
-                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_keep, h_val, layer, s, bz,
-                               j0, m0, mi, ki, tx)
-            else:
-                sum_k_warps(part, acc, mi, ni, ki, tx)
-                if ki == 0:
-                    cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_keep, h_val, layer, s,
-                                   bz, j0, m0, mi, ki, tx)
+            sum_k_warps(part, acc, mi, ni, ki, tx)
+            if ki == 0:
+                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, layer, s, bz, j0, m0, mi,
+                               tx)
             if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
@@ -210,117 +194,28 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
     return stage_once
 
 
-def _owned(L: TcKernelLayout) -> Any:
-    """Whether a k warp runs the cell of unit tile t: with ``split_cell`` tile t is warp t mod
-    k_warps's (a condition on the warp); else the first k warp runs every tile (its callers
-    test that), a Python True the script drops."""
-    k_warps = L.shape.k_warps
-
-    def owned(t: Any, ki: Any) -> Any:
-        return t % k_warps == ki if L.shape.split_cell else True
-
-    return owned
-
-
-def _keep_h0_macro(L: TcKernelLayout) -> Any:
-    """With ``split_cell``: h0 of the lane's (row, unit) pairs of its warp's unit tiles into
-    registers (the cell's h_prev; each step keeps its h' there), since the other k warps'
-    partial sums overwrite h's shared rows before the cell."""
-    from tvm import tirx
-    from tvm.script import tirx as T
-
-    batch, hidden, unit_tiles, owned = L.shape.batch, L.shape.hidden, L.unit_tiles, _owned(L)
-    zero_op = tirx.const(0, L.shape.operand)
-
-    @T.macro
-    def keep_h0(hs, h_keep, bz, j0, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
-        for t in T.unroll(unit_tiles):
-            if owned(t, ki):
-                for e in T.unroll(4):
-                    row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
-                    unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
-                    h_keep[t * 4 + e] = T.if_then_else(row < batch and unit < hidden,
-                                                       hs[0, bz, T.min(row, batch - 1), T.min(unit, hidden - 1)],
-                                                       zero_op)
-
-    return keep_h0
-
-
-def _scatter_k_warps_macro(L: TcKernelLayout) -> Any:
-    """With ``split_cell``: each k warp writes its partial sums of the unit tiles it does not
-    own over its own rows and k range of h (its products are done with them), the block meets,
-    and each warp adds the other k warps' sums of its own tiles to its accumulators."""
-    from tvm.script import tirx as T
-
-    k_warps, unit_tiles, part_over_h = L.shape.k_warps, L.unit_tiles, L.part_over_h
-
-    @T.macro
-    def scatter_k_warps(h32, acc, mi, ki, tx):  # type: ignore[no-untyped-def]
-        T.evaluate(T.call_extern("void", "__syncwarp"))  # the warp's ldmatrix reads of its h rows are done
-        for t in T.unroll(unit_tiles):
-            if t % k_warps != ki:
-                for g in T.unroll(3):
-                    for e in T.unroll(4):
-                        h32[part_over_h(mi, ki, t, g, e, tx)] = acc[(g * unit_tiles + t) * 4 + e]
-        T.tvm_storage_sync("shared")
-        for t in T.unroll(unit_tiles):
-            if t % k_warps == ki:
-                for q in T.unroll(k_warps):
-                    if q != ki:
-                        for g in T.unroll(3):
-                            for e in T.unroll(4):
-                                acc[(g * unit_tiles + t) * 4 + e] = (acc[(g * unit_tiles + t) * 4 + e]
-                                                                     + h32[part_over_h(mi, q, t, g, e, tx)])
-
-    return scatter_k_warps
-
-
-def _zero_k_pad_macro(L: TcKernelLayout) -> Any:
-    """With ``split_cell`` where k is padded past the hidden size: the warp's padding columns
-    zeroed again each step (the partial sums overwrote them; with W's zero rows they must be
-    finite). Rows past the batch only reach rows that are never stored."""
-    from tvm import tirx
-    from tvm.script import tirx as T
-
-    hidden, K, warp_k, sh = L.shape.hidden, L.shape.k_extent, L.warp_k, L.shape.h_stride
-    zero_op = tirx.const(0, L.shape.operand)
-
-    @T.macro
-    def zero_k_pad(h_s, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
-        if K > hidden:
-            for it in T.unroll(-(-MMA_M * warp_k // WARP)):
-                f = T.meta_var(it * WARP + tx)
-                k = T.meta_var(ki * warp_k + f % warp_k)
-                if f < MMA_M * warp_k and k >= hidden:
-                    h_s[(mi * MMA_M + f // warp_k) * sh + k] = zero_op
-
-    return zero_k_pad
-
-
 def _load_gi_macro(L: TcKernelLayout) -> Any:
     """The lane's gi of one step into registers (loaded a step ahead, in flight across the barrier)."""
     from tvm.script import tirx as T
 
     steps, batch, hidden, dirs, G, unit_tiles = L.steps, L.shape.batch, L.shape.hidden, L.shape.dirs, L.gates, \
         L.unit_tiles
-    gi_dtype, owned = L.gi_dtype, _owned(L)
+    gi_dtype = L.gi_dtype
 
     @T.macro
-    def load_gi(gi, gi_reg, step, bz, j0, m0, mi, ki, tx):  # type: ignore[no-untyped-def]
-        """The lane's gi of step ``step`` (``j0``: the warp's first unit), of the unit tiles
-        whose cell the warp runs."""
+    def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
+        """The lane's gi of step ``step`` (``j0``: the warp's first unit)."""
         t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
         for g in T.unroll(3):
             for t in T.unroll(unit_tiles):
-                if owned(t, ki):
-                    for e in T.unroll(4):
-                        row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
-                        unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
-                        gi_reg[(g * unit_tiles + t) * 4 + e] = T.if_then_else(
-                            row < batch and unit < hidden,
-                            gi[T.min(t_row * batch + row, steps * batch - 1),
-                               T.min(bz * G + g * hidden + unit, dirs * G - 1)],
-                            T.cast(0, gi_dtype))
+                for e in T.unroll(4):
+                    row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
+                    unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
+                    gi_reg[(g * unit_tiles + t) * 4 + e] = T.if_then_else(
+                        row < batch and unit < hidden,
+                        gi[T.min(t_row * batch + row, steps * batch - 1),
+                           T.min(bz * G + g * hidden + unit, dirs * G - 1)],
+                        T.cast(0, gi_dtype))
 
     return load_gi
 
@@ -578,11 +473,6 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
     slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), _load_gi_macro(L)
-    split, owned = L.shape.split_cell, _owned(L)
-
-    def h_prev(h_s: Any, h_keep: Any, row_in: Any, unit: Any, t: Any, e: int) -> Any:
-        """The lane's h of the step before: from registers with ``split_cell``, else h's shared rows."""
-        return h_keep[t * 4 + e] if split else h_s[row_in * sh + unit]
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
         """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -594,8 +484,8 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
         return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=operand)
 
     @T.macro
-    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_keep, h_val, layer, s, bz, j0,  # type: ignore[no-untyped-def]
-                       m0, mi, ki, tx):
+    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, layer, s, bz, j0, m0, mi,  # type: ignore[no-untyped-def]
+                       tx):
         # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
         t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
         for t in T.unroll(unit_tiles):
@@ -604,11 +494,11 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                 col = T.meta_var(t * MMA_N + acc_row_col(tx, e)[1])
                 row = T.meta_var(m0 + row_in)
                 unit = T.meta_var(j0 + col)
-                if owned(t, ki) and row < batch and unit < hidden:
+                if row < batch and unit < hidden:
                     # z, then h', each computed once into a register: nvcc merges no copies of them
                     h_val[1] = gates(acc, b_h, gi_reg, t, e)[0]
                     h_val[0] = cell_blend(h_val[1], gates(acc, b_h, gi_reg, t, e)[1],
-                                          h_prev(h_s, h_keep, row_in, unit, t, e), math_dtype)
+                                          h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])
                     if flags:  # the pair (e, e + 1) goes out as one word from its even unit
                         h_rounded[e] = T.cast(h_new, operand)
@@ -625,10 +515,8 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
                     if s == steps - 1:
                         h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
-                    if split:  # last: h_new reads the kept h_prev
-                        h_keep[t * 4 + e] = T.cast(h_new, operand)
         if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
-            load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, ki, tx)
+            load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
 
     return cell_and_store
 
@@ -671,7 +559,6 @@ class TensorCoreStep(StepVariant):
     n_warps: int
     acc_sets: int
     frags_ahead: bool
-    split_cell: bool
     barrier: int
     flags: bool
     loop: int
@@ -680,8 +567,7 @@ class TensorCoreStep(StepVariant):
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
-                   acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag), split_cell=bool(c.step_tc_cell),
-                   barrier=c.step_barrier,
+                   acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag), barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2)
 
@@ -689,7 +575,7 @@ class TensorCoreStep(StepVariant):
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.split_cell)
+                           self.acc_sets, self.frags_ahead)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -732,7 +618,7 @@ class TensorCoreStep(StepVariant):
                     f"{shape.warp_slices} k slices")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
-        return shape.split_cell_reason() if shape.split_cell else None
+        return None
 
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
@@ -768,4 +654,4 @@ class TensorCoreStep(StepVariant):
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
-                                          frags_ahead=self.frags_ahead, split_cell=self.split_cell)}
+                                          frags_ahead=self.frags_ahead)}
