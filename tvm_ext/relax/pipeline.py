@@ -100,10 +100,15 @@ def match_tasks(tasks: Sequence[Any], target: TargetInfo, without: Collection[st
 
 
 def default_rules() -> list[Any]:
-    """TVM's default GPU schedules, in the order TVM's CUDA pipeline applies them."""
+    """TVM's default GPU schedules, in the order TVM's CUDA pipeline applies them, with the
+    row-copy rule (``copy_rule.py``: attention's head split and merge 16 bytes a thread)
+    before the fallback."""
     from tvm.s_tir import dlight as dl
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+    from .copy_rule import vectorized_copy_rule
+
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), vectorized_copy_rule(),
+            dl.gpu.Fallback()]
 
 
 def _unscheduled(mod: Any) -> list[str]:
