@@ -1,6 +1,7 @@
-"""The row-copy dlight rule (``tvm_ext/relax/copy_rule.py``): attention's head split and merge
-scheduled 16 bytes a thread and run on PoCL against numpy; copies that transpose the innermost
-axis, and functions that are not copies, left to the fallback; the pipeline applies it."""
+"""The copy dlight rule (``tvm_ext/relax/copy_rule.py``): attention's head split and merge
+scheduled 16 bytes a thread, the split of k transposed through a shared tile, run on PoCL
+against numpy; functions that are not copies, or not in whole vectors or tiles, left to the
+fallback; the pipeline applies it."""
 from __future__ import annotations
 
 import numpy as np
@@ -64,10 +65,29 @@ def test_head_split_and_merge_copy_16_bytes_a_thread_on_pocl(opencl, name):
     np.testing.assert_array_equal(model(x), _funcs()[name][1](x))
 
 
+def test_k_transposed_goes_through_a_shared_tile_on_pocl(opencl):
+    """kᵀ (heads split, the innermost axis moved outward) at 64 positions x heads of 32: a tile
+    staged in local memory, read four float32 a vector, equal to numpy."""
+    from tvm.relax.frontend import nn
+
+    b, s, heads, d = 1, 64, 2, 32
+
+    class KT(nn.Module):
+        def forward(self, x):
+            return nn.op.permute_dims(nn.op.reshape(x, (b, s, heads, d)), [0, 2, 3, 1])
+
+    mod, _ = KT().export_tvm(spec={"forward": {"x": nn.spec.Tensor((b, s, heads * d), "float32")}})
+    model = load_model(mod, opencl, None, log=None)
+    (source,) = model._exec.sources().values()
+    assert "__local" in source and "vload4(" in source and "barrier(" in source
+    x = np.random.default_rng(0).standard_normal((b, s, heads * d)).astype(np.float32)
+    np.testing.assert_array_equal(model(x), x.reshape(b, s, heads, d).transpose(0, 2, 3, 1))
+
+
 @pytest.mark.parametrize("name", ["split_t", "add", "short_rows"])
 def test_other_functions_are_left_to_the_fallback(opencl, name):
-    """kᵀ (the innermost axis transposed), an elementwise add of two inputs, and rows of two
-    float32 (shorter than a 16-byte vector) do not match."""
+    """kᵀ where the tile does not divide the axes (6 positions, heads of 8), an elementwise add
+    of two inputs, and rows of two float32 (shorter than a 16-byte vector) do not match."""
     assert not _scheduled(_schedule(_funcs()[name][0], opencl))
 
 

@@ -1,15 +1,19 @@
-"""A dlight rule for the copies that move whole rows: injective functions of one input whose
-innermost output axis reads the input's innermost axis contiguously, such as attention's head
-split (reshape to heads, then swap the sequence and head axes) and merge.  dlight's fallback
-gives them a thread an element; this rule gives a thread 16 bytes (one vector load and store),
-256 threads a block.  A copy that transposes the innermost axis (kᵀ) does not match and keeps
-the fallback."""
+"""A dlight rule for copies: injective functions of one input, such as attention's head split
+(reshape to heads, then swap the sequence and head axes), its merge, and the split of k
+transposed for q·kᵀ.  dlight's fallback gives them a thread an element.  Where the output's
+innermost axis reads the input's innermost axis contiguously (whole rows move), a thread copies
+16 bytes (one vector load and store), 256 threads a block.  Where it does not but another axis
+does (the innermost axis is transposed, kᵀ), a block stages a tile in shared memory: read in
+16-byte vectors along the input's contiguous axis, written along the output's (dlight's own
+transpose rule takes two-axis functions only).  Anything else keeps the fallback."""
 from __future__ import annotations
 
 from typing import Any
 
 VECTOR_BYTES = 16
 THREADS = 256
+TILE_IN, TILE_OUT = 32, 64  # a transposed copy's tile: along the input's and the output's contiguous axes
+THREADS_X, THREADS_Y = 32, 8
 
 
 def _contiguous_inner(index: Any, var: Any, extent: int, vec: int) -> bool:
@@ -38,8 +42,9 @@ def _contiguous_inner(index: Any, var: Any, extent: int, vec: int) -> bool:
     return analyzer.can_prove_equal(tirx.floormod(coeffs[1], vec), 0)
 
 
-def _matches(sch: Any, block_rv: Any) -> int | None:
-    """The vector width (elements) when the block copies whole rows, else None."""
+def _copy(sch: Any, block_rv: Any) -> tuple[Any, int] | None:
+    """(the block's BufferStore, the vector width in elements) where the block copies one
+    input's elements unchanged, else None."""
     import tvm
     from tvm import tirx
 
@@ -49,18 +54,83 @@ def _matches(sch: Any, block_rv: Any) -> int | None:
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not isinstance(store.value, tvm.ir.expr.TensorLoad):
         return None
-    dtype = store.buffer.dtype
-    if store.value.source.dtype != dtype:
+    if store.value.source.dtype != store.buffer.dtype:
         return None
-    vec = VECTOR_BYTES * 8 // tvm.DataType(dtype).bits
-    inner = block.iter_vars[-1]
-    extent = inner.dom.extent
-    if not isinstance(extent, tirx.IntImm) or int(extent) % vec or vec < 2:
+    vec = VECTOR_BYTES * 8 // tvm.DataType(store.buffer.dtype).bits
+    return (store, vec) if vec >= 2 else None
+
+
+def _extent(iter_var: Any) -> int | None:
+    from tvm import tirx
+
+    extent = iter_var.dom.extent
+    return int(extent) if isinstance(extent, tirx.IntImm) else None
+
+
+def _matches(sch: Any, block_rv: Any) -> int | None:
+    """The vector width (elements) when the block copies whole rows, else None."""
+    copy = _copy(sch, block_rv)
+    if copy is None:
         return None
-    if not (_contiguous_inner(store.indices[-1], inner.var, int(extent), vec)
-            and _contiguous_inner(store.value.indices[-1], inner.var, int(extent), vec)):
+    (store, vec), inner = copy, sch.get(block_rv).iter_vars[-1]
+    extent = _extent(inner)
+    if extent is None or extent % vec:
+        return None
+    if not (_contiguous_inner(store.indices[-1], inner.var, extent, vec)
+            and _contiguous_inner(store.value.indices[-1], inner.var, extent, vec)):
         return None
     return vec
+
+
+def _transposed(sch: Any, block_rv: Any) -> tuple[int, int] | None:
+    """(the block axis the input's innermost index runs along, the vector width) for a copy that
+    writes rows along its last axis and reads them along another (kᵀ), in whole tiles; else None."""
+    copy = _copy(sch, block_rv)
+    if copy is None:
+        return None
+    (store, vec), iter_vars = copy, sch.get(block_rv).iter_vars
+    out_extent = _extent(iter_vars[-1])
+    if out_extent is None or out_extent % TILE_OUT or not _contiguous_inner(
+            store.indices[-1], iter_vars[-1].var, out_extent, 2):  # stride 1 (a split of 1 proves nothing)
+        return None
+    for axis, iv in enumerate(iter_vars[:-1]):
+        extent = _extent(iv)
+        if extent is not None and extent % TILE_IN == 0 and _contiguous_inner(
+                store.value.indices[-1], iv.var, extent, vec):
+            return axis, vec
+    return None
+
+
+def _schedule_rows(sch: Any, block: Any, vec: int) -> None:
+    loops = sch.get_loops(block)
+    outer, lanes = sch.split(loops[-1], [None, vec])
+    bx, tx = sch.split(sch.fuse(*loops[:-1], outer), [None, THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(lanes)
+
+
+def _schedule_tile(sch: Any, block: Any, axis: int, vec: int) -> None:
+    """A block a TILE_OUT x TILE_IN tile: its input read into shared memory in vectors along
+    ``axis`` (rows padded by a vector), then written along the output's last axis."""
+    loops = sch.get_loops(block)
+    xo, xi = sch.split(loops[axis], [None, TILE_IN])
+    yo, yi = sch.split(loops[-1], [None, TILE_OUT])
+    sch.reorder(*[loop for k, loop in enumerate(loops[:-1]) if k != axis], xo, yo, xi, yi)
+    bx = sch.fuse(*[loop for k, loop in enumerate(loops[:-1]) if k != axis], xo, yo)
+    sch.bind(bx, "blockIdx.x")
+    tile = sch.cache_read(block, 0, "shared")
+    sch.compute_at(tile, bx)
+    yi_o, yi_i = sch.split(yi, [None, THREADS_X])
+    xi_o, xi_i = sch.split(xi, [None, THREADS_Y])
+    sch.reorder(xi_o, yi_o, xi_i, yi_i)
+    sch.bind(xi_i, "threadIdx.y")
+    sch.bind(yi_i, "threadIdx.x")
+    _, ty, tx, lanes = sch.split(sch.fuse(*sch.get_loops(tile)[1:]), [None, THREADS_Y, THREADS_X, vec])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(lanes)
+    sch.storage_align(tile, 0, axis=-2, factor=32, offset=vec)
 
 
 def vectorized_copy_rule() -> Any:
@@ -71,7 +141,7 @@ def vectorized_copy_rule() -> Any:
     from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
     class VectorizedCopy(GPUScheduleRule):
-        """Rows copied 16 bytes a thread (``copy_rule.py``)."""
+        """Rows copied 16 bytes a thread, transposed copies through a shared tile (``copy_rule.py``)."""
 
         def apply(self, func: Any, target: Any, _: bool) -> Any:
             if not self.is_target_available(target):
@@ -85,14 +155,13 @@ def vectorized_copy_rule() -> Any:
                 return None
             block = infos[0].block_rv
             vec = _matches(sch, block)
-            if vec is None:
+            if vec is not None:
+                _schedule_rows(sch, block, vec)
+                return sch
+            transposed = _transposed(sch, block)
+            if transposed is None:
                 return None
-            loops = sch.get_loops(block)
-            outer, lanes = sch.split(loops[-1], [None, vec])
-            bx, tx = sch.split(sch.fuse(*loops[:-1], outer), [None, THREADS])
-            sch.bind(bx, "blockIdx.x")
-            sch.bind(tx, "threadIdx.x")
-            sch.vectorize(lanes)
+            _schedule_tile(sch, block, *transposed)
             return sch
 
     return VectorizedCopy()
