@@ -307,31 +307,31 @@ def test_pick_falls_back_where_no_tensor_core_grid_is_resident():
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+# the shapes of the GPU cases: odd batch and hidden sizes, both directions, several layers
+B8_H512 = Shape(seq=9, batch=8, input=512, hidden=512)
+B64_H1024 = Shape(seq=5, batch=64, input=1024, hidden=1024)
+B40_H256 = Shape(seq=6, batch=40, input=256, hidden=256)
+B5_H200_BI = Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True)
+B3_H33_3LAYERS_BI = Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True)
+
 GPU_CASES = {
-    "b8-h512": (Shape(seq=9, batch=8, input=512, hidden=512), dict(step_j=16, step_tc_rows=16, step_tc_kw=2)),
-    "b64-h1024": (Shape(seq=5, batch=64, input=1024, hidden=1024), dict(step_j=16, step_tc_rows=32, step_tc_kw=2)),
-    "b40-h256-kw4": (Shape(seq=6, batch=40, input=256, hidden=256), dict(step_j=32, step_tc_rows=64, step_tc_kw=4)),
-    "b5-h200-bi": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
-                   dict(step_j=16, step_tc_rows=16, step_tc_kw=4)),
-    "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
-                         dict(step_j=32, step_tc_rows=16, step_tc_kw=1)),
-    "b64-h1024-nw4": (Shape(seq=5, batch=64, input=1024, hidden=1024),
-                      dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
-    "b5-h200-bi-nw2-kw2": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
-                           dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2)),
-    "b3-h33-3layer-bi-nw4": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
-                             dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
-    "b64-h1024-nw4-acc4": (Shape(seq=5, batch=64, input=1024, hidden=1024),
-                           dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_acc=4)),
-    "b5-h200-bi-nw2-kw2-acc2": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
+    "b8-h512": (B8_H512, dict(step_j=16, step_tc_rows=16, step_tc_kw=2)),
+    "b64-h1024": (B64_H1024, dict(step_j=16, step_tc_rows=32, step_tc_kw=2)),
+    "b40-h256-kw4": (B40_H256, dict(step_j=32, step_tc_rows=64, step_tc_kw=4)),
+    "b5-h200-bi": (B5_H200_BI, dict(step_j=16, step_tc_rows=16, step_tc_kw=4)),
+    "b3-h33-3layer-bi": (B3_H33_3LAYERS_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=1)),
+    "b64-h1024-nw4": (B64_H1024, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
+    "b5-h200-bi-nw2-kw2": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2)),
+    "b3-h33-3layer-bi-nw4": (B3_H33_3LAYERS_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4)),
+    "b64-h1024-nw4-acc4": (B64_H1024, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_acc=4)),
+    "b5-h200-bi-nw2-kw2-acc2": (B5_H200_BI,
                                 dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2, step_tc_acc=2)),
-    "b3-h33-3layer-bi-acc4": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+    "b3-h33-3layer-bi-acc4": (B3_H33_3LAYERS_BI,
                               dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_acc=4)),
-    "b64-h1024-nw4-frag": (Shape(seq=5, batch=64, input=1024, hidden=1024),
-                           dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_frag=1)),
-    "b5-h200-bi-kw4-frag-acc2": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
+    "b64-h1024-nw4-frag": (B64_H1024, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_frag=1)),
+    "b5-h200-bi-kw4-frag-acc2": (B5_H200_BI,
                                  dict(step_j=16, step_tc_rows=16, step_tc_kw=4, step_tc_frag=1, step_tc_acc=2)),
-    "b3-h33-3layer-bi-nw2-kw2-frag": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+    "b3-h33-3layer-bi-nw2-kw2-frag": (B3_H33_3LAYERS_BI,
                                       dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2, step_tc_frag=1)),
 }
 

@@ -66,6 +66,8 @@ def main() -> None:
     variant = {k: int(v) for k, v in (kv.split("=") for kv in args.variant.split(",") if kv)}
 
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc", lambda code, target: stamped(code), override=True)
+    from gru_step_knob import weights
+
     from tvm_ext.schedules.gru import GRU, GruTemplate
     from tvm_ext.target import resolve_target
 
@@ -79,11 +81,8 @@ def main() -> None:
     points = source[source.index("gru_steps_kernel("):].count("TVM_EXT_STAMP(")
     names = phase_names(points)
     rng = np.random.default_rng(0)
-    k = 1 / 32
-    weights = {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
-        ("weight_ih_l0", (3072, 1024)), ("weight_hh_l0", (3072, 1024)), ("bias_ih_l0", (3072,)),
-        ("bias_hh_l0", (3072,)))}
-    gru = GRU.build(target, 1024, 1024, batch=64, seq=128, config=config, precision=half).load_numpy(weights)
+    gru = GRU.build(target, 1024, 1024, batch=64, seq=128, config=config, precision=half).load_numpy(
+        weights(rng, 1024))
     x = rng.standard_normal((128, 64, 1024)).astype(np.float32)
     rows = []
     for _ in range(3):

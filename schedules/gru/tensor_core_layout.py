@@ -100,11 +100,6 @@ class TcStepShape:
         """n8 accumulator tiles a warp holds: its units' three gates."""
         return 3 * self.units // self.n_warps // MMA_N
 
-    @property
-    def unit_tiles(self) -> int:
-        """n8 tiles of one gate a warp holds."""
-        return self.units // self.n_warps // MMA_N
-
     def shared_bytes(self) -> int:
         """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
         operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
@@ -158,7 +153,7 @@ class TcKernelLayout:
         poll_words = min(lane_words, POLL_WORDS)
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
         return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
-                   gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=shape.unit_tiles,
+                   gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
                    warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
