@@ -375,8 +375,8 @@ def ours_on(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]
 
 def ours_launch(template: Any, config: dict, target: Any, sets: list[tuple[Any, Any]]) -> tuple[Launch, float]:
     """``launch(i)`` of the config built again on the vendor's operands ``sets`` (B passed
-    transposed where the kernel reads it [n, k]), and its error vs float64 on NaN-poisoned
-    outputs."""
+    transposed where the kernel reads it [n, k]: its ``b_layout`` "NK", or else its B's shape),
+    and its error vs float64 on NaN-poisoned outputs."""
     import torch
     import tvm
 
@@ -387,8 +387,9 @@ def ours_launch(template: Any, config: dict, target: Any, sets: list[tuple[Any, 
     program = template.build_program(cfg, target)
     _, b_spec = op.inputs()
     (c_spec,) = op.outputs()
-    b_of = (lambda b: b) if tuple(b_spec.shape)[-2:] == tuple(sets[0][1].shape)[-2:] \
-        else (lambda b: b.transpose(-1, -2).contiguous())
+    layout = getattr(template, "b_layout", None)  # where N == K the shapes cannot tell the layouts apart
+    transposed = layout == "NK" if layout in ("NK", "KN") else tuple(b_spec.shape)[-2:] != tuple(sets[0][1].shape)[-2:]
+    b_of = (lambda b: b.transpose(-1, -2).contiguous()) if transposed else (lambda b: b)
     outs = [torch.full(tuple(c_spec.shape), float("nan"), device="cuda", dtype=getattr(torch, c_spec.dtype))
             for _ in sets]
     scratch = {}

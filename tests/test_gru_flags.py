@@ -47,6 +47,20 @@ def test_generated_cuda_polls_tagged_words_and_has_no_grid_barrier():
     assert ("gru_init", "hx") in calls and ("gru_steps", "hx") in calls
 
 
+def test_the_cell_computes_z_and_h_once_a_step_and_every_store_reads_them():
+    """The update gate z and h' go into registers once a step; the exchange word, the output and
+    h_n read h' from there (each wrote its own copy of the cell's expression before)."""
+    t = _template(1, 256, seq=128)
+    target = offline_cuda("sm_90")
+    cfg = t.analytic_pick(target)[0]
+    assert cfg.step_flags == 1
+    loop = _kernel(t.compile(cfg, target).source)
+    loop = loop[loop.index("for (int s = 0; s < 128"):]
+    assert loop.count("zh_ptr[0] = ") == loop.count("zh_ptr[1] = ") == 1
+    assert re.search(r"v__\d+ = zh_ptr\[1\];\s*__nv_atomic_store_n", loop)  # the word's bits
+    assert re.search(r"out_ptr\[[^\n]*\] = zh_ptr\[1\];", loop) and re.search(r"h_n_ptr\[[^\n]*\] = zh_ptr\[1\];", loop)
+
+
 def test_more_words_than_a_poll_holds_are_polled_in_rounds():
     """B16 H512 with 4 units: 64 words a thread, polled as 2 rounds of ``POLL_WORDS`` (32),
     each with its own wait, so the words in registers stay within the budget."""

@@ -23,6 +23,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 SHAPES = "1024x768x768,1024x3072x768,1024x768x3072,700x3072x768,1500x768x768,1500x3072x768,200x3072x768"
 TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
+WIDE_TILES = ((64, 128), (128, 64), (128, 128), (128, 192), (128, 256), (256, 128), (256, 192))
+
+
+def wide_grid(space) -> list:
+    """Feasible configs of the wider grid at this shape: K split 1-6 (in a cluster, or through
+    global memory at 2), every tile up to 256x192, TMA or ``cp.async`` loads, one tile a block."""
+    configs = []
+    for (bm, bn), stages, (split, cluster), tma in itertools.product(
+            WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1)):
+        knobs = dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
+                     wgmma_smem_epilogue=int(split == 1), wgmma_raster=0, wgmma_tiles=1,
+                     wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma)
+        try:
+            config = space.make(**knobs)
+        except Exception:  # noqa: BLE001 - a value the space does not offer
+            continue
+        if space.is_feasible(config):
+            configs.append(config)
+    return configs
 
 
 def grid(space) -> list:
@@ -63,6 +82,15 @@ def main() -> None:
     p.add_argument("--max-seconds", type=float, default=420)
     p.add_argument("--picks", action="store_true",
                    help="only the pick and the pick without few_waves (the first-wave rule), no sweep")
+    p.add_argument("--grid", choices=("tiles", "wide"), default="tiles",
+                   help="tiles: tile, depth, tiles a block, raster; wide: K split in clusters and TMA loads too")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="then the pick and the sweep's --top fastest against cuBLAS and cuBLASLt in this many "
+                        "interleaved rounds, each replayed from a CUDA graph (common.compare_in_rounds)")
+    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--before", default=None,
+                   help="a JSON file {shape: knobs} of an earlier pick: only the pick and it, no sweep (with "
+                        "--rounds, the earlier pick is the peer)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     session = Session(SessionOptions(target="cuda", workers=16, build_timeout=300,
@@ -73,11 +101,14 @@ def main() -> None:
         template = WgmmaGemmTemplate(m, n, k)
         space = template.space(session.target)
         pick = template.default_config(session.target)
-        if args.picks:  # the pick against the first-wave rule it replaces where a problem is a wave or two
+        if args.before:  # the pick against an earlier pick (knobs saved from the code before a change)
+            with open(args.before) as fh:
+                configs = [pick, space.make(**json.load(fh)[shape])]
+        elif args.picks:  # the pick against the first-wave rule it replaces where a problem is a wave or two
             first = pick_wgmma_tile([(m, n, k)], session.target, "float16", split_k=True, ragged_m=True)
             configs = [pick, space.make(**first.knobs())]
         else:
-            configs = [pick] + [c for c in grid(space) if c != pick]
+            configs = [pick] + [c for c in (wide_grid if args.grid == "wide" else grid)(space) if c != pick]
         if time.time() - start > args.max_seconds:
             break
         builds = session.builder.build(template, configs, session.target)
@@ -85,7 +116,8 @@ def main() -> None:
         measured = []
         for build, result in zip(builds, results):
             knobs = {kk.replace("wgmma_", ""): v for kk, v in build.config.as_dict().items()}
-            measured.append({"knobs": knobs, "ms": min(result.costs) * 1e3 if result.ok else None,
+            measured.append({"knobs": knobs, "config": build.config.as_dict(),
+                             "ms": min(result.costs) * 1e3 if result.ok else None,
                              "error": "" if result.ok else str(result.error_kind.value)})
         rows.append({"shape": shape, "pick": measured[0], "configs": measured})
         ok = sorted((r for r in measured if r["ms"]), key=lambda r: r["ms"])
@@ -97,6 +129,32 @@ def main() -> None:
         with open(os.path.join(args.out, "wgmma_pick_sweep.jsonl"), "a") as fh:
             fh.write(json.dumps(row) + "\n")
         print(row["shape"], "cuBLAS", row["cublas_ms"], flush=True)
+        if args.rounds:
+            print(in_rounds(row, args.rounds, args.top, args.out), flush=True)
+
+
+def in_rounds(row: dict, rounds: int, top: int, out: str) -> str:
+    """The pick (ours) and the sweep's ``top`` fastest (peers) against cuBLAS and cuBLASLt in
+    interleaved rounds on the same rotated operands; the medians of the per-round ratios."""
+    from common import compare_in_rounds, cublas_launches, gemm_operand_sets, ours_launch
+
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+    from tvm_ext.target import resolve_target
+
+    m, n, k = (int(x) for x in row["shape"].split("x"))
+    template, target = WgmmaGemmTemplate(m, n, k), resolve_target("cuda")
+    sets = gemm_operand_sets(m, n, k, "float16")
+    ours, err = ours_launch(template, row["pick"]["config"], target, sets)
+    fastest = sorted((c for c in row["configs"][1:] if c["ms"]), key=lambda c: c["ms"])[:top]
+    peers, lines = {}, [f"{row['shape']}: pick {row['pick']['knobs']} error {err:.1e}"]
+    for i, c in enumerate(fastest):
+        peers[f"top{i + 1}"], peer_err = ours_launch(template, c["config"], target, sets)
+        lines.append(f"  top{i + 1} {c['knobs']} error {peer_err:.1e}")
+    summaries, left_out = compare_in_rounds(row["shape"], ours, cublas_launches(sets, lt=True), len(sets), rounds,
+                                            os.path.join(out, "wgmma_sweep_rounds.jsonl"), peers=peers)
+    lines += [f"  {s.vendor}: median {s.median:.3f}" for s in summaries]
+    lines += [f"  {name} left out: {why}" for name, why in left_out.items()]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

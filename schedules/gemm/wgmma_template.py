@@ -50,17 +50,20 @@ def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
 RAGGED_PADDING = 0.5
 FIRST_PICK_PADDING = 0.125
 # ``few_waves_pick``: problems where the largest tile makes fewer waves than this, the tiles it
-# weighs (64x128 besides the default ones: the best at 700x3072x768), and the shallowest pipeline
-# it takes to make its blocks resident together
+# weighs (64x128 and 128x192 besides the default ones: the best at 700x3072x768 and at
+# 1024x3072x768), and the shallowest pipeline it takes to make its blocks resident together
 FEW_WAVES = 2
-FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0),)
+FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0), (128, 192, 4, 1, 1, 0))
 MIN_RESIDENT_STAGES = 4
 # the pick loads its stages by the TMA where a block runs at least this many k steps, with 16-bit
 # operands: at 4096^3, 8192^3, the GRU's 8192x3072x1024 and BERT-base's FFN (24-48 k steps a
 # block) it was 1.03-1.11x the cp.async kernel; at 1024x768x768 (one tile of 12 k steps a block)
 # 0.94x, its one thread's prologue not paid back (docs/results/gemm.md); 8-bit and TF32 operands
-# keep cp.async until measured
+# keep cp.async until measured; and with fewer k steps where each thread would issue at least
+# TMA_MIN_CHUNKS 16-byte cp.async copies a stage (64x128 and 128x192 were faster by TMA at 12 k
+# steps, 128x64 was not)
 TMA_MIN_STEPS = 24
+TMA_MIN_CHUNKS = 10
 TMA_OPERANDS = ("float16", "bfloat16")
 STAGE_CHOICES = tuple(sorted(next(k for k in KNOBS if k.name == "wgmma_stages").choices, reverse=True))
 
@@ -138,8 +141,11 @@ def block_steps(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
 
 def with_tma(t: WgmmaTile, shapes: Any, limit: int, b_layout: str, matrices: int = 1) -> WgmmaTile:
     """``t`` loading its stages by the TMA where its operand is 16-bit and its busiest block runs
-    at least ``TMA_MIN_STEPS`` k steps (and the stages' barriers fit); ``t`` elsewhere."""
-    if t.operand not in TMA_OPERANDS or block_steps(t, shapes, matrices) < TMA_MIN_STEPS:
+    at least ``TMA_MIN_STEPS`` k steps or its threads would each issue at least ``TMA_MIN_CHUNKS``
+    16-byte copies a stage (and the stages' barriers fit); ``t`` elsewhere."""
+    chunks = (t.bm + t.bn) * 128 // 16 // t.threads
+    if t.operand not in TMA_OPERANDS or (block_steps(t, shapes, matrices) < TMA_MIN_STEPS
+                                         and chunks < TMA_MIN_CHUNKS):
         return t
     loaded = dataclasses.replace(t, tma=True)
     return loaded if runs(loaded, shapes, limit, b_layout) else t

@@ -28,7 +28,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
-from .step_common import MAX_REGISTERS, stored_as
+from .step_common import MAX_REGISTERS, cell_blend, stored_as
 from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason
 from .warp_units import WarpUnitMath, WarpUnitShape
 
@@ -127,6 +127,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         peer = T.alloc_buffer((peers,), "uint32", scope="local")
         peer_bar = T.alloc_buffer((peers,), "uint32", scope="local")
         h_new = T.alloc_buffer((1,), "float32", scope="local")
+        z = T.alloc_buffer((1,), math_dtype, scope="local")  # the cell's update gate, computed once
         done = T.alloc_buffer((1,), "uint32", scope="local")
         polls = T.alloc_buffer((1,), "int32", scope="local")
         tid = T.meta_var(ty * WARP + tx)
@@ -164,8 +165,9 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
             select_row(sums, acc, tx)  # lane l's row l % batch
             if tx < storing_lanes and j < hidden:
                 row = T.meta_var(tx % batch)
-                h_new[0] = T.cast(stored_as(math.cell(sums, b_h, gi_reg, h_s[read + row * HP + j]), h_dtype),
-                                  "float32")
+                z[0] = math.gates(sums, b_h, gi_reg)[0]
+                h_new[0] = T.cast(stored_as(cell_blend(z[0], math.gates(sums, b_h, gi_reg)[1],
+                                                       h_s[read + row * HP + j], math_dtype), h_dtype), "float32")
                 if s + 1 < steps:  # lane l stores into peers l // batch, + lanes_per_row, ...
                     for r in T.unroll(peers):
                         if r * lanes_per_row + tx // batch < cluster:

@@ -33,7 +33,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
-from .step_common import MAX_REGISTERS, OTHER_REGISTERS, stored_as, word_tag
+from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_blend, stored_as, word_tag
 from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
 from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 
@@ -117,6 +117,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         got = T.alloc_buffer((chunk,), "uint64", scope="local")
         gi_reg = T.alloc_buffer((3,), gi_dtype, scope="local")
         b_h = T.alloc_buffer((3,), "float32", scope="local")
+        zh = T.alloc_buffer((2,), math_dtype, scope="local")  # the cell's z, then h': each computed once
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         tid = T.meta_var(ty * WARP + tx)
         j = T.meta_var(bx * U + ty)
@@ -156,7 +157,9 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
             select_row(sums, acc, tx)  # lane b's row b
             if tx < batch and j < hidden:
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
-                h_new = T.meta_var(math.cell(sums, b_h, gi_reg, h_s[tx * HP + j]))
+                zh[0] = math.gates(sums, b_h, gi_reg)[0]
+                zh[1] = cell_blend(zh[0], math.gates(sums, b_h, gi_reg)[1], h_s[tx * HP + j], math_dtype)
+                h_new = T.meta_var(zh[1])
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),
                                          packed(stored_as(h_new, h_dtype), s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))

@@ -12,7 +12,7 @@ from tvm_ext.precision.precision import itemsize
 from tvm_ext.schedules.gemm.warp_tile import WARP
 from tvm_ext.target import TargetInfo
 
-from .step_common import cell_math, stored_as
+from .step_common import cell_gates, stored_as
 
 
 UNITS = (4, 8, 16, 32)  # hidden units per block, a warp each
@@ -87,12 +87,14 @@ class WarpUnitMath:
         """The batch row whose cell lane ``tx`` runs."""
         return tx if self.cell_lanes == self.batch else tx % self.batch
 
-    def cell(self, sums: Any, b_h: Any, gi_reg: Any, h_prev: Any) -> Any:
-        """h' of a lane's (row, unit): gh as the hidden GEMM would store it, then the cell."""
+    def gates(self, sums: Any, b_h: Any, gi_reg: Any) -> tuple[Any, Any]:
+        """z and n of a lane's (row, unit), gh as the hidden GEMM would store it.  A kernel keeps
+        z and then h' (``cell_blend``) in registers: nvcc merges neither the blend's two uses of
+        z nor h' written to several places from one expression each."""
         from tvm.script import tirx as T
 
         gh = [stored_as(sums[g] + b_h[g].astype(self.acc_dtype), self.gh_dtype) for g in range(3)]
-        return cell_math(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, h_prev, self.math_dtype, state=self.h_dtype)
+        return cell_gates(T, gi_reg[0], gi_reg[1], gi_reg[2], *gh, self.math_dtype, state=self.h_dtype)
 
     def macros(self) -> tuple[Any, Any, Any, Any]:
         """(load_w, load_gi, gate_sums, select_row): the lane's W_hh share once; its row's gi of
