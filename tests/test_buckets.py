@@ -152,7 +152,7 @@ def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with()
     at_700 = WgmmaGemmTemplate(700, 3072, 768)  # 528 tiles: four blocks an SM fit at no depth
     config = at_700.space(target).make(**tuned_at_128, wgmma_tma=0)
     assert at_700.resized(config, target) == at_700.default_config(target)
-    assert WgmmaTile.of(at_700.default_config(target)) == WgmmaTile(64, 128, 4, 1, True, 0)
+    assert WgmmaTile.of(at_700.default_config(target)) == WgmmaTile(64, 128, 4, 1, True, 0, tma=True)
     at_4096 = WgmmaGemmTemplate(4096, 3072, 768)
     assert at_4096.resized(at_4096.space(target).make(**tuned_at_128, wgmma_tma=0), target) == \
         at_4096.space(target).make(**tuned_at_128, wgmma_tma=0)
