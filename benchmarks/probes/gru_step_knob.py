@@ -1,9 +1,10 @@
 """A knob of the tensor-core step kernel at each of its values, the pick's config otherwise: the
 accumulator sets (``step_tc_acc`` 1, 2, 4: the default) or the fragments loaded a k slice ahead
 (``--knob step_tc_frag --values 0,1``), or named sets of knob values over the pick (``--variants
-"kw4:step_tc_kw=4,step_tc_nw=1;kw4-cell:step_tc_kw=4,step_tc_nw=1,step_tc_cell=1"``, the pick
-itself first); timed back to back (``time_ours`` around the executor) in interleaved rounds,
-each checked against float64 first; T=128, input = hidden.
+"kw4:step_tc_kw=4,step_tc_nw=1;kw4-cell:step_tc_kw=4,step_tc_nw=1,step_tc_cell=1"``, the pick itself
+first; ``--variants pick``: the pick alone, to time one build of the code against another); timed
+back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
+first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("float16", 16, 512),
-         ("float16", 32, 1024), ("float16", 64, 512))
+         ("float16", 32, 1024), ("float16", 64, 512),
+         # the small-batch picks on the flag-exchange kernel (CUDA cores)
+         ("float32", 1, 256), ("float32", 4, 512), ("float32", 8, 512), ("float32", 16, 512), ("float16", 4, 512))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 
@@ -44,7 +47,7 @@ def main() -> None:
     args = p.parse_args()
     if args.variants:
         variants = {"pick": {}}
-        for part in args.variants.split(";"):
+        for part in (v for v in args.variants.split(";") if v != "pick"):
             name, _, knobs = part.partition(":")
             variants[name] = {k: int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv)}
         args.knob = "variant"
