@@ -61,6 +61,17 @@ def test_the_cell_computes_z_and_h_once_a_step_and_every_store_reads_them():
     assert re.search(r"out_ptr\[[^\n]*\] = zh_ptr\[1\];", loop) and re.search(r"h_n_ptr\[[^\n]*\] = zh_ptr\[1\];", loop)
 
 
+def test_the_zero_fill_of_h_is_behind_a_barrier_before_the_first_poll():
+    """h's rows in shared memory are padded to a multiple of 32 (200 -> 224 here): the zero fill
+    (thread t, word t) and the first step's poll (thread t, word of h t) write the same words from
+    different threads, so a block barrier stands between them (there was none)."""
+    t = GruTemplate(batch=5, hidden=200, input=40, seq=9)
+    target = offline_cuda("sm_90")
+    body = _kernel(t.compile(t.default_config(target).replace(**FLAGS, step_flag_units=16), target).source)
+    fill = body.rindex("] = 0x0p+0f", 0, body.index("for (int s = 0; s < 9"))
+    assert "__syncthreads();" in body[fill:body.index("for (int s = 0; s < 9")]
+
+
 def test_more_words_than_a_poll_holds_are_polled_in_rounds():
     """B16 H512 with 4 units: 64 words a thread, polled as 2 rounds of ``POLL_WORDS`` (32),
     each with its own wait, so the words in registers stay within the budget."""

@@ -125,6 +125,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         for it in T.unroll(-(-batch * HP // threads)):  # k past the hidden size stays zero
             if it * threads + tid < batch * HP:
                 h_s[it * threads + tid] = T.float32(0)
+        T.tvm_storage_sync("shared")  # where a row is padded, another thread's first poll writes these words
         for g in T.unroll(3):
             b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
                                     T.float32(0))
