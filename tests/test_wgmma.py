@@ -668,3 +668,22 @@ def test_no_tile_loads_ahead_past_k():
         assert tile is not None
         assert all(wgmma_reason(tile, m, n, k) is None for m, n, k in shapes), tile
     assert pick_wgmma_tile([(4096, 4096, 4096)], offline_cuda(), "float16").stages == 4  # long K: unchanged
+
+
+def test_the_pick_sweep_probes_grids_give_configs_and_a_knob_left_out_is_an_error():
+    """The sweep probe's grids give configs at BERT-base's projection (its tile grid gave none from
+    the day TMA became a knob: every set lacked ``wgmma_tma`` and the space's refusal was taken for
+    a value it does not offer), and a grid that leaves a knob out now says so."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "probes",
+                        "wgmma_pick_sweep.py")
+    spec = importlib.util.spec_from_file_location("wgmma_pick_sweep_probe", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    space = WgmmaGemmTemplate(1024, 768, 768).space(offline_cuda())
+    tiles, wide = sweep.grid(space), sweep.wide_grid(space)
+    assert len(tiles) >= 40 and len(wide) >= 60
+    assert {c.wgmma_tma for c in wide} == {0, 1} and {c.wgmma_split_k for c in wide} >= {1, 2, 4}
+    with pytest.raises(ValueError, match="wgmma_tma"):
+        sweep.feasible(space, [{k: v for k, v in tiles[0].as_dict().items() if k != "wgmma_tma"}])

@@ -26,40 +26,39 @@ TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256))
 WIDE_TILES = ((64, 128), (128, 64), (128, 128), (128, 192), (128, 256), (256, 128), (256, 192))
 
 
+def feasible(space, knob_sets) -> list:
+    """The configs of ``knob_sets`` the space offers and finds feasible at this shape (a set that
+    leaves a knob out is an error of the grid, not a value the space does not offer)."""
+    configs = []
+    for knobs in knob_sets:
+        if missing := set(space.names) - set(knobs):
+            raise ValueError(f"the grid leaves out {sorted(missing)}")
+        try:
+            config = space.make(**knobs)
+        except Exception:  # noqa: BLE001 - a value the space does not offer
+            continue
+        if space.is_feasible(config):
+            configs.append(config)
+    return configs
+
+
 def wide_grid(space) -> list:
     """Feasible configs of the wider grid at this shape: K split 1-6 (in a cluster, or through
     global memory at 2), every tile up to 256x192, TMA or ``cp.async`` loads, one tile a block."""
-    configs = []
-    for (bm, bn), stages, (split, cluster), tma in itertools.product(
-            WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1)):
-        knobs = dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
-                     wgmma_smem_epilogue=int(split == 1), wgmma_raster=0, wgmma_tiles=1,
-                     wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma)
-        try:
-            config = space.make(**knobs)
-        except Exception:  # noqa: BLE001 - a value the space does not offer
-            continue
-        if space.is_feasible(config):
-            configs.append(config)
-    return configs
+    return feasible(space, (
+        dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
+             wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma)
+        for (bm, bn), stages, (split, cluster), tma in itertools.product(
+            WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1))))
 
 
 def grid(space) -> list:
-    """Feasible configs of the sweep's grid at this shape."""
-    configs = []
-    for (bm, bn), stages, tiles, raster, split in itertools.product(TILES, (4, 6, 8), (1, 2), (0, 8), (1, 2)):
-        if split > 1 and (bm, bn) != (64, 64):
-            continue
-        knobs = dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
-                     wgmma_smem_epilogue=int(split == 1), wgmma_raster=raster, wgmma_tiles=tiles,
-                     wgmma_split_k=split, wgmma_split_cluster=0)
-        try:
-            config = space.make(**knobs)
-        except Exception:  # noqa: BLE001 - a value the space does not offer
-            continue
-        if space.is_feasible(config):
-            configs.append(config)
-    return configs
+    """Feasible configs of the sweep's grid at this shape (``cp.async`` loads)."""
+    return feasible(space, (
+        dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
+             wgmma_raster=raster, wgmma_tiles=tiles, wgmma_split_k=split, wgmma_split_cluster=0, wgmma_tma=0)
+        for (bm, bn), stages, tiles, raster, split in itertools.product(TILES, (4, 6, 8), (1, 2), (0, 8), (1, 2))
+        if split == 1 or (bm, bn) == (64, 64)))
 
 
 def cublas_ms(m: int, n: int, k: int) -> float:
