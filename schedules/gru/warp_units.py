@@ -89,8 +89,8 @@ class WarpUnitMath:
 
     def gates(self, sums: Any, b_h: Any, gi_reg: Any) -> tuple[Any, Any]:
         """z and n of a lane's (row, unit), gh as the hidden GEMM would store it.  A kernel keeps
-        z and then h' (``cell_blend``) in registers: nvcc merges neither the blend's two uses of
-        z nor h' written to several places from one expression each."""
+        z and then h' (``cell_blend``) in registers, so that no store recomputes them (nvcc did
+        not merge such copies in the tensor-core kernel, ``step_common.cell_gates``)."""
         from tvm.script import tirx as T
 
         gh = [stored_as(sums[g] + b_h[g].astype(self.acc_dtype), self.gh_dtype) for g in range(3)]
