@@ -165,9 +165,10 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
             select_row(sums, acc, tx)  # lane l's row l % batch
             if tx < storing_lanes and j < hidden:
                 row = T.meta_var(tx % batch)
-                z[0] = math.gates(sums, b_h, gi_reg)[0]
-                h_new[0] = T.cast(stored_as(cell_blend(z[0], math.gates(sums, b_h, gi_reg)[1],
-                                                       h_s[read + row * HP + j], math_dtype), h_dtype), "float32")
+                z_n = T.meta_var(math.gates(sums, b_h, gi_reg))
+                z[0] = z_n[0]
+                h_new[0] = T.cast(stored_as(cell_blend(z[0], z_n[1], h_s[read + row * HP + j], math_dtype), h_dtype),
+                                  "float32")
                 if s + 1 < steps:  # lane l stores into peers l // batch, + lanes_per_row, ...
                     for r in T.unroll(peers):
                         if r * lanes_per_row + tx // batch < cluster:

@@ -158,8 +158,9 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
             select_row(sums, acc, tx)  # lane b's row b
             if tx < batch and j < hidden:
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
-                zh[0] = math.gates(sums, b_h, gi_reg)[0]
-                zh[1] = cell_blend(zh[0], math.gates(sums, b_h, gi_reg)[1], h_s[tx * HP + j], math_dtype)
+                z_n = T.meta_var(math.gates(sums, b_h, gi_reg))
+                zh[0] = z_n[0]
+                zh[1] = cell_blend(zh[0], z_n[1], h_s[tx * HP + j], math_dtype)
                 h_new = T.meta_var(zh[1])
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),

@@ -496,9 +496,9 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                 unit = T.meta_var(j0 + col)
                 if row < batch and unit < hidden:
                     # z, then h', each computed once into a register: nvcc merges no copies of them
-                    h_val[1] = gates(acc, b_h, gi_reg, t, e)[0]
-                    h_val[0] = cell_blend(h_val[1], gates(acc, b_h, gi_reg, t, e)[1],
-                                          h_s[row_in * sh + unit], math_dtype)
+                    z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
+                    h_val[1] = z_n[0]
+                    h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])
                     if flags:  # the pair (e, e + 1) goes out as one word from its even unit
                         h_rounded[e] = T.cast(h_new, operand)
