@@ -147,9 +147,13 @@ class WgmmaTile:
     def threads(self) -> int:
         return self.bm // 64 * 128
 
+    def stage_bytes(self) -> int:
+        """One stage's A and Bt tiles: a 128-byte row of k a row of the tile."""
+        return (self.bm + self.bn) * 128
+
     def smem_bytes(self) -> int:
         """The stages' shared memory (with ``tma``, their barriers follow: ``barrier_bytes``)."""
-        return self.stages * (self.bm + self.bn) * 128
+        return self.stages * self.stage_bytes()
 
     def barrier_bytes(self) -> int:
         """Shared memory of the stages' barriers (8 bytes a stage with ``tma``), after the stages."""
@@ -161,7 +165,7 @@ class WgmmaTile:
 
     def c_pieces_per_stage(self) -> int:
         """Warpgroups' C (64 rows of bn halves, padded by 8) one stage's shared memory holds."""
-        return (self.bm + self.bn) * 128 // (64 * (self.bn + 8) * 2)
+        return self.stage_bytes() // (64 * (self.bn + 8) * 2)
 
 
 def b_layout_reason(b_layout: str) -> str | None:

@@ -17,6 +17,7 @@ from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.hardware import SHARED_RESERVED_PER_BLOCK, WGMMA_SHARED_PER_SM
 
+from .mma import COPY_BYTES
 from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
                     b_layout_reason, b_shape, compile_wgmma, epilogue_reason, fit_raster, shared_limit, target_reason,
                     wgmma_gemm, wgmma_reason)
@@ -143,7 +144,7 @@ def with_tma(t: WgmmaTile, shapes: Any, limit: int, b_layout: str, matrices: int
     """``t`` loading its stages by the TMA where its operand is 16-bit and its busiest block runs
     at least ``TMA_MIN_STEPS`` k steps or its threads would each issue at least ``TMA_MIN_CHUNKS``
     16-byte copies a stage (and the stages' barriers fit); ``t`` elsewhere."""
-    chunks = (t.bm + t.bn) * 128 // 16 // t.threads
+    chunks = t.stage_bytes() // COPY_BYTES // t.threads  # a thread's cp.async copies a stage
     if t.operand not in TMA_OPERANDS or (block_steps(t, shapes, matrices) < TMA_MIN_STEPS
                                          and chunks < TMA_MIN_CHUNKS):
         return t
