@@ -67,12 +67,9 @@ def _extent(iter_var: Any) -> int | None:
     return int(extent) if isinstance(extent, tirx.IntImm) else None
 
 
-def _matches(sch: Any, block_rv: Any) -> int | None:
-    """The vector width (elements) when the block copies whole rows, else None."""
-    copy = _copy(sch, block_rv)
-    if copy is None:
-        return None
-    (store, vec), inner = copy, sch.get(block_rv).iter_vars[-1]
+def _matches(store: Any, vec: int, iter_vars: Any) -> int | None:
+    """The vector width (elements) when the copy ``store`` moves whole rows, else None."""
+    inner = iter_vars[-1]
     extent = _extent(inner)
     if extent is None or extent % vec:
         return None
@@ -82,13 +79,9 @@ def _matches(sch: Any, block_rv: Any) -> int | None:
     return vec
 
 
-def _transposed(sch: Any, block_rv: Any) -> tuple[int, int] | None:
+def _transposed(store: Any, vec: int, iter_vars: Any) -> tuple[int, int] | None:
     """(the block axis the input's innermost index runs along, the vector width) for a copy that
     writes rows along its last axis and reads them along another (kᵀ), in whole tiles; else None."""
-    copy = _copy(sch, block_rv)
-    if copy is None:
-        return None
-    (store, vec), iter_vars = copy, sch.get(block_rv).iter_vars
     out_extent = _extent(iter_vars[-1])
     if out_extent is None or out_extent % TILE_OUT or not _contiguous_inner(
             store.indices[-1], iter_vars[-1].var, out_extent, 2):  # stride 1 (a split of 1 proves nothing)
@@ -154,11 +147,15 @@ def vectorized_copy_rule() -> Any:
             if len(infos) != 1 or any(kind != "S" for kind in infos[0].dom_kind()):
                 return None
             block = infos[0].block_rv
-            vec = _matches(sch, block)
+            copy = _copy(sch, block)
+            if copy is None:
+                return None
+            iter_vars = sch.get(block).iter_vars
+            vec = _matches(*copy, iter_vars)
             if vec is not None:
                 _schedule_rows(sch, block, vec)
                 return sch
-            transposed = _transposed(sch, block)
+            transposed = _transposed(*copy, iter_vars)
             if transposed is None:
                 return None
             _schedule_tile(sch, block, *transposed)
