@@ -106,12 +106,15 @@ def test_padded_split_is_only_where_needed():
 @pytest.mark.parametrize("shape", [(1, 256, False), (8, 512, True), (4, 1000, False), (16, 256, False),
                                    (64, 1024, False), (16, 512, True), (16, 200, False), (16, 33, True),
                                    (12, 1000, False), (32, 512, False), (128, 1024, False)])
-def test_analytic_pick_follows_the_measured_rules(shape):
+def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     """On a GPU, up to batch 16 the pick is the flag-exchange persistent kernel with a grid of
-    at most one block per SM wherever one fits; elsewhere, the fused split-K step kernel as a persistent kernel with
+    at most one block per SM wherever one fits; from batch 32 the split tensor-core kernel (16
+    units on 2 warps, the fewest rows whose grid is resident); elsewhere, and where that kernel
+    is not at hand, the fused split-K step kernel as a persistent kernel with
     the acquire barrier and gi prefetched: at most 256 threads per SM at small batch, all rows
     per block with W_hh's slice on chip at batch >= 32 (32 rows and the fewest units whose grid
     fits one block per SM, else all rows), W_hh in registers where the k extent is padded."""
+    from tvm_ext.schedules.gru import pick
     from tvm_ext.schedules.gru.flag_step import FLAG_UNITS
     from tvm_ext.schedules.gru.pick import FLAG_BATCH, LARGE_GEMM_TILE, MANY_ROWS_UNITS, THREADS_PER_SM
 
@@ -122,6 +125,15 @@ def test_analytic_pick_follows_the_measured_rules(shape):
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     assert cfg.fuse_step == 1 and cfg.step_loop == 2 and "persistent" in why
     space, base = t.space(target), t.default_config(target)
+    splits = [rows for rows in (16, 32, 64) if space.is_feasible(base.replace(
+        fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_j=16, step_tc_rows=rows, step_tc_nw=2))]
+    if batch >= 32 and splits:  # measured faster from B32 on
+        knobs = (cfg.step_tc, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_nw, cfg.step_tc_ahead)
+        assert knobs == (2, 16, splits[0], 2, 2)
+        assert "split tensor-core" in why
+        monkeypatch.setattr(pick, "SPLIT_STEP_BATCH", 1 << 30)  # the CUDA-core kernel's rules, where it is not
+        cfg, why = t.analytic_pick(target)
+    assert cfg.step_tc == 0
     flag_grids = [t.step_variant(f).shape.blocks for f in (base.replace(fuse_step=1, step_loop=2, step_flags=1,
                                                                       step_flag_units=u) for u in FLAG_UNITS)
                   if space.is_feasible(f)]

@@ -37,9 +37,11 @@ STEP_KNOBS = (
                                      "gates x hidden) in shared memory, 2 keeps each thread's share (3 gates x "
                                      "hidden/step_ks) in registers; the persistent kernel loads it once for all "
                                      "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
-    Knob("step_tc", (0, 1), "persistent step kernel, CUDA, h and W_hh both float16 or both bfloat16: 1 runs the "
-                            "gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
-                            "(16 or 32) in shared memory for all T steps (``tensor_core_step.py``)"),
+    Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (h and W_hh both float16 or both bfloat16) runs "
+                               "the gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
+                               "(16 or 32) in shared memory for all T steps (``tensor_core_step.py``); 2 (float32 h "
+                               "and W_hh) as three products of their float16 high and low parts, float32-accurate, "
+                               "h read in chunks behind the grid barrier (``split_step.py``)"),
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
@@ -51,6 +53,9 @@ STEP_KNOBS = (
     Knob("step_tc_frag", (0, 1), "tensor-core step kernel: 1 loads the next k slice's ldmatrix fragments before "
                                  "this slice's mma.sync (two fragment buffers), so the loads' latency runs behind "
                                  "the multiplies", before=0),
+    Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
+                                     "registers (each load's L2 latency behind this many chunks' products)",
+         before=1),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

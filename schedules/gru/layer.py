@@ -54,6 +54,7 @@ class GRU:
         self.batch_first = batch_first
         self.compiled = compiled
         self.persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
+        self._splits_state = template.step_variant(config).splits_state  # h0 and W_hh split into float16 parts
         specs = template.for_config(config).buffers()
         if target.kind == "opencl":
             self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
@@ -138,11 +139,13 @@ class GRU:
             if array.shape != shape:
                 raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
             arrays[name] = array
-        if self.config.in_split in FLOAT16_SPLITS:  # W_ih's float16 parts are stored scaled (``split.py``)
-            for name, array in arrays.items():
-                reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE) if "weight_ih" in name else None
-                if reason:
-                    raise TvmExtError(reason)
+        split = ("weight_ih",) if self.config.in_split in FLOAT16_SPLITS else ()
+        split += ("weight_hh",) if self._splits_state else ()
+        for name, array in arrays.items():  # float16 parts of these are stored scaled (``split.py``)
+            knob = "in_split" if name.startswith("weight_ih") else "step_tc 2"
+            reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, knob) if name.startswith(split) else None
+            if reason:
+                raise TvmExtError(reason)
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
         self._loaded = True
@@ -189,6 +192,9 @@ class GRU:
             if h0.shape != state_shape:
                 raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} "
                                   "(layers·directions, batch, hidden)")
+            reason = split_range_reason("GRU h0", h0, knob="step_tc 2") if self._splits_state else None
+            if reason:
+                raise TvmExtError(reason)
         ex = self.executor
         ex.write("x", x)
         ex.write("h0", h0)

@@ -150,12 +150,13 @@ def split_product(a: np.ndarray, b: np.ndarray, scale: float = SPLIT_WEIGHT_SCAL
     return (a_hi @ b_hi + a_hi @ b_lo + a_lo @ b_hi) / scale
 
 
-def split_range_reason(name: str, value: np.ndarray, scale: float = 1.0) -> str | None:
-    """Why ``value`` cannot be split into float16 parts (a part would overflow), or None."""
+def split_range_reason(name: str, value: np.ndarray, scale: float = 1.0, knob: str = "in_split") -> str | None:
+    """Why ``value`` cannot be split into float16 parts (a part would overflow), or None;
+    ``knob``: the one whose split it is (the input GEMM's, or the step kernel's ``step_tc`` 2)."""
     if value.size == 0:
         return None
     largest = float(np.max(np.abs(np.asarray(value, np.float64))))
     if not largest * scale < FLOAT16_MAX:
-        return (f"{name} has |value| {largest:g}, beyond what the float16-split input GEMM holds "
-                f"({FLOAT16_MAX / scale:g}); build without in_split")
+        return (f"{name} has |value| {largest:g}, beyond what its float16 parts hold "
+                f"({FLOAT16_MAX / scale:g}); build without {knob}")
     return None

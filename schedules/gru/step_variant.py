@@ -27,7 +27,7 @@ PERSISTENT_MIN_REGISTERS = 64
 # The knobs of the fused CUDA-core step kernel, which the other fused kernels do not read
 SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                    "step_w_onchip")
-TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag")
+TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_ahead")
 FLAG_STEP_KNOBS = ("step_flag_units",)
 
 
@@ -74,6 +74,7 @@ class StepVariant(ABC):
     unshown_prefixes: ClassVar[tuple[str, ...]] = ("cell_block", "hid_")
     unshown_names: ClassVar[tuple[str, ...]] = ()
     runs_hidden_gemm: ClassVar[bool] = False  # the hidden GEMM (S2) is a kernel of its own (hid_ knobs)
+    splits_state: ClassVar[bool] = False  # h and W_hh (scaled) become float16 parts: a range to check
 
     @abstractmethod
     def reason(self, target: TargetInfo) -> str | None:

@@ -524,9 +524,9 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
 BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
 
 
-def _with_barrier(func: Any, kind: str) -> Any:
+def _with_barrier(func: Any, kind: str, replaced: int = 2) -> Any:
     """``func`` with its barrier mark replaced by ``tvm_ext.lowering.step_loop``'s grid barrier, and
-    its ``bar`` parameter by the barrier's."""
+    its last ``replaced`` parameters (``bar``, and ``hx`` where it has one) by the barrier's."""
     import tvm
     import tvm_ffi
     from tvm import tirx
@@ -542,8 +542,8 @@ def _with_barrier(func: Any, kind: str) -> Any:
         return mutator.default_mutate(node)
 
     body = tvm_ffi.structural_mutate(func.body, [(tirx.Evaluate, replace)])
-    (bar,) = barrier  # the kernel's own ``bar`` and ``hx`` parameters by the barrier's
-    return tirx.PrimFunc([*func.params[:-2], bar], body, attrs=func.attrs)
+    (bar,) = barrier  # the kernel's own ``bar`` (and ``hx``) parameters by the barrier's
+    return tirx.PrimFunc([*func.params[:-replaced], bar], body, attrs=func.attrs)
 
 
 @dataclass(frozen=True)
@@ -579,7 +579,8 @@ class TensorCoreStep(StepVariant):
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
-        return self.unshown_prefixes, SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + (("step_barrier",) if self.flags else ())
+        return self.unshown_prefixes, (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + ("step_tc_ahead",)
+                                       + (("step_barrier",) if self.flags else ()))
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: types, tile, and a grid that must be resident (persistent)

@@ -10,10 +10,11 @@ from .cell_step import CellStep
 from .cluster_step import ClusterStep
 from .flag_step import FlagStep
 from .fused_step import FusedStep, PersistentStep
+from .split_step import TensorCoreSplitStep
 from .step_variant import StepSizes, StepVariant
 from .tensor_core_step import TensorCoreStep
 
-STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, FlagStep, ClusterStep)
+STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, TensorCoreSplitStep, FlagStep, ClusterStep)
 
 
 def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> StepVariant:
@@ -21,6 +22,8 @@ def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> S
     steps' GEMM template)."""
     if not config.fuse_step:
         return CellStep.of(sizes, config, hidden_gemm)
+    if config.step_tc == 2:  # float32 h and W_hh as float16 parts on the tensor cores
+        return TensorCoreSplitStep.of(sizes, config)
     if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words
         return TensorCoreStep.of(sizes, config)
     if config.step_flags == 2:

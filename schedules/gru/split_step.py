@@ -1,0 +1,462 @@
+"""The float32 GRU step on the tensor cores (``step_tc`` 2): each step's gate sums ``h · W_hh``
+as three float16 products of high and low parts, the method of the float32 input GEMM
+(``split.py``: ``v = hi + lo``, ``A·B ≈ A_hi·B_hi + A_hi·B_lo + A_lo·B_hi``, 22 of float32's 24
+bits, float32 accumulators), in a persistent kernel behind the grid barrier.
+
+Why: the float32 state's CUDA-core step kernel runs the dot products at a fraction of the SIMT
+rate (W_hh's slice and h both read from shared memory for every multiply), while three
+``mma.sync`` products do the same sums at float32 accuracy many times faster.  Why not the
+16-bit tensor-core kernel with wider types: W_hh's parts take twice a float16 slice, so at
+H1024 a block of 16 units holds 192 KB of them and no longer has room for all its rows of h
+in shared memory.  So h is not kept whole: each step the block reads its rows of the float32
+state in chunks of ``SPLIT_CHUNK_K``, a chunk ahead into registers, splits each into a ring
+of two shared chunks (high part, then low part, a row each) and multiplies one chunk while
+the next is loaded.  The state stays float32 in the plan's (2, dirs, batch, hidden) slots,
+so the host plan, h0 and h_n are the persistent CUDA-core kernel's.
+
+W_hh's parts are stored times ``SPLIT_WEIGHT_SCALE`` (PyTorch's init keeps |W_hh| <= 1/sqrt(H),
+whose low parts would be subnormal) and the sums multiplied by its inverse before b_hh, as
+the input GEMM does; W_hh is split on the device once per layer call, so new weights need
+nothing but a load.  The high-by-high product and the two cross products accumulate apart
+(two chains of ``mma.sync`` in flight) and meet before the cell.
+
+Layout as the 16-bit tensor-core kernel's (``tensor_core_step.py``): a block owns ``units``
+units of one direction (their three gates) and ``rows`` batch rows, warps split the rows (16
+each) and the units (``step_tc_nw``), W_hh's two parts are k rows of 3·units columns with the
+16-byte chunks XOR-swizzled (``w_chunk``); a lane's accumulators hold the r, z and n sums of
+the same (row, unit) pairs, so the cell needs no exchange.  Rows past the batch and k past the
+hidden size are zeros; units past the hidden size are computed on zero weights, not stored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.core.space import Config
+from tvm_ext.lowering.step_loop import BARRIER_WORDS, BARRIERS
+from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capability
+from tvm_ext.target import TargetInfo
+
+from .split import SPLIT_WEIGHT_SCALE
+from .step_common import cell_blend, cell_gates, stored_as
+from .step_variant import FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
+from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP, TcKernelLayout,
+                                 TcStepShape, acc_row_col, padded_stride, w_chunk)
+from .tensor_core_step import BARRIER_MARK, _load_gi_macro, _with_barrier
+
+SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
+PART = "float16"
+STATE = "float32"
+
+
+@dataclass(frozen=True)
+class SplitStepShape:
+    """The sizes a split step config implies for one GRU shape."""
+
+    batch: int
+    hidden: int
+    dirs: int
+    units: int
+    rows: int
+    n_warps: int
+    ahead: int = 1  # chunks of h in flight in registers
+
+    @property
+    def k_extent(self) -> int:
+        """k rounded up to whole chunks (W_hh's rows past the hidden size are zeros)."""
+        return -(-self.hidden // SPLIT_CHUNK_K) * SPLIT_CHUNK_K
+
+    @property
+    def chunks(self) -> int:
+        return self.k_extent // SPLIT_CHUNK_K
+
+    @property
+    def m_warps(self) -> int:
+        return self.rows // MMA_M
+
+    @property
+    def threads(self) -> int:
+        return WARP * self.m_warps * self.n_warps
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
+
+    @property
+    def w_stride(self) -> int:
+        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
+        return 3 * self.units
+
+    @property
+    def ring_stride(self) -> int:
+        """A row of a ring chunk: the high parts of SPLIT_CHUNK_K values, then the low ones."""
+        return padded_stride(2 * SPLIT_CHUNK_K, PART)
+
+    @property
+    def warp_units(self) -> int:
+        return self.units // self.n_warps
+
+    @property
+    def unit_tiles(self) -> int:
+        """n8 tiles of one gate a warp holds."""
+        return self.warp_units // MMA_N
+
+    @property
+    def n_tiles(self) -> int:
+        """n8 accumulator tiles a warp holds: its units' three gates."""
+        return 3 * self.unit_tiles
+
+    @property
+    def loads(self) -> int:
+        """float32 values of h a thread loads for each chunk."""
+        return self.rows * SPLIT_CHUNK_K // self.threads
+
+    def shared_bytes(self) -> int:
+        """W_hh's two parts + the ring's two chunks (float16)."""
+        return (2 * self.k_extent * self.w_stride + 2 * self.rows * self.ring_stride) * 2
+
+
+def split_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
+                    n_warps: int, ahead: int, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
+                    barrier: int, name: str = "gru_steps") -> Any:
+    """The persistent split step kernel of one layer as a lowered PrimFunc: (gi, hs, w, bias,
+    layer, out, h_n, bar), the persistent CUDA-core kernel's signature, so the plan calls either
+    alike.  ``barrier`` indexes ``tvm_ext.lowering.step_loop.BARRIERS`` (``step_barrier``)."""
+    shape = SplitStepShape(batch, hidden, dirs, units, rows, n_warps, ahead)
+    # the 16-bit kernel's layout for its gi loads (the lane's rows and units are the same)
+    gi_layout = TcKernelLayout.of(steps, layers, TcStepShape(batch, hidden, dirs, units, rows, 1, PART, n_warps),
+                                  gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
+                                  out_dtype=out_dtype, flags=False)
+    kernel = _kernel(shape, steps, layers, gi_layout, gh_dtype=gh_dtype, math_dtype=math_dtype,
+                     out_dtype=out_dtype)
+    return _with_barrier(kernel, BARRIERS[barrier], replaced=1).with_attr("global_symbol", name)
+
+
+def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayout, *, gh_dtype: str,
+            math_dtype: str, out_dtype: str) -> Any:
+    """The kernel with its parts in order: W_hh's parts and b_h once; per step the cell's h and
+    the first chunk of h loaded, then chunk by chunk split, multiplied and the next loaded, the
+    cell and the store, and the grid barrier's mark."""
+    from tvm.script import tirx as T
+
+    batch, hidden, dirs, G, K, sw, shr = S.batch, S.hidden, S.dirs, 3 * S.hidden, S.k_extent, S.w_stride, \
+        S.ring_stride
+    gi_dtype, m_warps, U, chunks, blocks = gi_layout.gi_dtype, S.m_warps, S.units, S.chunks, S.blocks
+    stage_once, load_chunk, split_chunk = _stage_once_macro(S), _load_chunk_macro(S), _split_chunk_macro(S)
+    products, load_gi, cell_and_store = _products_macro(S), _load_gi_macro(gi_layout), \
+        _cell_and_store_macro(S, steps, gi_layout, gh_dtype, math_dtype, out_dtype)
+
+    @T.prim_func(private=True)
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), STATE),
+               w: T.Buffer((dirs, hidden, G), STATE), bias: T.Buffer((dirs, G), STATE), layer: T.int32,
+               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+               h_n: T.Buffer((layers * dirs, batch, hidden), STATE), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        bx = T.launch_thread("blockIdx.x", -(-hidden // U))
+        by = T.launch_thread("blockIdx.y", -(-batch // S.rows))
+        bz = T.launch_thread("blockIdx.z", dirs)
+        tx = T.launch_thread("threadIdx.x", WARP)
+        ty = T.launch_thread("threadIdx.y", m_warps * S.n_warps)
+        w_s = T.alloc_buffer((2 * K * sw,), PART, scope="shared.dyn")
+        ring = T.alloc_buffer((2 * S.rows * shr,), PART, scope="shared.dyn")
+        a_frag = T.alloc_buffer((16,), PART, scope="local")  # the high part's fragment, then the low one's
+        b_frag = T.alloc_buffer((16,), PART, scope="local")  # a pair of n8 tiles' high parts, then low
+        acc = T.alloc_buffer((2 * S.n_tiles * 4,), "float32", scope="local")  # hi·hi, then the cross products
+        b_h = T.alloc_buffer((S.n_tiles * 2,), "float32", scope="local")
+        gi_reg = T.alloc_buffer((3 * S.unit_tiles * 4,), gi_dtype, scope="local")
+        h_prev = T.alloc_buffer((S.unit_tiles * 4,), STATE, scope="local")  # the cell's h of the lane's pairs
+        h_reg = T.alloc_buffer((S.ahead * S.loads,), STATE, scope="local")  # the next chunks of h, in flight
+        h_val = T.alloc_buffer((2,), math_dtype, scope="local")  # the cell's h' and z, computed once
+        tid = T.meta_var(ty * WARP + tx)
+        mi = T.meta_var(ty % m_warps)
+        ni = T.meta_var(ty // m_warps)
+        j0 = T.meta_var(bx * U + ni * S.warp_units)  # the warp's first unit
+        m0 = T.meta_var(by * S.rows)
+        stage_once(w, bias, w_s, b_h, bx, bz, tid, j0, tx)
+        load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+        T.tvm_storage_sync("shared")
+        for s in T.serial(steps):
+            for a in T.unroll(S.ahead):
+                if a < chunks:
+                    load_chunk(hs, h_reg, a, s, a, bz, m0, tid)
+            for t in T.unroll(S.unit_tiles):
+                for e in T.unroll(4):
+                    row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
+                    unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
+                    if row < batch and unit < hidden:
+                        h_prev[t * 4 + e] = T.call_extern(STATE, "__ldcg", T.address_of(hs[s % 2, bz, row, unit]))
+            for i in T.unroll(2 * S.n_tiles * 4):
+                acc[i] = T.float32(0)
+            for c0 in T.serial(-(-chunks // S.ahead)):  # chunk c's h in register set c mod ahead
+                for a in T.unroll(S.ahead):
+                    c = T.meta_var(c0 * S.ahead + a)
+                    if c < chunks:
+                        split_chunk(ring, h_reg, a, c % 2, tid)
+                        T.tvm_storage_sync("shared")  # the chunk is in; every warp is past the chunk before last
+                        if c + S.ahead < chunks:
+                            load_chunk(hs, h_reg, a, s, c + S.ahead, bz, m0, tid)
+                        products(ring, w_s, a_frag, b_frag, acc, c, mi, ni, tx)
+            cell_and_store(gi, hs, out, h_n, acc, b_h, gi_reg, h_prev, h_val, layer, s, bz, j0, m0, mi, tx)
+            T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks, tx == 0 and ty == 0))
+
+    return kernel
+
+
+def _stage_once_macro(S: SplitStepShape) -> Any:
+    """W_hh's slice of the block as two float16 parts (times SPLIT_WEIGHT_SCALE) in shared
+    memory, and the lane's b_h in registers, once for all steps."""
+    from tvm.script import tirx as T
+
+    hidden, G, K, U, sw, threads = S.hidden, 3 * S.hidden, S.k_extent, S.units, S.w_stride, S.threads
+    warp_units, w_chunks, unit_tiles, n_tiles = S.warp_units, sw * 2 // 16, S.unit_tiles, S.n_tiles
+    values = K * sw
+
+    @T.macro
+    def stage_once(w, bias, w_s, b_h, bx, bz, tid, j0, tx):  # type: ignore[no-untyped-def]
+        # column (n, g, u) of row k (the n-th warp's share, gate g, its unit u) holds
+        # W[k, g * H + bx * U + n * warp_units + u]; the low part K rows after the high one
+        for it in T.serial(-(-values // threads)):
+            f = T.meta_var(it * threads + tid)
+            k = T.meta_var(f // sw)
+            col = T.meta_var(f % sw)
+            g = T.meta_var(col % (3 * warp_units) // warp_units)
+            unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
+            at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
+            if f < values:
+                scaled = T.meta_var(T.if_then_else(k < hidden and unit < hidden,
+                                                   w[bz, T.min(k, hidden - 1), T.min(g * hidden + unit, G - 1)],
+                                                   T.float32(0)) * T.float32(SPLIT_WEIGHT_SCALE))
+                w_s[at] = T.Cast(PART, scaled)
+                w_s[K * sw + at] = T.Cast(PART, scaled - T.Cast("float32", T.Cast(PART, scaled)))
+        for t in T.unroll(n_tiles):
+            for e in T.unroll(2):
+                unit = T.meta_var(j0 + t % unit_tiles * MMA_N + acc_row_col(tx, e)[1])  # e: 0, 1
+                b_h[t * 2 + e] = T.if_then_else(unit < hidden, bias[bz, T.min(t // unit_tiles * hidden + unit, G - 1)],
+                                                T.float32(0))
+
+    return stage_once
+
+
+def _load_chunk_macro(S: SplitStepShape) -> Any:
+    """Chunk ``c`` of the block's rows of h from state slot ``s % 2`` into a thread's register set
+    ``a`` (L2 loads: another block wrote them this step; zeros past the batch and the hidden size)."""
+    from tvm.script import tirx as T
+
+    batch, hidden, threads, CK = S.batch, S.hidden, S.threads, SPLIT_CHUNK_K
+
+    @T.macro
+    def load_chunk(hs, h_reg, a, s, c, bz, m0, tid):  # type: ignore[no-untyped-def]
+        for i in T.unroll(S.loads):
+            f = T.meta_var(i * threads + tid)
+            row = T.meta_var(m0 + f // CK)
+            k = T.meta_var(c * CK + f % CK)
+            if row < batch and k < hidden:
+                h_reg[a * S.loads + i] = T.call_extern(STATE, "__ldcg", T.address_of(hs[s % 2, bz, row, k]))
+            else:
+                h_reg[a * S.loads + i] = T.float32(0)
+
+    return load_chunk
+
+
+def _split_chunk_macro(S: SplitStepShape) -> Any:
+    """A thread's values of h in register set ``a`` into ring chunk ``buf``: the high part at k,
+    the low one SPLIT_CHUNK_K further along the row."""
+    from tvm.script import tirx as T
+
+    threads, CK, shr, rows = S.threads, SPLIT_CHUNK_K, S.ring_stride, S.rows
+
+    @T.macro
+    def split_chunk(ring, h_reg, a, buf, tid):  # type: ignore[no-untyped-def]
+        for i in T.unroll(S.loads):
+            f = T.meta_var(i * threads + tid)
+            at = T.meta_var(buf * rows * shr + f // CK * shr + f % CK)
+            value = T.meta_var(h_reg[a * S.loads + i])
+            ring[at] = T.Cast(PART, value)
+            ring[at + CK] = T.Cast(PART, value - T.Cast("float32", T.Cast(PART, value)))
+
+    return split_chunk
+
+
+def _products_macro(S: SplitStepShape) -> Any:
+    """A warp's three products over one ring chunk: per 16-deep k slice, ldmatrix of h's two
+    parts and of W_hh's two parts (two n8 tiles at once, an odd last one alone), hi·hi into the
+    first accumulator set, hi·lo and lo·hi into the second."""
+    from tvm.script import tirx as T
+
+    K, sw, shr, n_tiles, rows, CK = S.k_extent, S.w_stride, S.ring_stride, S.n_tiles, S.rows, SPLIT_CHUNK_K
+    w_chunks, cross = sw * 2 // 16, n_tiles * 4
+
+    def w_row(kk: Any, tile: Any, tx: Any) -> Any:
+        """Where lane ``tx``'s row of n8 tile ``tile`` starts in W's high part, k slice ``kk``."""
+        return (kk + tx % 16) * sw + w_chunk(tx % 16, tile, w_chunks) * 8
+
+    def ldmatrix(trans: bool, count: int, frag: Any, at: int, buffer: Any, offset: Any) -> Any:
+        return T.ptx_legacy.ldmatrix(trans, count, ".b16", frag.data, at,
+                                     T.tvm_access_ptr(T.type_annotation(PART), buffer.data, offset, 8, 1), 0,
+                                     dtype=PART)
+
+    def mma(a_frag: Any, b_frag: Any, acc: Any, a_at: int, b_at: int, acc_at: Any) -> Any:
+        return T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", a_frag.data, a_at, b_frag.data,
+                                b_at, acc.data, acc_at, False, dtype="float32")
+
+    @T.macro
+    def products(ring, w_s, a_frag, b_frag, acc, c, mi, ni, tx):  # type: ignore[no-untyped-def]
+        for ks in T.unroll(CK // MMA_K):
+            kk = T.meta_var(c * CK + ks * MMA_K)  # W's k row
+            a_at = T.meta_var(c % 2 * rows * shr + (mi * MMA_M + tx % 16) * shr + ks * MMA_K + tx // 16 * 8)
+            T.evaluate(ldmatrix(False, 4, a_frag, 0, ring, a_at))
+            T.evaluate(ldmatrix(False, 4, a_frag, 8, ring, a_at + CK))
+            for p in T.unroll(n_tiles // 2):  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
+                b_at = T.meta_var(w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx))
+                T.evaluate(ldmatrix(True, 4, b_frag, 0, w_s, b_at))
+                T.evaluate(ldmatrix(True, 4, b_frag, 8, w_s, K * sw + b_at))
+                for half in T.unroll(2):
+                    tile = T.meta_var((p * 2 + half) * 4)
+                    T.evaluate(mma(a_frag, b_frag, acc, 0, half * 4, tile))
+                    T.evaluate(mma(a_frag, b_frag, acc, 0, 8 + half * 4, cross + tile))
+                    T.evaluate(mma(a_frag, b_frag, acc, 8, half * 4, cross + tile))
+            if n_tiles % 2 == 1:  # an odd last n8 tile alone (lanes 0-15 address it)
+                b_last = T.meta_var(w_row(kk, ni * n_tiles + n_tiles - 1, tx))
+                T.evaluate(ldmatrix(True, 2, b_frag, 0, w_s, b_last))
+                T.evaluate(ldmatrix(True, 2, b_frag, 8, w_s, K * sw + b_last))
+                T.evaluate(mma(a_frag, b_frag, acc, 0, 0, (n_tiles - 1) * 4))
+                T.evaluate(mma(a_frag, b_frag, acc, 0, 8, cross + (n_tiles - 1) * 4))
+                T.evaluate(mma(a_frag, b_frag, acc, 8, 0, cross + (n_tiles - 1) * 4))
+
+    return products
+
+
+def _cell_and_store_macro(S: SplitStepShape, steps: int, gi_layout: TcKernelLayout, gh_dtype: str, math_dtype: str,
+                          out_dtype: str) -> Any:
+    """The cell on the lane's accumulators (both sets, unscaled, b_hh added) and the store of h'
+    to the other state slot, the output and at the last step h_n; then the next step's gi."""
+    from tvm.script import tirx as T
+
+    batch, hidden, dirs, unit_tiles, cross = S.batch, S.hidden, S.dirs, S.unit_tiles, S.n_tiles * 4
+    load_gi, unscale = _load_gi_macro(gi_layout), 1.0 / SPLIT_WEIGHT_SCALE
+
+    def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
+        """z and n of the lane's element e of unit tile t: gate g's sums are accumulator tile
+        g * unit_tiles + t of both sets, the same element (the same row and unit)."""
+        def at(g: int) -> int:
+            return (g * unit_tiles + t) * 4 + e
+
+        gh = [stored_as((acc[at(g)] + acc[cross + at(g)]) * T.float32(unscale)
+                        + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=STATE)
+
+    @T.macro
+    def cell_and_store(gi, hs, out, h_n, acc, b_h, gi_reg, h_prev, h_val, layer, s, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
+        t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
+        for t in T.unroll(unit_tiles):
+            for e in T.unroll(4):
+                row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
+                unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
+                if row < batch and unit < hidden:
+                    z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
+                    h_val[1] = z_n[0]
+                    h_val[0] = cell_blend(h_val[1], z_n[1], h_prev[t * 4 + e], math_dtype)
+                    hs[(s + 1) % 2, bz, row, unit] = T.Cast(STATE, h_val[0])
+                    out[t_row * batch + row, bz * hidden + unit] = T.Cast(out_dtype, h_val[0])
+                    if s == steps - 1:
+                        h_n[layer * dirs + bz, row, unit] = T.Cast(STATE, h_val[0])
+        if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
+            load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
+
+    return cell_and_store
+
+
+@dataclass(frozen=True)
+class TensorCoreSplitStep(StepVariant):
+    """The split tensor-core step kernel (``step_tc`` 2, float32 h and W_hh): ``step_j`` units
+    and ``step_tc_rows`` rows a block, ``step_tc_nw`` warps splitting the units; the grid barrier
+    ``step_barrier`` between steps."""
+
+    splits_state: ClassVar[bool] = True
+
+    units: int
+    rows: int
+    k_warps: int
+    n_warps: int
+    ahead: int
+    barrier: int
+    flags: int
+    loop: int
+
+    @classmethod
+    def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreSplitStep":
+        return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
+                   ahead=c.step_tc_ahead, barrier=c.step_barrier, flags=c.step_flags, loop=c.step_loop)
+
+    @property
+    def shape(self) -> SplitStepShape:
+        s = self.sizes
+        return SplitStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.n_warps, self.ahead)
+
+    def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        # the CUDA-core kernel's knobs and the 16-bit kernel's accumulator sets and fragments do not apply
+        return self.unshown_prefixes, SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + ("step_tc_acc", "step_tc_frag")
+
+    def reason(self, target: TargetInfo) -> str | None:
+        """Why it cannot run here: types, tile, and a grid that must be resident with its shared memory."""
+        return (fused_threads_reason(self.units, target) or self._form_reason(target) or self._tile_reason()
+                or self._device_reason(target))
+
+    def _form_reason(self, target: TargetInfo) -> str | None:
+        if target.kind != "cuda" or self.loop != 2:
+            return "split tensor-core step kernel (step_tc 2) is CUDA's persistent kernel only (step_loop 2)"
+        if self.flags:
+            return "split tensor-core step kernel (step_tc 2) exchanges h behind the grid barrier (step_flags 0)"
+        if self.k_warps != 1:
+            return f"split tensor-core step kernel (step_tc 2): one warp over k (step_tc_kw 1), not {self.k_warps}"
+        return None
+
+    def _tile_reason(self) -> str | None:
+        s, shape = self.sizes, self.shape
+        if (s.h_dtype, s.w_dtype, s.acc_dtype) != (STATE, STATE, "float32"):
+            return (f"split tensor-core step kernel (step_tc 2) needs float32 h, W_hh and accumulator, got "
+                    f"{s.h_dtype}, {s.w_dtype} and {s.acc_dtype} (16-bit states: step_tc 1)")
+        if shape.units not in TC_UNITS:
+            return f"split tensor-core step kernel: step_j {shape.units} units per block; allowed: {TC_UNITS}"
+        if shape.rows not in TC_ROWS:
+            return f"split tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
+        if shape.n_warps not in TC_N_WARPS or shape.units % (MMA_N * shape.n_warps):
+            return (f"split tensor-core step kernel: step_j {shape.units} units over {shape.n_warps} warps "
+                    f"(step_tc_nw; allowed {TC_N_WARPS}) is not 8 units or more a warp")
+        if shape.rows > 16 and shape.rows >= 2 * shape.batch:
+            return (f"split tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of "
+                    f"them idle)")
+        return None
+
+    def _device_reason(self, target: TargetInfo) -> str | None:
+        shape, hw = self.shape, HardwareModel.from_target(target)
+        if shape.threads > target.max_threads_per_block:
+            return (f"split tensor-core step kernel: {shape.threads} threads > device limit "
+                    f"{target.max_threads_per_block}")
+        cc = compute_capability(target)
+        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+            return f"split tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
+        shared = shape.shared_bytes()
+        if shared > hw.shared_per_block_optin:
+            return (f"split tensor-core step kernel: W_hh's two parts and h's two chunks need {shared} B of shared "
+                    f"memory > {hw.shared_per_block_optin}")
+        per_sm, fits = residency(hw, shape.blocks, shape.threads, shared)
+        if per_sm > fits:
+            return (f"split tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} "
+                    f"blocks > {hw.sm_count} SMs x {fits} resident per SM")
+        return None
+
+    def init_layout(self) -> dict[str, bool]:
+        return {"pingpong": True, "barrier": True}
+
+    def barrier_words(self) -> tuple[str, ...]:
+        return ("bar",)
+
+    def lowered_kernels(self) -> dict[str, Any]:
+        s = self.sizes
+        return {"gru_steps": split_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
+                                             rows=self.rows, n_warps=self.n_warps, ahead=self.ahead,
+                                             gi_dtype=s.gi_dtype,
+                                             gh_dtype=s.gh_dtype, math_dtype=s.math_dtype, out_dtype=s.out_dtype,
+                                             barrier=self.barrier)}
