@@ -125,11 +125,12 @@ def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     assert cfg.fuse_step == 1 and cfg.step_loop == 2 and "persistent" in why
     space, base = t.space(target), t.default_config(target)
-    splits = [rows for rows in (16, 32, 64) if space.is_feasible(base.replace(
-        fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_j=16, step_tc_rows=rows, step_tc_nw=2))]
-    if batch >= 32 and splits:  # measured faster from B32 on
-        knobs = (cfg.step_tc, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_nw, cfg.step_tc_ahead)
-        assert knobs == (2, 16, splits[0], 2, 2)
+    splits = [(rows, kw) for rows in (16, 32, 64) for kw in (4, 2, 1) if space.is_feasible(base.replace(
+        fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_j=16, step_tc_rows=rows, step_tc_nw=2,
+        step_tc_kw=kw))]
+    if batch >= 32 and splits:  # measured faster from B32 on, the more k warps the faster
+        knobs = (cfg.step_tc, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw, cfg.step_tc_nw, cfg.step_tc_ahead)
+        assert knobs == (2, 16, *splits[0], 2, 2)
         assert "split tensor-core" in why
         monkeypatch.setattr(pick, "SPLIT_STEP_BATCH", 1 << 30)  # the CUDA-core kernel's rules, where it is not
         cfg, why = t.analytic_pick(target)

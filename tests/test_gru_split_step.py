@@ -88,7 +88,7 @@ def test_shape_sizes():
 
 
 @pytest.mark.parametrize("precision, knobs, reason", [
-    (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=2), "one warp over k"),
+    (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=8), "8 k warps (step_tc_kw) do not split"),
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_flags=1), "behind the grid barrier"),
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_loop=1), "persistent kernel only"),
     (None, dict(step_j=8, step_tc_rows=16, step_tc_nw=1), "step_j 8 units per block"),
@@ -143,6 +143,13 @@ GPU_CASES = {  # K past the hidden size, rows past the batch, both directions, l
                                                                          step_tc_ahead=4)),
     "b64-h1024-rows32-ahead2": (Shape(seq=12, batch=64, input=256, hidden=1024),
                                 dict(step_j=16, step_tc_rows=32, step_tc_nw=2, step_tc_ahead=2)),
+    # k warps meeting in shared memory
+    "b64-h1024-rows32-kw2": (Shape(seq=12, batch=64, input=256, hidden=1024),
+                             dict(step_j=16, step_tc_rows=32, step_tc_nw=2, step_tc_kw=2, step_tc_ahead=2)),
+    "b5-h200-bi-kw4": (Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True),
+                       dict(step_j=16, step_tc_rows=16, step_tc_nw=2, step_tc_kw=4)),
+    "b3-h33-3layer-bi-kw2": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
+                             dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=2)),
 }
 
 
@@ -180,3 +187,23 @@ def test_cuda_split_step_refuses_w_hh_and_h0_its_float16_parts_cannot_hold():
     x, h0 = _inputs(s)
     with pytest.raises(TvmExtError, match="GRU h0 has .* build without step_tc 2"):
         gru.load_numpy(_weights(s))(x, h0 * np.float32(1e5))
+
+
+@pytest.mark.parametrize("k_warps", [2, 4])
+def test_k_warps_split_each_chunks_slices_and_meet_once_a_step(k_warps):
+    """``step_tc_kw`` 2 or 4: each warp multiplies 4 / k_warps of a chunk's 4 k slices, the later
+    k warps store their sums (cross products folded in) to shared memory once a step and the
+    first adds them before the cell; only the first k warp loads gi and h for the cell and stores h'."""
+    t = _template(8, 128)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**{**SPLIT, "step_tc_kw": k_warps}, step_j=16, step_tc_rows=16,
+                                           step_tc_nw=2)
+    assert t.space(target).is_feasible(cfg)
+    step = _kernel(t.compile(cfg, target).source)
+    step = step[step.index("for (int s = 0; s < 5; ++s)"):]
+    chunk = step[step.index("for (int c0 = 0; c0 < 2; ++c0)"):]
+    slices = SPLIT_CHUNK_K // 16 // k_warps
+    assert chunk.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 3 * 3 * slices
+    shape = t.step_variant(cfg).shape
+    assert shape.threads == 32 * 2 * k_warps and shape.partial_floats == (k_warps - 1) * 2 * 12 * 32
+    assert shape.shared_bytes() == (2 * 128 * 48 + 2 * 16 * 136) * 2 + shape.partial_floats * 4

@@ -16,7 +16,7 @@ GRU pick's evidence").
 - 16-bit h and W_hh above batch 4: the tensor-core step kernel exchanging tagged words.
 - float32 h and W_hh from batch 32 on: the split tensor-core step kernel (``split_step.py``:
   three float16 products of high and low parts, float32-accurate), 16 units a block and the
-  fewest rows whose grid is resident, two chunks of h loaded ahead.
+  fewest rows whose grid is resident, the most k warps that fit, two chunks of h loaded ahead.
 - The input GEMM: float16 on wgmma from ``WGMMA_MIN_FLOPS`` on Hopper; float32 split into parts
   on the tensor cores from ``SPLIT_MIN_FLOPS`` (TF32 parts on Hopper: float32's range, nothing
   to check per call; float16 parts elsewhere), else the fp32 GEMM study's tile where it gives
@@ -47,6 +47,7 @@ FLAG_BATCH_TENSOR_CORE = 4  # with 16-bit state, up to this batch (faster there 
 # kernel at B32-B64 x H512-H1024, slower than the flag-exchange kernel at B8-B16 (docs/results/gru.md)
 SPLIT_STEP_BATCH = 32
 SPLIT_BLOCKS = ((16, 16, 2), (16, 32, 2), (16, 64, 2))  # (units, rows, unit warps), in the pick's order
+SPLIT_K_WARPS = (4, 2, 1)  # warps splitting a chunk's k, the most that fit first
 SPLIT_AHEAD = 2  # chunks of h a thread loads ahead
 THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on one SM
 # From this many flops of layer 0's input GEMM on, float32 runs it as float16 parts on the tensor
@@ -89,8 +90,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         shape = template.step_variant(split).shape
         return split, (f"split tensor-core persistent step kernel (float32 h and W_hh as float16 high and low "
                        f"parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} batch "
-                       f"rows, W_hh's parts in shared memory, h in chunks of {SPLIT_CHUNK_K} "
-                       f"{SPLIT_AHEAD} ahead; {gemm_why}")
+                       f"rows on {split.step_tc_kw} k warps, W_hh's parts in shared memory, h in chunks of "
+                       f"{SPLIT_CHUNK_K} {SPLIT_AHEAD} ahead; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS:
         cfg = _many_rows(template, base, space, hw.sm_count, extras)
         if cfg is not None:
@@ -150,12 +151,15 @@ def _split_step(base: Config, space: Any) -> Config | None:
     """The split tensor-core step kernel where it runs (float32 h and W_hh, a resident grid): the
     first block of ``SPLIT_BLOCKS`` that fits, 16 units (W_hh's two parts of 32 units fill the
     shared memory at H1024) on 2 warps and the fewest rows, so the most blocks share the
-    products (16 rows tie 32 units at H512; docs/results/gru.md); None where none fits."""
+    products (16 rows tie 32 units at H512), with the most k warps that fit (more warps hide
+    the multiplies' latency: 4 k warps 7-22 % faster than 1; docs/results/gru.md); None where
+    none fits."""
     for units, rows, n_warps in SPLIT_BLOCKS:
-        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=0, step_j=units,
-                           step_tc_rows=rows, step_tc_kw=1, step_tc_nw=n_warps, step_tc_ahead=SPLIT_AHEAD)
-        if space.is_feasible(cfg):
-            return cfg
+        for k_warps in SPLIT_K_WARPS:
+            cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=0, step_j=units,
+                               step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps, step_tc_ahead=SPLIT_AHEAD)
+            if space.is_feasible(cfg):
+                return cfg
     return None
 
 

@@ -22,8 +22,10 @@ nothing but a load.  The high-by-high product and the two cross products accumul
 
 Layout as the 16-bit tensor-core kernel's (``tensor_core_step.py``): a block owns ``units``
 units of one direction (their three gates) and ``rows`` batch rows, warps split the rows (16
-each) and the units (``step_tc_nw``), W_hh's two parts are k rows of 3·units columns with the
-16-byte chunks XOR-swizzled (``w_chunk``); a lane's accumulators hold the r, z and n sums of
+each), the units (``step_tc_nw``) and each chunk's k slices (``step_tc_kw``: more warps to hide
+the multiplies' latency, their sums meeting in shared memory once a step); W_hh's two parts are
+k rows of 3·units columns with the 16-byte chunks XOR-swizzled (``w_chunk``); a lane's
+accumulators hold the r, z and n sums of
 the same (row, unit) pairs, so the cell needs no exchange.  Rows past the batch and k past the
 hidden size are zeros; units past the hidden size are computed on zero weights, not stored.
 """
@@ -61,6 +63,7 @@ class SplitStepShape:
     rows: int
     n_warps: int
     ahead: int = 1  # chunks of h in flight in registers
+    k_warps: int = 1  # warps splitting each chunk's k slices (their sums meet in shared memory)
 
     @property
     def k_extent(self) -> int:
@@ -77,7 +80,12 @@ class SplitStepShape:
 
     @property
     def threads(self) -> int:
-        return WARP * self.m_warps * self.n_warps
+        return WARP * self.m_warps * self.n_warps * self.k_warps
+
+    @property
+    def warp_slices(self) -> int:
+        """The 16-deep k slices of a chunk one k warp multiplies."""
+        return SPLIT_CHUNK_K // MMA_K // self.k_warps
 
     @property
     def blocks(self) -> int:
@@ -112,18 +120,23 @@ class SplitStepShape:
         """float32 values of h a thread loads for each chunk."""
         return self.rows * SPLIT_CHUNK_K // self.threads
 
+    @property
+    def partial_floats(self) -> int:
+        """The k warps' sums but the first's, in the lane layout (float32)."""
+        return (self.k_warps - 1) * self.m_warps * self.n_warps * self.n_tiles * 4 * WARP
+
     def shared_bytes(self) -> int:
-        """W_hh's two parts + the ring's two chunks (float16)."""
-        return (2 * self.k_extent * self.w_stride + 2 * self.rows * self.ring_stride) * 2
+        """W_hh's two parts + the ring's two chunks (float16) + the k warps' partial sums."""
+        return (2 * self.k_extent * self.w_stride + 2 * self.rows * self.ring_stride) * 2 + self.partial_floats * 4
 
 
 def split_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                     n_warps: int, ahead: int, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                    barrier: int, name: str = "gru_steps") -> Any:
+                    barrier: int, k_warps: int = 1, name: str = "gru_steps") -> Any:
     """The persistent split step kernel of one layer as a lowered PrimFunc: (gi, hs, w, bias,
     layer, out, h_n, bar), the persistent CUDA-core kernel's signature, so the plan calls either
     alike.  ``barrier`` indexes ``tvm_ext.lowering.step_loop.BARRIERS`` (``step_barrier``)."""
-    shape = SplitStepShape(batch, hidden, dirs, units, rows, n_warps, ahead)
+    shape = SplitStepShape(batch, hidden, dirs, units, rows, n_warps, ahead, k_warps)
     # the 16-bit kernel's layout for its gi loads (the lane's rows and units are the same)
     gi_layout = TcKernelLayout.of(steps, layers, TcStepShape(batch, hidden, dirs, units, rows, 1, PART, n_warps),
                                   gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
@@ -146,6 +159,7 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
     stage_once, load_chunk, split_chunk = _stage_once_macro(S), _load_chunk_macro(S), _split_chunk_macro(S)
     products, load_gi, cell_and_store = _products_macro(S), _load_gi_macro(gi_layout), \
         _cell_and_store_macro(S, steps, gi_layout, gh_dtype, math_dtype, out_dtype)
+    sum_k_warps = _sum_k_warps_macro(S)
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), STATE),
@@ -157,9 +171,10 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
         by = T.launch_thread("blockIdx.y", -(-batch // S.rows))
         bz = T.launch_thread("blockIdx.z", dirs)
         tx = T.launch_thread("threadIdx.x", WARP)
-        ty = T.launch_thread("threadIdx.y", m_warps * S.n_warps)
+        ty = T.launch_thread("threadIdx.y", m_warps * S.n_warps * S.k_warps)
         w_s = T.alloc_buffer((2 * K * sw,), PART, scope="shared.dyn")
         ring = T.alloc_buffer((2 * S.rows * shr,), PART, scope="shared.dyn")
+        part = T.alloc_buffer((max(S.partial_floats, 1),), "float32", scope="shared.dyn")
         a_frag = T.alloc_buffer((16,), PART, scope="local")  # the high part's fragment, then the low one's
         b_frag = T.alloc_buffer((16,), PART, scope="local")  # a pair of n8 tiles' high parts, then low
         acc = T.alloc_buffer((2 * S.n_tiles * 4,), "float32", scope="local")  # hi·hi, then the cross products
@@ -170,11 +185,13 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
         h_val = T.alloc_buffer((2,), math_dtype, scope="local")  # the cell's h' and z, computed once
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
-        ni = T.meta_var(ty // m_warps)
+        ni = T.meta_var(ty // m_warps % S.n_warps)
+        ki = T.meta_var(ty // (m_warps * S.n_warps))
         j0 = T.meta_var(bx * U + ni * S.warp_units)  # the warp's first unit
         m0 = T.meta_var(by * S.rows)
         stage_once(w, bias, w_s, b_h, bx, bz, tid, j0, tx)
-        load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+        if ki == 0:
+            load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
         T.tvm_storage_sync("shared")
         for s in T.serial(steps):
             for a in T.unroll(S.ahead):
@@ -184,7 +201,7 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
                 for e in T.unroll(4):
                     row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
                     unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
-                    if row < batch and unit < hidden:
+                    if ki == 0 and row < batch and unit < hidden:
                         h_prev[t * 4 + e] = T.call_extern(STATE, "__ldcg", T.address_of(hs[s % 2, bz, row, unit]))
             for i in T.unroll(2 * S.n_tiles * 4):
                 acc[i] = T.float32(0)
@@ -196,8 +213,10 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
                         T.tvm_storage_sync("shared")  # the chunk is in; every warp is past the chunk before last
                         if c + S.ahead < chunks:
                             load_chunk(hs, h_reg, a, s, c + S.ahead, bz, m0, tid)
-                        products(ring, w_s, a_frag, b_frag, acc, c, mi, ni, tx)
-            cell_and_store(gi, hs, out, h_n, acc, b_h, gi_reg, h_prev, h_val, layer, s, bz, j0, m0, mi, tx)
+                        products(ring, w_s, a_frag, b_frag, acc, c, mi, ni, ki, tx)
+            sum_k_warps(part, acc, mi, ni, ki, tx)
+            if ki == 0:
+                cell_and_store(gi, hs, out, h_n, acc, b_h, gi_reg, h_prev, h_val, layer, s, bz, j0, m0, mi, tx)
             T.evaluate(T.call_extern("int32", BARRIER_MARK, (s + 1) * blocks, tx == 0 and ty == 0))
 
     return kernel
@@ -279,9 +298,9 @@ def _split_chunk_macro(S: SplitStepShape) -> Any:
 
 
 def _products_macro(S: SplitStepShape) -> Any:
-    """A warp's three products over one ring chunk: per 16-deep k slice, ldmatrix of h's two
-    parts and of W_hh's two parts (two n8 tiles at once, an odd last one alone), hi·hi into the
-    first accumulator set, hi·lo and lo·hi into the second."""
+    """A warp's three products over its k slices of one ring chunk: per 16-deep k slice, ldmatrix
+    of h's two parts and of W_hh's two parts (two n8 tiles at once, an odd last one alone), hi·hi
+    into the first accumulator set, hi·lo and lo·hi into the second."""
     from tvm.script import tirx as T
 
     K, sw, shr, n_tiles, rows, CK = S.k_extent, S.w_stride, S.ring_stride, S.n_tiles, S.rows, SPLIT_CHUNK_K
@@ -301,10 +320,11 @@ def _products_macro(S: SplitStepShape) -> Any:
                                 b_at, acc.data, acc_at, False, dtype="float32")
 
     @T.macro
-    def products(ring, w_s, a_frag, b_frag, acc, c, mi, ni, tx):  # type: ignore[no-untyped-def]
-        for ks in T.unroll(CK // MMA_K):
-            kk = T.meta_var(c * CK + ks * MMA_K)  # W's k row
-            a_at = T.meta_var(c % 2 * rows * shr + (mi * MMA_M + tx % 16) * shr + ks * MMA_K + tx // 16 * 8)
+    def products(ring, w_s, a_frag, b_frag, acc, c, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
+        for ks in T.unroll(S.warp_slices):  # k warp ki's slices of the chunk
+            slice_k = T.meta_var((ki * S.warp_slices + ks) * MMA_K)
+            kk = T.meta_var(c * CK + slice_k)  # W's k row
+            a_at = T.meta_var(c % 2 * rows * shr + (mi * MMA_M + tx % 16) * shr + slice_k + tx // 16 * 8)
             T.evaluate(ldmatrix(False, 4, a_frag, 0, ring, a_at))
             T.evaluate(ldmatrix(False, 4, a_frag, 8, ring, a_at + CK))
             for p in T.unroll(n_tiles // 2):  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
@@ -327,23 +347,52 @@ def _products_macro(S: SplitStepShape) -> Any:
     return products
 
 
-def _cell_and_store_macro(S: SplitStepShape, steps: int, gi_layout: TcKernelLayout, gh_dtype: str, math_dtype: str,
-                          out_dtype: str) -> Any:
-    """The cell on the lane's accumulators (both sets, unscaled, b_hh added) and the store of h'
-    to the other state slot, the output and at the last step h_n; then the next step's gi."""
+def _sum_k_warps_macro(S: SplitStepShape) -> Any:
+    """Each warp's cross-product sums into its first set, then with k warps the others' sums, in
+    the lane layout, into the first k warp's through shared memory."""
     from tvm.script import tirx as T
 
-    batch, hidden, dirs, unit_tiles, cross = S.batch, S.hidden, S.dirs, S.unit_tiles, S.n_tiles * 4
+    k_warps, n_warps, m_warps, sums = S.k_warps, S.n_warps, S.m_warps, S.n_tiles * 4
+
+    def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
+        """Sum ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units, ``mi`` along M)."""
+        return (((q * n_warps + ni) * m_warps + mi) * sums + i) * WARP + tx
+
+    @T.macro
+    def sum_k_warps(part, acc, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
+        for i in T.unroll(sums):
+            acc[i] = acc[i] + acc[sums + i]
+        if k_warps > 1:
+            if ki > 0:
+                for i in T.unroll(sums):
+                    part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
+            T.tvm_storage_sync("shared")
+            if ki == 0:
+                for q in T.unroll(k_warps - 1):
+                    for i in T.unroll(sums):
+                        acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
+
+    return sum_k_warps
+
+
+def _cell_and_store_macro(S: SplitStepShape, steps: int, gi_layout: TcKernelLayout, gh_dtype: str, math_dtype: str,
+                          out_dtype: str) -> Any:
+    """The cell on the lane's sums (``sum_k_warps`` folded them into the first set; unscaled, b_hh
+    added) and the store of h' to the other state slot, the output and at the last step h_n;
+    then the next step's gi."""
+    from tvm.script import tirx as T
+
+    batch, hidden, dirs, unit_tiles = S.batch, S.hidden, S.dirs, S.unit_tiles
     load_gi, unscale = _load_gi_macro(gi_layout), 1.0 / SPLIT_WEIGHT_SCALE
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
-        """z and n of the lane's element e of unit tile t: gate g's sums are accumulator tile
-        g * unit_tiles + t of both sets, the same element (the same row and unit)."""
+        """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
+        g * unit_tiles + t, the same element (the same row and unit)."""
         def at(g: int) -> int:
             return (g * unit_tiles + t) * 4 + e
 
-        gh = [stored_as((acc[at(g)] + acc[cross + at(g)]) * T.float32(unscale)
-                        + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        gh = [stored_as(acc[at(g)] * T.float32(unscale) + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype)
+              for g in range(3)]
         return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=STATE)
 
     @T.macro
@@ -392,7 +441,8 @@ class TensorCoreSplitStep(StepVariant):
     @property
     def shape(self) -> SplitStepShape:
         s = self.sizes
-        return SplitStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.n_warps, self.ahead)
+        return SplitStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.n_warps, self.ahead,
+                              self.k_warps)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs and the 16-bit kernel's accumulator sets and fragments do not apply
@@ -408,8 +458,9 @@ class TensorCoreSplitStep(StepVariant):
             return "split tensor-core step kernel (step_tc 2) is CUDA's persistent kernel only (step_loop 2)"
         if self.flags:
             return "split tensor-core step kernel (step_tc 2) exchanges h behind the grid barrier (step_flags 0)"
-        if self.k_warps != 1:
-            return f"split tensor-core step kernel (step_tc 2): one warp over k (step_tc_kw 1), not {self.k_warps}"
+        if SPLIT_CHUNK_K // MMA_K % self.k_warps:
+            return (f"split tensor-core step kernel (step_tc 2): {self.k_warps} k warps (step_tc_kw) do not split a "
+                    f"chunk's {SPLIT_CHUNK_K // MMA_K} k slices")
         return None
 
     def _tile_reason(self) -> str | None:
@@ -457,6 +508,7 @@ class TensorCoreSplitStep(StepVariant):
         s = self.sizes
         return {"gru_steps": split_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
                                              rows=self.rows, n_warps=self.n_warps, ahead=self.ahead,
+                                             k_warps=self.k_warps,
                                              gi_dtype=s.gi_dtype,
                                              gh_dtype=s.gh_dtype, math_dtype=s.math_dtype, out_dtype=s.out_dtype,
                                              barrier=self.barrier)}
