@@ -34,18 +34,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, BARRIERS
-from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.target import TargetInfo
 
 from .split import SPLIT_WEIGHT_SCALE
 from .step_common import cell_blend, cell_gates, stored_as
-from .step_variant import FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
+from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
+                           mma_grid_reason)
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP, TcKernelLayout,
                                  TcStepShape, acc_row_col, padded_stride, w_chunk)
-from .tensor_core_step import BARRIER_MARK, _load_gi_macro, _with_barrier
+from .tensor_core_step import BARRIER_MARK, load_gi_macro, with_grid_barrier
 
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
 PART = "float16"
@@ -143,7 +142,7 @@ def split_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int,
                                   out_dtype=out_dtype, flags=False)
     kernel = _kernel(shape, steps, layers, gi_layout, gh_dtype=gh_dtype, math_dtype=math_dtype,
                      out_dtype=out_dtype)
-    return _with_barrier(kernel, BARRIERS[barrier], replaced=1).with_attr("global_symbol", name)
+    return with_grid_barrier(kernel, BARRIERS[barrier], replaced=1).with_attr("global_symbol", name)
 
 
 def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayout, *, gh_dtype: str,
@@ -157,7 +156,7 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
         S.ring_stride
     gi_dtype, m_warps, U, chunks, blocks = gi_layout.gi_dtype, S.m_warps, S.units, S.chunks, S.blocks
     stage_once, load_chunk, split_chunk = _stage_once_macro(S), _load_chunk_macro(S), _split_chunk_macro(S)
-    products, load_gi, cell_and_store = _products_macro(S), _load_gi_macro(gi_layout), \
+    products, load_gi, cell_and_store = _products_macro(S), load_gi_macro(gi_layout), \
         _cell_and_store_macro(S, steps, gi_layout, gh_dtype, math_dtype, out_dtype)
     sum_k_warps = _sum_k_warps_macro(S)
 
@@ -383,7 +382,7 @@ def _cell_and_store_macro(S: SplitStepShape, steps: int, gi_layout: TcKernelLayo
     from tvm.script import tirx as T
 
     batch, hidden, dirs, unit_tiles = S.batch, S.hidden, S.dirs, S.unit_tiles
-    load_gi, unscale = _load_gi_macro(gi_layout), 1.0 / SPLIT_WEIGHT_SCALE
+    load_gi, unscale = load_gi_macro(gi_layout), 1.0 / SPLIT_WEIGHT_SCALE
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
         """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -481,22 +480,9 @@ class TensorCoreSplitStep(StepVariant):
         return None
 
     def _device_reason(self, target: TargetInfo) -> str | None:
-        shape, hw = self.shape, HardwareModel.from_target(target)
-        if shape.threads > target.max_threads_per_block:
-            return (f"split tensor-core step kernel: {shape.threads} threads > device limit "
-                    f"{target.max_threads_per_block}")
-        cc = compute_capability(target)
-        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
-            return f"split tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
-        shared = shape.shared_bytes()
-        if shared > hw.shared_per_block_optin:
-            return (f"split tensor-core step kernel: W_hh's two parts and h's two chunks need {shared} B of shared "
-                    f"memory > {hw.shared_per_block_optin}")
-        per_sm, fits = residency(hw, shape.blocks, shape.threads, shared)
-        if per_sm > fits:
-            return (f"split tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} "
-                    f"blocks > {hw.sm_count} SMs x {fits} resident per SM")
-        return None
+        shape = self.shape
+        return mma_grid_reason("split tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
+                               "W_hh's two parts, h's two chunks and partial sums", target)
 
     def init_layout(self) -> dict[str, bool]:
         return {"pingpong": True, "barrier": True}

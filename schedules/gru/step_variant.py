@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.target import TargetInfo
 
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
@@ -55,6 +56,26 @@ def residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tupl
     fits = min(hw.max_blocks_per_sm, hw.max_threads_per_sm // threads,
                hw.shared_per_sm // (shared + SHARED_RESERVED_PER_BLOCK))
     return -(-blocks // hw.sm_count), fits
+
+
+def mma_grid_reason(kernel: str, threads: int, blocks: int, shared: int, held: str,
+                    target: TargetInfo) -> str | None:
+    """Why a persistent ``mma.sync`` step kernel's grid cannot run on ``target``: its block's
+    threads, the compute capability (ldmatrix, mma.sync), ``held`` in ``shared`` bytes past the
+    opt-in limit, or blocks that cannot all be resident (None: it can)."""
+    hw = HardwareModel.from_target(target)
+    if threads > target.max_threads_per_block:
+        return f"{kernel}: {threads} threads > device limit {target.max_threads_per_block}"
+    cc = compute_capability(target)
+    if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+        return f"{kernel} needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
+    if shared > hw.shared_per_block_optin:
+        return f"{kernel}: {held} need {shared} B of shared memory > {hw.shared_per_block_optin}"
+    per_sm, fits = residency(hw, blocks, threads, shared)
+    if per_sm > fits:
+        return (f"{kernel}: persistent grid needs every block resident, {blocks} blocks > {hw.sm_count} SMs x "
+                f"{fits} resident per SM")
+    return None
 
 
 def fused_threads_reason(step_j: int, target: TargetInfo) -> str | None:

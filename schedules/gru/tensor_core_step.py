@@ -40,8 +40,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_ext.cost_model.hardware import HardwareModel
-from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capability
 from tvm_ext.schedules.gemm.mma_intrin import DTYPE_ABBREV
 from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT,
@@ -51,7 +49,8 @@ from tvm_ext.target import TargetInfo
 from .step_common import cell_blend, cell_gates, pack_pair, stored_as, word_tag
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP,
                                  TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
-from .step_variant import FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
+from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
+                           mma_grid_reason)
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
@@ -74,7 +73,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     kernel = _kernel(layout)
     if flags:
         return kernel.with_attr("global_symbol", name)
-    return _with_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
+    return with_grid_barrier(kernel, BARRIERS[barrier]).with_attr("global_symbol", name)
 
 
 def _kernel(L: TcKernelLayout) -> Any:
@@ -89,7 +88,7 @@ def _kernel(L: TcKernelLayout) -> Any:
     (grid_x, grid_y, _), K, sw, sh, n_tiles = L.grid, shape.k_extent, shape.w_stride, shape.h_stride, shape.n_tiles
     m_warps, n_warps, k_warps, U, warp_units = L.m_warps, shape.n_warps, shape.k_warps, shape.units, L.warp_units
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
-    stage_once, load_gi, step_products = _stage_once_macro(L), _load_gi_macro(L), _step_products_macro(L)
+    stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
 
     @T.prim_func(private=True)
@@ -194,7 +193,7 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
     return stage_once
 
 
-def _load_gi_macro(L: TcKernelLayout) -> Any:
+def load_gi_macro(L: TcKernelLayout) -> Any:
     """The lane's gi of one step into registers (loaded a step ahead, in flight across the barrier)."""
     from tvm.script import tirx as T
 
@@ -472,7 +471,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
         L.shape.h_stride, L.shape.operand
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
-    slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), _load_gi_macro(L)
+    slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
         """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -524,7 +523,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
 BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
 
 
-def _with_barrier(func: Any, kind: str, replaced: int = 2) -> Any:
+def with_grid_barrier(func: Any, kind: str, replaced: int = 2) -> Any:
     """``func`` with its barrier mark replaced by ``tvm_ext.lowering.step_loop``'s grid barrier, and
     its last ``replaced`` parameters (``bar``, and ``hx`` where it has one) by the barrier's."""
     import tvm
@@ -623,21 +622,8 @@ class TensorCoreStep(StepVariant):
 
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
-        hw = HardwareModel.from_target(target)
-        if shape.threads > target.max_threads_per_block:
-            return f"tensor-core step kernel: {shape.threads} threads > device limit {target.max_threads_per_block}"
-        cc = compute_capability(target)
-        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
-            return f"tensor-core step kernel needs sm_{MIN_COMPUTE_CAPABILITY} or newer (ldmatrix, mma.sync)"
-        shared = shape.shared_bytes()
-        if shared > hw.shared_per_block_optin:
-            return (f"tensor-core step kernel: W_hh slice, h rows and partial sums need {shared} B of shared "
-                    f"memory > {hw.shared_per_block_optin}")
-        per_sm, fits = residency(hw, shape.blocks, shape.threads, shared)
-        if per_sm > fits:
-            return (f"tensor-core step kernel: persistent grid needs every block resident, {shape.blocks} blocks "
-                    f"> {hw.sm_count} SMs x {fits} resident per SM")
-        return None
+        return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
+                               "W_hh slice, h rows and partial sums", target)
 
     def init_layout(self) -> dict[str, bool]:
         return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": True}
