@@ -9,9 +9,9 @@ rate (W_hh's slice and h both read from shared memory for every multiply), while
 16-bit tensor-core kernel with wider types: W_hh's parts take twice a float16 slice, so at
 H1024 a block of 16 units holds 192 KB of them and no longer has room for all its rows of h
 in shared memory.  So h is not kept whole: each step the block reads its rows of the float32
-state in chunks of ``SPLIT_CHUNK_K``, a chunk ahead into registers, splits each into a ring
-of two shared chunks (high part, then low part, a row each) and multiplies one chunk while
-the next is loaded.  The state stays float32 in the plan's (2, dirs, batch, hidden) slots,
+state in chunks of ``SPLIT_CHUNK_K``, ``step_tc_ahead`` chunks ahead into registers, splits
+each into a ring of two shared chunks (high part, then low part, a row each) and multiplies one
+chunk while the next ones are in flight.  The state stays float32 in the plan's (2, dirs, batch, hidden) slots,
 so the host plan, h0 and h_n are the persistent CUDA-core kernel's.
 
 W_hh's parts are stored times ``SPLIT_WEIGHT_SCALE`` (PyTorch's init keeps |W_hh| <= 1/sqrt(H),
@@ -25,8 +25,8 @@ units of one direction (their three gates) and ``rows`` batch rows, warps split 
 each), the units (``step_tc_nw``) and each chunk's k slices (``step_tc_kw``: more warps to hide
 the multiplies' latency, their sums meeting in shared memory once a step); W_hh's two parts are
 k rows of 3·units columns with the 16-byte chunks XOR-swizzled (``w_chunk``); a lane's
-accumulators hold the r, z and n sums of
-the same (row, unit) pairs, so the cell needs no exchange.  Rows past the batch and k past the
+accumulators hold the r, z and n sums of the same (row, unit) pairs, so the cell needs no
+exchange.  Rows past the batch and k past the
 hidden size are zeros; units past the hidden size are computed on zero weights, not stored.
 """
 from __future__ import annotations
