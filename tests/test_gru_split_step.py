@@ -207,3 +207,21 @@ def test_k_warps_split_each_chunks_slices_and_meet_once_a_step(k_warps):
     shape = t.step_variant(cfg).shape
     assert shape.threads == 32 * 2 * k_warps and shape.partial_floats == (k_warps - 1) * 2 * 12 * 32
     assert shape.shared_bytes() == (2 * 128 * 48 + 2 * 16 * 136) * 2 + shape.partial_floats * 4
+
+
+@pytest.mark.parametrize("ahead", [1, 2, 4])
+def test_chunks_ahead_are_loaded_before_the_first_split_and_each_after_its_sync(ahead):
+    """``step_tc_ahead``: a step starts with the loads of its first ``ahead`` chunks (of 3 here:
+    never more than there are), and each later chunk's loads follow a chunk's split and sync,
+    into the register set that chunk left."""
+    t = _template(16, 192)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**SPLIT, step_j=16, step_tc_rows=16, step_tc_nw=2, step_tc_ahead=ahead)
+    step = _kernel(t.compile(cfg, target).source)
+    step = step[step.index("for (int s = 0; s < 5; ++s)"):]
+    loads = t.step_variant(cfg).shape.loads  # 16 rows x 64 k over 64 threads
+    first = step[:step.index("= ((half)h_reg_ptr[")]  # up to the first split
+    h_loads = first.count("__ldcg((&(hs_ptr[")
+    assert h_loads == min(ahead, 3) * loads + 4  # + the cell's 4 values of h a lane
+    assert f"h_reg_ptr[{min(ahead, 3) * loads - 1}] = __ldcg" in first
+    assert f"h_reg_ptr[{min(ahead, 3) * loads}] = __ldcg" not in first
