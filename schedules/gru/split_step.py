@@ -43,7 +43,7 @@ from .step_common import cell_blend, cell_gates, stored_as
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP, TcKernelLayout,
-                                 TcStepShape, acc_row_col, padded_stride, w_chunk)
+                                 TcStepShape, UnitRowBlocks, acc_row_col, padded_stride, w_chunk)
 from .tensor_core_step import BARRIER_MARK, load_gi_macro, with_grid_barrier
 
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
@@ -52,7 +52,7 @@ STATE = "float32"
 
 
 @dataclass(frozen=True)
-class SplitStepShape:
+class SplitStepShape(UnitRowBlocks):
     """The sizes a split step config implies for one GRU shape."""
 
     batch: int
@@ -85,15 +85,6 @@ class SplitStepShape:
     def warp_slices(self) -> int:
         """The 16-deep k slices of a chunk one k warp multiplies."""
         return SPLIT_CHUNK_K // MMA_K // self.k_warps
-
-    @property
-    def blocks(self) -> int:
-        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
-
-    @property
-    def w_stride(self) -> int:
-        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
-        return 3 * self.units
 
     @property
     def ring_stride(self) -> int:

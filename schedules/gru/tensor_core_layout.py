@@ -47,8 +47,28 @@ def w_chunk(k: Any, chunk: Any, chunks: int) -> Any:
     return chunk ^ (k // (8 // repeats) % repeats)
 
 
+class UnitRowBlocks:
+    """What both tensor-core step kernels' shapes derive alike from a block of ``units`` hidden
+    units (all three gates) and ``rows`` batch rows of one direction."""
+
+    hidden: int
+    batch: int
+    dirs: int
+    units: int
+    rows: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
+
+    @property
+    def w_stride(self) -> int:
+        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
+        return 3 * self.units
+
+
 @dataclass(frozen=True)
-class TcStepShape:
+class TcStepShape(UnitRowBlocks):
     """The sizes a tensor-core step config implies for one GRU shape."""
 
     batch: int
@@ -81,15 +101,6 @@ class TcStepShape:
     @property
     def threads(self) -> int:
         return WARP * self.warps
-
-    @property
-    def blocks(self) -> int:
-        return -(-self.hidden // self.units) * -(-self.batch // self.rows) * self.dirs
-
-    @property
-    def w_stride(self) -> int:
-        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
-        return 3 * self.units
 
     @property
     def h_stride(self) -> int:
