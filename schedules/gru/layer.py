@@ -139,11 +139,13 @@ class GRU:
             if array.shape != shape:
                 raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
             arrays[name] = array
-        split = ("weight_ih",) if self.config.in_split in FLOAT16_SPLITS else ()
-        split += ("weight_hh",) if self._splits_state else ()
-        for name, array in arrays.items():  # float16 parts of these are stored scaled (``split.py``)
-            knob = "in_split" if name.startswith("weight_ih") else "step_tc 2"
-            reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, knob) if name.startswith(split) else None
+        # the weights stored as scaled float16 parts (``split.py``), by the knob that splits them
+        split = {"weight_ih": "in_split"} if self.config.in_split in FLOAT16_SPLITS else {}
+        if self._splits_state:
+            split["weight_hh"] = "step_tc 2"
+        for name, array in arrays.items():
+            knob = next((k for prefix, k in split.items() if name.startswith(prefix)), None)
+            reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, knob) if knob else None
             if reason:
                 raise TvmExtError(reason)
         for name, array in self.template.device_weights(arrays).items():

@@ -34,8 +34,8 @@ from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .flag_step import FLAG_UNITS
-from .split_step import SPLIT_CHUNK_K
 from .fused_step import step_k_extent
+from .split_step import SPLIT_CHUNK_K
 
 # (batch rows per thread, hidden units per block), tried in order at small batch
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
