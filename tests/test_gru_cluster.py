@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
-import numpy as np
 import pytest
+from gru_checks import assert_reruns_match_float64, steps_kernel_ptxas
 from test_gru import Shape, _inputs, _weights
 from test_gru_flags import HALF, _kernel, _template
 
@@ -68,13 +67,7 @@ def test_the_cluster_is_launched_with_the_blocks_of_a_direction():
                                                                   (3, 33, 8, True), (8, 64, 8, False)])
 def test_nvcc_compiles_the_kernel_for_sm_90_without_spills(tmp_path, batch, hidden, units, bidirectional):
     compiled = _compiled(_template(batch, hidden, bidirectional=bidirectional), units)
-    source = tmp_path / "gru.cu"
-    source.write_text(compiled.source)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "gru.cubin"),
-                           str(source)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    steps = done.stderr[done.stderr.index("'gru_steps_kernel'"):]
-    assert " 0 bytes spill stores" in steps.split("ptxas info    : Compiling")[0]
+    assert " 0 bytes spill stores" in steps_kernel_ptxas(compiled.source, tmp_path)
 
 
 @pytest.mark.parametrize("template, knobs, reason", [
@@ -141,10 +134,7 @@ def test_cuda_cluster_step_matches_float64(key):
     assert gru.config.step_flags == 2
     for seed in (1, 2):
         x, h0 = _inputs(s, seed)
-        ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional, s.batch_first)
-        errors = [relative_error(list(gru(x, h0)), ref) for _ in range(3)]
-        assert max(errors) < 1e-5, errors
-        assert np.ptp(errors) < 1e-9
+        assert_reruns_match_float64(gru, s, x, h0, 1e-5, 1e-9)
 
 
 @pytest.mark.gpu

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from gru_checks import assert_reruns_match_float64, steps_kernel_ptxas
 from test_gru import Shape, _inputs, _weights
 
-from tvm_ext.precision.precision import relative_error
-from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
+from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.schedules.gru.split_step import SPLIT_CHUNK_K, SplitStepShape
 from tvm_ext.target import offline_cuda
 
@@ -69,13 +68,7 @@ def test_nvcc_compiles_the_kernel_for_sm_90_without_spills(tmp_path):
     target = offline_cuda("sm_90")
     compiled = t.compile(t.default_config(target).replace(**SPLIT, step_j=16, step_tc_rows=16, step_tc_nw=2),
                          target)
-    source = tmp_path / "gru.cu"
-    source.write_text(compiled.source)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "gru.cubin"),
-                           str(source)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    steps = done.stderr[done.stderr.index("'gru_steps_kernel'"):]
-    assert " 0 bytes spill stores" in steps.splitlines()[2]
+    assert " 0 bytes spill stores" in steps_kernel_ptxas(compiled.source, tmp_path)
 
 
 def test_shape_sizes():
@@ -164,12 +157,8 @@ def test_cuda_split_step_matches_float64_at_float32_accuracy(key):
                     seq=s.seq, config={**SPLIT, **knobs}).load_numpy(_weights(s))
     assert gru.config.step_tc == 2
     x, h0 = _inputs(s)
-    ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
-    errors = [relative_error(list(gru(x, h0)), ref) for _ in range(3)]
-    assert max(errors) < 2e-6, errors
-    assert np.ptp(errors) < 1e-9
-    x2, h2 = x[::-1].copy(), -h0
-    assert relative_error(list(gru(x2, h2)), gru_reference(x2, _weights(s), h2, s.layers, s.bidirectional)) < 2e-6
+    assert_reruns_match_float64(gru, s, x, h0, 2e-6, 1e-9)
+    assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, 2e-6, 1e-9, reruns=1)
 
 
 @pytest.mark.gpu

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import shutil
 
-import numpy as np
 import pytest
+from gru_checks import assert_reruns_match_float64
 from test_gru import Shape, _inputs, _weights
 
 from tvm_ext.precision.precision import relative_error
@@ -351,15 +351,8 @@ def test_cuda_tensor_core_step_matches_float64(key, precision, bound, flags):
                     precision=precision).load_numpy(_weights(s))
     assert gru.config.step_tc == 1 and gru.config.step_flags == flags
     x, h0 = _inputs(s)
-    ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
-    errors = []
-    for _ in range(3):
-        out, h_n = gru(x, h0)
-        errors.append(relative_error([out, h_n], ref))
-    assert max(errors) < bound, errors
-    assert np.ptp(errors) < 1e-6  # every rerun the same answer
-    x2, h2 = x[::-1].copy(), -h0
-    assert relative_error(list(gru(x2, h2)), gru_reference(x2, _weights(s), h2, s.layers, s.bidirectional)) < bound
+    assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)  # every rerun the same answer
+    assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
 
 
 @pytest.mark.gpu
