@@ -12,7 +12,7 @@ from test_gru import Shape, _inputs, _weights
 
 from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
-from tvm_ext.schedules.gru.tensor_core_step import TcKernelLayout, TcStepShape, piece_word, w_chunk
+from tvm_ext.schedules.gru.tensor_core_step import TcStepShape, w_chunk
 from tvm_ext.target import offline_cuda
 
 HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
@@ -203,62 +203,10 @@ def test_tagged_words_are_polled_64_a_lane_at_once():
     (32 at once measured 0.750 ms a pass against 0.724 on the H100)."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_j=16, step_tc_rows=32, step_tc_kw=2, step_tc_nw=1, step_tc_poll=0)
+    cfg = t.analytic_pick(target)[0].replace(step_j=16, step_tc_rows=32, step_tc_kw=2, step_tc_nw=1)
     step = _kernel(t.compile(cfg, target).source)
     step = step[step.index("for (int s = 0; s < 128"):]
     assert step.count("__nv_atomic_load_n((&(hx_ptr[") == 128 and step.count("while (1)") == 2
-
-
-def test_polled_pieces_issue_each_piece_ahead_of_its_products():
-    """``step_tc_poll`` 2 at B64 H1024 (32 units on 4 unit warps): h in 8 pieces of 128 k, each
-    unit warp polling 16 rows x 32 k of a piece (8 words a lane), each word loaded once ahead
-    and again inside its piece's poll loop, its two values stored to shared memory at once; the
-    block meets once a piece, before its products (then once at the step's end: no barrier
-    before a piece's stores, whose k no product reads), and the products are the same 64 k
-    slices x 3 n8 tiles."""
-    target = offline_cuda("sm_90")
-    t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_tc_poll=2)
-    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
-    step = _kernel(t.compile(cfg, target).source)
-    step = step[step.index("for (int s = 0; s < 128"):]
-    assert step.count("while (1)") == 8
-    assert step.count("__nv_atomic_load_n((&(hx_ptr[") == 2 * 8 * 8
-    assert step.count("__syncthreads()") == 8 + 1
-    assert step.count("tvm_builtin_ptx_st_shared__cta_b32(") == 8 * 8
-    assert step.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 64 * 3
-    # the first piece is polled alone, the next two issued once it is in, then one a piece
-    first_poll, second_poll = step.index("while (1)"), step.index("while (1)", step.index("while (1)") + 1)
-    between = step[first_poll:second_poll]
-    assert between[between.index("poll_ptr[0] = (poll_ptr[0] + 1)"):].count("__nv_atomic_load_n") == 2 * 8
-
-
-@pytest.mark.parametrize("hidden, batch, units, k_warps, n_warps, piece_k, pieces", [
-    (1024, 64, 32, 1, 4, 128, 8), (512, 8, 16, 4, 1, 32, 4), (512, 8, 16, 2, 1, 32, 8),
-    (200, 5, 32, 2, 2, 64, 2), (33, 3, 32, 1, 1, 16, 3)])
-def test_polled_pieces_cover_each_row_and_k_of_a_warps_range_once(hidden, batch, units, k_warps, n_warps, piece_k,
-                                                                   pieces):
-    """Over the pieces, unit warps, words and lanes, a k warp's 16 rows x k range are polled
-    exactly once each (a word holds k and k + 1)."""
-    shape = TcStepShape(batch, hidden, 1, units, 16, k_warps, "float16", n_warps, poll_ahead=1)
-    layout = TcKernelLayout.of(5, 1, shape, gi_dtype="float16", gh_dtype="float16", math_dtype="float32",
-                               out_dtype="float16", flags=True)
-    assert (shape.piece_k, layout.chunk_k, layout.chunks) == (piece_k, piece_k, pieces)
-    for ki in range(k_warps):
-        seen = [(r, k + half) for p in range(pieces) for ni in range(n_warps) for i in range(layout.poll_words)
-                for tx in range(32) for r, k in [piece_word(layout, p, i, ki, ni, tx)] for half in (0, 1)]
-        assert sorted(seen) == [(r, k) for r in range(16) for k in range(ki * layout.warp_k, (ki + 1) * layout.warp_k)]
-
-
-def test_polled_pieces_are_refused_past_a_warps_pieces_and_shown_only_with_flags():
-    target = offline_cuda("sm_90")
-    t = _template(8, 512)  # 4 k warps: 128 k a warp, 4 pieces of 32
-    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_kw=4, step_flags=1, step_tc_poll=3)
-    assert t.space(target).is_feasible(cfg)
-    assert "step_tc_poll" in t.shown_knobs(cfg) and "step_tc_poll" not in t.shown_knobs(cfg.replace(step_flags=0))
-    t = _template(3, 33)  # one piece of 48 k at 2 k warps: nothing to poll ahead of
-    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_kw=1, step_tc_nw=2, step_flags=1, step_tc_poll=1)
-    assert "1 pieces of h polled ahead (step_tc_poll) of a warp's 1" in t.space(target).infeasible_reason(cfg)
 
 
 def test_shape_sizes():
@@ -404,35 +352,6 @@ def test_cuda_tensor_core_step_matches_float64(key, precision, bound, flags):
     assert gru.config.step_tc == 1 and gru.config.step_flags == flags
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)  # every rerun the same answer
-    assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
-
-
-GPU_POLL_CASES = {  # h polled in pieces behind the products (step_tc_poll), with flags
-    "b64-h1024-nw4-poll1": (B64_H1024, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_poll=1)),
-    "b64-h1024-nw4-acc2-poll3": (B64_H1024, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4,
-                                                 step_tc_acc=2, step_tc_poll=3)),
-    "b8-h512-kw2-poll2": (B8_H512, dict(step_j=16, step_tc_rows=16, step_tc_kw=2, step_tc_poll=2)),
-    "b40-h256-rows64-kw4-poll1": (B40_H256, dict(step_j=32, step_tc_rows=64, step_tc_kw=4, step_tc_poll=1)),
-    "b5-h200-bi-nw2-kw2-poll1": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2,
-                                                  step_tc_poll=1)),
-    "b3-h33-3layer-bi-frag-poll2": (B3_H33_3LAYERS_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=1,
-                                                            step_tc_frag=1, step_tc_poll=2)),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("precision, bound", [(HALF, 5e-3), (BF16, 3e-2)], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("key", list(GPU_POLL_CASES))
-def test_cuda_polled_pieces_match_float64(key, precision, bound):
-    """h polled piece by piece: against float64 on reruns and on a second input, as above (a
-    piece multiplied before all its words say the step would move the error)."""
-    s, knobs = GPU_POLL_CASES[key]
-    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config={**TC, **knobs, "step_flags": 1},
-                    precision=precision).load_numpy(_weights(s))
-    assert gru.config.step_tc_poll == knobs["step_tc_poll"]
-    x, h0 = _inputs(s)
-    assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
 
 

@@ -56,10 +56,6 @@ STEP_KNOBS = (
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),
-    Knob("step_tc_poll", (0, 1, 2, 3), "tensor-core step kernel with step_flags 1: 0 polls all of a step's h, "
-                                       "then multiplies; n > 0 polls it in pieces along k, each piece multiplied "
-                                       "once in while the next n pieces' words are in flight (the exchange's L2 "
-                                       "traffic behind the products)", before=0),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

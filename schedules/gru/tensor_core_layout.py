@@ -18,7 +18,6 @@ TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
 TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
-POLL_PIECE_K = 32  # with a polled piece: the k a unit warp polls of it
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
 
@@ -82,7 +81,6 @@ class TcStepShape(UnitRowBlocks):
     n_warps: int = 1
     acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
-    poll_ahead: int = 0  # with flags: h polled in pieces along k, this many pieces' words in flight
 
     @property
     def k_extent(self) -> int:
@@ -112,13 +110,6 @@ class TcStepShape(UnitRowBlocks):
     def n_tiles(self) -> int:
         """n8 accumulator tiles a warp holds: its units' three gates."""
         return 3 * self.units // self.n_warps // MMA_N
-
-    @property
-    def piece_k(self) -> int:
-        """With ``poll_ahead``: the k of one polled piece of a k warp's range, its unit warps
-        polling 32 k each (8 words a lane; 16 k where the range does not divide)."""
-        warp_k = self.k_extent // self.k_warps
-        return POLL_PIECE_K * self.n_warps if warp_k % (POLL_PIECE_K * self.n_warps) == 0 else MMA_K * self.n_warps
 
     def shared_bytes(self) -> int:
         """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
@@ -171,9 +162,6 @@ class TcKernelLayout:
         vec = 8 if shape.hidden % 8 == 0 else 1
         lane_words = -(-MMA_M * copy_k // 2 // WARP)
         poll_words = min(lane_words, POLL_WORDS)
-        if flags and shape.poll_ahead:  # products in the polled pieces; a lane's words of one piece
-            chunks = warp_k // shape.piece_k
-            lane_words = poll_words = MMA_M * shape.piece_k // n_warps // 2 // WARP
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
         return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
                    gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
@@ -182,16 +170,6 @@ class TcKernelLayout:
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
                    pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
                    poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
-
-    @property
-    def pipelined(self) -> bool:
-        """h polled piece by piece behind the products (``poll_ahead`` with flags)."""
-        return self.flags and self.shape.poll_ahead > 0
-
-    @property
-    def got_words(self) -> int:
-        """A lane's registers of polled words: one round, or with pieces ``poll_ahead`` pieces'."""
-        return self.poll_words * (self.shape.poll_ahead if self.pipelined else 1)
 
     @property
     def a_frag_size(self) -> int:

@@ -55,7 +55,7 @@ from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVari
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, poll_ahead: int = 0, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -66,10 +66,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     a tag (``step_common.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
-    suffice, and the poll limit that turns a grid that is not resident into an error);
-    ``poll_ahead`` (the knob ``step_tc_poll``) polls them in pieces behind the products."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead,
-                        poll_ahead if flags else 0)
+    suffice, and the poll limit that turns a grid that is not resident into an error)."""
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -113,7 +111,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         acc = T.alloc_buffer((n_tiles * 4 * shape.acc_sets,), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
         gi_reg = T.alloc_buffer((3 * L.unit_tiles * 4,), gi_dtype, scope="local")
-        got = T.alloc_buffer((L.got_words,), "uint64", scope="local")
+        got = T.alloc_buffer((L.poll_words,), "uint64", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         h_val = T.alloc_buffer((2,), L.math_dtype, scope="local")  # the cell's h' and z, computed once
@@ -288,94 +286,6 @@ def _poll_h_macro(L: TcKernelLayout) -> Any:
     return poll_h
 
 
-def piece_word(L: TcKernelLayout, p: Any, i: int, ki: Any, ni: Any, tx: Any) -> tuple[Any, Any]:
-    """(row among the warp's 16, k) of lane ``tx``'s word ``i`` of polled piece ``p`` of k warp
-    ``ki``: unit warp ``ni`` polls its share of the piece's k, 16 lanes a row's consecutive words."""
-    sub_k = L.chunk_k // L.shape.n_warps
-    f = i * WARP + tx
-    return f // (sub_k // 2), ki * L.warp_k + p * L.chunk_k + ni * sub_k + f % (sub_k // 2) * 2
-
-
-def _poll_pieces_macro(L: TcKernelLayout) -> Any:
-    """With flags and ``poll_ahead``: a step's h polled piece by piece along k and each piece
-    multiplied once it is in shared memory, while the next pieces' words are in flight.  The
-    first piece is polled alone (the words of a step not yet written come back stale and are
-    polled again), then ``poll_ahead`` more are issued, and each piece completed issues the
-    one ``poll_ahead`` further on into the registers it frees."""
-    from tvm.script import tirx as T
-
-    batch, hidden, sh, n_warps = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.n_warps
-    pieces, words, ahead, slot_words, pair_words = L.chunks, L.poll_words, L.shape.poll_ahead, L.slot_words, \
-        L.pair_words
-    products = _products_macro(L)
-
-    def word(p: Any, i: int, ki: Any, ni: Any, tx: Any) -> tuple[Any, Any]:
-        return piece_word(L, p, i, ki, ni, tx)
-
-    @T.macro
-    def load_word(hx, got, at, s, bz, m0, mi, r, k):  # type: ignore[no-untyped-def]
-        got[at] = T.call_extern(
-            "uint64", "__nv_atomic_load_n",
-            T.address_of(hx[(s % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words + k // 2]),
-            NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-
-    @T.macro
-    def issue(hx, got, p, s, bz, m0, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
-        """Piece ``p``'s words into register set p mod ``poll_ahead``, not waited for."""
-        for i in T.unroll(words):
-            r = T.meta_var(word(p, i, ki, ni, tx)[0])
-            k = T.meta_var(word(p, i, ki, ni, tx)[1])
-            if m0 + mi * MMA_M + r < batch and k < hidden:
-                load_word(hx, got, p % ahead * words + i, s, bz, m0, mi, r, k)
-
-    @T.macro
-    def complete(h_s, hx, got, poll, p, s, bz, m0, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
-        """Piece ``p``'s words polled again until every tag says ``s``, then into shared memory."""
-        poll[1] = 0
-        while poll[1] == 0:
-            for i in T.unroll(words):
-                r = T.meta_var(word(p, i, ki, ni, tx)[0])
-                k = T.meta_var(word(p, i, ki, ni, tx)[1])
-                if m0 + mi * MMA_M + r < batch and k < hidden and word_tag(T, got[p % ahead * words + i]) != s:
-                    load_word(hx, got, p % ahead * words + i, s, bz, m0, mi, r, k)
-            poll[1] = 1
-            for i in T.unroll(words):
-                r = T.meta_var(word(p, i, ki, ni, tx)[0])
-                k = T.meta_var(word(p, i, ki, ni, tx)[1])
-                if m0 + mi * MMA_M + r < batch and k < hidden and word_tag(T, got[p % ahead * words + i]) != s:
-                    poll[1] = 0
-            poll[0] = poll[0] + 1
-            if poll[0] >= SPIN_LIMIT:
-                poll[1] = 1
-        for i in T.unroll(words):  # the word's two values as one 32-bit shared store, which TVM's
-            # barrier planner does not see: the pieces' stores and products touch different k, so
-            # the block barrier it would put before each store is not needed
-            r = T.meta_var(word(p, i, ki, ni, tx)[0])
-            k = T.meta_var(word(p, i, ki, ni, tx)[1])
-            if m0 + mi * MMA_M + r < batch and k < hidden:
-                T.ptx["st.shared::cta.b32"](T.address_of(h_s[(mi * MMA_M + r) * sh + k]),
-                                            T.Cast("uint32", got[p % ahead * words + i]))
-
-    @T.macro
-    def poll_pieces(h_s, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
-        for p in T.unroll(pieces):
-            if p == 0:
-                issue(hx, got, 0, s, bz, m0, mi, ni, ki, tx)
-            complete(h_s, hx, got, poll, p, s, bz, m0, mi, ni, ki, tx)
-            if p == 0:  # the step's words are being written: the next pieces now
-                for q in T.unroll(1, ahead + 1):
-                    issue(hx, got, q, s, bz, m0, mi, ni, ki, tx)
-            elif p + ahead < pieces:
-                issue(hx, got, p + ahead, s, bz, m0, mi, ni, ki, tx)
-            if n_warps == 1:  # the warp reads only the h it polled
-                T.evaluate(T.call_extern("void", "__syncwarp"))
-            else:  # and the other unit warps' share of the piece
-                T.tvm_storage_sync("shared")
-            products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, p, tx)
-
-    return poll_pieces
-
-
 def _products_macro(L: TcKernelLayout) -> Any:
     """A warp's MMA over one h chunk's k: ldmatrix of h and W_hh, mma.sync into the accumulators."""
     from tvm.script import tirx as T
@@ -478,8 +388,7 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
     n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
         L.copy_chunks, L.asynchronous
     products, copy_h, poll_h = _products_macro(L), _copy_h_macro(L), _poll_h_macro(L)
-    flags, acc_sets, pipelined = L.flags, L.shape.acc_sets, L.pipelined
-    poll_pieces = _poll_pieces_macro(L) if pipelined else None
+    flags, acc_sets = L.flags, L.shape.acc_sets
 
     @T.macro
     def step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0,  # type: ignore[no-untyped-def]
@@ -487,16 +396,13 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
         if flags:  # the words of the warp's rows and k range, polled until their tags say s
             for i in T.unroll(n_tiles * 4 * acc_sets):
                 acc[i] = T.float32(0)
-            if pipelined:  # piece by piece, the next pieces in flight behind each one's products
-                poll_pieces(h_s, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, tx)
-            else:
-                poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
-                if n_warps == 1:  # the warp reads only the h it polled
-                    T.evaluate(T.call_extern("void", "__syncwarp"))
-                else:  # and the other unit warps' share of it
-                    T.tvm_storage_sync("shared")
-                for c in T.unroll(chunks):
-                    products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
+            poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
+            if n_warps == 1:  # the warp reads only the h it polled
+                T.evaluate(T.call_extern("void", "__syncwarp"))
+            else:  # and the other unit warps' share of it
+                T.tvm_storage_sync("shared")
+            for c in T.unroll(chunks):
+                products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
         else:
             for c in T.unroll(copy_chunks):
                 if asynchronous:
@@ -656,25 +562,24 @@ class TensorCoreStep(StepVariant):
     flags: bool
     loop: int
     cluster: bool = False  # step_flags 2, which this kernel does not have
-    poll_ahead: int = 0  # with flags: pieces of h polled ahead of the products (0: all, then the products)
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag), barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
-                   cluster=c.step_flags == 2, poll_ahead=c.step_tc_poll if c.step_flags == 1 else 0)
+                   cluster=c.step_flags == 2)
 
     @property
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.poll_ahead)
+                           self.acc_sets, self.frags_ahead)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier; without: nor the pieces)
+        # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
         return self.unshown_prefixes, (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + ("step_tc_ahead",)
-                                       + (("step_barrier",) if self.flags else ("step_tc_poll",)))
+                                       + (("step_barrier",) if self.flags else ()))
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: types, tile, and a grid that must be resident (persistent)
@@ -713,10 +618,6 @@ class TensorCoreStep(StepVariant):
                     f"{shape.warp_slices} k slices")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
-        pieces = shape.k_extent // shape.k_warps // shape.piece_k
-        if shape.poll_ahead >= pieces:
-            return (f"tensor-core step kernel: {shape.poll_ahead} pieces of h polled ahead (step_tc_poll) of a warp's "
-                    f"{pieces}")
         return None
 
     def _device_reason(self, target: TargetInfo) -> str | None:
@@ -740,4 +641,4 @@ class TensorCoreStep(StepVariant):
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
-                                          frags_ahead=self.frags_ahead, poll_ahead=self.poll_ahead)}
+                                          frags_ahead=self.frags_ahead)}
