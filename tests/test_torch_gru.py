@@ -230,3 +230,36 @@ def test_eager_calls_replay_a_recorded_graph(config):
         ref_out, ref_h = _reference(state_net, x, lengths=lengths.numpy())
         assert relative_error(padded.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
     gru.check()
+
+
+@pytest.mark.gpu
+def test_repeated_eager_calls_skip_the_checks_but_not_a_changed_input():
+    """From the second eager call of an input and hx signature on, a call goes straight to the
+    replay (the checks are not repeated): it still matches float64 on poisoned static outputs,
+    and an input or hx of another dtype, shape or device, or a module moved to another dtype,
+    still gets its error."""
+    torch.manual_seed(7)
+    net = torch.nn.GRU(16, 32).cuda().eval()
+    gru = GRU.from_module(net)
+    x, h0 = torch.randn(6, 3, 16, device="cuda"), torch.randn(1, 3, 32, device="cuda")
+    gru(x, h0)
+    gru(x, h0)
+    assert len(gru._eager_calls) == 1
+    for _ in range(2):
+        xi = torch.randn_like(x)
+        for record in gru._call_graphs.values():
+            record.out.fill_(float("nan"))
+            record.h_n.fill_(float("nan"))
+        out, h_n = gru(xi, h0)
+        ref_out, ref_h = _reference(net, xi, h0)
+        assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+    with pytest.raises(TvmExtError, match="has dtype torch.float16"):
+        gru(x.half(), h0)
+    with pytest.raises(TvmExtError, match="hx has shape"):
+        gru(x, h0[:, :2])
+    with pytest.raises(TvmExtError, match="is on cpu"):
+        gru(x, h0.cpu())
+    gru.half()
+    assert not gru._eager_calls
+    with pytest.raises(TvmExtError, match="has dtype torch.float32"):
+        gru(x, h0)

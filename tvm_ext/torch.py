@@ -97,6 +97,7 @@ class GRU(nn.Module):
         self._lengths: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # per value, least recent first
         self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
+        self._eager_calls: dict[tuple[Any, ...], EagerCall] = {}  # by input and hx signature
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
     @classmethod
@@ -127,14 +128,27 @@ class GRU(nn.Module):
         ``load_state_dict`` calls it)."""
         weights = self._numpy_weights()
         self._call_graphs.clear()  # recorded against the buffers the weights were in
+        self._eager_calls.clear()
         for engine in self._engines.values():
             engine.load_numpy(weights)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``nn.Module``'s (``.to``, ``.cuda``, ``.half``): the parameters' device or dtype may
+        change, so no eager call skips the checks of the next one."""
+        self._eager_calls.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     def _numpy_weights(self) -> dict[str, Any]:
         return {name: p.detach().float().cpu().numpy() for name, p in self.named_parameters()}
 
     # ---- forward ---------------------------------------------------------------------------
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
+        signature = self._eager_signature(input, hx)
+        call = self._eager_calls.get(signature) if signature is not None else None
+        if call is not None and not torch.cuda.is_current_stream_capturing():
+            # an input and hx of a signature checked before, on a recorded graph: straight to it
+            out, h_n = call.run(input if not self.batch_first else input.transpose(0, 1), hx)
+            return (out if not self.batch_first else out.transpose(0, 1)), h_n
         packed = isinstance(input, nn.utils.rnn.PackedSequence)
         layout = None
         self._check_tensor("input", input.data if packed else input)
@@ -161,7 +175,9 @@ class GRU(nn.Module):
         key = EngineKey(batch, seq, lengths is not None, str(x.device))
         engine = self._engine(key)
         if x.device.type == "cuda" and self.graphs and not torch.cuda.is_current_stream_capturing():
-            out, h_n = self._replay(key, engine, x, hx, lengths, copy_out=not packed)
+            out, h_n, call = self._replay(key, engine, x, hx, lengths, copy_out=not packed)
+            if call is not None and signature is not None:
+                self._eager_calls[signature] = call  # its checks passed: the next call of it skips them
         else:
             out, h_n = self._run(engine, x.contiguous(), hx, lengths)
         if packed:
@@ -170,6 +186,14 @@ class GRU(nn.Module):
             return nn.utils.rnn.PackedSequence(layout.unpack(out), input.batch_sizes, input.sorted_indices,
                                                input.unsorted_indices), h_n
         return (out if time_major else out.transpose(0, 1)), h_n
+
+    def _eager_signature(self, input: Any, hx: Any) -> tuple[Any, ...] | None:
+        """What an eager call's checks depend on (None: a call the fast path does not take, packed
+        or graphs off): the input's and hx's shape, dtype and device, and ``batch_first``."""
+        if not self.graphs or type(input) is not torch.Tensor or (hx is not None and type(hx) is not torch.Tensor):
+            return None
+        return (input.shape, input.dtype, input.device, self.batch_first,
+                None if hx is None else (hx.shape, hx.dtype, hx.device))
 
     def _packed_layout(self, batch_sizes: Any, device: Any) -> "PackedLayout":
         """The pad/unpack index of a ``PackedSequence``'s batch sizes, kept per distinct value."""
@@ -247,26 +271,18 @@ class GRU(nn.Module):
         return watch
 
     def _replay(self, key: EngineKey, engine: Any, x: Any, hx: Any, lengths: Any,
-                copy_out: bool = True) -> tuple[Any, Any]:
+                copy_out: bool = True) -> tuple[Any, Any, "EagerCall | None"]:
         """An eager CUDA call through the shape's recorded graph (recorded on its first call, after
-        one direct run that loads the kernels): inputs copied in, outputs copied out (``out`` is
-        the static one where ``copy_out`` is false: the caller copies what it needs at once)."""
+        one direct run that loads the kernels), and the ``EagerCall`` that replays it (None on
+        that first call)."""
         record = self._call_graphs.get((key, hx is None))
         if record is None:
-            result = self._run(engine, x.contiguous(), hx, lengths)
+            out, h_n = self._run(engine, x.contiguous(), hx, lengths)
             self._call_graphs[(key, hx is None)] = CallGraph.record(self, engine, x, hx, lengths)
-            return result
-        watch = self._watch(engine)
-        watch.check()
-        record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
-        if hx is not None:
-            record.h0.copy_(hx)
-        if record.lengths is not None:
-            record.lengths.copy_(self._device_lengths(lengths, x.device))
-        record.graph.replay()
-        watch.mark(torch.cuda.current_stream(x.device))
-        out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
-        return out, record.h_n.to(self.dtype, copy=True)
+            return out, h_n, None
+        call = EagerCall(record, self._watch(engine), self.dtype)
+        device_lengths = None if lengths is None else self._device_lengths(lengths, x.device)
+        return (*call.run(x, hx, device_lengths, copy_out), call)
 
     def _device_lengths(self, lengths: Any, device: Any) -> Any:
         """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
@@ -334,6 +350,31 @@ class BarrierWatch:
         if self.done.query() and int(self.host[0]):
             self.host.zero_()
             raise TvmExtError(self.message)
+
+
+@dataclass(frozen=True)
+class EagerCall:
+    """An eager CUDA call on a recorded graph: inputs copied into its static tensors, the graph
+    replayed on torch's current stream, outputs copied out in the module's dtype."""
+
+    record: "CallGraph"
+    watch: BarrierWatch
+    dtype: Any
+
+    def run(self, x: Any, hx: Any, lengths: Any = None, copy_out: bool = True) -> tuple[Any, Any]:
+        """``x`` time-major; ``lengths`` int32 on the device where the plan takes them; ``out``
+        is the static one where ``copy_out`` is false (the caller copies what it needs at once)."""
+        record = self.record
+        self.watch.check()
+        record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
+        if hx is not None:
+            record.h0.copy_(hx)
+        if record.lengths is not None:
+            record.lengths.copy_(lengths)
+        record.graph.replay()
+        self.watch.mark(torch.cuda.current_stream(x.device))
+        out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
+        return out, record.h_n.to(self.dtype, copy=True)
 
 
 @dataclass(frozen=True)
