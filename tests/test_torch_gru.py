@@ -82,6 +82,21 @@ def test_packed_sequence_with_hx_on_opencl():
     assert relative_error(ours.data.numpy(), theirs.data.numpy()) < 1e-4
 
 
+def test_packed_sequences_of_other_lengths_in_turn_on_opencl():
+    """One module, packed batches of the same size and length but other lengths in turn (each
+    pads and unpacks by its own batch sizes, kept per distinct value), the first again last."""
+    torch.manual_seed(4)
+    net = torch.nn.GRU(5, 6).eval()
+    gru = GRU.from_module(net)
+    x = torch.randn(6, 3, 5)
+    for lengths in ([6, 4, 2], [6, 6, 1], [6, 3, 3], [6, 4, 2]):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths))
+        ours, h_n = gru(packed)
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(ours, total_length=6)
+        ref_out, ref_h = _reference(net, x, lengths=lengths)
+        assert relative_error(padded.numpy(), ref_out) < 1e-5 and relative_error(h_n.numpy(), ref_h) < 1e-5
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 SHAPES = [dict(input_size=17, hidden_size=33, num_layers=3, bidirectional=True),
           dict(input_size=64, hidden_size=128, batch_first=True),

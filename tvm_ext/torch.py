@@ -36,7 +36,7 @@ DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "b
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
 LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
-MAX_CACHED_LENGTHS = 64  # distinct lengths vectors kept on the device
+MAX_CACHED_LENGTHS = 64  # distinct batch sizes of packed input whose layouts (lengths on the device) are kept
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,6 @@ class GRU(nn.Module):
         self._engines: dict[EngineKey, Any] = {}
         self._watches: dict[int, BarrierWatch] = {}
         self._zero_states: dict[tuple[Any, ...], Any] = {}
-        self._lengths: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # per value, least recent first
         self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
         self._eager_calls: dict[tuple[Any, ...], EagerCall] = {}  # by input and hx signature
@@ -154,7 +153,7 @@ class GRU(nn.Module):
         self._check_tensor("input", input.data if packed else input)
         if packed:  # padded in the packed (sorted) row order: one index kernel each way
             layout = self._packed_layout(input.batch_sizes, input.data.device)
-            x, lengths, time_major = layout.pad(input.data), layout.lengths, True
+            x, lengths, time_major = layout.pad(input.data), layout.device_lengths, True
         else:
             x, lengths, time_major = input, None, not self.batch_first
         if x.dim() != 3 or x.shape[2] != self.input_size:
@@ -196,9 +195,10 @@ class GRU(nn.Module):
                 None if hx is None else (hx.shape, hx.dtype, hx.device))
 
     def _packed_layout(self, batch_sizes: Any, device: Any) -> "PackedLayout":
-        """The pad/unpack index of a ``PackedSequence``'s batch sizes, kept per distinct value."""
-        sizes = tuple(int(v) for v in batch_sizes.tolist())
-        return kept(self._layouts, (sizes, str(device)), lambda: PackedLayout.of(sizes, device), MAX_CACHED_LENGTHS)
+        """The pad/unpack index of a ``PackedSequence``'s batch sizes (a CPU int64 tensor), kept
+        per distinct value (keyed by its bytes: a tuple of its values cost 10 us a call)."""
+        return kept(self._layouts, (batch_sizes.cpu().numpy().tobytes(), batch_sizes.dtype, device),
+                    lambda: PackedLayout.of(tuple(int(v) for v in batch_sizes.tolist()), device), MAX_CACHED_LENGTHS)
 
     def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -235,8 +235,7 @@ class GRU(nn.Module):
             h0 = None if hx is None else hx.float().numpy()
             out, h_n = engine(x.float().numpy(), h0, lengths=None if lengths is None else lengths.numpy())
             return torch.from_numpy(out).to(self.dtype), torch.from_numpy(h_n).to(self.dtype)
-        device_lengths = None if lengths is None else self._device_lengths(lengths, x.device)
-        out, h_n, tensors = self._kernel_tensors(engine, x, hx, device_lengths)
+        out, h_n, tensors = self._kernel_tensors(engine, x, hx, lengths)
         stream = torch.cuda.current_stream(x.device)
         watch = self._watch(engine)
         watch.check()
@@ -281,15 +280,7 @@ class GRU(nn.Module):
             self._call_graphs[(key, hx is None)] = CallGraph.record(self, engine, x, hx, lengths)
             return out, h_n, None
         call = EagerCall(record, self._watch(engine), self.dtype)
-        device_lengths = None if lengths is None else self._device_lengths(lengths, x.device)
-        return (*call.run(x, hx, device_lengths, copy_out), call)
-
-    def _device_lengths(self, lengths: Any, device: Any) -> Any:
-        """The lengths as an int32 tensor on ``device``, kept per distinct value: a CUDA graph
-        captured with them reads the same memory at every replay (no host copy inside it)."""
-        values = tuple(int(v) for v in lengths.tolist())
-        return kept(self._lengths, (values, str(device)),
-                    lambda: torch.tensor(values, dtype=torch.int32, device=device), MAX_CACHED_LENGTHS)
+        return (*call.run(x, hx, lengths, copy_out), call)
 
     def _zeros(self, like: Any) -> Any:
         """A zero h0 of ``like``'s shape, made once (no memset in every call)."""
@@ -390,6 +381,8 @@ class PackedLayout:
     rows: Any  # int64 (sum of the lengths,) on the data's device: row t·batch + b of packed row j
     gather: Any  # int64 (seq·batch,) on the data's device: the packed row of padded row t·batch + b
     lengths: Any  # int32 CPU tensor (batch,), non-increasing
+    device_lengths: Any  # the same on the data's device, made once: a CUDA graph captured with them
+    # reads the same memory at every replay (no host copy inside it)
 
     @classmethod
     def of(cls, batch_sizes: tuple[int, ...], device: Any) -> "PackedLayout":
@@ -399,7 +392,7 @@ class PackedLayout:
         gather[rows] = torch.arange(len(rows))
         sizes = torch.tensor(batch_sizes)
         lengths = (torch.arange(batch)[None, :] < sizes[:, None]).sum(0).to(torch.int32)
-        return cls(seq, batch, rows.to(device), gather.to(device), lengths)
+        return cls(seq, batch, rows.to(device), gather.to(device), lengths, lengths.to(device))
 
     def pad(self, data: Any) -> Any:
         """(seq, batch, features): ``data``'s rows in place; past each row's length a copy of
@@ -432,7 +425,7 @@ class CallGraph:
         lengths_static = None
         if t.variable_lengths:
             lengths_static = torch.empty(t.batch, dtype=torch.int32, device=x.device)
-            lengths_static.copy_(module._device_lengths(lengths, x.device))
+            lengths_static.copy_(lengths)
         if h0 is not None:
             h0.copy_(hx)
         x_static.copy_(x)

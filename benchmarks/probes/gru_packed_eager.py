@@ -1,0 +1,78 @@
+"""Where an eager ``tvm_ext.torch.GRU`` call on a ``PackedSequence`` spends its time: the call's
+host time and wall clock, the host time of each stage of it replayed by hand (the pad index, the
+pad, the lengths, the replay, the unpack), and torch.profiler's per-op table over 20 calls.
+float16 B64 H1024 T128, lengths uniform in [64, 128] (the packed benchmark case).
+Usage: python benchmarks/probes/gru_packed_eager.py [--dtype float16]"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from tvm_ext.torch import GRU
+
+
+def median_us(fn, n: int = 50, sync: bool = False) -> float:
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dtype", default="float16")
+    args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    batch, hidden, seq = 64, 1024, 128
+    net = torch.nn.GRU(hidden, hidden).cuda().to(dtype).eval()
+    gru = GRU.from_module(net)
+    lengths = torch.tensor(sorted(np.random.default_rng(0).integers(64, 129, batch).tolist(), reverse=True))
+    x = torch.randn(seq, batch, hidden, device="cuda", dtype=dtype)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
+    with torch.no_grad():
+        for _ in range(3):
+            gru(packed)
+        host, wall = median_us(lambda: gru(packed)), median_us(lambda: gru(packed), sync=True)
+        print(f"call: host {host:.1f} us, wall {wall:.1f} us")
+        layout = gru._packed_layout(packed.batch_sizes, packed.data.device)
+        padded = layout.pad(packed.data)
+        key = next(iter(gru._call_graphs))
+        record = gru._call_graphs[key]
+        stages = {
+            "packed layout (cached by batch_sizes)": lambda: gru._packed_layout(packed.batch_sizes,
+                                                                                     packed.data.device),
+            "pad (index_select)": lambda: layout.pad(packed.data),
+            "copy into the static input": lambda: record.x.copy_(padded),
+            "graph replay": lambda: record.graph.replay(),
+            "out to dtype (no copy)": lambda: record.out.to(dtype),
+            "h_n copy": lambda: record.h_n.to(dtype, copy=True),
+            "unpack (index_select)": lambda: layout.unpack(record.out),
+            "PackedSequence()": lambda: torch.nn.utils.rnn.PackedSequence(padded, packed.batch_sizes,
+                                                                          packed.sorted_indices,
+                                                                          packed.unsorted_indices),
+            "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+            "check input (_check_tensor)": lambda: gru._check_tensor("input", packed.data),
+        }
+        for name, fn in stages.items():
+            print(f"  {name}: host {median_us(fn):.1f} us")
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(20):
+                gru(packed)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()
