@@ -12,8 +12,10 @@ call (``graphs=True``, the default; what ``torch.compile(mode="reduce-overhead")
 input is copied into the graph's static input, the graph replayed on torch's current stream and
 the outputs copied out, so a call costs one graph launch and two copies on the host instead of
 one launch per kernel of the plan.  It holds one more input and output per shape on the device;
-``graphs=False`` launches every kernel instead.  Inside a user's own capture the kernels are
-launched directly, so they become part of the user's graph.
+``graphs=False`` launches every kernel instead.  From the second call of an input and hx
+signature (shape, dtype and device of each) the checks are not repeated: the call goes straight
+to its replay (``EagerCall``).  Inside a user's own capture the kernels are launched directly, so
+they become part of the user's graph.
 
     gru = tvm_ext.torch.GRU.from_module(nn.GRU(512, 512).cuda().eval())
     out, h_n = gru(x)                       # x: (T, B, 512) CUDA float32 tensor
