@@ -38,7 +38,7 @@ DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "b
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
 LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
-MAX_CACHED_LENGTHS = 64  # distinct batch sizes of packed input whose layouts (lengths on the device) are kept
+MAX_CACHED_LAYOUTS = 64  # packed inputs of distinct batch sizes whose layouts (and lengths on the device) are kept
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class GRU(nn.Module):
         """The pad/unpack index of a ``PackedSequence``'s batch sizes (a CPU int64 tensor), kept
         per distinct value (keyed by its bytes: a tuple of its values cost 10 us a call)."""
         return kept(self._layouts, (batch_sizes.cpu().numpy().tobytes(), batch_sizes.dtype, device),
-                    lambda: PackedLayout.of(tuple(int(v) for v in batch_sizes.tolist()), device), MAX_CACHED_LENGTHS)
+                    lambda: PackedLayout.of(tuple(int(v) for v in batch_sizes.tolist()), device), MAX_CACHED_LAYOUTS)
 
     def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
         if not isinstance(tensor, torch.Tensor):
