@@ -44,7 +44,7 @@ from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVari
                            mma_grid_reason)
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP, TcKernelLayout,
                                  TcStepShape, UnitRowBlocks, acc_row_col, padded_stride, w_chunk)
-from .tensor_core_step import BARRIER_MARK, load_gi_macro, with_grid_barrier
+from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, load_gi_macro, with_grid_barrier
 
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
 PART = "float16"
@@ -338,29 +338,18 @@ def _products_macro(S: SplitStepShape) -> Any:
 
 
 def _sum_k_warps_macro(S: SplitStepShape) -> Any:
-    """Each warp's cross-product sums into its first set, then with k warps the others' sums, in
-    the lane layout, into the first k warp's through shared memory."""
+    """Each warp's cross-product sums into its first set, then with k warps the others' sums into
+    the first k warp's (``k_warp_sums_macro``, the 16-bit kernel's)."""
     from tvm.script import tirx as T
 
-    k_warps, n_warps, m_warps, sums = S.k_warps, S.n_warps, S.m_warps, S.n_tiles * 4
-
-    def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
-        """Sum ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units, ``mi`` along M)."""
-        return (((q * n_warps + ni) * m_warps + mi) * sums + i) * WARP + tx
+    sums = S.n_tiles * 4
+    k_warp_sums = k_warp_sums_macro(S.k_warps, S.n_warps, S.m_warps, sums)
 
     @T.macro
     def sum_k_warps(part, acc, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
         for i in T.unroll(sums):
             acc[i] = acc[i] + acc[sums + i]
-        if k_warps > 1:
-            if ki > 0:
-                for i in T.unroll(sums):
-                    part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
-            T.tvm_storage_sync("shared")
-            if ki == 0:
-                for q in T.unroll(k_warps - 1):
-                    for i in T.unroll(sums):
-                        acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
+        k_warp_sums(part, acc, mi, ni, ki, tx)
 
     return sum_k_warps
 

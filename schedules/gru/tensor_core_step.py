@@ -434,27 +434,32 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
 
 
 def _sum_k_warps_macro(L: TcKernelLayout) -> Any:
-    """With k warps: the other k warps' partial sums, in the lane layout, into the first's
-    accumulators through shared memory."""
-    from tvm.script import tirx as T
+    """With k warps: the other k warps' partial sums into the first's accumulators."""
+    return k_warp_sums_macro(L.shape.k_warps, L.shape.n_warps, L.m_warps, L.shape.n_tiles * 4)
 
-    k_warps, n_warps, n_tiles, m_warps = L.shape.k_warps, L.shape.n_warps, L.shape.n_tiles, L.m_warps
+
+def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int) -> Any:
+    """With ``k_warps`` > 1: the later k warps' first ``sums`` accumulators, in the lane layout,
+    added to the first k warp's through shared memory (``part``), behind one block barrier (which
+    also tells the first k warp that every warp's h is in: the cell reads it); both tensor-core
+    step kernels' warps split k this way."""
+    from tvm.script import tirx as T
 
     def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
         """Accumulator ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units,
         ``mi`` along M) in the partial sums."""
-        return (((q * n_warps + ni) * m_warps + mi) * n_tiles * 4 + i) * WARP + tx
+        return (((q * n_warps + ni) * m_warps + mi) * sums + i) * WARP + tx
 
     @T.macro
     def sum_k_warps(part, acc, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
         if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
             if ki > 0:
-                for i in T.unroll(n_tiles * 4):
+                for i in T.unroll(sums):
                     part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
-            T.tvm_storage_sync("shared")  # also: every warp's h chunks are in (the cell reads them)
+            T.tvm_storage_sync("shared")
             if ki == 0:
                 for q in T.unroll(k_warps - 1):
-                    for i in T.unroll(n_tiles * 4):
+                    for i in T.unroll(sums):
                         acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
 
     return sum_k_warps
