@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -34,7 +35,7 @@ __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ou
            "parse_shapes", "GpuReading", "parse_gpu_reading", "read_gpu", "smi_device", "round_order", "RoundRow",
            "interleaved_rounds", "RatioSummary", "ratio_summary", "graph_timer", "compare_in_rounds",
            "write_rounds", "rounds_header", "rounds_cells", "cublas_launches", "ours_launch", "TimingSettings",
-           "VendorTimes", "Timing"]
+           "VendorTimes", "Timing", "host_and_wall_us"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -58,6 +59,25 @@ class TorchEventClock:
     def seconds(self, start: Any, end: Any) -> float:
         end.synchronize()
         return start.elapsed_time(end) * 1e-3
+
+
+def host_and_wall_us(call: Callable[[], Any], n: int = 50,
+                     before: Callable[[], Any] | None = None) -> tuple[float, float]:
+    """Medians over ``n`` calls of ``call()``, each from an idle GPU (``before()`` first where
+    given): the host time until it returns and the wall clock until the GPU is done, in µs."""
+    import torch
+
+    host, wall = [], []
+    for _ in range(n):
+        if before is not None:
+            before()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        wall.append(time.perf_counter() - start)
+    return statistics.median(host) * 1e6, statistics.median(wall) * 1e6
 
 
 def l2_rotation(set_bytes: float, max_sets: int = 64) -> int:

@@ -6,25 +6,16 @@ Usage: python benchmarks/probes/gru_packed_eager.py [--dtype float16]"""
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import os
+import sys
 
 import numpy as np
 import torch
 
-from tvm_ext.torch import GRU
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from common import host_and_wall_us  # noqa: E402
 
-
-def median_us(fn, n: int = 50, sync: bool = False) -> float:
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+from tvm_ext.torch import GRU  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +33,7 @@ def main() -> None:
     with torch.no_grad():
         for _ in range(3):
             gru(packed)
-        host, wall = median_us(lambda: gru(packed)), median_us(lambda: gru(packed), sync=True)
+        host, wall = host_and_wall_us(lambda: gru(packed))
         print(f"call: host {host:.1f} us, wall {wall:.1f} us")
         layout = gru._packed_layout(packed.batch_sizes, packed.data.device)
         padded = layout.pad(packed.data)
@@ -64,7 +55,7 @@ def main() -> None:
             "check input (_check_tensor)": lambda: gru._check_tensor("input", packed.data),
         }
         for name, fn in stages.items():
-            print(f"  {name}: host {median_us(fn):.1f} us")
+            print(f"  {name}: host {host_and_wall_us(fn)[0]:.1f} us")
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -9,31 +9,18 @@ import argparse
 import json
 import os
 import statistics
-import time
+import sys
 
 import torch
 
-from tvm_ext.precision.precision import relative_error
-from tvm_ext.schedules.gru import gru_reference
-from tvm_ext.torch import GRU
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from common import host_and_wall_us  # noqa: E402
+
+from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gru import gru_reference  # noqa: E402
+from tvm_ext.torch import GRU  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def host_and_wall_us(gru: GRU, x: torch.Tensor, full: bool, n: int = 100) -> tuple[float, float]:
-    """Median host time of a call (returning before the GPU is done) and median wall clock of a
-    call followed by a synchronize; ``full``: every call through the full checks."""
-    host, wall = [], []
-    for _ in range(n):
-        if full:
-            gru._eager_calls.clear()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        gru(x)
-        host.append(time.perf_counter() - start)
-        torch.cuda.synchronize()
-        wall.append(time.perf_counter() - start)
-    return statistics.median(host) * 1e6, statistics.median(wall) * 1e6
 
 
 def main() -> None:
@@ -61,7 +48,9 @@ def main() -> None:
             times: dict[str, list[tuple[float, float]]] = {"full": [], "fast": []}
             for _ in range(args.rounds):
                 for way in times:
-                    times[way].append(host_and_wall_us(gru, x, way == "full"))
+                    # "full": the cache of checked signatures emptied before each call
+                    times[way].append(host_and_wall_us(lambda gru=gru, x=x: gru(x), 100,
+                                                       gru._eager_calls.clear if way == "full" else None))
         row = {"case": f"{name} B{batch} H{hidden}", "errors": errors,
                **{f"{way}_{what}_us": statistics.median(t[i] for t in times[way])
                   for way in times for i, what in enumerate(("host", "wall"))}}
