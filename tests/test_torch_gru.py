@@ -50,6 +50,9 @@ def test_bad_inputs_are_refused_on_cpu():
         gru(torch.zeros(2, 1, 5))
     with pytest.raises(TvmExtError, match="hx has shape"):
         gru(torch.zeros(2, 1, 4), torch.zeros(1, 2, 3))
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.zeros(3, 2, 5), torch.tensor([3, 2]))
+    with pytest.raises(TvmExtError, match=r"PackedSequence data has shape \(5, 5\), expected \(rows, 4\)"):
+        gru(packed)
 
 
 def test_cpu_tensors_run_on_opencl():
@@ -233,10 +236,14 @@ def test_eager_calls_replay_a_recorded_graph(config):
     out, h_n = gru(xs[1])
     ref_out, ref_h = _reference(net, xs[1], batch_first=True)
     assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
-    # variable lengths: each call's lengths reach the replay
+    # variable lengths: each call's lengths reach the replay (padded straight into its static
+    # input, the lengths copied when another layout's were copied last), the static input poisoned
     x = torch.randn(12, 5, 48, device="cuda")
     seq_first = GRU.from_module(torch.nn.GRU(48, 64).cuda().eval())
-    for lengths in (torch.tensor([12, 9, 9, 4, 1]), torch.tensor([12, 12, 3, 2, 2]), torch.tensor([12, 9, 9, 4, 1])):
+    for lengths in (torch.tensor([12, 9, 9, 4, 1]), torch.tensor([12, 12, 3, 2, 2]), torch.tensor([12, 9, 9, 4, 1]),
+                    torch.tensor([12, 9, 9, 4, 1]), torch.tensor([12, 12, 3, 2, 2])):
+        for record in seq_first._call_graphs.values():
+            record.x.fill_(float("nan"))
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
         ours, h_n = seq_first(packed)
         padded, _ = torch.nn.utils.rnn.pad_packed_sequence(ours, total_length=12)

@@ -151,17 +151,19 @@ class GRU(nn.Module):
             out, h_n = call.run(input if not self.batch_first else input.transpose(0, 1), hx)
             return (out if not self.batch_first else out.transpose(0, 1)), h_n
         packed = isinstance(input, nn.utils.rnn.PackedSequence)
-        layout = None
         self._check_tensor("input", input.data if packed else input)
         if packed:  # padded in the packed (sorted) row order: one index kernel each way
-            layout = self._packed_layout(input.batch_sizes, input.data.device)
-            x, lengths, time_major = layout.pad(input.data), layout.device_lengths, True
+            if input.data.dim() != 2 or input.data.shape[1] != self.input_size:
+                raise TvmExtError(f"GRU PackedSequence data has shape {tuple(input.data.shape)}, "
+                                  f"expected (rows, {self.input_size})")
+            x = PackedInput(input.data, self._packed_layout(input.batch_sizes, input.data.device))
+            lengths, time_major = x.layout.device_lengths, True
         else:
             x, lengths, time_major = input, None, not self.batch_first
-        if x.dim() != 3 or x.shape[2] != self.input_size:
-            raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})"
-                              if time_major else
-                              f"GRU input has shape {tuple(x.shape)}, expected (batch, seq, {self.input_size})")
+            if x.dim() != 3 or x.shape[2] != self.input_size:
+                raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})"
+                                  if time_major else
+                                  f"GRU input has shape {tuple(x.shape)}, expected (batch, seq, {self.input_size})")
         seq, batch = (x.shape[0], x.shape[1]) if time_major else (x.shape[1], x.shape[0])
         state = (self.num_layers * self.dirs, batch, self.hidden_size)
         if hx is not None:
@@ -180,11 +182,11 @@ class GRU(nn.Module):
             if call is not None and signature is not None:
                 self._eager_calls[signature] = call  # its checks passed: the next call of it skips them
         else:
-            out, h_n = self._run(engine, x.contiguous(), hx, lengths)
+            out, h_n = self._run(engine, x.padded() if packed else x.contiguous(), hx, lengths)
         if packed:
             if input.unsorted_indices is not None:
                 h_n = h_n.index_select(1, input.unsorted_indices)
-            return nn.utils.rnn.PackedSequence(layout.unpack(out), input.batch_sizes, input.sorted_indices,
+            return nn.utils.rnn.PackedSequence(x.layout.unpack(out), input.batch_sizes, input.sorted_indices,
                                                input.unsorted_indices), h_n
         return (out if time_major else out.transpose(0, 1)), h_n
 
@@ -278,6 +280,7 @@ class GRU(nn.Module):
         that first call)."""
         record = self._call_graphs.get((key, hx is None))
         if record is None:
+            x = x.padded() if isinstance(x, PackedInput) else x
             out, h_n = self._run(engine, x.contiguous(), hx, lengths)
             self._call_graphs[(key, hx is None)] = CallGraph.record(self, engine, x, hx, lengths)
             return out, h_n, None
@@ -355,15 +358,20 @@ class EagerCall:
     dtype: Any
 
     def run(self, x: Any, hx: Any, lengths: Any = None, copy_out: bool = True) -> tuple[Any, Any]:
-        """``x`` time-major; ``lengths`` int32 on the device where the plan takes them; ``out``
-        is the static one where ``copy_out`` is false (the caller copies what it needs at once)."""
+        """``x`` time-major (or a ``PackedInput``, padded straight into the static input);
+        ``lengths`` int32 on the device where the plan takes them; ``out`` is the static one
+        where ``copy_out`` is false (the caller copies what it needs at once)."""
         record = self.record
         self.watch.check()
-        record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
+        if isinstance(x, PackedInput):
+            x.pad_into(record.x)
+        else:
+            record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
         if hx is not None:
             record.h0.copy_(hx)
-        if record.lengths is not None:
-            record.lengths.copy_(lengths)
+        if record.lengths is not None and record.lengths_from[0] is not lengths:
+            record.lengths.copy_(lengths)  # a layout's device lengths never change: copied once in a row
+            record.lengths_from[0] = lengths
         record.graph.replay()
         self.watch.mark(torch.cuda.current_stream(x.device))
         out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
@@ -407,10 +415,39 @@ class PackedLayout:
 
 
 @dataclass(frozen=True)
+class PackedInput:
+    """A ``PackedSequence``'s data with its layout: padded (one ``index_select``) only where it
+    is used, straight into a recorded graph's static input when the dtypes agree."""
+
+    data: Any
+    layout: PackedLayout
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.layout.seq, self.layout.batch, self.data.shape[1])
+
+    @property
+    def device(self) -> Any:
+        return self.data.device
+
+    def padded(self) -> Any:
+        return self.layout.pad(self.data)
+
+    def pad_into(self, static: Any) -> None:
+        """Padded into ``static`` (seq, batch, features): one gather, no copy after it."""
+        if static.dtype == self.data.dtype:
+            torch.index_select(self.data, 0, self.layout.gather, out=static.view(-1, static.shape[-1]))
+        else:
+            static.copy_(self.padded())
+
+
+@dataclass(frozen=True)
 class CallGraph:
     """One shape's plan recorded as a CUDA graph on static tensors (the eager path): ``x`` is
     time-major in the kernels' dtype, ``h0`` the initial state replays read (zeros when the
-    recording had no hx), ``lengths`` the int32 lengths for a variable-length plan."""
+    recording had no hx), ``lengths`` the int32 lengths for a variable-length plan and
+    ``lengths_from`` the one tensor they were last copied from (a packed layout's lengths on the
+    device, made once per layout: the same layout's next call need not copy them again)."""
 
     graph: Any
     x: Any
@@ -418,6 +455,7 @@ class CallGraph:
     lengths: Any
     out: Any
     h_n: Any
+    lengths_from: list[Any]
 
     @classmethod
     def record(cls, module: GRU, engine: Any, x: Any, hx: Any, lengths: Any) -> "CallGraph":
@@ -437,4 +475,4 @@ class CallGraph:
         with torch.cuda.graph(graph):
             module._launch(engine, tensors, torch.cuda.current_stream(x.device))
             watch.enqueue(torch.cuda.current_stream(x.device))  # the flag's copy, replayed with the plan
-        return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n)
+        return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths])
