@@ -106,6 +106,38 @@ def test_fragments_loaded_a_k_slice_ahead(ahead):
     assert order == chunk * 4
 
 
+def test_w_fragments_held_in_registers():
+    """``step_tc_wreg`` 1 (float16 B8 H512's pick: 16 units, 4 k warps, 8 k slices and 6 n8
+    tiles a warp): the warp's 24 pairs of W fragments are loaded once before the step loop, and
+    each k slice of a step is one ldmatrix of h and its six mma.sync (0: one load of h and three
+    of W pairs, the multiplies between them, every slice of every step)."""
+    target = offline_cuda("sm_90")
+    t = _template(8, 512, seq=128).with_tensor_cores(target)
+    pick = t.analytic_pick(target)[0]
+    assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw) == (16, 4, 1)
+    orders, w_loads = {}, {}
+    for held in (0, 1):
+        kernel = _kernel(t.compile(pick.replace(step_tc_wreg=held), target).source)
+        top = kernel.index("for (int s = 0; s < 128")
+        orders[held] = "".join("T" if m.group(1) else "L" if m.group(2) else "M" for m in re.finditer(
+            r"(ldmatrix\.sync\.aligned\.m8n8\.x4\.trans)|(ldmatrix\.sync\.aligned\.m8n8\.x\d)|mma\.sync\.aligned",
+            kernel[top:]))
+        w_loads[held] = kernel[:top].count(".trans")
+    assert orders == {0: "LTMMTMMTMM" * 8, 1: "LMMMMMM" * 8}
+    assert w_loads[1] - w_loads[0] == 24
+
+
+@pytest.mark.parametrize("batch, hidden, held", [(8, 512, 1), (64, 512, 1), (5, 200, 1), (32, 1024, 0), (64, 1024, 0)])
+def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, held):
+    """16 units on 4 k warps up to H512 (96 registers a lane or fewer): W's fragments held, two
+    accumulator sets; at H1024 (192 or 384 a lane) W stays in shared memory, one set."""
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, seq=16).with_tensor_cores(target)
+    pick, why = t.analytic_pick(target)
+    assert pick.step_tc == 1 and (pick.step_tc_wreg, pick.step_tc_acc) == ((1, 2) if held else (0, 1))
+    assert ("its fragments held in registers" in why) == bool(held)
+
+
 def test_cell_computes_z_and_h_once_per_element():
     """The cell's update gate and h' go into registers once per (row, unit) element and every
     store reads them: nvcc merged none of the copies the stores (h's word, the output, h_n)
@@ -242,6 +274,8 @@ def test_w_chunks_of_eight_consecutive_k_rows_lie_on_distinct_banks(chunks):
     (HALF, dict(step_j=8), "step_j 8 units per block; allowed: (16, 32)"),
     (HALF, dict(step_j=16, step_tc_rows=64), "64 rows per block for batch 8"),
     (HALF, dict(step_j=16, step_loop=1), "persistent kernel only (step_loop 2)"),
+    (HALF, dict(step_j=16, step_tc_kw=4, step_tc_wreg=1, step_tc_frag=1), "loads no W fragments a slice ahead"),
+    (HALF, dict(step_j=32, step_tc_kw=2, step_tc_wreg=1), "needs 384 registers a lane > 96"),
 ])
 def test_space_refuses_with_the_reason(precision, knobs, reason):
     t = _template(8, 512, precision=precision)
@@ -334,6 +368,11 @@ GPU_CASES = {
                                  dict(step_j=16, step_tc_rows=16, step_tc_kw=4, step_tc_frag=1, step_tc_acc=2)),
     "b3-h33-3layer-bi-nw2-kw2-frag": (B3_H33_3LAYERS_BI,
                                       dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2, step_tc_frag=1)),
+    "b8-h512-kw4-wreg": (B8_H512, dict(step_j=16, step_tc_rows=16, step_tc_kw=4, step_tc_wreg=1)),
+    "b5-h200-bi-nw2-kw2-acc2-wreg": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=2,
+                                                      step_tc_acc=2, step_tc_wreg=1)),
+    "b3-h33-3layer-bi-nw4-wreg": (B3_H33_3LAYERS_BI,
+                                  dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_wreg=1)),
 }
 
 

@@ -1,13 +1,14 @@
-"""Where a step of the GRU's tensor-core step kernel goes (float16 B64 H1024 T128, the pick:
-32 units x 16 rows a block, 4 unit warps, tagged words): the kernel's CUDA source with clock64()
-stamps for thread 0 of every block at the points of each step (loop top, before and after the
-barrier that ends the poll of h, after the products, after each further block barrier but the
-last, before the step's last barrier), written
-into gi rows two steps behind (read by no one any more; a block's own rows only), read back and
-summarised in cycles per phase.  A probe: the stamps patch the source through TVM's
-``tvm_callback_cuda_postproc`` hook; the GRU's outputs of this run are not checked.
-``--variant step_tc_kw=4,step_tc_nw=1,step_tc_cell=1``: another block of the same grid.
-Usage: python benchmarks/probes/gru_step_timeline.py [--variant knob=v,...]"""
+"""Where a step of the GRU's tensor-core step kernel goes (float16 T128; by default B64 H1024,
+the pick: 32 units x 16 rows a block, 4 unit warps, tagged words): the kernel's CUDA source with
+clock64() stamps for thread 0 of every block at the points of each step (loop top, the end of the
+poll of h (its barrier, or with one unit warp the warp's sync), after the products, after each
+further block barrier but the last, before the step's last barrier), written into gi's rows of
+the step two behind (read by no one any more), read back and summarised in cycles per phase.  A
+probe: the stamps patch the source through TVM's ``tvm_callback_cuda_postproc`` hook; the GRU's
+outputs of this run are not checked.
+``--variant step_tc_kw=4,step_tc_nw=1``: another block of the same grid; ``--case 8,512``:
+another batch and hidden size (its pick).
+Usage: python benchmarks/probes/gru_step_timeline.py [--case B,H] [--variant knob=v,...]"""
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,9 @@ import sys
 
 import numpy as np
 
-STAMP = ("#define TVM_EXT_STAMP(p) if (s >= 2 && threadIdx.x == 0 && threadIdx.y == 0) { "
-         "*(long long*)(gi_ptr + (((s - 2) * 64 + blockIdx.y * 16 + (blockIdx.x & 15)) * 3072 "
-         "+ (blockIdx.x >> 4) * 32 + (p) * 4)) = clock64(); }\n")
+STAMP = ("#define TVM_EXT_STAMP(p) if (s >= 2 && threadIdx.x == 0 && threadIdx.y == 0) {{ "
+         "*(long long*)(gi_ptr + (long long)(s - 2) * {step_halves} "
+         "+ (blockIdx.y * gridDim.x + blockIdx.x) * 32 + (p) * 4) = clock64(); }}\n")
 FIRST = ("poll (warp 0)", "wait for the other warps' polls", "products (warp 0)")
 LAST = "last barrier, next step's top"
 MAX_POINTS = 8  # a block's stamps fit 32 halves of its gi row
@@ -31,8 +32,9 @@ def phase_names(points: int) -> tuple[str, ...]:
     return FIRST + middle + ("to the last barrier (warp 0)", LAST)
 
 
-def stamped(code: str) -> str:
-    """``code`` with the stamps in gru_steps_kernel's step loop (unchanged elsewhere)."""
+def stamped(code: str, step_halves: int) -> str:
+    """``code`` with the stamps in gru_steps_kernel's step loop (unchanged elsewhere); a step's
+    gi rows hold ``step_halves`` 16-bit values."""
     head = "gru_steps_kernel("
     start = code.rfind(head)
     if start < 0 or "for (int s = 0; s < 128; ++s) {" not in code[start:]:
@@ -40,11 +42,13 @@ def stamped(code: str) -> str:
     body_end = code.index("\n}\n", start)
     kernel = code[start:body_end]
     top = kernel.index("for (int s = 0; s < 128; ++s) {") + len("for (int s = 0; s < 128; ++s) {")
-    first_sync = kernel.index("__syncthreads();", top)
+    first_mma = kernel.index("mma.sync", top)
+    poll_end = max(kernel.rfind(sync, top, first_mma) for sync in ("__syncthreads();", "__syncwarp();"))
+    sync = "__syncthreads();" if kernel.startswith("__syncthreads();", poll_end) else "__syncwarp();"
     last_mma = kernel.rindex("mma.sync")
     after_products = kernel.index("\n  }\n", last_mma) + len("\n  }\n")
     last_sync = kernel.rindex("__syncthreads();")
-    cuts = [(top, 0), (first_sync, 1), (first_sync + len("__syncthreads();"), 2), (after_products, 3)]
+    cuts = [(top, 0), (poll_end, 1), (poll_end + len(sync), 2), (after_products, 3)]
     at = kernel.find("__syncthreads();", after_products)
     while 0 <= at < last_sync:
         cuts.append((at + len("__syncthreads();"), len(cuts)))
@@ -54,7 +58,7 @@ def stamped(code: str) -> str:
     cuts = [(at, f"TVM_EXT_STAMP({p})") for at, p in cuts]
     for at, text in sorted(cuts, reverse=True):
         kernel = kernel[:at] + "\n" + text + "\n" + kernel[at:]
-    return STAMP + code[:start] + kernel + code[body_end:]
+    return STAMP.format(step_halves=step_halves) + code[:start] + kernel + code[body_end:]
 
 
 def main() -> None:
@@ -62,10 +66,14 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--variant", default="", help="knob=v,... over the pick (the same grid of blocks)")
+    p.add_argument("--case", default="64,1024", help="batch,hidden (T128, input = hidden, float16)")
     args = p.parse_args()
     variant = {k: int(v) for k, v in (kv.split("=") for kv in args.variant.split(",") if kv)}
+    batch, hidden = (int(v) for v in args.case.split(","))
+    step_halves = batch * 3 * hidden
 
-    tvm_ffi.register_global_func("tvm_callback_cuda_postproc", lambda code, target: stamped(code), override=True)
+    tvm_ffi.register_global_func("tvm_callback_cuda_postproc", lambda code, target: stamped(code, step_halves),
+                                 override=True)
     from gru_step_knob import weights
 
     from tvm_ext.schedules.gru import GRU, GruTemplate
@@ -73,27 +81,25 @@ def main() -> None:
 
     target = resolve_target("cuda", 0)
     half = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
-    template = GruTemplate(batch=64, hidden=1024, input=1024, seq=128).with_precision(half).with_tensor_cores(target)
-    config = template.analytic_pick(target)[0]
-    assert (config.step_j, config.step_tc_rows, config.step_tc_kw, config.step_tc_nw) == (32, 16, 1, 4)
-    config = config.replace(**variant)
+    template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128).with_precision(half) \
+        .with_tensor_cores(target)
+    config = template.analytic_pick(target)[0].replace(**variant)
+    assert config.step_tc == 1 and config.step_flags == 1, "the stamps' points are the tagged-word kernel's"
     source = template.compile(config, target).source  # stamped by the hook
     points = source[source.index("gru_steps_kernel("):].count("TVM_EXT_STAMP(")
     names = phase_names(points)
     rng = np.random.default_rng(0)
-    gru = GRU.build(target, 1024, 1024, batch=64, seq=128, config=config, precision=half).load_numpy(
-        weights(rng, 1024))
-    x = rng.standard_normal((128, 64, 1024)).astype(np.float32)
+    gru = GRU.build(target, hidden, hidden, batch=batch, seq=128, config=config, precision=half).load_numpy(
+        weights(rng, hidden))
+    x = rng.standard_normal((128, batch, hidden)).astype(np.float32)
+    blocks = -(-hidden // config.step_j) * -(-batch // config.step_tc_rows)
+    assert blocks * 32 <= step_halves, "a step's gi rows hold every block's stamps"
     rows = []
     for _ in range(3):
         gru(x)
-        gi = gru.executor.read("gi").view(np.int64).reshape(128 * 64, 3072 * 2 // 8)
-        stamps = np.zeros((126, 4, 32, points), np.int64)  # steps 2..127, row groups, unit blocks, points
-        for s in range(2, 128):
-            for by in range(4):
-                for bx in range(32):
-                    row = (s - 2) * 64 + by * 16 + (bx & 15)
-                    stamps[s - 2, by, bx] = gi[row, (bx >> 4) * 8:(bx >> 4) * 8 + points]
+        gi = gru.executor.read("gi").view(np.int64).reshape(128, step_halves // 4)
+        # steps 2..127, blocks (y major, as the stamps are written), points
+        stamps = gi[:126, :blocks * 8].reshape(126, blocks, 8)[..., :points]
         d = np.diff(stamps, axis=-1)
         wrap = stamps[1:, ..., 0] - stamps[:-1, ..., -1]  # the last barrier to the next step's top
         phases = [d[..., i] for i in range(points - 1)] + [wrap]
@@ -102,12 +108,24 @@ def main() -> None:
         step = stamps[1:, ..., 0] - stamps[:-1, ..., 0]
         rows[-1]["whole step"] = {"median": float(np.median(step)), "p10": float(np.percentile(step, 10)),
                                   "p90": float(np.percentile(step, 90))}
+    # the stamped build timed back to back, and its steps 2-127 by the stamps: tells whether the
+    # stamps' cycles account for the kernel's time (compare with the unstamped build's, gru_step_knob.py)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from common import time_ours
+
+    ms = time_ours(lambda i: gru.executor.run()).seconds * 1e3
+    span = float(np.median(stamps[-1, :, -1] - stamps[0, :, 0]))
+    rows[-1]["stamped build ms"] = ms
+    rows[-1]["steps 2-127 by the stamps, cycles"] = span
+    print(f"stamped build back to back: {ms:.4f} ms; steps 2-127 by the stamps: {span:.0f} cycles "
+          f"({span / 1980e3:.4f} ms at 1980 MHz)")
     print("| phase of a step (thread 0 of each block, steps 2-127) | cycles, median (p10-p90) |")
     print("|---|---|")
     for name in (*names, "whole step"):
         cell = rows[-1][name]
         print(f"| {name} | {cell['median']:.0f} ({cell['p10']:.0f}-{cell['p90']:.0f}) |")
-    suffix = "_" + args.variant.replace(",", "_").replace("=", "") if args.variant else ""
+    suffix = ("" if args.case == "64,1024" else f"_b{batch}_h{hidden}") + \
+        ("_" + args.variant.replace(",", "_").replace("=", "") if args.variant else "")
     with open(os.path.join(os.environ.get("OUT", "."), f"gru_step_timeline{suffix}.json"), "w") as f:
         json.dump({"config": config.as_dict(), "rounds": rows}, f)
 

@@ -28,7 +28,8 @@ PERSISTENT_MIN_REGISTERS = 64
 # The knobs of the fused CUDA-core step kernel, which the other fused kernels do not read
 SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                    "step_w_onchip")
-TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_ahead")
+TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
+                 "step_tc_ahead")
 FLAG_STEP_KNOBS = ("step_flag_units",)
 
 

@@ -18,6 +18,8 @@ TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
 TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
+MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with step_tc_wreg: the pick's
+# B8-B64 H512 blocks need 96, beside the accumulators, h fragments, gi and polled words under 255
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
 
@@ -81,6 +83,7 @@ class TcStepShape(UnitRowBlocks):
     n_warps: int = 1
     acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
+    w_in_registers: bool = False  # the warp's W_hh fragments kept in registers for all steps
 
     @property
     def k_extent(self) -> int:
@@ -110,6 +113,12 @@ class TcStepShape(UnitRowBlocks):
     def n_tiles(self) -> int:
         """n8 accumulator tiles a warp holds: its units' three gates."""
         return 3 * self.units // self.n_warps // MMA_N
+
+    @property
+    def w_registers(self) -> int:
+        """32-bit registers a lane needs to keep its warp's W_hh fragments: two an n8 tile and
+        16-deep k slice."""
+        return self.n_tiles * self.warp_slices * 2
 
     def shared_bytes(self) -> int:
         """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
@@ -178,7 +187,10 @@ class TcKernelLayout:
 
     @property
     def b_frag_size(self) -> int:
-        """B's: a pair of n8 tiles at a time, or with ``frags_ahead`` all of two k slices'."""
+        """B's: a pair of n8 tiles at a time, with ``frags_ahead`` all of two k slices', with W in
+        registers all of the warp's (four halves an n8 tile and k slice)."""
+        if self.shape.w_in_registers:
+            return self.shape.n_tiles * self.shape.warp_slices * 4
         return 2 * self.shape.n_tiles * 4 if self.shape.frags_ahead else 8
 
     @property

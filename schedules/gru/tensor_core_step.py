@@ -47,15 +47,15 @@ from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAX
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_blend, cell_gates, pack_pair, stored_as, word_tag
-from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP,
-                                 TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
+from .tensor_core_layout import (MAX_W_REGISTERS, MMA_K, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
+                                 TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, w_in_registers: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -67,7 +67,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead,
+                        w_in_registers)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -90,6 +91,7 @@ def _kernel(L: TcKernelLayout) -> Any:
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
     stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
+    load_w, w_in_registers = _load_w_macro(L), shape.w_in_registers
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
@@ -128,6 +130,8 @@ def _kernel(L: TcKernelLayout) -> Any:
         if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
+        if w_in_registers:  # the warp's W_hh fragments, once for all steps
+            load_w(w_s, b_frag, ni, ki, tx)
         for s in T.serial(steps):
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
             sum_k_warps(part, acc, mi, ni, ki, tx)
@@ -286,27 +290,17 @@ def _poll_h_macro(L: TcKernelLayout) -> Any:
     return poll_h
 
 
-def _products_macro(L: TcKernelLayout) -> Any:
-    """A warp's MMA over one h chunk's k: ldmatrix of h and W_hh, mma.sync into the accumulators."""
+def _b_loads_macros(L: TcKernelLayout) -> tuple[Any, Any]:
+    """The ldmatrix.trans loads of W_hh's B fragments from its shared slice: a pair of n8 tiles,
+    and an odd last tile alone."""
     from tvm.script import tirx as T
 
-    operand, sh, sw, n_tiles = L.shape.operand, L.shape.h_stride, L.shape.w_stride, L.shape.n_tiles
-    chunk_k, warp_k, w_chunks, abbrev = L.chunk_k, L.warp_k, L.w_chunks, DTYPE_ABBREV[L.shape.operand]
-    acc_sets, slices = L.shape.acc_sets, L.chunk_k // MMA_K
+    operand, sw, n_tiles, w_chunks = L.shape.operand, L.shape.w_stride, L.shape.n_tiles, L.w_chunks
 
     def w_row(kk: Any, tile: Any, tx: Any) -> Any:
         """Where lane ``tx``'s row of n8 tile ``tile`` (of the block's W columns) starts in W's
         shared slice, k slice ``kk``: the row ldmatrix.trans reads from that lane."""
         return (kk + tx % 16) * sw + w_chunk(tx % 16, tile, w_chunks) * 8
-
-    @T.macro
-    def load_a(h_s, a_frag, mi, kk, at, tx):  # type: ignore[no-untyped-def]
-        """k slice ``kk`` of the warp's 16 rows of h into ``a_frag`` from ``at``."""
-        T.ptx_legacy.ldmatrix(
-            False, 4, ".b16", a_frag.data, at,
-            T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
-                             (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
-            dtype=operand)
 
     @T.macro
     def load_b_pair(w_s, b_frag, ni, kk, p, at, tx):  # type: ignore[no-untyped-def]
@@ -324,6 +318,47 @@ def _products_macro(L: TcKernelLayout) -> Any:
             True, 2, ".b16", b_frag.data, at,
             T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
                              w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
+            dtype=operand)
+
+    return load_b_pair, load_b_last
+
+
+def _load_w_macro(L: TcKernelLayout) -> Any:
+    """With W in registers: the B fragments of every k slice of the warp's range into
+    ``b_frag``, slice q's n8 tile t at ``(q * n_tiles + t) * 4``."""
+    from tvm.script import tirx as T
+
+    n_tiles, warp_k, warp_slices = L.shape.n_tiles, L.warp_k, L.shape.warp_slices
+    load_b_pair, load_b_last = _b_loads_macros(L)
+
+    @T.macro
+    def load_w(w_s, b_frag, ni, ki, tx):  # type: ignore[no-untyped-def]
+        for q in T.unroll(warp_slices):
+            for p in T.unroll(n_tiles // 2):
+                load_b_pair(w_s, b_frag, ni, ki * warp_k + q * MMA_K, p, (q * n_tiles + p * 2) * 4, tx)
+            if n_tiles % 2 == 1:
+                load_b_last(w_s, b_frag, ni, ki * warp_k + q * MMA_K, (q * n_tiles + n_tiles - 1) * 4, tx)
+
+    return load_w
+
+
+def _products_macro(L: TcKernelLayout) -> Any:
+    """A warp's MMA over one h chunk's k: ldmatrix of h and W_hh (or W_hh's fragments held in
+    registers), mma.sync into the accumulators."""
+    from tvm.script import tirx as T
+
+    operand, sh, n_tiles = L.shape.operand, L.shape.h_stride, L.shape.n_tiles
+    chunk_k, warp_k, abbrev = L.chunk_k, L.warp_k, DTYPE_ABBREV[L.shape.operand]
+    acc_sets, slices = L.shape.acc_sets, L.chunk_k // MMA_K
+    load_b_pair, load_b_last = _b_loads_macros(L)
+
+    @T.macro
+    def load_a(h_s, a_frag, mi, kk, at, tx):  # type: ignore[no-untyped-def]
+        """k slice ``kk`` of the warp's 16 rows of h into ``a_frag`` from ``at``."""
+        T.ptx_legacy.ldmatrix(
+            False, 4, ".b16", a_frag.data, at,
+            T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
+                             (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
             dtype=operand)
 
     @T.macro
@@ -348,6 +383,18 @@ def _products_macro(L: TcKernelLayout) -> Any:
                 load_b_last(w_s, b_frag, ni, kk, 0, tx)
                 mma(a_frag, b_frag, acc, 0, 0, base + (n_tiles - 1) * 4)
 
+    @T.macro
+    def products_w_held(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
+        """``products`` on W's fragments held in registers: per k slice one ldmatrix of h."""
+        for ks in T.unroll(slices):
+            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
+            base = T.meta_var((c * slices + ks) % acc_sets * n_tiles * 4)
+            load_a(h_s, a_frag, mi, kk, 0, tx)
+            for t in T.unroll(n_tiles):
+                mma(a_frag, b_frag, acc, 0, ((c * slices + ks) * n_tiles + t) * 4, base + t * 4)
+
+    if L.shape.w_in_registers:
+        return products_w_held
     if not L.shape.frags_ahead:
         return products
     nb = n_tiles * 4  # one k slice's B fragments (4 halves of a register pair per n8 tile)
@@ -563,6 +610,7 @@ class TensorCoreStep(StepVariant):
     n_warps: int
     acc_sets: int
     frags_ahead: bool
+    w_in_registers: bool
     barrier: int
     flags: bool
     loop: int
@@ -571,7 +619,8 @@ class TensorCoreStep(StepVariant):
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
-                   acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag), barrier=c.step_barrier,
+                   acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
+                   w_in_registers=bool(c.step_tc_wreg), barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2)
 
@@ -579,7 +628,7 @@ class TensorCoreStep(StepVariant):
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead)
+                           self.acc_sets, self.frags_ahead, self.w_in_registers)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -621,6 +670,12 @@ class TensorCoreStep(StepVariant):
         if shape.acc_sets > shape.warp_slices:
             return (f"tensor-core step kernel: {shape.acc_sets} accumulator sets (step_tc_acc) for a warp's "
                     f"{shape.warp_slices} k slices")
+        if shape.w_in_registers and shape.frags_ahead:
+            return ("tensor-core step kernel: W in registers (step_tc_wreg) loads no W fragments a slice ahead "
+                    "(step_tc_frag)")
+        if shape.w_in_registers and shape.w_registers > MAX_W_REGISTERS:
+            return (f"tensor-core step kernel: W in registers (step_tc_wreg) needs {shape.w_registers} registers "
+                    f"a lane > {MAX_W_REGISTERS}")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -646,4 +701,4 @@ class TensorCoreStep(StepVariant):
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
-                                          frags_ahead=self.frags_ahead)}
+                                          frags_ahead=self.frags_ahead, w_in_registers=self.w_in_registers)}
