@@ -56,7 +56,7 @@ def test_warps_splitting_the_units_share_the_blocks_h_and_multiply_all_k():
     three gates) take a pair and a lone tile a k slice (64 of them, all k: no partial sums)."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0]
+    cfg = t.analytic_pick(target)[0].replace(step_tc_wreg=0)  # W read from shared memory every step
     assert (cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw, cfg.step_tc_nw) == (32, 16, 1, 4)
     source = t.compile(cfg, target).source
     assert "__launch_bounds__(128) gru_steps_kernel" in source
@@ -97,7 +97,7 @@ def test_fragments_loaded_a_k_slice_ahead(ahead):
     previous slice's multiplies."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_tc_frag=ahead)
+    cfg = t.analytic_pick(target)[0].replace(step_tc_frag=ahead, step_tc_wreg=0)
     kernel = _kernel(t.compile(cfg, target).source)
     step = kernel[kernel.index("for (int s = 0; s < 128"):]
     order = "".join("L" if m.group(1) else "M" for m in
@@ -127,15 +127,36 @@ def test_w_fragments_held_in_registers():
     assert w_loads[1] - w_loads[0] == 24
 
 
-@pytest.mark.parametrize("batch, hidden, held", [(8, 512, 1), (64, 512, 1), (5, 200, 1), (32, 1024, 0), (64, 1024, 0)])
-def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, held):
+def test_w_fragments_of_the_first_k_slices_held_where_all_do_not_fit():
+    """``step_tc_wreg`` 2 at float16 B64 H1024's pick (32 units on 4 unit warps: 3 n8 tiles and 64
+    k slices a warp, 384 registers for all): the first 16 k slices' fragments (96 registers) are
+    loaded once before the step loop, and in every step those slices take one ldmatrix of h and
+    three mma.sync, the other 48 their pair and last tile from shared memory as before."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024, seq=128).with_tensor_cores(target)
+    pick = t.analytic_pick(target)[0]
+    assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw, pick.step_tc_wreg) == (32, 1, 4, 2)
+    kernel = _kernel(t.compile(pick, target).source)
+    top = kernel.index("for (int s = 0; s < 128")
+    order = "".join("L" if m.group(1) else "M" for m in re.finditer(
+        r"(ldmatrix\.sync\.aligned\.m8n8\.x\d)|mma\.sync\.aligned", kernel[top:]))
+    assert order == "LMMM" * 16 + "LLMMLM" * 48
+    assert kernel[:top].count(".trans") == 16 * 2  # a pair and the last tile of each held slice
+
+
+@pytest.mark.parametrize("batch, hidden, held, why", [
+    (8, 512, 1, "its fragments held"), (64, 512, 1, "its fragments held"), (5, 200, 1, "its fragments held"),
+    (32, 1024, 2, "the fragments of 8 of a warp's 16 k slices held"),
+    (64, 1024, 2, "the fragments of 16 of a warp's 64 k slices held")])
+def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, held, why):
     """16 units on 4 k warps up to H512 (96 registers a lane or fewer): W's fragments held, two
-    accumulator sets; at H1024 (192 or 384 a lane) W stays in shared memory, one set."""
+    accumulator sets; at H1024 (192 or 384 a lane) those of the warp's first k slices that fit
+    in 96, one set."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, seq=16).with_tensor_cores(target)
-    pick, why = t.analytic_pick(target)
-    assert pick.step_tc == 1 and (pick.step_tc_wreg, pick.step_tc_acc) == ((1, 2) if held else (0, 1))
-    assert ("its fragments held in registers" in why) == bool(held)
+    pick, reason = t.analytic_pick(target)
+    assert pick.step_tc == 1 and (pick.step_tc_wreg, pick.step_tc_acc) == (held, 2 if held == 1 else 1)
+    assert why in reason
 
 
 def test_cell_computes_z_and_h_once_per_element():
@@ -276,6 +297,7 @@ def test_w_chunks_of_eight_consecutive_k_rows_lie_on_distinct_banks(chunks):
     (HALF, dict(step_j=16, step_loop=1), "persistent kernel only (step_loop 2)"),
     (HALF, dict(step_j=16, step_tc_kw=4, step_tc_wreg=1, step_tc_frag=1), "loads no W fragments a slice ahead"),
     (HALF, dict(step_j=32, step_tc_kw=2, step_tc_wreg=1), "needs 384 registers a lane > 96"),
+    (HALF, dict(step_j=16, step_tc_kw=4, step_tc_wreg=2), "all of W's fragments fit in registers (96 a lane)"),
 ])
 def test_space_refuses_with_the_reason(precision, knobs, reason):
     t = _template(8, 512, precision=precision)
@@ -373,6 +395,8 @@ GPU_CASES = {
                                                       step_tc_acc=2, step_tc_wreg=1)),
     "b3-h33-3layer-bi-nw4-wreg": (B3_H33_3LAYERS_BI,
                                   dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_wreg=1)),
+    "b64-h1024-kw2-wreg2": (B64_H1024, dict(step_j=16, step_tc_rows=32, step_tc_kw=2, step_tc_wreg=2)),
+    "b5-h200-bi-wreg2": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_wreg=2)),
 }
 
 

@@ -53,9 +53,10 @@ STEP_KNOBS = (
     Knob("step_tc_frag", (0, 1), "tensor-core step kernel: 1 loads the next k slice's ldmatrix fragments before "
                                  "this slice's mma.sync (two fragment buffers), so the loads' latency runs behind "
                                  "the multiplies", before=0),
-    Knob("step_tc_wreg", (0, 1), "tensor-core step kernel: 1 keeps the warp's W_hh fragments in registers for all "
-                                 "T steps (ldmatrix'd from shared memory once), so a step's products read only h "
-                                 "from shared memory; where they fit (``MAX_W_REGISTERS`` a lane)", before=0),
+    Knob("step_tc_wreg", (0, 1, 2), "tensor-core step kernel: 1 keeps the warp's W_hh fragments in registers for "
+                                    "all T steps (ldmatrix'd from shared memory once), so a step's products read only "
+                                    "h from shared memory, where they fit (``MAX_W_REGISTERS`` a lane); 2 keeps those "
+                                    "of the warp's first k slices that fit, the rest read every step", before=0),
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),

@@ -14,7 +14,7 @@ GRU pick's evidence").
 - Up to batch 16 with float32 state, and up to batch 4 with 16-bit state: the flag-exchange
   kernel (no grid barrier, ``flag_step.py``) with the fewest units whose grid fits.
 - 16-bit h and W_hh above batch 4: the tensor-core step kernel exchanging tagged words, W_hh's
-  fragments in registers where a lane's share fits.
+  fragments in registers where a lane's share fits, else those of its first k slices.
 - float32 h and W_hh from batch 32 on: the split tensor-core step kernel (``split_step.py``:
   three float16 products of high and low parts, float32-accurate), 16 units a block and the
   fewest rows whose grid is resident, the most k warps that fit, two chunks of h loaded ahead.
@@ -85,7 +85,9 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"barrier): {shape.blocks} blocks of {shape.units} units x "
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
                              f"units, W_hh's slice in shared memory"
-                             + (", its fragments held in registers" if shape.w_in_registers else "")
+                             + {0: "", 1: ", its fragments held in registers",
+                                2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices "
+                                   f"held in registers"}[shape.w_held]
                              + f"; {gemm_why}")
     split = _split_step(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
@@ -141,14 +143,15 @@ def _tensor_core_step(template: Any, base: Config, space: Any) -> Config | None:
     16 rows on 4 k warps (more, smaller blocks), else 32 units and 16 rows on 4 warps
     splitting the units (a step's exchange is blocks x rows x H words, H²·B/units, so fewer
     blocks exchange less), else more rows; W_hh's fragments in registers with two accumulator
-    sets where they fit (``MAX_W_REGISTERS``: 16 units on 4 k warps up to H512); None where no
-    such config fits.  The timings behind each choice: docs/results/gru.md."""
+    sets where they fit (``MAX_W_REGISTERS``: 16 units on 4 k warps up to H512), else those of
+    the warp's first k slices that fit; None where no such config fits.  The timings behind
+    each choice: docs/results/gru.md."""
     for units, rows, k_warps, n_warps in TC_BLOCKS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=units,
                            step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps)
         if space.is_feasible(cfg):
-            held = cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS)
-            return held if space.is_feasible(held) else cfg
+            held = (cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS), cfg.replace(step_tc_wreg=2))
+            return next((c for c in held if space.is_feasible(c)), cfg)
     return None
 
 

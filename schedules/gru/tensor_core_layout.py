@@ -83,7 +83,8 @@ class TcStepShape(UnitRowBlocks):
     n_warps: int = 1
     acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
-    w_in_registers: bool = False  # the warp's W_hh fragments kept in registers for all steps
+    w_held: int = 0  # step_tc_wreg: 0 W_hh's fragments read from shared memory every step, 1 all of the
+    # warp's kept in registers for all steps, 2 those of its first k slices that fit ``MAX_W_REGISTERS``
 
     @property
     def k_extent(self) -> int:
@@ -116,9 +117,18 @@ class TcStepShape(UnitRowBlocks):
 
     @property
     def w_registers(self) -> int:
-        """32-bit registers a lane needs to keep its warp's W_hh fragments: two an n8 tile and
+        """32-bit registers a lane needs to keep all its warp's W_hh fragments: two an n8 tile and
         16-deep k slice."""
         return self.n_tiles * self.warp_slices * 2
+
+    @property
+    def held_slices(self) -> int:
+        """The warp's k slices (its first) whose W_hh fragments stay in registers."""
+        if self.w_held == 1:
+            return self.warp_slices
+        if self.w_held == 2:
+            return min(self.warp_slices, MAX_W_REGISTERS // (self.n_tiles * 2))
+        return 0
 
     def shared_bytes(self) -> int:
         """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
@@ -188,10 +198,11 @@ class TcKernelLayout:
     @property
     def b_frag_size(self) -> int:
         """B's: a pair of n8 tiles at a time, with ``frags_ahead`` all of two k slices', with W in
-        registers all of the warp's (four halves an n8 tile and k slice)."""
-        if self.shape.w_in_registers:
-            return self.shape.n_tiles * self.shape.warp_slices * 4
-        return 2 * self.shape.n_tiles * 4 if self.shape.frags_ahead else 8
+        registers those of the held k slices (four halves an n8 tile and k slice) and a pair."""
+        s = self.shape
+        if s.held_slices:  # the held ones, then a pair buffer for the slices read every step
+            return s.n_tiles * s.held_slices * 4 + (8 if s.held_slices < s.warp_slices else 0)
+        return 2 * s.n_tiles * 4 if s.frags_ahead else 8
 
     @property
     def grid(self) -> tuple[int, int, int]:

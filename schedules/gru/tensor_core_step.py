@@ -55,7 +55,7 @@ from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVari
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, w_in_registers: bool = False, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, w_held: int = 0, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -67,8 +67,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error)."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead,
-                        w_in_registers)
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -91,7 +90,7 @@ def _kernel(L: TcKernelLayout) -> Any:
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
     stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
-    load_w, w_in_registers = _load_w_macro(L), shape.w_in_registers
+    load_w, held_slices = _load_w_macro(L), shape.held_slices
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
@@ -130,7 +129,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
-        if w_in_registers:  # the warp's W_hh fragments, once for all steps
+        if held_slices > 0:  # the warp's W_hh fragments (of its first held_slices k slices), once for all steps
             load_w(w_s, b_frag, ni, ki, tx)
         for s in T.serial(steps):
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
@@ -324,11 +323,11 @@ def _b_loads_macros(L: TcKernelLayout) -> tuple[Any, Any]:
 
 
 def _load_w_macro(L: TcKernelLayout) -> Any:
-    """With W in registers: the B fragments of every k slice of the warp's range into
-    ``b_frag``, slice q's n8 tile t at ``(q * n_tiles + t) * 4``."""
+    """With W in registers: the B fragments of the warp's first ``held_slices`` k slices (all
+    with ``step_tc_wreg`` 1) into ``b_frag``, slice q's n8 tile t at ``(q * n_tiles + t) * 4``."""
     from tvm.script import tirx as T
 
-    n_tiles, warp_k, warp_slices = L.shape.n_tiles, L.warp_k, L.shape.warp_slices
+    n_tiles, warp_k, warp_slices = L.shape.n_tiles, L.warp_k, L.shape.held_slices
     load_b_pair, load_b_last = _b_loads_macros(L)
 
     @T.macro
@@ -393,8 +392,34 @@ def _products_macro(L: TcKernelLayout) -> Any:
             for t in T.unroll(n_tiles):
                 mma(a_frag, b_frag, acc, 0, ((c * slices + ks) * n_tiles + t) * 4, base + t * 4)
 
-    if L.shape.w_in_registers:
+    held = L.shape.held_slices
+    pair_at = held * n_tiles * 4  # the pair buffer of the slices read every step, past the held ones
+
+    @T.macro
+    def products_w_part(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
+        """``products`` with the fragments of the warp's first ``held`` k slices in registers, the
+        later slices' read from shared memory a pair of n8 tiles at a time as ``products`` does."""
+        for ks in T.unroll(slices):
+            q = T.meta_var(c * slices + ks)  # the warp's k slice
+            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
+            base = T.meta_var(q % acc_sets * n_tiles * 4)
+            load_a(h_s, a_frag, mi, kk, 0, tx)
+            if q < held:
+                for t in T.unroll(n_tiles):
+                    mma(a_frag, b_frag, acc, 0, (q * n_tiles + t) * 4, base + t * 4)
+            else:
+                for p in T.unroll(n_tiles // 2):
+                    load_b_pair(w_s, b_frag, ni, kk, p, pair_at, tx)
+                    for half in T.unroll(2):
+                        mma(a_frag, b_frag, acc, 0, pair_at + half * 4, base + (p * 2 + half) * 4)
+                if n_tiles % 2 == 1:
+                    load_b_last(w_s, b_frag, ni, kk, pair_at, tx)
+                    mma(a_frag, b_frag, acc, 0, pair_at, base + (n_tiles - 1) * 4)
+
+    if held == L.shape.warp_slices:
         return products_w_held
+    if held:
+        return products_w_part
     if not L.shape.frags_ahead:
         return products
     nb = n_tiles * 4  # one k slice's B fragments (4 halves of a register pair per n8 tile)
@@ -610,7 +635,7 @@ class TensorCoreStep(StepVariant):
     n_warps: int
     acc_sets: int
     frags_ahead: bool
-    w_in_registers: bool
+    w_held: int
     barrier: int
     flags: bool
     loop: int
@@ -620,7 +645,7 @@ class TensorCoreStep(StepVariant):
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
-                   w_in_registers=bool(c.step_tc_wreg), barrier=c.step_barrier,
+                   w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2)
 
@@ -628,7 +653,7 @@ class TensorCoreStep(StepVariant):
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.w_in_registers)
+                           self.acc_sets, self.frags_ahead, self.w_held)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -670,12 +695,15 @@ class TensorCoreStep(StepVariant):
         if shape.acc_sets > shape.warp_slices:
             return (f"tensor-core step kernel: {shape.acc_sets} accumulator sets (step_tc_acc) for a warp's "
                     f"{shape.warp_slices} k slices")
-        if shape.w_in_registers and shape.frags_ahead:
+        if shape.w_held and shape.frags_ahead:
             return ("tensor-core step kernel: W in registers (step_tc_wreg) loads no W fragments a slice ahead "
                     "(step_tc_frag)")
-        if shape.w_in_registers and shape.w_registers > MAX_W_REGISTERS:
+        if shape.w_held == 1 and shape.w_registers > MAX_W_REGISTERS:
             return (f"tensor-core step kernel: W in registers (step_tc_wreg) needs {shape.w_registers} registers "
                     f"a lane > {MAX_W_REGISTERS}")
+        if shape.w_held == 2 and shape.w_registers <= MAX_W_REGISTERS:
+            return (f"tensor-core step kernel: all of W's fragments fit in registers ({shape.w_registers} a lane): "
+                    f"step_tc_wreg 1, not a part (2)")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -701,4 +729,4 @@ class TensorCoreStep(StepVariant):
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
-                                          frags_ahead=self.frags_ahead, w_in_registers=self.w_in_registers)}
+                                          frags_ahead=self.frags_ahead, w_held=self.w_held)}
