@@ -341,15 +341,12 @@ def _load_w_macro(L: TcKernelLayout) -> Any:
     return load_w
 
 
-def _products_macro(L: TcKernelLayout) -> Any:
-    """A warp's MMA over one h chunk's k: ldmatrix of h and W_hh (or W_hh's fragments held in
-    registers), mma.sync into the accumulators."""
+def _fragment_macros(L: TcKernelLayout) -> tuple[Any, Any]:
+    """The A load (a k slice of the warp's 16 rows of h, ``ldmatrix.x4``) and the
+    ``mma.sync.m16n8k16`` every form of the products is made of."""
     from tvm.script import tirx as T
 
-    operand, sh, n_tiles = L.shape.operand, L.shape.h_stride, L.shape.n_tiles
-    chunk_k, warp_k, abbrev = L.chunk_k, L.warp_k, DTYPE_ABBREV[L.shape.operand]
-    acc_sets, slices = L.shape.acc_sets, L.chunk_k // MMA_K
-    load_b_pair, load_b_last = _b_loads_macros(L)
+    operand, sh, abbrev = L.shape.operand, L.shape.h_stride, DTYPE_ABBREV[L.shape.operand]
 
     @T.macro
     def load_a(h_s, a_frag, mi, kk, at, tx):  # type: ignore[no-untyped-def]
@@ -365,26 +362,55 @@ def _products_macro(L: TcKernelLayout) -> Any:
         T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, a_at, b_frag.data, b_at,
                          acc.data, acc_at, False, dtype="float32")
 
+    return load_a, mma
+
+
+def _slice_from_shared_macro(L: TcKernelLayout, pair_at: int) -> Any:
+    """One k slice's multiplies with its B fragments read from W's shared slice into the pair
+    buffer at ``pair_at`` (two n8 tiles at once, an odd last one alone): two mma.sync a pair."""
+    from tvm.script import tirx as T
+
+    n_tiles = L.shape.n_tiles
+    load_b_pair, load_b_last = _b_loads_macros(L)
+    mma = _fragment_macros(L)[1]
+
+    @T.macro
+    def slice_from_shared(w_s, a_frag, b_frag, acc, ni, kk, base, tx):  # type: ignore[no-untyped-def]
+        for p in T.unroll(n_tiles // 2):
+            load_b_pair(w_s, b_frag, ni, kk, p, pair_at, tx)
+            for half in T.unroll(2):
+                mma(a_frag, b_frag, acc, 0, pair_at + half * 4, base + (p * 2 + half) * 4)
+        if n_tiles % 2 == 1:
+            load_b_last(w_s, b_frag, ni, kk, pair_at, tx)
+            mma(a_frag, b_frag, acc, 0, pair_at, base + (n_tiles - 1) * 4)
+
+    return slice_from_shared
+
+
+def _products_macro(L: TcKernelLayout) -> Any:
+    """A warp's MMA over one h chunk's k, the warp's k slice i into accumulator set i mod
+    ``acc_sets`` (independent chains of mma.sync in flight): per slice an ldmatrix of h, and W's
+    fragments from shared memory, or held in registers (all of them, or the first ``held``
+    slices'), or with ``frags_ahead`` loaded a slice ahead (``_products_ahead_macro``)."""
+    from tvm.script import tirx as T
+
+    n_tiles, chunk_k, warp_k = L.shape.n_tiles, L.chunk_k, L.warp_k
+    acc_sets, slices, held = L.shape.acc_sets, L.chunk_k // MMA_K, L.shape.held_slices
+    load_a, mma = _fragment_macros(L)
+    from_shared = _slice_from_shared_macro(L, 0)
+    from_shared_past_held = _slice_from_shared_macro(L, held * n_tiles * 4)  # the pair buffer past the held ones
+
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """The warp's dot products on h chunk ``c``: ldmatrix of A and B (two n8 tiles at once,
-        an odd last one alone), two mma.sync per 16x16x16, the warp's k slice i into
-        accumulator set i mod ``acc_sets`` (independent chains of mma.sync in flight)."""
+        """W's fragments from shared memory every slice."""
         for ks in T.unroll(slices):
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
-            base = T.meta_var((c * slices + ks) % acc_sets * n_tiles * 4)
             load_a(h_s, a_frag, mi, kk, 0, tx)
-            for p in T.unroll(n_tiles // 2):
-                load_b_pair(w_s, b_frag, ni, kk, p, 0, tx)
-                for half in T.unroll(2):
-                    mma(a_frag, b_frag, acc, 0, half * 4, base + (p * 2 + half) * 4)
-            if n_tiles % 2 == 1:
-                load_b_last(w_s, b_frag, ni, kk, 0, tx)
-                mma(a_frag, b_frag, acc, 0, 0, base + (n_tiles - 1) * 4)
+            from_shared(w_s, a_frag, b_frag, acc, ni, kk, (c * slices + ks) % acc_sets * n_tiles * 4, tx)
 
     @T.macro
     def products_w_held(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """``products`` on W's fragments held in registers: per k slice one ldmatrix of h."""
+        """W's fragments held in registers: per k slice one ldmatrix of h."""
         for ks in T.unroll(slices):
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
             base = T.meta_var((c * slices + ks) % acc_sets * n_tiles * 4)
@@ -392,13 +418,10 @@ def _products_macro(L: TcKernelLayout) -> Any:
             for t in T.unroll(n_tiles):
                 mma(a_frag, b_frag, acc, 0, ((c * slices + ks) * n_tiles + t) * 4, base + t * 4)
 
-    held = L.shape.held_slices
-    pair_at = held * n_tiles * 4  # the pair buffer of the slices read every step, past the held ones
-
     @T.macro
     def products_w_part(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """``products`` with the fragments of the warp's first ``held`` k slices in registers, the
-        later slices' read from shared memory a pair of n8 tiles at a time as ``products`` does."""
+        """The fragments of the warp's first ``held`` k slices in registers, the later slices'
+        from shared memory."""
         for ks in T.unroll(slices):
             q = T.meta_var(c * slices + ks)  # the warp's k slice
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
@@ -408,20 +431,25 @@ def _products_macro(L: TcKernelLayout) -> Any:
                 for t in T.unroll(n_tiles):
                     mma(a_frag, b_frag, acc, 0, (q * n_tiles + t) * 4, base + t * 4)
             else:
-                for p in T.unroll(n_tiles // 2):
-                    load_b_pair(w_s, b_frag, ni, kk, p, pair_at, tx)
-                    for half in T.unroll(2):
-                        mma(a_frag, b_frag, acc, 0, pair_at + half * 4, base + (p * 2 + half) * 4)
-                if n_tiles % 2 == 1:
-                    load_b_last(w_s, b_frag, ni, kk, pair_at, tx)
-                    mma(a_frag, b_frag, acc, 0, pair_at, base + (n_tiles - 1) * 4)
+                from_shared_past_held(w_s, a_frag, b_frag, acc, ni, kk, base, tx)
 
     if held == L.shape.warp_slices:
         return products_w_held
     if held:
         return products_w_part
-    if not L.shape.frags_ahead:
-        return products
+    return _products_ahead_macro(L) if L.shape.frags_ahead else products
+
+
+def _products_ahead_macro(L: TcKernelLayout) -> Any:
+    """The products with the next k slice's fragments loaded before this slice's mma.sync (two
+    fragment buffers): the ldmatrix latency behind the multiplies, which in source order (the
+    PTX is volatile) would otherwise wait for each slice's loads."""
+    from tvm.script import tirx as T
+
+    n_tiles, chunk_k, warp_k = L.shape.n_tiles, L.chunk_k, L.warp_k
+    acc_sets, slices = L.shape.acc_sets, L.chunk_k // MMA_K
+    load_a, mma = _fragment_macros(L)
+    load_b_pair, load_b_last = _b_loads_macros(L)
     nb = n_tiles * 4  # one k slice's B fragments (4 halves of a register pair per n8 tile)
 
     @T.macro
@@ -435,9 +463,6 @@ def _products_macro(L: TcKernelLayout) -> Any:
 
     @T.macro
     def products_ahead(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """``products`` with the next k slice's fragments loaded before this slice's mma.sync
-        (two fragment buffers): the ldmatrix latency behind the multiplies, which in source
-        order (the PTX is volatile) would otherwise wait for each slice's loads."""
         load(h_s, w_s, a_frag, b_frag, mi, ni, ki * warp_k + c * chunk_k, 0, tx)
         for ks in T.unroll(slices):
             if ks + 1 < slices:
