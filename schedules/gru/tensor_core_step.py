@@ -390,53 +390,29 @@ def _slice_from_shared_macro(L: TcKernelLayout, pair_at: int) -> Any:
 def _products_macro(L: TcKernelLayout) -> Any:
     """A warp's MMA over one h chunk's k, the warp's k slice i into accumulator set i mod
     ``acc_sets`` (independent chains of mma.sync in flight): per slice an ldmatrix of h, and W's
-    fragments from shared memory, or held in registers (all of them, or the first ``held``
-    slices'), or with ``frags_ahead`` loaded a slice ahead (``_products_ahead_macro``)."""
+    fragments held in registers for the warp's first ``held_slices`` slices (all, some or none),
+    the other slices' read from shared memory; or with ``frags_ahead`` loaded a slice ahead
+    (``_products_ahead_macro``)."""
     from tvm.script import tirx as T
 
     n_tiles, chunk_k, warp_k = L.shape.n_tiles, L.chunk_k, L.warp_k
     acc_sets, slices, held = L.shape.acc_sets, L.chunk_k // MMA_K, L.shape.held_slices
     load_a, mma = _fragment_macros(L)
-    from_shared = _slice_from_shared_macro(L, 0)
-    from_shared_past_held = _slice_from_shared_macro(L, held * n_tiles * 4)  # the pair buffer past the held ones
+    from_shared = _slice_from_shared_macro(L, held * n_tiles * 4)  # its pair buffer past the held fragments
 
     @T.macro
     def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """W's fragments from shared memory every slice."""
-        for ks in T.unroll(slices):
-            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
-            load_a(h_s, a_frag, mi, kk, 0, tx)
-            from_shared(w_s, a_frag, b_frag, acc, ni, kk, (c * slices + ks) % acc_sets * n_tiles * 4, tx)
-
-    @T.macro
-    def products_w_held(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """W's fragments held in registers: per k slice one ldmatrix of h."""
-        for ks in T.unroll(slices):
-            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
-            base = T.meta_var((c * slices + ks) % acc_sets * n_tiles * 4)
-            load_a(h_s, a_frag, mi, kk, 0, tx)
-            for t in T.unroll(n_tiles):
-                mma(a_frag, b_frag, acc, 0, ((c * slices + ks) * n_tiles + t) * 4, base + t * 4)
-
-    @T.macro
-    def products_w_part(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        """The fragments of the warp's first ``held`` k slices in registers, the later slices'
-        from shared memory."""
         for ks in T.unroll(slices):
             q = T.meta_var(c * slices + ks)  # the warp's k slice
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
             base = T.meta_var(q % acc_sets * n_tiles * 4)
             load_a(h_s, a_frag, mi, kk, 0, tx)
-            if q < held:
+            if q < held:  # a constant once the loops are unrolled
                 for t in T.unroll(n_tiles):
                     mma(a_frag, b_frag, acc, 0, (q * n_tiles + t) * 4, base + t * 4)
             else:
-                from_shared_past_held(w_s, a_frag, b_frag, acc, ni, kk, base, tx)
+                from_shared(w_s, a_frag, b_frag, acc, ni, kk, base, tx)
 
-    if held == L.shape.warp_slices:
-        return products_w_held
-    if held:
-        return products_w_part
     return _products_ahead_macro(L) if L.shape.frags_ahead else products
 
 
