@@ -327,12 +327,12 @@ def _load_w_macro(L: TcKernelLayout) -> Any:
     with ``step_tc_wreg`` 1) into ``b_frag``, slice q's n8 tile t at ``(q * n_tiles + t) * 4``."""
     from tvm.script import tirx as T
 
-    n_tiles, warp_k, warp_slices = L.shape.n_tiles, L.warp_k, L.shape.held_slices
+    n_tiles, warp_k, held = L.shape.n_tiles, L.warp_k, L.shape.held_slices
     load_b_pair, load_b_last = _b_loads_macros(L)
 
     @T.macro
     def load_w(w_s, b_frag, ni, ki, tx):  # type: ignore[no-untyped-def]
-        for q in T.unroll(warp_slices):
+        for q in T.unroll(held):
             for p in T.unroll(n_tiles // 2):
                 load_b_pair(w_s, b_frag, ni, ki * warp_k + q * MMA_K, p, (q * n_tiles + p * 2) * 4, tx)
             if n_tiles % 2 == 1:
