@@ -18,6 +18,8 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # benchmarks/common.py
+
 STAMP = ("#define TVM_EXT_STAMP(p) if (s >= 2 && threadIdx.x == 0 && threadIdx.y == 0) {{ "
          "*(long long*)(gi_ptr + (long long)(s - 2) * {step_halves} "
          "+ (blockIdx.y * gridDim.x + blockIdx.x) * 32 + (p) * 4) = clock64(); }}\n")
@@ -74,6 +76,7 @@ def main() -> None:
 
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc", lambda code, target: stamped(code, step_halves),
                                  override=True)
+    from common import time_ours
     from gru_step_knob import weights
 
     from tvm_ext.schedules.gru import GRU, GruTemplate
@@ -92,7 +95,7 @@ def main() -> None:
     gru = GRU.build(target, hidden, hidden, batch=batch, seq=128, config=config, precision=half).load_numpy(
         weights(rng, hidden))
     x = rng.standard_normal((128, batch, hidden)).astype(np.float32)
-    blocks = -(-hidden // config.step_j) * -(-batch // config.step_tc_rows)
+    blocks = template.step_variant(config).shape.blocks
     assert blocks * 32 <= step_halves, "a step's gi rows hold every block's stamps"
     rows = []
     for _ in range(3):
@@ -110,9 +113,6 @@ def main() -> None:
                                   "p90": float(np.percentile(step, 90))}
     # the stamped build timed back to back, and its steps 2-127 by the stamps: tells whether the
     # stamps' cycles account for the kernel's time (compare with the unstamped build's, gru_step_knob.py)
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from common import time_ours
-
     ms = time_ours(lambda i: gru.executor.run()).seconds * 1e3
     span = float(np.median(stamps[-1, :, -1] - stamps[0, :, 0]))
     rows[-1]["stamped build ms"] = ms
