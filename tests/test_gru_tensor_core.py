@@ -31,6 +31,14 @@ def _kernel(source: str, name: str = "gru_steps") -> str:
     return body[:body.index("\n}\n")]
 
 
+def _loads_and_multiplies(code: str, trans: bool = False) -> str:
+    """The order of ``code``'s ldmatrix loads (L; with ``trans``, T for an ``x4.trans`` one) and
+    mma.sync (M)."""
+    marks = re.finditer(r"(ldmatrix\.sync\.aligned\.m8n8\.x4\.trans)|(ldmatrix\.sync\.aligned\.m8n8\.x\d)|"
+                        r"mma\.sync\.aligned", code)
+    return "".join("T" if trans and m.group(1) else "L" if m.group(1) or m.group(2) else "M" for m in marks)
+
+
 def test_generated_cuda_loads_w_once_and_runs_mma_per_step():
     """W_hh's slice is copied to shared memory before the step loop and never again; each step
     loads h (ldmatrix), transposes W tiles (ldmatrix .trans) and multiplies with mma.sync:
@@ -100,8 +108,7 @@ def test_fragments_loaded_a_k_slice_ahead(ahead):
     cfg = t.analytic_pick(target)[0].replace(step_tc_frag=ahead, step_tc_wreg=0)
     kernel = _kernel(t.compile(cfg, target).source)
     step = kernel[kernel.index("for (int s = 0; s < 128"):]
-    order = "".join("L" if m.group(1) else "M" for m in
-                    re.finditer(r"(ldmatrix\.sync\.aligned\.m8n8\.x\d)|mma\.sync\.aligned", step))
+    order = _loads_and_multiplies(step)
     chunk = "LLL" + "LLLMMM" * 15 + "MMM" if ahead else "LLMMLM" * 16  # 16 k slices a chunk
     assert order == chunk * 4
 
@@ -119,9 +126,7 @@ def test_w_fragments_held_in_registers():
     for held in (0, 1):
         kernel = _kernel(t.compile(pick.replace(step_tc_wreg=held), target).source)
         top = kernel.index("for (int s = 0; s < 128")
-        orders[held] = "".join("T" if m.group(1) else "L" if m.group(2) else "M" for m in re.finditer(
-            r"(ldmatrix\.sync\.aligned\.m8n8\.x4\.trans)|(ldmatrix\.sync\.aligned\.m8n8\.x\d)|mma\.sync\.aligned",
-            kernel[top:]))
+        orders[held] = _loads_and_multiplies(kernel[top:], trans=True)
         w_loads[held] = kernel[:top].count(".trans")
     assert orders == {0: "LTMMTMMTMM" * 8, 1: "LMMMMMM" * 8}
     assert w_loads[1] - w_loads[0] == 24
@@ -138,9 +143,7 @@ def test_w_fragments_of_the_first_k_slices_held_where_all_do_not_fit():
     assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw, pick.step_tc_wreg) == (32, 1, 4, 2)
     kernel = _kernel(t.compile(pick, target).source)
     top = kernel.index("for (int s = 0; s < 128")
-    order = "".join("L" if m.group(1) else "M" for m in re.finditer(
-        r"(ldmatrix\.sync\.aligned\.m8n8\.x\d)|mma\.sync\.aligned", kernel[top:]))
-    assert order == "LMMM" * 16 + "LLMMLM" * 48
+    assert _loads_and_multiplies(kernel[top:]) == "LMMM" * 16 + "LLMMLM" * 48
     assert kernel[:top].count(".trans") == 16 * 2  # a pair and the last tile of each held slice
 
 
