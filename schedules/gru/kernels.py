@@ -11,21 +11,19 @@ from typing import Any
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
 
 from .compute import F32
-from .step_common import half_bits, pack_pair, pack_triple
-from .tensor_core_layout import MMA_N, exchange_row_words, triple_word
+from .step_common import pack_pair
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
-              barrier: bool = False, flags: bool = False, word_values: int = 0) -> Any:
+              barrier: bool = False, flags: bool = False, paired: bool = False) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
     step kernel's barrier counter (and, at layer 0, its timed-out flag).  ``flags``: also writes
     the flag-exchange step kernel's words ``hx`` (``flag_step.py``): slot 0 (h0's float32 bits,
     step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's;
-    ``word_values`` 2 or 3: the words of the tensor-core kernel's exchange, two 16-bit values of
-    adjacent units a word (``pack_pair``), or three of an n8 tile (``pack_triple``, ``triple_word``)."""
-    from tvm import tirx
+    ``paired``: the words of the tensor-core kernel's exchange, two 16-bit values of adjacent
+    units a word (``pack_pair``)."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -69,14 +67,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
 
     n = dirs * batch * hidden
-    pair_words, row_words = -(-hidden // 2), exchange_row_words(hidden, 3)
-    reach = 3 if word_values == 3 else 2  # the units a thread's word reads
-
-    def tile_value(h0: Any, layer: Any, vd: Any, vb: Any, vj: Any, i: int) -> Any:
-        """The bits of unit vj + i where it lies in vj's n8 tile and the hidden size, else zero."""
-        inside = tirx.all(vj % MMA_N + i < MMA_N, vj + i < hidden)
-        return T.if_then_else(inside, half_bits(T, h0[layer * dirs + vd, vb, T.min(vj + i, hidden - 1)], dtype),
-                              T.uint64(0))
+    pair_words = -(-hidden // 2)
 
     @T.prim_func(s_tir=True)
     def init_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
@@ -86,18 +77,10 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                T.reads(h0[layer * dirs + vd, vb, vj:vj + reach])
+                T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                if word_values == 3:  # (parsed only where it is taken: 16-bit state)
-                    if vj % MMA_N % 3 == 0:  # the thread of a triple's first unit writes it
-                        triple = T.meta_var(triple_word(row_words, vd * batch + vb, vj, vj % MMA_N // 3))
-                        hx[triple] = pack_triple(T, T.bitwise_or(T.bitwise_or(
-                            half_bits(T, h0[layer * dirs + vd, vb, vj], dtype),
-                            T.shift_left(tile_value(h0, layer, vd, vb, vj, 1), T.uint64(16))),
-                            T.shift_left(tile_value(h0, layer, vd, vb, vj, 2), T.uint64(32))), 0, 0)
-                        hx[n + triple] = T.uint64(0)
-                elif word_values == 2:
+                if paired:  # (parsed only where it is taken: 16-bit state)
                     if vj % 2 == 0:
                         word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
                         second = T.meta_var(T.if_then_else(

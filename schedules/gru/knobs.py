@@ -57,9 +57,6 @@ STEP_KNOBS = (
                                     "all T steps (ldmatrix'd from shared memory once), so a step's products read only "
                                     "h from shared memory, where they fit (``MAX_W_REGISTERS`` a lane); 2 keeps those "
                                     "of the warp's first k slices that fit, the rest read every step", before=0),
-    Knob("step_tc_words", (2, 3), "tensor-core step kernel with step_flags 1: 16-bit values of h an exchange word "
-                                  "carries, 2 beside a 32-bit step tag or 3 (of an n8 tile) beside a 16-bit one: a "
-                                  "quarter fewer bytes polled a step", before=2),
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),

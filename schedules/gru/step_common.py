@@ -104,28 +104,16 @@ def store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, ou
     return store_pingpong if pingpong else store
 
 
-def word_tag(T: Any, word: Any, word_values: int = 2) -> Any:
-    """The step tag of an exchange word: its high 32 bits, as either step kernel writes it; with
-    three values a word (``pack_triple``) its high 16."""
-    return T.Cast("int32", T.shift_right(word, T.uint64(32 if word_values == 2 else 48)))
-
-
-def half_bits(T: Any, value: Any, dtype: str) -> Any:
-    """A 16-bit ``value`` (of ``dtype``) as the low bits of a uint64."""
-    return T.Cast("uint64", T.reinterpret("uint16", T.Cast(dtype, value)))
+def word_tag(T: Any, word: Any) -> Any:
+    """The step tag of an exchange word (its high 32 bits), as either step kernel writes it."""
+    return T.Cast("int32", T.shift_right(word, T.uint64(32)))
 
 
 def pack_pair(T: Any, first: Any, second: Any, dtype: str, tag: Any) -> Any:
     """One exchange word of the tensor-core kernel: two 16-bit values (``first`` in the low
     half) and the step ``tag`` in the high 32 bits."""
+    def bits(value: Any) -> Any:
+        return T.Cast("uint64", T.reinterpret("uint16", T.Cast(dtype, value)))
+
     return T.bitwise_or(T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)),
-                                     T.shift_left(half_bits(T, second, dtype), T.uint64(16))),
-                        half_bits(T, first, dtype))
-
-
-def pack_triple(T: Any, values: Any, q: Any, tag: Any) -> Any:
-    """One exchange word of three 16-bit values and a 16-bit step ``tag`` (high bits): the three
-    at ``q`` (0-2) of the four in ``values`` (a uint64, the first value lowest), which is the
-    lane's pair of a row's n8 tile with the next lane's above it (``triple_word``)."""
-    data = T.bitwise_and(T.shift_right(values, T.Cast("uint64", q * 16)), T.uint64(0xFFFFFFFFFFFF))
-    return T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(48)), data)
+                                     T.shift_left(bits(second), T.uint64(16))), bits(first))

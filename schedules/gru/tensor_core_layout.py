@@ -22,33 +22,12 @@ MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with s
 # B8-B64 H512 blocks need 96, beside the accumulators, h fragments, gi and polled words under 255
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
-WORD_VALUES = (2, 3)  # 16-bit values an exchange word carries: 2 beside a 32-bit step tag, 3 beside a 16-bit one
-TAG16_STEPS = 1 << 16  # with 16-bit tags a layer's steps stay below this (a stale tag never reads as the step's)
 
 
 def acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
     """(row, column) within its m16n8 tile of accumulator element ``e`` (0-3) of lane ``tx``
     (the ``mma.sync.m16n8k16`` layout: rows tx/4 and tx/4 + 8, two adjacent columns)."""
     return tx // 4 + e // 2 * 8, tx % 4 * 2 + e % 2
-
-
-def exchange_row_words(hidden: int, word_values: int) -> int:
-    """The exchange words of one row of h: pairs of adjacent units, or three words for each 8
-    units (``triple_word``)."""
-    return -(-hidden // 2) if word_values == 2 else -(-hidden // MMA_N) * 3
-
-
-def triple_word(row_words: Any, row: Any, unit: Any, q: Any) -> Any:
-    """Where the triple word ``q`` (0-2) of ``unit``'s n8 tile of ``row`` lies among a slot's
-    words: word q of a tile holds its units 3q, 3q+1 and 3q+2 (the last word two), written by
-    lane q of the quad whose accumulators hold the tile's row (``acc_row_col``)."""
-    return row * row_words + unit // MMA_N * 3 + q
-
-
-def triple_first_unit(w: Any) -> Any:
-    """The first unit (within the row) of a row's triple word ``w``: the inverse of
-    ``triple_word``; its values are that unit and the next two, those within the n8 tile."""
-    return w // 3 * MMA_N + w % 3 * 3
 
 
 def padded_stride(columns: int, dtype: str) -> int:
@@ -106,7 +85,6 @@ class TcStepShape(UnitRowBlocks):
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
     w_held: int = 0  # step_tc_wreg: 0 W_hh's fragments read from shared memory every step, 1 all of the
     # warp's kept in registers for all steps, 2 those of its first k slices that fit ``MAX_W_REGISTERS``
-    word_values: int = 2  # step_tc_words: 16-bit values of h an exchange word carries (with flags)
 
     @property
     def k_extent(self) -> int:
@@ -187,8 +165,7 @@ class TcKernelLayout:
     vec: int  # 16-byte copies where a row's k and units come in whole vectors
     asynchronous: bool  # cp.async copies 16 bytes (a 2-byte element cannot go)
     partial_tiles: int  # the k warps' partial-sum tiles (all k warps but the first)
-    row_words: int  # with flags: the exchange words of one row (``exchange_row_words``)
-    copy_words: int  # with flags: the words of one row's k range a warp copies
+    pair_words: int  # with flags: the exchange words (two units each) of one row
     slot_words: int  # hx holds two slots of this many words
     poll_words: int  # exchange words a lane polls at once
     poll_rounds: int
@@ -202,8 +179,7 @@ class TcKernelLayout:
         copy_k = warp_k // n_warps
         copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)
         vec = 8 if shape.hidden % 8 == 0 else 1
-        copy_words = copy_k // 2 if shape.word_values == 2 else copy_k // MMA_N * 3  # copy_k: whole n8 tiles
-        lane_words = -(-MMA_M * copy_words // WARP)
+        lane_words = -(-MMA_M * copy_k // 2 // WARP)
         poll_words = min(lane_words, POLL_WORDS)
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
         return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
@@ -211,8 +187,7 @@ class TcKernelLayout:
                    warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
-                   row_words=exchange_row_words(shape.hidden, shape.word_values), copy_words=copy_words,
-                   slot_words=shape.dirs * shape.batch * shape.hidden,
+                   pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
                    poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
 
     @property

@@ -46,17 +46,16 @@ from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAX
                                         grid_barrier)
 from tvm_ext.target import TargetInfo
 
-from .step_common import cell_blend, cell_gates, half_bits, pack_pair, pack_triple, stored_as, word_tag
+from .step_common import cell_blend, cell_gates, pack_pair, stored_as, word_tag
 from .tensor_core_layout import (MAX_W_REGISTERS, MMA_K, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
-                                 TAG16_STEPS, TC_UNITS, WARP, WORD_VALUES, TcKernelLayout, TcStepShape, acc_row_col,
-                                 triple_first_unit, triple_word, w_chunk)
+                                 TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, w_held: int = 0, word_values: int = 2, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, w_held: int = 0, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -67,11 +66,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     a tag (``step_common.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
-    suffice, and the poll limit that turns a grid that is not resident into an error).
-    ``word_values`` 3 (``step_tc_words``): three values of an n8 tile and a 16-bit tag a word
-    (``triple_word``), a quarter fewer bytes polled a step."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        word_values)
+    suffice, and the poll limit that turns a grid that is not resident into an error)."""
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -139,8 +135,8 @@ def _kernel(L: TcKernelLayout) -> Any:
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
             sum_k_warps(part, acc, mi, ni, ki, tx)
             if ki == 0:
-                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, got, layer, s, bz, j0,
-                               m0, mi, tx)
+                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, layer, s, bz, j0, m0, mi,
+                               tx)
             if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
@@ -248,28 +244,18 @@ def _copy_h_macro(L: TcKernelLayout) -> Any:
 
 
 def _poll_h_macro(L: TcKernelLayout) -> Any:
-    """With flags: a warp's rows and k range of h from the tagged exchange words (pairs, or with
-    ``step_tc_words`` 3 triples of an n8 tile: ``triple_word``)."""
+    """With flags: a warp's rows and k range of h from the tagged exchange words."""
     from tvm.script import tirx as T
 
     batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
-    copy_words, poll_words, poll_rounds = L.copy_words, L.poll_words, L.poll_rounds
-    slot_words, row_words, values = L.slot_words, L.row_words, L.shape.word_values
+    copy_k, poll_words, poll_rounds = L.copy_k, L.poll_words, L.poll_rounds
+    slot_words, pair_words = L.slot_words, L.pair_words
 
-    def word(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any, Any, Any]:
-        """(row in the warp's 16, its first k, within the warp's words, index in the row, which
-        word of its n8 tile) of word i of poll round c; the warp polls its 16 rows, ``copy_k``
-        from ``k0``."""
+    def word(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
+        """(row in the warp's 16, k, within the warp's words) of word i of poll round c; the
+        warp polls its 16 rows, ``copy_k`` from ``k0``."""
         f = (c * poll_words + i) * WARP + tx
-        w = f % copy_words
-        if values == 2:
-            return f // copy_words, k0 + w * 2, f < MMA_M * copy_words, (k0 + w * 2) // 2, 0
-        return f // copy_words, k0 + triple_first_unit(w), f < MMA_M * copy_words, k0 // MMA_N * 3 + w, w % 3
-
-    def unpacked(got: Any, v: Any) -> Any:
-        """Value v (from the lowest) of an exchange word, as the operand type."""
-        return T.reinterpret(operand, T.Cast("uint16", T.bitwise_and(T.shift_right(got, T.uint64(16 * v)),
-                                                                     T.uint64(0xFFFF))))
+        return f // (copy_k // 2), k0 + f % (copy_k // 2) * 2, f < MMA_M * copy_k // 2
 
     @T.macro
     def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
@@ -285,9 +271,9 @@ def _poll_h_macro(L: TcKernelLayout) -> Any:
                     if word(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                         got[i] = T.call_extern(
                             "uint64", "__nv_atomic_load_n",
-                            T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * row_words
-                                            + word(c, i, k0, tx)[3]]), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-                        if word_tag(T, got[i], values) != step:
+                            T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
+                                            + k // 2]), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
+                        if word_tag(T, got[i]) != step:
                             poll[1] = 0
                 poll[0] = poll[0] + 1
                 if poll[0] >= SPIN_LIMIT:
@@ -296,13 +282,9 @@ def _poll_h_macro(L: TcKernelLayout) -> Any:
                 r = T.meta_var(word(c, i, k0, tx)[0])
                 k = T.meta_var(word(c, i, k0, tx)[1])
                 if word(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                    if values == 2:
-                        for half in T.unroll(2):
-                            h_s[(mi * MMA_M + r) * sh + k + half] = unpacked(got[i], half)
-                    else:  # a tile's third word holds two units
-                        for v in T.unroll(3):
-                            if word(c, i, k0, tx)[4] * 3 + v < MMA_N:
-                                h_s[(mi * MMA_M + r) * sh + k + v] = unpacked(got[i], v)
+                    for half in T.unroll(2):
+                        h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
+                            "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
 
     return poll_h
 
@@ -556,39 +538,6 @@ def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int) -> An
     return sum_k_warps
 
 
-def _store_triples_macro(L: TcKernelLayout) -> Any:
-    """With ``step_tc_words`` 3: a warp's h' of one n8 tile (``h_rounded``, the lane's four
-    accumulator elements) out as triple words: each quad's lane q < 3 takes the next lane's pair
-    by a shuffle and stores word q of its row (``triple_word``), two rows a lane."""
-    from tvm.script import tirx as T
-
-    batch, hidden, slot_words, row_words, operand = L.shape.batch, L.shape.hidden, L.slot_words, L.row_words, \
-        L.shape.operand
-
-    def pair(h_rounded: Any, half: int) -> Any:
-        """The lane's two adjacent units of row half ``half`` (elements 2·half and 2·half + 1)."""
-        return T.Cast("uint32", T.bitwise_or(half_bits(T, h_rounded[2 * half], operand),
-                                             T.shift_left(half_bits(T, h_rounded[2 * half + 1], operand),
-                                                          T.uint64(16))))
-
-    @T.macro
-    def store_triples(hx, h_rounded, got, s, bz, unit0, row0, tx):  # type: ignore[no-untyped-def]
-        for half in T.unroll(2):
-            row = T.meta_var(row0 + acc_row_col(tx, 2 * half)[0])
-            q = T.meta_var(tx % 4)
-            mine = T.meta_var(pair(h_rounded, half))
-            # every lane shuffles (lane 3 stores nothing); got, the polled words, is free until the next poll
-            got[0] = T.bitwise_or(T.Cast("uint64", mine), T.shift_left(T.Cast("uint64", T.call_extern(
-                "uint32", "__shfl_down_sync", T.uint32(0xFFFFFFFF), mine, 1, 4)), T.uint64(32)))
-            if q < 3 and row < batch and unit0 + q * 3 < hidden:
-                T.evaluate(T.call_extern(
-                    "void", "__nv_atomic_store_n",
-                    T.address_of(hx[((s + 1) % 2) * slot_words + triple_word(row_words, bz * batch + row, unit0, q)]),
-                    pack_triple(T, got[0], q, s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
-
-    return store_triples
-
-
 def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     """The first k warp's cell on its accumulators (a lane holds the r, z and n sums of the same
     row and unit) and the store of h': to the other state slot (with flags: the exchange words),
@@ -600,8 +549,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
         L.shape.h_stride, L.shape.operand
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
-    slot_words, row_words, zero_op, load_gi = L.slot_words, L.row_words, tirx.const(0, operand), load_gi_macro(L)
-    triples, store_triples = L.shape.word_values == 3, _store_triples_macro(L)
+    slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
         """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -613,14 +561,11 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
         return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=operand)
 
     @T.macro
-    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, got, layer, s, bz, j0, m0,  # type: ignore[no-untyped-def]
-                       mi, tx):
+    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, layer, s, bz, j0, m0, mi,  # type: ignore[no-untyped-def]
+                       tx):
         # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
         t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
         for t in T.unroll(unit_tiles):
-            if flags and triples:  # units past the hidden size go out as zeros
-                for e in T.unroll(4):
-                    h_rounded[e] = zero_op
             for e in T.unroll(4):
                 row_in = T.meta_var(mi * MMA_M + acc_row_col(tx, e)[0])
                 col = T.meta_var(t * MMA_N + acc_row_col(tx, e)[1])
@@ -632,14 +577,12 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     h_val[1] = z_n[0]
                     h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])
-                    if flags and triples:
-                        h_rounded[e] = T.cast(h_new, operand)
-                    elif flags:  # the pair (e, e + 1) goes out as one word from its even unit
+                    if flags:  # the pair (e, e + 1) goes out as one word from its even unit
                         h_rounded[e] = T.cast(h_new, operand)
                         if e % 2 == 1 or unit + 1 >= hidden:
                             T.evaluate(T.call_extern(
                                 "void", "__nv_atomic_store_n",
-                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * row_words
+                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
                                                 + unit // 2]),
                                 pack_pair(T, h_rounded[e - e % 2],
                                           T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
@@ -649,8 +592,6 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
                     if s == steps - 1:
                         h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
-            if flags and triples:
-                store_triples(hx, h_rounded, got, s, bz, j0 + t * MMA_N, m0 + mi * MMA_M, tx)
         if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
             load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
 
@@ -696,7 +637,6 @@ class TensorCoreStep(StepVariant):
     acc_sets: int
     frags_ahead: bool
     w_held: int
-    word_values: int
     barrier: int
     flags: bool
     loop: int
@@ -706,7 +646,7 @@ class TensorCoreStep(StepVariant):
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
-                   w_held=c.step_tc_wreg, word_values=c.step_tc_words, barrier=c.step_barrier,
+                   w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2)
 
@@ -714,7 +654,7 @@ class TensorCoreStep(StepVariant):
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.w_held, self.word_values)
+                           self.acc_sets, self.frags_ahead, self.w_held)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -765,14 +705,6 @@ class TensorCoreStep(StepVariant):
         if shape.w_held == 2 and shape.w_registers <= MAX_W_REGISTERS:
             return (f"tensor-core step kernel: all of W's fragments fit in registers ({shape.w_registers} a lane): "
                     f"step_tc_wreg 1, not a part (2)")
-        if shape.word_values not in WORD_VALUES:
-            return f"tensor-core step kernel: {shape.word_values} values an exchange word; allowed: {WORD_VALUES}"
-        if shape.word_values == 3 and not self.flags:
-            return "tensor-core step kernel: three values an exchange word (step_tc_words 3) needs step_flags 1"
-        if shape.word_values == 3 and (self.sizes.seq >= TAG16_STEPS or shape.hidden < MMA_N):
-            return (f"tensor-core step kernel: three values an exchange word (step_tc_words 3) tag the step in 16 "
-                    f"bits and fill whole n8 tiles: seq {self.sizes.seq} < {TAG16_STEPS} and hidden "
-                    f"{shape.hidden} >= {MMA_N} needed")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -782,8 +714,8 @@ class TensorCoreStep(StepVariant):
         return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
                                "W_hh slice, h rows and partial sums", target)
 
-    def init_layout(self) -> dict[str, Any]:
-        return {"pingpong": True, "barrier": True, "flags": self.flags, "word_values": self.word_values}
+    def init_layout(self) -> dict[str, bool]:
+        return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": True}
 
     def async_copy(self) -> bool:
         return True  # h is copied in cp.async groups
@@ -798,5 +730,4 @@ class TensorCoreStep(StepVariant):
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
-                                          frags_ahead=self.frags_ahead, w_held=self.w_held,
-                                          word_values=self.word_values)}
+                                          frags_ahead=self.frags_ahead, w_held=self.w_held)}
