@@ -114,22 +114,26 @@ def test_fragments_loaded_a_k_slice_ahead(ahead):
 
 
 def test_w_fragments_held_in_registers():
-    """``step_tc_wreg`` 1 (float16 B8 H512's pick: 16 units, 4 k warps, 8 k slices and 6 n8
+    """``step_tc_wreg`` 1 at float16 B8 H512 with 16 units on 4 k warps (8 k slices and 6 n8
     tiles a warp): the warp's 24 pairs of W fragments are loaded once before the step loop, and
     each k slice of a step is one ldmatrix of h and its six mma.sync (0: one load of h and three
-    of W pairs, the multiplies between them, every slice of every step)."""
+    of W pairs, the multiplies between them, every slice of every step); the pick's 8 units (3
+    n8 tiles) hold a pair and the last tile of each slice, three mma.sync a slice."""
     target = offline_cuda("sm_90")
     t = _template(8, 512, seq=128).with_tensor_cores(target)
     pick = t.analytic_pick(target)[0]
-    assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw) == (16, 4, 1)
+    assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw, pick.step_tc_wreg) == (8, 4, 1, 1)
     orders, w_loads = {}, {}
     for held in (0, 1):
-        kernel = _kernel(t.compile(pick.replace(step_tc_wreg=held), target).source)
+        kernel = _kernel(t.compile(pick.replace(step_j=16, step_tc_wreg=held), target).source)
         top = kernel.index("for (int s = 0; s < 128")
         orders[held] = _loads_and_multiplies(kernel[top:], trans=True)
         w_loads[held] = kernel[:top].count(".trans")
     assert orders == {0: "LTMMTMMTMM" * 8, 1: "LMMMMMM" * 8}
     assert w_loads[1] - w_loads[0] == 24
+    kernel = _kernel(t.compile(pick, target).source)
+    top = kernel.index("for (int s = 0; s < 128")
+    assert _loads_and_multiplies(kernel[top:]) == "LMMM" * 8 and kernel[:top].count(".trans") == 8 * 2
 
 
 def test_w_fragments_of_the_first_k_slices_held_where_all_do_not_fit():
@@ -152,9 +156,9 @@ def test_w_fragments_of_the_first_k_slices_held_where_all_do_not_fit():
     (32, 1024, 2, "the fragments of 8 of a warp's 16 k slices held"),
     (64, 1024, 2, "the fragments of 16 of a warp's 64 k slices held")])
 def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, held, why):
-    """16 units on 4 k warps up to H512 (96 registers a lane or fewer): W's fragments held, two
-    accumulator sets; at H1024 (192 or 384 a lane) those of the warp's first k slices that fit
-    in 96, one set."""
+    """8 or 16 units on 4 k warps up to H512 (96 registers a lane or fewer): W's fragments held,
+    two accumulator sets; at H1024 (192 or 384 a lane) those of the warp's first k slices that
+    fit in 96, one set."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, seq=16).with_tensor_cores(target)
     pick, reason = t.analytic_pick(target)
@@ -295,7 +299,7 @@ def test_w_chunks_of_eight_consecutive_k_rows_lie_on_distinct_banks(chunks):
 
 @pytest.mark.parametrize("precision, knobs, reason", [
     ({}, dict(step_j=16), "needs h and W_hh both float16 or both bfloat16"),
-    (HALF, dict(step_j=8), "step_j 8 units per block; allowed: (16, 32)"),
+    (HALF, dict(step_j=4), "step_j 4 units per block; allowed: (8, 16, 32)"),
     (HALF, dict(step_j=16, step_tc_rows=64), "64 rows per block for batch 8"),
     (HALF, dict(step_j=16, step_loop=1), "persistent kernel only (step_loop 2)"),
     (HALF, dict(step_j=16, step_tc_kw=4, step_tc_wreg=1, step_tc_frag=1), "loads no W fragments a slice ahead"),
@@ -336,16 +340,19 @@ def test_shown_knobs_are_the_kernels_own():
     assert "step_tc_kw" not in t.shown_knobs(cfg.replace(step_tc=0))
 
 
-@pytest.mark.parametrize("shape, block", [((16, 256, False), (16, 16, 4, 1)), ((16, 512, True), (16, 16, 4, 1)),
-                                          ((64, 1024, False), (32, 16, 1, 4)), ((12, 200, False), (16, 16, 4, 1)),
-                                          ((5, 512, False), (16, 16, 4, 1)), ((8, 512, True), (16, 16, 4, 1)),
+@pytest.mark.parametrize("shape, block", [((16, 256, False), (8, 16, 4, 1)), ((16, 512, True), (8, 16, 4, 1)),
+                                          ((64, 1024, False), (32, 16, 1, 4)), ((12, 200, False), (8, 16, 4, 1)),
+                                          ((5, 512, False), (8, 16, 4, 1)), ((8, 512, True), (8, 16, 4, 1)),
+                                          ((16, 1088, False), (16, 16, 4, 1)), ((64, 512, False), (16, 16, 4, 1)),
                                           ((96, 768, False), (16, 64, 2, 1))])
 def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, block):
     """float16 h and W_hh above batch 4 (up to it: the CUDA-core flag-exchange kernel): the pick
     is the tensor-core kernel exchanging h as tagged words, blocks (units, rows, k warps, unit
-    warps) of 16 units and 16 rows on 4 k warps where that grid is resident, else 32 units
-    on 4 unit warps (B64 H1024: 16 x 16 blocks would be 256, more than the SMs hold), else
-    16 units of more rows (B96 H768: 288, 144 and 144 blocks before 96 of 64 rows)."""
+    warps) of 8 units and 16 rows on 4 k warps where that grid has a block an SM at most (B16
+    H512 bidirectional: 128 blocks; H1088: 136, more than the 132 SMs; B64 H512: 256, resident
+    two an SM but not taken), else 16 units where that grid is resident, else 32 units on 4 unit
+    warps (B64 H1024: 16 x 16 blocks would be 256, more than the SMs hold), else 16 units of
+    more rows (B96 H768: 288, 144 and 144 blocks before 96 of 64 rows)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
@@ -400,6 +407,10 @@ GPU_CASES = {
                                   dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_nw=4, step_tc_wreg=1)),
     "b64-h1024-kw2-wreg2": (B64_H1024, dict(step_j=16, step_tc_rows=32, step_tc_kw=2, step_tc_wreg=2)),
     "b5-h200-bi-wreg2": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_wreg=2)),
+    "b8-h512-u8-kw4-wreg": (B8_H512, dict(step_j=8, step_tc_rows=16, step_tc_kw=4, step_tc_wreg=1, step_tc_acc=2)),
+    "b5-h200-bi-u8-kw2": (B5_H200_BI, dict(step_j=8, step_tc_rows=16, step_tc_kw=2)),
+    "b3-h33-3layer-bi-u8": (B3_H33_3LAYERS_BI, dict(step_j=8, step_tc_rows=16, step_tc_kw=1, step_tc_wreg=1)),
+    "b40-h256-u8-rows64-kw2": (B40_H256, dict(step_j=8, step_tc_rows=64, step_tc_kw=2)),
 }
 
 

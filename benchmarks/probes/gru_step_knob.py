@@ -30,7 +30,8 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # float32 at larger batch: the CUDA-core step kernel's picks, against the split kernel (step_tc 2)
          ("float32", 64, 1024), ("float32", 32, 512), ("float32", 32, 1024), ("float32", 64, 512),
          ("float32", 128, 1024),
-         ("bfloat16", 8, 512))
+         ("bfloat16", 8, 512),
+         ("float16", 8, 1024))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

@@ -42,10 +42,11 @@ from .split import SPLIT_WEIGHT_SCALE
 from .step_common import cell_blend, cell_gates, stored_as
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
-from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, TC_UNITS, WARP, TcKernelLayout,
+from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, WARP, TcKernelLayout,
                                  TcStepShape, UnitRowBlocks, acc_row_col, padded_stride, w_chunk)
 from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, load_gi_macro, with_grid_barrier
 
+SPLIT_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
 PART = "float16"
 STATE = "float32"
@@ -448,8 +449,8 @@ class TensorCoreSplitStep(StepVariant):
         if (s.h_dtype, s.w_dtype, s.acc_dtype) != (STATE, STATE, "float32"):
             return (f"split tensor-core step kernel (step_tc 2) needs float32 h, W_hh and accumulator, got "
                     f"{s.h_dtype}, {s.w_dtype} and {s.acc_dtype} (16-bit states: step_tc 1)")
-        if shape.units not in TC_UNITS:
-            return f"split tensor-core step kernel: step_j {shape.units} units per block; allowed: {TC_UNITS}"
+        if shape.units not in SPLIT_UNITS:
+            return f"split tensor-core step kernel: step_j {shape.units} units per block; allowed: {SPLIT_UNITS}"
         if shape.rows not in TC_ROWS:
             return f"split tensor-core step kernel: {shape.rows} rows per block; allowed: {TC_ROWS}"
         if shape.n_warps not in TC_N_WARPS or shape.units % (MMA_N * shape.n_warps):

@@ -13,7 +13,7 @@ from tvm_ext.precision.precision import itemsize
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
 OPERANDS = ("float16", "bfloat16")
-TC_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
+TC_UNITS = (8, 16, 32)  # hidden units per block: 1, 2 or 4 n8 tiles per gate
 TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
 TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
