@@ -39,9 +39,9 @@ STEP_KNOBS = (
                                      "T steps, so W_hh stays on chip (else every step re-reads it from L2)"),
     Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (h and W_hh both float16 or both bfloat16) runs "
                                "the gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
-                               "(16 or 32) in shared memory for all T steps (``tensor_core_step.py``); 2 (float32 h "
-                               "and W_hh) as three products of their float16 high and low parts, float32-accurate, "
-                               "h read in chunks behind the grid barrier (``split_step.py``)"),
+                               "(8, 16 or 32) in shared memory for all T steps (``tensor_core_step.py``); 2 (float32 "
+                               "h and W_hh) as three products of their float16 high and low parts, float32-accurate, "
+                               "16 or 32 units, h read in chunks behind the grid barrier (``split_step.py``)"),
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
