@@ -147,7 +147,7 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     (more, smaller blocks), else 32 units and 16 rows on 4 warps
     splitting the units (a step's exchange is blocks x rows x H words, H²·B/units, so fewer
     blocks exchange less), else more rows; W_hh's fragments in registers with two accumulator
-    sets where they fit (``MAX_W_REGISTERS``: 16 units on 4 k warps up to H512), else those of
+    sets where they fit (``MAX_W_REGISTERS``: 8 or 16 units on 4 k warps up to H512), else those of
     the warp's first k slices that fit; None where no such config fits.  The timings behind
     each choice: docs/results/gru.md."""
     for units, rows, k_warps, n_warps in TC_BLOCKS:
