@@ -78,8 +78,14 @@ def main() -> None:
                               runner_options=(("devices", devices),))
         work = os.path.join(args.out, f"devices_{devices.replace(',', '-')}")
         start = time.time()
-        result = tune_relax(mod, target, os.path.join(work, "records.jsonl"), os.path.join(work, "database"),
-                            options, log=None)
+        os.makedirs(work, exist_ok=True)
+        with open(os.path.join(work, "tune.log"), "w") as log_file:
+            def log(msg: str, start: float = start) -> None:  # the tuner's lines, seconds since the start
+                log_file.write(f"{time.time() - start:8.2f} {msg}\n")
+                log_file.flush()
+
+            result = tune_relax(mod, target, os.path.join(work, "records.jsonl"), os.path.join(work, "database"),
+                                options, log=log)
         wall = time.time() - start
         secs, err = latency(load_model(mod, target, os.path.join(work, "database"), log=None), inputs, reference,
                             target.kind)

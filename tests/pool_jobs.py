@@ -66,3 +66,18 @@ def tvm_imported_with(name: str) -> bool:
     import tvm  # noqa: F401
 
     return name in sys.modules
+
+
+def warmed() -> tuple[str, bool]:
+    """What this build process's warm-up did, and whether the wgmma template (which an OpenCL
+    GEMM's build never imports) was imported before this job."""
+    import sys
+
+    from tvm_ext.measure import builder
+
+    return builder.WARMED, "tvm_ext.schedules.gemm.wgmma_template" in sys.modules
+
+
+def sleep_at_start() -> None:
+    """An initializer that keeps its process starting for a minute (importing, warming up)."""
+    time.sleep(60.0)

@@ -155,6 +155,21 @@ def test_export_is_idempotent(tuned, mlp, opencl):
     assert open(os.path.join(tuned["database"], "database_tuning_record.json")).read() == before
 
 
+def test_the_build_processes_start_before_the_models_tasks_are_found(tuned, mlp, opencl, monkeypatch):
+    """The session's build pool starts (and warms) first, so that it is ready when the first
+    candidates come rather than starting then; a rerun with every task in the database closes it."""
+    from tvm_ext.measure.builder import LocalBuilder
+    from tvm_ext.relax import pipeline
+
+    events: list[str] = []
+    start, extract = LocalBuilder.start, pipeline.extract_tasks
+    monkeypatch.setattr(LocalBuilder, "start", lambda self: (events.append("start"), start(self))[1])
+    monkeypatch.setattr(pipeline, "extract_tasks", lambda *a, **k: (events.append("extract"), extract(*a, **k))[1])
+    again = tune_relax(mlp.get_module(), opencl, tuned["records"], tuned["database"], OPTIONS, log=None)
+    assert events == ["start", "extract"]
+    assert sum(t.trials for t in again.tasks) == 0
+
+
 def test_task_without_template_falls_back_to_dlight(opencl, tmp_path):
     """A column sum and a whole-tensor max: no template, dlight schedules them, with a message each."""
     from tvm.relax.frontend import nn

@@ -211,6 +211,47 @@ def test_build_processes_yield_the_cpu_to_measuring_ones():
     assert measured_at == os.nice(0)
 
 
+def test_a_started_build_pool_warms_its_first_processes_before_their_first_candidate():
+    """``LocalBuilder.start`` (a model's tuning calls it before finding its tasks): its first
+    ``WARM_PROCESSES`` processes import TVM and every template before they take a job; the rest,
+    and a pool started by its first build, do not (they would delay that build)."""
+    from tvm_ext.measure import builder as builder_module
+    from tvm_ext.measure.builder import LocalBuilder
+
+    with LocalBuilder(workers=1) as builder:
+        builder.start()
+        assert builder._get_pool().schedule(pool_jobs.warmed, (), 60).result(timeout=120) == (
+            "templates imported", True)
+    with LocalBuilder(workers=1) as builder:
+        assert builder._get_pool().schedule(pool_jobs.warmed, (), 60).result(timeout=120) == ("", False)
+    original = builder_module.WARM_PROCESSES
+    builder_module.WARM_PROCESSES = 0
+    try:
+        with LocalBuilder(workers=1) as builder:
+            builder.start()
+            assert builder._get_pool().schedule(pool_jobs.warmed, (), 60).result(timeout=120) == ("", False)
+    finally:
+        builder_module.WARM_PROCESSES = original
+
+
+def test_closing_a_pool_whose_processes_are_still_starting_does_not_wait_for_them():
+    """A process still in its initializer holds no job: closing the pool kills it at once rather
+    than asking it to exit and waiting ``STOP_SECS`` (a model's tuning that finds everything in
+    its database closes the build pool it started while its processes warm)."""
+    from tvm_ext.measure.pools import STOP_SECS
+
+    pool = RestartingPool(2, pool_jobs.sleep_at_start)
+    pool.start()
+    deadline = time.monotonic() + WAIT
+    while len(pool_processes()) < 2:
+        assert time.monotonic() < deadline, "the pool's processes did not start"
+        time.sleep(0.05)
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < STOP_SECS / 2
+    assert not pool_processes()
+
+
 def test_idle_build_and_measuring_processes_killed_between_batches_cost_nothing(opencl):
     """Two batches of a real search on PoCL with every pool process SIGKILLed between them: both
     batches are built and measured in full, nothing is an error."""

@@ -73,6 +73,7 @@ def run_tuning(args: argparse.Namespace) -> int:
     progress = None
     try:
         target = session.target
+        session.start_builds()  # warming while the records load and the search is set up
         template = template.for_target(target)
         check_memory(template, target)
         template.default_config(target)  # as does a template that cannot run here

@@ -426,6 +426,12 @@ class Session:
             self._builder = LocalBuilder(workers=self.options.workers, timeout=self.options.build_timeout)
         return self._builder
 
+    def start_builds(self) -> None:
+        """Start a ``LocalBuilder``'s processes now (``LocalBuilder.start``): they are ready,
+        TVM and the templates imported, when the first candidates come."""
+        if isinstance(self.builder, LocalBuilder):
+            self.builder.start()
+
     @property
     def runner(self) -> Runner:
         if self._runner is None:

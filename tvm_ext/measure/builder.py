@@ -85,6 +85,26 @@ def _init_worker() -> None:
     exit_with_parent()
 
 
+WARMED: str = ""  # what this process's ``warm_up`` did ("" where it did not run or failed)
+# Processes a started pool warms: importing TVM in many processes at once is much slower than in
+# a few, and delays every first build (the results docs, tuning: the warmed build pool)
+WARM_PROCESSES = 16
+
+
+def warm_up() -> None:
+    """A build process's first-build cost paid before its first candidate: TVM and every
+    operator's template imported.  A failure here fails nothing: the first build imports them."""
+    global WARMED
+    try:
+        from ..operators import OPERATORS
+
+        for operator in OPERATORS.values():
+            operator.template_class()
+        WARMED = "templates imported"
+    except Exception:  # noqa: BLE001 - an optional head start
+        pass
+
+
 class LocalBuilder:
     """Builds candidates in a pool of worker processes with a per-build timeout.  The pool is a
     ``RestartingPool``: a process that dies (idle or building) is replaced, its build retried
@@ -96,11 +116,19 @@ class LocalBuilder:
         self._pool: Any = None
         self._lock = threading.Lock()  # tuners in several threads build at once
 
-    def _get_pool(self) -> RestartingPool:
+    def _get_pool(self, warm: bool = False) -> RestartingPool:
         with self._lock:
             if self._pool is None:
-                self._pool = RestartingPool(self.workers, _init_worker)
+                self._pool = RestartingPool(self.workers, _init_worker, warm=warm_up,
+                                            warm_processes=WARM_PROCESSES if warm else 0)
             return self._pool
+
+    def start(self) -> None:
+        """Start the pool now, not at the first build: its first ``WARM_PROCESSES`` processes
+        ``warm_up`` while the caller does its own work (a model's task extraction, a tuner's
+        setup), so the first candidates' builds cost what later ones do.  Without effect on a
+        started pool."""
+        self._get_pool(warm=True).start()
 
     @property
     def rebuilds(self) -> int:

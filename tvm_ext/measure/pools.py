@@ -88,8 +88,8 @@ class _Process:
     started: float = 0.0
 
 
-def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
-    """A pool process: run the initializer, then one job at a time until told to stop.  Ctrl-C
+def _serve(conn: Connection, initializer: Callable[[], None] | None, warm: Callable[[], None] | None = None) -> None:
+    """A pool process: run the initializer (and ``warm``), then one job at a time until told to stop.  Ctrl-C
     reaches the whole process group: the driver handles it, a pool process ignores it.  Its jobs
     build and measure with TVM, never torch, which TVM's FFI imports whenever it is installed
     (most of the process's start: seconds before its first job); so torch is kept out here."""
@@ -101,6 +101,8 @@ def _serve(conn: Connection, initializer: Callable[[], None] | None) -> None:
     keep_torch_out()
     if initializer is not None:
         initializer()
+    if warm is not None:
+        warm()
     conn.send(READY)
     while True:
         try:
@@ -132,14 +134,17 @@ def _exit_text(code: Any) -> str:
 
 
 class RestartingPool:
-    """``workers`` spawned processes (each running ``initializer`` first) running scheduled
-    calls; a call's future gives its result, its exception, ``TimeoutError`` past its
-    timeout, or ``ProcessDied`` once its process died ``retries`` + 1 times."""
+    """``workers`` spawned processes (each running ``initializer`` first, the first
+    ``warm_processes`` of them ``warm`` after it) running scheduled calls; a call's future gives
+    its result, its exception, ``TimeoutError`` past its timeout, or ``ProcessDied`` once its
+    process died ``retries`` + 1 times."""
 
-    def __init__(self, workers: int = 1, initializer: Callable[[], None] | None = None, retries: int = 1):
+    def __init__(self, workers: int = 1, initializer: Callable[[], None] | None = None, retries: int = 1,
+                 warm: Callable[[], None] | None = None, warm_processes: int = 0):
         self.workers = workers
         self.initializer = initializer
         self.retries = retries
+        self.warm, self.warm_processes = warm, warm_processes
         self.rebuilds = 0  # processes replaced after dying or being killed at a timeout
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()
@@ -156,11 +161,20 @@ class RestartingPool:
             if self._closed:
                 raise RuntimeError("the pool is closed")
             self._queue.append(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._supervise, name="tvm_ext-pool", daemon=True)
-                self._thread.start()
+            self._start_thread()
         self._wake()
         return job.future
+
+    def start(self) -> None:
+        """Start the processes now rather than at the first ``schedule``."""
+        with self._lock:
+            if not self._closed:
+                self._start_thread()
+
+    def _start_thread(self) -> None:  # under the lock
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._supervise, name="tvm_ext-pool", daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
         """Stop the processes; jobs not finished are cancelled."""
@@ -199,8 +213,10 @@ class RestartingPool:
 
     def _start(self) -> _Process:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_serve, args=(child, self.initializer), daemon=True,
-                                        name=f"tvm_ext-pool-{next(self._ids)}")
+        number = next(self._ids)
+        warm = self.warm if number < self.warm_processes else None
+        process = self._context.Process(target=_serve, args=(child, self.initializer, warm), daemon=True,
+                                        name=f"tvm_ext-pool-{number}")
         with _spawning():
             process.start()
         child.close()
@@ -288,6 +304,9 @@ class RestartingPool:
 
     def _stop(self, processes: list[_Process]) -> None:
         for p in processes:
+            if not p.ready and p.job is None:  # still starting: it holds nothing to wait for
+                _end(p)
+                continue
             try:
                 p.conn.send(None)
             except (OSError, ValueError):

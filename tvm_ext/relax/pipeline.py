@@ -327,7 +327,8 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     note and get TVM's default schedule when the model is compiled.  A task the database
     already holds is not tuned again (``retune``: it is, resuming its records).  Ctrl-C
     stops the search, keeps the records and still exports what was found.  Every task is
-    tuned with ``options`` (``records`` replaces its records file) through one ``Session``.
+    tuned with ``options`` (``records`` replaces its records file) through one ``Session``,
+    whose build processes start (and warm) while the tasks are found.
     ``without``: template matchers turned off (``tasks.MATCHERS`` names), their tasks going to
     the next template that takes them.  ``gru_storage``: float32 GRU layers tuned with their
     tensors stored in that 16-bit type (``compile_relax`` takes the same).
@@ -336,67 +337,33 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     import time
 
     from ..core.records import RecordStore
-    from .relax_gru import find_grus
     from ..core.template import Workload
-    from .tvm_export import already_exported, export_operator, export_task, open_database, read_operators
+    from .tvm_export import export_operator, export_task, open_database, read_operators
 
     log = log or (lambda _msg: None)
     start = time.perf_counter()
     store = RecordStore(records)
     db = open_database(database)
     operators = read_operators(database)
-    lowered = legalize_and_fuse(mod)
-    tasks = extract_tasks(lowered, target)
-    matches = match_tasks(tasks, target, without)
-    grus = find_grus(mod, target, gru_storage)
-    groups: dict[str, _Group] = {}
-    in_database: dict[int, bool] = {}  # task index -> the database already holds it
-    for i, m in enumerate(matches):
-        if m.matched:
-            key = Workload.of(m.template, target).key
-            groups.setdefault(key, _Group(m.template)).tasks.append(i)
-            in_database[i] = not retune and (key in operators if m.substitutes
-                                             else already_exported(db, tasks[i].dispatched[0], target))
-        else:
-            log(f"note: {m.name}: not tuned, no template ({m.reason})")
-    for j, gru in enumerate(grus):
-        key = Workload.of(gru.template, target).key
-        groups.setdefault(key, _Group(gru.template)).tasks.append(len(matches) + j)
-        in_database[len(matches) + j] = not retune and key in operators
-    for group in groups.values():  # reused when every task it schedules is in the database
-        group.reused = all(in_database[i] for i in group.tasks)
-
     interrupted = False
-    # one template's workloads one after another: a cost model carries over between its shapes
-    todo = {k: g for k, g in sorted(groups.items(), key=lambda kv: kv[1].template.name) if not g.reused}
-    for group in groups.values():
-        if group.reused:
-            log(f"{group.template.describe()}: in the database, not tuned again")
+    with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
+        session.start_builds()
+        tasks, matches, grus, groups = _task_groups(mod, target, db, operators, retune, without, gru_storage, log)
+        # one template's workloads one after another: a cost model carries over between its shapes
+        todo = [g for _, g in sorted(groups.items(), key=lambda kv: kv[1].template.name) if not g.reused]
+        if options.tasks_in_flight > 1 and len(todo) > 1:
+            searches = _Searches()
+            interrupted = searches.all_at_once(
+                todo, options.tasks_in_flight,
+                lambda group: _search(session, group, matches, grus, on_record, log, searches), session)
+            store = RecordStore(records)  # the records the threads wrote, read afresh for the export
+        else:
+            for group in todo:
+                if _search(session, group, matches, grus, on_record, log):
+                    interrupted = True
+                    break
     if todo:
-        with Session(dataclasses.replace(options, records=records), target=target, store=store, log=log) as session:
-            def search(group: _Group, searches: _Searches | None = None) -> bool:
-                """One workload's search (one of ``searches``, in a thread with a handle of its
-                own on the records file); True where it was stopped."""
-                names = ", ".join(_task_name(i, matches, grus) for i in group.tasks)
-                tuner = session.tuner(group.template, on_record=on_record,
-                                      store=None if searches is None else RecordStore(records))
-                log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")
-                result = session.search(tuner) if searches is None else searches.run(tuner, session.search)
-                group.trials = result.trials
-                group.best = result.best.cost if result.best else math.inf
-                group.default = result.default.cost if result.default and result.default.ok else math.inf
-                return result.interrupted
-
-            if options.tasks_in_flight > 1 and len(todo) > 1:
-                searches = _Searches()
-                interrupted = searches.all_at_once(list(todo.values()), options.tasks_in_flight,
-                                                   lambda group: search(group, searches), session)
-                store = RecordStore(records)  # the records the threads wrote, read afresh for the export
-            else:
-                for group in todo.values():
-                    if search(group):
-                        interrupted = True
-                        break
+        log(f"searched {len(todo)} workloads in {time.perf_counter() - start:.1f} s; exporting the best")
 
     reports = []
     for i, (task, m) in enumerate(zip(tasks, matches)):
@@ -418,6 +385,56 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
         reports.append(_report(name, 1, gru.template, group, len(matches) + j, outcome, log))
     return RelaxTuning(tuple(reports), database, records, target, interrupted,
                        time.perf_counter() - start)
+
+
+def _task_groups(mod: Any, target: TargetInfo, db: Any, operators: Any, retune: bool, without: Collection[str],
+                 gru_storage: str | None, log: Log) -> tuple[list[Any], list[TaskMatch], list[Any], dict[str, _Group]]:
+    """The model's tasks, their template matches, its GRU layers, and the template workloads
+    that schedule them (by workload key), each marked ``reused`` where the database holds
+    every task it schedules."""
+    from ..core.template import Workload
+    from .relax_gru import find_grus
+    from .tvm_export import already_exported
+
+    tasks = extract_tasks(legalize_and_fuse(mod), target)
+    matches = match_tasks(tasks, target, without)
+    grus = find_grus(mod, target, gru_storage)
+    groups: dict[str, _Group] = {}
+    in_database: dict[int, bool] = {}  # task index -> the database already holds it
+    for i, m in enumerate(matches):
+        if m.matched:
+            key = Workload.of(m.template, target).key
+            groups.setdefault(key, _Group(m.template)).tasks.append(i)
+            in_database[i] = not retune and (key in operators if m.substitutes
+                                             else already_exported(db, tasks[i].dispatched[0], target))
+        else:
+            log(f"note: {m.name}: not tuned, no template ({m.reason})")
+    for j, gru in enumerate(grus):
+        key = Workload.of(gru.template, target).key
+        groups.setdefault(key, _Group(gru.template)).tasks.append(len(matches) + j)
+        in_database[len(matches) + j] = not retune and key in operators
+    for group in groups.values():  # reused when every task it schedules is in the database
+        group.reused = all(in_database[i] for i in group.tasks)
+        if group.reused:
+            log(f"{group.template.describe()}: in the database, not tuned again")
+    return tasks, matches, grus, groups
+
+
+def _search(session: Session, group: _Group, matches: Sequence[TaskMatch], grus: Sequence[Any],
+            on_record: Callable[[Any, Any], None] | None, log: Log, searches: "_Searches | None" = None) -> bool:
+    """One workload's search (one of ``searches``, in a thread with a handle of its own on the
+    records file), its outcome kept in ``group``; True where it was stopped."""
+    from ..core.records import RecordStore
+
+    names = ", ".join(_task_name(i, matches, grus) for i in group.tasks)
+    tuner = session.tuner(group.template, on_record=on_record,
+                          store=None if searches is None else RecordStore(session.options.records))
+    log(f"tuning {group.template.describe()} for {names} ({tuner.resumed} records resumed)")
+    result = session.search(tuner) if searches is None else searches.run(tuner, session.search)
+    group.trials = result.trials
+    group.best = result.best.cost if result.best else math.inf
+    group.default = result.default.cost if result.default and result.default.ok else math.inf
+    return result.interrupted
 
 
 class _Searches:
