@@ -166,17 +166,20 @@ def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measur
 
 
 def test_a_gru_record_from_before_the_accumulator_sets_exports_its_kernel(tmp_path, capsys):
-    """A tensor-core GRU record without ``step_tc_acc``, ``step_tc_frag`` and ``step_tc_wreg``
-    (written before them) exports with one accumulator set, no fragments ahead and W in shared
-    memory, the kernel it measured."""
+    """A tensor-core GRU record without ``step_tc_acc``, ``step_tc_frag``, ``step_tc_wreg`` and
+    ``step_tc_poll`` (written before them) exports with one accumulator set, no fragments ahead,
+    W in shared memory and 8-byte polls, the kernel it measured."""
     from tvm_ext.schedules.gru import GruTemplate
 
     half = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
     template = GruTemplate(batch=8, hidden=64, input=64, seq=4).with_precision(half).with_tensor_cores(TARGET)
-    config = template.analytic_pick(TARGET)[0]
-    assert config.step_tc == 1 and config.step_tc_acc == 1 and config.step_tc_frag == 0 and config.step_tc_wreg == 0
+    pick = template.analytic_pick(TARGET)[0]
+    assert pick.step_tc == 1 and pick.step_tc_acc == 1 and pick.step_tc_frag == 0 and pick.step_tc_wreg == 0
+    assert pick.step_tc_poll == 16
+    config = pick.replace(step_tc_poll=8)  # the kernel a record from before the knob measured
     workload = dataclasses.replace(Workload.of(template, TARGET), template_hash="0" * 16)  # an earlier version's
-    old = {k: v for k, v in config.as_dict().items() if k not in ("step_tc_acc", "step_tc_frag", "step_tc_wreg")}
+    old = {k: v for k, v in config.as_dict().items()
+           if k not in ("step_tc_acc", "step_tc_frag", "step_tc_wreg", "step_tc_poll")}
     path = str(tmp_path / "old.jsonl")
     RecordStore(path).append(Record(workload.key, workload.as_json(), old, (1e-4,), metrics={"timer": "host"}))
     assert main(["export", path, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err

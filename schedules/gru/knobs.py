@@ -57,6 +57,9 @@ STEP_KNOBS = (
                                     "all T steps (ldmatrix'd from shared memory once), so a step's products read only "
                                     "h from shared memory, where they fit (``MAX_W_REGISTERS`` a lane); 2 keeps those "
                                     "of the warp's first k slices that fit, the rest read every step", before=0),
+    Knob("step_tc_poll", (8, 16), "tensor-core step kernel with step_flags 1: bytes of exchange words a lane "
+                                  "loads at once polling h, one word (8) or two adjacent words in one vector load "
+                                  "(16; hidden a multiple of 4): half the poll's load instructions", before=8),
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),

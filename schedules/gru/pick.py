@@ -148,8 +148,9 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     splitting the units (a step's exchange is blocks x rows x H words, H²·B/units, so fewer
     blocks exchange less), else more rows; W_hh's fragments in registers with two accumulator
     sets where they fit (``MAX_W_REGISTERS``: 8 or 16 units on 4 k warps up to H512), else those of
-    the warp's first k slices that fit; None where no such config fits.  The timings behind
-    each choice: docs/results/gru.md."""
+    the warp's first k slices that fit; h polled two words a load (``step_tc_poll`` 16) where
+    hidden is a multiple of 4; None where no such config fits.  The timings behind each choice:
+    docs/results/gru.md."""
     for units, rows, k_warps, n_warps in TC_BLOCKS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=units,
                            step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps)
@@ -157,7 +158,9 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
             continue
         if space.is_feasible(cfg):
             held = (cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS), cfg.replace(step_tc_wreg=2))
-            return next((c for c in held if space.is_feasible(c)), cfg)
+            cfg = next((c for c in held if space.is_feasible(c)), cfg)
+            pairs = cfg.replace(step_tc_poll=16)
+            return pairs if space.is_feasible(pairs) else cfg
     return None
 
 

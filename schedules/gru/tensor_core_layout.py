@@ -85,6 +85,7 @@ class TcStepShape(UnitRowBlocks):
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
     w_held: int = 0  # step_tc_wreg: 0 W_hh's fragments read from shared memory every step, 1 all of the
     # warp's kept in registers for all steps, 2 those of its first k slices that fit ``MAX_W_REGISTERS``
+    poll_bytes: int = 8  # step_tc_poll: bytes of exchange words one poll load reads (with flags)
 
     @property
     def k_extent(self) -> int:
@@ -169,6 +170,7 @@ class TcKernelLayout:
     slot_words: int  # hx holds two slots of this many words
     poll_words: int  # exchange words a lane polls at once
     poll_rounds: int
+    poll_vector: int  # exchange words one poll load reads (adjacent k)
 
     @classmethod
     def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
@@ -179,8 +181,9 @@ class TcKernelLayout:
         copy_k = warp_k // n_warps
         copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)
         vec = 8 if shape.hidden % 8 == 0 else 1
-        lane_words = -(-MMA_M * copy_k // 2 // WARP)
-        poll_words = min(lane_words, POLL_WORDS)
+        vector = shape.poll_bytes // 8
+        lane_loads = -(-MMA_M * copy_k // 2 // vector // WARP)
+        poll_loads = min(lane_loads, POLL_WORDS // vector)
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
         return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
                    gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
@@ -188,7 +191,7 @@ class TcKernelLayout:
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
                    pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
-                   poll_words=poll_words, poll_rounds=-(-lane_words // poll_words))
+                   poll_words=poll_loads * vector, poll_rounds=-(-lane_loads // poll_loads), poll_vector=vector)
 
     @property
     def a_frag_size(self) -> int:

@@ -55,7 +55,7 @@ from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVari
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, w_held: int = 0, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -66,8 +66,10 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     a tag (``step_common.pack_pair``), each written with one relaxed store by the lane whose
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
-    suffice, and the poll limit that turns a grid that is not resident into an error)."""
-    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held)
+    suffice, and the poll limit that turns a grid that is not resident into an error);
+    ``poll_bytes`` 16: two adjacent words a load."""
+    shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
+                        poll_bytes)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -289,6 +291,52 @@ def _poll_h_macro(L: TcKernelLayout) -> Any:
     return poll_h
 
 
+def _poll_h_pairs_macro(L: TcKernelLayout) -> Any:
+    """``_poll_h_macro`` with two adjacent exchange words (four k) a load: one relaxed 16-byte
+    vector load (``ld.relaxed.gpu.v2.u64``) where the scalar poll issues two, each word still
+    checked by its own tag (a vector load is single-copy atomic per element, not whole)."""
+    from tvm.script import tirx as T
+
+    batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
+    loads, poll_rounds = L.poll_words // 2, L.poll_rounds
+    slot_words, pair_words, row_loads = L.slot_words, L.pair_words, L.copy_k // 4
+
+    def load(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
+        """(row in the warp's 16, first k, within the warp's loads) of load i of poll round c."""
+        f = (c * loads + i) * WARP + tx
+        return f // row_loads, k0 + f % row_loads * 4, f < MMA_M * row_loads
+
+    @T.macro
+    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
+        for c in T.unroll(poll_rounds):
+            poll[1] = 0
+            while poll[1] == 0:
+                poll[1] = 1
+                for i in T.unroll(loads):
+                    r = T.meta_var(load(c, i, k0, tx)[0])
+                    k = T.meta_var(load(c, i, k0, tx)[1])
+                    if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                        T.ptx["ld.relaxed.gpu.v2.u64"](
+                            got[2 * i], got[2 * i + 1],
+                            T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
+                                            + k // 2]))
+                        if word_tag(T, got[2 * i]) != step or word_tag(T, got[2 * i + 1]) != step:
+                            poll[1] = 0
+                poll[0] = poll[0] + 1
+                if poll[0] >= SPIN_LIMIT:
+                    poll[1] = 1
+            for i in T.unroll(loads):
+                r = T.meta_var(load(c, i, k0, tx)[0])
+                k = T.meta_var(load(c, i, k0, tx)[1])
+                if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                    for q in T.unroll(4):
+                        h_s[(mi * MMA_M + r) * sh + k + q] = T.reinterpret(operand, T.Cast(
+                            "uint16", T.bitwise_and(T.shift_right(got[2 * i + q // 2], T.uint64(16 * (q % 2))),
+                                                    T.uint64(0xFFFF))))
+
+    return poll_h
+
+
 def _b_loads_macros(L: TcKernelLayout) -> tuple[Any, Any]:
     """The ldmatrix.trans loads of W_hh's B fragments from its shared slice: a pair of n8 tiles,
     and an odd last tile alone."""
@@ -460,7 +508,8 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
 
     n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
         L.copy_chunks, L.asynchronous
-    products, copy_h, poll_h = _products_macro(L), _copy_h_macro(L), _poll_h_macro(L)
+    products, copy_h = _products_macro(L), _copy_h_macro(L)
+    poll_h = _poll_h_macro(L) if L.poll_vector == 1 else _poll_h_pairs_macro(L)
     flags, acc_sets = L.flags, L.shape.acc_sets
 
     @T.macro
@@ -641,6 +690,7 @@ class TensorCoreStep(StepVariant):
     flags: bool
     loop: int
     cluster: bool = False  # step_flags 2, which this kernel does not have
+    poll_bytes: int = 8
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
@@ -648,13 +698,13 @@ class TensorCoreStep(StepVariant):
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
-                   cluster=c.step_flags == 2)
+                   cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll)
 
     @property
     def shape(self) -> TcStepShape:
         s = self.sizes
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.w_held)
+                           self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -705,6 +755,11 @@ class TensorCoreStep(StepVariant):
         if shape.w_held == 2 and shape.w_registers <= MAX_W_REGISTERS:
             return (f"tensor-core step kernel: all of W's fragments fit in registers ({shape.w_registers} a lane): "
                     f"step_tc_wreg 1, not a part (2)")
+        if shape.poll_bytes == 16 and not self.flags:
+            return "tensor-core step kernel: 16-byte polls (step_tc_poll) need exchange words (step_flags 1)"
+        if shape.poll_bytes == 16 and shape.hidden % 4:
+            return (f"tensor-core step kernel: 16-byte polls (step_tc_poll) read word pairs 16-byte aligned, "
+                    f"hidden {shape.hidden} not a multiple of 4")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -730,4 +785,5 @@ class TensorCoreStep(StepVariant):
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
-                                          frags_ahead=self.frags_ahead, w_held=self.w_held)}
+                                          frags_ahead=self.frags_ahead, w_held=self.w_held,
+                                          poll_bytes=self.poll_bytes)}
