@@ -46,9 +46,10 @@ from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAX
                                         grid_barrier)
 from tvm_ext.target import TargetInfo
 
-from .step_common import cell_blend, cell_gates, pack_pair, stored_as, word_tag
+from .step_common import cell_blend, cell_gates, pack_pair, stored_as
 from .tensor_core_layout import (MAX_W_REGISTERS, MMA_K, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
                                  TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
+from .tensor_core_poll import poll_h_macro
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
 
@@ -245,98 +246,6 @@ def _copy_h_macro(L: TcKernelLayout) -> Any:
     return copy_h
 
 
-def _poll_h_macro(L: TcKernelLayout) -> Any:
-    """With flags: a warp's rows and k range of h from the tagged exchange words."""
-    from tvm.script import tirx as T
-
-    batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
-    copy_k, poll_words, poll_rounds = L.copy_k, L.poll_words, L.poll_rounds
-    slot_words, pair_words = L.slot_words, L.pair_words
-
-    def word(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
-        """(row in the warp's 16, k, within the warp's words) of word i of poll round c; the
-        warp polls its 16 rows, ``copy_k`` from ``k0``."""
-        f = (c * poll_words + i) * WARP + tx
-        return f // (copy_k // 2), k0 + f % (copy_k // 2) * 2, f < MMA_M * copy_k // 2
-
-    @T.macro
-    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
-        """The warp's rows and k range of h_step from the exchange words, ``poll_words`` a
-        lane at once, each round polled until every tag says ``step``."""
-        for c in T.unroll(poll_rounds):
-            poll[1] = 0
-            while poll[1] == 0:
-                poll[1] = 1
-                for i in T.unroll(poll_words):
-                    r = T.meta_var(word(c, i, k0, tx)[0])
-                    k = T.meta_var(word(c, i, k0, tx)[1])
-                    if word(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                        got[i] = T.call_extern(
-                            "uint64", "__nv_atomic_load_n",
-                            T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
-                                            + k // 2]), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-                        if word_tag(T, got[i]) != step:
-                            poll[1] = 0
-                poll[0] = poll[0] + 1
-                if poll[0] >= SPIN_LIMIT:
-                    poll[1] = 1
-            for i in T.unroll(poll_words):
-                r = T.meta_var(word(c, i, k0, tx)[0])
-                k = T.meta_var(word(c, i, k0, tx)[1])
-                if word(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                    for half in T.unroll(2):
-                        h_s[(mi * MMA_M + r) * sh + k + half] = T.reinterpret(operand, T.Cast(
-                            "uint16", T.bitwise_and(T.shift_right(got[i], T.uint64(16 * half)), T.uint64(0xFFFF))))
-
-    return poll_h
-
-
-def _poll_h_pairs_macro(L: TcKernelLayout) -> Any:
-    """``_poll_h_macro`` with two adjacent exchange words (four k) a load: one relaxed 16-byte
-    vector load (``ld.relaxed.gpu.v2.u64``) where the scalar poll issues two, each word still
-    checked by its own tag (a vector load is single-copy atomic per element, not whole)."""
-    from tvm.script import tirx as T
-
-    batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
-    loads, poll_rounds = L.poll_words // 2, L.poll_rounds
-    slot_words, pair_words, row_loads = L.slot_words, L.pair_words, L.copy_k // 4
-
-    def load(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
-        """(row in the warp's 16, first k, within the warp's loads) of load i of poll round c."""
-        f = (c * loads + i) * WARP + tx
-        return f // row_loads, k0 + f % row_loads * 4, f < MMA_M * row_loads
-
-    @T.macro
-    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
-        for c in T.unroll(poll_rounds):
-            poll[1] = 0
-            while poll[1] == 0:
-                poll[1] = 1
-                for i in T.unroll(loads):
-                    r = T.meta_var(load(c, i, k0, tx)[0])
-                    k = T.meta_var(load(c, i, k0, tx)[1])
-                    if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                        T.ptx["ld.relaxed.gpu.v2.u64"](
-                            got[2 * i], got[2 * i + 1],
-                            T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
-                                            + k // 2]))
-                        if word_tag(T, got[2 * i]) != step or word_tag(T, got[2 * i + 1]) != step:
-                            poll[1] = 0
-                poll[0] = poll[0] + 1
-                if poll[0] >= SPIN_LIMIT:
-                    poll[1] = 1
-            for i in T.unroll(loads):
-                r = T.meta_var(load(c, i, k0, tx)[0])
-                k = T.meta_var(load(c, i, k0, tx)[1])
-                if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                    for q in T.unroll(4):
-                        h_s[(mi * MMA_M + r) * sh + k + q] = T.reinterpret(operand, T.Cast(
-                            "uint16", T.bitwise_and(T.shift_right(got[2 * i + q // 2], T.uint64(16 * (q % 2))),
-                                                    T.uint64(0xFFFF))))
-
-    return poll_h
-
-
 def _b_loads_macros(L: TcKernelLayout) -> tuple[Any, Any]:
     """The ldmatrix.trans loads of W_hh's B fragments from its shared slice: a pair of n8 tiles,
     and an odd last tile alone."""
@@ -508,8 +417,7 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
 
     n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
         L.copy_chunks, L.asynchronous
-    products, copy_h = _products_macro(L), _copy_h_macro(L)
-    poll_h = _poll_h_macro(L) if L.poll_vector == 1 else _poll_h_pairs_macro(L)
+    products, copy_h, poll_h = _products_macro(L), _copy_h_macro(L), poll_h_macro(L)
     flags, acc_sets = L.flags, L.shape.acc_sets
 
     @T.macro

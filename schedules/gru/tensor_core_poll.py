@@ -1,0 +1,68 @@
+"""The tensor-core step kernel's poll (``tensor_core_step.py``, with ``step_flags`` 1): a warp's
+rows and k range of h from the tagged exchange words of ``hx``, each word two units' 16-bit
+values and the step as a tag (``step_common.pack_pair``), polled until every tag says the step.
+A lane loads one word at a time (a relaxed 8-byte atomic load) or, with ``step_tc_poll`` 16, two
+adjacent words with one relaxed 16-byte vector load (``ld.relaxed.gpu.v2.u64``): a vector load
+is single-copy atomic per element, not whole, so each word is still checked by its own tag."""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.lowering.step_loop import NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
+
+from .step_common import word_tag
+from .tensor_core_layout import MMA_M, WARP, TcKernelLayout
+
+
+def poll_h_macro(L: TcKernelLayout) -> Any:
+    """``poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx)``: the warp's rows and k range of
+    h_step from the exchange words into ``h_s``, ``L.poll_words`` a lane at once in loads of
+    ``L.poll_vector`` words, each round polled until every tag says ``step``."""
+    from tvm.script import tirx as T
+
+    batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
+    vector, poll_rounds = L.poll_vector, L.poll_rounds
+    loads, row_loads = L.poll_words // vector, L.copy_k // 2 // vector
+    slot_words, pair_words = L.slot_words, L.pair_words
+
+    def load(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
+        """(row in the warp's 16, first k, within the warp's loads) of load i of poll round c;
+        the warp polls its 16 rows, ``copy_k`` from ``k0``."""
+        f = (c * loads + i) * WARP + tx
+        return f // row_loads, k0 + f % row_loads * (2 * vector), f < MMA_M * row_loads
+
+    def at(hx: Any, step: Any, bz: Any, m0: Any, mi: Any, r: Any, k: Any) -> Any:
+        return T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words + k // 2])
+
+    @T.macro
+    def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
+        for c in T.unroll(poll_rounds):
+            poll[1] = 0
+            while poll[1] == 0:
+                poll[1] = 1
+                for i in T.unroll(loads):
+                    r = T.meta_var(load(c, i, k0, tx)[0])
+                    k = T.meta_var(load(c, i, k0, tx)[1])
+                    if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                        if vector == 1:
+                            got[i] = T.call_extern("uint64", "__nv_atomic_load_n", at(hx, step, bz, m0, mi, r, k),
+                                                   NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
+                            if word_tag(T, got[i]) != step:
+                                poll[1] = 0
+                        else:
+                            T.ptx["ld.relaxed.gpu.v2.u64"](got[2 * i], got[2 * i + 1], at(hx, step, bz, m0, mi, r, k))
+                            if word_tag(T, got[2 * i]) != step or word_tag(T, got[2 * i + 1]) != step:
+                                poll[1] = 0
+                poll[0] = poll[0] + 1
+                if poll[0] >= SPIN_LIMIT:
+                    poll[1] = 1
+            for i in T.unroll(loads):
+                r = T.meta_var(load(c, i, k0, tx)[0])
+                k = T.meta_var(load(c, i, k0, tx)[1])
+                if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
+                    for q in T.unroll(2 * vector):  # the 16-bit values of the load's words, k order
+                        h_s[(mi * MMA_M + r) * sh + k + q] = T.reinterpret(operand, T.Cast(
+                            "uint16", T.bitwise_and(T.shift_right(got[vector * i + q // 2], T.uint64(16 * (q % 2))),
+                                                    T.uint64(0xFFFF))))
+
+    return poll_h
