@@ -137,7 +137,7 @@ def test_other_step_knobs_do_not_refuse_a_flag_config_and_are_not_shown():
 @pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((8, 512, False), 4), ((8, 512, True), 8),
                                           ((5, 200, False), 4), ((3, 33, True), 4), ((16, 512, False), 4)])
 def test_analytic_pick_takes_it_for_small_batches(shape, units):
-    """Up to batch 16 (float32 state; with 16-bit state up to batch 4, the tensor-core kernel above):
+    """Up to batch 16 (float32 state; with 16-bit state batch 1, the tensor-core kernel above):
     the fewest units per block whose grid fits one block per SM (132 on the H100: 4 units at
     H512 is 128 blocks, bidirectional 256, so 8; B16 H512 polls its 64 words in 2 rounds)."""
     batch, hidden, bidirectional = shape
@@ -148,8 +148,10 @@ def test_analytic_pick_takes_it_for_small_batches(shape, units):
     assert why.startswith("flag-exchange persistent step kernel")
     assert _template(32, 64).analytic_pick(target)[0].step_flags == 0  # beyond batch 16
     half = t.with_precision(HALF).analytic_pick(target)[0]
-    # 16-bit state: this kernel up to batch 4 (B2, B4 H512 measured), the tensor-core one with tagged words above
-    assert (half.step_flags, half.step_tc) == ((1, 0) if batch <= 4 else (1, 1))
+    # 16-bit state: this kernel at batch 1 (B1 H256 measured), the tensor-core one with tagged words from batch 2
+    # (B2, B4 H512 measured)
+    assert (half.step_flags, half.step_tc) == ((1, 0) if batch <= 1 else (1, 1))
+    assert [_template(b, 512).with_precision(HALF).analytic_pick(target)[0].step_tc for b in (2, 4)] == [1, 1]
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------

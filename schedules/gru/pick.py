@@ -44,7 +44,8 @@ SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of 32 rows with W_hh's slice in shared memory
 MANY_ROWS_UNITS = (4, 8, 16)  # their units per block, tried in order
 FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
-FLAG_BATCH_TENSOR_CORE = 4  # with 16-bit state, up to this batch (faster there than the tensor-core kernel)
+FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (faster there than the tensor-core kernel, not
+# from batch 2 on since that kernel's 8-unit blocks and 16-byte polls; docs/results/gru.md)
 # From this batch on, float32 state runs the split tensor-core step kernel: faster than the CUDA-core
 # kernel at B32-B64 x H512-H1024, slower than the flag-exchange kernel at B8-B16 (docs/results/gru.md)
 SPLIT_STEP_BATCH = 32
