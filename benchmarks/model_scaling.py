@@ -2,7 +2,8 @@
 
 For each device set (``--device-sets 0/0,1/0,1,2,3``), from empty records and database:
 ``tune_relax`` with the local runner's process per device and as many kernels searched at once
-as devices (``tasks_in_flight``), the same trials per kernel and seed; then the compiled model's
+as devices times ``--tasks-per-device`` (``tasks_in_flight``), the same trials per kernel and seed,
+its log with each line's seconds in ``devices_<set>/tune.log``; then the compiled model's
 latency (the Relax VM's call, best of per call / back to back / CUDA graph on CUDA) and its
 error against the model's float64 reference.  The table gives each set's tuning wall time, its
 ratio to the first set's, and the latencies (the same speed is the point: a faster tuning that
