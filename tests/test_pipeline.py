@@ -156,8 +156,9 @@ def test_export_is_idempotent(tuned, mlp, opencl):
 
 
 def test_the_build_processes_start_before_the_models_tasks_are_found(tuned, mlp, opencl, monkeypatch):
-    """The session's build pool starts (and warms) first, so that it is ready when the first
-    candidates come rather than starting then; a rerun with every task in the database closes it."""
+    """The session's build pool starts (and warms) before the tasks are extracted, so that it is
+    ready when the first candidates come rather than starting then (here a rerun, every task in
+    the database: nothing is tuned)."""
     from tvm_ext.measure.builder import LocalBuilder
     from tvm_ext.relax import pipeline
 

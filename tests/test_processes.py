@@ -211,7 +211,7 @@ def test_build_processes_yield_the_cpu_to_measuring_ones():
     assert measured_at == os.nice(0)
 
 
-def test_a_started_build_pool_warms_its_first_processes_before_their_first_candidate():
+def test_a_started_build_pool_warms_its_first_processes_before_their_first_candidate(monkeypatch):
     """``LocalBuilder.start`` (a model's tuning calls it before finding its tasks): its first
     ``WARM_PROCESSES`` processes import TVM and every template before they take a job; the rest,
     and a pool started by its first build, do not (they would delay that build)."""
@@ -224,14 +224,10 @@ def test_a_started_build_pool_warms_its_first_processes_before_their_first_candi
             "templates imported", True)
     with LocalBuilder(workers=1) as builder:
         assert builder._get_pool().schedule(pool_jobs.warmed, (), 60).result(timeout=120) == ("", False)
-    original = builder_module.WARM_PROCESSES
-    builder_module.WARM_PROCESSES = 0
-    try:
-        with LocalBuilder(workers=1) as builder:
-            builder.start()
-            assert builder._get_pool().schedule(pool_jobs.warmed, (), 60).result(timeout=120) == ("", False)
-    finally:
-        builder_module.WARM_PROCESSES = original
+    monkeypatch.setattr(builder_module, "WARM_PROCESSES", 0)
+    with LocalBuilder(workers=1) as builder:
+        builder.start()
+        assert builder._get_pool().schedule(pool_jobs.warmed, (), 60).result(timeout=120) == ("", False)
 
 
 def test_closing_a_pool_whose_processes_are_still_starting_does_not_wait_for_them():

@@ -11,11 +11,12 @@ GRU pick's evidence").
 - Batch >= 32: blocks of 32 rows and the fewest units whose grid fits one block per SM (every
   block reads all its rows' h each step: fewer rows, less of that traffic), W_hh's slice in
   shared memory, the h slice double-buffered; where none fits, blocks of 8 units x all rows.
-- Up to batch 16 with float32 state, and up to batch 4 with 16-bit state: the flag-exchange
+- Up to batch 16 with float32 state, and at batch 1 with 16-bit state: the flag-exchange
   kernel (no grid barrier, ``flag_step.py``) with the fewest units whose grid fits.
-- 16-bit h and W_hh above batch 4: the tensor-core step kernel exchanging tagged words, blocks of
+- 16-bit h and W_hh from batch 2: the tensor-core step kernel exchanging tagged words, blocks of
   8 units where their grid has a block an SM at most (else 16 or 32), W_hh's fragments in
-  registers where a lane's share fits, else those of its first k slices.
+  registers where a lane's share fits, else those of its first k slices, h polled 16 bytes a
+  load where hidden is a multiple of 4.
 - float32 h and W_hh from batch 32 on: the split tensor-core step kernel (``split_step.py``:
   three float16 products of high and low parts, float32-accurate), 16 units a block and the
   fewest rows whose grid is resident, the most k warps that fit, two chunks of h loaded ahead.
@@ -44,8 +45,8 @@ SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of 32 rows with W_hh's slice in shared memory
 MANY_ROWS_UNITS = (4, 8, 16)  # their units per block, tried in order
 FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
-FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (faster there than the tensor-core kernel, not
-# from batch 2 on since that kernel's 8-unit blocks and 16-byte polls; docs/results/gru.md)
+FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (from batch 2 the tensor-core kernel, with its
+# 8-unit blocks and 16-byte polls, is faster; docs/results/gru.md)
 # From this batch on, float32 state runs the split tensor-core step kernel: faster than the CUDA-core
 # kernel at B32-B64 x H512-H1024, slower than the flag-exchange kernel at B8-B16 (docs/results/gru.md)
 SPLIT_STEP_BATCH = 32
