@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 ATTEMPTS_ENV = "TVM_EXT_TEST_ATTEMPTS"
+BLAS_THREADS_AT_IMPORT = os.environ.get("OPENBLAS_NUM_THREADS")  # as this module loaded in its process
 KILL_MARK = "/* kill the measuring process */"
 
 
@@ -30,6 +31,14 @@ def pid() -> int:
 
 def environment(name: str) -> str | None:
     return os.environ.get(name)
+
+
+def nothing() -> None:
+    """An initializer: the pool process imports this module before its first job."""
+
+
+def blas_threads_at_import() -> str | None:
+    return BLAS_THREADS_AT_IMPORT
 
 
 def note_and_die(secs: float = 0.3) -> None:

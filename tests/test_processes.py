@@ -153,13 +153,34 @@ def test_pool_processes_run_single_threaded_blas_unless_the_user_says_otherwise(
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")
-    pool = RestartingPool(1)
+    pool = RestartingPool(1, initializer=pool_jobs.nothing)
     try:
         seen = {name: pool.schedule(pool_jobs.environment, (name,), 60).result(timeout=120) for name in CHILD_ENV}
+        at_import = pool.schedule(pool_jobs.blas_threads_at_import, (), 60).result(timeout=120)
     finally:
         pool.close()
     assert seen == {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "3"}
+    assert at_import == "1"  # set before the initializer's modules (numpy's BLAS, in a real pool) load
     assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"
+
+
+def test_a_pool_starting_processes_leaves_the_tuners_environment_alone(monkeypatch):
+    """Another thread may start a process while a pool starts its own (the worker's TVM server
+    beside its measuring process, a compiler beside the build pool); a process started with
+    vfork reads the parent's environment as it execs, and an entry changed under it failed that
+    start with EFAULT.  The pool's processes get their variables without the tuner's
+    environment being written at all."""
+    writes = []
+    monkeypatch.setattr(os, "putenv", lambda name, value: writes.append(("putenv", name)))
+    monkeypatch.setattr(os, "unsetenv", lambda name: writes.append(("unsetenv", name)))
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    writes.clear()
+    pool = RestartingPool(2, warm=pool_jobs.nothing, warm_processes=1)
+    try:
+        assert pool.schedule(pool_jobs.environment, ("OPENBLAS_NUM_THREADS",), 60).result(timeout=120) == "1"
+    finally:
+        pool.close()
+    assert writes == []
 
 
 MAIN_THAT_IMPORTS = """

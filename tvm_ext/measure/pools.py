@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import multiprocessing
 import os
+import pickle
 import sys
 import threading
 import types
@@ -33,24 +34,26 @@ MAX_START_DEATHS = 3  # processes in a row dying before they are ready: the queu
 READY = "ready"  # a process's first message: its initializer ran, it takes jobs
 # A pool process runs one job at a time: a BLAS thread per core in each (numpy's float64
 # checks) only competes with the other processes, measuring processes on other devices
-# included.  Set for the spawned process where the user has not set them.
+# included.  Set by the spawned process itself where the user has not set them, before the
+# modules of its initializer (numpy with them) load.
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _SPAWN_LOCK = threading.Lock()  # pools start processes from their own threads
 
 
 @contextlib.contextmanager
 def _spawning() -> Iterator[None]:
-    """What a process copies as it spawns, set for the pool's processes and restored after:
-    ``CHILD_ENV`` in ``os.environ`` for the variables the user has not set, and a bare
-    ``__main__``.  A spawned child otherwise imports the parent's main module again
+    """A bare ``__main__`` while a pool's process spawns.  A spawned child otherwise imports the
+    parent's main module again
     (``python -m tvm_ext.worker``, TVM's server and session processes, a benchmark script), and
     a main module that imports TVM imports torch with it (TVM's FFI does whenever it is
     installed) before the child can keep torch out: seconds before a measuring process is
-    ready.  Pool jobs are functions of importable modules."""
+    ready.  Pool jobs are functions of importable modules.
+
+    The tuner's environment is never changed here: another thread may be starting a process at
+    the same moment (TVM's RPC server, a compiler), and a process started with ``vfork`` reads
+    the parent's environment as its ``execve`` runs; an entry freed under it fails that start
+    with EFAULT."""
     with _SPAWN_LOCK:
-        added = [name for name in CHILD_ENV if name not in os.environ]
-        for name in added:
-            os.environ[name] = CHILD_ENV[name]
         main = sys.modules.get("__main__")
         sys.modules["__main__"] = types.ModuleType("__main__")
         try:
@@ -58,8 +61,6 @@ def _spawning() -> Iterator[None]:
         finally:
             if main is not None:
                 sys.modules["__main__"] = main
-            for name in added:
-                os.environ.pop(name, None)
 
 
 class ProcessDied(Exception):
@@ -88,17 +89,23 @@ class _Process:
     started: float = 0.0
 
 
-def _serve(conn: Connection, initializer: Callable[[], None] | None, warm: Callable[[], None] | None = None) -> None:
-    """A pool process: run the initializer (and ``warm``), then one job at a time until told to stop.  Ctrl-C
-    reaches the whole process group: the driver handles it, a pool process ignores it.  Its jobs
-    build and measure with TVM, never torch, which TVM's FFI imports whenever it is installed
-    (most of the process's start: seconds before its first job); so torch is kept out here."""
+def _serve(conn: Connection, setup: bytes) -> None:
+    """A pool process: set ``CHILD_ENV``, run the initializer (and ``warm``) pickled in ``setup``,
+    then one job at a time until told to stop.  ``setup`` is unpickled only after the
+    environment is set: loading it imports the initializer's modules, numpy and its BLAS with
+    them.  Ctrl-C reaches the whole process group: the driver handles it, a pool process ignores
+    it.  Its jobs build and measure with TVM, never torch, which TVM's FFI imports whenever it
+    is installed (most of the process's start: seconds before its first job); so torch is kept
+    out here."""
     import signal
 
     from .lifetime import keep_torch_out
 
+    for name, value in CHILD_ENV.items():
+        os.environ.setdefault(name, value)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_torch_out()
+    initializer, warm = pickle.loads(setup)
     if initializer is not None:
         initializer()
     if warm is not None:
@@ -215,7 +222,8 @@ class RestartingPool:
         parent, child = self._context.Pipe()
         number = next(self._ids)
         warm = self.warm if number < self.warm_processes else None
-        process = self._context.Process(target=_serve, args=(child, self.initializer, warm), daemon=True,
+        setup = pickle.dumps((self.initializer, warm))  # functions of importable modules: by name
+        process = self._context.Process(target=_serve, args=(child, setup), daemon=True,
                                         name=f"tvm_ext-pool-{number}")
         with _spawning():
             process.start()
