@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import importlib
 import os
-import pickle
 import sys
 import threading
 import types
@@ -89,14 +89,13 @@ class _Process:
     started: float = 0.0
 
 
-def _serve(conn: Connection, setup: bytes) -> None:
-    """A pool process: set ``CHILD_ENV``, run the initializer (and ``warm``) pickled in ``setup``,
-    then one job at a time until told to stop.  ``setup`` is unpickled only after the
-    environment is set: loading it imports the initializer's modules, numpy and its BLAS with
-    them.  Ctrl-C reaches the whole process group: the driver handles it, a pool process ignores
-    it.  Its jobs build and measure with TVM, never torch, which TVM's FFI imports whenever it
-    is installed (most of the process's start: seconds before its first job); so torch is kept
-    out here."""
+def _serve(conn: Connection, initializer: tuple[str, str] | None, warm: tuple[str, str] | None = None) -> None:
+    """A pool process: set ``CHILD_ENV``, run the initializer (and ``warm``), each given by its
+    module and name, then one job at a time until told to stop.  The two are imported only after
+    the environment is set: their modules bring numpy and its BLAS with them.  Ctrl-C reaches the
+    whole process group: the driver handles it, a pool process ignores it.  Its jobs build and
+    measure with TVM, never torch, which TVM's FFI imports whenever it is installed (most of the
+    process's start: seconds before its first job); so torch is kept out here."""
     import signal
 
     from .lifetime import keep_torch_out
@@ -105,11 +104,9 @@ def _serve(conn: Connection, setup: bytes) -> None:
         os.environ.setdefault(name, value)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_torch_out()
-    initializer, warm = pickle.loads(setup)
-    if initializer is not None:
-        initializer()
-    if warm is not None:
-        warm()
+    for function in (initializer, warm):
+        if function is not None:
+            _function_at(function)()
     conn.send(READY)
     while True:
         try:
@@ -127,6 +124,23 @@ def _serve(conn: Connection, setup: bytes) -> None:
             conn.send(reply)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
             conn.send(("error", RuntimeError(f"the job's {reply[0]} could not be sent back: {exc}")))
+
+
+def _function_name(function: Callable[[], None] | None) -> tuple[str, str] | None:
+    """(module, qualified name) of a module-level function, what a pool's process imports it by."""
+    if function is None:
+        return None
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if not module or "<" in name:
+        raise ValueError(f"a pool's initializer must be a function of an importable module, not {function!r}")
+    return module, name
+
+
+def _function_at(where: tuple[str, str]) -> Callable[[], None]:
+    found: Any = importlib.import_module(where[0])
+    for part in where[1].split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _exit_text(code: Any) -> str:
@@ -150,6 +164,8 @@ class RestartingPool:
                  warm: Callable[[], None] | None = None, warm_processes: int = 0):
         self.workers = workers
         self.initializer = initializer
+        self._initializer_name = _function_name(initializer)
+        self._warm_name = _function_name(warm)
         self.retries = retries
         self.warm, self.warm_processes = warm, warm_processes
         self.rebuilds = 0  # processes replaced after dying or being killed at a timeout
@@ -221,9 +237,8 @@ class RestartingPool:
     def _start(self) -> _Process:
         parent, child = self._context.Pipe()
         number = next(self._ids)
-        warm = self.warm if number < self.warm_processes else None
-        setup = pickle.dumps((self.initializer, warm))  # functions of importable modules: by name
-        process = self._context.Process(target=_serve, args=(child, setup), daemon=True,
+        warm = self._warm_name if number < self.warm_processes else None
+        process = self._context.Process(target=_serve, args=(child, self._initializer_name, warm), daemon=True,
                                         name=f"tvm_ext-pool-{number}")
         with _spawning():
             process.start()
