@@ -1,5 +1,7 @@
 """TIR lowering the schedules share: the step loop of recurrent and multi-pass kernels
 (``step_loop``) and the fix around TVM's warp-memory pass (``warp_memory``)."""
+from tvm_ext.core import script_macro
 from tvm_ext.core.source_pin import pin_package_sources
 
 pin_package_sources(__file__)  # TVMScript re-reads its modules' files at every build: keep the text imported
+script_macro.install()  # its macros find their parser without reading every frame's source line
