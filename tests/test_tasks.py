@@ -51,8 +51,8 @@ def _one(matches, matcher):
 
 
 def test_registry_has_one_matcher_per_template():
-    assert list(MATCHERS) == ["tf32", "gemm", "wgmma", "tensor_core", "rows"]
-    assert [n for n, m in MATCHERS.items() if m.substitute is not None] == ["tf32", "wgmma"]
+    assert list(MATCHERS) == ["tf32", "gemm", "wgmma", "fp8", "tensor_core", "rows"]
+    assert [n for n, m in MATCHERS.items() if m.substitute is not None] == ["tf32", "wgmma", "fp8"]
 
 
 @pytest.mark.parametrize("b_shape, b_transposed", [((3, 16, 12), False), ((3, 12, 16), True)])

@@ -345,7 +345,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm_3xtf32", _gemm_3xtf32, fixed_dtypes(a_dtype="float32", b_dtype="float32", acc_dtype="float32",
                                                        c_dtype="float32"),
              tune=GEMM_3XTF32_TUNE, matchers=("tf32",)),
-    Operator("gemm_fp8", _gemm_fp8, _fp8_args, tune=GEMM_FP8_TUNE),
+    Operator("gemm_fp8", _gemm_fp8, _fp8_args, tune=GEMM_FP8_TUNE, matchers=("fp8",)),
     Operator("reduce", _reduce, tune=REDUCE_TUNE),
     Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
              example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),

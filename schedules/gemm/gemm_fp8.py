@@ -116,9 +116,16 @@ class Fp8GemmTemplate(Template):
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the 8-bit GEMM is written as a PrimFunc, not scheduled: use build_program")
 
-    def kernel_func(self, config: Config) -> Any:
-        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=self.out_dtype, scales=True,
-                          promote=config.fp8_promote)
+    def kernel_func(self, config: Config, c_dtype: str | None = None, epilogue: Any = None) -> Any:
+        """The PrimFunc of ``config``: ``main(A, Bt, scale_ab, C)``; with ``epilogue``
+        (``wgmma_gemm``'s) ``main(A, Bt, C)``, C (``c_dtype``, None: ``out_dtype``) that
+        expression of the float32 sum instead of the scales: what a Relax model's 8-bit matmul,
+        its scaling and cast fused after it, is replaced by (``tvm_ext.relax.relax_wgmma``)."""
+        if epilogue is None:
+            return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
+                              scales=True, promote=config.fp8_promote)
+        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
+                          epilogue=epilogue, promote=config.fp8_promote)
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         reason = self.space(target).infeasible_reason(config)

@@ -10,6 +10,12 @@ built from the same rewritten module.
   is applied before it, and reshapes of reshapes collapse.  TVM's ``FuseOps`` stops fusing at
   a reshape, so this is what lets the bias, the GELU and the residual add join the matmul's
   store instead of running as kernels of their own.
+- ``fp8_weight_rows``: a ``matmul`` of 8-bit floats whose second operand is a 2-D weight
+  transposed (``permute_dims(w)``, a ``Linear`` as quantized models write it) becomes one
+  computation reading ``w[n, k]`` as stored, accumulating in float32, and a cast to the
+  matmul's dtype.  Hopper's 8-bit wgmma reads both operands K-major only; left as it was, the
+  transpose is a kernel of its own (or, for a constant weight, folded into a [k, n] copy) and
+  the matmul gets B as [k, n], which no 8-bit kernel reads.
 - ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
   in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
   index past it (a token id past an embedding table; torch raises there): an illegal address on
@@ -21,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 LOW_PRECISION = ("float16", "bfloat16")
+EIGHT_BIT = ("float8_e4m3fn", "float8_e5m2")
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -41,6 +48,16 @@ def _op_name(expr: Any) -> str:
     from tvm.ir.expr import Call
 
     return str(getattr(expr.op, "name", "")) if isinstance(expr, Call) else ""
+
+
+def _matmul_weight_rows(a: Any, w: Any) -> Any:
+    """TE: ``a[..., m, k] · w[n, k]ᵀ`` in float32 (the block named ``matmul``, as a legalized
+    ``matmul``'s)."""
+    from tvm import te
+
+    k = te.reduce_axis((0, a.shape[-1]), "k")
+    return te.compute((*a.shape[:-1], w.shape[0]), lambda *at: te.sum(
+        a[(*at[:-1], k)].astype("float32") * w[at[-1], k].astype("float32"), axis=k), name="matmul")
 
 
 def _make_mutator() -> Any:
@@ -87,7 +104,8 @@ def _make_mutator() -> Any:
             call = self.visit_expr_post_order(call)
             name = _op_name(call)
             if name == "relax.matmul":
-                return self._accumulate_fp32(call)
+                rows = self._fp8_weight_rows(call)
+                return rows if rows is not None else self._accumulate_fp32(call)
             if name == "relax.reshape":
                 inner = self._reshape_source(call.args[0], anchored=False)
                 if inner is not None:
@@ -131,6 +149,26 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             return call
 
+        def _fp8_weight_rows(self, call: Any) -> Any:
+            """``fp8_weight_rows`` (None where ``call`` is not such a matmul)."""
+            a, b = call.args
+            dtype, operand = str(call.ty.dtype), str(a.ty.dtype)
+            if operand not in EIGHT_BIT or str(b.ty.dtype) != operand or dtype not in (*LOW_PRECISION, "float32"):
+                return None
+            transposed = self._producer(b)
+            if _op_name(transposed) != "relax.permute_dims":
+                return None
+            w = transposed.args[0]
+            axes = transposed.attrs.axes
+            a_shape, w_shape = _static(_shape(a)), _static(_shape(w))
+            if (w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2
+                    or (axes is not None and [int(x) for x in axes] != [1, 0])):
+                return None
+            self.changed += 1
+            wide = self.builder_.emit(self.builder_.call_te(_matmul_weight_rows, a, w,
+                                                             primfunc_name_hint="matmul_weight_rows"))
+            return wide if dtype == "float32" else relax.op.astype(wide, dtype)
+
         def _accumulate_fp32(self, call: Any) -> Any:
             dtype = str(call.ty.dtype)
             a, b = call.args
@@ -144,8 +182,8 @@ def _make_mutator() -> Any:
 
 
 def rewrite_model(mod: Any) -> Any:
-    """``accumulate_fp32``, ``sink_reshapes`` and ``clamp_takes`` on every Relax function, until nothing
-    changes; dead bindings are removed."""
+    """``accumulate_fp32``, ``fp8_weight_rows``, ``sink_reshapes`` and ``clamp_takes`` on every Relax
+    function, until nothing changes; dead bindings are removed."""
     import tvm
     from tvm import relax
 

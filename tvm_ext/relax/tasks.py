@@ -21,6 +21,10 @@ carries the reason.
 - ``wgmma``: a float16 or bfloat16 matmul (float32 accumulate, out in its own type, batched or not) on Hopper -> the
   wgmma template, whose kernel replaces the function (``Matcher.substitute``,
   ``relax_wgmma``) rather than scheduling it.
+- ``fp8``: an 8-bit float matmul (both operands e4m3 or both e5m2, float32 accumulate, B read
+  as [n, k], out float16 or bfloat16) on Hopper -> the 8-bit wgmma template, its kernel in the
+  function's place with the function's scaling and cast composed into its store (as ``wgmma``'s;
+  ``relax_rewrites``'s ``fp8_weight_rows`` makes a transposed weight read as [n, k]).
 - ``tensor_core``: the same matmul with float16 or bfloat16 operands -> the mma.sync
   template (CUDA; elsewhere it falls back with the reason).
 - ``rows``: one or two reductions over the last axis (softmax, layer norm, RMS norm, sum,
@@ -336,6 +340,29 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
         dtype=f.a_dtype), f"{found.a_dtype} matmul on wgmma", near=True)
 
 
+def match_fp8(func: Any, target: TargetInfo) -> Any:
+    """An 8-bit float matmul (both operands e4m3 or both e5m2) accumulating in float32 into float16
+    or bfloat16, on Hopper -> the 8-bit wgmma template, its kernel in the function's place with the
+    epilogue (the model's scales, bias, cast) composed into its store.  wgmma reads 8-bit operands
+    K-major only: B must be read as [n, k]; no batch axes (the template has none)."""
+    from ..schedules.gemm.gemm_fp8 import FP8, OUT_DTYPES, Fp8GemmTemplate
+
+    formats = {dtype: name for name, dtype in FP8.items()}
+    found = _hopper_matmul(func, target, "fp8", tuple((d, d, "float32", c) for d in FP8.values() for c in OUT_DTYPES),
+                           "the 8-bit wgmma GEMM takes two e4m3 or two e5m2 operands accumulating in float32 into "
+                           f"{' or '.join(OUT_DTYPES)}")
+    if isinstance(found, NoMatch):
+        return found
+    what = f"{found.a_dtype} matmul on wgmma"
+    if not found.b_transposed:
+        return NoMatch(f"{what}: wgmma reads 8-bit operands K-major only, so B must be read as [n, k] "
+                       "(a Linear weight as stored); this function reads it as [k, n]", True)
+    if found.batch:
+        return NoMatch(f"{what}: a batch of {found.batch} matmuls (the 8-bit template has no batch axis)", True)
+    return _substitution(func, found, lambda f: Fp8GemmTemplate(f.m, f.n, f.k, fp8=formats[f.a_dtype],
+                                                                out_dtype=f.c_dtype), what, near=True)
+
+
 def match_tf32(func: Any, target: TargetInfo) -> Any:
     """A float32 matmul (float32 out, no batch) on Hopper -> the 3xTF32 template: its splits and
     TF32 GEMM in one function in the function's place, the epilogue composed into the GEMM's store
@@ -442,6 +469,9 @@ MATCHERS: dict[str, Matcher] = {
     "wgmma": Matcher("wgmma", match_wgmma, "float16/bfloat16 matmul (float32 accumulate, out in its type) on Hopper "
                                           "-> the wgmma template's kernel in the function's place",
                      substitute=substitute_kernel),
+    "fp8": Matcher("fp8", match_fp8, "e4m3/e5m2 matmul (float32 accumulate, B as [n, k], out float16/bfloat16) on "
+                                    "Hopper -> the 8-bit wgmma template's kernel in the function's place",
+                   substitute=substitute_kernel),
     "tensor_core": Matcher("tensor_core", match_tensor_core, "float16/bfloat16 matmul -> the mma.sync template "
                                                              "(CUDA)"),
     "rows": Matcher("rows", match_rows, "softmax, layer norm, RMS norm, sum/mean/max over the last axis, with "
