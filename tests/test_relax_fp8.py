@@ -22,13 +22,14 @@ from tvm_ext.relax.tvm_export import OPERATORS_FILE, tvm_target
 M, N, K = 128, 192, 256
 
 
-def quantized_linear(dtype: str = "float8_e4m3fn", weight_transposed: bool = True, out_dtype: str = "float16"):
-    """``astype((x · wᵀ) x sx x sw + bias, out_dtype)``, x (M, K) and w (N, K) 8-bit (or, without
-    ``weight_transposed``, w given as (K, N) and multiplied as it is)."""
+def quantized_linear(dtype: str = "float8_e4m3fn", weight_transposed: bool = True, out_dtype: str = "float16",
+                     lead: tuple[int, ...] = ()):
+    """``astype((x · wᵀ) x sx x sw + bias, out_dtype)``, x (*lead, M, K) and w (N, K) 8-bit (or,
+    without ``weight_transposed``, w given as (K, N) and multiplied as it is)."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((M, K), dtype))
+    x = relax.Var("x", relax.TensorType((*lead, M, K), dtype))
     w = relax.Var("w", relax.TensorType((N, K) if weight_transposed else (K, N), dtype))
     sx, sw = (relax.Var(name, relax.TensorType((), "float32")) for name in ("sx", "sw"))
     bias = relax.Var("bias", relax.TensorType((N,), "float32"))
@@ -62,15 +63,18 @@ def test_the_transposed_weight_is_read_as_stored_with_the_scales_bias_and_cast_i
     assert len(extract_tasks(lowered, offline_cuda())) == 1
 
 
-@pytest.mark.parametrize("dtype,fmt", [("float8_e4m3fn", "e4m3"), ("float8_e5m2", "e5m2")])
-def test_an_8bit_linear_matches_the_fp8_template_with_its_epilogue(dtype, fmt):
+@pytest.mark.parametrize("dtype,fmt,lead", [("float8_e4m3fn", "e4m3", ()), ("float8_e5m2", "e5m2", ()),
+                                            ("float8_e4m3fn", "e4m3", (2,))])
+def test_an_8bit_linear_matches_the_fp8_template_with_its_epilogue(dtype, fmt, lead):
+    """Activations with a batch axis ((batch, tokens, features)) share the weight: the template's
+    ``batch``."""
     from tvm_ext.target import offline_cuda
 
     cuda = offline_cuda()
-    (match,) = match_tasks([_matmul_task(quantized_linear(dtype), cuda)], cuda)
+    (match,) = match_tasks([_matmul_task(quantized_linear(dtype, lead=lead), cuda)], cuda)
     assert match.matcher == "fp8" and match.substitutes, match.reason
     t = match.template
-    assert (t.name, t.m, t.n, t.k, t.fp8, t.out_dtype) == ("gemm_fp8", M, N, K, fmt, "float16")
+    assert (t.name, t.m, t.n, t.k, t.fp8, t.out_dtype, t.batch) == ("gemm_fp8", M, N, K, fmt, "float16", lead)
     expr = match.site.epilogue.expr.script()
     assert str(match.site.epilogue.expr.ty) == "float32"
     assert "sx[()]" in expr and "sw[()]" in expr and "bias[" in expr, expr  # the model's scales and bias
@@ -97,13 +101,14 @@ def _operators(match, target, directory) -> str:
     return str(directory)
 
 
-def test_the_compiled_model_runs_the_8bit_wgmma_kernel_with_the_scales_in_its_store(tmp_path):
+@pytest.mark.parametrize("lead", [(), (2,)])
+def test_the_compiled_model_runs_the_8bit_wgmma_kernel_with_the_scales_in_its_store(tmp_path, lead):
     import tvm
 
     from tvm_ext.target import offline_cuda
 
     cuda = offline_cuda()
-    mod = quantized_linear()
+    mod = quantized_linear(lead=lead)
     (match,) = match_tasks([_matmul_task(mod, cuda)], cuda)
     compiled = compile_relax(mod, cuda, _operators(match, cuda, tmp_path / "db"), log=None)
     func = compiled[match.name]
@@ -120,7 +125,8 @@ def test_the_compiled_model_runs_the_8bit_wgmma_kernel_with_the_scales_in_its_st
 
 
 @pytest.mark.gpu
-def test_an_8bit_linear_on_the_gpu_matches_float64(tmp_path):
+@pytest.mark.parametrize("lead", [(), (2,)])
+def test_an_8bit_linear_on_the_gpu_matches_float64(tmp_path, lead):
     """On the GPU machine: the quantized Linear compiled with the 8-bit wgmma kernel (default
     config) against float64 numpy of the same 8-bit values."""
     import ml_dtypes
@@ -129,15 +135,15 @@ def test_an_8bit_linear_on_the_gpu_matches_float64(tmp_path):
     from tvm_ext.target import resolve_target
 
     cuda = resolve_target("cuda")
-    mod = quantized_linear()
+    mod = quantized_linear(lead=lead)
     (match,) = match_tasks([_matmul_task(mod, cuda)], cuda)
     assert match.matcher == "fp8", match.reason
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((M, K)).astype(ml_dtypes.float8_e4m3fn)
+    x = rng.standard_normal((*lead, M, K)).astype(ml_dtypes.float8_e4m3fn)
     w = rng.standard_normal((N, K)).astype(ml_dtypes.float8_e4m3fn)
     sx, sw = np.array(0.5, np.float32), np.array(0.25, np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
-    ref = x.astype(np.float64) @ w.astype(np.float64).T * 0.5 * 0.25 + bias
+    ref = x.astype(np.float64) @ w.astype(np.float64).T * 0.5 * 0.25 + bias  # bias along each row
     model = CompiledModel(compile_relax(mod, cuda, _operators(match, cuda, tmp_path / "db"), log=None), cuda)
     out = np.asarray(model(x, w, sx, sw, bias), dtype=np.float64)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3

@@ -162,6 +162,8 @@ def _fp8_args(params: Mapping[str, Any]) -> dict[str, Any]:
     if dtype not in formats:
         raise TvmExtError(f"a_dtype {dtype!r}: this template takes {' or '.join(formats)} only")
     c_dtype = out.pop("c_dtype", "float16")
+    if out.pop("b_shared", True) is not True:
+        raise TvmExtError("b_shared false: an 8-bit GEMM's batch shares one Bt")
     out = fixed_dtypes(b_dtype=dtype, acc_dtype="float32", scales="per_tensor")(out)
     return {**out, "fp8": formats[dtype], "out_dtype": c_dtype}
 

@@ -46,18 +46,24 @@ OUT_DTYPES = {"float16": 1e-2, "bfloat16": 1e-2}
 class Fp8GemmTemplate(Template):
     """C[M, N] = (A[M, K] · Bt[N, K]ᵀ) x scale_ab[0] x scale_ab[1]: A and Bt ``fp8`` (e4m3 or
     e5m2), per-tensor float32 scales, float32 accumulate, C ``out_dtype``; the knobs are the
-    wgmma GEMM's (tile, pipeline, tiles a block, raster), K never split."""
+    wgmma GEMM's (tile, pipeline, tiles a block, raster), K never split.  ``batch``: leading axes
+    of A and C, one GEMM each with the same Bt (a Linear on a model's (batch, tokens, features)
+    activations)."""
 
     m: int
     n: int
     k: int
     fp8: str = "e4m3"
     out_dtype: str = "float16"
+    batch: tuple[int, ...] = ()
 
     name = "gemm_fp8"
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)
+        object.__setattr__(self, "batch", tuple(int(x) for x in self.batch))
+        if any(x < 1 for x in self.batch):
+            raise TvmExtError(f"batch axes must be >= 1, got {self.batch}")
         if self.fp8 not in FP8:
             raise TvmExtError(f"8-bit float {self.fp8!r}; allowed: {', '.join(FP8)}")
         if self.out_dtype not in OUT_DTYPES:
@@ -77,8 +83,14 @@ class Fp8GemmTemplate(Template):
     @property
     def params(self) -> dict[str, Any]:
         dtype = FP8[self.fp8]
+        batched = {"batch": list(self.batch), "b_shared": True} if self.batch else {}
         return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": dtype, "b_dtype": dtype, "acc_dtype": "float32",
-                "c_dtype": self.out_dtype, "scales": "per_tensor"}
+                "c_dtype": self.out_dtype, "scales": "per_tensor", **batched}
+
+    @property
+    def matrices(self) -> int:
+        """GEMMs in the batch (1 without one)."""
+        return int(np.prod(self.batch, dtype=np.int64))
 
     def tile(self, config: Config) -> WgmmaTile:
         return WgmmaTile.of(config, self.fp8)
@@ -103,10 +115,12 @@ class Fp8GemmTemplate(Template):
         shapes = [(self.m, self.n, self.k)]
         candidates = [WgmmaTile(bm, bn, stages, inflight, False, 0, operand=self.fp8)
                       for bm, bn, stages, inflight in PROMOTE_TILES]
-        tile = pick_wgmma_tile(shapes, target, self.out_dtype, candidates=candidates, operand=self.fp8)
+        tile = pick_wgmma_tile(shapes, target, self.out_dtype, candidates=candidates, operand=self.fp8,
+                               matrices=self.matrices)
         promote = 1
         if tile is None or promote_reason(tile, self.k, promote):
-            tile, promote = pick_wgmma_tile(shapes, target, self.out_dtype, operand=self.fp8), 0
+            tile, promote = pick_wgmma_tile(shapes, target, self.out_dtype, operand=self.fp8,
+                                            matrices=self.matrices), 0
         if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 128 (no guards)")
@@ -121,11 +135,12 @@ class Fp8GemmTemplate(Template):
         (``wgmma_gemm``'s) ``main(A, Bt, C)``, C (``c_dtype``, None: ``out_dtype``) that
         expression of the float32 sum instead of the scales: what a Relax model's 8-bit matmul,
         its scaling and cast fused after it, is replaced by (``tvm_ext.relax.relax_wgmma``)."""
+        batched = {"batch": self.batch, "b_batched": False} if self.batch else {}
         if epilogue is None:
             return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
-                              scales=True, promote=config.fp8_promote)
+                              scales=True, promote=config.fp8_promote, **batched)
         return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
-                          epilogue=epilogue, promote=config.fp8_promote)
+                          epilogue=epilogue, promote=config.fp8_promote, **batched)
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         reason = self.space(target).infeasible_reason(config)
@@ -135,15 +150,15 @@ class Fp8GemmTemplate(Template):
 
     def inputs(self) -> list[TensorSpec]:
         dtype = OPERAND_STORAGE[self.fp8]
-        return [TensorSpec((self.m, self.k), dtype), TensorSpec((self.n, self.k), dtype),
+        return [TensorSpec((*self.batch, self.m, self.k), dtype), TensorSpec((self.n, self.k), dtype),
                 TensorSpec((2,), "float32")]
 
     def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec((self.m, self.n), self.out_dtype)]
+        return [TensorSpec((*self.batch, self.m, self.n), self.out_dtype)]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         a, bt, scales = (x.astype(np.float64) for x in inputs)
         return [a @ bt.T * scales[0] * scales[1]]
 
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
+        return 2.0 * self.m * self.n * self.k * self.matrices

@@ -344,7 +344,7 @@ def match_fp8(func: Any, target: TargetInfo) -> Any:
     """An 8-bit float matmul (both operands e4m3 or both e5m2) accumulating in float32 into float16
     or bfloat16, on Hopper -> the 8-bit wgmma template, its kernel in the function's place with the
     epilogue (the model's scales, bias, cast) composed into its store.  wgmma reads 8-bit operands
-    K-major only: B must be read as [n, k]; no batch axes (the template has none)."""
+    K-major only: B must be read as [n, k]; leading batch axes of A and C share it (a weight)."""
     from ..schedules.gemm.gemm_fp8 import FP8, OUT_DTYPES, Fp8GemmTemplate
 
     formats = {dtype: name for name, dtype in FP8.items()}
@@ -357,10 +357,11 @@ def match_fp8(func: Any, target: TargetInfo) -> Any:
     if not found.b_transposed:
         return NoMatch(f"{what}: wgmma reads 8-bit operands K-major only, so B must be read as [n, k] "
                        "(a Linear weight as stored); this function reads it as [k, n]", True)
-    if found.batch:
-        return NoMatch(f"{what}: a batch of {found.batch} matmuls (the 8-bit template has no batch axis)", True)
+    if found.batch and not found.b_shared:
+        return NoMatch(f"{what}: a batch of {found.batch} matmuls each with a B of its own (the 8-bit template's "
+                       "batch shares one B, a weight)", True)
     return _substitution(func, found, lambda f: Fp8GemmTemplate(f.m, f.n, f.k, fp8=formats[f.a_dtype],
-                                                                out_dtype=f.c_dtype), what, near=True)
+                                                                out_dtype=f.c_dtype, batch=f.lead), what, near=True)
 
 
 def match_tf32(func: Any, target: TargetInfo) -> Any:
