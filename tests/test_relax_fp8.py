@@ -4,8 +4,9 @@ cast after it) is rewritten to read the weight as stored (``relax_rewrites``'s
 ``fp8_weight_rows``), matched to the 8-bit wgmma template with that epilogue, and compiled with
 the template's kernel in the function's place.
 
-CI (no GPU): the rewrite, the match and its refusals, and the CUDA of the compiled model for an
-offline sm_90 target.  ``-m gpu``: the compiled model against float64 numpy.
+CI (no GPU): the rewrite (and the rewritten model built for the CPU against float64), the match
+and its refusals, and the CUDA of the compiled model for an offline sm_90 target.  ``-m gpu``:
+the compiled model against float64 numpy.
 """
 from __future__ import annotations
 
@@ -61,6 +62,32 @@ def test_the_transposed_weight_is_read_as_stored_with_the_scales_bias_and_cast_i
     assert re.search(r"T\.reads\(x\[v_\w+, v_k\], w\[v_\w+, v_k\]\)", script), script  # w[n, k] as stored
     assert script.count("T_multiply") >= 2 and "T_add" in script and 'T.Cast("float16"' in script
     assert len(extract_tasks(lowered, offline_cuda())) == 1
+
+
+def _inputs(lead: tuple[int, ...]) -> tuple[list[np.ndarray], np.ndarray]:
+    """8-bit x and w, the scales and a bias; the float64 result of the quantized Linear."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((*lead, M, K)).astype(ml_dtypes.float8_e4m3fn)
+    w = rng.standard_normal((N, K)).astype(ml_dtypes.float8_e4m3fn)
+    sx, sw = np.array(0.5, np.float32), np.array(0.25, np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T * 0.5 * 0.25 + bias  # bias along each row
+    return [x, w, sx, sw, bias], ref
+
+
+@pytest.mark.parametrize("lead", [(), (2,)])
+def test_the_rewritten_linear_computes_the_models_result(lead):
+    """The rewritten model built for the CPU (TVM's LLVM backend computes 8-bit floats) against
+    float64: the weight read as stored is still the transposed weight the model multiplies by."""
+    import tvm
+    from tvm import relax
+
+    inputs, ref = _inputs(lead)
+    vm = relax.VirtualMachine(tvm.compile(legalize_and_fuse(quantized_linear(lead=lead)), target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy().astype(np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3  # the float16 output's rounding
 
 
 @pytest.mark.parametrize("dtype,fmt,lead", [("float8_e4m3fn", "e4m3", ()), ("float8_e5m2", "e5m2", ()),
@@ -129,8 +156,6 @@ def test_the_compiled_model_runs_the_8bit_wgmma_kernel_with_the_scales_in_its_st
 def test_an_8bit_linear_on_the_gpu_matches_float64(tmp_path, lead):
     """On the GPU machine: the quantized Linear compiled with the 8-bit wgmma kernel (default
     config) against float64 numpy of the same 8-bit values."""
-    import ml_dtypes
-
     from tvm_ext.relax.pipeline import CompiledModel
     from tvm_ext.target import resolve_target
 
@@ -138,12 +163,9 @@ def test_an_8bit_linear_on_the_gpu_matches_float64(tmp_path, lead):
     mod = quantized_linear(lead=lead)
     (match,) = match_tasks([_matmul_task(mod, cuda)], cuda)
     assert match.matcher == "fp8", match.reason
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((*lead, M, K)).astype(ml_dtypes.float8_e4m3fn)
-    w = rng.standard_normal((N, K)).astype(ml_dtypes.float8_e4m3fn)
-    sx, sw = np.array(0.5, np.float32), np.array(0.25, np.float32)
-    bias = rng.standard_normal(N).astype(np.float32)
-    ref = x.astype(np.float64) @ w.astype(np.float64).T * 0.5 * 0.25 + bias  # bias along each row
+    inputs, ref = _inputs(lead)
     model = CompiledModel(compile_relax(mod, cuda, _operators(match, cuda, tmp_path / "db"), log=None), cuda)
-    out = np.asarray(model(x, w, sx, sw, bias), dtype=np.float64)
+    sources = "".join(m.inspect_source() for m in model.executable.mod.imports[0].imports)
+    assert "e4m3.e4m3" in sources  # the 8-bit wgmma kernel runs
+    out = np.asarray(model(*inputs), dtype=np.float64)
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
