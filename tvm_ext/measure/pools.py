@@ -11,9 +11,9 @@ replaced, a job it held runs once more, and only a second death is that job's ou
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import multiprocessing
-import importlib
 import os
 import sys
 import threading
@@ -43,11 +43,10 @@ _SPAWN_LOCK = threading.Lock()  # pools start processes from their own threads
 @contextlib.contextmanager
 def _spawning() -> Iterator[None]:
     """A bare ``__main__`` while a pool's process spawns.  A spawned child otherwise imports the
-    parent's main module again
-    (``python -m tvm_ext.worker``, TVM's server and session processes, a benchmark script), and
-    a main module that imports TVM imports torch with it (TVM's FFI does whenever it is
-    installed) before the child can keep torch out: seconds before a measuring process is
-    ready.  Pool jobs are functions of importable modules.
+    parent's main module again (``python -m tvm_ext.worker``, TVM's server and session
+    processes, a benchmark script), and a main module that imports TVM imports torch with it
+    (TVM's FFI does whenever it is installed) before the child can keep torch out: seconds
+    before a measuring process is ready.  Pool jobs are functions of importable modules.
 
     The tuner's environment is never changed here: another thread may be starting a process at
     the same moment (TVM's RPC server, a compiler), and a process started with ``vfork`` reads
