@@ -156,16 +156,17 @@ def _gemm_fp8() -> type[Template]:
 def _fp8_args(params: Mapping[str, Any]) -> dict[str, Any]:
     """Record params -> ``Fp8GemmTemplate`` arguments: A and B of one 8-bit float, float32
     accumulate, per-tensor scales, C float16 or bfloat16."""
-    formats = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+    from .schedules.gemm.gemm_fp8 import FP8_FORMATS
+
     out = dict(params)
     dtype = out.pop("a_dtype", None)
-    if dtype not in formats:
-        raise TvmExtError(f"a_dtype {dtype!r}: this template takes {' or '.join(formats)} only")
+    if dtype not in FP8_FORMATS:
+        raise TvmExtError(f"a_dtype {dtype!r}: this template takes {' or '.join(FP8_FORMATS)} only")
     c_dtype = out.pop("c_dtype", "float16")
     if out.pop("b_shared", True) is not True:
         raise TvmExtError("b_shared false: an 8-bit GEMM's batch shares one Bt")
     out = fixed_dtypes(b_dtype=dtype, acc_dtype="float32", scales="per_tensor")(out)
-    return {**out, "fp8": formats[dtype], "out_dtype": c_dtype}
+    return {**out, "fp8": FP8_FORMATS[dtype], "out_dtype": c_dtype}
 
 
 def _reduce() -> type[Template]:

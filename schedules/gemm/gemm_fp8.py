@@ -34,6 +34,7 @@ from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, promote_re
 from .wgmma_template import pick_wgmma_tile
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
+FP8_FORMATS = {dtype: name for name, dtype in FP8.items()}  # and back
 FP8_KNOBS = (*KNOBS, Knob("fp8_promote", (0, 1, 2, 4), "k steps (of 128) between promotions of the sums (0: never)"))
 # the default's tiles, in order: room for two sets of accumulators (``promote_reason``)
 PROMOTE_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (64, 192, 6, 1), (64, 128, 6, 1), (64, 64, 8, 1))
@@ -136,11 +137,8 @@ class Fp8GemmTemplate(Template):
         expression of the float32 sum instead of the scales: what a Relax model's 8-bit matmul,
         its scaling and cast fused after it, is replaced by (``tvm_ext.relax.relax_wgmma``)."""
         batched = {"batch": self.batch, "b_batched": False} if self.batch else {}
-        if epilogue is None:
-            return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
-                              scales=True, promote=config.fp8_promote, **batched)
         return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
-                          epilogue=epilogue, promote=config.fp8_promote, **batched)
+                          epilogue=epilogue, scales=epilogue is None, promote=config.fp8_promote, **batched)
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         reason = self.space(target).infeasible_reason(config)

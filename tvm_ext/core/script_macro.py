@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-_INSTALLED = "__tvm_ext_frame_walk__"
 replaced: Any = None  # TVM's own lookup, once ``install`` replaced it
 
 
@@ -28,8 +27,6 @@ def _find_parser_def(self: Any) -> Any:
     raise RuntimeError(f"{ScriptMacro.parser_object_name} not available")
 
 
-setattr(_find_parser_def, _INSTALLED, True)
-
 
 def install() -> bool:
     """Use the frame walk for TVMScript's macros in this process; False where this TVM's
@@ -39,7 +36,7 @@ def install() -> bool:
     current = getattr(ScriptMacro, "_find_parser_def", None)
     if current is None:
         return False
-    if not getattr(current, _INSTALLED, False):
+    if current is not _find_parser_def:
         global replaced
         replaced = current
         ScriptMacro._find_parser_def = _find_parser_def
@@ -49,4 +46,4 @@ def install() -> bool:
 def installed() -> bool:
     from tvm.script.parser.core.parser import ScriptMacro
 
-    return getattr(getattr(ScriptMacro, "_find_parser_def", None), _INSTALLED, False)
+    return getattr(ScriptMacro, "_find_parser_def", None) is _find_parser_def

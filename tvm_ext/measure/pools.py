@@ -162,11 +162,10 @@ class RestartingPool:
     def __init__(self, workers: int = 1, initializer: Callable[[], None] | None = None, retries: int = 1,
                  warm: Callable[[], None] | None = None, warm_processes: int = 0):
         self.workers = workers
-        self.initializer = initializer
-        self._initializer_name = _function_name(initializer)
+        self._initializer_name = _function_name(initializer)  # what the processes import and run
         self._warm_name = _function_name(warm)
         self.retries = retries
-        self.warm, self.warm_processes = warm, warm_processes
+        self.warm_processes = warm_processes
         self.rebuilds = 0  # processes replaced after dying or being killed at a timeout
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()

@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 LOW_PRECISION = ("float16", "bfloat16")
-EIGHT_BIT = ("float8_e4m3fn", "float8_e5m2")
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -150,10 +149,13 @@ def _make_mutator() -> Any:
             return call
 
         def _fp8_weight_rows(self, call: Any) -> Any:
-            """``fp8_weight_rows`` (None where ``call`` is not such a matmul)."""
+            """``fp8_weight_rows`` (None where ``call`` is not such a matmul): the 8-bit types the
+            8-bit wgmma template reads."""
+            from ..schedules.gemm.gemm_fp8 import FP8_FORMATS
+
             a, b = call.args
             dtype, operand = str(call.ty.dtype), str(a.ty.dtype)
-            if operand not in EIGHT_BIT or str(b.ty.dtype) != operand or dtype not in (*LOW_PRECISION, "float32"):
+            if operand not in FP8_FORMATS or str(b.ty.dtype) != operand or dtype not in (*LOW_PRECISION, "float32"):
                 return None
             transposed = self._producer(b)
             if _op_name(transposed) != "relax.permute_dims":

@@ -345,10 +345,9 @@ def match_fp8(func: Any, target: TargetInfo) -> Any:
     or bfloat16, on Hopper -> the 8-bit wgmma template, its kernel in the function's place with the
     epilogue (the model's scales, bias, cast) composed into its store.  wgmma reads 8-bit operands
     K-major only: B must be read as [n, k]; leading batch axes of A and C share it (a weight)."""
-    from ..schedules.gemm.gemm_fp8 import FP8, OUT_DTYPES, Fp8GemmTemplate
+    from ..schedules.gemm.gemm_fp8 import FP8_FORMATS, OUT_DTYPES, Fp8GemmTemplate
 
-    formats = {dtype: name for name, dtype in FP8.items()}
-    found = _hopper_matmul(func, target, "fp8", tuple((d, d, "float32", c) for d in FP8.values() for c in OUT_DTYPES),
+    found = _hopper_matmul(func, target, "fp8", tuple((d, d, "float32", c) for d in FP8_FORMATS for c in OUT_DTYPES),
                            "the 8-bit wgmma GEMM takes two e4m3 or two e5m2 operands accumulating in float32 into "
                            f"{' or '.join(OUT_DTYPES)}")
     if isinstance(found, NoMatch):
@@ -360,7 +359,7 @@ def match_fp8(func: Any, target: TargetInfo) -> Any:
     if found.batch and not found.b_shared:
         return NoMatch(f"{what}: a batch of {found.batch} matmuls each with a B of its own (the 8-bit template's "
                        "batch shares one B, a weight)", True)
-    return _substitution(func, found, lambda f: Fp8GemmTemplate(f.m, f.n, f.k, fp8=formats[f.a_dtype],
+    return _substitution(func, found, lambda f: Fp8GemmTemplate(f.m, f.n, f.k, fp8=FP8_FORMATS[f.a_dtype],
                                                                 out_dtype=f.c_dtype, batch=f.lead), what, near=True)
 
 
