@@ -276,3 +276,18 @@ def test_gru_classifier_example_runs_and_matches_numpy(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "(ok)" in out and "fused_matmul_add" in out and "tuned (database)" in out
+
+
+def test_a_0d_input_reaches_the_vm_as_0d():
+    """A model's scalar argument (an 8-bit matmul's scale) keeps its shape on the way to the VM:
+    numpy's ascontiguousarray makes it 1-d, which the VM refuses (found on the GPU)."""
+    import tvm
+
+    from tvm_ext.relax.pipeline import CompiledModel
+
+    model = CompiledModel.__new__(CompiledModel)  # only the argument conversion, on the host
+    model._dev = tvm.cpu()
+    scale, x = np.array(0.5, np.float32), np.arange(6, dtype=np.float32).reshape(2, 3).T
+    args = model._args([scale, x])
+    assert [tuple(a.shape) for a in args] == [(), (3, 2)]
+    assert args[0].numpy() == 0.5 and np.array_equal(args[1].numpy(), x)

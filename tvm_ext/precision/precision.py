@@ -37,7 +37,7 @@ def np_dtype(name: str) -> np.dtype:
 
 def cast(array: np.ndarray, dtype: str) -> np.ndarray:
     """``array`` rounded to ``dtype`` (round to nearest even, as the device does)."""
-    return np.ascontiguousarray(array.astype(np_dtype(dtype)))
+    return np.asarray(array.astype(np_dtype(dtype)), order="C")  # a 0-d array stays 0-d
 
 
 def itemsize(dtype: str) -> int:

@@ -274,7 +274,8 @@ class CompiledModel:
     def _args(self, inputs: Sequence[np.ndarray]) -> list[Any]:
         import tvm
 
-        return [tvm.runtime.tensor(np.ascontiguousarray(a), self._dev) for a in inputs]
+        # asarray, not ascontiguousarray: that makes a 0-d input (a scale) 1-d, which the VM refuses
+        return [tvm.runtime.tensor(np.asarray(a, order="C"), self._dev) for a in inputs]
 
     def __call__(self, *inputs: np.ndarray) -> Any:
         if self._vm is None:

@@ -93,7 +93,7 @@ def _plain(value: Any, buffers: list[memoryview | bytes], depth: int, limits: Li
     if isinstance(value, np.ndarray):
         if value.dtype.name not in ARRAY_DTYPES:
             raise WireError(f"arrays of {value.dtype} do not travel")
-        array = np.ascontiguousarray(value)
+        array = np.asarray(value, order="C")  # ascontiguousarray would make a 0-d array 1-d
         buffers.append(memoryview(array.reshape(-1).view(np.uint8)))
         return {ARRAY_KEY: len(buffers) - 1, "dtype": value.dtype.name, "shape": list(array.shape)}
     if isinstance(value, (bytes, bytearray, memoryview)):
