@@ -7,7 +7,10 @@ For each case and each bound (1e-3, 1e-2): the search runs at the case's best fp
 schedule (``SCHEDULES``, from the earlier H100 tuning runs), every config is checked
 against a float64 reference of the unrounded fp32 inputs (its error is the normwise
 relative error of the outputs) and timed by the tuning core's runner; the two bounds
-share one records file, so the second run re-uses what the first measured.  The
+share one records file, so the second run re-uses what the first measured.  With
+``--eight-bit`` the GEMM's search may also store A and B as e4m3 or e5m2 with per-tensor
+scales (its 8-bit wgmma program), and torch's e4m3 ``_scaled_mm`` (cuBLASLt, same scaling
+of the same float32 operands) is timed beside float32 and float16.  The
 chosen program is then exported (S7), loaded back with ``tvm_ext.precision.codegen`` and run on
 fresh inputs, and its error there is reported too.  The vendor library runs the same
 operator in the same process, in float32 and in float16 (torch: cuBLAS for the GEMM, cuDNN
@@ -35,6 +38,7 @@ from tvm_ext.precision.codegen import export_program, load_program  # noqa: E402
 from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
 from tvm_ext.precision.mixed_precision import MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gemm.fp8_program import EightBitGemmProgram  # noqa: E402
 from tvm_ext.schedules.gemm.simt import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
 from tvm_ext.schedules.gemm.tensor_core import parse_tile, pick_tile  # noqa: E402
@@ -65,7 +69,15 @@ def cases(target: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
             ("GRU B64 H1024 T128", gru, gru_schedule(gru, target, args.gru_schedule))]
 
 
-def vendor_ms(label: str) -> dict[str, Any]:
+def scaled_e4m3(x: Any) -> tuple[Any, Any]:
+    """``x`` as e4m3 with its per-tensor scale (``precision.scaled_cast``'s rule)."""
+    import torch
+
+    scale = (x.abs().max() / 448.0).float()
+    return (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
+def vendor_ms(label: str, eight_bit: bool = False) -> dict[str, Any]:
     """torch's time for the case in float32 and float16 (its best of per call, back to back
     and a CUDA graph; NaN where torch cannot run it), every method's time, and its error
     against float64 of the float32 operands (the reference our error is measured against)."""
@@ -99,12 +111,21 @@ def vendor_ms(label: str) -> dict[str, Any]:
             out[f"vendor_{tag}_ms"] = times.best.seconds * 1e3
             out[f"vendor_{tag}_cells"] = " / ".join(vendor_cells(times)[:3])
             out[f"vendor_{tag}_error"] = rel_error_vs(result[0] if isinstance(result, tuple) else result, ref)
+        if eight_bit and label.startswith("GEMM"):  # cuBLASLt e4m3 with per-tensor scales, float16 out
+            quantized = [(*scaled_e4m3(a), *scaled_e4m3(b.t().contiguous())) for a, b in full]
+            call = lambda i: torch._scaled_mm(quantized[i][0], quantized[i][2].t(), scale_a=quantized[i][1],  # noqa: E731
+                                              scale_b=quantized[i][3], out_dtype=torch.float16)
+            times = time_vendor(call, len(quantized))
+            out["vendor_e4m3_ms"] = times.best.seconds * 1e3
+            out["vendor_e4m3_cells"] = " / ".join(vendor_cells(times)[:3])
+            out["vendor_e4m3_error"] = rel_error_vs(call(0), ref)
     return out
 
 
 def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args: argparse.Namespace) -> dict:
-    records = os.path.join(args.out, f"mp_{label.split()[0].lower()}.jsonl")
-    program = PrecisionProgram(base, schedule)
+    records = os.path.join(args.out, f"mp_{label.split()[0].lower()}{'_8bit' if args.eight_bit else ''}.jsonl")
+    eight_bit = EightBitGemmProgram if args.eight_bit and label.startswith("GEMM") else None
+    program = PrecisionProgram(base, schedule, eight_bit=eight_bit)
     session = Session(SessionOptions(target=target.kind, records=records, build_timeout=600, run_timeout=300),
                       target=target)
     tuner = session.tuner(program)
@@ -143,6 +164,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--m", type=int, default=24, help="max measurements per search (default 24)")
     parser.add_argument("--cases", default="gemm,gru", help="comma list of gemm, gru")
     parser.add_argument("--bounds", default="1e-3,1e-2")
+    parser.add_argument("--eight-bit", action="store_true",
+                        help="the GEMM's A and B may be e4m3 or e5m2 (scaled per tensor, the 8-bit wgmma program); "
+                             "torch's e4m3 _scaled_mm is timed too")
     parser.add_argument("--gru-schedule", default="fuse_step=1,step_j=32,step_b=4,step_k=64,step_ks=8",
                         help="the GRU's knobs over its default config (k=v,...; default: the split-K fused "
                              "step kernel)")
@@ -171,7 +195,7 @@ def main() -> int:
     for label, base, schedule in cases(target, args):
         if label.split()[0].lower() not in wanted:
             continue
-        vendor = vendor_ms(label)
+        vendor = vendor_ms(label, args.eight_bit)
         print(f"[{label}] torch float32 {vendor['vendor_fp32_ms']:.3f} ms, float16 {vendor['vendor_fp16_ms']:.3f} ms",
               flush=True)
         for eb in (float(b) for b in args.bounds.split(",")):
@@ -200,6 +224,11 @@ def main() -> int:
                  "torch fp32 ms per call / back-to-back / graph", "torch fp32 best ms", "torch fp32 error",
                  "torch fp16 ms per call / back-to-back / graph", "torch fp16 best ms", "torch fp16 error",
                  "torch fp16 best / chosen"], body))
+    for r in rows:
+        if "vendor_e4m3_ms" in r and "best_ms" in r:
+            print(f"{r['case']} eb={r['eb']:g}: torch e4m3 _scaled_mm {r['vendor_e4m3_cells']} ms (best "
+                  f"{r['vendor_e4m3_ms']:.3f}, error {r['vendor_e4m3_error']:.2e}); chosen / it "
+                  f"{r['vendor_e4m3_ms'] / r['best_ms']:.2f}")
     for r in rows:
         if "stage_ms" in r:
             print(f"{r['case']} eb={r['eb']:g}: fp32 stage times (ms) {r['stage_ms']}; search {r['secs']:.0f} s")

@@ -31,8 +31,9 @@ GEMM_DERIVED = (
 
 # Precision knobs (mixed-precision programs) are featurized by their mantissa bits:
 # ordered like precision, so "narrower" is one direction for the trees.
-MANTISSA_BITS = {"float64": 52.0, "float32": 23.0, "float16": 10.0, "bfloat16": 7.0}
-STORAGE_BITS = {52.0: 64.0, 23.0: 32.0, 10.0: 16.0, 7.0: 16.0}
+MANTISSA_BITS = {"float64": 52.0, "float32": 23.0, "float16": 10.0, "bfloat16": 7.0, "float8_e4m3fn": 3.0,
+                 "float8_e5m2": 2.0}
+STORAGE_BITS = {52.0: 64.0, 23.0: 32.0, 10.0: 16.0, 7.0: 16.0, 3.0: 8.0, 2.0: 8.0}
 
 
 def knob_matrix(space: Space, configs: Sequence[Config]) -> np.ndarray:

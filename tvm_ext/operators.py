@@ -57,6 +57,8 @@ class PrecisionCommand:
     make_operator: Callable[[argparse.Namespace], Template]
     tensor_cores: Callable[[Any, argparse.Namespace, Any], Any]  # (operator, args, target) -> operator
     example: tuple[str, ...]
+    # its program with 8-bit operands (``mixed_precision.EightBitProgram``), imported on first use
+    eight_bit: Callable[[], type] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,12 @@ def _gemm() -> type[Template]:
     from .schedules.gemm.simt import GemmTemplate
 
     return GemmTemplate
+
+
+def _gemm_8bit() -> type[Template]:
+    from .schedules.gemm.fp8_program import EightBitGemmProgram
+
+    return EightBitGemmProgram
 
 
 def _gemm_bias() -> type[Template]:
@@ -249,6 +257,15 @@ def _gemm_args(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _gemm_8bit_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``EightBitGemmProgram`` arguments: the GEMM's and the 8-bit operands."""
+    from .schedules.gemm.simt import GemmTemplate
+
+    own = ("a_dtype", "b_dtype", "scales", "b_stored")
+    return {"gemm": GemmTemplate(**_gemm_args({k: v for k, v in params.items() if k not in own})),
+            "operands": (params["a_dtype"], params["b_dtype"])}
+
+
 def _gru_args(params: Mapping[str, Any]) -> dict[str, Any]:
     """Record params -> ``GruTemplate`` arguments: tensor-core tiles are recorded as their text,
     wgmma tiles as their names (the float16 input GEMM's under ``in_wgmma``)."""
@@ -323,7 +340,8 @@ GRU_TUNE = TuneCommand(
 
 GEMM_PRECISION = PrecisionCommand(
     help="C = A·B: dtypes of A, B, C and the accumulator", add_arguments=cli.add_gemm_precision_args,
-    make_operator=cli.gemm_precision_operator, tensor_cores=cli.gemm_tensor_cores, example=_SHAPE)
+    make_operator=cli.gemm_precision_operator, tensor_cores=cli.gemm_tensor_cores, example=_SHAPE,
+    eight_bit=_gemm_8bit)
 
 GRU_PRECISION = PrecisionCommand(
     help="a GRU layer: dtypes of x, weights, gate buffers, state, output, both accumulators and the cell's math",
@@ -332,6 +350,8 @@ GRU_PRECISION = PrecisionCommand(
 
 _NO_TUNE_BIAS = ("no subcommand of its own: the GEMM with a bias row is tuned as the GRU's input GEMM "
                  "and by the Python API")
+_NO_TUNE_8BIT = ("no subcommand of its own: the mixed-precision search runs it where it stores a GEMM's A and B "
+                 "in 8 bits (mixed-precision gemm); its kernel is tuned as gemm-fp8")
 _NO_TUNE_ROWS = "no subcommand of its own: row operators are tuned as the kernels of a Relax model (tune model)"
 
 
@@ -340,6 +360,9 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm", _gemm, _gemm_args, tune=GEMM_TUNE, matchers=("gemm",), precision=GEMM_PRECISION),
     Operator("gemm_bias", _gemm_bias, _gemm_args, unsupported={"tune": _NO_TUNE_BIAS},
              example={"m": 128, "n": 128, "k": 64}),
+    Operator("gemm_8bit", _gemm_8bit, _gemm_8bit_args, unsupported={"tune": _NO_TUNE_8BIT},
+             example={"m": 128, "n": 128, "k": 128, "a_dtype": "float8_e4m3fn", "b_dtype": "float8_e4m3fn",
+                      "acc_dtype": "float32", "c_dtype": "float16", "scales": "per_tensor", "b_stored": "transposed"}),
     Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE),
     Operator("gemm_mma", _gemm_mma, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "mma"),
              matchers=("tensor_core",)),

@@ -170,6 +170,7 @@ def mixed_precision_group() -> OptionGroup:
                help="S6 predictor: xgb (speed and error models) or none (random nm of ng)"),
         option("--dtypes", default="",
                help="the low precision types to try besides float32, comma-separated from float16, "
-                    "bfloat16, float64 (default: the target's 16-bit types)"),
+                    "bfloat16, float64 and, for a GEMM's A and B on Hopper, float8_e4m3fn and float8_e5m2 "
+                    "(default: the target's 16-bit types and, where the 8-bit GEMM runs, the 8-bit ones)"),
         SEED.but(help="random seed (default 0)"),
     ))

@@ -31,7 +31,8 @@ def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = N
     for op in precision_operators(operators):
         p = ops.add_parser(op.name, help=op.precision.help)
         op.precision.add_arguments(p)
-        p.set_defaults(make_operator=op.precision.make_operator, tensor_cores=op.precision.tensor_cores)
+        p.set_defaults(make_operator=op.precision.make_operator, tensor_cores=op.precision.tensor_cores,
+                       eight_bit=op.precision.eight_bit)
         _add_method_args(p)
         p.set_defaults(run=run_mixed_precision)
 
@@ -61,7 +62,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     schedule, source = schedule_for(base, target, session.store)
     base = args.tensor_cores(base, args, target)  # 16-bit operands on CUDA run on the tensor cores
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    program = PrecisionProgram(base, schedule, dtypes)
+    program = PrecisionProgram(base, schedule, dtypes, eight_bit=args.eight_bit() if args.eight_bit else None)
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
     tuner = session.tuner(program, recorded_as="method003")
     predictor = None
@@ -71,7 +72,7 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
         predictor = PrecisionPredictor(program, target, settings.error_bound, seed=args.seed)
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     log(f"{program.describe()} on {target.kind}:{target.device_name}, schedule: {source}; "
-        f"dtypes {', '.join(target.float_dtypes)}; {tuner.resumed} records resumed from {args.records}")
+        f"dtypes {', '.join(program.search_dtypes(target))}; {tuner.resumed} records resumed from {args.records}")
     if target.kind == "cuda":
         log(program.tensor_core_note(target))
     try:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core.errors import TvmExtError
 from ..measure.executors import CudaExecutor, OpenclExecutor
-from .precision import MixedPrecisionOperator, cast, np_dtype, precision_reason
+from .precision import MixedPrecisionOperator, cast, np_dtype, precision_reason, scaled_cast
 from ..measure.program import MAIN, KernelLaunch, TensorSpec
 
 MANIFEST = "manifest.json"
@@ -83,6 +83,7 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
         "source": source_file,
         "entry": entry,
         "launches": [asdict(l) for l in launches],
+        **({"float_inputs": op.float_inputs()} if hasattr(op, "float_inputs") else {}),
         **dict(extra or {}),
     }
     path = os.path.join(out_dir, MANIFEST)
@@ -103,8 +104,10 @@ class GeneratedProgram:
     """A program written by ``export_program``: ``run(*inputs)`` returns its outputs.
 
     Inputs may be any float arrays of the declared shapes; they are rounded to the
-    declared dtypes (as the search measured).  Outputs come back in their declared
-    dtypes (``bfloat16`` as ml_dtypes' type).
+    declared dtypes (as the search measured).  A program with 8-bit operands also takes the
+    float operator's inputs (``float_inputs`` in the manifest: a GEMM's A and B), scaled per
+    tensor into its 8-bit tensors and their scales as the search measured them.  Outputs
+    come back in their declared dtypes (``bfloat16`` as ml_dtypes' type).
     """
 
     def __init__(self, path: str, device_id: int = 0):
@@ -131,6 +134,9 @@ class GeneratedProgram:
         return [t for t in self.tensors if t["role"] == "output"]
 
     def _prepare(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        scaled = self.manifest.get("float_inputs")
+        if scaled and len(arrays) == len(scaled) != len(self.inputs):
+            arrays = _scaled_inputs(scaled, self.inputs, arrays)
         if len(arrays) != len(self.inputs):
             raise TvmExtError(f"the program takes {len(self.inputs)} inputs "
                               f"({', '.join(t['name'] for t in self.inputs)}), got {len(arrays)}")
@@ -173,6 +179,29 @@ class GeneratedProgram:
                 source = fh.read()
             self._impl = OpenclExecutor.of(source, _launches(self.manifest["launches"]), specs, self.device_id)
         return self._impl
+
+
+def _scaled_inputs(entries: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]],
+                   arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The program's tensors from the float operator's inputs: each scaled to its 8-bit
+    tensor (transposed where the entry says), its scale written into the scale tensor."""
+    tensors: list[np.ndarray | None] = [None] * len(inputs)
+    for entry, array in zip(entries, arrays):
+        index, (scale_index, scale_at) = entry.get("tensor"), entry.get("scale", (None, None))
+        if (not all(type(i) is int and 0 <= i < len(inputs) for i in (index, scale_index)) or index == scale_index
+                or type(scale_at) is not int or not 0 <= scale_at < int(np.prod(inputs[scale_index]["shape"]))):
+            raise TvmExtError(f"the manifest's float input {str(entry)[:80]} names no tensor of the program")
+        array = np.asarray(array)
+        if list(array.shape) != entry.get("shape"):
+            raise TvmExtError(f"input {entry.get('name')} must have shape {tuple(entry.get('shape') or ())}, "
+                              f"got {array.shape}")
+        tensors[index], scale = scaled_cast(array.T if entry.get("transpose") else array, inputs[index]["dtype"])
+        if tensors[scale_index] is None:
+            tensors[scale_index] = np.zeros(inputs[scale_index]["shape"], np.float32)
+        tensors[scale_index][scale_at] = scale  # type: ignore[index]
+    if any(t is None for t in tensors):
+        raise TvmExtError("the manifest's float inputs leave a tensor of the program unset")
+    return tensors  # type: ignore[return-value]
 
 
 def _launches(entries: Sequence[Mapping[str, Any]]) -> list[KernelLaunch]:

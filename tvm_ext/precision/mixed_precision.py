@@ -35,11 +35,24 @@ import numpy as np
 
 from ..core.errors import TvmExtError
 from ..measure.program import RunPlan
-from .precision import HIGH_PRECISION, MixedPrecisionOperator, PrecisionParam, precision_reason
+from .precision import EIGHT_BIT_DTYPES, HIGH_PRECISION, MixedPrecisionOperator, PrecisionParam, precision_reason
 from ..measure.program import Artifact, CompiledProgram
 from ..core.space import Config, Knob, Space
 from ..target import TargetInfo
-from ..core.template import Template, TensorSpec
+from ..core.template import Template, TensorSpec, modules_hash
+
+
+class EightBitProgram(Protocol):
+    """An operator's program with some operands stored in 8 bits with per-tensor scales
+    (``schedules.gemm.fp8_program``): the search gives ``OPERANDS`` the 8-bit types too."""
+
+    OPERANDS: tuple[str, ...]
+
+    @classmethod
+    def of(cls, operator: Any, assignment: Mapping[str, str]) -> Template: ...
+
+    @staticmethod
+    def target_reason(target: TargetInfo) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -49,8 +62,10 @@ class PrecisionProgram(Template):
     base: Any  # a Template that is a MixedPrecisionOperator
     schedule_config: Config
     # The method's "high and low precision types": float32 first (the program as users
-    # run it), then the low types; empty = float32 and the target's 16-bit types.
+    # run it), then the low types; empty = float32, the target's 16-bit types and, where
+    # ``eight_bit`` runs, its 8-bit ones.
     dtypes: tuple[str, ...] = ()
+    eight_bit: type[EightBitProgram] | None = None  # the operator's, if it has one
     name = "mixed_precision"
 
     def __post_init__(self) -> None:
@@ -66,21 +81,43 @@ class PrecisionProgram(Template):
         return tuple(dict.fromkeys(p.stage for p in self.precision_params()))
 
     def lowered(self, config: Config) -> Any:
-        """The operator with the precision ``config`` assigns."""
-        return self.base.with_precision(config.as_dict())
+        """The operator with the precision ``config`` assigns (its 8-bit program where a
+        parameter is 8-bit)."""
+        assignment = config.as_dict()
+        floats = {k: v for k, v in assignment.items() if v not in EIGHT_BIT_DTYPES}
+        if len(floats) == len(assignment):
+            return self.base.with_precision(assignment)
+        if self.eight_bit is None:
+            raise TvmExtError(f"{self.base.name} has no 8-bit program")
+        return self.eight_bit.of(self.base.with_precision(floats), assignment)
+
+    def eight_bit_reason(self, target: TargetInfo) -> str | None:
+        """Why this search cannot store operands in 8 bits on ``target`` (None: it can)."""
+        if self.eight_bit is None:
+            return f"{self.base.name} has no 8-bit program"
+        return self.eight_bit.target_reason(target)
 
     def search_dtypes(self, target: TargetInfo) -> tuple[str, ...]:
+        """Every type of the search: float32 first, then the low ones."""
+        eight_bit = () if self.eight_bit_reason(target) else EIGHT_BIT_DTYPES
         if not self.dtypes:
-            return (HIGH_PRECISION,) + tuple(d for d in ("float16", "bfloat16") if d in target.float_dtypes)
-        missing = [d for d in self.dtypes if d not in target.float_dtypes]
-        if missing:
-            raise TvmExtError(f"{', '.join(missing)} not supported on {target.device_name}; "
-                              f"allowed: {', '.join(target.float_dtypes)}")
+            return (HIGH_PRECISION,) + tuple(d for d in ("float16", "bfloat16") if d in target.float_dtypes) + eight_bit
+        for d in self.dtypes:
+            if d in EIGHT_BIT_DTYPES and not eight_bit:
+                raise TvmExtError(f"{d}: {self.eight_bit_reason(target)}")
+            if d not in target.float_dtypes + EIGHT_BIT_DTYPES:
+                raise TvmExtError(f"{d} not supported on {target.device_name}; "
+                                  f"allowed: {', '.join(target.float_dtypes + eight_bit)}")
         return (HIGH_PRECISION,) + tuple(d for d in self.dtypes if d != HIGH_PRECISION)
 
+    def param_dtypes(self, param: PrecisionParam, target: TargetInfo) -> tuple[str, ...]:
+        """``param``'s choices: the search's types, the 8-bit ones only for the 8-bit
+        program's operands."""
+        eight_bit = self.eight_bit.OPERANDS if self.eight_bit is not None else ()
+        return tuple(d for d in self.search_dtypes(target) if d not in EIGHT_BIT_DTYPES or param.name in eight_bit)
+
     def space(self, target: TargetInfo) -> Space:
-        dtypes = self.search_dtypes(target)
-        knobs = tuple(Knob(p.name, dtypes, f"{p.kind} of stage {p.stage}: {p.doc}")
+        knobs = tuple(Knob(p.name, self.param_dtypes(p, target), f"{p.kind} of stage {p.stage}: {p.doc}")
                       for p in self.precision_params())
 
         params = self.precision_params()
@@ -103,9 +140,11 @@ class PrecisionProgram(Template):
         (mma.sync takes float16 or bfloat16 pairs, WMMA float16 ones; other pairs, or a shape or
         target the tile refuses, stay on the CUDA cores): one line for the search's log."""
         gemms = self.base.tensor_core_gemms()
+        eight_bit = "" if self.eight_bit_reason(target) else (
+            f"; 8-bit {' and '.join(self.eight_bit.OPERANDS)} (one type, scaled per tensor) on the 8-bit wgmma kernel")
         if not gemms:
-            return "tensor cores: no tile, every GEMM on the CUDA cores"
-        dtypes = self.search_dtypes(target)
+            return "tensor cores: no tile, every GEMM on the CUDA cores" + eight_bit
+        dtypes = [d for d in self.search_dtypes(target) if d not in EIGHT_BIT_DTYPES]
         parts = []
         for use in gemms:
             tile, (a, b) = use.gemm.tensor_core, use.operands
@@ -118,7 +157,7 @@ class PrecisionProgram(Template):
             why = next(iter(reasons.values()), None) or (
                 f"it takes {' or '.join(tile.operand_dtypes)} operands, none of this search's types")
             parts.append(f"{use.label} on the CUDA cores ({tile.label()}: {why})")
-        return "tensor cores: " + "; ".join(parts)
+        return "tensor cores: " + "; ".join(parts) + eight_bit
 
     # ---- the workload ---------------------------------------------------------------------
     @property
@@ -129,8 +168,10 @@ class PrecisionProgram(Template):
 
     @cached_property
     def source_hash(self) -> str:
-        own = super().source_hash
-        return hashlib.sha256((own + self.base.source_hash).encode()).hexdigest()[:16]
+        own = super().source_hash + self.base.source_hash
+        if self.eight_bit is not None:  # its kernel is measured too
+            own += modules_hash(self.eight_bit.__module__)
+        return hashlib.sha256(own.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         return f"mixed-precision {self.base.full_precision().describe()}"  # float32 dtypes not shown

@@ -23,6 +23,9 @@ from ..core.errors import TvmExtError
 FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
 HIGH_PRECISION = "float32"  # the "full precision" program of S3 (what users run today)
 PARAM_KINDS = ("tensor", "accumulator", "math")
+# Storage of an operand with a per-tensor scale (``scaled_cast``): only an operator's 8-bit
+# kernel reads these (``PrecisionProgram.eight_bit``), never a float kernel.
+EIGHT_BIT_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -38,6 +41,21 @@ def np_dtype(name: str) -> np.dtype:
 def cast(array: np.ndarray, dtype: str) -> np.ndarray:
     """``array`` rounded to ``dtype`` (round to nearest even, as the device does)."""
     return np.asarray(array.astype(np_dtype(dtype)), order="C")  # a 0-d array stays 0-d
+
+
+def scaled_cast(array: np.ndarray, dtype: str) -> tuple[np.ndarray, float]:
+    """``array`` stored in the 8-bit ``dtype`` with one float32 scale: ``q x scale`` is its
+    value, the largest magnitude mapped to the format's largest finite value (448 for
+    e4m3, 57344 for e5m2), as ``torch._scaled_mm``'s users scale per tensor; an all-zero
+    array gets scale 1."""
+    import ml_dtypes
+
+    top = float(ml_dtypes.finfo(np_dtype(dtype)).max)
+    largest = float(np.max(np.abs(array))) if array.size else 0.0
+    scale = np.float32(largest / top if largest > 0 else 1.0)
+    # clipped: the largest value over a float32 scale may land a hair past ``top`` (e4m3 has no inf)
+    scaled = np.clip(np.asarray(array, np.float64) / float(scale), -top, top)
+    return cast(scaled, dtype), float(scale)
 
 
 def itemsize(dtype: str) -> int:
@@ -116,6 +134,8 @@ def unhonoured_reason(param: PrecisionParam, dtype: str, target_kind: str) -> st
     keeps bfloat16 registers as float.  A bfloat16 accumulator or math type would
     silently be float32, and a program recorded (or exported) as bfloat16 would claim
     a precision its kernel does not have, so it is infeasible instead."""
+    if dtype in EIGHT_BIT_DTYPES and target_kind != "cuda":
+        return f"{param.name}={dtype}: only the 8-bit wgmma GEMM (CUDA, Hopper) reads 8-bit operands"
     if target_kind == "opencl" and dtype == "bfloat16" and param.kind in ("accumulator", "math"):
         return (f"{param.name}=bfloat16: OpenCL has no bfloat16 arithmetic (TVM computes it in float32), "
                 f"so this {param.kind} would really be float32")
@@ -154,6 +174,8 @@ def sanity_tolerance(assignment: Mapping[str, str]) -> float:
     lowered, rounding alone may reach a few 1e-3, so only gross errors (> 0.1) are
     rejected as wrong answers: the rest is recorded and judged against the bound.
     """
+    if any(d in EIGHT_BIT_DTYPES for d in assignment.values()):
+        return 0.3  # e5m2 keeps 2 bits of mantissa: rounding alone gives a few 1e-2
     lowered = any(d in ("float16", "bfloat16") for d in assignment.values())
     return 0.1 if lowered else 1e-4
 

@@ -1,0 +1,190 @@
+"""8-bit operands in the mixed-precision search (method 003): a GEMM's A and B stored as e4m3 or
+e5m2 with per-tensor scales, run on the 8-bit wgmma kernel on Hopper.  Without a GPU: the
+space, the reasons, the quantization and its error, the kernel's source (offline sm_90a) and the
+generated program's inputs; ``gpu``: the search and the program against float64."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.codegen import export_program, load_program
+from tvm_ext.precision.mixed_precision import PrecisionProgram
+from tvm_ext.precision.precision import np_dtype, relative_error, scaled_cast
+from tvm_ext.schedules.gemm.fp8_program import EightBitGemmProgram
+from tvm_ext.schedules.gemm.simt import GemmTemplate
+from tvm_ext.target import offline_cuda
+
+E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
+SHAPE = (128, 192, 256)
+
+
+def _program(target, shape=SHAPE, dtypes=(), eight_bit=EightBitGemmProgram):
+    gemm = GemmTemplate(*shape)
+    return PrecisionProgram(gemm, gemm.default_config(target), dtypes, eight_bit=eight_bit)
+
+
+def test_a_and_b_may_be_8bit_on_hopper_and_nowhere_else(opencl):
+    hopper = offline_cuda("sm_90")
+    choices = {k.name: k.choices for k in _program(hopper).space(hopper).knobs}
+    assert choices["a"] == choices["b"] == ("float32", "float16", "bfloat16", E4M3, E5M2)
+    assert choices["acc"] == choices["c"] == ("float32", "float16", "bfloat16")  # never an 8-bit sum or C
+    ampere = offline_cuda("sm_80")
+    for program, target in ((_program(ampere), ampere), (_program(opencl), opencl),
+                            (_program(hopper, eight_bit=None), hopper)):
+        assert all(E4M3 not in k.choices for k in program.space(target).knobs)
+    with pytest.raises(TvmExtError, match="wgmma needs a Hopper GPU"):
+        _program(ampere, dtypes=(E4M3,)).space(ampere)
+    with pytest.raises(TvmExtError, match="gemm has no 8-bit program"):
+        _program(hopper, dtypes=(E4M3,), eight_bit=None).space(hopper)
+    assert _program(hopper, dtypes=(E5M2, "float16")).space(hopper).knob("a").choices == ("float32", E5M2, "float16")
+
+
+@pytest.mark.parametrize("config, reason", [
+    (dict(a=E4M3, b=E4M3, acc="float32", c="float16"), None),
+    (dict(a=E5M2, b=E5M2, acc="float32", c="bfloat16"), None),
+    (dict(a=E4M3, b="float16", acc="float32", c="float16"), "A and B of one 8-bit type"),
+    (dict(a=E4M3, b=E5M2, acc="float32", c="float16"), "A and B of one 8-bit type"),
+    (dict(a=E4M3, b=E4M3, acc="float16", c="float16"), "accumulates in float32"),
+    (dict(a=E4M3, b=E4M3, acc="float32", c="float32"), "stores C as float16 or bfloat16"),
+])
+def test_an_8bit_config_is_feasible_where_the_8bit_kernel_takes_it(config, reason):
+    hopper = offline_cuda("sm_90")
+    space = _program(hopper).space(hopper)
+    got = space.infeasible_reason(space.make(**config))
+    assert got is None if reason is None else reason in got
+
+
+def test_a_shape_the_8bit_kernel_cannot_tile_is_refused_with_its_reason():
+    hopper = offline_cuda("sm_90")
+    space = _program(hopper, shape=(96, 96, 100)).space(hopper)
+    assert "no wgmma tile fits 96x96x100" in space.infeasible_reason(space.make(a=E4M3, b=E4M3, acc="float32",
+                                                                                c="float16"))
+
+
+@pytest.mark.parametrize("dtype, top", [(E4M3, 448.0), (E5M2, 57344.0)])
+def test_the_8bit_program_scales_each_operand_and_is_judged_on_the_unquantized_inputs(dtype, top):
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    config = program.space(hopper).make(a=dtype, b=dtype, acc="float32", c="float16")
+    operator = program.measured_operator(config)
+    assert isinstance(operator, EightBitGemmProgram)
+    (qa, qbt, scales), refs = operator.make_case(np.random.default_rng(0))
+    a, b = program.base.make_inputs(np.random.default_rng(0))  # the same draw, unquantized
+    assert qa.dtype == qbt.dtype == np_dtype(dtype) and qbt.shape == (SHAPE[1], SHAPE[2])
+    assert scales.dtype == np.float32 and scales[0] == np.float32(np.abs(a).max() / top)
+    assert scales[1] == np.float32(np.abs(b).max() / top)
+    assert np.abs(qa.astype(np.float64)).max() == top  # the largest value maps to the format's largest
+    mantissa = {E4M3: 3, E5M2: 2}[dtype]
+    for q, x, s in ((qa, a, scales[0]), (qbt, b.T, scales[1])):
+        normal = np.abs(x) > s * float(ml_dtypes.finfo(np_dtype(dtype)).smallest_normal)
+        assert np.all(np.abs(q.astype(np.float64) * s - x)[normal] <= 2.0 ** -(mantissa + 1) * np.abs(x)[normal] * 1.01)
+    assert np.allclose(refs[0], a.astype(np.float64) @ b.astype(np.float64))  # float64 of the float inputs
+    error = relative_error(operator.reference([qa, qbt, scales]), refs)
+    assert {E4M3: 5e-3, E5M2: 1e-2}[dtype] < error < {E4M3: 0.06, E5M2: 0.12}[dtype] < operator.tolerance
+
+
+def test_the_8bit_program_lowers_back_to_the_float_gemm():
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    low = program.lowered(program.space(hopper).make(a=E4M3, b=E4M3, acc="float32", c="bfloat16"))
+    assert low.precision == {"a": E4M3, "b": E4M3, "acc": "float32", "c": "bfloat16"}
+    back = low.with_precision({"a": "float16", "b": "float16"})
+    assert back == GemmTemplate(*SHAPE, a_dtype="float16", b_dtype="float16", c_dtype="bfloat16")
+    assert low.with_precision({"a": E5M2, "b": E5M2}).operands == (E5M2, E5M2)
+    assert low.full_precision() == GemmTemplate(*SHAPE)
+
+
+def test_the_8bit_program_builds_the_8bit_wgmma_kernel_with_its_scales():
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    config = program.space(hopper).make(a=E5M2, b=E5M2, acc="float32", c="float16")
+    built = program.build_program(config, hopper)
+    assert built.params == ("A", "Bt", "scale_ab", "C")
+    assert "k32.f32.e5m2.e5m2" in built.source and "scale_ab" in built.source
+
+
+def test_an_exported_8bit_program_takes_the_float_inputs_and_scales_them(tmp_path):
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    low = program.lowered(program.space(hopper).make(a=E4M3, b=E4M3, acc="float32", c="float16"))
+    manifest = json.loads(open(export_program(low, program.schedule_config, hopper, str(tmp_path))).read())
+    assert [(t["name"], t["dtype"]) for t in manifest["tensors"]] == [
+        ("A", E4M3), ("Bt", E4M3), ("scale_ab", "float32"), ("C", "float16")]
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(SHAPE[::2]).astype(np.float32), rng.standard_normal(SHAPE[:0:-1]).astype(np.float32)
+    qa, qbt, scales = load_program(str(tmp_path))._prepare([a, b])
+    assert np.array_equal(qa.view(np.uint8), scaled_cast(a, E4M3)[0].view(np.uint8))
+    assert np.array_equal(qbt.view(np.uint8), scaled_cast(b.T, E4M3)[0].view(np.uint8))
+    assert list(scales) == [np.float32(scaled_cast(a, E4M3)[1]), np.float32(scaled_cast(b.T, E4M3)[1])]
+    assert len(load_program(str(tmp_path))._prepare([qa, qbt, scales])) == 3  # its own tensors, as they are
+    with pytest.raises(TvmExtError, match="input b must have shape"):
+        load_program(str(tmp_path))._prepare([a, b.T])
+    for damage in ([9, 1], [2, 2], [1, 0], ["2", 0]):  # a damaged manifest: one error, never an IndexError
+        manifest["float_inputs"][1]["scale"] = damage
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(TvmExtError, match="names no tensor of the program"):
+            load_program(str(tmp_path))._prepare([a, b])
+
+
+def test_the_predictor_reads_8bit_operands_as_the_narrowest():
+    from tvm_ext.cost_model.precision import PrecisionPredictor
+
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    space = program.space(hopper)
+    configs = [space.make(a=d, b=d, acc="float32", c="float16") for d in ("float32", "float16", E4M3, E5M2)]
+    featurizer = PrecisionPredictor(program, hopper, 1e-2).speed.featurizer
+    x, names = featurizer(configs), featurizer.names
+    mantissa = x[:, names.index("min_mantissa")]
+    assert list(mantissa) == [10.0, 10.0, 3.0, 2.0]  # C is float16 in all four
+    assert list(x[:, names.index("mean_storage_bits")]) == [28.0, 20.0, 16.0, 16.0]  # acc float32 in all four
+
+
+def test_cli_8bit_types_where_no_8bit_gemm_runs_are_one_error_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "mixed-precision", "gemm", "--shape", "8,8,8",
+                        "--dtypes", "float8_e4m3fn", "--records", str(tmp_path / "r.jsonl")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: float8_e4m3fn: wgmma is a CUDA (Hopper, sm_90) instruction")
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_the_search_measures_8bit_programs_and_the_chosen_one_reproduces_its_error(tmp_path):
+    """On the GPU: a search allowed e4m3 and float16 at a bound e4m3 meets; the 8-bit program
+    ran, checked against float64 at e4m3's error, and is chosen; the exported program, given
+    float inputs, reproduces that error."""
+    from tvm_ext.core.records import RecordStore
+    from tvm_ext.core.tuner import Tuner
+    from tvm_ext.measure.builder import LocalBuilder
+    from tvm_ext.measure.runner import LocalRunner, MeasureSettings
+    from tvm_ext.precision.mixed_precision import MixedPrecisionSearch, MixedPrecisionSettings, error_of
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    program = _program(cuda, shape=(1024, 1024, 1024), dtypes=(E4M3, "float16"))
+    tuner = Tuner(program, cuda, LocalBuilder(workers=2, timeout=300), LocalRunner(cuda, MeasureSettings()),
+                  RecordStore(str(tmp_path / "r.jsonl")))
+    # 17 configs are feasible (16 float ones, one 8-bit): the search sees most of them
+    settings = MixedPrecisionSettings(error_bound=0.06, max_measurements=24, population=6, generated=64, measured=8)
+    try:
+        result = MixedPrecisionSearch(tuner, settings).run()
+    finally:
+        tuner.builder.close()
+        tuner.runner.close()
+    runnable = dict(a=E4M3, b=E4M3, acc="float32", c="float16")  # the one 8-bit config the 8-bit kernel takes
+    eight = [r for r in RecordStore(str(tmp_path / "r.jsonl")) if r.config == runnable]
+    assert eight and all(r.ok and 5e-3 < error_of(r) < 0.06 for r in eight), [r.error_msg for r in eight]
+    assert result.best.config == runnable  # on wgmma, against float types on the CUDA cores: the fastest
+    chosen = program.lowered(tuner.space.make(**result.best.config))
+    out = tmp_path / "prog"
+    export_program(chosen, program.schedule_config, cuda, str(out))
+    a, b = program.base.make_inputs(np.random.default_rng(0))
+    (c,) = load_program(str(out)).run(a, b)
+    assert relative_error([c], [a.astype(np.float64) @ b.astype(np.float64)]) < 0.06
