@@ -188,3 +188,30 @@ def test_the_search_measures_8bit_programs_and_the_chosen_one_reproduces_its_err
     a, b = program.base.make_inputs(np.random.default_rng(0))
     (c,) = load_program(str(out)).run(a, b)
     assert relative_error([c], [a.astype(np.float64) @ b.astype(np.float64)]) < 0.06
+
+
+def test_a_child_that_draws_an_8bit_operand_is_completed_to_the_8bit_program():
+    """S5 gives each gene its own draw; the 8-bit program needs four at once (one 8-bit type
+    for A and B, float32 sums, a 16-bit C), so children are completed to it, or a search would
+    almost never reach it (on the GPU, two searches of 24 measurements did not)."""
+    from types import SimpleNamespace
+
+    from tvm_ext.precision.mixed_precision import MixedPrecisionSearch, MixedPrecisionSettings
+
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    space = program.space(hopper)
+    drawn = space.make(a="bfloat16", b=E5M2, acc="float16", c="float32")
+    assert program.completed(drawn, space).as_dict() == dict(a=E5M2, b=E5M2, acc="float32", c="float16")
+    floats = space.make(a="float16", b="float32", acc="float16", c="bfloat16")
+    assert program.completed(floats, space) is floats
+    only_bf16 = _program(hopper, dtypes=(E4M3, "bfloat16"))
+    bf16_space = only_bf16.space(hopper)
+    assert only_bf16.completed(bf16_space.make(a=E4M3, b="float32", acc="float32", c="float32"),
+                               bf16_space)["c"] == "bfloat16"
+    tuner = SimpleNamespace(template=program, space=space, target=hopper)  # what generation reads of a tuner
+    search = MixedPrecisionSearch(tuner, MixedPrecisionSettings(generated=64, seed=0))
+    start = program.default_config(hopper)
+    children = search._generate([start], [start], np.ones(4, dtype=bool))
+    eight_bit = [c for c in children if c["a"] in (E4M3, E5M2) or c["b"] in (E4M3, E5M2)]
+    assert eight_bit and all(space.is_feasible(c) for c in eight_bit)

@@ -45,6 +45,19 @@ class EightBitGemmProgram(Template):
         operands = (assignment.get("a", gemm.a_dtype), assignment.get("b", gemm.b_dtype))
         return cls(replace(gemm, a_dtype="float32", b_dtype="float32", tensor_core=None, feasibility="tvm"), operands)
 
+    @classmethod
+    def completed(cls, assignment: Mapping[str, str], choices: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+        """``assignment`` as this program runs it where it stores A or B in 8 bits: both in
+        that type (A's where both are 8-bit), float32 sums, C float16 or bfloat16 as
+        ``choices`` allow (kept where it is one); other assignments unchanged."""
+        eight = [assignment[p] for p in cls.OPERANDS if assignment.get(p) in EIGHT_BIT_DTYPES]
+        if not eight:
+            return dict(assignment)
+        out = {**assignment, "a": eight[0], "b": eight[0], "acc": "float32"}
+        if out.get("c") not in OUT_DTYPES:
+            out["c"] = next((d for d in OUT_DTYPES if d in choices.get("c", ())), out.get("c", "float32"))
+        return out
+
     @staticmethod
     def target_reason(target: TargetInfo) -> str | None:
         """Why ``target`` has no 8-bit GEMM (None: it has one)."""

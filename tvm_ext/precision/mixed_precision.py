@@ -13,7 +13,8 @@ appended as they are made (with the measured error in ``metrics``), and resume.
 - S4  the current and the history-best population are the same ``n0`` configs.
 - S5  ``ng`` new configs: each parameter is a random dtype with probability
       ``u0``, else copied from a current parent or a history-best parent
-      ((1 − u0)/2 each).
+      ((1 − u0)/2 each).  Beyond the method: a child that stores an operand in
+      8 bits is completed to the operator's 8-bit program (``completed``).
 - S6  the predictor keeps ``nm`` of them (``explore`` of those at random), they
       are measured (time and error against a float64 reference on fixed random
       inputs), the best ``n0`` become the current population and are merged into
@@ -50,6 +51,9 @@ class EightBitProgram(Protocol):
 
     @classmethod
     def of(cls, operator: Any, assignment: Mapping[str, str]) -> Template: ...
+
+    @classmethod
+    def completed(cls, assignment: Mapping[str, str], choices: Mapping[str, tuple[str, ...]]) -> dict[str, str]: ...
 
     @staticmethod
     def target_reason(target: TargetInfo) -> str | None: ...
@@ -90,6 +94,15 @@ class PrecisionProgram(Template):
         if self.eight_bit is None:
             raise TvmExtError(f"{self.base.name} has no 8-bit program")
         return self.eight_bit.of(self.base.with_precision(floats), assignment)
+
+    def completed(self, config: Config, space: Space) -> Config:
+        """``config`` as the 8-bit program runs it where it stores an operand in 8 bits (that
+        program needs several types at once, which S5's children rarely all draw); every
+        other config as it is."""
+        if self.eight_bit is None:
+            return config
+        assignment = self.eight_bit.completed(config.as_dict(), {k.name: k.choices for k in space.knobs})
+        return config if assignment == config.as_dict() else space.make(**assignment)
 
     def eight_bit_reason(self, target: TargetInfo) -> str | None:
         """Why this search cannot store operands in 8 bits on ``target`` (None: it can)."""
@@ -353,7 +366,7 @@ class MixedPrecisionSearch:
                                 np.array([self.space.encode(c) for c in history]),
                                 self.space.cardinalities, free, self.space.encode(self.space_default),
                                 self.settings.generated, self.settings.mutation, self.rng)
-        return list(dict.fromkeys(self.space.decode(row) for row in rows))
+        return list(dict.fromkeys(self.program.completed(self.space.decode(row), self.space) for row in rows))
 
     @cached_property
     def space_default(self) -> Config:
