@@ -215,3 +215,28 @@ def test_a_child_that_draws_an_8bit_operand_is_completed_to_the_8bit_program():
     children = search._generate([start], [start], np.ones(4, dtype=bool))
     eight_bit = [c for c in children if c["a"] in (E4M3, E5M2) or c["b"] in (E4M3, E5M2)]
     assert eight_bit and all(space.is_feasible(c) for c in eight_bit)
+
+
+def test_the_8bit_programs_inputs_reach_the_measuring_side_as_made_not_redrawn():
+    """A worker redraws a float program's inputs from the seed and rounds them; the 8-bit
+    program's are scaled and transposed, so they travel (on the GPU the redrawn ones gave
+    error 1)."""
+    from tvm_ext.measure.checks import NormwiseCheck
+    from tvm_ext.measure.measure import MeasureSettings, job_case
+    from tvm_ext.remote.messages import case_from_plain, case_to_plain
+    from tvm_ext.remote.wire import decode, encode
+
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper)
+    space = program.space(hopper)
+    settings = MeasureSettings()
+    assert job_case(program, space.make(a="float16", b="float16", acc="float32", c="float16"), settings)[0] is None
+    drawn, refs, _ = job_case(program, space.make(a=E4M3, b=E4M3, acc="float32", c="float16"), settings)
+    made, made_refs = program.measured_operator(space.make(a=E4M3, b=E4M3, acc="float32",
+                                                           c="float16")).make_case(np.random.default_rng(settings.seed))
+    assert [x.dtype for x in drawn] == [np_dtype(E4M3), np_dtype(E4M3), np.float32]
+    assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(drawn, made))
+    assert np.array_equal(refs[0], made_refs[0])
+    header = decode("case", encode("case", case_to_plain((drawn, refs, NormwiseCheck(0.3))), None), None)
+    got = case_from_plain({k: v for k, v in header.items() if k != "kind"})[0]
+    assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) and x.dtype == y.dtype for x, y in zip(got, drawn))

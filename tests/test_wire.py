@@ -95,7 +95,8 @@ def test_cases_of_every_check_and_dtype_make_the_round_trip():
     import ml_dtypes
 
     arrays = (np.arange(6, dtype=np.float16).reshape(2, 3), np.ones(4, dtype=ml_dtypes.bfloat16),
-              np.array([1, -2], dtype=np.int64), np.zeros((0, 3), np.float32), np.array(0.5, np.float32))
+              np.array([1, -2], dtype=np.int64), np.zeros((0, 3), np.float32), np.array(0.5, np.float32),
+              np.linspace(-2, 2, 6).astype(ml_dtypes.float8_e4m3fn), np.ones((2, 2), ml_dtypes.float8_e5m2))
     for check in (NormwiseCheck(1e-3), ElementwiseCheck(np.linspace(0, 1, 5), "bfloat16")):
         case = (arrays, (np.random.default_rng(0).random((3, 5)),), check)
         header = decode("case", encode("case", case_to_plain(case), None), None)

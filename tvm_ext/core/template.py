@@ -168,6 +168,13 @@ class Template(ABC):
         """Whether ``make_inputs`` is the standard draw (not overridden)."""
         return type(self).make_inputs is Template.make_inputs
 
+    @property
+    def case_drawn_from_seed(self) -> bool:
+        """Whether a measuring worker can make this operator's inputs itself: the full-precision
+        inputs are the standard draw and ``make_case`` only rounds them (an operator that
+        makes its inputs otherwise, e.g. scaled and transposed into 8 bits, sends them)."""
+        return self.full_precision().draws_uniform_inputs and type(self).make_case is Template.make_case
+
     def full_precision(self) -> "Template":
         """The all-float32 version of this operator (itself unless precision was lowered)."""
         return self

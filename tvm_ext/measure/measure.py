@@ -154,7 +154,7 @@ def _check_data(operator: Any, inputs: Sequence[np.ndarray], refs: Sequence[np.n
     """A job's inputs (drawn from the seed where the measuring side can: large inputs do not
     travel), references and check."""
     full = operator.full_precision()
-    if full.draws_uniform_inputs:
+    if operator.case_drawn_from_seed:
         drawn: UniformInputs | tuple[np.ndarray, ...] = UniformInputs(*full.input_range,
                                                                      tuple(s.dtype for s in full.inputs()))
     else:

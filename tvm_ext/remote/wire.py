@@ -39,7 +39,7 @@ _LENGTH = struct.Struct("<Q")
 BUFFER_KEY = "__buffer__"
 ARRAY_KEY = "__array__"
 ARRAY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                "float16", "float32", "float64", "bfloat16")
+                "float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 MAX_NDIM = 32
 _TOKENS = re.compile(rb'\\.|["\[\]{}]', re.DOTALL)  # an escape pair, a quote or a bracket
 
