@@ -8,6 +8,7 @@ schedule (``SCHEDULES``, from the earlier H100 tuning runs), every config is che
 against a float64 reference of the unrounded fp32 inputs (its error is the normwise
 relative error of the outputs) and timed by the tuning core's runner; the two bounds
 share one records file, so the second run re-uses what the first measured.  With
+``--wgmma`` the GEMM's 16-bit pairs with float32 sums run Hopper's wgmma kernel.  With
 ``--eight-bit`` the GEMM's search may also store A and B as e4m3 or e5m2 with per-tensor
 scales (its 8-bit wgmma program), and torch's e4m3 ``_scaled_mm`` (cuBLASLt, same scaling
 of the same float32 operands) is timed beside float32 and float16.  The
@@ -38,7 +39,7 @@ from tvm_ext.precision.codegen import export_program, load_program  # noqa: E402
 from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
 from tvm_ext.precision.mixed_precision import MixedPrecisionSettings, MixedPrecisionSearch, PrecisionProgram  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
-from tvm_ext.schedules.gemm.fp8_program import EightBitGemmProgram  # noqa: E402
+from tvm_ext.schedules.gemm.gemm_programs import EightBitGemmProgram, WgmmaGemmProgram  # noqa: E402
 from tvm_ext.schedules.gemm.simt import GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
 from tvm_ext.schedules.gemm.tensor_core import parse_tile, pick_tile  # noqa: E402
@@ -123,9 +124,11 @@ def vendor_ms(label: str, eight_bit: bool = False) -> dict[str, Any]:
 
 
 def run_case(label: str, base: Any, schedule: Any, target: Any, eb: float, args: argparse.Namespace) -> dict:
-    records = os.path.join(args.out, f"mp_{label.split()[0].lower()}{'_8bit' if args.eight_bit else ''}.jsonl")
-    eight_bit = EightBitGemmProgram if args.eight_bit and label.startswith("GEMM") else None
-    program = PrecisionProgram(base, schedule, eight_bit=eight_bit)
+    kernels = ((EightBitGemmProgram,) if args.eight_bit else ()) + ((WgmmaGemmProgram,) if args.wgmma else ())
+    kernels = kernels if label.startswith("GEMM") else ()
+    tag = "".join(f"_{k.name}" for k in kernels)
+    records = os.path.join(args.out, f"mp_{label.split()[0].lower()}{tag}.jsonl")
+    program = PrecisionProgram(base, schedule, kernels=kernels)
     session = Session(SessionOptions(target=target.kind, records=records, build_timeout=600, run_timeout=300),
                       target=target)
     tuner = session.tuner(program)
@@ -167,6 +170,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--eight-bit", action="store_true",
                         help="the GEMM's A and B may be e4m3 or e5m2 (scaled per tensor, the 8-bit wgmma program); "
                              "torch's e4m3 _scaled_mm is timed too")
+    parser.add_argument("--wgmma", action="store_true",
+                        help="the GEMM's 16-bit pairs with float32 sums run the wgmma kernel (its own tile pick) "
+                             "instead of the --gemm-tensor-core tile")
     parser.add_argument("--gru-schedule", default="fuse_step=1,step_j=32,step_b=4,step_k=64,step_ks=8",
                         help="the GRU's knobs over its default config (k=v,...; default: the split-K fused "
                              "step kernel)")

@@ -57,8 +57,8 @@ class PrecisionCommand:
     make_operator: Callable[[argparse.Namespace], Template]
     tensor_cores: Callable[[Any, argparse.Namespace, Any], Any]  # (operator, args, target) -> operator
     example: tuple[str, ...]
-    # its program with 8-bit operands (``mixed_precision.EightBitProgram``), imported on first use
-    eight_bit: Callable[[], type] | None = None
+    # (args, target) -> its programs on written kernels (``mixed_precision.KernelProgram``) there
+    kernel_programs: Callable[[argparse.Namespace, Any], tuple[type, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,9 +114,15 @@ def _gemm() -> type[Template]:
 
 
 def _gemm_8bit() -> type[Template]:
-    from .schedules.gemm.fp8_program import EightBitGemmProgram
+    from .schedules.gemm.gemm_programs import EightBitGemmProgram
 
     return EightBitGemmProgram
+
+
+def _gemm_wgmma_program() -> type[Template]:
+    from .schedules.gemm.gemm_programs import WgmmaGemmProgram
+
+    return WgmmaGemmProgram
 
 
 def _gemm_bias() -> type[Template]:
@@ -266,6 +272,13 @@ def _gemm_8bit_args(params: Mapping[str, Any]) -> dict[str, Any]:
             "operands": (params["a_dtype"], params["b_dtype"])}
 
 
+def _gemm_wgmma_program_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``WgmmaGemmProgram`` arguments: the GEMM's."""
+    from .schedules.gemm.simt import GemmTemplate
+
+    return {"gemm": GemmTemplate(**_gemm_args({k: v for k, v in params.items() if k != "kernel"}))}
+
+
 def _gru_args(params: Mapping[str, Any]) -> dict[str, Any]:
     """Record params -> ``GruTemplate`` arguments: tensor-core tiles are recorded as their text,
     wgmma tiles as their names (the float16 input GEMM's under ``in_wgmma``)."""
@@ -341,7 +354,7 @@ GRU_TUNE = TuneCommand(
 GEMM_PRECISION = PrecisionCommand(
     help="C = A·B: dtypes of A, B, C and the accumulator", add_arguments=cli.add_gemm_precision_args,
     make_operator=cli.gemm_precision_operator, tensor_cores=cli.gemm_tensor_cores, example=_SHAPE,
-    eight_bit=_gemm_8bit)
+    kernel_programs=cli.gemm_kernel_programs)
 
 GRU_PRECISION = PrecisionCommand(
     help="a GRU layer: dtypes of x, weights, gate buffers, state, output, both accumulators and the cell's math",
@@ -352,6 +365,9 @@ _NO_TUNE_BIAS = ("no subcommand of its own: the GEMM with a bias row is tuned as
                  "and by the Python API")
 _NO_TUNE_8BIT = ("no subcommand of its own: the mixed-precision search runs it where it stores a GEMM's A and B "
                  "in 8 bits (mixed-precision gemm); its kernel is tuned as gemm-fp8")
+_NO_TUNE_16BIT = ("no subcommand of its own: the mixed-precision search runs it where a GEMM's A and B are both "
+                  "float16 or both bfloat16 with float32 sums on Hopper (mixed-precision gemm); its kernel is tuned "
+                  "as gemm-wgmma")
 _NO_TUNE_ROWS = "no subcommand of its own: row operators are tuned as the kernels of a Relax model (tune model)"
 
 
@@ -363,6 +379,9 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("gemm_8bit", _gemm_8bit, _gemm_8bit_args, unsupported={"tune": _NO_TUNE_8BIT},
              example={"m": 128, "n": 128, "k": 128, "a_dtype": "float8_e4m3fn", "b_dtype": "float8_e4m3fn",
                       "acc_dtype": "float32", "c_dtype": "float16", "scales": "per_tensor", "b_stored": "transposed"}),
+    Operator("gemm_wgmma_program", _gemm_wgmma_program, _gemm_wgmma_program_args, unsupported={"tune": _NO_TUNE_16BIT},
+             example={"m": 128, "n": 128, "k": 128, "a_dtype": "float16", "b_dtype": "float16",
+                      "acc_dtype": "float32", "c_dtype": "float32", "kernel": "wgmma"}),
     Operator("gemm_tc_any", _gemm_tc_any, tune=GEMM_TC_TUNE),
     Operator("gemm_mma", _gemm_mma, tune=GEMM_TC_TUNE, tune_selector=("--kernel", "mma"),
              matchers=("tensor_core",)),

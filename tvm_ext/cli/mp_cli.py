@@ -32,7 +32,7 @@ def add_mixed_precision_parser(sub: Any, operators: Mapping[str, Any] | None = N
         p = ops.add_parser(op.name, help=op.precision.help)
         op.precision.add_arguments(p)
         p.set_defaults(make_operator=op.precision.make_operator, tensor_cores=op.precision.tensor_cores,
-                       eight_bit=op.precision.eight_bit)
+                       kernel_programs=op.precision.kernel_programs)
         _add_method_args(p)
         p.set_defaults(run=run_mixed_precision)
 
@@ -62,7 +62,8 @@ def run_mixed_precision(args: argparse.Namespace) -> int:
     schedule, source = schedule_for(base, target, session.store)
     base = args.tensor_cores(base, args, target)  # 16-bit operands on CUDA run on the tensor cores
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-    program = PrecisionProgram(base, schedule, dtypes, eight_bit=args.eight_bit() if args.eight_bit else None)
+    kernels = args.kernel_programs(args, target) if args.kernel_programs else ()
+    program = PrecisionProgram(base, schedule, dtypes, kernels=kernels)
     program.space(target)  # unknown or unsupported dtypes: a clear error before anything runs
     tuner = session.tuner(program, recorded_as="method003")
     predictor = None

@@ -237,6 +237,17 @@ def gemm_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
     return replace(base, tensor_core=tile_option(args.tensor_core, shapes, target, "--tensor-core", epilogue=False))
 
 
+def gemm_kernel_programs(args: argparse.Namespace, target: Any) -> tuple[type, ...]:
+    """``mixed-precision gemm``'s programs on Hopper's written kernels: 8-bit operands (the
+    search offers their types only where they run, and says why not), and on Hopper with
+    ``--tensor-core auto`` 16-bit pairs with float32 sums on wgmma (a tile given by hand, or
+    none, keeps those on it)."""
+    from ..schedules.gemm.gemm_programs import EightBitGemmProgram, WgmmaGemmProgram
+
+    wgmma = args.tensor_core.strip() == "auto" and WgmmaGemmProgram.target_reason(target) is None
+    return (EightBitGemmProgram,) + ((WgmmaGemmProgram,) if wgmma else ())
+
+
 def gru_tensor_cores(base: Any, args: argparse.Namespace, target: Any) -> Any:
     from dataclasses import replace
 

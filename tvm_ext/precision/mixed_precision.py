@@ -14,7 +14,9 @@ appended as they are made (with the measured error in ``metrics``), and resume.
 - S5  ``ng`` new configs: each parameter is a random dtype with probability
       ``u0``, else copied from a current parent or a history-best parent
       ((1 − u0)/2 each).  Beyond the method: a child that stores an operand in
-      8 bits is completed to the operator's 8-bit program (``completed``).
+      8 bits is completed to the operator's 8-bit program (``completed``).  Assignments a
+      written kernel takes (Hopper's wgmma: 16-bit pairs, 8-bit pairs) run on it
+      (``kernels``).
 - S6  the predictor keeps ``nm`` of them (``explore`` of those at random), they
       are measured (time and error against a float64 reference on fixed random
       inputs), the best ``n0`` become the current population and are merged into
@@ -43,11 +45,17 @@ from ..target import TargetInfo
 from ..core.template import Template, TensorSpec, modules_hash
 
 
-class EightBitProgram(Protocol):
-    """An operator's program with some operands stored in 8 bits with per-tensor scales
-    (``schedules.gemm.fp8_program``): the search gives ``OPERANDS`` the 8-bit types too."""
+class KernelProgram(Protocol):
+    """An operator's program on a written kernel of its own (``schedules.gemm.gemm_programs``):
+    the assignments it ``takes`` are lowered to it; ``EXTRA_DTYPES`` are types only it stores,
+    offered to its ``OPERANDS``; ``NOTE`` says what it runs, for the search's log."""
 
     OPERANDS: tuple[str, ...]
+    EXTRA_DTYPES: tuple[str, ...]
+    NOTE: str
+
+    @classmethod
+    def takes(cls, assignment: Mapping[str, str]) -> bool: ...
 
     @classmethod
     def of(cls, operator: Any, assignment: Mapping[str, str]) -> Template: ...
@@ -66,10 +74,14 @@ class PrecisionProgram(Template):
     base: Any  # a Template that is a MixedPrecisionOperator
     schedule_config: Config
     # The method's "high and low precision types": float32 first (the program as users
-    # run it), then the low types; empty = float32, the target's 16-bit types and, where
-    # ``eight_bit`` runs, its 8-bit ones.
+    # run it), then the low types; empty = float32, the target's 16-bit types and the
+    # types only ``kernels`` store, where they run.
     dtypes: tuple[str, ...] = ()
-    eight_bit: type[EightBitProgram] | None = None  # the operator's, if it has one
+    # the operator's programs on written kernels, first taker first: one that takes types
+    # every target has (16-bit pairs) only where its target runs it; one that takes only its
+    # own types (8-bit) anywhere, those types offered only where it runs (the CLI gives them,
+    # from the operator registry)
+    kernels: tuple[type[KernelProgram], ...] = ()
     name = "mixed_precision"
 
     def __post_init__(self) -> None:
@@ -85,49 +97,51 @@ class PrecisionProgram(Template):
         return tuple(dict.fromkeys(p.stage for p in self.precision_params()))
 
     def lowered(self, config: Config) -> Any:
-        """The operator with the precision ``config`` assigns (its 8-bit program where a
-        parameter is 8-bit)."""
+        """The operator with the precision ``config`` assigns: the first of ``kernels`` that
+        takes it, else the operator itself."""
         assignment = config.as_dict()
         floats = {k: v for k, v in assignment.items() if v not in EIGHT_BIT_DTYPES}
-        if len(floats) == len(assignment):
-            return self.base.with_precision(assignment)
-        if self.eight_bit is None:
-            raise TvmExtError(f"{self.base.name} has no 8-bit program")
-        return self.eight_bit.of(self.base.with_precision(floats), assignment)
+        for kernel in self.kernels:
+            if kernel.takes(assignment):
+                return kernel.of(self.base.with_precision(floats), assignment)
+        if len(floats) < len(assignment):
+            raise TvmExtError(f"{self.base.name} has no program storing 8-bit operands")
+        return self.base.with_precision(assignment)
 
     def completed(self, config: Config, space: Space) -> Config:
-        """``config`` as the 8-bit program runs it where it stores an operand in 8 bits (that
-        program needs several types at once, which S5's children rarely all draw); every
-        other config as it is."""
-        if self.eight_bit is None:
-            return config
-        assignment = self.eight_bit.completed(config.as_dict(), {k.name: k.choices for k in space.knobs})
+        """``config`` as a kernel program runs it where it is nearly one (the 8-bit program
+        needs several types at once, which S5's children rarely all draw); else as it is."""
+        assignment = config.as_dict()
+        for kernel in self.kernels:
+            assignment = kernel.completed(assignment, {k.name: k.choices for k in space.knobs})
         return config if assignment == config.as_dict() else space.make(**assignment)
 
-    def eight_bit_reason(self, target: TargetInfo) -> str | None:
-        """Why this search cannot store operands in 8 bits on ``target`` (None: it can)."""
-        if self.eight_bit is None:
-            return f"{self.base.name} has no 8-bit program"
-        return self.eight_bit.target_reason(target)
+    def _kernels_on(self, target: TargetInfo) -> tuple[type[KernelProgram], ...]:
+        return tuple(k for k in self.kernels if k.target_reason(target) is None)
+
+    def _extra_reason(self, dtype: str, target: TargetInfo) -> str:
+        """Why no kernel program stores ``dtype`` on ``target``."""
+        owners = [k for k in self.kernels if dtype in k.EXTRA_DTYPES]
+        return owners[0].target_reason(target) if owners else f"{self.base.name} has no program storing it"
 
     def search_dtypes(self, target: TargetInfo) -> tuple[str, ...]:
         """Every type of the search: float32 first, then the low ones."""
-        eight_bit = () if self.eight_bit_reason(target) else EIGHT_BIT_DTYPES
+        extra = tuple(dict.fromkeys(d for k in self._kernels_on(target) for d in k.EXTRA_DTYPES))
         if not self.dtypes:
-            return (HIGH_PRECISION,) + tuple(d for d in ("float16", "bfloat16") if d in target.float_dtypes) + eight_bit
+            return (HIGH_PRECISION,) + tuple(d for d in ("float16", "bfloat16") if d in target.float_dtypes) + extra
         for d in self.dtypes:
-            if d in EIGHT_BIT_DTYPES and not eight_bit:
-                raise TvmExtError(f"{d}: {self.eight_bit_reason(target)}")
-            if d not in target.float_dtypes + EIGHT_BIT_DTYPES:
+            if d in EIGHT_BIT_DTYPES and d not in extra:
+                raise TvmExtError(f"{d}: {self._extra_reason(d, target)}")
+            if d not in target.float_dtypes + extra:
                 raise TvmExtError(f"{d} not supported on {target.device_name}; "
-                                  f"allowed: {', '.join(target.float_dtypes + eight_bit)}")
+                                  f"allowed: {', '.join(target.float_dtypes + extra)}")
         return (HIGH_PRECISION,) + tuple(d for d in self.dtypes if d != HIGH_PRECISION)
 
     def param_dtypes(self, param: PrecisionParam, target: TargetInfo) -> tuple[str, ...]:
-        """``param``'s choices: the search's types, the 8-bit ones only for the 8-bit
-        program's operands."""
-        eight_bit = self.eight_bit.OPERANDS if self.eight_bit is not None else ()
-        return tuple(d for d in self.search_dtypes(target) if d not in EIGHT_BIT_DTYPES or param.name in eight_bit)
+        """``param``'s choices: the search's types, those only a kernel program stores only
+        for that program's operands."""
+        extra = {d for k in self.kernels if param.name in k.OPERANDS for d in k.EXTRA_DTYPES}
+        return tuple(d for d in self.search_dtypes(target) if d not in EIGHT_BIT_DTYPES or d in extra)
 
     def space(self, target: TargetInfo) -> Space:
         knobs = tuple(Knob(p.name, self.param_dtypes(p, target), f"{p.kind} of stage {p.stage}: {p.doc}")
@@ -153,10 +167,9 @@ class PrecisionProgram(Template):
         (mma.sync takes float16 or bfloat16 pairs, WMMA float16 ones; other pairs, or a shape or
         target the tile refuses, stay on the CUDA cores): one line for the search's log."""
         gemms = self.base.tensor_core_gemms()
-        eight_bit = "" if self.eight_bit_reason(target) else (
-            f"; 8-bit {' and '.join(self.eight_bit.OPERANDS)} (one type, scaled per tensor) on the 8-bit wgmma kernel")
+        kernels = "".join(f"; {k.NOTE}" for k in self._kernels_on(target))
         if not gemms:
-            return "tensor cores: no tile, every GEMM on the CUDA cores" + eight_bit
+            return "tensor cores: no tile, every GEMM on the CUDA cores" + kernels
         dtypes = [d for d in self.search_dtypes(target) if d not in EIGHT_BIT_DTYPES]
         parts = []
         for use in gemms:
@@ -170,7 +183,7 @@ class PrecisionProgram(Template):
             why = next(iter(reasons.values()), None) or (
                 f"it takes {' or '.join(tile.operand_dtypes)} operands, none of this search's types")
             parts.append(f"{use.label} on the CUDA cores ({tile.label()}: {why})")
-        return "tensor cores: " + "; ".join(parts) + eight_bit
+        return "tensor cores: " + "; ".join(parts) + kernels
 
     # ---- the workload ---------------------------------------------------------------------
     @property
@@ -182,8 +195,8 @@ class PrecisionProgram(Template):
     @cached_property
     def source_hash(self) -> str:
         own = super().source_hash + self.base.source_hash
-        if self.eight_bit is not None:  # its kernel is measured too
-            own += modules_hash(self.eight_bit.__module__)
+        for kernel in self.kernels:  # their kernels are measured too
+            own += modules_hash(kernel.__module__)
         return hashlib.sha256(own.encode()).hexdigest()[:16]
 
     def describe(self) -> str:

@@ -24,7 +24,7 @@ FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
 HIGH_PRECISION = "float32"  # the "full precision" program of S3 (what users run today)
 PARAM_KINDS = ("tensor", "accumulator", "math")
 # Storage of an operand with a per-tensor scale (``scaled_cast``): only an operator's 8-bit
-# kernel reads these (``PrecisionProgram.eight_bit``), never a float kernel.
+# kernel reads these (a ``PrecisionProgram`` kernel program's), never a float kernel.
 EIGHT_BIT_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 

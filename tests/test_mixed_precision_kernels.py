@@ -1,7 +1,8 @@
-"""8-bit operands in the mixed-precision search (method 003): a GEMM's A and B stored as e4m3 or
-e5m2 with per-tensor scales, run on the 8-bit wgmma kernel on Hopper.  Without a GPU: the
-space, the reasons, the quantization and its error, the kernel's source (offline sm_90a) and the
-generated program's inputs; ``gpu``: the search and the program against float64."""
+"""The mixed-precision search (method 003) on Hopper's written kernels: a GEMM's A and B stored as
+e4m3 or e5m2 with per-tensor scales on the 8-bit wgmma kernel, and 16-bit pairs with float32 sums
+on the wgmma GEMM.  Without a GPU: the space, the reasons, the quantization and its error, which
+program each assignment lowers to, the kernels' source (offline sm_90a) and the generated
+programs' inputs; ``gpu``: the searches and the programs against float64."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from tvm_ext.core.errors import TvmExtError
 from tvm_ext.precision.codegen import export_program, load_program
 from tvm_ext.precision.mixed_precision import PrecisionProgram
 from tvm_ext.precision.precision import np_dtype, relative_error, scaled_cast
-from tvm_ext.schedules.gemm.fp8_program import EightBitGemmProgram
+from tvm_ext.schedules.gemm.gemm_programs import EightBitGemmProgram, WgmmaGemmProgram
 from tvm_ext.schedules.gemm.simt import GemmTemplate
 from tvm_ext.target import offline_cuda
 
@@ -24,9 +25,9 @@ E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"
 SHAPE = (128, 192, 256)
 
 
-def _program(target, shape=SHAPE, dtypes=(), eight_bit=EightBitGemmProgram):
+def _program(target, shape=SHAPE, dtypes=(), kernels=(EightBitGemmProgram,)):
     gemm = GemmTemplate(*shape)
-    return PrecisionProgram(gemm, gemm.default_config(target), dtypes, eight_bit=eight_bit)
+    return PrecisionProgram(gemm, gemm.default_config(target), dtypes, kernels=kernels)
 
 
 def test_a_and_b_may_be_8bit_on_hopper_and_nowhere_else(opencl):
@@ -36,12 +37,12 @@ def test_a_and_b_may_be_8bit_on_hopper_and_nowhere_else(opencl):
     assert choices["acc"] == choices["c"] == ("float32", "float16", "bfloat16")  # never an 8-bit sum or C
     ampere = offline_cuda("sm_80")
     for program, target in ((_program(ampere), ampere), (_program(opencl), opencl),
-                            (_program(hopper, eight_bit=None), hopper)):
+                            (_program(hopper, kernels=()), hopper)):
         assert all(E4M3 not in k.choices for k in program.space(target).knobs)
     with pytest.raises(TvmExtError, match="wgmma needs a Hopper GPU"):
         _program(ampere, dtypes=(E4M3,)).space(ampere)
-    with pytest.raises(TvmExtError, match="gemm has no 8-bit program"):
-        _program(hopper, dtypes=(E4M3,), eight_bit=None).space(hopper)
+    with pytest.raises(TvmExtError, match="gemm has no program storing it"):
+        _program(hopper, dtypes=(E4M3,), kernels=()).space(hopper)
     assert _program(hopper, dtypes=(E5M2, "float16")).space(hopper).knob("a").choices == ("float32", E5M2, "float16")
 
 
@@ -240,3 +241,93 @@ def test_the_8bit_programs_inputs_reach_the_measuring_side_as_made_not_redrawn()
     header = decode("case", encode("case", case_to_plain((drawn, refs, NormwiseCheck(0.3))), None), None)
     got = case_from_plain({k: v for k, v in header.items() if k != "kind"})[0]
     assert all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) and x.dtype == y.dtype for x, y in zip(got, drawn))
+
+
+# ---- 16-bit pairs with float32 sums on the wgmma kernel -----------------------------------------------
+BOTH = (EightBitGemmProgram, WgmmaGemmProgram)
+
+
+@pytest.mark.parametrize("config, lowered_to", [
+    (dict(a="float16", b="float16", acc="float32", c="float32"), WgmmaGemmProgram),
+    (dict(a="bfloat16", b="bfloat16", acc="float32", c="float16"), WgmmaGemmProgram),
+    (dict(a="float16", b="float16", acc="float16", c="float16"), GemmTemplate),  # float16 sums: the tile's
+    (dict(a="bfloat16", b="float16", acc="float32", c="float32"), GemmTemplate),
+    (dict(a=E4M3, b=E4M3, acc="float32", c="float16"), EightBitGemmProgram),
+])
+def test_each_assignment_runs_on_the_first_kernel_program_that_takes_it(config, lowered_to):
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper, kernels=BOTH)
+    space = program.space(hopper)
+    lowered = program.lowered(space.make(**config))
+    assert type(lowered) is lowered_to and lowered.precision == config
+    assert space.infeasible_reason(space.make(**config)) is None
+
+
+def test_the_wgmma_program_builds_the_16bit_wgmma_kernel_reading_b_as_stored():
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper, kernels=BOTH)
+    config = program.space(hopper).make(a="float16", b="float16", acc="float32", c="float32")
+    built = program.build_program(config, hopper)
+    assert len(built.params) == 3 and "k16.f32.f16.f16" in built.source
+    assert "float* __restrict__ C" in built.source  # C stored as float32, straight from the sums
+    operator = program.measured_operator(config)
+    assert [s.shape for s in operator.inputs()] == [(SHAPE[0], SHAPE[2]), (SHAPE[2], SHAPE[1])]  # B as [K, N]
+    assert operator.case_drawn_from_seed  # rounded float inputs: a worker draws them itself
+
+
+def test_the_cli_gives_the_wgmma_program_on_hopper_with_the_automatic_tile_only():
+    from argparse import Namespace
+
+    from tvm_ext.cli.operator_cli import gemm_kernel_programs
+
+    hopper, ampere = offline_cuda("sm_90"), offline_cuda("sm_80")
+    assert gemm_kernel_programs(Namespace(tensor_core="auto"), hopper) == BOTH
+    assert gemm_kernel_programs(Namespace(tensor_core="mma"), hopper) == (EightBitGemmProgram,)
+    assert gemm_kernel_programs(Namespace(tensor_core="none"), hopper) == (EightBitGemmProgram,)
+    assert gemm_kernel_programs(Namespace(tensor_core="auto"), ampere) == (EightBitGemmProgram,)
+    note = _program(hopper, kernels=BOTH).tensor_core_note(hopper)
+    assert WgmmaGemmProgram.NOTE in note and EightBitGemmProgram.NOTE in note
+
+
+def test_an_exported_wgmma_program_takes_its_float_inputs(tmp_path):
+    hopper = offline_cuda("sm_90")
+    program = _program(hopper, kernels=BOTH)
+    low = program.lowered(program.space(hopper).make(a="bfloat16", b="bfloat16", acc="float32", c="float32"))
+    manifest = json.loads(open(export_program(low, program.schedule_config, hopper, str(tmp_path))).read())
+    assert manifest["operator"] == "gemm_wgmma_program" and "float_inputs" not in manifest
+    assert [t["dtype"] for t in manifest["tensors"]] == ["bfloat16", "bfloat16", "float32"]
+    a = np.random.default_rng(0).standard_normal(SHAPE[::2]).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(SHAPE[:0:-1]).astype(np.float32)
+    prepared = load_program(str(tmp_path))._prepare([a, b])
+    assert prepared[0].dtype == np_dtype("bfloat16") and prepared[1].shape == (SHAPE[2], SHAPE[1])
+
+
+@pytest.mark.gpu
+def test_the_wgmma_program_runs_a_16bit_search_on_the_gpu(tmp_path):
+    """On the GPU: float16 A and B with float32 sums run on the wgmma program, checked against
+    float64 within float16's rounding, and no slower than the same types on mma.sync's tile."""
+    from tvm_ext.core.records import RecordStore
+    from tvm_ext.core.tuner import Tuner
+    from tvm_ext.measure.builder import LocalBuilder
+    from tvm_ext.measure.runner import LocalRunner, MeasureSettings
+    from tvm_ext.precision.mixed_precision import error_of
+    from tvm_ext.schedules.gemm.tensor_core import pick_tile
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    shape = (2048, 2048, 2048)
+    gemm = GemmTemplate(*shape, tensor_core=pick_tile([shape], cuda))
+    results = {}
+    for kernels in ((WgmmaGemmProgram,), ()):
+        program = PrecisionProgram(gemm, gemm.default_config(cuda), ("float16",), kernels=kernels)
+        tuner = Tuner(program, cuda, LocalBuilder(workers=1, timeout=300), LocalRunner(cuda, MeasureSettings()),
+                      RecordStore(str(tmp_path / f"r{len(kernels)}.jsonl")))
+        config = tuner.space.make(a="float16", b="float16", acc="float32", c="float32")
+        try:
+            tuner.evaluate([config])
+        finally:
+            tuner.builder.close()
+            tuner.runner.close()
+        results[kernels] = tuner.record_of(config)
+        assert results[kernels].ok and error_of(results[kernels]) < 1e-3, results[kernels].error_msg
+    assert results[(WgmmaGemmProgram,)].cost <= results[()].cost
