@@ -115,6 +115,18 @@ def test_search_respects_the_bound_resumes_and_generates_code(opencl, tmp_path):
     assert again.new_measurements == 0
     assert again.best.config == result.best.config
     assert len(records.read_text().splitlines()) == len(lines)
+    # A search that measures only the float32 program, at a bound that program misses, still
+    # answers with what is on record: float64 sums, measured earlier into the same file
+    precise = tuner.space.make(a="float32", b="float32", acc="float64", c="float32")
+    tuner.runner, tuner.builder = LocalRunner(opencl, FAST), LocalBuilder(workers=1)
+    tuner.evaluate([precise])
+    tuner.builder.close(), tuner.runner.close()
+    tight = error_of(result.baseline) / 2
+    assert error_of(tuner.record_of(precise)) <= tight
+    short, _ = _search(opencl, records, tight, m=1)
+    assert short.measured == 1 and short.new_measurements == 0 and error_of(short.baseline) > tight
+    assert short.best is not None and short.best.config == precise.as_dict()
+    assert any(line.startswith("chosen from the records of an earlier search") for line in short.log)
 
     # S7 on a lowered config (bfloat16 operands): the loaded program reproduces the
     # recorded error on the fixed inputs and stays within the bound on fresh ones.

@@ -197,6 +197,11 @@ class Tuner:
     def record_of(self, config: Config) -> Record | None:
         return self._records.get(config)
 
+    def known_configs(self) -> list[Config]:
+        """Every config of this workload with a record: measured here, resumed, or appended
+        since by another process sharing the file."""
+        return list(self._catch_up())
+
     @property
     def budget_left(self) -> int:
         return self.trials_budget - self.trials
