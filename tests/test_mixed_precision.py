@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -210,6 +211,10 @@ def test_cli_mixed_precision_gemm(tmp_path):
     assert "6 configs measured" in p.stdout and "speedup" in p.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["error"] <= 1e-2 and manifest["configs_measured"] == 6
+    shown = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "show", str(tmp_path / "r.jsonl")],
+                           capture_output=True, text=True, timeout=120)
+    best = next(line for line in shown.stdout.splitlines() if line.strip().startswith("best"))
+    assert re.search(r"error \d\.\de-\d\d  a=", best), best  # each program's time beside its error
 
 
 @pytest.mark.parametrize("args, message", [

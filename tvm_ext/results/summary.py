@@ -186,8 +186,10 @@ class WorkloadRecords:
             lines.append("  no correct record")
         for i, rec in enumerate(ranked[:top]):
             label = "best" if i == 0 else f"#{i + 1}"
+            error = rec.metrics.get("rel_error")  # a mixed-precision program's: its time buys this error
             lines.append(f"  {label:<5} {rec.cost * 1e3:.4f} ms  {speed_text(self.template, rec.cost):>16}  "
-                         f"{config_text(self.template, self.target, rec.config)}")
+                         + (f"error {error:.1e}  " if isinstance(error, (int, float)) else "")
+                         + f"{config_text(self.template, self.target, rec.config)}")
         return "\n".join(lines)
 
 
