@@ -30,6 +30,7 @@ from ..core.space import Config, Space
 from ..target import TargetInfo
 from ..operators import template_of
 from ..core.template import Template
+from ..precision.mixed_precision import PrecisionProgram
 
 
 def speed_text(template: Template | None, cost: float) -> str:
@@ -182,11 +183,12 @@ class WorkloadRecords:
                  f"  trials {len(self.records)} (correct {sum(r.ok for r in self.records)}; errors: {errors}), "
                  f"tuning time {self.tuning_secs():.1f} s, strategies: {strategies}"]
         ranked = self.ranked()
+        precision = self.workload.get("template") == PrecisionProgram.name  # configs that trade error for time
         if not ranked:
             lines.append("  no correct record")
         for i, rec in enumerate(ranked[:top]):
             label = "best" if i == 0 else f"#{i + 1}"
-            error = rec.metrics.get("rel_error")  # a mixed-precision program's: its time buys this error
+            error = rec.metrics.get("rel_error") if precision else None  # what the program's time buys
             lines.append(f"  {label:<5} {rec.cost * 1e3:.4f} ms  {speed_text(self.template, rec.cost):>16}  "
                          + (f"error {error:.1e}  " if isinstance(error, (int, float)) else "")
                          + f"{config_text(self.template, self.target, rec.config)}")
