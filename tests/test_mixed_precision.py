@@ -225,6 +225,8 @@ def test_cli_mixed_precision_gemm(tmp_path):
     (["gemm", "--shape", "8,8,8", "--target", "vulkan"], "unknown target"),
     (["gemm", "--shape", "8,8,8", "--dtypes", "float16"], "float16 not supported"),
     (["gemm", "--shape", "8,8,8", "--dtypes", "int8"], "int8 not supported"),
+    (["gru", "--batch", "2", "--hidden", "8", "--input", "8", "--seq", "2", "--dtypes", "float8_e4m3fn"],
+     "float8_e4m3fn: gru has no program storing it"),
     (["gemm", "--shape", "8,8,8", "--tensor-core", "tc_vec=3"], "tc_vec=3 is not allowed; allowed values: 1, 2, 4, 8"),
     (["gru", "--batch", "2", "--hidden", "8", "--input", "8", "--seq", "2", "--hidden-tensor-core", "tc_warp=2"],
      "unknown tensor-core knob 'tc_warp'"),
