@@ -124,6 +124,9 @@ def test_an_exported_8bit_program_takes_the_float_inputs_and_scales_them(tmp_pat
     assert np.array_equal(qbt.view(np.uint8), scaled_cast(b.T, E4M3)[0].view(np.uint8))
     assert list(scales) == [np.float32(scaled_cast(a, E4M3)[1]), np.float32(scaled_cast(b.T, E4M3)[1])]
     assert len(load_program(str(tmp_path))._prepare([qa, qbt, scales])) == 3  # its own tensors, as they are
+    for bad in (np.inf, np.nan):  # no scale fits: one error, not a program of zeros
+        with pytest.raises(TvmExtError, match="needs finite values for its scale"):
+            load_program(str(tmp_path))._prepare([np.where(a > 1, bad, a), b])
     with pytest.raises(TvmExtError, match="input b must have shape"):
         load_program(str(tmp_path))._prepare([a, b.T])
     for damage in ([9, 1], [2, 2], [1, 0], ["2", 0]):  # a damaged manifest: one error, never an IndexError

@@ -52,6 +52,8 @@ def scaled_cast(array: np.ndarray, dtype: str) -> tuple[np.ndarray, float]:
 
     top = float(ml_dtypes.finfo(np_dtype(dtype)).max)
     largest = float(np.max(np.abs(array))) if array.size else 0.0
+    if not np.isfinite(largest):  # an inf would scale every other value to zero
+        raise TvmExtError(f"an array stored as {dtype} needs finite values for its scale, got {largest}")
     scale = np.float32(largest / top if largest > 0 else 1.0)
     # clipped: the largest value over a float32 scale may land a hair past ``top`` (e4m3 has no inf)
     scaled = np.clip(np.asarray(array, np.float64) / float(scale), -top, top)
