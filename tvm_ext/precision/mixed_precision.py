@@ -165,11 +165,12 @@ class PrecisionProgram(Template):
     def tensor_core_note(self, target: TargetInfo) -> str:
         """Which operand types of this search run on the tensor cores, per GEMM that has a tile
         (mma.sync takes float16 or bfloat16 pairs, WMMA float16 ones; other pairs, or a shape or
-        target the tile refuses, stay on the CUDA cores): one line for the search's log."""
+        target the tile refuses, stay on the CUDA cores), after what the kernel programs take
+        first: one line for the search's log."""
         gemms = self.base.tensor_core_gemms()
-        kernels = "".join(f"; {k.NOTE}" for k in self._kernels_on(target))
+        kernels = "".join(f"{k.NOTE}; otherwise " for k in self._kernels_on(target))
         if not gemms:
-            return "tensor cores: no tile, every GEMM on the CUDA cores" + kernels
+            return f"tensor cores: {kernels}no tile, every GEMM on the CUDA cores"
         dtypes = [d for d in self.search_dtypes(target) if d not in EIGHT_BIT_DTYPES]
         parts = []
         for use in gemms:
@@ -183,7 +184,7 @@ class PrecisionProgram(Template):
             why = next(iter(reasons.values()), None) or (
                 f"it takes {' or '.join(tile.operand_dtypes)} operands, none of this search's types")
             parts.append(f"{use.label} on the CUDA cores ({tile.label()}: {why})")
-        return "tensor cores: " + "; ".join(parts) + kernels
+        return f"tensor cores: {kernels}" + "; ".join(parts)
 
     # ---- the workload ---------------------------------------------------------------------
     @property
