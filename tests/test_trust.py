@@ -7,6 +7,7 @@ escapes the page; a records path that is not a regular file, or a full disk, is 
 ``error:`` line.  Claims: a forged ``until`` cannot stall a tuner.  CLI: a model file that
 is not Python, shapes beyond memory, devices that do not exist: one ``error:`` line before
 anything runs; SIGTERM stops a run as Ctrl-C does, and a second stop keeps the summary.
+Generated programs: a manifest names no library outside its folder and no absurd tensor.
 """
 from __future__ import annotations
 
@@ -311,3 +312,39 @@ def test_sigterm_stops_like_ctrl_c_and_a_second_stop_keeps_the_summary(tmp_path)
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+_MANIFEST = {"format": "tvm_ext.measure.program/1", "library": "program.so", "source": "program.cu",
+             "entry": "main", "launches": [{"name": "main_kernel", "args": ["A", "C"], "grid": [1, 1, 1],
+                                            "block": [32, 1, 1]}],
+             "target": {"kind": "cuda"},
+             "tensors": [{"name": "A", "role": "input", "shape": [4, 4], "dtype": "float16"},
+                         {"name": "C", "role": "output", "shape": [4, 4], "dtype": "float32"}]}
+
+
+@pytest.mark.parametrize("damage, message", [
+    ({"library": "../program.so"}, "library '../program.so' is not a file name of its folder"),
+    ({"library": "/tmp/evil.so"}, "library '/tmp/evil.so' is not a file name"),
+    ({"source": ".."}, "source '..' is not a file name"),
+    ({"library": 7}, "library '7' is not a file name"),
+    ({"tensors": "A"}, "tensors are not a list"),
+    ({"tensors": [{"name": "A", "role": "input", "shape": [-1], "dtype": "float32"}]}, "is not one"),
+    ({"tensors": [{"name": "A", "role": "weights", "shape": [2], "dtype": "float32"}]}, "is not one"),
+    ({"tensors": [{"name": "A", "role": "input", "shape": [2**40, 2**30], "dtype": "float32"}]}, "more than the"),
+    ({"tensors": [{"name": "A", "role": "input", "shape": [2], "dtype": "float8_e9"}]}, "has dtype 'float8_e9'"),
+    ({"tensors": [{"name": "A", "role": "input", "shape": [2], "dtype": "int3"}]}, "has dtype 'int3'"),
+    ({"launches": [{"name": "main_kernel"}]}, "launches are not launches"),
+    ({"launches": ["main_kernel"]}, "launches are not launches"),
+])
+def test_a_damaged_program_manifest_is_one_error_and_loads_nothing(tmp_path, damage, message):
+    """``load_program`` reads a folder a user hands it: the manifest's library and source are
+    files of that folder, and its tensors and launches are checked before anything is loaded."""
+    from tvm_ext.precision.codegen import load_program
+
+    (tmp_path / "manifest.json").write_text(json.dumps(_MANIFEST))
+    assert load_program(str(tmp_path)).inputs[0]["name"] == "A"  # the undamaged one reads
+    (tmp_path / "manifest.json").write_text(json.dumps({**_MANIFEST, **damage}))
+    with pytest.raises(TvmExtError) as raised:
+        load_program(str(tmp_path))
+    assert message in str(raised.value) and str(tmp_path) in str(raised.value)
+

@@ -8,6 +8,7 @@ NVIDIA's (CUDA C Programming Guide, "Compute capabilities"; PTX ISA for the inst
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,3 +108,19 @@ def supports_clusters(target: TargetInfo) -> bool:
 def sm_90a(target: TargetInfo) -> TargetInfo:
     """``target`` built for sm_90a, the arch that has wgmma."""
     return dataclasses.replace(target, arch="sm_90a")
+
+
+def host_memory_bytes() -> int | None:
+    """Memory this host can give a run now: ``MemAvailable`` (Linux), else its physical
+    memory; None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core.errors import TvmExtError
 from ..core.search import default_tourn_size
+from ..hardware import host_memory_bytes
 
 INDEX_LIMIT = 2**31 - 1  # TVM indexes buffers with int32 expressions
 
@@ -74,22 +75,6 @@ def buffer_bytes(template: Any) -> tuple[int, int]:
         device += size
         host += 2 * size + elements * 8
     return device, host
-
-
-def host_memory_bytes() -> int | None:
-    """Memory this host can give a run now: ``MemAvailable`` (Linux), else its physical
-    memory; None where neither is known."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def device_memory_bytes(target: Any) -> int | None:

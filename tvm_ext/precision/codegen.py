@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..core.errors import TvmExtError
+from ..hardware import host_memory_bytes
 from ..measure.executors import CudaExecutor, OpenclExecutor
 from .precision import MixedPrecisionOperator, cast, np_dtype, precision_reason, scaled_cast
 from ..measure.program import MAIN, KernelLaunch, TensorSpec
@@ -117,8 +118,10 @@ class GeneratedProgram:
                 self.manifest = json.load(fh)
         except (OSError, ValueError) as exc:
             raise TvmExtError(f"no readable {MANIFEST} in {directory}: {exc}") from None
-        if self.manifest.get("format") != FORMAT:
-            raise TvmExtError(f"{directory}: not a tvm_ext program (format {self.manifest.get('format')!r})")
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            raise TvmExtError(f"{directory}: not a tvm_ext program (format "
+                              f"{self.manifest.get('format') if isinstance(self.manifest, dict) else None!r})")
+        check_manifest(self.manifest, directory)
         self.directory = directory
         self.device_id = device_id
         self.tensors = self.manifest["tensors"]
@@ -179,6 +182,45 @@ class GeneratedProgram:
                 source = fh.read()
             self._impl = OpenclExecutor.of(source, _launches(self.manifest["launches"]), specs, self.device_id)
         return self._impl
+
+
+ROLES = ("input", "output", "scratch")
+MAX_RANK = 8
+
+
+def check_manifest(manifest: Mapping[str, Any], directory: str) -> None:
+    """A manifest read from a user's folder is data until it checks out: the library and
+    source it names are files of that folder (never a path out of it), its tensors have a
+    name, a role, a known dtype and a shape of non-negative sizes that fits this host's
+    memory, its launches name their kernels, arguments and launch sizes; else one error."""
+    def bad(what: str) -> TvmExtError:
+        return TvmExtError(f"{directory}: the manifest's {what}")
+
+    for key in ("library", "source"):
+        name = manifest.get(key)
+        if not isinstance(name, str) or not name or os.path.basename(name) != name or name.startswith("."):
+            raise bad(f"{key} {str(name)[:80]!r} is not a file name of its folder")
+    tensors = manifest.get("tensors")
+    if not isinstance(tensors, list) or not tensors:
+        raise bad("tensors are not a list of tensors")
+    total = 0
+    for t in tensors:
+        shape = t.get("shape") if isinstance(t, dict) else None
+        if (not isinstance(t.get("name") if isinstance(t, dict) else None, str) or t.get("role") not in ROLES
+                or not isinstance(shape, list) or len(shape) > MAX_RANK
+                or not all(type(d) is int and d >= 0 for d in shape)):
+            raise bad(f"tensor {str(t)[:80]} is not one (a name, a role of {', '.join(ROLES)}, a shape)")
+        try:
+            total += int(np.prod(shape, dtype=object)) * np_dtype(str(t.get("dtype"))).itemsize
+        except (TypeError, AttributeError) as exc:  # numpy's and ml_dtypes' words for a dtype they do not know
+            raise bad(f"tensor {t['name']} has dtype {str(t.get('dtype'))[:40]!r}: {exc}") from None
+    available = host_memory_bytes()
+    if available is not None and total > available:
+        raise bad(f"tensors need {total / 2**30:.1f} GiB, more than the {available / 2**30:.1f} GiB this host has free")
+    try:
+        _launches(manifest.get("launches") or [])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise bad(f"launches are not launches ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
 def _scaled_inputs(entries: Sequence[Mapping[str, Any]], inputs: Sequence[Mapping[str, Any]],
