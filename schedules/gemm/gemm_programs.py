@@ -4,7 +4,7 @@ the scheduled GEMM (``mixed_precision.KernelProgram``).
 
 - ``WgmmaGemmProgram``: A and B both float16 or both bfloat16, float32 sums, C any float type:
   the wgmma GEMM (``wgmma_template``) reading B as stored (K, N), at the tile it picks without
-  measuring, where mma.sync's tile ran 0.66x cuBLAS at 4096³ (docs/results/tuning.md).
+  measuring: faster than mma.sync's tile where both were measured (docs/results/tuning.md).
 - ``EightBitGemmProgram``: A and B stored in one 8-bit type, each with a per-tensor float32
   scale (``precision.scaled_cast``: the largest magnitude to the format's largest value), B
   transposed (N, K) as wgmma reads 8-bit operands K-major only; the 8-bit wgmma kernel
