@@ -277,6 +277,18 @@ def cublas_launches(sets: Sequence[tuple[Any, Any]], lt: bool = False) -> dict[s
     return launches
 
 
+E4M3_MAX = 448.0  # e4m3's largest finite value
+
+
+def scaled_e4m3(x: Any) -> tuple[Any, Any]:
+    """torch tensor ``x`` as e4m3 with its float32 per-tensor scale (amax / 448, the rule of
+    ``precision.scaled_cast``), as a quantized model's operands and ``torch._scaled_mm`` take them."""
+    import torch
+
+    scale = (x.abs().max() / E4M3_MAX).float()
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
 def rel_error_vs(out: Any, ref: Any) -> float:
     """Normwise relative error of ``out`` (tensor or array) against a float64 reference."""
     import numpy as np

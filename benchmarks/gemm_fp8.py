@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, l2_rotation, parse_shapes, program_launch, rel_error_vs,  # noqa: E402
-                    rounds_cells, rounds_header, table, time_ours_three, time_vendor, vendor_methods)
+                    rounds_cells, rounds_header, scaled_e4m3, table, time_ours_three, time_vendor, vendor_methods)
 
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate  # noqa: E402
@@ -35,7 +35,6 @@ from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "gru_in": (8192, 3072, 1024),
           "bert_ffn_up": (1024, 3072, 768), "bert_ffn_down": (1024, 768, 3072), "bert_proj": (1024, 768, 768)}
-E4M3_MAX = 448.0
 # tiles tried beside the default: (bm, bn, stages, inflight, raster, tiles a block, k steps between promotions)
 VARIANTS = ((128, 128, 6, 1, 8, 8, 2), (128, 128, 6, 1, 8, 8, 4), (128, 192, 4, 1, 8, 4, 1), (64, 192, 6, 1, 8, 4, 1),
             (128, 256, 4, 1, 8, 4, 0), (128, 128, 6, 1, 8, 8, 0), (128, 256, 4, 1, 8, 16, 0))
@@ -45,15 +44,11 @@ def fp8_sets(m: int, n: int, k: int) -> list[dict[str, Any]]:
     """Rotated operand sets: A (m, k) and Bt (n, k) in e4m3 with their float32 scales."""
     import torch
 
-    def quantized(rows: int, cols: int) -> tuple[Any, Any]:
-        x = torch.randn(rows, cols, device="cuda")
-        scale = x.abs().max() / E4M3_MAX
-        return (x / scale).to(torch.float8_e4m3fn), scale.float()
-
     count = l2_rotation(m * k + n * k + 2 * m * n)
     sets = []
     for _ in range(count):
-        (a, sa), (bt, sb) = quantized(m, k), quantized(n, k)
+        a, sa = scaled_e4m3(torch.randn(m, k, device="cuda"))
+        bt, sb = scaled_e4m3(torch.randn(n, k, device="cuda"))
         sets.append({"a": a, "bt": bt, "sa": sa, "sb": sb, "scale_ab": torch.stack([sa, sb]).contiguous()})
     return sets
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_cells  # noqa: E402
+from common import l2_rotation, rel_error_vs, scaled_e4m3, table, time_vendor, vendor_cells  # noqa: E402
 
 from tvm_ext.precision.codegen import export_program, load_program  # noqa: E402
 from tvm_ext.cost_model.precision import PrecisionPredictor  # noqa: E402
@@ -68,14 +68,6 @@ def cases(target: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
                       hid_tensor_core=tile(args.gru_hid_tensor_core, [(64, 3 * 1024, 1024)], target))
     return [("GEMM 4096³", gemm, gemm.space(target).make(**GEMM_BEST)),
             ("GRU B64 H1024 T128", gru, gru_schedule(gru, target, args.gru_schedule))]
-
-
-def scaled_e4m3(x: Any) -> tuple[Any, Any]:
-    """``x`` as e4m3 with its per-tensor scale (``precision.scaled_cast``'s rule)."""
-    import torch
-
-    scale = (x.abs().max() / 448.0).float()
-    return (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
 
 
 def vendor_ms(label: str, eight_bit: bool = False) -> dict[str, Any]:
