@@ -111,9 +111,9 @@ class PrecisionProgram(Template):
     def completed(self, config: Config, space: Space) -> Config:
         """``config`` as a kernel program runs it where it is nearly one (the 8-bit program
         needs several types at once, which S5's children rarely all draw); else as it is."""
-        assignment = config.as_dict()
+        assignment, choices = config.as_dict(), {k.name: k.choices for k in space.knobs}
         for kernel in self.kernels:
-            assignment = kernel.completed(assignment, {k.name: k.choices for k in space.knobs})
+            assignment = kernel.completed(assignment, choices)
         return config if assignment == config.as_dict() else space.make(**assignment)
 
     def _kernels_on(self, target: TargetInfo) -> tuple[type[KernelProgram], ...]:
