@@ -15,7 +15,9 @@ default against cuBLASLt's default and our fastest unpromoted tile against its f
 accumulation, in ``--rounds`` interleaved rounds, both replayed from CUDA graphs, the SM clock
 and power read after each (raw rounds in --out/gemm_fp8_rounds.jsonl); the median of the
 per-round ratios is the figure quoted.  ``--tma both``: every config also with its stages loaded
-by the TMA, and the rounds take the fastest promoted config in place of the default.
+by the TMA, and the rounds take the fastest promoted config in place of the default; ``--promote
+1``: only the configs promoting every k step (cuBLASLt's accuracy) and the default, the
+rounds the fastest promoted of them.
 """
 from __future__ import annotations
 
@@ -35,9 +37,12 @@ from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "gru_in": (8192, 3072, 1024),
           "bert_ffn_up": (1024, 3072, 768), "bert_ffn_down": (1024, 768, 3072), "bert_proj": (1024, 768, 768)}
-# tiles tried beside the default: (bm, bn, stages, inflight, raster, tiles a block, k steps between promotions)
-VARIANTS = ((128, 128, 6, 1, 8, 8, 2), (128, 128, 6, 1, 8, 8, 4), (128, 192, 4, 1, 8, 4, 1), (64, 192, 6, 1, 8, 4, 1),
-            (128, 256, 4, 1, 8, 4, 0), (128, 128, 6, 1, 8, 8, 0), (128, 256, 4, 1, 8, 16, 0))
+# tiles tried beside the default and the default with overlapped promotions: (bm, bn, stages, inflight,
+# raster, tiles a block, k steps between promotions, promotions overlapped)
+VARIANTS = ((128, 128, 6, 1, 8, 8, 2, 0), (128, 128, 6, 1, 8, 8, 4, 0), (128, 192, 4, 1, 8, 4, 1, 0),
+            (64, 192, 6, 1, 8, 4, 1, 0), (128, 128, 6, 1, 8, 1, 1, 1), (128, 128, 4, 1, 8, 8, 1, 1),
+            (128, 128, 4, 1, 8, 16, 1, 1), (128, 256, 4, 1, 8, 4, 0, 0), (128, 128, 6, 1, 8, 8, 0, 0),
+            (128, 256, 4, 1, 8, 16, 0, 0))
 
 
 def fp8_sets(m: int, n: int, k: int) -> list[dict[str, Any]]:
@@ -119,13 +124,17 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
     template = Fp8GemmTemplate(m, n, k)
     default = template.default_config(target)
     space = template.space(target)
-    name = lambda cfg: f"{template.tile(cfg).name} p{cfg.fp8_promote}"  # noqa: E731
+    name = lambda cfg: f"{template.tile(cfg).name} p{cfg.fp8_promote}{' overlap' * cfg.fp8_promote_overlap}"  # noqa: E731
     configs = [(f"default {name(default)}", default)]
-    for bm, bn, stages, inflight, raster, tiles, promote in VARIANTS:
+    candidates = [default.replace(fp8_promote_overlap=1 - default.fp8_promote_overlap)]
+    for bm, bn, stages, inflight, raster, tiles, promote, overlap in VARIANTS:
         tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="e4m3")
-        cfg = space.make(**tile.knobs(), fp8_promote=promote)
-        if cfg != default and space.is_feasible(cfg):
+        candidates.append(space.make(**tile.knobs(), fp8_promote=promote, fp8_promote_overlap=overlap))
+    for cfg in candidates:
+        if cfg != default and space.is_feasible(cfg) and cfg not in [c for _, c in configs]:
             configs.append((name(cfg), cfg))
+    if args.promote is not None:  # one accumulation class (the default kept for reference)
+        configs = configs[:1] + [c for c in configs[1:] if c[1].fp8_promote == args.promote]
     if args.tma != "off":
         loaded = [(f"{label} tma", cfg.replace(wgmma_tma=1)) for label, cfg in configs]
         configs = ([] if args.tma == "on" else configs) + [c for c in loaded if space.is_feasible(c[1])]
@@ -142,15 +151,19 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
     # against its fast accumulation
     unpromoted = [t for t in timed if t[2].fp8_promote == 0]
     promoted = [t for t in timed if t[2].fp8_promote > 0]
-    first = min(promoted, key=lambda t: t[0]) if args.tma != "off" and promoted else timed[0]
+    if args.promote:
+        promoted = [t for t in promoted if t[2].fp8_promote == args.promote]
+    first = min(promoted, key=lambda t: t[0]) if (args.tma != "off" or args.promote) and promoted else timed[0]
     pairs = [(first, "cuBLASLt e4m3", scaled_mm)]
     if unpromoted:
         pairs.append((min(unpromoted, key=lambda t: t[0]), "cuBLASLt e4m3 fast accum", fast_mm))
     round_rows = []
     for (_, label, _, launch), vendor_name, vendor_fn in pairs:
+        # the default in the same rounds where another promoted config is compared
+        peers = {timed[0][1]: timed[0][3]} if vendor_fn is scaled_mm and launch is not timed[0][3] else None
         summaries, left_out = compare_in_rounds(
             f"{m}x{n}x{k}", launch, {vendor_name: vendor_fn}, len(sets), args.rounds,
-            os.path.join(args.out, "gemm_fp8_rounds.jsonl"), config=label)
+            os.path.join(args.out, "gemm_fp8_rounds.jsonl"), peers=peers, config=label)
         round_rows += [[f"{m}x{n}x{k}", label, *rounds_cells(s)] for s in summaries]
         round_rows += [[f"{m}x{n}x{k}", label, f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
     return rows, round_rows
@@ -164,6 +177,9 @@ def main() -> int:
     p.add_argument("--tma", default="off", choices=("off", "on", "both"),
                    help="every config's stages loaded by the TMA (wgmma_tma): as listed (off), set (on), or each "
                         "config both ways (both); the rounds then take the fastest of each accumulation")
+    p.add_argument("--promote", type=int, choices=(1, 2, 4), default=None,
+                   help="only configs promoting every that many k steps (and the default); the rounds then "
+                        "take the fastest of them: 1 is cuBLASLt's default accuracy")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
     if args.rounds < 1:

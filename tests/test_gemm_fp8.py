@@ -25,7 +25,8 @@ from tvm_ext.target import offline_cuda
 
 def _config(template, target, **knobs):
     """``knobs`` over a 128x256 tile, 4 stages, sums not promoted."""
-    return template.space(target).make(**{**WgmmaTile(128, 256, 4, 1, False, 0).knobs(), "fp8_promote": 0, **knobs})
+    return template.space(target).make(**{**WgmmaTile(128, 256, 4, 1, False, 0).knobs(), "fp8_promote": 0,
+                                          "fp8_promote_overlap": 0, **knobs})
 
 
 def _cubin_builds(source: str) -> bool:
@@ -48,7 +49,9 @@ def test_the_program_takes_the_k32_fp8_wgmma_form_and_reads_both_scales(fp8, out
     source = t.build_program(cfg, target).source
     assert f"wgmma.mma_async.sync.aligned.m64n{tile.bn}k32.f32.{fp8}.{fp8}" in source
     assert ".f16.f16" not in source and "k16" not in source
-    kernel = source.split('extern "C" __global__', 1)[1]  # the declarations and the kernels
+    assert cfg.wgmma_tma == 1 and "CUtensorMap a_map" in source  # the default loads by the TMA
+    copied = t.build_program(cfg.replace(wgmma_tma=0), target).source
+    kernel = copied.split('extern "C" __global__', 1)[1]  # the declarations and the kernels
     assert f"{storage}* __restrict__ A_ptr" in kernel and f"{c_type}* __restrict__ C_ptr" in kernel
     assert "scale_ab_ptr[0] * scale_ab_ptr[1]" in kernel  # both scales multiply the sum
     assert [s.dtype for s in t.inputs()] == [f"float8_{fp8}fn" if fp8 == "e4m3" else "float8_e5m2"] * 2 + ["float32"]
@@ -59,7 +62,7 @@ def test_the_program_takes_the_k32_fp8_wgmma_form_and_reads_both_scales(fp8, out
 @pytest.mark.parametrize("knobs, reason", [
     (dict(wgmma_split_k=2), "does not split K"),
     (dict(wgmma_smem_epilogue=1), "read K-major only"),
-    (dict(fp8_promote=1), "two sets of 128 accumulators"),  # bn 256: no room for the promoted set
+    (dict(fp8_promote=1), "2 sets of 128 accumulators"),  # bn 256: no room for the promoted set
 ])
 def test_what_the_fp8_kernel_cannot_do_is_refused_with_its_reason(knobs, reason):
     target = offline_cuda()
@@ -160,6 +163,101 @@ def test_cuda_fp8_gemm_matches_float64(shape, fp8, out_dtype, knobs):
         # promoted sums: C's rounding alone (float16 about 2.5e-4, bfloat16 2e-3); else the tolerance
         bound = (1e-3 if out_dtype == "float16" else 4e-3) if cfg.fp8_promote else t.tolerance
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < bound
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (192, 320, 640), (256, 256, 384)])
+def test_the_default_promotes_overlapped_where_the_tile_has_room(shape):
+    """The default promotes every k step, overlapped and TMA-loaded on a tile of bn <= 128, also
+    where K fills fewer k steps than the tile's stages (its stages cut to a depth the knob offers)."""
+    target = offline_cuda()
+    t = Fp8GemmTemplate(*shape)
+    cfg = t.default_config(target)
+    assert t.space(target).infeasible_reason(cfg) is None
+    assert (cfg.fp8_promote, cfg.fp8_promote_overlap, cfg.wgmma_tma) == (1, 1, 1) and cfg.wgmma_bn <= 128
+
+
+@pytest.mark.parametrize("knobs, reason", [
+    (dict(fp8_promote=0), "needs promoted sums"),
+    (dict(wgmma_bn=192, wgmma_stages=4), "3 sets of 96 accumulators"),
+    (dict(wgmma_inflight=0), "wgmma_inflight 1"),
+])
+def test_overlapped_promotions_are_refused_where_they_cannot_run(knobs, reason):
+    target = offline_cuda()
+    t = Fp8GemmTemplate(512, 768, 1024)
+    cfg = _config(t, target, **{"wgmma_bn": 128, "wgmma_stages": 6, "fp8_promote": 1, "fp8_promote_overlap": 1,
+                                **knobs})
+    assert reason in t.space(target).infeasible_reason(cfg)
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (ptxas)")
+@pytest.mark.parametrize("knobs", [dict(wgmma_tiles=4), dict(wgmma_tiles=4, wgmma_tma=1), dict(wgmma_tma=1)])
+def test_overlapped_promotions_keep_the_wgmma_asynchronous(knobs, tmp_path):
+    """ptxas keeps the overlapped kernel's wgmma asynchronous (no C7514 "serialized" report: no
+    accumulator set read while a wgmma that writes it may run, as ptxas sees the loops) and in
+    registers (no spills), where the promoted kernel without overlap needs no unrolling."""
+    target = offline_cuda()
+    t = Fp8GemmTemplate(1024, 1024, 4096)
+    cfg = _config(t, target, **{"wgmma_bn": 128, "wgmma_stages": 6, "wgmma_raster": 8, "fp8_promote": 1,
+                                "fp8_promote_overlap": 1, **knobs})
+    path = tmp_path / "k.cu"
+    path.write_text(t.build_program(cfg, target).source)
+    done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                           str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "C7514" not in done.stderr and "serialized" not in done.stderr, done.stderr[-2000:]
+    assert " 0 bytes spill stores" in done.stderr
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (ptxas)")
+def test_overlapped_promotions_unroll_a_chunk_of_k_not_the_whole_loop(tmp_path):
+    """The overlapped kernel's code does not grow with K (an unrolled loop of 64 k steps ran at
+    half speed, its code past the instruction cache): the same cubin size at K 4096 and 16384."""
+    target = offline_cuda()
+    sizes = []
+    for k in (4096, 16384):
+        t = Fp8GemmTemplate(1024, 1024, k)
+        cfg = _config(t, target, **{"wgmma_bn": 128, "wgmma_stages": 4, "wgmma_raster": 8, "wgmma_tiles": 4,
+                                    "wgmma_tma": 1, "fp8_promote": 1, "fp8_promote_overlap": 1})
+        path = tmp_path / f"k{k}.cu"
+        path.write_text(t.build_program(cfg, target).source)
+        done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / f"k{k}.cubin"), str(path)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        sizes.append((tmp_path / f"k{k}.cubin").stat().st_size)
+    assert abs(sizes[1] - sizes[0]) < 0.05 * sizes[0], sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, knobs", [
+    ((512, 768, 1024), dict(wgmma_tiles=1)),  # 8 windows: an even count
+    ((384, 512, 640), dict(wgmma_tiles=4, wgmma_raster=0)),  # 5 windows: the last one after the unrolled pairs
+    ((384, 512, 640), dict(wgmma_tiles=4, wgmma_raster=0, wgmma_tma=1)),
+    ((512, 768, 1024), dict(wgmma_tiles=3, fp8_promote=2)),  # 4 windows of 2 k steps
+    ((256, 512, 1536), dict(wgmma_bm=64, wgmma_tiles=2)),
+])
+def test_cuda_overlapped_promotions_give_the_same_c(shape, knobs):
+    """Overlapped promotions add the same sums in the same order: C bit for bit the kernel's
+    without overlap, on NaN-poisoned outputs, and within C's rounding of float64."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    t = Fp8GemmTemplate(*shape)
+    base = {"wgmma_bn": 128, "wgmma_stages": 6, "wgmma_raster": 2, "fp8_promote": 1, **knobs}
+    assert t.space(target).infeasible_reason(_config(t, target, **base, fp8_promote_overlap=1)) is None
+    outs = []
+    inputs, (ref,) = t.make_case(np.random.default_rng(3))
+    dev = tvm.cuda(0)
+    for overlap in (0, 1):
+        program = t.build_program(_config(t, target, **base, fp8_promote_overlap=overlap), target)
+        c = tvm.runtime.tensor(np.full(ref.shape, np.nan, np.float16), dev)
+        program.executable.mod["main"](*[tvm.runtime.tensor(x, dev) for x in inputs], c)
+        outs.append(c.numpy())
+    assert np.isfinite(outs[1]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
+    out = outs[1].astype(np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
 
 
 @pytest.mark.gpu

@@ -668,6 +668,10 @@ def test_no_tile_loads_ahead_past_k():
         assert tile is not None
         assert all(wgmma_reason(tile, m, n, k) is None for m, n, k in shapes), tile
     assert pick_wgmma_tile([(4096, 4096, 4096)], offline_cuda(), "float16").stages == 4  # long K: unchanged
+    # 5 k tiles fill at most 7 stages, a depth the knob does not offer: the template's default takes 6
+    t = WgmmaGemmTemplate(128, 128, 320)
+    cfg = t.default_config(offline_cuda())
+    assert cfg.wgmma_stages == 6 and t.space(offline_cuda()).infeasible_reason(cfg) is None
 
 
 def test_the_pick_sweep_probes_grids_give_configs_and_a_knob_left_out_is_an_error():

@@ -12,8 +12,10 @@ so B is Bt (N, K), a Linear weight's layout; K is not split (the scales are the 
 Hopper's tensor cores add 8-bit products into float32 with fewer bits kept than a float32 add:
 ``fp8_promote`` k steps (1: every 128 of K) adds the wgmma sums into a second set of
 accumulators with the CUDA cores' float32 adds and restarts them, as cuBLASLt does unless
-asked for its fast accumulation; 0 never does (faster, an error that grows with K).  The
-default promotes every k step, on a tile with room for both sets (bn <= 192).
+asked for its fast accumulation; 0 never does (faster, an error that grows with K).
+``fp8_promote_overlap`` alternates two sets of wgmma accumulators so those adds run behind the
+next k step's wgmma instead of after a full wait.  The default promotes every k step, on a tile
+with room for both sets (bn <= 192), overlapped where there is room for three (bn <= 128).
 """
 from __future__ import annotations
 
@@ -35,7 +37,10 @@ from .wgmma_template import pick_wgmma_tile
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
 FP8_FORMATS = {dtype: name for name, dtype in FP8.items()}  # and back
-FP8_KNOBS = (*KNOBS, Knob("fp8_promote", (0, 1, 2, 4), "k steps (of 128) between promotions of the sums (0: never)"))
+FP8_KNOBS = (*KNOBS, Knob("fp8_promote", (0, 1, 2, 4), "k steps (of 128) between promotions of the sums (0: never)"),
+             Knob("fp8_promote_overlap", (0, 1),
+                  "1: windows of promotion alternate between two sets of accumulators, a window's adds running "
+                  "behind the next window's first wgmma (bn <= 128, wgmma_inflight 1; the same sums)", before=0))
 # the default's tiles, in order: room for two sets of accumulators (``promote_reason``)
 PROMOTE_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (64, 192, 6, 1), (64, 128, 6, 1), (64, 64, 8, 1))
 # C -> the check's tolerance: C's rounding, and without promotion the tensor cores' sums, whose
@@ -102,14 +107,16 @@ class Fp8GemmTemplate(Template):
         if tile.split > 1:
             return f"{tile.name}: an 8-bit GEMM does not split K (its scales are the epilogue)"
         return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.k, shared_limit(target))
-                or promote_reason(tile, self.k, config.fp8_promote))
+                or promote_reason(tile, self.k, config.fp8_promote, bool(config.fp8_promote_overlap)))
 
     def space(self, target: TargetInfo) -> Space:
         return Space(FP8_KNOBS, (lambda c: self.reason(c, target),))
 
     def default_config(self, target: TargetInfo) -> Config:
         """``pick_wgmma_tile`` among ``PROMOTE_TILES`` on the 8-bit operands (C stored directly, K
-        not split), its sums promoted every k step; without promotion where none of them fits."""
+        not split), its sums promoted every k step, overlapped and loaded by the TMA where the tile
+        has room for a third set (measured faster together than either alone or neither: the
+        results docs); without promotion where none of them fits."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
@@ -125,8 +132,11 @@ class Fp8GemmTemplate(Template):
         if tile is None:
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 128 (no guards)")
-        return self.space(target).make(**dataclasses.replace(tile, smem_epilogue=False).knobs(),
-                                       fp8_promote=promote)
+        space = self.space(target)
+        config = space.make(**dataclasses.replace(tile, smem_epilogue=False).knobs(), fp8_promote=promote,
+                            fp8_promote_overlap=0)
+        overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1)
+        return overlapped if promote and space.is_feasible(overlapped) else config
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the 8-bit GEMM is written as a PrimFunc, not scheduled: use build_program")
@@ -138,7 +148,8 @@ class Fp8GemmTemplate(Template):
         its scaling and cast fused after it, is replaced by (``tvm_ext.relax.relax_wgmma``)."""
         batched = {"batch": self.batch, "b_batched": False} if self.batch else {}
         return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
-                          epilogue=epilogue, scales=epilogue is None, promote=config.fp8_promote, **batched)
+                          epilogue=epilogue, scales=epilogue is None, promote=config.fp8_promote,
+                          overlap=bool(config.fp8_promote_overlap), **batched)
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         reason = self.space(target).infeasible_reason(config)

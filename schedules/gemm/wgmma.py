@@ -240,17 +240,22 @@ def fit_raster(t: WgmmaTile, m: int) -> WgmmaTile:
     return replace(t, raster=next((g for g in (8, 4, 2) if g < t.raster and rows % g == 0), 0))
 
 
-def promote_reason(t: WgmmaTile, k: int, promote: int) -> str | None:
+def promote_reason(t: WgmmaTile, k: int, promote: int, overlap: bool = False) -> str | None:
     """Why tile ``t`` cannot promote its sums every ``promote`` k steps of a depth-``k`` GEMM
-    (``wgmma_gemm``'s ``promote``; 0: never), or None."""
+    (``wgmma_gemm``'s ``promote``; 0: never), with ``overlap`` its windows in two accumulator
+    sets (``wgmma_steps.k_loop``), or None."""
     if not promote:
-        return None
-    registers = t.bn + OTHER_REGISTERS  # two sets of bn / 2 accumulators
+        return "overlapping promotions needs promoted sums" if overlap else None
+    sets = 3 if overlap else 2  # the promoted sums and one or two sets of bn / 2 accumulators
+    registers = sets * t.bn // 2 + OTHER_REGISTERS
     if registers > THREAD_REGISTERS or t.threads * registers > REGISTERS_PER_SM:
-        return (f"{t.name}: promoting keeps two sets of {t.bn // 2} accumulators, ~{registers} registers a thread "
-                f"({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= 192")
+        return (f"{t.name}: promoting keeps {sets} sets of {t.bn // 2} accumulators, ~{registers} registers a "
+                f"thread ({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= {'128' if overlap else '192'}")
     if promote < 0 or k // t.bk // t.split % promote:
         return f"promoting every {promote} k steps must divide the {k // t.bk // t.split} k steps of a slice"
+    if overlap and t.inflight != 1:
+        return (f"{t.name}: overlapping promotions adds a window's sums while the next window's first wgmma "
+                f"runs: it needs one wgmma group in flight (wgmma_inflight 1)")
     return None
 
 
@@ -292,7 +297,7 @@ def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProg
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
-               prepare: "Prepare | None" = None, scales: bool = False) -> Any:
+               prepare: "Prepare | None" = None, scales: bool = False, overlap: bool = False) -> Any:
     """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
@@ -311,12 +316,14 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     C = A @ Bt^T x scale_ab[0] x scale_ab[1] (per-tensor scales, as ``torch._scaled_mm`` takes them).
     ``promote`` k steps (0: never): every that many, the wgmma accumulators are added into a
     second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
-    float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``)."""
+    float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``); ``overlap``:
+    in two sets of accumulators, each window's adds behind the next one's first wgmma
+    (``wgmma_steps.k_loop``; the same C)."""
     reason = (wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
-              or promote_reason(cfg, k, promote))
+              or promote_reason(cfg, k, promote, overlap))
     if reason:
         raise TvmExtError(reason)
-    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote)
+    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap)
     if scales and (bias_dtype is not None or epilogue is not None or prepare is not None or cfg.split > 1):
         raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
     out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales)

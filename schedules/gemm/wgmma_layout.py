@@ -85,10 +85,11 @@ class KernelLayout:
     group: int  # raster 0 = groups of one tile row = row-major
     pieces: int  # warpgroups' C one stage holds
     tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each after the stages
+    overlap: bool = False  # promoting: two accumulator sets, a window's promotion behind the next one's wgmma
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
-           promote: int) -> "KernelLayout":
+           promote: int, overlap: bool = False) -> "KernelLayout":
         lead = tuple(int(x) for x in batch)
         split = cfg.split
         per_matrix = -(-m // cfg.bm) * (n // cfg.bn)  # a ragged M's last tile row counted
@@ -101,7 +102,7 @@ class KernelLayout:
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
                    k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
-                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma)
+                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap)
 
     # sizes derived from the fields
     @property
@@ -184,6 +185,11 @@ class KernelLayout:
     @property
     def promoting(self) -> bool:
         return self.promote > 0
+
+    @property
+    def windows(self) -> int:
+        """Promotion windows of a unit's k loop (``promote`` k steps each)."""
+        return self.k_tiles // self.promote
 
     # shared memory and the wgmma descriptors
     def swizzled(self, chunk: Any) -> Any:

@@ -54,6 +54,7 @@ class Mma:
 
     mma_stage: Callable[..., None]  # (base, acc, cur, wg, keep)
     promotion: Callable[..., None]  # (acc, total, kt)
+    add_into: Callable[..., None]  # (total, acc): total += acc, every wgmma into acc retired
 
 
 def mma(L: KernelLayout) -> Mma:
@@ -62,12 +63,16 @@ def mma(L: KernelLayout) -> Mma:
     from tvm.script import tirx as T
 
     @T.macro
+    def add_into(total: Any, acc: Any) -> None:
+        for i in T.unroll(L.n_acc):
+            total[i] = total[i] + acc[i]
+
+    @T.macro
     def promotion(acc: Any, total: Any, kt: Any) -> None:
         """At the last k step of every ``promote``: the accumulators into ``total`` (every wgmma retired)."""
         if kt % L.promote == L.promote - 1:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
-            for i in T.unroll(L.n_acc):
-                total[i] = total[i] + acc[i]
+            add_into(total, acc)
 
     @T.macro
     def mma_stage(base: Any, acc: Any, cur: Any, wg: Any, keep: Any) -> None:
@@ -81,7 +86,78 @@ def mma(L: KernelLayout) -> Mma:
                          *(() if L.k_major_only else (0, int(L.n_major))))
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
-    return Mma(mma_stage, promotion)
+    return Mma(mma_stage, promotion, add_into)
+
+
+OVERLAP_CHUNK_STEPS = 16  # k steps unrolled between full waits with overlapped promotions
+
+
+def k_loop(L: KernelLayout, step: Mma) -> Callable[..., None]:
+    """The macro ``loop(k_step, at_step, acc, spare, total)``: a unit's k steps, ``k_step(*at_step,
+    sums, kt)`` each (wait for the stage, the wgmma into ``sums``, refill, wait for all but
+    ``inflight`` groups), then every wgmma retired.  Promoting, the sums go into ``total``: after
+    each window's last step (every group retired first); or with ``overlap``, windows alternate
+    between ``acc`` and ``spare`` and a window's sums are added at the next window's first step,
+    after its wait for all but that step's own group, so the adds run while its wgmma does
+    (the same adds in the same order: the same C).  ptxas keeps the wgmma asynchronous only where
+    no set is read across a loop's back edge, and a kernel of 64 unrolled k steps runs at half
+    speed (its code past the instruction cache): the windows go in chunks of about
+    ``OVERLAP_CHUNK_STEPS`` k steps, each unrolled and ending with every group retired."""
+    from tvm.script import tirx as T
+
+    p = max(L.promote, 1)
+    windows = L.windows if L.overlap else 1
+    per_chunk = max(1, min(windows, OVERLAP_CHUNK_STEPS // p))
+
+    @T.macro
+    def window(k_step: Any, at_step: Any, sums: Any, other: Any, total: Any, first: Any) -> None:
+        """The window of k steps from ``first`` into ``sums``, ``other``'s (the window before) added
+        after its first step's wait."""
+        for j in T.unroll(p):
+            k_step(*at_step, sums, first + j)
+            if j == 0:
+                step.add_into(total, other)
+
+    def chunk(count: int) -> Callable[..., None]:
+        """The macro ``run(k_step, at_step, acc, spare, total, first)``: ``count`` windows from k
+        step ``first``, the first into ``acc`` (nothing before it to add), the sets alternating,
+        then every group retired and the last window's sums added."""
+
+        @T.macro
+        def run(k_step: Any, at_step: Any, acc: Any, spare: Any, total: Any, first: Any) -> None:
+            for j in T.unroll(p):
+                k_step(*at_step, acc, first + j)
+            # unrolled by nvcc (``#pragma unroll``; TVM's own unrolling leaves ptxas too few registers)
+            for w in T.unroll((count - 1) // 2, annotations={"pragma_unroll_explicit": 0}):
+                window(k_step, at_step, spare, acc, total, first + (2 * w + 1) * p)
+                window(k_step, at_step, acc, spare, total, first + (2 * w + 2) * p)
+            if count % 2 == 0:
+                window(k_step, at_step, spare, acc, total, first + (count - 1) * p)
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
+                step.add_into(total, spare)
+            else:
+                T.ptx["wgmma.wait_group.sync.aligned"](0)
+                step.add_into(total, acc)
+
+        return run
+
+    whole, rest = chunk(per_chunk), chunk(windows % per_chunk or per_chunk)
+
+    @T.macro
+    def loop(k_step: Any, at_step: Any, acc: Any, spare: Any, total: Any) -> None:
+        if L.overlap:
+            for c in T.serial(windows // per_chunk):
+                whole(k_step, at_step, acc, spare, total, c * per_chunk * p)
+            if windows % per_chunk > 0:
+                rest(k_step, at_step, acc, spare, total, windows // per_chunk * per_chunk * p)
+        else:
+            for kt in T.serial(L.k_tiles):
+                k_step(*at_step, acc, kt)
+                if L.promoting:
+                    step.promotion(acc, total, kt)
+            T.ptx["wgmma.wait_group.sync.aligned"](0)
+
+    return loop
 
 
 def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
@@ -238,6 +314,19 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
 
     stages, stage, ahead, threads = L.stages, L.stage, L.ahead, L.threads
     init, landed, issued = stage_waits(L)
+    loop = k_loop(L, step)
+
+    @T.macro
+    def k_step(smem: Any, A: Any, Bt: Any, base: Any, bid: Any, at: Any, row0: Any, col0: Any, tx: Any, wg: Any,
+               done: Any, acc: Any, kt: Any) -> None:
+        landed(smem, kt, done)  # tile kt has landed (this thread's copies, or the TMA's)
+        T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
+        step.mma_stage(base, acc, kt % stages * stage, wg, L.kept(kt))
+        if kt + ahead < L.k_tiles:  # refill the stage that tile kt-1-inflight used
+            nxt = (kt + ahead) % stages * stage
+            staged.load_stage(smem, A, Bt, nxt, L.global_kt(bid, kt + ahead), at, row0, col0, tx)
+        issued()
+        T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)  # tile kt-inflight's wgmma retired
 
     @T.macro
     def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -248,6 +337,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                 smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")  # promoted sums
+                spare = T.alloc_buffer((L.n_acc if L.overlap else 1,), "float32", scope="local")  # second set
                 done = T.alloc_buffer((1,), "uint32", scope="local")
                 row0 = L.tile_row0(bid)
                 col0 = L.tile_col0(bid)
@@ -262,18 +352,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                 for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
                     staged.load_stage(smem, A, Bt, s * stage, L.global_kt(bid, s), at, row0, col0, tx)
                     issued()
-                for kt in T.serial(L.k_tiles):
-                    landed(smem, kt, done)  # tile kt has landed (this thread's copies, or the TMA's)
-                    T.tvm_storage_sync("shared")  # everyone's copies; every wgmma of tile kt-1-inflight retired
-                    step.mma_stage(base, acc, kt % stages * stage, wg, L.kept(kt))
-                    if kt + ahead < L.k_tiles:  # refill the stage that tile kt-1-inflight used
-                        nxt = (kt + ahead) % stages * stage
-                        staged.load_stage(smem, A, Bt, nxt, L.global_kt(bid, kt + ahead), at, row0, col0, tx)
-                    issued()
-                    T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)  # tile kt-inflight's wgmma retired
-                    if L.promoting:
-                        step.promotion(acc, total, kt)
-                T.ptx["wgmma.wait_group.sync.aligned"](0)
+                loop(k_step, (smem, A, Bt, base, bid, at, row0, col0, tx, wg, done), acc, spare, total)
                 if L.clustered:
                     cluster_sum(smem, base, C, bias, L.summed(total, acc), bid, at, row0, col0, wg, tx)
                 else:  # C staged from the stages' start, the block's threads copying the whole tile
@@ -294,6 +373,18 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
 
     stages, stage, ahead, k_tiles, grid = L.stages, L.stage, L.ahead, L.k_tiles, L.grid
     init, landed, issued = stage_waits(L)
+    loop = k_loop(L, step)
+
+    @T.macro
+    def k_step(smem: Any, A: Any, Bt: Any, base: Any, bid: Any, t: Any, mine: Any, tx: Any, wg: Any, done: Any,
+               acc: Any, kt: Any) -> None:
+        landed(smem, t * k_tiles + kt, done)  # this iteration's stage has landed
+        T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
+        step.mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg, L.kept(kt))
+        if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
+            staged.load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
+        issued()
+        T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
 
     @T.macro
     def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any) -> None:
@@ -302,6 +393,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                 smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")  # promoted sums
+                spare = T.alloc_buffer((L.n_acc if L.overlap else 1,), "float32", scope="local")  # second set
                 done = T.alloc_buffer((1,), "uint32", scope="local")
                 wg = tx // 128
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
@@ -319,17 +411,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                         acc[i] = T.float32(0)
                         if L.promoting:
                             total[i] = T.float32(0)
-                    for kt in T.serial(k_tiles):
-                        landed(smem, t * k_tiles + kt, done)  # this iteration's stage has landed
-                        T.tvm_storage_sync("shared")  # everyone's copies; the wgmma ``inflight`` + 1 back retired
-                        step.mma_stage(base, acc, (t * k_tiles + kt) % stages * stage, wg, L.kept(kt))
-                        if t * k_tiles + kt + ahead < mine * k_tiles:  # refill the stage that retired wgmma read
-                            staged.load_iteration(smem, A, Bt, bid, t * k_tiles + kt + ahead, tx)
-                        issued()
-                        T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
-                        if L.promoting:
-                            step.promotion(acc, total, kt)
-                    T.ptx["wgmma.wait_group.sync.aligned"](0)
+                    loop(k_step, (smem, A, Bt, base, bid, t, mine, tx, wg, done), acc, spare, total)
                     # C staged in the stages of this unit's last 1 + inflight k steps (not refilled), each
                     # warpgroup its own 64 rows
                     last = T.meta_var(t * k_tiles + k_tiles - 1)

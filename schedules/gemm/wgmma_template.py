@@ -126,10 +126,11 @@ def split_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_co
 
 def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
     """``tile`` with no more stages than the shortest K of ``shapes`` fills: its prologue loads
-    stages - 1 - inflight k tiles ahead (``wgmma_reason`` refuses more)."""
+    stages - 1 - inflight k tiles ahead (``wgmma_reason`` refuses more), a depth the knob offers."""
     k_tiles = min((int(k) // tile.bk for _, _, k in shapes), default=0)
     most = max(2 + tile.inflight, k_tiles + 1 + tile.inflight)
-    return tile if tile.stages <= most else dataclasses.replace(tile, stages=most)
+    return tile if tile.stages <= most else dataclasses.replace(tile, stages=max(s for s in STAGE_CHOICES
+                                                                                  if s <= most))
 
 
 def block_steps(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
@@ -195,7 +196,8 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
         return (epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)
                 and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0))
 
-    fitting = [t for t in (candidates or made(DEFAULT_TILES)) if fits(t)]
+    offered = [_stages_for(t, shapes) for t in candidates] if candidates else made(DEFAULT_TILES)
+    fitting = [t for t in offered if fits(t)]
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
