@@ -17,7 +17,8 @@ and power read after each (raw rounds in --out/gemm_fp8_rounds.jsonl); the media
 per-round ratios is the figure quoted.  ``--tma both``: every config also with its stages loaded
 by the TMA, and the rounds take the fastest promoted config in place of the default; ``--promote
 1``: only the configs promoting every k step (cuBLASLt's accuracy) and the default, the
-rounds the fastest promoted of them.
+rounds the fastest promoted of them; ``--tune-trials N``: each shape tuned too (in --promote's
+class), its best among the configs timed.
 """
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, l2_rotation, parse_shapes, program_launch, rel_error_vs,  # noqa: E402
                     rounds_cells, rounds_header, scaled_e4m3, table, time_ours_three, time_vendor, vendor_methods)
 
+from tvm_ext import tune  # noqa: E402
+from tvm_ext.core.records import RecordStore  # noqa: E402
 from tvm_ext.core.space import Config  # noqa: E402
+from tvm_ext.core.template import Workload  # noqa: E402
 from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
@@ -90,6 +94,23 @@ def ours(template: Fp8GemmTemplate, cfg: Config, target: Any, sets: list[dict[st
     return launch, rel_error_vs(outs[0], reference(sets[0]))
 
 
+def tuned(m: int, n: int, k: int, target: Any, args: argparse.Namespace) -> list[tuple[str, Config]]:
+    """``tune gemm-fp8`` of the shape (``--tune-trials`` configs; with ``--promote``, in that
+    accuracy class) into ``--out``'s records, resumed there; its best config, labelled."""
+    records = os.path.join(args.out, f"gemm_fp8_{m}x{n}x{k}.jsonl")
+    promote = [] if args.promote is None else ["--promote", str(args.promote)]
+    tune.main(["gemm-fp8", "--shape", f"{m},{n},{k}", "--target", "cuda", "--records", records, "--no-progress",
+               "--trials", str(args.tune_trials), *promote])
+    template = Fp8GemmTemplate(m, n, k, promote=args.promote)
+    best = RecordStore(records).best(Workload.of(template, target).key)
+    if best is None:
+        return []
+    space = template.space(target)
+    config = space.make(**space.completed(best.config))
+    return [(f"tuned {template.tile(config).name} p{config.fp8_promote}"
+             f"{' overlap' * config.fp8_promote_overlap}", config)]
+
+
 def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
                ) -> tuple[list[list[str]], list[list[str]]]:
     import torch
@@ -135,6 +156,8 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
             configs.append((name(cfg), cfg))
     if args.promote is not None:  # one accumulation class (the default kept for reference)
         configs = configs[:1] + [c for c in configs[1:] if c[1].fp8_promote == args.promote]
+    if args.tune_trials:
+        configs += tuned(m, n, k, target, args)
     if args.tma != "off":
         loaded = [(f"{label} tma", cfg.replace(wgmma_tma=1)) for label, cfg in configs]
         configs = ([] if args.tma == "on" else configs) + [c for c in loaded if space.is_feasible(c[1])]
@@ -180,6 +203,9 @@ def main() -> int:
     p.add_argument("--promote", type=int, choices=(1, 2, 4), default=None,
                    help="only configs promoting every that many k steps (and the default); the rounds then "
                         "take the fastest of them: 1 is cuBLASLt's default accuracy")
+    p.add_argument("--tune-trials", type=int, default=0,
+                   help="also tune each shape (tune gemm-fp8, that many configs, in --promote's class) and time "
+                        "its best beside the default")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
     if args.rounds < 1:

@@ -110,6 +110,36 @@ def test_an_fp8_record_names_its_formats_and_loads_back():
     assert template_of(dict(workload, params=dict(workload["params"], scales="per_row"))) is None
 
 
+def test_an_accuracy_class_keeps_the_search_to_its_promotion_and_is_its_own_workload():
+    """``promote`` (``tune gemm-fp8 --promote``): every other promotion refused, the default at
+    it, the workload naming it (records of another class are another workload's), loaded back."""
+    from tvm_ext.core.template import Workload
+    from tvm_ext.operators import template_of
+
+    target = offline_cuda()
+    t = Fp8GemmTemplate(1024, 1024, 1024, promote=1)
+    space = t.space(target)
+    cfg = t.default_config(target)
+    assert cfg.fp8_promote == 1 and space.infeasible_reason(cfg) is None
+    for other in (0, 2, 4):
+        assert "promotes every 1 k steps" in space.infeasible_reason(cfg.replace(fp8_promote=other,
+                                                                                 fp8_promote_overlap=0))
+    drawn = [space.decode(i) for i in space.random_feasible_indices(np.random.default_rng(0), 20)]
+    assert drawn and all(c.fp8_promote == 1 for c in drawn)
+    unpromoted = dataclasses.replace(t, promote=0)
+    assert unpromoted.default_config(target).fp8_promote == 0
+    keys = {Workload.of(x, target).key for x in (t, unpromoted, dataclasses.replace(t, promote=None))}
+    assert len(keys) == 3
+    assert Workload.of(dataclasses.replace(t, promote=None), target).key == \
+        Workload.of(Fp8GemmTemplate(1024, 1024, 1024), target).key  # a searched promotion: the key as before
+    assert template_of(json.loads(json.dumps(Workload.of(t, target).as_json()))) == t
+    with pytest.raises(TvmExtError, match="allowed: 0, 1, 2, 4"):
+        Fp8GemmTemplate(128, 128, 128, promote=3)
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-fp8", "--shape", "128,128,128", "--promote", "3"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--promote: invalid choice: 3" in p.stderr
+
+
 def test_the_float16_wgmma_kernel_is_unchanged_by_the_fp8_operands():
     """The operand table grew 1-byte entries; float16's and TF32's programs read the same."""
     from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
@@ -269,4 +299,17 @@ def test_cuda_tune_gemm_fp8(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     recs = [json.loads(line) for line in records.read_text().splitlines()]
     assert recs and all(r["workload"]["template"] == "gemm_fp8" for r in recs)
+    assert any(not r["error_kind"] for r in recs)
+
+
+@pytest.mark.gpu
+def test_cuda_tune_gemm_fp8_in_one_accuracy_class(tmp_path):
+    """``--promote 1``: every config measured promotes every k step, under the class's workload."""
+    records = tmp_path / "r.jsonl"
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-fp8", "--shape", "1024,1024,1024",
+                        "--target", "cuda", "--trials", "6", "--population", "3", "--promote", "1",
+                        "--records", str(records)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = [json.loads(line) for line in records.read_text().splitlines()]
+    assert recs and all(r["workload"]["params"]["promote"] == 1 and r["config"]["fp8_promote"] == 1 for r in recs)
     assert any(not r["error_kind"] for r in recs)

@@ -331,8 +331,9 @@ GEMM_FP8_TUNE = TuneCommand(
     "gemm-fp8", help="8-bit float GEMM C = (A·Btᵀ) x scale_a x scale_b on Hopper's wgmma (e4m3 or e5m2)",
     description="Tune C[M,N] = (A[M,K]·Bt[N,K]ᵀ) x scale_a x scale_b with A and Bt 8-bit floats (e4m3 or e5m2, "
                 "K-major), per-tensor float32 scales, float32 accumulate and float16 (or bfloat16) C on Hopper's "
-                "wgmma (sm_90), as torch._scaled_mm computes it: the tile and the cp.async pipeline are what is "
-                "searched.",
+                "wgmma (sm_90), as torch._scaled_mm computes it: the tile, the pipeline (cp.async or TMA loads) "
+                "and the promotion of the sums (how often, overlapped or not; --promote fixes how often) are "
+                "what is searched.",
     knobs=cli.gemm_fp8_knobs, add_arguments=cli.add_gemm_fp8_args, make_template=cli.gemm_fp8_template,
     example=("--shape", "128,128,128"))
 

@@ -54,7 +54,9 @@ class Fp8GemmTemplate(Template):
     e5m2), per-tensor float32 scales, float32 accumulate, C ``out_dtype``; the knobs are the
     wgmma GEMM's (tile, pipeline, tiles a block, raster), K never split.  ``batch``: leading axes
     of A and C, one GEMM each with the same Bt (a Linear on a model's (batch, tokens, features)
-    activations)."""
+    activations).  ``promote``: the sums promoted every that many k steps and no other way (0:
+    never), an accuracy class the search keeps to (1: cuBLASLt's default, 0: its fast
+    accumulation); None: ``fp8_promote`` is searched like any knob."""
 
     m: int
     n: int
@@ -62,6 +64,7 @@ class Fp8GemmTemplate(Template):
     fp8: str = "e4m3"
     out_dtype: str = "float16"
     batch: tuple[int, ...] = ()
+    promote: int | None = None
 
     name = "gemm_fp8"
 
@@ -74,6 +77,10 @@ class Fp8GemmTemplate(Template):
             raise TvmExtError(f"8-bit float {self.fp8!r}; allowed: {', '.join(FP8)}")
         if self.out_dtype not in OUT_DTYPES:
             raise TvmExtError(f"an 8-bit GEMM stores C as {' or '.join(OUT_DTYPES)}, not {self.out_dtype}")
+        promotions = FP8_KNOBS[-2].choices
+        if self.promote is not None and self.promote not in promotions:
+            raise TvmExtError(f"promote {self.promote!r}: k steps between promotions; allowed: "
+                              f"{', '.join(map(str, promotions))}")
 
     @property
     def tolerance(self) -> float:  # type: ignore[override]
@@ -90,8 +97,9 @@ class Fp8GemmTemplate(Template):
     def params(self) -> dict[str, Any]:
         dtype = FP8[self.fp8]
         batched = {"batch": list(self.batch), "b_shared": True} if self.batch else {}
+        fixed = {} if self.promote is None else {"promote": self.promote}
         return {"m": self.m, "n": self.n, "k": self.k, "a_dtype": dtype, "b_dtype": dtype, "acc_dtype": "float32",
-                "c_dtype": self.out_dtype, "scales": "per_tensor", **batched}
+                "c_dtype": self.out_dtype, "scales": "per_tensor", **batched, **fixed}
 
     @property
     def matrices(self) -> int:
@@ -106,6 +114,8 @@ class Fp8GemmTemplate(Template):
         tile = self.tile(config)
         if tile.split > 1:
             return f"{tile.name}: an 8-bit GEMM does not split K (its scales are the epilogue)"
+        if self.promote is not None and config.fp8_promote != self.promote:
+            return f"fp8_promote {config.fp8_promote}: this GEMM promotes every {self.promote} k steps (promote)"
         return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.k, shared_limit(target))
                 or promote_reason(tile, self.k, config.fp8_promote, bool(config.fp8_promote_overlap)))
 
@@ -125,8 +135,11 @@ class Fp8GemmTemplate(Template):
                       for bm, bn, stages, inflight in PROMOTE_TILES]
         tile = pick_wgmma_tile(shapes, target, self.out_dtype, candidates=candidates, operand=self.fp8,
                                matrices=self.matrices)
-        promote = 1
-        if tile is None or promote_reason(tile, self.k, promote):
+        promote = 1 if self.promote is None else self.promote
+        if promote == 0 or tile is None or promote_reason(tile, self.k, promote):
+            if self.promote:
+                raise TvmExtError(f"no wgmma tile of {self.m}x{self.n}x{self.k} promotes every {self.promote} "
+                                  f"k steps: {promote_reason(tile, self.k, promote) if tile else 'none fits'}")
             tile, promote = pick_wgmma_tile(shapes, target, self.out_dtype, operand=self.fp8,
                                             matrices=self.matrices), 0
         if tile is None:

@@ -8,6 +8,7 @@ inside the functions so the CLI starts fast and nothing here imports the tuning 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any, Sequence
 
 from .cli_parse import parse_batch, parse_shape
@@ -134,13 +135,18 @@ def add_gemm_fp8_args(gemm_fp8: argparse.ArgumentParser) -> None:
     gemm_fp8.add_argument("--fp8", choices=("e4m3", "e5m2"), default="e4m3", help="A's and Bt's format (default e4m3)")
     gemm_fp8.add_argument("--out-dtype", choices=("float16", "bfloat16"), default="float16",
                           help="C's dtype (default float16)")
+    gemm_fp8.add_argument("--promote", type=int, choices=(0, 1, 2, 4), default=None,
+                          help="the accuracy class: the sums promoted every N k steps of 128 and searched no other "
+                               "way (1: cuBLASLt's default accuracy; 0: never, its use_fast_accum); default: "
+                               "fp8_promote searched like any knob")
 
 
 def gemm_fp8_template(args: argparse.Namespace) -> Any:
     from ..schedules.gemm.gemm_fp8 import Fp8GemmTemplate
 
-    return Fp8GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), fp8=args.fp8,
-                                      out_dtype=args.out_dtype)
+    template = Fp8GemmTemplate.from_shape(parse_shape(args.shape, ("M", "N", "K")), fp8=args.fp8,
+                                          out_dtype=args.out_dtype)
+    return template if args.promote is None else dataclasses.replace(template, promote=args.promote)
 
 
 # ---- tune: reductions -------------------------------------------------------------------------------
