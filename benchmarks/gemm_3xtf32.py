@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, cublas_gemm, gemm_operand_sets, ours_launch, ours_on,  # noqa: E402
                     parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
 
+from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
@@ -62,28 +63,37 @@ def shape_rows(m: int, n: int, k: int, target: object, args: argparse.Namespace
     template = Gemm3xTf32Template(m, n, k)
     default = template.default_config(target)
     space = template.space(target)
-    configs = [(f"default {WgmmaTile.of(default, 'tf32').name} p{default.tf_promote}", default)]
+    def name(cfg: Config) -> str:
+        return f"{WgmmaTile.of(cfg, 'tf32').name} p{cfg.tf_promote}{' overlap' * cfg.tf_promote_overlap}"
+
+    configs = [(f"default {name(default)}", default)]
+    flipped = default.replace(tf_promote_overlap=1 - default.tf_promote_overlap)
+    candidates = [flipped, flipped.replace(wgmma_tma=1 - flipped.wgmma_tma)]
     for bm, bn, stages, inflight, raster, tiles, promote in VARIANTS:
         tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="tf32")  # unsplit
-        cfg = space.make(**tile.knobs(), tf_promote=promote)
-        if cfg != default and space.is_feasible(cfg):
-            configs.append((f"{WgmmaTile.of(cfg, 'tf32').name} p{promote}", cfg))
-    round_rows = []
+        candidates.append(space.make(**tile.knobs(), tf_promote=promote, tf_promote_overlap=0))
+    for cfg in candidates:
+        if cfg != default and space.is_feasible(cfg) and cfg not in [c for _, c in configs]:
+            configs.append((name(cfg), cfg))
+    round_rows, peers = [], {}
     for label, cfg in configs:
-        if cfg == default:
+        if cfg == default or cfg.tf_promote_overlap != default.tf_promote_overlap:  # in the rounds too
             launch, err = ours_launch(template, dict(cfg.items), target, sets)
             times = time_ours_three(launch, len(sets))
+            if cfg == default:
+                ours = launch
+            else:
+                peers[label] = launch
         else:
             times, err = ours_on(template, dict(cfg.items), target, sets)
         if not err < 1e-3:  # a wrong kernel, not rounding
             raise SystemExit(f"error: {label} at {m}x{n}x{k} differs from float64 by {err:.1e}")
         rows.append(row(f"ours 3xTF32, {label}", times, err))
-        if cfg == default:
-            summaries, left_out = compare_in_rounds(
-                f"{m}x{n}x{k}", launch, {"cuBLAS float32": lambda i: sets[i][0] @ sets[i][1]}, len(sets),
-                args.rounds, os.path.join(args.out, "gemm_3xtf32_rounds.jsonl"), config=label)
-            round_rows += [[f"{m}x{n}x{k}", *rounds_cells(s)] for s in summaries]
-            round_rows += [[f"{m}x{n}x{k}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+    summaries, left_out = compare_in_rounds(
+        f"{m}x{n}x{k}", ours, {"cuBLAS float32": lambda i: sets[i][0] @ sets[i][1]}, len(sets),
+        args.rounds, os.path.join(args.out, "gemm_3xtf32_rounds.jsonl"), peers=peers, config=configs[0][0])
+    round_rows += [[f"{m}x{n}x{k}", *rounds_cells(s)] for s in summaries]
+    round_rows += [[f"{m}x{n}x{k}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
     return rows, round_rows
 
 

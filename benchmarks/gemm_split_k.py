@@ -38,7 +38,7 @@ def candidates(template: Any, target: Any, operand: str) -> list[tuple[str, Any]
     """The default config, then every feasible tile x split of the grid (C stored directly)."""
     space = template.space(target)
     default = template.default_config(target)
-    extra = {"tf_promote": default.tf_promote} if operand == "tf32" else {}
+    extra = {"tf_promote": default.tf_promote, "tf_promote_overlap": 0} if operand == "tf32" else {}
     out = [(f"default: {WgmmaTile.of(default, operand).name}", default)]
     for bm, bn, stages, inflight, raster, tiles in TILES:
         for split in SPLITS:
@@ -46,7 +46,8 @@ def candidates(template: Any, target: Any, operand: str) -> list[tuple[str, Any]
                 tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, split, cluster, operand)
                 if operand == "tf32":  # promote within a slice: the default's period where it divides
                     steps = template.depth // tile.bk // split
-                    extra = {"tf_promote": next(p for p in (extra["tf_promote"], 4, 2, 1) if steps % p == 0)}
+                    extra = {"tf_promote": next(p for p in (extra["tf_promote"], 4, 2, 1) if steps % p == 0),
+                             "tf_promote_overlap": 0}
                 cfg = space.make(**tile.knobs(), **extra)
                 if space.is_feasible(cfg) and cfg != default:
                     out.append((tile.name, cfg))

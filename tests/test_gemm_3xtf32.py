@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -209,6 +210,37 @@ def test_cuda_3xtf32_matches_float64(knobs):
     a[0, :4] = 0.5  # finite products: the huge values stay in the split test
     err, out = _gpu_error(t, target_cfg.replace(**knobs), a, b)
     assert np.isfinite(out).all() and err < 1e-6
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (ptxas)")
+def test_overlapped_promotions_keep_the_tf32_wgmma_asynchronous(tmp_path):
+    """The default tile with ``tf_promote_overlap``: ptxas keeps its wgmma asynchronous (no C7514
+    report) and every value in registers (no spills)."""
+    target = offline_cuda()
+    t = Gemm3xTf32Template(1024, 1024, 1024)
+    cfg = t.default_config(target).replace(tf_promote_overlap=1)
+    assert t.space(target).infeasible_reason(cfg) is None
+    path = tmp_path / "k.cu"
+    path.write_text(t.build_program(cfg, target).source)
+    done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                           str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "C7514" not in done.stderr and "serialized" not in done.stderr, done.stderr[-2000:]
+    assert "spill stores" in done.stderr and " 0 bytes spill stores" in done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [dict(), dict(wgmma_tma=1), dict(wgmma_tiles=1, tf_promote=2)])
+def test_cuda_3xtf32_overlapped_promotions_give_the_same_c(knobs):
+    """The same sums in the same order: C bit for bit the kernel's without overlap."""
+    t = Gemm3xTf32Template(384, 512, 640)
+    cfg = t.default_config(offline_cuda()).replace(wgmma_bm=128, wgmma_bn=128, wgmma_stages=6, wgmma_raster=0,
+                                                   **knobs)
+    a, b = _operands(np.random.default_rng(5), t.m, t.n, t.k)
+    err0, plain = _gpu_error(t, cfg, a, b)
+    err1, overlapped = _gpu_error(t, cfg.replace(tf_promote_overlap=1), a, b)
+    assert np.isfinite(overlapped).all() and err1 < 1e-6
+    np.testing.assert_array_equal(plain, overlapped)
 
 
 @pytest.mark.gpu

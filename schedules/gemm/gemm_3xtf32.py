@@ -44,6 +44,9 @@ KNOBS = WGMMA_KNOBS + (
     Knob("tf_promote", (0, 1, 2, 4, 8, 16),
          "k steps (of 32) between promotions: the tensor cores' float32 sums added into a second set of registers "
          "with round-to-nearest adds (0: never; the error then grows with K, about 1e-5 at K = 4096)"),
+    Knob("tf_promote_overlap", (0, 1),
+         "1: windows of promotion alternate between two sets of accumulators, a window's adds running behind the "
+         "next window's first wgmma (bn <= 128, wgmma_inflight 1; the same sums)", before=0),
 )
 # default tiles (bm, bn, stages, inflight), largest first: two sets of accumulators must fit a
 # thread's registers, so bn <= 192 when promoting.  64 columns only where no wider tile divides:
@@ -250,7 +253,7 @@ class Gemm3xTf32Template(Template):
         # (the split of B transposes 32 x 32 tiles: the tile's N % 64 and 3K % 32 give N, K % 32)
         tile = WgmmaTile.of(config, "tf32")
         return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
-                or promote_reason(tile, self.depth, config.tf_promote))
+                or promote_reason(tile, self.depth, config.tf_promote, bool(config.tf_promote_overlap)))
 
     def space(self, target: TargetInfo) -> Space:
         return Space(KNOBS, (lambda c: self.tile_reason(c, target),))
@@ -263,7 +266,8 @@ class Gemm3xTf32Template(Template):
             raise TvmExtError(reason)
         tile = pick_tf32_tile([(self.m, self.n, self.depth)], target, split_k=True)
         if tile is not None:
-            return self.space(target).make(**tile.knobs(), tf_promote=promote_steps(tile, self.depth))
+            return self.space(target).make(**tile.knobs(), tf_promote=promote_steps(tile, self.depth),
+                                           tf_promote_overlap=0)
         raise TvmExtError(f"no TF32 wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                           f"and K of 32 (no guards)")
 
@@ -301,7 +305,7 @@ class Gemm3xTf32Template(Template):
     def tf32_gemm(self, config: Config, c_dtype: str = "float32", **options: Any) -> Any:
         """The TF32 wgmma GEMM of ``config`` at depth 3K (``wgmma_gemm``'s other ``options``)."""
         return wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype=c_dtype,
-                          promote=config.tf_promote, **options)
+                          promote=config.tf_promote, overlap=bool(config.tf_promote_overlap), **options)
 
     def inputs(self) -> list[TensorSpec]:
         return [TensorSpec((self.m, self.k), "float32"), TensorSpec(b_shape(self.n, self.k, self.b_layout), "float32")]
