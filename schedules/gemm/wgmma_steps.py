@@ -6,9 +6,10 @@ fragment).  ``CValue``:
 what C stores for an accumulator (scale, bias, cast, or a caller's epilogue).  Then a function
 per step, each returning TIR macros that close over the layout: the loads of k tiles into the
 stages (``wgmma_loads``: cp.async, or the TMA with ``wgmma_tma``), the wgmma of a k step and the
-promotion of its sums (``mma``), the stores after the k loop (``stores``: direct, through shared
-memory, or a K slice's float32 sums), the sum of a cluster's K slices (``cluster_sum``), the second
-kernel adding unclustered slices (``add_slices``), the kernels with their launch and k loops
+promotion of its sums (``mma``), a unit's k loop with its promotions overlapped or not
+(``k_loop``), the stores after the k loop (``stores``: direct, through shared memory, or a K
+slice's float32 sums), the sum of a cluster's K slices (``cluster_sum``), the second kernel
+adding unclustered slices (``add_slices``), the kernels with their launch and k steps
 (``one_unit_kernel``, ``several_units_kernel``), and the PrimFunc around them (``prim_func``).
 """
 from __future__ import annotations
@@ -100,8 +101,8 @@ def k_loop(L: KernelLayout, step: Mma) -> Callable[..., None]:
     between ``acc`` and ``spare`` and a window's sums are added at the next window's first step,
     after its wait for all but that step's own group, so the adds run while its wgmma does
     (the same adds in the same order: the same C).  ptxas keeps the wgmma asynchronous only where
-    no set is read across a loop's back edge, and a kernel of 64 unrolled k steps runs at half
-    speed (its code past the instruction cache): the windows go in chunks of about
+    no set is read across a loop's back edge, and a k loop unrolled over a long K outgrows the
+    instruction cache (docs/results/gemm.md): the windows go in chunks of about
     ``OVERLAP_CHUNK_STEPS`` k steps, each unrolled and ending with every group retired."""
     from tvm.script import tirx as T
 
