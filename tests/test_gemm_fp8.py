@@ -49,9 +49,9 @@ def test_the_program_takes_the_k32_fp8_wgmma_form_and_reads_both_scales(fp8, out
     source = t.build_program(cfg, target).source
     assert f"wgmma.mma_async.sync.aligned.m64n{tile.bn}k32.f32.{fp8}.{fp8}" in source
     assert ".f16.f16" not in source and "k16" not in source
-    assert cfg.wgmma_tma == 1 and "CUtensorMap a_map" in source  # the default loads by the TMA
-    copied = t.build_program(cfg.replace(wgmma_tma=0), target).source
-    kernel = copied.split('extern "C" __global__', 1)[1]  # the declarations and the kernels
+    loaded = t.build_program(cfg.replace(wgmma_tma=1, fp8_promote_overlap=1), target).source
+    assert "CUtensorMap a_map" in loaded and f"k32.f32.{fp8}.{fp8}" in loaded  # TMA boxes of 1-byte elements
+    kernel = source.split('extern "C" __global__', 1)[1]  # the declarations and the kernels
     assert f"{storage}* __restrict__ A_ptr" in kernel and f"{c_type}* __restrict__ C_ptr" in kernel
     assert "scale_ab_ptr[0] * scale_ab_ptr[1]" in kernel  # both scales multiply the sum
     assert [s.dtype for s in t.inputs()] == [f"float8_{fp8}fn" if fp8 == "e4m3" else "float8_e5m2"] * 2 + ["float32"]
@@ -195,15 +195,20 @@ def test_cuda_fp8_gemm_matches_float64(shape, fp8, out_dtype, knobs):
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < bound
 
 
-@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (192, 320, 640), (256, 256, 384)])
-def test_the_default_promotes_overlapped_where_the_tile_has_room(shape):
-    """The default promotes every k step, overlapped and TMA-loaded on a tile of bn <= 128, also
-    where K fills fewer k steps than the tile's stages (its stages cut to a depth the knob offers)."""
+@pytest.mark.parametrize("shape, overlapped", [
+    ((4096, 4096, 4096), True), ((8192, 8192, 8192), True), ((256, 256, 8192), True),
+    ((1024, 768, 768), False),  # 12 k steps a block: not measured there, as before
+    ((192, 320, 640), False), ((256, 256, 384), False),  # K fills fewer k steps than the tile's stages
+])
+def test_the_default_promotes_overlapped_where_the_tile_has_room_and_k_is_long(shape, overlapped):
+    """The default promotes every k step, overlapped and TMA-loaded on a tile of bn <= 128 whose
+    busiest block runs at least 24 k steps; elsewhere as before, also where K fills fewer k steps
+    than the tile's stages (its stages cut to a depth the knob offers)."""
     target = offline_cuda()
     t = Fp8GemmTemplate(*shape)
     cfg = t.default_config(target)
-    assert t.space(target).infeasible_reason(cfg) is None
-    assert (cfg.fp8_promote, cfg.fp8_promote_overlap, cfg.wgmma_tma) == (1, 1, 1) and cfg.wgmma_bn <= 128
+    assert t.space(target).infeasible_reason(cfg) is None and cfg.fp8_promote == 1
+    assert (cfg.fp8_promote_overlap, cfg.wgmma_tma) == ((1, 1) if overlapped else (0, 0))
 
 
 @pytest.mark.parametrize("knobs, reason", [

@@ -15,7 +15,8 @@ accumulators with the CUDA cores' float32 adds and restarts them, as cuBLASLt do
 asked for its fast accumulation; 0 never does (faster, an error that grows with K).
 ``fp8_promote_overlap`` alternates two sets of wgmma accumulators so those adds run behind the
 next k step's wgmma instead of after a full wait.  The default promotes every k step, on a tile
-with room for both sets (bn <= 192), overlapped where there is room for three (bn <= 128).
+with room for both sets (bn <= 192), overlapped (with TMA loads) where there is room for three
+(bn <= 128) and its blocks run many k steps.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from tvm_ext.target import TargetInfo
 
 from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, promote_reason, shared_limit, target_reason,
                     wgmma_gemm, wgmma_reason)
-from .wgmma_template import pick_wgmma_tile
+from .wgmma_template import TMA_MIN_STEPS, block_steps, pick_wgmma_tile
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
 FP8_FORMATS = {dtype: name for name, dtype in FP8.items()}  # and back
@@ -125,8 +126,9 @@ class Fp8GemmTemplate(Template):
     def default_config(self, target: TargetInfo) -> Config:
         """``pick_wgmma_tile`` among ``PROMOTE_TILES`` on the 8-bit operands (C stored directly, K
         not split), its sums promoted every k step, overlapped and loaded by the TMA where the tile
-        has room for a third set (measured faster together than either alone or neither: the
-        results docs); without promotion where none of them fits."""
+        has room for a third set and its busiest block runs ``TMA_MIN_STEPS`` k steps or more
+        (measured faster together than either alone or neither there; at fewer k steps 16-bit
+        tiles lost by the TMA: the results docs); without promotion where none of them fits."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
@@ -149,7 +151,8 @@ class Fp8GemmTemplate(Template):
         config = space.make(**dataclasses.replace(tile, smem_epilogue=False).knobs(), fp8_promote=promote,
                             fp8_promote_overlap=0)
         overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1)
-        return overlapped if promote and space.is_feasible(overlapped) else config
+        long_k = block_steps(self.tile(config), shapes, self.matrices) >= TMA_MIN_STEPS
+        return overlapped if promote and long_k and space.is_feasible(overlapped) else config
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the 8-bit GEMM is written as a PrimFunc, not scheduled: use build_program")
