@@ -1,6 +1,7 @@
-"""Knobs renamed since records were written (``records.RENAMED_KNOBS``): records and exported
-configs naming the warpgroup MMA's knobs by their earlier names (``wg_*``) read back under
-today's (``wgmma_*``) and build the kernel they measured."""
+"""Knobs renamed or added since records were written (``records.RENAMED_KNOBS``, ``Knob.before``):
+records and exported configs naming the warpgroup MMA's knobs by their earlier names (``wg_*``)
+read back under today's (``wgmma_*``), and records without a knob added since read back at its
+earlier value; each builds the kernel it measured."""
 from __future__ import annotations
 
 import gzip
@@ -82,3 +83,22 @@ def test_an_operators_file_under_the_earlier_names_gives_its_tuned_config(tmp_pa
     config = operator_config(read_operators(str(tmp_path)), template, TARGET)
     written = template.space(TARGET).completed(_renamed(entry["config"]))  # knobs added since at their value
     assert config is not None and config.as_dict() == written  # the file's, not today's pick
+
+
+def test_an_fp8_record_from_before_overlapped_promotions_exports_the_kernel_it_measured(tmp_path, capsys):
+    """A record written before ``fp8_promote_overlap`` existed (a measured record of today's with
+    the knob taken out): it reads back at the knob's earlier value and exports the kernel it
+    measured, the promoted kernel without overlap."""
+    with gzip.open(os.path.join(H100_RECORDS, "gemm_fp8_tuned_p1_records_2026-11-30_h200.jsonl.gz"), "rt",
+                   encoding="utf-8") as fh:
+        data = next(d for d in map(json.loads, fh)
+                    if not d["error_kind"] and d["config"].get("fp8_promote_overlap") == 0)
+    del data["config"]["fp8_promote_overlap"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(data) + "\n")
+    assert main(["export", str(path), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    template = operator_named("gemm_fp8").rebuild(data["workload"]["params"])
+    config = template.space(TARGET).make(**data["config"], fp8_promote_overlap=0)
+    assert manifest["schedule"] == config.as_dict()
+    assert (tmp_path / "out" / "program.cu").read_text() == template.build_program(config, TARGET).source
