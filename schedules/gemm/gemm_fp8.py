@@ -38,7 +38,8 @@ from .wgmma_template import TMA_MIN_STEPS, block_steps, pick_wgmma_tile
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
 FP8_FORMATS = {dtype: name for name, dtype in FP8.items()}  # and back
-FP8_KNOBS = (*KNOBS, Knob("fp8_promote", (0, 1, 2, 4), "k steps (of 128) between promotions of the sums (0: never)"),
+PROMOTIONS = (0, 1, 2, 4)  # k steps between promotions the knob offers (0: never)
+FP8_KNOBS = (*KNOBS, Knob("fp8_promote", PROMOTIONS, "k steps (of 128) between promotions of the sums (0: never)"),
              Knob("fp8_promote_overlap", (0, 1),
                   "1: windows of promotion alternate between two sets of accumulators, a window's adds running "
                   "behind the next window's first wgmma (bn <= 128, wgmma_inflight 1; the same sums)", before=0))
@@ -78,10 +79,9 @@ class Fp8GemmTemplate(Template):
             raise TvmExtError(f"8-bit float {self.fp8!r}; allowed: {', '.join(FP8)}")
         if self.out_dtype not in OUT_DTYPES:
             raise TvmExtError(f"an 8-bit GEMM stores C as {' or '.join(OUT_DTYPES)}, not {self.out_dtype}")
-        promotions = FP8_KNOBS[-2].choices
-        if self.promote is not None and self.promote not in promotions:
+        if self.promote is not None and self.promote not in PROMOTIONS:
             raise TvmExtError(f"promote {self.promote!r}: k steps between promotions; allowed: "
-                              f"{', '.join(map(str, promotions))}")
+                              f"{', '.join(map(str, PROMOTIONS))}")
 
     @property
     def tolerance(self) -> float:  # type: ignore[override]
