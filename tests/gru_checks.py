@@ -2,10 +2,10 @@
 built GRU against float64 on reruns."""
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 import numpy as np
+from cubin_checks import ptxas_report
 from test_gru import _weights
 
 from tvm_ext.precision.precision import relative_error
@@ -15,12 +15,8 @@ from tvm_ext.schedules.gru import gru_reference
 def steps_kernel_ptxas(source: str, tmp_path: Any) -> str:
     """ptxas's report (``-v``) on ``gru_steps_kernel`` of ``source`` built by nvcc for sm_90, up
     to the next kernel's; the build must succeed."""
-    path = tmp_path / "gru.cu"
-    path.write_text(source)
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "gru.cubin"),
-                           str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    steps = done.stderr[done.stderr.index("'gru_steps_kernel'"):]
+    report = ptxas_report(source, tmp_path, "gru", "sm_90")
+    steps = report[report.index("'gru_steps_kernel'"):]
     return steps.split("ptxas info    : Compiling")[0]
 
 

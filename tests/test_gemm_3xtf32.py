@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from cubin_checks import assert_wgmma_asynchronous_without_spills, ptxas_report
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.schedules.gemm.gemm_3xtf32 import (Gemm3xTf32Template, split_a_func, split_b_func, split_product,
@@ -220,13 +221,7 @@ def test_overlapped_promotions_keep_the_tf32_wgmma_asynchronous(tmp_path):
     t = Gemm3xTf32Template(1024, 1024, 1024)
     cfg = t.default_config(target).replace(tf_promote_overlap=1)
     assert t.space(target).infeasible_reason(cfg) is None
-    path = tmp_path / "k.cu"
-    path.write_text(t.build_program(cfg, target).source)
-    done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                           str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "C7514" not in done.stderr and "serialized" not in done.stderr, done.stderr[-2000:]
-    assert "spill stores" in done.stderr and " 0 bytes spill stores" in done.stderr
+    assert_wgmma_asynchronous_without_spills(ptxas_report(t.build_program(cfg, target).source, tmp_path))
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from cubin_checks import assert_wgmma_asynchronous_without_spills, ptxas_report
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate
@@ -234,13 +235,7 @@ def test_overlapped_promotions_keep_the_wgmma_asynchronous(knobs, tmp_path):
     t = Fp8GemmTemplate(1024, 1024, 4096)
     cfg = _config(t, target, **{"wgmma_bn": 128, "wgmma_stages": 6, "wgmma_raster": 8, "fp8_promote": 1,
                                 "fp8_promote_overlap": 1, **knobs})
-    path = tmp_path / "k.cu"
-    path.write_text(t.build_program(cfg, target).source)
-    done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                           str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "C7514" not in done.stderr and "serialized" not in done.stderr, done.stderr[-2000:]
-    assert " 0 bytes spill stores" in done.stderr
+    assert_wgmma_asynchronous_without_spills(ptxas_report(t.build_program(cfg, target).source, tmp_path))
 
 
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (ptxas)")
@@ -253,11 +248,7 @@ def test_overlapped_promotions_unroll_a_chunk_of_k_not_the_whole_loop(tmp_path):
         t = Fp8GemmTemplate(1024, 1024, k)
         cfg = _config(t, target, **{"wgmma_bn": 128, "wgmma_stages": 4, "wgmma_raster": 8, "wgmma_tiles": 4,
                                     "wgmma_tma": 1, "fp8_promote": 1, "fp8_promote_overlap": 1})
-        path = tmp_path / f"k{k}.cu"
-        path.write_text(t.build_program(cfg, target).source)
-        done = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / f"k{k}.cubin"), str(path)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+        ptxas_report(t.build_program(cfg, target).source, tmp_path, f"k{k}")
         sizes.append((tmp_path / f"k{k}.cubin").stat().st_size)
     assert abs(sizes[1] - sizes[0]) < 0.05 * sizes[0], sizes
 
