@@ -94,6 +94,11 @@ def ours(template: Fp8GemmTemplate, cfg: Config, target: Any, sets: list[dict[st
     return launch, rel_error_vs(outs[0], reference(sets[0]))
 
 
+def config_label(template: Fp8GemmTemplate, cfg: Config) -> str:
+    """A config as the tables name it: its tile, its promotion and whether it is overlapped."""
+    return f"{template.tile(cfg).name} p{cfg.fp8_promote}{' overlap' * cfg.fp8_promote_overlap}"
+
+
 def tuned(m: int, n: int, k: int, target: Any, args: argparse.Namespace) -> list[tuple[str, Config]]:
     """``tune gemm-fp8`` of the shape (``--tune-trials`` configs; with ``--promote``, in that
     accuracy class) into ``--out``'s records, resumed there; its best config, labelled."""
@@ -107,8 +112,7 @@ def tuned(m: int, n: int, k: int, target: Any, args: argparse.Namespace) -> list
         return []
     space = template.space(target)
     config = space.make(**space.completed(best.config))
-    return [(f"tuned {template.tile(config).name} p{config.fp8_promote}"
-             f"{' overlap' * config.fp8_promote_overlap}", config)]
+    return [(f"tuned {config_label(template, config)}", config)]
 
 
 def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
@@ -145,15 +149,14 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
     template = Fp8GemmTemplate(m, n, k)
     default = template.default_config(target)
     space = template.space(target)
-    name = lambda cfg: f"{template.tile(cfg).name} p{cfg.fp8_promote}{' overlap' * cfg.fp8_promote_overlap}"  # noqa: E731
-    configs = [(f"default {name(default)}", default)]
+    configs = [(f"default {config_label(template, default)}", default)]
     candidates = [default.replace(fp8_promote_overlap=1 - default.fp8_promote_overlap)]
     for bm, bn, stages, inflight, raster, tiles, promote, overlap in VARIANTS:
         tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="e4m3")
         candidates.append(space.make(**tile.knobs(), fp8_promote=promote, fp8_promote_overlap=overlap))
     for cfg in candidates:
         if cfg != default and space.is_feasible(cfg) and cfg not in [c for _, c in configs]:
-            configs.append((name(cfg), cfg))
+            configs.append((config_label(template, cfg), cfg))
     if args.promote is not None:  # one accumulation class (the default kept for reference)
         configs = configs[:1] + [c for c in configs[1:] if c[1].fp8_promote == args.promote]
     if args.tune_trials:

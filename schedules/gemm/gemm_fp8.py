@@ -151,7 +151,7 @@ class Fp8GemmTemplate(Template):
         config = space.make(**dataclasses.replace(tile, smem_epilogue=False).knobs(), fp8_promote=promote,
                             fp8_promote_overlap=0)
         overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1)
-        long_k = block_steps(self.tile(config), shapes, self.matrices) >= TMA_MIN_STEPS
+        long_k = block_steps(tile, shapes, self.matrices) >= TMA_MIN_STEPS
         return overlapped if promote and long_k and space.is_feasible(overlapped) else config
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
