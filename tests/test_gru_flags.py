@@ -134,19 +134,21 @@ def test_other_step_knobs_do_not_refuse_a_flag_config_and_are_not_shown():
     assert "step_flag_units" not in t.shown_knobs(cfg.replace(step_flags=0))
 
 
-@pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((8, 512, False), 4), ((8, 512, True), 8),
-                                          ((5, 200, False), 4), ((3, 33, True), 4), ((16, 512, False), 4)])
+@pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((4, 512, False), 4), ((4, 512, True), 8),
+                                          ((5, 200, False), 4), ((3, 33, True), 4), ((7, 512, False), 4)])
 def test_analytic_pick_takes_it_for_small_batches(shape, units):
-    """Up to batch 16 (float32 state; with 16-bit state batch 1, the tensor-core kernel above):
-    the fewest units per block whose grid fits one block per SM (132 on the H100: 4 units at
-    H512 is 128 blocks, bidirectional 256, so 8; B16 H512 polls its 64 words in 2 rounds)."""
+    """Below batch 8 with float32 state (and up to batch 16 where the tensor-core kernel of
+    float32 parts does not fit); with 16-bit state batch 1, the tensor-core kernel above: the fewest units per block
+    whose grid fits one block per SM (132 on the H100: 4 units at H512 is 128 blocks,
+    bidirectional 256, so 8)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
     cfg, why = t.analytic_pick(target)
     assert (cfg.step_flags, cfg.step_flag_units) == (1, units), why
     assert why.startswith("flag-exchange persistent step kernel")
-    assert _template(32, 64).analytic_pick(target)[0].step_flags == 0  # beyond batch 16
+    for wider in (_template(8, 512), _template(32, 64)):  # from batch 8: float32 parts on the tensor cores
+        assert (wider.analytic_pick(target)[0].step_tc, wider.analytic_pick(target)[0].step_flags) == (2, 1)
     half = t.with_precision(HALF).analytic_pick(target)[0]
     # 16-bit state: this kernel at batch 1 (B1 H256 measured), the tensor-core one with tagged words from batch 2
     # (B2, B4 H512 measured)

@@ -107,7 +107,10 @@ def test_padded_split_is_only_where_needed():
                                    (64, 1024, False), (16, 512, True), (16, 200, False), (16, 33, True),
                                    (12, 1000, False), (32, 512, False), (128, 1024, False)])
 def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
-    """On a GPU, up to batch 16 the pick is the flag-exchange persistent kernel with a grid of
+    """On a GPU, from batch 8 the tensor-core kernel exchanging tagged float32 words (step_tc 2
+    with flags: 8 units a block where that grid has a block an SM at most, else 16; 16 rows, 8 k
+    warps) wherever it fits; where it does not, up to batch 16 the pick is the flag-exchange
+    persistent kernel with a grid of
     at most one block per SM wherever one fits; from batch 32 the split tensor-core kernel (16
     units on 2 warps, the fewest rows whose grid is resident); elsewhere, and where that kernel
     is not at hand, the fused split-K step kernel as a persistent kernel with
@@ -116,7 +119,8 @@ def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     fits one block per SM, else all rows), W_hh in registers where the k extent is padded."""
     from tvm_ext.schedules.gru import pick
     from tvm_ext.schedules.gru.flag_step import FLAG_UNITS
-    from tvm_ext.schedules.gru.pick import FLAG_BATCH, LARGE_GEMM_TILE, MANY_ROWS_UNITS, THREADS_PER_SM
+    from tvm_ext.schedules.gru.pick import (FLAG_BATCH, LARGE_GEMM_TILE, MANY_ROWS_UNITS, SPLIT_FLAGS_BATCH,
+                                            SPLIT_FLAGS_K_WARPS, SPLIT_FLAGS_UNITS, THREADS_PER_SM)
 
     batch, hidden, bidirectional = shape
     t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128, bidirectional=bidirectional)
@@ -125,6 +129,14 @@ def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     assert cfg.fuse_step == 1 and cfg.step_loop == 2 and "persistent" in why
     space, base = t.space(target), t.default_config(target)
+    tagged = [u for u in SPLIT_FLAGS_UNITS if space.is_feasible(base.replace(
+        fuse_step=1, step_loop=2, step_tc=2, step_flags=1, step_j=u, step_tc_rows=16, step_tc_kw=SPLIT_FLAGS_K_WARPS,
+        step_tc_nw=1, step_tc_acc=1)) and (u > 8 or -(-hidden // u) * -(-batch // 16) * (1 + bidirectional) <= 132)]
+    if batch >= SPLIT_FLAGS_BATCH and tagged:
+        assert (cfg.step_tc, cfg.step_flags, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (2, 1, tagged[0], 16, 8)
+        assert "tagged float32 words" in why
+        monkeypatch.setattr(pick, "SPLIT_FLAGS_BATCH", 1 << 30)  # the rules below, where it is not
+        cfg, why = t.analytic_pick(target)
     splits = [(rows, kw) for rows in (16, 32, 64) for kw in (4, 2, 1) if space.is_feasible(base.replace(
         fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_j=16, step_tc_rows=rows, step_tc_nw=2,
         step_tc_kw=kw))]

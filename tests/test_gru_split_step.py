@@ -82,7 +82,6 @@ def test_shape_sizes():
 
 @pytest.mark.parametrize("precision, knobs, reason", [
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=8), "8 k warps (step_tc_kw) do not split"),
-    (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_flags=1), "behind the grid barrier"),
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_loop=1), "persistent kernel only"),
     (None, dict(step_j=8, step_tc_rows=16, step_tc_nw=1), "step_j 8 units per block"),
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=4), "not 8 units or more a warp"),

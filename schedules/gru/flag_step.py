@@ -33,7 +33,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
-from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_blend, stored_as, word_tag
+from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_blend, float_word, stored_as, word_float, word_tag
 from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
 from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 
@@ -89,11 +89,10 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     n_words = batch * hidden
 
     def value_of(word: Any) -> Any:
-        return T.reinterpret("float32", T.Cast("uint32", word))
+        return word_float(T, word)
 
     def packed(value: Any, tag: Any) -> Any:
-        bits = T.Cast("uint64", T.reinterpret("uint32", T.Cast("float32", value)))
-        return T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)), bits)
+        return float_word(T, value, tag)
 
     math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
                         cell_lanes=batch)

@@ -40,8 +40,10 @@ STEP_KNOBS = (
     Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (h and W_hh both float16 or both bfloat16) runs "
                                "the gate dot products on the tensor cores (mma.sync), W_hh's slice of step_j units "
                                "(8, 16 or 32) in shared memory for all T steps (``tensor_core_step.py``); 2 (float32 "
-                               "h and W_hh) as three products of their float16 high and low parts, float32-accurate, "
-                               "16 or 32 units, h read in chunks behind the grid barrier (``split_step.py``)"),
+                               "h and W_hh) as three products of their float16 high and low parts, float32-accurate: "
+                               "with step_flags 0 16 or 32 units, h read in chunks behind the grid barrier "
+                               "(``split_step.py``); with step_flags 1 the tensor-core kernel of step_tc 1 exchanging "
+                               "one float32 value a word, split into parts where it is polled"),
     Knob("step_tc_rows", (16, 32, 64), "tensor-core step kernel: batch rows per block (16 per warp along M)"),
     Knob("step_tc_kw", (1, 2, 4, 8), "tensor-core step kernel: warps splitting each dot product over k (their "
                                      "partial sums meet in shared memory)"),
@@ -66,7 +68,8 @@ STEP_KNOBS = (
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
-                                  "tensor-core kernel exchanging two 16-bit values a word; 2 (step_tc 0, sm_90+): "
+                                  "tensor-core kernel exchanging two 16-bit values a word, with step_tc 2 one float32 "
+                                  "value a word; 2 (step_tc 0, sm_90+): "
                                   "the small-batch kernel's blocks of a direction as one thread-block cluster, h "
                                   "stored into each block's shared memory and a cluster barrier a step "
                                   "(``cluster_step.py``)"),

@@ -11,8 +11,12 @@ GRU pick's evidence").
 - Batch >= 32: blocks of 32 rows and the fewest units whose grid fits one block per SM (every
   block reads all its rows' h each step: fewer rows, less of that traffic), W_hh's slice in
   shared memory, the h slice double-buffered; where none fits, blocks of 8 units x all rows.
-- Up to batch 16 with float32 state, and at batch 1 with 16-bit state: the flag-exchange
+- Below batch 8 with float32 state, and at batch 1 with 16-bit state: the flag-exchange
   kernel (no grid barrier, ``flag_step.py``) with the fewest units whose grid fits.
+- float32 h and W_hh from batch 8: the tensor-core step kernel exchanging tagged words with
+  float32 split into float16 parts (``step_tc`` 2 with ``step_flags``), 8 units a block where
+  that grid has a block an SM at most, else 16, 16 rows, 8 k warps, W_hh's fragments held;
+  where it does not fit (shared memory at H1024 from batch 32), the next rule.
 - 16-bit h and W_hh from batch 2: the tensor-core step kernel exchanging tagged words, blocks of
   8 units where their grid has a block an SM at most (else 16 or 32), W_hh's fragments in
   registers where a lane's share fits, else those of its first k slices, h polled 16 bytes a
@@ -44,12 +48,19 @@ from .split_step import SPLIT_CHUNK_K
 SMALL_TILES = ((1, 32), (2, 16), (1, 16), (2, 32), (4, 16), (4, 32), (8, 32))
 MANY_ROWS = 32  # from this batch on, blocks of 32 rows with W_hh's slice in shared memory
 MANY_ROWS_UNITS = (4, 8, 16)  # their units per block, tried in order
-FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16)
+FLAG_BATCH = 16  # up to this batch, the flag-exchange step kernel (float32 state; measured up to B16) where
+# the tagged-word split kernel does not take it (``SPLIT_FLAGS_BATCH``)
 FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (from batch 2 the tensor-core kernel, with its
 # 8-unit blocks and 16-byte polls, is faster; docs/results/gru.md)
 # From this batch on, float32 state runs the split tensor-core step kernel: faster than the CUDA-core
 # kernel at B32-B64 x H512-H1024, slower than the flag-exchange kernel at B8-B16 (docs/results/gru.md)
 SPLIT_STEP_BATCH = 32
+# From this batch on, float32 state runs the tensor-core kernel exchanging tagged words, split into parts
+# (step_tc 2, step_flags 1): 8-25 % faster than the flag-exchange kernel at B8-B16 (2.3x at B16 H1024) and
+# than the split kernel behind the grid barrier at B32-B64 H512; slower at B4 (docs/results/gru.md)
+SPLIT_FLAGS_BATCH = 8
+SPLIT_FLAGS_UNITS = (8, 16)  # its units per block, 8 only where that grid has a block an SM at most
+SPLIT_FLAGS_K_WARPS = 8  # warps splitting k (4 were 2-10 % slower at B8-B16, 2 % faster at B32 H512)
 SPLIT_BLOCKS = ((16, 16, 2), (16, 32, 2), (16, 64, 2))  # (units, rows, unit warps), in the pick's order
 SPLIT_K_WARPS = (4, 2, 1)  # warps splitting a chunk's k, the most that fit first
 SPLIT_AHEAD = 2  # chunks of h a thread loads ahead
@@ -77,6 +88,18 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = _tensor_core_step(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
+    split_flags = (_split_flags_step(template, base, space, hw.sm_count)
+                   if cuda and template.batch >= SPLIT_FLAGS_BATCH else None)
+    if split_flags is not None:
+        shape = template.step_variant(split_flags).shape
+        return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
+                             f"(three products), h exchanged as tagged float32 words (no grid barrier): "
+                             f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
+                             f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
+                             + {0: "", 1: ", their fragments held in registers",
+                                2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices "
+                                   f"held in registers"}[shape.w_held]
+                             + f"; {gemm_why}")
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
@@ -161,6 +184,25 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
         if space.is_feasible(cfg):
             held = (cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS), cfg.replace(step_tc_wreg=2))
             cfg = next((c for c in held if space.is_feasible(c)), cfg)
+            pairs = cfg.replace(step_tc_poll=16)
+            return pairs if space.is_feasible(pairs) else cfg
+    return None
+
+
+def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+    """The tensor-core kernel exchanging tagged words with float32 state split into parts where
+    it runs (float32 h and W_hh, a resident grid, W's parts and all the block's rows of h in shared
+    memory): 8 units a block where that grid has a block an SM at most, else 16, 16 rows, 8 k
+    warps, W_hh's fragments held in registers where a lane's share fits (else those of its first
+    k slices), one accumulator set, 16-byte polls where hidden is even; None where none fits."""
+    for units in SPLIT_FLAGS_UNITS:
+        cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=1, step_j=units,
+                           step_tc_rows=16, step_tc_kw=SPLIT_FLAGS_K_WARPS, step_tc_nw=1, step_tc_acc=1)
+        if units == SPLIT_FLAGS_UNITS[0] and template.step_variant(cfg).shape.blocks > sm_count:
+            continue
+        held = (cfg.replace(step_tc_wreg=1), cfg.replace(step_tc_wreg=2), cfg)
+        cfg = next((c for c in held if space.is_feasible(c)), None)
+        if cfg is not None:
             pairs = cfg.replace(step_tc_poll=16)
             return pairs if space.is_feasible(pairs) else cfg
     return None

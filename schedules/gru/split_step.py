@@ -410,13 +410,12 @@ class TensorCoreSplitStep(StepVariant):
     n_warps: int
     ahead: int
     barrier: int
-    flags: int
     loop: int
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreSplitStep":
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
-                   ahead=c.step_tc_ahead, barrier=c.step_barrier, flags=c.step_flags, loop=c.step_loop)
+                   ahead=c.step_tc_ahead, barrier=c.step_barrier, loop=c.step_loop)
 
     @property
     def shape(self) -> SplitStepShape:
@@ -437,8 +436,6 @@ class TensorCoreSplitStep(StepVariant):
     def _form_reason(self, target: TargetInfo) -> str | None:
         if target.kind != "cuda" or self.loop != 2:
             return "split tensor-core step kernel (step_tc 2) is CUDA's persistent kernel only (step_loop 2)"
-        if self.flags:
-            return "split tensor-core step kernel (step_tc 2) exchanges h behind the grid barrier (step_flags 0)"
         if SPLIT_CHUNK_K // MMA_K % self.k_warps:
             return (f"split tensor-core step kernel (step_tc 2): {self.k_warps} k warps (step_tc_kw) do not split a "
                     f"chunk's {SPLIT_CHUNK_K // MMA_K} k slices")

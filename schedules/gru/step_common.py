@@ -117,3 +117,15 @@ def pack_pair(T: Any, first: Any, second: Any, dtype: str, tag: Any) -> Any:
 
     return T.bitwise_or(T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)),
                                      T.shift_left(bits(second), T.uint64(16))), bits(first))
+
+
+def float_word(T: Any, value: Any, tag: Any) -> Any:
+    """One exchange word of a float32 state: ``value``'s bits in the low half and the step ``tag``
+    in the high 32 bits (the flag-exchange kernel's, and the split tensor-core kernel's)."""
+    bits = T.Cast("uint64", T.reinterpret("uint32", T.Cast("float32", value)))
+    return T.bitwise_or(T.shift_left(T.Cast("uint64", tag), T.uint64(32)), bits)
+
+
+def word_float(T: Any, word: Any) -> Any:
+    """The float32 value of a ``float_word``."""
+    return T.reinterpret("float32", T.Cast("uint32", word))

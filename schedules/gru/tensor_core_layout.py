@@ -22,6 +22,7 @@ MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with s
 # B8-B64 H512 blocks need 96, beside the accumulators, h fragments, gi and polled words under 255
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
+SPLIT_POLL_WORDS = 32  # the same for float32 state split into parts: its W fragments take twice the registers
 
 
 def acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
@@ -86,6 +87,18 @@ class TcStepShape(UnitRowBlocks):
     w_held: int = 0  # step_tc_wreg: 0 W_hh's fragments read from shared memory every step, 1 all of the
     # warp's kept in registers for all steps, 2 those of its first k slices that fit ``MAX_W_REGISTERS``
     poll_bytes: int = 8  # step_tc_poll: bytes of exchange words one poll load reads (with flags)
+    split: bool = False  # step_tc 2 with flags: float32 h and W_hh as float16 high and low parts, three products
+
+    @property
+    def parts(self) -> int:
+        """float16 parts of each value of h and W_hh the products read: high and low, or the value."""
+        return 2 if self.split else 1
+
+    @property
+    def word_values(self) -> int:
+        """Values of h an exchange word holds: two 16-bit ones, or one float32 (split into parts
+        by the warps that poll it)."""
+        return 1 if self.split else 2
 
     @property
     def k_extent(self) -> int:
@@ -119,8 +132,8 @@ class TcStepShape(UnitRowBlocks):
     @property
     def w_registers(self) -> int:
         """32-bit registers a lane needs to keep all its warp's W_hh fragments: two an n8 tile and
-        16-deep k slice."""
-        return self.n_tiles * self.warp_slices * 2
+        16-deep k slice, a part."""
+        return self.n_tiles * self.warp_slices * 2 * self.parts
 
     @property
     def held_slices(self) -> int:
@@ -128,12 +141,12 @@ class TcStepShape(UnitRowBlocks):
         if self.w_held == 1:
             return self.warp_slices
         if self.w_held == 2:
-            return min(self.warp_slices, MAX_W_REGISTERS // (self.n_tiles * 2))
+            return min(self.warp_slices, MAX_W_REGISTERS // (self.n_tiles * 2 * self.parts))
         return 0
 
     def shared_bytes(self) -> int:
-        """W slice + h rows (operand type) + the k warps' partial sums (float32)."""
-        operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand)
+        """W slice + h rows (operand type, each part) + the k warps' partial sums (float32)."""
+        operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand) * self.parts
         partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_warps * self.n_tiles * 4 * WARP * 4
         return operands + partials
 
@@ -166,7 +179,7 @@ class TcKernelLayout:
     vec: int  # 16-byte copies where a row's k and units come in whole vectors
     asynchronous: bool  # cp.async copies 16 bytes (a 2-byte element cannot go)
     partial_tiles: int  # the k warps' partial-sum tiles (all k warps but the first)
-    pair_words: int  # with flags: the exchange words (two units each) of one row
+    pair_words: int  # with flags: the exchange words (``shape.word_values`` units each) of one row
     slot_words: int  # hx holds two slots of this many words
     poll_words: int  # exchange words a lane polls at once
     poll_rounds: int
@@ -181,31 +194,47 @@ class TcKernelLayout:
         copy_k = warp_k // n_warps
         copy_chunks = math.gcd(k_slices // n_warps, H_CHUNKS)
         vec = 8 if shape.hidden % 8 == 0 else 1
-        vector = shape.poll_bytes // 8
-        lane_loads = -(-MMA_M * copy_k // 2 // vector // WARP)
-        poll_loads = min(lane_loads, POLL_WORDS // vector)
+        vector, word_values = shape.poll_bytes // 8, shape.word_values
+        lane_loads = -(-MMA_M * copy_k // word_values // vector // WARP)
+        poll_loads = min(lane_loads, (SPLIT_POLL_WORDS if shape.split else POLL_WORDS) // vector)
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
         return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
                    gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
                    warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
-                   pair_words=-(-shape.hidden // 2), slot_words=shape.dirs * shape.batch * shape.hidden,
+                   pair_words=-(-shape.hidden // word_values), slot_words=shape.dirs * shape.batch * shape.hidden,
                    poll_words=poll_loads * vector, poll_rounds=-(-lane_loads // poll_loads), poll_vector=vector)
 
     @property
+    def state(self) -> str:
+        """The type of h, W_hh and b_hh in memory: float32 where the products split it, else the operand's."""
+        return "float32" if self.shape.split else self.shape.operand
+
+    @property
     def a_frag_size(self) -> int:
-        """A's fragment registers (halves): one k slice's, two with ``frags_ahead``."""
-        return 16 if self.shape.frags_ahead else 8
+        """A's fragment registers (halves): one k slice's (each part's), two with ``frags_ahead``."""
+        return 16 if self.shape.frags_ahead else 8 * self.shape.parts
 
     @property
     def b_frag_size(self) -> int:
         """B's: a pair of n8 tiles at a time, with ``frags_ahead`` all of two k slices', with W in
-        registers those of the held k slices (four halves an n8 tile and k slice) and a pair."""
+        registers those of the held k slices (four halves an n8 tile and k slice) and a pair; each
+        part's (high parts first)."""
         s = self.shape
         if s.held_slices:  # the held ones, then a pair buffer for the slices read every step
-            return s.n_tiles * s.held_slices * 4 + (8 if s.held_slices < s.warp_slices else 0)
-        return 2 * s.n_tiles * 4 if s.frags_ahead else 8
+            return (s.n_tiles * s.held_slices * 4 + (8 if s.held_slices < s.warp_slices else 0)) * s.parts
+        return 2 * s.n_tiles * 4 if s.frags_ahead else 8 * s.parts
+
+    @property
+    def held_part(self) -> int:
+        """Where the held fragments' low parts start in ``b_frag`` (past the high parts')."""
+        return self.shape.n_tiles * self.shape.held_slices * 4
+
+    @property
+    def pair_at(self) -> int:
+        """Where the pair buffer (for k slices read from shared memory every step) starts in ``b_frag``."""
+        return self.held_part * self.shape.parts
 
     @property
     def grid(self) -> tuple[int, int, int]:

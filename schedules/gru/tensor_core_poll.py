@@ -3,15 +3,18 @@ rows and k range of h from the tagged exchange words of ``hx``, each word two un
 values and the step as a tag (``step_common.pack_pair``), polled until every tag says the step.
 A lane loads one word at a time (a relaxed 8-byte atomic load) or, with ``step_tc_poll`` 16, two
 adjacent words with one relaxed 16-byte vector load (``ld.relaxed.gpu.v2.u64``): a vector load
-is single-copy atomic per element, not whole, so each word is still checked by its own tag."""
+is single-copy atomic per element, not whole, so each word is still checked by its own tag.
+With float32 state split into parts (``shape.split``) a word is one unit's float32 value and the
+tag, and the poll writes its high and low float16 parts to ``h_s``."""
 from __future__ import annotations
 
 from typing import Any
 
 from tvm_ext.lowering.step_loop import NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 
-from .step_common import word_tag
+from .step_common import word_float, word_tag
 from .tensor_core_layout import MMA_M, WARP, TcKernelLayout
+from .tensor_core_products import h_low
 
 
 def poll_h_macro(L: TcKernelLayout) -> Any:
@@ -22,17 +25,25 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
 
     batch, hidden, sh, operand = L.shape.batch, L.shape.hidden, L.shape.h_stride, L.shape.operand
     vector, poll_rounds = L.poll_vector, L.poll_rounds
-    loads, row_loads = L.poll_words // vector, L.copy_k // 2 // vector
+    values, split, h_lo = L.shape.word_values, L.shape.split, h_low(L)
+    loads, row_loads = L.poll_words // vector, L.copy_k // values // vector
     slot_words, pair_words = L.slot_words, L.pair_words
 
     def load(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
         """(row in the warp's 16, first k, within the warp's loads) of load i of poll round c;
         the warp polls its 16 rows, ``copy_k`` from ``k0``."""
         f = (c * loads + i) * WARP + tx
-        return f // row_loads, k0 + f % row_loads * (2 * vector), f < MMA_M * row_loads
+        return f // row_loads, k0 + f % row_loads * (values * vector), f < MMA_M * row_loads
 
     def at(hx: Any, step: Any, bz: Any, m0: Any, mi: Any, r: Any, k: Any) -> Any:
-        return T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words + k // 2])
+        return T.address_of(hx[(step % 2) * slot_words + (bz * batch + m0 + mi * MMA_M + r) * pair_words
+                               + k // values])
+
+    @T.macro
+    def high_low(h_s, at, value):  # type: ignore[no-untyped-def]
+        """``value``'s float16 high part at ``at``, the rounding of the rest ``h_lo`` further on."""
+        h_s[at] = T.Cast(operand, value)
+        h_s[h_lo + at] = T.Cast(operand, value - T.Cast("float32", T.Cast(operand, value)))
 
     @T.macro
     def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
@@ -60,9 +71,13 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
                 r = T.meta_var(load(c, i, k0, tx)[0])
                 k = T.meta_var(load(c, i, k0, tx)[1])
                 if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                    for q in T.unroll(2 * vector):  # the 16-bit values of the load's words, k order
-                        h_s[(mi * MMA_M + r) * sh + k + q] = T.reinterpret(operand, T.Cast(
-                            "uint16", T.bitwise_and(T.shift_right(got[vector * i + q // 2], T.uint64(16 * (q % 2))),
-                                                    T.uint64(0xFFFF))))
+                    if split:
+                        for q in T.unroll(vector):  # the float32 values of the load's words as two parts
+                            high_low(h_s, (mi * MMA_M + r) * sh + k + q, word_float(T, got[vector * i + q]))
+                    else:
+                        for q in T.unroll(2 * vector):  # the 16-bit values of the load's words, k order
+                            h_s[(mi * MMA_M + r) * sh + k + q] = T.reinterpret(operand, T.Cast(
+                                "uint16", T.bitwise_and(T.shift_right(got[vector * i + q // 2],
+                                                                      T.uint64(16 * (q % 2))), T.uint64(0xFFFF))))
 
     return poll_h

@@ -40,23 +40,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tvm_ext.schedules.gemm.mma_intrin import DTYPE_ABBREV
 from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT,
                                         grid_barrier)
 from tvm_ext.target import TargetInfo
 
-from .step_common import cell_blend, cell_gates, pack_pair, stored_as
-from .tensor_core_layout import (MAX_W_REGISTERS, MMA_K, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
+from .step_common import cell_blend, cell_gates, float_word, pack_pair, stored_as
+from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
                                  TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .tensor_core_poll import poll_h_macro
+from .split import SPLIT_WEIGHT_SCALE
+from .tensor_core_products import h_low, load_w_macro, products_macro, w_low
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
-                 frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, name: str = "gru_steps") -> Any:
+                 frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
+                 name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -68,9 +70,15 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     accumulators hold the pair, and polled by the warps that read those rows and k until the
     tag says the step, as the flag-exchange kernel does (``flag_step.py``: why two slots
     suffice, and the poll limit that turns a grid that is not resident into an error);
-    ``poll_bytes`` 16: two adjacent words a load."""
+    ``poll_bytes`` 16: two adjacent words a load.
+
+    ``split`` (``step_tc`` 2 with flags): float32 h and W_hh (``operand`` float16, their parts'
+    type); a word is one unit's float32 value and the tag (the flag-exchange kernel's words),
+    split into high and low parts by the warps that poll it; the products are the split
+    kernel's three (``split_step.py``: W_hh's parts scaled by ``SPLIT_WEIGHT_SCALE``); the cell's
+    lane keeps its units' float32 h in registers from step to step."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        poll_bytes)
+                        poll_bytes, split)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -93,13 +101,14 @@ def _kernel(L: TcKernelLayout) -> Any:
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
     stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
-    load_w, held_slices = _load_w_macro(L), shape.held_slices
+    load_w, held_slices, split, parts, state = load_w_macro(L), shape.held_slices, shape.split, shape.parts, L.state
+    keep_h = _keep_h_macro(L)
 
     @T.prim_func(private=True)
-    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), operand),
-               w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), state),
+               w: T.Buffer((dirs, hidden, G), state), bias: T.Buffer((dirs, G), state), layer: T.int32,
                out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-               h_n: T.Buffer((layers * dirs, batch, hidden), operand), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+               h_n: T.Buffer((layers * dirs, batch, hidden), state), bar: T.Buffer((BARRIER_WORDS,), "int32"),
                hx: T.Buffer((2 * slot_words,), "uint64")):
         T.func_attr({"tirx.noalias": True})
         bx = T.launch_thread("blockIdx.x", grid_x)
@@ -107,18 +116,19 @@ def _kernel(L: TcKernelLayout) -> Any:
         bz = T.launch_thread("blockIdx.z", dirs)
         tx = T.launch_thread("threadIdx.x", WARP)
         ty = T.launch_thread("threadIdx.y", m_warps * n_warps * k_warps)
-        w_s = T.alloc_buffer((K * sw,), operand, scope="shared.dyn")
-        h_s = T.alloc_buffer((shape.rows * sh,), operand, scope="shared.dyn")
+        w_s = T.alloc_buffer((K * sw * parts,), operand, scope="shared.dyn")
+        h_s = T.alloc_buffer((shape.rows * sh * parts,), operand, scope="shared.dyn")
         part = T.alloc_buffer((max(L.partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
         a_frag = T.alloc_buffer((L.a_frag_size,), operand, scope="local")
         b_frag = T.alloc_buffer((L.b_frag_size,), operand, scope="local")
-        acc = T.alloc_buffer((n_tiles * 4 * shape.acc_sets,), "float32", scope="local")
+        acc = T.alloc_buffer((n_tiles * 4 * (shape.acc_sets + split),), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
         gi_reg = T.alloc_buffer((3 * L.unit_tiles * 4,), gi_dtype, scope="local")
         got = T.alloc_buffer((L.poll_words,), "uint64", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         h_val = T.alloc_buffer((2,), L.math_dtype, scope="local")  # the cell's h' and z, computed once
+        h_kept = T.alloc_buffer((L.unit_tiles * 4 if split else 1,), state, scope="local")  # split: the lane's h
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
         ni = T.meta_var(ty // m_warps % n_warps)
@@ -129,6 +139,8 @@ def _kernel(L: TcKernelLayout) -> Any:
         stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx)
         if ki == 0:
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+            if split:
+                keep_h(hs, h_kept, bz, j0, m0, mi, tx)
         if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
@@ -138,8 +150,8 @@ def _kernel(L: TcKernelLayout) -> Any:
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
             sum_k_warps(part, acc, mi, ni, ki, tx)
             if ki == 0:
-                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, layer, s, bz, j0, m0, mi,
-                               tx)
+                cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0,
+                               m0, mi, tx)
             if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
@@ -161,6 +173,13 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
     threads, vec, warp_units, w_chunks, unit_tiles = shape.threads, L.vec, L.warp_units, L.w_chunks, L.unit_tiles
     batch, n_tiles, zero_op = shape.batch, shape.n_tiles, tirx.const(0, shape.operand)
     w_vectors, h_vectors = K * 3 * U // vec, shape.rows * K // vec
+    split, w_lo, h_lo, operand = shape.split, w_low(L), h_low(L), shape.operand
+
+    def scaled(w: Any, bz: Any, k: Any, g: Any, unit: Any) -> Any:
+        """W[k, g * H + unit] times SPLIT_WEIGHT_SCALE (split state), zero past the hidden size."""
+        return T.if_then_else(tirx.all(k < hidden, unit < hidden),
+                              w[bz, T.min(k, hidden - 1), T.min(g * hidden + unit, G - 1)],
+                              T.float32(0)) * T.float32(SPLIT_WEIGHT_SCALE)
 
     @T.macro
     def stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx):  # type: ignore[no-untyped-def]
@@ -173,7 +192,13 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
             g = T.meta_var(col % (3 * warp_units) // warp_units)
             unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
             at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
-            if f < w_vectors:
+            if split:  # the high part, and the float16 rounding of the rest K rows on
+                if f < w_vectors:
+                    for v in T.unroll(vec):
+                        w_s[at + v] = T.Cast(operand, scaled(w, bz, k, g, unit + v))
+                        w_s[w_lo + at + v] = T.Cast(operand, scaled(w, bz, k, g, unit + v) - T.Cast(
+                            "float32", T.Cast(operand, scaled(w, bz, k, g, unit + v))))
+            elif f < w_vectors:
                 if k < hidden and unit < hidden:
                     for v in T.vectorized(vec):
                         w_s[at + v] = w[bz, k, g * hidden + unit + v]
@@ -188,6 +213,9 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
             if f < h_vectors and (m0 + r >= batch or k >= hidden):
                 for v in T.vectorized(vec):
                     h_s[r * sh + k + v] = zero_op
+                if split:
+                    for v in T.vectorized(vec):
+                        h_s[h_lo + r * sh + k + v] = zero_op
         # b_h of the lane's units (two per n8 tile of the warp), once
         for t in T.unroll(n_tiles):
             for e in T.unroll(2):
@@ -197,6 +225,26 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
                     T.float32(0))
 
     return stage_once
+
+
+def _keep_h_macro(L: TcKernelLayout) -> Any:
+    """Split state: the cell lane's h0 (of its rows and units) from the state slot into registers,
+    where it keeps h' from step to step at float32 (the words it sends are split into parts)."""
+    from tvm.script import tirx as T
+
+    batch, hidden, unit_tiles = L.shape.batch, L.shape.hidden, L.unit_tiles
+
+    @T.macro
+    def keep_h(hs, h_kept, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
+        for t in T.unroll(unit_tiles):
+            for e in T.unroll(4):
+                row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
+                unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
+                h_kept[t * 4 + e] = T.if_then_else(row < batch and unit < hidden,
+                                                   hs[0, bz, T.min(row, batch - 1), T.min(unit, hidden - 1)],
+                                                   T.float32(0))
+
+    return keep_h
 
 
 def load_gi_macro(L: TcKernelLayout) -> Any:
@@ -246,168 +294,6 @@ def _copy_h_macro(L: TcKernelLayout) -> Any:
     return copy_h
 
 
-def _b_loads_macros(L: TcKernelLayout) -> tuple[Any, Any]:
-    """The ldmatrix.trans loads of W_hh's B fragments from its shared slice: a pair of n8 tiles,
-    and an odd last tile alone."""
-    from tvm.script import tirx as T
-
-    operand, sw, n_tiles, w_chunks = L.shape.operand, L.shape.w_stride, L.shape.n_tiles, L.w_chunks
-
-    def w_row(kk: Any, tile: Any, tx: Any) -> Any:
-        """Where lane ``tx``'s row of n8 tile ``tile`` (of the block's W columns) starts in W's
-        shared slice, k slice ``kk``: the row ldmatrix.trans reads from that lane."""
-        return (kk + tx % 16) * sw + w_chunk(tx % 16, tile, w_chunks) * 8
-
-    @T.macro
-    def load_b_pair(w_s, b_frag, ni, kk, p, at, tx):  # type: ignore[no-untyped-def]
-        """The warp's n8 tiles 2p and 2p + 1 of W, k slice ``kk``, into ``b_frag`` from ``at``."""
-        T.ptx_legacy.ldmatrix(  # lanes 0-15 address the pair's first n8 tile, 16-31 its second
-            True, 4, ".b16", b_frag.data, at,
-            T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                             w_row(kk, ni * n_tiles + p * 2 + tx // 16, tx), 8, 1), 0,
-            dtype=operand)
-
-    @T.macro
-    def load_b_last(w_s, b_frag, ni, kk, at, tx):  # type: ignore[no-untyped-def]
-        """An odd last n8 tile alone (lanes 0-15 address it)."""
-        T.ptx_legacy.ldmatrix(
-            True, 2, ".b16", b_frag.data, at,
-            T.tvm_access_ptr(T.type_annotation(operand), w_s.data,
-                             w_row(kk, ni * n_tiles + n_tiles - 1, tx), 8, 1), 0,
-            dtype=operand)
-
-    return load_b_pair, load_b_last
-
-
-def _load_w_macro(L: TcKernelLayout) -> Any:
-    """With W in registers: the B fragments of the warp's first ``held_slices`` k slices (all
-    with ``step_tc_wreg`` 1) into ``b_frag``, slice q's n8 tile t at ``(q * n_tiles + t) * 4``."""
-    from tvm.script import tirx as T
-
-    n_tiles, warp_k, held = L.shape.n_tiles, L.warp_k, L.shape.held_slices
-    load_b_pair, load_b_last = _b_loads_macros(L)
-
-    @T.macro
-    def load_w(w_s, b_frag, ni, ki, tx):  # type: ignore[no-untyped-def]
-        for q in T.unroll(held):
-            for p in T.unroll(n_tiles // 2):
-                load_b_pair(w_s, b_frag, ni, ki * warp_k + q * MMA_K, p, (q * n_tiles + p * 2) * 4, tx)
-            if n_tiles % 2 == 1:
-                load_b_last(w_s, b_frag, ni, ki * warp_k + q * MMA_K, (q * n_tiles + n_tiles - 1) * 4, tx)
-
-    return load_w
-
-
-def _fragment_macros(L: TcKernelLayout) -> tuple[Any, Any]:
-    """The A load (a k slice of the warp's 16 rows of h, ``ldmatrix.x4``) and the
-    ``mma.sync.m16n8k16`` every form of the products is made of."""
-    from tvm.script import tirx as T
-
-    operand, sh, abbrev = L.shape.operand, L.shape.h_stride, DTYPE_ABBREV[L.shape.operand]
-
-    @T.macro
-    def load_a(h_s, a_frag, mi, kk, at, tx):  # type: ignore[no-untyped-def]
-        """k slice ``kk`` of the warp's 16 rows of h into ``a_frag`` from ``at``."""
-        T.ptx_legacy.ldmatrix(
-            False, 4, ".b16", a_frag.data, at,
-            T.tvm_access_ptr(T.type_annotation(operand), h_s.data,
-                             (mi * MMA_M + tx % 16) * sh + kk + tx // 16 * 8, 8, 1), 0,
-            dtype=operand)
-
-    @T.macro
-    def mma(a_frag, b_frag, acc, a_at, b_at, acc_at):  # type: ignore[no-untyped-def]
-        T.ptx_legacy.mma("m16n8k16", "row", "col", abbrev, abbrev, "fp32", a_frag.data, a_at, b_frag.data, b_at,
-                         acc.data, acc_at, False, dtype="float32")
-
-    return load_a, mma
-
-
-def _slice_from_shared_macro(L: TcKernelLayout, pair_at: int) -> Any:
-    """One k slice's multiplies with its B fragments read from W's shared slice into the pair
-    buffer at ``pair_at`` (two n8 tiles at once, an odd last one alone): two mma.sync a pair."""
-    from tvm.script import tirx as T
-
-    n_tiles = L.shape.n_tiles
-    load_b_pair, load_b_last = _b_loads_macros(L)
-    mma = _fragment_macros(L)[1]
-
-    @T.macro
-    def slice_from_shared(w_s, a_frag, b_frag, acc, ni, kk, base, tx):  # type: ignore[no-untyped-def]
-        for p in T.unroll(n_tiles // 2):
-            load_b_pair(w_s, b_frag, ni, kk, p, pair_at, tx)
-            for half in T.unroll(2):
-                mma(a_frag, b_frag, acc, 0, pair_at + half * 4, base + (p * 2 + half) * 4)
-        if n_tiles % 2 == 1:
-            load_b_last(w_s, b_frag, ni, kk, pair_at, tx)
-            mma(a_frag, b_frag, acc, 0, pair_at, base + (n_tiles - 1) * 4)
-
-    return slice_from_shared
-
-
-def _products_macro(L: TcKernelLayout) -> Any:
-    """A warp's MMA over one h chunk's k, the warp's k slice i into accumulator set i mod
-    ``acc_sets`` (independent chains of mma.sync in flight): per slice an ldmatrix of h, and W's
-    fragments held in registers for the warp's first ``held_slices`` slices (all, some or none),
-    the other slices' read from shared memory; or with ``frags_ahead`` loaded a slice ahead
-    (``_products_ahead_macro``)."""
-    from tvm.script import tirx as T
-
-    n_tiles, chunk_k, warp_k = L.shape.n_tiles, L.chunk_k, L.warp_k
-    acc_sets, slices, held = L.shape.acc_sets, L.chunk_k // MMA_K, L.shape.held_slices
-    load_a, mma = _fragment_macros(L)
-    from_shared = _slice_from_shared_macro(L, held * n_tiles * 4)  # its pair buffer past the held fragments
-
-    @T.macro
-    def products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        for ks in T.unroll(slices):
-            q = T.meta_var(c * slices + ks)  # the warp's k slice
-            kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
-            base = T.meta_var(q % acc_sets * n_tiles * 4)
-            load_a(h_s, a_frag, mi, kk, 0, tx)
-            if q < held:  # a constant once the loops are unrolled
-                for t in T.unroll(n_tiles):
-                    mma(a_frag, b_frag, acc, 0, (q * n_tiles + t) * 4, base + t * 4)
-            else:
-                from_shared(w_s, a_frag, b_frag, acc, ni, kk, base, tx)
-
-    return _products_ahead_macro(L) if L.shape.frags_ahead else products
-
-
-def _products_ahead_macro(L: TcKernelLayout) -> Any:
-    """The products with the next k slice's fragments loaded before this slice's mma.sync (two
-    fragment buffers): the ldmatrix latency behind the multiplies, which in source order (the
-    PTX is volatile) would otherwise wait for each slice's loads."""
-    from tvm.script import tirx as T
-
-    n_tiles, chunk_k, warp_k = L.shape.n_tiles, L.chunk_k, L.warp_k
-    acc_sets, slices = L.shape.acc_sets, L.chunk_k // MMA_K
-    load_a, mma = _fragment_macros(L)
-    load_b_pair, load_b_last = _b_loads_macros(L)
-    nb = n_tiles * 4  # one k slice's B fragments (4 halves of a register pair per n8 tile)
-
-    @T.macro
-    def load(h_s, w_s, a_frag, b_frag, mi, ni, kk, buf, tx):  # type: ignore[no-untyped-def]
-        """One k slice's A and B fragments into fragment buffer ``buf``."""
-        load_a(h_s, a_frag, mi, kk, buf * 8, tx)
-        for p in T.unroll(n_tiles // 2):
-            load_b_pair(w_s, b_frag, ni, kk, p, buf * nb + p * 8, tx)
-        if n_tiles % 2 == 1:
-            load_b_last(w_s, b_frag, ni, kk, buf * nb + (n_tiles - 1) * 4, tx)
-
-    @T.macro
-    def products_ahead(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx):  # type: ignore[no-untyped-def]
-        load(h_s, w_s, a_frag, b_frag, mi, ni, ki * warp_k + c * chunk_k, 0, tx)
-        for ks in T.unroll(slices):
-            if ks + 1 < slices:
-                load(h_s, w_s, a_frag, b_frag, mi, ni, ki * warp_k + c * chunk_k + (ks + 1) * MMA_K, (ks + 1) % 2,
-                     tx)
-            for t in T.unroll(n_tiles):
-                mma(a_frag, b_frag, acc, ks % 2 * 8, ks % 2 * nb + t * 4, (c * slices + ks) % acc_sets * n_tiles * 4
-                    + t * 4)
-
-    return products_ahead
-
-
 def _step_products_macro(L: TcKernelLayout) -> Any:
     """A step's h into shared memory and the warp's products on it: with flags polled from the
     exchange words; else copied from the state slot in cp.async groups, with one warp along the
@@ -417,14 +303,14 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
 
     n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
         L.copy_chunks, L.asynchronous
-    products, copy_h, poll_h = _products_macro(L), _copy_h_macro(L), poll_h_macro(L)
-    flags, acc_sets = L.flags, L.shape.acc_sets
+    products, copy_h, poll_h = products_macro(L), _copy_h_macro(L), poll_h_macro(L)
+    flags, acc_sets, split = L.flags, L.shape.acc_sets, L.shape.split
 
     @T.macro
     def step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0,  # type: ignore[no-untyped-def]
                       tx):
         if flags:  # the words of the warp's rows and k range, polled until their tags say s
-            for i in T.unroll(n_tiles * 4 * acc_sets):
+            for i in T.unroll(n_tiles * 4 * (acc_sets + split)):  # (split: and the cross products' set)
                 acc[i] = T.float32(0)
             poll_h(h_s, hx, got, poll, s, bz, m0, mi, copy_k0, tx)
             if n_warps == 1:  # the warp reads only the h it polled
@@ -455,8 +341,8 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
                         T.tvm_storage_sync("shared")  # every warp's copies are in
                 for c in T.unroll(chunks):
                     products(h_s, w_s, a_frag, b_frag, acc, mi, ni, ki, c, tx)
-        if acc_sets > 1:  # the other sets into the first
-            for j in T.unroll(1, acc_sets):
+        if acc_sets + split > 1:  # the other sets into the first
+            for j in T.unroll(1, acc_sets + split):
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = acc[i] + acc[j * n_tiles * 4 + i]
 
@@ -507,6 +393,8 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
     slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
+    split, state = L.shape.split, L.state
+    unscale = 1.0 / SPLIT_WEIGHT_SCALE  # split: W_hh's parts were scaled
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
         """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
@@ -514,12 +402,13 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
         def at(g: int) -> int:
             return (g * unit_tiles + t) * 4 + e
 
-        gh = [stored_as(acc[at(g)] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=operand)
+        sums = [acc[at(g)] * T.float32(unscale) if split else acc[at(g)] for g in range(3)]
+        gh = [stored_as(sums[g] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
+        return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=state)
 
     @T.macro
-    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, layer, s, bz, j0, m0, mi,  # type: ignore[no-untyped-def]
-                       tx):
+    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0, m0,  # type: ignore[no-untyped-def]
+                       mi, tx):
         # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
         t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
         for t in T.unroll(unit_tiles):
@@ -532,9 +421,17 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     # z, then h', each computed once into a register: nvcc merges no copies of them
                     z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
                     h_val[1] = z_n[0]
-                    h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
+                    if split:  # the lane's own float32 h, one word a unit
+                        h_val[0] = cell_blend(h_val[1], z_n[1], h_kept[t * 4 + e], math_dtype)
+                        h_kept[t * 4 + e] = h_val[0]
+                        T.evaluate(T.call_extern(
+                            "void", "__nv_atomic_store_n",
+                            T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + unit]),
+                            float_word(T, h_val[0], s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                    else:
+                        h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])
-                    if flags:  # the pair (e, e + 1) goes out as one word from its even unit
+                    if flags and not split:  # the pair (e, e + 1) goes out as one word from its even unit
                         h_rounded[e] = T.cast(h_new, operand)
                         if e % 2 == 1 or unit + 1 >= hidden:
                             T.evaluate(T.call_extern(
@@ -544,11 +441,11 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                                 pack_pair(T, h_rounded[e - e % 2],
                                           T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
                                 NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
-                    else:
+                    elif not flags:
                         hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
                     out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
                     if s == steps - 1:
-                        h_n[layer * dirs + bz, row, unit] = T.cast(h_new, operand)
+                        h_n[layer * dirs + bz, row, unit] = T.cast(h_new, state)
         if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
             load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
 
@@ -585,7 +482,8 @@ class TensorCoreStep(StepVariant):
     """The tensor-core persistent step kernel (``step_tc`` 1): ``step_j`` units and
     ``step_tc_rows`` rows a block, ``step_tc_kw`` warps splitting k and ``step_tc_nw`` the units;
     between steps the grid barrier ``step_barrier``, or with ``step_flags`` h exchanged as tagged
-    words (two 16-bit values a word)."""
+    words (two 16-bit values a word); with ``step_tc`` 2 and ``step_flags`` float32 h and W_hh as
+    float16 parts (``split``), one float32 value a word."""
 
     units: int
     rows: int
@@ -599,6 +497,11 @@ class TensorCoreStep(StepVariant):
     loop: int
     cluster: bool = False  # step_flags 2, which this kernel does not have
     poll_bytes: int = 8
+    split: bool = False  # step_tc 2: float32 h and W_hh as float16 high and low parts, three products
+
+    @property
+    def splits_state(self) -> bool:  # type: ignore[override]
+        return self.split
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
@@ -606,13 +509,14 @@ class TensorCoreStep(StepVariant):
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
-                   cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll)
+                   cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2)
 
     @property
     def shape(self) -> TcStepShape:
         s = self.sizes
-        return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, s.h_dtype, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes)
+        operand = "float16" if self.split else s.h_dtype
+        return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, operand, self.n_warps,
+                           self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -635,7 +539,12 @@ class TensorCoreStep(StepVariant):
     def _tile_reason(self) -> str | None:
         """Why these types or sizes cannot run on the kernel (None: they can)."""
         h_dtype, w_dtype, acc_dtype, shape = self.sizes.h_dtype, self.sizes.w_dtype, self.sizes.acc_dtype, self.shape
-        if h_dtype != w_dtype or w_dtype not in OPERANDS:
+        if self.split and (h_dtype, w_dtype) != ("float32", "float32"):
+            return (f"split tensor-core step kernel (step_tc 2) needs float32 h and W_hh, got {h_dtype} and {w_dtype} "
+                    f"(16-bit states: step_tc 1)")
+        if self.split and shape.frags_ahead:
+            return "split tensor-core step kernel with exchange words: no fragments a slice ahead (step_tc_frag)"
+        if not self.split and (h_dtype != w_dtype or w_dtype not in OPERANDS):
             return (f"tensor-core step kernel (step_tc 1) needs h and W_hh both float16 or both bfloat16, got "
                     f"{h_dtype} and {w_dtype}")
         if acc_dtype != "float32":
@@ -665,9 +574,9 @@ class TensorCoreStep(StepVariant):
                     f"step_tc_wreg 1, not a part (2)")
         if shape.poll_bytes == 16 and not self.flags:
             return "tensor-core step kernel: 16-byte polls (step_tc_poll) need exchange words (step_flags 1)"
-        if shape.poll_bytes == 16 and shape.hidden % 4:
+        if shape.poll_bytes == 16 and shape.hidden % (2 * shape.word_values):
             return (f"tensor-core step kernel: 16-byte polls (step_tc_poll) read word pairs 16-byte aligned, "
-                    f"hidden {shape.hidden} not a multiple of 4")
+                    f"hidden {shape.hidden} not a multiple of {2 * shape.word_values}")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -678,7 +587,7 @@ class TensorCoreStep(StepVariant):
                                "W_hh slice, h rows and partial sums", target)
 
     def init_layout(self) -> dict[str, bool]:
-        return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": True}
+        return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": not self.split}
 
     def async_copy(self) -> bool:
         return True  # h is copied in cp.async groups
@@ -689,9 +598,9 @@ class TensorCoreStep(StepVariant):
     def lowered_kernels(self) -> dict[str, Any]:
         s = self.sizes
         return {"gru_steps": tc_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
-                                          rows=self.rows, k_warps=self.k_warps, operand=s.h_dtype,
+                                          rows=self.rows, k_warps=self.k_warps, operand=self.shape.operand,
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
-                                          poll_bytes=self.poll_bytes)}
+                                          poll_bytes=self.poll_bytes, split=self.split)}

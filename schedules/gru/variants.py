@@ -22,9 +22,9 @@ def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> S
     steps' GEMM template)."""
     if not config.fuse_step:
         return CellStep.of(sizes, config, hidden_gemm)
-    if config.step_tc == 2:  # float32 h and W_hh as float16 parts on the tensor cores
+    if config.step_tc == 2 and not config.step_flags:  # float32 h and W_hh as float16 parts, grid barrier
         return TensorCoreSplitStep.of(sizes, config)
-    if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words
+    if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words (step_tc 2: split)
         return TensorCoreStep.of(sizes, config)
     if config.step_flags == 2:
         return ClusterStep.of(sizes, config)
