@@ -1,4 +1,5 @@
-"""Where a step of the GRU's tensor-core step kernel goes (float16 T128; by default B64 H1024,
+"""Where a step of the GRU's tensor-core step kernel goes (float16 T128, or ``--dtype float32``
+on its float32-parts form; by default B64 H1024,
 the pick: 32 units x 16 rows a block, 4 unit warps, tagged words): the kernel's CUDA source with
 clock64() stamps for thread 0 of every block at the points of each step (loop top, the end of the
 poll of h (its barrier, or with one unit warp the warp's sync), after the products, after each
@@ -21,11 +22,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # benchmarks/common.py
 
 STAMP = ("#define TVM_EXT_STAMP(p) if (s >= 2 && threadIdx.x == 0 && threadIdx.y == 0) {{ "
-         "*(long long*)(gi_ptr + (long long)(s - 2) * {step_halves} "
-         "+ (blockIdx.y * gridDim.x + blockIdx.x) * 32 + (p) * 4) = clock64(); }}\n")
+         "*(long long*)(gi_ptr + (long long)(s - 2) * {step_values} "
+         "+ (blockIdx.y * gridDim.x + blockIdx.x) * {block_values} + (p) * {point_values}) = clock64(); }}\n")
 FIRST = ("poll (warp 0)", "wait for the other warps' polls", "products (warp 0)")
 LAST = "last barrier, next step's top"
-MAX_POINTS = 8  # a block's stamps fit 32 halves of its gi row
+MAX_POINTS = 8  # a block's stamps fit 64 bytes of its gi row
 
 
 def phase_names(points: int) -> tuple[str, ...]:
@@ -34,9 +35,9 @@ def phase_names(points: int) -> tuple[str, ...]:
     return FIRST + middle + ("to the last barrier (warp 0)", LAST)
 
 
-def stamped(code: str, step_halves: int) -> str:
+def stamped(code: str, step_values: int, itemsize: int = 2) -> str:
     """``code`` with the stamps in gru_steps_kernel's step loop (unchanged elsewhere); a step's
-    gi rows hold ``step_halves`` 16-bit values."""
+    gi rows hold ``step_values`` values of ``itemsize`` bytes."""
     head = "gru_steps_kernel("
     start = code.rfind(head)
     if start < 0 or "for (int s = 0; s < 128; ++s) {" not in code[start:]:
@@ -60,7 +61,8 @@ def stamped(code: str, step_halves: int) -> str:
     cuts = [(at, f"TVM_EXT_STAMP({p})") for at, p in cuts]
     for at, text in sorted(cuts, reverse=True):
         kernel = kernel[:at] + "\n" + text + "\n" + kernel[at:]
-    return STAMP.format(step_halves=step_halves) + code[:start] + kernel + code[body_end:]
+    stamp = STAMP.format(step_values=step_values, block_values=64 // itemsize, point_values=8 // itemsize)
+    return stamp + code[:start] + kernel + code[body_end:]
 
 
 def main() -> None:
@@ -68,14 +70,15 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--variant", default="", help="knob=v,... over the pick (the same grid of blocks)")
-    p.add_argument("--case", default="64,1024", help="batch,hidden (T128, input = hidden, float16)")
+    p.add_argument("--case", default="64,1024", help="batch,hidden (T128, input = hidden)")
+    p.add_argument("--dtype", default="float16", help="float16, or float32 (its tagged-word kernel, step_tc 2)")
     args = p.parse_args()
     variant = {k: int(v) for k, v in (kv.split("=") for kv in args.variant.split(",") if kv)}
     batch, hidden = (int(v) for v in args.case.split(","))
-    step_halves = batch * 3 * hidden
+    step_values, itemsize = batch * 3 * hidden, 4 if args.dtype == "float32" else 2
 
-    tvm_ffi.register_global_func("tvm_callback_cuda_postproc", lambda code, target: stamped(code, step_halves),
-                                 override=True)
+    tvm_ffi.register_global_func("tvm_callback_cuda_postproc",
+                                 lambda code, target: stamped(code, step_values, itemsize), override=True)
     from common import time_ours
     from gru_step_knob import weights
 
@@ -83,24 +86,24 @@ def main() -> None:
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)
-    half = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
-    template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128).with_precision(half) \
+    precision = {name: args.dtype for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+    template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128).with_precision(precision) \
         .with_tensor_cores(target)
     config = template.analytic_pick(target)[0].replace(**variant)
-    assert config.step_tc == 1 and config.step_flags == 1, "the stamps' points are the tagged-word kernel's"
+    assert config.step_tc in (1, 2) and config.step_flags == 1, "the stamps' points are the tagged-word kernel's"
     source = template.compile(config, target).source  # stamped by the hook
     points = source[source.index("gru_steps_kernel("):].count("TVM_EXT_STAMP(")
     names = phase_names(points)
     rng = np.random.default_rng(0)
-    gru = GRU.build(target, hidden, hidden, batch=batch, seq=128, config=config, precision=half).load_numpy(
+    gru = GRU.build(target, hidden, hidden, batch=batch, seq=128, config=config, precision=precision).load_numpy(
         weights(rng, hidden))
     x = rng.standard_normal((128, batch, hidden)).astype(np.float32)
     blocks = template.step_variant(config).shape.blocks
-    assert blocks * 32 <= step_halves, "a step's gi rows hold every block's stamps"
+    assert blocks * 64 <= step_values * itemsize, "a step's gi rows hold every block's stamps"
     rows = []
     for _ in range(3):
         gru(x)
-        gi = gru.executor.read("gi").view(np.int64).reshape(128, step_halves // 4)
+        gi = gru.executor.read("gi").view(np.int64).reshape(128, step_values * itemsize // 8)
         # steps 2..127, blocks (y major, as the stamps are written), points
         stamps = gi[:126, :blocks * 8].reshape(126, blocks, 8)[..., :points]
         d = np.diff(stamps, axis=-1)
@@ -124,7 +127,7 @@ def main() -> None:
     for name in (*names, "whole step"):
         cell = rows[-1][name]
         print(f"| {name} | {cell['median']:.0f} ({cell['p10']:.0f}-{cell['p90']:.0f}) |")
-    suffix = ("" if args.case == "64,1024" else f"_b{batch}_h{hidden}") + \
+    suffix = ("" if args.case == "64,1024" else f"_b{batch}_h{hidden}") + ("_float32" if itemsize == 4 else "") + \
         ("_" + args.variant.replace(",", "_").replace("=", "") if args.variant else "")
     with open(os.path.join(os.environ.get("OUT", "."), f"gru_step_timeline{suffix}.json"), "w") as f:
         json.dump({"config": config.as_dict(), "rounds": rows}, f)
