@@ -82,6 +82,9 @@ GPU_CASES = {
     "b40-h256-kw4": (Shape(seq=6, batch=40, input=256, hidden=256), dict(step_j=32, step_tc_rows=64, step_tc_kw=4)),
     "b5-h200-bi-kw4": (Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True),
                        dict(step_j=16, step_tc_rows=16, step_tc_kw=4)),
+    # the float16 pick's block from H1024 on: 8 units on 8 k warps, W held
+    "b8-h1024-kw8-wreg": (Shape(seq=6, batch=8, input=64, hidden=1024),
+                          dict(step_j=8, step_tc_rows=16, step_tc_kw=8, step_tc_wreg=1, step_tc_acc=2)),
 }
 
 

@@ -160,6 +160,9 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
 TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kernel, in the pick's order
     (8, 16, 4, 1), (16, 16, 4, 1), (32, 16, 1, 4), (16, 32, 2, 1), (16, 64, 2, 1))
 TC_FEWEST_UNITS = 8  # blocks of this many units only where their grid has at most one block an SM
+# From this hidden size on, those blocks split k over 8 warps (each 8 or more 16-deep k slices): float16 B8
+# H1024 0.255-0.258 ms against 0.271 on 4; at H512 (4 slices a warp) 1-8 % slower (docs/results/gru.md)
+TC_EIGHT_K_WARPS_HIDDEN = 1024
 W_HELD_ACC_SETS = 2  # accumulator sets with W_hh's fragments in registers (float16 B8 H512: 0.198 ms, one set 0.207)
 
 
@@ -168,7 +171,7 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     exchanged as tagged words (faster than the grid barrier and than the flag-exchange
     CUDA-core kernel), the first block of ``TC_BLOCKS`` whose grid is resident: 8 units and 16
     rows on 4 k warps where that grid has a block an SM at most (float16 B8 / B16 H512: 64
-    blocks instead of 32 of 16 units, 5-16 % faster), else 16 units and 16 rows on 4 k warps
+    blocks instead of 32 of 16 units, 5-16 % faster; on 8 k warps from H1024), else 16 units and 16 rows on 4 k warps
     (more, smaller blocks), else 32 units and 16 rows on 4 warps
     splitting the units (a step's exchange is blocks x rows x H words, H²·B/units, so fewer
     blocks exchange less), else more rows; W_hh's fragments in registers with two accumulator
@@ -177,8 +180,11 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     hidden is a multiple of 4; None where no such config fits.  The timings behind each choice:
     docs/results/gru.md."""
     for units, rows, k_warps, n_warps in TC_BLOCKS:
+        deep = units == TC_FEWEST_UNITS and template.hidden >= TC_EIGHT_K_WARPS_HIDDEN
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=units,
-                           step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps)
+                           step_tc_rows=rows, step_tc_kw=8 if deep else k_warps, step_tc_nw=n_warps)
+        if deep and not space.is_feasible(cfg):
+            cfg = cfg.replace(step_tc_kw=k_warps)
         if units == TC_FEWEST_UNITS and template.step_variant(cfg).shape.blocks > sm_count:
             continue
         if space.is_feasible(cfg):
