@@ -96,10 +96,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"(three products), h exchanged as tagged float32 words (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
-                             + {0: "", 1: ", their fragments held in registers",
-                                2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices "
-                                   f"held in registers"}[shape.w_held]
-                             + f"; {gemm_why}")
+                             f"{_held_why(shape, 'their')}; {gemm_why}")
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
@@ -110,11 +107,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
                              f"barrier): {shape.blocks} blocks of {shape.units} units x "
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
-                             f"units, W_hh's slice in shared memory"
-                             + {0: "", 1: ", its fragments held in registers",
-                                2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices "
-                                   f"held in registers"}[shape.w_held]
-                             + f"; {gemm_why}")
+                             f"units, W_hh's slice in shared memory{_held_why(shape, 'its')}; {gemm_why}")
     split = _split_step(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
         shape = template.step_variant(split).shape
@@ -155,6 +148,13 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid); {gemm_why}")
     return base, f"the unfused pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+
+
+def _held_why(shape: Any, whose: str) -> str:
+    """What of W_hh's fragments the tensor-core step kernel's lanes hold in registers, for a why."""
+    return {0: "", 1: f", {whose} fragments held in registers",
+            2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices held in "
+               f"registers"}[shape.w_held]
 
 
 TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kernel, in the pick's order

@@ -34,6 +34,12 @@ out of shared memory: with them each block reads half the h of 32-row blocks fro
 
 Rows past the batch and k past the hidden size are zeros in shared memory (any batch and
 hidden size run); units past the hidden size are computed on zero weights and not stored.
+
+With float32 h and W_hh (``step_tc`` 2 with ``step_flags``: ``split``) the same kernel runs the
+split kernel's arithmetic (``split_step.py``): W_hh's slice is staged as float16 high and low
+parts, each polled float32 word is split into the same two parts, and a k slice is three
+products (``tensor_core_products.py``); exchanging words instead of meeting at the grid barrier,
+it is the faster of the two wherever its shared memory holds W's parts and all its rows of h.
 """
 from __future__ import annotations
 
