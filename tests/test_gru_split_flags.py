@@ -11,6 +11,7 @@ import pytest
 from gru_checks import assert_reruns_match_float64, steps_kernel_ptxas
 from test_gru import Shape, _inputs, _weights
 
+from tvm_ext.lowering.step_loop import SPIN_LIMIT
 from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.schedules.gru.tensor_core_layout import TcKernelLayout, TcStepShape
 from tvm_ext.target import offline_cuda
@@ -53,6 +54,8 @@ def test_each_step_polls_words_and_multiplies_three_products_without_a_grid_barr
     assert step.count(MMA) == 2 * 3 * 3
     assert step.count(WORD_STORE) == 4
     assert "tvm_builtin_ptx_ld_vec_relaxed_gpu_v2_u64(got_ptr" in step
+    timeout = rf"if \({SPIN_LIMIT} <= poll_ptr\[0\]\) \{{\s*bar_ptr\[1\] = 1;"  # a poll waiting too long: an error
+    assert re.search(timeout, step)
 
 
 def test_a_word_is_the_float32_bits_and_the_tag_and_its_low_part_the_rest():
