@@ -346,7 +346,7 @@ def test_shown_knobs_are_the_kernels_own():
                                           ((64, 1024, False), (32, 16, 1, 4)), ((12, 200, False), (8, 16, 4, 1)),
                                           ((5, 512, False), (8, 16, 4, 1)), ((8, 512, True), (8, 16, 4, 1)),
                                           ((16, 1088, False), (16, 16, 4, 1)), ((64, 512, False), (16, 16, 4, 1)),
-                                          ((96, 768, False), (16, 64, 2, 1))])
+                                          ((96, 768, False), (16, 64, 2, 1)), ((8, 1024, False), (8, 16, 8, 1))])
 def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, block):
     """float16 h and W_hh above batch 4 (up to it: the CUDA-core flag-exchange kernel): the pick
     is the tensor-core kernel exchanging h as tagged words, blocks (units, rows, k warps, unit
@@ -354,7 +354,8 @@ def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, bloc
     H512 bidirectional: 128 blocks; H1088: 136, more than the 132 SMs; B64 H512: 256, resident
     two an SM but not taken), else 16 units where that grid is resident, else 32 units on 4 unit
     warps (B64 H1024: 16 x 16 blocks would be 256, more than the SMs hold), else 16 units of
-    more rows (B96 H768: 288, 144 and 144 blocks before 96 of 64 rows)."""
+    more rows (B96 H768: 288, 144 and 144 blocks before 96 of 64 rows); 8-unit blocks split k
+    over 8 warps from H1024 (B8 H1024)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)
