@@ -188,11 +188,19 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
         if units == TC_FEWEST_UNITS and template.step_variant(cfg).shape.blocks > sm_count:
             continue
         if space.is_feasible(cfg):
-            held = (cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS), cfg.replace(step_tc_wreg=2))
-            cfg = next((c for c in held if space.is_feasible(c)), cfg)
-            pairs = cfg.replace(step_tc_poll=16)
-            return pairs if space.is_feasible(pairs) else cfg
+            return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
+                                     cfg.replace(step_tc_wreg=2), cfg), space)
     return None
+
+
+def _held_and_paired(held: tuple[Config, ...], space: Any) -> Config | None:
+    """The first feasible of ``held`` (W_hh's fragments all held in registers, some, none), h
+    polled two words a load (``step_tc_poll`` 16) where that is feasible; None where none is."""
+    cfg = next((c for c in held if space.is_feasible(c)), None)
+    if cfg is None:
+        return None
+    pairs = cfg.replace(step_tc_poll=16)
+    return pairs if space.is_feasible(pairs) else cfg
 
 
 def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
@@ -206,11 +214,9 @@ def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) ->
                            step_tc_rows=16, step_tc_kw=SPLIT_FLAGS_K_WARPS, step_tc_nw=1, step_tc_acc=1)
         if units == SPLIT_FLAGS_UNITS[0] and template.step_variant(cfg).shape.blocks > sm_count:
             continue
-        held = (cfg.replace(step_tc_wreg=1), cfg.replace(step_tc_wreg=2), cfg)
-        cfg = next((c for c in held if space.is_feasible(c)), None)
-        if cfg is not None:
-            pairs = cfg.replace(step_tc_poll=16)
-            return pairs if space.is_feasible(pairs) else cfg
+        picked = _held_and_paired((cfg.replace(step_tc_wreg=1), cfg.replace(step_tc_wreg=2), cfg), space)
+        if picked is not None:
+            return picked
     return None
 
 

@@ -42,13 +42,33 @@ def split_depth(k: int) -> int:
     return -(-k // K_ALIGN) * K_ALIGN
 
 
+def high_part(value: Any) -> Any:
+    """A float32 ``value``'s high float16 part: the value rounded to float16 (TIR)."""
+    return value.astype("float16")
+
+
+def low_part(value: Any) -> Any:
+    """A float32 ``value``'s low float16 part: the rest past its high part, rounded (TIR)."""
+    return (value - high_part(value).astype("float32")).astype("float16")
+
+
+def scaled_weight(w: Any, d: Any, k: Any, column: Any, hidden: int, unit: Any) -> Any:
+    """``w[d, k, column]`` of a (dirs, hidden, 3·hidden) float32 W_hh times ``SPLIT_WEIGHT_SCALE``,
+    zero where ``k`` or the column's ``unit`` is past the hidden size (the indices clamped, the
+    load not made there): what the split step kernels stage as W_hh's parts (TIR)."""
+    from tvm import tirx
+
+    inside = tirx.all(k < hidden, unit < hidden)
+    value = tirx.if_then_else(inside, w[d, tirx.min(k, hidden - 1), tirx.min(column, 3 * hidden - 1)],
+                              tirx.const(0, "float32"))
+    return value * tirx.const(SPLIT_WEIGHT_SCALE, "float32")
+
+
 def _hi_lo(value: Any, low: Any) -> Any:
     """``value``'s high float16 part, or where ``low`` holds its low part (TIR)."""
     from tvm import tirx
 
-    hi = value.astype("float16")
-    lo = (value - hi.astype("float32")).astype("float16")
-    return tirx.Select(low, lo, hi)
+    return tirx.Select(low, low_part(value), high_part(value))
 
 
 def _padded(depth: Any, k: int, part: Any) -> Any:

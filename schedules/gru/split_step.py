@@ -38,7 +38,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, BARRIERS
 from tvm_ext.target import TargetInfo
 
-from .split import SPLIT_WEIGHT_SCALE
+from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
 from .step_common import cell_blend, cell_gates, stored_as
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
@@ -234,11 +234,9 @@ def _stage_once_macro(S: SplitStepShape) -> Any:
             unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
             at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
             if f < values:
-                scaled = T.meta_var(T.if_then_else(k < hidden and unit < hidden,
-                                                   w[bz, T.min(k, hidden - 1), T.min(g * hidden + unit, G - 1)],
-                                                   T.float32(0)) * T.float32(SPLIT_WEIGHT_SCALE))
-                w_s[at] = T.Cast(PART, scaled)
-                w_s[K * sw + at] = T.Cast(PART, scaled - T.Cast("float32", T.Cast(PART, scaled)))
+                scaled = T.meta_var(scaled_weight(w, bz, k, g * hidden + unit, hidden, unit))
+                w_s[at] = high_part(scaled)
+                w_s[K * sw + at] = low_part(scaled)
         for t in T.unroll(n_tiles):
             for e in T.unroll(2):
                 unit = T.meta_var(j0 + t % unit_tiles * MMA_N + acc_row_col(tx, e)[1])  # e: 0, 1
@@ -282,8 +280,8 @@ def _split_chunk_macro(S: SplitStepShape) -> Any:
             f = T.meta_var(i * threads + tid)
             at = T.meta_var(buf * rows * shr + f // CK * shr + f % CK)
             value = T.meta_var(h_reg[a * S.loads + i])
-            ring[at] = T.Cast(PART, value)
-            ring[at + CK] = T.Cast(PART, value - T.Cast("float32", T.Cast(PART, value)))
+            ring[at] = high_part(value)
+            ring[at + CK] = low_part(value)
 
     return split_chunk
 

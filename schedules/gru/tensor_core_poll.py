@@ -12,6 +12,7 @@ from typing import Any
 
 from tvm_ext.lowering.step_loop import NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 
+from .split import high_part, low_part
 from .step_common import word_float, word_tag
 from .tensor_core_layout import MMA_M, WARP, TcKernelLayout
 from .tensor_core_products import h_low
@@ -42,8 +43,8 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
     @T.macro
     def high_low(h_s, at, value):  # type: ignore[no-untyped-def]
         """``value``'s float16 high part at ``at``, the rounding of the rest ``h_lo`` further on."""
-        h_s[at] = T.Cast(operand, value)
-        h_s[h_lo + at] = T.Cast(operand, value - T.Cast("float32", T.Cast(operand, value)))
+        h_s[at] = high_part(value)
+        h_s[h_lo + at] = low_part(value)
 
     @T.macro
     def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]

@@ -55,7 +55,7 @@ from .step_common import cell_blend, cell_gates, float_word, pack_pair, stored_a
 from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
                                  TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .tensor_core_poll import poll_h_macro
-from .split import SPLIT_WEIGHT_SCALE
+from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
 from .tensor_core_products import h_low, load_w_macro, products_macro, w_low
 from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
                            mma_grid_reason)
@@ -179,13 +179,7 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
     threads, vec, warp_units, w_chunks, unit_tiles = shape.threads, L.vec, L.warp_units, L.w_chunks, L.unit_tiles
     batch, n_tiles, zero_op = shape.batch, shape.n_tiles, tirx.const(0, shape.operand)
     w_vectors, h_vectors = K * 3 * U // vec, shape.rows * K // vec
-    split, w_lo, h_lo, operand = shape.split, w_low(L), h_low(L), shape.operand
-
-    def scaled(w: Any, bz: Any, k: Any, g: Any, unit: Any) -> Any:
-        """W[k, g * H + unit] times SPLIT_WEIGHT_SCALE (split state), zero past the hidden size."""
-        return T.if_then_else(tirx.all(k < hidden, unit < hidden),
-                              w[bz, T.min(k, hidden - 1), T.min(g * hidden + unit, G - 1)],
-                              T.float32(0)) * T.float32(SPLIT_WEIGHT_SCALE)
+    split, w_lo, h_lo = shape.split, w_low(L), h_low(L)
 
     @T.macro
     def stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx):  # type: ignore[no-untyped-def]
@@ -201,9 +195,9 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
             if split:  # the high part, and the float16 rounding of the rest K rows on
                 if f < w_vectors:
                     for v in T.unroll(vec):
-                        w_s[at + v] = T.Cast(operand, scaled(w, bz, k, g, unit + v))
-                        w_s[w_lo + at + v] = T.Cast(operand, scaled(w, bz, k, g, unit + v) - T.Cast(
-                            "float32", T.Cast(operand, scaled(w, bz, k, g, unit + v))))
+                        w_s[at + v] = high_part(scaled_weight(w, bz, k, g * hidden + unit + v, hidden, unit + v))
+                        w_s[w_lo + at + v] = low_part(scaled_weight(w, bz, k, g * hidden + unit + v, hidden,
+                                                                    unit + v))
             elif f < w_vectors:
                 if k < hidden and unit < hidden:
                     for v in T.vectorized(vec):
