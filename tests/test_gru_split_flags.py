@@ -10,6 +10,7 @@ import shutil
 import pytest
 from gru_checks import assert_reruns_match_float64, steps_kernel_ptxas
 from test_gru import Shape, _inputs, _weights
+from test_gru_split_step import _kernel, _template
 
 from tvm_ext.lowering.step_loop import SPIN_LIMIT
 from tvm_ext.schedules.gru import GRU, GruTemplate
@@ -17,26 +18,22 @@ from tvm_ext.schedules.gru.tensor_core_layout import TcKernelLayout, TcStepShape
 from tvm_ext.target import offline_cuda
 
 SPLIT_FLAGS = dict(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=1, step_tc_nw=1, step_tc_frag=0)
-PICKED = dict(step_j=8, step_tc_rows=16, step_tc_kw=4, step_tc_wreg=1, step_tc_acc=2, step_tc_poll=16)
+# a block of 8 units and 16 rows on 4 k warps, W's fragments held, two sets, 16-byte polls (the pick takes 8 k warps)
+EIGHT_UNITS = dict(step_j=8, step_tc_rows=16, step_tc_kw=4, step_tc_wreg=1, step_tc_acc=2, step_tc_poll=16)
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 WORD_STORE = "__nv_atomic_store_n((&(hx_ptr["
 
 
-def _template(batch: int, hidden: int, seq: int = 5, layers: int = 1, bidirectional: bool = False) -> GruTemplate:
-    return GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=seq, layers=layers, bidirectional=bidirectional)
-
-
 def _step(source: str, steps: int = 5) -> tuple[str, str]:
     """(before the step loop, the step loop) of the steps kernel."""
-    body = source[re.search(r"gru_steps_kernel\([^)]*\) \{", source).end():]
-    body = body[:body.index("\n}\n")]
+    body = _kernel(source)
     loop = body.index(f"for (int s = 0; s < {steps}; ++s)")
     return body[:loop], body[loop:]
 
 
 def _config(t: GruTemplate, **knobs: int):
     target = offline_cuda("sm_90")
-    cfg = t.default_config(target).replace(**{**SPLIT_FLAGS, **PICKED, **knobs})
+    cfg = t.default_config(target).replace(**{**SPLIT_FLAGS, **EIGHT_UNITS, **knobs})
     assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
     return cfg, target
 
@@ -95,17 +92,17 @@ def test_sizes_double_with_the_parts():
 def test_space_refuses_with_the_reason(knobs, reason):
     t = _template(8, 64)
     target = offline_cuda("sm_90")
-    cfg = t.default_config(target).replace(**{**SPLIT_FLAGS, **PICKED, **knobs})
+    cfg = t.default_config(target).replace(**{**SPLIT_FLAGS, **EIGHT_UNITS, **knobs})
     assert reason in t.space(target).infeasible_reason(cfg)
 
 
 def test_space_refuses_16_bit_state_and_odd_hidden_sizes_for_word_pairs():
     target = offline_cuda("sm_90")
     t = _template(8, 64).with_precision({name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")})
-    cfg = t.default_config(target).replace(**SPLIT_FLAGS, **{**PICKED, "step_tc_acc": 1})
+    cfg = t.default_config(target).replace(**SPLIT_FLAGS, **{**EIGHT_UNITS, "step_tc_acc": 1})
     assert "needs float32 h and W_hh" in t.space(target).infeasible_reason(cfg)
     odd = _template(8, 33)
-    cfg = odd.default_config(target).replace(**SPLIT_FLAGS, **{**PICKED, "step_tc_wreg": 0, "step_tc_acc": 1})
+    cfg = odd.default_config(target).replace(**SPLIT_FLAGS, **{**EIGHT_UNITS, "step_tc_wreg": 0, "step_tc_acc": 1})
     assert "not a multiple of 2" in odd.space(target).infeasible_reason(cfg)
     assert odd.space(target).is_feasible(cfg.replace(step_tc_poll=8))
 
@@ -154,7 +151,7 @@ def test_cuda_split_flags_step_matches_float64_at_float32_accuracy(key):
     would not meet."""
     s, knobs = GPU_CASES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config={**SPLIT_FLAGS, **PICKED, **knobs}).load_numpy(_weights(s))
+                    seq=s.seq, config={**SPLIT_FLAGS, **EIGHT_UNITS, **knobs}).load_numpy(_weights(s))
     assert (gru.config.step_tc, gru.config.step_flags) == (2, 1)
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, 2e-6, 1e-9)
