@@ -63,7 +63,7 @@ class Case:
 CASES = (
     Case("fp32 B1 H256", 1, 256), Case("fp32 B8 H512", 8, 512), Case("fp32 B64 H1024", 64, 1024),
     Case("fp32 bi B8 H512", 8, 512, bidirectional=True), Case("fp32 B32 H512", 32, 512),
-    Case("fp32 B16 H1024", 16, 1024), Case("fp32 B64 H512", 64, 512),
+    Case("fp32 B16 H1024", 16, 1024), Case("fp32 B64 H512", 64, 512), Case("fp32 B16 H512", 16, 512),
     Case("fp16 B8 H512", 8, 512, dtype="float16"), Case("fp16 B64 H1024", 64, 1024, dtype="float16"),
     Case("fp16 B8 H1024", 8, 1024, dtype="float16"),
     Case("bf16 B8 H512", 8, 512, dtype="bfloat16"), Case("bf16 B64 H1024", 64, 1024, dtype="bfloat16"),

@@ -109,8 +109,8 @@ def test_padded_split_is_only_where_needed():
 def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     """On a GPU, from batch 8 the tensor-core kernel exchanging tagged float32 words (step_tc 2
     with flags: 8 units a block where that grid has a block an SM at most, else 16; 16 rows, 8 k
-    warps) wherever it fits; where it does not, up to batch 16 the pick is the flag-exchange
-    persistent kernel with a grid of
+    warps; two values a word for 8-unit blocks of full rows up to H512) wherever it fits; where it
+    does not, up to batch 16 the pick is the flag-exchange persistent kernel with a grid of
     at most one block per SM wherever one fits; from batch 32 the split tensor-core kernel (16
     units on 2 warps, the fewest rows whose grid is resident); elsewhere, and where that kernel
     is not at hand, the fused split-K step kernel as a persistent kernel with
@@ -135,6 +135,8 @@ def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     if batch >= SPLIT_FLAGS_BATCH and tagged:
         assert (cfg.step_tc, cfg.step_flags, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (2, 1, tagged[0], 16, 8)
         assert "tagged float32 words" in why
+        pairs = tagged[0] == 8 and batch >= 16 and hidden <= pick.SPLIT_PAIRS_MAX_HIDDEN  # two a word
+        assert cfg.step_split_words == (2 if pairs else 1) and ("a tag bit" in why) == pairs
         monkeypatch.setattr(pick, "SPLIT_FLAGS_BATCH", 1 << 30)  # the rules below, where it is not
         cfg, why = t.analytic_pick(target)
     splits = [(rows, kw) for rows in (16, 32, 64) for kw in (4, 2, 1) if space.is_feasible(base.replace(

@@ -101,6 +101,9 @@ def test_space_refuses_16_bit_state_and_odd_hidden_sizes_for_word_pairs():
     t = _template(8, 64).with_precision({name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")})
     cfg = t.default_config(target).replace(**SPLIT_FLAGS, **{**EIGHT_UNITS, "step_tc_acc": 1})
     assert "needs float32 h and W_hh" in t.space(target).infeasible_reason(cfg)
+    cfg16 = cfg.replace(step_tc=1, step_split_words=2)
+    assert "are the split kernel's exchange words" in t.space(target).infeasible_reason(cfg16)
+    assert t.space(target).is_feasible(cfg16.replace(step_split_words=1))
     odd = _template(8, 33)
     cfg = odd.default_config(target).replace(**SPLIT_FLAGS, **{**EIGHT_UNITS, "step_tc_wreg": 0, "step_tc_acc": 1})
     assert "not a multiple of 2" in odd.space(target).infeasible_reason(cfg)
@@ -116,6 +119,56 @@ def test_the_split_state_loads_weights_through_the_range_check():
     assert step.splits_state and step.init_layout()["paired"] is False
     barrier = t.step_variant(cfg.replace(step_flags=0))
     assert type(barrier).__name__ == "TensorCoreSplitStep" and barrier.splits_state
+
+
+def test_split_pairs_store_a_word_a_pair_and_poll_the_tag_bit():
+    """``step_split_words`` 2: one word for each pair of units a lane holds (2 of its 4), the
+    first value's lowest bit replaced by bit 1 of the step; the poll compares that bit, not a
+    32-bit tag, and takes the high half as the second unit; half the words a row."""
+    t = _template(16, 128)
+    cfg, target = _config(t, step_split_words=2)
+    before, step = _step(t.compile(cfg, target).source)
+    assert step.count(WORD_STORE) == 2
+    assert "& (uint64_t)4294967294ULL) | (((uint64_t)(s + 1)) >> (uint64_t)1ULL) & (uint64_t)1ULL" in \
+        step.replace("((((uint64_t)", "(((uint64_t)")
+    assert "(got_ptr[0] & (uint64_t)1ULL) != " in step and ">> (uint64_t)32ULL)) != s" not in step
+    assert "(uint)(got_ptr[0] >> (uint64_t)32ULL)" in step
+    shape = t.step_variant(cfg).shape
+    layout = TcKernelLayout.of(5, 1, shape, gi_dtype="float32", gh_dtype="float32", math_dtype="float32",
+                               out_dtype="float32", flags=True)
+    assert (shape.word_values, layout.pair_words) == (2, 64)
+    assert t.step_variant(cfg).init_layout()["float_pairs"] is True
+
+
+@pytest.mark.parametrize("hidden", [6, 5])
+def test_split_pairs_init_writes_h0_with_tag_bit_0_and_slot_1_with_bit_1(hidden):
+    """The init kernel, built for the CPU and run: slot 0 holds h0's pairs (an odd last unit
+    beside 0.0) whose tag bit 0 says step 0, off by at most that bit; slot 1 holds words with
+    the bit set, which step 1's (bit 0) never are; so a poll never takes a word of an earlier
+    call or layer."""
+    import numpy as np
+    import tvm
+
+    from tvm_ext.schedules.gru.kernels import init_func
+
+    batch, layers, n = 3, 2, 3 * hidden
+    func = init_func(batch, hidden, 1, layers, "float32", pingpong=True, barrier=True, flags=True,
+                     float_pairs=True)
+    init = tvm.compile(tvm.IRModule({"main": func}), target="llvm")["main"]
+    h0 = np.random.default_rng(0).uniform(-1, 1, (layers, batch, hidden)).astype("float32")
+    dev = tvm.cpu()
+    hx = tvm.runtime.tensor(np.full(2 * n, 99, "uint64"), dev)
+    init(tvm.runtime.tensor(h0, dev), 1, tvm.runtime.tensor(np.zeros((2, 1, batch, hidden), "float32"), dev),
+         tvm.runtime.tensor(np.full(2, 7, "int32"), dev), hx)
+    words = hx.numpy()
+    pairs = (hidden + 1) // 2
+    slot0 = words[:batch * pairs].reshape(batch, pairs)  # rows of ``pairs`` words each
+    assert np.all(slot0 & 1 == 0)
+    values = slot0.copy().view("uint32").view("float32").reshape(batch, 2 * pairs)
+    want = np.zeros((batch, 2 * pairs), "float32")
+    want[:, :hidden] = h0[1]
+    assert np.allclose(values, want, rtol=2 ** -22, atol=0)
+    assert np.all(words[n:n + batch * pairs] == 1)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
@@ -140,6 +193,14 @@ GPU_CASES = {  # K past the hidden size, rows past the batch, both directions, l
                            dict(step_j=16, step_tc_rows=32, step_tc_nw=2, step_tc_kw=2, step_tc_poll=8)),
     "b16-h512-from-shared": (Shape(seq=6, batch=16, input=64, hidden=512),
                              dict(step_j=16, step_tc_wreg=0, step_tc_acc=4)),
+    # two float32 values a word and a tag bit: as picked, both directions, an odd last unit, layers
+    "b8-h512-pairs": (Shape(seq=12, batch=8, input=64, hidden=512), dict(step_tc_kw=8, step_split_words=2)),
+    "b5-h200-bi-pairs": (Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True),
+                         dict(step_j=16, step_tc_kw=2, step_tc_wreg=2, step_tc_acc=1, step_split_words=2)),
+    "b32-h128-pairs": (Shape(seq=10, batch=32, input=64, hidden=128),
+                       dict(step_tc_kw=8, step_tc_acc=1, step_split_words=2)),
+    "b7-h33-2layer-pairs": (Shape(seq=8, batch=7, input=20, hidden=33, layers=2),
+                            dict(step_tc_kw=1, step_tc_wreg=0, step_tc_acc=1, step_tc_poll=8, step_split_words=2)),
 }
 
 

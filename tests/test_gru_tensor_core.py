@@ -167,6 +167,22 @@ def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, h
     assert why in reason
 
 
+@pytest.mark.parametrize("batch, split, stored", [(8, False, 6), (9, False, 12), (8, True, 12)])
+def test_k_warps_pass_on_no_partial_sums_of_padding_rows(batch, split, stored):
+    """8 units on 4 k warps: a later k warp's lane stores its partial sums (3 n8 tiles x 4
+    elements) for the first to add; at batch 8 or less rows 8-15 of every block are padding
+    and with 16-bit state only elements 0 and 1 (rows 0-7) go; with float32 parts all do."""
+    target = offline_cuda("sm_90")
+    t = GruTemplate(batch=batch, hidden=64, input=64, seq=5)
+    t = t if split else t.with_precision(HALF)
+    cfg = t.default_config(target).replace(**{**TC, "step_tc": 2 if split else 1}, step_flags=1, step_j=8,
+                                           step_tc_rows=16, step_tc_kw=4, step_tc_nw=1)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    step = _kernel(t.compile(cfg, target).source)
+    sums = re.findall(r"\(\(float\*\)buf_dyn_shmem_ptr\)\[[^]]*\] = acc_ptr\[(\d+)\];", step)
+    assert len(sums) == stored and (stored == 12 or {int(i) % 4 for i in sums} == {0, 1})
+
+
 def test_cell_computes_z_and_h_once_per_element():
     """The cell's update gate and h' go into registers once per (row, unit) element and every
     store reads them: nvcc merged none of the copies the stores (h's word, the output, h_n)

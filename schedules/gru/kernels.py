@@ -11,11 +11,11 @@ from typing import Any
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
 
 from .compute import F32
-from .step_common import pack_pair
+from .step_common import float_pair, pack_pair
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
-              barrier: bool = False, flags: bool = False, paired: bool = False) -> Any:
+              barrier: bool = False, flags: bool = False, paired: bool = False, float_pairs: bool = False) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
@@ -23,7 +23,8 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     the flag-exchange step kernel's words ``hx`` (``flag_step.py``): slot 0 (h0's float32 bits,
     step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's;
     ``paired``: the words of the tensor-core kernel's exchange, two 16-bit values of adjacent
-    units a word (``pack_pair``)."""
+    units a word (``pack_pair``); ``float_pairs``: two float32 values a word and a tag bit
+    (``float_pair``), slot 1's words with the bit set."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -80,13 +81,17 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                if paired:  # (parsed only where it is taken: 16-bit state)
+                if paired or float_pairs:  # (parsed only where it is taken: 16-bit state, or split pairs)
                     if vj % 2 == 0:
                         word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
                         second = T.meta_var(T.if_then_else(
                             vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
-                        hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
-                        hx[n + word] = T.uint64(0)
+                        if float_pairs:
+                            hx[word] = float_pair(T, h0[layer * dirs + vd, vb, vj], second, T.uint64(0))
+                            hx[n + word] = T.uint64(1)
+                        else:
+                            hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
+                            hx[n + word] = T.uint64(0)
                 else:
                     hx[(vd * batch + vb) * hidden + vj] = T.Cast(
                         "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))

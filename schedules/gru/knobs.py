@@ -62,6 +62,10 @@ STEP_KNOBS = (
     Knob("step_tc_poll", (8, 16), "tensor-core step kernel with step_flags 1: bytes of exchange words a lane "
                                   "loads at once polling h, one word (8) or two adjacent words in one vector load "
                                   "(16; hidden a multiple of 4): half the poll's load instructions", before=8),
+    Knob("step_split_words", (1, 2), "split tensor-core step kernel with step_flags 1: float32 values of h an "
+                                     "exchange word, 1 beside a 32-bit step tag, 2 (adjacent units) beside a one-bit "
+                                     "tag in the first value's lowest mantissa bit, which the float16 parts drop "
+                                     "anyway: half the words to poll", before=1),
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),

@@ -61,6 +61,9 @@ SPLIT_STEP_BATCH = 32
 SPLIT_FLAGS_BATCH = 8
 SPLIT_FLAGS_UNITS = (8, 16)  # its units per block, 8 only where that grid has a block an SM at most
 SPLIT_FLAGS_K_WARPS = 8  # warps splitting k (4 were 2-10 % slower at B8-B16, 2 % faster at B32 H512)
+# two float32 values a word (step_split_words 2) for 8-unit blocks of full rows up to this hidden size,
+# where they measured faster (slower at B8, where rows 8-15 are padding, and at H1024: docs/results/gru.md)
+SPLIT_PAIRS_MAX_HIDDEN = 512
 SPLIT_BLOCKS = ((16, 16, 2), (16, 32, 2), (16, 64, 2))  # (units, rows, unit warps), in the pick's order
 SPLIT_K_WARPS = (4, 2, 1)  # warps splitting a chunk's k, the most that fit first
 SPLIT_AHEAD = 2  # chunks of h a thread loads ahead
@@ -93,7 +96,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if split_flags is not None:
         shape = template.step_variant(split_flags).shape
         return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
-                             f"(three products), h exchanged as tagged float32 words (no grid barrier): "
+                             f"(three products), h exchanged as tagged float32 words"
+                             f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
                              f"{_held_why(shape, 'their')}; {gemm_why}")
@@ -208,15 +212,19 @@ def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) ->
     it runs (float32 h and W_hh, a resident grid, W's parts and all the block's rows of h in shared
     memory): 8 units a block where that grid has a block an SM at most, else 16, 16 rows, 8 k
     warps, W_hh's fragments held in registers where a lane's share fits (else those of its first
-    k slices), one accumulator set, 16-byte polls where hidden is even; None where none fits."""
+    k slices), one accumulator set, 16-byte polls where hidden is even; two values a word for
+    8-unit blocks of 16 batch rows or more up to ``SPLIT_PAIRS_MAX_HIDDEN``; None where none fits."""
     for units in SPLIT_FLAGS_UNITS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=1, step_j=units,
                            step_tc_rows=16, step_tc_kw=SPLIT_FLAGS_K_WARPS, step_tc_nw=1, step_tc_acc=1)
         if units == SPLIT_FLAGS_UNITS[0] and template.step_variant(cfg).shape.blocks > sm_count:
             continue
         picked = _held_and_paired((cfg.replace(step_tc_wreg=1), cfg.replace(step_tc_wreg=2), cfg), space)
-        if picked is not None:
-            return picked
+        if picked is None:
+            continue
+        pairs = picked.replace(step_split_words=2)
+        full_rows = template.batch >= picked.step_tc_rows and template.hidden <= SPLIT_PAIRS_MAX_HIDDEN
+        return pairs if units == SPLIT_FLAGS_UNITS[0] and full_rows and space.is_feasible(pairs) else picked
     return None
 
 

@@ -129,3 +129,30 @@ def float_word(T: Any, value: Any, tag: Any) -> Any:
 def word_float(T: Any, word: Any) -> Any:
     """The float32 value of a ``float_word``."""
     return T.reinterpret("float32", T.Cast("uint32", word))
+
+
+def pair_tag(T: Any, step: Any) -> Any:
+    """The one-bit tag of a ``float_pair`` word of ``step``: bit 1 of the step.  Step s's words
+    go to slot s mod 2, where a poll for s finds step s - 2's or step s's and never another (a
+    word of s + 2 needs the poller's own h of s + 1), so one bit tells the two apart; the init
+    writes slot 1 with the bit set, which no step-1 word has."""
+    return T.bitwise_and(T.shift_right(T.Cast("uint64", step), T.uint64(1)), T.uint64(1))
+
+
+def float_pair(T: Any, first: Any, second: Any, tag: Any, has_second: Any = True) -> Any:
+    """One exchange word of two adjacent units' float32 values (``first`` in the low half; a
+    zero high half where ``has_second`` is false), the tag bit ``pair_tag`` in place of
+    ``first``'s lowest mantissa bit (a float16 high and low split, 22 bits, drops it anyway):
+    half the words of a ``float_word`` a unit."""
+    def bits(value: Any) -> Any:
+        return T.Cast("uint64", T.reinterpret("uint32", T.Cast("float32", value)))
+
+    high = bits(second) if has_second is True else T.if_then_else(has_second, bits(second), T.uint64(0))
+    return T.bitwise_or(T.shift_left(high, T.uint64(32)),
+                        T.bitwise_or(T.bitwise_and(bits(first), T.uint64(0xFFFFFFFE)), tag))
+
+
+def pair_float(T: Any, word: Any, q: Any) -> Any:
+    """Value ``q`` (0: the low half) of a ``float_pair`` word, its tag bit left in place."""
+    shift = T.uint64(32 * q) if isinstance(q, int) else T.Cast("uint64", q * 32)
+    return T.reinterpret("float32", T.Cast("uint32", T.shift_right(word, shift)))

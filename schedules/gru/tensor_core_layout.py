@@ -88,6 +88,7 @@ class TcStepShape(UnitRowBlocks):
     # warp's kept in registers for all steps, 2 those of its first k slices that fit ``MAX_W_REGISTERS``
     poll_bytes: int = 8  # step_tc_poll: bytes of exchange words one poll load reads (with flags)
     split: bool = False  # step_tc 2 with flags: float32 h and W_hh as float16 high and low parts, three products
+    split_pairs: bool = False  # step_split_words 2: two float32 values a word and a one-bit tag (``float_pair``)
 
     @property
     def parts(self) -> int:
@@ -96,9 +97,9 @@ class TcStepShape(UnitRowBlocks):
 
     @property
     def word_values(self) -> int:
-        """Values of h an exchange word holds: two 16-bit ones, or one float32 (split into parts
-        by the warps that poll it)."""
-        return 1 if self.split else 2
+        """Values of h an exchange word holds: two 16-bit ones, or float32 ones (split into parts by
+        the warps that poll them) one beside a 32-bit tag or two beside a tag bit (``split_pairs``)."""
+        return 1 if self.split and not self.split_pairs else 2
 
     @property
     def k_extent(self) -> int:

@@ -5,7 +5,8 @@ A lane loads one word at a time (a relaxed 8-byte atomic load) or, with ``step_t
 adjacent words with one relaxed 16-byte vector load (``ld.relaxed.gpu.v2.u64``): a vector load
 is single-copy atomic per element, not whole, so each word is still checked by its own tag.
 With float32 state split into parts (``shape.split``) a word is one unit's float32 value and the
-tag, and the poll writes its high and low float16 parts to ``h_s``."""
+tag, or with ``shape.split_pairs`` two units' values and a tag bit (``step_common.float_pair``),
+and the poll writes their high and low float16 parts to ``h_s``."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from tvm_ext.lowering.step_loop import NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 
 from .split import high_part, low_part
-from .step_common import word_float, word_tag
+from .step_common import pair_float, pair_tag, word_float, word_tag
 from .tensor_core_layout import MMA_M, WARP, TcKernelLayout
 from .tensor_core_products import h_low
 
@@ -28,7 +29,17 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
     vector, poll_rounds = L.poll_vector, L.poll_rounds
     values, split, h_lo = L.shape.word_values, L.shape.split, h_low(L)
     loads, row_loads = L.poll_words // vector, L.copy_k // values // vector
-    slot_words, pair_words = L.slot_words, L.pair_words
+    slot_words, pair_words, split_pairs = L.slot_words, L.pair_words, L.shape.split_pairs
+
+    def stale(word: Any, step: Any) -> Any:
+        """Whether ``word`` is not yet of ``step``: its tag, or with split pairs its tag bit."""
+        if split_pairs:
+            return T.bitwise_and(word, T.uint64(1)) != pair_tag(T, step)
+        return word_tag(T, word) != step
+
+    def value(word: Any, q: int) -> Any:
+        """The float32 value ``q`` of a split state's word."""
+        return pair_float(T, word, q) if split_pairs else word_float(T, word)
 
     def load(c: Any, i: Any, k0: Any, tx: Any) -> tuple[Any, Any, Any]:
         """(row in the warp's 16, first k, within the warp's loads) of load i of poll round c;
@@ -59,11 +70,11 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
                         if vector == 1:
                             got[i] = T.call_extern("uint64", "__nv_atomic_load_n", at(hx, step, bz, m0, mi, r, k),
                                                    NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-                            if word_tag(T, got[i]) != step:
+                            if stale(got[i], step):
                                 poll[1] = 0
                         else:
                             T.ptx["ld.relaxed.gpu.v2.u64"](got[2 * i], got[2 * i + 1], at(hx, step, bz, m0, mi, r, k))
-                            if word_tag(T, got[2 * i]) != step or word_tag(T, got[2 * i + 1]) != step:
+                            if T.Or(stale(got[2 * i], step), stale(got[2 * i + 1], step)):
                                 poll[1] = 0
                 poll[0] = poll[0] + 1
                 if poll[0] >= SPIN_LIMIT:
@@ -73,8 +84,9 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
                 k = T.meta_var(load(c, i, k0, tx)[1])
                 if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
                     if split:
-                        for q in T.unroll(vector):  # the float32 values of the load's words as two parts
-                            high_low(h_s, (mi * MMA_M + r) * sh + k + q, word_float(T, got[vector * i + q]))
+                        for q in T.unroll(vector * values):  # the float32 values of the load's words as two parts
+                            high_low(h_s, (mi * MMA_M + r) * sh + k + q, value(got[vector * i + q // values],
+                                                                               q % values))
                     else:
                         for q in T.unroll(2 * vector):  # the 16-bit values of the load's words, k order
                             h_s[(mi * MMA_M + r) * sh + k + q] = T.reinterpret(operand, T.Cast(

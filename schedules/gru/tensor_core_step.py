@@ -51,7 +51,7 @@ from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAX
                                         grid_barrier)
 from tvm_ext.target import TargetInfo
 
-from .step_common import cell_blend, cell_gates, float_word, pack_pair, stored_as
+from .step_common import cell_blend, cell_gates, float_pair, float_word, pack_pair, pair_tag, stored_as
 from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
                                  TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .tensor_core_poll import poll_h_macro
@@ -64,7 +64,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
                  frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
-                 name: str = "gru_steps") -> Any:
+                 split_pairs: bool = False, name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -82,9 +82,11 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     type); a word is one unit's float32 value and the tag (the flag-exchange kernel's words),
     split into high and low parts by the warps that poll it; the products are the split
     kernel's three (``split_step.py``: W_hh's parts scaled by ``SPLIT_WEIGHT_SCALE``); the cell's
-    lane keeps its units' float32 h in registers from step to step."""
+    lane keeps its units' float32 h in registers from step to step; ``split_pairs``
+    (``step_split_words`` 2): two units' float32 values a word and the step's tag as one bit
+    (``step_common.float_pair``), half the words to poll."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        poll_bytes, split)
+                        poll_bytes, split, split_pairs)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags)
     kernel = _kernel(layout)
@@ -350,16 +352,31 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
 
 
 def _sum_k_warps_macro(L: TcKernelLayout) -> Any:
-    """With k warps: the other k warps' partial sums into the first's accumulators."""
-    return k_warp_sums_macro(L.shape.k_warps, L.shape.n_warps, L.m_warps, L.shape.n_tiles * 4)
+    """With k warps: the other k warps' partial sums into the first's accumulators (16-bit state
+    at batch 8 or less: only those of the rows 0-7 a tile's lanes hold, rows 8-15 being padding;
+    measured faster there and slower with float32 parts, docs/results/gru.md)."""
+    skipped = PADDING_SUMS_SKIPPED and L.shape.batch <= MMA_M // 2 and not L.shape.split
+    return k_warp_sums_macro(L.shape.k_warps, L.shape.n_warps, L.m_warps, L.shape.n_tiles * 4,
+                             upper_rows=not skipped)
 
 
-def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int) -> Any:
+PADDING_SUMS_SKIPPED = True  # the k-sum traffic of padding rows skipped (False: the build before, to time it)
+
+
+def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int, upper_rows: bool = True) -> Any:
     """With ``k_warps`` > 1: the later k warps' first ``sums`` accumulators, in the lane layout,
     added to the first k warp's through shared memory (``part``), behind one block barrier (which
     also tells the first k warp that every warp's h is in: the cell reads it); both tensor-core
-    step kernels' warps split k this way."""
+    step kernels' warps split k this way.  ``upper_rows`` False: only the accumulators of the
+    lane's rows in the m16 tile's first eight (elements 0 and 1 of each n8 tile), where the
+    other eight are padding for every block."""
     from tvm.script import tirx as T
+
+    live = sums if upper_rows else sums // 2
+
+    def element(i: Any) -> Any:
+        """The accumulator of live sum ``i``: every one, or elements 0 and 1 of each n8 tile."""
+        return i if upper_rows else i // 2 * 4 + i % 2
 
     def part_at(q: Any, ni: Any, mi: Any, i: Any, tx: Any) -> Any:
         """Accumulator ``i`` of lane ``tx`` of k warp ``q + 1`` (warp ``ni`` along the units,
@@ -370,13 +387,13 @@ def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int) -> An
     def sum_k_warps(part, acc, mi, ni, ki, tx):  # type: ignore[no-untyped-def]
         if k_warps > 1:  # the other k warps' partial sums, in the lane layout, to the first
             if ki > 0:
-                for i in T.unroll(sums):
-                    part[part_at(ki - 1, ni, mi, i, tx)] = acc[i]
+                for i in T.unroll(live):
+                    part[part_at(ki - 1, ni, mi, element(i), tx)] = acc[element(i)]
             T.tvm_storage_sync("shared")
             if ki == 0:
                 for q in T.unroll(k_warps - 1):
-                    for i in T.unroll(sums):
-                        acc[i] = acc[i] + part[part_at(q, ni, mi, i, tx)]
+                    for i in T.unroll(live):
+                        acc[element(i)] = acc[element(i)] + part[part_at(q, ni, mi, element(i), tx)]
 
     return sum_k_warps
 
@@ -393,7 +410,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
     slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
-    split, state = L.shape.split, L.state
+    split, split_pairs, state = L.shape.split, L.shape.split_pairs, L.state
     unscale = 1.0 / SPLIT_WEIGHT_SCALE  # split: W_hh's parts were scaled
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
@@ -421,13 +438,22 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     # z, then h', each computed once into a register: nvcc merges no copies of them
                     z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
                     h_val[1] = z_n[0]
-                    if split:  # the lane's own float32 h, one word a unit
+                    if split:  # the lane's own float32 h: one word a unit, or a pair's from its odd unit
                         h_val[0] = cell_blend(h_val[1], z_n[1], h_kept[t * 4 + e], math_dtype)
                         h_kept[t * 4 + e] = h_val[0]
-                        T.evaluate(T.call_extern(
-                            "void", "__nv_atomic_store_n",
-                            T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + unit]),
-                            float_word(T, h_val[0], s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                        if not split_pairs:
+                            T.evaluate(T.call_extern(
+                                "void", "__nv_atomic_store_n",
+                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + unit]),
+                                float_word(T, h_val[0], s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                        elif e % 2 == 1 or unit + 1 >= hidden:
+                            T.evaluate(T.call_extern(
+                                "void", "__nv_atomic_store_n",
+                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
+                                                + unit // 2]),
+                                float_pair(T, h_kept[t * 4 + e - e % 2], h_val[0], pair_tag(T, s + 1),
+                                           has_second=e % 2 == 1),
+                                NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
                     else:
                         h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])
@@ -498,6 +524,7 @@ class TensorCoreStep(StepVariant):
     cluster: bool = False  # step_flags 2, which this kernel does not have
     poll_bytes: int = 8
     split: bool = False  # step_tc 2: float32 h and W_hh as float16 high and low parts, three products
+    split_pairs: bool = False  # step_split_words 2: two float32 values a word, a tag bit
 
     @property
     def splits_state(self) -> bool:  # type: ignore[override]
@@ -509,14 +536,16 @@ class TensorCoreStep(StepVariant):
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
-                   cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2)
+                   cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2,
+                   split_pairs=c.step_split_words == 2)
 
     @property
     def shape(self) -> TcStepShape:
         s = self.sizes
         operand = "float16" if self.split else s.h_dtype
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, operand, self.n_warps,
-                           self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split)
+                           self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split,
+                           self.split_pairs)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -542,6 +571,9 @@ class TensorCoreStep(StepVariant):
         if self.split and (h_dtype, w_dtype) != ("float32", "float32"):
             return (f"split tensor-core step kernel (step_tc 2) needs float32 h and W_hh, got {h_dtype} and {w_dtype} "
                     f"(16-bit states: step_tc 1)")
+        if self.split_pairs and not (self.split and self.flags):
+            return ("tensor-core step kernel: two float32 values a word (step_split_words 2) are the split kernel's "
+                    "exchange words (step_tc 2 with step_flags 1)")
         if self.split and shape.frags_ahead:
             return "split tensor-core step kernel with exchange words: no fragments a slice ahead (step_tc_frag)"
         if not self.split and (h_dtype != w_dtype or w_dtype not in OPERANDS):
@@ -587,7 +619,8 @@ class TensorCoreStep(StepVariant):
                                "W_hh slice, h rows and partial sums", target)
 
     def init_layout(self) -> dict[str, bool]:
-        return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": not self.split}
+        return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": not self.split,
+                "float_pairs": self.split_pairs}
 
     def async_copy(self) -> bool:
         return True  # h is copied in cp.async groups
@@ -603,4 +636,5 @@ class TensorCoreStep(StepVariant):
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
-                                          poll_bytes=self.poll_bytes, split=self.split)}
+                                          poll_bytes=self.poll_bytes, split=self.split,
+                                          split_pairs=self.split_pairs)}
