@@ -86,7 +86,8 @@ INPUT_SPLIT_KNOB = Knob("in_split", (0, 1, 2, 3), "input GEMM: 1 runs float32 xÂ
                                                   "mma.sync or WMMA tile, 2 on Hopper's warpgroup MMA (``wgmma.py``; "
                                                   "W_ih's parts stored N-major), 3 there on TF32 parts (3xTF32: "
                                                   "float32's range, half the float16 rate)")
-INPUT_WGMMA_KNOB = Knob("in_wgmma", (0, 1), "input GEMM with float16 x and W_ih: 1 runs it on Hopper's warpgroup MMA "
+INPUT_WGMMA_KNOB = Knob("in_wgmma", (0, 1), "input GEMM with float16 (or bfloat16) x and W_ih: 1 runs it on Hopper's "
+                                            "warpgroup MMA "
                                             "(``wgmma.py``), W_ih read N-major as stored (the float32 GEMM's "
                                             "counterpart is in_split 2)")
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs

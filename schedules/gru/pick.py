@@ -262,7 +262,8 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     if template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
         cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
         if space.is_feasible(cfg):
-            return cfg, f"input GEMM: float16 on wgmma ({template.in_wgmma_tile.name}), W_ih read N-major"
+            return cfg, (f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name}), "
+                         f"W_ih read N-major")
     # CUDA with a float16 tile (elsewhere the split gains nothing); on Hopper TF32 parts on wgmma
     # (float32's range), else float16 parts on wgmma, else on the mma.sync tile
     tf32, wgmma, tile = template.in_split_tf32, template.in_split_wgmma, template.in_split_tensor_core

@@ -100,7 +100,7 @@ class GruTemplate(DtypeFields, Template):
     in_split_tensor_core: TensorCoreTile | None = None
     in_split_wgmma: WgmmaTile | None = None  # the same GEMM on Hopper's wgmma (in_split 2)
     in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
-    in_wgmma_tile: WgmmaTile | None = None  # the float16 input GEMM on wgmma (in_wgmma)
+    in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
     variable_lengths: bool = False
@@ -327,7 +327,8 @@ class GruTemplate(DtypeFields, Template):
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
                        in_split_tf32=pick_tf32_tile(split, target) if fits and self.gi_dtype == F32 else None,
-                       in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype, b_layout="KN")
+                       in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype, b_layout="KN",
+                                                     operand=self.precision["x"])
                        if self.wgmma_reason() is None else None)
 
     def for_target(self, target: TargetInfo) -> "GruTemplate":
@@ -345,10 +346,12 @@ class GruTemplate(DtypeFields, Template):
 
     def wgmma_reason(self) -> str | None:
         """Why the (unsplit) input GEMM cannot run on wgmma (``in_wgmma``), whatever the target:
-        its operands must be float16."""
-        other = self._input_gemm_params_not("float16")
+        its operands must be float16, or all bfloat16."""
+        operand = self.precision["x"] if self.precision["x"] in ("float16", "bfloat16") else "float16"
+        other = self._input_gemm_params_not(operand)
         if other:
-            return f"input GEMM on wgmma (in_wgmma 1) takes float16 operands; {', '.join(other)} must be float16"
+            return (f"input GEMM on wgmma (in_wgmma 1) takes float16 or bfloat16 operands, all one type; "
+                    f"{', '.join(other)} must be {operand}")
         return None
 
     def _input_gemm_params_not(self, dtype: str, *extra: str) -> list[str]:
@@ -443,7 +446,7 @@ class GruTemplate(DtypeFields, Template):
     def wgmma_config_reason(self, c: Config) -> str | None:
         """Why ``c``'s input GEMM cannot run on wgmma (``in_wgmma`` 1) with this template's tiles."""
         if c.in_split:
-            return ("in_wgmma 1 runs the float16 input GEMM on wgmma; the float32 one split into parts runs there "
+            return ("in_wgmma 1 runs the 16-bit input GEMM on wgmma; the float32 one split into parts runs there "
                     "with in_split 2 or 3 (in_wgmma 0)")
         if self.wgmma_reason():
             return self.wgmma_reason()
@@ -539,7 +542,7 @@ class GruTemplate(DtypeFields, Template):
                 way = dict(promote=promote_steps(tile, depth)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE)
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"], **way)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
-        if config.in_wgmma:  # the float16 input GEMM on wgmma, W_ih (K, N) read N-major
+        if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             for i in self.input_gemm_kinds():
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_wgmma_tile, m, n, self.layer_input(i), c_dtype=p["gi"],
