@@ -99,6 +99,50 @@ def test_nvcc_compiles_the_kernel_for_sm_90(tmp_path):
     assert " 0 bytes spill stores" in steps_kernel_ptxas(compiled.source, tmp_path)
 
 
+def test_fused_input_projects_x_in_the_step_kernel_and_no_input_gemm_runs():
+    """``step_flag_input`` 1: the plan is init and steps per layer (no input GEMM), the steps
+    kernel takes the layer's input, W_ih and b_ih in place of gi; W_ih is read before the step
+    loop only, x in it; the x sums take their own butterfly (5 rounds x 3 gates x 2 rows more)
+    after the cell; the input GEMM's knobs no longer show."""
+    t = _template(2, 64, layers=2)
+    target = offline_cuda("sm_90")
+    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4, step_flag_input=1)
+    assert t.space(target).is_feasible(cfg), t.space(target).infeasible_reason(cfg)
+    compiled = t.compile(cfg, target)
+    assert [c.func for c in compiled.calls] == ["gru_init", "gru_steps"] * 2
+    steps = [c.args for c in compiled.calls if c.func == "gru_steps"]
+    assert [a[:3] for a in steps] == [("x", "w_ih0", "b_ih0"), ("y0", "w_ih1", "b_ih1")]
+    assert "gru_gemm" not in compiled.source
+    body = _kernel(compiled.source)
+    loop = body.index("for (int s = 0; s < 5; ++s)")
+    assert "w_ih_ptr[" in body[:loop] and "w_ih_ptr[" not in body[loop:]
+    assert "x_in_ptr[" in body[loop:]
+    assert body[loop:].count("__shfl_xor_sync") == 2 * 5 * 3 * 2
+    shown = t.shown_knobs(cfg)
+    assert "step_flag_input" in shown and not any(k.startswith("in_") for k in shown)
+    assert any(k.startswith("in_") for k in t.shown_knobs(cfg.replace(step_flag_input=0)))
+
+
+@pytest.mark.parametrize("template, knobs, reason", [
+    (_template(8, 512), dict(step_flag_units=8, step_flag_input=1, step_tc=1), "flag-exchange step kernel's"),
+    (_template(1, 256), dict(step_flag_units=4, step_flag_input=1, in_split=1), "no input GEMM to split"),
+    (_template(1, 64, layers=2, bidirectional=True), dict(step_flag_units=4, step_flag_input=1),
+     "each layer's input must be 64 deep"),
+    (_template(4, 512), dict(step_flag_units=4, step_flag_input=1), "W_ih share 3 x 16 and x 4 x 16"),
+])
+def test_space_refuses_fused_input_with_the_reason(template, knobs, reason):
+    target = offline_cuda("sm_90")
+    cfg = template.default_config(target).replace(**{**FLAGS, **knobs})
+    assert reason in template.space(target).infeasible_reason(cfg)
+
+
+def test_variable_lengths_refuse_fused_input():
+    target = offline_cuda("sm_90")
+    t = GruTemplate(batch=2, hidden=64, input=64, seq=5, variable_lengths=True)
+    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4, step_flag_input=1)
+    assert "variable lengths" in t.space(target).infeasible_reason(cfg)
+
+
 @pytest.mark.parametrize("template, knobs, reason", [
     (_template(33, 64), dict(step_flag_units=4), "batch 33 > 32"),
     (_template(32, 1024), dict(step_flag_units=4), "registers per thread"),
@@ -137,6 +181,8 @@ def test_other_step_knobs_do_not_refuse_a_flag_config_and_are_not_shown():
 @pytest.mark.parametrize("shape, units", [((1, 256, False), 4), ((4, 512, False), 4), ((4, 512, True), 8),
                                           ((5, 200, False), 4), ((3, 33, True), 4), ((7, 512, False), 4)])
 def test_analytic_pick_takes_it_for_small_batches(shape, units):
+    from tvm_ext.schedules.gru.pick import FUSED_INPUT_BATCH
+
     """Below batch 8 with float32 state (and up to batch 16 where the tensor-core kernel of
     float32 parts does not fit); with 16-bit state batch 1, the tensor-core kernel above: the fewest units per block
     whose grid fits one block per SM (132 on the H100: 4 units at H512 is 128 blocks,
@@ -147,6 +193,10 @@ def test_analytic_pick_takes_it_for_small_batches(shape, units):
     cfg, why = t.analytic_pick(target)
     assert (cfg.step_flags, cfg.step_flag_units) == (1, units), why
     assert why.startswith("flag-exchange persistent step kernel")
+    fits = t.space(target).is_feasible(cfg.replace(step_flag_input=1, in_split=0, in_wgmma=0))
+    fused = batch <= FUSED_INPUT_BATCH and fits  # the input projected in the kernel (B1-B4 measured faster)
+    assert fits or (hidden, bidirectional) == (512, False)  # B4, B7 H512: W_ih's share and x, too many registers
+    assert cfg.step_flag_input == fused and ("no input GEMM" in why) == fused
     for wider in (_template(8, 512), _template(32, 64)):  # from batch 8: float32 parts on the tensor cores
         assert (wider.analytic_pick(target)[0].step_tc, wider.analytic_pick(target)[0].step_flags) == (2, 1)
     half = t.with_precision(HALF).analytic_pick(target)[0]
@@ -179,6 +229,31 @@ def test_cuda_flag_step_matches_float64(key):
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, 1e-5, 1e-9)
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, 1e-5, 1e-9, reruns=1)
+
+
+FUSED_CASES = {  # the input projected in the step kernel: both directions, layers, an odd size, float16
+    "b1-h256": (Shape(seq=9, batch=1, input=256, hidden=256), 4, None),
+    "b5-h200-bi": (Shape(seq=9, batch=5, input=200, hidden=200, bidirectional=True), 8, None),
+    "b3-h33-3layer-bi": (Shape(seq=7, batch=3, input=66, hidden=33, layers=3, bidirectional=True), 4, None),
+    "b2-h96-input40": (Shape(seq=6, batch=2, input=40, hidden=96), 4, None),
+    "b1-h256-float16": (Shape(seq=9, batch=1, input=256, hidden=256), 4, HALF),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(FUSED_CASES))
+def test_cuda_fused_input_flag_step_matches_float64(key):
+    """``step_flag_input`` 1 against float64 on reruns and a second input, as the kernel with
+    the input GEMM before it is checked (float16: its storage's error)."""
+    s, units, precision = FUSED_CASES[key]
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq, config={**FLAGS, "step_flag_units": units, "step_flag_input": 1},
+                    precision=precision).load_numpy(_weights(s))
+    assert gru.config.step_flag_input == 1
+    x, h0 = _inputs(s)
+    bound = 1e-5 if precision is None else 5e-3
+    assert_reruns_match_float64(gru, s, x, h0, bound, 1e-9 if precision is None else 1e-6)
+    assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
 
 
 @pytest.mark.gpu

@@ -35,7 +35,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # float16 at the smallest batches: the flag-exchange kernel's picks, against the tensor-core kernel
          ("float16", 1, 256), ("float16", 2, 512),
          # float32 at H1024 and small batch: the flag-exchange kernel against the tagged-word split kernel
-         ("float32", 8, 1024), ("float32", 16, 1024))
+         ("float32", 8, 1024), ("float32", 16, 1024),
+         # the flag-exchange kernel at batch 2-7, with and without the input projected in it
+         ("float32", 2, 512), ("float32", 4, 256), ("float32", 7, 256))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

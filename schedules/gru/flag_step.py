@@ -28,13 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.precision.precision import itemsize
 from tvm_ext.schedules.gemm.warp_tile import WARP
 from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
 from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_blend, float_word, stored_as, word_float, word_tag
-from .step_variant import SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, residency
+from .step_variant import (SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, input_buffer,
+                           residency)
 from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 
 FLAG_UNITS = UNITS  # hidden units per block, a warp each
@@ -44,7 +46,26 @@ POLL_WORDS = 32  # h words a thread polls at once (64 registers); more are polle
 
 @dataclass(frozen=True)
 class FlagStepShape(WarpUnitShape):
-    """The sizes a flag-exchange step config implies for one GRU shape."""
+    """The sizes a flag-exchange step config implies for one GRU shape; ``input`` > 0: the
+    depth of the input it projects itself (``step_flag_input``), W_ih's share of ``w_ih_dtype``."""
+
+    input: int = 0
+    w_ih_dtype: str = "float32"
+
+    @property
+    def k_input_per_lane(self) -> int:
+        return -(-self.input // WARP)
+
+    def input_registers(self) -> int:
+        """32-bit registers of the input projection: W_ih's share, every row's x and their sums."""
+        if not self.input:
+            return 0
+        return 3 * self.k_input_per_lane * max(1, itemsize(self.w_ih_dtype) // 4) + \
+            self.batch * self.k_input_per_lane + 3 * self.batch + 6
+
+    def input_registers_why(self) -> str:
+        return (f", W_ih share 3 x {self.k_input_per_lane} and x {self.batch} x {self.k_input_per_lane}"
+                if self.input else "")
 
     @property
     def blocks(self) -> int:
@@ -67,7 +88,7 @@ class FlagStepShape(WarpUnitShape):
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the words it polls at once (64-bit),
         the accumulators (3 gates x rows) and the rest."""
-        return self.w_registers() + 2 * self.poll_words + 3 * self.batch + OTHER_REGISTERS
+        return self.w_registers() + 2 * self.poll_words + 3 * self.batch + OTHER_REGISTERS + self.input_registers()
 
     def shared_bytes(self) -> int:
         return self.batch * self.k_per_lane * WARP * 4
@@ -75,51 +96,98 @@ class FlagStepShape(WarpUnitShape):
 
 def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
                    w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                   name: str = "gru_steps") -> Any:
+                   fused_input: FusedInput | None = None, name: str = "gru_steps") -> Any:
     """The persistent flag-exchange step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar, hx), the persistent step kernels' signature
-    plus ``hx``, the (2, dirs, batch, hidden) uint64 words of h ``gru_init`` prepared."""
+    plus ``hx``, the (2, dirs, batch, hidden) uint64 words of h ``gru_init`` prepared; with
+    ``fused_input`` (x_in, w_ih, b_ih, hs, ...): each step's gi computed in the kernel from the
+    layer's input, W_ih and b_ih, with no input GEMM before it."""
     from tvm.script import tirx as T
 
     shape = FlagStepShape(batch, hidden, dirs, units, w_dtype)
-    G, KP, U = 3 * hidden, shape.k_per_lane, units
+    G = 3 * hidden
+    math = WarpUnitMath(steps, batch, hidden, dirs, shape.k_per_lane, h_dtype, w_dtype, gi_dtype, acc_dtype,
+                        gh_dtype, math_dtype, cell_lanes=batch)
+    body = _body_macro(steps, shape, math, out_dtype, fused_input)
+    hs_shape, w_shape, b_shape = (2, dirs, batch, hidden), (dirs, hidden, G), (dirs, G)
+    out_shape, h_n_shape = (steps * batch, dirs * hidden), (layers * dirs, batch, hidden)
+    hx_words = 2 * dirs * batch * hidden
+
+    if fused_input is None:
+        @T.prim_func(private=True)
+        def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer(hs_shape, h_dtype),
+                   w: T.Buffer(w_shape, w_dtype), bias: T.Buffer(b_shape, w_dtype), layer: T.int32,
+                   out: T.Buffer(out_shape, out_dtype), h_n: T.Buffer(h_n_shape, h_dtype),
+                   bar: T.Buffer((BARRIER_WORDS,), "int32"), hx: T.Buffer((hx_words,), "uint64")):
+            T.func_attr({"tirx.noalias": True})
+            body(gi, None, None, None, hs, w, bias, layer, out, h_n, bar, hx)
+
+        return kernel.with_attr("global_symbol", name)
+
+    k_in, x_dtype, w_ih_dtype = fused_input
+
+    @T.prim_func(private=True)
+    def fused(x_in: T.Buffer((steps * batch, k_in), x_dtype), w_ih: T.Buffer((k_in, dirs * G), w_ih_dtype),
+              b_ih: T.Buffer((dirs * G,), w_ih_dtype), hs: T.Buffer(hs_shape, h_dtype), w: T.Buffer(w_shape, w_dtype),
+              bias: T.Buffer(b_shape, w_dtype), layer: T.int32, out: T.Buffer(out_shape, out_dtype),
+              h_n: T.Buffer(h_n_shape, h_dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+              hx: T.Buffer((hx_words,), "uint64")):
+        T.func_attr({"tirx.noalias": True})
+        body(None, x_in, w_ih, b_ih, hs, w, bias, layer, out, h_n, bar, hx)
+
+    return fused.with_attr("global_symbol", name)
+
+
+FusedInput = tuple  # (input depth, its dtype, W_ih's dtype): the step kernel runs x·W_ihᵀ + b_ih itself
+
+
+def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype: str,
+                fused_input: FusedInput | None) -> Any:
+    """The kernel's body: W_hh's share once, then per step the poll, the gate sums and the
+    cell; gi of the next step loaded (or, with ``x_in``, computed from x and W_ih's share while
+    the other blocks' h is still on its way)."""
+    from tvm.script import tirx as T
+
+    batch, hidden, dirs, units = shape.batch, shape.hidden, shape.dirs, shape.units
+    KP = shape.k_per_lane
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
     threads, chunk = shape.threads, shape.poll_words
     grid_x = -(-hidden // units)
     n_words = batch * hidden
+    h_dtype, w_dtype, gi_dtype, acc_dtype, math_dtype = (math.h_dtype, math.w_dtype, math.gi_dtype, math.acc_dtype,
+                                                         math.math_dtype)
+    load_w, load_gi, gate_sums, select_row = math.macros()
+    k_in, x_dtype, w_ih_dtype = fused_input or (0, "float32", "float32")
+    KI = -(-k_in // WARP)  # fused input: x's k a lane takes
+    load_w_ih, load_x, input_gates = math.input_macros(max(k_in, 1), x_dtype, w_ih_dtype)
 
     def value_of(word: Any) -> Any:
         return word_float(T, word)
 
     def packed(value: Any, tag: Any) -> Any:
         return float_word(T, value, tag)
-
-    math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
-                        cell_lanes=batch)
-    load_w, load_gi, gate_sums, select_row = math.macros()
-
-    @T.prim_func(private=True)
-    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), h_dtype),
-               w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype), layer: T.int32,
-               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-               h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-               hx: T.Buffer((2 * dirs * batch * hidden,), "uint64")):
-        T.func_attr({"tirx.noalias": True})
+    @T.macro
+    def body(gi, x_in, w_ih, b_ih, hs, w, bias, layer, out, h_n, bar, hx):  # type: ignore[no-untyped-def]
         bx = T.launch_thread("blockIdx.x", grid_x)
         bz = T.launch_thread("blockIdx.y", dirs)
         tx = T.launch_thread("threadIdx.x", WARP)
-        ty = T.launch_thread("threadIdx.y", U)
+        ty = T.launch_thread("threadIdx.y", units)
         h_s = T.alloc_buffer((batch * HP,), "float32", scope="shared")
         w_r = T.alloc_buffer((3 * KP,), w_dtype, scope="local")
         acc = T.alloc_buffer((3 * batch,), acc_dtype, scope="local")
         sums = T.alloc_buffer((3,), acc_dtype, scope="local")
         got = T.alloc_buffer((chunk,), "uint64", scope="local")
         gi_reg = T.alloc_buffer((3,), gi_dtype, scope="local")
+        x_r = T.alloc_buffer((max(batch * KI, 1),), x_dtype, scope="local")  # fused input: x at the lane's k
+        wi_r = T.alloc_buffer((max(3 * KI, 1),), w_ih_dtype, scope="local")  # and its share of W_ih
+        b_i = T.alloc_buffer((3,), "float32", scope="local")
+        acc_x = T.alloc_buffer((3 * batch,), acc_dtype, scope="local")
+        sums_x = T.alloc_buffer((3,), acc_dtype, scope="local")
         b_h = T.alloc_buffer((3,), "float32", scope="local")
         zh = T.alloc_buffer((2,), math_dtype, scope="local")  # the cell's z, then h': each computed once
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         tid = T.meta_var(ty * WARP + tx)
-        j = T.meta_var(bx * U + ty)
+        j = T.meta_var(bx * units + ty)
         load_w(w, w_r, bz, j, tx)  # the lane's W_hh share, once for all steps
         for it in T.unroll(-(-batch * HP // threads)):  # k past the hidden size stays zero
             if it * threads + tid < batch * HP:
@@ -128,7 +196,14 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
         for g in T.unroll(3):
             b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
                                     T.float32(0))
-        load_gi(gi, gi_reg, 0, bz, j, tx)
+        if fused_input is None:
+            load_gi(gi, gi_reg, 0, bz, j, tx)
+        else:  # W_ih's share once; gi of step 0 from x, and x of step 1 on its way
+            load_w_ih(w_ih, b_ih, wi_r, b_i, bz, j, tx)
+            load_x(x_in, x_r, 0, bz, tx)
+            input_gates(acc_x, x_r, wi_r, b_i, gi_reg, sums_x, tx)
+            if steps > 1:
+                load_x(x_in, x_r, 1, bz, tx)
         poll[0] = 0
         for s in T.serial(steps):
             # every block's h_s, the words polled (``chunk`` at once) until each tag says s
@@ -167,13 +242,18 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new, out_dtype)
                 if s == steps - 1:
                     h_n[layer * dirs + bz, tx, j] = T.cast(h_new, h_dtype)
-                if s + 1 < steps:
+                if fused_input is None and s + 1 < steps:
                     load_gi(gi, gi_reg, s + 1, bz, j, tx)
+            if fused_input is not None and s + 1 < steps:  # gi of s + 1 while h' travels; x of s + 2 loaded
+                input_gates(acc_x, x_r, wi_r, b_i, gi_reg, sums_x, tx)
+                if s + 2 < steps:
+                    load_x(x_in, x_r, s + 2, bz, tx)
             T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
         if poll[0] >= SPIN_LIMIT:
             bar[1] = 1
 
-    return kernel.with_attr("global_symbol", name)
+
+    return body
 
 
 @dataclass(frozen=True)
@@ -185,17 +265,33 @@ class FlagStep(StepVariant):
     loop: int
     step_j: int  # not this kernel's, but checked against the block limit as for every fused kernel
     pipeline: int  # not this kernel's, but it sets cp.async copies for the module as for the fused kernel
+    fused_input: bool = False  # step_flag_input: x·W_ihᵀ + b_ih in the kernel, no input GEMM
+
+    @property
+    def fuses_input(self) -> bool:  # type: ignore[override]
+        return self.fused_input
 
     unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "FlagStep":
-        return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j, pipeline=c.step_pipeline)
+        return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j, pipeline=c.step_pipeline,
+                   fused_input=bool(c.step_flag_input))
 
     @property
     def shape(self) -> FlagStepShape:
         s = self.sizes
-        return FlagStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype)
+        return FlagStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, s.input if self.fused_input else 0,
+                             s.w_ih_dtype)
+
+    def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        # with the input GEMM in the kernel its tile's knobs (in_) do not apply
+        return self.unshown_prefixes + (("in_",) if self.fused_input else ()), self.unshown_names
+
+    def weights(self, layer: int) -> tuple[str, ...]:
+        if not self.fused_input:
+            return super().weights(layer)
+        return (input_buffer(layer), f"w_ih{layer}", f"b_ih{layer}", "hs", f"w_hh{layer}", f"b_hh{layer}")
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: CUDA's persistent kernel only, its tile, and a grid that must
@@ -215,8 +311,8 @@ class FlagStep(StepVariant):
             return why
         if shape.registers() > MAX_REGISTERS:
             return (f"flag-exchange step kernel: needs about {shape.registers()} registers per thread (W share "
-                    f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums) > "
-                    f"{MAX_REGISTERS}")
+                    f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums"
+                    f"{shape.input_registers_why()}) > {MAX_REGISTERS}")
         return None
 
     def _device_reason(self, target: TargetInfo) -> str | None:
@@ -246,4 +342,4 @@ class FlagStep(StepVariant):
         return {"gru_steps": flag_step_func(
             s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units, h_dtype=s.h_dtype, w_dtype=s.w_dtype,
             gi_dtype=s.gi_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
-            out_dtype=s.out_dtype)}
+            out_dtype=s.out_dtype, fused_input=(s.input, s.x_dtype, s.w_ih_dtype) if self.fused_input else None)}

@@ -77,6 +77,10 @@ STEP_KNOBS = (
                                   "the small-batch kernel's blocks of a direction as one thread-block cluster, h "
                                   "stored into each block's shared memory and a cluster barrier a step "
                                   "(``cluster_step.py``)"),
+    Knob("step_flag_input", (0, 1), "flag-exchange step kernel: 1 computes each step's x·W_ihᵀ + b_ih itself "
+                                    "(its lanes hold W_ih's share as they hold W_hh's; x of the next step loaded "
+                                    "while h is polled), so no input GEMM runs before it (one kernel a layer)",
+         before=0),
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange and cluster step kernels: hidden units per block (a warp "
                                             "each, its lanes splitting k, W_hh's share in registers)"),
 )

@@ -59,6 +59,9 @@ SPLIT_STEP_BATCH = 32
 # (step_tc 2, step_flags 1): 8-25 % faster than the flag-exchange kernel at B8-B16 (2.3x at B16 H1024) and
 # than the split kernel behind the grid barrier at B32-B64 H512; slower at B4 (docs/results/gru.md)
 SPLIT_FLAGS_BATCH = 8
+# the flag-exchange kernel projects the input itself up to this batch (measured faster at B1-B4, even at B7:
+# docs/results/gru.md)
+FUSED_INPUT_BATCH = 4
 SPLIT_FLAGS_UNITS = (8, 16)  # its units per block, 8 only where that grid has a block an SM at most
 SPLIT_FLAGS_K_WARPS = 8  # warps splitting k (4 were 2-10 % slower at B8-B16, 2 % faster at B32 H512)
 # two float32 values a word (step_split_words 2) for 8-unit blocks of full rows up to this hidden size,
@@ -104,8 +107,10 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
+        inputs = ("the input projected in it (W_ih's share in registers too), no input GEMM"
+                  if flags.step_flag_input else gemm_why)
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
-                       f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {gemm_why}")
+                       f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
     if tensor_core is not None:
         shape = template.step_variant(tensor_core).shape
         return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
@@ -247,11 +252,13 @@ def _split_step(base: Config, space: Any) -> Config | None:
 def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
     """The flag-exchange step kernel at small batch (the caller bounds the batch): the fewest
     units per block whose grid fits one block per SM (more blocks share the math; faster than
-    a grid barrier, docs/results/gru.md); None where no such config fits."""
+    a grid barrier, docs/results/gru.md), the input projected in it (no input GEMM) up to
+    ``FUSED_INPUT_BATCH`` where that fits; None where no such config fits."""
     for units in FLAG_UNITS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=units)
         if template.step_variant(cfg).shape.blocks <= sm_count and space.is_feasible(cfg):
-            return cfg
+            fused = cfg.replace(step_flag_input=1, in_split=0, in_wgmma=0)
+            return fused if template.batch <= FUSED_INPUT_BATCH and space.is_feasible(fused) else cfg
     return None
 
 

@@ -22,6 +22,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .compute import function_stages
+from .step_variant import input_buffer
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,20 @@ class Call:
 
 
 def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
-    """Every call of one forward pass, in order: per layer init, S1, then T steps (the step
-    kernel's calls are its variant's, ``StepVariant.step_calls``)."""
+    """Every call of one forward pass, in order: per layer init, S1 (none where the step kernel
+    runs it, ``StepVariant.fuses_input``), then T steps (the step kernel's calls are its
+    variant's, ``StepVariant.step_calls``)."""
     calls = []
     step = template.step_variant(config)
     for layer in range(template.layers):
-        x = "x" if layer == 0 else f"y{(layer - 1) % 2}"
+        x = input_buffer(layer)
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
         kind = 0 if layer == 0 or template.layers_share_input_gemm() else 1  # the input GEMM of this depth
         gemm_x = f"gru_gemm_x{kind}"
         calls.append(Call("gru_init", step.state_args(layer)))
-        if config.in_split:  # float16 parts of x and W_ih, then the GEMM of depth 3K (``split.py``)
+        if step.fuses_input:  # the step kernel runs x·W_ihᵀ + b_ih itself
+            pass
+        elif config.in_split:  # float16 parts of x and W_ih, then the GEMM of depth 3K (``split.py``)
             calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
             calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
             calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi")))

@@ -30,7 +30,7 @@ SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "st
                    "step_w_onchip")
 TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
                  "step_tc_poll", "step_split_words", "step_tc_ahead")
-FLAG_STEP_KNOBS = ("step_flag_units",)
+FLAG_STEP_KNOBS = ("step_flag_units", "step_flag_input")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,14 @@ class StepSizes:
     gh_dtype: str
     math_dtype: str  # the cell's
     out_dtype: str
+    input: int = 0  # the depth of the layers' input (a step kernel that runs x·W_ihᵀ itself: one for all layers)
+    x_dtype: str = "float32"  # that input's type (x, or the layer below's output)
+    w_ih_dtype: str = "float32"
+
+
+def input_buffer(layer: int) -> str:
+    """The plan buffer ``layer`` reads: x, or the layer below's output (two alternate)."""
+    return "x" if layer == 0 else f"y{(layer - 1) % 2}"
 
 
 def residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tuple[int, int]:
@@ -97,6 +105,7 @@ class StepVariant(ABC):
     unshown_names: ClassVar[tuple[str, ...]] = ()
     runs_hidden_gemm: ClassVar[bool] = False  # the hidden GEMM (S2) is a kernel of its own (hid_ knobs)
     splits_state: ClassVar[bool] = False  # h and W_hh (scaled) become float16 parts: a range to check
+    fuses_input: ClassVar[bool] = False  # computes x·W_ihᵀ + b_ih itself: no input GEMM before it
 
     @abstractmethod
     def reason(self, target: TargetInfo) -> str | None:

@@ -394,6 +394,11 @@ class GruTemplate(DtypeFields, Template):
                         for layer in range(min(self.layers, 2))] if self.split_reason() is None else []
 
         def gemm_reason(c: Config) -> str | None:
+            step = self.step_variant(c)
+            if c.step_flag_input:
+                reason = self.fused_input_reason(c, step)
+                if reason:
+                    return reason
             if c.in_split:
                 reason = self.split_reason() or self.split_target_reason(target, c.in_split)
                 if reason:
@@ -402,10 +407,12 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
-            hidden_gemm = self.step_variant(c).runs_hidden_gemm  # else the step kernel does its own
+            hidden_gemm = step.runs_hidden_gemm  # else the step kernel does its own
             for prefix, label, space in spaces:
                 if prefix == "hid_" and not hidden_gemm:
                     continue
+                if prefix == "in_" and step.fuses_input:
+                    continue  # no input GEMM runs
                 if prefix == "in_" and (c.in_split or c.in_wgmma):
                     continue  # the split GEMM's spaces below; wgmma: its tile was checked when picked
                 reason = space.infeasible_reason(gemm_config(c, prefix, bases[prefix]))
@@ -421,6 +428,20 @@ class GruTemplate(DtypeFields, Template):
             return self.step_variant(c).reason(target)
 
         return Space(KNOBS, (gemm_reason, step_reason))
+
+    def fused_input_reason(self, c: Config, step: StepVariant) -> str | None:
+        """Why ``c``'s step kernel cannot run the input GEMM itself (``step_flag_input`` 1)."""
+        if not step.fuses_input:
+            return "step_flag_input 1 is the flag-exchange step kernel's (step_flags 1, step_tc 0, step_loop 2)"
+        if c.in_split or c.in_wgmma:
+            return ("step_flag_input 1 runs x·W_ihᵀ in the step kernel: no input GEMM to split (in_split) or put on "
+                    "wgmma")
+        if self.variable_lengths:
+            return "step_flag_input 1: variable lengths hold each row's gates in gi, which that kernel does not write"
+        if self.layers > 1 and not self.layers_share_input_gemm():
+            return (f"step_flag_input 1: one step kernel serves every layer, so each layer's input must be "
+                    f"{self.input} deep and {self.x_dtype} (layer 1 reads {self.layer_input(1)} of {self.out_dtype})")
+        return None
 
     def split_target_reason(self, target: TargetInfo, split: int = 1) -> str | None:
         """Why ``target`` cannot run the split input GEMM: on CUDA it exists for the tensor
@@ -461,7 +482,7 @@ class GruTemplate(DtypeFields, Template):
         p = self.precision
         return StepSizes(self.seq, self.batch, self.hidden, self.dirs, self.layers, gi_dtype=p["gi"], h_dtype=p["h"],
                          w_dtype=p["w_hh"], acc_dtype=p["hid_acc"], gh_dtype=p["gh"], math_dtype=p["cell_math"],
-                         out_dtype=p["out"])
+                         out_dtype=p["out"], input=self.input, x_dtype=p["x"], w_ih_dtype=p["w_ih"])
 
     def step_variant(self, config: Config) -> StepVariant:
         """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
@@ -483,7 +504,7 @@ class GruTemplate(DtypeFields, Template):
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1, "step_tc_acc": 1,
                                   "step_tc_frag": 0, "step_tc_wreg": 0, "step_tc_poll": 8, "step_split_words": 1,
                                   "step_tc_ahead": 1,
-                                  "step_flags": 0, "step_flag_units": 8,
+                                  "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0,
                                   "in_split": 0, "in_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
@@ -507,7 +528,7 @@ class GruTemplate(DtypeFields, Template):
         init = init_func(b, h, d, layers, p["h"], **step.init_layout())
         split = bool(config.in_split)
         funcs = {"gru_init": schedule_init(init, min(256, target.max_threads_per_block))}
-        for i in self.input_gemm_kinds():
+        for i in () if step.fuses_input else self.input_gemm_kinds():
             if not self.input_on_wgmma(config):  # wgmma: ``lowered_kernels``
                 funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(in_gemm, target)
             if split:

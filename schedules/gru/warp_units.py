@@ -101,14 +101,12 @@ class WarpUnitMath:
         a step into registers; every lane's 3 x batch sums over the rows of h in shared memory
         from word ``base`` on (``gate_sums(acc, w_r, h_s, base, tx)``); each gate's sum of the
         lane's own row into ``sums``."""
-        from tvm import tirx
         from tvm.script import tirx as T
 
         steps, batch, hidden, dirs, KP, HP = (self.steps, self.batch, self.hidden, self.dirs, self.k_per_lane,
                                               self.row_padded)
         G, gi_dtype, w_dtype, acc_dtype, cell_lanes = 3 * hidden, self.gi_dtype, self.w_dtype, self.acc_dtype, \
             self.cell_lanes
-        full = tirx.const(0xFFFFFFFF, "uint32")
         row_of = self.row_of
 
         @T.macro
@@ -136,12 +134,7 @@ class WarpUnitMath:
                 acc[g * batch + b] = acc[g * batch + b] + T.cast(w_r[g * KP + i], acc_dtype) * T.cast(
                     h_s[at], acc_dtype)
 
-        @T.macro
-        def butterfly(acc):  # type: ignore[no-untyped-def]
-            for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
-                for v in T.unroll(3 * batch):
-                    acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
-                                                    T.shift_right(16, r), WARP)
+        butterfly = self._butterfly_macro()
 
         @T.macro
         def gate_sums(acc, w_r, h_s, base, tx):  # type: ignore[no-untyped-def]
@@ -160,3 +153,66 @@ class WarpUnitMath:
                     sums[g] = T.if_then_else(row_of(tx) == b, acc[g * batch + b], sums[g])
 
         return load_w, load_gi, gate_sums, select_row
+
+    def _butterfly_macro(self) -> Any:
+        """``butterfly(acc)``: the 3 x batch partial sums of every lane added over the warp."""
+        from tvm import tirx
+        from tvm.script import tirx as T
+
+        batch, acc_dtype, full = self.batch, self.acc_dtype, tirx.const(0xFFFFFFFF, "uint32")
+
+        @T.macro
+        def butterfly(acc):  # type: ignore[no-untyped-def]
+            for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
+                for v in T.unroll(3 * batch):
+                    acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
+                                                    T.shift_right(16, r), WARP)
+
+        return butterfly
+
+    def input_macros(self, k_in: int, x_dtype: str, w_ih_dtype: str) -> tuple[Any, Any, Any]:
+        """(load_w_ih, load_x, input_gates): a kernel that runs the input GEMM itself.  The lane's
+        share of W_ih (k = lane, lane + 32, ... of its unit's three gate columns) and of b_ih once
+        (``load_w_ih(w_ih, b_ih, wi_r, b_i, bz, j, tx)``); every row's x of a step at the lane's k
+        into registers (``load_x(x_in, x_r, step, bz, tx)``); from them each gate's x·W_ihᵀ + b_ih
+        of the lane's row into ``gi_reg`` in the gi type (``input_gates(acc, x_r, wi_r, b_i,
+        gi_reg, sums, tx)``: every lane takes part, its shuffles are the warp's)."""
+        from tvm.script import tirx as T
+
+        steps, batch, hidden, gi_dtype, acc_dtype = self.steps, self.batch, self.hidden, self.gi_dtype, self.acc_dtype
+        G, KI = 3 * hidden, -(-k_in // WARP)
+        butterfly, select_row = self._butterfly_macro(), self.macros()[3]
+
+        @T.macro
+        def load_w_ih(w_ih, b_ih, wi_r, b_i, bz, j, tx):  # type: ignore[no-untyped-def]
+            for g in T.unroll(3):
+                col = T.meta_var(bz * G + g * hidden + T.min(j, hidden - 1))
+                b_i[g] = T.if_then_else(j < hidden, T.cast(b_ih[col], "float32"), T.float32(0))
+                for i in T.unroll(KI):
+                    k = T.meta_var(tx + i * WARP)
+                    wi_r[g * KI + i] = T.if_then_else(k < k_in and j < hidden, w_ih[T.min(k, k_in - 1), col],
+                                                      T.cast(0, w_ih_dtype))
+
+        @T.macro
+        def load_x(x_in, x_r, step, bz, tx):  # type: ignore[no-untyped-def]
+            t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
+            for b in T.unroll(batch):
+                for i in T.unroll(KI):
+                    k = T.meta_var(tx + i * WARP)
+                    x_r[b * KI + i] = T.if_then_else(k < k_in, x_in[t_row * batch + b, T.min(k, k_in - 1)],
+                                                     T.cast(0, x_dtype))
+
+        @T.macro
+        def input_gates(acc, x_r, wi_r, b_i, gi_reg, sums, tx):  # type: ignore[no-untyped-def]
+            for b in T.unroll(batch):
+                for g in T.unroll(3):
+                    acc[g * batch + b] = T.cast(0, acc_dtype)
+                    for i in T.unroll(KI):
+                        acc[g * batch + b] = acc[g * batch + b] + T.cast(wi_r[g * KI + i], acc_dtype) * T.cast(
+                            x_r[b * KI + i], acc_dtype)
+            butterfly(acc)
+            select_row(sums, acc, tx)
+            for g in T.unroll(3):
+                gi_reg[g] = T.cast(T.cast(sums[g], "float32") + b_i[g], gi_dtype)
+
+        return load_w_ih, load_x, input_gates
