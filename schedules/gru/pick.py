@@ -74,9 +74,10 @@ THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on on
 # From this many flops of layer 0's input GEMM on, float32 runs it as float16 parts on the tensor
 # cores (``split.py``): faster from B8 H512 (1.6 GFLOP) on, not at B1 H256 (docs/results/gru.md)
 SPLIT_MIN_FLOPS = 1e9
-# From this many flops on, a float16 input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
-# mma.sync tile: faster at B64 H1024 (51.5 GFLOP), a tie at B8 H512 (1.6 GFLOP; docs/results/gru.md)
-WGMMA_MIN_FLOPS = 1e10
+# From this many flops on, a 16-bit input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
+# mma.sync tile: faster at B64 H1024 (51.5 GFLOP) and B8 H1024 (6.4), a tie at float16 B8 H512 (1.6 GFLOP;
+# docs/results/gru.md)
+WGMMA_MIN_FLOPS = 4e9
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
