@@ -94,6 +94,9 @@ class FlagStepShape(WarpUnitShape):
         return self.batch * self.k_per_lane * WARP * 4
 
 
+FusedInput = tuple[int, str, str]  # (input depth, its dtype, W_ih's dtype): the kernel runs x·W_ihᵀ + b_ih
+
+
 def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
                    w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                    fused_input: FusedInput | None = None, name: str = "gru_steps") -> Any:
@@ -138,9 +141,6 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     return fused.with_attr("global_symbol", name)
 
 
-FusedInput = tuple  # (input depth, its dtype, W_ih's dtype): the step kernel runs x·W_ihᵀ + b_ih itself
-
-
 def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype: str,
                 fused_input: FusedInput | None) -> Any:
     """The kernel's body: W_hh's share once, then per step the poll, the gate sums and the
@@ -166,6 +166,7 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
 
     def packed(value: Any, tag: Any) -> Any:
         return float_word(T, value, tag)
+
     @T.macro
     def body(gi, x_in, w_ih, b_ih, hs, w, bias, layer, out, h_n, bar, hx):  # type: ignore[no-untyped-def]
         bx = T.launch_thread("blockIdx.x", grid_x)
