@@ -44,6 +44,10 @@ def main() -> None:
         for knobs in args.config or ["{}"]:
             cfg = pick.replace(**json.loads(knobs))
             label = f"input tile {getattr(tiled, field)}; {knobs}"
+            refused = tiled.space(target).infeasible_reason(cfg)
+            if refused:  # a config the space refuses is not built (it could only fail or time out)
+                print(f"{label}: refused: {refused}")
+                continue
             build = build_one(tiled, cfg, target)
             if not build.ok:
                 print(f"{label}: {build.error_msg}")
