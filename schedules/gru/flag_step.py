@@ -107,11 +107,12 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     layer's input, W_ih and b_ih, with no input GEMM before it."""
     from tvm.script import tirx as T
 
-    shape = FlagStepShape(batch, hidden, dirs, units, w_dtype)
+    k_in, x_dtype, w_ih_dtype = fused_input or (0, "float32", "float32")
+    shape = FlagStepShape(batch, hidden, dirs, units, w_dtype, k_in, w_ih_dtype)
     G = 3 * hidden
     math = WarpUnitMath(steps, batch, hidden, dirs, shape.k_per_lane, h_dtype, w_dtype, gi_dtype, acc_dtype,
                         gh_dtype, math_dtype, cell_lanes=batch)
-    body = _body_macro(steps, shape, math, out_dtype, fused_input)
+    body = _body_macro(steps, shape, math, out_dtype, x_dtype)
     hs_shape, w_shape, b_shape = (2, dirs, batch, hidden), (dirs, hidden, G), (dirs, G)
     out_shape, h_n_shape = (steps * batch, dirs * hidden), (layers * dirs, batch, hidden)
     hx_words = 2 * dirs * batch * hidden
@@ -127,8 +128,6 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
 
         return kernel.with_attr("global_symbol", name)
 
-    k_in, x_dtype, w_ih_dtype = fused_input
-
     @T.prim_func(private=True)
     def fused(x_in: T.Buffer((steps * batch, k_in), x_dtype), w_ih: T.Buffer((k_in, dirs * G), w_ih_dtype),
               b_ih: T.Buffer((dirs * G,), w_ih_dtype), hs: T.Buffer(hs_shape, h_dtype), w: T.Buffer(w_shape, w_dtype),
@@ -141,11 +140,10 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     return fused.with_attr("global_symbol", name)
 
 
-def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype: str,
-                fused_input: FusedInput | None) -> Any:
+def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype: str, x_dtype: str) -> Any:
     """The kernel's body: W_hh's share once, then per step the poll, the gate sums and the
-    cell; gi of the next step loaded (or, with ``x_in``, computed from x and W_ih's share while
-    the other blocks' h is still on its way)."""
+    cell; gi of the next step loaded (or, where ``shape.input`` > 0, computed from x of
+    ``x_dtype`` and W_ih's share while the other blocks' h is still on its way)."""
     from tvm.script import tirx as T
 
     batch, hidden, dirs, units = shape.batch, shape.hidden, shape.dirs, shape.units
@@ -157,9 +155,8 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
     h_dtype, w_dtype, gi_dtype, acc_dtype, math_dtype = (math.h_dtype, math.w_dtype, math.gi_dtype, math.acc_dtype,
                                                          math.math_dtype)
     load_w, load_gi, gate_sums, select_row = math.macros()
-    k_in, x_dtype, w_ih_dtype = fused_input or (0, "float32", "float32")
-    KI = -(-k_in // WARP)  # fused input: x's k a lane takes
-    load_w_ih, load_x, input_gates = math.input_macros(max(k_in, 1), x_dtype, w_ih_dtype)
+    projects_input, KI, w_ih_dtype = shape.input > 0, shape.k_input_per_lane, shape.w_ih_dtype  # x's k a lane takes
+    load_w_ih, load_x, input_gates = math.input_macros(max(shape.input, 1), x_dtype, w_ih_dtype)
 
     def value_of(word: Any) -> Any:
         return word_float(T, word)
@@ -197,7 +194,7 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
         for g in T.unroll(3):
             b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
                                     T.float32(0))
-        if fused_input is None:
+        if not projects_input:
             load_gi(gi, gi_reg, 0, bz, j, tx)
         else:  # W_ih's share once; gi of step 0 from x, and x of step 1 on its way
             load_w_ih(w_ih, b_ih, wi_r, b_i, bz, j, tx)
@@ -243,9 +240,9 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new, out_dtype)
                 if s == steps - 1:
                     h_n[layer * dirs + bz, tx, j] = T.cast(h_new, h_dtype)
-                if fused_input is None and s + 1 < steps:
+                if not projects_input and s + 1 < steps:
                     load_gi(gi, gi_reg, s + 1, bz, j, tx)
-            if fused_input is not None and s + 1 < steps:  # gi of s + 1 while h' travels; x of s + 2 loaded
+            if projects_input and s + 1 < steps:  # gi of s + 1 while h' travels; x of s + 2 loaded
                 input_gates(acc_x, x_r, wi_r, b_i, gi_reg, sums_x, tx)
                 if s + 2 < steps:
                     load_x(x_in, x_r, s + 2, bz, tx)

@@ -413,6 +413,12 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     split, split_pairs, state = L.shape.split, L.shape.split_pairs, L.state
     unscale = 1.0 / SPLIT_WEIGHT_SCALE  # split: W_hh's parts were scaled
 
+    def store_word(hx: Any, s: Any, bz: Any, row: Any, index: Any, word: Any) -> Any:
+        """The relaxed store of exchange word ``index`` of ``row`` in step s + 1's slot."""
+        return T.call_extern("void", "__nv_atomic_store_n",
+                             T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + index]),
+                             word, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
+
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
         """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
         g * unit_tiles + t, the same element (the same row and unit)."""
@@ -442,31 +448,19 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                         h_val[0] = cell_blend(h_val[1], z_n[1], h_kept[t * 4 + e], math_dtype)
                         h_kept[t * 4 + e] = h_val[0]
                         if not split_pairs:
-                            T.evaluate(T.call_extern(
-                                "void", "__nv_atomic_store_n",
-                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + unit]),
-                                float_word(T, h_val[0], s + 1), NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                            T.evaluate(store_word(hx, s, bz, row, unit, float_word(T, h_val[0], s + 1)))
                         elif e % 2 == 1 or unit + 1 >= hidden:
-                            T.evaluate(T.call_extern(
-                                "void", "__nv_atomic_store_n",
-                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
-                                                + unit // 2]),
-                                float_pair(T, h_kept[t * 4 + e - e % 2], h_val[0], pair_tag(T, s + 1),
-                                           has_second=e % 2 == 1),
-                                NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                            T.evaluate(store_word(hx, s, bz, row, unit // 2, float_pair(
+                                T, h_kept[t * 4 + e - e % 2], h_val[0], pair_tag(T, s + 1), has_second=e % 2 == 1)))
                     else:
                         h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])
                     if flags and not split:  # the pair (e, e + 1) goes out as one word from its even unit
                         h_rounded[e] = T.cast(h_new, operand)
                         if e % 2 == 1 or unit + 1 >= hidden:
-                            T.evaluate(T.call_extern(
-                                "void", "__nv_atomic_store_n",
-                                T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words
-                                                + unit // 2]),
-                                pack_pair(T, h_rounded[e - e % 2],
-                                          T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand, s + 1),
-                                NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE))
+                            T.evaluate(store_word(hx, s, bz, row, unit // 2, pack_pair(
+                                T, h_rounded[e - e % 2], T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand,
+                                s + 1)))
                     elif not flags:
                         hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
                     out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)

@@ -145,6 +145,15 @@ class WarpUnitMath:
                     dot_products(acc, w_r, h_s, base + b * HP + tx + i * WARP, b, i)
             butterfly(acc)
 
+        return load_w, load_gi, gate_sums, self._select_row_macro()
+
+    def _select_row_macro(self) -> Any:
+        """``select_row(sums, acc, tx)``: each gate's sum of the lane's own row, from every lane's
+        3 x batch sums."""
+        from tvm.script import tirx as T
+
+        batch, row_of = self.batch, self.row_of
+
         @T.macro
         def select_row(sums, acc, tx):  # type: ignore[no-untyped-def]
             for g in T.unroll(3):  # every lane runs one cell: its row's sums selected
@@ -152,7 +161,7 @@ class WarpUnitMath:
                 for b in T.unroll(1, batch):
                     sums[g] = T.if_then_else(row_of(tx) == b, acc[g * batch + b], sums[g])
 
-        return load_w, load_gi, gate_sums, select_row
+        return select_row
 
     def _butterfly_macro(self) -> Any:
         """``butterfly(acc)``: the 3 x batch partial sums of every lane added over the warp."""
@@ -181,7 +190,7 @@ class WarpUnitMath:
 
         steps, batch, hidden, gi_dtype, acc_dtype = self.steps, self.batch, self.hidden, self.gi_dtype, self.acc_dtype
         G, KI = 3 * hidden, -(-k_in // WARP)
-        butterfly, select_row = self._butterfly_macro(), self.macros()[3]
+        butterfly, select_row = self._butterfly_macro(), self._select_row_macro()
 
         @T.macro
         def load_w_ih(w_ih, b_ih, wi_r, b_i, bz, j, tx):  # type: ignore[no-untyped-def]
