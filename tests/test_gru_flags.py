@@ -124,26 +124,6 @@ def test_fused_input_projects_x_in_the_step_kernel_and_no_input_gemm_runs():
 
 
 @pytest.mark.parametrize("template, knobs, reason", [
-    (_template(8, 512), dict(step_flag_units=8, step_flag_input=1, step_tc=1), "flag-exchange step kernel's"),
-    (_template(1, 256), dict(step_flag_units=4, step_flag_input=1, in_split=1), "no input GEMM to split"),
-    (_template(1, 64, layers=2, bidirectional=True), dict(step_flag_units=4, step_flag_input=1),
-     "each layer's input must be 64 deep"),
-    (_template(4, 512), dict(step_flag_units=4, step_flag_input=1), "W_ih share 3 x 16 and x 4 x 16"),
-])
-def test_space_refuses_fused_input_with_the_reason(template, knobs, reason):
-    target = offline_cuda("sm_90")
-    cfg = template.default_config(target).replace(**{**FLAGS, **knobs})
-    assert reason in template.space(target).infeasible_reason(cfg)
-
-
-def test_variable_lengths_refuse_fused_input():
-    target = offline_cuda("sm_90")
-    t = GruTemplate(batch=2, hidden=64, input=64, seq=5, variable_lengths=True)
-    cfg = t.default_config(target).replace(**FLAGS, step_flag_units=4, step_flag_input=1)
-    assert "variable lengths" in t.space(target).infeasible_reason(cfg)
-
-
-@pytest.mark.parametrize("template, knobs, reason", [
     (_template(33, 64), dict(step_flag_units=4), "batch 33 > 32"),
     (_template(32, 1024), dict(step_flag_units=4), "registers per thread"),
     (_template(1, 1024, bidirectional=True), dict(step_flag_units=4), "needs every block resident, 512 blocks"),
@@ -151,6 +131,14 @@ def test_variable_lengths_refuse_fused_input():
     (_template(32, 512), dict(step_flag_units=4), "65536 B > 49152 B of static shared memory"),
     (_template(8, 512), dict(step_flag_units=8, step_loop=1), "persistent kernel only"),
     (_template(8, 512), dict(step_flag_units=8, step_tc=1), "both float16 or both bfloat16"),  # on tensor cores
+    # the input projected in the kernel (step_flag_input)
+    (_template(8, 512), dict(step_flag_units=8, step_flag_input=1, step_tc=1), "flag-exchange step kernel's"),
+    (_template(1, 256), dict(step_flag_units=4, step_flag_input=1, in_split=1), "no input GEMM to split"),
+    (_template(1, 64, layers=2, bidirectional=True), dict(step_flag_units=4, step_flag_input=1),
+     "each layer's input must be 64 deep"),
+    (_template(4, 512), dict(step_flag_units=4, step_flag_input=1), "W_ih share 3 x 16 and x 4 x 16"),
+    (GruTemplate(batch=2, hidden=64, input=64, seq=5, variable_lengths=True),
+     dict(step_flag_units=4, step_flag_input=1), "variable lengths"),
 ])
 def test_space_refuses_with_the_reason(template, knobs, reason):
     target = offline_cuda("sm_90")
