@@ -288,6 +288,37 @@ def shared_limit(target: TargetInfo) -> int:
     return min(SHARED_LIMIT, max_dynamic_smem(target))
 
 
+def signal_reason(t: WgmmaTile, plain_bias: bool) -> str | None:
+    """Why tile ``t`` cannot count its tile rows' stores (``wgmma_gemm``'s ``signal``), or None:
+    the counted kernel is the one storing C (K unsplit, or split in a cluster) of a function
+    ``main(A, Bt, bias, C)`` (``plain_bias``: one matrix, a bias, no epilogue of a caller's)."""
+    if t.split > 1 and not t.cluster:
+        return (f"{t.name}: a GEMM counting its stored tile rows stores C from its one kernel: K unsplit or "
+                "split in a cluster")
+    if not plain_bias:
+        return "a GEMM counting its stored tile rows is main(A, Bt, bias, C, ready): one matrix with a bias"
+    return None
+
+
+def in_row_order(t: WgmmaTile, m: int, n: int, k: int, b_layout: str = "NK", max_blocks: int = 0) -> WgmmaTile:
+    """``t`` with its C tiles stored tile row by tile row, for a kernel that reads C's rows in
+    order while this one runs (``signal``): row-major, and several tiles a block dividing the
+    tile rows, so that block b computes column b % (n / bn) of every g-th tile row in turn
+    (g = blocks / columns) and the tile rows are done in bands of g.  The fewest tiles a block
+    whose grid has at most ``max_blocks`` blocks (the SMs the other kernel leaves free; 0: the
+    most tiles a block).  Without the shared-memory epilogue where several tiles a block leave
+    it no room; ``t`` with raster 0 alone where no such split runs."""
+    rows, columns = -(-m // t.bm), n // t.bn
+    choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0 and x > 1)
+    fitting = [x for x in choices if max_blocks and columns * (rows // x) <= max_blocks]
+    for tiles in fitting + choices[::-1]:
+        for epilogue in (t.smem_epilogue, False):
+            ordered = replace(t, raster=0, tiles=tiles, smem_epilogue=epilogue)
+            if wgmma_reason(ordered, m, n, k, b_layout=b_layout) is None:
+                return ordered
+    return replace(t, raster=0)
+
+
 def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProgram:
     """A wgmma kernel compiled for sm_90a (wgmma is an arch-specific instruction); the config is
     its record (no schedule trace)."""
@@ -297,7 +328,8 @@ def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProg
 def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16", bias_dtype: str | None = None,
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
-               prepare: "Prepare | None" = None, scales: bool = False, overlap: bool = False) -> Any:
+               prepare: "Prepare | None" = None, scales: bool = False, overlap: bool = False,
+               signal: bool = False) -> Any:
     """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
@@ -318,12 +350,17 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     second set with the CUDA cores' round-to-nearest adds and restart (the tensor cores'
     float32 accumulation drops low bits, an error growing with K: ``gemm_3xtf32``); ``overlap``:
     in two sets of accumulators, each window's adds behind the next one's first wgmma
-    (``wgmma_steps.k_loop``; the same C)."""
+    (``wgmma_steps.k_loop``; the same C).  ``signal``: ``main(A, Bt, bias, C, ready)``, the
+    kernel letting the next one on the stream launch at its start and counting each tile row's
+    stores in ``ready`` (int32, one a tile row and their total after them, zero before the call)
+    until it reaches ``KernelLayout.signals_per_row`` (``wgmma_steps.row_signals``; ``signal_reason``)."""
     reason = (wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
-              or promote_reason(cfg, k, promote, overlap))
+              or promote_reason(cfg, k, promote, overlap)
+              or (signal_reason(cfg, bias_dtype is not None and epilogue is None and prepare is None
+                                and not scales and not batch) if signal else None))
     if reason:
         raise TvmExtError(reason)
-    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap)
+    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal)
     if scales and (bias_dtype is not None or epilogue is not None or prepare is not None or cfg.split > 1):
         raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
     out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales)

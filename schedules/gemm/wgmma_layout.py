@@ -50,6 +50,12 @@ class Tile(Protocol):
     def c_pieces_per_stage(self) -> int: ...
 
 
+def stored_row_count(n: int, bn: int, split: int, clustered: bool) -> int:
+    """The count of a tile row of C (``n`` columns in tiles of ``bn``) once a counting kernel
+    has stored all of it: one a tile, one a block of a cluster (each stores its band of rows)."""
+    return n // bn * (split if clustered else 1)
+
+
 @dataclass(frozen=True)
 class KernelLayout:
     """The sizes of a wgmma kernel (stages and counts in elements of the operand) and its index
@@ -86,10 +92,11 @@ class KernelLayout:
     pieces: int  # warpgroups' C one stage holds
     tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each after the stages
     overlap: bool = False  # promoting: two accumulator sets, a window's promotion behind the next one's wgmma
+    signal: bool = False  # counts each tile row's stores (``signals_per_row``) for a kernel launched early
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
-           promote: int, overlap: bool = False) -> "KernelLayout":
+           promote: int, overlap: bool = False, signal: bool = False) -> "KernelLayout":
         lead = tuple(int(x) for x in batch)
         split = cfg.split
         per_matrix = -(-m // cfg.bm) * (n // cfg.bn)  # a ragged M's last tile row counted
@@ -102,7 +109,7 @@ class KernelLayout:
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
                    k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
-                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap)
+                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal)
 
     # sizes derived from the fields
     @property
@@ -114,6 +121,16 @@ class KernelLayout:
     @property
     def threads(self) -> int:
         return self.bm // 64 * 128
+
+    @property
+    def row_tiles(self) -> int:
+        """Tile rows of C (a ragged M's last one counted)."""
+        return -(-self.m // self.bm)
+
+    @property
+    def signals_per_row(self) -> int:
+        """With ``signal``: the count a tile row of C reaches once all of it is stored."""
+        return stored_row_count(self.n, self.bn, self.split, self.clustered)
 
     @property
     def n_acc(self) -> int:

@@ -305,6 +305,33 @@ def slice_sum_kernel(L: KernelLayout, out: CValue) -> Callable[..., None]:
     return add_slices
 
 
+def row_signals(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The macros ``launch_early()`` and ``stored(ready, row0, tx)`` of a kernel that counts its
+    stores (``L.signal``): at its start it lets the next kernel on the stream launch
+    (programmatic dependent launch, ``griddepcontrol.launch_dependents``), and once a block's
+    threads have stored a tile (its band, in a cluster) one thread adds 1 to its tile row's count
+    and to the total after the rows' counts, behind every thread's fence: a kernel that polls
+    ``ready`` with acquire loads reads the rows of a complete count (all rows: a complete
+    total) as stored.  Without ``signal`` both are empty."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def launch_early() -> None:
+        if L.signal:
+            T.ptx["griddepcontrol.launch_dependents"]()
+
+    @T.macro
+    def stored(ready: Any, row0: Any, tx: Any) -> None:
+        if L.signal:
+            T.evaluate(T.call_extern("void", "__threadfence"))  # this thread's C stores, before the count
+            T.tvm_storage_sync("shared")
+            if tx == 0:
+                T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(ready[row0 // L.bm]), 1))
+                T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(ready[L.row_tiles]), 1))
+
+    return launch_early, stored
+
+
 def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Callable[..., None],
                     cluster_sum: Callable[..., None]) -> Callable[..., None]:
     """The macro ``gemm(A, Bt, bias, C)``: the kernel of a unit a block (a cluster's block with
@@ -316,6 +343,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
     stages, stage, ahead, threads = L.stages, L.stage, L.ahead, L.threads
     init, landed, issued = stage_waits(L)
     loop = k_loop(L, step)
+    launch_early, stored = row_signals(L)
 
     @T.macro
     def k_step(smem: Any, A: Any, Bt: Any, base: Any, bid: Any, at: Any, row0: Any, col0: Any, tx: Any, wg: Any,
@@ -330,11 +358,12 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
         T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)  # tile kt-inflight's wgmma retired
 
     @T.macro
-    def gemm(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+    def gemm(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
         with T.launch_thread("blockIdx.x", L.units) as bid:
             if L.clustered:
                 T.launch_thread("clusterCtaIdx.x", L.split)
             with T.launch_thread("threadIdx.x", threads) as tx:
+                launch_early()
                 smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")  # promoted sums
@@ -359,6 +388,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                 else:  # C staged from the stages' start, the block's threads copying the whole tile
                     store_unit(smem, C, bias, L.summed(total, acc), bid, at, row0, col0, wg, tx,
                                wg * 64 * L.c_stride, row0, 0, threads, tx)
+                stored(ready, row0, tx)
 
     return gemm
 
@@ -375,6 +405,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
     stages, stage, ahead, k_tiles, grid = L.stages, L.stage, L.ahead, L.k_tiles, L.grid
     init, landed, issued = stage_waits(L)
     loop = k_loop(L, step)
+    launch_early, stored = row_signals(L)
 
     @T.macro
     def k_step(smem: Any, A: Any, Bt: Any, base: Any, bid: Any, t: Any, mine: Any, tx: Any, wg: Any, done: Any,
@@ -388,9 +419,10 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
         T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
 
     @T.macro
-    def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+    def gemm_tiles(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
         with T.launch_thread("blockIdx.x", grid) as bid:
             with T.launch_thread("threadIdx.x", L.threads) as tx:
+                launch_early()
                 smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")  # promoted sums
@@ -419,6 +451,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                     piece = T.meta_var((last - wg // L.pieces) % stages * stage + wg % L.pieces * 64 * L.c_stride)
                     store_unit(smem, C, bias, L.summed(total, acc), bid + t * grid, at, row0, col0, wg, tx, piece,
                                row0 + wg * 64, piece, 128, tx % 128)
+                    stored(ready, row0, tx)
 
     return gemm_tiles
 
@@ -437,18 +470,18 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
     add_slices = slice_sum_kernel(L, out)
 
     @T.macro
-    def run(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+    def run(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
         if L.split > 1 and not L.clustered:
             P = T.alloc_buffer((L.split, *L.c_shape), "float32", scope="global")
-            units_gemm(A, Bt, bias, P)
+            units_gemm(A, Bt, bias, P, None)
             add_slices(P, bias, C)
         else:
-            units_gemm(A, Bt, bias, C)
+            units_gemm(A, Bt, bias, C, ready)
 
     a_rank, b_rank = len(L.a_shape), len(L.bt_shape)
 
     @T.macro
-    def run_tma(A: Any, Bt: Any, bias: Any, C: Any) -> None:
+    def run_tma(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
         """``run`` on the tensor maps of A and Bt (encoded on the host; the kernel's parameters)."""
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         T.evaluate(T.tensormap_encode_tiled(a_map, A.data, *tensor_map_dims(L, L.a_shape),
@@ -458,7 +491,7 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
         T.evaluate(T.tensormap_encode_tiled(b_map, Bt.data, *tensor_map_dims(L, L.bt_shape),
                                             *tensor_map_box(*b_box(L), b_rank), descriptor_dtype=L.in_dtype,
                                             rank=b_rank, swizzle=TMA_SWIZZLE_128B))
-        run(a_map, b_map, bias, C)
+        run(a_map, b_map, bias, C, ready)
 
     return run_tma if L.tma else run
 
@@ -491,9 +524,21 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
         def main_scaled(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
                         scale_ab: T.Buffer((2,), "float32"), C: T.Buffer(c_shape, c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            run(A, Bt, scale_ab, C)
+            run(A, Bt, scale_ab, C, None)
 
         return main_scaled
+
+    if bias_dtype is not None and L.signal:
+        rows = L.row_tiles + 1  # the tile rows' counts, then their total
+
+        @T.prim_func
+        def main_bias_counted(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
+                              bias: T.Buffer((n,), bias_dtype), C: T.Buffer(c_shape, c_dtype),
+                              ready: T.Buffer((rows,), "int32")):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            run(A, Bt, bias, C, ready)
+
+        return main_bias_counted
 
     if bias_dtype is not None:
         @T.prim_func
@@ -501,7 +546,7 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
                       bias: T.Buffer((n,), bias_dtype),
                       C: T.Buffer(c_shape, c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            run(A, Bt, bias, C)
+            run(A, Bt, bias, C, None)
 
         return main_bias
 
@@ -515,7 +560,7 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
             A = T.alloc_buffer(a_shape, in_dtype, scope="global")
             Bt = T.alloc_buffer(bt_shape, in_dtype, scope="global")
             fill(A_in, B_in, A, Bt)
-            run(A, Bt, None, C)
+            run(A, Bt, None, C, None)
 
         if checked:
             s_tir.analysis.verify_well_formed(main_prepared)
@@ -524,7 +569,7 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
     @T.prim_func(check_well_formed=False)
     def main(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype), C: T.Buffer(c_shape, c_dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        run(A, Bt, None, C)
+        run(A, Bt, None, C, None)
 
     if checked:
         s_tir.analysis.verify_well_formed(main)

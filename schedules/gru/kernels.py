@@ -15,7 +15,8 @@ from .step_common import float_pair, pack_pair
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
-              barrier: bool = False, flags: bool = False, paired: bool = False, float_pairs: bool = False) -> Any:
+              barrier: bool = False, flags: bool = False, paired: bool = False, float_pairs: bool = False,
+              ready_words: int = 0) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
@@ -24,7 +25,9 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     step tag 0), slot 1 zero, so no tag of an earlier layer or call is read as this one's;
     ``paired``: the words of the tensor-core kernel's exchange, two 16-bit values of adjacent
     units a word (``pack_pair``); ``float_pairs``: two float32 values a word and a tag bit
-    (``float_pair``), slot 1's words with the bit set."""
+    (``float_pair``), slot 1's words with the bit set.  ``ready_words``: also zeroes the counts
+    ``gi_ready`` of the input GEMM's stored tile rows that the step kernel waits for (it runs
+    before that layer's GEMM; ``tensor_core_step.wait_gi_macro``)."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -70,6 +73,25 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     n = dirs * batch * hidden
     pair_words = -(-hidden // 2)
 
+    @T.macro
+    def flag_words(h0, hs, bar, hx, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
+        if paired or float_pairs:  # (parsed only where it is taken: 16-bit state, or split pairs)
+            if vj % 2 == 0:
+                word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
+                second = T.meta_var(T.if_then_else(
+                    vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
+                if float_pairs:
+                    hx[word] = float_pair(T, h0[layer * dirs + vd, vb, vj], second, T.uint64(0))
+                    hx[n + word] = T.uint64(1)
+                else:
+                    hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
+                    hx[n + word] = T.uint64(0)
+        else:
+            hx[(vd * batch + vb) * hidden + vj] = T.Cast(
+                "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
+            hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+
     @T.prim_func(s_tir=True)
     def init_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
                    hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
@@ -80,25 +102,26 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
-                copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                if paired or float_pairs:  # (parsed only where it is taken: 16-bit state, or split pairs)
-                    if vj % 2 == 0:
-                        word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
-                        second = T.meta_var(T.if_then_else(
-                            vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
-                        if float_pairs:
-                            hx[word] = float_pair(T, h0[layer * dirs + vd, vb, vj], second, T.uint64(0))
-                            hx[n + word] = T.uint64(1)
-                        else:
-                            hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
-                            hx[n + word] = T.uint64(0)
-                else:
-                    hx[(vd * batch + vb) * hidden + vj] = T.Cast(
-                        "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
-                    hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+                flag_words(h0, hs, bar, hx, layer, vd, vb, vj)
+
+    ready_len = max(ready_words, 1)
+
+    @T.prim_func(s_tir=True)
+    def init_flags_ready(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                         hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+                         hx: T.Buffer((2 * n,), "uint64"), ready: T.Buffer((ready_len,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n], ready[0:ready_len])
+                flag_words(h0, hs, bar, hx, layer, vd, vb, vj)
+                if (vd * batch + vb) * hidden + vj < ready_words:
+                    ready[(vd * batch + vb) * hidden + vj] = 0
 
     if flags:
-        return init_flags
+        return init_flags_ready if ready_words else init_flags
     return init_barrier if barrier else init_pingpong
 
 

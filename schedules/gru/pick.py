@@ -98,13 +98,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     split_flags = (_split_flags_step(template, base, space, hw.sm_count)
                    if cuda and template.batch >= SPLIT_FLAGS_BATCH else None)
     if split_flags is not None:
+        split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
         shape = template.step_variant(split_flags).shape
         return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
                              f"(three products), h exchanged as tagged float32 words"
                              f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
-                             f"{_held_why(shape, 'their')}; {gemm_why}")
+                             f"{_held_why(shape, 'their')}; {gemm_why}{early}")
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
@@ -113,11 +114,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
     if tensor_core is not None:
+        tensor_core, early = _overlapped(template, tensor_core, space, hw.sm_count)
+        if early and not base.in_wgmma:
+            gemm_why = f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name})"
         shape = template.step_variant(tensor_core).shape
         return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
                              f"barrier): {shape.blocks} blocks of {shape.units} units x "
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
-                             f"units, W_hh's slice in shared memory{_held_why(shape, 'its')}; {gemm_why}")
+                             f"units, W_hh's slice in shared memory{_held_why(shape, 'its')}; {gemm_why}{early}")
     split = _split_step(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
         shape = template.step_variant(split).shape
@@ -158,6 +162,26 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid); {gemm_why}")
     return base, f"the unfused pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
+
+
+def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+    """``cfg`` with its step kernel launched while its input GEMM runs (``step_overlap``; the
+    GEMM on wgmma, taken for it by 16-bit inputs) where the GEMM's blocks and the step kernel's fit
+    the SMs side by side and the GRU runs one direction (a reverse direction's first step needs
+    the GEMM's last rows), and the why's words for it ("" where it stays as it was).  float16 B8
+    H512: 0.152 ms against 0.172 (docs/results/gru.md)."""
+    if template.bidirectional:
+        return cfg, ""
+    early = cfg.replace(step_overlap=1, **({} if cfg.in_split or cfg.in_wgmma else {"in_wgmma": 1}))
+    if not space.is_feasible(early):
+        return cfg, ""
+    tile, blocks = template.counted_gemm_tile(early), template.step_variant(early).shape.blocks
+    gemm_blocks = template.dirs * 3 * template.hidden // tile.bn * -(-template.seq * template.batch // tile.bm
+                                                                    // tile.tiles)
+    if blocks + gemm_blocks > sm_count:
+        return cfg, ""
+    return early, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks ({tile.name}) "
+                   f"beside the step kernel's {blocks}, which waits for each step's rows")
 
 
 def _held_why(shape: Any, whose: str) -> str:

@@ -18,6 +18,7 @@ from tvm_ext.measure.program import FailureFlag, RunPlan
 from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches,
                                      function_calls, plain_json)
 from tvm_ext.hardware import sm_90a
+from tvm_ext.lowering.launch_early import mark_launch_early, register_pipeline
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
@@ -39,6 +40,7 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
     variant's, ``StepVariant.step_calls``)."""
     calls = []
     step = template.step_variant(config)
+    counted = ("gi_ready",) if template.counted_gemm_tile(config) is not None else ()  # ``step_overlap``
     for layer in range(template.layers):
         x = input_buffer(layer)
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
@@ -50,9 +52,9 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
         elif config.in_split:  # float16 parts of x and W_ih, then the GEMM of depth 3K (``split.py``)
             calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
             calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
-            calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi")))
+            calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi", *counted)))
         else:
-            calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi")))
+            calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi", *counted)))
         if template.variable_lengths:  # rows past their length hold their state (``lengths.py``)
             calls.append(Call("gru_hold", ("lengths", "gi")))
         calls.extend(Call(func, args) for func, args in step.step_calls(layer, out))
@@ -82,8 +84,13 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         trace[name] = {"lowered": name}
     # wgmma is an arch-specific instruction: the module is built for sm_90a
     arch = sm_90a(target) if template.input_on_wgmma(config) else target
+    pipeline = "default"
+    if template.counted_gemm_tile(config) is not None:  # the step kernel launched while the input GEMM runs
+        funcs["gru_steps"] = mark_launch_early(funcs["gru_steps"])
+        pipeline = register_pipeline()
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
-        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(arch.tvm_target()))
+        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(arch.tvm_target()),
+                                 tir_pipeline=pipeline)
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
                     for name, func in funcs.items()}
     plan = plan_calls(template, config)

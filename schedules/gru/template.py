@@ -25,7 +25,8 @@ from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGem
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, signal_reason, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.core.space import Config, Space
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
@@ -40,6 +41,7 @@ from .lengths import LENGTHS_DTYPE, hold_func, row_vector, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     split_weight_n_major_func)
 from .step_variant import StepSizes, StepVariant
+from .tensor_core_step import TensorCoreStep
 from .variants import select_step_variant
 
 
@@ -102,6 +104,10 @@ class GruTemplate(DtypeFields, Template):
     in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
     in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
+    # the target's SMs (``with_tensor_cores``): a counting input GEMM (``step_overlap``) takes at most those
+    # the step kernel leaves free
+    device_sms: int = 0
+    ready_buffer: int = 0  # counts of gi's stored tile rows the config's plan passes (``step_overlap``)
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
     variable_lengths: bool = False
 
@@ -193,6 +199,8 @@ class GruTemplate(DtypeFields, Template):
                  "hs": TensorSpec((2, d, b, h), self.h_dtype),  # the fused step kernel's ping-pong
                  "bar": TensorSpec((BARRIER_WORDS,), "int32"),  # the persistent kernel's grid barrier
                  "hx": TensorSpec((2 * d * b * h,), "uint64")}  # the flag-exchange kernel's (h, step) words
+        if self.ready_buffer:  # counts of gi's tile rows stored by an input GEMM still running
+            specs["gi_ready"] = TensorSpec((self.ready_buffer,), "int32")
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         if self.split_buffers:  # parts of the input GEMM's operands, one pair per depth K
@@ -207,7 +215,9 @@ class GruTemplate(DtypeFields, Template):
     def for_config(self, config: Config) -> "GruTemplate":
         """This template with the buffers ``config``'s plan uses (the split operands with
         ``in_split``): what allocates, passes and checks the buffers of its program."""
-        return replace(self, split_buffers=int(config.in_split))
+        step = self.step_variant(config)
+        return replace(self, split_buffers=int(config.in_split),
+                       ready_buffer=step.ready_words if isinstance(step, TensorCoreStep) else 0)
 
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
@@ -322,7 +332,8 @@ class GruTemplate(DtypeFields, Template):
 
         split = [(m, n, PARTS * split_depth(k)) for m, n, k in inputs]
         fits = self.split_reason() is None
-        return replace(self, in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
+        return replace(self, device_sms=target.compute_units,
+                       in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
                        hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
@@ -407,6 +418,10 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
+            if c.step_overlap:
+                reason = self.overlap_reason(c, step)
+                if reason:
+                    return reason
             hidden_gemm = step.runs_hidden_gemm  # else the step kernel does its own
             for prefix, label, space in spaces:
                 if prefix == "hid_" and not hidden_gemm:
@@ -487,7 +502,44 @@ class GruTemplate(DtypeFields, Template):
     def step_variant(self, config: Config) -> StepVariant:
         """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
         space, the kernels, the host plan and the pick ask about the steps."""
-        return select_step_variant(self.step_sizes(), config, self.hidden_gemm())
+        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm())
+        tile = self.counted_gemm_tile(config)
+        if tile is not None and isinstance(step, TensorCoreStep) and step.flags:  # gi counted by the GEMM
+            count = stored_row_count(self.dirs * 3 * self.hidden, tile.bn, tile.split, tile.cluster)
+            return replace(step, gi_ready=(tile.bm, count))
+        return step
+
+    def counted_gemm_tile(self, config: Config) -> WgmmaTile | None:
+        """With ``step_overlap``: the wgmma tile of the input GEMM that counts its stored rows of
+        gi for the step kernel launched while it runs (None: no such GEMM)."""
+        if not config.step_overlap:
+            return None
+        tile = {2: self.in_split_wgmma, 3: self.in_split_tf32}.get(config.in_split,
+                                                                   self.in_wgmma_tile if config.in_wgmma else None)
+        if tile is None:
+            return None
+        depth = PARTS * split_depth(self.input) if config.in_split else self.input  # layer 0's (all tiles divide it)
+        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm())
+        free = self.device_sms - step.shape.blocks if isinstance(step, TensorCoreStep) else 0
+        return in_row_order(tile, self.seq * self.batch, self.dirs * 3 * self.hidden, depth,
+                            "NK" if config.in_split else "KN", max_blocks=max(free, 0))
+
+    def overlap_reason(self, c: Config, step: StepVariant) -> str | None:
+        """Why ``c``'s step kernel cannot start while its input GEMM runs (``step_overlap`` 1)."""
+        if not (isinstance(step, TensorCoreStep) and step.flags):
+            return "step_overlap 1 is the tensor-core step kernel's with exchange words (step_tc 1 or 2, step_flags 1)"
+        tile = self.counted_gemm_tile(c)
+        if tile is None:
+            return "step_overlap 1 needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"
+        if self.variable_lengths:
+            return "step_overlap 1: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
+        reason = signal_reason(tile, plain_bias=True)
+        if reason:
+            return f"step_overlap 1: {reason}"
+        if step.ready_words > self.dirs * self.batch * self.hidden:
+            return (f"step_overlap 1: the init zeroes {step.ready_words} counts of gi's tile rows with its "
+                    f"{self.dirs * self.batch * self.hidden} threads")
+        return None
 
     def shown_knobs(self, config: Config) -> tuple[str, ...]:
         """The knobs of the step kernel ``config`` selects: unfused no ``step_*`` knob matters;
@@ -503,7 +555,7 @@ class GruTemplate(DtypeFields, Template):
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1, "step_tc_acc": 1,
                                   "step_tc_frag": 0, "step_tc_wreg": 0, "step_tc_poll": 8, "step_split_words": 1,
-                                  "step_tc_ahead": 1,
+                                  "step_tc_ahead": 1, "step_overlap": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0,
                                   "in_split": 0, "in_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
@@ -555,19 +607,22 @@ class GruTemplate(DtypeFields, Template):
         if config.in_split >= 2:  # the split input GEMM on wgmma: float16 parts (2), TF32 parts (3)
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             tf32 = config.in_split == 3
-            tile = self.in_split_tf32 if tf32 else self.in_split_wgmma
+            tile = self.counted_gemm_tile(config) or (self.in_split_tf32 if tf32 else self.in_split_wgmma)
             for i in self.input_gemm_kinds():
                 k = self.layer_input(i)
                 depth = PARTS * split_depth(k)
                 # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
                 way = dict(promote=promote_steps(tile, depth)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE)
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"], **way)
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"],
+                                                     signal=bool(config.step_overlap), **way)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
         if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
             for i in self.input_gemm_kinds():
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(self.in_wgmma_tile, m, n, self.layer_input(i), c_dtype=p["gi"],
-                                                     bias_dtype=p["w_ih"], b_layout="KN")
+                tile = self.counted_gemm_tile(config) or self.in_wgmma_tile
+                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, self.layer_input(i), c_dtype=p["gi"],
+                                                     bias_dtype=p["w_ih"], b_layout="KN",
+                                                     signal=bool(config.step_overlap))
         return {**funcs, **self.step_variant(config).lowered_kernels()}
 
     def input_gemm_kinds(self) -> tuple[int, ...]:

@@ -185,10 +185,14 @@ class TcKernelLayout:
     poll_words: int  # exchange words a lane polls at once
     poll_rounds: int
     poll_vector: int  # exchange words one poll load reads (adjacent k)
+    # gi from an input GEMM still running (``step_overlap``): its rows counted in tiles of this many
+    # rows (0: gi is complete at launch), a tile row complete at ``ready_count``
+    ready_rows: int = 0
+    ready_count: int = 0
 
     @classmethod
     def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
-           out_dtype: str, flags: bool) -> "TcKernelLayout":
+           out_dtype: str, flags: bool, gi_ready: tuple[int, int] = (0, 0)) -> "TcKernelLayout":
         K, k_warps, n_warps = shape.k_extent, shape.k_warps, shape.n_warps
         warp_k, k_slices = K // k_warps, shape.warp_slices
         chunks = math.gcd(k_slices, H_CHUNKS)
@@ -205,7 +209,13 @@ class TcKernelLayout:
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
                    pair_words=-(-shape.hidden // word_values), slot_words=shape.dirs * shape.batch * shape.hidden,
-                   poll_words=poll_loads * vector, poll_rounds=-(-lane_loads // poll_loads), poll_vector=vector)
+                   poll_words=poll_loads * vector, poll_rounds=-(-lane_loads // poll_loads), poll_vector=vector,
+                   ready_rows=gi_ready[0], ready_count=gi_ready[1])
+
+    @property
+    def counted(self) -> bool:
+        """gi comes from an input GEMM still running, its tile rows counted (``ready_rows``)."""
+        return self.ready_rows > 0
 
     @property
     def state(self) -> str:

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.core.space import Config
-from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT,
-                                        grid_barrier)
+from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELAXED,
+                                        NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier)
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_blend, cell_gates, float_pair, float_word, pack_pair, pair_tag, stored_as
@@ -64,7 +64,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
                  frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
-                 split_pairs: bool = False, name: str = "gru_steps") -> Any:
+                 split_pairs: bool = False, gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps") -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -84,11 +84,16 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     kernel's three (``split_step.py``: W_hh's parts scaled by ``SPLIT_WEIGHT_SCALE``); the cell's
     lane keeps its units' float32 h in registers from step to step; ``split_pairs``
     (``step_split_words`` 2): two units' float32 values a word and the step's tag as one bit
-    (``step_common.float_pair``), half the words to poll."""
+    (``step_common.float_pair``), half the words to poll.
+
+    ``gi_ready`` (rows, count), with flags: gi comes from an input GEMM still running (the knob
+    ``step_overlap``): the kernel takes ``ready`` (int32, one a tile row of that many rows of gi),
+    and before loading a step's gi it waits until its tile rows' counts reach ``count``
+    (``wait_gi_macro``), reading gi from L2."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
                         poll_bytes, split, split_pairs)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
-                               out_dtype=out_dtype, flags=flags)
+                               out_dtype=out_dtype, flags=flags, gi_ready=gi_ready if flags else (0, 0))
     kernel = _kernel(layout)
     if flags:
         return kernel.with_attr("global_symbol", name)
@@ -110,15 +115,10 @@ def _kernel(L: TcKernelLayout) -> Any:
     stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
     load_w, held_slices, split, parts, state = load_w_macro(L), shape.held_slices, shape.split, shape.parts, L.state
-    keep_h = _keep_h_macro(L)
+    keep_h, wait_gi = _keep_h_macro(L), wait_gi_macro(L)
 
-    @T.prim_func(private=True)
-    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), state),
-               w: T.Buffer((dirs, hidden, G), state), bias: T.Buffer((dirs, G), state), layer: T.int32,
-               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
-               h_n: T.Buffer((layers * dirs, batch, hidden), state), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-               hx: T.Buffer((2 * slot_words,), "uint64")):
-        T.func_attr({"tirx.noalias": True})
+    @T.macro
+    def body(gi, hs, w, bias, layer, out, h_n, bar, hx, ready):  # type: ignore[no-untyped-def]
         bx = T.launch_thread("blockIdx.x", grid_x)
         by = T.launch_thread("blockIdx.y", grid_y)
         bz = T.launch_thread("blockIdx.z", dirs)
@@ -137,6 +137,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         h_val = T.alloc_buffer((2,), L.math_dtype, scope="local")  # the cell's h' and z, computed once
         h_kept = T.alloc_buffer((L.unit_tiles * 4 if split else 1,), state, scope="local")  # split: the lane's h
+        seen = T.alloc_buffer((3 if L.counted else 1,), "int32", scope="local")  # gi's tile rows known complete
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
         ni = T.meta_var(ty // m_warps % n_warps)
@@ -146,6 +147,12 @@ def _kernel(L: TcKernelLayout) -> Any:
         copy_k0 = T.meta_var(ki * warp_k + ni * copy_k)  # where the warp's copy of h starts
         stage_once(w, bias, w_s, h_s, b_h, bx, bz, tid, j0, m0, tx)
         if ki == 0:
+            if L.counted:
+                poll[0] = 0
+                seen[0] = -1
+                seen[1] = -1
+                seen[2] = 0  # 1: all of gi is stored
+                wait_gi(ready, poll, seen, 0, bz, m0)
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
             if split:
                 keep_h(hs, h_kept, bz, j0, m0, mi, tx)
@@ -159,7 +166,7 @@ def _kernel(L: TcKernelLayout) -> Any:
             sum_k_warps(part, acc, mi, ni, ki, tx)
             if ki == 0:
                 cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0,
-                               m0, mi, tx)
+                               m0, mi, tx, ready, poll, seen)
             if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
@@ -167,7 +174,65 @@ def _kernel(L: TcKernelLayout) -> Any:
         if flags and poll[0] >= SPIN_LIMIT:
             bar[1] = 1
 
+    if L.counted:
+        row_tiles = -(-steps * batch // L.ready_rows) + 1  # the tile rows' counts, then their total
+
+        @T.prim_func(private=True)
+        def kernel_counted(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
+                           hs: T.Buffer((2, dirs, batch, hidden), state), w: T.Buffer((dirs, hidden, G), state),
+                           bias: T.Buffer((dirs, G), state), layer: T.int32,
+                           out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+                           h_n: T.Buffer((layers * dirs, batch, hidden), state),
+                           bar: T.Buffer((BARRIER_WORDS,), "int32"), hx: T.Buffer((2 * slot_words,), "uint64"),
+                           ready: T.Buffer((row_tiles,), "int32")):
+            T.func_attr({"tirx.noalias": True})
+            body(gi, hs, w, bias, layer, out, h_n, bar, hx, ready)
+
+        return kernel_counted
+
+    @T.prim_func(private=True)
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), state),
+               w: T.Buffer((dirs, hidden, G), state), bias: T.Buffer((dirs, G), state), layer: T.int32,
+               out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
+               h_n: T.Buffer((layers * dirs, batch, hidden), state), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+               hx: T.Buffer((2 * slot_words,), "uint64")):
+        T.func_attr({"tirx.noalias": True})
+        body(gi, hs, w, bias, layer, out, h_n, bar, hx, None)
+
     return kernel
+
+
+def wait_gi_macro(L: TcKernelLayout) -> Any:
+    """``wait_gi(ready, poll, seen, step, bz, m0)``: with gi from an input GEMM still running
+    (``L.ready_rows``), spins until the GEMM's counts of the tile rows holding the block's rows
+    of ``step`` are complete (acquire loads, so the gi loads after them read what it stored);
+    ``seen`` keeps the first and last tile row known complete, so a lane polls once a tile row,
+    and whether the total says all of gi is stored (then it polls no more: the GEMM is short
+    beside the steps, so after its first tile rows a step's rows cost no load); the spins count
+    toward the kernel's poll limit (a GEMM that never counts is an error, not a hang)."""
+    from tvm.script import tirx as T
+
+    steps, batch, rows, tile, count = L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count
+    tiles = -(-steps * batch // tile) if tile else 0
+
+    def acquired(ready: Any, row: Any) -> Any:
+        return T.call_extern("int32", "__nv_atomic_load_n", T.address_of(ready[row]), NV_ATOMIC_ACQUIRE,
+                             NV_SCOPE_DEVICE)
+
+    @T.macro
+    def wait_gi(ready, poll, seen, step, bz, m0):  # type: ignore[no-untyped-def]
+        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
+        for end in T.unroll(2):  # the tile rows of the block's first and last real row
+            row = T.meta_var((t_row * batch + T.min(m0 + end * (rows - 1), batch - 1)) // tile)
+            if T.And(row != seen[end], seen[2] == 0):
+                if acquired(ready, tiles) >= tiles * count:
+                    seen[2] = 1
+                else:
+                    while T.And(poll[0] < SPIN_LIMIT, acquired(ready, row) < count):
+                        poll[0] = poll[0] + 1
+                seen[end] = row
+
+    return wait_gi
 
 
 def _stage_once_macro(L: TcKernelLayout) -> Any:
@@ -266,10 +331,12 @@ def load_gi_macro(L: TcKernelLayout) -> Any:
                 for e in T.unroll(4):
                     row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
                     unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
+                    at = T.meta_var((T.min(t_row * batch + row, steps * batch - 1),
+                                     T.min(bz * G + g * hidden + unit, dirs * G - 1)))
                     gi_reg[(g * unit_tiles + t) * 4 + e] = T.if_then_else(
                         row < batch and unit < hidden,
-                        gi[T.min(t_row * batch + row, steps * batch - 1),
-                           T.min(bz * G + g * hidden + unit, dirs * G - 1)],
+                        # from L2 where the GEMM still writes gi (no read-only or L1 copy of a line)
+                        T.call_extern(gi_dtype, "__ldcg", T.address_of(gi[at])) if L.counted else gi[at],
                         T.cast(0, gi_dtype))
 
     return load_gi
@@ -410,6 +477,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
     slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
+    wait_gi = wait_gi_macro(L)
     split, split_pairs, state = L.shape.split, L.shape.split_pairs, L.state
     unscale = 1.0 / SPLIT_WEIGHT_SCALE  # split: W_hh's parts were scaled
 
@@ -431,7 +499,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
 
     @T.macro
     def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0, m0,  # type: ignore[no-untyped-def]
-                       mi, tx):
+                       mi, tx, ready, poll, seen):
         # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
         t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
         for t in T.unroll(unit_tiles):
@@ -467,6 +535,8 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
                     if s == steps - 1:
                         h_n[layer * dirs + bz, row, unit] = T.cast(h_new, state)
         if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
+            if L.counted:  # once the input GEMM has stored its rows
+                wait_gi(ready, poll, seen, s + 1, bz, m0)
             load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
 
     return cell_and_store
@@ -519,6 +589,9 @@ class TensorCoreStep(StepVariant):
     poll_bytes: int = 8
     split: bool = False  # step_tc 2: float32 h and W_hh as float16 high and low parts, three products
     split_pairs: bool = False  # step_split_words 2: two float32 values a word, a tag bit
+    # step_overlap 1: gi's rows counted by the input GEMM in tiles of this many rows, complete at the count
+    # (set by the template, which knows the GEMM's tile: ``GruTemplate.step_variant``)
+    gi_ready: tuple[int, int] = (0, 0)
 
     @property
     def splits_state(self) -> bool:  # type: ignore[override]
@@ -612,15 +685,21 @@ class TensorCoreStep(StepVariant):
         return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
                                "W_hh slice, h rows and partial sums", target)
 
-    def init_layout(self) -> dict[str, bool]:
+    @property
+    def ready_words(self) -> int:
+        """The counts of the input GEMM's tile rows of gi whose stores the kernel waits for, and
+        their total (0: none)."""
+        return -(-self.sizes.seq * self.sizes.batch // self.gi_ready[0]) + 1 if self.gi_ready[0] else 0
+
+    def init_layout(self) -> dict[str, Any]:
         return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": not self.split,
-                "float_pairs": self.split_pairs}
+                "float_pairs": self.split_pairs, "ready_words": self.ready_words}
 
     def async_copy(self) -> bool:
         return True  # h is copied in cp.async groups
 
     def barrier_words(self) -> tuple[str, ...]:
-        return ("bar", "hx") if self.flags else ("bar",)
+        return (("bar", "hx") if self.flags else ("bar",)) + (("gi_ready",) if self.ready_words else ())
 
     def lowered_kernels(self) -> dict[str, Any]:
         s = self.sizes
@@ -631,4 +710,4 @@ class TensorCoreStep(StepVariant):
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
                                           poll_bytes=self.poll_bytes, split=self.split,
-                                          split_pairs=self.split_pairs)}
+                                          split_pairs=self.split_pairs, gi_ready=self.gi_ready)}

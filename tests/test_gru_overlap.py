@@ -1,0 +1,191 @@
+"""The step kernel launched while the input GEMM runs (knob ``step_overlap``): the wgmma GEMM
+lets the next kernel launch at its start and counts each tile row of gi it has stored; the
+tensor-core step kernel, launched early (programmatic dependent launch), waits for a step's
+tile rows before loading its gi.
+
+- No GPU: the counting GEMM's CUDA and its refusals; its tile rows in order; the launch tag on
+  the marked function's kernels only; the plan passing the counts from the init through the
+  GEMM to the step kernel, and the step kernel's acquire loads; the space's refusals.
+- ``-m gpu``: GRUs with and without the overlap against float64 on reruns and a second input.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from test_gru import Shape, _inputs, _weights
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.precision.precision import relative_error
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
+from tvm_ext.target import offline_cuda
+
+HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+
+
+def _template(batch: int, hidden: int, input: int | None = None, seq: int = 128, layers: int = 1,
+              bidirectional: bool = False, precision: dict | None = None) -> GruTemplate:
+    t = GruTemplate(batch=batch, hidden=hidden, input=input or hidden, seq=seq, layers=layers,
+                    bidirectional=bidirectional)
+    return t.with_precision(precision) if precision else t
+
+
+def _source(func) -> str:
+    import tvm
+
+    target = tvm.target.Target(offline_cuda("sm_90a").tvm_target())
+    return tvm.compile(tvm.IRModule({"main": func}), target=target).mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("tile", [WgmmaTile(128, 64, 6, 1, True), WgmmaTile(128, 128, 4, 1, False, tiles=8, tma=True)])
+def test_counting_gemm_launches_the_next_kernel_and_counts_its_tile_rows(tile):
+    """``signal``: a fifth parameter ``ready`` of one int32 a tile row and their total; the kernel
+    lets the next launch at its start, and after a tile's stores every thread fences and one adds
+    1 to its tile row's count (``row0 / bm``) and to the total; without it none of that is in
+    the source."""
+    func = wgmma_gemm(tile, 1024, 1536, 512, c_dtype="float16", bias_dtype="float16", b_layout="KN", signal=True)
+    assert func.params[-1].name == "ready" and tuple(int(x) for x in func.params[-1].shape) == (9,)
+    src = _source(func)
+    assert src.count("griddepcontrol.launch_dependents;") == 1
+    body = src[src.index("__global__"):]
+    assert body.count("atomicAdd((&(ready_ptr[") == 2  # once a tile into its tile row's count, once into the total
+    assert "atomicAdd((&(ready_ptr[8])), 1)" in body
+    assert body.index("__threadfence()") < body.index("atomicAdd")
+    plain = _source(wgmma_gemm(tile, 1024, 1536, 512, c_dtype="float16", bias_dtype="float16", b_layout="KN"))
+    assert "griddepcontrol" not in plain and "atomicAdd" not in plain
+
+
+@pytest.mark.parametrize("tile, kwargs, reason", [
+    (WgmmaTile(128, 64, 6, 1, False, split=2), {"bias_dtype": "float16"}, "K unsplit or split in a cluster"),
+    (WgmmaTile(128, 64, 6, 1, True), {}, "one matrix with a bias"),
+])
+def test_counting_gemm_refusals(tile, kwargs, reason):
+    with pytest.raises(TvmExtError, match=reason):
+        wgmma_gemm(tile, 1024, 1536, 512, c_dtype="float16", signal=True, **kwargs)
+
+
+@pytest.mark.parametrize("m, n, bm, bn", [(1024, 1536, 128, 64), (2048, 1536, 128, 128), (640, 768, 64, 128)])
+def test_tiles_in_row_order_finish_tile_rows_in_turn(m, n, bm, bn):
+    """A block's k-th tile is in a later tile row than its (k-1)-th, and every block's k-th tile
+    is in the same band of tile rows: tile row r is stored in the (r // g)-th round of the blocks."""
+    tile = in_row_order(WgmmaTile(bm, bn, 4, 1, False, raster=8, tiles=2), m, n, 512)
+    assert tile.raster == 0 and tile.tiles > 1
+    L = KernelLayout.of(tile, m, n, 512, "NK", (), True, 0, signal=True)
+    rounds = [[int(L.tile_row0(b + t * L.grid)) // bm for b in range(L.grid)] for t in range(tile.tiles)]
+    groups = L.grid // (n // bn)
+    assert all(rounds[t] == [t * groups + b // (n // bn) for b in range(L.grid)] for t in range(tile.tiles))
+    assert L.signals_per_row == n // bn
+
+
+def test_launch_early_tags_the_marked_functions_kernels_only():
+    import tvm
+    from tvm.script import tirx as T
+    from tvm.tirx import compilation_pipeline
+
+    from tvm_ext.lowering.launch_early import LAUNCH_TAG, mark_launch_early, register_pipeline
+
+    @T.prim_func
+    def early(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i in T.thread_binding(64, "threadIdx.x"):
+            b[i] = a[i] + T.float32(1)
+
+    @T.prim_func
+    def plain(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i in T.thread_binding(64, "threadIdx.x"):
+            b[i] = a[i] + T.float32(2)
+
+    target = tvm.target.Target(offline_cuda("sm_90a").tvm_target()).with_host(tvm.target.Target("llvm"))
+    mod = tvm.IRModule({"early": mark_launch_early(early.with_attr("global_symbol", "early")),
+                        "plain": plain.with_attr("global_symbol", "plain")})
+    mod = tvm.tirx.transform.BindTarget(target)(mod)
+    lower = compilation_pipeline.get_tir_pipeline(register_pipeline())[0]
+    split = importlib.import_module("tvm.tirx.build").split_host_device_mods  # (tvm.tirx.build: the function)
+    _, devices = split(lower(mod))
+    params = {str(f.attrs["global_symbol"]): [str(t) for t in f.attrs["tirx.kernel_launch_params"]]
+              for d in devices.values() for f in d.functions.values()}
+    assert params == {"early_kernel": ["threadIdx.x", LAUNCH_TAG], "plain_kernel": ["threadIdx.x"]}
+
+
+@pytest.mark.parametrize("precision, knobs", [(HALF, {"in_wgmma": 1}), (None, {"in_split": 2}),
+                                              (None, {"in_split": 3})])
+def test_plan_passes_the_counts_from_init_through_gemm_to_the_step_kernel(precision, knobs):
+    """float16 on wgmma, float32 on wgmma of float16 or TF32 parts: the init zeroes ``gi_ready``
+    (one int32 a tile row of the GEMM), the GEMM counts into it, the step kernel (launched early)
+    polls it with acquire loads and reads gi from L2; the GEMM's tile runs its tile rows in turn."""
+    target = offline_cuda()
+    t = _template(8, 512, precision=precision).with_tensor_cores(target)
+    cfg = t.analytic_pick(target)[0].replace(step_overlap=1, **knobs)
+    assert t.space(target).infeasible_reason(cfg) is None
+    tile = t.counted_gemm_tile(cfg)
+    assert tile.raster == 0 and tile.tiles > 1
+    rows = 128 * 8 // tile.bm
+    assert t.for_config(cfg).buffers()["gi_ready"].shape == (rows + 1,)  # and the total
+    assert "gi_ready" not in t.for_config(cfg.replace(step_overlap=0)).buffers()
+    compiled = t.compile(cfg, target)
+    counted = {c.func: c.args for c in compiled.calls if "gi_ready" in c.args}
+    assert set(counted) == {"gru_init", "gru_gemm_x0", "gru_steps"}
+    assert counted["gru_gemm_x0"][-1] == "gi_ready" and counted["gru_steps"][-1] == "gi_ready"
+    steps = compiled.source[compiled.source.index("gru_steps_kernel("):]
+    # before step 0's gi and before each next step's: the total, then the first and last rows' counts
+    assert steps.count("__nv_atomic_load_n((&(ready_ptr[") == 2 * 2 * 2 and "__ldcg(" in steps
+    assert t.step_variant(cfg).gi_ready == (tile.bm, 3 * 512 // tile.bn)
+
+
+@pytest.mark.parametrize("batch, knobs, reason", [
+    (8, {"step_overlap": 1, "in_wgmma": 0}, "needs the input GEMM on wgmma"),
+    (2, {"step_overlap": 1, "fuse_step": 1, "step_loop": 2, "step_tc": 0, "step_flags": 1, "in_wgmma": 1},
+     "tensor-core step kernel's with exchange words"),
+])
+def test_space_refuses_overlap_with_the_reason(batch, knobs, reason):
+    target = offline_cuda()
+    t = _template(batch, 512, precision=HALF).with_tensor_cores(target)
+    cfg = t.analytic_pick(target)[0].replace(**knobs)
+    assert reason in t.space(target).infeasible_reason(cfg)
+
+
+def test_space_refuses_overlap_with_variable_lengths():
+    import dataclasses
+
+    target = offline_cuda()
+    t = dataclasses.replace(_template(8, 512, precision=HALF), variable_lengths=True).with_tensor_cores(target)
+    cfg = t.analytic_pick(target)[0].replace(step_overlap=1, in_wgmma=1, step_tc=1, step_flags=1)
+    assert "variable lengths" in t.space(target).infeasible_reason(cfg)
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HALF, {"in_wgmma": 1}),
+             "fp16-b6-h256-2layer-bi": (Shape(seq=64, batch=6, input=128, hidden=256, layers=2, bidirectional=True),
+                                        HALF, {"in_wgmma": 1}),
+             "fp32-b8-h512-tf32": (Shape(seq=128, batch=8, input=512, hidden=512), None, {"in_split": 3}),
+             "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2})}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(GPU_CASES))
+def test_cuda_overlapped_steps_match_float64(key):
+    """The pick with its step kernel launched while the input GEMM runs, against float64 on
+    three calls and a second input, and against the same config without the overlap."""
+    s, precision, knobs = GPU_CASES[key]
+    common = dict(num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch, seq=s.seq,
+                  **({"precision": precision} if precision else {}))
+    pick = GRU.build("cuda", s.input, s.hidden, **common).config.replace(step_tc=pick_tc(precision), step_flags=1,
+                                                                        **knobs)
+    gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=1), **common).load_numpy(_weights(s))
+    plain = GRU.build("cuda", s.input, s.hidden, config=pick, **common).load_numpy(_weights(s))
+    bound = 5e-3 if precision else 1e-5
+    for seed in (1, 2):
+        x, h0 = _inputs(s, seed)
+        ref = gru_reference(x, _weights(s), h0, s.layers, s.bidirectional)
+        errors = [relative_error(list(gru(x, h0)), ref) for _ in range(3)]
+        assert max(errors) < bound, errors
+        assert relative_error(list(plain(x, h0)), ref) < bound
+        assert np.array_equal(gru(x, h0)[0], plain(x, h0)[0])  # the same sums in the same order
+
+
+def pick_tc(precision: dict | None) -> int:
+    return 1 if precision else 2
