@@ -285,3 +285,36 @@ def test_repeated_eager_calls_skip_the_checks_but_not_a_changed_input():
     assert not gru._eager_calls
     with pytest.raises(TvmExtError, match="has dtype torch.float32"):
         gru(x, h0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config, bad, needle", [
+    ({"in_split": 1}, "x", "GRU input held a value .* build without in_split"),
+    (None, "hx", "GRU hx held a value .* build without step_tc 2"),  # the pick at batch 8 splits the state
+])
+def test_inputs_past_their_float16_parts_are_reported_at_the_next_call(config, bad, needle):
+    """A float32 GRU whose config splits x (in_split 1) or the state (step_tc 2) into float16 parts,
+    as the numpy path refuses them: a value of 65504 or more is found on the device before the plan
+    (no sync), the next call raises naming the knob (replayed graph, direct launches, or ``check``),
+    and the calls after it match float64 again."""
+    torch.manual_seed(3)
+    net = torch.nn.GRU(64, 64).cuda().eval()
+    gru = GRU.from_module(net, config=config)
+    x, h0 = torch.randn(16, 8, 64, device="cuda"), torch.randn(1, 8, 64, device="cuda")
+    huge = (x.clone(), h0) if bad == "x" else (x, h0.clone())
+    huge[0 if bad == "x" else 1][0, 3, 5] = 7e4
+    for graphs in (True, False):
+        gru.graphs = graphs
+        gru(x, h0)
+        gru(x, h0)  # a replay of the recorded graph (graphs on)
+        gru(*huge)
+        torch.cuda.synchronize()  # its flags landed (a call reads those of the calls before it that have)
+        with pytest.raises(TvmExtError, match=needle):
+            gru(x, h0)
+        out, h_n = gru(x, h0)
+        ref_out, ref_h = _reference(net, x, h0)
+        assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+        gru(*huge)
+        with pytest.raises(TvmExtError, match=needle):
+            gru.check()
+        gru.check()

@@ -243,7 +243,7 @@ class GRU(nn.Module):
         stream = torch.cuda.current_stream(x.device)
         watch = self._watch(engine)
         watch.check()
-        self._launch(engine, tensors, stream)
+        self._launch(engine, tensors, stream, zero_h0=hx is None)
         watch.enqueue(stream)
         return out.to(self.dtype), h_n.to(self.dtype)
 
@@ -262,8 +262,11 @@ class GRU(nn.Module):
             tensors["lengths"] = lengths
         return out, h_n, tensors
 
-    @staticmethod
-    def _launch(engine: Any, tensors: Mapping[str, Any], stream: Any) -> None:
+    def _launch(self, engine: Any, tensors: Mapping[str, Any], stream: Any, zero_h0: bool) -> None:
+        """The plan on ``stream``, after the range checks of the inputs it splits into float16
+        parts (on the device, reported at the next call: ``BarrierWatch``; ``zero_h0``: h0 is
+        the module's zeros, nothing to check)."""
+        self._watch(engine).check_ranges(tensors, zero_h0)
         with tvm_ffi.use_raw_stream(engine.executor.dev, stream.cuda_stream):
             _run_bound(engine.executor, tensors)
 
@@ -310,25 +313,44 @@ def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
 
 
 class BarrierWatch:
-    """The persistent step kernels' timed-out flag (``bar[1]``), copied to pinned host memory
-    after every call on its stream (a CUDA graph captures the copy too) and read at the next
-    call: the numpy path reads it synchronously, which would cost the eager call a sync."""
+    """A call's error flags, copied to pinned host memory after every call on its stream (a
+    CUDA graph captures the copy too) and read at the next call: the persistent step kernels'
+    timed-out flag (``bar[1]``), and whether an input the config splits into float16 parts
+    (``GRU.split_inputs``: x, h0) held a value past what the parts hold, tested on the device
+    before the plan.  The numpy path checks both synchronously, which would cost the eager call
+    a sync; here the call whose flag is set has run, and the next one raises."""
 
     def __init__(self, engine: Any):
         from tvm_ext.schedules.gru.plan import BARRIER_TIMEOUT
 
         self.message = BARRIER_TIMEOUT
-        self.active = engine.persistent
+        self.split = engine.split_inputs()  # input -> the knob that splits it
+        self.active = engine.persistent or bool(self.split)
         if self.active:
-            self.flags = torch.from_dlpack(engine.executor.sets[0]["bar"])
-            self.host = torch.zeros(1, dtype=self.flags.dtype, pin_memory=True)
+            self.bar = torch.from_dlpack(engine.executor.sets[0]["bar"]) if engine.persistent else None
+            device = torch.device("cuda", engine.target.device_id)
+            self.flags = torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, device=device)
+            self.host = torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, pin_memory=True)
             self.done: Any = None
 
+    def check_ranges(self, tensors: Mapping[str, Any], zero_h0: bool) -> None:
+        """On the device, before the plan: each split input's flag set where its largest |value|
+        is not below ``FLOAT16_MAX`` (NaN included, as ``split_range_reason`` has it); h0 not
+        where it is the module's zeros (``zero_h0``)."""
+        from tvm_ext.schedules.gru.split import FLOAT16_MAX
+
+        for i, name in enumerate(RANGE_CHECKED, 1):
+            if name in self.split and tensors[name].numel() and not (name == "h0" and zero_h0):
+                largest = tensors[name].abs().amax().float()
+                self.flags[i:i + 1].copy_(torch.logical_not(largest < FLOAT16_MAX).view(1))
+
     def enqueue(self, stream: Any) -> None:
-        """After a call, on ``stream`` (torch's current one): the flag's copy, and an event
+        """After a call, on ``stream`` (torch's current one): the flags' copy, and an event
         that says when it landed (not inside a capture, where events cannot be queried)."""
         if self.active:
-            self.host.copy_(self.flags[1:2], non_blocking=True)
+            if self.bar is not None:
+                self.flags[0:1].copy_(self.bar[1:2])
+            self.host.copy_(self.flags, non_blocking=True)
             self.mark(stream)
 
     def mark(self, stream: Any) -> None:
@@ -343,9 +365,21 @@ class BarrierWatch:
             return  # nothing recorded yet, or inside a capture (no event queries there)
         if wait:
             self.done.synchronize()
-        if self.done.query() and int(self.host[0]):
+        if not self.done.query():
+            return
+        flags = [int(v) for v in self.host]
+        if any(flags):
             self.host.zero_()
-            raise TvmExtError(self.message)
+            if flags[0]:
+                raise TvmExtError(self.message)
+            name = RANGE_CHECKED[flags.index(1, 1) - 1]
+            raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is 65504 or more (or NaN), beyond "
+                              f"what its float16 parts hold (a call ran on it: its outputs are not valid); build "
+                              f"without {self.split[name]}")
+
+
+RANGE_CHECKED = ("x", "h0")  # the plan inputs a config may split into float16 parts, in the flags' order
+RANGE_NAMES = {"x": "input", "h0": "hx"}
 
 
 @dataclass(frozen=True)
@@ -473,6 +507,6 @@ class CallGraph:
         graph = torch.cuda.CUDAGraph()
         watch = module._watch(engine)
         with torch.cuda.graph(graph):
-            module._launch(engine, tensors, torch.cuda.current_stream(x.device))
+            module._launch(engine, tensors, torch.cuda.current_stream(x.device), zero_h0=hx is None)
             watch.enqueue(torch.cuda.current_stream(x.device))  # the flag's copy, replayed with the plan
         return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths])

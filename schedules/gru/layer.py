@@ -153,6 +153,13 @@ class GRU:
         self._loaded = True
         return self
 
+    def split_inputs(self) -> dict[str, str]:
+        """The call inputs this config splits into float16 parts, each with the knob that does
+        (``split.split_range_reason``: such an input must stay below ``FLOAT16_MAX``): x with a
+        float16-parts input GEMM, h0 where the step kernel splits the state."""
+        return {**({"x": "in_split"} if self.config.in_split in FLOAT16_SPLITS else {}),
+                **({"h0": "step_tc 2"} if self._splits_state else {})}
+
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> "GRU":
         """Load ``torch.nn.GRU.state_dict()`` (tensors on any device)."""
         return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
@@ -183,7 +190,8 @@ class GRU:
             raise TvmExtError(f"GRU input has shape {x.shape}, expected {want} {layout}")
         if self.batch_first:
             x = x.transpose(1, 0, 2)
-        reason = split_range_reason("GRU input x", x) if self.config.in_split in FLOAT16_SPLITS else None
+        limits = self.split_inputs()
+        reason = split_range_reason("GRU input x", x, knob=limits["x"]) if "x" in limits else None
         if reason:
             raise TvmExtError(reason)
         state_shape = (t.layers * t.dirs, t.batch, t.hidden)
@@ -194,7 +202,7 @@ class GRU:
             if h0.shape != state_shape:
                 raise TvmExtError(f"GRU h0 has shape {h0.shape}, expected {state_shape} "
                                   "(layers·directions, batch, hidden)")
-            reason = split_range_reason("GRU h0", h0, knob="step_tc 2") if self._splits_state else None
+            reason = split_range_reason("GRU h0", h0, knob=limits["h0"]) if "h0" in limits else None
             if reason:
                 raise TvmExtError(reason)
         ex = self.executor
