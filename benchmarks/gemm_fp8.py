@@ -164,6 +164,10 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
     if args.tma != "off":
         loaded = [(f"{label} tma", cfg.replace(wgmma_tma=1)) for label, cfg in configs]
         configs = ([] if args.tma == "on" else configs) + [c for c in loaded if space.is_feasible(c[1])]
+    if args.ws:  # each config also warp-specialized (its loads by the TMA)
+        split = [(f"{label} ws", cfg.replace(wgmma_tma=1, wgmma_ws=1)) for label, cfg in configs
+                 if not cfg.as_dict().get("wgmma_ws")]
+        configs += [c for c in split if space.is_feasible(c[1]) and c[1] not in [d for _, d in configs]]
     timed = []
     for label, cfg in configs:
         launch, err = ours(template, cfg, target, sets)
@@ -209,6 +213,8 @@ def main() -> int:
     p.add_argument("--tune-trials", type=int, default=0,
                    help="also tune each shape (tune gemm-fp8, that many configs, in --promote's class) and time "
                         "its best beside the default")
+    p.add_argument("--ws", action="store_true",
+                   help="every config also warp-specialized (wgmma_ws, its stages loaded by the TMA)")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
     if args.rounds < 1:

@@ -89,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tma", default="off", choices=("off", "on", "both"),
                    help="a wgmma config's stages loaded by the TMA (wgmma_tma): as picked or tuned (off), set "
                         "(on), or both kernels in the same rounds (both: ours by cp.async, its TMA twin a peer)")
+    p.add_argument("--ws", action="store_true",
+                   help="also the wgmma config warp-specialized (wgmma_ws: TMA loads, C from registers) in the rounds")
     p.add_argument("--out", default="bench_out")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -171,6 +173,11 @@ def main() -> int:
             if args.tma == "both" and with_tma is not None:
                 peers["tma"], tma_err = ours_launch(template, with_tma, target, sets)
                 notes.append(f"{shape}: ours with TMA loads ({label(template, with_tma)}): error {tma_err:.1e}")
+            specialized = with_knob(config, "wgmma_ws", 1)
+            if args.ws and specialized is not None:  # the warp-specialized twin (TMA loads, C from registers)
+                specialized = {**specialized, "wgmma_tma": 1, "wgmma_smem_epilogue": 0}
+                peers["ws"], ws_err = ours_launch(template, specialized, target, sets)
+                notes.append(f"{shape}: ours warp-specialized ({label(template, specialized)}): error {ws_err:.1e}")
             summaries, left_out = compare_in_rounds(
                 shape, launch, cublas_launches(sets, lt=True), len(sets), args.rounds,
                 os.path.join(args.out, "gemm_tc_rounds.jsonl"), peers=peers, dtype=args.dtype,

@@ -125,10 +125,11 @@ class Fp8GemmTemplate(Template):
 
     def default_config(self, target: TargetInfo) -> Config:
         """``pick_wgmma_tile`` among ``PROMOTE_TILES`` on the 8-bit operands (C stored directly, K
-        not split), its sums promoted every k step, overlapped and loaded by the TMA where the tile
-        has room for a third set and its busiest block runs ``TMA_MIN_STEPS`` k steps or more
-        (measured faster together than either alone or neither there; at fewer k steps 16-bit
-        tiles lost by the TMA: the results docs); without promotion where none of them fits."""
+        not split), its sums promoted every k step, overlapped, loaded by the TMA and warp-specialized
+        (a producer warpgroup, ``wgmma_specialized``) where the tile has room for a third set and
+        its busiest block runs ``TMA_MIN_STEPS`` k steps or more (measured faster together than
+        without any of them there; at fewer k steps 16-bit tiles lost by the TMA: the results
+        docs); without promotion where none of them fits."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
@@ -150,7 +151,7 @@ class Fp8GemmTemplate(Template):
         space = self.space(target)
         config = space.make(**dataclasses.replace(tile, smem_epilogue=False).knobs(), fp8_promote=promote,
                             fp8_promote_overlap=0)
-        overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1)
+        overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1, wgmma_ws=1)
         long_k = block_steps(tile, shapes, self.matrices) >= TMA_MIN_STEPS
         return overlapped if promote and long_k and space.is_feasible(overlapped) else config
 

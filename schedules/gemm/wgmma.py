@@ -92,6 +92,10 @@ KNOBS = (
          "1: a stage's A and Bt tiles loaded by the Tensor Memory Accelerator (one thread issues both boxes, "
          "a barrier a stage counts their bytes; tensor maps encoded on the host) instead of every thread's "
          "16-byte cp.async", before=0),
+    Knob("wgmma_ws", (0, 1),
+         "1 (with wgmma_tma): warp specialization, a producer warpgroup (one thread issuing the TMA loads, its "
+         "registers given up by setmaxnreg) ahead of the consumer warpgroups, which wait for a stage's barrier, "
+         "multiply and release the stage on a barrier of its own: no block barrier in the k loop", before=0),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
@@ -116,6 +120,7 @@ class WgmmaTile:
     cluster: bool = False  # with a split: the slices a thread-block cluster, added in its shared memory
     operand: str = "float16"  # ``OPERANDS``
     tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each
+    specialized: bool = False  # a producer warpgroup issuing the loads, the others multiplying (``wgmma_ws``)
 
     @property
     def bk(self) -> int:
@@ -127,13 +132,15 @@ class WgmmaTile:
         c = config.as_dict()
         return cls(c["wgmma_bm"], c["wgmma_bn"], c["wgmma_stages"], c["wgmma_inflight"], bool(c["wgmma_smem_epilogue"]),
                    c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
-                   cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)))
+                   cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)),
+                   specialized=bool(c.get("wgmma_ws", 0)))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wgmma_bm=self.bm, wgmma_bn=self.bn, wgmma_stages=self.stages, wgmma_inflight=self.inflight,
                     wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
-                    wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma))
+                    wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma),
+                    wgmma_ws=int(self.specialized))
 
     @property
     def name(self) -> str:
@@ -141,7 +148,7 @@ class WgmmaTile:
                 f"s{self.stages} w{self.inflight} "
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
-                f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}")
+                f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}")
 
     @property
     def threads(self) -> int:
@@ -156,8 +163,9 @@ class WgmmaTile:
         return self.stages * self.stage_bytes()
 
     def barrier_bytes(self) -> int:
-        """Shared memory of the stages' barriers (8 bytes a stage with ``tma``), after the stages."""
-        return 8 * self.stages if self.tma else 0
+        """Shared memory of the stages' barriers (8 bytes a stage with ``tma``, and as many for
+        the stages' release with ``specialized``), after the stages."""
+        return 8 * self.stages * (2 if self.specialized else 1) if self.tma else 0
 
     def cluster_sum_bytes(self) -> int:
         """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""
@@ -222,6 +230,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
                 "(the limit of a block)")
     if t.tiles < 1:
         return f"{t.name}: a block computes at least one tile"
+    if t.specialized and (not t.tma or t.split > 1 or t.smem_epilogue):
+        return (f"{t.name}: warp specialization (wgmma_ws) has a producer warpgroup issue TMA loads (wgmma_tma 1) "
+                "while the consumers store C straight from their registers (wgmma_smem_epilogue 0), K unsplit")
     if t.tiles > 1 and t.smem_epilogue and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage():
         return (f"{t.name}: with several tiles a block stages C in the {1 + t.inflight} stage(s) the next tile's "
                 f"loads leave free, {t.c_pieces_per_stage()} warpgroup(s) of 64 x {t.bn} a stage: too few for "
@@ -295,6 +306,8 @@ def signal_reason(t: WgmmaTile, plain_bias: bool) -> str | None:
     if t.split > 1 and not t.cluster:
         return (f"{t.name}: a GEMM counting its stored tile rows stores C from its one kernel: K unsplit or "
                 "split in a cluster")
+    if t.specialized:
+        return f"{t.name}: a GEMM counting its stored tile rows meets at a block barrier: no warp specialization"
     if not plain_bias:
         return "a GEMM counting its stored tile rows is main(A, Bt, bias, C, ready): one matrix with a bias"
     return None

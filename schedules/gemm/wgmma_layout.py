@@ -43,6 +43,7 @@ class Tile(Protocol):
     cluster: bool
     operand: str
     tma: bool
+    specialized: bool
 
     @property
     def bk(self) -> int: ...
@@ -93,6 +94,7 @@ class KernelLayout:
     tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each after the stages
     overlap: bool = False  # promoting: two accumulator sets, a window's promotion behind the next one's wgmma
     signal: bool = False  # counts each tile row's stores (``signals_per_row``) for a kernel launched early
+    specialized: bool = False  # a producer warpgroup ahead of the consumers (``wgmma_specialized``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -109,7 +111,8 @@ class KernelLayout:
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
                    k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
-                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal)
+                   pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
+                   specialized=cfg.specialized)
 
     # sizes derived from the fields
     @property
@@ -237,7 +240,8 @@ class KernelLayout:
     @property
     def smem_elems(self) -> int:
         """The dynamic shared memory's elements: the stages, and with ``tma`` their barriers after."""
-        return self.stages * self.stage + (8 * self.stages // self.elem if self.tma else 0)
+        return self.stages * self.stage + (8 * self.stages * (2 if self.specialized else 1) // self.elem
+                                           if self.tma else 0)
 
     # global memory
     def k_major(self, X: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .wgmma_layout import REDUCE_THREADS, KernelLayout
+from .wgmma_specialized import specialized_kernel
 from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, b_box, stage_waits, staging, tensor_map_box,
                           tensor_map_dims)
 
@@ -463,7 +464,9 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
     from tvm.script import tirx as T
 
     staged, step, store_unit = staging(L), mma(L), stores(L, out)
-    if L.tiles > 1:
+    if L.specialized:  # a producer warpgroup and consumer warpgroups (``wgmma_specialized``)
+        units_gemm = specialized_kernel(L, staged, step, k_loop(L, step), store_unit)
+    elif L.tiles > 1:
         units_gemm = several_units_kernel(L, staged, step, store_unit)
     else:
         units_gemm = one_unit_kernel(L, staged, step, store_unit, cluster_reduction(L, out))

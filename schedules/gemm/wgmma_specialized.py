@@ -1,0 +1,106 @@
+"""The warp-specialized wgmma kernel (knob ``wgmma_ws``), as the published Hopper GEMMs run: the
+block's first warpgroup is the producer, whose one thread issues every stage's TMA loads as soon
+as the consumers have released the stage, and the other ``bm / 64`` warpgroups are the consumers,
+each waiting for a stage's barrier, multiplying its 64 rows, and releasing the stage on a second
+barrier once its wgmma has retired.  No block barrier in the k loop: a consumer warpgroup never
+waits for another, and the loads run ahead by as many stages as there are.  ``setmaxnreg`` gives
+the producer's registers to the consumers.  The same units a block as ``several_units_kernel``
+(row-major or rastered, one tile or several), the same k loop (``wgmma_steps.k_loop``: promotions
+overlapped or not), C stored straight from the registers.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .wgmma_layout import KernelLayout
+from .wgmma_loads import Staging, stage_barrier
+
+PRODUCER_REGISTERS = 40  # the producer warpgroup's registers a thread after setmaxnreg (one thread issues loads)
+CONSUMER_REGISTERS = 232  # the consumers': 128 x 40 + 256 x 232 fits an SM's 65536 with two consumer warpgroups
+PRODUCER_THREADS = 128  # a warpgroup: setmaxnreg acts on whole warpgroups
+
+
+def release_barrier(L: KernelLayout, smem: Any, index: Any) -> Any:
+    """The shared address of stage ``index``'s release barrier, after the stages' load barriers."""
+    return stage_barrier(L, smem, L.stages + index)
+
+
+def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callable[..., None],
+                       store_unit: Callable[..., None]) -> Callable[..., None]:
+    """The macro ``gemm_ws(A, Bt, bias, C, ready)``: the producer and consumer warpgroups of
+    the module docstring over the block's units b, b + grid, ...; ``A`` and ``Bt`` are tensor
+    maps (``wgmma_tma``).  Iteration it (unit it // k_tiles, k step it % k_tiles) uses stage
+    it % stages in round it // stages: its load barrier completes once per round (the TMA's
+    bytes), its release barrier once every consumer thread has arrived after the round's wgmma."""
+    from tvm.script import tirx as T
+
+    stages, stage, k_tiles, grid, consumers = L.stages, L.stage, L.k_tiles, L.grid, L.threads
+
+    @T.macro
+    def wait(done: Any, bar: Any, parity: Any) -> None:
+        done[0] = T.uint32(0)
+        while done[0] == T.uint32(0):
+            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], bar, T.Cast("uint32", parity))
+
+    @T.macro
+    def produce(smem: Any, A: Any, Bt: Any, bid: Any, mine: Any, done: Any) -> None:
+        for it in T.serial(mine * k_tiles):
+            if it >= stages:  # the consumers have released the stage's previous round
+                wait(done, release_barrier(L, smem, it % stages), (it // stages - 1) % 2)
+            staged.load_iteration(smem, A, Bt, bid, it, 0)
+
+    @T.macro
+    def release(smem: Any, it: Any) -> None:
+        T.ptx["mbarrier.arrive.shared::cta.b64"](release_barrier(L, smem, it % stages))
+
+    @T.macro
+    def k_step(smem: Any, base: Any, t: Any, wg: Any, done: Any, sums: Any, kt: Any) -> None:
+        it = T.meta_var(t * k_tiles + kt)
+        wait(done, stage_barrier(L, smem, it % stages), it // stages % 2)  # its stage has landed
+        step.mma_stage(base, sums, it % stages * stage, wg, L.kept(kt))
+        T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
+        if L.inflight == 0:
+            release(smem, it)
+        elif kt > 0:  # the wgmma of the step before has retired
+            release(smem, it - 1)
+
+    @T.macro
+    def gemm_ws(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
+        with T.launch_thread("blockIdx.x", grid) as bid:
+            with T.launch_thread("threadIdx.x", consumers + PRODUCER_THREADS) as tx:
+                smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
+                acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
+                total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")
+                spare = T.alloc_buffer((L.n_acc if L.overlap else 1,), "float32", scope="local")
+                done = T.alloc_buffer((1,), "uint32", scope="local")
+                base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
+                mine = T.meta_var((L.units - 1 - bid) // grid + 1)  # units of this block
+                if tx == 0:
+                    for i in T.unroll(stages):
+                        T.ptx["mbarrier.init.shared::cta.b64"](stage_barrier(L, smem, i), T.uint32(1))
+                        T.ptx["mbarrier.init.shared::cta.b64"](release_barrier(L, smem, i), T.uint32(consumers))
+                    T.ptx["fence.mbarrier_init.release.cluster"]()
+                T.tvm_storage_sync("shared")
+                if tx < PRODUCER_THREADS:
+                    T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGISTERS)
+                    if tx == 0:
+                        produce(smem, A, Bt, bid, mine, done)
+                else:
+                    T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGISTERS)
+                    lane = T.meta_var(tx - PRODUCER_THREADS)
+                    wg = T.meta_var(lane // 128)
+                    for t in T.serial(mine):
+                        row0 = T.meta_var(L.tile_row0(bid + t * grid))
+                        col0 = T.meta_var(L.tile_col0(bid + t * grid))
+                        at = T.meta_var(L.tile_lead(bid + t * grid))
+                        for i in T.unroll(L.n_acc):
+                            acc[i] = T.float32(0)
+                            if L.promoting:
+                                total[i] = T.float32(0)
+                        loop(k_step, (smem, base, t, wg, done), acc, spare, total)
+                        if L.inflight > 0:  # every wgmma retired: the unit's last stage too
+                            release(smem, t * k_tiles + k_tiles - 1)
+                        store_unit(smem, C, bias, L.summed(total, acc), bid + t * grid, at, row0, col0, wg, lane,
+                                   0, row0, 0, 128, lane)
+
+    return gemm_ws

@@ -1,0 +1,150 @@
+"""The warp-specialized wgmma kernel (``wgmma_ws``): a producer warpgroup issuing the TMA loads,
+consumer warpgroups multiplying and releasing each stage on a barrier of its own.
+
+CI (no GPU): the kernel's structure in the CUDA TVM generates (the producer's and consumers'
+``setmaxnreg``, a load and a release barrier a stage, no block barrier past the barriers'
+init), ptxas assembling every kind of it without spills, and the refusals.  ``-m gpu``: every
+kind against float64 on NaN-poisoned outputs, twice (the barriers' phases from a fresh launch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import numpy as np
+import pytest
+
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm, wgmma_reason
+from tvm_ext.schedules.gemm.wgmma_specialized import CONSUMER_REGISTERS, PRODUCER_REGISTERS
+from tvm_ext.target import offline_cuda
+
+WS = dict(tma=True, specialized=True, smem_epilogue=False)
+# (tile, m, n, k, wgmma_gemm's keywords)
+KINDS = {
+    "one unit": (WgmmaTile(128, 256, 4, 1, **WS), 512, 512, 512, {}),
+    "several units, raster": (WgmmaTile(128, 128, 6, 1, raster=2, tiles=4, **WS), 1024, 1024, 512, {}),
+    "one warpgroup, no wgmma in flight": (WgmmaTile(64, 128, 3, 0, **WS), 256, 256, 512, {}),
+    "ragged m": (WgmmaTile(128, 64, 6, 1, **WS), 700, 768, 768, {}),
+    "batched b (k, n) bias": (WgmmaTile(128, 128, 4, 1, **WS), 128, 256, 256,
+                              {"batch": (2, 3), "b_layout": "KN"}),
+    "bias": (WgmmaTile(128, 128, 4, 1, tiles=2, **WS), 256, 512, 256, {"bias_dtype": "float16"}),
+    "e4m3 promoted, overlapped": (WgmmaTile(128, 128, 6, 1, tiles=2, operand="e4m3", **WS), 512, 512, 1024,
+                                  {"promote": 1, "overlap": True, "scales": True}),
+    "tf32 promoted": (WgmmaTile(128, 128, 4, 1, operand="tf32", **WS), 256, 256, 512,
+                      {"promote": 4, "c_dtype": "float32"}),
+}
+
+
+def _source(tile: WgmmaTile, m: int, n: int, k: int, **kw) -> str:
+    import tvm
+
+    from tvm_ext.hardware import sm_90a
+
+    target = tvm.target.Target(sm_90a(offline_cuda("sm_90")).tvm_target())
+    return tvm.compile(tvm.IRModule({"main": wgmma_gemm(tile, m, n, k, **kw)}), target=target) \
+        .mod.imports[0].inspect_source()
+
+
+def _kernel(source: str) -> str:
+    start = source.index("main_kernel(")
+    return source[source.index("main_kernel(", start + 1):]
+
+
+def test_producer_and_consumers_meet_only_on_the_stages_barriers():
+    """One block barrier (after the barriers' init: a load and a release barrier a stage); the
+    producer warpgroup gives up registers and issues the TMA loads; the consumers take the
+    registers, wait on the load barriers and release each stage; no thread copies by cp.async."""
+    tile, m, n, k, kw = KINDS["several units, raster"]
+    body = _kernel(_source(tile, m, n, k, **kw))
+    init = body[:body.index("__syncthreads()")]
+    assert body.count("__syncthreads()") == 1
+    assert init.count("tvm_builtin_ptx_mbarrier_init_init_shared__cta_b64(") == 2 * tile.stages
+    assert f"setmaxnreg_dec_sync_aligned_u32_{PRODUCER_REGISTERS}();" in body
+    assert f"setmaxnreg_inc_sync_aligned_u32_{CONSUMER_REGISTERS}();" in body
+    assert "mbarrier_arrive_nocount_arrive_shared__cta_b64(" in body  # a consumer releases a stage
+    assert "mbarrier_arrive_expect_tx" in body and "cp_async_bulk_tensor" in body  # the producer's loads
+    assert "cp_async_cg" not in body
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to run ptxas")
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_kind_assembles_for_sm_90a_without_spills(kind):
+    from tvm_ext.cost_model.ptxas import ptxas_of_source
+
+    tile, m, n, k, kw = KINDS[kind]
+    info = ptxas_of_source(_source(tile, m, n, k, **kw), "sm_90a")
+    assert info is not None and info.spill_bytes == 0
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(tma=False), "TMA loads (wgmma_tma 1)"),
+    (dict(smem_epilogue=True), "straight from their registers"),
+    (dict(split=2), "K unsplit"),
+])
+def test_refused_without_tma_with_a_staged_c_or_a_split_k(change, needle):
+    tile = dataclasses.replace(WgmmaTile(128, 128, 4, 1, **WS), **change)
+    assert needle in wgmma_reason(tile, 512, 512, 1024)
+
+
+def test_the_knob_names_the_tile_and_counts_its_barriers():
+    tile = WgmmaTile(128, 256, 4, 1, **WS)
+    assert tile.name.endswith(" tma ws") and WgmmaTile.of(_config(tile)) == tile
+    assert tile.barrier_bytes() == 2 * dataclasses.replace(tile, specialized=False).barrier_bytes()
+
+
+def _config(tile: WgmmaTile):
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+
+    t = WgmmaGemmTemplate(512, 512, 512)
+    return t.space(offline_cuda()).make(**tile.knobs())
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cuda_ws_kernels_match_float64(kind):
+    """Each kind against float64 of its operands on NaN-poisoned C, twice: a barrier phase or a
+    stage released too early gives an O(1) error or NaN."""
+    import tvm
+
+    from tvm_ext.hardware import sm_90a
+    from tvm_ext.precision.precision import np_dtype
+    from tvm_ext.schedules.gemm.wgmma_layout import OPERAND_STORAGE
+    from tvm_ext.target import resolve_target
+
+    tile, m, n, k, kw = KINDS[kind]
+    func = wgmma_gemm(tile, m, n, k, **kw)
+    target = tvm.target.Target(sm_90a(resolve_target("cuda")).tvm_target())
+    mod = tvm.compile(tvm.IRModule({"main": func}), target=target).mod
+    rng = np.random.default_rng(0)
+    shapes = [tuple(int(x) for x in p.shape) for p in func.params]
+    stored = np_dtype(OPERAND_STORAGE[tile.operand])
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.standard_normal(shapes[1]).astype(np.float32)
+    if tile.operand in ("e4m3", "e5m2"):
+        a, b = (x.astype(stored).astype(np.float32) for x in (a, b))
+    elif tile.operand == "float16":
+        a, b = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+    bt = b if kw.get("b_layout") == "KN" else np.swapaxes(b, -1, -2)  # as (..., k, n)
+    ref = np.matmul(a.astype(np.float64), bt.astype(np.float64))
+    extra = []
+    if kw.get("bias_dtype"):
+        bias = rng.standard_normal(n).astype(np.float16)
+        ref = ref + bias.astype(np.float64)
+        extra = [bias]
+    if kw.get("scales"):
+        scales = np.array([0.5, 0.25], np.float32)
+        ref = ref * 0.125
+        extra = [scales]
+    dev = tvm.cuda(0)
+    c_dtype = kw.get("c_dtype", "float16")
+    args = [tvm.runtime.tensor(a.astype(stored) if tile.operand != "tf32" else a, dev),
+            tvm.runtime.tensor(b.astype(stored) if tile.operand != "tf32" else b, dev),
+            *[tvm.runtime.tensor(x, dev) for x in extra]]
+    for _ in range(2):
+        c = tvm.runtime.tensor(np.full(ref.shape, np.nan, np_dtype(c_dtype)), dev)
+        mod["main"](*args, c)
+        out = c.numpy().astype(np.float64)
+        assert np.isfinite(out).all()
+        err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+        assert err < (5e-3 if tile.operand != "tf32" else 1e-3), err
