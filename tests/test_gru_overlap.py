@@ -18,7 +18,7 @@ from test_gru import Shape, _inputs, _weights
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.precision.precision import relative_error
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, row_order_tiles, wgmma_gemm
 from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
 from tvm_ext.target import offline_cuda
@@ -67,12 +67,14 @@ def test_counting_gemm_refusals(tile, kwargs, reason):
         wgmma_gemm(tile, 1024, 1536, 512, c_dtype="float16", signal=True, **kwargs)
 
 
-@pytest.mark.parametrize("m, n, bm, bn", [(1024, 1536, 128, 64), (2048, 1536, 128, 128), (640, 768, 64, 128)])
+@pytest.mark.parametrize("m, n, bm, bn", [(1024, 1536, 128, 64), (2048, 1536, 128, 128), (1280, 768, 64, 128)])
 def test_tiles_in_row_order_finish_tile_rows_in_turn(m, n, bm, bn):
     """A block's k-th tile is in a later tile row than its (k-1)-th, and every block's k-th tile
     is in the same band of tile rows: tile row r is stored in the (r // g)-th round of the blocks."""
-    tile = in_row_order(WgmmaTile(bm, bn, 4, 1, False, raster=8, tiles=2), m, n, 512)
-    assert tile.raster == 0 and tile.tiles > 1
+    base = WgmmaTile(bm, bn, 4, 1, False, raster=8, tiles=2)
+    tiles = row_order_tiles(base, m, n, max_blocks=68)  # the SMs a 64-block step kernel leaves of 132
+    tile = in_row_order(base, m, n, 512, tiles)
+    assert tile.raster == 0 and tile.tiles == tiles > 1 and n // bn * (-(-m // bm) // tiles) <= 68
     L = KernelLayout.of(tile, m, n, 512, "NK", (), True, 0, signal=True)
     rounds = [[int(L.tile_row0(b + t * L.grid)) // bm for b in range(L.grid)] for t in range(tile.tiles)]
     groups = L.grid // (n // bn)
@@ -119,10 +121,10 @@ def test_plan_passes_the_counts_from_init_through_gemm_to_the_step_kernel(precis
     polls it with acquire loads and reads gi from L2; the GEMM's tile runs its tile rows in turn."""
     target = offline_cuda()
     t = _template(8, 512, precision=precision).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_overlap=1, **knobs)
+    cfg = t.analytic_pick(target)[0].replace(step_overlap=4, **knobs)
     assert t.space(target).infeasible_reason(cfg) is None
     tile = t.counted_gemm_tile(cfg)
-    assert tile.raster == 0 and tile.tiles > 1
+    assert tile.raster == 0 and tile.tiles == 4
     rows = 128 * 8 // tile.bm
     assert t.for_config(cfg).buffers()["gi_ready"].shape == (rows + 1,)  # and the total
     assert "gi_ready" not in t.for_config(cfg.replace(step_overlap=0)).buffers()
@@ -138,6 +140,7 @@ def test_plan_passes_the_counts_from_init_through_gemm_to_the_step_kernel(precis
 
 @pytest.mark.parametrize("batch, knobs, reason", [
     (8, {"step_overlap": 1, "in_wgmma": 0}, "needs the input GEMM on wgmma"),
+    (8, {"step_overlap": 3, "in_wgmma": 1}, "3 tiles a block must divide its 8 tile rows"),
     (2, {"step_overlap": 1, "fuse_step": 1, "step_loop": 2, "step_tc": 0, "step_flags": 1, "in_wgmma": 1},
      "tensor-core step kernel's with exchange words"),
 ])
@@ -158,11 +161,11 @@ def test_space_refuses_overlap_with_variable_lengths():
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
-GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HALF, {"in_wgmma": 1}),
+GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HALF, {"in_wgmma": 1}, 4),
              "fp16-b6-h256-2layer-bi": (Shape(seq=64, batch=6, input=128, hidden=256, layers=2, bidirectional=True),
-                                        HALF, {"in_wgmma": 1}),
-             "fp32-b8-h512-tf32": (Shape(seq=128, batch=8, input=512, hidden=512), None, {"in_split": 3}),
-             "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2})}
+                                        HALF, {"in_wgmma": 1}, 3),
+             "fp32-b8-h512-tf32": (Shape(seq=128, batch=8, input=512, hidden=512), None, {"in_split": 3}, 4),
+             "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2}, 1)}
 
 
 @pytest.mark.gpu
@@ -170,12 +173,13 @@ GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HA
 def test_cuda_overlapped_steps_match_float64(key):
     """The pick with its step kernel launched while the input GEMM runs, against float64 on
     three calls and a second input, and against the same config without the overlap."""
-    s, precision, knobs = GPU_CASES[key]
+    s, precision, knobs, tiles = GPU_CASES[key]
     common = dict(num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch, seq=s.seq,
                   **({"precision": precision} if precision else {}))
     pick = GRU.build("cuda", s.input, s.hidden, **common).config.replace(step_tc=pick_tc(precision), step_flags=1,
                                                                         **knobs)
-    gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=1), **common).load_numpy(_weights(s))
+    gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=tiles), **common)
+    gru = gru.load_numpy(_weights(s))
     plain = GRU.build("cuda", s.input, s.hidden, config=pick, **common).load_numpy(_weights(s))
     bound = 5e-3 if precision else 1e-5
     for seed in (1, 2):

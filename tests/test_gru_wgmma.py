@@ -101,7 +101,7 @@ def test_pick_runs_large_float16_input_gemms_on_wgmma(batch, hidden, on_wgmma, o
     target = offline_cuda()
     t = _template(batch, hidden, precision=HALF if precision == "float16" else BF16).with_tensor_cores(target)
     cfg, why = t.analytic_pick(target)
-    assert (cfg.in_wgmma, cfg.step_overlap) == (on_wgmma, overlap)
+    assert (cfg.in_wgmma, bool(cfg.step_overlap)) == (on_wgmma, bool(overlap))
     assert (f"{precision} on wgmma" in why) == bool(on_wgmma)
     assert ("launched while the input GEMM runs" in why) == bool(overlap)
 

@@ -313,23 +313,25 @@ def signal_reason(t: WgmmaTile, plain_bias: bool) -> str | None:
     return None
 
 
-def in_row_order(t: WgmmaTile, m: int, n: int, k: int, b_layout: str = "NK", max_blocks: int = 0) -> WgmmaTile:
+def in_row_order(t: WgmmaTile, m: int, n: int, k: int, tiles: int, b_layout: str = "NK") -> WgmmaTile:
     """``t`` with its C tiles stored tile row by tile row, for a kernel that reads C's rows in
-    order while this one runs (``signal``): row-major, and several tiles a block dividing the
-    tile rows, so that block b computes column b % (n / bn) of every g-th tile row in turn
-    (g = blocks / columns) and the tile rows are done in bands of g.  The fewest tiles a block
-    whose grid has at most ``max_blocks`` blocks (the SMs the other kernel leaves free; 0: the
-    most tiles a block).  Without the shared-memory epilogue where several tiles a block leave
-    it no room; ``t`` with raster 0 alone where no such split runs."""
+    order while this one runs (``signal``): row-major, ``tiles`` a block, so that with ``tiles``
+    dividing the tile rows block b computes column b % (n / bn) of every g-th tile row in turn
+    (g = blocks / columns) and the tile rows are done in bands of g; without the shared-memory
+    epilogue where several tiles a block leave it no room (``wgmma_reason`` says what else)."""
+    ordered = replace(t, raster=0, tiles=tiles)
+    if wgmma_reason(ordered, m, n, k, b_layout=b_layout) is not None and ordered.smem_epilogue:
+        return replace(ordered, smem_epilogue=False)
+    return ordered
+
+
+def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int) -> int:
+    """The fewest tiles a block (of ``TILES_PER_BLOCK``, dividing the tile rows) whose row-ordered
+    grid has at most ``max_blocks`` blocks (the SMs another kernel leaves free); the most that
+    divide where none is that few; 1 where none divides."""
     rows, columns = -(-m // t.bm), n // t.bn
-    choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0 and x > 1)
-    fitting = [x for x in choices if max_blocks and columns * (rows // x) <= max_blocks]
-    for tiles in fitting + choices[::-1]:
-        for epilogue in (t.smem_epilogue, False):
-            ordered = replace(t, raster=0, tiles=tiles, smem_epilogue=epilogue)
-            if wgmma_reason(ordered, m, n, k, b_layout=b_layout) is None:
-                return ordered
-    return replace(t, raster=0)
+    choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0)
+    return next((x for x in choices if columns * (rows // x) <= max_blocks), choices[-1] if choices else 1)
 
 
 def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProgram:

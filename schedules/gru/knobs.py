@@ -4,6 +4,7 @@ knobs, prefixed ``in_`` and ``hid_``)."""
 from __future__ import annotations
 
 from tvm_ext.schedules.gemm.simt import KNOBS as GEMM_KNOBS
+from tvm_ext.schedules.gemm.wgmma import TILES_PER_BLOCK
 from tvm_ext.core.space import Config, Knob
 
 STEP_KNOBS = (
@@ -69,11 +70,12 @@ STEP_KNOBS = (
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),
-    Knob("step_overlap", (0, 1), "tensor-core step kernel with step_flags 1 and the input GEMM on wgmma (Hopper): 1 "
-                                 "launches the step kernel while the input GEMM runs (programmatic dependent launch), "
-                                 "the GEMM counting each tile row of gi it has stored and the step kernel waiting for "
-                                 "a step's rows before loading them: the GEMM's time behind the first steps where "
-                                 "the step kernel leaves SMs free", before=0),
+    Knob("step_overlap", (0,) + TILES_PER_BLOCK,
+         "tensor-core step kernel with step_flags 1 and the input GEMM on wgmma (Hopper): N > 0 launches the step "
+         "kernel while the input GEMM runs (programmatic dependent launch), the GEMM storing its tiles in row order, "
+         "N a block, and counting each tile row of gi it has stored, the step kernel waiting for a step's rows "
+         "before loading them: the GEMM's time behind the first steps where the step kernel leaves SMs free",
+         before=0),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

@@ -40,6 +40,8 @@ from tvm_ext.precision.precision import itemsize
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
+from tvm_ext.schedules.gemm.wgmma import row_order_tiles
+
 from .flag_step import FLAG_UNITS
 from .fused_step import step_k_extent
 from .split_step import SPLIT_CHUNK_K
@@ -175,10 +177,12 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     early = cfg.replace(step_overlap=1, **({} if cfg.in_split or cfg.in_wgmma else {"in_wgmma": 1}))
     if not space.is_feasible(early):
         return cfg, ""
-    tile, blocks = template.counted_gemm_tile(early), template.step_variant(early).shape.blocks
-    gemm_blocks = template.dirs * 3 * template.hidden // tile.bn * -(-template.seq * template.batch // tile.bm
-                                                                    // tile.tiles)
-    if blocks + gemm_blocks > sm_count:
+    m, n, blocks = template.seq * template.batch, template.dirs * 3 * template.hidden, \
+        template.step_variant(early).shape.blocks
+    early = early.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(early), m, n, sm_count - blocks))
+    tile = template.counted_gemm_tile(early)
+    gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
+    if blocks + gemm_blocks > sm_count or not space.is_feasible(early):
         return cfg, ""
     return early, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks ({tile.name}) "
                    f"beside the step kernel's {blocks}, which waits for each step's rows")

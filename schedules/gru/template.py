@@ -25,7 +25,7 @@ from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGem
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, signal_reason, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, signal_reason, wgmma_gemm, wgmma_reason
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.core.space import Config, Space
@@ -104,9 +104,6 @@ class GruTemplate(DtypeFields, Template):
     in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
     in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM on wgmma (in_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
-    # the target's SMs (``with_tensor_cores``): a counting input GEMM (``step_overlap``) takes at most those
-    # the step kernel leaves free
-    device_sms: int = 0
     ready_buffer: int = 0  # counts of gi's stored tile rows the config's plan passes (``step_overlap``)
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
     variable_lengths: bool = False
@@ -332,8 +329,7 @@ class GruTemplate(DtypeFields, Template):
 
         split = [(m, n, PARTS * split_depth(k)) for m, n, k in inputs]
         fits = self.split_reason() is None
-        return replace(self, device_sms=target.compute_units,
-                       in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
+        return replace(self, in_tensor_core=pick_tile(inputs, target) if sixteen_bit("x", "w_ih") else None,
                        hid_tensor_core=pick_tile(hidden, target) if sixteen_bit("h", "w_hh") else None,
                        in_split_tensor_core=pick_tile(split, target) if fits else None,
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
@@ -518,26 +514,32 @@ class GruTemplate(DtypeFields, Template):
                                                                    self.in_wgmma_tile if config.in_wgmma else None)
         if tile is None:
             return None
-        depth = PARTS * split_depth(self.input) if config.in_split else self.input  # layer 0's (all tiles divide it)
-        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm())
-        free = self.device_sms - step.shape.blocks if isinstance(step, TensorCoreStep) else 0
-        return in_row_order(tile, self.seq * self.batch, self.dirs * 3 * self.hidden, depth,
-                            "NK" if config.in_split else "KN", max_blocks=max(free, 0))
+        return in_row_order(tile, self.seq * self.batch, self.dirs * 3 * self.hidden, self.counted_depth(config),
+                            config.step_overlap, "NK" if config.in_split else "KN")
+
+    def counted_depth(self, config: Config) -> int:
+        """Layer 0's input GEMM depth (its float16 or TF32 parts' with ``in_split``)."""
+        return PARTS * split_depth(self.input) if config.in_split else self.input
 
     def overlap_reason(self, c: Config, step: StepVariant) -> str | None:
-        """Why ``c``'s step kernel cannot start while its input GEMM runs (``step_overlap`` 1)."""
+        """Why ``c``'s step kernel cannot start while its input GEMM runs (``step_overlap`` N)."""
         if not (isinstance(step, TensorCoreStep) and step.flags):
-            return "step_overlap 1 is the tensor-core step kernel's with exchange words (step_tc 1 or 2, step_flags 1)"
+            return "step_overlap is the tensor-core step kernel's with exchange words (step_tc 1 or 2, step_flags 1)"
         tile = self.counted_gemm_tile(c)
         if tile is None:
-            return "step_overlap 1 needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"
+            return "step_overlap needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"
         if self.variable_lengths:
-            return "step_overlap 1: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
-        reason = signal_reason(tile, plain_bias=True)
+            return "step_overlap: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
+        m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+        if -(-m // tile.bm) % tile.tiles:
+            return (f"step_overlap {c.step_overlap}: the counting GEMM's {tile.tiles} tiles a block must divide its "
+                    f"{-(-m // tile.bm)} tile rows of {tile.bm}")
+        reason = (signal_reason(tile, plain_bias=True)
+                  or wgmma_reason(tile, m, n, self.counted_depth(c), b_layout="NK" if c.in_split else "KN"))
         if reason:
-            return f"step_overlap 1: {reason}"
+            return f"step_overlap {c.step_overlap}: {reason}"
         if step.ready_words > self.dirs * self.batch * self.hidden:
-            return (f"step_overlap 1: the init zeroes {step.ready_words} counts of gi's tile rows with its "
+            return (f"step_overlap: the init zeroes {step.ready_words} counts of gi's tile rows with its "
                     f"{self.dirs * self.batch * self.hidden} threads")
         return None
 
