@@ -120,10 +120,11 @@ def candidates(template: GruTemplate, target: TargetInfo, count: int) -> list[Co
         pick,  # GRU.build without a config
         *clusters,
         *unit_warps,
-        pick.replace(in_split=0),  # the pick with the input GEMM on the CUDA cores (float32)
-        pick.replace(in_split=1),  # split on an mma.sync tile (where the pick has wgmma)
+        # (no step launched early: it needs the GEMM on wgmma, counting its rows)
+        pick.replace(in_split=0, step_overlap=0),  # the pick with the input GEMM on the CUDA cores (float32)
+        pick.replace(in_split=1, step_overlap=0),  # split on an mma.sync tile (where the pick has wgmma)
         pick.replace(in_split=2),  # float16 parts on wgmma (where the pick has TF32 parts)
-        pick.replace(in_wgmma=0),  # float16: the input GEMM on its mma.sync tile (where the pick has wgmma)
+        pick.replace(in_wgmma=0, step_overlap=0),  # float16: the input GEMM on its mma.sync tile (the pick's: wgmma)
         *rows32,
         *tensor_core_flags,
         *flags,
