@@ -13,6 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
+from test_wgmma_tma import _source
 
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm, wgmma_reason
 from tvm_ext.schedules.gemm.wgmma_specialized import CONSUMER_REGISTERS, PRODUCER_REGISTERS
@@ -33,16 +34,6 @@ KINDS = {
     "tf32 promoted": (WgmmaTile(128, 128, 4, 1, operand="tf32", **WS), 256, 256, 512,
                       {"promote": 4, "c_dtype": "float32"}),
 }
-
-
-def _source(tile: WgmmaTile, m: int, n: int, k: int, **kw) -> str:
-    import tvm
-
-    from tvm_ext.hardware import sm_90a
-
-    target = tvm.target.Target(sm_90a(offline_cuda("sm_90")).tvm_target())
-    return tvm.compile(tvm.IRModule({"main": wgmma_gemm(tile, m, n, k, **kw)}), target=target) \
-        .mod.imports[0].inspect_source()
 
 
 def _kernel(source: str) -> str:

@@ -93,10 +93,7 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
                         row0 = T.meta_var(L.tile_row0(bid + t * grid))
                         col0 = T.meta_var(L.tile_col0(bid + t * grid))
                         at = T.meta_var(L.tile_lead(bid + t * grid))
-                        for i in T.unroll(L.n_acc):
-                            acc[i] = T.float32(0)
-                            if L.promoting:
-                                total[i] = T.float32(0)
+                        step.cleared(acc, total)
                         loop(k_step, (smem, base, t, wg, done), acc, spare, total)
                         if L.inflight > 0:  # every wgmma retired: the unit's last stage too
                             release(smem, t * k_tiles + k_tiles - 1)

@@ -57,6 +57,7 @@ class Mma:
     mma_stage: Callable[..., None]  # (base, acc, cur, wg, keep)
     promotion: Callable[..., None]  # (acc, total, kt)
     add_into: Callable[..., None]  # (total, acc): total += acc, every wgmma into acc retired
+    cleared: Callable[..., None]  # (acc, total): both zero before a unit's k loop (total where promoting)
 
 
 def mma(L: KernelLayout) -> Mma:
@@ -68,6 +69,13 @@ def mma(L: KernelLayout) -> Mma:
     def add_into(total: Any, acc: Any) -> None:
         for i in T.unroll(L.n_acc):
             total[i] = total[i] + acc[i]
+
+    @T.macro
+    def cleared(acc: Any, total: Any) -> None:
+        for i in T.unroll(L.n_acc):
+            acc[i] = T.float32(0)
+            if L.promoting:
+                total[i] = T.float32(0)
 
     @T.macro
     def promotion(acc: Any, total: Any, kt: Any) -> None:
@@ -88,7 +96,7 @@ def mma(L: KernelLayout) -> Mma:
                          *(() if L.k_major_only else (0, int(L.n_major))))
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
-    return Mma(mma_stage, promotion, add_into)
+    return Mma(mma_stage, promotion, add_into, cleared)
 
 
 OVERLAP_CHUNK_STEPS = 16  # k steps unrolled between full waits with overlapped promotions
@@ -375,10 +383,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                 at = T.meta_var(L.tile_lead(bid))
                 wg = tx // 128
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
-                for i in T.unroll(L.n_acc):
-                    acc[i] = T.float32(0)
-                    if L.promoting:
-                        total[i] = T.float32(0)
+                step.cleared(acc, total)
                 init(smem, tx)
                 for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
                     staged.load_stage(smem, A, Bt, s * stage, L.global_kt(bid, s), at, row0, col0, tx)
@@ -441,10 +446,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                     row0 = T.meta_var(L.tile_row0(bid + t * grid))
                     col0 = T.meta_var(L.tile_col0(bid + t * grid))
                     at = T.meta_var(L.tile_lead(bid + t * grid))
-                    for i in T.unroll(L.n_acc):
-                        acc[i] = T.float32(0)
-                        if L.promoting:
-                            total[i] = T.float32(0)
+                    step.cleared(acc, total)
                     loop(k_step, (smem, A, Bt, base, bid, t, mine, tx, wg, done), acc, spare, total)
                     # C staged in the stages of this unit's last 1 + inflight k steps (not refilled), each
                     # warpgroup its own 64 rows
