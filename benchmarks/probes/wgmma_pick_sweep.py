@@ -47,7 +47,8 @@ def wide_grid(space) -> list:
     global memory at 2), every tile up to 256x192, TMA or ``cp.async`` loads, one tile a block."""
     return feasible(space, (
         dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
-             wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma)
+             wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma,
+             wgmma_ws=0)
         for (bm, bn), stages, (split, cluster), tma in itertools.product(
             WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1))))
 
@@ -56,7 +57,8 @@ def grid(space) -> list:
     """Feasible configs of the sweep's grid at this shape (``cp.async`` loads)."""
     return feasible(space, (
         dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
-             wgmma_raster=raster, wgmma_tiles=tiles, wgmma_split_k=split, wgmma_split_cluster=0, wgmma_tma=0)
+             wgmma_raster=raster, wgmma_tiles=tiles, wgmma_split_k=split, wgmma_split_cluster=0, wgmma_tma=0,
+             wgmma_ws=0)
         for (bm, bn), stages, tiles, raster, split in itertools.product(TILES, (4, 6, 8), (1, 2), (0, 8), (1, 2))
         if split == 1 or (bm, bn) == (64, 64)))
 
