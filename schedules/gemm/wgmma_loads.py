@@ -84,12 +84,29 @@ def tma_staging(L: KernelLayout) -> Staging:
     return by_iteration(L, load_stage)
 
 
+def phase_wait() -> Callable[..., None]:
+    """The macro ``wait_phase(done, bar, parity)``: spins on ``mbarrier.try_wait.parity`` until the
+    barrier at shared address ``bar`` has completed the phase of that parity (``done``: a
+    uint32 register)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def wait_phase(done: Any, bar: Any, parity: Any) -> None:
+        done[0] = T.uint32(0)
+        while done[0] == T.uint32(0):
+            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], bar, T.Cast("uint32", parity))
+
+    return wait_phase
+
+
 def stage_waits(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
     """The macros ``init(smem, tx)`` (before the prologue), ``landed(smem, it, done)`` (before the
     block barrier of iteration ``it``: its stage has landed) and ``issued()`` (after a stage's
     loads): cp.async groups, or with ``tma`` a barrier a stage, waited on for the phase of the
     iteration's round of the stages."""
     from tvm.script import tirx as T
+
+    wait_phase = phase_wait()
 
     @T.macro
     def init(smem: Any, tx: Any) -> None:
@@ -103,11 +120,7 @@ def stage_waits(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., Non
     @T.macro
     def landed(smem: Any, it: Any, done: Any) -> None:
         if L.tma:
-            done[0] = T.uint32(0)
-            while done[0] == T.uint32(0):
-                T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](
-                    done[0], stage_barrier(L, smem, it % L.stages),
-                    T.Cast("uint32", it // L.stages % 2))
+            wait_phase(done, stage_barrier(L, smem, it % L.stages), it // L.stages % 2)
         else:
             T.ptx["cp.async.wait_group"](L.ahead - 1)  # this iteration's stage has landed (this thread's copies)
             T.ptx["fence.proxy.async.shared::cta"]()  # generic-proxy writes -> wgmma's async proxy

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .wgmma_layout import KernelLayout
-from .wgmma_loads import Staging, stage_barrier
+from .wgmma_loads import Staging, phase_wait, stage_barrier
 
 PRODUCER_REGISTERS = 40  # the producer warpgroup's registers a thread after setmaxnreg (one thread issues loads)
 CONSUMER_REGISTERS = 232  # the consumers': 128 x 40 + 256 x 232 fits an SM's 65536 with two consumer warpgroups
@@ -35,12 +35,7 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
     from tvm.script import tirx as T
 
     stages, stage, k_tiles, grid, consumers = L.stages, L.stage, L.k_tiles, L.grid, L.threads
-
-    @T.macro
-    def wait(done: Any, bar: Any, parity: Any) -> None:
-        done[0] = T.uint32(0)
-        while done[0] == T.uint32(0):
-            T.ptx["mbarrier.try_wait.parity.shared::cta.b64"](done[0], bar, T.Cast("uint32", parity))
+    wait = phase_wait()
 
     @T.macro
     def produce(smem: Any, A: Any, Bt: Any, bid: Any, mine: Any, done: Any) -> None:
