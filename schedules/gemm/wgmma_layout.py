@@ -51,6 +51,12 @@ class Tile(Protocol):
     def c_pieces_per_stage(self) -> int: ...
 
 
+def counted_words(m: int, bm: int) -> int:
+    """The length of a counting kernel's ``ready`` (``wgmma_gemm``'s ``signal``) for ``m`` rows in
+    tiles of ``bm``: a count a tile row, then their total (at index ``counted_words - 1``)."""
+    return -(-m // bm) + 1
+
+
 def stored_row_count(n: int, bn: int, split: int, clustered: bool) -> int:
     """The count of a tile row of C (``n`` columns in tiles of ``bn``) once a counting kernel
     has stored all of it: one a tile, one a block of a cluster (each stores its band of rows)."""
@@ -124,11 +130,6 @@ class KernelLayout:
     @property
     def threads(self) -> int:
         return self.bm // 64 * 128
-
-    @property
-    def row_tiles(self) -> int:
-        """Tile rows of C (a ragged M's last one counted)."""
-        return -(-self.m // self.bm)
 
     @property
     def signals_per_row(self) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .wgmma_layout import REDUCE_THREADS, KernelLayout
+from .wgmma_layout import REDUCE_THREADS, KernelLayout, counted_words
 from .wgmma_specialized import specialized_kernel
 from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, b_box, stage_waits, staging, tensor_map_box,
                           tensor_map_dims)
@@ -336,7 +336,7 @@ def row_signals(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., Non
             T.tvm_storage_sync("shared")
             if tx == 0:
                 T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(ready[row0 // L.bm]), 1))
-                T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(ready[L.row_tiles]), 1))
+                T.evaluate(T.call_extern("int32", "atomicAdd", T.address_of(ready[counted_words(L.m, L.bm) - 1]), 1))
 
     return launch_early, stored
 
@@ -534,7 +534,7 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
         return main_scaled
 
     if bias_dtype is not None and L.signal:
-        rows = L.row_tiles + 1  # the tile rows' counts, then their total
+        rows = counted_words(L.m, L.bm)
 
         @T.prim_func
         def main_bias_counted(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),

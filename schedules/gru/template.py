@@ -620,8 +620,8 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
         if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+            tile = self.counted_gemm_tile(config) or self.in_wgmma_tile
             for i in self.input_gemm_kinds():
-                tile = self.counted_gemm_tile(config) or self.in_wgmma_tile
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, self.layer_input(i), c_dtype=p["gi"],
                                                      bias_dtype=p["w_ih"], b_layout="KN",
                                                      signal=bool(config.step_overlap))

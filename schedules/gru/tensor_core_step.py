@@ -49,6 +49,7 @@ from typing import Any
 from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELAXED,
                                         NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier)
+from tvm_ext.schedules.gemm.wgmma_layout import counted_words
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_blend, cell_gates, float_pair, float_word, pack_pair, pair_tag, stored_as
@@ -175,7 +176,7 @@ def _kernel(L: TcKernelLayout) -> Any:
             bar[1] = 1
 
     if L.counted:
-        row_tiles = -(-steps * batch // L.ready_rows) + 1  # the tile rows' counts, then their total
+        row_tiles = counted_words(steps * batch, L.ready_rows)
 
         @T.prim_func(private=True)
         def kernel_counted(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
@@ -213,7 +214,7 @@ def wait_gi_macro(L: TcKernelLayout) -> Any:
     from tvm.script import tirx as T
 
     steps, batch, rows, tile, count = L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count
-    tiles = -(-steps * batch // tile) if tile else 0
+    total = counted_words(steps * batch, tile) - 1 if tile else 0  # where the total follows the rows' counts
 
     def acquired(ready: Any, row: Any) -> Any:
         return T.call_extern("int32", "__nv_atomic_load_n", T.address_of(ready[row]), NV_ATOMIC_ACQUIRE,
@@ -225,7 +226,7 @@ def wait_gi_macro(L: TcKernelLayout) -> Any:
         for end in T.unroll(2):  # the tile rows of the block's first and last real row
             row = T.meta_var((t_row * batch + T.min(m0 + end * (rows - 1), batch - 1)) // tile)
             if T.And(row != seen[end], seen[2] == 0):
-                if acquired(ready, tiles) >= tiles * count:
+                if acquired(ready, total) >= total * count:
                     seen[2] = 1
                 else:
                     while T.And(poll[0] < SPIN_LIMIT, acquired(ready, row) < count):
@@ -422,12 +423,10 @@ def _sum_k_warps_macro(L: TcKernelLayout) -> Any:
     """With k warps: the other k warps' partial sums into the first's accumulators (16-bit state
     at batch 8 or less: only those of the rows 0-7 a tile's lanes hold, rows 8-15 being padding;
     measured faster there and slower with float32 parts, docs/results/gru.md)."""
-    skipped = PADDING_SUMS_SKIPPED and L.shape.batch <= MMA_M // 2 and not L.shape.split
+    skipped = L.shape.batch <= MMA_M // 2 and not L.shape.split
     return k_warp_sums_macro(L.shape.k_warps, L.shape.n_warps, L.m_warps, L.shape.n_tiles * 4,
                              upper_rows=not skipped)
 
-
-PADDING_SUMS_SKIPPED = True  # the k-sum traffic of padding rows skipped (False: the build before, to time it)
 
 
 def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int, upper_rows: bool = True) -> Any:
@@ -689,7 +688,7 @@ class TensorCoreStep(StepVariant):
     def ready_words(self) -> int:
         """The counts of the input GEMM's tile rows of gi whose stores the kernel waits for, and
         their total (0: none)."""
-        return -(-self.sizes.seq * self.sizes.batch // self.gi_ready[0]) + 1 if self.gi_ready[0] else 0
+        return counted_words(self.sizes.seq * self.sizes.batch, self.gi_ready[0]) if self.gi_ready[0] else 0
 
     def init_layout(self) -> dict[str, Any]:
         return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": not self.split,
