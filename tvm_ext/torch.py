@@ -372,10 +372,12 @@ class BarrierWatch:
             self.host.zero_()
             if flags[0]:
                 raise TvmExtError(self.message)
+            from tvm_ext.schedules.gru.split import FLOAT16_MAX
+
             name = RANGE_CHECKED[flags.index(1, 1) - 1]
-            raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is 65504 or more (or NaN), beyond "
-                              f"what its float16 parts hold (a call ran on it: its outputs are not valid); build "
-                              f"without {self.split[name]}")
+            raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {FLOAT16_MAX:g} or more "
+                              f"(or NaN), beyond what its float16 parts hold (a call ran on it: its outputs are not "
+                              f"valid); build without {self.split[name]}")
 
 
 RANGE_CHECKED = ("x", "h0")  # the plan inputs a config may split into float16 parts, in the flags' order
