@@ -318,3 +318,39 @@ def test_inputs_past_their_float16_parts_are_reported_at_the_next_call(config, b
         with pytest.raises(TvmExtError, match=needle):
             gru.check()
         gru.check()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("view", [True, False], ids=["flags-in-pinned-words", "flags-copied-out"])
+def test_a_timed_out_barrier_is_reported_at_the_next_call(monkeypatch, view):
+    """A grid that cannot be resident (a target claiming 4096 SMs lets 1120 blocks through the
+    residency check: blocks wait at a barrier for blocks that never start) times out; the call
+    returns, and the next call (a replayed graph) or ``check`` (direct launches) raises the
+    barrier's error.  With the flags the device writes into pinned host memory, and with the
+    fallback that copies them out after the call."""
+    import dataclasses
+
+    import tvm_ext.target as targets
+    import tvm_ext.torch as torch_gru
+
+    real = targets.resolve_target
+    monkeypatch.setattr(targets, "resolve_target",
+                        lambda kind, device=0: dataclasses.replace(real(kind, device), compute_units=4096))
+    if not view:
+        monkeypatch.setattr(torch_gru, "device_view", lambda host, device: None)
+    torch.manual_seed(5)
+    net = torch.nn.GRU(16, 1024).cuda().eval()
+    gru = GRU.from_module(net, config=dict(fuse_step=1, step_j=32, step_b=1, step_k=64, step_ks=8, step_loop=2,
+                                           step_barrier=2))
+    x = torch.randn(2, 35, 16, device="cuda")  # 32 x 35 = 1120 blocks of 256 threads > 132 x 8
+    gru(x)
+    watch = next(iter(gru._watches.values()))
+    assert (watch.mapped is not None) == view
+    torch.cuda.synchronize()
+    with pytest.raises(TvmExtError, match="grid barrier timed out"):
+        gru(x)
+    gru.graphs = False
+    gru(x)
+    with pytest.raises(TvmExtError, match="grid barrier timed out"):
+        gru.check()
+    gru.check()  # reported once

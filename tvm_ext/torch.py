@@ -313,12 +313,18 @@ def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
 
 
 class BarrierWatch:
-    """A call's error flags, copied to pinned host memory after every call on its stream (a
-    CUDA graph captures the copy too) and read at the next call: the persistent step kernels'
+    """A call's error flags, written to pinned host memory by the call on its stream (a CUDA
+    graph captures the writes too) and read at the next call: the persistent step kernels'
     timed-out flag (``bar[1]``), and whether an input the config splits into float16 parts
     (``GRU.split_inputs``: x, h0) held a value past what the parts hold, tested on the device
     before the plan.  The numpy path checks both synchronously, which would cost the eager call
-    a sync; here the call whose flag is set has run, and the next one raises."""
+    a sync; here the call whose flag is set has run, and the next one raises.
+
+    The device writes the flags straight into the pinned words (``device_view``: one small
+    kernel after the plan) rather than into device memory copied out after it: a copy to the
+    host is a copy-engine node that held a call up by several microseconds, more than the whole
+    input GEMM of a small GRU.  Where torch cannot view the pinned words as a CUDA tensor, the
+    flags stay on the device and are copied out after the call."""
 
     def __init__(self, engine: Any):
         from tvm_ext.schedules.gru.plan import BARRIER_TIMEOUT
@@ -329,8 +335,10 @@ class BarrierWatch:
         if self.active:
             self.bar = torch.from_dlpack(engine.executor.sets[0]["bar"]) if engine.persistent else None
             device = torch.device("cuda", engine.target.device_id)
-            self.flags = torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, device=device)
             self.host = torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, pin_memory=True)
+            self.mapped = device_view(self.host, device)  # the device's writes land in ``host``
+            self.flags = self.mapped if self.mapped is not None else \
+                torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, device=device)
             self.done: Any = None
 
     def check_ranges(self, tensors: Mapping[str, Any], zero_h0: bool) -> None:
@@ -345,12 +353,15 @@ class BarrierWatch:
                 self.flags[i:i + 1].copy_(torch.logical_not(largest < FLOAT16_MAX).view(1))
 
     def enqueue(self, stream: Any) -> None:
-        """After a call, on ``stream`` (torch's current one): the flags' copy, and an event
-        that says when it landed (not inside a capture, where events cannot be queried)."""
+        """After a call, on ``stream`` (torch's current one): the timed-out flag into the flags
+        (a kernel, where they are the pinned words: a same-type ``copy_`` would be a copy-engine
+        node), the flags' copy out where they are on the device, and an event that says when
+        they landed (not inside a capture, where events cannot be queried)."""
         if self.active:
             if self.bar is not None:
-                self.flags[0:1].copy_(self.bar[1:2])
-            self.host.copy_(self.flags, non_blocking=True)
+                torch.bitwise_or(self.bar[1:2], 0, out=self.flags[0:1])
+            if self.mapped is None:
+                self.host.copy_(self.flags, non_blocking=True)
             self.mark(stream)
 
     def mark(self, stream: Any) -> None:
@@ -378,6 +389,23 @@ class BarrierWatch:
             raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {FLOAT16_MAX:g} or more "
                               f"(or NaN), beyond what its float16 parts hold (a call ran on it: its outputs are not "
                               f"valid); build without {self.split[name]}")
+
+
+def device_view(host: Any, device: Any) -> Any:
+    """``host`` (pinned, contiguous int32) as a CUDA tensor on ``device`` at the same address,
+    or None where torch does not make one.  Pinned memory is mapped into every device's address
+    space at its host address (unified addressing, every 64-bit CUDA platform), so a kernel's
+    stores through the view land in ``host``; the view is made through the CUDA array
+    interface, which records the pointer and nothing else (``host`` must outlive the view)."""
+    class Words:
+        __cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<i4", "data": (host.data_ptr(), False),
+                                    "strides": None, "version": 2}
+
+    try:
+        view = torch.as_tensor(Words(), device=device)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return view if view.data_ptr() == host.data_ptr() and view.dtype == torch.int32 else None
 
 
 RANGE_CHECKED = ("x", "h0")  # the plan inputs a config may split into float16 parts, in the flags' order

@@ -1,0 +1,90 @@
+"""What a ``tvm_ext.torch.GRU`` call costs beyond its plan's kernels: the module's call and the
+plan alone (the executor's calls), each per call, back to back and replayed from a CUDA graph
+(``time_vendor``), in rounds; and the kernels and copies of one graph replay of the module's
+calls, start and duration (torch's profiler), where the gaps between them show.
+T=128, input = hidden, the pick.
+Usage: python benchmarks/probes/gru_call_nodes.py [--cases float16:8:512,float32:8:512] [--rounds 2] [--out DIR]"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from common import capture_graph, time_vendor  # noqa: E402
+
+from tvm_ext.torch import GRU  # noqa: E402
+
+SETS, SEQ = 4, 128
+
+
+def three(times) -> dict:
+    return {"per_call": times.per_call.seconds * 1e3, "back_to_back": times.back_to_back.seconds * 1e3,
+            "graph": times.graph.seconds * 1e3 if times.graph else None, "graph_note": times.graph_note}
+
+
+def replay_nodes(fn) -> list[tuple[str, float, float]]:
+    """(name, start, duration) in microseconds of every kernel and copy of one replay of a graph
+    of 8 calls of ``fn``, from the first one's start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph, _ = capture_graph(fn, SETS, 8)
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    t0 = events[0].time_range.start if events else 0
+    return [(e.name[:60], round(e.time_range.start - t0, 2), round(e.time_range.end - e.time_range.start, 2))
+            for e in events]
+
+
+def measure(dtype: str, batch: int, hidden: int, rounds: int) -> dict:
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    net = torch.nn.GRU(hidden, hidden).cuda().to(dt).eval()
+    xs = [torch.randn(SEQ, batch, hidden, device="cuda").to(dt) for _ in range(SETS)]
+    module = GRU(hidden, hidden, 1, device="cuda", dtype=dt)
+    module.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        module(xs[0])
+        engine = next(iter(module._engines.values()))
+        plan_out = torch.from_dlpack(engine.executor.sets[0]["out"])
+        call = lambda i: module(xs[i])[0]  # noqa: E731
+        plan = lambda i: (engine.executor.run(), plan_out)[1]  # noqa: E731
+        row: dict = {"module": [], "plan": []}
+        for _ in range(rounds):
+            row["module"].append(three(time_vendor(call, SETS)))
+            row["plan"].append(three(time_vendor(plan, SETS, tvm_stream=True)))
+        row["nodes"] = replay_nodes(call)
+    watch = next(iter(module._watches.values()), None)
+    row["flags_in_pinned_words"] = bool(watch is not None and getattr(watch, "mapped", None) is not None)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default="float16:8:512,float32:8:512")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default="bench_out")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    result = {}
+    for case in args.cases.split(","):
+        dtype, batch, hidden = case.split(":")
+        row = result[case] = measure(dtype, int(batch), int(hidden), args.rounds)
+        for side in ("module", "plan"):
+            print(case, side, " ".join(f"{r['back_to_back']:.4f}/{r['graph']:.4f}" for r in row[side]),
+                  "ms (back to back / graph)")
+        for node in row["nodes"][:12]:
+            print("   ", node)
+    with open(os.path.join(args.out, "gru_call_nodes.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
