@@ -81,6 +81,12 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
     choice = TensorCoreChoiceTemplate(1024, 768, 768, a_dtype="float16", b_dtype="float16", c_dtype="float16")
     config, why = choice.analytic_pick(target)  # 96 tiles of 128x64: still wgmma (64x64 tiles would fill the SMs)
     assert config.as_dict()["tc_kernel"] == "wgmma" and "128x64" in why
+    for c_dtype in ("float16", "float32"):  # 96 tiles of 128x64 over 48 k steps: K split in a cluster, as gemm-wgmma's
+        choice = TensorCoreChoiceTemplate(1024, 768, 3072, a_dtype="float16", b_dtype="float16", c_dtype=c_dtype)
+        config, why = choice.analytic_pick(target)
+        tile = WgmmaTile.of(choice.kernel_config(config)[1])
+        assert (tile.bm, tile.bn, tile.split, tile.cluster) == (128, 128, 2, True), why
+        assert tile == WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072).default_config(target))
 
 
 def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
@@ -626,10 +632,12 @@ def test_cuda_bfloat16_wgmma_matches_float64(shape, b_layout, knobs, c_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(2048, 4096, 512), (1024, 1024, 1536)])
-def test_cuda_gemm_tc_bfloat16_picks_wgmma_and_matches_float64(shape):
-    """``gemm_tc_any``'s analytic pick with bfloat16 A, B and C on Hopper: the wgmma kernel
-    (B (K, N) read N-major), against float64 on NaN-poisoned C and scratch."""
+@pytest.mark.parametrize("dtype, shape", [("bfloat16", (2048, 4096, 512)), ("bfloat16", (1024, 1024, 1536)),
+                                          ("float16", (1024, 768, 3072)), ("float16", (2048, 768, 3072))])
+def test_cuda_gemm_tc_picks_wgmma_and_matches_float64(dtype, shape):
+    """``gemm_tc_any``'s analytic pick with 16-bit A, B and C on Hopper: the wgmma kernel
+    (B (K, N) read N-major; at x768x3072 K split in two in a cluster), against float64 on
+    NaN-poisoned C and scratch."""
     import tvm
 
     from tvm_ext.precision.precision import cast, np_dtype
@@ -637,7 +645,7 @@ def test_cuda_gemm_tc_bfloat16_picks_wgmma_and_matches_float64(shape):
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda")
-    t = TensorCoreChoiceTemplate(*shape, a_dtype="bfloat16", b_dtype="bfloat16", c_dtype="bfloat16")
+    t = TensorCoreChoiceTemplate(*shape, a_dtype=dtype, b_dtype=dtype, c_dtype=dtype)
     config, why = t.analytic_pick(target)
     assert config.tc_kernel == "wgmma", why
     program = t.build_program(config, target)

@@ -104,8 +104,8 @@ class TensorCoreChoiceTemplate(GemmTemplate):
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
         """Hopper's wgmma (float16 or bfloat16 operands) where a tile of it fits and the GEMM is
         large enough that 64x64 tiles would give 90 % of the SMs a block (faster than mma.sync at
-        4096^3; docs/results/gemm.md; the picked tile may be larger and fewer), else the mma.sync
-        pick (split-K for skinny shapes, which the wgmma kernel has not here)."""
+        4096^3; docs/results/gemm.md; the picked tile may be larger and fewer, or split K where C
+        has too few tiles: ``wgmma_tile``), else the mma.sync pick (split-K for skinny shapes)."""
         config = self.default_config(target)
         tile = self.wgmma_tile(target)
         if tile is not None and 10 * -(-self.m // 64) * (self.n // 64) >= 9 * target.compute_units:
@@ -113,11 +113,14 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         return config, self.mma.analytic_pick(target)[1]
 
     def wgmma_tile(self, target: TargetInfo) -> "wgmma.WgmmaTile | None":
-        """``pick_wgmma_tile``'s tile for this GEMM, None where wgmma cannot run it."""
+        """``pick_wgmma_tile``'s tile for this GEMM, None where wgmma cannot run it: the tile
+        ``tune gemm-wgmma`` picks, K split where C has too few tiles for the SMs (BERT-base's
+        1024x768x3072: 128x128 split in two in a cluster, 0.84x cuBLAS against 0.66x for the
+        unsplit 128x64 tile this pick took before; docs/results/gemm.md)."""
         if self.wgmma_types_reason():
             return None
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN",
-                               operand=self.a_dtype, ragged_m=True, few_waves=True)
+                               split_k=True, operand=self.a_dtype, ragged_m=True, few_waves=True)
         return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
 
     def wgmma_types_reason(self) -> str | None:
