@@ -292,17 +292,18 @@ def test_repeated_eager_calls_skip_the_checks_but_not_a_changed_input():
     ({"in_split": 1}, "x", "GRU input held a value .* build without in_split"),
     (None, "hx", "GRU hx held a value .* build without step_tc 2"),  # the pick at batch 8 splits the state
 ])
-def test_inputs_past_their_float16_parts_are_reported_at_the_next_call(config, bad, needle):
+@pytest.mark.parametrize("value", [7e4, -7e4, float("nan")])
+def test_inputs_past_their_float16_parts_are_reported_at_the_next_call(config, bad, needle, value):
     """A float32 GRU whose config splits x (in_split 1) or the state (step_tc 2) into float16 parts,
-    as the numpy path refuses them: a value of 65504 or more is found on the device before the plan
-    (no sync), the next call raises naming the knob (replayed graph, direct launches, or ``check``),
-    and the calls after it match float64 again."""
+    as the numpy path refuses them: a |value| of 65504 or more (or NaN) is found on the device before
+    the plan (no sync), the next call raises naming the knob (replayed graph, direct launches, or
+    ``check``), and the calls after it match float64 again."""
     torch.manual_seed(3)
     net = torch.nn.GRU(64, 64).cuda().eval()
     gru = GRU.from_module(net, config=config)
     x, h0 = torch.randn(16, 8, 64, device="cuda"), torch.randn(1, 8, 64, device="cuda")
     huge = (x.clone(), h0) if bad == "x" else (x, h0.clone())
-    huge[0 if bad == "x" else 1][0, 3, 5] = 7e4
+    huge[0 if bad == "x" else 1][0, 3, 5] = value
     for graphs in (True, False):
         gru.graphs = graphs
         gru(x, h0)

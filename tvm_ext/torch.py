@@ -244,7 +244,7 @@ class GRU(nn.Module):
         watch = self._watch(engine)
         watch.check()
         self._launch(engine, tensors, stream, zero_h0=hx is None)
-        watch.enqueue(stream)
+        watch.enqueue()
         return out.to(self.dtype), h_n.to(self.dtype)
 
     def _kernel_tensors(self, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -334,8 +334,9 @@ class BarrierWatch:
         self.active = engine.persistent or bool(self.split)
         if self.active:
             self.bar = torch.from_dlpack(engine.executor.sets[0]["bar"]) if engine.persistent else None
-            device = torch.device("cuda", engine.target.device_id)
+            self.device = device = torch.device("cuda", engine.target.device_id)
             self.host = torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, pin_memory=True)
+            self.words = self.host.numpy()  # the same pinned words, read in one call (not per element)
             self.mapped = device_view(self.host, device)  # the device's writes land in ``host``
             self.flags = self.mapped if self.mapped is not None else \
                 torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, device=device)
@@ -349,46 +350,56 @@ class BarrierWatch:
 
         for i, name in enumerate(RANGE_CHECKED, 1):
             if name in self.split and tensors[name].numel() and not (name == "h0" and zero_h0):
-                largest = tensors[name].abs().amax().float()
-                self.flags[i:i + 1].copy_(torch.logical_not(largest < FLOAT16_MAX).view(1))
+                largest = torch.linalg.vector_norm(tensors[name].flatten(), ord=math.inf)  # max |v|, NaN kept; no temp
+                torch.logical_not(largest.view(1) < FLOAT16_MAX, out=self.flags[i:i + 1])
 
-    def enqueue(self, stream: Any) -> None:
-        """After a call, on ``stream`` (torch's current one): the timed-out flag into the flags
-        (a kernel, where they are the pinned words: a same-type ``copy_`` would be a copy-engine
-        node), the flags' copy out where they are on the device, and an event that says when
-        they landed (not inside a capture, where events cannot be queried)."""
+    def enqueue(self) -> None:
+        """After a call, on torch's current stream: the timed-out flag into the flags (a kernel,
+        where they are the pinned words: a same-type ``copy_`` would be a copy-engine node), and
+        where they are on the device their copy out and the event that says when it landed."""
         if self.active:
             if self.bar is not None:
                 torch.bitwise_or(self.bar[1:2], 0, out=self.flags[0:1])
             if self.mapped is None:
                 self.host.copy_(self.flags, non_blocking=True)
-            self.mark(stream)
+            self.mark()
 
-    def mark(self, stream: Any) -> None:
-        """The event after a call whose flag copy is queued (or part of a replayed graph)."""
-        if self.active and not torch.cuda.is_current_stream_capturing():
+    def mark(self) -> None:
+        """After a call (or a replay of a recorded one): the event of its flags' copy out, where
+        they are copied (not inside a capture, where events cannot be queried).  The pinned
+        words need none: the device's writes land in them, read as they are."""
+        if self.active and self.mapped is None and not torch.cuda.is_current_stream_capturing():
             if self.done is None:
                 self.done = torch.cuda.Event()
-            self.done.record(stream)
+            self.done.record(torch.cuda.current_stream(self.device))
 
     def check(self, wait: bool = False) -> None:
-        if not self.active or self.done is None or torch.cuda.is_current_stream_capturing():
-            return  # nothing recorded yet, or inside a capture (no event queries there)
-        if wait:
-            self.done.synchronize()
-        if not self.done.query():
+        """Raise for a flag the calls before this one set (those that have finished: a call's
+        flags are written at its start and end and hold the last finished call's); ``wait``:
+        after the device has run every call."""
+        if not self.active or torch.cuda.is_current_stream_capturing():
+            return  # inside a capture: reported after it
+        if self.mapped is None:
+            if self.done is None:
+                return  # nothing recorded yet
+            if wait:
+                self.done.synchronize()
+            if not self.done.query():
+                return
+        elif wait:
+            torch.cuda.synchronize(self.device)
+        if not self.words.any():
             return
-        flags = [int(v) for v in self.host]
-        if any(flags):
-            self.host.zero_()
-            if flags[0]:
-                raise TvmExtError(self.message)
-            from tvm_ext.schedules.gru.split import FLOAT16_MAX
+        flags = self.words.tolist()
+        self.words[:] = 0
+        if flags[0]:
+            raise TvmExtError(self.message)
+        from tvm_ext.schedules.gru.split import FLOAT16_MAX
 
-            name = RANGE_CHECKED[flags.index(1, 1) - 1]
-            raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {FLOAT16_MAX:g} or more "
-                              f"(or NaN), beyond what its float16 parts hold (a call ran on it: its outputs are not "
-                              f"valid); build without {self.split[name]}")
+        name = RANGE_CHECKED[flags.index(1, 1) - 1]
+        raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {FLOAT16_MAX:g} or more "
+                          f"(or NaN), beyond what its float16 parts hold (a call ran on it: its outputs are not "
+                          f"valid); build without {self.split[name]}")
 
 
 def device_view(host: Any, device: Any) -> Any:
@@ -437,7 +448,7 @@ class EagerCall:
             record.lengths.copy_(lengths)  # a layout's device lengths never change: copied once in a row
             record.lengths_from[0] = lengths
         record.graph.replay()
-        self.watch.mark(torch.cuda.current_stream(x.device))
+        self.watch.mark()
         out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
         return out, record.h_n.to(self.dtype, copy=True)
 
@@ -538,5 +549,5 @@ class CallGraph:
         watch = module._watch(engine)
         with torch.cuda.graph(graph):
             module._launch(engine, tensors, torch.cuda.current_stream(x.device), zero_h0=hx is None)
-            watch.enqueue(torch.cuda.current_stream(x.device))  # the flag's copy, replayed with the plan
+            watch.enqueue()  # the flags' kernel (and copy), replayed with the plan
         return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths])

@@ -1,7 +1,9 @@
 """What a ``tvm_ext.torch.GRU`` call costs beyond its plan's kernels: the module's call and the
 plan alone (the executor's calls), each per call, back to back and replayed from a CUDA graph
-(``time_vendor``), in rounds; and the kernels and copies of one graph replay of the module's
-calls, start and duration (torch's profiler), where the gaps between them show.
+(``time_vendor``), in rounds; the kernels and copies of one graph replay of the module's calls,
+start and duration (torch's profiler), where the gaps between them show; and an eager call as a
+user makes it, with and without hx: the host's time in the call (after a synchronize) and the
+wall clock of the call and a synchronize, medians.
 T=128, input = hidden, the pick.
 Usage: python benchmarks/probes/gru_call_nodes.py [--cases float16:8:512,float32:8:512] [--rounds 2] [--out DIR]"""
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 import torch
 
@@ -43,6 +47,20 @@ def replay_nodes(fn) -> list[tuple[str, float, float]]:
             for e in events]
 
 
+def eager_us(call, n: int = 200) -> dict:
+    """Median host microseconds inside ``call()`` (the GPU idle before it) and median wall
+    microseconds of ``call()`` and a synchronize."""
+    host, wall = [], []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        host.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        wall.append(time.perf_counter() - start)
+    return {"host_us": statistics.median(host) * 1e6, "wall_us": statistics.median(wall) * 1e6}
+
+
 def measure(dtype: str, batch: int, hidden: int, rounds: int) -> dict:
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
@@ -61,6 +79,10 @@ def measure(dtype: str, batch: int, hidden: int, rounds: int) -> dict:
             row["module"].append(three(time_vendor(call, SETS)))
             row["plan"].append(three(time_vendor(plan, SETS, tvm_stream=True)))
         row["nodes"] = replay_nodes(call)
+        h0 = torch.randn(1, batch, hidden, device="cuda").to(dt)
+        module(xs[0], h0)
+        row["eager"] = eager_us(lambda: module(xs[0]))
+        row["eager_hx"] = eager_us(lambda: module(xs[0], h0))
     watch = next(iter(module._watches.values()), None)
     row["flags_in_pinned_words"] = bool(watch is not None and getattr(watch, "mapped", None) is not None)
     return row
@@ -78,8 +100,11 @@ def main() -> None:
         dtype, batch, hidden = case.split(":")
         row = result[case] = measure(dtype, int(batch), int(hidden), args.rounds)
         for side in ("module", "plan"):
-            print(case, side, " ".join(f"{r['back_to_back']:.4f}/{r['graph']:.4f}" for r in row[side]),
-                  "ms (back to back / graph)")
+            cells = [f"{r['back_to_back']:.4f}/" + (f"{r['graph']:.4f}" if r["graph"] else f"({r['graph_note']})")
+                     for r in row[side]]
+            print(case, side, " ".join(cells), "ms (back to back / graph)")
+        print(case, "eager host / wall us:", *(f"{k} {row[k]['host_us']:.1f} / {row[k]['wall_us']:.1f}"
+                                                for k in ("eager", "eager_hx")))
         for node in row["nodes"][:12]:
             print("   ", node)
     with open(os.path.join(args.out, "gru_call_nodes.json"), "w") as f:
