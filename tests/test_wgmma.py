@@ -495,6 +495,35 @@ def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape, knobs", [
+    ((512, 768, 640), dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=6)),
+    ((1024, 768, 768), dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=6, wgmma_tma=1)),
+    ((512, 768, 640), dict(wgmma_bm=128, wgmma_bn=96, wgmma_smem_epilogue=0, wgmma_tiles=2)),
+])
+def test_cuda_96_column_tiles_match_float64(shape, knobs):
+    """Tiles of 96 columns (Bt stored (N, K): m64n96k16, twelve 8-row groups of Bt a stage),
+    through shared memory or directly, by cp.async or the TMA, against float64 on poisoned C."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = shape
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k)
+    program = t.build_program(_config(t, target, **knobs), target)
+    assert "m64n96k16" in program.source
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    bt = rng.standard_normal((n, k)).astype(np.float16)
+    dev = tvm.cuda(0)
+    c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(bt, dev), c)
+    out, ref = c.numpy().astype(np.float64), t.reference([a, bt])[0]
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape, batch, b_layout, knobs", [
     ((700, 768, 768), (), "NK", dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=4, wgmma_raster=2)),
     ((700, 768, 768), (), "KN", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=6, wgmma_tiles=3)),

@@ -71,7 +71,8 @@ TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wgmma_tiles's choices
 SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wgmma_split_k's choices
 KNOBS = (
     Knob("wgmma_bm", (64, 128, 256), "block rows: wgmma_bm / 64 warpgroups of 128 threads, 64 rows each"),
-    Knob("wgmma_bn", (64, 128, 192, 256), "block columns = the N of each m64nNk16 wgmma"),
+    Knob("wgmma_bn", (64, 128, 192, 256, 96), "block columns = the N of each m64nNk16 wgmma (96: Bt stored (N, K) "
+                                              "only; last, so the other values keep their indices in saved models)"),
     Knob("wgmma_stages", (2, 3, 4, 5, 6, 8), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
     Knob("wgmma_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
     Knob("wgmma_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
