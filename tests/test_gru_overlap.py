@@ -165,7 +165,12 @@ GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HA
              "fp16-b6-h256-2layer-bi": (Shape(seq=64, batch=6, input=128, hidden=256, layers=2, bidirectional=True),
                                         HALF, {"in_wgmma": 1}, 3),
              "fp32-b8-h512-tf32": (Shape(seq=128, batch=8, input=512, hidden=512), None, {"in_split": 3}, 4),
-             "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2}, 1)}
+             "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2}, 1),
+             # layers whose input GEMMs differ in depth (64, then 256; 1024, then 256), each counted
+             "fp16-b8-h256-i64-3layer": (Shape(seq=64, batch=8, input=64, hidden=256, layers=3), HALF,
+                                         {"in_wgmma": 1}, 2),
+             "fp32-b8-h256-i1024-2layer-tf32": (Shape(seq=64, batch=8, input=1024, hidden=256, layers=2), None,
+                                                {"in_split": 3}, 2)}
 
 
 @pytest.mark.gpu
