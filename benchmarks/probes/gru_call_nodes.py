@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from common import capture_graph, time_vendor  # noqa: E402
+from common import capture_graph, host_and_wall_us, time_vendor  # noqa: E402
 
 from tvm_ext.torch import GRU  # noqa: E402
 
@@ -49,16 +47,9 @@ def replay_nodes(fn) -> list[tuple[str, float, float]]:
 
 def eager_us(call, n: int = 200) -> dict:
     """Median host microseconds inside ``call()`` (the GPU idle before it) and median wall
-    microseconds of ``call()`` and a synchronize."""
-    host, wall = [], []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        host.append(time.perf_counter() - start)
-        torch.cuda.synchronize()
-        wall.append(time.perf_counter() - start)
-    return {"host_us": statistics.median(host) * 1e6, "wall_us": statistics.median(wall) * 1e6}
+    microseconds of ``call()`` and a synchronize (``common.host_and_wall_us``)."""
+    host, wall = host_and_wall_us(call, n)
+    return {"host_us": host, "wall_us": wall}
 
 
 def measure(dtype: str, batch: int, hidden: int, rounds: int) -> dict:
