@@ -151,6 +151,22 @@ def test_space_refuses_overlap_with_the_reason(batch, knobs, reason):
     assert reason in t.space(target).infeasible_reason(cfg)
 
 
+def test_space_refuses_overlap_where_a_later_layers_gemm_cannot_take_the_counted_tile():
+    """One counted tile runs every layer's input GEMM: a tile whose pipeline would load past the
+    later layers' short K (128 from 1024 inputs: 2 k tiles against 6 loaded ahead) is refused with
+    that GEMM's reason, not only checked at layer 0's depth."""
+    import dataclasses
+
+    target = offline_cuda()
+    t = dataclasses.replace(_template(8, 128, input=1024, layers=2, precision=HALF).with_tensor_cores(target),
+                            in_wgmma_tile=WgmmaTile(128, 64, 8, 1, True, 0))
+    cfg = t.analytic_pick(target)[0].replace(step_overlap=1, in_wgmma=1, step_tc=1, step_flags=1)
+    reason = t.space(target).infeasible_reason(cfg)
+    assert reason is not None and "past K's 2" in reason, reason
+    short = dataclasses.replace(t, input=128)  # every layer's depth 128: the same reason at layer 0
+    assert "past K's 2" in (short.space(target).infeasible_reason(cfg) or "")
+
+
 def test_space_refuses_overlap_with_variable_lengths():
     import dataclasses
 

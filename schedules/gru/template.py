@@ -519,7 +519,13 @@ class GruTemplate(DtypeFields, Template):
 
     def counted_depth(self, config: Config) -> int:
         """Layer 0's input GEMM depth (its float16 or TF32 parts' with ``in_split``)."""
-        return PARTS * split_depth(self.input) if config.in_split else self.input
+        return self.input_depth(0, config)
+
+    def input_depth(self, kind: int, config: Config) -> int:
+        """The depth of input GEMM ``kind`` (0: layer 0's, 1: the later layers'; ``input_gemm_kinds``),
+        its float16 or TF32 parts' with ``in_split``."""
+        k = self.layer_input(kind)
+        return PARTS * split_depth(k) if config.in_split else k
 
     def overlap_reason(self, c: Config, step: StepVariant) -> str | None:
         """Why ``c``'s step kernel cannot start while its input GEMM runs (``step_overlap`` N)."""
@@ -534,8 +540,10 @@ class GruTemplate(DtypeFields, Template):
         if -(-m // tile.bm) % tile.tiles:
             return (f"step_overlap {c.step_overlap}: the counting GEMM's {tile.tiles} tiles a block must divide its "
                     f"{-(-m // tile.bm)} tile rows of {tile.bm}")
-        reason = (signal_reason(tile, plain_bias=True)
-                  or wgmma_reason(tile, m, n, self.counted_depth(c), b_layout="NK" if c.in_split else "KN"))
+        layout = "NK" if c.in_split else "KN"
+        reason = signal_reason(tile, plain_bias=True) or next(  # one tile counts every layer's GEMM
+            (r for r in (wgmma_reason(tile, m, n, self.input_depth(i, c), b_layout=layout)
+                         for i in self.input_gemm_kinds()) if r), None)
         if reason:
             return f"step_overlap {c.step_overlap}: {reason}"
         if step.ready_words > self.dirs * self.batch * self.hidden:
