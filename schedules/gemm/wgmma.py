@@ -54,7 +54,8 @@ from tvm_ext.measure.program import CompiledProgram, compile_module_program
 from tvm_ext.core.space import Config, Knob
 from tvm_ext.target import TargetInfo
 
-from .wgmma_layout import K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape  # noqa: F401
+from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
+                           stage_barrier_bytes)
 from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
@@ -164,9 +165,8 @@ class WgmmaTile:
         return self.stages * self.stage_bytes()
 
     def barrier_bytes(self) -> int:
-        """Shared memory of the stages' barriers (8 bytes a stage with ``tma``, and as many for
-        the stages' release with ``specialized``), after the stages."""
-        return 8 * self.stages * (2 if self.specialized else 1) if self.tma else 0
+        """Shared memory of the stages' barriers, after the stages (``stage_barrier_bytes``)."""
+        return stage_barrier_bytes(self.stages, self.tma, self.specialized)
 
     def cluster_sum_bytes(self) -> int:
         """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""

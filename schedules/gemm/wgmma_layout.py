@@ -57,6 +57,12 @@ def counted_words(m: int, bm: int) -> int:
     return -(-m // bm) + 1
 
 
+def stage_barrier_bytes(stages: int, tma: bool, specialized: bool) -> int:
+    """Shared memory of the stages' mbarriers, after the stages: with ``tma`` 8 bytes a stage
+    (its load), twice that ``specialized`` (its release by the consumers too)."""
+    return 8 * stages * (2 if specialized else 1) if tma else 0
+
+
 def stored_row_count(n: int, bn: int, split: int, clustered: bool) -> int:
     """The count of a tile row of C (``n`` columns in tiles of ``bn``) once a counting kernel
     has stored all of it: one a tile, one a block of a cluster (each stores its band of rows)."""
@@ -241,8 +247,7 @@ class KernelLayout:
     @property
     def smem_elems(self) -> int:
         """The dynamic shared memory's elements: the stages, and with ``tma`` their barriers after."""
-        return self.stages * self.stage + (8 * self.stages * (2 if self.specialized else 1) // self.elem
-                                           if self.tma else 0)
+        return self.stages * self.stage + stage_barrier_bytes(self.stages, self.tma, self.specialized) // self.elem
 
     # global memory
     def k_major(self, X: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:
