@@ -243,7 +243,7 @@ class GRU(nn.Module):
         stream = torch.cuda.current_stream(x.device)
         watch = self._watch(engine)
         watch.check()
-        self._launch(engine, tensors, stream, zero_h0=hx is None)
+        self._launch(engine, watch, tensors, stream, zero_h0=hx is None)
         watch.enqueue()
         return out.to(self.dtype), h_n.to(self.dtype)
 
@@ -262,11 +262,12 @@ class GRU(nn.Module):
             tensors["lengths"] = lengths
         return out, h_n, tensors
 
-    def _launch(self, engine: Any, tensors: Mapping[str, Any], stream: Any, zero_h0: bool) -> None:
+    @staticmethod
+    def _launch(engine: Any, watch: "BarrierWatch", tensors: Mapping[str, Any], stream: Any, zero_h0: bool) -> None:
         """The plan on ``stream``, after the range checks of the inputs it splits into float16
-        parts (on the device, reported at the next call: ``BarrierWatch``; ``zero_h0``: h0 is
-        the module's zeros, nothing to check)."""
-        self._watch(engine).check_ranges(tensors, zero_h0)
+        parts (on the device, reported at the next call by the engine's ``watch``; ``zero_h0``:
+        h0 is the module's zeros, nothing to check)."""
+        watch.check_ranges(tensors, zero_h0)
         with tvm_ffi.use_raw_stream(engine.executor.dev, stream.cuda_stream):
             _run_bound(engine.executor, tensors)
 
@@ -328,8 +329,10 @@ class BarrierWatch:
 
     def __init__(self, engine: Any):
         from tvm_ext.schedules.gru.plan import BARRIER_TIMEOUT
+        from tvm_ext.schedules.gru.split import FLOAT16_MAX
 
         self.message = BARRIER_TIMEOUT
+        self.limit = FLOAT16_MAX  # what a float16 part holds (bound here, not imported in every call's check)
         self.split = engine.split_inputs()  # input -> the knob that splits it
         self.active = engine.persistent or bool(self.split)
         if self.active:
@@ -346,12 +349,10 @@ class BarrierWatch:
         """On the device, before the plan: each split input's flag set where its largest |value|
         is not below ``FLOAT16_MAX`` (NaN included, as ``split_range_reason`` has it); h0 not
         where it is the module's zeros (``zero_h0``)."""
-        from tvm_ext.schedules.gru.split import FLOAT16_MAX
-
         for i, name in enumerate(RANGE_CHECKED, 1):
             if name in self.split and tensors[name].numel() and not (name == "h0" and zero_h0):
                 largest = torch.linalg.vector_norm(tensors[name].flatten(), ord=math.inf)  # max |v|, NaN kept; no temp
-                torch.logical_not(largest.view(1) < FLOAT16_MAX, out=self.flags[i:i + 1])
+                torch.logical_not(largest.view(1) < self.limit, out=self.flags[i:i + 1])
 
     def enqueue(self) -> None:
         """After a call, on torch's current stream: the timed-out flag into the flags (a kernel,
@@ -394,10 +395,8 @@ class BarrierWatch:
         self.words[:] = 0
         if flags[0]:
             raise TvmExtError(self.message)
-        from tvm_ext.schedules.gru.split import FLOAT16_MAX
-
         name = RANGE_CHECKED[flags.index(1, 1) - 1]
-        raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {FLOAT16_MAX:g} or more "
+        raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {self.limit:g} or more "
                           f"(or NaN), beyond what its float16 parts hold (a call ran on it: its outputs are not "
                           f"valid); build without {self.split[name]}")
 
@@ -548,6 +547,6 @@ class CallGraph:
         graph = torch.cuda.CUDAGraph()
         watch = module._watch(engine)
         with torch.cuda.graph(graph):
-            module._launch(engine, tensors, torch.cuda.current_stream(x.device), zero_h0=hx is None)
+            module._launch(engine, watch, tensors, torch.cuda.current_stream(x.device), zero_h0=hx is None)
             watch.enqueue()  # the flags' kernel (and copy), replayed with the plan
         return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths])
