@@ -177,8 +177,7 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     early = cfg.replace(step_overlap=1, **({} if cfg.in_split or cfg.in_wgmma else {"in_wgmma": 1}))
     if not space.is_feasible(early):
         return cfg, ""
-    m, n, blocks = template.seq * template.batch, template.dirs * 3 * template.hidden, \
-        template.step_variant(early).shape.blocks
+    (m, n), blocks = template.gi_shape, template.step_variant(early).shape.blocks
     early = early.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(early), m, n, sm_count - blocks))
     tile = template.counted_gemm_tile(early)
     gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)

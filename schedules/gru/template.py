@@ -168,6 +168,12 @@ class GruTemplate(DtypeFields, Template):
     def layer_input(self, layer: int) -> int:
         return self.input if layer == 0 else self.dirs * self.hidden
 
+    @property
+    def gi_shape(self) -> tuple[int, int]:
+        """(rows, columns) of gi, the input GEMMs' output: T·B rows, the three gates of every
+        direction's units."""
+        return self.seq * self.batch, self.dirs * 3 * self.hidden
+
     # ---- buffers -------------------------------------------------------------------------
     def input_specs(self) -> dict[str, TensorSpec]:
         t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
@@ -501,7 +507,7 @@ class GruTemplate(DtypeFields, Template):
         step = select_step_variant(self.step_sizes(), config, self.hidden_gemm())
         tile = self.counted_gemm_tile(config)
         if tile is not None and isinstance(step, TensorCoreStep) and step.flags:  # gi counted by the GEMM
-            count = stored_row_count(self.dirs * 3 * self.hidden, tile.bn, tile.split, tile.cluster)
+            count = stored_row_count(self.gi_shape[1], tile.bn, tile.split, tile.cluster)
             return replace(step, gi_ready=(tile.bm, count))
         return step
 
@@ -514,8 +520,8 @@ class GruTemplate(DtypeFields, Template):
                                                                    self.in_wgmma_tile if config.in_wgmma else None)
         if tile is None:
             return None
-        return in_row_order(tile, self.seq * self.batch, self.dirs * 3 * self.hidden, self.counted_depth(config),
-                            config.step_overlap, "NK" if config.in_split else "KN")
+        return in_row_order(tile, *self.gi_shape, self.counted_depth(config), config.step_overlap,
+                            "NK" if config.in_split else "KN")
 
     def counted_depth(self, config: Config) -> int:
         """Layer 0's input GEMM depth (its float16 or TF32 parts' with ``in_split``)."""
@@ -536,7 +542,7 @@ class GruTemplate(DtypeFields, Template):
             return "step_overlap needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"
         if self.variable_lengths:
             return "step_overlap: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
-        m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+        m, n = self.gi_shape
         if -(-m // tile.bm) % tile.tiles:
             return (f"step_overlap {c.step_overlap}: the counting GEMM's {tile.tiles} tiles a block must divide its "
                     f"{-(-m // tile.bm)} tile rows of {tile.bm}")
@@ -615,7 +621,7 @@ class GruTemplate(DtypeFields, Template):
         p = self.precision
         funcs = {}
         if config.in_split >= 2:  # the split input GEMM on wgmma: float16 parts (2), TF32 parts (3)
-            m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+            m, n = self.gi_shape
             tf32 = config.in_split == 3
             tile = self.counted_gemm_tile(config) or (self.in_split_tf32 if tf32 else self.in_split_wgmma)
             for i in self.input_gemm_kinds():
@@ -627,7 +633,7 @@ class GruTemplate(DtypeFields, Template):
                                                      signal=bool(config.step_overlap), **way)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
         if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
-            m, n = self.seq * self.batch, self.dirs * 3 * self.hidden
+            m, n = self.gi_shape
             tile = self.counted_gemm_tile(config) or self.in_wgmma_tile
             for i in self.input_gemm_kinds():
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, self.layer_input(i), c_dtype=p["gi"],
