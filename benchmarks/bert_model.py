@@ -37,7 +37,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import l2_rotation, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import l2_rotation, profiled, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
 from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 BATCH, SEQ, VOCAB = 8, 128, 30522
@@ -165,14 +165,8 @@ def tune_and_time(label: str, path: str, ids: np.ndarray, ref: np.ndarray, args:
 def kernel_breakdown(run: Any, calls: int = 5) -> dict[str, float]:
     """GPU µs per call by kernel name over ``calls`` back-to-back calls (torch.profiler, CUDA)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            run()
-        torch.cuda.synchronize()
+    prof = profiled(run, calls)
     per_name: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

@@ -35,7 +35,7 @@ __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ou
            "parse_shapes", "GpuReading", "parse_gpu_reading", "read_gpu", "smi_device", "round_order", "RoundRow",
            "interleaved_rounds", "RatioSummary", "ratio_summary", "graph_timer", "compare_in_rounds",
            "write_rounds", "rounds_header", "rounds_cells", "cublas_launches", "ours_launch", "TimingSettings",
-           "VendorTimes", "Timing", "host_and_wall_us"]
+           "VendorTimes", "Timing", "host_and_wall_us", "profiled"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -78,6 +78,22 @@ def host_and_wall_us(call: Callable[[], Any], n: int = 50,
         torch.cuda.synchronize()
         wall.append(time.perf_counter() - start)
     return statistics.median(host) * 1e6, statistics.median(wall) * 1e6
+
+
+def profiled(run: Callable[[], Any], calls: int, warm: int = 1) -> Any:
+    """torch's profiler (CUDA activity) over ``calls`` calls of ``run`` after ``warm`` unprofiled
+    ones, the device synchronised before and after."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warm):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    return prof
 
 
 def l2_rotation(set_bytes: float, max_sets: int = 64) -> int:

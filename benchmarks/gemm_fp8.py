@@ -154,7 +154,7 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
     for bm, bn, stages, inflight, raster, tiles, promote, overlap in VARIANTS:
         tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="e4m3")
         candidates.append(space.make(**tile.knobs(), fp8_promote=promote, fp8_promote_overlap=overlap))
-    for cfg in candidates:
+    for cfg in [] if args.default_only else candidates:
         if cfg != default and space.is_feasible(cfg) and cfg not in [c for _, c in configs]:
             configs.append((config_label(template, cfg), cfg))
     if args.promote is not None:  # one accumulation class (the default kept for reference)
@@ -168,6 +168,10 @@ def shape_rows(m: int, n: int, k: int, target: Any, args: argparse.Namespace
         split = [(f"{label} ws", cfg.replace(wgmma_tma=1, wgmma_ws=1)) for label, cfg in configs
                  if not cfg.as_dict().get("wgmma_ws")]
         configs += [c for c in split if space.is_feasible(c[1]) and c[1] not in [d for _, d in configs]]
+    if args.multicast:  # each warp-specialized config also in clusters of two sharing an operand by multicast
+        paired = [(f"{label} multicast", cfg.replace(wgmma_multicast=1)) for label, cfg in configs
+                  if cfg.as_dict().get("wgmma_ws") and not cfg.as_dict().get("wgmma_multicast")]
+        configs += [c for c in paired if space.is_feasible(c[1]) and c[1] not in [d for _, d in configs]]
     timed = []
     for label, cfg in configs:
         launch, err = ours(template, cfg, target, sets)
@@ -215,6 +219,11 @@ def main() -> int:
                         "its best beside the default")
     p.add_argument("--ws", action="store_true",
                    help="every config also warp-specialized (wgmma_ws, its stages loaded by the TMA)")
+    p.add_argument("--default-only", action="store_true",
+                   help="the default config alone (and its twins of --tma, --ws, --multicast), not the variants")
+    p.add_argument("--multicast", action="store_true",
+                   help="every warp-specialized config also in thread-block clusters of two sharing an operand's "
+                        "tile by TMA multicast (wgmma_multicast)")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
     if args.rounds < 1:

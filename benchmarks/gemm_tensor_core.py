@@ -91,8 +91,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(on), or both kernels in the same rounds (both: ours by cp.async, its TMA twin a peer)")
     p.add_argument("--ws", action="store_true",
                    help="also the wgmma config warp-specialized (wgmma_ws: TMA loads, C from registers) in the rounds")
+    p.add_argument("--peers", default="",
+                   help="more wgmma configs in the same rounds, each the pick with knobs changed: "
+                        "'label:knob=v,knob=v;label2:...' (e.g. mc:wgmma_ws=1,wgmma_multicast=1)")
     p.add_argument("--out", default="bench_out")
     args = p.parse_args(argv)
+    try:
+        args.peers = parse_peers(args.peers)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     if args.kernel == "wmma" and args.dtype != "float16":
@@ -122,6 +129,21 @@ def with_knob(config: dict, knob: str, value: int) -> dict | None:
     if knob not in config or config.get("tc_kernel", "wgmma") != "wgmma":
         return None
     return {**config, knob: value}
+
+
+def parse_peers(text: str) -> dict[str, dict[str, int]]:
+    """``--peers``: 'label:knob=v,knob=v;...' -> {label: {knob: v}} (ValueError naming the bad part)."""
+    peers = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        label, sep, knobs = part.partition(":")
+        try:
+            changes = {k.strip(): int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv.strip())}
+        except ValueError:
+            changes = {}
+        if not sep or not label.strip() or not changes:
+            raise ValueError(f"--peers takes 'label:knob=integer,...;...', got {part!r}")
+        peers[label.strip()] = changes
+    return peers
 
 
 def failure(exc: Exception) -> str:
@@ -178,6 +200,16 @@ def main() -> int:
                 specialized = {**specialized, "wgmma_tma": 1, "wgmma_smem_epilogue": 0}
                 peers["ws"], ws_err = ours_launch(template, specialized, target, sets)
                 notes.append(f"{shape}: ours warp-specialized ({label(template, specialized)}): error {ws_err:.1e}")
+            for peer_label, changes in args.peers.items():
+                peer = {**config, **changes} if config.get("tc_kernel", "wgmma") == "wgmma" else None
+                if peer is None:
+                    notes.append(f"{shape}: peer {peer_label} left out: the config is no wgmma kernel's")
+                    continue
+                try:
+                    peers[peer_label], peer_err = ours_launch(template, peer, target, sets)
+                    notes.append(f"{shape}: peer {peer_label} ({label(template, peer)}): error {peer_err:.1e}")
+                except Exception as exc:  # an infeasible peer is reported, the rounds go on
+                    notes.append(f"{shape}: peer {peer_label} left out: {failure(exc)}")
             summaries, left_out = compare_in_rounds(
                 shape, launch, cublas_launches(sets, lt=True), len(sets), args.rounds,
                 os.path.join(args.out, "gemm_tc_rounds.jsonl"), peers=peers, dtype=args.dtype,

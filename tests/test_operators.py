@@ -152,7 +152,8 @@ def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measur
     template = WgmmaGemmTemplate(256, 256, 256, b_layout="KN")
     space = template.space(TARGET)
     added = {knob.name: knob.before for knob in space.knobs if knob.before is not None}
-    assert added == {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0, "wgmma_tma": 0, "wgmma_ws": 0}
+    assert added == {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0, "wgmma_tma": 0, "wgmma_ws": 0,
+                     "wgmma_multicast": 0, "wgmma_pdl": 0}
     config = space.make(**{**template.default_config(TARGET).as_dict(), **added})
     assert space.infeasible_reason(config) is None
     workload = dataclasses.replace(Workload.of(template, TARGET), template_hash="0" * 16)  # an earlier version's

@@ -48,7 +48,7 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
         (128, 256)  # the probe's best tile
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
     small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the few-waves pick instead
-    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(128, 64, 6, 1, True, 0)
+    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(128, 64, 6, 1, True, 0, pdl=True)
 
 
 def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_together():
@@ -98,7 +98,7 @@ def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
     target = offline_cuda()
     t = WgmmaGemmTemplate(64, 3072, 1024)
     cfg = t.default_config(target)
-    assert WgmmaTile.of(cfg) == WgmmaTile(64, 64, 8, 1, True, 0)
+    assert WgmmaTile.of(cfg) == WgmmaTile(64, 64, 8, 1, True, 0, pdl=True)
     assert t.space(target).is_feasible(cfg) and 8 in t.space(target).knob("wgmma_stages").choices
     assert pick_wgmma_tile([(64, 3072, 1024)], target, "float16") == WgmmaTile(64, 64, 8, 1, True, 0)
     source = t.build_program(cfg, target).source
@@ -158,7 +158,7 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
     cfg = t.default_config(target).replace(wgmma_split_cluster=0, wgmma_tma=0)  # cp.async: the operands named
-    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2)
+    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, pdl=True)
     program = t.build_program(cfg, target)
     assert program.params == ("A", "Bt", "C")
     gemm, add = program.launches
@@ -184,7 +184,7 @@ def test_a_cluster_adds_the_slices_of_a_tile_in_its_shared_memory_in_one_kernel(
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
     cfg = t.default_config(target)
-    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, cluster=True, tma=True)
+    assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, cluster=True, tma=True, pdl=True)
     program = t.build_program(cfg.replace(wgmma_tma=0), target)  # cp.async: the operands named
     (gemm,) = program.launches
     assert gemm.grid == (96, 1, 1) and gemm.cluster == (2, 1, 1) and gemm.args == ("A", "Bt", "C")

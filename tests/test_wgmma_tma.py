@@ -128,7 +128,8 @@ def test_the_knob_is_in_the_space_and_names_the_tile():
 
     template = WgmmaGemmTemplate(512, 512, 512)
     target = offline_cuda("sm_90")
-    config = template.space(target).make(**{**template.default_config(target).as_dict(), "wgmma_tma": 1})
+    config = template.space(target).make(**{**template.default_config(target).as_dict(), "wgmma_tma": 1,
+                                             "wgmma_pdl": 0})
     tile = template.tile(config)
     assert tile.tma and tile.name.endswith(" tma") and wgmma_tile_named(tile.name) == tile
     assert not template.tile(template.default_config(target)).tma  # the pick keeps cp.async until measured

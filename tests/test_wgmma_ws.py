@@ -33,6 +33,15 @@ KINDS = {
                                   {"promote": 1, "overlap": True, "scales": True}),
     "tf32 promoted": (WgmmaTile(128, 128, 4, 1, operand="tf32", **WS), 256, 256, 512,
                       {"promote": 4, "c_dtype": "float32"}),
+    # clusters of two blocks sharing an operand's tile by TMA multicast (``wgmma_multicast``)
+    "multicast a, e4m3 promoted, overlapped": (
+        WgmmaTile(128, 128, 6, 1, tiles=2, operand="e4m3", multicast=True, **WS), 512, 512, 1024,
+        {"promote": 1, "overlap": True, "scales": True}),
+    "multicast bt, one warpgroup of 96 columns": (WgmmaTile(64, 96, 8, 1, raster=2, multicast=True, **WS),
+                                                  512, 768, 1024, {}),
+    "multicast a, ragged m": (WgmmaTile(128, 64, 6, 1, multicast=True, **WS), 700, 768, 768, {}),
+    "multicast bt, batched, bias": (WgmmaTile(128, 128, 4, 1, raster=2, multicast=True, **WS), 256, 256, 256,
+                                    {"batch": (2, 3), "bias_dtype": "float16"}),
 }
 
 
@@ -55,6 +64,42 @@ def test_producer_and_consumers_meet_only_on_the_stages_barriers():
     assert "mbarrier_arrive_nocount_arrive_shared__cta_b64(" in body  # a consumer releases a stage
     assert "mbarrier_arrive_expect_tx" in body and "cp_async_bulk_tensor" in body  # the producer's loads
     assert "cp_async_cg" not in body
+
+
+def test_a_multicast_pair_loads_half_the_shared_tile_each_and_releases_both_blocks_stages():
+    """A cluster of two (the launch's cluster rank); each producer multicasts half of the shared
+    tile (Bt's here: raster groups) into both blocks (mask 3) and loads its own A tile alone, each
+    barrier expecting the whole stage; one thread of the consumer warpgroup arrives on each
+    block's release barrier (two arrivals a round), through the cluster's shared window; the
+    blocks meet at cluster barriers after the barriers' init and before leaving."""
+    tile, m, n, k, kw = KINDS["multicast bt, one warpgroup of 96 columns"]
+    body = _kernel(_source(tile, m, n, k, **kw))
+    copies = [line for line in body.splitlines() if "cp_async_bulk_tensor_g2s" in line]
+    shared = [line for line in copies if "multicast__cluster(" in line]
+    assert len(copies) == 2 and len(shared) == 1 and "b_map" in shared[0] and shared[0].rstrip().endswith("(ushort)3);")
+    assert f"(uint){(64 + 96) * 64 * 2})" in body  # expect_tx: the whole stage, both halves of Bt
+    inits = [line for line in body.splitlines() if "mbarrier_init_init_shared__cta_b64(" in line]
+    assert sorted(line.rstrip()[-9:] for line in inits) == ["(uint)1);"] * 8 + ["(uint)2);"] * 8
+    assert "mapa_u32_shared__cluster_u32(" in body
+    assert "mbarrier_arrive_nocount_arrive_shared__cluster_b64(" in body
+    assert body.count("barrier_cluster_arrive_cluster_arrive_release();") == 2
+    assert "mbarrier_arrive_nocount_arrive_shared__cta_b64(" not in body
+
+
+def test_without_multicast_the_kernel_has_no_cluster():
+    tile, m, n, k, kw = KINDS["several units, raster"]
+    body = _kernel(_source(tile, m, n, k, **kw))
+    assert "multicast" not in body and "barrier_cluster" not in body and "mapa" not in body
+
+
+@pytest.mark.parametrize("tile, m, n, layout, needle", [
+    (WgmmaTile(128, 128, 4, 1, tma=True, smem_epilogue=False, multicast=True), 512, 512, "NK", "wgmma_ws 1"),
+    (WgmmaTile(128, 128, 4, 1, multicast=True, **WS), 512, 384, "NK", "tile columns (3) must be even"),
+    (WgmmaTile(128, 128, 4, 1, raster=2, multicast=True, **WS), 512, 512, "KN", "Bt stored (N, K) only"),
+    (WgmmaTile(128, 128, 4, 1, tiles=4, multicast=True, **WS), 384, 512, "NK", "pairs of blocks of 4 tile(s)"),
+])
+def test_multicast_refused_where_the_pair_shares_no_tile(tile, m, n, layout, needle):
+    assert needle in wgmma_reason(tile, m, n, 1024, b_layout=layout)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to run ptxas")
@@ -80,6 +125,8 @@ def test_refused_without_tma_with_a_staged_c_or_a_split_k(change, needle):
 def test_the_knob_names_the_tile_and_counts_its_barriers():
     tile = WgmmaTile(128, 256, 4, 1, **WS)
     assert tile.name.endswith(" tma ws") and WgmmaTile.of(_config(tile)) == tile
+    paired = dataclasses.replace(tile, multicast=True)
+    assert paired.name.endswith(" tma ws multicast") and WgmmaTile.of(_config(paired)) == paired
     assert tile.barrier_bytes() == 2 * dataclasses.replace(tile, specialized=False).barrier_bytes()
 
 

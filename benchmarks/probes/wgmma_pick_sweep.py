@@ -48,7 +48,7 @@ def wide_grid(space) -> list:
     return feasible(space, (
         dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
              wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma,
-             wgmma_ws=0)
+             wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0)
         for (bm, bn), stages, (split, cluster), tma in itertools.product(
             WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1))))
 
@@ -58,7 +58,7 @@ def grid(space) -> list:
     return feasible(space, (
         dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
              wgmma_raster=raster, wgmma_tiles=tiles, wgmma_split_k=split, wgmma_split_cluster=0, wgmma_tma=0,
-             wgmma_ws=0)
+             wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0)
         for (bm, bn), stages, tiles, raster, split in itertools.product(TILES, (4, 6, 8), (1, 2), (0, 8), (1, 2))
         if split == 1 or (bm, bn) == (64, 64)))
 

@@ -252,6 +252,8 @@ class Gemm3xTf32Template(Template):
         """Why ``config`` cannot run this GEMM on ``target`` (one line), or None."""
         # (the split of B transposes 32 x 32 tiles: the tile's N % 64 and 3K % 32 give N, K % 32)
         tile = WgmmaTile.of(config, "tf32")
+        if tile.pdl:
+            return f"{tile.name}: the splits' kernels ahead of the GEMM in the same function are not launched early"
         return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
                 or promote_reason(tile, self.depth, config.tf_promote, bool(config.tf_promote_overlap)))
 

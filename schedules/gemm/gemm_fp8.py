@@ -149,7 +149,7 @@ class Fp8GemmTemplate(Template):
             raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                               f"and K of 128 (no guards)")
         space = self.space(target)
-        config = space.make(**dataclasses.replace(tile, smem_epilogue=False).knobs(), fp8_promote=promote,
+        config = space.make(**dataclasses.replace(tile, smem_epilogue=False, pdl=True).knobs(), fp8_promote=promote,
                             fp8_promote_overlap=0)
         overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1, wgmma_ws=1)
         long_k = block_steps(tile, shapes, self.matrices) >= TMA_MIN_STEPS

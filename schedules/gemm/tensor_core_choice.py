@@ -8,6 +8,8 @@ the tuner measures once.  Compute, inputs and reference are the GEMM template's.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +123,9 @@ class TensorCoreChoiceTemplate(GemmTemplate):
             return None
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN",
                                split_k=True, operand=self.a_dtype, ragged_m=True, few_waves=True)
-        return tile if tile is not None and self.wgmma_reason(tile, target) is None else None
+        if tile is None or self.wgmma_reason(tile, target) is not None:
+            return None
+        return dataclasses.replace(tile, pdl=True)  # launched early behind the kernel ahead (``wgmma_pdl``)
 
     def wgmma_types_reason(self) -> str | None:
         if self.a_dtype != self.b_dtype or self.a_dtype not in WGMMA_OPERANDS or self.acc_dtype != "float32":

@@ -52,6 +52,7 @@ from tvm_ext.core.errors import TvmExtError
 from tvm_ext.hardware import WGMMA_SHARED_BYTES, has_wgmma, max_dynamic_smem, sm_90a  # noqa: F401 (sm_90a re-exported)
 from tvm_ext.measure.program import CompiledProgram, compile_module_program
 from tvm_ext.core.space import Config, Knob
+from tvm_ext.lowering.launch_early import mark_launch_early
 from tvm_ext.target import TargetInfo
 
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
@@ -98,6 +99,16 @@ KNOBS = (
          "1 (with wgmma_tma): warp specialization, a producer warpgroup (one thread issuing the TMA loads, its "
          "registers given up by setmaxnreg) ahead of the consumer warpgroups, which wait for a stage's barrier, "
          "multiply and release the stage on a barrier of its own: no block barrier in the k loop", before=0),
+    Knob("wgmma_multicast", (0, 1),
+         "1 (with wgmma_ws): blocks in thread-block clusters of two computing adjacent tiles, which share an "
+         "operand's tile (A's in row-major order, raster 0; Bt's within raster groups); each block's producer "
+         "loads half of it and the TMA multicasts that half into both blocks: a quarter or more less read "
+         "from L2 a stage, as cuBLAS's Hopper kernels run", before=0),
+    Knob("wgmma_pdl", (0, 1),
+         "1: programmatic dependent launch: each kernel lets the next one on the stream launch at its start and "
+         "is itself launched early, waiting (griddepcontrol.wait) for the kernel ahead of it only after its "
+         "barriers' init, before its first global access: back-to-back kernels overlap launch and prologue "
+         "with the tail of the one ahead", before=0),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
@@ -123,6 +134,8 @@ class WgmmaTile:
     operand: str = "float16"  # ``OPERANDS``
     tma: bool = False  # stages loaded by the Tensor Memory Accelerator, a barrier each
     specialized: bool = False  # a producer warpgroup issuing the loads, the others multiplying (``wgmma_ws``)
+    multicast: bool = False  # clusters of two blocks sharing one operand's tile by TMA multicast (``wgmma_multicast``)
+    pdl: bool = False  # launched early behind the kernel ahead, waiting for it before global access (``wgmma_pdl``)
 
     @property
     def bk(self) -> int:
@@ -135,14 +148,15 @@ class WgmmaTile:
         return cls(c["wgmma_bm"], c["wgmma_bn"], c["wgmma_stages"], c["wgmma_inflight"], bool(c["wgmma_smem_epilogue"]),
                    c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
                    cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)),
-                   specialized=bool(c.get("wgmma_ws", 0)))
+                   specialized=bool(c.get("wgmma_ws", 0)), multicast=bool(c.get("wgmma_multicast", 0)),
+                   pdl=bool(c.get("wgmma_pdl", 0)))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wgmma_bm=self.bm, wgmma_bn=self.bn, wgmma_stages=self.stages, wgmma_inflight=self.inflight,
                     wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
                     wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma),
-                    wgmma_ws=int(self.specialized))
+                    wgmma_ws=int(self.specialized), wgmma_multicast=int(self.multicast), wgmma_pdl=int(self.pdl))
 
     @property
     def name(self) -> str:
@@ -150,7 +164,8 @@ class WgmmaTile:
                 f"s{self.stages} w{self.inflight} "
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
-                f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}")
+                f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}"
+                f"{' multicast' if self.multicast else ''}{' pdl' if self.pdl else ''}")
 
     @property
     def threads(self) -> int:
@@ -234,12 +249,37 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.specialized and (not t.tma or t.split > 1 or t.smem_epilogue):
         return (f"{t.name}: warp specialization (wgmma_ws) has a producer warpgroup issue TMA loads (wgmma_tma 1) "
                 "while the consumers store C straight from their registers (wgmma_smem_epilogue 0), K unsplit")
+    if t.multicast:
+        reason = multicast_reason(t, m, n, b_layout)
+        if reason:
+            return reason
     if t.tiles > 1 and t.smem_epilogue and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage():
         return (f"{t.name}: with several tiles a block stages C in the {1 + t.inflight} stage(s) the next tile's "
                 f"loads leave free, {t.c_pieces_per_stage()} warpgroup(s) of 64 x {t.bn} a stage: too few for "
                 f"{t.bm // 64}")
     if t.smem_epilogue and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
         return f"{t.name}: C ({t.bm}x{t.bn} halves, padded) does not fit in the stages' shared memory"
+    return None
+
+
+def multicast_reason(t: WgmmaTile, m: int, n: int, b_layout: str) -> str | None:
+    """Why tile ``t`` cannot share an operand's tile between the two blocks of a cluster
+    (``wgmma_multicast``) at an (m, n) C, or None: the warp-specialized kernel only; the two blocks
+    compute adjacent tiles (b and b + 1 of each turn), which share A's tile where the tiles run in
+    row-major order (an even count of tile columns) and Bt's within raster groups (Bt stored (N,
+    K): its box is split by rows); each block the same count of tiles (a matrix's tiles a multiple
+    of twice the tiles a block)."""
+    if not t.specialized:
+        return f"{t.name}: multicast pairs the producers of the warp-specialized kernel (wgmma_ws 1)"
+    tiles = -(-m // t.bm) * (n // t.bn)
+    if t.raster == 0 and (n // t.bn) % 2:
+        return (f"{t.name}: in row-major order the two blocks of a cluster share A's tile: the tile columns "
+                f"({n // t.bn}) must be even")
+    if t.raster and b_layout != "NK":
+        return f"{t.name}: within raster groups the two blocks share Bt's tile: Bt stored (N, K) only"
+    if tiles % (2 * t.tiles):
+        return (f"{t.name}: the two blocks of a cluster compute tiles in pairs, as many each: the {tiles} tiles "
+                f"must divide into pairs of blocks of {t.tiles} tile(s)")
     return None
 
 
@@ -374,6 +414,9 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
               or promote_reason(cfg, k, promote, overlap)
               or (signal_reason(cfg, bias_dtype is not None and epilogue is None and prepare is None
                                 and not scales and not batch) if signal else None))
+    if not reason and cfg.pdl and (prepare is not None or signal):
+        reason = (f"{cfg.name}: a kernel launched early (wgmma_pdl) waits for the kernel ahead of it; the kernels "
+                  "writing prepared inputs, and a counting kernel's dependant, do not: no wgmma_pdl here")
     if reason:
         raise TvmExtError(reason)
     layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal)
@@ -381,5 +424,6 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
         raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
     out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales)
     # an epilogue may read buffers that the caller makes parameters of a function of its own: not checked
-    return prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None,
+    func = prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None,
                      scales=scales)
+    return mark_launch_early(func) if cfg.pdl else func

@@ -44,6 +44,8 @@ class Tile(Protocol):
     operand: str
     tma: bool
     specialized: bool
+    multicast: bool
+    pdl: bool
 
     @property
     def bk(self) -> int: ...
@@ -107,6 +109,8 @@ class KernelLayout:
     overlap: bool = False  # promoting: two accumulator sets, a window's promotion behind the next one's wgmma
     signal: bool = False  # counts each tile row's stores (``signals_per_row``) for a kernel launched early
     specialized: bool = False  # a producer warpgroup ahead of the consumers (``wgmma_specialized``)
+    multicast: bool = False  # clusters of two blocks, one operand's tile shared by TMA multicast (``shares_a``)
+    pdl: bool = False  # launched early, lets the next kernel launch, waits for the one ahead (``after_prior``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -124,7 +128,7 @@ class KernelLayout:
                    k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
-                   specialized=cfg.specialized)
+                   specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl)
 
     # sizes derived from the fields
     @property
@@ -217,6 +221,17 @@ class KernelLayout:
     def windows(self) -> int:
         """Promotion windows of a unit's k loop (``promote`` k steps each)."""
         return self.k_tiles // self.promote
+
+    @property
+    def shares_a(self) -> bool:
+        """With ``multicast``: the two blocks of a cluster share A's tile (row-major tiles: the
+        same tile row), else Bt's (within a raster group: the same tile column)."""
+        return self.group == 1
+
+    @property
+    def shared_rows(self) -> int:
+        """With ``multicast``: the rows of the shared operand's tile each block of the pair loads."""
+        return (self.bm if self.shares_a else self.bn) // 2
 
     # shared memory and the wgmma descriptors
     def swizzled(self, chunk: Any) -> Any:

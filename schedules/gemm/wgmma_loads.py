@@ -68,6 +68,8 @@ def tma_staging(L: KernelLayout) -> Staging:
 
     copy = "cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes"
     a_copy, b_copy = copy.format(len(L.a_shape)), copy.format(len(L.bt_shape))
+    if L.multicast:
+        return multicast_staging(L, copy)
 
     @T.macro
     def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, tx: Any) -> None:
@@ -82,6 +84,44 @@ def tma_staging(L: KernelLayout) -> Staging:
                               *b_coordinates(L, at, col0, kt, j), bar)
 
     return by_iteration(L, load_stage)
+
+
+def multicast_staging(L: KernelLayout, copy: str) -> Staging:
+    """The TMA's loads of a block of a pair sharing one operand's tile (``multicast``): its own
+    tile of the other operand, and half of the shared tile (the rows of its rank in the cluster,
+    ``shared_rows`` of them), which the TMA writes into both blocks' stage at the same offset and
+    counts on both blocks' barrier of the stage; each barrier expects the whole stage's bytes.
+    Rank r of the cluster is block ``bid % 2``; the producer calls ``load_iteration``."""
+    from tvm.script import tirx as T
+
+    shared_copy = copy + ".multicast::cluster"
+    a_copy, b_copy = copy.format(len(L.a_shape)), copy.format(len(L.bt_shape))
+    a_shared, b_shared = shared_copy.format(len(L.a_shape)), shared_copy.format(len(L.bt_shape))
+    half = L.shared_rows
+
+    @T.macro
+    def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, rank: Any) -> None:
+        bar = T.meta_var(stage_barrier(L, smem, slot // L.stage))
+        T.ptx["fence.proxy.async.shared::cta"]()
+        T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage * L.elem))
+        if L.shares_a:
+            T.ptx[a_shared](smem.ptr_to([slot + rank * half * L.bk]), T.address_of(A),
+                            *a_coordinates(L, at, row0 + rank * half, kt), bar, T.uint16(3))
+            for j in T.unroll(b_boxes(L)):
+                T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * 64]), T.address_of(Bt),
+                              *b_coordinates(L, at, col0, kt, j), bar)
+        else:
+            T.ptx[a_copy](smem.ptr_to([slot]), T.address_of(A), *a_coordinates(L, at, row0, kt), bar)
+            T.ptx[b_shared](smem.ptr_to([slot + L.a_stage + rank * half * L.bk]), T.address_of(Bt),
+                            *b_coordinates(L, at, col0 + rank * half, kt, 0), bar, T.uint16(3))
+
+    @T.macro
+    def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
+        unit = T.meta_var(bid + it // L.k_tiles * L.grid)
+        load_stage(smem, A, Bt, it % L.stages * L.stage, L.global_kt(unit, it % L.k_tiles), L.tile_lead(unit),
+                   L.tile_row0(unit), L.tile_col0(unit), bid % 2)
+
+    return Staging(load_stage, load_iteration)
 
 
 def phase_wait() -> Callable[..., None]:
@@ -161,9 +201,17 @@ def tensor_map_box(inner: int, outer: int, rank: int) -> list[int]:
     return [inner, outer, *[1] * (rank - 2), *[1] * rank]
 
 
+def a_box(L: KernelLayout) -> tuple[int, int]:
+    """A's box: a stage's A tile (bk x bm), or with ``multicast`` sharing A the half each block loads."""
+    return L.bk, L.shared_rows if L.multicast and L.shares_a else L.bm
+
+
 def b_box(L: KernelLayout) -> tuple[int, int]:
-    """B's box: a stage's Bt tile (bk x bn), or B (k, n) N-major, one 64-wide N atom of bk rows."""
-    return (64, L.bk) if L.n_major else (L.bk, L.bn)
+    """B's box: a stage's Bt tile (bk x bn; with ``multicast`` sharing Bt the half each block loads),
+    or B (k, n) N-major, one 64-wide N atom of bk rows."""
+    if L.n_major:
+        return 64, L.bk
+    return L.bk, L.shared_rows if L.multicast and not L.shares_a else L.bn
 
 
 def b_boxes(L: KernelLayout) -> int:

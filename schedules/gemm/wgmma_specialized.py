@@ -25,8 +25,15 @@ def release_barrier(L: KernelLayout, smem: Any, index: Any) -> Any:
     return stage_barrier(L, smem, L.stages + index)
 
 
+def release_count(L: KernelLayout) -> int:
+    """Arrivals that release a stage: every consumer thread; with ``multicast`` one thread of each
+    consumer warpgroup of both blocks (the pair's producers refill both blocks' stage)."""
+    return L.threads // 128 * 2 if L.multicast else L.threads
+
+
 def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callable[..., None],
-                       store_unit: Callable[..., None]) -> Callable[..., None]:
+                       store_unit: Callable[..., None], launch_early: Callable[..., None],
+                       wait_prior: Callable[..., None]) -> Callable[..., None]:
     """The macro ``gemm_ws(A, Bt, bias, C, ready)``: the producer and consumer warpgroups of
     the module docstring over the block's units b, b + grid, ...; ``A`` and ``Bt`` are tensor
     maps (``wgmma_tma``).  Iteration it (unit it // k_tiles, k step it % k_tiles) uses stage
@@ -38,6 +45,11 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
     wait = phase_wait()
 
     @T.macro
+    def cluster_sync() -> None:  # every thread of both blocks of the cluster past this point
+        T.ptx["barrier.cluster.arrive.release"]()
+        T.ptx["barrier.cluster.wait.acquire"]()
+
+    @T.macro
     def produce(smem: Any, A: Any, Bt: Any, bid: Any, mine: Any, done: Any) -> None:
         for it in T.serial(mine * k_tiles):
             if it >= stages:  # the consumers have released the stage's previous round
@@ -45,24 +57,34 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
             staged.load_iteration(smem, A, Bt, bid, it, 0)
 
     @T.macro
-    def release(smem: Any, it: Any) -> None:
-        T.ptx["mbarrier.arrive.shared::cta.b64"](release_barrier(L, smem, it % stages))
+    def release(smem: Any, it: Any, lane: Any) -> None:
+        if L.multicast:  # thread r of each consumer warpgroup releases the stage of the cluster's block r
+            if lane % 128 < 2:
+                peer = T.alloc_buffer((1,), "uint32", scope="local")
+                T.ptx["mapa.shared::cluster.u32"](peer[0], release_barrier(L, smem, it % stages),
+                                                  T.Cast("uint32", lane % 128))
+                T.ptx["mbarrier.arrive.shared::cluster.b64"](peer[0])  # release at CTA scope, as CUTLASS
+        else:
+            T.ptx["mbarrier.arrive.shared::cta.b64"](release_barrier(L, smem, it % stages))
 
     @T.macro
-    def k_step(smem: Any, base: Any, t: Any, wg: Any, done: Any, sums: Any, kt: Any) -> None:
+    def k_step(smem: Any, base: Any, t: Any, wg: Any, lane: Any, done: Any, sums: Any, kt: Any) -> None:
         it = T.meta_var(t * k_tiles + kt)
         wait(done, stage_barrier(L, smem, it % stages), it // stages % 2)  # its stage has landed
         step.mma_stage(base, sums, it % stages * stage, wg, L.kept(kt))
         T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
         if L.inflight == 0:
-            release(smem, it)
+            release(smem, it, lane)
         elif kt > 0:  # the wgmma of the step before has retired
-            release(smem, it - 1)
+            release(smem, it - 1, lane)
 
     @T.macro
     def gemm_ws(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
         with T.launch_thread("blockIdx.x", grid) as bid:
+            if L.multicast:
+                T.launch_thread("clusterCtaIdx.x", 2)
             with T.launch_thread("threadIdx.x", consumers + PRODUCER_THREADS) as tx:
+                launch_early()
                 smem = T.alloc_buffer((L.smem_elems,), L.in_dtype, scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer((L.n_acc,), "float32", scope="local")
                 total = T.alloc_buffer((L.n_acc if L.promoting else 1,), "float32", scope="local")
@@ -73,9 +95,13 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
                 if tx == 0:
                     for i in T.unroll(stages):
                         T.ptx["mbarrier.init.shared::cta.b64"](stage_barrier(L, smem, i), T.uint32(1))
-                        T.ptx["mbarrier.init.shared::cta.b64"](release_barrier(L, smem, i), T.uint32(consumers))
+                        T.ptx["mbarrier.init.shared::cta.b64"](release_barrier(L, smem, i),
+                                                               T.uint32(release_count(L)))
                     T.ptx["fence.mbarrier_init.release.cluster"]()
                 T.tvm_storage_sync("shared")
+                if L.multicast:  # the peer's barriers initialised before its loads and releases reach them
+                    cluster_sync()
+                wait_prior(L.pdl)
                 if tx < PRODUCER_THREADS:
                     T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGISTERS)
                     if tx == 0:
@@ -89,10 +115,12 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
                         col0 = T.meta_var(L.tile_col0(bid + t * grid))
                         at = T.meta_var(L.tile_lead(bid + t * grid))
                         step.cleared(acc, total)
-                        loop(k_step, (smem, base, t, wg, done), acc, spare, total)
+                        loop(k_step, (smem, base, t, wg, lane, done), acc, spare, total)
                         if L.inflight > 0:  # every wgmma retired: the unit's last stage too
-                            release(smem, t * k_tiles + k_tiles - 1)
+                            release(smem, t * k_tiles + k_tiles - 1, lane)
                         store_unit(smem, C, bias, L.summed(total, acc), bid + t * grid, at, row0, col0, wg, lane,
                                    0, row0, 0, 128, lane)
+                if L.multicast:  # no block leaves while its peer may still load into it or release its stages
+                    cluster_sync()
 
     return gemm_ws

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .wgmma_layout import REDUCE_THREADS, KernelLayout, counted_words
 from .wgmma_specialized import specialized_kernel
-from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, b_box, stage_waits, staging, tensor_map_box,
+from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, a_box, b_box, stage_waits, staging, tensor_map_box,
                           tensor_map_dims)
 
 
@@ -293,12 +293,16 @@ def slice_sum_kernel(L: KernelLayout, out: CValue) -> Callable[..., None]:
 
     m, n, split, quads = L.m, L.n, L.split, L.quads
     quad_blocks = -(-quads // REDUCE_THREADS)
+    wait_prior = after_prior()
 
     @T.macro
     def add_slices(P: Any, bias: Any, C: Any) -> None:
         with T.launch_thread("blockIdx.x", quad_blocks) as bid:
             with T.launch_thread("threadIdx.x", REDUCE_THREADS) as tx:
                 sums = T.alloc_buffer((4,), "float32", scope="local")
+                if L.pdl:  # launched early: the next kernel may launch; the slices' kernel has finished
+                    T.ptx["griddepcontrol.launch_dependents"]()
+                wait_prior(L.pdl)
                 if bid * REDUCE_THREADS + tx < quads:
                     first = T.meta_var((bid * REDUCE_THREADS + tx) * 4)  # C's element, flat
                     at = T.meta_var(L.matrix_lead(first // (m * n)))
@@ -314,19 +318,34 @@ def slice_sum_kernel(L: KernelLayout, out: CValue) -> Callable[..., None]:
     return add_slices
 
 
+def after_prior() -> Callable[..., None]:
+    """The macro ``after_prior(L)``: with ``L.pdl`` (the kernel launched early), wait until the
+    kernel ahead of it on the stream has finished and its memory is visible
+    (``griddepcontrol.wait``), before this kernel's first global access."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def wait_prior(pdl: bool) -> None:
+        if pdl:
+            T.ptx["griddepcontrol.wait"]()
+
+    return wait_prior
+
+
 def row_signals(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None]]:
     """The macros ``launch_early()`` and ``stored(ready, row0, tx)`` of a kernel that counts its
-    stores (``L.signal``): at its start it lets the next kernel on the stream launch
-    (programmatic dependent launch, ``griddepcontrol.launch_dependents``), and once a block's
+    stores (``L.signal``) or is launched early itself (``L.pdl``): at its start it lets the next
+    kernel on the stream launch (programmatic dependent launch,
+    ``griddepcontrol.launch_dependents``), and once a block's
     threads have stored a tile (its band, in a cluster) one thread adds 1 to its tile row's count
     and to the total after the rows' counts, behind every thread's fence: a kernel that polls
     ``ready`` with acquire loads reads the rows of a complete count (all rows: a complete
-    total) as stored.  Without ``signal`` both are empty."""
+    total) as stored.  Without ``signal`` (and ``pdl``) both are empty."""
     from tvm.script import tirx as T
 
     @T.macro
     def launch_early() -> None:
-        if L.signal:
+        if L.signal or L.pdl:
             T.ptx["griddepcontrol.launch_dependents"]()
 
     @T.macro
@@ -351,6 +370,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
 
     stages, stage, ahead, threads = L.stages, L.stage, L.ahead, L.threads
     init, landed, issued = stage_waits(L)
+    wait_prior = after_prior()
     loop = k_loop(L, step)
     launch_early, stored = row_signals(L)
 
@@ -385,6 +405,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
                 step.cleared(acc, total)
                 init(smem, tx)
+                wait_prior(L.pdl)
                 for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
                     staged.load_stage(smem, A, Bt, s * stage, L.global_kt(bid, s), at, row0, col0, tx)
                     issued()
@@ -410,6 +431,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
 
     stages, stage, ahead, k_tiles, grid = L.stages, L.stage, L.ahead, L.k_tiles, L.grid
     init, landed, issued = stage_waits(L)
+    wait_prior = after_prior()
     loop = k_loop(L, step)
     launch_early, stored = row_signals(L)
 
@@ -438,6 +460,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
                 mine = T.meta_var((L.units - 1 - bid) // grid + 1)  # units of this block
                 init(smem, tx)
+                wait_prior(L.pdl)
                 for s in T.unroll(ahead):  # prologue: iterations 0 .. ahead-1
                     if s < mine * k_tiles:
                         staged.load_iteration(smem, A, Bt, bid, s, tx)
@@ -467,7 +490,8 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
 
     staged, step, store_unit = staging(L), mma(L), stores(L, out)
     if L.specialized:  # a producer warpgroup and consumer warpgroups (``wgmma_specialized``)
-        units_gemm = specialized_kernel(L, staged, step, k_loop(L, step), store_unit)
+        units_gemm = specialized_kernel(L, staged, step, k_loop(L, step), store_unit, row_signals(L)[0],
+                                        after_prior())
     elif L.tiles > 1:
         units_gemm = several_units_kernel(L, staged, step, store_unit)
     else:
@@ -490,7 +514,7 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
         """``run`` on the tensor maps of A and Bt (encoded on the host; the kernel's parameters)."""
         a_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         T.evaluate(T.tensormap_encode_tiled(a_map, A.data, *tensor_map_dims(L, L.a_shape),
-                                            *tensor_map_box(L.bk, L.bm, a_rank), descriptor_dtype=L.in_dtype,
+                                            *tensor_map_box(*a_box(L), a_rank), descriptor_dtype=L.in_dtype,
                                             rank=a_rank, swizzle=TMA_SWIZZLE_128B))
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         T.evaluate(T.tensormap_encode_tiled(b_map, Bt.data, *tensor_map_dims(L, L.bt_shape),

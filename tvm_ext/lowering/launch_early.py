@@ -35,6 +35,12 @@ def _marked_symbols(mod: Any) -> set[str]:
     return names
 
 
+def pipeline_for(mod: Any) -> str:
+    """The TIR pipeline to build ``mod`` with: ``PIPELINE`` (registered) where a function of it is
+    marked, else TVM's default."""
+    return register_pipeline() if _marked_symbols(mod) else "default"
+
+
 def _launched_by(kernel_symbol: str, hosts: set[str]) -> bool:
     """Whether a device kernel belongs to one of ``hosts`` (TVM names them ``<host>_kernel``,
     ``<host>_kernel_1``, ...)."""

@@ -217,13 +217,16 @@ def lower_check(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | N
 
 def compile_module(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None
                    ) -> tuple[Any, str, tuple[KernelLaunch, ...], tuple[str, ...]]:
-    """``tvm.compile`` of one scheduled PrimFunc module under the template's ``pass_config``:
-    the executable, its kernel source, and its launches and parameters (read under the
-    same options, so they describe the kernel that was built)."""
+    """``tvm.compile`` of one scheduled PrimFunc module under the template's ``pass_config``
+    (a function marked to launch its kernels early through ``launch_early.PIPELINE``): the
+    executable, its kernel source, and its launches and parameters (read under the same
+    options, so they describe the kernel that was built)."""
     import tvm
 
+    from tvm_ext.lowering.launch_early import pipeline_for
+
     with tvm.transform.PassContext(config=dict(pass_config or {})):
-        ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
+        ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()), tir_pipeline=pipeline_for(mod))
         launches, params = extract_launches(mod, target)
     return ex, ex.mod.imports[0].inspect_source(), launches, params
 
