@@ -89,6 +89,9 @@ def main() -> None:
                    help="then the pick and the sweep's --top fastest against cuBLAS and cuBLASLt in this many "
                         "interleaved rounds, each replayed from a CUDA graph (common.compare_in_rounds)")
     p.add_argument("--top", type=int, default=3)
+    p.add_argument("--pdl", action="store_true",
+                   help="every config of the grid launched early behind the kernel ahead (wgmma_pdl 1), as the "
+                        "picks are")
     p.add_argument("--before", default=None,
                    help="a JSON file {shape: knobs} of an earlier pick: only the pick and it, no sweep (with "
                         "--rounds, the earlier pick is the peer)")
@@ -109,7 +112,10 @@ def main() -> None:
             first = pick_wgmma_tile([(m, n, k)], session.target, "float16", split_k=True, ragged_m=True)
             configs = [pick, space.make(**first.knobs())]
         else:
-            configs = [pick] + [c for c in (wide_grid if args.grid == "wide" else grid)(space) if c != pick]
+            swept = (wide_grid if args.grid == "wide" else grid)(space)
+            if args.pdl:
+                swept = [c.replace(wgmma_pdl=1) for c in swept]
+            configs = [pick] + [c for c in swept if c != pick]
         if time.time() - start > args.max_seconds:
             break
         builds = session.builder.build(template, configs, session.target)
