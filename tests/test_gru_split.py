@@ -203,12 +203,22 @@ def test_split_into_tf32_parts_plan_and_its_cuda():
                      r"float\* __restrict__ C_ptr, float\* __restrict__ bias_ptr\)", compiled.source)
     assert re.search(r"gru_split_w0_kernel\(float\* __restrict__ B_ptr, float\* __restrict__ parts_ptr\)",
                      compiled.source)
+    # x of depth 48 padded to 64: the scheduled split, an output element a thread; layer 1's x (depth
+    # 128, no padding): gemm_3xtf32's split, four columns a thread in 16-byte loads and stores
+    bodies = {i: _kernel_body(compiled.source, f"gru_split_x{i}_kernel") for i in (0, 1)}
+    assert "float4" not in bodies[0] and bodies[1].count("*(float4*)(parts_ptr") == 3
+    assert not t.split_rows_written(cfg, 0) and t.split_rows_written(cfg, 1)
     ampere = offline_cuda("sm_80")
     old = GruTemplate(batch=8, hidden=64, input=48, seq=16).with_tensor_cores(ampere)
     assert "(in_split 3) needs a Hopper GPU" in old.space(ampere).infeasible_reason(cfg.replace(in_split=3))
     half_gi = GruTemplate(batch=8, hidden=64, input=48, seq=16, gi_dtype="float16").with_tensor_cores(target)
     assert half_gi.in_split_tf32 is None and half_gi.in_split_wgmma is not None
     assert "float32 gi" in half_gi.space(target).infeasible_reason(cfg.replace(in_split=3))
+
+
+def _kernel_body(source: str, name: str) -> str:
+    start = re.search(rf"{name}\([^)]*\) \{{", source).end()
+    return source[start:source.index("\n}\n", start)]
 
 
 def test_split_range():

@@ -24,7 +24,7 @@ from tvm_ext.measure.program import RunPlan
 from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
-from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps
+from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps, split_a_func
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, signal_reason, wgmma_gemm, wgmma_reason
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
@@ -601,8 +601,9 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = self.input_gemm(i, split).schedule(in_gemm, target)
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
-                funcs[f"gru_split_x{i}"] = schedule_elementwise(split_rows_func(t * b, k, tf32=config.in_split == 3),
-                                                                "split", threads)
+                if not self.split_rows_written(config, i):
+                    rows = split_rows_func(t * b, k, tf32=config.in_split == 3)
+                    funcs[f"gru_split_x{i}"] = schedule_elementwise(rows, "split", threads)
                 if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
                     funcs[f"gru_split_w{i}"] = schedule_elementwise(split_weight_func(k, d * 3 * h), "split", threads)
         funcs.update(step.scheduled_kernels(target))  # none for the kernels written as loops (``lowered_kernels``)
@@ -613,6 +614,13 @@ class GruTemplate(DtypeFields, Template):
             funcs["gru_hold"] = schedule_elementwise(hold, "hold", threads, vectorized=True)
             funcs["gru_zero_out"] = schedule_elementwise(zero, "zero_out", threads, vectorized=True)
         return funcs
+
+    def split_rows_written(self, config: Config, kind: int) -> bool:
+        """Whether input GEMM ``kind``'s x is split by ``gemm_3xtf32``'s kernel (four columns a
+        thread, 16-byte loads and stores) rather than the scheduled one (an output element a
+        thread): TF32 parts (``in_split`` 3) of a depth that needs no padding."""
+        k = self.layer_input(kind)
+        return config.in_split == 3 and split_depth(k) == k
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
         """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):
@@ -632,6 +640,8 @@ class GruTemplate(DtypeFields, Template):
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"],
                                                      signal=bool(config.step_overlap), **way)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
+                if self.split_rows_written(config, i):
+                    funcs[f"gru_split_x{i}"] = split_a_func(m, k)
         if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
             m, n = self.gi_shape
             tile = self.counted_gemm_tile(config) or self.in_wgmma_tile
