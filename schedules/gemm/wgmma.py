@@ -37,6 +37,11 @@ global memory.  N and K must divide the tile; an M that bm does not divide (a to
 guarded in the unsplit kernel: the last tile row's loads past M read rows below it again (row
 mod M) and its stores stop at M.
 
+``wgmma_tma`` loads the stages by the Tensor Memory Accelerator, ``wgmma_ws`` specializes a
+producer warpgroup (``wgmma_specialized``), ``wgmma_multicast`` pairs its blocks in clusters that
+share an operand's tile, and ``wgmma_pdl`` launches every kernel early behind the kernel ahead,
+which it waits for before its first global access (the knobs' texts below).
+
 ``wgmma_gemm`` checks the tile and assembles the kernel from its steps in ``wgmma_steps`` (the
 layout derived once, then staging, the wgmma of a k step, the stores, the cluster's and the second
 kernel's sums of K slices, the kernels' launch and k loops, the PrimFunc).

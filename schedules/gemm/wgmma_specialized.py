@@ -6,7 +6,10 @@ barrier once its wgmma has retired.  No block barrier in the k loop: a consumer 
 waits for another, and the loads run ahead by as many stages as there are.  ``setmaxnreg`` gives
 the producer's registers to the consumers.  The same units a block as ``several_units_kernel``
 (row-major or rastered, one tile or several), the same k loop (``wgmma_steps.k_loop``: promotions
-overlapped or not), C stored straight from the registers.
+overlapped or not), C stored straight from the registers.  With ``multicast`` the blocks run as
+clusters of two sharing one operand's tile (``wgmma_loads.multicast_staging``): a stage's release
+barrier then counts one thread of each consumer warpgroup of both blocks, and the blocks meet at a
+cluster barrier after the barriers' init and before leaving.
 """
 from __future__ import annotations
 
@@ -38,7 +41,9 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
     the module docstring over the block's units b, b + grid, ...; ``A`` and ``Bt`` are tensor
     maps (``wgmma_tma``).  Iteration it (unit it // k_tiles, k step it % k_tiles) uses stage
     it % stages in round it // stages: its load barrier completes once per round (the TMA's
-    bytes), its release barrier once every consumer thread has arrived after the round's wgmma."""
+    bytes), its release barrier once every consumer thread (``release_count``) has arrived after
+    the round's wgmma.  ``launch_early`` and ``wait_prior`` are ``wgmma_steps``' programmatic
+    dependent launch macros (empty without ``pdl``)."""
     from tvm.script import tirx as T
 
     stages, stage, k_tiles, grid, consumers = L.stages, L.stage, L.k_tiles, L.grid, L.threads
