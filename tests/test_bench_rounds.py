@@ -129,3 +129,32 @@ def test_shapes_are_names_or_mxnxk(common, capsys):
     assert common.parse_shapes("1024x768", named) is None
     assert capsys.readouterr().err.startswith("error: bad shape '1024x768'")
     assert common.parse_shapes("0x5x5", named) is None
+
+
+def test_gemm_benchmark_peers_are_label_knob_values_and_a_bad_one_is_one_error_line():
+    """``gemm_tensor_core.py --peers``: configs in the same rounds as the pick, each the pick with
+    knobs changed; a part without a label, a knob or an integer value is refused (exit 2)."""
+    spec = importlib.util.spec_from_file_location("bench_gemm_tc", os.path.join(ROOT, "benchmarks",
+                                                                                "gemm_tensor_core.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse_peers("nopdl:wgmma_pdl=0; mc:wgmma_ws=1,wgmma_multicast=1;") == {
+        "nopdl": {"wgmma_pdl": 0}, "mc": {"wgmma_ws": 1, "wgmma_multicast": 1}}
+    assert module.parse_peers("") == {}
+    for bad in ("wgmma_pdl=0", "x:", "x:wgmma_pdl=on", ":wgmma_pdl=1"):
+        with pytest.raises(ValueError, match="--peers takes"):
+            module.parse_peers(bad)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gemm_tensor_core.py"), "--peers",
+                          "x:wgmma_pdl=on"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "error: --peers takes" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("probe, args, needle", [
+    ("vendor_kernels.py", ["--shapes", "1024x768"], "error: --shapes takes MxNxK"),
+    ("multicast_probe.py", ["--cases", "fp8_4096,nope"], "error: --cases takes names of"),
+])
+def test_the_gemm_probes_refuse_bad_input_with_one_error_line(probe, args, needle):
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "probes", probe), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [run.stderr.strip().splitlines()[0]]
+    assert run.stderr.startswith(needle)
