@@ -132,6 +132,10 @@ def test_the_knob_is_in_the_space_and_names_the_tile():
                                              "wgmma_pdl": 0})
     tile = template.tile(config)
     assert tile.tma and tile.name.endswith(" tma") and wgmma_tile_named(tile.name) == tile
+    for other in (dataclasses.replace(tile, smem_epilogue=False, specialized=True),
+                  dataclasses.replace(tile, smem_epilogue=False, specialized=True, multicast=True, pdl=True),
+                  dataclasses.replace(tile, pdl=True, operand="e4m3")):  # every knob's word read back
+        assert wgmma_tile_named(other.name) == other
     assert not template.tile(template.default_config(target)).tma  # the pick keeps cp.async until measured
 
 

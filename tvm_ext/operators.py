@@ -229,7 +229,7 @@ def _wgmma_args(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _WGMMA_NAME = re.compile(r"wgmma (?:(\w+) )?(\d+)x(\d+)x\d+ s(\d+) w(\d+) (smem|direct)(?: r(\d+))?(?: t(\d+))?"
-                         r"(?: k/(\d+))?( cluster)?( tma)?")
+                         r"(?: k/(\d+))?( cluster)?( tma)?( ws)?( multicast)?( pdl)?")
 
 
 def wgmma_tile_named(name: str) -> Any:
@@ -239,10 +239,10 @@ def wgmma_tile_named(name: str) -> Any:
     found = _WGMMA_NAME.fullmatch(name) if isinstance(name, str) else None
     if found is None:
         raise TvmExtError(f"not a wgmma tile: {name!r}")
-    operand, bm, bn, stages, inflight, epilogue, raster, tiles, split, cluster, tma = found.groups()
+    operand, bm, bn, stages, inflight, epilogue, raster, tiles, split, cluster, tma, ws, multicast, pdl = found.groups()
     tile = WgmmaTile(int(bm), int(bn), int(stages), int(inflight), epilogue == "smem", int(raster or 0),
                      tiles=int(tiles or 1), split=int(split or 1), cluster=bool(cluster), operand=operand or "float16",
-                     tma=bool(tma))
+                     tma=bool(tma), specialized=bool(ws), multicast=bool(multicast), pdl=bool(pdl))
     if tile.name != name:  # e.g. a k step that is not the operand's
         raise TvmExtError(f"not a wgmma tile: {name!r}")
     return tile
