@@ -8,9 +8,7 @@ the tuner measures once.  Compute, inputs and reference are the GEMM template's.
 """
 from __future__ import annotations
 
-import dataclasses
-
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tvm_ext.core.errors import TvmExtError
@@ -125,7 +123,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
                                split_k=True, operand=self.a_dtype, ragged_m=True, few_waves=True)
         if tile is None or self.wgmma_reason(tile, target) is not None:
             return None
-        return dataclasses.replace(tile, pdl=True)  # launched early behind the kernel ahead (``wgmma_pdl``)
+        return replace(tile, pdl=True)  # launched early behind the kernel ahead (``wgmma_pdl``)
 
     def wgmma_types_reason(self) -> str | None:
         if self.a_dtype != self.b_dtype or self.a_dtype not in WGMMA_OPERANDS or self.acc_dtype != "float32":

@@ -44,17 +44,20 @@ def staging(L: KernelLayout) -> Staging:
     return by_iteration(L, load_stage)
 
 
-def by_iteration(L: KernelLayout, load_stage: Callable[..., None]) -> Staging:
+def by_iteration(L: KernelLayout, load_stage: Callable[..., None],
+                 last: Callable[[Any, Any], Any] = lambda bid, tx: tx) -> Staging:
     """``load_stage`` and the macro loading iteration ``it`` of a block of several tiles with it:
     k tile it % k_tiles of its (it // k_tiles)-th tile (tile bid + that x grid), into stage
-    it % stages."""
+    it % stages; ``load_stage``'s last argument is ``last(bid, tx)`` (the loading thread, or
+    what else the stage's loads need of the block)."""
     from tvm.script import tirx as T
 
     @T.macro
     def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
         load_stage(smem, A, Bt, it % L.stages * L.stage, L.global_kt(bid + it // L.k_tiles * L.grid, it % L.k_tiles),
                    L.tile_lead(bid + it // L.k_tiles * L.grid),
-                   L.tile_row0(bid + it // L.k_tiles * L.grid), L.tile_col0(bid + it // L.k_tiles * L.grid), tx)
+                   L.tile_row0(bid + it // L.k_tiles * L.grid), L.tile_col0(bid + it // L.k_tiles * L.grid),
+                   last(bid, tx))
 
     return Staging(load_stage, load_iteration)
 
@@ -69,7 +72,9 @@ def tma_staging(L: KernelLayout) -> Staging:
     copy = "cp.async.bulk.tensor.{}d.shared::cluster.global.mbarrier::complete_tx::bytes"
     a_copy, b_copy = copy.format(len(L.a_shape)), copy.format(len(L.bt_shape))
     if L.multicast:
-        return multicast_staging(L, copy)
+        shared_copy = copy + ".multicast::cluster"
+        return multicast_staging(L, a_copy, b_copy, shared_copy.format(len(L.a_shape)),
+                                 shared_copy.format(len(L.bt_shape)))
 
     @T.macro
     def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, tx: Any) -> None:
@@ -86,17 +91,15 @@ def tma_staging(L: KernelLayout) -> Staging:
     return by_iteration(L, load_stage)
 
 
-def multicast_staging(L: KernelLayout, copy: str) -> Staging:
+def multicast_staging(L: KernelLayout, a_copy: str, b_copy: str, a_shared: str, b_shared: str) -> Staging:
     """The TMA's loads of a block of a pair sharing one operand's tile (``multicast``): its own
-    tile of the other operand, and half of the shared tile (the rows of its rank in the cluster,
-    ``shared_rows`` of them), which the TMA writes into both blocks' stage at the same offset and
-    counts on both blocks' barrier of the stage; each barrier expects the whole stage's bytes.
-    Rank r of the cluster is block ``bid % 2``; the producer calls ``load_iteration``."""
+    tile of the other operand (``a_copy`` / ``b_copy``), and half of the shared tile (the rows of
+    its rank in the cluster, ``shared_rows`` of them; ``a_shared`` / ``b_shared``, the copies'
+    multicast forms), which the TMA writes into both blocks' stage at the same offset and counts
+    on both blocks' barrier of the stage; each barrier expects the whole stage's bytes.  Rank r
+    of the cluster is block ``bid % 2``; the producer calls ``load_iteration``."""
     from tvm.script import tirx as T
 
-    shared_copy = copy + ".multicast::cluster"
-    a_copy, b_copy = copy.format(len(L.a_shape)), copy.format(len(L.bt_shape))
-    a_shared, b_shared = shared_copy.format(len(L.a_shape)), shared_copy.format(len(L.bt_shape))
     half = L.shared_rows
 
     @T.macro
@@ -115,13 +118,7 @@ def multicast_staging(L: KernelLayout, copy: str) -> Staging:
             T.ptx[b_shared](smem.ptr_to([slot + L.a_stage + rank * half * L.bk]), T.address_of(Bt),
                             *b_coordinates(L, at, col0 + rank * half, kt, 0), bar, T.uint16(3))
 
-    @T.macro
-    def load_iteration(smem: Any, A: Any, Bt: Any, bid: Any, it: Any, tx: Any) -> None:
-        unit = T.meta_var(bid + it // L.k_tiles * L.grid)
-        load_stage(smem, A, Bt, it % L.stages * L.stage, L.global_kt(unit, it % L.k_tiles), L.tile_lead(unit),
-                   L.tile_row0(unit), L.tile_col0(unit), bid % 2)
-
-    return Staging(load_stage, load_iteration)
+    return by_iteration(L, load_stage, last=lambda bid, tx: bid % 2)
 
 
 def phase_wait() -> Callable[..., None]:

@@ -106,7 +106,7 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
                 T.tvm_storage_sync("shared")
                 if L.multicast:  # the peer's barriers initialised before its loads and releases reach them
                     cluster_sync()
-                wait_prior(L.pdl)
+                wait_prior()
                 if tx < PRODUCER_THREADS:
                     T.ptx["setmaxnreg.dec.sync.aligned.u32"](PRODUCER_REGISTERS)
                     if tx == 0:

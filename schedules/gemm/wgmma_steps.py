@@ -293,16 +293,15 @@ def slice_sum_kernel(L: KernelLayout, out: CValue) -> Callable[..., None]:
 
     m, n, split, quads = L.m, L.n, L.split, L.quads
     quad_blocks = -(-quads // REDUCE_THREADS)
-    wait_prior = after_prior()
+    wait_prior, (launch_early, _) = after_prior(L), row_signals(L)
 
     @T.macro
     def add_slices(P: Any, bias: Any, C: Any) -> None:
         with T.launch_thread("blockIdx.x", quad_blocks) as bid:
             with T.launch_thread("threadIdx.x", REDUCE_THREADS) as tx:
                 sums = T.alloc_buffer((4,), "float32", scope="local")
-                if L.pdl:  # launched early: the next kernel may launch; the slices' kernel has finished
-                    T.ptx["griddepcontrol.launch_dependents"]()
-                wait_prior(L.pdl)
+                launch_early()
+                wait_prior()  # the slices' kernel has finished
                 if bid * REDUCE_THREADS + tx < quads:
                     first = T.meta_var((bid * REDUCE_THREADS + tx) * 4)  # C's element, flat
                     at = T.meta_var(L.matrix_lead(first // (m * n)))
@@ -318,15 +317,15 @@ def slice_sum_kernel(L: KernelLayout, out: CValue) -> Callable[..., None]:
     return add_slices
 
 
-def after_prior() -> Callable[..., None]:
-    """The macro ``after_prior(L)``: with ``L.pdl`` (the kernel launched early), wait until the
+def after_prior(L: KernelLayout) -> Callable[..., None]:
+    """The macro ``wait_prior()``: with ``L.pdl`` (the kernel launched early), wait until the
     kernel ahead of it on the stream has finished and its memory is visible
-    (``griddepcontrol.wait``), before this kernel's first global access."""
+    (``griddepcontrol.wait``), before this kernel's first global access; empty without."""
     from tvm.script import tirx as T
 
     @T.macro
-    def wait_prior(pdl: bool) -> None:
-        if pdl:
+    def wait_prior() -> None:
+        if L.pdl:
             T.ptx["griddepcontrol.wait"]()
 
     return wait_prior
@@ -370,7 +369,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
 
     stages, stage, ahead, threads = L.stages, L.stage, L.ahead, L.threads
     init, landed, issued = stage_waits(L)
-    wait_prior = after_prior()
+    wait_prior = after_prior(L)
     loop = k_loop(L, step)
     launch_early, stored = row_signals(L)
 
@@ -405,7 +404,7 @@ def one_unit_kernel(L: KernelLayout, staged: Staging, step: Mma, store_unit: Cal
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
                 step.cleared(acc, total)
                 init(smem, tx)
-                wait_prior(L.pdl)
+                wait_prior()
                 for s in T.unroll(ahead):  # prologue: tiles 0 .. ahead-1
                     staged.load_stage(smem, A, Bt, s * stage, L.global_kt(bid, s), at, row0, col0, tx)
                     issued()
@@ -431,7 +430,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
 
     stages, stage, ahead, k_tiles, grid = L.stages, L.stage, L.ahead, L.k_tiles, L.grid
     init, landed, issued = stage_waits(L)
-    wait_prior = after_prior()
+    wait_prior = after_prior(L)
     loop = k_loop(L, step)
     launch_early, stored = row_signals(L)
 
@@ -460,7 +459,7 @@ def several_units_kernel(L: KernelLayout, staged: Staging, step: Mma,
                 base = T.cuda.cvta_generic_to_shared(smem.ptr_to([0]))
                 mine = T.meta_var((L.units - 1 - bid) // grid + 1)  # units of this block
                 init(smem, tx)
-                wait_prior(L.pdl)
+                wait_prior()
                 for s in T.unroll(ahead):  # prologue: iterations 0 .. ahead-1
                     if s < mine * k_tiles:
                         staged.load_iteration(smem, A, Bt, bid, s, tx)
@@ -491,7 +490,7 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
     staged, step, store_unit = staging(L), mma(L), stores(L, out)
     if L.specialized:  # a producer warpgroup and consumer warpgroups (``wgmma_specialized``)
         units_gemm = specialized_kernel(L, staged, step, k_loop(L, step), store_unit, row_signals(L)[0],
-                                        after_prior())
+                                        after_prior(L))
     elif L.tiles > 1:
         units_gemm = several_units_kernel(L, staged, step, store_unit)
     else:
