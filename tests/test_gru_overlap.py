@@ -10,11 +10,11 @@ tile rows before loading its gi.
 """
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import pytest
 from test_gru import Shape, _inputs, _weights
+from test_wgmma_pdl import launch_params
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.precision.precision import relative_error
@@ -85,9 +85,8 @@ def test_tiles_in_row_order_finish_tile_rows_in_turn(m, n, bm, bn):
 def test_launch_early_tags_the_marked_functions_kernels_only():
     import tvm
     from tvm.script import tirx as T
-    from tvm.tirx import compilation_pipeline
 
-    from tvm_ext.lowering.launch_early import LAUNCH_TAG, mark_launch_early, register_pipeline
+    from tvm_ext.lowering.launch_early import LAUNCH_TAG, mark_launch_early
 
     @T.prim_func
     def early(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
@@ -101,16 +100,9 @@ def test_launch_early_tags_the_marked_functions_kernels_only():
         for i in T.thread_binding(64, "threadIdx.x"):
             b[i] = a[i] + T.float32(2)
 
-    target = tvm.target.Target(offline_cuda("sm_90a").tvm_target()).with_host(tvm.target.Target("llvm"))
     mod = tvm.IRModule({"early": mark_launch_early(early.with_attr("global_symbol", "early")),
                         "plain": plain.with_attr("global_symbol", "plain")})
-    mod = tvm.tirx.transform.BindTarget(target)(mod)
-    lower = compilation_pipeline.get_tir_pipeline(register_pipeline())[0]
-    split = importlib.import_module("tvm.tirx.build").split_host_device_mods  # (tvm.tirx.build: the function)
-    _, devices = split(lower(mod))
-    params = {str(f.attrs["global_symbol"]): [str(t) for t in f.attrs["tirx.kernel_launch_params"]]
-              for d in devices.values() for f in d.functions.values()}
-    assert params == {"early_kernel": ["threadIdx.x", LAUNCH_TAG], "plain_kernel": ["threadIdx.x"]}
+    assert launch_params(mod) == {"early_kernel": ["threadIdx.x", LAUNCH_TAG], "plain_kernel": ["threadIdx.x"]}
 
 
 @pytest.mark.parametrize("precision, knobs", [(HALF, {"in_wgmma": 1}), (None, {"in_split": 2}),

@@ -68,21 +68,28 @@ def test_without_the_knob_no_kernel_waits_or_triggers():
     assert WAIT not in source and TRIGGER not in source
 
 
-def _launch_params(func) -> dict[str, list[str]]:
+def launch_params(mod) -> dict[str, list[str]]:
+    """The launch parameters TVM gives each device kernel of ``mod`` (PrimFuncs with their global
+    symbols) lowered for sm_90a through the pipeline ``launch_early.pipeline_for`` picks."""
     import tvm
     from tvm.tirx import compilation_pipeline
 
     from tvm_ext.hardware import sm_90a
     from tvm_ext.lowering.launch_early import pipeline_for
 
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     target = tvm.target.Target(sm_90a(offline_cuda("sm_90")).tvm_target()).with_host(tvm.target.Target("llvm"))
     mod = tvm.tirx.transform.BindTarget(target)(mod)
     lower = compilation_pipeline.get_tir_pipeline(pipeline_for(mod))[0]
-    split = importlib.import_module("tvm.tirx.build").split_host_device_mods
+    split = importlib.import_module("tvm.tirx.build").split_host_device_mods  # (tvm.tirx.build: the function)
     _, devices = split(lower(mod))
     return {str(f.attrs["global_symbol"]): [str(t) for t in f.attrs["tirx.kernel_launch_params"]]
             for d in devices.values() for f in d.functions.values()}
+
+
+def _launch_params(func) -> dict[str, list[str]]:
+    import tvm
+
+    return launch_params(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
 
 
 def test_every_kernel_of_a_pdl_gemm_is_launched_early_and_none_without():
