@@ -32,8 +32,8 @@ from tvm_ext.core.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
-from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, promote_reason, shared_limit,
-                    sm_90a, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, pdl_reason, promote_reason,
+                    shared_limit, sm_90a, target_reason, wgmma_gemm, wgmma_reason)
 from .wgmma_template import pick_wgmma_tile
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
@@ -252,9 +252,8 @@ class Gemm3xTf32Template(Template):
         """Why ``config`` cannot run this GEMM on ``target`` (one line), or None."""
         # (the split of B transposes 32 x 32 tiles: the tile's N % 64 and 3K % 32 give N, K % 32)
         tile = WgmmaTile.of(config, "tf32")
-        if tile.pdl:
-            return f"{tile.name}: the splits' kernels ahead of the GEMM in the same function are not launched early"
-        return (target_reason(target) or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
+        return (pdl_reason(tile, unwaited=True) or target_reason(target)
+                or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
                 or promote_reason(tile, self.depth, config.tf_promote, bool(config.tf_promote_overlap)))
 
     def space(self, target: TargetInfo) -> Space:

@@ -288,6 +288,17 @@ def multicast_reason(t: WgmmaTile, m: int, n: int, b_layout: str) -> str | None:
     return None
 
 
+def pdl_reason(t: WgmmaTile, unwaited: bool) -> str | None:
+    """Why tile ``t`` cannot launch its kernels early (``wgmma_pdl``), or None: ``unwaited``, the
+    function has kernels that do not wait for the one ahead (prepared inputs' splits written
+    before the GEMM, a counting GEMM's dependant launched while it runs)."""
+    if t.pdl and unwaited:
+        return (f"{t.name}: a kernel launched early (wgmma_pdl) waits for the kernel ahead of it; the other "
+                "kernels of this function (prepared inputs' splits, a counting kernel's dependant) are not "
+                "launched early: no wgmma_pdl here")
+    return None
+
+
 def fit_raster(t: WgmmaTile, m: int) -> WgmmaTile:
     """``t`` with the largest raster group of at most its own that divides M's tile rows (0 where
     none does): a config tuned at another M, where its raster would be refused."""
@@ -419,9 +430,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
               or promote_reason(cfg, k, promote, overlap)
               or (signal_reason(cfg, bias_dtype is not None and epilogue is None and prepare is None
                                 and not scales and not batch) if signal else None))
-    if not reason and cfg.pdl and (prepare is not None or signal):
-        reason = (f"{cfg.name}: a kernel launched early (wgmma_pdl) waits for the kernel ahead of it; the kernels "
-                  "writing prepared inputs, and a counting kernel's dependant, do not: no wgmma_pdl here")
+    reason = reason or pdl_reason(cfg, prepare is not None or signal)
     if reason:
         raise TvmExtError(reason)
     layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal)
