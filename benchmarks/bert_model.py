@@ -159,7 +159,29 @@ def tune_and_time(label: str, path: str, ids: np.ndarray, ref: np.ndarray, args:
     rows.append(Row(label, "tvm_ext from .pt2", secs * 1e3, err, walls[0] + import_s + load_s, trials,
                     f"{how}; import {import_s:.0f} s, tune {walls[0]:.0f} s, compile {load_s:.0f} s; "
                     f"rerun on the same database {walls[1]:.0f} s + compile"))
+    if args.early_launch_rounds:
+        rows += early_launch_rounds(label, compiled, ids, ref, args.early_launch_rounds)
     return rows, compiled
+
+
+def early_launch_rounds(label: str, compiled: Any, ids: np.ndarray, ref: np.ndarray, rounds: int) -> list[Row]:
+    """The same scheduled model built with its wgmma kernels launched early and without (the
+    default, TVM's pipeline), timed in interleaved rounds: one row each, the median of its
+    rounds, the per-round ratios in the note."""
+    from tvm_ext.relax.pipeline import CompiledModel
+
+    builds = {early: CompiledModel(compiled.mod, compiled.target, compiled.function, launch_early=early)
+              for early in (True, False)}
+    secs: dict[bool, list[float]] = {True: [], False: []}
+    errs: dict[bool, float] = {}
+    for _ in range(rounds):
+        for early, model in builds.items():
+            t, errs[early], _ = time_tvm(model, [ids], ref)
+            secs[early].append(t)
+    ratios = " ".join(f"{off / on:.3f}" for on, off in zip(secs[True], secs[False]))
+    return [Row(label, f"tvm_ext, kernels {'' if early else 'not '}launched early", float(np.median(s)) * 1e3,
+                errs[early], note=f"median of {rounds} interleaved rounds; without / with each round: {ratios}")
+            for early, s in secs.items()]
 
 
 def kernel_breakdown(run: Any, calls: int = 5) -> dict[str, float]:
@@ -235,11 +257,9 @@ def dry_run(args: argparse.Namespace) -> None:
     """No GPU: export, import, tasks matched for CUDA, compiled for CUDA with default configs."""
     import tempfile
 
-    import tvm
 
     from tvm_ext.cli.model_cli import load_model_file
-    from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
-    from tvm_ext.relax.tvm_export import tvm_target
+    from tvm_ext.relax.pipeline import build_model, compile_relax, extract_tasks, legalize_and_fuse, match_tasks
     from tvm_ext.target import offline_cuda
 
     target = offline_cuda()
@@ -252,8 +272,7 @@ def dry_run(args: argparse.Namespace) -> None:
             tasks = extract_tasks(legalize_and_fuse(mod), target)
             matched = [m.template.describe() for m in match_tasks(tasks, target) if m.matched]
             scheduled = compile_relax(mod, target, None, log=None)
-            with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
-                tvm.compile(scheduled, target=tvm_target(target))
+            build_model(scheduled, target)
             rows.append([dtype, len(tasks), len(matched), "; ".join(matched), f"{time.time() - start:.0f}"])
     print(table(f"BERT-base {args.layers} layers, dry run (no GPU)", ["dtype", "tasks", "matched", "templates", "s"],
                 rows))
@@ -274,6 +293,9 @@ def main() -> None:
                    help="torch.compile modes (comma-separated); without CUDA graphs of its own a mode is also "
                         "replayed from a graph of ours")
     p.add_argument("--torch-only", action="store_true", help="torch's rows only (no tuning, no breakdown)")
+    p.add_argument("--early-launch-rounds", type=int, default=0,
+                   help="also time ours built with its wgmma kernels launched early and without, in this many "
+                        "interleaved rounds")
     p.add_argument("--dry-run", action="store_true", help="no GPU: export, import, match, compile for CUDA")
     args = p.parse_args()
     args.dtypes = [d for d in args.dtypes.split(",") if d]

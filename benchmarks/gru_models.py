@@ -241,12 +241,10 @@ def dry_run(cases: list[Case]) -> None:
     for CUDA with default configs (source only); the torch model checked against float64 on the CPU."""
     import tempfile
 
-    import tvm
 
-    from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
+    from tvm_ext.relax.pipeline import build_model, compile_relax, extract_tasks, legalize_and_fuse, match_tasks
     from tvm_ext.relax.relax_gru import find_grus
     from tvm_ext.target import offline_cuda
-    from tvm_ext.relax.tvm_export import tvm_target
 
     target = offline_cuda()
     rows = []
@@ -262,8 +260,7 @@ def dry_run(cases: list[Case]) -> None:
                     matched = [m.template.describe() for m in match_tasks(tasks, target) if m.matched]
                     matched += [f"GRU {g.template.describe()}" for g in find_grus(mod, target)]
                     scheduled = compile_relax(mod, target, None, log=None)
-                    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
-                        tvm.compile(scheduled, target=tvm_target(target))
+                    build_model(scheduled, target)
                     rows.append([case.label, way, len(tasks), "; ".join(matched) or "-", f"{time.time() - start:.0f}"])
                 except Exception as exc:
                     rows.append([case.label, way, "-", f"failed: {_last_line(exc)}", f"{time.time() - start:.0f}"])

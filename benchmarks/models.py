@@ -63,11 +63,10 @@ sys.path.insert(0, HERE)
 from common import (l2_rotation, methods_text, rel_error_vs, table, time_ours_three, time_vendor,  # noqa: E402
                     tvm_launch, vendor_methods)
 
-from tvm_ext.relax.pipeline import (compile_relax, extract_tasks, legalize_and_fuse, load_model,  # noqa: E402
-                                    match_tasks, model_pass_config, summary, tune_relax)
+from tvm_ext.relax.pipeline import (build_model, compile_relax, extract_tasks, legalize_and_fuse,  # noqa: E402
+                                    load_model, match_tasks, summary, tune_relax)
 from tvm_ext.core.session import SessionOptions  # noqa: E402
 from tvm_ext.target import TargetInfo, offline_cuda, resolve_target  # noqa: E402
-from tvm_ext.relax.tvm_export import tvm_target  # noqa: E402
 
 MODELS = ("bert:float16", "gru:float32", "bert:float32", "gru:float16")  # in the order they run
 VARIANTS = ("tvm_ext", "torch", "dlight", "meta_schedule", "compile")
@@ -465,7 +464,6 @@ def _last_line(exc: Exception) -> str:
 def dry_run(args: argparse.Namespace) -> None:
     """No GPU: each model's module (the nn BERT, or transformers' when importable), its tasks
     and matches for CUDA, and the model compiled for CUDA with default configs (source only)."""
-    import tvm
 
     target = offline_cuda()
     rows = []
@@ -484,8 +482,7 @@ def dry_run(args: argparse.Namespace) -> None:
         tasks = extract_tasks(legalize_and_fuse(mod), target)
         matches = match_tasks(tasks, target)
         scheduled = compile_relax(mod, target, None, log=None)
-        with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
-            tvm.compile(scheduled, target=tvm_target(target))
+        build_model(scheduled, target)
         from tvm_ext.relax.relax_gru import find_grus
 
         matched = [f"{m.name}: {m.template.describe()}" for m in matches if m.matched]

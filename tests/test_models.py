@@ -361,10 +361,10 @@ def test_float16_models_compile_for_cuda_with_tensor_cores_offline(bert, gru_mod
     Relax build for CUDA (source only)."""
     import tvm
 
-    from tvm_ext.relax.pipeline import compile_relax, match_tasks, model_pass_config
+    from tvm_ext.relax.pipeline import build_model, compile_relax, match_tasks
     from tvm_ext.relax.relax_gru import find_grus, program
     from tvm_ext.target import offline_cuda
-    from tvm_ext.relax.tvm_export import commit, open_database, tvm_target
+    from tvm_ext.relax.tvm_export import commit, open_database
 
     cuda = offline_cuda()
     mod = bert.get_module(dtype="float16")
@@ -376,16 +376,14 @@ def test_float16_models_compile_for_cuda_with_tensor_cores_offline(bert, gru_mod
             commit(db, task.dispatched[0], match, match.template.default_config(cuda), 1e-3, cuda)
             mma += match.template.name == "gemm_mma"
     assert mma == 4  # Q/K/V, the output projections and the feed-forward GEMM (attention's N = 16 is too narrow)
-    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
-        ex = tvm.compile(compile_relax(mod, cuda, str(tmp_path / "db"), log=None), target=tvm_target(cuda))
+    ex = build_model(compile_relax(mod, cuda, str(tmp_path / "db"), log=None), cuda)
     source = ex.mod.imports[0].imports[0].inspect_source()
     assert "mma.sync.aligned.m16n8k16" in source and "ldmatrix" in source
 
     gru_mod = gru_model.get_module(dtype="float16")
     (call,) = find_grus(gru_mod, cuda)
     scheduled = compile_relax(gru_mod, cuda, None, log=None)
-    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
-        tvm.compile(scheduled, target=tvm_target(cuda))
+    build_model(scheduled, cuda)
     (name,) = [n for n in scheduled["forward"].script().split('"') if n.startswith("tvm_ext.gru.")]
     assert program(name).template == call.template and tvm.get_global_func(name) is not None
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from tvm_ext.core.template import Workload
-from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
-from tvm_ext.relax.tvm_export import OPERATORS_FILE, tvm_target
+from tvm_ext.relax.pipeline import build_model, compile_relax, extract_tasks, legalize_and_fuse, match_tasks
+from tvm_ext.relax.tvm_export import OPERATORS_FILE
 
 M, N, K = 128, 192, 256
 
@@ -130,8 +130,6 @@ def _operators(match, target, directory) -> str:
 
 @pytest.mark.parametrize("lead", [(), (2,)])
 def test_the_compiled_model_runs_the_8bit_wgmma_kernel_with_the_scales_in_its_store(tmp_path, lead):
-    import tvm
-
     from tvm_ext.target import offline_cuda
 
     cuda = offline_cuda()
@@ -140,8 +138,7 @@ def test_the_compiled_model_runs_the_8bit_wgmma_kernel_with_the_scales_in_its_st
     compiled = compile_relax(mod, cuda, _operators(match, cuda, tmp_path / "db"), log=None)
     func = compiled[match.name]
     assert str(func.attrs["target"].attrs["arch"]) == "sm_90a" and bool(func.attrs["tirx.is_scheduled"])
-    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
-        ex = tvm.compile(compiled, target=tvm_target(cuda))
+    ex = build_model(compiled, cuda)
     sources = [m.inspect_source() for m in ex.mod.imports[0].imports]
     (fp8,) = [s for s in sources if "wgmma.mma_async" in s]
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.e4m3\.e4m3", fp8)

@@ -19,9 +19,9 @@ import re
 import numpy as np
 import pytest
 
-from tvm_ext.relax.pipeline import compile_relax, extract_tasks, legalize_and_fuse, match_tasks, model_pass_config
+from tvm_ext.relax.pipeline import build_model, compile_relax, extract_tasks, legalize_and_fuse, match_tasks
 from tvm_ext.core.template import Workload
-from tvm_ext.relax.tvm_export import OPERATORS_FILE, tvm_target
+from tvm_ext.relax.tvm_export import OPERATORS_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECTIONS = {  # BERT-base (batch 8, sequence 128) float16: task -> (M, N, K), its epilogue's parameters
@@ -49,10 +49,10 @@ def base(bert):
     return bert.get_module(size="base", dtype="float16")
 
 
-def _operators(matches, target, directory) -> str:
+def _operators(matches, target, directory, **knobs) -> str:
     """An operators file holding each wgmma task's default config (what ``tune_relax`` exports
-    after tuning); the folder."""
-    entries = {Workload.of(m.template, target).key: {"config": m.template.default_config(target).as_dict()}
+    after tuning), ``knobs`` set in it; the folder."""
+    entries = {Workload.of(m.template, target).key: {"config": {**m.template.default_config(target).as_dict(), **knobs}}
                for m in matches if m.substitutes}
     directory.mkdir(exist_ok=True)
     (directory / OPERATORS_FILE).write_text(json.dumps({"version": 1, "operators": entries}))
@@ -96,8 +96,6 @@ def test_targets_without_wgmma_keep_the_mma_sync_template(base):
 
 
 def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database_has_a_config(base, tmp_path):
-    import tvm
-
     from tvm_ext.target import offline_cuda
 
     cuda = offline_cuda()
@@ -109,8 +107,7 @@ def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database
         func = compiled[name]
         assert str(func.attrs["target"].attrs["arch"]) == "sm_90a" and bool(func.attrs["tirx.is_scheduled"])
         assert len(func.params) == len(legalize_and_fuse(base)[name].params)  # same call, same arguments
-    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
-        ex = tvm.compile(compiled, target=tvm_target(cuda))
+    ex = build_model(compiled, cuda)
     sources = [m.inspect_source() for m in ex.mod.imports[0].imports]
     (wgmma,) = [s for s in sources if "wgmma.mma_async" in s]  # the sm_90a module
     for name in {**PROJECTIONS, **ATTENTION}:
@@ -118,6 +115,37 @@ def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database
     definition = re.search(r"__global__ void[^\n;]*fused_matmul3_cast3_add2_gelu_kernel\([^\n;]*\{", wgmma)
     gelu = wgmma[definition.start():]
     assert "erff(" in gelu[:gelu.index("\n}\n")]  # GELU in the store of its GEMM
+
+
+def _layer_norm_kernel(compiled) -> str:
+    """A function of the compiled layer TVM's default schedules run (not ours): a layer norm."""
+    return next(gv.name_hint for gv, _ in compiled.functions_items() if "layer_norm" in gv.name_hint)
+
+
+def test_a_models_wgmma_kernels_launch_early_behind_the_kernel_ahead_and_no_other_kernel(base, tmp_path):
+    """``build_model(..., launch_early=True)`` builds the compiled layer through the pipeline
+    ``launch_early.pipeline_for`` picks: where the configs launch early (the picks' ``wgmma_pdl``),
+    every wgmma kernel carries the launch tag and the layer's other kernels do not (they do not
+    wait for the kernel ahead); with ``wgmma_pdl`` 0, TVM's default pipeline and no tag."""
+    import tvm
+    from test_wgmma_pdl import launch_params
+
+    from tvm_ext.lowering.launch_early import LAUNCH_TAG, PIPELINE, is_marked, pipeline_for
+    from tvm_ext.target import offline_cuda
+
+    cuda = offline_cuda()
+    matches = match_tasks(extract_tasks(legalize_and_fuse(base), cuda), cuda)
+    wgmma = {**PROJECTIONS, **ATTENTION}
+    assert all(m.template.default_config(cuda).wgmma_pdl == 1 for m in matches if m.name in wgmma)
+    for pdl in (1, 0):
+        operators = _operators(matches, cuda, tmp_path / f"db{pdl}", wgmma_pdl=pdl)
+        compiled = compile_relax(base, cuda, operators, log=None)
+        assert all(is_marked(compiled[name]) == bool(pdl) for name in wgmma)
+        assert pipeline_for(compiled) == (PIPELINE if pdl else "default")
+        names = [*wgmma, _layer_norm_kernel(compiled)]
+        lowered = launch_params(tvm.IRModule({n: compiled[n].with_attr("global_symbol", n) for n in names}))
+        tagged = {kernel.removesuffix("_kernel") for kernel, tags in lowered.items() if LAUNCH_TAG in tags}
+        assert tagged == (set(wgmma) if pdl else set()), (pdl, tagged)
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +203,6 @@ def test_without_tf32_the_float32_projections_stay_on_the_gemm_template_and_in_t
 
 
 def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection(base32, tmp_path):
-    import tvm
-
     from tvm_ext.target import offline_cuda
 
     cuda = offline_cuda()
@@ -184,8 +210,7 @@ def test_compiled_float32_model_splits_and_multiplies_on_tf32_in_each_projection
     slices = {m.name: m.template.default_config(cuda).wgmma_split_k for m in matches if m.matcher == "tf32"}
     assert sorted(slices.values()) == [1, 4, 4, 4]  # BERT's 768-column outputs split K: few tiles
     compiled = compile_relax(base32, cuda, _operators(matches, cuda, tmp_path / "db"), log=None)
-    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
-        ex = tvm.compile(compiled, target=tvm_target(cuda))
+    ex = build_model(compiled, cuda)
     (module,) = [m.inspect_source() for m in ex.mod.imports[0].imports if "wgmma.mma_async" in m.inspect_source()]
     for name, split in slices.items():  # each function: the split of A, the split of B (transposing tiles),
         # the TF32 GEMM, and with K split, the slices' sums added and the epilogue applied

@@ -136,11 +136,8 @@ def test_a_float16_program_with_linear_layers_stays_float16_and_runs(opencl):
     frontend's own converters made float32 results and failed adding the float16 bias; the
     import keeps every tensor float16 and it compiles for CUDA (PoCL has no float16); the same
     model in float32 goes through the same converters and matches float64 on PoCL."""
-    import tvm
-
-    from tvm_ext.relax.pipeline import compile_relax, load_model, model_pass_config
+    from tvm_ext.relax.pipeline import build_model, compile_relax, load_model
     from tvm_ext.target import offline_cuda
-    from tvm_ext.relax.tvm_export import tvm_target
 
     class TwoLinears(nn.Module):
         def __init__(self):
@@ -155,8 +152,7 @@ def test_a_float16_program_with_linear_layers_stays_float16_and_runs(opencl):
     mod = import_exported_program(torch.export.export(half, (torch.randn(3, 7, 6).half(),)))
     assert "float32" not in mod["main"].script() and "float16" in mod["main"].script()
     cuda = offline_cuda()
-    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(cuda)):
-        tvm.compile(compile_relax(mod, cuda, None, log=None), target=tvm_target(cuda))
+    build_model(compile_relax(mod, cuda, None, log=None), cuda)
     model = half.float()
     program = torch.export.export(model, (torch.randn(3, 7, 6),))
     (x,) = program_inputs(program, seed=1)

@@ -25,14 +25,16 @@ def mark_launch_early(func: Any) -> Any:
     return func.with_attr(MARK, True)
 
 
+def is_marked(func: Any) -> bool:
+    """Whether ``func`` (a PrimFunc) is marked to launch its kernels early."""
+    attrs = func.attrs or {}
+    return MARK in attrs and bool(attrs[MARK])
+
+
 def _marked_symbols(mod: Any) -> set[str]:
     """The names of the marked host functions (their kernels are named after them)."""
-    names = set()
-    for func in mod.functions.values():
-        attrs = func.attrs or {}
-        if MARK in attrs and bool(attrs[MARK]):
-            names.add(str(attrs.get("global_symbol", "")).removeprefix("__tvm_ffi_"))
-    return names
+    return {str((func.attrs or {}).get("global_symbol", "")).removeprefix("__tvm_ffi_")
+            for func in mod.functions.values() if is_marked(func)}
 
 
 def pipeline_for(mod: Any) -> str:

@@ -129,6 +129,22 @@ def model_pass_config(target: TargetInfo) -> dict[str, Any]:
     return {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True} if target.kind == "cuda" else {}
 
 
+def build_model(mod: Any, target: TargetInfo, launch_early: bool = False) -> Any:
+    """``tvm.compile`` of a scheduled Relax module for CUDA under ``model_pass_config``; with
+    ``launch_early`` the kernels marked to launch early (the wgmma picks, ``lowering.launch_early``)
+    are launched so behind the kernel ahead.  Off by default: in a model most kernels ahead of a
+    wgmma kernel are TVM's, which never let it start early, and the whole model measured slower
+    with it (docs/results/models.md)."""
+    import tvm
+
+    from ..lowering.launch_early import pipeline_for
+    from .tvm_export import tvm_target
+
+    pipeline = pipeline_for(mod) if launch_early else "default"
+    with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
+        return tvm.compile(mod, target=tvm_target(target), tir_pipeline=pipeline)
+
+
 def _register_intrinsics(target: TargetInfo) -> None:
     """The tensor intrinsics a database's mma.sync traces name (registered on first use)."""
     if target.kind != "cuda":
@@ -251,7 +267,7 @@ def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[s
 class CompiledModel:
     """A scheduled Relax module ready to run: ``model(*inputs) -> numpy``, ``model.time(*inputs)``."""
 
-    def __init__(self, mod: Any, target: TargetInfo, function: str | None = None):
+    def __init__(self, mod: Any, target: TargetInfo, function: str | None = None, launch_early: bool = False):
         from .relax_opencl import OpenCLExecutor, relax_function_name
 
         self.target = target
@@ -264,11 +280,8 @@ class CompiledModel:
             import tvm
             from tvm import relax
 
-            from .tvm_export import tvm_target
-
             self._dev = tvm.cuda(target.device_id)
-            with tvm.transform.PassContext(opt_level=3, config=model_pass_config(target)):
-                self.executable = tvm.compile(mod, target=tvm_target(target))
+            self.executable = build_model(mod, target, launch_early)
             self._vm = relax.VirtualMachine(self.executable, self._dev)
 
     def _args(self, inputs: Sequence[np.ndarray]) -> list[Any]:

@@ -159,10 +159,12 @@ def substitute_kernel(func: Any, template: KernelTemplate, site: WgmmaSite, conf
                       target: TargetInfo) -> Any:
     """The kernel of ``config`` for task function ``func``: its parameters (A, B, the output in
     the kernel's own buffers, the epilogue's in the function's) in the function's order, built
-    for sm_90a (the function's ``target``), marked scheduled."""
+    for sm_90a (the function's ``target``), marked scheduled (and to launch early where the
+    kernel is)."""
     import tvm
     from tvm import s_tir, tirx
 
+    from ..lowering.launch_early import MARK, is_marked
     from ..schedules.gemm.wgmma import sm_90a
 
     reason = template.space(target).infeasible_reason(config)
@@ -173,6 +175,8 @@ def substitute_kernel(func: Any, template: KernelTemplate, site: WgmmaSite, conf
     own = {site.a: kernel.params[0], site.b: kernel.params[1], site.out: kernel.params[2]}
     params = [own.get(i, p) for i, p in enumerate(func.params)]
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "target": tvm.target.Target(sm_90a(target).tvm_target())}
+    if is_marked(kernel):  # launched early behind the kernel ahead (``pipeline.build_model`` builds it so)
+        attrs[MARK] = True
     substituted = tirx.PrimFunc(params, kernel.body).with_attrs(attrs)
     s_tir.analysis.verify_well_formed(substituted)  # every buffer the epilogue reads is a parameter now
     return substituted
