@@ -53,6 +53,26 @@ def test_generated_cuda_exchanges_h_through_the_clusters_shared_memory():
     assert ("gru_steps", ("gi", "hs", "w_hh0", "b_hh0", 0, "out", "h_n", "bar")) in calls
 
 
+def test_quads_gather_a_blocks_h_and_store_it_four_values_an_st_async():
+    """``step_cluster_quads`` 1: the lanes holding a row's h' put it in the block's shared memory,
+    and after a block barrier one thread a (peer, row, quad of the block's units) stores four
+    values with one ``st.async.v4`` (B5 H200, 13 blocks of 16 units: the last quads past the
+    hidden size are not sent, so a slot expects 5 rows x 50 quads x 16 bytes); no value is stored
+    alone, and the config's other knobs are as without it."""
+    target = offline_cuda("sm_90")
+    template = _template(5, 200)
+    cfg = template.default_config(target).replace(**CLUSTER, step_flag_units=16)
+    plain, quads = (_kernel(template.compile(cfg.replace(step_cluster_quads=q), target).source) for q in (0, 1))
+    loop = quads.index("for (int s = 0; s < 5; ++s)")
+    assert quads[loop:].count("tvm_builtin_ptx_st_async_vec_shared__cluster_mbarrier__complete_tx__bytes_v4_f32(") == 1
+    assert "complete_tx__bytes_f32(" not in quads
+    assert f"(uint){5 * 50 * 16});" in quads[loop:] and f"(uint){5 * 200 * 4});" in plain
+    assert quads[:loop].count("tvm_builtin_ptx_mapa_u32_shared__cluster_u32(") == 2  # one peer a thread
+    assert "step_cluster_quads" in template.shown_knobs(cfg)
+    flags = cfg.replace(step_flags=1)
+    assert "step_cluster_quads" not in template.shown_knobs(flags)
+
+
 def test_the_cluster_is_launched_with_the_blocks_of_a_direction():
     """The kernel's launch tags carry the cluster size (``clusterCtaIdx.x``: TVM's runtime then
     launches with ``cuLaunchKernelEx`` and the cluster dimension), one cluster per direction."""
@@ -123,15 +143,17 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("quads", [0, 1])
 @pytest.mark.parametrize("key", list(GPU_CASES))
-def test_cuda_cluster_step_matches_float64(key):
+def test_cuda_cluster_step_matches_float64(key, quads):
     """Against float64 on reruns with the same input (a value read before its block wrote it
-    would move the error) and on a second input (nothing of the first call is read)."""
+    would move the error) and on a second input (nothing of the first call is read); h' stored
+    a value or four values an ``st.async``."""
     s, units = GPU_CASES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
                     seq=s.seq, batch_first=s.batch_first,
-                    config={**CLUSTER, "step_flag_units": units}).load_numpy(_weights(s))
-    assert gru.config.step_flags == 2
+                    config={**CLUSTER, "step_flag_units": units, "step_cluster_quads": quads}).load_numpy(_weights(s))
+    assert gru.config.step_flags == 2 and gru.config.step_cluster_quads == quads
     for seed in (1, 2):
         x, h0 = _inputs(s, seed)
         assert_reruns_match_float64(gru, s, x, h0, 1e-5, 1e-9)

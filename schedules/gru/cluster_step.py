@@ -74,10 +74,12 @@ class ClusterStepShape(WarpUnitShape):
 
 def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
                       w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                      name: str = "gru_steps") -> Any:
+                      quads: bool = False, name: str = "gru_steps") -> Any:
     """The cluster step kernel of one layer as a lowered PrimFunc (gi, hs, w, bias, layer, out,
     h_n, bar): it reads h0 from slot 0 of the state ``hs`` that ``gru_init`` wrote, and raises the
-    timed-out flag ``bar[1]`` where a wait gave up."""
+    timed-out flag ``bar[1]`` where a wait gave up.  ``quads``: a block gathers its units' h' in
+    its shared memory and stores them into the cluster four values an ``st.async`` (a quarter of
+    the arrivals each receiving barrier counts)."""
     from tvm.script import tirx as T
 
     shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype)
@@ -91,7 +93,11 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                         cell_lanes=storing_lanes)
     load_w, load_gi, gate_sums, select_row = math.macros()
 
-    tx_bytes = batch * hidden * 4  # what each block receives a step: all of h', float32
+    quad_count = -(-hidden // 4)  # quads of units a row, the last padded with zeros
+    quads_a_block = units // 4
+    senders = cluster * batch * quads_a_block  # a thread a (peer, row, quad of the block's units)
+    # what each block receives a step: all of h', float32 (padded to whole quads)
+    tx_bytes = batch * (quad_count * 16 if quads else hidden * 4)
 
     @T.macro
     def wait_for_step(mbar, done, polls, s):  # type: ignore[no-untyped-def]
@@ -126,6 +132,8 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         b_h = T.alloc_buffer((3,), "float32", scope="local")
         peer = T.alloc_buffer((peers,), "uint32", scope="local")
         peer_bar = T.alloc_buffer((peers,), "uint32", scope="local")
+        staged = T.alloc_buffer((batch * units if quads else 1,), "float32", scope="shared")  # the block's h'
+        quad = T.alloc_buffer((4,), "float32", scope="local")
         h_new = T.alloc_buffer((1,), "float32", scope="local")
         z = T.alloc_buffer((1,), math_dtype, scope="local")  # the cell's update gate, computed once
         done = T.alloc_buffer((1,), "uint32", scope="local")
@@ -146,10 +154,16 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         for g in T.unroll(3):
             b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
                                     T.float32(0))
-        for r in T.unroll(peers):  # the blocks this lane stores into: r x lanes_per_row + l // batch
-            rank = T.meta_var(T.Cast("uint32", T.min(r * lanes_per_row + tx // batch, cluster - 1)))
-            T.ptx["mapa.shared::cluster.u32"](peer[r], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])), rank)
-            T.ptx["mapa.shared::cluster.u32"](peer_bar[r], T.cuda.cvta_generic_to_shared(mbar.ptr_to([0])), rank)
+        if quads:  # sender tid's peer: tid // (batch x quads a block)
+            rank = T.meta_var(T.Cast("uint32", T.min(tid // (batch * quads_a_block), cluster - 1)))
+            T.ptx["mapa.shared::cluster.u32"](peer[0], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])), rank)
+            T.ptx["mapa.shared::cluster.u32"](peer_bar[0], T.cuda.cvta_generic_to_shared(mbar.ptr_to([0])), rank)
+        else:
+            for r in T.unroll(peers):  # the blocks this lane stores into: r x lanes_per_row + l // batch
+                rank = T.meta_var(T.Cast("uint32", T.min(r * lanes_per_row + tx // batch, cluster - 1)))
+                T.ptx["mapa.shared::cluster.u32"](peer[r], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])), rank)
+                T.ptx["mapa.shared::cluster.u32"](peer_bar[r], T.cuda.cvta_generic_to_shared(mbar.ptr_to([0])),
+                                                  rank)
         load_gi(gi, gi_reg, 0, bz, j, tx)
         polls[0] = 0
         T.ptx["barrier.cluster.arrive.release.aligned"]()
@@ -169,12 +183,26 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                 z[0] = z_n[0]
                 h_new[0] = T.cast(stored_as(cell_blend(z[0], z_n[1], h_s[read + row * HP + j], math_dtype), h_dtype),
                                   "float32")
-                if s + 1 < steps:  # lane l stores into peers l // batch, + lanes_per_row, ...
+                if s + 1 < steps and not quads:  # lane l stores into peers l // batch, + lanes_per_row, ...
                     for r in T.unroll(peers):
                         if r * lanes_per_row + tx // batch < cluster:
                             T.ptx["st_async.shared::cluster.mbarrier::complete_tx::bytes.f32"](
                                 peer[r] + T.Cast("uint32", ((1 - s % 2) * slot_words + row * HP + j) * 4), h_new[0],
                                 peer_bar[r] + T.Cast("uint32", (1 - s % 2) * 8))
+            if quads and s + 1 < steps:
+                if tx < batch:  # lane r holds row r's h' (zero past the hidden size)
+                    staged[tx * units + ty] = T.if_then_else(j < hidden, h_new[0], T.float32(0))
+                T.tvm_storage_sync("shared")
+                if tid < senders:
+                    row = T.meta_var(tid // quads_a_block % batch)
+                    q = T.meta_var(tid % quads_a_block)
+                    first = T.meta_var(bx * units + q * 4)  # the quad's first unit
+                    if first < hidden:
+                        for e in T.unroll(4):
+                            quad[e] = staged[row * units + q * 4 + e]
+                        T.ptx["st_async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32"](
+                            peer[0] + T.Cast("uint32", ((1 - s % 2) * slot_words + row * HP + first) * 4),
+                            quad[0], quad[1], quad[2], quad[3], peer_bar[0] + T.Cast("uint32", (1 - s % 2) * 8))
             if tx < batch and j < hidden:
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new[0], out_dtype)
@@ -199,12 +227,14 @@ class ClusterStep(StepVariant):
     units: int
     loop: int
     step_j: int  # not this kernel's, but checked against the block limit as for every fused kernel
+    quads: bool = False
 
     unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "ClusterStep":
-        return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j)
+        return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j,
+                   quads=bool(c.step_cluster_quads))
 
     @property
     def shape(self) -> ClusterStepShape:
@@ -258,4 +288,4 @@ class ClusterStep(StepVariant):
         return {"gru_steps": cluster_step_func(
             s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units, h_dtype=s.h_dtype, w_dtype=s.w_dtype,
             gi_dtype=s.gi_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
-            out_dtype=s.out_dtype)}
+            out_dtype=s.out_dtype, quads=self.quads)}

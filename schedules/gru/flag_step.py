@@ -35,8 +35,8 @@ from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOP
 from tvm_ext.target import TargetInfo
 
 from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_blend, float_word, stored_as, word_float, word_tag
-from .step_variant import (SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason, input_buffer,
-                           residency)
+from .step_variant import (CLUSTER_STEP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant,
+                           fused_threads_reason, input_buffer, residency)
 from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
 
 FLAG_UNITS = UNITS  # hidden units per block, a warp each
@@ -269,7 +269,7 @@ class FlagStep(StepVariant):
     def fuses_input(self) -> bool:  # type: ignore[override]
         return self.fused_input
 
-    unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
+    unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + CLUSTER_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "FlagStep":

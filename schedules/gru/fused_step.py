@@ -18,8 +18,8 @@ from tvm_ext.target import TargetInfo
 
 from .compute import F32
 from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_math, store_macro, stored_as
-from .step_variant import (FLAG_STEP_KNOBS, PERSISTENT_MIN_REGISTERS, TC_STEP_KNOBS, StepSizes, StepVariant,
-                           fused_threads_reason, residency)
+from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, PERSISTENT_MIN_REGISTERS, TC_STEP_KNOBS, StepSizes,
+                           StepVariant, fused_threads_reason, residency)
 
 
 def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: str, gh_dtype: str,
@@ -345,7 +345,7 @@ class FusedStep(StepVariant):
     loop: int
     barrier: int
 
-    unshown_names = TC_STEP_KNOBS + FLAG_STEP_KNOBS
+    unshown_names = TC_STEP_KNOBS + FLAG_STEP_KNOBS + CLUSTER_STEP_KNOBS
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "FusedStep":

@@ -88,6 +88,9 @@ STEP_KNOBS = (
                                     "(its lanes hold W_ih's share as they hold W_hh's; x of the next step loaded "
                                     "while h is polled), so no input GEMM runs before it (one kernel a layer)",
          before=0),
+    Knob("step_cluster_quads", (0, 1), "cluster step kernel (step_flags 2): 1 gathers a block's h' in its shared "
+                                       "memory and stores it into the cluster's blocks four values an st.async, "
+                                       "each receiving barrier counting a quarter of the arrivals", before=0),
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange and cluster step kernels: hidden units per block (a warp "
                                             "each, its lanes splitting k, W_hh's share in registers)"),
 )

@@ -40,8 +40,8 @@ from tvm_ext.target import TargetInfo
 
 from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
 from .step_common import cell_blend, cell_gates, stored_as
-from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
-                           mma_grid_reason)
+from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant,
+                           fused_threads_reason, mma_grid_reason)
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, WARP, TcKernelLayout,
                                  TcStepShape, UnitRowBlocks, acc_row_col, padded_stride, w_chunk)
 from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, load_gi_macro, with_grid_barrier
@@ -423,8 +423,8 @@ class TensorCoreSplitStep(StepVariant):
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs and the 16-bit kernel's accumulator sets and fragments do not apply
-        return self.unshown_prefixes, SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + ("step_tc_acc", "step_tc_frag",
-                                                                             "step_tc_wreg")
+        return self.unshown_prefixes, (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + CLUSTER_STEP_KNOBS
+                                       + ("step_tc_acc", "step_tc_frag", "step_tc_wreg"))
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: types, tile, and a grid that must be resident with its shared memory."""

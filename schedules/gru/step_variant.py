@@ -31,6 +31,7 @@ SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "st
 TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
                  "step_tc_poll", "step_split_words", "step_tc_ahead", "step_overlap")
 FLAG_STEP_KNOBS = ("step_flag_units", "step_flag_input")
+CLUSTER_STEP_KNOBS = ("step_cluster_quads",)
 
 
 @dataclass(frozen=True)

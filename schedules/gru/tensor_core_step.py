@@ -58,8 +58,8 @@ from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC
 from .tensor_core_poll import poll_h_macro
 from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
 from .tensor_core_products import h_low, load_w_macro, products_macro, w_low
-from .step_variant import (FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant, fused_threads_reason,
-                           mma_grid_reason)
+from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant,
+                           fused_threads_reason, mma_grid_reason)
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
@@ -615,7 +615,7 @@ class TensorCoreStep(StepVariant):
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
-        return self.unshown_prefixes, (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + ("step_tc_ahead",)
+        return self.unshown_prefixes, (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + CLUSTER_STEP_KNOBS + ("step_tc_ahead",)
                                        + (("step_barrier",) if self.flags else ()))
 
     def reason(self, target: TargetInfo) -> str | None:
