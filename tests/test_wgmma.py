@@ -48,7 +48,7 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
         (128, 256)  # the probe's best tile
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
     small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the few-waves pick instead
-    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(128, 64, 6, 1, True, 0, pdl=True)
+    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(64, 96, 8, 1, True, 0, pdl=True, tma=True)
 
 
 def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_together():
@@ -66,7 +66,11 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
     def pick(m, n, k, few_waves=True):
         return pick_wgmma_tile([(m, n, k)], target, "float16", split_k=True, ragged_m=True, few_waves=few_waves)
 
-    assert pick(1024, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # 96 tiles, one wave
+    # 128 tiles of 64x96, one wave: K is 12 k steps and M a multiple of 64 (the narrow tile weighed),
+    # 8 stages (every block resident alone), by the TMA (10 16-byte copies a thread a stage)
+    assert pick(1024, 768, 768) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True)
+    assert pick(1024, 768, 1536) == WgmmaTile(128, 64, 6, 1, True, 0, tma=True)  # 24 k steps: 96 tiles of 128x64
+    assert pick(1000, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # M ragged: the same
     assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2, tma=True)  # 24 k steps
     tokens = pick(700, 3072, 768)  # 264 tiles of 64x128: two a SM, so 4 stages rather than 6
     assert (tokens.bm, tokens.bn, tokens.stages, tokens.tiles) == (64, 128, 4, 1)
@@ -79,8 +83,8 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
         assert pick(m, n, k) == pick(m, n, k, few_waves=False)  # not resident together, or many waves
     assert WgmmaGemmTemplate(700, 3072, 768).default_config(target).as_dict()["wgmma_bn"] == 128
     choice = TensorCoreChoiceTemplate(1024, 768, 768, a_dtype="float16", b_dtype="float16", c_dtype="float16")
-    config, why = choice.analytic_pick(target)  # 96 tiles of 128x64: still wgmma (64x64 tiles would fill the SMs)
-    assert config.as_dict()["tc_kernel"] == "wgmma" and "128x64" in why
+    config, why = choice.analytic_pick(target)  # 128 tiles of 64x96, B (K, N) in 32-wide N atoms: wgmma
+    assert config.as_dict()["tc_kernel"] == "wgmma" and "64x96" in why
     for c_dtype in ("float16", "float32"):  # 96 tiles of 128x64 over 48 k steps: K split in a cluster, as gemm-wgmma's
         choice = TensorCoreChoiceTemplate(1024, 768, 3072, a_dtype="float16", b_dtype="float16", c_dtype=c_dtype)
         config, why = choice.analytic_pick(target)
@@ -121,7 +125,8 @@ def test_b_stored_k_by_n_is_read_n_major():
     assert flags(t.build_program(t.default_config(target), target).source) == ["1"]
     nk = WgmmaGemmTemplate(256, 512, 128)
     assert flags(nk.build_program(nk.default_config(target), target).source) == ["0"]
-    assert "multiple of 64" in wgmma_reason(WgmmaTile(128, 96, 4, 1, False, 0), 256, 192, 128, b_layout="KN")
+    assert "multiple of 32" in wgmma_reason(WgmmaTile(128, 80, 4, 1, False, 0), 256, 160, 128, b_layout="KN")
+    assert wgmma_reason(WgmmaTile(128, 96, 4, 1, False, 0), 256, 192, 128, b_layout="KN") is None
     assert wgmma_reason(WgmmaTile(128, 96, 4, 1, False, 0), 256, 192, 128) is None
     with pytest.raises(TvmExtError, match="allowed: NK, KN"):
         WgmmaGemmTemplate(64, 64, 64, b_layout="MN")
@@ -532,6 +537,8 @@ def test_cuda_96_column_tiles_match_float64(shape, knobs):
                                        wgmma_tiles=2, wgmma_raster=4)),
     ((100, 128, 64), (3, 4), "KN", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=2, wgmma_inflight=0)),
     ((200, 256, 128), (5,), "NK", dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=3, wgmma_tiles=2)),
+    ((700, 768, 768), (), "KN", dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=8)),  # 32-wide N atoms, cp.async
+    ((200, 192, 256), (3,), "KN", dict(wgmma_bm=128, wgmma_bn=96, wgmma_stages=4, wgmma_tiles=2)),
 ])
 def test_cuda_ragged_m_matches_float64_and_writes_nothing_past_m(shape, batch, b_layout, knobs):
     """C's rows below M against float64, through the direct and the shared-memory store, one and

@@ -115,6 +115,36 @@ def test_the_boxes_follow_b_s_layout_and_the_batch():
     assert shared_b.count("bulk_tensor_3d") == shared_b.count("bulk_tensor_2d")  # A batched, B shared
 
 
+def test_b_stored_k_n_in_96_columns_is_read_in_three_32_wide_n_atoms_swizzled_by_64_bytes():
+    """B (K, N) with bn 96 (no multiple of a 64-wide atom): three boxes of 32 columns a stage from
+    a tensor map swizzling 64-byte rows, wgmma descriptors of that swizzle (bits 62-63 = 2, 8-row
+    groups 512 bytes apart, atoms bk x 64 bytes apart), and the cp.async chunks placed where the
+    64-byte swizzle (CuTe's Swizzle<2, 4, 3>: byte bits 7-8 XORed into bits 4-5) puts them."""
+    from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
+    from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+
+    tile = WgmmaTile(64, 96, 8, 1, True, tma=True)
+    kernel = _gemm_kernel(_source(tile, 1024, 768, 768, b_layout="KN"))
+    assert kernel.count("bulk_tensor_2d") == 4 * kernel.count("expect_tx_shared__cta_b64(")  # A, B's three atoms
+    script = wgmma_gemm(tile, 1024, 768, 768, b_layout="KN").script()
+    assert re.search(r"tensormap_encode_tiled\(b_map, Bt.data, 768, 768, 1536, 32, 64, .*swizzle=2", script)
+    assert re.search(r"tensormap_encode_tiled\(a_map, .*swizzle=3", script)
+    b_desc = f"((uint64_t){(1 << 31) | (512 >> 4)}ULL << (uint64_t)32ULL)"
+    wgmmas = kernel.count("m64n96k16_f32_f16_f16_1_1_0_1(")
+    assert wgmmas >= 4 and kernel.count(b_desc) >= wgmmas and f"| (uint){(64 * 64 >> 4) << 16})" in kernel
+    layout = KernelLayout.of(dataclasses.replace(tile, tma=False), 1024, 768, 768, "KN", (), False, 0)
+    assert (layout.b_atom, layout.b_swizzle) == (32, 64)
+    chunks = 96 * 64 // 8  # a stage's B: 64 k rows of 96 columns, 8 halves a chunk
+    placed = [layout.b_chunk(c) for c in range(chunks)]
+    expected = []
+    for c in range(chunks):
+        row, column = divmod(c, 96 // 8)
+        atom, within = divmod(column, 4)
+        byte = row * 64 + within * 16
+        expected.append(atom * 64 * 32 + (byte ^ ((byte >> 7 & 3) << 4)) // 2)
+    assert placed == expected and sorted(placed) == list(range(0, 96 * 64, 8))
+
+
 def test_the_barriers_count_against_the_shared_memory_limit():
     tile = WgmmaTile(128, 128, 4, 1, True)
     limit = tile.smem_bytes()  # the stages fit exactly; their barriers do not
@@ -163,6 +193,11 @@ def test_every_kind_of_tma_kernel_assembles_for_sm_90a(kind):
     ((200, 256, 128), (5,), "NK", False, dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=3, wgmma_tiles=2)),
     ((100, 128, 64), (3, 4), "KN", False, dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=2, wgmma_inflight=0)),
     ((256, 256, 128), (2, 3), "NK", True, dict(wgmma_bn=256, wgmma_stages=3)),
+    ((1000, 768, 768), (), "KN", False, dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=8)),  # 32-wide N atoms
+    ((1024, 768, 3072), (), "KN", False, dict(wgmma_bm=128, wgmma_bn=96, wgmma_stages=8, wgmma_smem_epilogue=0,
+                                              wgmma_split_k=2, wgmma_split_cluster=1)),
+    ((256, 192, 256), (2,), "KN", True, dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=4, wgmma_tiles=2,
+                                             wgmma_smem_epilogue=0)),
 ])
 def test_cuda_tma_kernels_match_float64_and_write_nothing_past_m(shape, batch, b_layout, b_shared, knobs):
     """Every kind of TMA kernel against float64: a wrong box coordinate, swizzle or barrier

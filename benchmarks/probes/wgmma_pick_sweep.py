@@ -53,6 +53,20 @@ def wide_grid(space) -> list:
             WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1))))
 
 
+NARROW_TILES = ((64, 96), (128, 96), (64, 192), (128, 192), (192, 96), (256, 96))
+
+
+def narrow_grid(space) -> list:
+    """Feasible configs of tiles 96 or 192 columns wide (cuBLAS's at BERT-base's 768-column
+    outputs): K split 1-4 in a cluster, 4-8 stages, TMA loads, warp-specialized or not."""
+    return feasible(space, (
+        dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
+             wgmma_smem_epilogue=int(split == 1 and not ws), wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split,
+             wgmma_split_cluster=int(split > 1), wgmma_tma=1,
+             wgmma_ws=ws, wgmma_multicast=0, wgmma_pdl=0)
+        for (bm, bn), stages, split, ws in itertools.product(NARROW_TILES, (4, 6, 8), (1, 2, 3, 4), (0, 1))))
+
+
 def grid(space) -> list:
     """Feasible configs of the sweep's grid at this shape (``cp.async`` loads)."""
     return feasible(space, (
@@ -83,8 +97,9 @@ def main() -> None:
     p.add_argument("--max-seconds", type=float, default=420)
     p.add_argument("--picks", action="store_true",
                    help="only the pick and the pick without few_waves (the first-wave rule), no sweep")
-    p.add_argument("--grid", choices=("tiles", "wide"), default="tiles",
-                   help="tiles: tile, depth, tiles a block, raster; wide: K split in clusters and TMA loads too")
+    p.add_argument("--grid", choices=("tiles", "wide", "narrow"), default="tiles",
+                   help="tiles: tile, depth, tiles a block, raster; wide: K split in clusters and TMA loads too; "
+                        "narrow: tiles 96 or 192 columns wide, warp-specialized or not, K split in clusters")
     p.add_argument("--rounds", type=int, default=0,
                    help="then the pick and the sweep's --top fastest against cuBLAS and cuBLASLt in this many "
                         "interleaved rounds, each replayed from a CUDA graph (common.compare_in_rounds)")
@@ -112,7 +127,7 @@ def main() -> None:
             first = pick_wgmma_tile([(m, n, k)], session.target, "float16", split_k=True, ragged_m=True)
             configs = [pick, space.make(**first.knobs())]
         else:
-            swept = (wide_grid if args.grid == "wide" else grid)(space)
+            swept = {"wide": wide_grid, "narrow": narrow_grid, "tiles": grid}[args.grid](space)
             if args.pdl:
                 swept = [c.replace(wgmma_pdl=1) for c in swept]
             configs = [pick] + [c for c in swept if c != pick]

@@ -66,7 +66,8 @@ from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
 # B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
-# N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k)
+# N-major (wgmma's transposed-B mode: 64-wide N atoms of 128-byte rows, one row per k; where bn is
+# no multiple of 64, 32-wide atoms of 64-byte rows)
 B_LAYOUTS = ("NK", "KN")
 SHARED_LIMIT = WGMMA_SHARED_BYTES  # dynamic shared memory a block may have on sm_90
 REGISTERS_PER_SM = 65536
@@ -78,8 +79,9 @@ TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wgmma_tiles's choices
 SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wgmma_split_k's choices
 KNOBS = (
     Knob("wgmma_bm", (64, 128, 256), "block rows: wgmma_bm / 64 warpgroups of 128 threads, 64 rows each"),
-    Knob("wgmma_bn", (64, 128, 192, 256, 96), "block columns = the N of each m64nNk16 wgmma (96: Bt stored (N, K) "
-                                              "only; last, so the other values keep their indices in saved models)"),
+    Knob("wgmma_bn", (64, 128, 192, 256, 96), "block columns = the N of each m64nNk16 wgmma (96: with B stored "
+                                              "(K, N) in N atoms of 32 columns, 64-byte swizzled; last, so the other "
+                                              "values keep their indices in saved models)"),
     Knob("wgmma_stages", (2, 3, 4, 5, 6, 8), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
     Knob("wgmma_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
     Knob("wgmma_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
@@ -213,8 +215,8 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.operand in K_MAJOR_ONLY and (b_layout != "NK" or t.smem_epilogue):
         return (f"{t.name}: {t.operand} operands are read K-major only (B as Bt (N, K)), C stored directly "
                 "(smem epilogue 0)")
-    if b_layout == "KN" and t.bn % 64:
-        return f"{t.name}: B stored (K, N) is read in 64-wide N atoms: bn must be a multiple of 64"
+    if b_layout == "KN" and t.bn % 32:
+        return f"{t.name}: B stored (K, N) is read in N atoms of 64 or 32 columns: bn must be a multiple of 32"
     if t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
         return f"{t.name}: needs bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
     if t.threads * (t.bn // 2 + OTHER_REGISTERS) > REGISTERS_PER_SM:

@@ -152,6 +152,17 @@ class KernelLayout:
         return self.bn // 2
 
     @property
+    def b_atom(self) -> int:
+        """Columns of an N atom of B (k, n) read N-major: a 128-byte swizzle row (64 elements), or
+        where bn is no multiple of that (96), a 64-byte one (32 elements; ``swizzle_bytes``)."""
+        return 64 if self.bn % 64 == 0 else 32
+
+    @property
+    def b_swizzle(self) -> int:
+        """Bytes of B's swizzle rows in the stages: 128, or 64 for N atoms of 32 elements."""
+        return self.b_atom * self.elem if self.n_major else 128
+
+    @property
     def chunk_elems(self) -> int:
         """Elements a 16-byte cp.async moves."""
         return 16 // self.elem
@@ -241,20 +252,26 @@ class KernelLayout:
 
     def b_chunk(self, chunk: Any) -> Any:
         """Halves offset in a B stage tile of 16-byte chunk ``chunk`` of the global tile: K-major,
-        the swizzled row of an N index; N-major (B (k, n)), row k of its 64-wide N atom."""
+        the swizzled row of an N index; N-major (B (k, n)), row k of its N atom (``b_atom``), its
+        chunks swizzled as the TMA's 128- or 64-byte swizzle writes them."""
         if not self.n_major:
             return self.swizzled(chunk)
         row, column = chunk // (self.bn // 8), chunk % (self.bn // 8)
-        return column // 8 * (self.bk * 64) + row * 64 + (column % 8 ^ row % 8) * 8
+        per_row = self.b_atom // 8  # chunks a row of an atom
+        swizzle = row % 8 if per_row == 8 else row // 2 % 4
+        return column // per_row * (self.bk * self.b_atom) + row * self.b_atom + (column % per_row ^ swizzle) * 8
 
-    def desc(self, smem_base: Any, elems: Any, leading: int = 16) -> Any:
-        """wgmma matrix descriptor of the 128-byte-swizzled tile at ``elems`` into smem: K-major
-        (the leading byte offset unused), or N-major with ``leading`` the bytes between its
-        64-wide N atoms; 8-row groups 1024 bytes apart either way."""
+    def desc(self, smem_base: Any, elems: Any, leading: int = 16, swizzle: int = 128) -> Any:
+        """wgmma matrix descriptor of the tile at ``elems`` into smem, in rows of ``swizzle``
+        bytes (128 or 64) swizzled so: K-major (the leading byte offset unused), or N-major with
+        ``leading`` the bytes between its N atoms; 8-row groups 8 rows apart either way."""
         from tvm.script import tirx as T
 
-        # bits 32-63: stride byte offset 1024 >> 4 (8 rows of 128 B), bit 62 = 128-byte swizzle
-        desc_hi = T.uint64(((1024 >> 4) | (1 << 30)) << 32)
+        # bits 32-63: stride byte offset (8 rows) >> 4, bits 62-63 the swizzle: 1 = 128-byte, 2 = 64-byte
+        # (bit 63: past an int64 constant, so shifted into place in the kernel)
+        mode = {128: 1, 64: 2}[swizzle]
+        desc_hi = (T.uint64((((8 * swizzle) >> 4) | (mode << 30)) << 32) if mode == 1
+                   else T.shift_left(T.uint64(((8 * swizzle) >> 4) | (mode << 30)), T.uint64(32)))
         addr = (smem_base + elems * self.elem) & 0x3FFFF
         return desc_hi | T.Cast("uint64", (addr >> 4) | ((leading >> 4) << 16))
 

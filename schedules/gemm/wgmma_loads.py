@@ -13,6 +13,12 @@ import numpy as np
 from .wgmma_layout import KernelLayout
 
 TMA_SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: the TMA writes the swizzle the descriptors read
+TMA_SWIZZLE_64B = 2  # CU_TENSOR_MAP_SWIZZLE_64B: B's N atoms of 32 elements (``KernelLayout.b_atom``)
+
+
+def tma_swizzle(row_bytes: int) -> int:
+    """The tensor map's swizzle mode writing rows of ``row_bytes`` (128 or 64) swizzled."""
+    return {128: TMA_SWIZZLE_128B, 64: TMA_SWIZZLE_64B}[row_bytes]
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,8 @@ def tma_staging(L: KernelLayout) -> Staging:
             T.ptx["fence.proxy.async.shared::cta"]()
             T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage * L.elem))
             T.ptx[a_copy](smem.ptr_to([slot]), T.address_of(A), *a_coordinates(L, at, row0, kt), bar)
-            for j in T.unroll(b_boxes(L)):  # B's 64-wide N atoms, bk * 64 elements apart (one box K-major)
-                T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * 64]), T.address_of(Bt),
+            for j in T.unroll(b_boxes(L)):  # B's N atoms, bk x b_atom elements apart (one box K-major)
+                T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * L.b_atom]), T.address_of(Bt),
                               *b_coordinates(L, at, col0, kt, j), bar)
 
     return by_iteration(L, load_stage)
@@ -111,7 +117,7 @@ def multicast_staging(L: KernelLayout, a_copy: str, b_copy: str, a_shared: str, 
             T.ptx[a_shared](smem.ptr_to([slot + rank * half * L.bk]), T.address_of(A),
                             *a_coordinates(L, at, row0 + rank * half, kt), bar, T.uint16(3))
             for j in T.unroll(b_boxes(L)):
-                T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * 64]), T.address_of(Bt),
+                T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * L.b_atom]), T.address_of(Bt),
                               *b_coordinates(L, at, col0, kt, j), bar)
         else:
             T.ptx[a_copy](smem.ptr_to([slot]), T.address_of(A), *a_coordinates(L, at, row0, kt), bar)
@@ -205,15 +211,15 @@ def a_box(L: KernelLayout) -> tuple[int, int]:
 
 def b_box(L: KernelLayout) -> tuple[int, int]:
     """B's box: a stage's Bt tile (bk x bn; with ``multicast`` sharing Bt the half each block loads),
-    or B (k, n) N-major, one 64-wide N atom of bk rows."""
+    or B (k, n) N-major, one N atom (``b_atom`` wide) of bk rows."""
     if L.n_major:
-        return 64, L.bk
+        return L.b_atom, L.bk
     return L.bk, L.shared_rows if L.multicast and not L.shares_a else L.bn
 
 
 def b_boxes(L: KernelLayout) -> int:
     """B's boxes a stage: the N atoms of B (k, n), else one."""
-    return L.bn // 64 if L.n_major else 1
+    return L.bn // L.b_atom if L.n_major else 1
 
 
 def a_coordinates(L: KernelLayout, at: list[Any], row0: Any, kt: Any) -> list[Any]:
@@ -228,5 +234,5 @@ def b_coordinates(L: KernelLayout, at: list[Any], col0: Any, kt: Any, atom: int)
     from tvm.script import tirx as T
 
     lead = reversed(at if L.b_batched else [])
-    inner = (col0 + atom * 64, kt * L.bk) if L.n_major else (kt * L.bk, col0)
+    inner = (col0 + atom * L.b_atom, kt * L.bk) if L.n_major else (kt * L.bk, col0)
     return [T.Cast("int32", x) for x in (*inner, *lead)]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .wgmma_layout import REDUCE_THREADS, KernelLayout, counted_words
 from .wgmma_specialized import specialized_kernel
-from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, a_box, b_box, stage_waits, staging, tensor_map_box,
+from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, a_box, b_box, stage_waits, staging, tensor_map_box, tma_swizzle,
                           tensor_map_dims)
 
 
@@ -91,7 +91,8 @@ def mma(L: KernelLayout) -> Mma:
         T.ptx["wgmma.fence.sync.aligned"]()
         for kk in T.unroll(L.bk // L.k_inst):
             T.ptx[L.mma](*[acc[i] for i in range(L.n_acc)], L.desc(base, cur + wg * 64 * L.bk + kk * L.k_inst),
-                         L.desc(base, cur + L.a_stage + kk * 16 * 64, L.bk * 128) if L.n_major
+                         L.desc(base, cur + L.a_stage + kk * 16 * L.b_atom, L.bk * L.b_swizzle, L.b_swizzle)
+                         if L.n_major
                          else L.desc(base, cur + L.a_stage + kk * L.k_inst), L.scale_d(kk, keep), 1, 1,
                          *(() if L.k_major_only else (0, int(L.n_major))))
         T.ptx["wgmma.commit_group.sync.aligned"]()
@@ -518,7 +519,7 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
         b_map = T.Bind(T.tvm_stack_alloca("tensormap", 1))
         T.evaluate(T.tensormap_encode_tiled(b_map, Bt.data, *tensor_map_dims(L, L.bt_shape),
                                             *tensor_map_box(*b_box(L), b_rank), descriptor_dtype=L.in_dtype,
-                                            rank=b_rank, swizzle=TMA_SWIZZLE_128B))
+                                            rank=b_rank, swizzle=tma_swizzle(L.b_swizzle)))
         run(a_map, b_map, bias, C, ready)
 
     return run_tma if L.tma else run

@@ -55,6 +55,11 @@ FIRST_PICK_PADDING = 0.125
 # 1024x3072x768), and the shallowest pipeline it takes to make its blocks resident together
 FEW_WAVES = 2
 FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0), (128, 192, 4, 1, 1, 0))
+# and where M is a multiple of 64 and a tile runs at most NARROW_MAX_STEPS k steps, 64x96 with 8
+# stages (BERT-base's 1024x768x768: 1.10-1.16x cuBLAS against 1.00x; at its 1024x768x3072, 48 k
+# steps, and at a ragged 200x3072x768 it measured slower than the pick without it)
+NARROW_TILES = ((64, 96, 8, 1, 1, 0),)
+NARROW_MAX_STEPS = 12
 MIN_RESIDENT_STAGES = 4
 # the pick loads its stages by the TMA where a block runs at least this many k steps, with 16-bit
 # operands: at 4096^3, 8192^3, the GRU's 8192x3072x1024 and BERT-base's FFN (24-48 k steps a
@@ -204,13 +209,20 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
-        weighed = fitting + [t for t in made(FEW_WAVES_TILES[len(DEFAULT_TILES):]) if fits(t)]
+        extra = FEW_WAVES_TILES[len(DEFAULT_TILES):] + (NARROW_TILES if narrow_suits(shapes) else ())
+        weighed = fitting + [t for t in made(extra) if fits(t)]
         picked = few_waves_pick(tile, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
         if picked is not None:
             return picked
     if split_k:
         tile = split_pick(tile, fitting, shapes, target.compute_units, limit, b_layout, matrices)
     return spread(tile, shapes, target.compute_units, limit, b_layout, matrices)
+
+
+def narrow_suits(shapes: Any) -> bool:
+    """Whether ``NARROW_TILES`` are weighed for ``shapes``: every M a multiple of 64 and every K
+    at most ``NARROW_MAX_STEPS`` k steps."""
+    return all(m % 64 == 0 and k <= NARROW_MAX_STEPS * 64 for m, _, k in shapes)
 
 
 def few_waves_problem(shapes: Any, sm_count: int, matrices: int = 1) -> bool:
