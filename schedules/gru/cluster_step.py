@@ -6,6 +6,8 @@ memory, twice (slot s % 2 read at step s, slot (s+1) % 2 written), and a barrier
 per slot; the lanes that run a row's cell store h' into that slot of every block of the cluster
 with ``st.async``, which counts the bytes on the receiving block's barrier of the slot, and a step
 begins once its slot's barrier has counted all of h (one thread arms it for the next step).
+With ``step_cluster_quads`` the block first gathers its h' in its shared memory and its threads
+store it four values an ``st.async``: each receiving barrier counts a quarter of the arrivals.
 
 Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and the flag kernel's
 exchange through L2 (a relaxed store, then polling until the tag shows) costs an L2 round trip;
@@ -41,7 +43,9 @@ KERNEL = "cluster step kernel"  # its name in messages
 @dataclass(frozen=True)
 class ClusterStepShape(WarpUnitShape):
     """The sizes a cluster step config implies for one GRU shape: ``units`` hidden units a
-    block, the blocks of a direction one cluster."""
+    block, the blocks of a direction one cluster; ``quads``: h' gathered before it is stored."""
+
+    quads: bool = False
 
     @property
     def cluster(self) -> int:
@@ -68,8 +72,9 @@ class ClusterStepShape(WarpUnitShape):
         return self.w_registers() + 3 * self.batch + 2 * self.peers + CLUSTER_OTHER_REGISTERS
 
     def shared_bytes(self) -> int:
-        """h twice (the slot read and the slot written), float32, rows padded to 32 k."""
-        return 2 * self.batch * self.k_per_lane * WARP * 4
+        """h twice (the slot read and the slot written), float32, rows padded to 32 k; with
+        ``quads`` the block's own h' once more."""
+        return 2 * self.batch * self.k_per_lane * WARP * 4 + (self.batch * self.units * 4 if self.quads else 0)
 
 
 def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
@@ -82,7 +87,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
     the arrivals each receiving barrier counts)."""
     from tvm.script import tirx as T
 
-    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype)
+    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype, quads)
     G, KP, U, cluster = 3 * hidden, shape.k_per_lane, units, shape.cluster
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
     slot_words = batch * HP
@@ -239,7 +244,7 @@ class ClusterStep(StepVariant):
     @property
     def shape(self) -> ClusterStepShape:
         s = self.sizes
-        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype)
+        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, self.quads)
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: CUDA's persistent kernel on a GPU with clusters, its tile,
