@@ -102,6 +102,22 @@ def test_multicast_refused_where_the_pair_shares_no_tile(tile, m, n, layout, nee
     assert needle in wgmma_reason(tile, m, n, 1024, b_layout=layout)
 
 
+def test_four_consumer_warpgroups_are_refused_their_registers_would_never_come():
+    """``setmaxnreg`` raises each consumer warpgroup to 232 registers a thread: two fit an SM's
+    65,536 beside the producer's 40, four (bm 256) do not, and the kernel would wait for them
+    forever (a tuning run's e4m3 256x64 config hung to its run timeout)."""
+    from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate
+
+    tile = WgmmaTile(256, 64, 3, 1, raster=2, tiles=4, operand="e4m3", **WS)
+    assert "(the consumers would wait for them forever)" in wgmma_reason(tile, 8192, 8192, 8192)
+    assert wgmma_reason(dataclasses.replace(tile, bm=128), 8192, 8192, 8192) is None
+    template = Fp8GemmTemplate(8192, 8192, 8192)
+    space = template.space(offline_cuda("sm_90"))
+    hung = template.default_config(offline_cuda("sm_90")).replace(wgmma_bm=256, wgmma_bn=64, wgmma_stages=3,
+                                                                    wgmma_tiles=4, wgmma_raster=2)
+    assert "setmaxnreg" in space.infeasible_reason(hung)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to run ptxas")
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_kind_assembles_for_sm_90a_without_spills(kind):

@@ -62,6 +62,7 @@ from tvm_ext.target import TargetInfo
 
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
                            stage_barrier_bytes)
+from .wgmma_specialized import CONSUMER_REGISTERS, specialized_registers
 from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
@@ -256,6 +257,10 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.specialized and (not t.tma or t.split > 1 or t.smem_epilogue):
         return (f"{t.name}: warp specialization (wgmma_ws) has a producer warpgroup issue TMA loads (wgmma_tma 1) "
                 "while the consumers store C straight from their registers (wgmma_smem_epilogue 0), K unsplit")
+    if t.specialized and specialized_registers(t.threads) > REGISTERS_PER_SM:
+        return (f"{t.name}: warp specialization gives each of the {t.bm // 64} consumer warpgroups "
+                f"{CONSUMER_REGISTERS} registers a thread (setmaxnreg): {specialized_registers(t.threads)} with the "
+                f"producer's > {REGISTERS_PER_SM}, an SM's (the consumers would wait for them forever); bm 64 or 128")
     if t.multicast:
         reason = multicast_reason(t, m, n, b_layout)
         if reason:

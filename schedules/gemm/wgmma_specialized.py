@@ -23,6 +23,11 @@ CONSUMER_REGISTERS = 232  # the consumers': 128 x 40 + 256 x 232 fits an SM's 65
 PRODUCER_THREADS = 128  # a warpgroup: setmaxnreg acts on whole warpgroups
 
 
+def specialized_registers(consumer_threads: int) -> int:
+    """The registers a block holds after ``setmaxnreg``: the producer warpgroup's and the consumers'."""
+    return PRODUCER_THREADS * PRODUCER_REGISTERS + consumer_threads * CONSUMER_REGISTERS
+
+
 def release_barrier(L: KernelLayout, smem: Any, index: Any) -> Any:
     """The shared address of stage ``index``'s release barrier, after the stages' load barriers."""
     return stage_barrier(L, smem, L.stages + index)
