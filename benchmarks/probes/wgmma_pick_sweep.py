@@ -42,13 +42,21 @@ def feasible(space, knob_sets) -> list:
     return configs
 
 
+def knob_set(bm: int, bn: int, stages: int, *, split: int = 1, cluster: int = 0, tma: int = 0, ws: int = 0,
+             raster: int = 0, tiles: int = 1) -> dict:
+    """A grid point's knobs: one wgmma group in flight, C through shared memory where K is unsplit
+    and the warps are not specialized (those store from registers), no multicast, no early launch."""
+    return dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
+                wgmma_smem_epilogue=int(split == 1 and not ws), wgmma_raster=raster, wgmma_tiles=tiles,
+                wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma, wgmma_ws=ws, wgmma_multicast=0,
+                wgmma_pdl=0)
+
+
 def wide_grid(space) -> list:
     """Feasible configs of the wider grid at this shape: K split 1-6 (in a cluster, or through
     global memory at 2), every tile up to 256x192, TMA or ``cp.async`` loads, one tile a block."""
     return feasible(space, (
-        dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
-             wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma,
-             wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0)
+        knob_set(bm, bn, stages, split=split, cluster=cluster, tma=tma)
         for (bm, bn), stages, (split, cluster), tma in itertools.product(
             WIDE_TILES, (4, 6), ((1, 0), (2, 0), (2, 1), (3, 1), (4, 1), (6, 1)), (0, 1))))
 
@@ -60,19 +68,14 @@ def narrow_grid(space) -> list:
     """Feasible configs of tiles 96 or 192 columns wide (cuBLAS's at BERT-base's 768-column
     outputs): K split 1-4 in a cluster, 4-8 stages, TMA loads, warp-specialized or not."""
     return feasible(space, (
-        dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
-             wgmma_smem_epilogue=int(split == 1 and not ws), wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split,
-             wgmma_split_cluster=int(split > 1), wgmma_tma=1,
-             wgmma_ws=ws, wgmma_multicast=0, wgmma_pdl=0)
+        knob_set(bm, bn, stages, split=split, cluster=int(split > 1), tma=1, ws=ws)
         for (bm, bn), stages, split, ws in itertools.product(NARROW_TILES, (4, 6, 8), (1, 2, 3, 4), (0, 1))))
 
 
 def grid(space) -> list:
     """Feasible configs of the sweep's grid at this shape (``cp.async`` loads)."""
     return feasible(space, (
-        dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=int(split == 1),
-             wgmma_raster=raster, wgmma_tiles=tiles, wgmma_split_k=split, wgmma_split_cluster=0, wgmma_tma=0,
-             wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0)
+        knob_set(bm, bn, stages, split=split, raster=raster, tiles=tiles)
         for (bm, bn), stages, tiles, raster, split in itertools.product(TILES, (4, 6, 8), (1, 2), (0, 8), (1, 2))
         if split == 1 or (bm, bn) == (64, 64)))
 

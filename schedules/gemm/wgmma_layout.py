@@ -154,7 +154,7 @@ class KernelLayout:
     @property
     def b_atom(self) -> int:
         """Columns of an N atom of B (k, n) read N-major: a 128-byte swizzle row (64 elements), or
-        where bn is no multiple of that (96), a 64-byte one (32 elements; ``swizzle_bytes``)."""
+        where bn is no multiple of that (96), a 64-byte one (32 elements; ``b_swizzle``)."""
         return 64 if self.bn % 64 == 0 else 32
 
     @property
@@ -264,7 +264,7 @@ class KernelLayout:
     def desc(self, smem_base: Any, elems: Any, leading: int = 16, swizzle: int = 128) -> Any:
         """wgmma matrix descriptor of the tile at ``elems`` into smem, in rows of ``swizzle``
         bytes (128 or 64) swizzled so: K-major (the leading byte offset unused), or N-major with
-        ``leading`` the bytes between its N atoms; 8-row groups 8 rows apart either way."""
+        ``leading`` the bytes between its N atoms; 8-row groups 8 x ``swizzle`` bytes apart either way."""
         from tvm.script import tirx as T
 
         # bits 32-63: stride byte offset (8 rows) >> 4, bits 62-63 the swizzle: 1 = 128-byte, 2 = 64-byte

@@ -18,7 +18,7 @@ from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.hardware import SHARED_RESERVED_PER_BLOCK, WGMMA_SHARED_PER_SM
 
 from .mma import COPY_BYTES
-from .wgmma import (DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
+from .wgmma import (BK, DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
                     b_layout_reason, b_shape, compile_wgmma, epilogue_reason, fit_raster, shared_limit, target_reason,
                     wgmma_gemm, wgmma_reason)
 
@@ -222,7 +222,7 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 def narrow_suits(shapes: Any) -> bool:
     """Whether ``NARROW_TILES`` are weighed for ``shapes``: every M a multiple of 64 and every K
     at most ``NARROW_MAX_STEPS`` k steps."""
-    return all(m % 64 == 0 and k <= NARROW_MAX_STEPS * 64 for m, _, k in shapes)
+    return all(m % 64 == 0 and k <= NARROW_MAX_STEPS * BK for m, _, k in shapes)
 
 
 def few_waves_problem(shapes: Any, sm_count: int, matrices: int = 1) -> bool:

@@ -18,7 +18,7 @@ from tvm_ext.measure.program import FailureFlag, RunPlan
 from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches,
                                      function_calls, plain_json)
 from tvm_ext.hardware import sm_90a
-from tvm_ext.lowering.launch_early import mark_launch_early, register_pipeline
+from tvm_ext.lowering.launch_early import mark_launch_early, pipeline_for
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
@@ -84,13 +84,11 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         trace[name] = {"lowered": name}
     # wgmma is an arch-specific instruction: the module is built for sm_90a
     arch = sm_90a(target) if template.input_on_wgmma(config) else target
-    pipeline = "default"
     if template.counted_gemm_tile(config) is not None:  # the step kernel launched while the input GEMM runs
         funcs["gru_steps"] = mark_launch_early(funcs["gru_steps"])
-        pipeline = register_pipeline()
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
-        executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(arch.tvm_target()),
-                                 tir_pipeline=pipeline)
+        module = tvm.IRModule(funcs)
+        executable = tvm.compile(module, target=tvm.target.Target(arch.tvm_target()), tir_pipeline=pipeline_for(module))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
                     for name, func in funcs.items()}
     plan = plan_calls(template, config)

@@ -164,7 +164,7 @@ def substitute_kernel(func: Any, template: KernelTemplate, site: WgmmaSite, conf
     import tvm
     from tvm import s_tir, tirx
 
-    from ..lowering.launch_early import MARK, is_marked
+    from ..lowering.launch_early import is_marked, mark_launch_early
     from ..schedules.gemm.wgmma import sm_90a
 
     reason = template.space(target).infeasible_reason(config)
@@ -175,8 +175,7 @@ def substitute_kernel(func: Any, template: KernelTemplate, site: WgmmaSite, conf
     own = {site.a: kernel.params[0], site.b: kernel.params[1], site.out: kernel.params[2]}
     params = [own.get(i, p) for i, p in enumerate(func.params)]
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True, "target": tvm.target.Target(sm_90a(target).tvm_target())}
-    if is_marked(kernel):  # launched early behind the kernel ahead (``pipeline.build_model`` builds it so)
-        attrs[MARK] = True
     substituted = tirx.PrimFunc(params, kernel.body).with_attrs(attrs)
     s_tir.analysis.verify_well_formed(substituted)  # every buffer the epilogue reads is a parameter now
-    return substituted
+    # launched early behind the kernel ahead where the kernel is (``pipeline.build_model`` builds it so)
+    return mark_launch_early(substituted) if is_marked(kernel) else substituted
