@@ -67,6 +67,7 @@ CASES = (
     Case("fp16 B8 H512", 8, 512, dtype="float16"), Case("fp16 B64 H1024", 64, 1024, dtype="float16"),
     Case("fp16 B8 H1024", 8, 1024, dtype="float16"), Case("fp16 B1 H256", 1, 256, dtype="float16"),
     Case("bf16 B8 H512", 8, 512, dtype="bfloat16"), Case("bf16 B64 H1024", 64, 1024, dtype="bfloat16"),
+    Case("fp16 bi B32 H1024", 32, 1024, dtype="float16", bidirectional=True),
     Case("fp32 I200 H200 B5 T129", 5, 200, input=200, seq=129),
     Case("fp32 I17 H33 B3 T7 3L bi", 3, 33, input=17, seq=7, layers=3, bidirectional=True),
     Case("fp32 B64 H1024 lengths", 64, 1024, lengths=(64, 128)),

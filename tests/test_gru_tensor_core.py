@@ -31,6 +31,12 @@ def _kernel(source: str, name: str = "gru_steps") -> str:
     return body[:body.index("\n}\n")]
 
 
+def _one_k_warp(pick):
+    """B64 H1024's block as picked before k was split over two warps: 32 units on 4 unit warps,
+    one k warp, the fragments of its first 16 k slices held (96 registers, from shared memory)."""
+    return pick.replace(step_tc_kw=1, step_tc_wreg=2, step_tc_wregs=96)
+
+
 def _loads_and_multiplies(code: str, trans: bool = False) -> str:
     """The order of ``code``'s ldmatrix loads (L; with ``trans``, T for an ``x4.trans`` one) and
     mma.sync (M)."""
@@ -64,7 +70,7 @@ def test_warps_splitting_the_units_share_the_blocks_h_and_multiply_all_k():
     three gates) take a pair and a lone tile a k slice (64 of them, all k: no partial sums)."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_tc_wreg=0)  # W read from shared memory every step
+    cfg = _one_k_warp(t.analytic_pick(target)[0]).replace(step_tc_wreg=0)  # W read from shared memory every step
     assert (cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw, cfg.step_tc_nw, cfg.step_tc_poll) == (32, 16, 1, 4, 16)
     source = t.compile(cfg, target).source
     assert "__launch_bounds__(128) gru_steps_kernel" in source
@@ -86,7 +92,7 @@ def test_k_slices_take_turns_in_the_accumulator_sets(sets):
     the cell; one set is the kernel as it was (no fold)."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_tc_acc=sets)
+    cfg = _one_k_warp(t.analytic_pick(target)[0]).replace(step_tc_acc=sets)
     assert t.space(target).is_feasible(cfg)
     kernel = _kernel(t.compile(cfg, target).source)
     step = kernel[kernel.index("for (int s = 0; s < 128"):]
@@ -106,7 +112,7 @@ def test_fragments_loaded_a_k_slice_ahead(ahead):
     previous slice's multiplies."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    cfg = t.analytic_pick(target)[0].replace(step_tc_frag=ahead, step_tc_wreg=0)
+    cfg = _one_k_warp(t.analytic_pick(target)[0]).replace(step_tc_frag=ahead, step_tc_wreg=0)
     kernel = _kernel(t.compile(cfg, target).source)
     step = kernel[kernel.index("for (int s = 0; s < 128"):]
     order = _loads_and_multiplies(step)
@@ -138,13 +144,13 @@ def test_w_fragments_held_in_registers():
 
 
 def test_w_fragments_of_the_first_k_slices_held_where_all_do_not_fit():
-    """``step_tc_wreg`` 2 at float16 B64 H1024's pick (32 units on 4 unit warps: 3 n8 tiles and 64
+    """``step_tc_wreg`` 2 at float16 B64 H1024 on one k warp (32 units on 4 unit warps: 3 n8 tiles and 64
     k slices a warp, 384 registers for all): the first 16 k slices' fragments (96 registers) are
     loaded once before the step loop, and in every step those slices take one ldmatrix of h and
     three mma.sync, the other 48 their pair and last tile from shared memory as before."""
     target = offline_cuda("sm_90")
     t = _template(64, 1024, seq=128).with_tensor_cores(target)
-    pick = t.analytic_pick(target)[0]
+    pick = _one_k_warp(t.analytic_pick(target)[0])
     assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw, pick.step_tc_wreg) == (32, 1, 4, 2)
     kernel = _kernel(t.compile(pick, target).source)
     top = kernel.index("for (int s = 0; s < 128")
@@ -152,10 +158,33 @@ def test_w_fragments_of_the_first_k_slices_held_where_all_do_not_fit():
     assert kernel[:top].count(".trans") == 16 * 2  # a pair and the last tile of each held slice
 
 
+def test_w_fragments_loaded_from_global_memory_leave_their_rows_out_of_shared_memory():
+    """``step_tc_wreg`` 3 at float16 B64 H1024's pick (32 units on 4 unit warps and 2 k warps: 3 n8
+    tiles and 32 k slices a warp, 160 registers for W): the fragments of each k warp's first 26
+    slices come from ``w`` in global memory before the step loop (no ldmatrix there), and only the
+    other 6 slices of each k warp have rows in shared memory (2 x 6 x 16 of 1024), read every step
+    as the pair and last tile of before; the k warps' partial sums then fit beside them."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024, seq=128).with_tensor_cores(target)
+    pick = t.analytic_pick(target)[0]
+    assert (pick.step_j, pick.step_tc_kw, pick.step_tc_nw, pick.step_tc_wreg, pick.step_tc_wregs) == (32, 2, 4, 3, 160)
+    shape = t.step_variant(pick).shape
+    assert (shape.held_slices, shape.w_rows, shape.threads) == (26, 2 * 6 * 16, 256)
+    assert shape.shared_bytes() == (192 * 96 + 16 * 1032) * 2 + 4 * 3 * 4 * 32 * 4
+    assert not t.space(target).is_feasible(pick.replace(step_tc_wreg=2))  # all rows: 235776 B
+    kernel = _kernel(t.compile(pick, target).source)
+    top = kernel.index("for (int s = 0; s < 128")
+    assert "ldmatrix" not in kernel[:top] and "w_ptr" in kernel[:top] and "w_ptr" not in kernel[top:]
+    assert _loads_and_multiplies(kernel[top:]) == "LMMM" * 26 + "LLMMLM" * 6
+    # the shared rows of the slices read every step: k warp 1's first such slice right after k warp 0's
+    assert [shape.w_k(r) for r in (0, 95, 96, 191)] == [416, 511, 928, 1023]
+    assert all(shape.w_row(shape.w_k(r), shape.w_k(r) // 512) == r for r in range(192))
+
+
 @pytest.mark.parametrize("batch, hidden, held, why", [
     (8, 512, 1, "its fragments held"), (64, 512, 1, "its fragments held"), (5, 200, 1, "its fragments held"),
     (32, 1024, 2, "the fragments of 8 of a warp's 16 k slices held"),
-    (64, 1024, 2, "the fragments of 16 of a warp's 64 k slices held")])
+    (64, 1024, 3, "the fragments of 26 of a warp's 32 k slices loaded into registers from global memory")])
 def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, held, why):
     """8 or 16 units on 4 k warps up to H512 (96 registers a lane or fewer): W's fragments held,
     two accumulator sets; at H1024 (192 or 384 a lane) those of the warp's first k slices that
@@ -164,6 +193,7 @@ def test_the_pick_holds_w_in_registers_where_a_lanes_share_fits(batch, hidden, h
     t = _template(batch, hidden, seq=16).with_tensor_cores(target)
     pick, reason = t.analytic_pick(target)
     assert pick.step_tc == 1 and (pick.step_tc_wreg, pick.step_tc_acc) == (held, 2 if held == 1 else 1)
+    assert t.space(target).is_feasible(pick)
     assert why in reason
 
 
@@ -271,8 +301,8 @@ def test_the_step_kernels_h_chunks_are_cp_async_copies_whatever_the_input_gemm()
     pick = t.analytic_pick(target)[0]
     assert pick.in_wgmma == 1 and pick.step_flags == 1
     step = _kernel(t.compile(pick.replace(step_flags=0), target).source)
-    # a warp copies its quarter of 16 rows x 1024 k (4 warps splitting the units), 16 bytes a lane
-    assert step[step.index("for (int s = 0; s < 128"):].count("cp_async_legacy") == 16 * 1024 // 4 // 8 // 32
+    # a warp copies its eighth of 16 rows x 1024 k (4 warps splitting the units, 2 the k), 16 bytes a lane
+    assert step[step.index("for (int s = 0; s < 128"):].count("cp_async_legacy") == 16 * 1024 // 8 // 8 // 32
 
 
 def test_tagged_words_are_polled_64_a_lane_at_once():
@@ -323,6 +353,9 @@ def test_w_chunks_of_eight_consecutive_k_rows_lie_on_distinct_banks(chunks):
     (HALF, dict(step_j=16, step_tc_kw=4, step_tc_wreg=1, step_tc_frag=1), "loads no W fragments a slice ahead"),
     (HALF, dict(step_j=32, step_tc_kw=2, step_tc_wreg=1), "needs 384 registers a lane > 96"),
     (HALF, dict(step_j=16, step_tc_kw=4, step_tc_wreg=2), "all of W's fragments fit in registers (96 a lane)"),
+    (HALF, dict(step_j=32, step_tc_kw=2, step_tc_wreg=1, step_tc_wregs=160), "needs 384 registers a lane > 160"),
+    (HALF, dict(step_j=16, step_tc_wregs=128), "no W fragments in registers (step_tc_wreg 0) takes no register"),
+    ({}, dict(step_j=16, step_tc_kw=8, step_tc_wreg=3, step_flags=1, step_tc=2), "from global memory (step_tc_wreg 3)"),
 ])
 def test_space_refuses_with_the_reason(precision, knobs, reason):
     t = _template(8, 512, precision=precision)
@@ -342,6 +375,21 @@ def test_space_refuses_a_slice_beyond_shared_memory_and_a_grid_that_cannot_be_re
     assert many.space(target).is_feasible(cfg.replace(step_tc_rows=32))
 
 
+def test_a_resident_grid_counts_the_registers_a_lane_may_take():
+    """The step kernel names only its threads in its launch bounds, so a lane may take 255
+    registers: bidirectional float16 B96 H512 on 16-unit blocks of 4 k warps (384 blocks of 128
+    threads, three an SM) compiles to 213 a lane, so only two are resident, and the grid would
+    time out; it is refused, and the pick takes 32-unit blocks (192 blocks, two an SM)."""
+    target = offline_cuda("sm_90")
+    t = _template(96, 512, bidirectional=True)
+    cfg = t.default_config(target).replace(**TC, step_j=16, step_tc_rows=16, step_tc_kw=4, step_tc_wreg=1,
+                                           step_tc_acc=2, step_flags=1)
+    assert "needs every block resident, 384 blocks > 132 SMs x 2" in t.space(target).infeasible_reason(cfg)
+    pick = t.analytic_pick(target)[0]
+    assert (pick.step_j, pick.step_tc_rows, pick.step_tc_kw, pick.step_tc_nw) == (32, 16, 1, 4)
+    assert t.step_variant(pick).shape.blocks == 192
+
+
 def test_the_cuda_core_kernels_knobs_do_not_refuse_a_tensor_core_config():
     t = _template(8, 512)
     target = offline_cuda("sm_90")
@@ -359,7 +407,7 @@ def test_shown_knobs_are_the_kernels_own():
 
 
 @pytest.mark.parametrize("shape, block", [((16, 256, False), (8, 16, 4, 1)), ((16, 512, True), (8, 16, 4, 1)),
-                                          ((64, 1024, False), (32, 16, 1, 4)), ((12, 200, False), (8, 16, 4, 1)),
+                                          ((64, 1024, False), (32, 16, 2, 4)), ((12, 200, False), (8, 16, 4, 1)),
                                           ((5, 512, False), (8, 16, 4, 1)), ((8, 512, True), (8, 16, 4, 1)),
                                           ((16, 1088, False), (16, 16, 4, 1)), ((64, 512, False), (16, 16, 4, 1)),
                                           ((96, 768, False), (16, 64, 2, 1)), ((8, 1024, False), (8, 16, 8, 1))])
@@ -369,7 +417,7 @@ def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, bloc
     warps) of 8 units and 16 rows on 4 k warps where that grid has a block an SM at most (B16
     H512 bidirectional: 128 blocks; H1088: 136, more than the 132 SMs; B64 H512: 256, resident
     two an SM but not taken), else 16 units where that grid is resident, else 32 units on 4 unit
-    warps (B64 H1024: 16 x 16 blocks would be 256, more than the SMs hold), else 16 units of
+    warps and 2 k warps (B64 H1024: 16 x 16 blocks would be 256, more than the SMs hold), else 16 units of
     more rows (B96 H768: 288, 144 and 144 blocks before 96 of 64 rows); 8-unit blocks split k
     over 8 warps from H1024 (B8 H1024)."""
     batch, hidden, bidirectional = shape
@@ -430,6 +478,15 @@ GPU_CASES = {
     "b5-h200-bi-u8-kw2": (B5_H200_BI, dict(step_j=8, step_tc_rows=16, step_tc_kw=2)),
     "b3-h33-3layer-bi-u8": (B3_H33_3LAYERS_BI, dict(step_j=8, step_tc_rows=16, step_tc_kw=1, step_tc_wreg=1)),
     "b40-h256-u8-rows64-kw2": (B40_H256, dict(step_j=8, step_tc_rows=64, step_tc_kw=2)),
+    # W's fragments from global memory (step_tc_wreg 3): the B64 H1024 pick (26 of 32 slices held), an odd
+    # hidden size with part of each of two k warps' slices held (4 of 7), and all held (no W rows shared)
+    "b64-h1024-nw4-kw2-wreg3": (B64_H1024, dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_nw=4,
+                                                 step_tc_wreg=3, step_tc_wregs=160)),
+    "b5-h200-bi-kw2-wreg3": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=2, step_tc_wreg=3)),
+    "b5-h200-bi-wreg3": (B5_H200_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=1, step_tc_wreg=3,
+                                          step_tc_wregs=128)),
+    "b3-h33-3layer-bi-nw4-kw2-wreg3": (B3_H33_3LAYERS_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=2,
+                                                               step_tc_nw=4, step_tc_wreg=3, step_tc_wregs=160)),
 }
 
 

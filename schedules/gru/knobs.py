@@ -56,10 +56,15 @@ STEP_KNOBS = (
     Knob("step_tc_frag", (0, 1), "tensor-core step kernel: 1 loads the next k slice's ldmatrix fragments before "
                                  "this slice's mma.sync (two fragment buffers), so the loads' latency runs behind "
                                  "the multiplies", before=0),
-    Knob("step_tc_wreg", (0, 1, 2), "tensor-core step kernel: 1 keeps the warp's W_hh fragments in registers for "
-                                    "all T steps (ldmatrix'd from shared memory once), so a step's products read only "
-                                    "h from shared memory, where they fit (``MAX_W_REGISTERS`` a lane); 2 keeps those "
-                                    "of the warp's first k slices that fit, the rest read every step", before=0),
+    Knob("step_tc_wreg", (0, 1, 2, 3), "tensor-core step kernel: 1 keeps the warp's W_hh fragments in registers "
+                                       "for all T steps (ldmatrix'd from shared memory once), so a step's products "
+                                       "read only h from shared memory, where they fit (step_tc_wregs a lane); 2 "
+                                       "keeps those of the warp's first k slices that fit, the rest read every step; "
+                                       "3 as 2 with the held ones loaded from global memory, so only the rest have "
+                                       "rows in shared memory (room for k warps' partial sums beside W)", before=0),
+    Knob("step_tc_wregs", (96, 128, 160), "tensor-core step kernel with step_tc_wreg 1 to 3: registers a lane "
+                                         "may keep W_hh's fragments in (more leave fewer for the rest; past "
+                                         "255 a lane the compiler spills)", before=96),
     Knob("step_tc_poll", (8, 16), "tensor-core step kernel with step_flags 1: bytes of exchange words a lane "
                                   "loads at once polling h, one word (8) or two adjacent words in one vector load "
                                   "(16; hidden a multiple of 4): half the poll's load instructions", before=8),

@@ -191,7 +191,9 @@ def _held_why(shape: Any, whose: str) -> str:
     """What of W_hh's fragments the tensor-core step kernel's lanes hold in registers, for a why."""
     return {0: "", 1: f", {whose} fragments held in registers",
             2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices held in "
-               f"registers"}[shape.w_held]
+               f"registers",
+            3: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices loaded into "
+               f"registers from global memory"}[shape.w_held]
 
 
 TC_BLOCKS = (  # (units, rows, k warps, unit warps) of the tensor-core step kernel, in the pick's order
@@ -201,6 +203,11 @@ TC_FEWEST_UNITS = 8  # blocks of this many units only where their grid has at mo
 # H1024 0.255-0.258 ms against 0.271 on 4; at H512 (4 slices a warp) 1-8 % slower (docs/results/gru.md)
 TC_EIGHT_K_WARPS_HIDDEN = 1024
 W_HELD_ACC_SETS = 2  # accumulator sets with W_hh's fragments in registers (float16 B8 H512: 0.198 ms, one set 0.207)
+# 32-unit blocks on 4 unit warps split k over this many warps, the fragments of as many k slices as fit in
+# WIDE_W_REGISTERS a lane loaded from global memory (step_tc_wreg 3; float16 B64 H1024 0.447 ms against
+# 0.555 on one k warp holding 96 registers' worth: docs/results/gru.md)
+WIDE_K_WARPS = 2
+WIDE_W_REGISTERS = 160
 
 
 def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
@@ -225,6 +232,9 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
         if units == TC_FEWEST_UNITS and template.step_variant(cfg).shape.blocks > sm_count:
             continue
         if space.is_feasible(cfg):
+            wide = cfg.replace(step_tc_kw=WIDE_K_WARPS, step_tc_wreg=3, step_tc_wregs=WIDE_W_REGISTERS)
+            if n_warps > 1 and space.is_feasible(wide):
+                return _held_and_paired((wide,), space)
             return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
                                      cfg.replace(step_tc_wreg=2), cfg), space)
     return None

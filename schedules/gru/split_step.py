@@ -424,7 +424,7 @@ class TensorCoreSplitStep(StepVariant):
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs and the 16-bit kernel's accumulator sets and fragments do not apply
         return self.unshown_prefixes, (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + CLUSTER_STEP_KNOBS
-                                       + ("step_tc_acc", "step_tc_frag", "step_tc_wreg"))
+                                       + ("step_tc_acc", "step_tc_frag", "step_tc_wreg", "step_tc_wregs"))
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: types, tile, and a grid that must be resident with its shared memory."""

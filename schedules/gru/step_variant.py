@@ -29,7 +29,7 @@ PERSISTENT_MIN_REGISTERS = 64
 SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                    "step_w_onchip")
 TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
-                 "step_tc_poll", "step_split_words", "step_tc_ahead", "step_overlap")
+                 "step_tc_wregs", "step_tc_poll", "step_split_words", "step_tc_ahead", "step_overlap")
 FLAG_STEP_KNOBS = ("step_flag_units", "step_flag_input")
 CLUSTER_STEP_KNOBS = ("step_cluster_quads",)
 
@@ -69,10 +69,11 @@ def residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tupl
 
 
 def mma_grid_reason(kernel: str, threads: int, blocks: int, shared: int, held: str,
-                    target: TargetInfo) -> str | None:
+                    target: TargetInfo, lane_registers: int = 0) -> str | None:
     """Why a persistent ``mma.sync`` step kernel's grid cannot run on ``target``: its block's
     threads, the compute capability (ldmatrix, mma.sync), ``held`` in ``shared`` bytes past the
-    opt-in limit, or blocks that cannot all be resident (None: it can)."""
+    opt-in limit, or blocks that cannot all be resident (None: it can), with ``lane_registers``
+    the registers each lane may take counted too (0: not counted)."""
     hw = HardwareModel.from_target(target)
     if threads > target.max_threads_per_block:
         return f"{kernel}: {threads} threads > device limit {target.max_threads_per_block}"
@@ -82,6 +83,8 @@ def mma_grid_reason(kernel: str, threads: int, blocks: int, shared: int, held: s
     if shared > hw.shared_per_block_optin:
         return f"{kernel}: {held} need {shared} B of shared memory > {hw.shared_per_block_optin}"
     per_sm, fits = residency(hw, blocks, threads, shared)
+    if lane_registers and hw.registers_per_sm:
+        fits = min(fits, hw.registers_per_sm // (threads * lane_registers))
     if per_sm > fits:
         return (f"{kernel}: persistent grid needs every block resident, {blocks} blocks > {hw.sm_count} SMs x "
                 f"{fits} resident per SM")

@@ -20,6 +20,9 @@ TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with step_tc_wreg: the pick's
 # B8-B64 H512 blocks need 96, beside the accumulators, h fragments, gi and polled words under 255
+# the registers a lane of the step kernel may take (its launch bounds name only the threads, so up to 255,
+# allocated in eights): what a block holds of an SM's registers when its grid must be resident
+LANE_REGISTERS = 256
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
 SPLIT_POLL_WORDS = 32  # the same for float32 state split into parts: its W fragments take twice the registers
@@ -85,10 +88,12 @@ class TcStepShape(UnitRowBlocks):
     acc_sets: int = 1  # a warp's k slice i accumulates into set i mod acc_sets
     frags_ahead: bool = False  # the next k slice's fragments loaded before this slice's mma.sync
     w_held: int = 0  # step_tc_wreg: 0 W_hh's fragments read from shared memory every step, 1 all of the
-    # warp's kept in registers for all steps, 2 those of its first k slices that fit ``MAX_W_REGISTERS``
+    # warp's kept in registers for all steps, 2 those of its first k slices that fit ``w_regs``, 3 those
+    # loaded from global memory, only the other slices' rows in shared memory (``w_rows``)
     poll_bytes: int = 8  # step_tc_poll: bytes of exchange words one poll load reads (with flags)
     split: bool = False  # step_tc 2 with flags: float32 h and W_hh as float16 high and low parts, three products
     split_pairs: bool = False  # step_split_words 2: two float32 values a word and a one-bit tag (``float_pair``)
+    w_regs: int = MAX_W_REGISTERS  # step_tc_wregs: registers a lane may keep W's fragments in
 
     @property
     def parts(self) -> int:
@@ -141,13 +146,30 @@ class TcStepShape(UnitRowBlocks):
         """The warp's k slices (its first) whose W_hh fragments stay in registers."""
         if self.w_held == 1:
             return self.warp_slices
-        if self.w_held == 2:
-            return min(self.warp_slices, MAX_W_REGISTERS // (self.n_tiles * 2 * self.parts))
+        if self.w_held in (2, 3):
+            return min(self.warp_slices, self.w_regs // (self.n_tiles * 2 * self.parts))
         return 0
+
+    @property
+    def w_rows(self) -> int:
+        """W's k rows in shared memory: all, or with ``w_held`` 3 those of the k slices no lane holds
+        (each k warp's last ``warp_slices - held_slices``, one k warp's after another)."""
+        return self.k_extent - (self.k_warps * self.held_slices * MMA_K if self.w_held == 3 else 0)
+
+    def w_row(self, k: Any, k_warp: Any) -> Any:
+        """The shared row of W's k row ``k`` (of k warp ``k_warp``'s range, not held)."""
+        return k - (k_warp + 1) * self.held_slices * MMA_K if self.w_held == 3 else k
+
+    def w_k(self, row: Any) -> Any:
+        """The k row of W's shared row ``row`` (``w_row``'s inverse)."""
+        if self.w_held != 3:
+            return row
+        held_k, warp_k = self.held_slices * MMA_K, self.k_extent // self.k_warps
+        return row + (row // (warp_k - held_k) + 1) * held_k if warp_k > held_k else row
 
     def shared_bytes(self) -> int:
         """W slice + h rows (operand type, each part) + the k warps' partial sums (float32)."""
-        operands = (self.k_extent * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand) * self.parts
+        operands = (self.w_rows * self.w_stride + self.rows * self.h_stride) * itemsize(self.operand) * self.parts
         partials = (self.k_warps - 1) * self.rows // MMA_M * self.n_warps * self.n_tiles * 4 * WARP * 4
         return operands + partials
 

@@ -92,6 +92,33 @@ def load_w_macro(L: TcKernelLayout) -> Any:
     return load_w
 
 
+def load_w_global_macro(L: TcKernelLayout) -> Any:
+    """With ``step_tc_wreg`` 3: the B fragments of the warp's first ``held_slices`` k slices
+    straight from W_hh in global memory into ``b_frag`` (``load_w_macro``'s places), once before
+    the steps, so those slices need no rows in shared memory: lane tx's four halves of n8 tile t
+    are k rows 2·(tx % 4) + (0, 1, 8, 9) of the slice in column tx / 4 of the tile, the
+    ``mma.sync.m16n8k16`` B layout that ``ldmatrix.trans`` gives; zeros past hidden."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    n_tiles, warp_k, held, hidden = L.shape.n_tiles, L.warp_k, L.shape.held_slices, L.shape.hidden
+    units, warp_units, zero = L.shape.units, L.warp_units, tirx.const(0, L.shape.operand)
+
+    @T.macro
+    def load_w_global(w, b_frag, bx, bz, ni, ki, tx):  # type: ignore[no-untyped-def]
+        for q in T.unroll(held):
+            for t in T.unroll(n_tiles):
+                for e in T.unroll(4):
+                    k = T.meta_var(ki * warp_k + q * MMA_K + tx % 4 * 2 + e % 2 + e // 2 * 8)
+                    col = T.meta_var(t * 8 + tx // 4)  # of the warp's three gates' columns
+                    unit = T.meta_var(bx * units + ni * warp_units + col % warp_units)
+                    b_frag[(q * n_tiles + t) * 4 + e] = T.if_then_else(
+                        T.And(k < hidden, unit < hidden),
+                        w[bz, T.min(k, hidden - 1), col // warp_units * hidden + T.min(unit, hidden - 1)], zero)
+
+    return load_w_global
+
+
 def _fragment_macros(L: TcKernelLayout) -> tuple[Any, Any]:
     """The A load (a k slice of the warp's 16 rows of h, ``ldmatrix.x4``) and the
     ``mma.sync.m16n8k16`` every form of the products is made of."""
@@ -183,7 +210,7 @@ def products_macro(L: TcKernelLayout) -> Any:
                         mma(a_frag, b_frag, acc, 0, held_lo + (q * n_tiles + t) * 4, cross + t * 4)
                         mma(a_frag, b_frag, acc, 8, (q * n_tiles + t) * 4, cross + t * 4)
             else:
-                from_shared(w_s, a_frag, b_frag, acc, ni, kk, base, tx)
+                from_shared(w_s, a_frag, b_frag, acc, ni, L.shape.w_row(kk, ki), base, tx)
 
     return _products_ahead_macro(L) if L.shape.frags_ahead else products
 

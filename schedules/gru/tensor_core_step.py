@@ -53,11 +53,11 @@ from tvm_ext.schedules.gemm.wgmma_layout import counted_words
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_blend, cell_gates, float_pair, float_word, pack_pair, pair_tag, stored_as
-from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS, TC_ROWS,
-                                 TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
+from .tensor_core_layout import (LANE_REGISTERS, MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS,
+                                 TC_ROWS, TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .tensor_core_poll import poll_h_macro
 from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
-from .tensor_core_products import h_low, load_w_macro, products_macro, w_low
+from .tensor_core_products import h_low, load_w_global_macro, load_w_macro, products_macro, w_low
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant,
                            fused_threads_reason, mma_grid_reason)
 
@@ -65,7 +65,8 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
                  frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
-                 split_pairs: bool = False, gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps") -> Any:
+                 split_pairs: bool = False, gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps",
+                 w_regs: int = MAX_W_REGISTERS) -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -92,7 +93,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     and before loading a step's gi it waits until its tile rows' counts reach ``count``
     (``wait_gi_macro``), reading gi from L2."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        poll_bytes, split, split_pairs)
+                        poll_bytes, split, split_pairs, w_regs)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags, gi_ready=gi_ready if flags else (0, 0))
     kernel = _kernel(layout)
@@ -110,12 +111,13 @@ def _kernel(L: TcKernelLayout) -> Any:
     shape = L.shape
     steps, batch, hidden, dirs, layers, G = L.steps, shape.batch, shape.hidden, shape.dirs, L.layers, L.gates
     operand, gi_dtype, out_dtype, flags, blocks = shape.operand, L.gi_dtype, L.out_dtype, L.flags, shape.blocks
-    (grid_x, grid_y, _), K, sw, sh, n_tiles = L.grid, shape.k_extent, shape.w_stride, shape.h_stride, shape.n_tiles
+    (grid_x, grid_y, _), sw, sh, n_tiles = L.grid, shape.w_stride, shape.h_stride, shape.n_tiles
     m_warps, n_warps, k_warps, U, warp_units = L.m_warps, shape.n_warps, shape.k_warps, shape.units, L.warp_units
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
     stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
     load_w, held_slices, split, parts, state = load_w_macro(L), shape.held_slices, shape.split, shape.parts, L.state
+    load_w_global = load_w_global_macro(L)
     keep_h, wait_gi = _keep_h_macro(L), wait_gi_macro(L)
 
     @T.macro
@@ -125,7 +127,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         bz = T.launch_thread("blockIdx.z", dirs)
         tx = T.launch_thread("threadIdx.x", WARP)
         ty = T.launch_thread("threadIdx.y", m_warps * n_warps * k_warps)
-        w_s = T.alloc_buffer((K * sw * parts,), operand, scope="shared.dyn")
+        w_s = T.alloc_buffer((max(shape.w_rows, 1) * sw * parts,), operand, scope="shared.dyn")
         h_s = T.alloc_buffer((shape.rows * sh * parts,), operand, scope="shared.dyn")
         part = T.alloc_buffer((max(L.partial_tiles * n_tiles * 4 * WARP, 1),), "float32", scope="shared.dyn")
         a_frag = T.alloc_buffer((L.a_frag_size,), operand, scope="local")
@@ -161,7 +163,10 @@ def _kernel(L: TcKernelLayout) -> Any:
             poll[0] = 0
         T.tvm_storage_sync("shared")
         if held_slices > 0:  # the warp's W_hh fragments (of its first held_slices k slices), once for all steps
-            load_w(w_s, b_frag, ni, ki, tx)
+            if shape.w_held == 3:
+                load_w_global(w, b_frag, bx, bz, ni, ki, tx)
+            else:
+                load_w(w_s, b_frag, ni, ki, tx)
         for s in T.serial(steps):
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
             sum_k_warps(part, acc, mi, ni, ki, tx)
@@ -246,7 +251,7 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
     hidden, G, K, U, sw, sh = shape.hidden, L.gates, shape.k_extent, shape.units, shape.w_stride, shape.h_stride
     threads, vec, warp_units, w_chunks, unit_tiles = shape.threads, L.vec, L.warp_units, L.w_chunks, L.unit_tiles
     batch, n_tiles, zero_op = shape.batch, shape.n_tiles, tirx.const(0, shape.operand)
-    w_vectors, h_vectors = K * 3 * U // vec, shape.rows * K // vec
+    w_vectors, h_vectors = shape.w_rows * 3 * U // vec, shape.rows * K // vec
     split, w_lo, h_lo = shape.split, w_low(L), h_low(L)
 
     @T.macro
@@ -255,11 +260,12 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
         # n-th warp's share, gate g, its unit u) holds W[k, g * H + bx * U + n * warp_units + u]
         for it in T.unroll(-(-w_vectors // threads)):
             f = T.meta_var(it * threads + tid)
-            k = T.meta_var(f // (3 * U // vec))
+            row = T.meta_var(f // (3 * U // vec))  # W's shared row, of k row k
+            k = T.meta_var(shape.w_k(row))
             col = T.meta_var(f % (3 * U // vec) * vec)
             g = T.meta_var(col % (3 * warp_units) // warp_units)
             unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
-            at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
+            at = T.meta_var(row * sw + w_chunk(row, col // 8, w_chunks) * 8 + col % 8)
             if split:  # the high part, and the float16 rounding of the rest K rows on
                 if f < w_vectors:
                     for v in T.unroll(vec):
@@ -585,6 +591,7 @@ class TensorCoreStep(StepVariant):
     flags: bool
     loop: int
     cluster: bool = False  # step_flags 2, which this kernel does not have
+    w_regs: int = MAX_W_REGISTERS  # step_tc_wregs
     poll_bytes: int = 8
     split: bool = False  # step_tc 2: float32 h and W_hh as float16 high and low parts, three products
     split_pairs: bool = False  # step_split_words 2: two float32 values a word, a tag bit
@@ -603,7 +610,7 @@ class TensorCoreStep(StepVariant):
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2,
-                   split_pairs=c.step_split_words == 2)
+                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs)
 
     @property
     def shape(self) -> TcStepShape:
@@ -611,7 +618,7 @@ class TensorCoreStep(StepVariant):
         operand = "float16" if self.split else s.h_dtype
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, operand, self.n_warps,
                            self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split,
-                           self.split_pairs)
+                           self.split_pairs, self.w_regs)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -664,12 +671,18 @@ class TensorCoreStep(StepVariant):
         if shape.w_held and shape.frags_ahead:
             return ("tensor-core step kernel: W in registers (step_tc_wreg) loads no W fragments a slice ahead "
                     "(step_tc_frag)")
-        if shape.w_held == 1 and shape.w_registers > MAX_W_REGISTERS:
+        if shape.w_held == 1 and shape.w_registers > shape.w_regs:
             return (f"tensor-core step kernel: W in registers (step_tc_wreg) needs {shape.w_registers} registers "
-                    f"a lane > {MAX_W_REGISTERS}")
-        if shape.w_held == 2 and shape.w_registers <= MAX_W_REGISTERS:
+                    f"a lane > {shape.w_regs} (step_tc_wregs)")
+        if shape.w_held == 2 and shape.w_registers <= shape.w_regs:
             return (f"tensor-core step kernel: all of W's fragments fit in registers ({shape.w_registers} a lane): "
                     f"step_tc_wreg 1, not a part (2)")
+        if shape.w_held == 3 and self.split:
+            return ("split tensor-core step kernel: W's fragments are staged in shared memory as parts; loading "
+                    "them from global memory (step_tc_wreg 3) is the 16-bit kernel's")
+        if shape.w_held == 0 and shape.w_regs != MAX_W_REGISTERS:
+            return (f"tensor-core step kernel: no W fragments in registers (step_tc_wreg 0) takes no register "
+                    f"budget (step_tc_wregs {shape.w_regs}; it is {MAX_W_REGISTERS} there)")
         if shape.poll_bytes == 16 and not self.flags:
             return "tensor-core step kernel: 16-byte polls (step_tc_poll) need exchange words (step_flags 1)"
         if shape.poll_bytes == 16 and shape.hidden % (2 * shape.word_values):
@@ -682,7 +695,7 @@ class TensorCoreStep(StepVariant):
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
         return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
-                               "W_hh slice, h rows and partial sums", target)
+                               "W_hh slice, h rows and partial sums", target, LANE_REGISTERS)
 
     @property
     def ready_words(self) -> int:
@@ -709,4 +722,5 @@ class TensorCoreStep(StepVariant):
                                           n_warps=self.n_warps, acc_sets=self.acc_sets,
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
                                           poll_bytes=self.poll_bytes, split=self.split,
-                                          split_pairs=self.split_pairs, gi_ready=self.gi_ready)}
+                                          split_pairs=self.split_pairs, gi_ready=self.gi_ready,
+                                          w_regs=self.w_regs)}
