@@ -686,3 +686,22 @@ def compare_in_rounds(shape: str, ours: Launch, vendors: Mapping[str, Launch], s
         summaries += [replace(ratio_summary(rows, name, ours=peer), vendor=f"{name}, ours {peer}")
                       for name in timers if name not in ours_sides[1:]]
     return summaries, left_out
+
+
+def parse_knob_sets(text: str, option: str, bare: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
+    """An option naming configs as knob changes: 'label:knob=v,knob=v;...' -> {label: {knob: v}}; a
+    label of ``bare`` may stand alone (no changes).  ValueError naming ``option`` and the bad part."""
+    sets: dict[str, dict[str, int]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        if part in bare:
+            sets[part] = {}
+            continue
+        label, sep, knobs = part.partition(":")
+        try:
+            changes = {k.strip(): int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv.strip())}
+        except ValueError:
+            changes = {}
+        if not sep or not label.strip() or not changes:
+            raise ValueError(f"{option} takes 'label:knob=integer,...;...', got {part!r}")
+        sets[label.strip()] = changes
+    return sets

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (compare_in_rounds, cublas_gemm, cublas_launches, gemm_operand_sets, ours_launch,  # noqa: E402
+from common import (compare_in_rounds, parse_knob_sets, cublas_gemm, cublas_launches, gemm_operand_sets, ours_launch,  # noqa: E402
                     parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
 
 from tvm_ext import tune  # noqa: E402
@@ -132,18 +132,8 @@ def with_knob(config: dict, knob: str, value: int) -> dict | None:
 
 
 def parse_peers(text: str) -> dict[str, dict[str, int]]:
-    """``--peers``: 'label:knob=v,knob=v;...' -> {label: {knob: v}} (ValueError naming the bad part)."""
-    peers = {}
-    for part in filter(None, (p.strip() for p in text.split(";"))):
-        label, sep, knobs = part.partition(":")
-        try:
-            changes = {k.strip(): int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv.strip())}
-        except ValueError:
-            changes = {}
-        if not sep or not label.strip() or not changes:
-            raise ValueError(f"--peers takes 'label:knob=integer,...;...', got {part!r}")
-        peers[label.strip()] = changes
-    return peers
+    """``--peers``: 'label:knob=v,knob=v;...' -> {label: {knob: v}} (``common.parse_knob_sets``)."""
+    return parse_knob_sets(text, "--peers")
 
 
 def failure(exc: Exception) -> str:

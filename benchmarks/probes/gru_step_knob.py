@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from common import time_ours  # noqa: E402
+from common import parse_knob_sets, time_ours  # noqa: E402
 
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
@@ -57,10 +57,10 @@ def main() -> None:
     p.add_argument("--cases", default="", help="indices into CASES (default all)")
     args = p.parse_args()
     if args.variants:
-        variants = {"pick": {}}
-        for part in (v for v in args.variants.split(";") if v != "pick"):
-            name, _, knobs = part.partition(":")
-            variants[name] = {k: int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv)}
+        try:
+            variants = {"pick": {}, **parse_knob_sets(args.variants, "--variants", bare=("pick",))}
+        except ValueError as exc:
+            p.error(str(exc))
         args.knob = "variant"
     else:
         variants = {int(v): {args.knob: int(v)} for v in args.values.split(",")}
