@@ -388,6 +388,10 @@ def test_a_resident_grid_counts_the_registers_a_lane_may_take():
     pick = t.analytic_pick(target)[0]
     assert (pick.step_j, pick.step_tc_rows, pick.step_tc_kw, pick.step_tc_nw) == (32, 16, 1, 4)
     assert t.step_variant(pick).shape.blocks == 192
+    # a block of 512 threads is capped at 128 registers a lane by its launch bounds: one an SM fits
+    wide = _template(40, 256)
+    cfg = wide.default_config(target).replace(**TC, step_j=32, step_tc_rows=64, step_tc_kw=4, step_flags=1)
+    assert wide.step_variant(cfg).shape.threads == 512 and wide.space(target).is_feasible(cfg)
 
 
 def test_the_cuda_core_kernels_knobs_do_not_refuse_a_tensor_core_config():

@@ -83,7 +83,8 @@ def mma_grid_reason(kernel: str, threads: int, blocks: int, shared: int, held: s
     if shared > hw.shared_per_block_optin:
         return f"{kernel}: {held} need {shared} B of shared memory > {hw.shared_per_block_optin}"
     per_sm, fits = residency(hw, blocks, threads, shared)
-    if lane_registers and hw.registers_per_sm:
+    if lane_registers and hw.registers_per_sm:  # the launch bounds cap a lane at an SM's share for one block
+        lane_registers = min(lane_registers, hw.registers_per_sm // threads // 8 * 8)
         fits = min(fits, hw.registers_per_sm // (threads * lane_registers))
     if per_sm > fits:
         return (f"{kernel}: persistent grid needs every block resident, {blocks} blocks > {hw.sm_count} SMs x "

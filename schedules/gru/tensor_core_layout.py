@@ -21,7 +21,8 @@ H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
 MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with step_tc_wreg: the pick's
 # B8-B64 H512 blocks need 96, beside the accumulators, h fragments, gi and polled words under 255
 # the registers a lane of the step kernel may take (its launch bounds name only the threads, so up to 255,
-# allocated in eights): what a block holds of an SM's registers when its grid must be resident
+# allocated in eights, or an SM's registers over the block's threads where fewer): what a block holds of an
+# SM's registers when its grid must be resident
 LANE_REGISTERS = 256
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
