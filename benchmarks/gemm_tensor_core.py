@@ -24,8 +24,9 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (compare_in_rounds, parse_knob_sets, cublas_gemm, cublas_launches, gemm_operand_sets, ours_launch,  # noqa: E402
-                    parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
+from common import (compare_in_rounds, cublas_gemm, cublas_launches, gemm_operand_sets, ours_launch,  # noqa: E402
+                    parse_knob_sets, parse_shapes, rounds_cells, rounds_header, table, time_ours_three,
+                    vendor_methods)
 
 from tvm_ext import tune  # noqa: E402
 from tvm_ext.core.records import RecordStore  # noqa: E402

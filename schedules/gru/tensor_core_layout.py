@@ -18,12 +18,9 @@ TC_ROWS = (16, 32, 64)  # batch rows per block: 1, 2 or 4 warps along M
 TC_N_WARPS = (1, 2, 4)  # warps splitting the block's units (8 or more units each)
 TC_ACC_SETS = (1, 2, 4)  # accumulator sets a warp's k slices take turns in
 H_CHUNKS = 4  # a warp copies its share of h in up to this many cp.async groups
-MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with step_tc_wreg: the pick's
-# B8-B64 H512 blocks need 96, beside the accumulators, h fragments, gi and polled words under 255
-# the registers a lane of the step kernel may take (its launch bounds name only the threads, so up to 255,
-# allocated in eights, or an SM's registers over the block's threads where fewer): what a block holds of an
-# SM's registers when its grid must be resident
-LANE_REGISTERS = 256
+MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with step_tc_wreg, unless step_tc_wregs
+# says more (its default and the value of records before it): the pick's B8-B64 H512 blocks need 96, beside the
+# accumulators, h fragments, gi and polled words under 255
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
 SPLIT_POLL_WORDS = 32  # the same for float32 state split into parts: its W fragments take twice the registers

@@ -53,7 +53,7 @@ from tvm_ext.schedules.gemm.wgmma_layout import counted_words
 from tvm_ext.target import TargetInfo
 
 from .step_common import cell_blend, cell_gates, float_pair, float_word, pack_pair, pair_tag, stored_as
-from .tensor_core_layout import (LANE_REGISTERS, MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS,
+from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS,
                                  TC_ROWS, TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
 from .tensor_core_poll import poll_h_macro
 from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
@@ -695,7 +695,7 @@ class TensorCoreStep(StepVariant):
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
         return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
-                               "W_hh slice, h rows and partial sums", target, LANE_REGISTERS)
+                               "W_hh slice, h rows and partial sums", target, count_registers=True)
 
     @property
     def ready_words(self) -> int:
