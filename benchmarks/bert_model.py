@@ -30,14 +30,14 @@ import json
 import os
 import sys
 import time
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import l2_rotation, profiled, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import (breakdown_table, kernel_breakdown, l2_rotation, rel_error_vs, table, time_vendor,  # noqa: E402
+                    vendor_methods)
 from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 BATCH, SEQ, VOCAB = 8, 128, 30522
@@ -182,28 +182,6 @@ def early_launch_rounds(label: str, compiled: Any, ids: np.ndarray, ref: np.ndar
     return [Row(label, f"tvm_ext, kernels {'' if early else 'not '}launched early", float(np.median(s)) * 1e3,
                 errs[early], note=f"median of {rounds} interleaved rounds; without / with each round: {ratios}")
             for early, s in secs.items()]
-
-
-def kernel_breakdown(run: Any, calls: int = 5) -> dict[str, float]:
-    """GPU µs per call by kernel name over ``calls`` back-to-back calls (torch.profiler, CUDA)."""
-    import torch
-
-    prof = profiled(run, calls)
-    per_name: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_name[event.name] += event.device_time_total / calls
-    return dict(sorted(per_name.items(), key=lambda kv: -kv[1]))
-
-
-def breakdown_table(label: str, sides: dict[str, dict[str, float]], top: int) -> str:
-    rows = []
-    for side, kernels in sides.items():
-        total = sum(kernels.values())
-        rows.append([side, f"(all {len(kernels)} kernels)", f"{total:.1f}", "100 %"])
-        for name, us in list(kernels.items())[:top]:
-            rows.append([side, name[:90], f"{us:.1f}", f"{100 * us / total:.0f} %"])
-    return table(f"{label}: GPU time per call by kernel (torch.profiler)", ["side", "kernel", "µs", "share"], rows)
 
 
 def bench(dtype: str, args: argparse.Namespace, log: RowLog) -> None:

@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -94,6 +95,28 @@ def profiled(run: Callable[[], Any], calls: int, warm: int = 1) -> Any:
             run()
         torch.cuda.synchronize()
     return prof
+
+
+def kernel_breakdown(run: Any, calls: int = 5) -> dict[str, float]:
+    """GPU µs per call by kernel name over ``calls`` back-to-back calls (torch.profiler, CUDA)."""
+    import torch
+
+    prof = profiled(run, calls)
+    per_name: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            per_name[event.name] += event.device_time_total / calls
+    return dict(sorted(per_name.items(), key=lambda kv: -kv[1]))
+
+
+def breakdown_table(label: str, sides: dict[str, dict[str, float]], top: int) -> str:
+    rows = []
+    for side, kernels in sides.items():
+        total = sum(kernels.values())
+        rows.append([side, f"(all {len(kernels)} kernels)", f"{total:.1f}", "100 %"])
+        for name, us in list(kernels.items())[:top]:
+            rows.append([side, name[:90], f"{us:.1f}", f"{100 * us / total:.0f} %"])
+    return table(f"{label}: GPU time per call by kernel (torch.profiler)", ["side", "kernel", "µs", "share"], rows)
 
 
 def l2_rotation(set_bytes: float, max_sets: int = 64) -> int:

@@ -40,7 +40,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import breakdown_table, kernel_breakdown, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
 from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 SEQ = 128
@@ -174,8 +174,9 @@ def compile_row(case: Case, ref: np.ndarray, sets: list[Any]) -> Row:
 
 
 def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray, args: argparse.Namespace,
-              work: str) -> list[Row]:
-    """Each import tuned into one database (the second import's tasks are the first's) and timed."""
+              work: str, kernels: dict[str, dict[str, float]]) -> list[Row]:
+    """Each import tuned into one database (the second import's tasks are the first's) and timed;
+    with ``--breakdown`` each one's GPU time by kernel goes into ``kernels``."""
     from tvm_ext.relax.pipeline import load_model, tune_relax
     from tvm_ext.core.session import SessionOptions
     from tvm_ext.target import resolve_target
@@ -204,6 +205,11 @@ def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray,
             compiled = load_model(mod, target, database, log=None, gru_storage=storage)
             secs, err, how = time_tvm(compiled, [x], ref)
             rows.append(Row(case.label, label, secs * 1e3, err, wall, trials, how))
+            if args.breakdown:
+                import tvm
+
+                func, arg = compiled._vm[compiled.function], tvm.runtime.tensor(x, tvm.cuda(0))
+                kernels[label] = kernel_breakdown(lambda f=func, a=arg: f(a))
         except Exception as exc:  # a variant that fails is a row, not the end of the run
             rows.append(Row(case.label, label, note=f"failed: {_last_line(exc)}"))
     return rows
@@ -219,7 +225,8 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     ref = reference(case, x)
     work = os.path.join(args.out, f"{case.model}_{case.dtype}_b{case.batch}")
     files = export(case, x, work)
-    log.add(*ours_rows(case, files, x, ref, args, work))
+    kernels: dict[str, dict[str, float]] = {}
+    log.add(*ours_rows(case, files, x, ref, args, work, kernels))
     rng = np.random.default_rng(2)
     count = l2_rotation(x.nbytes + ref.size * np.dtype(case.dtype).itemsize)
     sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
@@ -234,6 +241,14 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     if not args.no_compile:
         log.add(compile_row(case, ref, sets))
+    if args.breakdown:
+        with torch.no_grad():
+            model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
+            kernels["torch eager"] = kernel_breakdown(lambda: model(sets[0]))
+        text = breakdown_table(case.label, kernels, args.top)
+        print(text, flush=True)
+        with open(os.path.join(args.out, f"{case.model}_{case.dtype}_b{case.batch}_breakdown.md"), "w") as f:
+            f.write(text + "\n")
 
 
 def dry_run(cases: list[Case]) -> None:
@@ -293,6 +308,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--dry-run", action="store_true", help="no GPU: export, import both ways, match, compile")
+    p.add_argument("--breakdown", action="store_true", help="GPU time a call by kernel (torch.profiler), each side")
+    p.add_argument("--top", type=int, default=16, help="kernels shown a side in the breakdown")
     args = p.parse_args()
     cases = parse_cases(args.cases)
     if args.dry_run:

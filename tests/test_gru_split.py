@@ -249,6 +249,21 @@ def test_pick_splits_large_input_gemms(shape, split):
     assert t.with_tensor_cores(gpu_like).analytic_pick(gpu_like)[0].in_split == 0
 
 
+def test_pick_keeps_float32_on_the_cuda_cores_where_only_a_padded_tile_fits():
+    """H1000's split GEMM (3000 gates, depth 3 x 1000) fits no tile whole: the GEMM template
+    would pad it, but the GRU takes no padded tile (float16 parts on one measured 8x less
+    accurate than the float32 GEMM at B32-B64 H1000), so its float32 GEMM stays unsplit."""
+    from tvm_ext.schedules.gemm.mma import pick_mma_tile
+    from tvm_ext.schedules.gru.split import PARTS, split_depth
+
+    target = offline_cuda()
+    t = GruTemplate(batch=64, hidden=1000, input=1000, seq=128).with_tensor_cores(target)
+    assert t.in_split_tensor_core is None and t.in_split_tf32 is None
+    assert t.analytic_pick(target)[0].in_split == 0
+    gemm = (128 * 64, 3000, PARTS * split_depth(1000))
+    assert pick_mma_tile(*gemm, "float16", "float32", "float16", target, split_k=False) is not None
+
+
 def test_cli_tunes_the_gru_with_the_tiles_gru_build_uses(tmp_path):
     """``tune gru`` on CUDA tunes the template with its target's tiles (``for_target``), so its
     pick splits the input GEMM as ``GRU.build``'s does (offline: H100 limits, no GPU needed)."""

@@ -16,7 +16,8 @@ import pytest
 
 from tvm_ext.measure.builder import compile_module
 from tvm_ext.core.errors import TvmExtError
-from tvm_ext.schedules.gemm.mma import (AUTO_TILES, MMA_SPACE, MmaGemmTemplate, MmaTile, mma_reason, pick_mma_tile)
+from tvm_ext.schedules.gemm.mma import (AUTO_TILES, MMA_SPACE, NARROW_PADDED_TILES, MmaGemmTemplate, MmaTile,
+                                        mma_reason, pick_mma_tile)
 from tvm_ext.target import TargetInfo, offline_cuda
 
 F16, BF16, F32 = "float16", "bfloat16", "float32"
@@ -47,6 +48,13 @@ VARIANTS: dict[str, tuple[MmaGemmTemplate, dict[str, int]]] = {
     "split_k_4_out32": (MmaGemmTemplate(64, 512, 512), dict(SMALL, mma_split_k=4, mma_raster=2)),
     "m_8_padded": (MmaGemmTemplate(8, 1536, 512, c_dtype=F16), dict(SMALL, mma_warps_m=1, mma_frags_m=1)),
     "m_100_padded": (MmaGemmTemplate(100, 256, 128, c_dtype=F16), SMALL),
+    # N and K padded: a speech model's 29 classes (B's rows copied an element at a time), its 80
+    # features (the last k stage half zeros, A's chunks guarded whole), and all three ragged at once
+    # (30 columns two at a time, K = 72 on 16-deep stages)
+    "n_29_padded": (MmaGemmTemplate(256, 29, 128, c_dtype=F16), dict(SMALL, mma_warps_n=1)),
+    "k_80_padded": (MmaGemmTemplate(256, 128, 80, c_dtype=F16), SMALL),
+    "mnk_padded": (MmaGemmTemplate(100, 30, 72, c_dtype=F16),
+                   dict(SMALL, mma_warps_n=1, mma_k_frags=1, mma_frag_buffers=1, mma_swizzle=0)),
 }
 
 
@@ -94,7 +102,7 @@ def test_variants_generate_ldmatrix_and_mma_sync(cuda, name):
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/local/cuda/bin/nvcc"), reason="nvcc not installed")
-@pytest.mark.parametrize("name", ["f16_out16", "bf16", "acc16", "split_k_2", "m_8_padded"])
+@pytest.mark.parametrize("name", ["f16_out16", "bf16", "acc16", "split_k_2", "m_8_padded", "mnk_padded"])
 def test_nvcc_assembles_without_local_memory(cuda, name, tmp_path):
     """ptxas accepts the source, and no fragment or accumulator array lands in local memory."""
     template, changes = VARIANTS[name]
@@ -104,6 +112,29 @@ def test_nvcc_assembles_without_local_memory(cuda, name, tmp_path):
                            str(tmp_path / "k.cubin"), str(tmp_path / "k.cu")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "0 bytes stack frame, 0 bytes spill stores" in proc.stderr, proc.stderr
+
+
+def test_ragged_edges_are_guarded_in_the_source(cuda):
+    """Past a ragged K the copies into shared memory write zeros (16-byte cp.async whose
+    predicate is the chunk's place before K, zero-filled otherwise); past a ragged N, B's rows
+    are read an element at a time below N (29 columns: no aligned vector) and C is stored
+    below N only; a shape the tile divides has no guard at all.  Each thread copies one vector
+    (as wide as the ragged row allows) of consecutive ones: the kernel's one loop is over k
+    stages, no thread walks a vector's elements one after another (uncoalesced)."""
+    _, k80, _ = _build(*_variant("k_80_padded"), cuda)
+    assert "cp_async_legacy_pred_cg_16" in k80 and "@!p st.shared.v4.u32" in k80
+    _, n29, _ = _build(*_variant("n_29_padded"), cuda)
+    assert re.search(r"if \(.*< 29\)", n29) and "B_ptr[" in n29  # B's scalar loads under a guard
+    assert re.search(r"C_out_ptr\[[^]]*\] = ", n29) and "uint4*)(C_out_ptr" not in n29
+    for name in ("n_29_padded", "mnk_padded"):
+        assert re.findall(r"for \(int (\w+) = 0", _build(*_variant(name), cuda)[1]) == ["k_0_0"], name
+    _, whole, _ = _build(*_variant("f16_out16"), cuda)
+    assert "cp_async_legacy_pred" not in whole and "if (" not in whole.split("main_kernel(")[-1]
+
+
+def _variant(name: str) -> tuple[MmaGemmTemplate, Any]:
+    template, changes = VARIANTS[name]
+    return template, _config(changes)
 
 
 def test_tvm_nvcc_compile_cuda(cuda):
@@ -123,8 +154,9 @@ def test_tvm_nvcc_compile_cuda(cuda):
     ((64, 64, 64, F32, F16, F32, F32), {}, "float16 or bfloat16 operands of one type"),
     ((64, 64, 64, F16, F16, "float64", F32), {}, "accumulates in float32 or float16"),
     ((64, 64, 64, BF16, BF16, F16, F16), {}, "bfloat16 mma.sync accumulates in float32 only"),
-    ((256, 100, 128, F16, F16, F32, F32), {}, "N=100 is not a multiple of the 64-wide block tile"),
-    ((256, 256, 48, F16, F16, F32, F32), {}, "K=48 is not a multiple of the 32-deep k stage"),
+    ((256, 29, 128, F16, F16, F32, F32), {}, "N=29 pads to 64: a whole warp column of the 64-wide block tile"),
+    ((256, 256, 40, F16, F16, F32, F32), {}, "K=40 pads to 64: more than half of the last 32-deep k stage"),
+    ((64, 500, 256, F16, F16, F32, F32), dict(mma_split_k=2), "N=500 and K=256 to be multiples"),
     ((256, 256, 128, F16, F16, F32, F32), dict(mma_frags_m=8, mma_frags_n=4), "accumulator registers"),
     ((256, 256, 128, F16, F16, F16, F16), dict(mma_split_k=2), "needs a float32 accumulator"),
     ((100, 256, 128, F16, F16, F32, F32), dict(mma_split_k=2), "no padding with split-K"),
@@ -134,6 +166,8 @@ def test_tvm_nvcc_compile_cuda(cuda):
      "XOR swizzle needs shared rows of a multiple of 32"),
     ((256, 256, 128, F16, F16, F32, F32), dict(mma_k_frags=1, mma_swizzle=0), "needs at least 2 k slices"),
     ((256, 192, 128, F16, F16, F32, F32), dict(mma_raster=2), "rasterization in strips of 2"),
+    ((256, 29, 128, F16, F16, F32, F32), dict(mma_warps_n=1, mma_raster=2),
+     "strips of 2 blocks needs the 1 block columns of N=29"),  # a padded N's columns counted
     ((1024, 1024, 1024, F16, F16, F32, F32), dict(mma_warps_m=4, mma_warps_n=4, mma_frags_m=4, mma_frags_n=4,
                                                    mma_k_frags=4, mma_stages=4), "shared memory >"),
     ((256, 256, 128, F16, F16, F32, F32), dict(mma_warps_m=1, mma_warps_n=4, mma_frags_m=1, mma_frags_n=1,
@@ -167,7 +201,16 @@ def test_pick_fits_the_benchmark_shapes_without_measuring(cuda):
     assert (big.block_m, big.block_n) == (128, 128)
     skinny = MmaTile.of(pick_mma_tile(64, 3072, 1024, F16, F32, F16, cuda))
     assert (64 // skinny.block_m) * (3072 // skinny.block_n) * skinny.split_k >= cuda.compute_units
-    assert pick_mma_tile(64, 100, 64, F16, F32, F16, cuda) is None  # N = 100 divides no tile
+    assert pick_mma_tile(64, 100, 8, F16, F32, F16, cuda) is None  # K = 8: k stages of 32 or 64, mostly zeros
+    # a tile that divides N and K is taken before a padded one; the padded one where none does
+    whole = MmaTile.of(pick_mma_tile(8192, 96, 1024, F16, F32, F16, cuda, split_k=False))
+    assert (whole.block_n, whole.block_k) == (32, 32)
+    for m, n, k in ((8192, 29, 1024), (8192, 1024, 80)):
+        ragged = pick_mma_tile(m, n, k, F16, F32, F16, cuda, split_k=False)
+        assert ragged is not None and mma_reason(m, n, k, F16, F16, F32, F16, cuda, ragged) is None, (m, n, k)
+    # an N under 32 on 64x32x64 (4 warps along M): 0.020 ms at 8192x29x1024 against 16x32x32's 0.037
+    head = MmaTile.of(pick_mma_tile(8192, 29, 1024, F16, F32, F16, cuda, split_k=False))
+    assert (head.block_m, head.block_n, head.block_k, head.warps) == (64, 32, 64, 4)
     # M = 8 (no split-K) fills no SM count: the most warps in flight, on the deeper tile of a tie
     tiny = MmaTile.of(pick_mma_tile(8, 1536, 512, F16, F32, F16, cuda))
     assert (tiny.block_m, tiny.block_n, tiny.warps, tiny.stages, tiny.split_k) == (16, 64, 2, 4, 1)
@@ -203,8 +246,8 @@ def test_template_space_default_scratch_and_records(cuda, tmp_path):
 def test_template_refuses_what_it_cannot_run(cuda):
     with pytest.raises(TvmExtError, match="must both be float16 or both bfloat16"):
         MmaGemmTemplate(64, 64, 64, a_dtype=F32)
-    with pytest.raises(TvmExtError, match="no mma.sync tile fits GEMM 64x100x64: N=100"):
-        MmaGemmTemplate(64, 100, 64).default_config(cuda)
+    with pytest.raises(TvmExtError, match="no mma.sync tile fits GEMM 64x100x8: K=8 pads to 32"):
+        MmaGemmTemplate(64, 100, 8).default_config(cuda)
     with pytest.raises(TvmExtError, match="need a CUDA target, not opencl"):
         MmaGemmTemplate(64, 64, 64).default_config(TargetInfo(kind="opencl", device_name="any"))
 
@@ -304,8 +347,8 @@ def test_choice_template_runs_bfloat16_on_wgmma_on_hopper(cuda, c_dtype, smem):
                                  "CUDA target, not opencl"),
     (["--shape", "64,64,64", "--kernel", "wmma"], 2, "error: no tensor-core tile fits GEMM 64x64x64: tensor cores "
                                                      "(WMMA) need a CUDA target"),
-    (["--shape", "64,100,64", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 2,
-     "error: no tensor-core tile fits GEMM 64x100x64: N=100 is not a multiple"),
+    (["--shape", "64,100,8", "--target", "cuda", "--strategy", "analytic", "--no-measure"], 2,
+     "error: no tensor-core tile fits GEMM 64x100x8: K=8 pads to 32"),
 ])
 def test_gemm_tc_cli(args, code, expect, tmp_path):
     p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "gemm-tc", *args, "--records", str(tmp_path / "r.jsonl"),
@@ -324,6 +367,11 @@ GPU_CASES["gru_input_8192x3072x1024"] = (MmaGemmTemplate(8192, 3072, 1024, c_dty
                                          dict(AUTO_TILES[1].as_dict(), mma_raster=8))
 GPU_CASES["gru_hidden_split_8"] = (MmaGemmTemplate(64, 3072, 1024, c_dtype=F16),
                                    dict(AUTO_TILES[3].as_dict(), mma_split_k=8))
+# a speech model's output layer and front end on their picks (N = 29 on 64x32x64, K = 80 in 32-deep stages)
+GPU_CASES["speech_head_pick"] = (MmaGemmTemplate(8192, 29, 1024, c_dtype=F16, allow_split_k=False),
+                                 NARROW_PADDED_TILES[0].as_dict())
+GPU_CASES["speech_front_pick"] = (MmaGemmTemplate(8192, 1024, 80, c_dtype=F16, allow_split_k=False),
+                                  AUTO_TILES[0].as_dict())
 
 
 def gpu_error(template: MmaGemmTemplate, config: Any, target: TargetInfo, seed: int) -> float:

@@ -249,8 +249,8 @@ def test_tiles_a_gemm_cannot_take_are_refused_with_a_reason(cuda):
 
     mma, wmma = TILES["mma"], TILES["wmma"]
     cases = [
-        (mma, (64, 48, 64, F16, F16), "N=48 is not a multiple of the 64-wide block tile"),
-        (mma, (64, 64, 48, F16, F16), "K=48 is not a multiple of the 32-deep k stage"),
+        (mma, (64, 20, 64, F16, F16), "N=20 pads to 64: a whole warp column of the 64-wide block tile"),
+        (mma, (64, 64, 40, F16, F16), "K=40 pads to 64: more than half of the last 32-deep k stage"),
         (mma, (64, 64, 64, F16, BF16), "mma.sync needs float16 or bfloat16 operands of one type"),
         (MmaGemmTile(mma.config.replace(mma_split_k=2)), (64, 64, 64, F16, F16), "split-K needs a scratch buffer"),
         (wmma, (64, 64, 64, BF16, BF16), "tensor cores need float16 operands"),
@@ -263,11 +263,12 @@ def test_tiles_a_gemm_cannot_take_are_refused_with_a_reason(cuda):
         result = build_one(gemm, gemm.default_config(cuda), cuda)
         assert result.ok and using(result.artifact.source) == set()
     assert mma.reason(40, 64, 64, F16, F16, F32, F32, cuda) is None  # M is padded
+    assert mma.reason(64, 48, 80, F16, F16, F32, F32, cuda) is None  # and N and K, where a tile given by hand fits
     assert "compute capability >= 8.0" in mma.reason(64, 64, 64, F16, F16, F32, F32, offline_cuda("sm_75"))
     assert GemmTemplate(64, 64, 64).tensor_core_reason(cuda) == "no tensor-core tile"
-    with pytest.raises(TvmExtError, match=re.escape(f"--tensor-core {mma}: the 64x48x64 GEMM cannot run on "
-                                                    f"{mma.label()}: N=48 is not a multiple")):
-        tile_option(str(mma), [(64, 48, 64)], cuda, "--tensor-core", epilogue=False)
+    with pytest.raises(TvmExtError, match=re.escape(f"--tensor-core {mma}: the 64x20x64 GEMM cannot run on "
+                                                    f"{mma.label()}: N=20 pads to 64")):
+        tile_option(str(mma), [(64, 20, 64)], cuda, "--tensor-core", epilogue=False)
     assert tile_option(str(mma), [(64, 64, 64)], cuda, "--tensor-core", epilogue=False) == mma
     assert tile_option("auto", [(64, 3072, 1024)], cuda, "--tensor-core", epilogue=True) == \
         pick_tile([(64, 3072, 1024)], cuda)

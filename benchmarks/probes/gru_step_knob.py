@@ -37,7 +37,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # float32 at H1024 and small batch: the flag-exchange kernel against the tagged-word split kernel
          ("float32", 8, 1024), ("float32", 16, 1024),
          # the flag-exchange kernel at batch 2-7, with and without the input projected in it
-         ("float32", 2, 512), ("float32", 4, 256), ("float32", 7, 256))
+         ("float32", 2, 512), ("float32", 4, 256), ("float32", 7, 256),
+         # float32 at an odd hidden size: the input GEMM on float16 parts with its depth padded
+         ("float32", 32, 1000), ("float32", 64, 1000))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

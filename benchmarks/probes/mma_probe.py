@@ -21,12 +21,14 @@ from common import table  # noqa: E402
 from common import (l2_rotation, methods_text, rel_error_vs, seconds_by_method, time_ours_three,  # noqa: E402
                     time_vendor, tvm_launch)
 
-from tvm_ext.schedules.gemm.mma import AUTO_TILES, MmaGemmTemplate, MmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.mma import AUTO_TILES, MMA_SPACE, MmaGemmTemplate, MmaTile  # noqa: E402
 from tvm_ext.core.session import Session, SessionOptions  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
-          "gru_in": (8192, 3072, 1024), "gru_hid": (64, 3072, 1024), "gru_hid8": (8, 1536, 512)}
+          "gru_in": (8192, 3072, 1024), "gru_hid": (64, 3072, 1024), "gru_hid8": (8, 1536, 512),
+          # a speech model's output layer (29 classes: N padded) and front end (80 features: K padded)
+          "speech_head": (8192, 29, 1024), "speech_front": (8192, 1024, 80)}
 
 
 def variations(base: Any) -> list[Any]:
@@ -40,8 +42,10 @@ def variations(base: Any) -> list[Any]:
 
 
 def _tile(warps: tuple[int, int], frags: tuple[int, int], k_frags: int, stages: int, **changes: int) -> Any:
-    return AUTO_TILES[0].replace(mma_warps_m=warps[0], mma_warps_n=warps[1], mma_frags_m=frags[0],
-                                 mma_frags_n=frags[1], mma_k_frags=k_frags, mma_stages=stages, **changes)
+    """A config of the template's space (a value outside a knob's choices is refused)."""
+    return MMA_SPACE.make(**{**AUTO_TILES[0].as_dict(), "mma_warps_m": warps[0], "mma_warps_n": warps[1],
+                             "mma_frags_m": frags[0], "mma_frags_n": frags[1], "mma_k_frags": k_frags,
+                             "mma_stages": stages, **changes})
 
 
 # Large tiles around the first probe's leaders (128x128x32 4 stages, 128x256x64): deeper k
@@ -53,6 +57,10 @@ FOCUS = [
     _tile((2, 4), (4, 4), 4, 3, mma_raster=8), _tile((4, 2), (4, 4), 2, 3), _tile((4, 2), (4, 4), 4, 2),
     _tile((2, 2), (4, 4), 2, 4, mma_out_smem=0), _tile((1, 4), (8, 2), 2, 4), _tile((4, 1), (2, 8), 2, 4),
 ]
+
+# Narrow tiles for an N of 32 or less: 2-8 warps along M, one warp column
+NARROW = [_tile((4, 1), (1, 2), 4, 4, mma_swizzle=1), _tile((4, 1), (2, 2), 4, 4), _tile((2, 1), (1, 2), 4, 4),
+          _tile((4, 1), (1, 2), 2, 4)]
 
 
 def cublas_fp16(m: int, n: int, k: int) -> Any:
@@ -112,14 +120,15 @@ def main() -> int:
     tables = []
     for name in args.shapes.split(","):
         m, n, k = SHAPES[name]
-        template = MmaGemmTemplate(m, n, k, c_dtype="float16")
+        template = MmaGemmTemplate(m, n, k, c_dtype="float16", allow_split_k=bool(n % 32 == 0 and k % 32 == 0))
         options = SessionOptions(target="cuda", workers=args.workers, build_timeout=300, run_timeout=120,
                                  records=os.path.join(args.out, f"mma_probe_{name}.jsonl"))  # a file per shape
         with Session(options, target=target) as session:
             tuner = session.tuner(template)
             default = template.default_config(target)
             configs = variations(default) if args.variations else [default]
-            configs += [c for c in list(AUTO_TILES) + (FOCUS if args.focus else []) if c not in configs]
+            configs += [c for c in list(AUTO_TILES) + (FOCUS if args.focus else []) + (NARROW if n <= 32 else [])
+                        if c not in configs]
             space = tuner.space
             configs += [space.decode(r) for r in space.random_feasible_indices(np.random.default_rng(0), args.random)]
             feasible = [c for c in configs if space.is_feasible(c)]

@@ -34,9 +34,12 @@ The knobs (``MMA_KNOBS``):
   to a scratch buffer, and a second kernel adds them (and narrows): more blocks for
   skinny shapes, whose M x N tiles alone leave SMs idle.
 
-M that is not a multiple of the block tile is padded (guarded loads read zeros, guarded
-stores drop the padding: e.g. an M = 8 batch of GRU steps on a 16-row tile); N and K must
-be multiples of the block tile.  ``mma_reason`` names why a config cannot run.
+M, N and K that are no multiple of the block tile are padded (guarded loads read zeros,
+guarded stores drop the padding: an M = 8 batch of GRU steps on a 16-row tile, a speech
+model's 29 output classes on a 32-wide tile, its 80 input features in three 32-deep k
+stages); a ragged dimension's copies move as many elements at a time as divide it, so no
+vector straddles the edge or a misaligned row (29 columns: one at a time).  Split-K takes
+whole tiles only.  ``mma_reason`` names why a config cannot run.
 """
 from __future__ import annotations
 
@@ -125,8 +128,10 @@ class MmaTile(WarpGridSizes):
         operands = self.operand_smem_bytes(operand_dtype)
         return max(operands, self.output_smem_bytes(acc_dtype)) if out_smem else operands
 
-    def copy_vec(self, operand_dtype: str) -> int:
-        return COPY_BYTES // itemsize(operand_dtype)
+    def copy_vec(self, operand_dtype: str, row: int = 0) -> int:
+        """Elements a thread copies at a time: 16 bytes, or the most that divide ``row`` (the
+        global row's length: its rows stay aligned and a ragged edge falls between vectors)."""
+        return edge_vec(COPY_BYTES // itemsize(operand_dtype), row)
 
     def epilogue_vec(self, out_dtype: str) -> int:
         return COPY_BYTES // itemsize(out_dtype)
@@ -140,6 +145,13 @@ class MmaTile(WarpGridSizes):
 
 def padded(size: int, tile: int) -> int:
     return -(-size // tile) * tile
+
+
+def edge_vec(vec: int, row: int = 0) -> int:
+    """The largest power of two up to ``vec`` that divides ``row`` (``vec`` when ``row`` is 0)."""
+    while row and row % vec:
+        vec //= 2
+    return vec
 
 
 def max_split_k(m: int, n: int) -> int:
@@ -175,34 +187,41 @@ def mma_reason(m: int, n: int, k: int, a_dtype: str, b_dtype: str, acc_dtype: st
             return "split-K adds float32 partial sums: it needs a float32 accumulator"
         if m % t.block_m:
             return f"split-K needs M={m} to be a multiple of the {t.block_m}-row block tile (no padding with split-K)"
+        if n % t.block_n or k % (t.block_k * t.split_k):
+            return (f"split-K needs N={n} and K={k} to be multiples of the {t.block_n}-wide block tile and the "
+                    f"{t.block_k}-deep k stage x split-K {t.split_k} (no padding with split-K)")
         if t.split_k > max_split_k(m, n):
             return (f"split-K {t.split_k} needs {t.split_k * m * n * 4 >> 20} MiB of partial sums "
                     f"(> {SPLIT_K_SCRATCH_BYTES >> 20} MiB)")
-    if n % t.block_n:
-        return f"N={n} is not a multiple of the {t.block_n}-wide block tile"
-    if k % (t.block_k * t.split_k):
-        return f"K={k} is not a multiple of the {t.block_k}-deep k stage x split-K {t.split_k}"
     if m % t.block_m and padded(m, t.block_m) - m >= FRAG * t.frags_m:
         return (f"M={m} pads to {padded(m, t.block_m)}: a whole warp row of the {t.block_m}-row block "
                 f"tile would compute padding only")
+    if n % t.block_n and padded(n, t.block_n) - n >= FRAG * t.frags_n:
+        return (f"N={n} pads to {padded(n, t.block_n)}: a whole warp column of the {t.block_n}-wide block "
+                f"tile would compute padding only")
+    if 2 * (padded(k, t.block_k) - k) > t.block_k:
+        return (f"K={k} pads to {padded(k, t.block_k)}: more than half of the last {t.block_k}-deep k stage "
+                f"would be zeros (a shallower stage fits)")
     if t.threads > target.max_threads_per_block:
         return f"{t.threads} threads per block > device limit {target.max_threads_per_block}"
-    out_smem = bool(epilogue or t.out_smem or c_dtype != acc_dtype or t.split_k > 1 or m % t.block_m)
+    out_smem = bool(epilogue or t.out_smem or c_dtype != acc_dtype or t.split_k > 1 or m % t.block_m
+                    or n % t.block_n)
     smem, limit = t.smem_bytes(a_dtype, acc_dtype, out_smem), max_dynamic_smem(target)
     if smem > limit:
         return f"needs {smem} B shared memory > {limit}"
-    vec = t.copy_vec(a_dtype)
-    for name, rows, cols in (("A", t.block_m, t.block_k), ("B", t.block_k, t.block_n)):
+    for name, rows, cols, row in (("A", t.block_m, t.block_k, k), ("B", t.block_k, t.block_n, n)):
+        vec = t.copy_vec(a_dtype, row)
         if cols % vec or (rows * cols) % (t.threads * vec):
-            return (f"the {name} tile ({rows}x{cols}) does not split into 16-byte copies over "
-                    f"{t.threads} threads")
+            return (f"the {name} tile ({rows}x{cols}) does not split into {vec * itemsize(a_dtype)}-byte copies "
+                    f"over {t.threads} threads")
     if t.swizzle and (t.block_k % 32 or t.block_n % 32):
         return (f"the XOR swizzle needs shared rows of a multiple of 32 elements (A {t.block_k}, "
                 f"B {t.block_n})")
     if t.frag_buffers == 2 and t.k_frags == 1:
         return "fragment double buffering needs at least 2 k slices per stage"
-    if t.raster and (n // t.block_n) % t.raster:
-        return f"rasterization in strips of {t.raster} blocks needs N/{t.block_n} = {n // t.block_n} to divide"
+    columns = padded(n, t.block_n) // t.block_n
+    if t.raster and columns % t.raster:
+        return f"rasterization in strips of {t.raster} blocks needs the {columns} block columns of N={n} to divide"
     return None
 
 
@@ -258,8 +277,8 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     B[..., k, j] (read ``b_read``), float16 or bfloat16, and accumulates their widened
     product; the batch loops (fused) bind to blockIdx.z.  ``epilogue`` names elementwise blocks after
     it (narrowing, bias): they join the shared -> global store of the output tile, which
-    ``out_smem`` (or the config's ``mma_out_smem``) also asks for.  Shapes must divide the
-    tile (``mma_reason``).
+    ``out_smem`` (or the config's ``mma_out_smem``) also asks for.  Ragged shapes are padded to
+    the tile (``pad_einsum``: guarded copies, a guarded store); ``mma_reason`` says what fits.
     """
     t = MmaTile.of(config)
     gemm = sch.get_sblock(block_name)
@@ -267,12 +286,14 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     operand_dtype = str(block.reads[a_read].source.dtype)
     acc_dtype = str(block.writes[0].source.dtype)
     a_name, out_name = block.reads[a_read].source.name, block.writes[0].source.name
+    b_name = block.reads[b_read].source.name
     loops = sch.get_loops(gemm)
-    m = int(sch.get(loops[-3]).extent)
-    padded_m = m % t.block_m != 0
-    if padded_m:  # rows past M: A reads zeros (guarded copies), the store drops them
+    m, n, depth = (int(sch.get(loop).extent) for loop in loops[-3:])
+    ragged = {"A": bool(m % t.block_m or depth % t.block_k), "B": bool(depth % t.block_k or n % t.block_n)}
+    if ragged["A"] or ragged["B"]:  # past M, N or K: operands read zeros (guarded copies), the store drops them
         sch.pad_einsum(gemm, [1] * (len(block.iter_vars) - 3) + [t.block_m, t.block_n, t.block_k])
-        epilogue = (f"{out_name}_pad", *epilogue)
+        if m % t.block_m or n % t.block_n:
+            epilogue = (f"{out_name}_pad", *epilogue)
     staged = bool(epilogue) or out_smem or bool(t.out_smem)
     intrin = mma_intrinsics(operand_dtype, acc_dtype, "shared.dyn" if staged else "global")
 
@@ -319,14 +340,14 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     fragments = []
     row_a, row_b = t.operand_row_strides(operand_dtype)
     copies = []
-    for read, row in ((a_read, row_a), (b_read, row_b)):
+    for read, row, name, global_row in ((a_read, row_a, "A", depth), (b_read, row_b, "B", n)):
         smem = sch.cache_read(mma, read, "shared.dyn")
         sch.compute_at(smem, ko)
-        if padded_m and read == a_read:
-            sch.compute_inline(sch.get_sblock(f"{a_name}_pad"))
+        if ragged[name]:
+            sch.compute_inline(sch.get_sblock(f"{a_name if name == 'A' else b_name}_pad"))
         if not t.swizzle:
             sch.storage_align(smem, 0, axis=-2, factor=row, offset=0)  # row stride = row
-        _cooperative_copy(sch, smem, t.copy_vec(operand_dtype), t.warps)
+        _cooperative_copy(sch, smem, t.copy_vec(operand_dtype, global_row), t.warps)
         copies.append(smem)
         frag = sch.cache_read(mma, read, "warp")
         sch.compute_at(frag, ki_group)  # the fragments of frag_buffers k slices at a time
@@ -343,7 +364,8 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     if staged:
         sch.storage_align(store_tile, 0, axis=-2, factor=t.output_row_stride(acc_dtype), offset=0)
         out_dtype = str(sch.get(out_stage).writes[0].source.dtype)
-        _cooperative_copy(sch, out_stage, min(t.epilogue_vec(out_dtype), t.epilogue_vec(acc_dtype)), t.warps)
+        vec = edge_vec(min(t.epilogue_vec(out_dtype), t.epilogue_vec(acc_dtype)), n)
+        _cooperative_copy(sch, out_stage, vec, t.warps)
     if t.swizzle:  # the copies into shared and the ldmatrix reads agree on the XOR swizzle
         for blk in copies + loads:
             sch.annotate(blk, "permuted_layout", 1)
@@ -424,6 +446,10 @@ AUTO_TILES = (
     _tile((1, 2), (1, 2), 4, 4),  # 16x64x64: an M = 64 batch of GRU steps in 16-row tiles
     _tile((1, 1), (1, 2), 2, 2, mma_frag_buffers=1),  # 16x32x32: the smallest fit
 )
+# Tried first where N pads to one 32-wide column (no tile above divides it): a speech model's
+# 8192x29x1024 output layer took 0.020 ms on 64x32x64 with 4 warps along M, 0.022 on 128x32x64,
+# 0.037 on 16x32x32 (docs/results/models.md)
+NARROW_PADDED_TILES = (_tile((4, 1), (1, 2), 4, 4),)  # 64x32x64
 
 
 def pick_mma_tile(m: int, n: int, k: int, operand_dtype: str, acc_dtype: str, c_dtype: str,
@@ -438,25 +464,36 @@ def pick_mma_tile(m: int, n: int, k: int, operand_dtype: str, acc_dtype: str, c_
 
 def pick_mma_tile_for(shapes: Sequence[tuple[int, int, int]], operand_dtype: str, acc_dtype: str, c_dtype: str,
                       target: TargetInfo, *, split_k: bool = True, epilogue: bool = False,
-                      batch: int = 0) -> Config | None:
+                      batch: int = 0, pad: bool = True) -> Config | None:
     """``pick_mma_tile``'s rule for one tile that fits every (M, N, K) of ``shapes`` (blocks
     counted on the one with fewest, times the ``batch`` axis): without ``split_k`` only whole-K
     tiles (a GEMM inside another PrimFunc has no scratch for partial sums); ``epilogue`` as in
-    ``mma_reason``."""
+    ``mma_reason``; a tile that pads N or K only where none divides them, and with ``pad`` False
+    never."""
     def fits(c: Config) -> bool:
         return all(mma_reason(m, n, k, operand_dtype, operand_dtype, acc_dtype, c_dtype, target, c,
                               epilogue=epilogue) is None for m, n, k in shapes)
 
     def blocks(c: Config) -> int:
         t = MmaTile.of(c)
-        return max(batch, 1) * t.split_k * min(padded(m, t.block_m) // t.block_m * (n // t.block_n)
+        return max(batch, 1) * t.split_k * min(padded(m, t.block_m) // t.block_m * padded(n, t.block_n) // t.block_n
                                                for m, n, _ in shapes)
+
+    def exact(c: Config) -> bool:  # N and K whole tiles (M is padded by every pick as before)
+        t = MmaTile.of(c)
+        return all(n % t.block_n == 0 and k % t.block_k == 0 for _, n, k in shapes)
 
     options = []
     for tile in AUTO_TILES:
         split_options = [tile.replace(mma_split_k=s) for s in (8, 4, 2)
                          if split_k and min(k for _, _, k in shapes) // (s * MmaTile.of(tile).block_k) >= 4]
         options += [c for c in [tile] + split_options if fits(c)]
+    exact_options = [c for c in options if exact(c)]
+    if exact_options or not pad:
+        options = exact_options
+    else:  # N or K padded where no tile divides them; an N under 32 on the narrow tiles first
+        narrow = [c for c in NARROW_PADDED_TILES if fits(c)] if all(n < 32 for _, n, _ in shapes) else []
+        options = narrow + options
     if not options:
         return None
     whole = [c for c in options if c.mma_split_k == 1 and 10 * blocks(c) >= 9 * target.compute_units]

@@ -81,9 +81,12 @@ def pick_tile(shapes: Sequence[tuple[int, int, int]], target: TargetInfo, acc_dt
     """A tile for the float16/bfloat16 GEMMs of every (M, N, K) in ``shapes`` (``batch``: of a
     batched GEMM) on ``target``, without measuring: ``mma.pick_mma_tile_for``'s whole-K tile
     where one fits them all (output staged, as for a bias row or a narrowing store), else
-    ``wmma.pick_wmma_tile``'s tile, else None (the GEMMs stay on the CUDA cores)."""
+    ``wmma.pick_wmma_tile``'s tile, else None (the GEMMs stay on the CUDA cores).  No tile that
+    pads N or K: the GRU's float32 input GEMM on float16 parts of a padded tile measured 1.3-1.4x
+    faster at H1000 but 8x less accurate than on the CUDA cores (docs/results/gru.md), and the
+    16-bit GRUs and the mixed-precision GEMMs keep the tiles they were measured with."""
     mma = pick_mma_tile_for(shapes, "float16", acc_dtype, "float16", target, split_k=False, epilogue=True,
-                            batch=batch)
+                            batch=batch, pad=False)
     if mma is not None:
         return MmaGemmTile(mma)
     wmma = pick_wmma_tile(shapes, target, acc_dtype)
