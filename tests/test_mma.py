@@ -55,6 +55,8 @@ VARIANTS: dict[str, tuple[MmaGemmTemplate, dict[str, int]]] = {
     "k_80_padded": (MmaGemmTemplate(256, 128, 80, c_dtype=F16), SMALL),
     "mnk_padded": (MmaGemmTemplate(100, 30, 72, c_dtype=F16),
                    dict(SMALL, mma_warps_n=1, mma_k_frags=1, mma_frag_buffers=1, mma_swizzle=0)),
+    # attention's product with V in a small model: batched, N = 16 (the head size) on a 32-wide tile
+    "batched_n_16_padded": (MmaGemmTemplate(128, 16, 64, batch=6, c_dtype=F16), dict(SMALL, mma_warps_n=1)),
 }
 
 
@@ -97,7 +99,7 @@ def test_variants_generate_ldmatrix_and_mma_sync(cuda, name):
         lane_arrays
     kernel = launches[0]
     assert kernel.block == (32, t.warps, 1)
-    assert kernel.grid[2] == t.split_k
+    assert kernel.grid[2] == (template.batch or t.split_k)  # a batch's matrices, or the slices of K
     assert len(launches) == (2 if t.split_k > 1 else 1)  # split-K adds the reduction kernel
 
 

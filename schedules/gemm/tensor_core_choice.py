@@ -120,7 +120,7 @@ class TensorCoreChoiceTemplate(GemmTemplate):
         if self.wgmma_types_reason():
             return None
         tile = pick_wgmma_tile([(self.m, self.n, self.k)], target, self.c_dtype, b_layout="KN",
-                               split_k=True, operand=self.a_dtype, ragged_m=True, few_waves=True)
+                               split_k=True, operand=self.a_dtype, ragged_m=True, few_waves=True, ragged_n=True)
         if tile is None or self.wgmma_reason(tile, target) is not None:
             return None
         return replace(tile, pdl=True)  # launched early behind the kernel ahead (``wgmma_pdl``)

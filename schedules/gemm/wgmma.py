@@ -33,9 +33,11 @@ tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-
 (adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
-global memory.  N and K must divide the tile; an M that bm does not divide (a token count) is
+global memory.  K must divide the tile; an M that bm does not divide (a token count) is
 guarded in the unsplit kernel: the last tile row's loads past M read rows below it again (row
-mod M) and its stores stop at M.
+mod M) and its stores stop at M; an even N that bn does not divide (a classifier's 1000 classes),
+the same with Bt stored (N, K) and C stored directly: its last tile column's rows of Bt past N
+read rows below it again (zeros where the TMA loads them), its stores stop at N.
 
 ``wgmma_tma`` loads the stages by the Tensor Memory Accelerator, ``wgmma_ws`` specializes a
 producer warpgroup (``wgmma_specialized``), ``wgmma_multicast`` pairs its blocks in clusters that
@@ -225,8 +227,11 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
                 f"{REGISTERS_PER_SM} registers (an SM's; the launch fails)")
     if t.stages < 2 + t.inflight:
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
-    if n % t.bn or k % t.bk:
-        return f"{t.name}: N and K ({n}x{k}) must divide the tile's {t.bn}x{t.bk} (M alone is guarded)"
+    if k % t.bk:
+        return f"{t.name}: K ({k}) must divide the tile's k step {t.bk} (M and N are guarded)"
+    if n % t.bn and (b_layout != "NK" or t.smem_epilogue or t.split > 1 or n % 2):
+        return (f"{t.name}: N = {n} is no multiple of bn {t.bn}: its last tile column is guarded with Bt stored "
+                "(N, K), C stored directly (wgmma_smem_epilogue 0), K unsplit and an even N")
     if m % t.bm and t.split > 1:
         return (f"{t.name}: M = {m} is no multiple of bm {t.bm}: its last rows are guarded in the unsplit kernel "
                 "only (wgmma_split_k 1)")
@@ -283,10 +288,10 @@ def multicast_reason(t: WgmmaTile, m: int, n: int, b_layout: str) -> str | None:
     of twice the tiles a block)."""
     if not t.specialized:
         return f"{t.name}: multicast pairs the producers of the warp-specialized kernel (wgmma_ws 1)"
-    tiles = -(-m // t.bm) * (n // t.bn)
-    if t.raster == 0 and (n // t.bn) % 2:
+    tiles = -(-m // t.bm) * -(-n // t.bn)
+    if t.raster == 0 and -(-n // t.bn) % 2:
         return (f"{t.name}: in row-major order the two blocks of a cluster share A's tile: the tile columns "
-                f"({n // t.bn}) must be even")
+                f"({-(-n // t.bn)}) must be even")
     if t.raster and b_layout != "NK":
         return f"{t.name}: within raster groups the two blocks share Bt's tile: Bt stored (N, K) only"
     if tiles % (2 * t.tiles):
@@ -393,7 +398,7 @@ def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int) -> int:
     """The fewest tiles a block (of ``TILES_PER_BLOCK``, dividing the tile rows) whose row-ordered
     grid has at most ``max_blocks`` blocks (the SMs another kernel leaves free); the most that
     divide where none is that few; 1 where none divides."""
-    rows, columns = -(-m // t.bm), n // t.bn
+    rows, columns = -(-m // t.bm), -(-n // t.bn)
     choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0)
     return next((x for x in choices if columns * (rows // x) <= max_blocks), choices[-1] if choices else 1)
 

@@ -68,7 +68,7 @@ def stage_barrier_bytes(stages: int, tma: bool, specialized: bool) -> int:
 def stored_row_count(n: int, bn: int, split: int, clustered: bool) -> int:
     """The count of a tile row of C (``n`` columns in tiles of ``bn``) once a counting kernel
     has stored all of it: one a tile, one a block of a cluster (each stores its band of rows)."""
-    return n // bn * (split if clustered else 1)
+    return -(-n // bn) * (split if clustered else 1)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class KernelLayout:
            promote: int, overlap: bool = False, signal: bool = False) -> "KernelLayout":
         lead = tuple(int(x) for x in batch)
         split = cfg.split
-        per_matrix = -(-m // cfg.bm) * (n // cfg.bn)  # a ragged M's last tile row counted
+        per_matrix = -(-m // cfg.bm) * -(-n // cfg.bn)  # a ragged M's last tile row, N's last column counted
         return cls(bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, stages=cfg.stages, smem_epilogue=cfg.smem_epilogue,
                    inflight=cfg.inflight, tiles=cfg.tiles, split=split, clustered=cfg.cluster, promote=promote,
                    k_major_only=cfg.operand in K_MAJOR_ONLY, n_major=b_layout == "KN", b_batched=b_batched,
@@ -125,7 +125,7 @@ class KernelLayout:
                    mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}{OPERAND_PTX[cfg.operand]}",
                    lead=lead, a_shape=(*lead, m, k), c_shape=(*lead, m, n),
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
-                   k_tiles=k // cfg.bk // split, grid_n=n // cfg.bn, per_matrix=per_matrix,
+                   k_tiles=k // cfg.bk // split, grid_n=-(-n // cfg.bn), per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl)
@@ -136,6 +136,18 @@ class KernelLayout:
         """M is no multiple of bm: the last tile row reads rows of A below M again in place of
         those past it (``row_below_m``) and stores only C's rows below M (``in_rows``)."""
         return self.m % self.bm != 0
+
+    @property
+    def ragged_n(self) -> bool:
+        """N is no multiple of bn: the last tile column reads rows of Bt below N again in place of
+        those past it (``col_below_n``; zeros where the TMA loads them) and stores only C's
+        columns below N (``in_cols``)."""
+        return self.n % self.bn != 0
+
+    @property
+    def guarded(self) -> bool:
+        """Whether C's last tile row or column is partly past M or N (its stores guarded)."""
+        return self.ragged or self.ragged_n
 
     @property
     def threads(self) -> int:
@@ -304,6 +316,25 @@ class KernelLayout:
         """Whether C has row ``row`` (True, not an expression, where M is a multiple of bm)."""
         return row < self.m if self.ragged else True
 
+    def col_below_n(self, col: Any) -> Any:
+        """A column of C (a row of Bt, or an epilogue's column) below N standing in for ``col``."""
+        return col % self.n
+
+    def in_cols(self, col: Any) -> Any:
+        """Whether C has column ``col`` (True where N is a multiple of bn)."""
+        return col < self.n if self.ragged_n else True
+
+    def in_c(self, row: Any, col: Any) -> Any:
+        """Whether C has (``row``, ``col``): ``in_rows`` and ``in_cols`` (True where neither is ragged)."""
+        from tvm import tirx
+
+        conds = [c for c in (self.in_rows(row), self.in_cols(col)) if c is not True]
+        return True if not conds else conds[0] if len(conds) == 1 else tirx.And(*conds)
+
+    def epilogue_col(self, col: Any) -> Any:
+        """The column an epilogue reads its own buffers (a bias) at for C's column ``col``."""
+        return self.col_below_n(col) if self.ragged_n else col
+
     def epilogue_row(self, row: Any) -> Any:
         """The row an epilogue reads its own buffers at for C's row ``row``: one below M
         (``row_below_m``; a value computed for a row past M is never stored, and computing it
@@ -313,6 +344,8 @@ class KernelLayout:
     def b_global(self, B: Any, at: list[Any], col0: Any, kt: Any, chunk: Any) -> Any:
         """The global address of 16-byte chunk ``chunk`` of k tile ``kt``'s B tile."""
         at = at if self.b_batched else []
+        if not self.n_major and self.ragged_n:  # a row past N reads one below it (its sums are never stored)
+            return B.ptr_to([*at, self.col_below_n(col0 + chunk // 8), kt * self.bk + chunk % 8 * self.chunk_elems])
         if not self.n_major:
             return self.k_major(B, at, col0, kt, chunk)
         return B.ptr_to([*at, kt * self.bk + chunk // (self.bn // 8), col0 + chunk % (self.bn // 8) * 8])

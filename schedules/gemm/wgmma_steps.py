@@ -180,13 +180,14 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
     @T.macro
     def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The accumulators straight to C (pairs of adjacent columns)."""
-        if L.ragged:  # each pair computed unguarded (at rows below M), stored below M; else as it always was
+        if L.guarded:  # each pair computed unguarded (below M and N), stored below them; else as it always was
             pair = T.alloc_buffer((2,), C.dtype, scope="local")
             for p in T.unroll(L.n_acc // 2):
                 row = T.meta_var(L.fragment_row(row0 + wg * 64, tx, p))
                 for v in T.vectorized(2):
-                    pair[v] = out(acc[p * 2 + v], bias, at, L.epilogue_row(row), L.fragment_col(col0, tx, p, v))
-                if L.in_rows(row):
+                    pair[v] = out(acc[p * 2 + v], bias, at, L.epilogue_row(row),
+                                  L.epilogue_col(L.fragment_col(col0, tx, p, v)))
+                if L.in_c(row, L.fragment_col(col0, tx, p, 0)):  # an even N: a pair is in or out
                     for v in T.vectorized(2):
                         C[(*at, row, L.fragment_col(col0, tx, p, v))] = pair[v]
         else:

@@ -43,7 +43,7 @@ def runs(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> bool:
 
 def c_tile_count(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
     """C tiles of ``t`` in the smallest of the GEMMs ``shapes`` (a batch of ``matrices`` each)."""
-    return min(-(-m // t.bm) * (n // t.bn) for m, n, _ in shapes) * matrices
+    return min(-(-m // t.bm) * -(-n // t.bn) for m, n, _ in shapes) * matrices
 
 
 # a picked tile spends less than this share of a ragged M's tile rows past M (mma.sync's 16-row tiles
@@ -77,6 +77,11 @@ STAGE_CHOICES = tuple(sorted(next(k for k in KNOBS if k.name == "wgmma_stages").
 def padding(t: WgmmaTile, shapes: Any) -> float:
     """The largest share of the tile rows' rows past M (a ragged M's last tile row) over ``shapes``."""
     return max(1 - m / (-(-m // t.bm) * t.bm) for m, _, _ in shapes)
+
+
+def column_padding(t: WgmmaTile, shapes: Any) -> float:
+    """The largest share of the tile columns' columns past N (a ragged N's last tile column)."""
+    return max(1 - n / (-(-n // t.bn) * t.bn) for _, n, _ in shapes)
 
 
 def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
@@ -161,10 +166,10 @@ def with_tma(t: WgmmaTile, shapes: Any, limit: int, b_layout: str, matrices: int
 def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
                     split_k: bool = False, operand: str = "float16", ragged_m: bool = False,
-                    few_waves: bool = False) -> WgmmaTile | None:
+                    few_waves: bool = False, ragged_n: bool = False) -> WgmmaTile | None:
     """``first_wave_pick``'s tile, its stages loaded by the TMA where ``with_tma`` says."""
     tile = first_wave_pick(shapes, target, c_dtype, b_layout, candidates, matrices, split_k, operand, ragged_m,
-                           few_waves)
+                           few_waves, ragged_n)
     if tile is None:
         return None
     return with_tma(tile, shapes, shared_limit(target), b_layout, matrices)
@@ -173,9 +178,10 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
                     candidates: Sequence[WgmmaTile] | None = None, matrices: int = 1,
                     split_k: bool = False, operand: str = "float16", ragged_m: bool = False,
-                    few_waves: bool = False) -> WgmmaTile | None:
+                    few_waves: bool = False, ragged_n: bool = False) -> WgmmaTile | None:
     """A tile that divides every (M, N, K) of ``shapes`` (with ``ragged_m``, every N and K, the
-    kernel guarding M's last tile row, less than ``RAGGED_PADDING`` of its rows past M): the
+    kernel guarding M's last tile row, less than ``RAGGED_PADDING`` of its rows past M; with
+    ``ragged_n`` likewise N's last tile column, where no tile divides N): the
     first of ``DEFAULT_TILES`` giving 90 % of the SMs a block (with at most ``FIRST_PICK_PADDING``
     of its rows past M), else the one giving most blocks (the least padded of those), its
     shared-memory epilogue where C is the ``operand``'s dtype (float16 or bfloat16; the direct one
@@ -197,20 +203,26 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
         return [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand), shapes)
                 for bm, bn, stages, inflight, smem, _ in rows]
 
-    def fits(t: WgmmaTile) -> bool:
+    def fits(t: WgmmaTile, columns: float = 0.0) -> bool:  # at most ``columns`` of a tile column past N
         return (epilogue_reason(t, c_dtype) is None and runs(t, shapes, limit, b_layout)
-                and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0))
+                and (padding(t, shapes) < RAGGED_PADDING if ragged_m else padding(t, shapes) == 0)
+                and column_padding(t, shapes) <= columns)
 
     offered = [_stages_for(t, shapes) for t in candidates] if candidates else made(DEFAULT_TILES)
     fitting = [t for t in offered if fits(t)]
+    if not fitting and ragged_n:  # a tile column past N only where no tile divides it
+        offered = [dataclasses.replace(t, smem_epilogue=False) for t in offered]
+        fitting = [t for t in offered if fits(t, RAGGED_PADDING)]
     if not fitting:
         return None
+    columns = max(column_padding(t, shapes) for t in fitting)
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
         extra = FEW_WAVES_TILES[len(DEFAULT_TILES):] + (NARROW_TILES if narrow_suits(shapes) else ())
-        weighed = fitting + [t for t in made(extra) if fits(t)]
+        extras = made(extra) if columns == 0 else [dataclasses.replace(t, smem_epilogue=False) for t in made(extra)]
+        weighed = fitting + [t for t in extras if fits(t, columns and RAGGED_PADDING)]
         picked = few_waves_pick(tile, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
         if picked is not None:
             return picked
@@ -389,16 +401,16 @@ class WgmmaGemmTemplate(Template):
         (BERT-base's 1024x768x768 projection: 64x64 tiles, two a block, against 24 blocks of
         128x256), several tiles a block where they are more than a wave (``spread``), launched
         early behind the kernel ahead (``wgmma_pdl``: 0.87x -> 0.99x cuBLAS back to back at that
-        shape); an error saying why where the target has no wgmma or no tile divides the shape."""
+        shape); an error saying why where the target has no wgmma or no tile fits the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
         tile = pick_wgmma_tile(self._shapes, target, self.dtype, self.b_layout,
-                               matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True,
+                               matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True, ragged_n=True,
                                few_waves=True)
         if tile is None:
-            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: N and K must be multiples of 64, "
-                              f"and M (guarded) fill more than half of a 64-row tile")
+            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: K must be a multiple of 64, M and "
+                              f"N (guarded; N even, with Bt stored (N, K)) fill more than half of their last tile")
         return self.space(target).make(**dataclasses.replace(tile, pdl=True).knobs())
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:

@@ -1,0 +1,140 @@
+"""A wgmma GEMM whose M or N no tile divides (a token count, a classifier's 1000 classes or a
+vocabulary of 30522): the guarded last tile row and column in the generated kernel, what refuses
+them, the pick's preference for tiles that divide, and (``-m gpu``) C against float64 with
+nothing stored past M or N."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_wgmma import _config
+
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile
+from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+from tvm_ext.target import offline_cuda
+
+
+def test_a_ragged_m_is_guarded_and_an_m_the_tile_divides_builds_as_before():
+    """M = 700 (a token count): the last tile row's A loads past row 699 read rows below it (mod M)
+    and C's stores stop at row 700; the pick takes the tile wasting least where two
+    give as many blocks, and never more than half a tile row; an M the tile divides has no
+    guard (the kernel as it was: the sources of every such config are hashed unchanged); a raster
+    group must divide the tile rows, the ragged one counted."""
+    from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
+
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(700, 768, 768)
+    tile = WgmmaTile.of(t.default_config(target))
+    assert (tile.bm, tile.split) == (64, 1) and t.space(target).is_feasible(t.default_config(target))
+    for staged in (True, False):  # the shared-memory epilogue's copy, and the direct store, guarded
+        ragged = wgmma_gemm(WgmmaTile(128, 128, 4, 1, staged, 2), 700, 768, 768, bias_dtype="float16").script()
+        assert "% 700" in ragged and "< 700" in ragged  # rows past M read rows below it, stores guarded
+        whole = wgmma_gemm(WgmmaTile(128, 128, 4, 1, staged, 2), 1024, 768, 768, bias_dtype="float16").script()
+        assert "% 1024" not in whole and "< 1024" not in whole
+    assert pick_wgmma_tile([(64, 3072, 1024)], target, "float16", ragged_m=True).bm == 64  # 128 rows: half wasted
+    assert pick_wgmma_tile([(700, 768, 768)], target, "float16") is None  # callers that don't ask: exact tiles
+
+
+def test_a_ragged_n_is_guarded_where_bt_is_stored_n_k_and_c_directly():
+    """N = 1000 (a classifier's classes): the last tile column's Bt rows past 999 read rows below
+    it (mod N) and C's stores stop at column 1000, a bias read below N too; refused with B stored
+    (K, N), the shared-memory epilogue, a split K or an odd N; the pick takes a tile that divides
+    N wherever one does (callers that do not ask for a ragged N get none), a direct store where
+    none does."""
+    from tvm_ext.schedules.gemm.wgmma import wgmma_gemm, wgmma_reason
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
+
+    target = offline_cuda()
+    tile = WgmmaTile(128, 128, 4, 1, False, 2)
+    ragged = wgmma_gemm(tile, 1024, 1000, 768, bias_dtype="float16").script()
+    assert "% 1000" in ragged and "< 1000" in ragged
+    whole = wgmma_gemm(tile, 1024, 1024, 768, bias_dtype="float16").script()
+    assert "% 1024" not in whole and "< 1024" not in whole
+    assert wgmma_reason(tile, 1024, 1000, 768) is None
+    for refused, n, layout in ((tile, 1000, "KN"), (WgmmaTile(128, 128, 4, 1, True, 0), 1000, "NK"),
+                               (WgmmaTile(128, 128, 4, 1, False, 0, split=2), 1000, "NK"), (tile, 999, "NK")):
+        assert "is no multiple of bn" in wgmma_reason(refused, 1024, n, 768, b_layout=layout), (refused, n, layout)
+    t = WgmmaGemmTemplate(8192, 1000, 1024)
+    picked = WgmmaTile.of(t.default_config(target))
+    assert not picked.smem_epilogue and picked.split == 1 and t.space(target).is_feasible(t.default_config(target))
+    assert pick_wgmma_tile([(8192, 1000, 1024)], target, "float16") is None  # callers that don't ask
+    assert pick_wgmma_tile([(8192, 1024, 1024)], target, "float16", ragged_n=True) == \
+        pick_wgmma_tile([(8192, 1024, 1024)], target, "float16")  # N divided: as before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, knobs", [
+    ((1024, 1000, 768), dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=4, wgmma_smem_epilogue=0)),
+    ((700, 1000, 512), dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_tiles=2,
+                            wgmma_raster=2)),
+    ((512, 1000, 1024), dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_tma=1)),
+    ((1024, 30522, 768), dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_tma=1,
+                              wgmma_ws=1, wgmma_tiles=4)),
+    ((256, 58, 256), dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=3, wgmma_smem_epilogue=0, wgmma_inflight=0)),
+])
+def test_cuda_ragged_n_matches_float64_and_writes_nothing_past_n(shape, knobs):
+    """C against float64 where N is no multiple of bn (cp.async loads reading Bt's rows below N,
+    TMA loads zero-filling past N, the warp-specialized kernel, several tiles a block, a ragged M
+    too); C is a view of a NaN-poisoned buffer a tile row longer: an unguarded store past the last
+    row's N writes there."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = shape
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k)
+    program = t.build_program(_config(t, target, **knobs), target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    bt = rng.standard_normal((n, k)).astype(np.float16)
+    ref = t.reference([a, bt])[0]
+    dev = tvm.cuda(0)
+    for _ in range(2):  # a rerun: the same answer
+        poisoned = tvm.runtime.tensor(np.full(m * n + 256 * n, np.nan, np.float16), dev)
+        c = poisoned._create_view((m, n))
+        program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(bt, dev), c)
+        out = c.numpy().astype(np.float64)
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+        assert np.isnan(poisoned.numpy()[m * n:]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, batch, b_layout, knobs", [
+    ((700, 768, 768), (), "NK", dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=4, wgmma_raster=2)),
+    ((700, 768, 768), (), "KN", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=6, wgmma_tiles=3)),
+    ((700, 768, 768), (), "NK", dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=4, wgmma_smem_epilogue=0)),
+    ((1500, 3072, 768), (), "NK", dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, wgmma_smem_epilogue=0,
+                                       wgmma_tiles=2, wgmma_raster=4)),
+    ((100, 128, 64), (3, 4), "KN", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=2, wgmma_inflight=0)),
+    ((200, 256, 128), (5,), "NK", dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=3, wgmma_tiles=2)),
+    ((700, 768, 768), (), "KN", dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=8)),  # 32-wide N atoms, cp.async
+    ((200, 192, 256), (3,), "KN", dict(wgmma_bm=128, wgmma_bn=96, wgmma_stages=4, wgmma_tiles=2)),
+])
+def test_cuda_ragged_m_matches_float64_and_writes_nothing_past_m(shape, batch, b_layout, knobs):
+    """C's rows below M against float64, through the direct and the shared-memory store, one and
+    several tiles a block, whole and partial raster groups, a batch (rows past a matrix's M are
+    the next matrix's); C is a view of a NaN-poisoned buffer a tile row longer, whose rows past
+    the view must stay NaN (an unguarded store writes them)."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = shape
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k, b_layout=b_layout, batch=batch)
+    program = t.build_program(_config(t, target, **knobs), target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(t.inputs()[0].shape).astype(np.float16)
+    bt = rng.standard_normal(t.inputs()[1].shape).astype(np.float16)
+    ref = t.reference([a, bt])[0]
+    dev = tvm.cuda(0)
+    spare = int(np.prod(batch, dtype=np.int64)) * 256 * n  # a tile row past every matrix
+    poisoned = tvm.runtime.tensor(np.full(int(np.prod(ref.shape)) + spare, np.nan, np.float16), dev)
+    c = poisoned._create_view(ref.shape)
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(bt, dev), c)
+    out = c.numpy().astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+    assert np.isnan(poisoned.numpy()[int(np.prod(ref.shape)):]).all()
