@@ -2,8 +2,9 @@
 
 transformers' ``BertModel`` (12 layers, hidden 768, 12 heads, no pooler, random weights from a
 fixed seed, eval mode, its default SDPA attention), token ids of batch 8 and sequence 128,
-float16 and float32. Per case, one process, the same rotated inputs, every output against the
-model in float64 on the CPU:
+float16 and float32; with ``--mlm`` ``BertForMaskedLM``, the encoder and its masked-language-model
+head (a transform and a Linear to the 30522-token vocabulary, the logits its output). Per case,
+one process, the same rotated inputs, every output against the model in float64 on the CPU:
 
 - torch eager per call, back to back and replayed from a CUDA graph; ``torch.compile`` default
   and ``mode="max-autotune"`` (its own CUDA graphs), back to back, their compile time as their
@@ -43,14 +44,21 @@ from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, ver
 BATCH, SEQ, VOCAB = 8, 128, 30522
 
 
-def torch_model(layers: int) -> Any:
-    """BertModel base with ``layers`` layers, weights from seed 0, float32, CPU, eval mode."""
+def torch_model(layers: int, mlm: bool = False) -> Any:
+    """BertModel base with ``layers`` layers (with ``mlm``, BertForMaskedLM: its masked-language-model
+    head too, a transform and a Linear to the 30522-token vocabulary), weights from seed 0, float32,
+    CPU, eval mode."""
     import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig, BertForMaskedLM, BertModel
 
     torch.manual_seed(0)
     config = BertConfig(num_hidden_layers=layers)
-    return BertModel(config, add_pooling_layer=False).eval()
+    return (BertForMaskedLM(config) if mlm else BertModel(config, add_pooling_layer=False)).eval()
+
+
+def output(result: Any) -> Any:
+    """The tensor a model's call returns: the vocabulary's logits (the head), else the last hidden state."""
+    return result.logits if hasattr(result, "logits") else result.last_hidden_state
 
 
 def inputs() -> np.ndarray:
@@ -64,7 +72,7 @@ def reference(model: Any, ids: np.ndarray) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        return copy.deepcopy(model).double()(torch.from_numpy(ids)).last_hidden_state.numpy()
+        return output(copy.deepcopy(model).double()(torch.from_numpy(ids))).numpy()
 
 
 def export(model: Any, dtype: str, ids: np.ndarray, path: str) -> str:
@@ -86,8 +94,8 @@ def torch_rows(label: str, model: Any, sets: list[Any], ref: np.ndarray) -> list
 
     rows = []
     with torch.no_grad():
-        err = rel_error_vs(model(sets[0]).last_hidden_state, ref)
-        times = time_vendor(lambda i: model(sets[i]).last_hidden_state, len(sets))
+        err = rel_error_vs(output(model(sets[0])), ref)
+        times = time_vendor(lambda i: output(model(sets[i])), len(sets))
         names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
         for method, t in vendor_methods(times):
             rows.append(Row(label, names.get(method, f"torch {method}"), t.seconds * 1e3 if t else None,
@@ -115,8 +123,8 @@ def compile_rows(label: str, compiled: Any, compile_s: float, mode: str, sets: l
     own_graphs = mode != "max-autotune-no-cudagraphs" and mode != "default"
     try:
         with torch.no_grad():
-            err = rel_error_vs(compiled(sets[0]).last_hidden_state, ref)
-            times = time_vendor(lambda i: compiled(sets[i]).last_hidden_state, len(sets), graph=not own_graphs)
+            err = rel_error_vs(output(compiled(sets[0])), ref)
+            times = time_vendor(lambda i: output(compiled(sets[i])), len(sets), graph=not own_graphs)
     except Exception as exc:
         return [Row(label, name, note=f"failed: {_last_line(exc)}")]
     if own_graphs:
@@ -187,12 +195,12 @@ def early_launch_rounds(label: str, compiled: Any, ids: np.ndarray, ref: np.ndar
 def bench(dtype: str, args: argparse.Namespace, log: RowLog) -> None:
     import torch
 
-    label = f"BERT-base {args.layers} layers {dtype} B{BATCH} S{SEQ}"
+    label = f"BERT-base {args.layers} layers{' + MLM head' if args.mlm else ''} {dtype} B{BATCH} S{SEQ}"
     print(f"== {label}", flush=True)
     work = os.path.join(args.out, f"bert_{dtype}")
     os.makedirs(work, exist_ok=True)
     ids = inputs()
-    model = torch_model(args.layers)
+    model = torch_model(args.layers, args.mlm)
     ref = reference(model, ids)
     path = export(model, dtype, ids, os.path.join(work, "model.pt2"))
     if dtype == "float32":
@@ -245,9 +253,9 @@ def dry_run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as work:
         for dtype in args.dtypes:
             start = time.time()
-            path = export(torch_model(args.layers), dtype, inputs(), os.path.join(work, f"{dtype}.pt2"))
+            path = export(torch_model(args.layers, args.mlm), dtype, inputs(), os.path.join(work, f"{dtype}.pt2"))
             mod = load_model_file(path).get_module()
-            tasks = extract_tasks(legalize_and_fuse(mod), target)
+            tasks = extract_tasks(legalize_and_fuse(mod, target), target)
             matched = [m.template.describe() for m in match_tasks(tasks, target) if m.matched]
             scheduled = compile_relax(mod, target, None, log=None)
             build_model(scheduled, target)
@@ -261,6 +269,7 @@ def main() -> None:
     p.add_argument("--out", default="bench_out")
     p.add_argument("--dtypes", default="float16,float32", help="comma-separated of float16, float32")
     p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--mlm", action="store_true", help="BertForMaskedLM: the model and its head to the vocabulary")
     p.add_argument("--trials", type=int, default=8, help="trials per task (default 8)")
     p.add_argument("--population", type=int, default=8)
     p.add_argument("--workers", type=int, default=16)

@@ -271,7 +271,7 @@ def dry_run(cases: list[Case]) -> None:
                 start = time.time()
                 try:
                     mod = imported(path)
-                    tasks = extract_tasks(legalize_and_fuse(mod), target)
+                    tasks = extract_tasks(legalize_and_fuse(mod, target), target)
                     matched = [m.template.describe() for m in match_tasks(tasks, target) if m.matched]
                     matched += [f"GRU {g.template.describe()}" for g in find_grus(mod, target)]
                     scheduled = compile_relax(mod, target, None, log=None)

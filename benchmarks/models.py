@@ -194,7 +194,7 @@ def tune_ours(model: Model, target: TargetInfo, args: argparse.Namespace, work: 
 
 def matched_tasks(model: Model, target: TargetInfo) -> list[Any]:
     """The model's tasks our templates match: the ones meta_schedule tunes too."""
-    tasks = extract_tasks(legalize_and_fuse(model.mod), target)
+    tasks = extract_tasks(legalize_and_fuse(model.mod, target), target)
     return [t for t, m in zip(tasks, match_tasks(tasks, target)) if m.matched]
 
 
@@ -479,7 +479,7 @@ def dry_run(args: argparse.Namespace) -> None:
                 mod, source = bert.get_module(size=args.size, dtype=dtype, source="nn"), "nn (no transformers here)"
         else:
             mod, source = _example("gru_model").get_module(size=args.size, dtype=dtype), "nn"
-        tasks = extract_tasks(legalize_and_fuse(mod), target)
+        tasks = extract_tasks(legalize_and_fuse(mod, target), target)
         matches = match_tasks(tasks, target)
         scheduled = compile_relax(mod, target, None, log=None)
         build_model(scheduled, target)

@@ -211,7 +211,7 @@ def dry_run(args: argparse.Namespace) -> None:
     target = offline_cuda()
     sizes = dict(MODEL_SIZES, batch=args.batch)
     mod = mlp.get_module(**sizes)
-    lowered = legalize_and_fuse(mod)
+    lowered = legalize_and_fuse(mod, target)
     tasks = extract_tasks(lowered, target)
     db_dir = os.path.join(args.out, "dry_run_database")
     shutil.rmtree(db_dir, ignore_errors=True)

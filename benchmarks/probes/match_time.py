@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
     target = offline_cuda(args.arch)
     mod = _example("bert_layer").get_module(size="base", dtype=args.dtype)
-    tasks = extract_tasks(legalize_and_fuse(mod), target)
+    tasks = extract_tasks(legalize_and_fuse(mod, target), target)
     matches = match_tasks(tasks, target)  # warm: the templates' modules imported
     matched = sum(m.matched for m in matches)
     gemm = WgmmaGemmTemplate(1024, 3072, 768)

@@ -117,7 +117,7 @@ def tune_buckets(mod: Any, target: TargetInfo, records: str, database: str, buck
         static = specialize(mod, buckets.var, size)
         result = tune(static)
         results.append(result)
-        lowered = legalize_and_fuse(static)
+        lowered = legalize_and_fuse(static, target)
         store = RecordStore(records)  # what this size's tuning wrote
         best = best_configs(lowered, target, store, without)
         for place, name in enumerate(call_sites(lowered, function)):

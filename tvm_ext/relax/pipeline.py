@@ -68,9 +68,10 @@ class RelaxTuning:
 
 
 # ---- lowering ------------------------------------------------------------------------------
-def legalize_and_fuse(mod: Any) -> Any:
+def legalize_and_fuse(mod: Any, target: TargetInfo | None = None) -> Any:
     """Relax ops -> fused PrimFuncs, the passes TVM's GPU pipelines run before scheduling,
-    after ``relax_rewrites.rewrite_model``."""
+    after ``relax_rewrites.rewrite_model`` (with the ``target`` the model runs on, its rewrites
+    for that target's kernels; tuning and compiling pass the same one)."""
     import tvm
     from tvm import relax
 
@@ -82,7 +83,7 @@ def legalize_and_fuse(mod: Any) -> Any:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
-    ])(rewrite_model(mod))
+    ])(rewrite_model(mod, target))
 
 
 def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:
@@ -198,7 +199,7 @@ def apply_tuned(mod: Any, target: TargetInfo, database: str | Any | None = None,
             log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
         return config
 
-    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config, gru_storage)), target,
+    lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config, gru_storage), target), target,
                                  operators, without)
     _register_intrinsics(target)
     if database is not None:
@@ -410,7 +411,7 @@ def _task_groups(mod: Any, target: TargetInfo, db: Any, operators: Any, retune: 
     from .relax_gru import find_grus
     from .tvm_export import already_exported
 
-    tasks = extract_tasks(legalize_and_fuse(mod), target)
+    tasks = extract_tasks(legalize_and_fuse(mod, target), target)
     matches = match_tasks(tasks, target, without)
     grus = find_grus(mod, target, gru_storage)
     groups: dict[str, _Group] = {}

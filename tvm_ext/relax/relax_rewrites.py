@@ -16,6 +16,13 @@ built from the same rewritten module.
   matmul's dtype.  Hopper's 8-bit wgmma reads both operands K-major only; left as it was, the
   transpose is a kernel of its own (or, for a constant weight, folded into a [k, n] copy) and
   the matmul gets B as [k, n], which no 8-bit kernel reads.
+- ``ragged_weight_rows``: on a GPU with wgmma, the same for a 16-bit ``Linear`` whose even N no
+  wgmma tile divides (a vocabulary of 30522, 1000 classes), whose K is a multiple of 64 and whose
+  rows fill more than half of a 64-row tile (else mma.sync, which reads B as (K, N), takes it):
+  B stored (K, N) takes
+  no such N on wgmma (its rows no multiple of 16 bytes, its atoms of 64 columns), B read as
+  stored (N, K) does, its last tile column guarded (on the H200, 1024x30522x768 at 1.65x cuBLAS
+  against mma.sync's 0.68x; docs/results/gemm.md).
 - ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
   in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
   index past it (a token id past an embedding table; torch raises there): an illegal address on
@@ -26,7 +33,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 LOW_PRECISION = ("float16", "bfloat16")
+# ``ragged_weight_rows``: wgmma's N atom and k step (a 16-bit weight of N rows no multiple of this
+# is read as stored; K a multiple of it)
+RAGGED_N_TILE = 64
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -64,9 +76,10 @@ def _make_mutator() -> Any:
 
     @relax.expr_functor.mutator
     class Rewriter(relax.PyExprMutator):  # type: ignore[misc]
-        def __init__(self, mod: Any) -> None:
+        def __init__(self, mod: Any, ragged_rows: bool = False) -> None:
             super().__init__(mod)
             self.changed = 0
+            self.ragged_rows = ragged_rows  # ``ragged_weight_rows`` (a target with wgmma)
 
         def _producer(self, expr: Any) -> Any:
             if isinstance(expr, relax.Var):
@@ -103,7 +116,7 @@ def _make_mutator() -> Any:
             call = self.visit_expr_post_order(call)
             name = _op_name(call)
             if name == "relax.matmul":
-                rows = self._fp8_weight_rows(call)
+                rows = self._weight_rows(call)
                 return rows if rows is not None else self._accumulate_fp32(call)
             if name == "relax.reshape":
                 inner = self._reshape_source(call.args[0], anchored=False)
@@ -148,14 +161,15 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             return call
 
-        def _fp8_weight_rows(self, call: Any) -> Any:
-            """``fp8_weight_rows`` (None where ``call`` is not such a matmul): the 8-bit types the
-            8-bit wgmma template reads."""
+        def _weight_rows(self, call: Any) -> Any:
+            """``fp8_weight_rows`` and ``ragged_weight_rows`` (None where ``call`` is neither): a
+            matmul reading its transposed 2-D weight ``w[n, k]`` as stored."""
             from ..schedules.gemm.gemm_fp8 import FP8_FORMATS
 
             a, b = call.args
             dtype, operand = str(call.ty.dtype), str(a.ty.dtype)
-            if operand not in FP8_FORMATS or str(b.ty.dtype) != operand or dtype not in (*LOW_PRECISION, "float32"):
+            eight_bit = operand in FP8_FORMATS and dtype in (*LOW_PRECISION, "float32")
+            if str(b.ty.dtype) != operand or not (eight_bit or (operand in LOW_PRECISION and dtype == operand)):
                 return None
             transposed = self._producer(b)
             if _op_name(transposed) != "relax.permute_dims":
@@ -165,6 +179,12 @@ def _make_mutator() -> Any:
             a_shape, w_shape = _static(_shape(a)), _static(_shape(w))
             if (w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2
                     or (axes is not None and [int(x) for x in axes] != [1, 0])):
+                return None
+            n, k = w_shape
+            rows = int(np.prod(a_shape[:-1]))  # wgmma's M, its last 64-row tile more than half full
+            ragged = (self.ragged_rows and n % RAGGED_N_TILE and n % 2 == 0 and k % RAGGED_N_TILE == 0
+                      and 2 * rows > -(-rows // RAGGED_N_TILE) * RAGGED_N_TILE)
+            if not (eight_bit or ragged):
                 return None
             self.changed += 1
             wide = self.builder_.emit(self.builder_.call_te(_matmul_weight_rows, a, w,
@@ -183,15 +203,19 @@ def _make_mutator() -> Any:
     return Rewriter
 
 
-def rewrite_model(mod: Any) -> Any:
-    """``accumulate_fp32``, ``fp8_weight_rows``, ``sink_reshapes`` and ``clamp_takes`` on every Relax
-    function, until nothing changes; dead bindings are removed."""
+def rewrite_model(mod: Any, target: Any = None) -> Any:
+    """``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` (for a ``target`` with
+    wgmma), ``sink_reshapes`` and ``clamp_takes`` on every Relax function, until nothing changes;
+    dead bindings are removed."""
     import tvm
     from tvm import relax
 
+    from ..hardware import has_wgmma
+
     rewriter_class = _make_mutator()
+    ragged_rows = target is not None and has_wgmma(target)
     for _ in range(8):  # each round moves an op past one reshape
-        rewriter = rewriter_class(mod)
+        rewriter = rewriter_class(mod, ragged_rows)
         funcs = {gv: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
         for gv, func in funcs.items():
             new = rewriter.visit_expr(func)

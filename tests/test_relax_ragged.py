@@ -1,0 +1,110 @@
+"""A 16-bit ``Linear`` whose even N no wgmma tile divides (a vocabulary, 1000 classes) on Hopper:
+``relax_rewrites``'s ``ragged_weight_rows`` makes the matmul read its weight (N, K) as stored,
+so the wgmma matcher takes it with B read K-major and the last tile column guarded; where the
+target has no wgmma, the rows are too few for a 64-row tile, N is odd or a multiple of 64, the
+model is left as it was (mma.sync, B stored (K, N)).
+
+CI (no GPU): the rewrite and where it is not made, the match, the CUDA of the compiled model for
+an offline sm_90 target.  ``-m gpu``: the compiled model against float64 numpy.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tvm_ext.core.template import Workload
+from tvm_ext.relax.pipeline import build_model, compile_relax, extract_tasks, legalize_and_fuse, match_tasks
+from tvm_ext.relax.tvm_export import OPERATORS_FILE
+from tvm_ext.target import offline_cuda
+
+K = 128
+
+
+def linear(n: int, rows: int, dtype: str = "float16"):
+    """``x · wᵀ + bias``, x (rows, K), w (n, K) as a ``Linear`` stores it, all ``dtype``."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, K), dtype))
+    w = relax.Var("w", relax.TensorType((n, K), dtype))
+    bias = relax.Var("bias", relax.TensorType((n,), dtype))
+    with bb.function("main", [x, w, bias]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(w)))
+            out = bb.emit_output(relax.op.add(y, bias))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _matches(mod, target):
+    lowered = legalize_and_fuse(mod, target)
+    return lowered, match_tasks(extract_tasks(lowered, target or offline_cuda()), target or offline_cuda())
+
+
+@pytest.mark.parametrize("n, rows, kept", [
+    (1000, 256, False), (30522, 96, False),  # ragged N, rows enough: read as stored
+    (1000, 8, True), (29, 256, True), (1024, 256, True),  # a 64-row tile mostly empty, an odd N, N divided
+])
+def test_the_weight_is_read_as_stored_where_wgmma_takes_the_ragged_n(n, rows, kept):
+    lowered, matches = _matches(linear(n, rows), offline_cuda())
+    matmul = [m for m in matches if "matmul" in m.name]
+    assert len(matmul) == 1
+    (match,) = matmul
+    script = lowered[match.name].script()
+    as_stored = bool(re.search(r"w\[v_\w+, v_k\]", script))
+    assert as_stored == (not kept), script
+    if not kept:
+        assert match.matcher == "wgmma" and match.template.b_layout == "NK" and match.template.n == n, match.reason
+    assert "T_add" in script or not as_stored  # the bias joins the matmul's function
+
+
+@pytest.mark.parametrize("target", [offline_cuda("sm_80"), None])
+def test_without_wgmma_the_model_is_left_as_it_was(target):
+    lowered, _ = _matches(linear(1000, 256), target)
+    assert not [gv for gv, _ in lowered.functions_items() if "weight_rows" in gv.name_hint]
+
+
+def _operators(match, target, directory) -> str:
+    entries = {Workload.of(match.template, target).key: {"config": match.template.default_config(target).as_dict()}}
+    directory.mkdir(exist_ok=True)
+    (directory / OPERATORS_FILE).write_text(json.dumps({"version": 1, "operators": entries}))
+    return str(directory)
+
+
+def test_the_compiled_model_runs_the_guarded_wgmma_kernel_with_its_bias(tmp_path):
+    cuda = offline_cuda()
+    mod = linear(1000, 256)
+    _, matches = _matches(mod, cuda)
+    (match,) = [m for m in matches if m.matcher == "wgmma"]
+    compiled = compile_relax(mod, cuda, _operators(match, cuda, tmp_path / "db"), log=None)
+    ex = build_model(compiled, cuda)
+    (wgmma,) = [s for s in (m.inspect_source() for m in ex.mod.imports[0].imports) if "wgmma.mma_async" in s]
+    kernel = wgmma[re.search(rf"__global__ void[^\n;]*{match.name}_kernel\([^\n;]*\{{", wgmma).start():]
+    body = kernel[:kernel.index("\n}\n")]
+    assert "% 1000)" in body and "bias_ptr[" in body  # Bt's rows below N
+    assert re.search(r"if \(.*< 500\) \{\n\s*\*\(half2\*\)\(C_ptr", body)  # a pair's stores stopped at N (2 x 500)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, rows", [(1000, 256), (30522, 200)])
+def test_a_ragged_linear_on_the_gpu_matches_float64(tmp_path, n, rows):
+    """On the GPU machine: the Linear compiled with the wgmma kernel (default config, Bt read as
+    stored) against float64 numpy of the same float16 values."""
+    from tvm_ext.relax.pipeline import CompiledModel
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    mod = linear(n, rows)
+    _, matches = _matches(mod, cuda)
+    (match,) = [m for m in matches if m.matcher == "wgmma"]
+    model = CompiledModel(compile_relax(mod, cuda, _operators(match, cuda, tmp_path / "db"), log=None), cuda)
+    rng = np.random.default_rng(0)
+    x, w, bias = (rng.standard_normal(s).astype(np.float16) for s in ((rows, K), (n, K), (n,)))
+    ref = x.astype(np.float64) @ w.astype(np.float64).T + bias
+    for _ in range(2):
+        out = np.asarray(model(x, w, bias), dtype=np.float64)
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
