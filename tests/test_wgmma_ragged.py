@@ -51,12 +51,18 @@ def test_a_ragged_n_is_guarded_where_bt_is_stored_n_k_and_c_directly():
     whole = wgmma_gemm(tile, 1024, 1024, 768, bias_dtype="float16").script()
     assert "% 1024" not in whole and "< 1024" not in whole
     assert wgmma_reason(tile, 1024, 1000, 768) is None
-    for refused, n, layout in ((tile, 1000, "KN"), (WgmmaTile(128, 128, 4, 1, True, 0), 1000, "NK"),
+    staged = WgmmaTile(128, 128, 4, 1, True, 0)
+    assert wgmma_reason(staged, 1024, 1000, 768) is None  # 1000 columns: 16-byte rows, C staged
+    for refused, n, layout in ((tile, 1000, "KN"), (staged, 30522, "NK"),
                                (WgmmaTile(128, 128, 4, 1, False, 0, split=2), 1000, "NK"), (tile, 999, "NK")):
         assert "is no multiple of bn" in wgmma_reason(refused, 1024, n, 768, b_layout=layout), (refused, n, layout)
-    t = WgmmaGemmTemplate(8192, 1000, 1024)
-    picked = WgmmaTile.of(t.default_config(target))
-    assert not picked.smem_epilogue and picked.split == 1 and t.space(target).is_feasible(t.default_config(target))
+    staged_source = wgmma_gemm(staged, 1024, 1000, 768, bias_dtype="float16").script()
+    assert "< 1000" in staged_source and "% 1000" in staged_source
+    for n, smem in ((1000, True), (30522, False)):
+        t = WgmmaGemmTemplate(8192, n, 1024)
+        picked = WgmmaTile.of(t.default_config(target))
+        assert picked.smem_epilogue == smem and picked.split == 1, n
+        assert t.space(target).is_feasible(t.default_config(target))
     assert pick_wgmma_tile([(8192, 1000, 1024)], target, "float16") is None  # callers that don't ask
     assert pick_wgmma_tile([(8192, 1024, 1024)], target, "float16", ragged_n=True) == \
         pick_wgmma_tile([(8192, 1024, 1024)], target, "float16")  # N divided: as before
@@ -71,12 +77,16 @@ def test_a_ragged_n_is_guarded_where_bt_is_stored_n_k_and_c_directly():
     ((1024, 30522, 768), dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_tma=1,
                               wgmma_ws=1, wgmma_tiles=4)),
     ((256, 58, 256), dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=3, wgmma_smem_epilogue=0, wgmma_inflight=0)),
+    ((1024, 1000, 768), dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, wgmma_smem_epilogue=1, wgmma_tiles=2)),
+    ((700, 1000, 1024), dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_smem_epilogue=1, wgmma_tma=1,
+                             wgmma_tiles=2, wgmma_raster=2)),
 ])
 def test_cuda_ragged_n_matches_float64_and_writes_nothing_past_n(shape, knobs):
     """C against float64 where N is no multiple of bn (cp.async loads reading Bt's rows below N,
     TMA loads zero-filling past N, the warp-specialized kernel, several tiles a block, a ragged M
-    too); C is a view of a NaN-poisoned buffer a tile row longer: an unguarded store past the last
-    row's N writes there."""
+    too, C stored directly and, where N is a multiple of 8, staged in shared memory); C is a view
+    of a NaN-poisoned buffer a tile row longer: an unguarded store past the last row's N writes
+    there."""
     import tvm
 
     from tvm_ext.target import resolve_target

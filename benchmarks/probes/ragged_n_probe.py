@@ -1,7 +1,8 @@
 """GEMMs whose N no tile divides (a classifier's 1000 classes, BERT's 30522-token vocabulary):
-the wgmma pick (Bt stored (N, K), its last tile column guarded) and the mma.sync pick (N padded)
-against cuBLAS and cuBLASLt, all replayed from CUDA graphs on the same rotated operands, in
-interleaved rounds (the medians of the per-round ratios), errors against float64.
+the wgmma pick (Bt stored (N, K), its last tile column guarded; where it stages C, also with C
+stored directly) and the mma.sync pick (N padded) against cuBLAS and cuBLASLt, all replayed from
+CUDA graphs on the same rotated operands, in interleaved rounds (the medians of the per-round
+ratios), errors against float64.
 
     source .tvm-device/boot.sh && python benchmarks/probes/ragged_n_probe.py --out $OUT
 """
@@ -49,9 +50,13 @@ def main() -> int:
         mma_config = mma.default_config(target)
         peer, peer_err = ours_launch(mma, mma_config.as_dict(), target, sets)
         notes.append(f"{shape}: mma.sync {MmaTile.of(mma_config).label()}, error {peer_err:.1e}")
+        peers = {"mma.sync": peer}
+        if wgmma_config.wgmma_smem_epilogue:  # C staged (N a multiple of 8): against the direct store too
+            peers["wgmma, C stored directly"], direct_err = ours_launch(
+                wgmma, wgmma_config.replace(wgmma_smem_epilogue=0).as_dict(), target, sets)
+            notes.append(f"{shape}: wgmma, C stored directly, error {direct_err:.1e}")
         summaries, left_out = compare_in_rounds(shape, ours, cublas_launches(sets, lt=True), len(sets), args.rounds,
-                                                os.path.join(args.out, "ragged_n_rounds.jsonl"),
-                                                peers={"mma.sync": peer})
+                                                os.path.join(args.out, "ragged_n_rounds.jsonl"), peers=peers)
         rows += [[shape, *rounds_cells(s)] for s in summaries]
         notes += [f"{shape}: {vendor} left out of the rounds: {why}" for vendor, why in left_out.items()]
     text = table("ragged N: wgmma (ours) and mma.sync against cuBLAS, interleaved rounds from CUDA graphs",

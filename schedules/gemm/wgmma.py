@@ -35,9 +35,10 @@ and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distri
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
 global memory.  K must divide the tile; an M that bm does not divide (a token count) is
 guarded in the unsplit kernel: the last tile row's loads past M read rows below it again (row
-mod M) and its stores stop at M; an even N that bn does not divide (a classifier's 1000 classes),
-the same with Bt stored (N, K) and C stored directly: its last tile column's rows of Bt past N
-read rows below it again (zeros where the TMA loads them), its stores stop at N.
+mod M) and its stores stop at M; an even N that bn does not divide (a vocabulary of 30522), the
+same with Bt stored (N, K) and K unsplit: its last tile column's rows of Bt past N read rows below
+it again (zeros where the TMA loads them), its stores stop at N (C staged in shared memory only
+where N is a multiple of 8, as 1000 classes: its 16-byte chunks are whole and aligned).
 
 ``wgmma_tma`` loads the stages by the Tensor Memory Accelerator, ``wgmma_ws`` specializes a
 producer warpgroup (``wgmma_specialized``), ``wgmma_multicast`` pairs its blocks in clusters that
@@ -229,9 +230,10 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
     if k % t.bk:
         return f"{t.name}: K ({k}) must divide the tile's k step {t.bk} (M and N are guarded)"
-    if n % t.bn and (b_layout != "NK" or t.smem_epilogue or t.split > 1 or n % 2):
+    if n % t.bn and (b_layout != "NK" or (t.smem_epilogue and n % 8) or t.split > 1 or n % 2):
         return (f"{t.name}: N = {n} is no multiple of bn {t.bn}: its last tile column is guarded with Bt stored "
-                "(N, K), C stored directly (wgmma_smem_epilogue 0), K unsplit and an even N")
+                "(N, K), K unsplit and an even N, staged through shared memory only where N is a multiple of 8 "
+                "(16-byte rows; else wgmma_smem_epilogue 0)")
     if m % t.bm and t.split > 1:
         return (f"{t.name}: M = {m} is no multiple of bm {t.bm}: its last rows are guarded in the unsplit kernel "
                 "only (wgmma_split_k 1)")

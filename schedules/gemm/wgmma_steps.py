@@ -214,7 +214,7 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
             for v in T.vectorized(2):  # rows past a ragged M: computed at rows below it, never copied out
                 smem[piece + L.fragment_row(0, tx, p) * L.c_stride + L.fragment_col(0, tx, p, v)] = \
                     out(acc[p * 2 + v], bias, at, L.epilogue_row(L.fragment_row(row0 + wg * 64, tx, p)),
-                        L.fragment_col(col0, tx, p, v))
+                        L.epilogue_col(L.fragment_col(col0, tx, p, v)))
 
     @T.macro
     def store_unit(smem: Any, C: Any, bias: Any, sums: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any,
@@ -232,7 +232,7 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
             T.tvm_storage_sync("shared")
             for i in T.unroll(L.c_loads):
                 f = T.meta_var(i * copy_threads + lane)
-                if L.in_rows(copy_row0 + f // (L.bn // 8)):
+                if L.in_c(copy_row0 + f // (L.bn // 8), col0 + f % (L.bn // 8) * 8):  # N % 8 == 0: chunks in or out
                     for v in T.vectorized(8):
                         C[(*at, copy_row0 + f // (L.bn // 8), col0 + f % (L.bn // 8) * 8 + v)] = \
                             smem[copy_base + f // (L.bn // 8) * L.c_stride + f % (L.bn // 8) * 8 + v]

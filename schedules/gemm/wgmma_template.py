@@ -210,8 +210,9 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 
     offered = [_stages_for(t, shapes) for t in candidates] if candidates else made(DEFAULT_TILES)
     fitting = [t for t in offered if fits(t)]
+    direct = any(n % 8 for _, n, _ in shapes)  # a ragged N's C rows no multiple of 16 bytes: stored directly
     if not fitting and ragged_n:  # a tile column past N only where no tile divides it
-        offered = [dataclasses.replace(t, smem_epilogue=False) for t in offered]
+        offered = [dataclasses.replace(t, smem_epilogue=False) for t in offered] if direct else offered
         fitting = [t for t in offered if fits(t, RAGGED_PADDING)]
     if not fitting:
         return None
@@ -221,7 +222,8 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
         extra = FEW_WAVES_TILES[len(DEFAULT_TILES):] + (NARROW_TILES if narrow_suits(shapes) else ())
-        extras = made(extra) if columns == 0 else [dataclasses.replace(t, smem_epilogue=False) for t in made(extra)]
+        extras = made(extra) if columns == 0 or not direct else [dataclasses.replace(t, smem_epilogue=False)
+                                                                  for t in made(extra)]
         weighed = fitting + [t for t in extras if fits(t, columns and RAGGED_PADDING)]
         picked = few_waves_pick(tile, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
         if picked is not None:
