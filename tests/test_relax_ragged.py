@@ -47,6 +47,7 @@ def _matches(mod, target):
 @pytest.mark.parametrize("n, rows, kept", [
     (1000, 256, False), (30522, 96, False),  # ragged N, rows enough: read as stored
     (1000, 8, True), (29, 256, True), (1024, 256, True),  # a 64-row tile mostly empty, an odd N, N divided
+    (10, 256, True),  # 10 classes: a 64-column tile mostly empty (mma.sync's 32-wide tiles take it)
 ])
 def test_the_weight_is_read_as_stored_where_wgmma_takes_the_ragged_n(n, rows, kept):
     lowered, matches = _matches(linear(n, rows), offline_cuda())
@@ -85,7 +86,8 @@ def test_the_compiled_model_runs_the_guarded_wgmma_kernel_with_its_bias(tmp_path
     kernel = wgmma[re.search(rf"__global__ void[^\n;]*{match.name}_kernel\([^\n;]*\{{", wgmma).start():]
     body = kernel[:kernel.index("\n}\n")]
     assert "% 1000)" in body and "bias_ptr[" in body  # Bt's rows below N
-    assert re.search(r"if \(.*< 500\) \{\n\s*\*\(half2\*\)\(C_ptr", body)  # a pair's stores stopped at N (2 x 500)
+    # C staged (1000 is a multiple of 8): its 16-byte chunks stored below N only (8 x 125)
+    assert re.search(r"if \(.*< 125\) \{\n\s*\*\(uint4\*\)\(C_ptr", body), body[-600:]
 
 
 @pytest.mark.gpu

@@ -17,8 +17,9 @@ built from the same rewritten module.
   transpose is a kernel of its own (or, for a constant weight, folded into a [k, n] copy) and
   the matmul gets B as [k, n], which no 8-bit kernel reads.
 - ``ragged_weight_rows``: on a GPU with wgmma, the same for a 16-bit ``Linear`` whose even N no
-  wgmma tile divides (a vocabulary of 30522, 1000 classes), whose K is a multiple of 64 and whose
-  rows fill more than half of a 64-row tile (else mma.sync, which reads B as (K, N), takes it):
+  wgmma tile divides (a vocabulary of 30522, 1000 classes), whose K is a multiple of 64, and
+  whose N and rows fill more than half of a 64-wide tile (else mma.sync, which reads B as (K, N),
+  takes it: 10 classes, a batch of 8):
   B stored (K, N) takes
   no such N on wgmma (its rows no multiple of 16 bytes, its atoms of 64 columns), B read as
   stored (N, K) does, its last tile column guarded (on the H200, 1024x30522x768 at 1.65x cuBLAS
@@ -181,9 +182,9 @@ def _make_mutator() -> Any:
                     or (axes is not None and [int(x) for x in axes] != [1, 0])):
                 return None
             n, k = w_shape
-            rows = int(np.prod(a_shape[:-1]))  # wgmma's M, its last 64-row tile more than half full
+            rows = int(np.prod(a_shape[:-1]))  # wgmma's M and N, their last tiles of 64 more than half full
             ragged = (self.ragged_rows and n % RAGGED_N_TILE and n % 2 == 0 and k % RAGGED_N_TILE == 0
-                      and 2 * rows > -(-rows // RAGGED_N_TILE) * RAGGED_N_TILE)
+                      and 2 * n > RAGGED_N_TILE and 2 * rows > -(-rows // RAGGED_N_TILE) * RAGGED_N_TILE)
             if not (eight_bit or ragged):
                 return None
             self.changed += 1
