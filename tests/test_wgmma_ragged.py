@@ -4,9 +4,11 @@ them, the pick's preference for tiles that divide, and (``-m gpu``) C against fl
 nothing stored past M or N."""
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
-from test_wgmma import _config
+from test_wgmma import CLI, _config
 
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
@@ -66,6 +68,23 @@ def test_a_ragged_n_is_guarded_where_bt_is_stored_n_k_and_c_directly():
     assert pick_wgmma_tile([(8192, 1000, 1024)], target, "float16") is None  # callers that don't ask
     assert pick_wgmma_tile([(8192, 1024, 1024)], target, "float16", ragged_n=True) == \
         pick_wgmma_tile([(8192, 1024, 1024)], target, "float16")  # N divided: as before
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["gemm-wgmma", "--shape", "1024,30522,768", "--b-layout", "nk"], "wgmma_smem_epilogue=0"),  # 30522: direct
+    (["gemm-wgmma", "--shape", "8192,1000,1024", "--b-layout", "nk"], "wgmma_smem_epilogue=1"),  # 1000: staged
+    (["gemm-fp8", "--shape", "4096,4096,4096"], "fp8_promote=1"),
+    (["gemm-3xtf32", "--shape", "4096,4096,4096"], "tf_promote="),
+])
+def test_cli_shows_the_wgmma_templates_picks_without_measuring(args, expect, tmp_path):
+    """``--strategy analytic --no-measure`` on the wgmma GEMMs prints the tile their default picks
+    (an error before: the analytic tile selection is the CUDA-core GEMM's), offline."""
+    p = subprocess.run(CLI + args + ["--target", "cuda", "--strategy", "analytic", "--no-measure", "--records",
+                                     str(tmp_path / "r.jsonl"), "--no-progress"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    (config,) = [line for line in p.stdout.splitlines() if line.startswith("config: ")]
+    assert expect in config and "tile picked without measuring" in p.stdout, p.stdout
 
 
 @pytest.mark.gpu

@@ -223,6 +223,7 @@ class Gemm3xTf32Template(Template):
     b_layout: str = "KN"  # "NK": B stored transposed (N, K), a Linear weight, split row by row
 
     name = "gemm_3xtf32"
+    default_is_pick = True  # default_config picks a tile without measuring
     tolerance = 1e-5  # float32-accurate: about 1e-6 at K = 4096, as cuBLAS's float32 GEMM
 
     def __post_init__(self) -> None:

@@ -69,6 +69,7 @@ class Fp8GemmTemplate(Template):
     promote: int | None = None
 
     name = "gemm_fp8"
+    default_is_pick = True  # default_config picks a tile without measuring
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)

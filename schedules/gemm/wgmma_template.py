@@ -313,6 +313,7 @@ class WgmmaGemmTemplate(Template):
     dtype: str = "float16"  # A, B and C (``DTYPES``)
 
     name = "gemm_wgmma"
+    default_is_pick = True  # default_config picks a tile without measuring
 
     def __post_init__(self) -> None:
         check_sizes("GEMM", M=self.m, N=self.n, K=self.k)

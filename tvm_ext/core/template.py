@@ -232,10 +232,17 @@ class Template(ABC):
         inputs rotated when they fit in L2, no failure flag, no stage times."""
         return RunPlan()
 
+    # whether ``default_config`` is a pick made without measuring (the wgmma GEMMs' tile picks):
+    # then it is the template's ``analytic_pick`` too
+    default_is_pick: ClassVar[bool] = False
+
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str] | None:
         """A config chosen without measuring and why (``--strategy analytic``), or None when
         the template has no rule of its own (the analytic GEMM tile selection of
         ``cost_model.analytic`` applies)."""
+        if self.default_is_pick:
+            config = self.default_config(target)
+            return config, f"{self.name}: its default config, a tile picked without measuring"
         return None
 
     def known_good(self, target: TargetInfo) -> list[Config]:
