@@ -289,8 +289,8 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     b_name = block.reads[b_read].source.name
     loops = sch.get_loops(gemm)
     m, n, depth = (int(sch.get(loop).extent) for loop in loops[-3:])
-    ragged = {"A": bool(m % t.block_m or depth % t.block_k), "B": bool(depth % t.block_k or n % t.block_n)}
-    if ragged["A"] or ragged["B"]:  # past M, N or K: operands read zeros (guarded copies), the store drops them
+    ragged_a, ragged_b = bool(m % t.block_m or depth % t.block_k), bool(depth % t.block_k or n % t.block_n)
+    if ragged_a or ragged_b:  # past M, N or K: operands read zeros (guarded copies), the store drops them
         sch.pad_einsum(gemm, [1] * (len(block.iter_vars) - 3) + [t.block_m, t.block_n, t.block_k])
         if m % t.block_m or n % t.block_n:
             epilogue = (f"{out_name}_pad", *epilogue)
@@ -340,11 +340,12 @@ def schedule_mma(sch: Any, block_name: str, config: Config, *, epilogue: Sequenc
     fragments = []
     row_a, row_b = t.operand_row_strides(operand_dtype)
     copies = []
-    for read, row, name, global_row in ((a_read, row_a, "A", depth), (b_read, row_b, "B", n)):
+    for read, row, source, ragged, global_row in ((a_read, row_a, a_name, ragged_a, depth),
+                                                  (b_read, row_b, b_name, ragged_b, n)):
         smem = sch.cache_read(mma, read, "shared.dyn")
         sch.compute_at(smem, ko)
-        if ragged[name]:
-            sch.compute_inline(sch.get_sblock(f"{a_name if name == 'A' else b_name}_pad"))
+        if ragged:  # pad_einsum's copy of the operand, read through the guarded copy instead
+            sch.compute_inline(sch.get_sblock(f"{source}_pad"))
         if not t.swizzle:
             sch.storage_align(smem, 0, axis=-2, factor=row, offset=0)  # row stride = row
         _cooperative_copy(sch, smem, t.copy_vec(operand_dtype, global_row), t.warps)

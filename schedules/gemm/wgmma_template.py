@@ -210,21 +210,23 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 
     offered = [_stages_for(t, shapes) for t in candidates] if candidates else made(DEFAULT_TILES)
     fitting = [t for t in offered if fits(t)]
-    direct = any(n % 8 for _, n, _ in shapes)  # a ragged N's C rows no multiple of 16 bytes: stored directly
-    if not fitting and ragged_n:  # a tile column past N only where no tile divides it
-        offered = [dataclasses.replace(t, smem_epilogue=False) for t in offered] if direct else offered
-        fitting = [t for t in offered if fits(t, RAGGED_PADDING)]
+    pads_n = not fitting and ragged_n  # a tile column past N only where no tile divides it
+    direct = pads_n and any(n % 8 for _, n, _ in shapes)  # C's rows no multiple of 16 bytes: stored directly
+
+    def past_n(tiles: Sequence[WgmmaTile]) -> list[WgmmaTile]:  # the tiles a padded N takes
+        return [t for t in (dataclasses.replace(t, smem_epilogue=False) if direct else t for t in tiles)
+                if fits(t, RAGGED_PADDING if pads_n else 0.0)]
+
+    if pads_n:
+        fitting = past_n(offered)
     if not fitting:
         return None
-    columns = max(column_padding(t, shapes) for t in fitting)
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
         extra = FEW_WAVES_TILES[len(DEFAULT_TILES):] + (NARROW_TILES if narrow_suits(shapes) else ())
-        extras = made(extra) if columns == 0 or not direct else [dataclasses.replace(t, smem_epilogue=False)
-                                                                  for t in made(extra)]
-        weighed = fitting + [t for t in extras if fits(t, columns and RAGGED_PADDING)]
+        weighed = fitting + past_n(made(extra))
         picked = few_waves_pick(tile, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
         if picked is not None:
             return picked

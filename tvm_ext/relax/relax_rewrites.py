@@ -37,9 +37,6 @@ from typing import Any
 import numpy as np
 
 LOW_PRECISION = ("float16", "bfloat16")
-# ``ragged_weight_rows``: wgmma's N atom and k step (a 16-bit weight of N rows no multiple of this
-# is read as stored; K a multiple of it)
-RAGGED_N_TILE = 64
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -60,6 +57,18 @@ def _op_name(expr: Any) -> str:
     from tvm.ir.expr import Call
 
     return str(getattr(expr.op, "name", "")) if isinstance(expr, Call) else ""
+
+
+def _wgmma_takes_ragged_n(rows: int, n: int, k: int) -> bool:
+    """``ragged_weight_rows``'s rule, by the wgmma template's own: an even N its smallest tile
+    (64x64) does not divide, K a whole number of its k steps, and M and N filling more than
+    ``RAGGED_PADDING`` of that tile's last row and column (else mma.sync takes the matmul)."""
+    from ..schedules.gemm.wgmma import BK, WgmmaTile
+    from ..schedules.gemm.wgmma_template import RAGGED_PADDING, column_padding, padding
+
+    smallest, shapes = WgmmaTile(64, 64), [(rows, n, k)]
+    return (n % 2 == 0 and k % BK == 0 and 0 < column_padding(smallest, shapes) < RAGGED_PADDING
+            and padding(smallest, shapes) < RAGGED_PADDING)
 
 
 def _matmul_weight_rows(a: Any, w: Any) -> Any:
@@ -181,10 +190,7 @@ def _make_mutator() -> Any:
             if (w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2
                     or (axes is not None and [int(x) for x in axes] != [1, 0])):
                 return None
-            n, k = w_shape
-            rows = int(np.prod(a_shape[:-1]))  # wgmma's M and N, their last tiles of 64 more than half full
-            ragged = (self.ragged_rows and n % RAGGED_N_TILE and n % 2 == 0 and k % RAGGED_N_TILE == 0
-                      and 2 * n > RAGGED_N_TILE and 2 * rows > -(-rows // RAGGED_N_TILE) * RAGGED_N_TILE)
+            ragged = self.ragged_rows and _wgmma_takes_ragged_n(int(np.prod(a_shape[:-1])), *w_shape)
             if not (eight_bit or ragged):
                 return None
             self.changed += 1
