@@ -168,6 +168,7 @@ def test_cli_takes_gemm_fp8_and_refuses_a_target_without_wgmma():
 @pytest.mark.parametrize("shape, fp8, out_dtype, knobs", [
     ((512, 768, 1024), "e4m3", "float16", None),  # the default pick
     ((512, 768, 1024), "e5m2", "bfloat16", None),
+    ((1024, 2176, 3072), "e4m3", "float16", None),  # the wide default, its last tile column past N
     ((192, 320, 640), "e4m3", "float16", dict(wgmma_bm=64, wgmma_bn=64, wgmma_stages=4)),  # odd tile counts
     ((1024, 1024, 2048), "e4m3", "float16", dict(wgmma_bn=128, wgmma_stages=6, wgmma_tiles=4, wgmma_raster=2)),
     ((1024, 1024, 2048), "e4m3", "float16", dict(wgmma_bn=128, wgmma_stages=6, wgmma_tiles=4, wgmma_raster=2,
@@ -196,20 +197,30 @@ def test_cuda_fp8_gemm_matches_float64(shape, fp8, out_dtype, knobs):
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < bound
 
 
-@pytest.mark.parametrize("shape, overlapped", [
-    ((4096, 4096, 4096), True), ((8192, 8192, 8192), True), ((256, 256, 8192), True),
-    ((1024, 768, 768), False),  # 12 k steps a block: not measured there, as before
-    ((192, 320, 640), False), ((256, 256, 384), False),  # K fills fewer k steps than the tile's stages
+@pytest.mark.parametrize("shape, overlapped, tma, bn", [
+    ((4096, 4096, 4096), 1, 1, 128),  # 6 waves of 128x192: 1.125x the area of 8 waves of 128x128
+    ((256, 256, 8192), 1, 1, 64), ((2048, 8192, 8192), 1, 1, 128),
+    ((8192, 8192, 8192), 0, 1, 192),  # the wide tile: 21 waves of 128x192 against 32 of 128x128
+    ((8192, 11008, 4096), 0, 1, 192),  # 29 waves against 42: 1.036x the area
+    ((4096, 6144, 4096), 0, 1, 192), ((1024, 2176, 3072), 0, 1, 192),  # 192 divides N / 96 tiles against 136
+    ((8192, 3072, 1024), 0, 0, 192),  # 8 k steps a block of the wide tile: as before
+    ((1024, 768, 768), 0, 0, 64),  # 12 k steps a block: not measured there, as before
+    ((192, 320, 640), 0, 0, 64), ((256, 256, 384), 0, 0, 64),  # K fills fewer k steps than the tile's stages
 ])
-def test_the_default_promotes_overlapped_where_the_tile_has_room_and_k_is_long(shape, overlapped):
-    """The default promotes every k step, overlapped and TMA-loaded on a tile of bn <= 128 whose
-    busiest block runs at least 24 k steps; elsewhere as before, also where K fills fewer k steps
-    than the tile's stages (its stages cut to a depth the knob offers)."""
+def test_the_default_promotes_overlapped_or_on_the_wide_tile_where_k_is_long(shape, overlapped, tma, bn):
+    """The default promotes every k step; where its busiest block runs at least 24 k steps, TMA-loaded
+    and warp-specialized, on ``WIDE_TILE`` (one C tile a block, not overlapped) where its waves of
+    C tiles make at most ``WIDE_RATE`` times the area and its own blocks run 24 k steps, else
+    overlapped on a tile of bn <= 128;
+    elsewhere as before, also where K fills fewer k steps than the tile's stages (its stages cut to
+    a depth the knob offers)."""
     target = offline_cuda()
     t = Fp8GemmTemplate(*shape)
     cfg = t.default_config(target)
     assert t.space(target).infeasible_reason(cfg) is None and cfg.fp8_promote == 1
-    assert (cfg.fp8_promote_overlap, cfg.wgmma_tma) == ((1, 1) if overlapped else (0, 0))
+    assert (cfg.fp8_promote_overlap, cfg.wgmma_tma, cfg.wgmma_ws, cfg.wgmma_bn) == (overlapped, tma, tma, bn)
+    if bn == 192 and tma:
+        assert (cfg.wgmma_bm, cfg.wgmma_tiles) == (128, 1)
 
 
 @pytest.mark.parametrize("knobs, reason", [
@@ -235,6 +246,17 @@ def test_overlapped_promotions_keep_the_wgmma_asynchronous(knobs, tmp_path):
     t = Fp8GemmTemplate(1024, 1024, 4096)
     cfg = _config(t, target, **{"wgmma_bn": 128, "wgmma_stages": 6, "wgmma_raster": 8, "fp8_promote": 1,
                                 "fp8_promote_overlap": 1, **knobs})
+    assert_wgmma_asynchronous_without_spills(ptxas_report(t.build_program(cfg, target).source, tmp_path))
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc (ptxas)")
+def test_the_wide_default_keeps_its_two_sets_in_registers_and_the_wgmma_asynchronous(tmp_path):
+    """The wide default (128x192, warp-specialized: two sets of 96 accumulators a consumer thread
+    under ``setmaxnreg``'s 232) builds with no spill and no serialized wgmma."""
+    target = offline_cuda()
+    t = Fp8GemmTemplate(8192, 8192, 8192)
+    cfg = t.default_config(target)
+    assert (cfg.wgmma_bn, cfg.wgmma_ws) == (192, 1)
     assert_wgmma_asynchronous_without_spills(ptxas_report(t.build_program(cfg, target).source, tmp_path))
 
 

@@ -16,7 +16,8 @@ asked for its fast accumulation; 0 never does (faster, an error that grows with 
 ``fp8_promote_overlap`` alternates two sets of wgmma accumulators so those adds run behind the
 next k step's wgmma instead of after a full wait.  The default promotes every k step, on a tile
 with room for both sets (bn <= 192), overlapped (with TMA loads) where there is room for three
-(bn <= 128) and its blocks run many k steps.
+(bn <= 128) and its blocks run many k steps; there a 128x192 tile, warp-specialized and not
+overlapped, where its waves of C tiles are not much larger (its last tile column may pass N).
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from tvm_ext.target import TargetInfo
 
 from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, promote_reason, shared_limit, target_reason,
                     wgmma_gemm, wgmma_reason)
-from .wgmma_template import TMA_MIN_STEPS, block_steps, pick_wgmma_tile
+from .wgmma_template import (RAGGED_PADDING, TMA_MIN_STEPS, block_steps, column_padding, padding, pick_wgmma_tile,
+                             tiles_per_sm)
 
 FP8 = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}  # the operands' formats -> their TVM dtypes
 FP8_FORMATS = {dtype: name for name, dtype in FP8.items()}  # and back
@@ -45,6 +47,13 @@ FP8_KNOBS = (*KNOBS, Knob("fp8_promote", PROMOTIONS, "k steps (of 128) between p
                   "behind the next window's first wgmma (bn <= 128, wgmma_inflight 1; the same sums)", before=0))
 # the default's tiles, in order: room for two sets of accumulators (``promote_reason``)
 PROMOTE_TILES = ((128, 192, 4, 1), (128, 128, 6, 1), (64, 192, 6, 1), (64, 128, 6, 1), (64, 64, 8, 1))
+# the default's wide tile (bm, bn, stages, inflight), warp-specialized with promotions not overlapped
+# (two sets of 96 accumulators; the consumer warpgroups' adds run beside each other's wgmma), where
+# its waves of C tiles leave the SMs at most WIDE_RATE times the pick's area: the rate of its area
+# over the 128x128 tile's with overlapped promotions, 1.04-1.10 measured at three shapes (and bn
+# 192 faster warp-specialized than not; docs/results/gemm.md)
+WIDE_TILE = (128, 192, 4, 1)
+WIDE_RATE = 1.06
 # C -> the check's tolerance: C's rounding, and without promotion the tensor cores' sums, whose
 # error grows with K (float16 C: 1.3e-3 at K 4096, 2.1e-3 at 8192 on an H200), with room
 OUT_DTYPES = {"float16": 1e-2, "bfloat16": 1e-2}
@@ -130,7 +139,8 @@ class Fp8GemmTemplate(Template):
         (a producer warpgroup, ``wgmma_specialized``) where the tile has room for a third set and
         its busiest block runs ``TMA_MIN_STEPS`` k steps or more (measured faster together than
         without any of them there; at fewer k steps 16-bit tiles lost by the TMA: the results
-        docs); without promotion where none of them fits."""
+        docs); in those blocks ``WIDE_TILE`` instead where ``_wide_config`` takes it; without
+        promotion where none of them fits."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
@@ -152,9 +162,37 @@ class Fp8GemmTemplate(Template):
         space = self.space(target)
         config = space.make(**dataclasses.replace(tile, smem_epilogue=False, pdl=True).knobs(), fp8_promote=promote,
                             fp8_promote_overlap=0)
+        if not promote or block_steps(tile, shapes, self.matrices) < TMA_MIN_STEPS:
+            return config
+        wide = self._wide_config(tile, space, target.compute_units, promote)
+        if wide is not None:
+            return wide
         overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1, wgmma_ws=1)
-        long_k = block_steps(tile, shapes, self.matrices) >= TMA_MIN_STEPS
-        return overlapped if promote and long_k and space.is_feasible(overlapped) else config
+        return overlapped if space.is_feasible(overlapped) else config
+
+    def _wide_config(self, tile: WgmmaTile, space: Space, sm_count: int, promote: int) -> Config | None:
+        """``WIDE_TILE`` warp-specialized, one C tile a block, its sums promoted without overlap,
+        where its last tile column may pass N (less than ``RAGGED_PADDING`` of it), its SMs
+        compute at most ``WIDE_RATE`` times ``tile``'s C area (the tiles the busiest SM computes
+        times a tile's area; a ragged count of tiles balanced by the hardware's block scheduler)
+        and its blocks run ``TMA_MIN_STEPS`` k steps; None elsewhere."""
+        shapes = [(self.m, self.n, self.k)]
+        bm, bn, stages, inflight = WIDE_TILE
+
+        def area(t: WgmmaTile) -> int:
+            return tiles_per_sm(t, shapes, sm_count, self.matrices) * t.bm * t.bn
+
+        for raster in (8, 4, 2, 0):
+            wide = WgmmaTile(bm, bn, stages, inflight, False, raster, 1, operand=self.fp8, tma=True, specialized=True,
+                             pdl=True)
+            config = space.make(**wide.knobs(), fp8_promote=promote, fp8_promote_overlap=0)
+            if space.is_feasible(config):
+                break
+        else:
+            return None
+        fits = (padding(wide, shapes) == 0 and column_padding(wide, shapes) < RAGGED_PADDING
+                and block_steps(wide, shapes, self.matrices) >= TMA_MIN_STEPS)
+        return config if fits and area(wide) <= WIDE_RATE * area(tile) else None
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:
         raise TvmExtError("the 8-bit GEMM is written as a PrimFunc, not scheduled: use build_program")
