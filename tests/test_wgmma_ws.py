@@ -42,6 +42,13 @@ KINDS = {
     "multicast a, ragged m": (WgmmaTile(128, 64, 6, 1, multicast=True, **WS), 700, 768, 768, {}),
     "multicast bt, batched, bias": (WgmmaTile(128, 128, 4, 1, raster=2, multicast=True, **WS), 256, 256, 256,
                                     {"batch": (2, 3), "bias_dtype": "float16"}),
+    # two consumer warpgroups a 64-row band, each half of the tile's columns (``wgmma_wg_cols``)
+    "columns split, 96 wide, raster": (WgmmaTile(64, 96, 8, 1, raster=2, wg_cols=2, **WS), 512, 768, 1024, {}),
+    "columns split, ragged m and n, bias, several units": (
+        WgmmaTile(64, 128, 6, 1, tiles=3, wg_cols=2, **WS), 200, 400, 512, {"bias_dtype": "float16"}),
+    "columns split, e4m3 promoted, multicast a": (
+        WgmmaTile(64, 256, 4, 1, tiles=2, operand="e4m3", multicast=True, wg_cols=2, **WS), 256, 1024, 1024,
+        {"promote": 1, "scales": True}),
 }
 
 
@@ -116,6 +123,40 @@ def test_four_consumer_warpgroups_are_refused_their_registers_would_never_come()
     hung = template.default_config(offline_cuda("sm_90")).replace(wgmma_bm=256, wgmma_bn=64, wgmma_stages=3,
                                                                     wgmma_tiles=4, wgmma_raster=2)
     assert "setmaxnreg" in space.infeasible_reason(hung)
+
+
+def test_split_columns_run_two_consumer_warpgroups_each_on_its_half_of_bt():
+    """With ``wg_cols`` 2 the block has the producer and two consumer warpgroups (384 threads);
+    each issues m64n48 wgmma on the same A rows and its own half of the stage's Bt rows (48 rows
+    of 128 bytes apart), and each releases the stage (256 arrivals)."""
+    tile, m, n, k, kw = KINDS["columns split, 96 wide, raster"]
+    source = _source(tile, m, n, k, **kw)
+    body = _kernel(source)
+    assert "__launch_bounds__(384)" in source and "m64n48k16" in body and "m64n96k16" not in body
+    inits = [line for line in body.splitlines() if "mbarrier_init_init_shared__cta_b64(" in line]
+    assert [line.rstrip().endswith(" (uint)256);") for line in inits].count(True) == 8 and len(inits) == 16
+    assert f"{48 * 128})" in body  # the second warpgroup's Bt rows: 48 rows of 128 bytes further
+    one = _kernel(_source(dataclasses.replace(tile, wg_cols=1), m, n, k, **kw))
+    assert "m64n96k16" in one and f"{48 * 128})" not in one
+
+
+@pytest.mark.parametrize("change, layout, needle", [
+    (dict(specialized=False, tma=True), "NK", "warp-specialized kernel"),
+    (dict(), "KN", "Bt stored (N, K)"),
+    (dict(bn=64, wg_cols=3), "NK", "in two at most"),
+    (dict(bn=80), "NK", "multiple of 16 columns"),
+    (dict(bm=128, bn=128, stages=4), "NK", "wait for them forever"),  # four consumer warpgroups
+])
+def test_split_columns_refused_where_the_kernel_cannot_run_them(change, layout, needle):
+    tile = dataclasses.replace(WgmmaTile(64, 96, 8, 1, raster=2, wg_cols=2, **WS), **change)
+    assert needle in wgmma_reason(tile, 512, 960, 1024, b_layout=layout)
+
+
+def test_split_columns_name_their_tile_and_round_trip_through_the_knob():
+    tile = WgmmaTile(64, 96, 8, 1, raster=2, wg_cols=2, **WS)
+    assert tile.name.endswith(" tma ws c2") and tile.threads == 256 and tile.acc_registers == 24
+    assert WgmmaTile.of(_config(tile)) == tile
+    assert _config(dataclasses.replace(tile, wg_cols=1)).wgmma_wg_cols == 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to run ptxas")

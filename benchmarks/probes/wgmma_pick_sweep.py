@@ -43,13 +43,13 @@ def feasible(space, knob_sets) -> list:
 
 
 def knob_set(bm: int, bn: int, stages: int, *, split: int = 1, cluster: int = 0, tma: int = 0, ws: int = 0,
-             raster: int = 0, tiles: int = 1) -> dict:
+             raster: int = 0, tiles: int = 1, wg_cols: int = 1) -> dict:
     """A grid point's knobs: one wgmma group in flight, C through shared memory where K is unsplit
     and the warps are not specialized (those store from registers), no multicast, no early launch."""
     return dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
                 wgmma_smem_epilogue=int(split == 1 and not ws), wgmma_raster=raster, wgmma_tiles=tiles,
                 wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma, wgmma_ws=ws, wgmma_multicast=0,
-                wgmma_pdl=0)
+                wgmma_pdl=0, wgmma_wg_cols=wg_cols)
 
 
 def wide_grid(space) -> list:
@@ -70,6 +70,18 @@ def narrow_grid(space) -> list:
     return feasible(space, (
         knob_set(bm, bn, stages, split=split, cluster=int(split > 1), tma=1, ws=ws)
         for (bm, bn), stages, split, ws in itertools.product(NARROW_TILES, (4, 6, 8), (1, 2, 3, 4), (0, 1))))
+
+
+COLUMN_TILES = ((64, 96), (64, 128), (64, 192), (64, 256))
+
+
+def columns_grid(space) -> list:
+    """Feasible warp-specialized configs of 64-row tiles with one consumer warpgroup or two
+    splitting the columns (``wgmma_wg_cols``, cuBLAS's 384 threads on a 64x96 tile): 4-8 stages,
+    row-major or rastered by 2."""
+    return feasible(space, (
+        knob_set(bm, bn, stages, tma=1, ws=1, raster=raster, wg_cols=cols)
+        for (bm, bn), stages, raster, cols in itertools.product(COLUMN_TILES, (4, 6, 8), (0, 2), (1, 2))))
 
 
 def grid(space) -> list:
@@ -100,9 +112,11 @@ def main() -> None:
     p.add_argument("--max-seconds", type=float, default=420)
     p.add_argument("--picks", action="store_true",
                    help="only the pick and the pick without few_waves (the first-wave rule), no sweep")
-    p.add_argument("--grid", choices=("tiles", "wide", "narrow"), default="tiles",
+    p.add_argument("--grid", choices=("tiles", "wide", "narrow", "columns"), default="tiles",
                    help="tiles: tile, depth, tiles a block, raster; wide: K split in clusters and TMA loads too; "
-                        "narrow: tiles 96 or 192 columns wide, warp-specialized or not, K split in clusters")
+                        "narrow: tiles 96 or 192 columns wide, warp-specialized or not, K split in clusters; "
+                        "columns: 64-row warp-specialized tiles, their columns split over two consumer "
+                        "warpgroups or not")
     p.add_argument("--rounds", type=int, default=0,
                    help="then the pick and the sweep's --top fastest against cuBLAS and cuBLASLt in this many "
                         "interleaved rounds, each replayed from a CUDA graph (common.compare_in_rounds)")
@@ -130,7 +144,7 @@ def main() -> None:
             first = pick_wgmma_tile([(m, n, k)], session.target, "float16", split_k=True, ragged_m=True)
             configs = [pick, space.make(**first.knobs())]
         else:
-            swept = {"wide": wide_grid, "narrow": narrow_grid, "tiles": grid}[args.grid](space)
+            swept = {"wide": wide_grid, "narrow": narrow_grid, "tiles": grid, "columns": columns_grid}[args.grid](space)
             if args.pdl:
                 swept = [c.replace(wgmma_pdl=1) for c in swept]
             configs = [pick] + [c for c in swept if c != pick]

@@ -120,6 +120,10 @@ KNOBS = (
          "is itself launched early, waiting (griddepcontrol.wait) for the kernel ahead of it only after its "
          "barriers' init, before its first global access: back-to-back kernels overlap launch and prologue "
          "with the tail of the one ahead", before=0),
+    Knob("wgmma_wg_cols", (1, 2),
+         "2 (with wgmma_ws, Bt stored (N, K)): two consumer warpgroups a 64-row band of the tile, each multiplying "
+         "its half of the tile's columns (m64n(bn/2) wgmma on the same A): two chains of wgmma in flight where one "
+         "warpgroup would issue one, as cuBLAS's Hopper kernels run a 64x96 tile on 384 threads", before=1),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
@@ -147,6 +151,7 @@ class WgmmaTile:
     specialized: bool = False  # a producer warpgroup issuing the loads, the others multiplying (``wgmma_ws``)
     multicast: bool = False  # clusters of two blocks sharing one operand's tile by TMA multicast (``wgmma_multicast``)
     pdl: bool = False  # launched early behind the kernel ahead, waiting for it before global access (``wgmma_pdl``)
+    wg_cols: int = 1  # consumer warpgroups across the tile's columns, each bn / wg_cols of them (``wgmma_wg_cols``)
 
     @property
     def bk(self) -> int:
@@ -160,14 +165,15 @@ class WgmmaTile:
                    c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
                    cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)),
                    specialized=bool(c.get("wgmma_ws", 0)), multicast=bool(c.get("wgmma_multicast", 0)),
-                   pdl=bool(c.get("wgmma_pdl", 0)))
+                   pdl=bool(c.get("wgmma_pdl", 0)), wg_cols=c.get("wgmma_wg_cols", 1))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
         return dict(wgmma_bm=self.bm, wgmma_bn=self.bn, wgmma_stages=self.stages, wgmma_inflight=self.inflight,
                     wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
                     wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma),
-                    wgmma_ws=int(self.specialized), wgmma_multicast=int(self.multicast), wgmma_pdl=int(self.pdl))
+                    wgmma_ws=int(self.specialized), wgmma_multicast=int(self.multicast), wgmma_pdl=int(self.pdl),
+                    wgmma_wg_cols=self.wg_cols)
 
     @property
     def name(self) -> str:
@@ -176,11 +182,18 @@ class WgmmaTile:
                 f"{'smem' if self.smem_epilogue else 'direct'}{f' r{self.raster}' if self.raster else ''}"
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
                 f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}"
-                f"{' multicast' if self.multicast else ''}{' pdl' if self.pdl else ''}")
+                f"{' multicast' if self.multicast else ''}{' pdl' if self.pdl else ''}"
+                f"{f' c{self.wg_cols}' if self.wg_cols > 1 else ''}")
 
     @property
     def threads(self) -> int:
-        return self.bm // 64 * 128
+        """The threads that multiply: a warpgroup for each 64-row band and share of the columns."""
+        return self.bm // 64 * self.wg_cols * 128
+
+    @property
+    def acc_registers(self) -> int:
+        """float32 accumulators a multiplying thread holds: its warpgroup's m64n(bn / wg_cols) fragment."""
+        return self.bn // self.wg_cols // 2
 
     def stage_bytes(self) -> int:
         """One stage's A and Bt tiles: a 128-byte row of k a row of the tile."""
@@ -223,9 +236,12 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: B stored (K, N) is read in N atoms of 64 or 32 columns: bn must be a multiple of 32"
     if t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
         return f"{t.name}: needs bm a multiple of 64, bn in 8..256 (multiple of 8), inflight 0 or 1"
-    if t.threads * (t.bn // 2 + OTHER_REGISTERS) > REGISTERS_PER_SM:
-        return (f"{t.name}: {t.threads} threads x ({t.bn // 2} accumulator + ~{OTHER_REGISTERS} other registers) > "
-                f"{REGISTERS_PER_SM} registers (an SM's; the launch fails)")
+    if t.wg_cols not in (1, 2) or (t.wg_cols > 1 and (not t.specialized or b_layout != "NK" or t.bn % 32)):
+        return (f"{t.name}: consumer warpgroups split the columns (wgmma_wg_cols {t.wg_cols}) in two at most, in the "
+                "warp-specialized kernel (wgmma_ws 1) on Bt stored (N, K), each a multiple of 16 columns")
+    if t.threads * (t.acc_registers + OTHER_REGISTERS) > REGISTERS_PER_SM:
+        return (f"{t.name}: {t.threads} threads x ({t.acc_registers} accumulator + ~{OTHER_REGISTERS} other "
+                f"registers) > {REGISTERS_PER_SM} registers (an SM's; the launch fails)")
     if t.stages < 2 + t.inflight:
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
     if k % t.bk:
@@ -329,9 +345,9 @@ def promote_reason(t: WgmmaTile, k: int, promote: int, overlap: bool = False) ->
     if not promote:
         return "overlapping promotions needs promoted sums" if overlap else None
     sets = 3 if overlap else 2  # the promoted sums and one or two sets of bn / 2 accumulators
-    registers = sets * t.bn // 2 + OTHER_REGISTERS
+    registers = sets * t.acc_registers + OTHER_REGISTERS
     if registers > THREAD_REGISTERS or t.threads * registers > REGISTERS_PER_SM:
-        return (f"{t.name}: promoting keeps {sets} sets of {t.bn // 2} accumulators, ~{registers} registers a "
+        return (f"{t.name}: promoting keeps {sets} sets of {t.acc_registers} accumulators, ~{registers} registers a "
                 f"thread ({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= {'128' if overlap else '192'}")
     if promote < 0 or k // t.bk // t.split % promote:
         return f"promoting every {promote} k steps must divide the {k // t.bk // t.split} k steps of a slice"

@@ -46,6 +46,7 @@ class Tile(Protocol):
     specialized: bool
     multicast: bool
     pdl: bool
+    wg_cols: int
 
     @property
     def bk(self) -> int: ...
@@ -111,6 +112,7 @@ class KernelLayout:
     specialized: bool = False  # a producer warpgroup ahead of the consumers (``wgmma_specialized``)
     multicast: bool = False  # clusters of two blocks, one operand's tile shared by TMA multicast (``shares_a``)
     pdl: bool = False  # launched early, lets the next kernel launch, waits for the one ahead (``after_prior``)
+    wg_cols: int = 1  # consumer warpgroups across the tile's columns (``wg_row``, ``wg_first_col``, ``wg_b``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -122,13 +124,13 @@ class KernelLayout:
                    inflight=cfg.inflight, tiles=cfg.tiles, split=split, clustered=cfg.cluster, promote=promote,
                    k_major_only=cfg.operand in K_MAJOR_ONLY, n_major=b_layout == "KN", b_batched=b_batched,
                    in_dtype=OPERAND_STORAGE[cfg.operand], elem=OPERANDS[cfg.operand],
-                   mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}{OPERAND_PTX[cfg.operand]}",
+                   mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn // cfg.wg_cols}{OPERAND_PTX[cfg.operand]}",
                    lead=lead, a_shape=(*lead, m, k), c_shape=(*lead, m, n),
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
                    k_tiles=k // cfg.bk // split, grid_n=-(-n // cfg.bn), per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
-                   specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl)
+                   specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols)
 
     # sizes derived from the fields
     @property
@@ -151,7 +153,26 @@ class KernelLayout:
 
     @property
     def threads(self) -> int:
-        return self.bm // 64 * 128
+        return self.bm // 64 * self.wg_cols * 128
+
+    @property
+    def wg_bn(self) -> int:
+        """Columns a warpgroup multiplies: the tile's, or its share where ``wg_cols`` split them."""
+        return self.bn // self.wg_cols
+
+    def wg_row(self, wg: Any) -> Any:
+        """The 64-row band of the tile warpgroup ``wg`` multiplies (its number where it takes all columns)."""
+        return wg // self.wg_cols if self.wg_cols > 1 else wg
+
+    def wg_first_col(self, col0: Any, wg: Any) -> Any:
+        """The first of C's columns warpgroup ``wg`` multiplies in the tile from column ``col0``."""
+        return col0 + wg % self.wg_cols * self.wg_bn if self.wg_cols > 1 else col0
+
+    def wg_b(self, stage: Any, wg: Any) -> Any:
+        """Where in the stage at ``stage`` warpgroup ``wg``'s Bt rows start: after A's tile, and
+        where ``wg_cols`` split the columns, its share's first row (K-major: a row of bk each)."""
+        start = stage + self.a_stage
+        return start + wg % self.wg_cols * self.wg_bn * self.bk if self.wg_cols > 1 else start
 
     @property
     def signals_per_row(self) -> int:
@@ -160,8 +181,8 @@ class KernelLayout:
 
     @property
     def n_acc(self) -> int:
-        """float32 accumulator registers per thread (m64nN: N/2)."""
-        return self.bn // 2
+        """float32 accumulator registers per thread (m64nN: N/2, N a warpgroup's columns)."""
+        return self.wg_bn // 2
 
     @property
     def b_atom(self) -> int:

@@ -90,10 +90,12 @@ def mma(L: KernelLayout) -> Mma:
         group; ``keep`` false: the first one starts the accumulators afresh."""
         T.ptx["wgmma.fence.sync.aligned"]()
         for kk in T.unroll(L.bk // L.k_inst):
-            T.ptx[L.mma](*[acc[i] for i in range(L.n_acc)], L.desc(base, cur + wg * 64 * L.bk + kk * L.k_inst),
+            T.ptx[L.mma](*[acc[i] for i in range(L.n_acc)],
+                         L.desc(base, cur + L.wg_row(wg) * 64 * L.bk + kk * L.k_inst),
                          L.desc(base, cur + L.a_stage + kk * 16 * L.b_atom, L.bk * L.b_swizzle, L.b_swizzle)
                          if L.n_major
-                         else L.desc(base, cur + L.a_stage + kk * L.k_inst), L.scale_d(kk, keep), 1, 1,
+                         else L.desc(base, L.wg_b(cur, wg) + kk * L.k_inst),
+                         L.scale_d(kk, keep), 1, 1,
                          *(() if L.k_major_only else (0, int(L.n_major))))
         T.ptx["wgmma.commit_group.sync.aligned"]()
 
@@ -179,22 +181,23 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
 
     @T.macro
     def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
-        """The accumulators straight to C (pairs of adjacent columns)."""
+        """The accumulators straight to C (pairs of adjacent columns), the warpgroup's band and columns."""
+        first = T.meta_var(L.wg_first_col(col0, wg))
         if L.guarded:  # each pair computed unguarded (below M and N), stored below them; else as it always was
             pair = T.alloc_buffer((2,), C.dtype, scope="local")
             for p in T.unroll(L.n_acc // 2):
-                row = T.meta_var(L.fragment_row(row0 + wg * 64, tx, p))
+                row = T.meta_var(L.fragment_row(row0 + L.wg_row(wg) * 64, tx, p))
                 for v in T.vectorized(2):
                     pair[v] = out(acc[p * 2 + v], bias, at, L.epilogue_row(row),
-                                  L.epilogue_col(L.fragment_col(col0, tx, p, v)))
-                if L.in_c(row, L.fragment_col(col0, tx, p, 0)):  # an even N: a pair is in or out
+                                  L.epilogue_col(L.fragment_col(first, tx, p, v)))
+                if L.in_c(row, L.fragment_col(first, tx, p, 0)):  # an even N: a pair is in or out
                     for v in T.vectorized(2):
-                        C[(*at, row, L.fragment_col(col0, tx, p, v))] = pair[v]
+                        C[(*at, row, L.fragment_col(first, tx, p, v))] = pair[v]
         else:
             for p in T.unroll(L.n_acc // 2):
                 for v in T.vectorized(2):
-                    row = T.meta_var(L.fragment_row(row0 + wg * 64, tx, p))
-                    col = T.meta_var(L.fragment_col(col0, tx, p, v))
+                    row = T.meta_var(L.fragment_row(row0 + L.wg_row(wg) * 64, tx, p))
+                    col = T.meta_var(L.fragment_col(first, tx, p, v))
                     C[(*at, row, col)] = out(acc[p * 2 + v], bias, at, row, col)
 
     @T.macro
