@@ -311,6 +311,33 @@ def test_benchmark_default_tiles_are_mma_where_it_applies(monkeypatch):
     assert gemm.with_precision({"a": BF16, "b": BF16}).uses_tensor_cores(target)
 
 
+# a tile given by hand pads a ragged N and K: the GRU's input GEMM 128x120x24 (H40, input 24, 16 x 8
+# rows) and a mixed-precision GEMM of that shape on the 128x128x32 mma.sync tile
+RAGGED_GRU = dict(batch=16, hidden=40, input=24, seq=8)
+RAGGED_GEMM = (128, 120, 24)
+
+
+def _ragged_gru(target: TargetInfo) -> GruTemplate:
+    tile = parse_tile("mma")
+    return dataclasses.replace(GruTemplate(**RAGGED_GRU), in_tensor_core=tile, hid_tensor_core=tile).with_precision(
+        {"x": F16, "w_ih": F16, "h": F16, "w_hh": F16, "gi": F16, "gh": F16})
+
+
+def test_a_tile_given_by_hand_pads_a_ragged_n_and_k_where_the_automatic_pick_does_not(cuda):
+    """The GRU's input GEMM (128x120x24) takes the hand-given 128x128x32 tile, padded (its hidden
+    GEMM, 16 rows, is refused the 128-row tile and stays on the CUDA cores); ``pick_tile`` offers no
+    tile there (it never pads); a mixed-precision GEMM of that shape runs on the tile too."""
+    gru = _ragged_gru(cuda)
+    source = gru.compile(gru.default_config(cuda).replace(fuse_step=0), cuda).source
+    kinds = tensor_core_kernels(source)
+    assert kinds["gru_gemm_x0_kernel"] == {"mma"} and kinds["gru_gemm_h_kernel"] == set()
+    assert pick_tile([(128, 120, 24)], cuda) is None
+    program = gemm_program(parse_tile("mma"), cuda, RAGGED_GEMM)
+    built = build_one(program, precision(program, cuda, F16, F16, F32, F16), cuda)
+    assert built.ok, built.error_msg
+    assert using(built.artifact.source) == {"mma"}
+
+
 # ---- on a GPU ---------------------------------------------------------------------------------------
 def _measure(template: Any, config: Any, target: TargetInfo) -> Any:
     """Build and measure as the tuner does: outputs and scratch NaN-poisoned, checked against
@@ -346,6 +373,22 @@ def test_gpu_gru_with_16_bit_weights_on_mma_tiles(shape, dtype, bound):
     kinds = tensor_core_kernels(build.artifact.source)
     assert kinds["gru_gemm_x0_kernel"] == kinds["gru_gemm_h_kernel"] == {"mma"}
     assert result.metrics["rel_error"] < bound
+
+
+@pytest.mark.gpu
+def test_gpu_tiles_given_by_hand_pad_a_ragged_n_and_k():
+    """The GRU whose input GEMM runs the hand-given tile padded (128x120x24), and the
+    mixed-precision GEMM of that shape on it, against float64 on NaN-poisoned outputs."""
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda", 0)
+    gru = _ragged_gru(target)
+    build, result = _measure(gru, gru.default_config(target).replace(fuse_step=0), target)
+    assert tensor_core_kernels(build.artifact.source)["gru_gemm_x0_kernel"] == {"mma"}
+    assert result.metrics["rel_error"] < 5e-3
+    program = gemm_program(parse_tile("mma"), target, RAGGED_GEMM)
+    build, result = _measure(program, precision(program, target, F16, F16, F32, F16), target)
+    assert using(build.artifact.source) == {"mma"} and result.metrics["rel_error"] < 2e-3
 
 
 @pytest.mark.gpu
