@@ -479,6 +479,20 @@ def ours_launch(template: Any, config: dict, target: Any, sets: list[tuple[Any, 
     return launch, err
 
 
+def rows_by_shape(shapes: Sequence[tuple[str, tuple[int, int, int]]], shape_rows: Any, *extra: Any
+                  ) -> tuple[list[list[str]], list[list[str]]]:
+    """Each shape's table rows and rounds rows from ``shape_rows(m, n, k, *extra)``, in order, one
+    line on stderr as each shape is done."""
+    rows: list[list[str]] = []
+    round_rows: list[list[str]] = []
+    for name, (m, n, k) in shapes:
+        shape, rounds = shape_rows(m, n, k, *extra)
+        rows += shape
+        round_rows += rounds
+        print(f"{name} done", file=sys.stderr, flush=True)
+    return rows, round_rows
+
+
 def parse_shapes(text: str, named: Mapping[str, tuple[int, int, int]]) -> list[tuple[str, tuple[int, int, int]]] | None:
     """The comma-separated GEMM shapes of ``text``, each a name of ``named`` or ``MxNxK`` (or
     ``N`` for N³), as (label, (m, n, k)); None after printing one error line."""

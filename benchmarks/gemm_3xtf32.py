@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, cublas_gemm, gemm_operand_sets, ours_launch, ours_on,  # noqa: E402
-                    parse_shapes, rounds_cells, rounds_header, table, time_ours_three, vendor_methods)
+                    parse_shapes, rounds_cells, rounds_header, rows_by_shape, table, time_ours_three, vendor_methods)
 
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
@@ -110,12 +110,7 @@ def main() -> int:
     if shapes is None:
         return 2
     target = resolve_target("cuda")
-    rows, round_rows = [], []
-    for name, (m, n, k) in shapes:
-        shape, rounds = shape_rows(m, n, k, target, args)
-        rows += shape
-        round_rows += rounds
-        print(f"{name} done", file=sys.stderr, flush=True)
+    rows, round_rows = rows_by_shape(shapes, shape_rows, target, args)
     print(table("float32 GEMM: 3xTF32 on wgmma against cuBLAS float32, rotated randn operands",
                 ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLAS float32 best", "rel err vs f64"], rows))

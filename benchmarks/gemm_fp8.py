@@ -29,7 +29,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, l2_rotation, parse_shapes, program_launch, rel_error_vs,  # noqa: E402
-                    rounds_cells, rounds_header, scaled_e4m3, table, time_ours_three, time_vendor, vendor_methods)
+                    rounds_cells, rounds_header, rows_by_shape, scaled_e4m3, table, time_ours_three, time_vendor,
+                    vendor_methods)
 
 from tvm_ext import tune  # noqa: E402
 from tvm_ext.core.records import RecordStore  # noqa: E402
@@ -234,12 +235,7 @@ def main() -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")
-    rows, round_rows = [], []
-    for name, (m, n, k) in shapes:
-        shape, rounds = shape_rows(m, n, k, target, args)
-        rows += shape
-        round_rows += rounds
-        print(f"{name} done", file=sys.stderr, flush=True)
+    rows, round_rows = rows_by_shape(shapes, shape_rows, target, args)
     print(table("e4m3 GEMM, per-tensor scales, float16 C: ours on wgmma against cuBLASLt",
                 ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLASLt's best", "rel err vs f64"], rows))

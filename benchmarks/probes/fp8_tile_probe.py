@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import compare_in_rounds, parse_shapes, rounds_cells, rounds_header, table  # noqa: E402
+from common import (compare_in_rounds, parse_shapes, rounds_cells, rounds_header, rows_by_shape,  # noqa: E402
+                    table)
 from gemm_fp8 import SHAPES, config_label, fp8_sets, ours  # noqa: E402
 
 from tvm_ext.schedules.gemm.gemm_fp8 import WIDE_TILE, Fp8GemmTemplate  # noqa: E402
@@ -89,12 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")
-    rows, round_rows = [], []
-    for _, (m, n, k) in shapes:
-        shape, rounds = shape_rows(m, n, k, target, args)
-        rows += shape
-        round_rows += rounds
-        print(f"{m}x{n}x{k} done", file=sys.stderr, flush=True)
+    rows, round_rows = rows_by_shape(shapes, shape_rows, target, args)
     print(table("e4m3 GEMM, sums promoted every k step: the configs compared", ["shape", "label", "config",
                                                                                "rel err vs f64"], rows))
     print()
