@@ -123,7 +123,8 @@ KNOBS = (
     Knob("wgmma_wg_cols", (1, 2),
          "2 (with wgmma_ws, Bt stored (N, K)): two consumer warpgroups a 64-row band of the tile, each multiplying "
          "its half of the tile's columns (m64n(bn/2) wgmma on the same A): two chains of wgmma in flight where one "
-         "warpgroup would issue one, as cuBLAS's Hopper kernels run a 64x96 tile on 384 threads", before=1),
+         "warpgroup would issue one, as cuBLAS's Hopper kernels run a 64x96 tile on 384 threads (slower than one "
+         "consumer at BERT-base's shapes: no pick takes it)", before=1),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
