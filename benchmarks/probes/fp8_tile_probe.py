@@ -18,8 +18,7 @@ from common import (compare_in_rounds, parse_shapes, rounds_cells, rounds_header
                     table)
 from gemm_fp8 import SHAPES, config_label, fp8_sets, ours  # noqa: E402
 
-from tvm_ext.schedules.gemm.gemm_fp8 import WIDE_TILE, Fp8GemmTemplate  # noqa: E402
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
+from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 
@@ -35,14 +34,9 @@ def configs(m: int, n: int, k: int, target: Any) -> dict[str, Any]:
     template = Fp8GemmTemplate(m, n, k)
     space = template.space(target)
     found = {"default": template.default_config(target), "without wide": WithoutWide(m, n, k).default_config(target)}
-    bm, bn, stages, inflight = WIDE_TILE
-    for raster in (8, 4, 2, 0):
-        wide = WgmmaTile(bm, bn, stages, inflight, False, raster, 1, operand="e4m3", tma=True, specialized=True,
-                         pdl=True)
-        cfg = space.make(**wide.knobs(), fp8_promote=1, fp8_promote_overlap=0)
-        if space.is_feasible(cfg):
-            found["wide"] = cfg
-            break
+    wide = template.wide_config(space, 1)
+    if wide is not None:
+        found["wide"] = wide
     unique: dict[str, Any] = {}
     for label, cfg in found.items():
         if cfg not in unique.values():

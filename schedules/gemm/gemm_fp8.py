@@ -33,8 +33,8 @@ from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.measure.program import CompiledProgram
 from tvm_ext.target import TargetInfo
 
-from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, promote_reason, shared_limit, target_reason,
-                    wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, fit_raster, promote_reason, shared_limit,
+                    target_reason, wgmma_gemm, wgmma_reason)
 from .wgmma_template import (RAGGED_PADDING, TMA_MIN_STEPS, block_steps, column_padding, padding, pick_wgmma_tile,
                              tiles_per_sm)
 
@@ -170,26 +170,29 @@ class Fp8GemmTemplate(Template):
         overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1, wgmma_ws=1)
         return overlapped if space.is_feasible(overlapped) else config
 
-    def _wide_config(self, tile: WgmmaTile, space: Space, sm_count: int, promote: int) -> Config | None:
-        """``WIDE_TILE`` warp-specialized, one C tile a block, its sums promoted without overlap,
-        where its last tile column may pass N (less than ``RAGGED_PADDING`` of it), its SMs
-        compute at most ``WIDE_RATE`` times ``tile``'s C area (the tiles the busiest SM computes
-        times a tile's area; a ragged count of tiles balanced by the hardware's block scheduler)
-        and its blocks run ``TMA_MIN_STEPS`` k steps; None elsewhere."""
-        shapes = [(self.m, self.n, self.k)]
+    def wide_config(self, space: Space, promote: int) -> Config | None:
+        """``WIDE_TILE`` warp-specialized and launched early, one C tile a block, its largest raster
+        dividing M's tile rows (``fit_raster``), its sums promoted every ``promote`` k steps without
+        overlap; None where ``space`` refuses it."""
         bm, bn, stages, inflight = WIDE_TILE
+        wide = fit_raster(WgmmaTile(bm, bn, stages, inflight, False, 8, 1, operand=self.fp8, tma=True,
+                                    specialized=True, pdl=True), self.m)
+        config = space.make(**wide.knobs(), fp8_promote=promote, fp8_promote_overlap=0)
+        return config if space.is_feasible(config) else None
+
+    def _wide_config(self, tile: WgmmaTile, space: Space, sm_count: int, promote: int) -> Config | None:
+        """``wide_config`` where its last tile column may pass N (less than ``RAGGED_PADDING`` of
+        it), its SMs compute at most ``WIDE_RATE`` times ``tile``'s C area (the tiles the busiest
+        SM computes times a tile's area; a ragged count of tiles balanced by the hardware's block
+        scheduler) and its blocks run ``TMA_MIN_STEPS`` k steps; None elsewhere."""
+        config = self.wide_config(space, promote)
+        if config is None:
+            return None
+        shapes, wide = [(self.m, self.n, self.k)], self.tile(config)
 
         def area(t: WgmmaTile) -> int:
             return tiles_per_sm(t, shapes, sm_count, self.matrices) * t.bm * t.bn
 
-        for raster in (8, 4, 2, 0):
-            wide = WgmmaTile(bm, bn, stages, inflight, False, raster, 1, operand=self.fp8, tma=True, specialized=True,
-                             pdl=True)
-            config = space.make(**wide.knobs(), fp8_promote=promote, fp8_promote_overlap=0)
-            if space.is_feasible(config):
-                break
-        else:
-            return None
         fits = (padding(wide, shapes) == 0 and column_padding(wide, shapes) < RAGGED_PADDING
                 and block_steps(wide, shapes, self.matrices) >= TMA_MIN_STEPS)
         return config if fits and area(wide) <= WIDE_RATE * area(tile) else None
