@@ -479,14 +479,25 @@ def ours_launch(template: Any, config: dict, target: Any, sets: list[tuple[Any, 
     return launch, err
 
 
-def rows_by_shape(shapes: Sequence[tuple[str, tuple[int, int, int]]], shape_rows: Any, *extra: Any
-                  ) -> tuple[list[list[str]], list[list[str]]]:
-    """Each shape's table rows and rounds rows from ``shape_rows(m, n, k, *extra)``, in order, one
+def rows_by_shape(parser: Any, args: Any, named: Mapping[str, tuple[int, int, int]], shape_rows: Any
+                  ) -> tuple[list[list[str]], list[list[str]]] | None:
+    """A GEMM script's shapes run: ``--rounds`` at least 1 (else the parser's error), ``--shapes``
+    parsed against ``named`` (None after its one error line), ``--out`` made, then each shape's
+    table rows and rounds rows from ``shape_rows(m, n, k, target, args)`` on CUDA, in order, one
     line on stderr as each shape is done."""
+    from tvm_ext.target import resolve_target
+
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    shapes = parse_shapes(args.shapes, named)
+    if shapes is None:
+        return None
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target("cuda")
     rows: list[list[str]] = []
     round_rows: list[list[str]] = []
     for name, (m, n, k) in shapes:
-        shape, rounds = shape_rows(m, n, k, *extra)
+        shape, rounds = shape_rows(m, n, k, target, args)
         rows += shape
         round_rows += rounds
         print(f"{name} done", file=sys.stderr, flush=True)

@@ -21,12 +21,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (compare_in_rounds, cublas_gemm, gemm_operand_sets, ours_launch, ours_on,  # noqa: E402
-                    parse_shapes, rounds_cells, rounds_header, rows_by_shape, table, time_ours_three, vendor_methods)
+                    rounds_cells, rounds_header, rows_by_shape, table, time_ours_three, vendor_methods)
 
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template  # noqa: E402
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
-from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
           "gru_in": (8192, 3072, 1024), "bert_ffn_up": (1024, 3072, 768), "bert_ffn_down": (1024, 768, 3072),
@@ -104,13 +103,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the default tile against cuBLAS")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
-    shapes = parse_shapes(args.shapes, SHAPES)
-    if shapes is None:
+    run = rows_by_shape(p, args, SHAPES, shape_rows)
+    if run is None:
         return 2
-    target = resolve_target("cuda")
-    rows, round_rows = rows_by_shape(shapes, shape_rows, target, args)
+    rows, round_rows = run
     print(table("float32 GEMM: 3xTF32 on wgmma against cuBLAS float32, rotated randn operands",
                 ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLAS float32 best", "rel err vs f64"], rows))

@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (compare_in_rounds, l2_rotation, parse_shapes, program_launch, rel_error_vs,  # noqa: E402
+from common import (compare_in_rounds, l2_rotation, program_launch, rel_error_vs,  # noqa: E402
                     rounds_cells, rounds_header, rows_by_shape, scaled_e4m3, table, time_ours_three, time_vendor,
                     vendor_methods)
 
@@ -38,7 +38,6 @@ from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.core.template import Workload  # noqa: E402
 from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate  # noqa: E402
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile  # noqa: E402
-from tvm_ext.target import resolve_target  # noqa: E402
 
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "gru_in": (8192, 3072, 1024),
           "bert_ffn_up": (1024, 3072, 768), "bert_ffn_down": (1024, 768, 3072), "bert_proj": (1024, 768, 768)}
@@ -228,14 +227,10 @@ def main() -> int:
                         "tile by TMA multicast (wgmma_multicast)")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
-    shapes = parse_shapes(args.shapes, SHAPES)
-    if shapes is None:
+    run = rows_by_shape(p, args, SHAPES, shape_rows)
+    if run is None:
         return 2
-    os.makedirs(args.out, exist_ok=True)
-    target = resolve_target("cuda")
-    rows, round_rows = rows_by_shape(shapes, shape_rows, target, args)
+    rows, round_rows = run
     print(table("e4m3 GEMM, per-tensor scales, float16 C: ours on wgmma against cuBLASLt",
                 ["shape", "kernel", "per call ms", "back-to-back ms", "CUDA graph ms", "TFLOP/s at best",
                  "of cuBLASLt's best", "rel err vs f64"], rows))

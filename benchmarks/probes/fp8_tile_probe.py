@@ -14,12 +14,11 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import (compare_in_rounds, parse_shapes, rounds_cells, rounds_header, rows_by_shape,  # noqa: E402
+from common import (compare_in_rounds, rounds_cells, rounds_header, rows_by_shape,  # noqa: E402
                     table)
 from gemm_fp8 import SHAPES, config_label, fp8_sets, ours  # noqa: E402
 
 from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate  # noqa: E402
-from tvm_ext.target import resolve_target  # noqa: E402
 
 
 class WithoutWide(Fp8GemmTemplate):
@@ -77,14 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default="bench_out")
     args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
-    shapes = parse_shapes(args.shapes, SHAPES)
-    if shapes is None:
+    run = rows_by_shape(p, args, SHAPES, shape_rows)
+    if run is None:
         return 2
-    os.makedirs(args.out, exist_ok=True)
-    target = resolve_target("cuda")
-    rows, round_rows = rows_by_shape(shapes, shape_rows, target, args)
+    rows, round_rows = run
     print(table("e4m3 GEMM, sums promoted every k step: the configs compared", ["shape", "label", "config",
                                                                                "rel err vs f64"], rows))
     print()
