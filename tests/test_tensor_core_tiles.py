@@ -317,7 +317,8 @@ RAGGED_GRU = dict(batch=16, hidden=40, input=24, seq=8)
 RAGGED_GEMM = (128, 120, 24)
 
 
-def _ragged_gru(target: TargetInfo) -> GruTemplate:
+def _ragged_gru() -> GruTemplate:
+    """The GRU of ``RAGGED_GRU`` in float16, both GEMMs given the 128x128x32 mma.sync tile."""
     tile = parse_tile("mma")
     return dataclasses.replace(GruTemplate(**RAGGED_GRU), in_tensor_core=tile, hid_tensor_core=tile).with_precision(
         {"x": F16, "w_ih": F16, "h": F16, "w_hh": F16, "gi": F16, "gh": F16})
@@ -327,7 +328,7 @@ def test_a_tile_given_by_hand_pads_a_ragged_n_and_k_where_the_automatic_pick_doe
     """The GRU's input GEMM (128x120x24) takes the hand-given 128x128x32 tile, padded (its hidden
     GEMM, 16 rows, is refused the 128-row tile and stays on the CUDA cores); ``pick_tile`` offers no
     tile there (it never pads); a mixed-precision GEMM of that shape runs on the tile too."""
-    gru = _ragged_gru(cuda)
+    gru = _ragged_gru()
     source = gru.compile(gru.default_config(cuda).replace(fuse_step=0), cuda).source
     kinds = tensor_core_kernels(source)
     assert kinds["gru_gemm_x0_kernel"] == {"mma"} and kinds["gru_gemm_h_kernel"] == set()
@@ -382,7 +383,7 @@ def test_gpu_tiles_given_by_hand_pad_a_ragged_n_and_k():
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)
-    gru = _ragged_gru(target)
+    gru = _ragged_gru()
     build, result = _measure(gru, gru.default_config(target).replace(fuse_step=0), target)
     assert tensor_core_kernels(build.artifact.source)["gru_gemm_x0_kernel"] == {"mma"}
     assert result.metrics["rel_error"] < 5e-3
