@@ -221,6 +221,34 @@ def test_the_default_promotes_overlapped_or_on_the_wide_tile_where_k_is_long(sha
     assert (cfg.fp8_promote_overlap, cfg.wgmma_tma, cfg.wgmma_ws, cfg.wgmma_bn) == (overlapped, tma, tma, bn)
     if bn == 192 and tma:
         assert (cfg.wgmma_bm, cfg.wgmma_tiles) == (128, 1)
+    assert cfg.wgmma_smem_epilogue == tma  # the warp-specialized picks stage C through a stage of their own
+
+
+def test_a_staged_default_is_the_same_config_storing_from_its_registers_where_c_does_not_fit():
+    """``staged_c`` stages C only where the space takes it: the warp-specialized kernel, and its
+    stage fitting beside the config's (6 stages of 128x256 e4m3 leave no room for C's 64 KiB)."""
+    from tvm_ext.schedules.gemm.gemm_fp8 import staged_c
+
+    target = offline_cuda()
+    t = Fp8GemmTemplate(4096, 4096, 4096)
+    space = t.space(target)
+    cfg = t.default_config(target)
+    direct = cfg.replace(wgmma_smem_epilogue=0)
+    assert staged_c(space, direct) == cfg
+    assert staged_c(space, direct.replace(wgmma_ws=0)) == direct.replace(wgmma_ws=0)  # not warp-specialized
+    too_big = _config(t, target, **{**direct.as_dict(), "wgmma_bn": 256, "fp8_promote_overlap": 0})
+    assert staged_c(space, too_big) == too_big and "shared memory" in space.infeasible_reason(
+        too_big.replace(wgmma_smem_epilogue=1))
+
+
+def test_a_relax_float32_c_is_stored_from_the_registers_whatever_the_config():
+    """A Relax model's 8-bit matmul into float32 takes the default's config (C staged) and stores
+    C straight from the registers (the stage holds 2-byte C only)."""
+    target = offline_cuda()
+    t = Fp8GemmTemplate(512, 512, 4096)
+    cfg = t.default_config(target)
+    assert cfg.wgmma_smem_epilogue == 1
+    assert t.kernel_func(cfg, "float32", lambda v, row, col, lead: v) is not None
 
 
 @pytest.mark.parametrize("knobs, reason", [
@@ -256,7 +284,7 @@ def test_the_wide_default_keeps_its_two_sets_in_registers_and_the_wgmma_asynchro
     target = offline_cuda()
     t = Fp8GemmTemplate(8192, 8192, 8192)
     cfg = t.default_config(target)
-    assert (cfg.wgmma_bn, cfg.wgmma_ws) == (192, 1)
+    assert (cfg.wgmma_bn, cfg.wgmma_ws, cfg.wgmma_smem_epilogue) == (192, 1, 1)
     assert_wgmma_asynchronous_without_spills(ptxas_report(t.build_program(cfg, target).source, tmp_path))
 
 

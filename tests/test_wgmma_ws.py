@@ -20,6 +20,7 @@ from tvm_ext.schedules.gemm.wgmma_specialized import CONSUMER_REGISTERS, PRODUCE
 from tvm_ext.target import offline_cuda
 
 WS = dict(tma=True, specialized=True, smem_epilogue=False)
+STAGED = dict(WS, smem_epilogue=True)  # C through the kernel's own stage, 16 bytes a thread
 # (tile, m, n, k, wgmma_gemm's keywords)
 KINDS = {
     "one unit": (WgmmaTile(128, 256, 4, 1, **WS), 512, 512, 512, {}),
@@ -49,6 +50,17 @@ KINDS = {
     "columns split, e4m3 promoted, multicast a": (
         WgmmaTile(64, 256, 4, 1, tiles=2, operand="e4m3", multicast=True, wg_cols=2, **WS), 256, 1024, 1024,
         {"promote": 1, "scales": True}),
+    # C staged in shared memory of its own past the stages' barriers (``staged_apart``)
+    "staged c, e4m3 promoted, overlapped, several units": (
+        WgmmaTile(128, 128, 6, 1, tiles=2, operand="e4m3", **STAGED), 512, 512, 1024,
+        {"promote": 1, "overlap": True, "scales": True}),
+    "staged c, 96 columns padded, ragged m and n, bias, several units": (
+        WgmmaTile(64, 96, 8, 1, tiles=3, **STAGED), 200, 400, 512, {"bias_dtype": "float16"}),
+    "staged c, e4m3 into bfloat16, multicast a, 256 columns": (
+        WgmmaTile(128, 256, 3, 1, operand="e4m3", multicast=True, **STAGED), 256, 1024, 1024,
+        {"scales": True, "c_dtype": "bfloat16"}),
+    "staged c, batched b (k, n), raster": (WgmmaTile(128, 128, 4, 1, raster=2, **STAGED), 256, 256, 256,
+                                           {"batch": (2, 3), "b_layout": "KN"}),
 }
 
 
@@ -171,12 +183,51 @@ def test_every_kind_assembles_for_sm_90a_without_spills(kind):
 
 @pytest.mark.parametrize("change, needle", [
     (dict(tma=False), "TMA loads (wgmma_tma 1)"),
-    (dict(smem_epilogue=True), "straight from their registers"),
+    (dict(bm=64, smem_epilogue=True, wg_cols=2), "warpgroups of whole rows"),
     (dict(split=2), "K unsplit"),
+    (dict(bn=256, stages=6, operand="e4m3", smem_epilogue=True), "bytes of shared memory"),  # C's stage too
 ])
-def test_refused_without_tma_with_a_staged_c_or_a_split_k(change, needle):
+def test_refused_without_tma_with_split_columns_staged_or_a_split_k(change, needle):
     tile = dataclasses.replace(WgmmaTile(128, 128, 4, 1, **WS), **change)
     assert needle in wgmma_reason(tile, 512, 512, 1024)
+
+
+def test_a_staged_c_has_a_stage_of_its_own_past_the_barriers():
+    """The staged kernel's block takes C's own stage (its 2-byte rows, 128-byte aligned past the
+    barriers) on top of the stages and barriers: 6 e4m3 stages of 128x128 and their C fit a
+    block's 227 KiB, the same with 256 columns do not; C is staged as float16 or bfloat16 whatever
+    the operands (the stages' dtype otherwise), float32 not."""
+    from tvm_ext.schedules.gemm.wgmma import epilogue_reason
+
+    tile = WgmmaTile(128, 128, 6, 1, operand="e4m3", **STAGED)
+    assert tile.c_stage_bytes() == 128 + 128 * 128 * 2
+    assert tile.block_smem_bytes() == 6 * 256 * 128 + tile.barrier_bytes() + tile.c_stage_bytes() <= 232448
+    assert dataclasses.replace(tile, smem_epilogue=False).block_smem_bytes() == 6 * 256 * 128 + tile.barrier_bytes()
+    assert dataclasses.replace(tile, bn=96).c_stage_bytes() == 128 + 128 * 104 * 2  # rows padded by 8
+    assert wgmma_reason(tile, 4096, 4096, 4096) is None
+    assert epilogue_reason(tile, "bfloat16") is None and epilogue_reason(tile, "float16") is None
+    assert "float16 or bfloat16 C only" in epilogue_reason(tile, "float32")
+    assert "smem epilogue 0" in wgmma_reason(dataclasses.replace(tile, specialized=False, tma=True), 512, 512, 1024)
+
+
+def test_the_staged_consumers_meet_at_their_own_named_barriers_and_store_16_bytes():
+    """Each consumer warpgroup stages its rows with shared stores, meets its 128 threads at a
+    named barrier (1 + its number: never the block's barrier, which the producer does not reach)
+    before and after copying them out in 16-byte loads and stores; the direct kernel has none."""
+    tile, m, n, k, kw = KINDS["staged c, e4m3 promoted, overlapped, several units"]
+    body = _kernel(_source(tile, m, n, k, **kw))
+    assert body.count("__syncthreads()") == 1  # the barriers' init only
+    assert body.count("tvm_builtin_ptx_bar_sync_count_sync(") == 2
+    assert "(uint)128)" in body.split("tvm_builtin_ptx_bar_sync_count_sync(")[1].split(";")[0]
+    assert "tvm_builtin_ptx_st_shared_b32(" in body and "tvm_builtin_ptx_ld_vec_shared_v4_b32(" in body
+    assert "tvm_builtin_ptx_st_vec_global_v4_b32(" in body
+    direct = _kernel(_source(dataclasses.replace(tile, smem_epilogue=False), m, n, k, **kw))
+    assert "bar_sync_count" not in direct and "st_vec_global" not in direct
+    # C's stage addressed from its last byte: TVM sizes the dynamic shared memory by the largest
+    # index of the buffer it sees, and a stage addressed from the base alone was cut off
+    end = 6 * 256 * 128 + tile.barrier_bytes()
+    end = -(-end // 128) * 128 + 128 * 128 * 2
+    assert f"smem_ptr[{end - 1}]" in body
 
 
 def test_the_knob_names_the_tile_and_counts_its_barriers():

@@ -30,6 +30,9 @@ SOURCE = r"""
 #define HP (KP * 32)
 #define THREADS (32 * U)
 #define MODE {MODE}
+#define DEPTH {DEPTH}
+#define STAGGER {STAGGER}
+#define REPL {REPL}
 #define LIMIT (1 << 22)
 
 __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {{
@@ -61,7 +64,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
   __syncthreads();
   for (int s = 0; s < T; ++s) {{
 #if MODE == 0 || MODE == 2 || MODE == 4
-    const unsigned long long* src = xch + (s & 1) * B * H;
+    const unsigned long long* src = xch + ((s & 1) * REPL + blockIdx.x % REPL) * B * H;
     unsigned long long v[NP];
     bool done = false;
 #if MODE == 4
@@ -84,6 +87,40 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
       int f = tid + i * THREADS;
       if (f < B * H) h_s[f / H * HP + f % H] = __int_as_float((int)(v[i] & 0xffffffffu));
     }}
+#elif MODE == 6 || MODE == 7
+    // each word polled by DEPTH loads in flight, issued STAGGER cycles apart and each re-issued
+    // as it returns untagged: a word is seen about STAGGER / 2 after it lands, not a round trip / 2
+    const unsigned long long* src = xch + (s & 1) * B * H;
+    unsigned long long v[NP], q[DEPTH][NP];
+    bool ok[NP];
+    #pragma unroll
+    for (int i = 0; i < NP; ++i) ok[i] = tid + i * THREADS >= B * H;
+    #pragma unroll
+    for (int d = 0; d < DEPTH; ++d) {{
+      #pragma unroll
+      for (int i = 0; i < NP; ++i) {{ int f = tid + i * THREADS; if (f < B * H) q[d][i] = ld_relaxed(src + f); }}
+      if (d + 1 < DEPTH) {{ long long t0 = clock64(); while (clock64() - t0 < STAGGER) {{ }} }}
+    }}
+    bool done = false;
+    while (!done && spins < LIMIT) {{
+      #pragma unroll
+      for (int d = 0; d < DEPTH; ++d) {{
+        done = true;
+        #pragma unroll
+        for (int i = 0; i < NP; ++i) {{
+          if (!ok[i]) {{
+            if ((int)(q[d][i] >> 32) == s) {{ v[i] = q[d][i]; ok[i] = true; }}
+            else {{ q[d][i] = ld_relaxed(src + tid + i * THREADS); done = false; }}
+          }}
+        }}
+        ++spins;
+      }}
+    }}
+    #pragma unroll
+    for (int i = 0; i < NP; ++i) {{
+      int f = tid + i * THREADS;
+      if (f < B * H) h_s[f / H * HP + f % H] = __int_as_float((int)(v[i] & 0xffffffffu));
+    }}
 #elif MODE == 5
     if (s == 0) for (int f = tid; f < B * H; f += THREADS) h_s[f / H * HP + f % H] = hbuf[f];
 #else
@@ -96,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
 #endif
     __syncthreads();
     float acc[3][B];
-#if MODE == 2
+#if MODE == 2 || MODE == 7
     #pragma unroll
     for (int b = 0; b < B; ++b) {{ acc[0][b] = acc[1][b] = acc[2][b] = h_s[b * HP + lane]; }}
 #else
@@ -124,9 +161,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
     float n = tanhf(g_n + r * (s_n + b_n));
     float hn = (1.f - z) * n + z * h_s[(lane % B) * HP + (j < H ? j : 0)];
     if (lane < B && j < H) {{
-#if MODE == 0 || MODE == 2 || MODE == 4
+#if MODE == 0 || MODE == 2 || MODE == 4 || MODE == 6 || MODE == 7
       unsigned long long word = ((unsigned long long)(unsigned)(s + 1) << 32) | (unsigned)__float_as_int(hn);
-      st_relaxed(xch + ((s + 1) & 1) * B * H + lane * H + j, word);
+      #pragma unroll
+      for (int r = 0; r < REPL; ++r) st_relaxed(xch + (((s + 1) & 1) * REPL + r) * B * H + lane * H + j, word);
 #else
       hbuf[((s + 1) & 1) * B * H + lane * H + j] = hn;
 #endif
@@ -153,7 +191,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
 """
 
 
-MODES = ("flags", "barrier", "flags, no math", "no sync (racy)", "flags, one word first", "math only (h loaded once)")
+MODES = ("flags", "barrier", "flags, no math", "no sync (racy)", "flags, one word first", "math only (h loaded once)",
+         "flags, polls staggered", "flags, polls staggered, no math")
 
 
 def reference(gi: np.ndarray, w: np.ndarray, bh: np.ndarray, h0: np.ndarray, steps: int) -> np.ndarray:
@@ -171,11 +210,15 @@ def reference(gi: np.ndarray, w: np.ndarray, bh: np.ndarray, h0: np.ndarray, ste
     return np.stack(outs)
 
 
-def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, reps: int) -> dict:
+def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, reps: int,
+        depth: int = 1, stagger: int = 0) -> dict:
+    repl = 1
+    if mode in (8, 9):  # flags (no math) with h written to ``depth`` copies, block b reading copy b % depth
+        mode, repl, depth = {8: 0, 9: 2}[mode], depth, 1
     kp = -(-hidden // 32)
     threads = 32 * units
     npl = -(-batch * hidden // threads)
-    src = SOURCE.format(B=batch, H=hidden, U=units, KP=kp, NP=npl, MODE=mode)
+    src = SOURCE.format(B=batch, H=hidden, U=units, KP=kp, NP=npl, MODE=mode, DEPTH=depth, STAGGER=stagger, REPL=repl)
     kernel = cp.RawKernel(src, "gru", options=("-std=c++17",))
     rng = np.random.default_rng(0)
     scale = 1 / np.sqrt(hidden)
@@ -185,7 +228,7 @@ def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, 
     h0 = rng.uniform(-1, 1, (batch, hidden)).astype(np.float32)
     d_gi, d_w, d_bh = cp.asarray(gi), cp.asarray(w), cp.asarray(bh)
     out = cp.full((steps, batch, hidden), np.nan, cp.float32)
-    xch = cp.zeros((2, batch, hidden), cp.uint64)
+    xch = cp.zeros((2, repl, batch, hidden), cp.uint64)
     hbuf = cp.zeros((2, batch, hidden), cp.float32)
     bar = cp.zeros(2, cp.int32)
     packed0 = cp.asarray(h0.view(np.uint32).astype(np.uint64))
@@ -193,7 +236,7 @@ def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, 
 
     def init() -> None:
         xch.fill(0)
-        xch[0] = packed0
+        xch[0] = packed0[None]
         hbuf[0] = cp.asarray(h0)
         bar.fill(0)
 
@@ -215,7 +258,9 @@ def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, 
         stop.record()
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
-    return {"batch": batch, "hidden": hidden, "units": units, "mode": MODES[mode], "steps": steps,
+    label = MODES[mode] + (f" ({depth} in flight, {stagger} cycles apart)" if mode in (6, 7) else "") + \
+        (f", {repl} copies of h" if repl > 1 else "")
+    return {"batch": batch, "hidden": hidden, "units": units, "mode": label, "steps": steps,
             "blocks": grid[0], "us": statistics.median(times), "err": err, "timed_out": timed_out}
 
 
@@ -225,10 +270,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--modes", default="1,0,2,3", help="0 flags, 1 barrier, 2 flags without the math, 3 no sync")
+    ap.add_argument("--modes", default="1,0,2,3",
+                    help="0 flags, 1 barrier, 2 flags without the math, 3 no sync, 6:D:S polls staggered "
+                         "(D loads a word in flight, S cycles apart), 7:D:S the same without the math, "
+                         "8:R flags with h in R copies, 9:R the same without the math")
     ap.add_argument("--cases", default="1x256x8,1x256x16,8x512x8,8x512x4,8x1024x8", help="BxHxunits,...")
     args = ap.parse_args()
-    ap_modes = [int(m) for m in args.modes.split(',')]
+    ap_modes = [tuple(int(v) for v in m.split(':')) for m in args.modes.split(',')]
     cases = [tuple(int(v) for v in c.split('x')) for c in args.cases.split(',')]
     rows = []
     with open(os.path.join(args.out, "gru_flag_probe.jsonl"), "a") as f:
@@ -236,7 +284,7 @@ def main() -> None:
             for mode in ap_modes:
                 per = {}
                 for steps in (128, 512):
-                    rec = run(cp, batch, hidden, units, mode, steps, args.reps)
+                    rec = run(cp, batch, hidden, units, mode[0], steps, args.reps, *mode[1:])
                     f.write(json.dumps(rec) + "\n")
                     per[steps] = rec
                 slope = (per[512]["us"] - per[128]["us"]) / 384

@@ -33,8 +33,8 @@ from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.measure.program import CompiledProgram
 from tvm_ext.target import TargetInfo
 
-from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, fit_raster, promote_reason, shared_limit,
-                    target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, epilogue_reason, fit_raster, promote_reason,
+                    shared_limit, target_reason, wgmma_gemm, wgmma_reason)
 from .wgmma_template import (RAGGED_PADDING, TMA_MIN_STEPS, block_steps, column_padding, padding, pick_wgmma_tile,
                              tiles_per_sm)
 
@@ -57,6 +57,15 @@ WIDE_RATE = 1.06
 # C -> the check's tolerance: C's rounding, and without promotion the tensor cores' sums, whose
 # error grows with K (float16 C: 1.3e-3 at K 4096, 2.1e-3 at 8192 on an H200), with room
 OUT_DTYPES = {"float16": 1e-2, "bfloat16": 1e-2}
+
+
+def staged_c(space: Space, config: Config) -> Config:
+    """``config`` with C staged through the warp-specialized kernel's own stage (16-byte stores,
+    whole rows a warp; measured faster than the same config storing from its registers:
+    docs/results/gemm.md) where the space takes it (the stage fits beside the config's); else
+    ``config``."""
+    staged = config.replace(wgmma_smem_epilogue=1)
+    return staged if config.wgmma_ws and space.is_feasible(staged) else config
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,8 @@ class Fp8GemmTemplate(Template):
         its busiest block runs ``TMA_MIN_STEPS`` k steps or more (measured faster together than
         without any of them there; at fewer k steps 16-bit tiles lost by the TMA: the results
         docs); in those blocks ``WIDE_TILE`` instead where ``_wide_config`` takes it; without
-        promotion where none of them fits."""
+        promotion where none of them fits.  A warp-specialized pick stages C through a stage of its
+        own where it fits (``staged_c``)."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
@@ -166,9 +176,9 @@ class Fp8GemmTemplate(Template):
             return config
         wide = self._wide_config(tile, space, target.compute_units, promote)
         if wide is not None:
-            return wide
+            return staged_c(space, wide)
         overlapped = config.replace(fp8_promote_overlap=1, wgmma_tma=1, wgmma_ws=1)
-        return overlapped if space.is_feasible(overlapped) else config
+        return staged_c(space, overlapped) if space.is_feasible(overlapped) else config
 
     def wide_config(self, space: Space, promote: int) -> Config | None:
         """``WIDE_TILE`` warp-specialized and launched early, one C tile a block, its largest raster
@@ -206,7 +216,10 @@ class Fp8GemmTemplate(Template):
         expression of the float32 sum instead of the scales: what a Relax model's 8-bit matmul,
         its scaling and cast fused after it, is replaced by (``tvm_ext.relax.relax_wgmma``)."""
         batched = {"batch": self.batch, "b_batched": False} if self.batch else {}
-        return wgmma_gemm(self.tile(config), self.m, self.n, self.k, c_dtype=c_dtype or self.out_dtype,
+        tile, c_dtype = self.tile(config), c_dtype or self.out_dtype
+        if epilogue_reason(tile, c_dtype):  # a float32 C (a Relax model's) is stored from the registers
+            tile = dataclasses.replace(tile, smem_epilogue=False)
+        return wgmma_gemm(tile, self.m, self.n, self.k, c_dtype=c_dtype,
                           epilogue=epilogue, scales=epilogue is None, promote=config.fp8_promote,
                           overlap=bool(config.fp8_promote_overlap), **batched)
 

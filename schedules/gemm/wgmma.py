@@ -64,7 +64,7 @@ from tvm_ext.lowering.launch_early import mark_launch_early
 from tvm_ext.target import TargetInfo
 
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
-                           stage_barrier_bytes)
+                           C_STAGE_ALIGN, c_stage_row, stage_barrier_bytes)
 from .wgmma_specialized import CONSUMER_REGISTERS, specialized_registers
 from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
@@ -208,6 +208,24 @@ class WgmmaTile:
         """Shared memory of the stages' barriers, after the stages (``stage_barrier_bytes``)."""
         return stage_barrier_bytes(self.stages, self.tma, self.specialized)
 
+    @property
+    def staged_apart(self) -> bool:
+        """C staged in shared memory of its own, past the stages: the warp-specialized kernel's
+        staged epilogue (its producer refills every stage while the consumers store)."""
+        return self.specialized and self.smem_epilogue
+
+    def c_stage_bytes(self) -> int:
+        """That shared memory (``staged_apart``; else 0): the tile's C in 2-byte elements, its rows
+        128-byte aligned from the barriers' end and padded by 8 columns where bn is no multiple of
+        64 (else its 16-byte chunks swizzled)."""
+        if not self.staged_apart:
+            return 0
+        return C_STAGE_ALIGN + self.bm * c_stage_row(self.bn) * 2
+
+    def block_smem_bytes(self) -> int:
+        """A block's dynamic shared memory: the stages, their barriers and C's own stage."""
+        return self.smem_bytes() + self.barrier_bytes() + self.c_stage_bytes()
+
     def cluster_sum_bytes(self) -> int:
         """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""
         return self.bm * (self.bn + 8) * 4
@@ -230,9 +248,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return layout
     if t.operand not in OPERANDS:
         return f"wgmma operand {t.operand!r}; allowed: {', '.join(OPERANDS)}"
-    if t.operand in K_MAJOR_ONLY and (b_layout != "NK" or t.smem_epilogue):
+    if t.operand in K_MAJOR_ONLY and (b_layout != "NK" or (t.smem_epilogue and not t.specialized)):
         return (f"{t.name}: {t.operand} operands are read K-major only (B as Bt (N, K)), C stored directly "
-                "(smem epilogue 0)")
+                "(smem epilogue 0) but by the warp-specialized kernel")
     if b_layout == "KN" and t.bn % 32:
         return f"{t.name}: B stored (K, N) is read in N atoms of 64 or 32 columns: bn must be a multiple of 32"
     if t.bm % 64 or t.bn % 8 or not 8 <= t.bn <= 256 or t.inflight not in (0, 1):
@@ -273,14 +291,14 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return f"{t.name}: the raster group ({t.raster}) must divide the {-(-m // t.bm)} tile rows"
     if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
         return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
-    if t.smem_bytes() + t.barrier_bytes() > shared_limit:
-        return (f"{t.name}: {t.smem_bytes() + t.barrier_bytes()} bytes of shared memory > {shared_limit} "
+    if t.block_smem_bytes() > shared_limit:
+        return (f"{t.name}: {t.block_smem_bytes()} bytes of shared memory > {shared_limit} "
                 "(the limit of a block)")
     if t.tiles < 1:
         return f"{t.name}: a block computes at least one tile"
-    if t.specialized and (not t.tma or t.split > 1 or t.smem_epilogue):
-        return (f"{t.name}: warp specialization (wgmma_ws) has a producer warpgroup issue TMA loads (wgmma_tma 1) "
-                "while the consumers store C straight from their registers (wgmma_smem_epilogue 0), K unsplit")
+    if t.specialized and (not t.tma or t.split > 1 or (t.smem_epilogue and t.wg_cols > 1)):
+        return (f"{t.name}: warp specialization (wgmma_ws) has a producer warpgroup issue TMA loads (wgmma_tma 1), "
+                "K unsplit, C staged (wgmma_smem_epilogue 1) by warpgroups of whole rows (wgmma_wg_cols 1)")
     if t.specialized and specialized_registers(t.threads) > REGISTERS_PER_SM:
         return (f"{t.name}: warp specialization gives each of the {t.bm // 64} consumer warpgroups "
                 f"{CONSUMER_REGISTERS} registers a thread (setmaxnreg): {specialized_registers(t.threads)} with the "
@@ -289,11 +307,12 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         reason = multicast_reason(t, m, n, b_layout)
         if reason:
             return reason
-    if t.tiles > 1 and t.smem_epilogue and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage():
+    if (t.tiles > 1 and t.smem_epilogue and not t.staged_apart
+            and t.bm // 64 > (1 + t.inflight) * t.c_pieces_per_stage()):
         return (f"{t.name}: with several tiles a block stages C in the {1 + t.inflight} stage(s) the next tile's "
                 f"loads leave free, {t.c_pieces_per_stage()} warpgroup(s) of 64 x {t.bn} a stage: too few for "
                 f"{t.bm // 64}")
-    if t.smem_epilogue and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
+    if t.smem_epilogue and not t.staged_apart and t.bm * (t.bn + 8) * 2 > t.smem_bytes():
         return f"{t.name}: C ({t.bm}x{t.bn} halves, padded) does not fit in the stages' shared memory"
     return None
 
@@ -363,9 +382,15 @@ C_DTYPES = ("float16", "bfloat16", "float32")
 
 def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
     """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can): the shared-memory epilogue
-    stages C in the stages' own dtype, so C must be the operands' (float16 or bfloat16)."""
+    stages C in the stages' own dtype, so C must be the operands' (float16 or bfloat16); the
+    warp-specialized kernel's stage of its own takes either whatever the operands."""
     if c_dtype not in C_DTYPES:
         return f"the wgmma GEMM stores C as {', '.join(C_DTYPES[:-1])} or {C_DTYPES[-1]}, not {c_dtype}"
+    if t.staged_apart:
+        if c_dtype not in C_DTYPES[:-1]:
+            return (f"{t.name}: the warp-specialized kernel stages {' or '.join(C_DTYPES[:-1])} C only (use "
+                    "wgmma_smem_epilogue 0)")
+        return None
     staged = OPERAND_STORAGE.get(t.operand, "float16")
     if t.smem_epilogue and c_dtype != staged:
         return (f"{t.name}: the shared-memory epilogue stages {staged} C only (the operands' dtype; use "

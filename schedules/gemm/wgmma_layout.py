@@ -60,6 +60,14 @@ def counted_words(m: int, bm: int) -> int:
     return -(-m // bm) + 1
 
 
+C_STAGE_ALIGN = 128  # the warp-specialized kernel's C stage starts past the barriers at this alignment
+
+
+def c_stage_row(bn: int) -> int:
+    """Elements a row of that C stage: bn where its 16-byte chunks swizzle in eights, else padded by 8."""
+    return bn if bn % 64 == 0 else bn + 8
+
+
 def stage_barrier_bytes(stages: int, tma: bool, specialized: bool) -> int:
     """Shared memory of the stages' mbarriers, after the stages: with ``tma`` 8 bytes a stage
     (its load), twice that ``specialized`` (its release by the consumers too)."""
@@ -113,6 +121,7 @@ class KernelLayout:
     multicast: bool = False  # clusters of two blocks, one operand's tile shared by TMA multicast (``shares_a``)
     pdl: bool = False  # launched early, lets the next kernel launch, waits for the one ahead (``after_prior``)
     wg_cols: int = 1  # consumer warpgroups across the tile's columns (``wg_row``, ``wg_first_col``, ``wg_b``)
+    c_stage_bytes: int = 0  # the warp-specialized kernel's C stage of its own, past the barriers (``c_stage_at``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -130,7 +139,8 @@ class KernelLayout:
                    k_tiles=k // cfg.bk // split, grid_n=-(-n // cfg.bn), per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
-                   specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols)
+                   specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
+                   c_stage_bytes=cfg.c_stage_bytes())
 
     # sizes derived from the fields
     @property
@@ -311,8 +321,22 @@ class KernelLayout:
     # the Tensor Memory Accelerator's stages
     @property
     def smem_elems(self) -> int:
-        """The dynamic shared memory's elements: the stages, and with ``tma`` their barriers after."""
-        return self.stages * self.stage + stage_barrier_bytes(self.stages, self.tma, self.specialized) // self.elem
+        """The dynamic shared memory's elements: the stages, with ``tma`` their barriers after,
+        and C's own stage after those (``c_stage_bytes``)."""
+        return (self.stages * self.stage * self.elem + stage_barrier_bytes(self.stages, self.tma, self.specialized)
+                + self.c_stage_bytes) // self.elem
+
+    @property
+    def c_stage_at(self) -> int:
+        """The byte offset of C's own stage: past the barriers, 128-byte aligned."""
+        end = self.stages * self.stage * self.elem + stage_barrier_bytes(self.stages, self.tma, self.specialized)
+        return -(-end // C_STAGE_ALIGN) * C_STAGE_ALIGN
+
+    def c_stage_chunk(self, row: Any, chunk: Any) -> Any:
+        """The byte offset in C's own stage of 16-byte chunk ``chunk`` of row ``row``: rows of 8
+        chunks' multiples swizzled (chunk ^ row % 8), others padded (both conflict-free)."""
+        swizzled = chunk ^ row % 8 if c_stage_row(self.bn) == self.bn else chunk
+        return row * c_stage_row(self.bn) * 2 + swizzled * 16
 
     # global memory
     def k_major(self, X: Any, at: list[Any], row0: Any, kt: Any, chunk: Any) -> Any:

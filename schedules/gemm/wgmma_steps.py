@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .wgmma_layout import REDUCE_THREADS, KernelLayout, counted_words
+from .wgmma_layout import REDUCE_THREADS, KernelLayout, c_stage_row, counted_words
 from .wgmma_specialized import specialized_kernel
 from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, a_box, b_box, stage_waits, staging, tensor_map_box, tma_swizzle,
                           tensor_map_dims)
@@ -176,7 +176,8 @@ def k_loop(L: KernelLayout, step: Mma) -> Callable[..., None]:
 def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
     """The macro ``store_unit(smem, C, bias, sums, unit, at, row0, col0, wg, tx, piece, copy_row0,
     copy_base, copy_threads, lane)`` storing a unit's sums after its k loop: a K slice's float32
-    sums, C staged through shared memory, or C stored directly."""
+    sums, C staged through shared memory (the stages', or the warp-specialized kernel's own), or
+    C stored directly."""
     from tvm.script import tirx as T
 
     @T.macro
@@ -220,6 +221,39 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
                         L.epilogue_col(L.fragment_col(col0, tx, p, v)))
 
     @T.macro
+    def staged_apart(smem: Any, C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any,
+                     tx: Any) -> None:
+        """The warp-specialized kernel's C through a stage of its own (``c_stage_at``; its producer
+        refills every other stage meanwhile): the warpgroup writes its 64 rows there, meets at a
+        named barrier of its 128 threads (not the block's: the producer does not come), and copies
+        them out 16 bytes a thread, whole rows a warp; a second barrier before the next tile's
+        rows overwrite them.  Shared memory through PTX, which TVM's barrier pass does not see."""
+        pair = T.alloc_buffer((2,), C.dtype, scope="local")
+        quad = T.alloc_buffer((4,), "uint32", scope="local")
+        c_bytes = T.meta_var(L.bm * c_stage_row(L.bn) * 2)  # addressed from its last element: TVM sizes the
+        c_end = T.meta_var(L.c_stage_at + c_bytes)  # dynamic shared memory by the largest index it sees
+        band = T.meta_var(T.cuda.cvta_generic_to_shared(smem.ptr_to([c_end // L.elem - 1])) - T.uint32(
+            c_bytes - L.elem) + T.Cast("uint32", wg * 64 * c_stage_row(L.bn) * 2))  # see ``stage_barrier``
+        lane = T.meta_var(tx % 128)
+        for p in T.unroll(L.n_acc // 2):
+            row = T.meta_var(L.fragment_row(0, lane, p))
+            for v in T.vectorized(2):
+                pair[v] = out(acc[p * 2 + v], bias, at, L.epilogue_row(row0 + wg * 64 + row),
+                              L.epilogue_col(L.fragment_col(col0, lane, p, v)))
+            T.ptx["st.shared.b32"](band + T.Cast("uint32", L.c_stage_chunk(row, p // 2) + lane % 4 * 4),
+                                   T.reinterpret("uint32", pair.vload([0], f"{C.dtype}x2")))
+        T.ptx["bar.sync"](T.Cast("uint32", 1 + wg), T.uint32(128))  # the warpgroup's rows staged
+        for i in T.unroll(L.bn // 16):  # 64 rows x bn / 8 chunks over 128 threads
+            row = T.meta_var((i * 128 + lane) // (L.bn // 8))
+            chunk = T.meta_var((i * 128 + lane) % (L.bn // 8))
+            T.ptx["ld.shared.v4.b32"](quad[0], quad[1], quad[2], quad[3],
+                                      band + T.Cast("uint32", L.c_stage_chunk(row, chunk)))
+            if L.in_c(row0 + wg * 64 + row, col0 + chunk * 8):  # N % 8 == 0: chunks in or out
+                T.ptx["st.global.v4.b32"](C.ptr_to([*at, row0 + wg * 64 + row, col0 + chunk * 8]),
+                                          quad[0], quad[1], quad[2], quad[3])
+        T.ptx["bar.sync"](T.Cast("uint32", 1 + wg), T.uint32(128))  # copied out before the next tile's rows come
+
+    @T.macro
     def store_unit(smem: Any, C: Any, bias: Any, sums: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any,
                    tx: Any, piece: Any, copy_row0: Any, copy_base: Any, copy_threads: Any, lane: Any) -> None:
         """Unit ``unit``'s sums stored after its k loop: a K slice's float32 sums, or C through
@@ -229,6 +263,8 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
         ``copy_row0`` (the whole tile, or the warpgroup's own rows)."""
         if L.split > 1:
             partial_store(C, sums, unit, at, row0, col0, wg, tx)
+        elif L.c_stage_bytes > 0:
+            staged_apart(smem, C, bias, sums, at, row0, col0, wg, tx)
         elif L.smem_epilogue:
             T.tvm_storage_sync("shared")  # every warpgroup's wgmma has retired: the stages are free
             stage_c(smem, piece, sums, bias, at, row0, col0, wg, tx)

@@ -1,0 +1,139 @@
+"""The warp-specialized wgmma kernel's C staged through a shared-memory stage of its own
+(``wgmma_smem_epilogue`` 1 with ``wgmma_ws`` 1: 16-byte stores, whole rows a warp) against the
+same config storing C straight from its registers, and the default pick, each checked against
+float64 on NaN-poisoned C, then in interleaved rounds against the vendor (cuBLASLt's
+``torch._scaled_mm`` for e4m3, cuBLAS and cuBLASLt for float16), all replayed from CUDA graphs on
+the same rotated operands.  Where C's stage does not fit beside the config's stages, the staged
+config takes the most stages that fit.  Raw rounds in --out/staged_epilogue_rounds.jsonl.
+
+    source .tvm-device/boot.sh && python benchmarks/probes/staged_epilogue_probe.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import (compare_in_rounds, cublas_launches, gemm_operand_sets, ours_launch,  # noqa: E402
+                    rounds_cells, rounds_header, table)
+
+FP8_SHAPES = "4096x4096x4096,8192x8192x8192"
+F16_SHAPES = "4096x4096x4096,8192x8192x8192,1024x768x3072,1024x768x768"
+
+
+def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, int]]) -> dict[str, Any]:
+    """Label -> config: the pick; the pick (and each of ``tiles``: bm, bn, stages, one C tile a
+    block) warp-specialized storing C from its registers; the same staged through its own C stage
+    (fewer stages where C's does not fit).  Infeasible ones are left out."""
+    found = {"pick": pick}
+    bases = {"": pick, **{f"{bm}x{bn} ": pick.replace(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=st, wgmma_tiles=1,
+                                                       wgmma_raster=0) for bm, bn, st in tiles}}
+    for name, base in bases.items():
+        direct = base.replace(wgmma_ws=1, wgmma_tma=1, wgmma_smem_epilogue=0, wgmma_split_k=1,
+                              wgmma_split_cluster=0)
+        if space.is_feasible(direct):
+            found[f"{name}ws, C from registers"] = direct
+        for stages in sorted((s for s in space.knob("wgmma_stages").choices if s <= direct.wgmma_stages),
+                             reverse=True):
+            staged = direct.replace(wgmma_smem_epilogue=1, wgmma_stages=stages)
+            if space.is_feasible(staged):
+                found[f"{name}ws, C staged (s{stages})"] = staged
+                break
+    unique: dict[str, Any] = {}
+    for label, cfg in found.items():
+        if cfg not in unique.values():
+            unique[label] = cfg
+    return unique
+
+
+def fp8_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tuple[list, list]:
+    import torch
+    from gemm_fp8 import fp8_sets, ours
+
+    from tvm_ext.schedules.gemm.gemm_fp8 import Fp8GemmTemplate
+
+    m, n, k = (int(x) for x in shape.split("x"))
+    template = Fp8GemmTemplate(m, n, k)
+    space = template.space(target)
+    sets = fp8_sets(m, n, k)
+    launches, rows = {}, []
+    for label, cfg in variants(template, space, template.default_config(target), tiles).items():
+        launch, err = ours(template, cfg, target, sets)
+        if not err < 1e-3:
+            raise SystemExit(f"error: {label} at {shape} differs from float64 by {err:.1e}")
+        launches[label] = launch
+        rows.append([f"e4m3 {shape}", label, template.tile(cfg).name, f"{err:.1e}"])
+
+    def scaled_mm(i: int) -> Any:
+        s = sets[i]
+        return torch._scaled_mm(s["a"], s["bt"].t(), scale_a=s["sa"], scale_b=s["sb"], out_dtype=torch.float16)
+
+    first, *others = launches
+    summaries, left_out = compare_in_rounds(f"e4m3 {shape}", launches[first], {"cuBLASLt e4m3": scaled_mm},
+                                            len(sets), rounds, os.path.join(out, "staged_epilogue_rounds.jsonl"),
+                                            peers={o: launches[o] for o in others})
+    return rows, [[f"e4m3 {shape}", *rounds_cells(s)] for s in summaries] + \
+        [[f"e4m3 {shape}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+
+
+def f16_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tuple[list, list]:
+    from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
+
+    m, n, k = (int(x) for x in shape.split("x"))
+    template = WgmmaGemmTemplate(m, n, k)
+    space = template.space(target)
+    sets = gemm_operand_sets(m, n, k, "float16")
+    launches, rows = {}, []
+    for label, cfg in variants(template, space, template.default_config(target), tiles).items():
+        launch, err = ours_launch(template, cfg.as_dict(), target, sets)
+        if not err < 1e-3:
+            raise SystemExit(f"error: {label} at {shape} differs from float64 by {err:.1e}")
+        launches[label] = launch
+        rows.append([f"float16 {shape}", label, template.tile(cfg).name, f"{err:.1e}"])
+    first, *others = launches
+    summaries, left_out = compare_in_rounds(f"float16 {shape}", launches[first], cublas_launches(sets, lt=True),
+                                            len(sets), rounds, os.path.join(out, "staged_epilogue_rounds.jsonl"),
+                                            peers={o: launches[o] for o in others})
+    return rows, [[f"float16 {shape}", *rounds_cells(s)] for s in summaries] + \
+        [[f"float16 {shape}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tvm_ext.target import resolve_target
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fp8-shapes", default=FP8_SHAPES, help="MxNxK,... ('' for none)")
+    p.add_argument("--f16-shapes", default=F16_SHAPES, help="MxNxK,... ('' for none)")
+    p.add_argument("--tiles", default="", help="more tiles to compare both ways, bm x bn s stages: 64x96s8,...")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default="bench_out")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        print(f"error: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    try:
+        tiles = [tuple(int(v) for v in t.replace("s", "x").split("x")) for t in filter(None, args.tiles.split(","))]
+    except ValueError:
+        print(f"error: --tiles takes bm x bn s stages (64x96s8), got {args.tiles!r}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    target = resolve_target("cuda")
+    rows, round_rows = [], []
+    for kind, shapes in ((fp8_rows, args.fp8_shapes), (f16_rows, args.f16_shapes)):
+        for shape in filter(None, shapes.split(",")):
+            r, rr = kind(shape, target, args.rounds, args.out, tiles)
+            rows += r
+            round_rows += rr
+            print(table("configs", ["shape", "label", "config", "rel err vs f64"], r), flush=True)
+            print(table("rounds", ["shape", *rounds_header()], rr), flush=True)
+    print(table("The configs compared", ["shape", "label", "config", "rel err vs f64"], rows))
+    print()
+    print(table(f"The pick against the vendor and the other configs in {args.rounds} interleaved rounds, all "
+                "replayed from CUDA graphs", ["shape", *rounds_header()], round_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
