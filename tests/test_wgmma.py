@@ -48,7 +48,8 @@ def test_the_template_builds_the_warpgroup_mma_kernel():
         (128, 256)  # the probe's best tile
     assert "m64n256k16" in wide.build_program(wide.default_config(target), target).source
     small = WgmmaGemmTemplate(1024, 768, 768)  # 24 blocks of 128x256: the few-waves pick instead
-    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(64, 96, 8, 1, True, 0, pdl=True, tma=True)
+    assert WgmmaTile.of(small.default_config(target)) == WgmmaTile(64, 96, 8, 1, True, 0, pdl=True, tma=True,
+                                                                   specialized=True)
 
 
 def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_together():
@@ -67,8 +68,9 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
         return pick_wgmma_tile([(m, n, k)], target, "float16", split_k=True, ragged_m=True, few_waves=few_waves)
 
     # 128 tiles of 64x96, one wave: K is 12 k steps and M a multiple of 64 (the narrow tile weighed),
-    # 8 stages (every block resident alone), by the TMA (10 16-byte copies a thread a stage)
-    assert pick(1024, 768, 768) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True)
+    # 8 stages (every block resident alone), by the TMA (10 16-byte copies a thread a stage),
+    # warp-specialized with C staged through a stage of its own (``narrow_specialized``)
+    assert pick(1024, 768, 768) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True, specialized=True)
     assert pick(1024, 768, 1536) == WgmmaTile(128, 64, 6, 1, True, 0, tma=True)  # 24 k steps: 96 tiles of 128x64
     assert pick(1000, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # M ragged: the same
     assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2, tma=True)  # 24 k steps

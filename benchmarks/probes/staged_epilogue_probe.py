@@ -24,10 +24,13 @@ F16_SHAPES = "4096x4096x4096,8192x8192x8192,1024x768x3072,1024x768x768"
 
 
 def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, int]]) -> dict[str, Any]:
-    """Label -> config: the pick; the pick (and each of ``tiles``: bm, bn, stages, one C tile a
-    block) warp-specialized storing C from its registers; the same staged through its own C stage
-    (fewer stages where C's does not fit).  Infeasible ones are left out."""
+    """Label -> config: the pick (and where it is warp-specialized, the same not); the pick (and
+    each of ``tiles``: bm, bn, stages, one C tile a block) warp-specialized storing C from its
+    registers; the same staged through its own C stage (fewer stages where C's does not fit).
+    Infeasible ones are left out."""
     found = {"pick": pick}
+    if pick.wgmma_ws and space.is_feasible(pick.replace(wgmma_ws=0)):
+        found["the pick not warp-specialized"] = pick.replace(wgmma_ws=0)
     bases = {"": pick, **{f"{bm}x{bn} ": pick.replace(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=st, wgmma_tiles=1,
                                                        wgmma_raster=0) for bm, bn, st in tiles}}
     for name, base in bases.items():

@@ -56,8 +56,9 @@ FIRST_PICK_PADDING = 0.125
 FEW_WAVES = 2
 FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0), (128, 192, 4, 1, 1, 0))
 # and where M is a multiple of 64 and a tile runs at most NARROW_MAX_STEPS k steps, 64x96 with 8
-# stages (BERT-base's 1024x768x768: 1.10-1.16x cuBLAS against 1.00x; at its 1024x768x3072, 48 k
-# steps, and at a ragged 200x3072x768 it measured slower than the pick without it)
+# stages, warp-specialized where the TMA loads it (``narrow_specialized``; BERT-base's 1024x768x768
+# and four shapes like it faster than cuBLAS; at its 1024x768x3072, 48 k steps, and at a ragged
+# 200x3072x768 it measured slower than the pick without it: docs/results/gemm.md)
 NARROW_TILES = ((64, 96, 8, 1, 1, 0),)
 NARROW_MAX_STEPS = 12
 MIN_RESIDENT_STAGES = 4
@@ -172,7 +173,18 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                            few_waves, ragged_n)
     if tile is None:
         return None
-    return with_tma(tile, shapes, shared_limit(target), b_layout, matrices)
+    return narrow_specialized(with_tma(tile, shapes, shared_limit(target), b_layout, matrices), shapes,
+                              shared_limit(target), b_layout)
+
+
+def narrow_specialized(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> WgmmaTile:
+    """A ``NARROW_TILES`` tile loaded by the TMA and staging C, warp-specialized (C then through
+    a stage of its own; measured faster than it not specialized at BERT-base's 1024x768x768:
+    docs/results/gemm.md) where that runs; ``t`` elsewhere."""
+    if not (t.tma and t.smem_epilogue) or (t.bm, t.bn, t.stages) not in {n[:3] for n in NARROW_TILES}:
+        return t
+    specialized = dataclasses.replace(t, specialized=True)
+    return specialized if runs(specialized, shapes, limit, b_layout) else t
 
 
 def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",
