@@ -71,6 +71,8 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
     # 8 stages (every block resident alone), by the TMA (10 16-byte copies a thread a stage),
     # warp-specialized with C staged through a stage of its own (``narrow_specialized``)
     assert pick(1024, 768, 768) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True, specialized=True)
+    kn = pick_wgmma_tile([(1024, 768, 768)], target, "float16", "KN", split_k=True, ragged_m=True, few_waves=True)
+    assert kn == WgmmaTile(64, 96, 8, 1, True, 0, tma=True)  # B (K, N): not specialized (not measured so)
     assert pick(1024, 768, 1536) == WgmmaTile(128, 64, 6, 1, True, 0, tma=True)  # 24 k steps: 96 tiles of 128x64
     assert pick(1000, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # M ragged: the same
     assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2, tma=True)  # 24 k steps

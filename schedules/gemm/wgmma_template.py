@@ -178,10 +178,11 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 
 
 def narrow_specialized(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> WgmmaTile:
-    """A ``NARROW_TILES`` tile loaded by the TMA and staging C, warp-specialized (C then through
-    a stage of its own; measured faster than it not specialized at BERT-base's 1024x768x768:
-    docs/results/gemm.md) where that runs; ``t`` elsewhere."""
-    if not (t.tma and t.smem_epilogue) or (t.bm, t.bn, t.stages) not in {n[:3] for n in NARROW_TILES}:
+    """A ``NARROW_TILES`` tile loaded by the TMA and staging C, with Bt stored (N, K) (as
+    measured), warp-specialized (C then through a stage of its own; measured faster than it not
+    specialized at BERT-base's 1024x768x768: docs/results/gemm.md) where that runs; ``t`` elsewhere."""
+    if (not (t.tma and t.smem_epilogue) or b_layout != "NK"
+            or (t.bm, t.bn, t.stages) not in {n[:3] for n in NARROW_TILES}):
         return t
     specialized = dataclasses.replace(t, specialized=True)
     return specialized if runs(specialized, shapes, limit, b_layout) else t
