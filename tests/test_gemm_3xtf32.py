@@ -127,6 +127,8 @@ def test_the_default_tile_is_64_columns_wide_only_where_nothing_wider_divides():
 
 @pytest.mark.parametrize("shape, knobs, reason", [
     ((256, 256, 128), dict(wgmma_smem_epilogue=1), "C stored directly"),
+    ((256, 256, 128), dict(wgmma_smem_epilogue=1, wgmma_ws=1, wgmma_tma=1, wgmma_pdl=0),
+     "stages float16 or bfloat16 C only"),  # C float32: the warp-specialized kernel's own stage refuses it
     ((256, 256, 128), dict(wgmma_bm=128, wgmma_bn=256, wgmma_stages=4, tf_promote=4), "bn <= 192"),
     ((256, 256, 96), dict(tf_promote=8), "must divide the 9 k steps"),
     ((256, 256, 128), dict(wgmma_stages=2, wgmma_inflight=1), "at least 3 stages"),

@@ -32,8 +32,8 @@ from tvm_ext.core.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
-from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, pdl_reason, promote_reason,
-                    shared_limit, sm_90a, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, epilogue_reason, pdl_reason,
+                    promote_reason, shared_limit, sm_90a, target_reason, wgmma_gemm, wgmma_reason)
 from .wgmma_template import pick_wgmma_tile
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
@@ -255,6 +255,7 @@ class Gemm3xTf32Template(Template):
         tile = WgmmaTile.of(config, "tf32")
         return (pdl_reason(tile, unwaited=True) or target_reason(target)
                 or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
+                or epilogue_reason(tile, "float32")  # C float32: never staged
                 or promote_reason(tile, self.depth, config.tf_promote, bool(config.tf_promote_overlap)))
 
     def space(self, target: TargetInfo) -> Space:
