@@ -51,6 +51,25 @@ def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, i
     return unique
 
 
+def compared(label: str, template: Any, target: Any, sets: list, launch_of: Any, vendors: dict, rounds: int,
+             out: str, tiles: list) -> tuple[list, list]:
+    """Each of ``variants``' configs launched (``launch_of(cfg) -> (launch, error)``) and checked
+    against float64, then the pick against ``vendors`` and the others in interleaved rounds."""
+    launches, rows = {}, []
+    for name, cfg in variants(template, template.space(target), template.default_config(target), tiles).items():
+        launch, err = launch_of(cfg)
+        if not err < 1e-3:
+            raise SystemExit(f"error: {name} at {label} differs from float64 by {err:.1e}")
+        launches[name] = launch
+        rows.append([label, name, template.tile(cfg).name, f"{err:.1e}"])
+    first, *others = launches
+    summaries, left_out = compare_in_rounds(label, launches[first], vendors, len(sets), rounds,
+                                            os.path.join(out, "staged_epilogue_rounds.jsonl"),
+                                            peers={o: launches[o] for o in others})
+    return rows, [[label, *rounds_cells(s)] for s in summaries] + \
+        [[label, f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+
+
 def fp8_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tuple[list, list]:
     import torch
     from gemm_fp8 import fp8_sets, ours
@@ -59,26 +78,14 @@ def fp8_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tup
 
     m, n, k = (int(x) for x in shape.split("x"))
     template = Fp8GemmTemplate(m, n, k)
-    space = template.space(target)
     sets = fp8_sets(m, n, k)
-    launches, rows = {}, []
-    for label, cfg in variants(template, space, template.default_config(target), tiles).items():
-        launch, err = ours(template, cfg, target, sets)
-        if not err < 1e-3:
-            raise SystemExit(f"error: {label} at {shape} differs from float64 by {err:.1e}")
-        launches[label] = launch
-        rows.append([f"e4m3 {shape}", label, template.tile(cfg).name, f"{err:.1e}"])
 
     def scaled_mm(i: int) -> Any:
         s = sets[i]
         return torch._scaled_mm(s["a"], s["bt"].t(), scale_a=s["sa"], scale_b=s["sb"], out_dtype=torch.float16)
 
-    first, *others = launches
-    summaries, left_out = compare_in_rounds(f"e4m3 {shape}", launches[first], {"cuBLASLt e4m3": scaled_mm},
-                                            len(sets), rounds, os.path.join(out, "staged_epilogue_rounds.jsonl"),
-                                            peers={o: launches[o] for o in others})
-    return rows, [[f"e4m3 {shape}", *rounds_cells(s)] for s in summaries] + \
-        [[f"e4m3 {shape}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+    return compared(f"e4m3 {shape}", template, target, sets, lambda cfg: ours(template, cfg, target, sets),
+                    {"cuBLASLt e4m3": scaled_mm}, rounds, out, tiles)
 
 
 def f16_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tuple[list, list]:
@@ -86,21 +93,10 @@ def f16_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tup
 
     m, n, k = (int(x) for x in shape.split("x"))
     template = WgmmaGemmTemplate(m, n, k)
-    space = template.space(target)
     sets = gemm_operand_sets(m, n, k, "float16")
-    launches, rows = {}, []
-    for label, cfg in variants(template, space, template.default_config(target), tiles).items():
-        launch, err = ours_launch(template, cfg.as_dict(), target, sets)
-        if not err < 1e-3:
-            raise SystemExit(f"error: {label} at {shape} differs from float64 by {err:.1e}")
-        launches[label] = launch
-        rows.append([f"float16 {shape}", label, template.tile(cfg).name, f"{err:.1e}"])
-    first, *others = launches
-    summaries, left_out = compare_in_rounds(f"float16 {shape}", launches[first], cublas_launches(sets, lt=True),
-                                            len(sets), rounds, os.path.join(out, "staged_epilogue_rounds.jsonl"),
-                                            peers={o: launches[o] for o in others})
-    return rows, [[f"float16 {shape}", *rounds_cells(s)] for s in summaries] + \
-        [[f"float16 {shape}", f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
+    return compared(f"float16 {shape}", template, target, sets,
+                    lambda cfg: ours_launch(template, cfg.as_dict(), target, sets),
+                    cublas_launches(sets, lt=True), rounds, out, tiles)
 
 
 def main(argv: list[str] | None = None) -> int:

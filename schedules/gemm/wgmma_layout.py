@@ -323,14 +323,17 @@ class KernelLayout:
     def smem_elems(self) -> int:
         """The dynamic shared memory's elements: the stages, with ``tma`` their barriers after,
         and C's own stage after those (``c_stage_bytes``)."""
-        return (self.stages * self.stage * self.elem + stage_barrier_bytes(self.stages, self.tma, self.specialized)
-                + self.c_stage_bytes) // self.elem
+        return (self.barriers_end + self.c_stage_bytes) // self.elem
+
+    @property
+    def barriers_end(self) -> int:
+        """The byte offset past the stages and their barriers."""
+        return self.stages * self.stage * self.elem + stage_barrier_bytes(self.stages, self.tma, self.specialized)
 
     @property
     def c_stage_at(self) -> int:
         """The byte offset of C's own stage: past the barriers, 128-byte aligned."""
-        end = self.stages * self.stage * self.elem + stage_barrier_bytes(self.stages, self.tma, self.specialized)
-        return -(-end // C_STAGE_ALIGN) * C_STAGE_ALIGN
+        return -(-self.barriers_end // C_STAGE_ALIGN) * C_STAGE_ALIGN
 
     def c_stage_chunk(self, row: Any, chunk: Any) -> Any:
         """The byte offset in C's own stage of 16-byte chunk ``chunk`` of row ``row``: rows of 8
