@@ -21,6 +21,7 @@ from tvm_ext.target import offline_cuda
 
 WS = dict(tma=True, specialized=True, smem_epilogue=False)
 STAGED = dict(WS, smem_epilogue=True)  # C through the kernel's own stage, 16 bytes a thread
+TURNS = dict(STAGED, c_turns=True)  # that stage 64 rows, the consumer warpgroups' in turn
 # (tile, m, n, k, wgmma_gemm's keywords)
 KINDS = {
     "one unit": (WgmmaTile(128, 256, 4, 1, **WS), 512, 512, 512, {}),
@@ -61,6 +62,14 @@ KINDS = {
         {"scales": True, "c_dtype": "bfloat16"}),
     "staged c, batched b (k, n), raster": (WgmmaTile(128, 128, 4, 1, raster=2, **STAGED), 256, 256, 256,
                                            {"batch": (2, 3), "b_layout": "KN"}),
+    # C's stage one warpgroup's 64 rows, the two consumers' in turn (``wgmma_c_turns``)
+    "c in turn, 256 columns, blocks of 3 and 2 units": (WgmmaTile(128, 256, 4, 1, tiles=3, **TURNS), 512, 1024, 512,
+                                                        {}),
+    "c in turn, 96 columns padded, ragged m and n, bias": (
+        WgmmaTile(128, 96, 6, 1, tiles=3, **TURNS), 200, 400, 512, {"bias_dtype": "float16"}),
+    "c in turn, e4m3 promoted into bfloat16, multicast a": (
+        WgmmaTile(128, 192, 4, 1, tiles=2, operand="e4m3", multicast=True, **TURNS), 256, 1536, 1024,
+        {"promote": 1, "scales": True, "c_dtype": "bfloat16"}),
 }
 
 
@@ -230,11 +239,47 @@ def test_the_staged_consumers_meet_at_their_own_named_barriers_and_store_16_byte
     assert f"smem_ptr[{end - 1}]" in body
 
 
+def test_consumers_taking_c_stage_in_turn_hand_it_over_at_named_barriers_of_both():
+    """With ``c_turns`` C's stage is one warpgroup's 64 rows (a 128x256 tile keeps 4 stages in a
+    block's 227 KiB, 3 with the whole tile's C): the second consumer waits at named barrier 3
+    for the first's hand-over, the first (from its second unit on, and once more before it
+    leaves) at barrier 4 for the second's, each barrier of both warpgroups' 256 threads; the
+    warpgroup's own barrier before the copy stays, the one after it goes."""
+    tile, m, n, k, kw = KINDS["c in turn, 256 columns, blocks of 3 and 2 units"]
+    whole = dataclasses.replace(tile, c_turns=False)
+    assert tile.c_stage_bytes() == 128 + 64 * 256 * 2 and whole.c_stage_bytes() == 128 + 128 * 256 * 2
+    assert tile.block_smem_bytes() <= 232448 < whole.block_smem_bytes()
+    assert wgmma_reason(tile, m, n, k) is None and "bytes of shared memory" in wgmma_reason(whole, m, n, k)
+    body = _kernel(_source(tile, m, n, k, **kw))
+    assert body.count("tvm_builtin_ptx_bar_sync_count_sync((uint)3, (uint)256);") == 1
+    assert body.count("tvm_builtin_ptx_bar_sync_count_sync((uint)4, (uint)256);") == 2  # in the loop, at the end
+    assert body.count("tvm_builtin_ptx_bar_arrive_arrive((uint)3, (uint)256);") == 1
+    assert body.count("tvm_builtin_ptx_bar_arrive_arrive((uint)4, (uint)256);") == 1
+    assert body.count("(uint)128);") == 1  # the warpgroup's rows staged; no barrier after the copy
+    end = -(-(4 * 384 * 128 + tile.barrier_bytes()) // 128) * 128 + 64 * 256 * 2  # addressed from its last byte
+    assert f"smem_ptr[{end // 2 - 1}]" in body
+    staged = _kernel(_source(*KINDS["staged c, e4m3 promoted, overlapped, several units"][:4],
+                             **KINDS["staged c, e4m3 promoted, overlapped, several units"][4]))
+    assert "bar_arrive" not in staged and "((uint)4, (uint)256)" not in staged
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(smem_epilogue=False), "staged C"),
+    (dict(bm=64), "two consumer warpgroups (bm 128)"),
+    (dict(specialized=False), "two consumer warpgroups (bm 128)"),
+])
+def test_c_in_turn_refused_without_two_consumers_staging_c(change, needle):
+    tile = dataclasses.replace(WgmmaTile(128, 128, 4, 1, **TURNS), **change)
+    assert needle in wgmma_reason(tile, 512, 512, 1024)
+
+
 def test_the_knob_names_the_tile_and_counts_its_barriers():
     tile = WgmmaTile(128, 256, 4, 1, **WS)
     assert tile.name.endswith(" tma ws") and WgmmaTile.of(_config(tile)) == tile
     paired = dataclasses.replace(tile, multicast=True)
     assert paired.name.endswith(" tma ws multicast") and WgmmaTile.of(_config(paired)) == paired
+    turns = WgmmaTile(128, 256, 4, 1, **TURNS)
+    assert turns.name.endswith(" tma ws turns") and WgmmaTile.of(_config(turns)) == turns
     assert tile.barrier_bytes() == 2 * dataclasses.replace(tile, specialized=False).barrier_bytes()
 
 

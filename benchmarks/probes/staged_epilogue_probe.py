@@ -23,11 +23,14 @@ FP8_SHAPES = "4096x4096x4096,8192x8192x8192"
 F16_SHAPES = "4096x4096x4096,8192x8192x8192,1024x768x3072,1024x768x768"
 
 
-def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, int]]) -> dict[str, Any]:
+def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, int]],
+             multicast: bool = False) -> dict[str, Any]:
     """Label -> config: the pick (and where it is warp-specialized, the same not); the pick (and
     each of ``tiles``: bm, bn, stages, one C tile a block) warp-specialized storing C from its
-    registers; the same staged through its own C stage (fewer stages where C's does not fit).
-    Infeasible ones are left out."""
+    registers; the same staged through its own C stage (fewer stages where C's does not fit), and
+    through a 64-row stage its two consumer warpgroups take in turn (``wgmma_c_turns``); with
+    ``multicast`` each staged config also in clusters of two sharing an operand's tile
+    (``wgmma_multicast``).  Infeasible ones are left out."""
     found = {"pick": pick}
     if pick.wgmma_ws and space.is_feasible(pick.replace(wgmma_ws=0)):
         found["the pick not warp-specialized"] = pick.replace(wgmma_ws=0)
@@ -38,12 +41,15 @@ def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, i
                               wgmma_split_cluster=0)
         if space.is_feasible(direct):
             found[f"{name}ws, C from registers"] = direct
-        for stages in sorted((s for s in space.knob("wgmma_stages").choices if s <= direct.wgmma_stages),
-                             reverse=True):
-            staged = direct.replace(wgmma_smem_epilogue=1, wgmma_stages=stages)
-            if space.is_feasible(staged):
-                found[f"{name}ws, C staged (s{stages})"] = staged
-                break
+        for turns, how in ((0, "staged"), (1, "staged in turn")):  # the whole tile's C, or 64 rows in turn
+            for stages in sorted((s for s in space.knob("wgmma_stages").choices if s <= direct.wgmma_stages),
+                                 reverse=True):
+                staged = direct.replace(wgmma_smem_epilogue=1, wgmma_stages=stages, wgmma_c_turns=turns)
+                if space.is_feasible(staged):
+                    found[f"{name}ws, C {how} (s{stages})"] = staged
+                    if multicast and space.is_feasible(staged.replace(wgmma_multicast=1)):
+                        found[f"{name}ws, C {how} (s{stages}), multicast"] = staged.replace(wgmma_multicast=1)
+                    break
     unique: dict[str, Any] = {}
     for label, cfg in found.items():
         if cfg not in unique.values():
@@ -52,11 +58,12 @@ def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, i
 
 
 def compared(label: str, template: Any, target: Any, sets: list, launch_of: Any, vendors: dict, rounds: int,
-             out: str, tiles: list) -> tuple[list, list]:
+             out: str, tiles: list, multicast: bool = False) -> tuple[list, list]:
     """Each of ``variants``' configs launched (``launch_of(cfg) -> (launch, error)``) and checked
     against float64, then the pick against ``vendors`` and the others in interleaved rounds."""
     launches, rows = {}, []
-    for name, cfg in variants(template, template.space(target), template.default_config(target), tiles).items():
+    for name, cfg in variants(template, template.space(target), template.default_config(target), tiles,
+                              multicast).items():
         launch, err = launch_of(cfg)
         if not err < 1e-3:
             raise SystemExit(f"error: {name} at {label} differs from float64 by {err:.1e}")
@@ -70,7 +77,7 @@ def compared(label: str, template: Any, target: Any, sets: list, launch_of: Any,
         [[label, f"{v}: left out ({why})"] + ["-"] * 9 for v, why in left_out.items()]
 
 
-def fp8_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tuple[list, list]:
+def fp8_rows(shape: str, target: Any, rounds: int, out: str, tiles: list, multicast: bool) -> tuple[list, list]:
     import torch
     from gemm_fp8 import fp8_sets, ours
 
@@ -85,10 +92,10 @@ def fp8_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tup
         return torch._scaled_mm(s["a"], s["bt"].t(), scale_a=s["sa"], scale_b=s["sb"], out_dtype=torch.float16)
 
     return compared(f"e4m3 {shape}", template, target, sets, lambda cfg: ours(template, cfg, target, sets),
-                    {"cuBLASLt e4m3": scaled_mm}, rounds, out, tiles)
+                    {"cuBLASLt e4m3": scaled_mm}, rounds, out, tiles, multicast)
 
 
-def f16_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tuple[list, list]:
+def f16_rows(shape: str, target: Any, rounds: int, out: str, tiles: list, multicast: bool) -> tuple[list, list]:
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
 
     m, n, k = (int(x) for x in shape.split("x"))
@@ -96,7 +103,7 @@ def f16_rows(shape: str, target: Any, rounds: int, out: str, tiles: list) -> tup
     sets = gemm_operand_sets(m, n, k, "float16")
     return compared(f"float16 {shape}", template, target, sets,
                     lambda cfg: ours_launch(template, cfg.as_dict(), target, sets),
-                    cublas_launches(sets, lt=True), rounds, out, tiles)
+                    cublas_launches(sets, lt=True), rounds, out, tiles, multicast)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fp8-shapes", default=FP8_SHAPES, help="MxNxK,... ('' for none)")
     p.add_argument("--f16-shapes", default=F16_SHAPES, help="MxNxK,... ('' for none)")
     p.add_argument("--tiles", default="", help="more tiles to compare both ways, bm x bn s stages: 64x96s8,...")
+    p.add_argument("--multicast", action="store_true", help="each staged config also in clusters of two sharing "
+                                                            "an operand's tile by TMA multicast")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default="bench_out")
     args = p.parse_args(argv)
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, round_rows = [], []
     for kind, shapes in ((fp8_rows, args.fp8_shapes), (f16_rows, args.f16_shapes)):
         for shape in filter(None, shapes.split(",")):
-            r, rr = kind(shape, target, args.rounds, args.out, tiles)
+            r, rr = kind(shape, target, args.rounds, args.out, tiles, args.multicast)
             rows += r
             round_rows += rr
             print(table("configs", ["shape", "label", "config", "rel err vs f64"], r), flush=True)

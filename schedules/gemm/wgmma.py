@@ -125,6 +125,10 @@ KNOBS = (
          "its half of the tile's columns (m64n(bn/2) wgmma on the same A): two chains of wgmma in flight where one "
          "warpgroup would issue one, as cuBLAS's Hopper kernels run a 64x96 tile on 384 threads (slower than one "
          "consumer at BERT-base's shapes: no pick takes it)", before=1),
+    Knob("wgmma_c_turns", (0, 1),
+         "1 (C staged by the warp-specialized kernel's two consumer warpgroups): C's own stage holds 64 rows, "
+         "which the consumers fill and copy out in turn (the second waits for the first's copy at a named "
+         "barrier): half the shared memory, so a 128x256 tile keeps 4 stages beside it", before=0),
 )
 # the probe's best at 4096^3 first, then smaller tiles for shapes it does not divide; 256x192 was
 # slightly faster at the GRU's projection 8192x3072x1024, but no better where 128x256 also divides;
@@ -153,6 +157,7 @@ class WgmmaTile:
     multicast: bool = False  # clusters of two blocks sharing one operand's tile by TMA multicast (``wgmma_multicast``)
     pdl: bool = False  # launched early behind the kernel ahead, waiting for it before global access (``wgmma_pdl``)
     wg_cols: int = 1  # consumer warpgroups across the tile's columns, each bn / wg_cols of them (``wgmma_wg_cols``)
+    c_turns: bool = False  # C's own stage 64 rows, the consumer warpgroups' in turn (``wgmma_c_turns``)
 
     @property
     def bk(self) -> int:
@@ -166,7 +171,8 @@ class WgmmaTile:
                    c["wgmma_raster"], tiles=c.get("wgmma_tiles", 1), split=c.get("wgmma_split_k", 1),
                    cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)),
                    specialized=bool(c.get("wgmma_ws", 0)), multicast=bool(c.get("wgmma_multicast", 0)),
-                   pdl=bool(c.get("wgmma_pdl", 0)), wg_cols=c.get("wgmma_wg_cols", 1))
+                   pdl=bool(c.get("wgmma_pdl", 0)), wg_cols=c.get("wgmma_wg_cols", 1),
+                   c_turns=bool(c.get("wgmma_c_turns", 0)))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
@@ -174,7 +180,7 @@ class WgmmaTile:
                     wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
                     wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma),
                     wgmma_ws=int(self.specialized), wgmma_multicast=int(self.multicast), wgmma_pdl=int(self.pdl),
-                    wgmma_wg_cols=self.wg_cols)
+                    wgmma_wg_cols=self.wg_cols, wgmma_c_turns=int(self.c_turns))
 
     @property
     def name(self) -> str:
@@ -184,7 +190,7 @@ class WgmmaTile:
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
                 f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}"
                 f"{' multicast' if self.multicast else ''}{' pdl' if self.pdl else ''}"
-                f"{f' c{self.wg_cols}' if self.wg_cols > 1 else ''}")
+                f"{f' c{self.wg_cols}' if self.wg_cols > 1 else ''}{' turns' if self.c_turns else ''}")
 
     @property
     def threads(self) -> int:
@@ -214,13 +220,18 @@ class WgmmaTile:
         staged epilogue (its producer refills every stage while the consumers store)."""
         return self.specialized and self.smem_epilogue
 
+    @property
+    def c_stage_rows(self) -> int:
+        """Rows of C's own stage: the tile's, or one warpgroup's 64 taken in turn (``c_turns``)."""
+        return 64 if self.c_turns else self.bm
+
     def c_stage_bytes(self) -> int:
-        """That shared memory (``staged_apart``; else 0): the tile's C in 2-byte elements, its rows
-        128-byte aligned from the barriers' end and padded by 8 columns where bn is no multiple of
-        64 (else its 16-byte chunks swizzled)."""
+        """That shared memory (``staged_apart``; else 0): ``c_stage_rows`` of C in 2-byte elements,
+        128-byte aligned from the barriers' end, rows padded by 8 columns where bn is no multiple
+        of 64 (else their 16-byte chunks swizzled)."""
         if not self.staged_apart:
             return 0
-        return C_STAGE_ALIGN + self.bm * c_stage_row(self.bn) * 2
+        return C_STAGE_ALIGN + self.c_stage_rows * c_stage_row(self.bn) * 2
 
     def block_smem_bytes(self) -> int:
         """A block's dynamic shared memory: the stages, their barriers and C's own stage."""
@@ -299,6 +310,9 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.specialized and (not t.tma or t.split > 1 or (t.smem_epilogue and t.wg_cols > 1)):
         return (f"{t.name}: warp specialization (wgmma_ws) has a producer warpgroup issue TMA loads (wgmma_tma 1), "
                 "K unsplit, C staged (wgmma_smem_epilogue 1) by warpgroups of whole rows (wgmma_wg_cols 1)")
+    if t.c_turns and (not t.staged_apart or t.bm // 64 != 2 or t.wg_cols > 1):
+        return (f"{t.name}: C's stage taken in turn (wgmma_c_turns) is the warp-specialized kernel's staged C "
+                "(wgmma_ws 1, wgmma_smem_epilogue 1) shared by its two consumer warpgroups (bm 128)")
     if t.specialized and specialized_registers(t.threads) > REGISTERS_PER_SM:
         return (f"{t.name}: warp specialization gives each of the {t.bm // 64} consumer warpgroups "
                 f"{CONSUMER_REGISTERS} registers a thread (setmaxnreg): {specialized_registers(t.threads)} with the "

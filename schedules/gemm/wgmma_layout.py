@@ -47,11 +47,17 @@ class Tile(Protocol):
     multicast: bool
     pdl: bool
     wg_cols: int
+    c_turns: bool
 
     @property
     def bk(self) -> int: ...
 
+    @property
+    def c_stage_rows(self) -> int: ...
+
     def c_pieces_per_stage(self) -> int: ...
+
+    def c_stage_bytes(self) -> int: ...
 
 
 def counted_words(m: int, bm: int) -> int:
@@ -122,6 +128,7 @@ class KernelLayout:
     pdl: bool = False  # launched early, lets the next kernel launch, waits for the one ahead (``after_prior``)
     wg_cols: int = 1  # consumer warpgroups across the tile's columns (``wg_row``, ``wg_first_col``, ``wg_b``)
     c_stage_bytes: int = 0  # the warp-specialized kernel's C stage of its own, past the barriers (``c_stage_at``)
+    c_stage_rows: int = 0  # its rows: the tile's, or 64 the consumer warpgroups take in turn (``c_turns``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -140,7 +147,7 @@ class KernelLayout:
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
-                   c_stage_bytes=cfg.c_stage_bytes())
+                   c_stage_bytes=cfg.c_stage_bytes(), c_stage_rows=cfg.c_stage_rows)
 
     # sizes derived from the fields
     @property
@@ -334,6 +341,11 @@ class KernelLayout:
     def c_stage_at(self) -> int:
         """The byte offset of C's own stage: past the barriers, 128-byte aligned."""
         return -(-self.barriers_end // C_STAGE_ALIGN) * C_STAGE_ALIGN
+
+    @property
+    def c_turns(self) -> bool:
+        """The consumer warpgroups take C's own stage in turn (one warpgroup's 64 rows)."""
+        return 0 < self.c_stage_rows < self.bm
 
     def c_stage_chunk(self, row: Any, chunk: Any) -> Any:
         """The byte offset in C's own stage of 16-byte chunk ``chunk`` of row ``row``: rows of 8

@@ -39,6 +39,43 @@ def release_count(L: KernelLayout) -> int:
     return L.threads // 128 * 2 if L.multicast else L.threads
 
 
+TURN_TO_SECOND, TURN_TO_FIRST = 3, 4  # named barriers handing C's stage over (1 and 2: each warpgroup's own)
+
+
+def c_turn(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """The macros ``take(wg, t)``, ``hand_over(wg)`` and ``last(wg, mine)`` around each unit's
+    store where the two consumer warpgroups take C's 64-row stage in turn (``c_turns``; empty
+    otherwise): the second waits until the first has copied its rows out, the first (from its
+    second unit on) until the second has copied the unit before out; each hands the stage over
+    at a named barrier of both warpgroups' 256 threads (``bar.arrive`` by the one leaving, ``bar.sync``
+    by the one waiting), and the first meets the second's last hand-over before it leaves."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def take(wg: Any, t: Any) -> None:
+        if L.c_turns:
+            if wg == 1:
+                T.ptx["bar.sync"](T.uint32(TURN_TO_SECOND), T.uint32(256))
+            elif t > 0:
+                T.ptx["bar.sync"](T.uint32(TURN_TO_FIRST), T.uint32(256))
+
+    @T.macro
+    def hand_over(wg: Any) -> None:
+        if L.c_turns:
+            if wg == 0:
+                T.ptx["bar.arrive"](T.uint32(TURN_TO_SECOND), T.uint32(256))
+            else:
+                T.ptx["bar.arrive"](T.uint32(TURN_TO_FIRST), T.uint32(256))
+
+    @T.macro
+    def last(wg: Any, mine: Any) -> None:
+        if L.c_turns:
+            if wg == 0 and mine > 0:  # the second's last hand-over met: no barrier left half-arrived
+                T.ptx["bar.sync"](T.uint32(TURN_TO_FIRST), T.uint32(256))
+
+    return take, hand_over, last
+
+
 def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callable[..., None],
                        store_unit: Callable[..., None], launch_early: Callable[..., None],
                        wait_prior: Callable[..., None]) -> Callable[..., None]:
@@ -53,6 +90,7 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
 
     stages, stage, k_tiles, grid, consumers = L.stages, L.stage, L.k_tiles, L.grid, L.threads
     wait = phase_wait()
+    take, hand_over, last = c_turn(L)
 
     @T.macro
     def cluster_sync() -> None:  # every thread of both blocks of the cluster past this point
@@ -128,8 +166,11 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
                         loop(k_step, (smem, base, t, wg, lane, done), acc, spare, total)
                         if L.inflight > 0:  # every wgmma retired: the unit's last stage too
                             release(smem, t * k_tiles + k_tiles - 1, lane)
+                        take(wg, t)
                         store_unit(smem, C, bias, L.summed(total, acc), bid + t * grid, at, row0, col0, wg, lane,
                                    0, row0, 0, 128, lane)
+                        hand_over(wg)
+                    last(wg, mine)
                 if L.multicast:  # no block leaves while its peer may still load into it or release its stages
                     cluster_sync()
 

@@ -227,13 +227,15 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
         refills every other stage meanwhile): the warpgroup writes its 64 rows there, meets at a
         named barrier of its 128 threads (not the block's: the producer does not come), and copies
         them out 16 bytes a thread, whole rows a warp; a second barrier before the next tile's
-        rows overwrite them.  Shared memory through PTX, which TVM's barrier pass does not see."""
+        rows overwrite them (with ``c_turns`` the stage is one warpgroup's, which
+        ``wgmma_specialized.c_turn`` hands over).  Shared memory through PTX, which TVM's barrier
+        pass does not see."""
         pair = T.alloc_buffer((2,), C.dtype, scope="local")
         quad = T.alloc_buffer((4,), "uint32", scope="local")
-        c_bytes = T.meta_var(L.bm * c_stage_row(L.bn) * 2)  # addressed from its last element: TVM sizes the
-        c_end = T.meta_var(L.c_stage_at + c_bytes)  # dynamic shared memory by the largest index it sees
+        c_bytes = T.meta_var(L.c_stage_rows * c_stage_row(L.bn) * 2)  # addressed from its last element: TVM
+        c_end = T.meta_var(L.c_stage_at + c_bytes)  # sizes the dynamic shared memory by the largest index it sees
         band = T.meta_var(T.cuda.cvta_generic_to_shared(smem.ptr_to([c_end // L.elem - 1])) - T.uint32(
-            c_bytes - L.elem) + T.Cast("uint32", wg * 64 * c_stage_row(L.bn) * 2))  # see ``stage_barrier``
+            c_bytes - L.elem) + T.Cast("uint32", (0 if L.c_turns else wg) * 64 * c_stage_row(L.bn) * 2))
         lane = T.meta_var(tx % 128)
         for p in T.unroll(L.n_acc // 2):
             row = T.meta_var(L.fragment_row(0, lane, p))
@@ -251,7 +253,8 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
             if L.in_c(row0 + wg * 64 + row, col0 + chunk * 8):  # N % 8 == 0: chunks in or out
                 T.ptx["st.global.v4.b32"](C.ptr_to([*at, row0 + wg * 64 + row, col0 + chunk * 8]),
                                           quad[0], quad[1], quad[2], quad[3])
-        T.ptx["bar.sync"](T.Cast("uint32", 1 + wg), T.uint32(128))  # copied out before the next tile's rows come
+        if not L.c_turns:  # in turn the other warpgroup's barrier orders the copy before the next rows
+            T.ptx["bar.sync"](T.Cast("uint32", 1 + wg), T.uint32(128))  # copied out before the next tile's rows
 
     @T.macro
     def store_unit(smem: Any, C: Any, bias: Any, sums: Any, unit: Any, at: Any, row0: Any, col0: Any, wg: Any,
