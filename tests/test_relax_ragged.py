@@ -1,5 +1,6 @@
 """A 16-bit ``Linear`` whose even N no wgmma tile divides (a vocabulary, 1000 classes) on Hopper:
-``relax_rewrites``'s ``ragged_weight_rows`` makes the matmul read its weight (N, K) as stored,
+``relax_rewrites``'s ``ragged_weight_rows`` makes the matmul read its weight (N, K) as stored
+(``narrow_weight_rows`` likewise where that layout's pick is the warp-specialized narrow tile),
 so the wgmma matcher takes it with B read K-major and the last tile column guarded; where the
 target has no wgmma, the rows are too few for a 64-row tile, N is odd or a multiple of 64, the
 model is left as it was (mma.sync, B stored (K, N)).
@@ -23,13 +24,13 @@ from tvm_ext.target import offline_cuda
 K = 128
 
 
-def linear(n: int, rows: int, dtype: str = "float16"):
-    """``x · wᵀ + bias``, x (rows, K), w (n, K) as a ``Linear`` stores it, all ``dtype``."""
+def linear(n: int, rows: int, dtype: str = "float16", k: int = K):
+    """``x · wᵀ + bias``, x (rows, k), w (n, k) as a ``Linear`` stores it, all ``dtype``."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((rows, K), dtype))
-    w = relax.Var("w", relax.TensorType((n, K), dtype))
+    x = relax.Var("x", relax.TensorType((rows, k), dtype))
+    w = relax.Var("w", relax.TensorType((n, k), dtype))
     bias = relax.Var("bias", relax.TensorType((n,), dtype))
     with bb.function("main", [x, w, bias]):
         with bb.dataflow():
@@ -62,9 +63,26 @@ def test_the_weight_is_read_as_stored_where_wgmma_takes_the_ragged_n(n, rows, ke
     assert "T_add" in script or not as_stored  # the bias joins the matmul's function
 
 
+@pytest.mark.parametrize("n, rows, k, dtype, kept", [
+    (768, 1024, 768, "float16", False), (768, 768, 768, "bfloat16", False),  # BERT-base's projections
+    (3072, 1024, 768, "float16", True), (768, 1024, 3072, "float16", True),  # its FFN: wider tiles take (K, N)
+    (768, 128, 768, "float16", True),  # a few rows: the narrow tile is not the pick
+])
+def test_the_weight_is_read_as_stored_where_the_narrow_pick_is_warp_specialized(n, rows, k, dtype, kept):
+    """``narrow_weight_rows``: where the wgmma pick with Bt stored (N, K) is the warp-specialized
+    narrow tile, the matmul reads the ``Linear``'s weight as stored and gets that kernel; elsewhere
+    B stays (K, N) as the model wrote it."""
+    lowered, matches = _matches(linear(n, rows, dtype, k), offline_cuda())
+    (match,) = [m for m in matches if "matmul" in m.name]
+    assert match.matcher == "wgmma", match.reason
+    assert match.template.b_layout == ("KN" if kept else "NK")
+    assert bool(match.template.default_config(offline_cuda()).as_dict()["wgmma_ws"]) == (not kept)
+
+
 @pytest.mark.parametrize("target", [offline_cuda("sm_80"), None])
-def test_without_wgmma_the_model_is_left_as_it_was(target):
-    lowered, _ = _matches(linear(1000, 256), target)
+@pytest.mark.parametrize("n, rows, k", [(1000, 256, K), (768, 1024, 768)])
+def test_without_wgmma_the_model_is_left_as_it_was(target, n, rows, k):
+    lowered, _ = _matches(linear(n, rows, k=k), target)
     assert not [gv for gv, _ in lowered.functions_items() if "weight_rows" in gv.name_hint]
 
 

@@ -24,6 +24,10 @@ built from the same rewritten module.
   no such N on wgmma (its rows no multiple of 16 bytes, its atoms of 64 columns), B read as
   stored (N, K) does, its last tile column guarded (on the H200, 1024x30522x768 at 1.65x cuBLAS
   against mma.sync's 0.68x; docs/results/gemm.md).
+- ``narrow_weight_rows``: on a GPU with wgmma, the same for a 16-bit ``Linear`` whose wgmma
+  pick with B read as stored (N, K) is the warp-specialized narrow tile (``narrow_specialized``:
+  BERT-base's 1024x768x768 projections), which B stored (K, N) does not take (on the H200 that
+  shape at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); docs/results/gemm.md).
 - ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
   in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
   index past it (a token id past an embedding table; torch raises there): an illegal address on
@@ -40,6 +44,7 @@ LOW_PRECISION = ("float16", "bfloat16")
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+WEIGHT_ROWS = "matmul_weight_rows"  # the PrimFunc of a matmul reading its weight (N, K) as stored
 
 
 def _shape(expr: Any) -> tuple[Any, ...] | None:
@@ -71,6 +76,19 @@ def _wgmma_takes_ragged_n(rows: int, n: int, k: int) -> bool:
             and padding(smallest, shapes) < RAGGED_PADDING)
 
 
+def _wgmma_picks_specialized(rows: int, n: int, k: int, dtype: str, target: Any) -> bool:
+    """``narrow_weight_rows``'s rule, by the wgmma template's own: its pick for the matmul with Bt
+    stored (N, K) is warp-specialized (B stored (K, N) keeps such a tile not specialized)."""
+    from ..core.errors import TvmExtError
+    from ..schedules.gemm.wgmma_template import WgmmaGemmTemplate
+
+    try:
+        config = WgmmaGemmTemplate(rows, n, k, b_layout="NK", dtype=dtype).default_config(target)
+    except TvmExtError:  # no tile fits: the matmul stays as it is
+        return False
+    return bool(config.as_dict()["wgmma_ws"])
+
+
 def _matmul_weight_rows(a: Any, w: Any) -> Any:
     """TE: ``a[..., m, k] · w[n, k]ᵀ`` in float32 (the block named ``matmul``, as a legalized
     ``matmul``'s)."""
@@ -86,10 +104,12 @@ def _make_mutator() -> Any:
 
     @relax.expr_functor.mutator
     class Rewriter(relax.PyExprMutator):  # type: ignore[misc]
-        def __init__(self, mod: Any, ragged_rows: bool = False) -> None:
+        def __init__(self, mod: Any, target: Any = None) -> None:
+            from ..hardware import has_wgmma
+
             super().__init__(mod)
             self.changed = 0
-            self.ragged_rows = ragged_rows  # ``ragged_weight_rows`` (a target with wgmma)
+            self.wgmma_target = target if target is not None and has_wgmma(target) else None  # ``*_weight_rows``
 
         def _producer(self, expr: Any) -> Any:
             if isinstance(expr, relax.Var):
@@ -98,12 +118,13 @@ def _make_mutator() -> Any:
             return expr
 
         def _from_matmul(self, expr: Any, depth: int = 0) -> bool:
-            """Whether ``expr`` is a matmul, or elementwise ops on one: where an op moved before
-            a reshape ends up in a fused matmul kernel (moving ops toward anything else could
-            move them back and forth)."""
+            """Whether ``expr`` is a matmul (or the ``*_weight_rows`` computation one became), or
+            elementwise ops on one: where an op moved before a reshape ends up in a fused matmul
+            kernel (moving ops toward anything else could move them back and forth)."""
             bound = self._producer(expr)
             name = _op_name(bound)
-            if name == "relax.matmul":
+            if name == "relax.matmul" or (name == "relax.call_tir" and str(
+                    getattr(bound.args[0], "name_hint", "")).startswith(WEIGHT_ROWS)):
                 return True
             if depth < 8 and name in UNARY + BINARY:
                 return any(self._from_matmul(a, depth + 1) for a in bound.args[:2])
@@ -171,9 +192,15 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             return call
 
+        def _wgmma_reads_rows(self, rows: int, n: int, k: int, dtype: str) -> bool:
+            """``ragged_weight_rows`` or ``narrow_weight_rows`` takes a 16-bit (rows, n, k) matmul."""
+            return self.wgmma_target is not None and (_wgmma_takes_ragged_n(rows, n, k) or _wgmma_picks_specialized(
+                rows, n, k, dtype, self.wgmma_target))
+
         def _weight_rows(self, call: Any) -> Any:
-            """``fp8_weight_rows`` and ``ragged_weight_rows`` (None where ``call`` is neither): a
-            matmul reading its transposed 2-D weight ``w[n, k]`` as stored."""
+            """``fp8_weight_rows``, ``ragged_weight_rows`` and ``narrow_weight_rows`` (None where
+            ``call`` is none of them): a matmul reading its transposed 2-D weight ``w[n, k]`` as
+            stored."""
             from ..schedules.gemm.gemm_fp8 import FP8_FORMATS
 
             a, b = call.args
@@ -190,12 +217,10 @@ def _make_mutator() -> Any:
             if (w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2
                     or (axes is not None and [int(x) for x in axes] != [1, 0])):
                 return None
-            ragged = self.ragged_rows and _wgmma_takes_ragged_n(int(np.prod(a_shape[:-1])), *w_shape)
-            if not (eight_bit or ragged):
+            if not (eight_bit or self._wgmma_reads_rows(int(np.prod(a_shape[:-1])), *w_shape, operand)):
                 return None
             self.changed += 1
-            wide = self.builder_.emit(self.builder_.call_te(_matmul_weight_rows, a, w,
-                                                             primfunc_name_hint="matmul_weight_rows"))
+            wide = self.builder_.emit(self.builder_.call_te(_matmul_weight_rows, a, w, primfunc_name_hint=WEIGHT_ROWS))
             return wide if dtype == "float32" else relax.op.astype(wide, dtype)
 
         def _accumulate_fp32(self, call: Any) -> Any:
@@ -211,18 +236,15 @@ def _make_mutator() -> Any:
 
 
 def rewrite_model(mod: Any, target: Any = None) -> Any:
-    """``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` (for a ``target`` with
-    wgmma), ``sink_reshapes`` and ``clamp_takes`` on every Relax function, until nothing changes;
-    dead bindings are removed."""
+    """``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` and ``narrow_weight_rows``
+    (for a ``target`` with wgmma), ``sink_reshapes`` and ``clamp_takes`` on every Relax function,
+    until nothing changes; dead bindings are removed."""
     import tvm
     from tvm import relax
 
-    from ..hardware import has_wgmma
-
     rewriter_class = _make_mutator()
-    ragged_rows = target is not None and has_wgmma(target)
     for _ in range(8):  # each round moves an op past one reshape
-        rewriter = rewriter_class(mod, ragged_rows)
+        rewriter = rewriter_class(mod, target)
         funcs = {gv: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
         for gv, func in funcs.items():
             new = rewriter.visit_expr(func)
