@@ -242,13 +242,18 @@ def test_a_staged_default_is_the_same_config_storing_from_its_registers_where_c_
 
 
 def test_a_relax_float32_c_is_stored_from_the_registers_whatever_the_config():
-    """A Relax model's 8-bit matmul into float32 takes the default's config (C staged) and stores
-    C straight from the registers (the stage holds 2-byte C only)."""
+    """A Relax model's 8-bit matmul into float32 takes the default's config (C staged), or a tuned
+    one taking C's stage in turn, and stores C straight from the registers (the stage holds 2-byte
+    C only)."""
     target = offline_cuda()
     t = Fp8GemmTemplate(512, 512, 4096)
     cfg = t.default_config(target)
     assert cfg.wgmma_smem_epilogue == 1
     assert t.kernel_func(cfg, "float32", lambda v, row, col, lead: v) is not None
+    big = Fp8GemmTemplate(4096, 4096, 4096)  # two consumer warpgroups: a tuned config may take C's stage in turn
+    turns = big.default_config(target).replace(wgmma_c_turns=1)
+    assert big.space(target).is_feasible(turns)
+    assert big.kernel_func(turns, "float32", lambda v, row, col, lead: v) is not None
 
 
 @pytest.mark.parametrize("knobs, reason", [

@@ -33,7 +33,7 @@ from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.measure.program import CompiledProgram
 from tvm_ext.target import TargetInfo
 
-from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, epilogue_reason, fit_raster, promote_reason,
+from .wgmma import (KNOBS, OPERAND_STORAGE, WgmmaTile, compile_wgmma, epilogue_for, fit_raster, promote_reason,
                     shared_limit, target_reason, wgmma_gemm, wgmma_reason)
 from .wgmma_template import (RAGGED_PADDING, TMA_MIN_STEPS, block_steps, column_padding, padding, pick_wgmma_tile,
                              tiles_per_sm)
@@ -216,9 +216,8 @@ class Fp8GemmTemplate(Template):
         expression of the float32 sum instead of the scales: what a Relax model's 8-bit matmul,
         its scaling and cast fused after it, is replaced by (``tvm_ext.relax.relax_wgmma``)."""
         batched = {"batch": self.batch, "b_batched": False} if self.batch else {}
-        tile, c_dtype = self.tile(config), c_dtype or self.out_dtype
-        if epilogue_reason(tile, c_dtype):  # a float32 C (a Relax model's) is stored from the registers
-            tile = dataclasses.replace(tile, smem_epilogue=False)
+        c_dtype = c_dtype or self.out_dtype
+        tile = epilogue_for(self.tile(config), c_dtype)  # a float32 C (a Relax model's): from the registers
         return wgmma_gemm(tile, self.m, self.n, self.k, c_dtype=c_dtype,
                           epilogue=epilogue, scales=epilogue is None, promote=config.fp8_promote,
                           overlap=bool(config.fp8_promote_overlap), **batched)

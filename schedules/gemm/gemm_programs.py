@@ -28,7 +28,7 @@ from tvm_ext.precision.precision import EIGHT_BIT_DTYPES, sanity_tolerance, scal
 from tvm_ext.target import TargetInfo
 
 from .gemm_fp8 import FP8_FORMATS, OUT_DTYPES, Fp8GemmTemplate
-from .wgmma import C_DTYPES, epilogue_reason
+from .wgmma import C_DTYPES, epilogue_for
 from .wgmma import target_reason as wgmma_target_reason
 from .wgmma_template import DTYPES as WGMMA_DTYPES
 from .wgmma_template import WgmmaGemmTemplate
@@ -163,9 +163,7 @@ class WgmmaGemmProgram(KernelGemmProgram):
         """The kernel's pick, C stored directly where it is not the operands' type (its
         shared-memory epilogue stages the operands' type only)."""
         config = self.kernel.default_config(target)
-        if epilogue_reason(self.kernel.tile(config), self.gemm.c_dtype):
-            config = config.replace(wgmma_smem_epilogue=0)
-        return config
+        return config.replace(**epilogue_for(self.kernel.tile(config), self.gemm.c_dtype).knobs())
 
     def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
         from .wgmma import compile_wgmma

@@ -412,6 +412,15 @@ def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
     return None
 
 
+def epilogue_for(t: WgmmaTile, c_dtype: str) -> WgmmaTile:
+    """``t`` storing C as ``c_dtype``: itself, or where it cannot stage that C (``epilogue_reason``:
+    a float32 C, a Relax model's) the same tile storing C straight from its registers, no stage
+    and none taken in turn."""
+    if epilogue_reason(t, c_dtype) is None:
+        return t
+    return replace(t, smem_epilogue=False, c_turns=False)
+
+
 def target_reason(target: TargetInfo) -> str | None:
     """Why ``target`` has no warpgroup MMA (None: it has, sm_90)."""
     if target.kind != "cuda":
