@@ -192,3 +192,31 @@ def test_a_gather_index_past_the_data_reads_inside_it(opencl, tmp_path):
     past = _run(str(path), [np.array([[12, 1000000, 3]], np.int64)], opencl)
     np.testing.assert_array_equal(np.asarray(inside), table[[[1, 9, 3]]])
     np.testing.assert_array_equal(np.asarray(past), table[[[9, 9, 3]]])
+
+
+def test_a_float16_linear_from_onnx_reads_its_initializer_as_stored_on_hopper(tmp_path):
+    """A ``Linear`` exported to ONNX is ``MatMul`` on an initializer the exporter folded to
+    ``[k, n]``: on Hopper, where the wgmma pick with the weight read as stored is the
+    warp-specialized narrow tile (BERT-base's 1024x768x768 projections), the import's constant is
+    transposed once and the matmul reads it as stored, (N, K); off Hopper it stays ``[k, n]``."""
+    from tvm_ext.relax.pipeline import extract_tasks, legalize_and_fuse, match_tasks
+    from tvm_ext.target import offline_cuda
+
+    rows, k, n = 1024, 768, 768
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float16), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(n).astype(np.float16), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["XW"]), helper.make_node("Add", ["XW", "b"], ["Y"])], "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT16, [rows, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, [rows, n])], [weight, bias])
+    path = tmp_path / "linear.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    mod = load_onnx(str(path))
+    for target, layout in ((offline_cuda(), "NK"), (offline_cuda("sm_80"), None)):
+        matches = match_tasks(extract_tasks(legalize_and_fuse(mod, target), target), target)
+        (match,) = [m for m in matches if "matmul" in m.name]
+        if layout:
+            assert match.matcher == "wgmma" and match.template.b_layout == layout, match.reason
+        else:
+            assert "weight_rows" not in match.name and match.matcher != "wgmma"

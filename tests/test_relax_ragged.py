@@ -86,6 +86,50 @@ def test_without_wgmma_the_model_is_left_as_it_was(target, n, rows, k):
     assert not [gv for gv, _ in lowered.functions_items() if "weight_rows" in gv.name_hint]
 
 
+def linear_constant(weight, rows: int):
+    """``x · weight + bias`` with ``weight`` a constant ``[k, n]``, as TVM imports an ONNX ``MatMul``
+    on a ``Linear``'s initializer (the exporter folds the transpose into it)."""
+    from tvm import relax
+
+    k, n = weight.shape
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, k), "float16"))
+    bias = relax.Var("bias", relax.TensorType((n,), "float16"))
+    with bb.function("main", [x, bias]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(weight, "float16")))
+            out = bb.emit_output(relax.op.add(y, bias))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("n, rows, k, kept", [(768, 1024, 768, False), (1000, 256, K, False), (3072, 1024, 768, True)])
+def test_a_constant_weight_is_transposed_once_and_read_as_stored_where_a_rule_takes_it(n, rows, k, kept):
+    """A constant ``[k, n]`` weight under the narrow or the ragged rule is transposed at the
+    rewrite and read as stored (the match: Bt (N, K)); the rewritten model computes what the
+    model did (built for the CPU and run against float64 numpy)."""
+    import tvm
+    from tvm import relax
+
+    from tvm_ext.relax.relax_rewrites import rewrite_model
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    mod = linear_constant(weight, rows)
+    _, matches = _matches(mod, offline_cuda())
+    (match,) = [m for m in matches if "matmul" in m.name]
+    assert match.template.b_layout == ("KN" if kept else "NK"), match.reason
+    if kept:
+        return
+    rewritten = rewrite_model(mod, offline_cuda())
+    assert "matmul_weight_rows" in rewritten.script()
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    x, bias = rng.standard_normal((rows, k)).astype(np.float16), rng.standard_normal(n).astype(np.float16)
+    out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(bias)).numpy().astype(np.float64)
+    ref = x.astype(np.float64) @ weight.astype(np.float64) + bias
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
 def _operators(match, target, directory) -> str:
     entries = {Workload.of(match.template, target).key: {"config": match.template.default_config(target).as_dict()}}
     directory.mkdir(exist_ok=True)

@@ -27,7 +27,9 @@ built from the same rewritten module.
 - ``narrow_weight_rows``: on a GPU with wgmma, the same for a 16-bit ``Linear`` whose wgmma
   pick with B read as stored (N, K) is the warp-specialized narrow tile (``narrow_specialized``:
   BERT-base's 1024x768x768 projections), which B stored (K, N) does not take (on the H200 that
-  shape at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); docs/results/gemm.md).
+  shape at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); docs/results/gemm.md).  For both
+  16-bit rules a constant ``[k, n]`` weight (an ONNX ``MatMul`` on a ``Linear``'s initializer,
+  folded to ``[k, n]`` by its exporter) is transposed here, once, and read as stored the same way.
 - ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
   in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
   index past it (a token id past an embedding table; torch raises there): an illegal address on
@@ -101,6 +103,8 @@ def _matmul_weight_rows(a: Any, w: Any) -> Any:
 
 def _make_mutator() -> Any:
     from tvm import relax
+    from tvm.ir.expr import GenericConst  # TVM 0.27's Relax constant (its ``value`` a tensor)
+    from tvm.runtime import Tensor
 
     @relax.expr_functor.mutator
     class Rewriter(relax.PyExprMutator):  # type: ignore[misc]
@@ -192,6 +196,19 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             return call
 
+        def _stored_rows(self, b: Any, eight_bit: bool) -> Any:
+            """The weight ``w[n, k]`` a matmul's B (``[k, n]``) is the transpose of: ``w`` of
+            ``permute_dims(w)``, or a 16-bit constant transposed here (an ONNX ``MatMul`` on a
+            ``Linear``'s initializer, which its exporter folded to ``[k, n]``); else None."""
+            transposed = self._producer(b)
+            if _op_name(transposed) == "relax.permute_dims":
+                axes = transposed.attrs.axes
+                return transposed.args[0] if axes is None or [int(x) for x in axes] == [1, 0] else None
+            value = getattr(transposed, "value", None) if isinstance(transposed, GenericConst) else None
+            if not eight_bit and isinstance(value, Tensor) and len(value.shape) == 2:
+                return relax.const(np.ascontiguousarray(value.numpy().T), str(value.dtype))
+            return None
+
         def _wgmma_reads_rows(self, rows: int, n: int, k: int, dtype: str) -> bool:
             """``ragged_weight_rows`` or ``narrow_weight_rows`` takes a 16-bit (rows, n, k) matmul."""
             return self.wgmma_target is not None and (_wgmma_takes_ragged_n(rows, n, k) or _wgmma_picks_specialized(
@@ -208,14 +225,9 @@ def _make_mutator() -> Any:
             eight_bit = operand in FP8_FORMATS and dtype in (*LOW_PRECISION, "float32")
             if str(b.ty.dtype) != operand or not (eight_bit or (operand in LOW_PRECISION and dtype == operand)):
                 return None
-            transposed = self._producer(b)
-            if _op_name(transposed) != "relax.permute_dims":
-                return None
-            w = transposed.args[0]
-            axes = transposed.attrs.axes
-            a_shape, w_shape = _static(_shape(a)), _static(_shape(w))
-            if (w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2
-                    or (axes is not None and [int(x) for x in axes] != [1, 0])):
+            w = self._stored_rows(b, eight_bit)
+            a_shape, w_shape = _static(_shape(a)), None if w is None else _static(_shape(w))
+            if w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2:
                 return None
             if not (eight_bit or self._wgmma_reads_rows(int(np.prod(a_shape[:-1])), *w_shape, operand)):
                 return None
