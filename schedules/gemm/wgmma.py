@@ -64,7 +64,7 @@ from tvm_ext.lowering.launch_early import mark_launch_early
 from tvm_ext.target import TargetInfo
 
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
-                           C_STAGE_ALIGN, c_stage_row, stage_barrier_bytes)
+                           own_c_stage_bytes, stage_barrier_bytes)
 from .wgmma_specialized import CONSUMER_REGISTERS, specialized_registers
 from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
@@ -229,9 +229,7 @@ class WgmmaTile:
         """That shared memory (``staged_apart``; else 0): ``c_stage_rows`` of C in 2-byte elements,
         128-byte aligned from the barriers' end, rows padded by 8 columns where bn is no multiple
         of 64 (else their 16-byte chunks swizzled)."""
-        if not self.staged_apart:
-            return 0
-        return C_STAGE_ALIGN + self.c_stage_rows * c_stage_row(self.bn) * 2
+        return own_c_stage_bytes(self.c_stage_rows if self.staged_apart else 0, self.bn)
 
     def block_smem_bytes(self) -> int:
         """A block's dynamic shared memory: the stages, their barriers and C's own stage."""

@@ -57,7 +57,8 @@ class Tile(Protocol):
 
     def c_pieces_per_stage(self) -> int: ...
 
-    def c_stage_bytes(self) -> int: ...
+    @property
+    def staged_apart(self) -> bool: ...
 
 
 def counted_words(m: int, bm: int) -> int:
@@ -72,6 +73,12 @@ C_STAGE_ALIGN = 128  # the warp-specialized kernel's C stage starts past the bar
 def c_stage_row(bn: int) -> int:
     """Elements a row of that C stage: bn where its 16-byte chunks swizzle in eights, else padded by 8."""
     return bn if bn % 64 == 0 else bn + 8
+
+
+def own_c_stage_bytes(rows: int, bn: int) -> int:
+    """Shared memory of a C stage of its own holding ``rows`` rows of 2-byte C (0: no such stage):
+    the alignment past the barriers and the rows."""
+    return C_STAGE_ALIGN + rows * c_stage_row(bn) * 2 if rows else 0
 
 
 def stage_barrier_bytes(stages: int, tma: bool, specialized: bool) -> int:
@@ -127,8 +134,9 @@ class KernelLayout:
     multicast: bool = False  # clusters of two blocks, one operand's tile shared by TMA multicast (``shares_a``)
     pdl: bool = False  # launched early, lets the next kernel launch, waits for the one ahead (``after_prior``)
     wg_cols: int = 1  # consumer warpgroups across the tile's columns (``wg_row``, ``wg_first_col``, ``wg_b``)
-    c_stage_bytes: int = 0  # the warp-specialized kernel's C stage of its own, past the barriers (``c_stage_at``)
-    c_stage_rows: int = 0  # its rows: the tile's, or 64 the consumer warpgroups take in turn (``c_turns``)
+    # rows of the warp-specialized kernel's C stage of its own, past the barriers (``c_stage_at``; 0:
+    # none): the tile's, or 64 the consumer warpgroups take in turn (``c_turns``)
+    c_stage_rows: int = 0
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -147,7 +155,7 @@ class KernelLayout:
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
-                   c_stage_bytes=cfg.c_stage_bytes(), c_stage_rows=cfg.c_stage_rows)
+                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0)
 
     # sizes derived from the fields
     @property
@@ -341,6 +349,11 @@ class KernelLayout:
     def c_stage_at(self) -> int:
         """The byte offset of C's own stage: past the barriers, 128-byte aligned."""
         return -(-self.barriers_end // C_STAGE_ALIGN) * C_STAGE_ALIGN
+
+    @property
+    def c_stage_bytes(self) -> int:
+        """Shared memory of C's own stage (``own_c_stage_bytes``; 0: none)."""
+        return own_c_stage_bytes(self.c_stage_rows, self.bn)
 
     @property
     def c_turns(self) -> bool:
