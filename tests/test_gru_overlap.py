@@ -159,6 +159,44 @@ def test_space_refuses_overlap_where_a_later_layers_gemm_cannot_take_the_counted
     assert "past K's 2" in (short.space(target).infeasible_reason(cfg) or "")
 
 
+def test_narrowed_counted_tile_stores_the_first_tile_rows_from_more_blocks():
+    """``step_overlap_bn``: the counted GEMM's tile of 32 columns, 16 tiles a block, so its 48
+    blocks store one tile row a band (the first steps' rows first) instead of four; the step
+    kernel waits for as many counts a tile row as the narrowed GEMM has columns of tiles; the
+    knob alone, or no narrower than the GEMM's own tile, is refused."""
+    target = offline_cuda()
+    t = _template(8, 512).with_tensor_cores(target)
+    space = t.space(target)
+    wide = t.analytic_pick(target)[0].replace(step_overlap=4, step_overlap_bn=0)
+    narrow = wide.replace(step_overlap=16, step_overlap_bn=32)
+    assert space.infeasible_reason(wide) is None and space.infeasible_reason(narrow) is None
+    own, tile = t.counted_gemm_tile(wide), t.counted_gemm_tile(narrow)
+    assert (tile.bm, tile.bn, tile.tiles) == (own.bm, 32, 16) and own.bn == 128
+    assert t.step_variant(narrow).gi_ready == (tile.bm, 3 * 512 // 32)
+    m, n = t.gi_shape
+    assert n // tile.bn * (m // tile.bm // tile.tiles) == 48  # the bands of one tile row each
+    compiled = t.compile(narrow, target)
+    gemm = compiled.source[compiled.source.index("gru_gemm_x0_kernel("):]
+    assert "atomicAdd((&(ready_ptr[" in gemm
+    assert "step_overlap > 0" in space.infeasible_reason(narrow.replace(step_overlap=0))
+    assert "step_overlap > 0" in space.infeasible_reason(wide.replace(step_overlap=0, step_overlap_tma=1))
+    assert "must narrow" in space.infeasible_reason(wide.replace(step_overlap_bn=128))
+
+
+def test_pick_narrows_the_counted_tile_of_tf32_parts_only():
+    """The pick's counted GEMM on TF32 parts (48 k steps deep at K 512: a tile's time is its
+    latency) takes 32 columns and the tiles a block that fit the SMs the step kernel leaves; a
+    float16 GEMM (8 k steps) keeps its own tile."""
+    target = offline_cuda()
+    t = _template(8, 512).with_tensor_cores(target)
+    cfg, why = t.analytic_pick(target)
+    assert (cfg.in_split, cfg.step_overlap_bn, cfg.step_overlap) == (3, 32, 16)
+    assert "columns narrowed" in why
+    half = _template(8, 512, precision=HALF).with_tensor_cores(target)
+    cfg, why = half.analytic_pick(target)
+    assert cfg.step_overlap and not cfg.step_overlap_bn and "narrowed" not in why
+
+
 def test_space_refuses_overlap_with_variable_lengths():
     import dataclasses
 
@@ -172,13 +210,18 @@ def test_space_refuses_overlap_with_variable_lengths():
 GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HALF, {"in_wgmma": 1}, 4),
              "fp16-b6-h256-2layer-bi": (Shape(seq=64, batch=6, input=128, hidden=256, layers=2, bidirectional=True),
                                         HALF, {"in_wgmma": 1}, 3),
-             "fp32-b8-h512-tf32": (Shape(seq=128, batch=8, input=512, hidden=512), None, {"in_split": 3}, 4),
+             "fp32-b8-h512-tf32": (Shape(seq=128, batch=8, input=512, hidden=512), None,
+                                   {"in_split": 3, "step_overlap_bn": 0}, 4),
+             "fp32-b8-h512-tf32-narrow": (Shape(seq=128, batch=8, input=512, hidden=512), None,
+                                          {"in_split": 3, "step_overlap_bn": 32}, 16),
              "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2}, 1),
              # layers whose input GEMMs differ in depth (64, then 256; 1024, then 256), each counted
              "fp16-b8-h256-i64-3layer": (Shape(seq=64, batch=8, input=64, hidden=256, layers=3), HALF,
                                          {"in_wgmma": 1}, 2),
              "fp32-b8-h256-i1024-2layer-tf32": (Shape(seq=64, batch=8, input=1024, hidden=256, layers=2), None,
-                                                {"in_split": 3}, 2)}
+                                                {"in_split": 3, "step_overlap_bn": 0}, 2),
+             "fp32-b8-h256-i1024-2layer-tf32-narrow": (Shape(seq=64, batch=8, input=1024, hidden=256, layers=2),
+                                                       None, {"in_split": 3, "step_overlap_bn": 32}, 8)}
 
 
 @pytest.mark.gpu
@@ -193,7 +236,8 @@ def test_cuda_overlapped_steps_match_float64(key):
                                                                         **knobs)
     gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=tiles), **common)
     gru = gru.load_numpy(_weights(s))
-    plain = GRU.build("cuda", s.input, s.hidden, config=pick, **common).load_numpy(_weights(s))
+    plain = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=0, step_overlap_bn=0),
+                      **common).load_numpy(_weights(s))
     bound = 5e-3 if precision else 1e-5
     for seed in (1, 2):
         x, h0 = _inputs(s, seed)

@@ -81,6 +81,12 @@ STEP_KNOBS = (
          "N a block, and counting each tile row of gi it has stored, the step kernel waiting for a step's rows "
          "before loading them: the GEMM's time behind the first steps where the step kernel leaves SMs free",
          before=0),
+    Knob("step_overlap_bn", (0, 32, 64),
+         "step_overlap > 0: columns of the counted input GEMM's tile (0: the GEMM's own tile's), narrower so that "
+         "its first tile rows, which the first steps wait for, are stored sooner (more tiles a block over the same "
+         "SMs)", before=0),
+    Knob("step_overlap_tma", (0, 1), "step_overlap > 0: 1 loads the counted input GEMM's operands with TMA "
+                                     "(mbarrier pipeline) where its own tile loads them with cp.async", before=0),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "

@@ -166,6 +166,11 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     return base, f"the unfused pipeline (the fused step kernel does not fit: {space.infeasible_reason(cfg)})"
 
 
+# The counted TF32 input GEMM's columns (``step_overlap_bn``): its 3K-deep tiles take about as long at 32
+# columns as at 64 or 128 (latency, 48 k steps at K 512), so the first steps wait least for the narrowest.
+NARROW_COUNTED_BN = 32
+
+
 def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
     """``cfg`` with its step kernel launched while its input GEMM runs (``step_overlap``; the
     GEMM on wgmma, taken for it by 16-bit inputs) where the GEMM's blocks and the step kernel's fit
@@ -178,13 +183,22 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     if not space.is_feasible(early):
         return cfg, ""
     (m, n), blocks = template.gi_shape, template.step_variant(early).shape.blocks
-    early = early.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(early), m, n, sm_count - blocks))
-    tile = template.counted_gemm_tile(early)
-    gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
-    if blocks + gemm_blocks > sm_count or not space.is_feasible(early):
+    placed = None
+    for bn in (NARROW_COUNTED_BN, 0) if early.in_split == 3 else (0,):
+        narrowed = early.replace(step_overlap_bn=bn)
+        tiles = row_order_tiles(template.counted_gemm_tile(narrowed), m, n, sm_count - blocks)
+        narrowed = narrowed.replace(step_overlap=tiles)
+        tile = template.counted_gemm_tile(narrowed)
+        if blocks + n // tile.bn * -(-m // tile.bm // tile.tiles) <= sm_count and space.is_feasible(narrowed):
+            placed = narrowed
+            break
+    if placed is None:
         return cfg, ""
-    return early, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks ({tile.name}) "
-                   f"beside the step kernel's {blocks}, which waits for each step's rows")
+    tile = template.counted_gemm_tile(placed)
+    gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
+    return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks ({tile.name}"
+                    f"{', columns narrowed' if placed.step_overlap_bn else ''}) beside the step kernel's {blocks}, "
+                    f"which waits for each step's rows")
 
 
 def _held_why(shape: Any, whose: str) -> str:

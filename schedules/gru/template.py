@@ -424,6 +424,9 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.overlap_reason(c, step)
                 if reason:
                     return reason
+            elif c.step_overlap_bn or c.step_overlap_tma:
+                return ("step_overlap_bn and step_overlap_tma change the tile of an input GEMM counted for the "
+                        "steps: step_overlap > 0")
             hidden_gemm = step.runs_hidden_gemm  # else the step kernel does its own
             for prefix, label, space in spaces:
                 if prefix == "hid_" and not hidden_gemm:
@@ -520,6 +523,10 @@ class GruTemplate(DtypeFields, Template):
                                                                    self.in_wgmma_tile if config.in_wgmma else None)
         if tile is None:
             return None
+        if config.step_overlap_bn:  # narrower columns: the first tile rows stored sooner
+            tile = replace(tile, bn=config.step_overlap_bn)
+        if config.step_overlap_tma:
+            tile = replace(tile, tma=True)
         return in_row_order(tile, *self.gi_shape, self.counted_depth(config), config.step_overlap,
                             "NK" if config.in_split else "KN")
 
@@ -540,6 +547,11 @@ class GruTemplate(DtypeFields, Template):
         tile = self.counted_gemm_tile(c)
         if tile is None:
             return "step_overlap needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"
+        own = self.counted_gemm_tile(c.replace(step_overlap_bn=0, step_overlap_tma=0))
+        if c.step_overlap_bn and c.step_overlap_bn >= own.bn:
+            return f"step_overlap_bn {c.step_overlap_bn} must narrow the input GEMM's tile of {own.bn} columns"
+        if c.step_overlap_tma and own.tma:
+            return "step_overlap_tma: the input GEMM's own tile loads with TMA already"
         if self.variable_lengths:
             return "step_overlap: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
         m, n = self.gi_shape
@@ -572,6 +584,7 @@ class GruTemplate(DtypeFields, Template):
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1, "step_tc_acc": 1,
                                   "step_tc_frag": 0, "step_tc_wreg": 0, "step_tc_wregs": 96, "step_tc_poll": 8,
                                   "step_split_words": 1, "step_tc_ahead": 1, "step_overlap": 0,
+                                  "step_overlap_bn": 0, "step_overlap_tma": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
                                   "in_split": 0, "in_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
