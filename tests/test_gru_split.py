@@ -20,7 +20,8 @@ from test_gru_shapes import _check
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate
-from tvm_ext.schedules.gru import GRU, GruTemplate
+from tvm_ext.precision.precision import relative_error
+from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference
 from tvm_ext.schedules.gru.split import (FLOAT16_MAX, SPLIT_WEIGHT_SCALE, split_depth, split_parts, split_product,
                                          split_range_reason, split_rows_func, split_weight_func,
                                          split_weight_n_major_func)
@@ -82,6 +83,48 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     assert np.all(np.abs(rebuilt - x) <= np.abs(x) * 2.0 ** -22)
 
 
+def test_executor_prepares_w_ih_parts_once_and_runs_the_rest_each_pass_on_opencl(opencl):
+    """The executor's ``prepared`` steps (a GRU's W_ih split, ``plan.prepare_calls``) run by
+    ``prepare`` only: a pass (``run``) splits x and leaves W_ih's parts as the last ``prepare``
+    made them, though W_ih changed since; ``prepare`` makes the new ones. PoCL, the TF32 split
+    kernels."""
+    from tvm_ext.measure.executors import OpenclExecutor
+    from tvm_ext.measure.program import TensorSpec, compile_calls_program
+    from tvm_ext.schedules.gemm.gemm_3xtf32 import tf32_parts
+    from tvm_ext.schedules.gru.kernels import schedule_elementwise
+
+    m, k, n = 4, 32, 40
+    funcs = {"split_w": split_weight_n_major_func(k, n, tf32=True),
+             "split_x": schedule_elementwise(split_rows_func(m, k, tf32=True), "split", 64).mod["main"]}
+    program = compile_calls_program(funcs, [("split_w", ("w", "ws")), ("split_x", ("x", "xs"))], opencl,
+                                    ("w", "x", "ws", "xs"), {})
+    specs = {"w": TensorSpec((k, n), "float32"), "x": TensorSpec((m, k), "float32"),
+             "ws": TensorSpec((n, 3 * k), "float32"), "xs": TensorSpec((m, 3 * k), "float32")}
+    ex = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id, prepared=1)
+    rng = np.random.default_rng(5)
+    w1, w2, x = (rng.standard_normal(shape).astype(np.float32) for shape in ((k, n), (k, n), (m, k)))
+
+    def parts(w: np.ndarray) -> np.ndarray:  # W_ih's columns N-major as [hi | lo | hi]
+        hi, lo = tf32_parts(w.T.copy())
+        return np.concatenate([hi, lo, hi], axis=1)
+
+    for name in ("ws", "xs"):
+        ex.write(name, np.full(specs[name].shape, np.nan, np.float32))
+    ex.write("w", w1)
+    ex.write("x", x)
+    ex.prepare()
+    ex.run()
+    ex.sync()
+    assert np.array_equal(ex.read("ws"), parts(w1)) and not np.isnan(ex.read("xs")).any()
+    ex.write("w", w2)
+    ex.run()
+    ex.sync()
+    assert np.array_equal(ex.read("ws"), parts(w1))  # a pass does not split the weights
+    ex.prepare()
+    ex.sync()
+    assert np.array_equal(ex.read("ws"), parts(w2))
+
+
 def test_three_products_of_the_parts_are_float32_accurate():
     """GRU-like operands (x in [-1, 1], W_ih at PyTorch's init for hidden 1024): the split
     product's error is float32's order; a single float16 product's is 1000x that."""
@@ -112,20 +155,28 @@ def test_scaled_bias_epilogue_on_opencl(opencl):
 
 
 def test_split_plan_and_its_cuda():
-    """Two bidirectional layers whose input sizes differ: per layer x's parts, W_ih's parts, then
-    the GEMM of depth 3K on mma.sync, W_ih's scale undone in its epilogue; a pair of part buffers
-    for each depth, in the plan's buffers only with the knob on."""
+    """Two bidirectional layers whose input sizes differ: W_ih's parts split once, as the weights
+    are loaded (the plan's ``prepare``, into a part buffer per layer), then per pass and layer
+    x's parts and the GEMM of depth 3K on mma.sync, W_ih's scale undone in its epilogue; the
+    part buffers in the plan's buffers only with the knob on."""
+    from tvm_ext.schedules.gru.plan import run_plan
+
     target = offline_cuda()
     t = GruTemplate(batch=8, hidden=64, input=48, seq=16, layers=2, bidirectional=True).with_tensor_cores(target)
     assert t.in_split_tensor_core is not None
     cfg = t.analytic_pick(target)[0].replace(in_split=1)
     assert t.space(target).infeasible_reason(cfg) is None
     compiled = t.compile(cfg, target)  # nvcc builds it (and the plan's buffers are checked)
+    assert [(c.func, c.args) for c in compiled.prepare] == [("gru_split_w0", ("w_ih0", "ws0")),
+                                                            ("gru_split_w1", ("w_ih1", "ws1"))]
     calls = [(c.func, c.args) for c in compiled.calls if c.func.startswith(("gru_split", "gru_gemm_x"))]
-    assert calls == [("gru_split_x0", ("x", "xs0")), ("gru_split_w0", ("w_ih0", "ws0")),
-                     ("gru_gemm_x0", ("xs0", "ws0", "b_ih0", "gi")),
-                     ("gru_split_x1", ("y0", "xs1")), ("gru_split_w1", ("w_ih1", "ws1")),
-                     ("gru_gemm_x1", ("xs1", "ws1", "b_ih1", "gi"))]
+    assert calls == [("gru_split_x0", ("x", "xs0")), ("gru_gemm_x0", ("xs0", "ws0", "b_ih0", "gi")),
+                     ("gru_split_x1", ("y0", "xs1")), ("gru_gemm_x1", ("xs1", "ws1", "b_ih1", "gi"))]
+    # the executors' order: the prepared steps first, then the pass; the runner prepares those two
+    assert [c.name for c in compiled.function_calls()][:3] == ["gru_split_w0", "gru_split_w1", "gru_init"]
+    assert compiled.prepared_steps("cuda") == 2
+    plan = run_plan(t.build_program(cfg, target).artifact())
+    assert plan.prepare_steps == 2 and len(plan.stages) == len(compiled.calls)
     specs = t.for_config(cfg).buffers()
     # input 48 padded to 64 a part
     assert specs["xs0"].shape == (128, 192) and specs["ws0"].shape == (192, 384) and specs["xs0"].dtype == "float16"
@@ -308,6 +359,35 @@ def test_cuda_split_input_gemm_matches_the_reference(key, split):
                     seq=s.seq, config=gru.config.replace(in_split=split)).load_numpy(_weights(s))
     assert "gru_split_x0" in {c.func for c in gru.compiled.calls}
     _check(gru, s, runs=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 3], ids=["mma", "wgmma-tf32"])
+def test_cuda_split_weights_prepared_once_measured_by_the_runner(split):
+    """Two layers, the input GEMM split: W_ih's parts made as the weights are loaded, the pass
+    without them; new weights give their own answer; the tuner's runner prepares them from each
+    input set's weights before checking against float64 (a pass on unprepared, NaN-poisoned
+    parts would fail) and times the pass alone."""
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.measure.measure import MeasureSettings, measure
+
+    s = Shape(seq=16, batch=8, input=40, hidden=256, layers=2)
+    common = dict(num_layers=s.layers, batch=s.batch, seq=s.seq)
+    pick = GRU.build("cuda", s.input, s.hidden, **common).config
+    gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(in_split=split), **common)
+    assert gru.executor.prepared == 2 and not any(n.startswith("gru_split_w") for n in gru.executor.names[2:])
+    for seed in (1, 2):
+        weights = _weights(s, seed)
+        gru.load_numpy(weights)
+        x, h0 = _inputs(s, seed)
+        ref = gru_reference(x, weights, h0, s.layers, s.bidirectional)
+        assert relative_error(list(gru(x, h0)), ref) < 1e-5
+    template, cfg = gru.template, gru.config
+    build = build_one(template, cfg, gru.target)
+    assert build.ok, build.error_msg
+    result = measure(template, cfg, build.artifact, gru.target, MeasureSettings(warmup=1, repeat=2))
+    assert result.ok, result.error_msg
+    assert result.metrics["rel_error"] < 1e-5
 
 
 @pytest.mark.gpu

@@ -255,6 +255,32 @@ def test_eager_calls_replay_a_recorded_graph(config):
 
 
 @pytest.mark.gpu
+def test_w_ih_parts_are_split_at_loading_and_again_for_new_weights():
+    """float32 B8 H512 T128, whose pick runs the input GEMM on TF32 parts: W_ih is split once as
+    the weights are loaded (no split among a call's kernels), and new weights (``load_state_dict``)
+    are split again before the next call, direct and replayed from the recorded graph."""
+    torch.manual_seed(0)
+    net = torch.nn.GRU(512, 512).cuda().eval()
+    gru = GRU.from_module(net)
+    xs = [torch.randn(128, 8, 512, device="cuda") for _ in range(2)]
+    with torch.no_grad():
+        for x in xs:
+            out, h_n = gru(x)
+            ref_out, ref_h = _reference(net, x)
+            assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+        engine = next(iter(gru._engines.values()))
+        assert engine.config.in_split == 3 and engine.executor.prepared == 1
+        assert engine.executor.names[0] == "gru_split_w0" and "gru_split_w0" not in engine.executor.names[1:]
+        for p in net.parameters():
+            p.uniform_(-0.04, 0.04)
+        gru.load_state_dict(net.state_dict())
+        for x in xs + xs:  # the first call of the new weights direct, then from the graph
+            out, h_n = gru(x)
+            ref_out, ref_h = _reference(net, x)
+            assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+
+
+@pytest.mark.gpu
 def test_repeated_eager_calls_skip_the_checks_but_not_a_changed_input():
     """From the second eager call of an input and hx signature on, a call goes straight to the
     replay (the checks are not repeated): it still matches float64 on poisoned static outputs,

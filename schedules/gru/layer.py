@@ -56,12 +56,13 @@ class GRU:
         self.persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
         self._splits_state = template.step_variant(config).splits_state  # h0 and W_hh split into float16 parts
         specs = template.for_config(config).buffers()
+        prepared = compiled.prepared_steps(target.kind)  # W_ih's parts: split as the weights are loaded
         if target.kind == "opencl":
             self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
-                                                   target.device_id)
+                                                   target.device_id, prepared=prepared)
         else:
             self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs,
-                                         target.device_id)
+                                         target.device_id, prepared=prepared)
         self._loaded = False
 
     @classmethod
@@ -150,6 +151,7 @@ class GRU:
                 raise TvmExtError(reason)
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
+        self.executor.prepare()  # what the weights give once (``plan.prepare_calls``)
         self._loaded = True
         return self
 

@@ -26,6 +26,9 @@ from .compute import function_stages
 from .step_variant import input_buffer
 
 
+PREPARED = "gru_split_w"  # what the functions (and kernels) of ``prepare_calls`` are named by: ``run_plan``
+
+
 @dataclass(frozen=True)
 class Call:
     """One host call of the plan: a kernel function and its arguments in parameter order."""
@@ -34,25 +37,34 @@ class Call:
     args: tuple[str | int, ...]  # plan buffer names, or scalar ints (step, layer)
 
 
+def prepare_calls(template: Any, config: Config) -> tuple[Call, ...]:
+    """The calls that prepare what the weights give, once as they are loaded rather than in
+    every pass: each layer's W_ih split into its float16 or TF32 parts (``in_split``), into
+    that layer's own part buffer."""
+    if not config.in_split or template.step_variant(config).fuses_input:
+        return ()
+    return tuple(Call(f"{PREPARED}{template.input_gemm_kind(layer)}", (f"w_ih{layer}", f"ws{layer}"))
+                 for layer in range(template.layers))
+
+
 def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
     """Every call of one forward pass, in order: per layer init, S1 (none where the step kernel
     runs it, ``StepVariant.fuses_input``), then T steps (the step kernel's calls are its
-    variant's, ``StepVariant.step_calls``)."""
+    variant's, ``StepVariant.step_calls``); W_ih's parts come from ``prepare_calls``."""
     calls = []
     step = template.step_variant(config)
     counted = ("gi_ready",) if template.counted_gemm_tile(config) is not None else ()  # ``step_overlap``
     for layer in range(template.layers):
         x = input_buffer(layer)
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
-        kind = 0 if layer == 0 or template.layers_share_input_gemm() else 1  # the input GEMM of this depth
+        kind = template.input_gemm_kind(layer)  # the input GEMM of this depth
         gemm_x = f"gru_gemm_x{kind}"
         calls.append(Call("gru_init", step.state_args(layer)))
         if step.fuses_input:  # the step kernel runs x·W_ihᵀ + b_ih itself
             pass
-        elif config.in_split:  # float16 parts of x and W_ih, then the GEMM of depth 3K (``split.py``)
+        elif config.in_split:  # float16 parts of x (W_ih's prepared), then the GEMM of depth 3K (``split.py``)
             calls.append(Call(f"gru_split_x{kind}", (x, f"xs{kind}")))
-            calls.append(Call(f"gru_split_w{kind}", (f"w_ih{layer}", f"ws{kind}")))
-            calls.append(Call(gemm_x, (f"xs{kind}", f"ws{kind}", f"b_ih{layer}", "gi", *counted)))
+            calls.append(Call(gemm_x, (f"xs{kind}", f"ws{layer}", f"b_ih{layer}", "gi", *counted)))
         else:
             calls.append(Call(gemm_x, (x, f"w_ih{layer}", f"b_ih{layer}", "gi", *counted)))
         if template.variable_lengths:  # rows past their length hold their state (``lengths.py``)
@@ -91,11 +103,11 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         executable = tvm.compile(module, target=tvm.target.Target(arch.tvm_target()), tir_pipeline=pipeline_for(module))
         launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
                     for name, func in funcs.items()}
-    plan = plan_calls(template, config)
-    check_plan(template.for_config(config).buffers(), plan, funcs)
+    plan, prepare = plan_calls(template, config), prepare_calls(template, config)
+    check_plan(template.for_config(config).buffers(), prepare + plan, funcs)
     # CUDA may split the kernels over several device modules (the persistent step loop's is its own)
     source = "\n".join(m.inspect_source() for m in executable.mod.imports[:1 if target.kind != "cuda" else None])
-    return CompiledGru(executable, source, launches, plan, trace, modules)
+    return CompiledGru(executable, source, launches, plan, trace, modules, prepare)
 
 
 def check_plan(specs: Mapping[str, TensorSpec], plan: Sequence[Call], funcs: Mapping[str, Any]) -> None:
@@ -118,7 +130,8 @@ def check_plan(specs: Mapping[str, TensorSpec], plan: Sequence[Call], funcs: Map
 
 @dataclass(frozen=True)
 class CompiledGru:
-    """One compiled module holding every kernel of the plan, and the plan itself."""
+    """One compiled module holding every kernel of the plan, and the plan itself: ``calls``
+    each pass, after ``prepare`` once as the weights are loaded."""
 
     executable: Any  # tvm.runtime.Executable
     source: str  # OpenCL C or CUDA source of all kernels
@@ -126,15 +139,23 @@ class CompiledGru:
     calls: tuple[Call, ...]
     trace: Any  # function -> schedule trace (plain JSON)
     modules: dict[str, Any]  # function -> its scheduled IRModule (TVMScript of generated programs)
+    prepare: tuple[Call, ...] = ()  # ``prepare_calls``
 
     def kernel_launches(self) -> tuple[Any, ...]:
-        """The plan as device kernel launches, arguments bound to plan buffers and scalars (a
-        host loop's index, ``loop:<var>``, stays: such a kernel runs from its function only)."""
-        return bind_launches(self.launches, [(c.func, c.args) for c in self.calls])
+        """``prepare`` then the plan as device kernel launches, arguments bound to plan buffers
+        and scalars (a host loop's index, ``loop:<var>``, stays: such a kernel runs from its
+        function only)."""
+        return bind_launches(self.launches, [(c.func, c.args) for c in self.prepare + self.calls])
 
     def function_calls(self) -> tuple[Any, ...]:
-        """The plan for TVM's runtime (CUDA): one entry per call, named by function."""
-        return function_calls(self.launches, [(c.func, c.args) for c in self.calls])
+        """``prepare`` then the plan for TVM's runtime (CUDA): one entry per call, named by function."""
+        return function_calls(self.launches, [(c.func, c.args) for c in self.prepare + self.calls])
+
+    def prepared_steps(self, kind: str) -> int:
+        """How many of the first steps (``kernel_launches`` on OpenCL, ``function_calls`` on
+        CUDA) are ``prepare``'s: an executor's ``prepared``."""
+        calls = [(c.func, c.args) for c in self.prepare]
+        return len(function_calls(self.launches, calls) if kind == "cuda" else bind_launches(self.launches, calls))
 
     def program(self, kind: str, params: tuple[str, ...]) -> CompiledProgram:
         """The compiled plan as the builder's program: OpenCL runs the device kernel launches,
@@ -166,5 +187,7 @@ def run_plan(artifact: Artifact) -> RunPlan:
     steps = artifact.calls if artifact.kind == "cuda" else artifact.launches
     persistent = any("bar" in step.args for step in steps)
     flag = FailureFlag("bar", 1, BARRIER_TIMEOUT) if persistent else None
+    prepared = next((i for i, step in enumerate(steps) if not step.name.startswith(PREPARED)), len(steps))
     return RunPlan(timer="host", rotate_inputs=False, failure_flag=flag,
-                   stages=tuple(function_stages(step.name) for step in steps))
+                   stages=tuple(function_stages(step.name) for step in steps[prepared:]), prepare_steps=prepared)
+

@@ -206,13 +206,14 @@ class GruTemplate(DtypeFields, Template):
             specs["gi_ready"] = TensorSpec((self.ready_buffer,), "int32")
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
-        if self.split_buffers:  # parts of the input GEMM's operands, one pair per depth K
+        if self.split_buffers:  # parts of the input GEMM's operands: x's per depth K, W_ih's per layer
             parts = "float32" if self.split_buffers == 3 else "float16"  # TF32 parts are float32 words
             for i in self.input_gemm_kinds():
-                depth = PARTS * split_depth(self.layer_input(i))
-                specs[f"xs{i}"] = TensorSpec((t * b, depth), parts)
-                specs[f"ws{i}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers >= 2 else (depth, d * 3 * h),
-                                             parts)
+                specs[f"xs{i}"] = TensorSpec((t * b, PARTS * split_depth(self.layer_input(i))), parts)
+            for layer in range(self.layers):  # split once, as the weights are loaded (``prepare_calls``)
+                depth = PARTS * split_depth(self.layer_input(layer))
+                specs[f"ws{layer}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers >= 2 else (depth, d * 3 * h),
+                                                 parts)
         return specs
 
     def for_config(self, config: Config) -> "GruTemplate":
@@ -668,10 +669,18 @@ class GruTemplate(DtypeFields, Template):
         """The input GEMM functions: 0, and 1 for layers >= 1 where their depth or A type differ."""
         return (0,) if self.layers == 1 or self.layers_share_input_gemm() else (0, 1)
 
+    def input_gemm_kind(self, layer: int) -> int:
+        """The input GEMM function ``layer`` runs (``input_gemm_kinds``)."""
+        return 0 if layer == 0 or self.layers_share_input_gemm() else 1
+
     # ---- host plan, build and measurement (``plan.py``) -----------------------------------------
     def plan(self, config: Config) -> tuple[host_plan.Call, ...]:
         """Every call of one forward pass, in order: per layer init, S1, then T steps."""
         return host_plan.plan_calls(self, config)
+
+    def prepare_plan(self, config: Config) -> tuple[host_plan.Call, ...]:
+        """The calls run once the weights are loaded, before any pass (W_ih's split parts)."""
+        return host_plan.prepare_calls(self, config)
 
     def compile(self, config: Config, target: TargetInfo) -> host_plan.CompiledGru:
         """Schedule and compile every kernel function into one module (one source)."""

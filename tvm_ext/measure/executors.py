@@ -7,7 +7,9 @@ programs all run through them; ``opencl_context`` is the one cache of OpenCL con
 and queues per device in a process.
 
 Both keep ``sets`` copies of every buffer (set 0 is the one ``write``/``read`` use by
-default): timing rotates inputs over several sets when they fit in L2 together.
+default): timing rotates inputs over several sets when they fit in L2 together.  The first
+``prepared`` launches (calls) prepare what the inputs' weights give once (a GRU's W_ih split
+into its parts): ``prepare`` runs them after the weights are written, ``run`` only the rest.
 """
 from __future__ import annotations
 
@@ -99,10 +101,11 @@ class OpenclExecutor:
     of ``specs`` (or scalar ints); a program of one source is ``OpenclExecutor.of``."""
 
     def __init__(self, steps: Sequence[tuple[str, KernelLaunch]], specs: Mapping[str, TensorSpec], device_id: int,
-                 sets: int = 1, profiling: bool = False):
+                 sets: int = 1, profiling: bool = False, prepared: int = 0):
         import pyopencl as cl
 
         self.device_id = device_id
+        self.prepared = prepared
         self.ctx, plain = opencl_context(device_id)
         self.queue = opencl_profiling_queue(device_id) if profiling else plain
         self.specs = dict(specs)
@@ -138,12 +141,18 @@ class OpenclExecutor:
         return out
 
     def run(self, set_index: int = 0, queue: Any = None) -> list[Any]:
-        """Enqueue every launch on buffer set ``set_index``; their events."""
+        """Enqueue every launch (but the ``prepared`` ones) on buffer set ``set_index``; their events."""
+        return self._enqueue(self.kernels[set_index][self.prepared:], queue)
+
+    def prepare(self, set_index: int = 0) -> None:
+        """Enqueue the ``prepared`` launches on buffer set ``set_index`` (after its weights are written)."""
+        self._enqueue(self.kernels[set_index][:self.prepared], None)
+
+    def _enqueue(self, kernels: Sequence[tuple[Any, Any, Any]], queue: Any) -> list[Any]:
         import pyopencl as cl
 
         queue = queue or self.queue
-        return [cl.enqueue_nd_range_kernel(queue, kernel, global_size, block)
-                for kernel, global_size, block in self.kernels[set_index]]
+        return [cl.enqueue_nd_range_kernel(queue, kernel, global_size, block) for kernel, global_size, block in kernels]
 
     def sync(self) -> None:
         self.queue.finish()
@@ -191,10 +200,11 @@ class CudaExecutor:
     connection)."""
 
     def __init__(self, module: Any, calls: Sequence[KernelLaunch], specs: Mapping[str, TensorSpec], device_id: int,
-                 sets: int = 1, dev: Any = None):
+                 sets: int = 1, dev: Any = None, prepared: int = 0):
         import tvm
 
         self.module = module
+        self.prepared = prepared
         self.dev = dev if dev is not None else tvm.cuda(device_id)
         self.remote = dev is not None
         self.specs = dict(specs)
@@ -219,14 +229,21 @@ class CudaExecutor:
         return self.sets[set_index][name].numpy()
 
     def run(self, set_index: int = 0) -> None:
-        for func, args in self.calls[set_index]:
+        """Every call but the ``prepared`` ones, on buffer set ``set_index``."""
+        for func, args in self.calls[set_index][self.prepared:]:
+            func(*args)
+
+    def prepare(self, set_index: int = 0) -> None:
+        """The ``prepared`` calls on buffer set ``set_index`` (after its weights are written)."""
+        for func, args in self.calls[set_index][:self.prepared]:
             func(*args)
 
     def run_bound(self, tensors: Mapping[str, Any], set_index: int = 0) -> None:
         """``run`` with some buffers replaced by caller-owned tensors of the same shape and
         dtype (anything TVM's FFI takes through DLPack, e.g. torch CUDA tensors): the
         caller's memory is read and written in place, no copy."""
-        for (func, args), names in zip(self.calls[set_index], self.arg_names):
+        calls = zip(self.calls[set_index][self.prepared:], self.arg_names[self.prepared:])
+        for (func, args), names in calls:
             func(*[tensors.get(name, arg) if name else arg for arg, name in zip(args, names)])
 
     def sync(self) -> None:
@@ -256,7 +273,7 @@ class CudaExecutor:
         may time a little differently than interleaved."""
         out = {}
         for stage in _stage_names(stages):
-            calls = [call for owners, call in zip(stages, self.calls[0]) if stage in owners]
+            calls = [call for owners, call in zip(stages, self.calls[0][self.prepared:]) if stage in owners]
             times = []
             for _ in range(repeat + 1):
                 self.sync()

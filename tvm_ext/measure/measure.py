@@ -236,8 +236,9 @@ def executor_for(job: MeasureJob) -> Any:
     art, specs = job.artifact, dict(job.buffers)
     if art.kind == "opencl":
         return OpenclExecutor.of(art.source, art.launches, specs, job.device_id, sets=job.rotation_sets,
-                                 profiling=job.plan.timer == "device")
-    return CudaExecutor.from_library(art.library, art.calls, specs, job.device_id, sets=job.rotation_sets)
+                                 profiling=job.plan.timer == "device", prepared=job.plan.prepare_steps)
+    return CudaExecutor.from_library(art.library, art.calls, specs, job.device_id, sets=job.rotation_sets,
+                                     prepared=job.plan.prepare_steps)
 
 
 def _write_poison(executor: Any, job: MeasureJob, names: Sequence[str], index: int) -> None:
@@ -315,6 +316,8 @@ def _run(job: MeasureJob, executor: Any) -> RunResult:
         for name, array in zip(inputs, arrays):
             executor.write(name, array, index)
         _write_poison(executor, job, names[job.n_inputs:], index)
+        if job.plan.prepare_steps:
+            executor.prepare(index)  # from this set's weights, once
     executor.run()
     executor.sync()
     results = [executor.read(name) for name in outputs]

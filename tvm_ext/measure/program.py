@@ -317,13 +317,16 @@ class RunPlan:
     last end; CUDA: TVM's time evaluator for one function, else the host clock around
     synchronised back-to-back runs); "host" always takes the host clock around back-to-back
     runs (what a caller of the whole program waits, launch overhead included).
-    ``stages``: for each executed step (OpenCL: launch; CUDA: call), the stages its time
-    counts toward; given, the result carries ``stage_secs`` per stage."""
+    ``stages``: for each executed step (OpenCL: launch; CUDA: call) after the prepared ones,
+    the stages its time counts toward; given, the result carries ``stage_secs`` per stage.
+    ``prepare_steps``: the first steps prepare what the weights give once (a GRU's W_ih
+    split into its parts): run once after each input set is written, not timed."""
 
     timer: str = "device"
     rotate_inputs: bool = True  # rotate input sets that fit in L2 together (timing a cold cache)
     failure_flag: FailureFlag | None = None
     stages: tuple[tuple[str, ...], ...] = ()
+    prepare_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.timer not in TIMERS:

@@ -237,7 +237,7 @@ class PrecisionProgram(Template):
         if plan.stages or len(self.stages) != 1:
             return plan
         steps = artifact.calls if artifact.kind == "cuda" else artifact.launches
-        return replace(plan, stages=((self.stages[0],),) * len(steps))
+        return replace(plan, stages=((self.stages[0],),) * (len(steps) - plan.prepare_steps))
 
 
 def breed_precisions(current: np.ndarray, history: np.ndarray, cardinalities: np.ndarray, free: np.ndarray,

@@ -214,9 +214,10 @@ class GruProgram:
             dev = tensors[0].device
             self._scratch = {name: tvm.runtime.empty(spec.shape, spec.dtype, dev)
                              for name, spec in self.template.scratch_specs().items()}
-            self._funcs = {c.func: self.compiled.executable.mod[c.func] for c in self.compiled.calls}
+            self._funcs = {c.func: self.compiled.executable.mod[c.func]
+                           for c in self.compiled.prepare + self.compiled.calls}
         bound = {**dict(zip(self.inputs + self.outputs, tensors)), **self._scratch}
-        for call in self.compiled.calls:
+        for call in self.compiled.prepare + self.compiled.calls:  # the weights are this call's inputs
             self._funcs[call.func](*[bound[a] if isinstance(a, str) else int(a) for a in call.args])
         if not self._checked and "bar" in self._scratch:  # a persistent kernel: its barrier held once
             from ..schedules.gru.plan import BARRIER_TIMEOUT

@@ -321,7 +321,8 @@ class StockSession:
             name = f"tvm_ext_{art.source_hash}.so"
             self._session.upload(bytearray(art.library), name)
             module = self._session.load_module(name)
-            executor = CudaExecutor(module, art.calls, dict(job.buffers), 0, dev=self._session.cuda(0))
+            executor = CudaExecutor(module, art.calls, dict(job.buffers), 0, dev=self._session.cuda(0),
+                                    prepared=plan.prepare_steps)
         except Exception as exc:
             return self._failed(exc)
         result = run_job(replace(job, rotation_sets=1), executor)
