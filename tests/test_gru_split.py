@@ -125,6 +125,37 @@ def test_executor_prepares_w_ih_parts_once_and_runs_the_rest_each_pass_on_opencl
     assert np.array_equal(ex.read("ws"), parts(w2))
 
 
+def test_runner_prepares_each_input_set_before_the_check_on_opencl(opencl):
+    """The runner's job with ``RunPlan.prepare_steps`` 1 (W_ih's TF32 split first): after it
+    writes the inputs and NaN-poisons the outputs it runs the prepared step once, so the
+    parts it checks are the weights' (a runner that skipped it would check NaN), and its
+    stages are the pass's. PoCL, the split kernels."""
+    from tvm_ext.measure.checks import NormwiseCheck
+    from tvm_ext.measure.measure import MeasureJob, MeasureSettings, run_job
+    from tvm_ext.measure.program import RunPlan, TensorSpec, compile_calls_program
+    from tvm_ext.schedules.gemm.gemm_3xtf32 import tf32_parts
+    from tvm_ext.schedules.gru.kernels import schedule_elementwise
+
+    m, k, n = 4, 32, 40
+    funcs = {"split_w": split_weight_n_major_func(k, n, tf32=True),
+             "split_x": schedule_elementwise(split_rows_func(m, k, tf32=True), "split", 64).mod["main"]}
+    names = ("w", "x", "ws", "xs")
+    program = compile_calls_program(funcs, [("split_w", ("w", "ws")), ("split_x", ("x", "xs"))], opencl, names, {})
+    specs = (TensorSpec((k, n), "float32"), TensorSpec((m, k), "float32"),
+             TensorSpec((n, 3 * k), "float32"), TensorSpec((m, 3 * k), "float32"))
+    rng = np.random.default_rng(7)
+    w, x = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal((m, k)).astype(np.float32)
+    (w_hi, w_lo), (x_hi, x_lo) = tf32_parts(w.T.copy()), tf32_parts(x)
+    refs = (np.concatenate([w_hi, w_lo, w_hi], axis=1).astype(np.float64),
+            np.concatenate([x_lo, x_hi, x_hi], axis=1).astype(np.float64))
+    plan = RunPlan(timer="host", rotate_inputs=False, stages=(("input_gemm",),), prepare_steps=1)
+    job = MeasureJob(program.artifact(), tuple(zip(names, specs)), 2, 2, (w, x), refs, NormwiseCheck(0.0), plan,
+                     MeasureSettings(warmup=0, repeat=1, min_repeat_secs=0.0), device_id=opencl.device_id)
+    result = run_job(job)
+    assert result.ok, result.error_msg
+    assert result.metrics["rel_error"] == 0.0 and set(result.metrics["stage_secs"]) == {"input_gemm"}
+
+
 def test_three_products_of_the_parts_are_float32_accurate():
     """GRU-like operands (x in [-1, 1], W_ih at PyTorch's init for hidden 1024): the split
     product's error is float32's order; a single float16 product's is 1000x that."""
