@@ -190,4 +190,3 @@ def run_plan(artifact: Artifact) -> RunPlan:
     prepared = next((i for i, step in enumerate(steps) if not step.name.startswith(PREPARED)), len(steps))
     return RunPlan(timer="host", rotate_inputs=False, failure_flag=flag,
                    stages=tuple(function_stages(step.name) for step in steps[prepared:]), prepare_steps=prepared)
-

@@ -678,10 +678,6 @@ class GruTemplate(DtypeFields, Template):
         """Every call of one forward pass, in order: per layer init, S1, then T steps."""
         return host_plan.plan_calls(self, config)
 
-    def prepare_plan(self, config: Config) -> tuple[host_plan.Call, ...]:
-        """The calls run once the weights are loaded, before any pass (W_ih's split parts)."""
-        return host_plan.prepare_calls(self, config)
-
     def compile(self, config: Config, target: TargetInfo) -> host_plan.CompiledGru:
         """Schedule and compile every kernel function into one module (one source)."""
         return host_plan.compile_gru(self, config, target)
