@@ -215,6 +215,90 @@ def test_float32_gru_with_16_bit_storage_casts_around_its_program(opencl):
         find_grus(mod, opencl, storage="int8")
 
 
+def _two_grus_module(states, bind: bool = True, seq: int = 16, batch: int = 8, width: int = 64):
+    """A Relax module of two one-layer ``gru_layer``s of one shape (input = hidden = ``width``),
+    the second on the first's output, their weights ``states`` (torch.nn.GRU's names) bound as
+    constants (``bind``) or left as parameters."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend import nn
+
+    from tvm_ext.relax.relax_gru import device_weights, gru_layer
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.first = gru_layer(width, width)
+            self.second = gru_layer(width, width)
+
+        def forward(self, x):
+            return self.second(self.first(x)[0])[0]
+
+    mod, params = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((seq, batch, width), "float32")}})
+    if not bind:
+        return mod
+    weights = {site: device_weights(state, width, width) for site, state in zip(("first", "second"), states)}
+    return relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[0]][n.split(".")[-1]])
+                                                  for n, _ in params})(mod)
+
+
+def _split_config(template, target):
+    return template.analytic_pick(target)[0].replace(in_split=3)
+
+
+def _gru_sites(lowered) -> list[str]:
+    from tvm import relax
+
+    names = []
+    for _, func in lowered.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, lambda e: names.append(str(e.global_symbol))
+                                            if isinstance(e, relax.ExternFunc) and "tvm_ext.gru." in
+                                            str(e.global_symbol) else None)
+    return names
+
+
+def test_gru_sites_with_constant_weights_call_their_prepared_parts():
+    """CUDA (built here, no GPU): where the GRU's plan splits W_ih into parts and a call site's
+    W_ih are constants, the site calls a function of its own named by their values (the parts
+    made on its first call); two sites of one shape with other weights call two, with the same
+    weights one; weights left as parameters call the program itself, which splits every call."""
+    from tvm_ext.relax.relax_gru import find_grus, lower_grus, program
+    from tvm_ext.target import offline_cuda
+
+    target = offline_cuda()
+    a, b = _gru_state_dict(64, 64, 1, 1), {k: v * 0.5 for k, v in _gru_state_dict(64, 64, 1, 1).items()}
+    config = lambda template: _split_config(template, target)  # noqa: E731
+    (call, _) = find_grus(_two_grus_module([a, b]), target)
+    assert call.template.space(target).infeasible_reason(config(call.template)) is None
+    first, second = _gru_sites(lower_grus(_two_grus_module([a, b]), target, config))
+    assert first != second and first.rsplit(".w", 1)[0] == second.rsplit(".w", 1)[0]
+    assert program(first) is program(second) and program(first).compiled.prepare
+    assert len(set(_gru_sites(lower_grus(_two_grus_module([a, a]), target, config)))) == 1
+    plain = _gru_sites(lower_grus(_two_grus_module([a, b], bind=False), target, config))
+    assert plain == [program(first).name] * 2
+
+
+@pytest.mark.gpu
+def test_cuda_gru_sites_with_constant_weights_split_them_once():
+    """Two GRUs of one shape with other constant weights, W_ih on TF32 parts: float64's answer
+    on three calls (the parts made on the first, each site's own: a site given the other's
+    parts would be off by far more)."""
+    from tvm_ext.relax.relax_gru import lower_grus
+    from tvm_ext.schedules.gru.compute import gru_reference
+    from tvm_ext.target import resolve_target
+
+    cuda = resolve_target("cuda")
+    a, b = _gru_state_dict(64, 64, 1, 1), {k: v * 0.5 for k, v in _gru_state_dict(64, 64, 1, 1).items()}
+    lowered = lower_grus(_two_grus_module([a, b]), cuda, lambda template: _split_config(template, cuda))
+    assert all(".w" in name for name in _gru_sites(lowered))
+    model = load_model(lowered, cuda, None, log=None)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = rng.standard_normal((16, 8, 64)).astype("float32")
+        ref = gru_reference(gru_reference(x, a, None, 1, False)[0], b, None, 1, False)[0]
+        assert _relative_error(model(x), ref) < 1e-5
+
+
 def test_gru_placeholder_states_its_precision(opencl):
     """A float16 layer: x, weights, state and output float16, gates accumulating in float32."""
     from tvm.relax.frontend import nn

@@ -205,7 +205,14 @@ class GruProgram:
         return Artifact("opencl", self.compiled.source, self.compiled.kernel_launches(), tuple(self.specs))
 
     def __call__(self, *tensors: Any) -> None:
-        """The Relax VM's call: every input, then every output (TVM tensors on the device)."""
+        """The Relax VM's call: every input, then every output (TVM tensors on the device); the
+        weights are this call's inputs, so W_ih's parts (``prepare``) are split in it too."""
+        self.launch(tensors, self.compiled.prepare + self.compiled.calls)
+        self.check_barrier()
+
+    def launch(self, tensors: tuple[Any, ...], calls: tuple[Any, ...], own: Mapping[str, Any] | None = None) -> None:
+        """``calls`` on the caller's ``tensors``, the program's scratch buffers and ``own``
+        (buffers of a caller's in place of the scratch ones of those names)."""
         import tvm
 
         if len(tensors) != len(self.inputs) + len(self.outputs):
@@ -216,10 +223,13 @@ class GruProgram:
                              for name, spec in self.template.scratch_specs().items()}
             self._funcs = {c.func: self.compiled.executable.mod[c.func]
                            for c in self.compiled.prepare + self.compiled.calls}
-        bound = {**dict(zip(self.inputs + self.outputs, tensors)), **self._scratch}
-        for call in self.compiled.prepare + self.compiled.calls:  # the weights are this call's inputs
+        bound = {**dict(zip(self.inputs + self.outputs, tensors)), **self._scratch, **(own or {})}
+        for call in calls:
             self._funcs[call.func](*[bound[a] if isinstance(a, str) else int(a) for a in call.args])
-        if not self._checked and "bar" in self._scratch:  # a persistent kernel: its barrier held once
+
+    def check_barrier(self) -> None:
+        """After the first pass of a persistent step kernel: its barrier held (once)."""
+        if not self._checked and "bar" in (self._scratch or {}):
             from ..schedules.gru.plan import BARRIER_TIMEOUT
 
             self._checked = True
@@ -227,12 +237,40 @@ class GruProgram:
                 raise TvmExtError(BARRIER_TIMEOUT)
 
 
+class PreparedGruCall:
+    """A GRU call site whose W_ih are constants of the model (``weights_digest`` names their
+    values): the program's ``prepare`` (W_ih's parts) runs on its first call, into part buffers
+    of the site's own, and every later call runs the pass alone, as ``schedules.gru.GRU`` does
+    after loading its weights.  Keyed by the values, not by where the tensors lie: sites with
+    the same weights share the parts, sites with others never do."""
+
+    def __init__(self, program: GruProgram, weights_digest: str):
+        self.program = program
+        self.name = f"{program.name}.w{weights_digest}"
+        self._parts: dict[str, Any] | None = None
+
+    def __call__(self, *tensors: Any) -> None:
+        import tvm
+
+        compiled, specs = self.program.compiled, self.program.specs
+        if self._parts is None:
+            dev = tensors[0].device
+            parts = {c.args[1]: tvm.runtime.empty(specs[c.args[1]].shape, specs[c.args[1]].dtype, dev)
+                     for c in compiled.prepare}
+            self.program.launch(tensors, compiled.prepare, parts)
+            self._parts = parts
+        self.program.launch(tensors, compiled.calls, self._parts)
+        self.program.check_barrier()
+
+
 _PROGRAMS: dict[str, GruProgram] = {}  # by packed-function name: what the lowered modules call
 
 
 def program(name: str) -> GruProgram | None:
-    """The GRU program a lowered module calls by ``name`` (None: not a GRU of this process)."""
-    return _PROGRAMS.get(name)
+    """The GRU program a lowered module calls by ``name``, directly or through a call site with
+    constant weights (``prepared_call``); None: not a GRU of this process."""
+    site = _PREPARED.get(name)
+    return site.program if site is not None else _PROGRAMS.get(name)
 
 
 def program_name(template: Any, config: Config, target: TargetInfo) -> str:
@@ -241,6 +279,36 @@ def program_name(template: Any, config: Config, target: TargetInfo) -> str:
 
     digest = hashlib.sha256(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
     return f"{GRU_FUNCTION}.{Workload.of(template, target).key}.{digest}"
+
+
+def prepared_call(program: GruProgram, weights_digest: str) -> PreparedGruCall:
+    """The call site of ``program`` with constant W_ih of ``weights_digest`` (made once per
+    process), registered as a packed function (CUDA: where a plan prepares W_ih's parts)."""
+    import tvm
+
+    name = f"{program.name}.w{weights_digest}"
+    if name not in _PREPARED:
+        made = _PREPARED[name] = PreparedGruCall(program, weights_digest)
+        tvm.register_global_func(name, made, override=True)
+    return _PREPARED[name]
+
+
+_PREPARED: dict[str, PreparedGruCall] = {}
+
+
+def constant_weights_digest(weights: list[Any]) -> str | None:
+    """A digest of the values of ``weights`` (Relax expressions) where every one is a constant,
+    else None."""
+    from tvm.ir.expr import Constant
+
+    if not weights or not all(isinstance(w, Constant) for w in weights):
+        return None
+    digest = hashlib.sha256()
+    for w in weights:
+        array = np.ascontiguousarray(w.value.numpy())
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def gru_program(template: Any, config: Config, target: TargetInfo) -> GruProgram:
@@ -286,9 +354,14 @@ def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor, storage: str
                 programs[template] = gru_program(template, config, target)
             types = list(call.ty_args)
             types = list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
-            args = [_cast(arg, spec.dtype) for arg, spec in zip(call.args[1].fields, template.input_specs().values())]
+            fields = dict(zip(template.input_specs(), call.args[1].fields))
+            args = [_cast(arg, spec.dtype) for arg, spec in zip(fields.values(), template.input_specs().values())]
             stored = [relax.TensorType(t.shape, spec.dtype) for t, spec in zip(types, template.output_specs().values())]
-            result = relax.call_dps_packed(programs[template].name, relax.Tuple(args), stored)
+            name = programs[template].name
+            if target.kind == "cuda" and programs[template].compiled.prepare:  # W_ih's parts, once a site
+                digest = constant_weights_digest([arg for n, arg in fields.items() if n.startswith("w_ih")])
+                name = prepared_call(programs[template], digest).name if digest else name
+            result = relax.call_dps_packed(name, relax.Tuple(args), stored)
             if [str(t.dtype) for t in stored] == [str(t.dtype) for t in types]:
                 return result
             return relax.Tuple([_cast(relax.TupleGetItem(result, i), str(t.dtype)) for i, t in enumerate(types)])
