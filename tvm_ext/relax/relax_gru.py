@@ -264,6 +264,7 @@ class PreparedGruCall:
 
 
 _PROGRAMS: dict[str, GruProgram] = {}  # by packed-function name: what the lowered modules call
+_PREPARED: dict[str, PreparedGruCall] = {}  # call sites with constant W_ih, by packed-function name
 
 
 def program(name: str) -> GruProgram | None:
@@ -291,9 +292,6 @@ def prepared_call(program: GruProgram, weights_digest: str) -> PreparedGruCall:
         made = _PREPARED[name] = PreparedGruCall(program, weights_digest)
         tvm.register_global_func(name, made, override=True)
     return _PREPARED[name]
-
-
-_PREPARED: dict[str, PreparedGruCall] = {}
 
 
 def constant_weights_digest(weights: list[Any]) -> str | None:
