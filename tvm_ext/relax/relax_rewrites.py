@@ -196,18 +196,22 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             return call
 
-        def _stored_rows(self, b: Any, eight_bit: bool) -> Any:
-            """The weight ``w[n, k]`` a matmul's B (``[k, n]``) is the transpose of: ``w`` of
-            ``permute_dims(w)``, or a 16-bit constant transposed here (an ONNX ``MatMul`` on a
-            ``Linear``'s initializer, which its exporter folded to ``[k, n]``); else None."""
+        def _stored_rows(self, b: Any, eight_bit: bool) -> tuple[Any, tuple[int, ...] | None, bool]:
+            """The weight ``w[n, k]`` a matmul's B (``[k, n]``) is the transpose of, its static shape,
+            and whether it is still to be transposed: ``w`` of ``permute_dims(w)``, or a 16-bit
+            constant B itself (an ONNX ``MatMul`` on a ``Linear``'s initializer, which its exporter
+            folded to ``[k, n]``), which the caller transposes once a rule takes the matmul; else
+            (None, None, False)."""
             transposed = self._producer(b)
             if _op_name(transposed) == "relax.permute_dims":
                 axes = transposed.attrs.axes
-                return transposed.args[0] if axes is None or [int(x) for x in axes] == [1, 0] else None
+                if axes is None or [int(x) for x in axes] == [1, 0]:
+                    return transposed.args[0], _static(_shape(transposed.args[0])), False
+                return None, None, False
             value = getattr(transposed, "value", None) if isinstance(transposed, GenericConst) else None
             if not eight_bit and isinstance(value, Tensor) and len(value.shape) == 2:
-                return relax.const(np.ascontiguousarray(value.numpy().T), str(value.dtype))
-            return None
+                return value, (int(value.shape[1]), int(value.shape[0])), True
+            return None, None, False
 
         def _wgmma_reads_rows(self, rows: int, n: int, k: int, dtype: str) -> bool:
             """``ragged_weight_rows`` or ``narrow_weight_rows`` takes a 16-bit (rows, n, k) matmul."""
@@ -225,12 +229,14 @@ def _make_mutator() -> Any:
             eight_bit = operand in FP8_FORMATS and dtype in (*LOW_PRECISION, "float32")
             if str(b.ty.dtype) != operand or not (eight_bit or (operand in LOW_PRECISION and dtype == operand)):
                 return None
-            w = self._stored_rows(b, eight_bit)
-            a_shape, w_shape = _static(_shape(a)), None if w is None else _static(_shape(w))
+            w, w_shape, to_transpose = self._stored_rows(b, eight_bit)
+            a_shape = _static(_shape(a))
             if w_shape is None or len(w_shape) != 2 or a_shape is None or len(a_shape) < 2:
                 return None
             if not (eight_bit or self._wgmma_reads_rows(int(np.prod(a_shape[:-1])), *w_shape, operand)):
                 return None
+            if to_transpose:  # a constant [k, n]: transposed once, only where a rule takes it
+                w = relax.const(np.ascontiguousarray(w.numpy().T), str(w.dtype))
             self.changed += 1
             wide = self.builder_.emit(self.builder_.call_te(_matmul_weight_rows, a, w, primfunc_name_hint=WEIGHT_ROWS))
             return wide if dtype == "float32" else relax.op.astype(wide, dtype)
