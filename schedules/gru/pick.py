@@ -183,22 +183,17 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     if not space.is_feasible(early):
         return cfg, ""
     (m, n), blocks = template.gi_shape, template.step_variant(early).shape.blocks
-    placed = None
     for bn in (NARROW_COUNTED_BN, 0) if early.in_split == 3 else (0,):
-        narrowed = early.replace(step_overlap_bn=bn)
-        tiles = row_order_tiles(template.counted_gemm_tile(narrowed), m, n, sm_count - blocks)
-        narrowed = narrowed.replace(step_overlap=tiles)
-        tile = template.counted_gemm_tile(narrowed)
-        if blocks + n // tile.bn * -(-m // tile.bm // tile.tiles) <= sm_count and space.is_feasible(narrowed):
-            placed = narrowed
-            break
-    if placed is None:
-        return cfg, ""
-    tile = template.counted_gemm_tile(placed)
-    gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
-    return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks ({tile.name}"
-                    f"{', columns narrowed' if placed.step_overlap_bn else ''}) beside the step kernel's {blocks}, "
-                    f"which waits for each step's rows")
+        placed = early.replace(step_overlap_bn=bn)
+        placed = placed.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(placed), m, n,
+                                                             sm_count - blocks))
+        tile = template.counted_gemm_tile(placed)
+        gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
+        if blocks + gemm_blocks <= sm_count and space.is_feasible(placed):
+            return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks "
+                            f"({tile.name}{', columns narrowed' if bn else ''}) beside the step kernel's {blocks}, "
+                            f"which waits for each step's rows")
+    return cfg, ""
 
 
 def _held_why(shape: Any, whose: str) -> str:
