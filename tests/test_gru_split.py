@@ -83,31 +83,41 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     assert np.all(np.abs(rebuilt - x) <= np.abs(x) * 2.0 ** -22)
 
 
+def _tf32_split_program(opencl, m: int, k: int, n: int):
+    """W_ih's TF32 split (``split_w``: w (k, n) -> ws) then x's (``split_x``: x (m, k) -> xs)
+    compiled for PoCL, and the buffers' specs in the program's order."""
+    from tvm_ext.measure.program import TensorSpec, compile_calls_program
+    from tvm_ext.schedules.gru.kernels import schedule_elementwise
+
+    funcs = {"split_w": split_weight_n_major_func(k, n, tf32=True),
+             "split_x": schedule_elementwise(split_rows_func(m, k, tf32=True), "split", 64).mod["main"]}
+    specs = {"w": TensorSpec((k, n), "float32"), "x": TensorSpec((m, k), "float32"),
+             "ws": TensorSpec((n, 3 * k), "float32"), "xs": TensorSpec((m, 3 * k), "float32")}
+    program = compile_calls_program(funcs, [("split_w", ("w", "ws")), ("split_x", ("x", "xs"))], opencl,
+                                    tuple(specs), {})
+    return program, specs
+
+
+def _w_parts(w: np.ndarray) -> np.ndarray:
+    """W_ih's columns N-major as [hi | lo | hi] TF32 parts (what ``split_w`` stores)."""
+    from tvm_ext.schedules.gemm.gemm_3xtf32 import tf32_parts
+
+    hi, lo = tf32_parts(w.T.copy())
+    return np.concatenate([hi, lo, hi], axis=1)
+
+
 def test_executor_prepares_w_ih_parts_once_and_runs_the_rest_each_pass_on_opencl(opencl):
     """The executor's ``prepared`` steps (a GRU's W_ih split, ``plan.prepare_calls``) run by
     ``prepare`` only: a pass (``run``) splits x and leaves W_ih's parts as the last ``prepare``
     made them, though W_ih changed since; ``prepare`` makes the new ones. PoCL, the TF32 split
     kernels."""
     from tvm_ext.measure.executors import OpenclExecutor
-    from tvm_ext.measure.program import TensorSpec, compile_calls_program
-    from tvm_ext.schedules.gemm.gemm_3xtf32 import tf32_parts
-    from tvm_ext.schedules.gru.kernels import schedule_elementwise
 
     m, k, n = 4, 32, 40
-    funcs = {"split_w": split_weight_n_major_func(k, n, tf32=True),
-             "split_x": schedule_elementwise(split_rows_func(m, k, tf32=True), "split", 64).mod["main"]}
-    program = compile_calls_program(funcs, [("split_w", ("w", "ws")), ("split_x", ("x", "xs"))], opencl,
-                                    ("w", "x", "ws", "xs"), {})
-    specs = {"w": TensorSpec((k, n), "float32"), "x": TensorSpec((m, k), "float32"),
-             "ws": TensorSpec((n, 3 * k), "float32"), "xs": TensorSpec((m, 3 * k), "float32")}
+    program, specs = _tf32_split_program(opencl, m, k, n)
     ex = OpenclExecutor.of(program.source, program.launches, specs, opencl.device_id, prepared=1)
     rng = np.random.default_rng(5)
     w1, w2, x = (rng.standard_normal(shape).astype(np.float32) for shape in ((k, n), (k, n), (m, k)))
-
-    def parts(w: np.ndarray) -> np.ndarray:  # W_ih's columns N-major as [hi | lo | hi]
-        hi, lo = tf32_parts(w.T.copy())
-        return np.concatenate([hi, lo, hi], axis=1)
-
     for name in ("ws", "xs"):
         ex.write(name, np.full(specs[name].shape, np.nan, np.float32))
     ex.write("w", w1)
@@ -115,14 +125,14 @@ def test_executor_prepares_w_ih_parts_once_and_runs_the_rest_each_pass_on_opencl
     ex.prepare()
     ex.run()
     ex.sync()
-    assert np.array_equal(ex.read("ws"), parts(w1)) and not np.isnan(ex.read("xs")).any()
+    assert np.array_equal(ex.read("ws"), _w_parts(w1)) and not np.isnan(ex.read("xs")).any()
     ex.write("w", w2)
     ex.run()
     ex.sync()
-    assert np.array_equal(ex.read("ws"), parts(w1))  # a pass does not split the weights
+    assert np.array_equal(ex.read("ws"), _w_parts(w1))  # a pass does not split the weights
     ex.prepare()
     ex.sync()
-    assert np.array_equal(ex.read("ws"), parts(w2))
+    assert np.array_equal(ex.read("ws"), _w_parts(w2))
 
 
 def test_runner_prepares_each_input_set_before_the_check_on_opencl(opencl):
@@ -132,24 +142,17 @@ def test_runner_prepares_each_input_set_before_the_check_on_opencl(opencl):
     stages are the pass's. PoCL, the split kernels."""
     from tvm_ext.measure.checks import NormwiseCheck
     from tvm_ext.measure.measure import MeasureJob, MeasureSettings, run_job
-    from tvm_ext.measure.program import RunPlan, TensorSpec, compile_calls_program
+    from tvm_ext.measure.program import RunPlan
     from tvm_ext.schedules.gemm.gemm_3xtf32 import tf32_parts
-    from tvm_ext.schedules.gru.kernels import schedule_elementwise
 
     m, k, n = 4, 32, 40
-    funcs = {"split_w": split_weight_n_major_func(k, n, tf32=True),
-             "split_x": schedule_elementwise(split_rows_func(m, k, tf32=True), "split", 64).mod["main"]}
-    names = ("w", "x", "ws", "xs")
-    program = compile_calls_program(funcs, [("split_w", ("w", "ws")), ("split_x", ("x", "xs"))], opencl, names, {})
-    specs = (TensorSpec((k, n), "float32"), TensorSpec((m, k), "float32"),
-             TensorSpec((n, 3 * k), "float32"), TensorSpec((m, 3 * k), "float32"))
+    program, specs = _tf32_split_program(opencl, m, k, n)
     rng = np.random.default_rng(7)
     w, x = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal((m, k)).astype(np.float32)
-    (w_hi, w_lo), (x_hi, x_lo) = tf32_parts(w.T.copy()), tf32_parts(x)
-    refs = (np.concatenate([w_hi, w_lo, w_hi], axis=1).astype(np.float64),
-            np.concatenate([x_lo, x_hi, x_hi], axis=1).astype(np.float64))
+    x_hi, x_lo = tf32_parts(x)
+    refs = (_w_parts(w).astype(np.float64), np.concatenate([x_lo, x_hi, x_hi], axis=1).astype(np.float64))
     plan = RunPlan(timer="host", rotate_inputs=False, stages=(("input_gemm",),), prepare_steps=1)
-    job = MeasureJob(program.artifact(), tuple(zip(names, specs)), 2, 2, (w, x), refs, NormwiseCheck(0.0), plan,
+    job = MeasureJob(program.artifact(), tuple(specs.items()), 2, 2, (w, x), refs, NormwiseCheck(0.0), plan,
                      MeasureSettings(warmup=0, repeat=1, min_repeat_secs=0.0), device_id=opencl.device_id)
     result = run_job(job)
     assert result.ok, result.error_msg
