@@ -17,9 +17,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from common import capture_graph, host_and_wall_us, time_vendor  # noqa: E402
+from common import capture_graph, host_and_wall_us, parse_knob_sets, time_vendor  # noqa: E402
 
-from tvm_ext.torch import GRU  # noqa: E402
+from tvm_ext.torch import GRU, LOW_PRECISION_TENSORS  # noqa: E402
 
 SETS, SEQ = 4, 128
 
@@ -61,7 +61,7 @@ def pick_with(dtype: str, batch: int, hidden: int, config: dict | None) -> dict 
     from tvm_ext.target import resolve_target
 
     target = resolve_target("cuda", 0)
-    precision = {} if dtype == "float32" else dict.fromkeys(("x", "w_ih", "gi", "w_hh", "h", "out"), dtype)
+    precision = {} if dtype == "float32" else dict.fromkeys(LOW_PRECISION_TENSORS, dtype)  # as the module's
     template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=SEQ, layers=1, bidirectional=False,
                            variable_lengths=False).with_precision(precision).with_tensor_cores(target)
     return template.analytic_pick(target)[0].replace(**config).as_dict()
@@ -101,7 +101,10 @@ def main() -> None:
     p.add_argument("--config", default="", help="knob values over the pick: K=V,K=V")
     p.add_argument("--out", default="bench_out")
     args = p.parse_args()
-    config = {k: int(v) for k, v in (item.split("=") for item in args.config.split(",") if item)}
+    try:
+        config = parse_knob_sets(f"config:{args.config}", "--config")["config"] if args.config else {}
+    except ValueError as exc:
+        p.error(str(exc))
     os.makedirs(args.out, exist_ok=True)
     result = {}
     for case in args.cases.split(","):
