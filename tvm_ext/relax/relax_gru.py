@@ -213,14 +213,10 @@ class GruProgram:
     def launch(self, tensors: tuple[Any, ...], calls: tuple[Any, ...], own: Mapping[str, Any] | None = None) -> None:
         """``calls`` on the caller's ``tensors``, the program's scratch buffers and ``own``
         (buffers of a caller's in place of the scratch ones of those names)."""
-        import tvm
-
         if len(tensors) != len(self.inputs) + len(self.outputs):
             raise TvmExtError(f"{self.name} takes {len(self.inputs) + len(self.outputs)} tensors, got {len(tensors)}")
         if self._scratch is None:
-            dev = tensors[0].device
-            self._scratch = {name: tvm.runtime.empty(spec.shape, spec.dtype, dev)
-                             for name, spec in self.template.scratch_specs().items()}
+            self._scratch = _allocated(self.template.scratch_specs(), tensors[0].device)
             self._funcs = {c.func: self.compiled.executable.mod[c.func]
                            for c in self.compiled.prepare + self.compiled.calls}
         bound = {**dict(zip(self.inputs + self.outputs, tensors)), **self._scratch, **(own or {})}
@@ -237,6 +233,13 @@ class GruProgram:
                 raise TvmExtError(BARRIER_TIMEOUT)
 
 
+def _allocated(specs: Mapping[str, Any], dev: Any) -> dict[str, Any]:
+    """A TVM tensor on ``dev`` for each of ``specs`` (TensorSpec by name)."""
+    import tvm
+
+    return {name: tvm.runtime.empty(spec.shape, spec.dtype, dev) for name, spec in specs.items()}
+
+
 class PreparedGruCall:
     """A GRU call site whose W_ih are constants of the model (``weights_digest`` names their
     values): the program's ``prepare`` (W_ih's parts) runs on its first call, into part buffers
@@ -250,13 +253,9 @@ class PreparedGruCall:
         self._parts: dict[str, Any] | None = None
 
     def __call__(self, *tensors: Any) -> None:
-        import tvm
-
         compiled, specs = self.program.compiled, self.program.specs
         if self._parts is None:
-            dev = tensors[0].device
-            parts = {c.args[1]: tvm.runtime.empty(specs[c.args[1]].shape, specs[c.args[1]].dtype, dev)
-                     for c in compiled.prepare}
+            parts = _allocated({c.args[1]: specs[c.args[1]] for c in compiled.prepare}, tensors[0].device)
             self.program.launch(tensors, compiled.prepare, parts)
             self._parts = parts
         self.program.launch(tensors, compiled.calls, self._parts)
