@@ -11,6 +11,8 @@ tile rows before loading its gi.
 from __future__ import annotations
 
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_gru import Shape, _inputs, _weights
@@ -183,6 +185,39 @@ def test_narrowed_counted_tile_stores_the_first_tile_rows_from_more_blocks():
     assert "must narrow" in space.infeasible_reason(wide.replace(step_overlap_bn=128))
 
 
+def test_deeper_counted_pipeline_loads_further_ahead_and_is_refused_where_it_changes_nothing():
+    """``step_overlap_stages``: the counted GEMM's tile with more stages (its loads issued further
+    ahead of the k steps that read them) and a kernel of its own; a depth no deeper than the
+    tile's own, the knob without the overlap, and stages past a block's shared memory are refused."""
+    target = offline_cuda()
+    t = _template(8, 512).with_tensor_cores(target)
+    space = t.space(target)
+    pick = t.analytic_pick(target)[0]
+    deep = pick.replace(step_overlap_stages=12)
+    assert space.infeasible_reason(deep) is None
+    own, tile = t.counted_gemm_tile(pick), t.counted_gemm_tile(deep)
+    assert own.stages < 12 and tile == dataclasses.replace(own, stages=12)
+    waits = [f"cp.async.wait_group {s.stages - 3};" for s in (own, tile)]  # loads in flight past a k step's
+    assert waits[0] in t.compile(pick, target).source and waits[1] in t.compile(deep, target).source
+    deep_own = dataclasses.replace(t, in_split_tf32=dataclasses.replace(t.in_split_tf32, stages=12))
+    assert "must deepen" in deep_own.space(target).infeasible_reason(deep)
+    assert "step_overlap > 0" in space.infeasible_reason(deep.replace(step_overlap=0, step_overlap_bn=0))
+    wide = pick.replace(step_overlap=4, step_overlap_bn=0, step_overlap_stages=16)  # 128 columns: 384 KiB
+    assert "shared memory" in space.infeasible_reason(wide)
+
+
+def test_pick_deepens_a_counted_pipeline_that_loads_fewer_than_four_k_steps_ahead():
+    """float32 B16 H512's counted TF32 tile (128 rows, 4 stages: 2 k steps ahead) runs on 8 stages;
+    B8's (64 rows, 6 stages: 4 ahead) keeps its own."""
+    target = offline_cuda()
+    b16 = _template(16, 512).with_tensor_cores(target)
+    cfg, why = b16.analytic_pick(target)
+    assert (cfg.step_overlap_stages, b16.counted_gemm_tile(cfg).stages) == (8, 8) and "8 stages for its 4" in why
+    b8 = _template(8, 512).with_tensor_cores(target)
+    cfg, why = b8.analytic_pick(target)
+    assert cfg.step_overlap_stages == 0 and b8.counted_gemm_tile(cfg).stages == 6 and "stages for its" not in why
+
+
 def test_pick_narrows_the_counted_tile_of_tf32_parts_only():
     """The pick's counted GEMM on TF32 parts (48 k steps deep at K 512: a tile's time is its
     latency) takes 32 columns and the tiles a block that fit the SMs the step kernel leaves; a
@@ -215,6 +250,11 @@ GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HA
              "fp32-b8-h512-tf32-narrow": (Shape(seq=128, batch=8, input=512, hidden=512), None,
                                           {"in_split": 3, "step_overlap_bn": 32}, 16),
              "fp32-b16-h256-halves": (Shape(seq=64, batch=16, input=256, hidden=256), None, {"in_split": 2}, 1),
+             # the counted pipeline deepened (the pick's at B16); sums promoted every 2 k steps in two sets
+             "fp32-b16-h512-tf32-deep": (Shape(seq=128, batch=16, input=512, hidden=512), None,
+                                         {"in_split": 3, "step_overlap_bn": 32, "step_overlap_stages": 8}, 16),
+             "fp32-b8-h512-tf32-promote2": (Shape(seq=128, batch=8, input=512, hidden=512), None,
+                                            {"in_split": 3, "step_overlap_bn": 32, "in_tf32_promote": 2}, 16),
              # layers whose input GEMMs differ in depth (64, then 256; 1024, then 256), each counted
              "fp16-b8-h256-i64-3layer": (Shape(seq=64, batch=8, input=64, hidden=256, layers=3), HALF,
                                          {"in_wgmma": 1}, 2),
@@ -236,7 +276,8 @@ def test_cuda_overlapped_steps_match_float64(key):
                                                                         **knobs)
     gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=tiles), **common)
     gru = gru.load_numpy(_weights(s))
-    plain = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=0, step_overlap_bn=0),
+    plain = GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_overlap=0, step_overlap_bn=0,
+                                                                     step_overlap_stages=0),
                       **common).load_numpy(_weights(s))
     bound = 5e-3 if precision else 1e-5
     for seed in (1, 2):

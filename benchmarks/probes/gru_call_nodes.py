@@ -4,9 +4,10 @@ plan alone (the executor's calls), each per call, back to back and replayed from
 start and duration (torch's profiler), where the gaps between them show; and an eager call as a
 user makes it, with and without hx: the host's time in the call (after a synchronize) and the
 wall clock of the call and a synchronize, medians.
-T=128, input = hidden, the pick (``--config``: knob values over it, e.g. ``step_overlap_bn=64,step_overlap=8``).
+T=128 (``--seq``), input = hidden, the pick (``--config``: knob values over it, e.g.
+``step_overlap_bn=64,step_overlap=8``).
 Usage: python benchmarks/probes/gru_call_nodes.py [--cases float16:8:512,float32:8:512] [--rounds 2]
-       [--config K=V,...] [--out DIR]"""
+       [--config K=V,...] [--seq 128] [--out DIR]"""
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ def eager_us(call, n: int = 200) -> dict:
     return {"host_us": host, "wall_us": wall}
 
 
-def pick_with(dtype: str, batch: int, hidden: int, config: dict | None) -> dict | None:
+def pick_with(dtype: str, batch: int, hidden: int, config: dict | None, seq: int = SEQ) -> dict | None:
     """The pick's whole config with ``config``'s knob values over it (None: the pick itself)."""
     if not config:
         return None
@@ -62,17 +63,17 @@ def pick_with(dtype: str, batch: int, hidden: int, config: dict | None) -> dict 
 
     target = resolve_target("cuda", 0)
     precision = {} if dtype == "float32" else dict.fromkeys(LOW_PRECISION_TENSORS, dtype)  # as the module's
-    template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=SEQ, layers=1, bidirectional=False,
+    template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=seq, layers=1, bidirectional=False,
                            variable_lengths=False).with_precision(precision).with_tensor_cores(target)
     return template.analytic_pick(target)[0].replace(**config).as_dict()
 
 
-def measure(dtype: str, batch: int, hidden: int, rounds: int, config: dict | None = None) -> dict:
+def measure(dtype: str, batch: int, hidden: int, rounds: int, config: dict | None = None, seq: int = SEQ) -> dict:
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
     net = torch.nn.GRU(hidden, hidden).cuda().to(dt).eval()
-    xs = [torch.randn(SEQ, batch, hidden, device="cuda").to(dt) for _ in range(SETS)]
-    module = GRU(hidden, hidden, 1, device="cuda", dtype=dt, config=pick_with(dtype, batch, hidden, config))
+    xs = [torch.randn(seq, batch, hidden, device="cuda").to(dt) for _ in range(SETS)]
+    module = GRU(hidden, hidden, 1, device="cuda", dtype=dt, config=pick_with(dtype, batch, hidden, config, seq))
     module.load_state_dict(net.state_dict())
     with torch.no_grad():
         module(xs[0])
@@ -99,6 +100,7 @@ def main() -> None:
     p.add_argument("--cases", default="float16:8:512,float32:8:512")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--config", default="", help="knob values over the pick: K=V,K=V")
+    p.add_argument("--seq", type=int, default=SEQ, help="time steps (two lengths apart: a step's time and the rest)")
     p.add_argument("--out", default="bench_out")
     args = p.parse_args()
     try:
@@ -109,7 +111,7 @@ def main() -> None:
     result = {}
     for case in args.cases.split(","):
         dtype, batch, hidden = case.split(":")
-        row = result[case] = measure(dtype, int(batch), int(hidden), args.rounds, config)
+        row = result[case] = measure(dtype, int(batch), int(hidden), args.rounds, config, args.seq)
         for side in ("module", "plan"):
             cells = [f"{r['back_to_back']:.4f}/" + (f"{r['graph']:.4f}" if r["graph"] else f"({r['graph_note']})")
                      for r in row[side]]

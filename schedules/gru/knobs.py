@@ -87,6 +87,10 @@ STEP_KNOBS = (
          "SMs)", before=0),
     Knob("step_overlap_tma", (0, 1), "step_overlap > 0: 1 loads the counted input GEMM's operands with TMA "
                                      "(mbarrier pipeline) where its own tile loads them with cp.async", before=0),
+    Knob("step_overlap_stages", (0, 8, 12, 16),
+         "step_overlap > 0: stages of the counted input GEMM's pipeline (0: the GEMM's own tile's), more so that "
+         "its loads are issued further ahead of the k steps that read them, their latency hidden where the step "
+         "kernel's polls load the L2", before=0),
     Knob("step_flags", (0, 1, 2), "persistent step kernel, CUDA: 1 needs no grid barrier: h goes between blocks "
                                   "as (value, step) words, polled until every tag says the step; with step_tc 0 "
                                   "the small-batch kernel of ``flag_step.py`` (batch <= 32), with step_tc 1 the "
@@ -115,13 +119,20 @@ INPUT_WGMMA_KNOB = Knob("in_wgmma", (0, 1), "input GEMM with float16 (or bfloat1
                                             "warpgroup MMA "
                                             "(``wgmma.py``), W_ih read N-major as stored (the float32 GEMM's "
                                             "counterpart is in_split 2)")
+INPUT_TF32_PROMOTE_KNOB = Knob("in_tf32_promote", (0, 1, 2),
+                               "input GEMM on TF32 parts (in_split 3): 0 adds the tensor cores' sums into the "
+                               "CUDA cores' every 4 k steps (``gemm_3xtf32``'s promotion), in one set of "
+                               "accumulators; 1 or 2 every that many k steps, the windows alternating between two "
+                               "sets, so a window's wgmma do not wait on the one before (two dependent chains of "
+                               "small wgmma in flight instead of one: a tile's latency, which the first steps wait "
+                               "for, nearly halved where it is the chain's)", before=0)
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
                       "vec", "double_buffer")
 IN_GEMM_KNOBS = GEMM_KNOBS
 HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
-KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB)
+KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB, INPUT_TF32_PROMOTE_KNOB)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
 

@@ -190,10 +190,28 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
         tile = template.counted_gemm_tile(placed)
         gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
         if blocks + gemm_blocks <= sm_count and space.is_feasible(placed):
+            placed, deeper = _deepened(template, placed, space)
             return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks "
-                            f"({tile.name}{', columns narrowed' if bn else ''}) beside the step kernel's {blocks}, "
-                            f"which waits for each step's rows")
+                            f"({template.counted_gemm_tile(placed).name}{', columns narrowed' if bn else ''}"
+                            f"{deeper}) beside the step kernel's {blocks}, which waits for each step's rows")
     return cfg, ""
+
+
+# The counted GEMM's loads issued at least this many k steps ahead (``step_overlap_stages``): float32 B16
+# H512's TF32 tile of 128 rows has 4 stages, 2 ahead, and ran 2 % slower than with 8; B8's 64 rows, 4
+# ahead, gained nothing from more (docs/results/gru.md).
+COUNTED_LOADS_AHEAD = 4
+DEEPENED_STAGES = 8
+
+
+def _deepened(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
+    """``cfg`` with its counted GEMM's pipeline deepened to ``DEEPENED_STAGES`` where its own loads
+    fewer than ``COUNTED_LOADS_AHEAD`` k steps ahead and the deeper one fits, and the why's words."""
+    tile = template.counted_gemm_tile(cfg)
+    deep = cfg.replace(step_overlap_stages=DEEPENED_STAGES)
+    if tile.stages - 1 - tile.inflight >= COUNTED_LOADS_AHEAD or not space.is_feasible(deep):
+        return cfg, ""
+    return deep, f", {DEEPENED_STAGES} stages for its {tile.stages}"
 
 
 def _held_why(shape: Any, whose: str) -> str:

@@ -25,7 +25,8 @@ from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGem
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps, split_a_func
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, signal_reason, wgmma_gemm, wgmma_reason
+from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, promote_reason, signal_reason, wgmma_gemm,
+                                         wgmma_reason)
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.core.space import Config, Space
@@ -417,6 +418,10 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.split_reason() or self.split_target_reason(target, c.in_split)
                 if reason:
                     return reason
+            if c.in_tf32_promote:
+                reason = self.promote_reason(c)
+                if reason:
+                    return reason
             if c.in_wgmma:
                 reason = self.wgmma_config_reason(c)
                 if reason:
@@ -425,9 +430,9 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.overlap_reason(c, step)
                 if reason:
                     return reason
-            elif c.step_overlap_bn or c.step_overlap_tma:
-                return ("step_overlap_bn and step_overlap_tma change the tile of an input GEMM counted for the "
-                        "steps: step_overlap > 0")
+            elif c.step_overlap_bn or c.step_overlap_tma or c.step_overlap_stages:
+                return ("step_overlap_bn, step_overlap_tma and step_overlap_stages change the tile of an input GEMM "
+                        "counted for the steps: step_overlap > 0")
             hidden_gemm = step.runs_hidden_gemm  # else the step kernel does its own
             for prefix, label, space in spaces:
                 if prefix == "hid_" and not hidden_gemm:
@@ -485,6 +490,16 @@ class GruTemplate(DtypeFields, Template):
                     "(T·B, 3H, 3·input) GEMM (sm_70 or newer; GRU.build picks one)")
         return None
 
+    def promote_reason(self, c: Config) -> str | None:
+        """Why ``c``'s input GEMM cannot promote its sums every ``in_tf32_promote`` k steps in two
+        alternating accumulator sets: it is the GEMM of TF32 parts only, and its tile must hold them."""
+        if c.in_split != 3:
+            return "in_tf32_promote changes how the input GEMM of TF32 parts adds its sums (in_split 3)"
+        tile = self.counted_gemm_tile(c) or self.in_split_tf32
+        return next((f"in_tf32_promote {c.in_tf32_promote}: {r}" for r in (
+            promote_reason(tile, self.input_depth(i, c), c.in_tf32_promote, overlap=True)
+            for i in self.input_gemm_kinds()) if r), None)
+
     def wgmma_config_reason(self, c: Config) -> str | None:
         """Why ``c``'s input GEMM cannot run on wgmma (``in_wgmma`` 1) with this template's tiles."""
         if c.in_split:
@@ -528,6 +543,8 @@ class GruTemplate(DtypeFields, Template):
             tile = replace(tile, bn=config.step_overlap_bn)
         if config.step_overlap_tma:
             tile = replace(tile, tma=True)
+        if config.step_overlap_stages:
+            tile = replace(tile, stages=config.step_overlap_stages)
         return in_row_order(tile, *self.gi_shape, self.counted_depth(config), config.step_overlap,
                             "NK" if config.in_split else "KN")
 
@@ -548,11 +565,14 @@ class GruTemplate(DtypeFields, Template):
         tile = self.counted_gemm_tile(c)
         if tile is None:
             return "step_overlap needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"
-        own = self.counted_gemm_tile(c.replace(step_overlap_bn=0, step_overlap_tma=0))
+        own = self.counted_gemm_tile(c.replace(step_overlap_bn=0, step_overlap_tma=0, step_overlap_stages=0))
         if c.step_overlap_bn and c.step_overlap_bn >= own.bn:
             return f"step_overlap_bn {c.step_overlap_bn} must narrow the input GEMM's tile of {own.bn} columns"
         if c.step_overlap_tma and own.tma:
             return "step_overlap_tma: the input GEMM's own tile loads with TMA already"
+        if c.step_overlap_stages and c.step_overlap_stages <= own.stages:
+            return (f"step_overlap_stages {c.step_overlap_stages} must deepen the input GEMM's pipeline of "
+                    f"{own.stages} stages")
         if self.variable_lengths:
             return "step_overlap: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
         m, n = self.gi_shape
@@ -585,9 +605,9 @@ class GruTemplate(DtypeFields, Template):
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1, "step_tc_acc": 1,
                                   "step_tc_frag": 0, "step_tc_wreg": 0, "step_tc_wregs": 96, "step_tc_poll": 8,
                                   "step_split_words": 1, "step_tc_ahead": 1, "step_overlap": 0,
-                                  "step_overlap_bn": 0, "step_overlap_tma": 0,
+                                  "step_overlap_bn": 0, "step_overlap_tma": 0, "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
-                                  "in_split": 0, "in_wgmma": 0}
+                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
@@ -650,7 +670,8 @@ class GruTemplate(DtypeFields, Template):
                 k = self.layer_input(i)
                 depth = PARTS * split_depth(k)
                 # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
-                way = dict(promote=promote_steps(tile, depth)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE)
+                way = (dict(promote=config.in_tf32_promote or promote_steps(tile, depth),
+                            overlap=bool(config.in_tf32_promote)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE))
                 funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"],
                                                      signal=bool(config.step_overlap), **way)
                 funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
