@@ -22,6 +22,7 @@ from tvm_ext.target import offline_cuda
 WS = dict(tma=True, specialized=True, smem_epilogue=False)
 STAGED = dict(WS, smem_epilogue=True)  # C through the kernel's own stage, 16 bytes a thread
 TURNS = dict(STAGED, c_turns=True)  # that stage 64 rows, the consumer warpgroups' in turn
+K_TURNS = dict(STAGED, wg_k=2)  # two consumer warpgroups taking a 64-row tile's k steps in turn
 # (tile, m, n, k, wgmma_gemm's keywords)
 KINDS = {
     "one unit": (WgmmaTile(128, 256, 4, 1, **WS), 512, 512, 512, {}),
@@ -70,6 +71,11 @@ KINDS = {
     "c in turn, e4m3 promoted into bfloat16, multicast a": (
         WgmmaTile(128, 192, 4, 1, tiles=2, operand="e4m3", multicast=True, **TURNS), 256, 1536, 1024,
         {"promote": 1, "scales": True, "c_dtype": "bfloat16"}),
+    "k in turn, 96 wide (BERT-base's FFN down)": (WgmmaTile(64, 96, 8, 1, **K_TURNS), 1024, 768, 3072, {}),
+    "k in turn, ragged m and n, bias, blocks of 3 units, c direct": (
+        WgmmaTile(64, 128, 6, 1, tiles=3, **dict(WS, wg_k=2)), 200, 400, 512, {"bias_dtype": "float16"}),
+    "k in turn, no wgmma in flight, b (k, n), raster": (WgmmaTile(64, 64, 4, 0, raster=2, tiles=2, **K_TURNS),
+                                                        256, 512, 1024, {"b_layout": "KN"}),
 }
 
 
@@ -178,6 +184,58 @@ def test_split_columns_name_their_tile_and_round_trip_through_the_knob():
     assert tile.name.endswith(" tma ws c2") and tile.threads == 256 and tile.acc_registers == 24
     assert WgmmaTile.of(_config(tile)) == tile
     assert _config(dataclasses.replace(tile, wg_cols=1)).wgmma_wg_cols == 1
+
+
+def test_k_turns_run_two_consumers_on_alternate_k_steps_and_add_the_second_ones_sums():
+    """With ``wg_k`` 2 the block has the producer and two consumer warpgroups (384 threads) on one
+    64-row tile: each waits for and releases only the stages of its k steps (their release
+    barriers count one warpgroup, 128), both issue the tile's m64n96 wgmma; the second stores its
+    float32 sums in shared memory of their own past C's stage and arrives at named barrier 5, the
+    first waits there, adds them, arrives at 6 and alone stores C."""
+    from tvm_ext.schedules.gemm.wgmma_layout import k_turn_sums_bytes
+    from tvm_ext.schedules.gemm.wgmma_specialized import SUMS_READ, SUMS_WRITTEN
+
+    tile, m, n, k, kw = KINDS["k in turn, 96 wide (BERT-base's FFN down)"]
+    source = _source(tile, m, n, k, **kw)
+    body = _kernel(source)
+    assert "__launch_bounds__(384)" in source and "m64n96k16" in body
+    inits = [line for line in body.splitlines() if "mbarrier_init_init_shared__cta_b64(" in line]
+    assert [line.rstrip().endswith(" (uint)128);") for line in inits].count(True) == 8 and len(inits) == 16
+    assert "for (int j = 0; j < 24; ++j)" in body  # 48 k steps, 24 a warpgroup
+    assert body.count("st_shared_f32(") == body.count("ld_shared_f32(") == 48  # bn / 2 sums a thread
+    assert f"bar_arrive_arrive((uint){SUMS_WRITTEN}, (uint)256)" in body
+    assert f"bar_sync_count_sync((uint){SUMS_WRITTEN}, (uint)256)" in body
+    assert f"bar_arrive_arrive((uint){SUMS_READ}, (uint)256)" in body
+    assert f"bar_sync_count_sync((uint){SUMS_READ}, (uint)256)" in body  # the second meets the first's last
+    assert k_turn_sums_bytes(2, 96) == 16 + 64 * 96 * 4 and k_turn_sums_bytes(1, 96) == 0
+    one = dataclasses.replace(tile, wg_k=1)
+    assert tile.block_smem_bytes() == one.block_smem_bytes() + k_turn_sums_bytes(2, 96)
+    plain = _kernel(_source(one, m, n, k, **kw))
+    assert "__launch_bounds__(256)" in _source(one, m, n, k, **kw) and "st_shared_f32(" not in plain
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(specialized=False), "in turn (wgmma_wg_k 2) two at most"),
+    (dict(bm=128), "one 64-row band"),
+    (dict(wg_cols=2), "its columns unsplit"),
+    (dict(split=2), "K unsplit"),
+    (dict(wg_k=3), "two at most"),
+])
+def test_k_turns_refused_where_the_kernel_cannot_run_them(change, needle):
+    tile = dataclasses.replace(WgmmaTile(64, 96, 8, 1, **K_TURNS), **change)
+    assert needle in wgmma_reason(tile, 1024, 768, 3072)
+    assert "an even count of k steps" in wgmma_reason(WgmmaTile(64, 96, 8, 1, **K_TURNS), 1024, 768, 64 * 45)
+
+
+def test_k_turns_refuse_promoted_sums_and_round_trip_through_the_knob():
+    from tvm_ext.schedules.gemm.wgmma import promote_reason
+
+    tile = WgmmaTile(64, 96, 8, 1, **K_TURNS)
+    assert "do not promote" in promote_reason(dataclasses.replace(tile, operand="e4m3"), 4096, 4)
+    assert promote_reason(tile, 4096, 0) is None
+    assert tile.name.endswith(" tma ws kw2") and tile.threads == 256 and tile.acc_registers == 48
+    assert WgmmaTile.of(_config(tile)) == tile
+    assert _config(dataclasses.replace(tile, wg_k=1)).wgmma_wg_k == 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to run ptxas")

@@ -64,7 +64,7 @@ from tvm_ext.lowering.launch_early import mark_launch_early
 from tvm_ext.target import TargetInfo
 
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
-                           own_c_stage_bytes, stage_barrier_bytes)
+                           k_turn_sums_bytes, own_c_stage_bytes, stage_barrier_bytes)
 from .wgmma_specialized import CONSUMER_REGISTERS, specialized_registers
 from .wgmma_steps import CValue, Prepare, kernels, prim_func
 
@@ -125,6 +125,12 @@ KNOBS = (
          "its half of the tile's columns (m64n(bn/2) wgmma on the same A): two chains of wgmma in flight where one "
          "warpgroup would issue one, as cuBLAS's Hopper kernels run a 64x96 tile on 384 threads (slower than one "
          "consumer at BERT-base's shapes: no pick takes it)", before=1),
+    Knob("wgmma_wg_k", (1, 2),
+         "2 (with wgmma_ws, one 64-row band, K unsplit, sums not promoted): two consumer warpgroups on the tile, "
+         "taking its k steps in turn (the even ones and the odd ones, each into accumulators of its own, each "
+         "releasing the stages it read), the second's sums added into the first's through shared memory before "
+         "the first stores C: two independent chains of wgmma on one tile at the cost of one m64nN fragment of "
+         "shared memory (slower than one consumer at BERT-base's shapes: no pick takes it)", before=1),
     Knob("wgmma_c_turns", (0, 1),
          "1 (C staged by the warp-specialized kernel's two consumer warpgroups): C's own stage holds 64 rows, "
          "which the consumers fill and copy out in turn (the second waits for the first's copy at a named "
@@ -158,6 +164,7 @@ class WgmmaTile:
     pdl: bool = False  # launched early behind the kernel ahead, waiting for it before global access (``wgmma_pdl``)
     wg_cols: int = 1  # consumer warpgroups across the tile's columns, each bn / wg_cols of them (``wgmma_wg_cols``)
     c_turns: bool = False  # C's own stage 64 rows, the consumer warpgroups' in turn (``wgmma_c_turns``)
+    wg_k: int = 1  # consumer warpgroups taking a 64-row tile's k steps in turn (``wgmma_wg_k``)
 
     @property
     def bk(self) -> int:
@@ -172,7 +179,7 @@ class WgmmaTile:
                    cluster=bool(c.get("wgmma_split_cluster", 0)), operand=operand, tma=bool(c.get("wgmma_tma", 0)),
                    specialized=bool(c.get("wgmma_ws", 0)), multicast=bool(c.get("wgmma_multicast", 0)),
                    pdl=bool(c.get("wgmma_pdl", 0)), wg_cols=c.get("wgmma_wg_cols", 1),
-                   c_turns=bool(c.get("wgmma_c_turns", 0)))
+                   c_turns=bool(c.get("wgmma_c_turns", 0)), wg_k=c.get("wgmma_wg_k", 1))
 
     def knobs(self) -> dict[str, int]:
         """The knob values of this tile (``of``'s inverse)."""
@@ -180,7 +187,7 @@ class WgmmaTile:
                     wgmma_smem_epilogue=int(self.smem_epilogue), wgmma_raster=self.raster, wgmma_tiles=self.tiles,
                     wgmma_split_k=self.split, wgmma_split_cluster=int(self.cluster), wgmma_tma=int(self.tma),
                     wgmma_ws=int(self.specialized), wgmma_multicast=int(self.multicast), wgmma_pdl=int(self.pdl),
-                    wgmma_wg_cols=self.wg_cols, wgmma_c_turns=int(self.c_turns))
+                    wgmma_wg_cols=self.wg_cols, wgmma_c_turns=int(self.c_turns), wgmma_wg_k=self.wg_k)
 
     @property
     def name(self) -> str:
@@ -190,12 +197,14 @@ class WgmmaTile:
                 f"{f' t{self.tiles}' if self.tiles > 1 else ''}{f' k/{self.split}' if self.split > 1 else ''}"
                 f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}"
                 f"{' multicast' if self.multicast else ''}{' pdl' if self.pdl else ''}"
-                f"{f' c{self.wg_cols}' if self.wg_cols > 1 else ''}{' turns' if self.c_turns else ''}")
+                f"{f' c{self.wg_cols}' if self.wg_cols > 1 else ''}{' turns' if self.c_turns else ''}"
+                f"{f' kw{self.wg_k}' if self.wg_k > 1 else ''}")
 
     @property
     def threads(self) -> int:
-        """The threads that multiply: a warpgroup for each 64-row band and share of the columns."""
-        return self.bm // 64 * self.wg_cols * 128
+        """The threads that multiply: a warpgroup for each 64-row band, share of the columns and
+        turn of the k steps."""
+        return self.bm // 64 * self.wg_cols * self.wg_k * 128
 
     @property
     def acc_registers(self) -> int:
@@ -232,8 +241,10 @@ class WgmmaTile:
         return own_c_stage_bytes(self.c_stage_rows if self.staged_apart else 0, self.bn)
 
     def block_smem_bytes(self) -> int:
-        """A block's dynamic shared memory: the stages, their barriers and C's own stage."""
-        return self.smem_bytes() + self.barrier_bytes() + self.c_stage_bytes()
+        """A block's dynamic shared memory: the stages, their barriers, C's own stage and the
+        second consumer's sums where two take the k steps in turn (``k_turn_sums_bytes``)."""
+        return self.smem_bytes() + self.barrier_bytes() + self.c_stage_bytes() + k_turn_sums_bytes(self.wg_k,
+                                                                                                    self.bn)
 
     def cluster_sum_bytes(self) -> int:
         """Shared memory of the float32 tile a block of a cluster sums from (rows padded by 8)."""
@@ -270,6 +281,11 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.threads * (t.acc_registers + OTHER_REGISTERS) > REGISTERS_PER_SM:
         return (f"{t.name}: {t.threads} threads x ({t.acc_registers} accumulator + ~{OTHER_REGISTERS} other "
                 f"registers) > {REGISTERS_PER_SM} registers (an SM's; the launch fails)")
+    if t.wg_k not in (1, 2) or (t.wg_k > 1 and (not t.specialized or t.bm != 64 or t.wg_cols > 1 or t.split > 1
+                                                  or t.multicast or k // t.bk % 2)):
+        return (f"{t.name}: consumer warpgroups take the k steps in turn (wgmma_wg_k {t.wg_k}) two at most, in the "
+                "warp-specialized kernel (wgmma_ws 1) on one 64-row band (bm 64), its columns unsplit, K unsplit, "
+                "no multicast, an even count of k steps")
     if t.stages < 2 + t.inflight:
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
     if k % t.bk:
@@ -383,6 +399,8 @@ def promote_reason(t: WgmmaTile, k: int, promote: int, overlap: bool = False) ->
                 f"thread ({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= {'128' if overlap else '192'}")
     if promote < 0 or k // t.bk // t.split % promote:
         return f"promoting every {promote} k steps must divide the {k // t.bk // t.split} k steps of a slice"
+    if t.wg_k > 1:
+        return f"{t.name}: consumer warpgroups taking the k steps in turn (wgmma_wg_k 2) do not promote their sums"
     if overlap and t.inflight != 1:
         return (f"{t.name}: overlapping promotions adds a window's sums while the next window's first wgmma "
                 f"runs: it needs one wgmma group in flight (wgmma_inflight 1)")

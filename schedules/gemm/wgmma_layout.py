@@ -48,6 +48,7 @@ class Tile(Protocol):
     pdl: bool
     wg_cols: int
     c_turns: bool
+    wg_k: int
 
     @property
     def bk(self) -> int: ...
@@ -79,6 +80,13 @@ def own_c_stage_bytes(rows: int, bn: int) -> int:
     """Shared memory of a C stage of its own holding ``rows`` rows of 2-byte C (0: no such stage):
     the alignment past the barriers and the rows."""
     return C_STAGE_ALIGN + rows * c_stage_row(bn) * 2 if rows else 0
+
+
+def k_turn_sums_bytes(wg_k: int, bn: int) -> int:
+    """Shared memory of the second consumer warpgroup's float32 sums where two take a 64-row tile's k
+    steps in turn (``wgmma_wg_k`` 2): its m64n``bn`` fragment, a register of each thread a row of 128
+    words, 16-byte aligned past C's own stage (0 with one consumer)."""
+    return 16 + 64 * bn * 4 if wg_k > 1 else 0
 
 
 def stage_barrier_bytes(stages: int, tma: bool, specialized: bool) -> int:
@@ -137,6 +145,7 @@ class KernelLayout:
     # rows of the warp-specialized kernel's C stage of its own, past the barriers (``c_stage_at``; 0:
     # none): the tile's, or 64 the consumer warpgroups take in turn (``c_turns``)
     c_stage_rows: int = 0
+    wg_k: int = 1  # consumer warpgroups taking the k steps in turn (``k_parity``, ``k_sums_at``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -155,7 +164,7 @@ class KernelLayout:
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
-                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0)
+                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0, wg_k=cfg.wg_k)
 
     # sizes derived from the fields
     @property
@@ -178,7 +187,7 @@ class KernelLayout:
 
     @property
     def threads(self) -> int:
-        return self.bm // 64 * self.wg_cols * 128
+        return self.bm // 64 * self.wg_cols * self.wg_k * 128
 
     @property
     def wg_bn(self) -> int:
@@ -186,8 +195,14 @@ class KernelLayout:
         return self.bn // self.wg_cols
 
     def wg_row(self, wg: Any) -> Any:
-        """The 64-row band of the tile warpgroup ``wg`` multiplies (its number where it takes all columns)."""
-        return wg // self.wg_cols if self.wg_cols > 1 else wg
+        """The 64-row band of the tile warpgroup ``wg`` multiplies (its number where it takes all
+        columns and k steps)."""
+        return wg // self.wg_cols if self.wg_cols > 1 else wg // self.wg_k if self.wg_k > 1 else wg
+
+    def k_parity(self, wg: Any) -> Any:
+        """Which of the k steps warpgroup ``wg`` takes where ``wg_k`` consumers take them in turn:
+        those ``kt % wg_k`` equal to it."""
+        return wg % self.wg_k
 
     def wg_first_col(self, col0: Any, wg: Any) -> Any:
         """The first of C's columns warpgroup ``wg`` multiplies in the tile from column ``col0``."""
@@ -337,8 +352,14 @@ class KernelLayout:
     @property
     def smem_elems(self) -> int:
         """The dynamic shared memory's elements: the stages, with ``tma`` their barriers after,
-        and C's own stage after those (``c_stage_bytes``)."""
-        return (self.barriers_end + self.c_stage_bytes) // self.elem
+        C's own stage after those (``c_stage_bytes``) and the second consumer's sums (``k_sums_at``)."""
+        return (self.barriers_end + self.c_stage_bytes + k_turn_sums_bytes(self.wg_k, self.bn)) // self.elem
+
+    @property
+    def k_sums_at(self) -> int:
+        """With ``wg_k`` 2: the byte offset of the second consumer's float32 sums, 16-byte aligned
+        past the barriers and C's own stage."""
+        return -(-(self.barriers_end + self.c_stage_bytes) // 16) * 16
 
     @property
     def barriers_end(self) -> int:

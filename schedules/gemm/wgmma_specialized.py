@@ -36,10 +36,11 @@ def release_barrier(L: KernelLayout, smem: Any, index: Any) -> Any:
 def release_count(L: KernelLayout) -> int:
     """Arrivals that release a stage: every consumer thread; with ``multicast`` one thread of each
     consumer warpgroup of both blocks (the pair's producers refill both blocks' stage)."""
-    return L.threads // 128 * 2 if L.multicast else L.threads
+    return L.threads // 128 * 2 if L.multicast else L.threads // L.wg_k  # a stage is one turn's with wg_k
 
 
 TURN_TO_SECOND, TURN_TO_FIRST = 3, 4  # named barriers handing C's stage over (1 and 2: each warpgroup's own)
+SUMS_WRITTEN, SUMS_READ = 5, 6  # named barriers of the k turns' sums (``k_turn_sums``)
 
 
 def c_turn(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
@@ -76,6 +77,45 @@ def c_turn(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None], C
     return take, hand_over, last
 
 
+def k_turn_sums(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The macros ``meet(smem, acc, wg, lane, t)`` after each unit's k loop and ``leave(wg, mine)``
+    where two consumer warpgroups take a 64-row tile's k steps in turn (``wgmma_wg_k`` 2; empty
+    otherwise): the second writes its sums into shared memory of their own (``k_sums_at``, a
+    register of each thread a row of 128 words) and arrives at a named barrier the first waits at,
+    then the first adds them into its own; before the second writes a later unit's, it waits at a
+    second barrier the first arrives at once it has read them, and it meets the first's last
+    arrival before it leaves (no barrier left half-arrived)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def meet(smem: Any, acc: Any, wg: Any, lane: Any, t: Any) -> None:
+        if L.wg_k > 1:
+            region = T.meta_var(L.k_sums_at + L.n_acc * 128 * 4)  # addressed from its last element: TVM
+            last = T.meta_var(T.cuda.cvta_generic_to_shared(smem.ptr_to([region // L.elem - 1])))  # sizes the
+            at = T.meta_var(last - T.uint32(L.n_acc * 128 * 4 - L.elem) + T.Cast("uint32", lane % 128 * 4))  # smem
+            if L.k_parity(wg) == 1:
+                if t > 0:
+                    T.ptx["bar.sync"](T.uint32(SUMS_READ), T.uint32(256))  # the first has read the unit before's
+                for i in T.unroll(L.n_acc):
+                    T.ptx["st.shared.f32"](at + T.uint32(i * 128 * 4), acc[i])
+                T.ptx["bar.arrive"](T.uint32(SUMS_WRITTEN), T.uint32(256))
+            else:
+                got = T.alloc_buffer((1,), "float32", scope="local")
+                T.ptx["bar.sync"](T.uint32(SUMS_WRITTEN), T.uint32(256))
+                for i in T.unroll(L.n_acc):
+                    T.ptx["ld.shared.f32"](got[0], at + T.uint32(i * 128 * 4))
+                    acc[i] = acc[i] + got[0]
+                T.ptx["bar.arrive"](T.uint32(SUMS_READ), T.uint32(256))
+
+    @T.macro
+    def leave(wg: Any, mine: Any) -> None:
+        if L.wg_k > 1:
+            if L.k_parity(wg) == 1 and mine > 0:
+                T.ptx["bar.sync"](T.uint32(SUMS_READ), T.uint32(256))
+
+    return meet, leave
+
+
 def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callable[..., None],
                        store_unit: Callable[..., None], launch_early: Callable[..., None],
                        wait_prior: Callable[..., None]) -> Callable[..., None]:
@@ -91,6 +131,7 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
     stages, stage, k_tiles, grid, consumers = L.stages, L.stage, L.k_tiles, L.grid, L.threads
     wait = phase_wait()
     take, hand_over, last = c_turn(L)
+    meet, leave = k_turn_sums(L)
 
     @T.macro
     def cluster_sync() -> None:  # every thread of both blocks of the cluster past this point
@@ -123,8 +164,18 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
         T.ptx["wgmma.wait_group.sync.aligned"](L.inflight)
         if L.inflight == 0:
             release(smem, it, lane)
-        elif kt > 0:  # the wgmma of the step before has retired
-            release(smem, it - 1, lane)
+        elif L.wg_k == 1:
+            if kt > 0:  # the wgmma of the step before has retired
+                release(smem, it - 1, lane)
+        elif kt >= L.wg_k:  # the wgmma of this warpgroup's turn before has retired
+            release(smem, it - L.wg_k, lane)
+
+    @T.macro
+    def k_turns(k_step: Any, at_step: Any, acc: Any, wg: Any) -> None:
+        """A unit's k steps ``wg_k`` consumers take in turn: this warpgroup's, then every wgmma retired."""
+        for j in T.serial(k_tiles // L.wg_k):
+            k_step(*at_step, acc, j * L.wg_k + L.k_parity(wg))
+        T.ptx["wgmma.wait_group.sync.aligned"](0)
 
     @T.macro
     def gemm_ws(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
@@ -163,14 +214,24 @@ def specialized_kernel(L: KernelLayout, staged: Staging, step: Any, loop: Callab
                         col0 = T.meta_var(L.tile_col0(bid + t * grid))
                         at = T.meta_var(L.tile_lead(bid + t * grid))
                         step.cleared(acc, total)
-                        loop(k_step, (smem, base, t, wg, lane, done), acc, spare, total)
-                        if L.inflight > 0:  # every wgmma retired: the unit's last stage too
-                            release(smem, t * k_tiles + k_tiles - 1, lane)
-                        take(wg, t)
-                        store_unit(smem, C, bias, L.summed(total, acc), bid + t * grid, at, row0, col0, wg, lane,
-                                   0, row0, 0, 128, lane)
-                        hand_over(wg)
+                        if L.wg_k > 1:
+                            k_turns(k_step, (smem, base, t, wg, lane, done), acc, wg)
+                            if L.inflight > 0:  # every wgmma retired: this warpgroup's last stage too
+                                release(smem, t * k_tiles + k_tiles - L.wg_k + L.k_parity(wg), lane)
+                            meet(smem, acc, wg, lane, t)
+                            if L.k_parity(wg) == 0:  # the first stores the tile's sums
+                                store_unit(smem, C, bias, acc, bid + t * grid, at, row0, col0, wg, lane,
+                                           0, row0, 0, 128, lane)
+                        else:
+                            loop(k_step, (smem, base, t, wg, lane, done), acc, spare, total)
+                            if L.inflight > 0:  # every wgmma retired: the unit's last stage too
+                                release(smem, t * k_tiles + k_tiles - 1, lane)
+                            take(wg, t)
+                            store_unit(smem, C, bias, L.summed(total, acc), bid + t * grid, at, row0, col0, wg,
+                                       lane, 0, row0, 0, 128, lane)
+                            hand_over(wg)
                     last(wg, mine)
+                    leave(wg, mine)
                 if L.multicast:  # no block leaves while its peer may still load into it or release its stages
                     cluster_sync()
 
