@@ -68,6 +68,11 @@ STEP_KNOBS = (
     Knob("step_tc_poll", (8, 16), "tensor-core step kernel with step_flags 1: bytes of exchange words a lane "
                                   "loads at once polling h, one word (8) or two adjacent words in one vector load "
                                   "(16; hidden a multiple of 4): half the poll's load instructions", before=8),
+    Knob("step_tc_warp_h", (0, 1), "tensor-core step kernel with step_flags 1 and one warp along the units "
+                                   "(step_tc_nw 1): 1 writes the h a warp polled into shared memory with PTX stores "
+                                   "TVM's barrier pass does not see, so no block barrier stands between a warp's poll "
+                                   "and its products (which read only the h that warp polled): the first warps "
+                                   "multiply while the last still wait for their words", before=0),
     Knob("step_split_words", (1, 2), "split tensor-core step kernel with step_flags 1: float32 values of h an "
                                      "exchange word, 1 beside a 32-bit step tag, 2 (adjacent units) beside a one-bit "
                                      "tag in the first value's lowest mantissa bit, which the float16 parts drop "

@@ -101,13 +101,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                    if cuda and template.batch >= SPLIT_FLAGS_BATCH else None)
     if split_flags is not None:
         split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
+        split_flags, warp = _warp_h(template, split_flags, space)
         shape = template.step_variant(split_flags).shape
         return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
                              f"(three products), h exchanged as tagged float32 words"
                              f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
-                             f"{_held_why(shape, 'their')}; {gemm_why}{early}")
+                             f"{_held_why(shape, 'their')}{warp}; {gemm_why}{early}")
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
@@ -117,13 +118,15 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
     if tensor_core is not None:
         tensor_core, early = _overlapped(template, tensor_core, space, hw.sm_count)
+        tensor_core, warp = _warp_h(template, tensor_core, space)
         if early and not base.in_wgmma:
             gemm_why = f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name})"
         shape = template.step_variant(tensor_core).shape
         return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
                              f"barrier): {shape.blocks} blocks of {shape.units} units x "
                              f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
-                             f"units, W_hh's slice in shared memory{_held_why(shape, 'its')}; {gemm_why}{early}")
+                             f"units, W_hh's slice in shared memory{_held_why(shape, 'its')}{warp}; {gemm_why}"
+                             f"{early}")
     split = _split_step(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
         shape = template.step_variant(split).shape
@@ -212,6 +215,21 @@ def _deepened(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     if tile.stages - 1 - tile.inflight >= COUNTED_LOADS_AHEAD or not space.is_feasible(deep):
         return cfg, ""
     return deep, f", {DEEPENED_STAGES} stages for its {tile.stages}"
+
+
+def _warp_h(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
+    """``cfg`` with each warp's polled h stored by PTX (``step_tc_warp_h``: no block barrier
+    between a warp's poll and its products) where its tensor-core step kernel allows it and the
+    state is 16-bit or the batch fills the blocks' rows, and the why's words: float32 B16 H512 9 %
+    faster, float16 B8 H512 3 %; float32 B8 H512 and B8 H1024 (8 of 16 rows padding) 0.5 % slower
+    (docs/results/gru.md)."""
+    warp = cfg.replace(step_tc_warp_h=1)
+    if cfg.step_tc not in (1, 2) or cfg.step_flags != 1 or not space.is_feasible(warp):
+        return cfg, ""
+    shape = template.step_variant(cfg).shape
+    if shape.split and template.batch % shape.rows:
+        return cfg, ""
+    return warp, ", each warp multiplying the h it polled without a block barrier"
 
 
 def _held_why(shape: Any, whose: str) -> str:

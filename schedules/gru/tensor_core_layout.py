@@ -92,6 +92,7 @@ class TcStepShape(UnitRowBlocks):
     split: bool = False  # step_tc 2 with flags: float32 h and W_hh as float16 high and low parts, three products
     split_pairs: bool = False  # step_split_words 2: two float32 values a word and a one-bit tag (``float_pair``)
     w_regs: int = MAX_W_REGISTERS  # step_tc_wregs: registers a lane may keep W's fragments in
+    warp_h: bool = False  # step_tc_warp_h: a warp's polled h stored by PTX (no block barrier before its products)
 
     @property
     def parts(self) -> int:

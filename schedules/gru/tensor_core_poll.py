@@ -6,7 +6,9 @@ adjacent words with one relaxed 16-byte vector load (``ld.relaxed.gpu.v2.u64``):
 is single-copy atomic per element, not whole, so each word is still checked by its own tag.
 With float32 state split into parts (``shape.split``) a word is one unit's float32 value and the
 tag, or with ``shape.split_pairs`` two units' values and a tag bit (``step_common.float_pair``),
-and the poll writes their high and low float16 parts to ``h_s``."""
+and the poll writes their high and low float16 parts to ``h_s``.  With ``shape.warp_h``
+(``step_tc_warp_h``) it writes ``h_s`` by PTX stores, four bytes each, which TVM's barrier pass
+does not see: a warp reads only the h it polled, so no block barrier is put before its products."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,7 +31,7 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
     vector, poll_rounds = L.poll_vector, L.poll_rounds
     values, split, h_lo = L.shape.word_values, L.shape.split, h_low(L)
     loads, row_loads = L.poll_words // vector, L.copy_k // values // vector
-    slot_words, pair_words, split_pairs = L.slot_words, L.pair_words, L.shape.split_pairs
+    slot_words, pair_words, split_pairs, warp_h = L.slot_words, L.pair_words, L.shape.split_pairs, L.shape.warp_h
 
     def stale(word: Any, step: Any) -> Any:
         """Whether ``word`` is not yet of ``step``: its tag, or with split pairs its tag bit."""
@@ -57,6 +59,30 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
         h_s[at] = high_part(value)
         h_s[h_lo + at] = low_part(value)
 
+    def half_pair(low: Any, high: Any) -> Any:
+        """Two float16 values as the 32 bits of a half2 (``low`` at the lower address)."""
+        return T.bitwise_or(T.Cast("uint32", T.reinterpret("uint16", low)),
+                            T.shift_left(T.Cast("uint32", T.reinterpret("uint16", high)), T.uint32(16)))
+
+    @T.macro
+    def unseen_h(h_s, got, at, i):  # type: ignore[no-untyped-def]
+        """Load i's values of h into ``h_s`` from element ``at`` on, 4 bytes a PTX store (``warp_h``):
+        split, each adjacent pair's high parts as one half2 and their low parts as another; else the
+        words' two 16-bit values, each word's low 32 bits as they are."""
+        base = T.meta_var(T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])))
+        if split:
+            for q in T.unroll(vector * values // 2):
+                first = T.meta_var(value(got[vector * i + 2 * q // values], 2 * q % values))
+                second = T.meta_var(value(got[vector * i + (2 * q + 1) // values], (2 * q + 1) % values))
+                T.ptx["st.shared.b32"](base + T.Cast("uint32", (at + 2 * q) * 2),
+                                       half_pair(high_part(first), high_part(second)))
+                T.ptx["st.shared.b32"](base + T.Cast("uint32", (h_lo + at + 2 * q) * 2),
+                                       half_pair(low_part(first), low_part(second)))
+        else:
+            for q in T.unroll(vector):
+                T.ptx["st.shared.b32"](base + T.Cast("uint32", (at + 2 * q) * 2),
+                                       T.Cast("uint32", T.bitwise_and(got[vector * i + q], T.uint64(0xFFFFFFFF))))
+
     @T.macro
     def poll_h(h_s, hx, got, poll, step, bz, m0, mi, k0, tx):  # type: ignore[no-untyped-def]
         for c in T.unroll(poll_rounds):
@@ -83,7 +109,9 @@ def poll_h_macro(L: TcKernelLayout) -> Any:
                 r = T.meta_var(load(c, i, k0, tx)[0])
                 k = T.meta_var(load(c, i, k0, tx)[1])
                 if load(c, i, k0, tx)[2] and m0 + mi * MMA_M + r < batch and k < hidden:
-                    if split:
+                    if warp_h:  # by PTX: TVM's barrier pass puts no block barrier before the warp's products
+                        unseen_h(h_s, got, (mi * MMA_M + r) * sh + k, i)
+                    elif split:
                         for q in T.unroll(vector * values):  # the float32 values of the load's words as two parts
                             high_low(h_s, (mi * MMA_M + r) * sh + k + q, value(got[vector * i + q // values],
                                                                                q % values))

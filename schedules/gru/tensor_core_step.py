@@ -66,7 +66,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
                  frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
                  split_pairs: bool = False, gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps",
-                 w_regs: int = MAX_W_REGISTERS) -> Any:
+                 w_regs: int = MAX_W_REGISTERS, warp_h: bool = False) -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -91,9 +91,10 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     ``gi_ready`` (rows, count), with flags: gi comes from an input GEMM still running (the knob
     ``step_overlap``): the kernel takes ``ready`` (int32, one a tile row of that many rows of gi),
     and before loading a step's gi it waits until its tile rows' counts reach ``count``
-    (``wait_gi_macro``), reading gi from L2."""
+    (``wait_gi_macro``), reading gi from L2.  ``warp_h`` (``step_tc_warp_h``): the polled h stored
+    by PTX, so a warp starts its products without a block barrier (``poll_h_macro``)."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        poll_bytes, split, split_pairs, w_regs)
+                        poll_bytes, split, split_pairs, w_regs, warp_h)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags, gi_ready=gi_ready if flags else (0, 0))
     kernel = _kernel(layout)
@@ -592,6 +593,7 @@ class TensorCoreStep(StepVariant):
     loop: int
     cluster: bool = False  # step_flags 2, which this kernel does not have
     w_regs: int = MAX_W_REGISTERS  # step_tc_wregs
+    warp_h: bool = False  # step_tc_warp_h
     poll_bytes: int = 8
     split: bool = False  # step_tc 2: float32 h and W_hh as float16 high and low parts, three products
     split_pairs: bool = False  # step_split_words 2: two float32 values a word, a tag bit
@@ -610,7 +612,7 @@ class TensorCoreStep(StepVariant):
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2,
-                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs)
+                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h))
 
     @property
     def shape(self) -> TcStepShape:
@@ -618,7 +620,7 @@ class TensorCoreStep(StepVariant):
         operand = "float16" if self.split else s.h_dtype
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, operand, self.n_warps,
                            self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split,
-                           self.split_pairs, self.w_regs)
+                           self.split_pairs, self.w_regs, self.warp_h)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -688,6 +690,11 @@ class TensorCoreStep(StepVariant):
         if shape.poll_bytes == 16 and shape.hidden % (2 * shape.word_values):
             return (f"tensor-core step kernel: 16-byte polls (step_tc_poll) read word pairs 16-byte aligned, "
                     f"hidden {shape.hidden} not a multiple of {2 * shape.word_values}")
+        pairs = shape.poll_bytes // 8 * shape.word_values % 2 == 0  # values a poll load, in half2 stores
+        if shape.warp_h and not (self.flags and shape.n_warps == 1 and pairs):
+            return ("tensor-core step kernel: h stored by PTX without a block barrier (step_tc_warp_h) needs exchange "
+                    "words (step_flags 1), one warp along the units (step_tc_nw 1: a warp reads only the h it "
+                    "polled) and an even count of values a poll load (step_tc_poll 16 with one float32 value a word)")
         if shape.rows > 16 and shape.rows >= 2 * shape.batch:
             return f"tensor-core step kernel: {shape.rows} rows per block for batch {shape.batch} (half of them idle)"
         return None
@@ -723,4 +730,4 @@ class TensorCoreStep(StepVariant):
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
                                           poll_bytes=self.poll_bytes, split=self.split,
                                           split_pairs=self.split_pairs, gi_ready=self.gi_ready,
-                                          w_regs=self.w_regs)}
+                                          w_regs=self.w_regs, warp_h=self.warp_h)}

@@ -1,0 +1,92 @@
+"""The tensor-core step kernel's polled h stored by PTX (knob ``step_tc_warp_h``; the pick's for
+16-bit state and for float32 where the batch fills the blocks' rows): a warp reads only the h it
+polled, so no block barrier stands between its poll and its products; TVM's barrier pass, which
+saw the buffer stores, had put one there.
+
+- No GPU: the step loop one block barrier shorter and the poll's values stored four bytes a PTX
+  store (float32 state: a pair's high parts and their low parts; 16-bit: a word's two values),
+  for the float32 B16 and float16 B8 picks; float32 B8's pick without it; the refusals.
+- ``-m gpu``: against float64 on reruns, and bit-equal to the same config without the knob.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from gru_checks import assert_reruns_match_float64
+from test_gru import Shape, _inputs, _weights
+
+from tvm_ext.schedules.gru import GRU, GruTemplate
+from tvm_ext.target import offline_cuda
+
+HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+
+
+def _template(batch: int, hidden: int, precision: dict | None = None) -> GruTemplate:
+    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128)
+    return (t.with_precision(precision) if precision else t).with_tensor_cores(offline_cuda())
+
+
+def _step_loop(t: GruTemplate, cfg) -> str:
+    source = t.compile(cfg, offline_cuda()).source
+    kernel = source[[m.start() for m in re.finditer(r"gru_steps_kernel\(", source)][-1]:]
+    return kernel[kernel.index("for (int s = 0; s < 128; ++s)"):]
+
+
+@pytest.mark.parametrize("batch, precision, stores", [(16, None, 32), (8, HALF, 16)])
+def test_a_warp_multiplies_the_h_it_polled_without_a_block_barrier(batch, precision, stores):
+    """The picks of float32 B16 H512 and float16 B8 H512: float32, each of a lane's 16-byte loads
+    holds two units' values, whose high parts go as one half2 and low parts as another; float16,
+    each word's two values as its low 32 bits."""
+    t = _template(batch, 512, precision)
+    pick, why = t.analytic_pick(offline_cuda())
+    assert pick.step_tc_warp_h == 1 and "without a block barrier" in why  # the pick's
+    before, after = _step_loop(t, pick.replace(step_tc_warp_h=0)), _step_loop(t, pick)
+    assert after.count("__syncthreads()") == before.count("__syncthreads()") - 1
+    assert after.count("st_shared_b32(") == stores and "st_shared_b32(" not in before
+    poll = after[:after.index("ldmatrix")]  # from the poll to the first products: no block barrier
+    assert "__syncwarp();" in poll and "__syncthreads()" not in poll
+
+
+def test_pick_keeps_the_barrier_for_float32_blocks_with_padding_rows():
+    """float32 B8 H512: 8 of the block's 16 rows are padding, and the kernel without the barrier
+    measured 0.5 % slower there."""
+    t = _template(8, 512)
+    pick, why = t.analytic_pick(offline_cuda())
+    assert pick.step_tc_warp_h == 0 and "without a block barrier" not in why
+    assert t.space(offline_cuda()).is_feasible(pick.replace(step_tc_warp_h=1))
+
+
+@pytest.mark.parametrize("batch, hidden, precision, knobs, reason", [
+    (8, 512, None, dict(step_tc_poll=8), "an even count of values a poll load"),
+    (33, 96, None, dict(step_j=16, step_tc_rows=32, step_tc_nw=2, step_tc_kw=2), "one warp along the units"),
+])
+def test_refused_where_a_warp_would_read_h_it_did_not_poll(batch, hidden, precision, knobs, reason):
+    t = _template(batch, hidden, precision)
+    cfg = t.analytic_pick(offline_cuda())[0].replace(**{"step_tc": 2, "step_flags": 1, "step_tc_warp_h": 1, **knobs})
+    assert reason in (t.space(offline_cuda()).infeasible_reason(cfg) or "")
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+GPU_CASES = {
+    "fp32-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), None, 2e-6),
+    "fp32-b16-h512": (Shape(seq=64, batch=16, input=512, hidden=512), None, 2e-6),
+    "fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HALF, 5e-3),
+    "fp32-b5-h200-bi": (Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True), None, 2e-6),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(GPU_CASES))
+def test_cuda_warp_h_matches_float64_and_the_kernel_with_the_barrier(key):
+    s, precision, bound = GPU_CASES[key]
+    common = dict(num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch, seq=s.seq,
+                  **({"precision": precision} if precision else {}))
+    pick = GRU.build("cuda", s.input, s.hidden, **common).config
+    assert pick.step_flags == 1 and pick.step_tc_nw == 1, pick
+    gru, plain = (GRU.build("cuda", s.input, s.hidden, config=pick.replace(step_tc_warp_h=v), **common)
+                  .load_numpy(_weights(s)) for v in (1, 0))
+    x, h0 = _inputs(s)
+    assert_reruns_match_float64(gru, s, x, h0, bound, bound / 10)
+    assert np.array_equal(gru(x, h0)[0], plain(x, h0)[0])  # the same products in the same order
