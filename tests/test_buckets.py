@@ -91,7 +91,7 @@ def test_a_bucket_config_is_refitted_where_its_raster_does_not_divide_the_size()
     assert accepted(at_700.space(target), tuned_at_512) is None
     # written before the TMA knob: the values it had
     written = {**tuned_at_512, "wgmma_tma": 0, "wgmma_ws": 0, "wgmma_multicast": 0, "wgmma_pdl": 0,
-               "wgmma_wg_cols": 1, "wgmma_c_turns": 0}
+               "wgmma_wg_cols": 1, "wgmma_c_turns": 0, "wgmma_wg_k": 1}
     assert accepted(at_700.space(target), tuned_at_512, at_700.fitted).as_dict() == {**written, "wgmma_raster": 2}
     at_1500 = WgmmaGemmTemplate(1500, 3072, 768)  # 12 tile rows: 4 divides them
     assert accepted(at_1500.space(target), tuned_at_512, at_1500.fitted).as_dict() == written
@@ -153,12 +153,12 @@ def test_a_borrowed_wgmma_config_gets_a_pipeline_its_blocks_share_the_sms_with()
     assert how == {200: "bucket 128 (wgmma_stages 6 here)", 48: "bucket 128"}
     at_700 = WgmmaGemmTemplate(700, 3072, 768)  # 528 tiles: four blocks an SM fit at no depth
     config = at_700.space(target).make(**tuned_at_128, wgmma_tma=0, wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0,
-                                       wgmma_wg_cols=1, wgmma_c_turns=0)
+                                       wgmma_wg_cols=1, wgmma_c_turns=0, wgmma_wg_k=1)
     assert at_700.resized(config, target) == at_700.default_config(target)
     assert WgmmaTile.of(at_700.default_config(target)) == WgmmaTile(64, 128, 4, 1, True, 0, tma=True, pdl=True)
     at_4096 = WgmmaGemmTemplate(4096, 3072, 768)
     at_4096_config = at_4096.space(target).make(**tuned_at_128, wgmma_tma=0, wgmma_ws=0, wgmma_multicast=0,
-                                                wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0)
+                                                wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0, wgmma_wg_k=1)
     assert at_4096.resized(at_4096_config, target) == at_4096_config
     two_a_block = config.replace(wgmma_tiles=2)
     assert WgmmaGemmTemplate(200, 3072, 768).resized(two_a_block, target) == two_a_block
@@ -174,7 +174,8 @@ def test_a_size_no_bucket_config_fits_takes_its_own_pick_rather_than_dlight():
     target = offline_cuda()
     split_at_128 = {"wgmma_bm": 64, "wgmma_bn": 64, "wgmma_inflight": 1, "wgmma_raster": 0, "wgmma_smem_epilogue": 0,
                     "wgmma_split_cluster": 0, "wgmma_split_k": 2, "wgmma_stages": 4, "wgmma_tiles": 1, "wgmma_tma": 0,
-                    "wgmma_ws": 0, "wgmma_multicast": 0, "wgmma_pdl": 0, "wgmma_wg_cols": 1, "wgmma_c_turns": 0}
+                    "wgmma_ws": 0, "wgmma_multicast": 0, "wgmma_pdl": 0, "wgmma_wg_cols": 1, "wgmma_c_turns": 0,
+                    "wgmma_wg_k": 1}
     assert _borrowed(split_at_128, (200, 128), target) == {200: "pick", 128: "bucket 128"}
 
 

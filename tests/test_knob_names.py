@@ -100,6 +100,6 @@ def test_an_fp8_record_from_before_overlapped_promotions_exports_the_kernel_it_m
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     template = operator_named("gemm_fp8").rebuild(data["workload"]["params"])
     config = template.space(TARGET).make(**data["config"], fp8_promote_overlap=0, wgmma_ws=0, wgmma_multicast=0,
-                                         wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0)  # knobs added since
+                                         wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0, wgmma_wg_k=1)  # added since
     assert manifest["schedule"] == config.as_dict()
     assert (tmp_path / "out" / "program.cu").read_text() == template.build_program(config, TARGET).source

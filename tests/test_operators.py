@@ -153,7 +153,7 @@ def test_a_wgmma_record_from_before_the_split_knobs_exports_the_kernel_it_measur
     space = template.space(TARGET)
     added = {knob.name: knob.before for knob in space.knobs if knob.before is not None}
     assert added == {"wgmma_tiles": 1, "wgmma_split_k": 1, "wgmma_split_cluster": 0, "wgmma_tma": 0, "wgmma_ws": 0,
-                     "wgmma_multicast": 0, "wgmma_pdl": 0, "wgmma_wg_cols": 1, "wgmma_c_turns": 0}
+                     "wgmma_multicast": 0, "wgmma_pdl": 0, "wgmma_wg_cols": 1, "wgmma_c_turns": 0, "wgmma_wg_k": 1}
     config = space.make(**{**template.default_config(TARGET).as_dict(), **added})
     assert space.infeasible_reason(config) is None
     workload = dataclasses.replace(Workload.of(template, TARGET), template_hash="0" * 16)  # an earlier version's

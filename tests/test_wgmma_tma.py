@@ -159,7 +159,7 @@ def test_the_knob_is_in_the_space_and_names_the_tile():
     template = WgmmaGemmTemplate(512, 512, 512)
     target = offline_cuda("sm_90")
     config = template.space(target).make(**{**template.default_config(target).as_dict(), "wgmma_tma": 1,
-                                             "wgmma_pdl": 0, "wgmma_wg_cols": 1, "wgmma_c_turns": 0})
+                                             "wgmma_pdl": 0, "wgmma_wg_cols": 1, "wgmma_c_turns": 0, "wgmma_wg_k": 1})
     tile = template.tile(config)
     assert tile.tma and tile.name.endswith(" tma") and wgmma_tile_named(tile.name) == tile
     for other in (dataclasses.replace(tile, smem_epilogue=False, specialized=True),

@@ -21,10 +21,10 @@ sys.path.insert(0, os.path.dirname(HERE))
 CONFIGS = {  # tiles as the buckets benchmark's tuning chose them (2026-11-28, H200), rasters that divide
     "128x256 r4 t2": dict(wgmma_bm=128, wgmma_bn=256, wgmma_inflight=1, wgmma_raster=4, wgmma_smem_epilogue=1,
                           wgmma_split_cluster=0, wgmma_split_k=1, wgmma_stages=4, wgmma_tiles=2, wgmma_tma=0,
-                          wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0),
+                          wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0, wgmma_wg_k=1),
     "64x64 s8": dict(wgmma_bm=64, wgmma_bn=64, wgmma_inflight=1, wgmma_raster=0, wgmma_smem_epilogue=1,
                      wgmma_split_cluster=0, wgmma_split_k=1, wgmma_stages=8, wgmma_tiles=1, wgmma_tma=0,
-                     wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0),
+                     wgmma_ws=0, wgmma_multicast=0, wgmma_pdl=0, wgmma_wg_cols=1, wgmma_c_turns=0, wgmma_wg_k=1),
 }
 
 

@@ -49,7 +49,7 @@ def knob_set(bm: int, bn: int, stages: int, *, split: int = 1, cluster: int = 0,
     return dict(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1,
                 wgmma_smem_epilogue=int(split == 1 and not ws), wgmma_raster=raster, wgmma_tiles=tiles,
                 wgmma_split_k=split, wgmma_split_cluster=cluster, wgmma_tma=tma, wgmma_ws=ws, wgmma_multicast=0,
-                wgmma_pdl=0, wgmma_wg_cols=wg_cols, wgmma_c_turns=0)
+                wgmma_pdl=0, wgmma_wg_cols=wg_cols, wgmma_c_turns=0, wgmma_wg_k=1)
 
 
 def wide_grid(space) -> list:
