@@ -177,17 +177,21 @@ def stage_waits(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., Non
 
 
 # the Tensor Memory Accelerator's barriers, tensor maps and boxes
-def stage_barrier(L: KernelLayout, smem: Any, index: Any) -> Any:
-    """The shared address of stage ``index``'s barrier (``tma``), after the stages: written as
-    the address of the barrier's last element less the bytes before it, because TVM sizes a
-    kernel's dynamic shared memory by the largest index of ``smem`` it sees (from the base
-    address plus bytes it saw none: 163,842 bytes of 196,640 for a block of several tiles,
-    the last stage and the barriers out of range; from the first element, 6 bytes short)."""
+def shared_region(L: KernelLayout, smem: Any, first: Any, size: int) -> Any:
+    """The shared address of the ``size`` bytes of ``smem`` from element ``first`` on, written as
+    the address of their last element less the bytes before it, because TVM sizes a kernel's
+    dynamic shared memory by the largest index of ``smem`` it sees (from the base address plus
+    bytes it saw none: 163,842 bytes of 196,640 for a block of several tiles, the last stage and
+    the barriers out of range; from the first element, 6 bytes short)."""
     from tvm.script import tirx as T
 
-    words = 8 // L.elem  # elements a barrier
-    last = T.cuda.cvta_generic_to_shared(smem.ptr_to([L.stages * L.stage + index * words + words - 1]))
-    return last - T.uint32(8 - L.elem)
+    last = T.cuda.cvta_generic_to_shared(smem.ptr_to([first + size // L.elem - 1]))
+    return last - T.uint32(size - L.elem)
+
+
+def stage_barrier(L: KernelLayout, smem: Any, index: Any) -> Any:
+    """The shared address of stage ``index``'s barrier (``tma``), after the stages."""
+    return shared_region(L, smem, L.stages * L.stage + index * (8 // L.elem), 8)
 
 
 def tensor_map_dims(L: KernelLayout, shape: Sequence[int]) -> list[Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .wgmma_layout import KernelLayout
-from .wgmma_loads import Staging, phase_wait, stage_barrier
+from .wgmma_loads import Staging, phase_wait, shared_region, stage_barrier
 
 PRODUCER_REGISTERS = 40  # the producer warpgroup's registers a thread after setmaxnreg (one thread issues loads)
 CONSUMER_REGISTERS = 232  # the consumers': 128 x 40 + 256 x 232 fits an SM's 65536 with two consumer warpgroups
@@ -90,9 +90,8 @@ def k_turn_sums(L: KernelLayout) -> tuple[Callable[..., None], Callable[..., Non
     @T.macro
     def meet(smem: Any, acc: Any, wg: Any, lane: Any, t: Any) -> None:
         if L.wg_k > 1:
-            region = T.meta_var(L.k_sums_at + L.n_acc * 128 * 4)  # addressed from its last element: TVM
-            last = T.meta_var(T.cuda.cvta_generic_to_shared(smem.ptr_to([region // L.elem - 1])))  # sizes the
-            at = T.meta_var(last - T.uint32(L.n_acc * 128 * 4 - L.elem) + T.Cast("uint32", lane % 128 * 4))  # smem
+            sums = T.meta_var(shared_region(L, smem, L.k_sums_at // L.elem, L.n_acc * 128 * 4))
+            at = T.meta_var(sums + T.Cast("uint32", lane % 128 * 4))
             if L.k_parity(wg) == 1:
                 if t > 0:
                     T.ptx["bar.sync"](T.uint32(SUMS_READ), T.uint32(256))  # the first has read the unit before's

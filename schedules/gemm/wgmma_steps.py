@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from .wgmma_layout import REDUCE_THREADS, KernelLayout, c_stage_row, counted_words
 from .wgmma_specialized import specialized_kernel
-from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, a_box, b_box, stage_waits, staging, tensor_map_box, tma_swizzle,
-                          tensor_map_dims)
+from .wgmma_loads import (TMA_SWIZZLE_128B, Staging, a_box, b_box, shared_region, stage_waits, staging,
+                          tensor_map_box, tma_swizzle, tensor_map_dims)
 
 
 @dataclass(frozen=True)
@@ -232,10 +232,9 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
         pass does not see."""
         pair = T.alloc_buffer((2,), C.dtype, scope="local")
         quad = T.alloc_buffer((4,), "uint32", scope="local")
-        c_bytes = T.meta_var(L.c_stage_rows * c_stage_row(L.bn) * 2)  # addressed from its last element: TVM
-        c_end = T.meta_var(L.c_stage_at + c_bytes)  # sizes the dynamic shared memory by the largest index it sees
-        band = T.meta_var(T.cuda.cvta_generic_to_shared(smem.ptr_to([c_end // L.elem - 1])) - T.uint32(
-            c_bytes - L.elem) + T.Cast("uint32", (0 if L.c_turns else wg) * 64 * c_stage_row(L.bn) * 2))
+        c_bytes = T.meta_var(L.c_stage_rows * c_stage_row(L.bn) * 2)
+        band = T.meta_var(shared_region(L, smem, L.c_stage_at // L.elem, c_bytes) + T.Cast(
+            "uint32", (0 if L.c_turns else wg) * 64 * c_stage_row(L.bn) * 2))
         lane = T.meta_var(tx % 128)
         for p in T.unroll(L.n_acc // 2):
             row = T.meta_var(L.fragment_row(0, lane, p))

@@ -419,7 +419,7 @@ class GruTemplate(DtypeFields, Template):
                 if reason:
                     return reason
             if c.in_tf32_promote:
-                reason = self.promote_reason(c)
+                reason = self.tf32_promote_reason(c)
                 if reason:
                     return reason
             if c.in_wgmma:
@@ -490,7 +490,7 @@ class GruTemplate(DtypeFields, Template):
                     "(T·B, 3H, 3·input) GEMM (sm_70 or newer; GRU.build picks one)")
         return None
 
-    def promote_reason(self, c: Config) -> str | None:
+    def tf32_promote_reason(self, c: Config) -> str | None:
         """Why ``c``'s input GEMM cannot promote its sums every ``in_tf32_promote`` k steps in two
         alternating accumulator sets: it is the GEMM of TF32 parts only, and its tile must hold them."""
         if c.in_split != 3:
