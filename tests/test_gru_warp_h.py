@@ -16,16 +16,15 @@ import numpy as np
 import pytest
 from gru_checks import assert_reruns_match_float64
 from test_gru import Shape, _inputs, _weights
+from test_gru_overlap import HALF
+from test_gru_overlap import _template as overlap_template
 
 from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.target import offline_cuda
 
-HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
-
 
 def _template(batch: int, hidden: int, precision: dict | None = None) -> GruTemplate:
-    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128)
-    return (t.with_precision(precision) if precision else t).with_tensor_cores(offline_cuda())
+    return overlap_template(batch, hidden, precision=precision).with_tensor_cores(offline_cuda())
 
 
 def _step_loop(t: GruTemplate, cfg) -> str:
