@@ -73,6 +73,11 @@ STEP_KNOBS = (
                                    "TVM's barrier pass does not see, so no block barrier stands between a warp's poll "
                                    "and its products (which read only the h that warp polled): the first warps "
                                    "multiply while the last still wait for their words", before=0),
+    Knob("step_tc_stack", (0, 1), "split tensor-core step kernel (step_tc 2 with step_flags 1) with batch 8 or less "
+                                  "and 16 rows a block: 1 stacks h's low parts under its high parts in the m16 tile "
+                                  "(rows 8-15, padding before), so one ldmatrix and two mma.sync a W part give all "
+                                  "four products (hi and lo times W's hi and lo) where three of the padded tile "
+                                  "gave three; rows 8-15 are folded into 0-7 before the k warps' sums", before=0),
     Knob("step_split_words", (1, 2), "split tensor-core step kernel with step_flags 1: float32 values of h an "
                                      "exchange word, 1 beside a 32-bit step tag, 2 (adjacent units) beside a one-bit "
                                      "tag in the first value's lowest mantissa bit, which the float16 parts drop "

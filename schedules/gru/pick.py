@@ -220,16 +220,29 @@ def _deepened(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
 def _warp_h(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     """``cfg`` with each warp's polled h stored by PTX (``step_tc_warp_h``: no block barrier
     between a warp's poll and its products) where its tensor-core step kernel allows it and the
-    state is 16-bit or the batch fills the blocks' rows, and the why's words: float32 B16 H512 9 %
-    faster, float16 B8 H512 3 %; float32 B8 H512 and B8 H1024 (8 of 16 rows padding) 0.5 % slower
+    state is 16-bit or fills the blocks' rows (float32: with the batch, or its low parts stacked
+    under 8 rows, ``_stacked``), and the why's words: float32 B16 H512 9 % faster, float16 B8 H512
+    3 %, float32 B8 H512 stacked 7 %; float32 B8 unstacked (8 of 16 rows padding) 0.5 % slower
     (docs/results/gru.md)."""
+    cfg, stacked = _stacked(template, cfg, space)
     warp = cfg.replace(step_tc_warp_h=1)
     if cfg.step_tc not in (1, 2) or cfg.step_flags != 1 or not space.is_feasible(warp):
-        return cfg, ""
+        return cfg, stacked
     shape = template.step_variant(cfg).shape
-    if shape.split and template.batch % shape.rows:
+    if shape.split and template.batch % shape.rows and not shape.stacked:
+        return cfg, stacked
+    return warp, f"{stacked}, each warp multiplying the h it polled without a block barrier"
+
+
+def _stacked(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
+    """``cfg`` with float32 h's low parts in its m16 tiles' padding rows (``step_tc_stack``: two
+    mma.sync a W part for three) where the kernel allows it (batch 8 or less, 16 rows a block),
+    and the why's words: with the warp's h stored by PTX, float32 B8 H512 0.244 → 0.213 ms, B8
+    H1024 0.488 → 0.459 (docs/results/gru.md)."""
+    stacked = cfg.replace(step_tc_stack=1)
+    if cfg.step_tc != 2 or cfg.step_flags != 1 or not space.is_feasible(stacked):
         return cfg, ""
-    return warp, ", each warp multiplying the h it polled without a block barrier"
+    return stacked, ", h's low parts stacked under its high parts (two products a W part)"
 
 
 def _held_why(shape: Any, whose: str) -> str:

@@ -29,8 +29,8 @@ PERSISTENT_MIN_REGISTERS = 64
 SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                    "step_w_onchip")
 TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
-                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_split_words", "step_tc_ahead", "step_overlap",
-                 "step_overlap_bn", "step_overlap_tma", "step_overlap_stages")
+                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_tc_stack", "step_split_words",
+                 "step_tc_ahead", "step_overlap", "step_overlap_bn", "step_overlap_tma", "step_overlap_stages")
 FLAG_STEP_KNOBS = ("step_flag_units", "step_flag_input")
 CLUSTER_STEP_KNOBS = ("step_cluster_quads",)
 

@@ -604,8 +604,9 @@ class GruTemplate(DtypeFields, Template):
                                   "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0, "step_tc": 0,
                                   "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1, "step_tc_acc": 1,
                                   "step_tc_frag": 0, "step_tc_wreg": 0, "step_tc_wregs": 96, "step_tc_poll": 8,
-                                  "step_tc_warp_h": 0, "step_split_words": 1, "step_tc_ahead": 1, "step_overlap": 0,
-                                  "step_overlap_bn": 0, "step_overlap_tma": 0, "step_overlap_stages": 0,
+                                  "step_tc_warp_h": 0, "step_tc_stack": 0, "step_split_words": 1, "step_tc_ahead": 1,
+                                  "step_overlap": 0, "step_overlap_bn": 0, "step_overlap_tma": 0,
+                                  "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
                                   "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0}
         for prefix, template in self.gemm_templates().items():

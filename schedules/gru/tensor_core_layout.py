@@ -93,6 +93,7 @@ class TcStepShape(UnitRowBlocks):
     split_pairs: bool = False  # step_split_words 2: two float32 values a word and a one-bit tag (``float_pair``)
     w_regs: int = MAX_W_REGISTERS  # step_tc_wregs: registers a lane may keep W's fragments in
     warp_h: bool = False  # step_tc_warp_h: a warp's polled h stored by PTX (no block barrier before its products)
+    stacked: bool = False  # step_tc_stack: split, h's low parts in the m16 tile's rows 8-15 (batch <= 8)
 
     @property
     def parts(self) -> int:

@@ -5,7 +5,11 @@ over one chunk of h, read from shared memory or a slice ahead.
 With float32 state split into parts (``shape.split``): h's and W's low parts lie past their high
 parts in shared memory (``h_low``, ``w_low`` elements on) and in the fragment buffers, and each
 product is ``hi·hi`` into the slice's accumulator set plus ``hi·lo + lo·hi`` into a set of their
-own past the others (``cross_at``), as the split kernel's (``split_step.py``)."""
+own past the others (``cross_at``), as the split kernel's (``split_step.py``).  Stacked
+(``shape.stacked``, batch 8 or less): h's low parts lie in the m16 tile's rows 8-15, under the
+high parts of rows 0-7, so one A fragment holds both and a product is ``[hi; lo]·W_hi`` into the
+slice's set plus ``[hi; lo]·W_lo`` into the cross set: the four products in two ``mma.sync``,
+rows 8-15 added into 0-7 afterwards (``tensor_core_step``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +20,8 @@ from .tensor_core_layout import MMA_K, MMA_M, TcKernelLayout, w_chunk
 
 
 def h_low(L: TcKernelLayout) -> int:
-    """Where h's low parts start in ``h_s`` (split state)."""
-    return L.shape.rows * L.shape.h_stride
+    """Where h's low parts start in ``h_s`` (split state): past the rows, or stacked at row 8."""
+    return (MMA_M // 2 if L.shape.stacked else L.shape.rows) * L.shape.h_stride
 
 
 def w_low(L: TcKernelLayout) -> int:
@@ -149,15 +153,17 @@ def _slice_from_shared_macro(L: TcKernelLayout, pair_at: int) -> Any:
     (split state: the low parts' pair 8 further on, and six)."""
     from tvm.script import tirx as T
 
-    n_tiles, split, w_lo, cross = L.shape.n_tiles, L.shape.split, w_low(L), cross_at(L)
+    n_tiles, split, w_lo, cross, stacked = L.shape.n_tiles, L.shape.split, w_low(L), cross_at(L), L.shape.stacked
     load_b_pair, load_b_last = _b_loads_macros(L)
     mma = _fragment_macros(L)[1]
 
     @T.macro
     def split_mma(a_frag, b_frag, acc, b_at, tile):  # type: ignore[no-untyped-def]
-        """hi·lo and lo·hi of n8 tile ``tile`` (its high part's B fragment at ``b_at``) into the cross set."""
+        """hi·lo and lo·hi of n8 tile ``tile`` (its high part's B fragment at ``b_at``) into the cross
+        set; stacked, ``[hi; lo]·W_lo`` alone (the high part's product gave lo·hi)."""
         mma(a_frag, b_frag, acc, 0, b_at + 8, cross + tile * 4)
-        mma(a_frag, b_frag, acc, 8, b_at, cross + tile * 4)
+        if not stacked:
+            mma(a_frag, b_frag, acc, 8, b_at, cross + tile * 4)
 
     @T.macro
     def slice_from_shared(w_s, a_frag, b_frag, acc, ni, kk, base, tx):  # type: ignore[no-untyped-def]
@@ -190,7 +196,7 @@ def products_macro(L: TcKernelLayout) -> Any:
 
     n_tiles, chunk_k, warp_k, split = L.shape.n_tiles, L.chunk_k, L.warp_k, L.shape.split
     acc_sets, slices, held = L.shape.acc_sets, L.chunk_k // MMA_K, L.shape.held_slices
-    h_lo, held_lo, cross = h_low(L), L.held_part, cross_at(L)
+    h_lo, held_lo, cross, stacked = h_low(L), L.held_part, cross_at(L), L.shape.stacked
     load_a, mma = _fragment_macros(L)
     from_shared = _slice_from_shared_macro(L, L.pair_at)  # its pair buffer past the held fragments
 
@@ -201,14 +207,15 @@ def products_macro(L: TcKernelLayout) -> Any:
             kk = T.meta_var(ki * warp_k + c * chunk_k + ks * MMA_K)
             base = T.meta_var(q % acc_sets * n_tiles * 4)
             load_a(h_s, a_frag, mi, kk, 0, 0, tx)
-            if split:
+            if split and not stacked:
                 load_a(h_s, a_frag, mi, kk, 8, h_lo, tx)
             if q < held:  # a constant once the loops are unrolled
                 for t in T.unroll(n_tiles):
                     mma(a_frag, b_frag, acc, 0, (q * n_tiles + t) * 4, base + t * 4)
-                    if split:  # hi·lo, lo·hi
+                    if split:  # hi·lo, lo·hi (stacked: [hi; lo]·W_lo alone)
                         mma(a_frag, b_frag, acc, 0, held_lo + (q * n_tiles + t) * 4, cross + t * 4)
-                        mma(a_frag, b_frag, acc, 8, (q * n_tiles + t) * 4, cross + t * 4)
+                        if not stacked:
+                            mma(a_frag, b_frag, acc, 8, (q * n_tiles + t) * 4, cross + t * 4)
             else:
                 from_shared(w_s, a_frag, b_frag, acc, ni, L.shape.w_row(kk, ki), base, tx)
 

@@ -66,7 +66,7 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
                  frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
                  split_pairs: bool = False, gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps",
-                 w_regs: int = MAX_W_REGISTERS, warp_h: bool = False) -> Any:
+                 w_regs: int = MAX_W_REGISTERS, warp_h: bool = False, stacked: bool = False) -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -92,9 +92,10 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     ``step_overlap``): the kernel takes ``ready`` (int32, one a tile row of that many rows of gi),
     and before loading a step's gi it waits until its tile rows' counts reach ``count``
     (``wait_gi_macro``), reading gi from L2.  ``warp_h`` (``step_tc_warp_h``): the polled h stored
-    by PTX, so a warp starts its products without a block barrier (``poll_h_macro``)."""
+    by PTX, so a warp starts its products without a block barrier (``poll_h_macro``).  ``stacked``
+    (``step_tc_stack``): h's low parts under its high parts in the m16 tile (``tensor_core_products``)."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        poll_bytes, split, split_pairs, w_regs, warp_h)
+                        poll_bytes, split, split_pairs, w_regs, warp_h, stacked)
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
                                out_dtype=out_dtype, flags=flags, gi_ready=gi_ready if flags else (0, 0))
     kernel = _kernel(layout)
@@ -381,7 +382,7 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
     n_tiles, n_warps, chunks, copy_chunks, asynchronous = L.shape.n_tiles, L.shape.n_warps, L.chunks, \
         L.copy_chunks, L.asynchronous
     products, copy_h, poll_h = products_macro(L), _copy_h_macro(L), poll_h_macro(L)
-    flags, acc_sets, split = L.flags, L.shape.acc_sets, L.shape.split
+    flags, acc_sets, split, stacked = L.flags, L.shape.acc_sets, L.shape.split, L.shape.stacked
 
     @T.macro
     def step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0,  # type: ignore[no-untyped-def]
@@ -422,6 +423,9 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
             for j in T.unroll(1, acc_sets + split):
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = acc[i] + acc[j * n_tiles * 4 + i]
+        if stacked:  # rows 8-15 (the low parts' products) into rows 0-7, the same lane's
+            for i in T.unroll(n_tiles * 2):
+                acc[i // 2 * 4 + i % 2] = acc[i // 2 * 4 + i % 2] + acc[i // 2 * 4 + 2 + i % 2]
 
     return step_products
 
@@ -429,8 +433,9 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
 def _sum_k_warps_macro(L: TcKernelLayout) -> Any:
     """With k warps: the other k warps' partial sums into the first's accumulators (16-bit state
     at batch 8 or less: only those of the rows 0-7 a tile's lanes hold, rows 8-15 being padding;
-    measured faster there and slower with float32 parts, docs/results/gru.md)."""
-    skipped = L.shape.batch <= MMA_M // 2 and not L.shape.split
+    measured faster there and slower with float32 parts, docs/results/gru.md; stacked parts: rows
+    8-15 were folded into 0-7)."""
+    skipped = L.shape.batch <= MMA_M // 2 and (not L.shape.split or L.shape.stacked)
     return k_warp_sums_macro(L.shape.k_warps, L.shape.n_warps, L.m_warps, L.shape.n_tiles * 4,
                              upper_rows=not skipped)
 
@@ -597,6 +602,7 @@ class TensorCoreStep(StepVariant):
     poll_bytes: int = 8
     split: bool = False  # step_tc 2: float32 h and W_hh as float16 high and low parts, three products
     split_pairs: bool = False  # step_split_words 2: two float32 values a word, a tag bit
+    stacked: bool = False  # step_tc_stack: h's low parts in the m16 tile's padding rows 8-15
     # step_overlap 1: gi's rows counted by the input GEMM in tiles of this many rows, complete at the count
     # (set by the template, which knows the GEMM's tile: ``GruTemplate.step_variant``)
     gi_ready: tuple[int, int] = (0, 0)
@@ -612,7 +618,8 @@ class TensorCoreStep(StepVariant):
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2,
-                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h))
+                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h),
+                   stacked=bool(c.step_tc_stack))
 
     @property
     def shape(self) -> TcStepShape:
@@ -620,7 +627,7 @@ class TensorCoreStep(StepVariant):
         operand = "float16" if self.split else s.h_dtype
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, operand, self.n_warps,
                            self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split,
-                           self.split_pairs, self.w_regs, self.warp_h)
+                           self.split_pairs, self.w_regs, self.warp_h, self.stacked)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -649,6 +656,10 @@ class TensorCoreStep(StepVariant):
         if self.split_pairs and not (self.split and self.flags):
             return ("tensor-core step kernel: two float32 values a word (step_split_words 2) are the split kernel's "
                     "exchange words (step_tc 2 with step_flags 1)")
+        if self.stacked and not (self.split and self.flags and shape.rows == MMA_M and shape.batch <= MMA_M // 2):
+            return ("tensor-core step kernel: h's low parts stacked in the m16 tile's rows 8-15 (step_tc_stack) need "
+                    f"float32 parts with exchange words (step_tc 2, step_flags 1), 16 rows a block (step_tc_rows, "
+                    f"{shape.rows} here) and batch 8 or less ({shape.batch} here)")
         if self.split and shape.frags_ahead:
             return "split tensor-core step kernel with exchange words: no fragments a slice ahead (step_tc_frag)"
         if not self.split and (h_dtype != w_dtype or w_dtype not in OPERANDS):
@@ -730,4 +741,4 @@ class TensorCoreStep(StepVariant):
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
                                           poll_bytes=self.poll_bytes, split=self.split,
                                           split_pairs=self.split_pairs, gi_ready=self.gi_ready,
-                                          w_regs=self.w_regs, warp_h=self.warp_h)}
+                                          w_regs=self.w_regs, warp_h=self.warp_h, stacked=self.stacked)}
