@@ -132,12 +132,15 @@ def test_analytic_pick_follows_the_measured_rules(shape, monkeypatch):
     tagged = [u for u in SPLIT_FLAGS_UNITS if space.is_feasible(base.replace(
         fuse_step=1, step_loop=2, step_tc=2, step_flags=1, step_j=u, step_tc_rows=16, step_tc_kw=SPLIT_FLAGS_K_WARPS,
         step_tc_nw=1, step_tc_acc=1)) and (u > 8 or -(-hidden // u) * -(-batch // 16) * (1 + bidirectional) <= 132)]
-    if batch >= SPLIT_FLAGS_BATCH and tagged:
+    stacked_batch, stacked_hidden = pick.SPLIT_FLAGS_STACKED  # below batch 8: h's low parts in the padding rows
+    if (batch >= SPLIT_FLAGS_BATCH or batch >= stacked_batch and hidden >= stacked_hidden) and tagged:
         assert (cfg.step_tc, cfg.step_flags, cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw) == (2, 1, tagged[0], 16, 8)
         assert "tagged float32 words" in why
         pairs = tagged[0] == 8 and batch >= 16 and hidden <= pick.SPLIT_PAIRS_MAX_HIDDEN  # two a word
         assert cfg.step_split_words == (2 if pairs else 1) and ("a tag bit" in why) == pairs
+        assert cfg.step_tc_stack == (batch <= 8) and ("stacked" in why) == (batch <= 8)
         monkeypatch.setattr(pick, "SPLIT_FLAGS_BATCH", 1 << 30)  # the rules below, where it is not
+        monkeypatch.setattr(pick, "SPLIT_FLAGS_STACKED", (1 << 30, 0))
         cfg, why = t.analytic_pick(target)
     splits = [(rows, kw) for rows in (16, 32, 64) for kw in (4, 2, 1) if space.is_feasible(base.replace(
         fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_j=16, step_tc_rows=rows, step_tc_nw=2,

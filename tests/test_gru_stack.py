@@ -55,6 +55,16 @@ def test_rows_8_to_15_folded_into_0_to_7_before_the_k_warp_sums():
     assert len(re.findall(handed, step)) * 2 == len(re.findall(handed, plain)) > 0
 
 
+@pytest.mark.parametrize("batch, hidden, stacked", [(8, 512, True), (8, 256, True), (4, 512, True), (6, 1024, True),
+                                                    (7, 256, False), (3, 512, False), (16, 512, False)])
+def test_pick_stacks_from_batch_4_at_h512_and_at_batch_8(batch, hidden, stacked):
+    """The stacked split kernel measured faster than the flag-exchange kernel at B4-B7 x H512-H1024
+    and slower at H256; at B8 the split kernel was the pick already; from B16 no rows are padding."""
+    t, pick, _ = _pick(batch, hidden)
+    assert pick.step_tc_stack == int(stacked)
+    assert (pick.step_tc, pick.step_flags) == ((2, 1) if stacked or batch >= 8 else (0, 1))
+
+
 @pytest.mark.parametrize("batch, knobs, needs", [
     (16, dict(step_tc_rows=16), "batch 8 or less"),
     (8, dict(step_tc_rows=32), "16 rows a block"),

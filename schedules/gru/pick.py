@@ -59,8 +59,11 @@ FLAG_BATCH_TENSOR_CORE = 1  # with 16-bit state, up to this batch (from batch 2 
 SPLIT_STEP_BATCH = 32
 # From this batch on, float32 state runs the tensor-core kernel exchanging tagged words, split into parts
 # (step_tc 2, step_flags 1): 8-25 % faster than the flag-exchange kernel at B8-B16 (2.3x at B16 H1024) and
-# than the split kernel behind the grid barrier at B32-B64 H512; slower at B4 (docs/results/gru.md)
+# than the split kernel behind the grid barrier at B32-B64 H512; slower at B4 (docs/results/gru.md). With h's
+# low parts stacked in its padding rows (``step_tc_stack``) from batch 4 at hidden 512 or more: 0-15 % faster
+# at B4-B7 x H512-H1024, slower at H256
 SPLIT_FLAGS_BATCH = 8
+SPLIT_FLAGS_STACKED = (4, 512)  # (batch, hidden) from which on the stacked split kernel is picked below 8
 # the flag-exchange kernel projects the input itself up to this batch (measured faster at B1-B4, even at B7:
 # docs/results/gru.md)
 FUSED_INPUT_BATCH = 4
@@ -97,14 +100,17 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = _tensor_core_step(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
+    stacked_batch, stacked_hidden = SPLIT_FLAGS_STACKED
     split_flags = (_split_flags_step(template, base, space, hw.sm_count)
-                   if cuda and template.batch >= SPLIT_FLAGS_BATCH else None)
+                   if cuda and (template.batch >= SPLIT_FLAGS_BATCH
+                                or template.batch >= stacked_batch and template.hidden >= stacked_hidden) else None)
     if split_flags is not None:
         split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
         split_flags, warp = _warp_h(template, split_flags, space)
         shape = template.step_variant(split_flags).shape
         return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
-                             f"(three products), h exchanged as tagged float32 words"
+                             f"({'four products, two a W part' if shape.stacked else 'three products'}), h exchanged "
+                             f"as tagged float32 words"
                              f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
@@ -242,7 +248,7 @@ def _stacked(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     stacked = cfg.replace(step_tc_stack=1)
     if cfg.step_tc != 2 or cfg.step_flags != 1 or not space.is_feasible(stacked):
         return cfg, ""
-    return stacked, ", h's low parts stacked under its high parts (two products a W part)"
+    return stacked, ", h's low parts stacked under its high parts in the m16 tile's padding rows"
 
 
 def _held_why(shape: Any, whose: str) -> str:
