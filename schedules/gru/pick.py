@@ -106,6 +106,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                                 or template.batch >= stacked_batch and template.hidden >= stacked_hidden) else None)
     if split_flags is not None:
         split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
+        split_flags, stacked = _stacked(split_flags, space)
         split_flags, warp = _warp_h(template, split_flags, space)
         shape = template.step_variant(split_flags).shape
         return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
@@ -114,7 +115,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
-                             f"{_held_why(shape, 'their')}{warp}; {gemm_why}{early}")
+                             f"{_held_why(shape, 'their')}{stacked}{warp}; {gemm_why}{early}")
     flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
@@ -227,20 +228,19 @@ def _warp_h(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     """``cfg`` with each warp's polled h stored by PTX (``step_tc_warp_h``: no block barrier
     between a warp's poll and its products) where its tensor-core step kernel allows it and the
     state is 16-bit or fills the blocks' rows (float32: with the batch, or its low parts stacked
-    under 8 rows, ``_stacked``), and the why's words: float32 B16 H512 9 % faster, float16 B8 H512
-    3 %, float32 B8 H512 stacked 7 %; float32 B8 unstacked (8 of 16 rows padding) 0.5 % slower
-    (docs/results/gru.md)."""
-    cfg, stacked = _stacked(template, cfg, space)
+    under 8 rows by ``_stacked`` before), and the why's words: float32 B16 H512 9 % faster, float16
+    B8 H512 3 %, float32 B8 H512 stacked 7 %; float32 B8 unstacked (8 of 16 rows padding) 0.5 %
+    slower (docs/results/gru.md)."""
     warp = cfg.replace(step_tc_warp_h=1)
     if cfg.step_tc not in (1, 2) or cfg.step_flags != 1 or not space.is_feasible(warp):
-        return cfg, stacked
+        return cfg, ""
     shape = template.step_variant(cfg).shape
     if shape.split and template.batch % shape.rows and not shape.stacked:
-        return cfg, stacked
-    return warp, f"{stacked}, each warp multiplying the h it polled without a block barrier"
+        return cfg, ""
+    return warp, ", each warp multiplying the h it polled without a block barrier"
 
 
-def _stacked(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
+def _stacked(cfg: Config, space: Any) -> tuple[Config, str]:
     """``cfg`` with float32 h's low parts in its m16 tiles' padding rows (``step_tc_stack``: two
     mma.sync a W part for three) where the kernel allows it (batch 8 or less, 16 rows a block),
     and the why's words: with the warp's h stored by PTX, float32 B8 H512 0.244 → 0.213 ms, B8

@@ -423,9 +423,10 @@ def _step_products_macro(L: TcKernelLayout) -> Any:
             for j in T.unroll(1, acc_sets + split):
                 for i in T.unroll(n_tiles * 4):
                     acc[i] = acc[i] + acc[j * n_tiles * 4 + i]
-        if stacked:  # rows 8-15 (the low parts' products) into rows 0-7, the same lane's
-            for i in T.unroll(n_tiles * 2):
-                acc[i // 2 * 4 + i % 2] = acc[i // 2 * 4 + i % 2] + acc[i // 2 * 4 + 2 + i % 2]
+        if stacked:  # each n8 tile's rows 8-15 (the low parts' products) into rows 0-7, the same lane's
+            for t in T.unroll(n_tiles):
+                for e in T.unroll(2):
+                    acc[t * 4 + e] = acc[t * 4 + e] + acc[t * 4 + 2 + e]
 
     return step_products
 
