@@ -72,6 +72,9 @@ CASES = (
     Case("fp32 I17 H33 B3 T7 3L bi", 3, 33, input=17, seq=7, layers=3, bidirectional=True),
     Case("fp32 B64 H1024 lengths", 64, 1024, lengths=(64, 128)),
     Case("fp16 B64 H1024 lengths", 64, 1024, dtype="float16", lengths=(64, 128)),
+    Case("fp32 B4 H512", 4, 512), Case("fp32 B5 H512", 5, 512), Case("fp32 B6 H512", 6, 512),
+    Case("fp32 B7 H512", 7, 512), Case("fp32 B6 H1024", 6, 1024),
+    Case("fp32 bi B4 H512", 4, 512, bidirectional=True), Case("fp32 bi B6 H512", 6, 512, bidirectional=True),
 )
 
 

@@ -9,6 +9,10 @@ differ only in how step s+1 learns that every block's h_{s+1} is written:
 - ``flags``: h stored as 8-byte words (value, step tag) with one relaxed 64-bit store; a
   reader polls the words themselves until every tag says step s+1 (no counter, no fence).
 
+Modes 10-16 put all blocks in one thread-block cluster (Hopper) and pass h through distributed
+shared memory instead: ``st.async`` counted on each block's ``mbarrier``, plain stores and a
+cluster barrier, or tagged words stored into every block and polled there.
+
 Prints µs per step (from T = 128 and T = 512 runs) and the error against float64.
 Run through the device tool: ``python benchmarks/probes/gru_flag_probe.py --out $OUT``.
 """
@@ -34,6 +38,11 @@ SOURCE = r"""
 #define STAGGER {STAGGER}
 #define REPL {REPL}
 #define LIMIT (1 << 22)
+#define CLUSTER (MODE >= 10)
+#define TAGGED (MODE >= 13 && MODE <= 16)
+#define NO_MATH (MODE == 2 || MODE == 7 || MODE == 11 || MODE == 14 || MODE == 16)
+#define SLOTS (CLUSTER ? 2 : 1)
+#define C ((H + U - 1) / U)
 
 __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {{
   unsigned long long v; asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v; }}
@@ -41,10 +50,32 @@ __device__ __forceinline__ void st_relaxed(unsigned long long* p, unsigned long 
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" :: "l"(p), "l"(v) : "memory"); }}
 __device__ __forceinline__ float sigm(float x) {{ return 1.f / (1.f + __expf(-x)); }}
 
-extern "C" __global__ void __launch_bounds__(THREADS) gru(
+__device__ __forceinline__ unsigned smem(const void* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
+__device__ __forceinline__ unsigned peer(unsigned a, int rank) {{
+  unsigned r; asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank)); return r; }}
+__device__ __forceinline__ unsigned long long ld_shared_relaxed(unsigned a) {{
+  unsigned long long v;
+#if MODE >= 15
+  asm volatile("ld.volatile.shared::cta.b64 %0, [%1];" : "=l"(v) : "r"(a) : "memory");
+#else
+  asm volatile("ld.relaxed.cluster.shared::cta.b64 %0, [%1];"
+               : "=l"(v) : "r"(a) : "memory");
+#endif
+  return v; }}
+__device__ __forceinline__ void cluster_sync() {{
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }}
+
+extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
     const float* __restrict__ gi, const float* __restrict__ w, const float* __restrict__ bh,
     float* __restrict__ out, unsigned long long* xch, float* hbuf, int* bar, int T) {{
-  __shared__ float h_s[B * HP];
+  __shared__ float h_s[SLOTS * B * HP];
+  __shared__ __align__(8) unsigned long long mbar[2];
+#if TAGGED
+  __shared__ unsigned long long hw_s[2 * B * HP];  // (value, step tag) words, two slots
+#endif
+#if CLUSTER
+  extern __shared__ float gi_s[];  // the block's input gates of every step: [T][B][3][U]
+#endif
   const int lane = threadIdx.x, u = threadIdx.y, tid = u * 32 + lane;
   const int j = blockIdx.x * U + u;
   const int G = 3 * H;
@@ -56,13 +87,82 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
       int k = lane + i * 32;
       wr[g][i] = (k < H && j < H) ? w[k * G + g * H + j] : 0.f;
     }}
-  for (int f = tid; f < B * HP; f += THREADS) h_s[f] = 0.f;
+  for (int f = tid; f < SLOTS * B * HP; f += THREADS) h_s[f] = 0.f;
   float b_r = j < H ? bh[j] : 0.f, b_z = j < H ? bh[H + j] : 0.f, b_n = j < H ? bh[2 * H + j] : 0.f;
   float g_r = 0.f, g_z = 0.f, g_n = 0.f;
   if (lane < B && j < H) {{ g_r = gi[lane * G + j]; g_z = gi[lane * G + H + j]; g_n = gi[lane * G + 2 * H + j]; }}
   int spins = 0;
+#if CLUSTER
+  // h0 into slot 0; a barrier a slot, one arrival (its thread 0's, with the bytes it expects)
+  unsigned phase = 0;  // bit i: the parity slot i's barrier waits for next
   __syncthreads();
+  for (int f = tid; f < B * H; f += THREADS) h_s[f / H * HP + f % H] = hbuf[f];
+  for (int f = tid; f < T * B * 3 * U; f += THREADS) {{
+    const int uu = f % U, g = f / U % 3, tb = f / (3 * U), jj = blockIdx.x * U + uu;
+    gi_s[f] = jj < H ? gi[tb * G + g * H + jj] : 0.f;
+  }}
+#if TAGGED
+  for (int f = tid; f < 2 * B * HP; f += THREADS) hw_s[f] = 0xffffffff00000000ull;  // tag -1
+  for (int f = tid; f < B * H; f += THREADS)
+    hw_s[f / H * HP + f % H] = (unsigned long long)(unsigned)__float_as_int(hbuf[f]);
+#endif
+  if (tid == 0) {{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem(&mbar[0])) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem(&mbar[1])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }}
+  __syncthreads();
+#if MODE == 10 || MODE == 11
+  if (tid == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                              :: "r"(smem(&mbar[1])), "r"(B * H * 4) : "memory");
+#endif
+  cluster_sync();
+#else
+  __syncthreads();
+#endif
   for (int s = 0; s < T; ++s) {{
+#if CLUSTER
+    float* h_cur = h_s + (s & 1) * B * HP;
+    float* h_nxt_local = h_s + ((s + 1) & 1) * B * HP;
+    {{ const float* gs = gi_s + (s * B + lane % B) * 3 * U; g_r = gs[u]; g_z = gs[U + u]; g_n = gs[2 * U + u]; }}
+#if TAGGED
+    float hv[B][KP];
+    {{
+      const unsigned src = smem(hw_s + (s & 1) * B * HP);
+      bool done = false;
+      while (!done && spins < LIMIT) {{
+        done = true;
+        #pragma unroll
+        for (int b = 0; b < B; ++b)
+          #pragma unroll
+          for (int i = 0; i < KP; ++i) {{
+            const unsigned long long w = ld_shared_relaxed(src + 8 * (b * HP + lane + i * 32));
+            hv[b][i] = lane + i * 32 < H ? __int_as_float((int)(w & 0xffffffffu)) : 0.f;
+            if (lane + i * 32 < H && (int)(w >> 32) != s) done = false;
+          }}
+        ++spins;
+      }}
+    }}
+#elif MODE != 12
+    if (s > 0) {{
+      const unsigned slot = s & 1, bar_a = smem(&mbar[slot]), par = (phase >> slot) & 1u;
+      unsigned ok = 0;
+      while (!ok && spins < LIMIT) {{
+        asm volatile("{{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }}"
+                     : "=r"(ok) : "r"(bar_a), "r"(par) : "memory");
+        ++spins;
+      }}
+      phase ^= 1u << slot;
+      if (tid == 0 && s + 1 < T)  // step s-1's phase of the other slot is complete: arm it for step s+1
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     :: "r"(smem(&mbar[(s + 1) & 1])), "r"(B * H * 4) : "memory");
+    }}
+#endif
+#define HS h_cur
+#else
+#define HS h_s
+#endif
 #if MODE == 0 || MODE == 2 || MODE == 4
     const unsigned long long* src = xch + ((s & 1) * REPL + blockIdx.x % REPL) * B * H;
     unsigned long long v[NP];
@@ -123,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
     }}
 #elif MODE == 5
     if (s == 0) for (int f = tid; f < B * H; f += THREADS) h_s[f / H * HP + f % H] = hbuf[f];
-#else
+#elif !CLUSTER
     const float* src = hbuf + (s & 1) * B * H;
     #pragma unroll
     for (int i = 0; i < NP; ++i) {{
@@ -131,19 +231,28 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
       if (f < B * H) h_s[f / H * HP + f % H] = __ldcg(src + f);
     }}
 #endif
+#if !CLUSTER
     __syncthreads();
+#endif
     float acc[3][B];
-#if MODE == 2 || MODE == 7
+#if NO_MATH && TAGGED
     #pragma unroll
-    for (int b = 0; b < B; ++b) {{ acc[0][b] = acc[1][b] = acc[2][b] = h_s[b * HP + lane]; }}
+    for (int b = 0; b < B; ++b) {{ acc[0][b] = acc[1][b] = acc[2][b] = hv[b][0]; }}
+#elif NO_MATH
+    #pragma unroll
+    for (int b = 0; b < B; ++b) {{ acc[0][b] = acc[1][b] = acc[2][b] = HS[b * HP + lane]; }}
 #else
     #pragma unroll
     for (int b = 0; b < B; ++b) {{
       float a0 = 0.f, a1 = 0.f, a2 = 0.f;
       #pragma unroll
       for (int i = 0; i < KP; ++i) {{
-        float hv = h_s[b * HP + lane + i * 32];
-        a0 += wr[0][i] * hv; a1 += wr[1][i] * hv; a2 += wr[2][i] * hv;
+#if TAGGED
+        float hv_ = hv[b][i];
+#else
+        float hv_ = HS[b * HP + lane + i * 32];
+#endif
+        a0 += wr[0][i] * hv_; a1 += wr[1][i] * hv_; a2 += wr[2][i] * hv_;
       }}
       acc[0][b] = a0; acc[1][b] = a1; acc[2][b] = a2;
     }}
@@ -156,12 +265,45 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
 #endif
     float s_r = acc[0][0], s_z = acc[1][0], s_n = acc[2][0];  // the lane's row, selected (no divergent cells)
     #pragma unroll
-    for (int b = 1; b < B; ++b) if (lane == b) {{ s_r = acc[0][b]; s_z = acc[1][b]; s_n = acc[2][b]; }}
+    for (int b = 1; b < B; ++b) if (lane % B == b) {{ s_r = acc[0][b]; s_z = acc[1][b]; s_n = acc[2][b]; }}
     float r = sigm(g_r + s_r + b_r), z = sigm(g_z + s_z + b_z);
     float n = tanhf(g_n + r * (s_n + b_n));
-    float hn = (1.f - z) * n + z * h_s[(lane % B) * HP + (j < H ? j : 0)];
+#if TAGGED
+    __syncwarp();  // every lane's words seen, word j among them
+    // the word polled (by some lane) this step: its slot is written again only after this warp's h' of step s+1
+    const float h_prev =
+        __int_as_float((int)(hw_s[(s & 1) * B * HP + (lane % B) * HP + (j < H ? j : 0)] & 0xffffffffu));
+    float hn = (1.f - z) * n + z * h_prev;
+#else
+    float hn = (1.f - z) * n + z * HS[(lane % B) * HP + (j < H ? j : 0)];
+#endif
+#if CLUSTER
+    // lane l stores its row's h' (row l % B) into blocks l / B, l / B + 32 / B, ...
+    if (s + 1 < T && j < H) {{
+#if TAGGED
+      const unsigned a = smem(&hw_s[((s + 1) & 1) * B * HP + (lane % B) * HP + j]);
+      const unsigned long long word = ((unsigned long long)(unsigned)(s + 1) << 32) | (unsigned)__float_as_int(hn);
+#else
+      const unsigned a = smem(&h_nxt_local[(lane % B) * HP + j]);
+#endif
+#if MODE == 10 || MODE == 11
+      const unsigned bar_a = smem(&mbar[(s + 1) & 1]);
+#endif
+      for (int t = lane / B; t < C; t += 32 / B) {{
+#if TAGGED
+        asm volatile("st.relaxed.cluster.shared::cluster.b64 [%0], %1;" :: "r"(peer(a, t)), "l"(word) : "memory");
+#elif MODE == 12
+        asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(peer(a, t)), "f"(hn) : "memory");
+#else
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                     :: "r"(peer(a, t)), "r"(__float_as_uint(hn)), "r"(peer(bar_a, t)) : "memory");
+#endif
+      }}
+    }}
+#endif
     if (lane < B && j < H) {{
-#if MODE == 0 || MODE == 2 || MODE == 4 || MODE == 6 || MODE == 7
+#if CLUSTER
+#elif MODE == 0 || MODE == 2 || MODE == 4 || MODE == 6 || MODE == 7
       unsigned long long word = ((unsigned long long)(unsigned)(s + 1) << 32) | (unsigned)__float_as_int(hn);
       #pragma unroll
       for (int r = 0; r < REPL; ++r) st_relaxed(xch + (((s + 1) & 1) * REPL + r) * B * H + lane * H + j, word);
@@ -169,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
       hbuf[((s + 1) & 1) * B * H + lane * H + j] = hn;
 #endif
       out[(s * B + lane) * H + j] = hn;
-      if (s + 1 < T) {{
+      if (!CLUSTER && s + 1 < T) {{
         const float* gn = gi + ((s + 1) * B + lane) * G;
         g_r = gn[j]; g_z = gn[H + j]; g_n = gn[2 * H + j];
       }}
@@ -184,15 +326,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) gru(
       if (spins >= LIMIT) bar[1] = 1;
     }}
 #endif
+#if MODE == 12
+    cluster_sync();  // every block's h' of step s+1 stored, and every block done reading step s's slot
+#elif !CLUSTER
     __syncthreads();
+#endif
   }}
+#if CLUSTER
+  cluster_sync();  // no block leaves while another may still store into its shared memory
+#endif
   if (spins >= LIMIT) bar[1] = 1;
 }}
 """
 
 
 MODES = ("flags", "barrier", "flags, no math", "no sync (racy)", "flags, one word first", "math only (h loaded once)",
-         "flags, polls staggered", "flags, polls staggered, no math")
+         "flags, polls staggered", "flags, polls staggered, no math", "", "",
+         "cluster, st.async + mbarrier", "cluster, st.async + mbarrier, no math", "cluster, stores + cluster barrier",
+         "cluster, tagged words into every block's shared memory", "cluster, tagged words, no math",
+         "cluster, tagged words, volatile polls", "cluster, tagged words, volatile polls, no math")
 
 
 def reference(gi: np.ndarray, w: np.ndarray, bh: np.ndarray, h0: np.ndarray, steps: int) -> np.ndarray:
@@ -218,8 +370,13 @@ def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, 
     kp = -(-hidden // 32)
     threads = 32 * units
     npl = -(-batch * hidden // threads)
-    src = SOURCE.format(B=batch, H=hidden, U=units, KP=kp, NP=npl, MODE=mode, DEPTH=depth, STAGGER=stagger, REPL=repl)
-    kernel = cp.RawKernel(src, "gru", options=("-std=c++17",))
+    cluster = -(-hidden // units) if mode >= 10 else 0
+    attr = f"__cluster_dims__({cluster}, 1, 1)" if cluster else ""
+    src = SOURCE.format(B=batch, H=hidden, U=units, KP=kp, NP=npl, MODE=mode, DEPTH=depth, STAGGER=stagger, REPL=repl,
+                        ATTR=attr)
+    kernel = cp.RawKernel(src, "gru", options=("-std=c++17", "-arch=sm_90") if cluster else ("-std=c++17",))
+    if cluster > 8:  # past the portable size: CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        cp.cuda.driver.funcSetAttribute(kernel.kernel.ptr, 14, 1)
     rng = np.random.default_rng(0)
     scale = 1 / np.sqrt(hidden)
     gi = rng.uniform(-1, 1, (steps, batch, 3 * hidden)).astype(np.float32)
@@ -240,8 +397,12 @@ def run(cp: object, batch: int, hidden: int, units: int, mode: int, steps: int, 
         hbuf[0] = cp.asarray(h0)
         bar.fill(0)
 
+    gi_bytes = steps * batch * 3 * units * 4 if cluster else 0
+    if gi_bytes:
+        kernel.max_dynamic_shared_size_bytes = gi_bytes
+
     def launch() -> None:
-        kernel(grid, (32, units), (d_gi, d_w, d_bh, out, xch, hbuf, bar, np.int32(steps)))
+        kernel(grid, (32, units), (d_gi, d_w, d_bh, out, xch, hbuf, bar, np.int32(steps)), shared_mem=gi_bytes)
 
     init()
     launch()
@@ -273,7 +434,13 @@ def main() -> None:
     ap.add_argument("--modes", default="1,0,2,3",
                     help="0 flags, 1 barrier, 2 flags without the math, 3 no sync, 6:D:S polls staggered "
                          "(D loads a word in flight, S cycles apart), 7:D:S the same without the math, "
-                         "8:R flags with h in R copies, 9:R the same without the math")
+                         "8:R flags with h in R copies, 9:R the same without the math, "
+                         "10 a thread-block cluster of all blocks, h' stored into every block's shared memory by "
+                         "st.async counted on its mbarrier, 11 the same without the math, 12 plain stores into the "
+                         "cluster and a cluster barrier a step, 13 (value, step tag) words stored into every "
+                         "block's shared memory and polled there, 14 the same without the math, 15 / 16 as 13 / 14 "
+                         "with volatile polls (cluster modes read the input gates from shared memory, loaded "
+                         "before the first step)")
     ap.add_argument("--cases", default="1x256x8,1x256x16,8x512x8,8x512x4,8x1024x8", help="BxHxunits,...")
     args = ap.parse_args()
     ap_modes = [tuple(int(v) for v in m.split(':')) for m in args.modes.split(',')]

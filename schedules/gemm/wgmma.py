@@ -478,12 +478,16 @@ def in_row_order(t: WgmmaTile, m: int, n: int, k: int, tiles: int, b_layout: str
 
 
 def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int) -> int:
-    """The fewest tiles a block (of ``TILES_PER_BLOCK``, dividing the tile rows) whose row-ordered
-    grid has at most ``max_blocks`` blocks (the SMs another kernel leaves free); the most that
-    divide where none is that few; 1 where none divides."""
+    """The fewest tiles a block (of ``TILES_PER_BLOCK``) whose row-ordered grid has at most
+    ``max_blocks`` blocks (the SMs another kernel leaves free): first of those dividing the tile
+    rows (each block then keeps one column), else of those dividing all the tiles (the grid's k-th
+    round still covers one contiguous band of tiles in row order: 14 tile rows of 48 at float32
+    B7 H512, 12 a block); the most that divide the rows where none is that few; 1 where none does."""
     rows, columns = -(-m // t.bm), -(-n // t.bn)
     choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0)
-    return next((x for x in choices if columns * (rows // x) <= max_blocks), choices[-1] if choices else 1)
+    whole = sorted(x for x in TILES_PER_BLOCK if rows * columns % x == 0)
+    return next((x for x in choices if columns * (rows // x) <= max_blocks),
+                next((x for x in whole if rows * columns // x <= max_blocks), choices[-1] if choices else 1))
 
 
 def compile_wgmma(func: Any, target: TargetInfo, config: Config) -> CompiledProgram:

@@ -79,6 +79,8 @@ THREADS_PER_SM = 256  # at most this many threads of the persistent kernel on on
 # From this many flops of layer 0's input GEMM on, float32 runs it as float16 parts on the tensor
 # cores (``split.py``): faster from B8 H512 (1.6 GFLOP) on, not at B1 H256 (docs/results/gru.md)
 SPLIT_MIN_FLOPS = 1e9
+# ... and below it where the step kernel is the stacked split kernel (``SPLIT_FLAGS_STACKED``), which the
+# TF32 GEMM runs beside: float32 B4 H512 (0.8 GFLOP) 0.175 ms against 0.230 with the default tile
 # From this many flops on, a 16-bit input GEMM runs on Hopper's wgmma (``in_wgmma``) rather than its
 # mma.sync tile: faster at B64 H1024 (51.5 GFLOP) and B8 H1024 (6.4), a tie at float16 B8 H512 (1.6 GFLOP;
 # docs/results/gru.md)
@@ -96,14 +98,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     hw = HardwareModel.from_target(target)
     space = template.space(target)
     cuda = target.kind == "cuda"
-    base, gemm_why = _input_gemm(template, base, space, hw.sm_count)
+    stacked_batch, stacked_hidden = SPLIT_FLAGS_STACKED
+    stacked_rule = template.batch >= stacked_batch and template.hidden >= stacked_hidden
+    wants_split_flags = cuda and (template.batch >= SPLIT_FLAGS_BATCH or stacked_rule)
+    base, gemm_why = _input_gemm(template, base, space, hw.sm_count, any_size=wants_split_flags and stacked_rule)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = _tensor_core_step(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
-    stacked_batch, stacked_hidden = SPLIT_FLAGS_STACKED
-    split_flags = (_split_flags_step(template, base, space, hw.sm_count)
-                   if cuda and (template.batch >= SPLIT_FLAGS_BATCH
-                                or template.batch >= stacked_batch and template.hidden >= stacked_hidden) else None)
+    split_flags = _split_flags_step(template, base, space, hw.sm_count) if wants_split_flags else None
     if split_flags is not None:
         split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
         split_flags, stacked = _stacked(split_flags, space)
@@ -198,7 +200,7 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
         placed = placed.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(placed), m, n,
                                                              sm_count - blocks))
         tile = template.counted_gemm_tile(placed)
-        gemm_blocks = n // tile.bn * -(-m // tile.bm // tile.tiles)
+        gemm_blocks = -(-(n // tile.bn * -(-m // tile.bm)) // tile.tiles)
         if blocks + gemm_blocks <= sm_count and space.is_feasible(placed):
             placed, deeper = _deepened(template, placed, space)
             return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks "
@@ -364,10 +366,11 @@ def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config
     return None
 
 
-def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+def _input_gemm(template: Any, base: Config, space: Any, sm_count: int,
+                any_size: bool = False) -> tuple[Config, str]:
     """``base`` with the float32 input GEMM split into float16 parts on the tensor cores where it
-    is large enough to gain (``SPLIT_MIN_FLOPS``), else with its large tile where that gives every
-    SM a block."""
+    is large enough to gain (``SPLIT_MIN_FLOPS``) or ``any_size`` (the stacked split step kernel's
+    shapes), else with its large tile where that gives every SM a block."""
     if template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
         cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
         if space.is_feasible(cfg):
@@ -379,7 +382,7 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple
     large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run
     way = 3 if tf32 is not None else 2 if wgmma is not None else 1
     split = (large if space.is_feasible(large) else base).replace(in_split=way)
-    large_enough = template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS
+    large_enough = any_size or template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS
     if (tf32 or wgmma or tile) is not None and large_enough and space.is_feasible(split):
         if way == 3:
             return split, f"input GEMM: float32 as TF32 parts on the tensor cores ({tf32.name})"

@@ -576,9 +576,10 @@ class GruTemplate(DtypeFields, Template):
         if self.variable_lengths:
             return "step_overlap: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
         m, n = self.gi_shape
-        if -(-m // tile.bm) % tile.tiles:
+        rows, tiles = -(-m // tile.bm), -(-m // tile.bm) * -(-n // tile.bn)
+        if rows % tile.tiles and tiles % tile.tiles:  # every block the same count: its rounds bands of tiles
             return (f"step_overlap {c.step_overlap}: the counting GEMM's {tile.tiles} tiles a block must divide its "
-                    f"{-(-m // tile.bm)} tile rows of {tile.bm}")
+                    f"{rows} tile rows of {tile.bm} or all its {tiles} tiles")
         layout = "NK" if c.in_split else "KN"
         reason = signal_reason(tile, plain_bias=True) or next(  # one tile counts every layer's GEMM
             (r for r in (wgmma_reason(tile, m, n, self.input_depth(i, c), b_layout=layout)
