@@ -75,6 +75,8 @@ CASES = (
     Case("fp32 B4 H512", 4, 512), Case("fp32 B5 H512", 5, 512), Case("fp32 B6 H512", 6, 512),
     Case("fp32 B7 H512", 7, 512), Case("fp32 B6 H1024", 6, 1024),
     Case("fp32 bi B4 H512", 4, 512, bidirectional=True), Case("fp32 bi B6 H512", 6, 512, bidirectional=True),
+    Case("fp32 bi B16 H256", 16, 256, bidirectional=True),
+    Case("fp16 bi B8 H256", 8, 256, dtype="float16", bidirectional=True),
 )
 
 

@@ -113,6 +113,38 @@ def test_pick_counts_the_input_gemm_beside_the_step_kernel_at_batch_4_to_7(batch
     assert t.space(target).infeasible_reason(pick) is None
 
 
+def test_tile_rows_from_both_ends_put_the_last_rows_among_the_first_stored():
+    """``ends`` 2 (a bidirectional GRU's counted GEMM): tile rows in order 0, R-1, 1, R-2, ...,
+    each once, so after round t both the first rows (forward) and the last (reverse) are done;
+    ``ends`` 1 keeps the plain row order."""
+    m, n, bm, bn = 2048, 1536, 128, 32  # float32 bidirectional B16 H256: 16 tile rows of 48
+    base = WgmmaTile(bm, bn, 6, 1, False)
+    for ends in (1, 2):
+        tile = in_row_order(base, m, n, 512, 16, ends=ends)
+        L = KernelLayout.of(tile, m, n, 512, "NK", (), True, 0, signal=True)
+        order = [int(L.tile_row0(r * (n // bn))) // bm for r in range(m // bm)]
+        assert sorted(order) == list(range(m // bm))
+        assert order[:4] == ([0, 15, 1, 14] if ends == 2 else [0, 1, 2, 3])
+        assert all(int(L.tile_row0(r * (n // bn) + c)) == order[r] * bm for r in range(m // bm) for c in (1, 47))
+    assert "ends" in in_row_order(base, m, n, 512, 16, ends=2).name
+
+
+@pytest.mark.parametrize("batch, hidden, precision, overlapped", [(8, 256, HALF, True), (16, 256, HALF, True),
+                                                                  (16, 256, None, False), (8, 512, HALF, False)])
+def test_pick_counts_a_bidirectional_input_gemm_from_both_ends_where_sms_are_left(batch, hidden, precision,
+                                                                                  overlapped):
+    """16-bit, both directions' step blocks (64 at H256, 128 at H512) beside the counted GEMM's
+    where they fit: its tile rows from both ends, so the reverse direction's first steps do not
+    wait for the whole GEMM; float32 input on TF32 parts measured slower so, not counted."""
+    target = offline_cuda()
+    t = _template(batch, hidden, bidirectional=True, precision=precision).with_tensor_cores(target)
+    pick, why = t.analytic_pick(target)
+    assert bool(pick.step_overlap) == overlapped
+    if overlapped:
+        assert t.counted_gemm_tile(pick).ends == 2 and "tile rows from both ends" in why
+        assert t.space(target).infeasible_reason(pick) is None
+
+
 def test_launch_early_tags_the_marked_functions_kernels_only():
     import tvm
     from tvm.script import tirx as T
@@ -290,7 +322,11 @@ GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HA
              "fp32-b8-h256-i1024-2layer-tf32": (Shape(seq=64, batch=8, input=1024, hidden=256, layers=2), None,
                                                 {"in_split": 3, "step_overlap_bn": 0}, 2),
              "fp32-b8-h256-i1024-2layer-tf32-narrow": (Shape(seq=64, batch=8, input=1024, hidden=256, layers=2),
-                                                       None, {"in_split": 3, "step_overlap_bn": 32}, 8)}
+                                                       None, {"in_split": 3, "step_overlap_bn": 32}, 8),
+             # both directions beside the counted GEMM, its tile rows from both ends (not the pick's)
+             "fp32-b16-h256-bi-tf32-ends": (Shape(seq=128, batch=16, input=256, hidden=256, bidirectional=True),
+                                            None, {"in_split": 3, "step_overlap_bn": 32, "step_overlap_stages": 8},
+                                            16)}
 
 
 @pytest.mark.gpu

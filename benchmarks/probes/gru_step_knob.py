@@ -43,15 +43,21 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # float32 at batch 4-7: the flag-exchange kernel's picks, against the split kernel with stacked parts
          ("float32", 5, 512), ("float32", 6, 512), ("float32", 7, 512), ("float32", 4, 1024), ("float32", 6, 1024),
          # float16 at batch 5 and 7: the input GEMM counted where its tiles a block divide all its tiles
-         ("float16", 5, 512), ("float16", 7, 512))
+         ("float16", 5, 512), ("float16", 7, 512),
+         # bidirectional where both directions' step blocks leave SMs for a counted GEMM (its tile rows from
+         # both ends)
+         ("float16", 8, 256, True), ("float32", 16, 256, True), ("float16", 16, 256, True),
+         ("float16", 4, 256, True), ("float16", 8, 128, True), ("float16", 8, 384, True))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 
 
-def weights(rng, hidden):
+def weights(rng, hidden, bidirectional=False):
     g, k = 3 * hidden, 1 / np.sqrt(hidden)
-    return {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
-        ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)), ("bias_hh_l0", (g,)))}
+    return {name + tail: rng.uniform(-k, k, shape).astype(np.float32)
+            for tail in (("", "_reverse") if bidirectional else ("",)) for name, shape in (
+                ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
+                ("bias_hh_l0", (g,)))}
 
 
 def main() -> None:
@@ -74,13 +80,14 @@ def main() -> None:
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
     target = resolve_target("cuda", 0)
     rows = []
-    for dtype, batch, hidden in cases:
+    for dtype, batch, hidden, *bi in cases:
+        bi = bool(bi and bi[0])
         rng = np.random.default_rng(0)
-        w = weights(rng, hidden)
+        w = weights(rng, hidden, bi)
         x = rng.standard_normal((SEQ, batch, hidden)).astype(np.float32)
-        ref = gru_reference(x, w, None, 1, False)
+        ref = gru_reference(x, w, None, 1, bi)
         precision = {name: dtype for name in STORED}
-        template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=SEQ).with_precision(
+        template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=SEQ, bidirectional=bi).with_precision(
             precision).with_tensor_cores(target)
         pick = template.analytic_pick(target)[0]
         grus = {}
@@ -88,7 +95,7 @@ def main() -> None:
             cfg = pick.replace(**variants[sets])
             if not template.space(target).is_feasible(cfg):
                 continue
-            gru = GRU.build(target, hidden, hidden, batch=batch, seq=SEQ, config=cfg,
+            gru = GRU.build(target, hidden, hidden, batch=batch, seq=SEQ, config=cfg, bidirectional=bi,
                             precision=precision).load_numpy(w)
             err = relative_error(list(gru(x)), ref)
             grus[sets] = (gru, err)
@@ -96,8 +103,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for sets, (gru, _) in grus.items():
                 times[sets].append(time_ours(lambda i, gru=gru: gru.executor.run()).seconds * 1e3)
-        row = {"case": f"{dtype} B{batch} H{hidden}", "block": [pick.step_j, pick.step_tc_rows, pick.step_tc_kw,
-                                                               pick.step_tc_nw],
+        row = {"case": f"{dtype}{' bidirectional' if bi else ''} B{batch} H{hidden}",
+               "block": [pick.step_j, pick.step_tc_rows, pick.step_tc_kw, pick.step_tc_nw],
                "ms": {s: statistics.median(v) for s, v in times.items()}, "rounds": times,
                "err": {s: e for s, (_, e) in grus.items()}}
         rows.append(row)

@@ -165,6 +165,7 @@ class WgmmaTile:
     wg_cols: int = 1  # consumer warpgroups across the tile's columns, each bn / wg_cols of them (``wgmma_wg_cols``)
     c_turns: bool = False  # C's own stage 64 rows, the consumer warpgroups' in turn (``wgmma_c_turns``)
     wg_k: int = 1  # consumer warpgroups taking a 64-row tile's k steps in turn (``wgmma_wg_k``)
+    ends: int = 1  # 2: row-major tile rows from both ends in turn (``in_row_order``; no knob)
 
     @property
     def bk(self) -> int:
@@ -198,7 +199,7 @@ class WgmmaTile:
                 f"{' cluster' if self.cluster else ''}{' tma' if self.tma else ''}{' ws' if self.specialized else ''}"
                 f"{' multicast' if self.multicast else ''}{' pdl' if self.pdl else ''}"
                 f"{f' c{self.wg_cols}' if self.wg_cols > 1 else ''}{' turns' if self.c_turns else ''}"
-                f"{f' kw{self.wg_k}' if self.wg_k > 1 else ''}")
+                f"{f' kw{self.wg_k}' if self.wg_k > 1 else ''}{' ends' if self.ends == 2 else ''}")
 
     @property
     def threads(self) -> int:
@@ -465,13 +466,15 @@ def signal_reason(t: WgmmaTile, plain_bias: bool) -> str | None:
     return None
 
 
-def in_row_order(t: WgmmaTile, m: int, n: int, k: int, tiles: int, b_layout: str = "NK") -> WgmmaTile:
+def in_row_order(t: WgmmaTile, m: int, n: int, k: int, tiles: int, b_layout: str = "NK",
+                 ends: int = 1) -> WgmmaTile:
     """``t`` with its C tiles stored tile row by tile row, for a kernel that reads C's rows in
     order while this one runs (``signal``): row-major, ``tiles`` a block, so that with ``tiles``
     dividing the tile rows block b computes column b % (n / bn) of every g-th tile row in turn
-    (g = blocks / columns) and the tile rows are done in bands of g; without the shared-memory
+    (g = blocks / columns) and the tile rows are done in bands of g; ``ends`` 2: the rows from
+    both ends in turn, for readers from the first and from the last; without the shared-memory
     epilogue where several tiles a block leave it no room (``wgmma_reason`` says what else)."""
-    ordered = replace(t, raster=0, tiles=tiles)
+    ordered = replace(t, raster=0, tiles=tiles, ends=ends)
     if wgmma_reason(ordered, m, n, k, b_layout=b_layout) is not None and ordered.smem_epilogue:
         return replace(ordered, smem_epilogue=False)
     return ordered

@@ -49,6 +49,7 @@ class Tile(Protocol):
     wg_cols: int
     c_turns: bool
     wg_k: int
+    ends: int
 
     @property
     def bk(self) -> int: ...
@@ -146,6 +147,7 @@ class KernelLayout:
     # none): the tile's, or 64 the consumer warpgroups take in turn (``c_turns``)
     c_stage_rows: int = 0
     wg_k: int = 1  # consumer warpgroups taking the k steps in turn (``k_parity``, ``k_sums_at``)
+    ends: int = 1  # row-major tiles' rows taken from the first, or with 2 from both ends in turn (``tile_row0``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
@@ -164,7 +166,7 @@ class KernelLayout:
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
-                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0, wg_k=cfg.wg_k)
+                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0, wg_k=cfg.wg_k, ends=cfg.ends)
 
     # sizes derived from the fields
     @property
@@ -463,9 +465,16 @@ class KernelLayout:
         return self.c_tile(tile) % self.per_matrix if self.lead else self.c_tile(tile)
 
     def tile_row0(self, tile: Any) -> Any:
-        """The first row of C tile ``tile`` (tiles numbered in raster order)."""
-        return (self.in_matrix(tile) // (self.group * self.grid_n) * self.group
-                + self.in_matrix(tile) % self.group) * self.bm
+        """The first row of C tile ``tile`` (tiles numbered in raster order); with ``ends`` 2
+        (row-major) the tile rows in order 0, R - 1, 1, R - 2, ...: a kernel reading C's rows
+        from the first and one reading them from the last (a bidirectional GRU's two directions)
+        both find theirs among the first stored."""
+        row = (self.in_matrix(tile) // (self.group * self.grid_n) * self.group
+               + self.in_matrix(tile) % self.group)
+        if self.ends == 2:
+            last = -(-self.m // self.bm) - 1
+            row = row % 2 * (last - row // 2) + (1 - row % 2) * (row // 2)
+        return row * self.bm
 
     def tile_col0(self, tile: Any) -> Any:
         return self.in_matrix(tile) % (self.group * self.grid_n) // self.group * self.bn

@@ -186,10 +186,11 @@ NARROW_COUNTED_BN = 32
 def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
     """``cfg`` with its step kernel launched while its input GEMM runs (``step_overlap``; the
     GEMM on wgmma, taken for it by 16-bit inputs) where the GEMM's blocks and the step kernel's fit
-    the SMs side by side and the GRU runs one direction (a reverse direction's first step needs
-    the GEMM's last rows), and the why's words for it ("" where it stays as it was).  float16 B8
-    H512: 0.152 ms against 0.172 (docs/results/gru.md)."""
-    if template.bidirectional:
+    the SMs side by side, and the why's words for it ("" where it stays as it was).  float16 B8
+    H512: 0.152 ms against 0.172.  Both directions with 16-bit input only (the GEMM's tile rows
+    from both ends, the reverse direction's first step reading the last): float16 B8 / B16 H256
+    1 % / 3 % faster, float32 B16 H256 on TF32 parts 5 % slower (docs/results/gru.md)."""
+    if template.bidirectional and cfg.in_split:
         return cfg, ""
     early = cfg.replace(step_overlap=1, **({} if cfg.in_split or cfg.in_wgmma else {"in_wgmma": 1}))
     if not space.is_feasible(early):
@@ -203,9 +204,10 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
         gemm_blocks = -(-(n // tile.bn * -(-m // tile.bm)) // tile.tiles)
         if blocks + gemm_blocks <= sm_count and space.is_feasible(placed):
             placed, deeper = _deepened(template, placed, space)
+            ends = ", tile rows from both ends" if template.bidirectional else ""
             return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks "
                             f"({template.counted_gemm_tile(placed).name}{', columns narrowed' if bn else ''}"
-                            f"{deeper}) beside the step kernel's {blocks}, which waits for each step's rows")
+                            f"{deeper}{ends}) beside the step kernel's {blocks}, which waits for each step's rows")
     return cfg, ""
 
 

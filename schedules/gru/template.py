@@ -546,7 +546,7 @@ class GruTemplate(DtypeFields, Template):
         if config.step_overlap_stages:
             tile = replace(tile, stages=config.step_overlap_stages)
         return in_row_order(tile, *self.gi_shape, self.counted_depth(config), config.step_overlap,
-                            "NK" if config.in_split else "KN")
+                            "NK" if config.in_split else "KN", ends=2 if self.bidirectional else 1)
 
     def counted_depth(self, config: Config) -> int:
         """Layer 0's input GEMM depth (its float16 or TF32 parts' with ``in_split``)."""
