@@ -47,7 +47,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # bidirectional where both directions' step blocks leave SMs for a counted GEMM (its tile rows from
          # both ends)
          ("float16", 8, 256, True), ("float32", 16, 256, True), ("float16", 16, 256, True),
-         ("float16", 4, 256, True), ("float16", 8, 128, True), ("float16", 8, 384, True))
+         ("float16", 4, 256, True), ("float16", 8, 128, True), ("float16", 8, 384, True),
+         # 16-bit at H1024 and batch 2-16: 8-unit blocks (128) against 16-unit ones with the GEMM counted beside
+         ("float16", 4, 1024), ("float16", 16, 1024), ("bfloat16", 8, 1024), ("float16", 2, 1024))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 
