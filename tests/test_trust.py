@@ -239,11 +239,23 @@ def test_a_claim_of_another_host_is_honoured_within_its_lease(tmp_path):
 
 # ---- the command line ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content", [b"just some text\n", bytes(range(256)) * 4])
-def test_a_model_file_that_is_not_python_is_one_error_line(tmp_path, content):
-    path = tmp_path / ("x.txt" if content[:1] == b"j" else "x.bin")
+@pytest.mark.parametrize("name, content", [("x.py", b"just some text\n"), ("x.py", bytes(range(256)) * 4)])
+def test_a_model_file_that_is_not_python_is_one_error_line(tmp_path, name, content):
+    path = tmp_path / name
     path.write_bytes(content)
     one_error_line(run(["model", str(path), "--records", str(tmp_path / "r.jsonl")]), f"cannot import {path}")
+
+
+@pytest.mark.parametrize("name", ["weights.txt", "model.bin", "model"])
+def test_a_file_not_named_as_a_model_is_refused_and_never_run(tmp_path, name):
+    """Only FILE.py is run as code: Python in a file of another name (a text or weights file
+    passed by mistake) is refused with one line, and what it would do does not happen."""
+    marker = tmp_path / "ran"
+    path = tmp_path / name
+    path.write_text(f"open({str(marker)!r}, 'w').write('x')\ndef get_module():\n    return None\n")
+    one_error_line(run(["model", str(path), "--records", str(tmp_path / "r.jsonl")]),
+                   f"{path}: a model file is Python (.py), ONNX (.onnx) or a torch.export program (.pt2)")
+    assert not marker.exists()
 
 
 def test_buffers_beyond_host_memory_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):

@@ -196,8 +196,8 @@ class ExportedProgramModel(OnnxModel):
 
 def load_model_file(path: str) -> Any:
     """Import FILE.py as a module (an ONNX file becomes an ``OnnxModel``, a ``.pt2`` file an
-    ``ExportedProgramModel``); a clear error when it is missing, not Python (a text or binary
-    file) or lacks get_module."""
+    ``ExportedProgramModel``); a clear error when it is missing, named otherwise (a text or
+    weights file is never run as code), not Python, or lacks get_module."""
     if not os.path.isfile(path):
         raise TvmExtError(f"model file {path} does not exist")
     from ..core.records import check_regular_file
@@ -207,8 +207,11 @@ def load_model_file(path: str) -> Any:
         return OnnxModel(path)
     if path.lower().endswith(".pt2"):
         return ExportedProgramModel(path)
-    # Loaded as Python source whatever its name ends with: a file that is not Python fails to
-    # compile, which is bad input (one line), never an import machinery error.
+    if not path.lower().endswith(".py"):
+        raise TvmExtError(f"{path}: a model file is Python (.py), ONNX (.onnx) or a torch.export program (.pt2); "
+                          f"other files are not run")
+    # A .py file that is not Python fails to compile: bad input (one line), never an import
+    # machinery error.
     name = "tvm_ext_user_model"
     loader = importlib.machinery.SourceFileLoader(name, os.path.abspath(path))
     try:
