@@ -188,8 +188,9 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     GEMM on wgmma, taken for it by 16-bit inputs) where the GEMM's blocks and the step kernel's fit
     the SMs side by side, and the why's words for it ("" where it stays as it was).  float16 B8
     H512: 0.152 ms against 0.172.  Both directions with 16-bit input only (the GEMM's tile rows
-    from both ends, the reverse direction's first step reading the last): float16 B8 / B16 H256
-    1 % / 3 % faster, float32 B16 H256 on TF32 parts 5 % slower (docs/results/gru.md)."""
+    from both ends, the reverse direction's first step reading the last): float16 bidirectional
+    B4 H256 14 % faster, B8 H128 / H384 10 %, B16 H256 3-4 %, B8 H256 level; float32 B16 H256 on
+    TF32 parts 5 % slower (docs/results/gru.md)."""
     if template.bidirectional and cfg.in_split:
         return cfg, ""
     early = cfg.replace(step_overlap=1, **({} if cfg.in_split or cfg.in_wgmma else {"in_wgmma": 1}))
