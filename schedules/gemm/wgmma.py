@@ -480,6 +480,13 @@ def in_row_order(t: WgmmaTile, m: int, n: int, k: int, tiles: int, b_layout: str
     return ordered
 
 
+def row_order_divides(rows: int, columns: int, tiles: int) -> bool:
+    """Whether ``tiles`` a block give every block of a row-ordered grid of ``rows`` x ``columns``
+    tiles the same count: they divide the tile rows (each block keeps one column) or all the tiles
+    (each round of the grid still stores one contiguous band of tiles in row order)."""
+    return rows % tiles == 0 or rows * columns % tiles == 0
+
+
 def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int) -> int:
     """The fewest tiles a block (of ``TILES_PER_BLOCK``) whose row-ordered grid has at most
     ``max_blocks`` blocks (the SMs another kernel leaves free): first of those dividing the tile
@@ -488,7 +495,7 @@ def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int) -> int:
     B7 H512, 12 a block); the most that divide the rows where none is that few; 1 where none does."""
     rows, columns = -(-m // t.bm), -(-n // t.bn)
     choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0)
-    whole = sorted(x for x in TILES_PER_BLOCK if rows * columns % x == 0)
+    whole = sorted(x for x in TILES_PER_BLOCK if row_order_divides(rows, columns, x))
     return next((x for x in choices if columns * (rows // x) <= max_blocks),
                 next((x for x in whole if rows * columns // x <= max_blocks), choices[-1] if choices else 1))
 

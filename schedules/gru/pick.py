@@ -101,7 +101,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     stacked_batch, stacked_hidden = SPLIT_FLAGS_STACKED
     stacked_rule = template.batch >= stacked_batch and template.hidden >= stacked_hidden
     wants_split_flags = cuda and (template.batch >= SPLIT_FLAGS_BATCH or stacked_rule)
-    base, gemm_why = _input_gemm(template, base, space, hw.sm_count, any_size=wants_split_flags and stacked_rule)
+    base, gemm_why = _input_gemm(template, base, space, hw.sm_count, any_size=cuda and stacked_rule)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = _tensor_core_step(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE

@@ -25,8 +25,8 @@ from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGem
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps, split_a_func
-from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, promote_reason, signal_reason, wgmma_gemm,
-                                         wgmma_reason)
+from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, promote_reason, row_order_divides, signal_reason,
+                                         wgmma_gemm, wgmma_reason)
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.core.space import Config, Space
@@ -576,10 +576,10 @@ class GruTemplate(DtypeFields, Template):
         if self.variable_lengths:
             return "step_overlap: variable lengths hold gi's rows in a kernel between the GEMM and the steps"
         m, n = self.gi_shape
-        rows, tiles = -(-m // tile.bm), -(-m // tile.bm) * -(-n // tile.bn)
-        if rows % tile.tiles and tiles % tile.tiles:  # every block the same count: its rounds bands of tiles
+        rows, columns = -(-m // tile.bm), -(-n // tile.bn)
+        if not row_order_divides(rows, columns, tile.tiles):
             return (f"step_overlap {c.step_overlap}: the counting GEMM's {tile.tiles} tiles a block must divide its "
-                    f"{rows} tile rows of {tile.bm} or all its {tiles} tiles")
+                    f"{rows} tile rows of {tile.bm} or all its {rows * columns} tiles")
         layout = "NK" if c.in_split else "KN"
         reason = signal_reason(tile, plain_bias=True) or next(  # one tile counts every layer's GEMM
             (r for r in (wgmma_reason(tile, m, n, self.input_depth(i, c), b_layout=layout)
