@@ -77,6 +77,7 @@ CASES = (
     Case("fp32 bi B4 H512", 4, 512, bidirectional=True), Case("fp32 bi B6 H512", 6, 512, bidirectional=True),
     Case("fp32 bi B16 H256", 16, 256, bidirectional=True),
     Case("fp16 bi B8 H256", 8, 256, dtype="float16", bidirectional=True),
+    Case("fp16 B16 H1024", 16, 1024, dtype="float16"), Case("bf16 B8 H1024", 8, 1024, dtype="bfloat16"),
 )
 
 

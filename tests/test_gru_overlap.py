@@ -113,6 +113,23 @@ def test_pick_counts_the_input_gemm_beside_the_step_kernel_at_batch_4_to_7(batch
     assert t.space(target).infeasible_reason(pick) is None
 
 
+@pytest.mark.parametrize("batch, dtype, units, counted", [(8, "float16", 16, True), (8, "bfloat16", 16, True),
+                                                        (16, "float16", 8, False), (4, "float16", 8, False)])
+def test_pick_widens_8_unit_blocks_to_count_the_input_gemm_beside_them_at_batch_8(batch, dtype, units, counted):
+    """16-bit H1024: 128 blocks of 8 units leave no SMs for a counted GEMM; at batch 8 the pick
+    takes 16 units a block with the same warps and counts the GEMM beside their 64 blocks (2-3 %
+    faster); at B4, B16 and bidirectional B8 H512 the wider blocks cost more than the GEMM they hide."""
+    target = offline_cuda()
+    t = _template(batch, 1024, precision={name: dtype for name in HALF}).with_tensor_cores(target)
+    pick, why = t.analytic_pick(target)
+    assert (pick.step_j, bool(pick.step_overlap)) == (units, counted)
+    assert pick.step_tc_kw == 8 and t.space(target).infeasible_reason(pick) is None
+    if counted:
+        assert t.step_variant(pick).shape.blocks == 64 and "beside the step kernel's 64" in why
+    both = _template(8, 512, bidirectional=True, precision={name: dtype for name in HALF}).with_tensor_cores(target)
+    assert (both.analytic_pick(target)[0].step_j, both.analytic_pick(target)[0].step_overlap) == (8, 0)
+
+
 def test_tile_rows_from_both_ends_put_the_last_rows_among_the_first_stored():
     """``ends`` 2 (a bidirectional GRU's counted GEMM): tile rows in order 0, R-1, 1, R-2, ...,
     each once, so after round t both the first rows (forward) and the last (reverse) are done;
@@ -323,6 +340,9 @@ GPU_CASES = {"fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HA
                                                 {"in_split": 3, "step_overlap_bn": 0}, 2),
              "fp32-b8-h256-i1024-2layer-tf32-narrow": (Shape(seq=64, batch=8, input=1024, hidden=256, layers=2),
                                                        None, {"in_split": 3, "step_overlap_bn": 32}, 8),
+             # 8-unit blocks widened to 16 so the GEMM is counted beside them (the pick's)
+             "fp16-b8-h1024-16units": (Shape(seq=128, batch=8, input=1024, hidden=1024), HALF,
+                                       {"in_wgmma": 1, "step_j": 16}, 4),
              # both directions beside the counted GEMM, its tile rows from both ends (not the pick's)
              "fp32-b16-h256-bi-tf32-ends": (Shape(seq=128, batch=16, input=256, hidden=256, bidirectional=True),
                                             None, {"in_split": 3, "step_overlap_bn": 32, "step_overlap_stages": 8},

@@ -49,7 +49,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 8, 256, True), ("float32", 16, 256, True), ("float16", 16, 256, True),
          ("float16", 4, 256, True), ("float16", 8, 128, True), ("float16", 8, 384, True),
          # 16-bit at H1024 and batch 2-16: 8-unit blocks (128) against 16-unit ones with the GEMM counted beside
-         ("float16", 4, 1024), ("float16", 16, 1024), ("bfloat16", 8, 1024), ("float16", 2, 1024))
+         ("float16", 4, 1024), ("float16", 16, 1024), ("bfloat16", 8, 1024), ("float16", 2, 1024),
+         # bidirectional 16-bit B8 H512: both directions' 8-unit blocks (128) against 16-unit ones, GEMM counted
+         ("float16", 8, 512, True), ("bfloat16", 8, 512, True))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

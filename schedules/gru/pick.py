@@ -127,6 +127,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
     if tensor_core is not None:
         tensor_core, early = _overlapped(template, tensor_core, space, hw.sm_count)
+        if not early:
+            tensor_core, early = _wider_counted(template, tensor_core, space, hw.sm_count)
         tensor_core, warp = _warp_h(template, tensor_core, space)
         if early and not base.in_wgmma:
             gemm_why = f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name})"
@@ -275,6 +277,11 @@ W_HELD_ACC_SETS = 2  # accumulator sets with W_hh's fragments in registers (floa
 # 32-unit blocks on 4 unit warps split k over this many warps, the fragments of as many k slices as fit in
 # WIDE_W_REGISTERS a lane loaded from global memory (step_tc_wreg 3; float16 B64 H1024 0.447 ms against
 # 0.555 on one k warp holding 96 registers' worth: docs/results/gru.md)
+# Blocks of TC_FEWEST_UNITS whose grid leaves no SMs for a counted input GEMM take twice the units at this
+# batch, one direction only, the GEMM counted beside them (``_wider_counted``): 2-3 % faster at 16-bit B8
+# H1024; 20 % slower at B4 (the GEMM half as large), 6 % at B16, 8 % at bidirectional B8 H512
+# (docs/results/gru.md)
+WIDER_COUNTED_BATCH = 8
 WIDE_K_WARPS = 2
 WIDE_W_REGISTERS = 160
 
@@ -307,6 +314,21 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
             return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
                                      cfg.replace(step_tc_wreg=2), cfg), space)
     return None
+
+
+def _wider_counted(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+    """``cfg`` of ``TC_FEWEST_UNITS`` units a block, whose grid leaves no SMs for a counted input
+    GEMM, with twice the units a block (half the blocks, the same warps) and the GEMM counted
+    beside them at ``WIDER_COUNTED_BATCH`` rows, one direction, where that fits; and the why's
+    words ("" where ``cfg`` stays).  float16 / bfloat16 B8 H1024: 0.222 ms against 0.228 / 0.227;
+    at B4, B16 and bidirectional B8 H512 the wider blocks cost more than the GEMM they hide
+    (docs/results/gru.md)."""
+    wider = cfg.replace(step_j=2 * TC_FEWEST_UNITS)
+    if (cfg.step_j != TC_FEWEST_UNITS or template.batch != WIDER_COUNTED_BATCH or template.bidirectional
+            or not space.is_feasible(wider)):
+        return cfg, ""
+    counted, early = _overlapped(template, wider, space, sm_count)
+    return (counted, early) if early else (cfg, "")
 
 
 def _held_and_paired(held: tuple[Config, ...], space: Any) -> Config | None:
