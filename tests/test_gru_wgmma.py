@@ -91,13 +91,14 @@ def test_bfloat16_input_gemm_runs_wgmma_of_bfloat16_operands():
     assert "w_ih must be bfloat16" in reason
 
 
-@pytest.mark.parametrize("batch, hidden, on_wgmma, overlap", [(64, 1024, 1, 0), (32, 1024, 1, 0), (8, 1024, 1, 0),
-                                                              (8, 512, 1, 1), (1, 256, 0, 0)])
+@pytest.mark.parametrize("batch, hidden, on_wgmma, overlap", [(64, 1024, 1, 0), (32, 1024, 1, 0), (8, 1024, 1, 1),
+                                                              (16, 1024, 1, 0), (8, 512, 1, 1), (1, 256, 0, 0)])
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
 def test_pick_runs_large_float16_input_gemms_on_wgmma(batch, hidden, on_wgmma, overlap, precision):
     """From ``WGMMA_MIN_FLOPS`` on (B8 H1024's 6.4 GFLOP measured faster there), float16 or
     bfloat16; below it where the step kernel launches while the GEMM runs (``step_overlap``: B8
-    H512's 1.6 GFLOP, a tie on its own, counts its rows there)."""
+    H512's 1.6 GFLOP, a tie on its own, counts its rows there). B8 H1024 counts its rows beside
+    16-unit step blocks; B16 H1024's 128 blocks of 8 units leave no SMs for that."""
     target = offline_cuda()
     t = _template(batch, hidden, precision=HALF if precision == "float16" else BF16).with_tensor_cores(target)
     cfg, why = t.analytic_pick(target)
