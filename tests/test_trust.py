@@ -258,6 +258,18 @@ def test_a_file_not_named_as_a_model_is_refused_and_never_run(tmp_path, name):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("name, message", [("bad.onnx", "bad.onnx is not a valid ONNX model"),
+                                           ("bad.pt2", "bad.pt2 is not a torch.export program (.pt2)")])
+def test_an_import_that_does_not_parse_is_its_own_one_line(tmp_path, name, message):
+    """An ONNX or .pt2 file that does not parse: the import's reason, naming the file, is the
+    error line as it is (not wrapped as something a model file's code raised)."""
+    path = tmp_path / name
+    path.write_bytes(b"\x00\x01 not a model")
+    p = run(["model", str(path), "--records", str(tmp_path / "r.jsonl")])
+    one_error_line(p, message)
+    assert "get_module" not in p.stderr and not (tmp_path / "r.jsonl").exists()
+
+
 def test_buffers_beyond_host_memory_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
     from tvm_ext.cli import cli_checks
     from tvm_ext.tune import main

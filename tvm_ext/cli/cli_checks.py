@@ -137,6 +137,8 @@ def model_module(user: Any, path: str, **options: str) -> Any:
 
     try:
         mod = user.get_module(**options)
+    except TvmExtError:  # an import's own refusal (an ONNX or .pt2 file that does not parse) says it all
+        raise
     except Exception as exc:  # the user's code: any failure is bad input, not our crash
         first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
         raise TvmExtError(f"{path}: get_module() raised {first}") from None
