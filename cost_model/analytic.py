@@ -33,7 +33,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from tvm_ext.core.errors import TvmExtError
-from tvm_ext.core.space import Config
+from tvm_ext.core.space import Config, Knob
 from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template
 
@@ -128,14 +128,16 @@ def default_candidates(template: Template, target: TargetInfo) -> list[Config]:
     hw = HardwareModel.from_target(target)
     tile_choices = [space.knob(n).choices for n in TILE_KNOBS]
     others = [k for k in space.names if k not in TILE_KNOBS]
-    variants = list(itertools.product(*(space.knob(n).choices for n in others)))
-    table = np.array(variants, dtype=object)
+    other_knobs = [space.knob(n) for n in others]
+    variants = list(itertools.product(*(k.choices for k in other_knobs)))
+    # the variants as their choices' indices, the policy's values likewise (-1: none of the choices)
+    table = np.array(list(itertools.product(*(range(len(k.choices)) for k in other_knobs))), dtype=np.int64)
     out = []
     for tile in itertools.product(*tile_choices):
         base = dict(zip(TILE_KNOBS, tile))
         probe = Config(tuple((n, base.get(n, space.knob(n).choices[0])) for n in space.names))
         want = policy(probe, hw)
-        target_row = np.array([want.get(k, object()) for k in others], dtype=object)
+        target_row = np.array([_choice_index(k, want[k.name]) if k.name in want else -1 for k in other_knobs])
         mismatch = (table != target_row).sum(axis=1)
         for i in np.argsort(mismatch, kind="stable"):
             cfg = space.make(**base, **dict(zip(others, variants[i])))
@@ -143,6 +145,14 @@ def default_candidates(template: Template, target: TargetInfo) -> list[Config]:
                 out.append(cfg)
                 break
     return out
+
+
+def _choice_index(knob: Knob, value: object) -> int:
+    """The index of ``value`` among ``knob``'s choices, -1 where it is none of them."""
+    try:
+        return knob.index(value)
+    except TvmExtError:
+        return -1
 
 
 def measure_candidates(template: Template, target: TargetInfo, configs: Sequence[Config],

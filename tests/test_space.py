@@ -34,6 +34,35 @@ def test_config_is_frozen_hashable_and_readable():
     assert cfg.replace(wg_x=16).wg_x == 16 and cfg.wg_x == 8
 
 
+def test_config_reads_each_knob_by_name_as_its_items_say_and_after_pickling():
+    """A knob's value is read by name in one lookup: the first of a repeated name, as the items
+    are read; a knob named like a Config method leaves the method in place; a missing knob is an
+    AttributeError (KeyError by index); a pickled config reads and compares the same."""
+    import pickle
+
+    cfg = Config((("a", 1), ("replace", 2), ("a", 3)))
+    assert cfg.a == 1 and cfg["a"] == 1 and cfg["replace"] == 2
+    assert cfg.replace(a=5)["a"] == 5  # the method, not the knob's value
+    with pytest.raises(AttributeError):
+        _ = cfg.b
+    with pytest.raises(KeyError):
+        cfg["b"]
+    with pytest.raises(AttributeError):  # still frozen
+        cfg.a = 5  # type: ignore[misc]
+    back = pickle.loads(pickle.dumps(Config.of({"wg_x": 8, "wg_y": 4})))
+    assert back.wg_x == 8 and back == Config.of({"wg_y": 4, "wg_x": 8})
+
+
+def test_knob_index_matches_the_choices_by_equality():
+    """A choice's index by one lookup, with the tuple's equality (True is 1); a value that is
+    none of the choices, hashable or not, is the error naming the allowed values."""
+    knob = Knob("k", (0, 1, 4))
+    assert [knob.index(v) for v in (0, 1, 4, True, 4.0)] == [0, 1, 2, 1, 2]
+    for bad in (3, [1], "1"):
+        with pytest.raises(TvmExtError, match="allowed values: 0, 1, 4"):
+            knob.index(bad)
+
+
 def test_bad_knob_value_names_the_allowed_values():
     space = GemmTemplate(64, 64, 64).space(offline_cuda())
     with pytest.raises(TvmExtError, match="allowed values: 1, 2, 4, 8, 16, 32"):

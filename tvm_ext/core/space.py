@@ -7,6 +7,7 @@ mark configs infeasible *before* anything is built.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -31,7 +32,15 @@ class Knob:
         if len(set(self.choices)) != len(self.choices):
             raise ValueError(f"knob {self.name!r} has duplicate choices {self.choices}")
 
+    @cached_property
+    def _positions(self) -> dict[Any, int]:
+        return {choice: i for i, choice in reversed(list(enumerate(self.choices)))}
+
     def index(self, value: Any) -> int:
+        try:
+            return self._positions[value]
+        except (KeyError, TypeError):
+            pass
         try:
             return self.choices.index(value)
         except ValueError:
@@ -51,6 +60,15 @@ class Config:
 
     items: tuple[tuple[str, Any], ...]
 
+    def __post_init__(self) -> None:
+        # each knob's value by name (the first of a repeated name, as the items are read), and as an
+        # attribute where the class has none of that name, so that ``cfg.knob`` is a plain lookup:
+        # the feasibility checks read knobs millions of times
+        values = dict(reversed(self.items))
+        object.__setattr__(self, "_values", values)
+        taken = _CONFIG_NAMES if type(self) is Config else frozenset(dir(type(self))) | {"_values"}
+        self.__dict__.update({k: v for k, v in values.items() if k not in taken})
+
     def _key(self) -> tuple[tuple[str, Any], ...]:
         return tuple(sorted(self.items, key=lambda kv: kv[0]))
 
@@ -65,14 +83,11 @@ class Config:
         return cls(tuple(mapping.items()))
 
     def __getitem__(self, name: str) -> Any:
-        for key, value in self.items:
-            if key == name:
-                return value
-        raise KeyError(name)
+        return self.__dict__["_values"][name]
 
     def __getattr__(self, name: str) -> Any:
         # Lets templates write ``cfg.wg_x``; dataclass fields resolve first.
-        if name.startswith("__"):
+        if name.startswith("_"):
             raise AttributeError(name)
         try:
             return self[name]
@@ -94,6 +109,8 @@ class Config:
         return " ".join(f"{k}={v}" for k, v in self.items)
 
 
+_CONFIG_NAMES = frozenset(dir(Config)) | {"_values"}  # names a knob's value must not shadow
+
 Constraint = Callable[[Config], "str | None"]
 """Returns ``None`` when the config is allowed, else the reason it is not."""
 
@@ -105,7 +122,7 @@ class Space:
     knobs: tuple[Knob, ...]
     constraints: tuple[Constraint, ...] = field(default=(), compare=False)
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.knobs)
 
@@ -140,12 +157,12 @@ class Space:
 
     def make(self, **values: Any) -> Config:
         """A config from keyword values, validated against the choices."""
-        config = Config(tuple((k.name, values[k.name]) for k in self.knobs if k.name in values))
-        missing = set(self.names) - set(values)
+        missing = set(self.names).difference(values)
         if missing:
             raise TvmExtError(f"config is missing knobs {sorted(missing)}")
-        self.encode(config)
-        return config
+        for k in self.knobs:
+            k.index(values[k.name])  # each value one of its knob's choices
+        return Config(tuple((k.name, values[k.name]) for k in self.knobs))
 
     def completed(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """``values`` (a config written by an earlier version of this space: a record, a bucket
