@@ -274,14 +274,14 @@ TC_FEWEST_UNITS = 8  # blocks of this many units only where their grid has at mo
 # H1024 0.255-0.258 ms against 0.271 on 4; at H512 (4 slices a warp) 1-8 % slower (docs/results/gru.md)
 TC_EIGHT_K_WARPS_HIDDEN = 1024
 W_HELD_ACC_SETS = 2  # accumulator sets with W_hh's fragments in registers (float16 B8 H512: 0.198 ms, one set 0.207)
-# 32-unit blocks on 4 unit warps split k over this many warps, the fragments of as many k slices as fit in
-# WIDE_W_REGISTERS a lane loaded from global memory (step_tc_wreg 3; float16 B64 H1024 0.447 ms against
-# 0.555 on one k warp holding 96 registers' worth: docs/results/gru.md)
 # Blocks of TC_FEWEST_UNITS whose grid leaves no SMs for a counted input GEMM take twice the units at this
 # batch, one direction only, the GEMM counted beside them (``_wider_counted``): 2-3 % faster at 16-bit B8
 # H1024; 20 % slower at B4 (the GEMM half as large), 6 % at B16, 8 % at bidirectional B8 H512
 # (docs/results/gru.md)
 WIDER_COUNTED_BATCH = 8
+# 32-unit blocks on 4 unit warps split k over this many warps, the fragments of as many k slices as fit in
+# WIDE_W_REGISTERS a lane loaded from global memory (step_tc_wreg 3; float16 B64 H1024 0.447 ms against
+# 0.555 on one k warp holding 96 registers' worth: docs/results/gru.md)
 WIDE_K_WARPS = 2
 WIDE_W_REGISTERS = 160
 
@@ -323,9 +323,10 @@ def _wider_counted(template: Any, cfg: Config, space: Any, sm_count: int) -> tup
     words ("" where ``cfg`` stays).  float16 / bfloat16 B8 H1024: 0.222 ms against 0.228 / 0.227;
     at B4, B16 and bidirectional B8 H512 the wider blocks cost more than the GEMM they hide
     (docs/results/gru.md)."""
+    if cfg.step_j != TC_FEWEST_UNITS or template.batch != WIDER_COUNTED_BATCH or template.bidirectional:
+        return cfg, ""
     wider = cfg.replace(step_j=2 * TC_FEWEST_UNITS)
-    if (cfg.step_j != TC_FEWEST_UNITS or template.batch != WIDER_COUNTED_BATCH or template.bidirectional
-            or not space.is_feasible(wider)):
+    if not space.is_feasible(wider):
         return cfg, ""
     counted, early = _overlapped(template, wider, space, sm_count)
     return (counted, early) if early else (cfg, "")

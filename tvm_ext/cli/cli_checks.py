@@ -131,17 +131,23 @@ def check_out_dir(path: str, option: str = "--out") -> None:
         raise TvmExtError(f"{option} {path}: {probe} is not writable")
 
 
+def call_user(user: Any, path: str, name: str, *args: Any, **options: str) -> Any:
+    """A function of the model file; what it raises is bad input (one line), not our crash. Our
+    own refusal (an ONNX or .pt2 file that does not parse) is its line as it is."""
+    try:
+        return getattr(user, name)(*args, **options)
+    except TvmExtError:
+        raise
+    except Exception as exc:
+        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        raise TvmExtError(f"{path}: {name}() raised {first}") from None
+
+
 def model_module(user: Any, path: str, **options: str) -> Any:
     """``get_module(**options)`` of a model file, or the reason it gave no Relax module."""
     import tvm
 
-    try:
-        mod = user.get_module(**options)
-    except TvmExtError:  # an import's own refusal (an ONNX or .pt2 file that does not parse) says it all
-        raise
-    except Exception as exc:  # the user's code: any failure is bad input, not our crash
-        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        raise TvmExtError(f"{path}: get_module() raised {first}") from None
+    mod = call_user(user, path, "get_module", **options)
     if not isinstance(mod, tvm.IRModule):
         raise TvmExtError(f"{path}: get_module() returned {type(mod).__name__}, expected a Relax IRModule")
     return mod

@@ -236,24 +236,13 @@ def model_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
-def call_user(user: Any, path: str, name: str, *args: Any, **options: str) -> Any:
-    """A function of the model file; what it raises is bad input (one line), not our crash."""
-    try:
-        return getattr(user, name)(*args, **options)
-    except TvmExtError:
-        raise
-    except Exception as exc:
-        first = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        raise TvmExtError(f"{path}: {name}() raised {first}") from None
-
-
 def run_model(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ..relax.buckets import BucketedModel, Buckets, check_buckets, tune_buckets
     from ..relax.pipeline import load_model, summary, tune_relax
     from ..target import resolve_target
-    from .cli_checks import model_module
+    from .cli_checks import call_user, model_module
 
     options = session_options(args)
     extra = model_options(args.model_option)

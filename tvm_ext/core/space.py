@@ -34,7 +34,7 @@ class Knob:
 
     @cached_property
     def _positions(self) -> dict[Any, int]:
-        return {choice: i for i, choice in reversed(list(enumerate(self.choices)))}
+        return {choice: i for i, choice in enumerate(self.choices)}  # unique: __post_init__
 
     def index(self, value: Any) -> int:
         try:
