@@ -78,6 +78,15 @@ CASES = (
     Case("fp32 bi B16 H256", 16, 256, bidirectional=True),
     Case("fp16 bi B8 H256", 8, 256, dtype="float16", bidirectional=True),
     Case("fp16 B16 H1024", 16, 1024, dtype="float16"), Case("bf16 B8 H1024", 8, 1024, dtype="bfloat16"),
+    Case("fp16 B2 H1024", 2, 1024, dtype="float16"),
+    # past H1024 (DeepSpeech2-sized layers): W_hh no longer fits the SMs as the tensor-core step kernel holds it
+    Case("fp16 B8 H2048", 8, 2048, dtype="float16"), Case("fp16 B16 H2048", 16, 2048, dtype="float16"),
+    Case("fp16 B64 H2048", 64, 2048, dtype="float16"), Case("fp16 B64 H1536", 64, 1536, dtype="float16"),
+    Case("fp16 B32 H1536", 32, 1536, dtype="float16"), Case("fp16 B32 H2048", 32, 2048, dtype="float16"),
+    Case("fp16 bi B64 H1024", 64, 1024, dtype="float16", bidirectional=True),
+    Case("fp16 bi B8 H2048", 8, 2048, dtype="float16", bidirectional=True),
+    Case("fp16 B128 H1024", 128, 1024, dtype="float16"),
+    Case("fp32 B8 H1536", 8, 1536), Case("fp32 B16 H2048", 16, 2048), Case("fp32 B64 H2048", 64, 2048),
 )
 
 

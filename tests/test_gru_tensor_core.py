@@ -440,10 +440,42 @@ def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, bloc
     assert full.analytic_pick(target)[0].step_tc == (2 if split else 0)
 
 
-def test_pick_falls_back_where_no_tensor_core_grid_is_resident():
-    t = _template(128, 1024)  # 16/32/64-row blocks: 512/256 blocks, or 64 rows beyond shared memory
-    cfg, why = t.analytic_pick(offline_cuda("sm_90"))
-    assert cfg.step_tc == 0 and cfg.fuse_step == 1 and "tensor-core" not in why
+@pytest.mark.parametrize("shape, block", [((8, 2048, False), (16, 16, 8, 1)), ((1, 2048, False), (16, 16, 8, 1)),
+                                          ((32, 1536, False), (32, 16, 2, 4)), ((32, 2048, False), (32, 16, 4, 4)),
+                                          ((8, 2048, True), (32, 16, 4, 4)), ((64, 1024, True), (16, 64, 2, 1)),
+                                          ((128, 1024, False), (16, 64, 2, 1))])
+def test_pick_streams_w_where_no_blocks_slice_fits_shared_memory(shape, block):
+    """16-bit past H1024 (and at 64-row blocks), where no block's W_hh slice fits shared memory
+    beside its h rows: the first resident block of the pick's order with the fragments of as
+    many k slices as 160 registers a lane hold loaded from global memory (``step_tc_wreg`` 3),
+    on the k warps that make 8 (k warp, unit warp, 16-row tile) triples, or the fewest more that
+    fit (32 units on 4 unit warps at H2048: 2 k warps do not fit); the CUDA-core kernels picked
+    before were 3-7x slower (docs/results/gru.md)."""
+    batch, hidden, bidirectional = shape
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, bidirectional=bidirectional)
+    cfg, why = t.analytic_pick(target)
+    assert (cfg.step_tc, cfg.step_flags, cfg.step_tc_wreg, cfg.step_tc_wregs) == (1, 1, 3, 160)
+    assert (cfg.step_j, cfg.step_tc_rows, cfg.step_tc_kw, cfg.step_tc_nw) == block
+    assert "loaded into registers from global memory" in why and t.space(target).infeasible_reason(cfg) is None
+    whole = cfg.replace(step_tc_wreg=0, step_tc_wregs=96)  # the slice all in shared memory
+    assert "shared memory" in t.space(target).infeasible_reason(whole)
+
+
+@pytest.mark.parametrize("hidden", [1536, 2048])
+def test_pick_runs_the_unfused_steps_on_the_tensor_cores_where_no_step_grid_is_resident(hidden):
+    """16-bit B64 past H1024: no tensor-core step kernel's grid is resident even streaming W;
+    per step the hidden GEMM on an mma.sync tile and the cell kernel (4.5x faster than the
+    CUDA-core fused kernel launched once a step, still behind cuDNN: docs/results/gru.md).
+    float32 state keeps its CUDA-core kernel (no 16-bit hidden GEMM)."""
+    target = offline_cuda("sm_90")
+    t = _template(64, hidden).with_tensor_cores(target)
+    cfg, why = t.analytic_pick(target)
+    assert cfg.fuse_step == 0 and why.startswith("the unfused pipeline: per step the hidden GEMM on the tensor "
+                                                 "cores (mma.sync")
+    assert t.space(target).infeasible_reason(cfg) is None
+    full = GruTemplate(batch=64, hidden=hidden, input=hidden, seq=5).with_tensor_cores(target)
+    assert full.analytic_pick(target)[0].fuse_step == 1
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
@@ -453,6 +485,8 @@ B64_H1024 = Shape(seq=5, batch=64, input=1024, hidden=1024)
 B40_H256 = Shape(seq=6, batch=40, input=256, hidden=256)
 B5_H200_BI = Shape(seq=7, batch=5, input=40, hidden=200, bidirectional=True)
 B3_H33_3LAYERS_BI = Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True)
+B9_H2000 = Shape(seq=5, batch=9, input=300, hidden=2000)
+B40_H1024_BI = Shape(seq=4, batch=40, input=64, hidden=1024, bidirectional=True)
 
 GPU_CASES = {
     "b8-h512": (B8_H512, dict(step_j=16, step_tc_rows=16, step_tc_kw=2)),
@@ -493,6 +527,11 @@ GPU_CASES = {
                                           step_tc_wregs=128)),
     "b3-h33-3layer-bi-nw4-kw2-wreg3": (B3_H33_3LAYERS_BI, dict(step_j=32, step_tc_rows=16, step_tc_kw=2,
                                                                step_tc_nw=4, step_tc_wreg=3, step_tc_wregs=160)),
+    # the streamed picks past H1024: 13 of 16 slices held on 8 k warps, 64-row blocks on 2 k warps
+    "b9-h2000-kw8-wreg3": (B9_H2000, dict(step_j=16, step_tc_rows=16, step_tc_kw=8, step_tc_wreg=3,
+                                          step_tc_wregs=160)),
+    "b40-h1024-bi-rows64-kw2-wreg3": (B40_H1024_BI, dict(step_j=16, step_tc_rows=64, step_tc_kw=2, step_tc_wreg=3,
+                                                         step_tc_wregs=160)),
 }
 
 
@@ -512,6 +551,18 @@ def test_cuda_tensor_core_step_matches_float64(key, precision, bound, flags):
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)  # every rerun the same answer
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, hidden, fused", [(8, 2048, True), (64, 1536, False)])
+def test_cuda_picks_past_h1024_match_float64(batch, hidden, fused):
+    """The picks past H1024 as built without a config: W_hh streamed (B8 H2048) and the unfused
+    steps with the tensor-core hidden GEMM (B64 H1536), against float64."""
+    s = Shape(seq=4, batch=batch, input=96, hidden=hidden)
+    gru = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, precision=HALF).load_numpy(_weights(s))
+    assert (gru.config.fuse_step, gru.config.step_tc_wreg) == ((1, 3) if fused else (0, gru.config.step_tc_wreg))
+    x, h0 = _inputs(s)
+    assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, False)) < 5e-3
 
 
 @pytest.mark.gpu

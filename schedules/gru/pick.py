@@ -20,7 +20,10 @@ GRU pick's evidence").
 - 16-bit h and W_hh from batch 2: the tensor-core step kernel exchanging tagged words, blocks of
   8 units where their grid has a block an SM at most (else 16 or 32), W_hh's fragments in
   registers where a lane's share fits, else those of its first k slices, h polled 16 bytes a
-  load where hidden is a multiple of 4.
+  load where hidden is a multiple of 4.  Where no block's W_hh slice fits shared memory (past
+  H1024, or 64-row blocks), the held fragments loaded from global memory and only the rest of
+  the slice in shared memory; where no such grid is resident either (B64 past H1024), the
+  unfused steps with the hidden GEMM on the tensor cores.
 - float32 h and W_hh from batch 32 on: the split tensor-core step kernel (``split_step.py``:
   three float16 products of high and low parts, float32-accurate), 16 units a block and the
   fewest rows whose grid is resident, the most k warps that fit, two chunks of h loaded ahead.
@@ -145,6 +148,10 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} batch "
                        f"rows on {split.step_tc_kw} k warps, W_hh's parts in shared memory, h in chunks of "
                        f"{SPLIT_CHUNK_K} {SPLIT_AHEAD} ahead; {gemm_why}")
+    if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
+        return base, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
+                      f"({template.hid_tensor_core.label()}), then the cell kernel (no tensor-core step kernel's "
+                      f"grid is resident: W_hh's slices and h's rows do not fit)")
     if cuda and template.batch >= MANY_ROWS:
         cfg = _many_rows(template, base, space, hw.sm_count, extras)
         if cfg is not None:
@@ -284,6 +291,13 @@ WIDER_COUNTED_BATCH = 8
 # 0.555 on one k warp holding 96 registers' worth: docs/results/gru.md)
 WIDE_K_WARPS = 2
 WIDE_W_REGISTERS = 160
+# Blocks whose W_hh slice is streamed (``_streamed``) take the k warps that make this many (k warp, unit warp,
+# 16-row tile) triples, or the fewest more that fit: float16 B8 H2048, 16 rows, 0.439 ms on 8 k warps against
+# 0.632 on 4; B32 H1536, 32 rows, 0.843 on 4 against 0.882 on 2 and 1.306 on 8; bidirectional B64 H1024, 64
+# rows, 1.172 on 2 against 2.073 on 4 and 3.181 on 8; 32 units on 4 unit warps at bidirectional B8 H2048 (2
+# does not fit) 1.160 on 4 against 2.836 on 8 (docs/results/gru.md)
+STREAMED_WARP_TILES = 8
+MMA_ROWS = 16  # batch rows of one m16 tile
 
 
 def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
@@ -297,8 +311,12 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     blocks exchange less), else more rows; W_hh's fragments in registers with two accumulator
     sets where they fit (``MAX_W_REGISTERS``: 8 or 16 units on 4 k warps up to H512), else those of
     the warp's first k slices that fit; h polled two words a load (``step_tc_poll`` 16) where
-    hidden is a multiple of 4; None where no such config fits.  The timings behind each choice:
-    docs/results/gru.md."""
+    hidden is a multiple of 4.  Where no block's W_hh slice fits shared memory beside its h rows
+    (16-bit past H1024), the first of those blocks whose grid is resident with the fragments of
+    as many k slices as ``WIDE_W_REGISTERS`` a lane holds loaded from global memory, only the
+    rest in shared memory (``_streamed``); None where no such config fits.  The timings behind
+    each choice: docs/results/gru.md."""
+    resident = []
     for units, rows, k_warps, n_warps in TC_BLOCKS:
         deep = units == TC_FEWEST_UNITS and template.hidden >= TC_EIGHT_K_WARPS_HIDDEN
         cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1, step_j=units,
@@ -307,13 +325,27 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
             cfg = cfg.replace(step_tc_kw=k_warps)
         if units == TC_FEWEST_UNITS and template.step_variant(cfg).shape.blocks > sm_count:
             continue
+        resident.append(cfg)
         if space.is_feasible(cfg):
             wide = cfg.replace(step_tc_kw=WIDE_K_WARPS, step_tc_wreg=3, step_tc_wregs=WIDE_W_REGISTERS)
             if n_warps > 1 and space.is_feasible(wide):
                 return _held_and_paired((wide,), space)
             return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
                                      cfg.replace(step_tc_wreg=2), cfg), space)
-    return None
+    return next((s for s in map(lambda c: _streamed(c, space), resident) if s is not None), None)
+
+
+def _streamed(cfg: Config, space: Any) -> Config | None:
+    """``cfg`` with the fragments of as many of a warp's k slices as ``WIDE_W_REGISTERS`` a lane
+    holds loaded from global memory, only the rest of W_hh's slice in shared memory (``step_tc_wreg``
+    3), on the fewest k warps that fit from those that bring the block to ``STREAMED_WARP_TILES``
+    (more leave a lane too few registers beside the held fragments), h polled 16 bytes a load where
+    that fits; None where it does not fit."""
+    row_tiles = cfg.step_tc_rows // MMA_ROWS
+    least = max(1, STREAMED_WARP_TILES // (cfg.step_tc_nw * row_tiles))
+    fitting = (_held_and_paired((cfg.replace(step_tc_kw=k_warps, step_tc_wreg=3, step_tc_wregs=WIDE_W_REGISTERS),),
+                                space) for k_warps in space.knob("step_tc_kw").choices if k_warps >= least)
+    return next((c for c in fitting if c is not None), None)
 
 
 def _wider_counted(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
