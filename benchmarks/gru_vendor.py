@@ -86,6 +86,7 @@ CASES = (
     Case("fp16 bi B64 H1024", 64, 1024, dtype="float16", bidirectional=True),
     Case("fp16 bi B8 H2048", 8, 2048, dtype="float16", bidirectional=True),
     Case("fp16 B128 H1024", 128, 1024, dtype="float16"),
+    Case("fp16 B16 H1760", 16, 1760, dtype="float16"), Case("fp16 B32 H1760", 32, 1760, dtype="float16"),
     Case("fp32 B8 H1536", 8, 1536), Case("fp32 B16 H2048", 16, 2048), Case("fp32 B64 H2048", 64, 2048),
 )
 

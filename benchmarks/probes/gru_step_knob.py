@@ -56,7 +56,8 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # memory into registers (step_tc_wreg 3) against the CUDA-core kernels picked before
          ("float16", 8, 2048), ("float16", 16, 2048), ("float16", 32, 1536), ("float16", 32, 2048),
          ("float16", 1, 2048), ("float16", 64, 2048), ("float16", 64, 1536),
-         ("float16", 64, 1024, True), ("float16", 8, 2048, True), ("float16", 128, 1024))
+         ("float16", 64, 1024, True), ("float16", 8, 2048, True), ("float16", 128, 1024),
+         ("float16", 32, 1760), ("float16", 16, 1760))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 
