@@ -43,18 +43,15 @@ def test_a_frame_without_a_file_is_looked_up_without_walking_sys_modules(monkeyp
     assert _CountingModule.reads > 0  # the scan the entries spare
 
 
-def _frames(grab) -> list:
-    return [(f.filename, f.lineno, f.function, f.code_context, f.index) for f in grab()]
+FRAMES = "[(f.filename, f.lineno, f.function, f.code_context, f.index) for f in inspect.stack()]"
 
 
 def test_the_stack_is_the_same_with_and_without_the_entries(monkeypatch, tmp_path):
     """Inside code without a file, and in a module's top level as it imports (the import
     system's frozen frames below it): every frame's file, line, function and source line."""
-    grabs = {name: _run_as(name, "def grab():\n    return inspect.stack()\n")["grab"]
+    grabs = {name: _run_as(name, f"def grab():\n    return {FRAMES}\n")["grab"]
              for name in ("<string>", "<ast>", "<stdin>")}
-    (tmp_path / "tvm_ext_stack_probe.py").write_text(
-        "import inspect\nFRAMES = [(f.filename, f.lineno, f.function, f.code_context, f.index) "
-        "for f in inspect.stack()]\n")
+    (tmp_path / "tvm_ext_stack_probe.py").write_text(f"import inspect\nFRAMES = {FRAMES}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def imported():
@@ -67,10 +64,10 @@ def test_the_stack_is_the_same_with_and_without_the_entries(monkeypatch, tmp_pat
             with monkeypatch.context() as patch:
                 if not entries:
                     _without_entries(patch)
-                seen.append(_frames(grab) if grab is not imported else imported())
+                seen.append(grab())
         assert seen[0] == seen[1] and len(seen[0]) > 3
     assert any(f[0] == "<frozen importlib._bootstrap>" for f in seen[0])
-    assert _frames(grabs["<ast>"])[0][:3] == ("<ast>", 2, "grab")
+    assert grabs["<ast>"]()[0][:3] == ("<ast>", 2, "grab")
 
 
 def test_install_leaves_a_name_a_module_claims_as_its_file(monkeypatch):

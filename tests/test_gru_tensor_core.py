@@ -560,7 +560,7 @@ def test_cuda_picks_past_h1024_match_float64(batch, hidden, fused):
     steps with the tensor-core hidden GEMM (B64 H1536), against float64."""
     s = Shape(seq=4, batch=batch, input=96, hidden=hidden)
     gru = GRU.build("cuda", s.input, s.hidden, batch=s.batch, seq=s.seq, precision=HALF).load_numpy(_weights(s))
-    assert (gru.config.fuse_step, gru.config.step_tc_wreg) == ((1, 3) if fused else (0, gru.config.step_tc_wreg))
+    assert gru.config.fuse_step == int(fused) and (not fused or gru.config.step_tc_wreg == 3)
     x, h0 = _inputs(s)
     assert relative_error(list(gru(x, h0)), gru_reference(x, _weights(s), h0, 1, False)) < 5e-3
 

@@ -291,13 +291,12 @@ WIDER_COUNTED_BATCH = 8
 # 0.555 on one k warp holding 96 registers' worth: docs/results/gru.md)
 WIDE_K_WARPS = 2
 WIDE_W_REGISTERS = 160
-# Blocks whose W_hh slice is streamed (``_streamed``) take the k warps that make this many (k warp, unit warp,
-# 16-row tile) triples, or the fewest more that fit: float16 B8 H2048, 16 rows, 0.439 ms on 8 k warps against
+# Blocks whose W_hh slice is streamed (``_streamed``) take the k warps that make this many warps a block (k warps
+# x unit warps x 16-row tiles), or the fewest more that fit: float16 B8 H2048, 16 rows, 0.439 ms on 8 k warps against
 # 0.632 on 4; B32 H1536, 32 rows, 0.843 on 4 against 0.882 on 2 and 1.306 on 8; bidirectional B64 H1024, 64
 # rows, 1.172 on 2 against 2.073 on 4 and 3.181 on 8; 32 units on 4 unit warps at bidirectional B8 H2048 (2
 # does not fit) 1.160 on 4 against 2.836 on 8 (docs/results/gru.md)
-STREAMED_WARP_TILES = 8
-MMA_ROWS = 16  # batch rows of one m16 tile
+STREAMED_WARPS = 8
 
 
 def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
@@ -332,19 +331,19 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
                 return _held_and_paired((wide,), space)
             return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
                                      cfg.replace(step_tc_wreg=2), cfg), space)
-    return next((s for s in map(lambda c: _streamed(c, space), resident) if s is not None), None)
+    return next((s for c in resident if (s := _streamed(template, c, space)) is not None), None)
 
 
-def _streamed(cfg: Config, space: Any) -> Config | None:
+def _streamed(template: Any, cfg: Config, space: Any) -> Config | None:
     """``cfg`` with the fragments of as many of a warp's k slices as ``WIDE_W_REGISTERS`` a lane
     holds loaded from global memory, only the rest of W_hh's slice in shared memory (``step_tc_wreg``
-    3), on the fewest k warps that fit from those that bring the block to ``STREAMED_WARP_TILES``
+    3), on the fewest k warps that fit from those that bring the block to ``STREAMED_WARPS`` warps
     (more leave a lane too few registers beside the held fragments), h polled 16 bytes a load where
     that fits; None where it does not fit."""
-    row_tiles = cfg.step_tc_rows // MMA_ROWS
-    least = max(1, STREAMED_WARP_TILES // (cfg.step_tc_nw * row_tiles))
-    fitting = (_held_and_paired((cfg.replace(step_tc_kw=k_warps, step_tc_wreg=3, step_tc_wregs=WIDE_W_REGISTERS),),
-                                space) for k_warps in space.knob("step_tc_kw").choices if k_warps >= least)
+    streamed = (cfg.replace(step_tc_kw=k_warps, step_tc_wreg=3, step_tc_wregs=WIDE_W_REGISTERS)
+                for k_warps in sorted(space.knob("step_tc_kw").choices))
+    fitting = (_held_and_paired((c,), space) for c in streamed
+               if template.step_variant(c).shape.warps >= STREAMED_WARPS)
     return next((c for c in fitting if c is not None), None)
 
 
