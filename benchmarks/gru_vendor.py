@@ -88,6 +88,8 @@ CASES = (
     Case("fp16 B128 H1024", 128, 1024, dtype="float16"),
     Case("fp16 B16 H1760", 16, 1760, dtype="float16"), Case("fp16 B32 H1760", 32, 1760, dtype="float16"),
     Case("fp32 B8 H1536", 8, 1536), Case("fp32 B16 H2048", 16, 2048), Case("fp32 B64 H2048", 64, 2048),
+    # larger batches, the unfused steps' hidden GEMM on wgmma
+    Case("fp16 B128 H2048", 128, 2048, dtype="float16"), Case("fp16 B256 H1024", 256, 1024, dtype="float16"),
 )
 
 

@@ -465,14 +465,14 @@ def test_pick_streams_w_where_no_blocks_slice_fits_shared_memory(shape, block):
 @pytest.mark.parametrize("hidden", [1536, 2048])
 def test_pick_runs_the_unfused_steps_on_the_tensor_cores_where_no_step_grid_is_resident(hidden):
     """16-bit B64 past H1024: no tensor-core step kernel's grid is resident even streaming W;
-    per step the hidden GEMM on an mma.sync tile and the cell kernel (4.5x faster than the
-    CUDA-core fused kernel launched once a step, still behind cuDNN: docs/results/gru.md).
-    float32 state keeps its CUDA-core kernel (no 16-bit hidden GEMM)."""
+    per step the hidden GEMM on the tensor cores (wgmma: ``test_gru_hidden_wgmma.py``) and the
+    cell kernel (the CUDA-core fused kernel launched once a step was 4.5x slower:
+    docs/results/gru.md).  float32 state keeps its CUDA-core kernel (no 16-bit hidden GEMM)."""
     target = offline_cuda("sm_90")
     t = _template(64, hidden).with_tensor_cores(target)
     cfg, why = t.analytic_pick(target)
     assert cfg.fuse_step == 0 and why.startswith("the unfused pipeline: per step the hidden GEMM on the tensor "
-                                                 "cores (mma.sync")
+                                                 "cores (wgmma")
     assert t.space(target).infeasible_reason(cfg) is None
     full = GruTemplate(batch=64, hidden=hidden, input=hidden, seq=5).with_tensor_cores(target)
     assert full.analytic_pick(target)[0].fuse_step == 1

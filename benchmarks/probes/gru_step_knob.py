@@ -2,7 +2,9 @@
 accumulator sets (``step_tc_acc`` 1, 2, 4: the default) or the fragments loaded a k slice ahead
 (``--knob step_tc_frag --values 0,1``), or named sets of knob values over the pick (``--variants
 "kw4:step_tc_kw=4,step_tc_nw=1;kw4-cell:step_tc_kw=4,step_tc_nw=1,step_tc_cell=1"``, the pick itself
-first; ``--variants pick``: the pick alone, to time one build of the code against another); timed
+first; ``--variants pick``: the pick alone, to time one build of the code against another; ``mma_``
+knobs in a set change the unfused pipeline's hidden-GEMM tile instead, e.g. "m64:mma_warps_m=4,
+mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1), e.g. "s6:hidw_stages=6"); timed
 back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
 first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import os
 import statistics
 import sys
@@ -19,9 +22,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from common import parse_knob_sets, time_ours  # noqa: E402
 
+from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gemm.mma import MmaGemmTile  # noqa: E402
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
-from tvm_ext.target import resolve_target  # noqa: E402
+from tvm_ext.target import TargetInfo, resolve_target  # noqa: E402
 
 CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("float16", 16, 512),
          ("float16", 32, 1024), ("float16", 64, 512),
@@ -57,7 +62,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 8, 2048), ("float16", 16, 2048), ("float16", 32, 1536), ("float16", 32, 2048),
          ("float16", 1, 2048), ("float16", 64, 2048), ("float16", 64, 1536),
          ("float16", 64, 1024, True), ("float16", 8, 2048, True), ("float16", 128, 1024),
-         ("float16", 32, 1760), ("float16", 16, 1760))
+         ("float16", 32, 1760), ("float16", 16, 1760),
+         # the unfused steps with the hidden GEMM on wgmma (hid_wgmma) at larger batches, against mma.sync
+         ("float16", 128, 2048), ("float16", 256, 1024))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 
@@ -68,6 +75,24 @@ def weights(rng, hidden, bidirectional=False):
             for tail in (("", "_reverse") if bidirectional else ("",)) for name, shape in (
                 ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
                 ("bias_hh_l0", (g,)))}
+
+
+def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], target: TargetInfo) -> GRU | None:
+    """The GRU of ``pick`` with ``changes``: knobs of its config, ``mma_`` knobs of the unfused
+    steps' hidden-GEMM mma.sync tile, ``hidw_`` fields of its wgmma tile (``hid_wgmma`` 1); None
+    where the config is infeasible (built, not loaded)."""
+    tile = {k: v for k, v in changes.items() if k.startswith("mma_")}
+    wgmma = {k[5:]: v for k, v in changes.items() if k.startswith("hidw_")}
+    cfg = pick.replace(**{k: v for k, v in changes.items() if k not in tile and not k.startswith("hidw_")})
+    if not template.space(target).is_feasible(cfg):
+        return None
+    built = template
+    if tile:  # the hidden GEMM's mma.sync tile, the pick's otherwise
+        built = replace(template, hid_tensor_core=MmaGemmTile(template.hid_tensor_core.config.replace(**tile)))
+    if wgmma:  # the hidden GEMM's wgmma tile, each field as its type (tma=1 -> True)
+        own = template.hid_wgmma_tile
+        built = replace(built, hid_wgmma_tile=replace(own, **{k: type(getattr(own, k))(v) for k, v in wgmma.items()}))
+    return GRU(built, cfg, target, False, built.compile(cfg, target))
 
 
 def main() -> None:
@@ -102,12 +127,11 @@ def main() -> None:
         pick = template.analytic_pick(target)[0]
         grus = {}
         for sets in values:
-            cfg = pick.replace(**variants[sets])
-            if not template.space(target).is_feasible(cfg):
-                continue
             try:
-                gru = GRU.build(target, hidden, hidden, batch=batch, seq=SEQ, config=cfg, bidirectional=bi,
-                                precision=precision).load_numpy(w)
+                gru = variant_gru(template, pick, variants[sets], target)
+                if gru is None:
+                    continue
+                gru.load_numpy(w)
                 err = relative_error(list(gru(x)), ref)
             except Exception as exc:  # noqa: BLE001 (a variant that does not build or run is a row, not the end)
                 print(f"[{dtype} B{batch} H{hidden}] {sets}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)

@@ -510,11 +510,12 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
                prepare: "Prepare | None" = None, scales: bool = False, overlap: bool = False,
-               signal: bool = False) -> Any:
+               signal: bool = False, bias_batched: bool = False) -> Any:
     """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
-    C = A @ B, read N-major (``B_LAYOUTS``).  ``epilogue(value, row, col, lead)``: C's element for
+    C = A @ B, read N-major (``B_LAYOUTS``); with ``bias_batched`` the bias is (*batch, n), a row for
+    each matrix of the batch (a bidirectional GRU's b_hh).  ``epilogue(value, row, col, lead)``: C's element for
     the float32 accumulator ``value`` at (row, col), as TIR (a Relax task's fused blocks, which
     may read buffers of their own: ``tvm_ext.relax.relax_wgmma``), in place of scale, bias and cast;
     ``lead``: its matrix's batch indices (none without a batch).
@@ -545,8 +546,10 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal)
     if scales and (bias_dtype is not None or epilogue is not None or prepare is not None or cfg.split > 1):
         raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
-    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales)
+    if bias_batched and (bias_dtype is None or not batch):
+        raise TvmExtError("bias_batched: a bias row for each matrix of a batch needs a bias and a batch")
+    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales, bias_batched)
     # an epilogue may read buffers that the caller makes parameters of a function of its own: not checked
     func = prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None,
-                     scales=scales)
+                     scales=scales, bias_batched=bias_batched)
     return mark_launch_early(func) if cfg.pdl else func

@@ -28,13 +28,15 @@ class CValue:
     """What C stores for an accumulator: scaled, plus the bias of its column, cast to ``c_dtype``;
     or what ``epilogue(value, row, col, lead)`` makes of it.  ``scales``: the buffer in the
     bias's place holds two float32 scales (A's and B's, per tensor: an 8-bit float GEMM's) that
-    multiply the sum."""
+    multiply the sum.  ``bias_batched``: a bias row for each matrix of the batch (its leading
+    axes are the batch's), as each direction of a GRU has its own."""
 
     c_dtype: str
     scale: float = 1.0
     has_bias: bool = False
     epilogue: Callable[..., Any] | None = None
     scales: bool = False
+    bias_batched: bool = False
 
     def __call__(self, value: Any, bias: Any, at: list[Any], row: Any, col: Any) -> Any:
         from tvm.script import tirx as T
@@ -46,7 +48,7 @@ class CValue:
         if self.scale != 1.0:
             value = value * T.float32(self.scale)
         if self.has_bias:
-            value = value + T.Cast("float32", bias[col])
+            value = value + T.Cast("float32", bias[(*at, col)] if self.bias_batched else bias[col])
         return T.Cast(self.c_dtype, value)
 
 
@@ -579,17 +581,18 @@ class Prepare:
 
 
 def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None, prepare: Prepare | None,
-              c_dtype: str, checked: bool, scales: bool = False) -> Any:
+              c_dtype: str, checked: bool, scales: bool = False, bias_batched: bool = False) -> Any:
     """The PrimFunc ``main`` around ``run``: ``main(A, Bt, C)``, ``main(A, Bt, bias, C)`` with
-    ``bias_dtype``, ``main(A, Bt, scale_ab, C)`` with ``scales`` (A's and B's float32 scales),
-    or ``main(A_in, B_in, C)`` writing A and Bt first (``prepare``).  ``checked``
-    false: not verified well formed (an epilogue may read buffers that the caller makes parameters
-    of a function of its own; the parser evaluates the decorator's arguments as constants, so it
-    cannot say so)."""
+    ``bias_dtype`` (bias (n,), or with ``bias_batched`` (*batch, n)), ``main(A, Bt, scale_ab, C)``
+    with ``scales`` (A's and B's float32 scales), or ``main(A_in, B_in, C)`` writing A and Bt
+    first (``prepare``).  ``checked`` false: not verified well formed (an epilogue may read buffers
+    that the caller makes parameters of a function of its own; the parser evaluates the
+    decorator's arguments as constants, so it cannot say so)."""
     from tvm import s_tir
     from tvm.script import tirx as T
 
     a_shape, bt_shape, c_shape, in_dtype, n = L.a_shape, L.bt_shape, L.c_shape, L.in_dtype, L.n
+    bias_shape = (*L.lead, n) if bias_batched else (n,)
     if scales:
         @T.prim_func
         def main_scaled(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
@@ -604,7 +607,7 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
 
         @T.prim_func
         def main_bias_counted(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
-                              bias: T.Buffer((n,), bias_dtype), C: T.Buffer(c_shape, c_dtype),
+                              bias: T.Buffer(bias_shape, bias_dtype), C: T.Buffer(c_shape, c_dtype),
                               ready: T.Buffer((rows,), "int32")):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
             run(A, Bt, bias, C, ready)
@@ -614,7 +617,7 @@ def prim_func(L: KernelLayout, run: Callable[..., None], bias_dtype: str | None,
     if bias_dtype is not None:
         @T.prim_func
         def main_bias(A: T.Buffer(a_shape, in_dtype), Bt: T.Buffer(bt_shape, in_dtype),
-                      bias: T.Buffer((n,), bias_dtype),
+                      bias: T.Buffer(bias_shape, bias_dtype),
                       C: T.Buffer(c_shape, c_dtype)):
             T.func_attr({"global_symbol": "main", "tirx.noalias": True})
             run(A, Bt, bias, C, None)

@@ -1,6 +1,7 @@
 """The unfused step (``fuse_step`` 0): per step the hidden GEMM ``gh = h·W_hᵀ + b_h`` (S2,
-the GEMM template batched over directions, knobs ``hid_*``) and the cell kernel (S3+S4, knob
-``cell_block``), the state ping-ponging between two buffers.
+the GEMM template batched over directions, knobs ``hid_*``; with ``hid_wgmma`` a wgmma kernel
+written as loops) and the cell kernel (S3+S4, knob ``cell_block``), the state ping-ponging
+between two buffers.
 
 The cell kernel, gate order r, z, n as in PyTorch: grid (batch, dirs), block ``cell_block``
 threads: r, z, n, h' and the writes of h' (the backward direction walks time in reverse, so it
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.core.space import Config
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
 from tvm_ext.target import TargetInfo
 
 from .compute import F32
@@ -74,30 +76,51 @@ def schedule_cell(func: Any, cell_block: int) -> Any:
 
 @dataclass(frozen=True)
 class CellStep(StepVariant):
-    """Per step the hidden GEMM (``hid_*`` knobs) then the cell kernel (``cell_block`` threads)."""
+    """Per step the hidden GEMM (``hid_*`` knobs; on ``wgmma`` where ``hid_wgmma`` is 1) then the
+    cell kernel (``cell_block`` threads)."""
 
     block: int  # cell_block
     hidden_gemm: Any  # the hidden GEMM's template (a ``BiasGemmTemplate``)
     gemm_knobs: Config  # the hid_* knobs
+    wgmma: WgmmaTile | None = None  # the hidden GEMM's wgmma tile where hid_wgmma is 1 (else a schedule)
+    wgmma_wanted: bool = False  # hid_wgmma is 1
 
     unshown_prefixes = ("step_",)
     runs_hidden_gemm = True
 
     @classmethod
-    def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any) -> "CellStep":
+    def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any, hidden_wgmma: WgmmaTile | None = None) -> "CellStep":
+        wanted = bool(c.hid_wgmma)
         return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
-                   gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))))
+                   gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))),
+                   wgmma=hidden_wgmma if wanted else None, wgmma_wanted=wanted)
 
     def reason(self, target: TargetInfo) -> str | None:
+        if self.wgmma_wanted and self.wgmma is None:
+            return ("hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU (sm_90), float16 or bfloat16 h and W_hh "
+                    f"and a wgmma tile for the ({self.sizes.batch}, 3H, H) GEMMs: K and 3H multiples of 64 "
+                    "(GRU.build picks one)")
         return None  # the hidden GEMM's tile is checked with the other GEMMs
 
     def scheduled_kernels(self, target: TargetInfo) -> dict[str, Any]:
         s = self.sizes
-        gemm = gemm_config(self.gemm_knobs, "hid_", self.hidden_gemm.default_config(target))
         cell = cell_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype,
                          h_dtype=s.h_dtype, math_dtype=s.math_dtype, out_dtype=s.out_dtype, kind=target.kind)
-        return {"gru_gemm_h": self.hidden_gemm.schedule(gemm, target),
-                "gru_cell": schedule_cell(cell, min(self.block, target.max_threads_per_block))}
+        kernels = {}
+        if self.wgmma is None:  # else written as loops (``lowered_kernels``)
+            gemm = gemm_config(self.gemm_knobs, "hid_", self.hidden_gemm.default_config(target))
+            kernels["gru_gemm_h"] = self.hidden_gemm.schedule(gemm, target)
+        kernels["gru_cell"] = schedule_cell(cell, min(self.block, target.max_threads_per_block))
+        return kernels
+
+    def lowered_kernels(self) -> dict[str, Any]:
+        """The hidden GEMM on wgmma (``hid_wgmma``): gh (dirs, B, 3H) = h (dirs, B, H) · W_hh (dirs, H,
+        3H) + b_hh (dirs, 3H), a GEMM a direction, W_hh read N-major."""
+        if self.wgmma is None:
+            return {}
+        s = self.sizes
+        return {"gru_gemm_h": wgmma_gemm(self.wgmma, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype,
+                                         bias_dtype=s.w_dtype, b_layout="KN", batch=(s.dirs,), bias_batched=True)}
 
     def state_args(self, layer: int) -> tuple[str | int, ...]:
         return ("h0", layer, "p0")

@@ -1,6 +1,6 @@
 """The GRU template's knobs: the step kernels' (``STEP_KNOBS``), the input GEMM's choice of
-kernel (``in_split``, ``in_wgmma``), and the input and hidden GEMMs' tiles (the GEMM template's
-knobs, prefixed ``in_`` and ``hid_``)."""
+kernel (``in_split``, ``in_wgmma``) and the hidden one's (``hid_wgmma``), and the input and
+hidden GEMMs' tiles (the GEMM template's knobs, prefixed ``in_`` and ``hid_``)."""
 from __future__ import annotations
 
 from tvm_ext.schedules.gemm.simt import KNOBS as GEMM_KNOBS
@@ -136,6 +136,10 @@ INPUT_TF32_PROMOTE_KNOB = Knob("in_tf32_promote", (0, 1, 2),
                                "sets, so a window's wgmma do not wait on the one before (two dependent chains of "
                                "small wgmma in flight instead of one: a tile's latency, which the first steps wait "
                                "for, nearly halved where it is the chain's)", before=0)
+HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with float16 (or bfloat16) h and W_hh: 1 "
+                                             "runs each step's hidden GEMM on Hopper's warpgroup MMA (``wgmma.py``), "
+                                             "W_hh read N-major as stored, a bias row a direction; 0 on the "
+                                             "hid_tensor_core tile (mma.sync) or the CUDA cores", before=0)
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
@@ -144,7 +148,8 @@ IN_GEMM_KNOBS = GEMM_KNOBS
 HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
 KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB, INPUT_TF32_PROMOTE_KNOB)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
-         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS))
+         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS)
+         + (HIDDEN_WGMMA_KNOB,))
 
 
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:

@@ -64,6 +64,21 @@ def default_gemm_config(template: GemmTemplate, target: TargetInfo) -> Config:
     return flat if template.space(target).is_feasible(flat) else base
 
 
+def step_gemm_tile(tile: WgmmaTile | None, batch: int, hidden: int) -> WgmmaTile | None:
+    """The unfused steps' hidden GEMM tile (``hid_wgmma``): the tile picked for its (batch, 3H, H)
+    shape, launched early behind the step before's cell kernel (``wgmma_pdl``) and, where it
+    loads by TMA, with a producer warpgroup (``wgmma_ws``); where 128 divides the batch, 128 rows
+    a tile, one tile a block (W_hh's columns read once for 128 rows).  The fastest of the
+    variants measured at 16-bit B64 H1536 / H2048, B128 H2048 and B256 H1024 (docs/results/gru.md)."""
+    if tile is None:
+        return None
+    tile = replace(tile, pdl=True, specialized=tile.tma)
+    tall = replace(tile, bm=128, stages=6, tiles=1, raster=0)
+    if batch % 128 == 0 and wgmma_reason(tall, batch, 3 * hidden, hidden, b_layout="KN") is None:
+        return tall
+    return tile
+
+
 @dataclass(frozen=True)
 class GruTemplate(DtypeFields, Template):
     """A stack of GRU layers at one shape, as one tunable unit: its "kernel" is the whole
@@ -104,6 +119,7 @@ class GruTemplate(DtypeFields, Template):
     in_split_wgmma: WgmmaTile | None = None  # the same GEMM on Hopper's wgmma (in_split 2)
     in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
     in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM on wgmma (in_wgmma)
+    hid_wgmma_tile: WgmmaTile | None = None  # the unfused steps' 16-bit hidden GEMM on wgmma (hid_wgmma)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
     ready_buffer: int = 0  # counts of gi's stored tile rows the config's plan passes (``step_overlap``)
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
@@ -134,6 +150,8 @@ class GruTemplate(DtypeFields, Template):
             params["in_split_tf32"] = self.in_split_tf32.name
         if self.in_wgmma_tile is not None:
             params["in_wgmma"] = self.in_wgmma_tile.name
+        if self.hid_wgmma_tile is not None:
+            params["hid_wgmma"] = self.hid_wgmma_tile.name
         if self.variable_lengths:  # only when set: keys of fixed-length records stay as they were
             params["variable_lengths"] = True
         return params
@@ -328,7 +346,7 @@ class GruTemplate(DtypeFields, Template):
 
         if target.kind != "cuda":
             return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None,
-                           in_split_wgmma=None, in_split_tf32=None, in_wgmma_tile=None)
+                           in_split_wgmma=None, in_split_tf32=None, in_wgmma_tile=None, hid_wgmma_tile=None)
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
@@ -344,7 +362,11 @@ class GruTemplate(DtypeFields, Template):
                        in_split_tf32=pick_tf32_tile(split, target) if fits and self.gi_dtype == F32 else None,
                        in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype, b_layout="KN",
                                                      operand=self.precision["x"])
-                       if self.wgmma_reason() is None else None)
+                       if self.wgmma_reason() is None else None,
+                       hid_wgmma_tile=step_gemm_tile(pick_wgmma_tile(
+                           hidden, target, self.gh_dtype, b_layout="KN", matrices=self.dirs,
+                           operand=self.precision["h"], ragged_m=True), self.batch, self.hidden)
+                       if sixteen_bit("h", "w_hh") else None)
 
     def for_target(self, target: TargetInfo) -> "GruTemplate":
         """With the tiles ``GRU.build`` runs on this target (``with_tensor_cores``): a tuned config
@@ -426,6 +448,8 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
+            if c.hid_wgmma and not step.runs_hidden_gemm:
+                return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
             if c.step_overlap:
                 reason = self.overlap_reason(c, step)
                 if reason:
@@ -435,8 +459,8 @@ class GruTemplate(DtypeFields, Template):
                         "counted for the steps: step_overlap > 0")
             hidden_gemm = step.runs_hidden_gemm  # else the step kernel does its own
             for prefix, label, space in spaces:
-                if prefix == "hid_" and not hidden_gemm:
-                    continue
+                if prefix == "hid_" and (not hidden_gemm or c.hid_wgmma):
+                    continue  # wgmma: its tile was checked when picked
                 if prefix == "in_" and step.fuses_input:
                     continue  # no input GEMM runs
                 if prefix == "in_" and (c.in_split or c.in_wgmma):
@@ -523,7 +547,7 @@ class GruTemplate(DtypeFields, Template):
     def step_variant(self, config: Config) -> StepVariant:
         """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
         space, the kernels, the host plan and the pick ask about the steps."""
-        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm())
+        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm(), self.hid_wgmma_tile)
         tile = self.counted_gemm_tile(config)
         if tile is not None and isinstance(step, TensorCoreStep) and step.flags:  # gi counted by the GEMM
             count = stored_row_count(self.gi_shape[1], tile.bn, tile.split, tile.cluster)
@@ -609,7 +633,7 @@ class GruTemplate(DtypeFields, Template):
                                   "step_overlap": 0, "step_overlap_bn": 0, "step_overlap_tma": 0,
                                   "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
-                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0}
+                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "hid_wgmma": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)

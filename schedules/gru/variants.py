@@ -17,11 +17,11 @@ from .tensor_core_step import TensorCoreStep
 STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, TensorCoreSplitStep, FlagStep, ClusterStep)
 
 
-def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any) -> StepVariant:
+def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any, hidden_wgmma: Any = None) -> StepVariant:
     """The step kernel ``config`` runs, its knobs decoded (``hidden_gemm``: the unfused
-    steps' GEMM template)."""
+    steps' GEMM template; ``hidden_wgmma``: its wgmma tile, for ``hid_wgmma``)."""
     if not config.fuse_step:
-        return CellStep.of(sizes, config, hidden_gemm)
+        return CellStep.of(sizes, config, hidden_gemm, hidden_wgmma)
     if config.step_tc == 2 and not config.step_flags:  # float32 h and W_hh as float16 parts, grid barrier
         return TensorCoreSplitStep.of(sizes, config)
     if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words (step_tc 2: split)
