@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from common import parse_knob_sets  # noqa: E402
+from common import parse_knob_sets, profiled  # noqa: E402
 from gru_step_knob import SEQ, STORED, variant_gru, weights  # noqa: E402
 
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
@@ -25,20 +25,12 @@ from tvm_ext.target import resolve_target  # noqa: E402
 def kernel_times(call, calls: int) -> dict[str, tuple[float, int]]:
     """Microseconds a call of each kernel (by name, cut at 60 characters) and its launches a call."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for event in prof.events():
+    for event in profiled(call, calls, warm=3).events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             total = totals[event.name[:60]]
-            total[0] += getattr(event, "device_time_total", None) or event.cuda_time_total
+            total[0] += event.device_time_total
             total[1] += 1
     return {name: (us / calls, n // calls) for name, (us, n) in totals.items()}
 
