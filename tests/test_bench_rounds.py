@@ -152,6 +152,8 @@ def test_gemm_benchmark_peers_are_label_knob_values_and_a_bad_one_is_one_error_l
 @pytest.mark.parametrize("probe, args, needle", [
     ("vendor_kernels.py", ["--shapes", "1024x768"], "error: --shapes takes MxNxK"),
     ("multicast_probe.py", ["--cases", "fp8_4096,nope"], "error: --cases takes names of"),
+    ("gru_kernel_times.py", ["--cases", "64x2048"], "error: --cases takes BATCH:HIDDEN"),
+    ("gru_kernel_times.py", ["--variants", "pick;x:"], "error: --variants takes"),
 ])
 def test_the_gemm_probes_refuse_bad_input_with_one_error_line(probe, args, needle):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "probes", probe), *args],

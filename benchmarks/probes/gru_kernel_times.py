@@ -41,7 +41,18 @@ def show(label: str, times: dict[str, tuple[float, int]]) -> None:
         print(f"   {us / 1e3:8.3f} ms  {n:4d} launches  {us / n:8.2f} us each  {name}")
 
 
-def main() -> None:
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    """'64:2048,128:1024' -> [(64, 2048), (128, 1024)]; ValueError naming the option."""
+    try:
+        cases = [tuple(int(v) for v in case.split(":")) for case in text.split(",")]
+    except ValueError:
+        cases = []
+    if not cases or any(len(c) != 2 or min(c) < 1 for c in cases):
+        raise ValueError(f"--cases takes BATCH:HIDDEN,... of positive integers, got {text!r}")
+    return cases  # type: ignore[return-value]
+
+
+def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--cases", default="64:2048", help="batch:hidden,...")
     p.add_argument("--variants", default="pick")
@@ -49,9 +60,10 @@ def main() -> None:
     args = p.parse_args()
     try:
         variants = parse_knob_sets(args.variants, "--variants", bare=("pick",))
-        cases = [tuple(int(v) for v in case.split(":")) for case in args.cases.split(",")]
+        cases = parse_cases(args.cases)
     except ValueError as exc:
-        p.error(str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     import torch
 
     target = resolve_target("cuda", 0)
@@ -75,7 +87,8 @@ def main() -> None:
         with torch.no_grad():
             times = kernel_times(lambda m=module, t=xt: m(t), args.calls)
         show(f"torch.nn.GRU (cuDNN STANDARD) B{batch} H{hidden}", times)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
