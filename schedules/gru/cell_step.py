@@ -83,24 +83,18 @@ class CellStep(StepVariant):
     hidden_gemm: Any  # the hidden GEMM's template (a ``BiasGemmTemplate``)
     gemm_knobs: Config  # the hid_* knobs
     wgmma: WgmmaTile | None = None  # the hidden GEMM's wgmma tile where hid_wgmma is 1 (else a schedule)
-    wgmma_wanted: bool = False  # hid_wgmma is 1
 
     unshown_prefixes = ("step_",)
     runs_hidden_gemm = True
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any, hidden_wgmma: WgmmaTile | None = None) -> "CellStep":
-        wanted = bool(c.hid_wgmma)
         return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
                    gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))),
-                   wgmma=hidden_wgmma if wanted else None, wgmma_wanted=wanted)
+                   wgmma=hidden_wgmma if c.hid_wgmma else None)
 
     def reason(self, target: TargetInfo) -> str | None:
-        if self.wgmma_wanted and self.wgmma is None:
-            return ("hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU (sm_90), float16 or bfloat16 h and W_hh "
-                    f"and a wgmma tile for the ({self.sizes.batch}, 3H, H) GEMMs: K and 3H multiples of 64 "
-                    "(GRU.build picks one)")
-        return None  # the hidden GEMM's tile is checked with the other GEMMs
+        return None  # the hidden GEMM's tile is checked with the other GEMMs (wgmma's: ``hidden_wgmma_reason``)
 
     def scheduled_kernels(self, target: TargetInfo) -> dict[str, Any]:
         s = self.sizes

@@ -149,7 +149,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"rows on {split.step_tc_kw} k warps, W_hh's parts in shared memory, h in chunks of "
                        f"{SPLIT_CHUNK_K} {SPLIT_AHEAD} ahead; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
-        unfused = base.replace(hid_wgmma=1) if space.is_feasible(base.replace(hid_wgmma=1)) else base
+        wgmma = base.replace(hid_wgmma=1)
+        unfused = wgmma if space.is_feasible(wgmma) else base
         tile = template.hid_wgmma_tile.name if unfused.hid_wgmma else template.hid_tensor_core.label()
         return unfused, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores ({tile}), then the "
                          f"cell kernel (no tensor-core step kernel's grid is resident: W_hh's slices and h's rows "

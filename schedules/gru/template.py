@@ -448,8 +448,10 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
-            if c.hid_wgmma and not step.runs_hidden_gemm:
-                return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
+            if c.hid_wgmma:
+                reason = self.hidden_wgmma_reason(step)
+                if reason:
+                    return reason
             if c.step_overlap:
                 reason = self.overlap_reason(c, step)
                 if reason:
@@ -535,6 +537,17 @@ class GruTemplate(DtypeFields, Template):
             return ("input GEMM on wgmma (in_wgmma 1) needs a Hopper GPU (sm_90) and a wgmma tile dividing the "
                     f"({self.seq * self.batch}, {self.dirs * 3 * self.hidden}, input) GEMMs, K a multiple of 64 "
                     "and dirs·3H of 64 (GRU.build picks one)")
+        return None
+
+    def hidden_wgmma_reason(self, step: StepVariant) -> str | None:
+        """Why a config of ``step`` cannot run the hidden GEMM on wgmma (``hid_wgmma`` 1) with this
+        template's tile."""
+        if not step.runs_hidden_gemm:
+            return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
+        if self.hid_wgmma_tile is None:
+            return ("hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU (sm_90), float16 or bfloat16 h and W_hh "
+                    f"and a wgmma tile for the ({self.batch}, 3H, H) GEMMs: K and 3H multiples of 64 "
+                    "(GRU.build picks one)")
         return None
 
     def step_sizes(self) -> StepSizes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.core.space import Config
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 
 from .cell_step import CellStep
 from .cluster_step import ClusterStep
@@ -17,7 +18,8 @@ from .tensor_core_step import TensorCoreStep
 STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, TensorCoreSplitStep, FlagStep, ClusterStep)
 
 
-def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any, hidden_wgmma: Any = None) -> StepVariant:
+def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any,
+                        hidden_wgmma: WgmmaTile | None = None) -> StepVariant:
     """The step kernel ``config`` runs, its knobs decoded (``hidden_gemm``: the unfused
     steps' GEMM template; ``hidden_wgmma``: its wgmma tile, for ``hid_wgmma``)."""
     if not config.fuse_step:
