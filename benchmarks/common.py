@@ -97,16 +97,23 @@ def profiled(run: Callable[[], Any], calls: int, warm: int = 1) -> Any:
     return prof
 
 
-def kernel_breakdown(run: Any, calls: int = 5) -> dict[str, float]:
-    """GPU µs per call by kernel name over ``calls`` back-to-back calls (torch.profiler, CUDA)."""
+def kernel_calls(run: Any, calls: int = 5, warm: int = 1) -> dict[str, tuple[float, int]]:
+    """GPU µs and launches per call by kernel name over ``calls`` back-to-back calls after ``warm``
+    (torch.profiler, CUDA), the most time first."""
     import torch
 
-    prof = profiled(run, calls)
-    per_name: dict[str, float] = defaultdict(float)
-    for event in prof.events():
+    per_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in profiled(run, calls, warm).events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            per_name[event.name] += event.device_time_total / calls
-    return dict(sorted(per_name.items(), key=lambda kv: -kv[1]))
+            per_name[event.name][0] += event.device_time_total / calls
+            per_name[event.name][1] += 1
+    ranked = sorted(per_name.items(), key=lambda kv: -kv[1][0])
+    return {name: (us, launches // calls) for name, (us, launches) in ranked}
+
+
+def kernel_breakdown(run: Any, calls: int = 5) -> dict[str, float]:
+    """GPU µs per call by kernel name over ``calls`` back-to-back calls (``kernel_calls``)."""
+    return {name: us for name, (us, _) in kernel_calls(run, calls).items()}
 
 
 def breakdown_table(label: str, sides: dict[str, dict[str, float]], top: int) -> str:

@@ -9,36 +9,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections import defaultdict
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from common import parse_knob_sets, profiled  # noqa: E402
+from common import kernel_calls, parse_knob_sets  # noqa: E402
 from gru_step_knob import SEQ, STORED, variant_gru, weights  # noqa: E402
 
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
 
 
-def kernel_times(call, calls: int) -> dict[str, tuple[float, int]]:
-    """Microseconds a call of each kernel (by name, cut at 60 characters) and its launches a call."""
-    import torch
-
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for event in profiled(call, calls, warm=3).events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            total = totals[event.name[:60]]
-            total[0] += event.device_time_total
-            total[1] += 1
-    return {name: (us / calls, n // calls) for name, (us, n) in totals.items()}
-
-
 def show(label: str, times: dict[str, tuple[float, int]]) -> None:
+    """The kernels' total, then the six that take most time (``common.kernel_calls``'s order)."""
     print(f"## {label}: kernels {sum(us for us, _ in times.values()) / 1e3:.3f} ms a call")
-    for name, (us, n) in sorted(times.items(), key=lambda kv: -kv[1][0])[:6]:
-        print(f"   {us / 1e3:8.3f} ms  {n:4d} launches  {us / n:8.2f} us each  {name}")
+    for name, (us, n) in list(times.items())[:6]:
+        print(f"   {us / 1e3:8.3f} ms  {n:4d} launches  {us / n:8.2f} us each  {name[:60]}")
 
 
 def parse_cases(text: str) -> list[tuple[int, int]]:
@@ -81,11 +68,11 @@ def main() -> int:
                 continue
             gru.load_numpy(w)
             gru(x)
-            show(f"ours {label} B{batch} H{hidden}", kernel_times(gru.executor.run, args.calls))
+            show(f"ours {label} B{batch} H{hidden}", kernel_calls(gru.executor.run, args.calls, warm=3))
         module = torch.nn.GRU(hidden, hidden).cuda().half()
         xt = torch.randn(SEQ, batch, hidden, device="cuda", dtype=torch.half)
         with torch.no_grad():
-            times = kernel_times(lambda m=module, t=xt: m(t), args.calls)
+            times = kernel_calls(lambda m=module, t=xt: m(t), args.calls, warm=3)
         show(f"torch.nn.GRU (cuDNN STANDARD) B{batch} H{hidden}", times)
     return 0
 
