@@ -90,6 +90,9 @@ CASES = (
     Case("fp32 B8 H1536", 8, 1536), Case("fp32 B16 H2048", 16, 2048), Case("fp32 B64 H2048", 64, 2048),
     # larger batches, the unfused steps' hidden GEMM on wgmma
     Case("fp16 B128 H2048", 128, 2048, dtype="float16"), Case("fp16 B256 H1024", 256, 1024, dtype="float16"),
+    # the cell in the hidden GEMM's store (a wave of its tiles)
+    Case("fp16 bi B128 H1024", 128, 1024, dtype="float16", bidirectional=True),
+    Case("bf16 B128 H2048", 128, 2048, dtype="bfloat16"),
 )
 
 

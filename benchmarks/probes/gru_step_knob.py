@@ -64,7 +64,10 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 64, 1024, True), ("float16", 8, 2048, True), ("float16", 128, 1024),
          ("float16", 32, 1760), ("float16", 16, 1760),
          # the unfused steps with the hidden GEMM on wgmma (hid_wgmma) at larger batches, against mma.sync
-         ("float16", 128, 2048), ("float16", 256, 1024))
+         ("float16", 128, 2048), ("float16", 256, 1024),
+         # the cell in the hidden GEMM's store (hid_cell) at more shapes of a wave of its tiles or more
+         ("float16", 128, 1024, True), ("float16", 256, 2048), ("bfloat16", 128, 2048), ("float16", 64, 4096),
+         ("float16", 64, 2048, True))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

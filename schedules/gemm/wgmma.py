@@ -66,7 +66,7 @@ from tvm_ext.target import TargetInfo
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
                            k_turn_sums_bytes, own_c_stage_bytes, stage_barrier_bytes)
 from .wgmma_specialized import CONSUMER_REGISTERS, specialized_registers
-from .wgmma_steps import CValue, Prepare, kernels, prim_func
+from .wgmma_steps import CValue, OwnStore, Prepare, kernels, prim_func
 
 BK = 64  # the k step: 64 halves = one 128-byte swizzle row
 # B's layouts: "NK" = Bt (N, K), K-major (a Linear weight), read as stored; "KN" = B (K, N), read
@@ -411,6 +411,19 @@ def promote_reason(t: WgmmaTile, k: int, promote: int, overlap: bool = False) ->
 C_DTYPES = ("float16", "bfloat16", "float32")
 
 
+def gate_reason(t: WgmmaTile, n: int, b_layout: str, gates: int) -> str | None:
+    """Why tile ``t`` cannot take its columns as three gates of ``gates`` units each
+    (``KernelLayout.b_col``) for a caller's own store from the registers (one line), or None."""
+    units, atom = t.bn // 3, 64 if t.bn % 64 == 0 else 32
+    if (b_layout != "KN" or n != 3 * gates or t.bn % 3 or units % atom or gates % units or t.split > 1
+            or t.multicast or t.smem_epilogue or t.wg_cols > 1 or t.wg_k > 1):
+        return (f"{t.name}: a tile of three gates' units reads B stored (K, N) of 3 x {gates} columns in whole N "
+                f"atoms ({atom} columns; bn / 3 = {t.bn / 3:g} units a multiple of them and dividing {gates}), K "
+                "unsplit, no multicast, stored from the registers by whole-column warpgroups "
+                "(wgmma_smem_epilogue 0)")
+    return None
+
+
 def epilogue_reason(t: WgmmaTile, c_dtype: str) -> str | None:
     """Why tile ``t`` cannot store C as ``c_dtype`` (None: it can): the shared-memory epilogue
     stages C in the stages' own dtype, so C must be the operands' (float16 or bfloat16); the
@@ -510,7 +523,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                scale: float = 1.0, b_layout: str = "NK", epilogue: Callable[..., Any] | None = None,
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
                prepare: "Prepare | None" = None, scales: bool = False, overlap: bool = False,
-               signal: bool = False, bias_batched: bool = False) -> Any:
+               signal: bool = False, bias_batched: bool = False, gates: int = 0,
+               store: OwnStore | None = None) -> Any:
     """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
@@ -535,21 +549,28 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     (``wgmma_steps.k_loop``; the same C).  ``signal``: ``main(A, Bt, bias, C, ready)``, the
     kernel letting the next one on the stream launch at its start and counting each tile row's
     stores in ``ready`` (int32, one a tile row and their total after them, zero before the call)
-    until it reaches ``KernelLayout.signals_per_row`` (``wgmma_steps.row_signals``; ``signal_reason``)."""
-    reason = (wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
+    until it reaches ``KernelLayout.signals_per_row`` (``wgmma_steps.row_signals``; ``signal_reason``).
+    ``gates``: B's columns are three gates of that many units, each tile's a third of each
+    (``KernelLayout.b_col``; ``gate_reason``), for ``store``: a caller's own store of the sums and
+    the PrimFunc around it (``wgmma_steps.OwnStore``), in place of C's."""
+    reason = ((gate_reason(cfg, n, b_layout, gates) if gates or store is not None else None)
+              or wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
               or promote_reason(cfg, k, promote, overlap)
               or (signal_reason(cfg, bias_dtype is not None and epilogue is None and prepare is None
                                 and not scales and not batch) if signal else None))
     reason = reason or pdl_reason(cfg, prepare is not None or signal)
     if reason:
         raise TvmExtError(reason)
-    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal)
+    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal, gates)
     if scales and (bias_dtype is not None or epilogue is not None or prepare is not None or cfg.split > 1):
         raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
     if bias_batched and (bias_dtype is None or not batch):
         raise TvmExtError("bias_batched: a bias row for each matrix of a batch needs a bias and a batch")
-    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales, bias_batched)
+    out = CValue(c_dtype, scale, bias_dtype is not None, epilogue, scales, bias_batched, store)
     # an epilogue may read buffers that the caller makes parameters of a function of its own: not checked
-    func = prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None,
-                     scales=scales, bias_batched=bias_batched)
+    if store is not None:
+        func = store.prim_func(layout, kernels(layout, out))
+    else:
+        func = prim_func(layout, kernels(layout, out), bias_dtype, prepare, c_dtype, checked=epilogue is None,
+                         scales=scales, bias_batched=bias_batched)
     return mark_launch_early(func) if cfg.pdl else func

@@ -148,10 +148,11 @@ class KernelLayout:
     c_stage_rows: int = 0
     wg_k: int = 1  # consumer warpgroups taking the k steps in turn (``k_parity``, ``k_sums_at``)
     ends: int = 1  # row-major tiles' rows taken from the first, or with 2 from both ends in turn (``tile_row0``)
+    gates: int = 0  # B's columns three gates of this many units, a tile's columns a third of each (``b_col``)
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
-           promote: int, overlap: bool = False, signal: bool = False) -> "KernelLayout":
+           promote: int, overlap: bool = False, signal: bool = False, gates: int = 0) -> "KernelLayout":
         lead = tuple(int(x) for x in batch)
         split = cfg.split
         per_matrix = -(-m // cfg.bm) * -(-n // cfg.bn)  # a ragged M's last tile row, N's last column counted
@@ -166,7 +167,8 @@ class KernelLayout:
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
-                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0, wg_k=cfg.wg_k, ends=cfg.ends)
+                   c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0, wg_k=cfg.wg_k, ends=cfg.ends,
+                   gates=gates)
 
     # sizes derived from the fields
     @property
@@ -444,7 +446,17 @@ class KernelLayout:
             return B.ptr_to([*at, self.col_below_n(col0 + chunk // 8), kt * self.bk + chunk % 8 * self.chunk_elems])
         if not self.n_major:
             return self.k_major(B, at, col0, kt, chunk)
-        return B.ptr_to([*at, kt * self.bk + chunk // (self.bn // 8), col0 + chunk % (self.bn // 8) * 8])
+        return B.ptr_to([*at, kt * self.bk + chunk // (self.bn // 8), self.b_col(col0, chunk % (self.bn // 8) * 8)])
+
+    def b_col(self, col0: Any, offset: Any) -> Any:
+        """B's column for the tile's column ``col0 + offset``: itself, or with ``gates`` (a GRU's
+        hidden GEMM, B = W_hh (H, 3H) with its gates r, z, n side by side) the tile's columns are
+        the three gates of its ``bn / 3`` units in turn, so each thread's accumulators hold all
+        three gates of its units (``wgmma.gate_reason``)."""
+        if not self.gates:
+            return col0 + offset
+        units = self.bn // 3
+        return offset // units * self.gates + col0 // 3 + offset % units
 
     # units, C tiles and the batch
     def c_tile(self, unit: Any) -> Any:

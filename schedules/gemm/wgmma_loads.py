@@ -238,5 +238,5 @@ def b_coordinates(L: KernelLayout, at: list[Any], col0: Any, kt: Any, atom: int)
     from tvm.script import tirx as T
 
     lead = reversed(at if L.b_batched else [])
-    inner = (col0 + atom * L.b_atom, kt * L.bk) if L.n_major else (kt * L.bk, col0)
+    inner = (L.b_col(col0, atom * L.b_atom), kt * L.bk) if L.n_major else (kt * L.bk, col0)
     return [T.Cast("int32", x) for x in (*inner, *lead)]

@@ -15,7 +15,7 @@ adding unclustered slices (``add_slices``), the kernels with their launch and k 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .wgmma_layout import REDUCE_THREADS, KernelLayout, c_stage_row, counted_words
 from .wgmma_specialized import specialized_kernel
@@ -29,7 +29,8 @@ class CValue:
     or what ``epilogue(value, row, col, lead)`` makes of it.  ``scales``: the buffer in the
     bias's place holds two float32 scales (A's and B's, per tensor: an 8-bit float GEMM's) that
     multiply the sum.  ``bias_batched``: a bias row for each matrix of the batch (its leading
-    axes are the batch's), as each direction of a GRU has its own."""
+    axes are the batch's), as each direction of a GRU has its own.  ``store``: a caller's own
+    store of the accumulators in place of C's (``OwnStore``)."""
 
     c_dtype: str
     scale: float = 1.0
@@ -37,6 +38,7 @@ class CValue:
     epilogue: Callable[..., Any] | None = None
     scales: bool = False
     bias_batched: bool = False
+    store: "OwnStore | None" = None
 
     def __call__(self, value: Any, bias: Any, at: list[Any], row: Any, col: Any) -> Any:
         from tvm.script import tirx as T
@@ -50,6 +52,18 @@ class CValue:
         if self.has_bias:
             value = value + T.Cast("float32", bias[(*at, col)] if self.bias_batched else bias[col])
         return T.Cast(self.c_dtype, value)
+
+
+class OwnStore(Protocol):
+    """A caller's own store of a tile's sums in place of C's, and the PrimFunc around it (a GRU
+    step's cell on gate-grouped columns: ``schedules/gru/cell_epilogue.py``): ``macro(L)`` is
+    ``store(outputs, acc, bias, at, row0, col0, tx)`` for a warpgroup's 64 rows from ``row0`` and
+    the tile's columns from ``col0`` (``outputs``: what the function passes in C's place);
+    ``prim_func(L, run)`` the PrimFunc calling ``run(A, Bt, bias, outputs, None)``."""
+
+    def macro(self, L: KernelLayout) -> Callable[..., None]: ...
+
+    def prim_func(self, L: KernelLayout, run: Callable[..., None]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -182,11 +196,15 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
     C stored directly."""
     from tvm.script import tirx as T
 
+    own = out.store.macro(L) if out.store is not None else None
+
     @T.macro
     def direct_store(C: Any, bias: Any, acc: Any, at: Any, row0: Any, col0: Any, wg: Any, tx: Any) -> None:
         """The accumulators straight to C (pairs of adjacent columns), the warpgroup's band and columns."""
         first = T.meta_var(L.wg_first_col(col0, wg))
-        if L.guarded:  # each pair computed unguarded (below M and N), stored below them; else as it always was
+        if own is not None:  # the caller's store, C its outputs
+            own(C, acc, bias, at, row0 + L.wg_row(wg) * 64, first, tx)
+        elif L.guarded:  # each pair computed unguarded (below M and N), stored below them; else as it always was
             pair = T.alloc_buffer((2,), C.dtype, scope="local")
             for p in T.unroll(L.n_acc // 2):
                 row = T.meta_var(L.fragment_row(row0 + L.wg_row(wg) * 64, tx, p))

@@ -1,7 +1,8 @@
 """The unfused step (``fuse_step`` 0): per step the hidden GEMM ``gh = h·W_hᵀ + b_h`` (S2,
 the GEMM template batched over directions, knobs ``hid_*``; with ``hid_wgmma`` a wgmma kernel
 written as loops) and the cell kernel (S3+S4, knob ``cell_block``), the state ping-ponging
-between two buffers.
+between two buffers; with ``hid_cell`` the cell runs in the wgmma kernel's store instead
+(``cell_epilogue.py``), one kernel a step.
 
 The cell kernel, gate order r, z, n as in PyTorch: grid (batch, dirs), block ``cell_block``
 threads: r, z, n, h' and the writes of h' (the backward direction walks time in reverse, so it
@@ -16,6 +17,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
 from tvm_ext.target import TargetInfo
 
+from .cell_epilogue import cell_gemm, cell_tile
 from .compute import F32
 from .knobs import gemm_config
 from .step_common import cell_math, store_macro
@@ -83,6 +85,7 @@ class CellStep(StepVariant):
     hidden_gemm: Any  # the hidden GEMM's template (a ``BiasGemmTemplate``)
     gemm_knobs: Config  # the hid_* knobs
     wgmma: WgmmaTile | None = None  # the hidden GEMM's wgmma tile where hid_wgmma is 1 (else a schedule)
+    cell_in_gemm: bool = False  # hid_cell: the cell in that GEMM's store, one kernel a step (``cell_epilogue``)
 
     unshown_prefixes = ("step_",)
     runs_hidden_gemm = True
@@ -91,7 +94,9 @@ class CellStep(StepVariant):
     def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any, hidden_wgmma: WgmmaTile | None = None) -> "CellStep":
         return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
                    gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))),
-                   wgmma=hidden_wgmma if c.hid_wgmma else None)
+                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden) if c.hid_cell else hidden_wgmma)
+                   if c.hid_wgmma and hidden_wgmma is not None else None,
+                   cell_in_gemm=bool(c.hid_cell))
 
     def reason(self, target: TargetInfo) -> str | None:
         return None  # the hidden GEMM's tile is checked with the other GEMMs (wgmma's: ``hidden_wgmma_reason``)
@@ -104,7 +109,8 @@ class CellStep(StepVariant):
         if self.wgmma is None:  # else written as loops (``lowered_kernels``)
             gemm = gemm_config(self.gemm_knobs, "hid_", self.hidden_gemm.default_config(target))
             kernels["gru_gemm_h"] = self.hidden_gemm.schedule(gemm, target)
-        kernels["gru_cell"] = schedule_cell(cell, min(self.block, target.max_threads_per_block))
+        if not self.cell_in_gemm:
+            kernels["gru_cell"] = schedule_cell(cell, min(self.block, target.max_threads_per_block))
         return kernels
 
     def lowered_kernels(self) -> dict[str, Any]:
@@ -113,6 +119,8 @@ class CellStep(StepVariant):
         if self.wgmma is None:
             return {}
         s = self.sizes
+        if self.cell_in_gemm:
+            return {"gru_gemm_cell": cell_gemm(self.wgmma, s)}
         return {"gru_gemm_h": wgmma_gemm(self.wgmma, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype,
                                          bias_dtype=s.w_dtype, b_layout="KN", batch=(s.dirs,), bias_batched=True)}
 
@@ -123,6 +131,10 @@ class CellStep(StepVariant):
         calls = []
         for s in range(self.sizes.seq):
             h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
+            if self.cell_in_gemm:
+                calls.append(("gru_gemm_cell", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gi", h_in, s, layer, h_out,
+                                                 out, "h_n")))
+                continue
             calls.append(("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
             calls.append(("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))
         return calls

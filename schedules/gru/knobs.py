@@ -140,6 +140,9 @@ HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with 
                                              "runs each step's hidden GEMM on Hopper's warpgroup MMA (``wgmma.py``), "
                                              "W_hh read N-major as stored, a bias row a direction; 0 on the "
                                              "hid_tensor_core tile (mma.sync) or the CUDA cores", before=0)
+HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its store, "
+                                           "one kernel a step, each tile's 96 columns the three gates of 32 units "
+                                           "(``cell_epilogue.py``); 0 a cell kernel after it", before=0)
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
@@ -149,7 +152,7 @@ HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
 KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB, INPUT_TF32_PROMOTE_KNOB)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS)
-         + (HIDDEN_WGMMA_KNOB,))
+         + (HIDDEN_WGMMA_KNOB, HIDDEN_CELL_KNOB))
 
 
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:

@@ -45,6 +45,7 @@ from tvm_ext.target import TargetInfo
 
 from tvm_ext.schedules.gemm.wgmma import row_order_tiles
 
+from .cell_epilogue import cell_blocks
 from .flag_step import FLAG_UNITS
 from .fused_step import step_k_extent
 from .split_step import SPLIT_CHUNK_K
@@ -88,6 +89,10 @@ SPLIT_MIN_FLOPS = 1e9
 # mma.sync tile: faster at B64 H1024 (51.5 GFLOP) and B8 H1024 (6.4), a tie at float16 B8 H512 (1.6 GFLOP;
 # docs/results/gru.md)
 WGMMA_MIN_FLOPS = 4e9
+# The unfused steps run the cell in the hidden GEMM's store where its whole tiles (64 rows x 32
+# units) make at least this share of a wave: faster than two kernels a step at 128 tiles (B128
+# H2048, B256 H1024), slower at 48-64 (B64 H1536 / H2048)
+CELL_WAVE = 0.9
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -151,6 +156,12 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         wgmma = base.replace(hid_wgmma=1)
         unfused = wgmma if space.is_feasible(wgmma) else base
+        cell = unfused.replace(hid_cell=1)
+        if (unfused.hid_wgmma and template.batch % 64 == 0 and space.is_feasible(cell)
+                and cell_blocks(template.batch, template.hidden, template.dirs) >= CELL_WAVE * hw.sm_count):
+            return cell, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
+                          f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step "
+                          f"(no tensor-core step kernel's grid is resident: W_hh's slices and h's rows do not fit)")
         tile = template.hid_wgmma_tile.name if unfused.hid_wgmma else template.hid_tensor_core.label()
         return unfused, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores ({tile}), then the "
                          f"cell kernel (no tensor-core step kernel's grid is resident: W_hh's slices and h's rows "

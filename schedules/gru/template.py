@@ -35,6 +35,8 @@ from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
 from . import plan as host_plan
+from .cell_epilogue import cell_tile_reason
+from .cell_step import CellStep
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
@@ -448,8 +450,8 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
-            if c.hid_wgmma:
-                reason = self.hidden_wgmma_reason(step)
+            if c.hid_wgmma or c.hid_cell:
+                reason = self.hidden_wgmma_reason(step, bool(c.hid_cell))
                 if reason:
                     return reason
             if c.step_overlap:
@@ -539,9 +541,13 @@ class GruTemplate(DtypeFields, Template):
                     "and dirs·3H of 64 (GRU.build picks one)")
         return None
 
-    def hidden_wgmma_reason(self, step: StepVariant) -> str | None:
+    def hidden_wgmma_reason(self, step: StepVariant, cell: bool = False) -> str | None:
         """Why a config of ``step`` cannot run the hidden GEMM on wgmma (``hid_wgmma`` 1) with this
-        template's tile."""
+        template's tile, or (``cell``: ``hid_cell`` 1) the cell in its store."""
+        if cell and (not isinstance(step, CellStep) or step.wgmma is None):
+            return "hid_cell 1 runs the cell in the store of the hidden GEMM on wgmma (fuse_step 0, hid_wgmma 1)"
+        if cell:
+            return cell_tile_reason(step.wgmma, self.batch, self.hidden)
         if not step.runs_hidden_gemm:
             return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
         if self.hid_wgmma_tile is None:
@@ -646,7 +652,8 @@ class GruTemplate(DtypeFields, Template):
                                   "step_overlap": 0, "step_overlap_bn": 0, "step_overlap_tma": 0,
                                   "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
-                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "hid_wgmma": 0}
+                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "hid_wgmma": 0,
+                                  "hid_cell": 0}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)

@@ -1,0 +1,146 @@
+"""The unfused GRU step's cell in its hidden GEMM's store (``hid_cell``): one wgmma kernel a step
+whose tiles read W_hh's columns as three gates of 32 units, the space's refusals, and ``-m gpu``
+runs against float64 and against the two-kernel step."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from gru_checks import assert_reruns_match_float64
+from test_gru import Shape, _inputs, _weights
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+from tvm_ext.schedules.gru import GRU, GruTemplate
+from tvm_ext.target import offline_cuda
+
+HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+BF16 = {name: "bfloat16" for name in HALF}
+CELL_IN_GEMM = {"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 1}
+
+
+def _template(batch: int, hidden: int, bidirectional: bool = False, precision: dict | None = HALF,
+              seq: int = 5) -> GruTemplate:
+    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=seq, bidirectional=bidirectional)
+    return (t.with_precision(precision) if precision else t).with_tensor_cores(offline_cuda("sm_90"))
+
+
+def _kernel_source(source: str, name: str) -> str:
+    body = source[re.search(name + r"_kernel\([^)]*\) \{", source).end():]
+    return body[:body.index("\n}\n")]
+
+
+def test_a_tile_reads_the_three_gates_of_its_units():
+    """Tile t's 96 columns are W_hh's columns of units 32t..32t+31 of r, then z, then n."""
+    layout = KernelLayout.of(WgmmaTile(64, 96, 8, smem_epilogue=False), 64, 3 * 512, 512, "KN", (), True, 0,
+                             gates=512)
+    tile = 3 * 96  # the fourth tile: units 96..127
+    assert [layout.b_col(tile, offset) for offset in (0, 31, 32, 63, 64, 95)] == [96, 127, 608, 639, 1120, 1151]
+    plain = KernelLayout.of(WgmmaTile(64, 96, 8, smem_epilogue=False), 64, 3 * 512, 512, "KN", (), True, 0)
+    assert plain.b_col(tile, 40) == tile + 40
+
+
+@pytest.mark.parametrize("batch, hidden, bidirectional, cell", [
+    (128, 2048, False, True), (256, 1024, False, True), (128, 1024, True, True),  # 128 tiles: a wave
+    (64, 2048, False, False), (64, 1536, False, False), (192, 1024, False, False),  # 64, 48, 96 tiles
+    (96, 1024, True, False),  # a ragged last tile row
+])
+def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, cell):
+    """The unfused steps take the cell into the hidden GEMM's store where its whole 64-row tiles
+    of 32 units fill 90 % of the SMs (faster than two kernels a step at B128 H2048 and B256
+    H1024, slower at B64 H1536 / H2048: docs/results/gru.md)."""
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, bidirectional)
+    cfg, why = t.analytic_pick(target)
+    assert (cfg.fuse_step, cfg.hid_wgmma, cfg.hid_cell) == (0, 1, int(cell))
+    assert ("(wgmma 64x96x64 s8 w1 direct tma ws pdl) with the cell in its store" in why) == cell
+    assert t.space(target).infeasible_reason(cfg) is None
+
+
+def test_one_kernel_a_step_runs_the_gemm_and_the_cell():
+    """No gh in memory and no cell kernel: a step is one call, reading h twice (the GEMM's A
+    and the state it blends) and writing the next state, out[t] and h_n; its B boxes are the
+    three gates' 32 columns of the block's units."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 2048)
+    cfg = t.analytic_pick(target)[0].replace(**CELL_IN_GEMM)
+    assert t.space(target).infeasible_reason(cfg) is None
+    lowered = t.lowered_kernels(cfg)
+    assert "gru_cell" not in t.kernels(cfg, target) and "gru_gemm_cell" in lowered and "gru_gemm_h" not in lowered
+    compiled = t.compile(cfg, target)
+    steps = [c for c in compiled.function_calls() if c.name == "gru_gemm_cell"]
+    assert len(steps) == t.seq
+    assert steps[2].args == ("p0", "w_hh0", "b_hh0", "gi", "p0", 2, 0, "p1", "out", "h_n")
+    assert not any(c.name in ("gru_cell", "gru_gemm_h") for c in compiled.function_calls())
+    kernel = _kernel_source(compiled.source, "gru_gemm_cell")
+    boxes = re.findall(r"&\(b_map\)\)\)\), (.*?), \(it \* 64\)", kernel)
+    tile = "((int)blockIdx.x) * 32)"
+    assert boxes == [f"({tile}", f"(({tile} + 2048)", f"(({tile} + 4096)"]
+    assert "griddepcontrol_wait()" in kernel and "mma_async_sync_aligned_m64n96k16" in kernel
+    assert all(f"{name}_ptr[" in kernel for name in ("gi", "h", "h_out", "out", "h_n"))
+
+
+@pytest.mark.parametrize("knobs, reason", [
+    ({"fuse_step": 0, "hid_wgmma": 0}, "hid_cell 1 runs the cell in the store of the hidden GEMM on wgmma"),
+    ({"fuse_step": 1, "hid_wgmma": 0}, "hid_cell 1 runs the cell in the store of the hidden GEMM on wgmma"),
+])
+def test_space_refuses_hid_cell_without_the_wgmma_hidden_gemm(knobs, reason):
+    target = offline_cuda("sm_90")
+    t = _template(64, 1024)
+    cfg = t.default_config(target).replace(hid_cell=1, **knobs)
+    assert reason in t.space(target).infeasible_reason(cfg)
+
+
+@pytest.mark.parametrize("tile, n, layout, gates", [
+    (WgmmaTile(64, 96, 8, smem_epilogue=False), 3 * 80, "KN", 80),  # 80 units: no whole tiles of 32
+    (WgmmaTile(64, 96, 8, smem_epilogue=False), 3 * 64, "NK", 64),  # Bt (N, K): not read by gate
+    (WgmmaTile(64, 96, 8, smem_epilogue=True), 3 * 64, "KN", 64),  # C staged: the store is the caller's
+    (WgmmaTile(64, 64, 8, smem_epilogue=False), 3 * 64, "KN", 64),  # 64 columns: no three gates
+])
+def test_a_gate_grouped_tile_refuses_what_it_cannot_read(tile, n, layout, gates):
+    with pytest.raises(TvmExtError, match="three gates"):
+        wgmma_gemm(tile, 64, n, 512, b_layout=layout, gates=gates)
+
+
+def test_records_key_the_knob_with_the_tile_it_derives_from():
+    """The cell's tile is the hidden GEMM's tile made 96 columns wide: the workload key names that
+    tile (``hid_wgmma``), the config the knob; configs without the knob keep their value."""
+    target = offline_cuda("sm_90")
+    t = _template(64, 2048)
+    assert t.params["hid_wgmma"] == "wgmma 64x64x64 s8 w1 direct tma ws pdl"
+    assert t.default_config(target).hid_cell == 0
+    assert t.step_variant(t.default_config(target).replace(**CELL_IN_GEMM)).wgmma.name == \
+        "wgmma 64x96x64 s8 w1 direct tma ws pdl"
+
+
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+GPU_SHAPES = {
+    # both directions (each its own bias row), two layers, 70 rows: the last 64-row tile guarded
+    "b70-h512-2layer-bi": Shape(seq=5, batch=70, input=64, hidden=512, layers=2, bidirectional=True),
+    # loaded by TMA with a producer warpgroup (the B64 H1536 pick's tile)
+    "b64-h1536": Shape(seq=4, batch=64, input=96, hidden=1536),
+    # 128-row tiles, both directions
+    "b128-h256-bi": Shape(seq=4, batch=128, input=64, hidden=256, bidirectional=True),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision, bound", [(HALF, 5e-3), (BF16, 3e-2)], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("key", list(GPU_SHAPES))
+def test_cuda_cell_in_the_hidden_gemm_matches_float64_and_the_two_kernel_step(key, precision, bound):
+    s = GPU_SHAPES[key]
+
+    def build(config: dict) -> GRU:
+        return GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
+                         batch=s.batch, seq=s.seq, config=config, precision=precision).load_numpy(_weights(s))
+
+    gru = build(CELL_IN_GEMM)
+    x, h0 = _inputs(s)
+    assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)
+    assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
+    two_kernels = build({**CELL_IN_GEMM, "hid_cell": 0})
+    ours, theirs = gru(x, h0), two_kernels(x, h0)
+    for a, b in zip(ours, theirs):  # the same sums and the same cell: equal but for the sums' order of tiles
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=2e-3)
