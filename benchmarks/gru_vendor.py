@@ -93,6 +93,7 @@ CASES = (
     # the cell in the hidden GEMM's store (a wave of its tiles)
     Case("fp16 bi B128 H1024", 128, 1024, dtype="float16", bidirectional=True),
     Case("bf16 B128 H2048", 128, 2048, dtype="bfloat16"),
+    Case("fp16 B192 H1024", 192, 1024, dtype="float16"), Case("fp16 B128 H1536", 128, 1536, dtype="float16"),
 )
 
 

@@ -30,6 +30,8 @@ def _template(batch: int, hidden: int, bidirectional: bool = False, precision: d
 @pytest.mark.parametrize("batch, hidden, bidirectional, tile", [
     (64, 2048, False, "wgmma 64x64x64 s8 w1 direct tma ws pdl"),
     (64, 1536, False, "wgmma 64x64x64 s8 w1 direct tma ws pdl"),
+    (128, 1024, True, "wgmma 128x64x64 s6 w1 direct tma ws pdl"),
+    (256, 1024, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl"),
     (128, 1536, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl"),
     (96, 1024, True, "wgmma 64x64x64 s8 w1 direct r2 t2 tma ws pdl"),
     (192, 1024, False, "wgmma 64x64x64 s8 w1 direct t2 tma ws pdl"),
@@ -38,13 +40,15 @@ def test_pick_runs_the_unfused_steps_hidden_gemm_on_wgmma(batch, hidden, bidirec
     """Where no step kernel's grid is resident, the hidden GEMM runs on wgmma: launched early
     (PDL), with a producer warpgroup where TMA loads it, on 128-row tiles where 128 divides the
     batch (faster than the mma.sync tile picked before at B64 H1536 / H2048, and than 64-row
-    tiles at B128 H2048 / B256 H1024: docs/results/gru.md), then the cell kernel where the cell's
-    own tiles make less than a wave (``test_gru_cell_epilogue.py``)."""
+    tiles at B128 H2048 / B256 H1024: docs/results/gru.md); the cell kernel after it, or the cell
+    in the store of a tile of its own (``test_gru_cell_epilogue.py``)."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional)
     cfg, why = t.analytic_pick(target)
-    assert (cfg.fuse_step, cfg.hid_wgmma) == (0, 1)
-    assert why.startswith(f"the unfused pipeline: per step the hidden GEMM on the tensor cores ({tile})")
+    assert (cfg.fuse_step, cfg.hid_wgmma) == (0, 1) and t.hid_wgmma_tile.name == tile
+    assert why.startswith("the unfused pipeline: per step the hidden GEMM on the tensor cores (wgmma ")
+    assert why.startswith(f"the unfused pipeline: per step the hidden GEMM on the tensor cores ({tile})") == \
+        (cfg.hid_cell == 0)
     assert t.space(target).infeasible_reason(cfg) is None
 
 

@@ -67,7 +67,7 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 128, 2048), ("float16", 256, 1024),
          # the cell in the hidden GEMM's store (hid_cell) at more shapes of a wave of its tiles or more
          ("float16", 128, 1024, True), ("float16", 256, 2048), ("bfloat16", 128, 2048), ("float16", 64, 4096),
-         ("float16", 64, 2048, True))
+         ("float16", 64, 2048, True), ("float16", 128, 1536), ("float16", 192, 1024))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

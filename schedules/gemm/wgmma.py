@@ -415,12 +415,12 @@ def gate_reason(t: WgmmaTile, n: int, b_layout: str, gates: int) -> str | None:
     """Why tile ``t`` cannot take its columns as three gates of ``gates`` units each
     (``KernelLayout.b_col``) for a caller's own store from the registers (one line), or None."""
     units, atom = t.bn // 3, 64 if t.bn % 64 == 0 else 32
-    if (b_layout != "KN" or n != 3 * gates or t.bn % 3 or units % atom or gates % units or t.split > 1
-            or t.multicast or t.smem_epilogue or t.wg_cols > 1 or t.wg_k > 1):
+    if (b_layout != "KN" or n != 3 * gates or t.bn % 3 or units % atom or gates % units
+            or (t.split > 1 and not t.cluster) or t.multicast or t.smem_epilogue or t.wg_cols > 1 or t.wg_k > 1):
         return (f"{t.name}: a tile of three gates' units reads B stored (K, N) of 3 x {gates} columns in whole N "
                 f"atoms ({atom} columns; bn / 3 = {t.bn / 3:g} units a multiple of them and dividing {gates}), K "
-                "unsplit, no multicast, stored from the registers by whole-column warpgroups "
-                "(wgmma_smem_epilogue 0)")
+                "unsplit or split in a cluster, no multicast, stored from the registers by whole-column "
+                "warpgroups (wgmma_smem_epilogue 0)")
     return None
 
 

@@ -59,9 +59,14 @@ class OwnStore(Protocol):
     step's cell on gate-grouped columns: ``schedules/gru/cell_epilogue.py``): ``macro(L)`` is
     ``store(outputs, acc, bias, at, row0, col0, tx)`` for a warpgroup's 64 rows from ``row0`` and
     the tile's columns from ``col0`` (``outputs``: what the function passes in C's place);
-    ``prim_func(L, run)`` the PrimFunc calling ``run(A, Bt, bias, outputs, None)``."""
+    ``cluster_macro(L)``, with K split in a cluster, ``store(outputs, bias, at, row0, col0, bid, tx,
+    peer)`` for the block's band of rows, the slices' float32 sums in each block's shared memory
+    (``peer``: their addresses, rows ``L.c_stride`` words apart); ``prim_func(L, run)`` the PrimFunc
+    calling ``run(A, Bt, bias, outputs, None)``."""
 
     def macro(self, L: KernelLayout) -> Callable[..., None]: ...
+
+    def cluster_macro(self, L: KernelLayout) -> Callable[..., None]: ...
 
     def prim_func(self, L: KernelLayout, run: Callable[..., None]) -> Any: ...
 
@@ -307,11 +312,13 @@ def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
     """The macro ``cluster_sum(smem, base, C, bias, acc, bid, at, row0, col0, wg, tx)``: the
     cluster's K slices of this tile added: each block's float32 sums into its shared memory, then
     block ``rank`` adds rows [rank x band, ..) of every block's (distributed shared memory, 16 bytes
-    at a time, slices in order) and stores them through the epilogue."""
+    at a time, slices in order) and stores them through the epilogue, or a caller's own store
+    does (``OwnStore.cluster_macro``)."""
     from tvm.script import tirx as T
 
     split, threads, bn, band, sum_stride = L.split, L.threads, L.bn, L.band, L.c_stride
     band_quads = band * bn // 4
+    own = out.store.cluster_macro(L) if out.store is not None else None
 
     @T.macro
     def cluster_sum(smem: Any, base: Any, C: Any, bias: Any, acc: Any, bid: Any, at: Any, row0: Any, col0: Any,
@@ -329,19 +336,22 @@ def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
         T.ptx["barrier.cluster.wait.acquire"]()  # every block's sums are in its shared memory
         for b in T.unroll(split):
             T.ptx["mapa.shared::cluster.u32"](peer[b], base, T.uint32(b))  # ``sums`` starts at the stages' base
-        for i in T.unroll(-(-band_quads // threads)):
-            if i * threads + tx < band_quads:
-                row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
-                col = T.meta_var((i * threads + tx) % (bn // 4) * 4)
-                for v in T.unroll(4):
-                    quad[v] = T.float32(0)
-                for b in T.unroll(split):
-                    T.ptx["ld.shared::cluster.v4.f32"](got[0], got[1], got[2], got[3],
-                                                       peer[b] + T.Cast("uint32", (row * sum_stride + col) * 4))
+        if own is not None:  # the caller's store, C its outputs
+            own(C, bias, at, row0, col0, bid, tx, peer)
+        else:
+            for i in T.unroll(-(-band_quads // threads)):
+                if i * threads + tx < band_quads:
+                    row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
+                    col = T.meta_var((i * threads + tx) % (bn // 4) * 4)
                     for v in T.unroll(4):
-                        quad[v] = quad[v] + got[v]
-                for v in T.vectorized(4):
-                    C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
+                        quad[v] = T.float32(0)
+                    for b in T.unroll(split):
+                        T.ptx["ld.shared::cluster.v4.f32"](got[0], got[1], got[2], got[3],
+                                                           peer[b] + T.Cast("uint32", (row * sum_stride + col) * 4))
+                        for v in T.unroll(4):
+                            quad[v] = quad[v] + got[v]
+                    for v in T.vectorized(4):
+                        C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
         T.ptx["barrier.cluster.arrive.release"]()
         T.ptx["barrier.cluster.wait.acquire"]()  # no block leaves while another reads its shared memory
 

@@ -21,36 +21,28 @@ CELL_TILE_COLUMNS = 96  # 32 units' three gates: W_hh's (K, N) rows read in N at
 CELL_TILE_STAGES = 8
 
 
-def cell_tile(tile: WgmmaTile, hidden: int) -> WgmmaTile:
+def cell_tile(tile: WgmmaTile, hidden: int, split: int = 1) -> WgmmaTile:
     """The tile of the hidden GEMM with the cell in its store, in ``tile``'s operand (the
     ``hid_wgmma`` tile's): 64 rows and 96 columns (32 units), 8 stages (fewer where K has fewer
-    k steps), loaded by the TMA behind a producer warpgroup, launched early, stored from the
-    registers, a tile a block: faster than 128-row tiles and than the tile without the producer
-    at B128 H1024-H2048 and B256 H1024 (docs/results/gru.md)."""
-    stages = min(CELL_TILE_STAGES, hidden // tile.bk + 2)
+    k steps), loaded by the TMA, launched early, stored from the registers, a tile a block; K
+    unsplit behind a producer warpgroup (faster than 128-row tiles and than the tile without the
+    producer at B128 H1024-H2048 and B256 H1024: docs/results/gru.md), or with ``split`` 2 in
+    halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``)."""
+    stages = min(CELL_TILE_STAGES, hidden // tile.bk // split + 2)
     return WgmmaTile(64, CELL_TILE_COLUMNS, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
-                     specialized=True, pdl=True)
+                     specialized=split == 1, pdl=True, split=split, cluster=split > 1)
 
 
-def cell_blocks(batch: int, hidden: int, dirs: int) -> int:
-    """Blocks of the step kernel with the cell in its store: a tile of 64 rows and 32 units each."""
-    return -(-batch // 64) * (hidden // (CELL_TILE_COLUMNS // 3)) * dirs
+def cell_blocks(batch: int, hidden: int, dirs: int, split: int = 1) -> int:
+    """Blocks of the step kernel with the cell in its store: a tile of 64 rows and 32 units each,
+    ``split`` blocks a tile."""
+    return -(-batch // 64) * (hidden // (CELL_TILE_COLUMNS // 3)) * dirs * split
 
 
 def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
     size (one line), or None."""
     return gate_reason(tile, 3 * hidden, "KN", hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden, b_layout="KN")
-
-
-def _gate_sum(L: KernelLayout, acc: Any, bias: Any, d: Any, gate: int, g: int, half: int, v: int, unit: Any,
-              hidden: int, gh_dtype: str) -> Any:
-    """gh of ``gate`` at the thread's unit: its accumulator (8-column group ``g`` of the gate's
-    third of the tile, row ``half``, column ``v`` of the pair) plus b_hh, rounded to gh's dtype."""
-    from tvm.script import tirx as T
-
-    index = (gate * (L.bn // 24) + g) * 4 + half * 2 + v  # wgmma's m64nN fragment: pair 2·group + half
-    return T.Cast(gh_dtype, acc[index] + T.Cast("float32", bias[d, gate * hidden + unit]))
 
 
 @dataclass(frozen=True)
@@ -62,36 +54,86 @@ class CellStore:
     sizes: StepSizes
     kind: str = "cuda"
 
-    def macro(self, L: KernelLayout) -> Callable[..., None]:
+    def cell(self, L: KernelLayout) -> Callable[..., None]:
+        """The macro ``cell(outputs, bias, d, row, unit, sum_r, sum_z, sum_n, h_new)``: the cell of
+        (``row``, ``unit``) of direction ``d`` from the three gates' sums, h' into ``h_new[0]`` and
+        stored (rows past the batch computed at one below it, not stored)."""
         from tvm.script import tirx as T
 
         s = self.sizes
-        hidden, gates3, groups = s.hidden, 3 * s.hidden, L.bn // 24
+        hidden = s.hidden
+
+        def gh(value: Any, bias: Any, d: Any, gate: int, unit: Any) -> Any:  # the sum plus b_hh, as gh stores it
+            return T.Cast(s.gh_dtype, value + T.Cast("float32", bias[d, gate * hidden + unit]))
+
+        @T.macro
+        def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, sum_r: Any, sum_z: Any, sum_n: Any,
+                 h_new: Any) -> None:
+            gi, h, step, layer, h_out, out, h_n = outputs
+            t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
+            gi_row = T.meta_var(t * s.batch + L.epilogue_row(row))
+            col = T.meta_var(d * 3 * hidden + unit)
+            h_new[0] = cell_math(T, gi[gi_row, col], gi[gi_row, col + hidden], gi[gi_row, col + 2 * hidden],
+                                 gh(sum_r, bias, d, 0, unit), gh(sum_z, bias, d, 1, unit),
+                                 gh(sum_n, bias, d, 2, unit), h[d, L.epilogue_row(row), unit], s.math_dtype,
+                                 self.kind, s.h_dtype)
+            if L.in_rows(row):
+                h_out[d, row, unit] = T.Cast(s.h_dtype, h_new[0])
+                out[t * s.batch + row, d * hidden + unit] = T.Cast(s.out_dtype, h_new[0])
+                h_n[layer * s.dirs + d, row, unit] = T.Cast(s.h_dtype, h_new[0])
+
+        return cell
+
+    def macro(self, L: KernelLayout) -> Callable[..., None]:
+        """From the registers: a thread's pair of columns in each 8-column group of a gate's third
+        holds all three gates of two units (wgmma's m64nN fragment: pair 2·group + half)."""
+        from tvm.script import tirx as T
+
+        groups = L.bn // 24
+        cell = self.cell(L)
 
         @T.macro
         def store(outputs: Any, acc: Any, bias: Any, at: Any, row0: Any, col0: Any, tx: Any) -> None:
-            gi, h, step, layer, h_out, out, h_n = outputs
-            h_new = T.alloc_buffer((1,), s.math_dtype, scope="local")  # computed once, stored three times
-            d = T.meta_var(at[0])
-            t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
+            h_new = T.alloc_buffer((1,), self.sizes.math_dtype, scope="local")  # computed once, stored three times
             for g in T.unroll(groups):
                 for half in T.unroll(2):
-                    row = T.meta_var(L.fragment_row(row0, tx, half))
-                    below = T.meta_var(L.epilogue_row(row))
                     for v in T.unroll(2):
-                        unit = T.meta_var(col0 // 3 + g * 8 + tx % 4 * 2 + v)
-                        col = T.meta_var(d * gates3 + unit)
-                        h_new[0] = cell_math(
-                            T, gi[t * s.batch + below, col], gi[t * s.batch + below, col + hidden],
-                            gi[t * s.batch + below, col + 2 * hidden],
-                            _gate_sum(L, acc, bias, d, 0, g, half, v, unit, hidden, s.gh_dtype),
-                            _gate_sum(L, acc, bias, d, 1, g, half, v, unit, hidden, s.gh_dtype),
-                            _gate_sum(L, acc, bias, d, 2, g, half, v, unit, hidden, s.gh_dtype),
-                            h[d, below, unit], s.math_dtype, self.kind, s.h_dtype)
-                        if L.in_rows(row):
-                            h_out[d, row, unit] = T.Cast(s.h_dtype, h_new[0])
-                            out[t * s.batch + row, d * hidden + unit] = T.Cast(s.out_dtype, h_new[0])
-                            h_n[layer * s.dirs + d, row, unit] = T.Cast(s.h_dtype, h_new[0])
+                        cell(outputs, bias, at[0], L.fragment_row(row0, tx, half), col0 // 3 + g * 8 + tx % 4 * 2 + v,
+                             acc[g * 4 + half * 2 + v], acc[(groups + g) * 4 + half * 2 + v],
+                             acc[(2 * groups + g) * 4 + half * 2 + v], h_new)
+
+        return store
+
+    def cluster_macro(self, L: KernelLayout) -> Callable[..., None]:
+        """With K split in a cluster: the block's band of rows, four units a thread, each gate's
+        sums added over the cluster's blocks (16 bytes of each block's shared memory a gate)."""
+        from tvm.script import tirx as T
+
+        units = L.bn // 3
+        quads = L.band * units // 4
+        cell = self.cell(L)
+
+        @T.macro
+        def store(outputs: Any, bias: Any, at: Any, row0: Any, col0: Any, bid: Any, tx: Any, peer: Any) -> None:
+            got = T.alloc_buffer((4,), "float32", scope="local")
+            sums = T.alloc_buffer((12,), "float32", scope="local")  # r, z, n of four units
+            h_new = T.alloc_buffer((1,), self.sizes.math_dtype, scope="local")
+            for i in T.unroll(-(-quads // L.threads)):
+                if i * L.threads + tx < quads:
+                    row = T.meta_var(bid % L.split * L.band + (i * L.threads + tx) // (units // 4))
+                    unit = T.meta_var((i * L.threads + tx) % (units // 4) * 4)
+                    for gate in T.unroll(3):
+                        for v in T.unroll(4):
+                            sums[gate * 4 + v] = T.float32(0)
+                        for b in T.unroll(L.split):
+                            T.ptx["ld.shared::cluster.v4.f32"](
+                                got[0], got[1], got[2], got[3],
+                                peer[b] + T.Cast("uint32", (row * L.c_stride + gate * units + unit) * 4))
+                            for v in T.unroll(4):
+                                sums[gate * 4 + v] = sums[gate * 4 + v] + got[v]
+                    for v in T.unroll(4):
+                        cell(outputs, bias, at[0], row0 + row, col0 // 3 + unit + v, sums[v], sums[4 + v],
+                             sums[8 + v], h_new)
 
         return store
 

@@ -94,7 +94,7 @@ class CellStep(StepVariant):
     def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any, hidden_wgmma: WgmmaTile | None = None) -> "CellStep":
         return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
                    gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))),
-                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden) if c.hid_cell else hidden_wgmma)
+                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden, c.hid_cell) if c.hid_cell else hidden_wgmma)
                    if c.hid_wgmma and hidden_wgmma is not None else None,
                    cell_in_gemm=bool(c.hid_cell))
 

@@ -90,9 +90,10 @@ SPLIT_MIN_FLOPS = 1e9
 # docs/results/gru.md)
 WGMMA_MIN_FLOPS = 4e9
 # The unfused steps run the cell in the hidden GEMM's store where its whole tiles (64 rows x 32
-# units) make at least this share of a wave: faster than two kernels a step at 128 tiles (B128
-# H2048, B256 H1024), slower at 48-64 (B64 H1536 / H2048)
-CELL_WAVE = 0.9
+# units) make at least this share of a wave, else where their K halves (two blocks of a cluster a
+# tile) do within one wave: faster than two kernels a step with 96-256 tiles and with 96-128
+# halves, slower with 48-64 tiles and with 192-256 halves (docs/results/gru.md)
+CELL_WAVE = 0.7
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -156,9 +157,11 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         wgmma = base.replace(hid_wgmma=1)
         unfused = wgmma if space.is_feasible(wgmma) else base
-        cell = unfused.replace(hid_cell=1)
-        if (unfused.hid_wgmma and template.batch % 64 == 0 and space.is_feasible(cell)
-                and cell_blocks(template.batch, template.hidden, template.dirs) >= CELL_WAVE * hw.sm_count):
+        blocks = {split: cell_blocks(template.batch, template.hidden, template.dirs, split) for split in (1, 2)}
+        fits = [split for split in (1, 2) if unfused.hid_wgmma and template.batch % 64 == 0
+                and blocks[split] >= CELL_WAVE * hw.sm_count and (split == 1 or blocks[split] <= hw.sm_count)]
+        cell = unfused.replace(hid_cell=fits[0] if fits else 0)
+        if cell.hid_cell and space.is_feasible(cell):
             return cell, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
                           f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step "
                           f"(no tensor-core step kernel's grid is resident: W_hh's slices and h's rows do not fit)")
