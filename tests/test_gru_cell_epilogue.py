@@ -42,26 +42,30 @@ def test_a_tile_reads_the_three_gates_of_its_units():
     assert plain.b_col(tile, 40) == tile + 40
 
 
-CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8 w1 direct k/2 cluster tma pdl"}
+CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8 w1 direct k/2 cluster tma pdl",
+              3: "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl"}
 
 
-@pytest.mark.parametrize("batch, hidden, bidirectional, cell", [
-    (128, 2048, False, 1), (256, 1024, False, 1), (128, 1024, True, 1),  # 128 tiles
-    (128, 1536, False, 1), (192, 1024, False, 1), (256, 2048, False, 1),  # 96 tiles; 256
-    (64, 2048, False, 2), (64, 1536, False, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
-    (64, 2560, False, 0),  # 80 tiles, 160 halves (past a wave)
-    (96, 1024, True, 0),  # a ragged last tile row
+@pytest.mark.parametrize("batch, hidden, bidirectional, precision, cell", [
+    # 128-row tiles' K halves: 128 or 96 blocks
+    (128, 2048, False, HALF, 3), (256, 1024, False, HALF, 3), (128, 1024, True, HALF, 3), (128, 1536, False, HALF, 3),
+    (128, 2048, False, BF16, 1),  # bfloat16: 64-row tiles, K whole
+    (192, 1024, False, HALF, 1), (256, 2048, False, HALF, 1),  # no whole 128-row tiles; 256 halves
+    (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
+    (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
+    (96, 1024, True, HALF, 0),  # a ragged last tile row
 ])
-def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, cell):
-    """The unfused steps take the cell into the hidden GEMM's store where its whole 64-row tiles
-    of 32 units fill 70 % of the SMs, else where their K halves in clusters of two do within one
-    wave (each faster than two kernels a step there, and slower where it is not picked:
-    docs/results/gru.md)."""
+def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, precision, cell):
+    """The unfused steps take the cell into the hidden GEMM's store in the first form whose whole
+    tiles fill 70 % of the SMs (and at most all where K is split): 128-row tiles with K in halves,
+    64-row tiles with K whole, their K halves (each faster than two kernels a step there, and slower
+    where it is not picked: docs/results/gru.md)."""
     target = offline_cuda("sm_90")
-    t = _template(batch, hidden, bidirectional)
+    t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)
     assert (cfg.fuse_step, cfg.hid_wgmma, cfg.hid_cell) == (0, 1, cell)
-    assert (f"({CELL_TILES[cell]}) with the cell in its store" in why) if cell else "then the cell kernel" in why
+    tile = CELL_TILES.get(cell, "").replace("wgmma ", "wgmma bfloat16 " if precision is BF16 else "wgmma ")
+    assert (f"({tile}) with the cell in its store" in why) if cell else "then the cell kernel" in why
     assert t.space(target).infeasible_reason(cfg) is None
 
 
@@ -102,6 +106,23 @@ def test_k_split_in_a_cluster_adds_each_gates_halves_before_the_cell():
     assert [(peer, offset) for peer, _, offset in loads[:6]] == [("0", ""), ("1", ""), ("0", "128"), ("1", "128"),
                                                                  ("0", "256"), ("1", "256")]  # r, z, n 32 units apart
     assert "h_out_ptr[" in kernel and "barrier_cluster_wait" in kernel
+
+
+def test_tall_tiles_split_k_over_two_consumer_warpgroups():
+    """hid_cell 3: 128-row tiles (two consumer warpgroups on W_hh's tile) with K in halves."""
+    target = offline_cuda("sm_90")
+    t = _template(128, 2048)
+    cfg = t.analytic_pick(target)[0].replace(**{**CELL_IN_GEMM, "hid_cell": 3})
+    assert t.space(target).infeasible_reason(cfg) is None
+    assert t.step_variant(cfg).wgmma.name == "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl"
+    source = t.compile(cfg, target).source
+    assert "__launch_bounds__(256) gru_gemm_cell_kernel" in source and "mapa" in _kernel_source(source, "gru_gemm_cell")
+    bf16 = _template(128, 2048, precision=BF16)  # not verified on the GPU: refused
+    assert "bfloat16 on 128-row tiles" in bf16.space(target).infeasible_reason(
+        bf16.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3}))
+    short = _template(64, 2048)  # 64 rows: no whole 128-row tile
+    assert "guarded in the unsplit kernel only" in short.space(target).infeasible_reason(
+        short.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3}))
 
 
 def test_k_split_refuses_a_ragged_batch():
@@ -154,14 +175,18 @@ GPU_SHAPES = {
     "b64-h1536-split": (Shape(seq=4, batch=64, input=96, hidden=1536), 2),
     # two 64-row tiles a column of them, both directions
     "b128-h256-bi": (Shape(seq=4, batch=128, input=64, hidden=256, bidirectional=True), 1),
+    # 128-row tiles with K split, two layers, both directions (float16 only: bfloat16 is refused there)
+    "b128-h512-2layer-bi-tall": (Shape(seq=5, batch=128, input=64, hidden=512, layers=2, bidirectional=True), 3),
 }
+PRECISIONS = {"float16": (HALF, 5e-3), "bfloat16": (BF16, 3e-2)}
+GPU_CASES = [(key, dtype) for key, (_, cell) in GPU_SHAPES.items() for dtype in PRECISIONS
+             if not (cell == 3 and dtype == "bfloat16")]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision, bound", [(HALF, 5e-3), (BF16, 3e-2)], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("key", list(GPU_SHAPES))
-def test_cuda_cell_in_the_hidden_gemm_matches_float64_and_the_two_kernel_step(key, precision, bound):
-    s, cell = GPU_SHAPES[key]
+@pytest.mark.parametrize("key, dtype", GPU_CASES)
+def test_cuda_cell_in_the_hidden_gemm_matches_float64_and_the_two_kernel_step(key, dtype):
+    (s, cell), (precision, bound) = GPU_SHAPES[key], PRECISIONS[dtype]
 
     def build(config: dict) -> GRU:
         return GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,

@@ -140,11 +140,11 @@ HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with 
                                              "runs each step's hidden GEMM on Hopper's warpgroup MMA (``wgmma.py``), "
                                              "W_hh read N-major as stored, a bias row a direction; 0 on the "
                                              "hid_tensor_core tile (mma.sync) or the CUDA cores", before=0)
-HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its store, "
-                                              "one kernel a step, each 64-row tile's 96 columns the three gates of 32 "
-                                              "units (``cell_epilogue.py``); 2 the same with K split in halves, the "
-                                              "two blocks of a cluster adding them; 0 a cell kernel after it",
-                        before=0)
+HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its store, "
+                                                 "one kernel a step, each 64-row tile's 96 columns the three gates of "
+                                                 "32 units (``cell_epilogue.py``); 2 the same with K split in halves, "
+                                                 "the two blocks of a cluster adding them; 3 that on 128-row tiles; 0 "
+                                                 "a cell kernel after it", before=0)
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",

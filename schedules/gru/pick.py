@@ -45,7 +45,7 @@ from tvm_ext.target import TargetInfo
 
 from tvm_ext.schedules.gemm.wgmma import row_order_tiles
 
-from .cell_epilogue import cell_blocks
+from .cell_epilogue import CELL_FORMS, cell_blocks
 from .flag_step import FLAG_UNITS
 from .fused_step import step_k_extent
 from .split_step import SPLIT_CHUNK_K
@@ -89,11 +89,14 @@ SPLIT_MIN_FLOPS = 1e9
 # mma.sync tile: faster at B64 H1024 (51.5 GFLOP) and B8 H1024 (6.4), a tie at float16 B8 H512 (1.6 GFLOP;
 # docs/results/gru.md)
 WGMMA_MIN_FLOPS = 4e9
-# The unfused steps run the cell in the hidden GEMM's store where its whole tiles (64 rows x 32
-# units) make at least this share of a wave, else where their K halves (two blocks of a cluster a
-# tile) do within one wave: faster than two kernels a step with 96-256 tiles and with 96-128
-# halves, slower with 48-64 tiles and with 192-256 halves (docs/results/gru.md)
+# The unfused steps run the cell in the hidden GEMM's store where its whole tiles make at least
+# this share of a wave (and at most one where K is split in a cluster's two blocks), in this order
+# of ``hid_cell`` forms: 128-row tiles with K in halves (4-10 % faster than 64-row tiles with K
+# whole at 96-128 blocks, float16), 64-row tiles with K whole (faster than two kernels a step
+# with 96-256 tiles, slower with 48-64), their K halves (faster with 96-128 blocks, slower with
+# 192-256; docs/results/gru.md)
 CELL_WAVE = 0.7
+CELL_PICK_ORDER = (3, 1, 2)
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -157,11 +160,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         wgmma = base.replace(hid_wgmma=1)
         unfused = wgmma if space.is_feasible(wgmma) else base
-        blocks = {split: cell_blocks(template.batch, template.hidden, template.dirs, split) for split in (1, 2)}
-        fits = [split for split in (1, 2) if unfused.hid_wgmma and template.batch % 64 == 0
-                and blocks[split] >= CELL_WAVE * hw.sm_count and (split == 1 or blocks[split] <= hw.sm_count)]
-        cell = unfused.replace(hid_cell=fits[0] if fits else 0)
-        if cell.hid_cell and space.is_feasible(cell):
+        cell = _cell_in_gemm(template, unfused, space, hw.sm_count)
+        if cell is not None:
             return cell, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
                           f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step "
                           f"(no tensor-core step kernel's grid is resident: W_hh's slices and h's rows do not fit)")
@@ -408,6 +408,23 @@ def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) ->
         pairs = picked.replace(step_split_words=2)
         full_rows = template.batch >= picked.step_tc_rows and template.hidden <= SPLIT_PAIRS_MAX_HIDDEN
         return pairs if units == SPLIT_FLAGS_UNITS[0] and full_rows and space.is_feasible(pairs) else picked
+    return None
+
+
+def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> Config | None:
+    """The unfused steps with the cell in the hidden GEMM's store (``hid_cell``): the first form of
+    ``CELL_PICK_ORDER`` that the space takes whose whole tiles make 70 % of a wave (``CELL_WAVE``),
+    and at most one where K is split; None (two kernels a step) where none does."""
+    if not unfused.hid_wgmma:
+        return None
+    for form in CELL_PICK_ORDER:
+        rows, split = CELL_FORMS[form]
+        blocks = cell_blocks(template.batch, template.hidden, template.dirs, form)
+        if template.batch % rows or blocks < CELL_WAVE * sm_count or (split > 1 and blocks > sm_count):
+            continue
+        cell = unfused.replace(hid_cell=form)
+        if space.is_feasible(cell):
+            return cell
     return None
 
 
