@@ -4,7 +4,8 @@ accumulator sets (``step_tc_acc`` 1, 2, 4: the default) or the fragments loaded 
 "kw4:step_tc_kw=4,step_tc_nw=1;kw4-cell:step_tc_kw=4,step_tc_nw=1,step_tc_cell=1"``, the pick itself
 first; ``--variants pick``: the pick alone, to time one build of the code against another; ``mma_``
 knobs in a set change the unfused pipeline's hidden-GEMM tile instead, e.g. "m64:mma_warps_m=4,
-mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1), e.g. "s6:hidw_stages=6"); timed
+mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1, ``hid_cell`` 0: the cell's
+own tiles take only its operand), e.g. "s6:hidw_stages=6"); timed
 back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
 first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""

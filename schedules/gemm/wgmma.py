@@ -64,7 +64,7 @@ from tvm_ext.lowering.launch_early import mark_launch_early
 from tvm_ext.target import TargetInfo
 
 from .wgmma_layout import (K_MAJOR_ONLY, OPERAND_STORAGE, OPERANDS, KernelLayout, b_shape,  # noqa: F401
-                           k_turn_sums_bytes, own_c_stage_bytes, stage_barrier_bytes)
+                           k_turn_sums_bytes, n_atom, own_c_stage_bytes, stage_barrier_bytes)
 from .wgmma_specialized import CONSUMER_REGISTERS, specialized_registers
 from .wgmma_steps import CValue, OwnStore, Prepare, kernels, prim_func
 
@@ -414,7 +414,7 @@ C_DTYPES = ("float16", "bfloat16", "float32")
 def gate_reason(t: WgmmaTile, n: int, b_layout: str, gates: int) -> str | None:
     """Why tile ``t`` cannot take its columns as three gates of ``gates`` units each
     (``KernelLayout.b_col``) for a caller's own store from the registers (one line), or None."""
-    units, atom = t.bn // 3, 64 if t.bn % 64 == 0 else 32
+    units, atom = t.bn // 3, n_atom(t.bn)
     if (b_layout != "KN" or n != 3 * gates or t.bn % 3 or units % atom or gates % units
             or (t.split > 1 and not t.cluster) or t.multicast or t.smem_epilogue or t.wg_cols > 1 or t.wg_k > 1):
         return (f"{t.name}: a tile of three gates' units reads B stored (K, N) of 3 x {gates} columns in whole N "

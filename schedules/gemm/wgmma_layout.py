@@ -63,6 +63,13 @@ class Tile(Protocol):
     def staged_apart(self) -> bool: ...
 
 
+def n_atom(bn: int) -> int:
+    """Columns of an N atom of B (k, n) read N-major by a tile ``bn`` wide: a 128-byte swizzle row
+    (64 elements), or where bn is no multiple of that (96), a 64-byte one (32 elements;
+    ``KernelLayout.b_swizzle``)."""
+    return 64 if bn % 64 == 0 else 32
+
+
 def counted_words(m: int, bm: int) -> int:
     """The length of a counting kernel's ``ready`` (``wgmma_gemm``'s ``signal``) for ``m`` rows in
     tiles of ``bm``: a count a tile row, then their total (at index ``counted_words - 1``)."""
@@ -230,9 +237,8 @@ class KernelLayout:
 
     @property
     def b_atom(self) -> int:
-        """Columns of an N atom of B (k, n) read N-major: a 128-byte swizzle row (64 elements), or
-        where bn is no multiple of that (96), a 64-byte one (32 elements; ``b_swizzle``)."""
-        return 64 if self.bn % 64 == 0 else 32
+        """Columns of an N atom of B (k, n) read N-major (``n_atom``)."""
+        return n_atom(self.bn)
 
     @property
     def b_swizzle(self) -> int:

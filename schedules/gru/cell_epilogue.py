@@ -166,10 +166,12 @@ class CellStore:
         return main
 
 
-def cell_gemm(tile: WgmmaTile, sizes: StepSizes, kind: str = "cuda") -> Any:
-    """The step kernel: h (dirs, B, H) · W_hh (dirs, H, 3H) + b_hh on ``tile`` (``cell_tile``),
-    the cell in its store (``CellStore``)."""
+def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False) -> Any:
+    """The unfused step's hidden GEMM on wgmma: gh (dirs, B, 3H) = h (dirs, B, H) · W_hh (dirs, H,
+    3H) + b_hh (dirs, 3H), a GEMM a direction, W_hh read N-major; with ``cell`` the step kernel,
+    ``tile`` (``cell_tile``) taking W_hh's columns by gate and the cell in its store
+    (``CellStore``)."""
     s = sizes
     return wgmma_gemm(tile, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
-                      b_layout="KN", batch=(s.dirs,), bias_batched=True, gates=s.hidden,
-                      store=CellStore(sizes, kind))
+                      b_layout="KN", batch=(s.dirs,), bias_batched=True, gates=s.hidden if cell else 0,
+                      store=CellStore(sizes) if cell else None)

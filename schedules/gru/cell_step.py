@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.core.space import Config
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 from tvm_ext.target import TargetInfo
 
-from .cell_epilogue import cell_gemm, cell_tile
+from .cell_epilogue import cell_tile, hidden_gemm
 from .compute import F32
 from .knobs import gemm_config
 from .step_common import cell_math, store_macro
@@ -114,15 +114,12 @@ class CellStep(StepVariant):
         return kernels
 
     def lowered_kernels(self) -> dict[str, Any]:
-        """The hidden GEMM on wgmma (``hid_wgmma``): gh (dirs, B, 3H) = h (dirs, B, H) · W_hh (dirs, H,
-        3H) + b_hh (dirs, 3H), a GEMM a direction, W_hh read N-major."""
+        """The hidden GEMM on wgmma (``hid_wgmma``; ``cell_epilogue.hidden_gemm``), with the cell in
+        its store where ``hid_cell``."""
         if self.wgmma is None:
             return {}
-        s = self.sizes
-        if self.cell_in_gemm:
-            return {"gru_gemm_cell": cell_gemm(self.wgmma, s)}
-        return {"gru_gemm_h": wgmma_gemm(self.wgmma, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype,
-                                         bias_dtype=s.w_dtype, b_layout="KN", batch=(s.dirs,), bias_batched=True)}
+        name = "gru_gemm_cell" if self.cell_in_gemm else "gru_gemm_h"
+        return {name: hidden_gemm(self.wgmma, self.sizes, self.cell_in_gemm)}
 
     def state_args(self, layer: int) -> tuple[str | int, ...]:
         return ("h0", layer, "p0")
