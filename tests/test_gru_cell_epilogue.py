@@ -49,7 +49,7 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
 @pytest.mark.parametrize("batch, hidden, bidirectional, precision, cell", [
     # 128-row tiles' K halves: 128 or 96 blocks
     (128, 2048, False, HALF, 3), (256, 1024, False, HALF, 3), (128, 1024, True, HALF, 3), (128, 1536, False, HALF, 3),
-    (128, 2048, False, BF16, 1),  # bfloat16: 64-row tiles, K whole
+    (128, 2048, False, BF16, 3),
     (192, 1024, False, HALF, 1), (256, 2048, False, HALF, 1),  # no whole 128-row tiles; 256 halves
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
@@ -117,9 +117,10 @@ def test_tall_tiles_split_k_over_two_consumer_warpgroups():
     assert t.step_variant(cfg).wgmma.name == "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl"
     source = t.compile(cfg, target).source
     assert "__launch_bounds__(256) gru_gemm_cell_kernel" in source and "mapa" in _kernel_source(source, "gru_gemm_cell")
-    bf16 = _template(128, 2048, precision=BF16)  # not verified on the GPU: refused
-    assert "bfloat16 on 128-row tiles" in bf16.space(target).infeasible_reason(
-        bf16.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3}))
+    bf16 = _template(128, 2048, precision=BF16)
+    bf16_cfg = bf16.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3})
+    assert bf16.space(target).infeasible_reason(bf16_cfg) is None
+    assert bf16.step_variant(bf16_cfg).wgmma.name == "wgmma bfloat16 128x96x64 s6 w1 direct k/2 cluster tma pdl"
     short = _template(64, 2048)  # 64 rows: no whole 128-row tile
     assert "guarded in the unsplit kernel only" in short.space(target).infeasible_reason(
         short.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3}))
@@ -132,14 +133,18 @@ def test_k_split_refuses_a_ragged_batch():
     assert "guarded in the unsplit kernel only" in t.space(target).infeasible_reason(cfg)
 
 
+NO_WGMMA_GEMM = "runs the cell in the store of the hidden GEMM on wgmma"
+
+
 @pytest.mark.parametrize("knobs, reason", [
-    ({"fuse_step": 0, "hid_wgmma": 0}, "hid_cell 1 runs the cell in the store of the hidden GEMM on wgmma"),
-    ({"fuse_step": 1, "hid_wgmma": 0}, "hid_cell 1 runs the cell in the store of the hidden GEMM on wgmma"),
+    ({"fuse_step": 0, "hid_wgmma": 0, "hid_cell": 1}, "hid_cell 1 " + NO_WGMMA_GEMM),
+    ({"fuse_step": 1, "hid_wgmma": 0, "hid_cell": 1}, "hid_cell 1 " + NO_WGMMA_GEMM),
+    ({"fuse_step": 0, "hid_wgmma": 0, "hid_cell": 3}, "hid_cell 3 " + NO_WGMMA_GEMM),  # the form named
 ])
 def test_space_refuses_hid_cell_without_the_wgmma_hidden_gemm(knobs, reason):
     target = offline_cuda("sm_90")
     t = _template(64, 1024)
-    cfg = t.default_config(target).replace(hid_cell=1, **knobs)
+    cfg = t.default_config(target).replace(**knobs)
     assert reason in t.space(target).infeasible_reason(cfg)
 
 
@@ -175,18 +180,20 @@ GPU_SHAPES = {
     "b64-h1536-split": (Shape(seq=4, batch=64, input=96, hidden=1536), 2),
     # two 64-row tiles a column of them, both directions
     "b128-h256-bi": (Shape(seq=4, batch=128, input=64, hidden=256, bidirectional=True), 1),
-    # 128-row tiles with K split, two layers, both directions (float16 only: bfloat16 is refused there)
+    # 128-row tiles with K split, two layers, both directions
     "b128-h512-2layer-bi-tall": (Shape(seq=5, batch=128, input=64, hidden=512, layers=2, bidirectional=True), 3),
 }
-PRECISIONS = {"float16": (HALF, 5e-3), "bfloat16": (BF16, 3e-2)}
-GPU_CASES = [(key, dtype) for key, (_, cell) in GPU_SHAPES.items() for dtype in PRECISIONS
-             if not (cell == 3 and dtype == "bfloat16")]
+# (precision, bound against float64, bound against the two-kernel step): the two steps add a
+# tile's sums in different orders, which may round an output element one unit of its last place
+# apart (2^-11 in float16, 2^-8 in bfloat16 at |h| in [0.5, 1)); the bound is two such units
+PRECISIONS = {"float16": (HALF, 5e-3, 2e-3), "bfloat16": (BF16, 3e-2, 8e-3)}
+GPU_CASES = [(key, dtype) for key in GPU_SHAPES for dtype in PRECISIONS]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("key, dtype", GPU_CASES)
 def test_cuda_cell_in_the_hidden_gemm_matches_float64_and_the_two_kernel_step(key, dtype):
-    (s, cell), (precision, bound) = GPU_SHAPES[key], PRECISIONS[dtype]
+    (s, cell), (precision, bound, two_kernel_bound) = GPU_SHAPES[key], PRECISIONS[dtype]
 
     def build(config: dict) -> GRU:
         return GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
@@ -198,5 +205,6 @@ def test_cuda_cell_in_the_hidden_gemm_matches_float64_and_the_two_kernel_step(ke
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
     two_kernels = build({**CELL_IN_GEMM, "hid_cell": 0})
     ours, theirs = gru(x, h0), two_kernels(x, h0)
-    for a, b in zip(ours, theirs):  # the same sums and the same cell: equal but for the sums' order of tiles
-        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=2e-3)
+    for a, b in zip(ours, theirs):  # the same sums and the same cell: equal but for the sums' order
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0,
+                                   atol=two_kernel_bound)

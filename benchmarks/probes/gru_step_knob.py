@@ -5,7 +5,8 @@ accumulator sets (``step_tc_acc`` 1, 2, 4: the default) or the fragments loaded 
 first; ``--variants pick``: the pick alone, to time one build of the code against another; ``mma_``
 knobs in a set change the unfused pipeline's hidden-GEMM tile instead, e.g. "m64:mma_warps_m=4,
 mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1, ``hid_cell`` 0: the cell's
-own tiles take only its operand), e.g. "s6:hidw_stages=6"); timed
+own tiles take only its operand), e.g. "s6:hidw_stages=6"; ``cellw_`` ones the fields of the tile with the
+cell in its store, ``hid_cell`` 1-3, e.g. "c2s4:hid_cell=2,cellw_stages=4"); timed
 back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
 first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 import os
 import statistics
 import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -26,7 +29,7 @@ from common import parse_knob_sets, time_ours  # noqa: E402
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gemm.mma import MmaGemmTile  # noqa: E402
-from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
+from tvm_ext.schedules.gru import GRU, GruTemplate, cell_step, gru_reference  # noqa: E402
 from tvm_ext.target import TargetInfo, resolve_target  # noqa: E402
 
 CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("float16", 16, 512),
@@ -81,13 +84,33 @@ def weights(rng, hidden, bidirectional=False):
                 ("bias_hh_l0", (g,)))}
 
 
+@contextmanager
+def cell_tile_fields(fields: dict[str, int]) -> Iterator[None]:
+    """While open, the tile of the hidden GEMM with the cell in its store (``cell_step.cell_tile``)
+    with ``fields`` changed, each as its type: a probe of tiles the knobs do not name."""
+    own = cell_step.cell_tile
+
+    def changed(tile: Any, hidden: int, form: int = 1) -> Any:
+        made = own(tile, hidden, form)
+        return replace(made, **{k: type(getattr(made, k))(v) for k, v in fields.items()})
+
+    cell_step.cell_tile = changed if fields else own
+    try:
+        yield
+    finally:
+        cell_step.cell_tile = own
+
+
 def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], target: TargetInfo) -> GRU | None:
     """The GRU of ``pick`` with ``changes``: knobs of its config, ``mma_`` knobs of the unfused
-    steps' hidden-GEMM mma.sync tile, ``hidw_`` fields of its wgmma tile (``hid_wgmma`` 1); None
-    where the config is infeasible (built, not loaded)."""
+    steps' hidden-GEMM mma.sync tile, ``hidw_`` fields of its wgmma tile (``hid_wgmma`` 1),
+    ``cellw_`` fields of the tile with the cell in its store; None where the config is infeasible
+    (built, not loaded)."""
     tile = {k: v for k, v in changes.items() if k.startswith("mma_")}
     wgmma = {k[5:]: v for k, v in changes.items() if k.startswith("hidw_")}
-    cfg = pick.replace(**{k: v for k, v in changes.items() if k not in tile and not k.startswith("hidw_")})
+    cell = {k[6:]: v for k, v in changes.items() if k.startswith("cellw_")}
+    cfg = pick.replace(**{k: v for k, v in changes.items()
+                          if k not in tile and not k.startswith(("hidw_", "cellw_"))})
     if not template.space(target).is_feasible(cfg):
         return None
     built = template
@@ -96,7 +119,8 @@ def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], ta
     if wgmma:  # the hidden GEMM's wgmma tile, each field as its type (tma=1 -> True)
         own = template.hid_wgmma_tile
         built = replace(built, hid_wgmma_tile=replace(own, **{k: type(getattr(own, k))(v) for k, v in wgmma.items()}))
-    return GRU(built, cfg, target, False, built.compile(cfg, target))
+    with cell_tile_fields(cell):
+        return GRU(built, cfg, target, False, built.compile(cfg, target))
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -26,7 +27,7 @@ F16_SHAPES = "4096x4096x4096,8192x8192x8192,1024x768x3072,1024x768x768"
 def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, int]],
              multicast: bool = False) -> dict[str, Any]:
     """Label -> config: the pick (and where it is warp-specialized, the same not); the pick (and
-    each of ``tiles``: bm, bn, stages, one C tile a block) warp-specialized storing C from its
+    each of ``tiles``: bm, bn, stages, raster, one C tile a block) warp-specialized storing C from its
     registers; the same staged through its own C stage (fewer stages where C's does not fit), and
     through a 64-row stage its two consumer warpgroups take in turn (``wgmma_c_turns``); with
     ``multicast`` each staged config also in clusters of two sharing an operand's tile
@@ -34,8 +35,8 @@ def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, i
     found = {"pick": pick}
     if pick.wgmma_ws and space.is_feasible(pick.replace(wgmma_ws=0)):
         found["the pick not warp-specialized"] = pick.replace(wgmma_ws=0)
-    bases = {"": pick, **{f"{bm}x{bn} ": pick.replace(wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=st, wgmma_tiles=1,
-                                                       wgmma_raster=0) for bm, bn, st in tiles}}
+    bases = {"": pick, **{f"{bm}x{bn} s{st}{f' r{raster}' if raster else ''} ": pick.replace(
+        wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=st, wgmma_tiles=1, wgmma_raster=raster) for bm, bn, st, raster in tiles}}
     for name, base in bases.items():
         direct = base.replace(wgmma_ws=1, wgmma_tma=1, wgmma_smem_epilogue=0, wgmma_split_k=1,
                               wgmma_split_cluster=0)
@@ -55,6 +56,15 @@ def variants(template: Any, space: Any, pick: Any, tiles: list[tuple[int, int, i
         if cfg not in unique.values():
             unique[label] = cfg
     return unique
+
+
+def parse_tile(text: str) -> tuple[int, int, int, int]:
+    """'64x96s10r2' -> (64, 96, 10, 2): bm, bn, stages and raster (0 where no 'r' is given)."""
+    found = re.fullmatch(r"(\d+)x(\d+)s(\d+)(?:r(\d+))?", text)
+    if not found:
+        raise ValueError(text)
+    bm, bn, stages, raster = found.groups()
+    return int(bm), int(bn), int(stages), int(raster or 0)
 
 
 def compared(label: str, template: Any, target: Any, sets: list, launch_of: Any, vendors: dict, rounds: int,
@@ -112,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fp8-shapes", default=FP8_SHAPES, help="MxNxK,... ('' for none)")
     p.add_argument("--f16-shapes", default=F16_SHAPES, help="MxNxK,... ('' for none)")
-    p.add_argument("--tiles", default="", help="more tiles to compare both ways, bm x bn s stages: 64x96s8,...")
+    p.add_argument("--tiles", default="", help="more tiles to compare both ways, bm x bn s stages [r raster]: "
+                                                "64x96s8,64x96s10r2,... (raster groups: multicast shares Bt's tile)")
     p.add_argument("--multicast", action="store_true", help="each staged config also in clusters of two sharing "
                                                             "an operand's tile by TMA multicast")
     p.add_argument("--rounds", type=int, default=5)
@@ -122,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
         return 2
     try:
-        tiles = [tuple(int(v) for v in t.replace("s", "x").split("x")) for t in filter(None, args.tiles.split(","))]
+        tiles = [parse_tile(t) for t in filter(None, args.tiles.split(","))]
     except ValueError:
-        print(f"error: --tiles takes bm x bn s stages (64x96s8), got {args.tiles!r}", file=sys.stderr)
+        print(f"error: --tiles takes bm x bn s stages [r raster] (64x96s8, 64x96s10r2), got {args.tiles!r}",
+              file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     target = resolve_target("cuda")

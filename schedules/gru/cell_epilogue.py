@@ -47,11 +47,7 @@ def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
 
 def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
-    size (one line), or None.  bfloat16 on 128-row tiles is refused: its first GPU check against
-    the two-kernel step (float16 passed) failed, the cause not isolated (docs/results/gru.md)."""
-    if tile.bm == 128 and tile.operand == "bfloat16":
-        return (f"{tile.name}: bfloat16 on 128-row tiles with the cell in the store is not verified on the GPU "
-                "(hid_cell 1 or 2)")
+    size (one line), or None."""
     return gate_reason(tile, 3 * hidden, "KN", hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden, b_layout="KN")
 
 

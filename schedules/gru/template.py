@@ -451,7 +451,7 @@ class GruTemplate(DtypeFields, Template):
                 if reason:
                     return reason
             if c.hid_wgmma or c.hid_cell:
-                reason = self.hidden_wgmma_reason(step, bool(c.hid_cell))
+                reason = self.hidden_wgmma_reason(step, c.hid_cell)
                 if reason:
                     return reason
             if c.step_overlap:
@@ -541,11 +541,11 @@ class GruTemplate(DtypeFields, Template):
                     "and dirs·3H of 64 (GRU.build picks one)")
         return None
 
-    def hidden_wgmma_reason(self, step: StepVariant, cell: bool = False) -> str | None:
+    def hidden_wgmma_reason(self, step: StepVariant, cell: int = 0) -> str | None:
         """Why a config of ``step`` cannot run the hidden GEMM on wgmma (``hid_wgmma`` 1) with this
-        template's tile, or (``cell``: ``hid_cell`` 1) the cell in its store."""
+        template's tile, or (``cell``: a ``hid_cell`` form) the cell in its store."""
         if cell and (not isinstance(step, CellStep) or step.wgmma is None):
-            return "hid_cell 1 runs the cell in the store of the hidden GEMM on wgmma (fuse_step 0, hid_wgmma 1)"
+            return f"hid_cell {cell} runs the cell in the store of the hidden GEMM on wgmma (fuse_step 0, hid_wgmma 1)"
         if cell:
             return cell_tile_reason(step.wgmma, self.batch, self.hidden)
         if not step.runs_hidden_gemm:
