@@ -50,6 +50,8 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     # 128-row tiles' K halves: 128 or 96 blocks
     (128, 2048, False, HALF, 3), (256, 1024, False, HALF, 3), (128, 1024, True, HALF, 3), (128, 1536, False, HALF, 3),
     (128, 2048, False, BF16, 3),
+    # over the tensor-core step kernel's resident grid from B128 H1024: 64-row tiles' K halves, 128 blocks
+    (128, 1024, False, HALF, 2), (128, 1024, False, BF16, 2),
     (192, 1024, False, HALF, 1), (256, 2048, False, HALF, 1),  # no whole 128-row tiles; 256 halves
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
@@ -67,6 +69,15 @@ def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidde
     tile = CELL_TILES.get(cell, "").replace("wgmma ", "wgmma bfloat16 " if precision is BF16 else "wgmma ")
     assert (f"({tile}) with the cell in its store" in why) if cell else "then the cell kernel" in why
     assert t.space(target).infeasible_reason(cfg) is None
+
+
+@pytest.mark.parametrize("batch, hidden, bidirectional", [(128, 768, False), (64, 1024, True), (256, 512, False)])
+def test_pick_keeps_the_tensor_core_step_kernel_below_b128_h1024(batch, hidden, bidirectional):
+    """Where the tensor-core step kernel's grid is resident and a cell form's tiles would make a
+    wave, the step kernel stays below B128 H1024 (not measured against the cell form there)."""
+    target = offline_cuda("sm_90")
+    cfg, why = _template(batch, hidden, bidirectional).analytic_pick(target)
+    assert (cfg.fuse_step, cfg.step_tc, cfg.hid_cell) == (1, 1, 0) and why.startswith("tensor-core persistent step")
 
 
 def test_one_kernel_a_step_runs_the_gemm_and_the_cell():

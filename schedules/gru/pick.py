@@ -97,6 +97,11 @@ WGMMA_MIN_FLOPS = 4e9
 # 192-256; docs/results/gru.md)
 CELL_WAVE = 0.7
 CELL_PICK_ORDER = (3, 1, 2)
+# From this batch and hidden size on, those steps are taken over the tensor-core step kernel's
+# resident grid too (16-bit B128 H1024: K in halves on 128 blocks 9 % faster; smaller shapes where
+# both run are not measured: docs/results/gru.md)
+CELL_OVER_RESIDENT_BATCH = 128
+CELL_OVER_RESIDENT_HIDDEN = 1024
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -137,6 +142,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                   if flags.step_flag_input else gemm_why)
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
+    if (tensor_core is not None and template.batch >= CELL_OVER_RESIDENT_BATCH
+            and template.hidden >= CELL_OVER_RESIDENT_HIDDEN):
+        cell = _cell_in_gemm(template, base.replace(hid_wgmma=1), space, hw.sm_count)
+        if cell is not None:
+            return cell, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
+                          f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step "
+                          f"(faster than the tensor-core step kernel's resident grid from B{CELL_OVER_RESIDENT_BATCH} "
+                          f"H{CELL_OVER_RESIDENT_HIDDEN}); {gemm_why}")
     if tensor_core is not None:
         tensor_core, early = _overlapped(template, tensor_core, space, hw.sm_count)
         if not early:
