@@ -73,13 +73,13 @@ def stop_on_broken_cuda_context(item: pytest.Item, error_of=cuda_context_error) 
     module destructor abort the process (``cuModuleUnload`` under ``LOG(FATAL)`` in
     ``~CUDAModuleNode``) at the next garbage collection, wherever it falls, so the run would end
     later in an unrelated place with "Fatal Python error: Aborted"; the test that broke it is
-    the one to look at."""
+    the one to look at.  The process then leaves as every run does (``pytest_sessionfinish``):
+    with the status, after pytest's summary, before the interpreter frees the modules."""
     if item.get_closest_marker("gpu") is None:
         return
     error = error_of()
     if error is None:
         return
-    atexit.register(os._exit, 3)  # after pytest's summary, before the interpreter frees the modules
     pytest.exit(f"the CUDA context is broken after {item.nodeid}: {error}; the tests after it cannot run "
                 f"in this process (TVM's CUDA module destructor would abort it)", returncode=3)
 
