@@ -308,6 +308,25 @@ def stores(L: KernelLayout, out: CValue) -> Callable[..., None]:
     return store_unit
 
 
+def cluster_words(L: KernelLayout) -> Callable[..., None]:
+    """The macro ``add_words(sums, first, got, peer, word)``: four float32 words from word ``word``
+    of every block's sums in the cluster (``peer``: their shared-memory addresses; distributed
+    shared memory, 16 bytes a block, slices in order) added into ``sums[first:first + 4]`` (``got``:
+    four float32 registers the loads land in)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def add_words(sums: Any, first: Any, got: Any, peer: Any, word: Any) -> None:
+        for v in T.unroll(4):
+            sums[first + v] = T.float32(0)
+        for b in T.unroll(L.split):
+            T.ptx["ld.shared::cluster.v4.f32"](got[0], got[1], got[2], got[3], peer[b] + T.Cast("uint32", word * 4))
+            for v in T.unroll(4):
+                sums[first + v] = sums[first + v] + got[v]
+
+    return add_words
+
+
 def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
     """The macro ``cluster_sum(smem, base, C, bias, acc, bid, at, row0, col0, wg, tx)``: the
     cluster's K slices of this tile added: each block's float32 sums into its shared memory, then
@@ -319,6 +338,7 @@ def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
     split, threads, bn, band, sum_stride = L.split, L.threads, L.bn, L.band, L.c_stride
     band_quads = band * bn // 4
     own = out.store.cluster_macro(L) if out.store is not None else None
+    add_words = cluster_words(L)
 
     @T.macro
     def cluster_sum(smem: Any, base: Any, C: Any, bias: Any, acc: Any, bid: Any, at: Any, row0: Any, col0: Any,
@@ -343,13 +363,7 @@ def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
                 if i * threads + tx < band_quads:
                     row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
                     col = T.meta_var((i * threads + tx) % (bn // 4) * 4)
-                    for v in T.unroll(4):
-                        quad[v] = T.float32(0)
-                    for b in T.unroll(split):
-                        T.ptx["ld.shared::cluster.v4.f32"](got[0], got[1], got[2], got[3],
-                                                           peer[b] + T.Cast("uint32", (row * sum_stride + col) * 4))
-                        for v in T.unroll(4):
-                            quad[v] = quad[v] + got[v]
+                    add_words(quad, 0, got, peer, row * sum_stride + col)
                     for v in T.vectorized(4):
                         C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
         T.ptx["barrier.cluster.arrive.release"]()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, gate_reason, wgmma_gemm, wgmma_reason
+from tvm_ext.schedules.gemm.wgmma_steps import cluster_words
 from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 
 from .step_common import cell_math
@@ -19,6 +20,7 @@ from .step_variant import StepSizes
 
 CELL_TILE_COLUMNS = 96  # 32 units' three gates: W_hh's (K, N) rows read in N atoms of 32 columns
 CELL_TILE_STAGES = 8
+CELL_TALL_TILE_STAGES = 6  # with 128 rows (7 fit, 1-3 % slower: docs/results/gru.md)
 # hid_cell -> (rows of a tile, K slices): 1 K whole behind a producer warpgroup, 2 K in halves in a
 # cluster of two blocks, 3 the same with 128-row tiles (two consumer warpgroups, W_hh's tile read once
 # for both)
@@ -33,7 +35,7 @@ def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1) -> WgmmaTile:
     than the tile without the producer at B128 H1024-H2048 and B256 H1024: docs/results/gru.md),
     or in halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``)."""
     rows, split = CELL_FORMS[form]
-    stages = min(CELL_TILE_STAGES if rows == 64 else 6, hidden // tile.bk // split + 2)
+    stages = min(CELL_TILE_STAGES if rows == 64 else CELL_TALL_TILE_STAGES, hidden // tile.bk // split + 2)
     return WgmmaTile(rows, CELL_TILE_COLUMNS, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
                      specialized=split == 1, pdl=True, split=split, cluster=split > 1)
 
@@ -117,7 +119,7 @@ class CellStore:
 
         units = L.bn // 3
         quads = L.band * units // 4
-        cell = self.cell(L)
+        cell, add_words = self.cell(L), cluster_words(L)
 
         @T.macro
         def store(outputs: Any, bias: Any, at: Any, row0: Any, col0: Any, bid: Any, tx: Any, peer: Any) -> None:
@@ -129,14 +131,7 @@ class CellStore:
                     row = T.meta_var(bid % L.split * L.band + (i * L.threads + tx) // (units // 4))
                     unit = T.meta_var((i * L.threads + tx) % (units // 4) * 4)
                     for gate in T.unroll(3):
-                        for v in T.unroll(4):
-                            sums[gate * 4 + v] = T.float32(0)
-                        for b in T.unroll(L.split):
-                            T.ptx["ld.shared::cluster.v4.f32"](
-                                got[0], got[1], got[2], got[3],
-                                peer[b] + T.Cast("uint32", (row * L.c_stride + gate * units + unit) * 4))
-                            for v in T.unroll(4):
-                                sums[gate * 4 + v] = sums[gate * 4 + v] + got[v]
+                        add_words(sums, gate * 4, got, peer, row * L.c_stride + gate * units + unit)
                     for v in T.unroll(4):
                         cell(outputs, bias, at[0], row0 + row, col0 // 3 + unit + v, sums[v], sums[4 + v],
                              sums[8 + v], h_new)

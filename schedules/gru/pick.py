@@ -146,10 +146,9 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
             and template.hidden >= CELL_OVER_RESIDENT_HIDDEN):
         cell = _cell_in_gemm(template, base.replace(hid_wgmma=1), space, hw.sm_count)
         if cell is not None:
-            return cell, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
-                          f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step "
-                          f"(faster than the tensor-core step kernel's resident grid from B{CELL_OVER_RESIDENT_BATCH} "
-                          f"H{CELL_OVER_RESIDENT_HIDDEN}); {gemm_why}")
+            return cell, (_cell_why(template, cell, f"faster than the tensor-core step kernel's resident grid from "
+                                                    f"B{CELL_OVER_RESIDENT_BATCH} H{CELL_OVER_RESIDENT_HIDDEN}")
+                          + f"; {gemm_why}")
     if tensor_core is not None:
         tensor_core, early = _overlapped(template, tensor_core, space, hw.sm_count)
         if not early:
@@ -175,9 +174,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         unfused = wgmma if space.is_feasible(wgmma) else base
         cell = _cell_in_gemm(template, unfused, space, hw.sm_count)
         if cell is not None:
-            return cell, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
-                          f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step "
-                          f"(no tensor-core step kernel's grid is resident: W_hh's slices and h's rows do not fit)")
+            return cell, _cell_why(template, cell, "no tensor-core step kernel's grid is resident: W_hh's slices "
+                                                   "and h's rows do not fit")
         tile = template.hid_wgmma_tile.name if unfused.hid_wgmma else template.hid_tensor_core.label()
         return unfused, (f"the unfused pipeline: per step the hidden GEMM on the tensor cores ({tile}), then the "
                          f"cell kernel (no tensor-core step kernel's grid is resident: W_hh's slices and h's rows "
@@ -439,6 +437,12 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> 
         if space.is_feasible(cell):
             return cell
     return None
+
+
+def _cell_why(template: Any, cell: Config, reason: str) -> str:
+    """Why the pick is ``cell`` (``_cell_in_gemm``'s): its step kernel's tile, and ``reason``."""
+    return (f"the unfused pipeline: per step the hidden GEMM on the tensor cores "
+            f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step ({reason})")
 
 
 def _split_step(base: Config, space: Any) -> Config | None:
