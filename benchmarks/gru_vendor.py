@@ -94,6 +94,12 @@ CASES = (
     Case("fp16 bi B128 H1024", 128, 1024, dtype="float16", bidirectional=True),
     Case("bf16 B128 H2048", 128, 2048, dtype="bfloat16"),
     Case("fp16 B192 H1024", 192, 1024, dtype="float16"), Case("fp16 B128 H1536", 128, 1536, dtype="float16"),
+    Case("bf16 B128 H1024", 128, 1024, dtype="bfloat16"),
+    # where the tensor-core step kernel's grid is resident and the cell forms' tiles make a wave too
+    Case("fp16 B128 H512", 128, 512, dtype="float16"), Case("fp16 B128 H768", 128, 768, dtype="float16"),
+    Case("fp16 B256 H512", 256, 512, dtype="float16"), Case("fp16 B192 H768", 192, 768, dtype="float16"),
+    Case("fp16 bi B64 H768", 64, 768, dtype="float16", bidirectional=True),
+    Case("fp16 bi B128 H512", 128, 512, dtype="float16", bidirectional=True),
 )
 
 

@@ -5,7 +5,8 @@ saw the buffer stores, had put one there.
 
 - No GPU: the step loop one block barrier shorter and the poll's values stored four bytes a PTX
   store (float32 state: a pair's high parts and their low parts; 16-bit: a word's two values),
-  for the float32 B16 and float16 B8 picks; float32 B8's with h's low parts stacked; the refusals.
+  for the float32 B16 and float16 B8 picks; float32 B8's with h's low parts stacked; the refusals;
+  a block barrier after W's fragments are loaded, before the first poll.
 - ``-m gpu``: against float64 on reruns, and bit-equal to the same config without the knob.
 """
 from __future__ import annotations
@@ -48,6 +49,21 @@ def test_a_warp_multiplies_the_h_it_polled_without_a_block_barrier(batch, precis
     assert "__syncwarp();" in poll and "__syncthreads()" not in poll
 
 
+@pytest.mark.parametrize("batch, hidden, precision", [(128, 512, HALF), (256, 256, HALF), (16, 512, None)])
+def test_a_block_barrier_follows_the_w_fragments_loads(batch, hidden, precision):
+    """W_hh's fragments in registers (``step_tc_wreg`` 1): TVM places h_s where w_s was, and
+    the poll's PTX stores are not seen by its barrier pass, so without a barrier of its own a
+    warp's first poll overwrote W that a slower warp was still loading (float16 B128 H512 and
+    B256 H256, two blocks an SM, measured 2e-2 and 6e-2 off float64 before)."""
+    t = _template(batch, hidden, precision)
+    pick = t.analytic_pick(offline_cuda())[0]
+    assert (pick.step_tc_warp_h, pick.step_tc_wreg) == (1, 1)
+    source = t.compile(pick, offline_cuda()).source
+    kernel = source[[m.start() for m in re.finditer(r"gru_steps_kernel\(", source)][-1]:]
+    before_steps = kernel[:kernel.index("for (int s = 0;")]
+    assert "__syncthreads();" in before_steps[before_steps.rindex("ldmatrix"):]
+
+
 def test_float32_b8_pick_fills_its_padding_rows_before_dropping_the_barrier():
     """float32 B8 H512: 8 of the block's 16 rows were padding, where the kernel without the
     barrier measured 0.5 % slower; with h's low parts stacked in them (``step_tc_stack``) it
@@ -74,6 +90,9 @@ GPU_CASES = {
     "fp32-b16-h512": (Shape(seq=64, batch=16, input=512, hidden=512), None, 2e-6),
     "fp16-b8-h512": (Shape(seq=128, batch=8, input=512, hidden=512), HALF, 5e-3),
     "fp32-b5-h200-bi": (Shape(seq=9, batch=5, input=40, hidden=200, bidirectional=True), None, 2e-6),
+    # two blocks an SM, W's fragments in registers: the grids where a warp's first poll overwrote them
+    "fp16-b128-h512": (Shape(seq=32, batch=128, input=512, hidden=512), HALF, 5e-3),
+    "fp16-b256-h256": (Shape(seq=32, batch=256, input=256, hidden=256), HALF, 5e-3),
 }
 
 

@@ -71,7 +71,10 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 128, 2048), ("float16", 256, 1024),
          # the cell in the hidden GEMM's store (hid_cell) at more shapes of a wave of its tiles or more
          ("float16", 128, 1024, True), ("float16", 256, 2048), ("bfloat16", 128, 2048), ("float16", 64, 4096),
-         ("float16", 64, 2048, True), ("float16", 128, 1536), ("float16", 192, 1024))
+         ("float16", 64, 2048, True), ("float16", 128, 1536), ("float16", 192, 1024),
+         # the cell forms against the tensor-core step kernel where its grid is resident (picked there)
+         ("float16", 64, 768, True), ("float16", 128, 512, True), ("float16", 128, 768), ("float16", 128, 512),
+         ("float16", 192, 512), ("float16", 256, 512), ("float16", 192, 768), ("float16", 256, 256))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

@@ -98,8 +98,9 @@ WGMMA_MIN_FLOPS = 4e9
 CELL_WAVE = 0.7
 CELL_PICK_ORDER = (3, 1, 2)
 # From this batch and hidden size on, those steps are taken over the tensor-core step kernel's
-# resident grid too (16-bit B128 H1024: K in halves on 128 blocks 9 % faster; smaller shapes where
-# both run are not measured: docs/results/gru.md)
+# resident grid too (16-bit B128 H1024: K in halves on 128 blocks 9 % faster; at the smaller shapes
+# where both run, B128 H512-H768, B192-B256 H256-H768, bidirectional B64 H768 and B128 H512, the
+# step kernel is 1.2-2.7x faster than every cell form: docs/results/gru.md)
 CELL_OVER_RESIDENT_BATCH = 128
 CELL_OVER_RESIDENT_HIDDEN = 1024
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)

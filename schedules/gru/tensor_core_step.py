@@ -92,7 +92,9 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     ``step_overlap``): the kernel takes ``ready`` (int32, one a tile row of that many rows of gi),
     and before loading a step's gi it waits until its tile rows' counts reach ``count``
     (``wait_gi_macro``), reading gi from L2.  ``warp_h`` (``step_tc_warp_h``): the polled h stored
-    by PTX, so a warp starts its products without a block barrier (``poll_h_macro``).  ``stacked``
+    by PTX, so a warp starts its products without a block barrier (``poll_h_macro``); TVM may place
+    h_s where w_s was once W's fragments are in registers and cannot see those stores, so one block
+    barrier follows the fragments' loads (without it, grids of two blocks an SM read torn W).  ``stacked``
     (``step_tc_stack``): h's low parts under its high parts in the m16 tile (``tensor_core_products``)."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
                         poll_bytes, split, split_pairs, w_regs, warp_h, stacked)
@@ -169,6 +171,8 @@ def _kernel(L: TcKernelLayout) -> Any:
                 load_w_global(w, b_frag, bx, bz, ni, ki, tx)
             else:
                 load_w(w_s, b_frag, ni, ki, tx)
+                if shape.warp_h:  # h_s, stored by PTX the barrier pass does not see, may take w_s's place
+                    T.tvm_storage_sync("shared")
         for s in T.serial(steps):
             step_products(h_s, hs, hx, w_s, a_frag, b_frag, acc, got, poll, s, bz, m0, mi, ni, ki, copy_k0, tx)
             sum_k_warps(part, acc, mi, ni, ki, tx)
