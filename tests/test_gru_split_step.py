@@ -107,6 +107,24 @@ def test_space_refuses_w_parts_beyond_shared_memory_and_a_grid_that_cannot_be_re
     assert t.space(target).is_feasible(fits)
 
 
+@pytest.mark.parametrize("batch, hidden, k_warps, refused", [
+    (192, 256, 4, "384 blocks > 132 SMs x 2 resident"),  # three 256-thread blocks an SM at 80-119 registers a lane
+    (96, 384, 4, "144 blocks > 132 SMs x 1 resident"),  # two 512-thread blocks an SM
+    (192, 256, 2, None), (96, 384, 2, None),  # the same grids of 128- and 256-thread blocks fit
+])
+def test_a_grid_whose_lanes_registers_do_not_fit_is_refused(batch, hidden, k_warps, refused):
+    """The split kernel's launch bounds name only its threads, so its lanes take 80-119
+    registers: counted at ``SPLIT_LANE_REGISTERS``, a grid of more blocks an SM than those fit
+    is refused (float32 bidirectional B192 H256 and B96 H384 were picked so, and their grid
+    barrier timed out on the GPU)."""
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, bidirectional=True).with_tensor_cores(target)
+    pick = t.analytic_pick(target)[0]
+    assert pick.step_tc == 2 and pick.step_tc_kw == 2  # the pick: two k warps
+    reason = t.space(target).infeasible_reason(pick.replace(step_tc_kw=k_warps))
+    assert (reason is None) if refused is None else refused in reason
+
+
 def test_the_16_bit_kernels_knobs_do_not_change_it():
     """``step_tc_acc`` and ``step_tc_frag`` are the 16-bit kernel's: the split kernel's source
     is the same at every value, and they are not shown."""
@@ -142,6 +160,9 @@ GPU_CASES = {  # K past the hidden size, rows past the batch, both directions, l
                        dict(step_j=16, step_tc_rows=16, step_tc_nw=2, step_tc_kw=4)),
     "b3-h33-3layer-bi-kw2": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
                              dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=2)),
+    # three blocks an SM (384 of 128 threads): the pick since its 256-thread blocks were not all resident
+    "b192-h256-bi-kw2": (Shape(seq=8, batch=192, input=256, hidden=256, bidirectional=True),
+                         dict(step_j=16, step_tc_rows=16, step_tc_nw=2, step_tc_kw=2)),
 }
 
 

@@ -48,6 +48,11 @@ from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, load_gi_macro, wi
 
 SPLIT_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
+# The most registers a lane of the kernel takes (80-119 from nvcc across its picks; launch bounds
+# name only the threads): its grid is resident only where this many fit each SM's blocks (float32
+# bidirectional B192 H256's three 256-thread blocks an SM and B96 H384's two 512-thread blocks,
+# taken before, were not: the grid barrier timed out)
+SPLIT_LANE_REGISTERS = 120
 PART = "float16"
 STATE = "float32"
 
@@ -459,7 +464,8 @@ class TensorCoreSplitStep(StepVariant):
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
         return mma_grid_reason("split tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
-                               "W_hh's two parts, h's two chunks and partial sums", target)
+                               "W_hh's two parts, h's two chunks and partial sums", target,
+                               lane_registers=SPLIT_LANE_REGISTERS)
 
     def init_layout(self) -> dict[str, bool]:
         return {"pingpong": True, "barrier": True}
