@@ -125,6 +125,21 @@ def test_a_grid_whose_lanes_registers_do_not_fit_is_refused(batch, hidden, k_war
     assert (reason is None) if refused is None else refused in reason
 
 
+@pytest.mark.parametrize("batch, hidden, bidirectional, bounds", [
+    (192, 256, True, "__launch_bounds__(128, 3)"),  # 384 blocks: three an SM
+    (96, 384, True, "__launch_bounds__(256, 2)"),
+    (64, 1024, False, "__launch_bounds__(512)"),  # 128 blocks: one an SM, the threads only
+])
+def test_the_kernel_is_compiled_for_the_blocks_each_sm_must_hold(batch, hidden, bidirectional, bounds):
+    """Its launch bounds name the blocks an SM its grid needs resident, so nvcc keeps a lane's
+    registers to their share whatever it would take (the picks' 80-131)."""
+    target = offline_cuda("sm_90")
+    t = _template(batch, hidden, bidirectional=bidirectional).with_tensor_cores(target)
+    pick = t.analytic_pick(target)[0]
+    assert pick.step_tc == 2
+    assert bounds + " gru_steps_kernel(" in t.compile(pick, target).source
+
+
 def test_the_16_bit_kernels_knobs_do_not_change_it():
     """``step_tc_acc`` and ``step_tc_frag`` are the 16-bit kernel's: the split kernel's source
     is the same at every value, and they are not shown."""

@@ -19,6 +19,7 @@ from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind
                                      function_calls, plain_json)
 from tvm_ext.hardware import sm_90a
 from tvm_ext.lowering.launch_early import mark_launch_early, pipeline_for
+from tvm_ext.lowering.step_loop import with_min_blocks_per_sm
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
@@ -90,7 +91,9 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         trace["gru_steps"] = trace.pop("gru_step")
         for table in (funcs, modules):
             del table["gru_step"]
+    per_sm = template.step_variant(config).lowered_blocks_per_sm(target)
     for name, func in template.lowered_kernels(config).items():  # written as loops: no schedule trace
+        func = with_min_blocks_per_sm(func, per_sm) if name == "gru_steps" else func
         funcs[name] = func.with_attr("global_symbol", name)
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tvm_ext.core.space import Config
+from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, BARRIERS
 from tvm_ext.target import TargetInfo
 
@@ -48,10 +49,11 @@ from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, load_gi_macro, wi
 
 SPLIT_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
-# The most registers a lane of the kernel takes (80-119 from nvcc across its picks; launch bounds
-# name only the threads): its grid is resident only where this many fit each SM's blocks (float32
+# The registers a lane of the kernel wants (80-119 from nvcc where launch bounds name only the
+# threads): grids whose blocks an SM leave a lane fewer are refused. The kernel is compiled with
+# __launch_bounds__(threads, blocks an SM) so its grid is resident at any count (float32
 # bidirectional B192 H256's three 256-thread blocks an SM and B96 H384's two 512-thread blocks,
-# taken before, were not: the grid barrier timed out)
+# taken before with the threads alone, were not: the grid barrier timed out)
 SPLIT_LANE_REGISTERS = 120
 PART = "float16"
 STATE = "float32"
@@ -466,6 +468,10 @@ class TensorCoreSplitStep(StepVariant):
         return mma_grid_reason("split tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
                                "W_hh's two parts, h's two chunks and partial sums", target,
                                lane_registers=SPLIT_LANE_REGISTERS)
+
+    def lowered_blocks_per_sm(self, target: TargetInfo) -> int:
+        # its lanes take 80-119 registers where the threads alone bound them: capped so its grid is resident
+        return -(-self.shape.blocks // HardwareModel.from_target(target).sm_count)
 
     def init_layout(self) -> dict[str, bool]:
         return {"pingpong": True, "barrier": True}

@@ -147,6 +147,12 @@ class StepVariant(ABC):
         steps are not looped after scheduling."""
         return None
 
+    def lowered_blocks_per_sm(self, target: TargetInfo) -> int:
+        """Blocks each SM must hold at once for the grid of the lowered ``gru_steps`` to be
+        resident, where it is compiled with ``__launch_bounds__(threads, that)`` so nvcc keeps a
+        lane's registers to its share (1: the threads only)."""
+        return 1
+
     def barrier_words(self) -> tuple[str, ...]:
         """The plan buffers of a persistent kernel's grid barrier and exchange words (none here)."""
         return ()

@@ -84,6 +84,20 @@ def rewrap(chain: list[Any], body: Any) -> Any:
     return body
 
 
+def with_min_blocks_per_sm(func: Any, blocks: int) -> Any:
+    """``func`` (a lowered kernel) compiled with ``__launch_bounds__(threads, blocks)``: nvcc
+    keeps a lane's registers to what ``blocks`` blocks an SM leave it (``func`` itself where
+    ``blocks`` is 1)."""
+    import tvm
+
+    if blocks <= 1:
+        return func
+    chain, inner = launch_chain(func.body)
+    bound = tvm.tirx.AttrStmt(tvm.tirx.const(0, "int32"), "tirx.launch_bounds_min_blocks_per_sm",
+                              tvm.tirx.const(blocks, "int32"), inner)  # read by SplitHostDevice
+    return func.with_body(rewrap(chain, bound))
+
+
 # Grid barriers of the persistent form: how the leader thread of each block arrives and
 # waits.  All three fence the block's writes before arriving and keep the timed-out flag.
 BARRIER_ATOMIC = "atomic"  # arrive with atomicAdd, poll with atomicAdd(ptr, 0), fences both sides
