@@ -13,10 +13,11 @@ import pytest
 from gru_checks import assert_reruns_match_float64
 from test_gru import Shape, _inputs, _weights
 
+from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.schedules.gru import GRU, GruTemplate
 from tvm_ext.target import offline_cuda
 
-SM_COUNT = 132  # the SMs of offline_cuda("sm_90"), an H100 / H200
+SM_COUNT = HardwareModel.from_target(offline_cuda("sm_90")).sm_count  # an H100 / H200's
 BOUNDS = {"float32": 2e-6, "float16": 5e-3, "bfloat16": 3e-2}
 CROWDED = {  # dtype, batch, hidden, bidirectional: the kernel its pick runs
     "fp32-b8-h2048": ("float32", 8, 2048, False),  # the CUDA-core fused step kernel, a grid barrier

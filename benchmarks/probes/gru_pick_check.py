@@ -2,7 +2,7 @@
 hidden, direction) grouped by the kernel their reason names and by whether their grid holds more
 than a block an SM; of each group the shapes of the most and of the fewest blocks, those of more
 than a block an SM first, run until --budget seconds are spent.  A pick is wrong where its error
-passes --bound's figure for its dtype (several times the errors the picks measure).  One JSON line
+passes ``BOUNDS``' figure for its dtype (several times the errors the picks measure), or where it raises.  One JSON line
 a shape in $OUT/gru_pick_check.jsonl, the wrong ones listed at the end.
 
     source .tvm-device/boot.sh && python benchmarks/probes/gru_pick_check.py --budget 400

@@ -84,18 +84,22 @@ def rewrap(chain: list[Any], body: Any) -> Any:
     return body
 
 
-def with_min_blocks_per_sm(func: Any, blocks: int) -> Any:
-    """``func`` (a lowered kernel) compiled with ``__launch_bounds__(threads, blocks)``: nvcc
-    keeps a lane's registers to what ``blocks`` blocks an SM leave it (``func`` itself where
-    ``blocks`` is 1)."""
-    import tvm
+def min_blocks_bound(body: Any, blocks: int) -> Any:
+    """``body`` (inside a kernel's launch attributes) marked so the kernel is compiled with
+    ``__launch_bounds__(threads, blocks)`` (read by SplitHostDevice): nvcc keeps a lane's
+    registers to what ``blocks`` blocks an SM leave it; ``body`` itself where ``blocks`` is 1."""
+    from tvm import tirx
 
     if blocks <= 1:
-        return func
+        return body
+    return tirx.AttrStmt(tirx.const(0, "int32"), "tirx.launch_bounds_min_blocks_per_sm",
+                         tirx.const(blocks, "int32"), body)
+
+
+def with_min_blocks_per_sm(func: Any, blocks: int) -> Any:
+    """``func`` (a lowered kernel) with its body under ``min_blocks_bound``."""
     chain, inner = launch_chain(func.body)
-    bound = tvm.tirx.AttrStmt(tvm.tirx.const(0, "int32"), "tirx.launch_bounds_min_blocks_per_sm",
-                              tvm.tirx.const(blocks, "int32"), inner)  # read by SplitHostDevice
-    return func.with_body(rewrap(chain, bound))
+    return func.with_body(rewrap(chain, min_blocks_bound(inner, blocks)))
 
 
 # Grid barriers of the persistent form: how the leader thread of each block arrives and
@@ -298,8 +302,6 @@ def loop_steps(func: Any, steps: int, mode: str, step: str = "step", state: tupl
     loop = tirx.For(index, tirx.const(0, "int32"), tirx.const(steps, "int32"), tirx.ForKind.SERIAL, body)
     if mode == PERSISTENT:
         loop = tirx.SeqStmt(before + [loop]) if before else loop
-        if min_blocks_per_sm > 1:  # read from the kernel body by SplitHostDevice
-            loop = tirx.AttrStmt(tirx.const(0, "int32"), "tirx.launch_bounds_min_blocks_per_sm",
-                                 tirx.const(min_blocks_per_sm, "int32"), loop)
+        loop = min_blocks_bound(loop, min_blocks_per_sm)
     out = tirx.PrimFunc(new_params, rewrap(chain, loop) if mode == PERSISTENT else loop, attrs=func.attrs)
     return out.with_attr("global_symbol", name) if name else out
