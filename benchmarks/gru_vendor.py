@@ -11,6 +11,8 @@ Each case, same process, same rotated inputs (``SETS`` input sets):
   methods.  cuDNN with TF32 allowed is reported beside it, labelled.  ``torch.nn.GRU`` too.
 - ours through ``tvm_ext.torch.GRU`` (the pick, torch tensors in place, torch's stream) the
   same three ways, and each of ``--candidates`` more configs back to back.
+- the module as it ships (``fallback="auto"``): the side its first call measured faster
+  (ours or ``nn.GRU``), timed the same three ways and as a user calls it.
 - as a user calls it: eager calls with a synchronize, wall clock (ours and ``nn.GRU``; ours
   as it ships, replaying its recorded graph, and with ``graphs=False``; against our back-to-back
   time plus the wall of one kernel launch and a synchronize), and the numpy path
@@ -201,7 +203,8 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         row["torch_eager_wall"] = wall_ms(lambda: fn(0))
     # ---- ours through tvm_ext.torch.GRU ---------------------------------------------------------
     t0 = time.perf_counter()
-    mod = TvmGRU(case.width, case.hidden, case.layers, bidirectional=case.bidirectional, device="cuda", dtype=dt)
+    mod = TvmGRU(case.width, case.hidden, case.layers, bidirectional=case.bidirectional, device="cuda", dtype=dt,
+                 fallback="off")  # our kernels whatever nn.GRU measures (the module as it ships: below)
     mod.load_state_dict(net.state_dict())
     with torch.no_grad():
         if lengths is None:
@@ -239,6 +242,17 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
             row["ours_graph_err"] = err(g_out, g_h)
             mod.check()
+    # ---- the module as it ships: ours or nn.GRU, whichever the shape's first call measured faster -
+    if lengths is None:
+        shipped = TvmGRU(case.width, case.hidden, case.layers, bidirectional=case.bidirectional, device="cuda",
+                         dtype=dt)
+        shipped.load_state_dict(net.state_dict())
+        with torch.no_grad():
+            o, h = shipped(xs[0])
+            (choice,) = shipped.choices.values()
+            row["shipped"] = {"backend": choice.backend, "ours_ms": choice.ours_ms, "torch_ms": choice.torch_ms,
+                              "err": err(o, h), "eager_wall": wall_ms(lambda: shipped(xs[0])[0]),
+                              **three(time_vendor(lambda i: shipped(xs[i])[0], SETS))}
     # ---- float32 in and out, float16 storage: against cuDNN with TF32 allowed -----------------
     if case.dtype == "float32" and lengths is None and case.label in REDUCED:
         reduced = TvmGRU(case.width, case.hidden, case.layers, bidirectional=case.bidirectional, device="cuda",
@@ -310,7 +324,20 @@ def summary(row: dict[str, Any]) -> list[str]:
             f"{row['ours_eager_wall'] / (row['ours']['back_to_back'] + row['one_launch_wall']):.2f}"
             if "one_launch_wall" in row else "-", ms(row["torch_eager_wall"]),
             ms(row.get("ours_numpy_wall")), ms(row.get("torch_numpy_wall")),
-            f"{row['ours_err']:.1e}", f"{min((a['err'] for a in algos.values() if 'err' in a), default=np.nan):.1e}"]
+            f"{row['ours_err']:.1e}", f"{min((a['err'] for a in algos.values() if 'err' in a), default=np.nan):.1e}",
+            *shipped_cells(row)]
+
+
+def shipped_cells(row: dict[str, Any]) -> list[str]:
+    """The module as it ships: the side its first call chose (with the per-call times that chose
+    it), its best time against cuDNN's best, its eager wall against nn.GRU's, its error."""
+    if "shipped" not in row:
+        return ["-"] * 4
+    s = row["shipped"]
+    algos = [a["best"] for a in row["cudnn"].values() if "best" in a and not a.get("wrong")]
+    best = min(algos + [row["torch"]["best"]])
+    return [f"{s['backend']} ({s['ours_ms']:.3f} / {s['torch_ms']:.3f})", f"{best / s['best']:.2f}",
+            f"{row['torch_eager_wall'] / s['eager_wall']:.2f}", f"{s['err']:.1e}"]
 
 
 def main() -> None:
@@ -344,7 +371,8 @@ def main() -> None:
                  "pick / cuDNN",
                  "ours best", "best / cuDNN", "ours eager wall", "ours eager, graphs off",
                  "eager / (back to back + one launch)", "nn.GRU eager wall", "ours numpy wall",
-                 "nn.GRU numpy wall", "ours err", "cuDNN err"], rows))
+                 "nn.GRU numpy wall", "ours err", "cuDNN err", "module as shipped: side (ours / nn.GRU ms a call)",
+                 "shipped / cuDNN best", "nn.GRU eager wall / shipped", "shipped err"], rows))
 
 
 if __name__ == "__main__":

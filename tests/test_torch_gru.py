@@ -1,7 +1,8 @@
 """``tvm_ext.torch.GRU``: nn.GRU's arguments, weights and forward, against float64.
 
-Needs torch (skipped without it; CI has none).  Without the ``gpu`` marker: argument handling
-and the weight copy on CPU tensors (OpenCL).  ``gpu``: CUDA tensors in place, h0, batch_first,
+Needs torch (skipped without it).  The GPU cases run our kernels whatever torch's GRU
+measures (``fallback="off"``; the fallback has its own tests).  Without the ``gpu`` marker:
+argument handling and the weight copy on CPU tensors (OpenCL).  ``gpu``: CUDA tensors in place, h0, batch_first,
 layers, directions, PackedSequence input, 16-bit dtypes, and a capture in a user's CUDA graph
 on NaN-poisoned outputs, each rerun."""
 from __future__ import annotations
@@ -113,7 +114,7 @@ def test_cuda_tensors_in_place_against_float64(kwargs, dtype):
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
     net32 = torch.nn.GRU(**kwargs).cuda().eval()
-    gru = GRU.from_module(net32.to(dt))
+    gru = GRU.from_module(net32.to(dt), fallback="off")
     bound = 1e-5 if dtype == "float32" else 1e-2
     dirs = 2 if net32.bidirectional else 1
     for batch, seq in ((5, 9), (5, 9), (2, 4)):  # a rerun, then another shape (another compiled GRU)
@@ -133,7 +134,7 @@ def test_cuda_tensors_in_place_against_float64(kwargs, dtype):
 def test_packed_sequence_like_nn_gru():
     torch.manual_seed(1)
     net = torch.nn.GRU(24, 40, num_layers=2, bidirectional=True).cuda().eval()
-    gru = GRU.from_module(net)
+    gru = GRU.from_module(net, fallback="off")
     x = torch.randn(11, 6, 24, device="cuda")
     lengths = torch.tensor([11, 3, 7, 1, 11, 5])
     packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
@@ -208,7 +209,7 @@ def test_eager_calls_replay_a_recorded_graph(config):
     are picked up, and graphs=False gives the same bits."""
     torch.manual_seed(6)
     net = torch.nn.GRU(48, 64, num_layers=2, bidirectional=True, batch_first=True).cuda().eval()
-    gru, direct = GRU.from_module(net, config=config), GRU.from_module(net, config=config)
+    gru, direct = (GRU.from_module(net, config=config, fallback="off") for _ in range(2))
     direct.graphs = False
     xs = [torch.randn(5, 12, 48, device="cuda") for _ in range(3)]
     h0 = torch.randn(4, 5, 64, device="cuda")
@@ -239,7 +240,7 @@ def test_eager_calls_replay_a_recorded_graph(config):
     # variable lengths: each call's lengths reach the replay (padded straight into its static
     # input, the lengths copied when another layout's were copied last), the static input poisoned
     x = torch.randn(12, 5, 48, device="cuda")
-    seq_first = GRU.from_module(torch.nn.GRU(48, 64).cuda().eval())
+    seq_first = GRU.from_module(torch.nn.GRU(48, 64).cuda().eval(), fallback="off")
     for lengths in (torch.tensor([12, 9, 9, 4, 1]), torch.tensor([12, 12, 3, 2, 2]), torch.tensor([12, 9, 9, 4, 1]),
                     torch.tensor([12, 9, 9, 4, 1]), torch.tensor([12, 12, 3, 2, 2])):
         for record in seq_first._call_graphs.values():
@@ -261,7 +262,7 @@ def test_w_ih_parts_are_split_at_loading_and_again_for_new_weights():
     are split again before the next call, direct and replayed from the recorded graph."""
     torch.manual_seed(0)
     net = torch.nn.GRU(512, 512).cuda().eval()
-    gru = GRU.from_module(net)
+    gru = GRU.from_module(net, fallback="off")
     xs = [torch.randn(128, 8, 512, device="cuda") for _ in range(2)]
     with torch.no_grad():
         for x in xs:
@@ -288,7 +289,7 @@ def test_repeated_eager_calls_skip_the_checks_but_not_a_changed_input():
     still gets its error."""
     torch.manual_seed(7)
     net = torch.nn.GRU(16, 32).cuda().eval()
-    gru = GRU.from_module(net)
+    gru = GRU.from_module(net, fallback="off")
     x, h0 = torch.randn(6, 3, 16, device="cuda"), torch.randn(1, 3, 32, device="cuda")
     gru(x, h0)
     gru(x, h0)
@@ -326,7 +327,7 @@ def test_inputs_past_their_float16_parts_are_reported_at_the_next_call(config, b
     ``check``), and the calls after it match float64 again."""
     torch.manual_seed(3)
     net = torch.nn.GRU(64, 64).cuda().eval()
-    gru = GRU.from_module(net, config=config)
+    gru = GRU.from_module(net, config=config, fallback="off")
     x, h0 = torch.randn(16, 8, 64, device="cuda"), torch.randn(1, 8, 64, device="cuda")
     huge = (x.clone(), h0) if bad == "x" else (x, h0.clone())
     huge[0 if bad == "x" else 1][0, 3, 5] = value

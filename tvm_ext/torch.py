@@ -7,6 +7,11 @@ torch tensors without a copy (the compiled kernels read and write torch's memory
 DLPack), launches on torch's current stream, and can be captured in ``torch.cuda.graph``.
 A GRU is compiled per (batch, seq) shape on first use (a few seconds) and kept.
 
+A shape's first eager call on CUDA times ours against ``torch.nn.GRU`` on the same input
+(``fallback="auto"``, the default; ``tvm_ext/torch_fallback.py``) and keeps the faster for that
+shape: a user who swaps ``nn.GRU`` for this module never gets a slower call.  ``choices`` says
+which side serves each shape and the times that decided it; ``fallback="off"`` always runs ours.
+
 Eager calls on CUDA replay a CUDA graph of the plan that the module records on a shape's first
 call (``graphs=True``, the default; what ``torch.compile(mode="reduce-overhead")`` does): the
 input is copied into the graph's static input, the graph replayed on torch's current stream and
@@ -33,6 +38,7 @@ from torch import nn
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.measure.cases import kept
+from tvm_ext.torch_fallback import FALLBACKS, TORCH, TVM_EXT, BackendChoice, TorchTwin, fallback_reason, per_call_ms
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
@@ -60,13 +66,19 @@ class GRU(nn.Module):
     dtype), e.g. ``precision="float16"`` on a float32 module: float32 in and out, float16 storage,
     float32 sums and cell (errors near 4e-4, the class of cuDNN's TF32 GRU);
     ``graphs``: replay a recorded CUDA graph per shape on eager CUDA calls (see the module docstring);
+    ``fallback``: ``"auto"`` times a shape's first eager CUDA call against ``torch.nn.GRU`` and
+    keeps the faster (not where ``config`` or ``precision`` is given, nor for packed input),
+    ``"measure"`` does so on any device, ``"off"`` always runs ours;
     ``dropout`` must be 0 (inference)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None,
-                 precision: str | Mapping[str, str] | None = None, graphs: bool = True):
+                 precision: str | Mapping[str, str] | None = None, graphs: bool = True,
+                 fallback: str = "auto"):
         super().__init__()
+        if fallback not in FALLBACKS:
+            raise TvmExtError(f"tvm_ext.torch.GRU fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
         if dropout:
             raise TvmExtError(f"tvm_ext.torch.GRU is for inference: dropout must be 0, got {dropout}")
         dtype = torch.float32 if dtype is None else dtype
@@ -77,6 +89,8 @@ class GRU(nn.Module):
         self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
         self.config = dict(config or {})
         self.graphs = bool(graphs)
+        self.fallback = fallback
+        self.customised = bool(config) or precision is not None  # the user asked for these kernels
         if isinstance(precision, str):  # one type for every stored tensor, the cell and sums in float32
             precision = {name: precision for name in LOW_PRECISION_TENSORS}
         low = DTYPES[dtype]
@@ -98,12 +112,14 @@ class GRU(nn.Module):
         self._zero_states: dict[tuple[Any, ...], Any] = {}
         self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
-        self._eager_calls: dict[tuple[Any, ...], EagerCall] = {}  # by input and hx signature
+        self._eager_calls: dict[tuple[Any, ...], EagerCall | TwinCall] = {}  # by input and hx signature
+        self._choices: dict[EngineKey, BackendChoice] = {}  # the shapes measured against torch
+        self._twin: TorchTwin | None = None  # torch's GRU on the module's parameters, made where measured
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
     @classmethod
     def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None,
-                    precision: str | Mapping[str, str] | None = None) -> "GRU":
+                    precision: str | Mapping[str, str] | None = None, fallback: str = "auto") -> "GRU":
         """A tvm_ext GRU with ``module``'s arguments, weights, device and dtype."""
         if not isinstance(module, nn.GRU):
             raise TvmExtError(f"from_module takes a torch.nn.GRU, got {type(module).__name__}")
@@ -112,7 +128,7 @@ class GRU(nn.Module):
         first = next(module.parameters())
         gru = cls(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
                   0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config,
-                  precision=precision)
+                  precision=precision, fallback=fallback)
         gru.load_state_dict(module.state_dict())
         return gru
 
@@ -124,6 +140,11 @@ class GRU(nn.Module):
     def dtype(self) -> Any:
         return next(self.parameters()).dtype
 
+    @property
+    def choices(self) -> dict[EngineKey, BackendChoice]:
+        """The shapes timed against ``torch.nn.GRU`` so far: which side serves each, and why."""
+        return dict(self._choices)
+
     def reload_weights(self) -> None:
         """Copy the parameters into every compiled GRU (after they were changed in place;
         ``load_state_dict`` calls it)."""
@@ -132,11 +153,16 @@ class GRU(nn.Module):
         self._eager_calls.clear()
         for engine in self._engines.values():
             engine.load_numpy(weights)
+        if self._twin is not None:
+            self._twin.reload(self)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``nn.Module``'s (``.to``, ``.cuda``, ``.half``): the parameters' device or dtype may
-        change, so no eager call skips the checks of the next one."""
+        change, so no eager call skips the checks of the next one, and the shapes are measured
+        against torch again."""
         self._eager_calls.clear()
+        self._choices.clear()
+        self._twin = None
         return super()._apply(fn, *args, **kwargs)
 
     def _numpy_weights(self) -> dict[str, Any]:
@@ -176,19 +202,54 @@ class GRU(nn.Module):
         if packed and hx is not None and input.sorted_indices is not None:
             hx = hx.index_select(1, input.sorted_indices)  # into the packed row order, as nn.GRU does
         key = EngineKey(batch, seq, lengths is not None, str(x.device))
-        engine = self._engine(key)
-        if x.device.type == "cuda" and self.graphs and not torch.cuda.is_current_stream_capturing():
-            out, h_n, call = self._replay(key, engine, x, hx, lengths, copy_out=not packed)
-            if call is not None and signature is not None:
-                self._eager_calls[signature] = call  # its checks passed: the next call of it skips them
-        else:
-            out, h_n = self._run(engine, x.padded() if packed else x.contiguous(), hx, lengths)
+        if self._backend(key, x, hx, packed) == TORCH:
+            out, h_n = self._twin.call(key, x, hx, self.graphs)
+            if signature is not None and x.is_cuda and not torch.cuda.is_current_stream_capturing():
+                self._eager_calls[signature] = TwinCall(self._twin, key)
+            return (out if time_major else out.transpose(0, 1)), h_n
+        out, h_n = self._ours(key, x, hx, lengths, packed, signature)
         if packed:
             if input.unsorted_indices is not None:
                 h_n = h_n.index_select(1, input.unsorted_indices)
             return nn.utils.rnn.PackedSequence(x.layout.unpack(out), input.batch_sizes, input.sorted_indices,
                                                input.unsorted_indices), h_n
         return (out if time_major else out.transpose(0, 1)), h_n
+
+    def _ours(self, key: EngineKey, x: Any, hx: Any, lengths: Any, packed: bool,
+              signature: tuple[Any, ...] | None) -> tuple[Any, Any]:
+        """(out, h_n) of time-major ``x`` on our kernels: through the shape's recorded graph on
+        eager CUDA calls (its ``EagerCall`` kept under ``signature``), launched directly otherwise."""
+        engine = self._engine(key)
+        if x.device.type == "cuda" and self.graphs and not torch.cuda.is_current_stream_capturing():
+            out, h_n, call = self._replay(key, engine, x, hx, lengths, copy_out=not packed)
+            if call is not None and signature is not None:
+                self._eager_calls[signature] = call  # its checks passed: the next call of it skips them
+            return out, h_n
+        return self._run(engine, x.padded() if packed else x.contiguous(), hx, lengths)
+
+    def _backend(self, key: EngineKey, x: Any, hx: Any, packed: bool) -> str:
+        """Which side serves ``key``'s calls: the choice measured on its first call where
+        ``fallback`` allows (``torch_fallback``), else ours.  Not measured inside a capture
+        (ours is captured; the next eager call measures).  Where torch wins, our compiled GRU
+        and its recorded graphs are let go (they would hold device memory for nothing)."""
+        choice = self._choices.get(key)
+        if choice is not None:
+            return choice.backend
+        capturing = key.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()
+        if capturing or fallback_reason(self.fallback, key.device, self.customised, packed) is not None:
+            return TVM_EXT
+        if self._twin is None:
+            self._twin = TorchTwin(self)
+        twin = self._twin
+        ms = per_call_ms({TVM_EXT: lambda: self._ours(key, x, hx, None, False, None),
+                          TORCH: lambda: twin.call(key, x, hx, self.graphs)}, x.device)
+        self._choices[key] = choice = BackendChoice.of(ms[TVM_EXT], ms[TORCH])
+        if choice.backend == TORCH:
+            engine = self._engines.pop(key)
+            self._watches.pop(id(engine), None)
+            for zero_h0 in (True, False):
+                self._call_graphs.pop((key, zero_h0), None)
+        return choice.backend
 
     def _eager_signature(self, input: Any, hx: Any) -> tuple[Any, ...] | None:
         """What an eager call's checks depend on (None: a call the fast path does not take, packed
@@ -450,6 +511,17 @@ class EagerCall:
         self.watch.mark()
         out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
         return out, record.h_n.to(self.dtype, copy=True)
+
+
+@dataclass(frozen=True)
+class TwinCall:
+    """An eager call of a shape that torch's GRU serves (``EagerCall``'s interface)."""
+
+    twin: TorchTwin
+    key: EngineKey
+
+    def run(self, x: Any, hx: Any, lengths: Any = None, copy_out: bool = True) -> tuple[Any, Any]:
+        return self.twin.call(self.key, x, hx, graphs=True)
 
 
 @dataclass(frozen=True)

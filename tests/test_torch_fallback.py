@@ -1,0 +1,155 @@
+"""``tvm_ext.torch.GRU``'s fallback to ``torch.nn.GRU``: a shape's first call timed on both
+sides, the faster kept for that shape.
+
+Without the ``gpu`` marker (OpenCL, torch's CPU GRU): the rule that decides, which calls are
+measured, a measured shape served by the side its times name (the timer replaced where a
+test needs torch to win, since on the CPU either side can), weights reloaded into torch's
+copy.  ``gpu``: float32 B64 H2048, where ours is slower than cuDNN, served by torch and
+bit-equal to ``nn.GRU``; float16 B8 H512, where ours leads, served by ours; both against float64,
+with and without h0, and captured in a user's CUDA graph on NaN-poisoned outputs."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tvm_ext.torch as tvm_torch  # noqa: E402
+from tvm_ext.core.errors import TvmExtError  # noqa: E402
+from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.schedules.gru import gru_reference  # noqa: E402
+from tvm_ext.torch import GRU  # noqa: E402
+from tvm_ext.torch_fallback import MARGIN, TORCH, TVM_EXT, BackendChoice  # noqa: E402
+
+
+def _net(**kwargs):
+    torch.manual_seed(0)
+    return torch.nn.GRU(**{"input_size": 5, "hidden_size": 7, **kwargs}).eval()
+
+
+def _times(ours_ms, torch_ms):
+    """A timer reporting these per-call times (the dispatch under test, not the clock)."""
+    def per_call_ms(sides, device):
+        for call in sides.values():
+            call()
+        return {TVM_EXT: ours_ms, TORCH: torch_ms}
+    return per_call_ms
+
+
+def test_torch_is_taken_only_past_the_margin():
+    assert BackendChoice.of(1.0, 1.0).backend == TVM_EXT
+    assert BackendChoice.of(1.0, 1.0 / (1 + MARGIN) + 1e-6).backend == TVM_EXT
+    assert BackendChoice.of(1.0, 1.0 / (1 + MARGIN) - 1e-3).backend == TORCH
+    assert BackendChoice.of(0.5, 2.0) == BackendChoice(TVM_EXT, 0.5, 2.0)
+
+
+def test_a_bad_fallback_is_refused():
+    with pytest.raises(TvmExtError, match="fallback must be one of auto, measure, off"):
+        GRU(4, 4, fallback="always")
+
+
+def test_measured_shapes_on_the_cpu_match_nn_gru_and_are_recorded():
+    net = _net(num_layers=2, bidirectional=True, batch_first=True)
+    gru = GRU.from_module(net, fallback="measure")
+    x, h0 = torch.randn(3, 6, 5), torch.randn(4, 3, 7)
+    out, h_n = gru(x, h0)
+    with torch.no_grad():
+        ref_out, ref_h = net(x, h0)
+    assert torch.allclose(out, ref_out, atol=1e-5) and torch.allclose(h_n, ref_h, atol=1e-5)
+    (key, choice), = gru.choices.items()
+    assert (key.batch, key.seq, key.device) == (3, 6, "cpu")
+    assert choice.ours_ms > 0 and choice.torch_ms > 0
+    assert choice == BackendChoice.of(choice.ours_ms, choice.torch_ms)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda net: GRU.from_module(net), "auto: CUDA calls only"),
+    (lambda net: GRU.from_module(net, fallback="off"), "off"),
+    (lambda net: GRU.from_module(net, fallback="measure", config={"cell_block": 64}), "a config"),
+    (lambda net: GRU.from_module(net, fallback="measure", precision="float32"), "a precision"),
+])
+def test_calls_the_fallback_does_not_measure(monkeypatch, make, reason):
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(10.0, 1.0))
+    gru = make(_net())
+    gru(torch.randn(4, 2, 5))
+    assert gru.choices == {}, reason
+
+
+def test_packed_input_is_not_measured(monkeypatch):
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(10.0, 1.0))
+    gru = GRU.from_module(_net(), fallback="measure")
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(4, 2, 5), torch.tensor([4, 3]))
+    gru(packed)
+    assert gru.choices == {}
+
+
+def test_a_shape_torch_wins_is_served_by_torch_with_the_current_weights(monkeypatch):
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(10.0, 1.0))
+    net = _net(batch_first=True)
+    gru = GRU.from_module(net, fallback="measure")
+    x = torch.randn(2, 4, 5)
+    out, h_n = gru(x)
+    with torch.no_grad():
+        ref_out, ref_h = net(x)
+    assert torch.equal(out, ref_out) and torch.equal(h_n, ref_h)  # torch's own call, not ours
+    assert [c.backend for c in gru.choices.values()] == [TORCH]
+    assert gru._engines == {}  # our compiled GRU let go
+    again, _ = gru(x)
+    assert torch.equal(again, ref_out)
+    other = _net(batch_first=True, bias=True)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-0.5)
+    gru.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert torch.equal(gru(x)[0], other(x)[0])  # torch's copy of the weights reloaded
+    ours_elsewhere, _ = gru(torch.randn(3, 4, 5))  # another shape: measured on its own
+    assert len(gru.choices) == 2
+
+
+def test_a_shape_ours_wins_is_served_by_ours(monkeypatch):
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(1.0, 10.0))
+    net = _net()
+    gru = GRU.from_module(net, fallback="measure")
+    x = torch.randn(4, 2, 5)
+    out, _ = gru(x)
+    with torch.no_grad():
+        ref_out, _ = net(x)
+    assert not torch.equal(out, ref_out) and torch.allclose(out, ref_out, atol=1e-5)  # ours: not torch's bits
+    assert [c.backend for c in gru.choices.values()] == [TVM_EXT]
+    assert len(gru._engines) == 1
+
+
+def _float64(net, x):
+    state = {k: v.detach().double().cpu().numpy() for k, v in net.state_dict().items()}
+    return gru_reference(x.detach().double().cpu().numpy(), state, None, net.num_layers, net.bidirectional)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, batch, hidden, backend", [("float32", 64, 2048, TORCH),
+                                                            ("float16", 8, 512, TVM_EXT)])
+def test_cuda_shapes_are_served_by_the_faster_side(dtype, batch, hidden, backend):
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    net = torch.nn.GRU(hidden, hidden).cuda().eval().to(dt)
+    gru = GRU.from_module(net)
+    x = torch.randn(128, batch, hidden, device="cuda").to(dt)
+    out, h_n = gru(x)
+    (choice,) = gru.choices.values()
+    assert choice.backend == backend, choice
+    ref_out, ref_h = _float64(net, x)
+    bound = 1e-5 if dtype == "float32" else 1e-2
+    assert relative_error(out.float().cpu().numpy(), ref_out) < bound
+    assert relative_error(h_n.float().cpu().numpy(), ref_h) < bound
+    h0 = torch.randn(1, batch, hidden, device="cuda").to(dt)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        torch_out, torch_h = net(x, h0)
+    for _ in range(2):  # the first call with an h0 records its own graph, the second replays it
+        out, h_n = gru(x, h0)
+        assert torch.equal(out, torch_out) == (backend == TORCH)  # torch's bits only where torch serves
+        assert relative_error(h_n.float().cpu().numpy(), torch_h.double().cpu().numpy()) < bound
+    graph = torch.cuda.CUDAGraph()  # inside a user's capture: the chosen side launched directly
+    with torch.cuda.graph(graph):
+        captured, _ = gru(x, h0)
+    captured.fill_(float("nan"))
+    graph.replay()
+    assert relative_error(captured.float().cpu().numpy(), torch_out.double().cpu().numpy()) < bound
