@@ -16,6 +16,7 @@ the SM clock and power read after each; the ratio quoted is the median of the pe
 from __future__ import annotations
 
 import datetime
+import math
 import json
 import os
 import statistics
@@ -760,3 +761,13 @@ def parse_knob_sets(text: str, option: str, bare: tuple[str, ...] = ()) -> dict[
             raise ValueError(f"{option} takes 'label:knob=integer,...;...', got {part!r}")
         sets[label.strip()] = changes
     return sets
+
+
+def gru_weights(rng: Any, hidden: int, bidirectional: bool = False) -> dict[str, Any]:
+    """One GRU layer's weights (input = hidden) as ``nn.GRU`` initialises them (uniform in
+    ±1/sqrt(hidden)), float32 arrays by ``state_dict`` name, drawn from ``rng`` in one order."""
+    g, k = 3 * hidden, 1 / math.sqrt(hidden)
+    return {name + tail: rng.uniform(-k, k, shape).astype("float32")
+            for tail in (("", "_reverse") if bidirectional else ("",)) for name, shape in (
+                ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
+                ("bias_hh_l0", (g,)))}

@@ -93,6 +93,11 @@ def _build_failure(cl: Any, dev: Any) -> str | None:
         return lines[0] if lines else "cannot build a kernel"
 
 
+def opencl_devices() -> tuple[Any, ...]:
+    """The OpenCL devices that can build kernels, in the order device ids number them."""
+    return _opencl_devices()[0]
+
+
 def opencl_device(device_id: int) -> Any:
     devices, skipped = _opencl_devices()
     if not devices:

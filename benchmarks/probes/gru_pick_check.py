@@ -22,6 +22,8 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import gru_weights  # noqa: E402
 from tvm_ext.cost_model.hardware import HardwareModel  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402
@@ -91,11 +93,7 @@ def main() -> None:
             t = template(dtype, batch, hidden, bi, args.seq, target)
             cfg, why = t.analytic_pick(target)
             cfg = cfg.replace(**knobs) if knobs else cfg
-            k, g = 1 / np.sqrt(hidden), 3 * hidden
-            w = {name + tail: rng.uniform(-k, k, shape).astype(np.float32)
-                 for tail in (("", "_reverse") if bi else ("",)) for name, shape in (
-                     ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
-                     ("bias_hh_l0", (g,)))}
+            w = gru_weights(rng, hidden, bi)
             x = rng.standard_normal((args.seq, batch, hidden)).astype(np.float32)
             row = {"dtype": dtype, "batch": batch, "hidden": hidden, "bidirectional": bi,
                    "blocks": grid_blocks(t, cfg), "why": why}

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from common import parse_knob_sets, time_ours  # noqa: E402
+from common import gru_weights, parse_knob_sets, time_ours  # noqa: E402
 
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
@@ -77,14 +77,6 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 192, 512), ("float16", 256, 512), ("float16", 192, 768), ("float16", 256, 256))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
-
-
-def weights(rng, hidden, bidirectional=False):
-    g, k = 3 * hidden, 1 / np.sqrt(hidden)
-    return {name + tail: rng.uniform(-k, k, shape).astype(np.float32)
-            for tail in (("", "_reverse") if bidirectional else ("",)) for name, shape in (
-                ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
-                ("bias_hh_l0", (g,)))}
 
 
 @contextmanager
@@ -149,7 +141,7 @@ def main() -> None:
     for dtype, batch, hidden, *bi in cases:
         bi = bool(bi and bi[0])
         rng = np.random.default_rng(0)
-        w = weights(rng, hidden, bi)
+        w = gru_weights(rng, hidden, bi)
         x = rng.standard_normal((SEQ, batch, hidden)).astype(np.float32)
         ref = gru_reference(x, w, None, 1, bi)
         precision = {name: dtype for name in STORED}

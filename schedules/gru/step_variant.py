@@ -70,15 +70,15 @@ def residency(hw: HardwareModel, blocks: int, threads: int, shared: int) -> tupl
 
 
 def mma_grid_reason(kernel: str, threads: int, blocks: int, shared: int, held: str,
-                    target: TargetInfo, count_registers: bool = False, lane_registers: int = 0) -> str | None:
+                    target: TargetInfo, lane_registers: int = 0) -> str | None:
     """Why a persistent ``mma.sync`` step kernel's grid cannot run on ``target``: its block's
     threads, the compute capability (ldmatrix, mma.sync), ``held`` in ``shared`` bytes past the
-    opt-in limit, or blocks that cannot all be resident (None: it can).  ``count_registers``: for
-    a kernel whose lanes may take all the registers they can (its launch bounds name only the
-    threads: up to the thread limit, allocated in eights, or an SM's registers over the block's
-    threads where fewer), those count too; a kernel known to take few counts the most it takes,
-    ``lane_registers`` (the split kernel: counted as the first, its grids of two 256-thread
-    blocks an SM would be refused; not counted, three of them were taken and were not resident)."""
+    opt-in limit, or blocks that cannot all be resident (None: it can).  ``lane_registers``: the
+    most registers a lane may take, counted too (allocated in eights, at most an SM's registers
+    over the block's threads, which launch bounds naming only the threads allow): the thread
+    limit for a kernel that may take all it can, the most it takes for one known to take few
+    (the split kernel: counted at the limit, its grids of two 256-thread blocks an SM would be
+    refused; not counted, three of them were taken and were not resident); 0 counts none."""
     hw = HardwareModel.from_target(target)
     if threads > target.max_threads_per_block:
         return f"{kernel}: {threads} threads > device limit {target.max_threads_per_block}"
@@ -88,9 +88,8 @@ def mma_grid_reason(kernel: str, threads: int, blocks: int, shared: int, held: s
     if shared > hw.shared_per_block_optin:
         return f"{kernel}: {held} need {shared} B of shared memory > {hw.shared_per_block_optin}"
     per_sm, fits = residency(hw, blocks, threads, shared)
-    most = hw.max_registers_per_thread if count_registers else lane_registers
-    if most and hw.registers_per_sm:  # launch bounds naming the threads cap a lane at an SM's share
-        lane = min(-(-most // 8) * 8, hw.registers_per_sm // threads // 8 * 8)
+    if lane_registers and hw.registers_per_sm:  # launch bounds naming the threads cap a lane at an SM's share
+        lane = min(-(-lane_registers // 8) * 8, hw.registers_per_sm // threads // 8 * 8)
         fits = min(fits, hw.registers_per_sm // (threads * lane))
     if per_sm > fits:
         return (f"{kernel}: persistent grid needs every block resident, {blocks} blocks > {hw.sm_count} SMs x "

@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELAXED,
                                         NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier)
@@ -718,7 +719,8 @@ class TensorCoreStep(StepVariant):
     def _device_reason(self, target: TargetInfo) -> str | None:
         shape = self.shape
         return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
-                               "W_hh slice, h rows and partial sums", target, count_registers=True)
+                               "W_hh slice, h rows and partial sums", target,
+                               lane_registers=HardwareModel.from_target(target).max_registers_per_thread)
 
     @property
     def ready_words(self) -> int:
