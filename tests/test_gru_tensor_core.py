@@ -442,14 +442,16 @@ def test_analytic_pick_takes_the_tensor_core_kernel_for_16_bit_state(shape, bloc
 
 @pytest.mark.parametrize("shape, block", [((8, 2048, False), (16, 16, 8, 1)), ((1, 2048, False), (16, 16, 8, 1)),
                                           ((32, 1536, False), (32, 16, 2, 4)), ((32, 2048, False), (32, 16, 4, 4)),
-                                          ((8, 2048, True), (32, 16, 4, 4)), ((64, 1024, True), (16, 64, 2, 1))])
+                                          ((8, 2048, True), (32, 16, 4, 4)), ((64, 1024, True), (16, 64, 2, 1)),
+                                          ((32, 1760, False), (16, 32, 4, 1))])
 def test_pick_streams_w_where_no_blocks_slice_fits_shared_memory(shape, block):
     """16-bit past H1024 (and at 64-row blocks), where no block's W_hh slice fits shared memory
     beside its h rows: the first resident block of the pick's order with the fragments of as
     many k slices as 160 registers a lane hold loaded from global memory (``step_tc_wreg`` 3),
     on the k warps that make 8 (k warp, unit warp, 16-row tile) triples, or the fewest more that
-    fit (32 units on 4 unit warps at H2048: 2 k warps do not fit); the CUDA-core kernels picked
-    before were 3-7x slower (docs/results/gru.md)."""
+    fit (32 units on 4 unit warps at H2048: 2 k warps do not fit), a block of 256 threads or fewer
+    before one of 512 (B32 H1760: 16 units and 32 rows, where 32 units on 4 k warps spill); the
+    CUDA-core kernels picked before were 3-7x slower (docs/results/gru.md)."""
     batch, hidden, bidirectional = shape
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional=bidirectional)

@@ -232,7 +232,9 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     ((4096, 4096, 4096), dict(wgmma_inflight=0, wgmma_tiles=4, wgmma_stages=4), "too few for 2"),
     ((4096, 4096, 4096), dict(wgmma_stages=6), "bytes of shared memory"),
     ((4096, 4002, 4096), dict(), "N = 4002 is no multiple of bn 256: its last tile column is guarded with Bt"),
-    ((4096, 4096, 4000), dict(wgmma_smem_epilogue=0), "K (4000) must divide the tile's k step 64"),
+    ((4096, 4096, 4000), dict(wgmma_smem_epilogue=0, wgmma_tma=0), "K (4000) must divide the tile's k step 64 but"),
+    ((4096, 4096, 4000), dict(wgmma_smem_epilogue=0, wgmma_tma=1, wgmma_split_k=2), "K (4000) must divide the tile"),
+    ((4096, 4096, 4004), dict(wgmma_smem_epilogue=0, wgmma_tma=1), "K (4004) must be a multiple of 8"),
     ((700, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_k=2), "guarded in the unsplit kernel only"),
     ((256, 256, 256), dict(wgmma_bn=128, wgmma_raster=4), "raster group (4) must divide the 2 tile rows"),
     ((700, 256, 256), dict(wgmma_bn=128, wgmma_raster=4), "raster group (4) must divide the 6 tile rows"),
@@ -255,7 +257,7 @@ def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, 
     t = WgmmaGemmTemplate(*shape)
     cfg = WgmmaGemmTemplate(4096, 4096, 4096).default_config(target).replace(**knobs)
     assert reason in t.space(target).infeasible_reason(cfg)
-    with pytest.raises(TvmExtError, match="must divide|no multiple|stages|shared memory|registers|split"):
+    with pytest.raises(TvmExtError, match="must divide|no multiple|multiple of 8|stages|shared memory|registers|split"):
         t.build_program(cfg, target)
 
 
@@ -268,8 +270,8 @@ def test_targets_without_wgmma_and_untileable_shapes_are_errors(opencl):
     assert WgmmaGemmTemplate(192, 128, 128).default_config(offline_cuda()).as_dict()["wgmma_bm"] == 64
     with pytest.raises(TvmExtError, match="no wgmma tile fits 30x128x128: .* more than half of their last tile"):
         WgmmaGemmTemplate(30, 128, 128).default_config(offline_cuda())  # mma.sync's 16-row tiles take it
-    with pytest.raises(TvmExtError, match="no wgmma tile fits 128x99x128: K must be a multiple of 64, M and N "
-                                          "\\(guarded; N even"):
+    with pytest.raises(TvmExtError, match="no wgmma tile fits 128x99x128: K must be a multiple of 64 \\(of 8 on "
+                                          "16-bit operands"):
         WgmmaGemmTemplate(128, 99, 128).default_config(offline_cuda())
     with pytest.raises(TvmExtError, match="no wgmma tile fits 128x128x100"):
         WgmmaGemmTemplate(128, 128, 100).default_config(offline_cuda())

@@ -1,7 +1,8 @@
-"""A wgmma GEMM whose M or N no tile divides (a token count, a classifier's 1000 classes or a
-vocabulary of 30522): the guarded last tile row and column in the generated kernel, what refuses
-them, the pick's preference for tiles that divide, and (``-m gpu``) C against float64 with
-nothing stored past M or N."""
+"""A wgmma GEMM whose M, N or K no tile divides (a token count, a classifier's 1000 classes or a
+vocabulary of 30522; DeepSpeech2's GRU input of 1760): the guarded last tile row and column in
+the generated kernel, the last k step the TMA reads past K as zeros, what refuses them, the
+pick's preference for tiles that divide, and (``-m gpu``) C against float64 with nothing stored
+past M or N."""
 from __future__ import annotations
 
 import subprocess
@@ -68,6 +69,40 @@ def test_a_ragged_n_is_guarded_where_bt_is_stored_n_k_and_c_directly():
     assert pick_wgmma_tile([(8192, 1000, 1024)], target, "float16") is None  # callers that don't ask
     assert pick_wgmma_tile([(8192, 1024, 1024)], target, "float16", ragged_n=True) == \
         pick_wgmma_tile([(8192, 1024, 1024)], target, "float16")  # N divided: as before
+
+
+def test_a_ragged_k_is_loaded_by_the_tma_its_last_k_step_read_past_k():
+    """K = 1760 (DeepSpeech2's GRU, 27.5 k steps of 64): a 16-bit tile whose stages the TMA loads
+    runs it unsplit, its kernel that of K = 1792 with only the tensor maps' K (and the row
+    strides) changed, the last step's columns past K read as zeros; refused loaded by cp.async,
+    split, on 8-bit operands, or where the rows are no multiple of 16 bytes.  The pick takes a
+    TMA tile for it; for the GRU's input GEMM (B stored (K, N), 3H = 5280 that no default tile
+    divides) a 160-column tile, so the GRU's 16-bit input GEMM runs on wgmma at H1760."""
+    from tvm_ext.schedules.gemm.wgmma import wgmma_gemm, wgmma_reason
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
+    from tvm_ext.schedules.gru import GruTemplate
+
+    target = offline_cuda()
+    tma = WgmmaTile(128, 160, 4, 1, True, 0, tma=True)
+    ragged = wgmma_gemm(tma, 4096, 5280, 1760, b_layout="KN").script()
+    whole = wgmma_gemm(tma, 4096, 5280, 1792, b_layout="KN").script()
+    assert ragged.replace("1760", "1792").replace("3520", "3584") == whole
+    assert wgmma_reason(tma, 4096, 5280, 1760, b_layout="KN") is None
+    assert wgmma_reason(WgmmaTile(128, 128, 4, 1, True, 0, tma=True, operand="bfloat16"), 1024, 1024, 1000) is None
+    for refused, k, needle in ((WgmmaTile(128, 160, 4, 1, True, 0), 1760, "must divide the tile's k step 64"),
+                               (WgmmaTile(128, 128, 4, 1, False, 0, tma=True, split=2), 1760, "must divide"),
+                               (WgmmaTile(128, 128, 4, 1, False, 0, tma=True, operand="e4m3"), 1760, "must divide"),
+                               (WgmmaTile(128, 128, 4, 1, False, 0, tma=True), 1004, "must be a multiple of 8")):
+        assert needle in wgmma_reason(refused, 4096, 4096, k), (refused, k)
+    for shape, layout in (((4096, 5280, 1760), "KN"), ((1024, 1024, 1000), "NK")):
+        picked = pick_wgmma_tile([shape], target, "float16", layout)
+        assert picked is not None and picked.tma and shape[1] % picked.bn == 0, shape
+    assert pick_wgmma_tile([(4096, 4096, 1000)], target, "e4m3") is None  # 8-bit: K must divide
+    gru = GruTemplate(batch=32, hidden=1760, input=1760, seq=128).with_precision(
+        {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}).with_tensor_cores(target)
+    assert gru.in_wgmma_tile is not None and gru.in_wgmma_tile.tma
+    cfg, why = gru.analytic_pick(target)
+    assert cfg.in_wgmma == 1 and "input GEMM: float16 on wgmma" in why, why
 
 
 @pytest.mark.parametrize("args, expect", [
@@ -167,3 +202,62 @@ def test_cuda_ragged_m_matches_float64_and_writes_nothing_past_m(shape, batch, b
     assert np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
     assert np.isnan(poisoned.numpy()[int(np.prod(ref.shape)):]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, b_layout, knobs", [
+    ((4096, 5280, 1760), "KN", dict(wgmma_bm=128, wgmma_bn=160, wgmma_stages=4, wgmma_tma=1, wgmma_tiles=8,
+                                    wgmma_raster=8)),
+    ((1000, 768, 1000), "NK", dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=8, wgmma_tma=1, wgmma_ws=1)),
+    ((512, 1000, 72), "NK", dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=2, wgmma_inflight=0, wgmma_tma=1,
+                                 wgmma_smem_epilogue=0)),
+])
+def test_cuda_ragged_k_matches_float64(shape, b_layout, knobs):
+    """C against float64 where K is no multiple of 64 (the TMA reading the last k step's columns
+    past K as zeros): the GRU input GEMM's shape at H1760 on its 160-column tile, a
+    warp-specialized tile, and K = 72 with a ragged N too.  Past a row's K in memory lie the next
+    row's values (past the last row, whatever follows): read instead of zeros, they would put C
+    far off; C is NaN-poisoned before each run."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = shape
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k, b_layout=b_layout)
+    program = t.build_program(_config(t, target, **knobs), target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(t.inputs()[0].shape).astype(np.float16)
+    b = rng.standard_normal(t.inputs()[1].shape).astype(np.float16)
+    ref = t.reference([a, b])[0]
+    dev = tvm.cuda(0)
+    for _ in range(2):
+        c = tvm.runtime.tensor(np.full(ref.shape, np.nan, np.float16), dev)
+        program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+        out = c.numpy().astype(np.float64)
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_gru_at_h1760_runs_its_input_gemm_on_wgmma_and_matches_float64(dtype):
+    """DeepSpeech2's H1760 GRU (input 1760: K ragged, 3H = 5280) built without a config: its
+    input GEMM on the TMA-loaded wgmma tile, against float64."""
+    from tvm_ext.precision.precision import relative_error
+    from tvm_ext.schedules.gru import GRU, gru_reference
+
+    batch, hidden, seq = 32, 1760, 32
+    rng = np.random.default_rng(0)
+    k = 1 / np.sqrt(hidden)
+    w = {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
+        ("weight_ih_l0", (3 * hidden, hidden)), ("weight_hh_l0", (3 * hidden, hidden)),
+        ("bias_ih_l0", (3 * hidden,)), ("bias_hh_l0", (3 * hidden,)))}
+    precision = {name: dtype for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+    gru = GRU.build("cuda", hidden, hidden, batch=batch, seq=seq, precision=precision).load_numpy(w)
+    assert gru.config.in_wgmma == 1
+    x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
+    h0 = rng.standard_normal((1, batch, hidden)).astype(np.float32)
+    bound = 5e-3 if dtype == "float16" else 3e-2
+    for _ in range(2):
+        assert relative_error(list(gru(x, h0)), gru_reference(x, w, h0, 1, False)) < bound

@@ -33,7 +33,8 @@ tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-
 (adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
-global memory.  K must divide the tile; an M that bm does not divide (a token count) is
+global memory.  K must divide the tile but where the TMA loads a 16-bit tile, K unsplit (the last
+k step's columns past K read as zeros: DeepSpeech2's 1760); an M that bm does not divide (a token count) is
 guarded in the unsplit kernel: the last tile row's loads past M read rows below it again (row
 mod M) and its stores stop at M; an even N that bn does not divide (a vocabulary of 30522), the
 same with Bt stored (N, K) and K unsplit: its last tile column's rows of Bt past N read rows below
@@ -83,9 +84,11 @@ TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8, 12, 16)  # the knob wgmma_tiles's choices
 SPLITS_OF_K = (1, 2, 3, 4, 6, 8)  # the knob wgmma_split_k's choices
 KNOBS = (
     Knob("wgmma_bm", (64, 128, 256), "block rows: wgmma_bm / 64 warpgroups of 128 threads, 64 rows each"),
-    Knob("wgmma_bn", (64, 128, 192, 256, 96), "block columns = the N of each m64nNk16 wgmma (96: with B stored "
-                                              "(K, N) in N atoms of 32 columns, 64-byte swizzled; last, so the other "
-                                              "values keep their indices in saved models)"),
+    Knob("wgmma_bn", (64, 128, 192, 256, 96, 160, 32), "block columns = the N of each m64nNk16 wgmma (96, 160 "
+                                                        "and 32: with B stored (K, N) in N atoms of 32 columns, "
+                                                        "64-byte swizzled; last, so the other values keep their "
+                                                        "indices in saved models; 160 and 32 divide N where no "
+                                                        "other does, as a GRU's 3H = 5280)"),
     Knob("wgmma_stages", (2, 3, 4, 5, 6, 8), "shared-memory stages of the A and Bt tiles (cp.async, 128-byte swizzle)"),
     Knob("wgmma_inflight", (0, 1), "wgmma groups left outstanding at the end of a k step (wait_group N)"),
     Knob("wgmma_smem_epilogue", (0, 1), "1: C staged through shared memory for 16-byte coalesced stores"),
@@ -142,6 +145,11 @@ KNOBS = (
 # docs/results/gemm.md
 DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 192, 4, 1, 1, 4), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0),
                  (128, 64, 6, 1, 1, 0), (64, 64, 8, 1, 1, 0))
+# tried where no default tile divides N and its last tile column cannot be guarded (B stored
+# (K, N)): a GRU's 3H where H is no multiple of 64, as 5280 of DeepSpeech2's H1760
+COLUMN_DIVISOR_TILES = ((128, 160, 4, 1, 1, 0), (128, 96, 6, 1, 1, 0), (128, 32, 8, 1, 1, 0))
+# operands whose K need not divide the k step: loaded by the TMA, which reads past K as zeros
+RAGGED_K_OPERANDS = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -261,6 +269,12 @@ def b_layout_reason(b_layout: str) -> str | None:
     return None if b_layout in B_LAYOUTS else f"B layout {b_layout!r}; allowed: {', '.join(B_LAYOUTS)}"
 
 
+def k_steps(t: WgmmaTile, k: int) -> int:
+    """The k steps of ``t`` over K: the last one partly past K where K is ragged (the TMA reads
+    its columns past K as zeros, ``RAGGED_K_OPERANDS``)."""
+    return -(-k // t.bk)
+
+
 def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT,
                  b_layout: str = "NK") -> str | None:
     """Why tile ``t`` cannot run an (m, n, k) GEMM with B laid out as ``b_layout`` (one line), or None."""
@@ -283,14 +297,19 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return (f"{t.name}: {t.threads} threads x ({t.acc_registers} accumulator + ~{OTHER_REGISTERS} other "
                 f"registers) > {REGISTERS_PER_SM} registers (an SM's; the launch fails)")
     if t.wg_k not in (1, 2) or (t.wg_k > 1 and (not t.specialized or t.bm != 64 or t.wg_cols > 1 or t.split > 1
-                                                  or t.multicast or k // t.bk % 2)):
+                                                  or t.multicast or k_steps(t, k) % 2)):
         return (f"{t.name}: consumer warpgroups take the k steps in turn (wgmma_wg_k {t.wg_k}) two at most, in the "
                 "warp-specialized kernel (wgmma_ws 1) on one 64-row band (bm 64), its columns unsplit, K unsplit, "
                 "no multicast, an even count of k steps")
     if t.stages < 2 + t.inflight:
         return f"{t.name}: needs at least {2 + t.inflight} stages with {t.inflight} wgmma group(s) in flight"
-    if k % t.bk:
-        return f"{t.name}: K ({k}) must divide the tile's k step {t.bk} (M and N are guarded)"
+    if k % t.bk and not (t.tma and t.split == 1 and t.operand in RAGGED_K_OPERANDS):
+        return (f"{t.name}: K ({k}) must divide the tile's k step {t.bk} but on a 16-bit tile the TMA loads, K "
+                "unsplit (its last k step's columns past K read as zeros; M and N are guarded)")
+    if t.tma and k * OPERANDS.get(t.operand, 2) % 16:
+        return (f"{t.name}: the TMA reads rows of 16-byte multiples: K ({k}) must be a multiple of "
+                f"{16 // OPERANDS.get(t.operand, 2)}")
+    steps = k_steps(t, k)
     if n % t.bn and (b_layout != "NK" or (t.smem_epilogue and n % 8) or t.split > 1 or n % 2):
         return (f"{t.name}: N = {n} is no multiple of bn {t.bn}: its last tile column is guarded with Bt stored "
                 "(N, K), K unsplit and an even N, staged through shared memory only where N is a multiple of 8 "
@@ -298,12 +317,12 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if m % t.bm and t.split > 1:
         return (f"{t.name}: M = {m} is no multiple of bm {t.bm}: its last rows are guarded in the unsplit kernel "
                 "only (wgmma_split_k 1)")
-    if t.split not in SPLITS_OF_K or k // t.bk % t.split:
-        return (f"{t.name}: K's {k // t.bk} steps of {t.bk} must split into {t.split} equal slices "
+    if t.split not in SPLITS_OF_K or steps % t.split:
+        return (f"{t.name}: K's {steps} steps of {t.bk} must split into {t.split} equal slices "
                 f"(allowed: {', '.join(map(str, SPLITS_OF_K))})")
-    if t.tiles == 1 and t.stages - 1 - t.inflight > k // t.bk // t.split:
+    if t.tiles == 1 and t.stages - 1 - t.inflight > steps // t.split:
         return (f"{t.name}: its prologue loads {t.stages - 1 - t.inflight} k tiles ahead, past K's "
-                f"{k // t.bk // t.split} (reads beyond A and B): at most {k // t.bk // t.split + 1 + t.inflight} "
+                f"{steps // t.split} (reads beyond A and B): at most {steps // t.split + 1 + t.inflight} "
                 "stages here")
     if t.split > 1 and t.smem_epilogue:
         return f"{t.name}: a split K stores float32 sums straight to global memory (use wgmma_smem_epilogue 0)"
@@ -398,8 +417,8 @@ def promote_reason(t: WgmmaTile, k: int, promote: int, overlap: bool = False) ->
     if registers > THREAD_REGISTERS or t.threads * registers > REGISTERS_PER_SM:
         return (f"{t.name}: promoting keeps {sets} sets of {t.acc_registers} accumulators, ~{registers} registers a "
                 f"thread ({THREAD_REGISTERS} at most, {REGISTERS_PER_SM} a block): bn <= {'128' if overlap else '192'}")
-    if promote < 0 or k // t.bk // t.split % promote:
-        return f"promoting every {promote} k steps must divide the {k // t.bk // t.split} k steps of a slice"
+    if promote < 0 or k_steps(t, k) // t.split % promote:
+        return f"promoting every {promote} k steps must divide the {k_steps(t, k) // t.split} k steps of a slice"
     if t.wg_k > 1:
         return f"{t.name}: consumer warpgroups taking the k steps in turn (wgmma_wg_k 2) do not promote their sums"
     if overlap and t.inflight != 1:

@@ -137,7 +137,7 @@ class KernelLayout:
     c_shape: tuple[int, ...]
     m: int
     n: int
-    k_tiles: int  # k steps of a unit
+    k_tiles: int  # k steps of a unit (the last partly past a ragged K: read as zeros by the TMA)
     grid_n: int
     per_matrix: int  # C tiles of one matrix of the batch
     c_tiles: int
@@ -170,7 +170,7 @@ class KernelLayout:
                    mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn // cfg.wg_cols}{OPERAND_PTX[cfg.operand]}",
                    lead=lead, a_shape=(*lead, m, k), c_shape=(*lead, m, n),
                    bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
-                   k_tiles=k // cfg.bk // split, grid_n=-(-n // cfg.bn), per_matrix=per_matrix,
+                   k_tiles=-(-k // cfg.bk) // split, grid_n=-(-n // cfg.bn), per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,

@@ -18,9 +18,9 @@ from tvm_ext.core.template import Template, TensorSpec
 from tvm_ext.hardware import SHARED_RESERVED_PER_BLOCK, WGMMA_SHARED_PER_SM
 
 from .mma import COPY_BYTES
-from .wgmma import (BK, DEFAULT_TILES, KNOBS, OPERAND_STORAGE, SHARED_LIMIT, SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile,
-                    b_layout_reason, b_shape, compile_wgmma, epilogue_reason, fit_raster, shared_limit, target_reason,
-                    wgmma_gemm, wgmma_reason)
+from .wgmma import (BK, COLUMN_DIVISOR_TILES, DEFAULT_TILES, KNOBS, OPERAND_STORAGE, RAGGED_K_OPERANDS, SHARED_LIMIT,
+                    SPLITS_OF_K, TILES_PER_BLOCK, WgmmaTile, b_layout_reason, b_shape, compile_wgmma, epilogue_reason,
+                    fit_raster, k_steps, shared_limit, target_reason, wgmma_gemm, wgmma_reason)
 
 # the pick's split of K: at least this many k steps a slice (shorter slices ran slower than the
 # unsplit kernels; docs/results/gemm.md), and taken only where the cost model (``split_cost``)
@@ -138,7 +138,7 @@ def split_pick(tile: WgmmaTile, fitting: Sequence[WgmmaTile], shapes: Any, sm_co
 def _stages_for(tile: WgmmaTile, shapes: Any) -> WgmmaTile:
     """``tile`` with no more stages than the shortest K of ``shapes`` fills: its prologue loads
     stages - 1 - inflight k tiles ahead (``wgmma_reason`` refuses more), a depth the knob offers."""
-    k_tiles = min((int(k) // tile.bk for _, _, k in shapes), default=0)
+    k_tiles = min((k_steps(tile, int(k)) for _, _, k in shapes), default=0)
     most = max(2 + tile.inflight, k_tiles + 1 + tile.inflight)
     return tile if tile.stages <= most else dataclasses.replace(tile, stages=max(s for s in STAGE_CHOICES
                                                                                   if s <= most))
@@ -149,7 +149,7 @@ def block_steps(t: WgmmaTile, shapes: Any, matrices: int = 1) -> int:
     one after another, one pipeline across them)."""
     units = c_tile_count(t, shapes, matrices) * t.split
     busiest = -(-units // -(-units // t.tiles))
-    return busiest * min(int(k) for _, _, k in shapes) // t.bk // t.split
+    return busiest * k_steps(t, min(int(k) for _, _, k in shapes)) // t.split
 
 
 def with_tma(t: WgmmaTile, shapes: Any, limit: int, b_layout: str, matrices: int = 1) -> WgmmaTile:
@@ -211,9 +211,11 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
         return None
     limit = shared_limit(target)
     staged = bool(c_dtype == OPERAND_STORAGE.get(operand))
+    ragged_k = operand in RAGGED_K_OPERANDS and any(int(k) % BK for _, _, k in shapes)  # TMA-loaded tiles only
 
     def made(rows: Sequence[tuple[int, ...]]) -> list[WgmmaTile]:
-        return [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand), shapes)
+        return [_stages_for(WgmmaTile(bm, bn, stages, inflight, bool(smem) and staged, 0, operand=operand,
+                                      tma=ragged_k), shapes)
                 for bm, bn, stages, inflight, smem, _ in rows]
 
     def fits(t: WgmmaTile, columns: float = 0.0) -> bool:  # at most ``columns`` of a tile column past N
@@ -232,6 +234,8 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 
     if pads_n:
         fitting = past_n(offered)
+    if not fitting and candidates is None:  # N that no default tile divides nor can guard
+        fitting = [t for t in made(COLUMN_DIVISOR_TILES) if fits(t)]
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units
@@ -427,8 +431,9 @@ class WgmmaGemmTemplate(Template):
                                matrices=self.matrices, split_k=True, operand=self.dtype, ragged_m=True, ragged_n=True,
                                few_waves=True)
         if tile is None:
-            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: K must be a multiple of 64, M and "
-                              f"N (guarded; N even, with Bt stored (N, K)) fill more than half of their last tile")
+            raise TvmExtError(f"no wgmma tile fits {self.m}x{self.n}x{self.k}: K must be a multiple of 64 (of 8 on "
+                              f"16-bit operands, which the TMA loads), M and N (guarded; N even, with Bt stored "
+                              f"(N, K)) fill more than half of their last tile")
         return self.space(target).make(**dataclasses.replace(tile, pdl=True).knobs())
 
     def schedule(self, config: Config, target: TargetInfo) -> Any:

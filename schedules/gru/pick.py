@@ -326,6 +326,11 @@ WIDE_W_REGISTERS = 160
 # rows, 1.172 on 2 against 2.073 on 4 and 3.181 on 8; 32 units on 4 unit warps at bidirectional B8 H2048 (2
 # does not fit) 1.160 on 4 against 2.836 on 8 (docs/results/gru.md)
 STREAMED_WARPS = 8
+# Of the streamed blocks, the first of at most this many threads (a lane may take 255 registers beside its held
+# fragments): 512-thread ones are capped at 128 registers a lane and spill (ptxas: 900 bytes a lane at float16
+# B32 H1760 on 32 units, 4 k warps and 4 unit warps); there 16 units and 32 rows on 4 k warps ran 1.750 ms
+# against 2.350 (docs/results/gru.md)
+STREAMED_MAX_THREADS = 256
 
 
 def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
@@ -342,7 +347,8 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     hidden is a multiple of 4.  Where no block's W_hh slice fits shared memory beside its h rows
     (16-bit past H1024), the first of those blocks whose grid is resident with the fragments of
     as many k slices as ``WIDE_W_REGISTERS`` a lane holds loaded from global memory, only the
-    rest in shared memory (``_streamed``); None where no such config fits.  The timings behind
+    rest in shared memory (``_streamed``; of those, the first of ``STREAMED_MAX_THREADS`` threads
+    or fewer where one fits); None where no such config fits.  The timings behind
     each choice: docs/results/gru.md."""
     resident = []
     for units, rows, k_warps, n_warps in TC_BLOCKS:
@@ -360,7 +366,9 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
                 return _held_and_paired((wide,), space)
             return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
                                      cfg.replace(step_tc_wreg=2), cfg), space)
-    return next((s for c in resident if (s := _streamed(template, c, space)) is not None), None)
+    streamed = [s for c in resident if (s := _streamed(template, c, space)) is not None]
+    return next((s for s in streamed if template.step_variant(s).shape.threads <= STREAMED_MAX_THREADS),
+                streamed[0] if streamed else None)
 
 
 def _streamed(template: Any, cfg: Config, space: Any) -> Config | None:
