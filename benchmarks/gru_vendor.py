@@ -100,6 +100,7 @@ CASES = (
     # where the tensor-core step kernel's grid is resident and the cell forms' tiles make a wave too
     Case("fp16 B128 H512", 128, 512, dtype="float16"), Case("fp16 B128 H768", 128, 768, dtype="float16"),
     Case("fp16 B256 H512", 256, 512, dtype="float16"), Case("fp16 B192 H768", 192, 768, dtype="float16"),
+    Case("fp16 B32 H1000", 32, 1000, dtype="float16"), Case("fp16 B64 H1000", 64, 1000, dtype="float16"),
     Case("fp16 bi B64 H768", 64, 768, dtype="float16", bidirectional=True),
     Case("fp16 bi B128 H512", 128, 512, dtype="float16", bidirectional=True),
 )

@@ -77,7 +77,8 @@ def test_a_ragged_k_is_loaded_by_the_tma_its_last_k_step_read_past_k():
     strides) changed, the last step's columns past K read as zeros; refused loaded by cp.async,
     split, on 8-bit operands, or where the rows are no multiple of 16 bytes.  The pick takes a
     TMA tile for it; for the GRU's input GEMM (B stored (K, N), 3H = 5280 that no default tile
-    divides) a 160-column tile, so the GRU's 16-bit input GEMM runs on wgmma at H1760."""
+    divides) a 160-column tile, so the GRU's 16-bit input GEMM runs on wgmma at H1760; at H1000
+    (3H = 3000, which no tile divides) B (K, N)'s last tile column past N, loaded by the TMA."""
     from tvm_ext.schedules.gemm.wgmma import wgmma_gemm, wgmma_reason
     from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
     from tvm_ext.schedules.gru import GruTemplate
@@ -98,11 +99,22 @@ def test_a_ragged_k_is_loaded_by_the_tma_its_last_k_step_read_past_k():
         picked = pick_wgmma_tile([shape], target, "float16", layout)
         assert picked is not None and picked.tma and shape[1] % picked.bn == 0, shape
     assert pick_wgmma_tile([(4096, 4096, 1000)], target, "e4m3") is None  # 8-bit: K must divide
+    # B (K, N) with N no tile divides: its last tile column guarded where the TMA loads it (zeros past N)
+    assert wgmma_reason(WgmmaTile(128, 256, 4, 1, True, 0, tma=True), 4096, 3000, 1000, b_layout="KN") is None
+    assert "no multiple of bn" in wgmma_reason(WgmmaTile(128, 256, 4, 1, True, 0), 4096, 3000, 1024, b_layout="KN")
+    assert "no multiple of bn" in wgmma_reason(WgmmaTile(128, 256, 4, 1, False, 0, tma=True), 4096, 3004, 1024,
+                                               b_layout="KN")  # N no multiple of 8: the TMA's rows
+    kn = pick_wgmma_tile([(4096, 3000, 1000)], target, "float16", "KN", ragged_n=True)
+    assert kn is not None and kn.tma and 3000 % kn.bn
+    assert pick_wgmma_tile([(4096, 3000, 1000)], target, "float16", "KN") is None  # callers that don't ask
     gru = GruTemplate(batch=32, hidden=1760, input=1760, seq=128).with_precision(
         {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}).with_tensor_cores(target)
     assert gru.in_wgmma_tile is not None and gru.in_wgmma_tile.tma
     cfg, why = gru.analytic_pick(target)
     assert cfg.in_wgmma == 1 and "input GEMM: float16 on wgmma" in why, why
+    h1000 = GruTemplate(batch=32, hidden=1000, input=1000, seq=128).with_precision(
+        {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}).with_tensor_cores(target)
+    assert h1000.in_wgmma_tile is not None and h1000.in_wgmma_tile.tma and 3000 % h1000.in_wgmma_tile.bn
 
 
 @pytest.mark.parametrize("args, expect", [
@@ -261,3 +273,54 @@ def test_cuda_gru_at_h1760_runs_its_input_gemm_on_wgmma_and_matches_float64(dtyp
     bound = 5e-3 if dtype == "float16" else 3e-2
     for _ in range(2):
         assert relative_error(list(gru(x, h0)), gru_reference(x, w, h0, 1, False)) < bound
+
+
+@pytest.mark.gpu
+def test_cuda_ragged_n_with_b_stored_k_n_matches_float64():
+    """B stored (K, N) with N = 3000 and K = 1000 (a GRU's input GEMM at H1000): the TMA reads
+    B's columns past N and A's past K as zeros, C's stores stop at N; C a view of a NaN-poisoned
+    buffer a tile row longer, whose tail must stay NaN."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = 1024, 3000, 1000
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k, b_layout="KN")
+    cfg = t.default_config(target)
+    assert cfg.as_dict()["wgmma_tma"] == 1 and n % cfg.as_dict()["wgmma_bn"]
+    program = t.build_program(cfg, target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(t.inputs()[0].shape).astype(np.float16)
+    b = rng.standard_normal(t.inputs()[1].shape).astype(np.float16)
+    ref = t.reference([a, b])[0]
+    dev = tvm.cuda(0)
+    poisoned = tvm.runtime.tensor(np.full(m * n + 256 * n, np.nan, np.float16), dev)
+    c = poisoned._create_view((m, n))
+    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+    out = c.numpy().astype(np.float64)
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+    assert np.isnan(poisoned.numpy()[m * n:]).all()
+
+
+@pytest.mark.gpu
+def test_cuda_gru_at_h1000_matches_float64():
+    """A GRU at H1000 (input 1000, 3H = 3000: K and N ragged on the wgmma input GEMM) built without
+    a config, against float64 on reruns."""
+    from tvm_ext.precision.precision import relative_error
+    from tvm_ext.schedules.gru import GRU, gru_reference
+
+    batch, hidden, seq = 32, 1000, 32  # T·B·3H·input·2 = 6.1 GFLOP: past WGMMA_MIN_FLOPS, on wgmma
+    rng = np.random.default_rng(1)
+    k = 1 / np.sqrt(hidden)
+    w = {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
+        ("weight_ih_l0", (3 * hidden, hidden)), ("weight_hh_l0", (3 * hidden, hidden)),
+        ("bias_ih_l0", (3 * hidden,)), ("bias_hh_l0", (3 * hidden,)))}
+    precision = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+    gru = GRU.build("cuda", hidden, hidden, batch=batch, seq=seq, precision=precision).load_numpy(w)
+    assert gru.config.in_wgmma == 1
+    x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
+    h0 = rng.standard_normal((1, batch, hidden)).astype(np.float32)
+    for _ in range(2):
+        assert relative_error(list(gru(x, h0)), gru_reference(x, w, h0, 1, False)) < 5e-3

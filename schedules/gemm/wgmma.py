@@ -145,8 +145,8 @@ KNOBS = (
 # docs/results/gemm.md
 DEFAULT_TILES = ((128, 256, 4, 1, 1, 0), (256, 192, 4, 1, 1, 4), (256, 128, 4, 1, 1, 0), (128, 128, 6, 1, 1, 0),
                  (128, 64, 6, 1, 1, 0), (64, 64, 8, 1, 1, 0))
-# tried where no default tile divides N and its last tile column cannot be guarded (B stored
-# (K, N)): a GRU's 3H where H is no multiple of 64, as 5280 of DeepSpeech2's H1760
+# tried first where no default tile divides N and B is stored (K, N) (its last tile column guarded only
+# where the TMA loads it): a GRU's 3H where H is no multiple of 64, as 5280 of DeepSpeech2's H1760
 COLUMN_DIVISOR_TILES = ((128, 160, 4, 1, 1, 0), (128, 96, 6, 1, 1, 0), (128, 32, 8, 1, 1, 0))
 # operands whose K need not divide the k step: loaded by the TMA, which reads past K as zeros
 RAGGED_K_OPERANDS = ("float16", "bfloat16")
@@ -310,10 +310,12 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
         return (f"{t.name}: the TMA reads rows of 16-byte multiples: K ({k}) must be a multiple of "
                 f"{16 // OPERANDS.get(t.operand, 2)}")
     steps = k_steps(t, k)
-    if n % t.bn and (b_layout != "NK" or (t.smem_epilogue and n % 8) or t.split > 1 or n % 2):
+    guards_n = b_layout == "NK" or (t.tma and n % 8 == 0)  # B (K, N): the TMA reads its columns past N as zeros
+    if n % t.bn and (not guards_n or (t.smem_epilogue and n % 8) or t.split > 1 or n % 2):
         return (f"{t.name}: N = {n} is no multiple of bn {t.bn}: its last tile column is guarded with Bt stored "
-                "(N, K), K unsplit and an even N, staged through shared memory only where N is a multiple of 8 "
-                "(16-byte rows; else wgmma_smem_epilogue 0)")
+                "(N, K), or B stored (K, N) loaded by the TMA with N a multiple of 8, K unsplit and an even N, "
+                "staged through shared memory only where N is a multiple of 8 (16-byte rows; else "
+                "wgmma_smem_epilogue 0)")
     if m % t.bm and t.split > 1:
         return (f"{t.name}: M = {m} is no multiple of bm {t.bm}: its last rows are guarded in the unsplit kernel "
                 "only (wgmma_split_k 1)")

@@ -225,17 +225,19 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
 
     offered = [_stages_for(t, shapes) for t in candidates] if candidates else made(DEFAULT_TILES)
     fitting = [t for t in offered if fits(t)]
+    if not fitting and candidates is None and b_layout == "KN":  # N no default tile divides, B (K, N)
+        fitting = [t for t in made(COLUMN_DIVISOR_TILES) if fits(t)]
     pads_n = not fitting and ragged_n  # a tile column past N only where no tile divides it
     direct = pads_n and any(n % 8 for _, n, _ in shapes)  # C's rows no multiple of 16 bytes: stored directly
+    by_tma = pads_n and b_layout == "KN" and operand in TMA_OPERANDS  # B (K, N)'s past N: the TMA's zeros
 
     def past_n(tiles: Sequence[WgmmaTile]) -> list[WgmmaTile]:  # the tiles a padded N takes
-        return [t for t in (dataclasses.replace(t, smem_epilogue=False) if direct else t for t in tiles)
+        return [t for t in (dataclasses.replace(t, smem_epilogue=t.smem_epilogue and not direct, tma=t.tma or by_tma)
+                            for t in tiles)
                 if fits(t, RAGGED_PADDING if pads_n else 0.0)]
 
     if pads_n:
         fitting = past_n(offered)
-    if not fitting and candidates is None:  # N that no default tile divides nor can guard
-        fitting = [t for t in made(COLUMN_DIVISOR_TILES) if fits(t)]
     if not fitting:
         return None
     tile = next((t for t in fitting if 10 * c_tile_count(t, shapes, matrices) >= 9 * target.compute_units

@@ -363,7 +363,7 @@ class GruTemplate(DtypeFields, Template):
                        in_split_wgmma=pick_wgmma_tile(split, target, self.gi_dtype) if fits else None,
                        in_split_tf32=pick_tf32_tile(split, target) if fits and self.gi_dtype == F32 else None,
                        in_wgmma_tile=pick_wgmma_tile(inputs, target, self.gi_dtype, b_layout="KN",
-                                                     operand=self.precision["x"])
+                                                     operand=self.precision["x"], ragged_n=True)
                        if self.wgmma_reason() is None else None,
                        hid_wgmma_tile=step_gemm_tile(pick_wgmma_tile(
                            hidden, target, self.gh_dtype, b_layout="KN", matrices=self.dirs,
@@ -536,9 +536,9 @@ class GruTemplate(DtypeFields, Template):
         if self.wgmma_reason():
             return self.wgmma_reason()
         if self.in_wgmma_tile is None:
-            return ("input GEMM on wgmma (in_wgmma 1) needs a Hopper GPU (sm_90) and a wgmma tile dividing the "
-                    f"({self.seq * self.batch}, {self.dirs * 3 * self.hidden}, input) GEMMs, K a multiple of 64 "
-                    "and dirs·3H of 64 (GRU.build picks one)")
+            return ("input GEMM on wgmma (in_wgmma 1) needs a Hopper GPU (sm_90) and a wgmma tile for the "
+                    f"({self.seq * self.batch}, {self.dirs * 3 * self.hidden}, input) GEMMs: the input a multiple "
+                    "of 8 and dirs·3H even, a multiple of 8 where no tile divides it (GRU.build picks one)")
         return None
 
     def hidden_wgmma_reason(self, step: StepVariant, cell: int = 0) -> str | None:
