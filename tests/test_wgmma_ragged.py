@@ -38,6 +38,47 @@ def test_a_ragged_m_is_guarded_and_an_m_the_tile_divides_builds_as_before():
     assert pick_wgmma_tile([(700, 768, 768)], target, "float16") is None  # callers that don't ask: exact tiles
 
 
+def _c_against_float64(t, program, reruns=2):
+    """``program`` of template ``t`` on standard normal float16 operands, C a view of a
+    NaN-poisoned buffer a tile row (256 rows) longer, ``reruns`` times: C finite and within 1e-3
+    of float64, the buffer's tail still NaN (a store past M or N writes there)."""
+    import tvm
+
+    rng = np.random.default_rng(0)
+    operands = [rng.standard_normal(x.shape).astype(np.float16) for x in t.inputs()[:2]]
+    ref = t.reference(operands)[0]
+    m, n = ref.shape
+    dev = tvm.cuda(0)
+    for _ in range(reruns):  # a rerun: the same answer
+        poisoned = tvm.runtime.tensor(np.full(m * n + 256 * n, np.nan, np.float16), dev)
+        c = poisoned._create_view((m, n))
+        program.executable.mod["main"](*(tvm.runtime.tensor(x, dev) for x in operands), c)
+        out = c.numpy().astype(np.float64)
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+        assert np.isnan(poisoned.numpy()[m * n:]).all()
+
+
+def _gru_against_float64(hidden, dtype, bound, seed, batch=32, seq=32):
+    """A 16-bit GRU (input = hidden) built without a config: its input GEMM on wgmma (at batch
+    32, T32 past ``WGMMA_MIN_FLOPS``), outputs against float64 on a rerun."""
+    from tvm_ext.precision.precision import relative_error
+    from tvm_ext.schedules.gru import GRU, gru_reference
+
+    rng = np.random.default_rng(seed)
+    k = 1 / np.sqrt(hidden)
+    w = {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
+        ("weight_ih_l0", (3 * hidden, hidden)), ("weight_hh_l0", (3 * hidden, hidden)),
+        ("bias_ih_l0", (3 * hidden,)), ("bias_hh_l0", (3 * hidden,)))}
+    precision = {name: dtype for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+    gru = GRU.build("cuda", hidden, hidden, batch=batch, seq=seq, precision=precision).load_numpy(w)
+    assert gru.config.in_wgmma == 1
+    x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
+    h0 = rng.standard_normal((1, batch, hidden)).astype(np.float32)
+    for _ in range(2):
+        assert relative_error(list(gru(x, h0)), gru_reference(x, w, h0, 1, False)) < bound
+
+
 def test_a_ragged_n_is_guarded_where_bt_is_stored_n_k_and_c_directly():
     """N = 1000 (a classifier's classes): the last tile column's Bt rows past 999 read rows below
     it (mod N) and C's stores stop at column 1000, a bias read below N too; refused with B stored
@@ -153,27 +194,11 @@ def test_cuda_ragged_n_matches_float64_and_writes_nothing_past_n(shape, knobs):
     too, C stored directly and, where N is a multiple of 8, staged in shared memory); C is a view
     of a NaN-poisoned buffer a tile row longer: an unguarded store past the last row's N writes
     there."""
-    import tvm
-
     from tvm_ext.target import resolve_target
 
-    m, n, k = shape
     target = resolve_target("cuda")
-    t = WgmmaGemmTemplate(m, n, k)
-    program = t.build_program(_config(t, target, **knobs), target)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k)).astype(np.float16)
-    bt = rng.standard_normal((n, k)).astype(np.float16)
-    ref = t.reference([a, bt])[0]
-    dev = tvm.cuda(0)
-    for _ in range(2):  # a rerun: the same answer
-        poisoned = tvm.runtime.tensor(np.full(m * n + 256 * n, np.nan, np.float16), dev)
-        c = poisoned._create_view((m, n))
-        program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(bt, dev), c)
-        out = c.numpy().astype(np.float64)
-        assert np.isfinite(out).all()
-        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
-        assert np.isnan(poisoned.numpy()[m * n:]).all()
+    t = WgmmaGemmTemplate(*shape)
+    _c_against_float64(t, t.build_program(_config(t, target, **knobs), target))
 
 
 @pytest.mark.gpu
@@ -230,25 +255,11 @@ def test_cuda_ragged_k_matches_float64(shape, b_layout, knobs):
     warp-specialized tile, and K = 72 with a ragged N too.  Past a row's K in memory lie the next
     row's values (past the last row, whatever follows): read instead of zeros, they would put C
     far off; C is NaN-poisoned before each run."""
-    import tvm
-
     from tvm_ext.target import resolve_target
 
-    m, n, k = shape
     target = resolve_target("cuda")
-    t = WgmmaGemmTemplate(m, n, k, b_layout=b_layout)
-    program = t.build_program(_config(t, target, **knobs), target)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(t.inputs()[0].shape).astype(np.float16)
-    b = rng.standard_normal(t.inputs()[1].shape).astype(np.float16)
-    ref = t.reference([a, b])[0]
-    dev = tvm.cuda(0)
-    for _ in range(2):
-        c = tvm.runtime.tensor(np.full(ref.shape, np.nan, np.float16), dev)
-        program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
-        out = c.numpy().astype(np.float64)
-        assert np.isfinite(out).all()
-        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+    t = WgmmaGemmTemplate(*shape, b_layout=b_layout)
+    _c_against_float64(t, t.build_program(_config(t, target, **knobs), target))
 
 
 @pytest.mark.gpu
@@ -256,23 +267,7 @@ def test_cuda_ragged_k_matches_float64(shape, b_layout, knobs):
 def test_cuda_gru_at_h1760_runs_its_input_gemm_on_wgmma_and_matches_float64(dtype):
     """DeepSpeech2's H1760 GRU (input 1760: K ragged, 3H = 5280) built without a config: its
     input GEMM on the TMA-loaded wgmma tile, against float64."""
-    from tvm_ext.precision.precision import relative_error
-    from tvm_ext.schedules.gru import GRU, gru_reference
-
-    batch, hidden, seq = 32, 1760, 32
-    rng = np.random.default_rng(0)
-    k = 1 / np.sqrt(hidden)
-    w = {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
-        ("weight_ih_l0", (3 * hidden, hidden)), ("weight_hh_l0", (3 * hidden, hidden)),
-        ("bias_ih_l0", (3 * hidden,)), ("bias_hh_l0", (3 * hidden,)))}
-    precision = {name: dtype for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
-    gru = GRU.build("cuda", hidden, hidden, batch=batch, seq=seq, precision=precision).load_numpy(w)
-    assert gru.config.in_wgmma == 1
-    x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
-    h0 = rng.standard_normal((1, batch, hidden)).astype(np.float32)
-    bound = 5e-3 if dtype == "float16" else 3e-2
-    for _ in range(2):
-        assert relative_error(list(gru(x, h0)), gru_reference(x, w, h0, 1, False)) < bound
+    _gru_against_float64(1760, dtype, 5e-3 if dtype == "float16" else 3e-2, seed=0)
 
 
 @pytest.mark.gpu
@@ -280,47 +275,17 @@ def test_cuda_ragged_n_with_b_stored_k_n_matches_float64():
     """B stored (K, N) with N = 3000 and K = 1000 (a GRU's input GEMM at H1000): the TMA reads
     B's columns past N and A's past K as zeros, C's stores stop at N; C a view of a NaN-poisoned
     buffer a tile row longer, whose tail must stay NaN."""
-    import tvm
-
     from tvm_ext.target import resolve_target
 
-    m, n, k = 1024, 3000, 1000
     target = resolve_target("cuda")
-    t = WgmmaGemmTemplate(m, n, k, b_layout="KN")
+    t = WgmmaGemmTemplate(1024, 3000, 1000, b_layout="KN")
     cfg = t.default_config(target)
-    assert cfg.as_dict()["wgmma_tma"] == 1 and n % cfg.as_dict()["wgmma_bn"]
-    program = t.build_program(cfg, target)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(t.inputs()[0].shape).astype(np.float16)
-    b = rng.standard_normal(t.inputs()[1].shape).astype(np.float16)
-    ref = t.reference([a, b])[0]
-    dev = tvm.cuda(0)
-    poisoned = tvm.runtime.tensor(np.full(m * n + 256 * n, np.nan, np.float16), dev)
-    c = poisoned._create_view((m, n))
-    program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
-    out = c.numpy().astype(np.float64)
-    assert np.isfinite(out).all()
-    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
-    assert np.isnan(poisoned.numpy()[m * n:]).all()
+    assert cfg.as_dict()["wgmma_tma"] == 1 and 3000 % cfg.as_dict()["wgmma_bn"]
+    _c_against_float64(t, t.build_program(cfg, target))
 
 
 @pytest.mark.gpu
 def test_cuda_gru_at_h1000_matches_float64():
     """A GRU at H1000 (input 1000, 3H = 3000: K and N ragged on the wgmma input GEMM) built without
-    a config, against float64 on reruns."""
-    from tvm_ext.precision.precision import relative_error
-    from tvm_ext.schedules.gru import GRU, gru_reference
-
-    batch, hidden, seq = 32, 1000, 32  # T·B·3H·input·2 = 6.1 GFLOP: past WGMMA_MIN_FLOPS, on wgmma
-    rng = np.random.default_rng(1)
-    k = 1 / np.sqrt(hidden)
-    w = {name: rng.uniform(-k, k, shape).astype(np.float32) for name, shape in (
-        ("weight_ih_l0", (3 * hidden, hidden)), ("weight_hh_l0", (3 * hidden, hidden)),
-        ("bias_ih_l0", (3 * hidden,)), ("bias_hh_l0", (3 * hidden,)))}
-    precision = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
-    gru = GRU.build("cuda", hidden, hidden, batch=batch, seq=seq, precision=precision).load_numpy(w)
-    assert gru.config.in_wgmma == 1
-    x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
-    h0 = rng.standard_normal((1, batch, hidden)).astype(np.float32)
-    for _ in range(2):
-        assert relative_error(list(gru(x, h0)), gru_reference(x, w, h0, 1, False)) < 5e-3
+    a config, against float64 on reruns (T32: its input GEMM of 6.1 GFLOP runs on wgmma)."""
+    _gru_against_float64(1000, "float16", 5e-3, seed=1)

@@ -38,7 +38,8 @@ k step's columns past K read as zeros: DeepSpeech2's 1760); an M that bm does no
 guarded in the unsplit kernel: the last tile row's loads past M read rows below it again (row
 mod M) and its stores stop at M; an even N that bn does not divide (a vocabulary of 30522), the
 same with Bt stored (N, K) and K unsplit: its last tile column's rows of Bt past N read rows below
-it again (zeros where the TMA loads them), its stores stop at N (C staged in shared memory only
+it again (zeros where the TMA loads them; with B stored (K, N) only the TMA's zeros, N a multiple
+of 8), its stores stop at N (C staged in shared memory only
 where N is a multiple of 8, as 1000 classes: its 16-byte chunks are whole and aligned).
 
 ``wgmma_tma`` loads the stages by the Tensor Memory Accelerator, ``wgmma_ws`` specializes a
