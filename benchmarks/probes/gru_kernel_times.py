@@ -14,8 +14,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from common import kernel_calls, parse_knob_sets  # noqa: E402
-from gru_step_knob import SEQ, STORED, variant_gru, weights  # noqa: E402
+from common import gru_weights, kernel_calls, parse_knob_sets  # noqa: E402
+from gru_step_knob import SEQ, STORED, variant_gru  # noqa: E402
 
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402
 from tvm_ext.target import resolve_target  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> int:
     target = resolve_target("cuda", 0)
     precision = {name: "float16" for name in STORED}
     for batch, hidden in cases:
-        w = weights(np.random.default_rng(0), hidden)
+        w = gru_weights(np.random.default_rng(0), hidden)
         x = np.random.default_rng(1).standard_normal((SEQ, batch, hidden)).astype(np.float32)
         template = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=SEQ).with_precision(
             precision).with_tensor_cores(target)

@@ -79,8 +79,7 @@ def main() -> None:
 
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc",
                                  lambda code, target: stamped(code, step_values, itemsize), override=True)
-    from common import time_ours
-    from gru_step_knob import weights
+    from common import gru_weights, time_ours
 
     from tvm_ext.schedules.gru import GRU, GruTemplate
     from tvm_ext.target import resolve_target
@@ -96,7 +95,7 @@ def main() -> None:
     names = phase_names(points)
     rng = np.random.default_rng(0)
     gru = GRU.build(target, hidden, hidden, batch=batch, seq=128, config=config, precision=precision).load_numpy(
-        weights(rng, hidden))
+        gru_weights(rng, hidden))
     x = rng.standard_normal((128, batch, hidden)).astype(np.float32)
     blocks = template.step_variant(config).shape.blocks
     assert blocks * 64 <= step_values * itemsize, "a step's gi rows hold every block's stamps"
