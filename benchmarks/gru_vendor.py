@@ -103,6 +103,10 @@ CASES = (
     Case("fp16 B32 H1000", 32, 1000, dtype="float16"), Case("fp16 B64 H1000", 64, 1000, dtype="float16"),
     Case("fp16 bi B64 H768", 64, 768, dtype="float16", bidirectional=True),
     Case("fp16 bi B128 H512", 128, 512, dtype="float16", bidirectional=True),
+    # float32 past the resident grids: the cell in the hidden GEMM's store on TF32 parts
+    Case("fp32 B128 H1024", 128, 1024), Case("fp32 B128 H2048", 128, 2048), Case("fp32 B256 H1024", 256, 1024),
+    Case("fp32 B64 H1536", 64, 1536), Case("fp32 B32 H2048", 32, 2048), Case("fp32 B128 H1536", 128, 1536),
+    Case("fp32 B192 H1024", 192, 1024), Case("fp32 bi B64 H2048", 64, 2048, bidirectional=True),
 )
 
 

@@ -161,7 +161,7 @@ def test_space_refuses_hid_cell_without_the_wgmma_hidden_gemm(knobs, reason):
 
 @pytest.mark.parametrize("tile, n, layout, gates", [
     (WgmmaTile(64, 96, 8, smem_epilogue=False), 3 * 80, "KN", 80),  # 80 units: no whole tiles of 32
-    (WgmmaTile(64, 96, 8, smem_epilogue=False), 3 * 64, "NK", 64),  # Bt (N, K): not read by gate
+    (WgmmaTile(64, 96, 8, smem_epilogue=False), 3 * 80, "NK", 80),  # Bt (N, K) in tile order: whole tiles too
     (WgmmaTile(64, 96, 8, smem_epilogue=True), 3 * 64, "KN", 64),  # C staged: the store is the caller's
     (WgmmaTile(64, 64, 8, smem_epilogue=False), 3 * 64, "KN", 64),  # 64 columns: no three gates
 ])

@@ -89,7 +89,8 @@ def test_the_mma_pick_is_built_as_before_without_the_knob():
 @pytest.mark.parametrize("template, knobs, reason", [
     (lambda: _template(64, 1024), {"fuse_step": 1}, "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma"),
     (lambda: _template(64, 1760), {"fuse_step": 0}, "hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU"),
-    (lambda: _template(64, 1024, precision=None), {"fuse_step": 0}, "hidden GEMM on wgmma (hid_wgmma 1) needs"),
+    (lambda: _template(64, 1024, precision=None), {"fuse_step": 0},  # float32: on TF32 parts, the cell in its store
+     "the float32 hidden GEMM on wgmma (hid_wgmma 1, TF32 parts) runs with the cell in its store"),
 ])
 def test_space_refuses_hid_wgmma_with_the_reason(template, knobs, reason):
     target = offline_cuda("sm_90")

@@ -282,13 +282,13 @@ def _gemm_wgmma_program_args(params: Mapping[str, Any]) -> dict[str, Any]:
 def _gru_args(params: Mapping[str, Any]) -> dict[str, Any]:
     """Record params -> ``GruTemplate`` arguments: tensor-core tiles are recorded as their text,
     wgmma tiles as their names (the float16 input GEMM's under ``in_wgmma``, the unfused steps'
-    hidden GEMM's under ``hid_wgmma``)."""
+    hidden GEMM's under ``hid_wgmma``, its float32 one on TF32 parts under ``hid_tf32``)."""
     out = dict(params)
     for name in ("in_tensor_core", "hid_tensor_core", "in_split_tensor_core"):
         if name in out:
             out[name] = _tensor_core_tile(out[name])
     for key, name in (("in_split_wgmma", "in_split_wgmma"), ("in_split_tf32", "in_split_tf32"),
-                      ("in_wgmma", "in_wgmma_tile"), ("hid_wgmma", "hid_wgmma_tile")):
+                      ("in_wgmma", "in_wgmma_tile"), ("hid_wgmma", "hid_wgmma_tile"), ("hid_tf32", "hid_tf32_tile")):
         if key in out:
             out[name] = wgmma_tile_named(out.pop(key))
     return out

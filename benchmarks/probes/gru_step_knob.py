@@ -76,7 +76,11 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float16", 64, 768, True), ("float16", 128, 512, True), ("float16", 128, 768), ("float16", 128, 512),
          ("float16", 192, 512), ("float16", 256, 512), ("float16", 192, 768), ("float16", 256, 256),
          # a hidden size that is no multiple of 64 (K and 3H ragged on wgmma's tiles)
-         ("float16", 32, 1000), ("float16", 64, 1000))
+         ("float16", 32, 1000), ("float16", 64, 1000),
+         # float32 past the resident grids: the cell in the hidden GEMM's store on TF32 parts, against the
+         # CUDA-core kernels picked before
+         ("float32", 64, 2048), ("float32", 128, 2048), ("float32", 256, 1024), ("float32", 64, 1536),
+         ("float32", 32, 2048), ("float32", 128, 1536), ("float32", 192, 1024), ("float32", 64, 2048, True))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

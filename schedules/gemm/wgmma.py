@@ -435,14 +435,16 @@ C_DTYPES = ("float16", "bfloat16", "float32")
 
 def gate_reason(t: WgmmaTile, n: int, b_layout: str, gates: int) -> str | None:
     """Why tile ``t`` cannot take its columns as three gates of ``gates`` units each
-    (``KernelLayout.b_col``) for a caller's own store from the registers (one line), or None."""
+    (``KernelLayout.b_col``; with Bt stored (N, K) its rows already in that order, which the
+    caller made) for a caller's own store from the registers (one line), or None."""
     units, atom = t.bn // 3, n_atom(t.bn)
-    if (b_layout != "KN" or n != 3 * gates or t.bn % 3 or units % atom or gates % units
+    atoms = b_layout == "NK" or units % atom == 0  # B (K, N) read by gate in whole N atoms
+    if (b_layout not in B_LAYOUTS or n != 3 * gates or t.bn % 3 or not atoms or gates % units
             or (t.split > 1 and not t.cluster) or t.multicast or t.smem_epilogue or t.wg_cols > 1 or t.wg_k > 1):
         return (f"{t.name}: a tile of three gates' units reads B stored (K, N) of 3 x {gates} columns in whole N "
-                f"atoms ({atom} columns; bn / 3 = {t.bn / 3:g} units a multiple of them and dividing {gates}), K "
-                "unsplit or split in a cluster, no multicast, stored from the registers by whole-column "
-                "warpgroups (wgmma_smem_epilogue 0)")
+                f"atoms ({atom} columns; bn / 3 = {t.bn / 3:g} units a multiple of them and dividing {gates}), or "
+                "Bt (N, K) with its rows in that order, K unsplit or split in a cluster, no multicast, stored from "
+                "the registers by whole-column warpgroups (wgmma_smem_epilogue 0)")
     return None
 
 
@@ -573,7 +575,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     stores in ``ready`` (int32, one a tile row and their total after them, zero before the call)
     until it reaches ``KernelLayout.signals_per_row`` (``wgmma_steps.row_signals``; ``signal_reason``).
     ``gates``: B's columns are three gates of that many units, each tile's a third of each
-    (``KernelLayout.b_col``; ``gate_reason``), for ``store``: a caller's own store of the sums and
+    (``KernelLayout.b_col``; with Bt (N, K) its rows are in that order already: ``gate_reason``),
+    for ``store``: a caller's own store of the sums and
     the PrimFunc around it (``wgmma_steps.OwnStore``), in place of C's."""
     reason = ((gate_reason(cfg, n, b_layout, gates) if gates or store is not None else None)
               or wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)

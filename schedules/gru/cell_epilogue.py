@@ -5,13 +5,20 @@ thirds: ``KernelLayout.b_col``), so a thread's accumulators hold r, z and n of i
 runs the cell (S3+S4) from the registers: h' into the next state, out[t] and h_n, with no gh in
 memory and no cell kernel a step.  The sums plus b_hh are rounded to gh's dtype first, as the
 two-kernel step stores them, and the cell is ``step_common.cell_math``: the same h' both ways.
+
+float32 (``tf32_parts``): the GEMM of TF32 parts of depth 3H (``gemm_3xtf32``'s three products,
+float32-accurate on the tensor cores): A the state's parts ``[h_lo | h_hi | h_hi]``, which the
+cell writes beside h' for the next step, W_hh's parts stored (3H, 3H) K-major, its rows
+permuted once as the weights are loaded so each tile's 96 rows are its 32 units' r, z and n
+(``split_hidden_weight_func``), the sums promoted every few k steps as ``gemm_3xtf32`` does.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, gate_reason, wgmma_gemm, wgmma_reason
+from tvm_ext.schedules.gemm.gemm_3xtf32 import A_ORDER, B_ORDER, promote_steps, tf32_part
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, gate_reason, promote_reason, wgmma_gemm, wgmma_reason
 from tvm_ext.schedules.gemm.wgmma_steps import cluster_words
 from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 
@@ -27,6 +34,16 @@ CELL_TALL_TILE_STAGES = 6  # with 128 rows (7 fit, 1-3 % slower: docs/results/gr
 CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2)}
 
 
+def tf32_parts(tile: WgmmaTile) -> bool:
+    """Whether the hidden GEMM of ``tile`` runs on TF32 parts (a float32 GRU): depth 3H."""
+    return tile.operand == "tf32"
+
+
+def hidden_depth(tile: WgmmaTile, hidden: int) -> int:
+    """The hidden GEMM's depth on ``tile``: H, or 3H of TF32 parts (``tf32_parts``)."""
+    return 3 * hidden if tf32_parts(tile) else hidden
+
+
 def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1) -> WgmmaTile:
     """The tile of the hidden GEMM with the cell in its store (``hid_cell`` ``form``), in
     ``tile``'s operand (the ``hid_wgmma`` tile's): 96 columns (32 units), 8 stages (6 with 128
@@ -35,7 +52,8 @@ def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1) -> WgmmaTile:
     than the tile without the producer at B128 H1024-H2048 and B256 H1024: docs/results/gru.md),
     or in halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``)."""
     rows, split = CELL_FORMS[form]
-    stages = min(CELL_TILE_STAGES if rows == 64 else CELL_TALL_TILE_STAGES, hidden // tile.bk // split + 2)
+    stages = min(CELL_TILE_STAGES if rows == 64 else CELL_TALL_TILE_STAGES,
+                 hidden_depth(tile, hidden) // tile.bk // split + 2)
     return WgmmaTile(rows, CELL_TILE_COLUMNS, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
                      specialized=split == 1, pdl=True, split=split, cluster=split > 1)
 
@@ -50,17 +68,22 @@ def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
 def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
     size (one line), or None."""
-    return gate_reason(tile, 3 * hidden, "KN", hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden, b_layout="KN")
+    layout, depth = ("NK", 3 * hidden) if tf32_parts(tile) else ("KN", hidden)
+    promoted = promote_reason(tile, depth, promote_steps(tile, depth)) if tf32_parts(tile) else None
+    return (gate_reason(tile, 3 * hidden, layout, hidden)
+            or wgmma_reason(tile, batch, 3 * hidden, depth, b_layout=layout) or promoted)
 
 
 @dataclass(frozen=True)
 class CellStore:
     """The step's cell as the wgmma kernel's own store (``wgmma_steps.OwnStore``): the kernel is
     ``main(h, W_hh, b_hh, gi, h, step, layer, h_out, out, h_n)`` (h twice: the GEMM's A, and the
-    state the cell blends)."""
+    state the cell blends); with ``parts`` A and W_hh are TF32 parts and h' is written as A's
+    parts for the next step too: ``main(A, W_parts, b_hh, gi, h, step, layer, h_out, out, h_n, A_out)``."""
 
     sizes: StepSizes
     kind: str = "cuda"
+    parts: bool = False
 
     def cell(self, L: KernelLayout) -> Callable[..., None]:
         """The macro ``cell(outputs, bias, d, row, unit, sum_r, sum_z, sum_n, h_new)``: the cell of
@@ -77,7 +100,7 @@ class CellStore:
         @T.macro
         def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, sum_r: Any, sum_z: Any, sum_n: Any,
                  h_new: Any) -> None:
-            gi, h, step, layer, h_out, out, h_n = outputs
+            gi, h, step, layer, h_out, out, h_n = T.meta_var(outputs[:7])  # then A's parts with ``parts``
             t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
             gi_row = T.meta_var(t * s.batch + L.epilogue_row(row))
             col = T.meta_var(d * 3 * hidden + unit)
@@ -89,6 +112,11 @@ class CellStore:
                 h_out[d, row, unit] = T.Cast(s.h_dtype, h_new[0])
                 out[t * s.batch + row, d * hidden + unit] = T.Cast(s.out_dtype, h_new[0])
                 h_n[layer * s.dirs + d, row, unit] = T.Cast(s.h_dtype, h_new[0])
+                if self.parts:  # the next step's A: h' as TF32 parts along its row
+                    a_out = T.meta_var(outputs[7])
+                    a_out[d, row, unit] = tf32_part(h_new[0], A_ORDER[0])
+                    a_out[d, row, hidden + unit] = tf32_part(h_new[0], A_ORDER[1])
+                    a_out[d, row, 2 * hidden + unit] = tf32_part(h_new[0], A_ORDER[2])
 
         return cell
 
@@ -146,6 +174,18 @@ class CellStore:
         gi_shape, out_shape = (s.seq * s.batch, s.dirs * 3 * s.hidden), (s.seq * s.batch, s.dirs * s.hidden)
         h_n_shape = (s.layers * s.dirs, s.batch, s.hidden)
 
+        if self.parts:
+            @T.prim_func
+            def with_parts(A: T.Buffer(L.a_shape, L.in_dtype), Bt: T.Buffer(L.bt_shape, L.in_dtype),
+                           bias: T.Buffer(bias_shape, s.w_dtype), gi: T.Buffer(gi_shape, s.gi_dtype),
+                           h: T.Buffer(state, s.h_dtype), step: T.int32, layer: T.int32,
+                           h_out: T.Buffer(state, s.h_dtype), out: T.Buffer(out_shape, s.out_dtype),
+                           h_n: T.Buffer(h_n_shape, s.h_dtype), A_out: T.Buffer(L.a_shape, L.in_dtype)):
+                T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+                run(A, Bt, bias, (gi, h, step, layer, h_out, out, h_n, A_out), None)
+
+            return with_parts
+
         @T.prim_func
         def main(A: T.Buffer(L.a_shape, L.in_dtype), Bt: T.Buffer(L.bt_shape, L.in_dtype),
                  bias: T.Buffer(bias_shape, s.w_dtype), gi: T.Buffer(gi_shape, s.gi_dtype),
@@ -163,6 +203,79 @@ def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False) -> Any:
     ``tile`` (``cell_tile``) taking W_hh's columns by gate and the cell in its store
     (``CellStore``)."""
     s = sizes
+    if tf32_parts(tile):  # float32: TF32 parts of h and of W_hh (rows in tile order), the cell in its store
+        depth = hidden_depth(tile, s.hidden)
+        return wgmma_gemm(tile, s.batch, 3 * s.hidden, depth, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
+                          b_layout="NK", batch=(s.dirs,), bias_batched=True, gates=s.hidden,
+                          promote=promote_steps(tile, depth), store=CellStore(sizes, parts=True))
     return wgmma_gemm(tile, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
                       b_layout="KN", batch=(s.dirs,), bias_batched=True, gates=s.hidden if cell else 0,
                       store=CellStore(sizes) if cell else None)
+
+
+def tile_row(column: Any, hidden: int) -> Any:
+    """The row of W_hh's permuted parts (``split_hidden_weight_func``) that W_hh's column
+    ``column`` (gate ``column // H``, unit ``column % H``) lands in: each tile's 96 rows are its 32
+    units' r, z and n in turn, as ``KernelLayout.b_col`` reads them from B stored (K, N)."""
+    units = CELL_TILE_COLUMNS // 3
+    unit = column % hidden
+    return unit // units * CELL_TILE_COLUMNS + column // hidden * units + unit % units
+
+
+def split_hidden_weight_func(hidden: int, dirs: int) -> Any:
+    """TIR: W_hh (dirs, H, 3H) float32 -> its TF32 parts (dirs, 3H, 3H), K-major as TF32 wgmma
+    reads them: row ``tile_row(c)`` holds column c's ``[hi | lo | hi]`` (``B_ORDER``) along K.
+    32 x 32 tiles transposed through shared memory (reads and writes coalesced); H a multiple of
+    32 (``cell_tile_reason``)."""
+    from tvm.script import tirx as T
+
+    n, k = 3 * hidden, hidden
+    tiles_n, tiles_k = n // 32, k // 32
+
+    @T.prim_func
+    def main(W: T.Buffer((dirs, k, n), "float32"), parts: T.Buffer((dirs, n, 3 * k), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        bid = T.launch_thread("blockIdx.x", dirs * tiles_k * tiles_n)
+        tx = T.launch_thread("threadIdx.x", 32)
+        ty = T.launch_thread("threadIdx.y", 8)
+        tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")  # rows padded: conflict-free columns
+        d = T.meta_var(bid // (tiles_k * tiles_n))
+        kt = T.meta_var(bid // tiles_n % tiles_k)
+        nt = T.meta_var(bid % tiles_n)
+        for i in T.unroll(4):
+            tile[(ty + 8 * i) * 33 + tx] = W[d, kt * 32 + ty + 8 * i, nt * 32 + tx]
+        T.tvm_storage_sync("shared")
+        for i in T.unroll(4):
+            row = T.meta_var(tile_row(nt * 32 + ty + 8 * i, hidden))
+            depth = T.meta_var(kt * 32 + tx)
+            value = T.meta_var(tile[tx * 33 + ty + 8 * i])
+            parts[d, row, depth] = tf32_part(value, B_ORDER[0])
+            parts[d, row, k + depth] = tf32_part(value, B_ORDER[1])
+            parts[d, row, 2 * k + depth] = tf32_part(value, B_ORDER[2])
+
+    return main
+
+
+def split_state_func(dirs: int, batch: int, hidden: int) -> Any:
+    """TIR: the state h (dirs, B, H) float32 -> the first step's A, its TF32 parts (dirs, B, 3H)
+    along each row (``A_ORDER``), a thread an element."""
+    from tvm.script import tirx as T
+
+    total = dirs * batch * hidden
+    threads = 256
+
+    @T.prim_func
+    def main(h: T.Buffer((dirs, batch, hidden), "float32"), parts: T.Buffer((dirs, batch, 3 * hidden), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        bid = T.launch_thread("blockIdx.x", -(-total // threads))
+        tx = T.launch_thread("threadIdx.x", threads)
+        i = T.meta_var(bid * threads + tx)
+        if i < total:
+            d = T.meta_var(i // (batch * hidden))
+            b = T.meta_var(i // hidden % batch)
+            u = T.meta_var(i % hidden)
+            parts[d, b, u] = tf32_part(h[d, b, u], A_ORDER[0])
+            parts[d, b, hidden + u] = tf32_part(h[d, b, u], A_ORDER[1])
+            parts[d, b, 2 * hidden + u] = tf32_part(h[d, b, u], A_ORDER[2])
+
+    return main

@@ -2,7 +2,8 @@
 the GEMM template batched over directions, knobs ``hid_*``; with ``hid_wgmma`` a wgmma kernel
 written as loops) and the cell kernel (S3+S4, knob ``cell_block``), the state ping-ponging
 between two buffers; with ``hid_cell`` the cell runs in the wgmma kernel's store instead
-(``cell_epilogue.py``), one kernel a step.
+(``cell_epilogue.py``), one kernel a step; a float32 GRU's there on TF32 parts of h and W_hh (the
+parts of W_hh made once as the weights are loaded, h's by the cell for the next step).
 
 The cell kernel, gate order r, z, n as in PyTorch: grid (batch, dirs), block ``cell_block``
 threads: r, z, n, h' and the writes of h' (the backward direction walks time in reverse, so it
@@ -17,7 +18,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 from tvm_ext.target import TargetInfo
 
-from .cell_epilogue import cell_tile, hidden_gemm
+from .cell_epilogue import cell_tile, hidden_gemm, split_hidden_weight_func, split_state_func, tf32_parts
 from .compute import F32
 from .knobs import gemm_config
 from .step_common import cell_math, store_macro
@@ -98,6 +99,11 @@ class CellStep(StepVariant):
                    if c.hid_wgmma and hidden_wgmma is not None else None,
                    cell_in_gemm=bool(c.hid_cell))
 
+    @property
+    def parts(self) -> bool:
+        """Whether the hidden GEMM runs on TF32 parts of h and W_hh (a float32 GRU's)."""
+        return self.wgmma is not None and tf32_parts(self.wgmma)
+
     def reason(self, target: TargetInfo) -> str | None:
         return None  # the hidden GEMM's tile is checked with the other GEMMs (wgmma's: ``hidden_wgmma_reason``)
 
@@ -119,15 +125,28 @@ class CellStep(StepVariant):
         if self.wgmma is None:
             return {}
         name = "gru_gemm_cell" if self.cell_in_gemm else "gru_gemm_h"
-        return {name: hidden_gemm(self.wgmma, self.sizes, self.cell_in_gemm)}
+        kernels = {name: hidden_gemm(self.wgmma, self.sizes, self.cell_in_gemm)}
+        if self.parts:  # W_hh's parts (as the weights are loaded), h0's (each layer's first step)
+            s = self.sizes
+            kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs)
+            kernels["gru_split_h"] = split_state_func(s.dirs, s.batch, s.hidden)
+        return kernels
+
+    def prepare_calls(self, layer: int) -> list[tuple[str, tuple[str | int, ...]]]:
+        """W_hh's TF32 parts, rows in tile order, into ``wh<layer>`` (float32 on TF32 parts)."""
+        return [("gru_split_wh", (f"w_hh{layer}", f"wh{layer}"))] if self.parts else []
 
     def state_args(self, layer: int) -> tuple[str | int, ...]:
         return ("h0", layer, "p0")
 
     def step_calls(self, layer: int, out: str) -> list[tuple[str, tuple[str | int, ...]]]:
-        calls = []
+        calls = [("gru_split_h", ("p0", "q0"))] if self.parts else []
         for s in range(self.sizes.seq):
             h_in, h_out = f"p{s % 2}", f"p{(s + 1) % 2}"
+            if self.parts:  # A: h's TF32 parts, written beside h' by the cell
+                calls.append(("gru_gemm_cell", (f"q{s % 2}", f"wh{layer}", f"b_hh{layer}", "gi", h_in, s, layer, h_out,
+                                                 out, "h_n", f"q{(s + 1) % 2}")))
+                continue
             if self.cell_in_gemm:
                 calls.append(("gru_gemm_cell", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gi", h_in, s, layer, h_out,
                                                  out, "h_n")))

@@ -138,8 +138,10 @@ INPUT_TF32_PROMOTE_KNOB = Knob("in_tf32_promote", (0, 1, 2),
                                "for, nearly halved where it is the chain's)", before=0)
 HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with float16 (or bfloat16) h and W_hh: 1 "
                                              "runs each step's hidden GEMM on Hopper's warpgroup MMA (``wgmma.py``), "
-                                             "W_hh read N-major as stored, a bias row a direction; 0 on the "
-                                             "hid_tensor_core tile (mma.sync) or the CUDA cores", before=0)
+                                             "W_hh read N-major as stored, a bias row a direction; float32 ones there "
+                                             "as TF32 parts (three products) with the cell in its store (hid_cell "
+                                             "1-3); 0 on the hid_tensor_core tile (mma.sync) or the CUDA cores",
+                         before=0)
 HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its store, "
                                                  "one kernel a step, each 64-row tile's 96 columns the three gates of "
                                                  "32 units (``cell_epilogue.py``); 2 the same with K split in halves, "

@@ -170,6 +170,10 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} batch "
                        f"rows on {split.step_tc_kw} k warps, W_hh's parts in shared memory, h in chunks of "
                        f"{SPLIT_CHUNK_K} {SPLIT_AHEAD} ahead; {gemm_why}")
+    tf32 = _tf32_cell(template, base, space, hw.sm_count) if cuda and template.batch >= SPLIT_STEP_BATCH else None
+    if tf32 is not None:
+        return tf32, (_cell_why(template, tf32, "float32 h and W_hh as TF32 parts, three products: no split step "
+                                                "kernel's grid is resident") + f"; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         wgmma = base.replace(hid_wgmma=1)
         unfused = wgmma if space.is_feasible(wgmma) else base
@@ -446,6 +450,20 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> 
         if space.is_feasible(cell):
             return cell
     return None
+
+
+def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+    """A float32 GRU's unfused steps on TF32 parts with the cell in the hidden GEMM's store
+    (``hid_tf32_tile``): ``_cell_in_gemm``'s form, else 64-row tiles with K whole where fewer tiles
+    make less of a wave (2.0-2.5x the CUDA-core step kernels at B64-B256 x H1024-H2048, 1.2x at B32
+    H2048; the split step kernel's resident grid faster at B128 H1024: docs/results/gru.md); None
+    where the space refuses both."""
+    if template.hid_tf32_tile is None:
+        return None
+    unfused = base.replace(fuse_step=0, hid_wgmma=1)
+    cell = _cell_in_gemm(template, unfused, space, sm_count)
+    whole = unfused.replace(hid_cell=1)
+    return cell if cell is not None else whole if space.is_feasible(whole) else None
 
 
 def _cell_why(template: Any, cell: Config, reason: str) -> str:

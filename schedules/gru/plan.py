@@ -41,11 +41,14 @@ class Call:
 def prepare_calls(template: Any, config: Config) -> tuple[Call, ...]:
     """The calls that prepare what the weights give, once as they are loaded rather than in
     every pass: each layer's W_ih split into its float16 or TF32 parts (``in_split``), into
-    that layer's own part buffer."""
-    if not config.in_split or template.step_variant(config).fuses_input:
-        return ()
+    that layer's own part buffer, and what the step kernel asks of W_hh
+    (``StepVariant.prepare_calls``)."""
+    step = template.step_variant(config)
+    calls = [Call(func, args) for layer in range(template.layers) for func, args in step.prepare_calls(layer)]
+    if not config.in_split or step.fuses_input:
+        return tuple(calls)
     return tuple(Call(f"{PREPARED}{template.input_gemm_kind(layer)}", (f"w_ih{layer}", f"ws{layer}"))
-                 for layer in range(template.layers))
+                 for layer in range(template.layers)) + tuple(calls)
 
 
 def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
@@ -98,7 +101,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}
     # wgmma is an arch-specific instruction: the module is built for sm_90a
-    arch = sm_90a(target) if template.input_on_wgmma(config) else target
+    arch = sm_90a(target) if template.input_on_wgmma(config) or config.hid_wgmma else target
     if template.counted_gemm_tile(config) is not None:  # the step kernel launched while the input GEMM runs
         funcs["gru_steps"] = mark_launch_early(funcs["gru_steps"])
     with tvm.transform.PassContext(config=template.pass_config(config, target)):

@@ -160,6 +160,11 @@ class StepVariant(ABC):
         """The step kernel's first arguments: gi, the state, W_hh and b_hh of ``layer``."""
         return ("gi", "hs", f"w_hh{layer}", f"b_hh{layer}")
 
+    def prepare_calls(self, layer: int) -> list[tuple[str, tuple[str | int, ...]]]:
+        """The (function, arguments) that prepare ``layer``'s recurrent weights once, as they are
+        loaded (``plan.prepare_calls``; named from ``plan.PREPARED``): none here."""
+        return []
+
     def state_args(self, layer: int) -> tuple[str | int, ...]:
         """``gru_init``'s arguments for ``layer``: h0 into the (2, dirs, batch, hidden) state."""
         return ("h0", layer, "hs", *self.barrier_words())

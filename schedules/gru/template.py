@@ -27,6 +27,7 @@ from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCo
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps, split_a_func
 from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, promote_reason, row_order_divides, signal_reason,
                                          wgmma_gemm, wgmma_reason)
+from tvm_ext.schedules.gemm.wgmma import target_reason as wgmma_target_reason
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.core.space import Config, Space
@@ -35,7 +36,7 @@ from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
 from . import plan as host_plan
-from .cell_epilogue import cell_tile_reason
+from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, cell_tile_reason
 from .cell_step import CellStep
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .kernels import init_func, schedule_elementwise, schedule_init
@@ -122,10 +123,12 @@ class GruTemplate(DtypeFields, Template):
     in_split_tf32: WgmmaTile | None = None  # the GEMM of TF32 parts on Hopper's wgmma (in_split 3)
     in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM on wgmma (in_wgmma)
     hid_wgmma_tile: WgmmaTile | None = None  # the unfused steps' 16-bit hidden GEMM on wgmma (hid_wgmma)
+    hid_tf32_tile: WgmmaTile | None = None  # the same, float32 on TF32 parts (``tf32_hidden_tile``)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
     ready_buffer: int = 0  # counts of gi's stored tile rows the config's plan passes (``step_overlap``)
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
     variable_lengths: bool = False
+    hidden_parts: bool = False  # the config's plan passes h's and W_hh's TF32 parts (a float32 ``hid_cell``)
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -154,6 +157,8 @@ class GruTemplate(DtypeFields, Template):
             params["in_wgmma"] = self.in_wgmma_tile.name
         if self.hid_wgmma_tile is not None:
             params["hid_wgmma"] = self.hid_wgmma_tile.name
+        if self.hid_tf32_tile is not None:
+            params["hid_tf32"] = self.hid_tf32_tile.name
         if self.variable_lengths:  # only when set: keys of fixed-length records stay as they were
             params["variable_lengths"] = True
         return params
@@ -225,6 +230,9 @@ class GruTemplate(DtypeFields, Template):
                  "hx": TensorSpec((2 * d * b * h,), "uint64")}  # the flag-exchange kernel's (h, step) words
         if self.ready_buffer:  # counts of gi's tile rows stored by an input GEMM still running
             specs["gi_ready"] = TensorSpec((self.ready_buffer,), "int32")
+        if self.hidden_parts:  # TF32 parts of h (the steps' A, ping-ponging) and of each layer's W_hh
+            specs.update({f"q{i}": TensorSpec((d, b, 3 * h), F32) for i in range(2)})
+            specs.update({f"wh{layer}": TensorSpec((d, 3 * h, 3 * h), F32) for layer in range(self.layers)})
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         if self.split_buffers:  # parts of the input GEMM's operands: x's per depth K, W_ih's per layer
@@ -242,7 +250,8 @@ class GruTemplate(DtypeFields, Template):
         ``in_split``): what allocates, passes and checks the buffers of its program."""
         step = self.step_variant(config)
         return replace(self, split_buffers=int(config.in_split),
-                       ready_buffer=step.ready_words if isinstance(step, TensorCoreStep) else 0)
+                       ready_buffer=step.ready_words if isinstance(step, TensorCoreStep) else 0,
+                       hidden_parts=isinstance(step, CellStep) and step.parts)
 
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
@@ -348,7 +357,8 @@ class GruTemplate(DtypeFields, Template):
 
         if target.kind != "cuda":
             return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tensor_core=None,
-                           in_split_wgmma=None, in_split_tf32=None, in_wgmma_tile=None, hid_wgmma_tile=None)
+                           in_split_wgmma=None, in_split_tf32=None, in_wgmma_tile=None, hid_wgmma_tile=None,
+                           hid_tf32_tile=None)
         inputs = [(self.seq * self.batch, self.dirs * 3 * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
         hidden = [(self.batch, 3 * self.hidden, self.hidden)]
@@ -368,7 +378,16 @@ class GruTemplate(DtypeFields, Template):
                        hid_wgmma_tile=step_gemm_tile(pick_wgmma_tile(
                            hidden, target, self.gh_dtype, b_layout="KN", matrices=self.dirs,
                            operand=self.precision["h"], ragged_m=True), self.batch, self.hidden)
-                       if sixteen_bit("h", "w_hh") else None)
+                       if sixteen_bit("h", "w_hh") else None, hid_tf32_tile=self.tf32_hidden_tile(target))
+
+    def tf32_hidden_tile(self, target: TargetInfo) -> WgmmaTile | None:
+        """The float32 hidden GEMM's tile on TF32 parts (``hid_wgmma`` with ``hid_cell``,
+        ``cell_epilogue``; the cell forms make its real tiles from its operand), where h, W_hh, gh,
+        its sums and the cell are float32 and ``target`` has wgmma (Hopper)."""
+        recurrent = ("h", "w_hh", "gh", "hid_acc", "cell_math")
+        if wgmma_target_reason(target) or any(self.precision[n] != F32 for n in recurrent):
+            return None
+        return WgmmaTile(64, CELL_TILE_COLUMNS, CELL_TILE_STAGES, 1, False, operand="tf32", tma=True)
 
     def for_target(self, target: TargetInfo) -> "GruTemplate":
         """With the tiles ``GRU.build`` runs on this target (``with_tensor_cores``): a tuned config
@@ -550,10 +569,13 @@ class GruTemplate(DtypeFields, Template):
             return cell_tile_reason(step.wgmma, self.batch, self.hidden)
         if not step.runs_hidden_gemm:
             return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
+        if self.hid_wgmma_tile is None and self.hid_tf32_tile is not None:
+            return ("the float32 hidden GEMM on wgmma (hid_wgmma 1, TF32 parts) runs with the cell in its store "
+                    "(hid_cell 1, 2 or 3)")
         if self.hid_wgmma_tile is None:
             return ("hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU (sm_90), float16 or bfloat16 h and W_hh "
-                    f"and a wgmma tile for the ({self.batch}, 3H, H) GEMMs: K and 3H multiples of 64 "
-                    "(GRU.build picks one)")
+                    f"(or float32 ones with the cell in its store) and a wgmma tile for the ({self.batch}, 3H, H) "
+                    "GEMMs: K and 3H multiples of 64 (GRU.build picks one)")
         return None
 
     def step_sizes(self) -> StepSizes:
@@ -566,7 +588,8 @@ class GruTemplate(DtypeFields, Template):
     def step_variant(self, config: Config) -> StepVariant:
         """The step kernel ``config`` selects, its knobs decoded (``variants.py``): what the
         space, the kernels, the host plan and the pick ask about the steps."""
-        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm(), self.hid_wgmma_tile)
+        step = select_step_variant(self.step_sizes(), config, self.hidden_gemm(),
+                                   self.hid_wgmma_tile or self.hid_tf32_tile)
         tile = self.counted_gemm_tile(config)
         if tile is not None and isinstance(step, TensorCoreStep) and step.flags:  # gi counted by the GEMM
             count = stored_row_count(self.gi_shape[1], tile.bn, tile.split, tile.cluster)
