@@ -142,3 +142,21 @@ def test_cuda_float32_cell_on_tf32_parts_matches_float64(key):
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, 2e-6, 1e-6)
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, 2e-6, 1e-6, reruns=1)
+
+
+@pytest.mark.gpu
+def test_cuda_float32_cell_on_tf32_parts_with_lengths():
+    """Rows past their length hold their state through the TF32 parts too (gi held, h' = h and its
+    parts rewritten exactly), two layers, both directions."""
+    from tvm_ext.precision.precision import relative_error
+    from tvm_ext.schedules.gru import gru_reference
+
+    s = Shape(seq=9, batch=64, input=48, hidden=512, layers=2, bidirectional=True)
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=2, bidirectional=True, batch=s.batch, seq=s.seq,
+                    config=TF32_CELL, variable_lengths=True).load_numpy(_weights(s))
+    x, h0 = _inputs(s)
+    lengths = np.random.default_rng(2).integers(1, s.seq + 1, s.batch)
+    out, h_n = gru(x, h0, lengths=lengths)
+    ref_out, ref_h = gru_reference(x, _weights(s), h0, 2, True, lengths=lengths)
+    assert relative_error(out, ref_out) < 2e-6 and relative_error(h_n, ref_h) < 2e-6
+    assert not out[lengths.min():, lengths.argmin()].any()
