@@ -468,7 +468,8 @@ def test_pick_runs_the_unfused_steps_on_the_tensor_cores_where_no_step_grid_is_r
     """16-bit B64 past H1024: no tensor-core step kernel's grid is resident even streaming W;
     per step the hidden GEMM on the tensor cores (wgmma: ``test_gru_hidden_wgmma.py``) and the
     cell kernel (the CUDA-core fused kernel launched once a step was 4.5x slower:
-    docs/results/gru.md).  float32 state keeps its CUDA-core kernel (no 16-bit hidden GEMM)."""
+    docs/results/gru.md).  float32 state runs those steps too, on TF32 parts with the cell in the
+    hidden GEMM's store, K in halves (``test_gru_tf32_cell.py``)."""
     target = offline_cuda("sm_90")
     t = _template(64, hidden).with_tensor_cores(target)
     cfg, why = t.analytic_pick(target)
@@ -476,7 +477,8 @@ def test_pick_runs_the_unfused_steps_on_the_tensor_cores_where_no_step_grid_is_r
                                                  "cores (wgmma")
     assert t.space(target).infeasible_reason(cfg) is None
     full = GruTemplate(batch=64, hidden=hidden, input=hidden, seq=5).with_tensor_cores(target)
-    assert full.analytic_pick(target)[0].fuse_step == 1
+    full_cfg, full_why = full.analytic_pick(target)
+    assert (full_cfg.fuse_step, full_cfg.hid_cell) == (0, 2) and "h and W_hh as TF32 parts" in full_why
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------

@@ -34,8 +34,8 @@ def test_tile_rows_hold_each_tiles_32_units_r_z_n_in_turn():
 
 
 def test_w_hh_and_h_parts_on_opencl(opencl):
-    """W_hh (dirs, H, 3H) -> (dirs, 3H, 3H): row ``tile_row(c)`` holds column c's [hi | lo | hi] TF32
-    parts along K; h (dirs, B, H) -> (dirs, B, 3H) as [lo | hi | hi]; values beyond float16's range
+    """W_hh (dirs, H, 3H) -> (dirs, 3H, 2H): row ``tile_row(c)`` holds column c's [hi | lo] TF32
+    parts along K; h (dirs, B, H) -> (dirs, B, 2H) as [lo | hi]; values beyond float16's range
     split as exactly (both directions, H = 64: two tiles of 32 units)."""
     from opencl_calls import run_calls
 
@@ -46,15 +46,15 @@ def test_w_hh_and_h_parts_on_opencl(opencl):
     h = rng.uniform(-1, 1, (dirs, batch, hidden)).astype(np.float32)
     funcs = {"split_w": split_hidden_weight_func(hidden, dirs), "split_h": split_state_func(dirs, batch, hidden)}
     out = run_calls(opencl, funcs, [("split_w", ("w", "wh")), ("split_h", ("h", "q"))], {"w": w, "h": h},
-                    {"wh": (dirs, 3 * hidden, 3 * hidden), "q": (dirs, batch, 3 * hidden)})
+                    {"wh": (dirs, 3 * hidden, 2 * hidden), "q": (dirs, batch, 2 * hidden)})
     order = [tile_row(c, hidden) for c in range(3 * hidden)]
     for d in range(dirs):
         hi, lo = tf32_parts(w[d].T.copy())  # (3H, H): column c of W_hh as row c
-        expect = np.empty((3 * hidden, 3 * hidden), np.float32)
-        expect[order] = np.concatenate([hi, lo, hi], axis=1)
+        expect = np.empty((3 * hidden, 2 * hidden), np.float32)
+        expect[order] = np.concatenate([hi, lo], axis=1)
         assert np.array_equal(out["wh"][d], expect)
     h_hi, h_lo = tf32_parts(h.reshape(-1, hidden))
-    assert np.array_equal(out["q"].reshape(-1, 3 * hidden), np.concatenate([h_lo, h_hi, h_hi], axis=1))
+    assert np.array_equal(out["q"].reshape(-1, 2 * hidden), np.concatenate([h_lo, h_hi], axis=1))
 
 
 def _kernel_source(source: str, name: str) -> str:
@@ -65,7 +65,7 @@ def _kernel_source(source: str, name: str) -> str:
 @pytest.mark.parametrize("cell", [1, 2])
 def test_float32_step_is_one_tf32_wgmma_kernel_writing_the_next_steps_parts(cell):
     """The step kernel multiplies TF32 (m64n96k8) on h's parts, promotes its sums and writes h' and
-    its three parts; the plan splits W_hh once (prepared) and h0 each layer, the parts ping-pong."""
+    its two parts; the plan splits W_hh once (prepared) and h0 each layer, the parts ping-pong."""
     t = _template(64, 512, bidirectional=True, layers=2)
     target = offline_cuda("sm_90")
     cfg = t.default_config(target).replace(**{**TF32_CELL, "hid_cell": cell})
@@ -73,7 +73,7 @@ def test_float32_step_is_one_tf32_wgmma_kernel_writing_the_next_steps_parts(cell
     compiled = t.compile(cfg, target)
     kernel = _kernel_source(compiled.source, "gru_gemm_cell")
     assert "wgmma_tf32_ss_mma_async_sync_aligned_m64n96k8_f32_tf32_tf32" in kernel
-    assert kernel.count("A_out_ptr[") == 3 * kernel.count("h_out_ptr[") > 0  # each h' as [lo | hi | hi]
+    assert kernel.count("A_out_ptr[") == 2 * kernel.count("h_out_ptr[") > 0  # each h' as [lo | hi]
     assert [c.func for c in compiled.prepare if c.func != "gru_split_w0"] == ["gru_split_wh", "gru_split_wh"]
     assert [c.args for c in compiled.prepare if c.func == "gru_split_wh"] == [("w_hh0", "wh0"), ("w_hh1", "wh1")]
     steps = [c for c in compiled.calls if c.func in ("gru_split_h", "gru_gemm_cell")]
@@ -81,7 +81,7 @@ def test_float32_step_is_one_tf32_wgmma_kernel_writing_the_next_steps_parts(cell
     first, second = steps[1].args, steps[2].args
     assert (first[0], first[1], first[-1], second[0], second[-1]) == ("q0", "wh0", "q1", "q1", "q0")
     specs = t.for_config(cfg).buffers()
-    assert specs["wh1"].shape == (2, 1536, 1536) and specs["q0"].shape == (2, 64, 1536)
+    assert specs["wh1"].shape == (2, 1536, 1024) and specs["q0"].shape == (2, 64, 1024)
 
 
 def test_float32_hidden_gemm_on_wgmma_needs_the_cell_in_its_store():

@@ -433,6 +433,16 @@ def promote_reason(t: WgmmaTile, k: int, promote: int, overlap: bool = False) ->
 C_DTYPES = ("float16", "bfloat16", "float32")
 
 
+def k_parts_reason(t: WgmmaTile, k: int, b_layout: str, k_parts: tuple[tuple[int, int], ...]) -> str | None:
+    """Why tile ``t`` cannot take its k steps from operands stored as parts (``k_parts``), or None."""
+    if not k_parts:
+        return None
+    if not t.tma or b_layout != "NK" or t.multicast or k % (len(k_parts) * t.bk):
+        return (f"{t.name}: k steps from stored parts are loaded by the TMA (no multicast) from Bt (N, K), "
+                f"each part a multiple of bk {t.bk} deep ({k} / {len(k_parts)})")
+    return None
+
+
 def gate_reason(t: WgmmaTile, n: int, b_layout: str, gates: int) -> str | None:
     """Why tile ``t`` cannot take its columns as three gates of ``gates`` units each
     (``KernelLayout.b_col``; with Bt stored (N, K) its rows already in that order, which the
@@ -548,7 +558,7 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
                promote: int = 0, batch: Sequence[int] = (), b_batched: bool = True,
                prepare: "Prepare | None" = None, scales: bool = False, overlap: bool = False,
                signal: bool = False, bias_batched: bool = False, gates: int = 0,
-               store: OwnStore | None = None) -> Any:
+               store: OwnStore | None = None, k_parts: tuple[tuple[int, int], ...] = ()) -> Any:
     """The PrimFunc ``main(A: (m, k), Bt: (n, k), C: (m, n) c_dtype)``, C = A @ Bt^T, or
     with ``bias_dtype`` ``main(A, Bt, bias: (n,), C)``, C = A @ Bt^T x ``scale`` + bias (the
     tile checked first: ``wgmma_reason``).  ``b_layout`` "KN": the second operand is B (k, n),
@@ -577,16 +587,19 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     ``gates``: B's columns are three gates of that many units, each tile's a third of each
     (``KernelLayout.b_col``; with Bt (N, K) its rows are in that order already: ``gate_reason``),
     for ``store``: a caller's own store of the sums and
-    the PrimFunc around it (``wgmma_steps.OwnStore``), in place of C's."""
+    the PrimFunc around it (``wgmma_steps.OwnStore``), in place of C's.  ``k_parts``: the k steps
+    take (A part, B part) in turn from operands stored as parts of depth k / len(k_parts) side by
+    side (``KernelLayout.k_coordinate``: 3xTF32's three products from two parts each, a part's tile
+    read twice in a row); loaded by the TMA, Bt (N, K)."""
     reason = ((gate_reason(cfg, n, b_layout, gates) if gates or store is not None else None)
               or wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
               or promote_reason(cfg, k, promote, overlap)
               or (signal_reason(cfg, bias_dtype is not None and epilogue is None and prepare is None
                                 and not scales and not batch) if signal else None))
-    reason = reason or pdl_reason(cfg, prepare is not None or signal)
+    reason = reason or pdl_reason(cfg, prepare is not None or signal) or k_parts_reason(cfg, k, b_layout, k_parts)
     if reason:
         raise TvmExtError(reason)
-    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal, gates)
+    layout = KernelLayout.of(cfg, m, n, k, b_layout, batch, b_batched, promote, overlap, signal, gates, k_parts)
     if scales and (bias_dtype is not None or epilogue is not None or prepare is not None or cfg.split > 1):
         raise TvmExtError("per-tensor scales are the whole epilogue: no bias, epilogue, prepared inputs or split K")
     if bias_batched and (bias_dtype is None or not batch):

@@ -156,26 +156,32 @@ class KernelLayout:
     wg_k: int = 1  # consumer warpgroups taking the k steps in turn (``k_parity``, ``k_sums_at``)
     ends: int = 1  # row-major tiles' rows taken from the first, or with 2 from both ends in turn (``tile_row0``)
     gates: int = 0  # B's columns three gates of this many units, a tile's columns a third of each (``b_col``)
+    # the k steps' (A part, B part) in turn, each operand stored as parts of K / len of these side by
+    # side (``k_coordinate``; none: K as it is)
+    k_parts: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, cfg: Tile, m: int, n: int, k: int, b_layout: str, batch: Sequence[int], b_batched: bool,
-           promote: int, overlap: bool = False, signal: bool = False, gates: int = 0) -> "KernelLayout":
+           promote: int, overlap: bool = False, signal: bool = False, gates: int = 0,
+           k_parts: tuple[tuple[int, int], ...] = ()) -> "KernelLayout":
         lead = tuple(int(x) for x in batch)
         split = cfg.split
+        part = k // len(k_parts) if k_parts else k  # the depth of one stored part
+        a_k, b_k = ((1 + max(p[i] for p in k_parts)) * part for i in (0, 1)) if k_parts else (k, k)
         per_matrix = -(-m // cfg.bm) * -(-n // cfg.bn)  # a ragged M's last tile row, N's last column counted
         return cls(bm=cfg.bm, bn=cfg.bn, bk=cfg.bk, stages=cfg.stages, smem_epilogue=cfg.smem_epilogue,
                    inflight=cfg.inflight, tiles=cfg.tiles, split=split, clustered=cfg.cluster, promote=promote,
                    k_major_only=cfg.operand in K_MAJOR_ONLY, n_major=b_layout == "KN", b_batched=b_batched,
                    in_dtype=OPERAND_STORAGE[cfg.operand], elem=OPERANDS[cfg.operand],
                    mma=f"wgmma.mma_async.sync.aligned.m64n{cfg.bn // cfg.wg_cols}{OPERAND_PTX[cfg.operand]}",
-                   lead=lead, a_shape=(*lead, m, k), c_shape=(*lead, m, n),
-                   bt_shape=(*(lead if b_batched else ()), *b_shape(n, k, b_layout)), m=m, n=n,
+                   lead=lead, a_shape=(*lead, m, a_k), c_shape=(*lead, m, n),
+                   bt_shape=(*(lead if b_batched else ()), *b_shape(n, b_k, b_layout)), m=m, n=n,
                    k_tiles=-(-k // cfg.bk) // split, grid_n=-(-n // cfg.bn), per_matrix=per_matrix,
                    c_tiles=per_matrix * int(np.prod(lead, dtype=np.int64)), group=cfg.raster or 1,
                    pieces=cfg.c_pieces_per_stage(), tma=cfg.tma, overlap=overlap, signal=signal,
                    specialized=cfg.specialized, multicast=cfg.multicast, pdl=cfg.pdl, wg_cols=cfg.wg_cols,
                    c_stage_rows=cfg.c_stage_rows if cfg.staged_apart else 0, wg_k=cfg.wg_k, ends=cfg.ends,
-                   gates=gates)
+                   gates=gates, k_parts=tuple(k_parts))
 
     # sizes derived from the fields
     @property
@@ -471,6 +477,22 @@ class KernelLayout:
         if self.split == 1:
             return unit
         return unit // self.split if self.clustered else unit % self.c_tiles
+
+    def k_coordinate(self, kt: Any, operand: int) -> Any:
+        """The element along K where k step ``kt`` reads ``operand`` (0: A, 1: B): ``kt`` x bk, or
+        with ``k_parts`` k tile ``kt // cycle`` of the part its place in the cycle names, the parts
+        side by side (a part read twice in a cycle is the same tile twice: the second load an L2
+        hit)."""
+        if not self.k_parts:
+            return kt * self.bk
+        from tvm import tirx
+
+        cycle = len(self.k_parts)
+        depth = self.k_tiles * self.split * self.bk // cycle  # one part's
+        part = tirx.const(self.k_parts[-1][operand], "int32")
+        for place in range(cycle - 2, -1, -1):
+            part = tirx.Select(kt % cycle == place, tirx.const(self.k_parts[place][operand], "int32"), part)
+        return part * depth + kt // cycle * self.bk
 
     def global_kt(self, unit: Any, kt: Any) -> Any:
         """Unit ``unit``'s k step ``kt`` as a k step of the whole K."""

@@ -230,7 +230,7 @@ def a_coordinates(L: KernelLayout, at: list[Any], row0: Any, kt: Any) -> list[An
     """A's box of k tile ``kt`` at rows ``row0``, innermost first (rows past M load as zeros)."""
     from tvm.script import tirx as T
 
-    return [T.Cast("int32", x) for x in (kt * L.bk, row0, *reversed(at))]
+    return [T.Cast("int32", x) for x in (L.k_coordinate(kt, 0), row0, *reversed(at))]
 
 
 def b_coordinates(L: KernelLayout, at: list[Any], col0: Any, kt: Any, atom: int) -> list[Any]:
@@ -238,5 +238,5 @@ def b_coordinates(L: KernelLayout, at: list[Any], col0: Any, kt: Any, atom: int)
     from tvm.script import tirx as T
 
     lead = reversed(at if L.b_batched else [])
-    inner = (L.b_col(col0, atom * L.b_atom), kt * L.bk) if L.n_major else (kt * L.bk, col0)
+    inner = (L.b_col(col0, atom * L.b_atom), kt * L.bk) if L.n_major else (L.k_coordinate(kt, 1), col0)
     return [T.Cast("int32", x) for x in (*inner, *lead)]

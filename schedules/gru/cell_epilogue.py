@@ -7,18 +7,21 @@ memory and no cell kernel a step.  The sums plus b_hh are rounded to gh's dtype 
 two-kernel step stores them, and the cell is ``step_common.cell_math``: the same h' both ways.
 
 float32 (``tf32_parts``): the GEMM of TF32 parts of depth 3H (``gemm_3xtf32``'s three products,
-float32-accurate on the tensor cores): A the state's parts ``[h_lo | h_hi | h_hi]``, which the
-cell writes beside h' for the next step, W_hh's parts stored (3H, 3H) K-major, its rows
-permuted once as the weights are loaded so each tile's 96 rows are its 32 units' r, z and n
-(``split_hidden_weight_func``), the sums promoted every few k steps as ``gemm_3xtf32`` does.
+float32-accurate on the tensor cores), each k tile three k steps in turn, h_lo·W_hi, h_hi·W_lo,
+h_hi·W_hi (``TF32_K_PARTS``): A the state's parts ``[h_lo | h_hi]``, which the cell writes beside
+h' for the next step, W_hh's parts ``[hi | lo]`` stored (3H, 2H) K-major, its rows permuted once as
+the weights are loaded so each tile's 96 rows are its 32 units' r, z and n
+(``split_hidden_weight_func``); W_hi's tile is read twice in a row, the second time from L2, so
+each step reads W_hh's parts once.  The sums are promoted every few k steps as ``gemm_3xtf32`` does.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tvm_ext.schedules.gemm.gemm_3xtf32 import A_ORDER, B_ORDER, promote_steps, tf32_part
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile, gate_reason, promote_reason, wgmma_gemm, wgmma_reason
+from tvm_ext.schedules.gemm.gemm_3xtf32 import promote_steps, tf32_part
+from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, gate_reason, k_parts_reason, promote_reason, wgmma_gemm,
+                                         wgmma_reason)
 from tvm_ext.schedules.gemm.wgmma_steps import cluster_words
 from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 
@@ -32,6 +35,10 @@ CELL_TALL_TILE_STAGES = 6  # with 128 rows (7 fit, 1-3 % slower: docs/results/gr
 # cluster of two blocks, 3 the same with 128-row tiles (two consumer warpgroups, W_hh's tile read once
 # for both)
 CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2)}
+# float32 on TF32 parts: the stored parts of h (A) and of W_hh (B), and each k tile's three k steps
+# as (A part, B part): the small products first, as ``gemm_3xtf32`` orders them
+H_PARTS, W_PARTS = ("lo", "hi"), ("hi", "lo")
+TF32_K_PARTS = ((0, 0), (1, 1), (1, 0))
 
 
 def tf32_parts(tile: WgmmaTile) -> bool:
@@ -69,7 +76,8 @@ def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
     size (one line), or None."""
     layout, depth = ("NK", 3 * hidden) if tf32_parts(tile) else ("KN", hidden)
-    promoted = promote_reason(tile, depth, promote_steps(tile, depth)) if tf32_parts(tile) else None
+    promoted = ((promote_reason(tile, depth, promote_steps(tile, depth))
+                 or k_parts_reason(tile, depth, layout, TF32_K_PARTS)) if tf32_parts(tile) else None)
     return (gate_reason(tile, 3 * hidden, layout, hidden)
             or wgmma_reason(tile, batch, 3 * hidden, depth, b_layout=layout) or promoted)
 
@@ -114,9 +122,8 @@ class CellStore:
                 h_n[layer * s.dirs + d, row, unit] = T.Cast(s.h_dtype, h_new[0])
                 if self.parts:  # the next step's A: h' as TF32 parts along its row
                     a_out = T.meta_var(outputs[7])
-                    a_out[d, row, unit] = tf32_part(h_new[0], A_ORDER[0])
-                    a_out[d, row, hidden + unit] = tf32_part(h_new[0], A_ORDER[1])
-                    a_out[d, row, 2 * hidden + unit] = tf32_part(h_new[0], A_ORDER[2])
+                    a_out[d, row, unit] = tf32_part(h_new[0], H_PARTS[0])
+                    a_out[d, row, hidden + unit] = tf32_part(h_new[0], H_PARTS[1])
 
         return cell
 
@@ -207,7 +214,8 @@ def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False) -> Any:
         depth = hidden_depth(tile, s.hidden)
         return wgmma_gemm(tile, s.batch, 3 * s.hidden, depth, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
                           b_layout="NK", batch=(s.dirs,), bias_batched=True, gates=s.hidden,
-                          promote=promote_steps(tile, depth), store=CellStore(sizes, parts=True))
+                          promote=promote_steps(tile, depth), store=CellStore(sizes, parts=True),
+                          k_parts=TF32_K_PARTS)
     return wgmma_gemm(tile, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
                       b_layout="KN", batch=(s.dirs,), bias_batched=True, gates=s.hidden if cell else 0,
                       store=CellStore(sizes) if cell else None)
@@ -223,8 +231,8 @@ def tile_row(column: Any, hidden: int) -> Any:
 
 
 def split_hidden_weight_func(hidden: int, dirs: int) -> Any:
-    """TIR: W_hh (dirs, H, 3H) float32 -> its TF32 parts (dirs, 3H, 3H), K-major as TF32 wgmma
-    reads them: row ``tile_row(c)`` holds column c's ``[hi | lo | hi]`` (``B_ORDER``) along K.
+    """TIR: W_hh (dirs, H, 3H) float32 -> its TF32 parts (dirs, 3H, 2H), K-major as TF32 wgmma
+    reads them: row ``tile_row(c)`` holds column c's ``[hi | lo]`` (``W_PARTS``) along K.
     32 x 32 tiles transposed through shared memory (reads and writes coalesced); H a multiple of
     32 (``cell_tile_reason``)."""
     from tvm.script import tirx as T
@@ -233,7 +241,7 @@ def split_hidden_weight_func(hidden: int, dirs: int) -> Any:
     tiles_n, tiles_k = n // 32, k // 32
 
     @T.prim_func
-    def main(W: T.Buffer((dirs, k, n), "float32"), parts: T.Buffer((dirs, n, 3 * k), "float32")):
+    def main(W: T.Buffer((dirs, k, n), "float32"), parts: T.Buffer((dirs, n, 2 * k), "float32")):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         bid = T.launch_thread("blockIdx.x", dirs * tiles_k * tiles_n)
         tx = T.launch_thread("threadIdx.x", 32)
@@ -249,23 +257,22 @@ def split_hidden_weight_func(hidden: int, dirs: int) -> Any:
             row = T.meta_var(tile_row(nt * 32 + ty + 8 * i, hidden))
             depth = T.meta_var(kt * 32 + tx)
             value = T.meta_var(tile[tx * 33 + ty + 8 * i])
-            parts[d, row, depth] = tf32_part(value, B_ORDER[0])
-            parts[d, row, k + depth] = tf32_part(value, B_ORDER[1])
-            parts[d, row, 2 * k + depth] = tf32_part(value, B_ORDER[2])
+            parts[d, row, depth] = tf32_part(value, W_PARTS[0])
+            parts[d, row, k + depth] = tf32_part(value, W_PARTS[1])
 
     return main
 
 
 def split_state_func(dirs: int, batch: int, hidden: int) -> Any:
-    """TIR: the state h (dirs, B, H) float32 -> the first step's A, its TF32 parts (dirs, B, 3H)
-    along each row (``A_ORDER``), a thread an element."""
+    """TIR: the state h (dirs, B, H) float32 -> the first step's A, its TF32 parts (dirs, B, 2H)
+    along each row (``H_PARTS``), a thread an element."""
     from tvm.script import tirx as T
 
     total = dirs * batch * hidden
     threads = 256
 
     @T.prim_func
-    def main(h: T.Buffer((dirs, batch, hidden), "float32"), parts: T.Buffer((dirs, batch, 3 * hidden), "float32")):
+    def main(h: T.Buffer((dirs, batch, hidden), "float32"), parts: T.Buffer((dirs, batch, 2 * hidden), "float32")):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         bid = T.launch_thread("blockIdx.x", -(-total // threads))
         tx = T.launch_thread("threadIdx.x", threads)
@@ -274,8 +281,7 @@ def split_state_func(dirs: int, batch: int, hidden: int) -> Any:
             d = T.meta_var(i // (batch * hidden))
             b = T.meta_var(i // hidden % batch)
             u = T.meta_var(i % hidden)
-            parts[d, b, u] = tf32_part(h[d, b, u], A_ORDER[0])
-            parts[d, b, hidden + u] = tf32_part(h[d, b, u], A_ORDER[1])
-            parts[d, b, 2 * hidden + u] = tf32_part(h[d, b, u], A_ORDER[2])
+            parts[d, b, u] = tf32_part(h[d, b, u], H_PARTS[0])
+            parts[d, b, hidden + u] = tf32_part(h[d, b, u], H_PARTS[1])
 
     return main

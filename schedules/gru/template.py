@@ -231,8 +231,8 @@ class GruTemplate(DtypeFields, Template):
         if self.ready_buffer:  # counts of gi's tile rows stored by an input GEMM still running
             specs["gi_ready"] = TensorSpec((self.ready_buffer,), "int32")
         if self.hidden_parts:  # TF32 parts of h (the steps' A, ping-ponging) and of each layer's W_hh
-            specs.update({f"q{i}": TensorSpec((d, b, 3 * h), F32) for i in range(2)})
-            specs.update({f"wh{layer}": TensorSpec((d, 3 * h, 3 * h), F32) for layer in range(self.layers)})
+            specs.update({f"q{i}": TensorSpec((d, b, 2 * h), F32) for i in range(2)})
+            specs.update({f"wh{layer}": TensorSpec((d, 3 * h, 2 * h), F32) for layer in range(self.layers)})
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         if self.split_buffers:  # parts of the input GEMM's operands: x's per depth K, W_ih's per layer
