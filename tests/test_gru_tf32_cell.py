@@ -57,6 +57,27 @@ def test_w_hh_and_h_parts_on_opencl(opencl):
     assert np.array_equal(out["q"].reshape(-1, 2 * hidden), np.concatenate([h_lo, h_hi], axis=1))
 
 
+def test_k_steps_read_the_stored_parts_in_turn():
+    """k step j reads k tile j // 3 of A's part (lo, hi, hi)[j % 3] and B's (hi, lo, hi)[j % 3],
+    the parts side by side (A (m, 2K'), Bt (n, 2K')), across both slices of a split K."""
+    from tvm.sym.analyzer import Analyzer
+    from tvm import tirx
+
+    from tvm_ext.schedules.gemm.wgmma import WgmmaTile
+    from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+    from tvm_ext.schedules.gru.cell_epilogue import TF32_K_PARTS
+
+    tile = WgmmaTile(64, 96, 8, smem_epilogue=False, operand="tf32", tma=True, split=2, cluster=True)
+    part = 256  # H: each part 256 deep, 8 k tiles of 32
+    layout = KernelLayout.of(tile, 64, 768, 3 * part, "NK", (2,), True, 4, k_parts=TF32_K_PARTS)
+    assert layout.a_shape == (2, 64, 2 * part) and layout.bt_shape == (2, 768, 2 * part)
+    simplify = Analyzer().simplify
+    at = [[int(simplify(layout.k_coordinate(tirx.const(j, "int32"), op))) for j in range(24)] for op in (0, 1)]
+    assert at[0][:6] == [0, part, part, 32, part + 32, part + 32]  # A: lo, hi, hi of each k tile
+    assert at[1][:6] == [0, part, 0, 32, part + 32, 32]  # B: hi, lo, hi
+    assert at[0][21:] == [224, part + 224, part + 224]  # the last k tile, in the second slice
+
+
 def _kernel_source(source: str, name: str) -> str:
     body = source[re.search(name + r"_kernel\([^)]*\) \{", source).end():]
     return body[:body.index("\n}\n")]
