@@ -456,8 +456,8 @@ def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config
     """A float32 GRU's unfused steps on TF32 parts with the cell in the hidden GEMM's store
     (``hid_tf32_tile``): ``_cell_in_gemm``'s form, else 64-row tiles with K whole where fewer tiles
     make less of a wave (2.0-2.5x the CUDA-core step kernels at B64-B256 x H1024-H2048, 1.2x at B32
-    H2048; the split step kernel's resident grid faster at B128 H1024: docs/results/gru.md); None
-    where the space refuses both."""
+    H2048; the split step kernel's resident grid faster at B128 H1024: docs/results/gru.md; the rule
+    covers larger batches and hidden sizes unmeasured); None where the space refuses both."""
     if template.hid_tf32_tile is None:
         return None
     unfused = base.replace(fuse_step=0, hid_wgmma=1)
