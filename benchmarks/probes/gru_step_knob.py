@@ -158,7 +158,11 @@ def main() -> None:
         for sets in values:
             try:
                 gru = variant_gru(template, pick, variants[sets], target)
-                if gru is None:
+                if gru is None:  # the space refuses it: say why
+                    refused = pick.replace(**{k: v for k, v in variants[sets].items()
+                                              if not k.startswith(("mma_", "hidw_", "cellw_"))})
+                    print(f"[{dtype} B{batch} H{hidden}] {sets}: refused: "
+                          f"{template.space(target).infeasible_reason(refused)}", flush=True)
                     continue
                 gru.load_numpy(w)
                 err = relative_error(list(gru(x)), ref)
