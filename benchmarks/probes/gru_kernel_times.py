@@ -63,8 +63,8 @@ def main() -> int:
         pick = template.analytic_pick(target)[0]
         for label, changes in variants.items():
             gru = variant_gru(template, pick, changes, target)
-            if gru is None:
-                print(f"## ours {label} B{batch} H{hidden}: infeasible")
+            if isinstance(gru, str):  # the space refuses it
+                print(f"## ours {label} B{batch} H{hidden}: infeasible: {gru}")
                 continue
             gru.load_numpy(w)
             gru(x)

@@ -102,18 +102,19 @@ def cell_tile_fields(fields: dict[str, int]) -> Iterator[None]:
         cell_step.cell_tile = own
 
 
-def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], target: TargetInfo) -> GRU | None:
+def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], target: TargetInfo) -> GRU | str:
     """The GRU of ``pick`` with ``changes``: knobs of its config, ``mma_`` knobs of the unfused
     steps' hidden-GEMM mma.sync tile, ``hidw_`` fields of its wgmma tile (``hid_wgmma`` 1),
-    ``cellw_`` fields of the tile with the cell in its store; None where the config is infeasible
-    (built, not loaded)."""
+    ``cellw_`` fields of the tile with the cell in its store (built, not loaded); or why the space
+    refuses the config."""
     tile = {k: v for k, v in changes.items() if k.startswith("mma_")}
     wgmma = {k[5:]: v for k, v in changes.items() if k.startswith("hidw_")}
     cell = {k[6:]: v for k, v in changes.items() if k.startswith("cellw_")}
     cfg = pick.replace(**{k: v for k, v in changes.items()
                           if k not in tile and not k.startswith(("hidw_", "cellw_"))})
-    if not template.space(target).is_feasible(cfg):
-        return None
+    refused = template.space(target).infeasible_reason(cfg)
+    if refused:
+        return refused
     built = template
     if tile:  # the hidden GEMM's mma.sync tile, the pick's otherwise
         built = replace(template, hid_tensor_core=MmaGemmTile(template.hid_tensor_core.config.replace(**tile)))
@@ -158,11 +159,8 @@ def main() -> None:
         for sets in values:
             try:
                 gru = variant_gru(template, pick, variants[sets], target)
-                if gru is None:  # the space refuses it: say why
-                    refused = pick.replace(**{k: v for k, v in variants[sets].items()
-                                              if not k.startswith(("mma_", "hidw_", "cellw_"))})
-                    print(f"[{dtype} B{batch} H{hidden}] {sets}: refused: "
-                          f"{template.space(target).infeasible_reason(refused)}", flush=True)
+                if isinstance(gru, str):  # the space refuses it
+                    print(f"[{dtype} B{batch} H{hidden}] {sets}: refused: {gru}", flush=True)
                     continue
                 gru.load_numpy(w)
                 err = relative_error(list(gru(x)), ref)

@@ -586,8 +586,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     until it reaches ``KernelLayout.signals_per_row`` (``wgmma_steps.row_signals``; ``signal_reason``).
     ``gates``: B's columns are three gates of that many units, each tile's a third of each
     (``KernelLayout.b_col``; with Bt (N, K) its rows are in that order already: ``gate_reason``),
-    for ``store``: a caller's own store of the sums and
-    the PrimFunc around it (``wgmma_steps.OwnStore``), in place of C's.  ``k_parts``: the k steps
+    for ``store``: a caller's own store of the sums and the PrimFunc around it
+    (``wgmma_steps.OwnStore``), in place of C's.  ``k_parts``: the k steps
     take (A part, B part) in turn from operands stored as parts of depth k / len(k_parts) side by
     side (``KernelLayout.k_coordinate``: 3xTF32's three products from two parts each, a part's tile
     read twice in a row); loaded by the TMA, Bt (N, K)."""

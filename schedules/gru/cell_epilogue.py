@@ -75,11 +75,13 @@ def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
 def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
     size (one line), or None."""
-    layout, depth = ("NK", 3 * hidden) if tf32_parts(tile) else ("KN", hidden)
-    promoted = ((promote_reason(tile, depth, promote_steps(tile, depth))
-                 or k_parts_reason(tile, depth, layout, TF32_K_PARTS)) if tf32_parts(tile) else None)
-    return (gate_reason(tile, 3 * hidden, layout, hidden)
-            or wgmma_reason(tile, batch, 3 * hidden, depth, b_layout=layout) or promoted)
+    if not tf32_parts(tile):
+        return gate_reason(tile, 3 * hidden, "KN", hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden,
+                                                                            b_layout="KN")
+    depth = hidden_depth(tile, hidden)  # TF32 parts: Bt (3H, 2H) in tile order, three k steps a k tile
+    return (gate_reason(tile, 3 * hidden, "NK", hidden) or wgmma_reason(tile, batch, 3 * hidden, depth, b_layout="NK")
+            or promote_reason(tile, depth, promote_steps(tile, depth))
+            or k_parts_reason(tile, depth, "NK", TF32_K_PARTS))
 
 
 @dataclass(frozen=True)

@@ -462,8 +462,10 @@ def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config
         return None
     unfused = base.replace(fuse_step=0, hid_wgmma=1)
     cell = _cell_in_gemm(template, unfused, space, sm_count)
+    if cell is not None:
+        return cell
     whole = unfused.replace(hid_cell=1)
-    return cell if cell is not None else whole if space.is_feasible(whole) else None
+    return whole if space.is_feasible(whole) else None
 
 
 def _cell_why(template: Any, cell: Config, reason: str) -> str:
