@@ -4,9 +4,11 @@ sides, the faster kept for that shape.
 Without the ``gpu`` marker (OpenCL, torch's CPU GRU): the rule that decides, which calls are
 measured, a measured shape served by the side its times name (the timer replaced where a
 test needs torch to win, since on the CPU either side can), weights reloaded into torch's
-copy.  ``gpu``: float16 B192 H1024, where ours is slower than cuDNN, served by torch and
-bit-equal to ``nn.GRU``; float16 B8 H512, where ours leads, served by ours; both against float64,
-with and without h0, and captured in a user's CUDA graph on NaN-poisoned outputs."""
+copy; a ``PackedSequence`` measured as its own shape against torch's packed call.  ``gpu``:
+float16 B192 H1024, where ours is slower than cuDNN, served by torch and bit-equal to
+``nn.GRU``; float16 B8 H512, where ours leads, served by ours; both against float64, with and
+without h0, and captured in a user's CUDA graph on NaN-poisoned outputs; packed batches of those
+shapes served by the side measured faster."""
 from __future__ import annotations
 
 import pytest
@@ -74,12 +76,36 @@ def test_calls_the_fallback_does_not_measure(monkeypatch, make, reason):
     assert gru.choices == {}, reason
 
 
-def test_packed_input_is_not_measured(monkeypatch):
-    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(10.0, 1.0))
-    gru = GRU.from_module(_net(), fallback="measure")
-    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(4, 2, 5), torch.tensor([4, 3]))
-    gru(packed)
-    assert gru.choices == {}
+def _packed(lengths, batch_first=False):
+    """A PackedSequence of unsorted ``lengths`` (enforce_sorted off: the sorted and unsorted
+    indices both in play) and an h0 for a 1-layer, 7-unit GRU."""
+    x = torch.randn(max(lengths), len(lengths), 5)
+    h0 = torch.randn(1, len(lengths), 7)
+    return torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False), h0
+
+
+@pytest.mark.parametrize("winner", [TORCH, TVM_EXT])
+def test_packed_input_is_measured_and_served_by_the_faster_side(monkeypatch, winner):
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(10.0, 1.0) if winner == TORCH else _times(1.0, 10.0))
+    net = _net()
+    gru = GRU.from_module(net, fallback="measure")
+    for lengths in ([3, 5, 2], [5, 1, 4]):  # the second call: the same shape, other lengths, not measured again
+        packed, h0 = _packed(lengths)
+        out, h_n = gru(packed, h0)
+        with torch.no_grad():
+            ref_out, ref_h = net(packed, h0)
+        assert isinstance(out, torch.nn.utils.rnn.PackedSequence)
+        assert torch.equal(out.batch_sizes, ref_out.batch_sizes)
+        assert torch.equal(out.unsorted_indices, ref_out.unsorted_indices)
+        assert torch.allclose(out.data, ref_out.data, atol=1e-5) and torch.allclose(h_n, ref_h, atol=1e-5)
+        # torch's own packed call where torch serves (its bits), ours elsewhere (not its bits)
+        assert torch.equal(out.data, ref_out.data) == (winner == TORCH)
+        assert torch.equal(h_n, ref_h) == (winner == TORCH)
+    (key, choice), = gru.choices.items()
+    assert (key.batch, key.seq, key.variable_lengths) == (3, 5, True) and choice.backend == winner
+    assert len(gru._engines) == (winner == TVM_EXT)  # where torch serves, our compiled GRU let go
+    gru(torch.randn(5, 3, 5))  # the padded shape of the same size is a shape of its own
+    assert len(gru.choices) == 2
 
 
 def test_a_shape_torch_wins_is_served_by_torch_with_the_current_weights(monkeypatch):
@@ -153,3 +179,32 @@ def test_cuda_shapes_are_served_by_the_faster_side(dtype, batch, hidden, backend
     captured.fill_(float("nan"))
     graph.replay()
     assert relative_error(captured.float().cpu().numpy(), torch_out.double().cpu().numpy()) < bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, hidden", [(192, 1024), (8, 512)])
+def test_cuda_packed_input_is_served_by_the_measured_side(batch, hidden):
+    """float16 packed batches, lengths in [64, 128] unsorted: whichever side the first call
+    measured faster serves every call of the shape, torch's bits exactly where torch serves,
+    both within float16's bound of float64, h0 in the caller's row order."""
+    torch.manual_seed(0)
+    net = torch.nn.GRU(hidden, hidden).cuda().eval().half()
+    gru = GRU.from_module(net)
+    for call in range(3):
+        lengths = torch.randint(64, 129, (batch,))
+        lengths[call % batch] = 128
+        x = torch.randn(128, batch, hidden, device="cuda").half()
+        h0 = torch.randn(1, batch, hidden, device="cuda").half()
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        out, h_n = gru(packed, h0)
+        with torch.no_grad():
+            theirs, their_h = net(packed, h0)
+        (choice,) = gru.choices.values()
+        print(f"B{batch} H{hidden} packed: {choice}")
+        assert torch.equal(out.data, theirs.data) == (choice.backend == TORCH), choice
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(out, total_length=128)
+        state = {k: v.detach().double().cpu().numpy() for k, v in net.state_dict().items()}
+        ref_out, ref_h = gru_reference(x.double().cpu().numpy(), state, h0.double().cpu().numpy(),
+                                       lengths=lengths.numpy())
+        assert relative_error(padded.float().cpu().numpy(), ref_out) < 1e-2
+        assert relative_error(h_n.float().cpu().numpy(), ref_h) < 1e-2

@@ -67,7 +67,8 @@ class GRU(nn.Module):
     float32 sums and cell (errors near 4e-4, the class of cuDNN's TF32 GRU);
     ``graphs``: replay a recorded CUDA graph per shape on eager CUDA calls (see the module docstring);
     ``fallback``: ``"auto"`` times a shape's first eager CUDA call against ``torch.nn.GRU`` and
-    keeps the faster (not where ``config`` or ``precision`` is given, nor for packed input),
+    keeps the faster (a ``PackedSequence`` against torch's packed call; not where ``config`` or
+    ``precision`` is given),
     ``"measure"`` does so on any device, ``"off"`` always runs ours;
     ``dropout`` must be 0 (inference)."""
 
@@ -199,21 +200,35 @@ class GRU(nn.Module):
                                   "(layers·directions, batch, hidden)")
         if not time_major:
             x = x.transpose(0, 1)
-        if packed and hx is not None and input.sorted_indices is not None:
-            hx = hx.index_select(1, input.sorted_indices)  # into the packed row order, as nn.GRU does
         key = EngineKey(batch, seq, lengths is not None, str(x.device))
-        if self._backend(key, x, hx, packed) == TORCH:
+        if packed:
+            return self._packed_call(key, input, x, hx)
+        if self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
+                         lambda: self._twin.call(key, x, hx, self.graphs), x.device) == TORCH:
             out, h_n = self._twin.call(key, x, hx, self.graphs)
             if signature is not None and x.is_cuda and not torch.cuda.is_current_stream_capturing():
                 self._eager_calls[signature] = TwinCall(self._twin, key)
             return (out if time_major else out.transpose(0, 1)), h_n
         out, h_n = self._ours(key, x, hx, lengths, packed, signature)
-        if packed:
+        return (out if time_major else out.transpose(0, 1)), h_n
+
+    def _packed_call(self, key: EngineKey, input: Any, x: "PackedInput", hx: Any) -> tuple[Any, Any]:
+        """A ``PackedSequence``'s (output, h_n): ours on its padded rows, or torch's own packed call
+        where the shape's first call measured torch faster (cuDNN's STANDARD algorithm, launched
+        directly: its packed call depends on the batch sizes, which a recorded graph would fix)."""
+        def ours() -> tuple[Any, Any]:
+            h0 = hx
+            if hx is not None and input.sorted_indices is not None:
+                h0 = hx.index_select(1, input.sorted_indices)  # into the packed row order, as nn.GRU does
+            out, h_n = self._ours(key, x, h0, x.layout.device_lengths, True, None)
             if input.unsorted_indices is not None:
                 h_n = h_n.index_select(1, input.unsorted_indices)
             return nn.utils.rnn.PackedSequence(x.layout.unpack(out), input.batch_sizes, input.sorted_indices,
                                                input.unsorted_indices), h_n
-        return (out if time_major else out.transpose(0, 1)), h_n
+
+        if self._backend(key, ours, lambda: self._twin(input, hx), x.device) == TORCH:
+            return self._twin(input, hx)
+        return ours()
 
     def _ours(self, key: EngineKey, x: Any, hx: Any, lengths: Any, packed: bool,
               signature: tuple[Any, ...] | None) -> tuple[Any, Any]:
@@ -227,22 +242,21 @@ class GRU(nn.Module):
             return out, h_n
         return self._run(engine, x.padded() if packed else x.contiguous(), hx, lengths)
 
-    def _backend(self, key: EngineKey, x: Any, hx: Any, packed: bool) -> str:
+    def _backend(self, key: EngineKey, ours: Any, theirs: Any, device: Any) -> str:
         """Which side serves ``key``'s calls: the choice measured on its first call where
-        ``fallback`` allows (``torch_fallback``), else ours.  Not measured inside a capture
-        (ours is captured; the next eager call measures).  Where torch wins, our compiled GRU
-        and its recorded graphs are let go (they would hold device memory for nothing)."""
+        ``fallback`` allows (``torch_fallback``; ``ours`` and ``theirs`` make the call each side
+        would serve), else ours.  Not measured inside a capture (ours is captured; the next eager
+        call measures).  Where torch wins, our compiled GRU and its recorded graphs are let go
+        (they would hold device memory for nothing)."""
         choice = self._choices.get(key)
         if choice is not None:
             return choice.backend
         capturing = key.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()
-        if capturing or fallback_reason(self.fallback, key.device, self.customised, packed) is not None:
+        if capturing or fallback_reason(self.fallback, key.device, self.customised) is not None:
             return TVM_EXT
         if self._twin is None:
             self._twin = TorchTwin(self)
-        twin = self._twin
-        ms = per_call_ms({TVM_EXT: lambda: self._ours(key, x, hx, None, False, None),
-                          TORCH: lambda: twin.call(key, x, hx, self.graphs)}, x.device)
+        ms = per_call_ms({TVM_EXT: ours, TORCH: theirs}, device)
         self._choices[key] = choice = BackendChoice.of(ms[TVM_EXT], ms[TORCH])
         if choice.backend == TORCH:
             engine = self._engines.pop(key)

@@ -38,11 +38,12 @@ class BackendChoice:
         return cls(backend, ours_ms, torch_ms)
 
 
-def fallback_reason(fallback: str, device: Any, customised: bool, packed: bool) -> str | None:
+def fallback_reason(fallback: str, device: Any, customised: bool) -> str | None:
     """Why a call is not measured against torch (None: it is).  ``auto`` measures CUDA calls
     only (on the CPU ours runs through OpenCL for testing, not for speed), ``measure`` any
     device; never where the user chose a config or a precision (``customised``: they asked
-    for those kernels) or for a ``PackedSequence``."""
+    for those kernels).  A ``PackedSequence`` is measured as its own shape (the key's
+    ``variable_lengths``), against torch's packed call."""
     if fallback not in FALLBACKS:
         return f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}"
     if fallback == "off":
@@ -51,8 +52,6 @@ def fallback_reason(fallback: str, device: Any, customised: bool, packed: bool) 
         return "fallback auto measures CUDA calls only"
     if customised:
         return "a config or precision was given"
-    if packed:
-        return "packed input runs on tvm_ext"
     return None
 
 
@@ -79,9 +78,11 @@ class TorchTwin:
             self.module.flatten_parameters()
 
     def __call__(self, x: Any, hx: Any = None) -> tuple[Any, Any]:
-        """(out, h_n) for time-major ``x``, launched directly."""
+        """(out, h_n) for time-major ``x`` (or a ``PackedSequence``, its h_n in the caller's row
+        order, as ``nn.GRU`` gives them), launched directly."""
+        data = x.data if isinstance(x, nn.utils.rnn.PackedSequence) else x
         with torch.no_grad():
-            if x.dtype != torch.float32 or not x.is_cuda:
+            if data.dtype != torch.float32 or not data.is_cuda:
                 return self.module(x, hx)
             backends = torch.backends.cudnn
             with backends.flags(enabled=backends.enabled, benchmark=backends.benchmark,
