@@ -8,7 +8,9 @@ replayed from a CUDA graph (the baseline is its best); cuBLAS with TF32 allowed 
 beside it with its error (faster, a thousand times less accurate: not the baseline); then our
 program (both splits and the GEMM, every call) at the template's default tile and a few other
 tiles, timed the same three ways on the same operands, with its error against float64 on
-NaN-poisoned outputs.  Then the stable comparison: the default tile against cuBLAS float32 in
+NaN-poisoned outputs.  Then the stable comparison: the default tile, with its promotions
+overlapped, and loaded by the TMA from three stored parts and from two read in turn
+(``tf_parts``), against cuBLAS float32 in
 ``--rounds`` interleaved rounds, both replayed from CUDA graphs on the same operands, the SM
 clock and power read after each (raw rounds in --out/gemm_3xtf32_rounds.jsonl); the last
 table quotes the median of the per-round ratios first.
@@ -63,12 +65,16 @@ def shape_rows(m: int, n: int, k: int, target: object, args: argparse.Namespace
     default = template.default_config(target)
     space = template.space(target)
     def name(cfg: Config) -> str:
-        return f"{WgmmaTile.of(cfg, 'tf32').name} p{cfg.tf_promote}{' overlap' * cfg.tf_promote_overlap}"
+        return (f"{WgmmaTile.of(cfg, 'tf32').name} p{cfg.tf_promote}{' overlap' * cfg.tf_promote_overlap}"
+                f"{' two parts' * (cfg.tf_parts == 2)}")
 
     configs = [(f"default {name(default)}", default)]
-    flipped = default.replace(tf_promote_overlap=1 - default.tf_promote_overlap)
-    candidates = [flipped, flipped.replace(wgmma_tma=1 - flipped.wgmma_tma)]
-    for bm, bn, stages, inflight, raster, tiles, promote in VARIANTS:
+    # in the rounds beside the default: its promotions overlapped, and its tile loaded by the TMA
+    # with three stored parts and with two read in turn
+    in_rounds = [default.replace(tf_promote_overlap=1 - default.tf_promote_overlap),
+                 default.replace(wgmma_tma=1, tf_parts=3), default.replace(wgmma_tma=1, tf_parts=2)]
+    candidates = [*in_rounds, in_rounds[0].replace(wgmma_tma=1 - in_rounds[0].wgmma_tma)]
+    for bm, bn, stages, inflight, raster, tiles, promote in VARIANTS if args.variants else ():
         tile = WgmmaTile(bm, bn, stages, inflight, False, raster, tiles, operand="tf32")  # unsplit
         candidates.append(space.make(**tile.knobs(), tf_promote=promote, tf_promote_overlap=0))
     for cfg in candidates:
@@ -76,7 +82,7 @@ def shape_rows(m: int, n: int, k: int, target: object, args: argparse.Namespace
             configs.append((name(cfg), cfg))
     round_rows, peers = [], {}
     for label, cfg in configs:
-        if cfg == default or cfg.tf_promote_overlap != default.tf_promote_overlap:  # in the rounds too
+        if cfg == default or cfg in in_rounds:
             launch, err = ours_launch(template, dict(cfg.items), target, sets)
             times = time_ours_three(launch, len(sets))
             if cfg == default:
@@ -101,6 +107,8 @@ def main() -> int:
     p.add_argument("--shapes", default="4096,8192,2048",
                    help=f"comma-separated: MxNxK (e.g. 1024x768x3072), N for N³, or of {', '.join(SHAPES)}")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the default tile against cuBLAS")
+    p.add_argument("--no-variants", dest="variants", action="store_false",
+                   help="leave out the other tiles (the rounds' configs only)")
     p.add_argument("--out", default="bench_out", help="folder of the raw rounds (JSON lines)")
     args = p.parse_args()
     run = rows_by_shape(p, args, SHAPES, shape_rows)

@@ -20,7 +20,8 @@ import pytest
 from cubin_checks import assert_wgmma_asynchronous_without_spills, ptxas_report
 
 from tvm_ext.core.errors import TvmExtError
-from tvm_ext.schedules.gemm.gemm_3xtf32 import (Gemm3xTf32Template, split_a_func, split_b_func, split_product,
+from tvm_ext.schedules.gemm.gemm_3xtf32 import (A_ORDER, A_TWO_PARTS, B_ORDER, B_TWO_PARTS, TF32_K_PARTS,
+                                                Gemm3xTf32Template, split_a_func, split_b_func, split_product,
                                                 tf32_parts)
 from tvm_ext.target import offline_cuda
 
@@ -75,27 +76,63 @@ def test_three_tf32_products_are_float32_accurate_where_one_is_not():
 
 
 @pytest.mark.parametrize("b_layout", ["KN", "NK"])
-def test_split_kernels_store_the_parts_in_order(opencl, b_layout):
+@pytest.mark.parametrize("stored", [3, 2])
+def test_split_kernels_store_the_parts_in_order(opencl, b_layout, stored):
     """A: [lo | hi | hi] along each row; B (k, n), or Bᵀ (n, k) stored: [hi | lo | hi] along each
-    row of Bᵀ."""
+    row of Bᵀ; with two stored parts [lo | hi] and [hi | lo]."""
     from opencl_calls import run_calls
 
     m, n, k = 6, 64, 32
     a, b = _special(np.random.default_rng(2), m, n, k)
-    stored = b if b_layout == "KN" else b.T.copy()
-    funcs = {"split_a": split_a_func(m, k), "split_b": split_b_func(k, n, b_layout)}
+    b_in = b if b_layout == "KN" else b.T.copy()
+    orders = {3: (A_ORDER, B_ORDER), 2: (A_TWO_PARTS, B_TWO_PARTS)}[stored]
+    funcs = {"split_a": split_a_func(m, k, orders[0]), "split_b": split_b_func(k, n, b_layout, orders[1])}
     out = run_calls(opencl, funcs, [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts"))],
-                    {"A": a, "B": stored}, {"a_parts": (m, 3 * k), "b_parts": (n, 3 * k)})
+                    {"A": a, "B": b_in}, {"a_parts": (m, stored * k), "b_parts": (n, stored * k)})
     a_hi, a_lo = tf32_parts(a)
     b_hi, b_lo = tf32_parts(b.T.copy())
-    assert np.array_equal(out["a_parts"], np.concatenate([a_lo, a_hi, a_hi], axis=1), equal_nan=True)
-    assert np.array_equal(out["b_parts"], np.concatenate([b_hi, b_lo, b_hi], axis=1))
+    want_a, want_b = ([a_lo, a_hi, a_hi], [b_hi, b_lo, b_hi]) if stored == 3 else ([a_lo, a_hi], [b_hi, b_lo])
+    assert np.array_equal(out["a_parts"], np.concatenate(want_a, axis=1), equal_nan=True)
+    assert np.array_equal(out["b_parts"], np.concatenate(want_b, axis=1))
+
+
+def test_two_stored_parts_are_read_in_turn_by_one_function():
+    """``tf_parts`` 2: the program is ``kernel_func``'s one function (its part buffers two parts
+    deep, its own), the GEMM's k steps taking (A part, B part) (lo, hi), (hi, lo), (hi, hi) of
+    each k tile in turn (the layout's coordinates), loaded by the TMA; refused without it; a
+    record written before the knob reads as three parts."""
+    from tvm_ext.schedules.gemm.wgmma import WgmmaTile
+    from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+
+    target = offline_cuda()
+    t = Gemm3xTf32Template(256, 256, 128, b_layout="NK")
+    two = t.default_config(target)
+    assert two.tf_parts == 2 and two.wgmma_tma == 1  # the pick, where its tile can
+    cfg = two.replace(tf_parts=3, wgmma_tma=0)
+    assert "loaded by the TMA" in t.space(target).infeasible_reason(cfg.replace(tf_parts=2))
+    program = t.build_program(two, target)
+    assert [(c.name, c.args) for c in program.calls] == [("main", ("A", "B", "C"))]
+    assert "tf32.tf32" in program.source and program.source.count('extern "C" __global__') >= 3
+    from tvm import tirx
+    from tvm.sym.analyzer import Analyzer
+
+    layout = KernelLayout.of(WgmmaTile.of(two, "tf32"), t.m, t.n, t.depth, "NK", (), False, two.tf_promote,
+                             k_parts=TF32_K_PARTS)
+    assert tuple(layout.a_shape) == (256, 256) and tuple(layout.bt_shape) == (256, 256)  # two parts of K = 128
+    at = lambda kt, operand: int(Analyzer().simplify(  # noqa: E731
+        layout.k_coordinate(tirx.const(kt, "int32"), operand)))
+    # k steps 0-5: (A_lo, B_hi), (A_hi, B_lo), (A_hi, B_hi) of k tile 0, then of k tile 1 (32 deep)
+    assert [(at(kt, 0), at(kt, 1)) for kt in range(6)] == [(0, 0), (128, 128), (128, 0), (32, 32), (160, 160),
+                                                           (160, 32)]
+    assert t.build_program(cfg.replace(wgmma_tma=1), target).source != program.source
+    old = {k: v for k, v in two.as_dict().items() if k != "tf_parts"}
+    assert t.space(target).completed(old)["tf_parts"] == 3
 
 
 def test_the_program_splits_then_multiplies_tf32_at_depth_3k():
     target = offline_cuda()
     t = Gemm3xTf32Template(256, 256, 128)
-    cfg = t.default_config(target)
+    cfg = t.default_config(target).replace(tf_parts=3)  # three stored parts: three kernels of their own
     assert cfg.tf_promote == 4 and cfg.wgmma_smem_epilogue == 0
     program = t.build_program(cfg, target)
     assert [(c.name, c.args) for c in program.calls] == [
@@ -194,7 +231,8 @@ def _gpu_error(t, cfg, a, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [dict(),
+@pytest.mark.parametrize("knobs", [None,  # the pick as it is (two stored parts, loaded by the TMA)
+                                   dict(),  # the rest on the pick's tile with three stored parts, cp.async
                                    dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_tiles=1, wgmma_raster=0,
                                         tf_promote=2),
                                    dict(wgmma_bm=64, wgmma_bn=64, wgmma_tiles=3),
@@ -205,13 +243,24 @@ def _gpu_error(t, cfg, a, b):
                                         wgmma_split_cluster=1, tf_promote=4),
                                    dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_tiles=1, wgmma_raster=0,
                                         wgmma_split_k=4, wgmma_split_cluster=1, tf_promote=2),
-                                   dict(wgmma_tma=1), dict(wgmma_bm=64, wgmma_bn=64, wgmma_tiles=3, wgmma_tma=1)])
+                                   dict(wgmma_tma=1), dict(wgmma_bm=64, wgmma_bn=64, wgmma_tiles=3, wgmma_tma=1),
+                                   # two stored parts read in turn: one wave, K split by a second kernel and in
+                                   # a cluster, promotions overlapped
+                                   dict(wgmma_tma=1, tf_parts=2),
+                                   dict(wgmma_bm=128, wgmma_bn=128, wgmma_tiles=1, wgmma_split_k=4, tf_promote=4,
+                                        wgmma_tma=1, tf_parts=2),
+                                   dict(wgmma_bm=128, wgmma_bn=192, wgmma_stages=4, wgmma_tiles=1, wgmma_raster=0,
+                                        wgmma_split_k=4, wgmma_split_cluster=1, tf_promote=2, wgmma_tma=1,
+                                        tf_parts=2),
+                                   dict(wgmma_bm=128, wgmma_bn=128, wgmma_tiles=2, tf_promote_overlap=1, wgmma_tma=1,
+                                        tf_parts=2)])
 def test_cuda_3xtf32_matches_float64(knobs):
     t = Gemm3xTf32Template(384, 768, 512)
-    target_cfg = t.default_config(offline_cuda())
+    pick = t.default_config(offline_cuda())
     a, b = _operands(np.random.default_rng(3), t.m, t.n, t.k)
     a[0, :4] = 0.5  # finite products: the huge values stay in the split test
-    err, out = _gpu_error(t, target_cfg.replace(**knobs), a, b)
+    cfg = pick if knobs is None else pick.replace(wgmma_tma=0, tf_parts=3).replace(**knobs)
+    err, out = _gpu_error(t, cfg, a, b)
     assert np.isfinite(out).all() and err < 1e-6
 
 
@@ -232,7 +281,7 @@ def test_cuda_3xtf32_overlapped_promotions_give_the_same_c(knobs):
     """The same sums in the same order: C bit for bit the kernel's without overlap."""
     t = Gemm3xTf32Template(384, 512, 640)
     cfg = t.default_config(offline_cuda()).replace(wgmma_bm=128, wgmma_bn=128, wgmma_stages=6, wgmma_raster=0,
-                                                   **knobs)
+                                                   wgmma_tma=0, tf_parts=3).replace(**knobs)
     a, b = _operands(np.random.default_rng(5), t.m, t.n, t.k)
     err0, plain = _gpu_error(t, cfg, a, b)
     err1, overlapped = _gpu_error(t, cfg.replace(tf_promote_overlap=1), a, b)
@@ -253,8 +302,10 @@ def test_cuda_promotion_keeps_the_sums_float32_accurate_at_depth_4096():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_layout", ["KN", "NK"])
-def test_cuda_one_function_matches_float64(b_layout):
-    """The splits and the GEMM in one function (its own part buffers), both B layouts."""
+@pytest.mark.parametrize("stored", [3, 2])
+def test_cuda_one_function_matches_float64(b_layout, stored):
+    """The splits and the GEMM in one function (its own part buffers), both B layouts, three
+    stored parts or two read in turn."""
     import tvm
 
     from tvm_ext.schedules.gemm.wgmma import sm_90a
@@ -262,7 +313,9 @@ def test_cuda_one_function_matches_float64(b_layout):
 
     target = resolve_target("cuda")
     t = Gemm3xTf32Template(384, 768, 512, b_layout=b_layout)
-    main = tvm.compile(tvm.IRModule({"main": t.kernel_func(t.default_config(target))}),
+    cfg = t.default_config(target)
+    cfg = cfg.replace(wgmma_tma=0, tf_parts=3) if stored == 3 else cfg.replace(wgmma_tma=1, tf_parts=2)
+    main = tvm.compile(tvm.IRModule({"main": t.kernel_func(cfg)}),
                        target=tvm.target.Target(sm_90a(target).tvm_target()))["main"]  # the parts allocated inside
     a, b = _operands(np.random.default_rng(5), t.m, t.n, t.k)
     a[0, :4] = 0.5
@@ -273,3 +326,23 @@ def test_cuda_one_function_matches_float64(b_layout):
     out = c.numpy().astype(np.float64)
     ref = t.reference([a, b])[0]
     assert np.isfinite(out).all() and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-6
+
+
+def test_the_k_slices_sums_keep_memory_of_their_own_beside_parts_the_tma_reads():
+    """K split over slices added by a second kernel, the parts the function's own and read by the
+    TMA (two stored parts, several tiles a block): TVM sees the TMA's reads of the parts only where
+    their tensor maps are encoded, so unless the slices' sums are allocated apart it gives them the
+    parts' memory (C was wrong by 7.8 on the GPU).  Three device allocations: A's parts, Bᵀ's, the
+    sums."""
+    import tvm
+
+    from tvm_ext.schedules.gemm.wgmma import sm_90a
+
+    target = offline_cuda()
+    t = Gemm3xTf32Template(384, 768, 512)
+    cfg = t.default_config(target).replace(wgmma_bm=128, wgmma_bn=128, wgmma_tiles=2, wgmma_split_k=3,
+                                           wgmma_split_cluster=0, wgmma_tma=1, tf_parts=2)
+    assert t.space(target).infeasible_reason(cfg) is None
+    built = tvm.compile(tvm.IRModule({"main": t.kernel_func(cfg)}),
+                        target=tvm.target.Target(sm_90a(target).tvm_target()))
+    assert built.mod.inspect_source("ll").count("load ptr, ptr @__TVMBackendAllocWorkspace") == 3

@@ -9,7 +9,11 @@ to 22 of float32's 24 bits, at float32's exponent range (the float16 split of th
 
 (the dropped ``A_lo·B_lo`` is 2^-22 of a product) is one TF32 GEMM of depth 3K with a float32
 accumulator: ``[A_lo | A_hi | A_hi]`` (M, 3K) times ``[B_hi | B_lo | B_hi]`` stored (N, 3K),
-K-major as TF32 wgmma reads both operands, the small products first.  Three kernels a call: the
+K-major as TF32 wgmma reads both operands, the small products first.  With ``tf_parts`` 2 the
+parts are stored once each, ``[A_lo | A_hi]`` and ``[B_hi | B_lo]`` (4 x the operands' bytes
+instead of 6), and each k tile's three products read them in turn (``TF32_K_PARTS``, the
+TMA's coordinates; ``KernelLayout.k_coordinate``): A_hi's tile is loaded twice in a row, the
+second time from L2.  Three kernels a call: the
 split of A (row by row, 16 bytes a thread), the split of B (32 x 32 tiles transposed through
 shared memory), and the wgmma GEMM of ``schedules.wgmma`` with TF32 operands (its knobs; C is
 stored straight from the accumulators).  The splits write their parts to two scratch buffers
@@ -32,11 +36,15 @@ from tvm_ext.core.space import Config, Knob, Space
 from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
-from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, epilogue_reason, pdl_reason,
-                    promote_reason, shared_limit, sm_90a, target_reason, wgmma_gemm, wgmma_reason)
+from .wgmma import (KNOBS as WGMMA_KNOBS, Prepare, WgmmaTile, b_layout_reason, b_shape, epilogue_reason,
+                    k_parts_reason, pdl_reason, promote_reason, shared_limit, sm_90a, target_reason, wgmma_gemm,
+                    wgmma_reason)
 from .wgmma_template import pick_wgmma_tile
 
 PARTS = 3  # A: lo, hi, hi; B: hi, lo, hi
+# two stored parts each, read in turn: the k steps' (A part, B part), the small products first
+A_TWO_PARTS, B_TWO_PARTS = ("lo", "hi"), ("hi", "lo")
+TF32_K_PARTS = ((0, 0), (1, 1), (1, 0))
 TF32_DROPPED_BITS = 13  # float32's mantissa bits a TF32 number has not
 EXPONENT_BITS = 0x7F800000  # float32's exponent field: all ones is infinity or NaN
 SPLIT_THREADS = 256
@@ -47,6 +55,10 @@ KNOBS = WGMMA_KNOBS + (
     Knob("tf_promote_overlap", (0, 1),
          "1: windows of promotion alternate between two sets of accumulators, a window's adds running behind the "
          "next window's first wgmma (bn <= 128, wgmma_inflight 1; the same sums)", before=0),
+    Knob("tf_parts", (3, 2),
+         "TF32 parts stored per operand: 3 the three products' operands side by side; 2 each part once, "
+         "each k tile's three products reading them in turn (TMA loads; two thirds of the split's writes)",
+         before=3),
 )
 # default tiles (bm, bn, stages, inflight), largest first: two sets of accumulators must fit a
 # thread's registers, so bn <= 192 when promoting.  64 columns only where no wider tile divides:
@@ -83,14 +95,15 @@ def tf32_part(value: Any, which: str) -> Any:
 A_ORDER, B_ORDER = ("lo", "hi", "hi"), ("hi", "lo", "hi")  # the parts along a row of A, of Bᵀ
 
 
-def split_rows_macro(rows: int, k: int, order: tuple[str, str, str]) -> Any:
-    """TIR macro ``split(X, parts)``: X (rows, k) float32 -> parts (rows, 3k), the parts ``order``
-    along each row, four columns a thread (16-byte loads and stores): A's split, or that of a
-    B stored transposed (N, K)."""
+def split_rows_macro(rows: int, k: int, order: tuple[str, ...]) -> Any:
+    """TIR macro ``split(X, parts)``: X (rows, k) float32 -> parts (rows, len(order)·k), the
+    parts ``order`` (two or three) along each row, four columns a thread (16-byte loads and
+    stores): A's split, or that of a B stored transposed (N, K)."""
     from tvm.script import tirx as T
 
     quads = rows * k // 4
     blocks = -(-quads // SPLIT_THREADS)
+    third = len(order) == 3
 
     @T.macro
     def split(X: Any, parts: Any) -> None:
@@ -103,19 +116,22 @@ def split_rows_macro(rows: int, k: int, order: tuple[str, str, str]) -> Any:
                         parts[row, col + v] = tf32_part(X[row, col + v], order[0])
                     for v in T.vectorized(4):
                         parts[row, k + col + v] = tf32_part(X[row, col + v], order[1])
-                    for v in T.vectorized(4):
-                        parts[row, 2 * k + col + v] = tf32_part(X[row, col + v], order[2])
+                    if third:
+                        for v in T.vectorized(4):
+                            parts[row, 2 * k + col + v] = tf32_part(X[row, col + v], order[2])
 
     return split
 
 
-def split_columns_macro(k: int, n: int) -> Any:
-    """TIR macro ``split(B, parts)``: B (k, n) float32 -> parts (n, 3k) ``[B_hi | B_lo | B_hi]``
-    along each row of Bᵀ: 32 x 32 tiles transposed through shared memory (rows padded:
-    conflict-free columns), so reads and writes are both coalesced."""
+def split_columns_macro(k: int, n: int, order: tuple[str, ...] = B_ORDER) -> Any:
+    """TIR macro ``split(B, parts)``: B (k, n) float32 -> parts (n, len(order)·k), ``order``
+    (``[B_hi | B_lo | B_hi]``, or two parts) along each row of Bᵀ: 32 x 32 tiles transposed
+    through shared memory (rows padded: conflict-free columns), so reads and writes are both
+    coalesced."""
     from tvm.script import tirx as T
 
     tiles_n = n // 32
+    third = len(order) == 3
 
     @T.macro
     def split(B: Any, parts: Any) -> None:
@@ -129,43 +145,47 @@ def split_columns_macro(k: int, n: int) -> Any:
                     for i in T.unroll(4):
                         col = T.meta_var(bid % tiles_n * 32 + ty + 8 * i)
                         depth = T.meta_var(bid // tiles_n * 32 + tx)
-                        parts[col, depth] = tf32_part(tile[tx * 33 + ty + 8 * i], B_ORDER[0])
-                        parts[col, k + depth] = tf32_part(tile[tx * 33 + ty + 8 * i], B_ORDER[1])
-                        parts[col, 2 * k + depth] = tf32_part(tile[tx * 33 + ty + 8 * i], B_ORDER[2])
+                        parts[col, depth] = tf32_part(tile[tx * 33 + ty + 8 * i], order[0])
+                        parts[col, k + depth] = tf32_part(tile[tx * 33 + ty + 8 * i], order[1])
+                        if third:
+                            parts[col, 2 * k + depth] = tf32_part(tile[tx * 33 + ty + 8 * i], order[2])
 
     return split
 
 
-def split_b_macro(k: int, n: int, b_layout: str) -> Any:
+def split_b_macro(k: int, n: int, b_layout: str, order: tuple[str, ...] = B_ORDER) -> Any:
     """TIR macro ``split(B, parts)`` for B stored as ``b_layout`` says: (K, N) through transposed
     tiles (``split_columns_macro``), (N, K) row by row as A is (``split_rows_macro``)."""
-    return split_columns_macro(k, n) if b_layout == "KN" else split_rows_macro(n, k, B_ORDER)
+    return split_columns_macro(k, n, order) if b_layout == "KN" else split_rows_macro(n, k, order)
 
 
-def split_a_func(m: int, k: int) -> Any:
-    """TIR: A (m, k) float32 -> parts (m, 3k) ``[A_lo | A_hi | A_hi]`` (``split_rows_macro``)."""
+def split_a_func(m: int, k: int, order: tuple[str, ...] = A_ORDER) -> Any:
+    """TIR: A (m, k) float32 -> parts (m, 3k) ``[A_lo | A_hi | A_hi]``, or those of ``order``
+    (``split_rows_macro``)."""
     from tvm.script import tirx as T
 
-    split = split_rows_macro(m, k, A_ORDER)
+    split = split_rows_macro(m, k, order)
+    depth = len(order) * k
 
     @T.prim_func
-    def split_a(A: T.Buffer((m, k), "float32"), parts: T.Buffer((m, PARTS * k), "float32")):
+    def split_a(A: T.Buffer((m, k), "float32"), parts: T.Buffer((m, depth), "float32")):
         T.func_attr({"tirx.noalias": True})
         split(A, parts)
 
     return split_a
 
 
-def split_b_func(k: int, n: int, b_layout: str = "KN") -> Any:
+def split_b_func(k: int, n: int, b_layout: str = "KN", order: tuple[str, ...] = B_ORDER) -> Any:
     """TIR: B (k, n) float32, or Bᵀ (n, k) with ``b_layout`` "NK", -> parts (n, 3k)
-    ``[B_hi | B_lo | B_hi]`` along each row of Bᵀ."""
+    ``[B_hi | B_lo | B_hi]``, or those of ``order``, along each row of Bᵀ."""
     from tvm.script import tirx as T
 
-    split = split_b_macro(k, n, b_layout)
+    split = split_b_macro(k, n, b_layout, order)
     b_in_shape = b_shape(n, k, b_layout)
+    depth = len(order) * k
 
     @T.prim_func
-    def split_b(B: T.Buffer(b_in_shape, "float32"), parts: T.Buffer((n, PARTS * k), "float32")):
+    def split_b(B: T.Buffer(b_in_shape, "float32"), parts: T.Buffer((n, depth), "float32")):
         T.func_attr({"tirx.noalias": True})
         split(B, parts)
 
@@ -256,21 +276,37 @@ class Gemm3xTf32Template(Template):
         return (pdl_reason(tile, unwaited=True) or target_reason(target)
                 or wgmma_reason(tile, self.m, self.n, self.depth, shared_limit(target))
                 or epilogue_reason(tile, "float32")  # C float32: never staged
-                or promote_reason(tile, self.depth, config.tf_promote, bool(config.tf_promote_overlap)))
+                or promote_reason(tile, self.depth, config.tf_promote, bool(config.tf_promote_overlap))
+                or k_parts_reason(tile, self.depth, "NK", self.k_parts(config)))
+
+    @staticmethod
+    def k_parts(config: Config) -> tuple[tuple[int, int], ...]:
+        """``wgmma_gemm``'s ``k_parts`` for ``config``: none where the three products' operands are
+        stored side by side."""
+        return TF32_K_PARTS if config.tf_parts == 2 else ()
+
+    @staticmethod
+    def orders(config: Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The parts A's and Bᵀ's rows hold, in order."""
+        return (A_TWO_PARTS, B_TWO_PARTS) if config.tf_parts == 2 else (A_ORDER, B_ORDER)
 
     def space(self, target: TargetInfo) -> Space:
         return Space(KNOBS, (lambda c: self.tile_reason(c, target),))
 
     def default_config(self, target: TargetInfo) -> Config:
-        """``pick_tf32_tile`` for this shape, promoting every ``promote_steps``; an error saying why
-        where the target has no wgmma or no tile divides the shape."""
+        """``pick_tf32_tile`` for this shape, promoting every ``promote_steps``, loaded by the TMA
+        from two stored parts where the tile can (7-15 % faster than three parts through
+        ``cp.async`` at 4096³ and BERT-base's shapes, docs/results/gemm.md), else three; an error
+        saying why where the target has no wgmma or no tile divides the shape."""
         reason = target_reason(target)
         if reason:
             raise TvmExtError(reason)
         tile = pick_tf32_tile([(self.m, self.n, self.depth)], target, split_k=True)
         if tile is not None:
-            return self.space(target).make(**tile.knobs(), tf_promote=promote_steps(tile, self.depth),
-                                           tf_promote_overlap=0)
+            space = self.space(target)
+            knobs = {**tile.knobs(), "tf_promote": promote_steps(tile, self.depth), "tf_promote_overlap": 0}
+            two = space.make(**{**knobs, "wgmma_tma": 1}, tf_parts=2)
+            return two if space.is_feasible(two) else space.make(**knobs, tf_parts=3)
         raise TvmExtError(f"no TF32 wgmma tile fits {self.m}x{self.n}x{self.k}: M and N must be multiples of 64 "
                           f"and K of 32 (no guards)")
 
@@ -282,9 +318,13 @@ class Gemm3xTf32Template(Template):
         reason = self.space(target).infeasible_reason(config)
         if reason:
             raise TvmExtError(reason)
-        funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n, self.b_layout),
-                 "gemm": self.tf32_gemm(config)}
-        calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")), ("gemm", ("a_parts", "b_parts", "C"))]
+        if self.k_parts(config):  # the parts' buffers the function's own (the scratch is three parts deep)
+            funcs, calls = {"main": self.kernel_func(config)}, [("main", ("A", "B", "C"))]
+        else:
+            funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n, self.b_layout),
+                     "gemm": self.tf32_gemm(config)}
+            calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")),
+                     ("gemm", ("a_parts", "b_parts", "C"))]
         return compile_calls_program(funcs, calls, sm_90a(target), ("A", "B", "C", "a_parts", "b_parts"),
                                      {"lowered": "gemm_3xtf32", "config": dict(config.items)})
 
@@ -294,8 +334,9 @@ class Gemm3xTf32Template(Template):
         Relax model's float32 matmul is replaced by (``tvm_ext.relax.relax_wgmma``)."""
         from tvm.script import tirx as T
 
-        split_a = split_rows_macro(self.m, self.k, A_ORDER)
-        split_b = split_b_macro(self.k, self.n, self.b_layout)
+        a_order, b_order = self.orders(config)
+        split_a = split_rows_macro(self.m, self.k, a_order)
+        split_b = split_b_macro(self.k, self.n, self.b_layout, b_order)
 
         @T.macro
         def fill(A_in: Any, B_in: Any, a_parts: Any, b_parts: Any) -> None:
@@ -308,7 +349,8 @@ class Gemm3xTf32Template(Template):
     def tf32_gemm(self, config: Config, c_dtype: str = "float32", **options: Any) -> Any:
         """The TF32 wgmma GEMM of ``config`` at depth 3K (``wgmma_gemm``'s other ``options``)."""
         return wgmma_gemm(WgmmaTile.of(config, "tf32"), self.m, self.n, self.depth, c_dtype=c_dtype,
-                          promote=config.tf_promote, overlap=bool(config.tf_promote_overlap), **options)
+                          promote=config.tf_promote, overlap=bool(config.tf_promote_overlap),
+                          k_parts=self.k_parts(config), **options)
 
     def inputs(self) -> list[TensorSpec]:
         return [TensorSpec((self.m, self.k), "float32"), TensorSpec(b_shape(self.n, self.k, self.b_layout), "float32")]

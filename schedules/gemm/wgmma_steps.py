@@ -584,10 +584,15 @@ def kernels(L: KernelLayout, out: CValue) -> Callable[..., None]:
         units_gemm = one_unit_kernel(L, staged, step, store_unit, cluster_reduction(L, out))
     add_slices = slice_sum_kernel(L, out)
 
+    # the K slices' sums in a scope of their own where the TMA reads A and Bt: TVM sees those reads
+    # only where the tensor maps are encoded, before the kernel, so it would put the sums in A's or
+    # Bt's memory where the caller's function allocates them (``Prepare``) while the kernel reads them
+    partials = "global.partial" if L.tma else "global"
+
     @T.macro
     def run(A: Any, Bt: Any, bias: Any, C: Any, ready: Any) -> None:
         if L.split > 1 and not L.clustered:
-            P = T.alloc_buffer((L.split, *L.c_shape), "float32", scope="global")
+            P = T.alloc_buffer((L.split, *L.c_shape), "float32", scope=partials)
             units_gemm(A, Bt, bias, P, None)
             add_slices(P, bias, C)
         else:

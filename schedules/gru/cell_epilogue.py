@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tvm_ext.schedules.gemm.gemm_3xtf32 import promote_steps, tf32_part
+from tvm_ext.schedules.gemm.gemm_3xtf32 import A_TWO_PARTS, B_TWO_PARTS, TF32_K_PARTS, promote_steps, tf32_part
 from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, gate_reason, k_parts_reason, promote_reason, wgmma_gemm,
                                          wgmma_reason)
 from tvm_ext.schedules.gemm.wgmma_steps import cluster_words
@@ -35,10 +35,9 @@ CELL_TALL_TILE_STAGES = 6  # with 128 rows (7 fit, 1-3 % slower: docs/results/gr
 # cluster of two blocks, 3 the same with 128-row tiles (two consumer warpgroups, W_hh's tile read once
 # for both)
 CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2)}
-# float32 on TF32 parts: the stored parts of h (A) and of W_hh (B), and each k tile's three k steps
-# as (A part, B part): the small products first, as ``gemm_3xtf32`` orders them
-H_PARTS, W_PARTS = ("lo", "hi"), ("hi", "lo")
-TF32_K_PARTS = ((0, 0), (1, 1), (1, 0))
+# float32 on TF32 parts: the stored parts of h (A) and of W_hh (B), each k tile's three k steps
+# reading them in turn (``TF32_K_PARTS``), as ``gemm_3xtf32``'s two stored parts
+H_PARTS, W_PARTS = A_TWO_PARTS, B_TWO_PARTS
 
 
 def tf32_parts(tile: WgmmaTile) -> bool:
