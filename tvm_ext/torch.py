@@ -183,10 +183,9 @@ class GRU(nn.Module):
             if input.data.dim() != 2 or input.data.shape[1] != self.input_size:
                 raise TvmExtError(f"GRU PackedSequence data has shape {tuple(input.data.shape)}, "
                                   f"expected (rows, {self.input_size})")
-            x = PackedInput(input.data, self._packed_layout(input.batch_sizes, input.data.device))
-            lengths, time_major = x.layout.device_lengths, True
+            x, time_major = PackedInput(input.data, self._packed_layout(input.batch_sizes, input.data.device)), True
         else:
-            x, lengths, time_major = input, None, not self.batch_first
+            x, time_major = input, not self.batch_first
             if x.dim() != 3 or x.shape[2] != self.input_size:
                 raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})"
                                   if time_major else
@@ -200,7 +199,7 @@ class GRU(nn.Module):
                                   "(layers·directions, batch, hidden)")
         if not time_major:
             x = x.transpose(0, 1)
-        key = EngineKey(batch, seq, lengths is not None, str(x.device))
+        key = EngineKey(batch, seq, packed, str(x.device))
         if packed:
             return self._packed_call(key, input, x, hx)
         if self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
@@ -209,7 +208,7 @@ class GRU(nn.Module):
             if signature is not None and x.is_cuda and not torch.cuda.is_current_stream_capturing():
                 self._eager_calls[signature] = TwinCall(self._twin, key)
             return (out if time_major else out.transpose(0, 1)), h_n
-        out, h_n = self._ours(key, x, hx, lengths, packed, signature)
+        out, h_n = self._ours(key, x, hx, None, False, signature)
         return (out if time_major else out.transpose(0, 1)), h_n
 
     def _packed_call(self, key: EngineKey, input: Any, x: "PackedInput", hx: Any) -> tuple[Any, Any]:
