@@ -27,23 +27,24 @@ def _template(batch: int, hidden: int, bidirectional: bool = False, precision: d
     return (t.with_precision(precision) if precision else t).with_tensor_cores(offline_cuda("sm_90"))
 
 
-@pytest.mark.parametrize("batch, hidden, bidirectional, tile", [
-    (64, 2048, False, "wgmma 64x64x64 s8 w1 direct tma ws pdl"),
-    (64, 1536, False, "wgmma 64x64x64 s8 w1 direct tma ws pdl"),
-    (128, 1024, True, "wgmma 128x64x64 s6 w1 direct tma ws pdl"),
-    (256, 1024, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl"),
-    (128, 1536, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl"),
-    (96, 1024, True, "wgmma 64x64x64 s8 w1 direct r2 t2 tma ws pdl"),
-    (192, 1024, False, "wgmma 64x64x64 s8 w1 direct t2 tma ws pdl"),
+@pytest.mark.parametrize("batch, hidden, bidirectional, tile, precision", [
+    (64, 2048, False, "wgmma 64x64x64 s8 w1 direct tma ws pdl", HALF),
+    (64, 1536, False, "wgmma 64x64x64 s8 w1 direct tma ws pdl", HALF),
+    # (float16 takes the resident-W cell step kernel at these three: test_gru_resident_cell.py)
+    (128, 1024, True, "wgmma bfloat16 128x64x64 s6 w1 direct tma ws pdl", BF16),
+    (256, 1024, False, "wgmma bfloat16 128x64x64 s6 w1 direct tma ws pdl", BF16),
+    (128, 1536, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl", HALF),
+    (96, 1024, True, "wgmma 64x64x64 s8 w1 direct r2 t2 tma ws pdl", HALF),
+    (192, 1024, False, "wgmma bfloat16 64x64x64 s8 w1 direct t2 tma ws pdl", BF16),
 ])
-def test_pick_runs_the_unfused_steps_hidden_gemm_on_wgmma(batch, hidden, bidirectional, tile):
+def test_pick_runs_the_unfused_steps_hidden_gemm_on_wgmma(batch, hidden, bidirectional, tile, precision):
     """Where no step kernel's grid is resident, the hidden GEMM runs on wgmma: launched early
     (PDL), with a producer warpgroup where TMA loads it, on 128-row tiles where 128 divides the
     batch (faster than the mma.sync tile picked before at B64 H1536 / H2048, and than 64-row
     tiles at B128 H2048 / B256 H1024: docs/results/gru.md); the cell kernel after it, or the cell
     in the store of a tile of its own (``test_gru_cell_epilogue.py``)."""
     target = offline_cuda("sm_90")
-    t = _template(batch, hidden, bidirectional)
+    t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)
     assert (cfg.fuse_step, cfg.hid_wgmma) == (0, 1) and t.hid_wgmma_tile.name == tile
     assert why.startswith("the unfused pipeline: per step the hidden GEMM on the tensor cores (wgmma ")

@@ -93,11 +93,13 @@ class CellStore:
     sizes: StepSizes
     kind: str = "cuda"
     parts: bool = False
+    slots: bool = False  # h and h_out are one (2, dirs, B, H) state: slots step % 2 and (step + 1) % 2
 
-    def cell(self, L: KernelLayout) -> Callable[..., None]:
-        """The macro ``cell(outputs, bias, d, row, unit, sum_r, sum_z, sum_n, h_new)``: the cell of
-        (``row``, ``unit``) of direction ``d`` from the three gates' sums, h' into ``h_new[0]`` and
-        stored (rows past the batch computed at one below it, not stored)."""
+    def cell_values(self, L: KernelLayout) -> Callable[..., None]:
+        """The macro ``cell(outputs, bias, d, row, unit, gi_r, gi_z, gi_n, h, sum_r, sum_z, sum_n,
+        h_new)``: the cell of (``row``, ``unit``) of direction ``d`` from its input gates, state and
+        the three gates' sums, h' into ``h_new[0]`` and stored (rows past the batch computed at one
+        below it, not stored)."""
         from tvm.script import tirx as T
 
         s = self.sizes
@@ -107,24 +109,42 @@ class CellStore:
             return T.Cast(s.gh_dtype, value + T.Cast("float32", bias[d, gate * hidden + unit]))
 
         @T.macro
-        def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, sum_r: Any, sum_z: Any, sum_n: Any,
-                 h_new: Any) -> None:
-            gi, h, step, layer, h_out, out, h_n = T.meta_var(outputs[:7])  # then A's parts with ``parts``
+        def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, gi_r: Any, gi_z: Any, gi_n: Any, h: Any,
+                 sum_r: Any, sum_z: Any, sum_n: Any, h_new: Any) -> None:
+            step, layer, h_out, out, h_n = T.meta_var(outputs[2:7])  # then A's parts with ``parts``
             t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
-            gi_row = T.meta_var(t * s.batch + L.epilogue_row(row))
-            col = T.meta_var(d * 3 * hidden + unit)
-            h_new[0] = cell_math(T, gi[gi_row, col], gi[gi_row, col + hidden], gi[gi_row, col + 2 * hidden],
-                                 gh(sum_r, bias, d, 0, unit), gh(sum_z, bias, d, 1, unit),
-                                 gh(sum_n, bias, d, 2, unit), h[d, L.epilogue_row(row), unit], s.math_dtype,
-                                 self.kind, s.h_dtype)
+            h_out_at = T.meta_var([(step + 1) % 2] if self.slots else [])
+            h_new[0] = cell_math(T, gi_r, gi_z, gi_n, gh(sum_r, bias, d, 0, unit), gh(sum_z, bias, d, 1, unit),
+                                 gh(sum_n, bias, d, 2, unit), h, s.math_dtype, self.kind, s.h_dtype)
             if L.in_rows(row):
-                h_out[d, row, unit] = T.Cast(s.h_dtype, h_new[0])
+                h_out[(*h_out_at, d, row, unit)] = T.Cast(s.h_dtype, h_new[0])
                 out[t * s.batch + row, d * hidden + unit] = T.Cast(s.out_dtype, h_new[0])
                 h_n[layer * s.dirs + d, row, unit] = T.Cast(s.h_dtype, h_new[0])
                 if self.parts:  # the next step's A: h' as TF32 parts along its row
                     a_out = T.meta_var(outputs[7])
                     a_out[d, row, unit] = tf32_part(h_new[0], H_PARTS[0])
                     a_out[d, row, hidden + unit] = tf32_part(h_new[0], H_PARTS[1])
+
+        return cell
+
+    def cell(self, L: KernelLayout) -> Callable[..., None]:
+        """The macro ``cell(outputs, bias, d, row, unit, sum_r, sum_z, sum_n, h_new)``: ``cell_values``
+        with the input gates read from gi and the state from h."""
+        from tvm.script import tirx as T
+
+        s = self.sizes
+        hidden = s.hidden
+        values = self.cell_values(L)
+
+        @T.macro
+        def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, sum_r: Any, sum_z: Any, sum_n: Any,
+                 h_new: Any) -> None:
+            gi, h, step = T.meta_var(outputs[:3])
+            t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
+            gi_row = T.meta_var(t * s.batch + L.epilogue_row(row))
+            col = T.meta_var(d * 3 * hidden + unit)
+            values(outputs, bias, d, row, unit, gi[gi_row, col], gi[gi_row, col + hidden], gi[gi_row, col + 2 * hidden],
+                   h[d, L.epilogue_row(row), unit], sum_r, sum_z, sum_n, h_new)
 
         return cell
 

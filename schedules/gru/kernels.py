@@ -16,7 +16,7 @@ from .step_common import float_pair, pack_pair
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
               barrier: bool = False, flags: bool = False, paired: bool = False, float_pairs: bool = False,
-              ready_words: int = 0) -> Any:
+              ready_words: int = 0, zero_words: int = 0) -> Any:
     """Copies layer ``layer``'s slice of h0 into the state buffer (one small launch per layer);
     both are of the state type ``dtype``.  ``pingpong``: the state is the fused step kernel's
     (2, dirs, batch, hidden) buffer, written at slot 0.  ``barrier``: also zeroes the persistent
@@ -27,7 +27,9 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     units a word (``pack_pair``); ``float_pairs``: two float32 values a word and a tag bit
     (``float_pair``), slot 1's words with the bit set.  ``ready_words``: also zeroes the counts
     ``gi_ready`` of the input GEMM's stored tile rows that the step kernel waits for (it runs
-    before that layer's GEMM; ``tensor_core_step.wait_gi_macro``)."""
+    before that layer's GEMM; ``tensor_core_step.wait_gi_macro``).  ``zero_words`` (with ``barrier``,
+    not ``flags``): also zeroes that many words of ``hx``, a kernel's per-block step counts
+    (``resident_cell.py``)."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -120,8 +122,26 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 if (vd * batch + vb) * hidden + vj < ready_words:
                     ready[(vd * batch + vb) * hidden + vj] = 0
 
+    zeroed = max(zero_words, 1)
+
+    @T.prim_func(s_tir=True)
+    def init_barrier_zeroed(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                            hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+                            hx: T.Buffer((2 * n,), "uint64")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:zeroed])
+                copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
+                if (vd * batch + vb) * hidden + vj < zero_words:
+                    hx[(vd * batch + vb) * hidden + vj] = T.uint64(0)
+
     if flags:
         return init_flags_ready if ready_words else init_flags
+    if zero_words:
+        return init_barrier_zeroed
     return init_barrier if barrier else init_pingpong
 
 

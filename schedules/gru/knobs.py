@@ -147,6 +147,18 @@ HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3), "hidden GEMM on wgmma (hid_wgm
                                                  "32 units (``cell_epilogue.py``); 2 the same with K split in halves, "
                                                  "the two blocks of a cluster adding them; 3 that on 128-row tiles; 0 "
                                                  "a cell kernel after it", before=0)
+RESIDENT_CELL_KNOB = Knob("step_cell", (0, 1), "persistent step kernel (fuse_step 1, step_loop 2) on Hopper with "
+                                               "float16 or bfloat16 h and W_hh: 1 runs the cell-in-the-store tile "
+                                               "(64 rows x the three gates of 32 units, wgmma) as one launch a layer, "
+                                               "each block's W_hh columns resident in shared memory for all T steps, "
+                                               "its rows of h streamed through step_cell_stages cp.async stages, a "
+                                               "grid barrier (step_barrier) between steps (``resident_cell.py``)",
+                          before=0)
+RESIDENT_CELL_STAGES_KNOB = Knob("step_cell_stages", (4, 3), "resident-W cell step kernel (step_cell 1): stages "
+                                                             "of h's 64 x 64 k tiles beside W_hh's columns", before=4)
+RESIDENT_CELL_INFLIGHT_KNOB = Knob("step_cell_inflight", (1, 0), "resident-W cell step kernel (step_cell 1): wgmma "
+                                                                "groups left in flight at each k step (0: one more "
+                                                                "stage of h loaded ahead)", before=1)
 # The hidden GEMM (batched over directions) searches these of the GEMM template's knobs
 # (its transposed A tile is not searched); the input GEMM searches all of them.
 BATCHED_GEMM_KNOBS = ("wg_x", "wg_y", "task_x", "task_y", "k_step", "use_shared", "pad", "unroll",
@@ -156,7 +168,8 @@ HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
 KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB, INPUT_TF32_PROMOTE_KNOB)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS)
-         + (HIDDEN_WGMMA_KNOB, HIDDEN_CELL_KNOB))
+         + (HIDDEN_WGMMA_KNOB, HIDDEN_CELL_KNOB, RESIDENT_CELL_KNOB, RESIDENT_CELL_STAGES_KNOB,
+            RESIDENT_CELL_INFLIGHT_KNOB))
 
 
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:

@@ -143,6 +143,12 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                   if flags.step_flag_input else gemm_why)
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
+    resident = _resident_cell(template, base, space, hw.sm_count) if cuda else None
+    if resident is not None:
+        shape = template.step_variant(resident).shape
+        return resident, (f"resident-W cell step kernel (one launch a layer, a grid barrier a step): {shape.blocks} "
+                          f"blocks of 64 rows x 32 units on wgmma, W_hh's columns in shared memory for all T steps, "
+                          f"h streamed through {shape.stages} stages, the cell from the registers; {gemm_why}")
     if (tensor_core is not None and template.batch >= CELL_OVER_RESIDENT_BATCH
             and template.hidden >= CELL_OVER_RESIDENT_HIDDEN):
         cell = _cell_in_gemm(template, base.replace(hid_wgmma=1), space, hw.sm_count)
@@ -450,6 +456,23 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> 
         if space.is_feasible(cell):
             return cell
     return None
+
+
+def _resident_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+    """The resident-W cell step kernel (``step_cell`` 1, 4 stages) for float16 h and W_hh where the
+    cell in the hidden GEMM's store would be picked (from ``CELL_OVER_RESIDENT_BATCH`` x
+    ``CELL_OVER_RESIDENT_HIDDEN``) and its grid, one block an SM, makes at least ``CELL_WAVE`` of a
+    wave: float16 B192 / B256 H1024 15 % / 6 % faster than the cell forms picked there,
+    bidirectional B128 H1024 level; B128 H1024's 64 blocks 2 % slower (docs/results/gru.md).
+    bfloat16 runs on it too, unmeasured, so not picked; None elsewhere."""
+    if (template.precision["h"] != "float16" or template.batch < CELL_OVER_RESIDENT_BATCH
+            or template.hidden < CELL_OVER_RESIDENT_HIDDEN):
+        return None
+    cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_cell=1, step_cell_stages=4,
+                       step_cell_inflight=1)
+    if not space.is_feasible(cfg) or template.step_variant(cfg).shape.blocks < CELL_WAVE * sm_count:
+        return None
+    return cfg
 
 
 def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:

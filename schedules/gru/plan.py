@@ -101,7 +101,8 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}
     # wgmma is an arch-specific instruction: the module is built for sm_90a
-    arch = sm_90a(target) if template.input_on_wgmma(config) or config.hid_wgmma else target
+    wgmma = template.input_on_wgmma(config) or config.hid_wgmma or template.step_variant(config).uses_wgmma
+    arch = sm_90a(target) if wgmma else target
     if template.counted_gemm_tile(config) is not None:  # the step kernel launched while the input GEMM runs
         funcs["gru_steps"] = mark_launch_early(funcs["gru_steps"])
     with tvm.transform.PassContext(config=template.pass_config(config, target)):

@@ -111,11 +111,12 @@ class StepVariant(ABC):
     sizes: StepSizes
 
     # The knobs that do not change this family's kernels: names starting with these, and these names
-    unshown_prefixes: ClassVar[tuple[str, ...]] = ("cell_block", "hid_")
+    unshown_prefixes: ClassVar[tuple[str, ...]] = ("cell_block", "hid_", "step_cell")
     unshown_names: ClassVar[tuple[str, ...]] = ()
     runs_hidden_gemm: ClassVar[bool] = False  # the hidden GEMM (S2) is a kernel of its own (hid_ knobs)
     splits_state: ClassVar[bool] = False  # h and W_hh (scaled) become float16 parts: a range to check
     fuses_input: ClassVar[bool] = False  # computes x·W_ihᵀ + b_ih itself: no input GEMM before it
+    uses_wgmma: ClassVar[bool] = False  # its kernels are Hopper's wgmma: the module is built for sm_90a
 
     @abstractmethod
     def reason(self, target: TargetInfo) -> str | None:

@@ -10,12 +10,14 @@ from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 from .cell_step import CellStep
 from .cluster_step import ClusterStep
 from .flag_step import FlagStep
+from .resident_cell import ResidentCellStep
 from .fused_step import FusedStep, PersistentStep
 from .split_step import TensorCoreSplitStep
 from .step_variant import StepSizes, StepVariant
 from .tensor_core_step import TensorCoreStep
 
-STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, TensorCoreSplitStep, FlagStep, ClusterStep)
+STEP_FAMILIES = (CellStep, FusedStep, PersistentStep, TensorCoreStep, TensorCoreSplitStep, FlagStep, ClusterStep,
+                 ResidentCellStep)
 
 
 def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any,
@@ -24,6 +26,8 @@ def select_step_variant(sizes: StepSizes, config: Config, hidden_gemm: Any,
     steps' GEMM template; ``hidden_wgmma``: its wgmma tile, for ``hid_wgmma``)."""
     if not config.fuse_step:
         return CellStep.of(sizes, config, hidden_gemm, hidden_wgmma)
+    if config.step_cell:  # the cell-in-the-store tile as a persistent kernel, W_hh resident
+        return ResidentCellStep.of(sizes, config)
     if config.step_tc == 2 and not config.step_flags:  # float32 h and W_hh as float16 parts, grid barrier
         return TensorCoreSplitStep.of(sizes, config)
     if config.step_tc:  # with step_flags: the tensor-core kernel exchanging tagged words (step_tc 2: split)
