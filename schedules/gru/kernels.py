@@ -106,6 +106,12 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 flag_words(h0, hs, bar, hx, layer, vd, vb, vj)
 
+    @T.macro
+    def zero_first(words, count, vd, vb, vj):  # type: ignore[no-untyped-def]
+        """The element's thread zeroes word (its index) of ``words`` if it is below ``count``."""
+        if (vd * batch + vb) * hidden + vj < count:
+            words[(vd * batch + vb) * hidden + vj] = T.Cast(words.dtype, 0)
+
     ready_len = max(ready_words, 1)
 
     @T.prim_func(s_tir=True)
@@ -119,8 +125,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 T.reads(h0[layer * dirs + vd, vb, vj:vj + 2])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:2 * n], ready[0:ready_len])
                 flag_words(h0, hs, bar, hx, layer, vd, vb, vj)
-                if (vd * batch + vb) * hidden + vj < ready_words:
-                    ready[(vd * batch + vb) * hidden + vj] = 0
+                zero_first(ready, ready_words, vd, vb, vj)
 
     zeroed = max(zero_words, 1)
 
@@ -135,8 +140,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 T.reads(h0[layer * dirs + vd, vb, vj])
                 T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:zeroed])
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                if (vd * batch + vb) * hidden + vj < zero_words:
-                    hx[(vd * batch + vb) * hidden + vj] = T.uint64(0)
+                zero_first(hx, zero_words, vd, vb, vj)
 
     if flags:
         return init_flags_ready if ready_words else init_flags
