@@ -83,6 +83,33 @@ def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
             or k_parts_reason(tile, depth, "NK", TF32_K_PARTS))
 
 
+def fragment_pair(L: KernelLayout, row0: Any, col0: Any, tx: Any, g: Any, half: Any, v: Any) -> tuple[Any, Any]:
+    """(row, unit) of thread ``tx``'s pair of 8-column group ``g`` (``half``, ``v``) in a tile of
+    three gates from ``row0``, ``col0``: wgmma's m64nN fragment holds, in each 8-column group of a
+    gate's third, the pair 2·group + half of two adjacent units' r, z and n."""
+    return L.fragment_row(row0, tx, half), col0 // 3 + g * 8 + tx % 4 * 2 + v
+
+
+def fragment_sums(L: KernelLayout, acc: Any, g: Any, half: Any, v: Any) -> tuple[Any, Any, Any]:
+    """The r, z and n sums of that pair among thread's accumulators ``acc``."""
+    groups = L.bn // 24
+    return tuple(acc[(gate * groups + g) * 4 + half * 2 + v] for gate in range(3))
+
+
+def step_time(sizes: StepSizes, d: Any, step: Any) -> Any:
+    """The time step ``step`` of direction ``d`` runs: itself, or from the end backwards."""
+    from tvm.script import tirx as T
+
+    return T.if_then_else(d == 0, step, sizes.seq - 1 - step)
+
+
+def gate_input(sizes: StepSizes, L: KernelLayout, gi: Any, d: Any, step: Any, row: Any, unit: Any, gate: int) -> Any:
+    """gi's input sum of gate ``gate`` for (``row``, ``unit``) of direction ``d`` at step ``step``
+    (a row past the batch read one below it)."""
+    col = d * 3 * sizes.hidden + unit
+    return gi[step_time(sizes, d, step) * sizes.batch + L.epilogue_row(row), col + gate * sizes.hidden if gate else col]
+
+
 @dataclass(frozen=True)
 class CellStore:
     """The step's cell as the wgmma kernel's own store (``wgmma_steps.OwnStore``): the kernel is
@@ -112,7 +139,7 @@ class CellStore:
         def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, gi_r: Any, gi_z: Any, gi_n: Any, h: Any,
                  sum_r: Any, sum_z: Any, sum_n: Any, h_new: Any) -> None:
             step, layer, h_out, out, h_n = T.meta_var(outputs[2:7])  # then A's parts with ``parts``
-            t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
+            t = T.meta_var(step_time(s, d, step))
             h_out_at = T.meta_var([(step + 1) % 2] if self.slots else [])
             h_new[0] = cell_math(T, gi_r, gi_z, gi_n, gh(sum_r, bias, d, 0, unit), gh(sum_z, bias, d, 1, unit),
                                  gh(sum_n, bias, d, 2, unit), h, s.math_dtype, self.kind, s.h_dtype)
@@ -133,17 +160,13 @@ class CellStore:
         from tvm.script import tirx as T
 
         s = self.sizes
-        hidden = s.hidden
         values = self.cell_values(L)
 
         @T.macro
         def cell(outputs: Any, bias: Any, d: Any, row: Any, unit: Any, sum_r: Any, sum_z: Any, sum_n: Any,
                  h_new: Any) -> None:
             gi, h, step = T.meta_var(outputs[:3])
-            t = T.meta_var(T.if_then_else(d == 0, step, s.seq - 1 - step))
-            gi_row = T.meta_var(t * s.batch + L.epilogue_row(row))
-            col = T.meta_var(d * 3 * hidden + unit)
-            values(outputs, bias, d, row, unit, gi[gi_row, col], gi[gi_row, col + hidden], gi[gi_row, col + 2 * hidden],
+            values(outputs, bias, d, row, unit, *[gate_input(s, L, gi, d, step, row, unit, gate) for gate in range(3)],
                    h[d, L.epilogue_row(row), unit], sum_r, sum_z, sum_n, h_new)
 
         return cell
@@ -162,9 +185,8 @@ class CellStore:
             for g in T.unroll(groups):
                 for half in T.unroll(2):
                     for v in T.unroll(2):
-                        cell(outputs, bias, at[0], L.fragment_row(row0, tx, half), col0 // 3 + g * 8 + tx % 4 * 2 + v,
-                             acc[g * 4 + half * 2 + v], acc[(groups + g) * 4 + half * 2 + v],
-                             acc[(2 * groups + g) * 4 + half * 2 + v], h_new)
+                        cell(outputs, bias, at[0], *fragment_pair(L, row0, col0, tx, g, half, v),
+                             *fragment_sums(L, acc, g, half, v), h_new)
 
         return store
 

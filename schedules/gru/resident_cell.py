@@ -20,13 +20,14 @@ from typing import Any, ClassVar
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.hardware import has_wgmma
+from tvm_ext.precision.precision import itemsize
 from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELEASE,
                                         NV_SCOPE_DEVICE, SPIN_LIMIT)
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, gate_reason
 from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 from tvm_ext.target import TargetInfo
 
-from .cell_epilogue import CELL_TILE_COLUMNS, CellStore
+from .cell_epilogue import CELL_TILE_COLUMNS, CellStore, fragment_pair, fragment_sums, gate_input
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant,
                            residency)
 from .tensor_core_step import BARRIER_MARK, with_grid_barrier
@@ -111,15 +112,13 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
     a_stage = L.a_stage
     ahead = stages - 1 - L.inflight
     groups = L.bn // 24  # 8-column groups of a gate's third
-    pairs = groups * 4  # (row, unit) pairs a thread's accumulators hold all three gates of
+    pairs = groups * 4  # (row, unit) pairs a thread's accumulators hold all three gates of (``fragment_pair``)
     cell = CellStore(s, slots=True).cell_values(L)
     G, state = 3 * hidden, (dirs, batch, hidden)
 
     def pair(tx: Any, row0: Any, col0: Any, i: int) -> tuple[Any, Any]:
-        """(row, unit) of a thread's pair ``i`` (wgmma's m64nN fragment: the pair 2·group + half of
-        each 8-column group holds two adjacent units' r, z and n)."""
-        g, half, v = i // 4, i // 2 % 2, i % 2
-        return L.fragment_row(row0, tx, half), col0 // 3 + g * 8 + tx % 4 * 2 + v
+        """(row, unit) of a thread's pair ``i`` (group i // 4, half i // 2 % 2, unit i % 2)."""
+        return fragment_pair(L, row0, col0, tx, i // 4, i // 2 % 2, i % 2)
 
     @T.macro
     def load_h(smem: Any, hs: Any, slot: Any, d: Any, row0: Any, kt: Any, tx: Any) -> None:
@@ -145,11 +144,12 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
     @T.macro
     def load_gi(gi: Any, gates: Any, step: Any, d: Any, row0: Any, col0: Any, tx: Any) -> None:
         """The input gates of step ``step`` at the thread's pairs, into ``gates``."""
-        t = T.meta_var(T.if_then_else(d == 0, step, steps - 1 - step))
         for i in T.unroll(pairs):
             row, unit = T.meta_var(pair(tx, row0, col0, i))
-            for gate in T.unroll(3):
-                gates[i * 3 + gate] = gi[t * batch + L.epilogue_row(row), d * G + gate * hidden + unit]
+            r, z, n = T.meta_var([gate_input(s, L, gi, d, step, row, unit, gate) for gate in range(3)])
+            gates[i * 3] = r
+            gates[i * 3 + 1] = z
+            gates[i * 3 + 2] = n
 
     @T.macro
     def exchange(hx: Any, bar: Any, step: Any, bid: Any, tx: Any, spins: Any) -> None:
@@ -213,10 +213,8 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
             T.ptx["wgmma.wait_group.sync.aligned"](0)
             for i in T.unroll(pairs):
                 row, unit = T.meta_var(pair(tx, row0, col0, i))
-                g, half, v = T.meta_var((i // 4, i // 2 % 2, i % 2))
                 cell((gi, hs, step, layer, hs, out, h_n), bias, d, row, unit, gates[i * 3], gates[i * 3 + 1],
-                     gates[i * 3 + 2], h_kept[i], acc[g * 4 + half * 2 + v], acc[(groups + g) * 4 + half * 2 + v],
-                     acc[(2 * groups + g) * 4 + half * 2 + v], h_new)
+                     gates[i * 3 + 2], h_kept[i], *fragment_sums(L, acc, i // 4, i // 2 % 2, i % 2), h_new)
                 h_kept[i] = T.Cast(operand, h_new[0])
             if step + 1 < steps:  # behind the barrier
                 load_gi(gi, gates, step + 1, d, row0, col0, tx)
@@ -275,7 +273,7 @@ class ResidentCellStep(StepVariant):
     @property
     def shape(self) -> ResidentCellShape:
         s = self.sizes
-        return ResidentCellShape(s.batch, s.hidden, s.dirs, self.stages, 4 if s.h_dtype == "float32" else 2)
+        return ResidentCellShape(s.batch, s.hidden, s.dirs, self.stages, itemsize(s.h_dtype))
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the other persistent kernels' knobs do not apply
