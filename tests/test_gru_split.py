@@ -83,6 +83,33 @@ def test_tf32_split_kernels_store_the_parts_padded_on_opencl(opencl):
     assert np.all(np.abs(rebuilt - x) <= np.abs(x) * 2.0 ** -22)
 
 
+def test_two_tf32_parts_split_kernels_store_each_part_once_on_opencl(opencl):
+    """in_tf32_parts 2: x's rows as [lo | hi] and W_ih's columns (N-major) as [hi | lo], each
+    zero-padded to a depth of 64 (40 -> 64), both splits built and run on PoCL; x's unpadded depth
+    (64) by ``gemm_3xtf32``'s four-columns-a-thread split in the same order."""
+    from opencl_calls import run_calls
+
+    from tvm_ext.schedules.gemm.gemm_3xtf32 import split_a_func, tf32_parts
+    from tvm_ext.schedules.gru.kernels import schedule_elementwise
+    from tvm_ext.schedules.gru.split import tf32_orders
+
+    m, k, n = 6, 40, 72
+    rng = np.random.default_rng(4)
+    x, x64 = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((m, 64)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) * 1e-3).astype(np.float32)
+    funcs = {"split_x": schedule_elementwise(split_rows_func(m, k, tf32=True, parts=2), "split", 64).mod["main"],
+             "split_w": split_weight_n_major_func(k, n, tf32=True, parts=2),
+             "split_x64": split_a_func(m, 64, tf32_orders(2)[0])}
+    out = run_calls(opencl, funcs, [("split_x", ("x", "xs")), ("split_w", ("w", "ws")), ("split_x64", ("x64", "xs64"))],
+                    {"x": x, "w": w, "x64": x64}, {"xs": (m, 128), "ws": (n, 128), "xs64": (m, 128)})
+    pad = lambda part: np.pad(part, [(0, 0), (0, 24)])  # noqa: E731
+    x_hi, x_lo = tf32_parts(x)
+    w_hi, w_lo = tf32_parts(w.T.copy())
+    assert np.array_equal(out["xs"], np.concatenate([pad(x_lo), pad(x_hi)], axis=1))
+    assert np.array_equal(out["ws"], np.concatenate([pad(w_hi), pad(w_lo)], axis=1))
+    assert np.array_equal(out["xs64"], np.concatenate(tf32_parts(x64)[::-1], axis=1))
+
+
 def _tf32_split_program(opencl, m: int, k: int, n: int):
     """W_ih's TF32 split (``split_w``: w (k, n) -> ws) then x's (``split_x``: x (m, k) -> xs)
     compiled for PoCL, and the buffers' specs in the program's order."""
@@ -301,6 +328,50 @@ def test_split_into_tf32_parts_plan_and_its_cuda():
     assert "float32 gi" in half_gi.space(target).infeasible_reason(cfg.replace(in_split=3))
 
 
+def test_tf32_parts_stored_once_and_read_in_turn_by_the_tma():
+    """in_tf32_parts 2: x's and W_ih's TF32 parts stored once each ([x_lo | x_hi], [W_hi | W_lo]),
+    two thirds of the buffers and the splits' stores; the GEMM loads its k tiles by the TMA, each
+    tile's three products taking (A part, B part) in turn; refused off the split of TF32 parts and
+    for a counted GEMM not loaded by the TMA, with the reason; three parts are what the knob's
+    absence means."""
+    target = offline_cuda()
+    t = GruTemplate(batch=8, hidden=64, input=48, seq=16, layers=2, bidirectional=True).with_tensor_cores(target)
+    three = t.analytic_pick(target)[0].replace(in_split=3, in_tf32_parts=3)
+    two = three.replace(in_tf32_parts=2)
+    assert t.space(target).infeasible_reason(two) is None
+    specs = t.for_config(two).buffers()
+    assert [specs[n].shape for n in ("xs0", "ws0", "xs1", "ws1")] == [(128, 128), (384, 128), (128, 256), (384, 256)]
+    sources = {parts: t.compile(cfg, target).source for parts, cfg in ((2, two), (3, three))}
+    gemms = {parts: _kernel_body(src, "gru_gemm_x0_kernel") for parts, src in sources.items()}
+    assert "bulk_tensor_2d" in gemms[2] and "cp_async_cg" not in gemms[2] and "cp_async_cg" in gemms[3]
+    assert "wgmma_tf32_ss_mma_async" in gemms[2]
+    # layer 1's x (depth 128): gemm_3xtf32's split, a 16-byte store a part; W_ih's a store a part a row
+    assert _kernel_body(sources[2], "gru_split_x1_kernel").count("*(float4*)(parts_ptr") == 2
+    for parts, src in sources.items():
+        assert _kernel_body(src, "gru_split_w0_kernel").count("parts_ptr[") == 4 * parts  # 4 rows a thread
+    refused = t.space(target).infeasible_reason(two.replace(in_split=2))
+    assert "in_tf32_parts change the input GEMM of TF32 parts (in_split 3)" in refused
+    counted = GruTemplate(batch=16, hidden=512, input=512, seq=128).with_tensor_cores(target)
+    pick = counted.analytic_pick(target)[0]
+    assert pick.step_overlap and pick.in_split == 3 and pick.in_tf32_parts == 3  # counted: three parts kept
+    assert "step_overlap_tma 1" in counted.space(target).infeasible_reason(pick.replace(in_tf32_parts=2))
+    assert counted.space(target).infeasible_reason(pick.replace(in_tf32_parts=2, step_overlap_tma=1)) is None
+    space = t.space(target)
+    assert space.make(**space.completed({k: v for k, v in three.items if k != "in_tf32_parts"})) == three
+
+
+@pytest.mark.parametrize("shape,parts", [((64, 1024), 2), ((64, 2048), 2), ((16, 512), 3), ((256, 1024), 2)])
+def test_pick_reads_two_tf32_parts_where_its_gemm_is_not_counted(shape, parts):
+    """The pick stores x's and W_ih's TF32 parts once each where its input GEMM runs ahead of the
+    steps, and keeps three where a step kernel counts the GEMM's stored rows."""
+    batch, hidden = shape
+    target = offline_cuda()
+    t = GruTemplate(batch=batch, hidden=hidden, input=hidden, seq=128).with_tensor_cores(target)
+    cfg, why = t.analytic_pick(target)
+    assert cfg.in_split == 3 and cfg.in_tf32_parts == parts
+    assert ("TF32 parts stored once each and read in turn by the TMA" in why) == (parts == 2)
+
+
 def _kernel_body(source: str, name: str) -> str:
     start = re.search(rf"{name}\([^)]*\) \{{", source).end()
     return source[start:source.index("\n}\n", start)]
@@ -377,27 +448,50 @@ SPLIT_SHAPES = {"b16-h256": Shape(seq=12, batch=16, input=256, hidden=256),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 2, 3], ids=["mma", "wgmma", "wgmma-tf32"])
+@pytest.mark.parametrize("split,parts", [(1, 3), (2, 3), (3, 3), (3, 2)],
+                         ids=["mma", "wgmma", "wgmma-tf32", "wgmma-tf32-two-parts"])
 @pytest.mark.parametrize("key", list(SPLIT_SHAPES))
-def test_cuda_split_input_gemm_matches_the_reference(key, split):
+def test_cuda_split_input_gemm_matches_the_reference(key, split, parts):
     """The pick with the input GEMM split (every layer's, odd K and N included) on an mma.sync
-    tile and on wgmma, float16 or TF32 parts (where a wgmma tile divides the rows): float64's answer
-    on reruns."""
+    tile and on wgmma, float16 or TF32 parts (where a wgmma tile divides the rows), the TF32 ones
+    stored three or two deep (``in_tf32_parts``): float64's answer on reruns."""
     s = SPLIT_SHAPES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
                     seq=s.seq)
     if split >= 2 and (gru.template.in_split_wgmma, gru.template.in_split_tf32)[split - 2] is None:
         assert (s.seq * s.batch) % 64  # no wgmma tile for these rows
         return
+    knobs = dict(in_split=split, in_tf32_parts=parts)
+    if parts == 2 and gru.config.step_overlap:
+        knobs["step_overlap_tma"] = 1  # two parts are read by the TMA
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config=gru.config.replace(in_split=split)).load_numpy(_weights(s))
+                    seq=s.seq, config=gru.config.replace(**knobs)).load_numpy(_weights(s))
     assert "gru_split_x0" in {c.func for c in gru.compiled.calls}
     _check(gru, s, runs=2)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [1, 3], ids=["mma", "wgmma-tf32"])
-def test_cuda_split_weights_prepared_once_measured_by_the_runner(split):
+@pytest.mark.parametrize("shape", [Shape(seq=32, batch=16, input=512, hidden=512),
+                                   Shape(seq=16, batch=8, input=80, hidden=128, layers=3, bidirectional=True)],
+                         ids=["b16-h512-counted", "input80-h128-3layer-bi"])
+def test_cuda_two_tf32_parts_match_the_reference(shape):
+    """The input GEMM of TF32 parts stored once each and read in turn (``in_tf32_parts`` 2): a
+    GEMM counted by the step kernel (its tile loaded by the TMA), and three bidirectional layers
+    whose input GEMMs differ in depth (80 padded to 96, then 256): float64's answer on reruns."""
+    s = shape
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq)
+    knobs = dict(in_split=3, in_tf32_parts=2, **({"step_overlap_tma": 1} if gru.config.step_overlap else {}))
+    assert bool(gru.config.step_overlap) == (s.batch == 16)
+    gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
+                    seq=s.seq, config=gru.config.replace(**knobs)).load_numpy(_weights(s))
+    assert gru.template.stored_parts(gru.config) == 2
+    _check(gru, s, runs=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split,parts", [(1, 3), (3, 3), (3, 2)], ids=["mma", "wgmma-tf32", "wgmma-tf32-two-parts"])
+def test_cuda_split_weights_prepared_once_measured_by_the_runner(split, parts):
     """Two layers, the input GEMM split: W_ih's parts made as the weights are loaded, the pass
     without them; new weights give their own answer; the tuner's runner prepares them from each
     input set's weights before checking against float64 (a pass on unprepared, NaN-poisoned
@@ -408,7 +502,8 @@ def test_cuda_split_weights_prepared_once_measured_by_the_runner(split):
     s = Shape(seq=16, batch=8, input=40, hidden=256, layers=2)
     common = dict(num_layers=s.layers, batch=s.batch, seq=s.seq)
     pick = GRU.build("cuda", s.input, s.hidden, **common).config
-    gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(in_split=split), **common)
+    knobs = dict(in_split=split, in_tf32_parts=parts, **({"step_overlap_tma": 1} if pick.step_overlap else {}))
+    gru = GRU.build("cuda", s.input, s.hidden, config=pick.replace(**knobs), **common)
     assert gru.executor.prepared == 2 and not any(n.startswith("gru_split_w") for n in gru.executor.names[2:])
     for seed in (1, 2):
         weights = _weights(s, seed)

@@ -136,6 +136,11 @@ INPUT_TF32_PROMOTE_KNOB = Knob("in_tf32_promote", (0, 1, 2),
                                "sets, so a window's wgmma do not wait on the one before (two dependent chains of "
                                "small wgmma in flight instead of one: a tile's latency, which the first steps wait "
                                "for, nearly halved where it is the chain's)", before=0)
+INPUT_TF32_PARTS_KNOB = Knob("in_tf32_parts", (3, 2),
+                             "input GEMM on TF32 parts (in_split 3): 3 stores x's and W_ih's parts side by side, one "
+                             "GEMM of depth 3K; 2 stores each part once ([x_lo | x_hi], [W_hi | W_lo]) and each k "
+                             "tile's three products read them in turn through the TMA (gemm_3xtf32's tf_parts 2: "
+                             "two thirds of the split's stores and of the GEMM's bytes)", before=3)
 HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with float16 (or bfloat16) h and W_hh: 1 "
                                              "runs each step's hidden GEMM on Hopper's warpgroup MMA (``wgmma.py``), "
                                              "W_hh read N-major as stored, a bias row a direction; float32 ones there "
@@ -169,7 +174,7 @@ KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB, INPUT_TF32_PROMOTE_KN
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS)
          + (HIDDEN_WGMMA_KNOB, HIDDEN_CELL_KNOB, RESIDENT_CELL_KNOB, RESIDENT_CELL_STAGES_KNOB,
-            RESIDENT_CELL_INFLIGHT_KNOB))
+            RESIDENT_CELL_INFLIGHT_KNOB, INPUT_TF32_PARTS_KNOB))
 
 
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:

@@ -109,7 +109,25 @@ LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_share
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
-    """(config, why) for ``template`` (a ``GruTemplate``) on ``target``."""
+    """(config, why) for ``template`` (a ``GruTemplate``) on ``target``: the rules below, then the
+    input GEMM of TF32 parts reading two stored parts where it runs ahead of the steps."""
+    cfg, why = _rules_pick(template, target)
+    return _two_tf32_parts(template, cfg, why, template.space(target)) if cfg.in_split == 3 else (cfg, why)
+
+
+def _two_tf32_parts(template: Any, cfg: Config, why: str, space: Any) -> tuple[Config, str]:
+    """``cfg`` with its input GEMM of TF32 parts reading x's and W_ih's parts stored once each,
+    in turn, by the TMA (``in_tf32_parts`` 2) where its tile can and no step kernel counts its rows
+    (a counted GEMM's tile keeps its loads: ``step_overlap_tma``), and the why's words for it."""
+    two = cfg.replace(in_tf32_parts=2)
+    if cfg.step_overlap or not space.is_feasible(two):
+        return cfg, why
+    return two, (f"{why}; the input GEMM's TF32 parts stored once each and read in turn by the TMA "
+                 f"({template.tf32_input_tile(two).name})")
+
+
+def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
+    """(config, why) for ``template`` on ``target`` by the rules (``analytic_pick``)."""
     base = template.default_config(target)
     if target.is_cpu:
         return base, "CPU device: the unfused pipeline (per-step GEMM, then the cell kernel)"

@@ -28,13 +28,25 @@ from typing import Any
 
 import numpy as np
 
-from tvm_ext.schedules.gemm.gemm_3xtf32 import A_ORDER, B_ORDER, tf32_part
+from tvm_ext.schedules.gemm.gemm_3xtf32 import A_ORDER, A_TWO_PARTS, B_ORDER, B_TWO_PARTS, TF32_K_PARTS, tf32_part
 
 SPLIT_WEIGHT_SCALE = 2.0 ** 8  # W_ih's float16 parts hold W_ih x 256 (|W_ih| up to 255)
 FLOAT16_MAX = 65504.0
 PARTS = 3  # A: hi, hi, lo; B: hi, lo, hi
 FLOAT16_SPLITS = (1, 2)  # the in_split values with float16 parts (a range to check); 3 has TF32 parts
 K_ALIGN = 32  # each part is zero-padded to a multiple of this depth (tensor-core k stages divide it)
+
+
+def tf32_orders(parts: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The TF32 parts x's and W_ih's rows hold, in order (``in_tf32_parts``): three side by side,
+    one GEMM of depth 3K (``A_ORDER``, ``B_ORDER``), or two, each k tile's three products reading
+    them in turn (``A_TWO_PARTS``, ``B_TWO_PARTS``; ``TF32_K_PARTS``)."""
+    return (A_TWO_PARTS, B_TWO_PARTS) if parts == 2 else (A_ORDER, B_ORDER)
+
+
+def tf32_k_parts(parts: int) -> tuple[tuple[int, int], ...]:
+    """``wgmma_gemm``'s ``k_parts`` for TF32 operands stored as ``parts`` parts (none for three)."""
+    return TF32_K_PARTS if parts == 2 else ()
 
 
 def split_depth(k: int) -> int:
@@ -78,23 +90,25 @@ def _padded(depth: Any, k: int, part: Any) -> Any:
     return tirx.if_then_else(depth < k, part, tirx.const(0, str(part.ty)))
 
 
-def split_rows_func(m: int, k: int, tf32: bool = False) -> Any:
+def split_rows_func(m: int, k: int, tf32: bool = False, parts: int = PARTS) -> Any:
     """TE: A (m, k) float32 -> (m, 3·kp) float16, ``[A_hi | A_hi | A_lo]`` along the row, each
     part zero-padded to ``kp = split_depth(k)``.  ``tf32``: float32 TF32 parts ``[A_lo | A_hi |
-    A_hi]`` (``gemm_3xtf32``'s ``A_ORDER``, the small product first) for in_split 3."""
+    A_hi]`` (``gemm_3xtf32``'s ``A_ORDER``, the small product first) for in_split 3, or with
+    ``parts`` 2 ``[A_lo | A_hi]`` (``tf32_orders``)."""
     from tvm import te, tirx
 
     kp = split_depth(k)
+    order = tf32_orders(parts)[0]
     a = te.placeholder((m, k), "float32", name="A")
 
     def part(i: Any, j: Any) -> Any:
         depth = tirx.floormod(j, kp)
         value = a[i, depth]
-        if tf32:  # the first part, then two alike (A_ORDER[1] == A_ORDER[2])
-            return _padded(depth, k, tirx.Select(j < kp, tf32_part(value, A_ORDER[0]), tf32_part(value, A_ORDER[1])))
+        if tf32:  # the first part, then the second (three parts: two alike, A_ORDER[1] == A_ORDER[2])
+            return _padded(depth, k, tirx.Select(j < kp, tf32_part(value, order[0]), tf32_part(value, order[1])))
         return _padded(depth, k, _hi_lo(value, j >= 2 * kp))
 
-    return te.create_prim_func([a, te.compute((m, PARTS * kp), part, name="split")])
+    return te.create_prim_func([a, te.compute((m, (parts if tf32 else PARTS) * kp), part, name="split")])
 
 
 def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
@@ -112,25 +126,29 @@ def split_weight_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE) -> Any:
     return te.create_prim_func([b, te.compute((PARTS * kp, n), part, name="split")])
 
 
-def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE, tf32: bool = False) -> Any:
+def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE, tf32: bool = False,
+                              parts: int = PARTS) -> Any:
     """TIR: B (k, n) float32 -> (n, 3·kp) float16, ``[B_hi | B_lo | B_hi]`` of Bᵀ x ``scale`` along
     each row (K-major, what the wgmma GEMM reads), each part zero-padded to ``kp``: 32 x 32 tiles
     transposed through shared memory, so reads and writes are both coalesced.  ``tf32``: float32
-    TF32 parts of B (``B_ORDER``, unscaled) for in_split 3."""
+    TF32 parts of B (``B_ORDER``, unscaled) for in_split 3, or with ``parts`` 2 ``[B_hi | B_lo]``
+    (``tf32_orders``)."""
     from tvm.script import tirx as T
 
     kp = split_depth(k)
     tiles_n = -(-n // 32)
     dtype, factor = ("float32", 1.0) if tf32 else ("float16", scale)
+    order = tf32_orders(parts)[1] if tf32 else ("hi", "lo", "hi")
+    width, third = len(order) * kp, len(order) == 3
 
-    def parts_of(value: Any) -> tuple[Any, Any, Any]:
+    def parts_of(value: Any) -> tuple[Any, ...]:
         if tf32:
-            return tuple(tf32_part(value, which) for which in B_ORDER)
+            return tuple(tf32_part(value, which) for which in order)
         hi = T.Cast("float16", value)
         return hi, T.Cast("float16", value - T.Cast("float32", hi)), hi
 
     @T.prim_func
-    def main(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, PARTS * kp), dtype)):
+    def main(B: T.Buffer((k, n), "float32"), parts: T.Buffer((n, width), dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         bid = T.launch_thread("blockIdx.x", tiles_n * (kp // 32))
         tx = T.launch_thread("threadIdx.x", 32)
@@ -147,10 +165,11 @@ def split_weight_n_major_func(k: int, n: int, scale: float = SPLIT_WEIGHT_SCALE,
             depth = bid // tiles_n * 32 + tx
             if col < n:
                 value = tile[tx * 33 + ty + 8 * i]
-                first, second, third = T.meta_var(parts_of(value))
-                parts[col, depth] = first
-                parts[col, kp + depth] = second
-                parts[col, 2 * kp + depth] = third
+                values = T.meta_var(parts_of(value))
+                parts[col, depth] = values[0]
+                parts[col, kp + depth] = values[1]
+                if third:
+                    parts[col, 2 * kp + depth] = values[2]
 
     return main
 

@@ -24,9 +24,9 @@ from tvm_ext.measure.program import RunPlan
 from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGemm, cast
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
-from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile, promote_steps, split_a_func
-from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, promote_reason, row_order_divides, signal_reason,
-                                         wgmma_gemm, wgmma_reason)
+from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile
+from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, k_parts_reason, promote_reason, row_order_divides,
+                                         signal_reason, wgmma_reason)
 from tvm_ext.schedules.gemm.wgmma import target_reason as wgmma_target_reason
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
@@ -39,11 +39,12 @@ from . import plan as host_plan
 from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, cell_tile_reason
 from .cell_step import CellStep
 from .compute import F32, PRECISION_PARAMS, gru_reference
+from .input_gemm import wgmma_input_gemms
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
 from .lengths import LENGTHS_DTYPE, hold_func, row_vector, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
-                    split_weight_n_major_func)
+                    tf32_k_parts)
 from .step_variant import StepSizes, StepVariant
 from .tensor_core_step import TensorCoreStep
 from .variants import select_step_variant
@@ -125,6 +126,7 @@ class GruTemplate(DtypeFields, Template):
     hid_wgmma_tile: WgmmaTile | None = None  # the unfused steps' 16-bit hidden GEMM on wgmma (hid_wgmma)
     hid_tf32_tile: WgmmaTile | None = None  # the same, float32 on TF32 parts (``tf32_hidden_tile``)
     split_buffers: int = 0  # the in_split of the config whose buffers these are
+    split_parts: int = PARTS  # and the parts each operand's rows hold (``stored_parts``)
     ready_buffer: int = 0  # counts of gi's stored tile rows the config's plan passes (``step_overlap``)
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
     variable_lengths: bool = False
@@ -238,9 +240,9 @@ class GruTemplate(DtypeFields, Template):
         if self.split_buffers:  # parts of the input GEMM's operands: x's per depth K, W_ih's per layer
             parts = "float32" if self.split_buffers == 3 else "float16"  # TF32 parts are float32 words
             for i in self.input_gemm_kinds():
-                specs[f"xs{i}"] = TensorSpec((t * b, PARTS * split_depth(self.layer_input(i))), parts)
+                specs[f"xs{i}"] = TensorSpec((t * b, self.split_parts * split_depth(self.layer_input(i))), parts)
             for layer in range(self.layers):  # split once, as the weights are loaded (``prepare_calls``)
-                depth = PARTS * split_depth(self.layer_input(layer))
+                depth = self.split_parts * split_depth(self.layer_input(layer))
                 specs[f"ws{layer}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers >= 2 else (depth, d * 3 * h),
                                                  parts)
         return specs
@@ -249,7 +251,7 @@ class GruTemplate(DtypeFields, Template):
         """This template with the buffers ``config``'s plan uses (the split operands with
         ``in_split``): what allocates, passes and checks the buffers of its program."""
         step = self.step_variant(config)
-        return replace(self, split_buffers=int(config.in_split),
+        return replace(self, split_buffers=int(config.in_split), split_parts=self.stored_parts(config),
                        ready_buffer=step.ready_words if isinstance(step, TensorCoreStep) else 0,
                        hidden_parts=isinstance(step, CellStep) and step.parts)
 
@@ -461,8 +463,8 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.split_reason() or self.split_target_reason(target, c.in_split)
                 if reason:
                     return reason
-            if c.in_tf32_promote:
-                reason = self.tf32_promote_reason(c)
+            if c.in_tf32_promote or c.in_tf32_parts != PARTS:
+                reason = self.tf32_input_reason(c)
                 if reason:
                     return reason
             if c.in_wgmma:
@@ -537,15 +539,36 @@ class GruTemplate(DtypeFields, Template):
                     "(T·B, 3H, 3·input) GEMM (sm_70 or newer; GRU.build picks one)")
         return None
 
-    def tf32_promote_reason(self, c: Config) -> str | None:
-        """Why ``c``'s input GEMM cannot promote its sums every ``in_tf32_promote`` k steps in two
-        alternating accumulator sets: it is the GEMM of TF32 parts only, and its tile must hold them."""
+    def tf32_input_reason(self, c: Config) -> str | None:
+        """Why ``c``'s input GEMM of TF32 parts cannot promote its sums every ``in_tf32_promote`` k
+        steps in two alternating accumulator sets, or read its operands from two stored parts
+        (``in_tf32_parts`` 2: TMA loads, so a counted tile's with step_overlap_tma 1)."""
         if c.in_split != 3:
-            return "in_tf32_promote changes how the input GEMM of TF32 parts adds its sums (in_split 3)"
-        tile = self.counted_gemm_tile(c) or self.in_split_tf32
-        return next((f"in_tf32_promote {c.in_tf32_promote}: {r}" for r in (
-            promote_reason(tile, self.input_depth(i, c), c.in_tf32_promote, overlap=True)
-            for i in self.input_gemm_kinds()) if r), None)
+            return "in_tf32_promote and in_tf32_parts change the input GEMM of TF32 parts (in_split 3)"
+        if c.in_tf32_parts != PARTS and c.step_overlap and not c.step_overlap_tma:
+            return "in_tf32_parts 2 reads the parts in turn through the TMA: the counted GEMM needs step_overlap_tma 1"
+        tile = self.tf32_input_tile(c)
+        for i in self.input_gemm_kinds():
+            depth = self.input_depth(i, c)
+            reason = c.in_tf32_promote and promote_reason(tile, depth, c.in_tf32_promote, overlap=True)
+            if reason:
+                return f"in_tf32_promote {c.in_tf32_promote}: {reason}"
+            reason = k_parts_reason(tile, depth, "NK", tf32_k_parts(c.in_tf32_parts))
+            if reason:
+                return f"in_tf32_parts {c.in_tf32_parts}: {reason}"
+        return None
+
+    def stored_parts(self, config: Config) -> int:
+        """The TF32 or float16 parts each row of the split input GEMM's operands holds."""
+        return config.in_tf32_parts if config.in_split == 3 else PARTS
+
+    def tf32_input_tile(self, config: Config) -> WgmmaTile | None:
+        """The tile of the input GEMM of TF32 parts (in_split 3): the counted one, or the picked
+        one, loaded by the TMA where it reads two stored parts."""
+        tile = self.counted_gemm_tile(config)
+        if tile is None and self.in_split_tf32 is not None:
+            tile = replace(self.in_split_tf32, tma=True) if self.stored_parts(config) == 2 else self.in_split_tf32
+        return tile
 
     def wgmma_config_reason(self, c: Config) -> str | None:
         """Why ``c``'s input GEMM cannot run on wgmma (``in_wgmma`` 1) with this template's tiles."""
@@ -675,8 +698,8 @@ class GruTemplate(DtypeFields, Template):
                                   "step_overlap": 0, "step_overlap_bn": 0, "step_overlap_tma": 0,
                                   "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
-                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "hid_wgmma": 0,
-                                  "hid_cell": 0, "step_cell": 0, "step_cell_stages": 4,
+                                  "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "in_tf32_parts": 3,
+                                  "hid_wgmma": 0, "hid_cell": 0, "step_cell": 0, "step_cell_stages": 4,
                                   "step_cell_inflight": 1}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
@@ -706,7 +729,7 @@ class GruTemplate(DtypeFields, Template):
             if split:
                 threads, k = min(256, target.max_threads_per_block), self.layer_input(i)
                 if not self.split_rows_written(config, i):
-                    rows = split_rows_func(t * b, k, tf32=config.in_split == 3)
+                    rows = split_rows_func(t * b, k, tf32=config.in_split == 3, parts=self.stored_parts(config))
                     funcs[f"gru_split_x{i}"] = schedule_elementwise(rows, "split", threads)
                 if config.in_split == 1:  # wgmma's N-major parts: ``lowered_kernels``
                     funcs[f"gru_split_w{i}"] = schedule_elementwise(split_weight_func(k, d * 3 * h), "split", threads)
@@ -730,31 +753,7 @@ class GruTemplate(DtypeFields, Template):
         """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):
         the tensor-core persistent step kernel (``step_tc``), the flag-exchange one
         (``step_flags``) and the input GEMM on wgmma (``in_split`` 2, ``in_wgmma``)."""
-        p = self.precision
-        funcs = {}
-        if config.in_split >= 2:  # the split input GEMM on wgmma: float16 parts (2), TF32 parts (3)
-            m, n = self.gi_shape
-            tf32 = config.in_split == 3
-            tile = self.counted_gemm_tile(config) or (self.in_split_tf32 if tf32 else self.in_split_wgmma)
-            for i in self.input_gemm_kinds():
-                k = self.layer_input(i)
-                depth = PARTS * split_depth(k)
-                # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
-                way = (dict(promote=config.in_tf32_promote or promote_steps(tile, depth),
-                            overlap=bool(config.in_tf32_promote)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE))
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"],
-                                                     signal=bool(config.step_overlap), **way)
-                funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32)
-                if self.split_rows_written(config, i):
-                    funcs[f"gru_split_x{i}"] = split_a_func(m, k)
-        if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
-            m, n = self.gi_shape
-            tile = self.counted_gemm_tile(config) or self.in_wgmma_tile
-            for i in self.input_gemm_kinds():
-                funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, self.layer_input(i), c_dtype=p["gi"],
-                                                     bias_dtype=p["w_ih"], b_layout="KN",
-                                                     signal=bool(config.step_overlap))
-        return {**funcs, **self.step_variant(config).lowered_kernels()}
+        return {**wgmma_input_gemms(self, config), **self.step_variant(config).lowered_kernels()}
 
     def input_gemm_kinds(self) -> tuple[int, ...]:
         """The input GEMM functions: 0, and 1 for layers >= 1 where their depth or A type differ."""
