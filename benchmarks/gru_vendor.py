@@ -111,7 +111,7 @@ CASES = (
     Case("fp32 B64 H1536", 64, 1536), Case("fp32 B32 H2048", 32, 2048), Case("fp32 B128 H1536", 128, 1536),
     Case("fp32 B192 H1024", 192, 1024), Case("fp32 bi B64 H2048", 64, 2048, bidirectional=True),
     # the resident-W cell step kernel (step_cell) with a ragged last row tile
-    Case("fp16 B160 H1024", 160, 1024, dtype="float16"),
+    Case("fp16 B160 H1024", 160, 1024, dtype="float16"), Case("bf16 B192 H1024", 192, 1024, dtype="bfloat16"),
 )
 
 

@@ -83,7 +83,8 @@ def test_row_tile_counts_replace_the_grid_barrier():
     (160, 1024, False, HALF, True),  # a ragged last row tile
     (256, 1024, False, HALF, False), (128, 1024, True, HALF, False),  # 128-row cell tiles: as fast or faster
     (128, 1024, False, HALF, False),  # 64 blocks: under 70 % of a wave (measured slower)
-    (256, 1024, False, BF16, False),  # bfloat16: runs, unmeasured, not picked
+    (192, 1024, False, BF16, True), (160, 1024, False, BF16, True),  # bfloat16 as float16
+    (256, 1024, False, BF16, False),  # bfloat16 on 128-row cell tiles
     (128, 2048, False, HALF, False),  # W's columns do not fit beside the stages
     (256, 768, False, HALF, False),  # below H1024 the picks stay as they were
 ])

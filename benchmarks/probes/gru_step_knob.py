@@ -82,7 +82,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          ("float32", 64, 2048), ("float32", 128, 2048), ("float32", 256, 1024), ("float32", 64, 1536),
          ("float32", 32, 2048), ("float32", 128, 1536), ("float32", 192, 1024), ("float32", 64, 2048, True),
          # the resident-W cell step kernel (step_cell) where the cell form would be on 64-row tiles
-         ("float16", 160, 1024))
+         ("float16", 160, 1024),
+         # bfloat16 where float16 takes the resident-W cell step kernel
+         ("bfloat16", 192, 1024), ("bfloat16", 160, 1024))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

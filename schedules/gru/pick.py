@@ -477,15 +477,16 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> 
 
 
 def _resident_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
-    """The resident-W cell step kernel (``step_cell`` 1, 4 stages) for float16 h and W_hh where the
+    """The resident-W cell step kernel (``step_cell`` 1, 4 stages) for 16-bit h and W_hh where the
     cell in the hidden GEMM's store would be picked (from ``CELL_OVER_RESIDENT_BATCH`` x
     ``CELL_OVER_RESIDENT_HIDDEN``) on 64-row tiles (a batch no multiple of 128) and its grid, one
     block an SM, makes at least ``CELL_WAVE`` of a wave: float16 B192 H1024 1.404 ms against the
-    64-row cell form's 1.633-1.649, 0.92x cuDNN's best where that was 0.79x.  Where 128-row cell
-    tiles run they are as fast or faster replayed from a CUDA graph (B256 H1024 1.439 against 1.434,
+    64-row cell form's 1.633-1.649, 0.92x cuDNN's best where that was 0.79x; bfloat16 B192 / B160
+    H1024 1.395 / 1.160 ms against the unfused steps' 1.655 / 1.814.  Where 128-row cell tiles run
+    they are as fast or faster replayed from a CUDA graph (B256 H1024 1.439 against 1.434,
     bidirectional B128 H1024 1.457 against 1.529); B128 H1024's 64 blocks 2 % slower than the cell
-    form (docs/results/gru.md).  bfloat16 runs on it too, unmeasured, so not picked; None elsewhere."""
-    if (template.precision["h"] != "float16" or template.batch < CELL_OVER_RESIDENT_BATCH
+    form (docs/results/gru.md).  None elsewhere."""
+    if (template.precision["h"] not in ("float16", "bfloat16") or template.batch < CELL_OVER_RESIDENT_BATCH
             or template.hidden < CELL_OVER_RESIDENT_HIDDEN or template.batch % CELL_FORMS[3][0] == 0):
         return None
     cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_cell=1, step_cell_stages=4,
