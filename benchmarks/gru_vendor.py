@@ -112,6 +112,7 @@ CASES = (
     Case("fp32 B192 H1024", 192, 1024), Case("fp32 bi B64 H2048", 64, 2048, bidirectional=True),
     # the resident-W cell step kernel (step_cell) with a ragged last row tile
     Case("fp16 B160 H1024", 160, 1024, dtype="float16"), Case("bf16 B192 H1024", 192, 1024, dtype="bfloat16"),
+    Case("bf16 B160 H1024", 160, 1024, dtype="bfloat16"),
 )
 
 
