@@ -52,8 +52,8 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     (128, 2048, False, BF16, 3),
     # over the tensor-core step kernel's resident grid from B128 H1024: 64-row tiles' K halves, 128 blocks
     (128, 1024, False, HALF, 2), (128, 1024, False, BF16, 2),
-    # no whole 128-row tiles (float16 B192 H1024 takes the resident-W kernel: test_gru_resident_cell.py); 256 halves
-    (192, 1024, False, BF16, 1), (256, 2048, False, HALF, 1),
+    # no whole 128-row tiles (B192 H1024 takes the resident-W kernel: test_gru_resident_cell.py); 256 halves
+    (192, 1536, False, BF16, 1), (256, 2048, False, HALF, 1),
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
     (96, 1024, True, HALF, 0),  # a ragged last tile row

@@ -34,8 +34,8 @@ def _template(batch: int, hidden: int, bidirectional: bool = False, precision: d
     (256, 1024, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl", HALF),
     (128, 1536, False, "wgmma 128x64x64 s6 w1 direct tma ws pdl", HALF),
     (96, 1024, True, "wgmma 64x64x64 s8 w1 direct r2 t2 tma ws pdl", HALF),
-    # (float16 takes the resident-W cell step kernel here: test_gru_resident_cell.py)
-    (192, 1024, False, "wgmma bfloat16 64x64x64 s8 w1 direct t2 tma ws pdl", BF16),
+    # (B192 H1024 takes the resident-W cell step kernel: test_gru_resident_cell.py)
+    (192, 1536, False, "wgmma bfloat16 64x64x64 s8 w1 direct t2 tma ws pdl", BF16),
 ])
 def test_pick_runs_the_unfused_steps_hidden_gemm_on_wgmma(batch, hidden, bidirectional, tile, precision):
     """Where no step kernel's grid is resident, the hidden GEMM runs on wgmma: launched early
