@@ -128,7 +128,9 @@ def test_per_call_and_back_to_back_agree_on_a_slow_kernel(queue):
         singles.append(single.seconds)
         loops.append(loop.seconds)
     single, loop = statistics.median(singles), statistics.median(loops)
-    assert single > 0.02  # really slow
+    # really slow: 100 times the launch and sync overheads (the growth above aims at 30 ms; with less
+    # load on the CPU later, the calls can run faster than when it stopped)
+    assert single > 0.01
     assert abs(single - loop) <= 0.2 * min(single, loop), (singles, loops)
 
 
