@@ -10,7 +10,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.schedules.gemm.gemm_3xtf32 import promote_steps, split_a_func
 from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
 
-from .split import PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_weight_n_major_func, tf32_k_parts, tf32_orders
+from .split import SPLIT_WEIGHT_SCALE, split_weight_n_major_func, tf32_k_parts, tf32_orders
 
 
 def wgmma_input_gemms(template: Any, config: Config) -> dict[str, Any]:
@@ -24,8 +24,7 @@ def wgmma_input_gemms(template: Any, config: Config) -> dict[str, Any]:
         tile = (template.tf32_input_tile(config) if tf32
                 else template.counted_gemm_tile(config) or template.in_split_wgmma)
         for i in template.input_gemm_kinds():
-            k = template.layer_input(i)
-            depth = PARTS * split_depth(k)
+            k, depth = template.layer_input(i), template.input_depth(i, config)
             # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
             way = (dict(promote=config.in_tf32_promote or promote_steps(tile, depth), k_parts=tf32_k_parts(parts),
                         overlap=bool(config.in_tf32_promote)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE))

@@ -482,10 +482,10 @@ def _resident_cell(template: Any, base: Config, space: Any, sm_count: int) -> Co
     ``CELL_OVER_RESIDENT_HIDDEN``) on 64-row tiles (a batch no multiple of 128) and its grid, one
     block an SM, makes at least ``CELL_WAVE`` of a wave: float16 B192 H1024 1.404 ms against the
     64-row cell form's 1.633-1.649, 0.92x cuDNN's best where that was 0.79x; bfloat16 B192 / B160
-    H1024 1.395 / 1.160 ms against the unfused steps' 1.655 / 1.814.  Where 128-row cell tiles run
-    they are as fast or faster replayed from a CUDA graph (B256 H1024 1.439 against 1.434,
-    bidirectional B128 H1024 1.457 against 1.529); B128 H1024's 64 blocks 2 % slower than the cell
-    form (docs/results/gru.md).  None elsewhere."""
+    H1024 1.395 / 1.160 ms against the kernels picked before (the cell form, the unfused steps),
+    1.655 / 1.814.  Where 128-row cell tiles run they are as fast or faster replayed from a CUDA
+    graph (B256 H1024 1.439 against 1.434, bidirectional B128 H1024 1.457 against 1.529); B128
+    H1024's 64 blocks 2 % slower than the cell form (docs/results/gru.md).  None elsewhere."""
     if (template.precision["h"] not in ("float16", "bfloat16") or template.batch < CELL_OVER_RESIDENT_BATCH
             or template.hidden < CELL_OVER_RESIDENT_HIDDEN or template.batch % CELL_FORMS[3][0] == 0):
         return None
