@@ -10,7 +10,8 @@ Each case, same process, same rotated inputs (``SETS`` input sets):
   back to back and replayed from a CUDA graph: the baseline is the best over algorithms and
   methods.  cuDNN with TF32 allowed is reported beside it, labelled.  ``torch.nn.GRU`` too.
 - ours through ``tvm_ext.torch.GRU`` (the pick, torch tensors in place, torch's stream) the
-  same three ways, and each of ``--candidates`` more configs back to back.
+  same three ways, and so each of ``--candidates`` more configs (first the pick with ``--knobs``
+  changed, where given).
 - the module as it ships (``fallback="auto"``): the side its first call measured faster
   (ours or ``nn.GRU``), timed the same three ways and as a user calls it.
 - as a user calls it: eager calls with a synchronize, wall clock (ours and ``nn.GRU``; ours
@@ -113,6 +114,11 @@ CASES = (
     # the resident-W cell step kernel (step_cell) with a ragged last row tile
     Case("fp16 B160 H1024", 160, 1024, dtype="float16"), Case("bf16 B192 H1024", 192, 1024, dtype="bfloat16"),
     Case("bf16 B160 H1024", 160, 1024, dtype="bfloat16"),
+    # the resident-W kernel with its input GEMM counted beside it, under the tensor-core step kernel's batch
+    Case("fp16 B96 H1024", 96, 1024, dtype="float16"), Case("bf16 B96 H1024", 96, 1024, dtype="bfloat16"),
+    Case("bf16 bi B64 H1024", 64, 1024, dtype="bfloat16", bidirectional=True),
+    Case("fp16 B160 H768", 160, 768, dtype="float16"), Case("bf16 B192 H768", 192, 768, dtype="bfloat16"),
+    Case("fp16 bi B96 H768", 96, 768, dtype="float16", bidirectional=True),
 )
 
 
@@ -285,7 +291,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             row["torch_numpy_wall"] = wall_ms(lambda: net(torch.from_numpy(x_np).cuda())[0].cpu().numpy(), repeat=10)
     # ---- a few more configs, back to back -----------------------------------------------------
     row["candidates"] = []
-    if args.candidates and lengths is None:
+    if (args.candidates or args.knobs) and lengths is None:
         from gru import candidates, precision_of  # noqa: E402
 
         from tvm_ext.schedules.gru import GruTemplate
@@ -296,8 +302,9 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                                layers=case.layers, bidirectional=case.bidirectional)
         template = template.with_precision(precision_of(case.dtype)).with_tensor_cores(target)
         start = time.perf_counter()
-        for cfg in candidates(template, target, args.candidates):
-            if time.perf_counter() - start > args.budget:
+        changed = [template.analytic_pick(target)[0].replace(**knob_values(args.knobs))] if args.knobs else []
+        for cfg in [*changed, *(candidates(template, target, args.candidates) if args.candidates else [])]:
+            if time.perf_counter() - start > args.budget and cfg not in changed:
                 break
             try:
                 cand = TvmGRU(case.width, case.hidden, case.layers, bidirectional=case.bidirectional, device="cuda",
@@ -313,6 +320,11 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001
                 row["candidates"].append({"config": cfg.as_dict(), "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
     return row
+
+
+def knob_values(text: str) -> dict[str, int]:
+    """``knob=value,knob=value`` as a dict of ints."""
+    return {name.strip(): int(value) for name, value in (item.split("=") for item in text.split(",") if item.strip())}
 
 
 def summary(row: dict[str, Any]) -> list[str]:
@@ -361,6 +373,7 @@ def main() -> None:
     p.add_argument("--cases", default="", help="comma-separated labels (spaces as _), default all")
     p.add_argument("--candidates", type=int, default=0, help="more configs tried per case (default 0: the pick)")
     p.add_argument("--budget", type=float, default=60.0, help="seconds of candidates per case")
+    p.add_argument("--knobs", default="", help="knob=value,... over the pick: timed first among the candidates")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     wanted = {c.strip().lower() for c in args.cases.split(",") if c.strip()}

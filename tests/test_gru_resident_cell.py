@@ -64,7 +64,7 @@ def test_row_tile_counts_replace_the_grid_barrier():
     init zeroes the counts every layer; no grid-wide arrival count."""
     target = offline_cuda("sm_90")
     t = _template(192, 1024, seq=4)
-    cfg = t.analytic_pick(target)[0].replace(step_flags=1)
+    cfg = t.analytic_pick(target)[0].replace(step_flags=1, step_overlap=0)  # gi complete at launch
     assert t.space(target).infeasible_reason(cfg) is None
     compiled = t.compile(cfg, target)
     calls = {c.name: c.args for c in compiled.function_calls()}
@@ -78,6 +78,36 @@ def test_row_tile_counts_replace_the_grid_barrier():
     assert "cluster" in t.space(target).infeasible_reason(cfg.replace(step_flags=2))
 
 
+def test_input_gemm_counted_beside_the_resident_kernel():
+    """``step_overlap`` on the resident-W kernel: the init zeroes ``gi_ready``, the GEMM (launched
+    first, its tile rows in turn) counts into it, and the steps kernel, launched while it runs,
+    waits for a step's tile rows (acquire loads: the total, then the block's first and last rows)
+    before it loads that step's input gates, behind the cell and ahead of the grid barrier; past the
+    poll limit it raises the timed-out flag in the barrier's own words.  The pick takes it where
+    the GEMM's blocks fit the SMs the 96 step blocks leave: 64 tiles a block at T=128 (36 blocks)."""
+    target = offline_cuda("sm_90")
+    cfg, why = _template(192, 1024, seq=128).analytic_pick(target)
+    assert cfg.step_overlap == 64 and "its 36 blocks" in why and "beside the step kernel's 96" in why
+    t = _template(192, 1024, seq=8)
+    cfg = t.analytic_pick(target)[0]
+    assert cfg.step_overlap == 4 and t.counted_gemm_tile(cfg).tiles == 4
+    assert t.step_variant(cfg).gi_ready == (128, 3 * 1024 // 256)
+    compiled = t.compile(cfg, target)
+    calls = {c.name: c.args for c in compiled.function_calls()}
+    assert calls["gru_init"][-2:] == calls["gru_steps"][-2:] == ("bar", "gi_ready")
+    assert calls["gru_gemm_x0"][-1] == "gi_ready"
+    kernel = _steps_kernel(compiled.source)
+    assert kernel.count("__nv_atomic_load_n((&(ready_ptr[") == 2 * 2 * 2  # step 0's and each next step's
+    before, loop = kernel.split("for (int step = 0;", 1)
+    assert before.index("ready_ptr[") < before.index("gi_ptr[")
+    cell = loop[loop.index("wait_group_sync_aligned_0"):]
+    assert (cell.index("hs_ptr[") < cell.index("ready_ptr[") < cell.index("gi_ptr[")
+            < cell.index("__nv_atomic_fetch_add"))
+    assert kernel.count("bar_ptr[1] = 1;") == 2  # the grid barrier's and the polls'
+    uncounted = t.compile(cfg.replace(step_overlap=0), target)
+    assert "ready_ptr" not in _steps_kernel(uncounted.source)
+
+
 @pytest.mark.parametrize("batch, hidden, bidirectional, precision, resident", [
     (192, 1024, False, HALF, True),
     (160, 1024, False, HALF, True),  # a ragged last row tile
@@ -86,14 +116,23 @@ def test_row_tile_counts_replace_the_grid_barrier():
     (192, 1024, False, BF16, True), (160, 1024, False, BF16, True),  # bfloat16 as float16
     (256, 1024, False, BF16, False),  # bfloat16 on 128-row cell tiles
     (128, 2048, False, HALF, False),  # W's columns do not fit beside the stages
-    (256, 768, False, HALF, False),  # below H1024 the picks stay as they were
+    (96, 1024, False, HALF, True), (64, 1024, True, HALF, True),  # 64 blocks, the input GEMM counted beside
+    (96, 1024, False, BF16, True),
+    (64, 1024, False, HALF, False), (32, 1024, True, HALF, False),  # 32 blocks: the tensor-core step kernel
+    # H768, counted, over the unfused steps; not where the tensor-core step kernel runs, nor at 128-row tiles
+    (192, 768, False, HALF, True), (160, 768, False, HALF, True), (96, 768, True, HALF, True),
+    (192, 768, False, BF16, True),
+    (128, 768, False, HALF, False), (64, 768, True, HALF, False), (256, 768, False, HALF, False),
+    (192, 512, False, HALF, False),  # below H768 the picks stay as they were
 ])
 def test_pick_takes_the_resident_kernel_where_its_grid_makes_a_wave(batch, hidden, bidirectional, precision,
                                                                      resident):
     target = offline_cuda("sm_90")
-    t = _template(batch, hidden, bidirectional, precision)
+    t = _template(batch, hidden, bidirectional, precision, seq=128)
     cfg, why = t.analytic_pick(target)
     assert (cfg.step_cell == 1) == resident, why
+    if resident:
+        assert cfg.step_overlap > 0 and "launched while the input GEMM runs" in why  # on the SMs its grid leaves
     assert t.space(target).infeasible_reason(cfg) is None
 
 
@@ -104,6 +143,8 @@ def test_pick_takes_the_resident_kernel_where_its_grid_makes_a_wave(batch, hidde
     (192, 1024, {}, HALF, "sm_80", "persistent kernel (step_loop 2) of a Hopper GPU"),
     (192, 1024, {"step_loop": 0}, HALF, "sm_90", "persistent kernel (step_loop 2) of a Hopper GPU"),
     (64, 96, {}, HALF, "sm_90", "hidden 96 is no multiple of its k tile"),
+    (192, 1024, {"step_flags": 1, "in_wgmma": 1, "step_overlap": 4}, HALF, "sm_90",
+     "resident-W cell step kernel's with its grid barrier"),
 ])
 def test_space_refuses_what_the_kernel_cannot_run(batch, hidden, knobs, precision, arch, reason):
     target = offline_cuda(arch)
@@ -131,9 +172,15 @@ GPU_SHAPES = {
     "b100-h512-2layer-bi-flags": Shape(seq=5, batch=100, input=64, hidden=512, layers=2, bidirectional=True),
     # three stages, no wgmma left in flight
     "b64-h256-s3i0": Shape(seq=7, batch=64, input=64, hidden=256),
+    # the input GEMM counted beside the steps: its 36 blocks on the SMs the 96 step blocks leave
+    "b192-h1024-counted": Shape(seq=8, batch=192, input=1024, hidden=1024),
+    # the same from both ends of gi, a ragged last row tile, a later layer's GEMM of depth 1024
+    "b96-h512-2layer-bi-counted": Shape(seq=8, batch=96, input=128, hidden=512, layers=2, bidirectional=True),
 }
 KNOBS = {"b192-h1024": {}, "b100-h512-2layer-bi": {}, "b100-h512-2layer-bi-flags": {"step_flags": 1},
-         "b64-h256-s3i0": {"step_cell_stages": 3, "step_cell_inflight": 0}}
+         "b64-h256-s3i0": {"step_cell_stages": 3, "step_cell_inflight": 0},
+         "b192-h1024-counted": {"in_wgmma": 1, "step_overlap": 4},
+         "b96-h512-2layer-bi-counted": {"in_wgmma": 1, "step_overlap": 4}}
 PRECISIONS = {"float16": (HALF, 5e-3), "bfloat16": (BF16, 3e-2)}
 
 
@@ -153,6 +200,6 @@ def test_cuda_resident_kernel_matches_float64_and_the_cell_form(key, dtype):
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)
-    cell_form = build({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 1})
+    cell_form = build({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 1, **({"in_wgmma": 1} if "counted" in key else {})})
     for ours, theirs in zip(gru(x, h0), cell_form(x, h0)):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))

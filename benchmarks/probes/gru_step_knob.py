@@ -84,7 +84,9 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # the resident-W cell step kernel (step_cell) where the cell form would be on 64-row tiles
          ("float16", 160, 1024),
          # bfloat16 where float16 takes the resident-W cell step kernel
-         ("bfloat16", 192, 1024), ("bfloat16", 160, 1024))
+         ("bfloat16", 192, 1024), ("bfloat16", 160, 1024),
+         # the resident-W kernel with its input GEMM counted beside it, where other kernels are picked
+         ("bfloat16", 128, 1024), ("float16", 96, 1024))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

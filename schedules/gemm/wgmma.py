@@ -534,15 +534,16 @@ def row_order_divides(rows: int, columns: int, tiles: int) -> bool:
     return rows % tiles == 0 or rows * columns % tiles == 0
 
 
-def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int) -> int:
-    """The fewest tiles a block (of ``TILES_PER_BLOCK``) whose row-ordered grid has at most
+def row_order_tiles(t: WgmmaTile, m: int, n: int, max_blocks: int,
+                    counts: tuple[int, ...] = TILES_PER_BLOCK) -> int:
+    """The fewest tiles a block (of ``counts``) whose row-ordered grid has at most
     ``max_blocks`` blocks (the SMs another kernel leaves free): first of those dividing the tile
     rows (each block then keeps one column), else of those dividing all the tiles (the grid's k-th
     round still covers one contiguous band of tiles in row order: 14 tile rows of 48 at float32
     B7 H512, 12 a block); the most that divide the rows where none is that few; 1 where none does."""
     rows, columns = -(-m // t.bm), -(-n // t.bn)
-    choices = sorted(x for x in TILES_PER_BLOCK if rows % x == 0)
-    whole = sorted(x for x in TILES_PER_BLOCK if row_order_divides(rows, columns, x))
+    choices = sorted(x for x in counts if rows % x == 0)
+    whole = sorted(x for x in counts if row_order_divides(rows, columns, x))
     return next((x for x in choices if columns * (rows // x) <= max_blocks),
                 next((x for x in whole if rows * columns // x <= max_blocks), choices[-1] if choices else 1))
 

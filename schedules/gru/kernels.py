@@ -27,9 +27,9 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
     units a word (``pack_pair``); ``float_pairs``: two float32 values a word and a tag bit
     (``float_pair``), slot 1's words with the bit set.  ``ready_words``: also zeroes the counts
     ``gi_ready`` of the input GEMM's stored tile rows that the step kernel waits for (it runs
-    before that layer's GEMM; ``tensor_core_step.wait_gi_macro``).  ``zero_words`` (with ``barrier``,
-    not ``flags``): also zeroes that many words of ``hx``, a kernel's per-block step counts
-    (``resident_cell.py``)."""
+    before that layer's GEMM; ``tensor_core_step.wait_gi_macro``), with ``flags`` or ``barrier``.
+    ``zero_words`` (with ``barrier``, not ``flags`` nor ``ready_words``): also zeroes that many
+    words of ``hx``, a kernel's per-block step counts (``resident_cell.py``)."""
     from tvm.script import tirx as T
 
     if not pingpong:
@@ -127,6 +127,19 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 flag_words(h0, hs, bar, hx, layer, vd, vb, vj)
                 zero_first(ready, ready_words, vd, vb, vj)
 
+    @T.prim_func(s_tir=True)
+    def init_barrier_ready(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+                           hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+                           ready: T.Buffer((ready_len,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], ready[0:ready_len])
+                copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
+                zero_first(ready, ready_words, vd, vb, vj)
+
     zeroed = max(zero_words, 1)
 
     @T.prim_func(s_tir=True)
@@ -144,6 +157,10 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
 
     if flags:
         return init_flags_ready if ready_words else init_flags
+    if zero_words and ready_words:
+        raise ValueError("the init zeroes step counts (zero_words) or gi's tile-row counts (ready_words), not both")
+    if ready_words:
+        return init_barrier_ready
     if zero_words:
         return init_barrier_zeroed
     return init_barrier if barrier else init_pingpong

@@ -7,6 +7,10 @@ from tvm_ext.schedules.gemm.simt import KNOBS as GEMM_KNOBS
 from tvm_ext.schedules.gemm.wgmma import TILES_PER_BLOCK
 from tvm_ext.core.space import Config, Knob
 
+# Tiles a block of an input GEMM counted for the step kernel (``step_overlap``): the GEMM's own
+# choices, and more for a GEMM of hundreds of tile rows on the SMs a resident step grid leaves
+COUNTED_TILES_PER_BLOCK = TILES_PER_BLOCK + (32, 64)
+
 STEP_KNOBS = (
     Knob("cell_block", (32, 64, 128, 256, 512, 1024),
          "cell kernel threads per block (the published pipeline: 512), clamped to the device limit"),
@@ -85,12 +89,13 @@ STEP_KNOBS = (
     Knob("step_tc_ahead", (1, 2, 4), "split tensor-core step kernel (step_tc 2): chunks of h loaded ahead into "
                                      "registers (each load's L2 latency behind this many chunks' products)",
          before=1),
-    Knob("step_overlap", (0,) + TILES_PER_BLOCK,
-         "tensor-core step kernel with step_flags 1 and the input GEMM on wgmma (Hopper): N > 0 launches the step "
-         "kernel while the input GEMM runs (programmatic dependent launch), the GEMM storing its tiles in row order, "
-         "N a block, and counting each tile row of gi it has stored, the step kernel waiting for a step's rows "
-         "before loading them: the GEMM's time behind the first steps where the step kernel leaves SMs free",
-         before=0),
+    Knob("step_overlap", (0,) + COUNTED_TILES_PER_BLOCK,
+         "tensor-core step kernel with step_flags 1, or the resident-W cell step kernel (step_cell 1), and the "
+         "input GEMM on wgmma (Hopper): N > 0 launches the step kernel while the input GEMM runs (programmatic "
+         "dependent launch), the GEMM storing its tiles in row order, N a block, and counting each tile row of gi "
+         "it has stored, the step kernel waiting for a step's rows before loading them: the GEMM's time behind the "
+         "steps where the step kernel leaves SMs free (32 and 64 tiles a block: a GEMM of many tile rows on the few "
+         "SMs a large step grid leaves)", before=0),
     Knob("step_overlap_bn", (0, 32, 64),
          "step_overlap > 0: columns of the counted input GEMM's tile (0: the GEMM's own tile's), narrower so that "
          "its first tile rows, which the first steps wait for, are stored sooner (more tiles a block over the same "

@@ -43,10 +43,11 @@ from tvm_ext.precision.precision import itemsize
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
-from tvm_ext.schedules.gemm.wgmma import row_order_tiles
+from tvm_ext.schedules.gemm.wgmma import TILES_PER_BLOCK, row_order_tiles
 
 from .cell_epilogue import CELL_FORMS, cell_blocks
 from .flag_step import FLAG_UNITS
+from .knobs import COUNTED_TILES_PER_BLOCK
 from .fused_step import step_k_extent
 from .split_step import SPLIT_CHUNK_K
 
@@ -103,6 +104,15 @@ CELL_PICK_ORDER = (3, 1, 2)
 # step kernel is 1.2-2.7x faster than every cell form: docs/results/gru.md)
 CELL_OVER_RESIDENT_BATCH = 128
 CELL_OVER_RESIDENT_HIDDEN = 1024
+# The resident-W cell step kernel with its input GEMM counted beside it is taken over the
+# tensor-core step kernel from this batch, a direction / both (its grid 64 blocks there): float16
+# B96 H1024 0.923 ms against 1.298, bidirectional B64 H1024 1.008 against 1.177 (docs/results/gru.md)
+RESIDENT_COUNTED_BATCH = {1: 96, 2: 64}
+# Below H1024, from this hidden size, it is taken counted where no tensor-core step kernel's grid is
+# resident (over the unfused steps): float16 B192 / B160 H768 1.004 / 0.986 ms against 1.193 / 1.153,
+# bidirectional B96 H768 1.109 against 1.462, bfloat16 B192 H768 1.007 against 1.203; the tensor-core
+# step kernel faster where it runs (B128 H768 0.771 against 0.994; docs/results/gru.md)
+RESIDENT_HIDDEN = 768
 # The fp32 GEMM study's best tile at 4096^3 (docs/results/gemm.md)
 LARGE_GEMM_TILE = dict(wg_x=16, wg_y=8, task_x=8, task_y=8, k_step=16, use_shared=1, pad=1, unroll=512, vec=4,
                        double_buffer=1, a_transposed=1)
@@ -161,12 +171,13 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                   if flags.step_flag_input else gemm_why)
         return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
                        f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
-    resident = _resident_cell(template, base, space, hw.sm_count) if cuda else None
+    resident, early = (_resident_cell(template, base, space, hw.sm_count, tensor_core is not None) if cuda
+                       else (None, ""))
     if resident is not None:
         shape = template.step_variant(resident).shape
         return resident, (f"resident-W cell step kernel (one launch a layer, a grid barrier a step): {shape.blocks} "
                           f"blocks of 64 rows x 32 units on wgmma, W_hh's columns in shared memory for all T steps, "
-                          f"h streamed through {shape.stages} stages, the cell from the registers; {gemm_why}")
+                          f"h streamed through {shape.stages} stages, the cell from the registers; {gemm_why}{early}")
     if (tensor_core is not None and template.batch >= CELL_OVER_RESIDENT_BATCH
             and template.hidden >= CELL_OVER_RESIDENT_HIDDEN):
         cell = _cell_in_gemm(template, base.replace(hid_wgmma=1), space, hw.sm_count)
@@ -262,20 +273,35 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     early = cfg.replace(step_overlap=1, **({} if cfg.in_split or cfg.in_wgmma else {"in_wgmma": 1}))
     if not space.is_feasible(early):
         return cfg, ""
-    (m, n), blocks = template.gi_shape, template.step_variant(early).shape.blocks
     for bn in (NARROW_COUNTED_BN, 0) if early.in_split == 3 else (0,):
-        placed = early.replace(step_overlap_bn=bn)
-        placed = placed.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(placed), m, n,
-                                                             sm_count - blocks))
-        tile = template.counted_gemm_tile(placed)
-        gemm_blocks = -(-(n // tile.bn * -(-m // tile.bm)) // tile.tiles)
-        if blocks + gemm_blocks <= sm_count and space.is_feasible(placed):
-            placed, deeper = _deepened(template, placed, space)
-            ends = ", tile rows from both ends" if template.bidirectional else ""
-            return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks "
-                            f"({template.counted_gemm_tile(placed).name}{', columns narrowed' if bn else ''}"
-                            f"{deeper}{ends}) beside the step kernel's {blocks}, which waits for each step's rows")
+        placed, why = _counted_beside(template, early.replace(step_overlap_bn=bn), space, sm_count, TILES_PER_BLOCK,
+                                      ", columns narrowed" if bn else "")
+        if why:
+            return placed, why
     return cfg, ""
+
+
+def _counted_beside(template: Any, cfg: Config, space: Any, sm_count: int, counts: tuple[int, ...],
+                    narrowed: str = "") -> tuple[Config, str]:
+    """``cfg`` with its input GEMM counted (``step_overlap``: the fewest of ``counts`` tiles a
+    block) on the SMs its step kernel's grid leaves, where both grids fit side by side and the
+    space allows it (its pipeline deepened by ``_deepened``), and the why's words ("" where it
+    stays as it was)."""
+    early = cfg.replace(step_overlap=1)
+    if template.counted_gemm_tile(early) is None:
+        return cfg, ""
+    (m, n), blocks = template.gi_shape, template.step_variant(early).shape.blocks
+    placed = early.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(early), m, n, sm_count - blocks,
+                                                        counts))
+    tile = template.counted_gemm_tile(placed)
+    gemm_blocks = -(-(n // tile.bn * -(-m // tile.bm)) // tile.tiles)
+    if blocks + gemm_blocks > sm_count or not space.is_feasible(placed):
+        return cfg, ""
+    placed, deeper = _deepened(template, placed, space)
+    ends = ", tile rows from both ends" if template.bidirectional else ""
+    return placed, (f"; the step kernel launched while the input GEMM runs, its {gemm_blocks} blocks "
+                    f"({template.counted_gemm_tile(placed).name}{narrowed}{deeper}{ends}) beside the step kernel's "
+                    f"{blocks}, which waits for each step's rows")
 
 
 # The counted GEMM's loads issued at least this many k steps ahead (``step_overlap_stages``): float32 B16
@@ -476,24 +502,36 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> 
     return None
 
 
-def _resident_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
-    """The resident-W cell step kernel (``step_cell`` 1, 4 stages) for 16-bit h and W_hh where the
-    cell in the hidden GEMM's store would be picked (from ``CELL_OVER_RESIDENT_BATCH`` x
-    ``CELL_OVER_RESIDENT_HIDDEN``) on 64-row tiles (a batch no multiple of 128) and its grid, one
-    block an SM, makes at least ``CELL_WAVE`` of a wave: float16 B192 H1024 1.404 ms against the
-    64-row cell form's 1.633-1.649, 0.92x cuDNN's best where that was 0.79x; bfloat16 B192 / B160
-    H1024 1.395 / 1.160 ms against the kernels picked before (the cell form, the unfused steps),
-    1.655 / 1.814.  Where 128-row cell tiles run they are as fast or faster replayed from a CUDA
-    graph (B256 H1024 1.439 against 1.434, bidirectional B128 H1024 1.457 against 1.529); B128
-    H1024's 64 blocks 2 % slower than the cell form (docs/results/gru.md).  None elsewhere."""
-    if (template.precision["h"] not in ("float16", "bfloat16") or template.batch < CELL_OVER_RESIDENT_BATCH
-            or template.hidden < CELL_OVER_RESIDENT_HIDDEN or template.batch % CELL_FORMS[3][0] == 0):
-        return None
+def _resident_cell(template: Any, base: Config, space: Any, sm_count: int,
+                   tensor_core: bool) -> tuple[Config | None, str]:
+    """The resident-W cell step kernel (``step_cell`` 1, 4 stages) for 16-bit h and W_hh from
+    ``RESIDENT_HIDDEN`` at a batch no multiple of 128 (where 128-row cell tiles run,
+    as fast or faster replayed from a CUDA graph: B256 H1024 1.439 against 1.434, bidirectional
+    B128 1.457 against 1.529, B128 0.992 against 0.997 with its GEMM counted), with its input GEMM
+    counted on the SMs its grid leaves (``_counted_beside``), and the why's words for that:
+    - where the cell form would be on 64-row tiles (from ``CELL_OVER_RESIDENT_BATCH``) and its grid
+      makes at least ``CELL_WAVE`` of a wave: float16 B192 / B160 H1024 1.085 / 1.073 ms counted,
+      1.389 / 1.135 not, 1.633 on the 64-row cell form (B192); bfloat16 alike;
+    - counted, from ``RESIDENT_COUNTED_BATCH`` over the tensor-core step kernel;
+    - below ``CELL_OVER_RESIDENT_HIDDEN``, counted, where no tensor-core step kernel
+      (``tensor_core``: one is resident) runs.
+    (None, "") elsewhere (docs/results/gru.md)."""
+    none = (None, "")
+    if (template.precision["h"] not in ("float16", "bfloat16") or template.hidden < RESIDENT_HIDDEN
+            or template.batch % CELL_FORMS[3][0] == 0):
+        return none
     cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_cell=1, step_cell_stages=4,
                        step_cell_inflight=1)
-    if not space.is_feasible(cfg) or template.step_variant(cfg).shape.blocks < CELL_WAVE * sm_count:
-        return None
-    return cfg
+    if not space.is_feasible(cfg):
+        return none
+    counted, early = _counted_beside(template, cfg, space, sm_count, COUNTED_TILES_PER_BLOCK)
+    if template.hidden < CELL_OVER_RESIDENT_HIDDEN:
+        return (counted, early) if early and not tensor_core else none
+    wave = (template.batch >= CELL_OVER_RESIDENT_BATCH
+            and template.step_variant(cfg).shape.blocks >= CELL_WAVE * sm_count)
+    if wave:
+        return counted, early
+    return (counted, early) if early and template.batch >= RESIDENT_COUNTED_BATCH[template.dirs] else none
 
 
 def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:

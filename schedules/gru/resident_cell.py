@@ -24,13 +24,13 @@ from tvm_ext.precision.precision import itemsize
 from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELEASE,
                                         NV_SCOPE_DEVICE, SPIN_LIMIT)
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, gate_reason
-from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout, counted_words
 from tvm_ext.target import TargetInfo
 
 from .cell_epilogue import CELL_TILE_COLUMNS, CellStore, fragment_pair, fragment_sums, gate_input
-from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant,
-                           residency)
-from .tensor_core_step import BARRIER_MARK, with_grid_barrier
+from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, OVERLAP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS,
+                           StepSizes, StepVariant, residency)
+from .tensor_core_step import BARRIER_MARK, wait_gi_macro, with_grid_barrier
 
 RESIDENT_ROWS = 64  # batch rows a block: one consumer warpgroup
 RESIDENT_STAGES = (4, 3)  # h's stages, the most that fit beside W first (2 would load none ahead)
@@ -79,21 +79,24 @@ def resident_tile(stages: int, operand: str, inflight: int = 1) -> WgmmaTile:
 
 
 def resident_cell_func(sizes: StepSizes, stages: int, barrier: int, inflight: int = 1, flags: bool = False,
-                       name: str = "gru_steps") -> Any:
+                       gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps") -> Any:
     """The kernel of one layer as a lowered PrimFunc: (gi, hs, w, bias, layer, out, h_n, bar), the
     persistent step kernels' signature, ``barrier`` indexing ``BARRIERS`` (the knob
     ``step_barrier``), ``inflight`` wgmma groups left in flight at each k step.  ``flags``
     (``step_flags`` 1): no grid barrier; each block stores its count of steps done into its word
     of ``hx`` (a further parameter, zeroed by the init) with a release store, and a step waits
     only for the blocks of its row tile, whose h' it reads (a lane of the first warp polling each
-    with acquire loads)."""
-    kernel = _kernel(sizes, stages, inflight, flags)
+    with acquire loads).  ``gi_ready`` (rows, count), with the grid barrier: gi comes from an
+    input GEMM still running (``step_overlap``); the kernel takes ``ready`` (a count a tile row of
+    that many rows, then their total) and each thread waits for a step's tile rows before it loads
+    that step's input gates (``tensor_core_step.wait_gi_macro``)."""
+    kernel = _kernel(sizes, stages, inflight, flags, gi_ready)
     if not flags:
-        kernel = with_grid_barrier(kernel, BARRIERS[barrier], replaced=1)
+        kernel = with_grid_barrier(kernel, BARRIERS[barrier], replaced=1, kept=1 if gi_ready[0] else 0)
     return kernel.with_attr("global_symbol", name)
 
 
-def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
+def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool, gi_ready: tuple[int, int]) -> Any:
     """The kernel with its barrier mark: W once, then per step h's k tiles through the stages
     (``ahead`` loaded ahead of the one multiplied, each stage refilled once the wgmma that read it
     retired), the cell from the registers, the next step's input gates loaded, the mark.  A thread
@@ -115,6 +118,9 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
     pairs = groups * 4  # (row, unit) pairs a thread's accumulators hold all three gates of (``fragment_pair``)
     cell = CellStore(s, slots=True).cell_values(L)
     G, state = 3 * hidden, (dirs, batch, hidden)
+    counted = gi_ready[0] > 0
+    wait_gi = wait_gi_macro(steps, batch, RESIDENT_ROWS, *gi_ready, seen_at=1) if counted else None
+    ready_words = counted_words(steps * batch, gi_ready[0]) if counted else 1
 
     def pair(tx: Any, row0: Any, col0: Any, i: int) -> tuple[Any, Any]:
         """(row, unit) of a thread's pair ``i`` (group i // 4, half i // 2 % 2, unit i % 2)."""
@@ -171,7 +177,17 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
         T.tvm_storage_sync("shared")
 
     @T.macro
-    def body(gi: Any, hs: Any, w: Any, bias: Any, layer: Any, out: Any, h_n: Any, bar: Any, hx: Any) -> None:
+    def gates_when_stored(gi: Any, gates: Any, step: Any, d: Any, row0: Any, col0: Any, tx: Any, ready: Any,
+                          spins: Any) -> None:
+        """``load_gi``, with gi counted after the wait for the step's tile rows (spins toward the
+        poll limit: past it the timed-out flag, raised after the steps)."""
+        if counted:
+            wait_gi(ready, spins, spins, step, d, row0)
+        load_gi(gi, gates, step, d, row0, col0, tx)
+
+    @T.macro
+    def body(gi: Any, hs: Any, w: Any, bias: Any, layer: Any, out: Any, h_n: Any, bar: Any, hx: Any,
+             ready: Any) -> None:
         bid = T.launch_thread("blockIdx.x", blocks)
         tx = T.launch_thread("threadIdx.x", threads)
         smem = T.alloc_buffer((w_elems + stages * a_stage,), operand, scope="shared.dyn", align=1024)
@@ -179,8 +195,12 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
         gates = T.alloc_buffer((pairs * 3,), s.gi_dtype, scope="local")  # the step's input gates
         h_kept = T.alloc_buffer((pairs,), operand, scope="local")  # the state of the thread's pairs
         h_new = T.alloc_buffer((1,), s.math_dtype, scope="local")
-        spins = T.alloc_buffer((1,), "int32", scope="local")
+        spins = T.alloc_buffer((4 if counted else 1,), "int32", scope="local")
         spins[0] = 0
+        if counted:  # spins[1:4]: gi's tile rows known stored (``wait_gi_macro``)
+            spins[1] = -1
+            spins[2] = -1
+            spins[3] = 0
         d = T.meta_var(bid // (row_tiles * unit_tiles))
         row0 = T.meta_var(bid // unit_tiles % row_tiles * RESIDENT_ROWS)
         col0 = T.meta_var(bid % unit_tiles * CELL_TILE_COLUMNS)
@@ -194,7 +214,7 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
         for i in T.unroll(pairs):
             row, unit = T.meta_var(pair(tx, row0, col0, i))
             h_kept[i] = hs[0, d, L.epilogue_row(row), unit]
-        load_gi(gi, gates, 0, d, row0, col0, tx)
+        gates_when_stored(gi, gates, 0, d, row0, col0, tx, ready, spins)
         for step in T.serial(steps):
             for i in T.unroll(L.n_acc):
                 acc[i] = T.float32(0)
@@ -217,11 +237,13 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
                      gates[i * 3 + 2], h_kept[i], *fragment_sums(L, acc, i // 4, i // 2 % 2, i % 2), h_new)
                 h_kept[i] = T.Cast(operand, h_new[0])
             if step + 1 < steps:  # behind the barrier
-                load_gi(gi, gates, step + 1, d, row0, col0, tx)
+                gates_when_stored(gi, gates, step + 1, d, row0, col0, tx, ready, spins)
             if flags:
                 exchange(hx, bar, step, bid, tx, spins)
             else:
                 T.evaluate(T.call_extern("int32", BARRIER_MARK, (step + 1) * blocks, tx == 0))
+        if counted and spins[0] >= SPIN_LIMIT:
+            bar[1] = 1
 
     gi_shape, out_shape, h_n_shape = (steps * batch, dirs * G), (steps * batch, dirs * hidden), (s.layers * dirs,
                                                                                               batch, hidden)
@@ -232,9 +254,20 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
                        out: T.Buffer(out_shape, s.out_dtype), h_n: T.Buffer(h_n_shape, operand),
                        bar: T.Buffer((BARRIER_WORDS,), "int32"), hx: T.Buffer((2 * dirs * batch * hidden,), "uint64")):
             T.func_attr({"tirx.noalias": True})
-            body(gi, hs, w, bias, layer, out, h_n, bar, hx)
+            body(gi, hs, w, bias, layer, out, h_n, bar, hx, None)
 
         return with_flags
+
+    if counted:
+        @T.prim_func(private=True)
+        def with_ready(gi: T.Buffer(gi_shape, s.gi_dtype), hs: T.Buffer((2, *state), operand),
+                       w: T.Buffer((dirs, hidden, G), operand), bias: T.Buffer((dirs, G), operand), layer: T.int32,
+                       out: T.Buffer(out_shape, s.out_dtype), h_n: T.Buffer(h_n_shape, operand),
+                       bar: T.Buffer((BARRIER_WORDS,), "int32"), ready: T.Buffer((ready_words,), "int32")):
+            T.func_attr({"tirx.noalias": True})
+            body(gi, hs, w, bias, layer, out, h_n, bar, None, ready)
+
+        return with_ready
 
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer(gi_shape, s.gi_dtype), hs: T.Buffer((2, *state), operand),
@@ -242,7 +275,7 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool) -> Any:
                out: T.Buffer(out_shape, s.out_dtype), h_n: T.Buffer(h_n_shape, operand),
                bar: T.Buffer((BARRIER_WORDS,), "int32")):
         T.func_attr({"tirx.noalias": True})
-        body(gi, hs, w, bias, layer, out, h_n, bar, None)
+        body(gi, hs, w, bias, layer, out, h_n, bar, None, None)
 
     return kernel
 
@@ -257,6 +290,7 @@ class ResidentCellStep(StepVariant):
     loop: int
     inflight: int = 1
     exchange: int = 0  # step_flags
+    gi_ready: tuple[int, int] = (0, 0)  # (rows, count) of a tile row of gi counted by the input GEMM
 
     @property
     def flags(self) -> bool:
@@ -277,7 +311,8 @@ class ResidentCellStep(StepVariant):
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the other persistent kernels' knobs do not apply
-        return ("cell_block", "hid_"), (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + CLUSTER_STEP_KNOBS + TC_STEP_KNOBS
+        tensor_core = tuple(name for name in TC_STEP_KNOBS if name not in OVERLAP_KNOBS)  # the input GEMM's stay
+        return ("cell_block", "hid_"), (SIMT_STEP_KNOBS + FLAG_STEP_KNOBS + CLUSTER_STEP_KNOBS + tensor_core
                                         + ("step_j", "step_tc", "step_cluster_quads")
                                         + (("step_barrier",) if self.flags else ()))
 
@@ -310,11 +345,22 @@ class ResidentCellStep(StepVariant):
                     f"SMs x {fits} resident per SM")
         return None
 
+    @property
+    def counts_gi(self) -> bool:
+        return not self.flags  # the step counts' variant keeps gi complete at launch
+
+    @property
+    def ready_words(self) -> int:
+        s = self.sizes
+        return counted_words(s.seq * s.batch, self.gi_ready[0]) if self.gi_ready[0] else 0
+
     def init_layout(self) -> dict[str, Any]:
-        return {"pingpong": True, "barrier": True, "zero_words": self.shape.blocks if self.flags else 0}
+        return {"pingpong": True, "barrier": True, "zero_words": self.shape.blocks if self.flags else 0,
+                "ready_words": self.ready_words}
 
     def barrier_words(self) -> tuple[str, ...]:
-        return ("bar", "hx") if self.flags else ("bar",)
+        return (("bar", "hx") if self.flags else ("bar",)) + (("gi_ready",) if self.ready_words else ())
 
     def lowered_kernels(self) -> dict[str, Any]:
-        return {"gru_steps": resident_cell_func(self.sizes, self.stages, self.barrier, self.inflight, self.flags)}
+        return {"gru_steps": resident_cell_func(self.sizes, self.stages, self.barrier, self.inflight, self.flags,
+                                                self.gi_ready)}

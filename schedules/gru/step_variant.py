@@ -28,9 +28,10 @@ PERSISTENT_MIN_REGISTERS = 64
 # The knobs of the fused CUDA-core step kernel, which the other fused kernels do not read
 SIMT_STEP_KNOBS = ("step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_prefetch",
                    "step_w_onchip")
+OVERLAP_KNOBS = ("step_overlap", "step_overlap_bn", "step_overlap_tma", "step_overlap_stages")
 TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
                  "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_tc_stack", "step_split_words",
-                 "step_tc_ahead", "step_overlap", "step_overlap_bn", "step_overlap_tma", "step_overlap_stages")
+                 "step_tc_ahead") + OVERLAP_KNOBS
 FLAG_STEP_KNOBS = ("step_flag_units", "step_flag_input")
 CLUSTER_STEP_KNOBS = ("step_cluster_quads",)
 
@@ -156,6 +157,18 @@ class StepVariant(ABC):
     def barrier_words(self) -> tuple[str, ...]:
         """The plan buffers of a persistent kernel's grid barrier and exchange words (none here)."""
         return ()
+
+    @property
+    def counts_gi(self) -> bool:
+        """Whether the kernel can start while its input GEMM runs, waiting for the GEMM's counts of
+        each step's stored rows of gi (``step_overlap``; its ``gi_ready`` then set)."""
+        return False
+
+    @property
+    def ready_words(self) -> int:
+        """The counts of a running input GEMM's stored tile rows of gi that the kernel waits for,
+        and their total (``step_overlap``; 0: gi is complete when it starts)."""
+        return 0
 
     def weights(self, layer: int) -> tuple[str, ...]:
         """The step kernel's first arguments: gi, the state, W_hh and b_hh of ``layer``."""

@@ -46,7 +46,6 @@ from .lengths import LENGTHS_DTYPE, hold_func, row_vector, zero_out_func
 from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
                     tf32_k_parts)
 from .step_variant import StepSizes, StepVariant
-from .tensor_core_step import TensorCoreStep
 from .variants import select_step_variant
 
 
@@ -252,7 +251,7 @@ class GruTemplate(DtypeFields, Template):
         ``in_split``): what allocates, passes and checks the buffers of its program."""
         step = self.step_variant(config)
         return replace(self, split_buffers=int(config.in_split), split_parts=self.stored_parts(config),
-                       ready_buffer=step.ready_words if isinstance(step, TensorCoreStep) else 0,
+                       ready_buffer=step.ready_words,
                        hidden_parts=isinstance(step, CellStep) and step.parts)
 
     def measured_operator(self, config: Config) -> "GruTemplate":
@@ -614,7 +613,7 @@ class GruTemplate(DtypeFields, Template):
         step = select_step_variant(self.step_sizes(), config, self.hidden_gemm(),
                                    self.hid_wgmma_tile or self.hid_tf32_tile)
         tile = self.counted_gemm_tile(config)
-        if tile is not None and isinstance(step, TensorCoreStep) and step.flags:  # gi counted by the GEMM
+        if tile is not None and step.counts_gi:  # gi counted by the GEMM
             count = stored_row_count(self.gi_shape[1], tile.bn, tile.split, tile.cluster)
             return replace(step, gi_ready=(tile.bm, count))
         return step
@@ -649,8 +648,9 @@ class GruTemplate(DtypeFields, Template):
 
     def overlap_reason(self, c: Config, step: StepVariant) -> str | None:
         """Why ``c``'s step kernel cannot start while its input GEMM runs (``step_overlap`` N)."""
-        if not (isinstance(step, TensorCoreStep) and step.flags):
-            return "step_overlap is the tensor-core step kernel's with exchange words (step_tc 1 or 2, step_flags 1)"
+        if not step.counts_gi:
+            return ("step_overlap is the tensor-core step kernel's with exchange words (step_tc 1 or 2, step_flags 1) "
+                    "or the resident-W cell step kernel's with its grid barrier (step_cell 1, step_flags 0)")
         tile = self.counted_gemm_tile(c)
         if tile is None:
             return "step_overlap needs the input GEMM on wgmma (in_wgmma 1, or in_split 2 or 3): it counts its rows"

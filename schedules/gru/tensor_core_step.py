@@ -123,7 +123,8 @@ def _kernel(L: TcKernelLayout) -> Any:
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
     load_w, held_slices, split, parts, state = load_w_macro(L), shape.held_slices, shape.split, shape.parts, L.state
     load_w_global = load_w_global_macro(L)
-    keep_h, wait_gi = _keep_h_macro(L), wait_gi_macro(L)
+    keep_h = _keep_h_macro(L)
+    wait_gi = wait_gi_macro(L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count)
 
     @T.macro
     def body(gi, hs, w, bias, layer, out, h_n, bar, hx, ready):  # type: ignore[no-untyped-def]
@@ -215,17 +216,18 @@ def _kernel(L: TcKernelLayout) -> Any:
     return kernel
 
 
-def wait_gi_macro(L: TcKernelLayout) -> Any:
-    """``wait_gi(ready, poll, seen, step, bz, m0)``: with gi from an input GEMM still running
-    (``L.ready_rows``), spins until the GEMM's counts of the tile rows holding the block's rows
-    of ``step`` are complete (acquire loads, so the gi loads after them read what it stored);
-    ``seen`` keeps the first and last tile row known complete, so a lane polls once a tile row,
-    and whether the total says all of gi is stored (then it polls no more: the GEMM is short
-    beside the steps, so after its first tile rows a step's rows cost no load); the spins count
-    toward the kernel's poll limit (a GEMM that never counts is an error, not a hang)."""
+def wait_gi_macro(steps: int, batch: int, rows: int, tile: int, count: int, seen_at: int = 0) -> Any:
+    """``wait_gi(ready, poll, seen, step, bz, m0)``: with gi (``steps`` x ``batch`` rows) from an
+    input GEMM still running, its tile rows of ``tile`` rows complete at ``count``, spins until
+    the counts of the tile rows holding the block's ``rows`` rows from ``m0`` of ``step`` (of
+    direction ``bz``, the reverse one reading from the last step) are complete (acquire loads, so
+    the gi loads after them read what it stored); ``seen`` keeps (from ``seen_at``) the first and
+    last tile row known complete, so a lane polls once a tile row, and whether the total says all
+    of gi is stored (then it polls no more: after the GEMM's end a step's rows cost no load); the
+    spins count toward the kernel's poll limit (a GEMM that never counts is an error, not a
+    hang)."""
     from tvm.script import tirx as T
 
-    steps, batch, rows, tile, count = L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count
     total = counted_words(steps * batch, tile) - 1 if tile else 0  # where the total follows the rows' counts
 
     def acquired(ready: Any, row: Any) -> Any:
@@ -237,13 +239,13 @@ def wait_gi_macro(L: TcKernelLayout) -> Any:
         t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
         for end in T.unroll(2):  # the tile rows of the block's first and last real row
             row = T.meta_var((t_row * batch + T.min(m0 + end * (rows - 1), batch - 1)) // tile)
-            if T.And(row != seen[end], seen[2] == 0):
+            if T.And(row != seen[seen_at + end], seen[seen_at + 2] == 0):
                 if acquired(ready, total) >= total * count:
-                    seen[2] = 1
+                    seen[seen_at + 2] = 1
                 else:
                     while T.And(poll[0] < SPIN_LIMIT, acquired(ready, row) < count):
                         poll[0] = poll[0] + 1
-                seen[end] = row
+                seen[seen_at + end] = row
 
     return wait_gi
 
@@ -494,7 +496,7 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
     unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
         L.flags
     slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
-    wait_gi = wait_gi_macro(L)
+    wait_gi = wait_gi_macro(L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count)
     split, split_pairs, state = L.shape.split, L.shape.split_pairs, L.state
     unscale = 1.0 / SPLIT_WEIGHT_SCALE  # split: W_hh's parts were scaled
 
@@ -562,9 +564,10 @@ def _cell_and_store_macro(L: TcKernelLayout) -> Any:
 BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
 
 
-def with_grid_barrier(func: Any, kind: str, replaced: int = 2) -> Any:
+def with_grid_barrier(func: Any, kind: str, replaced: int = 2, kept: int = 0) -> Any:
     """``func`` with its barrier mark replaced by ``tvm_ext.lowering.step_loop``'s grid barrier, and
-    its last ``replaced`` parameters (``bar``, and ``hx`` where it has one) by the barrier's."""
+    its ``replaced`` parameters before the last ``kept`` (``bar``, and ``hx`` where it has one) by
+    the barrier's, the kernel's own stores to ``bar`` going to the barrier's."""
     import tvm
     import tvm_ffi
     from tvm import tirx
@@ -581,7 +584,15 @@ def with_grid_barrier(func: Any, kind: str, replaced: int = 2) -> Any:
 
     body = tvm_ffi.structural_mutate(func.body, [(tirx.Evaluate, replace)])
     (bar,) = barrier  # the kernel's own ``bar`` (and ``hx``) parameters by the barrier's
-    return tirx.PrimFunc([*func.params[:-replaced], bar], body, attrs=func.attrs)
+    params = list(func.params)
+    last = len(params) - kept
+    own = params[last - replaced]
+
+    def rebind(node: Any, mutator: Any) -> Any:  # the kernel's stores to its own bar (a timed-out flag)
+        return tirx.BufferStore(bar, node.value, node.indices) if node.buffer.same_as(own) else node
+
+    body = tvm_ffi.structural_mutate(body, [(tirx.BufferStore, rebind)])
+    return tirx.PrimFunc([*params[:last - replaced], bar, *params[last:]], body, attrs=func.attrs)
 
 
 @dataclass(frozen=True)
@@ -721,6 +732,10 @@ class TensorCoreStep(StepVariant):
         return mma_grid_reason("tensor-core step kernel", shape.threads, shape.blocks, shape.shared_bytes(),
                                "W_hh slice, h rows and partial sums", target,
                                lane_registers=HardwareModel.from_target(target).max_registers_per_thread)
+
+    @property
+    def counts_gi(self) -> bool:
+        return self.flags
 
     @property
     def ready_words(self) -> int:
