@@ -119,6 +119,8 @@ CASES = (
     Case("bf16 bi B64 H1024", 64, 1024, dtype="bfloat16", bidirectional=True),
     Case("fp16 B160 H768", 160, 768, dtype="float16"), Case("bf16 B192 H768", 192, 768, dtype="bfloat16"),
     Case("fp16 bi B96 H768", 96, 768, dtype="float16", bidirectional=True),
+    Case("bf16 B160 H768", 160, 768, dtype="bfloat16"),
+    Case("bf16 bi B96 H768", 96, 768, dtype="bfloat16", bidirectional=True),
 )
 
 

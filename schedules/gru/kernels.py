@@ -127,42 +127,29 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 flag_words(h0, hs, bar, hx, layer, vd, vb, vj)
                 zero_first(ready, ready_words, vd, vb, vj)
 
+    # with the barrier, the words zeroed besides: gi's tile-row counts, or the blocks' step counts in hx
+    words_shape, words_dtype = ((ready_len,), "int32") if ready_words else ((2 * n,), "uint64")
+    words_zeroed, words_written = ready_words or zero_words, max(ready_words or zero_words, 1)
+
     @T.prim_func(s_tir=True)
-    def init_barrier_ready(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
+    def init_barrier_words(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
                            hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-                           ready: T.Buffer((ready_len,), "int32")):
+                           words: T.Buffer(words_shape, words_dtype)):
         T.func_attr({"tirx.noalias": True})
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
                 T.reads(h0[layer * dirs + vd, vb, vj])
-                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], ready[0:ready_len])
+                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], words[0:words_written])
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                zero_first(ready, ready_words, vd, vb, vj)
-
-    zeroed = max(zero_words, 1)
-
-    @T.prim_func(s_tir=True)
-    def init_barrier_zeroed(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,
-                            hs: T.Buffer((2, dirs, batch, hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
-                            hx: T.Buffer((2 * n,), "uint64")):
-        T.func_attr({"tirx.noalias": True})
-        for d, b, j in T.grid(dirs, batch, hidden):
-            with T.sblock("init"):
-                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                T.reads(h0[layer * dirs + vd, vb, vj])
-                T.writes(hs[0, vd, vb, vj], bar[0:BARRIER_WORDS], hx[0:zeroed])
-                copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-                zero_first(hx, zero_words, vd, vb, vj)
+                zero_first(words, words_zeroed, vd, vb, vj)
 
     if flags:
         return init_flags_ready if ready_words else init_flags
     if zero_words and ready_words:
         raise ValueError("the init zeroes step counts (zero_words) or gi's tile-row counts (ready_words), not both")
-    if ready_words:
-        return init_barrier_ready
-    if zero_words:
-        return init_barrier_zeroed
+    if ready_words or zero_words:
+        return init_barrier_words
     return init_barrier if barrier else init_pingpong
 
 
