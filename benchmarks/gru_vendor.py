@@ -121,6 +121,8 @@ CASES = (
     Case("fp16 bi B96 H768", 96, 768, dtype="float16", bidirectional=True),
     Case("bf16 B160 H768", 160, 768, dtype="bfloat16"),
     Case("bf16 bi B96 H768", 96, 768, dtype="bfloat16", bidirectional=True),
+    Case("fp16 B96 H768", 96, 768, dtype="float16"), Case("bf16 B128 H768", 128, 768, dtype="bfloat16"),
+    Case("bf16 bi B64 H768", 64, 768, dtype="bfloat16", bidirectional=True),
 )
 
 

@@ -113,6 +113,21 @@ def test_pick_counts_the_input_gemm_beside_the_step_kernel_at_batch_4_to_7(batch
     assert t.space(target).infeasible_reason(pick) is None
 
 
+@pytest.mark.parametrize("batch, bidirectional, tiles", [(128, False, 32), (64, True, 32), (96, False, 0),
+                                                         (32, False, 8)])
+def test_pick_counts_an_input_gemm_of_many_tile_rows_where_it_keeps_36_blocks(batch, bidirectional, tiles):
+    """float16 H768: the tensor-core step kernel's 96 blocks leave 36 SMs, too few for the GEMM's
+    tile rows at 16 tiles a block; at 32 its 36 blocks run beside them (B128 and bidirectional B64:
+    3 % / 7 % faster), not where that leaves it 27 (B96: 20 % slower); B32's fit 16 (8 a block)."""
+    target = offline_cuda()
+    t = _template(batch, 768, bidirectional=bidirectional, precision=HALF).with_tensor_cores(target)
+    pick, why = t.analytic_pick(target)
+    assert why.startswith("tensor-core persistent step") and pick.step_overlap == tiles
+    if tiles:
+        assert "its 36 blocks" in why and "beside the step kernel's 96" in why
+        assert t.space(target).infeasible_reason(pick) is None
+
+
 @pytest.mark.parametrize("batch, dtype, units, counted", [(8, "float16", 16, True), (8, "bfloat16", 16, True),
                                                         (16, "float16", 8, False), (4, "float16", 8, False)])
 def test_pick_widens_8_unit_blocks_to_count_the_input_gemm_beside_them_at_batch_8(batch, dtype, units, counted):

@@ -189,6 +189,8 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         tensor_core, early = _overlapped(template, tensor_core, space, hw.sm_count)
         if not early:
             tensor_core, early = _wider_counted(template, tensor_core, space, hw.sm_count)
+        if not early:
+            tensor_core, early = _many_rows_counted(template, tensor_core, space, hw.sm_count)
         tensor_core, warp = _warp_h(template, tensor_core, space)
         if early and not base.in_wgmma:
             gemm_why = f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name})"
@@ -282,11 +284,11 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
 
 
 def _counted_beside(template: Any, cfg: Config, space: Any, sm_count: int, counts: tuple[int, ...],
-                    narrowed: str = "") -> tuple[Config, str]:
+                    narrowed: str = "", least_blocks: int = 1) -> tuple[Config, str]:
     """``cfg`` with its input GEMM counted (``step_overlap``: the fewest of ``counts`` tiles a
-    block) on the SMs its step kernel's grid leaves, where both grids fit side by side and the
-    space allows it (its pipeline deepened by ``_deepened``), and the why's words ("" where it
-    stays as it was)."""
+    block) on the SMs its step kernel's grid leaves, where both grids fit side by side, the GEMM
+    has ``least_blocks`` blocks or more and the space allows it (its pipeline deepened by
+    ``_deepened``), and the why's words ("" where it stays as it was)."""
     early = cfg.replace(step_overlap=1)
     if template.counted_gemm_tile(early) is None:
         return cfg, ""
@@ -295,7 +297,7 @@ def _counted_beside(template: Any, cfg: Config, space: Any, sm_count: int, count
                                                         counts))
     tile = template.counted_gemm_tile(placed)
     gemm_blocks = -(-(n // tile.bn * -(-m // tile.bm)) // tile.tiles)
-    if blocks + gemm_blocks > sm_count or not space.is_feasible(placed):
+    if blocks + gemm_blocks > sm_count or gemm_blocks < least_blocks or not space.is_feasible(placed):
         return cfg, ""
     placed, deeper = _deepened(template, placed, space)
     ends = ", tile rows from both ends" if template.bidirectional else ""
@@ -452,6 +454,27 @@ def _wider_counted(template: Any, cfg: Config, space: Any, sm_count: int) -> tup
         return cfg, ""
     counted, early = _overlapped(template, wider, space, sm_count)
     return (counted, early) if early else (cfg, "")
+
+
+# A 16-bit tensor-core step kernel's input GEMM of many tile rows counted beside it with 32 or 64
+# tiles a block (``COUNTED_TILES_PER_BLOCK``) where the GEMM still has this many blocks: float16
+# B128 H768 0.754 ms against 0.778, bidirectional B64 H768 0.766 against 0.820 (36 blocks beside
+# 96); B96 H768's 27 blocks 1.132 against 0.946 (docs/results/gru.md)
+MANY_ROWS_COUNTED_BLOCKS = 36
+
+
+def _many_rows_counted(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+    """``cfg`` (a tensor-core step kernel whose input GEMM ``_overlapped`` could not count: more
+    tile rows than 16 tiles a block take on the SMs left) with its 16-bit GEMM counted at 32 or 64
+    tiles a block where that leaves it ``MANY_ROWS_COUNTED_BLOCKS`` blocks, and the why's words."""
+    if cfg.in_split:
+        return cfg, ""
+    early = cfg.replace(**({} if cfg.in_wgmma else {"in_wgmma": 1}))
+    if not space.is_feasible(early.replace(step_overlap=1)):
+        return cfg, ""
+    counted, why = _counted_beside(template, early, space, sm_count, COUNTED_TILES_PER_BLOCK,
+                                   least_blocks=MANY_ROWS_COUNTED_BLOCKS)
+    return (counted, why) if why else (cfg, "")
 
 
 def _held_and_paired(held: tuple[Config, ...], space: Any) -> Config | None:
