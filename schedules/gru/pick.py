@@ -262,7 +262,8 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
 NARROW_COUNTED_BN = 32
 
 
-def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int, counts: tuple[int, ...] = TILES_PER_BLOCK,
+                least_blocks: int = 1) -> tuple[Config, str]:
     """``cfg`` with its step kernel launched while its input GEMM runs (``step_overlap``; the
     GEMM on wgmma, taken for it by 16-bit inputs) where the GEMM's blocks and the step kernel's fit
     the SMs side by side, and the why's words for it ("" where it stays as it was).  float16 B8
@@ -276,8 +277,8 @@ def _overlapped(template: Any, cfg: Config, space: Any, sm_count: int) -> tuple[
     if not space.is_feasible(early):
         return cfg, ""
     for bn in (NARROW_COUNTED_BN, 0) if early.in_split == 3 else (0,):
-        placed, why = _counted_beside(template, early.replace(step_overlap_bn=bn), space, sm_count, TILES_PER_BLOCK,
-                                      ", columns narrowed" if bn else "")
+        placed, why = _counted_beside(template, early.replace(step_overlap_bn=bn), space, sm_count, counts,
+                                      ", columns narrowed" if bn else "", least_blocks)
         if why:
             return placed, why
     return cfg, ""
@@ -290,11 +291,11 @@ def _counted_beside(template: Any, cfg: Config, space: Any, sm_count: int, count
     has ``least_blocks`` blocks or more and the space allows it (its pipeline deepened by
     ``_deepened``), and the why's words ("" where it stays as it was)."""
     early = cfg.replace(step_overlap=1)
-    if template.counted_gemm_tile(early) is None:
+    one_a_block = template.counted_gemm_tile(early)
+    if one_a_block is None:
         return cfg, ""
     (m, n), blocks = template.gi_shape, template.step_variant(early).shape.blocks
-    placed = early.replace(step_overlap=row_order_tiles(template.counted_gemm_tile(early), m, n, sm_count - blocks,
-                                                        counts))
+    placed = early.replace(step_overlap=row_order_tiles(one_a_block, m, n, sm_count - blocks, counts))
     tile = template.counted_gemm_tile(placed)
     gemm_blocks = -(-(n // tile.bn * -(-m // tile.bm)) // tile.tiles)
     if blocks + gemm_blocks > sm_count or gemm_blocks < least_blocks or not space.is_feasible(placed):
@@ -469,12 +470,7 @@ def _many_rows_counted(template: Any, cfg: Config, space: Any, sm_count: int) ->
     tiles a block where that leaves it ``MANY_ROWS_COUNTED_BLOCKS`` blocks, and the why's words."""
     if cfg.in_split:
         return cfg, ""
-    early = cfg.replace(**({} if cfg.in_wgmma else {"in_wgmma": 1}))
-    if not space.is_feasible(early.replace(step_overlap=1)):
-        return cfg, ""
-    counted, why = _counted_beside(template, early, space, sm_count, COUNTED_TILES_PER_BLOCK,
-                                   least_blocks=MANY_ROWS_COUNTED_BLOCKS)
-    return (counted, why) if why else (cfg, "")
+    return _overlapped(template, cfg, space, sm_count, COUNTED_TILES_PER_BLOCK, MANY_ROWS_COUNTED_BLOCKS)
 
 
 def _held_and_paired(held: tuple[Config, ...], space: Any) -> Config | None:
@@ -547,14 +543,14 @@ def _resident_cell(template: Any, base: Config, space: Any, sm_count: int,
                        step_cell_inflight=1)
     if not space.is_feasible(cfg):
         return none
-    counted, early = _counted_beside(template, cfg, space, sm_count, COUNTED_TILES_PER_BLOCK)
-    if template.hidden < CELL_OVER_RESIDENT_HIDDEN:
-        return (counted, early) if early and not tensor_core else none
-    wave = (template.batch >= CELL_OVER_RESIDENT_BATCH
+    wave = (template.hidden >= CELL_OVER_RESIDENT_HIDDEN and template.batch >= CELL_OVER_RESIDENT_BATCH
             and template.step_variant(cfg).shape.blocks >= CELL_WAVE * sm_count)
-    if wave:
-        return counted, early
-    return (counted, early) if early and template.batch >= RESIDENT_COUNTED_BATCH[template.dirs] else none
+    over = (not tensor_core if template.hidden < CELL_OVER_RESIDENT_HIDDEN
+            else template.batch >= RESIDENT_COUNTED_BATCH[template.dirs])  # taken only counted
+    if not (wave or over):
+        return none
+    counted, early = _counted_beside(template, cfg, space, sm_count, COUNTED_TILES_PER_BLOCK)
+    return (counted, early) if wave or early else none
 
 
 def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
