@@ -129,6 +129,34 @@ def test_two_stored_parts_are_read_in_turn_by_one_function():
     assert t.space(target).completed(old)["tf_parts"] == 3
 
 
+def test_two_stored_parts_take_no_scratch_and_three_parts_keep_theirs(tmp_path):
+    """The two-part program's parts are buffers of its one function's own: its measurement and
+    its exported manifest take A, B and C only, not the three-part scratch it never touches (400 MB
+    at 4096³); a three-part program keeps its two; the workload is the same either way."""
+    import json
+
+    from tvm_ext.measure.builder import build_one
+    from tvm_ext.measure.measure import MeasureSettings, make_job
+    from tvm_ext.precision.codegen import export_program
+
+    target = offline_cuda()
+    t = Gemm3xTf32Template(256, 256, 128)
+    two = t.default_config(target)
+    three = two.replace(tf_parts=3, wgmma_tma=0)
+    assert two.tf_parts == 2 and t.measured_operator(two).scratch() == []
+    assert [s.shape for s in t.measured_operator(three).scratch()] == [(256, 384), (256, 384)]
+    assert t.measured_operator(two).params == t.params == t.measured_operator(three).params
+    for cfg, names in ((two, ["A", "B", "C"]), (three, ["A", "B", "C", "a_parts", "b_parts"])):
+        built = build_one(t, cfg, target)
+        assert built.ok, built.error_msg
+        job = make_job(t, cfg, built.artifact, target, MeasureSettings())
+        assert [name for name, _ in job.buffers] == names
+        folder = tmp_path / f"parts{cfg.tf_parts}"
+        export_program(t, cfg, target, str(folder))
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert [tensor["name"] for tensor in manifest["tensors"]] == names
+
+
 def test_the_program_splits_then_multiplies_tf32_at_depth_3k():
     target = offline_cuda()
     t = Gemm3xTf32Template(256, 256, 128)

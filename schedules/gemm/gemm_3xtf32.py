@@ -16,8 +16,9 @@ TMA's coordinates; ``KernelLayout.k_coordinate``): A_hi's tile is loaded twice i
 second time from L2.  Three kernels a call: the
 split of A (row by row, 16 bytes a thread), the split of B (32 x 32 tiles transposed through
 shared memory), and the wgmma GEMM of ``schedules.wgmma`` with TF32 operands (its knobs; C is
-stored straight from the accumulators).  The splits write their parts to two scratch buffers
-(6 x the operands' bytes), a small share of the call at large sizes.
+stored straight from the accumulators).  Three parts: the splits write them to two scratch
+buffers (6 x the operands' bytes), a small share of the call at large sizes; two parts: to
+buffers of the one function's own, and the program takes no scratch (``measured_operator``).
 
 The idea is CUTLASS's 3xTF32; cuBLAS's float32 GEMM runs on the CUDA cores, at a third of what
 the TF32 tensor cores do in three passes.  Values within half a TF32 step of float32's largest
@@ -25,7 +26,7 @@ are truncated rather than rounded to infinity in the split; NaN and infinity are
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -241,6 +242,9 @@ class Gemm3xTf32Template(Template):
     n: int
     k: int
     b_layout: str = "KN"  # "NK": B stored transposed (N, K), a Linear weight, split row by row
+    # the parts in the program's own buffers (two stored parts, ``kernel_func``): no scratch; set
+    # by ``measured_operator`` for such a config, never part of the workload
+    own_parts: bool = False
 
     name = "gemm_3xtf32"
     default_is_pick = True  # default_config picks a tile without measuring
@@ -318,15 +322,21 @@ class Gemm3xTf32Template(Template):
         reason = self.space(target).infeasible_reason(config)
         if reason:
             raise TvmExtError(reason)
-        if self.k_parts(config):  # the parts' buffers the function's own (the scratch is three parts deep)
-            funcs, calls = {"main": self.kernel_func(config)}, [("main", ("A", "B", "C"))]
+        params: tuple[str, ...] = ("A", "B", "C", "a_parts", "b_parts")
+        if self.k_parts(config):  # the parts' buffers the function's own: no scratch (``measured_operator``)
+            funcs, calls, params = {"main": self.kernel_func(config)}, [("main", ("A", "B", "C"))], ("A", "B", "C")
         else:
             funcs = {"split_a": split_a_func(self.m, self.k), "split_b": split_b_func(self.k, self.n, self.b_layout),
                      "gemm": self.tf32_gemm(config)}
             calls = [("split_a", ("A", "a_parts")), ("split_b", ("B", "b_parts")),
                      ("gemm", ("a_parts", "b_parts", "C"))]
-        return compile_calls_program(funcs, calls, sm_90a(target), ("A", "B", "C", "a_parts", "b_parts"),
+        return compile_calls_program(funcs, calls, sm_90a(target), params,
                                      {"lowered": "gemm_3xtf32", "config": dict(config.items)})
+
+    def measured_operator(self, config: Config) -> "Gemm3xTf32Template":
+        """This GEMM with the buffers ``config``'s program takes: no scratch where the parts are the
+        program's own (two stored parts), the three-part scratch otherwise."""
+        return replace(self, own_parts=bool(self.k_parts(config)))
 
     def kernel_func(self, config: Config, c_dtype: str = "float32", epilogue: Any = None) -> Any:
         """One PrimFunc ``main(A, B, C)``: the two splits into buffers of its own, then the TF32
@@ -359,6 +369,9 @@ class Gemm3xTf32Template(Template):
         return [TensorSpec((self.m, self.n), "float32")]
 
     def scratch(self) -> list[TensorSpec]:
+        """The three parts of A and of Bᵀ, three-part programs' (none where ``own_parts``)."""
+        if self.own_parts:
+            return []
         return [TensorSpec((self.m, self.depth), "float32"), TensorSpec((self.n, self.depth), "float32")]
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -67,7 +67,7 @@ def export_program(op: Any, schedule_config: Any, target: Any, out_dir: str,
     source_file = "program.cu" if target.kind == "cuda" else "program.cl"
     with open(os.path.join(out_dir, source_file), "w", encoding="utf-8") as fh:
         fh.write(source)
-    specs = _specs(op)
+    specs = _specs(op.measured_operator(schedule_config))  # the buffers this config's program takes
     if len(specs) != len(params):
         raise TvmExtError(f"{op.name}: {len(params)} kernel parameters but {len(specs)} tensors")
     manifest = {
