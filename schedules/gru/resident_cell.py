@@ -29,7 +29,7 @@ from tvm_ext.target import TargetInfo
 
 from .cell_epilogue import CELL_TILE_COLUMNS, CellStore, fragment_pair, fragment_sums, gate_input
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, OVERLAP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS,
-                           StepSizes, StepVariant, residency)
+                           CountedGiWords, StepSizes, StepVariant, residency)
 from .tensor_core_step import BARRIER_MARK, wait_gi_macro, with_grid_barrier
 
 RESIDENT_ROWS = 64  # batch rows a block: one consumer warpgroup
@@ -281,7 +281,7 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool, gi_ready: tup
 
 
 @dataclass(frozen=True)
-class ResidentCellStep(StepVariant):
+class ResidentCellStep(CountedGiWords, StepVariant):
     """The resident-W cell step kernel (``step_cell`` 1): ``step_cell_stages`` stages of h, the
     grid barrier ``step_barrier`` between steps."""
 
@@ -349,17 +349,9 @@ class ResidentCellStep(StepVariant):
     def counts_gi(self) -> bool:
         return not self.flags  # the step counts' variant keeps gi complete at launch
 
-    @property
-    def ready_words(self) -> int:
-        s = self.sizes
-        return counted_words(s.seq * s.batch, self.gi_ready[0]) if self.gi_ready[0] else 0
-
     def init_layout(self) -> dict[str, Any]:
         return {"pingpong": True, "barrier": True, "zero_words": self.shape.blocks if self.flags else 0,
                 "ready_words": self.ready_words}
-
-    def barrier_words(self) -> tuple[str, ...]:
-        return (("bar", "hx") if self.flags else ("bar",)) + (("gi_ready",) if self.ready_words else ())
 
     def lowered_kernels(self) -> dict[str, Any]:
         return {"gru_steps": resident_cell_func(self.sizes, self.stages, self.barrier, self.inflight, self.flags,

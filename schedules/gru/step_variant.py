@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capability
+from tvm_ext.schedules.gemm.wgmma_layout import counted_words
 from tvm_ext.target import TargetInfo
 
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
@@ -187,3 +188,20 @@ class StepVariant(ABC):
         """The (function, arguments) of ``layer``'s steps, writing the output ``out``: here all
         T steps in one call of ``gru_steps``."""
         return [("gru_steps", (*self.weights(layer), layer, out, "h_n", *self.barrier_words()))]
+
+
+class CountedGiWords:
+    """The words of a persistent step kernel on a grid barrier (``bar``), with the exchange
+    words ``hx`` where it polls them (``flags``), that can wait for a running input GEMM's counted
+    tile rows of gi (``gi_ready`` (rows, count), ``step_overlap``): mixed into such a
+    ``StepVariant`` before it, so the counts' size and the buffers are said once."""
+
+    @property
+    def ready_words(self) -> int:
+        """The counts of the input GEMM's tile rows of gi whose stores the kernel waits for, and
+        their total (0: none)."""
+        s, rows = self.sizes, self.gi_ready[0]
+        return counted_words(s.seq * s.batch, rows) if rows else 0
+
+    def barrier_words(self) -> tuple[str, ...]:
+        return (("bar", "hx") if self.flags else ("bar",)) + (("gi_ready",) if self.ready_words else ())

@@ -59,7 +59,7 @@ from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC
 from .tensor_core_poll import poll_h_macro
 from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
 from .tensor_core_products import h_low, load_w_global_macro, load_w_macro, products_macro, w_low
-from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant,
+from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, CountedGiWords, StepSizes, StepVariant,
                            fused_threads_reason, mma_grid_reason)
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
@@ -596,7 +596,7 @@ def with_grid_barrier(func: Any, kind: str, replaced: int = 2, kept: int = 0) ->
 
 
 @dataclass(frozen=True)
-class TensorCoreStep(StepVariant):
+class TensorCoreStep(CountedGiWords, StepVariant):
     """The tensor-core persistent step kernel (``step_tc`` 1): ``step_j`` units and
     ``step_tc_rows`` rows a block, ``step_tc_kw`` warps splitting k and ``step_tc_nw`` the units;
     between steps the grid barrier ``step_barrier``, or with ``step_flags`` h exchanged as tagged
@@ -737,21 +737,12 @@ class TensorCoreStep(StepVariant):
     def counts_gi(self) -> bool:
         return self.flags
 
-    @property
-    def ready_words(self) -> int:
-        """The counts of the input GEMM's tile rows of gi whose stores the kernel waits for, and
-        their total (0: none)."""
-        return counted_words(self.sizes.seq * self.sizes.batch, self.gi_ready[0]) if self.gi_ready[0] else 0
-
     def init_layout(self) -> dict[str, Any]:
         return {"pingpong": True, "barrier": True, "flags": self.flags, "paired": not self.split,
                 "float_pairs": self.split_pairs, "ready_words": self.ready_words}
 
     def async_copy(self) -> bool:
         return True  # h is copied in cp.async groups
-
-    def barrier_words(self) -> tuple[str, ...]:
-        return (("bar", "hx") if self.flags else ("bar",)) + (("gi_ready",) if self.ready_words else ())
 
     def lowered_kernels(self) -> dict[str, Any]:
         s = self.sizes
