@@ -123,6 +123,18 @@ CASES = (
     Case("bf16 bi B96 H768", 96, 768, dtype="bfloat16", bidirectional=True),
     Case("fp16 B96 H768", 96, 768, dtype="float16"), Case("bf16 B128 H768", 128, 768, dtype="bfloat16"),
     Case("bf16 bi B64 H768", 64, 768, dtype="bfloat16", bidirectional=True),
+    # batches no multiple of the cell form's rows past H1024, and other shapes the picks had not been timed at
+    Case("fp16 B96 H1536", 96, 1536, dtype="float16"), Case("fp16 B96 H2048", 96, 2048, dtype="float16"),
+    Case("fp16 B200 H1536", 200, 1536, dtype="float16"), Case("fp16 B192 H1536", 192, 1536, dtype="float16"),
+    Case("fp16 B192 H2048", 192, 2048, dtype="float16"), Case("fp16 B256 H768", 256, 768, dtype="float16"),
+    Case("fp16 B256 H2048", 256, 2048, dtype="float16"),
+    Case("fp16 bi B64 H1536", 64, 1536, dtype="float16", bidirectional=True),
+    # the cell in the hidden GEMM's store with a ragged last row tile, one wave of tiles or less
+    Case("fp16 bi B96 H1024", 96, 1024, dtype="float16", bidirectional=True),
+    Case("fp16 B200 H768", 200, 768, dtype="float16"),
+    Case("fp16 bi B160 H512", 160, 512, dtype="float16", bidirectional=True),
+    Case("fp16 bi B48 H2048", 48, 2048, dtype="float16", bidirectional=True),
+    Case("fp16 B100 H1536", 100, 1536, dtype="float16"), Case("bf16 B96 H2048", 96, 2048, dtype="bfloat16"),
 )
 
 

@@ -56,13 +56,16 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     (192, 1536, False, BF16, 1), (256, 2048, False, HALF, 1),
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
-    (96, 1024, True, HALF, 0),  # a ragged last tile row
+    # a ragged last row tile: 64-row tiles with K whole where they make a wave at most
+    (96, 1024, True, HALF, 1), (96, 1536, False, HALF, 1), (96, 2048, False, BF16, 1), (100, 1536, False, HALF, 1),
+    (200, 768, False, HALF, 1), (160, 512, True, HALF, 1), (48, 2048, True, HALF, 1),
+    (200, 1536, False, HALF, 0),  # 192 tiles
 ])
 def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, precision, cell):
-    """The unfused steps take the cell into the hidden GEMM's store in the first form whose whole
-    tiles fill 70 % of the SMs (and at most all where K is split): 128-row tiles with K in halves,
-    64-row tiles with K whole, their K halves (each faster than two kernels a step there, and slower
-    where it is not picked: docs/results/gru.md)."""
+    """The unfused steps take the cell into the hidden GEMM's store in the first form whose tiles
+    fill 70 % of the SMs (and at most all where K is split or the last row tile is ragged):
+    128-row tiles with K in halves, 64-row tiles with K whole, their K halves (each faster than two
+    kernels a step there, and slower where it is not picked: docs/results/gru.md)."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)

@@ -506,14 +506,16 @@ def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) ->
 
 def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> Config | None:
     """The unfused steps with the cell in the hidden GEMM's store (``hid_cell``): the first form of
-    ``CELL_PICK_ORDER`` that the space takes whose whole tiles make 70 % of a wave (``CELL_WAVE``),
-    and at most one where K is split; None (two kernels a step) where none does."""
+    ``CELL_PICK_ORDER`` that the space takes whose tiles make 70 % of a wave (``CELL_WAVE``), and
+    at most one where K is split or the last row tile is ragged (float16 B96 H1536 / H2048 on 96 /
+    128 blocks: 1.883 / 2.716 ms against 2.076 / 2.905 with a cell kernel; B200 H1536 on 192 blocks
+    3.654 against 3.009: docs/results/gru.md); None (two kernels a step) where none does."""
     if not unfused.hid_wgmma:
         return None
     for form in CELL_PICK_ORDER:
         rows, split = CELL_FORMS[form]
         blocks = cell_blocks(template.batch, template.hidden, template.dirs, form)
-        if template.batch % rows or blocks < CELL_WAVE * sm_count or (split > 1 and blocks > sm_count):
+        if blocks < CELL_WAVE * sm_count or ((split > 1 or template.batch % rows) and blocks > sm_count):
             continue
         cell = unfused.replace(hid_cell=form)
         if space.is_feasible(cell):
