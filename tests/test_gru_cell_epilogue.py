@@ -43,7 +43,7 @@ def test_a_tile_reads_the_three_gates_of_its_units():
 
 
 CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8 w1 direct k/2 cluster tma pdl",
-              3: "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl"}
+              3: "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl", 4: "wgmma 128x96x64 s6 w1 direct tma ws pdl"}
 
 
 @pytest.mark.parametrize("batch, hidden, bidirectional, precision, cell", [
@@ -52,20 +52,23 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     (128, 2048, False, BF16, 3),
     # over the tensor-core step kernel's resident grid from B128 H1024: 64-row tiles' K halves, 128 blocks
     (128, 1024, False, HALF, 2), (128, 1024, False, BF16, 2),
-    # no whole 128-row tiles (B192 H1024 takes the resident-W kernel: test_gru_resident_cell.py); 256 halves
-    (192, 1536, False, BF16, 1), (256, 2048, False, HALF, 1),
+    # past 128 rows where 64-row tiles pass a wave: 128-row tiles with K whole (96 or 128; B192 H1024 takes the
+    # resident-W kernel: test_gru_resident_cell.py), the last one ragged or not; 256 halves
+    (192, 1536, False, BF16, 4), (256, 2048, False, HALF, 4), (192, 1024, True, HALF, 4), (160, 2048, False, HALF, 4),
+    (96, 2048, False, HALF, 1),  # one 128-row tile a column of them: not taken (64 tiles at B96 H2048)
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
     # a ragged last row tile: 64-row tiles with K whole where they make a wave at most
     (96, 1024, True, HALF, 1), (96, 1536, False, HALF, 1), (96, 2048, False, BF16, 1), (100, 1536, False, HALF, 1),
     (200, 768, False, HALF, 1), (160, 512, True, HALF, 1), (48, 2048, True, HALF, 1),
-    (200, 1536, False, HALF, 0),  # 192 tiles
+    (200, 1536, False, HALF, 4),  # 192 64-row tiles, 96 of 128 rows
 ])
 def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, precision, cell):
     """The unfused steps take the cell into the hidden GEMM's store in the first form whose tiles
-    fill 70 % of the SMs (and at most all where K is split or the last row tile is ragged):
-    128-row tiles with K in halves, 64-row tiles with K whole, their K halves (each faster than two
-    kernels a step there, and slower where it is not picked: docs/results/gru.md)."""
+    fill 70 % of the SMs (and at most all where K is split, the last row tile is ragged or 128-row
+    tiles keep K whole, those past 128 rows): 128-row tiles with K in halves, with K whole, 64-row
+    tiles with K whole, their K halves (each faster than two kernels a step there, and slower where
+    it is not picked: docs/results/gru.md)."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)
@@ -198,6 +201,9 @@ GPU_SHAPES = {
     "b128-h256-bi": (Shape(seq=4, batch=128, input=64, hidden=256, bidirectional=True), 1),
     # 128-row tiles with K split, two layers, both directions
     "b128-h512-2layer-bi-tall": (Shape(seq=5, batch=128, input=64, hidden=512, layers=2, bidirectional=True), 3),
+    # 128-row tiles with K whole, the last one ragged (72 of its rows), two layers, both directions
+    "b200-h512-2layer-bi-tall-whole": (Shape(seq=5, batch=200, input=64, hidden=512, layers=2, bidirectional=True),
+                                       4),
 }
 # (precision, bound against float64, bound against the two-kernel step): the two steps add a
 # tile's sums in different orders, which may round an output element one unit of its last place

@@ -6,7 +6,7 @@ first; ``--variants pick``: the pick alone, to time one build of the code agains
 knobs in a set change the unfused pipeline's hidden-GEMM tile instead, e.g. "m64:mma_warps_m=4,
 mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1, ``hid_cell`` 0: the cell's
 own tiles take only its operand), e.g. "s6:hidw_stages=6"; ``cellw_`` ones the fields of the tile with the
-cell in its store, ``hid_cell`` 1-3, e.g. "c2s4:hid_cell=2,cellw_stages=4"); timed
+cell in its store, ``hid_cell`` 1-4, e.g. "c2s4:hid_cell=2,cellw_stages=4"); timed
 back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
 first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
@@ -86,7 +86,11 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # bfloat16 where float16 takes the resident-W cell step kernel
          ("bfloat16", 192, 1024), ("bfloat16", 160, 1024),
          # the resident-W kernel with its input GEMM counted beside it, where other kernels are picked
-         ("bfloat16", 128, 1024), ("float16", 96, 1024))
+         ("bfloat16", 128, 1024), ("float16", 96, 1024),
+         # 16-bit past H1024 where 64-row cell tiles pass a wave: 128-row tiles with K whole (hid_cell 4)
+         ("float16", 192, 1536), ("float16", 192, 2048), ("float16", 200, 1536), ("float16", 256, 1536),
+         ("bfloat16", 192, 2048), ("float16", 96, 2048), ("float16", 128, 2048, True),
+         ("float16", 192, 1024, True), ("float16", 256, 768, True), ("bfloat16", 192, 1536))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

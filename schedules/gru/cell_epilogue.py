@@ -33,8 +33,8 @@ CELL_TILE_STAGES = 8
 CELL_TALL_TILE_STAGES = 6  # with 128 rows (7 fit, 1-3 % slower: docs/results/gru.md)
 # hid_cell -> (rows of a tile, K slices): 1 K whole behind a producer warpgroup, 2 K in halves in a
 # cluster of two blocks, 3 the same with 128-row tiles (two consumer warpgroups, W_hh's tile read once
-# for both)
-CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2)}
+# for both), 4 128-row tiles with K whole behind a producer warpgroup
+CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2), 4: (128, 1)}
 # float32 on TF32 parts: the stored parts of h (A) and of W_hh (B), each k tile's three k steps
 # reading them in turn (``TF32_K_PARTS``), as ``gemm_3xtf32``'s two stored parts
 H_PARTS, W_PARTS = A_TWO_PARTS, B_TWO_PARTS

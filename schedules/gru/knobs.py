@@ -152,11 +152,12 @@ HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with 
                                              "as TF32 parts (three products) with the cell in its store (hid_cell "
                                              "1-3); 0 on the hid_tensor_core tile (mma.sync) or the CUDA cores",
                          before=0)
-HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its store, "
-                                                 "one kernel a step, each 64-row tile's 96 columns the three gates of "
-                                                 "32 units (``cell_epilogue.py``); 2 the same with K split in halves, "
-                                                 "the two blocks of a cluster adding them; 3 that on 128-row tiles; 0 "
-                                                 "a cell kernel after it", before=0)
+HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3, 4), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its "
+                                                    "store, one kernel a step, each 64-row tile's 96 columns the three "
+                                                    "gates of 32 units (``cell_epilogue.py``); 2 the same with K split "
+                                                    "in halves, the two blocks of a cluster adding them; 3 that on "
+                                                    "128-row tiles; 4 128-row tiles with K whole; 0 a cell kernel "
+                                                    "after it", before=0)
 RESIDENT_CELL_KNOB = Knob("step_cell", (0, 1), "persistent step kernel (fuse_step 1, step_loop 2) on Hopper with "
                                                "float16 or bfloat16 h and W_hh: 1 runs the cell-in-the-store tile "
                                                "(64 rows x the three gates of 32 units, wgmma) as one launch a layer, "

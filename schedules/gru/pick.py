@@ -97,7 +97,8 @@ WGMMA_MIN_FLOPS = 4e9
 # with 96-256 tiles, slower with 48-64), their K halves (faster with 96-128 blocks, slower with
 # 192-256; docs/results/gru.md)
 CELL_WAVE = 0.7
-CELL_PICK_ORDER = (3, 1, 2)
+CELL_PICK_ORDER = (3, 4, 1, 2)
+TF32_CELL_PICK_ORDER = (3, 1, 2)  # float32 on TF32 parts: 128-row tiles with K whole not measured
 # From this batch and hidden size on, those steps are taken over the tensor-core step kernel's
 # resident grid too (16-bit B128 H1024: K in halves on 128 blocks 9 % faster; at the smaller shapes
 # where both run, B128 H512-H768, B192-B256 H256-H768, bidirectional B64 H768 and B128 H512, the
@@ -504,18 +505,24 @@ def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) ->
     return None
 
 
-def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int) -> Config | None:
+def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int,
+                  forms: tuple[int, ...] = CELL_PICK_ORDER) -> Config | None:
     """The unfused steps with the cell in the hidden GEMM's store (``hid_cell``): the first form of
-    ``CELL_PICK_ORDER`` that the space takes whose tiles make 70 % of a wave (``CELL_WAVE``), and
-    at most one where K is split or the last row tile is ragged (float16 B96 H1536 / H2048 on 96 /
-    128 blocks: 1.883 / 2.716 ms against 2.076 / 2.905 with a cell kernel; B200 H1536 on 192 blocks
-    3.654 against 3.009: docs/results/gru.md); None (two kernels a step) where none does."""
+    ``forms`` that the space takes whose tiles make 70 % of a wave (``CELL_WAVE``), and
+    at most one where K is split, the last row tile is ragged or 128-row tiles keep K whole, those
+    only past 128 rows (docs/results/gru.md: float16 B96 H1536 / H2048 ragged on 96 / 128 blocks,
+    1.883 / 2.716 ms against 2.076 / 2.905 with a cell kernel; B200 H1536 on 192, 3.654 against
+    3.009; 128-row tiles with K whole at B192 H1536 / B256 H2048 2.937 / 4.166 against 3.392 / 4.632
+    on 64-row ones past a wave, at B96 H2048 on 64 blocks 3.188 against 2.716); None (two kernels
+    a step) where none does."""
     if not unfused.hid_wgmma:
         return None
-    for form in CELL_PICK_ORDER:
+    for form in forms:
         rows, split = CELL_FORMS[form]
         blocks = cell_blocks(template.batch, template.hidden, template.dirs, form)
-        if blocks < CELL_WAVE * sm_count or ((split > 1 or template.batch % rows) and blocks > sm_count):
+        tall_whole = split == 1 and rows > CELL_FORMS[1][0]
+        if (blocks < CELL_WAVE * sm_count or (tall_whole and template.batch <= rows)
+                or ((split > 1 or tall_whole or template.batch % rows) and blocks > sm_count)):
             continue
         cell = unfused.replace(hid_cell=form)
         if space.is_feasible(cell):
@@ -564,7 +571,7 @@ def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config
     if template.hid_tf32_tile is None:
         return None
     unfused = base.replace(fuse_step=0, hid_wgmma=1)
-    cell = _cell_in_gemm(template, unfused, space, sm_count)
+    cell = _cell_in_gemm(template, unfused, space, sm_count, TF32_CELL_PICK_ORDER)
     if cell is not None:
         return cell
     whole = unfused.replace(hid_cell=1)

@@ -593,7 +593,7 @@ class GruTemplate(DtypeFields, Template):
             return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
         if self.hid_wgmma_tile is None and self.hid_tf32_tile is not None:
             return ("the float32 hidden GEMM on wgmma (hid_wgmma 1, TF32 parts) runs with the cell in its store "
-                    "(hid_cell 1, 2 or 3)")
+                    "(hid_cell 1-4)")
         if self.hid_wgmma_tile is None:
             return ("hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU (sm_90), float16 or bfloat16 h and W_hh "
                     f"(or float32 ones with the cell in its store) and a wgmma tile for the ({self.batch}, 3H, H) "
