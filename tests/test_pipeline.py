@@ -237,6 +237,7 @@ def test_cli_model_runs(tuned, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["model", "no/such/model.py"], "does not exist"),
+    (["model", os.path.join(ROOT, "tests")], "is a folder"),
     (["model", os.path.join(ROOT, "tests", "conftest.py")], "must define get_module()"),
     (["model", EXAMPLE, "--target", "cuda"], "no CUDA GPU"),
     (["model", EXAMPLE, "--runner", "cluster"], "unknown runner 'cluster'; allowed: local"),

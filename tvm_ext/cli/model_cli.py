@@ -198,6 +198,8 @@ def load_model_file(path: str) -> Any:
     """Import FILE.py as a module (an ONNX file becomes an ``OnnxModel``, a ``.pt2`` file an
     ``ExportedProgramModel``); a clear error when it is missing, named otherwise (a text or
     weights file is never run as code), not Python, or lacks get_module."""
+    if os.path.isdir(path):
+        raise TvmExtError(f"model file {path} is a folder: give the .py, .onnx or .pt2 file")
     if not os.path.isfile(path):
         raise TvmExtError(f"model file {path} does not exist")
     from ..core.records import check_regular_file
