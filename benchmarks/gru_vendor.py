@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import device_name, table, time_vendor  # noqa: E402
+from common import device_name, parse_knob_sets, table, time_vendor  # noqa: E402
 from cudnn_rnn import ALGOS, CudnnError, CudnnGru, api, cudnn_version  # noqa: E402
 
 from tvm_ext.schedules.gru import gru_reference  # noqa: E402
@@ -307,7 +307,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             row["torch_numpy_wall"] = wall_ms(lambda: net(torch.from_numpy(x_np).cuda())[0].cpu().numpy(), repeat=10)
     # ---- a few more configs, back to back -----------------------------------------------------
     row["candidates"] = []
-    if (args.candidates or args.knobs) and lengths is None:
+    if (args.candidates or args.knob_changes) and lengths is None:
         from gru import candidates, precision_of  # noqa: E402
 
         from tvm_ext.schedules.gru import GruTemplate
@@ -318,7 +318,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                                layers=case.layers, bidirectional=case.bidirectional)
         template = template.with_precision(precision_of(case.dtype)).with_tensor_cores(target)
         start = time.perf_counter()
-        changed = [template.analytic_pick(target)[0].replace(**knob_values(args.knobs))] if args.knobs else []
+        changed = [template.analytic_pick(target)[0].replace(**args.knob_changes)] if args.knob_changes else []
         for cfg in [*changed, *(candidates(template, target, args.candidates) if args.candidates else [])]:
             if time.perf_counter() - start > args.budget and cfg not in changed:
                 break
@@ -336,11 +336,6 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001
                 row["candidates"].append({"config": cfg.as_dict(), "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
     return row
-
-
-def knob_values(text: str) -> dict[str, int]:
-    """``knob=value,knob=value`` as a dict of ints."""
-    return {name.strip(): int(value) for name, value in (item.split("=") for item in text.split(",") if item.strip())}
 
 
 def summary(row: dict[str, Any]) -> list[str]:
@@ -391,6 +386,10 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=60.0, help="seconds of candidates per case")
     p.add_argument("--knobs", default="", help="knob=value,... over the pick: timed first among the candidates")
     args = p.parse_args()
+    try:  # the pick's knobs changed for the first candidate (``--knobs``), as gru_call_nodes' --config
+        args.knob_changes = parse_knob_sets(f"knobs:{args.knobs}", "--knobs")["knobs"] if args.knobs else {}
+    except ValueError as exc:
+        p.error(str(exc))
     os.makedirs(args.out, exist_ok=True)
     wanted = {c.strip().lower() for c in args.cases.split(",") if c.strip()}
     cases = [c for c in CASES if not wanted or c.label.lower().replace(" ", "_") in wanted]
