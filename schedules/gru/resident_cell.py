@@ -30,7 +30,7 @@ from tvm_ext.target import TargetInfo
 from .cell_epilogue import CELL_TILE_COLUMNS, CellStore, fragment_pair, fragment_sums, gate_input
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, OVERLAP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS,
                            CountedGiWords, StepSizes, StepVariant, residency)
-from .tensor_core_step import BARRIER_MARK, wait_gi_macro, with_grid_barrier
+from .tensor_core_step import BARRIER_MARK, GI_SEEN_WORDS, unseen_gi_macro, wait_gi_macro, with_grid_barrier
 
 RESIDENT_ROWS = 64  # batch rows a block: one consumer warpgroup
 RESIDENT_STAGES = (4, 3)  # h's stages, the most that fit beside W first (2 would load none ahead)
@@ -120,6 +120,7 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool, gi_ready: tup
     G, state = 3 * hidden, (dirs, batch, hidden)
     counted = gi_ready[0] > 0
     wait_gi = wait_gi_macro(steps, batch, RESIDENT_ROWS, *gi_ready, seen_at=1) if counted else None
+    unseen = unseen_gi_macro(seen_at=1)
     ready_words = counted_words(steps * batch, gi_ready[0]) if counted else 1
 
     def pair(tx: Any, row0: Any, col0: Any, i: int) -> tuple[Any, Any]:
@@ -195,12 +196,10 @@ def _kernel(s: StepSizes, stages: int, inflight: int, flags: bool, gi_ready: tup
         gates = T.alloc_buffer((pairs * 3,), s.gi_dtype, scope="local")  # the step's input gates
         h_kept = T.alloc_buffer((pairs,), operand, scope="local")  # the state of the thread's pairs
         h_new = T.alloc_buffer((1,), s.math_dtype, scope="local")
-        spins = T.alloc_buffer((4 if counted else 1,), "int32", scope="local")
+        spins = T.alloc_buffer((1 + GI_SEEN_WORDS if counted else 1,), "int32", scope="local")
         spins[0] = 0
-        if counted:  # spins[1:4]: gi's tile rows known stored (``wait_gi_macro``)
-            spins[1] = -1
-            spins[2] = -1
-            spins[3] = 0
+        if counted:  # spins[1:]: gi's tile rows known stored (``wait_gi_macro``)
+            unseen(spins)
         d = T.meta_var(bid // (row_tiles * unit_tiles))
         row0 = T.meta_var(bid // unit_tiles % row_tiles * RESIDENT_ROWS)
         col0 = T.meta_var(bid % unit_tiles * CELL_TILE_COLUMNS)

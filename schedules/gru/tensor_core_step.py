@@ -123,7 +123,7 @@ def _kernel(L: TcKernelLayout) -> Any:
     sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
     load_w, held_slices, split, parts, state = load_w_macro(L), shape.held_slices, shape.split, shape.parts, L.state
     load_w_global = load_w_global_macro(L)
-    keep_h = _keep_h_macro(L)
+    keep_h, unseen = _keep_h_macro(L), unseen_gi_macro()
     wait_gi = wait_gi_macro(L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count)
 
     @T.macro
@@ -146,7 +146,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         h_val = T.alloc_buffer((2,), L.math_dtype, scope="local")  # the cell's h' and z, computed once
         h_kept = T.alloc_buffer((L.unit_tiles * 4 if split else 1,), state, scope="local")  # split: the lane's h
-        seen = T.alloc_buffer((3 if L.counted else 1,), "int32", scope="local")  # gi's tile rows known complete
+        seen = T.alloc_buffer((GI_SEEN_WORDS if L.counted else 1,), "int32", scope="local")  # ``unseen_gi_macro``
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
         ni = T.meta_var(ty // m_warps % n_warps)
@@ -158,9 +158,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         if ki == 0:
             if L.counted:
                 poll[0] = 0
-                seen[0] = -1
-                seen[1] = -1
-                seen[2] = 0  # 1: all of gi is stored
+                unseen(seen)
                 wait_gi(ready, poll, seen, 0, bz, m0)
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
             if split:
@@ -214,6 +212,23 @@ def _kernel(L: TcKernelLayout) -> Any:
         body(gi, hs, w, bias, layer, out, h_n, bar, hx, None)
 
     return kernel
+
+
+GI_SEEN_WORDS = 3  # ``wait_gi_macro``'s state: the first and last tile row known complete, all of gi stored
+
+
+def unseen_gi_macro(seen_at: int = 0) -> Any:
+    """``unseen(seen)``: ``wait_gi_macro``'s state (its ``GI_SEEN_WORDS`` from ``seen_at``) before
+    a kernel's first wait: no tile row known complete, nor all of gi."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def unseen(seen):  # type: ignore[no-untyped-def]
+        seen[seen_at] = -1
+        seen[seen_at + 1] = -1
+        seen[seen_at + 2] = 0  # 1: all of gi is stored
+
+    return unseen
 
 
 def wait_gi_macro(steps: int, batch: int, rows: int, tile: int, count: int, seen_at: int = 0) -> Any:
