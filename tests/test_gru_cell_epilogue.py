@@ -145,6 +145,51 @@ def test_tall_tiles_split_k_over_two_consumer_warpgroups():
         short.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3}))
 
 
+def test_paired_tiles_share_h_by_multicast():
+    """hid_cell_share: two adjacent tiles of a row a cluster, each block's producer loading its
+    rank's half of h's k tile (64 of 128 rows) and multicasting it into both blocks; W_hh's three
+    gate boxes as the lone block loads them."""
+    target = offline_cuda("sm_90")
+    t = _template(200, 512)
+    alone = t.analytic_pick(target)[0].replace(**{**CELL_IN_GEMM, "hid_cell": 4})
+    shared = alone.replace(hid_cell_share=1)
+    assert t.space(target).infeasible_reason(shared) is None
+    assert t.step_variant(shared).wgmma.name == "wgmma 128x96x64 s6 w1 direct tma ws multicast pdl"
+    kernels = {c: _kernel_source(t.compile(c, target).source, "gru_gemm_cell") for c in (alone, shared)}
+    h_copies = re.findall(r"multicast__cluster\(.*?smem_ptr\[(.*?)\]", kernels[shared])
+    assert h_copies == ["(((it % 6) * 14336) + ((((int)blockIdx.x) & 1) * 4096))"]  # rank x 64 rows x 64
+    assert "multicast" not in kernels[alone]
+
+    def w_boxes(kernel: str) -> list[str]:
+        return re.findall(r"&\(b_map\)\)\)\), (.*?), \(it", kernel)
+
+    assert len(w_boxes(kernels[shared])) == 3 and w_boxes(kernels[shared]) == w_boxes(kernels[alone])
+    assert "barrier_cluster_wait" in kernels[shared] and "barrier_cluster_wait" not in kernels[alone]
+
+
+def test_transposed_w_hh_is_one_box_a_k_step_from_a_copy_made_as_the_weights_load():
+    """hid_cell_bt: W_hh transposed once (``gru_split_wh``, a prepare call) into (dirs, 3H, H) with
+    each tile's 96 rows its units' r, z and n, so a k step loads one 128-byte-row box of it
+    instead of three 64-byte ones; every step reads the copy."""
+    target = offline_cuda("sm_90")
+    t = _template(96, 2048, bidirectional=True)
+    alone = t.analytic_pick(target)[0].replace(**CELL_IN_GEMM)
+    bt = alone.replace(hid_cell_bt=1)
+    assert t.space(target).infeasible_reason(bt) is None
+    compiled = {c: t.compile(c, target) for c in (alone, bt)}
+    boxes = {c: re.findall(r"&\(b_map\)\)\)\), (.*?), \(tvm_builtin", _kernel_source(compiled[c].source,
+                                                                                       "gru_gemm_cell"))
+             for c in compiled}
+    assert len(boxes[alone]) == 3  # (its units' columns of a gate, k, direction): r, z and n
+    # (k, the tile's first row of the copy: 96 a tile, direction)
+    assert boxes[bt] == ["(it * 64), ((((int)blockIdx.x) & 63) * 96), (((int)blockIdx.x) >> 7)"]
+    calls = compiled[bt].function_calls()
+    assert calls[0].name == "gru_split_wh" and calls[0].args == ("w_hh0", "wh0")
+    assert [c.args[1] for c in calls if c.name == "gru_gemm_cell"] == ["wh0"] * t.seq
+    assert t.for_config(bt).scratch_specs()["wh0"].shape == (2, 3 * 2048, 2048)
+    assert "wh0" not in t.for_config(alone).scratch_specs()
+
+
 def test_k_split_refuses_a_ragged_batch():
     target = offline_cuda("sm_90")
     t = _template(70, 512)
@@ -159,6 +204,10 @@ NO_WGMMA_GEMM = "runs the cell in the store of the hidden GEMM on wgmma"
     ({"fuse_step": 0, "hid_wgmma": 0, "hid_cell": 1}, "hid_cell 1 " + NO_WGMMA_GEMM),
     ({"fuse_step": 1, "hid_wgmma": 0, "hid_cell": 1}, "hid_cell 1 " + NO_WGMMA_GEMM),
     ({"fuse_step": 0, "hid_wgmma": 0, "hid_cell": 3}, "hid_cell 3 " + NO_WGMMA_GEMM),  # the form named
+    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 0, "hid_cell_share": 1}, "pairs the tiles of the cell in the"),
+    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 2, "hid_cell_share": 1}, "not hid_cell 2's halves of K"),
+    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 3, "hid_cell_share": 1}, "not hid_cell 3's halves of K"),
+    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 0, "hid_cell_bt": 1}, "transposes W_hh for the cell"),
 ])
 def test_space_refuses_hid_cell_without_the_wgmma_hidden_gemm(knobs, reason):
     target = offline_cuda("sm_90")
@@ -172,6 +221,9 @@ def test_space_refuses_hid_cell_without_the_wgmma_hidden_gemm(knobs, reason):
     (WgmmaTile(64, 96, 8, smem_epilogue=False), 3 * 80, "NK", 80),  # Bt (N, K) in tile order: whole tiles too
     (WgmmaTile(64, 96, 8, smem_epilogue=True), 3 * 64, "KN", 64),  # C staged: the store is the caller's
     (WgmmaTile(64, 64, 8, smem_epilogue=False), 3 * 64, "KN", 64),  # 64 columns: no three gates
+    # a pair sharing Bt's tile (raster groups) would split the gates' rows between its blocks
+    (WgmmaTile(64, 96, 8, smem_epilogue=False, raster=2, tma=True, specialized=True, multicast=True), 3 * 64,
+     "NK", 64),
 ])
 def test_a_gate_grouped_tile_refuses_what_it_cannot_read(tile, n, layout, gates):
     with pytest.raises(TvmExtError, match="three gates"):
@@ -204,6 +256,21 @@ GPU_SHAPES = {
     # 128-row tiles with K whole, the last one ragged (72 of its rows), two layers, both directions
     "b200-h512-2layer-bi-tall-whole": (Shape(seq=5, batch=200, input=64, hidden=512, layers=2, bidirectional=True),
                                        4),
+    # h's k tiles shared by a cluster's two blocks (hid_cell_share): 64-row tiles, the last guarded,
+    # and 128-row tiles (the last ragged), two layers, both directions
+    "b70-h512-2layer-bi-shared": (Shape(seq=5, batch=70, input=64, hidden=512, layers=2, bidirectional=True),
+                                  {"hid_cell": 1, "hid_cell_share": 1}),
+    "b200-h512-2layer-bi-tall-whole-shared": (Shape(seq=5, batch=200, input=64, hidden=512, layers=2,
+                                                    bidirectional=True), {"hid_cell": 4, "hid_cell_share": 1}),
+    # W_hh from its transposed copy (hid_cell_bt) on every form: 64-row tiles (the last guarded),
+    # K split in a cluster, 128-row tiles with K in halves and whole (the last ragged)
+    "b70-h512-2layer-bi-bt": (Shape(seq=5, batch=70, input=64, hidden=512, layers=2, bidirectional=True),
+                              {"hid_cell": 1, "hid_cell_bt": 1}),
+    "b64-h1536-split-bt": (Shape(seq=4, batch=64, input=96, hidden=1536), {"hid_cell": 2, "hid_cell_bt": 1}),
+    "b128-h512-2layer-bi-tall-bt": (Shape(seq=5, batch=128, input=64, hidden=512, layers=2, bidirectional=True),
+                                    {"hid_cell": 3, "hid_cell_bt": 1}),
+    "b200-h512-2layer-bi-tall-whole-bt": (Shape(seq=5, batch=200, input=64, hidden=512, layers=2, bidirectional=True),
+                                          {"hid_cell": 4, "hid_cell_bt": 1, "hid_cell_share": 1}),
 }
 # (precision, bound against float64, bound against the two-kernel step): the two steps add a
 # tile's sums in different orders, which may round an output element one unit of its last place
@@ -216,12 +283,13 @@ GPU_CASES = [(key, dtype) for key in GPU_SHAPES for dtype in PRECISIONS]
 @pytest.mark.parametrize("key, dtype", GPU_CASES)
 def test_cuda_cell_in_the_hidden_gemm_matches_float64_and_the_two_kernel_step(key, dtype):
     (s, cell), (precision, bound, two_kernel_bound) = GPU_SHAPES[key], PRECISIONS[dtype]
+    knobs = cell if isinstance(cell, dict) else {"hid_cell": cell}
 
     def build(config: dict) -> GRU:
         return GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional,
                          batch=s.batch, seq=s.seq, config=config, precision=precision).load_numpy(_weights(s))
 
-    gru = build({**CELL_IN_GEMM, "hid_cell": cell})
+    gru = build({**CELL_IN_GEMM, **knobs})
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, bound, 1e-6)
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, bound, 1e-6, reruns=1)

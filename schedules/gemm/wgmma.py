@@ -446,15 +446,17 @@ def k_parts_reason(t: WgmmaTile, k: int, b_layout: str, k_parts: tuple[tuple[int
 def gate_reason(t: WgmmaTile, n: int, b_layout: str, gates: int) -> str | None:
     """Why tile ``t`` cannot take its columns as three gates of ``gates`` units each
     (``KernelLayout.b_col``; with Bt stored (N, K) its rows already in that order, which the
-    caller made) for a caller's own store from the registers (one line), or None."""
+    caller made) for a caller's own store from the registers (one line), or None.  A pair sharing
+    A's tile by multicast loads B as a lone block does; sharing Bt's would split its gates' rows."""
     units, atom = t.bn // 3, n_atom(t.bn)
     atoms = b_layout == "NK" or units % atom == 0  # B (K, N) read by gate in whole N atoms
     if (b_layout not in B_LAYOUTS or n != 3 * gates or t.bn % 3 or not atoms or gates % units
-            or (t.split > 1 and not t.cluster) or t.multicast or t.smem_epilogue or t.wg_cols > 1 or t.wg_k > 1):
+            or (t.split > 1 and not t.cluster) or (t.multicast and t.raster) or t.smem_epilogue or t.wg_cols > 1
+            or t.wg_k > 1):
         return (f"{t.name}: a tile of three gates' units reads B stored (K, N) of 3 x {gates} columns in whole N "
                 f"atoms ({atom} columns; bn / 3 = {t.bn / 3:g} units a multiple of them and dividing {gates}), or "
-                "Bt (N, K) with its rows in that order, K unsplit or split in a cluster, no multicast, stored from "
-                "the registers by whole-column warpgroups (wgmma_smem_epilogue 0)")
+                "Bt (N, K) with its rows in that order, K unsplit or split in a cluster, multicast only of A's tile "
+                "(row-major tiles), stored from the registers by whole-column warpgroups (wgmma_smem_epilogue 0)")
     return None
 
 

@@ -50,18 +50,20 @@ def hidden_depth(tile: WgmmaTile, hidden: int) -> int:
     return 3 * hidden if tf32_parts(tile) else hidden
 
 
-def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1) -> WgmmaTile:
+def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1, share: bool = False) -> WgmmaTile:
     """The tile of the hidden GEMM with the cell in its store (``hid_cell`` ``form``), in
     ``tile``'s operand (the ``hid_wgmma`` tile's): 96 columns (32 units), 8 stages (6 with 128
     rows; fewer where K has fewer k steps), loaded by the TMA, launched early, stored from the
     registers, a tile a block; K whole behind a producer warpgroup (faster than 128-row tiles and
     than the tile without the producer at B128 H1024-H2048 and B256 H1024: docs/results/gru.md),
-    or in halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``)."""
+    or in halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``).
+    ``share`` (``hid_cell_share``, K whole): two adjacent tiles of a row a cluster, h's k tiles
+    loaded half by each block and multicast into both (``wgmma_multicast``)."""
     rows, split = CELL_FORMS[form]
     stages = min(CELL_TILE_STAGES if rows == 64 else CELL_TALL_TILE_STAGES,
                  hidden_depth(tile, hidden) // tile.bk // split + 2)
     return WgmmaTile(rows, CELL_TILE_COLUMNS, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
-                     specialized=split == 1, pdl=True, split=split, cluster=split > 1)
+                     specialized=split == 1, pdl=True, split=split, cluster=split > 1, multicast=share)
 
 
 def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
@@ -71,12 +73,13 @@ def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
     return -(-batch // rows) * (hidden // (CELL_TILE_COLUMNS // 3)) * dirs * split
 
 
-def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int) -> str | None:
+def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int, transposed: bool = False) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
-    size (one line), or None."""
+    size (one line), or None; ``transposed``: 16-bit W_hh read from its transposed copy in tile order."""
     if not tf32_parts(tile):
-        return gate_reason(tile, 3 * hidden, "KN", hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden,
-                                                                            b_layout="KN")
+        layout = "NK" if transposed else "KN"
+        return gate_reason(tile, 3 * hidden, layout, hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden,
+                                                                              b_layout=layout)
     depth = hidden_depth(tile, hidden)  # TF32 parts: Bt (3H, 2H) in tile order, three k steps a k tile
     return (gate_reason(tile, 3 * hidden, "NK", hidden) or wgmma_reason(tile, batch, 3 * hidden, depth, b_layout="NK")
             or promote_reason(tile, depth, promote_steps(tile, depth))
@@ -247,12 +250,16 @@ class CellStore:
         return main
 
 
-def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False) -> Any:
+def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False, transposed: bool = False) -> Any:
     """The unfused step's hidden GEMM on wgmma: gh (dirs, B, 3H) = h (dirs, B, H) · W_hh (dirs, H,
     3H) + b_hh (dirs, 3H), a GEMM a direction, W_hh read N-major; with ``cell`` the step kernel,
     ``tile`` (``cell_tile``) taking W_hh's columns by gate and the cell in its store
-    (``CellStore``)."""
+    (``CellStore``); ``transposed`` (16-bit, ``hid_cell_bt``): W_hh read as ``split_hidden_weight_func``
+    wrote it, (dirs, 3H, H) K-major in tile order, one 128-byte box a k step."""
     s = sizes
+    if transposed:
+        return wgmma_gemm(tile, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
+                          b_layout="NK", batch=(s.dirs,), bias_batched=True, gates=s.hidden, store=CellStore(sizes))
     if tf32_parts(tile):  # float32: TF32 parts of h and of W_hh (rows in tile order), the cell in its store
         depth = hidden_depth(tile, s.hidden)
         return wgmma_gemm(tile, s.batch, 3 * s.hidden, depth, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
@@ -273,23 +280,25 @@ def tile_row(column: Any, hidden: int) -> Any:
     return unit // units * CELL_TILE_COLUMNS + column // hidden * units + unit % units
 
 
-def split_hidden_weight_func(hidden: int, dirs: int) -> Any:
+def split_hidden_weight_func(hidden: int, dirs: int, dtype: str = "float32") -> Any:
     """TIR: W_hh (dirs, H, 3H) float32 -> its TF32 parts (dirs, 3H, 2H), K-major as TF32 wgmma
-    reads them: row ``tile_row(c)`` holds column c's ``[hi | lo]`` (``W_PARTS``) along K.
+    reads them: row ``tile_row(c)`` holds column c's ``[hi | lo]`` (``W_PARTS``) along K; a 16-bit
+    ``dtype``: W_hh transposed (dirs, 3H, H) in the same row order (``hid_cell_bt``).
     32 x 32 tiles transposed through shared memory (reads and writes coalesced); H a multiple of
     32 (``cell_tile_reason``)."""
     from tvm.script import tirx as T
 
     n, k = 3 * hidden, hidden
     tiles_n, tiles_k = n // 32, k // 32
+    two = dtype == "float32"  # TF32 parts, else the transposed copy (the buffer keeps its name: the same source)
 
     @T.prim_func
-    def main(W: T.Buffer((dirs, k, n), "float32"), parts: T.Buffer((dirs, n, 2 * k), "float32")):
+    def main(W: T.Buffer((dirs, k, n), dtype), parts: T.Buffer((dirs, n, 2 * k if two else k), dtype)):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
         bid = T.launch_thread("blockIdx.x", dirs * tiles_k * tiles_n)
         tx = T.launch_thread("threadIdx.x", 32)
         ty = T.launch_thread("threadIdx.y", 8)
-        tile = T.alloc_buffer((32 * 33,), "float32", scope="shared")  # rows padded: conflict-free columns
+        tile = T.alloc_buffer((32 * 33,), dtype, scope="shared")  # rows padded: conflict-free columns
         d = T.meta_var(bid // (tiles_k * tiles_n))
         kt = T.meta_var(bid // tiles_n % tiles_k)
         nt = T.meta_var(bid % tiles_n)
@@ -300,8 +309,11 @@ def split_hidden_weight_func(hidden: int, dirs: int) -> Any:
             row = T.meta_var(tile_row(nt * 32 + ty + 8 * i, hidden))
             depth = T.meta_var(kt * 32 + tx)
             value = T.meta_var(tile[tx * 33 + ty + 8 * i])
-            parts[d, row, depth] = tf32_part(value, W_PARTS[0])
-            parts[d, row, k + depth] = tf32_part(value, W_PARTS[1])
+            if two:
+                parts[d, row, depth] = tf32_part(value, W_PARTS[0])
+                parts[d, row, k + depth] = tf32_part(value, W_PARTS[1])
+            else:
+                parts[d, row, depth] = value
 
     return main
 

@@ -87,6 +87,7 @@ class CellStep(StepVariant):
     gemm_knobs: Config  # the hid_* knobs
     wgmma: WgmmaTile | None = None  # the hidden GEMM's wgmma tile where hid_wgmma is 1 (else a schedule)
     cell_in_gemm: bool = False  # hid_cell: the cell in that GEMM's store, one kernel a step (``cell_epilogue``)
+    transposed: bool = False  # hid_cell_bt: a 16-bit W_hh read from its copy transposed in tile order
 
     unshown_prefixes = ("step_",)
     runs_hidden_gemm = True
@@ -95,9 +96,10 @@ class CellStep(StepVariant):
     def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any, hidden_wgmma: WgmmaTile | None = None) -> "CellStep":
         return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
                    gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))),
-                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden, c.hid_cell) if c.hid_cell else hidden_wgmma)
+                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden, c.hid_cell, bool(c.hid_cell_share)) if c.hid_cell
+                          else hidden_wgmma)
                    if c.hid_wgmma and hidden_wgmma is not None else None,
-                   cell_in_gemm=bool(c.hid_cell))
+                   cell_in_gemm=bool(c.hid_cell), transposed=bool(c.hid_cell_bt))
 
     @property
     def parts(self) -> bool:
@@ -125,16 +127,19 @@ class CellStep(StepVariant):
         if self.wgmma is None:
             return {}
         name = "gru_gemm_cell" if self.cell_in_gemm else "gru_gemm_h"
-        kernels = {name: hidden_gemm(self.wgmma, self.sizes, self.cell_in_gemm)}
+        s = self.sizes
+        kernels = {name: hidden_gemm(self.wgmma, s, self.cell_in_gemm, self.transposed)}
         if self.parts:  # W_hh's parts (as the weights are loaded), h0's (each layer's first step)
-            s = self.sizes
             kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs)
             kernels["gru_split_h"] = split_state_func(s.dirs, s.batch, s.hidden)
+        elif self.transposed:  # W_hh transposed in tile order, as the weights are loaded
+            kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs, s.w_dtype)
         return kernels
 
     def prepare_calls(self, layer: int) -> list[tuple[str, tuple[str | int, ...]]]:
-        """W_hh's TF32 parts, rows in tile order, into ``wh<layer>`` (float32 on TF32 parts)."""
-        return [("gru_split_wh", (f"w_hh{layer}", f"wh{layer}"))] if self.parts else []
+        """W_hh's TF32 parts (float32 on TF32 parts) or its transposed copy (``transposed``), rows in
+        tile order, into ``wh<layer>``."""
+        return [("gru_split_wh", (f"w_hh{layer}", f"wh{layer}"))] if self.parts or self.transposed else []
 
     def state_args(self, layer: int) -> tuple[str | int, ...]:
         return ("h0", layer, "p0")
@@ -148,8 +153,8 @@ class CellStep(StepVariant):
                                                  out, "h_n", f"q{(s + 1) % 2}")))
                 continue
             if self.cell_in_gemm:
-                calls.append(("gru_gemm_cell", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gi", h_in, s, layer, h_out,
-                                                 out, "h_n")))
+                weight = f"wh{layer}" if self.transposed else f"w_hh{layer}"
+                calls.append(("gru_gemm_cell", (h_in, weight, f"b_hh{layer}", "gi", h_in, s, layer, h_out, out, "h_n")))
                 continue
             calls.append(("gru_gemm_h", (h_in, f"w_hh{layer}", f"b_hh{layer}", "gh")))
             calls.append(("gru_cell", ("gi", "gh", h_in, s, layer, h_out, out, "h_n")))

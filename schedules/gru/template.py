@@ -130,6 +130,7 @@ class GruTemplate(DtypeFields, Template):
     # each batch row stops at its own length (input ``lengths``; ``lengths.py``)
     variable_lengths: bool = False
     hidden_parts: bool = False  # the config's plan passes h's and W_hh's TF32 parts (a float32 ``hid_cell``)
+    hidden_transposed: bool = False  # ... and a 16-bit W_hh transposed in tile order (``hid_cell_bt``)
 
     name = "gru"
     PRECISION_PARAMS = PRECISION_PARAMS
@@ -234,6 +235,9 @@ class GruTemplate(DtypeFields, Template):
         if self.hidden_parts:  # TF32 parts of h (the steps' A, ping-ponging) and of each layer's W_hh
             specs.update({f"q{i}": TensorSpec((d, b, 2 * h), F32) for i in range(2)})
             specs.update({f"wh{layer}": TensorSpec((d, 3 * h, 2 * h), F32) for layer in range(self.layers)})
+        if self.hidden_transposed:  # each layer's W_hh transposed, rows in the cell tiles' order
+            w_hh = self.precision["w_hh"]
+            specs.update({f"wh{layer}": TensorSpec((d, 3 * h, h), w_hh) for layer in range(self.layers)})
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
         if self.split_buffers:  # parts of the input GEMM's operands: x's per depth K, W_ih's per layer
@@ -252,7 +256,8 @@ class GruTemplate(DtypeFields, Template):
         step = self.step_variant(config)
         return replace(self, split_buffers=int(config.in_split), split_parts=self.stored_parts(config),
                        ready_buffer=step.ready_words,
-                       hidden_parts=isinstance(step, CellStep) and step.parts)
+                       hidden_parts=isinstance(step, CellStep) and step.parts,
+                       hidden_transposed=isinstance(step, CellStep) and step.transposed)
 
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
@@ -470,6 +475,10 @@ class GruTemplate(DtypeFields, Template):
                 reason = self.wgmma_config_reason(c)
                 if reason:
                     return reason
+            if c.hid_cell_share and not c.hid_cell:
+                return "hid_cell_share 1 pairs the tiles of the cell in the hidden GEMM's store (hid_cell 1 or 4)"
+            if c.hid_cell_bt and not c.hid_cell:
+                return "hid_cell_bt 1 transposes W_hh for the cell in the hidden GEMM's store (hid_cell 1-4)"
             if c.hid_wgmma or c.hid_cell:
                 reason = self.hidden_wgmma_reason(step, c.hid_cell)
                 if reason:
@@ -587,8 +596,13 @@ class GruTemplate(DtypeFields, Template):
         template's tile, or (``cell``: a ``hid_cell`` form) the cell in its store."""
         if cell and (not isinstance(step, CellStep) or step.wgmma is None):
             return f"hid_cell {cell} runs the cell in the store of the hidden GEMM on wgmma (fuse_step 0, hid_wgmma 1)"
+        if cell and step.wgmma.multicast and step.wgmma.split > 1:
+            return (f"hid_cell_share 1 pairs the tiles of a cell form with K whole (hid_cell 1 or 4), not hid_cell "
+                    f"{cell}'s halves of K")
+        if cell and step.transposed and step.parts:
+            return "hid_cell_bt 1 transposes a 16-bit W_hh; float32's TF32 parts are stored transposed already"
         if cell:
-            return cell_tile_reason(step.wgmma, self.batch, self.hidden)
+            return cell_tile_reason(step.wgmma, self.batch, self.hidden, step.transposed)
         if not step.runs_hidden_gemm:
             return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
         if self.hid_wgmma_tile is None and self.hid_tf32_tile is not None:
@@ -699,7 +713,8 @@ class GruTemplate(DtypeFields, Template):
                                   "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
                                   "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "in_tf32_parts": 3,
-                                  "hid_wgmma": 0, "hid_cell": 0, "step_cell": 0, "step_cell_stages": 4,
+                                  "hid_wgmma": 0, "hid_cell": 0, "hid_cell_share": 0, "hid_cell_bt": 0, "step_cell": 0,
+                                  "step_cell_stages": 4,
                                   "step_cell_inflight": 1}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
