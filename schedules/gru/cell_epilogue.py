@@ -76,14 +76,13 @@ def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
 def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int, transposed: bool = False) -> str | None:
     """Why the cell cannot run in the store of ``tile`` (``cell_tile``) at this batch and hidden
     size (one line), or None; ``transposed``: 16-bit W_hh read from its transposed copy in tile order."""
-    if not tf32_parts(tile):
-        layout = "NK" if transposed else "KN"
-        return gate_reason(tile, 3 * hidden, layout, hidden) or wgmma_reason(tile, batch, 3 * hidden, hidden,
-                                                                              b_layout=layout)
-    depth = hidden_depth(tile, hidden)  # TF32 parts: Bt (3H, 2H) in tile order, three k steps a k tile
-    return (gate_reason(tile, 3 * hidden, "NK", hidden) or wgmma_reason(tile, batch, 3 * hidden, depth, b_layout="NK")
-            or promote_reason(tile, depth, promote_steps(tile, depth))
-            or k_parts_reason(tile, depth, "NK", TF32_K_PARTS))
+    parts = tf32_parts(tile)  # TF32 parts: Bt (3H, 2H) in tile order, three k steps a k tile
+    layout, depth = "NK" if parts or transposed else "KN", hidden_depth(tile, hidden)
+    reason = gate_reason(tile, 3 * hidden, layout, hidden) or wgmma_reason(tile, batch, 3 * hidden, depth,
+                                                                            b_layout=layout)
+    if reason or not parts:
+        return reason
+    return promote_reason(tile, depth, promote_steps(tile, depth)) or k_parts_reason(tile, depth, "NK", TF32_K_PARTS)
 
 
 def fragment_pair(L: KernelLayout, row0: Any, col0: Any, tx: Any, g: Any, half: Any, v: Any) -> tuple[Any, Any]:
@@ -257,15 +256,13 @@ def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False, transpose
     (``CellStore``); ``transposed`` (16-bit, ``hid_cell_bt``): W_hh read as ``split_hidden_weight_func``
     wrote it, (dirs, 3H, H) K-major in tile order, one 128-byte box a k step."""
     s = sizes
-    if transposed:
-        return wgmma_gemm(tile, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
-                          b_layout="NK", batch=(s.dirs,), bias_batched=True, gates=s.hidden, store=CellStore(sizes))
-    if tf32_parts(tile):  # float32: TF32 parts of h and of W_hh (rows in tile order), the cell in its store
+    parts = tf32_parts(tile)
+    if parts or transposed:  # W_hh as Bt (N, K), rows in tile order: float32's TF32 parts or the copy
         depth = hidden_depth(tile, s.hidden)
         return wgmma_gemm(tile, s.batch, 3 * s.hidden, depth, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
                           b_layout="NK", batch=(s.dirs,), bias_batched=True, gates=s.hidden,
-                          promote=promote_steps(tile, depth), store=CellStore(sizes, parts=True),
-                          k_parts=TF32_K_PARTS)
+                          promote=promote_steps(tile, depth) if parts else 0, store=CellStore(sizes, parts=parts),
+                          k_parts=TF32_K_PARTS if parts else ())
     return wgmma_gemm(tile, s.batch, 3 * s.hidden, s.hidden, c_dtype=s.gh_dtype, bias_dtype=s.w_dtype,
                       b_layout="KN", batch=(s.dirs,), bias_batched=True, gates=s.hidden if cell else 0,
                       store=CellStore(sizes) if cell else None)
