@@ -55,24 +55,28 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     # past 128 rows where 64-row tiles pass a wave: 128-row tiles with K whole (96 or 128; B192 H1024 takes the
     # resident-W kernel: test_gru_resident_cell.py), the last one ragged or not; 256 halves
     (192, 1536, False, BF16, 4), (256, 2048, False, HALF, 4), (192, 1024, True, HALF, 4), (160, 2048, False, HALF, 4),
-    (96, 2048, False, HALF, 1),  # one 128-row tile a column of them: not taken (64 tiles at B96 H2048)
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
-    # a ragged last row tile: 64-row tiles with K whole where they make a wave at most
-    (96, 1024, True, HALF, 1), (96, 1536, False, HALF, 1), (96, 2048, False, BF16, 1), (100, 1536, False, HALF, 1),
-    (200, 768, False, HALF, 1), (160, 512, True, HALF, 1), (48, 2048, True, HALF, 1),
+    # a ragged last row tile: 128-row tiles' K halves where they make a wave at most (one tile row, or
+    # two), 64-row tiles' where the batch fits one, else 64-row tiles with K whole
+    (96, 2048, False, HALF, 3), (96, 1024, True, HALF, 3), (96, 1536, False, HALF, 3), (96, 2048, False, BF16, 3),
+    (100, 1536, False, HALF, 3), (200, 768, False, HALF, 3), (160, 512, True, HALF, 3),
+    (48, 2048, False, HALF, 2), (48, 1536, False, BF16, 2),  # 128 / 96 halves of 64-row tiles (two kernels before)
+    (48, 2048, True, HALF, 1),  # 128 64-row tiles; 256 halves (past a wave)
+    (96, 1760, False, HALF, 1),  # K's 27.5 k steps: no halves
     (200, 1536, False, HALF, 4),  # 192 64-row tiles, 96 of 128 rows
 ])
 def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, precision, cell):
     """The unfused steps take the cell into the hidden GEMM's store in the first form whose tiles
     fill 70 % of the SMs (and at most all where K is split, the last row tile is ragged or 128-row
-    tiles keep K whole, those past 128 rows): 128-row tiles with K in halves, with K whole, 64-row
-    tiles with K whole, their K halves (each faster than two kernels a step there, and slower where
-    it is not picked: docs/results/gru.md)."""
+    tiles keep K whole, those past 128 rows; 128-row tiles past 64 rows): 128-row tiles with K in
+    halves, with K whole, 64-row tiles with K whole, their K halves (each faster than two kernels a
+    step there, and slower where it is not picked: docs/results/gru.md); a 16-bit W_hh read from
+    its transposed copy."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)
-    assert (cfg.fuse_step, cfg.hid_wgmma, cfg.hid_cell) == (0, 1, cell)
+    assert (cfg.fuse_step, cfg.hid_wgmma, cfg.hid_cell, cfg.hid_cell_bt) == (0, 1, cell, int(cell > 0))
     tile = CELL_TILES.get(cell, "").replace("wgmma ", "wgmma bfloat16 " if precision is BF16 else "wgmma ")
     assert (f"({tile}) with the cell in its store" in why) if cell else "then the cell kernel" in why
     assert t.space(target).infeasible_reason(cfg) is None
@@ -94,7 +98,7 @@ def test_one_kernel_a_step_runs_the_gemm_and_the_cell():
     three gates' 32 columns of the block's units."""
     target = offline_cuda("sm_90")
     t = _template(64, 2048)
-    cfg = t.analytic_pick(target)[0].replace(**CELL_IN_GEMM)
+    cfg = t.analytic_pick(target)[0].replace(**CELL_IN_GEMM, hid_cell_bt=0)  # W_hh as stored
     assert t.space(target).infeasible_reason(cfg) is None
     lowered = t.lowered_kernels(cfg)
     assert "gru_cell" not in t.kernels(cfg, target) and "gru_gemm_cell" in lowered and "gru_gemm_h" not in lowered
@@ -140,9 +144,10 @@ def test_tall_tiles_split_k_over_two_consumer_warpgroups():
     bf16_cfg = bf16.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3})
     assert bf16.space(target).infeasible_reason(bf16_cfg) is None
     assert bf16.step_variant(bf16_cfg).wgmma.name == "wgmma bfloat16 128x96x64 s6 w1 direct k/2 cluster tma pdl"
-    short = _template(64, 2048)  # 64 rows: no whole 128-row tile
-    assert "guarded in the unsplit kernel only" in short.space(target).infeasible_reason(
-        short.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3}))
+    short = _template(96, 2048)  # 96 rows: one 128-row tile, its rows past the batch guarded
+    short_cfg = short.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3})
+    assert short.space(target).infeasible_reason(short_cfg) is None
+    assert " < 96) {" in _kernel_source(short.compile(short_cfg, target).source, "gru_gemm_cell")
 
 
 def test_paired_tiles_share_h_by_multicast():
@@ -173,7 +178,7 @@ def test_transposed_w_hh_is_one_box_a_k_step_from_a_copy_made_as_the_weights_loa
     instead of three 64-byte ones; every step reads the copy."""
     target = offline_cuda("sm_90")
     t = _template(96, 2048, bidirectional=True)
-    alone = t.analytic_pick(target)[0].replace(**CELL_IN_GEMM)
+    alone = t.analytic_pick(target)[0].replace(**CELL_IN_GEMM, hid_cell_bt=0)
     bt = alone.replace(hid_cell_bt=1)
     assert t.space(target).infeasible_reason(bt) is None
     compiled = {c: t.compile(c, target) for c in (alone, bt)}
@@ -190,11 +195,21 @@ def test_transposed_w_hh_is_one_box_a_k_step_from_a_copy_made_as_the_weights_loa
     assert "wh0" not in t.for_config(alone).scratch_specs()
 
 
-def test_k_split_refuses_a_ragged_batch():
+def test_k_split_in_a_cluster_stores_only_the_rows_below_a_ragged_batch():
+    """B70 on 64-row tiles with K in a cluster's halves: every cell the cluster's sums feed
+    stores h' (h_out, out, h_n) only where its row is below the batch (each block's band of 32
+    rows: below 70, or 54 for the second band's threads); B64 has no guard."""
     target = offline_cuda("sm_90")
-    t = _template(70, 512)
-    cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 2})
-    assert "guarded in the unsplit kernel only" in t.space(target).infeasible_reason(cfg)
+    kernels = {}
+    for batch in (70, 64):
+        t = _template(batch, 512)
+        cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 2})
+        assert t.space(target).infeasible_reason(cfg) is None
+        kernels[batch] = _kernel_source(t.compile(cfg, target).source, "gru_gemm_cell")
+    guarded = re.findall(r"\) < (\d+)\) \{\n    h_out_ptr\[", kernels[70])
+    assert len(guarded) == kernels[70].count("h_out_ptr[") == kernels[64].count("h_out_ptr[") == 8
+    assert set(guarded) == {"70", "54"}
+    assert not re.findall(r"\) < \d+\) \{\n    h_out_ptr\[", kernels[64])
 
 
 NO_WGMMA_GEMM = "runs the cell in the store of the hidden GEMM on wgmma"
@@ -271,6 +286,11 @@ GPU_SHAPES = {
                                     {"hid_cell": 3, "hid_cell_bt": 1}),
     "b200-h512-2layer-bi-tall-whole-bt": (Shape(seq=5, batch=200, input=64, hidden=512, layers=2, bidirectional=True),
                                           {"hid_cell": 4, "hid_cell_bt": 1, "hid_cell_share": 1}),
+    # K split in a cluster with the last row tile ragged: 64-row tiles (6 of the last one's rows),
+    # 128-row tiles (96 rows, one tile a column; W_hh transposed too), two layers, both directions
+    "b70-h512-2layer-bi-split": (Shape(seq=5, batch=70, input=64, hidden=512, layers=2, bidirectional=True), 2),
+    "b96-h512-2layer-bi-tall": (Shape(seq=5, batch=96, input=64, hidden=512, layers=2, bidirectional=True), 3),
+    "b100-h1536-tall-bt": (Shape(seq=4, batch=100, input=96, hidden=1536), {"hid_cell": 3, "hid_cell_bt": 1}),
 }
 # (precision, bound against float64, bound against the two-kernel step): the two steps add a
 # tile's sums in different orders, which may round an output element one unit of its last place

@@ -132,7 +132,9 @@ def test_records_name_the_tf32_tile_and_load_it_back():
 @pytest.mark.parametrize("batch, hidden, bidirectional, cell", [
     (64, 2048, False, 2), (64, 1536, False, 2),  # 64 or 48 tiles: K in halves, a cluster's two blocks
     (128, 2048, False, 3), (256, 1024, False, 3),  # 128-row tiles, K in halves
-    (32, 2048, False, 1), (64, 2048, True, 1),  # a ragged 64-row tile; 128 tiles of both directions
+    (32, 2048, False, 2), (96, 2048, False, 3),  # K in halves over the lone ragged row tile (64 or 128 rows)
+    (192, 1024, False, 1), (64, 2048, True, 1),  # 128-row tiles' halves past one ragged tile row: 64-row tiles;
+    # 128 tiles of both directions
     (128, 1024, False, 0), (64, 1024, False, 0),  # the split step kernel's grid is resident (faster there)
     (16, 2048, False, 0),  # below batch 32: not measured, the CUDA-core kernel stays
 ])
@@ -151,6 +153,9 @@ GPU_SHAPES = {
     "b64-h2048": (Shape(seq=4, batch=64, input=96, hidden=2048), 1),
     "b64-h2048-split": (Shape(seq=4, batch=64, input=96, hidden=2048), 2),
     "b128-h512-2layer-bi-tall": (Shape(seq=5, batch=128, input=64, hidden=512, layers=2, bidirectional=True), 3),
+    # K split in a cluster with the last row tile ragged (64 and 128 rows), both directions
+    "b40-h512-2layer-bi-split": (Shape(seq=5, batch=40, input=64, hidden=512, layers=2, bidirectional=True), 2),
+    "b96-h512-bi-tall": (Shape(seq=5, batch=96, input=64, hidden=512, bidirectional=True), 3),
 }
 
 

@@ -207,6 +207,25 @@ def test_a_cluster_adds_the_slices_of_a_tile_in_its_shared_memory_in_one_kernel(
     assert "P_ptr" not in program.source
 
 
+def test_a_cluster_adding_k_slices_stores_only_the_rows_below_a_ragged_m():
+    """M = 700 on 128-row tiles with K in a cluster's two slices: the last tile row's sums are
+    added as any other's, and each of C's stores is guarded below M; M = 768 has no guard."""
+    import re
+
+    target = offline_cuda()
+    knobs = dict(wgmma_bm=128, wgmma_bn=96, wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_split_cluster=1, wgmma_tma=1)
+    kernels = {}
+    for m in (700, 768):
+        t = WgmmaGemmTemplate(m, 768, 640)
+        cfg = _config(t, target, **knobs)
+        assert t.space(target).infeasible_reason(cfg) is None
+        kernels[m] = t.build_program(cfg, target).source
+    stores = kernels[700].count("*(half4*)(C_ptr")
+    assert stores == kernels[768].count("*(half4*)(C_ptr") > 0
+    guarded = r"\) < \d+\) \{\n    half4 "  # e.g. (row >> 2) < 175: row < 700, offsets folded in
+    assert len(re.findall(guarded, kernels[700])) == stores and not re.findall(guarded, kernels[768])
+
+
 def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     """``split_pick``: few wide tiles and a deep K split (FFN down, a 512x512 output of depth
     8192: 1.04x cuBLAS on the H100 against 0.57 unsplit); K too short to split (12 k steps) or
@@ -235,7 +254,7 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     ((4096, 4096, 4000), dict(wgmma_smem_epilogue=0, wgmma_tma=0), "K (4000) must divide the tile's k step 64 but"),
     ((4096, 4096, 4000), dict(wgmma_smem_epilogue=0, wgmma_tma=1, wgmma_split_k=2), "K (4000) must divide the tile"),
     ((4096, 4096, 4004), dict(wgmma_smem_epilogue=0, wgmma_tma=1), "K (4004) must be a multiple of 8"),
-    ((700, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_k=2), "guarded in the unsplit kernel only"),
+    ((700, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_k=2), "guarded in the unsplit kernel and where a"),
     ((256, 256, 256), dict(wgmma_bn=128, wgmma_raster=4), "raster group (4) must divide the 2 tile rows"),
     ((700, 256, 256), dict(wgmma_bn=128, wgmma_raster=4), "raster group (4) must divide the 6 tile rows"),
     ((256, 250, 256), dict(wgmma_bm=64, wgmma_bn=192), "staged through shared memory only where N is a multiple"),
@@ -493,10 +512,16 @@ def test_cuda_wgmma_variants_match_float64(knobs, b_layout):
     ((512, 768, 640), dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=6)),
     ((1024, 768, 768), dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=6, wgmma_tma=1)),
     ((512, 768, 640), dict(wgmma_bm=128, wgmma_bn=96, wgmma_smem_epilogue=0, wgmma_tiles=2)),
+    # a ragged M with K split in a cluster: the last tile row's sums added, its rows below M stored
+    ((700, 768, 640), dict(wgmma_bm=128, wgmma_bn=96, wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_split_cluster=1,
+                           wgmma_tma=1)),
+    ((700, 768, 640), dict(wgmma_bm=128, wgmma_bn=96, wgmma_smem_epilogue=0, wgmma_split_k=2, wgmma_split_cluster=1,
+                           wgmma_tma=0)),
 ])
 def test_cuda_96_column_tiles_match_float64(shape, knobs):
     """Tiles of 96 columns (Bt stored (N, K): m64n96k16, twelve 8-row groups of Bt a stage),
-    through shared memory or directly, by cp.async or the TMA, against float64 on poisoned C."""
+    through shared memory or directly, by cp.async or the TMA, against float64 on poisoned C;
+    a ragged M with K split in a cluster."""
     import tvm
 
     from tvm_ext.target import resolve_target

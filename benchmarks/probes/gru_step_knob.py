@@ -90,7 +90,11 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # 16-bit past H1024 where 64-row cell tiles pass a wave: 128-row tiles with K whole (hid_cell 4)
          ("float16", 192, 1536), ("float16", 192, 2048), ("float16", 200, 1536), ("float16", 256, 1536),
          ("bfloat16", 192, 2048), ("float16", 96, 2048), ("float16", 128, 2048, True),
-         ("float16", 192, 1024, True), ("float16", 256, 768, True), ("bfloat16", 192, 1536))
+         ("float16", 192, 1024, True), ("float16", 256, 768, True), ("bfloat16", 192, 1536),
+         # K split in a cluster over a ragged last row tile (hid_cell 2 and 3): one 128-row tile where
+         # two 64-row ones were read
+         ("float16", 96, 1536), ("float16", 48, 2048), ("float16", 96, 1024, True), ("float16", 200, 768),
+         ("float16", 160, 512, True), ("float32", 96, 2048))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

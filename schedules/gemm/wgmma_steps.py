@@ -364,8 +364,14 @@ def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
                     row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
                     col = T.meta_var((i * threads + tx) % (bn // 4) * 4)
                     add_words(quad, 0, got, peer, row * sum_stride + col)
-                    for v in T.vectorized(4):
-                        C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
+                    if L.ragged:  # a ragged M's last tile row: its rows below M stored
+                        if L.in_rows(row0 + row):
+                            for v in T.vectorized(4):
+                                C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row,
+                                                                           col0 + col + v)
+                    else:
+                        for v in T.vectorized(4):
+                            C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
         T.ptx["barrier.cluster.arrive.release"]()
         T.ptx["barrier.cluster.wait.acquire"]()  # no block leaves while another reads its shared memory
 

@@ -95,8 +95,14 @@ WGMMA_MIN_FLOPS = 4e9
 # of ``hid_cell`` forms: 128-row tiles with K in halves (4-10 % faster than 64-row tiles with K
 # whole at 96-128 blocks, float16), 64-row tiles with K whole (faster than two kernels a step
 # with 96-256 tiles, slower with 48-64), their K halves (faster with 96-128 blocks, slower with
-# 192-256; docs/results/gru.md)
+# 192-256; docs/results/gru.md); a ragged last row tile of K halves too (float16 B96 H1536-H2048
+# 14-16 % faster on one 128-row tile than on two 64-row ones, B200 H768 13 %, B48 H2048 17 % than two
+# kernels a step), on TF32 parts only where it is the only row tile (float32 B96 H2048 32 % faster,
+# B192 H1024 20 % slower)
 CELL_WAVE = 0.7
+# The tiles read a 16-bit W_hh from its copy transposed in tile order (``hid_cell_bt``): 1-6 %
+# faster at six of seven shapes, level or 1 % faster on 128-row tiles over a ragged batch
+# (docs/results/gru.md)
 CELL_PICK_ORDER = (3, 4, 1, 2)
 TF32_CELL_PICK_ORDER = (3, 1, 2)  # float32 on TF32 parts: 128-row tiles with K whole not measured
 # From this batch and hidden size on, those steps are taken over the tensor-core step kernel's
@@ -506,15 +512,17 @@ def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) ->
 
 
 def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int,
-                  forms: tuple[int, ...] = CELL_PICK_ORDER) -> Config | None:
+                  forms: tuple[int, ...] = CELL_PICK_ORDER, ragged_split_alone: bool = False) -> Config | None:
     """The unfused steps with the cell in the hidden GEMM's store (``hid_cell``): the first form of
     ``forms`` that the space takes whose tiles make 70 % of a wave (``CELL_WAVE``), and
     at most one where K is split, the last row tile is ragged or 128-row tiles keep K whole, those
     only past 128 rows (docs/results/gru.md: float16 B96 H1536 / H2048 ragged on 96 / 128 blocks,
     1.883 / 2.716 ms against 2.076 / 2.905 with a cell kernel; B200 H1536 on 192, 3.654 against
     3.009; 128-row tiles with K whole at B192 H1536 / B256 H2048 2.937 / 4.166 against 3.392 / 4.632
-    on 64-row ones past a wave, at B96 H2048 on 64 blocks 3.188 against 2.716); None (two kernels
-    a step) where none does."""
+    on 64-row ones past a wave, at B96 H2048 on 64 blocks 3.188 against 2.716), 128-row tiles only
+    past 64 rows; K split over a ragged last row tile only where it is the only one with
+    ``ragged_split_alone``; a 16-bit W_hh read from its transposed copy; None (two kernels a step)
+    where none does."""
     if not unfused.hid_wgmma:
         return None
     for form in forms:
@@ -522,11 +530,14 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int,
         blocks = cell_blocks(template.batch, template.hidden, template.dirs, form)
         tall_whole = split == 1 and rows > CELL_FORMS[1][0]
         if (blocks < CELL_WAVE * sm_count or (tall_whole and template.batch <= rows)
+                or (rows > CELL_FORMS[1][0] and template.batch <= CELL_FORMS[1][0])
+                or (ragged_split_alone and split > 1 and template.batch % rows and template.batch > rows)
                 or ((split > 1 or tall_whole or template.batch % rows) and blocks > sm_count)):
             continue
         cell = unfused.replace(hid_cell=form)
         if space.is_feasible(cell):
-            return cell
+            transposed = cell.replace(hid_cell_bt=1)  # a 16-bit W_hh read from its transposed copy
+            return transposed if space.is_feasible(transposed) else cell
     return None
 
 
@@ -567,11 +578,12 @@ def _tf32_cell(template: Any, base: Config, space: Any, sm_count: int) -> Config
     (``hid_tf32_tile``): ``_cell_in_gemm``'s form, else 64-row tiles with K whole where fewer tiles
     make less of a wave (2.0-2.5x the CUDA-core step kernels at B64-B256 x H1024-H2048, 1.2x at B32
     H2048; the split step kernel's resident grid faster at B128 H1024: docs/results/gru.md; the rule
-    covers larger batches and hidden sizes unmeasured); None where the space refuses both."""
+    covers larger batches and hidden sizes unmeasured; K split over a ragged last row tile only
+    where it is the only one); None where the space refuses both."""
     if template.hid_tf32_tile is None:
         return None
     unfused = base.replace(fuse_step=0, hid_wgmma=1)
-    cell = _cell_in_gemm(template, unfused, space, sm_count, TF32_CELL_PICK_ORDER)
+    cell = _cell_in_gemm(template, unfused, space, sm_count, TF32_CELL_PICK_ORDER, ragged_split_alone=True)
     if cell is not None:
         return cell
     whole = unfused.replace(hid_cell=1)
