@@ -14,6 +14,7 @@ the tuning core: the core never needs the registry.
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -107,64 +108,30 @@ class Operator:
 
 
 # ---- the template classes, imported on first use ---------------------------------------------------
-def _gemm() -> type[Template]:
-    from .schedules.gemm.simt import GemmTemplate
+def _lazy(module: str, name: str) -> Callable[[], type[Template]]:
+    """A loader of template class ``name`` of ``tvm_ext.<module>``, imported on its first call
+    (the registry imports no schedule module)."""
 
-    return GemmTemplate
+    def load() -> type[Template]:
+        return getattr(importlib.import_module(f"tvm_ext.{module}"), name)
 
-
-def _gemm_8bit() -> type[Template]:
-    from .schedules.gemm.gemm_programs import EightBitGemmProgram
-
-    return EightBitGemmProgram
-
-
-def _gemm_wgmma_program() -> type[Template]:
-    from .schedules.gemm.gemm_programs import WgmmaGemmProgram
-
-    return WgmmaGemmProgram
+    load.__qualname__ = load.__name__ = f"load_{name}"
+    return load
 
 
-def _gemm_bias() -> type[Template]:
-    from .schedules.gemm.simt import BiasGemmTemplate
-
-    return BiasGemmTemplate
-
-
-def _gemm_tc_any() -> type[Template]:
-    from .schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
-
-    return TensorCoreChoiceTemplate
-
-
-def _gemm_mma() -> type[Template]:
-    from .schedules.gemm.mma import MmaGemmTemplate
-
-    return MmaGemmTemplate
-
-
-def _gemm_tc() -> type[Template]:
-    from .schedules.gemm.tensor_core import TensorCoreGemmTemplate
-
-    return TensorCoreGemmTemplate
-
-
-def _gemm_wgmma() -> type[Template]:
-    from .schedules.gemm.wgmma_template import WgmmaGemmTemplate
-
-    return WgmmaGemmTemplate
-
-
-def _gemm_3xtf32() -> type[Template]:
-    from .schedules.gemm.gemm_3xtf32 import Gemm3xTf32Template
-
-    return Gemm3xTf32Template
-
-
-def _gemm_fp8() -> type[Template]:
-    from .schedules.gemm.gemm_fp8 import Fp8GemmTemplate
-
-    return Fp8GemmTemplate
+_gemm = _lazy("schedules.gemm.simt", "GemmTemplate")
+_gemm_8bit = _lazy("schedules.gemm.gemm_programs", "EightBitGemmProgram")
+_gemm_wgmma_program = _lazy("schedules.gemm.gemm_programs", "WgmmaGemmProgram")
+_gemm_bias = _lazy("schedules.gemm.simt", "BiasGemmTemplate")
+_gemm_tc_any = _lazy("schedules.gemm.tensor_core_choice", "TensorCoreChoiceTemplate")
+_gemm_mma = _lazy("schedules.gemm.mma", "MmaGemmTemplate")
+_gemm_tc = _lazy("schedules.gemm.tensor_core", "TensorCoreGemmTemplate")
+_gemm_wgmma = _lazy("schedules.gemm.wgmma_template", "WgmmaGemmTemplate")
+_gemm_3xtf32 = _lazy("schedules.gemm.gemm_3xtf32", "Gemm3xTf32Template")
+_gemm_fp8 = _lazy("schedules.gemm.gemm_fp8", "Fp8GemmTemplate")
+_reduce = _lazy("schedules.reduce.reduction", "ReductionTemplate")
+_rows = _lazy("schedules.reduce.rows", "RowTemplate")
+_gru = _lazy("schedules.gru", "GruTemplate")
 
 
 def _fp8_args(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,24 +148,6 @@ def _fp8_args(params: Mapping[str, Any]) -> dict[str, Any]:
         raise TvmExtError("b_shared false: an 8-bit GEMM's batch shares one Bt")
     out = fixed_dtypes(b_dtype=dtype, acc_dtype="float32", scales="per_tensor")(out)
     return {**out, "fp8": FP8_FORMATS[dtype], "out_dtype": c_dtype}
-
-
-def _reduce() -> type[Template]:
-    from .schedules.reduce.reduction import ReductionTemplate
-
-    return ReductionTemplate
-
-
-def _rows() -> type[Template]:
-    from .schedules.reduce.rows import RowTemplate
-
-    return RowTemplate
-
-
-def _gru() -> type[Template]:
-    from .schedules.gru import GruTemplate
-
-    return GruTemplate
 
 
 def fixed_dtypes(**dtypes: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
