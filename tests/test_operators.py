@@ -257,3 +257,20 @@ def test_an_entry_must_say_why_it_lacks_a_capability():
         dataclasses.replace(TOY, unsupported={"fly": "no wings"})
     with pytest.raises(ValueError, match="tune subcommand"):
         dataclasses.replace(TOY, tune=None)
+
+
+def test_the_registry_imports_a_schedule_only_when_its_template_is_asked_for():
+    """Importing the registry (what the CLI's start does) loads no schedule module; asking an
+    entry for its class loads that one's."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tvm_ext.operators as o\n"
+            "loaded = lambda: sorted(m for m in sys.modules if m.startswith('tvm_ext.schedules.'))\n"
+            "before = loaded()\n"
+            "cls = o.get_template_class('reduce')\n"
+            "print(before, cls.__name__, 'tvm_ext.schedules.reduce.reduction' in loaded(),\n"
+            "      'tvm_ext.schedules.gru' in loaded())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "ReductionTemplate", "True", "False"]
