@@ -364,12 +364,7 @@ def cluster_reduction(L: KernelLayout, out: CValue) -> Callable[..., None]:
                     row = T.meta_var(bid % split * band + (i * threads + tx) // (bn // 4))
                     col = T.meta_var((i * threads + tx) % (bn // 4) * 4)
                     add_words(quad, 0, got, peer, row * sum_stride + col)
-                    if L.ragged:  # a ragged M's last tile row: its rows below M stored
-                        if L.in_rows(row0 + row):
-                            for v in T.vectorized(4):
-                                C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row,
-                                                                           col0 + col + v)
-                    else:
+                    if L.in_rows(row0 + row):  # a ragged M's rows below it (True, no branch, where bm divides M)
                         for v in T.vectorized(4):
                             C[(*at, row0 + row, col0 + col + v)] = out(quad[v], bias, at, row0 + row, col0 + col + v)
         T.ptx["barrier.cluster.arrive.release"]()

@@ -528,9 +528,10 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int,
     for form in forms:
         rows, split = CELL_FORMS[form]
         blocks = cell_blocks(template.batch, template.hidden, template.dirs, form)
-        tall_whole = split == 1 and rows > CELL_FORMS[1][0]
+        tall = rows > CELL_FORMS[1][0]
+        tall_whole = split == 1 and tall
         if (blocks < CELL_WAVE * sm_count or (tall_whole and template.batch <= rows)
-                or (rows > CELL_FORMS[1][0] and template.batch <= CELL_FORMS[1][0])
+                or (tall and template.batch <= CELL_FORMS[1][0])
                 or (ragged_split_alone and split > 1 and template.batch % rows and template.batch > rows)
                 or ((split > 1 or tall_whole or template.batch % rows) and blocks > sm_count)):
             continue
