@@ -135,6 +135,13 @@ CASES = (
     Case("fp16 bi B160 H512", 160, 512, dtype="float16", bidirectional=True),
     Case("fp16 bi B48 H2048", 48, 2048, dtype="float16", bidirectional=True),
     Case("fp16 B100 H1536", 100, 1536, dtype="float16"), Case("bf16 B96 H2048", 96, 2048, dtype="bfloat16"),
+    # 129-192 rows past H1024: one 192-row tile row (three consumer warpgroups) with K in halves
+    Case("fp16 B160 H1536", 160, 1536, dtype="float16"), Case("fp16 B160 H2048", 160, 2048, dtype="float16"),
+    Case("bf16 B192 H1536", 192, 1536, dtype="bfloat16"), Case("bf16 B192 H2048", 192, 2048, dtype="bfloat16"),
+    Case("fp16 bi B192 H1024", 192, 1024, dtype="float16", bidirectional=True),
+    Case("fp16 bi B192 H768", 192, 768, dtype="float16", bidirectional=True),
+    Case("fp32 B192 H1536", 192, 1536), Case("fp32 B160 H2048", 160, 2048),
+    Case("fp32 bi B192 H1024", 192, 1024, bidirectional=True),
 )
 
 

@@ -43,7 +43,9 @@ def test_a_tile_reads_the_three_gates_of_its_units():
 
 
 CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8 w1 direct k/2 cluster tma pdl",
-              3: "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl", 4: "wgmma 128x96x64 s6 w1 direct tma ws pdl"}
+              3: "wgmma 128x96x64 s6 w1 direct k/2 cluster tma pdl", 4: "wgmma 128x96x64 s6 w1 direct tma ws pdl",
+              5: "wgmma 192x96x64 s6 w1 direct k/2 cluster tma pdl",
+              6: "wgmma 256x96x64 s5 w1 direct k/2 cluster tma pdl"}
 
 
 @pytest.mark.parametrize("batch, hidden, bidirectional, precision, cell", [
@@ -52,9 +54,12 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     (128, 2048, False, BF16, 3),
     # over the tensor-core step kernel's resident grid from B128 H1024: 64-row tiles' K halves, 128 blocks
     (128, 1024, False, HALF, 2), (128, 1024, False, BF16, 2),
-    # past 128 rows where 64-row tiles pass a wave: 128-row tiles with K whole (96 or 128; B192 H1024 takes the
-    # resident-W kernel: test_gru_resident_cell.py), the last one ragged or not; 256 halves
-    (192, 1536, False, BF16, 4), (256, 2048, False, HALF, 4), (192, 1024, True, HALF, 4), (160, 2048, False, HALF, 4),
+    # 129-192 rows: one row of 192-row tiles with K in halves where they make a wave at most (96 or 128
+    # halves; B192 H1024 takes the resident-W kernel: test_gru_resident_cell.py), the last rows ragged or not
+    (192, 1536, False, BF16, 5), (192, 1024, True, HALF, 5), (160, 2048, False, HALF, 5), (144, 768, True, HALF, 5),
+    # 193-256 rows: one row of 256-row tiles with K in halves, ragged or not (128, 96 or 96 halves)
+    (256, 2048, False, HALF, 6), (256, 1536, False, BF16, 6), (200, 1536, False, HALF, 6), (256, 768, True, HALF, 6),
+    (192, 1760, False, HALF, 4),  # K's 27.5 k steps: no halves; 128-row tiles with K whole (the last one ragged)
     (64, 2048, False, HALF, 2), (64, 1536, False, HALF, 2),  # 64 or 48 tiles: 128 or 96 halves in clusters of two
     (64, 2560, False, HALF, 0),  # 80 tiles, 160 halves (past a wave)
     # a ragged last row tile: 128-row tiles' K halves where they make a wave at most (one tile row, or
@@ -64,15 +69,14 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
     (48, 2048, False, HALF, 2), (48, 1536, False, BF16, 2),  # 128 / 96 halves of 64-row tiles (two kernels before)
     (48, 2048, True, HALF, 1),  # 128 64-row tiles; 256 halves (past a wave)
     (96, 1760, False, HALF, 1),  # K's 27.5 k steps: no halves
-    (200, 1536, False, HALF, 4),  # 192 64-row tiles, 96 of 128 rows
 ])
 def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, precision, cell):
     """The unfused steps take the cell into the hidden GEMM's store in the first form whose tiles
     fill 70 % of the SMs (and at most all where K is split, the last row tile is ragged or 128-row
-    tiles keep K whole, those past 128 rows; 128-row tiles past 64 rows): 128-row tiles with K in
-    halves, with K whole, 64-row tiles with K whole, their K halves (each faster than two kernels a
-    step there, and slower where it is not picked: docs/results/gru.md); a 16-bit W_hh read from
-    its transposed copy."""
+    tiles keep K whole, those past 128 rows; 128-row tiles past 64 rows, 192-row ones past 128):
+    128-row tiles with K in halves, 192-row ones, 128-row ones with K whole, 64-row tiles with K
+    whole, their K halves (each faster than two kernels a step there, and slower where it is not
+    picked: docs/results/gru.md); a 16-bit W_hh read from its transposed copy."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)
@@ -148,6 +152,42 @@ def test_tall_tiles_split_k_over_two_consumer_warpgroups():
     short_cfg = short.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 3})
     assert short.space(target).infeasible_reason(short_cfg) is None
     assert " < 96) {" in _kernel_source(short.compile(short_cfg, target).source, "gru_gemm_cell")
+
+
+def test_192_row_tiles_split_k_over_three_consumer_warpgroups():
+    """hid_cell 5: 192-row tiles (three consumer warpgroups on W_hh's tile) with K in halves, each
+    block of a cluster adding 96 of the tile's rows; at B160 each h' is stored only where its row
+    (in the block's band, 96 rows from the tile's first) is below the batch, at B192 unguarded."""
+    target = offline_cuda("sm_90")
+    guarded = {}
+    for batch in (160, 192):
+        t = _template(batch, 1536)
+        cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 5, "hid_cell_bt": 1})
+        assert t.space(target).infeasible_reason(cfg) is None
+        assert t.step_variant(cfg).wgmma.name == CELL_TILES[5]
+        source = t.compile(cfg, target).source
+        kernel = _kernel_source(source, "gru_gemm_cell")
+        assert "__launch_bounds__(384) gru_gemm_cell_kernel" in source and "mapa" in kernel
+        assert kernel.count("h_out_ptr[") == 8  # two quads of four units a thread: 96 rows x 32 units on 384
+        band_row = r"\(\(\(\(\(\(int\)blockIdx.x\) & 1\) \* 96\) \+ .{0,50}\)"  # the band's row + the tile's
+        guarded[batch] = re.findall(band_row + r" < (\d+)\) \{\n *h_out_ptr\[", kernel)
+    assert guarded == {160: ["160"] * 4 + ["112"] * 4, 192: []}  # 112: the second quads' rows, 48 further
+
+
+def test_256_row_tiles_split_k_over_four_consumer_warpgroups():
+    """hid_cell 6: 256-row tiles (four consumer warpgroups, 512 threads; the TMA loads its stages,
+    whose 16-byte chunks do not split evenly over the threads) with K in halves, each block adding
+    128 of the tile's rows; at B200 each h' is stored only below the batch."""
+    target = offline_cuda("sm_90")
+    t = _template(200, 2048)
+    cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 6, "hid_cell_bt": 1})
+    assert t.space(target).infeasible_reason(cfg) is None
+    assert t.step_variant(cfg).wgmma.name == CELL_TILES[6]
+    source = t.compile(cfg, target).source
+    kernel = _kernel_source(source, "gru_gemm_cell")
+    assert "__launch_bounds__(512) gru_gemm_cell_kernel" in source and "mapa" in kernel
+    band_row = r"\(\(\(\(\(\(int\)blockIdx.x\) & 1\) \* 128\) \+ .{0,50}\)"
+    assert re.findall(band_row + r" < (\d+)\) \{\n *h_out_ptr\[", kernel) == ["200"] * 4 + ["136"] * 4
 
 
 def test_paired_tiles_share_h_by_multicast():
@@ -291,6 +331,17 @@ GPU_SHAPES = {
     "b70-h512-2layer-bi-split": (Shape(seq=5, batch=70, input=64, hidden=512, layers=2, bidirectional=True), 2),
     "b96-h512-2layer-bi-tall": (Shape(seq=5, batch=96, input=64, hidden=512, layers=2, bidirectional=True), 3),
     "b100-h1536-tall-bt": (Shape(seq=4, batch=100, input=96, hidden=1536), {"hid_cell": 3, "hid_cell_bt": 1}),
+    # 192-row tiles with K in halves: one tile row (160 of its rows), two layers, both directions; two
+    # tile rows, the last ragged (108 of 192), W_hh transposed; a whole one at H1536
+    "b160-h512-2layer-bi-192": (Shape(seq=5, batch=160, input=64, hidden=512, layers=2, bidirectional=True), 5),
+    "b300-h256-bi-192-bt": (Shape(seq=4, batch=300, input=64, hidden=256, bidirectional=True),
+                            {"hid_cell": 5, "hid_cell_bt": 1}),
+    "b192-h1536-192-bt": (Shape(seq=4, batch=192, input=96, hidden=1536), {"hid_cell": 5, "hid_cell_bt": 1}),
+    # 256-row tiles (four consumer warpgroups) with K in halves: 250 of 256 rows, two layers, both
+    # directions, W_hh transposed; two tile rows (300: 44 of the last)
+    "b250-h512-2layer-bi-256-bt": (Shape(seq=5, batch=250, input=64, hidden=512, layers=2, bidirectional=True),
+                                   {"hid_cell": 6, "hid_cell_bt": 1}),
+    "b300-h256-256": (Shape(seq=4, batch=300, input=64, hidden=256), 6),
 }
 # (precision, bound against float64, bound against the two-kernel step): the two steps add a
 # tile's sums in different orders, which may round an output element one unit of its last place

@@ -135,6 +135,7 @@ def test_records_name_the_tf32_tile_and_load_it_back():
     (32, 2048, False, 2), (96, 2048, False, 3),  # K in halves over the lone ragged row tile (64 or 128 rows)
     (192, 1024, False, 1), (64, 2048, True, 1),  # 128-row tiles' halves past one ragged tile row: 64-row tiles;
     # 128 tiles of both directions
+    (192, 1536, False, 5), (160, 2048, False, 5), (192, 1024, True, 5),  # one row of 192-row tiles' halves
     (128, 1024, False, 0), (64, 1024, False, 0),  # the split step kernel's grid is resident (faster there)
     (16, 2048, False, 0),  # below batch 32: not measured, the CUDA-core kernel stays
 ])
@@ -156,6 +157,8 @@ GPU_SHAPES = {
     # K split in a cluster with the last row tile ragged (64 and 128 rows), both directions
     "b40-h512-2layer-bi-split": (Shape(seq=5, batch=40, input=64, hidden=512, layers=2, bidirectional=True), 2),
     "b96-h512-bi-tall": (Shape(seq=5, batch=96, input=64, hidden=512, bidirectional=True), 3),
+    # 192-row tiles with K in halves, the last rows ragged (160 of 192), two layers, both directions
+    "b160-h512-2layer-bi-192": (Shape(seq=5, batch=160, input=64, hidden=512, layers=2, bidirectional=True), 5),
 }
 
 

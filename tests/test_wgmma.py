@@ -270,6 +270,10 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
     ((1024, 768, 3072), dict(wgmma_smem_epilogue=0, wgmma_split_cluster=1, wgmma_stages=3), "wgmma_split_k > 1"),
     ((1024, 768, 3072), dict(wgmma_bn=256, wgmma_stages=2, wgmma_inflight=0, wgmma_smem_epilogue=0, wgmma_split_k=2,
                              wgmma_tiles=1, wgmma_split_cluster=1), "do not fit in the stages' shared memory"),
+    # 512 threads: a 96-row Bt tile's 768 chunks of a stage do not split evenly (the TMA's boxes do)
+    ((1024, 768, 3072), dict(wgmma_bm=256, wgmma_bn=96, wgmma_stages=4, wgmma_smem_epilogue=0, wgmma_split_k=2,
+                             wgmma_tiles=1, wgmma_split_cluster=1, wgmma_raster=0, wgmma_tma=0, wgmma_ws=0,
+                             wgmma_multicast=0), "a stage copied by cp.async, must split evenly"),
 ])
 def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, knobs, reason):
     target = offline_cuda()
@@ -278,6 +282,18 @@ def test_tiles_and_shapes_that_cannot_work_are_refused_with_their_reason(shape, 
     assert reason in t.space(target).infeasible_reason(cfg)
     with pytest.raises(TvmExtError, match="must divide|no multiple|multiple of 8|stages|shared memory|registers|split"):
         t.build_program(cfg, target)
+
+
+def test_tma_loads_a_stage_whose_chunks_do_not_split_over_the_threads():
+    """256x96 with K split in a cluster: 512 threads could not copy a stage's 96-row Bt tile by
+    cp.async (768 chunks); the TMA loads it whole, so the space takes it and it builds."""
+    target = offline_cuda()
+    t = WgmmaGemmTemplate(1024, 768, 3072)
+    cfg = t.default_config(target).replace(wgmma_bm=256, wgmma_bn=96, wgmma_stages=4, wgmma_smem_epilogue=0,
+                                           wgmma_split_k=2, wgmma_tiles=1, wgmma_split_cluster=1, wgmma_tma=1,
+                                           wgmma_ws=0, wgmma_multicast=0)
+    assert t.space(target).infeasible_reason(cfg) is None
+    assert "__launch_bounds__(512)" in t.build_program(cfg, target).source
 
 
 def test_targets_without_wgmma_and_untileable_shapes_are_errors(opencl):

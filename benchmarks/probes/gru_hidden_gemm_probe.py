@@ -17,11 +17,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: common
 
 SHAPES = "96x6144x2048,192x4608x1536,256x6144x2048"
-# label -> (rows, stages, B layout, multicast[, columns: 96])
+# label -> (rows, stages, B layout, multicast[, columns: 96[, K slices: 1]]); K whole behind a producer
+# warpgroup, K in slices added in a cluster (the cell forms 2, 3 and 5)
 TILES = {"64x96 s8 B(K,N)": (64, 8, "KN", 0), "64x96 s8 Bt(N,K)": (64, 8, "NK", 0),
          "128x96 s6 B(K,N)": (128, 6, "KN", 0), "128x96 s6 Bt(N,K)": (128, 6, "NK", 0),
          "64x96 s8 Bt(N,K) multicast": (64, 8, "NK", 1), "64x192 s6 Bt(N,K)": (64, 6, "NK", 0, 192),
-         "128x192 s4 Bt(N,K)": (128, 4, "NK", 0, 192)}
+         "128x192 s4 Bt(N,K)": (128, 4, "NK", 0, 192), "64x96 s8 Bt(N,K) k/2": (64, 8, "NK", 0, 96, 2),
+         "128x96 s6 Bt(N,K) k/2": (128, 6, "NK", 0, 96, 2), "192x96 s6 Bt(N,K) k/2": (192, 6, "NK", 0, 96, 2),
+         "192x96 s5 Bt(N,K) k/2": (192, 5, "NK", 0, 96, 2)}
 
 
 def main() -> None:
@@ -32,8 +35,10 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default=SHAPES, help="MxNxK,...")
+    p.add_argument("--tiles", default=";".join(TILES), help="labels of TILES, separated by semicolons")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
+    tiles = {label: TILES[label] for label in args.tiles.split(";")}
     import torch
 
     target = resolve_target("cuda", 0)
@@ -45,12 +50,14 @@ def main() -> None:
         vendor, vendor_err = cublas_gemm(sets)
         row = {"shape": text, "cuBLAS": seconds_by_method(vendor), "cuBLAS_err": vendor_err}
         print(f"[{text}] cuBLAS {methods_text(vendor)} err {vendor_err:.1e}", flush=True)
-        for label, (bm, stages, layout, multicast, *bn) in TILES.items():
+        for label, (bm, stages, layout, multicast, *more) in tiles.items():
+            bn, split = (*more, *(96, 1)[len(more):])
             template = WgmmaGemmTemplate(m, n, k, b_layout=layout)
             space = template.space(target)
             cfg = template.default_config(target).replace(
-                wgmma_bm=bm, wgmma_bn=bn[0] if bn else 96, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=0,
-                wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=1, wgmma_split_cluster=0, wgmma_tma=1, wgmma_ws=1,
+                wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=0,
+                wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=int(split > 1), wgmma_tma=1,
+                wgmma_ws=int(split == 1),
                 wgmma_multicast=multicast, wgmma_pdl=1)
             reason = space.infeasible_reason(cfg)
             if reason:
@@ -67,7 +74,7 @@ def main() -> None:
         rows.append(row)
     with open(os.path.join(args.out, "gru_hidden_gemm_probe.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    labels = ["cuBLAS", *TILES]
+    labels = ["cuBLAS", *tiles]
     print("\n| M x N x K | " + " | ".join(f"{label} µs" for label in labels) + " |")
     print("|---|" + "---|" * len(labels))
     for row in rows:

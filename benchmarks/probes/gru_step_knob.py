@@ -94,7 +94,8 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # K split in a cluster over a ragged last row tile (hid_cell 2 and 3): one 128-row tile where
          # two 64-row ones were read
          ("float16", 96, 1536), ("float16", 48, 2048), ("float16", 96, 1024, True), ("float16", 200, 768),
-         ("float16", 160, 512, True), ("float32", 96, 2048))
+         ("float16", 160, 512, True), ("float32", 96, 2048),
+         ("float16", 160, 1536), ("float16", 160, 2048), ("float32", 192, 1536))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128
 

@@ -338,8 +338,10 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
                 f"shared memory ({t.smem_bytes()})")
     if t.raster < 0 or (t.raster and -(-m // t.bm) % t.raster):
         return f"{t.name}: the raster group ({t.raster}) must divide the {-(-m // t.bm)} tile rows"
-    if (t.bm * 8) % t.threads or (t.bn * 8) % t.threads or (t.bm * t.bn // 8) % t.threads:
-        return f"{t.name}: the 16-byte chunks of a stage and of C must split evenly over {t.threads} threads"
+    copied = not t.tma and ((t.bm * 8) % t.threads or (t.bn * 8) % t.threads)  # the TMA loads whole boxes
+    if copied or (t.bm * t.bn // 8) % t.threads:
+        return (f"{t.name}: the 16-byte chunks of C, and of a stage copied by cp.async, must split evenly over "
+                f"{t.threads} threads")
     if t.block_smem_bytes() > shared_limit:
         return (f"{t.name}: {t.block_smem_bytes()} bytes of shared memory > {shared_limit} "
                 "(the limit of a block)")

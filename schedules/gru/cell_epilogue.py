@@ -30,11 +30,13 @@ from .step_variant import StepSizes
 
 CELL_TILE_COLUMNS = 96  # 32 units' three gates: W_hh's (K, N) rows read in N atoms of 32 columns
 CELL_TILE_STAGES = 8
-CELL_TALL_TILE_STAGES = 6  # with 128 rows (7 fit, 1-3 % slower: docs/results/gru.md)
+# with more rows: 128 (7 fit, 1-3 % slower: docs/results/gru.md), 192, 256 (as many as fit)
+CELL_TALL_TILE_STAGES = {128: 6, 192: 6, 256: 5}
 # hid_cell -> (rows of a tile, K slices): 1 K whole behind a producer warpgroup, 2 K in halves in a
 # cluster of two blocks, 3 the same with 128-row tiles (two consumer warpgroups, W_hh's tile read once
-# for both), 4 128-row tiles with K whole behind a producer warpgroup
-CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2), 4: (128, 1)}
+# for both), 4 128-row tiles with K whole behind a producer warpgroup, 5 192-row tiles (three consumer
+# warpgroups) with K in halves, 6 256-row tiles (four) with K in halves
+CELL_FORMS = {1: (64, 1), 2: (64, 2), 3: (128, 2), 4: (128, 1), 5: (192, 2), 6: (256, 2)}
 # float32 on TF32 parts: the stored parts of h (A) and of W_hh (B), each k tile's three k steps
 # reading them in turn (``TF32_K_PARTS``), as ``gemm_3xtf32``'s two stored parts
 H_PARTS, W_PARTS = A_TWO_PARTS, B_TWO_PARTS
@@ -53,14 +55,14 @@ def hidden_depth(tile: WgmmaTile, hidden: int) -> int:
 def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1, share: bool = False) -> WgmmaTile:
     """The tile of the hidden GEMM with the cell in its store (``hid_cell`` ``form``), in
     ``tile``'s operand (the ``hid_wgmma`` tile's): 96 columns (32 units), 8 stages (6 with 128
-    rows; fewer where K has fewer k steps), loaded by the TMA, launched early, stored from the
-    registers, a tile a block; K whole behind a producer warpgroup (faster than 128-row tiles and
+    or 192 rows, 5 with 256; fewer where K has fewer k steps), loaded by the TMA, launched early,
+    stored from the registers, a tile a block; K whole behind a producer warpgroup (faster than 128-row tiles and
     than the tile without the producer at B128 H1024-H2048 and B256 H1024: docs/results/gru.md),
     or in halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``).
     ``share`` (``hid_cell_share``, K whole): two adjacent tiles of a row a cluster, h's k tiles
     loaded half by each block and multicast into both (``wgmma_multicast``)."""
     rows, split = CELL_FORMS[form]
-    stages = min(CELL_TILE_STAGES if rows == 64 else CELL_TALL_TILE_STAGES,
+    stages = min(CELL_TALL_TILE_STAGES.get(rows, CELL_TILE_STAGES),
                  hidden_depth(tile, hidden) // tile.bk // split + 2)
     return WgmmaTile(rows, CELL_TILE_COLUMNS, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
                      specialized=split == 1, pdl=True, split=split, cluster=split > 1, multicast=share)

@@ -152,11 +152,13 @@ HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with 
                                              "as TF32 parts (three products) with the cell in its store (hid_cell "
                                              "1-3); 0 on the hid_tensor_core tile (mma.sync) or the CUDA cores",
                          before=0)
-HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3, 4), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its "
+HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3, 4, 5, 6), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its "
                                                     "store, one kernel a step, each 64-row tile's 96 columns the three "
                                                     "gates of 32 units (``cell_epilogue.py``); 2 the same with K split "
                                                     "in halves, the two blocks of a cluster adding them; 3 that on "
-                                                    "128-row tiles; 4 128-row tiles with K whole; 0 a cell kernel "
+                                                    "128-row tiles; 4 128-row tiles with K whole; 5 192-row tiles "
+                                                    "(three consumer warpgroups) with K in halves; 6 256-row ones "
+                                                    "(four); 0 a cell kernel "
                                                     "after it", before=0)
 HIDDEN_CELL_SHARE_KNOB = Knob("hid_cell_share", (0, 1), "the cell tile with K whole (hid_cell 1 or 4): 1 pairs "
                                                        "adjacent tiles of a row in clusters of two blocks that share "

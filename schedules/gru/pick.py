@@ -90,21 +90,25 @@ SPLIT_MIN_FLOPS = 1e9
 # mma.sync tile: faster at B64 H1024 (51.5 GFLOP) and B8 H1024 (6.4), a tie at float16 B8 H512 (1.6 GFLOP;
 # docs/results/gru.md)
 WGMMA_MIN_FLOPS = 4e9
-# The unfused steps run the cell in the hidden GEMM's store where its whole tiles make at least
-# this share of a wave (and at most one where K is split in a cluster's two blocks), in this order
-# of ``hid_cell`` forms: 128-row tiles with K in halves (4-10 % faster than 64-row tiles with K
-# whole at 96-128 blocks, float16), 64-row tiles with K whole (faster than two kernels a step
-# with 96-256 tiles, slower with 48-64), their K halves (faster with 96-128 blocks, slower with
-# 192-256; docs/results/gru.md); a ragged last row tile of K halves too (float16 B96 H1536-H2048
-# 14-16 % faster on one 128-row tile than on two 64-row ones, B200 H768 13 %, B48 H2048 17 % than two
-# kernels a step), on TF32 parts only where it is the only row tile (float32 B96 H2048 32 % faster,
-# B192 H1024 20 % slower)
+# The unfused steps run the cell in the hidden GEMM's store where its whole tiles make at least this
+# share of a wave (and at most one where K is split in a cluster's two blocks), in this order of
+# ``hid_cell`` forms: 128-row tiles with K in halves (4-10 % faster than 64-row tiles with K whole
+# at 96-128 blocks, float16), one row of 192-row tiles with K in halves past 128 rows (16-bit
+# B160-B192 H1536-H2048 and bidirectional B192 H1024 20-37 % faster than two rows of 128-row tiles
+# with K whole, float32 B192 H1536 20 % faster than 64-row tiles), one row of 256-row tiles with K
+# in halves past 192 rows (float16 B256 H1536-H2048 8-10 %, bidirectional B256 H768 5 % faster than
+# two rows of 128-row tiles with K whole; float32 not measured), 64-row tiles with K whole (faster
+# than two kernels a step with 96-256 tiles, slower with 48-64), their K halves (faster with 96-128
+# blocks, slower with 192-256; docs/results/gru.md); a ragged last row tile of K halves too (float16
+# B96 H1536-H2048 14-16 % faster on one 128-row tile than on two 64-row ones, B200 H768 13 %, B48
+# H2048 17 % than two kernels a step), on TF32 parts only where it is the only row tile (float32 B96
+# H2048 32 % faster, B192 H1024 20 % slower)
 CELL_WAVE = 0.7
 # The tiles read a 16-bit W_hh from its copy transposed in tile order (``hid_cell_bt``): 1-6 %
 # faster at six of seven shapes, level or 1 % faster on 128-row tiles over a ragged batch
 # (docs/results/gru.md)
-CELL_PICK_ORDER = (3, 4, 1, 2)
-TF32_CELL_PICK_ORDER = (3, 1, 2)  # float32 on TF32 parts: 128-row tiles with K whole not measured
+CELL_PICK_ORDER = (3, 5, 6, 4, 1, 2)
+TF32_CELL_PICK_ORDER = (3, 5, 1, 2)  # float32 on TF32 parts: 128-row tiles with K whole not measured
 # From this batch and hidden size on, those steps are taken over the tensor-core step kernel's
 # resident grid too (16-bit B128 H1024: K in halves on 128 blocks 9 % faster; at the smaller shapes
 # where both run, B128 H512-H768, B192-B256 H256-H768, bidirectional B64 H768 and B128 H512, the
@@ -519,19 +523,19 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int,
     only past 128 rows (docs/results/gru.md: float16 B96 H1536 / H2048 ragged on 96 / 128 blocks,
     1.883 / 2.716 ms against 2.076 / 2.905 with a cell kernel; B200 H1536 on 192, 3.654 against
     3.009; 128-row tiles with K whole at B192 H1536 / B256 H2048 2.937 / 4.166 against 3.392 / 4.632
-    on 64-row ones past a wave, at B96 H2048 on 64 blocks 3.188 against 2.716), 128-row tiles only
-    past 64 rows; K split over a ragged last row tile only where it is the only one with
-    ``ragged_split_alone``; a 16-bit W_hh read from its transposed copy; None (two kernels a step)
+    on 64-row ones past a wave, at B96 H2048 on 64 blocks 3.188 against 2.716), a tile of more
+    than 64 rows only where its last 64-row band holds a row (128-row ones past 64 rows, 192-row
+    ones past 128, 256-row ones past 192); K split over a ragged last row tile only where it is
+    the only one with ``ragged_split_alone``; a 16-bit W_hh read from its transposed copy; None (two kernels a step)
     where none does."""
     if not unfused.hid_wgmma:
         return None
     for form in forms:
         rows, split = CELL_FORMS[form]
         blocks = cell_blocks(template.batch, template.hidden, template.dirs, form)
-        tall = rows > CELL_FORMS[1][0]
-        tall_whole = split == 1 and tall
+        tall_whole = split == 1 and rows > CELL_FORMS[1][0]
         if (blocks < CELL_WAVE * sm_count or (tall_whole and template.batch <= rows)
-                or (tall and template.batch <= CELL_FORMS[1][0])
+                or template.batch <= rows - CELL_FORMS[1][0]
                 or (ragged_split_alone and split > 1 and template.batch % rows and template.batch > rows)
                 or ((split > 1 or tall_whole or template.batch % rows) and blocks > sm_count)):
             continue
