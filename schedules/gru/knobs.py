@@ -150,7 +150,7 @@ HIDDEN_WGMMA_KNOB = Knob("hid_wgmma", (0, 1), "unfused steps (fuse_step 0) with 
                                              "runs each step's hidden GEMM on Hopper's warpgroup MMA (``wgmma.py``), "
                                              "W_hh read N-major as stored, a bias row a direction; float32 ones there "
                                              "as TF32 parts (three products) with the cell in its store (hid_cell "
-                                             "1-3); 0 on the hid_tensor_core tile (mma.sync) or the CUDA cores",
+                                             "1-6); 0 on the hid_tensor_core tile (mma.sync) or the CUDA cores",
                          before=0)
 HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3, 4, 5, 6), "hidden GEMM on wgmma (hid_wgmma 1): 1 runs the cell in its "
                                                     "store, one kernel a step, each 64-row tile's 96 columns the three "
@@ -164,7 +164,7 @@ HIDDEN_CELL_SHARE_KNOB = Knob("hid_cell_share", (0, 1), "the cell tile with K wh
                                                        "adjacent tiles of a row in clusters of two blocks that share "
                                                        "h's k tiles by TMA multicast, each block loading half of them "
                                                        "(``wgmma_multicast``)", before=0)
-HIDDEN_CELL_BT_KNOB = Knob("hid_cell_bt", (0, 1), "the cell tile of a 16-bit GRU (hid_cell 1-4): 1 reads W_hh "
+HIDDEN_CELL_BT_KNOB = Knob("hid_cell_bt", (0, 1), "the cell tile of a 16-bit GRU (hid_cell 1-6): 1 reads W_hh "
                                                  "from a copy made as the weights load, transposed (3H, H) with each "
                                                  "tile's rows its units' r, z and n, one 128-byte TMA box a k step "
                                                  "(0: as stored, three 64-byte boxes)", before=0)

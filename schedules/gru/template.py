@@ -478,7 +478,7 @@ class GruTemplate(DtypeFields, Template):
             if c.hid_cell_share and not c.hid_cell:
                 return "hid_cell_share 1 pairs the tiles of the cell in the hidden GEMM's store (hid_cell 1 or 4)"
             if c.hid_cell_bt and not c.hid_cell:
-                return "hid_cell_bt 1 transposes W_hh for the cell in the hidden GEMM's store (hid_cell 1-4)"
+                return "hid_cell_bt 1 transposes W_hh for the cell in the hidden GEMM's store (hid_cell 1-6)"
             if c.hid_wgmma or c.hid_cell:
                 reason = self.hidden_wgmma_reason(step, c.hid_cell)
                 if reason:
@@ -607,7 +607,7 @@ class GruTemplate(DtypeFields, Template):
             return "hid_wgmma 1 runs the unfused steps' hidden GEMM on wgmma (fuse_step 0)"
         if self.hid_wgmma_tile is None and self.hid_tf32_tile is not None:
             return ("the float32 hidden GEMM on wgmma (hid_wgmma 1, TF32 parts) runs with the cell in its store "
-                    "(hid_cell 1-4)")
+                    "(hid_cell 1-6)")
         if self.hid_wgmma_tile is None:
             return ("hidden GEMM on wgmma (hid_wgmma 1) needs a Hopper GPU (sm_90), float16 or bfloat16 h and W_hh "
                     f"(or float32 ones with the cell in its store) and a wgmma tile for the ({self.batch}, 3H, H) "
