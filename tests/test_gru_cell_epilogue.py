@@ -154,40 +154,28 @@ def test_tall_tiles_split_k_over_two_consumer_warpgroups():
     assert " < 96) {" in _kernel_source(short.compile(short_cfg, target).source, "gru_gemm_cell")
 
 
-def test_192_row_tiles_split_k_over_three_consumer_warpgroups():
-    """hid_cell 5: 192-row tiles (three consumer warpgroups on W_hh's tile) with K in halves, each
-    block of a cluster adding 96 of the tile's rows; at B160 each h' is stored only where its row
-    (in the block's band, 96 rows from the tile's first) is below the batch, at B192 unguarded."""
+@pytest.mark.parametrize("form, batch, hidden, guards", [
+    (5, 192, 1536, []), (5, 160, 1536, ["160"] * 4 + ["112"] * 4),  # 112: the second quads' rows, 48 further
+    (6, 256, 2048, []), (6, 200, 2048, ["200"] * 4 + ["136"] * 4),  # 136: 64 further
+])
+def test_taller_tiles_split_k_over_three_or_four_consumer_warpgroups(form, batch, hidden, guards):
+    """hid_cell 5 / 6: 192- / 256-row tiles (three / four consumer warpgroups on W_hh's tile; 256
+    rows' stages do not split into 16-byte chunks over 512 threads, which the TMA's boxes need not)
+    with K in halves, each block of a cluster adding its band of half the tile's rows, two quads of
+    four units a thread; where the batch ends inside the tile each h' is stored only where its
+    row (in the block's band, from the tile's first) is below it, elsewhere unguarded."""
     target = offline_cuda("sm_90")
-    guarded = {}
-    for batch in (160, 192):
-        t = _template(batch, 1536)
-        cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 5, "hid_cell_bt": 1})
-        assert t.space(target).infeasible_reason(cfg) is None
-        assert t.step_variant(cfg).wgmma.name == CELL_TILES[5]
-        source = t.compile(cfg, target).source
-        kernel = _kernel_source(source, "gru_gemm_cell")
-        assert "__launch_bounds__(384) gru_gemm_cell_kernel" in source and "mapa" in kernel
-        assert kernel.count("h_out_ptr[") == 8  # two quads of four units a thread: 96 rows x 32 units on 384
-        band_row = r"\(\(\(\(\(\(int\)blockIdx.x\) & 1\) \* 96\) \+ .{0,50}\)"  # the band's row + the tile's
-        guarded[batch] = re.findall(band_row + r" < (\d+)\) \{\n *h_out_ptr\[", kernel)
-    assert guarded == {160: ["160"] * 4 + ["112"] * 4, 192: []}  # 112: the second quads' rows, 48 further
-
-
-def test_256_row_tiles_split_k_over_four_consumer_warpgroups():
-    """hid_cell 6: 256-row tiles (four consumer warpgroups, 512 threads; the TMA loads its stages,
-    whose 16-byte chunks do not split evenly over the threads) with K in halves, each block adding
-    128 of the tile's rows; at B200 each h' is stored only below the batch."""
-    target = offline_cuda("sm_90")
-    t = _template(200, 2048)
-    cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": 6, "hid_cell_bt": 1})
+    t = _template(batch, hidden)
+    cfg = t.default_config(target).replace(**{**CELL_IN_GEMM, "hid_cell": form, "hid_cell_bt": 1})
     assert t.space(target).infeasible_reason(cfg) is None
-    assert t.step_variant(cfg).wgmma.name == CELL_TILES[6]
+    tile = t.step_variant(cfg).wgmma
+    assert tile.name == CELL_TILES[form]
     source = t.compile(cfg, target).source
     kernel = _kernel_source(source, "gru_gemm_cell")
-    assert "__launch_bounds__(512) gru_gemm_cell_kernel" in source and "mapa" in kernel
-    band_row = r"\(\(\(\(\(\(int\)blockIdx.x\) & 1\) \* 128\) \+ .{0,50}\)"
-    assert re.findall(band_row + r" < (\d+)\) \{\n *h_out_ptr\[", kernel) == ["200"] * 4 + ["136"] * 4
+    assert f"__launch_bounds__({tile.threads}) gru_gemm_cell_kernel" in source and "mapa" in kernel
+    assert tile.threads == tile.bm * 2 and kernel.count("h_out_ptr[") == 8
+    band_row = r"\(\(\(\(\(\(int\)blockIdx.x\) & 1\) \* " + str(tile.bm // 2) + r"\) \+ .{0,50}\)"
+    assert re.findall(band_row + r" < (\d+)\) \{\n *h_out_ptr\[", kernel) == guards
 
 
 def test_paired_tiles_share_h_by_multicast():
