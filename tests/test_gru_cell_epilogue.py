@@ -73,10 +73,11 @@ CELL_TILES = {1: "wgmma 64x96x64 s8 w1 direct tma ws pdl", 2: "wgmma 64x96x64 s8
 def test_pick_runs_the_cell_in_the_gemm_where_its_tiles_make_a_wave(batch, hidden, bidirectional, precision, cell):
     """The unfused steps take the cell into the hidden GEMM's store in the first form whose tiles
     fill 70 % of the SMs (and at most all where K is split, the last row tile is ragged or 128-row
-    tiles keep K whole, those past 128 rows; 128-row tiles past 64 rows, 192-row ones past 128):
-    128-row tiles with K in halves, 192-row ones, 128-row ones with K whole, 64-row tiles with K
-    whole, their K halves (each faster than two kernels a step there, and slower where it is not
-    picked: docs/results/gru.md); a 16-bit W_hh read from its transposed copy."""
+    tiles keep K whole, those past 128 rows; 128-row tiles past 64 rows, 192-row ones past 128,
+    256-row ones past 192): 128-row tiles with K in halves, 192-row ones, 256-row ones, 128-row
+    ones with K whole, 64-row tiles with K whole, their K halves (each faster than two kernels a
+    step there, and slower where it is not picked: docs/results/gru.md); a 16-bit W_hh read from
+    its transposed copy."""
     target = offline_cuda("sm_90")
     t = _template(batch, hidden, bidirectional, precision)
     cfg, why = t.analytic_pick(target)

@@ -17,12 +17,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: common
 
 SHAPES = "96x6144x2048,192x4608x1536,256x6144x2048"
-# label -> (rows, stages, B layout, multicast[, columns: 96[, K slices: 1]]); K whole behind a producer
-# warpgroup, K in slices added in a cluster (the cell forms 2, 3 and 5)
-TILES = {"64x96 s8 B(K,N)": (64, 8, "KN", 0), "64x96 s8 Bt(N,K)": (64, 8, "NK", 0),
-         "128x96 s6 B(K,N)": (128, 6, "KN", 0), "128x96 s6 Bt(N,K)": (128, 6, "NK", 0),
-         "64x96 s8 Bt(N,K) multicast": (64, 8, "NK", 1), "64x192 s6 Bt(N,K)": (64, 6, "NK", 0, 192),
-         "128x192 s4 Bt(N,K)": (128, 4, "NK", 0, 192), "64x96 s8 Bt(N,K) k/2": (64, 8, "NK", 0, 96, 2),
+# label -> (rows, stages, B layout, multicast, columns, K slices): K whole behind a producer warpgroup,
+# K in slices added in a cluster (the cell forms 2, 3 and 5)
+TILES = {"64x96 s8 B(K,N)": (64, 8, "KN", 0, 96, 1), "64x96 s8 Bt(N,K)": (64, 8, "NK", 0, 96, 1),
+         "128x96 s6 B(K,N)": (128, 6, "KN", 0, 96, 1), "128x96 s6 Bt(N,K)": (128, 6, "NK", 0, 96, 1),
+         "64x96 s8 Bt(N,K) multicast": (64, 8, "NK", 1, 96, 1), "64x192 s6 Bt(N,K)": (64, 6, "NK", 0, 192, 1),
+         "128x192 s4 Bt(N,K)": (128, 4, "NK", 0, 192, 1), "64x96 s8 Bt(N,K) k/2": (64, 8, "NK", 0, 96, 2),
          "128x96 s6 Bt(N,K) k/2": (128, 6, "NK", 0, 96, 2), "192x96 s6 Bt(N,K) k/2": (192, 6, "NK", 0, 96, 2),
          "192x96 s5 Bt(N,K) k/2": (192, 5, "NK", 0, 96, 2)}
 
@@ -50,15 +50,13 @@ def main() -> None:
         vendor, vendor_err = cublas_gemm(sets)
         row = {"shape": text, "cuBLAS": seconds_by_method(vendor), "cuBLAS_err": vendor_err}
         print(f"[{text}] cuBLAS {methods_text(vendor)} err {vendor_err:.1e}", flush=True)
-        for label, (bm, stages, layout, multicast, *more) in tiles.items():
-            bn, split = (*more, *(96, 1)[len(more):])
+        for label, (bm, stages, layout, multicast, bn, split) in tiles.items():
             template = WgmmaGemmTemplate(m, n, k, b_layout=layout)
             space = template.space(target)
             cfg = template.default_config(target).replace(
                 wgmma_bm=bm, wgmma_bn=bn, wgmma_stages=stages, wgmma_inflight=1, wgmma_smem_epilogue=0,
                 wgmma_raster=0, wgmma_tiles=1, wgmma_split_k=split, wgmma_split_cluster=int(split > 1), wgmma_tma=1,
-                wgmma_ws=int(split == 1),
-                wgmma_multicast=multicast, wgmma_pdl=1)
+                wgmma_ws=int(split == 1), wgmma_multicast=multicast, wgmma_pdl=1)
             reason = space.infeasible_reason(cfg)
             if reason:
                 print(f"[{text}] {label}: refused: {reason}", flush=True)

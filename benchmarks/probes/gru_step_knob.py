@@ -95,6 +95,7 @@ CASES = (("float16", 64, 1024), ("bfloat16", 64, 1024), ("float16", 8, 512), ("f
          # two 64-row ones were read
          ("float16", 96, 1536), ("float16", 48, 2048), ("float16", 96, 1024, True), ("float16", 200, 768),
          ("float16", 160, 512, True), ("float32", 96, 2048),
+         # 129-192 rows past H1024: one row of 192-row cell tiles with K in halves (hid_cell 5)
          ("float16", 160, 1536), ("float16", 160, 2048), ("float32", 192, 1536))
 STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 SEQ = 128

@@ -56,8 +56,9 @@ def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1, share: bool = False) 
     """The tile of the hidden GEMM with the cell in its store (``hid_cell`` ``form``), in
     ``tile``'s operand (the ``hid_wgmma`` tile's): 96 columns (32 units), 8 stages (6 with 128
     or 192 rows, 5 with 256; fewer where K has fewer k steps), loaded by the TMA, launched early,
-    stored from the registers, a tile a block; K whole behind a producer warpgroup (faster than 128-row tiles and
-    than the tile without the producer at B128 H1024-H2048 and B256 H1024: docs/results/gru.md),
+    stored from the registers, a tile a block; K whole behind a producer warpgroup (faster than
+    128-row tiles and than the tile without the producer at B128 H1024-H2048 and B256 H1024:
+    docs/results/gru.md),
     or in halves, the two blocks of a cluster adding them (``wgmma_steps.cluster_reduction``).
     ``share`` (``hid_cell_share``, K whole): two adjacent tiles of a row a cluster, h's k tiles
     loaded half by each block and multicast into both (``wgmma_multicast``)."""

@@ -158,8 +158,7 @@ HIDDEN_CELL_KNOB = Knob("hid_cell", (0, 1, 2, 3, 4, 5, 6), "hidden GEMM on wgmma
                                                     "in halves, the two blocks of a cluster adding them; 3 that on "
                                                     "128-row tiles; 4 128-row tiles with K whole; 5 192-row tiles "
                                                     "(three consumer warpgroups) with K in halves; 6 256-row ones "
-                                                    "(four); 0 a cell kernel "
-                                                    "after it", before=0)
+                                                    "(four); 0 a cell kernel after it", before=0)
 HIDDEN_CELL_SHARE_KNOB = Knob("hid_cell_share", (0, 1), "the cell tile with K whole (hid_cell 1 or 4): 1 pairs "
                                                        "adjacent tiles of a row in clusters of two blocks that share "
                                                        "h's k tiles by TMA multicast, each block loading half of them "

@@ -526,8 +526,8 @@ def _cell_in_gemm(template: Any, unfused: Config, space: Any, sm_count: int,
     on 64-row ones past a wave, at B96 H2048 on 64 blocks 3.188 against 2.716), a tile of more
     than 64 rows only where its last 64-row band holds a row (128-row ones past 64 rows, 192-row
     ones past 128, 256-row ones past 192); K split over a ragged last row tile only where it is
-    the only one with ``ragged_split_alone``; a 16-bit W_hh read from its transposed copy; None (two kernels a step)
-    where none does."""
+    the only one with ``ragged_split_alone``; a 16-bit W_hh read from its transposed copy; None
+    (two kernels a step) where none does."""
     if not unfused.hid_wgmma:
         return None
     for form in forms:
