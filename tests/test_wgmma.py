@@ -159,6 +159,28 @@ def test_more_tiles_than_a_wave_are_spread_over_one_block_an_sm():
     assert tiles_loop < k_loop
 
 
+def test_past_a_wave_of_sixteen_tiles_a_block_the_waves_take_the_fewest_tile_times():
+    """Where no choice of tiles a block fits one wave (more than 16 x 132 tiles), the blocks take
+    the tiles a block whose waves cost fewest tile times, not 16: the GRU's input GEMM at B96 H2048
+    (12288x6144x2048, 2304 tiles of 128x256) runs 384 blocks of 6 (3 waves, 18 tile times) where
+    144 blocks of 16 took two waves (32); at B128 (3072 tiles) 256 blocks of 12 (24, not 32);
+    at 6144 tiles 16 stays (3 waves, 48)."""
+    from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile, spread_waves
+    from tvm_ext.schedules.gru import GruTemplate
+
+    target = offline_cuda()  # 132 SMs
+    assert [spread_waves(count, 132) for count in (2304, 3072, 3600, 4608, 6144)] == [6, 12, 4, 12, 16]
+    b96 = WgmmaGemmTemplate(12288, 6144, 2048)
+    cfg = b96.default_config(target)
+    assert (WgmmaTile.of(cfg).tiles, WgmmaTile.of(cfg).raster) == (6, 8)
+    assert b96.build_program(cfg, target).launches[0].grid == (384, 1, 1)
+    assert pick_wgmma_tile([(16384, 6144, 2048)], target, "float16", b_layout="KN").tiles == 12
+    assert pick_wgmma_tile([(32768, 6144, 1024)], target, "float16", b_layout="KN").tiles == 16
+    f16 = {n: "float16" for n in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+    gru = GruTemplate(batch=96, hidden=2048, input=2048, seq=128).with_precision(f16).with_tensor_cores(target)
+    assert gru.in_wgmma_tile.tiles == 6
+
+
 def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_kernel():
     """BERT's FFN down (1024x768x3072): 48 tiles of 128x128 for 132 SMs, so the default splits K
     in two: 96 units, unit u the slice u // 48 of tile u % 48 (its k steps start at slice x 1536,

@@ -6,7 +6,9 @@ first; ``--variants pick``: the pick alone, to time one build of the code agains
 knobs in a set change the unfused pipeline's hidden-GEMM tile instead, e.g. "m64:mma_warps_m=4,
 mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1, ``hid_cell`` 0: the cell's
 own tiles take only its operand), e.g. "s6:hidw_stages=6"; ``cellw_`` ones the fields of the tile with the
-cell in its store, ``hid_cell`` 1-4, e.g. "c2s4:hid_cell=2,cellw_stages=4"); timed
+cell in its store, ``hid_cell`` 1-6, e.g. "c2s4:hid_cell=2,cellw_stages=4"; ``inw_`` / ``intf_`` ones
+the fields of the 16-bit input GEMM's wgmma tile / the float32 one's on TF32 parts, e.g.
+"t16:inw_tiles=16"); timed
 back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
 first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
@@ -118,25 +120,32 @@ def cell_tile_fields(fields: dict[str, int]) -> Iterator[None]:
         cell_step.cell_tile = own
 
 
+# knob prefixes of a variant naming a wgmma tile's fields: the template attribute each changes
+WGMMA_TILE_PREFIXES = {"hidw_": "hid_wgmma_tile", "inw_": "in_wgmma_tile", "intf_": "in_split_tf32"}
+
+
 def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], target: TargetInfo) -> GRU | str:
     """The GRU of ``pick`` with ``changes``: knobs of its config, ``mma_`` knobs of the unfused
     steps' hidden-GEMM mma.sync tile, ``hidw_`` fields of its wgmma tile (``hid_wgmma`` 1),
-    ``cellw_`` fields of the tile with the cell in its store (built, not loaded); or why the space
-    refuses the config."""
+    ``inw_`` / ``intf_`` of the input GEMM's (``WGMMA_TILE_PREFIXES``), ``cellw_`` fields of the
+    tile with the cell in its store (built, not loaded); or why the space refuses the config."""
     tile = {k: v for k, v in changes.items() if k.startswith("mma_")}
-    wgmma = {k[5:]: v for k, v in changes.items() if k.startswith("hidw_")}
     cell = {k[6:]: v for k, v in changes.items() if k.startswith("cellw_")}
     cfg = pick.replace(**{k: v for k, v in changes.items()
-                          if k not in tile and not k.startswith(("hidw_", "cellw_"))})
+                          if k not in tile and not k.startswith(("cellw_", *WGMMA_TILE_PREFIXES))})
     refused = template.space(target).infeasible_reason(cfg)
     if refused:
         return refused
     built = template
     if tile:  # the hidden GEMM's mma.sync tile, the pick's otherwise
         built = replace(template, hid_tensor_core=MmaGemmTile(template.hid_tensor_core.config.replace(**tile)))
-    if wgmma:  # the hidden GEMM's wgmma tile, each field as its type (tma=1 -> True)
-        own = template.hid_wgmma_tile
-        built = replace(built, hid_wgmma_tile=replace(own, **{k: type(getattr(own, k))(v) for k, v in wgmma.items()}))
+    for prefix, field in WGMMA_TILE_PREFIXES.items():  # a wgmma tile's fields, each as its type (tma=1 -> True)
+        fields = {k[len(prefix):]: v for k, v in changes.items() if k.startswith(prefix)}
+        own = getattr(template, field)
+        if fields and own is None:
+            return f"the template has no {field} for {prefix} knobs"
+        if fields:
+            built = replace(built, **{field: replace(own, **{k: type(getattr(own, k))(v) for k, v in fields.items()})})
     with cell_tile_fields(cell):
         return GRU(built, cfg, target, False, built.compile(cfg, target))
 

@@ -85,15 +85,19 @@ def column_padding(t: WgmmaTile, shapes: Any) -> float:
     return max(1 - n / (-(-n // t.bn) * t.bn) for _, n, _ in shapes)
 
 
+SPREAD_WAVES_SLACK = 1.05  # ``spread_waves``: tile times within 5 % of the fewest count as level
+
+
 def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, b_layout: str = "NK",
            matrices: int = 1) -> WgmmaTile:
     """``t`` with the fewest C tiles a block (``wgmma_tiles``) that fit the GEMMs of ``shapes`` into
     one block an SM, in groups of the most tile rows (8, 4, 2) dividing them: a block's pipeline
     then runs on from tile to tile instead of refilling at each (faster than a block a tile at
-    8192x3072x1024 and 4096^3; docs/results/gemm.md).  ``t`` where one wave holds every tile or
-    no such variant runs the shapes."""
+    8192x3072x1024 and 4096^3; docs/results/gemm.md).  Where no choice fits one wave, the one
+    whose waves of blocks take fewest tile times (``spread_waves``).  ``t`` where one wave holds
+    every tile or no such variant runs the shapes."""
     count = c_tile_count(t, shapes, matrices) * t.split  # units
-    tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), TILES_PER_BLOCK[-1])
+    tiles = next((c for c in TILES_PER_BLOCK if -(-count // c) <= sm_count), None) or spread_waves(count, sm_count)
     if tiles == 1:
         return t
     for raster in (8, 4, 2, 0):
@@ -101,6 +105,20 @@ def spread(t: WgmmaTile, shapes: Any, sm_count: int, limit: int = SHARED_LIMIT, 
         if runs(spread_tile, shapes, limit, b_layout):
             return spread_tile
     return t
+
+
+def spread_waves(count: int, sm_count: int) -> int:
+    """The tiles a block (of ``TILES_PER_BLOCK``) for ``count`` C tiles where no choice holds them
+    in one wave of ``sm_count`` blocks: the most tiles a block (fewest refills) whose waves take
+    at most ``SPREAD_WAVES_SLACK`` more tile times (waves x tiles a block) than the fewest: at
+    2304 tiles (the GRU's input GEMM at B96 H2048) 6 a block take three waves, 18 tile times, where
+    16 a block take two, 32."""
+    def tile_times(c: int) -> int:
+        blocks = -(-count // c)
+        return -(-blocks // sm_count) * c
+
+    fewest = min(tile_times(c) for c in TILES_PER_BLOCK)
+    return max(c for c in TILES_PER_BLOCK if tile_times(c) <= SPREAD_WAVES_SLACK * fewest)
 
 
 def split_cost(t: WgmmaTile, shapes: Any, sm_count: int, matrices: int = 1) -> float:
