@@ -24,9 +24,11 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager, nullcontext
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+from unittest.mock import patch
 
 from tvm_ext.measure.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
                                     VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
@@ -37,7 +39,7 @@ __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ou
            "parse_shapes", "GpuReading", "parse_gpu_reading", "read_gpu", "smi_device", "round_order", "RoundRow",
            "interleaved_rounds", "RatioSummary", "ratio_summary", "graph_timer", "compare_in_rounds",
            "write_rounds", "rounds_header", "rounds_cells", "cublas_launches", "ours_launch", "TimingSettings",
-           "VendorTimes", "Timing", "host_and_wall_us", "profiled"]
+           "VendorTimes", "Timing", "host_and_wall_us", "profiled", "full_a_box"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -771,3 +773,14 @@ def gru_weights(rng: Any, hidden: int, bidirectional: bool = False) -> dict[str,
             for tail in (("", "_reverse") if bidirectional else ("",)) for name, shape in (
                 ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
                 ("bias_hh_l0", (g,)))}
+
+
+@contextmanager
+def full_a_box(full: bool) -> Iterator[None]:
+    """While open (``full``), every wgmma kernel built loads A's whole tile by the TMA where M is
+    below one tile (rows past M as the TMA's zeros), as before ``KernelLayout.a_box_rows``: the
+    code before, built in the same process to time against the code now."""
+    from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
+
+    with patch.object(KernelLayout, "a_box_rows", property(lambda self: self.bm)) if full else nullcontext():
+        yield

@@ -179,6 +179,25 @@ def test_every_kind_of_tma_kernel_assembles_for_sm_90a(kind):
 
 
 # ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
+def test_below_one_tile_the_tma_loads_m_rows_and_its_barriers_expect_them():
+    """Where M is less than one tile (the GRU's cell tiles at a ragged batch: 96 rows of 128), A's
+    tensor map's box holds M's rows, not the tile's (a box past A's rows is slower), and each
+    stage's barrier expects the bytes of those rows and B's tile; at M of a tile or more the box
+    is the tile's, rows past M of the last tile row loaded as the TMA's zeros."""
+    tile = WgmmaTile(128, 96, 6, 1, False, split=2, cluster=True, tma=True)
+    expected = {96: (96, (96 + 96) * 64 * 2), 128: (128, (128 + 96) * 64 * 2), 200: (128, (128 + 96) * 64 * 2)}
+    for m, (rows, stage_bytes) in expected.items():
+        script = wgmma_gemm(tile, m, 768, 1024).script()
+        assert re.search(rf"tensormap_encode_tiled\(a_map, A.data, 1024, {m}, 2048, 64, {rows}, 1, 1,", script)
+        kernel = _gemm_kernel(_source(tile, m, 768, 1024))
+        assert set(re.findall(r"expect_tx_shared__cta_b64\(.*?, \(uint\)(\d+)\);", kernel)) == {str(stage_bytes)}
+    batched = wgmma_gemm(WgmmaTile(64, 96, 4, 1, False, tma=True), 40, 192, 256, b_layout="KN", batch=(2,)).script()
+    assert re.search(r"tensormap_encode_tiled\(a_map, A.data, 256, 40, 2, 512, 20480, 64, 40, 1,", batched)
+    shared = dataclasses.replace(tile, split=1, cluster=False, specialized=True, multicast=True)
+    assert re.search(r"tensormap_encode_tiled\(a_map, A.data, 1024, 96, 2048, 64, 64, 1, 1,",
+                     wgmma_gemm(shared, 96, 768, 1024).script())  # multicast: each block half the tile's rows
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, batch, b_layout, b_shared, knobs", [
     ((512, 768, 640), (), "NK", False, dict()),
@@ -198,6 +217,12 @@ def test_every_kind_of_tma_kernel_assembles_for_sm_90a(kind):
                                               wgmma_split_k=2, wgmma_split_cluster=1)),
     ((256, 192, 256), (2,), "KN", True, dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=4, wgmma_tiles=2,
                                              wgmma_smem_epilogue=0)),
+    # M below one tile: A's box holds M's rows alone, the stage's rows past them left as they are
+    ((96, 768, 1024), (), "NK", False, dict(wgmma_bm=128, wgmma_bn=96, wgmma_stages=6, wgmma_smem_epilogue=0,
+                                            wgmma_split_k=2, wgmma_split_cluster=1)),
+    ((40, 192, 256), (2,), "KN", False, dict(wgmma_bm=64, wgmma_bn=96, wgmma_stages=4)),
+    ((100, 256, 512), (), "NK", False, dict(wgmma_bm=128, wgmma_bn=128, wgmma_stages=4, wgmma_ws=1,
+                                            wgmma_smem_epilogue=0)),
 ])
 def test_cuda_tma_kernels_match_float64_and_write_nothing_past_m(shape, batch, b_layout, b_shared, knobs):
     """Every kind of TMA kernel against float64: a wrong box coordinate, swizzle or barrier

@@ -28,7 +28,7 @@ TILES = {"64x96 s8 B(K,N)": (64, 8, "KN", 0, 96, 1), "64x96 s8 Bt(N,K)": (64, 8,
 
 
 def main() -> None:
-    from common import cublas_gemm, methods_text, ours_launch, seconds_by_method, time_ours_three
+    from common import cublas_gemm, full_a_box, methods_text, ours_launch, seconds_by_method, time_ours_three
 
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
     from tvm_ext.target import resolve_target
@@ -36,9 +36,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default=SHAPES, help="MxNxK,...")
     p.add_argument("--tiles", default=";".join(TILES), help="labels of TILES, separated by semicolons")
+    p.add_argument("--full-box", action="store_true",
+                   help="each tile also loading A's whole tile where M is below one (the code before "
+                        "KernelLayout.a_box_rows), labelled 'full box'")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args()
     tiles = {label: TILES[label] for label in args.tiles.split(";")}
+    boxes = {"": False, " full box": True} if args.full_box else {"": False}
     import torch
 
     target = resolve_target("cuda", 0)
@@ -61,18 +65,20 @@ def main() -> None:
             if reason:
                 print(f"[{text}] {label}: refused: {reason}", flush=True)
                 continue
-            try:
-                launch, err = ours_launch(template, cfg.as_dict(), target, sets)
-                times = time_ours_three(launch, len(sets))
-            except Exception as exc:  # noqa: BLE001 (a config that does not run is a row)
-                print(f"[{text}] {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                continue
-            row[label] = {"s": seconds_by_method(times), "err": err}
-            print(f"[{text}] {label}: {methods_text(times)} err {err:.1e}", flush=True)
+            for suffix, full in boxes.items():
+                try:
+                    with full_a_box(full):
+                        launch, err = ours_launch(template, cfg.as_dict(), target, sets)
+                    times = time_ours_three(launch, len(sets))
+                except Exception as exc:  # noqa: BLE001 (a config that does not run is a row)
+                    print(f"[{text}] {label}{suffix}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    continue
+                row[label + suffix] = {"s": seconds_by_method(times), "err": err}
+                print(f"[{text}] {label}{suffix}: {methods_text(times)} err {err:.1e}", flush=True)
         rows.append(row)
     with open(os.path.join(args.out, "gru_hidden_gemm_probe.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    labels = ["cuBLAS", *tiles]
+    labels = ["cuBLAS", *(label + suffix for label in tiles for suffix in boxes)]
     print("\n| M x N x K | " + " | ".join(f"{label} µs" for label in labels) + " |")
     print("|---|" + "---|" * len(labels))
     for row in rows:

@@ -8,7 +8,8 @@ mma_warps_n=1", ``hidw_`` ones its wgmma tile's fields (``hid_wgmma`` 1, ``hid_c
 own tiles take only its operand), e.g. "s6:hidw_stages=6"; ``cellw_`` ones the fields of the tile with the
 cell in its store, ``hid_cell`` 1-6, e.g. "c2s4:hid_cell=2,cellw_stages=4"; ``inw_`` / ``intf_`` ones
 the fields of the 16-bit input GEMM's wgmma tile / the float32 one's on TF32 parts, e.g.
-"t16:inw_tiles=16"); timed
+"t16:inw_tiles=16"; ``full_box=1``: A's whole tile loaded where M is below one, as before
+``KernelLayout.a_box_rows``); timed
 back to back (``time_ours`` around the executor) in interleaved rounds, each checked against float64
 first; T=128, input = hidden.
 Usage: python benchmarks/probes/gru_step_knob.py [--rounds 3] [--knob K --values a,b | --variants V] [--cases 0,1]"""
@@ -26,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from common import gru_weights, parse_knob_sets, time_ours  # noqa: E402
+from common import full_a_box, gru_weights, parse_knob_sets, time_ours  # noqa: E402
 
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
@@ -131,8 +132,8 @@ def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], ta
     tile with the cell in its store (built, not loaded); or why the space refuses the config."""
     tile = {k: v for k, v in changes.items() if k.startswith("mma_")}
     cell = {k[6:]: v for k, v in changes.items() if k.startswith("cellw_")}
-    cfg = pick.replace(**{k: v for k, v in changes.items()
-                          if k not in tile and not k.startswith(("cellw_", *WGMMA_TILE_PREFIXES))})
+    cfg = pick.replace(**{k: v for k, v in changes.items() if k not in tile and k != "full_box"
+                          and not k.startswith(("cellw_", *WGMMA_TILE_PREFIXES))})
     refused = template.space(target).infeasible_reason(cfg)
     if refused:
         return refused
@@ -146,7 +147,7 @@ def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], ta
             return f"the template has no {field} for {prefix} knobs"
         if fields:
             built = replace(built, **{field: replace(own, **{k: type(getattr(own, k))(v) for k, v in fields.items()})})
-    with cell_tile_fields(cell):
+    with cell_tile_fields(cell), full_a_box(bool(changes.get("full_box"))):
         return GRU(built, cfg, target, False, built.compile(cfg, target))
 
 

@@ -33,15 +33,15 @@ tiles for the SMs.  ``wgmma_split_cluster`` 1: a tile's S slices are one thread-
 (adjacent blocks, slice blockIdx % S); each block puts its float32 sums in its own shared memory
 and block r adds rows [r bm / S, (r + 1) bm / S) of all S blocks' through distributed shared
 memory (``ld.shared::cluster``) and stores them through the epilogue: one kernel, nothing in
-global memory.  K must divide the tile but where the TMA loads a 16-bit tile, K unsplit (the last
-k step's columns past K read as zeros: DeepSpeech2's 1760); an M that bm does not divide (a token
+global memory. K must divide the tile but where the TMA loads a 16-bit tile, K unsplit (the last k
+step's columns past K read as zeros: DeepSpeech2's 1760); an M that bm does not divide (a token
 count) is guarded in the unsplit kernel and where a cluster adds K's slices: the last tile row's
-loads past M read rows below it again (row mod M; zeros where the TMA loads them) and its stores
-stop at M; an even N that bn does not divide (a vocabulary of 30522), the same with Bt stored
-(N, K) and K unsplit: its last tile column's rows of Bt past N read rows below it again (zeros
-where the TMA loads them; with B stored (K, N) only the TMA's zeros, N a multiple of 8), its
-stores stop at N (C staged in shared memory only where N is a multiple of 8, as 1000 classes:
-its 16-byte chunks are whole and aligned).
+loads past M read rows below it again (row mod M; zeros where the TMA loads them, or with M below
+one tile the TMA's box only M's rows) and its stores stop at M; an even N that bn does not divide
+(a vocabulary of 30522), the same with Bt stored (N, K) and K unsplit: its last tile column's rows
+of Bt past N read rows below it again (zeros where the TMA loads them; with B stored (K, N) only
+the TMA's zeros, N a multiple of 8), its stores stop at N (C staged in shared memory only where N
+is a multiple of 8, as 1000 classes: its 16-byte chunks are whole and aligned).
 
 ``wgmma_tma`` loads the stages by the Tensor Memory Accelerator, ``wgmma_ws`` specializes a
 producer warpgroup (``wgmma_specialized``), ``wgmma_multicast`` pairs its blocks in clusters that

@@ -270,6 +270,19 @@ class KernelLayout:
         return self.a_stage + self.bn * self.bk
 
     @property
+    def a_box_rows(self) -> int:
+        """Rows of A's tile the TMA loads a stage: the tile's, or M's where M is less than one tile
+        (a box past A's rows costs more than the rows it leaves out: docs/results/gru.md); the
+        stage's rows past M are then left as they are, and the C rows they make are not stored
+        (``in_rows``).  Not with ``multicast``, whose blocks each load half the tile."""
+        return self.m if self.tma and self.m < self.bm and not self.multicast else self.bm
+
+    @property
+    def stage_bytes_loaded(self) -> int:
+        """Bytes the TMA writes into a stage (its barrier's expected count): A's box and B's tile."""
+        return (self.stage - (self.bm - self.a_box_rows) * self.bk) * self.elem
+
+    @property
     def a_loads(self) -> int:
         """16-byte cp.async a thread of a stage's A tile."""
         return self.a_stage // self.chunk_elems // self.threads

@@ -88,7 +88,7 @@ def tma_staging(L: KernelLayout) -> Staging:
         if tx == 0:
             bar = T.meta_var(stage_barrier(L, smem, slot // L.stage))
             T.ptx["fence.proxy.async.shared::cta"]()
-            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage * L.elem))
+            T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage_bytes_loaded))
             T.ptx[a_copy](smem.ptr_to([slot]), T.address_of(A), *a_coordinates(L, at, row0, kt), bar)
             for j in T.unroll(b_boxes(L)):  # B's N atoms, bk x b_atom elements apart (one box K-major)
                 T.ptx[b_copy](smem.ptr_to([slot + L.a_stage + j * L.bk * L.b_atom]), T.address_of(Bt),
@@ -112,7 +112,7 @@ def multicast_staging(L: KernelLayout, a_copy: str, b_copy: str, a_shared: str, 
     def load_stage(smem: Any, A: Any, Bt: Any, slot: Any, kt: Any, at: Any, row0: Any, col0: Any, rank: Any) -> None:
         bar = T.meta_var(stage_barrier(L, smem, slot // L.stage))
         T.ptx["fence.proxy.async.shared::cta"]()
-        T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage * L.elem))
+        T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](bar, T.uint32(L.stage_bytes_loaded))
         if L.shares_a:
             T.ptx[a_shared](smem.ptr_to([slot + rank * half * L.bk]), T.address_of(A),
                             *a_coordinates(L, at, row0 + rank * half, kt), bar, T.uint16(3))
@@ -209,8 +209,9 @@ def tensor_map_box(inner: int, outer: int, rank: int) -> list[int]:
 
 
 def a_box(L: KernelLayout) -> tuple[int, int]:
-    """A's box: a stage's A tile (bk x bm), or with ``multicast`` sharing A the half each block loads."""
-    return L.bk, L.shared_rows if L.multicast and L.shares_a else L.bm
+    """A's box: a stage's A tile (bk x ``a_box_rows``: its rows, or M's below one tile), or with
+    ``multicast`` sharing A the half each block loads."""
+    return L.bk, L.shared_rows if L.multicast and L.shares_a else L.a_box_rows
 
 
 def b_box(L: KernelLayout) -> tuple[int, int]:
@@ -227,7 +228,8 @@ def b_boxes(L: KernelLayout) -> int:
 
 
 def a_coordinates(L: KernelLayout, at: list[Any], row0: Any, kt: Any) -> list[Any]:
-    """A's box of k tile ``kt`` at rows ``row0``, innermost first (rows past M load as zeros)."""
+    """A's box of k tile ``kt`` at rows ``row0``, innermost first (rows past M load as zeros; below
+    one tile the box holds M's rows alone: ``a_box_rows``)."""
     from tvm.script import tirx as T
 
     return [T.Cast("int32", x) for x in (L.k_coordinate(kt, 0), row0, *reversed(at))]
