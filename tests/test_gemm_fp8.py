@@ -173,6 +173,7 @@ def test_cli_takes_gemm_fp8_and_refuses_a_target_without_wgmma():
     ((1024, 1024, 2048), "e4m3", "float16", dict(wgmma_bn=128, wgmma_stages=6, wgmma_tiles=4, wgmma_raster=2)),
     ((1024, 1024, 2048), "e4m3", "float16", dict(wgmma_bn=128, wgmma_stages=6, wgmma_tiles=4, wgmma_raster=2,
                                                  wgmma_tma=1)),  # 128-byte boxes of 128 one-byte elements
+    ((64, 512, 1024), "e4m3", "float16", dict(wgmma_bm=128, wgmma_tma=1)),  # M below one tile: A's box of 64 rows
 ])
 def test_cuda_fp8_gemm_matches_float64(shape, fp8, out_dtype, knobs):
     """On the GPU against float64 of the same 8-bit operands times the scales, C NaN-poisoned."""
