@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 from unittest.mock import patch

@@ -178,7 +178,6 @@ def test_every_kind_of_tma_kernel_assembles_for_sm_90a(kind):
     assert ptxas_of_source(_source(dataclasses.replace(tile, tma=True), m, n, k, **kw), "sm_90a") is not None
 
 
-# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 def test_below_one_tile_the_tma_loads_m_rows_and_its_barriers_expect_them():
     """Where M is less than one tile (the GRU's cell tiles at a ragged batch: 96 rows of 128), A's
     tensor map's box holds M's rows, not the tile's (a box past A's rows is slower), and each
@@ -198,6 +197,7 @@ def test_below_one_tile_the_tma_loads_m_rows_and_its_barriers_expect_them():
                      wgmma_gemm(shared, 96, 768, 1024).script())  # multicast: each block half the tile's rows
 
 
+# ---- on the GPU (``pytest -m gpu``) ---------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, batch, b_layout, b_shared, knobs", [
     ((512, 768, 640), (), "NK", False, dict()),

@@ -143,10 +143,11 @@ def variant_gru(template: GruTemplate, pick: Config, changes: dict[str, int], ta
     for prefix, field in WGMMA_TILE_PREFIXES.items():  # a wgmma tile's fields, each as its type (tma=1 -> True)
         fields = {k[len(prefix):]: v for k, v in changes.items() if k.startswith(prefix)}
         own = getattr(template, field)
-        if fields and own is None:
+        if not fields:
+            continue
+        if own is None:
             return f"the template has no {field} for {prefix} knobs"
-        if fields:
-            built = replace(built, **{field: replace(own, **{k: type(getattr(own, k))(v) for k, v in fields.items()})})
+        built = replace(built, **{field: replace(own, **{k: type(getattr(own, k))(v) for k, v in fields.items()})})
     with cell_tile_fields(cell), full_a_box(bool(changes.get("full_box"))):
         return GRU(built, cfg, target, False, built.compile(cfg, target))
 
