@@ -4,6 +4,7 @@ runs against float64 and against the two-kernel step."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from tvm_ext.core.errors import TvmExtError
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
 from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 from tvm_ext.schedules.gru import GRU, GruTemplate
+from tvm_ext.schedules.gru.cell_epilogue import cell_blocks, cell_tile, cell_tile_reason
 from tvm_ext.target import offline_cuda
 
 HALF = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
@@ -224,6 +226,43 @@ def test_transposed_w_hh_is_one_box_a_k_step_from_a_copy_made_as_the_weights_loa
     assert "wh0" not in t.for_config(alone).scratch_specs()
 
 
+def test_24_unit_tiles_read_72_rows_of_the_copy_a_box_and_fill_128_blocks_at_h1536():
+    """hid_cell_units 24: 72-column tiles (m64n72 wgmma) over the transposed copy in 24-unit tile
+    order, 64 column tiles where 32 units make 48 (B128 H1536: 128 blocks in K halves, not 96).
+    A 128x72 tile's C is 1152 16-byte chunks, no multiple of its 256 threads: the cell's own store
+    takes it from the registers, so the space takes the tile (a plain GEMM's staged C could not)."""
+    target = offline_cuda("sm_90")
+    t = _template(128, 1536)
+    pick = t.analytic_pick(target)[0]
+    assert (pick.hid_cell, pick.hid_cell_bt, pick.hid_cell_units) == (3, 1, 32)
+    narrow = pick.replace(hid_cell_units=24)
+    assert t.space(target).infeasible_reason(narrow) is None
+    assert t.step_variant(narrow).wgmma.name == "wgmma 128x72x64 s6 w1 direct k/2 cluster tma pdl"
+    assert [cell_blocks(128, 1536, 1, 3, units) for units in (32, 24)] == [96, 128]
+    compiled = t.compile(narrow, target)
+    kernel = _kernel_source(compiled.source, "gru_gemm_cell")
+    assert "m64n72k16" in kernel and "m64n96k16" not in kernel
+    # each block's first row of the copy: its tile's (two K halves a tile), 72 rows a tile
+    assert re.findall(r"col0_ptr\[0\] = (.*?);", kernel) == ["((((int)blockIdx.x) >> 1) * 72)"]
+    assert compiled.function_calls()[0].name == "gru_split_wh"
+    with pytest.raises(TvmExtError, match="16-byte chunks of C"):  # C staged: whole chunks a thread
+        wgmma_gemm(replace(t.step_variant(narrow).wgmma, split=1, cluster=False, smem_epilogue=True), 128, 4608,
+                   1536, b_layout="NK")
+
+
+def test_24_unit_tiles_need_w_hh_in_tile_order():
+    """W_hh as stored (B (K, N)) is read in whole 32-column atoms: 72 columns are refused, naming
+    them; the copy in tile order is made in 32 x 32 tiles, so H must be a multiple of 32 too."""
+    target = offline_cuda("sm_90")
+    t = _template(128, 1536)
+    stored = t.analytic_pick(target)[0].replace(hid_cell_bt=0, hid_cell_units=24)
+    assert "72" in t.space(target).infeasible_reason(stored)
+    # K whole (its last k step ragged): 63 tiles of 24 units at H1512, but no whole 32 x 32 tiles of the copy
+    tile = cell_tile(WgmmaTile(64, 64, 8, smem_epilogue=False, tma=True), 1512, 1, units=24)
+    assert "hidden 1512 is no multiple of 32" in cell_tile_reason(tile, 64, 1512, transposed=True)
+    assert cell_tile_reason(cell_tile(tile, 1536, 1, units=24), 64, 1536, transposed=True) is None
+
+
 def test_k_split_in_a_cluster_stores_only_the_rows_below_a_ragged_batch():
     """B70 on 64-row tiles with K in a cluster's halves: every cell the cluster's sums feed
     stores h' (h_out, out, h_n) only where its row is below the batch (each block's band of 32
@@ -251,7 +290,8 @@ NO_WGMMA_GEMM = "runs the cell in the store of the hidden GEMM on wgmma"
     ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 0, "hid_cell_share": 1}, "pairs the tiles of the cell in the"),
     ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 2, "hid_cell_share": 1}, "not hid_cell 2's halves of K"),
     ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 3, "hid_cell_share": 1}, "not hid_cell 3's halves of K"),
-    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 0, "hid_cell_bt": 1}, "transposes W_hh for the cell"),
+    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 0, "hid_cell_bt": 1}, "hid_cell_bt 1 (W_hh transposed)"),
+    ({"fuse_step": 0, "hid_wgmma": 1, "hid_cell": 0, "hid_cell_units": 24}, "hid_cell_units 24 (narrower"),
 ])
 def test_space_refuses_hid_cell_without_the_wgmma_hidden_gemm(knobs, reason):
     target = offline_cuda("sm_90")
@@ -331,6 +371,21 @@ GPU_SHAPES = {
     "b250-h512-2layer-bi-256-bt": (Shape(seq=5, batch=250, input=64, hidden=512, layers=2, bidirectional=True),
                                    {"hid_cell": 6, "hid_cell_bt": 1}),
     "b300-h256-256": (Shape(seq=4, batch=300, input=64, hidden=256), 6),
+    # 24-unit tiles (hid_cell_units, W_hh transposed) on every form: 64-row tiles (the last guarded),
+    # two layers, both directions; K split over a ragged 128-row tile; 128-row tiles with K whole
+    # shared by a pair (the last ragged); 192 and 256 rows with K in halves (ragged)
+    "b70-h768-2layer-bi-u24": (Shape(seq=5, batch=70, input=64, hidden=768, layers=2, bidirectional=True),
+                               {"hid_cell": 1, "hid_cell_bt": 1, "hid_cell_units": 24}),
+    "b64-h1536-split-u24": (Shape(seq=4, batch=64, input=96, hidden=1536),
+                            {"hid_cell": 2, "hid_cell_bt": 1, "hid_cell_units": 24}),
+    "b100-h1536-tall-u24": (Shape(seq=4, batch=100, input=96, hidden=1536),
+                            {"hid_cell": 3, "hid_cell_bt": 1, "hid_cell_units": 24}),
+    "b200-h768-tall-whole-shared-u24": (Shape(seq=4, batch=200, input=64, hidden=768),
+                                        {"hid_cell": 4, "hid_cell_bt": 1, "hid_cell_share": 1, "hid_cell_units": 24}),
+    "b160-h1536-192-u24": (Shape(seq=4, batch=160, input=96, hidden=1536),
+                           {"hid_cell": 5, "hid_cell_bt": 1, "hid_cell_units": 24}),
+    "b200-h1536-256-u24": (Shape(seq=4, batch=200, input=96, hidden=1536),
+                           {"hid_cell": 6, "hid_cell_bt": 1, "hid_cell_units": 24}),
 }
 # (precision, bound against float64, bound against the two-kernel step): the two steps add a
 # tile's sums in different orders, which may round an output element one unit of its last place

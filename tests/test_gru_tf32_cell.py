@@ -33,21 +33,33 @@ def test_tile_rows_hold_each_tiles_32_units_r_z_n_in_turn():
         [tile * 96 + i for i in (0, 31, 32, 63, 64, 95)]
 
 
-def test_w_hh_and_h_parts_on_opencl(opencl):
+def test_tile_rows_of_24_unit_tiles_hold_their_units_r_z_n_in_turn():
+    """hid_cell_units 24: tile t's 72 rows are W_hh's columns of units 24t..24t+23 of r, z, n."""
+    hidden = 768
+    rows = [tile_row(c, hidden, 24) for c in range(3 * hidden)]
+    assert sorted(rows) == list(range(3 * hidden))
+    tile = 5  # units 120..143
+    assert [rows[c] for c in (120, 143, hidden + 120, hidden + 143, 2 * hidden + 120, 2 * hidden + 143)] == \
+        [tile * 72 + i for i in (0, 23, 24, 47, 48, 71)]
+
+
+@pytest.mark.parametrize("hidden, units", [(64, 32), (96, 24)])
+def test_w_hh_and_h_parts_on_opencl(opencl, hidden, units):
     """W_hh (dirs, H, 3H) -> (dirs, 3H, 2H): row ``tile_row(c)`` holds column c's [hi | lo] TF32
     parts along K; h (dirs, B, H) -> (dirs, B, 2H) as [lo | hi]; values beyond float16's range
-    split as exactly (both directions, H = 64: two tiles of 32 units)."""
+    split as exactly (both directions, H = 64: two tiles of 32 units; H = 96: four of 24)."""
     from opencl_calls import run_calls
 
-    dirs, batch, hidden = 2, 3, 64
+    dirs, batch = 2, 3
     rng = np.random.default_rng(5)
     w = (rng.standard_normal((dirs, hidden, 3 * hidden)) * 0.1).astype(np.float32)
     w[1, 0, :2] = (1e30, -3e-30)
     h = rng.uniform(-1, 1, (dirs, batch, hidden)).astype(np.float32)
-    funcs = {"split_w": split_hidden_weight_func(hidden, dirs), "split_h": split_state_func(dirs, batch, hidden)}
+    funcs = {"split_w": split_hidden_weight_func(hidden, dirs, units=units),
+             "split_h": split_state_func(dirs, batch, hidden)}
     out = run_calls(opencl, funcs, [("split_w", ("w", "wh")), ("split_h", ("h", "q"))], {"w": w, "h": h},
                     {"wh": (dirs, 3 * hidden, 2 * hidden), "q": (dirs, batch, 2 * hidden)})
-    order = [tile_row(c, hidden) for c in range(3 * hidden)]
+    order = [tile_row(c, hidden, units) for c in range(3 * hidden)]
     for d in range(dirs):
         hi, lo = tf32_parts(w[d].T.copy())  # (3H, H): column c of W_hh as row c
         expect = np.empty((3 * hidden, 2 * hidden), np.float32)
@@ -159,6 +171,11 @@ GPU_SHAPES = {
     "b96-h512-bi-tall": (Shape(seq=5, batch=96, input=64, hidden=512, bidirectional=True), 3),
     # 192-row tiles with K in halves, the last rows ragged (160 of 192), two layers, both directions
     "b160-h512-2layer-bi-192": (Shape(seq=5, batch=160, input=64, hidden=512, layers=2, bidirectional=True), 5),
+    # 24-unit tiles (hid_cell_units): K split over a ragged 64-row tile, two layers, both directions;
+    # 128-row tiles with K in halves
+    "b40-h768-2layer-bi-split-u24": (Shape(seq=5, batch=40, input=64, hidden=768, layers=2, bidirectional=True),
+                                     {"hid_cell": 2, "hid_cell_units": 24}),
+    "b128-h1536-tall-u24": (Shape(seq=4, batch=128, input=96, hidden=1536), {"hid_cell": 3, "hid_cell_units": 24}),
 }
 
 
@@ -166,8 +183,9 @@ GPU_SHAPES = {
 @pytest.mark.parametrize("key", list(GPU_SHAPES))
 def test_cuda_float32_cell_on_tf32_parts_matches_float64(key):
     s, cell = GPU_SHAPES[key]
+    knobs = cell if isinstance(cell, dict) else {"hid_cell": cell}
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
-                    seq=s.seq, config={**TF32_CELL, "hid_cell": cell}).load_numpy(_weights(s))
+                    seq=s.seq, config={**TF32_CELL, **knobs}).load_numpy(_weights(s))
     x, h0 = _inputs(s)
     assert_reruns_match_float64(gru, s, x, h0, 2e-6, 1e-6)
     assert_reruns_match_float64(gru, s, x[::-1].copy(), -h0, 2e-6, 1e-6, reruns=1)

@@ -110,8 +110,8 @@ def cell_tile_fields(fields: dict[str, int]) -> Iterator[None]:
     with ``fields`` changed, each as its type: a probe of tiles the knobs do not name."""
     own = cell_step.cell_tile
 
-    def changed(tile: Any, hidden: int, form: int = 1) -> Any:
-        made = own(tile, hidden, form)
+    def changed(tile: Any, hidden: int, *args: Any) -> Any:
+        made = own(tile, hidden, *args)
         return replace(made, **{k: type(getattr(made, k))(v) for k, v in fields.items()})
 
     cell_step.cell_tile = changed if fields else own

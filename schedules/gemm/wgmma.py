@@ -278,8 +278,9 @@ def k_steps(t: WgmmaTile, k: int) -> int:
 
 
 def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARED_LIMIT,
-                 b_layout: str = "NK") -> str | None:
-    """Why tile ``t`` cannot run an (m, n, k) GEMM with B laid out as ``b_layout`` (one line), or None."""
+                 b_layout: str = "NK", own_store: bool = False) -> str | None:
+    """Why tile ``t`` cannot run an (m, n, k) GEMM with B laid out as ``b_layout`` (one line), or None.
+    ``own_store``: a caller's store from the registers (``OwnStore``) takes C, not 16-byte chunks."""
     layout = b_layout_reason(b_layout)
     if layout:
         return layout
@@ -339,7 +340,7 @@ def wgmma_reason(t: WgmmaTile, m: int, n: int, k: int, shared_limit: int = SHARE
     if t.raster < 0 or (t.raster and -(-m // t.bm) % t.raster):
         return f"{t.name}: the raster group ({t.raster}) must divide the {-(-m // t.bm)} tile rows"
     copied = not t.tma and ((t.bm * 8) % t.threads or (t.bn * 8) % t.threads)  # the TMA loads whole boxes
-    if copied or (t.bm * t.bn // 8) % t.threads:
+    if copied or (not own_store and (t.bm * t.bn // 8) % t.threads):
         return (f"{t.name}: the 16-byte chunks of C, and of a stage copied by cp.async, must split evenly over "
                 f"{t.threads} threads")
     if t.block_smem_bytes() > shared_limit:
@@ -598,7 +599,8 @@ def wgmma_gemm(cfg: WgmmaTile, m: int, n: int, k: int, c_dtype: str = "float16",
     side (``KernelLayout.k_coordinate``: 3xTF32's three products from two parts each, a part's tile
     read twice in a row); loaded by the TMA, Bt (N, K)."""
     reason = ((gate_reason(cfg, n, b_layout, gates) if gates or store is not None else None)
-              or wgmma_reason(cfg, m, n, k, b_layout=b_layout) or epilogue_reason(cfg, c_dtype)
+              or wgmma_reason(cfg, m, n, k, b_layout=b_layout, own_store=store is not None)
+              or epilogue_reason(cfg, c_dtype)
               or promote_reason(cfg, k, promote, overlap)
               or (signal_reason(cfg, bias_dtype is not None and epilogue is None and prepare is None
                                 and not scales and not batch) if signal else None))

@@ -10,7 +10,7 @@ float32 (``tf32_parts``): the GEMM of TF32 parts of depth 3H (``gemm_3xtf32``'s 
 float32-accurate on the tensor cores), each k tile three k steps in turn, h_lo·W_hi, h_hi·W_lo,
 h_hi·W_hi (``TF32_K_PARTS``): A the state's parts ``[h_lo | h_hi]``, which the cell writes beside
 h' for the next step, W_hh's parts ``[hi | lo]`` stored (3H, 2H) K-major, its rows permuted once as
-the weights are loaded so each tile's 96 rows are its 32 units' r, z and n
+the weights are loaded so each tile's rows are its units' r, z and n (32 units, or ``hid_cell_units``)
 (``split_hidden_weight_func``); W_hi's tile is read twice in a row, the second time from L2, so
 each step reads W_hh's parts once.  The sums are promoted every few k steps as ``gemm_3xtf32`` does.
 """
@@ -28,7 +28,8 @@ from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
 from .step_common import cell_math
 from .step_variant import StepSizes
 
-CELL_TILE_COLUMNS = 96  # 32 units' three gates: W_hh's (K, N) rows read in N atoms of 32 columns
+CELL_TILE_UNITS = 32  # a tile's units (``hid_cell_units``); 24 only where W_hh is read (N, K)
+CELL_TILE_COLUMNS = 3 * CELL_TILE_UNITS  # their three gates: W_hh's (K, N) rows read in N atoms of 32 columns
 CELL_TILE_STAGES = 8
 # with more rows: 128 (7 fit, 1-3 % slower: docs/results/gru.md), 192, 256 (as many as fit)
 CELL_TALL_TILE_STAGES = {128: 6, 192: 6, 256: 5}
@@ -52,9 +53,11 @@ def hidden_depth(tile: WgmmaTile, hidden: int) -> int:
     return 3 * hidden if tf32_parts(tile) else hidden
 
 
-def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1, share: bool = False) -> WgmmaTile:
+def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1, share: bool = False,
+              units: int = CELL_TILE_UNITS) -> WgmmaTile:
     """The tile of the hidden GEMM with the cell in its store (``hid_cell`` ``form``), in
-    ``tile``'s operand (the ``hid_wgmma`` tile's): 96 columns (32 units), 8 stages (6 with 128
+    ``tile``'s operand (the ``hid_wgmma`` tile's): the three gates of ``units`` units
+    (``hid_cell_units``: 96 columns, or 72 so that more tiles fill the SMs), 8 stages (6 with 128
     or 192 rows, 5 with 256; fewer where K has fewer k steps), loaded by the TMA, launched early,
     stored from the registers, a tile a block; K whole behind a producer warpgroup (faster than
     128-row tiles and than the tile without the producer at B128 H1024-H2048 and B256 H1024:
@@ -65,15 +68,15 @@ def cell_tile(tile: WgmmaTile, hidden: int, form: int = 1, share: bool = False) 
     rows, split = CELL_FORMS[form]
     stages = min(CELL_TALL_TILE_STAGES.get(rows, CELL_TILE_STAGES),
                  hidden_depth(tile, hidden) // tile.bk // split + 2)
-    return WgmmaTile(rows, CELL_TILE_COLUMNS, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
+    return WgmmaTile(rows, 3 * units, stages, 1, smem_epilogue=False, operand=tile.operand, tma=True,
                      specialized=split == 1, pdl=True, split=split, cluster=split > 1, multicast=share)
 
 
-def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1) -> int:
-    """Blocks of the step kernel with the cell in its store (``hid_cell`` ``form``): a tile of 32
-    units each, or two a tile where K is split."""
+def cell_blocks(batch: int, hidden: int, dirs: int, form: int = 1, units: int = CELL_TILE_UNITS) -> int:
+    """Blocks of the step kernel with the cell in its store (``hid_cell`` ``form``): a tile of
+    ``units`` units each, or two a tile where K is split."""
     rows, split = CELL_FORMS[form]
-    return -(-batch // rows) * (hidden // (CELL_TILE_COLUMNS // 3)) * dirs * split
+    return -(-batch // rows) * (hidden // units) * dirs * split
 
 
 def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int, transposed: bool = False) -> str | None:
@@ -82,7 +85,9 @@ def cell_tile_reason(tile: WgmmaTile, batch: int, hidden: int, transposed: bool 
     parts = tf32_parts(tile)  # TF32 parts: Bt (3H, 2H) in tile order, three k steps a k tile
     layout, depth = "NK" if parts or transposed else "KN", hidden_depth(tile, hidden)
     reason = gate_reason(tile, 3 * hidden, layout, hidden) or wgmma_reason(tile, batch, 3 * hidden, depth,
-                                                                            b_layout=layout)
+                                                                            b_layout=layout, own_store=True)
+    if not reason and layout == "NK" and hidden % 32:  # the copy's 32 x 32 tiles (``split_hidden_weight_func``)
+        reason = f"W_hh's copy in tile order is made in 32 x 32 tiles: hidden {hidden} is no multiple of 32"
     if reason or not parts:
         return reason
     return promote_reason(tile, depth, promote_steps(tile, depth)) or k_parts_reason(tile, depth, "NK", TF32_K_PARTS)
@@ -271,21 +276,20 @@ def hidden_gemm(tile: WgmmaTile, sizes: StepSizes, cell: bool = False, transpose
                       store=CellStore(sizes) if cell else None)
 
 
-def tile_row(column: Any, hidden: int) -> Any:
+def tile_row(column: Any, hidden: int, units: int = CELL_TILE_UNITS) -> Any:
     """The row of W_hh's permuted parts (``split_hidden_weight_func``) that W_hh's column
-    ``column`` (gate ``column // H``, unit ``column % H``) lands in: each tile's 96 rows are its 32
-    units' r, z and n in turn, as ``KernelLayout.b_col`` reads them from B stored (K, N)."""
-    units = CELL_TILE_COLUMNS // 3
+    ``column`` (gate ``column // H``, unit ``column % H``) lands in: each tile's 3 x ``units``
+    rows are its units' r, z and n in turn, as ``KernelLayout.b_col`` reads them from B stored (K, N)."""
     unit = column % hidden
-    return unit // units * CELL_TILE_COLUMNS + column // hidden * units + unit % units
+    return unit // units * 3 * units + column // hidden * units + unit % units
 
 
-def split_hidden_weight_func(hidden: int, dirs: int, dtype: str = "float32") -> Any:
+def split_hidden_weight_func(hidden: int, dirs: int, dtype: str = "float32", units: int = CELL_TILE_UNITS) -> Any:
     """TIR: W_hh (dirs, H, 3H) float32 -> its TF32 parts (dirs, 3H, 2H), K-major as TF32 wgmma
     reads them: row ``tile_row(c)`` holds column c's ``[hi | lo]`` (``W_PARTS``) along K; a 16-bit
-    ``dtype``: W_hh transposed (dirs, 3H, H) in the same row order (``hid_cell_bt``).
-    32 x 32 tiles transposed through shared memory (reads and writes coalesced); H a multiple of
-    32 (``cell_tile_reason``)."""
+    ``dtype``: W_hh transposed (dirs, 3H, H) in the same row order (``hid_cell_bt``); the tiles
+    of ``units`` units (``hid_cell_units``).  32 x 32 tiles transposed through shared memory (reads
+    and writes coalesced); H a multiple of 32 (``cell_tile_reason``)."""
     from tvm.script import tirx as T
 
     n, k = 3 * hidden, hidden
@@ -306,7 +310,7 @@ def split_hidden_weight_func(hidden: int, dirs: int, dtype: str = "float32") -> 
             tile[(ty + 8 * i) * 33 + tx] = W[d, kt * 32 + ty + 8 * i, nt * 32 + tx]
         T.tvm_storage_sync("shared")
         for i in T.unroll(4):
-            row = T.meta_var(tile_row(nt * 32 + ty + 8 * i, hidden))
+            row = T.meta_var(tile_row(nt * 32 + ty + 8 * i, hidden, units))
             depth = T.meta_var(kt * 32 + tx)
             value = T.meta_var(tile[tx * 33 + ty + 8 * i])
             if two:

@@ -96,7 +96,8 @@ class CellStep(StepVariant):
     def of(cls, sizes: StepSizes, c: Config, hidden_gemm: Any, hidden_wgmma: WgmmaTile | None = None) -> "CellStep":
         return cls(sizes, block=c.cell_block, hidden_gemm=hidden_gemm,
                    gemm_knobs=Config(tuple((k, v) for k, v in c.items if k.startswith("hid_"))),
-                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden, c.hid_cell, bool(c.hid_cell_share)) if c.hid_cell
+                   wgmma=(cell_tile(hidden_wgmma, sizes.hidden, c.hid_cell, bool(c.hid_cell_share), c.hid_cell_units)
+                          if c.hid_cell
                           else hidden_wgmma)
                    if c.hid_wgmma and hidden_wgmma is not None else None,
                    cell_in_gemm=bool(c.hid_cell), transposed=bool(c.hid_cell_bt))
@@ -130,10 +131,10 @@ class CellStep(StepVariant):
         s = self.sizes
         kernels = {name: hidden_gemm(self.wgmma, s, self.cell_in_gemm, self.transposed)}
         if self.parts:  # W_hh's parts (as the weights are loaded), h0's (each layer's first step)
-            kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs)
+            kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs, units=self.wgmma.bn // 3)
             kernels["gru_split_h"] = split_state_func(s.dirs, s.batch, s.hidden)
         elif self.transposed:  # W_hh transposed in tile order, as the weights are loaded
-            kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs, s.w_dtype)
+            kernels["gru_split_wh"] = split_hidden_weight_func(s.hidden, s.dirs, s.w_dtype, self.wgmma.bn // 3)
         return kernels
 
     def prepare_calls(self, layer: int) -> list[tuple[str, tuple[str | int, ...]]]:

@@ -167,6 +167,11 @@ HIDDEN_CELL_BT_KNOB = Knob("hid_cell_bt", (0, 1), "the cell tile of a 16-bit GRU
                                                  "from a copy made as the weights load, transposed (3H, H) with each "
                                                  "tile's rows its units' r, z and n, one 128-byte TMA box a k step "
                                                  "(0: as stored, three 64-byte boxes)", before=0)
+HIDDEN_CELL_UNITS_KNOB = Knob("hid_cell_units", (32, 24), "the cell tile (hid_cell 1-6): the units whose three gates "
+                                                           "make its columns (96 or 72); 24 where W_hh is read from a "
+                                                           "copy in tile order (hid_cell_bt 1, or float32's TF32 "
+                                                           "parts), so that more tiles fill the SMs (H1536: 128 "
+                                                           "blocks where 32 units make 96)", before=32)
 RESIDENT_CELL_KNOB = Knob("step_cell", (0, 1), "persistent step kernel (fuse_step 1, step_loop 2) on Hopper with "
                                                "float16 or bfloat16 h and W_hh: 1 runs the cell-in-the-store tile "
                                                "(64 rows x the three gates of 32 units, wgmma) as one launch a layer, "
@@ -188,8 +193,8 @@ HID_GEMM_KNOBS = tuple(k for k in GEMM_KNOBS if k.name in BATCHED_GEMM_KNOBS)
 KNOBS = (STEP_KNOBS + (INPUT_SPLIT_KNOB, INPUT_WGMMA_KNOB, INPUT_TF32_PROMOTE_KNOB)
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (S2): " + k.doc) for k in HID_GEMM_KNOBS)
-         + (HIDDEN_WGMMA_KNOB, HIDDEN_CELL_KNOB, HIDDEN_CELL_SHARE_KNOB, HIDDEN_CELL_BT_KNOB, RESIDENT_CELL_KNOB,
-            RESIDENT_CELL_STAGES_KNOB, RESIDENT_CELL_INFLIGHT_KNOB, INPUT_TF32_PARTS_KNOB))
+         + (HIDDEN_WGMMA_KNOB, HIDDEN_CELL_KNOB, HIDDEN_CELL_SHARE_KNOB, HIDDEN_CELL_BT_KNOB, HIDDEN_CELL_UNITS_KNOB,
+            RESIDENT_CELL_KNOB, RESIDENT_CELL_STAGES_KNOB, RESIDENT_CELL_INFLIGHT_KNOB, INPUT_TF32_PARTS_KNOB))
 
 
 def gemm_config(config: Config, prefix: str, base: Config) -> Config:

@@ -36,7 +36,7 @@ from tvm_ext.target import TargetInfo
 from tvm_ext.core.template import Template, TensorSpec
 
 from . import plan as host_plan
-from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, cell_tile_reason
+from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, CELL_TILE_UNITS, cell_tile_reason
 from .cell_step import CellStep
 from .compute import F32, PRECISION_PARAMS, gru_reference
 from .input_gemm import wgmma_input_gemms
@@ -477,8 +477,9 @@ class GruTemplate(DtypeFields, Template):
                     return reason
             if c.hid_cell_share and not c.hid_cell:
                 return "hid_cell_share 1 pairs the tiles of the cell in the hidden GEMM's store (hid_cell 1 or 4)"
-            if c.hid_cell_bt and not c.hid_cell:
-                return "hid_cell_bt 1 transposes W_hh for the cell in the hidden GEMM's store (hid_cell 1-6)"
+            if (c.hid_cell_bt or c.hid_cell_units != CELL_TILE_UNITS) and not c.hid_cell:
+                return ("hid_cell_bt 1 (W_hh transposed) and hid_cell_units 24 (narrower tiles) are for the "
+                        "cell in the hidden GEMM's store (hid_cell 1-6)")
             if c.hid_wgmma or c.hid_cell:
                 reason = self.hidden_wgmma_reason(step, c.hid_cell)
                 if reason:
@@ -713,9 +714,8 @@ class GruTemplate(DtypeFields, Template):
                                   "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
                                   "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "in_tf32_parts": 3,
-                                  "hid_wgmma": 0, "hid_cell": 0, "hid_cell_share": 0, "hid_cell_bt": 0, "step_cell": 0,
-                                  "step_cell_stages": 4,
-                                  "step_cell_inflight": 1}
+                                  "hid_wgmma": 0, "hid_cell": 0, "hid_cell_share": 0, "hid_cell_bt": 0,
+                                  "hid_cell_units": 32, "step_cell": 0, "step_cell_stages": 4, "step_cell_inflight": 1}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
