@@ -143,9 +143,38 @@ def _gru_converter() -> Iterator[None]:
         frontend._get_convert_map = original
 
 
+def _node_name(node: Any) -> str:
+    """How an error names an ONNX node: its name (or its first output), its operator."""
+    return f"node {node.name or (node.output[0] if node.output else '(unnamed)')!r} ({node.op_type})"
+
+
+def _refuse_before_converting(model: Any) -> None:
+    """Each top-level node the frontend would refuse, as one ``TvmExtError`` naming the node,
+    before the frontend starts building (a refusal from inside it leaves TVM's block builder
+    open, which then warns on stderr): an operator with no converter (``convert_map``: the
+    frontend's with ``GRU``; the frontend itself runs ``If`` and ``Constant``), a GRU
+    attribute we cannot run (``_check_attributes``)."""
+    from onnx import helper
+    from tvm.relax.frontend.onnx import onnx_frontend as frontend
+
+    convert_map = frontend._get_convert_map()
+    missing = [n for n in model.graph.node if n.op_type not in convert_map and n.op_type not in ("If", "Constant")]
+    if missing:
+        kinds = sorted({n.op_type for n in missing})
+        more = f" and {len(missing) - 1} more node(s) of {kinds}" if len(missing) > 1 else ""
+        raise TvmExtError(f"{_node_name(missing[0])}{more}: no converter in TVM's ONNX frontend")
+    for node in model.graph.node:
+        if node.op_type == "GRU":
+            try:
+                _check_attributes({a.name: helper.get_attribute_value(a) for a in node.attribute})
+            except TvmExtError as exc:
+                raise TvmExtError(f"{_node_name(node)}: {exc}") from None
+
+
 def load_onnx(path: str) -> Any:
     """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's; bad input
-    (a file that does not parse, an operator no converter takes) is one ``TvmExtError``."""
+    (a file that does not parse, an operator no converter takes, a GRU we cannot run) is one
+    ``TvmExtError`` naming the node."""
     try:
         import onnx
     except ImportError:
@@ -161,6 +190,7 @@ def load_onnx(path: str) -> Any:
 
     try:
         with _gru_converter(), contextlib.redirect_stdout(open(os.devnull, "w")):
+            _refuse_before_converting(model)
             return from_onnx(model)
     except TvmExtError as exc:
         raise TvmExtError(f"{path}: {exc}") from None
