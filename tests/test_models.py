@@ -158,6 +158,17 @@ def _bound_gru_module(state, layers: int, seq: int = 5, batch: int = 3):
                                                   for n, _ in params})(mod)
 
 
+@pytest.mark.parametrize("args, needle", [((8, 0), "hidden_size must be a positive integer, got 0"),
+                                           ((0, 8), "input_size must be a positive integer, got 0"),
+                                           ((8, 8, 0), "num_layers must be a positive integer, got 0")])
+def test_gru_layer_refuses_sizes_that_are_not_positive(args, needle):
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.relax.relax_gru import gru_layer
+
+    with pytest.raises(TvmExtError, match=f"gru_layer {needle}"):
+        gru_layer(*args)
+
+
 def test_relax_gru_runs_the_gru_layers_kernels(opencl):
     """A Relax module of one ``gru_layer`` lowered to a given config gives, bit for bit, what the
     tvm_ext ``GRU`` built with that config gives: the same kernels, the same plan."""

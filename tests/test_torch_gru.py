@@ -35,6 +35,10 @@ def test_from_module_copies_arguments_and_weights():
 
 @pytest.mark.parametrize("make,needle", [
     (lambda: GRU(4, 4, dropout=0.5), "dropout must be 0"),
+    (lambda: GRU(4, 0), "hidden_size must be a positive integer, got 0"),  # nn.GRU: ValueError, not 1/sqrt(0)
+    (lambda: GRU(0, 4), "input_size must be a positive integer, got 0"),
+    (lambda: GRU(4, 4, num_layers=0), "num_layers must be a positive integer, got 0"),  # not StopIteration at a call
+    (lambda: GRU(4, 4, num_layers=1.5), "num_layers must be a positive integer, got 1.5"),
     (lambda: GRU(4, 4, dtype=torch.float64), "dtype torch.float64 is not supported"),
     (lambda: GRU.from_module(torch.nn.LSTM(4, 4)), "takes a torch.nn.GRU"),
 ])

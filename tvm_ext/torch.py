@@ -36,7 +36,7 @@ import torch
 import tvm_ffi
 from torch import nn
 
-from tvm_ext.core.errors import TvmExtError
+from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import kept
 from tvm_ext.torch_fallback import FALLBACKS, TORCH, TVM_EXT, BackendChoice, TorchTwin, fallback_reason, per_call_ms
 
@@ -80,6 +80,7 @@ class GRU(nn.Module):
         super().__init__()
         if fallback not in FALLBACKS:
             raise TvmExtError(f"tvm_ext.torch.GRU fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+        check_sizes("tvm_ext.torch.GRU", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
         if dropout:
             raise TvmExtError(f"tvm_ext.torch.GRU is for inference: dropout must be 0, got {dropout}")
         dtype = torch.float32 if dtype is None else dtype

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..core.errors import TvmExtError
+from ..core.errors import TvmExtError, check_sizes
 from ..core.space import Config
 from ..target import TargetInfo
 
@@ -46,6 +46,7 @@ def gru_layer(input_size: int, hidden_size: int, num_layers: int = 1, bidirectio
     from tvm.relax.frontend import nn
     from tvm.relax.frontend.nn.core import wrap_nested
 
+    check_sizes("gru_layer", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
     dirs = 2 if bidirectional else 1
     gates = dirs * 3 * hidden_size
 
