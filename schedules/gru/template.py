@@ -715,7 +715,8 @@ class GruTemplate(DtypeFields, Template):
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
                                   "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "in_tf32_parts": 3,
                                   "hid_wgmma": 0, "hid_cell": 0, "hid_cell_share": 0, "hid_cell_bt": 0,
-                                  "hid_cell_units": 32, "step_cell": 0, "step_cell_stages": 4, "step_cell_inflight": 1}
+                                  "hid_cell_units": CELL_TILE_UNITS, "step_cell": 0, "step_cell_stages": 4,
+                                  "step_cell_inflight": 1}
         for prefix, template in self.gemm_templates().items():
             values.update({prefix + k: v for k, v in default_gemm_config(template, target).items})
         names = set(self.space(target).names)
