@@ -256,6 +256,36 @@ def test_an_operator_with_side_effects_is_refused_by_name():
         import_exported_program(program)
 
 
+class _Unconverted(nn.Module):
+    """Two operators TVM's torch frontend has no converter for (``i0``, ``logcumsumexp``)."""
+
+    def forward(self, x):
+        y = torch.special.i0(x) + 1
+        return torch.logcumsumexp(y, 0)
+
+
+def test_an_operator_no_converter_takes_is_refused_naming_its_node_and_line():
+    program = torch.export.export(_Unconverted(), (torch.randn(4, 8),))
+    with pytest.raises(TvmExtError, match=r"^node 'i0' \(aten\.i0\.default, test_torch_import\.py:\d+ in forward\) "
+                                          r"and 1 more node\(s\) of \['i0\.default', 'logcumsumexp\.default'\]: "
+                                          r"no converter in TVM's torch frontend$"):
+        import_exported_program(program)
+
+
+def test_tune_model_refuses_an_unconverted_operator_of_a_pt2_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(_Unconverted(), (torch.randn(4, 8),)), str(path))
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--no-progress"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 2
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}: node 'i0' (aten.i0.default, test_torch_import.py:")
+    assert line.endswith("no converter in TVM's torch frontend")
+
+
 def test_example_inputs_attend_where_a_mask_is_named():
     """tune model's example inputs: ids zero (valid in any table), a mask named as one ones (zeros
     would hide every key from attention), floats random."""

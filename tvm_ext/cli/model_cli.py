@@ -175,7 +175,10 @@ class ExportedProgramModel(OnnxModel):
     def imported(self) -> Any:
         from ..relax.torch_import import import_exported_program
 
-        return import_exported_program(self.program)
+        try:
+            return import_exported_program(self.program)
+        except TvmExtError as exc:  # which file, as an ONNX model's refusals say
+            raise TvmExtError(f"{self.path}: {exc}") from None
 
     def get_inputs(self, **options: str) -> list[Any]:
         from ..relax.torch_import import program_inputs

@@ -209,14 +209,40 @@ def import_exported_program(program: Any) -> Any:
         converter = functools.partial(convert_gru, program=program)
         highest = {name: high for name, (_, high) in program_symbols(program).items() if high is not None}
         slicer = functools.partial(_slice_within_bounds, highest=highest)
-        return from_exported_program(program, custom_convert_map={**CONVERTERS, GRU_OP: converter,
-                                                                  "slice.Tensor": slicer},
-                                     run_ep_decomposition=False)
+        custom = {**CONVERTERS, GRU_OP: converter, "slice.Tensor": slicer}
+        _refuse_unconverted(program, custom)
+        return from_exported_program(program, custom_convert_map=custom, run_ep_decomposition=False)
     except TvmExtError:
         raise
     except (AssertionError, NotImplementedError, KeyError, ValueError) as exc:  # the frontend's refusals
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise TvmExtError(f"TVM's torch frontend cannot import the program: {first}") from None
+
+
+def _refuse_unconverted(program: Any, custom: dict[str, Any]) -> None:
+    """The program's operators that no converter takes (the frontend's and ``custom``), as one
+    ``TvmExtError`` naming the first node with the line of the user's code it came from, before
+    the frontend starts (which names only the operators' types)."""
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    known = set(ExportedProgramImporter().create_convert_map()) | set(custom)
+    missing = [n for n in program.graph.nodes
+               if n.op == "call_function" and getattr(n.target, "__name__", None) not in known]
+    if missing:
+        kinds = sorted({n.target.__name__ for n in missing})
+        more = f" and {len(missing) - 1} more node(s) of {kinds}" if len(missing) > 1 else ""
+        raise TvmExtError(f"{_torch_node_name(missing[0])}{more}: no converter in TVM's torch frontend")
+
+
+def _torch_node_name(node: Any) -> str:
+    """How an error names a node of an exported program: its name, its operator and, where torch
+    recorded it, the innermost line of the model's source it was traced from."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    where = f", {os.path.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    return f"node {node.name!r} ({node.target}{where})"
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
 
 
 def _effectful_operators(program: Any) -> list[str]:
