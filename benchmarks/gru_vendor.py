@@ -8,7 +8,8 @@ Each case, same process, same rotated inputs (``SETS`` input sets):
   PERSIST_STATIC, PERSIST_DYNAMIC, PERSIST_STATIC_SMALL_H; a refusal is a row), float32 with
   FMA math (no TF32), 16-bit with float32 math precision and tensor-op math, each per call,
   back to back and replayed from a CUDA graph: the baseline is the best over algorithms and
-  methods.  cuDNN with TF32 allowed is reported beside it, labelled.  ``torch.nn.GRU`` too.
+  methods.  cuDNN with TF32 allowed is reported beside it, labelled: every algorithm and
+  ``torch.nn.GRU`` with ``allow_tf32`` (torch's default for RNNs).  ``torch.nn.GRU`` too.
 - ours through ``tvm_ext.torch.GRU`` (the pick, torch tensors in place, torch's stream) the
   same three ways, and so each of ``--candidates`` more configs (first the pick with ``--knobs``
   changed, where given).
@@ -43,7 +44,7 @@ from tvm_ext.schedules.gru import gru_reference  # noqa: E402
 
 SETS = 4  # rotated input sets (x of B64 H1024 T128 float32 is 32 MB: four pass L2)
 MAX_ERROR = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
-REDUCED = ("fp32 B64 H1024", "fp32 B32 H512", "fp32 B8 H512")  # float16 storage vs cuDNN TF32 here
+REDUCED = ("fp32 B64 H1024", "fp32 B32 H512", "fp32 B8 H512", "fp32 B64 H1024 3L")  # float16 storage vs cuDNN TF32 here
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ CASES = (
     Case("fp16 bi B32 H1024", 32, 1024, dtype="float16", bidirectional=True),
     Case("fp32 I200 H200 B5 T129", 5, 200, input=200, seq=129),
     Case("fp32 I17 H33 B3 T7 3L bi", 3, 33, input=17, seq=7, layers=3, bidirectional=True),
+    # stacks as a speech model runs them: cuDNN runs a stack's layers in one call, overlapping them
+    Case("fp32 B64 H1024 3L", 64, 1024, layers=3), Case("fp32 B8 H1024 3L", 8, 1024, layers=3),
+    Case("fp16 B64 H1024 3L", 64, 1024, dtype="float16", layers=3),
+    Case("fp16 B8 H1024 3L", 8, 1024, dtype="float16", layers=3),
     Case("fp32 B64 H1024 lengths", 64, 1024, lengths=(64, 128)),
     Case("fp16 B64 H1024 lengths", 64, 1024, dtype="float16", lengths=(64, 128)),
     # packed where cuDNN's STANDARD leads our padded kernels: the module as it ships measures the packed call
@@ -241,6 +246,12 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             row["torch_err"] = err(padded, out[1])
         row["torch"] = three(time_vendor(fn, SETS))
         row["torch_eager_wall"] = wall_ms(lambda: fn(0))
+        if case.dtype == "float32":  # torch's default for RNNs: cuDNN with TF32 allowed, as torch sets it up
+            torch.backends.cudnn.allow_tf32 = True
+            out = net(xs[0]) if lengths is None else net(packs[0])
+            o = out[0] if lengths is None else torch.nn.utils.rnn.pad_packed_sequence(out[0], total_length=case.seq)[0]
+            row["cudnn_tf32"]["nn.GRU"] = {**three(time_vendor(fn, SETS)), "err": err(o, out[1])}
+            torch.backends.cudnn.allow_tf32 = False
     # ---- ours through tvm_ext.torch.GRU ---------------------------------------------------------
     t0 = time.perf_counter()
     mod = TvmGRU(case.width, case.hidden, case.layers, bidirectional=case.bidirectional, device="cuda", dtype=dt,
