@@ -13,6 +13,10 @@ Per case, one process, the same rotated inputs, every output against the float64
   float32 with torch's defaults, which let cuDNN use TF32, and again with TF32 off, labelled);
 - ``torch.compile(mode="max-autotune")`` back to back (the mode records CUDA graphs itself;
   ``nn.GRU`` breaks its graph), its compile time as its tuning time;
+- the torch model with its ``nn.GRU`` swapped for ``tvm_ext.torch.GRU`` (as it ships: a shape's
+  first call keeps the faster of ours and ``nn.GRU``), as a torch user drops it in: eager, in a
+  CUDA graph, and under ``torch.compile(mode="max-autotune", fullgraph=True)`` (one graph: the
+  GRU is the op ``tvm_ext::gru``);
 - ours imported from a ``torch.export`` program (``.pt2``, ``tvm_ext.relax.torch_import``) and from
   an ONNX file (TorchScript exporter, ``tvm_ext.relax.onnx_import``): ``tune_relax`` on the imported
   module (``--trials`` per task; the two imports give the same tasks, so the second reuses the
@@ -139,10 +143,24 @@ def imported(path: str) -> Any:
     return load_model_file(path).get_module()
 
 
-def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suffix: str = "") -> list[Row]:
+def cuda_model(case: Case, swap: bool = False) -> Any:
+    """The case's torch model on CUDA in its dtype; ``swap``: its ``nn.GRU`` replaced by
+    ``tvm_ext.torch.GRU`` with the same weights, as a torch user drops it in."""
     import torch
 
     model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
+    if swap:
+        from tvm_ext.torch import GRU
+
+        model.gru = GRU.from_module(model.gru)
+    return model
+
+
+def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suffix: str = "",
+               swap: bool = False) -> list[Row]:
+    import torch
+
+    model = cuda_model(case, swap)
     rows = []
     with torch.no_grad():
         err = rel_error_vs(model(sets[0]), ref)
@@ -155,22 +173,27 @@ def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suff
     return rows
 
 
-def compile_row(case: Case, ref: np.ndarray, sets: list[Any]) -> Row:
+def compile_row(case: Case, ref: np.ndarray, sets: list[Any], swap: bool = False) -> Row:
+    """``torch.compile(mode="max-autotune")`` of the torch model; ``swap``: with
+    ``tvm_ext.torch.GRU`` in it, compiled as one graph (``fullgraph``: a break would fail)."""
     import torch
 
-    model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
+    model = cuda_model(case, swap)
+    label = "tvm_ext.torch.GRU in torch.compile max-autotune" if swap else "torch.compile max-autotune"
     try:
         with torch.no_grad():
+            torch._dynamo.reset()
             start = time.time()
-            compiled = torch.compile(model, mode="max-autotune")
+            compiled = torch.compile(model, mode="max-autotune", fullgraph=swap)
             out = compiled(sets[0])
             torch.cuda.synchronize()
             compile_s = time.time() - start
+            err = rel_error_vs(out, ref)  # before the next call: its CUDA graphs reuse their outputs
             times = time_vendor(lambda i: compiled(sets[i]), len(sets), graph=False)
-        return Row(case.label, "torch.compile max-autotune", times.back_to_back.seconds * 1e3,
-                   rel_error_vs(out, ref), compile_s, note="back to back (its own CUDA graphs); tuning s = compile")
+        return Row(case.label, label, times.back_to_back.seconds * 1e3,
+                   err, compile_s, note="back to back (its own CUDA graphs); tuning s = compile")
     except Exception as exc:
-        return Row(case.label, "torch.compile max-autotune", note=f"failed: {_last_line(exc)}")
+        return Row(case.label, label, note=f"failed: {_last_line(exc)}")
 
 
 def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray, args: argparse.Namespace,
@@ -226,7 +249,8 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     work = os.path.join(args.out, f"{case.model}_{case.dtype}_b{case.batch}")
     files = export(case, x, work)
     kernels: dict[str, dict[str, float]] = {}
-    log.add(*ours_rows(case, files, x, ref, args, work, kernels))
+    if not args.no_import:
+        log.add(*ours_rows(case, files, x, ref, args, work, kernels))
     rng = np.random.default_rng(2)
     count = l2_rotation(x.nbytes + ref.size * np.dtype(case.dtype).itemsize)
     sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
@@ -239,8 +263,10 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
             log.add(*torch_rows(case, x, ref, sets, suffix=", TF32 off"))
         finally:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+    log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU", swap=True))
     if not args.no_compile:
         log.add(compile_row(case, ref, sets))
+        log.add(compile_row(case, ref, sets, swap=True))
     if args.breakdown:
         with torch.no_grad():
             model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
@@ -307,6 +333,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    p.add_argument("--no-import", action="store_true", help="leave out ours imported from .pt2 and ONNX")
     p.add_argument("--dry-run", action="store_true", help="no GPU: export, import both ways, match, compile")
     p.add_argument("--breakdown", action="store_true", help="GPU time a call by kernel (torch.profiler), each side")
     p.add_argument("--top", type=int, default=16, help="kernels shown a side in the breakdown")

@@ -36,6 +36,7 @@ import torch
 import tvm_ffi
 from torch import nn
 
+from tvm_ext import torch_op
 from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import kept
 from tvm_ext.torch_fallback import FALLBACKS, TORCH, TVM_EXT, BackendChoice, TorchTwin, fallback_reason, per_call_ms
@@ -117,7 +118,13 @@ class GRU(nn.Module):
         self._eager_calls: dict[tuple[Any, ...], EagerCall | TwinCall] = {}  # by input and hx signature
         self._choices: dict[EngineKey, BackendChoice] = {}  # the shapes measured against torch
         self._twin: TorchTwin | None = None  # torch's GRU on the module's parameters, made where measured
+        self._op_key = torch_op.register(self)  # how the compiled graph's op names this module
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, unpickling) gets a number of its own for the compiled op."""
+        super().__setstate__(state)
+        self._op_key = torch_op.register(self)
 
     @classmethod
     def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None,
@@ -172,6 +179,12 @@ class GRU(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
+        if torch.compiler.is_compiling():  # one opaque op of the user's compiled graph (``torch_op``)
+            return torch_op.call(self, self._op_key, input, hx)
+        return self.eager_forward(input, hx)
+
+    def eager_forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
+        """``forward`` outside ``torch.compile`` (and the compiled graph's op)."""
         signature = self._eager_signature(input, hx)
         call = self._eager_calls.get(signature) if signature is not None else None
         if call is not None and not torch.cuda.is_current_stream_capturing():
@@ -179,25 +192,15 @@ class GRU(nn.Module):
             out, h_n = call.run(input if not self.batch_first else input.transpose(0, 1), hx)
             return (out if not self.batch_first else out.transpose(0, 1)), h_n
         packed = isinstance(input, nn.utils.rnn.PackedSequence)
-        self._check_tensor("input", input.data if packed else input)
         if packed:  # padded in the packed (sorted) row order: one index kernel each way
-            if input.data.dim() != 2 or input.data.shape[1] != self.input_size:
-                raise TvmExtError(f"GRU PackedSequence data has shape {tuple(input.data.shape)}, "
-                                  f"expected (rows, {self.input_size})")
+            self.checked_sizes(input.data, None, True)
             x, time_major = PackedInput(input.data, self._packed_layout(input.batch_sizes, input.data.device)), True
+            seq, batch = x.shape[0], x.shape[1]
+            if hx is not None:
+                self._check_hx(hx, batch, x.device)
         else:
             x, time_major = input, not self.batch_first
-            if x.dim() != 3 or x.shape[2] != self.input_size:
-                raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})"
-                                  if time_major else
-                                  f"GRU input has shape {tuple(x.shape)}, expected (batch, seq, {self.input_size})")
-        seq, batch = (x.shape[0], x.shape[1]) if time_major else (x.shape[1], x.shape[0])
-        state = (self.num_layers * self.dirs, batch, self.hidden_size)
-        if hx is not None:
-            self._check_tensor("hx", hx, x.device)
-            if tuple(hx.shape) != state:
-                raise TvmExtError(f"GRU hx has shape {tuple(hx.shape)}, expected {state} "
-                                  "(layers·directions, batch, hidden)")
+            seq, batch = self.checked_sizes(x, hx, False)
         if not time_major:
             x = x.transpose(0, 1)
         key = EngineKey(batch, seq, packed, str(x.device))
@@ -211,6 +214,33 @@ class GRU(nn.Module):
             return (out if time_major else out.transpose(0, 1)), h_n
         out, h_n = self._ours(key, x, hx, None, False, signature)
         return (out if time_major else out.transpose(0, 1)), h_n
+
+    def checked_sizes(self, x: Any, hx: Any, packed: bool) -> tuple[int, int]:
+        """(seq, batch) of input ``x`` after checking it and hx against the module: one
+        ``TvmExtError`` naming what is wrong.  ``packed``: ``x`` is a ``PackedSequence``'s data,
+        (rows, hx's batch or 0) returned."""
+        self._check_tensor("input", x)
+        if packed:
+            if x.dim() != 2 or x.shape[1] != self.input_size:
+                raise TvmExtError(f"GRU PackedSequence data has shape {tuple(x.shape)}, "
+                                  f"expected (rows, {self.input_size})")
+            seq, batch = x.shape[0], hx.shape[1] if hx is not None and hx.dim() == 3 else 0
+        else:
+            if x.dim() != 3 or x.shape[2] != self.input_size:
+                raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (batch, seq, {self.input_size})"
+                                  if self.batch_first else
+                                  f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})")
+            seq, batch = (x.shape[1], x.shape[0]) if self.batch_first else (x.shape[0], x.shape[1])
+        if hx is not None:
+            self._check_hx(hx, batch, x.device)
+        return seq, batch
+
+    def _check_hx(self, hx: Any, batch: int, device: Any) -> None:
+        self._check_tensor("hx", hx, device)
+        state = (self.num_layers * self.dirs, batch, self.hidden_size)
+        if tuple(hx.shape) != state:
+            raise TvmExtError(f"GRU hx has shape {tuple(hx.shape)}, expected {state} "
+                              "(layers·directions, batch, hidden)")
 
     def _packed_call(self, key: EngineKey, input: Any, x: "PackedInput", hx: Any) -> tuple[Any, Any]:
         """A ``PackedSequence``'s (output, h_n): ours on its padded rows, or torch's own packed call

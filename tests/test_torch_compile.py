@@ -1,0 +1,139 @@
+"""``tvm_ext.torch.GRU`` inside ``torch.compile``: one opaque op (``tvm_ext::gru``) of the user's
+graph, no graph break, the same outputs as its eager calls and nn.GRU's float64 reference.
+
+Without the ``gpu`` marker: CPU tensors (PoCL through OpenCL) under ``aot_eager`` (fake tensors
+and functionalization, as inductor traces) and inductor itself.  ``gpu``: CUDA tensors under
+``mode="reduce-overhead"`` (torch's CUDA graphs around the op) on new inputs."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+
+from tvm_ext.precision.precision import relative_error  # noqa: E402
+from tvm_ext.torch import GRU  # noqa: E402
+
+
+class _Model(nn.Module):
+    """A front Linear, a 2-layer bidirectional batch-first GRU with h0, a head Linear."""
+
+    def __init__(self, gru: nn.Module):
+        super().__init__()
+        self.front, self.gru, self.head = nn.Linear(5, 8), gru, nn.Linear(16, 3)
+
+    def forward(self, x, h0):
+        y, h_n = self.gru(torch.relu(self.front(x)), h0)
+        return self.head(y), h_n
+
+
+def _models(device: str = "cpu", fallback: str = "auto"):
+    """(ours, the same model on nn.GRU in float64): the same weights."""
+    torch.manual_seed(0)
+    net = nn.GRU(8, 8, num_layers=2, bidirectional=True, batch_first=True).eval()
+    ours = _Model(net).eval()
+    reference = copy.deepcopy(ours)
+    ours.gru = GRU.from_module(net, fallback=fallback)
+    return ours.to(device), reference.double()
+
+
+def _inputs(seed: int, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(3, 6, 5, generator=g).to(device), torch.randn(4, 3, 8, generator=g).to(device)
+
+
+def _against_float64(outputs, reference, x, h0, bound):
+    with torch.no_grad():
+        expected = reference(x.double().cpu(), h0.double().cpu())
+    for ours, ref in zip(outputs, expected):
+        assert ours.shape == ref.shape
+        assert relative_error(ours.detach().float().cpu().numpy(), ref.numpy()) < bound
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_model_around_the_gru_compiles_as_one_graph_on_opencl(backend):
+    ours, reference = _models()
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend=backend, fullgraph=True)  # a graph break would raise
+    with torch.no_grad():
+        for seed in (1, 2):
+            x, h0 = _inputs(seed)
+            out = compiled(x, h0)
+            _against_float64(out, reference, x, h0, 1e-5)
+            eager = ours(x, h0)
+            assert torch.equal(out[0], eager[0]) and torch.equal(out[1], eager[1])  # the same kernels
+
+
+def test_the_gru_is_one_op_of_the_captured_graph():
+    ours, _ = _models()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(ours)(*_inputs(1))
+    assert explained.graph_break_count == 0
+    ops = [str(node.target) for graph in explained.graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert ops.count("tvm_ext.gru.default") == 1
+
+
+def test_a_packed_sequence_compiles_on_opencl():
+    torch.manual_seed(3)
+    net = nn.GRU(5, 6).eval()
+    gru = GRU.from_module(net)
+    x, h0 = torch.randn(7, 4, 5), torch.randn(1, 4, 6)
+    packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ours, h_n = torch.compile(gru, backend="aot_eager", fullgraph=True)(packed, h0)
+        theirs, their_h = net(packed, h0)
+    assert isinstance(ours, nn.utils.rnn.PackedSequence)
+    assert torch.equal(ours.batch_sizes, theirs.batch_sizes) and torch.equal(ours.unsorted_indices,
+                                                                             theirs.unsorted_indices)
+    assert relative_error(ours.data.numpy(), theirs.data.numpy()) < 1e-4
+    assert relative_error(h_n.numpy(), their_h.numpy()) < 1e-4
+
+
+def test_a_bad_hx_is_refused_at_compile_time_with_the_modules_message():
+    ours, _ = _models()
+    x, _ = _inputs(1)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"GRU hx has shape \(2, 3, 8\), expected \(4, 3, 8\)"):
+        torch.compile(ours, backend="aot_eager")(x, torch.zeros(2, 3, 8))
+
+
+def test_a_copy_runs_its_own_weights_when_compiled():
+    """The op names its module by a number: a deep copy gets its own, so compiling the copy runs
+    the copy's weights, not the original's."""
+    gru = GRU(4, 4)
+    twin = copy.deepcopy(gru)
+    with torch.no_grad():
+        twin.weight_hh_l0.mul_(2)
+        twin.reload_weights()
+        x = torch.randn(3, 2, 4)
+        torch._dynamo.reset()
+        compiled = torch.compile(twin, backend="aot_eager", fullgraph=True)(x)[0]
+        assert torch.equal(compiled, twin(x)[0]) and not torch.equal(compiled, gru(x)[0])
+
+
+def test_torch_records_its_cuda_graphs_around_the_op():
+    """The op keeps device memory across calls, which torch's CUDA graph pools refuse: it is
+    marked for torch's graph partition (graphs recorded around it, not through it)."""
+    assert torch.Tag.cudagraph_unsafe in torch.ops.tvm_ext.gru.default.tags
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fallback", ["off", "auto"])
+def test_reduce_overhead_runs_the_gru_between_torchs_cuda_graphs(fallback):
+    """``mode="reduce-overhead"``: torch replays CUDA graphs of the Linears around the op, the op
+    replays our own; each call on new inputs matches float64 (outputs of an earlier call are not
+    reused: each is checked before the next call)."""
+    ours, reference = _models("cuda", fallback)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for seed in (1, 2, 3, 4, 5):
+            x, h0 = _inputs(seed, "cuda")
+            out = compiled(x, h0)
+            _against_float64([t.clone() for t in out], reference, x, h0, 1e-5)
+    ours.gru.check()
