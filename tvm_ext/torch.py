@@ -20,7 +20,8 @@ one launch per kernel of the plan.  It holds one more input and output per shape
 ``graphs=False`` launches every kernel instead.  From the second call of an input and hx
 signature (shape, dtype and device of each) the checks are not repeated: the call goes straight
 to its replay (``EagerCall``).  Inside a user's own capture the kernels are launched directly, so
-they become part of the user's graph.
+they become part of the user's graph.  Under ``torch.compile`` the forward is one custom op
+(``tvm_ext/torch_op.py``): the model compiles as one graph around it.
 
     gru = tvm_ext.torch.GRU.from_module(nn.GRU(512, 512).cuda().eval())
     out, h_n = gru(x)                       # x: (T, B, 512) CUDA float32 tensor
