@@ -116,6 +116,27 @@ def test_a_copy_runs_its_own_weights_when_compiled():
         assert torch.equal(compiled, twin(x)[0]) and not torch.equal(compiled, gru(x)[0])
 
 
+def test_other_lengths_and_batches_run_on_one_compiled_graph():
+    """``dynamic=True``: the fake implementation gives symbolic sizes, so one compiled frame takes
+    every (seq, batch) (each runs the module's GRU compiled for it), each against float64."""
+    import torch._dynamo.testing
+
+    torch.manual_seed(5)
+    net = nn.GRU(5, 6, num_layers=2).eval()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(GRU.from_module(net), backend=counter, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for seq, batch in ((4, 2), (7, 3), (3, 5)):
+            x = torch.randn(seq, batch, 5)
+            out, h_n = compiled(x)
+            ref_out, ref_h = net.double()(x.double())
+            net.float()
+            assert relative_error(out.numpy(), ref_out.numpy()) < 1e-5
+            assert relative_error(h_n.numpy(), ref_h.numpy()) < 1e-5
+    assert counter.frame_count == 1
+
+
 def test_torch_records_its_cuda_graphs_around_the_op():
     """The op keeps device memory across calls, which torch's CUDA graph pools refuse: it is
     marked for torch's graph partition (graphs recorded around it, not through it)."""
