@@ -137,6 +137,50 @@ def test_other_lengths_and_batches_run_on_one_compiled_graph():
     assert counter.frame_count == 1
 
 
+def test_torch_export_records_aten_gru_which_tune_model_imports_as_ours(opencl):
+    """``torch.export`` of a model holding the module records ``aten::gru`` on its parameters, as
+    for ``nn.GRU`` (the op's module number would mean nothing in another process): the program
+    runs in torch as the model does, and ``tune model``'s import makes it tvm_ext's GRU again."""
+    import numpy as np
+
+    from tvm_ext.relax.pipeline import load_model
+    from tvm_ext.relax.relax_gru import find_grus
+    from tvm_ext.relax.torch_import import import_exported_program
+
+    ours, reference = _models()
+    x, h0 = _inputs(1)
+    program = torch.export.export(ours, (x, h0))
+    targets = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert "aten.gru.input" in targets and not any("tvm_ext" in t for t in targets)
+    with torch.no_grad():
+        _against_float64(program.module()(x, h0), reference, x, h0, 1e-5)
+    mod = import_exported_program(program)
+    (gru,) = find_grus(mod)
+    assert (gru.template.layers, gru.template.bidirectional) == (2, True)
+    outputs = load_model(mod, opencl, None, function="main", log=None)(x.numpy(), h0.numpy())
+    _against_float64([torch.from_numpy(np.asarray(o.numpy() if hasattr(o, "numpy") else o)) for o in outputs],
+                     reference, x, h0, 1e-5)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["tensor", "packed"])
+@pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
+def test_what_export_records_is_nn_grus_computation(packed, with_h0):
+    """``as_nn_gru`` (what ``torch.export`` records) gives nn.GRU's outputs exactly: the weights
+    in nn.GRU's order, h0 into and h_n out of a PackedSequence's sorted row order."""
+    from tvm_ext.torch_op import as_nn_gru
+
+    torch.manual_seed(6)
+    net = nn.GRU(5, 6, bidirectional=True).eval()
+    x, h0 = torch.randn(7, 4, 5), torch.randn(2, 4, 6) if with_h0 else None
+    if packed:
+        x = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
+    with torch.no_grad():
+        out, h_n = as_nn_gru(GRU.from_module(net), x, h0)
+        theirs, their_h = net(x, h0)
+    assert torch.equal(out.data if packed else out, theirs.data if packed else theirs)
+    assert torch.equal(h_n, their_h)
+
+
 def test_torch_records_its_cuda_graphs_around_the_op():
     """The op keeps device memory across calls, which torch's CUDA graph pools refuse: it is
     marked for torch's graph partition (graphs recorded around it, not through it)."""

@@ -21,7 +21,8 @@ one launch per kernel of the plan.  It holds one more input and output per shape
 signature (shape, dtype and device of each) the checks are not repeated: the call goes straight
 to its replay (``EagerCall``).  Inside a user's own capture the kernels are launched directly, so
 they become part of the user's graph.  Under ``torch.compile`` the forward is one custom op
-(``tvm_ext/torch_op.py``): the model compiles as one graph around it.
+(``tvm_ext/torch_op.py``): the model compiles as one graph around it; ``torch.export`` records
+``aten::gru``, as for ``nn.GRU``.
 
     gru = tvm_ext.torch.GRU.from_module(nn.GRU(512, 512).cuda().eval())
     out, h_n = gru(x)                       # x: (T, B, 512) CUDA float32 tensor
@@ -180,6 +181,8 @@ class GRU(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
+        if torch.compiler.is_exporting():  # a program as an nn.GRU model's: aten::gru (``torch_op``)
+            return torch_op.as_nn_gru(self, input, hx)
         if torch.compiler.is_compiling():  # one opaque op of the user's compiled graph (``torch_op``)
             return torch_op.call(self, self._op_key, input, hx)
         return self.eager_forward(input, hx)

@@ -75,6 +75,31 @@ def _gru_fake(module: int, input: torch.Tensor, hx: Optional[torch.Tensor], batc
     return out, input.new_empty((m.num_layers * m.dirs, batch, m.hidden_size))
 
 
+def as_nn_gru(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
+    """``module``'s forward as ``nn.GRU`` computes it (``aten::gru`` on its parameters, in
+    nn.GRU's order): what ``torch.export`` records for it, so that the program is the one an
+    ``nn.GRU`` model exports (its op a number would name means nothing outside this process),
+    which ``tune model FILE.pt2`` imports as tvm_ext's GRU."""
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if module.bias else ("weight_ih", "weight_hh")
+    weights = [getattr(module, f"{name}_l{layer}{sfx}") for layer in range(module.num_layers)
+               for sfx in ("", "_reverse")[:module.dirs] for name in names]
+    packed = isinstance(input, PackedSequence)
+    data = input.data if packed else input
+    batch = int(input.batch_sizes[0]) if packed else data.shape[0 if module.batch_first else 1]
+    if hx is None:
+        hx = data.new_zeros((module.num_layers * module.dirs, batch, module.hidden_size))
+    elif packed and input.sorted_indices is not None:
+        hx = hx.index_select(1, input.sorted_indices)
+    if not packed:
+        return torch._VF.gru(data, hx, weights, module.bias, module.num_layers, 0.0, False, module.bidirectional,
+                             module.batch_first)
+    out, h_n = torch._VF.gru(data, input.batch_sizes, hx, weights, module.bias, module.num_layers, 0.0, False,
+                             module.bidirectional)
+    if input.unsorted_indices is not None:
+        h_n = h_n.index_select(1, input.unsorted_indices)
+    return PackedSequence(out, input.batch_sizes, input.sorted_indices, input.unsorted_indices), h_n
+
+
 def call(module: Any, key: int, input: Any, hx: Any) -> tuple[Any, Any]:
     """``module``'s forward as the op (``key``: its number), a ``PackedSequence`` rebuilt around
     the op's output."""
