@@ -7,8 +7,8 @@ graph: ``fullgraph=True`` holds and inductor compiles what is around it.  Under
 ``mode="reduce-overhead"`` torch records CUDA graphs of the parts around the op (its graph
 partition) and the op replays the module's own recorded graph between them: one launch.  The op
 names its module by a number (a module is no op argument) and runs the module's eager forward:
-the same kernels, checks and choice against ``nn.GRU``.  (A user's own ``torch.cuda.graph``
-capture of a compiled model captures our kernels, as an eager call's does.)
+the same kernels, checks and choice against ``nn.GRU``.  Under ``torch.export`` the module
+records ``aten::gru`` instead (``as_nn_gru``): a program portable to other processes.
 """
 from __future__ import annotations
 
