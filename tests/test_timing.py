@@ -95,9 +95,8 @@ def test_timing_cycles_every_input_set(queue, timer):
 def test_per_call_and_back_to_back_agree_on_a_slow_kernel(queue):
     """A kernel of ~30 ms on one work item: launch and sync overheads (~0.1 ms) are noise,
     so both methods measure the same work.  The two are interleaved, one sample each per
-    round (the CPU is shared: its load drifts), and their medians over the rounds must lie
-    within 20 % of each other."""
-    import statistics
+    round (the CPU is shared: its load drifts), and their fastest rounds must lie within 20 %
+    of each other."""
 
     import pyopencl as cl
 
@@ -127,7 +126,9 @@ def test_per_call_and_back_to_back_agree_on_a_slow_kernel(queue):
         assert single.method == PER_CALL and loop.method == BACK_TO_BACK and loop.calls >= 2
         singles.append(single.seconds)
         loops.append(loop.seconds)
-    single, loop = statistics.median(singles), statistics.median(loops)
+    # the fastest round of each: load on the shared CPU only slows a round (a CI run saw rounds of
+    # both methods at 34 and 72 ms, which put the two medians in different modes)
+    single, loop = min(singles), min(loops)
     # really slow: 100 times the launch and sync overheads (the growth above aims at 30 ms; with less
     # load on the CPU later, the calls can run faster than when it stopped)
     assert single > 0.01
