@@ -238,19 +238,17 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             tl = torch.as_tensor(lengths)
             packs = [torch.nn.utils.rnn.pack_padded_sequence(x, tl) for x in xs]
             fn = lambda i: net(packs[i])[0].data  # noqa: E731
-        out = net(xs[0]) if lengths is None else net(packs[0])
-        if lengths is None:
-            row["torch_err"] = err(out[0], out[1])
-        else:
-            padded, _ = torch.nn.utils.rnn.pad_packed_sequence(out[0], total_length=case.seq)
-            row["torch_err"] = err(padded, out[1])
+        def torch_err() -> float:  # nn.GRU's first output (padded where packed) and h_n against float64
+            out = net(xs[0]) if lengths is None else net(packs[0])
+            o = out[0] if lengths is None else torch.nn.utils.rnn.pad_packed_sequence(out[0], total_length=case.seq)[0]
+            return err(o, out[1])
+
+        row["torch_err"] = torch_err()
         row["torch"] = three(time_vendor(fn, SETS))
         row["torch_eager_wall"] = wall_ms(lambda: fn(0))
         if case.dtype == "float32":  # torch's default for RNNs: cuDNN with TF32 allowed, as torch sets it up
             torch.backends.cudnn.allow_tf32 = True
-            out = net(xs[0]) if lengths is None else net(packs[0])
-            o = out[0] if lengths is None else torch.nn.utils.rnn.pad_packed_sequence(out[0], total_length=case.seq)[0]
-            row["cudnn_tf32"]["nn.GRU"] = {**three(time_vendor(fn, SETS)), "err": err(o, out[1])}
+            row["cudnn_tf32"]["nn.GRU"] = {**three(time_vendor(fn, SETS)), "err": torch_err()}
             torch.backends.cudnn.allow_tf32 = False
     # ---- ours through tvm_ext.torch.GRU ---------------------------------------------------------
     t0 = time.perf_counter()

@@ -184,7 +184,7 @@ class GRU(nn.Module):
         if torch.compiler.is_exporting():  # a program as an nn.GRU model's: aten::gru (``torch_op``)
             return torch_op.as_nn_gru(self, input, hx)
         if torch.compiler.is_compiling():  # one opaque op of the user's compiled graph (``torch_op``)
-            return torch_op.call(self, self._op_key, input, hx)
+            return torch_op.call(self._op_key, input, hx)
         return self.eager_forward(input, hx)
 
     def eager_forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:

@@ -69,7 +69,8 @@ def _gru_fake(module: int, input: torch.Tensor, hx: Optional[torch.Tensor], batc
     width = m.dirs * m.hidden_size
     if packed:
         out = input.new_empty((input.shape[0], width))
-        batch = hx.shape[1] if hx is not None else torch.library.get_ctx().new_dynamic_size()
+        if hx is None:  # the batch is the packed batch sizes' first: known only when the op runs
+            batch = torch.library.get_ctx().new_dynamic_size()
     else:
         out = input.new_empty((batch, seq, width) if m.batch_first else (seq, batch, width))
     return out, input.new_empty((m.num_layers * m.dirs, batch, m.hidden_size))
@@ -80,9 +81,7 @@ def as_nn_gru(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
     nn.GRU's order): what ``torch.export`` records for it, so that the program is the one an
     ``nn.GRU`` model exports (its op a number would name means nothing outside this process),
     which ``tune model FILE.pt2`` imports as tvm_ext's GRU."""
-    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if module.bias else ("weight_ih", "weight_hh")
-    weights = [getattr(module, f"{name}_l{layer}{sfx}") for layer in range(module.num_layers)
-               for sfx in ("", "_reverse")[:module.dirs] for name in names]
+    weights = list(module.parameters())  # registered in nn.GRU's flat order: layer, direction, ih, hh
     packed = isinstance(input, PackedSequence)
     data = input.data if packed else input
     batch = int(input.batch_sizes[0]) if packed else data.shape[0 if module.batch_first else 1]
@@ -100,8 +99,8 @@ def as_nn_gru(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
     return PackedSequence(out, input.batch_sizes, input.sorted_indices, input.unsorted_indices), h_n
 
 
-def call(module: Any, key: int, input: Any, hx: Any) -> tuple[Any, Any]:
-    """``module``'s forward as the op (``key``: its number), a ``PackedSequence`` rebuilt around
+def call(key: int, input: Any, hx: Any) -> tuple[Any, Any]:
+    """The forward of the module numbered ``key`` as the op, a ``PackedSequence`` rebuilt around
     the op's output."""
     if isinstance(input, PackedSequence):
         data, h_n = gru(key, input.data, hx, input.batch_sizes, input.sorted_indices, input.unsorted_indices)

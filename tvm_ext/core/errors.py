@@ -22,6 +22,13 @@ def check_sizes(what: str, **sizes: object) -> None:
             raise TvmExtError(f"{what} {name} must be a positive integer, got {value!r}")
 
 
+def unconverted_error(first: str, kinds: list[str], count: int, frontend: str) -> TvmExtError:
+    """The one-line refusal of a model with ``count`` nodes no converter of TVM's ``frontend``
+    takes (ONNX, torch): the first named (``first``), the operators of all of them (``kinds``)."""
+    more = f" and {count - 1} more node(s) of {kinds}" if count > 1 else ""
+    return TvmExtError(f"{first}{more}: no converter in TVM's {frontend} frontend")
+
+
 class RunnerLost(TvmExtError):
     """A runner can measure nothing more (its RPC tracker or every server is gone, a server
     of another device joined): the search stops; the records written so far are kept."""

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from ..core.errors import TvmExtError
+from ..core.errors import TvmExtError, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 
@@ -160,9 +160,7 @@ def _refuse_before_converting(model: Any) -> None:
     convert_map = frontend._get_convert_map()
     missing = [n for n in model.graph.node if n.op_type not in convert_map and n.op_type not in ("If", "Constant")]
     if missing:
-        kinds = sorted({n.op_type for n in missing})
-        more = f" and {len(missing) - 1} more node(s) of {kinds}" if len(missing) > 1 else ""
-        raise TvmExtError(f"{_node_name(missing[0])}{more}: no converter in TVM's ONNX frontend")
+        raise unconverted_error(_node_name(missing[0]), sorted({n.op_type for n in missing}), len(missing), "ONNX")
     for node in model.graph.node:
         if node.op_type == "GRU":
             try:

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..core.errors import TvmExtError
+from ..core.errors import TvmExtError, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
@@ -229,9 +229,8 @@ def _refuse_unconverted(program: Any, custom: dict[str, Any]) -> None:
     missing = [n for n in program.graph.nodes
                if n.op == "call_function" and getattr(n.target, "__name__", None) not in known]
     if missing:
-        kinds = sorted({n.target.__name__ for n in missing})
-        more = f" and {len(missing) - 1} more node(s) of {kinds}" if len(missing) > 1 else ""
-        raise TvmExtError(f"{_torch_node_name(missing[0])}{more}: no converter in TVM's torch frontend")
+        raise unconverted_error(_torch_node_name(missing[0]), sorted({n.target.__name__ for n in missing}),
+                                len(missing), "torch")
 
 
 def _torch_node_name(node: Any) -> str:
