@@ -181,24 +181,33 @@ def test_what_export_records_is_nn_grus_computation(packed, with_h0):
     assert torch.equal(h_n, their_h)
 
 
-def test_torch_records_its_cuda_graphs_around_the_op():
-    """The op keeps device memory across calls, which torch's CUDA graph pools refuse: it is
-    marked for torch's graph partition (graphs recorded around it, not through it)."""
-    assert torch.Tag.cudagraph_unsafe in torch.ops.tvm_ext.gru.default.tags
+def test_torch_records_the_op_in_its_cuda_graphs_and_stops_at_the_packed_one():
+    """A tensor input's op is captured in torch's CUDA graphs (no ``cudagraph_unsafe`` tag: its
+    kernels replay with the model's); the packed op's padding depends on the batch sizes' values
+    (a CPU tensor), so torch's graphs are recorded around it."""
+    assert torch.Tag.cudagraph_unsafe not in torch.ops.tvm_ext.gru.default.tags
+    assert torch.Tag.cudagraph_unsafe in torch.ops.tvm_ext.gru_packed.default.tags
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fallback", ["off", "auto"])
-def test_reduce_overhead_runs_the_gru_between_torchs_cuda_graphs(fallback):
-    """``mode="reduce-overhead"``: torch replays CUDA graphs of the Linears around the op, the op
-    replays our own; each call on new inputs matches float64 (outputs of an earlier call are not
+def test_reduce_overhead_replays_the_gru_inside_torchs_cuda_graph(fallback, monkeypatch):
+    """``mode="reduce-overhead"``: torch warms the model up, records it whole (the GRU's kernels
+    in its graph) and replays it: after the warm-up and recording calls the op's host code runs
+    no more.  Each call on new inputs matches float64 (outputs of an earlier call are not
     reused: each is checked before the next call)."""
     ours, reference = _models("cuda", fallback)
+    calls: list[int] = []
+    forward = ours.gru.eager_forward
+    monkeypatch.setattr(ours.gru, "eager_forward", lambda *args: calls.append(1) or forward(*args))
     torch._dynamo.reset()
     compiled = torch.compile(ours, mode="reduce-overhead", fullgraph=True)
+    counts = []
     with torch.no_grad():
-        for seed in (1, 2, 3, 4, 5):
+        for seed in (1, 2, 3, 4, 5, 6):
             x, h0 = _inputs(seed, "cuda")
             out = compiled(x, h0)
             _against_float64([t.clone() for t in out], reference, x, h0, 1e-5)
+            counts.append(len(calls))
+    assert counts[0] >= 1 and counts[-1] == counts[-3]  # the last calls were replays of torch's graph
     ours.gru.check()

@@ -120,6 +120,7 @@ class GRU(nn.Module):
         self._eager_calls: dict[tuple[Any, ...], EagerCall | TwinCall] = {}  # by input and hx signature
         self._choices: dict[EngineKey, BackendChoice] = {}  # the shapes measured against torch
         self._twin: TorchTwin | None = None  # torch's GRU on the module's parameters, made where measured
+        self._op_ready: set[tuple[Any, ...]] = set()  # input and hx signatures the compiled op has served
         self._op_key = torch_op.register(self)  # how the compiled graph's op names this module
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
 
@@ -127,6 +128,7 @@ class GRU(nn.Module):
         """A copy (``copy.deepcopy``, unpickling) gets a number of its own for the compiled op."""
         super().__setstate__(state)
         self._op_key = torch_op.register(self)
+        self._op_ready = set()  # its first op call of each signature made off the thread again
 
     @classmethod
     def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None,
@@ -162,6 +164,7 @@ class GRU(nn.Module):
         weights = self._numpy_weights()
         self._call_graphs.clear()  # recorded against the buffers the weights were in
         self._eager_calls.clear()
+        self._op_ready.clear()
         for engine in self._engines.values():
             engine.load_numpy(weights)
         if self._twin is not None:
@@ -172,6 +175,7 @@ class GRU(nn.Module):
         change, so no eager call skips the checks of the next one, and the shapes are measured
         against torch again."""
         self._eager_calls.clear()
+        self._op_ready.clear()
         self._choices.clear()
         self._twin = None
         return super()._apply(fn, *args, **kwargs)
@@ -181,11 +185,23 @@ class GRU(nn.Module):
 
     # ---- forward ---------------------------------------------------------------------------
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
-        if torch.compiler.is_exporting():  # a program as an nn.GRU model's: aten::gru (``torch_op``)
+        if torch_op.exporting():  # a program as an nn.GRU model's: aten::gru (``torch_op``)
             return torch_op.as_nn_gru(self, input, hx)
         if torch.compiler.is_compiling():  # one opaque op of the user's compiled graph (``torch_op``)
             return torch_op.call(self._op_key, input, hx)
         return self.eager_forward(input, hx)
+
+    def op_forward(self, input: Any, hx: Any) -> tuple[Any, Any]:
+        """The compiled graph's op (``torch_op.gru``) on a tensor input: ``eager_forward``, where
+        it is a signature's first CUDA call (which makes what the module keeps across calls: a
+        compiled GRU, its recorded graph, zero states, the time against torch) on a thread of its
+        own, outside torch's graph pools (``torch_op.outside_graph_pools``)."""
+        ready = (input.shape, input.dtype, input.device, None if hx is None else (hx.shape, hx.dtype, hx.device))
+        if not input.is_cuda or ready in self._op_ready or torch.cuda.is_current_stream_capturing():
+            return self.eager_forward(input, hx)
+        outputs = torch_op.outside_graph_pools(self.eager_forward, input, hx)
+        self._op_ready.add(ready)
+        return outputs
 
     def eager_forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         """``forward`` outside ``torch.compile`` (and the compiled graph's op)."""

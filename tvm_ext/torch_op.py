@@ -3,18 +3,28 @@
 Why: dynamo cannot trace the module's forward (TVM's packed functions, DLPack, the host-side
 caches of compiled GRUs and recorded graphs); a fake tensor reaching them fails the compile
 outright.  As a custom op with a fake implementation the GRU is one opaque node of the user's
-graph: ``fullgraph=True`` holds and inductor compiles what is around it.  Under
-``mode="reduce-overhead"`` torch records CUDA graphs of the parts around the op (its graph
-partition) and the op replays the module's own recorded graph between them: one launch.  The op
-names its module by a number (a module is no op argument) and runs the module's eager forward:
-the same kernels, checks and choice against ``nn.GRU``.  Under ``torch.export`` the module
-records ``aten::gru`` instead (``as_nn_gru``): a program portable to other processes.
+graph: ``fullgraph=True`` holds and inductor compiles what is around it.  The op names its
+module by a number (a module is no op argument) and runs the module's eager forward: the same
+kernels, checks and choice against ``nn.GRU``.
+
+Under ``mode="reduce-overhead"`` (and max-autotune's CUDA graphs) torch records the op inside
+its own CUDA graph: the recording captures the module's kernels, so a replay runs the whole
+model, GRU included, with no host work of ours.  What the module keeps across calls (compiled
+GRUs, its own recorded graphs, zero states, torch's twin and the time against it) is made on a
+shape's first call, which torch runs before it records; that call runs on a thread of its own
+(``outside_graph_pools``), since torch's pools take every allocation of the recording thread and
+refuse memory left alive in them.  The module's error flags are then read by ``module.check()``
+(no host code of ours runs in a replay).  A ``PackedSequence`` is the op ``tvm_ext::gru_packed``,
+which torch's graphs stop at (``cudagraph_unsafe``): its padding depends on the batch sizes'
+values, which a replayed graph would fix.  Under ``torch.export`` the module records
+``aten::gru`` instead (``as_nn_gru``): a program portable to other processes.
 """
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
@@ -39,41 +49,91 @@ def _module(key: int) -> Any:
     return module
 
 
-# cudagraph-unsafe: torch's CUDA graphs (``mode="reduce-overhead"``) are recorded around the op,
-# not through it: the module keeps device memory across calls (its compiled GRU's recorded graph,
-# zero states, torch's twin), which torch's graph pools refuse when made while they record
-_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+# the packed op stops torch's CUDA graphs (their partition records around it): its padding index
+# is made from the batch sizes' values (a CPU tensor), which a replayed graph would fix
+_PACKED_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
-@torch.library.custom_op("tvm_ext::gru", mutates_args=(), tags=_TAGS)
-def gru(module: int, input: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: Optional[torch.Tensor],
-        sorted_indices: Optional[torch.Tensor], unsorted_indices: Optional[torch.Tensor]
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, h_n) of the module's eager forward; a ``PackedSequence`` passed as its four parts
-    (``batch_sizes`` None: a tensor input), its output as its data.  Outputs are fresh
+@torch.library.custom_op("tvm_ext::gru", mutates_args=())
+def gru(module: int, input: torch.Tensor, hx: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, h_n) of the module's eager forward on a tensor input.  Outputs are fresh
     contiguous tensors, as a custom op's must be (a ``batch_first`` output is copied)."""
-    packed = batch_sizes is not None
-    x = PackedSequence(input, batch_sizes, sorted_indices, unsorted_indices) if packed else input
-    out, h_n = _module(module).eager_forward(x, hx)
-    return (out.data if packed else out).contiguous(), h_n.contiguous()
+    out, h_n = _module(module).op_forward(input, hx)
+    return out.contiguous(), h_n.contiguous()
 
 
 @gru.register_fake
-def _gru_fake(module: int, input: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: Optional[torch.Tensor],
-              sorted_indices: Optional[torch.Tensor], unsorted_indices: Optional[torch.Tensor]
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def _gru_fake(module: int, input: torch.Tensor, hx: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The outputs' shapes, after the module's checks of the input and hx (its error messages)."""
     m = _module(module)
-    packed = batch_sizes is not None
-    seq, batch = m.checked_sizes(input, hx, packed)
+    seq, batch = m.checked_sizes(input, hx, False)
     width = m.dirs * m.hidden_size
-    if packed:
-        out = input.new_empty((input.shape[0], width))
-        if hx is None:  # the batch is the packed batch sizes' first: known only when the op runs
-            batch = torch.library.get_ctx().new_dynamic_size()
-    else:
-        out = input.new_empty((batch, seq, width) if m.batch_first else (seq, batch, width))
+    out = input.new_empty((batch, seq, width) if m.batch_first else (seq, batch, width))
     return out, input.new_empty((m.num_layers * m.dirs, batch, m.hidden_size))
+
+
+@torch.library.custom_op("tvm_ext::gru_packed", mutates_args=(), tags=_PACKED_TAGS)
+def gru_packed(module: int, data: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: torch.Tensor,
+               sorted_indices: Optional[torch.Tensor], unsorted_indices: Optional[torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output data, h_n) of the module's eager forward on a ``PackedSequence`` passed as its
+    four parts."""
+    out, h_n = _module(module).eager_forward(PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), hx)
+    return out.data.contiguous(), h_n.contiguous()
+
+
+@gru_packed.register_fake
+def _gru_packed_fake(module: int, data: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: torch.Tensor,
+                     sorted_indices: Optional[torch.Tensor], unsorted_indices: Optional[torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    m = _module(module)
+    _, batch = m.checked_sizes(data, hx, True)
+    if hx is None:  # the batch is the packed batch sizes' first: known only when the op runs
+        batch = torch.library.get_ctx().new_dynamic_size()
+    return data.new_empty((data.shape[0], m.dirs * m.hidden_size)), \
+        data.new_empty((m.num_layers * m.dirs, batch, m.hidden_size))
+
+
+def outside_graph_pools(forward: Callable[..., tuple[Any, Any]], input: Any, hx: Any) -> tuple[Any, Any]:
+    """``forward(input, hx)`` on a thread of its own and a stream ordered after the caller's,
+    its outputs copied on the caller's stream.  Why: torch's CUDA graph trees give the thread
+    they warm up or record on their graph pool for every allocation and refuse a graph whose
+    pool holds memory no output accounts for; what a module makes on its first call (its
+    recorded graph's static tensors, zero states) lives across calls, so it is allocated off
+    that thread.  Grad mode and torch's dispatch modes are the thread's own: the forward runs
+    on real tensors without grad, as the op's implementation does."""
+    caller = torch.cuda.current_stream(input.device)
+    side = torch.cuda.Stream(input.device)
+    side.wait_stream(caller)
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            with torch.cuda.device(input.device), torch.cuda.stream(side), torch.no_grad():
+                results.append(forward(input, hx))
+        except BaseException as error:  # noqa: BLE001 - raised again on the caller's thread
+            results.append(error)
+
+    worker = threading.Thread(target=run, name="tvm_ext-gru-first-call")
+    worker.start()
+    worker.join()
+    if isinstance(results[0], BaseException):
+        raise results[0]
+    caller.wait_stream(side)
+    copies = []
+    for tensor in results[0]:
+        copies.append(tensor.clone())
+        tensor.record_stream(caller)  # not reused before the copy on the caller's stream has run
+    return copies[0], copies[1]
+
+
+def exporting() -> bool:
+    """Whether ``torch.export`` traces the forward (and not ``torch.compile``): torch's flag, read
+    as it is (dynamo reads a module global's value).  Why not ``torch.compiler.is_exporting()``:
+    dynamo before torch 2.13 folds that call to True under ``torch.compile`` too (pytorch
+    #176347), where the module would then record ``aten::gru`` and run torch's GRU."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
 def as_nn_gru(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
@@ -101,8 +161,8 @@ def as_nn_gru(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
 
 def call(key: int, input: Any, hx: Any) -> tuple[Any, Any]:
     """The forward of the module numbered ``key`` as the op, a ``PackedSequence`` rebuilt around
-    the op's output."""
+    the packed op's output."""
     if isinstance(input, PackedSequence):
-        data, h_n = gru(key, input.data, hx, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
+        data, h_n = gru_packed(key, input.data, hx, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
         return PackedSequence(data, input.batch_sizes, input.sorted_indices, input.unsorted_indices), h_n
-    return gru(key, input, hx, None, None, None)
+    return gru(key, input, hx)
