@@ -3,7 +3,7 @@ graph, no graph break, the same outputs as its eager calls and nn.GRU's float64 
 
 Without the ``gpu`` marker: CPU tensors (PoCL through OpenCL) under ``aot_eager`` (fake tensors
 and functionalization, as inductor traces) and inductor itself.  ``gpu``: CUDA tensors under
-``mode="reduce-overhead"`` (torch's CUDA graphs around the op) on new inputs."""
+``mode="reduce-overhead"`` (the GRU recorded inside torch's CUDA graphs) on new inputs."""
 from __future__ import annotations
 
 import copy
