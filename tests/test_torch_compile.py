@@ -211,3 +211,26 @@ def test_reduce_overhead_replays_the_gru_inside_torchs_cuda_graph(fallback, monk
             counts.append(len(calls))
     assert counts[0] >= 1 and counts[-1] == counts[-3]  # the last calls were replays of torch's graph
     ours.gru.check()
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_serves_packed_sequences_of_new_lengths():
+    """A ``PackedSequence`` is the op torch's graphs stop at: each call's lengths (a CPU tensor)
+    decide its padding, so calls of new lengths on one compiled model each match float64."""
+    torch.manual_seed(7)
+    net = nn.GRU(5, 6, num_layers=2, bidirectional=True).eval()
+    gru = GRU.from_module(net, fallback="off").cuda()
+    reference = copy.deepcopy(net).double()
+    torch._dynamo.reset()
+    compiled = torch.compile(gru, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for lengths in ([3, 7, 1, 5], [7, 2, 6, 4], [1, 1, 7, 3], [3, 7, 1, 5]):
+            x, h0 = torch.randn(7, 4, 5), torch.randn(4, 4, 6)
+            packed = nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
+            ours, h_n = compiled(packed.to("cuda"), h0.cuda())
+            theirs, their_h = reference(nn.utils.rnn.pack_padded_sequence(x.double(), torch.tensor(lengths),
+                                                                           enforce_sorted=False), h0.double())
+            assert torch.equal(ours.batch_sizes, theirs.batch_sizes)
+            assert relative_error(ours.data.float().cpu().numpy(), theirs.data.numpy()) < 1e-5
+            assert relative_error(h_n.float().cpu().numpy(), their_h.numpy()) < 1e-5
+    gru.check()
