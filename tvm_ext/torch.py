@@ -8,9 +8,11 @@ DLPack), launches on torch's current stream, and can be captured in ``torch.cuda
 A GRU is compiled per (batch, seq) shape on first use (a few seconds) and kept.
 
 A shape's first eager call on CUDA times ours against ``torch.nn.GRU`` on the same input
-(``fallback="auto"``, the default; ``tvm_ext/torch_fallback.py``) and keeps the faster for that
-shape: a user who swaps ``nn.GRU`` for this module never gets a slower call.  ``choices`` says
-which side serves each shape and the times that decided it; ``fallback="off"`` always runs ours.
+(``fallback="auto"``, the default; ``tvm_ext/torch_fallback.py``), torch's as ``nn.GRU`` runs
+under the user's flags (a float32 GRU with TF32 where ``torch.backends.cudnn.allow_tf32``, torch's
+default, allows it), and keeps the faster for that shape: a user who swaps ``nn.GRU`` for this
+module never gets a slower call.  ``choices`` says which side serves each shape and the times
+that decided it; ``fallback="off"`` always runs ours.
 
 Eager calls on CUDA replay a CUDA graph of the plan that the module records on a shape's first
 call (``graphs=True``, the default; what ``torch.compile(mode="reduce-overhead")`` does): the
@@ -118,7 +120,8 @@ class GRU(nn.Module):
         self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
         self._eager_calls: dict[tuple[Any, ...], EagerCall | TwinCall] = {}  # by input and hx signature
-        self._choices: dict[EngineKey, BackendChoice] = {}  # the shapes measured against torch
+        # the shapes measured against torch, each under cuDNN's TF32 flag of its float32 calls (else None)
+        self._choices: dict[tuple[EngineKey, bool | None], BackendChoice] = {}
         self._twin: TorchTwin | None = None  # torch's GRU on the module's parameters, made where measured
         self._op_ready: set[tuple[Any, ...]] = set()  # input and hx signatures the compiled op has served
         self._op_key = torch_op.register(self)  # how the compiled graph's op names this module
@@ -156,7 +159,9 @@ class GRU(nn.Module):
     @property
     def choices(self) -> dict[EngineKey, BackendChoice]:
         """The shapes timed against ``torch.nn.GRU`` so far: which side serves each, and why."""
-        return dict(self._choices)
+        flag = torch.backends.cudnn.allow_tf32
+        return {key: choice for (key, tf32), choice in self._choices.items()
+                if tf32 in (None, flag) or (key, flag) not in self._choices}
 
     def reload_weights(self) -> None:
         """Copy the parameters into every compiled GRU (after they were changed in place;
@@ -196,7 +201,8 @@ class GRU(nn.Module):
         it is a signature's first CUDA call (which makes what the module keeps across calls: a
         compiled GRU, its recorded graph, zero states, the time against torch) on a thread of its
         own, outside torch's graph pools (``torch_op.outside_graph_pools``)."""
-        ready = (input.shape, input.dtype, input.device, None if hx is None else (hx.shape, hx.dtype, hx.device))
+        ready = (input.shape, input.dtype, input.device, None if hx is None else (hx.shape, hx.dtype, hx.device),
+                 torch.backends.cudnn.allow_tf32)
         if not input.is_cuda or ready in self._op_ready or torch.cuda.is_current_stream_capturing():
             return self.eager_forward(input, hx)
         outputs = torch_op.outside_graph_pools(self.eager_forward, input, hx)
@@ -297,18 +303,22 @@ class GRU(nn.Module):
         ``fallback`` allows (``torch_fallback``; ``ours`` and ``theirs`` make the call each side
         would serve), else ours.  Not measured inside a capture (ours is captured; the next eager
         call measures).  Where torch wins, our compiled GRU and its recorded graphs are let go
-        (they would hold device memory for nothing)."""
-        choice = self._choices.get(key)
+        (they would hold device memory for nothing) unless ours serves the shape under the other
+        TF32 flag: a float32 shape is measured under each value of cuDNN's TF32 flag its calls
+        come with (torch's side runs as the flag has it)."""
+        on_cuda = key.device.startswith("cuda")
+        tf32 = torch.backends.cudnn.allow_tf32 if on_cuda and self.dtype == torch.float32 else None
+        choice = self._choices.get((key, tf32))
         if choice is not None:
             return choice.backend
-        capturing = key.device.startswith("cuda") and torch.cuda.is_current_stream_capturing()
-        if capturing or fallback_reason(self.fallback, key.device, self.customised) is not None:
+        if (on_cuda and torch.cuda.is_current_stream_capturing()) or \
+                fallback_reason(self.fallback, key.device, self.customised) is not None:
             return TVM_EXT
         if self._twin is None:
             self._twin = TorchTwin(self)
         ms = per_call_ms({TVM_EXT: ours, TORCH: theirs}, device)
-        self._choices[key] = choice = BackendChoice.of(ms[TVM_EXT], ms[TORCH])
-        if choice.backend == TORCH:
+        self._choices[(key, tf32)] = choice = BackendChoice.of(ms[TVM_EXT], ms[TORCH], torch_tf32=tf32)
+        if choice.backend == TORCH and not any(c.backend == TVM_EXT for (k, _), c in self._choices.items() if k == key):
             engine = self._engines.pop(key)
             self._watches.pop(id(engine), None)
             for zero_h0 in (True, False):
@@ -317,11 +327,12 @@ class GRU(nn.Module):
 
     def _eager_signature(self, input: Any, hx: Any) -> tuple[Any, ...] | None:
         """What an eager call's checks depend on (None: a call the fast path does not take, packed
-        or graphs off): the input's and hx's shape, dtype and device, and ``batch_first``."""
+        or graphs off): the input's and hx's shape, dtype and device, ``batch_first``, and cuDNN's
+        TF32 flag (torch's side of a measured shape runs as it has it)."""
         if not self.graphs or type(input) is not torch.Tensor or (hx is not None and type(hx) is not torch.Tensor):
             return None
         return (input.shape, input.dtype, input.device, self.batch_first,
-                None if hx is None else (hx.shape, hx.dtype, hx.device))
+                None if hx is None else (hx.shape, hx.dtype, hx.device), torch.backends.cudnn.allow_tf32)
 
     def _packed_layout(self, batch_sizes: Any, device: Any) -> "PackedLayout":
         """The pad/unpack index of a ``PackedSequence``'s batch sizes (a CPU int64 tensor), kept

@@ -4,8 +4,10 @@ ours should never get a slower call.  Our kernels lead cuDNN at most shapes, but
 call and ``torch.nn.GRU``'s (cuDNN on CUDA) on the same input, interleaved, as a user calls
 them, and keeps the faster for that shape (``torch.backends.cudnn.benchmark`` does the same
 for convolutions).  The torch side is an ``nn.GRU`` built from the module's parameters, its eager
-calls replayed from a CUDA graph as ours are; a float32 module runs it with TF32 off, so either
-side is float32-accurate.
+calls replayed from a CUDA graph as ours are, run as ``nn.GRU`` runs under the user's flags: a
+float32 GRU on cuDNN with TF32 where ``torch.backends.cudnn.allow_tf32`` allows it (torch's
+default), so a shape where torch's TF32 call is faster than our float32-accurate one is served
+as the user's ``nn.GRU`` served it, and the choice is made again when the flag changes.
 """
 from __future__ import annotations
 
@@ -31,11 +33,13 @@ class BackendChoice:
     backend: str  # TVM_EXT or TORCH
     ours_ms: float
     torch_ms: float
+    torch_tf32: bool | None = None  # cuDNN's TF32 flag torch ran under (None: not a float32 CUDA GRU)
 
     @classmethod
-    def of(cls, ours_ms: float, torch_ms: float, margin: float = MARGIN) -> "BackendChoice":
+    def of(cls, ours_ms: float, torch_ms: float, margin: float = MARGIN,
+           torch_tf32: bool | None = None) -> "BackendChoice":
         backend = TORCH if torch_ms * (1.0 + margin) < ours_ms else TVM_EXT
-        return cls(backend, ours_ms, torch_ms)
+        return cls(backend, ours_ms, torch_ms, torch_tf32)
 
 
 def fallback_reason(fallback: str, device: Any, customised: bool) -> str | None:
@@ -57,15 +61,16 @@ def fallback_reason(fallback: str, device: Any, customised: bool) -> str | None:
 
 class TorchTwin:
     """An ``nn.GRU`` holding the module's parameters (copied, then flattened as cuDNN wants
-    them), called time-major; float32 with TF32 off.  Eager CUDA calls replay a CUDA graph of
-    it per shape, as ours do (``TwinGraph``): the two sides are timed and served alike."""
+    them), called time-major under the user's cuDNN flags (TF32 where they allow it).  Eager
+    CUDA calls replay a CUDA graph of it per shape and TF32 flag, as ours do (``TwinGraph``):
+    the two sides are timed and served alike."""
 
     def __init__(self, module: nn.Module):
         first = next(module.parameters())
         self.module = nn.GRU(module.input_size, module.hidden_size, module.num_layers, module.bias,
                              batch_first=False, bidirectional=module.bidirectional,
                              device=first.device, dtype=first.dtype).eval()
-        self.graphs: dict[tuple[Any, bool], TwinGraph] = {}
+        self.graphs: dict[tuple[Any, bool, bool], TwinGraph] = {}
         self.reload(module)
 
     def reload(self, module: nn.Module) -> None:
@@ -80,23 +85,18 @@ class TorchTwin:
     def __call__(self, x: Any, hx: Any = None) -> tuple[Any, Any]:
         """(out, h_n) for time-major ``x`` (or a ``PackedSequence``, its h_n in the caller's row
         order, as ``nn.GRU`` gives them), launched directly."""
-        data = x.data if isinstance(x, nn.utils.rnn.PackedSequence) else x
         with torch.no_grad():
-            if data.dtype != torch.float32 or not data.is_cuda:
-                return self.module(x, hx)
-            backends = torch.backends.cudnn
-            with backends.flags(enabled=backends.enabled, benchmark=backends.benchmark,
-                                deterministic=backends.deterministic, allow_tf32=False):
-                return self.module(x, hx)
+            return self.module(x, hx)
 
     def call(self, key: Any, x: Any, hx: Any, graphs: bool) -> tuple[Any, Any]:
         """An eager call as the module serves it: on CUDA (``graphs``, not inside a capture)
         the replay of ``key``'s recorded graph, else a direct call."""
         if not (graphs and x.is_cuda) or torch.cuda.is_current_stream_capturing():
             return self(x, hx)
-        graph = self.graphs.get((key, hx is None))
+        recorded = (key, hx is None, torch.backends.cudnn.allow_tf32)  # a graph keeps the math it was recorded with
+        graph = self.graphs.get(recorded)
         if graph is None:
-            graph = self.graphs[(key, hx is None)] = TwinGraph.record(self, x, hx)
+            graph = self.graphs[recorded] = TwinGraph.record(self, x, hx)
         return graph.run(x, hx)
 
 
