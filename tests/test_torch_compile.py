@@ -137,6 +137,24 @@ def test_other_lengths_and_batches_run_on_one_compiled_graph():
     assert counter.frame_count == 1
 
 
+def test_a_compiled_model_with_dynamic_sizes_runs_on_its_buckets_grus():
+    """``buckets`` under ``dynamic=True``: one compiled frame, every (seq, batch) served by the
+    GRU of its bucket (one compiled GRU for three shapes), each against float64."""
+    torch.manual_seed(6)
+    net = nn.GRU(5, 6).eval()
+    gru = GRU.from_module(net, buckets={"seq": [8], "batch": [4]})
+    torch._dynamo.reset()
+    compiled = torch.compile(gru, backend="aot_eager", fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for seq, batch in ((5, 3), (7, 2), (6, 4)):
+            x = torch.randn(seq, batch, 5)
+            out, h_n = compiled(x)
+            ref_out, ref_h = copy.deepcopy(net).double()(x.double())
+            assert relative_error(out.numpy(), ref_out.numpy()) < 1e-5
+            assert relative_error(h_n.numpy(), ref_h.numpy()) < 1e-5
+    assert [(k.batch, k.seq) for k in gru.compiled_shapes] == [(4, 8)]
+
+
 def test_torch_export_records_aten_gru_which_tune_model_imports_as_ours(opencl):
     """``torch.export`` of a model holding the module records ``aten::gru`` on its parameters, as
     for ``nn.GRU`` (the op's module number would mean nothing in another process): the program

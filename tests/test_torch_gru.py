@@ -386,3 +386,32 @@ def test_a_timed_out_barrier_is_reported_at_the_next_call(monkeypatch, view):
     with pytest.raises(TvmExtError, match="grid barrier timed out"):
         gru.check()
     gru.check()  # reported once
+
+
+def test_buckets_serve_calls_of_many_shapes_on_few_compiled_grus():
+    """``buckets``: each call's seq and batch padded up to their buckets (a size past the largest
+    is its own), every output against float64 nn.GRU, with and without h0, batch-first, two
+    bidirectional layers (the reverse direction starts at the call's last step, not the bucket's)."""
+    torch.manual_seed(2)
+    net = torch.nn.GRU(5, 6, num_layers=2, bidirectional=True, batch_first=True).eval()
+    gru = GRU.from_module(net, buckets={"seq": [8, 4], "batch": [4]})
+    for seq, batch, with_h0 in ((5, 3, True), (8, 4, False), (3, 1, True), (7, 2, False), (10, 3, True)):
+        x = torch.randn(batch, seq, 5)
+        h0 = torch.randn(4, batch, 6) if with_h0 else None
+        out, h_n = gru(x, h0)
+        ref_out, ref_h = _reference(net, x, h0, batch_first=True)
+        assert out.shape == (batch, seq, 12) and h_n.shape == (4, batch, 6)
+        assert relative_error(out.numpy(), ref_out) < 1e-5 and relative_error(h_n.numpy(), ref_h) < 1e-5
+    assert [(k.batch, k.seq, k.variable_lengths) for k in gru.compiled_shapes] == \
+        [(4, 4, True), (4, 8, False), (4, 8, True), (4, 10, False)]
+
+
+@pytest.mark.parametrize("buckets, needle", [
+    ({"tokens": [4]}, "buckets takes a mapping of seq and batch"),
+    ({"seq": [0, 4]}, r"buckets\['seq'\] must be positive integers"),
+    ({"batch": []}, r"buckets\['batch'\] must be positive integers"),
+    ([4, 8], "buckets takes a mapping"),
+])
+def test_bad_buckets_are_refused(buckets, needle):
+    with pytest.raises(TvmExtError, match=needle):
+        GRU(4, 4, buckets=buckets)

@@ -5,7 +5,8 @@ Same constructor arguments, parameters (names, shapes, ``state_dict``) and forwa
 ``PackedSequence`` input (each row stops at its own length).  On CUDA it takes and returns
 torch tensors without a copy (the compiled kernels read and write torch's memory through
 DLPack), launches on torch's current stream, and can be captured in ``torch.cuda.graph``.
-A GRU is compiled per (batch, seq) shape on first use (a few seconds) and kept.
+A GRU is compiled per (batch, seq) shape on first use (a few seconds) and kept; with
+``buckets`` calls of many shapes are padded to a few (``tvm_ext/torch_buckets.py``).
 
 A shape's first eager call on CUDA times ours against ``torch.nn.GRU`` on the same input
 (``fallback="auto"``, the default; ``tvm_ext/torch_fallback.py``), torch's as ``nn.GRU`` runs
@@ -34,13 +35,13 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import tvm_ffi
 from torch import nn
 
-from tvm_ext import torch_op
+from tvm_ext import torch_buckets, torch_op
 from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import kept
 from tvm_ext.torch_fallback import FALLBACKS, TORCH, TVM_EXT, BackendChoice, TorchTwin, fallback_reason, per_call_ms
@@ -75,13 +76,15 @@ class GRU(nn.Module):
     keeps the faster (a ``PackedSequence`` against torch's packed call; not where ``config`` or
     ``precision`` is given),
     ``"measure"`` does so on any device, ``"off"`` always runs ours;
-    ``dropout`` must be 0 (inference)."""
+    ``buckets``: ``{"seq": [...], "batch": [...]}``, sizes a call's seq and batch are padded up
+    to, so that calls of many shapes share a few compiled GRUs (``tvm_ext/torch_buckets.py``;
+    tensor inputs, not measured against torch); ``dropout`` must be 0 (inference)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None,
                  precision: str | Mapping[str, str] | None = None, graphs: bool = True,
-                 fallback: str = "auto"):
+                 fallback: str = "auto", buckets: Mapping[str, Sequence[int]] | None = None):
         super().__init__()
         if fallback not in FALLBACKS:
             raise TvmExtError(f"tvm_ext.torch.GRU fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
@@ -97,7 +100,9 @@ class GRU(nn.Module):
         self.config = dict(config or {})
         self.graphs = bool(graphs)
         self.fallback = fallback
-        self.customised = bool(config) or precision is not None  # the user asked for these kernels
+        self.buckets = torch_buckets.ShapeBuckets.of(buckets)
+        # the user asked for these kernels (or shapes padded to buckets): not measured against torch
+        self.customised = bool(config) or precision is not None or self.buckets is not None
         if isinstance(precision, str):  # one type for every stored tensor, the cell and sums in float32
             precision = {name: precision for name in LOW_PRECISION_TENSORS}
         low = DTYPES[dtype]
@@ -118,6 +123,7 @@ class GRU(nn.Module):
         self._watches: dict[int, BarrierWatch] = {}
         self._zero_states: dict[tuple[Any, ...], Any] = {}
         self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
+        self._bucket_lengths: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # a padded call's lengths
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
         self._eager_calls: dict[tuple[Any, ...], EagerCall | TwinCall] = {}  # by input and hx signature
         # the shapes measured against torch, each under cuDNN's TF32 flag of its float32 calls (else None)
@@ -135,7 +141,8 @@ class GRU(nn.Module):
 
     @classmethod
     def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None,
-                    precision: str | Mapping[str, str] | None = None, fallback: str = "auto") -> "GRU":
+                    precision: str | Mapping[str, str] | None = None, fallback: str = "auto",
+                    buckets: Mapping[str, Sequence[int]] | None = None) -> "GRU":
         """A tvm_ext GRU with ``module``'s arguments, weights, device and dtype."""
         if not isinstance(module, nn.GRU):
             raise TvmExtError(f"from_module takes a torch.nn.GRU, got {type(module).__name__}")
@@ -144,7 +151,7 @@ class GRU(nn.Module):
         first = next(module.parameters())
         gru = cls(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
                   0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config,
-                  precision=precision, fallback=fallback)
+                  precision=precision, fallback=fallback, buckets=buckets)
         gru.load_state_dict(module.state_dict())
         return gru
 
@@ -232,6 +239,9 @@ class GRU(nn.Module):
         key = EngineKey(batch, seq, packed, str(x.device))
         if packed:
             return self._packed_call(key, input, x, hx)
+        if self.buckets is not None and self.buckets.round(seq, batch) != (seq, batch):
+            out, h_n = self._bucketed_call(x, hx, seq, batch)
+            return (out if time_major else out.transpose(0, 1)), h_n
         if self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
                          lambda: self._twin.call(key, x, hx, self.graphs), x.device) == TORCH:
             out, h_n = self._twin.call(key, x, hx, self.graphs)
@@ -240,6 +250,25 @@ class GRU(nn.Module):
             return (out if time_major else out.transpose(0, 1)), h_n
         out, h_n = self._ours(key, x, hx, None, False, signature)
         return (out if time_major else out.transpose(0, 1)), h_n
+
+    def _bucketed_call(self, x: Any, hx: Any, seq: int, batch: int) -> tuple[Any, Any]:
+        """Time-major ``x``'s (out, h_n) on the GRU of its shape's bucket: padded, every row's
+        length ``seq`` where steps were added, cut back (``torch_buckets``)."""
+        bucket_seq, bucket_batch = self.buckets.round(seq, batch)
+        padded, h0 = torch_buckets.pad(x, hx, bucket_seq, bucket_batch)
+        lengths = None
+        if bucket_seq != seq:  # made once a (rows, length, device): a recorded graph copies it once
+            lengths = kept(self._bucket_lengths, (bucket_batch, seq, x.device),
+                           lambda: torch.full((bucket_batch,), seq, dtype=torch.int32, device=x.device),
+                           MAX_CACHED_LAYOUTS)
+        key = EngineKey(bucket_batch, bucket_seq, lengths is not None, str(x.device))
+        out, h_n = self._ours(key, padded, h0, lengths, False, None)
+        return torch_buckets.cut(out, h_n, seq, batch)
+
+    @property
+    def compiled_shapes(self) -> list[EngineKey]:
+        """The shapes a GRU has been compiled for (a bucketed call's: its bucket's)."""
+        return sorted(self._engines, key=lambda key: (key.device, key.batch, key.seq, key.variable_lengths))
 
     def checked_sizes(self, x: Any, hx: Any, packed: bool) -> tuple[int, int]:
         """(seq, batch) of input ``x`` after checking it and hx against the module: one
