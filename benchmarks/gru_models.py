@@ -269,7 +269,7 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
         log.add(compile_row(case, ref, sets, swap=True))
     if args.breakdown:
         with torch.no_grad():
-            model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
+            model = cuda_model(case)
             kernels["torch eager"] = kernel_breakdown(lambda: model(sets[0]))
         text = breakdown_table(case.label, kernels, args.top)
         print(text, flush=True)

@@ -208,9 +208,10 @@ class GRU(nn.Module):
         it is a signature's first CUDA call (which makes what the module keeps across calls: a
         compiled GRU, its recorded graph, zero states, the time against torch) on a thread of its
         own, outside torch's graph pools (``torch_op.outside_graph_pools``)."""
-        ready = (input.shape, input.dtype, input.device, None if hx is None else (hx.shape, hx.dtype, hx.device),
-                 torch.backends.cudnn.allow_tf32)
-        if not input.is_cuda or ready in self._op_ready or torch.cuda.is_current_stream_capturing():
+        if not input.is_cuda or torch.cuda.is_current_stream_capturing():
+            return self.eager_forward(input, hx)
+        ready = self._call_signature(input, hx)
+        if ready in self._op_ready:
             return self.eager_forward(input, hx)
         outputs = torch_op.outside_graph_pools(self.eager_forward, input, hx)
         self._op_ready.add(ready)
@@ -360,6 +361,12 @@ class GRU(nn.Module):
         TF32 flag (torch's side of a measured shape runs as it has it)."""
         if not self.graphs or type(input) is not torch.Tensor or (hx is not None and type(hx) is not torch.Tensor):
             return None
+        return self._call_signature(input, hx)
+
+    def _call_signature(self, input: Any, hx: Any) -> tuple[Any, ...]:
+        """A tensor input's and hx's shape, dtype and device, ``batch_first`` and cuDNN's TF32
+        flag: the key of what the module made for such calls (the eager fast path's, the
+        compiled op's first call)."""
         return (input.shape, input.dtype, input.device, self.batch_first,
                 None if hx is None else (hx.shape, hx.dtype, hx.device), torch.backends.cudnn.allow_tf32)
 
