@@ -166,10 +166,13 @@ def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suff
         err = rel_error_vs(model(sets[0]), ref)
         times = time_vendor(lambda i: model(sets[i]), len(sets))
         names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
+        # the swapped module's side for the shape: ours, ours in TF32's class, or torch (its first call's measure)
+        served = "served by " + ", ".join(sorted({c.backend for c in model.gru.choices.values()})) \
+            if swap and model.gru.choices else ""
         for method, t in vendor_methods(times):
             label = names.get(method, f"torch {method}") + suffix
             rows.append(Row(case.label, label, t.seconds * 1e3 if t else None, err if t else None,
-                            note="" if t else f"{label} failed"))
+                            note=served if t else f"{label} failed"))
     return rows
 
 
@@ -261,6 +264,7 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
         try:
             log.add(*torch_rows(case, x, ref, sets, suffix=", TF32 off"))
+            log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU, TF32 off", swap=True))
         finally:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU", swap=True))

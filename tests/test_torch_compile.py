@@ -208,12 +208,18 @@ def test_torch_records_the_op_in_its_cuda_graphs_and_stops_at_the_packed_one():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fallback", ["off", "auto"])
-def test_reduce_overhead_replays_the_gru_inside_torchs_cuda_graph(fallback, monkeypatch):
+@pytest.mark.parametrize("fallback, tf32, bound", [("off", True, 1e-5), ("auto", False, 1e-5), ("auto", True, 2e-3)])
+def test_reduce_overhead_replays_the_gru_inside_torchs_cuda_graph(fallback, tf32, bound, monkeypatch):
     """``mode="reduce-overhead"``: torch warms the model up, records it whole (the GRU's kernels
     in its graph) and replays it: after the warm-up and recording calls the op's host code runs
     no more.  Each call on new inputs matches float64 (outputs of an earlier call are not
-    reused: each is checked before the next call)."""
+    reused: each is checked before the next call): float32's accuracy with the fallback off or
+    cuDNN's TF32 off, TF32's class where the fallback may serve the shape in it."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        _reduce_overhead_replays(fallback, bound, monkeypatch)
+
+
+def _reduce_overhead_replays(fallback, bound, monkeypatch):
     ours, reference = _models("cuda", fallback)
     calls: list[int] = []
     forward = ours.gru.eager_forward
@@ -225,7 +231,7 @@ def test_reduce_overhead_replays_the_gru_inside_torchs_cuda_graph(fallback, monk
         for seed in (1, 2, 3, 4, 5, 6):
             x, h0 = _inputs(seed, "cuda")
             out = compiled(x, h0)
-            _against_float64([t.clone() for t in out], reference, x, h0, 1e-5)
+            _against_float64([t.clone() for t in out], reference, x, h0, bound)
             counts.append(len(calls))
     assert counts[0] >= 1 and counts[-1] == counts[-3]  # the last calls were replays of torch's graph
     ours.gru.check()

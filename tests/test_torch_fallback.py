@@ -9,9 +9,14 @@ float16 B8 H512, where ours leads, served by ours, and B200 H1536 by the side me
 (bit-equal to ``nn.GRU`` where torch serves); both against float64, with and without h0, and
 captured in a user's CUDA graph on NaN-poisoned outputs; packed batches served by the side
 measured faster; a float32 shape torch serves run as ``nn.GRU`` runs under the user's TF32
-flag, measured under each value of it."""
+flag, measured under each value of it; a float32 shape served by ours in TF32's class where
+torch's TF32 call beat our float32, its inputs range-checked.  Without a GPU also the rule of
+that class and what it serves and lets go (a CUDA shape's bookkeeping, the timer replaced)."""
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,7 +26,8 @@ from tvm_ext.core.errors import TvmExtError  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import gru_reference  # noqa: E402
 from tvm_ext.torch import GRU  # noqa: E402
-from tvm_ext.torch_fallback import MARGIN, TORCH, TVM_EXT, BackendChoice  # noqa: E402
+from tvm_ext.torch_fallback import (FLOAT16_MAX, MARGIN, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice,  # noqa: E402
+                                    float16_input_limit)
 
 
 def _net(**kwargs):
@@ -29,12 +35,15 @@ def _net(**kwargs):
     return torch.nn.GRU(**{"input_size": 5, "hidden_size": 7, **kwargs}).eval()
 
 
-def _times(ours_ms, torch_ms):
-    """A timer reporting these per-call times (the dispatch under test, not the clock)."""
+def _times(ours_ms, torch_ms, tf32_class_ms=None):
+    """A timer reporting these per-call times (the dispatch under test, not the clock); ours
+    in TF32's class as slow as ours unless given."""
+    ms = {TVM_EXT: ours_ms, TORCH: torch_ms, TVM_EXT_TF32: ours_ms if tf32_class_ms is None else tf32_class_ms}
+
     def per_call_ms(sides, device):
         for call in sides.values():
             call()
-        return {TVM_EXT: ours_ms, TORCH: torch_ms}
+        return {name: ms[name] for name in sides}
     return per_call_ms
 
 
@@ -43,6 +52,97 @@ def test_torch_is_taken_only_past_the_margin():
     assert BackendChoice.of(1.0, 1.0 / (1 + MARGIN) + 1e-6).backend == TVM_EXT
     assert BackendChoice.of(1.0, 1.0 / (1 + MARGIN) - 1e-3).backend == TORCH
     assert BackendChoice.of(0.5, 2.0) == BackendChoice(TVM_EXT, 0.5, 2.0)
+
+
+def test_ours_in_tf32_class_against_the_side_chosen_with_the_margin_toward_accuracy_or_ours():
+    torch_won = BackendChoice.of(2.0, 1.0, torch_tf32=True)
+    assert torch_won.with_tf32_class(0.5, 1.0) == BackendChoice(TVM_EXT_TF32, 2.0, 1.0, True, 0.5)
+    assert torch_won.with_tf32_class(1.0, 1.0).backend == TVM_EXT_TF32  # ours where near, as against torch
+    assert torch_won.with_tf32_class(1.0 + 2 * MARGIN, 1.0).backend == TORCH
+    ours_won = BackendChoice.of(1.0, 2.0, torch_tf32=True)
+    assert ours_won.with_tf32_class(0.5, 1.0) == BackendChoice(TVM_EXT_TF32, 1.0, 2.0, True, 0.5)
+    assert ours_won.with_tf32_class(1.0 / (1 + 2 * MARGIN), 1.0).backend == TVM_EXT_TF32
+    assert ours_won.with_tf32_class(1.0, 1.0).backend == TVM_EXT  # float32's accuracy where near
+    assert ours_won.with_tf32_class(1.0 / (1 + MARGIN / 2), 1.0) == BackendChoice(TVM_EXT, 1.0, 2.0, True,
+                                                                                  1.0 / (1 + MARGIN / 2))
+
+
+def test_float16_input_limit_is_where_an_input_gemm_product_would_pass_float16():
+    """The limit is the largest |x| for which every row's worst product, Σ|W_ih|·|x| + |b_ih|
+    (x of each weight's sign), stays within float16; a layer or direction whose rows are
+    heavier sets it, rows of zeros do not, and it is never past what float16 holds."""
+    rng = np.random.default_rng(0)
+    light, bias = rng.uniform(-0.1, 0.1, (12, 5)), rng.uniform(-0.5, 0.5, 12)
+    heavy = rng.uniform(-2.0, 2.0, (12, 4))
+
+    def worst(w, b, x):
+        return float((np.abs(w).sum(axis=1) * x + (np.abs(b) if b is not None else 0.0)).max())
+
+    limit = float16_input_limit([(light, bias), (heavy, None)])
+    assert max(worst(light, bias, limit), worst(heavy, None, limit)) == pytest.approx(FLOAT16_MAX, rel=1e-12)
+    assert max(worst(light, bias, limit * 1.001), worst(heavy, None, limit * 1.001)) > FLOAT16_MAX
+    assert float16_input_limit([(light, bias)]) > limit  # the heavy layer set it
+    assert float16_input_limit([(np.zeros((3, 2)), np.ones(3)), (light * 1e-9, None)]) == FLOAT16_MAX
+
+
+OURS_OUT = torch.linspace(-1.0, 1.0, 64)
+TF32_OUT = OURS_OUT * (1 + 3e-4)  # off ours by TF32's error class
+FLOAT32_OUT = OURS_OUT * (1 + 1e-6)  # float32's math (cuDNN's at small sizes)
+PAIR = ["ours", "torch"]
+
+
+@pytest.mark.parametrize("tf32, times, torch_out, backend, timed, kept", [
+    # torch's TF32 call beat our float32 and ours in TF32's class beat torch: it serves
+    (True, (2.0, 1.0, 0.5), TF32_OUT, TVM_EXT_TF32, PAIR + PAIR + ["tf32", "torch"], {"tf32"}),
+    # ... and torch beat it too: torch serves, both of ours let go
+    (True, (2.0, 1.0, 1.5), TF32_OUT, TORCH, PAIR + PAIR + ["tf32", "torch"], set()),
+    # our float32 beat torch's call, and ours in TF32's class beat our float32 past the margin
+    (True, (1.0, 2.0, 0.5), TF32_OUT, TVM_EXT_TF32, PAIR + PAIR + ["tf32", "ours"], {"tf32"}),
+    # ... not past it: float32's accuracy kept
+    (True, (1.0, 2.0, 0.99), TF32_OUT, TVM_EXT, PAIR + PAIR + ["tf32", "ours"], {"float32"}),
+    # torch's call was float32-accurate (cuDNN ran float32's math): no TF32-class side
+    (True, (2.0, 1.0, 0.5), FLOAT32_OUT, TORCH, PAIR + PAIR, set()),
+    # TF32 off: no TF32-class side
+    (False, (2.0, 1.0, 0.5), TF32_OUT, TORCH, PAIR, set()),
+])
+def test_a_float32_cuda_shape_is_timed_in_tf32_class_where_torch_had_its_error(monkeypatch, tf32, times, torch_out,
+                                                                             backend, timed, kept):
+    """A float32 shape's first call: ours and torch's timed; where torch's output is off ours by
+    TF32's error, ours in TF32's class timed against the faster of them and taken where faster
+    still (past the margin against our float32); the compiled GRUs no choice serves let go.  A
+    CUDA shape's bookkeeping on the CPU (the timer replaced, sentinels for the compiled GRUs: no
+    CUDA call is made)."""
+    def side(name, out=OURS_OUT):
+        return lambda: calls.append(name) or (out, out[:4])
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(*times[:2], tf32_class_ms=times[2]))
+    key = tvm_torch.EngineKey(2, 3, False, "cuda:0")
+    engines = {"float32": key, "tf32": dataclasses.replace(key, tf32_class=True)}
+    gru = GRU.from_module(_net(), fallback="measure")
+    gru._engines.update({k: object() for k in engines.values()})
+    calls = []
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        assert gru._backend(key, side("ours"), side("torch", torch_out), "cpu", side("tf32")) == backend
+        (choice,) = gru.choices.values()
+    assert calls == timed  # timed, outputs compared, the TF32-class side timed against the faster
+    assert choice.tf32_class_ms == (times[2] if "tf32" in timed else None) and choice.torch_tf32 is tf32
+    assert set(gru._engines) == {engines[name] for name in kept}
+
+
+def test_a_tf32_class_gru_serving_a_shape_under_tf32_is_kept_when_torch_serves_it_with_tf32_off(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # no CUDA here
+    key = tvm_torch.EngineKey(2, 3, False, "cuda:0")
+    tf32_key = dataclasses.replace(key, tf32_class=True)
+    gru = GRU.from_module(_net(), fallback="measure")
+    gru._engines.update({key: object(), tf32_key: object()})
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(2.0, 1.0, tf32_class_ms=0.5))
+    sides = (lambda: (OURS_OUT, OURS_OUT), lambda: (TF32_OUT, TF32_OUT), "cpu", lambda: (OURS_OUT, OURS_OUT))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        assert gru._backend(key, *sides) == TVM_EXT_TF32
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert gru._backend(key, *sides) == TORCH
+    assert set(gru._engines) == {tf32_key}
 
 
 def test_a_bad_fallback_is_refused():
@@ -233,7 +333,50 @@ def test_torch_serves_a_float32_shape_as_nn_gru_runs_under_the_users_tf32_flag(m
                 out, h_n = gru(x)
                 theirs, their_h = net(x)
                 assert torch.equal(out, theirs) and torch.equal(h_n, their_h)
-        (choice,) = gru.choices.values()
+            (choice,) = gru.choices.values()  # the choice of the flag of the moment
         assert choice.backend == TORCH and choice.torch_tf32 is tf32
         outputs[tf32] = out
     assert not torch.equal(outputs[True], outputs[False])  # TF32 did run where it was allowed
+
+
+@pytest.mark.gpu
+def test_a_float32_shape_served_in_tf32_class_with_its_inputs_range_checked(monkeypatch):
+    """Where torch's TF32 call beat our float32 and ours in TF32's class beat torch's (the timer
+    says so): float32 in and out, float16 storage inside (an error of TF32's class against
+    float64, not float32's, and not torch's bits), on eager calls and replays, inside a user's
+    CUDA graph on a NaN-poisoned output; an input past what its input GEMM's float16 products
+    hold is reported at the next call, naming the TF32 flag; with TF32 off the shape is measured
+    again and ours serves it at float32 accuracy."""
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(2.0, 1.0, tf32_class_ms=0.5))
+    torch.manual_seed(0)
+    net = torch.nn.GRU(512, 512, num_layers=2).cuda().eval()
+    gru = GRU.from_module(net)
+    x = torch.randn(64, 8, 512, device="cuda")
+    ref_out, ref_h = _float64(net, x)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True), torch.no_grad():
+        for _ in range(3):  # the first call measures and records, the next replay
+            out, h_n = gru(x)
+            assert out.dtype == torch.float32
+            assert 1e-6 < relative_error(out.cpu().numpy(), ref_out) < 1e-3
+            assert relative_error(h_n.cpu().numpy(), ref_h) < 1e-3
+        theirs, _ = net(x)
+        assert not torch.equal(out, theirs)
+        (choice,) = gru.choices.values()
+        assert choice.backend == TVM_EXT_TF32 and choice.tf32_class_ms == 0.5
+        assert [k.tf32_class for k in gru.compiled_shapes] == [True]  # the float32 GRU let go
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured, _ = gru(x)
+        captured.fill_(float("nan"))
+        graph.replay()
+        assert relative_error(captured.cpu().numpy(), ref_out) < 1e-3
+        gru(x * 1e5)  # runs; its flag is read at the next call
+        with pytest.raises(TvmExtError, match="allow_tf32 = False"):
+            gru(x)
+        out, _ = gru(x)
+        assert relative_error(out.cpu().numpy(), ref_out) < 1e-3
+    monkeypatch.setattr(tvm_torch, "per_call_ms", _times(1.0, 2.0))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False), torch.no_grad():
+        out, h_n = gru(x)
+        assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+        assert gru.choices[tvm_torch.EngineKey(8, 64, False, "cuda:0")].backend == TVM_EXT

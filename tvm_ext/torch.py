@@ -12,8 +12,10 @@ A shape's first eager call on CUDA times ours against ``torch.nn.GRU`` on the sa
 (``fallback="auto"``, the default; ``tvm_ext/torch_fallback.py``), torch's as ``nn.GRU`` runs
 under the user's flags (a float32 GRU with TF32 where ``torch.backends.cudnn.allow_tf32``, torch's
 default, allows it), and keeps the faster for that shape: a user who swaps ``nn.GRU`` for this
-module never gets a slower call.  ``choices`` says which side serves each shape and the times
-that decided it; ``fallback="off"`` always runs ours.
+module never gets a slower call.  Where torch's call erred as TF32 does (the flag allowed it and
+cuDNN used it), ours in TF32's error class (float16 operands, float32 sums and cell) is timed too
+and serves where fastest: the error class the user's ``nn.GRU`` had, at our speed.  ``choices`` says
+which side serves each shape and the times that decided it; ``fallback="off"`` always runs ours.
 
 Eager calls on CUDA replay a CUDA graph of the plan that the module records on a shape's first
 call (``graphs=True``, the default; what ``torch.compile(mode="reduce-overhead")`` does): the
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -44,7 +46,9 @@ from torch import nn
 from tvm_ext import torch_buckets, torch_op
 from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import kept
-from tvm_ext.torch_fallback import FALLBACKS, TORCH, TVM_EXT, BackendChoice, TorchTwin, fallback_reason, per_call_ms
+from tvm_ext.torch_fallback import (FALLBACKS, TF32_CLASS_PRECISION, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice,
+                                    TorchTwin, fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
+from tvm_ext.torch_watch import BarrierWatch
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
@@ -61,6 +65,7 @@ class EngineKey:
     seq: int
     variable_lengths: bool
     device: str  # "cuda:0", or "cpu" (PoCL through OpenCL, host copies)
+    tf32_class: bool = False  # a float32 GRU in TF32's class (``TF32_CLASS_PRECISION``), where it serves
 
 
 class GRU(nn.Module):
@@ -179,6 +184,8 @@ class GRU(nn.Module):
         self._op_ready.clear()
         for engine in self._engines.values():
             engine.load_numpy(weights)
+            if id(engine) in self._watches:  # the limits of x and h0 follow the weights
+                self._watches[id(engine)].narrow(self._narrowed_limit(engine))
         if self._twin is not None:
             self._twin.reload(self)
 
@@ -243,13 +250,16 @@ class GRU(nn.Module):
         if self.buckets is not None and self.buckets.round(seq, batch) != (seq, batch):
             out, h_n = self._bucketed_call(x, hx, seq, batch)
             return (out if time_major else out.transpose(0, 1)), h_n
-        if self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
-                         lambda: self._twin.call(key, x, hx, self.graphs), x.device) == TORCH:
+        tf32_key = replace(key, tf32_class=True)
+        backend = self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
+                                lambda: self._twin.call(key, x, hx, self.graphs), x.device,
+                                lambda: self._ours(tf32_key, x, hx, None, False, None))
+        if backend == TORCH:
             out, h_n = self._twin.call(key, x, hx, self.graphs)
             if signature is not None and x.is_cuda and not torch.cuda.is_current_stream_capturing():
                 self._eager_calls[signature] = TwinCall(self._twin, key)
             return (out if time_major else out.transpose(0, 1)), h_n
-        out, h_n = self._ours(key, x, hx, None, False, signature)
+        out, h_n = self._ours(tf32_key if backend == TVM_EXT_TF32 else key, x, hx, None, False, signature)
         return (out if time_major else out.transpose(0, 1)), h_n
 
     def _bucketed_call(self, x: Any, hx: Any, seq: int, batch: int) -> tuple[Any, Any]:
@@ -269,7 +279,8 @@ class GRU(nn.Module):
     @property
     def compiled_shapes(self) -> list[EngineKey]:
         """The shapes a GRU has been compiled for (a bucketed call's: its bucket's)."""
-        return sorted(self._engines, key=lambda key: (key.device, key.batch, key.seq, key.variable_lengths))
+        return sorted(self._engines, key=lambda key: (key.device, key.batch, key.seq, key.variable_lengths,
+                                                      key.tf32_class))
 
     def checked_sizes(self, x: Any, hx: Any, packed: bool) -> tuple[int, int]:
         """(seq, batch) of input ``x`` after checking it and hx against the module: one
@@ -328,14 +339,15 @@ class GRU(nn.Module):
             return out, h_n
         return self._run(engine, x.padded() if packed else x.contiguous(), hx, lengths)
 
-    def _backend(self, key: EngineKey, ours: Any, theirs: Any, device: Any) -> str:
+    def _backend(self, key: EngineKey, ours: Any, theirs: Any, device: Any, tf32_class: Any = None) -> str:
         """Which side serves ``key``'s calls: the choice measured on its first call where
         ``fallback`` allows (``torch_fallback``; ``ours`` and ``theirs`` make the call each side
-        would serve), else ours.  Not measured inside a capture (ours is captured; the next eager
-        call measures).  Where torch wins, our compiled GRU and its recorded graphs are let go
-        (they would hold device memory for nothing) unless ours serves the shape under the other
-        TF32 flag: a float32 shape is measured under each value of cuDNN's TF32 flag its calls
-        come with (torch's side runs as the flag has it)."""
+        would serve, ``tf32_class`` ours in TF32's class, timed against the faster of them where
+        torch's call erred as TF32 does), else ours.  Not measured inside a capture (ours is captured; the next eager
+        call measures).  A compiled GRU that serves none of the shape's choices is let go with
+        its recorded graphs (they would hold device memory for nothing): a float32 shape is
+        measured under each value of cuDNN's TF32 flag its calls come with (torch's side runs
+        as the flag has it)."""
         on_cuda = key.device.startswith("cuda")
         tf32 = torch.backends.cudnn.allow_tf32 if on_cuda and self.dtype == torch.float32 else None
         choice = self._choices.get((key, tf32))
@@ -347,13 +359,24 @@ class GRU(nn.Module):
         if self._twin is None:
             self._twin = TorchTwin(self)
         ms = per_call_ms({TVM_EXT: ours, TORCH: theirs}, device)
-        self._choices[(key, tf32)] = choice = BackendChoice.of(ms[TVM_EXT], ms[TORCH], torch_tf32=tf32)
-        if choice.backend == TORCH and not any(c.backend == TVM_EXT for (k, _), c in self._choices.items() if k == key):
-            engine = self._engines.pop(key)
-            self._watches.pop(id(engine), None)
-            for zero_h0 in (True, False):
-                self._call_graphs.pop((key, zero_h0), None)
+        choice = BackendChoice.of(ms[TVM_EXT], ms[TORCH], torch_tf32=tf32)
+        if tf32 and tf32_class is not None and tf32_error_seen(ours()[0], theirs()[0]):  # torch's error class
+            rival = {TVM_EXT: ours, TORCH: theirs}[choice.backend]
+            ms = per_call_ms({TVM_EXT_TF32: tf32_class, choice.backend: rival}, device)
+            choice = choice.with_tf32_class(ms[TVM_EXT_TF32], ms[choice.backend])
+        self._choices[(key, tf32)] = choice
+        serving = {c.backend for (k, _), c in self._choices.items() if k == key}
+        for backend, engine_key in ((TVM_EXT, key), (TVM_EXT_TF32, replace(key, tf32_class=True))):
+            if backend not in serving and engine_key in self._engines:
+                self._release(engine_key)
         return choice.backend
+
+    def _release(self, key: EngineKey) -> None:
+        """Let ``key``'s compiled GRU go, with its watch and recorded graphs."""
+        engine = self._engines.pop(key)
+        self._watches.pop(id(engine), None)
+        for zero_h0 in (True, False):
+            self._call_graphs.pop((key, zero_h0), None)
 
     def _eager_signature(self, input: Any, hx: Any) -> tuple[Any, ...] | None:
         """What an eager call's checks depend on (None: a call the fast path does not take, packed
@@ -395,7 +418,7 @@ class GRU(nn.Module):
             on_cuda = key.device.startswith("cuda")
             target = resolve_target("cuda", torch.device(key.device).index or 0) if on_cuda \
                 else resolve_target("opencl", 0)
-            precision = self.precision
+            precision = TF32_CLASS_PRECISION if key.tf32_class else self.precision
             engine = CompiledGRU.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
                                        False, key.batch, key.seq, config=self.config or None,
                                        device_id=target.device_id, precision=precision,
@@ -446,8 +469,19 @@ class GRU(nn.Module):
     def _watch(self, engine: Any) -> "BarrierWatch":
         watch = self._watches.get(id(engine))
         if watch is None:
-            watch = self._watches[id(engine)] = BarrierWatch(engine)
+            watch = self._watches[id(engine)] = BarrierWatch(engine, self._narrowed_limit(engine))
         return watch
+
+    def _narrowed_limit(self, engine: Any) -> float | None:
+        """Where ``engine`` stores this float32 module's x in float16 (TF32's class, or a
+        ``precision`` of float16): the largest |x| and |h0| its input GEMM's float16 products
+        hold (``float16_input_limit``), else None."""
+        if self.dtype != torch.float32 or engine.template.x_dtype != "float16":
+            return None
+        return float16_input_limit(
+            (getattr(self, f"weight_ih_l{layer}{sfx}").detach().float().cpu().numpy(),
+             getattr(self, f"bias_ih_l{layer}{sfx}").detach().float().cpu().numpy() if self.bias else None)
+            for layer in range(self.num_layers) for sfx in ("", "_reverse")[:self.dirs])
 
     def _replay(self, key: EngineKey, engine: Any, x: Any, hx: Any, lengths: Any,
                 copy_out: bool = True) -> tuple[Any, Any, "EagerCall | None"]:
@@ -483,115 +517,6 @@ def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
     ``tvm_ffi.from_dlpack`` (a plan passes x, h0, out and h_n to several of its calls: one
     conversion each, not one per argument of every call)."""
     executor.run_bound({name: tvm_ffi.from_dlpack(tensor) for name, tensor in tensors.items()})
-
-
-class BarrierWatch:
-    """A call's error flags, written to pinned host memory by the call on its stream (a CUDA
-    graph captures the writes too) and read at the next call: the persistent step kernels'
-    timed-out flag (``bar[1]``), and whether an input the config splits into float16 parts
-    (``GRU.split_inputs``: x, h0) held a value past what the parts hold, tested on the device
-    before the plan.  The numpy path checks both synchronously, which would cost the eager call
-    a sync; here the call whose flag is set has run, and the next one raises.
-
-    The device writes the flags straight into the pinned words (``device_view``: one small
-    kernel after the plan) rather than into device memory copied out after it: a copy to the
-    host is a copy-engine node that held a call up by several microseconds, more than the whole
-    input GEMM of a small GRU.  Where torch cannot view the pinned words as a CUDA tensor, the
-    flags stay on the device and are copied out after the call."""
-
-    def __init__(self, engine: Any):
-        from tvm_ext.schedules.gru.plan import BARRIER_TIMEOUT
-        from tvm_ext.schedules.gru.split import FLOAT16_MAX
-
-        self.message = BARRIER_TIMEOUT
-        self.limit = FLOAT16_MAX  # what a float16 part holds (bound here, not imported in every call's check)
-        self.split = engine.split_inputs()  # input -> the knob that splits it
-        self.active = engine.persistent or bool(self.split)
-        if self.active:
-            self.bar = torch.from_dlpack(engine.executor.sets[0]["bar"]) if engine.persistent else None
-            self.device = device = torch.device("cuda", engine.target.device_id)
-            self.host = torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, pin_memory=True)
-            self.words = self.host.numpy()  # the same pinned words, read in one call (not per element)
-            self.mapped = device_view(self.host, device)  # the device's writes land in ``host``
-            self.flags = self.mapped if self.mapped is not None else \
-                torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, device=device)
-            self.done: Any = None
-
-    def check_ranges(self, tensors: Mapping[str, Any], zero_h0: bool) -> None:
-        """On the device, before the plan: each split input's flag set where its largest |value|
-        is not below ``FLOAT16_MAX`` (NaN included, as ``split_range_reason`` has it); h0 not
-        where it is the module's zeros (``zero_h0``)."""
-        for i, name in enumerate(RANGE_CHECKED, 1):
-            if name in self.split and tensors[name].numel() and not (name == "h0" and zero_h0):
-                largest = torch.linalg.vector_norm(tensors[name].flatten(), ord=math.inf)  # max |v|, NaN kept; no temp
-                torch.logical_not(largest.view(1) < self.limit, out=self.flags[i:i + 1])
-
-    def enqueue(self) -> None:
-        """After a call, on torch's current stream: the timed-out flag into the flags (a kernel,
-        where they are the pinned words: a same-type ``copy_`` would be a copy-engine node), and
-        where they are on the device their copy out and the event that says when it landed."""
-        if self.active:
-            if self.bar is not None:
-                torch.bitwise_or(self.bar[1:2], 0, out=self.flags[0:1])
-            if self.mapped is None:
-                self.host.copy_(self.flags, non_blocking=True)
-            self.mark()
-
-    def mark(self) -> None:
-        """After a call (or a replay of a recorded one): the event of its flags' copy out, where
-        they are copied (not inside a capture, where events cannot be queried).  The pinned
-        words need none: the device's writes land in them, read as they are."""
-        if self.active and self.mapped is None and not torch.cuda.is_current_stream_capturing():
-            if self.done is None:
-                self.done = torch.cuda.Event()
-            self.done.record(torch.cuda.current_stream(self.device))
-
-    def check(self, wait: bool = False) -> None:
-        """Raise for a flag the calls before this one set (those that have finished: a call's
-        flags are written at its start and end and hold the last finished call's); ``wait``:
-        after the device has run every call."""
-        if not self.active or torch.cuda.is_current_stream_capturing():
-            return  # inside a capture: reported after it
-        if self.mapped is None:
-            if self.done is None:
-                return  # nothing recorded yet
-            if wait:
-                self.done.synchronize()
-            if not self.done.query():
-                return
-        elif wait:
-            torch.cuda.synchronize(self.device)
-        if not self.words.any():
-            return
-        flags = self.words.tolist()
-        self.words[:] = 0
-        if flags[0]:
-            raise TvmExtError(self.message)
-        name = RANGE_CHECKED[flags.index(1, 1) - 1]
-        raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {self.limit:g} or more "
-                          f"(or NaN), beyond what its float16 parts hold (a call ran on it: its outputs are not "
-                          f"valid); build without {self.split[name]}")
-
-
-def device_view(host: Any, device: Any) -> Any:
-    """``host`` (pinned, contiguous int32) as a CUDA tensor on ``device`` at the same address,
-    or None where torch does not make one.  Pinned memory is mapped into every device's address
-    space at its host address (unified addressing, every 64-bit CUDA platform), so a kernel's
-    stores through the view land in ``host``; the view is made through the CUDA array
-    interface, which records the pointer and nothing else (``host`` must outlive the view)."""
-    class Words:
-        __cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<i4", "data": (host.data_ptr(), False),
-                                    "strides": None, "version": 2}
-
-    try:
-        view = torch.as_tensor(Words(), device=device)
-    except (RuntimeError, TypeError, ValueError):
-        return None
-    return view if view.data_ptr() == host.data_ptr() and view.dtype == torch.int32 else None
-
-
-RANGE_CHECKED = ("x", "h0")  # the plan inputs a config may split into float16 parts, in the flags' order
-RANGE_NAMES = {"x": "input", "h0": "hx"}
 
 
 @dataclass(frozen=True)

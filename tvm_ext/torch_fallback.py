@@ -8,19 +8,34 @@ calls replayed from a CUDA graph as ours are, run as ``nn.GRU`` runs under the u
 float32 GRU on cuDNN with TF32 where ``torch.backends.cudnn.allow_tf32`` allows it (torch's
 default), so a shape where torch's TF32 call is faster than our float32-accurate one is served
 as the user's ``nn.GRU`` served it, and the choice is made again when the flag changes.
+
+Where torch's output is off our float32-accurate one by TF32's error (the flag allowed TF32 and
+cuDNN used it: at small sizes it may run float32's math), the user's ``nn.GRU`` had TF32's error
+class at that shape: our GRU in that class (float16 operands, float32 sums and cell,
+``TF32_CLASS_PRECISION``) is timed against the faster side too and serves where it is faster
+still (past ``MARGIN`` where our float32-accurate GRU is the side it beats).  Its input GEMM's
+products are stored in float16, so x and h0 must stay below ``float16_input_limit`` (checked on
+the device; a call past it is reported at the next call).  With the flag off a float32 shape
+is served at float32's accuracy, by ours or torch.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
 FALLBACKS = ("auto", "measure", "off")
 TVM_EXT, TORCH = "tvm_ext", "torch"
+TVM_EXT_TF32 = "tvm_ext_tf32_class"  # ours in TF32's error class, where torch's call had that error
+# what a float32 GRU stores in TF32's class: float16 (TF32's 10-bit mantissa), sums and cell in float32
+TF32_CLASS_PRECISION = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
+FLOAT16_MAX = 65504.0
+FLOAT32_CLASS = 2e-5  # torch's output within this (relative) of our float32-accurate one: float32's math ran
 ROUNDS = 5  # interleaved rounds of each side's calls; the median of the per-round times decides
 CALLS_A_ROUND = 3  # each call timed on its own, between two synchronizes
 MARGIN = 0.03  # torch is taken only where it is this much faster: noise never flips a shape to it
@@ -30,16 +45,28 @@ MARGIN = 0.03  # torch is taken only where it is this much faster: noise never f
 class BackendChoice:
     """What serves one shape's calls, and the per-call milliseconds that decided it."""
 
-    backend: str  # TVM_EXT or TORCH
+    backend: str  # TVM_EXT, TORCH or TVM_EXT_TF32
     ours_ms: float
     torch_ms: float
     torch_tf32: bool | None = None  # cuDNN's TF32 flag torch ran under (None: not a float32 CUDA GRU)
+    tf32_class_ms: float | None = None  # ours in TF32's class, timed where torch's call had TF32's error
 
     @classmethod
     def of(cls, ours_ms: float, torch_ms: float, margin: float = MARGIN,
            torch_tf32: bool | None = None) -> "BackendChoice":
         backend = TORCH if torch_ms * (1.0 + margin) < ours_ms else TVM_EXT
         return cls(backend, ours_ms, torch_ms, torch_tf32)
+
+    def with_tf32_class(self, tf32_class_ms: float, rival_ms: float, margin: float = MARGIN) -> "BackendChoice":
+        """Ours in TF32's class against the side chosen (``rival_ms``: its time in the same
+        rounds): where torch's call was chosen, taken unless torch is ``margin`` faster still (as
+        torch is taken against ours); where ours at float32's accuracy, taken only ``margin``
+        faster than it (float32's accuracy kept where the two are near)."""
+        if self.backend == TORCH:
+            faster = not rival_ms * (1.0 + margin) < tf32_class_ms
+        else:
+            faster = tf32_class_ms * (1.0 + margin) < rival_ms
+        return replace(self, backend=TVM_EXT_TF32 if faster else self.backend, tf32_class_ms=tf32_class_ms)
 
 
 def fallback_reason(fallback: str, device: Any, customised: bool) -> str | None:
@@ -57,6 +84,31 @@ def fallback_reason(fallback: str, device: Any, customised: bool) -> str | None:
     if customised:
         return "a config or precision was given"
     return None
+
+
+def tf32_error_seen(ours: Any, theirs: Any) -> bool:
+    """Whether torch's output ``theirs`` is off our float32-accurate ``ours`` by more than float32's
+    class (``FLOAT32_CLASS``): cuDNN ran TF32's math for the shape (at small sizes it may not, and
+    its call is then float32-accurate: a TF32-class side would be less accurate than the user's
+    ``nn.GRU``)."""
+    ours, theirs = ours.detach().double(), theirs.detach().double()
+    scale = float(torch.linalg.vector_norm(ours))
+    return float(torch.linalg.vector_norm(theirs - ours)) > FLOAT32_CLASS * max(scale, 1e-30)
+
+
+def float16_input_limit(layers: Iterable[tuple[Any, Any]]) -> float:
+    """The largest |x| and |h0| a float32 GRU stored in float16 takes: each layer's input GEMM
+    stores x·W_ihᵀ + b_ih in float16, so every row's Σ|W_ih| · |x| + |b_ih| must stay within
+    ``FLOAT16_MAX`` (a later layer's input is h, within max(1, |h0|)); ``layers``: each layer's
+    and direction's (W_ih, b_ih or None) as float arrays."""
+    limit = FLOAT16_MAX
+    for w_ih, b_ih in layers:
+        rows = np.abs(np.asarray(w_ih, np.float64)).sum(axis=1)
+        room = FLOAT16_MAX - (np.abs(np.asarray(b_ih, np.float64)) if b_ih is not None else 0.0)
+        spent = rows > 0  # a row of zeros stores its bias alone, whatever x is
+        if spent.any():
+            limit = min(limit, float((np.broadcast_to(room, rows.shape)[spent] / rows[spent]).min()))
+    return limit
 
 
 class TorchTwin:
