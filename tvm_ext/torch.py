@@ -79,7 +79,8 @@ class GRU(nn.Module):
     ``graphs``: replay a recorded CUDA graph per shape on eager CUDA calls (see the module docstring);
     ``fallback``: ``"auto"`` times a shape's first eager CUDA call against ``torch.nn.GRU`` and
     keeps the faster (a ``PackedSequence`` against torch's packed call; not where ``config`` or
-    ``precision`` is given),
+    ``precision`` is given; a float32 tensor call also against ours in TF32's class where torch's
+    call had TF32's error),
     ``"measure"`` does so on any device, ``"off"`` always runs ours;
     ``buckets``: ``{"seq": [...], "batch": [...]}``, sizes a call's seq and batch are padded up
     to, so that calls of many shapes share a few compiled GRUs (``tvm_ext/torch_buckets.py``;
