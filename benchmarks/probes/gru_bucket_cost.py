@@ -3,7 +3,8 @@ rows up to its bucket, run on the bucket's GRU with every row's length the call'
 were added, cut back) against the same module compiled for each exact shape (``fallback="off"``,
 no buckets) and against ``nn.GRU`` on the same input, each called as a user calls it (eager, a
 synchronize after each call; the median of interleaved rounds, ``torch_fallback.per_call_ms``),
-every output checked against float64 first.
+every output checked against float64 first; beside them the bucketed module called on an input of
+its bucket's shape (the bucket's kernels alone, no padding or cutting).
 Usage: python benchmarks/probes/gru_bucket_cost.py [--dtype float16] [--device cuda] [--hidden 1024] [--layers 1]
        [--shapes 5x50,12x100,30x128,64x128] [--seq-buckets 64,128] [--batch-buckets 8,16,32,64] [--out F]"""
 from __future__ import annotations
@@ -45,22 +46,27 @@ def main() -> None:
     state = {k: v.detach().double().cpu().numpy() for k, v in net.state_dict().items()}
     rows = []
     print(f"{args.dtype} H{args.hidden} {args.layers} layer(s), buckets {buckets}, ms a call (eager, synchronized)")
-    print("| batch x seq | bucket | buckets | exact shape | nn.GRU | buckets / exact | "
+    print("| batch x seq | bucket | buckets | exact shape | nn.GRU | buckets / exact | the bucket's shape called | "
           "errors (buckets, exact, nn.GRU) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         batch, seq = (int(v) for v in shape.split("x"))
         x = torch.randn(seq, batch, args.hidden, device=args.device).to(dtype)
         ref, _ = gru_reference(x.double().cpu().numpy(), state, num_layers=args.layers)
         with torch.no_grad():
-            sides = {"buckets": lambda x=x: bucketed(x), "exact": lambda x=x: exact(x), "nn.GRU": lambda x=x: net(x)}
-            errors = {name: float(relative_error([call()[0].float().cpu().numpy()], [ref]))
-                      for name, call in sides.items()}
+            bucket_seq, bucket_batch = bucketed.buckets.round(seq, batch)
+            whole = torch.zeros(bucket_seq, bucket_batch, args.hidden, device=args.device, dtype=dtype)
+            whole[:seq, :batch] = x  # the bucket's shape itself: its kernels without the padding and cutting
+            sides = {"buckets": lambda x=x: bucketed(x), "exact": lambda x=x: exact(x), "nn.GRU": lambda x=x: net(x),
+                     "bucket shape": lambda w=whole: bucketed(w)}
+            errors = {name: float(relative_error([call()[0][:seq, :batch].float().cpu().numpy()], [ref]))
+                      for name, call in sides.items() if name != "bucket shape"}
             ms = per_call_ms(sides, args.device)
         bucket = bucketed.buckets.round(seq, batch)
         rows.append({"batch": batch, "seq": seq, "bucket": bucket, "ms": ms, "errors": errors})
         print(f"| {batch} x {seq} | {bucket[1]} x {bucket[0]} | {ms['buckets']:.3f} | {ms['exact']:.3f} | "
-              f"{ms['nn.GRU']:.3f} | {ms['buckets'] / ms['exact']:.2f} | {errors['buckets']:.1e}, "
+              f"{ms['nn.GRU']:.3f} | {ms['buckets'] / ms['exact']:.2f} | {ms['bucket shape']:.3f} | "
+              f"{errors['buckets']:.1e}, "
               f"{errors['exact']:.1e}, {errors['nn.GRU']:.1e} |", flush=True)
     print("compiled for buckets:", [(k.batch, k.seq, k.variable_lengths) for k in bucketed.compiled_shapes])
     if args.out:
