@@ -26,8 +26,8 @@ from tvm_ext.core.errors import TvmExtError  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import gru_reference  # noqa: E402
 from tvm_ext.torch import GRU  # noqa: E402
-from tvm_ext.torch_fallback import (FLOAT16_MAX, MARGIN, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice,  # noqa: E402
-                                    float16_input_limit)
+from tvm_ext.schedules.gru.split import FLOAT16_MAX  # noqa: E402
+from tvm_ext.torch_fallback import MARGIN, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice, float16_input_limit  # noqa: E402
 
 
 def _net(**kwargs):

@@ -46,14 +46,16 @@ from torch import nn
 from tvm_ext import torch_buckets, torch_op
 from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import kept
-from tvm_ext.torch_fallback import (FALLBACKS, TF32_CLASS_PRECISION, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice,
-                                    TorchTwin, fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
+from tvm_ext.torch_fallback import (FALLBACKS, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice, TorchTwin,
+                                    fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
 from tvm_ext.torch_watch import BarrierWatch
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
 LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
+# a float32 GRU in TF32's error class (``torch_fallback``): float16 storage (TF32's mantissa), float32 sums and cell
+TF32_CLASS_PRECISION = {name: "float16" for name in LOW_PRECISION_TENSORS}
 MAX_CACHED_LAYOUTS = 64  # packed inputs of distinct batch sizes whose layouts (and lengths on the device) are kept
 
 
@@ -344,11 +346,11 @@ class GRU(nn.Module):
         """Which side serves ``key``'s calls: the choice measured on its first call where
         ``fallback`` allows (``torch_fallback``; ``ours`` and ``theirs`` make the call each side
         would serve, ``tf32_class`` ours in TF32's class, timed against the faster of them where
-        torch's call erred as TF32 does), else ours.  Not measured inside a capture (ours is captured; the next eager
-        call measures).  A compiled GRU that serves none of the shape's choices is let go with
-        its recorded graphs (they would hold device memory for nothing): a float32 shape is
-        measured under each value of cuDNN's TF32 flag its calls come with (torch's side runs
-        as the flag has it)."""
+        torch's call erred as TF32 does), else ours.  Not measured inside a capture (ours is
+        captured; the next eager call measures).  A compiled GRU that serves none of the shape's
+        choices is let go with its recorded graphs (they would hold device memory for nothing):
+        a float32 shape is measured under each value of cuDNN's TF32 flag its calls come with
+        (torch's side runs as the flag has it)."""
         on_cuda = key.device.startswith("cuda")
         tf32 = torch.backends.cudnn.allow_tf32 if on_cuda and self.dtype == torch.float32 else None
         choice = self._choices.get((key, tf32))

@@ -12,8 +12,8 @@ as the user's ``nn.GRU`` served it, and the choice is made again when the flag c
 Where torch's output is off our float32-accurate one by TF32's error (the flag allowed TF32 and
 cuDNN used it: at small sizes it may run float32's math), the user's ``nn.GRU`` had TF32's error
 class at that shape: our GRU in that class (float16 operands, float32 sums and cell,
-``TF32_CLASS_PRECISION``) is timed against the faster side too and serves where it is faster
-still (past ``MARGIN`` where our float32-accurate GRU is the side it beats).  Its input GEMM's
+``tvm_ext.torch.TF32_CLASS_PRECISION``) is timed against the faster side too and serves where it
+is faster still (past ``MARGIN`` where our float32-accurate GRU is the side it beats).  Its input GEMM's
 products are stored in float16, so x and h0 must stay below ``float16_input_limit`` (checked on
 the device; a call past it is reported at the next call).  With the flag off a float32 shape
 is served at float32's accuracy, by ours or torch.
@@ -32,9 +32,6 @@ from torch import nn
 FALLBACKS = ("auto", "measure", "off")
 TVM_EXT, TORCH = "tvm_ext", "torch"
 TVM_EXT_TF32 = "tvm_ext_tf32_class"  # ours in TF32's error class, where torch's call had that error
-# what a float32 GRU stores in TF32's class: float16 (TF32's 10-bit mantissa), sums and cell in float32
-TF32_CLASS_PRECISION = {name: "float16" for name in ("x", "w_ih", "gi", "w_hh", "h", "out")}
-FLOAT16_MAX = 65504.0
 FLOAT32_CLASS = 2e-5  # torch's output within this (relative) of our float32-accurate one: float32's math ran
 ROUNDS = 5  # interleaved rounds of each side's calls; the median of the per-round times decides
 CALLS_A_ROUND = 3  # each call timed on its own, between two synchronizes
@@ -101,6 +98,8 @@ def float16_input_limit(layers: Iterable[tuple[Any, Any]]) -> float:
     stores x·W_ihᵀ + b_ih in float16, so every row's Σ|W_ih| · |x| + |b_ih| must stay within
     ``FLOAT16_MAX`` (a later layer's input is h, within max(1, |h0|)); ``layers``: each layer's
     and direction's (W_ih, b_ih or None) as float arrays."""
+    from tvm_ext.schedules.gru.split import FLOAT16_MAX  # what the float16 parts of the split inputs hold too
+
     limit = FLOAT16_MAX
     for w_ih, b_ih in layers:
         rows = np.abs(np.asarray(w_ih, np.float64)).sum(axis=1)

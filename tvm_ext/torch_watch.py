@@ -47,7 +47,6 @@ class BarrierWatch:
         ``narrowed`` where stored in float16 (set again when the weights change)."""
         from tvm_ext.schedules.gru.split import FLOAT16_MAX
 
-        self.narrowed = narrowed
         self.limits = {name: FLOAT16_MAX for name in self.split}
         if narrowed is not None:
             self.limits.update({name: narrowed for name in RANGE_CHECKED})

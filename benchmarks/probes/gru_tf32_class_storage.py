@@ -1,5 +1,5 @@
-"""Which tensors a float32 GRU in TF32's class stores in float16: every one (``precision="float16"``,
-the module's ``TF32_CLASS_PRECISION``), or gi and/or out kept in float32 (TF32 rounds a matmul's
+"""Which tensors a float32 GRU in TF32's class stores in float16: every one (the module's
+``TF32_CLASS_PRECISION``, as ``precision="float16"``), or gi and/or out kept in float32 (TF32 rounds a matmul's
 operands only: x, W and h), each built from its pick, timed back to back in interleaved rounds
 and checked against float64 (float32 in and out), at the float32 GRU models' shapes.
 Usage: python benchmarks/probes/gru_tf32_class_storage.py [--rounds 3] [--out FILE.json]"""
@@ -15,8 +15,8 @@ import numpy as np
 from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.gru import GRU, gru_reference
 from tvm_ext.target import resolve_target
+from tvm_ext.torch import TF32_CLASS_PRECISION
 
-STORED = ("x", "w_ih", "gi", "w_hh", "h", "out")
 MAPS = {"none": {}, "gi": {"gi": "float32"}, "out": {"out": "float32"},
         "gi, out": {"gi": "float32", "out": "float32"}}  # kept in float32, the rest float16
 # (batch, hidden, layers, bidirectional): the classifier's GRU at B64 / B8, the speech model's at B64 / B8
@@ -52,7 +52,7 @@ def main() -> None:
         ref, _ = gru_reference(x, w, num_layers=layers, bidirectional=bi)
         grus, errors = {}, {}
         for name, change in MAPS.items():
-            precision = {n: "float16" for n in STORED} | change
+            precision = TF32_CLASS_PRECISION | change
             gru = GRU.build(target, hidden, hidden, layers, bi, False, batch, SEQ, precision=precision)
             gru.load_numpy(w)
             out, _ = gru(x)
