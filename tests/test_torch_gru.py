@@ -413,6 +413,44 @@ def test_buckets_serve_calls_of_many_shapes_on_few_compiled_grus():
         [(4, 4, True), (4, 8, False), (4, 8, True), (4, 10, False)]
 
 
+def test_a_padded_call_zeroes_what_a_call_of_another_shape_left_in_the_static_input():
+    """``PaddedCall`` on a stand-in recorded graph whose replay sums the whole static input and h0
+    into every output (so whatever is left past the call's steps and rows shows): calls of the
+    bucket's own shape (``EagerCall``) and of smaller shapes in turn each see only their own
+    values; a shape repeated skips the zeroing (``filled``)."""
+    from types import SimpleNamespace
+
+    from tvm_ext import torch_buckets
+    from tvm_ext.torch import CallGraph, EagerCall
+
+    x, h0 = torch.zeros(4, 3, 2), torch.zeros(1, 3, 5)
+    out, h_n = torch.zeros(4, 3, 5), torch.zeros(1, 3, 5)
+    zeroed = []
+
+    def replay():
+        out.fill_(float(x.sum()))
+        h_n.fill_(float(h0.sum()))
+
+    record = CallGraph(SimpleNamespace(replay=replay), x, h0, None, out, h_n, [None], [None])
+    watch = SimpleNamespace(check=lambda: None, mark=lambda: None)
+    whole = EagerCall(record, watch, torch.float32)
+    small, middle = (torch_buckets.PaddedCall(record, watch, torch.float32, seq, batch, None)
+                     for seq, batch in ((2, 1), (3, 2)))
+    real_zero = torch.Tensor.zero_
+    for call, seq, batch, zeroes in ((whole, 4, 3, False), (small, 2, 1, True), (small, 2, 1, False),
+                                     (middle, 3, 2, True), (small, 2, 1, True), (whole, 4, 3, False),
+                                     (small, 2, 1, True), (middle, 3, 2, True)):
+        zeroed.clear()
+        torch.Tensor.zero_ = lambda t: zeroed.append(t.shape) or real_zero(t)
+        try:
+            got_out, got_h = call.run(torch.ones(seq, batch, 2), torch.ones(1, batch, 5))
+        finally:
+            torch.Tensor.zero_ = real_zero
+        assert got_out.shape == (seq, batch, 5) and got_h.shape == (1, batch, 5)
+        assert torch.all(got_out == 2 * seq * batch) and torch.all(got_h == 5 * batch)
+        assert bool(zeroed) == zeroes
+
+
 @pytest.mark.parametrize("buckets, needle", [
     ({"tokens": [4]}, "buckets takes a mapping of seq and batch"),
     ({"seq": [0, 4]}, r"buckets\['seq'\] must be positive integers"),
@@ -422,3 +460,65 @@ def test_buckets_serve_calls_of_many_shapes_on_few_compiled_grus():
 def test_bad_buckets_are_refused(buckets, needle):
     with pytest.raises(TvmExtError, match=needle):
         GRU(4, 4, buckets=buckets)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_bucketed_shape_seen_before_goes_straight_to_its_buckets_graph(dtype, monkeypatch):
+    """From the moment its bucket's graph is recorded, a bucketed call copies x and hx into that
+    graph's leading steps and rows and its outputs out of them (``PaddedCall``): no padded tensor
+    is made (``torch_buckets.pad`` runs only where no graph of the bucket exists yet).  Shapes in
+    turn, with and without h0, batch-first, two bidirectional layers, steps added or only rows, the
+    bucket's own shape between them; each output against float64 on NaN-poisoned static outputs."""
+    from tvm_ext import torch_buckets
+
+    torch.manual_seed(5)
+    dt = getattr(torch, dtype)
+    net = torch.nn.GRU(24, 32, num_layers=2, bidirectional=True, batch_first=True).cuda().eval().to(dt)
+    gru = GRU.from_module(net, buckets={"seq": [8, 16], "batch": [4, 8]})
+    pads, pad = [], torch_buckets.pad
+    monkeypatch.setattr(torch_buckets, "pad",
+                        lambda x, hx, seq, batch: pads.append((seq, batch)) or pad(x, hx, seq, batch))
+    bound = 1e-5 if dtype == "float32" else 1e-2
+    for seq, batch, with_h0 in ((5, 3, True), (5, 3, True), (8, 4, False), (5, 3, True), (3, 1, False),
+                                (8, 2, False), (12, 7, True), (8, 2, False), (3, 1, False), (12, 7, True),
+                                (8, 4, False), (8, 2, False)):
+        for record in gru._call_graphs.values():
+            record.out.fill_(float("nan"))
+            record.h_n.fill_(float("nan"))
+        x = torch.randn(batch, seq, 24, device="cuda").to(dt)
+        h0 = torch.randn(4, batch, 32, device="cuda").to(dt) if with_h0 else None
+        out, h_n = gru(x, h0)
+        ref_out, ref_h = _reference(net, x, h0, batch_first=True)
+        assert out.shape == (batch, seq, 64) and h_n.shape == (4, batch, 32) and out.dtype == dt
+        assert relative_error(out.float().cpu().numpy(), ref_out) < bound
+        assert relative_error(h_n.float().cpu().numpy(), ref_h) < bound
+    assert pads == [(8, 4), (8, 4), (16, 8)]  # the first call of each bucket graph (with h0, without)
+    assert sum(isinstance(c, torch_buckets.PaddedCall) for c in gru._eager_calls.values()) == 4
+    gru.check()
+
+
+@pytest.mark.gpu
+def test_what_a_call_left_in_its_buckets_graph_is_not_run_as_the_next_calls_padding():
+    """A bucket's recorded input is shared by every shape of the bucket: where a call of its own
+    shape held a value past the float16 limit in row 3 (reported at the next call, as it should
+    be), a later call of two rows must not run that row again as its padding (zeroed, not left):
+    its second call raises nothing and matches float64."""
+    torch.manual_seed(6)
+    net = torch.nn.GRU(24, 32).cuda().eval()
+    gru = GRU.from_module(net, precision="float16", buckets={"batch": [4]})
+    x, small = torch.randn(8, 4, 24, device="cuda"), torch.randn(8, 2, 24, device="cuda")
+    gru(x)
+    bad = x.clone()
+    bad[2, 3, 5] = 1e6
+    gru(bad)  # the shape's second call: through its recorded graph, row 3 written there
+    torch.cuda.synchronize()
+    with pytest.raises(TvmExtError, match="GRU input held a value"):
+        gru(small)
+    for _ in range(2):
+        out, h_n = gru(small)
+        torch.cuda.synchronize()
+        ref_out, ref_h = _reference(net, small)
+        assert relative_error(out.cpu().numpy(), ref_out) < 2e-3 and relative_error(h_n.cpu().numpy(), ref_h) < 2e-3
+    gru.check()
+    assert not gru._call_graphs[next(iter(gru._call_graphs))].x[:, 2:].any()

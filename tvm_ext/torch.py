@@ -45,7 +45,7 @@ from torch import nn
 
 from tvm_ext import torch_buckets, torch_op
 from tvm_ext.core.errors import TvmExtError, check_sizes
-from tvm_ext.measure.cases import kept
+from tvm_ext.measure.cases import keep_latest, kept
 from tvm_ext.torch_fallback import (FALLBACKS, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice, TorchTwin,
                                     fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
 from tvm_ext.torch_watch import BarrierWatch
@@ -57,6 +57,7 @@ LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
 # a float32 GRU in TF32's error class (``torch_fallback``): float16 storage (TF32's mantissa), float32 sums and cell
 TF32_CLASS_PRECISION = {name: "float16" for name in LOW_PRECISION_TENSORS}
 MAX_CACHED_LAYOUTS = 64  # packed inputs of distinct batch sizes whose layouts (and lengths on the device) are kept
+MAX_EAGER_CALLS = 4096  # input and hx signatures whose checked eager calls are kept (bucketed shapes are many)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ class GRU(nn.Module):
         self._layouts: OrderedDict[tuple[Any, ...], PackedLayout] = OrderedDict()
         self._bucket_lengths: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # a padded call's lengths
         self._call_graphs: dict[tuple[EngineKey, bool], CallGraph] = {}
-        self._eager_calls: dict[tuple[Any, ...], EagerCall | TwinCall] = {}  # by input and hx signature
+        # by input and hx signature
+        self._eager_calls: OrderedDict[tuple[Any, ...], EagerCall | TwinCall | torch_buckets.PaddedCall] = OrderedDict()
         # the shapes measured against torch, each under cuDNN's TF32 flag of its float32 calls (else None)
         self._choices: dict[tuple[EngineKey, bool | None], BackendChoice] = {}
         self._twin: TorchTwin | None = None  # torch's GRU on the module's parameters, made where measured
@@ -251,7 +253,7 @@ class GRU(nn.Module):
         if packed:
             return self._packed_call(key, input, x, hx)
         if self.buckets is not None and self.buckets.round(seq, batch) != (seq, batch):
-            out, h_n = self._bucketed_call(x, hx, seq, batch)
+            out, h_n = self._bucketed_call(x, hx, seq, batch, signature)
             return (out if time_major else out.transpose(0, 1)), h_n
         tf32_key = replace(key, tf32_class=True)
         backend = self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
@@ -260,24 +262,32 @@ class GRU(nn.Module):
         if backend == TORCH:
             out, h_n = self._twin.call(key, x, hx, self.graphs)
             if signature is not None and x.is_cuda and not torch.cuda.is_current_stream_capturing():
-                self._eager_calls[signature] = TwinCall(self._twin, key)
+                keep_latest(self._eager_calls, signature, TwinCall(self._twin, key), MAX_EAGER_CALLS)
             return (out if time_major else out.transpose(0, 1)), h_n
         out, h_n = self._ours(tf32_key if backend == TVM_EXT_TF32 else key, x, hx, None, False, signature)
         return (out if time_major else out.transpose(0, 1)), h_n
 
-    def _bucketed_call(self, x: Any, hx: Any, seq: int, batch: int) -> tuple[Any, Any]:
+    def _bucketed_call(self, x: Any, hx: Any, seq: int, batch: int,
+                       signature: tuple[Any, ...] | None) -> tuple[Any, Any]:
         """Time-major ``x``'s (out, h_n) on the GRU of its shape's bucket: padded, every row's
-        length ``seq`` where steps were added, cut back (``torch_buckets``)."""
+        length ``seq`` where steps were added, cut back (``torch_buckets``); where the bucket's
+        graph is recorded, straight into and out of it (``PaddedCall``, kept under ``signature``)."""
         bucket_seq, bucket_batch = self.buckets.round(seq, batch)
-        padded, h0 = torch_buckets.pad(x, hx, bucket_seq, bucket_batch)
         lengths = None
         if bucket_seq != seq:  # made once a (rows, length, device): a recorded graph copies it once
             lengths = kept(self._bucket_lengths, (bucket_batch, seq, x.device),
                            lambda: torch.full((bucket_batch,), seq, dtype=torch.int32, device=x.device),
                            MAX_CACHED_LAYOUTS)
         key = EngineKey(bucket_batch, bucket_seq, lengths is not None, str(x.device))
-        out, h_n = self._ours(key, padded, h0, lengths, False, None)
-        return torch_buckets.cut(out, h_n, seq, batch)
+        record = self._call_graphs.get((key, hx is None)) if signature is not None and x.is_cuda \
+            and not torch.cuda.is_current_stream_capturing() else None
+        if record is None:
+            padded, h0 = torch_buckets.pad(x, hx, bucket_seq, bucket_batch)
+            out, h_n = self._ours(key, padded, h0, lengths, False, None)
+            return torch_buckets.cut(out, h_n, seq, batch)
+        call = torch_buckets.PaddedCall(record, self._watch(self._engines[key]), self.dtype, seq, batch, lengths)
+        keep_latest(self._eager_calls, signature, call, MAX_EAGER_CALLS)
+        return call.run(x, hx)
 
     @property
     def compiled_shapes(self) -> list[EngineKey]:
@@ -338,7 +348,7 @@ class GRU(nn.Module):
         if x.device.type == "cuda" and self.graphs and not torch.cuda.is_current_stream_capturing():
             out, h_n, call = self._replay(key, engine, x, hx, lengths, copy_out=not packed)
             if call is not None and signature is not None:
-                self._eager_calls[signature] = call  # its checks passed: the next call of it skips them
+                keep_latest(self._eager_calls, signature, call, MAX_EAGER_CALLS)  # the next call skips checks
             return out, h_n
         return self._run(engine, x.padded() if packed else x.contiguous(), hx, lengths)
 
@@ -541,6 +551,7 @@ class EagerCall:
             x.pad_into(record.x)
         else:
             record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
+        record.filled[0] = None  # every step and row of it (``torch_buckets.PaddedCall``)
         if hx is not None:
             record.h0.copy_(hx)
         if record.lengths is not None and record.lengths_from[0] is not lengths:
@@ -641,6 +652,7 @@ class CallGraph:
     out: Any
     h_n: Any
     lengths_from: list[Any]
+    filled: list[Any]  # (seq, batch) a padded call last wrote with zeros past them; None: the whole input
 
     @classmethod
     def record(cls, module: GRU, engine: Any, x: Any, hx: Any, lengths: Any) -> "CallGraph":
@@ -660,4 +672,4 @@ class CallGraph:
         with torch.cuda.graph(graph):
             module._launch(engine, watch, tensors, torch.cuda.current_stream(x.device), zero_h0=hx is None)
             watch.enqueue()  # the flags' kernel (and copy), replayed with the plan
-        return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths])
+        return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths], [None])
