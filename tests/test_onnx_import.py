@@ -256,3 +256,36 @@ def test_a_float16_linear_from_onnx_reads_its_initializer_as_stored_on_hopper(tm
             assert match.matcher == "wgmma" and match.template.b_layout == layout, match.reason
         else:
             assert "weight_rows" not in match.name and match.matcher != "wgmma"
+
+
+def test_cumsum_from_onnx_runs_on_pocl(opencl, tmp_path):
+    """Positions from an attention mask as RoBERTa computes them (``CumSum`` of the mask, times
+    the mask, plus the padding id) and a float ``CumSum`` reversed and exclusive on the first axis:
+    Relax has no legalization of the scans and TVM's GPU scans do not run on the OpenCL path, so
+    they are legalized as reductions (``tvm_ext.relax.scans``); each output against numpy."""
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    axis1, axis0 = numpy_helper.from_array(np.array(1, np.int64), "axis1"), \
+        numpy_helper.from_array(np.array(0, np.int64), "axis0")
+    graph = helper.make_graph([
+        helper.make_node("Equal", ["ids", "one"], ["is_pad"]),
+        helper.make_node("Not", ["is_pad"], ["kept"]),
+        helper.make_node("Cast", ["kept"], ["mask"], to=TensorProto.INT64),
+        helper.make_node("CumSum", ["mask", "axis1"], ["count"]),
+        helper.make_node("Mul", ["count", "mask"], ["counted"]),
+        helper.make_node("Add", ["counted", "one"], ["positions"]),
+        helper.make_node("CumSum", ["x", "axis0"], ["tail"], exclusive=1, reverse=1),
+    ], "positions",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 9]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3])],
+        [helper.make_tensor_value_info("positions", TensorProto.INT64, [2, 9]),
+         helper.make_tensor_value_info("tail", TensorProto.FLOAT, [5, 3])],
+        [one, axis1, axis0])
+    path = tmp_path / "positions.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
+    ids = np.array([[5, 7, 9, 2, 1, 1, 1, 1, 1], [3, 3, 3, 3, 3, 3, 3, 3, 8]], np.int64)
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    positions, tail = _run(str(path), [ids, x], opencl)
+    mask = (ids != 1).astype(np.int64)
+    np.testing.assert_array_equal(positions, np.cumsum(mask, axis=1) * mask + 1)
+    expected = np.flip(np.cumsum(np.flip(x.astype(np.float64), 0), 0), 0) - x
+    assert relative_error(tail, expected) < 1e-6

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -292,3 +293,67 @@ def test_a_0d_input_reaches_the_vm_as_0d():
     args = model._args([scale, x])
     assert [tuple(a.shape) for a in args] == [(), (3, 2)]
     assert args[0].numpy() == 0.5 and np.array_equal(args[1].numpy(), x)
+
+
+def _scans(x: Any, i: Any) -> Any:
+    """The scans of ``test_scans_of_every_form_run``, and what numpy gives for them."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, i]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Tuple([
+                bb.emit(relax.op.cumsum(x, axis=-1)),
+                bb.emit(relax.op.cumsum(i, axis=1, dtype="int64", exclusive=True)),
+                bb.emit(relax.op.cumsum(i)),
+                bb.emit(relax.op.cumprod(relax.op.strided_slice(x, [1], [0], [4]), axis=0))]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_scans_of_every_form_run(kind):
+    """``R.cumsum`` / ``R.cumprod``: on OpenCL legalized as reductions (``tvm_ext.relax.scans``),
+    on CUDA dispatched by TVM's build: the last axis (a length past one work-group's 128 threads),
+    a middle axis exclusive into int64, the whole flattened input (``axis=None``), a product down
+    the first axis; each against numpy.  A sort has no OpenCL lowering: refused naming the op on
+    OpenCL, run (and a top-k) on CUDA; a scan past ``MAX_SCAN_LENGTH`` refused on OpenCL."""
+    from tvm import relax
+
+    from tvm_ext.core.errors import TvmExtError
+    from tvm_ext.precision.precision import relative_error
+    from tvm_ext.relax.pipeline import CompiledModel, compile_relax
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target(kind, 0)
+    x = relax.Var("x", relax.TensorType((3, 300), "float32"))
+    i = relax.Var("i", relax.TensorType((2, 6, 5), "int32"))
+    model = CompiledModel(compile_relax(_scans(x, i), target, log=None), target)
+    rng = np.random.default_rng(3)
+    xs, ints = rng.random((3, 300)).astype(np.float32), rng.integers(-3, 3, (2, 6, 5)).astype(np.int32)
+    along, middle, flat, product = model(xs, ints)
+    assert relative_error(along, np.cumsum(xs.astype(np.float64), axis=1)) < 1e-6
+    assert middle.dtype == np.int64 and np.array_equal(middle, np.cumsum(ints, axis=1) - ints)
+    assert flat.shape == (60,) and np.array_equal(flat, np.cumsum(ints))
+    assert relative_error(product, np.cumprod(xs[:, :4].astype(np.float64), axis=0)) < 1e-6
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ordered = bb.emit(relax.op.sort(x, axis=1))
+            out = bb.emit_output(relax.Tuple([ordered, bb.emit(relax.op.topk(x, 5, axis=1, ret_type="values"))]))
+        bb.emit_func_output(out)
+    if kind == "opencl":
+        with pytest.raises(TvmExtError, match=r"cannot run relax.sort: it has no OpenCL lowering here"):
+            CompiledModel(compile_relax(bb.get(), target, log=None), target)
+        long = relax.Var("x", relax.TensorType((2, 20000), "float32"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [long]):
+            with bb.dataflow():
+                out = bb.emit_output(bb.emit(relax.op.cumsum(long, axis=1)))
+            bb.emit_func_output(out)
+        with pytest.raises(TvmExtError, match=r"^cumsum over 20000 elements: on OpenCL a scan runs as a reduction"):
+            compile_relax(bb.get(), target, log=None)
+        return
+    ordered, largest = CompiledModel(compile_relax(bb.get(), target, log=None), target)(xs)
+    assert np.array_equal(ordered, np.sort(xs, axis=1))
+    assert np.array_equal(largest, -np.sort(-xs, axis=1)[:, :5])

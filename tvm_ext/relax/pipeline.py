@@ -76,14 +76,20 @@ def legalize_and_fuse(mod: Any, target: TargetInfo | None = None) -> Any:
     from tvm import relax
 
     from .relax_rewrites import rewrite_model
+    from .scans import check_scan_lengths, scan_legalizations
 
+    mod = rewrite_model(mod, target)
+    legalize = None
+    if target is not None and target.kind == "opencl":  # the scans as reductions (``scans``); elsewhere
+        check_scan_lengths(mod)  # TVM's build dispatches them
+        legalize = scan_legalizations()
     return tvm.transform.Sequential([
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(legalize),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
-    ])(rewrite_model(mod, target))
+    ])(mod)
 
 
 def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:

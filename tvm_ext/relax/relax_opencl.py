@@ -160,6 +160,10 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
             return tuple(resolve(f) for f in expr.fields)
         if isinstance(expr, relax.TupleGetItem):
             return resolve(expr.tuple_value)[int(expr.index)]
+        op = getattr(getattr(expr, "op", None), "name", None)
+        if op is not None:  # an op nothing legalized (sort, argsort, top-k: TVM's GPU kernels loop on the host)
+            raise TvmExtError(f"the OpenCL executor cannot run {op}: it has no OpenCL lowering here "
+                              "(on CUDA TVM's build dispatches it)")
         raise TvmExtError(f"the OpenCL executor only runs call_tir bindings; found {type(expr).__name__}: "
                           f"{str(expr)[:120]}")
 
