@@ -142,6 +142,8 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     tgt = Target(target.tvm_target()).with_host(Target("llvm"))
     main = mod["main"]
     params = tuple(p.name for p in main.params)
+    if len(set(params)) != len(params):  # launches bind buffers by name: two alike would be one
+        raise RuntimeError(f"parameters share a name: {', '.join(params)}")
     by_data = {}  # "fc1_bias.data" -> "fc1.bias": Relax tasks' parameter names are not identifiers
     for p in main.params:
         try:

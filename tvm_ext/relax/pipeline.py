@@ -118,6 +118,25 @@ def default_rules() -> list[Any]:
             dl.gpu.Fallback()]
 
 
+def next_rule_on_error(rules: Sequence[Any]) -> list[Any]:
+    """``rules``, each passing a function it fails on to the next one: TVM's GEMV rule asserts on
+    some reductions it matches (``ReduceLogSumExp``'s), which stopped the whole model instead of
+    reaching the fallback."""
+    from tvm.s_tir import dlight as dl
+
+    class NextRuleOnError(dl.ScheduleRule):
+        def __init__(self, rule: Any):
+            self.rule = rule
+
+        def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+            try:
+                return self.rule.apply(func, target, tunable)
+            except Exception:
+                return None
+
+    return [NextRuleOnError(rule) for rule in rules]
+
+
 def _unscheduled(mod: Any) -> list[str]:
     import tvm
 
@@ -223,7 +242,7 @@ def schedule_rest(lowered: Any, target: TargetInfo, log: Log | None = _stderr) -
 
     fallback = _unscheduled(lowered)
     with tvm_target(target):
-        lowered = dl.ApplyDefaultSchedule(*default_rules())(lowered)
+        lowered = dl.ApplyDefaultSchedule(*next_rule_on_error(default_rules()))(lowered)
     if log:
         for name in fallback:
             log(f"note: {name}: no tuned schedule in the database, using TVM's default (dlight)")

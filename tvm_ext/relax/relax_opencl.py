@@ -107,14 +107,35 @@ def _static_tensor(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
     return tuple(dims), str(ty.dtype)
 
 
+def distinct_param_names(func: Any) -> Any:
+    """``func`` with every buffer parameter named apart: launches bind buffers by parameter name,
+    and a legalized op of several outputs (``split``) names them all alike (``T_split``), so the
+    kernels of both would write one buffer.  TVMScript prints each name once (``T_split_1``):
+    the function read back from its script is the same function under distinct names."""
+    import tvm
+
+    names = [p.name for p in func.params]
+    if len(set(names)) == len(names):
+        return func
+    renamed = tvm.script.from_source(func.script())
+    tvm.ir.assert_structural_equal(renamed, func)
+    return renamed
+
+
 def build_primfunc(func: Any, target: TargetInfo) -> Artifact:
     """Compile one scheduled PrimFunc for OpenCL with TVM; its source and launches."""
     import tvm
 
+    func = distinct_param_names(func)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
     source = ex.mod.imports[0].inspect_source() if ex.mod.imports else ""
     launches, params = extract_launches(mod, target)
+    for launch in launches:  # what only TVM's runtime gives a kernel: a host loop's index, its own buffer
+        unbound = [a for a in launch.args if isinstance(a, str) and a not in params]
+        if unbound:
+            raise TvmExtError(f"its kernels take {unbound[0]!r} from the host function (a loop's index or a buffer "
+                              "it allocates), which the OpenCL executor does not run")
     return Artifact("opencl", source, launches, params)
 
 
@@ -152,8 +173,12 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
                 raise TvmExtError(f"value {_vname(expr)} is used before it is defined")
             return env[expr]
         if isinstance(expr, Constant):
-            array = expr.value.numpy()
-            vname = new_value(f"const{len(constants)}", expr.ty)
+            if hasattr(expr.value, "numpy"):
+                array = expr.value.numpy()
+                vname = new_value(f"const{len(constants)}", expr.ty)
+            else:  # a scalar (an int or float Relax folds a shape's dimension to): a 0-d tensor
+                array = np.array(expr.value, dtype=str(expr.ty))
+                vname = add_value(f"const{len(constants)}", (), str(array.dtype))
             constants.append((vname, array))
             return vname
         if isinstance(expr, Tuple):
@@ -193,6 +218,8 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
                 if gv.name_hint not in built:
                     try:
                         built[gv.name_hint] = build_primfunc(mod[gv], target)
+                    except TvmExtError as exc:
+                        raise TvmExtError(f"PrimFunc {gv.name_hint} cannot run on OpenCL here: {exc}") from None
                     except Exception as exc:
                         lines = [l for l in str(exc).strip().splitlines() if l.strip()]
                         raise TvmExtError(f"PrimFunc {gv.name_hint} does not build for OpenCL "
