@@ -98,4 +98,4 @@ def test_the_pipeline_applies_the_rule_before_the_fallback():
 
     names = [type(r).__name__ for r in default_rules()]
     assert names.index("VectorizedCopy") == names.index("Fallback") - 1
-    assert isinstance(default_rules()[-1], dl.gpu.Fallback)
+    assert isinstance(default_rules()[-2], dl.gpu.Fallback) and names[-1] == "OuterLoopsOnThreads"

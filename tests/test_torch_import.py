@@ -296,3 +296,41 @@ def test_example_inputs_attend_where_a_mask_is_named():
     args = (torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3, dtype=torch.int64), torch.randn(2, 3))
     ids, mask, x = program_inputs(torch.export.export(Masked(), args), seed=1)
     assert not ids.any() and mask.all() and x.dtype == np.float32 and x.std() > 0
+
+
+class _Reductions(nn.Module):
+    """What TVM 0.27's torch frontend has no converter for (``amax``, ``amin``, ``prod``, ``min.dim``;
+    ``logsumexp`` decomposes to ``amax``), makes a top-k of (``max.dim``, which only TVM's GPU sort
+    runs), or could not schedule (an adaptive pool whose output does not divide its input)."""
+
+    def forward(self, x, y):
+        values, indices = torch.max(x, dim=1)
+        low, where = torch.min(x, dim=0, keepdim=True)
+        return (values, indices, low, where, x.amax((0, 2)) + x.amin(), torch.prod(x, 2), torch.prod(x),
+                torch.logsumexp(x, 1), nn.functional.adaptive_avg_pool1d(y, 3),
+                nn.functional.adaptive_avg_pool2d(y.unsqueeze(0), (2, 2)))
+
+
+@pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_reductions_the_frontend_lacked_run_as_torch_gives_them(kind):
+    """Each output against torch's own in float64 (ties in ``max`` / ``min`` resolved to the first
+    index, as torch does)."""
+    from tvm_ext.relax.pipeline import load_model
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target(kind, 0)
+
+    x = torch.tensor([[[1., 3., 3.], [3., 0., 2.]], [[0.5, 2., 2.], [1., 3., 0.]]])  # ties in rows and columns
+    y = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(2))
+    program = torch.export.export(_Reductions(), (x, y))
+    model = load_model(import_exported_program(program), target, None, function="main", log=None)
+    outputs = model(x.numpy(), y.numpy())
+    with torch.no_grad():
+        expected = _Reductions()(x.double(), y.double())
+    assert len(outputs) == len(expected)
+    for ours, theirs in zip(outputs, expected):
+        assert ours.shape == tuple(theirs.shape)
+        if theirs.dtype == torch.int64:
+            np.testing.assert_array_equal(ours, theirs.numpy())
+        else:
+            np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)

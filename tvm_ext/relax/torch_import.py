@@ -161,6 +161,45 @@ def _select_from_the_end(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim, mode=mode))
 
 
+def _extreme_and_index(largest: bool) -> Any:
+    """``max.dim`` / ``min.dim`` (values and int64 indices along ``dim``) as a reduction and an
+    arg-reduction, each the first index of a tie as torch gives it.  TVM 0.27's frontend makes
+    ``max.dim`` a top-k of one, which only TVM's GPU sort runs (not the OpenCL path), and has no
+    ``min.dim`` at all."""
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        x, dim = importer.env[node.args[0]], int(node.args[1])
+        keep = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+        emit = importer.block_builder.emit
+        values = emit((relax.op.max if largest else relax.op.min)(x, axis=[dim], keepdims=keep))
+        indices = emit((relax.op.argmax if largest else relax.op.argmin)(x, axis=dim, keepdims=keep))
+        return emit(relax.Tuple([values, indices]))
+
+    return convert
+
+
+def _reduction(op_name: str) -> Any:
+    """``amax`` / ``amin`` (over ``dim``, every axis where it is empty) and ``prod`` (``prod.dim_int``
+    over one axis, ``prod.default`` over all, in ``dtype`` where given), which TVM 0.27's torch
+    frontend has no converter for (``logsumexp`` decomposes to ``amax``)."""
+    def convert(node: Any, importer: Any) -> Any:
+        import torch
+        from tvm import relax
+
+        x = importer.env[node.args[0]]
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", [])
+        dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])] or None
+        keep = bool(node.args[2]) if len(node.args) > 2 else bool(node.kwargs.get("keepdim", False))
+        emit = importer.block_builder.emit
+        dtype = node.kwargs.get("dtype")
+        if dtype is not None:
+            x = emit(relax.op.astype(x, str(torch.empty((), dtype=dtype).numpy().dtype)))
+        return emit(getattr(relax.op, op_name)(x, axis=dims, keepdims=keep))
+
+    return convert
+
+
 def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> Any:
     """``slice`` (``x[:, :n]``) whose end is a symbolic size the program bounds by the sliced
     dimension (``highest``: each symbol's upper bound), as an in-bound slice.  TVM 0.27's converter
@@ -186,7 +225,9 @@ def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> A
 CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm_in_operand_type,
               "mm.default": _matmul_in_operand_type, "bmm.default": _matmul_in_operand_type,
               "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end,
-              SDPA_OP: convert_sdpa}
+              "max.dim": _extreme_and_index(True), "min.dim": _extreme_and_index(False),
+              "amax.default": _reduction("max"), "amin.default": _reduction("min"),
+              "prod.dim_int": _reduction("prod"), "prod.default": _reduction("prod"), SDPA_OP: convert_sdpa}
 
 
 def import_exported_program(program: Any) -> Any:
