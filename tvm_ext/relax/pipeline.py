@@ -77,12 +77,13 @@ def legalize_and_fuse(mod: Any, target: TargetInfo | None = None) -> Any:
 
     from .relax_rewrites import rewrite_model
     from .scans import check_scan_lengths, scan_legalizations
+    from .sorts import sort_legalizations
 
     mod = rewrite_model(mod, target)
     legalize = None
-    if target is not None and target.kind == "opencl":  # the scans as reductions (``scans``); elsewhere
-        check_scan_lengths(mod)  # TVM's build dispatches them
-        legalize = scan_legalizations()
+    if target is not None and target.kind == "opencl":  # scans and sorts as reductions (``scans``,
+        check_scan_lengths(mod)  # ``sorts``); elsewhere TVM's build dispatches them
+        legalize = {**scan_legalizations(), **sort_legalizations()}
     return tvm.transform.Sequential([
         relax.transform.LegalizeOps(legalize),
         relax.transform.AnnotateTIROpPattern(),
@@ -292,6 +293,11 @@ def substitute_kernels(mod: Any, target: TargetInfo, operators: dict[str, dict[s
 
 
 # ---- running --------------------------------------------------------------------------------
+def _numpy(out: Any) -> Any:
+    """The VM's result as numpy: a tensor, or a tuple of them (tuples inside it too)."""
+    return out.numpy() if hasattr(out, "numpy") else tuple(_numpy(o) for o in out)
+
+
 class CompiledModel:
     """A scheduled Relax module ready to run: ``model(*inputs) -> numpy``, ``model.time(*inputs)``."""
 
@@ -321,8 +327,7 @@ class CompiledModel:
     def __call__(self, *inputs: np.ndarray) -> Any:
         if self._vm is None:
             return self._exec.run(*inputs)
-        out = self._vm[self.function](*self._args(inputs))
-        return out.numpy() if hasattr(out, "numpy") else tuple(o.numpy() for o in out)  # tensor or tuple
+        return _numpy(self._vm[self.function](*self._args(inputs)))
 
     def time(self, *inputs: np.ndarray, repeat: int = 10) -> float:
         """Median seconds per forward pass (device-synchronised)."""

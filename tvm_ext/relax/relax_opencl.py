@@ -68,7 +68,7 @@ class Plan:
     values: tuple[Value, ...]  # every value (inputs, constants, intermediates, outputs)
     constants: tuple[tuple[str, np.ndarray], ...]
     steps: tuple[Step, ...]
-    outputs: tuple[str, ...]
+    outputs: tuple[Any, ...]  # value names, or tuples of them (a tuple inside the output tuple)
     tuple_output: bool
 
 
@@ -186,7 +186,7 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
         if isinstance(expr, relax.TupleGetItem):
             return resolve(expr.tuple_value)[int(expr.index)]
         op = getattr(getattr(expr, "op", None), "name", None)
-        if op is not None:  # an op nothing legalized (sort, argsort, top-k: TVM's GPU kernels loop on the host)
+        if op is not None:  # an op nothing legalized for OpenCL
             raise TvmExtError(f"the OpenCL executor cannot run {op}: it has no OpenCL lowering here "
                               "(on CUDA TVM's build dispatches it)")
         raise TvmExtError(f"the OpenCL executor only runs call_tir bindings; found {type(expr).__name__}: "
@@ -295,7 +295,10 @@ class OpenCLExecutor:
         """Inputs in the Relax function's parameter order; numpy output(s)."""
         self._upload(inputs)
         self.executor.run()
-        outs = [self.executor.read(name) for name in self.plan.outputs]
+        def read(output: Any) -> Any:  # a value's name, or a tuple of them (a nested tuple output)
+            return tuple(read(o) for o in output) if isinstance(output, tuple) else self.executor.read(output)
+
+        outs = [read(output) for output in self.plan.outputs]
         self.executor.sync()
         return tuple(outs) if self.plan.tuple_output else outs[0]
 

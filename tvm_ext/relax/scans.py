@@ -23,17 +23,19 @@ def scan_legalizations() -> dict[str, Any]:
 
 
 def check_scan_lengths(mod: Any) -> None:
-    """One ``TvmExtError`` for a scan of the module's Relax functions whose scanned length is past
+    """One ``TvmExtError`` for a scan or sort (``sorts.py``) of the module's Relax functions whose length is past
     ``MAX_SCAN_LENGTH`` (checked before legalizing: an error raised inside TVM's pass comes out
     as TVM's own); a symbolic length is not checked (the OpenCL path runs static shapes)."""
     from tvm import relax
 
     from ..core.errors import TvmExtError
 
+    from .sorts import SORT_OPS
+
     found: list[str] = []
 
     def visit(expr: Any) -> None:
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in SCAN_OPS:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in (*SCAN_OPS, *SORT_OPS):
             dims = [int(d.value) if hasattr(d, "value") else None for d in expr.args[0].ty.shape.values]
             axis = expr.attrs.axis
             length = (None if None in dims else int(np.prod(dims))) if axis is None else dims[int(axis)]
@@ -44,8 +46,8 @@ def check_scan_lengths(mod: Any) -> None:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     if found:
-        raise TvmExtError(f"{found[0]}: on OpenCL a scan runs as a reduction, its work the square of its "
-                          f"length; at most {MAX_SCAN_LENGTH} here")
+        raise TvmExtError(f"{found[0]}: on OpenCL a scan or sort runs as reductions, their work the square of "
+                          f"its length; at most {MAX_SCAN_LENGTH} here")
 
 
 def legalize_scan(bb: Any, call: Any) -> Any:
