@@ -334,3 +334,58 @@ def test_reductions_the_frontend_lacked_run_as_torch_gives_them(kind):
             np.testing.assert_array_equal(ours, theirs.numpy())
         else:
             np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _ConvertedAsTorch(nn.Module):
+    """Operators TVM 0.27's torch frontend converted wrongly, silently (SELU's scale dropped, a
+    mask's cumulative sum kept in bool, an integer tensor divided as integers, a grid taken in
+    the wrong layout) or stopped on (a scalar of another type in a rounding division, an integer
+    clamped on one side, ``atan2`` in OpenCL C)."""
+
+    def forward(self, x, i, grid):
+        mask = x > 0
+        return (nn.functional.selu(x), torch.ops.aten.elu(x, 0.7, 1.3, 0.5), torch.cumsum(mask, 1),
+                torch.cumsum(i.int(), 0) + torch.cumprod(i.int(), 1), i / 3, i / i.clamp(min=1),
+                torch.div(i, 2, rounding_mode="trunc"), torch.div(i, i.clamp(min=2), rounding_mode="floor"),
+                torch.div(x, 0.3, rounding_mode="floor"), x.clamp(max=0.2) + torch.clamp(x, x.flip(0), x.flip(0) + 1),
+                i.clamp(max=2), torch.atan2(x, x.flip(1)),
+                nn.functional.grid_sample(x[None, None], grid, align_corners=False),
+                nn.functional.grid_sample(x[None, None], grid, mode="nearest", padding_mode="border",
+                                          align_corners=True))
+
+
+def test_operators_the_frontend_converted_wrongly_run_as_torch_gives_them(opencl):
+    """Each output on PoCL against torch's on the same inputs (integers exactly)."""
+    from tvm_ext.relax.pipeline import load_model
+
+    gen = torch.Generator().manual_seed(5)
+    x, i = torch.randn(3, 4, generator=gen), torch.randint(-9, 9, (3, 4), generator=gen)
+    grid = torch.rand(1, 2, 3, 2, generator=gen) * 2.4 - 1.2
+    program = torch.export.export(_ConvertedAsTorch(), (x, i, grid))
+    model = load_model(import_exported_program(program), opencl, None, function="main", log=None)
+    outputs = model(x.numpy(), i.numpy(), grid.numpy())
+    with torch.no_grad():
+        expected = _ConvertedAsTorch()(x, i, grid)
+    assert len(outputs) == len(expected)
+    for ours, theirs in zip(outputs, expected):
+        assert ours.shape == tuple(theirs.shape) and str(ours.dtype) == str(theirs.dtype).removeprefix("torch.")
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_the_device_cannot_compile_is_one_error(opencl):
+    """A float16 model on PoCL (no half precision there): the driver's first error as one
+    ``TvmExtError``, not pyopencl's build log."""
+    from tvm_ext.relax.pipeline import load_model
+
+    class Half(nn.Module):
+        def forward(self, h):
+            return h * 2
+
+    from tvm_ext.measure.executors import opencl_context
+
+    context, _ = opencl_context(opencl.device_id)
+    if "cl_khr_fp16" in context.devices[0].extensions:
+        pytest.skip("this OpenCL device computes in half precision")
+    program = torch.export.export(Half(), (torch.ones(2, 3, dtype=torch.float16),))
+    with pytest.raises(TvmExtError, match=r"^the model's OpenCL kernels do not build on this device: \S"):
+        load_model(import_exported_program(program), opencl, None, function="main", log=None)

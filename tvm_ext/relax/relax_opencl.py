@@ -122,10 +122,30 @@ def distinct_param_names(func: Any) -> Any:
     return renamed
 
 
+_OPENCL_INTRINSICS: list[str] = []  # the TIR intrinsics given their OpenCL names (once a process)
+
+
+def register_opencl_intrinsics() -> None:
+    """TIR intrinsics given their OpenCL names where TVM 0.27 gets them wrong: ``atan2`` came out
+    as C's ``atan2f``, which no OpenCL compiler declares (the model stopped in the driver's build);
+    ``exp`` is right, but importing ``tvm.target.intrin`` (an example module) registers a rule
+    that names it ``.exp`` (a ``tir.``-era slice), so ours is registered above it."""
+    if _OPENCL_INTRINSICS:
+        return
+    from tvm.tirx import call_pure_extern, register_intrin_lowering
+
+    for name in ("atan2", "exp"):
+        register_intrin_lowering(f"tirx.{name}", "opencl", level=100,
+                                 f=lambda op, name=name: call_pure_extern(op.ty, name, *op.args)
+                                 if str(op.ty.dtype).startswith("float") else op)
+        _OPENCL_INTRINSICS.append(name)
+
+
 def build_primfunc(func: Any, target: TargetInfo) -> Artifact:
     """Compile one scheduled PrimFunc for OpenCL with TVM; its source and launches."""
     import tvm
 
+    register_opencl_intrinsics()
     func = distinct_param_names(func)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
@@ -268,7 +288,14 @@ class OpenCLExecutor:
             steps += [(step.artifact.source, replace(launch, args=tuple(bound[a] if isinstance(a, str) else a
                                                                           for a in launch.args)))
                       for launch in step.artifact.launches]
-        self.executor = OpenclExecutor(steps, specs, target.device_id, profiling=True)
+        import pyopencl as cl
+
+        try:
+            self.executor = OpenclExecutor(steps, specs, target.device_id, profiling=True)
+        except cl.Error as exc:  # the driver's compile failed: its first error (PoCL has no float16)
+            errors = [line.split("error:", 1)[1].strip() for line in str(exc).splitlines() if "error:" in line]
+            first = errors[0] if errors else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TvmExtError(f"the model's OpenCL kernels do not build on this device: {first}") from None
         for vname, array in plan.constants:
             self.executor.write(vname, array)
 

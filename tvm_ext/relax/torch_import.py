@@ -200,6 +200,122 @@ def _reduction(op_name: str) -> Any:
     return convert
 
 
+def _elu_scaled(node: Any, importer: Any) -> Any:
+    """``elu(x, alpha, scale, input_scale)``: scale · (x where x > 0, else alpha · (exp(input_scale · x) - 1)).
+    TVM 0.27's converter drops ``scale`` and ``input_scale``, and SELU is decomposed to an ``elu``
+    with both: its outputs were off by the scale (1.0507), silently."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    alpha, scale, input_scale = (float(node.args[i]) if len(node.args) > i else float(node.kwargs.get(k, 1.0))
+                                 for i, k in ((1, "alpha"), (2, "scale"), (3, "input_scale")))
+    dtype = str(x.ty.dtype)
+    emit = importer.block_builder.emit
+    inside = emit(relax.op.multiply(x, relax.const(input_scale, dtype))) if input_scale != 1 else x
+    negative = emit(relax.op.multiply(relax.op.subtract(relax.op.exp(inside), relax.const(1.0, dtype)),
+                                      relax.const(alpha, dtype)))
+    out = emit(relax.op.where(relax.op.greater(x, relax.const(0.0, dtype)), x, negative))
+    return emit(relax.op.multiply(out, relax.const(scale, dtype))) if scale != 1 else out
+
+
+def _scan_as_torch(op_name: str) -> Any:
+    """``cumsum`` / ``cumprod`` in torch's result type: an integral or boolean input without a
+    ``dtype`` sums in int64.  TVM 0.27's converter keeps the input's type: a cumulative sum of a
+    mask (RoBERTa's positions) ran in bool, every count 1, silently."""
+    def convert(node: Any, importer: Any) -> Any:
+        import torch
+        from tvm import relax
+
+        x, dim = importer.env[node.args[0]], int(node.args[1])
+        dtype = node.kwargs.get("dtype")
+        if dtype is not None:
+            dtype = str(torch.empty((), dtype=dtype).numpy().dtype)
+        elif not str(x.ty.dtype).startswith(("float", "bfloat")):
+            dtype = "int64"
+        return importer.block_builder.emit(getattr(relax.op, op_name)(x, axis=dim, dtype=dtype))
+
+    return convert
+
+
+def _grid_sample_grid_last(node: Any, importer: Any) -> Any:
+    """``grid_sampler_2d`` with torch's grid (N, H, W, 2) made Relax's (N, 2, H, W).  TVM 0.27's
+    converter passes torch's grid as it is, so the output took the wrong size, silently."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    data, grid = args[0], args[1]
+    mode = {0: "bilinear", 1: "nearest", 2: "bicubic"}[int(args[2]) if len(args) > 2 else 0]
+    padding = {0: "zeros", 1: "border", 2: "reflection"}[int(args[3]) if len(args) > 3 else 0]
+    corners = bool(args[4]) if len(args) > 4 else False
+    emit = importer.block_builder.emit
+    return emit(relax.op.image.grid_sample(data, emit(relax.op.permute_dims(grid, [0, 3, 1, 2])), method=mode,
+                                           layout="NCHW", padding_mode=padding, align_corners=corners))
+
+
+def _divide_as_torch(node: Any, importer: Any) -> Any:
+    """``div`` (``div.Tensor``, ``div.Scalar``, ``div.Tensor_mode``) as torch computes it: true
+    division of integers in float32, ``floor`` and ``trunc`` in the operands' promoted type, a
+    Python scalar in the tensor's type.  TVM 0.27's converters divided integer tensors as
+    integers (``i / 3`` truncated, silently) and made a rounding mode's scalar an int32 or
+    float32 constant the int64 or float16 tensor then refused."""
+    import numpy as np
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    a, b = args[0], args[1]
+    mode = node.kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
+    tensors = [str(v.ty.dtype) for v in (a, b) if isinstance(v, relax.Expr)]
+    floats = [d for d in tensors if d.startswith(("float", "bfloat"))]
+    if floats:
+        common = floats[0] if len(set(floats)) == 1 else str(np.promote_types(*floats))
+    elif mode is None or any(isinstance(v, float) for v in (a, b)):
+        common = "float32"  # torch's default type: a true division of integers, or by a float
+    else:
+        common = str(np.promote_types(*tensors)) if len(tensors) > 1 else tensors[0]
+    emit = importer.block_builder.emit
+
+    def operand(v: Any, dtype: str) -> Any:
+        if not isinstance(v, relax.Expr):
+            return relax.const(v, dtype)
+        return v if str(v.ty.dtype) == dtype else emit(relax.op.astype(v, dtype))
+
+    if mode == "floor":
+        return emit(relax.op.floor_divide(operand(a, common), operand(b, common)))
+    if mode == "trunc":  # integers through float64 (exact below 2**53), then back
+        wide = common if common.startswith(("float", "bfloat")) else "float64"
+        out = emit(relax.op.trunc(relax.op.divide(operand(a, wide), operand(b, wide))))
+        return out if wide == common else emit(relax.op.astype(out, common))
+    return emit(relax.op.divide(operand(a, common), operand(b, common)))
+
+
+def _clamp_as_torch(bounds: str) -> Any:
+    """``clamp`` / ``clamp_min`` / ``clamp_max`` (``bounds``: "both", "min", "max") as a maximum
+    and a minimum with each bound given, a scalar in the tensor's type.  TVM 0.27's converter fills
+    a missing bound with an infinity, which an integer tensor cannot hold (``i.clamp(min=1)``
+    stopped the import with "Cannot convert infinity to BigInt")."""
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        args = importer.retrieve_args(node)
+        x = args[0]
+        given = list(args[1:]) + [None] * 2
+        low, high = ((given[0] if len(args) > 1 else node.kwargs.get("min"),
+                      given[1] if len(args) > 2 else node.kwargs.get("max")) if bounds == "both"
+                     else (given[0], None) if bounds == "min" else (None, given[0]))
+        dtype, emit = str(x.ty.dtype), importer.block_builder.emit
+        for bound, op in ((low, relax.op.maximum), (high, relax.op.minimum)):
+            if bound is None:
+                continue
+            if not isinstance(bound, relax.Expr):
+                bound = relax.const(bound, dtype)
+            elif str(bound.ty.dtype) != dtype:
+                bound = emit(relax.op.astype(bound, dtype))
+            x = emit(op(x, bound))
+        return x
+
+    return convert
+
+
 def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> Any:
     """``slice`` (``x[:, :n]``) whose end is a symbolic size the program bounds by the sliced
     dimension (``highest``: each symbol's upper bound), as an in-bound slice.  TVM 0.27's converter
@@ -227,7 +343,13 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "matmul.default": _matmul_in_operand_type, "select.int": _select_from_the_end,
               "max.dim": _extreme_and_index(True), "min.dim": _extreme_and_index(False),
               "amax.default": _reduction("max"), "amin.default": _reduction("min"),
-              "prod.dim_int": _reduction("prod"), "prod.default": _reduction("prod"), SDPA_OP: convert_sdpa}
+              "prod.dim_int": _reduction("prod"), "prod.default": _reduction("prod"), "elu.default": _elu_scaled,
+              "cumsum.default": _scan_as_torch("cumsum"), "cumprod.default": _scan_as_torch("cumprod"),
+              "grid_sampler_2d.default": _grid_sample_grid_last, "div.Tensor": _divide_as_torch,
+              "div.Scalar": _divide_as_torch, "div.Tensor_mode": _divide_as_torch,
+              "clamp.default": _clamp_as_torch("both"), "clamp.Tensor": _clamp_as_torch("both"),
+              "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
+              SDPA_OP: convert_sdpa}
 
 
 def import_exported_program(program: Any) -> Any:
@@ -255,7 +377,7 @@ def import_exported_program(program: Any) -> Any:
         return from_exported_program(program, custom_convert_map=custom, run_ep_decomposition=False)
     except TvmExtError:
         raise
-    except (AssertionError, NotImplementedError, KeyError, ValueError) as exc:  # the frontend's refusals
+    except (AssertionError, NotImplementedError, KeyError, ValueError, TypeError) as exc:  # the frontend's refusals
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise TvmExtError(f"TVM's torch frontend cannot import the program: {first}") from None
 
