@@ -173,7 +173,8 @@ def test_the_build_processes_start_before_the_models_tasks_are_found(tuned, mlp,
 
 
 def test_task_without_template_falls_back_to_dlight(opencl, tmp_path):
-    """A column sum and a whole-tensor max: no template, dlight schedules them, with a message each."""
+    """A column sum: no template, dlight schedules it, with a message; the whole-tensor max, a
+    row of one since ``whole_reductions``, takes the row template and is tuned."""
     from tvm.relax.frontend import nn
 
     class Columns(nn.Module):
@@ -184,10 +185,12 @@ def test_task_without_template_falls_back_to_dlight(opencl, tmp_path):
     messages: list[str] = []
     result = tune_relax(mod, opencl, str(tmp_path / "r.jsonl"), str(tmp_path / "db"), OPTIONS,
                         log=messages.append)
-    assert all(not t.exported for t in result.tasks)
+    exported = {t.name for t in result.tasks if t.exported}
+    assert exported == {"max"}, [(t.name, t.note) for t in result.tasks]
     assert any("does not reduce the last axis" in t.note for t in result.tasks), [t.note for t in result.tasks]
-    assert len(messages) == len(result.tasks) and all("no template" in m for m in messages)
-    assert not os.path.getsize(tmp_path / "r.jsonl")  # nothing tuned, nothing recorded
+    untuned = [m for m in messages if "no template" in m]
+    assert len(untuned) == len(result.tasks) - 1 and any("for max" in m for m in messages)
+    assert os.path.getsize(tmp_path / "r.jsonl")  # the max's trials recorded
     messages.clear()
     model = load_model(mod, opencl, str(tmp_path / "db"), log=messages.append)
     assert messages and all("using TVM's default (dlight)" in m for m in messages)
@@ -389,3 +392,30 @@ def test_sorts_of_every_form_run(kind):
         np.testing.assert_array_equal(order, ascending)
         np.testing.assert_array_equal(middle, np.argsort(ms, axis=1, kind="stable"))
         np.testing.assert_array_equal(indices, descending[:, :4])
+
+
+def test_a_reduction_of_every_axis_runs_as_one_row(opencl):
+    """``x.sum()``, ``x.mean()``, a variance, an argmax of the flattened tensor, a max kept in
+    two dimensions (``relax_rewrites.whole_reductions``): each against numpy, on one row, its
+    kernels launched once each (TVM's fallback launched one kernel per element, from a host loop
+    with a buffer of the host's, which the OpenCL executor does not run)."""
+    from tvm import relax
+
+    from tvm_ext.relax.pipeline import CompiledModel, compile_relax
+    from tvm_ext.relax.relax_opencl import plan_relax
+
+    x = relax.Var("x", relax.TensorType((30, 70), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.Tuple([bb.emit(relax.op.sum(x)), bb.emit(relax.op.mean(x)),
+                                              bb.emit(relax.op.variance(x)), bb.emit(relax.op.argmax(x)),
+                                              bb.emit(relax.op.max(x, [0, 1], keepdims=True))]))
+        bb.emit_func_output(out)
+    scheduled = compile_relax(bb.get(), opencl, log=None)
+    assert all(len(step.artifact.launches) <= 2 for step in plan_relax(scheduled, opencl).steps)
+    xs = np.random.default_rng(5).standard_normal((30, 70)).astype(np.float32)
+    total, mean, var, where, top = CompiledModel(scheduled, opencl)(xs)
+    assert total.shape == mean.shape == var.shape == where.shape == () and top.shape == (1, 1)
+    np.testing.assert_allclose([total, mean, var], [xs.astype(np.float64).sum(), xs.mean(), xs.var()], rtol=1e-5)
+    assert int(where) == int(np.argmax(xs)) and top[0, 0] == xs.max()

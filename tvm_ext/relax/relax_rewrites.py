@@ -30,6 +30,12 @@ built from the same rewritten module.
   shape at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); docs/results/gemm.md).  For both
   16-bit rules a constant ``[k, n]`` weight (an ONNX ``MatMul`` on a ``Linear``'s initializer,
   folded to ``[k, n]`` by its exporter) is transposed here, once, and read as stored the same way.
+- ``whole_reductions``: a reduction over every axis (``x.sum()``, ``x.mean()``, an argmax of the
+  flattened tensor) reduces a ``(1, n)`` reshape of its input over the last axis, reshaped to
+  its output's shape.  A reduction to one value has no spatial axis for dlight's rules: their
+  fallback launched one kernel per element (12 launches for 12 elements, a million for a
+  million) and kept the sum in a buffer of the host's, which the OpenCL executor does not have;
+  as one row it takes the row schedules and the row template.
 - ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
   in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
   index past it (a token id past an embedding table; torch raises there): an illegal address on
@@ -47,6 +53,8 @@ UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu"
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 WEIGHT_ROWS = "matmul_weight_rows"  # the PrimFunc of a matmul reading its weight (N, K) as stored
+WHOLE_REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod", "relax.variance", "relax.std",
+                    "relax.argmax", "relax.argmin")
 
 
 def _shape(expr: Any) -> tuple[Any, ...] | None:
@@ -172,9 +180,29 @@ def _make_mutator() -> Any:
                 return relax.op.reshape(moved, shape)
             if name in BINARY:
                 return self._binary(call)
+            if name in WHOLE_REDUCTIONS:
+                return self._whole_reduction(call)
             if name == "relax.take" and call.attrs.mode == "fast":  # clamp_takes (idempotent: not counted)
                 return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
             return call
+
+        def _whole_reduction(self, call: Any) -> Any:
+            """``whole_reductions``: ``call`` over a ``(1, n)`` reshape of its input where it
+            reduces every axis of a static shape (else ``call``)."""
+            shape, out = _static(_shape(call.args[0])), _static(_shape(call))
+            axis = call.attrs.axis
+            if not shape or out is None:
+                return call
+            axes = range(len(shape)) if axis is None else [axis] if isinstance(axis, int) or hasattr(axis, "value") \
+                else list(axis)
+            if {int(a) % len(shape) for a in axes} != set(range(len(shape))):
+                return call
+            self.changed += 1
+            row = self.builder_.emit(relax.op.reshape(call.args[0], (1, int(np.prod(shape)))))
+            op = getattr(relax.op, _op_name(call).removeprefix("relax."))
+            reduced = self.builder_.emit(op(row, 1) if _op_name(call) in ("relax.argmax", "relax.argmin")
+                                         else op(row, [1]))
+            return relax.op.reshape(reduced, out)
 
         def _binary(self, call: Any) -> Any:
             for side in (0, 1):
@@ -255,7 +283,7 @@ def _make_mutator() -> Any:
 
 def rewrite_model(mod: Any, target: Any = None) -> Any:
     """``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` and ``narrow_weight_rows``
-    (for a ``target`` with wgmma), ``sink_reshapes`` and ``clamp_takes`` on every Relax function,
+    (for a ``target`` with wgmma), ``sink_reshapes``, ``whole_reductions`` and ``clamp_takes`` on every Relax function,
     until nothing changes; dead bindings are removed."""
     import tvm
     from tvm import relax
