@@ -389,3 +389,24 @@ def test_a_kernel_the_device_cannot_compile_is_one_error(opencl):
     program = torch.export.export(Half(), (torch.ones(2, 3, dtype=torch.float16),))
     with pytest.raises(TvmExtError, match=r"^the model's OpenCL kernels do not build on this device: \S"):
         load_model(import_exported_program(program), opencl, None, function="main", log=None)
+
+
+def test_a_frontends_check_of_the_inputs_runs_on_pocl(opencl):
+    """``one_hot``: TVM's frontend checks the class values on the device (``relax.run.assert_op``);
+    on OpenCL the check's value is read after the run: the right rows for good ids, one
+    ``TvmExtError`` with the frontend's message for an id past the classes (refused before)."""
+    from tvm_ext.relax.pipeline import load_model
+
+    class OneHot(nn.Module):
+        def forward(self, ids):
+            return nn.functional.one_hot(ids, 6)
+
+    ids = torch.tensor([[0, 5, 2]])
+    model = load_model(import_exported_program(torch.export.export(OneHot(), (ids,))), opencl, None,
+                       function="main", log=None)
+    (rows,) = model(ids.numpy())
+    np.testing.assert_array_equal(rows, nn.functional.one_hot(ids, 6).numpy())
+    with pytest.raises(TvmExtError, match="^one_hot: Class values must be smaller than num_classes"):
+        model(np.array([[0, 6, 2]], np.int64))
+    (rows,) = model(np.array([[1, 1, 3]]))
+    np.testing.assert_array_equal(rows, nn.functional.one_hot(torch.tensor([[1, 1, 3]]), 6).numpy())

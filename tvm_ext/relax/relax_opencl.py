@@ -70,6 +70,7 @@ class Plan:
     steps: tuple[Step, ...]
     outputs: tuple[Any, ...]  # value names, or tuples of them (a tuple inside the output tuple)
     tuple_output: bool
+    checks: tuple[tuple[str, str], ...] = ()  # (a boolean value that must hold after the run, its message)
 
 
 def relax_function_name(mod: Any, name: str | None = None) -> str:
@@ -163,7 +164,7 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
     """Walk the Relax function and build each PrimFunc it calls (each one once)."""
     import tvm
     from tvm import relax
-    from tvm.ir.expr import Call, Constant, GlobalVar, Tuple, Var
+    from tvm.ir.expr import Call, Constant, GlobalVar, StringImm, Tuple, Var
 
     name = relax_function_name(mod, function)
     func = mod[name]
@@ -173,6 +174,7 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
     env: dict[Any, Any] = {}  # relax Var -> value name, or tuple of names
     constants: list[tuple[str, np.ndarray]] = []
     steps: list[Step] = []
+    checks: list[tuple[str, str]] = []
     built: dict[str, Artifact] = {}
 
     def new_value(base: str, ty: Any) -> str:
@@ -266,12 +268,18 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
                 scratch = [add_value(f"{_vname(var)}.{n}", spec.shape, spec.dtype)
                            for n, spec in program.specs.items() if n not in program.inputs + program.outputs]
                 steps.append(Step(name, program.artifact(), tuple(args) + tuple(outs) + tuple(scratch)))
+            elif isinstance(value, Call) and isinstance(value.op, relax.ExternFunc) \
+                    and str(value.op.global_symbol) == "relax.run.assert_op":  # a frontend's check of the
+                condition = resolve(value.args[0])  # inputs (one_hot's class values): read after the run
+                texts = [str(a.value) for a in value.args[1:] if isinstance(a, StringImm)]
+                checks.append((condition, texts[-1] if texts else f"assertion {_vname(var)} failed"))
+                env[var] = ()
             else:
                 env[var] = resolve(value)
     result = resolve(body.body)
     outputs = result if isinstance(result, tuple) else (result,)
     return Plan(name, tuple(inputs), tuple(values.values()), tuple(constants), tuple(steps),
-                tuple(outputs), isinstance(result, tuple))
+                tuple(outputs), isinstance(result, tuple), tuple(checks))
 
 
 class OpenCLExecutor:
@@ -326,7 +334,11 @@ class OpenCLExecutor:
             return tuple(read(o) for o in output) if isinstance(output, tuple) else self.executor.read(output)
 
         outs = [read(output) for output in self.plan.outputs]
+        held = [self.executor.read(condition) for condition, _ in self.plan.checks]
         self.executor.sync()
+        for value, (_, message) in zip(held, self.plan.checks):
+            if not bool(np.all(value)):
+                raise TvmExtError(message)
         return tuple(outs) if self.plan.tuple_output else outs[0]
 
     __call__ = run
