@@ -344,3 +344,14 @@ def test_an_operator_whose_kernels_loop_on_the_host_is_refused_on_pocl(opencl, t
     with pytest.raises(TvmExtError, match=r"PrimFunc scatter_nd cannot run on OpenCL here: its kernels take "
                                           r"'loop:\w+' from the host function"):
         _run(path, [np.zeros((3, 4), np.float32)], opencl)
+
+
+def test_an_operator_tvm_cannot_lower_is_one_error(opencl, tmp_path):
+    """``Pow`` of integers: TVM's converter takes it and its legalization fails (``power only
+    applies to float``): one ``TvmExtError``, not TVM's internal error and its trace."""
+    path, _ = _graph_model(tmp_path, "power", [helper.make_node("Pow", ["x", "two"], ["y"])],
+                           [helper.make_tensor_value_info("x", TensorProto.INT64, [3, 4])],
+                           [helper.make_tensor_value_info("y", TensorProto.INT64, [3, 4])],
+                           [numpy_helper.from_array(np.array(2, np.int64), "two")])
+    with pytest.raises(TvmExtError, match=r"^TVM cannot lower the model: .*power only applies to float"):
+        _run(path, [np.ones((3, 4), np.int64)], opencl)

@@ -194,6 +194,9 @@ def load_onnx(path: str) -> Any:
         raise TvmExtError(f"{path}: {exc}") from None
     except NotImplementedError as exc:  # the frontend's "Operator X not implemented."
         raise TvmExtError(f"{path}: {exc} (no converter in TVM's ONNX frontend)") from None
+    except Exception as exc:  # noqa: BLE001 - a converter's own check (an integer Pow): the file's model
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        raise TvmExtError(f"{path}: TVM's ONNX frontend cannot import the model: {first}") from None
 
 
 def _graph_inputs(path: str) -> Iterator[Any]:

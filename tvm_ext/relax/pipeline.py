@@ -84,13 +84,17 @@ def legalize_and_fuse(mod: Any, target: TargetInfo | None = None) -> Any:
     if target is not None and target.kind == "opencl":  # scans and sorts as reductions (``scans``,
         check_scan_lengths(mod)  # ``sorts``); elsewhere TVM's build dispatches them
         legalize = {**scan_legalizations(), **sort_legalizations()}
-    return tvm.transform.Sequential([
-        relax.transform.LegalizeOps(legalize),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ])(mod)
+    try:
+        return tvm.transform.Sequential([
+            relax.transform.LegalizeOps(legalize),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ])(mod)
+    except Exception as exc:  # noqa: BLE001 - an op TVM cannot lower as the model has it (an integer power)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        raise TvmExtError(f"TVM cannot lower the model: {first}") from None
 
 
 def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:
