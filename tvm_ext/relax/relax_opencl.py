@@ -5,13 +5,16 @@ Why this exists: the PyPI TVM wheel is built without TVM's OpenCL runtime
 even though ``tvm.compile`` generates correct OpenCL C.  On CUDA the Relax VM runs
 the model and this module is not needed.  For OpenCL (PoCL on a CPU machine, NVIDIA's
 OpenCL driver on the GPU machine) this is the smallest executor that still runs
-exactly TVM's kernels: it takes a static-shape Relax function made only of
-``call_tir`` bindings (what ``legalize + fuse + schedule`` leaves), builds every
-scheduled PrimFunc for OpenCL with TVM, reads each one's launches from the lowered
-TIR (``program.extract_launches``) and runs them with the OpenCL executor every other
-OpenCL path uses (``tvm_ext.measure.executors``), one device buffer per Relax value.  A
-``call_dps_packed`` of a program registered in ``EXTERN_PROGRAMS`` (a tuned GRU plan,
-``tvm_ext.relax.relax_gru``) runs that program's kernel launches, its scratch buffers its own.
+exactly TVM's kernels: it takes a static-shape Relax function of ``call_tir`` bindings
+(what ``legalize + fuse + schedule`` leaves), builds every scheduled PrimFunc for OpenCL
+with TVM, reads each one's launches from the lowered TIR (``program.extract_launches``) and
+runs them with the OpenCL executor every other OpenCL path uses
+(``tvm_ext.measure.executors``), one device buffer per Relax value (a scalar constant a 0-d
+one; a tuple inside the output tuple read back nested).  A ``call_dps_packed`` of a program
+registered in ``EXTERN_PROGRAMS`` (a tuned GRU plan, ``tvm_ext.relax.relax_gru``) runs that
+program's kernel launches, its scratch buffers its own; a frontend's ``relax.run.assert_op``
+is read after the run and raises its message.  A kernel TVM launches from a host loop, an op
+nothing lowered for OpenCL, or a kernel the driver cannot compile is one ``TvmExtError``.
 """
 from __future__ import annotations
 
@@ -162,51 +165,88 @@ def build_primfunc(func: Any, target: TargetInfo) -> Artifact:
 
 def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Plan:
     """Walk the Relax function and build each PrimFunc it calls (each one once)."""
-    import tvm
     from tvm import relax
-    from tvm.ir.expr import Call, Constant, GlobalVar, StringImm, Tuple, Var
 
     name = relax_function_name(mod, function)
     func = mod[name]
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    call_packed = tvm.ir.Op.get("relax.call_dps_packed")
-    values: dict[str, Value] = {}
-    env: dict[Any, Any] = {}  # relax Var -> value name, or tuple of names
-    constants: list[tuple[str, np.ndarray]] = []
-    steps: list[Step] = []
-    checks: list[tuple[str, str]] = []
-    built: dict[str, Artifact] = {}
+    planner = _Planner(mod, target)
+    inputs = []
+    for param in func.params:
+        vname = planner.new_value(_vname(param), param.ty)
+        planner.env[param] = vname
+        inputs.append(planner.values[vname])
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                raise TvmExtError(f"the OpenCL executor cannot run {type(binding).__name__} bindings")
+            planner.bind(binding.var, binding.value)
+    result = planner.resolve(func.body.body)
+    outputs = result if isinstance(result, tuple) else (result,)
+    return Plan(name, tuple(inputs), tuple(planner.values.values()), tuple(planner.constants),
+                tuple(planner.steps), tuple(outputs), isinstance(result, tuple), tuple(planner.checks))
 
-    def new_value(base: str, ty: Any) -> str:
-        return add_value(base, *_static_tensor(ty, f"value {base!r}"))
 
-    def add_value(base: str, shape: tuple[int, ...], dtype: str) -> str:
-        vname = base if base not in values else f"{base}.{len(values)}"
-        values[vname] = Value(vname, tuple(shape), dtype)
+class _Planner:
+    """``plan_relax``'s walk: the function's values, constants, steps and checks as it binds them."""
+
+    def __init__(self, mod: Any, target: TargetInfo):
+        import tvm
+
+        self.mod, self.target = mod, target
+        self.call_tir = tvm.ir.Op.get("relax.call_tir")
+        self.call_packed = tvm.ir.Op.get("relax.call_dps_packed")
+        self.values: dict[str, Value] = {}
+        self.env: dict[Any, Any] = {}  # relax Var -> value name, or tuple of names
+        self.constants: list[tuple[str, np.ndarray]] = []
+        self.steps: list[Step] = []
+        self.checks: list[tuple[str, str]] = []
+        self.built: dict[str, Artifact] = {}
+
+    def new_value(self, base: str, ty: Any) -> str:
+        return self.add_value(base, *_static_tensor(ty, f"value {base!r}"))
+
+    def add_value(self, base: str, shape: tuple[int, ...], dtype: str) -> str:
+        vname = base if base not in self.values else f"{base}.{len(self.values)}"
+        self.values[vname] = Value(vname, tuple(shape), dtype)
         return vname
 
-    def out_types(call: Any) -> list[Any]:
-        types = list(call.ty_args)
-        return list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
+    def bind(self, var: Any, value: Any) -> None:
+        """One binding: a call_tir, a packed program, a frontend's check, or a value's alias."""
+        from tvm import relax
+        from tvm.ir.expr import Call
 
-    def resolve(expr: Any) -> Any:
+        if isinstance(value, Call) and value.op.same_as(self.call_tir):
+            self.tir_step(var, value)
+        elif isinstance(value, Call) and value.op.same_as(self.call_packed):
+            self.packed_step(var, value)
+        elif isinstance(value, Call) and isinstance(value.op, relax.ExternFunc) \
+                and str(value.op.global_symbol) == "relax.run.assert_op":
+            self.check(var, value)
+        else:
+            self.env[var] = self.resolve(value)
+
+    def resolve(self, expr: Any) -> Any:
+        """The value name (or tuple of names) ``expr`` is: a bound variable, a constant, a tuple."""
+        from tvm import relax
+        from tvm.ir.expr import Constant, Tuple, Var
+
         if isinstance(expr, Var):
-            if expr not in env:
+            if expr not in self.env:
                 raise TvmExtError(f"value {_vname(expr)} is used before it is defined")
-            return env[expr]
+            return self.env[expr]
         if isinstance(expr, Constant):
             if hasattr(expr.value, "numpy"):
                 array = expr.value.numpy()
-                vname = new_value(f"const{len(constants)}", expr.ty)
+                vname = self.new_value(f"const{len(self.constants)}", expr.ty)
             else:  # a scalar (an int or float Relax folds a shape's dimension to): a 0-d tensor
                 array = np.array(expr.value, dtype=str(expr.ty))
-                vname = add_value(f"const{len(constants)}", (), str(array.dtype))
-            constants.append((vname, array))
+                vname = self.add_value(f"const{len(self.constants)}", (), str(array.dtype))
+            self.constants.append((vname, array))
             return vname
         if isinstance(expr, Tuple):
-            return tuple(resolve(f) for f in expr.fields)
+            return tuple(self.resolve(f) for f in expr.fields)
         if isinstance(expr, relax.TupleGetItem):
-            return resolve(expr.tuple_value)[int(expr.index)]
+            return self.resolve(expr.tuple_value)[int(expr.index)]
         op = getattr(getattr(expr, "op", None), "name", None)
         if op is not None:  # an op nothing legalized for OpenCL
             raise TvmExtError(f"the OpenCL executor cannot run {op}: it has no OpenCL lowering here "
@@ -214,72 +254,65 @@ def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Pla
         raise TvmExtError(f"the OpenCL executor only runs call_tir bindings; found {type(expr).__name__}: "
                           f"{str(expr)[:120]}")
 
-    inputs = []
-    for p in func.params:
-        vname = new_value(_vname(p), p.ty)
-        env[p] = vname
-        inputs.append(values[vname])
-    body = func.body
-    for block in body.blocks:
-        for binding in block.bindings:
-            if not isinstance(binding, relax.VarBinding):
-                raise TvmExtError(f"the OpenCL executor cannot run {type(binding).__name__} bindings")
-            value, var = binding.value, binding.var
-            if isinstance(value, Call) and value.op.same_as(call_tir):
-                if len(value.args) > 2:
-                    raise TvmExtError("call_tir with symbolic shape arguments: the OpenCL executor needs static shapes")
-                gv = value.args[0]
-                assert isinstance(gv, GlobalVar)
-                args = [resolve(a) for a in value.args[1].fields]
-                if any(isinstance(a, tuple) for a in args):
-                    raise TvmExtError(f"call_tir {gv.name_hint} takes a tuple argument")
-                types = out_types(value)
-                outs = [new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
-                        for i, t in enumerate(types)]
-                env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
-                if gv.name_hint not in built:
-                    try:
-                        built[gv.name_hint] = build_primfunc(mod[gv], target)
-                    except TvmExtError as exc:
-                        raise TvmExtError(f"PrimFunc {gv.name_hint} cannot run on OpenCL here: {exc}") from None
-                    except Exception as exc:
-                        lines = [l for l in str(exc).strip().splitlines() if l.strip()]
-                        raise TvmExtError(f"PrimFunc {gv.name_hint} does not build for OpenCL "
-                                          f"(is it scheduled?): {lines[-1] if lines else type(exc).__name__}") from None
-                artifact = built[gv.name_hint]
-                step_args = tuple(args) + tuple(outs)
-                if len(step_args) != len(artifact.params):
-                    raise TvmExtError(f"call_tir {gv.name_hint} passes {len(step_args)} tensors, "
-                                      f"the PrimFunc takes {len(artifact.params)}")
-                steps.append(Step(gv.name_hint, artifact, step_args))
-            elif isinstance(value, Call) and value.op.same_as(call_packed):
-                name = str(value.args[0].global_symbol)
-                program = EXTERN_PROGRAMS.get(name)
-                if program is None:
-                    raise TvmExtError(f"the OpenCL executor cannot run the packed function {name}")
-                args = [resolve(a) for a in value.args[1].fields]
-                types = out_types(value)
-                outs = [new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
-                        for i, t in enumerate(types)]
-                env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
-                if len(args) != len(program.inputs) or len(outs) != len(program.outputs):
-                    raise TvmExtError(f"{name} takes {len(program.inputs)} inputs and {len(program.outputs)} "
-                                      f"outputs, the call passes {len(args)} and {len(outs)}")
-                scratch = [add_value(f"{_vname(var)}.{n}", spec.shape, spec.dtype)
-                           for n, spec in program.specs.items() if n not in program.inputs + program.outputs]
-                steps.append(Step(name, program.artifact(), tuple(args) + tuple(outs) + tuple(scratch)))
-            elif isinstance(value, Call) and isinstance(value.op, relax.ExternFunc) \
-                    and str(value.op.global_symbol) == "relax.run.assert_op":  # a frontend's check of the
-                condition = resolve(value.args[0])  # inputs (one_hot's class values): read after the run
-                texts = [str(a.value) for a in value.args[1:] if isinstance(a, StringImm)]
-                checks.append((condition, texts[-1] if texts else f"assertion {_vname(var)} failed"))
-                env[var] = ()
-            else:
-                env[var] = resolve(value)
-    result = resolve(body.body)
-    outputs = result if isinstance(result, tuple) else (result,)
-    return Plan(name, tuple(inputs), tuple(values.values()), tuple(constants), tuple(steps),
-                tuple(outputs), isinstance(result, tuple), tuple(checks))
+    def outputs(self, var: Any, call: Any) -> list[str]:
+        """New values for ``call``'s results, bound to ``var`` (a tuple where it has several)."""
+        types = list(call.ty_args)
+        types = list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
+        outs = [self.new_value(_vname(var) if len(types) == 1 else f"{_vname(var)}.{i}", t)
+                for i, t in enumerate(types)]
+        self.env[var] = outs[0] if len(outs) == 1 and not hasattr(var.ty, "fields") else tuple(outs)
+        return outs
+
+    def tir_step(self, var: Any, call: Any) -> None:
+        from tvm.ir.expr import GlobalVar
+
+        if len(call.args) > 2:
+            raise TvmExtError("call_tir with symbolic shape arguments: the OpenCL executor needs static shapes")
+        gv = call.args[0]
+        assert isinstance(gv, GlobalVar)
+        args = [self.resolve(a) for a in call.args[1].fields]
+        if any(isinstance(a, tuple) for a in args):
+            raise TvmExtError(f"call_tir {gv.name_hint} takes a tuple argument")
+        outs = self.outputs(var, call)
+        if gv.name_hint not in self.built:
+            try:
+                self.built[gv.name_hint] = build_primfunc(self.mod[gv], self.target)
+            except TvmExtError as exc:
+                raise TvmExtError(f"PrimFunc {gv.name_hint} cannot run on OpenCL here: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - TVM's build of a function nothing scheduled
+                lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+                raise TvmExtError(f"PrimFunc {gv.name_hint} does not build for OpenCL "
+                                  f"(is it scheduled?): {lines[-1] if lines else type(exc).__name__}") from None
+        artifact = self.built[gv.name_hint]
+        step_args = tuple(args) + tuple(outs)
+        if len(step_args) != len(artifact.params):
+            raise TvmExtError(f"call_tir {gv.name_hint} passes {len(step_args)} tensors, "
+                              f"the PrimFunc takes {len(artifact.params)}")
+        self.steps.append(Step(gv.name_hint, artifact, step_args))
+
+    def packed_step(self, var: Any, call: Any) -> None:
+        program_name = str(call.args[0].global_symbol)
+        program = EXTERN_PROGRAMS.get(program_name)
+        if program is None:
+            raise TvmExtError(f"the OpenCL executor cannot run the packed function {program_name}")
+        args = [self.resolve(a) for a in call.args[1].fields]
+        outs = self.outputs(var, call)
+        if len(args) != len(program.inputs) or len(outs) != len(program.outputs):
+            raise TvmExtError(f"{program_name} takes {len(program.inputs)} inputs and {len(program.outputs)} "
+                              f"outputs, the call passes {len(args)} and {len(outs)}")
+        scratch = [self.add_value(f"{_vname(var)}.{n}", spec.shape, spec.dtype)
+                   for n, spec in program.specs.items() if n not in program.inputs + program.outputs]
+        self.steps.append(Step(program_name, program.artifact(), tuple(args) + tuple(outs) + tuple(scratch)))
+
+    def check(self, var: Any, call: Any) -> None:
+        """A frontend's check of the inputs (``one_hot``'s class values): its condition read after
+        the run, its message raised where it does not hold."""
+        from tvm.ir.expr import StringImm
+
+        condition = self.resolve(call.args[0])
+        texts = [str(a.value) for a in call.args[1:] if isinstance(a, StringImm)]
+        self.checks.append((condition, texts[-1] if texts else f"assertion {_vname(var)} failed"))
+        self.env[var] = ()
 
 
 class OpenCLExecutor:
