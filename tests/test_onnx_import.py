@@ -309,6 +309,10 @@ ONNX_OPS = {  # operators the OpenCL path once got wrong or stopped on with a tr
     # a dimension Relax folds to a scalar output
     "shape": ([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i"], ["y"])], [], ["y"],
               [numpy_helper.from_array(np.array(1, np.int64), "i")]),
+    # TVM legalized it with its CPU kernel, which no GPU schedule takes ("no schedule")
+    "scatter": ([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction="add")], [], ["y"],
+                [numpy_helper.from_array(np.array([[0, 2, 2, 1], [0, 0, 1, -1]], np.int64), "i"),
+                 numpy_helper.from_array(np.ones((2, 4), np.float32), "u")]),
 }
 
 
@@ -318,7 +322,7 @@ def test_onnx_operators_on_pocl_match_onnxs_reference(opencl, tmp_path, case):
     from onnx.reference import ReferenceEvaluator
 
     nodes, _, names, inits = ONNX_OPS[case]
-    shapes = {"split": ([3, 1], [3, 3]), "logsumexp": ([3],), "shape": ([],)}[case]
+    shapes = {"split": ([3, 1], [3, 3]), "logsumexp": ([3],), "shape": ([],), "scatter": ([3, 4],)}[case]
     types = [TensorProto.INT64 if case == "shape" else TensorProto.FLOAT] * len(names)
     path, model = _graph_model(tmp_path, case, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
                                [helper.make_tensor_value_info(n, t, s) for n, t, s in zip(names, types, shapes)], inits,

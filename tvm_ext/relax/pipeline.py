@@ -77,13 +77,14 @@ def legalize_and_fuse(mod: Any, target: TargetInfo | None = None) -> Any:
 
     from .relax_rewrites import rewrite_model
     from .scans import check_scan_lengths, scan_legalizations
+    from .scatters import scatter_legalizations
     from .sorts import sort_legalizations
 
     mod = rewrite_model(mod, target)
-    legalize = None
+    legalize = scatter_legalizations() if target is not None else None  # on the GPUs (``scatters``)
     if target is not None and target.kind == "opencl":  # scans and sorts as reductions (``scans``,
         check_scan_lengths(mod)  # ``sorts``); elsewhere TVM's build dispatches them
-        legalize = {**scan_legalizations(), **sort_legalizations()}
+        legalize = {**legalize, **scan_legalizations(), **sort_legalizations()}
     try:
         return tvm.transform.Sequential([
             relax.transform.LegalizeOps(legalize),

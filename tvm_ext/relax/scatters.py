@@ -1,0 +1,101 @@
+"""``R.scatter_elements`` on GPUs: each output element reduces the updates aimed at it.
+
+Why: TVM 0.27 picks its GPU kernel only under a GPU target's context, which models are not
+legalized in here, and otherwise its CPU kernel (parallel host-style loops in an opaque block),
+which no GPU schedule takes: a model with ``torch.scatter`` / ``scatter_reduce`` or ONNX
+``ScatterElements`` stopped with "no schedule", on CUDA and OpenCL alike.  Here each output
+element looks along the scattered axis of the indices for the positions that name it: ``update``
+takes the last such update (duplicates have no defined order in torch or ONNX), ``add`` / ``mul``
+/ ``max`` / ``min`` fold them into the data's value; reductions dlight schedules, the work the
+output's size times the indices' extent along the axis.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+REDUCERS = ("update", "add", "mul", "max", "min")
+
+
+def scatter_legalizations() -> dict[str, Any]:
+    """``LegalizeOps``' map for GPU targets."""
+    return {"relax.scatter_elements": legalize_scatter_elements}
+
+
+def legalize_scatter_elements(bb: Any, call: Any) -> Any:
+    """``call`` as ``scatter_compute`` (a reduction it has none for: TVM's own legalization)."""
+    from tvm.relax.transform.legalize_ops.manipulate import _scatter_elements as tvm_legalization
+
+    data, indices, updates = call.args
+    kind = str(call.attrs.reduction)
+    if kind not in REDUCERS:
+        return tvm_legalization(bb, call)
+    axis = int(call.attrs.axis) % len(data.ty.shape.values)
+    if kind == "update":
+        last = bb.emit(bb.call_te(lambda d, i: last_match(d, i, axis), data, indices,
+                                  primfunc_name_hint="scatter_last"))
+        return bb.call_te(lambda d, i, u, k: take_last(d, i, u, k, axis), data, indices, updates, last,
+                          primfunc_name_hint="scatter_update")
+    return bb.call_te(lambda d, i, u: fold_matches(d, i, u, axis, kind), data, indices, updates,
+                      primfunc_name_hint=f"scatter_{kind}")
+
+
+def _matches(data: Any, indices: Any, axis: int, index: tuple[Any, ...], k: Any) -> tuple[Any, tuple[Any, ...]]:
+    """Whether indices' position (``index`` with ``k`` on the axis) names output element ``index``
+    (a negative index counted from the end), and that position."""
+    from tvm import tirx
+
+    position = list(index)
+    position[axis] = k
+    inside = tirx.const(True, "bool")
+    for d, extent in enumerate(indices.shape):
+        if d != axis:
+            inside = tirx.And(inside, index[d] < extent)
+    target, dtype = indices[tuple(position)], str(indices.dtype)
+    size = data.shape[axis].astype(dtype)
+    target = tirx.if_then_else(target < 0, target + size, target)
+    return tirx.And(inside, target == index[axis].astype(dtype)), tuple(position)
+
+
+def last_match(data: Any, indices: Any, axis: int) -> Any:
+    """int64: the last position along the axis whose index names each output element, else -1."""
+    from tvm import te, tirx
+
+    k = te.reduce_axis((0, indices.shape[axis]), "k")
+
+    def element(*index: Any) -> Any:
+        hit, _ = _matches(data, indices, axis, index, k)
+        return te.max(tirx.if_then_else(hit, k.astype("int64"), tirx.const(-1, "int64")), axis=k)
+
+    return te.compute(data.shape, element, name="last")
+
+
+def take_last(data: Any, indices: Any, updates: Any, last: Any, axis: int) -> Any:
+    """Each output element: the update at its last naming position, or the data's value."""
+    from tvm import te, tirx
+
+    def element(*index: Any) -> Any:
+        position = list(index)
+        position[axis] = tirx.max(last[index], 0)
+        return tirx.if_then_else(last[index] >= 0, updates[tuple(position)], data[index])
+
+    return te.compute(data.shape, element, name="scattered")
+
+
+def fold_matches(data: Any, indices: Any, updates: Any, axis: int, kind: str) -> Any:
+    """Each output element: the data's value folded with every update aimed at it."""
+    from tvm import te, tirx
+
+    k = te.reduce_axis((0, indices.shape[axis]), "k")
+    dtype = str(data.dtype)
+    identity = {"add": tirx.const(0, dtype), "mul": tirx.const(1, dtype),
+                "max": tirx.min_value(dtype), "min": tirx.max_value(dtype)}[kind]
+    reducer = {"add": te.sum, "max": te.max, "min": te.min,
+               "mul": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, dtype=t), name="product")}[kind]
+
+    def folded(*index: Any) -> Any:
+        hit, position = _matches(data, indices, axis, index, k)
+        return reducer(tirx.if_then_else(hit, updates[position], identity), axis=k)
+
+    gathered = te.compute(data.shape, folded, name=f"gathered_{kind}")
+    combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": tirx.max, "min": tirx.min}[kind]
+    return te.compute(data.shape, lambda *index: combine(data[index], gathered[index]), name=f"scatter_{kind}")
