@@ -1,4 +1,4 @@
-"""``R.scatter_elements`` on GPUs: each output element reduces the updates aimed at it.
+"""``R.scatter_elements`` and ``R.scatter_nd`` on GPUs: each output element reduces the updates aimed at it.
 
 Why: TVM 0.27 picks its GPU kernel only under a GPU target's context, which models are not
 legalized in here, and otherwise its CPU kernel (parallel host-style loops in an opaque block),
@@ -7,7 +7,9 @@ which no GPU schedule takes: a model with ``torch.scatter`` / ``scatter_reduce``
 element looks along the scattered axis of the indices for the positions that name it: ``update``
 takes the last such update (duplicates have no defined order in torch or ONNX), ``add`` / ``mul``
 / ``max`` / ``min`` fold them into the data's value; reductions dlight schedules, the work the
-output's size times the indices' extent along the axis.
+output's size times the indices' extent along the axis.  ``scatter_nd`` (ONNX ``ScatterND``)
+likewise looks through the index rows; TVM's kernel for it launched from host loops, which the
+OpenCL executor does not replay.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ REDUCERS = ("update", "add", "mul", "max", "min")
 
 def scatter_legalizations() -> dict[str, Any]:
     """``LegalizeOps``' map for GPU targets."""
-    return {"relax.scatter_elements": legalize_scatter_elements}
+    return {"relax.scatter_elements": legalize_scatter_elements, "relax.scatter_nd": legalize_scatter_nd}
 
 
 def legalize_scatter_elements(bb: Any, call: Any) -> Any:
@@ -99,3 +101,94 @@ def fold_matches(data: Any, indices: Any, updates: Any, axis: int, kind: str) ->
     gathered = te.compute(data.shape, folded, name=f"gathered_{kind}")
     combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": tirx.max, "min": tirx.min}[kind]
     return te.compute(data.shape, lambda *index: combine(data[index], gathered[index]), name=f"scatter_{kind}")
+
+
+def legalize_scatter_nd(bb: Any, call: Any) -> Any:
+    """``R.scatter_nd`` (ONNX ``ScatterND``: a slice assignment or a cache update as exporters
+    write it) the same way: each output element looks through the index rows for those naming
+    its leading coordinates (TVM's kernel for it launched from host loops the OpenCL executor
+    does not replay)."""
+    from tvm.relax.transform.legalize_ops.manipulate import _scatter_nd as tvm_legalization
+
+    data, indices, updates = call.args
+    kind = str(call.attrs.reduction)
+    if kind not in REDUCERS:
+        return tvm_legalization(bb, call)
+    if kind == "update":
+        rows, k = len(indices.ty.shape.values) - 1, int(indices.ty.shape.values[-1])
+        last = bb.emit(bb.call_te(last_row, data, indices, primfunc_name_hint="scatter_nd_last"))
+        return bb.call_te(lambda d, u, n: take_row(d, u, n, rows, k), data, updates, last,
+                          primfunc_name_hint="scatter_nd_update")
+    return bb.call_te(lambda d, i, u: fold_rows(d, i, u, kind), data, indices, updates,
+                      primfunc_name_hint=f"scatter_nd_{kind}")
+
+
+def _row_axes(indices: Any) -> tuple[list[Any], Any]:
+    """A reduce axis over each leading dimension of ``indices`` (its rows), and the rows' linear number."""
+    from tvm import te
+
+    axes = [te.reduce_axis((0, extent), f"r{d}") for d, extent in enumerate(indices.shape[:-1])]
+    number = 0
+    for axis, extent in zip(axes, indices.shape[:-1]):
+        number = number * extent + axis
+    return axes, number
+
+
+def _row_names(data: Any, indices: Any, axes: list[Any], index: tuple[Any, ...]) -> Any:
+    """Whether the index row at ``axes`` names output element ``index``'s leading coordinates."""
+    from tvm import tirx
+
+    hit = tirx.const(True, "bool")
+    for j in range(int(indices.shape[-1])):
+        coordinate = indices[tuple(axes) + (j,)]
+        hit = tirx.And(hit, coordinate == index[j].astype(str(indices.dtype)))
+    return hit
+
+
+def last_row(data: Any, indices: Any) -> Any:
+    """int64: the last index row naming each output element's leading coordinates, else -1."""
+    from tvm import te, tirx
+
+    axes, number = _row_axes(indices)
+
+    def element(*index: Any) -> Any:
+        hit = _row_names(data, indices, axes, index)
+        return te.max(tirx.if_then_else(hit, number.astype("int64"), tirx.const(-1, "int64")), axis=axes)
+
+    return te.compute(data.shape, element, name="last_row")
+
+
+def take_row(data: Any, updates: Any, last: Any, rows: int, k: int) -> Any:
+    """Each output element: its last naming row's update (``updates`` holds the ``rows`` row
+    dimensions, then data's dimensions past the ``k`` leading ones), or the data's value."""
+    from tvm import te, tirx
+
+    def element(*index: Any) -> Any:
+        row, position = tirx.max(last[index], tirx.const(0, "int64")), []
+        for extent in reversed(updates.shape[:rows]):
+            position.insert(0, row % extent.astype("int64"))
+            row = row // extent.astype("int64")
+        picked = updates[tuple(position) + tuple(index[k:])]
+        return tirx.if_then_else(last[index] >= 0, picked, data[index])
+
+    return te.compute(data.shape, element, name="scattered_nd")
+
+
+def fold_rows(data: Any, indices: Any, updates: Any, kind: str) -> Any:
+    """Each output element: the data's value folded with the updates of every row naming it."""
+    from tvm import te, tirx
+
+    axes, _ = _row_axes(indices)
+    k, dtype = int(indices.shape[-1]), str(data.dtype)
+    identity = {"add": tirx.const(0, dtype), "mul": tirx.const(1, dtype),
+                "max": tirx.min_value(dtype), "min": tirx.max_value(dtype)}[kind]
+    reducer = {"add": te.sum, "max": te.max, "min": te.min,
+               "mul": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, dtype=t), name="product")}[kind]
+
+    def folded(*index: Any) -> Any:
+        hit = _row_names(data, indices, axes, index)
+        return reducer(tirx.if_then_else(hit, updates[tuple(axes) + tuple(index[k:])], identity), axis=axes)
+
+    gathered = te.compute(data.shape, folded, name=f"gathered_nd_{kind}")
+    combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": tirx.max, "min": tirx.min}[kind]
+    return te.compute(data.shape, lambda *index: combine(data[index], gathered[index]), name=f"scatter_nd_{kind}")
