@@ -449,3 +449,34 @@ def test_scatters_run_as_torch_gives_them(kind):
 
     with pytest.raises(TvmExtError, match=r"scatter_reduce with reduce='mean', include_self=True is not supported"):
         import_exported_program(torch.export.export(Mean(), (x, index)))
+
+
+class _Elementwise(nn.Module):
+    """Operators TVM 0.27's torch frontend had no converter for: ``fmax`` / ``fmin`` (NaN only
+    where both are), ``hypot``, ``cdist`` at p = 2 and p = 1."""
+
+    def forward(self, a, b, rows, cols):
+        return (torch.fmax(a, b), torch.fmin(b, a), torch.hypot(a, b), torch.cdist(rows, cols),
+                torch.cdist(rows, cols, p=1))
+
+
+def test_elementwise_operators_the_frontend_lacked_run_as_torch_gives_them(opencl):
+    """Each output on PoCL against torch's, NaN where torch has it."""
+    from tvm_ext.relax.pipeline import load_model
+
+    nan = float("nan")
+    a, b = torch.tensor([[1.0, nan, 3.0], [nan, nan, -1.0]]), torch.tensor([[nan, 2.0, 0.0], [4.0, nan, 5.0]])
+    gen = torch.Generator().manual_seed(8)
+    rows, cols = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
+    program = torch.export.export(_Elementwise(), (a, b, rows, cols))
+    model = load_model(import_exported_program(program), opencl, None, function="main", log=None)
+    outputs = model(a.numpy(), b.numpy(), rows.numpy(), cols.numpy())
+    for ours, theirs in zip(outputs, _Elementwise()(a, b, rows, cols), strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)  # NaN matches NaN
+
+    class Cube(nn.Module):
+        def forward(self, rows, cols):
+            return torch.cdist(rows, cols, p=3)
+
+    with pytest.raises(TvmExtError, match=r"cdist with p=3 is not supported"):
+        import_exported_program(torch.export.export(Cube(), (rows, cols)))

@@ -316,6 +316,45 @@ def _clamp_as_torch(bounds: str) -> Any:
     return convert
 
 
+def _nan_ignoring(largest: bool) -> Any:
+    """``fmax`` / ``fmin``: the larger (smaller) of two, NaN only where both are NaN (TVM 0.27's
+    torch frontend has no converter for either)."""
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        a, b = importer.retrieve_args(node)[:2]
+        emit = importer.block_builder.emit
+        both = emit((relax.op.maximum if largest else relax.op.minimum)(a, b))
+        return emit(relax.op.where(relax.op.isnan(a), b, relax.op.where(relax.op.isnan(b), a, both)))
+
+    return convert
+
+
+def _hypot(node: Any, importer: Any) -> Any:
+    """``hypot``: sqrt(a² + b²) (no converter in TVM 0.27's torch frontend)."""
+    from tvm import relax
+
+    a, b = importer.retrieve_args(node)[:2]
+    return importer.block_builder.emit(relax.op.sqrt(relax.op.add(relax.op.multiply(a, a), relax.op.multiply(b, b))))
+
+
+def _cdist(node: Any, importer: Any) -> Any:
+    """``cdist`` (``_cdist_forward``) at p = 2 or 1: the distance of every row of x1 to every row
+    of x2, batched; other p are refused by name (no converter in TVM 0.27's torch frontend)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    x1, x2, p = args[0], args[1], float(args[2])
+    if p not in (1.0, 2.0):
+        raise TvmExtError(f"cdist with p={p:g} is not supported (p=1 and p=2 are)")
+    emit = importer.block_builder.emit
+    rank = len(x1.ty.shape.values)
+    diff = emit(relax.op.subtract(relax.op.expand_dims(x1, rank - 1), relax.op.expand_dims(x2, rank - 2)))
+    if p == 1.0:
+        return emit(relax.op.sum(relax.op.abs(diff), axis=[-1]))
+    return emit(relax.op.sqrt(relax.op.sum(relax.op.multiply(diff, diff), axis=[-1])))
+
+
 SCATTER_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}  # torch's -> Relax's
 
 
@@ -374,7 +413,9 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "div.Scalar": _divide_as_torch, "div.Tensor_mode": _divide_as_torch,
               "clamp.default": _clamp_as_torch("both"), "clamp.Tensor": _clamp_as_torch("both"),
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
-              "scatter_add.default": _scatter_reduce, "scatter_reduce.two": _scatter_reduce, SDPA_OP: convert_sdpa}
+              "scatter_add.default": _scatter_reduce, "scatter_reduce.two": _scatter_reduce,
+              "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
+              "_cdist_forward.default": _cdist, SDPA_OP: convert_sdpa}
 
 
 def import_exported_program(program: Any) -> Any:
