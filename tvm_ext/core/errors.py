@@ -22,6 +22,12 @@ def check_sizes(what: str, **sizes: object) -> None:
             raise TvmExtError(f"{what} {name} must be a positive integer, got {value!r}")
 
 
+def last_line(exc: BaseException, limit: int = 200) -> str:
+    """The last line of ``exc``'s message (TVM puts its check there), at most ``limit``
+    characters, or its type's name where it has none: a failure inside TVM as one error line."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:limit]
+
+
 def unconverted_error(first: str, kinds: list[str], count: int, frontend: str) -> TvmExtError:
     """The one-line refusal of a model with ``count`` nodes no converter of TVM's ``frontend``
     takes (ONNX, torch): the first named (``first``), the operators of all of them (``kinds``)."""

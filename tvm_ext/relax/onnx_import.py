@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from ..core.errors import TvmExtError, unconverted_error
+from ..core.errors import TvmExtError, last_line, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 
@@ -195,8 +195,7 @@ def load_onnx(path: str) -> Any:
     except NotImplementedError as exc:  # the frontend's "Operator X not implemented."
         raise TvmExtError(f"{path}: {exc} (no converter in TVM's ONNX frontend)") from None
     except Exception as exc:  # noqa: BLE001 - a converter's own check (an integer Pow): the file's model
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
-        raise TvmExtError(f"{path}: TVM's ONNX frontend cannot import the model: {first}") from None
+        raise TvmExtError(f"{path}: TVM's ONNX frontend cannot import the model: {last_line(exc)}") from None
 
 
 def _graph_inputs(path: str) -> Iterator[Any]:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
-from ..core.errors import TvmExtError
+from ..core.errors import TvmExtError, last_line
 from ..core.session import Session, SessionOptions
 from ..core.space import Config
 from ..target import TargetInfo
@@ -94,8 +94,7 @@ def legalize_and_fuse(mod: Any, target: TargetInfo | None = None) -> Any:
             relax.transform.FuseTIR(),
         ])(mod)
     except Exception as exc:  # noqa: BLE001 - an op TVM cannot lower as the model has it (an integer power)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
-        raise TvmExtError(f"TVM cannot lower the model: {first}") from None
+        raise TvmExtError(f"TVM cannot lower the model: {last_line(exc)}") from None
 
 
 def extract_tasks(mod: Any, target: TargetInfo) -> list[Any]:

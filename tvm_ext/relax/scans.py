@@ -79,11 +79,7 @@ def scan_compute(data: Any, axis: int, dtype: str, exclusive: bool, kind: str = 
     from tvm import te, tirx
 
     k = te.reduce_axis((0, data.shape[axis]), "k")
-    if kind == "sum":
-        reducer, identity = te.sum, tirx.const(0, dtype)
-    else:
-        reducer = te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, dtype=t), name="product")
-        identity = tirx.const(1, dtype)
+    reducer, identity, _ = fold_of({"sum": "add", "product": "mul"}[kind], dtype)
 
     def element(*index: Any) -> Any:
         source = list(index)
@@ -92,3 +88,16 @@ def scan_compute(data: Any, axis: int, dtype: str, exclusive: bool, kind: str = 
         return reducer(tirx.if_then_else(taken, data[tuple(source)].astype(dtype), identity), axis=k)
 
     return te.compute(data.shape, element, name=f"cum{kind}")
+
+
+def fold_of(kind: str, dtype: str) -> tuple[Any, Any, Any]:
+    """A fold ("add", "mul", "max" or "min") in ``dtype``: its TE reducer, its identity, and the
+    same fold of two values (the scans here, the scatters' updates into the data's values)."""
+    from tvm import te, tirx
+
+    reducer = {"add": te.sum, "max": te.max, "min": te.min,
+               "mul": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, dtype=t), name="product")}[kind]
+    identity = {"add": tirx.const(0, dtype), "mul": tirx.const(1, dtype),
+                "max": tirx.min_value(dtype), "min": tirx.max_value(dtype)}[kind]
+    combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": tirx.max, "min": tirx.min}[kind]
+    return reducer, identity, combine

@@ -85,22 +85,32 @@ def take_last(data: Any, indices: Any, updates: Any, last: Any, axis: int) -> An
 
 def fold_matches(data: Any, indices: Any, updates: Any, axis: int, kind: str) -> Any:
     """Each output element: the data's value folded with every update aimed at it."""
-    from tvm import te, tirx
+    from tvm import te
 
     k = te.reduce_axis((0, indices.shape[axis]), "k")
-    dtype = str(data.dtype)
-    identity = {"add": tirx.const(0, dtype), "mul": tirx.const(1, dtype),
-                "max": tirx.min_value(dtype), "min": tirx.max_value(dtype)}[kind]
-    reducer = {"add": te.sum, "max": te.max, "min": te.min,
-               "mul": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, dtype=t), name="product")}[kind]
+
+    def aimed(index: tuple[Any, ...]) -> tuple[Any, Any]:
+        hit, position = _matches(data, indices, axis, index, k)
+        return hit, updates[position]
+
+    return _folded_into(data, kind, aimed, k, kind)
+
+
+def _folded_into(data: Any, kind: str, aimed: Any, axes: Any, name: str) -> Any:
+    """``data``'s values folded (``scans.fold_of``) with the updates ``aimed(index)`` gives each
+    output element over the reduce ``axes`` (a hit and the update): their fold, then the data's."""
+    from tvm import te, tirx
+
+    from .scans import fold_of
+
+    reducer, identity, combine = fold_of(kind, str(data.dtype))
 
     def folded(*index: Any) -> Any:
-        hit, position = _matches(data, indices, axis, index, k)
-        return reducer(tirx.if_then_else(hit, updates[position], identity), axis=k)
+        hit, update = aimed(index)
+        return reducer(tirx.if_then_else(hit, update, identity), axis=axes)
 
-    gathered = te.compute(data.shape, folded, name=f"gathered_{kind}")
-    combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": tirx.max, "min": tirx.min}[kind]
-    return te.compute(data.shape, lambda *index: combine(data[index], gathered[index]), name=f"scatter_{kind}")
+    gathered = te.compute(data.shape, folded, name=f"gathered_{name}")
+    return te.compute(data.shape, lambda *index: combine(data[index], gathered[index]), name=f"scatter_{name}")
 
 
 def legalize_scatter_nd(bb: Any, call: Any) -> Any:
@@ -176,19 +186,10 @@ def take_row(data: Any, updates: Any, last: Any, rows: int, k: int) -> Any:
 
 def fold_rows(data: Any, indices: Any, updates: Any, kind: str) -> Any:
     """Each output element: the data's value folded with the updates of every row naming it."""
-    from tvm import te, tirx
-
     axes, _ = _row_axes(indices)
-    k, dtype = int(indices.shape[-1]), str(data.dtype)
-    identity = {"add": tirx.const(0, dtype), "mul": tirx.const(1, dtype),
-                "max": tirx.min_value(dtype), "min": tirx.max_value(dtype)}[kind]
-    reducer = {"add": te.sum, "max": te.max, "min": te.min,
-               "mul": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, dtype=t), name="product")}[kind]
+    k = int(indices.shape[-1])
 
-    def folded(*index: Any) -> Any:
-        hit = _row_names(data, indices, axes, index)
-        return reducer(tirx.if_then_else(hit, updates[tuple(axes) + tuple(index[k:])], identity), axis=axes)
+    def aimed(index: tuple[Any, ...]) -> tuple[Any, Any]:
+        return _row_names(data, indices, axes, index), updates[tuple(axes) + tuple(index[k:])]
 
-    gathered = te.compute(data.shape, folded, name=f"gathered_nd_{kind}")
-    combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": tirx.max, "min": tirx.min}[kind]
-    return te.compute(data.shape, lambda *index: combine(data[index], gathered[index]), name=f"scatter_nd_{kind}")
+    return _folded_into(data, kind, aimed, axes, f"nd_{kind}")

@@ -161,6 +161,13 @@ def _select_from_the_end(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim, mode=mode))
 
 
+def _dtype_name(dtype: Any) -> str:
+    """A torch dtype's name as Relax spells it (numpy's: ``torch.float64`` -> ``float64``)."""
+    import torch
+
+    return str(torch.empty((), dtype=dtype).numpy().dtype)
+
+
 def _extreme_and_index(largest: bool) -> Any:
     """``max.dim`` / ``min.dim`` (values and int64 indices along ``dim``) as a reduction and an
     arg-reduction, each the first index of a tie as torch gives it.  TVM 0.27's frontend makes
@@ -184,7 +191,6 @@ def _reduction(op_name: str) -> Any:
     over one axis, ``prod.default`` over all, in ``dtype`` where given), which TVM 0.27's torch
     frontend has no converter for (``logsumexp`` decomposes to ``amax``)."""
     def convert(node: Any, importer: Any) -> Any:
-        import torch
         from tvm import relax
 
         x = importer.env[node.args[0]]
@@ -194,7 +200,7 @@ def _reduction(op_name: str) -> Any:
         emit = importer.block_builder.emit
         dtype = node.kwargs.get("dtype")
         if dtype is not None:
-            x = emit(relax.op.astype(x, str(torch.empty((), dtype=dtype).numpy().dtype)))
+            x = emit(relax.op.astype(x, _dtype_name(dtype)))
         return emit(getattr(relax.op, op_name)(x, axis=dims, keepdims=keep))
 
     return convert
@@ -223,13 +229,12 @@ def _scan_as_torch(op_name: str) -> Any:
     ``dtype`` sums in int64.  TVM 0.27's converter keeps the input's type: a cumulative sum of a
     mask (RoBERTa's positions) ran in bool, every count 1, silently."""
     def convert(node: Any, importer: Any) -> Any:
-        import torch
         from tvm import relax
 
         x, dim = importer.env[node.args[0]], int(node.args[1])
         dtype = node.kwargs.get("dtype")
         if dtype is not None:
-            dtype = str(torch.empty((), dtype=dtype).numpy().dtype)
+            dtype = _dtype_name(dtype)
         elif not str(x.ty.dtype).startswith(("float", "bfloat")):
             dtype = "int64"
         return importer.block_builder.emit(getattr(relax.op, op_name)(x, axis=dim, dtype=dtype))
