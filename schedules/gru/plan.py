@@ -19,6 +19,7 @@ from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind
                                      function_calls, plain_json)
 from tvm_ext.hardware import sm_90a
 from tvm_ext.lowering.launch_early import mark_launch_early, pipeline_for
+from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
 from tvm_ext.lowering.step_loop import with_min_blocks_per_sm
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
@@ -105,6 +106,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
     arch = sm_90a(target) if wgmma else target
     if template.counted_gemm_tile(config) is not None:  # the step kernel launched while the input GEMM runs
         funcs["gru_steps"] = mark_launch_early(funcs["gru_steps"])
+    install_exact_opencl_constants()
     with tvm.transform.PassContext(config=template.pass_config(config, target)):
         module = tvm.IRModule(funcs)
         executable = tvm.compile(module, target=tvm.target.Target(arch.tvm_target()), tir_pipeline=pipeline_for(module))

@@ -226,7 +226,9 @@ def compile_module(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] 
     import tvm
 
     from tvm_ext.lowering.launch_early import pipeline_for
+    from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
 
+    install_exact_opencl_constants()
     with tvm.transform.PassContext(config=dict(pass_config or {})):
         ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()), tir_pipeline=pipeline_for(mod))
         launches, params = extract_launches(mod, target)
@@ -279,6 +281,9 @@ def compile_calls_program(funcs: Mapping[str, Any], calls: Sequence[tuple[str, t
     buffers ``params``: an operator of a few kernels without a host loop."""
     import tvm
 
+    from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
+
+    install_exact_opencl_constants()
     named = {name: func.with_attr("global_symbol", name) for name, func in funcs.items()}
     executable = tvm.compile(tvm.IRModule(named), target=tvm.target.Target(target.tvm_target()))
     modules = {name: tvm.IRModule({MAIN: func}) for name, func in named.items()}

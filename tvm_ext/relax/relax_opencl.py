@@ -25,6 +25,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..core.errors import TvmExtError
+from ..lowering.opencl_constants import install_exact_opencl_constants
 from ..measure.executors import OpenclExecutor
 from ..measure.program import Artifact, TensorSpec, extract_launches
 from ..target import TargetInfo
@@ -150,6 +151,7 @@ def build_primfunc(func: Any, target: TargetInfo) -> Artifact:
     import tvm
 
     register_opencl_intrinsics()
+    install_exact_opencl_constants()
     func = distinct_param_names(func)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
