@@ -375,13 +375,13 @@ def test_operators_the_frontend_converted_wrongly_run_as_torch_gives_them(opencl
 class _LowestMasked(nn.Module):
     """Attention masked as transformers masks it (``masked_fill`` with the lowest float32), a
     query row that sees no key, the max of a row of lowest values, and a third (0.33333334 in
-    float32; seven printed digits read back as 0.3333333)."""
+    float32; seven printed digits read back as 0.3333333), in float64 too."""
 
-    def forward(self, scores, keep, x):
+    def forward(self, scores, keep, x, y):
         hidden = ~(keep[:, None, :] & keep[:, :, None])
         lowest = torch.finfo(scores.dtype).min
         masked = scores.masked_fill(hidden, lowest)
-        return torch.softmax(masked, -1), masked.amax(-1), x * (1 / 3)
+        return torch.softmax(masked, -1), masked.amax(-1), x * (1 / 3), y * (-1 / 3)
 
 
 def test_the_lowest_float32_and_other_constants_are_exact_in_opencl_kernels(opencl):
@@ -393,18 +393,19 @@ def test_the_lowest_float32_and_other_constants_are_exact_in_opencl_kernels(open
 
     gen = torch.Generator().manual_seed(3)
     scores, x = torch.randn(2, 5, 5, generator=gen), torch.randn(4, 7, generator=gen)
-    keep = torch.tensor([[True] * 5, [True, True, True, False, False]])
-    program = torch.export.export(_LowestMasked(), (scores, keep, x))
+    keep, y = torch.tensor([[True] * 5, [True, True, True, False, False]]), x.double() * 3.7
+    program = torch.export.export(_LowestMasked(), (scores, keep, x, y))
     model = load_model(import_exported_program(program), opencl, None, function="main", log=None)
-    outputs = model(scores.numpy(), keep.numpy(), x.numpy())
+    outputs = model(scores.numpy(), keep.numpy(), x.numpy(), y.numpy())
     with torch.no_grad():
-        expected = _LowestMasked()(scores, keep, x)
+        expected = _LowestMasked()(scores, keep, x, y)
     np.testing.assert_allclose(outputs[0], expected[0].numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(outputs[0][1, 3:], np.full((2, 5), 0.2, np.float32))
     for ours, theirs in zip(outputs[1:], expected[1:]):
         np.testing.assert_array_equal(ours, theirs.numpy())
     assert "as_float((uint)4286578687)" in "".join(model.sources().values())  # the lowest's bits
     assert not prints_exactly(float(np.finfo(np.float32).min)) and prints_exactly(0.1) and prints_exactly(float("-inf"))
+    assert not prints_exactly(-1 / 3, "float64") and prints_exactly(0.1, "float64")
 
 
 def test_a_kernel_the_device_cannot_compile_is_one_error(opencl):
