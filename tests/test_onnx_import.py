@@ -317,6 +317,14 @@ ONNX_OPS = {  # operators the OpenCL path once got wrong or stopped on with a tr
                     numpy_helper.from_array(np.array([5.0, 6.0, 7.0], np.float32), "u"),
                     numpy_helper.from_array(np.array([[1], [1], [2]], np.int64), "j"),
                     numpy_helper.from_array(np.ones((3, 4), np.float32), "v")]),
+    # an empty shape (a scalar, as torch's exporter writes a mask's fill value): TVM broadcast the
+    # value's one-element tensor to rank 0 and stopped the import
+    "constant_of_shape": ([helper.make_node("Constant", [], ["empty"], value=numpy_helper.from_array(
+                               np.zeros(0, np.int64))),
+                           helper.make_node("ConstantOfShape", ["empty"], ["fill"], value=numpy_helper.from_array(
+                               np.array([np.finfo(np.float32).min], np.float32))),
+                           helper.make_node("Less", ["x", "fill"], ["below"]),
+                           helper.make_node("Where", ["below", "x", "fill"], ["y"])], [], ["y", "fill"], []),
     # TVM legalized it with its CPU kernel, which no GPU schedule takes ("no schedule")
     "scatter": ([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction="add")], [], ["y"],
                 [numpy_helper.from_array(np.array([[0, 2, 2, 1], [0, 0, 1, -1]], np.int64), "i"),
@@ -331,7 +339,7 @@ def test_onnx_operators_on_pocl_match_onnxs_reference(opencl, tmp_path, case):
 
     nodes, _, names, inits = ONNX_OPS[case]
     shapes = {"split": ([3, 1], [3, 3]), "logsumexp": ([3],), "shape": ([],), "scatter": ([3, 4],),
-              "scatter_nd": ([3, 4],)}[case]
+              "scatter_nd": ([3, 4],), "constant_of_shape": ([3, 4], [])}[case]
     types = [TensorProto.INT64 if case == "shape" else TensorProto.FLOAT] * len(names)
     path, model = _graph_model(tmp_path, case, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
                                [helper.make_tensor_value_info(n, t, s) for n, t, s in zip(names, types, shapes)], inits,

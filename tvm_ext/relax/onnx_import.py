@@ -118,10 +118,32 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     return relax.Tuple([y, y_h])
 
 
+def _scalar_constant_of_shape(frontend: Any) -> Any:
+    """TVM's ``ConstantOfShape`` with an empty shape (a scalar: what the torch exporter writes
+    for ``torch.tensor(True)`` and masks' fill values) made a scalar constant; TVM's broadcast
+    the value's one-element tensor to rank 0 and stopped the import."""
+    import tvm
+    from tvm import relax
+
+    class ConstantOfShape(frontend.ConstantOfShape):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v9(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            shape = frontend.get_constant(inputs[0], params)
+            empty = (isinstance(shape, tvm.ir.GenericConst) and shape.value.numpy().size == 0) or \
+                (isinstance(shape, relax.ShapeExpr) and len(shape.values) == 0)
+            if not empty:
+                return super()._impl_v9(bb, inputs, attr, params)
+            value = frontend.get_numpy(attr["value"]) if attr.get("value") is not None else np.float32(0)
+            return relax.const(np.asarray(value).reshape(()))
+
+    return ConstantOfShape
+
+
 @contextlib.contextmanager
-def _gru_converter() -> Iterator[None]:
-    """TVM's ONNX frontend with ``GRU`` in its converter table, for the duration (its ``Gather``
-    takes in clip mode once the model is rewritten: ``relax_rewrites.clamp_takes``)."""
+def _converters() -> Iterator[None]:
+    """TVM's ONNX frontend with ``GRU`` in its converter table and ``ConstantOfShape`` mended
+    (``_scalar_constant_of_shape``), for the duration (its ``Gather`` takes in clip mode once
+    the model is rewritten: ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
     class GRU(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
@@ -132,11 +154,12 @@ def _gru_converter() -> Iterator[None]:
         _impl_v14 = _impl_v7
 
     original = frontend._get_convert_map
+    ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend)}
 
-    def with_gru() -> dict[str, Any]:
-        return {**original(), "GRU": GRU}
+    def with_ours() -> dict[str, Any]:
+        return {**original(), **ours}
 
-    frontend._get_convert_map = with_gru
+    frontend._get_convert_map = with_ours
     try:
         yield
     finally:
@@ -187,7 +210,7 @@ def load_onnx(path: str) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        with _gru_converter(), contextlib.redirect_stdout(open(os.devnull, "w")):
+        with _converters(), contextlib.redirect_stdout(open(os.devnull, "w")):
             _refuse_before_converting(model)
             return from_onnx(model)
     except TvmExtError as exc:
