@@ -363,3 +363,56 @@ def test_an_operator_tvm_cannot_lower_is_one_error(opencl, tmp_path):
                            [numpy_helper.from_array(np.array(2, np.int64), "two")])
     with pytest.raises(TvmExtError, match=r"^TVM cannot lower the model: .*power only applies to float"):
         _run(path, [np.ones((3, 4), np.int64)], opencl)
+
+
+def _const(name, value):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value), name))
+
+
+def _shape_arithmetic_model(tmp_path, batch="2"):
+    """Sizes as torch's exporter computes them from ``Shape`` although every shape is static:
+    ``chunk(3, -1)``'s first third (GPT-NeoX's query) through ``Shape -> Gather -> Add -> Div ->
+    Mul`` into a ``Slice``'s end, and ``F.pad``'s pads (MobileBERT's) through ``ConstantOfShape
+    -> Concat -> Reshape -> Slice -> Transpose -> Reshape -> Cast``.  ``batch`` names x's first
+    dimension (a number, or a symbolic ``dim_param``)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]), _const("last", [-1]), _const("two", [2]), _const("three", [3]),
+        _const("one", [1]), _const("zero", [0]),
+        helper.make_node("Gather", ["shape", "last"], ["width"], axis=0),
+        helper.make_node("Add", ["width", "two"], ["w2"]), helper.make_node("Div", ["w2", "three"], ["third"]),
+        helper.make_node("Mul", ["third", "one"], ["end"]),
+        helper.make_node("Slice", ["x", "zero", "end", "last"], ["query"]),
+        _const("front", [0, 0, 0, 1, 0, 0]), helper.make_node("ConstantOfShape", ["zero"], ["none"],
+                                                               value=numpy_helper.from_array(np.zeros(1, np.int64))),
+        helper.make_node("Concat", ["front", "none"], ["flat"], axis=0), _const("pairs", [-1, 2]),
+        helper.make_node("Reshape", ["flat", "pairs"], ["grid"]), _const("lowest", [-(2 ** 63) + 1]),
+        helper.make_node("Slice", ["grid", "last", "lowest", "zero", "last"], ["reversed"]),
+        helper.make_node("Transpose", ["reversed"], ["by_side"], perm=[1, 0]),
+        helper.make_node("Reshape", ["by_side", "last"], ["pads64"]),
+        helper.make_node("Cast", ["pads64"], ["pads"], to=TensorProto.INT64),
+        helper.make_node("Pad", ["query", "pads"], ["y"]),
+    ]
+    dims = [int(batch) if batch.isdigit() else batch, 3, 7]
+    return _graph_model(tmp_path, f"shapes_{batch}", nodes,
+                        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dims[0], 4, 3])])
+
+
+def test_static_shape_arithmetic_is_folded_before_tvm_imports(opencl, tmp_path):
+    """TVM's frontend kept both chains as tensors and stopped ("Dynamic pads are not supported",
+    "Reshape expects ... known shape"); folded to constants, the model matches ONNX's reference
+    evaluator on PoCL.  With a symbolic batch ``Shape`` stays a node (nothing static to fold)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tvm_ext.relax.onnx_fold import fold_static_shapes
+
+    path, model = _shape_arithmetic_model(tmp_path)
+    x = np.random.default_rng(2).standard_normal((2, 3, 7)).astype(np.float32)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    assert expected.shape == (2, 4, 3)
+    got = _run(path, [x], opencl)
+    np.testing.assert_array_equal(np.asarray(got[0] if isinstance(got, tuple) else got), expected)
+    folded = fold_static_shapes(model)
+    assert [n.op_type for n in folded.graph.node] == ["Constant"] * 3 + ["Slice", "Constant", "Pad"]
+    _, symbolic = _shape_arithmetic_model(tmp_path, batch="n")
+    assert "Shape" in [n.op_type for n in fold_static_shapes(symbolic).graph.node]

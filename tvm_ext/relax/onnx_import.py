@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core.errors import TvmExtError, last_line, unconverted_error
 from ..precision.precision import example_array
+from .onnx_fold import fold_static_shapes
 from .relax_gru import GRU_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
@@ -209,6 +210,7 @@ def load_onnx(path: str) -> Any:
         raise TvmExtError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0][:200]}") from None
     from tvm.relax.frontend.onnx import from_onnx
 
+    model = fold_static_shapes(model)
     try:
         with _converters(), contextlib.redirect_stdout(open(os.devnull, "w")):
             _refuse_before_converting(model)
