@@ -95,6 +95,37 @@ def test_tune_model_takes_a_pt2_file(tmp_path):
     assert p.returncode == 2 and p.stderr.strip().startswith("error:") and "Traceback" not in p.stderr, p.stderr
 
 
+class _Keyed(nn.Module):
+    """A model called with keyword inputs, as transformers' models are exported
+    (``torch.export.export(model, (), {"input_ids": ..., "attention_mask": ...})``)."""
+
+    def forward(self, input_ids, attention_mask=None, x=None):
+        return (input_ids * attention_mask).float() + x.sum(), x * 2
+
+
+def test_a_program_exported_with_keyword_inputs_is_checked_against_torch(tmp_path, opencl):
+    """``tune model``'s check runs the program with the inputs as it was called: keyword inputs
+    by name (``reference()`` once passed them by position and torch refused: "kwarg keyword
+    mismatch"), matching the imported model's outputs on PoCL."""
+    from tvm_ext.cli.model_cli import ExportedProgramModel
+    from tvm_ext.relax.pipeline import load_model
+
+    keyed = {"input_ids": torch.tensor([[3, 1, 4]]), "attention_mask": torch.tensor([[1, 1, 0]]),
+             "x": torch.randn(2, 3)}
+    path = tmp_path / "keyed.pt2"
+    torch.export.save(torch.export.export(_Keyed(), (), keyed), str(path))
+    user = ExportedProgramModel(str(path))
+    inputs = user.get_inputs()
+    reference = user.reference(inputs)
+    with torch.no_grad():
+        expected = _Keyed()(**{name: torch.from_numpy(a) for name, a in zip(keyed, inputs)})
+    for ours, theirs in zip(reference, expected, strict=True):
+        np.testing.assert_array_equal(ours, theirs.numpy())
+    outputs = load_model(user.get_module(), opencl, None, function="main", log=None)(*inputs)
+    for ours, theirs in zip(outputs, reference, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_the_torch_import_keeps_matmuls_in_their_operands_type(dtype):
     """TVM 0.27's torch frontend gives mm/bmm/addmm a float32 result whatever the operands (a

@@ -190,8 +190,11 @@ class ExportedProgramModel(OnnxModel):
 
         from torch.utils import _pytree
 
+        # the inputs as the program was called: positional, keyword (transformers' models are
+        # exported with keyword inputs) or nested
+        args, kwargs = _pytree.tree_unflatten([torch.from_numpy(a) for a in inputs], self.program.call_spec.in_spec)
         with torch.no_grad():
-            outputs = self.program.module()(*(torch.from_numpy(a) for a in inputs))
+            outputs = self.program.module()(*args, **kwargs)
         # the program's outputs in its order, flat: a model output class (transformers' ModelOutput)
         # holds them as fields, as the imported function's tuple does
         return [o.detach().cpu().numpy() for o in _pytree.tree_leaves(outputs) if hasattr(o, "detach")]
