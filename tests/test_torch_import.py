@@ -385,6 +385,78 @@ class _ConvertedAsTorch(nn.Module):
                                           align_corners=True))
 
 
+class _GroupedConvolutions(nn.Module):
+    """Grouped convolutions (SqueezeBERT's pointwise ones; a kernel of three; 2-D), which TVM's
+    ``Reduction`` rule scheduled into wrong sums or a kernel that did not build."""
+
+    def __init__(self):
+        super().__init__()
+        self.pointwise = nn.Conv1d(32, 32, 1, groups=4)
+        self.wide = nn.Conv1d(32, 16, 3, groups=4, padding=1)
+        self.planar = nn.Conv2d(8, 16, 1, groups=2)
+
+    def forward(self, x, y):
+        return self.pointwise(x), self.wide(x), self.planar(y)
+
+
+@pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_grouped_convolutions_run_as_torch_gives_them(kind):
+    """Each output against torch's in float64."""
+    from tvm_ext.relax.pipeline import load_model
+    from tvm_ext.target import resolve_target
+
+    torch.manual_seed(4)
+    module = _GroupedConvolutions().eval()
+    x, y = torch.randn(2, 32, 8), torch.randn(2, 8, 5, 3)
+    model = load_model(import_exported_program(torch.export.export(module, (x, y))), resolve_target(kind, 0), None,
+                       function="main", log=None)
+    with torch.no_grad():
+        expected = module.double()(x.double(), y.double())
+    for ours, theirs in zip(model(x.numpy(), y.numpy()), expected, strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_concatenation_of_an_empty_slice_runs(opencl):
+    """A partial rotary embedding whose rotated part is the whole head (Phi-3's): the pass-through
+    slice ``x[..., 4:]`` of a 4-wide head is empty, and the fused kernel concatenating it had
+    loops of extent 0, which dlight's fallback divided by ("no schedule")."""
+    from tvm_ext.relax.pipeline import load_model
+
+    class PartialRotary(nn.Module):
+        def forward(self, x, cos):
+            rotated = x[..., :4] * cos + torch.cat((-x[..., 2:4], x[..., :2]), -1)
+            return torch.cat((rotated, x[..., 4:]), -1)
+
+    x, cos = torch.randn(2, 3, 4), torch.randn(3, 4)
+    model = load_model(import_exported_program(torch.export.export(PartialRotary(), (x, cos))), opencl, None,
+                       function="main", log=None)
+    (out,) = model(x.numpy(), cos.numpy())
+    np.testing.assert_allclose(out, PartialRotary()(x, cos).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_the_reduction_rule_still_takes_other_reductions(opencl):
+    """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
+    import tvm
+
+    from tvm_ext.relax.pipeline import legalize_and_fuse
+    from tvm_ext.relax.reduction_rule import guarded_reduction_rule
+
+    class SumAndConvolve(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pointwise = nn.Conv1d(8, 8, 1, groups=2)
+
+        def forward(self, x):
+            return x.sum(-1), self.pointwise(x)
+
+    program = torch.export.export(SumAndConvolve(), (torch.randn(2, 8, 6),))
+    funcs = {gv.name_hint: f for gv, f in legalize_and_fuse(import_exported_program(program), opencl).functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)}
+    target = tvm.target.Target(opencl.tvm_target())
+    taken = {name: guarded_reduction_rule().apply(f, target, False) is not None for name, f in funcs.items()}
+    assert taken == {"sum": True, "fused_conv1d_add": False}, taken
+
+
 def test_operators_the_frontend_converted_wrongly_run_as_torch_gives_them(opencl):
     """Each output on PoCL against torch's on the same inputs (integers exactly)."""
     from tvm_ext.relax.pipeline import load_model

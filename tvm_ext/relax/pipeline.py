@@ -112,7 +112,8 @@ def match_tasks(tasks: Sequence[Any], target: TargetInfo, without: Collection[st
 
 
 def default_rules() -> list[Any]:
-    """TVM's default GPU schedules, in the order TVM's CUDA pipeline applies them, with the
+    """TVM's default GPU schedules, in the order TVM's CUDA pipeline applies them (``Reduction``
+    kept off grouped convolutions' reads: ``reduction_rule.py``), with the
     row-copy rule (``copy_rule.py``: attention's head split and merge 16 bytes a thread)
     before the fallback and one rule after it (``outer_loops_rule.py``: where the fallback
     gives up, each top-level block's loops on threads)."""
@@ -120,9 +121,10 @@ def default_rules() -> list[Any]:
 
     from .copy_rule import vectorized_copy_rule
     from .outer_loops_rule import outer_loops_rule
+    from .reduction_rule import guarded_reduction_rule
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), vectorized_copy_rule(),
-            dl.gpu.Fallback(), outer_loops_rule()]
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), guarded_reduction_rule(), dl.gpu.GeneralReduction(),
+            vectorized_copy_rule(), dl.gpu.Fallback(), outer_loops_rule()]
 
 
 def next_rule_on_error(rules: Sequence[Any]) -> list[Any]:

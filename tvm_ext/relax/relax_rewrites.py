@@ -36,6 +36,9 @@ built from the same rewritten module.
   fallback launched one kernel per element (12 launches for 12 elements, a million for a
   million) and kept the sum in a buffer of the host's, which the OpenCL executor does not have;
   as one row it takes the row schedules and the row template.
+- ``empty_concats``: a ``concat`` drops its operands of no elements (a model's partial rotary
+  embedding whose rotated part is the whole head: Phi-3 concatenates ``q[..., 16:]`` of a
+  16-wide head): their blocks have loops of extent 0, which dlight's fallback divides by.
 - ``clamp_takes``: a ``take`` in fast mode takes in clip mode.  TVM 0.27's frontends take rows
   in fast mode (torch's ``embedding``, ONNX's ``Gather``), which reads outside the data for an
   index past it (a token id past an embedding table; torch raises there): an illegal address on
@@ -182,6 +185,8 @@ def _make_mutator() -> Any:
                 return self._binary(call)
             if name in WHOLE_REDUCTIONS:
                 return self._whole_reduction(call)
+            if name == "relax.concat":
+                return self._without_empty_operands(call)
             if name == "relax.take" and call.attrs.mode == "fast":  # clamp_takes (idempotent: not counted)
                 return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
             return call
@@ -203,6 +208,19 @@ def _make_mutator() -> Any:
             reduced = self.builder_.emit(op(row, 1) if _op_name(call) in ("relax.argmax", "relax.argmin")
                                          else op(row, [1]))
             return relax.op.reshape(reduced, out)
+
+        def _without_empty_operands(self, call: Any) -> Any:
+            """``empty_concats``: ``call`` without its operands of no elements (static shapes with
+            a zero), where a non-empty one is left (else ``call``)."""
+            operands = self._producer(call.args[0])
+            if not isinstance(operands, relax.Tuple):
+                return call
+            shapes = [_static(_shape(f)) for f in operands.fields]
+            kept = [f for f, shape in zip(operands.fields, shapes) if shape is None or 0 not in shape]
+            if len(kept) == len(shapes) or not kept:
+                return call
+            self.changed += 1
+            return kept[0] if len(kept) == 1 else relax.op.concat(kept, call.attrs.axis)
 
         def _binary(self, call: Any) -> Any:
             for side in (0, 1):
@@ -283,7 +301,8 @@ def _make_mutator() -> Any:
 
 def rewrite_model(mod: Any, target: Any = None) -> Any:
     """``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` and ``narrow_weight_rows``
-    (for a ``target`` with wgmma), ``sink_reshapes``, ``whole_reductions`` and ``clamp_takes`` on every Relax function,
+    (for a ``target`` with wgmma), ``sink_reshapes``, ``whole_reductions``, ``empty_concats`` and ``clamp_takes`` on
+    every Relax function,
     until nothing changes; dead bindings are removed."""
     import tvm
     from tvm import relax
