@@ -434,6 +434,36 @@ def test_a_concatenation_of_an_empty_slice_runs(opencl):
     np.testing.assert_allclose(out, PartialRotary()(x, cos).numpy(), rtol=1e-6, atol=1e-6)
 
 
+class _SqueezeExcite(nn.Module):
+    """A squeeze-and-excitation gate (RegNet's, EfficientNet's): a 1x1 convolution of the pooled
+    channels, fused with the gating multiply, which dlight schedules as two kernels with a
+    buffer between them that the host function allocates."""
+
+    def __init__(self):
+        super().__init__()
+        self.squeeze = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return x[:, :4] * torch.sigmoid(self.squeeze(x.mean((2, 3), keepdim=True)))
+
+
+def test_a_buffer_the_host_allocates_between_kernels_is_given_on_opencl(opencl):
+    """Such a function was refused on OpenCL (its kernels took ``workspace:...`` from the host
+    function: LeViT, RegNet and MobileViT stopped); the OpenCL executor now allocates the buffer
+    as a value of the plan, and the output matches torch."""
+    from tvm_ext.relax.pipeline import load_model
+
+    torch.manual_seed(6)
+    module, x = _SqueezeExcite().eval(), torch.randn(2, 8, 5, 5)
+    model = load_model(import_exported_program(torch.export.export(module, (x,))), opencl, None, function="main",
+                       log=None)
+    assert [name for step in model._exec.plan.steps for name, _ in step.artifact.workspaces] == \
+        ["conv2d_nchw_intermediate"]
+    (out,) = model(x.numpy())
+    with torch.no_grad():
+        np.testing.assert_allclose(out, module(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm

@@ -66,6 +66,8 @@ class Artifact:
     params: tuple[str, ...]  # every buffer by name: inputs, outputs, then scratch
     library: bytes = field(default=b"", repr=False)  # CUDA: the exported TVM module (a shared library)
     calls: tuple[KernelLaunch, ...] = ()  # CUDA: the functions of ``library`` called in order
+    # OpenCL: buffers the launches take as ``workspace:NAME`` (TVM's runtime allocates them on CUDA)
+    workspaces: tuple[tuple[str, TensorSpec], ...] = ()
 
     @property
     def source_hash(self) -> str:
@@ -134,6 +136,15 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     by the launch extents named by ``launch_params``; that gives launch order,
     argument order and grid/block sizes without parsing generated source.
     """
+    launches, params, _ = host_launches(mod, target)
+    return launches, params
+
+
+def host_launches(mod: Any, target: TargetInfo
+                  ) -> tuple[tuple[KernelLaunch, ...], tuple[str, ...], dict[str, TensorSpec]]:
+    """``extract_launches``, and the global buffers the host function allocates for its kernels
+    (TVM's workspace: a schedule's intermediate between two kernels), each by the name its
+    launches give it (``workspace:NAME``) with its size."""
     import tvm
     import tvm_ffi
     from tvm.target import Target
@@ -154,10 +165,12 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
     pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(tgt)
     host, _ = split_host_device_mods(pipeline(lowered))
     calls: list[Any] = []
-    workspaces: set[str] = set()  # the buffers the host function allocates (TVM's workspace)
+    workspaces: dict[str, TensorSpec] = {}  # the buffers the host function allocates (TVM's workspace)
 
     def allocated(node: Any) -> None:
-        workspaces.add(str(node.buffer.data))
+        buffer = node.buffer
+        elements = int(np.prod([int(d) for d in buffer.shape])) if len(buffer.shape) else 1
+        workspaces[str(buffer.data).removesuffix(".data")] = TensorSpec((elements,), str(buffer.dtype))
 
     def visit(node: Any) -> None:
         if getattr(node.op, "name", "") == "tirx.call_ffi_kernel":
@@ -188,7 +201,7 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
             if isinstance(arg, tvm.tirx.Var) and "int" in str(arg.ty):  # a host loop's index
                 args.append(f"loop:{text}")
                 continue
-            if text in workspaces:  # a global buffer of the function's own
+            if text.removesuffix(".data") in workspaces:  # a global buffer of the function's own
                 args.append(f"{WORKSPACE}{text.removesuffix('.data')}")
                 continue
             if _is_tensor_map(arg):  # encoded by the host function before the launch
@@ -202,7 +215,7 @@ def extract_launches(mod: Any, target: TargetInfo) -> tuple[tuple[KernelLaunch, 
         cluster = tuple(extents.get(tag, 1) for tag in CLUSTER_TAGS)
         launches.append(KernelLaunch(str(call.args[0].value), tuple(args), grid, block,  # type: ignore[arg-type]
                                      extents.get(DYN_SHARED_TAG, 0), cluster))  # type: ignore[arg-type]
-    return tuple(launches), params
+    return tuple(launches), params, workspaces
 
 
 def lower_check(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from ..core.errors import TvmExtError
 from ..lowering.opencl_constants import install_exact_opencl_constants
 from ..measure.executors import OpenclExecutor
-from ..measure.program import Artifact, TensorSpec, extract_launches
+from ..measure.program import WORKSPACE, Artifact, TensorSpec, host_launches
 from ..target import TargetInfo
 
 
@@ -61,6 +61,7 @@ class Step:
     func: str  # PrimFunc name in the IRModule
     artifact: Artifact
     args: tuple[str, ...]  # value names, positionally matching ``artifact.params``
+    workspaces: tuple[str, ...] = ()  # value names, positionally matching ``artifact.workspaces``
 
 
 @dataclass(frozen=True)
@@ -156,13 +157,14 @@ def build_primfunc(func: Any, target: TargetInfo) -> Artifact:
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     ex = tvm.compile(mod, target=tvm.target.Target(target.tvm_target()))
     source = ex.mod.imports[0].inspect_source() if ex.mod.imports else ""
-    launches, params = extract_launches(mod, target)
-    for launch in launches:  # what only TVM's runtime gives a kernel: a host loop's index, its own buffer
-        unbound = [a for a in launch.args if isinstance(a, str) and a not in params]
+    launches, params, workspaces = host_launches(mod, target)
+    for launch in launches:  # what only TVM's runtime gives a kernel: a host loop's index
+        unbound = [a for a in launch.args if isinstance(a, str) and a not in params
+                   and a.removeprefix(WORKSPACE) not in workspaces]
         if unbound:
-            raise TvmExtError(f"its kernels take {unbound[0]!r} from the host function (a loop's index or a buffer "
-                              "it allocates), which the OpenCL executor does not run")
-    return Artifact("opencl", source, launches, params)
+            raise TvmExtError(f"its kernels take {unbound[0]!r} from the host function (a loop's index), "
+                              "which the OpenCL executor does not run")
+    return Artifact("opencl", source, launches, params, workspaces=tuple(workspaces.items()))
 
 
 def plan_relax(mod: Any, target: TargetInfo, function: str | None = None) -> Plan:
@@ -290,7 +292,9 @@ class _Planner:
         if len(step_args) != len(artifact.params):
             raise TvmExtError(f"call_tir {gv.name_hint} passes {len(step_args)} tensors, "
                               f"the PrimFunc takes {len(artifact.params)}")
-        self.steps.append(Step(gv.name_hint, artifact, step_args))
+        workspaces = tuple(self.add_value(f"{gv.name_hint}.{name}", spec.shape, spec.dtype)
+                           for name, spec in artifact.workspaces)  # a schedule's buffer between two kernels
+        self.steps.append(Step(gv.name_hint, artifact, step_args, workspaces))
 
     def packed_step(self, var: Any, call: Any) -> None:
         program_name = str(call.args[0].global_symbol)
@@ -328,6 +332,8 @@ class OpenCLExecutor:
         steps = []
         for step in plan.steps:
             bound = dict(zip(step.artifact.params, step.args))
+            bound.update((f"{WORKSPACE}{name}", value) for (name, _), value in zip(step.artifact.workspaces,
+                                                                                   step.workspaces))
             steps += [(step.artifact.source, replace(launch, args=tuple(bound[a] if isinstance(a, str) else a
                                                                           for a in launch.args)))
                       for launch in step.artifact.launches]
