@@ -464,6 +464,32 @@ def test_a_buffer_the_host_allocates_between_kernels_is_given_on_opencl(opencl):
         np.testing.assert_allclose(out, module(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
+class _Indexing(nn.Module):
+    """Advanced indexing as models write it: ``F.unfold`` (ConvBERT's im2col: an index of four
+    dimensions beside full slices, which TVM's converter refused), rows, a column per row, two
+    broadcast index tensors apart (the broadcast shape first), negative and int32 indices."""
+
+    def forward(self, x, rows, cols):
+        image = x[:, :, :, None]
+        unfolded = nn.functional.unfold(image, kernel_size=[3, 1], padding=[1, 0])
+        return (unfolded, x[rows], x[:, cols], x[rows[:, None], :, cols[None, :2]], x[..., -1],
+                x[rows.int(), (cols % 4).int() - 4])
+
+
+def test_advanced_indexing_runs_as_torch_gives_it(opencl):
+    """Each output on PoCL equal to torch's."""
+    from tvm_ext.relax.pipeline import load_model
+
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(7))
+    rows, cols = torch.tensor([2, -1, 0]), torch.tensor([1, 3, -2])
+    model = load_model(import_exported_program(torch.export.export(_Indexing(), (x, rows, cols))), opencl, None,
+                       function="main", log=None)
+    expected = _Indexing()(x, rows, cols)
+    for ours, theirs in zip(model(x.numpy(), rows.numpy(), cols.numpy()), expected, strict=True):
+        assert ours.shape == tuple(theirs.shape)
+        np.testing.assert_array_equal(ours, theirs.numpy())
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm
