@@ -490,6 +490,27 @@ def test_advanced_indexing_runs_as_torch_gives_it(opencl):
         np.testing.assert_array_equal(ours, theirs.numpy())
 
 
+class _Descending(nn.Module):
+    """Relative positions counted down (Funnel Transformer's ``arange(8, -8, -1)``), an odd step
+    past the end, a float step, each added to an input of its length."""
+
+    def forward(self, x, y, z):
+        return (torch.arange(8, -8, -1) + x, torch.arange(5, 0, -2) + y,
+                torch.arange(1.0, -1.0, -0.5) + z)
+
+
+def test_a_descending_arange_has_torchs_length_and_values(opencl):
+    """TVM's arange gave ``arange(8, -8, -1)`` a length of 18 (its kernel wrote 16): the import
+    stopped at the broadcast after it.  Each output equal to torch's."""
+    from tvm_ext.relax.pipeline import load_model
+
+    x, y, z = torch.zeros(16, dtype=torch.int64), torch.ones(3, dtype=torch.int64), torch.zeros(4)
+    model = load_model(import_exported_program(torch.export.export(_Descending(), (x, y, z))), opencl, None,
+                       function="main", log=None)
+    for ours, theirs in zip(model(x.numpy(), y.numpy(), z.numpy()), _Descending()(x, y, z), strict=True):
+        np.testing.assert_array_equal(ours, theirs.numpy())
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm

@@ -419,6 +419,33 @@ def _index_as_torch(node: Any, importer: Any) -> Any:
     return emit(relax.op.take(emit(relax.op.reshape(x, merged)), linear, axis=front))
 
 
+def _arange_as_torch(node: Any, importer: Any) -> Any:
+    """``arange`` with a negative step as ``start + step * arange(0, n)``, ``n`` as torch counts it.
+    TVM 0.27's ``relax.op.arange`` gives a negative step a length of ``(end - start + step - 1) //
+    step`` (18 for ``arange(8, -8, -1)``, Funnel Transformer's relative positions), while its kernel
+    writes 16 values; the import then stopped at the next broadcast, or the buffer held two values
+    never written.  A positive step, or a bound known only at run time, keeps TVM's converter."""
+    import math
+
+    from tvm import relax
+
+    bounds = {"start": 0, "end": None, "step": 1, **{k: v for k, v in node.kwargs.items()
+                                                     if k in ("start", "end", "step")}}
+    given = list(node.args)
+    for key in (("end",), ("start", "end"), ("start", "end", "step"))[len(given) - 1] if given else ():
+        bounds[key] = given.pop(0)
+    start, end, step = bounds["start"], bounds["end"], bounds["step"]
+    if not all(isinstance(v, (int, float)) for v in (start, end, step)) or step >= 0:
+        return importer._arange(node)
+    dtype = node.kwargs.get("dtype")
+    dtype = _dtype_name(dtype) if dtype is not None else \
+        "float32" if any(isinstance(v, float) for v in (start, end, step)) else "int64"
+    count = max(0, math.ceil((end - start) / step))
+    emit = importer.block_builder.emit
+    steps = emit(relax.op.arange(0, count, 1, dtype=dtype))
+    return emit(relax.op.add(relax.const(start, dtype), emit(relax.op.multiply(steps, relax.const(step, dtype)))))
+
+
 def _slice_within_bounds(node: Any, importer: Any, highest: dict[str, int]) -> Any:
     """``slice`` (``x[:, :n]``) whose end is a symbolic size the program bounds by the sliced
     dimension (``highest``: each symbol's upper bound), as an in-bound slice.  TVM 0.27's converter
@@ -454,7 +481,8 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
               "scatter_add.default": _scatter_reduce, "scatter_reduce.two": _scatter_reduce,
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
-              "_cdist_forward.default": _cdist, "index.Tensor": _index_as_torch, SDPA_OP: convert_sdpa}
+              "_cdist_forward.default": _cdist, "index.Tensor": _index_as_torch,
+              "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa}
 
 
 def import_exported_program(program: Any) -> Any:
