@@ -303,6 +303,30 @@ def test_an_operator_no_converter_takes_is_refused_naming_its_node_and_line():
         import_exported_program(program)
 
 
+@torch.library.custom_op("tvm_ext_test::grouped_mm_fallback", mutates_args=())
+def _grouped_mm_fallback(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Stands in for transformers' MoE experts op of that name (the refusal names it, not its body)."""
+    return x @ w
+
+
+@_grouped_mm_fallback.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], w.shape[1])
+
+
+def test_a_transformers_mixture_of_experts_is_refused_with_the_export_that_runs():
+    """Transformers' default MoE experts (``grouped_mm_fallback``): the refusal says how to export
+    the model so it imports (its ``batched_mm`` experts are plain batched matmuls)."""
+    class Experts(nn.Module):
+        def forward(self, x, w):
+            return _grouped_mm_fallback(x, w)
+
+    program = torch.export.export(Experts(), (torch.randn(3, 4), torch.randn(4, 5)))
+    with pytest.raises(TvmExtError, match=r"no converter in TVM's torch frontend \(a transformers mixture of "
+                                          r"experts: export it with experts_implementation=\"batched_mm\"\)$"):
+        import_exported_program(program)
+
+
 def test_tune_model_refuses_an_unconverted_operator_of_a_pt2_in_one_line(tmp_path):
     import subprocess
     import sys

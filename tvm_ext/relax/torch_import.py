@@ -525,8 +525,12 @@ def _refuse_unconverted(program: Any, custom: dict[str, Any]) -> None:
     missing = [n for n in program.graph.nodes
                if n.op == "call_function" and getattr(n.target, "__name__", None) not in known]
     if missing:
-        raise unconverted_error(_torch_node_name(missing[0]), sorted({n.target.__name__ for n in missing}),
-                                len(missing), "torch")
+        kinds = sorted({n.target.__name__ for n in missing})
+        error = unconverted_error(_torch_node_name(missing[0]), kinds, len(missing), "torch")
+        if "grouped_mm_fallback.default" in kinds:  # a transformers MoE model's default experts
+            error = TvmExtError(f"{error} (a transformers mixture of experts: export it with "
+                                "experts_implementation=\"batched_mm\")")
+        raise error
 
 
 def _torch_node_name(node: Any) -> str:
