@@ -535,6 +535,36 @@ def test_a_descending_arange_has_torchs_length_and_values(opencl):
         np.testing.assert_array_equal(ours, theirs.numpy())
 
 
+class _OrderStatistics(nn.Module):
+    """What the frontend had no converter for: a stable sort (both ways), ``kthvalue``, ``median``
+    over a dimension (rows with NaN) and over everything."""
+
+    def forward(self, x, y):
+        return (*torch.sort(x, dim=1, stable=True), *torch.sort(x, dim=0, descending=True, stable=True),
+                *torch.kthvalue(x, 2, dim=1), *torch.median(y, dim=0, keepdim=True), torch.median(y),
+                torch.median(x))
+
+
+def test_order_statistics_run_as_torch_gives_them(opencl):
+    """Sorts equal to torch's, indices too (stable: ties in input order); ``kthvalue`` and
+    ``median`` values equal to torch's (NaN where a column holds one), their indices where those
+    values are (torch names no particular one of tied elements)."""
+    from tvm_ext.relax.pipeline import load_model
+
+    nan = float("nan")
+    x = torch.tensor([[3., 1., 3., 2., 1.], [0., 0., 5., -1., 0.], [2., 2., 2., 2., 2.]])
+    y = torch.tensor([[1., nan, 3.], [2., 0., 1.], [0., 4., nan], [5., 1., 2.]])
+    model = load_model(import_exported_program(torch.export.export(_OrderStatistics(), (x, y))), opencl, None,
+                       function="main", log=None)
+    ours, theirs = model(x.numpy(), y.numpy()), [t.numpy() for t in _OrderStatistics()(x, y)]
+    assert len(ours) == len(theirs)
+    for got, expected in zip(ours[:4] + ours[6:7] + ours[8:], theirs[:4] + theirs[6:7] + theirs[8:]):
+        np.testing.assert_array_equal(got, expected)  # sorts, the medians' values (NaN alike)
+    np.testing.assert_array_equal(ours[4], theirs[4])
+    np.testing.assert_array_equal(np.take_along_axis(x.numpy(), ours[5][:, None], 1)[:, 0], theirs[4])
+    np.testing.assert_array_equal(ours[7], theirs[7])  # a NaN column: the first NaN, as torch
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm

@@ -34,6 +34,7 @@ from ..core.errors import TvmExtError, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
+from .torch_ranks import CONVERTERS as RANK_CONVERTERS
 
 GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
 
@@ -482,7 +483,7 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "scatter_add.default": _scatter_reduce, "scatter_reduce.two": _scatter_reduce,
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
               "_cdist_forward.default": _cdist, "index.Tensor": _index_as_torch,
-              "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa}
+              "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS}
 
 
 def import_exported_program(program: Any) -> Any:

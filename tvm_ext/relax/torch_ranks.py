@@ -1,0 +1,79 @@
+"""torch's order statistics that TVM 0.27's torch frontend has no converter for: ``sort`` with
+``stable=True``, ``kthvalue``, and ``median`` over a dimension or the whole tensor.
+
+Each is one ``argsort`` and a gather by it: on OpenCL the argsort is ``relax/sorts.py``'s counted
+rank (stable, NaN above every number, as torch orders them), on CUDA TVM's sort.  ``median`` is
+the lower of the two middle values, as torch's, and NaN with the index of the first NaN where
+the reduced slice holds one (torch's median propagates NaN; its ``kthvalue`` orders NaN last).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _arg(node: Any, position: int, name: str, default: Any) -> Any:
+    return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
+
+
+def stable_sort(node: Any, importer: Any) -> Any:
+    """``sort.stable(x, *, stable, dim=-1, descending=False)``: (values, int64 indices)."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim, descending = int(node.kwargs.get("dim", -1)), bool(node.kwargs.get("descending", False))
+    emit = importer.block_builder.emit
+    indices = emit(relax.op.argsort(x, dim, descending, dtype="int64"))
+    return emit(relax.Tuple([emit(relax.op.gather_elements(x, indices, axis=dim)), indices]))
+
+
+def _ranked(importer: Any, x: Any, rank: int, dim: int, keepdim: bool, nan_wins: bool) -> Any:
+    """The ``rank``-th smallest along ``dim`` (0-based) and its index, as a (values, indices)
+    tuple; ``nan_wins``: NaN and the first NaN's index where the slice holds a NaN."""
+    from tvm import relax
+
+    emit = importer.block_builder.emit
+    at = emit(relax.op.take(emit(relax.op.argsort(x, dim, False, dtype="int64")),
+                            relax.const([rank], "int64"), axis=dim))
+    values = emit(relax.op.gather_elements(x, at, axis=dim))
+    dtype = str(x.ty.dtype)
+    if nan_wins and dtype.startswith(("float", "bfloat")):
+        nans = emit(relax.op.astype(emit(relax.op.isnan(x)), "int32"))
+        first = emit(relax.op.argmax(nans, axis=dim, keepdims=True))
+        has_nan = emit(relax.op.greater(emit(relax.op.max(nans, axis=[dim], keepdims=True)), relax.const(0, "int32")))
+        values = emit(relax.op.where(has_nan, relax.const(float("nan"), dtype), values))
+        at = emit(relax.op.where(has_nan, emit(relax.op.astype(first, "int64")), at))
+    if not keepdim:
+        values, at = emit(relax.op.squeeze(values, [dim])), emit(relax.op.squeeze(at, [dim]))
+    return emit(relax.Tuple([values, at]))
+
+
+def _size(x: Any, dim: int) -> int:
+    return int(x.ty.shape[dim])
+
+
+def kthvalue(node: Any, importer: Any) -> Any:
+    """``kthvalue(x, k, dim=-1, keepdim=False)``: the k-th smallest (1-based) and its index."""
+    x = importer.env[node.args[0]]
+    dim = int(_arg(node, 2, "dim", -1))
+    return _ranked(importer, x, int(node.args[1]) - 1, dim, bool(_arg(node, 3, "keepdim", False)), nan_wins=False)
+
+
+def median_dim(node: Any, importer: Any) -> Any:
+    """``median(x, dim, keepdim=False)``: the lower middle value and its index."""
+    x = importer.env[node.args[0]]
+    dim = int(_arg(node, 1, "dim", -1))
+    return _ranked(importer, x, (_size(x, dim) - 1) // 2, dim, bool(_arg(node, 2, "keepdim", False)), nan_wins=True)
+
+
+def median_all(node: Any, importer: Any) -> Any:
+    """``median(x)``: the lower middle value of every element (a 0-d tensor)."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    flat = importer.block_builder.emit(relax.op.reshape(x, [-1]))
+    ranked = _ranked(importer, flat, (_size(flat, 0) - 1) // 2, 0, False, nan_wins=True)
+    return importer.block_builder.emit(relax.TupleGetItem(ranked, 0))
+
+
+CONVERTERS = {"sort.stable": stable_sort, "kthvalue.default": kthvalue, "median.dim": median_dim,
+              "median.default": median_all}
