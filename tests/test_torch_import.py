@@ -565,6 +565,44 @@ def test_order_statistics_run_as_torch_gives_them(opencl):
     np.testing.assert_array_equal(ours[7], theirs[7])  # a NaN column: the first NaN, as torch
 
 
+class _Assignments(nn.Module):
+    """Indexed writes as models write them (each refused by TVM's frontend, or left with no
+    schedule): rows assigned, a column per row assigned, a mask zeroed, rows added with
+    duplicates (``index_put_(..., accumulate=True)``), ``index_add``, negative indices."""
+
+    def forward(self, x, rows, cols, v):
+        a, b, c, d = x.clone(), x.clone(), x.clone(), x.clone()
+        a[rows] = v
+        b[:, cols] = v[0, :4, None]
+        c[x < 0] = 0
+        d.index_put_((rows[:1].repeat(3),), v, accumulate=True)
+        return a, b, c, d, x.index_add(0, rows.abs(), v), x.index_add(1, cols, x[:, :2] * 2)
+
+
+def test_indexed_writes_run_as_torch_gives_them(opencl):
+    """Each output on PoCL against torch's; a boolean mask with several values (a shape torch
+    knows only at run time) is refused in one line."""
+    from tvm_ext.relax.pipeline import load_model
+
+    gen = torch.Generator().manual_seed(8)
+    x, v = torch.randn(4, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    rows, cols = torch.tensor([2, 0, -1]), torch.tensor([1, 4])
+    model = load_model(import_exported_program(torch.export.export(_Assignments(), (x, rows, cols, v))), opencl,
+                       None, function="main", log=None)
+    for ours, theirs in zip(model(x.numpy(), rows.numpy(), cols.numpy(), v.numpy()),
+                            _Assignments()(x, rows, cols, v), strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)
+
+    class ValuesUnderAMask(nn.Module):
+        def forward(self, x, v):
+            y = x.clone()
+            y[x < 0] = v[:2]
+            return y
+
+    with pytest.raises(TvmExtError, match="for a mask of the leading dimensions and one value"):
+        import_exported_program(torch.export.export(ValuesUnderAMask(), (x, torch.ones(3))))
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm

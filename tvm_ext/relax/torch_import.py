@@ -34,6 +34,7 @@ from ..core.errors import TvmExtError, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
+from .torch_indexing import CONVERTERS as INDEXING_CONVERTERS
 from .torch_ranks import CONVERTERS as RANK_CONVERTERS
 
 GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
@@ -386,40 +387,6 @@ def _scatter_reduce(node: Any, importer: Any) -> Any:
     return emit(relax.op.scatter_elements(data, index, src, axis=dim, reduction=SCATTER_REDUCTIONS[reduce]))
 
 
-def _index_as_torch(node: Any, importer: Any) -> Any:
-    """``index.Tensor`` (``x[:, i, j]``) as torch indexes: the index tensors broadcast together,
-    a negative index counts from the end, and the broadcast shape takes the indexed dimensions'
-    place where they are adjacent (else it comes first); computed as one ``take`` of a linear
-    index over the indexed dimensions merged.  TVM 0.27's converter refused index tensors of
-    several dimensions beside a full slice ("cannot broadcast index shapes": ``F.unfold``,
-    ConvBERT's).  A boolean mask or a shape known only at run time keeps TVM's converter."""
-    from tvm import relax, tirx
-
-    x = importer.env[node.args[0]]
-    indices = list(node.args[1]) + [None] * (x.ty.ndim - len(node.args[1]))
-    shape = [int(d) if isinstance(d, tirx.IntImm) else None for d in (x.ty.shape or [])]
-    dims = [d for d, index in enumerate(indices) if index is not None]
-    tensors = [importer.env[indices[d]] for d in dims]
-    if not shape or None in shape or any(str(t.ty.dtype) == "bool" for t in tensors):
-        return importer._index_tensor(node)
-    emit = importer.block_builder.emit
-    linear = None
-    for d, index in zip(dims, tensors):
-        index = emit(relax.op.astype(index, "int64"))
-        size = relax.const(shape[d], "int64")
-        index = emit(relax.op.where(relax.op.less(index, relax.const(0, "int64")), relax.op.add(index, size), index))
-        linear = index if linear is None else emit(relax.op.add(emit(relax.op.multiply(linear, size)), index))
-    others = [d for d in range(len(shape)) if d not in dims]
-    adjacent = dims == list(range(dims[0], dims[-1] + 1))
-    order = list(range(len(shape))) if adjacent else dims + others
-    if not adjacent:
-        x = emit(relax.op.permute_dims(x, order))
-    front = dims[0] if adjacent else 0
-    merged = [shape[o] for o in order]
-    merged = merged[:front] + [int(np.prod([shape[d] for d in dims]))] + merged[front + len(dims):]
-    return emit(relax.op.take(emit(relax.op.reshape(x, merged)), linear, axis=front))
-
-
 def _arange_as_torch(node: Any, importer: Any) -> Any:
     """``arange`` with a negative step as ``start + step * arange(0, n)``, ``n`` as torch counts it.
     TVM 0.27's ``relax.op.arange`` gives a negative step a length of ``(end - start + step - 1) //
@@ -482,7 +449,7 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
               "scatter_add.default": _scatter_reduce, "scatter_reduce.two": _scatter_reduce,
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
-              "_cdist_forward.default": _cdist, "index.Tensor": _index_as_torch,
+              "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS,
               "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS}
 
 

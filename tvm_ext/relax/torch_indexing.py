@@ -1,0 +1,119 @@
+"""torch's advanced indexing, read and written, as torch computes it: ``index.Tensor``
+(``x[:, i, j]``) and ``index_put`` (``x[i] = v``, ``x[:, i] += v``, ``x[mask] = 0``,
+``index_add``), which TVM 0.27's torch frontend refuses or converts wrongly in the forms models
+write (index tensors of several dimensions beside a full slice; fewer index tensors than
+dimensions; a boolean mask).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import TvmExtError
+
+
+def _from_the_end(emit: Any, index: Any, size: int) -> Any:
+    """An index tensor in int64, a negative index counted from the end of a dimension of ``size``."""
+    from tvm import relax
+
+    index = emit(relax.op.astype(index, "int64"))
+    return emit(relax.op.where(relax.op.less(index, relax.const(0, "int64")),
+                               relax.op.add(index, relax.const(size, "int64")), index))
+
+
+def _static_shape(x: Any) -> list[int] | None:
+    from tvm import tirx
+
+    dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in (x.ty.shape or [])]
+    return None if None in dims or x.ty.shape is None else dims
+
+
+def index_tensor(node: Any, importer: Any) -> Any:
+    """``index.Tensor`` (``x[:, i, j]``) as torch indexes: the index tensors broadcast together,
+    a negative index counts from the end, and the broadcast shape takes the indexed dimensions'
+    place where they are adjacent (else it comes first); computed as one ``take`` of a linear
+    index over the indexed dimensions merged.  TVM 0.27's converter refused index tensors of
+    several dimensions beside a full slice ("cannot broadcast index shapes": ``F.unfold``,
+    ConvBERT's).  A boolean mask or a shape known only at run time keeps TVM's converter."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    indices = list(node.args[1]) + [None] * (x.ty.ndim - len(node.args[1]))
+    shape = _static_shape(x)
+    dims = [d for d, index in enumerate(indices) if index is not None]
+    tensors = [importer.env[indices[d]] for d in dims]
+    if not shape or any(str(t.ty.dtype) == "bool" for t in tensors):
+        return importer._index_tensor(node)
+    emit = importer.block_builder.emit
+    linear = None
+    for d, index in zip(dims, tensors):
+        index = _from_the_end(emit, index, shape[d])
+        size = relax.const(shape[d], "int64")
+        linear = index if linear is None else emit(relax.op.add(emit(relax.op.multiply(linear, size)), index))
+    others = [d for d in range(len(shape)) if d not in dims]
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    order = list(range(len(shape))) if adjacent else dims + others
+    if not adjacent:
+        x = emit(relax.op.permute_dims(x, order))
+    front = dims[0] if adjacent else 0
+    merged = [shape[o] for o in order]
+    merged = merged[:front] + [int(np.prod([shape[d] for d in dims]))] + merged[front + len(dims):]
+    return emit(relax.op.take(emit(relax.op.reshape(x, merged)), linear, axis=front))
+
+
+def index_put(node: Any, importer: Any) -> Any:
+    """``index_put(x, indices, values, accumulate)``: a boolean mask of x's leading dimensions with
+    one value as a ``where``; integer index tensors on adjacent dimensions (full slices before and
+    after them) as a ``scatter_nd`` of every element of ``x[indices]``'s region, its coordinates
+    through the indexed dimensions (``relax/scatters.py`` runs it on the GPUs), ``values``
+    broadcast to the region, added where ``accumulate``."""
+    from tvm import relax
+
+    x, values = importer.env[node.args[0]], importer.env[node.args[2]]
+    accumulate = bool(node.args[3]) if len(node.args) > 3 else bool(node.kwargs.get("accumulate", False))
+    shape = _static_shape(x)
+    given = list(node.args[1])
+    dims = [d for d, index in enumerate(given) if index is not None]
+    tensors = [importer.env[given[d]] for d in dims]
+    if shape is None or any(_static_shape(t) is None for t in tensors + [values]):
+        raise TvmExtError("index_put with a shape known only at run time is not converted")
+    emit = importer.block_builder.emit
+    if any(str(t.ty.dtype) == "bool" for t in tensors):
+        return _masked_put(emit, x, shape, dims, tensors, values, accumulate)
+    if dims != list(range(dims[0], dims[-1] + 1)):
+        raise TvmExtError("index_put with index tensors on dimensions apart is not converted")
+    first, depth = dims[0], dims[-1] + 1
+    spread = list(np.broadcast_shapes(*[tuple(_static_shape(t)) for t in tensors]))
+    region = shape[:first] + spread  # the coordinates' shape, before their depth
+    coords = []
+    for d in range(first):  # a full slice before the indexed dimensions: every position
+        axis = [1] * len(region)
+        axis[d] = shape[d]
+        coords.append(emit(relax.op.broadcast_to(emit(relax.op.reshape(
+            relax.op.arange(0, shape[d], 1, "int64"), axis)), region)))
+    for d, index in zip(dims, tensors):
+        index = emit(relax.op.broadcast_to(_from_the_end(emit, index, shape[d]), spread))
+        coords.append(emit(relax.op.broadcast_to(emit(relax.op.reshape(index, [1] * first + spread)), region)))
+    updates = emit(relax.op.broadcast_to(emit(relax.op.astype(values, str(x.ty.dtype))), region + shape[depth:]))
+    return emit(relax.op.scatter_nd(x, emit(relax.op.stack(coords, axis=-1)), updates,
+                                    "add" if accumulate else "update"))
+
+
+def _masked_put(emit: Any, x: Any, shape: list[int], dims: list[int], tensors: list[Any], values: Any,
+                accumulate: bool) -> Any:
+    """``x[mask] = v`` (or ``+=``) for a mask of x's leading dimensions and one value."""
+    from tvm import relax
+
+    mask_shape = _static_shape(tensors[0])
+    if dims != [0] or mask_shape != shape[:len(mask_shape)] or int(np.prod(_static_shape(values))) != 1:
+        raise TvmExtError("index_put with a boolean mask is converted for a mask of the leading dimensions "
+                          "and one value (x[mask] = v)")
+    mask = emit(relax.op.reshape(tensors[0], mask_shape + [1] * (len(shape) - len(mask_shape))))
+    value = emit(relax.op.astype(emit(relax.op.reshape(values, [])), str(x.ty.dtype)))
+    if accumulate:
+        return emit(relax.op.add(x, emit(relax.op.where(mask, value, relax.const(0, str(x.ty.dtype))))))
+    return emit(relax.op.where(mask, value, x))
+
+
+CONVERTERS = {"index.Tensor": index_tensor, "index_put.default": index_put, "index_put_.default": index_put}
