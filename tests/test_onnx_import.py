@@ -325,6 +325,10 @@ ONNX_OPS = {  # operators the OpenCL path once got wrong or stopped on with a tr
                                np.array([np.finfo(np.float32).min], np.float32))),
                            helper.make_node("Less", ["x", "fill"], ["below"]),
                            helper.make_node("Where", ["below", "x", "fill"], ["y"])], [], ["y", "fill"], []),
+    # no converter in TVM's frontend: each as the ONNX specification defines it
+    "celu": ([helper.make_node("Celu", ["x"], ["y"], alpha=0.7)], [], ["y"], []),
+    "lp_normalization": ([helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=2),
+                          helper.make_node("LpNormalization", ["x"], ["z"], axis=0, p=2)], [], ["y", "z"], []),
     # TVM legalized it with its CPU kernel, which no GPU schedule takes ("no schedule")
     "scatter": ([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction="add")], [], ["y"],
                 [numpy_helper.from_array(np.array([[0, 2, 2, 1], [0, 0, 1, -1]], np.int64), "i"),
@@ -339,7 +343,8 @@ def test_onnx_operators_on_pocl_match_onnxs_reference(opencl, tmp_path, case):
 
     nodes, _, names, inits = ONNX_OPS[case]
     shapes = {"split": ([3, 1], [3, 3]), "logsumexp": ([3],), "shape": ([],), "scatter": ([3, 4],),
-              "scatter_nd": ([3, 4],), "constant_of_shape": ([3, 4], [])}[case]
+              "scatter_nd": ([3, 4],), "constant_of_shape": ([3, 4], []), "celu": ([3, 4],),
+              "lp_normalization": ([3, 4], [3, 4])}[case]
     types = [TensorProto.INT64 if case == "shape" else TensorProto.FLOAT] * len(names)
     path, model = _graph_model(tmp_path, case, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
                                [helper.make_tensor_value_info(n, t, s) for n, t, s in zip(names, types, shapes)], inits,
@@ -416,3 +421,13 @@ def test_static_shape_arithmetic_is_folded_before_tvm_imports(opencl, tmp_path):
     assert [n.op_type for n in folded.graph.node] == ["Constant"] * 3 + ["Slice", "Constant", "Pad"]
     _, symbolic = _shape_arithmetic_model(tmp_path, batch="n")
     assert "Shape" in [n.op_type for n in fold_static_shapes(symbolic).graph.node]
+
+
+def test_l1_normalization_divides_by_the_sum_of_magnitudes(opencl, tmp_path):
+    """``LpNormalization`` with p = 1 against numpy (ONNX's reference evaluator sums the signed
+    values for p = 1, which is no norm)."""
+    path, _ = _graph_model(tmp_path, "l1", [helper.make_node("LpNormalization", ["x"], ["y"], axis=0, p=1)],
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])])
+    x = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(path, [x], opencl), x / np.abs(x).sum(axis=0, keepdims=True), rtol=1e-6)

@@ -140,10 +140,38 @@ def _scalar_constant_of_shape(frontend: Any) -> Any:
     return ConstantOfShape
 
 
+def _missing_operators(frontend: Any) -> dict[str, Any]:
+    """``Celu`` and ``LpNormalization``, which TVM 0.27's ONNX frontend has no converter for, as
+    the ONNX specification defines them: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, and
+    ``x`` over its L1 or L2 norm along ``axis``."""
+    from tvm import relax
+
+    class Celu(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v12(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            x, dtype = inputs[0], str(inputs[0].ty.dtype)
+            alpha = relax.const(float(attr.get("alpha", 1.0)), dtype)
+            negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(relax.op.divide(x, alpha)),
+                                                                  relax.const(1.0, dtype)))
+            return relax.op.add(relax.op.nn.relu(x), relax.op.minimum(relax.const(0.0, dtype), negative))
+
+    class LpNormalization(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v1(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            x, axis, p = inputs[0], int(attr.get("axis", -1)), int(attr.get("p", 2))
+            if p not in (1, 2):
+                raise TvmExtError(f"LpNormalization with p={p} (ONNX defines p = 1 and 2)")
+            norm = relax.op.sum(relax.op.abs(x), axis=[axis], keepdims=True) if p == 1 else \
+                relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis], keepdims=True))
+            return relax.op.divide(x, norm)
+
+    return {"Celu": Celu, "LpNormalization": LpNormalization}
+
+
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
-    """TVM's ONNX frontend with ``GRU`` in its converter table and ``ConstantOfShape`` mended
-    (``_scalar_constant_of_shape``), for the duration (its ``Gather`` takes in clip mode once
+    """TVM's ONNX frontend with ``GRU``, ``Celu`` and ``LpNormalization`` in its converter table and
+    ``ConstantOfShape`` mended (``_scalar_constant_of_shape``), for the duration (its ``Gather`` takes in clip mode once
     the model is rewritten: ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
@@ -155,7 +183,7 @@ def _converters() -> Iterator[None]:
         _impl_v14 = _impl_v7
 
     original = frontend._get_convert_map
-    ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend)}
+    ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend), **_missing_operators(frontend)}
 
     def with_ours() -> dict[str, Any]:
         return {**original(), **ours}
