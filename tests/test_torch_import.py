@@ -491,13 +491,14 @@ def test_a_buffer_the_host_allocates_between_kernels_is_given_on_opencl(opencl):
 class _Indexing(nn.Module):
     """Advanced indexing as models write it: ``F.unfold`` (ConvBERT's im2col: an index of four
     dimensions beside full slices, which TVM's converter refused), rows, a column per row, two
-    broadcast index tensors apart (the broadcast shape first), negative and int32 indices."""
+    broadcast index tensors apart (the broadcast shape first), negative and int32 indices; and
+    ``Tensor.unfold``'s sliding windows (no converter in the frontend)."""
 
     def forward(self, x, rows, cols):
         image = x[:, :, :, None]
         unfolded = nn.functional.unfold(image, kernel_size=[3, 1], padding=[1, 0])
         return (unfolded, x[rows], x[:, cols], x[rows[:, None], :, cols[None, :2]], x[..., -1],
-                x[rows.int(), (cols % 4).int() - 4])
+                x[rows.int(), (cols % 4).int() - 4], x.unfold(2, 3, 2), x.unfold(-2, 2, 1))
 
 
 def test_advanced_indexing_runs_as_torch_gives_it(opencl):

@@ -1,8 +1,8 @@
 """torch's advanced indexing, read and written, as torch computes it: ``index.Tensor``
-(``x[:, i, j]``) and ``index_put`` (``x[i] = v``, ``x[:, i] += v``, ``x[mask] = 0``,
-``index_add``), which TVM 0.27's torch frontend refuses or converts wrongly in the forms models
-write (index tensors of several dimensions beside a full slice; fewer index tensors than
-dimensions; a boolean mask).
+(``x[:, i, j]``), ``index_put`` (``x[i] = v``, ``x[:, i] += v``, ``x[mask] = 0``,
+``index_add``) and ``unfold``'s sliding windows, which TVM 0.27's torch frontend refuses or
+converts wrongly in the forms models write (index tensors of several dimensions beside a full
+slice; fewer index tensors than dimensions; a boolean mask; no converter for ``unfold``).
 """
 from __future__ import annotations
 
@@ -116,4 +116,25 @@ def _masked_put(emit: Any, x: Any, shape: list[int], dims: list[int], tensors: l
     return emit(relax.op.where(mask, value, x))
 
 
-CONVERTERS = {"index.Tensor": index_tensor, "index_put.default": index_put, "index_put_.default": index_put}
+def unfold(node: Any, importer: Any) -> Any:
+    """``x.unfold(dim, size, step)``: the windows of ``size`` every ``step`` along ``dim``, in that
+    dimension's place, each window's elements in a new last dimension (torch's view), as one
+    ``take`` of the windows' positions.  TVM 0.27's torch frontend has no converter for it."""
+    from tvm import relax
+
+    x, dim, size, step = importer.env[node.args[0]], int(node.args[1]), int(node.args[2]), int(node.args[3])
+    shape = _static_shape(x)
+    if shape is None:
+        raise TvmExtError("unfold of a shape known only at run time is not converted")
+    dim %= len(shape)
+    windows = (shape[dim] - size) // step + 1
+    positions = np.arange(windows)[:, None] * step + np.arange(size)[None, :]
+    emit = importer.block_builder.emit
+    taken = emit(relax.op.take(x, relax.const(positions.astype(np.int64)), axis=dim))
+    order = list(range(len(shape) + 1))
+    order.append(order.pop(dim + 1))  # the window's elements last
+    return emit(relax.op.permute_dims(taken, order))
+
+
+CONVERTERS = {"index.Tensor": index_tensor, "index_put.default": index_put, "index_put_.default": index_put,
+              "unfold.default": unfold}
