@@ -723,19 +723,25 @@ def test_a_frontends_check_of_the_inputs_runs_on_pocl(opencl):
 
 class _Scatters(nn.Module):
     """``scatter`` (no two indices alike: torch orders duplicates no way) and ``scatter_add`` /
-    ``scatter_reduce`` with duplicates, along both axes, indices smaller than the data."""
+    ``scatter_reduce`` with duplicates, along both axes, indices smaller than the data; ``mean``
+    (integers floored) and each reduction without the data's own values."""
 
-    def forward(self, x, index, rows):
-        return (x.scatter(1, rows, x[:, :2] * 10), x.scatter_add(1, index, x[:, :3]),
-                x.scatter_reduce(1, index, x[:, :3], "prod"), x.scatter_reduce(0, rows[:2] % 3, -x[:2, :3], "amax"),
-                x.scatter_reduce(1, index, x[:, :3] - 1, "amin"))
+    def forward(self, x, index, rows, i):
+        src = x[:, :3]
+        return (x.scatter(1, rows, x[:, :2] * 10), x.scatter_add(1, index, src),
+                x.scatter_reduce(1, index, src, "prod"), x.scatter_reduce(0, rows[:2] % 3, -x[:2, :3], "amax"),
+                x.scatter_reduce(1, index, src - 1, "amin"), x.scatter_reduce(1, index, src, "mean"),
+                i.scatter_reduce(1, index, i[:, 1:4], "mean"),
+                *(x.scatter_reduce(1, index, src, reduce, include_self=False)
+                  for reduce in ("sum", "prod", "mean", "amax", "amin")),
+                i.scatter_reduce(1, index, i[:, :3], "mean", include_self=False))
 
 
 @pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_scatters_run_as_torch_gives_them(kind):
     """Each output against torch's: TVM's frontend had no ``scatter_add`` / ``scatter_reduce`` and
     its legalization of ``scatter_elements`` took the CPU kernel no GPU schedule takes ("no
-    schedule", ``tvm_ext.relax.scatters``); ``mean`` is refused by name."""
+    schedule", ``tvm_ext.relax.scatters``)."""
     from tvm_ext.relax.pipeline import load_model
     from tvm_ext.target import resolve_target
 
@@ -743,21 +749,14 @@ def test_scatters_run_as_torch_gives_them(kind):
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(3, 5, generator=gen)
     index = torch.tensor([[0, 0, 4], [2, 3, 2], [1, 1, 1]])
-    rows = torch.tensor([[4, 1], [0, 2], [3, 0]])
-    model = load_model(import_exported_program(torch.export.export(_Scatters(), (x, index, rows))), target, None,
+    rows, i = torch.tensor([[4, 1], [0, 2], [3, 0]]), torch.randint(-9, 9, (3, 5), generator=gen)
+    model = load_model(import_exported_program(torch.export.export(_Scatters(), (x, index, rows, i))), target, None,
                        function="main", log=None)
-    outputs = model(x.numpy(), index.numpy(), rows.numpy())
+    outputs = model(x.numpy(), index.numpy(), rows.numpy(), i.numpy())
     with torch.no_grad():
-        expected = _Scatters()(x, index, rows)
+        expected = _Scatters()(x, index, rows, i)
     for ours, theirs in zip(outputs, expected, strict=True):
         np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)
-
-    class Mean(nn.Module):
-        def forward(self, x, index):
-            return x.scatter_reduce(1, index, x[:, :3], "mean")
-
-    with pytest.raises(TvmExtError, match=r"scatter_reduce with reduce='mean', include_self=True is not supported"):
-        import_exported_program(torch.export.export(Mean(), (x, index)))
 
 
 class _Elementwise(nn.Module):

@@ -362,31 +362,6 @@ def _cdist(node: Any, importer: Any) -> Any:
     return emit(relax.op.sqrt(relax.op.sum(relax.op.multiply(diff, diff), axis=[-1])))
 
 
-SCATTER_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}  # torch's -> Relax's
-
-
-def _scatter_reduce(node: Any, importer: Any) -> Any:
-    """``scatter_add`` and ``scatter_reduce`` (sum, prod, amax, amin, the data's own values
-    included) as ``scatter_elements`` with that reduction (``scatters.py`` on the GPUs); TVM
-    0.27's torch frontend has no converter for either.  ``mean`` and ``include_self=False`` are
-    refused by name."""
-    from tvm import relax
-
-    args = importer.retrieve_args(node)
-    data, dim, index, src = args[0], int(args[1]), args[2], args[3]
-    reduce = "sum" if node.target.__name__.startswith("scatter_add") else str(args[4])
-    include_self = bool(args[5]) if len(args) > 5 else bool(node.kwargs.get("include_self", True))
-    if reduce not in SCATTER_REDUCTIONS or not include_self:
-        raise TvmExtError(f"scatter_reduce with reduce={reduce!r}, include_self={include_self} is not supported "
-                          f"(sum, prod, amax and amin, the data's values included, are)")
-    emit = importer.block_builder.emit
-    index_shape, src_shape = list(index.ty.shape.values), list(src.ty.shape.values)
-    if [int(d) for d in index_shape] != [int(d) for d in src_shape]:  # torch reads src where index has positions
-        src = emit(relax.op.strided_slice(src, list(range(len(index_shape))), [0] * len(index_shape),
-                                          [int(d) for d in index_shape]))
-    return emit(relax.op.scatter_elements(data, index, src, axis=dim, reduction=SCATTER_REDUCTIONS[reduce]))
-
-
 def _arange_as_torch(node: Any, importer: Any) -> Any:
     """``arange`` with a negative step as ``start + step * arange(0, n)``, ``n`` as torch counts it.
     TVM 0.27's ``relax.op.arange`` gives a negative step a length of ``(end - start + step - 1) //
@@ -447,7 +422,6 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "div.Scalar": _divide_as_torch, "div.Tensor_mode": _divide_as_torch,
               "clamp.default": _clamp_as_torch("both"), "clamp.Tensor": _clamp_as_torch("both"),
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
-              "scatter_add.default": _scatter_reduce, "scatter_reduce.two": _scatter_reduce,
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
               "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS,
               "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS}

@@ -136,5 +136,58 @@ def unfold(node: Any, importer: Any) -> Any:
     return emit(relax.op.permute_dims(taken, order))
 
 
-CONVERTERS = {"index.Tensor": index_tensor, "index_put.default": index_put, "index_put_.default": index_put,
+SCATTER_REDUCTIONS = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}  # torch's -> Relax's
+
+
+def scatter_reduce(node: Any, importer: Any) -> Any:
+    """``scatter_add`` and ``scatter_reduce`` (sum, prod, amax, amin, mean; the data's own values
+    included or not) as ``scatter_elements`` with that reduction (``scatters.py`` on the GPUs);
+    TVM 0.27's torch frontend has no converter for either.  Without the data's values, each
+    position an update reaches starts from the reduction's identity; ``mean`` is the sum over a
+    count scattered alike (floored for integers, as torch's)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    data, dim, index, src = args[0], int(args[1]), args[2], args[3]
+    reduce = "sum" if node.target.__name__.startswith("scatter_add") else str(args[4])
+    include_self = bool(args[5]) if len(args) > 5 else bool(node.kwargs.get("include_self", True))
+    if reduce not in (*SCATTER_REDUCTIONS, "mean"):
+        raise TvmExtError(f"scatter_reduce with reduce={reduce!r} is not supported "
+                          "(sum, prod, mean, amax and amin are)")
+    emit = importer.block_builder.emit
+    index_shape, src_shape = _static_shape(index), _static_shape(src)
+    if index_shape != src_shape:  # torch reads src where index has positions
+        src = emit(relax.op.strided_slice(src, list(range(len(index_shape))), [0] * len(index_shape), index_shape))
+    dtype = str(data.ty.dtype)
+
+    def scattered(into: Any, values: Any, reduction: str) -> Any:
+        return emit(relax.op.scatter_elements(into, index, values, axis=dim, reduction=reduction))
+
+    if include_self and reduce != "mean":
+        return scattered(data, src, SCATTER_REDUCTIONS[reduce])
+    ones = emit(relax.op.ones_like(src))
+    counts = scattered(emit(relax.op.ones_like(data) if include_self else relax.op.zeros_like(data)), ones, "add")
+    reached = emit(relax.op.greater(counts, relax.const(0, dtype)))
+    if not include_self:  # every position an update reaches starts from the identity
+        data = emit(relax.op.where(reached, _identity(reduce, dtype), data))
+    result = scattered(data, src, SCATTER_REDUCTIONS.get(reduce, "add"))
+    if reduce != "mean":
+        return result
+    divide = relax.op.floor_divide if not dtype.startswith(("float", "bfloat")) else relax.op.divide
+    return emit(relax.op.where(reached, emit(divide(result, counts)), result))
+
+
+def _identity(reduce: str, dtype: str) -> Any:
+    """The start of a scatter reduction that leaves its first update as it is."""
+    from tvm import relax
+
+    info = np.finfo(dtype) if dtype.startswith("float") else np.iinfo(dtype)
+    value = {"sum": 0, "mean": 0, "prod": 1, "amax": info.min, "amin": info.max}[reduce]
+    if dtype.startswith("float") and reduce in ("amax", "amin"):
+        value = -np.inf if reduce == "amax" else np.inf
+    return relax.const(value, dtype)
+
+
+CONVERTERS = {"scatter_add.default": scatter_reduce, "scatter_reduce.two": scatter_reduce,
+              "index.Tensor": index_tensor, "index_put.default": index_put, "index_put_.default": index_put,
               "unfold.default": unfold}
