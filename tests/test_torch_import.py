@@ -604,6 +604,31 @@ def test_indexed_writes_run_as_torch_gives_them(opencl):
         import_exported_program(torch.export.export(ValuesUnderAMask(), (x, torch.ones(3))))
 
 
+class _Buckets(nn.Module):
+    """``bucketize`` (values on the boundaries, both sides) and ``searchsorted`` in one sequence
+    and in a sequence a row, int32 out (TVM's binary search had no GPU schedule)."""
+
+    def forward(self, x, boundaries, rows, values):
+        return (torch.bucketize(x, boundaries), torch.bucketize(x, boundaries, right=True),
+                torch.searchsorted(rows, values), torch.searchsorted(rows, values, right=True, out_int32=True),
+                torch.searchsorted(boundaries, x, side="right"))
+
+
+def test_buckets_and_sorted_positions_run_as_torch_gives_them(opencl):
+    """Each output equal to torch's, its dtype too."""
+    from tvm_ext.relax.pipeline import load_model
+
+    x, boundaries = torch.tensor([[-2., -1., 0., 0.5], [1., 2., -0.5, 0.]]), torch.tensor([-1., 0., 0., 1.])
+    rows = torch.sort(torch.randn(3, 5, generator=torch.Generator().manual_seed(9)), -1).values
+    values = torch.cat([rows[:, :1], rows[:, 2:3] + 0.1], 1)
+    model = load_model(import_exported_program(torch.export.export(_Buckets(), (x, boundaries, rows, values))),
+                       opencl, None, function="main", log=None)
+    for ours, theirs in zip(model(x.numpy(), boundaries.numpy(), rows.numpy(), values.numpy()),
+                            _Buckets()(x, boundaries, rows, values), strict=True):
+        assert str(ours.dtype) == str(theirs.dtype).removeprefix("torch.")
+        np.testing.assert_array_equal(ours, theirs.numpy())
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm

@@ -1,5 +1,6 @@
-"""torch's order statistics that TVM 0.27's torch frontend has no converter for: ``sort`` with
-``stable=True``, ``kthvalue``, and ``median`` over a dimension or the whole tensor.
+"""torch's order statistics that TVM 0.27's torch frontend has no converter for, or no GPU
+schedule: ``sort`` with ``stable=True``, ``kthvalue``, ``median`` over a dimension or the whole
+tensor, and ``bucketize`` / ``searchsorted``.
 
 Each is one ``argsort`` and a gather by it: on OpenCL the argsort is ``relax/sorts.py``'s counted
 rank (stable, NaN above every number, as torch orders them), on CUDA TVM's sort.  ``median`` is
@@ -75,5 +76,37 @@ def median_all(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.TupleGetItem(ranked, 0))
 
 
-CONVERTERS = {"sort.stable": stable_sort, "kthvalue.default": kthvalue, "median.dim": median_dim,
-              "median.default": median_all}
+def _positions(importer: Any, sequence: Any, values: Any, right: bool, int32: bool) -> Any:
+    """Where each of ``values`` goes in the sorted ``sequence`` (1-D, or rows matching ``values``'
+    leading dimensions): how many of its entries are below the value (at most the value where
+    ``right``), one comparison an entry and a sum.  TVM's binary search has no GPU schedule."""
+    from tvm import relax
+
+    emit = importer.block_builder.emit
+    if sequence.ty.ndim == 1:  # one sequence for every value: its entries along a new last axis
+        lined = emit(relax.op.reshape(sequence, [1] * values.ty.ndim + [-1]))
+    else:  # a sequence a row: (..., 1, m) against the row's values (..., k, 1)
+        lined = emit(relax.op.expand_dims(sequence, [-2]))
+    below = (relax.op.less_equal if right else relax.op.less)(lined, emit(relax.op.expand_dims(values, [-1])))
+    return emit(relax.op.sum(emit(relax.op.astype(emit(below), "int32" if int32 else "int64")), axis=[-1]))
+
+
+def bucketize(node: Any, importer: Any) -> Any:
+    """``bucketize(x, boundaries, *, out_int32=False, right=False)``."""
+    return _positions(importer, importer.env[node.args[1]], importer.env[node.args[0]],
+                      bool(node.kwargs.get("right", False)), bool(node.kwargs.get("out_int32", False)))
+
+
+def searchsorted(node: Any, importer: Any) -> Any:
+    """``searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None)``."""
+    right = bool(node.kwargs.get("right", False)) or node.kwargs.get("side") == "right"
+    if node.kwargs.get("sorter") is not None:
+        from ..core.errors import TvmExtError
+
+        raise TvmExtError("searchsorted with a sorter is not converted (sort the sequence first)")
+    return _positions(importer, importer.env[node.args[0]], importer.env[node.args[1]], right,
+                      bool(node.kwargs.get("out_int32", False)))
+
+
+CONVERTERS = {"bucketize.Tensor": bucketize, "searchsorted.Tensor": searchsorted, "sort.stable": stable_sort,
+              "kthvalue.default": kthvalue, "median.dim": median_dim, "median.default": median_all}
