@@ -355,15 +355,17 @@ def test_example_inputs_attend_where_a_mask_is_named():
 
 class _Reductions(nn.Module):
     """What TVM 0.27's torch frontend has no converter for (``amax``, ``amin``, ``prod``, ``min.dim``;
-    ``logsumexp`` decomposes to ``amax``), makes a top-k of (``max.dim``, which only TVM's GPU sort
-    runs), or could not schedule (an adaptive pool whose output does not divide its input)."""
+    ``logsumexp`` decomposes to ``amax``; adaptive max pools), makes a top-k of (``max.dim``, which
+    only TVM's GPU sort runs), or could not schedule (an adaptive pool whose output does not divide
+    its input)."""
 
     def forward(self, x, y):
         values, indices = torch.max(x, dim=1)
         low, where = torch.min(x, dim=0, keepdim=True)
         return (values, indices, low, where, x.amax((0, 2)) + x.amin(), torch.prod(x, 2), torch.prod(x),
                 torch.logsumexp(x, 1), nn.functional.adaptive_avg_pool1d(y, 3),
-                nn.functional.adaptive_avg_pool2d(y.unsqueeze(0), (2, 2)))
+                nn.functional.adaptive_avg_pool2d(y.unsqueeze(0), (2, 2)), nn.functional.adaptive_max_pool1d(y, 3),
+                nn.functional.adaptive_max_pool2d(y.unsqueeze(0), (2, 3)))
 
 
 @pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -1,6 +1,6 @@
 """torch's order statistics that TVM 0.27's torch frontend has no converter for, or no GPU
 schedule: ``sort`` with ``stable=True``, ``kthvalue``, ``median`` over a dimension or the whole
-tensor, and ``bucketize`` / ``searchsorted``.
+tensor, ``bucketize`` / ``searchsorted``, and ``adaptive_max_pool2d`` (a max over each window).
 
 Each is one ``argsort`` and a gather by it: on OpenCL the argsort is ``relax/sorts.py``'s counted
 rank (stable, NaN above every number, as torch orders them), on CUDA TVM's sort.  ``median`` is
@@ -108,5 +108,24 @@ def searchsorted(node: Any, importer: Any) -> Any:
                       bool(node.kwargs.get("out_int32", False)))
 
 
-CONVERTERS = {"bucketize.Tensor": bucketize, "searchsorted.Tensor": searchsorted, "sort.stable": stable_sort,
-              "kthvalue.default": kthvalue, "median.dim": median_dim, "median.default": median_all}
+def adaptive_max_pool2d(node: Any, importer: Any) -> Any:
+    """``adaptive_max_pool2d(x, output_size)`` as TVM's adaptive pooling with ``max`` (each output
+    a max over its window, windows as torch cuts them), a 1-tuple: where the model reads the
+    indices (for an unpooling), it is refused by name."""
+    import operator
+
+    from tvm import relax, topi
+
+    if any(user.target is operator.getitem and user.args[1] != 0 for user in node.users):
+        from ..core.errors import TvmExtError
+
+        raise TvmExtError("adaptive_max_pool2d's indices are not converted (its values are)")
+    x, size = importer.env[node.args[0]], [int(s) for s in node.args[1]]
+    layout = "NCHW" if x.ty.ndim == 4 else "CHW"
+    pooled = importer.block_builder.emit_te(topi.nn.adaptive_pool, x, size, "max", layout)
+    return importer.block_builder.emit(relax.Tuple([pooled]))
+
+
+CONVERTERS = {"adaptive_max_pool2d.default": adaptive_max_pool2d, "bucketize.Tensor": bucketize,
+              "searchsorted.Tensor": searchsorted, "sort.stable": stable_sort, "kthvalue.default": kthvalue,
+              "median.dim": median_dim, "median.default": median_all}
