@@ -631,6 +631,17 @@ def test_buckets_and_sorted_positions_run_as_torch_gives_them(opencl):
         np.testing.assert_array_equal(ours, theirs.numpy())
 
 
+def test_an_adaptive_max_pools_indices_are_refused_by_name():
+    """The pool's values are converted; a model that reads its indices (an unpooling) is refused
+    in one line, not given indices that are not torch's."""
+    class WithIndices(nn.Module):
+        def forward(self, x):
+            return nn.functional.adaptive_max_pool2d(x, 2, return_indices=True)
+
+    with pytest.raises(TvmExtError, match="adaptive_max_pool2d's indices are not converted"):
+        import_exported_program(torch.export.export(WithIndices(), (torch.randn(1, 2, 5, 5),)))
+
+
 def test_the_reduction_rule_still_takes_other_reductions(opencl):
     """The guard passes only the grouped convolution on: a row sum keeps TVM's ``Reduction``."""
     import tvm

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.errors import TvmExtError
+
 
 def _arg(node: Any, position: int, name: str, default: Any) -> Any:
     return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
@@ -101,8 +103,6 @@ def searchsorted(node: Any, importer: Any) -> Any:
     """``searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None)``."""
     right = bool(node.kwargs.get("right", False)) or node.kwargs.get("side") == "right"
     if node.kwargs.get("sorter") is not None:
-        from ..core.errors import TvmExtError
-
         raise TvmExtError("searchsorted with a sorter is not converted (sort the sequence first)")
     return _positions(importer, importer.env[node.args[0]], importer.env[node.args[1]], right,
                       bool(node.kwargs.get("out_int32", False)))
@@ -117,8 +117,6 @@ def adaptive_max_pool2d(node: Any, importer: Any) -> Any:
     from tvm import relax, topi
 
     if any(user.target is operator.getitem and user.args[1] != 0 for user in node.users):
-        from ..core.errors import TvmExtError
-
         raise TvmExtError("adaptive_max_pool2d's indices are not converted (its values are)")
     x, size = importer.env[node.args[0]], [int(s) for s in node.args[1]]
     layout = "NCHW" if x.ty.ndim == 4 else "CHW"
