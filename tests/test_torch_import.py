@@ -631,6 +631,35 @@ def test_buckets_and_sorted_positions_run_as_torch_gives_them(opencl):
         np.testing.assert_array_equal(ours, theirs.numpy())
 
 
+class _PoolsStridedAsTheirKernels(nn.Module):
+    """Pools given no stride but a dilation or a padding after it: torch exports the stride as
+    ``[]`` (the kernel's), which TVM's converter read as strides of no dimensions."""
+
+    def forward(self, x):
+        return (nn.functional.max_pool2d(x, 2, dilation=2), nn.functional.avg_pool2d(x, 3, padding=1),
+                nn.functional.max_pool3d(x[None], 2, padding=1))
+
+
+def test_pools_strided_as_their_kernels_run_as_torch_gives_them(opencl):
+    """Each output equal to torch's; a max pool whose indices the model reads is refused by name
+    (TVM's converter gave them as a placeholder)."""
+    from tvm_ext.relax.pipeline import load_model
+
+    x = torch.randn(2, 3, 7, 6, generator=torch.Generator().manual_seed(10))
+    model = load_model(import_exported_program(torch.export.export(_PoolsStridedAsTheirKernels(), (x,))), opencl,
+                       None, function="main", log=None)
+    for ours, theirs in zip(model(x.numpy()), _PoolsStridedAsTheirKernels()(x), strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)
+
+    class Unpooled(nn.Module):
+        def forward(self, x):
+            values, indices = nn.functional.max_pool2d(x, 2, return_indices=True)
+            return nn.functional.max_unpool2d(values, indices, 2)
+
+    with pytest.raises(TvmExtError, match="max_pool2d_with_indices's indices are not converted"):
+        import_exported_program(torch.export.export(Unpooled(), (x,)))
+
+
 def test_an_adaptive_max_pools_indices_are_refused_by_name():
     """The pool's values are converted; a model that reads its indices (an unpooling) is refused
     in one line, not given indices that are not torch's."""

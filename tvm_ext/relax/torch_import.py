@@ -362,6 +362,29 @@ def _cdist(node: Any, importer: Any) -> Any:
     return emit(relax.op.sqrt(relax.op.sum(relax.op.multiply(diff, diff), axis=[-1])))
 
 
+def _stride_of_the_kernel(method: str) -> Any:
+    """A pool whose stride torch exports as ``[]`` (not given, so the kernel's, with a padding or a
+    dilation given after it: ``F.max_pool2d(x, 2, dilation=2)``), handed to TVM's converter with
+    no stride, which it takes as the kernel's; TVM 0.27's read ``[]`` as strides of no dimensions
+    and the import stopped ("the input strides length is expected to be 2").  A max pool whose
+    indices the model reads is refused: TVM's converter gives them as a placeholder."""
+    import operator
+
+    def convert(node: Any, importer: Any) -> Any:
+        if method.endswith("_with_indices") and any(
+                user.target is operator.getitem and user.args[1] != 0 for user in node.users):
+            raise TvmExtError(f"{method.lstrip('_')}'s indices are not converted (its values are)")
+        given = node.args
+        if len(given) > 2 and isinstance(given[2], (list, tuple)) and not given[2]:
+            node.args = given[:2] + (None,) + given[3:]
+        try:
+            return getattr(importer, method)(node)
+        finally:
+            node.args = given  # the program is the user's: left as exported
+
+    return convert
+
+
 def _arange_as_torch(node: Any, importer: Any) -> Any:
     """``arange`` with a negative step as ``start + step * arange(0, n)``, ``n`` as torch counts it.
     TVM 0.27's ``relax.op.arange`` gives a negative step a length of ``(end - start + step - 1) //
@@ -424,7 +447,10 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
               "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS,
-              "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS}
+              "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS,
+              **{f"{pool}.default": _stride_of_the_kernel(f"_{pool}") for pool in (
+                  "max_pool2d", "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "avg_pool2d",
+                  "avg_pool3d")}}
 
 
 def import_exported_program(program: Any) -> Any:
@@ -452,7 +478,8 @@ def import_exported_program(program: Any) -> Any:
         return from_exported_program(program, custom_convert_map=custom, run_ep_decomposition=False)
     except TvmExtError:
         raise
-    except (AssertionError, NotImplementedError, KeyError, ValueError, TypeError) as exc:  # the frontend's refusals
+    except (AssertionError, NotImplementedError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        # the frontend's refusals, and TVM's checks failing inside it (tvm.error.InternalError)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise TvmExtError(f"TVM's torch frontend cannot import the program: {first}") from None
 
