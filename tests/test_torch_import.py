@@ -660,6 +660,26 @@ def test_pools_strided_as_their_kernels_run_as_torch_gives_them(opencl):
         import_exported_program(torch.export.export(Unpooled(), (x,)))
 
 
+def test_copysign_and_rrelu_in_eval_run_as_torch_gives_them(opencl):
+    """``copysign`` (a zero of either sign, a scalar) and ``rrelu`` in eval mode (the mean slope),
+    which the frontend had no converter for, equal to torch's; ``rrelu`` training is refused."""
+    from tvm_ext.relax.pipeline import load_model
+
+    class Signs(nn.Module):
+        def forward(self, a, b):
+            return (torch.copysign(a, b), torch.copysign(a, -2.0), nn.functional.rrelu(a, 0.1, 0.3),
+                    nn.RReLU().eval()(a))
+
+    a, b = torch.randn(2, 4, generator=torch.Generator().manual_seed(11)), torch.tensor([[0., -0., 1., -1.]] * 2)
+    model = load_model(import_exported_program(torch.export.export(Signs(), (a, b))), opencl, None,
+                       function="main", log=None)
+    for ours, theirs in zip(model(a.numpy(), b.numpy()), Signs()(a, b), strict=True):
+        np.testing.assert_array_equal(ours, theirs.numpy())
+    training = torch.export.export(nn.RReLU().train(), (a,))
+    with pytest.raises(TvmExtError, match="rrelu in training mode"):
+        import_exported_program(training)
+
+
 def test_an_adaptive_max_pools_indices_are_refused_by_name():
     """The pool's values are converted; a model that reads its indices (an unpooling) is refused
     in one line, not given indices that are not torch's."""

@@ -345,6 +345,34 @@ def _hypot(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.sqrt(relax.op.add(relax.op.multiply(a, a), relax.op.multiply(b, b))))
 
 
+def _copysign(node: Any, importer: Any) -> Any:
+    """``copysign(a, b)``: |a| with b's sign bit (``-0.0`` negative, as ``1 / b`` shows; no
+    converter in TVM 0.27's torch frontend)."""
+    from tvm import relax
+
+    a, b = importer.retrieve_args(node)[:2]
+    dtype = str(a.ty.dtype)
+    b = b if isinstance(b, relax.Expr) else relax.const(float(b), dtype)
+    zero = relax.const(0, dtype)
+    negative = relax.op.logical_or(relax.op.less(b, zero), relax.op.less(relax.op.divide(relax.const(1, dtype), b),
+                                                                         zero))
+    magnitude = relax.op.abs(a)
+    return importer.block_builder.emit(relax.op.where(negative, relax.op.negative(magnitude), magnitude))
+
+
+def _rrelu_in_eval(node: Any, importer: Any) -> Any:
+    """``rrelu`` in eval mode: a leaky ReLU of slope (lower + upper) / 2, as torch computes it then
+    (torch exports it with a noise tensor that eval leaves unread); training mode is refused."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    lower, upper = float(args[2]) if len(args) > 2 else 1 / 8, float(args[3]) if len(args) > 3 else 1 / 3
+    if bool(args[4] if len(args) > 4 else node.kwargs.get("training", False)):
+        raise TvmExtError("rrelu in training mode (random slopes) is not converted")
+    slope = importer.block_builder.emit(relax.op.nn.leakyrelu(args[0], (lower + upper) / 2))
+    return importer.block_builder.emit(relax.Tuple([slope, args[1]]))
+
+
 def _cdist(node: Any, importer: Any) -> Any:
     """``cdist`` (``_cdist_forward``) at p = 2 or 1: the distance of every row of x1 to every row
     of x2, batched; other p are refused by name (no converter in TVM 0.27's torch frontend)."""
@@ -446,6 +474,8 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "clamp.default": _clamp_as_torch("both"), "clamp.Tensor": _clamp_as_torch("both"),
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
+              "copysign.Tensor": _copysign, "copysign.Scalar": _copysign,
+              "rrelu_with_noise_functional.default": _rrelu_in_eval,
               "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS,
               "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS,
               **{f"{pool}.default": _stride_of_the_kernel(f"_{pool}") for pool in (
