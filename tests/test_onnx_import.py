@@ -431,3 +431,34 @@ def test_l1_normalization_divides_by_the_sum_of_magnitudes(opencl, tmp_path):
                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])])
     x = np.random.default_rng(3).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(_run(path, [x], opencl), x / np.abs(x).sum(axis=0, keepdims=True), rtol=1e-6)
+
+
+def test_a_size_given_for_a_named_dimension_is_bound_in_the_graph_before_the_import(opencl, tmp_path):
+    """A causal mask as transformers' ONNX export computes it from a named sequence length
+    (``Range`` of the length, ``Less``, ``Expand`` to (n, n)).  TVM's frontend stopped on such an
+    ``Expand`` of symbolic shapes in BERT and Llama as exported with a dynamic sequence axis
+    ("Cannot use and / or / not operator to Expr"), so ``tune model --model-option seq=N`` failed;
+    the size is now written into the graph's input before the import (the module static, which
+    the OpenCL executor needs), and the mask matches ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), _const("one", 1), _const("zero", 0),
+             _const("axis0", [0]), _const("axis1", [1]),
+             helper.make_node("Gather", ["shape", "one"], ["n"], axis=0),
+             helper.make_node("Range", ["zero", "n", "one"], ["positions"]),
+             helper.make_node("Unsqueeze", ["positions", "axis0"], ["row"]),
+             helper.make_node("Unsqueeze", ["positions", "axis1"], ["column"]),
+             helper.make_node("Less", ["row", "column"], ["below"]),
+             helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+             helper.make_node("Concat", ["n1", "n1"], ["square"], axis=0),
+             helper.make_node("Expand", ["below", "square"], ["mask"]),
+             helper.make_node("Cast", ["mask"], ["y"], to=TensorProto.FLOAT)]
+    path, model = _graph_model(tmp_path, "causal", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                           [2, "n"])],
+                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "n"])])
+    from tvm_ext.relax.pipeline import load_model
+
+    x = np.zeros((2, 5), np.float32)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = load_model(load_onnx(path, {"n": 5}), opencl, None, function="main", log=None)(x)
+    np.testing.assert_array_equal(np.asarray(got[0] if isinstance(got, tuple) else got), expected)

@@ -128,16 +128,13 @@ class OnnxModel:
 
     def get_module(self, **options: str) -> Any:
         """The imported model, the symbolic dimensions named in ``options`` bound to their sizes."""
-        from tvm import relax
+        return self.imported(self._sizes(options))
 
-        sizes = self._sizes(options)
-        mod = self.imported()
-        return relax.transform.BindSymbolicVars(sizes)(mod) if sizes else mod
-
-    def imported(self) -> Any:
+    def imported(self, sizes: dict[str, int] | None = None) -> Any:
+        """The model imported, ``sizes`` bound in the file's graph before the import (ONNX)."""
         from ..relax.onnx_import import load_onnx
 
-        return load_onnx(self.path)
+        return load_onnx(self.path, sizes)
 
     def get_inputs(self, **options: str) -> list[Any]:
         from ..relax.onnx_import import onnx_inputs
@@ -172,13 +169,17 @@ class ExportedProgramModel(OnnxModel):
 
         return program_symbols(self.program)
 
-    def imported(self) -> Any:
+    def imported(self, sizes: dict[str, int] | None = None) -> Any:
+        """The program imported, ``sizes`` bound after the import (in Relax)."""
+        from tvm import relax
+
         from ..relax.torch_import import import_exported_program
 
         try:
-            return import_exported_program(self.program)
+            mod = import_exported_program(self.program)
         except TvmExtError as exc:  # which file, as an ONNX model's refusals say
             raise TvmExtError(f"{self.path}: {exc}") from None
+        return relax.transform.BindSymbolicVars(sizes)(mod) if sizes else mod
 
     def get_inputs(self, **options: str) -> list[Any]:
         from ..relax.torch_import import program_inputs

@@ -221,10 +221,21 @@ def _refuse_before_converting(model: Any) -> None:
                 raise TvmExtError(f"{_node_name(node)}: {exc}") from None
 
 
-def load_onnx(path: str) -> Any:
-    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's; bad input
-    (a file that does not parse, an operator no converter takes, a GRU we cannot run) is one
-    ``TvmExtError`` naming the node."""
+def _sized(model: Any, sizes: Mapping[str, int]) -> Any:
+    """``model`` with its inputs' named dimensions (``dim_param``) in ``sizes`` made those numbers,
+    so that the whole graph is static before TVM imports it (its frontend stops on some symbolic
+    shapes: a transformers mask's ``Expand`` compared symbolic sizes with Python's ``==``)."""
+    for value in model.graph.input:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in sizes:
+                dim.dim_value = int(sizes[dim.dim_param])
+    return model
+
+
+def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
+    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's, its named
+    dimensions in ``sizes`` bound to them; bad input (a file that does not parse, an operator no
+    converter takes, a GRU we cannot run) is one ``TvmExtError`` naming the node."""
     try:
         import onnx
     except ImportError:
@@ -238,7 +249,7 @@ def load_onnx(path: str) -> Any:
         raise TvmExtError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0][:200]}") from None
     from tvm.relax.frontend.onnx import from_onnx
 
-    model = fold_static_shapes(model)
+    model = fold_static_shapes(_sized(model, sizes or {}))
     try:
         with _converters(), contextlib.redirect_stdout(open(os.devnull, "w")):
             _refuse_before_converting(model)
