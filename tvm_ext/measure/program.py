@@ -169,7 +169,7 @@ def host_launches(mod: Any, target: TargetInfo
 
     def allocated(node: Any) -> None:
         buffer = node.buffer
-        elements = int(np.prod([int(d) for d in buffer.shape])) if len(buffer.shape) else 1
+        elements = int(np.prod([int(d) for d in buffer.shape]))  # 1 for a scalar
         workspaces[str(buffer.data).removesuffix(".data")] = TensorSpec((elements,), str(buffer.dtype))
 
     def visit(node: Any) -> None:

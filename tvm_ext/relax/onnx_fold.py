@@ -83,16 +83,15 @@ def fold_static_shapes(model: Any) -> Any:
     nodes = []
     for node in model.graph.node:
         values: list[np.ndarray] | None = None
-        if node.op_type == "Constant" and not node.domain:
-            values = [numpy_helper.to_array(node.attribute[0].t)] if node.attribute[0].name == "value" else None
+        if node.op_type == "Constant" and not node.domain:  # kept as it is, its value known
+            if node.attribute[0].name == "value":
+                known[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
         elif node.op_type == "Shape" and node.input[0] in shapes:
             values = [_shape_value(node, shapes[node.input[0]])]
         elif node.op_type not in _NO_FOLD and not node.domain and node.input and \
                 all(not name or name in known for name in node.input):
             values = _evaluate(node, [known[name] if name else None for name in node.input], model.opset_import)
-        if values is not None and node.op_type == "Constant":
-            known[node.output[0]] = values[0]
-        if values is None or node.op_type == "Constant" or not _small_non_float(values):
+        if values is None or not _small_non_float(values):
             nodes.append(node)
             continue
         known.update(zip(node.output, values))

@@ -36,6 +36,7 @@ from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
 from .torch_indexing import CONVERTERS as INDEXING_CONVERTERS
 from .torch_ranks import CONVERTERS as RANK_CONVERTERS
+from .torch_ranks import reads_indices
 
 GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
 
@@ -396,11 +397,8 @@ def _stride_of_the_kernel(method: str) -> Any:
     no stride, which it takes as the kernel's; TVM 0.27's read ``[]`` as strides of no dimensions
     and the import stopped ("the input strides length is expected to be 2").  A max pool whose
     indices the model reads is refused: TVM's converter gives them as a placeholder."""
-    import operator
-
     def convert(node: Any, importer: Any) -> Any:
-        if method.endswith("_with_indices") and any(
-                user.target is operator.getitem and user.args[1] != 0 for user in node.users):
+        if method.endswith("_with_indices") and reads_indices(node):
             raise TvmExtError(f"{method.lstrip('_')}'s indices are not converted (its values are)")
         given = node.args
         if len(given) > 2 and isinstance(given[2], (list, tuple)) and not given[2]:
@@ -423,11 +421,9 @@ def _arange_as_torch(node: Any, importer: Any) -> Any:
 
     from tvm import relax
 
+    named = ("end",) if len(node.args) == 1 else ("start", "end", "step")  # arange(end), (start, end[, step])
     bounds = {"start": 0, "end": None, "step": 1, **{k: v for k, v in node.kwargs.items()
-                                                     if k in ("start", "end", "step")}}
-    given = list(node.args)
-    for key in (("end",), ("start", "end"), ("start", "end", "step"))[len(given) - 1] if given else ():
-        bounds[key] = given.pop(0)
+                                                     if k in ("start", "end", "step")}, **dict(zip(named, node.args))}
     start, end, step = bounds["start"], bounds["end"], bounds["step"]
     if not all(isinstance(v, (int, float)) for v in (start, end, step)) or step >= 0:
         return importer._arange(node)

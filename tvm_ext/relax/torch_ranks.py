@@ -108,15 +108,20 @@ def searchsorted(node: Any, importer: Any) -> Any:
                       bool(node.kwargs.get("out_int32", False)))
 
 
+def reads_indices(node: Any) -> bool:
+    """Whether a node of (values, indices) has a user that reads its indices (for an unpooling)."""
+    import operator
+
+    return any(user.target is operator.getitem and user.args[1] != 0 for user in node.users)
+
+
 def adaptive_max_pool2d(node: Any, importer: Any) -> Any:
     """``adaptive_max_pool2d(x, output_size)`` as TVM's adaptive pooling with ``max`` (each output
     a max over its window, windows as torch cuts them), a 1-tuple: where the model reads the
     indices (for an unpooling), it is refused by name."""
-    import operator
-
     from tvm import relax, topi
 
-    if any(user.target is operator.getitem and user.args[1] != 0 for user in node.users):
+    if reads_indices(node):
         raise TvmExtError("adaptive_max_pool2d's indices are not converted (its values are)")
     x, size = importer.env[node.args[0]], [int(s) for s in node.args[1]]
     layout = "NCHW" if x.ty.ndim == 4 else "CHW"
