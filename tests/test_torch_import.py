@@ -846,6 +846,29 @@ def test_scatters_run_as_torch_gives_them(kind):
         np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_a_bfloat16_scatter_without_the_datas_values_starts_from_an_infinity():
+    """``amax`` / ``amin`` without the data's values start each reached position from -inf / +inf,
+    in bfloat16 too (numpy has no bfloat16 range to read: its import stopped)."""
+    import tvm
+    import tvm_ffi
+
+    class Extremes(nn.Module):
+        def forward(self, x, index, src):
+            return (x.scatter_reduce(1, index, src, "amax", include_self=False),
+                    x.scatter_reduce(1, index, src, "amin", include_self=False))
+
+    x, src = torch.randn(2, 4, dtype=torch.bfloat16), torch.randn(2, 2, dtype=torch.bfloat16)
+    mod = import_exported_program(torch.export.export(Extremes(), (x, torch.tensor([[0, 0], [1, 3]]), src)))
+    starts = []
+
+    def constant(node):
+        if str(node.ty.dtype) == "bfloat16" and node.value.numpy().size == 1:
+            starts.append(float(node.value.numpy().astype("float32")))
+
+    tvm_ffi.structural_walk(mod["main"], [(tvm.ir.expr.GenericConst, constant)])
+    assert {float("-inf"), float("inf")} <= set(starts), starts  # besides the counts' zeros
+
+
 class _Elementwise(nn.Module):
     """Operators TVM 0.27's torch frontend had no converter for: ``fmax`` / ``fmin`` (NaN only
     where both are), ``hypot``, ``cdist`` at p = 2 and p = 1."""

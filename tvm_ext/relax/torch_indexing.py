@@ -181,11 +181,11 @@ def _identity(reduce: str, dtype: str) -> Any:
     """The start of a scatter reduction that leaves its first update as it is."""
     from tvm import relax
 
-    info = np.finfo(dtype) if dtype.startswith("float") else np.iinfo(dtype)
-    value = {"sum": 0, "mean": 0, "prod": 1, "amax": info.min, "amin": info.max}[reduce]
-    if dtype.startswith("float") and reduce in ("amax", "amin"):
-        value = -np.inf if reduce == "amax" else np.inf
-    return relax.const(value, dtype)
+    if reduce in ("sum", "mean", "prod"):
+        return relax.const(1 if reduce == "prod" else 0, dtype)
+    if dtype.startswith(("float", "bfloat")):  # numpy has no bfloat16 to ask its range of
+        return relax.const(-np.inf if reduce == "amax" else np.inf, dtype)
+    return relax.const(np.iinfo(dtype).min if reduce == "amax" else np.iinfo(dtype).max, dtype)
 
 
 CONVERTERS = {"scatter_add.default": scatter_reduce, "scatter_reduce.two": scatter_reduce,
