@@ -319,6 +319,60 @@ def test_onnx_dynamic_axis_sized_by_option_or_tuned_at_buckets(tmp_path, opencl)
     np.testing.assert_allclose(model(x), np.maximum(x.astype(np.float64) @ w, 0), rtol=1e-4, atol=1e-4)
 
 
+def _causal_onnx(path) -> np.ndarray:
+    """An ONNX model of a causal mask as exporters write transformers' (positions by ``Range`` to
+    the sequence length read with ``Shape``, broadcast by ``Expand`` to (seq, seq)): ``cumsum(x) · w``
+    as ``(mask · x + x) · w`` on x (seq, 16), ``seq`` a named symbolic dimension; returns w."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(6).standard_normal((IN, OUT)).astype("float32")
+    consts = [numpy_helper.from_array(np.array(v, "int64"), n) for n, v in
+              (("zero", 0), ("one", 1), ("ax0", [0]), ("ax1", [1]))] + [numpy_helper.from_array(w, "w")]
+    node = helper.make_node
+    graph = helper.make_graph([
+        node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["n"], axis=0),
+        node("Range", ["zero", "n", "one"], ["pos"]),
+        node("Unsqueeze", ["pos", "ax0"], ["row"]), node("Unsqueeze", ["pos", "ax1"], ["col"]),
+        node("Unsqueeze", ["n", "ax0"], ["n1"]), node("Concat", ["n1", "n1"], ["square"], axis=0),
+        node("Expand", ["row", "square"], ["rows"]), node("Expand", ["col", "square"], ["cols"]),
+        node("Less", ["rows", "cols"], ["below"]), node("Cast", ["below"], ["mask"], to=TensorProto.FLOAT),
+        node("MatMul", ["mask", "x"], ["before"]), node("Add", ["before", "x"], ["sums"]),
+        node("MatMul", ["sums", "w"], ["y"])], "causal",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", OUT])], consts)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return w
+
+
+def test_onnx_causal_mask_of_a_symbolic_length_is_tuned_at_buckets(tmp_path, opencl):
+    """A mask made from the symbolic sequence length (``Range`` to it, ``Expand`` to (seq, seq)),
+    as torch's exporter writes transformers' masks with a dynamic axis, imports with every shape
+    in ``seq`` (TVM's ``Expand`` stopped on such shapes, its ``Range`` gave a fresh size no shape
+    relates to ``seq``), so the mask's GEMM is tuned at each bucket and runs between them."""
+    from tvm_ext.cli.model_cli import OnnxModel
+
+    path = tmp_path / "causal.onnx"
+    w = _causal_onnx(path)
+    user = OnnxModel(str(path))
+    assert set(symbolic_vars(user.get_module())) == {"seq"}
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--generations", "1",
+                        "--population", "2", "--records", str(tmp_path / "r.jsonl"), "--database",
+                        str(tmp_path / "db"), "--no-progress", "--buckets", "seq=8,16", "--model-option", "seq=12"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "gemm m=16 n=16 k=16" in p.stdout and "gemm m=8 n=16 k=8" in p.stdout  # the mask's GEMM at each
+    assert "seq = 12: " in p.stdout and "max |error| vs reference" in p.stdout and "(ok)" in p.stdout
+    again = subprocess.run(p.args[:-2], capture_output=True, text=True, timeout=600)  # no size: the largest bucket
+    assert again.returncode == 0 and "running at seq = 16, the largest bucket" in again.stdout, again.stderr
+    assert "(ok)" in again.stdout and "tuning gemm" not in again.stdout
+    model = BucketedModel(user.get_module(), opencl, str(tmp_path / "db"))
+    for seq in (5, 12, 16):
+        (x,) = user.get_inputs(seq=str(seq))
+        np.testing.assert_allclose(model(x), np.cumsum(x.astype(np.float64), axis=0) @ w, rtol=1e-4, atol=1e-4)
+        assert "bucket" in " ".join(model.schedules[seq].values()) or seq == 16
+
+
 def _dynamic_pt2(path):
     """A torch.export program ``GELU(x · Wᵀ + b)`` on x (n, 16), n a ``torch.export.Dim`` from 2
     to 64, saved to ``path``; returns the module (for its reference)."""

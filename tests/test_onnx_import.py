@@ -190,6 +190,7 @@ def test_tune_model_takes_an_onnx_file(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "tuned (GRU plan)" in p.stdout and "ran: output (7, 2, 3, 13), (2, 3, 13)" in p.stdout
+    assert "max |error| vs reference" in p.stdout and "(ok)" in p.stdout  # ONNX's evaluator without onnxruntime
     bad = tmp_path / "bad.onnx"
     bad.write_text("not a model")
     p = subprocess.run(cmd[:4] + [str(bad)], capture_output=True, text=True, timeout=120)
@@ -462,3 +463,51 @@ def test_a_size_given_for_a_named_dimension_is_bound_in_the_graph_before_the_imp
     (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
     got = load_model(load_onnx(path, {"n": 5}), opencl, None, function="main", log=None)(x)
     np.testing.assert_array_equal(np.asarray(got[0] if isinstance(got, tuple) else got), expected)
+
+
+def test_an_onnx_model_is_checked_by_onnxs_evaluator_with_gather_elements_past_32_values(tmp_path):
+    """Without onnxruntime a model's reference is ONNX's reference evaluator; its ``GatherElements``
+    (``np.choose``) read wrong values past 32 along the axis, as in BERT's token type ids, so
+    ours reads them as ONNX defines (negative indices from the end); an operator the evaluator
+    lacks leaves the run unchecked (None) rather than stopping it."""
+    from tvm_ext.cli.model_cli import OnnxModel
+
+    data = np.arange(2 * 64, dtype="float32").reshape(2, 64)
+    graph = helper.make_graph(
+        [helper.make_node("GatherElements", ["data", "i"], ["y"], axis=1)], "g",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 40])], [numpy_helper.from_array(data, "data")])
+    path = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    index = np.random.default_rng(0).integers(-64, 64, (2, 40))
+    (y,) = OnnxModel(str(path)).reference([index])
+    np.testing.assert_array_equal(y, np.take_along_axis(data, index % 64, axis=1))
+    unknown = helper.make_graph([helper.make_node("Mystery", ["x"], ["y"], domain="custom")], "g",
+                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    onnx.save(helper.make_model(unknown, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]),
+              str(tmp_path / "unknown.onnx"))
+    assert OnnxModel(str(tmp_path / "unknown.onnx")).reference([np.zeros(2, "float32")]) is None
+
+
+def test_a_model_tvms_frontend_stops_on_is_one_error_line_without_its_builders_warning(tmp_path):
+    """An ``Expand`` of a symbolic size to a constant shape stops TVM's converter ('Var' object has
+    no attribute 'value'): the command says so in one ``error:`` line, exit code 2, and TVM's
+    warning on freeing the builder the failure left open ('BlockBuilder destroyed with remaining
+    blocks!', C++ on file descriptor 2) is not printed after it."""
+    import subprocess
+    import sys
+
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+        [numpy_helper.from_array(np.array([3, 4], np.int64), "shape")])
+    path = tmp_path / "expand.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    p = subprocess.run([sys.executable, "-m", "tvm_ext.tune", "model", str(path), "--buckets", "n=1,3",
+                        "--no-progress", "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: ")
+    assert "cannot import the model" in p.stderr

@@ -2,7 +2,14 @@
 a candidate can have inside a search (data in its record, never an exception)."""
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import sys
 from enum import Enum
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 class TvmExtError(Exception):
@@ -26,6 +33,39 @@ def last_line(exc: BaseException, limit: int = 200) -> str:
     """The last line of ``exc``'s message (TVM puts its check there), at most ``limit``
     characters, or its type's name where it has none: a failure inside TVM as one error line."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:limit]
+
+
+def run_frontend(convert: Callable[[], T], describe: Callable[[BaseException], str],
+                 catch: tuple[type[BaseException], ...] = (Exception,)) -> T:
+    """``convert()`` (a TVM frontend importing a model), or a ``TvmExtError`` of ``describe`` of
+    what it raised among ``catch``.  The frontend's block builder, left open by the failure and
+    freed with its frames, makes TVM warn on file descriptor 2 ('BlockBuilder destroyed with
+    remaining blocks!'); it is freed here with that descriptor on /dev/null, so that the user's
+    one error line is all they read."""
+    failure: BaseException | None = None
+    try:
+        return convert()
+    except catch as exc:
+        failure = exc
+    message = describe(failure)
+    with _stderr_to_devnull():
+        failure = None
+        gc.collect()
+    raise TvmExtError(message)
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(null)
+        os.close(saved)
 
 
 def unconverted_error(first: str, kinds: list[str], count: int, frontend: str) -> TvmExtError:

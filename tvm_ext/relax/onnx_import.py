@@ -14,12 +14,13 @@ refused with the attribute named.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from ..core.errors import TvmExtError, last_line, unconverted_error
+from ..core.errors import TvmExtError, last_line, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .onnx_fold import fold_static_shapes
 from .relax_gru import GRU_FUNCTION
@@ -140,6 +141,37 @@ def _scalar_constant_of_shape(frontend: Any) -> Any:
     return ConstantOfShape
 
 
+def _symbolic_range(frontend: Any) -> Any:
+    """TVM's ``Range`` to a symbolic limit (transformers' position ids, ``arange(seq)``) with its
+    length written in the limit's symbols: TVM's computed the length as a tensor and read it back
+    as a fresh symbol (``range_len_0``) that no shape relates to ``seq``, so every kernel after it
+    stayed symbolic and untuned at the sizes ``--buckets`` binds, and TVM's ``Expand`` stopped on
+    comparing it with a known size ('Cannot use and / or / not operator to Expr').  Integer ranges
+    with a constant start and a positive constant step, the limit at or past the start (as a
+    sequence length is); any other stays TVM's."""
+    import tvm
+    from tvm import relax
+    from tvm.sym.analyzer import Analyzer
+
+    class Range(frontend.Range):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v12(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            start, limit, delta = (frontend.get_constant(x, params) for x in inputs[:3])
+            if not (isinstance(start, tvm.ir.GenericConst) and isinstance(delta, tvm.ir.GenericConst)
+                    and tvm.ir.is_prim_expr(limit)):
+                return super()._impl_v12(bb, inputs, attr, params)
+            first, step = start.value.numpy(), delta.value.numpy()
+            dtype = str(start.ty.dtype)
+            if first.size != 1 or step.size != 1 or dtype not in ("int32", "int64") or int(step) <= 0:
+                return super()._impl_v12(bb, inputs, attr, params)
+            first, step = int(first), int(step)
+            end = limit if str(getattr(limit, "dtype", None) or limit.ty) == "int64" else tvm.tirx.Cast("int64", limit)
+            count = Analyzer().simplify(tvm.tirx.floordiv(end - first + step - 1, step))
+            return relax.op.arange(first, first + count * step, step, dtype)
+
+    return Range
+
+
 def _missing_operators(frontend: Any) -> dict[str, Any]:
     """``Celu`` and ``LpNormalization``, which TVM 0.27's ONNX frontend has no converter for, as
     the ONNX specification defines them: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, and
@@ -171,8 +203,9 @@ def _missing_operators(frontend: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
     """TVM's ONNX frontend with ``GRU``, ``Celu`` and ``LpNormalization`` in its converter table and
-    ``ConstantOfShape`` mended (``_scalar_constant_of_shape``), for the duration (its ``Gather`` takes in clip mode once
-    the model is rewritten: ``relax_rewrites.clamp_takes``)."""
+    ``ConstantOfShape`` and ``Range`` mended (``_scalar_constant_of_shape``, ``_symbolic_range``),
+    for the duration (its ``Gather`` takes in clip mode once the model is rewritten:
+    ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
     class GRU(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
@@ -183,7 +216,8 @@ def _converters() -> Iterator[None]:
         _impl_v14 = _impl_v7
 
     original = frontend._get_convert_map
-    ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend), **_missing_operators(frontend)}
+    ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
+            **_missing_operators(frontend)}
 
     def with_ours() -> dict[str, Any]:
         return {**original(), **ours}
@@ -223,8 +257,8 @@ def _refuse_before_converting(model: Any) -> None:
 
 def _sized(model: Any, sizes: Mapping[str, int]) -> Any:
     """``model`` with its inputs' named dimensions (``dim_param``) in ``sizes`` made those numbers,
-    so that the whole graph is static before TVM imports it (its frontend stops on some symbolic
-    shapes: a transformers mask's ``Expand`` compared symbolic sizes with Python's ``==``)."""
+    so that the whole graph is static before TVM imports it (its shape arithmetic folded by
+    ``fold_static_shapes``, its kernels of known sizes)."""
     for value in model.graph.input:
         for dim in value.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param in sizes:
@@ -250,26 +284,33 @@ def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
     model = fold_static_shapes(_sized(model, sizes or {}))
-    try:
-        with _converters(), contextlib.redirect_stdout(open(os.devnull, "w")):
+
+    def imported() -> Any:
+        with _converters(), open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
             _refuse_before_converting(model)
             return from_onnx(model)
-    except TvmExtError as exc:
-        raise TvmExtError(f"{path}: {exc}") from None
-    except NotImplementedError as exc:  # the frontend's "Operator X not implemented."
-        raise TvmExtError(f"{path}: {exc} (no converter in TVM's ONNX frontend)") from None
-    except Exception as exc:  # noqa: BLE001 - a converter's own check (an integer Pow): the file's model
-        raise TvmExtError(f"{path}: TVM's ONNX frontend cannot import the model: {last_line(exc)}") from None
+
+    return run_frontend(imported, functools.partial(_import_failure, path))
+
+
+def _import_failure(path: str, failure: BaseException) -> str:
+    """One line for a model the frontend could not import: our refusal, a missing converter (the
+    frontend's "Operator X not implemented."), or a converter's own check (an integer Pow)."""
+    if isinstance(failure, TvmExtError):
+        return f"{path}: {failure}"
+    if isinstance(failure, NotImplementedError):
+        return f"{path}: {failure} (no converter in TVM's ONNX frontend)"
+    return f"{path}: TVM's ONNX frontend cannot import the model: {last_line(failure)}"
 
 
 def _graph_inputs(path: str) -> Iterator[Any]:
     """An ONNX model's graph inputs that are not initializers (what a caller passes)."""
     import onnx
 
-    return _caller_inputs(onnx.load(path))
+    return caller_inputs(onnx.load(path))
 
 
-def _caller_inputs(model: Any) -> Iterator[Any]:
+def caller_inputs(model: Any) -> Iterator[Any]:
     initializers = {i.name for i in model.graph.initializer}
     return (value for value in model.graph.input if value.name not in initializers)
 
@@ -295,7 +336,7 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
     shapes: dict[str, list[int]] = {}
     arrays = []
     model = onnx.load(path)
-    for value in _caller_inputs(model):
+    for value in caller_inputs(model):
         dims = []
         for d in value.type.tensor_type.shape.dim:
             if d.dim_value:

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..core.errors import TvmExtError, unconverted_error
+from ..core.errors import TvmExtError, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
@@ -488,26 +488,33 @@ def import_exported_program(program: Any) -> Any:
     table = torch.export.default_decompositions()  # Core ATen, as TVM's frontend runs it, but the GRU
     table.pop(torch.ops.aten.gru.input, None)  # and attention kept (``torch_attention``)
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
-    try:
+
+    def imported() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside it
-            program = program.run_decompositions(table)
-        effects = _effectful_operators(program)
+            decomposed = program.run_decompositions(table)
+        effects = _effectful_operators(decomposed)
         if effects:
             raise TvmExtError("TVM's torch frontend cannot import the program: operators with side effects "
                               f"(torch.export's effect tokens) are not supported: {', '.join(effects)}")
-        converter = functools.partial(convert_gru, program=program)
-        highest = {name: high for name, (_, high) in program_symbols(program).items() if high is not None}
+        converter = functools.partial(convert_gru, program=decomposed)
+        highest = {name: high for name, (_, high) in program_symbols(decomposed).items() if high is not None}
         slicer = functools.partial(_slice_within_bounds, highest=highest)
         custom = {**CONVERTERS, GRU_OP: converter, "slice.Tensor": slicer}
-        _refuse_unconverted(program, custom)
-        return from_exported_program(program, custom_convert_map=custom, run_ep_decomposition=False)
-    except TvmExtError:
-        raise
-    except (AssertionError, NotImplementedError, KeyError, ValueError, TypeError, RuntimeError) as exc:
-        # the frontend's refusals, and TVM's checks failing inside it (tvm.error.InternalError)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise TvmExtError(f"TVM's torch frontend cannot import the program: {first}") from None
+        _refuse_unconverted(decomposed, custom)
+        return from_exported_program(decomposed, custom_convert_map=custom, run_ep_decomposition=False)
+
+    # the frontend's refusals, and TVM's checks failing inside it (tvm.error.InternalError)
+    return run_frontend(imported, _import_failure, (TvmExtError, AssertionError, NotImplementedError, KeyError,
+                                                    ValueError, TypeError, RuntimeError))
+
+
+def _import_failure(failure: BaseException) -> str:
+    """Our refusal as it is; anything else the frontend raised as its first line."""
+    if isinstance(failure, TvmExtError):
+        return str(failure)
+    first = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:200]
+    return f"TVM's torch frontend cannot import the program: {first}"
 
 
 def _refuse_unconverted(program: Any, custom: dict[str, Any]) -> None:
