@@ -34,6 +34,8 @@ from ..core.errors import TvmExtError, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
+from .torch_fft import CONVERTERS as FFT_CONVERTERS
+from .torch_fft import refuse_complex
 from .torch_indexing import CONVERTERS as INDEXING_CONVERTERS
 from .torch_ranks import CONVERTERS as RANK_CONVERTERS
 from .torch_ranks import reads_indices
@@ -472,7 +474,7 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
               "copysign.Tensor": _copysign, "copysign.Scalar": _copysign,
               "rrelu_with_noise_functional.default": _rrelu_in_eval,
-              "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS,
+              "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS, **FFT_CONVERTERS,
               "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS,
               **{f"{pool}.default": _stride_of_the_kernel(f"_{pool}") for pool in (
                   "max_pool2d", "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "avg_pool2d",
@@ -502,6 +504,7 @@ def import_exported_program(program: Any) -> Any:
         slicer = functools.partial(_slice_within_bounds, highest=highest)
         custom = {**CONVERTERS, GRU_OP: converter, "slice.Tensor": slicer}
         _refuse_unconverted(decomposed, custom)
+        refuse_complex(decomposed, _torch_node_name)
         return from_exported_program(decomposed, custom_convert_map=custom, run_ep_decomposition=False)
 
     # the frontend's refusals, and TVM's checks failing inside it (tvm.error.InternalError)

@@ -1,0 +1,69 @@
+"""``torch.fft`` in a torch.export program (``tvm_ext.relax.torch_fft``): each transform, inverse,
+normalization and the operators on its complex results, run on PoCL (and CUDA) against torch in
+float64; what we cannot carry is refused by name."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from tvm_ext.core.errors import TvmExtError  # noqa: E402
+from tvm_ext.relax.torch_import import import_exported_program  # noqa: E402
+
+F = torch.fft
+
+
+class _Spectra(nn.Module):
+    """FNet's ``fftn(x).real`` and each transform torch exports (c2c, r2c, c2r), every norm, odd and
+    even lengths, an FFT convolution, a magnitude spectrogram (``stft``), phase and conjugate."""
+
+    def forward(self, x, k):
+        window = torch.hann_window(8, dtype=x.dtype)
+        return (F.fftn(x.to(torch.complex64 if x.dtype == torch.float32 else torch.complex128), dim=(1, 2)).real,
+                F.fft2(x).imag, torch.view_as_real(F.rfft(x, dim=-1, norm="ortho")),
+                F.irfft(F.rfft(x, dim=1), n=x.shape[1], dim=1), F.irfft(F.rfft(x), n=7),
+                torch.view_as_real(F.ifft(x.to(torch.complex64 if x.dtype == torch.float32 else torch.complex128),
+                                          dim=0, norm="forward")),
+                torch.view_as_real(F.rfftn(x)), F.irfftn(F.rfftn(x), s=x.shape[-2:]), F.hfft(F.rfft(x), n=6),
+                F.rfft(x).abs(), F.rfft(x).angle(), F.irfft(F.rfft(x, n=14) * F.rfft(k, n=14) * (0.5 - 2j), n=14),
+                torch.stft(x.reshape(3, 35), n_fft=8, hop_length=4, window=window, return_complex=True).abs())
+
+
+@pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fft_transforms_run_as_torch_computes_them(kind):
+    """Every output against torch's in float64: a complex tensor carried as (real, imaginary)
+    pairs, each transformed dimension two products by the DFT's cosine and sine matrices."""
+    from tvm_ext.relax.pipeline import load_model
+    from tvm_ext.target import resolve_target
+
+    gen = torch.Generator().manual_seed(3)
+    x, k = torch.randn(3, 5, 7, generator=gen), torch.randn(7, generator=gen)
+    model = load_model(import_exported_program(torch.export.export(_Spectra(), (x, k))), resolve_target(kind, 0),
+                       None, function="main", log=None)
+    outputs = model(x.numpy(), k.numpy())
+    with torch.no_grad():
+        expected = _Spectra()(x.double(), k.double())
+    for ours, theirs in zip(outputs, expected, strict=True):
+        assert ours.shape == tuple(theirs.shape)
+        scale = float(theirs.abs().max())
+        assert np.abs(ours - theirs.numpy()).max() <= 2e-6 * scale, np.abs(ours - theirs.numpy()).max() / scale
+
+
+@pytest.mark.parametrize("forward, needle", [
+    (lambda x: F.rfft(x).sum(), r"node 'sum.*reads a complex tensor"),
+    (lambda x: F.rfft(x), r"node 'output'.*reads a complex tensor"),
+    (lambda x: F.rfft(x).exp().real, r"node 'exp'.*reads a complex tensor: on complex tensors only"),
+])
+def test_what_reads_a_complex_tensor_we_do_not_carry_is_refused_by_name(forward, needle):
+    """A complex tensor reaching an operator we do not convert for it (a sum), or leaving the
+    program, is one error naming the node before the import."""
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return forward(x)
+
+    program = torch.export.export(Model(), (torch.randn(2, 6),))
+    with pytest.raises(TvmExtError, match=needle):
+        import_exported_program(program)
