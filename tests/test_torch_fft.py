@@ -19,8 +19,12 @@ class _Spectra(nn.Module):
     """FNet's ``fftn(x).real`` and each transform torch exports (c2c, r2c, c2r), every norm, odd and
     even lengths, an FFT convolution, a magnitude spectrogram (``stft``), phase and conjugate."""
 
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(8))  # a constant: torch 2.11 exports no decomposition
+
     def forward(self, x, k):
-        window = torch.hann_window(8, dtype=x.dtype)
+        window = self.window.to(x.dtype)
         return (F.fftn(x.to(torch.complex64 if x.dtype == torch.float32 else torch.complex128), dim=(1, 2)).real,
                 F.fft2(x).imag, torch.view_as_real(F.rfft(x, dim=-1, norm="ortho")),
                 F.irfft(F.rfft(x, dim=1), n=x.shape[1], dim=1), F.irfft(F.rfft(x), n=7),
