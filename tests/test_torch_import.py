@@ -899,23 +899,3 @@ def test_elementwise_operators_the_frontend_lacked_run_as_torch_gives_them(openc
     with pytest.raises(TvmExtError, match=r"cdist with p=3 is not supported"):
         import_exported_program(torch.export.export(Cube(), (rows, cols)))
 
-
-def test_a_converter_failing_inside_the_frontend_is_one_error_without_the_builders_warning(monkeypatch, capfd):
-    """A converter that raises inside TVM's torch frontend leaves its block builder open; the
-    import is one ``TvmExtError`` with the converter's reason, and TVM's C++ warning on freeing
-    that builder ('BlockBuilder destroyed with remaining blocks!') is not printed."""
-    from tvm_ext.relax import torch_import
-
-    class Model(nn.Module):
-        def forward(self, x):
-            return torch.relu(x) + 1
-
-    def refuses(*_):
-        raise ValueError("this converter refuses")
-
-    program = torch.export.export(Model(), (torch.randn(3, 4),))
-    monkeypatch.setitem(torch_import.CONVERTERS, "relu.default", refuses)
-    capfd.readouterr()
-    with pytest.raises(TvmExtError, match="cannot import the program: this converter refuses"):
-        import_exported_program(program)
-    assert "BlockBuilder" not in capfd.readouterr().err

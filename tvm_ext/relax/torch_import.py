@@ -247,6 +247,28 @@ def _scan_as_torch(op_name: str) -> Any:
     return convert
 
 
+def _cat_as_torch(node: Any, importer: Any) -> Any:
+    """``cat`` as torch runs it: a 1-D empty operand beside tensors of more dimensions is skipped
+    (torch's legacy rule; XLM's cache concatenates its keys to a ``(0,)`` tensor, where TVM's
+    converter stopped on the ranks), and the operands are cast to the result's type (torch
+    promotes them; TVM's converter does not)."""
+    from tvm import relax
+
+    emit = importer.block_builder.emit
+    tensors = [importer.env[t] for t in node.args[0]]
+    axis = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0))
+    ranks = {len(t.ty.shape.values) for t in tensors}
+
+    def legacy_empty(t: Any) -> bool:
+        dims = t.ty.shape.values
+        return len(dims) == 1 and hasattr(dims[0], "value") and int(dims[0].value) == 0 and max(ranks) > 1
+
+    kept = [t for t in tensors if not legacy_empty(t)] or tensors[:1]
+    dtype = str(node.meta["val"].dtype).replace("torch.", "")
+    kept = [t if str(t.ty.dtype) == dtype else emit(relax.op.astype(t, dtype)) for t in kept]
+    return kept[0] if len(kept) == 1 else emit(relax.op.concat(kept, axis=axis))
+
+
 def _grid_sample_grid_last(node: Any, importer: Any) -> Any:
     """``grid_sampler_2d`` with torch's grid (N, H, W, 2) made Relax's (N, 2, H, W).  TVM 0.27's
     converter passes torch's grid as it is, so the output took the wrong size, silently."""
@@ -472,7 +494,7 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
               "clamp.default": _clamp_as_torch("both"), "clamp.Tensor": _clamp_as_torch("both"),
               "clamp_min.default": _clamp_as_torch("min"), "clamp_max.default": _clamp_as_torch("max"),
               "fmax.default": _nan_ignoring(True), "fmin.default": _nan_ignoring(False), "hypot.default": _hypot,
-              "copysign.Tensor": _copysign, "copysign.Scalar": _copysign,
+              "copysign.Tensor": _copysign, "copysign.Scalar": _copysign, "cat.default": _cat_as_torch,
               "rrelu_with_noise_functional.default": _rrelu_in_eval,
               "_cdist_forward.default": _cdist, **INDEXING_CONVERTERS, **FFT_CONVERTERS,
               "arange.start_step": _arange_as_torch, SDPA_OP: convert_sdpa, **RANK_CONVERTERS,
@@ -499,6 +521,7 @@ def import_exported_program(program: Any) -> Any:
         if effects:
             raise TvmExtError("TVM's torch frontend cannot import the program: operators with side effects "
                               f"(torch.export's effect tokens) are not supported: {', '.join(effects)}")
+        _drop_checks_of_unused_reads(decomposed)
         converter = functools.partial(convert_gru, program=decomposed)
         highest = {name: high for name, (_, high) in program_symbols(decomposed).items() if high is not None}
         slicer = functools.partial(_slice_within_bounds, highest=highest)
@@ -518,6 +541,30 @@ def _import_failure(failure: BaseException) -> str:
         return str(failure)
     first = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:200]
     return f"TVM's torch frontend cannot import the program: {first}"
+
+
+def _drop_checks_of_unused_reads(program: Any) -> None:
+    """torch.export's runtime checks (``_assert_scalar``) of a value read from a tensor (``item``)
+    that nothing else reads, removed with the read: XLM checks ``lengths.max() <= slen``, whose
+    read TVM makes a ``tensor_to_shape`` (a device-to-host copy; the OpenCL executor has none) only
+    to check it.  A read another node uses keeps its checks (they guard a shape)."""
+    graph = program.graph
+    for check in [n for n in graph.nodes if n.op == "call_function"
+                  and getattr(n.target, "__name__", "") == "_assert_scalar.default"]:
+        chain, frontier = set(), [a for a in check.args if hasattr(a, "users")]
+        while frontier:  # what the check reads, back to the tensor reads
+            node = frontier.pop()
+            if node in chain or node.op != "call_function":
+                continue
+            chain.add(node)
+            if getattr(node.target, "__name__", "") not in ("item.default", "_local_scalar_dense.default"):
+                frontier += [a for a in node.args if hasattr(a, "users")]
+        if all(user in chain or user is check for node in chain for user in node.users):
+            graph.erase_node(check)
+            for node in sorted(chain, key=lambda n: -list(graph.nodes).index(n)):
+                if not node.users:
+                    graph.erase_node(node)
+    program.graph_module.recompile()
 
 
 def _refuse_unconverted(program: Any, custom: dict[str, Any]) -> None:
