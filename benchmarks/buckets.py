@@ -8,7 +8,8 @@ Two models (``--model``):
 - ``bert``: transformers' ``BertModel`` (``--layers``, base sizes, random weights, SDPA attention) on
   token ids (8, s), the sequence length s exported symbolic with ``torch.export`` (at most 512) and
   imported as ``tune model FILE.pt2`` imports it: every GEMM, the attention products, softmax and
-  layer norm have s in their shapes.
+  layer norm have s in their shapes; with ``--via onnx`` the same model exported to ONNX with a
+  dynamic axis ``seq`` and imported as ``tune model FILE.onnx`` imports it.
 
 ``tune_buckets`` tunes the model at ``--buckets``; then, at each size of ``--sizes`` (between the
 buckets by default), one process times three builds of the static model at that size through the
@@ -24,6 +25,7 @@ Targets: buckets >= 0.9x tuned at every size, and >= dlight everywhere.  Rows go
 
     source .tvm-device/boot.sh && python benchmarks/buckets.py --out $OUT
     python benchmarks/buckets.py --model bert --buckets 32,128,512 --sizes 64,200 --trials 8 --out $OUT
+    python benchmarks/buckets.py --model bert --via onnx --buckets 32,128,512 --sizes 64,200 --trials 8 --out $OUT
     python benchmarks/buckets.py --target opencl --dtype float32 --hidden 64 --buckets 4,16 --sizes 10 --trials 2
     python benchmarks/buckets.py --target opencl --model bert --layers 1 --hidden 32 --buckets 8,32 --sizes 20 \
         --trials 2 --dtype float32  # no GPU
@@ -146,6 +148,43 @@ class BertCase:
             return copy.deepcopy(self.model).double()(torch.from_numpy(inputs[0])).last_hidden_state.numpy()
 
 
+class BertOnnxCase(BertCase):
+    """The same BertModel exported to ONNX by torch's exporter with a dynamic sequence axis named
+    ``seq``, imported as ``tune model FILE.onnx`` imports it (``load_onnx``)."""
+
+    def __init__(self, args: argparse.Namespace):
+        import copy
+
+        import torch
+
+        super().__init__(args)
+        model = copy.deepcopy(self.model).to(getattr(torch, self.dtype))
+
+        class Ids(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bert = model
+
+            def forward(self, ids):
+                return self.bert(input_ids=ids).last_hidden_state
+
+        self.path = os.path.join(args.out, "bert_seq.onnx")
+        os.makedirs(args.out, exist_ok=True)
+        with torch.no_grad():
+            torch.onnx.export(Ids().eval(), (torch.zeros(self.batch, 16, dtype=torch.int64),), self.path, dynamo=False,
+                              input_names=["ids"], output_names=["out"], opset_version=17,
+                              dynamic_axes={"ids": {1: "seq"}, "out": {1: "seq"}})
+        self.var = "seq"
+
+    def title(self, buckets: str) -> str:
+        return super().title(buckets) + ", from ONNX"
+
+    def module(self):
+        from tvm_ext.relax.onnx_import import load_onnx
+
+        return load_onnx(self.path)
+
+
 def timed(model, case, size: int) -> tuple[float, float]:
     """(seconds, normwise error against float64) of ``model`` at ``size``."""
     inputs = case.inputs(size)
@@ -169,6 +208,8 @@ def main() -> None:
     p.add_argument("--model", default="ffn", choices=("ffn", "bert"))
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--layers", type=int, default=12, help="BertModel's layers (--model bert)")
+    p.add_argument("--via", default="torch.export", choices=("torch.export", "onnx"),
+                   help="how BertModel reaches TVM (--model bert): a torch.export program or an ONNX file")
     p.add_argument("--buckets", default="1,16,128,512,2048")
     p.add_argument("--sizes", default="8,48,200,700,1500", help="sizes timed (default: between the buckets)")
     p.add_argument("--trials", type=int, default=16, help="trials per task, at every bucket and size (default 16)")
@@ -186,7 +227,7 @@ def main() -> None:
                              tourn_size=2, seed=args.seed)
     os.makedirs(args.out, exist_ok=True)
     rows_path = os.path.join(args.out, "buckets_rows.jsonl")
-    case = BertCase(args) if args.model == "bert" else FfnCase(args)
+    case = FfnCase(args) if args.model == "ffn" else BertOnnxCase(args) if args.via == "onnx" else BertCase(args)
     mod = case.module()
     buckets = Buckets.parse(f"{case.var}={args.buckets}")
     work = os.path.join(args.out, "work")

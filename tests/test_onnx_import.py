@@ -511,3 +511,15 @@ def test_a_model_tvms_frontend_stops_on_is_one_error_line_without_its_builders_w
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: ")
     assert "cannot import the model" in p.stderr
+
+
+def test_tile_with_repeats_of_two_dimensions_reads_them_flat(opencl, tmp_path):
+    """``Tile`` whose constant repeats are a (1, 2) tensor, as torch's exporter writes Mamba2's
+    (``[[8]] - Mod(...)``): read flat, as ONNX's reference evaluator (numpy's ``tile``) reads
+    them; TVM's converter passed the nested list on and stopped."""
+    path, _ = _graph_model(tmp_path, "tile", [helper.make_node("Tile", ["x", "reps"], ["y"])],
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+                           [numpy_helper.from_array(np.array([[2, 1]], np.int64), "reps")])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(_run(path, [x], opencl), np.tile(x, (2, 1)))

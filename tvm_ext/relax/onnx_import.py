@@ -172,6 +172,24 @@ def _symbolic_range(frontend: Any) -> Any:
     return Range
 
 
+def _flat_repeats_tile(frontend: Any) -> Any:
+    """TVM's ``Tile`` with constant repeats of more than one dimension read flat: torch's exporter
+    writes Mamba2's repeats as ``[[8]] - Mod(...)``, a (1, 1) tensor, and TVM's converter passed
+    the nested list to ``topi.tile``, which stopped ('Cannot convert from type Array')."""
+    import tvm
+    from tvm import relax
+
+    class Tile(frontend.Tile):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v13(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            reps = frontend.get_constant(inputs[1], params)
+            if isinstance(reps, tvm.ir.GenericConst) and reps.value.numpy().ndim > 1:
+                inputs = [inputs[0], relax.const(reps.value.numpy().reshape(-1)), *inputs[2:]]
+            return super()._impl_v13(bb, inputs, attr, params)
+
+    return Tile
+
+
 def _missing_operators(frontend: Any) -> dict[str, Any]:
     """``Celu`` and ``LpNormalization``, which TVM 0.27's ONNX frontend has no converter for, as
     the ONNX specification defines them: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, and
@@ -203,7 +221,8 @@ def _missing_operators(frontend: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
     """TVM's ONNX frontend with ``GRU``, ``Celu`` and ``LpNormalization`` in its converter table and
-    ``ConstantOfShape`` and ``Range`` mended (``_scalar_constant_of_shape``, ``_symbolic_range``),
+    ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``, ``_symbolic_range``,
+    ``_flat_repeats_tile``),
     for the duration (its ``Gather`` takes in clip mode once the model is rewritten:
     ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
@@ -217,7 +236,7 @@ def _converters() -> Iterator[None]:
 
     original = frontend._get_convert_map
     ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
-            **_missing_operators(frontend)}
+            "Tile": _flat_repeats_tile(frontend), **_missing_operators(frontend)}
 
     def with_ours() -> dict[str, Any]:
         return {**original(), **ours}
