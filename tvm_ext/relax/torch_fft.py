@@ -83,8 +83,9 @@ def _to_complex_or_as_torch(node: Any, importer: Any) -> Any:
         if _is_complex(node.args[0]):
             raise TvmExtError(f"a complex tensor cast to {dtype or 'another type'} is not converted")
         return _frontends_own(importer, "_to_copy.default")(node)
-    if _is_complex(node.args[0]):
-        return x
+    if _is_complex(node.args[0]):  # complex64 <-> complex128: both parts
+        return x if str(x.ty.dtype) == REAL_TYPE[dtype] else importer.block_builder.emit(
+            relax.op.astype(x, REAL_TYPE[dtype]))
     real = importer.block_builder.emit(relax.op.astype(x, REAL_TYPE[dtype]))
     return _pair(importer, real, importer.block_builder.emit(relax.op.zeros_like(real)))
 
@@ -117,7 +118,7 @@ def _dft_matrices(rows: int, cols: int, size: int, dtype: str, sign: float, weig
     ``scale``, as constants of ``dtype`` (computed in float64)."""
     from tvm import relax
 
-    angle = 2 * np.pi * np.outer(np.arange(rows), np.arange(cols)) / size
+    angle = 2 * np.pi * (np.outer(np.arange(rows), np.arange(cols)) % size) / size
     w = (np.ones(rows) if weights is None else weights)[:, None] * scale
     return (relax.const((np.cos(angle) * w).astype(dtype)), relax.const((sign * np.sin(angle) * w).astype(dtype)))
 
