@@ -71,3 +71,35 @@ def test_what_reads_a_complex_tensor_we_do_not_carry_is_refused_by_name(forward,
     program = torch.export.export(Model(), (torch.randn(2, 6),))
     with pytest.raises(TvmExtError, match=needle):
         import_exported_program(program)
+
+
+def test_windows_exported_without_a_decomposition_are_torchs_constants(opencl, monkeypatch):
+    """``hann_window`` and its kin, as torch 2.11 exports them (no decomposition: here the table
+    without them), are constants by torch's formulas, periodic or not, of one sample too."""
+    from tvm_ext.relax.pipeline import load_model
+
+    windows = (torch.ops.aten.hann_window, torch.ops.aten.hamming_window, torch.ops.aten.blackman_window,
+               torch.ops.aten.bartlett_window)
+    table = torch.export.default_decompositions
+
+    def without_windows():
+        kept = table()
+        for window in windows:
+            for overload in window.overloads():
+                kept.pop(getattr(window, overload), None)
+        return kept
+
+    class Windows(nn.Module):
+        def forward(self, x):
+            return (x + torch.hann_window(8), x[:7] + torch.hann_window(7, periodic=False),
+                    x + torch.hamming_window(8), x[:5] + torch.hamming_window(5, False, alpha=0.6, beta=0.3),
+                    x + torch.blackman_window(8), x[:6] + torch.bartlett_window(6, periodic=False),
+                    x[:1] + torch.hann_window(1))
+
+    x = torch.zeros(8)
+    monkeypatch.setattr(torch.export, "default_decompositions", without_windows)
+    program = torch.export.export(Windows(), (x,))
+    assert "hann_window" in str(program.run_decompositions(without_windows()).graph)
+    outputs = load_model(import_exported_program(program), opencl, None, function="main", log=None)(x.numpy())
+    for ours, theirs in zip(outputs, Windows()(x), strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6, atol=1e-7)

@@ -279,6 +279,39 @@ def _viewed(node: Any, importer: Any) -> Any:
     return importer.block_builder.emit(relax.op.reshape(importer.env[node.args[0]], shape + [2]))
 
 
+def _window(kind: str) -> Any:
+    """``hann_window`` / ``hamming_window`` / ``blackman_window`` / ``bartlett_window`` (an
+    ``stft``'s window) as a constant, by torch's formulas: torch 2.11 exports them without a
+    decomposition, and TVM's frontend has no converter for them."""
+    def convert(node: Any, importer: Any) -> Any:
+        from tvm import relax
+
+        length, periodic = int(node.args[0]), bool(node.args[1]) if len(node.args) > 1 else True
+        dtype = str(node.kwargs.get("dtype") or "torch.float32").replace("torch.", "")
+        if length == 1:
+            return relax.const(np.ones(1, dtype))
+        n = np.arange(length, dtype=np.float64)
+        phase = 2 * np.pi * n / (length if periodic else length - 1)
+        if kind == "hann":
+            values = 0.5 - 0.5 * np.cos(phase)
+        elif kind == "hamming":
+            alpha = float(node.args[2]) if len(node.args) > 2 else 0.54
+            beta = float(node.args[3]) if len(node.args) > 3 else 0.46
+            values = alpha - beta * np.cos(phase)
+        elif kind == "blackman":
+            values = 0.42 - 0.5 * np.cos(phase) + 0.08 * np.cos(2 * phase)
+        else:  # bartlett
+            values = 1 - np.abs(phase / np.pi - 1)
+        return relax.const(values.astype(dtype))
+
+    return convert
+
+
+WINDOWS = {f"{kind}_window.{overload}": _window(kind) for kind in ("hann", "hamming", "blackman", "bartlett")
+           for overload in ("default", "periodic")} | {
+    f"hamming_window.{overload}": _window("hamming") for overload in ("periodic_alpha", "periodic_alpha_beta")}
+
+
 def _identity(node: Any, importer: Any) -> Any:
     """``view_as_real`` / ``view_as_complex``: the (real, imaginary) layout is both."""
     return importer.env[node.args[0]]
@@ -290,4 +323,4 @@ CONVERTERS = {"_fft_c2c.default": _fft_c2c, "_fft_r2c.default": _fft_r2c, "_fft_
               "abs.default": _complex_or_as_torch("abs.default", _magnitude),
               "mul.Tensor": _complex_or_as_torch("mul.Tensor", _complex_product), "angle.default": _phase,
               "permute.default": _complex_or_as_torch("permute.default", _permuted),
-              "view.default": _complex_or_as_torch("view.default", _viewed)}
+              "view.default": _complex_or_as_torch("view.default", _viewed), **WINDOWS}
