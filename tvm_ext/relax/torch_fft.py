@@ -20,11 +20,6 @@ import numpy as np
 
 from ..core.errors import TvmExtError
 
-# operators that take or give the (real, imaginary) layout; any other given a complex is refused
-COMPLEX_OPERATORS = ("_fft_c2c.default", "_fft_r2c.default", "_fft_c2r.default", "view_as_real.default",
-                     "view_as_complex.default", "clone.default", "alias.default", "_to_copy.default",
-                     "_conj.default", "abs.default", "angle.default", "mul.Tensor", "permute.default",
-                     "view.default")
 REAL_TYPE = {"complex64": "float32", "complex128": "float64"}
 
 
@@ -34,14 +29,16 @@ def _is_complex(value: Any) -> bool:
 
 
 def complex_consumers(program: Any) -> list[Any]:
-    """The nodes that take a complex tensor and are not among ``COMPLEX_OPERATORS`` (nor the
-    program's output, which we refuse as well: its caller would read the pairs)."""
+    """The program's complex inputs, and the nodes that take a complex tensor but are neither
+    converted here (``CONVERTERS``) nor a copy of it, the program's output among them (its caller
+    would read the pairs)."""
     found = []
+    complex_operators = {*CONVERTERS, "clone.default", "alias.default"}  # ours, and the layout's copies
     for node in program.graph.nodes:
         args = [a for a in node.args if hasattr(a, "meta")] + [a for v in node.args if isinstance(v, (list, tuple))
                                                                 for a in v if hasattr(a, "meta")]
         if any(_is_complex(a) for a in args) and \
-                (node.op == "output" or getattr(node.target, "__name__", None) not in COMPLEX_OPERATORS):
+                (node.op == "output" or getattr(node.target, "__name__", None) not in complex_operators):
             found.append(node)
     complex_inputs = [n for n in program.graph.nodes if n.op == "placeholder" and _is_complex(n)]
     return complex_inputs + found
@@ -243,15 +240,14 @@ def _complex_product(node: Any, importer: Any) -> Any:
         a, b = b, a
     a_re, a_im = _parts(importer, importer.env[a])
     if isinstance(b, complex):
-        c, d = (relax.const(v, str(a_re.ty.dtype)) for v in (b.real, b.imag))
-        return _pair(importer, emit(relax.op.subtract(relax.op.multiply(a_re, c), relax.op.multiply(a_im, d))),
-                     emit(relax.op.add(relax.op.multiply(a_re, d), relax.op.multiply(a_im, c))))
-    if _is_complex(b):
+        b_re, b_im = (relax.const(v, str(a_re.ty.dtype)) for v in (b.real, b.imag))
+    elif _is_complex(b):
         b_re, b_im = _parts(importer, importer.env[b])
-        return _pair(importer, emit(relax.op.subtract(relax.op.multiply(a_re, b_re), relax.op.multiply(a_im, b_im))),
-                     emit(relax.op.add(relax.op.multiply(a_re, b_im), relax.op.multiply(a_im, b_re))))
-    factor = importer.env[b] if hasattr(b, "meta") else relax.const(float(b), str(a_re.ty.dtype))
-    return _pair(importer, emit(relax.op.multiply(a_re, factor)), emit(relax.op.multiply(a_im, factor)))
+    else:
+        factor = importer.env[b] if hasattr(b, "meta") else relax.const(float(b), str(a_re.ty.dtype))
+        return _pair(importer, emit(relax.op.multiply(a_re, factor)), emit(relax.op.multiply(a_im, factor)))
+    return _pair(importer, emit(relax.op.subtract(relax.op.multiply(a_re, b_re), relax.op.multiply(a_im, b_im))),
+                 emit(relax.op.add(relax.op.multiply(a_re, b_im), relax.op.multiply(a_im, b_re))))
 
 
 def _phase(node: Any, importer: Any) -> Any:

@@ -548,7 +548,7 @@ def _drop_checks_of_unused_reads(program: Any) -> None:
     that nothing else reads, removed with the read: XLM checks ``lengths.max() <= slen``, whose
     read TVM makes a ``tensor_to_shape`` (a device-to-host copy; the OpenCL executor has none) only
     to check it.  A read another node uses keeps its checks (they guard a shape)."""
-    graph = program.graph
+    graph, dropped = program.graph, False
     for check in [n for n in graph.nodes if n.op == "call_function"
                   and getattr(n.target, "__name__", "") == "_assert_scalar.default"]:
         chain, frontier = set(), [a for a in check.args if hasattr(a, "users")]
@@ -561,10 +561,12 @@ def _drop_checks_of_unused_reads(program: Any) -> None:
                 frontier += [a for a in node.args if hasattr(a, "users")]
         if all(user in chain or user is check for node in chain for user in node.users):
             graph.erase_node(check)
-            for node in sorted(chain, key=lambda n: -list(graph.nodes).index(n)):
+            for node in reversed([n for n in graph.nodes if n in chain]):  # each after the nodes reading it
                 if not node.users:
                     graph.erase_node(node)
-    program.graph_module.recompile()
+            dropped = True
+    if dropped:
+        program.graph_module.recompile()
 
 
 def _refuse_unconverted(program: Any, custom: dict[str, Any]) -> None:
