@@ -1,4 +1,4 @@
-"""ONNX models into Relax with their GRU layers on tvm_ext's GRU.
+"""ONNX models into Relax with their GRU layers on tvm_ext's GRU, LSTM and RNN layers unrolled.
 
 TVM's ONNX frontend has no ``GRU`` operator, so a GRU model cannot be imported at all.  Here
 the frontend runs with one more converter: an ONNX ``GRU`` node becomes tvm_ext's GRU
@@ -6,16 +6,18 @@ placeholder (``relax_gru``: ``call_dps_packed("tvm_ext.gru", ...)``), which ``tu
 tunes as one task and lowers to the tuned plan.  ONNX's gates come in the order z, r, h and
 PyTorch's (ours) r, z, n; the weights are reordered into the device layout once, at import.
 
-Supported as PyTorch exports it: ``linear_before_reset=1``, ``direction`` forward or
+On the kernel as PyTorch exports it: ``linear_before_reset=1``, ``direction`` forward or
 bidirectional, the default activations, no ``clip``, ``layout`` 0 or 1, optional ``B``,
-``sequence_lens`` and ``initial_h``; W, R and B must be initializers.  Anything else is
-refused with the attribute named.
+``sequence_lens`` and ``initial_h``, W, R and B initializers.  Any other GRU, and every ``LSTM``
+and ``RNN`` node, runs unrolled in Relax (``onnx_rnn``, a note on stderr for a GRU); what that
+form cannot run either is refused with the attribute named.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import sys
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -23,6 +25,7 @@ import numpy as np
 from ..core.errors import TvmExtError, last_line, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .onnx_fold import fold_static_shapes
+from .onnx_rnn import GATES, convert_unrolled, read_node
 from .relax_gru import GRU_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
@@ -44,27 +47,23 @@ def _constant(expr: Any, name: str) -> np.ndarray:
     return expr.value.numpy()
 
 
-def _check_attributes(attrs: dict[str, Any]) -> str:
-    """The node's direction, or a clear error naming the attribute we cannot run."""
+def _kernel_refusal(attrs: dict[str, Any]) -> str | None:
+    """Why tvm_ext's GRU kernel cannot run a GRU node with these attributes (it then runs unrolled,
+    ``onnx_rnn``), or None."""
     def text(value: Any) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
 
     if int(attrs.get("linear_before_reset", 0)) != 1:
-        raise TvmExtError("ONNX GRU attribute linear_before_reset=0 is not supported (PyTorch exports 1: the "
-                          "reset gate applied after the recurrent product)")
+        return "linear_before_reset=0 (the kernel applies the reset gate after the recurrent product, as PyTorch)"
     direction = text(attrs.get("direction", "forward"))
     if direction not in ("forward", "bidirectional"):
-        raise TvmExtError(f"ONNX GRU attribute direction={direction!r} is not supported; allowed: forward, "
-                          "bidirectional")
+        return f"direction={direction!r}"
     if "clip" in attrs:
-        raise TvmExtError(f"ONNX GRU attribute clip={attrs['clip']} is not supported")
+        return f"clip={attrs['clip']}"
     activations = tuple(text(a) for a in attrs.get("activations", ()))
     if activations and activations not in (DEFAULT_ACTIVATIONS, DEFAULT_ACTIVATIONS * 2):
-        raise TvmExtError(f"ONNX GRU attribute activations={list(activations)} is not supported; allowed: "
-                          f"{list(DEFAULT_ACTIVATIONS)} (per direction)")
-    if int(attrs.get("layout", 0)) not in (0, 1):
-        raise TvmExtError(f"ONNX GRU attribute layout={attrs['layout']} is not supported; allowed: 0, 1")
-    return direction
+        return f"activations={list(activations)}"
+    return None
 
 
 def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
@@ -73,10 +72,19 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
     from ..schedules.gru import GruTemplate
 
-    direction = _check_attributes(attrs)
+    import tvm
+
+    refusal = _kernel_refusal(attrs)
     x, w, r = inputs[0], inputs[1], inputs[2]
     extra = list(inputs[3:]) + [None] * (6 - len(inputs))
     b, lengths, h0 = extra[0], extra[1], extra[2]
+    if refusal is None and not all(isinstance(v, tvm.ir.expr.Constant) for v in (w, r, b) if v is not None):
+        refusal = "W, R or B computed in the graph (the kernel takes them as initializers)"
+    if refusal is not None:
+        print(f"note: an ONNX GRU with {refusal} runs unrolled in Relax, not on tvm_ext's GRU kernel",
+              file=sys.stderr)
+        return convert_unrolled(bb, "GRU", list(inputs), attrs)
+    direction = read_node("GRU", attrs).direction
     w_array, r_array = _constant(w, "W"), _constant(r, "R")
     dirs, gates, input_size = w_array.shape
     hidden = gates // 3
@@ -220,11 +228,10 @@ def _missing_operators(frontend: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
-    """TVM's ONNX frontend with ``GRU``, ``Celu`` and ``LpNormalization`` in its converter table and
-    ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``, ``_symbolic_range``,
-    ``_flat_repeats_tile``),
-    for the duration (its ``Gather`` takes in clip mode once the model is rewritten:
-    ``relax_rewrites.clamp_takes``)."""
+    """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, ``Celu`` and ``LpNormalization`` in its
+    converter table and ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``,
+    ``_symbolic_range``, ``_flat_repeats_tile``), for the duration (its ``Gather`` takes in clip mode
+    once the model is rewritten: ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
     class GRU(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
@@ -232,10 +239,21 @@ def _converters() -> Iterator[None]:
         def _impl_v7(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
             return convert_gru(bb, list(inputs), attr)
 
-        _impl_v14 = _impl_v7
+        _impl_v14 = _impl_v22 = _impl_v7
+
+    def unrolled(op_name: str) -> Any:
+        class Unrolled(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
+            @classmethod
+            def _impl_v7(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+                return convert_unrolled(bb, op_name, list(inputs), attr)
+
+            _impl_v14 = _impl_v22 = _impl_v7
+
+        return Unrolled
 
     original = frontend._get_convert_map
-    ours = {"GRU": GRU, "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
+    ours = {"GRU": GRU, "LSTM": unrolled("LSTM"), "RNN": unrolled("RNN"),
+            "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
             "Tile": _flat_repeats_tile(frontend), **_missing_operators(frontend)}
 
     def with_ours() -> dict[str, Any]:
@@ -258,7 +276,7 @@ def _refuse_before_converting(model: Any) -> None:
     before the frontend starts building (a refusal from inside it leaves TVM's block builder
     open, which then warns on stderr): an operator with no converter (``convert_map``: the
     frontend's with ``GRU``; the frontend itself runs ``If`` and ``Constant``), a GRU
-    attribute we cannot run (``_check_attributes``)."""
+    attribute of a recurrent node (LSTM, GRU, RNN) no form runs (``onnx_rnn.read_node``)."""
     from onnx import helper
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
@@ -267,9 +285,9 @@ def _refuse_before_converting(model: Any) -> None:
     if missing:
         raise unconverted_error(_node_name(missing[0]), sorted({n.op_type for n in missing}), len(missing), "ONNX")
     for node in model.graph.node:
-        if node.op_type == "GRU":
+        if node.op_type in GATES:
             try:
-                _check_attributes({a.name: helper.get_attribute_value(a) for a in node.attribute})
+                read_node(node.op_type, {a.name: helper.get_attribute_value(a) for a in node.attribute})
             except TvmExtError as exc:
                 raise TvmExtError(f"{_node_name(node)}: {exc}") from None
 
@@ -345,7 +363,7 @@ def onnx_symbolic_dims(path: str) -> list[str]:
 
 def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
     """Random inputs of an ONNX model's graph inputs, symbolic dimensions at ``sizes`` (by name):
-    floats from a standard normal, integers zero (one in a mask: ``example_array``), a GRU's
+    floats from a standard normal, integers zero (one in a mask: ``example_array``), a recurrent node's
     ``sequence_lens`` at its step count T (every row its whole length; zero lengths would hold
     every row from its first step)."""
     import onnx
@@ -376,11 +394,11 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
 
 
 def _sequence_lengths(model: Any, shapes: Mapping[str, list[int]]) -> dict[str, int]:
-    """The graph inputs that are a GRU node's ``sequence_lens``, each with the node's step count
+    """The graph inputs that are a recurrent node's (LSTM, GRU, RNN) ``sequence_lens``, each with the node's step count
     (from its X's shape, X a graph input; 1 where X is computed inside the graph)."""
     found = {}
     for node in model.graph.node:
-        if node.op_type != "GRU" or len(node.input) < 5 or node.input[4] not in shapes:
+        if node.op_type not in GATES or len(node.input) < 5 or node.input[4] not in shapes:
             continue
         layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
         x = shapes.get(node.input[0])
