@@ -503,3 +503,25 @@ def test_tile_with_repeats_of_two_dimensions_reads_them_flat(opencl, tmp_path):
                            [numpy_helper.from_array(np.array([[2, 1]], np.int64), "reps")])
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(_run(path, [x], opencl), np.tile(x, (2, 1)))
+
+
+def test_a_file_is_parsed_once_and_its_sizes_bound_on_a_copy(tmp_path, monkeypatch):
+    """``tune model`` reads an ONNX file for its dimensions, the import, the inputs and the check:
+    it is parsed once while the file is unchanged (again once it changes), and binding a size for
+    the import leaves the parsed model as the file has it."""
+    from tvm_ext.relax import onnx_import
+
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    path, _ = _graph_model(tmp_path, "relu", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    loads = []
+    real_load = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    assert onnx_import.onnx_symbolic_dims(path) == ["n"]
+    load_onnx(path, {"n": 4})
+    assert [a.shape for a in onnx_inputs(path, sizes={"n": 2})] == [(2, 3)]
+    assert onnx_import.onnx_symbolic_dims(path) == ["n"] and len(loads) == 1
+    model = onnx.load(path)
+    model.graph.node[0].op_type = "Sigmoid"
+    onnx.save(model, path)
+    assert onnx_import.read_onnx(path).graph.node[0].op_type == "Sigmoid"

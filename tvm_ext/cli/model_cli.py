@@ -170,12 +170,11 @@ class OnnxModel:
         import warnings
 
         import numpy as np
-        import onnx
         from onnx.reference import ReferenceEvaluator
 
-        from ..relax.onnx_import import caller_inputs
+        from ..relax.onnx_import import caller_inputs, read_onnx
 
-        model = onnx.load(self.path)
+        model = read_onnx(self.path)
         feed = dict(zip([value.name for value in caller_inputs(model)], inputs))
         try:  # quietly: a mask's log(0) = -inf is the model's, as in torch
             with np.errstate(all="ignore"), warnings.catch_warnings():

@@ -303,21 +303,40 @@ def _sized(model: Any, sizes: Mapping[str, int]) -> Any:
     return model
 
 
-def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
-    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's, its named
-    dimensions in ``sizes`` bound to them; bad input (a file that does not parse, an operator no
-    converter takes, a GRU we cannot run) is one ``TvmExtError`` naming the node."""
+def read_onnx(path: str) -> Any:
+    """The parsed and checked model of an ONNX file, one ``TvmExtError`` for a file that is not one;
+    parsed once per version of the file (``tune model`` reads it for its dimensions, the import, the
+    inputs and the reference check). Callers that change it change a copy (``load_onnx``)."""
     try:
-        import onnx
+        import onnx  # noqa: F401
     except ImportError:
         raise TvmExtError("importing an ONNX model needs the onnx package: pip install onnx") from None
     if not os.path.isfile(path):
         raise TvmExtError(f"ONNX file {path} does not exist")
+    stat = os.stat(path)
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int) -> Any:
+    import onnx
+
     try:
         model = onnx.load(path)
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - whatever the parser says is the file's problem
         raise TvmExtError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0][:200]}") from None
+    return model
+
+
+def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
+    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's, its named
+    dimensions in ``sizes`` bound to them; bad input (a file that does not parse, an operator no
+    converter takes, a GRU we cannot run) is one ``TvmExtError`` naming the node."""
+    import onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(read_onnx(path))
     from tvm.relax.frontend.onnx import from_onnx
 
     model = fold_static_shapes(_sized(model, sizes or {}))
@@ -342,9 +361,7 @@ def _import_failure(path: str, failure: BaseException) -> str:
 
 def _graph_inputs(path: str) -> Iterator[Any]:
     """An ONNX model's graph inputs that are not initializers (what a caller passes)."""
-    import onnx
-
-    return caller_inputs(onnx.load(path))
+    return caller_inputs(read_onnx(path))
 
 
 def caller_inputs(model: Any) -> Iterator[Any]:
@@ -372,7 +389,7 @@ def onnx_inputs(path: str, seed: int = 0, sizes: Mapping[str, int] | None = None
     sizes = dict(sizes or {})
     shapes: dict[str, list[int]] = {}
     arrays = []
-    model = onnx.load(path)
+    model = read_onnx(path)
     for value in caller_inputs(model):
         dims = []
         for d in value.type.tensor_type.shape.dim:
