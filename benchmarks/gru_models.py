@@ -1,11 +1,15 @@
 """GRU models as a PyTorch user has them, imported both ways tvm_ext takes them, against torch at its best.
 
-Two models, random weights, T=128, batch 1, 8 and 64, float32 and float16:
+Three models, random weights, T=128, batch 1, 8 and 64, float32 and float16:
 
 - ``classifier``: Embedding(10000, 256) -> 2-layer bidirectional GRU, hidden 512 (batch_first)
   -> Linear(1024, 10) on the last step;
 - ``speech``: Linear(80, 1024) -> 3-layer GRU, hidden 1024 (batch_first) -> Linear(1024, 29) at
-  every step.
+  every step;
+- ``lstm``: Linear(80, 512) -> 2-layer LSTM, hidden 512 (batch_first) -> Linear(512, 29) at every
+  step: an LSTM is imported unrolled (one recurrent matmul and one cell kernel a step, tuned as
+  ordinary kernels; no LSTM kernel of ours), so its rows say what a user with an LSTM gets; it has
+  no ``tvm_ext.torch.GRU`` rows.
 
 Per case, one process, the same rotated inputs, every output against the float64 model:
 
@@ -48,7 +52,7 @@ from common import breakdown_table, kernel_breakdown, rel_error_vs, table, time_
 from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 SEQ = 128
-MODELS = ("classifier", "speech")
+MODELS = ("classifier", "speech", "lstm")
 BATCHES = (1, 8, 64)
 DTYPES = ("float32", "float16")
 IMPORTS = ("pt2", "onnx")
@@ -94,7 +98,18 @@ def torch_model(name: str) -> Any:
             out, _ = self.gru(self.front(features))
             return self.head(out)
 
-    return (Classifier() if name == "classifier" else Speech()).eval()
+    class SpeechLstm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.front = nn.Linear(80, 512)
+            self.lstm = nn.LSTM(512, 512, num_layers=2, batch_first=True)
+            self.head = nn.Linear(512, 29)
+
+        def forward(self, features: Any) -> Any:
+            out, _ = self.lstm(self.front(features))
+            return self.head(out)
+
+    return {"classifier": Classifier, "speech": Speech, "lstm": SpeechLstm}[name]().eval()
 
 
 def case_inputs(case: Case) -> np.ndarray:
@@ -214,7 +229,8 @@ def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray,
     database, records = os.path.join(work, "database"), os.path.join(work, "records.jsonl")
     rows = []
     # float32: also the GRU with float16 storage (its errors the class of torch's default TF32 cuDNN)
-    variants = [(way, None) for way in IMPORTS] + ([("pt2", "float16")] if case.dtype == "float32" else [])
+    storage16 = case.dtype == "float32" and case.model != "lstm"
+    variants = [(way, None) for way in args.imports.split(",")] + ([("pt2", "float16")] if storage16 else [])
     for way, storage in variants:
         label = f"tvm_ext from {'.pt2' if way == 'pt2' else 'ONNX'}" + (f", GRU {storage} storage" if storage else "")
         if way not in files:
@@ -259,18 +275,22 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
                                            for _ in range(count - 1)]
     log.add(*torch_rows(case, x, ref, sets))
+    swaps = case.model != "lstm"  # tvm_ext.torch.GRU takes the place of an nn.GRU only
     if case.dtype == "float32":  # torch's default lets cuDNN and cuBLAS use TF32: also float32 math, labelled
         tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
         try:
             log.add(*torch_rows(case, x, ref, sets, suffix=", TF32 off"))
-            log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU, TF32 off", swap=True))
+            if swaps:
+                log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU, TF32 off", swap=True))
         finally:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
-    log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU", swap=True))
+    if swaps:
+        log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU", swap=True))
     if not args.no_compile:
         log.add(compile_row(case, ref, sets))
-        log.add(compile_row(case, ref, sets, swap=True))
+        if swaps:
+            log.add(compile_row(case, ref, sets, swap=True))
     if args.breakdown:
         with torch.no_grad():
             model = cuda_model(case)
@@ -331,13 +351,14 @@ def parse_cases(text: str) -> list[Case]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench_out")
-    p.add_argument("--cases", default="", help="model:dtype:batch,... (a part left out: all), default all 12")
+    p.add_argument("--cases", default="", help="model:dtype:batch,... (a part left out: all), default all 18")
     p.add_argument("--trials", type=int, default=8, help="trials per task (default 8)")
     p.add_argument("--population", type=int, default=8)
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--no-import", action="store_true", help="leave out ours imported from .pt2 and ONNX")
+    p.add_argument("--imports", default=",".join(IMPORTS), help="the imports of ours timed (default pt2,onnx)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: export, import both ways, match, compile")
     p.add_argument("--breakdown", action="store_true", help="GPU time a call by kernel (torch.profiler), each side")
     p.add_argument("--top", type=int, default=16, help="kernels shown a side in the breakdown")
