@@ -505,6 +505,25 @@ def test_tile_with_repeats_of_two_dimensions_reads_them_flat(opencl, tmp_path):
     np.testing.assert_array_equal(_run(path, [x], opencl), np.tile(x, (2, 1)))
 
 
+def test_split_sizes_tiled_by_repeats_of_two_dimensions_fold_to_a_constant(tmp_path):
+    """torch's exporter writes ``split``'s sizes as ``Tile(size, [[count]])``: the fold reads the
+    repeats flat, as the import does, so the sizes reach TVM's ``SplitToSequence`` (which takes
+    constant sizes only) as a constant."""
+    from tvm_ext.relax.onnx_fold import fold_static_shapes
+
+    nodes = [helper.make_node("Tile", ["size", "count"], ["sizes"]),
+             helper.make_node("SplitToSequence", ["x", "sizes"], ["parts"], axis=1),
+             helper.make_node("SequenceAt", ["parts", "first"], ["y"])]
+    _, model = _graph_model(tmp_path, "split", nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+                            [numpy_helper.from_array(np.array([2], np.int64), "size"),
+                             numpy_helper.from_array(np.array([[3]], np.int64), "count"),
+                             numpy_helper.from_array(np.array(0, np.int64), "first")])
+    folded = fold_static_shapes(model)
+    assert "Tile" not in [n.op_type for n in folded.graph.node]
+    sizes = next(n for n in folded.graph.node if n.output[0] == "sizes")
+    np.testing.assert_array_equal(numpy_helper.to_array(sizes.attribute[0].t), [2, 2, 2])
+
 def test_a_file_is_parsed_once_and_its_sizes_bound_on_a_copy(tmp_path, monkeypatch):
     """``tune model`` reads an ONNX file for its dimensions, the import, the inputs and the check:
     it is parsed once while the file is unchanged (again once it changes), and binding a size for

@@ -55,6 +55,8 @@ def _evaluate(node: Any, inputs: list[np.ndarray | None], opset: Any) -> list[np
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
+    if node.op_type == "Tile" and len(inputs) > 1 and inputs[1] is not None and inputs[1].ndim > 1:
+        inputs = [inputs[0], inputs[1].reshape(-1)]  # repeats as torch writes Mamba2's, (1, 1): read flat
     names = [f"i{k}" if value is not None else "" for k, value in enumerate(inputs)]
     one = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.output))], domain=node.domain,
                            **{a.name: helper.get_attribute_value(a) for a in node.attribute})
