@@ -544,3 +544,29 @@ def test_a_file_is_parsed_once_and_its_sizes_bound_on_a_copy(tmp_path, monkeypat
     model.graph.node[0].op_type = "Sigmoid"
     onnx.save(model, path)
     assert onnx_import.read_onnx(path).graph.node[0].op_type == "Sigmoid"
+
+
+def test_a_gru_with_dynamic_axes_tunes_at_buckets_and_names_its_unbound_dimensions(tmp_path):
+    """A GRU exported with its sequence and batch axes dynamic (``dim_param``, as torch's exporter
+    writes ``dynamic_axes``) keeps them symbolic in its placeholder: ``--buckets seq=4,8`` tunes
+    it at both and runs 6 steps on bucket 8's plan, checked against the file; with neither bound
+    the error names the dimensions and how to give them."""
+    import subprocess
+    import sys
+
+    path, *_ = _model(tmp_path, steps=6, batch=2, h0=False)
+    model = onnx.load(path)
+    axes = {"X": {0: "seq", 1: "batch"}, "Y": {0: "seq", 2: "batch"}, "Y_h": {1: "batch"}}  # (T, B, I), ...
+    for value in list(model.graph.input) + list(model.graph.output):
+        for axis, name in axes[value.name].items():
+            value.type.tensor_type.shape.dim[axis].dim_param = name
+    onnx.save(model, path)
+    base = [sys.executable, "-m", "tvm_ext.tune", "model", path, "--generations", "1", "--population", "2",
+            "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(base + ["--buckets", "seq=4,8", "--model-option", "seq=6", "--model-option", "batch=2"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "seq = 6: gru lv" in p.stdout and "bucket 8" in p.stdout and "(ok)" in p.stdout
+    bad = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
+        "error: GRU input of shape (seq * batch, 10) has symbolic dimensions (batch, seq)")

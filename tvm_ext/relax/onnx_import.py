@@ -99,7 +99,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
         if h0 is not None:
             h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
-    steps, batch = (int(d) for d in x.ty.shape.values[:2])
+    steps, batch = x.ty.shape.values[:2]  # symbolic where the file's axes are (bound by --buckets)
     dtype = str(x.ty.dtype)
     state = {}
     for d in range(dirs):
@@ -108,10 +108,10 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         state[f"weight_hh_l0{sfx}"] = _gates_to_torch(r_array[d], hidden)
         state[f"bias_ih_l0{sfx}"] = _gates_to_torch(b_array[d, :gates], hidden)
         state[f"bias_hh_l0{sfx}"] = _gates_to_torch(b_array[d, gates:], hidden)
-    template = GruTemplate(batch=batch, hidden=hidden, input=input_size, seq=steps, bidirectional=dirs == 2)
+    template = GruTemplate(batch=1, hidden=hidden, input=input_size, seq=1, bidirectional=dirs == 2)  # the layout
     weights = template.device_weights({k: v.astype(np.float64) for k, v in state.items()})
     args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))),
-            h0 if h0 is not None else relax.const(np.zeros((dirs, batch, hidden), dtype)),
+            h0 if h0 is not None else bb.emit(relax.op.zeros(relax.ShapeExpr([dirs, batch, hidden]), dtype)),
             *(relax.const(weights[f"{n}0"].astype(dtype)) for n in ("w_ih", "b_ih", "w_hh", "b_hh"))]
     if lengths is not None:
         args.append(bb.emit(relax.op.astype(lengths, "int32")))

@@ -115,9 +115,17 @@ def _is_gru_call(value: Any) -> bool:
 
 
 def _tensor(expr_type: Any, what: str) -> tuple[tuple[int, ...], str]:
+    import tvm
+
     values = getattr(getattr(expr_type, "shape", None), "values", None)
-    if values is None or not all(hasattr(v, "value") for v in values):
+    if values is None:
         raise TvmExtError(f"GRU {what} needs a static shape, got {getattr(expr_type, 'shape', None)}")
+    if not all(hasattr(v, "value") for v in values):
+        names = sorted({str(var) for v in values for var in tvm.tirx.analysis.undefined_vars(v)})
+        shape = ", ".join(str(int(v.value)) if hasattr(v, "value") else str(v) for v in values)
+        raise TvmExtError(f"GRU {what} of shape ({shape}) has symbolic dimensions ({', '.join(names)}): the "
+                          "GRU is built for known sizes; give each a size (tune model: --model-option NAME=N) or "
+                          "tune it at buckets (--buckets NAME=SIZES)")
     return tuple(int(v.value) for v in values), str(expr_type.dtype)
 
 
