@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import statistics
 import time
 
 import numpy as np
@@ -132,7 +133,10 @@ def test_per_call_and_back_to_back_agree_on_a_slow_kernel(queue):
     # really slow: 100 times the launch and sync overheads (the growth above aims at 30 ms; with less
     # load on the CPU later, the calls can run faster than when it stopped)
     assert single > 0.01
-    assert abs(single - loop) <= 0.2 * min(single, loop), (singles, loops)
+    # a back-to-back round averages its calls, so under load its fastest round sits between the
+    # fastest single call and the singles' median (a loaded CI run: 30.2 ms fastest single, 36.5 ms
+    # fastest round); a wrong count of calls would put it a factor off either way
+    assert 0.8 * single <= loop <= 1.2 * max(single, statistics.median(singles)), (singles, loops)
 
 
 def test_back_to_back_divides_by_the_calls_of_a_sample():
