@@ -25,6 +25,7 @@ import numpy as np
 from ..core.errors import TvmExtError, last_line, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .onnx_fold import fold_static_shapes
+from .onnx_quantized import quantized_converters
 from .onnx_rnn import GATES, convert_unrolled, read_node
 from .relax_gru import GRU_FUNCTION
 
@@ -228,8 +229,9 @@ def _missing_operators(frontend: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
-    """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, ``Celu`` and ``LpNormalization`` in its
-    converter table and ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``,
+    """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, ``Celu``, ``LpNormalization`` and the
+    quantized ``QLinearConv``, ``QLinearMatMul`` and ``ConvInteger`` in its converter table and
+    ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``,
     ``_symbolic_range``, ``_flat_repeats_tile``), for the duration (its ``Gather`` takes in clip mode
     once the model is rewritten: ``relax_rewrites.clamp_takes``)."""
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
@@ -254,7 +256,8 @@ def _converters() -> Iterator[None]:
     original = frontend._get_convert_map
     ours = {"GRU": GRU, "LSTM": unrolled("LSTM"), "RNN": unrolled("RNN"),
             "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
-            "Tile": _flat_repeats_tile(frontend), **_missing_operators(frontend)}
+            "Tile": _flat_repeats_tile(frontend), **_missing_operators(frontend),
+            **quantized_converters(frontend)}
 
     def with_ours() -> dict[str, Any]:
         return {**original(), **ours}
