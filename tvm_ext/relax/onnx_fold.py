@@ -9,8 +9,9 @@ known shape", "Dynamic pads are not supported yet").
 
 ``fold_static_shapes`` runs ONNX's shape inference, makes each ``Shape`` of a tensor whose
 shape it knows a constant, then evaluates every node whose inputs are all constant and whose
-outputs are small integer or boolean tensors (sizes, indices, masks of sizes) with ONNX's
-reference evaluator, one node at a time, and writes the results as constants.  Floating-point
+outputs are small integer or boolean tensors (sizes, indices, masks of sizes), or that generate
+a window or a mel filter bank (``GENERATORS``), with ONNX's reference evaluator, one node at a
+time, and writes the results as constants.  Floating-point
 nodes are left to TVM (its folding keeps the model's own arithmetic); a symbolic dimension
 stays symbolic.
 """
@@ -21,6 +22,10 @@ from typing import Any
 import numpy as np
 
 MAX_FOLDED_ELEMENTS = 4096  # a folded output larger than this stays a node (shape data is small)
+# operators that make a constant of their constant inputs, float or not (a window, a mel filter
+# bank): TVM's frontend has no converter for them, and ``STFT`` takes its window as a constant
+GENERATORS = {"HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"}
+MAX_GENERATED_ELEMENTS = 1 << 22
 _NO_FOLD = {"If", "Loop", "Scan", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
             "Multinomial", "Bernoulli"}  # control flow and random draws are never constants
 
@@ -93,7 +98,9 @@ def fold_static_shapes(model: Any) -> Any:
         elif node.op_type not in _NO_FOLD and not node.domain and node.input and \
                 all(not name or name in known for name in node.input):
             values = _evaluate(node, [known[name] if name else None for name in node.input], model.opset_import)
-        if values is None or not _small_non_float(values):
+        generated = node.op_type in GENERATORS and values is not None and \
+            all(isinstance(v, np.ndarray) and v.size <= MAX_GENERATED_ELEMENTS for v in values)
+        if values is None or not (_small_non_float(values) or generated):
             nodes.append(node)
             continue
         known.update(zip(node.output, values))

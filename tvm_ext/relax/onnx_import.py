@@ -27,6 +27,7 @@ from ..precision.precision import example_array
 from .onnx_fold import fold_static_shapes
 from .onnx_quantized import quantized_converters
 from .onnx_rnn import GATES, convert_unrolled, read_node
+from .onnx_spectral import spectral_converters
 from .relax_gru import GRU_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
@@ -230,7 +231,7 @@ def _missing_operators(frontend: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
     """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, ``Celu``, ``LpNormalization`` and the
-    quantized ``QLinearConv``, ``QLinearMatMul`` and ``ConvInteger`` in its converter table and
+    quantized ``QLinearConv``, ``QLinearMatMul`` and ``ConvInteger``, ``DFT`` and ``STFT`` in its converter table and
     ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``,
     ``_symbolic_range``, ``_flat_repeats_tile``), for the duration (its ``Gather`` takes in clip mode
     once the model is rewritten: ``relax_rewrites.clamp_takes``)."""
@@ -257,7 +258,7 @@ def _converters() -> Iterator[None]:
     ours = {"GRU": GRU, "LSTM": unrolled("LSTM"), "RNN": unrolled("RNN"),
             "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
             "Tile": _flat_repeats_tile(frontend), **_missing_operators(frontend),
-            **quantized_converters(frontend)}
+            **quantized_converters(frontend), **spectral_converters(frontend)}
 
     def with_ours() -> dict[str, Any]:
         return {**original(), **ours}

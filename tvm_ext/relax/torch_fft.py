@@ -109,7 +109,7 @@ def _along_last(importer: Any, parts: tuple[Any, ...], axis: int, fn: Any) -> An
     return emit(relax.op.permute_dims(out, back))
 
 
-def _dft_matrices(rows: int, cols: int, size: int, dtype: str, sign: float, weights: np.ndarray | None = None,
+def dft_matrices(rows: int, cols: int, size: int, dtype: str, sign: float, weights: np.ndarray | None = None,
                   scale: float = 1.0) -> tuple[Any, Any]:
     """cos and sign * sin of 2 pi j k / size for j < rows, k < cols, times ``weights`` (by row) and
     ``scale``, as constants of ``dtype`` (computed in float64)."""
@@ -128,7 +128,7 @@ def _transform(importer: Any, pair: Any, axis: int, forward: bool, scale: float)
     emit = importer.block_builder.emit
     re, im = _parts(importer, pair)
     size = int(re.ty.shape.values[axis])
-    cos, sin = _dft_matrices(size, size, size, str(re.ty.dtype), 1.0 if forward else -1.0, scale=scale)
+    cos, sin = dft_matrices(size, size, size, str(re.ty.dtype), 1.0 if forward else -1.0, scale=scale)
 
     def products(parts: tuple[Any, Any]) -> tuple[Any, Any]:
         part_re, part_im = parts
@@ -186,7 +186,7 @@ def _fft_c2r(node: Any, importer: Any) -> Any:
     re, im = _parts(importer, pair)
     kept = int(re.ty.shape.values[dims[-1]])
     weights = np.where((np.arange(kept) == 0) | (2 * np.arange(kept) == size), 1.0, 2.0)
-    cos, sin = _dft_matrices(kept, size, size, str(re.ty.dtype), 1.0, weights, _scale(node.args[2], total))
+    cos, sin = dft_matrices(kept, size, size, str(re.ty.dtype), 1.0, weights, _scale(node.args[2], total))
 
     def real_part(parts: tuple[Any, Any]) -> Any:
         return emit(relax.op.subtract(relax.op.matmul(parts[0], cos), relax.op.matmul(parts[1], sin)))
