@@ -570,3 +570,25 @@ def test_a_gru_with_dynamic_axes_tunes_at_buckets_and_names_its_unbound_dimensio
     bad = subprocess.run(base, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
         "error: GRU input of shape (seq * batch, 10) has symbolic dimensions (batch, seq)")
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_torch_gru_exported_by_either_exporter_runs_on_our_gru(opencl, tmp_path, dynamo):
+    """A two-layer bidirectional ``nn.GRU`` written by torch's TorchScript exporter or its default
+    one (``dynamo=True``, opset 20): both on tvm_ext's GRU, against torch in float64."""
+    torch = pytest.importorskip("torch")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(6, 11, num_layers=2, batch_first=True, bidirectional=True).eval()
+    x = torch.randn(3, 5, 6)
+    path = str(tmp_path / "gru.onnx")
+    torch.onnx.export(gru, (x,), path, dynamo=dynamo, input_names=["x"], output_names=["y", "h"])
+    module = load_onnx(path)
+    assert "tvm_ext.gru" in module.script()
+    got = _run(path, [x.numpy()], opencl)
+    with torch.no_grad():
+        y, h = gru.double()(x.double())
+    for g, w in zip(got, (y, h)):
+        g = np.asarray(g.numpy() if hasattr(g, "numpy") else g)
+        assert g.shape == tuple(w.shape) and relative_error(g, w.numpy()) < 1e-5

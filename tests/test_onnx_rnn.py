@@ -178,10 +178,12 @@ def test_a_gru_the_kernel_cannot_run_says_so_on_stderr(tmp_path, capfd):
     assert "tvm_ext.gru" in load_onnx(path).script() and "unrolled" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["opencl", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_torch_lstm_exported_to_onnx_matches_torch_in_float64(tmp_path, kind):
+@pytest.mark.parametrize("kind, dynamo", [("opencl", False), ("opencl", True),
+                                          pytest.param("cuda", False, marks=pytest.mark.gpu)])
+def test_torch_lstm_exported_to_onnx_matches_torch_in_float64(tmp_path, kind, dynamo):
     """What a user has: a two-layer bidirectional ``nn.LSTM`` with ``batch_first``, written by torch's
-    ONNX exporter, against the same module in float64."""
+    ONNX exporters (the TorchScript one and the default ``dynamo=True`` one, opset 20), against the
+    same module in float64."""
     from tvm_ext.target import resolve_target
 
     torch = pytest.importorskip("torch")
@@ -189,7 +191,9 @@ def test_torch_lstm_exported_to_onnx_matches_torch_in_float64(tmp_path, kind):
     lstm = torch.nn.LSTM(5, 9, num_layers=2, batch_first=True, bidirectional=True).eval()
     x = torch.randn(3, 6, 5)
     path = str(tmp_path / "lstm.onnx")
-    torch.onnx.export(lstm, (x,), path, dynamo=False, input_names=["x"], output_names=["y", "h", "c"])
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.onnx.export(lstm, (x,), path, dynamo=dynamo, input_names=["x"], output_names=["y", "h", "c"])
     got = _run(path, [x.numpy()], resolve_target(kind, 0))
     with torch.no_grad():
         y, (h, c) = lstm.double()(x.double())
