@@ -592,3 +592,30 @@ def test_torch_gru_exported_by_either_exporter_runs_on_our_gru(opencl, tmp_path,
     for g, w in zip(got, (y, h)):
         g = np.asarray(g.numpy() if hasattr(g, "numpy") else g)
         assert g.shape == tuple(w.shape) and relative_error(g, w.numpy()) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["swish", "cumprod", "cumprod_reverse_exclusive", "reverse_sequence",
+                                  "reverse_sequence_batch_first"])
+def test_operators_tvm_lacks_match_onnxs_reference(opencl, tmp_path, case):
+    """``Swish`` (opset 24), ``CumProd`` (opset 26, ``reverse`` and ``exclusive``) and
+    ``ReverseSequence`` (each row's first ``sequence_lens`` steps reversed, either axis order),
+    which TVM's frontend has no converter for, against ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    x = np.random.default_rng(2).uniform(0.5, 1.5, (4, 3)).astype(np.float32)
+    lens = {"reverse_sequence": [4, 1, 3], "reverse_sequence_batch_first": [3, 0, 2, 1]}
+    inits = [numpy_helper.from_array(np.array(1, np.int64), "axis")]
+    node = {"swish": helper.make_node("Swish", ["x"], ["y"], alpha=0.8),
+            "cumprod": helper.make_node("CumProd", ["x", "axis"], ["y"]),
+            "cumprod_reverse_exclusive": helper.make_node("CumProd", ["x", "axis"], ["y"], reverse=1, exclusive=1),
+            "reverse_sequence": helper.make_node("ReverseSequence", ["x", "lens"], ["y"], time_axis=0, batch_axis=1),
+            "reverse_sequence_batch_first": helper.make_node("ReverseSequence", ["x", "lens"], ["y"], time_axis=1,
+                                                             batch_axis=0)}[case]
+    if case in lens:
+        inits = [numpy_helper.from_array(np.array(lens[case], np.int64), "lens")]
+    path, model = _graph_model(tmp_path, case, [node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])], inits, opset=26)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    got = _run(path, [x], opencl)
+    got = np.asarray(got[0] if isinstance(got, tuple) else got)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)

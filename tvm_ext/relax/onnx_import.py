@@ -25,6 +25,7 @@ import numpy as np
 from ..core.errors import TvmExtError, last_line, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .onnx_fold import fold_static_shapes
+from .onnx_operators import missing_operators
 from .onnx_quantized import quantized_converters
 from .onnx_rnn import GATES, convert_unrolled, read_node
 from .onnx_spectral import spectral_converters
@@ -200,37 +201,9 @@ def _flat_repeats_tile(frontend: Any) -> Any:
     return Tile
 
 
-def _missing_operators(frontend: Any) -> dict[str, Any]:
-    """``Celu`` and ``LpNormalization``, which TVM 0.27's ONNX frontend has no converter for, as
-    the ONNX specification defines them: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``, and
-    ``x`` over its L1 or L2 norm along ``axis``."""
-    from tvm import relax
-
-    class Celu(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
-        @classmethod
-        def _impl_v12(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
-            x, dtype = inputs[0], str(inputs[0].ty.dtype)
-            alpha = relax.const(float(attr.get("alpha", 1.0)), dtype)
-            negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(relax.op.divide(x, alpha)),
-                                                                  relax.const(1.0, dtype)))
-            return relax.op.add(relax.op.nn.relu(x), relax.op.minimum(relax.const(0.0, dtype), negative))
-
-    class LpNormalization(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
-        @classmethod
-        def _impl_v1(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
-            x, axis, p = inputs[0], int(attr.get("axis", -1)), int(attr.get("p", 2))
-            if p not in (1, 2):
-                raise TvmExtError(f"LpNormalization with p={p} (ONNX defines p = 1 and 2)")
-            norm = relax.op.sum(relax.op.abs(x), axis=[axis], keepdims=True) if p == 1 else \
-                relax.op.sqrt(relax.op.sum(relax.op.multiply(x, x), axis=[axis], keepdims=True))
-            return relax.op.divide(x, norm)
-
-    return {"Celu": Celu, "LpNormalization": LpNormalization}
-
-
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
-    """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, ``Celu``, ``LpNormalization`` and the
+    """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, the operators of ``onnx_operators`` and the
     quantized ``QLinearConv``, ``QLinearMatMul`` and ``ConvInteger``, ``DFT`` and ``STFT`` in its converter table and
     ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``,
     ``_symbolic_range``, ``_flat_repeats_tile``), for the duration (its ``Gather`` takes in clip mode
@@ -257,7 +230,7 @@ def _converters() -> Iterator[None]:
     original = frontend._get_convert_map
     ours = {"GRU": GRU, "LSTM": unrolled("LSTM"), "RNN": unrolled("RNN"),
             "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
-            "Tile": _flat_repeats_tile(frontend), **_missing_operators(frontend),
+            "Tile": _flat_repeats_tile(frontend), **missing_operators(frontend),
             **quantized_converters(frontend), **spectral_converters(frontend)}
 
     def with_ours() -> dict[str, Any]:
