@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -84,9 +83,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if refusal is None and not all(isinstance(v, tvm.ir.expr.Constant) for v in (w, r, b) if v is not None):
         refusal = "W, R or B computed in the graph (the kernel takes them as initializers)"
     if refusal is not None:
-        print(f"note: an ONNX GRU with {refusal} runs unrolled in Relax, not on tvm_ext's GRU kernel",
-              file=sys.stderr)
-        return convert_unrolled(bb, "GRU", list(inputs), attrs)
+        return convert_unrolled(bb, "GRU", list(inputs), attrs, why=f"tvm_ext's GRU kernel does not run {refusal}")
     direction = read_node("GRU", attrs).direction
     w_array, r_array = _constant(w, "W"), _constant(r, "R")
     dirs, gates, input_size = w_array.shape

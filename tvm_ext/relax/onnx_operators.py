@@ -14,12 +14,17 @@ import numpy as np
 from ..core.errors import TvmExtError
 
 
-def _constant_axis(frontend: Any, value: Any, params: Any, op: str) -> int:
+def constant_int(frontend: Any, value: Any, params: Any, what: str, op: str) -> int | None:
+    """An integer input the conversion needs known (a length, an axis) as a Python int, None where
+    the input is absent; one ``TvmExtError`` naming it where it is computed at run time."""
     import tvm
 
+    if value is None:
+        return None
     value = frontend.get_constant(value, params)
     if not isinstance(value, tvm.ir.expr.Constant):
-        raise TvmExtError(f"ONNX {op} with an axis computed at run time is not supported (Relax needs it known)")
+        raise TvmExtError(f"ONNX {op} input {what} must be a constant (an initializer or a folded size), got "
+                          f"{type(value).__name__}")
     return int(value.value.numpy().reshape(-1)[0])
 
 
@@ -78,7 +83,7 @@ def missing_operators(frontend: Any) -> dict[str, Any]:
         @classmethod
         def _impl_v26(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
             x = inputs[0]
-            axis = _constant_axis(frontend, inputs[1], params, "CumProd")
+            axis = constant_int(frontend, inputs[1], params, "axis", "CumProd")
             axis = axis + len(x.ty.shape.values) if axis < 0 else axis
             reverse = bool(attr.get("reverse", 0))
             if reverse:

@@ -19,6 +19,7 @@ functions that take them.  ``input_forget=1`` and the functions ONNX gives no de
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -252,8 +253,10 @@ def _direction_slice(value: Any, d: int) -> Any:
     return relax.op.take(value, relax.const(d, "int64"), axis=0)
 
 
-def convert_unrolled(bb: Any, op_name: str, inputs: list[Any], attrs: dict[str, Any]) -> Any:
-    """One ONNX LSTM / GRU / RNN node, unrolled: (Y, Y_h[, Y_c]) as the node's outputs are."""
+def convert_unrolled(bb: Any, op_name: str, inputs: list[Any], attrs: dict[str, Any], why: str = "") -> Any:
+    """One ONNX LSTM / GRU / RNN node, unrolled: (Y, Y_h[, Y_c]) as the node's outputs are; a note
+    on stderr says so (``why``: the reason a GRU is not on our kernel), since the form is correct
+    but not fast: a kernel or two for every step."""
     import tvm
     from tvm import relax
 
@@ -266,6 +269,8 @@ def convert_unrolled(bb: Any, op_name: str, inputs: list[Any], attrs: dict[str, 
         raise TvmExtError(f"ONNX {op_name} over a symbolic sequence length ({steps_dim}) is unrolled step by step, so "
                           f"its length must be known: give the named dimension a size (--model-option {steps_dim}=N)")
     steps = int(steps_dim)
+    print(f"note: an ONNX {op_name} runs unrolled in Relax, a recurrent matmul and a cell for each of its {steps} "
+          f"steps (correct, not fast): {why or f'tvm_ext has no {op_name} kernel'}", file=sys.stderr)
     gates_h = int(w.ty.shape.values[1])
     hidden = gates_h // GATES[op_name]
     if int(attrs.get("hidden_size", hidden)) != hidden or int(w.ty.shape.values[0]) != dirs:

@@ -19,19 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import TvmExtError
+from .onnx_operators import constant_int
 from .torch_fft import dft_matrices
-
-
-def _constant_int(frontend: Any, value: Any, params: Any, what: str, op: str) -> int | None:
-    import tvm
-
-    if value is None:
-        return None
-    value = frontend.get_constant(value, params)
-    if not isinstance(value, tvm.ir.expr.Constant):
-        raise TvmExtError(f"ONNX {op} input {what} must be a constant (an initializer or a folded size), got "
-                          f"{type(value).__name__}")
-    return int(value.value.numpy().reshape(-1)[0])
 
 
 def _parts(bb: Any, x: Any) -> tuple[Any, Any | None]:
@@ -97,9 +86,9 @@ def transformed(bb: Any, re: Any, im: Any | None, axis: int, length: int | None,
 
 def convert_dft(frontend: Any, bb: Any, inputs: list[Any], attrs: dict[str, Any], params: Any, opset: int) -> Any:
     x = inputs[0]
-    length = _constant_int(frontend, inputs[1] if len(inputs) > 1 else None, params, "dft_length", "DFT")
+    length = constant_int(frontend, inputs[1] if len(inputs) > 1 else None, params, "dft_length", "DFT")
     if opset >= 20:
-        axis = _constant_int(frontend, inputs[2] if len(inputs) > 2 else None, params, "axis", "DFT")
+        axis = constant_int(frontend, inputs[2] if len(inputs) > 2 else None, params, "axis", "DFT")
         axis = -2 if axis is None else axis
     else:
         axis = int(attrs.get("axis", 1))
@@ -118,7 +107,7 @@ def convert_stft(frontend: Any, bb: Any, inputs: list[Any], attrs: dict[str, Any
     x = inputs[0]
     if len(x.ty.shape.values) == 2:  # (batch, length): a real signal as torch's exporter writes it
         x = bb.emit(relax.op.expand_dims(x, -1))
-    step = _constant_int(frontend, inputs[1], params, "frame_step", "STFT")
+    step = constant_int(frontend, inputs[1], params, "frame_step", "STFT")
     window = inputs[2] if len(inputs) > 2 else None
     if window is not None:
         window = frontend.get_constant(window, params)
@@ -126,7 +115,7 @@ def convert_stft(frontend: Any, bb: Any, inputs: list[Any], attrs: dict[str, Any
             raise TvmExtError("ONNX STFT window must be a constant (an initializer or a window operator of a "
                               "constant size)")
         window = window.value.numpy().astype(np.float64)
-    frame = _constant_int(frontend, inputs[3] if len(inputs) > 3 else None, params, "frame_length", "STFT")
+    frame = constant_int(frontend, inputs[3] if len(inputs) > 3 else None, params, "frame_length", "STFT")
     length = int(x.ty.shape.values[1])
     frame = frame if frame is not None else (len(window) if window is not None else length)
     if window is not None and len(window) != frame:
