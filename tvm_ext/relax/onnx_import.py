@@ -24,6 +24,7 @@ import numpy as np
 from ..core.errors import TvmExtError, last_line, run_frontend, unconverted_error
 from ..precision.precision import example_array
 from .onnx_fold import fold_static_shapes
+from .onnx_attention import attention_converter
 from .onnx_operators import missing_operators
 from .onnx_quantized import quantized_converters
 from .onnx_rnn import GATES, convert_unrolled, read_node
@@ -201,7 +202,8 @@ def _flat_repeats_tile(frontend: Any) -> Any:
 @contextlib.contextmanager
 def _converters() -> Iterator[None]:
     """TVM's ONNX frontend with ``GRU``, ``LSTM``, ``RNN``, the operators of ``onnx_operators`` and the
-    quantized ``QLinearConv``, ``QLinearMatMul`` and ``ConvInteger``, ``DFT`` and ``STFT`` in its converter table and
+    quantized ``QLinearConv``, ``QLinearMatMul`` and ``ConvInteger``, ``DFT``, ``STFT`` and ONNX's own
+    ``Attention`` in its converter table and
     ``ConstantOfShape``, ``Range`` and ``Tile`` mended (``_scalar_constant_of_shape``,
     ``_symbolic_range``, ``_flat_repeats_tile``), for the duration (its ``Gather`` takes in clip mode
     once the model is rewritten: ``relax_rewrites.clamp_takes``)."""
@@ -228,7 +230,7 @@ def _converters() -> Iterator[None]:
     ours = {"GRU": GRU, "LSTM": unrolled("LSTM"), "RNN": unrolled("RNN"),
             "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
             "Tile": _flat_repeats_tile(frontend), **missing_operators(frontend),
-            **quantized_converters(frontend), **spectral_converters(frontend)}
+            **quantized_converters(frontend), **spectral_converters(frontend), **attention_converter(frontend)}
 
     def with_ours() -> dict[str, Any]:
         return {**original(), **ours}
