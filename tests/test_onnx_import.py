@@ -619,3 +619,30 @@ def test_operators_tvm_lacks_match_onnxs_reference(opencl, tmp_path, case):
     got = _run(path, [x], opencl)
     got = np.asarray(got[0] if isinstance(got, tuple) else got)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_model_past_two_gib_is_checked_by_its_path(tmp_path, monkeypatch):
+    """ONNX's checker refuses a parsed model past protobuf's 2 GiB (an LLM with its weights in an
+    external-data file) and asks for the path: the import checks the file by its path then, and a
+    file the checker refuses is still one error."""
+    import onnx.checker
+
+    path, _ = _graph_model(tmp_path, "big", [helper.make_node("Relu", ["x"], ["y"])],
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    real, paths = onnx.checker.check_model, []
+
+    def as_if_past_two_gib(model, *args, **kwargs):
+        if not isinstance(model, (str, bytes)):
+            raise ValueError("This protobuf of onnx model is too large (>2GiB). Call check_model with model path "
+                             "instead.")
+        paths.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", as_if_past_two_gib)
+    load_onnx(path)
+    assert paths == [path]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x03garbage")
+    with pytest.raises(TvmExtError, match="is not a valid ONNX model"):
+        load_onnx(str(bad))

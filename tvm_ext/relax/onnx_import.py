@@ -299,10 +299,23 @@ def _parsed(path: str, mtime_ns: int, size: int) -> Any:
 
     try:
         model = onnx.load(path)
-        onnx.checker.check_model(model)
+        _check(model, path)
     except Exception as exc:  # noqa: BLE001 - whatever the parser says is the file's problem
         raise TvmExtError(f"{path} is not a valid ONNX model: {str(exc).strip().splitlines()[0][:200]}") from None
     return model
+
+
+def _check(model: Any, path: str) -> None:
+    """ONNX's checker on the parsed model, or on the file where the model with its weights is past
+    protobuf's 2 GiB (an LLM's external-data file: the checker then asks for the path)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001 - the checker's own error, or protobuf's size limit
+        if "2G" not in str(exc):
+            raise
+        onnx.checker.check_model(path)
 
 
 def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
