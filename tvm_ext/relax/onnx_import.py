@@ -27,13 +27,12 @@ from .onnx_fold import fold_static_shapes
 from .onnx_attention import attention_converter
 from .onnx_operators import missing_operators
 from .onnx_quantized import quantized_converters
-from .onnx_rnn import GATES, convert_unrolled, read_node
+from .onnx_rnn import DEFAULT_ACTIVATIONS, GATES, Activation, RecurrentNode, convert_unrolled, read_node
 from .onnx_spectral import spectral_converters
 from .relax_gru import GRU_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
 TORCH_GATES = ("r", "z", "h")  # PyTorch's (and the device layout's): reset, update, new
-DEFAULT_ACTIVATIONS = ("Sigmoid", "Tanh")
 
 
 def _gates_to_torch(array: np.ndarray, hidden: int) -> np.ndarray:
@@ -50,22 +49,18 @@ def _constant(expr: Any, name: str) -> np.ndarray:
     return expr.value.numpy()
 
 
-def _kernel_refusal(attrs: dict[str, Any]) -> str | None:
-    """Why tvm_ext's GRU kernel cannot run a GRU node with these attributes (it then runs unrolled,
-    ``onnx_rnn``), or None."""
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    if int(attrs.get("linear_before_reset", 0)) != 1:
+def _kernel_refusal(node: RecurrentNode) -> str | None:
+    """Why tvm_ext's GRU kernel cannot run a GRU node of these attributes (``read_node``'s reading;
+    it then runs unrolled, ``onnx_rnn``), or None."""
+    if node.linear_before_reset != 1:
         return "linear_before_reset=0 (the kernel applies the reset gate after the recurrent product, as PyTorch)"
-    direction = text(attrs.get("direction", "forward"))
-    if direction not in ("forward", "bidirectional"):
-        return f"direction={direction!r}"
-    if "clip" in attrs:
-        return f"clip={attrs['clip']}"
-    activations = tuple(text(a) for a in attrs.get("activations", ()))
-    if activations and activations not in (DEFAULT_ACTIVATIONS, DEFAULT_ACTIVATIONS * 2):
-        return f"activations={list(activations)}"
+    if node.direction not in ("forward", "bidirectional"):
+        return f"direction={node.direction!r}"
+    if node.clip is not None:
+        return f"clip={node.clip}"
+    kernels = tuple(Activation(name) for name in DEFAULT_ACTIVATIONS["GRU"])  # sigmoid gates, tanh candidate
+    if any(functions != kernels for functions in node.activations):
+        return f"activations={[act.name for functions in node.activations for act in functions]}"
     return None
 
 
@@ -77,7 +72,8 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
 
     import tvm
 
-    refusal = _kernel_refusal(attrs)
+    node = read_node("GRU", attrs)
+    refusal = _kernel_refusal(node)
     x, w, r = inputs[0], inputs[1], inputs[2]
     extra = list(inputs[3:]) + [None] * (6 - len(inputs))
     b, lengths, h0 = extra[0], extra[1], extra[2]
@@ -85,7 +81,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         refusal = "W, R or B computed in the graph (the kernel takes them as initializers)"
     if refusal is not None:
         return convert_unrolled(bb, "GRU", list(inputs), attrs, why=f"tvm_ext's GRU kernel does not run {refusal}")
-    direction = read_node("GRU", attrs).direction
+    direction = node.direction
     w_array, r_array = _constant(w, "W"), _constant(r, "R")
     dirs, gates, input_size = w_array.shape
     hidden = gates // 3

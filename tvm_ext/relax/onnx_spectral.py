@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import TvmExtError
 from .onnx_operators import constant_int
-from .torch_fft import dft_matrices
+from .torch_fft import along_last, dft_matrices
 
 
 def _parts(bb: Any, x: Any) -> tuple[Any, Any | None]:
@@ -36,17 +36,6 @@ def _parts(bb: Any, x: Any) -> tuple[Any, Any | None]:
     if width == 1:
         return re, None
     return re, bb.emit(relax.op.squeeze(bb.emit(relax.op.strided_slice(x, [last], [1], [2])), [last]))
-
-
-def _last_first(bb: Any, value: Any, axis: int) -> tuple[Any, list[int]]:
-    """``value`` with ``axis`` moved last, and the order that moves it back."""
-    from tvm import relax
-
-    rank = len(value.ty.shape.values)
-    if axis == rank - 1:
-        return value, list(range(rank))
-    order = [d for d in range(rank) if d != axis] + [axis]
-    return bb.emit(relax.op.permute_dims(value, order)), [order.index(d) for d in range(rank)]
 
 
 def transformed(bb: Any, re: Any, im: Any | None, axis: int, length: int | None, inverse: bool, onesided: bool,
@@ -70,18 +59,24 @@ def transformed(bb: Any, re: Any, im: Any | None, axis: int, length: int | None,
     if hermitian:  # each bin but the first and the Nyquist one stands for itself and its conjugate
         w = w * np.where((np.arange(rows) == 0) | (2 * np.arange(rows) == n), 1.0, 2.0)
     cos, sin = dft_matrices(rows, cols, n, dtype, -1.0 if inverse else 1.0, w, scale)
-    re, back = _last_first(bb, re, axis)
-    im = _last_first(bb, im, axis)[0] if im is not None else None
-    if rows < size:
-        last = len(back) - 1
-        re = bb.emit(op.strided_slice(re, [last], [0], [rows]))
-        im = bb.emit(op.strided_slice(im, [last], [0], [rows])) if im is not None else None
-    out_re = op.matmul(re, cos) if im is None else op.add(op.matmul(re, cos), op.matmul(im, sin))
+    last = len(re.ty.shape.values) - 1
+
+    def products(parts: tuple[Any, ...]) -> Any:
+        if rows < size:  # a longer signal truncated to the transform's length
+            parts = tuple(bb.emit(op.strided_slice(p, [last], [0], [rows])) for p in parts)
+        part_re, part_im = parts if len(parts) == 2 else (parts[0], None)
+        out_re = op.matmul(part_re, cos) if part_im is None else \
+            op.add(op.matmul(part_re, cos), op.matmul(part_im, sin))
+        if hermitian:
+            return bb.emit(out_re)
+        out_im = op.negative(op.matmul(part_re, sin)) if part_im is None else \
+            op.subtract(op.matmul(part_im, cos), op.matmul(part_re, sin))
+        return bb.emit(out_re), bb.emit(out_im)
+
+    out = along_last(bb, (re,) if im is None else (re, im), axis, products)
     if hermitian:
-        return bb.emit(op.expand_dims(bb.emit(op.permute_dims(bb.emit(out_re), back)), -1))
-    out_im = op.negative(op.matmul(re, sin)) if im is None else op.subtract(op.matmul(im, cos), op.matmul(re, sin))
-    pair = [bb.emit(op.permute_dims(bb.emit(part), back)) for part in (out_re, out_im)]
-    return bb.emit(op.stack(pair, axis=-1))
+        return bb.emit(op.expand_dims(out, -1))
+    return bb.emit(op.stack(list(out), axis=-1))
 
 
 def convert_dft(frontend: Any, bb: Any, inputs: list[Any], attrs: dict[str, Any], params: Any, opset: int) -> Any:

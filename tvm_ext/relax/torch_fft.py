@@ -92,12 +92,13 @@ def _scale(normalization: int, size: int) -> float:
     return {0: 1.0, 1: 1.0 / math.sqrt(size), 2: 1.0 / size}[int(normalization)]
 
 
-def _along_last(importer: Any, parts: tuple[Any, ...], axis: int, fn: Any) -> Any:
+def along_last(bb: Any, parts: tuple[Any, ...], axis: int, fn: Any) -> Any:
     """``fn`` of ``parts`` (tensors of one shape) with ``axis`` moved last, where the matrices
-    multiply from the right; what it gives (a tensor or a tuple of them) moved back."""
+    multiply from the right; what it gives (a tensor or a tuple of them) moved back (``bb``: the
+    block builder the permutations are emitted into)."""
     from tvm import relax
 
-    emit = importer.block_builder.emit
+    emit = bb.emit
     rank = len(parts[0].ty.shape.values)
     if axis == rank - 1:
         return fn(parts)
@@ -135,7 +136,7 @@ def _transform(importer: Any, pair: Any, axis: int, forward: bool, scale: float)
         return (emit(relax.op.add(relax.op.matmul(part_re, cos), relax.op.matmul(part_im, sin))),
                 emit(relax.op.subtract(relax.op.matmul(part_im, cos), relax.op.matmul(part_re, sin))))
 
-    return _pair(importer, *_along_last(importer, (re, im), axis, products))
+    return _pair(importer, *along_last(importer.block_builder, (re, im), axis, products))
 
 
 def _dims(node: Any, rank: int) -> list[int]:
@@ -191,7 +192,7 @@ def _fft_c2r(node: Any, importer: Any) -> Any:
     def real_part(parts: tuple[Any, Any]) -> Any:
         return emit(relax.op.subtract(relax.op.matmul(parts[0], cos), relax.op.matmul(parts[1], sin)))
 
-    return _along_last(importer, (re, im), dims[-1], real_part)
+    return along_last(importer.block_builder, (re, im), dims[-1], real_part)
 
 
 def _frontends_own(importer: Any, key: str) -> Any:
