@@ -1,8 +1,9 @@
-"""ONNX LSTM, RNN and the GRU forms our GRU kernel does not run, imported unrolled
-(``tvm_ext.relax.onnx_rnn``) and run on PoCL against a float64 numpy recurrence written from the
-ONNX specification (not the converter's code), at odd sizes: every direction, layout 1, initial
-states, sequence_lens, peepholes, clip, non-default activations with their parameters; a torch
-``nn.LSTM`` exported by torch against torch in float64; the refusals name the attribute."""
+"""ONNX LSTM, RNN and GRU nodes, on our LSTM and GRU kernels where they run the node's form
+(``onnx_import``) and unrolled (``tvm_ext.relax.onnx_rnn``) otherwise, run on PoCL against a
+float64 numpy recurrence written from the ONNX specification (not the converters' code), at odd
+sizes: every direction, layout 1, initial states, sequence_lens, peepholes, clip, non-default
+activations with their parameters; a torch ``nn.LSTM`` exported by torch against torch in
+float64; the refusals name the attribute."""
 from __future__ import annotations
 
 import numpy as np
@@ -168,6 +169,29 @@ def test_unrolled_recurrences_match_the_specification_on_pocl(opencl, tmp_path, 
         assert relative_error(g, w) < 1e-5
 
 
+@pytest.mark.parametrize("kw, why", [
+    (dict(), None), (dict(layout=1, bias=False, direction="bidirectional"), None), (dict(states=False), None),
+    (dict(direction="reverse"), "direction='reverse'"), (dict(lengths=True), "sequence_lens"),
+    (dict(peepholes=True), "peepholes (P)"), (dict(clip=0.5), "clip=0.5"),
+])
+def test_an_lstm_runs_on_our_kernel_where_its_form_allows_and_says_why_not_elsewhere(opencl, tmp_path, capfd, kw,
+                                                                                       why):
+    """The forms torch writes (forward or bidirectional, layout 0 or 1, with or without B and initial
+    states) become tvm_ext's LSTM placeholder silently and match the specification; the others run
+    unrolled with the reason on stderr."""
+    path, arrays, parts = _model(tmp_path, "LSTM", steps=5, batch=2, inp=4, hid=6, **kw)
+    text = load_onnx(path).script()
+    err = capfd.readouterr().err
+    if why is None:
+        assert "tvm_ext.lstm" in text and "unrolled" not in err
+        got = _run(path, arrays, opencl)
+        want = _expected("LSTM", parts, kw.get("direction", "forward"), kw.get("layout", 0), acts=None)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and relative_error(g, w) < 1e-5
+    else:
+        assert "tvm_ext.lstm" not in text and f"LSTM kernel does not run {why}" in err
+
+
 def test_a_gru_the_kernel_cannot_run_says_so_on_stderr(tmp_path, capfd):
     """A reverse GRU runs unrolled and says why; a PyTorch-style one stays on our kernel silently."""
     path, *_ = _model(tmp_path, "GRU", direction="reverse", linear_before_reset=1)
@@ -216,10 +240,16 @@ def test_what_no_form_runs_is_refused_naming_the_node_and_attribute(tmp_path, op
     assert f"node 'Y' ({op})" in str(err.value)
 
 
-def test_a_symbolic_sequence_length_is_one_error_naming_the_dimension(tmp_path):
-    path, *_ = _model(tmp_path, "LSTM")
-    model = onnx.load(path)
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "frames"
-    onnx.save(model, path)
-    with pytest.raises(TvmExtError, match=r"symbolic sequence length \(frames\).*--model-option frames=N"):
-        load_onnx(path)
+def test_a_symbolic_sequence_length_is_one_error_naming_the_dimension_where_the_node_is_unrolled(tmp_path):
+    """Unrolled (peepholes), the sequence length must be known: one error naming the dimension; on our
+    LSTM kernel it stays symbolic in the placeholder (bound by --model-option or --buckets)."""
+    for peepholes in (True, False):
+        path, *_ = _model(tmp_path, "LSTM", peepholes=peepholes)
+        model = onnx.load(path)
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "frames"
+        onnx.save(model, path)
+        if peepholes:
+            with pytest.raises(TvmExtError, match=r"symbolic sequence length \(frames\).*--model-option frames=N"):
+                load_onnx(path)
+        else:
+            assert "tvm_ext.lstm" in load_onnx(path).script() and "frames" in load_onnx(path).script()

@@ -61,6 +61,46 @@ def test_exported_gru_runs_on_tvm_ext_gru_against_float64(opencl, case):
         assert ours.shape == tuple(ref.shape) and relative_error(ours, ref.numpy()) < 1e-5
 
 
+class LstmThenLinear(nn.Module):
+    def __init__(self, with_states: bool, **lstm):
+        super().__init__()
+        self.lstm, self.with_states = nn.LSTM(**lstm), with_states
+        self.fc = nn.Linear(self.lstm.hidden_size * (2 if self.lstm.bidirectional else 1), 3)
+
+    def forward(self, x, h0=None, c0=None):
+        y, (h_n, c_n) = self.lstm(x, (h0, c0)) if self.with_states else self.lstm(x)
+        return self.fc(y), h_n, c_n
+
+
+@pytest.mark.parametrize("kwargs, states", [
+    (dict(input_size=7, hidden_size=13, num_layers=2, bidirectional=True, batch_first=True), False),
+    (dict(input_size=5, hidden_size=9, bias=False), True),
+])
+def test_exported_lstm_runs_on_tvm_ext_lstm_against_float64(opencl, kwargs, states):
+    """``nn.LSTM`` in a program: one tvm_ext LSTM placeholder (layers and directions in it), run on
+    PoCL against the model in float64; ``proj_size`` is refused naming it."""
+    from tvm_ext.relax.pipeline import load_model
+
+    torch.manual_seed(0)
+    model = LstmThenLinear(states, **kwargs).eval()
+    x = torch.randn(*((3, 6) if kwargs.get("batch_first") else (6, 3)), kwargs["input_size"])
+    shape = (model.lstm.num_layers * (2 if model.lstm.bidirectional else 1), 3, kwargs["hidden_size"])
+    program = torch.export.export(model, (x, torch.randn(shape), torch.randn(shape)) if states else (x,))
+    mod = import_exported_program(program)
+    (lstm,) = find_grus(mod)
+    assert lstm.template.name == "lstm" and lstm.template.layers == model.lstm.num_layers
+    inputs = program_inputs(program, seed=1)
+    outputs = load_model(mod, opencl, None, function="main", log=None)(*inputs)
+    with torch.no_grad():
+        reference = model.double()(*(torch.from_numpy(a).double() for a in inputs))
+    for ours, ref in zip(outputs, reference):
+        ours = np.asarray(ours.numpy() if hasattr(ours, "numpy") else ours)
+        assert ours.shape == tuple(ref.shape) and relative_error(ours, ref.numpy()) < 1e-5
+    projected = torch.export.export(nn.LSTM(4, 6, proj_size=3).eval(), (torch.randn(2, 1, 4),))
+    with pytest.raises(TvmExtError, match="proj_size is not supported"):
+        import_exported_program(projected)
+
+
 def test_training_mode_dropout_is_refused():
     model = nn.GRU(4, 6, num_layers=2, dropout=0.5).train()
     program = torch.export.export(model, (torch.randn(3, 2, 4),))

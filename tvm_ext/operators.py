@@ -132,6 +132,7 @@ _gemm_fp8 = _lazy("schedules.gemm.gemm_fp8", "Fp8GemmTemplate")
 _reduce = _lazy("schedules.reduce.reduction", "ReductionTemplate")
 _rows = _lazy("schedules.reduce.rows", "RowTemplate")
 _gru = _lazy("schedules.gru", "GruTemplate")
+_lstm = _lazy("schedules.lstm", "LstmTemplate")
 
 
 def _fp8_args(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,6 +288,14 @@ GEMM_FP8_TUNE = TuneCommand(
     knobs=cli.gemm_fp8_knobs, add_arguments=cli.add_gemm_fp8_args, make_template=cli.gemm_fp8_template,
     example=("--shape", "128,128,128"))
 
+def _lstm_args(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Record params -> ``LstmTemplate`` arguments: the input GEMM's tensor-core tile as its text."""
+    out = dict(params)
+    if "in_tensor_core" in out:
+        out["in_tensor_core"] = _tensor_core_tile(out["in_tensor_core"])
+    return out
+
+
 REDUCE_TUNE = TuneCommand(
     "reduce", help="reduction of a vector, or of each row of a matrix (sum, max, min, mean, sumsq)",
     description="Tune a full 1-D reduction (--shape N) or a row-wise reduction (--shape ROWS,COLS) "
@@ -301,6 +310,14 @@ GRU_TUNE = TuneCommand(
                 "step fusion and both gate GEMMs' tiles, timing the whole forward pass.",
     knobs=cli.gru_knobs, add_arguments=cli.add_gru_shape_args, make_template=cli.gru_template,
     example=("--batch", "2", "--hidden", "32", "--input", "16", "--seq", "3"))
+
+LSTM_TUNE = TuneCommand(
+    "lstm", help="LSTM inference layer (torch.nn.LSTM semantics): the whole forward pass",
+    description="Tune an LSTM layer stack (the input GEMM, then the fused step kernel on four gates, a launch "
+                "per step, looped in TVM's host code or persistent): the step kernel's tiles and loop and the "
+                "input GEMM's tile, timing the whole forward pass.",
+    knobs=cli.lstm_knobs, add_arguments=cli.add_lstm_shape_args, make_template=cli.lstm_template,
+    example=("--batch", "2", "--hidden", "12", "--input", "5", "--seq", "3"))
 
 GEMM_PRECISION = PrecisionCommand(
     help="C = A·B: dtypes of A, B, C and the accumulator", add_arguments=cli.add_gemm_precision_args,
@@ -346,6 +363,7 @@ OPERATORS: dict[str, Operator] = {op.name: op for op in (
     Operator("rows", _rows, matchers=("rows",), unsupported={"tune": _NO_TUNE_ROWS},
              example={"op": "softmax", "rows": 64, "n": 256, "dtype": "float32"}),
     Operator("gru", _gru, _gru_args, tune=GRU_TUNE, precision=GRU_PRECISION),
+    Operator("lstm", _lstm, _lstm_args, tune=LSTM_TUNE),
 )}
 
 

@@ -61,6 +61,34 @@ def function_stages(name: str) -> tuple[str, ...]:
     raise TvmExtError(f"kernel {name!r} belongs to no GRU stage")
 
 
+# ---- layouts: PyTorch <-> device ------------------------------------------------------------
+def device_layout(weights: Mapping[str, np.ndarray], layers: int, dirs: int) -> dict[str, np.ndarray]:
+    """A recurrent stack's PyTorch ``state_dict`` arrays in the device layout (the GRU's and the
+    LSTM's, any gate count): w_ih{l} (K, dirs·G) and b_ih{l} (dirs·G,) with the directions side by
+    side, w_hh{l} (dirs, H, G) and b_hh{l} (dirs, G), G the gates' rows; in their own types."""
+    out = {}
+    for layer in range(layers):
+        sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(dirs)]
+        out[f"w_ih{layer}"] = np.concatenate([weights[f"weight_ih_{s}"].T for s in sfx], axis=1)
+        out[f"b_ih{layer}"] = np.concatenate([weights[f"bias_ih_{s}"] for s in sfx])
+        out[f"w_hh{layer}"] = np.stack([weights[f"weight_hh_{s}"].T for s in sfx])
+        out[f"b_hh{layer}"] = np.stack([weights[f"bias_hh_{s}"] for s in sfx])
+    return out
+
+
+def torch_layout(device: Mapping[str, np.ndarray], layers: int, dirs: int, rows: int) -> dict[str, np.ndarray]:
+    """``device_layout`` undone: PyTorch's ``state_dict`` arrays (``rows``: the gates' rows, G)."""
+    out = {}
+    for layer in range(layers):
+        for d in range(dirs):
+            s = f"l{layer}" + ("_reverse" if d else "")
+            out[f"weight_ih_{s}"] = device[f"w_ih{layer}"][:, d * rows:(d + 1) * rows].T
+            out[f"bias_ih_{s}"] = device[f"b_ih{layer}"][d * rows:(d + 1) * rows]
+            out[f"weight_hh_{s}"] = device[f"w_hh{layer}"][d].T
+            out[f"bias_hh_{s}"] = device[f"b_hh{layer}"][d]
+    return out
+
+
 # ---- reference ---------------------------------------------------------------------------
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # exact identity, no overflow warnings

@@ -17,20 +17,24 @@ from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
 
 from .compute import F32
-from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_math, store_macro, stored_as
+from .step_common import (CELL_GATES, GRU_CELL, LSTM_CELL, MAX_REGISTERS, OTHER_REGISTERS, cell_math, lstm_c,
+                          lstm_h, lstm_store_macro, store_macro, stored_as)
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, PERSISTENT_MIN_REGISTERS, TC_STEP_KNOBS, StepSizes,
                            StepVariant, fused_threads_reason, residency)
 
 
 def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: str, gh_dtype: str,
-                     math_dtype: str, prefetched: bool = False, kind: str = "cuda", h_dtype: str = F32) -> Any:
+                     math_dtype: str, prefetched: bool = False, kind: str = "cuda", h_dtype: str = F32,
+                     cell: str = GRU_CELL) -> Any:
     """S3 of the fused step kernels: the gate sums ``acc`` plus b_h, rounded to ``gh_dtype``
     as if stored, and the cell on them into ``h_new`` (both step kernels share it).
-    ``prefetched``: gi and b_h come from the step's copies (dirs, batch, 3, hidden) and
-    (dirs, 3, hidden) (``step_func``'s ``prefetch``)."""
+    ``prefetched``: gi and b_h come from the step's copies (dirs, batch, gates, hidden) and
+    (dirs, gates, hidden) (``step_func``'s ``prefetch``).  ``cell`` ``"lstm"``: the LSTM's
+    cell: c' (``step_common.lstm_c``, c read from the state's second half) into ``c_new``, then
+    h' from it (``lstm_h``, block "cell_h"), so c' is computed once."""
     from tvm.script import tirx as T
 
-    G = 3 * hidden
+    G, is_lstm = CELL_GATES[cell] * hidden, cell == LSTM_CELL
 
     def gate_sum(acc: Any, bias: Any, vd: Any, vb: Any, g: int, vj: Any) -> Any:
         b_h = bias[vd, g, vj] if prefetched else bias[vd, g * hidden + vj] if g else bias[vd, vj]
@@ -49,7 +53,27 @@ def _step_cell_macro(steps: int, batch: int, hidden: int, dirs: int, acc_dtype: 
                     gate_sum(acc, bias, vd, vb, 0, vj), gate_sum(acc, bias, vd, vb, 1, vj),
                     gate_sum(acc, bias, vd, vb, 2, vj), h[step % 2, vd, vb, vj], math_dtype, kind, h_dtype)
 
-    return cell
+    @T.macro
+    def lstm(gi, h, acc, bias, h_new, c_new, step):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                col = T.meta_var(vd * G + vj)
+                c_new[vd, vb, vj] = lstm_c(
+                    T, *((gi[vd, vb, 0, vj], gi[vd, vb, 1, vj], gi[vd, vb, 2, vj]) if prefetched
+                         else (gi[row, col], gi[row, col + hidden], gi[row, col + 2 * hidden])),
+                    gate_sum(acc, bias, vd, vb, 0, vj), gate_sum(acc, bias, vd, vb, 1, vj),
+                    gate_sum(acc, bias, vd, vb, 2, vj), h[step % 2, vd, vb, hidden + vj], math_dtype, kind, h_dtype)
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("cell_h"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                h_new[vd, vb, vj] = lstm_h(
+                    T, gi[vd, vb, 3, vj] if prefetched else gi[row, vd * G + 3 * hidden + vj],
+                    gate_sum(acc, bias, vd, vb, 3, vj), c_new[vd, vb, vj], math_dtype, kind, h_dtype)
+
+    return lstm if is_lstm else cell
 
 
 def step_k_extent(hidden: int, step_k: int, step_ks: int) -> int:
@@ -64,7 +88,7 @@ def step_k_extent(hidden: int, step_k: int, step_ks: int) -> int:
 def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dtype: str = F32,
               h_dtype: str = F32, w_dtype: str = F32, acc_dtype: str = F32, gh_dtype: str = F32,
               math_dtype: str = F32, out_dtype: str = F32, w_tile: int = 0, k_extent: int = 0,
-              w_split: int = 0, prefetch: bool = False, kind: str = "cuda") -> Any:
+              w_split: int = 0, prefetch: bool = False, kind: str = "cuda", cell: str = GRU_CELL) -> Any:
     """Fused S2+S3+S4: gh = h·W_hᵀ + b_h kept in registers, then the cell, in one kernel.
 
     The hidden GEMM's parameters and the cell's both apply: h, W_h and b_h (``w_dtype``)
@@ -76,6 +100,9 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     a loop over steps (``tvm_ext.lowering.step_loop``) needs no buffer swapping.  The plan passes that
     buffer twice, as ``h`` (read) and ``h_out`` (written): one parameter both read and
     written would make TVM see a write-after-read hazard it cannot schedule around.
+
+    ``cell`` ``"lstm"``: PyTorch's LSTM cell on four gates (i, f, g, o; W_h (dirs, hidden,
+    4·hidden)), the state (2, dirs, batch, 2·hidden) holding c after h in each slot.
 
     ``w_tile`` > 0: W_h is read through a copy ``w_tiles`` laid out per tile of ``w_tile``
     units, (dirs, ceil(hidden/w_tile), k, gate, unit), so a block's slice of all three gates
@@ -97,43 +124,47 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
     into equal slices needs no guard."""
     from tvm.script import tirx as T
 
-    G, K = 3 * hidden, max(k_extent, hidden)
+    gates, lstm = CELL_GATES[cell], cell == LSTM_CELL
+    G, K = gates * hidden, max(k_extent, hidden)
+    width = 2 * hidden if lstm else hidden  # of a state slot: h, and the LSTM's c after it
     padded, last = K > hidden, hidden - 1
     tiles, tile = (-(-hidden // w_tile), w_tile) if w_tile else (1, 1)
     staged_w, reg_w, split = bool(w_tile), bool(w_split), max(w_split, 1)
     guard_w = padded or (staged_w and hidden % w_tile != 0)
-    store = store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True)
-    cell = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype, prefetched=prefetch,
-                            kind=kind, h_dtype=h_dtype)
+    store = (lstm_store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype) if lstm
+             else store_macro(steps, batch, hidden, dirs, h_dtype, out_dtype, pingpong=True))
+    cell_of = _step_cell_macro(steps, batch, hidden, dirs, acc_dtype, gh_dtype, math_dtype, prefetched=prefetch,
+                               kind=kind, h_dtype=h_dtype, cell=cell)
     zero_h, zero_w, zero_acc = (T.cast(0, dtype) for dtype in (h_dtype, w_dtype, acc_dtype))
 
     @T.prim_func(s_tir=True)
     def step_kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
-                    h: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    h: T.Buffer((2, dirs, batch, width), h_dtype),
                     w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype),
-                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, hidden), h_dtype),
+                    step: T.int32, layer: T.int32, h_out: T.Buffer((2, dirs, batch, width), h_dtype),
                     out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                     h_n: T.Buffer((layers * dirs, batch, hidden), h_dtype)):
         T.func_attr({"tirx.noalias": True})
-        w_tiles = T.sblock_alloc_buffer((dirs, tiles, K, 3, tile), w_dtype)
+        w_tiles = T.sblock_alloc_buffer((dirs, tiles, K, gates, tile), w_dtype)
         h_pad = T.sblock_alloc_buffer((dirs, batch, K), h_dtype)
-        w_regs = T.sblock_alloc_buffer((dirs, hidden, split, K // split, 3), w_dtype)
-        gi_pre = T.sblock_alloc_buffer((dirs, batch, 3, hidden), gi_dtype)
-        bias_pre = T.sblock_alloc_buffer((dirs, 3, hidden), w_dtype)
+        w_regs = T.sblock_alloc_buffer((dirs, hidden, split, K // split, gates), w_dtype)
+        gi_pre = T.sblock_alloc_buffer((dirs, batch, gates, hidden), gi_dtype)
+        bias_pre = T.sblock_alloc_buffer((dirs, gates, hidden), w_dtype)
         if prefetch:
-            for d, b, g, j in T.grid(dirs, batch, 3, hidden):
+            for d, b, g, j in T.grid(dirs, batch, gates, hidden):
                 with T.sblock("gi_pre"):
                     vd, vb, vg, vj = T.axis.remap("SSSS", [d, b, g, j])
                     row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
                     gi_pre[vd, vb, vg, vj] = gi[row, vd * G + vg * hidden + vj]
-            for d, g, j in T.grid(dirs, 3, hidden):
+            for d, g, j in T.grid(dirs, gates, hidden):
                 with T.sblock("bias_pre"):
                     vd, vg, vj = T.axis.remap("SSS", [d, g, j])
                     bias_pre[vd, vg, vj] = bias[vd, vg * hidden + vj]
-        acc = T.sblock_alloc_buffer((dirs, batch, 3, hidden), acc_dtype)
+        acc = T.sblock_alloc_buffer((dirs, batch, gates, hidden), acc_dtype)
         h_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)
+        c_new = T.sblock_alloc_buffer((dirs, batch, hidden), math_dtype)  # (the LSTM's; unused buffers go)
         if staged_w:
-            for d, t, k, g, u in T.grid(dirs, tiles, K, 3, tile):
+            for d, t, k, g, u in T.grid(dirs, tiles, K, gates, tile):
                 with T.sblock("w_stage"):
                     vd, vt, vk, vg, vu = T.axis.remap("SSSSS", [d, t, k, g, u])
                     if guard_w:
@@ -143,7 +174,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     else:
                         w_tiles[vd, vt, vk, vg, vu] = w[vd, vk, vg * hidden + vt * tile + vu]
         if reg_w:
-            for d, j, kt, kk, g in T.grid(dirs, hidden, w_split, K // w_split, 3):
+            for d, j, kt, kk, g in T.grid(dirs, hidden, w_split, K // w_split, gates):
                 with T.sblock("w_regs"):
                     vd, vj, vkt, vkk, vg = T.axis.remap("SSSSS", [d, j, kt, kk, g])
                     if padded:
@@ -158,7 +189,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     vd, vb, vk = T.axis.remap("SSS", [d, b, k])
                     h_pad[vd, vb, vk] = T.if_then_else(vk < hidden, h[step % 2, vd, vb, T.min(vk, last)], zero_h)
         if reg_w:  # k = i·w_split + t: the split-K threads' axis t is the block's own
-            for d, b, g, j, i, t in T.grid(dirs, batch, 3, hidden, K // w_split, w_split):
+            for d, b, g, j, i, t in T.grid(dirs, batch, gates, hidden, K // w_split, w_split):
                 with T.sblock("gh"):
                     vd, vb, vg, vj, vi, vt = T.axis.remap("SSSSRR", [d, b, g, j, i, t])
                     with T.init():
@@ -168,7 +199,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + (
                         h_k.astype(acc_dtype) * w_regs[vd, vj, vt, vi, vg].astype(acc_dtype))
         else:
-            for d, b, g, j, k in T.grid(dirs, batch, 3, hidden, K):
+            for d, b, g, j, k in T.grid(dirs, batch, gates, hidden, K):
                 with T.sblock("gh"):
                     vd, vb, vg, vj, vk = T.axis.remap("SSSSR", [d, b, g, j, k])
                     with T.init():  # zero, not the bias: a plain sum can be split over threads (rfactor)
@@ -181,11 +212,18 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
                     else:
                         w_k = T.meta_var(w[vd, vk, vg * hidden + vj])
                     acc[vd, vb, vg, vj] = acc[vd, vb, vg, vj] + h_k.astype(acc_dtype) * w_k.astype(acc_dtype)
-        if prefetch:
-            cell(gi_pre, h, acc, bias_pre, h_new, step)
+        if lstm and prefetch:
+            cell_of(gi_pre, h, acc, bias_pre, h_new, c_new, step)
+        elif lstm:
+            cell_of(gi, h, acc, bias, h_new, c_new, step)
+        elif prefetch:
+            cell_of(gi_pre, h, acc, bias_pre, h_new, step)
         else:
-            cell(gi, h, acc, bias, h_new, step)
-        store(h_new, step, layer, h_out, out, h_n)
+            cell_of(gi, h, acc, bias, h_new, step)
+        if lstm:
+            store(h_new, c_new, step, layer, h_out, out, h_n)
+        else:
+            store(h_new, step, layer, h_out, out, h_n)
 
     return step_kernel
 
@@ -224,8 +262,10 @@ def schedule_step(func: Any, tile: "FusedStep", kind: str = "cuda") -> Any:
     sch.bind(jt, "threadIdx.x")
     outer = 4 + (bt > 1)  # the loops above a thread's own: d, bo, jo, (bz,) jt
     cell = sch.get_sblock("cell")
-    sch.compute_at(cell, ju[0] if ju else bi)
-    sch.set_scope(cell, 0, "local")
+    cells = [sch.get_sblock(name) for name in ("cell_h",) if _has_block(sch, name)] + [cell]  # LSTM: h' from c'
+    for block in cells:  # each consumer first: a block goes under a loop its consumers are under
+        sch.compute_at(block, ju[0] if ju else bi)
+        sch.set_scope(block, 0, "local")
     if tile.prefetch or tile.w_onchip == 2 or bt > 1 or ju:
         sch.unroll(bi)  # the thread's rows: register arrays indexed by constants (no local memory)
     for loop in ju:
@@ -315,6 +355,15 @@ def schedule_step(func: Any, tile: "FusedStep", kind: str = "cuda") -> Any:
     return sch
 
 
+def _has_block(sch: Any, name: str) -> bool:
+    """Whether the scheduled function has a block of this name."""
+    try:
+        sch.get_sblock(name)
+    except Exception:  # (tvm's ScheduleError: no such block)
+        return False
+    return True
+
+
 def _bind_fill(sch: Any, fused: Any, tile: "FusedStep") -> None:
     """A cooperative fill loop over the block's threads (z: step_bt, y: step_ks, x: step_j)."""
     factors = [tile.bt, tile.ks, tile.j]
@@ -383,15 +432,15 @@ class FusedStep(StepVariant):
         """Shared memory of one block: the staged h slice, split-K partial sums and
         (``step_w_onchip`` 1) the W slice."""
         s = self.sizes
-        partials = 0 if self.ks == 1 else self.ks * self.rows * 3 * self.units * itemsize(s.acc_dtype)
-        w_slice = (self.w_onchip == 1) * self.k_extent * 3 * self.units * itemsize(s.w_dtype)
+        partials = 0 if self.ks == 1 else self.ks * self.rows * s.gates * self.units * itemsize(s.acc_dtype)
+        w_slice = (self.w_onchip == 1) * self.k_extent * s.gates * self.units * itemsize(s.w_dtype)
         stages = 1 + self.pipeline  # the pipelined slice has a buffer per stage
         return stages * itemsize(s.h_dtype) * self.rows * self.k + partials + w_slice
 
     def w_registers(self) -> int:
         """32-bit registers per thread that hold its share of W_hh (``step_w_onchip`` 2): one per
         value of up to 4 bytes (16-bit values are not assumed packed), two per float64."""
-        return 3 * self.u * (self.k_extent // self.ks) * max(1, itemsize(self.sizes.w_dtype) // 4)
+        return self.sizes.gates * self.u * (self.k_extent // self.ks) * max(1, itemsize(self.sizes.w_dtype) // 4)
 
     def blocks_per_sm(self, target: TargetInfo) -> int:
         """Blocks one SM holds at once as far as the register budget is concerned."""
@@ -431,8 +480,9 @@ class FusedStep(StepVariant):
         if self.w_onchip == 2 and target.kind == "cuda":
             available = min(MAX_REGISTERS, 65536 // (self.blocks_per_sm(target) * self.threads))
             if self.w_registers() + OTHER_REGISTERS > available:
-                return (f"step kernel: W_hh in registers needs {self.w_registers()} per thread (3 gates x "
-                        f"{self.u} units x {self.k_extent // self.ks} k) + {OTHER_REGISTERS} > {available}")
+                return (f"step kernel: W_hh in registers needs {self.w_registers()} per thread "
+                        f"({self.sizes.gates} gates x {self.u} units x {self.k_extent // self.ks} k) + "
+                        f"{OTHER_REGISTERS} > {available}")
         return None
 
     # ---- kernels and calls -------------------------------------------------------------------
@@ -448,15 +498,16 @@ class FusedStep(StepVariant):
                          w_dtype=s.w_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                          out_dtype=s.out_dtype, w_tile=self.units if self.w_onchip == 1 else 0,
                          w_split=self.ks if self.w_onchip == 2 else 0, prefetch=bool(self.prefetch),
-                         k_extent=self.k_extent, kind=target.kind)
-        return {"gru_step": schedule_step(func, self, target.kind)}
+                         k_extent=self.k_extent, kind=target.kind, cell=s.cell)
+        return {f"{s.cell}_step": schedule_step(func, self, target.kind)}
 
     def looped_steps(self, step: Any, target: TargetInfo) -> Any:
         if not self.loop:
             return None
         mode, per_sm, hoist, early = self._loop_form(target)
         return step_loop.loop_steps(step_loop.lower_to_loops(step.mod, target), self.sizes.seq, mode,
-                                    state=("h", "h_out"), name="gru_steps", min_blocks_per_sm=per_sm, hoist=hoist,
+                                    state=("h", "h_out"), name=f"{self.sizes.cell}_steps", min_blocks_per_sm=per_sm,
+                                    hoist=hoist,
                                     barrier=step_loop.BARRIERS[self.barrier], early=early)
 
     def _loop_form(self, target: TargetInfo) -> tuple[str, int, tuple[str, ...], tuple[str, ...]]:
@@ -466,7 +517,8 @@ class FusedStep(StepVariant):
     def step_calls(self, layer: int, out: str) -> list[tuple[str, tuple[str | int, ...]]]:
         if self.loop:  # all T steps in one call
             return super().step_calls(layer, out)
-        return [("gru_step", (*self.weights(layer), s, layer, "hs", out, "h_n")) for s in range(self.sizes.seq)]
+        return [(f"{self.sizes.cell}_step", (*self.weights(layer), s, layer, "hs", out, "h_n"))
+                for s in range(self.sizes.seq)]
 
 
 @dataclass(frozen=True)

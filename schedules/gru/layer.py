@@ -32,6 +32,65 @@ def _numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def built_config(template: Any, info: TargetInfo, config: Config | Mapping[str, Any] | None, what: str) -> Config:
+    """The config a layer's ``build`` compiles: ``template``'s analytic pick (``config`` None), a full
+    config, or a few knob values over the default; one ``TvmExtError`` where a knob is unknown or the
+    config cannot run on ``info`` (``what``: the layer's name in the message)."""
+    space = template.space(info)
+    if config is None:
+        cfg = template.analytic_pick(info)[0]
+    elif isinstance(config, Config):
+        cfg = config
+        space.encode(cfg)
+    else:
+        unknown = set(config) - set(space.names)
+        if unknown:
+            raise TvmExtError(f"unknown {what} knobs {sorted(unknown)}; knobs: {', '.join(space.names)}")
+        cfg = template.default_config(info).replace(**config)
+        space.encode(cfg)
+    reason = space.infeasible_reason(cfg)
+    if reason:
+        raise TvmExtError(f"{what} config not feasible on {info.kind}: {reason}")
+    return cfg
+
+
+def expected_weight_shapes(template: Any, gates: int) -> dict[str, tuple[int, ...]]:
+    """A recurrent stack's ``state_dict`` shapes in PyTorch's names (``gates`` blocks of rows a matrix)."""
+    g, shapes = gates * template.hidden, {}
+    for layer in range(template.layers):
+        for sfx in ("", "_reverse")[: template.dirs]:
+            shapes[f"weight_ih_l{layer}{sfx}"] = (g, template.layer_input(layer))
+            shapes[f"weight_hh_l{layer}{sfx}"] = (g, template.hidden)
+            shapes[f"bias_ih_l{layer}{sfx}"] = (g,)
+            shapes[f"bias_hh_l{layer}{sfx}"] = (g,)
+    return shapes
+
+
+def weight_arrays(weights: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], what: str) -> dict[str, Any]:
+    """PyTorch-named weights checked against ``expected`` as numpy arrays: biases may be left out
+    altogether (zeros, as ``bias=False``); integers and bools as float64 (exact); one
+    ``TvmExtError`` naming an unexpected, missing or misshapen weight."""
+    unknown = sorted(set(weights) - set(expected))
+    if unknown:
+        hint = " (proj_size is not supported)" if any("weight_hr" in k for k in unknown) else ""
+        raise TvmExtError(f"unexpected {what} weight {unknown[0]!r}{hint}; expected keys: {', '.join(expected)}")
+    has_bias = any(k.startswith("bias") for k in weights)
+    arrays = {}
+    for name, shape in expected.items():
+        if name not in weights:
+            if name.startswith("bias") and not has_bias:
+                arrays[name] = np.zeros(shape, np.float32)
+                continue
+            raise TvmExtError(f"missing {what} weight {name!r} of shape {shape}")
+        array = _numpy(weights[name])
+        if array.dtype.kind not in "f" and array.dtype != np_dtype("bfloat16"):
+            array = array.astype(np.float64)  # integers, bools: exact in float64
+        if array.shape != shape:
+            raise TvmExtError(f"{what} weight {name!r} has shape {array.shape}, expected {shape}")
+        arrays[name] = array
+    return arrays
+
+
 class GRU:
     """``torch.nn.GRU`` inference compiled for one (batch, seq) shape: build once, run many times.
 
@@ -84,21 +143,7 @@ class GRU:
                                layers=num_layers, bidirectional=bool(bidirectional),
                                variable_lengths=bool(variable_lengths))
         template = template.with_precision(dict(precision or {})).with_tensor_cores(info)
-        space = template.space(info)
-        if config is None:
-            cfg = template.analytic_pick(info)[0]
-        elif isinstance(config, Config):
-            cfg = config
-            space.encode(cfg)
-        else:
-            unknown = set(config) - set(space.names)
-            if unknown:
-                raise TvmExtError(f"unknown GRU knobs {sorted(unknown)}; knobs: {', '.join(space.names)}")
-            cfg = template.default_config(info).replace(**config)
-            space.encode(cfg)
-        reason = space.infeasible_reason(cfg)
-        if reason:
-            raise TvmExtError(f"GRU config not feasible on {info.kind}: {reason}")
+        cfg = built_config(template, info, config, "GRU")
         return cls(template, cfg, info, bool(batch_first), template.compile(cfg, info))
 
     @property
@@ -108,38 +153,13 @@ class GRU:
 
     # ---- weights --------------------------------------------------------------------------
     def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        t, g = self.template, 3 * self.template.hidden
-        shapes = {}
-        for layer in range(t.layers):
-            for sfx in ("", "_reverse")[: t.dirs]:
-                shapes[f"weight_ih_l{layer}{sfx}"] = (g, t.layer_input(layer))
-                shapes[f"weight_hh_l{layer}{sfx}"] = (g, t.hidden)
-                shapes[f"bias_ih_l{layer}{sfx}"] = (g,)
-                shapes[f"bias_hh_l{layer}{sfx}"] = (g,)
-        return shapes
+        return expected_weight_shapes(self.template, 3)
 
     def load_numpy(self, weights: Mapping[str, Any]) -> "GRU":
         """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
         be left out altogether (``nn.GRU(bias=False)``).  Any float type is accepted; they are
         rounded once, to the dtypes of ``w_ih`` / ``w_hh``."""
-        expected = self.expected_weight_shapes()
-        unknown = sorted(set(weights) - set(expected))
-        if unknown:
-            raise TvmExtError(f"unexpected GRU weight {unknown[0]!r}; expected keys: {', '.join(expected)}")
-        has_bias = any(k.startswith("bias") for k in weights)
-        arrays = {}
-        for name, shape in expected.items():
-            if name not in weights:
-                if name.startswith("bias") and not has_bias:
-                    arrays[name] = np.zeros(shape, np.float32)
-                    continue
-                raise TvmExtError(f"missing GRU weight {name!r} of shape {shape}")
-            array = _numpy(weights[name])
-            if array.dtype.kind not in "f" and array.dtype != np_dtype("bfloat16"):
-                array = array.astype(np.float64)  # integers, bools: exact in float64
-            if array.shape != shape:
-                raise TvmExtError(f"GRU weight {name!r} has shape {array.shape}, expected {shape}")
-            arrays[name] = array
+        arrays = weight_arrays(weights, self.expected_weight_shapes(), "GRU")
         # the weights stored as scaled float16 parts (``split.py``), by the knob that splits them
         split = {"weight_ih": "in_split"} if self.config.in_split in FLOAT16_SPLITS else {}
         if self._splits_state:

@@ -2,7 +2,8 @@
 tanh, a value rounded as storing it would round it, the store of h' into the state and the
 output, the tagged words the persistent kernels exchange h in, and a thread's register
 budget.  The cell kernel, the fused step kernel, the flag-exchange kernel and the tensor-core
-kernel all build on these, so their arithmetic agrees to the bit."""
+kernel all build on these, so their arithmetic agrees to the bit.  The fused step kernel also
+runs PyTorch's LSTM cell (``lstm_c``, ``lstm_h``, ``lstm_store_macro``) for ``schedules.lstm``."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,6 +13,11 @@ from .compute import F32
 # A thread's registers: what it may have, and what a step kernel needs besides a share of
 # W_hh held in registers (accumulators, addresses, the cell).
 MAX_REGISTERS, OTHER_REGISTERS = 255, 40
+
+# The recurrent cells the fused step kernel runs, and their gates (PyTorch's order: GRU r, z, n;
+# LSTM i, f, g, o)
+GRU_CELL, LSTM_CELL = "gru", "lstm"
+CELL_GATES = {GRU_CELL: 3, LSTM_CELL: 4}
 
 
 def tanh(T: Any, v: Any, math: str, kind: str) -> Any:
@@ -58,6 +64,26 @@ def cell_math(T: Any, gi_r: Any, gi_z: Any, gi_n: Any, gh_r: Any, gh_z: Any, gh_
     return cell_blend(z, n, h, math)
 
 
+def lstm_c(T: Any, gi_i: Any, gi_f: Any, gi_g: Any, gh_i: Any, gh_f: Any, gh_g: Any, c: Any, math: str,
+           kind: str = "cuda", state: str = F32) -> Any:
+    """PyTorch's LSTM cell state c' = f·c + i·g in type ``math`` (i, f = σ(gi + gh), g = tanh(gi_g
+    + gh_g)).  ``state``: the stored type of h and c (the accurate tanh where it keeps float32's
+    precision, as ``cell_gates``)."""
+    def m(value: Any) -> Any:
+        return value.astype(math)
+
+    i = T.sigmoid(m(gi_i) + m(gh_i))
+    f = T.sigmoid(m(gi_f) + m(gh_f))
+    g = tanh(T, m(gi_g) + m(gh_g), math if state == F32 else "", kind)
+    return f * m(c) + i * g
+
+
+def lstm_h(T: Any, gi_o: Any, gh_o: Any, c_new: Any, math: str, kind: str = "cuda", state: str = F32) -> Any:
+    """PyTorch's LSTM output h' = o·tanh(c') (o = σ(gi_o + gh_o)) from the cell state ``c_new``."""
+    o = T.sigmoid(gi_o.astype(math) + gh_o.astype(math))
+    return o * tanh(T, c_new.astype(math), math if state == F32 else "", kind)
+
+
 def stored_as(value: Any, dtype: str) -> Any:
     """``value`` rounded to ``dtype`` as storing it in a ``dtype`` buffer would, for a value
     that stays in registers.  bfloat16 is rounded with integer ops on the float32 bits
@@ -102,6 +128,27 @@ def store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, ou
                 h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
 
     return store_pingpong if pingpong else store
+
+
+def lstm_store_macro(steps: int, batch: int, hidden: int, dirs: int, h_dtype: str, out_dtype: str) -> Any:
+    """S4 of the fused step kernel running the LSTM cell: h' and c' into the next slot of the
+    (2, dirs, batch, 2·hidden) state (c after h: only the owning thread reads its c back), h'
+    into out[t] and h_n (``store_macro``'s ping-pong form otherwise; c_n is copied from the
+    state after the last step)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def store(h_new, c_new, step, layer, hs, out, h_n):  # type: ignore[no-untyped-def]
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("store"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                row = T.meta_var(T.if_then_else(vd == 0, step, steps - 1 - step) * batch + vb)
+                hs[(step + 1) % 2, vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+                hs[(step + 1) % 2, vd, vb, hidden + vj] = c_new[vd, vb, vj].astype(h_dtype)
+                out[row, vd * hidden + vj] = h_new[vd, vb, vj].astype(out_dtype)
+                h_n[layer * dirs + vd, vb, vj] = h_new[vd, vb, vj].astype(h_dtype)
+
+    return store
 
 
 def word_tag(T: Any, word: Any) -> Any:

@@ -20,6 +20,8 @@ from tvm_ext.schedules.gemm.mma import MIN_COMPUTE_CAPABILITY, compute_capabilit
 from tvm_ext.schedules.gemm.wgmma_layout import counted_words
 from tvm_ext.target import TargetInfo
 
+from .step_common import CELL_GATES, GRU_CELL
+
 # A persistent step kernel's blocks must all be resident; the SM keeps 1 KiB of shared
 # memory per resident block (sm_80+), and fitting several blocks per SM by capping
 # registers (launch bounds) is refused below this many registers per thread (spills).
@@ -56,6 +58,12 @@ class StepSizes:
     input: int = 0  # the depth of the layers' input (a step kernel that runs x·W_ihᵀ itself: one for all layers)
     x_dtype: str = "float32"  # that input's type (x, or the layer below's output)
     w_ih_dtype: str = "float32"
+    cell: str = GRU_CELL  # the recurrent cell (the fused step kernel also runs the LSTM's: ``schedules.lstm``)
+
+    @property
+    def gates(self) -> int:
+        """The cell's gates: each unit's dot products a step."""
+        return CELL_GATES[self.cell]
 
 
 def input_buffer(layer: int) -> str:
@@ -187,7 +195,7 @@ class StepVariant(ABC):
     def step_calls(self, layer: int, out: str) -> list[tuple[str, tuple[str | int, ...]]]:
         """The (function, arguments) of ``layer``'s steps, writing the output ``out``: here all
         T steps in one call of ``gru_steps``."""
-        return [("gru_steps", (*self.weights(layer), layer, out, "h_n", *self.barrier_words()))]
+        return [(f"{self.sizes.cell}_steps", (*self.weights(layer), layer, out, "h_n", *self.barrier_words()))]
 
 
 class CountedGiWords:

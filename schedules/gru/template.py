@@ -33,12 +33,12 @@ from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.core.space import Config, Space
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
 from tvm_ext.target import TargetInfo
-from tvm_ext.core.template import Template, TensorSpec
+from tvm_ext.core.template import NamedBuffers, Template, TensorSpec
 
 from . import plan as host_plan
 from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, CELL_TILE_UNITS, cell_tile_reason
 from .cell_step import CellStep
-from .compute import F32, PRECISION_PARAMS, gru_reference
+from .compute import F32, PRECISION_PARAMS, device_layout, gru_reference, torch_layout
 from .input_gemm import wgmma_input_gemms
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
@@ -83,7 +83,7 @@ def step_gemm_tile(tile: WgmmaTile | None, batch: int, hidden: int) -> WgmmaTile
 
 
 @dataclass(frozen=True)
-class GruTemplate(DtypeFields, Template):
+class GruTemplate(NamedBuffers, DtypeFields, Template):
     """A stack of GRU layers at one shape, as one tunable unit: its "kernel" is the whole
     forward pass (every launch of every step of every layer).
 
@@ -262,19 +262,6 @@ class GruTemplate(DtypeFields, Template):
     def measured_operator(self, config: Config) -> "GruTemplate":
         return self.for_config(config)
 
-    def buffers(self) -> dict[str, TensorSpec]:
-        """Every buffer of the plan by name: inputs, outputs, then scratch."""
-        return {**self.input_specs(), **self.output_specs(), **self.scratch_specs()}
-
-    def inputs(self) -> list[TensorSpec]:
-        return list(self.input_specs().values())
-
-    def outputs(self) -> list[TensorSpec]:
-        return list(self.output_specs().values())
-
-    def scratch(self) -> list[TensorSpec]:
-        return list(self.scratch_specs().values())
-
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         """x and h0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H).  The values are
         float32 numbers (whatever the precision), held in the declared dtypes; ``make_case``
@@ -295,28 +282,13 @@ class GruTemplate(DtypeFields, Template):
     def device_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """PyTorch ``state_dict`` arrays (already validated) -> device-layout buffers, in
         the dtypes of ``w_ih`` / ``w_hh``."""
-        out = {}
-        for layer in range(self.layers):
-            sfx = [f"l{layer}" + ("_reverse" if d else "") for d in range(self.dirs)]
-            out[f"w_ih{layer}"] = np.concatenate([weights[f"weight_ih_{s}"].T for s in sfx], axis=1)
-            out[f"b_ih{layer}"] = np.concatenate([weights[f"bias_ih_{s}"] for s in sfx])
-            out[f"w_hh{layer}"] = np.stack([weights[f"weight_hh_{s}"].T for s in sfx])
-            out[f"b_hh{layer}"] = np.stack([weights[f"bias_hh_{s}"] for s in sfx])
         specs = self.input_specs()
-        return {k: cast(v, specs[k].dtype) for k, v in out.items()}  # rounded to the weights' dtypes
+        return {k: cast(v, specs[k].dtype)  # rounded to the weights' dtypes
+                for k, v in device_layout(weights, self.layers, self.dirs).items()}
 
     def torch_weights(self, device: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Device-layout buffers -> PyTorch ``state_dict`` arrays (for the reference)."""
-        g = 3 * self.hidden
-        out = {}
-        for layer in range(self.layers):
-            for d in range(self.dirs):
-                s = f"l{layer}" + ("_reverse" if d else "")
-                out[f"weight_ih_{s}"] = device[f"w_ih{layer}"][:, d * g:(d + 1) * g].T
-                out[f"bias_ih_{s}"] = device[f"b_ih{layer}"][d * g:(d + 1) * g]
-                out[f"weight_hh_{s}"] = device[f"w_hh{layer}"][d].T
-                out[f"bias_hh_{s}"] = device[f"b_hh{layer}"][d]
-        return out
+        return torch_layout(device, self.layers, self.dirs, 3 * self.hidden)
 
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         named = dict(zip(self.input_specs(), inputs))

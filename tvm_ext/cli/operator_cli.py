@@ -195,6 +195,27 @@ def gru_template(args: argparse.Namespace) -> Any:
                        layers=args.layers, bidirectional=args.bidirectional)
 
 
+# ---- tune: the LSTM layer ------------------------------------------------------------------------------
+def lstm_knobs() -> Sequence[Knob]:
+    from ..schedules.lstm.template import KNOBS as LSTM_KNOBS
+
+    return LSTM_KNOBS
+
+
+def add_lstm_shape_args(lstm: argparse.ArgumentParser) -> None:
+    """The LSTM's shape (the GRU's arguments) and its storage type."""
+    add_gru_shape_args(lstm)
+    lstm.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                      help="type of x, the weights, h, c and the output (products and cell in float32)")
+
+
+def lstm_template(args: argparse.Namespace) -> Any:
+    from ..schedules.lstm import LstmTemplate
+
+    return LstmTemplate(batch=args.batch, hidden=args.hidden, input=args.input, seq=args.seq,
+                        layers=args.layers, bidirectional=args.bidirectional, dtype=args.dtype)
+
+
 # ---- mixed-precision: GEMM and GRU ---------------------------------------------------------------------
 def add_gemm_precision_args(gemm: argparse.ArgumentParser) -> None:
     gemm.add_argument("--shape", required=True, help="M,N,K")

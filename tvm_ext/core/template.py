@@ -31,7 +31,7 @@ from ..measure.program import Artifact, CompiledProgram, TensorSpec, compile_sch
 from .space import Config, Space
 from ..target import TargetInfo
 
-__all__ = ["Template", "TensorSpec", "Workload"]  # rebuilding a template by name: ``tvm_ext.operators``
+__all__ = ["NamedBuffers", "Template", "TensorSpec", "Workload"]  # rebuilding a template by name: ``tvm_ext.operators``
 
 
 OPERATOR_PACKAGES = "tvm_ext.schedules"  # an operator in a subpackage of it is hashed whole
@@ -266,6 +266,25 @@ class Template(ABC):
         """The knobs that change the kernel of ``config``: summaries print only these
         (a template hides e.g. the knobs of a kernel the config does not use)."""
         return tuple(name for name, _ in config.items)
+
+
+class NamedBuffers:
+    """Mixin for a template of several kernels whose buffers are named specs (``input_specs``,
+    ``output_specs``, ``scratch_specs``; the GRU's, the LSTM's): the plan's buffers by name and the
+    template's inputs, outputs and scratch in that order."""
+
+    def buffers(self) -> dict[str, TensorSpec]:
+        """Every buffer of the plan by name: inputs, outputs, then scratch."""
+        return {**self.input_specs(), **self.output_specs(), **self.scratch_specs()}  # type: ignore[attr-defined]
+
+    def inputs(self) -> list[TensorSpec]:
+        return list(self.input_specs().values())  # type: ignore[attr-defined]
+
+    def outputs(self) -> list[TensorSpec]:
+        return list(self.output_specs().values())  # type: ignore[attr-defined]
+
+    def scratch(self) -> list[TensorSpec]:
+        return list(self.scratch_specs().values())  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

@@ -339,13 +339,13 @@ class BucketedModel:
         chosen: dict[Any, tuple[Config, str, str]] = {}  # template -> (config, layer, "bucket B")
         how = self.schedules.setdefault(size, {})
         for place, gru in enumerate(find_grus(static, self.target, self.gru_storage)):
-            how[f"gru {gru.var}"] = "database"
+            how[f"{gru.template.name} {gru.var}"] = "database"
             space = gru.template.space(self.target)
             for bucket in self.buckets.nearest(size):
                 values = self.grus.get(place, {}).get(bucket)
                 config = None if values is None else accepted(space, values, gru.template.fitted)
                 if config is not None:
-                    chosen.setdefault(gru.template, (config, f"gru {gru.var}", f"bucket {bucket}"))
+                    chosen.setdefault(gru.template, (config, f"{gru.template.name} {gru.var}", f"bucket {bucket}"))
                     break
 
         def fallback(template: Any) -> Config | None:

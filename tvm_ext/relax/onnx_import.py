@@ -1,4 +1,4 @@
-"""ONNX models into Relax with their GRU layers on tvm_ext's GRU, LSTM and RNN layers unrolled.
+"""ONNX models into Relax with their GRU and LSTM layers on tvm_ext's kernels, RNN layers unrolled.
 
 TVM's ONNX frontend has no ``GRU`` operator, so a GRU model cannot be imported at all.  Here
 the frontend runs with one more converter: an ONNX ``GRU`` node becomes tvm_ext's GRU
@@ -8,9 +8,11 @@ PyTorch's (ours) r, z, n; the weights are reordered into the device layout once,
 
 On the kernel as PyTorch exports it: ``linear_before_reset=1``, ``direction`` forward or
 bidirectional, the default activations, no ``clip``, ``layout`` 0 or 1, optional ``B``,
-``sequence_lens`` and ``initial_h``, W, R and B initializers.  Any other GRU, and every ``LSTM``
-and ``RNN`` node, runs unrolled in Relax (``onnx_rnn``, a note on stderr for a GRU); what that
-form cannot run either is refused with the attribute named.
+``sequence_lens`` and ``initial_h``, W, R and B initializers.  An ``LSTM`` node of the same form
+(gates i, o, f, c in ONNX, i, f, g, o in PyTorch; no peepholes, no ``sequence_lens``) becomes
+tvm_ext's LSTM placeholder (``tvm_ext.lstm``, ``schedules.lstm``).  Any other GRU or LSTM, and
+every ``RNN`` node, runs unrolled in Relax (``onnx_rnn``, a note on stderr saying why); what
+that form cannot run either is refused with the attribute named.
 """
 from __future__ import annotations
 
@@ -29,16 +31,20 @@ from .onnx_operators import missing_operators
 from .onnx_quantized import quantized_converters
 from .onnx_rnn import DEFAULT_ACTIVATIONS, GATES, Activation, RecurrentNode, convert_unrolled, read_node
 from .onnx_spectral import spectral_converters
-from .relax_gru import GRU_FUNCTION
+from .relax_gru import GRU_FUNCTION, LSTM_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
 TORCH_GATES = ("r", "z", "h")  # PyTorch's (and the device layout's): reset, update, new
+ONNX_LSTM_GATES = ("i", "o", "f", "c")  # the LSTM's: input, output, forget, cell
+TORCH_LSTM_GATES = ("i", "f", "c", "o")  # PyTorch's i, f, g, o
+KERNEL_DTYPES = ("float32", "float16", "bfloat16")  # what the LSTM kernel stores
 
 
-def _gates_to_torch(array: np.ndarray, hidden: int) -> np.ndarray:
-    """Rows of [z; r; h] blocks (ONNX) as [r; z; h] (PyTorch), along the first axis."""
-    blocks = {g: array[i * hidden:(i + 1) * hidden] for i, g in enumerate(ONNX_GATES)}
-    return np.concatenate([blocks[g] for g in TORCH_GATES])
+def _gates_to_torch(array: np.ndarray, hidden: int, onnx: tuple[str, ...] = ONNX_GATES,
+                    torch: tuple[str, ...] = TORCH_GATES) -> np.ndarray:
+    """Rows of gate blocks in ONNX's order ([z; r; h]) in PyTorch's ([r; z; h]), along the first axis."""
+    blocks = {g: array[i * hidden:(i + 1) * hidden] for i, g in enumerate(onnx)}
+    return np.concatenate([blocks[g] for g in torch])
 
 
 def _constant(expr: Any, name: str) -> np.ndarray:
@@ -123,6 +129,78 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         y = bb.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
         y_h = bb.emit(relax.op.permute_dims(y_h, [1, 0, 2]))
     return relax.Tuple([y, y_h])
+
+
+def _lstm_kernel_refusal(node: RecurrentNode, inputs: list[Any]) -> str | None:
+    """Why tvm_ext's LSTM kernel cannot run this LSTM node (it then runs unrolled), or None."""
+    import tvm
+
+    x, w, r, b, lengths, _, _, p = inputs[:8]
+    if node.direction not in ("forward", "bidirectional"):
+        return f"direction={node.direction!r}"
+    if node.clip is not None:
+        return f"clip={node.clip}"
+    kernels = tuple(Activation(name) for name in DEFAULT_ACTIVATIONS["LSTM"])
+    if any(functions != kernels for functions in node.activations):
+        return f"activations={[act.name for functions in node.activations for act in functions]}"
+    if lengths is not None:
+        return "sequence_lens (the kernel runs every row to the last step)"
+    if str(x.ty.dtype) not in KERNEL_DTYPES:
+        return f"{x.ty.dtype} (it stores {', '.join(KERNEL_DTYPES)})"
+    if not all(isinstance(v, tvm.ir.expr.Constant) for v in (w, r, b, p) if v is not None):
+        return "W, R, B or P computed in the graph (the kernel takes them as initializers)"
+    if p is not None and np.any(_constant(p, "P")):
+        return "peepholes (P)"
+    return None
+
+
+def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
+    """One ONNX LSTM node as tvm_ext's LSTM placeholder: (Y (T, dirs, B, H), Y_h, Y_c (dirs, B, H)),
+    or unrolled (``onnx_rnn``) where the kernel does not run its form."""
+    from tvm import relax
+
+    from ..schedules.lstm import LstmTemplate
+
+    node = read_node("LSTM", attrs)
+    inputs = list(inputs) + [None] * (8 - len(inputs))
+    refusal = _lstm_kernel_refusal(node, inputs)
+    if refusal is not None:
+        return convert_unrolled(bb, "LSTM", inputs, attrs, why=f"tvm_ext's LSTM kernel does not run {refusal}")
+    x, w, r, b, _, h0, c0, _ = inputs[:8]
+    w_array, r_array = _constant(w, "W"), _constant(r, "R")
+    dirs, gates, input_size = w_array.shape
+    hidden = gates // 4
+    if int(attrs.get("hidden_size", hidden)) != hidden or r_array.shape != (dirs, gates, hidden) or dirs != node.dirs:
+        raise TvmExtError(f"ONNX LSTM hidden_size={attrs.get('hidden_size')} and direction={node.direction} "
+                          f"disagree with W {w_array.shape} and R {r_array.shape}")
+    b_array = np.zeros((dirs, 2 * gates), w_array.dtype) if b is None else _constant(b, "B")
+    if node.layout == 1:  # (B, T, I) -> (T, B, I); states (B, dirs, H) -> (dirs, B, H)
+        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
+        h0, c0 = (bb.emit(relax.op.permute_dims(v, [1, 0, 2])) if v is not None else None for v in (h0, c0))
+    steps, batch = x.ty.shape.values[:2]  # symbolic where the file's axes are (bound by --buckets)
+    dtype = str(x.ty.dtype)
+    state = {}
+    for d in range(dirs):
+        sfx = "_reverse" if d else ""
+        for name, rows in (("weight_ih", w_array[d]), ("weight_hh", r_array[d]), ("bias_ih", b_array[d, :gates]),
+                           ("bias_hh", b_array[d, gates:])):
+            state[f"{name}_l0{sfx}"] = _gates_to_torch(rows, hidden, ONNX_LSTM_GATES, TORCH_LSTM_GATES)
+    template = LstmTemplate(batch=1, hidden=hidden, input=input_size, seq=1, bidirectional=dirs == 2)  # the layout
+    weights = template.device_weights({k: v.astype(np.float64) for k, v in state.items()})
+    zeros = relax.ShapeExpr([dirs, batch, hidden])
+    args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))),
+            *(v if v is not None else bb.emit(relax.op.zeros(zeros, dtype)) for v in (h0, c0)),
+            *(relax.const(weights[f"{n}0"].astype(dtype)) for n in ("w_ih", "b_ih", "w_hh", "b_hh"))]
+    states = relax.TensorType([dirs, batch, hidden], dtype)
+    call = bb.emit(relax.call_dps_packed(
+        LSTM_FUNCTION, relax.Tuple(args), [relax.TensorType([steps * batch, dirs * hidden], dtype), states, states]))
+    out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs, hidden)))
+    outputs = [bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3]))]  # (T, dirs, B, H)
+    outputs += [bb.emit(relax.TupleGetItem(call, i)) for i in (1, 2)]
+    if node.layout == 1:  # Y (B, T, dirs, H), states (B, dirs, H)
+        outputs = [bb.emit(relax.op.permute_dims(outputs[0], [2, 0, 1, 3]))] + \
+            [bb.emit(relax.op.permute_dims(v, [1, 0, 2])) for v in outputs[1:]]
+    return relax.Tuple(outputs)
 
 
 def _scalar_constant_of_shape(frontend: Any) -> Any:
@@ -212,6 +290,13 @@ def _converters() -> Iterator[None]:
 
         _impl_v14 = _impl_v22 = _impl_v7
 
+    class LSTM(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
+        @classmethod
+        def _impl_v7(cls, bb: Any, inputs: list[Any], attr: dict[str, Any], params: Any) -> Any:
+            return convert_lstm(bb, list(inputs), attr)
+
+        _impl_v14 = _impl_v22 = _impl_v7
+
     def unrolled(op_name: str) -> Any:
         class Unrolled(frontend.OnnxOpConverter):  # type: ignore[misc, name-defined]
             @classmethod
@@ -223,7 +308,7 @@ def _converters() -> Iterator[None]:
         return Unrolled
 
     original = frontend._get_convert_map
-    ours = {"GRU": GRU, "LSTM": unrolled("LSTM"), "RNN": unrolled("RNN"),
+    ours = {"GRU": GRU, "LSTM": LSTM, "RNN": unrolled("RNN"),
             "ConstantOfShape": _scalar_constant_of_shape(frontend), "Range": _symbolic_range(frontend),
             "Tile": _flat_repeats_tile(frontend), **missing_operators(frontend),
             **quantized_converters(frontend), **spectral_converters(frontend), **attention_converter(frontend)}

@@ -230,7 +230,8 @@ def apply_tuned(mod: Any, target: TargetInfo, database: str | Any | None = None,
         if config is None and gru_fallback is not None:
             config = gru_fallback(template)
         if config is None and log:
-            log(f"note: GRU {template.describe()}: no tuned config in the database, using its analytic pick")
+            log(f"note: {template.name.upper()} {template.describe()}: no tuned config in the database, using its "
+                "analytic pick")
         return config
 
     lowered = substitute_kernels(legalize_and_fuse(lower_grus(mod, target, gru_config, gru_storage), target), target,
@@ -434,7 +435,7 @@ def tune_relax(mod: Any, target: TargetInfo, records: str, database: str,
     for j, gru in enumerate(grus):
         group = groups[Workload.of(gru.template, target).key]
         outcome = export_operator(database, gru.template, store, target) if not group.reused else None
-        name = f"gru {gru.function}.{gru.var}"
+        name = f"{gru.template.name} {gru.function}.{gru.var}"
         reports.append(_report(name, 1, gru.template, group, len(matches) + j, outcome, log))
     return RelaxTuning(tuple(reports), database, records, target, interrupted,
                        time.perf_counter() - start)
@@ -553,7 +554,7 @@ def _task_name(index: int, matches: Sequence[TaskMatch], grus: Sequence[Any]) ->
     if index < len(matches):
         return matches[index].name
     gru = grus[index - len(matches)]
-    return f"gru {gru.function}.{gru.var}"
+    return f"{gru.template.name} {gru.function}.{gru.var}"
 
 
 def _report(name: str, weight: int, template: Any, group: _Group, index: int, outcome: Any,
@@ -580,8 +581,9 @@ def summary(result: RelaxTuning) -> str:
         if t.reused:
             how = "tuned (database, reused)"
         else:
-            how = ("tuned (database)" if t.exported else f"dlight: {t.note}") if t.template != "gru" else \
-                ("tuned (GRU plan)" if t.exported else f"analytic GRU config: {t.note}")
+            plan = t.template.upper() if t.template in ("gru", "lstm") else ""  # a recurrent layer's plan
+            how = ("tuned (database)" if t.exported else f"dlight: {t.note}") if not plan else \
+                (f"tuned ({plan} plan)" if t.exported else f"analytic {plan} config: {t.note}")
         lines.append(f"{t.name:<{width}} {t.workload or '-':<48} {fmt(t.best_secs):>12} "
                      f"{fmt(t.default_secs):>12}  {how}")
     return "\n".join(lines)

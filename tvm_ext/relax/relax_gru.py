@@ -14,6 +14,10 @@ the program.
 
 Weights are parameters in the device layout (``GruTemplate.input_specs``: W_ih as (K, dirs·3H),
 W_hh as (dirs, H, 3H)); ``device_weights`` converts a ``torch.nn.GRU`` state dict.
+
+An LSTM has a placeholder of its own, ``call_dps_packed("tvm_ext.lstm", [x, h0, c0, weights...])``
+(the ONNX and torch.export importers write it), tuned and lowered the same way to the plan of
+``schedules.lstm`` (``lstm_template``); the functions here take either.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from ..core.space import Config
 from ..target import TargetInfo
 
 GRU_FUNCTION = "tvm_ext.gru"  # the placeholder's extern name
+LSTM_FUNCTION = "tvm_ext.lstm"  # the LSTM's
 ACC_DTYPE = "float32"  # gate GEMM accumulators, gi/gh and the cell math of a low-precision GRU
 # what a float32 GRU stores in a 16-bit ``storage`` type (the torch module's ``precision="float16"``)
 STORED_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
@@ -104,38 +109,73 @@ class GruCall:
     template: Any  # schedules.gru.GruTemplate
 
 
-def _is_gru_call(value: Any) -> bool:
+def _placeholder(value: Any) -> str | None:
+    """The extern name of a GRU or LSTM placeholder call (``GRU_FUNCTION``, ``LSTM_FUNCTION``), else None."""
     import tvm
     from tvm import relax
 
     if not isinstance(value, relax.Call) or not value.op.same_as(tvm.ir.Op.get("relax.call_dps_packed")):
-        return False
+        return None
     func = value.args[0]
-    return isinstance(func, relax.ExternFunc) and str(func.global_symbol) == GRU_FUNCTION
+    name = str(func.global_symbol) if isinstance(func, relax.ExternFunc) else ""
+    return name if name in (GRU_FUNCTION, LSTM_FUNCTION) else None
 
 
-def _tensor(expr_type: Any, what: str) -> tuple[tuple[int, ...], str]:
+def _is_gru_call(value: Any) -> bool:
+    """Whether ``value`` is a placeholder of a recurrent layer (a GRU's or an LSTM's)."""
+    return _placeholder(value) is not None
+
+
+def _tensor(expr_type: Any, what: str, op: str = "GRU") -> tuple[tuple[int, ...], str]:
     import tvm
 
     values = getattr(getattr(expr_type, "shape", None), "values", None)
     if values is None:
-        raise TvmExtError(f"GRU {what} needs a static shape, got {getattr(expr_type, 'shape', None)}")
+        raise TvmExtError(f"{op} {what} needs a static shape, got {getattr(expr_type, 'shape', None)}")
     if not all(hasattr(v, "value") for v in values):
         names = sorted({str(var) for v in values for var in tvm.tirx.analysis.undefined_vars(v)})
         shape = ", ".join(str(int(v.value)) if hasattr(v, "value") else str(v) for v in values)
-        raise TvmExtError(f"GRU {what} of shape ({shape}) has symbolic dimensions ({', '.join(names)}): the "
-                          "GRU is built for known sizes; give each a size (tune model: --model-option NAME=N) or "
+        raise TvmExtError(f"{op} {what} of shape ({shape}) has symbolic dimensions ({', '.join(names)}): the "
+                          f"{op} is built for known sizes; give each a size (tune model: --model-option NAME=N) or "
                           "tune it at buckets (--buckets NAME=SIZES)")
     return tuple(int(v.value) for v in values), str(expr_type.dtype)
+
+
+def _out_types(call: Any) -> list[Any]:
+    """A placeholder's result types, one per output."""
+    types = list(call.ty_args)
+    return list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
+
+
+def lstm_template(call: Any, target: TargetInfo | None = None) -> Any:
+    """The ``LstmTemplate`` an LSTM placeholder stands for (x (T·B, I), h0, c0, then W_ih, b_ih,
+    W_hh, b_hh of each layer in the device layout): sizes from the shapes, its storage type x's."""
+    from ..schedules.lstm import LstmTemplate
+
+    args = list(call.args[1].fields)
+    if len(args) < 7 or (len(args) - 3) % 4:
+        raise TvmExtError(f"LSTM call takes x, h0, c0 and 4 weights per layer, got {len(args)} arguments")
+    (rows, features), dtype = _tensor(args[0].ty, "input", "LSTM")
+    (states, batch, hidden), _ = _tensor(args[1].ty, "h0", "LSTM")
+    layers = (len(args) - 3) // 4
+    (dirs, _, _), _ = _tensor(args[5].ty, "w_hh0", "LSTM")
+    if rows % batch or states != layers * dirs:
+        raise TvmExtError(f"LSTM shapes disagree: input rows {rows}, h0 {states}x{batch}x{hidden}")
+    template = LstmTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
+                            bidirectional=dirs == 2, dtype=dtype)
+    return template.with_tensor_cores(target) if target is not None else template
 
 
 def gru_template(call: Any, target: TargetInfo | None = None, storage: str | None = None) -> Any:
     """The ``GruTemplate`` a placeholder call stands for: sizes from its arguments' shapes,
     precision from their dtypes (accumulators, gi/gh and the cell math float32).  ``storage``
     (float16 or bfloat16): a float32 GRU stores x, the weights, gi, h and out in that type
-    (``lower_grus`` casts its arguments and results), its sums and cell staying float32."""
+    (``lower_grus`` casts its arguments and results), its sums and cell staying float32.  An
+    LSTM placeholder's ``LstmTemplate`` (``lstm_template``; ``storage`` is the GRU's only)."""
     from ..schedules.gru import GruTemplate
 
+    if _placeholder(call) == LSTM_FUNCTION:
+        return lstm_template(call, target)
     args = list(call.args[1].fields)
     lengths = len(args) > 6 and (len(args) - 2) % 4 == 1 and _tensor(args[-1].ty, "lengths")[1] == "int32"
     if lengths:  # each row's own length, last (``GruTemplate.input_specs``'s order)
@@ -148,9 +188,7 @@ def gru_template(call: Any, target: TargetInfo | None = None, storage: str | Non
     layers = (len(args) - 2) // 4
     (dirs, _, _), w_hh_dtype = _tensor(args[4].ty, "w_hh0")
     _, w_ih_dtype = _tensor(args[2].ty, "w_ih0")
-    out_types = list(call.ty_args)
-    out_types = list(out_types[0].fields) if len(out_types) == 1 and hasattr(out_types[0], "fields") else out_types
-    _, out_dtype = _tensor(out_types[0], "output")
+    _, out_dtype = _tensor(_out_types(call)[0], "output")
     if rows % batch or states != layers * dirs:
         raise TvmExtError(f"GRU shapes disagree: input rows {rows}, h0 {states}x{batch}x{hidden}")
     template = GruTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
@@ -170,7 +208,7 @@ def gru_template(call: Any, target: TargetInfo | None = None, storage: str | Non
 
 
 def find_grus(mod: Any, target: TargetInfo | None = None, storage: str | None = None) -> list[GruCall]:
-    """Every GRU placeholder of the module's Relax functions, in order (``storage``: as
+    """Every GRU and LSTM placeholder of the module's Relax functions, in order (``storage``: as
     ``gru_template``'s)."""
     from tvm import relax
 
@@ -236,10 +274,11 @@ class GruProgram:
         """After the first pass of a persistent step kernel: its barrier held (once)."""
         if not self._checked and "bar" in (self._scratch or {}):
             from ..schedules.gru.plan import BARRIER_TIMEOUT
+            from ..schedules.lstm.plan import BARRIER_TIMEOUT as LSTM_BARRIER_TIMEOUT
 
             self._checked = True
             if int(self._scratch["bar"].numpy()[1]):
-                raise TvmExtError(BARRIER_TIMEOUT)
+                raise TvmExtError(LSTM_BARRIER_TIMEOUT if self.template.name == "lstm" else BARRIER_TIMEOUT)
 
 
 def _allocated(specs: Mapping[str, Any], dev: Any) -> dict[str, Any]:
@@ -283,11 +322,13 @@ def program(name: str) -> GruProgram | None:
 
 
 def program_name(template: Any, config: Config, target: TargetInfo) -> str:
-    """``tvm_ext.gru.<workload key>.<config digest>``: one name per compiled plan."""
+    """``tvm_ext.gru.<workload key>.<config digest>`` (``tvm_ext.lstm...`` an LSTM's): one name per
+    compiled plan."""
     from ..core.template import Workload
 
     digest = hashlib.sha256(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
-    return f"{GRU_FUNCTION}.{Workload.of(template, target).key}.{digest}"
+    prefix = LSTM_FUNCTION if template.name == "lstm" else GRU_FUNCTION
+    return f"{prefix}.{Workload.of(template, target).key}.{digest}"
 
 
 def prepared_call(program: GruProgram, weights_digest: str) -> PreparedGruCall:
@@ -339,7 +380,7 @@ ConfigFor = Callable[[Any], "Config | None"]  # GruTemplate -> its tuned config 
 
 
 def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor, storage: str | None = None) -> Any:
-    """Every GRU placeholder calling the compiled program of ``config_for``'s config (its own
+    """Every GRU (and LSTM) placeholder calling the compiled program of ``config_for``'s config (its own
     packed function, ``gru_program``) instead of ``tvm_ext.gru``; where the program stores
     tensors in another type (``storage``), the arguments are cast to it and the results back."""
     from tvm import relax
@@ -358,8 +399,7 @@ def lower_grus(mod: Any, target: TargetInfo, config_for: ConfigFor, storage: str
             if template not in programs:
                 config = config_for(template) or template.analytic_pick(target)[0]
                 programs[template] = gru_program(template, config, target)
-            types = list(call.ty_args)
-            types = list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
+            types = _out_types(call)
             fields = dict(zip(template.input_specs(), call.args[1].fields))
             args = [_cast(arg, spec.dtype) for arg, spec in zip(fields.values(), template.input_specs().values())]
             stored = [relax.TensorType(t.shape, spec.dtype) for t, spec in zip(types, template.output_specs().values())]

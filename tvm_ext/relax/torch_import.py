@@ -1,10 +1,9 @@
-"""``torch.export`` programs into Relax with their GRU layers on tvm_ext's GRU.
+"""``torch.export`` programs into Relax with their GRU and LSTM layers on tvm_ext's kernels.
 
-TVM's torch frontend (``from_exported_program``) unrolls ``aten::gru`` step by step for one
-layer and refuses more layers.  Here it runs with one more converter: an ``aten.gru.input``
-node (every ``nn.GRU``: layers, bidirectional, ``batch_first``, h0, with or without bias)
-becomes tvm_ext's GRU placeholder (``relax_gru``), which ``tune model`` tunes as one task and
-lowers to the tuned plan, and the matmuls keep their operands' type (the frontend's own
+TVM's torch frontend (``from_exported_program``) unrolls ``aten::gru`` and ``aten::lstm`` step by
+step.  Here it runs with more converters: an ``aten.gru.input`` or ``aten.lstm.input`` node
+becomes tvm_ext's placeholder (``torch_recurrent``, ``relax_gru``), which ``tune model`` tunes as
+one task and lowers to the tuned plan, and the matmuls keep their operands' type (the frontend's own
 converters give float32 results, which breaks a float16 model's biases).  The weights must be
 the program's parameters (constants at import); training-mode dropout is refused.
 ``scaled_dot_product_attention`` is kept out of torch's decompositions (which make it float32
@@ -32,87 +31,13 @@ import numpy as np
 
 from ..core.errors import TvmExtError, run_frontend, unconverted_error
 from ..precision.precision import example_array
-from .relax_gru import GRU_FUNCTION
 from .torch_attention import SDPA_OP, convert_sdpa
 from .torch_fft import CONVERTERS as FFT_CONVERTERS
 from .torch_fft import refuse_complex
 from .torch_indexing import CONVERTERS as INDEXING_CONVERTERS
 from .torch_ranks import CONVERTERS as RANK_CONVERTERS
 from .torch_ranks import reads_indices
-
-GRU_OP = "gru.input"  # the converter table's key for aten.gru.input
-
-
-def _weight(node: Any, program: Any, what: str) -> np.ndarray:
-    """The tensor behind one of aten::gru's weight arguments: a parameter, buffer or constant of
-    the program (read from its state dict, as the frontend binds them at the end)."""
-    signature = program.graph_signature
-    name = getattr(node, "name", None)
-    for table, values in ((signature.inputs_to_parameters, program.state_dict),
-                          (signature.inputs_to_buffers, program.state_dict),
-                          (signature.inputs_to_lifted_tensor_constants, program.constants)):
-        if name in table and table[name] in values:
-            return values[table[name]].detach().cpu().double().numpy()
-    raise TvmExtError(f"aten::gru {what} must be a parameter of the program, got {name or type(node).__name__}")
-
-
-def _torch_state(params: list[Any], program: Any, layers: int, dirs: int, has_biases: bool) -> dict[str, np.ndarray]:
-    """aten::gru's flat weight list as ``nn.GRU``'s state dict (per layer, per direction:
-    w_ih, w_hh, then b_ih, b_hh when the GRU has biases)."""
-    names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if has_biases else [])
-    expected = layers * dirs * len(names)
-    if len(params) != expected:
-        raise TvmExtError(f"aten::gru has {len(params)} weights, expected {expected} for {layers} layers, "
-                          f"{dirs} directions{'' if has_biases else ', no bias'}")
-    state, flat = {}, iter(params)
-    for layer in range(layers):
-        for d in range(dirs):
-            for name in names:
-                key = f"{name}_l{layer}{'_reverse' if d else ''}"
-                state[key] = _weight(next(flat), program, key)
-            if not has_biases:  # nn.GRU(bias=False): zero biases, as the kernels always add one
-                for name in ("bias_ih", "bias_hh"):
-                    state[f"{name}_l{layer}{'_reverse' if d else ''}"] = np.zeros(state[key].shape[0])
-    return state
-
-
-def convert_gru(node: Any, importer: Any, program: Any) -> Any:
-    """One ``aten.gru.input`` node of ``program`` as tvm_ext's GRU placeholder: (output, h_n) as
-    torch returns them."""
-    from tvm import relax
-
-    from ..schedules.gru import GruTemplate
-
-    args = list(importer.retrieve_args(node)) + [None] * 9
-    x, hx, _, has_biases, layers, dropout, train, bidirectional, batch_first = args[:9]
-    layers, dirs = int(layers or 1), 2 if bidirectional else 1
-    if train and dropout:
-        raise TvmExtError(f"aten::gru in training mode with dropout={dropout} is not supported (export the "
-                          "model in eval mode)")
-    bb = importer.block_builder
-    if batch_first:
-        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-    steps, batch, input_size = (int(d) for d in x.ty.shape.values)
-    dtype = str(x.ty.dtype)
-    state = _torch_state(list(node.args[2]), program, layers, dirs, bool(has_biases))
-    hidden = state["weight_hh_l0"].shape[1]
-    template = GruTemplate(batch=batch, hidden=hidden, input=input_size, seq=steps, layers=layers,
-                           bidirectional=dirs == 2)
-    weights = template.device_weights(state)  # biases left out: zeros
-    h0 = hx if hx is not None else relax.const(np.zeros((layers * dirs, batch, hidden), dtype))
-    call_args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))), h0]
-    for layer in range(layers):
-        call_args += [relax.const(np.asarray(weights[f"{n}{layer}"]).astype(dtype))
-                      for n in ("w_ih", "b_ih", "w_hh", "b_hh")]
-    call = bb.emit(relax.call_dps_packed(
-        GRU_FUNCTION, relax.Tuple(call_args),
-        [relax.TensorType([steps * batch, dirs * hidden], dtype),
-         relax.TensorType([layers * dirs, batch, hidden], dtype)]))
-    out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs * hidden)))
-    if batch_first:
-        out = bb.emit(relax.op.permute_dims(out, [1, 0, 2]))
-    return bb.emit(relax.Tuple([out, bb.emit(relax.TupleGetItem(call, 1))]))
-
+from .torch_recurrent import GRU_OP, LSTM_OP, convert_gru, convert_lstm
 
 def _matmul_in_operand_type(node: Any, importer: Any) -> Any:
     """``mm`` / ``bmm`` / ``matmul`` with the result in the operands' type.  TVM 0.27's torch
@@ -504,13 +429,14 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
 
 
 def import_exported_program(program: Any) -> Any:
-    """The Relax IRModule (function ``main``) of a ``torch.export.ExportedProgram``, its GRUs as
-    tvm_ext's; an operator TVM's frontend has no converter for is one ``TvmExtError``."""
+    """The Relax IRModule (function ``main``) of a ``torch.export.ExportedProgram``, its GRUs and
+    LSTMs as tvm_ext's; an operator TVM's frontend has no converter for is one ``TvmExtError``."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
-    table = torch.export.default_decompositions()  # Core ATen, as TVM's frontend runs it, but the GRU
-    table.pop(torch.ops.aten.gru.input, None)  # and attention kept (``torch_attention``)
+    table = torch.export.default_decompositions()  # Core ATen, as TVM's frontend runs it, but the GRU,
+    table.pop(torch.ops.aten.gru.input, None)  # the LSTM and attention kept (``torch_attention``)
+    table.pop(torch.ops.aten.lstm.input, None)
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
 
     def imported() -> Any:
@@ -523,9 +449,10 @@ def import_exported_program(program: Any) -> Any:
                               f"(torch.export's effect tokens) are not supported: {', '.join(effects)}")
         _drop_checks_of_unused_reads(decomposed)
         converter = functools.partial(convert_gru, program=decomposed)
+        lstm = functools.partial(convert_lstm, program=decomposed)
         highest = {name: high for name, (_, high) in program_symbols(decomposed).items() if high is not None}
         slicer = functools.partial(_slice_within_bounds, highest=highest)
-        custom = {**CONVERTERS, GRU_OP: converter, "slice.Tensor": slicer}
+        custom = {**CONVERTERS, GRU_OP: converter, LSTM_OP: lstm, "slice.Tensor": slicer}
         _refuse_unconverted(decomposed, custom)
         refuse_complex(decomposed, _torch_node_name)
         return from_exported_program(decomposed, custom_convert_map=custom, run_ep_decomposition=False)

@@ -1,0 +1,67 @@
+"""The LSTM's kernels besides the input GEMM and the step kernel: the init of the state (h0
+and c0 into slot 0 of the step kernel's (2, dirs, batch, 2·hidden) buffer, and a persistent
+kernel's barrier reset) and the copy of each layer's last c into c_n."""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.lowering.step_loop import BARRIER_WORDS
+
+
+def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barrier: bool = False) -> Any:
+    """Layer ``layer``'s slices of h0 and c0 into the state's slot 0 (h, then c); ``barrier``:
+    also zeroes the persistent step kernel's barrier counter (and at layer 0 its timed-out
+    flag), as the GRU's init does."""
+    from tvm.script import tirx as T
+
+    states = (layers * dirs, batch, hidden)
+
+    @T.macro
+    def copy(h0, c0, hs, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+        hs[0, vd, vb, hidden + vj] = c0[layer * dirs + vd, vb, vj]
+
+    @T.prim_func(s_tir=True)
+    def init(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
+             hs: T.Buffer((2, dirs, batch, 2 * hidden), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                copy(h0, c0, hs, layer, vd, vb, vj)
+
+    @T.prim_func(s_tir=True)
+    def init_barrier(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
+                     hs: T.Buffer((2, dirs, batch, 2 * hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj], c0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], hs[0, vd, vb, hidden + vj], bar[0:BARRIER_WORDS])
+                copy(h0, c0, hs, layer, vd, vb, vj)
+                if vd == 0 and vb == 0 and vj == 0:
+                    bar[0] = 0
+                    if layer == 0:
+                        bar[1] = 0
+
+    return init_barrier if barrier else init
+
+
+def final_c_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, dtype: str) -> Any:
+    """c_n of layer ``layer``: the c half of the state slot the last step wrote (slot T mod 2,
+    every direction having run T steps)."""
+    from tvm.script import tirx as T
+
+    last = steps % 2
+
+    @T.prim_func(s_tir=True)
+    def final_c(hs: T.Buffer((2, dirs, batch, 2 * hidden), dtype), layer: T.int32,
+                c_n: T.Buffer((layers * dirs, batch, hidden), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("final_c"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                c_n[layer * dirs + vd, vb, vj] = hs[last, vd, vb, hidden + vj]
+
+    return final_c

@@ -1,0 +1,120 @@
+"""The user-facing ``LSTM``: ``torch.nn.LSTM`` inference compiled for one shape, PyTorch's
+weights and layouts in, numpy arrays out."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.core.space import Config
+from tvm_ext.measure.executors import CudaExecutor, OpenclExecutor
+from tvm_ext.precision.precision import np_dtype
+from tvm_ext.schedules.gru.layer import _numpy, built_config, expected_weight_shapes, weight_arrays
+from tvm_ext.target import TargetInfo
+
+from .compute import GATES
+from .plan import BARRIER_TIMEOUT
+from .template import LstmTemplate
+
+
+class LSTM:
+    """``torch.nn.LSTM`` inference compiled for one (batch, seq) shape: build once, run many times.
+
+    >>> lstm = LSTM.build("opencl", input_size=16, hidden_size=32, batch=4, seq=10)
+    >>> lstm.load_state_dict(torch_lstm.state_dict())
+    >>> output, (h_n, c_n) = lstm(x)    # numpy in, numpy out, PyTorch's shapes
+
+    ``dtype`` float16 or bfloat16 stores x, the weights, h, c and the outputs in that type (the
+    products and the cell stay float32); weights and inputs are rounded to it as they are loaded.
+    """
+
+    def __init__(self, template: LstmTemplate, config: Config, target: TargetInfo, batch_first: bool,
+                 compiled: Any):
+        self.template = template
+        self.config = config
+        self.target = target
+        self.batch_first = batch_first
+        self.compiled = compiled
+        self.persistent = any("bar" in c.args for c in compiled.calls)
+        specs = template.buffers()
+        if target.kind == "opencl":
+            self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
+                                                   target.device_id)
+        else:
+            self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs, target.device_id)
+        self._loaded = False
+
+    @classmethod
+    def build(cls, target: TargetInfo | str, input_size: int, hidden_size: int, num_layers: int = 1,
+              bidirectional: bool = False, batch_first: bool = False, batch: int = 1, seq: int = 1,
+              config: Config | Mapping[str, Any] | None = None, device_id: int = 0,
+              dtype: str = "float32") -> "LSTM":
+        """Compile every kernel for this shape.  ``config``: a full LSTM config, or a few knob
+        values overriding the default (e.g. ``{"step_ks": 2}``); none: ``analytic_pick``."""
+        from tvm_ext.target import resolve_target
+
+        info = resolve_target(target, device_id) if isinstance(target, str) else target
+        template = LstmTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq, layers=num_layers,
+                                bidirectional=bool(bidirectional), dtype=dtype).with_tensor_cores(info)
+        cfg = built_config(template, info, config, "LSTM")
+        return cls(template, cfg, info, bool(batch_first), template.compile(cfg, info))
+
+    # ---- weights --------------------------------------------------------------------------
+    def expected_weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return expected_weight_shapes(self.template, GATES)
+
+    def load_numpy(self, weights: Mapping[str, Any]) -> "LSTM":
+        """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
+        be left out altogether (``nn.LSTM(bias=False)``).  ``proj_size`` is not supported."""
+        arrays = weight_arrays(weights, self.expected_weight_shapes(), "LSTM")
+        for name, array in self.template.device_weights(arrays).items():
+            self.executor.write(name, array)
+        self._loaded = True
+        return self
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> "LSTM":
+        """Load ``torch.nn.LSTM.state_dict()`` (tensors on any device)."""
+        return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
+
+    # ---- forward ----------------------------------------------------------------------------
+    def _state(self, value: Any, name: str) -> np.ndarray:
+        t = self.template
+        shape = (t.layers * t.dirs, t.batch, t.hidden)
+        if value is None:
+            return np.zeros(shape, np.float32)
+        array = _numpy(value)
+        if array.shape != shape:
+            raise TvmExtError(f"LSTM {name} has shape {array.shape}, expected {shape} (layers·directions, batch, "
+                              "hidden)")
+        return array
+
+    def __call__(self, x: Any, state: tuple[Any, Any] | None = None
+                 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """(output, (h_n, c_n)) as ``torch.nn.LSTM`` returns them, float32 numpy arrays (x's type
+        where x comes in the LSTM's 16-bit ``dtype``); ``state``: (h0, c0), zeros when left out."""
+        t = self.template
+        if not self._loaded:
+            raise TvmExtError("LSTM weights are not loaded: call load_numpy or load_state_dict first")
+        x = _numpy(x)
+        result = x.dtype if x.dtype == np_dtype(t.dtype) else np.dtype(np.float32)
+        want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
+        if x.shape != want:
+            layout = "(batch, seq, input)" if self.batch_first else "(seq, batch, input)"
+            raise TvmExtError(f"LSTM input has shape {x.shape}, expected {want} {layout}")
+        if self.batch_first:
+            x = x.transpose(1, 0, 2)
+        h0, c0 = state if state is not None else (None, None)
+        ex = self.executor
+        ex.write("x", np.ascontiguousarray(x))
+        ex.write("h0", self._state(h0, "h0"))
+        ex.write("c0", self._state(c0, "c0"))
+        ex.run()
+        if self.persistent and bool(ex.read("bar")[1]):
+            raise TvmExtError(BARRIER_TIMEOUT)
+        out = ex.read("out").reshape(t.seq, t.batch, t.dirs * t.hidden).astype(result, copy=False)
+        h_n, c_n = (ex.read(name).astype(result, copy=False) for name in ("h_n", "c_n"))
+        ex.sync()
+        if self.batch_first:
+            out = np.ascontiguousarray(out.transpose(1, 0, 2))
+        return out, (h_n, c_n)

@@ -1,0 +1,46 @@
+"""An LSTM config without measuring: the GRU's rule for its fused split-K step kernel
+(``schedules.gru.pick``), on four gates.  No LSTM timing has backed it yet."""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.cost_model.hardware import HardwareModel
+from tvm_ext.core.space import Config
+from tvm_ext.schedules.gru.fused_step import step_k_extent
+from tvm_ext.schedules.gru.pick import SMALL_TILES, THREADS_PER_SM
+from tvm_ext.target import TargetInfo
+
+
+def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
+    """(config, why): on a GPU the fused step kernel split over k, persistent on CUDA (one
+    launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a launch
+    per step elsewhere; on a CPU device the default (a launch per step)."""
+    base = template.default_config(target)
+    if target.is_cpu:
+        return base, "CPU device: the fused step kernel, a launch per step"
+    space = template.space(target)
+    cuda = target.kind == "cuda"
+    sm_count = HardwareModel.from_target(target).sm_count
+    extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
+    ks = 8 if template.hidden >= 128 else 4
+    step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
+    for rows, units in SMALL_TILES:
+        units = units if template.hidden > 16 else 16
+        cfg = base.replace(step_j=units, step_b=rows, step_k=step_k, step_ks=ks, **extras)
+        if space.is_feasible(cfg.replace(step_w_onchip=2)):
+            cfg = cfg.replace(step_w_onchip=2)
+        if not space.is_feasible(cfg):
+            continue
+        step = template.step_variant(cfg)
+        per_sm = step.blocks_per_sm(target) if cuda else -(-step.blocks // sm_count)
+        if per_sm * units * ks > THREADS_PER_SM and (cuda or per_sm > 2):
+            continue
+        loop = "persistent kernel (one launch, a grid barrier per step)" if cuda else "one launch per step"
+        w_hh = "W_hh in registers, " if cfg.step_w_onchip == 2 else ""
+        return cfg, (f"fused step kernel, split-K: {step.blocks} blocks of {units} units x {rows} batch rows "
+                     f"({units}x{ks} threads, k slices of {step_k}), {w_hh}{loop} on {sm_count} SMs")
+    cfg = base.replace(step_j=32, step_b=8, step_k=step_k, step_ks=ks, step_loop=0, step_prefetch=1)
+    if space.is_feasible(cfg):
+        return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
+                     f"{step_k}), one launch per step (no resident persistent grid)")
+    return base, f"the default (the split-K step kernel does not fit: {space.infeasible_reason(cfg)})"

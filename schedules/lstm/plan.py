@@ -1,0 +1,77 @@
+"""The LSTM's host plan: the calls of one forward pass, compiling every kernel function into
+one module, and how the tuner times it.  The plan's containers are the GRU's (``Call``,
+``CompiledGru``: a module, its launches and the calls), as is the step loop."""
+from __future__ import annotations
+
+from typing import Any
+
+from tvm_ext.core.space import Config
+from tvm_ext.lowering.launch_early import pipeline_for
+from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
+from tvm_ext.measure.program import Artifact, FailureFlag, RunPlan, extract_launches, plain_json
+from tvm_ext.schedules.gru.plan import Call, CompiledGru, check_plan
+from tvm_ext.schedules.gru.step_variant import input_buffer
+from tvm_ext.target import TargetInfo
+
+BARRIER_TIMEOUT = ("persistent LSTM step kernel: a grid barrier timed out (not every block was resident "
+                   "on the GPU); use step_loop 0 or 1")
+# Kernel function (name prefix) -> the stages its time counts toward
+FUNCTION_STAGES = {"lstm_init": ("step",), "lstm_gemm_x": ("input_gemm",), "lstm_step": ("step",),
+                   "lstm_final_c": ("step",)}  # also lstm_steps (all steps)
+
+
+def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
+    """Every call of one forward pass, in order: per layer the init (h0 and c0 into the state),
+    S1, the T steps (the step kernel's calls, ``FusedStep.step_calls``), then c_n's copy."""
+    step = template.step_variant(config)
+    calls = []
+    for layer in range(template.layers):
+        out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
+        calls.append(Call("lstm_init", ("h0", "c0", layer, "hs", *step.barrier_words())))
+        calls.append(Call(f"lstm_gemm_x{template.input_gemm_kind(layer)}",
+                          (input_buffer(layer), f"w_ih{layer}", f"b_ih{layer}", "gi")))
+        calls.extend(Call(func, args) for func, args in step.step_calls(layer, out))
+        calls.append(Call("lstm_final_c", ("hs", layer, "c_n")))
+    return tuple(calls)
+
+
+def compile_lstm(template: Any, config: Config, target: TargetInfo) -> CompiledGru:
+    """Schedule and compile every kernel function into one module (one source)."""
+    import tvm
+
+    scheds = template.kernels(config, target)
+    funcs = {name: sch.mod["main"].with_attr("global_symbol", name) for name, sch in scheds.items()}
+    modules = {name: sch.mod for name, sch in scheds.items()}
+    trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
+    step = template.step_variant(config)
+    looped = step.looped_steps(scheds["lstm_step"], target)
+    if looped is not None:  # every step from one call (``tvm_ext.lowering.step_loop``)
+        del funcs["lstm_step"], modules["lstm_step"]
+        funcs["lstm_steps"] = looped
+        modules["lstm_steps"] = tvm.IRModule({"main": funcs["lstm_steps"]})
+        trace["lstm_steps"] = trace.pop("lstm_step")
+    install_exact_opencl_constants()
+    with tvm.transform.PassContext(config=template.pass_config(config, target)):
+        module = tvm.IRModule(funcs)
+        executable = tvm.compile(module, target=tvm.target.Target(target.tvm_target()),
+                                 tir_pipeline=pipeline_for(module))
+        launches = {name: extract_launches(tvm.IRModule({"main": func}), target) for name, func in funcs.items()}
+    calls = plan_calls(template, config)
+    check_plan(template.buffers(), calls, funcs)
+    source = "\n".join(m.inspect_source() for m in executable.mod.imports[:1 if target.kind != "cuda" else None])
+    return CompiledGru(executable, source, launches, calls, trace, modules)
+
+
+def function_stages(name: str) -> tuple[str, ...]:
+    """The stages of a kernel function or of one of its device kernels."""
+    return next(stages for prefix, stages in FUNCTION_STAGES.items() if name.startswith(prefix))
+
+
+def run_plan(artifact: Artifact) -> RunPlan:
+    """The whole pass timed by the host clock (what a caller of ``LSTM`` waits), one input set,
+    the persistent kernel's barrier flag checked, seconds per stage."""
+    steps = artifact.calls if artifact.kind == "cuda" else artifact.launches
+    persistent = any("bar" in step.args for step in steps)
+    flag = FailureFlag("bar", 1, BARRIER_TIMEOUT) if persistent else None
+    return RunPlan(timer="host", rotate_inputs=False, failure_flag=flag,
+                   stages=tuple(function_stages(step.name) for step in steps))

@@ -1,0 +1,274 @@
+"""The LSTM layer stack as one tunable template: its knobs, buffers, search space and default
+config, and the kernel functions a config schedules.
+
+Pipeline per layer: S1 ``gi = x·W_iᵀ + b_i`` for all T steps and both directions in one GEMM,
+shape (T·B, dirs·4H) (``input_gemm``: the GEMM template with a bias row); then the fused step
+kernel on four gates (``schedules.gru.fused_step`` with the LSTM's cell), every step's
+``h·W_hᵀ + b_h`` and the cell in one kernel.  Storage is one type (``dtype``: x, the weights, h,
+c and the outputs); the products, gi and the cell are float32.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import numpy as np
+
+from tvm_ext.core.errors import TvmExtError, check_sizes
+from tvm_ext.core.space import Config, Knob, Space
+from tvm_ext.core.template import NamedBuffers, Template, TensorSpec
+from tvm_ext.lowering.step_loop import BARRIER_WORDS
+from tvm_ext.measure.program import Artifact, CompiledProgram, RunPlan
+from tvm_ext.precision.precision import cast, sanity_tolerance
+from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, TensorCoreTile, check_tile
+from tvm_ext.schedules.gru.compute import device_layout, torch_layout
+from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
+from tvm_ext.schedules.gru.kernels import schedule_elementwise
+from tvm_ext.schedules.gru.knobs import IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
+from tvm_ext.schedules.gru.step_common import LSTM_CELL
+from tvm_ext.schedules.gru.step_variant import StepSizes
+from tvm_ext.schedules.gru.template import default_gemm_config
+from tvm_ext.target import TargetInfo
+
+from . import plan as host_plan
+from .compute import GATES, lstm_reference
+from .kernels import final_c_func, init_func
+
+F32 = "float32"
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+# The fused step kernel's knobs (the GRU's, on four gates), then the input GEMM's (prefixed in_)
+STEP_KNOB_NAMES = ("step_j", "step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_loop",
+                   "step_prefetch", "step_barrier", "step_w_onchip")
+
+
+def _four_gates(knob: Knob) -> Knob:
+    """The GRU's step knob with its help counting the LSTM's four gates."""
+    return Knob(knob.name, knob.choices, knob.doc.replace("3 gates", "4 gates").replace("3 x step_u", "4 x step_u"))
+
+
+KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES)
+         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS))
+
+
+@dataclass(frozen=True)
+class LstmTemplate(NamedBuffers, Template):
+    """A stack of LSTM layers at one shape, as one tunable unit: its "kernel" is the whole
+    forward pass.  Buffers in device layout: x (T·B, I); w_ih{l} (K_l, dirs·4H), w_hh{l}
+    (dirs, H, 4H), gates in PyTorch's order i, f, g, o."""
+
+    batch: int
+    hidden: int
+    input: int
+    seq: int
+    layers: int = 1
+    bidirectional: bool = False
+    dtype: str = F32
+    in_tensor_core: TensorCoreTile | None = None  # the input GEMM's tile (16-bit on CUDA: ``with_tensor_cores``)
+
+    name = "lstm"
+
+    def __post_init__(self) -> None:
+        check_sizes("LSTM", batch=self.batch, hidden=self.hidden, input=self.input, seq=self.seq,
+                    layers=self.layers)
+        if self.dtype not in STORAGE_DTYPES:
+            raise TvmExtError(f"LSTM dtype {self.dtype!r} is not supported; allowed: {', '.join(STORAGE_DTYPES)}")
+        check_tile(self.in_tensor_core, "in_tensor_core")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        params = {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
+                  "layers": self.layers, "bidirectional": bool(self.bidirectional), "dtype": self.dtype}
+        if self.in_tensor_core is not None:
+            params["in_tensor_core"] = str(self.in_tensor_core)
+        return params
+
+    @property
+    def dirs(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def tolerance(self) -> float:  # type: ignore[override]
+        return sanity_tolerance({"x": self.dtype})
+
+    def layer_input(self, layer: int) -> int:
+        return self.input if layer == 0 else self.dirs * self.hidden
+
+    # ---- buffers -------------------------------------------------------------------------
+    def input_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d, dt = self.seq, self.batch, self.hidden, self.dirs, self.dtype
+        states = TensorSpec((self.layers * d, b, h), dt)
+        specs = {"x": TensorSpec((t * b, self.input), dt), "h0": states, "c0": states}
+        for layer in range(self.layers):
+            specs[f"w_ih{layer}"] = TensorSpec((self.layer_input(layer), d * GATES * h), dt)
+            specs[f"b_ih{layer}"] = TensorSpec((d * GATES * h,), dt)
+            specs[f"w_hh{layer}"] = TensorSpec((d, h, GATES * h), dt)
+            specs[f"b_hh{layer}"] = TensorSpec((d, GATES * h), dt)
+        return specs
+
+    def output_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        states = TensorSpec((self.layers * d, b, h), self.dtype)
+        return {"out": TensorSpec((t * b, d * h), self.dtype), "h_n": states, "c_n": states}
+
+    def scratch_specs(self) -> dict[str, TensorSpec]:
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        specs = {"gi": TensorSpec((t * b, d * GATES * h), F32),
+                 "hs": TensorSpec((2, d, b, 2 * h), self.dtype),  # the step kernel's ping-pong: h, then c
+                 "bar": TensorSpec((BARRIER_WORDS,), "int32")}  # the persistent kernel's grid barrier
+        for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
+            specs[f"y{i}"] = TensorSpec((t * b, d * h), self.dtype)
+        return specs
+
+    def for_config(self, config: Config) -> "LstmTemplate":
+        """The template whose buffers ``config``'s plan uses: this one (no config adds buffers)."""
+        return self
+
+    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        """x, h0 and c0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H), held in ``dtype``."""
+        scale = 1.0 / math.sqrt(self.hidden)
+        arrays = []
+        for name, spec in self.input_specs().items():
+            bound = 1.0 if name in ("x", "h0", "c0") else scale
+            values = rng.uniform(-bound, bound, size=spec.shape).astype(np.float32)
+            arrays.append(values if spec.dtype == F32 else cast(values, spec.dtype))
+        return arrays
+
+    # ---- layouts: PyTorch <-> device ------------------------------------------------------
+    def device_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """PyTorch ``state_dict`` arrays -> device-layout buffers in ``dtype``."""
+        return {k: cast(np.asarray(v, np.float64), self.dtype)
+                for k, v in device_layout(weights, self.layers, self.dirs).items()}
+
+    def torch_weights(self, device: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Device-layout buffers -> PyTorch ``state_dict`` arrays (for the reference)."""
+        return torch_layout(device, self.layers, self.dirs, GATES * self.hidden)
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        named = dict(zip(self.input_specs(), inputs))
+        x = named["x"].astype(np.float64).reshape(self.seq, self.batch, self.input)
+        weights = {k: v.astype(np.float64) for k, v in self.torch_weights(named).items()}
+        out, h_n, c_n = lstm_reference(x, weights, named["h0"].astype(np.float64),
+                                       named["c0"].astype(np.float64), self.layers, self.bidirectional)
+        return [out.reshape(self.seq * self.batch, -1), h_n, c_n]
+
+    def flops(self) -> float:
+        g = GATES * self.hidden * self.dirs
+        per_step = sum(2 * self.batch * g * (self.layer_input(l) + self.hidden) for l in range(self.layers))
+        return float(self.seq * per_step)
+
+    # ---- the input GEMM and the step kernel ------------------------------------------------
+    def input_gemm(self, layer: int) -> BiasGemmTemplate:
+        """S1 of ``layer``: A is x (layer 0) or the layer below's output, B is W_ih, D is gi (float32)."""
+        return BiasGemmTemplate(self.seq * self.batch, self.dirs * GATES * self.hidden, self.layer_input(layer),
+                                a_dtype=self.dtype, b_dtype=self.dtype, acc_dtype=F32, c_dtype=F32,
+                                tensor_core=self.in_tensor_core)
+
+    def input_gemm_kinds(self) -> tuple[int, ...]:
+        """The input GEMM functions: 0, and 1 for layers >= 1 where their depth differs."""
+        return (0,) if self.layers == 1 or self.layer_input(1) == self.input else (0, 1)
+
+    def input_gemm_kind(self, layer: int) -> int:
+        return 0 if layer == 0 or len(self.input_gemm_kinds()) == 1 else 1
+
+    def with_tensor_cores(self, target: TargetInfo) -> "LstmTemplate":
+        """With an mma.sync tile for a 16-bit input GEMM on CUDA (``pick_tile``), none elsewhere."""
+        from tvm_ext.schedules.gemm.tensor_core_tile import pick_tile
+
+        if target.kind != "cuda" or self.dtype == F32:
+            return replace(self, in_tensor_core=None)
+        shapes = [(self.seq * self.batch, self.dirs * GATES * self.hidden, self.layer_input(layer))
+                  for layer in range(self.layers)]
+        return replace(self, in_tensor_core=pick_tile(shapes, target))
+
+    def for_target(self, target: TargetInfo) -> "LstmTemplate":
+        return self.with_tensor_cores(target)
+
+    def step_sizes(self) -> StepSizes:
+        return StepSizes(self.seq, self.batch, self.hidden, self.dirs, self.layers, gi_dtype=F32, h_dtype=self.dtype,
+                         w_dtype=self.dtype, acc_dtype=F32, gh_dtype=F32, math_dtype=F32, out_dtype=self.dtype,
+                         input=self.input, x_dtype=self.dtype, w_ih_dtype=self.dtype, cell=LSTM_CELL)
+
+    def step_variant(self, config: Config) -> FusedStep:
+        """The fused step kernel ``config`` runs: a launch per step or looped on the host
+        (``step_loop`` 0, 1), or persistent behind a grid barrier (2)."""
+        family = PersistentStep if config.step_loop == 2 else FusedStep
+        return family.of(self.step_sizes(), config)
+
+    # ---- the search space ------------------------------------------------------------------
+    def space(self, target: TargetInfo) -> Space:
+        gemms = [(f"input GEMM of layer {layer}", self.input_gemm(layer)) for layer in self.input_gemm_kinds()]
+        spaces = [(label, g.space(target), g.default_config(target)) for label, g in gemms]
+
+        def gemm_reason(c: Config) -> str | None:
+            for label, space, base in spaces:
+                reason = space.infeasible_reason(gemm_config(c, "in_", base))
+                if reason:
+                    return f"{label}: {reason}"
+            return None
+
+        def step_reason(c: Config) -> str | None:
+            return self.step_variant(c).reason(target)
+
+        return Space(KNOBS, (gemm_reason, step_reason))
+
+    def default_config(self, target: TargetInfo) -> Config:
+        """The fused step kernel a launch per step, 32 units (fewer for a small H) a block, k
+        slices of 16, with the input GEMM's default tile."""
+        units = min(32, 1 << max(1, (self.hidden - 1).bit_length()))
+        values: dict[str, Any] = {"step_j": units, "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16,
+                                  "step_pipeline": 0, "step_ks": 1, "step_loop": 0, "step_prefetch": 0,
+                                  "step_barrier": 0, "step_w_onchip": 0}
+        values.update({"in_" + k: v for k, v in default_gemm_config(self.input_gemm(0), target).items})
+        return self.space(target).make(**values)
+
+    def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
+        """A config without measuring, and why (``pick.py``)."""
+        from .pick import analytic_pick
+
+        return analytic_pick(self, target)
+
+    def shown_knobs(self, config: Config) -> tuple[str, ...]:
+        return tuple(name for name, _ in config.items)
+
+    # ---- kernels and plan ------------------------------------------------------------------
+    def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """Scheduled ``s_tir.Schedule`` of each kernel function the plan calls, by name."""
+        threads = min(256, target.max_threads_per_block)
+        step = self.step_variant(config)
+        persistent = isinstance(step, PersistentStep)
+        init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype, barrier=persistent)
+        final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
+        funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
+                 "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
+        base = default_gemm_config(self.input_gemm(0), target)
+        for kind in self.input_gemm_kinds():
+            funcs[f"lstm_gemm_x{kind}"] = self.input_gemm(kind).schedule(gemm_config(config, "in_", base), target)
+        funcs.update(step.scheduled_kernels(target))
+        return funcs
+
+    def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
+        """cp.async for the pipelined h slice, and the input GEMM tile's options (CUDA)."""
+        if target.kind != "cuda":
+            return {}
+        options: dict[str, Any] = {"tirx.use_async_copy": True} if self.step_variant(config).async_copy() else {}
+        gemm = self.input_gemm(0)
+        if gemm.uses_tensor_cores(target):
+            options.update(gemm.tensor_core.pass_config())
+        return options
+
+    def plan(self, config: Config) -> tuple[Any, ...]:
+        return host_plan.plan_calls(self, config)
+
+    def compile(self, config: Config, target: TargetInfo) -> Any:
+        """Schedule and compile every kernel function into one module (``plan.compile_lstm``)."""
+        return host_plan.compile_lstm(self, config, target)
+
+    def build_program(self, config: Config, target: TargetInfo) -> CompiledProgram:
+        return self.compile(config, target).program(target.kind, tuple(self.buffers()))
+
+    def schedule(self, config: Config, target: TargetInfo) -> Any:
+        raise TvmExtError("an LSTM is several kernels and a host loop: use build_program or LSTM.build")
+
+    def run_plan(self, config: Config, artifact: Artifact) -> RunPlan:
+        return host_plan.run_plan(artifact)

@@ -1,0 +1,202 @@
+"""LSTM inference (``schedules.lstm``: the GRU's pipeline with the LSTM's cell on the fused step
+kernel): real OpenCL runs on PoCL against a float64 numpy reference of torch.nn.LSTM's
+equations and against torch itself; CUDA code generated offline; ``tune lstm`` end to end."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tvm_ext.core.errors import TvmExtError
+from tvm_ext.schedules.lstm import LSTM, LstmTemplate, lstm_reference
+from tvm_ext.target import offline_cuda
+
+
+def _weights(inputs: int, hidden: int, layers: int, dirs: int, seed: int = 0, bias: bool = True) -> dict:
+    rng = np.random.default_rng(seed)
+    bound = 1.0 / np.sqrt(hidden)
+    out = {}
+    for layer in range(layers):
+        k = inputs if layer == 0 else dirs * hidden
+        for sfx in ("", "_reverse")[:dirs]:
+            dims = {"weight_ih": (4 * hidden, k), "weight_hh": (4 * hidden, hidden)}
+            if bias:
+                dims.update(bias_ih=(4 * hidden,), bias_hh=(4 * hidden,))
+            for name, shape in dims.items():
+                out[f"{name}_l{layer}{sfx}"] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out
+
+
+def _run(opencl, seq, batch, inputs, hidden, layers=1, bidirectional=False, config=None, bias=True):
+    """Our LSTM and the float64 reference on one input set: ((out, h_n, c_n), reference)."""
+    dirs = 2 if bidirectional else 1
+    lstm = LSTM.build(opencl, inputs, hidden, num_layers=layers, bidirectional=bidirectional, batch=batch,
+                      seq=seq, config=config)
+    weights = _weights(inputs, hidden, layers, dirs, bias=bias)
+    lstm.load_numpy(weights)
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (seq, batch, inputs)).astype(np.float32)
+    h0, c0 = (rng.uniform(-1, 1, (layers * dirs, batch, hidden)).astype(np.float32) for _ in range(2))
+    out, (h_n, c_n) = lstm(x, (h0, c0))
+    return (out, h_n, c_n), lstm_reference(x, weights, h0, c0, layers, bidirectional)
+
+
+def _close(actual, expected) -> None:
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=2e-5)
+
+
+# Each a different form of the step kernel: the default (a thread a unit, k slices of 16), split-K
+# with W_hh's slice in shared memory and this step's gi prefetched, split-K with each thread's share
+# of W_hh in registers and a pipelined h slice, threads and registers along rows and units, and a
+# k extent padded past H (18 over four threads' slices of 16).
+CASES = {
+    "default-2layer-bi": (dict(seq=5, batch=3, inputs=7, hidden=13, layers=2, bidirectional=True), None),
+    "ks2-w-shared-prefetch-3layer": (dict(seq=4, batch=5, inputs=5, hidden=20, layers=3),
+                                     dict(step_j=8, step_k=8, step_ks=2, step_w_onchip=1, step_prefetch=1)),
+    "ks4-w-registers-pipeline-bi": (dict(seq=3, batch=5, inputs=6, hidden=20, bidirectional=True),
+                                    dict(step_j=4, step_k=8, step_ks=4, step_w_onchip=2, step_pipeline=1)),
+    "rows-and-units-per-thread": (dict(seq=3, batch=5, inputs=6, hidden=18),
+                                  dict(step_j=4, step_u=2, step_bt=2, step_b=2, step_k=8, step_ks=2)),
+    "padded-k": (dict(seq=3, batch=2, inputs=6, hidden=18), dict(step_j=8, step_k=16, step_ks=4)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_the_float64_reference(opencl, case):
+    shape, config = CASES[case]
+    _close(*_run(opencl, **shape, config=config))
+
+
+def test_c_is_carried_from_step_to_step_and_layer_to_layer(opencl):
+    """c0 reaches the first step of each layer and c_n is each layer's last c: a run whose c0 is
+    zero differs from one with c0, and each matches its own reference."""
+    (out, _, c_n), ref = _run(opencl, seq=4, batch=2, inputs=3, hidden=9, layers=2)
+    _close((out, c_n), (ref[0], ref[2]))
+    assert np.abs(ref[2]).max() > 0.1  # c_n is not trivially small
+
+
+def test_matches_torch_lstm_with_batch_first_and_without_bias(opencl):
+    torch = pytest.importorskip("torch")
+    net = torch.nn.LSTM(6, 10, num_layers=2, bidirectional=True, batch_first=True, bias=False).double()
+    lstm = LSTM.build(opencl, 6, 10, num_layers=2, bidirectional=True, batch_first=True, batch=3, seq=4)
+    lstm.load_state_dict(net.state_dict())
+    x = np.random.default_rng(2).uniform(-1, 1, (3, 4, 6)).astype(np.float32)
+    with torch.no_grad():
+        ref_out, (ref_h, ref_c) = net(torch.from_numpy(x).double())
+    out, (h_n, c_n) = lstm(x)
+    _close((out, h_n, c_n), (ref_out.numpy(), ref_h.numpy(), ref_c.numpy()))
+
+
+def test_bad_input_is_one_error(opencl):
+    lstm = LSTM.build(opencl, 4, 8, batch=2, seq=3)
+    with pytest.raises(TvmExtError, match="weights are not loaded"):
+        lstm(np.zeros((3, 2, 4), np.float32))
+    with pytest.raises(TvmExtError, match="proj_size is not supported"):
+        lstm.load_numpy({**_weights(4, 8, 1, 1), "weight_hr_l0": np.zeros((4, 8), np.float32)})
+    with pytest.raises(TvmExtError, match=r"weight_hh_l0' has shape \(24, 8\), expected \(32, 8\)"):
+        lstm.load_numpy({**_weights(4, 8, 1, 1), "weight_hh_l0": np.zeros((24, 8), np.float32)})
+    lstm.load_numpy(_weights(4, 8, 1, 1))
+    with pytest.raises(TvmExtError, match=r"input has shape \(2, 3, 4\), expected \(3, 2, 4\)"):
+        lstm(np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(TvmExtError, match="c0 has shape"):
+        lstm(np.zeros((3, 2, 4), np.float32), (np.zeros((1, 2, 8)), np.zeros((2, 2, 8))))
+    with pytest.raises(TvmExtError, match="unknown LSTM knobs"):
+        LSTM.build(opencl, 4, 8, config={"fuse_step": 1})
+    with pytest.raises(TvmExtError, match="dtype 'int8' is not supported"):
+        LstmTemplate(batch=1, hidden=4, input=4, seq=2, dtype="int8")
+    with pytest.raises(TvmExtError, match="CUDA only"):
+        LSTM.build(opencl, 4, 8, config={"step_loop": 1})
+
+
+def test_persistent_cuda_kernel_runs_every_step_behind_a_grid_barrier():
+    """CUDA, generated here: the persistent form is one launch a layer looping over the steps
+    with the barrier, W_hh's share loaded into registers once, before the loop; four gates' sums
+    a unit; c_n copied after each layer's steps."""
+    t = LstmTemplate(batch=2, hidden=64, input=32, seq=5, layers=2)
+    target = offline_cuda()
+    cfg = t.default_config(target).replace(step_j=16, step_k=16, step_ks=4, step_w_onchip=2, step_loop=2,
+                                           step_prefetch=1)
+    assert t.space(target).infeasible_reason(cfg) is None
+    compiled = t.compile(cfg, target)
+    layer = ["lstm_init", "lstm_gemm_x{}", "lstm_steps", "lstm_final_c"]  # layer 1's input GEMM is 64 deep
+    assert [c.func for c in compiled.calls] == [f.format(0) for f in layer] + [f.format(1) for f in layer]
+    definition = re.search(r"lstm_steps_kernel\([^)]*\) {", compiled.source)
+    kernel = compiled.source[definition.end():]
+    kernel = kernel[:kernel.index("\n}\n")]
+    loop = kernel.index("for (int s = 0;")
+    assert "w_ptr[" in kernel[:loop] and "w_ptr[" not in kernel[loop:]  # W_hh's share loaded once
+    assert "atomic" in kernel[loop:]  # the grid barrier
+    # the accurate tanh of g and of c' (each -e / (2 + e) in both branches of its sign: 4 calls written),
+    # c' computed once, in a register its tanh reads (not rewritten into h's expression)
+    assert "fabsf(c_new_local_ptr[0])" in kernel and kernel.count("expm1f(") == 8
+    # per step, every thread keeps 4 gates x 1 unit x 1 row of sums (not the GRU's 3)
+    assert t.step_variant(cfg).w_registers() == 4 * (64 // 4)
+
+
+def test_step_knobs_count_four_gates_in_their_limits():
+    """A W_hh slice that fits shared memory for the GRU's three gates but not the LSTM's four is
+    refused with the reason; the 16-bit LSTM's input GEMM takes a tensor-core tile on CUDA."""
+    target = offline_cuda()
+    t = LstmTemplate(batch=8, hidden=512, input=512, seq=4)
+    cfg = t.default_config(target).replace(step_j=32, step_k=32, step_ks=4, step_w_onchip=1, step_loop=2)
+    # 32 units x 4 gates x 512 x 4 B = 256 KiB; three gates would be 192 KiB
+    assert "shared memory" in t.space(target).infeasible_reason(cfg)
+    half = LstmTemplate(batch=8, hidden=512, input=512, seq=4, dtype="float16").with_tensor_cores(target)
+    assert half.in_tensor_core is not None and half.params["in_tensor_core"]
+    pick, why = half.analytic_pick(target)
+    assert half.space(target).infeasible_reason(pick) is None and "persistent" in why
+
+
+def test_tune_cli_tunes_the_whole_layer_and_a_rerun_resumes(tmp_path, capsys):
+    from tvm_ext.tune import main
+
+    records = tmp_path / "lstm.jsonl"
+    args = ["lstm", "--batch", "2", "--hidden", "12", "--input", "5", "--seq", "3", "--bidirectional",
+            "--trials", "3", "--population", "4", "--generations", "1", "--tourn-size", "1",
+            "--workers", "1", "--records", str(records), "--no-progress"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "best" in out and "step_j=" in out and " ms " in out and "errors 0" in out
+    measured = records.read_text().splitlines()
+    assert 1 <= len(measured) <= 3
+    assert main(args) == 0
+    assert f"resumed: {len(measured)}" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loop", [0, 1, 2])
+def test_cuda_lstm_matches_the_reference(loop):
+    """On a GPU machine: a launch per step, the host loop and the persistent kernel, two layers
+    both directions, an H the tiles do not divide; reruns reset the barrier."""
+    cfg = {"step_j": 16, "step_k": 16, "step_ks": 2, "step_loop": loop}
+    for _ in range(2):
+        _close(*_run("cuda", seq=9, batch=3, inputs=24, hidden=40, layers=2, bidirectional=True, config=cfg))
+
+
+def test_an_onnx_lstm_with_dynamic_axes_is_tuned_at_buckets_on_our_kernel(tmp_path):
+    """What a user exports: ``nn.LSTM`` through torch's ONNX exporter with ``dynamic_axes`` (sequence
+    and batch).  ``tune model --buckets seq=4,8`` tunes our LSTM plan at both and runs 6 steps on
+    bucket 8's config, checked against the file; unbound, one error names the dimensions."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    path = str(tmp_path / "lstm.onnx")
+    torch.onnx.export(torch.nn.LSTM(5, 9).eval(), (torch.randn(6, 2, 5),), path, dynamo=False, input_names=["x"],
+                      output_names=["y", "h", "c"],
+                      dynamic_axes={"x": {0: "seq", 1: "batch"}, "y": {0: "seq", 1: "batch"}, "h": {1: "batch"},
+                                    "c": {1: "batch"}})
+    base = [sys.executable, "-m", "tvm_ext.tune", "model", path, "--generations", "1", "--population", "2",
+            "--records", str(tmp_path / "r.jsonl"), "--database", str(tmp_path / "db"), "--no-progress"]
+    p = subprocess.run(base + ["--buckets", "seq=4,8", "--model-option", "seq=6", "--model-option", "batch=2"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("tuned (LSTM plan)") == 2 and "seq = 6: lstm lv" in p.stdout and "bucket 8" in p.stdout
+    assert "(ok)" in p.stdout and "unrolled" not in p.stderr
+    bad = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
+        "error: LSTM input of shape (seq * batch, 5) has symbolic dimensions (batch, seq)"), bad.stderr
