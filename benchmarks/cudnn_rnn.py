@@ -23,7 +23,8 @@ ALGOS = ("STANDARD", "PERSIST_STATIC", "PERSIST_DYNAMIC", "PERSIST_STATIC_SMALL_
 # cuDNN 9's values (cudnn_adv.h, cudnn_graph.h); replaced by the headers' where found
 ENUMS = {
     "CUDNN_RNN_ALGO_STANDARD": 0, "CUDNN_RNN_ALGO_PERSIST_STATIC": 1, "CUDNN_RNN_ALGO_PERSIST_DYNAMIC": 2,
-    "CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H": 3, "CUDNN_GRU": 3, "CUDNN_RNN_DOUBLE_BIAS": 2, "CUDNN_RNN_NO_BIAS": 0,
+    "CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H": 3, "CUDNN_GRU": 3, "CUDNN_LSTM": 2, "CUDNN_RNN_DOUBLE_BIAS": 2,
+    "CUDNN_RNN_NO_BIAS": 0,
     "CUDNN_UNIDIRECTIONAL": 0, "CUDNN_BIDIRECTIONAL": 1, "CUDNN_LINEAR_INPUT": 0,
     "CUDNN_DATA_FLOAT": 0, "CUDNN_DATA_HALF": 2, "CUDNN_DATA_BFLOAT16": 9,
     "CUDNN_DEFAULT_MATH": 0, "CUDNN_TENSOR_OP_MATH": 1, "CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION": 2,
@@ -120,7 +121,7 @@ _DTYPES = {"float32": "CUDNN_DATA_FLOAT", "float16": "CUDNN_DATA_HALF", "bfloat1
 
 
 class CudnnGru:
-    """An ``nn.GRU``'s forward through ``cudnnRNNForward`` with one algorithm.
+    """An ``nn.GRU``'s (or an ``nn.LSTM``'s) forward through ``cudnnRNNForward`` with one algorithm.
 
     ``math``: "fma" (float32 without TF32: ``CUDNN_FMA_MATH``), "tf32" (float32 with TF32
     allowed: ``CUDNN_DEFAULT_MATH``), "tensor_op" (16-bit data, float32 math precision:
@@ -139,6 +140,8 @@ class CudnnGru:
         self.dtype = str(p.dtype).replace("torch.", "")
         self.device = p.device
         self.dirs = 2 if net.bidirectional else 1
+        self.lstm = type(net).__name__ == "LSTM"  # cell mode CUDNN_LSTM: four gates, c beside h
+        self.gates = 4 if self.lstm else 3
         self.layers, self.hidden, self.input = net.num_layers, net.hidden_size, net.input_size
         data = e[_DTYPES[self.dtype]]
         math_type = {"fma": "CUDNN_FMA_MATH", "tf32": "CUDNN_DEFAULT_MATH", "tensor_op": "CUDNN_TENSOR_OP_MATH"}[math]
@@ -147,7 +150,8 @@ class CudnnGru:
         self.rnn = _P()
         a("cudnnCreateRNNDescriptor", ctypes.byref(self.rnn))
         padded = lengths is not None
-        a("cudnnSetRNNDescriptor_v8", self.rnn, ctypes.c_int(e["CUDNN_RNN_ALGO_" + algo]), ctypes.c_int(e["CUDNN_GRU"]),
+        a("cudnnSetRNNDescriptor_v8", self.rnn, ctypes.c_int(e["CUDNN_RNN_ALGO_" + algo]),
+          ctypes.c_int(e["CUDNN_LSTM" if self.lstm else "CUDNN_GRU"]),
           ctypes.c_int(e["CUDNN_RNN_DOUBLE_BIAS"] if net.bias else e["CUDNN_RNN_NO_BIAS"]),
           ctypes.c_int(e["CUDNN_BIDIRECTIONAL"] if self.dirs == 2 else e["CUDNN_UNIDIRECTIONAL"]),
           ctypes.c_int(e["CUDNN_LINEAR_INPUT"]), ctypes.c_int(data), ctypes.c_int(e["CUDNN_DATA_FLOAT"]),
@@ -189,7 +193,8 @@ class CudnnGru:
 
     def _copy_weights(self) -> None:
         """Each gate's matrix and bias of ``net`` into cuDNN's weight space: ids 0-2 are W_ih's
-        r, z, n rows (PyTorch's order), 3-5 W_hh's; pseudo-layer = layer x dirs + direction."""
+        r, z, n rows (PyTorch's order), 3-5 W_hh's (an LSTM's 0-3 W_ih's i, f, g, o, 4-7 W_hh's:
+        PyTorch's order too); pseudo-layer = layer x dirs + direction."""
         import torch
 
         params = dict(self.net.named_parameters())
@@ -202,9 +207,9 @@ class CudnnGru:
             for layer in range(self.layers):
                 for d in range(self.dirs):
                     sfx = f"l{layer}" + ("_reverse" if d else "")
-                    for lin in range(6):
-                        kind = "ih" if lin < 3 else "hh"
-                        gate = lin % 3
+                    for lin in range(2 * self.gates):
+                        kind = "ih" if lin < self.gates else "hh"
+                        gate = lin % self.gates
                         m_addr, b_addr = _P(), _P()
                         self.a("cudnnGetRNNWeightParams", self.handle, self.rnn, ctypes.c_int32(layer * self.dirs + d),
                                ctypes.c_size_t(self.weight_bytes), _P(base), ctypes.c_int32(lin), m_desc,
@@ -221,9 +226,10 @@ class CudnnGru:
             raise CudnnError("cudnnGetRNNWeightParams", f"address outside the weight space ({offset}, {nbytes})")
         self.weights[offset:offset + nbytes].view(tensor.dtype).copy_(tensor.reshape(-1))
 
-    def __call__(self, x: Any, h0: Any = None) -> tuple[Any, Any]:
+    def __call__(self, x: Any, h0: Any = None) -> tuple[Any, ...]:
         """(output, h_n) of x (T, B, I) on torch's current stream, in new tensors (torch's
-        caching allocator: a CUDA graph of several calls keeps each call's output)."""
+        caching allocator: a CUDA graph of several calls keeps each call's output); an LSTM's
+        (output, h_n, c_n), from zero states."""
         import torch
 
         a = self.a
@@ -231,12 +237,14 @@ class CudnnGru:
         hy = torch.empty_like(self.hx)
         a("cudnnSetStream", self.handle, _P(torch.cuda.current_stream(self.device).cuda_stream))
         hx = self.hx if h0 is None else h0
+        cy = torch.empty_like(self.hx) if self.lstm else None
+        cx, c_out = (_P(self.hx.data_ptr()), _P(cy.data_ptr())) if self.lstm else (_P(None), _P(None))
         a("cudnnRNNForward", self.handle, self.rnn, ctypes.c_int(a.enums["CUDNN_FWD_MODE_INFERENCE"]),
           _P(self.lengths_dev.data_ptr()), self.x_desc, _P(x.data_ptr()), self.y_desc, _P(y.data_ptr()),
-          self.h_desc, _P(hx.data_ptr()), _P(hy.data_ptr()), self.h_desc, _P(None), _P(None),
+          self.h_desc, _P(hx.data_ptr()), _P(hy.data_ptr()), self.h_desc, cx, c_out,
           ctypes.c_size_t(self.weight_bytes), _P(self.weights.data_ptr()), ctypes.c_size_t(self.work.numel()),
           _P(self.work.data_ptr()), ctypes.c_size_t(self.reserve.numel()), _P(self.reserve.data_ptr()))
-        return y, hy
+        return (y, hy, cy) if self.lstm else (y, hy)
 
 
 def cudnn_version() -> str:

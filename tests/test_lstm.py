@@ -200,3 +200,66 @@ def test_an_onnx_lstm_with_dynamic_axes_is_tuned_at_buckets_on_our_kernel(tmp_pa
     bad = subprocess.run(base, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and bad.stderr.startswith(
         "error: LSTM input of shape (seq * batch, 5) has symbolic dimensions (batch, seq)"), bad.stderr
+
+
+def test_benchmark_script_builds_the_pick_of_every_case(monkeypatch):
+    """``benchmarks/lstm_vendor.py`` imports here and every case's pick is feasible and compiles
+    for an H100 (the run itself needs the GPU)."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "lstm_vendor.py"
+    spec = importlib.util.spec_from_file_location("bench_lstm", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_lstm", bench)  # dataclasses look their module up
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts benchmarks/ on the path
+    spec.loader.exec_module(bench)
+    target = offline_cuda()
+    for case in bench.CASES:
+        template = case.template().with_tensor_cores(target)
+        pick, why = template.analytic_pick(target)
+        assert template.space(target).infeasible_reason(pick) is None, case.label
+        assert "lstm_init" in [c.func for c in template.compile(pick, target).calls] and why
+
+
+def test_relax_lstm_layer_runs_our_lstm_against_torch(opencl):
+    """``lstm_layer`` in a ``relax.frontend.nn`` model, an ``nn.LSTM``'s weights bound
+    (``device_weights(cell="lstm")``): one LSTM placeholder, lowered to our plan, against torch
+    in float64."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend import nn
+
+    from tvm_ext.precision.precision import relative_error
+    from tvm_ext.relax.pipeline import load_model
+    from tvm_ext.relax.relax_gru import device_weights, find_grus, lstm_layer
+
+    torch = pytest.importorskip("torch")
+
+    class Model(nn.Module):
+        def __init__(self):
+            self.lstm = lstm_layer(6, 10, 2, bidirectional=True)
+
+        def forward(self, x, h0, c0):
+            return self.lstm(x, h0, c0)
+
+    state = (2 * 2, 3, 10)
+    spec = {"x": nn.spec.Tensor((5, 3, 6), "float32"), "h0": nn.spec.Tensor(state, "float32"),
+            "c0": nn.spec.Tensor(state, "float32")}
+    mod, params = Model().export_tvm(spec={"forward": spec})
+    torch.manual_seed(0)
+    net = torch.nn.LSTM(6, 10, num_layers=2, bidirectional=True).double().eval()
+    weights = device_weights(net.state_dict(), 6, 10, 2, bidirectional=True, cell="lstm")
+    mod = relax.transform.BindParams("forward", {n: tvm.runtime.tensor(weights[n.split(".")[-1]])
+                                                 for n, _ in params})(mod)
+    (found,) = find_grus(mod)
+    assert found.template.name == "lstm" and found.template.layers == 2
+    rng = np.random.default_rng(3)
+    x, h0, c0 = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((5, 3, 6), state, state))
+    outputs = load_model(mod, opencl, None, function="forward", log=None)(x, h0, c0)
+    with torch.no_grad():
+        y, (h, c) = net(torch.from_numpy(x).double(), (torch.from_numpy(h0).double(), torch.from_numpy(c0).double()))
+    for ours, ref in zip(outputs, (y, h, c)):
+        ours = np.asarray(ours.numpy() if hasattr(ours, "numpy") else ours)
+        assert ours.shape == tuple(ref.shape) and relative_error(ours, ref.numpy()) < 1e-5

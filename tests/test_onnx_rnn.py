@@ -148,7 +148,8 @@ CASES = {
     "rnn-bi-lengths": ("RNN", dict(direction="bidirectional", lengths=True)),
     "rnn-relu-layout1": ("RNN", dict(layout=1, activations=["Relu"])),
     "gru-reset-before": ("GRU", dict(linear_before_reset=0, direction="bidirectional", lengths=True)),
-    "gru-reverse-after": ("GRU", dict(linear_before_reset=1, direction="reverse")),
+    "gru-reverse-after": ("GRU", dict(linear_before_reset=1, direction="reverse")),  # (our kernel, reversed)
+    "gru-reverse-lengths-layout1": ("GRU", dict(linear_before_reset=1, direction="reverse", lengths=True, layout=1)),
     "gru-clip-leaky": ("GRU", dict(clip=0.9, activations=["Sigmoid", "LeakyRelu"], activation_alpha=[0.2])),
 }
 
@@ -171,7 +172,7 @@ def test_unrolled_recurrences_match_the_specification_on_pocl(opencl, tmp_path, 
 
 @pytest.mark.parametrize("kw, why", [
     (dict(), None), (dict(layout=1, bias=False, direction="bidirectional"), None), (dict(states=False), None),
-    (dict(direction="reverse"), "direction='reverse'"), (dict(lengths=True), "sequence_lens"),
+    (dict(direction="reverse"), None), (dict(lengths=True), "sequence_lens"),
     (dict(peepholes=True), "peepholes (P)"), (dict(clip=0.5), "clip=0.5"),
 ])
 def test_an_lstm_runs_on_our_kernel_where_its_form_allows_and_says_why_not_elsewhere(opencl, tmp_path, capfd, kw,
@@ -193,12 +194,15 @@ def test_an_lstm_runs_on_our_kernel_where_its_form_allows_and_says_why_not_elsew
 
 
 def test_a_gru_the_kernel_cannot_run_says_so_on_stderr(tmp_path, capfd):
-    """A reverse GRU runs unrolled and says why; a PyTorch-style one stays on our kernel silently."""
-    path, *_ = _model(tmp_path, "GRU", direction="reverse", linear_before_reset=1)
+    """A reverse GRU with sequence_lens runs unrolled and says why; a PyTorch-style one, and a
+    reverse one without lengths (the kernel on the reversed sequence), stay on our kernel silently."""
+    path, *_ = _model(tmp_path, "GRU", direction="reverse", linear_before_reset=1, lengths=True)
     text = load_onnx(path).script()
     assert "tvm_ext.gru" not in text
     err = capfd.readouterr().err
-    assert "note: an ONNX GRU runs unrolled" in err and "GRU kernel does not run direction='reverse'" in err
+    assert "note: an ONNX GRU runs unrolled" in err and "GRU kernel does not run direction='reverse' with" in err
+    path, *_ = _model(tmp_path, "GRU", direction="reverse", linear_before_reset=1)
+    assert "tvm_ext.gru" in load_onnx(path).script() and "unrolled" not in capfd.readouterr().err
     path, *_ = _model(tmp_path, "GRU", direction="forward", linear_before_reset=1)
     assert "tvm_ext.gru" in load_onnx(path).script() and "unrolled" not in capfd.readouterr().err
 

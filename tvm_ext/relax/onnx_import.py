@@ -7,8 +7,9 @@ tunes as one task and lowers to the tuned plan.  ONNX's gates come in the order 
 PyTorch's (ours) r, z, n; the weights are reordered into the device layout once, at import.
 
 On the kernel as PyTorch exports it: ``linear_before_reset=1``, ``direction`` forward or
-bidirectional, the default activations, no ``clip``, ``layout`` 0 or 1, optional ``B``,
-``sequence_lens`` and ``initial_h``, W, R and B initializers.  An ``LSTM`` node of the same form
+bidirectional (or reverse without ``sequence_lens``: the kernel runs the reversed sequence), the
+default activations, no ``clip``, ``layout`` 0 or 1, optional ``B``, ``sequence_lens`` and
+``initial_h``, W, R and B initializers.  An ``LSTM`` node of the same form
 (gates i, o, f, c in ONNX, i, f, g, o in PyTorch; no peepholes, no ``sequence_lens``) becomes
 tvm_ext's LSTM placeholder (``tvm_ext.lstm``, ``schedules.lstm``).  Any other GRU or LSTM, and
 every ``RNN`` node, runs unrolled in Relax (``onnx_rnn``, a note on stderr saying why); what
@@ -60,8 +61,6 @@ def _kernel_refusal(node: RecurrentNode) -> str | None:
     it then runs unrolled, ``onnx_rnn``), or None."""
     if node.linear_before_reset != 1:
         return "linear_before_reset=0 (the kernel applies the reset gate after the recurrent product, as PyTorch)"
-    if node.direction not in ("forward", "bidirectional"):
-        return f"direction={node.direction!r}"
     if node.clip is not None:
         return f"clip={node.clip}"
     kernels = tuple(Activation(name) for name in DEFAULT_ACTIVATIONS["GRU"])  # sigmoid gates, tanh candidate
@@ -85,6 +84,8 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     b, lengths, h0 = extra[0], extra[1], extra[2]
     if refusal is None and not all(isinstance(v, tvm.ir.expr.Constant) for v in (w, r, b) if v is not None):
         refusal = "W, R or B computed in the graph (the kernel takes them as initializers)"
+    if refusal is None and node.direction == "reverse" and lengths is not None:
+        refusal = "direction='reverse' with sequence_lens (each row would start at its own last step)"
     if refusal is not None:
         return convert_unrolled(bb, "GRU", list(inputs), attrs, why=f"tvm_ext's GRU kernel does not run {refusal}")
     direction = node.direction
@@ -94,7 +95,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if int(attrs.get("hidden_size", hidden)) != hidden or r_array.shape != (dirs, gates, hidden):
         raise TvmExtError(f"ONNX GRU hidden_size={attrs.get('hidden_size')} disagrees with W {w_array.shape} "
                           f"and R {r_array.shape}")
-    if dirs != (2 if direction == "bidirectional" else 1):
+    if dirs != node.dirs:
         raise TvmExtError(f"ONNX GRU direction={direction} with W of {dirs} directions")
     b_array = np.zeros((dirs, 2 * gates), w_array.dtype) if b is None else _constant(b, "B")
     layout = int(attrs.get("layout", 0))
@@ -102,6 +103,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
         if h0 is not None:
             h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
+    x = _reversed_in_time(bb, x, node)
     steps, batch = x.ty.shape.values[:2]  # symbolic where the file's axes are (bound by --buckets)
     dtype = str(x.ty.dtype)
     state = {}
@@ -123,7 +125,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         [relax.TensorType([steps * batch, dirs * hidden], dtype),
          relax.TensorType([dirs, batch, hidden], dtype)]))
     out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs, hidden)))
-    y = bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3]))  # (T, dirs, B, H)
+    y = _reversed_in_time(bb, bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3])), node)  # (T, dirs, B, H)
     y_h = bb.emit(relax.TupleGetItem(call, 1))
     if layout == 1:  # Y (B, T, dirs, H), Y_h (B, dirs, H)
         y = bb.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
@@ -131,13 +133,20 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     return relax.Tuple([y, y_h])
 
 
+def _reversed_in_time(bb: Any, value: Any, node: RecurrentNode) -> Any:
+    """``value`` (sequence-first) with its steps in reverse order where the node runs one direction
+    backwards (``direction="reverse"``, as Keras' ``go_backwards`` exports): our kernels run it
+    forwards on the reversed sequence, its output reversed back; the final states are the same."""
+    from tvm import relax
+
+    return bb.emit(relax.op.flip(value, axis=0)) if node.direction == "reverse" else value
+
+
 def _lstm_kernel_refusal(node: RecurrentNode, inputs: list[Any]) -> str | None:
     """Why tvm_ext's LSTM kernel cannot run this LSTM node (it then runs unrolled), or None."""
     import tvm
 
     x, w, r, b, lengths, _, _, p = inputs[:8]
-    if node.direction not in ("forward", "bidirectional"):
-        return f"direction={node.direction!r}"
     if node.clip is not None:
         return f"clip={node.clip}"
     kernels = tuple(Activation(name) for name in DEFAULT_ACTIVATIONS["LSTM"])
@@ -177,6 +186,7 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if node.layout == 1:  # (B, T, I) -> (T, B, I); states (B, dirs, H) -> (dirs, B, H)
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
         h0, c0 = (bb.emit(relax.op.permute_dims(v, [1, 0, 2])) if v is not None else None for v in (h0, c0))
+    x = _reversed_in_time(bb, x, node)
     steps, batch = x.ty.shape.values[:2]  # symbolic where the file's axes are (bound by --buckets)
     dtype = str(x.ty.dtype)
     state = {}
@@ -195,7 +205,7 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     call = bb.emit(relax.call_dps_packed(
         LSTM_FUNCTION, relax.Tuple(args), [relax.TensorType([steps * batch, dirs * hidden], dtype), states, states]))
     out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs, hidden)))
-    outputs = [bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3]))]  # (T, dirs, B, H)
+    outputs = [_reversed_in_time(bb, bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3])), node)]  # (T, dirs, B, H)
     outputs += [bb.emit(relax.TupleGetItem(call, i)) for i in (1, 2)]
     if node.layout == 1:  # Y (B, T, dirs, H), states (B, dirs, H)
         outputs = [bb.emit(relax.op.permute_dims(outputs[0], [2, 0, 1, 3]))] + \

@@ -1,4 +1,5 @@
-"""The GRU inside Relax: a ``relax.frontend.nn`` layer, and its lowering to the tuned GRU plan.
+"""The GRU inside Relax: a ``relax.frontend.nn`` layer, and its lowering to the tuned GRU plan (and
+the LSTM's: ``lstm_layer``, its placeholder and plan).
 
 A GRU is several kernels and a host loop over the steps (``schedules/gru``), which no Relax
 op or single PrimFunc pattern covers (TVM's torch frontend unrolls ``torch.nn.GRU`` per step
@@ -47,54 +48,86 @@ def gru_layer(input_size: int, hidden_size: int, num_layers: int = 1, bidirectio
     on x (T, B, input) and optionally h0 (layers·dirs, B, hidden); it returns (out (T, B,
     dirs·hidden), h_n).  Parameters ``w_ih{l}``, ``b_ih{l}``, ``w_hh{l}``, ``b_hh{l}`` are in
     the device layout (``device_weights``)."""
-    from tvm import relax
-    from tvm.relax.frontend import nn
-    from tvm.relax.frontend.nn.core import wrap_nested
+    base = _recurrent_module("gru", input_size, hidden_size, num_layers, bidirectional, dtype)
 
-    check_sizes("gru_layer", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
-    dirs = 2 if bidirectional else 1
-    gates = dirs * 3 * hidden_size
-
-    class GRU(nn.Module):
-        def __init__(self) -> None:
-            for layer in range(num_layers):
-                k = input_size if layer == 0 else dirs * hidden_size
-                setattr(self, f"w_ih{layer}", nn.Parameter((k, gates), dtype))
-                setattr(self, f"b_ih{layer}", nn.Parameter((gates,), dtype))
-                setattr(self, f"w_hh{layer}", nn.Parameter((dirs, hidden_size, 3 * hidden_size), dtype))
-                setattr(self, f"b_hh{layer}", nn.Parameter((dirs, 3 * hidden_size), dtype))
-
+    class GRU(base):  # type: ignore[misc, valid-type]
         def forward(self, x: Any, h0: Any = None) -> Any:
-            seq, batch, features = x.shape  # seq and batch may be symbolic (bound before tuning: ``buckets``)
-            if int(features) != input_size:
-                raise TvmExtError(f"GRU input has {features} features, the layer takes {input_size}")
-            if h0 is None:
-                h0 = nn.op.zeros((num_layers * dirs, batch, hidden_size), dtype)
-            weights = []
-            for layer in range(num_layers):
-                weights += [getattr(self, f"{name}{layer}") for name in ("w_ih", "b_ih", "w_hh", "b_hh")]
-            args = [nn.op.reshape(x, (seq * batch, input_size)), h0, *weights]
-            call = relax.call_dps_packed(  # (nn.op.extern cannot declare two outputs in TVM 0.27)
-                GRU_FUNCTION, relax.Tuple([a._expr for a in args]),
-                [relax.TensorType([seq * batch, dirs * hidden_size], dtype),
-                 relax.TensorType([num_layers * dirs, batch, hidden_size], dtype)])
-            out, h_n = wrap_nested(call, "gru")
-            return nn.op.reshape(out, (seq, batch, dirs * hidden_size)), h_n
+            out, (h_n,) = self.placeholder(x, (h0,))
+            return out, h_n
 
     return GRU()
 
 
+def lstm_layer(input_size: int, hidden_size: int, num_layers: int = 1, bidirectional: bool = False,
+               dtype: str = "float32") -> Any:
+    """A ``relax.frontend.nn`` LSTM layer (``torch.nn.LSTM`` semantics, sequence-first, gates i, f,
+    g, o): call it on x (T, B, input) and optionally h0 and c0 (layers·dirs, B, hidden); it
+    returns (out (T, B, dirs·hidden), h_n, c_n).  Parameters as ``gru_layer``'s, four gates a
+    unit (``device_weights(..., cell="lstm")``)."""
+    base = _recurrent_module("lstm", input_size, hidden_size, num_layers, bidirectional, dtype)
+
+    class LSTM(base):  # type: ignore[misc, valid-type]
+        def forward(self, x: Any, h0: Any = None, c0: Any = None) -> Any:
+            out, (h_n, c_n) = self.placeholder(x, (h0, c0))
+            return out, h_n, c_n
+
+    return LSTM()
+
+
+def _recurrent_module(cell: str, input_size: int, hidden_size: int, num_layers: int, bidirectional: bool,
+                      dtype: str) -> Any:
+    """The ``nn.Module`` base of ``gru_layer`` / ``lstm_layer``: the weights as parameters and
+    ``placeholder``, the one call (``GRU_FUNCTION`` / ``LSTM_FUNCTION``) the layer stands for."""
+    from tvm import relax
+    from tvm.relax.frontend import nn
+    from tvm.relax.frontend.nn.core import wrap_nested
+
+    check_sizes(f"{cell}_layer", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
+    dirs, rows = 2 if bidirectional else 1, (4 if cell == "lstm" else 3) * hidden_size
+    function = LSTM_FUNCTION if cell == "lstm" else GRU_FUNCTION
+
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            for layer in range(num_layers):
+                k = input_size if layer == 0 else dirs * hidden_size
+                setattr(self, f"w_ih{layer}", nn.Parameter((k, dirs * rows), dtype))
+                setattr(self, f"b_ih{layer}", nn.Parameter((dirs * rows,), dtype))
+                setattr(self, f"w_hh{layer}", nn.Parameter((dirs, hidden_size, rows), dtype))
+                setattr(self, f"b_hh{layer}", nn.Parameter((dirs, rows), dtype))
+
+        def placeholder(self, x: Any, states: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+            """(out (T, B, dirs·hidden), final states) of x and the initial ``states`` (None: zeros)."""
+            seq, batch, features = x.shape  # seq and batch may be symbolic (bound before tuning: ``buckets``)
+            if int(features) != input_size:
+                raise TvmExtError(f"{cell.upper()} input has {features} features, the layer takes {input_size}")
+            shape = (num_layers * dirs, batch, hidden_size)
+            states = tuple(nn.op.zeros(shape, dtype) if s is None else s for s in states)
+            weights = []
+            for layer in range(num_layers):
+                weights += [getattr(self, f"{name}{layer}") for name in ("w_ih", "b_ih", "w_hh", "b_hh")]
+            args = [nn.op.reshape(x, (seq * batch, input_size)), *states, *weights]
+            state_type = relax.TensorType(list(shape), dtype)
+            call = relax.call_dps_packed(  # (nn.op.extern cannot declare two outputs in TVM 0.27)
+                function, relax.Tuple([a._expr for a in args]),
+                [relax.TensorType([seq * batch, dirs * hidden_size], dtype), *[state_type] * len(states)])
+            out, *finals = wrap_nested(call, cell)
+            return nn.op.reshape(out, (seq, batch, dirs * hidden_size)), tuple(finals)
+
+    return Recurrent
+
+
 def device_weights(state_dict: Mapping[str, Any], input_size: int, hidden_size: int, num_layers: int = 1,
-                   bidirectional: bool = False, dtype: str = "float32") -> dict[str, np.ndarray]:
-    """A ``torch.nn.GRU`` state dict (numpy arrays or tensors) -> the layer's parameters by
-    name (``w_ih0``, ...), in the device layout and ``dtype``."""
+                   bidirectional: bool = False, dtype: str = "float32", cell: str = "gru") -> dict[str, np.ndarray]:
+    """A ``torch.nn.GRU`` state dict (numpy arrays or tensors; ``cell="lstm"``: a ``torch.nn.LSTM``'s)
+    -> the layer's parameters by name (``w_ih0``, ...), in the device layout and ``dtype``."""
     from ..schedules.gru import GruTemplate
+    from ..schedules.lstm import LstmTemplate
 
     def as_numpy(value: Any) -> np.ndarray:  # a torch tensor on any device, or an array
         return value.detach().cpu().double().numpy() if hasattr(value, "detach") else np.asarray(value, np.float64)
 
-    template = GruTemplate(batch=1, hidden=hidden_size, input=input_size, seq=1, layers=num_layers,
-                           bidirectional=bidirectional)
+    template = (LstmTemplate if cell == "lstm" else GruTemplate)(
+        batch=1, hidden=hidden_size, input=input_size, seq=1, layers=num_layers, bidirectional=bidirectional)
     arrays = template.device_weights({k: as_numpy(v) for k, v in state_dict.items()})
     return {k: np.asarray(v, dtype=np.float64).astype(dtype) for k, v in arrays.items()}
 

@@ -1,0 +1,212 @@
+"""The LSTM (``schedules.lstm``) against cuDNN's LSTM at its best.
+
+Run through the device tool (see ../shared/DEVICE.md):
+    source .tvm-device/boot.sh && python benchmarks/lstm_vendor.py --out $OUT [--trials 64]
+
+Each case, same process, same rotated inputs (``SETS`` input sets), T=128 and input = hidden
+unless named:
+- cuDNN's LSTM through ``cudnnRNNForward`` (``cudnn_rnn.py``) with every algorithm (a refusal is
+  a row), float32 with FMA math (no TF32), 16-bit with float32 math precision and tensor-op math;
+  ``torch.nn.LSTM`` (TF32 off); each per call, back to back and replayed from a CUDA graph: the
+  baseline is the best over algorithms and methods.
+- ours: the analytic pick, and with ``--trials`` the best of a GA search of that many configs
+  (records in ``$OUT``), each timed the same three ways (its TVM launches on torch's stream, so
+  the CUDA graph records them).
+Outputs and final states of every side are checked against float64 on set 0 (ours on
+NaN-poisoned outputs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import device_name, table, time_ours_three, time_vendor  # noqa: E402
+from cudnn_rnn import ALGOS, CudnnError, CudnnGru, api, cudnn_version  # noqa: E402
+
+from tvm_ext.schedules.lstm import LstmTemplate, lstm_reference  # noqa: E402
+
+SETS = 4  # rotated input sets
+MAX_ERROR = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    batch: int
+    hidden: int
+    seq: int = 128
+    layers: int = 1
+    bidirectional: bool = False
+    dtype: str = "float32"
+
+    def template(self) -> LstmTemplate:
+        return LstmTemplate(batch=self.batch, hidden=self.hidden, input=self.hidden, seq=self.seq, layers=self.layers,
+                            bidirectional=self.bidirectional, dtype=self.dtype)
+
+
+CASES = (
+    Case("fp32 B1 H256", 1, 256), Case("fp32 B8 H512", 8, 512), Case("fp32 B64 H1024", 64, 1024),
+    Case("fp32 bi B8 H512", 8, 512, bidirectional=True), Case("fp16 B8 H512", 8, 512, dtype="float16"),
+    Case("fp16 B64 H1024", 64, 1024, dtype="float16"), Case("fp32 B8 H1024 3L", 8, 1024, layers=3),
+)
+
+
+def rel_err(out: Any, ref: np.ndarray) -> float:
+    o = np.asarray(out, np.float64)
+    return float(np.linalg.norm(o - ref) / max(np.linalg.norm(ref), 1e-300)) if np.isfinite(o).all() else float("inf")
+
+
+def best_of(times: Any) -> dict[str, Any]:
+    """The three methods' ms and the best of them."""
+    methods = {"per_call": times.per_call, "back_to_back": times.back_to_back, "graph": times.graph}
+    ms = {k: (t.seconds * 1e3 if t is not None else None) for k, t in methods.items()}
+    return {**ms, "best": min(v for v in ms.values() if v is not None), "graph_note": times.graph_note}
+
+
+def tuned_config(template: LstmTemplate, target: Any, args: argparse.Namespace, label: str) -> Any:
+    """The best config of a GA search of ``args.trials`` (records under ``args.out``)."""
+    from tvm_ext.core.session import Session, SessionOptions
+    from tvm_ext.core.space import Config
+
+    records = os.path.join(args.out, f"lstm_{label.replace(' ', '_')}.jsonl")
+    options = SessionOptions(target="cuda", population=16, generations=1000, trials=args.trials, records=records)
+    with Session(options) as session:
+        best = session.tune(template).best
+    if best is None:
+        raise RuntimeError(f"{label}: the search measured no config")
+    return Config.of(best.config)
+
+
+def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str, np.ndarray],
+         ref: tuple[np.ndarray, ...]) -> dict[str, Any]:
+    """Our plan of ``config`` timed three ways on the rotated sets, its error on set 0."""
+    from tvm_ext.measure.executors import CudaExecutor
+
+    template = case.template().with_tensor_cores(target)
+    compiled = template.compile(config, target)
+    ex = CudaExecutor(compiled.executable.mod, compiled.function_calls(), template.buffers(), 0, sets=SETS)
+    zeros = np.zeros((case.layers * template.dirs, case.batch, case.hidden), np.float32)
+    for i, x in enumerate(xs):
+        for name, array in template.device_weights(weights).items():
+            ex.write(name, array, i)
+        ex.write("x", x.reshape(-1, case.hidden), i)
+        ex.write("h0", zeros, i)
+        ex.write("c0", zeros, i)
+    for name in ("out", "h_n", "c_n"):
+        ex.write(name, np.full(template.output_specs()[name].shape, np.nan, np.float32), 0)
+    ex.run(0)
+    ex.sync()
+    if int(ex.read("bar")[1]):
+        return {"refused": "the grid barrier timed out"}
+    out = ex.read("out").reshape(case.seq, case.batch, -1)
+    err = max(rel_err(out, ref[0]), rel_err(ex.read("h_n"), ref[1]), rel_err(ex.read("c_n"), ref[2]))
+
+    def launch(i: int) -> Any:
+        ex.run(i)
+        return ex.sets[i]["out"]
+
+    return {**best_of(time_ours_three(launch, SETS)), "err": err, "config": dict(config.items)}
+
+
+def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from tvm_ext.target import resolve_target
+
+    torch.manual_seed(0)
+    dt = getattr(torch, case.dtype)
+    net32 = torch.nn.LSTM(case.hidden, case.hidden, num_layers=case.layers, bidirectional=case.bidirectional)
+    net32 = net32.cuda().eval()
+    weights = {k: v.detach().cpu().numpy() for k, v in net32.state_dict().items()}
+    net = net32.to(dt) if case.dtype != "float32" else net32
+    xs32 = [torch.randn(case.seq, case.batch, case.hidden, device="cuda") for _ in range(SETS)]
+    xs = [x.to(dt) for x in xs32]
+    ref = lstm_reference(xs[0].double().cpu().numpy(), weights, None, None, case.layers, case.bidirectional)
+    row: dict[str, Any] = {"case": asdict(case), "cudnn": {}}
+
+    def err(out: Any, h: Any, c: Any) -> float:
+        return max(rel_err(t.detach().double().cpu().numpy(), r) for t, r in zip((out, h, c), ref))
+
+    math = "fma" if case.dtype == "float32" else "tensor_op"
+    for algo in ALGOS:
+        try:
+            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math=math)
+            e = err(*rnn(xs[0]))
+            row["cudnn"][algo] = {**best_of(time_vendor(lambda i, rnn=rnn: rnn(xs[i])[0], SETS)), "err": e}
+            if e > 10 * MAX_ERROR[case.dtype]:
+                row["cudnn"][algo]["wrong"] = True
+        except CudnnError as exc:
+            row["cudnn"][algo] = {"refused": exc.status}
+        except Exception as exc:  # noqa: BLE001 - a failure is a row
+            row["cudnn"][algo] = {"refused": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    torch.backends.cudnn.allow_tf32 = False
+    with torch.no_grad():
+        y, (h, c) = net(xs[0])
+        row["torch"] = {**best_of(time_vendor(lambda i: net(xs[i])[0], SETS)), "err": err(y, h, c)}
+    target = resolve_target("cuda")
+    template = case.template().with_tensor_cores(target)
+    x_sets = [x.cpu().float().numpy() for x in xs32]
+    pick, why = template.analytic_pick(target)
+    row["pick_why"] = why
+    row["ours_pick"] = ours(case, pick, target, x_sets, weights, ref)
+    if args.trials:
+        t0 = time.perf_counter()
+        best = tuned_config(template, target, args, case.label)
+        row["tuning_s"] = time.perf_counter() - t0
+        row["ours_tuned"] = ours(case, best, target, x_sets, weights, ref)
+    return row
+
+
+def summary(row: dict[str, Any]) -> list[str]:
+    vendor = [v["best"] for v in row["cudnn"].values() if "best" in v and not v.get("wrong")]
+    vendor_best = min(vendor + [row["torch"]["best"]])
+    sides = [row[k] for k in ("ours_pick", "ours_tuned") if k in row and "best" in row[k]]
+    ours_best = min(s["best"] for s in sides) if sides else float("nan")
+    cells = [row["case"]["label"], f"{row['torch']['best']:.3f}"]
+    cells += [f"{v['best']:.3f}" if "best" in v else f"refused ({v['refused']})" for v in row["cudnn"].values()]
+    cells += [f"{vendor_best:.3f}"]
+    cells += [f"{row[k]['best']:.3f}" if k in row and "best" in row[k] else "-" for k in ("ours_pick", "ours_tuned")]
+    cells += [f"{vendor_best / ours_best:.2f}x", f"{max(s['err'] for s in sides):.1e}" if sides else "-",
+              f"{min(v['err'] for v in row['cudnn'].values() if 'err' in v):.1e}"]
+    return cells
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--cases", default="", help="comma-separated labels (spaces as _), default all")
+    p.add_argument("--trials", type=int, default=0, help="configs a GA search measures per case (0: the pick only)")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    wanted = {c.strip().lower() for c in args.cases.split(",") if c.strip()}
+    cases = [c for c in CASES if not wanted or c.label.lower().replace(" ", "_") in wanted]
+    print(f"device {device_name()}, cuDNN {cudnn_version()}, enums from {api().enum_source}", flush=True)
+    rows = []
+    with open(os.path.join(args.out, "lstm_vendor.jsonl"), "a") as log:
+        for case in cases:
+            try:
+                row = run_case(case, args)
+            except Exception as exc:  # noqa: BLE001
+                print(f"[{case.label}] failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            rows.append(summary(row))
+            print(" | ".join(rows[-1]), flush=True)
+    print()
+    print(table("LSTM inference: ours vs cuDNN's best algorithm (ms; best of per call, back to back and CUDA graph; "
+                "same rotated inputs)",
+                ["case", "torch.nn.LSTM", *ALGOS, "cuDNN best", "ours (pick)", "ours (tuned)", "cuDNN / ours",
+                 "ours err", "cuDNN err"], rows))
+
+
+if __name__ == "__main__":
+    main()
