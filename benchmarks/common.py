@@ -384,6 +384,29 @@ def shape_names(text: str, shapes: Sequence[str]) -> list[str] | None:
     return names
 
 
+def case_rows(cases: Sequence[Any], labels: str, run_case: Callable[[Any], dict], summary: Callable[[dict], list],
+              path: str) -> list[list[str]]:
+    """The summary rows of the ``cases`` named in ``labels`` (comma-separated, spaces as _; none:
+    all), each case's row appended to ``path`` as a JSON line as it comes; a case that fails is
+    printed and the rest go on."""
+    import json
+
+    wanted = {c.strip().lower() for c in labels.split(",") if c.strip()}
+    rows = []
+    with open(path, "a") as log:
+        for case in (c for c in cases if not wanted or c.label.lower().replace(" ", "_") in wanted):
+            try:
+                row = run_case(case)
+            except Exception as exc:  # noqa: BLE001 - a failure is a line, never the end of the run
+                print(f"[{case.label}] failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            rows.append(summary(row))
+            print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]

@@ -26,7 +26,6 @@ algorithm), ``nn.GRU`` on a ``PackedSequence``, ours with ``lengths``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import device_name, parse_knob_sets, table, time_vendor  # noqa: E402
+from common import case_rows, device_name, parse_knob_sets, table, time_vendor  # noqa: E402
 from cudnn_rnn import ALGOS, CudnnError, CudnnGru, api, cudnn_version  # noqa: E402
 
 from tvm_ext.schedules.gru import gru_reference  # noqa: E402
@@ -407,21 +406,9 @@ def main() -> None:
     except ValueError as exc:
         p.error(str(exc))
     os.makedirs(args.out, exist_ok=True)
-    wanted = {c.strip().lower() for c in args.cases.split(",") if c.strip()}
-    cases = [c for c in CASES if not wanted or c.label.lower().replace(" ", "_") in wanted]
     print(f"device {device_name()}, cuDNN {cudnn_version()}, enums from {api().enum_source}", flush=True)
-    rows = []
-    with open(os.path.join(args.out, "gru_vendor.jsonl"), "a") as log:
-        for case in cases:
-            try:
-                row = run_case(case, args)
-            except Exception as exc:  # noqa: BLE001
-                print(f"[{case.label}] failed: {type(exc).__name__}: {exc}", flush=True)
-                continue
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            rows.append(summary(row))
-            print(" | ".join(rows[-1]), flush=True)
+    rows = case_rows(CASES, args.cases, lambda case: run_case(case, args), summary,
+                     os.path.join(args.out, "gru_vendor.jsonl"))
     print()
     print(table("GRU inference, T=128 unless named: ours vs cuDNN's best algorithm (ms; best of per call, back to back "
                 "and CUDA graph; same rotated inputs)",

@@ -18,7 +18,6 @@ NaN-poisoned outputs).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import device_name, table, time_ours_three, time_vendor  # noqa: E402
+from common import case_rows, device_name, table, time_ours_three, time_vendor  # noqa: E402
 from cudnn_rnn import ALGOS, CudnnError, CudnnGru, api, cudnn_version  # noqa: E402
 
 from tvm_ext.schedules.lstm import LstmTemplate, lstm_reference  # noqa: E402
@@ -186,21 +185,9 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=0, help="configs a GA search measures per case (0: the pick only)")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    wanted = {c.strip().lower() for c in args.cases.split(",") if c.strip()}
-    cases = [c for c in CASES if not wanted or c.label.lower().replace(" ", "_") in wanted]
     print(f"device {device_name()}, cuDNN {cudnn_version()}, enums from {api().enum_source}", flush=True)
-    rows = []
-    with open(os.path.join(args.out, "lstm_vendor.jsonl"), "a") as log:
-        for case in cases:
-            try:
-                row = run_case(case, args)
-            except Exception as exc:  # noqa: BLE001
-                print(f"[{case.label}] failed: {type(exc).__name__}: {exc}", flush=True)
-                continue
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            rows.append(summary(row))
-            print(" | ".join(rows[-1]), flush=True)
+    rows = case_rows(CASES, args.cases, lambda case: run_case(case, args), summary,
+                     os.path.join(args.out, "lstm_vendor.jsonl"))
     print()
     print(table("LSTM inference: ours vs cuDNN's best algorithm (ms; best of per call, back to back and CUDA graph; "
                 "same rotated inputs)",
