@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tvm_ext.measure.program import FailureFlag, RunPlan
-from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, extract_launches,
+from tvm_ext.measure.program import (Artifact, CompiledProgram, TensorSpec, bind_launches, compile_functions,
                                      function_calls, plain_json)
 from tvm_ext.hardware import sm_90a
-from tvm_ext.lowering.launch_early import mark_launch_early, pipeline_for
-from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
+from tvm_ext.lowering.launch_early import mark_launch_early
 from tvm_ext.lowering.step_loop import with_min_blocks_per_sm
 from tvm_ext.core.space import Config
 from tvm_ext.target import TargetInfo
@@ -106,12 +105,7 @@ def compile_gru(template: Any, config: Config, target: TargetInfo) -> "CompiledG
     arch = sm_90a(target) if wgmma else target
     if template.counted_gemm_tile(config) is not None:  # the step kernel launched while the input GEMM runs
         funcs["gru_steps"] = mark_launch_early(funcs["gru_steps"])
-    install_exact_opencl_constants()
-    with tvm.transform.PassContext(config=template.pass_config(config, target)):
-        module = tvm.IRModule(funcs)
-        executable = tvm.compile(module, target=tvm.target.Target(arch.tvm_target()), tir_pipeline=pipeline_for(module))
-        launches = {name: extract_launches(tvm.IRModule({"main": func}), target)
-                    for name, func in funcs.items()}
+    executable, launches = compile_functions(funcs, target, template.pass_config(config, target), arch)
     plan, prepare = plan_calls(template, config), prepare_calls(template, config)
     check_plan(template.for_config(config).buffers(), prepare + plan, funcs)
     # CUDA may split the kernels over several device modules (the persistent step loop's is its own)

@@ -6,9 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.core.space import Config
-from tvm_ext.lowering.launch_early import pipeline_for
-from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
-from tvm_ext.measure.program import Artifact, FailureFlag, RunPlan, extract_launches, plain_json
+from tvm_ext.measure.program import Artifact, FailureFlag, RunPlan, compile_functions, plain_json
 from tvm_ext.schedules.gru.plan import Call, CompiledGru, check_plan
 from tvm_ext.schedules.gru.step_variant import input_buffer
 from tvm_ext.target import TargetInfo
@@ -50,12 +48,7 @@ def compile_lstm(template: Any, config: Config, target: TargetInfo) -> CompiledG
         funcs["lstm_steps"] = looped
         modules["lstm_steps"] = tvm.IRModule({"main": funcs["lstm_steps"]})
         trace["lstm_steps"] = trace.pop("lstm_step")
-    install_exact_opencl_constants()
-    with tvm.transform.PassContext(config=template.pass_config(config, target)):
-        module = tvm.IRModule(funcs)
-        executable = tvm.compile(module, target=tvm.target.Target(target.tvm_target()),
-                                 tir_pipeline=pipeline_for(module))
-        launches = {name: extract_launches(tvm.IRModule({"main": func}), target) for name, func in funcs.items()}
+    executable, launches = compile_functions(funcs, target, template.pass_config(config, target))
     calls = plan_calls(template, config)
     check_plan(template.buffers(), calls, funcs)
     source = "\n".join(m.inspect_source() for m in executable.mod.imports[:1 if target.kind != "cuda" else None])

@@ -248,6 +248,27 @@ def compile_module(mod: Any, target: TargetInfo, pass_config: Mapping[str, Any] 
     return ex, ex.mod.imports[0].inspect_source(), launches, params
 
 
+def compile_functions(funcs: Mapping[str, Any], target: TargetInfo, pass_config: Mapping[str, Any] | None = None,
+                      arch: TargetInfo | None = None) -> tuple[Any, dict[str, Any]]:
+    """PrimFuncs by name compiled into one module under ``pass_config`` (a host plan's kernels: the
+    GRU's, the LSTM's), OpenCL's float constants exact (``opencl_constants``) and functions marked
+    to launch early on their pipeline: the executable and each function's (launches, parameter
+    names), read under the same options so they describe the kernels built.  ``arch``: the target
+    to build for where it is not ``target`` (Hopper's sm_90a for wgmma)."""
+    import tvm
+
+    from tvm_ext.lowering.launch_early import pipeline_for
+    from tvm_ext.lowering.opencl_constants import install_exact_opencl_constants
+
+    install_exact_opencl_constants()
+    with tvm.transform.PassContext(config=dict(pass_config or {})):
+        module = tvm.IRModule(dict(funcs))
+        executable = tvm.compile(module, target=tvm.target.Target((arch or target).tvm_target()),
+                                 tir_pipeline=pipeline_for(module))
+        launches = {name: extract_launches(tvm.IRModule({"main": func}), target) for name, func in funcs.items()}
+    return executable, launches
+
+
 def compile_schedule(sch: Any, target: TargetInfo, pass_config: Mapping[str, Any] | None = None
                      ) -> CompiledProgram:
     """One scheduled PrimFunc (a ``tvm.s_tir.Schedule``) as a program called through ``main``."""
