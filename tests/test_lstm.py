@@ -263,3 +263,22 @@ def test_relax_lstm_layer_runs_our_lstm_against_torch(opencl):
     for ours, ref in zip(outputs, (y, h, c)):
         ours = np.asarray(ours.numpy() if hasattr(ours, "numpy") else ours)
         assert ours.shape == tuple(ref.shape) and relative_error(ours, ref.numpy()) < 1e-5
+
+
+def test_gru_storage_gives_a_float32_models_lstm_16_bit_storage(tmp_path):
+    """``--gru-storage float16`` on a float32 ONNX LSTM: the template tuned and run is our LSTM storing
+    its tensors in float16 (``lower_grus`` casts the placeholder's arguments to it and the results
+    back); unset, the LSTM stays float32; another type is one error."""
+    from tvm_ext.relax.onnx_import import load_onnx
+    from tvm_ext.relax.relax_gru import find_grus
+    from tvm_ext.target import offline_cuda
+
+    torch = pytest.importorskip("torch")
+    path = str(tmp_path / "lstm.onnx")
+    torch.onnx.export(torch.nn.LSTM(4, 6).eval(), (torch.randn(3, 2, 4),), path, dynamo=False)
+    mod = load_onnx(path)
+    (stored,) = find_grus(mod, offline_cuda(), "float16")
+    (plain,) = find_grus(mod, offline_cuda())
+    assert (stored.template.dtype, plain.template.dtype) == ("float16", "float32")
+    with pytest.raises(TvmExtError, match="LSTM storage 'int8' is not supported"):
+        find_grus(mod, None, "int8")

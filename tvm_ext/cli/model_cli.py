@@ -60,9 +60,9 @@ def add_model_parser(sub: Any, add_tuning_args: Any) -> None:
                             "(e.g. tf32: float32 matmuls on the CUDA-core GEMM template instead of 3xTF32; "
                             f"choices: {', '.join(matchers)}; repeatable)")
     model.add_argument("--gru-storage", choices=("float16", "bfloat16"), default=None, metavar="TYPE",
-                       help="a float32 model's GRU layers store x, weights, gate inputs, h and out in TYPE "
-                            "(float16 or bfloat16), their sums and cell in float32: errors near 4e-4 with float16, "
-                            "the class of cuDNN's TF32 GRU that torch runs by default; the reference check's "
+                       help="a float32 model's GRU (and LSTM) layers store x, weights, gate inputs, h (and c) and "
+                            "out in TYPE (float16 or bfloat16), their sums and cell in float32: errors near 4e-4 with "
+                            "float16, the class of cuDNN's TF32 GRU that torch runs by default; the reference check's "
                             f"tolerance becomes at least {STORAGE_TOLERANCE:g} (default: float32 storage)")
     model.add_argument("--buckets", default=None, metavar="NAME=SIZES",
                        help="a model with a symbolic dimension NAME (tokens, sequence length): tune it at each "

@@ -180,9 +180,11 @@ def _out_types(call: Any) -> list[Any]:
     return list(types[0].fields) if len(types) == 1 and hasattr(types[0], "fields") else types
 
 
-def lstm_template(call: Any, target: TargetInfo | None = None) -> Any:
+def lstm_template(call: Any, target: TargetInfo | None = None, storage: str | None = None) -> Any:
     """The ``LstmTemplate`` an LSTM placeholder stands for (x (T·B, I), h0, c0, then W_ih, b_ih,
-    W_hh, b_hh of each layer in the device layout): sizes from the shapes, its storage type x's."""
+    W_hh, b_hh of each layer in the device layout): sizes from the shapes, its storage type x's;
+    ``storage`` (float16, bfloat16) that of a float32 LSTM (``lower_grus`` casts its arguments and
+    results), its products and cell staying float32, as ``gru_template``'s."""
     from ..schedules.lstm import LstmTemplate
 
     args = list(call.args[1].fields)
@@ -194,6 +196,10 @@ def lstm_template(call: Any, target: TargetInfo | None = None) -> Any:
     (dirs, _, _), _ = _tensor(args[5].ty, "w_hh0", "LSTM")
     if rows % batch or states != layers * dirs:
         raise TvmExtError(f"LSTM shapes disagree: input rows {rows}, h0 {states}x{batch}x{hidden}")
+    if storage is not None and storage not in STORAGE_DTYPES:
+        raise TvmExtError(f"LSTM storage {storage!r} is not supported; allowed: {', '.join(STORAGE_DTYPES)}")
+    if storage is not None and dtype == "float32":
+        dtype = storage
     template = LstmTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
                             bidirectional=dirs == 2, dtype=dtype)
     return template.with_tensor_cores(target) if target is not None else template
@@ -204,11 +210,11 @@ def gru_template(call: Any, target: TargetInfo | None = None, storage: str | Non
     precision from their dtypes (accumulators, gi/gh and the cell math float32).  ``storage``
     (float16 or bfloat16): a float32 GRU stores x, the weights, gi, h and out in that type
     (``lower_grus`` casts its arguments and results), its sums and cell staying float32.  An
-    LSTM placeholder's ``LstmTemplate`` (``lstm_template``; ``storage`` is the GRU's only)."""
+    LSTM placeholder's ``LstmTemplate`` (``lstm_template``, ``storage`` as here)."""
     from ..schedules.gru import GruTemplate
 
     if _placeholder(call) == LSTM_FUNCTION:
-        return lstm_template(call, target)
+        return lstm_template(call, target, storage)
     args = list(call.args[1].fields)
     lengths = len(args) > 6 and (len(args) - 2) % 4 == 1 and _tensor(args[-1].ty, "lengths")[1] == "int32"
     if lengths:  # each row's own length, last (``GruTemplate.input_specs``'s order)
