@@ -61,6 +61,11 @@ CASES = {
     "rows-and-units-per-thread": (dict(seq=3, batch=5, inputs=6, hidden=18),
                                   dict(step_j=4, step_u=2, step_bt=2, step_b=2, step_k=8, step_ks=2)),
     "padded-k": (dict(seq=3, batch=2, inputs=6, hidden=18), dict(step_j=8, step_k=16, step_ks=4)),
+    # the unfused steps: the hidden GEMM (batched over directions), then the cell kernel
+    "unfused-2layer-bi": (dict(seq=4, batch=3, inputs=5, hidden=11, layers=2, bidirectional=True),
+                          dict(fuse_step=0, cell_block=32)),
+    "unfused-gemm-tile": (dict(seq=3, batch=6, inputs=7, hidden=20), dict(fuse_step=0, cell_block=64, hid_wg_x=8,
+                                                                          hid_wg_y=2, hid_task_x=2, hid_k_step=8)),
 }
 
 
@@ -104,7 +109,7 @@ def test_bad_input_is_one_error(opencl):
     with pytest.raises(TvmExtError, match="c0 has shape"):
         lstm(np.zeros((3, 2, 4), np.float32), (np.zeros((1, 2, 8)), np.zeros((2, 2, 8))))
     with pytest.raises(TvmExtError, match="unknown LSTM knobs"):
-        LSTM.build(opencl, 4, 8, config={"fuse_step": 1})
+        LSTM.build(opencl, 4, 8, config={"step_tc": 1})  # (a GRU kernel's knob)
     with pytest.raises(TvmExtError, match="dtype 'int8' is not supported"):
         LstmTemplate(batch=1, hidden=4, input=4, seq=2, dtype="int8")
     with pytest.raises(TvmExtError, match="CUDA only"):
@@ -134,6 +139,23 @@ def test_persistent_cuda_kernel_runs_every_step_behind_a_grid_barrier():
     assert "fabsf(c_new_local_ptr[0])" in kernel and kernel.count("expm1f(") == 8
     # per step, every thread keeps 4 gates x 1 unit x 1 row of sums (not the GRU's 3)
     assert t.step_variant(cfg).w_registers() == 4 * (64 // 4)
+
+
+def test_unfused_steps_are_a_gemm_then_a_cell_a_step_and_the_pick_at_a_large_16_bit_batch():
+    """``fuse_step`` 0: per layer the init of h and c, the input GEMM, then per step the hidden GEMM
+    and the cell kernel (which writes c_n itself: no copy after the steps); a 16-bit LSTM of 64 rows
+    on CUDA picks them, its hidden GEMM on an mma.sync tile (the GRU's rule), and builds."""
+    target = offline_cuda()
+    t = LstmTemplate(batch=3, hidden=16, input=16, seq=4, layers=2)
+    calls = [c.func for c in t.compile(t.default_config(target).replace(fuse_step=0), target).calls]
+    assert calls == (["lstm_init", "lstm_gemm_x0"] + ["lstm_gemm_h", "lstm_cell"] * 4) * 2
+    half = LstmTemplate(batch=64, hidden=1024, input=1024, seq=4, dtype="float16").with_tensor_cores(target)
+    pick, why = half.analytic_pick(target)
+    assert pick.fuse_step == 0 and "tensor cores" in why and half.hid_tensor_core is not None
+    assert half.hidden_gemm().uses_tensor_cores(target)
+    compiled = half.compile(pick, target)
+    assert "mma.sync" in compiled.source or "mma_sync" in compiled.source
+    assert "step_j" not in half.shown_knobs(pick) and "hid_wg_x" in half.shown_knobs(pick)
 
 
 def test_step_knobs_count_four_gates_in_their_limits():
@@ -167,11 +189,12 @@ def test_tune_cli_tunes_the_whole_layer_and_a_rerun_resumes(tmp_path, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("loop", [0, 1, 2])
-def test_cuda_lstm_matches_the_reference(loop):
-    """On a GPU machine: a launch per step, the host loop and the persistent kernel, two layers
-    both directions, an H the tiles do not divide; reruns reset the barrier."""
-    cfg = {"step_j": 16, "step_k": 16, "step_ks": 2, "step_loop": loop}
+@pytest.mark.parametrize("cfg", [{"fuse_step": 0}] + [{"step_j": 16, "step_k": 16, "step_ks": 2, "step_loop": loop}
+                                                      for loop in (0, 1, 2)])
+def test_cuda_lstm_matches_the_reference(cfg):
+    """On a GPU machine: the unfused steps, and the fused step kernel a launch per step, on the host
+    loop and persistent, two layers both directions, an H the tiles do not divide; reruns reset
+    the barrier."""
     for _ in range(2):
         _close(*_run("cuda", seq=9, batch=3, inputs=24, hidden=40, layers=2, bidirectional=True, config=cfg))
 

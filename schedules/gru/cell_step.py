@@ -58,7 +58,8 @@ def cell_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
 
 def schedule_cell(func: Any, cell_block: int) -> Any:
-    """Grid (batch, dirs), ``cell_block`` threads striding over the hidden units."""
+    """Grid (batch, dirs), ``cell_block`` threads striding over the hidden units (also the LSTM's
+    cell kernel, ``schedules.lstm.cell_step``: c' and h' each in registers)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
@@ -69,9 +70,11 @@ def schedule_cell(func: Any, cell_block: int) -> Any:
     sch.bind(b, "blockIdx.x")
     sch.bind(d, "blockIdx.y")
     sch.bind(ji, "threadIdx.x")
-    cell = sch.get_sblock("cell")
-    sch.compute_at(cell, ji)
-    sch.set_scope(cell, 0, "local")
+    for name in ("cell_h", "cell"):  # (the LSTM's h' from c' first: a block goes under its consumers' loop)
+        if name == "cell" or any(sch.get(b).name_hint == name for b in sch.get_producers(store)):
+            block = sch.get_sblock(name)
+            sch.compute_at(block, ji)
+            sch.set_scope(block, 0, "local")
     return sch
 
 

@@ -262,7 +262,7 @@ def schedule_step(func: Any, tile: "FusedStep", kind: str = "cuda") -> Any:
     sch.bind(jt, "threadIdx.x")
     outer = 4 + (bt > 1)  # the loops above a thread's own: d, bo, jo, (bz,) jt
     cell = sch.get_sblock("cell")
-    cells = [sch.get_sblock(name) for name in ("cell_h",) if _has_block(sch, name)] + [cell]  # LSTM: h' from c'
+    cells = [b for b in sch.get_producers(store) if sch.get(b).name_hint == "cell_h"] + [cell]  # LSTM: h' from c'
     for block in cells:  # each consumer first: a block goes under a loop its consumers are under
         sch.compute_at(block, ju[0] if ju else bi)
         sch.set_scope(block, 0, "local")
@@ -353,15 +353,6 @@ def schedule_step(func: Any, tile: "FusedStep", kind: str = "cuda") -> Any:
         sch.annotate(ko, "pragma_unroll_explicit", 1)
     sch.decompose_reduction(main, ko)
     return sch
-
-
-def _has_block(sch: Any, name: str) -> bool:
-    """Whether the scheduled function has a block of this name."""
-    try:
-        sch.get_sblock(name)
-    except Exception:  # (tvm's ScheduleError: no such block)
-        return False
-    return True
 
 
 def _bind_fill(sch: Any, fused: Any, tile: "FusedStep") -> None:

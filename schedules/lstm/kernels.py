@@ -1,6 +1,7 @@
-"""The LSTM's kernels besides the input GEMM and the step kernel: the init of the state (h0
-and c0 into slot 0 of the step kernel's (2, dirs, batch, 2·hidden) buffer, and a persistent
-kernel's barrier reset) and the copy of each layer's last c into c_n."""
+"""The LSTM's kernels besides the input GEMM and the step kernels: the init of the state (h0
+and c0 into slot 0 of the fused step kernel's (2, dirs, batch, 2·hidden) buffer, and a persistent
+kernel's barrier reset; or into the unfused steps' h and c buffers) and the copy of each layer's
+last c into c_n (the fused step kernel's; the unfused cell kernel writes c_n itself)."""
 from __future__ import annotations
 
 from typing import Any
@@ -46,6 +47,26 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
                         bar[1] = 0
 
     return init_barrier if barrier else init
+
+
+def init_states_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str) -> Any:
+    """Layer ``layer``'s slices of h0 and c0 into the unfused steps' first h and c buffers (``p0``,
+    ``k0``; ``cell_step``)."""
+    from tvm.script import tirx as T
+
+    states = (layers * dirs, batch, hidden)
+
+    @T.prim_func(s_tir=True)
+    def init(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
+             h: T.Buffer((dirs, batch, hidden), dtype), c: T.Buffer((dirs, batch, hidden), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                h[vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
+                c[vd, vb, vj] = c0[layer * dirs + vd, vb, vj]
+
+    return init
 
 
 def final_c_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, dtype: str) -> Any:

@@ -1,5 +1,6 @@
-"""An LSTM config without measuring: the GRU's rule for its fused split-K step kernel
-(``schedules.gru.pick``), on four gates.  No LSTM timing has backed it yet."""
+"""An LSTM config without measuring: the GRU's rules (``schedules.gru.pick``) for the unfused
+steps on the tensor cores at a large batch and otherwise its fused split-K step kernel, on four
+gates.  No LSTM timing has backed them yet."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,19 +8,25 @@ from typing import Any
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
-from tvm_ext.schedules.gru.pick import SMALL_TILES, THREADS_PER_SM
+from tvm_ext.schedules.gru.pick import MANY_ROWS, SMALL_TILES, THREADS_PER_SM
 from tvm_ext.target import TargetInfo
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
-    """(config, why): on a GPU the fused step kernel split over k, persistent on CUDA (one
-    launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a launch
-    per step elsewhere; on a CPU device the default (a launch per step)."""
+    """(config, why): on CUDA from ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core
+    tile, the unfused steps; else on a GPU the fused step kernel split over k, persistent on CUDA
+    (one launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a
+    launch per step elsewhere; on a CPU device the default (a launch per step)."""
     base = template.default_config(target)
     if target.is_cpu:
         return base, "CPU device: the fused step kernel, a launch per step"
     space = template.space(target)
     cuda = target.kind == "cuda"
+    if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
+        unfused = base.replace(fuse_step=0)
+        if space.is_feasible(unfused):
+            return unfused, (f"the unfused steps: per step the hidden GEMM on the tensor cores "
+                             f"({template.hid_tensor_core.label()}), then the cell kernel")
     sm_count = HardwareModel.from_target(target).sm_count
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     ks = 8 if template.hidden >= 128 else 4

@@ -11,25 +11,31 @@ from tvm_ext.schedules.gru.plan import Call, CompiledGru, check_plan
 from tvm_ext.schedules.gru.step_variant import input_buffer
 from tvm_ext.target import TargetInfo
 
+from .cell_step import LstmCellStep
+
 BARRIER_TIMEOUT = ("persistent LSTM step kernel: a grid barrier timed out (not every block was resident "
                    "on the GPU); use step_loop 0 or 1")
 # Kernel function (name prefix) -> the stages its time counts toward
 FUNCTION_STAGES = {"lstm_init": ("step",), "lstm_gemm_x": ("input_gemm",), "lstm_step": ("step",),
-                   "lstm_final_c": ("step",)}  # also lstm_steps (all steps)
+                   "lstm_final_c": ("step",), "lstm_gemm_h": ("step",), "lstm_cell": ("step",)}  # and lstm_steps
 
 
 def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
     """Every call of one forward pass, in order: per layer the init (h0 and c0 into the state),
-    S1, the T steps (the step kernel's calls, ``FusedStep.step_calls``), then c_n's copy."""
+    S1, the T steps (the variant's calls), then, after the fused step kernel, c_n's copy (the
+    unfused cell kernel writes c_n itself)."""
     step = template.step_variant(config)
+    fused = not isinstance(step, LstmCellStep)
     calls = []
     for layer in range(template.layers):
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
-        calls.append(Call("lstm_init", ("h0", "c0", layer, "hs", *step.barrier_words())))
+        state = ("h0", "c0", layer, "hs", *step.barrier_words()) if fused else step.state_args(layer)
+        calls.append(Call("lstm_init", state))
         calls.append(Call(f"lstm_gemm_x{template.input_gemm_kind(layer)}",
                           (input_buffer(layer), f"w_ih{layer}", f"b_ih{layer}", "gi")))
         calls.extend(Call(func, args) for func, args in step.step_calls(layer, out))
-        calls.append(Call("lstm_final_c", ("hs", layer, "c_n")))
+        if fused:
+            calls.append(Call("lstm_final_c", ("hs", layer, "c_n")))
     return tuple(calls)
 
 
@@ -42,7 +48,7 @@ def compile_lstm(template: Any, config: Config, target: TargetInfo) -> CompiledG
     modules = {name: sch.mod for name, sch in scheds.items()}
     trace = {name: plain_json(sch.trace.as_json()) for name, sch in scheds.items()}
     step = template.step_variant(config)
-    looped = step.looped_steps(scheds["lstm_step"], target)
+    looped = step.looped_steps(scheds.get("lstm_step"), target)
     if looped is not None:  # every step from one call (``tvm_ext.lowering.step_loop``)
         del funcs["lstm_step"], modules["lstm_step"]
         funcs["lstm_steps"] = looped

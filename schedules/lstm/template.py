@@ -2,10 +2,12 @@
 config, and the kernel functions a config schedules.
 
 Pipeline per layer: S1 ``gi = x·W_iᵀ + b_i`` for all T steps and both directions in one GEMM,
-shape (T·B, dirs·4H) (``input_gemm``: the GEMM template with a bias row); then the fused step
-kernel on four gates (``schedules.gru.fused_step`` with the LSTM's cell), every step's
-``h·W_hᵀ + b_h`` and the cell in one kernel.  Storage is one type (``dtype``: x, the weights, h,
-c and the outputs); the products, gi and the cell are float32.
+shape (T·B, dirs·4H) (``input_gemm``: the GEMM template with a bias row); then per step either
+the fused step kernel on four gates (``fuse_step`` 1: ``schedules.gru.fused_step`` with the
+LSTM's cell, every step's ``h·W_hᵀ + b_h`` and the cell in one kernel) or the hidden GEMM and
+the cell kernel (``fuse_step`` 0: ``cell_step``; on an mma.sync tile for a 16-bit LSTM on CUDA).
+Storage is one type (``dtype``: x, the weights, h, c and the outputs); the products, gi and the
+cell are float32.
 """
 from __future__ import annotations
 
@@ -25,21 +27,22 @@ from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, TensorCoreTile, check_
 from tvm_ext.schedules.gru.compute import device_layout, torch_layout
 from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
-from tvm_ext.schedules.gru.knobs import IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
+from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
 from tvm_ext.schedules.gru.step_common import LSTM_CELL
 from tvm_ext.schedules.gru.step_variant import StepSizes
 from tvm_ext.schedules.gru.template import default_gemm_config
 from tvm_ext.target import TargetInfo
 
 from . import plan as host_plan
+from .cell_step import LstmCellStep
 from .compute import GATES, lstm_reference
-from .kernels import final_c_func, init_func
+from .kernels import final_c_func, init_func, init_states_func
 
 F32 = "float32"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 # The fused step kernel's knobs (the GRU's, on four gates), then the input GEMM's (prefixed in_)
-STEP_KNOB_NAMES = ("step_j", "step_b", "step_u", "step_bt", "step_k", "step_pipeline", "step_ks", "step_loop",
-                   "step_prefetch", "step_barrier", "step_w_onchip")
+STEP_KNOB_NAMES = ("cell_block", "fuse_step", "step_j", "step_b", "step_u", "step_bt", "step_k", "step_pipeline",
+                   "step_ks", "step_loop", "step_prefetch", "step_barrier", "step_w_onchip")
 
 
 def _four_gates(knob: Knob) -> Knob:
@@ -48,7 +51,8 @@ def _four_gates(knob: Knob) -> Knob:
 
 
 KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES)
-         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS))
+         + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
+         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (fuse_step 0): " + k.doc) for k in HID_GEMM_KNOBS))
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class LstmTemplate(NamedBuffers, Template):
     bidirectional: bool = False
     dtype: str = F32
     in_tensor_core: TensorCoreTile | None = None  # the input GEMM's tile (16-bit on CUDA: ``with_tensor_cores``)
+    hid_tensor_core: TensorCoreTile | None = None  # the unfused steps' hidden GEMM's, likewise
 
     name = "lstm"
 
@@ -74,13 +79,15 @@ class LstmTemplate(NamedBuffers, Template):
         if self.dtype not in STORAGE_DTYPES:
             raise TvmExtError(f"LSTM dtype {self.dtype!r} is not supported; allowed: {', '.join(STORAGE_DTYPES)}")
         check_tile(self.in_tensor_core, "in_tensor_core")
+        check_tile(self.hid_tensor_core, "hid_tensor_core")
 
     @property
     def params(self) -> dict[str, Any]:
         params = {"batch": self.batch, "hidden": self.hidden, "input": self.input, "seq": self.seq,
                   "layers": self.layers, "bidirectional": bool(self.bidirectional), "dtype": self.dtype}
-        if self.in_tensor_core is not None:
-            params["in_tensor_core"] = str(self.in_tensor_core)
+        for name in ("in_tensor_core", "hid_tensor_core"):
+            if getattr(self, name) is not None:
+                params[name] = str(getattr(self, name))
         return params
 
     @property
@@ -113,9 +120,12 @@ class LstmTemplate(NamedBuffers, Template):
 
     def scratch_specs(self) -> dict[str, TensorSpec]:
         t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        state = TensorSpec((d, b, h), self.dtype)
         specs = {"gi": TensorSpec((t * b, d * GATES * h), F32),
-                 "hs": TensorSpec((2, d, b, 2 * h), self.dtype),  # the step kernel's ping-pong: h, then c
-                 "bar": TensorSpec((BARRIER_WORDS,), "int32")}  # the persistent kernel's grid barrier
+                 "hs": TensorSpec((2, d, b, 2 * h), self.dtype),  # the fused step kernel's ping-pong: h, then c
+                 "bar": TensorSpec((BARRIER_WORDS,), "int32"),  # the persistent kernel's grid barrier
+                 "gh": TensorSpec((d, b, GATES * h), F32),  # the unfused steps' hidden products
+                 "p0": state, "p1": state, "k0": state, "k1": state}  # and their h and c, ping-ponging
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.dtype)
         return specs
@@ -164,6 +174,11 @@ class LstmTemplate(NamedBuffers, Template):
                                 a_dtype=self.dtype, b_dtype=self.dtype, acc_dtype=F32, c_dtype=F32,
                                 tensor_core=self.in_tensor_core)
 
+    def hidden_gemm(self) -> BiasGemmTemplate:
+        """The unfused steps' ``gh = h·W_hᵀ + b_h``, batched over directions: (dirs, B, 4H), float32."""
+        return BiasGemmTemplate(self.batch, GATES * self.hidden, self.hidden, a_dtype=self.dtype, b_dtype=self.dtype,
+                                acc_dtype=F32, c_dtype=F32, tensor_core=self.hid_tensor_core, batch=self.dirs)
+
     def input_gemm_kinds(self) -> tuple[int, ...]:
         """The input GEMM functions: 0, and 1 for layers >= 1 where their depth differs."""
         return (0,) if self.layers == 1 or self.layer_input(1) == self.input else (0, 1)
@@ -172,14 +187,16 @@ class LstmTemplate(NamedBuffers, Template):
         return 0 if layer == 0 or len(self.input_gemm_kinds()) == 1 else 1
 
     def with_tensor_cores(self, target: TargetInfo) -> "LstmTemplate":
-        """With an mma.sync tile for a 16-bit input GEMM on CUDA (``pick_tile``), none elsewhere."""
+        """With mma.sync tiles for a 16-bit LSTM's input and hidden GEMMs on CUDA (``pick_tile``),
+        none elsewhere."""
         from tvm_ext.schedules.gemm.tensor_core_tile import pick_tile
 
         if target.kind != "cuda" or self.dtype == F32:
-            return replace(self, in_tensor_core=None)
+            return replace(self, in_tensor_core=None, hid_tensor_core=None)
         shapes = [(self.seq * self.batch, self.dirs * GATES * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
-        return replace(self, in_tensor_core=pick_tile(shapes, target))
+        return replace(self, in_tensor_core=pick_tile(shapes, target),
+                       hid_tensor_core=pick_tile([(self.batch, GATES * self.hidden, self.hidden)], target))
 
     def for_target(self, target: TargetInfo) -> "LstmTemplate":
         return self.with_tensor_cores(target)
@@ -189,20 +206,26 @@ class LstmTemplate(NamedBuffers, Template):
                          w_dtype=self.dtype, acc_dtype=F32, gh_dtype=F32, math_dtype=F32, out_dtype=self.dtype,
                          input=self.input, x_dtype=self.dtype, w_ih_dtype=self.dtype, cell=LSTM_CELL)
 
-    def step_variant(self, config: Config) -> FusedStep:
-        """The fused step kernel ``config`` runs: a launch per step or looped on the host
-        (``step_loop`` 0, 1), or persistent behind a grid barrier (2)."""
+    def step_variant(self, config: Config) -> FusedStep | LstmCellStep:
+        """The steps ``config`` runs: the hidden GEMM and the cell kernel (``fuse_step`` 0), or the
+        fused step kernel, a launch per step or looped on the host (``step_loop`` 0, 1), or
+        persistent behind a grid barrier (2)."""
+        if not config.fuse_step:
+            return LstmCellStep.of(self.step_sizes(), config, self.hidden_gemm())
         family = PersistentStep if config.step_loop == 2 else FusedStep
         return family.of(self.step_sizes(), config)
 
     # ---- the search space ------------------------------------------------------------------
     def space(self, target: TargetInfo) -> Space:
-        gemms = [(f"input GEMM of layer {layer}", self.input_gemm(layer)) for layer in self.input_gemm_kinds()]
-        spaces = [(label, g.space(target), g.default_config(target)) for label, g in gemms]
+        gemms = [(f"input GEMM of layer {layer}", "in_", self.input_gemm(layer)) for layer in self.input_gemm_kinds()]
+        gemms.append(("hidden GEMM", "hid_", self.hidden_gemm()))
+        spaces = [(label, prefix, g.space(target), g.default_config(target)) for label, prefix, g in gemms]
 
         def gemm_reason(c: Config) -> str | None:
-            for label, space, base in spaces:
-                reason = space.infeasible_reason(gemm_config(c, "in_", base))
+            for label, prefix, space, base in spaces:
+                if prefix == "hid_" and c.fuse_step:
+                    continue  # the fused step kernel makes its own products
+                reason = space.infeasible_reason(gemm_config(c, prefix, base))
                 if reason:
                     return f"{label}: {reason}"
             return None
@@ -216,11 +239,13 @@ class LstmTemplate(NamedBuffers, Template):
         """The fused step kernel a launch per step, 32 units (fewer for a small H) a block, k
         slices of 16, with the input GEMM's default tile."""
         units = min(32, 1 << max(1, (self.hidden - 1).bit_length()))
-        values: dict[str, Any] = {"step_j": units, "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16,
-                                  "step_pipeline": 0, "step_ks": 1, "step_loop": 0, "step_prefetch": 0,
-                                  "step_barrier": 0, "step_w_onchip": 0}
-        values.update({"in_" + k: v for k, v in default_gemm_config(self.input_gemm(0), target).items})
-        return self.space(target).make(**values)
+        values: dict[str, Any] = {"cell_block": 256, "fuse_step": 1, "step_j": units, "step_b": 1, "step_u": 1,
+                                  "step_bt": 1, "step_k": 16, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
+                                  "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0}
+        for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
+            values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
+        names = set(self.space(target).names)
+        return self.space(target).make(**{k: v for k, v in values.items() if k in names})
 
     def analytic_pick(self, target: TargetInfo) -> tuple[Config, str]:
         """A config without measuring, and why (``pick.py``)."""
@@ -229,18 +254,25 @@ class LstmTemplate(NamedBuffers, Template):
         return analytic_pick(self, target)
 
     def shown_knobs(self, config: Config) -> tuple[str, ...]:
-        return tuple(name for name, _ in config.items)
+        """The knobs of the steps ``config`` runs: fused, the step kernel's; unfused, the hidden
+        GEMM's and the cell kernel's (the input GEMM's either way)."""
+        unused = ("hid_", "cell_block") if config.fuse_step else ("step_",)
+        return tuple(name for name, _ in config.items if not name.startswith(unused))
 
     # ---- kernels and plan ------------------------------------------------------------------
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """Scheduled ``s_tir.Schedule`` of each kernel function the plan calls, by name."""
         threads = min(256, target.max_threads_per_block)
         step = self.step_variant(config)
-        persistent = isinstance(step, PersistentStep)
-        init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype, barrier=persistent)
-        final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
-        funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
-                 "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
+        if isinstance(step, LstmCellStep):
+            init = init_states_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype)
+            funcs = {"lstm_init": schedule_elementwise(init, "init", threads)}
+        else:
+            init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype,
+                             barrier=isinstance(step, PersistentStep))
+            final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
+            funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
+                     "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
         base = default_gemm_config(self.input_gemm(0), target)
         for kind in self.input_gemm_kinds():
             funcs[f"lstm_gemm_x{kind}"] = self.input_gemm(kind).schedule(gemm_config(config, "in_", base), target)
@@ -252,9 +284,9 @@ class LstmTemplate(NamedBuffers, Template):
         if target.kind != "cuda":
             return {}
         options: dict[str, Any] = {"tirx.use_async_copy": True} if self.step_variant(config).async_copy() else {}
-        gemm = self.input_gemm(0)
-        if gemm.uses_tensor_cores(target):
-            options.update(gemm.tensor_core.pass_config())
+        for gemm in [self.input_gemm(0)] + ([] if config.fuse_step else [self.hidden_gemm()]):
+            if gemm.uses_tensor_cores(target):
+                options.update(gemm.tensor_core.pass_config())
         return options
 
     def plan(self, config: Config) -> tuple[Any, ...]:
