@@ -156,6 +156,11 @@ def test_unfused_steps_are_a_gemm_then_a_cell_a_step_and_the_pick_at_a_large_16_
     compiled = half.compile(pick, target)
     assert "mma.sync" in compiled.source or "mma_sync" in compiled.source
     assert "step_j" not in half.shown_knobs(pick) and "hid_wg_x" in half.shown_knobs(pick)
+    # float32 at 64 rows has no tensor-core tile: the fused step kernel on blocks of many rows, W_hh's
+    # slice in shared memory, persistent (the GRU's rule)
+    single = LstmTemplate(batch=64, hidden=1024, input=1024, seq=4).with_tensor_cores(target)
+    pick, why = single.analytic_pick(target)
+    assert (pick.fuse_step, pick.step_loop, pick.step_w_onchip) == (1, 2, 1) and single.step_variant(pick).rows > 8
 
 
 def test_step_knobs_count_four_gates_in_their_limits():

@@ -234,7 +234,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                          f"cell kernel (no tensor-core step kernel's grid is resident: W_hh's slices and h's rows "
                          f"do not fit)")
     if cuda and template.batch >= MANY_ROWS:
-        cfg = _many_rows(template, base, space, hw.sm_count, extras)
+        cfg = many_rows_config(template, base, space, hw.sm_count, extras)
         if cfg is not None:
             step = template.step_variant(cfg)
             return cfg, (f"fused step kernel, {step.blocks} blocks of {step.units} units x "
@@ -663,11 +663,13 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int,
     return base, "input GEMM: the default tile"
 
 
-def _many_rows(template: Any, base: Config, space: Any, sm_count: int, extras: dict[str, int]) -> Config | None:
-    """Blocks of 32 rows and the fewest units (``MANY_ROWS_UNITS``) whose grid fits one block
-    per SM, 256 threads (8 along the rows, 4 rows each; up to 8 along the units; the rest split
-    k), h slices of 64 (32 where shared memory is short); else blocks of 8 units x all rows
-    (8 rows per thread, up to 16 threads along the rows); None where neither is feasible."""
+def many_rows_config(template: Any, base: Config, space: Any, sm_count: int,
+                     extras: dict[str, int]) -> Config | None:
+    """The fused step kernel for many rows (the GRU's, the LSTM's: ``schedules.lstm.pick``):
+    blocks of 32 rows and the fewest units (``MANY_ROWS_UNITS``) whose grid fits one block per SM,
+    256 threads (8 along the rows, 4 rows each; up to 8 along the units; the rest split k), h
+    slices of 64 (32 where shared memory is short); else blocks of 8 units x all rows (8 rows per
+    thread, up to 16 threads along the rows); None where neither is feasible."""
     rows = dict(step_b=4, step_bt=8)
     for units in MANY_ROWS_UNITS:
         threads_j = min(units, 8)

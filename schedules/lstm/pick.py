@@ -8,13 +8,14 @@ from typing import Any
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
-from tvm_ext.schedules.gru.pick import MANY_ROWS, SMALL_TILES, THREADS_PER_SM
+from tvm_ext.schedules.gru.pick import MANY_ROWS, SMALL_TILES, THREADS_PER_SM, many_rows_config
 from tvm_ext.target import TargetInfo
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     """(config, why): on CUDA from ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core
-    tile, the unfused steps; else on a GPU the fused step kernel split over k, persistent on CUDA
+    tile, the unfused steps, without one the fused step kernel on blocks of many rows (the GRU's
+    ``many_rows_config``); else on a GPU the fused step kernel split over k, persistent on CUDA
     (one launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a
     launch per step elsewhere; on a CPU device the default (a launch per step)."""
     base = template.default_config(target)
@@ -29,6 +30,12 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"({template.hid_tensor_core.label()}), then the cell kernel")
     sm_count = HardwareModel.from_target(target).sm_count
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
+    many = many_rows_config(template, base, space, sm_count, extras) if cuda and template.batch >= MANY_ROWS else None
+    if many is not None:
+        step = template.step_variant(many)
+        return many, (f"fused step kernel, {step.blocks} blocks of {step.units} units x {step.rows} batch rows "
+                      f"(threads {step.j}x{step.ks}x{step.bt}), W_hh's slice in shared memory, h slices of "
+                      f"{step.k} double-buffered, persistent")
     ks = 8 if template.hidden >= 128 else 4
     step_k = next((k for k in (64, 32, 16) if step_k_extent(template.hidden, k, ks) * 4 <= template.hidden * 5), 8)
     for rows, units in SMALL_TILES:
