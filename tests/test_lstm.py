@@ -95,6 +95,24 @@ def test_matches_torch_lstm_with_batch_first_and_without_bias(opencl):
     _close((out, h_n, c_n), (ref_out.numpy(), ref_h.numpy(), ref_c.numpy()))
 
 
+@pytest.mark.parametrize("config", [None, {"fuse_step": 0}], ids=["fused", "unfused"])
+def test_a_bfloat16_lstm_is_within_bfloat16s_rounding(opencl, config):
+    """bfloat16 storage (x, weights, h, c, out; products and cell in float32): normwise errors of a
+    few bfloat16 roundings (2^-8), not more; a 16-bit type the device lacks is one error."""
+    from tvm_ext.precision.precision import relative_error
+
+    lstm = LSTM.build(opencl, 6, 10, num_layers=2, bidirectional=True, batch=3, seq=5, dtype="bfloat16", config=config)
+    weights = _weights(6, 10, 2, 2)
+    lstm.load_numpy(weights)
+    x = np.random.default_rng(4).uniform(-1, 1, (5, 3, 6)).astype(np.float32)
+    out, (h_n, c_n) = lstm(x)
+    for ours, ref in zip((out, h_n, c_n), lstm_reference(x, weights, None, None, 2, True)):
+        assert relative_error(ours, ref) < 1e-2
+    if "float16" not in opencl.float_dtypes:
+        with pytest.raises(TvmExtError, match="has no float16 arithmetic"):
+            LSTM.build(opencl, 6, 10, dtype="float16")
+
+
 def test_bad_input_is_one_error(opencl):
     lstm = LSTM.build(opencl, 4, 8, batch=2, seq=3)
     with pytest.raises(TvmExtError, match="weights are not loaded"):

@@ -188,9 +188,13 @@ class LstmTemplate(NamedBuffers, Template):
 
     def with_tensor_cores(self, target: TargetInfo) -> "LstmTemplate":
         """With mma.sync tiles for a 16-bit LSTM's input and hidden GEMMs on CUDA (``pick_tile``),
-        none elsewhere."""
+        none elsewhere; one ``TvmExtError`` where the device has no ``dtype`` arithmetic (an
+        OpenCL device without ``cl_khr_fp16``)."""
         from tvm_ext.schedules.gemm.tensor_core_tile import pick_tile
 
+        if self.dtype not in target.float_dtypes:
+            raise TvmExtError(f"LSTM dtype {self.dtype}: this {target.kind} device has no {self.dtype} arithmetic "
+                              f"(it has {', '.join(target.float_dtypes)})")
         if target.kind != "cuda" or self.dtype == F32:
             return replace(self, in_tensor_core=None, hid_tensor_core=None)
         shapes = [(self.seq * self.batch, self.dirs * GATES * self.hidden, self.layer_input(layer))
