@@ -172,7 +172,8 @@ def test_unrolled_recurrences_match_the_specification_on_pocl(opencl, tmp_path, 
 
 @pytest.mark.parametrize("kw, why", [
     (dict(), None), (dict(layout=1, bias=False, direction="bidirectional"), None), (dict(states=False), None),
-    (dict(direction="reverse"), None), (dict(lengths=True), "sequence_lens"),
+    (dict(direction="reverse"), None), (dict(lengths=True, direction="bidirectional"), None),
+    (dict(lengths=True, direction="reverse"), "direction='reverse' with sequence_lens"),
     (dict(peepholes=True), "peepholes (P)"), (dict(clip=0.5), "clip=0.5"),
 ])
 def test_an_lstm_runs_on_our_kernel_where_its_form_allows_and_says_why_not_elsewhere(opencl, tmp_path, capfd, kw,
@@ -227,6 +228,36 @@ def test_torch_lstm_exported_to_onnx_matches_torch_in_float64(tmp_path, kind, dy
     with torch.no_grad():
         y, (h, c) = lstm.double()(x.double())
     for g, w in zip(got, (y, h, c)):
+        assert g.shape == tuple(w.shape) and relative_error(g, w.numpy()) < 1e-5
+
+
+def test_a_packed_torch_lstm_exported_to_onnx_runs_on_our_kernel_with_its_lengths(tmp_path, opencl):
+    """A model packing its batch (``pack_padded_sequence`` with the lengths an input), through torch's
+    TorchScript exporter: an LSTM node with ``sequence_lens``, on our LSTM's unfused steps, against
+    torch in float64 (outputs past each row's length zero, final states at its last step)."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    class Packed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(4, 7, bidirectional=True)
+
+        def forward(self, x, lengths):
+            y, (h, c) = self.lstm(pack_padded_sequence(x, lengths, enforce_sorted=False))
+            return pad_packed_sequence(y, total_length=x.shape[0])[0], h, c
+
+    torch.manual_seed(0)
+    model = Packed().eval()
+    x, lengths = torch.randn(5, 3, 4), torch.tensor([2, 5, 3])
+    path = str(tmp_path / "packed.onnx")
+    torch.onnx.export(model, (x, lengths), path, dynamo=False, input_names=["x", "lengths"])
+    text = load_onnx(path).script()
+    assert "tvm_ext.lstm" in text
+    got = _run(path, [x.numpy(), lengths.numpy()], opencl)
+    with torch.no_grad():
+        want = model.double()(x.double(), lengths)
+    for g, w in zip(got, want):
         assert g.shape == tuple(w.shape) and relative_error(g, w.numpy()) < 1e-5
 
 

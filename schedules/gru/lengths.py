@@ -85,26 +85,26 @@ def zero_out_func(steps: int, batch: int, width: int, out_dtype: str, vec: int =
 
 
 
-def checked_lengths(lengths: Any, batch: int, seq: int, enforce_sorted: bool = False) -> np.ndarray:
-    """``lengths`` (a sequence, numpy array or CPU tensor) as int32 (batch,), or a clear error:
-    one length per row, each in [1, seq]; non-increasing where ``enforce_sorted`` (as
-    ``torch.nn.utils.rnn.pack_padded_sequence`` requires by default)."""
+def checked_lengths(lengths: Any, batch: int, seq: int, enforce_sorted: bool = False, what: str = "GRU") -> np.ndarray:
+    """``lengths`` (a sequence, numpy array or CPU tensor) as int32 (batch,), or a clear error
+    (``what``: the layer's name in it): one length per row, each in [1, seq]; non-increasing where
+    ``enforce_sorted`` (as ``torch.nn.utils.rnn.pack_padded_sequence`` requires by default)."""
     if hasattr(lengths, "detach"):
         lengths = lengths.detach().cpu().numpy()
     array = np.asarray(lengths)
     if array.ndim != 1 or array.shape[0] != batch:
-        raise TvmExtError(f"GRU lengths has shape {array.shape}, expected ({batch},): one length per batch row")
+        raise TvmExtError(f"{what} lengths has shape {array.shape}, expected ({batch},): one length per batch row")
     if array.dtype.kind not in "iu":
         if array.dtype.kind != "f" or not np.all(np.isfinite(array)) or not np.all(array == np.round(array)):
-            raise TvmExtError(f"GRU lengths must be integers, got {array.dtype} values {array[:4].tolist()}")
+            raise TvmExtError(f"{what} lengths must be integers, got {array.dtype} values {array[:4].tolist()}")
     values = array.astype(np.int64)
     bad = np.flatnonzero((values < 1) | (values > seq))
     if bad.size:
         i = int(bad[0])
-        raise TvmExtError(f"GRU lengths[{i}] = {int(values[i])} is outside 1..{seq} (every row needs at least "
+        raise TvmExtError(f"{what} lengths[{i}] = {int(values[i])} is outside 1..{seq} (every row needs at least "
                           f"one step and at most the sequence length {seq})")
     if enforce_sorted and np.any(np.diff(values) > 0):
         i = int(np.flatnonzero(np.diff(values) > 0)[0]) + 1
-        raise TvmExtError(f"GRU lengths are not sorted in decreasing order (lengths[{i}] = {int(values[i])} > "
+        raise TvmExtError(f"{what} lengths are not sorted in decreasing order (lengths[{i}] = {int(values[i])} > "
                           f"lengths[{i - 1}] = {int(values[i - 1])}); sort the batch or pass enforce_sorted=False")
     return values.astype(np.int32)

@@ -14,9 +14,12 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def lstm_reference(x: np.ndarray, weights: Mapping[str, np.ndarray], h0: np.ndarray | None = None,
                    c0: np.ndarray | None = None, num_layers: int = 1, bidirectional: bool = False,
-                   batch_first: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   batch_first: bool = False, lengths: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 ``torch.nn.LSTM`` forward: (output, h_n, c_n), PyTorch's equations and layouts
-    (weights named as its ``state_dict``; biases may be left out)."""
+    (weights named as its ``state_dict``; biases may be left out).  ``lengths``: each batch row's
+    own length, as a ``PackedSequence`` runs it (outputs past it zero, h_n and c_n at its last
+    step, the backward direction starting there)."""
     x = np.asarray(x, np.float64)
     if batch_first:
         x = x.transpose(1, 0, 2)
@@ -39,12 +42,14 @@ def lstm_reference(x: np.ndarray, weights: Mapping[str, np.ndarray], h0: np.ndar
             h, c = h_all[layer * dirs + d], c_all[layer * dirs + d]
             seq = np.empty((steps, batch, hidden))
             for t in (range(steps) if d == 0 else reversed(range(steps))):
+                live = np.ones((batch, 1), bool) if lengths is None else (t < np.asarray(lengths))[:, None]
                 g = gi[t] + h @ w_hh.T + b_hh
                 i, f = _sigmoid(g[:, :hidden]), _sigmoid(g[:, hidden:2 * hidden])
                 cand, o = np.tanh(g[:, 2 * hidden:3 * hidden]), _sigmoid(g[:, 3 * hidden:])
-                c = f * c + i * cand
-                h = o * np.tanh(c)
-                seq[t] = h
+                c_new = f * c + i * cand
+                h_new = o * np.tanh(c_new)
+                h, c = np.where(live, h_new, h), np.where(live, c_new, c)
+                seq[t] = np.where(live, h_new, 0.0)
             outs.append(seq)
             h_n.append(h)
             c_n.append(c)

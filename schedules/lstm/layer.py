@@ -11,6 +11,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.measure.executors import CudaExecutor, OpenclExecutor
 from tvm_ext.precision.precision import np_dtype
 from tvm_ext.schedules.gru.layer import _numpy, built_config, expected_weight_shapes, weight_arrays
+from tvm_ext.schedules.gru.lengths import checked_lengths
 from tvm_ext.target import TargetInfo
 
 from .compute import GATES
@@ -49,14 +50,17 @@ class LSTM:
     def build(cls, target: TargetInfo | str, input_size: int, hidden_size: int, num_layers: int = 1,
               bidirectional: bool = False, batch_first: bool = False, batch: int = 1, seq: int = 1,
               config: Config | Mapping[str, Any] | None = None, device_id: int = 0,
-              dtype: str = "float32") -> "LSTM":
+              dtype: str = "float32", variable_lengths: bool = False) -> "LSTM":
         """Compile every kernel for this shape.  ``config``: a full LSTM config, or a few knob
-        values overriding the default (e.g. ``{"step_ks": 2}``); none: ``analytic_pick``."""
+        values overriding the default (e.g. ``{"step_ks": 2}``); none: ``analytic_pick``.
+        ``variable_lengths``: calls take ``lengths`` (each row stops at its own length, as a
+        ``PackedSequence``; the unfused steps run it)."""
         from tvm_ext.target import resolve_target
 
         info = resolve_target(target, device_id) if isinstance(target, str) else target
         template = LstmTemplate(batch=batch, hidden=hidden_size, input=input_size, seq=seq, layers=num_layers,
-                                bidirectional=bool(bidirectional), dtype=dtype).with_tensor_cores(info)
+                                bidirectional=bool(bidirectional), dtype=dtype,
+                                variable_lengths=bool(variable_lengths)).with_tensor_cores(info)
         cfg = built_config(template, info, config, "LSTM")
         return cls(template, cfg, info, bool(batch_first), template.compile(cfg, info))
 
@@ -89,13 +93,21 @@ class LSTM:
                               "hidden)")
         return array
 
-    def __call__(self, x: Any, state: tuple[Any, Any] | None = None
-                 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    def __call__(self, x: Any, state: tuple[Any, Any] | None = None, lengths: Any = None,
+                 enforce_sorted: bool = False) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """(output, (h_n, c_n)) as ``torch.nn.LSTM`` returns them, float32 numpy arrays (x's type
-        where x comes in the LSTM's 16-bit ``dtype``); ``state``: (h0, c0), zeros when left out."""
+        where x comes in the LSTM's 16-bit ``dtype``); ``state``: (h0, c0), zeros when left out.
+        ``lengths`` (an LSTM built with ``variable_lengths``): each row's length, as
+        ``pack_padded_sequence`` takes them (sorted decreasing only with ``enforce_sorted``)."""
         t = self.template
         if not self._loaded:
             raise TvmExtError("LSTM weights are not loaded: call load_numpy or load_state_dict first")
+        if t.variable_lengths:
+            lengths = (np.full(t.batch, t.seq, np.int32) if lengths is None
+                       else checked_lengths(lengths, t.batch, t.seq, enforce_sorted, "LSTM"))
+        elif lengths is not None:
+            raise TvmExtError("this LSTM was built for full-length rows: build it with variable_lengths=True to "
+                              "pass lengths")
         x = _numpy(x)
         result = x.dtype if x.dtype == np_dtype(t.dtype) else np.dtype(np.float32)
         want = (t.batch, t.seq, t.input) if self.batch_first else (t.seq, t.batch, t.input)
@@ -109,6 +121,8 @@ class LSTM:
         ex.write("x", np.ascontiguousarray(x))
         ex.write("h0", self._state(h0, "h0"))
         ex.write("c0", self._state(c0, "c0"))
+        if t.variable_lengths:
+            ex.write("lengths", lengths)
         ex.run()
         if self.persistent and bool(ex.read("bar")[1]):
             raise TvmExtError(BARRIER_TIMEOUT)

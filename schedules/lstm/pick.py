@@ -19,6 +19,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     (one launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a
     launch per step elsewhere; on a CPU device the default (a launch per step)."""
     base = template.default_config(target)
+    if template.variable_lengths:
+        return base, "variable lengths: the unfused steps (their cell keeps a finished row's h and c)"
     if target.is_cpu:
         return base, "CPU device: the fused step kernel, a launch per step"
     space = template.space(target)

@@ -28,6 +28,7 @@ from tvm_ext.schedules.gru.compute import device_layout, torch_layout
 from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
 from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
+from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE
 from tvm_ext.schedules.gru.step_common import LSTM_CELL
 from tvm_ext.schedules.gru.step_variant import StepSizes
 from tvm_ext.schedules.gru.template import default_gemm_config
@@ -70,6 +71,7 @@ class LstmTemplate(NamedBuffers, Template):
     dtype: str = F32
     in_tensor_core: TensorCoreTile | None = None  # the input GEMM's tile (16-bit on CUDA: ``with_tensor_cores``)
     hid_tensor_core: TensorCoreTile | None = None  # the unfused steps' hidden GEMM's, likewise
+    variable_lengths: bool = False  # each batch row stops at its own length (input ``lengths``; unfused steps)
 
     name = "lstm"
 
@@ -88,6 +90,8 @@ class LstmTemplate(NamedBuffers, Template):
         for name in ("in_tensor_core", "hid_tensor_core"):
             if getattr(self, name) is not None:
                 params[name] = str(getattr(self, name))
+        if self.variable_lengths:  # only when set, as the GRU's
+            params["variable_lengths"] = True
         return params
 
     @property
@@ -111,6 +115,8 @@ class LstmTemplate(NamedBuffers, Template):
             specs[f"b_ih{layer}"] = TensorSpec((d * GATES * h,), dt)
             specs[f"w_hh{layer}"] = TensorSpec((d, h, GATES * h), dt)
             specs[f"b_hh{layer}"] = TensorSpec((d, GATES * h), dt)
+        if self.variable_lengths:
+            specs["lengths"] = TensorSpec((b,), LENGTHS_DTYPE)
         return specs
 
     def output_specs(self) -> dict[str, TensorSpec]:
@@ -135,10 +141,15 @@ class LstmTemplate(NamedBuffers, Template):
         return self
 
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
-        """x, h0 and c0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H), held in ``dtype``."""
+        """x, h0 and c0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H), held in ``dtype``;
+        lengths uniform in [1, T], the longest row T."""
         scale = 1.0 / math.sqrt(self.hidden)
         arrays = []
         for name, spec in self.input_specs().items():
+            if name == "lengths":
+                arrays.append(rng.integers(1, self.seq + 1, size=spec.shape).astype(np.int32))
+                arrays[-1][0] = self.seq
+                continue
             bound = 1.0 if name in ("x", "h0", "c0") else scale
             values = rng.uniform(-bound, bound, size=spec.shape).astype(np.float32)
             arrays.append(values if spec.dtype == F32 else cast(values, spec.dtype))
@@ -159,7 +170,8 @@ class LstmTemplate(NamedBuffers, Template):
         x = named["x"].astype(np.float64).reshape(self.seq, self.batch, self.input)
         weights = {k: v.astype(np.float64) for k, v in self.torch_weights(named).items()}
         out, h_n, c_n = lstm_reference(x, weights, named["h0"].astype(np.float64),
-                                       named["c0"].astype(np.float64), self.layers, self.bidirectional)
+                                       named["c0"].astype(np.float64), self.layers, self.bidirectional,
+                                       lengths=named.get("lengths"))
         return [out.reshape(self.seq * self.batch, -1), h_n, c_n]
 
     def flops(self) -> float:
@@ -215,7 +227,7 @@ class LstmTemplate(NamedBuffers, Template):
         fused step kernel, a launch per step or looped on the host (``step_loop`` 0, 1), or
         persistent behind a grid barrier (2)."""
         if not config.fuse_step:
-            return LstmCellStep.of(self.step_sizes(), config, self.hidden_gemm())
+            return LstmCellStep.of(self.step_sizes(), config, self.hidden_gemm(), self.variable_lengths)
         family = PersistentStep if config.step_loop == 2 else FusedStep
         return family.of(self.step_sizes(), config)
 
@@ -235,17 +247,21 @@ class LstmTemplate(NamedBuffers, Template):
             return None
 
         def step_reason(c: Config) -> str | None:
+            if self.variable_lengths and c.fuse_step:
+                return ("variable lengths run on the unfused steps (fuse_step 0), whose cell keeps a finished row's "
+                        "h and c")
             return self.step_variant(c).reason(target)
 
         return Space(KNOBS, (gemm_reason, step_reason))
 
     def default_config(self, target: TargetInfo) -> Config:
         """The fused step kernel a launch per step, 32 units (fewer for a small H) a block, k
-        slices of 16, with the input GEMM's default tile."""
+        slices of 16 (with variable lengths the unfused steps), the GEMMs' default tiles."""
         units = min(32, 1 << max(1, (self.hidden - 1).bit_length()))
-        values: dict[str, Any] = {"cell_block": 256, "fuse_step": 1, "step_j": units, "step_b": 1, "step_u": 1,
-                                  "step_bt": 1, "step_k": 16, "step_pipeline": 0, "step_ks": 1, "step_loop": 0,
-                                  "step_prefetch": 0, "step_barrier": 0, "step_w_onchip": 0}
+        values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
+                                  "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
+                                  "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
+                                  "step_w_onchip": 0}
         for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
             values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
         names = set(self.space(target).names)

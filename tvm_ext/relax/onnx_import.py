@@ -10,7 +10,7 @@ On the kernel as PyTorch exports it: ``linear_before_reset=1``, ``direction`` fo
 bidirectional (or reverse without ``sequence_lens``: the kernel runs the reversed sequence), the
 default activations, no ``clip``, ``layout`` 0 or 1, optional ``B``, ``sequence_lens`` and
 ``initial_h``, W, R and B initializers.  An ``LSTM`` node of the same form
-(gates i, o, f, c in ONNX, i, f, g, o in PyTorch; no peepholes, no ``sequence_lens``) becomes
+(gates i, o, f, c in ONNX, i, f, g, o in PyTorch; no peepholes) becomes
 tvm_ext's LSTM placeholder (``tvm_ext.lstm``, ``schedules.lstm``).  Any other GRU or LSTM, and
 every ``RNN`` node, runs unrolled in Relax (``onnx_rnn``, a note on stderr saying why); what
 that form cannot run either is refused with the attribute named.
@@ -152,8 +152,8 @@ def _lstm_kernel_refusal(node: RecurrentNode, inputs: list[Any]) -> str | None:
     kernels = tuple(Activation(name) for name in DEFAULT_ACTIVATIONS["LSTM"])
     if any(functions != kernels for functions in node.activations):
         return f"activations={[act.name for functions in node.activations for act in functions]}"
-    if lengths is not None:
-        return "sequence_lens (the kernel runs every row to the last step)"
+    if lengths is not None and node.direction == "reverse":
+        return "direction='reverse' with sequence_lens (each row would start at its own last step)"
     if str(x.ty.dtype) not in KERNEL_DTYPES:
         return f"{x.ty.dtype} (it stores {', '.join(KERNEL_DTYPES)})"
     if not all(isinstance(v, tvm.ir.expr.Constant) for v in (w, r, b, p) if v is not None):
@@ -175,7 +175,7 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     refusal = _lstm_kernel_refusal(node, inputs)
     if refusal is not None:
         return convert_unrolled(bb, "LSTM", inputs, attrs, why=f"tvm_ext's LSTM kernel does not run {refusal}")
-    x, w, r, b, _, h0, c0, _ = inputs[:8]
+    x, w, r, b, lengths, h0, c0, _ = inputs[:8]
     w_array, r_array = _constant(w, "W"), _constant(r, "R")
     dirs, gates, input_size = w_array.shape
     hidden = gates // 4
@@ -201,6 +201,8 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))),
             *(v if v is not None else bb.emit(relax.op.zeros(zeros, dtype)) for v in (h0, c0)),
             *(relax.const(weights[f"{n}0"].astype(dtype)) for n in ("w_ih", "b_ih", "w_hh", "b_hh"))]
+    if lengths is not None:  # each row stops at its own length (the unfused steps)
+        args.append(bb.emit(relax.op.astype(lengths, "int32")))
     states = relax.TensorType([dirs, batch, hidden], dtype)
     call = bb.emit(relax.call_dps_packed(
         LSTM_FUNCTION, relax.Tuple(args), [relax.TensorType([steps * batch, dirs * hidden], dtype), states, states]))

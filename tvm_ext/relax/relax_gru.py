@@ -182,14 +182,19 @@ def _out_types(call: Any) -> list[Any]:
 
 def lstm_template(call: Any, target: TargetInfo | None = None, storage: str | None = None) -> Any:
     """The ``LstmTemplate`` an LSTM placeholder stands for (x (T·B, I), h0, c0, then W_ih, b_ih,
-    W_hh, b_hh of each layer in the device layout): sizes from the shapes, its storage type x's;
+    W_hh, b_hh of each layer in the device layout, optionally int32 lengths): sizes from the
+    shapes, its storage type x's;
     ``storage`` (float16, bfloat16) that of a float32 LSTM (``lower_grus`` casts its arguments and
     results), its products and cell staying float32, as ``gru_template``'s."""
     from ..schedules.lstm import LstmTemplate
 
     args = list(call.args[1].fields)
+    lengths = len(args) > 7 and (len(args) - 3) % 4 == 1 and _tensor(args[-1].ty, "lengths", "LSTM")[1] == "int32"
+    if lengths:  # each row's own length, last (``LstmTemplate.input_specs``'s order)
+        args = args[:-1]
     if len(args) < 7 or (len(args) - 3) % 4:
-        raise TvmExtError(f"LSTM call takes x, h0, c0 and 4 weights per layer, got {len(args)} arguments")
+        raise TvmExtError(f"LSTM call takes x, h0, c0, 4 weights per layer and optionally int32 lengths, got "
+                          f"{len(call.args[1].fields)} arguments")
     (rows, features), dtype = _tensor(args[0].ty, "input", "LSTM")
     (states, batch, hidden), _ = _tensor(args[1].ty, "h0", "LSTM")
     layers = (len(args) - 3) // 4
@@ -201,7 +206,7 @@ def lstm_template(call: Any, target: TargetInfo | None = None, storage: str | No
     if storage is not None and dtype == "float32":
         dtype = storage
     template = LstmTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
-                            bidirectional=dirs == 2, dtype=dtype)
+                            bidirectional=dirs == 2, dtype=dtype, variable_lengths=bool(lengths))
     return template.with_tensor_cores(target) if target is not None else template
 
 
