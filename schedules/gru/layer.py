@@ -32,6 +32,17 @@ def _numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def plan_executor(compiled: CompiledGru, specs: Mapping[str, Any], target: TargetInfo, prepared: int = 0) -> Any:
+    """The executor of a compiled plan (the GRU's, the LSTM's) on its buffers ``specs``: OpenCL
+    runs its kernel launches, CUDA calls its functions through TVM's runtime; ``prepared``: how
+    many of the first steps prepare what the weights give (``CompiledGru.prepared_steps``)."""
+    if target.kind == "opencl":
+        return OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs, target.device_id,
+                                 prepared=prepared)
+    return CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs, target.device_id,
+                        prepared=prepared)
+
+
 def built_config(template: Any, info: TargetInfo, config: Config | Mapping[str, Any] | None, what: str) -> Config:
     """The config a layer's ``build`` compiles: ``template``'s analytic pick (``config`` None), a full
     config, or a few knob values over the default; one ``TvmExtError`` where a knob is unknown or the
@@ -115,13 +126,8 @@ class GRU:
         self.persistent = any("bar" in c.args for c in compiled.calls)  # its barrier flag is read per call
         self._splits_state = template.step_variant(config).splits_state  # h0 and W_hh split into float16 parts
         specs = template.for_config(config).buffers()
-        prepared = compiled.prepared_steps(target.kind)  # W_ih's parts: split as the weights are loaded
-        if target.kind == "opencl":
-            self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
-                                                   target.device_id, prepared=prepared)
-        else:
-            self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs,
-                                         target.device_id, prepared=prepared)
+        # W_ih's parts: split as the weights are loaded
+        self.executor = plan_executor(compiled, specs, target, compiled.prepared_steps(target.kind))
         self._loaded = False
 
     @classmethod

@@ -8,9 +8,9 @@ import numpy as np
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.core.space import Config
-from tvm_ext.measure.executors import CudaExecutor, OpenclExecutor
 from tvm_ext.precision.precision import np_dtype
-from tvm_ext.schedules.gru.layer import _numpy, built_config, expected_weight_shapes, weight_arrays
+from tvm_ext.schedules.gru.layer import (_numpy, built_config, expected_weight_shapes, plan_executor,
+                                        weight_arrays)
 from tvm_ext.schedules.gru.lengths import checked_lengths
 from tvm_ext.target import TargetInfo
 
@@ -38,12 +38,7 @@ class LSTM:
         self.batch_first = batch_first
         self.compiled = compiled
         self.persistent = any("bar" in c.args for c in compiled.calls)
-        specs = template.buffers()
-        if target.kind == "opencl":
-            self.executor: Any = OpenclExecutor.of(compiled.source, compiled.kernel_launches(), specs,
-                                                   target.device_id)
-        else:
-            self.executor = CudaExecutor(compiled.executable.mod, compiled.function_calls(), specs, target.device_id)
+        self.executor = plan_executor(compiled, template.buffers(), target)
         self._loaded = False
 
     @classmethod

@@ -71,11 +71,9 @@ def _kernel_refusal(node: RecurrentNode) -> str | None:
 
 def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """One ONNX GRU node as tvm_ext's GRU placeholder: (Y (T, dirs, B, H), Y_h (dirs, B, H))."""
-    from tvm import relax
+    import tvm
 
     from ..schedules.gru import GruTemplate
-
-    import tvm
 
     node = read_node("GRU", attrs)
     refusal = _kernel_refusal(node)
@@ -90,7 +88,7 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         return convert_unrolled(bb, "GRU", list(inputs), attrs, why=f"tvm_ext's GRU kernel does not run {refusal}")
     direction = node.direction
     w_array, r_array = _constant(w, "W"), _constant(r, "R")
-    dirs, gates, input_size = w_array.shape
+    dirs, gates, _ = w_array.shape
     hidden = gates // 3
     if int(attrs.get("hidden_size", hidden)) != hidden or r_array.shape != (dirs, gates, hidden):
         raise TvmExtError(f"ONNX GRU hidden_size={attrs.get('hidden_size')} disagrees with W {w_array.shape} "
@@ -98,39 +96,8 @@ def convert_gru(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     if dirs != node.dirs:
         raise TvmExtError(f"ONNX GRU direction={direction} with W of {dirs} directions")
     b_array = np.zeros((dirs, 2 * gates), w_array.dtype) if b is None else _constant(b, "B")
-    layout = int(attrs.get("layout", 0))
-    if layout == 1:  # (B, T, I) -> (T, B, I)
-        x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-        if h0 is not None:
-            h0 = bb.emit(relax.op.permute_dims(h0, [1, 0, 2]))
-    x = _reversed_in_time(bb, x, node)
-    steps, batch = x.ty.shape.values[:2]  # symbolic where the file's axes are (bound by --buckets)
-    dtype = str(x.ty.dtype)
-    state = {}
-    for d in range(dirs):
-        sfx = "_reverse" if d else ""
-        state[f"weight_ih_l0{sfx}"] = _gates_to_torch(w_array[d], hidden)
-        state[f"weight_hh_l0{sfx}"] = _gates_to_torch(r_array[d], hidden)
-        state[f"bias_ih_l0{sfx}"] = _gates_to_torch(b_array[d, :gates], hidden)
-        state[f"bias_hh_l0{sfx}"] = _gates_to_torch(b_array[d, gates:], hidden)
-    template = GruTemplate(batch=1, hidden=hidden, input=input_size, seq=1, bidirectional=dirs == 2)  # the layout
-    weights = template.device_weights({k: v.astype(np.float64) for k, v in state.items()})
-    args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))),
-            h0 if h0 is not None else bb.emit(relax.op.zeros(relax.ShapeExpr([dirs, batch, hidden]), dtype)),
-            *(relax.const(weights[f"{n}0"].astype(dtype)) for n in ("w_ih", "b_ih", "w_hh", "b_hh"))]
-    if lengths is not None:
-        args.append(bb.emit(relax.op.astype(lengths, "int32")))
-    call = bb.emit(relax.call_dps_packed(
-        GRU_FUNCTION, relax.Tuple(args),
-        [relax.TensorType([steps * batch, dirs * hidden], dtype),
-         relax.TensorType([dirs, batch, hidden], dtype)]))
-    out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs, hidden)))
-    y = _reversed_in_time(bb, bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3])), node)  # (T, dirs, B, H)
-    y_h = bb.emit(relax.TupleGetItem(call, 1))
-    if layout == 1:  # Y (B, T, dirs, H), Y_h (B, dirs, H)
-        y = bb.emit(relax.op.permute_dims(y, [2, 0, 1, 3]))
-        y_h = bb.emit(relax.op.permute_dims(y_h, [1, 0, 2]))
-    return relax.Tuple([y, y_h])
+    state = _torch_state(w_array, r_array, b_array, hidden, ONNX_GATES, TORCH_GATES)
+    return _kernel_call(bb, node, GRU_FUNCTION, GruTemplate, x, [h0], state, lengths)
 
 
 def _reversed_in_time(bb: Any, value: Any, node: RecurrentNode) -> Any:
@@ -166,8 +133,6 @@ def _lstm_kernel_refusal(node: RecurrentNode, inputs: list[Any]) -> str | None:
 def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
     """One ONNX LSTM node as tvm_ext's LSTM placeholder: (Y (T, dirs, B, H), Y_h, Y_c (dirs, B, H)),
     or unrolled (``onnx_rnn``) where the kernel does not run its form."""
-    from tvm import relax
-
     from ..schedules.lstm import LstmTemplate
 
     node = read_node("LSTM", attrs)
@@ -177,38 +142,61 @@ def convert_lstm(bb: Any, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         return convert_unrolled(bb, "LSTM", inputs, attrs, why=f"tvm_ext's LSTM kernel does not run {refusal}")
     x, w, r, b, lengths, h0, c0, _ = inputs[:8]
     w_array, r_array = _constant(w, "W"), _constant(r, "R")
-    dirs, gates, input_size = w_array.shape
+    dirs, gates, _ = w_array.shape
     hidden = gates // 4
     if int(attrs.get("hidden_size", hidden)) != hidden or r_array.shape != (dirs, gates, hidden) or dirs != node.dirs:
         raise TvmExtError(f"ONNX LSTM hidden_size={attrs.get('hidden_size')} and direction={node.direction} "
                           f"disagree with W {w_array.shape} and R {r_array.shape}")
     b_array = np.zeros((dirs, 2 * gates), w_array.dtype) if b is None else _constant(b, "B")
+    state = _torch_state(w_array, r_array, b_array, hidden, ONNX_LSTM_GATES, TORCH_LSTM_GATES)
+    return _kernel_call(bb, node, LSTM_FUNCTION, LstmTemplate, x, [h0, c0], state, lengths)
+
+
+def _torch_state(w: np.ndarray, r: np.ndarray, b: np.ndarray, hidden: int, onnx: tuple[str, ...],
+                 torch: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """A one-layer recurrent node's W (dirs, G, I), R (dirs, G, H) and B (dirs, 2G) as PyTorch's
+    ``state_dict`` (float64), each gate block moved from ONNX's order to PyTorch's."""
+    state = {}
+    for d in range(w.shape[0]):
+        sfx = "_reverse" if d else ""
+        gates = w.shape[1]
+        for name, rows in (("weight_ih", w[d]), ("weight_hh", r[d]), ("bias_ih", b[d, :gates]),
+                           ("bias_hh", b[d, gates:])):
+            state[f"{name}_l0{sfx}"] = _gates_to_torch(rows, hidden, onnx, torch).astype(np.float64)
+    return state
+
+
+def _kernel_call(bb: Any, node: RecurrentNode, function: str, template_class: Any, x: Any, states: list[Any],
+                 state: dict[str, np.ndarray], lengths: Any) -> Any:
+    """A one-layer GRU or LSTM node as its placeholder ``function``: x and the initial ``states``
+    (h0; the LSTM's h0 and c0; None: zeros) in the node's ``layout``, the weights (``state``, PyTorch's
+    names) in the device layout of ``template_class`` as constants, int32 ``lengths`` last where
+    given; (Y (T, dirs, B, H), then each final state (dirs, B, H)) in the node's layout, a reverse
+    direction run over the reversed sequence."""
+    from tvm import relax
+
+    input_size, dirs = int(x.ty.shape.values[2]), node.dirs
+    hidden = state["weight_hh_l0"].shape[1]
     if node.layout == 1:  # (B, T, I) -> (T, B, I); states (B, dirs, H) -> (dirs, B, H)
         x = bb.emit(relax.op.permute_dims(x, [1, 0, 2]))
-        h0, c0 = (bb.emit(relax.op.permute_dims(v, [1, 0, 2])) if v is not None else None for v in (h0, c0))
+        states = [bb.emit(relax.op.permute_dims(v, [1, 0, 2])) if v is not None else None for v in states]
     x = _reversed_in_time(bb, x, node)
     steps, batch = x.ty.shape.values[:2]  # symbolic where the file's axes are (bound by --buckets)
     dtype = str(x.ty.dtype)
-    state = {}
-    for d in range(dirs):
-        sfx = "_reverse" if d else ""
-        for name, rows in (("weight_ih", w_array[d]), ("weight_hh", r_array[d]), ("bias_ih", b_array[d, :gates]),
-                           ("bias_hh", b_array[d, gates:])):
-            state[f"{name}_l0{sfx}"] = _gates_to_torch(rows, hidden, ONNX_LSTM_GATES, TORCH_LSTM_GATES)
-    template = LstmTemplate(batch=1, hidden=hidden, input=input_size, seq=1, bidirectional=dirs == 2)  # the layout
-    weights = template.device_weights({k: v.astype(np.float64) for k, v in state.items()})
+    template = template_class(batch=1, hidden=hidden, input=input_size, seq=1, bidirectional=dirs == 2)  # the layout
+    weights = template.device_weights(state)
     zeros = relax.ShapeExpr([dirs, batch, hidden])
     args = [bb.emit(relax.op.reshape(x, (steps * batch, input_size))),
-            *(v if v is not None else bb.emit(relax.op.zeros(zeros, dtype)) for v in (h0, c0)),
+            *(v if v is not None else bb.emit(relax.op.zeros(zeros, dtype)) for v in states),
             *(relax.const(weights[f"{n}0"].astype(dtype)) for n in ("w_ih", "b_ih", "w_hh", "b_hh"))]
-    if lengths is not None:  # each row stops at its own length (the unfused steps)
+    if lengths is not None:  # each row stops at its own length
         args.append(bb.emit(relax.op.astype(lengths, "int32")))
-    states = relax.TensorType([dirs, batch, hidden], dtype)
+    final = relax.TensorType([dirs, batch, hidden], dtype)
     call = bb.emit(relax.call_dps_packed(
-        LSTM_FUNCTION, relax.Tuple(args), [relax.TensorType([steps * batch, dirs * hidden], dtype), states, states]))
+        function, relax.Tuple(args), [relax.TensorType([steps * batch, dirs * hidden], dtype), *[final] * len(states)]))
     out = bb.emit(relax.op.reshape(relax.TupleGetItem(call, 0), (steps, batch, dirs, hidden)))
     outputs = [_reversed_in_time(bb, bb.emit(relax.op.permute_dims(out, [0, 2, 1, 3])), node)]  # (T, dirs, B, H)
-    outputs += [bb.emit(relax.TupleGetItem(call, i)) for i in (1, 2)]
+    outputs += [bb.emit(relax.TupleGetItem(call, i + 1)) for i in range(len(states))]
     if node.layout == 1:  # Y (B, T, dirs, H), states (B, dirs, H)
         outputs = [bb.emit(relax.op.permute_dims(outputs[0], [2, 0, 1, 3]))] + \
             [bb.emit(relax.op.permute_dims(v, [1, 0, 2])) for v in outputs[1:]]
