@@ -7,9 +7,7 @@ Three models, random weights, T=128, batch 1, 8 and 64, float32 and float16:
 - ``speech``: Linear(80, 1024) -> 3-layer GRU, hidden 1024 (batch_first) -> Linear(1024, 29) at
   every step;
 - ``lstm``: Linear(80, 512) -> 2-layer LSTM, hidden 512 (batch_first) -> Linear(512, 29) at every
-  step: an LSTM is imported unrolled (one recurrent matmul and one cell kernel a step, tuned as
-  ordinary kernels; no LSTM kernel of ours), so its rows say what a user with an LSTM gets; it has
-  no ``tvm_ext.torch.GRU`` rows.
+  step: imported onto tvm_ext's LSTM (``schedules/lstm``), swapped for ``tvm_ext.torch.LSTM``.
 
 Per case, one process, the same rotated inputs, every output against the float64 model:
 
@@ -17,10 +15,11 @@ Per case, one process, the same rotated inputs, every output against the float64
   float32 with torch's defaults, which let cuDNN use TF32, and again with TF32 off, labelled);
 - ``torch.compile(mode="max-autotune")`` back to back (the mode records CUDA graphs itself;
   ``nn.GRU`` breaks its graph), its compile time as its tuning time;
-- the torch model with its ``nn.GRU`` swapped for ``tvm_ext.torch.GRU`` (as it ships: a shape's
-  first call keeps the faster of ours and ``nn.GRU``), as a torch user drops it in: eager, in a
-  CUDA graph, and under ``torch.compile(mode="max-autotune", fullgraph=True)`` (one graph: the
-  GRU is the op ``tvm_ext::gru``);
+- the torch model with its ``nn.GRU`` swapped for ``tvm_ext.torch.GRU`` (``nn.LSTM`` for
+  ``tvm_ext.torch.LSTM``; as it ships: a shape's first call keeps the faster of ours and torch's),
+  as a torch user drops it in: eager, in a CUDA graph, and under ``torch.compile(mode=
+  "max-autotune", fullgraph=True)`` (one graph: the GRU is the op ``tvm_ext::gru``, the LSTM
+  ``tvm_ext::lstm``);
 - ours imported from a ``torch.export`` program (``.pt2``, ``tvm_ext.relax.torch_import``) and from
   an ONNX file (TorchScript exporter, ``tvm_ext.relax.onnx_import``): ``tune_relax`` on the imported
   module (``--trials`` per task; the two imports give the same tasks, so the second reuses the
@@ -159,16 +158,23 @@ def imported(path: str) -> Any:
 
 
 def cuda_model(case: Case, swap: bool = False) -> Any:
-    """The case's torch model on CUDA in its dtype; ``swap``: its ``nn.GRU`` replaced by
-    ``tvm_ext.torch.GRU`` with the same weights, as a torch user drops it in."""
+    """The case's torch model on CUDA in its dtype; ``swap``: its ``nn.GRU`` (``nn.LSTM``) replaced
+    by ``tvm_ext.torch.GRU`` (``LSTM``) with the same weights, as a torch user drops it in."""
     import torch
 
     model = torch_model(case.model).to(getattr(torch, case.dtype)).cuda()
     if swap:
-        from tvm_ext.torch import GRU
+        import tvm_ext.torch
 
-        model.gru = GRU.from_module(model.gru)
+        name = recurrent_name(case)
+        setattr(model, name, getattr(tvm_ext.torch, name.upper()).from_module(getattr(model, name)))
     return model
+
+
+def recurrent_name(case: Case) -> str:
+    """The model's recurrent module's attribute (``gru``, ``lstm``): ``tvm_ext.torch`` has a module
+    of that name in capitals taking its place."""
+    return "lstm" if case.model == "lstm" else "gru"
 
 
 def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suffix: str = "",
@@ -182,8 +188,9 @@ def torch_rows(case: Case, x: np.ndarray, ref: np.ndarray, sets: list[Any], suff
         times = time_vendor(lambda i: model(sets[i]), len(sets))
         names = {"per call": "torch eager (per call)", "back-to-back": "torch eager", "CUDA graph": "torch CUDA graph"}
         # the swapped module's side for the shape: ours, ours in TF32's class, or torch (its first call's measure)
-        served = "served by " + ", ".join(sorted({c.backend for c in model.gru.choices.values()})) \
-            if swap and model.gru.choices else ""
+        swapped = getattr(model, recurrent_name(case)) if swap else None
+        served = "served by " + ", ".join(sorted({c.backend for c in swapped.choices.values()})) \
+            if swap and swapped.choices else ""
         for method, t in vendor_methods(times):
             label = names.get(method, f"torch {method}") + suffix
             rows.append(Row(case.label, label, t.seconds * 1e3 if t else None, err if t else None,
@@ -197,7 +204,8 @@ def compile_row(case: Case, ref: np.ndarray, sets: list[Any], swap: bool = False
     import torch
 
     model = cuda_model(case, swap)
-    label = "tvm_ext.torch.GRU in torch.compile max-autotune" if swap else "torch.compile max-autotune"
+    label = f"tvm_ext.torch.{recurrent_name(case).upper()} in torch.compile max-autotune" if swap \
+        else "torch.compile max-autotune"
     try:
         with torch.no_grad():
             torch._dynamo.reset()
@@ -275,22 +283,19 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
                                            for _ in range(count - 1)]
     log.add(*torch_rows(case, x, ref, sets))
-    swaps = case.model != "lstm"  # tvm_ext.torch.GRU takes the place of an nn.GRU only
+    swapped = f", tvm_ext.torch.{recurrent_name(case).upper()}"
     if case.dtype == "float32":  # torch's default lets cuDNN and cuBLAS use TF32: also float32 math, labelled
         tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
         try:
             log.add(*torch_rows(case, x, ref, sets, suffix=", TF32 off"))
-            if swaps:
-                log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU, TF32 off", swap=True))
+            log.add(*torch_rows(case, x, ref, sets, suffix=swapped + ", TF32 off", swap=True))
         finally:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
-    if swaps:
-        log.add(*torch_rows(case, x, ref, sets, suffix=", tvm_ext.torch.GRU", swap=True))
+    log.add(*torch_rows(case, x, ref, sets, suffix=swapped, swap=True))
     if not args.no_compile:
         log.add(compile_row(case, ref, sets))
-        if swaps:
-            log.add(compile_row(case, ref, sets, swap=True))
+        log.add(compile_row(case, ref, sets, swap=True))
     if args.breakdown:
         with torch.no_grad():
             model = cuda_model(case)

@@ -11,7 +11,8 @@ unless named:
   baseline is the best over algorithms and methods.
 - ours: the analytic pick, and with ``--trials`` the best of a GA search of that many configs
   (records in ``$OUT``), each timed the same three ways (its TVM launches on torch's stream, so
-  the CUDA graph records them).
+  the CUDA graph records them); with ``--variants "label:knob=v,...;..."`` also each named set
+  of knob values over the pick (a set the case's space refuses is a row saying why).
 Outputs and final states of every side are checked against float64 on set 0 (ours on
 NaN-poisoned outputs).
 """
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import case_rows, device_name, table, time_ours_three, time_vendor  # noqa: E402
+from common import case_rows, device_name, parse_knob_sets, table, time_ours_three, time_vendor  # noqa: E402
 from cudnn_rnn import ALGOS, CudnnError, CudnnGru, api, cudnn_version  # noqa: E402
 
 from tvm_ext.schedules.lstm import LstmTemplate, lstm_reference  # noqa: E402
@@ -156,6 +157,12 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     pick, why = template.analytic_pick(target)
     row["pick_why"] = why
     row["ours_pick"] = ours(case, pick, target, x_sets, weights, ref)
+    space = template.space(target)
+    for label, changes in args.variants.items():
+        variant = pick.replace(**changes)
+        reason = space.infeasible_reason(variant)
+        row.setdefault("variants", {})[label] = {"refused": reason} if reason else \
+            ours(case, variant, target, x_sets, weights, ref)
     if args.trials:
         t0 = time.perf_counter()
         best = tuned_config(template, target, args, case.label)
@@ -168,11 +175,14 @@ def summary(row: dict[str, Any]) -> list[str]:
     vendor = [v["best"] for v in row["cudnn"].values() if "best" in v and not v.get("wrong")]
     vendor_best = min(vendor + [row["torch"]["best"]])
     sides = [row[k] for k in ("ours_pick", "ours_tuned") if k in row and "best" in row[k]]
+    sides += [v for v in row.get("variants", {}).values() if "best" in v]
     ours_best = min(s["best"] for s in sides) if sides else float("nan")
     cells = [row["case"]["label"], f"{row['torch']['best']:.3f}"]
     cells += [f"{v['best']:.3f}" if "best" in v else f"refused ({v['refused']})" for v in row["cudnn"].values()]
     cells += [f"{vendor_best:.3f}"]
     cells += [f"{row[k]['best']:.3f}" if k in row and "best" in row[k] else "-" for k in ("ours_pick", "ours_tuned")]
+    cells += [" ".join(f"{label} {v['best']:.3f}" if "best" in v else f"{label} refused"
+                       for label, v in row.get("variants", {}).items()) or "-"]
     cells += [f"{vendor_best / ours_best:.2f}x", f"{max(s['err'] for s in sides):.1e}" if sides else "-",
               f"{min(v['err'] for v in row['cudnn'].values() if 'err' in v):.1e}"]
     return cells
@@ -183,7 +193,12 @@ def main() -> None:
     p.add_argument("--out", default="bench_out")
     p.add_argument("--cases", default="", help="comma-separated labels (spaces as _), default all")
     p.add_argument("--trials", type=int, default=0, help="configs a GA search measures per case (0: the pick only)")
+    p.add_argument("--variants", default="", help="'label:knob=v,...;...': knob sets over the pick, each timed too")
     args = p.parse_args()
+    try:
+        args.variants = parse_knob_sets(args.variants, "--variants")
+    except ValueError as exc:
+        p.error(str(exc))
     os.makedirs(args.out, exist_ok=True)
     print(f"device {device_name()}, cuDNN {cudnn_version()}, enums from {api().enum_source}", flush=True)
     rows = case_rows(CASES, args.cases, lambda case: run_case(case, args), summary,
@@ -191,7 +206,8 @@ def main() -> None:
     print()
     print(table("LSTM inference: ours vs cuDNN's best algorithm (ms; best of per call, back to back and CUDA graph; "
                 "same rotated inputs)",
-                ["case", "torch.nn.LSTM", *ALGOS, "cuDNN best", "ours (pick)", "ours (tuned)", "cuDNN / ours",
+                ["case", "torch.nn.LSTM", *ALGOS, "cuDNN best", "ours (pick)", "ours (tuned)", "variants",
+                 "cuDNN / ours (best of ours)",
                  "ours err", "cuDNN err"], rows))
 
 

@@ -183,9 +183,9 @@ def test_torch_export_records_aten_gru_which_tune_model_imports_as_ours(opencl):
 @pytest.mark.parametrize("packed", [False, True], ids=["tensor", "packed"])
 @pytest.mark.parametrize("with_h0", [False, True], ids=["zero-h0", "h0"])
 def test_what_export_records_is_nn_grus_computation(packed, with_h0):
-    """``as_nn_gru`` (what ``torch.export`` records) gives nn.GRU's outputs exactly: the weights
+    """``as_torch_call`` (what ``torch.export`` records) gives nn.GRU's outputs exactly: the weights
     in nn.GRU's order, h0 into and h_n out of a PackedSequence's sorted row order."""
-    from tvm_ext.torch_op import as_nn_gru
+    from tvm_ext.torch_op import as_torch_call
 
     torch.manual_seed(6)
     net = nn.GRU(5, 6, bidirectional=True).eval()
@@ -193,7 +193,7 @@ def test_what_export_records_is_nn_grus_computation(packed, with_h0):
     if packed:
         x = nn.utils.rnn.pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
     with torch.no_grad():
-        out, h_n = as_nn_gru(GRU.from_module(net), x, h0)
+        out, h_n = as_torch_call(GRU.from_module(net), x, h0)
         theirs, their_h = net(x, h0)
     assert torch.equal(out.data if packed else out, theirs.data if packed else theirs)
     assert torch.equal(h_n, their_h)

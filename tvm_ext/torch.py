@@ -1,4 +1,4 @@
-"""``tvm_ext.torch.GRU``: a drop-in ``torch.nn.GRU`` for inference on tvm_ext's tuned GRU.
+"""``tvm_ext.torch.GRU`` and ``LSTM``: drop-in ``torch.nn.GRU`` / ``nn.LSTM`` for inference on tvm_ext's kernels.
 
 Same constructor arguments, parameters (names, shapes, ``state_dict``) and forward as
 ``nn.GRU``: ``batch_first``, ``h0``, ``num_layers``, ``bidirectional``, ``bias``, and
@@ -31,6 +31,10 @@ they become part of the user's graph.  Under ``torch.compile`` the forward is on
 
     gru = tvm_ext.torch.GRU.from_module(nn.GRU(512, 512).cuda().eval())
     out, h_n = gru(x)                       # x: (T, B, 512) CUDA float32 tensor
+
+``tvm_ext.torch.LSTM`` is the same for ``torch.nn.LSTM`` on tvm_ext's LSTM (``schedules/lstm``):
+hx ``(h_0, c_0)``, outputs ``(output, (h_n, c_n))``, measured against ``nn.LSTM`` on a shape's
+first call, the op ``tvm_ext::lstm`` under ``torch.compile``, ``aten::lstm`` under ``torch.export``.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 import tvm_ffi
 from torch import nn
@@ -48,16 +53,21 @@ from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import keep_latest, kept
 from tvm_ext.torch_fallback import (FALLBACKS, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice, TorchTwin,
                                     fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
+from tvm_ext.torch_calls import CallGraph, EagerCall, PackedInput, PackedLayout, TwinCall, run_bound
 from tvm_ext.torch_watch import BarrierWatch
 
 DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}  # as torch_calls has them
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
 LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
 # a float32 GRU in TF32's error class (``torch_fallback``): float16 storage (TF32's mantissa), float32 sums and cell
 TF32_CLASS_PRECISION = {name: "float16" for name in LOW_PRECISION_TENSORS}
 MAX_CACHED_LAYOUTS = 64  # packed inputs of distinct batch sizes whose layouts (and lengths on the device) are kept
 MAX_EAGER_CALLS = 4096  # input and hx signatures whose checked eager calls are kept (bucketed shapes are many)
+
+
+# the plan's initial and final state buffers, in the order the calls join the state (h, then c)
+STATE_BUFFERS = (("h0", "h_n"), ("c0", "c_n"))
 
 
 @dataclass(frozen=True)
@@ -71,23 +81,16 @@ class EngineKey:
     tf32_class: bool = False  # a float32 GRU in TF32's class (``TF32_CLASS_PRECISION``), where it serves
 
 
-class GRU(nn.Module):
-    """``torch.nn.GRU`` inference on tvm_ext's kernels (see the module docstring).
+class RecurrentModule(nn.Module):
+    """What ``GRU`` and ``LSTM`` share (their arguments: ``GRU``'s).  The calls inside take the
+    state as one tensor, (states·layers·directions, batch, hidden): a GRU's h, an LSTM's h then c
+    (``LSTM.joined_state``), so that the recorded graphs, padding, packing, torch's twin and the
+    compiled op handle both alike."""
 
-    ``config``: GRU knobs overriding the pick (``tvm_ext.schedules.gru.GRU.build``);
-    ``precision``: the stored tensors' types behind the module's dtype (a type name for all of
-    x, the weights, gi, h and out, or a mapping of ``PRECISION_PARAMS``; default: the module's
-    dtype), e.g. ``precision="float16"`` on a float32 module: float32 in and out, float16 storage,
-    float32 sums and cell (errors near 4e-4, the class of cuDNN's TF32 GRU);
-    ``graphs``: replay a recorded CUDA graph per shape on eager CUDA calls (see the module docstring);
-    ``fallback``: ``"auto"`` times a shape's first eager CUDA call against ``torch.nn.GRU`` and
-    keeps the faster (a ``PackedSequence`` against torch's packed call; not where ``config`` or
-    ``precision`` is given; a float32 tensor call also against ours in TF32's class where torch's
-    call had TF32's error),
-    ``"measure"`` does so on any device, ``"off"`` always runs ours;
-    ``buckets``: ``{"seq": [...], "batch": [...]}``, sizes a call's seq and batch are padded up
-    to, so that calls of many shapes share a few compiled GRUs (``tvm_ext/torch_buckets.py``;
-    tensor inputs, not measured against torch); ``dropout`` must be 0 (inference)."""
+    NAME = "GRU"  # in messages, and the torch class (``nn.GRU``) the module stands in for
+    GATES = 3
+    STATES = 1  # state tensors (h; an LSTM's h and c)
+    TF32_CLASS = True  # a float32 module served in TF32's error class where torch's call had it
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
@@ -95,14 +98,15 @@ class GRU(nn.Module):
                  precision: str | Mapping[str, str] | None = None, graphs: bool = True,
                  fallback: str = "auto", buckets: Mapping[str, Sequence[int]] | None = None):
         super().__init__()
+        what = f"tvm_ext.torch.{self.NAME}"
         if fallback not in FALLBACKS:
-            raise TvmExtError(f"tvm_ext.torch.GRU fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
-        check_sizes("tvm_ext.torch.GRU", input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
+            raise TvmExtError(f"{what} fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+        check_sizes(what, input_size=input_size, hidden_size=hidden_size, num_layers=num_layers)
         if dropout:
-            raise TvmExtError(f"tvm_ext.torch.GRU is for inference: dropout must be 0, got {dropout}")
+            raise TvmExtError(f"{what} is for inference: dropout must be 0, got {dropout}")
         dtype = torch.float32 if dtype is None else dtype
         if dtype not in DTYPES:
-            raise TvmExtError(f"tvm_ext.torch.GRU dtype {dtype} is not supported; allowed: "
+            raise TvmExtError(f"{what} dtype {dtype} is not supported; allowed: "
                               f"{', '.join(str(d) for d in DTYPES)}")
         self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
         self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
@@ -122,9 +126,10 @@ class GRU(nn.Module):
         for layer in range(num_layers):
             width = input_size if layer == 0 else dirs * hidden_size
             for sfx in ("", "_reverse")[:dirs]:
-                shapes = {"weight_ih": (3 * hidden_size, width), "weight_hh": (3 * hidden_size, hidden_size)}
+                rows = self.GATES * hidden_size
+                shapes = {"weight_ih": (rows, width), "weight_hh": (rows, hidden_size)}
                 if bias:
-                    shapes.update(bias_ih=(3 * hidden_size,), bias_hh=(3 * hidden_size,))
+                    shapes.update(bias_ih=(rows,), bias_hh=(rows,))
                 for name, shape in shapes.items():
                     value = torch.empty(shape, device=device, dtype=dtype).uniform_(-bound, bound)
                     self.register_parameter(f"{name}_l{layer}{sfx}", nn.Parameter(value, requires_grad=False))
@@ -150,20 +155,22 @@ class GRU(nn.Module):
         self._op_ready = set()  # its first op call of each signature made off the thread again
 
     @classmethod
-    def from_module(cls, module: nn.GRU, config: Mapping[str, Any] | None = None,
+    def from_module(cls, module: nn.Module, config: Mapping[str, Any] | None = None,
                     precision: str | Mapping[str, str] | None = None, fallback: str = "auto",
-                    buckets: Mapping[str, Sequence[int]] | None = None) -> "GRU":
-        """A tvm_ext GRU with ``module``'s arguments, weights, device and dtype."""
-        if not isinstance(module, nn.GRU):
-            raise TvmExtError(f"from_module takes a torch.nn.GRU, got {type(module).__name__}")
+                    buckets: Mapping[str, Sequence[int]] | None = None) -> "RecurrentModule":
+        """A tvm_ext module with ``module``'s arguments, weights, device and dtype (``module`` an
+        ``nn.GRU`` for ``GRU.from_module``, an ``nn.LSTM`` for ``LSTM.from_module``)."""
+        torch_class = getattr(nn, cls.NAME)
+        if not isinstance(module, torch_class):
+            raise TvmExtError(f"from_module takes a torch.nn.{cls.NAME}, got {type(module).__name__}")
         if getattr(module, "proj_size", 0):
-            raise TvmExtError("torch.nn.GRU with proj_size is not supported")
+            raise TvmExtError(f"torch.nn.{cls.NAME} with proj_size is not supported")
         first = next(module.parameters())
-        gru = cls(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
-                  0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config,
-                  precision=precision, fallback=fallback, buckets=buckets)
-        gru.load_state_dict(module.state_dict())
-        return gru
+        made = cls(module.input_size, module.hidden_size, module.num_layers, module.bias, module.batch_first,
+                   0.0, module.bidirectional, device=first.device, dtype=first.dtype, config=config,
+                   precision=precision, fallback=fallback, buckets=buckets)
+        made.load_state_dict(module.state_dict())
+        return made
 
     @property
     def dirs(self) -> int:
@@ -210,9 +217,9 @@ class GRU(nn.Module):
     # ---- forward ---------------------------------------------------------------------------
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         if torch_op.exporting():  # a program as an nn.GRU model's: aten::gru (``torch_op``)
-            return torch_op.as_nn_gru(self, input, hx)
+            return torch_op.as_torch_call(self, input, hx)
         if torch.compiler.is_compiling():  # one opaque op of the user's compiled graph (``torch_op``)
-            return torch_op.call(self._op_key, input, hx)
+            return torch_op.call(self, input, hx)
         return self.eager_forward(input, hx)
 
     def op_forward(self, input: Any, hx: Any) -> tuple[Any, Any]:
@@ -258,7 +265,7 @@ class GRU(nn.Module):
         tf32_key = replace(key, tf32_class=True)
         backend = self._backend(key, lambda: self._ours(key, x, hx, None, False, None),
                                 lambda: self._twin.call(key, x, hx, self.graphs), x.device,
-                                lambda: self._ours(tf32_key, x, hx, None, False, None))
+                                (lambda: self._ours(tf32_key, x, hx, None, False, None)) if self.TF32_CLASS else None)
         if backend == TORCH:
             out, h_n = self._twin.call(key, x, hx, self.graphs)
             if signature is not None and x.is_cuda and not torch.cuda.is_current_stream_capturing():
@@ -302,14 +309,14 @@ class GRU(nn.Module):
         self._check_tensor("input", x)
         if packed:
             if x.dim() != 2 or x.shape[1] != self.input_size:
-                raise TvmExtError(f"GRU PackedSequence data has shape {tuple(x.shape)}, "
+                raise TvmExtError(f"{self.NAME} PackedSequence data has shape {tuple(x.shape)}, "
                                   f"expected (rows, {self.input_size})")
             seq, batch = x.shape[0], hx.shape[1] if hx is not None and hx.dim() == 3 else 0
         else:
             if x.dim() != 3 or x.shape[2] != self.input_size:
-                raise TvmExtError(f"GRU input has shape {tuple(x.shape)}, expected (batch, seq, {self.input_size})"
-                                  if self.batch_first else
-                                  f"GRU input has shape {tuple(x.shape)}, expected (seq, batch, {self.input_size})")
+                layout = "batch, seq" if self.batch_first else "seq, batch"
+                raise TvmExtError(f"{self.NAME} input has shape {tuple(x.shape)}, expected ({layout}, "
+                                  f"{self.input_size})")
             seq, batch = (x.shape[1], x.shape[0]) if self.batch_first else (x.shape[0], x.shape[1])
         if hx is not None:
             self._check_hx(hx, batch, x.device)
@@ -318,9 +325,11 @@ class GRU(nn.Module):
     def _check_hx(self, hx: Any, batch: int, device: Any) -> None:
         self._check_tensor("hx", hx, device)
         state = (self.num_layers * self.dirs, batch, self.hidden_size)
-        if tuple(hx.shape) != state:
-            raise TvmExtError(f"GRU hx has shape {tuple(hx.shape)}, expected {state} "
-                              "(layers·directions, batch, hidden)")
+        if tuple(hx.shape) != (self.STATES * state[0], *state[1:]):
+            raise TvmExtError(self._state_shape_error(tuple(hx.shape), state))
+
+    def _state_shape_error(self, shape: tuple[int, ...], state: tuple[int, ...]) -> str:
+        return f"GRU hx has shape {shape}, expected {state} (layers·directions, batch, hidden)"
 
     def _packed_call(self, key: EngineKey, input: Any, x: "PackedInput", hx: Any) -> tuple[Any, Any]:
         """A ``PackedSequence``'s (output, h_n): ours on its padded rows, or torch's own packed call
@@ -414,38 +423,46 @@ class GRU(nn.Module):
 
     def _check_tensor(self, name: str, tensor: Any, device: Any = None) -> None:
         if not isinstance(tensor, torch.Tensor):
-            raise TvmExtError(f"GRU {name} must be a torch.Tensor, got {type(tensor).__name__}")
+            raise TvmExtError(f"{self.NAME} {name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dtype != self.dtype:
-            raise TvmExtError(f"GRU {name} has dtype {tensor.dtype}, expected {self.dtype} (the module's)")
+            raise TvmExtError(f"{self.NAME} {name} has dtype {tensor.dtype}, expected {self.dtype} (the module's)")
         want = self.weight_ih_l0.device if device is None else device
         if tensor.device != want:
-            raise TvmExtError(f"GRU {name} is on {tensor.device}, expected {want}"
+            raise TvmExtError(f"{self.NAME} {name} is on {tensor.device}, expected {want}"
                               + (" (the module's parameters)" if device is None else " (the input's)"))
 
     def _engine(self, key: EngineKey) -> Any:
         engine = self._engines.get(key)
         if engine is None:
-            from tvm_ext.schedules.gru import GRU as CompiledGRU
             from tvm_ext.target import resolve_target
 
             on_cuda = key.device.startswith("cuda")
             target = resolve_target("cuda", torch.device(key.device).index or 0) if on_cuda \
                 else resolve_target("opencl", 0)
-            precision = TF32_CLASS_PRECISION if key.tf32_class else self.precision
-            engine = CompiledGRU.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
-                                       False, key.batch, key.seq, config=self.config or None,
-                                       device_id=target.device_id, precision=precision,
-                                       variable_lengths=key.variable_lengths)
+            engine = self._build(target, key)
             engine.load_numpy(self._numpy_weights())
             self._engines[key] = engine
         return engine
+
+    def _build(self, target: Any, key: EngineKey) -> Any:
+        """The compiled GRU of ``key``'s shape (``tvm_ext.schedules.gru.GRU``)."""
+        from tvm_ext.schedules.gru import GRU as CompiledGRU
+
+        precision = TF32_CLASS_PRECISION if key.tf32_class else self.precision
+        return CompiledGRU.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
+                                 False, key.batch, key.seq, config=self.config or None, device_id=target.device_id,
+                                 precision=precision, variable_lengths=key.variable_lengths)
+
+    def _numpy_call(self, engine: Any, x: Any, h0: Any, lengths: Any) -> tuple[Any, Any]:
+        """(out, state) of ``engine``'s numpy call (OpenCL on the CPU), the state as the calls join it."""
+        return engine(x, h0, lengths=lengths)
 
     def _run(self, engine: Any, x: Any, hx: Any, lengths: Any) -> tuple[Any, Any]:
         """One forward pass of ``engine`` on time-major x: in place on CUDA tensors, through
         host copies on the CPU (OpenCL)."""
         if x.device.type != "cuda":
             h0 = None if hx is None else hx.float().numpy()
-            out, h_n = engine(x.float().numpy(), h0, lengths=None if lengths is None else lengths.numpy())
+            out, h_n = self._numpy_call(engine, x.float().numpy(), h0, None if lengths is None else lengths.numpy())
             return torch.from_numpy(out).to(self.dtype), torch.from_numpy(h_n).to(self.dtype)
         out, h_n, tensors = self._kernel_tensors(engine, x, hx, lengths)
         stream = torch.cuda.current_stream(x.device)
@@ -462,10 +479,13 @@ class GRU(nn.Module):
         kernel_dtype = {name: TORCH_DTYPES[dtype] for name, dtype in (("x", t.x_dtype), ("h", t.h_dtype),
                                                                       ("out", t.out_dtype))}
         out = torch.empty(t.seq, t.batch, t.dirs * t.hidden, dtype=kernel_dtype["out"], device=x.device)
-        h_n = torch.empty(t.layers * t.dirs, t.batch, t.hidden, dtype=kernel_dtype["h"], device=x.device)
+        rows = t.layers * t.dirs
+        h_n = torch.empty(self.STATES * rows, t.batch, t.hidden, dtype=kernel_dtype["h"], device=x.device)
         h0 = self._zeros(h_n) if hx is None else hx.to(kernel_dtype["h"]).contiguous()
-        tensors = {"x": x.to(kernel_dtype["x"]).contiguous().view(t.seq * t.batch, t.input), "h0": h0,
-                   "out": out.view(t.seq * t.batch, -1), "h_n": h_n}
+        tensors = {"x": x.to(kernel_dtype["x"]).contiguous().view(t.seq * t.batch, t.input),
+                   "out": out.view(t.seq * t.batch, -1)}
+        for i, (state, final) in enumerate(STATE_BUFFERS[:self.STATES]):  # the joined state's parts
+            tensors[state], tensors[final] = h0[i * rows:(i + 1) * rows], h_n[i * rows:(i + 1) * rows]
         if t.variable_lengths:
             tensors["lengths"] = lengths
         return out, h_n, tensors
@@ -477,7 +497,7 @@ class GRU(nn.Module):
         h0 is the module's zeros, nothing to check)."""
         watch.check_ranges(tensors, zero_h0)
         with tvm_ffi.use_raw_stream(engine.executor.dev, stream.cuda_stream):
-            _run_bound(engine.executor, tensors)
+            run_bound(engine.executor, tensors)
 
     def _watch(self, engine: Any) -> "BarrierWatch":
         watch = self._watches.get(id(engine))
@@ -525,151 +545,91 @@ class GRU(nn.Module):
             watch.check(wait=True)
 
 
-def _run_bound(executor: Any, tensors: Mapping[str, Any]) -> None:
-    """``executor.run_bound`` on torch tensors, each converted once through
-    ``tvm_ffi.from_dlpack`` (a plan passes x, h0, out and h_n to several of its calls: one
-    conversion each, not one per argument of every call)."""
-    executor.run_bound({name: tvm_ffi.from_dlpack(tensor) for name, tensor in tensors.items()})
+class GRU(RecurrentModule):
+    """``torch.nn.GRU`` inference on tvm_ext's kernels (see the module docstring).
+
+    ``config``: GRU knobs overriding the pick (``tvm_ext.schedules.gru.GRU.build``);
+    ``precision``: the stored tensors' types behind the module's dtype (a type name for all of
+    x, the weights, gi, h and out, or a mapping of ``PRECISION_PARAMS``; default: the module's
+    dtype), e.g. ``precision="float16"`` on a float32 module: float32 in and out, float16 storage,
+    float32 sums and cell (errors near 4e-4, the class of cuDNN's TF32 GRU);
+    ``graphs``: replay a recorded CUDA graph per shape on eager CUDA calls (see the module docstring);
+    ``fallback``: ``"auto"`` times a shape's first eager CUDA call against ``torch.nn.GRU`` and
+    keeps the faster (a ``PackedSequence`` against torch's packed call; not where ``config`` or
+    ``precision`` is given; a float32 tensor call also against ours in TF32's class where torch's
+    call had TF32's error),
+    ``"measure"`` does so on any device, ``"off"`` always runs ours;
+    ``buckets``: ``{"seq": [...], "batch": [...]}``, sizes a call's seq and batch are padded up
+    to, so that calls of many shapes share a few compiled GRUs (``tvm_ext/torch_buckets.py``;
+    tensor inputs, not measured against torch); ``dropout`` must be 0 (inference)."""
 
 
-@dataclass(frozen=True)
-class EagerCall:
-    """An eager CUDA call on a recorded graph: inputs copied into its static tensors, the graph
-    replayed on torch's current stream, outputs copied out in the module's dtype."""
+class LSTM(RecurrentModule):
+    """``torch.nn.LSTM`` inference on tvm_ext's LSTM (``tvm_ext.schedules.lstm``): ``GRU``'s
+    arguments, calls, choice against torch, recorded graphs, buckets and compiled op (see the
+    module docstring), with hx ``(h_0, c_0)`` and outputs ``(output, (h_n, c_n))`` as
+    ``nn.LSTM`` has them.  Stored in the module's dtype, the products and cell in float32: no
+    ``precision`` and no TF32 class (under cuDNN's TF32 flag a float32 shape is timed against
+    torch's TF32 call like any other).  ``config``: LSTM knobs over the pick; ``proj_size`` must
+    be 0."""
 
-    record: "CallGraph"
-    watch: BarrierWatch
-    dtype: Any
+    NAME = "LSTM"
+    GATES = 4
+    STATES = 2
+    TF32_CLASS = False
 
-    def run(self, x: Any, hx: Any, lengths: Any = None, copy_out: bool = True) -> tuple[Any, Any]:
-        """``x`` time-major (or a ``PackedInput``, padded straight into the static input);
-        ``lengths`` int32 on the device where the plan takes them; ``out`` is the static one
-        where ``copy_out`` is false (the caller copies what it needs at once)."""
-        record = self.record
-        self.watch.check()
-        if isinstance(x, PackedInput):
-            x.pad_into(record.x)
-        else:
-            record.x.copy_(x)  # into the static input: the layout and dtype conversions in one copy
-        record.filled[0] = None  # every step and row of it (``torch_buckets.PaddedCall``)
-        if hx is not None:
-            record.h0.copy_(hx)
-        if record.lengths is not None and record.lengths_from[0] is not lengths:
-            record.lengths.copy_(lengths)  # a layout's device lengths never change: copied once in a row
-            record.lengths_from[0] = lengths
-        record.graph.replay()
-        self.watch.mark()
-        out = record.out.to(self.dtype, copy=True) if copy_out else record.out.to(self.dtype)
-        return out, record.h_n.to(self.dtype, copy=True)
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None,
+                 precision: Any = None, graphs: bool = True, fallback: str = "auto",
+                 buckets: Mapping[str, Sequence[int]] | None = None):
+        if proj_size:
+            raise TvmExtError(f"tvm_ext.torch.LSTM does not support proj_size (got {proj_size}): h is hidden_size wide")
+        if precision is not None:
+            raise TvmExtError("tvm_ext.torch.LSTM stores its tensors in the module's dtype: precision must be None "
+                              f"(got {precision!r}); make the module float16 or bfloat16 for 16-bit storage")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device,
+                         dtype, config, None, graphs, fallback, buckets)
 
+    def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
+        if torch_op.exporting() or torch.compiler.is_compiling():
+            return super().forward(input, hx)
+        out, state = self.eager_forward(input, self.joined_state(hx))
+        return out, self.split_state(state)
 
-@dataclass(frozen=True)
-class TwinCall:
-    """An eager call of a shape that torch's GRU serves (``EagerCall``'s interface)."""
+    def joined_state(self, hx: Any) -> Any:
+        """``(h_0, c_0)`` as the calls take it: one tensor, h's rows then c's (None stays None)."""
+        if hx is None:
+            return None
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise TvmExtError(f"LSTM hx must be a tuple (h_0, c_0) of two tensors, got {type(hx).__name__}"
+                              + (f" of {len(hx)}" if isinstance(hx, (tuple, list)) else ""))
+        for name, tensor in zip(("h_0", "c_0"), hx):
+            self._check_tensor(name, tensor)
+        if hx[0].shape != hx[1].shape or hx[0].dim() != 3:
+            raise TvmExtError(f"LSTM h_0 has shape {tuple(hx[0].shape)} and c_0 {tuple(hx[1].shape)}: both must be "
+                              f"(layers·directions, batch, hidden) = ({self.num_layers * self.dirs}, batch, "
+                              f"{self.hidden_size})")
+        return torch.cat(tuple(hx))
 
-    twin: TorchTwin
-    key: EngineKey
+    def split_state(self, state: Any) -> tuple[Any, Any]:
+        """The calls' joined final state as ``(h_n, c_n)`` (two views of it)."""
+        h_n, c_n = state.chunk(2)
+        return h_n, c_n
 
-    def run(self, x: Any, hx: Any, lengths: Any = None, copy_out: bool = True) -> tuple[Any, Any]:
-        return self.twin.call(self.key, x, hx, graphs=True)
+    def _state_shape_error(self, shape: tuple[int, ...], state: tuple[int, ...]) -> str:
+        return (f"LSTM h_0 and c_0 have shape {(shape[0] // 2, *shape[1:])}, expected {state} "
+                "(layers·directions, batch, hidden)")
 
+    def _build(self, target: Any, key: EngineKey) -> Any:
+        """The compiled LSTM of ``key``'s shape (``tvm_ext.schedules.lstm.LSTM``)."""
+        from tvm_ext.schedules.lstm import LSTM as CompiledLSTM
 
-@dataclass(frozen=True)
-class PackedLayout:
-    """Where a ``PackedSequence``'s data rows sit among the padded time-major (seq·batch) rows,
-    batch in the packed (sorted, longest first) order: padding is one ``index_select`` (rows past
-    a length take data row 0: the kernels never read them, ``schedules/gru/lengths.py``),
-    unpacking another (``pad_packed_sequence`` copies once per distinct batch size, up to one
-    copy a step, and ``pack_padded_sequence`` slices every step)."""
+        return CompiledLSTM.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
+                                  False, key.batch, key.seq, config=self.config or None, device_id=target.device_id,
+                                  dtype=DTYPES[self.dtype], variable_lengths=key.variable_lengths)
 
-    seq: int
-    batch: int
-    rows: Any  # int64 (sum of the lengths,) on the data's device: row t·batch + b of packed row j
-    gather: Any  # int64 (seq·batch,) on the data's device: the packed row of padded row t·batch + b
-    lengths: Any  # int32 CPU tensor (batch,), non-increasing
-    device_lengths: Any  # the same on the data's device, made once: a CUDA graph captured with them
-    # reads the same memory at every replay (no host copy inside it)
-
-    @classmethod
-    def of(cls, batch_sizes: tuple[int, ...], device: Any) -> "PackedLayout":
-        seq, batch = len(batch_sizes), batch_sizes[0]
-        rows = torch.cat([torch.arange(t * batch, t * batch + n) for t, n in enumerate(batch_sizes)])
-        gather = torch.zeros(seq * batch, dtype=torch.int64)
-        gather[rows] = torch.arange(len(rows))
-        sizes = torch.tensor(batch_sizes)
-        lengths = (torch.arange(batch)[None, :] < sizes[:, None]).sum(0).to(torch.int32)
-        return cls(seq, batch, rows.to(device), gather.to(device), lengths, lengths.to(device))
-
-    def pad(self, data: Any) -> Any:
-        """(seq, batch, features): ``data``'s rows in place; past each row's length a copy of
-        data row 0, which the GRU's hold keeps from the state."""
-        return data.index_select(0, self.gather).view(self.seq, self.batch, *data.shape[1:])
-
-    def unpack(self, out: Any) -> Any:
-        """The packed data rows of time-major ``out`` (seq, batch, width)."""
-        return out.reshape(self.seq * self.batch, -1).index_select(0, self.rows)
-
-
-@dataclass(frozen=True)
-class PackedInput:
-    """A ``PackedSequence``'s data with its layout: padded (one ``index_select``) only where it
-    is used, straight into a recorded graph's static input when the dtypes agree."""
-
-    data: Any
-    layout: PackedLayout
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.layout.seq, self.layout.batch, self.data.shape[1])
-
-    @property
-    def device(self) -> Any:
-        return self.data.device
-
-    def padded(self) -> Any:
-        return self.layout.pad(self.data)
-
-    def pad_into(self, static: Any) -> None:
-        """Padded into ``static`` (seq, batch, features): one gather, no copy after it."""
-        if static.dtype == self.data.dtype:
-            torch.index_select(self.data, 0, self.layout.gather, out=static.view(-1, static.shape[-1]))
-        else:
-            static.copy_(self.padded())
-
-
-@dataclass(frozen=True)
-class CallGraph:
-    """One shape's plan recorded as a CUDA graph on static tensors (the eager path): ``x`` is
-    time-major in the kernels' dtype, ``h0`` the initial state replays read (zeros when the
-    recording had no hx), ``lengths`` the int32 lengths for a variable-length plan and
-    ``lengths_from`` the one tensor they were last copied from (a packed layout's lengths on the
-    device, made once per layout: the same layout's next call need not copy them again)."""
-
-    graph: Any
-    x: Any
-    h0: Any
-    lengths: Any
-    out: Any
-    h_n: Any
-    lengths_from: list[Any]
-    filled: list[Any]  # (seq, batch) a padded call last wrote with zeros past them; None: the whole input
-
-    @classmethod
-    def record(cls, module: GRU, engine: Any, x: Any, hx: Any, lengths: Any) -> "CallGraph":
-        t = engine.template
-        x_static = torch.empty(t.seq, t.batch, t.input, dtype=TORCH_DTYPES[t.x_dtype], device=x.device)
-        h0 = None if hx is None else torch.empty(hx.shape, dtype=TORCH_DTYPES[t.h_dtype], device=x.device)
-        lengths_static = None
-        if t.variable_lengths:
-            lengths_static = torch.empty(t.batch, dtype=torch.int32, device=x.device)
-            lengths_static.copy_(lengths)
-        if h0 is not None:
-            h0.copy_(hx)
-        x_static.copy_(x)
-        out, h_n, tensors = module._kernel_tensors(engine, x_static, h0, lengths_static)
-        graph = torch.cuda.CUDAGraph()
-        watch = module._watch(engine)
-        with torch.cuda.graph(graph):
-            module._launch(engine, watch, tensors, torch.cuda.current_stream(x.device), zero_h0=hx is None)
-            watch.enqueue()  # the flags' kernel (and copy), replayed with the plan
-        return cls(graph, x_static, tensors["h0"], lengths_static, out, h_n, [lengths], [None])
+    def _numpy_call(self, engine: Any, x: Any, h0: Any, lengths: Any) -> tuple[Any, Any]:
+        state = None if h0 is None else tuple(h0.reshape(2, -1, *h0.shape[1:]))
+        out, (h_n, c_n) = engine(x, state, lengths=lengths)
+        return out, np.concatenate((h_n, c_n))

@@ -111,16 +111,18 @@ def float16_input_limit(layers: Iterable[tuple[Any, Any]]) -> float:
 
 
 class TorchTwin:
-    """An ``nn.GRU`` holding the module's parameters (copied, then flattened as cuDNN wants
-    them), called time-major under the user's cuDNN flags (TF32 where they allow it).  Eager
-    CUDA calls replay a CUDA graph of it per shape and TF32 flag, as ours do (``TwinGraph``):
-    the two sides are timed and served alike."""
+    """torch's own module (``nn.GRU``, ``nn.LSTM``) holding the module's parameters (copied, then
+    flattened as cuDNN wants them), called time-major under the user's cuDNN flags (TF32 where
+    they allow it), its state joined as the module's calls join it (an LSTM's h then c in one
+    tensor).  Eager CUDA calls replay a CUDA graph of it per shape and TF32 flag, as ours do
+    (``TwinGraph``): the two sides are timed and served alike."""
 
     def __init__(self, module: nn.Module):
         first = next(module.parameters())
-        self.module = nn.GRU(module.input_size, module.hidden_size, module.num_layers, module.bias,
-                             batch_first=False, bidirectional=module.bidirectional,
-                             device=first.device, dtype=first.dtype).eval()
+        self.states = module.STATES
+        self.module = getattr(nn, module.NAME)(module.input_size, module.hidden_size, module.num_layers, module.bias,
+                                               batch_first=False, bidirectional=module.bidirectional,
+                                               device=first.device, dtype=first.dtype).eval()
         self.graphs: dict[tuple[Any, bool, bool], TwinGraph] = {}
         self.reload(module)
 
@@ -135,9 +137,12 @@ class TorchTwin:
 
     def __call__(self, x: Any, hx: Any = None) -> tuple[Any, Any]:
         """(out, h_n) for time-major ``x`` (or a ``PackedSequence``, its h_n in the caller's row
-        order, as ``nn.GRU`` gives them), launched directly."""
+        order, as ``nn.GRU`` gives them), launched directly; hx and h_n joined (an LSTM's h, c)."""
         with torch.no_grad():
-            return self.module(x, hx)
+            if self.states == 1:
+                return self.module(x, hx)
+            out, states = self.module(x, None if hx is None else hx.chunk(self.states))
+            return out, torch.cat(states)
 
     def call(self, key: Any, x: Any, hx: Any, graphs: bool) -> tuple[Any, Any]:
         """An eager call as the module serves it: on CUDA (``graphs``, not inside a capture)

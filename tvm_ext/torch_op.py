@@ -17,7 +17,9 @@ refuse memory left alive in them.  The module's error flags are then read by ``m
 (no host code of ours runs in a replay).  A ``PackedSequence`` is the op ``tvm_ext::gru_packed``,
 which torch's graphs stop at (``cudagraph_unsafe``): its padding depends on the batch sizes'
 values, which a replayed graph would fix.  Under ``torch.export`` the module records
-``aten::gru`` instead (``as_nn_gru``): a program portable to other processes.
+``aten::gru`` instead (``as_torch_call``): a program portable to other processes.  A
+``tvm_ext.torch.LSTM`` is the ops ``tvm_ext::lstm`` and ``tvm_ext::lstm_packed`` the same way (its
+(h, c) joined into one state tensor around them), and records ``aten::lstm``.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def register(module: Any) -> int:
 def _module(key: int) -> Any:
     module = _MODULES.get(key)
     if module is None:
-        raise TvmExtError(f"tvm_ext::gru: the tvm_ext.torch.GRU it was compiled for (number {key}) no longer exists")
+        raise TvmExtError(f"tvm_ext's op: the tvm_ext.torch module it was compiled for (number {key}) no longer exists")
     return module
 
 
@@ -54,44 +56,54 @@ def _module(key: int) -> Any:
 _PACKED_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
 
 
-@torch.library.custom_op("tvm_ext::gru", mutates_args=())
-def gru(module: int, input: torch.Tensor, hx: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, h_n) of the module's eager forward on a tensor input.  Outputs are fresh
-    contiguous tensors, as a custom op's must be (a ``batch_first`` output is copied)."""
-    out, h_n = _module(module).op_forward(input, hx)
-    return out.contiguous(), h_n.contiguous()
+def _define(name: str) -> tuple[Any, Any]:
+    """The ops ``tvm_ext::{name}`` and ``tvm_ext::{name}_packed`` (a module's ``NAME`` lower-cased):
+    (output, state) of the module's eager forward, the state joined as its calls join it (a GRU's
+    h_n; an LSTM's h_n then c_n in one tensor, ``tvm_ext.torch.LSTM.joined_state``)."""
 
+    @torch.library.custom_op(f"tvm_ext::{name}", mutates_args=())
+    def op(module: int, input: torch.Tensor, hx: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output, h_n) of the module's eager forward on a tensor input.  Outputs are fresh
+        contiguous tensors, as a custom op's must be (a ``batch_first`` output is copied)."""
+        out, h_n = _module(module).op_forward(input, hx)
+        return out.contiguous(), h_n.contiguous()
 
-@gru.register_fake
-def _gru_fake(module: int, input: torch.Tensor, hx: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The outputs' shapes, after the module's checks of the input and hx (its error messages)."""
-    m = _module(module)
-    seq, batch = m.checked_sizes(input, hx, False)
-    width = m.dirs * m.hidden_size
-    out = input.new_empty((batch, seq, width) if m.batch_first else (seq, batch, width))
-    return out, input.new_empty((m.num_layers * m.dirs, batch, m.hidden_size))
+    @op.register_fake
+    def _op_fake(module: int, input: torch.Tensor, hx: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The outputs' shapes, after the module's checks of the input and hx (its error messages)."""
+        m = _module(module)
+        seq, batch = m.checked_sizes(input, hx, False)
+        width = m.dirs * m.hidden_size
+        out = input.new_empty((batch, seq, width) if m.batch_first else (seq, batch, width))
+        return out, input.new_empty((m.STATES * m.num_layers * m.dirs, batch, m.hidden_size))
 
-
-@torch.library.custom_op("tvm_ext::gru_packed", mutates_args=(), tags=_PACKED_TAGS)
-def gru_packed(module: int, data: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: torch.Tensor,
+    @torch.library.custom_op(f"tvm_ext::{name}_packed", mutates_args=(), tags=_PACKED_TAGS)
+    def packed(module: int, data: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: torch.Tensor,
                sorted_indices: Optional[torch.Tensor], unsorted_indices: Optional[torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output data, h_n) of the module's eager forward on a ``PackedSequence`` passed as its
-    four parts."""
-    out, h_n = _module(module).eager_forward(PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), hx)
-    return out.data.contiguous(), h_n.contiguous()
+        """(output data, h_n) of the module's eager forward on a ``PackedSequence`` passed as its
+        four parts."""
+        sequence = PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices)
+        out, h_n = _module(module).eager_forward(sequence, hx)
+        return out.data.contiguous(), h_n.contiguous()
 
-
-@gru_packed.register_fake
-def _gru_packed_fake(module: int, data: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: torch.Tensor,
+    @packed.register_fake
+    def _packed_fake(module: int, data: torch.Tensor, hx: Optional[torch.Tensor], batch_sizes: torch.Tensor,
                      sorted_indices: Optional[torch.Tensor], unsorted_indices: Optional[torch.Tensor]
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    m = _module(module)
-    _, batch = m.checked_sizes(data, hx, True)
-    if hx is None:  # the batch is the packed batch sizes' first: known only when the op runs
-        batch = torch.library.get_ctx().new_dynamic_size()
-    return data.new_empty((data.shape[0], m.dirs * m.hidden_size)), \
-        data.new_empty((m.num_layers * m.dirs, batch, m.hidden_size))
+        m = _module(module)
+        _, batch = m.checked_sizes(data, hx, True)
+        if hx is None:  # the batch is the packed batch sizes' first: known only when the op runs
+            batch = torch.library.get_ctx().new_dynamic_size()
+        return data.new_empty((data.shape[0], m.dirs * m.hidden_size)), \
+            data.new_empty((m.STATES * m.num_layers * m.dirs, batch, m.hidden_size))
+
+    return op, packed
+
+
+gru, gru_packed = _define("gru")
+lstm, lstm_packed = _define("lstm")
+_OPS = {"GRU": (gru, gru_packed), "LSTM": (lstm, lstm_packed)}
 
 
 def outside_graph_pools(forward: Callable[..., tuple[Any, Any]], input: Any, hx: Any) -> tuple[Any, Any]:
@@ -136,33 +148,48 @@ def exporting() -> bool:
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
-def as_nn_gru(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
-    """``module``'s forward as ``nn.GRU`` computes it (``aten::gru`` on its parameters, in
-    nn.GRU's order): what ``torch.export`` records for it, so that the program is the one an
-    ``nn.GRU`` model exports (its op a number would name means nothing outside this process),
-    which ``tune model FILE.pt2`` imports as tvm_ext's GRU."""
-    weights = list(module.parameters())  # registered in nn.GRU's flat order: layer, direction, ih, hh
+def as_torch_call(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
+    """``module``'s forward as ``nn.GRU`` (``nn.LSTM``) computes it (``aten::gru`` / ``aten::lstm``
+    on its parameters, in torch's order; hx as the user passes it): what ``torch.export`` records
+    for it, so that the program is the one an ``nn.GRU`` (``nn.LSTM``) model exports (its op a
+    number would name means nothing outside this process), which ``tune model FILE.pt2`` imports
+    as tvm_ext's kernels."""
+    weights = list(module.parameters())  # registered in torch's flat order: layer, direction, ih, hh
     packed = isinstance(input, PackedSequence)
     data = input.data if packed else input
     batch = int(input.batch_sizes[0]) if packed else data.shape[0 if module.batch_first else 1]
-    if hx is None:
-        hx = data.new_zeros((module.num_layers * module.dirs, batch, module.hidden_size))
+    lstm_call = module.STATES == 2
+    states = (hx,) if not lstm_call else (hx if hx is not None else (None, None))
+    if any(state is None for state in states):
+        states = tuple(data.new_zeros((module.num_layers * module.dirs, batch, module.hidden_size))
+                       for _ in range(module.STATES))
     elif packed and input.sorted_indices is not None:
-        hx = hx.index_select(1, input.sorted_indices)
+        states = tuple(state.index_select(1, input.sorted_indices) for state in states)
+    vf = torch._VF.lstm if lstm_call else torch._VF.gru
+    state_arg = states if lstm_call else states[0]
     if not packed:
-        return torch._VF.gru(data, hx, weights, module.bias, module.num_layers, 0.0, False, module.bidirectional,
-                             module.batch_first)
-    out, h_n = torch._VF.gru(data, input.batch_sizes, hx, weights, module.bias, module.num_layers, 0.0, False,
-                             module.bidirectional)
+        out, *finals = vf(data, state_arg, weights, module.bias, module.num_layers, 0.0, False, module.bidirectional,
+                          module.batch_first)
+        return out, (tuple(finals) if lstm_call else finals[0])
+    out, *finals = vf(data, input.batch_sizes, state_arg, weights, module.bias, module.num_layers, 0.0, False,
+                      module.bidirectional)
     if input.unsorted_indices is not None:
-        h_n = h_n.index_select(1, input.unsorted_indices)
-    return PackedSequence(out, input.batch_sizes, input.sorted_indices, input.unsorted_indices), h_n
+        finals = [final.index_select(1, input.unsorted_indices) for final in finals]
+    return (PackedSequence(out, input.batch_sizes, input.sorted_indices, input.unsorted_indices),
+            tuple(finals) if lstm_call else finals[0])
 
 
-def call(key: int, input: Any, hx: Any) -> tuple[Any, Any]:
-    """The forward of the module numbered ``key`` as the op, a ``PackedSequence`` rebuilt around
-    the packed op's output."""
+
+def call(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
+    """``module``'s forward as its op (named by ``module._op_key``; hx as the user passes it: an
+    LSTM's joined into one tensor around the op), a ``PackedSequence`` rebuilt around the packed
+    op's output."""
+    op, packed_op = _OPS[module.NAME]
+    key = module._op_key
+    joined = hx if module.STATES == 1 else module.joined_state(hx)
     if isinstance(input, PackedSequence):
-        data, h_n = gru_packed(key, input.data, hx, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
-        return PackedSequence(data, input.batch_sizes, input.sorted_indices, input.unsorted_indices), h_n
-    return gru(key, input, hx)
+        data, h_n = packed_op(key, input.data, joined, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
+        out = PackedSequence(data, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
+    else:
+        out, h_n = op(key, input, joined)
+    return out, (h_n if module.STATES == 1 else module.split_state(h_n))

@@ -26,9 +26,7 @@ class BarrierWatch:
     flags stay on the device and are copied out after the call."""
 
     def __init__(self, engine: Any, narrowed: float | None = None):
-        from tvm_ext.schedules.gru.plan import BARRIER_TIMEOUT
-
-        self.message = BARRIER_TIMEOUT
+        self.message = engine.barrier_timeout
         self.split = engine.split_inputs()  # input -> the knob that splits it
         self.narrow(narrowed)
         self.active = engine.persistent or bool(self.limits)

@@ -116,6 +116,8 @@ class GRU:
     back as float32 arrays (widened from bfloat16/float16, rounded from float64).
     """
 
+    barrier_timeout = BARRIER_TIMEOUT  # what a timed-out grid barrier of its step kernel raises
+
     def __init__(self, template: GruTemplate, config: Config, target: TargetInfo, batch_first: bool,
                  compiled: CompiledGru):
         self.template = template

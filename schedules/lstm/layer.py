@@ -30,6 +30,8 @@ class LSTM:
     products and the cell stay float32); weights and inputs are rounded to it as they are loaded.
     """
 
+    barrier_timeout = BARRIER_TIMEOUT  # what a timed-out grid barrier of its step kernel raises
+
     def __init__(self, template: LstmTemplate, config: Config, target: TargetInfo, batch_first: bool,
                  compiled: Any):
         self.template = template
@@ -75,6 +77,11 @@ class LSTM:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> "LSTM":
         """Load ``torch.nn.LSTM.state_dict()`` (tensors on any device)."""
         return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
+
+    def split_inputs(self) -> dict[str, str]:
+        """The call inputs split into float16 parts (``GRU.split_inputs``): none, an LSTM stores
+        its tensors in its dtype."""
+        return {}
 
     # ---- forward ----------------------------------------------------------------------------
     def _state(self, value: Any, name: str) -> np.ndarray:

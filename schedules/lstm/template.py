@@ -99,6 +99,18 @@ class LstmTemplate(NamedBuffers, Template):
         return 2 if self.bidirectional else 1
 
     @property
+    def x_dtype(self) -> str:  # the stored types, named as the GRU template names them
+        return self.dtype
+
+    @property
+    def h_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def out_dtype(self) -> str:
+        return self.dtype
+
+    @property
     def tolerance(self) -> float:  # type: ignore[override]
         return sanity_tolerance({"x": self.dtype})
 
