@@ -248,6 +248,53 @@ def test_cuda_lstm_matches_the_reference(cfg):
         _close(*_run("cuda", seq=9, batch=3, inputs=24, hidden=40, layers=2, bidirectional=True, config=cfg))
 
 
+FLAG_CASES = {  # the flag-exchange step kernel: one row, rows past a warp's units, both directions and
+    # layers over an H its warps do not divide, the input projected in it, 16-bit storage
+    "b1": (dict(seq=9, batch=1, inputs=256, hidden=256), {}),
+    "2layer-bi-ragged": (dict(seq=7, batch=3, inputs=24, hidden=40, layers=2, bidirectional=True), {}),
+    "fused-input": (dict(seq=6, batch=2, inputs=40, hidden=96), {"step_flag_input": 1}),
+    "units-8": (dict(seq=5, batch=8, inputs=64, hidden=64), {"step_flag_units": 8}),
+}
+FLAG = dict(fuse_step=1, step_loop=2, step_flags=1)
+
+
+def test_the_flag_exchange_kernel_runs_the_lstm_cell_offline():
+    """The flag-exchange step kernel (``schedules/gru/flag_step.py``) on four gates, built for an
+    H100: the plan's calls (no input GEMM where the kernel projects x), each lane's W_hh share of
+    four gates, c kept in the cell lane's register from the state's c half, c_n's source written
+    there at the last step; the pick takes it at small batches and not where W's share does not
+    fit (H1024)."""
+    target = offline_cuda()
+    for shape, knobs in FLAG_CASES.values():
+        t = LstmTemplate(batch=shape["batch"], hidden=shape["hidden"], input=shape["inputs"], seq=shape["seq"],
+                         layers=shape.get("layers", 1), bidirectional=shape.get("bidirectional", False))
+        cfg = t.default_config(target).replace(**FLAG, **knobs)
+        assert t.space(target).infeasible_reason(cfg) is None
+        compiled = t.compile(cfg, target)
+        funcs = [call.func for call in compiled.calls]
+        assert funcs[:3] == (["lstm_init", "lstm_steps", "lstm_final_c"] if knobs.get("step_flag_input")
+                             else ["lstm_init", "lstm_gemm_x0", "lstm_steps"])
+        body = compiled.source[compiled.source.index("lstm_steps_kernel("):]
+        kp = -(-shape["hidden"] // 32)
+        assert f"w_r_ptr[{4 * kp}]" in body and "__nv_atomic_load_n" in body and "__nv_atomic_store_n" in body
+        assert re.search(r"zh_ptr\[0\] = hs_ptr\[", body)  # c0 from the state's c half
+        assert re.search(r"hs_ptr\[[^]]*\] = zh_ptr\[0\]", body)  # the last c where c_n's copy reads it
+    for batch, hidden, flags in ((1, 256, 1), (8, 512, 1), (16, 512, 1), (8, 1024, 0), (64, 1024, 0)):
+        cfg, why = LstmTemplate(batch=batch, hidden=hidden, input=hidden, seq=8).with_tensor_cores(
+            target).analytic_pick(target)
+        assert cfg.step_flags == flags and why.startswith("flag-exchange") == bool(flags)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(FLAG_CASES))
+def test_cuda_flag_exchange_lstm_matches_the_reference(case):
+    """On a GPU machine: the flag-exchange step kernel against float64, twice (the words and the
+    barrier flag reset by the init)."""
+    shape, knobs = FLAG_CASES[case]
+    for _ in range(2):
+        _close(*_run("cuda", **shape, config={**FLAG, **knobs}))
+
+
 def test_an_onnx_lstm_with_dynamic_axes_is_tuned_at_buckets_on_our_kernel(tmp_path):
     """What a user exports: ``nn.LSTM`` through torch's ONNX exporter with ``dynamic_axes`` (sequence
     and batch).  ``tune model --buckets seq=4,8`` tunes our LSTM plan at both and runs 6 steps on

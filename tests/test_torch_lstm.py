@@ -121,6 +121,21 @@ def test_packed_sequence_with_hx_on_opencl():
     _close((padded, (h_n, c_n)), _reference(net, packed, hx), 1e-5)
 
 
+def test_buckets_serve_calls_of_many_shapes_on_few_compiled_lstms():
+    """``buckets`` as the GRU's: seq and batch padded up to their buckets (steps added run as
+    variable lengths, so h_n and c_n are each row's last real step), with and without (h_0, c_0),
+    batch-first, two bidirectional layers; every output against float64 nn.LSTM."""
+    torch.manual_seed(2)
+    net = nn.LSTM(5, 6, num_layers=2, bidirectional=True, batch_first=True).eval()
+    lstm = LSTM.from_module(net, buckets={"seq": [8, 4], "batch": [4]})
+    for seq, batch, with_hx in ((5, 3, True), (8, 4, False), (3, 1, True), (7, 2, False), (10, 3, True)):
+        x = torch.randn(batch, seq, 5)
+        hx = (torch.randn(4, batch, 6), torch.randn(4, batch, 6)) if with_hx else None
+        _close(lstm(x, hx), _reference(net, x, hx), 1e-5)
+    assert [(k.batch, k.seq, k.variable_lengths) for k in lstm.compiled_shapes] == \
+        [(4, 4, True), (4, 8, False), (4, 8, True), (4, 10, False)]
+
+
 class _Model(nn.Module):
     """A front Linear, a 2-layer bidirectional batch-first LSTM with (h_0, c_0), a head Linear."""
 

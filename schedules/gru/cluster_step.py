@@ -87,7 +87,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
     the arrivals each receiving barrier counts)."""
     from tvm.script import tirx as T
 
-    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype, quads)
+    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype, quads=quads)
     G, KP, U, cluster = 3 * hidden, shape.k_per_lane, units, shape.cluster
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
     slot_words = batch * HP
@@ -244,7 +244,7 @@ class ClusterStep(StepVariant):
     @property
     def shape(self) -> ClusterStepShape:
         s = self.sizes
-        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, self.quads)
+        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, quads=self.quads)
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: CUDA's persistent kernel on a GPU with clusters, its tile,

@@ -34,7 +34,8 @@ from tvm_ext.core.space import Config
 from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE, SPIN_LIMIT
 from tvm_ext.target import TargetInfo
 
-from .step_common import MAX_REGISTERS, OTHER_REGISTERS, cell_blend, float_word, stored_as, word_float, word_tag
+from .step_common import (CELL_GATES, GRU_CELL, LSTM_CELL, MAX_REGISTERS, OTHER_REGISTERS, cell_blend, float_word,
+                          lstm_c, lstm_h, stored_as, word_float, word_tag)
 from .step_variant import (CLUSTER_STEP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant,
                            fused_threads_reason, input_buffer, residency)
 from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
@@ -60,11 +61,11 @@ class FlagStepShape(WarpUnitShape):
         """32-bit registers of the input projection: W_ih's share, every row's x and their sums."""
         if not self.input:
             return 0
-        return 3 * self.k_input_per_lane * max(1, itemsize(self.w_ih_dtype) // 4) + \
-            self.batch * self.k_input_per_lane + 3 * self.batch + 6
+        return self.gate_count * self.k_input_per_lane * max(1, itemsize(self.w_ih_dtype) // 4) + \
+            self.batch * self.k_input_per_lane + self.gate_count * self.batch + 6
 
     def input_registers_why(self) -> str:
-        return (f", W_ih share 3 x {self.k_input_per_lane} and x {self.batch} x {self.k_input_per_lane}"
+        return (f", W_ih share {self.gate_count} x {self.k_input_per_lane} and x {self.batch} x {self.k_input_per_lane}"
                 if self.input else "")
 
     @property
@@ -87,8 +88,9 @@ class FlagStepShape(WarpUnitShape):
 
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the words it polls at once (64-bit),
-        the accumulators (3 gates x rows) and the rest."""
-        return self.w_registers() + 2 * self.poll_words + 3 * self.batch + OTHER_REGISTERS + self.input_registers()
+        the accumulators (gates x rows) and the rest."""
+        return (self.w_registers() + 2 * self.poll_words + self.gate_count * self.batch + OTHER_REGISTERS
+                + self.input_registers())
 
     def shared_bytes(self) -> int:
         return self.batch * self.k_per_lane * WARP * 4
@@ -99,21 +101,26 @@ FusedInput = tuple[int, str, str]  # (input depth, its dtype, W_ih's dtype): the
 
 def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
                    w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                   fused_input: FusedInput | None = None, name: str = "gru_steps") -> Any:
+                   fused_input: FusedInput | None = None, name: str = "gru_steps", cell: str = GRU_CELL) -> Any:
     """The persistent flag-exchange step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar, hx), the persistent step kernels' signature
     plus ``hx``, the (2, dirs, batch, hidden) uint64 words of h ``gru_init`` prepared; with
     ``fused_input`` (x_in, w_ih, b_ih, hs, ...): each step's gi computed in the kernel from the
-    layer's input, W_ih and b_ih, with no input GEMM before it."""
+    layer's input, W_ih and b_ih, with no input GEMM before it.  ``cell`` ``"lstm"``: the LSTM's
+    four gates and cell, each cell lane keeping its (row, unit)'s c in a register for all T
+    steps (no exchange: only that lane reads it), c0 read from and c_n's source written to the
+    c half of the (2, dirs, batch, 2·hidden) state ``hs`` (``schedules/lstm/kernels.py``)."""
     from tvm.script import tirx as T
 
     k_in, x_dtype, w_ih_dtype = fused_input or (0, "float32", "float32")
-    shape = FlagStepShape(batch, hidden, dirs, units, w_dtype, k_in, w_ih_dtype)
-    G = 3 * hidden
+    gates = CELL_GATES[cell]
+    shape = FlagStepShape(batch, hidden, dirs, units, w_dtype, gates, input=k_in, w_ih_dtype=w_ih_dtype)
+    G = gates * hidden
     math = WarpUnitMath(steps, batch, hidden, dirs, shape.k_per_lane, h_dtype, w_dtype, gi_dtype, acc_dtype,
-                        gh_dtype, math_dtype, cell_lanes=batch)
-    body = _body_macro(steps, shape, math, out_dtype, x_dtype)
-    hs_shape, w_shape, b_shape = (2, dirs, batch, hidden), (dirs, hidden, G), (dirs, G)
+                        gh_dtype, math_dtype, cell_lanes=batch, gate_count=gates)
+    body = _body_macro(steps, shape, math, out_dtype, x_dtype, cell)
+    width = 2 * hidden if cell == LSTM_CELL else hidden  # of a state slot: h, and the LSTM's c after it
+    hs_shape, w_shape, b_shape = (2, dirs, batch, width), (dirs, hidden, G), (dirs, G)
     out_shape, h_n_shape = (steps * batch, dirs * hidden), (layers * dirs, batch, hidden)
     hx_words = 2 * dirs * batch * hidden
 
@@ -140,7 +147,8 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     return fused.with_attr("global_symbol", name)
 
 
-def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype: str, x_dtype: str) -> Any:
+def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype: str, x_dtype: str,
+                cell: str = GRU_CELL) -> Any:
     """The kernel's body: W_hh's share once, then per step the poll, the gate sums and the
     cell; gi of the next step loaded (or, where ``shape.input`` > 0, computed from x of
     ``x_dtype`` and W_ih's share while the other blocks' h is still on its way)."""
@@ -157,6 +165,8 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
     load_w, load_gi, gate_sums, select_row = math.macros()
     projects_input, KI, w_ih_dtype = shape.input > 0, shape.k_input_per_lane, shape.w_ih_dtype  # x's k a lane takes
     load_w_ih, load_x, input_gates = math.input_macros(max(shape.input, 1), x_dtype, w_ih_dtype)
+    gates, lstm = math.gate_count, cell == LSTM_CELL
+    cell_math = _lstm_cell_macro(math, hidden) if lstm else _gru_cell_macro(math, HP)
 
     def value_of(word: Any) -> Any:
         return word_float(T, word)
@@ -171,18 +181,19 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
         tx = T.launch_thread("threadIdx.x", WARP)
         ty = T.launch_thread("threadIdx.y", units)
         h_s = T.alloc_buffer((batch * HP,), "float32", scope="shared")
-        w_r = T.alloc_buffer((3 * KP,), w_dtype, scope="local")
-        acc = T.alloc_buffer((3 * batch,), acc_dtype, scope="local")
-        sums = T.alloc_buffer((3,), acc_dtype, scope="local")
+        w_r = T.alloc_buffer((gates * KP,), w_dtype, scope="local")
+        acc = T.alloc_buffer((gates * batch,), acc_dtype, scope="local")
+        sums = T.alloc_buffer((gates,), acc_dtype, scope="local")
         got = T.alloc_buffer((chunk,), "uint64", scope="local")
-        gi_reg = T.alloc_buffer((3,), gi_dtype, scope="local")
+        gi_reg = T.alloc_buffer((gates,), gi_dtype, scope="local")
         x_r = T.alloc_buffer((max(batch * KI, 1),), x_dtype, scope="local")  # fused input: x at the lane's k
-        wi_r = T.alloc_buffer((max(3 * KI, 1),), w_ih_dtype, scope="local")  # and its share of W_ih
-        b_i = T.alloc_buffer((3,), "float32", scope="local")
-        acc_x = T.alloc_buffer((3 * batch,), acc_dtype, scope="local")
-        sums_x = T.alloc_buffer((3,), acc_dtype, scope="local")
-        b_h = T.alloc_buffer((3,), "float32", scope="local")
-        zh = T.alloc_buffer((2,), math_dtype, scope="local")  # the cell's z, then h': each computed once
+        wi_r = T.alloc_buffer((max(gates * KI, 1),), w_ih_dtype, scope="local")  # and its share of W_ih
+        b_i = T.alloc_buffer((gates,), "float32", scope="local")
+        acc_x = T.alloc_buffer((gates * batch,), acc_dtype, scope="local")
+        sums_x = T.alloc_buffer((gates,), acc_dtype, scope="local")
+        b_h = T.alloc_buffer((gates,), "float32", scope="local")
+        # the GRU cell's z, then h'; the LSTM's c (kept for all steps), then h': each computed once
+        zh = T.alloc_buffer((3 if lstm else 2,), math_dtype, scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         tid = T.meta_var(ty * WARP + tx)
         j = T.meta_var(bx * units + ty)
@@ -191,7 +202,7 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
             if it * threads + tid < batch * HP:
                 h_s[it * threads + tid] = T.float32(0)
         T.tvm_storage_sync("shared")  # where a row is padded, another thread's first poll writes these words
-        for g in T.unroll(3):
+        for g in T.unroll(gates):
             b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
                                     T.float32(0))
         if not projects_input:
@@ -202,6 +213,8 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
             input_gates(acc_x, x_r, wi_r, b_i, gi_reg, sums_x, tx)
             if steps > 1:
                 load_x(x_in, x_r, 1, bz, tx)
+        if lstm and tx < batch and j < hidden:  # the lane's c0, kept in a register from here on
+            zh[0] = T.cast(hs[0, bz, tx, hidden + j], math_dtype)
         poll[0] = 0
         for s in T.serial(steps):
             # every block's h_s, the words polled (``chunk`` at once) until each tag says s
@@ -230,9 +243,7 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
             select_row(sums, acc, tx)  # lane b's row b
             if tx < batch and j < hidden:
                 t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
-                z_n = T.meta_var(math.gates(sums, b_h, gi_reg))
-                zh[0] = z_n[0]
-                zh[1] = cell_blend(zh[0], z_n[1], h_s[tx * HP + j], math_dtype)
+                cell_math(zh, sums, b_h, gi_reg, h_s, tx, j)
                 h_new = T.meta_var(zh[1])
                 T.evaluate(T.call_extern("void", "__nv_atomic_store_n",
                                          T.address_of(hx[(((s + 1) % 2) * dirs + bz) * n_words + tx * hidden + j]),
@@ -240,6 +251,8 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
                 out[t_row * batch + tx, bz * hidden + j] = T.cast(h_new, out_dtype)
                 if s == steps - 1:
                     h_n[layer * dirs + bz, tx, j] = T.cast(h_new, h_dtype)
+                    if lstm:  # the last c where c_n's copy reads it (slot T mod 2)
+                        hs[steps % 2, bz, tx, hidden + j] = T.cast(zh[0], h_dtype)
                 if not projects_input and s + 1 < steps:
                     load_gi(gi, gi_reg, s + 1, bz, j, tx)
             if projects_input and s + 1 < steps:  # gi of s + 1 while h' travels; x of s + 2 loaded
@@ -252,6 +265,39 @@ def _body_macro(steps: int, shape: FlagStepShape, math: WarpUnitMath, out_dtype:
 
 
     return body
+
+
+def _gru_cell_macro(math: WarpUnitMath, row_padded: int) -> Any:
+    """``cell(zh, sums, b_h, gi_reg, h_s, tx, j)``: the GRU's cell of lane ``tx``'s row: z into
+    ``zh[0]``, h' into ``zh[1]`` (h from the polled row in shared memory)."""
+    from tvm.script import tirx as T
+
+    @T.macro
+    def cell(zh, sums, b_h, gi_reg, h_s, tx, j):  # type: ignore[no-untyped-def]
+        z_n = T.meta_var(math.gates(sums, b_h, gi_reg))
+        zh[0] = z_n[0]
+        zh[1] = cell_blend(zh[0], z_n[1], h_s[tx * row_padded + j], math.math_dtype)
+
+    return cell
+
+
+def _lstm_cell_macro(math: WarpUnitMath, hidden: int) -> Any:
+    """``cell(zh, ...)``: the LSTM's cell of lane ``tx``'s row on its four gate sums: c' from the
+    c in ``zh[0]`` into ``zh[2]``, h' from it into ``zh[1]``, then c' rounded to the state's type
+    (as a stored c would be) into ``zh[0]`` for the next step (``step_common.lstm_c``, ``lstm_h``; the fused kernel's
+    cell)."""
+    from tvm.script import tirx as T
+
+    acc_dtype, gh_dtype, math_dtype, h_dtype = math.acc_dtype, math.gh_dtype, math.math_dtype, math.h_dtype
+
+    @T.macro
+    def cell(zh, sums, b_h, gi_reg, h_s, tx, j):  # type: ignore[no-untyped-def]
+        gh = T.meta_var([stored_as(sums[g] + b_h[g].astype(acc_dtype), gh_dtype) for g in range(4)])
+        zh[2] = lstm_c(T, gi_reg[0], gi_reg[1], gi_reg[2], gh[0], gh[1], gh[2], zh[0], math_dtype, state=h_dtype)
+        zh[1] = lstm_h(T, gi_reg[3], gh[3], zh[2], math_dtype, state=h_dtype)
+        zh[0] = stored_as(zh[2], h_dtype).astype(math_dtype)
+
+    return cell
 
 
 @dataclass(frozen=True)
@@ -279,8 +325,8 @@ class FlagStep(StepVariant):
     @property
     def shape(self) -> FlagStepShape:
         s = self.sizes
-        return FlagStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, s.input if self.fused_input else 0,
-                             s.w_ih_dtype)
+        return FlagStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, s.gates,
+                             input=s.input if self.fused_input else 0, w_ih_dtype=s.w_ih_dtype)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # with the input GEMM in the kernel its tile's knobs (in_) do not apply
@@ -309,7 +355,8 @@ class FlagStep(StepVariant):
             return why
         if shape.registers() > MAX_REGISTERS:
             return (f"flag-exchange step kernel: needs about {shape.registers()} registers per thread (W share "
-                    f"3 x {shape.k_per_lane}, {shape.poll_words} h words polled at once, {3 * shape.batch} sums"
+                    f"{shape.gate_count} x {shape.k_per_lane}, {shape.poll_words} h words polled at once, "
+                    f"{shape.gate_count * shape.batch} sums"
                     f"{shape.input_registers_why()}) > {MAX_REGISTERS}")
         return None
 
@@ -337,7 +384,8 @@ class FlagStep(StepVariant):
 
     def lowered_kernels(self) -> dict[str, Any]:
         s = self.sizes
-        return {"gru_steps": flag_step_func(
+        return {f"{s.cell}_steps": flag_step_func(
             s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units, h_dtype=s.h_dtype, w_dtype=s.w_dtype,
             gi_dtype=s.gi_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
-            out_dtype=s.out_dtype, fused_input=(s.input, s.x_dtype, s.w_ih_dtype) if self.fused_input else None)}
+            out_dtype=s.out_dtype, fused_input=(s.input, s.x_dtype, s.w_ih_dtype) if self.fused_input else None,
+            name=f"{s.cell}_steps", cell=s.cell)}

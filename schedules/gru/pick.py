@@ -175,7 +175,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
                              f"{_held_why(shape, 'their')}{stacked}{warp}; {gemm_why}{early}")
-    flags = _flag_step(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
+    flags = flag_step_config(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
         inputs = ("the input projected in it (W_ih's share in registers too), no input GEMM"
@@ -617,15 +617,17 @@ def _split_step(base: Config, space: Any) -> Config | None:
     return None
 
 
-def _flag_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+def flag_step_config(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
     """The flag-exchange step kernel at small batch (the caller bounds the batch): the fewest
     units per block whose grid fits one block per SM (more blocks share the math; faster than
     a grid barrier, docs/results/gru.md), the input projected in it (no input GEMM) up to
-    ``FUSED_INPUT_BATCH`` where that fits; None where no such config fits."""
+    ``FUSED_INPUT_BATCH`` where that fits; None where no such config fits.  The LSTM's pick
+    takes it too (its space has no input split knobs)."""
+    no_split = {name: 0 for name in ("in_split", "in_wgmma") if name in space.names}
     for units in FLAG_UNITS:
         cfg = base.replace(fuse_step=1, step_loop=2, step_flags=1, step_flag_units=units)
         if template.step_variant(cfg).shape.blocks <= sm_count and space.is_feasible(cfg):
-            fused = cfg.replace(step_flag_input=1, in_split=0, in_wgmma=0)
+            fused = cfg.replace(step_flag_input=1, **no_split)
             return fused if template.batch <= FUSED_INPUT_BATCH and space.is_feasible(fused) else cfg
     return None
 

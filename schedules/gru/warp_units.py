@@ -28,6 +28,7 @@ class WarpUnitShape:
     dirs: int
     units: int
     w_dtype: str
+    gate_count: int = 3  # a unit's gates (the LSTM's 4)
 
     @property
     def k_per_lane(self) -> int:
@@ -38,8 +39,8 @@ class WarpUnitShape:
         return WARP * self.units
 
     def w_registers(self) -> int:
-        """32-bit registers of a lane's W_hh share (3 gates x ``k_per_lane``)."""
-        return 3 * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
+        """32-bit registers of a lane's W_hh share (``gates`` x ``k_per_lane``)."""
+        return self.gate_count * self.k_per_lane * max(1, itemsize(self.w_dtype) // 4)
 
     def tile_reason(self, kernel: str) -> str | None:
         """Why ``kernel`` (its name in messages) cannot take these units and rows."""
@@ -77,6 +78,7 @@ class WarpUnitMath:
     gh_dtype: str
     math_dtype: str
     cell_lanes: int
+    gate_count: int = 3  # a unit's gates (the LSTM's 4)
 
     @property
     def row_padded(self) -> int:
@@ -98,21 +100,22 @@ class WarpUnitMath:
 
     def macros(self) -> tuple[Any, Any, Any, Any]:
         """(load_w, load_gi, gate_sums, select_row): the lane's W_hh share once; its row's gi of
-        a step into registers; every lane's 3 x batch sums over the rows of h in shared memory
+        a step into registers; every lane's gates x batch sums over the rows of h in shared memory
         from word ``base`` on (``gate_sums(acc, w_r, h_s, base, tx)``); each gate's sum of the
         lane's own row into ``sums``."""
         from tvm.script import tirx as T
 
         steps, batch, hidden, dirs, KP, HP = (self.steps, self.batch, self.hidden, self.dirs, self.k_per_lane,
                                               self.row_padded)
-        G, gi_dtype, w_dtype, acc_dtype, cell_lanes = 3 * hidden, self.gi_dtype, self.w_dtype, self.acc_dtype, \
-            self.cell_lanes
+        G, gi_dtype, w_dtype, acc_dtype, cell_lanes = self.gate_count * hidden, self.gi_dtype, self.w_dtype, \
+            self.acc_dtype, self.cell_lanes
+        gates = self.gate_count
         row_of = self.row_of
 
         @T.macro
         def load_w(w, w_r, bz, j, tx):  # type: ignore[no-untyped-def]
             # w_r[g * KP + i] = W[k = tx + 32 i, g * H + j]
-            for g in T.unroll(3):
+            for g in T.unroll(gates):
                 for i in T.unroll(KP):
                     k = T.meta_var(tx + i * WARP)
                     w_r[g * KP + i] = T.if_then_else(k < hidden and j < hidden,
@@ -122,7 +125,7 @@ class WarpUnitMath:
         @T.macro
         def load_gi(gi, gi_reg, step, bz, j, tx):  # type: ignore[no-untyped-def]
             t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
-            for g in T.unroll(3):
+            for g in T.unroll(gates):
                 gi_reg[g] = T.if_then_else(tx < cell_lanes and j < hidden,
                                            gi[T.min(t_row * batch + row_of(tx), steps * batch - 1),
                                               T.min(bz * G + g * hidden + j, dirs * G - 1)],
@@ -130,7 +133,7 @@ class WarpUnitMath:
 
         @T.macro
         def dot_products(acc, w_r, h_s, at, b, i):  # type: ignore[no-untyped-def]
-            for g in T.unroll(3):
+            for g in T.unroll(gates):
                 acc[g * batch + b] = acc[g * batch + b] + T.cast(w_r[g * KP + i], acc_dtype) * T.cast(
                     h_s[at], acc_dtype)
 
@@ -139,7 +142,7 @@ class WarpUnitMath:
         @T.macro
         def gate_sums(acc, w_r, h_s, base, tx):  # type: ignore[no-untyped-def]
             for b in T.unroll(batch):
-                for g in T.unroll(3):
+                for g in T.unroll(gates):
                     acc[g * batch + b] = T.cast(0, acc_dtype)
                 for i in T.unroll(KP):
                     dot_products(acc, w_r, h_s, base + b * HP + tx + i * WARP, b, i)
@@ -152,11 +155,11 @@ class WarpUnitMath:
         3 x batch sums."""
         from tvm.script import tirx as T
 
-        batch, row_of = self.batch, self.row_of
+        batch, row_of, gates = self.batch, self.row_of, self.gate_count
 
         @T.macro
         def select_row(sums, acc, tx):  # type: ignore[no-untyped-def]
-            for g in T.unroll(3):  # every lane runs one cell: its row's sums selected
+            for g in T.unroll(gates):  # every lane runs one cell: its row's sums selected
                 sums[g] = acc[g * batch]
                 for b in T.unroll(1, batch):
                     sums[g] = T.if_then_else(row_of(tx) == b, acc[g * batch + b], sums[g])
@@ -168,12 +171,12 @@ class WarpUnitMath:
         from tvm import tirx
         from tvm.script import tirx as T
 
-        batch, acc_dtype, full = self.batch, self.acc_dtype, tirx.const(0xFFFFFFFF, "uint32")
+        batch, acc_dtype, full, gates = self.batch, self.acc_dtype, tirx.const(0xFFFFFFFF, "uint32"), self.gate_count
 
         @T.macro
         def butterfly(acc):  # type: ignore[no-untyped-def]
             for r in T.unroll(5):  # xor 16, 8, 4, 2, 1: every lane ends with every sum
-                for v in T.unroll(3 * batch):
+                for v in T.unroll(gates * batch):
                     acc[v] = acc[v] + T.call_extern(acc_dtype, "__shfl_xor_sync", full, acc[v],
                                                     T.shift_right(16, r), WARP)
 
@@ -189,12 +192,13 @@ class WarpUnitMath:
         from tvm.script import tirx as T
 
         steps, batch, hidden, gi_dtype, acc_dtype = self.steps, self.batch, self.hidden, self.gi_dtype, self.acc_dtype
-        G, KI = 3 * hidden, -(-k_in // WARP)
+        gates = self.gate_count
+        G, KI = gates * hidden, -(-k_in // WARP)
         butterfly, select_row = self._butterfly_macro(), self._select_row_macro()
 
         @T.macro
         def load_w_ih(w_ih, b_ih, wi_r, b_i, bz, j, tx):  # type: ignore[no-untyped-def]
-            for g in T.unroll(3):
+            for g in T.unroll(gates):
                 col = T.meta_var(bz * G + g * hidden + T.min(j, hidden - 1))
                 b_i[g] = T.if_then_else(j < hidden, T.cast(b_ih[col], "float32"), T.float32(0))
                 for i in T.unroll(KI):
@@ -214,14 +218,14 @@ class WarpUnitMath:
         @T.macro
         def input_gates(acc, x_r, wi_r, b_i, gi_reg, sums, tx):  # type: ignore[no-untyped-def]
             for b in T.unroll(batch):
-                for g in T.unroll(3):
+                for g in T.unroll(gates):
                     acc[g * batch + b] = T.cast(0, acc_dtype)
                     for i in T.unroll(KI):
                         acc[g * batch + b] = acc[g * batch + b] + T.cast(wi_r[g * KI + i], acc_dtype) * T.cast(
                             x_r[b * KI + i], acc_dtype)
             butterfly(acc)
             select_row(sums, acc, tx)
-            for g in T.unroll(3):
+            for g in T.unroll(gates):
                 gi_reg[g] = T.cast(T.cast(sums[g], "float32") + b_i[g], gi_dtype)
 
         return load_w_ih, load_x, input_gates

@@ -9,10 +9,12 @@ from typing import Any
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
 
 
-def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barrier: bool = False) -> Any:
+def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barrier: bool = False,
+              flags: bool = False) -> Any:
     """Layer ``layer``'s slices of h0 and c0 into the state's slot 0 (h, then c); ``barrier``:
     also zeroes the persistent step kernel's barrier counter (and at layer 0 its timed-out
-    flag), as the GRU's init does."""
+    flag), as the GRU's init does; ``flags`` (with ``barrier``): also the flag-exchange kernel's
+    words ``hx``, slot 0 h0's float32 bits with the tag 0, slot 1 zero (``gru.kernels``' form)."""
     from tvm.script import tirx as T
 
     states = (layers * dirs, batch, hidden)
@@ -46,6 +48,29 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
                     if layer == 0:
                         bar[1] = 0
 
+    n = dirs * batch * hidden
+
+    @T.prim_func(s_tir=True)
+    def init_flags(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
+                   hs: T.Buffer((2, dirs, batch, 2 * hidden), dtype), bar: T.Buffer((BARRIER_WORDS,), "int32"),
+                   hx: T.Buffer((2 * n,), "uint64")):
+        T.func_attr({"tirx.noalias": True})
+        for d, b, j in T.grid(dirs, batch, hidden):
+            with T.sblock("init"):
+                vd, vb, vj = T.axis.remap("SSS", [d, b, j])
+                T.reads(h0[layer * dirs + vd, vb, vj], c0[layer * dirs + vd, vb, vj])
+                T.writes(hs[0, vd, vb, vj], hs[0, vd, vb, hidden + vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
+                copy(h0, c0, hs, layer, vd, vb, vj)
+                hx[(vd * batch + vb) * hidden + vj] = T.Cast(
+                    "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
+                hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+                if vd == 0 and vb == 0 and vj == 0:
+                    bar[0] = 0
+                    if layer == 0:
+                        bar[1] = 0
+
+    if flags:
+        return init_flags
     return init_barrier if barrier else init
 
 

@@ -1,6 +1,6 @@
-"""An LSTM config without measuring: the GRU's rules (``schedules.gru.pick``) for the unfused
-steps on the tensor cores at a large batch and otherwise its fused split-K step kernel, on four
-gates.  No LSTM timing has backed them yet."""
+"""An LSTM config without measuring: the GRU's rules (``schedules.gru.pick``) on four gates: the
+flag-exchange step kernel at a small batch on CUDA, the unfused steps on the tensor cores at a
+large batch, and otherwise its fused split-K step kernel."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,13 +8,15 @@ from typing import Any
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
-from tvm_ext.schedules.gru.pick import MANY_ROWS, SMALL_TILES, THREADS_PER_SM, many_rows_config
+from tvm_ext.schedules.gru.pick import (FLAG_BATCH, MANY_ROWS, SMALL_TILES, THREADS_PER_SM, flag_step_config,
+                                       many_rows_config)
 from tvm_ext.target import TargetInfo
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
-    """(config, why): on CUDA from ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core
-    tile, the unfused steps, without one the fused step kernel on blocks of many rows (the GRU's
+    """(config, why): on CUDA up to ``FLAG_BATCH`` rows the flag-exchange step kernel where its
+    grid fits one block an SM (``flag_step_config``); from ``MANY_ROWS`` rows with a 16-bit hidden
+    GEMM on a tensor-core tile, the unfused steps, without one the fused step kernel on blocks of many rows (the GRU's
     ``many_rows_config``); else on a GPU the fused step kernel split over k, persistent on CUDA
     (one launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a
     launch per step elsewhere; on a CPU device the default (a launch per step)."""
@@ -31,6 +33,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
             return unfused, (f"the unfused steps: per step the hidden GEMM on the tensor cores "
                              f"({template.hid_tensor_core.label()}), then the cell kernel")
     sm_count = HardwareModel.from_target(target).sm_count
+    flags = flag_step_config(template, base, space, sm_count) if cuda and template.batch <= FLAG_BATCH else None
+    if flags is not None:
+        shape = template.step_variant(flags).shape
+        inputs = ("the input projected in it (W_ih's share in registers too), no input GEMM" if flags.step_flag_input
+                  else "the input GEMM before it")
+        return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
+                       f"{shape.units} units x all {template.batch} rows, W_hh's share of 4 gates in registers, c in "
+                       f"the cell lane's; {inputs}")
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     many = many_rows_config(template, base, space, sm_count, extras) if cuda and template.batch >= MANY_ROWS else None
     if many is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.core.space import Config
+from tvm_ext.lowering.step_loop import with_min_blocks_per_sm
 from tvm_ext.measure.program import Artifact, FailureFlag, RunPlan, compile_functions, plain_json
 from tvm_ext.schedules.gru.plan import Call, CompiledGru, check_plan
 from tvm_ext.schedules.gru.step_variant import input_buffer
@@ -31,8 +32,9 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
         out = "out" if layer == template.layers - 1 else f"y{layer % 2}"
         state = ("h0", "c0", layer, "hs", *step.barrier_words()) if fused else step.state_args(layer)
         calls.append(Call("lstm_init", state))
-        calls.append(Call(f"lstm_gemm_x{template.input_gemm_kind(layer)}",
-                          (input_buffer(layer), f"w_ih{layer}", f"b_ih{layer}", "gi")))
+        if not step.fuses_input:  # else the step kernel projects the input itself
+            calls.append(Call(f"lstm_gemm_x{template.input_gemm_kind(layer)}",
+                              (input_buffer(layer), f"w_ih{layer}", f"b_ih{layer}", "gi")))
         calls.extend(Call(func, args) for func, args in step.step_calls(layer, out))
         if fused:
             calls.append(Call("lstm_final_c", ("hs", layer, "c_n")))
@@ -54,6 +56,12 @@ def compile_lstm(template: Any, config: Config, target: TargetInfo) -> CompiledG
         funcs["lstm_steps"] = looped
         modules["lstm_steps"] = tvm.IRModule({"main": funcs["lstm_steps"]})
         trace["lstm_steps"] = trace.pop("lstm_step")
+    per_sm = step.lowered_blocks_per_sm(target)
+    for name, func in step.lowered_kernels().items():  # written as loops (the flag-exchange kernel): no trace
+        func = with_min_blocks_per_sm(func, per_sm) if name == "lstm_steps" else func
+        funcs[name] = func.with_attr("global_symbol", name)
+        modules[name] = tvm.IRModule({"main": funcs[name]})
+        trace[name] = {"lowered": name}
     executable, launches = compile_functions(funcs, target, template.pass_config(config, target))
     calls = plan_calls(template, config)
     check_plan(template.buffers(), calls, funcs)

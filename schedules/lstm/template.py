@@ -25,6 +25,7 @@ from tvm_ext.measure.program import Artifact, CompiledProgram, RunPlan
 from tvm_ext.precision.precision import cast, sanity_tolerance
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gru.compute import device_layout, torch_layout
+from tvm_ext.schedules.gru.flag_step import FlagStep
 from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
 from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
@@ -51,7 +52,18 @@ def _four_gates(knob: Knob) -> Knob:
     return Knob(knob.name, knob.choices, knob.doc.replace("3 gates", "4 gates").replace("3 x step_u", "4 x step_u"))
 
 
-KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES)
+# the flag-exchange step kernel (``schedules/gru/flag_step.py`` on four gates); ``before``: the
+# value of a config recorded before these knobs existed
+FLAG_KNOBS = (
+    Knob("step_flags", (0, 1), "persistent step kernel, CUDA: 1 the flag-exchange kernel of small batches (batch "
+                               "<= 32): no grid barrier, h goes between blocks as (value, step) words polled until "
+                               "every tag says the step; a cell lane keeps its c in a register", before=0),
+    Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange step kernel: hidden units per block (a warp each, its "
+                                            "lanes splitting k, W_hh's share of 4 gates in registers)", before=4),
+    Knob("step_flag_input", (0, 1), "flag-exchange step kernel: 1 computes each step's x·W_ihᵀ + b_ih itself (W_ih's "
+                                    "share in registers), so no input GEMM runs before it", before=0),
+)
+KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (fuse_step 0): " + k.doc) for k in HID_GEMM_KNOBS))
 
@@ -142,6 +154,7 @@ class LstmTemplate(NamedBuffers, Template):
         specs = {"gi": TensorSpec((t * b, d * GATES * h), F32),
                  "hs": TensorSpec((2, d, b, 2 * h), self.dtype),  # the fused step kernel's ping-pong: h, then c
                  "bar": TensorSpec((BARRIER_WORDS,), "int32"),  # the persistent kernel's grid barrier
+                 "hx": TensorSpec((2 * d * b * h,), "uint64"),  # the flag-exchange kernel's h words, two slots
                  "gh": TensorSpec((d, b, GATES * h), F32),  # the unfused steps' hidden products
                  "p0": state, "p1": state, "k0": state, "k1": state}  # and their h and c, ping-ponging
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
@@ -234,12 +247,14 @@ class LstmTemplate(NamedBuffers, Template):
                          w_dtype=self.dtype, acc_dtype=F32, gh_dtype=F32, math_dtype=F32, out_dtype=self.dtype,
                          input=self.input, x_dtype=self.dtype, w_ih_dtype=self.dtype, cell=LSTM_CELL)
 
-    def step_variant(self, config: Config) -> FusedStep | LstmCellStep:
+    def step_variant(self, config: Config) -> FusedStep | FlagStep | LstmCellStep:
         """The steps ``config`` runs: the hidden GEMM and the cell kernel (``fuse_step`` 0), or the
         fused step kernel, a launch per step or looped on the host (``step_loop`` 0, 1), or
-        persistent behind a grid barrier (2)."""
+        persistent behind a grid barrier (2), or the flag-exchange kernel (``step_flags`` 1)."""
         if not config.fuse_step:
             return LstmCellStep.of(self.step_sizes(), config, self.hidden_gemm(), self.variable_lengths)
+        if config.step_flags:
+            return FlagStep.of(self.step_sizes(), config)
         family = PersistentStep if config.step_loop == 2 else FusedStep
         return family.of(self.step_sizes(), config)
 
@@ -273,7 +288,7 @@ class LstmTemplate(NamedBuffers, Template):
         values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
                                   "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
                                   "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
-                                  "step_w_onchip": 0}
+                                  "step_w_onchip": 0, "step_flags": 0, "step_flag_units": 4, "step_flag_input": 0}
         for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
             values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
         names = set(self.space(target).names)
@@ -301,7 +316,7 @@ class LstmTemplate(NamedBuffers, Template):
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads)}
         else:
             init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype,
-                             barrier=isinstance(step, PersistentStep))
+                             barrier=isinstance(step, (PersistentStep, FlagStep)), flags=isinstance(step, FlagStep))
             final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
