@@ -254,6 +254,7 @@ FLAG_CASES = {  # the flag-exchange step kernel: one row, rows past a warp's uni
     "2layer-bi-ragged": (dict(seq=7, batch=3, inputs=24, hidden=40, layers=2, bidirectional=True), {}),
     "fused-input": (dict(seq=6, batch=2, inputs=40, hidden=96), {"step_flag_input": 1}),
     "units-8": (dict(seq=5, batch=8, inputs=64, hidden=64), {"step_flag_units": 8}),
+    "fused-input-2layer": (dict(seq=5, batch=3, inputs=20, hidden=20, layers=2), {"step_flag_input": 1}),
 }
 FLAG = dict(fuse_step=1, step_loop=2, step_flags=1)
 
@@ -279,6 +280,11 @@ def test_the_flag_exchange_kernel_runs_the_lstm_cell_offline():
         assert f"w_r_ptr[{4 * kp}]" in body and "__nv_atomic_load_n" in body and "__nv_atomic_store_n" in body
         assert re.search(r"zh_ptr\[0\] = hs_ptr\[", body)  # c0 from the state's c half
         assert re.search(r"hs_ptr\[[^]]*\] = zh_ptr\[0\]", body)  # the last c where c_n's copy reads it
+    deeper = LstmTemplate(batch=2, hidden=33, input=17, seq=4, layers=3, bidirectional=True).with_tensor_cores(target)
+    pick, _ = deeper.analytic_pick(target)  # layer 1 reads 66 values a row, layer 0 17: the input GEMM stays
+    assert (pick.step_flags, pick.step_flag_input) == (1, 0) and deeper.compile(pick, target).calls
+    assert "each layer's input must be 17 deep (layer 1 reads 66)" in deeper.space(target).infeasible_reason(
+        pick.replace(step_flag_input=1))
     for batch, hidden, flags in ((1, 256, 1), (8, 512, 1), (16, 512, 1), (8, 1024, 0), (64, 1024, 0)):
         cfg, why = LstmTemplate(batch=batch, hidden=hidden, input=hidden, seq=8).with_tensor_cores(
             target).analytic_pick(target)

@@ -277,9 +277,23 @@ class LstmTemplate(NamedBuffers, Template):
             if self.variable_lengths and c.fuse_step:
                 return ("variable lengths run on the unfused steps (fuse_step 0), whose cell keeps a finished row's "
                         "h and c")
-            return self.step_variant(c).reason(target)
+            step = self.step_variant(c)
+            if c.step_flag_input and (why := self.fused_input_reason(step)):
+                return why
+            return step.reason(target)
 
         return Space(KNOBS, (gemm_reason, step_reason))
+
+    def fused_input_reason(self, step: Any) -> str | None:
+        """Why ``step`` cannot run the input GEMM itself (``step_flag_input`` 1): only the
+        flag-exchange kernel does, and one kernel serves every layer, so every layer's input
+        must be as deep as the first's."""
+        if not step.fuses_input:
+            return "step_flag_input 1 is the flag-exchange step kernel's (step_flags 1, step_loop 2)"
+        if self.layers > 1 and self.layer_input(1) != self.input:
+            return (f"step_flag_input 1: one step kernel serves every layer, so each layer's input must be "
+                    f"{self.input} deep (layer 1 reads {self.layer_input(1)})")
+        return None
 
     def default_config(self, target: TargetInfo) -> Config:
         """The fused step kernel a launch per step, 32 units (fewer for a small H) a block, k
