@@ -77,7 +77,8 @@ def test_bad_inputs_are_refused_on_cpu():
     x = torch.zeros(2, 1, 4)
     for hx, needle in ((torch.zeros(1, 1, 3), "hx must be a tuple \\(h_0, c_0\\) of two tensors, got Tensor"),
                        ((torch.zeros(1, 1, 3),) * 3, "got tuple of 3"),
-                       ((torch.zeros(1, 1, 3), torch.zeros(1, 2, 3)), "h_0 has shape \\(1, 1, 3\\) and c_0 \\(1, 2, 3\\)"),
+                       ((torch.zeros(1, 1, 3), torch.zeros(1, 2, 3)),
+                        "h_0 has shape \\(1, 1, 3\\) and c_0 \\(1, 2, 3\\)"),
                        ((torch.zeros(1, 2, 3), torch.zeros(1, 2, 3)), "h_0 and c_0 have shape \\(1, 2, 3\\), "
                                                                       "expected \\(1, 1, 3\\)"),
                        ((torch.zeros(1, 1, 3, dtype=torch.float64), torch.zeros(1, 1, 3)), "LSTM h_0 has dtype"),
@@ -193,7 +194,8 @@ def test_export_records_aten_lstm():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("kwargs", [dict(input_size=17, hidden_size=33, num_layers=3, bidirectional=True),
-                                    dict(input_size=64, hidden_size=128, batch_first=True)], ids=["3L-bi", "batch-first"])
+                                    dict(input_size=64, hidden_size=128, batch_first=True)],
+                         ids=["3L-bi", "batch-first"])
 def test_cuda_tensors_in_place_against_float64(kwargs, dtype):
     """Our kernels whatever nn.LSTM measures (``fallback="off"``), a shape rerun, then another
     (another compiled LSTM); with (h_0, c_0)."""
