@@ -484,8 +484,11 @@ class RecurrentModule(nn.Module):
         h0 = self._zeros(h_n) if hx is None else hx.to(kernel_dtype["h"]).contiguous()
         tensors = {"x": x.to(kernel_dtype["x"]).contiguous().view(t.seq * t.batch, t.input),
                    "out": out.view(t.seq * t.batch, -1)}
-        for i, (state, final) in enumerate(STATE_BUFFERS[:self.STATES]):  # the joined state's parts
-            tensors[state], tensors[final] = h0[i * rows:(i + 1) * rows], h_n[i * rows:(i + 1) * rows]
+        if self.STATES == 1:
+            tensors["h0"], tensors["h_n"] = h0, h_n
+        else:  # the joined state's parts, views of it
+            for i, (state, final) in enumerate(STATE_BUFFERS[:self.STATES]):
+                tensors[state], tensors[final] = h0[i * rows:(i + 1) * rows], h_n[i * rows:(i + 1) * rows]
         if t.variable_lengths:
             tensors["lengths"] = lengths
         return out, h_n, tensors
