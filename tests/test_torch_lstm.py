@@ -137,6 +137,37 @@ def test_buckets_serve_calls_of_many_shapes_on_few_compiled_lstms():
         [(4, 4, True), (4, 8, False), (4, 8, True), (4, 10, False)]
 
 
+@pytest.mark.parametrize("winner", ["torch", "tvm_ext"])
+def test_the_side_measured_faster_serves_a_shape_on_the_cpu(monkeypatch, winner):
+    """``fallback="measure"`` (any device): a shape's first call times ours against ``nn.LSTM``
+    (its twin holds the module's weights; hx joined and split around it) and the faster serves
+    it, a tensor shape and a ``PackedSequence`` each; torch's side gives nn.LSTM's own bits, ours
+    float64's within 1e-5.  The timer is replaced (the dispatch under test, not the clock)."""
+    import tvm_ext.torch as tvm_torch
+
+    def per_call_ms(sides, device):
+        for call in sides.values():
+            call()
+        return {name: (1.0 if name == winner else 10.0) for name in sides}
+
+    monkeypatch.setattr(tvm_torch, "per_call_ms", per_call_ms)
+    torch.manual_seed(7)
+    net = nn.LSTM(5, 6, num_layers=2, bidirectional=True).eval()
+    lstm = LSTM.from_module(net, fallback="measure")
+    x, hx = torch.randn(4, 3, 5), (torch.randn(4, 3, 6), torch.randn(4, 3, 6))
+    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, 5), torch.tensor([2, 5, 3]), enforce_sorted=False)
+    for _ in range(2):  # the second calls: the choices made, not measured again
+        got = lstm(x, hx)
+        _close(got, _reference(net, x, hx), 1e-5)
+        with torch.no_grad():
+            theirs = net(x, hx)
+        assert torch.equal(got[1][1], theirs[1][1]) == (winner == "torch")
+        ours, state = lstm(packed, hx)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(ours)
+        _close((padded, state), _reference(net, packed, hx), 1e-5)
+    assert {c.backend for c in lstm.choices.values()} == {winner} and len(lstm.choices) == 2
+
+
 class _Model(nn.Module):
     """A front Linear, a 2-layer bidirectional batch-first LSTM with (h_0, c_0), a head Linear."""
 
