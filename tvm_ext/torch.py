@@ -143,7 +143,7 @@ class RecurrentModule(nn.Module):
         self._eager_calls: OrderedDict[tuple[Any, ...], EagerCall | TwinCall | torch_buckets.PaddedCall] = OrderedDict()
         # the shapes measured against torch, each under cuDNN's TF32 flag of its float32 calls (else None)
         self._choices: dict[tuple[EngineKey, bool | None], BackendChoice] = {}
-        self._twin: TorchTwin | None = None  # torch's GRU on the module's parameters, made where measured
+        self._twin: TorchTwin | None = None  # torch's module on our parameters, made where measured
         self._op_ready: set[tuple[Any, ...]] = set()  # input and hx signatures the compiled op has served
         self._op_key = torch_op.register(self)  # how the compiled graph's op names this module
         self.register_load_state_dict_post_hook(lambda module, keys: module.reload_weights())
@@ -182,13 +182,14 @@ class RecurrentModule(nn.Module):
 
     @property
     def choices(self) -> dict[EngineKey, BackendChoice]:
-        """The shapes timed against ``torch.nn.GRU`` so far: which side serves each, and why."""
+        """The shapes timed against torch's module (``nn.GRU``, ``nn.LSTM``) so far: which side serves
+        each, and why."""
         flag = torch.backends.cudnn.allow_tf32
         return {key: choice for (key, tf32), choice in self._choices.items()
                 if tf32 in (None, flag) or (key, flag) not in self._choices}
 
     def reload_weights(self) -> None:
-        """Copy the parameters into every compiled GRU (after they were changed in place;
+        """Copy the parameters into every compiled GRU or LSTM (after they were changed in place;
         ``load_state_dict`` calls it)."""
         weights = self._numpy_weights()
         self._call_graphs.clear()  # recorded against the buffers the weights were in
@@ -298,7 +299,7 @@ class RecurrentModule(nn.Module):
 
     @property
     def compiled_shapes(self) -> list[EngineKey]:
-        """The shapes a GRU has been compiled for (a bucketed call's: its bucket's)."""
+        """The shapes a GRU or LSTM has been compiled for (a bucketed call's: its bucket's)."""
         return sorted(self._engines, key=lambda key: (key.device, key.batch, key.seq, key.variable_lengths,
                                                       key.tf32_class))
 
