@@ -1,13 +1,18 @@
 """MkDocs hook: the command-line reference (``<!-- cli-reference -->``: every subcommand's
 ``--help``) and the operators' knob tables (``<!-- operator-tables -->``: the registry and each
-template's space) are generated at build time, so the docs cannot drift from the code."""
+template's space) are generated at build time, so the docs cannot drift from the code; the
+results page's headline table (``<!-- results-table -->``) is ``benchmarks/RESULTS.md``'s, so
+each figure is written once."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 MARKER = "<!-- cli-reference -->"
 OPERATORS_MARKER = "<!-- operator-tables -->"
+RESULTS_MARKER = "<!-- results-table -->"
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
@@ -69,9 +74,21 @@ def operator_tables() -> str:
     return "\n".join(parts)
 
 
+def results_table(text: str) -> str:
+    """The first table of ``benchmarks/RESULTS.md`` (``text``): its header row and every row up
+    to the first line that is not one (the headline figures; the page table after it links into
+    ``docs/`` by paths that hold only from ``benchmarks/``)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| operator |"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, cli_reference())
     if OPERATORS_MARKER in markdown:
         markdown = markdown.replace(OPERATORS_MARKER, operator_tables())
+    if RESULTS_MARKER in markdown:
+        markdown = markdown.replace(RESULTS_MARKER, results_table(RESULTS.read_text()))
     return markdown

@@ -3,6 +3,7 @@
 parser), and the commands the README starts with run on PoCL as written."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -35,6 +36,13 @@ def test_site_builds_strictly_with_the_generated_cli_reference(tmp_path):
     for name in OPERATORS:
         assert f"<code>{name}</code>" in operators, name
     assert "<code>step_flags</code>" in operators and "<code>wgmma_split_k</code>" in operators
+    # the results page's headline table is benchmarks/RESULTS.md's, every row of it (written once)
+    lines = (ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| operator |"))
+    rows = len(list(itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2:])))
+    results = (site / "results" / "index.html").read_text()
+    assert rows > 50 and results.count("<tr>") == rows + 1  # and its header
+    assert "<!-- results-table -->" not in (site / "results" / "index.html").read_text()
 
 
 def readme_commands() -> list[str]:
