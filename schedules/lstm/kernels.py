@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
+from tvm_ext.schedules.gru.step_common import float_word
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barrier: bool = False,
@@ -23,6 +24,13 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
     def copy(h0, c0, hs, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
         hs[0, vd, vb, vj] = h0[layer * dirs + vd, vb, vj]
         hs[0, vd, vb, hidden + vj] = c0[layer * dirs + vd, vb, vj]
+
+    @T.macro
+    def reset_barrier(bar, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        if vd == 0 and vb == 0 and vj == 0:  # the counter, and at layer 0 the timed-out flag
+            bar[0] = 0
+            if layer == 0:
+                bar[1] = 0
 
     @T.prim_func(s_tir=True)
     def init(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
@@ -43,10 +51,7 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
                 T.reads(h0[layer * dirs + vd, vb, vj], c0[layer * dirs + vd, vb, vj])
                 T.writes(hs[0, vd, vb, vj], hs[0, vd, vb, hidden + vj], bar[0:BARRIER_WORDS])
                 copy(h0, c0, hs, layer, vd, vb, vj)
-                if vd == 0 and vb == 0 and vj == 0:
-                    bar[0] = 0
-                    if layer == 0:
-                        bar[1] = 0
+                reset_barrier(bar, layer, vd, vb, vj)
 
     n = dirs * batch * hidden
 
@@ -61,13 +66,9 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
                 T.reads(h0[layer * dirs + vd, vb, vj], c0[layer * dirs + vd, vb, vj])
                 T.writes(hs[0, vd, vb, vj], hs[0, vd, vb, hidden + vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 copy(h0, c0, hs, layer, vd, vb, vj)
-                hx[(vd * batch + vb) * hidden + vj] = T.Cast(
-                    "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
+                hx[(vd * batch + vb) * hidden + vj] = float_word(T, h0[layer * dirs + vd, vb, vj], 0)
                 hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
-                if vd == 0 and vb == 0 and vj == 0:
-                    bar[0] = 0
-                    if layer == 0:
-                        bar[1] = 0
+                reset_barrier(bar, layer, vd, vb, vj)
 
     if flags:
         return init_flags
@@ -80,6 +81,13 @@ def init_states_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str
     from tvm.script import tirx as T
 
     states = (layers * dirs, batch, hidden)
+
+    @T.macro
+    def reset_barrier(bar, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        if vd == 0 and vb == 0 and vj == 0:  # the counter, and at layer 0 the timed-out flag
+            bar[0] = 0
+            if layer == 0:
+                bar[1] = 0
 
     @T.prim_func(s_tir=True)
     def init(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
