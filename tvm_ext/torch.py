@@ -53,11 +53,11 @@ from tvm_ext.core.errors import TvmExtError, check_sizes
 from tvm_ext.measure.cases import keep_latest, kept
 from tvm_ext.torch_fallback import (FALLBACKS, TORCH, TVM_EXT, TVM_EXT_TF32, BackendChoice, TorchTwin,
                                     fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
-from tvm_ext.torch_calls import CallGraph, EagerCall, PackedInput, PackedLayout, TwinCall, run_bound
+from tvm_ext.torch_calls import (TORCH_DTYPES, CallGraph, EagerCall, PackedInput, PackedLayout, TwinCall,
+                                 run_bound)
 from tvm_ext.torch_watch import BarrierWatch
 
-DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}  # as torch_calls has them
+DTYPES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
 LOW_PRECISION_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
 # a float32 GRU in TF32's error class (``torch_fallback``): float16 storage (TF32's mantissa), float32 sums and cell
@@ -221,7 +221,16 @@ class RecurrentModule(nn.Module):
             return torch_op.as_torch_call(self, input, hx)
         if torch.compiler.is_compiling():  # one opaque op of the user's compiled graph (``torch_op``)
             return torch_op.call(self, input, hx)
-        return self.eager_forward(input, hx)
+        out, state = self.eager_forward(input, self.joined_state(hx))
+        return out, self.split_state(state)
+
+    def joined_state(self, hx: Any) -> Any:
+        """hx as the calls take it, one tensor (a GRU's is that already; ``LSTM.joined_state``)."""
+        return hx
+
+    def split_state(self, state: Any) -> Any:
+        """The calls' final state as the module returns it (``joined_state``'s inverse)."""
+        return state
 
     def op_forward(self, input: Any, hx: Any) -> tuple[Any, Any]:
         """The compiled graph's op (``torch_op.gru``) on a tensor input: ``eager_forward``, where
@@ -485,11 +494,8 @@ class RecurrentModule(nn.Module):
         h0 = self._zeros(h_n) if hx is None else hx.to(kernel_dtype["h"]).contiguous()
         tensors = {"x": x.to(kernel_dtype["x"]).contiguous().view(t.seq * t.batch, t.input),
                    "out": out.view(t.seq * t.batch, -1)}
-        if self.STATES == 1:
-            tensors["h0"], tensors["h_n"] = h0, h_n
-        else:  # the joined state's parts, views of it
-            for i, (state, final) in enumerate(STATE_BUFFERS[:self.STATES]):
-                tensors[state], tensors[final] = h0[i * rows:(i + 1) * rows], h_n[i * rows:(i + 1) * rows]
+        for i, (state, final) in enumerate(STATE_BUFFERS[:self.STATES]):  # the joined state's parts, views of it
+            tensors[state], tensors[final] = h0[i * rows:(i + 1) * rows], h_n[i * rows:(i + 1) * rows]
         if t.variable_lengths:
             tensors["lengths"] = lengths
         return out, h_n, tensors
@@ -594,12 +600,6 @@ class LSTM(RecurrentModule):
                               f"(got {precision!r}); make the module float16 or bfloat16 for 16-bit storage")
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device,
                          dtype, config, None, graphs, fallback, buckets)
-
-    def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
-        if torch_op.exporting() or torch.compiler.is_compiling():
-            return super().forward(input, hx)
-        out, state = self.eager_forward(input, self.joined_state(hx))
-        return out, self.split_state(state)
 
     def joined_state(self, hx: Any) -> Any:
         """``(h_0, c_0)`` as the calls take it: one tensor, h's rows then c's (None stays None)."""

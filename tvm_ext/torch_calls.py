@@ -13,6 +13,7 @@ import tvm_ffi
 from tvm_ext.torch_fallback import TorchTwin
 from tvm_ext.torch_watch import BarrierWatch
 
+# the module dtypes, by the names the kernels' templates give them
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

@@ -186,10 +186,10 @@ def call(module: Any, input: Any, hx: Any) -> tuple[Any, Any]:
     op's output."""
     op, packed_op = _OPS[module.NAME]
     key = module._op_key
-    joined = hx if module.STATES == 1 else module.joined_state(hx)
+    joined = module.joined_state(hx)
     if isinstance(input, PackedSequence):
         data, h_n = packed_op(key, input.data, joined, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
         out = PackedSequence(data, input.batch_sizes, input.sorted_indices, input.unsorted_indices)
     else:
         out, h_n = op(key, input, joined)
-    return out, (h_n if module.STATES == 1 else module.split_state(h_n))
+    return out, module.split_state(h_n)
