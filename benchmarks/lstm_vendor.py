@@ -57,6 +57,8 @@ CASES = (
     Case("fp32 bi B8 H512", 8, 512, bidirectional=True), Case("fp16 B8 H512", 8, 512, dtype="float16"),
     Case("fp16 B64 H1024", 64, 1024, dtype="float16"), Case("fp32 B8 H1024 3L", 8, 1024, layers=3),
     Case("fp32 B4 H1024", 4, 1024), Case("fp32 B8 H768", 8, 768), Case("fp16 B1 H256", 1, 256, dtype="float16"),
+    Case("fp16 bi B8 H512", 8, 512, bidirectional=True, dtype="float16"),
+    Case("fp16 B32 H1024", 32, 1024, dtype="float16"),
 )
 
 

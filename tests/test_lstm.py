@@ -153,7 +153,9 @@ def test_bad_input_is_one_error(opencl):
     with pytest.raises(TvmExtError, match="c0 has shape"):
         lstm(np.zeros((3, 2, 4), np.float32), (np.zeros((1, 2, 8)), np.zeros((2, 2, 8))))
     with pytest.raises(TvmExtError, match="unknown LSTM knobs"):
-        LSTM.build(opencl, 4, 8, config={"step_tc": 1})  # (a GRU kernel's knob)
+        LSTM.build(opencl, 4, 8, config={"step_tc_stack": 1})  # (the GRU's float32 split kernel's knob)
+    with pytest.raises(TvmExtError, match="tensor-core step kernel .* is CUDA's persistent kernel only"):
+        LSTM.build(opencl, 4, 8, config={"step_tc": 1})
     with pytest.raises(TvmExtError, match="dtype 'int8' is not supported"):
         LstmTemplate(batch=1, hidden=4, input=4, seq=2, dtype="int8")
     with pytest.raises(TvmExtError, match="CUDA only"):
@@ -188,12 +190,13 @@ def test_persistent_cuda_kernel_runs_every_step_behind_a_grid_barrier():
 def test_unfused_steps_are_a_gemm_then_a_cell_a_step_and_the_pick_at_a_large_16_bit_batch():
     """``fuse_step`` 0: per layer the init of h and c, the input GEMM, then per step the hidden GEMM
     and the cell kernel (which writes c_n itself: no copy after the steps); a 16-bit LSTM of 64 rows
-    on CUDA picks them, its hidden GEMM on an mma.sync tile (the GRU's rule), and builds."""
+    on CUDA whose tensor-core step kernel's grid is not resident (H2048) picks them, its hidden GEMM
+    on an mma.sync tile (the GRU's rule), and builds."""
     target = offline_cuda()
     t = LstmTemplate(batch=3, hidden=16, input=16, seq=4, layers=2)
     calls = [c.func for c in t.compile(t.default_config(target).replace(fuse_step=0), target).calls]
     assert calls == (["lstm_init", "lstm_gemm_x0"] + ["lstm_gemm_h", "lstm_cell"] * 4) * 2
-    half = LstmTemplate(batch=64, hidden=1024, input=1024, seq=4, dtype="float16").with_tensor_cores(target)
+    half = LstmTemplate(batch=64, hidden=2048, input=2048, seq=4, dtype="float16").with_tensor_cores(target)
     pick, why = half.analytic_pick(target)
     assert pick.fuse_step == 0 and "tensor cores" in why and half.hid_tensor_core is not None
     assert half.hidden_gemm().uses_tensor_cores(target)

@@ -160,13 +160,13 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     wants_split_flags = cuda and (template.batch >= SPLIT_FLAGS_BATCH or stacked_rule)
     base, gemm_why = _input_gemm(template, base, space, hw.sm_count, any_size=cuda and stacked_rule)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
-    tensor_core = _tensor_core_step(template, base, space, hw.sm_count) if cuda else None
+    tensor_core = tensor_core_step_config(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
     split_flags = _split_flags_step(template, base, space, hw.sm_count) if wants_split_flags else None
     if split_flags is not None:
         split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
         split_flags, stacked = _stacked(split_flags, space)
-        split_flags, warp = _warp_h(template, split_flags, space)
+        split_flags, warp = warp_h_config(template, split_flags, space)
         shape = template.step_variant(split_flags).shape
         return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
                              f"({'four products, two a W part' if shape.stacked else 'three products'}), h exchanged "
@@ -174,7 +174,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
                              f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
                              f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
-                             f"{_held_why(shape, 'their')}{stacked}{warp}; {gemm_why}{early}")
+                             f"{held_why(shape, 'their')}{stacked}{warp}; {gemm_why}{early}")
     flags = flag_step_config(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         shape = template.step_variant(flags).shape
@@ -202,14 +202,10 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
             tensor_core, early = _wider_counted(template, tensor_core, space, hw.sm_count)
         if not early:
             tensor_core, early = _many_rows_counted(template, tensor_core, space, hw.sm_count)
-        tensor_core, warp = _warp_h(template, tensor_core, space)
+        tensor_core, warp = warp_h_config(template, tensor_core, space)
         if early and not base.in_wgmma:
             gemm_why = f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name})"
-        shape = template.step_variant(tensor_core).shape
-        return tensor_core, (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid "
-                             f"barrier): {shape.blocks} blocks of {shape.units} units x "
-                             f"{shape.rows} batch rows, {shape.k_warps} warps splitting k and {shape.n_warps} the "
-                             f"units, W_hh's slice in shared memory{_held_why(shape, 'its')}{warp}; {gemm_why}"
+        return tensor_core, (f"{tensor_core_why(template.step_variant(tensor_core).shape, warp)}; {gemm_why}"
                              f"{early}")
     split = _split_step(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
@@ -335,7 +331,7 @@ def _deepened(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     return deep, f", {DEEPENED_STAGES} stages for its {tile.stages}"
 
 
-def _warp_h(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
+def warp_h_config(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     """``cfg`` with each warp's polled h stored by PTX (``step_tc_warp_h``: no block barrier
     between a warp's poll and its products) where its tensor-core step kernel allows it and the
     state is 16-bit or fills the blocks' rows (float32: with the batch, or its low parts stacked
@@ -362,7 +358,15 @@ def _stacked(cfg: Config, space: Any) -> tuple[Config, str]:
     return stacked, ", h's low parts stacked under its high parts in the m16 tile's padding rows"
 
 
-def _held_why(shape: Any, whose: str) -> str:
+def tensor_core_why(shape: Any, warp: str, gates: str = "") -> str:
+    """The why's words for a tensor-core step kernel of ``shape`` exchanging tagged words (``warp``:
+    ``warp_h_config``'s words; ``gates``: what W_hh's slice holds, said where it is not the GRU's)."""
+    return (f"tensor-core persistent step kernel, h exchanged as tagged words (no grid barrier): {shape.blocks} "
+            f"blocks of {shape.units} units x {shape.rows} batch rows, {shape.k_warps} warps splitting k and "
+            f"{shape.n_warps} the units, W_hh's slice{gates} in shared memory{held_why(shape, 'its')}{warp}")
+
+
+def held_why(shape: Any, whose: str) -> str:
     """What of W_hh's fragments the tensor-core step kernel's lanes hold in registers, for a why."""
     return {0: "", 1: f", {whose} fragments held in registers",
             2: f", the fragments of {shape.held_slices} of a warp's {shape.warp_slices} k slices held in "
@@ -401,7 +405,8 @@ STREAMED_WARPS = 8
 STREAMED_MAX_THREADS = 256
 
 
-def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+def tensor_core_step_config(template: Any, base: Config, space: Any, sm_count: int,
+                            wide_registers: int = 0) -> Config | None:
     """The tensor-core step kernel where it runs (16-bit h and W_hh, a resident grid), h
     exchanged as tagged words (faster than the grid barrier and than the flag-exchange
     CUDA-core kernel), the first block of ``TC_BLOCKS`` whose grid is resident: 8 units and 16
@@ -417,7 +422,9 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
     as many k slices as ``WIDE_W_REGISTERS`` a lane holds loaded from global memory, only the
     rest in shared memory (``_streamed``; of those, the first of ``STREAMED_MAX_THREADS`` threads
     or fewer where one fits); None where no such config fits.  The timings behind
-    each choice: docs/results/gru.md."""
+    each choice: docs/results/gru.md.  ``wide_registers`` (the LSTM's): the 32-unit blocks on warps
+    splitting the units stream W's fragments even where their whole slice does not fit shared
+    memory, that many registers a lane (0: the GRU's rule, only where it fits)."""
     resident = []
     for units, rows, k_warps, n_warps in TC_BLOCKS:
         deep = units == TC_FEWEST_UNITS and template.hidden >= TC_EIGHT_K_WARPS_HIDDEN
@@ -428,10 +435,13 @@ def _tensor_core_step(template: Any, base: Config, space: Any, sm_count: int) ->
         if units == TC_FEWEST_UNITS and template.step_variant(cfg).shape.blocks > sm_count:
             continue
         resident.append(cfg)
-        if space.is_feasible(cfg):
-            wide = cfg.replace(step_tc_kw=WIDE_K_WARPS, step_tc_wreg=3, step_tc_wregs=WIDE_W_REGISTERS)
+        streams = n_warps > 1 and wide_registers > 0
+        if space.is_feasible(cfg) or streams:
+            wide = cfg.replace(step_tc_kw=WIDE_K_WARPS, step_tc_wreg=3,
+                               step_tc_wregs=wide_registers or WIDE_W_REGISTERS)
             if n_warps > 1 and space.is_feasible(wide):
                 return _held_and_paired((wide,), space)
+        if space.is_feasible(cfg):
             return _held_and_paired((cfg.replace(step_tc_wreg=1, step_tc_acc=W_HELD_ACC_SETS),
                                      cfg.replace(step_tc_wreg=2), cfg), space)
     streamed = [s for c in resident if (s := _streamed(template, c, space)) is not None]

@@ -30,7 +30,8 @@ from tvm_ext.target import TargetInfo
 from .cell_epilogue import CELL_TILE_COLUMNS, CellStore, fragment_pair, fragment_sums, gate_input
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, OVERLAP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS,
                            CountedGiWords, StepSizes, StepVariant, residency)
-from .tensor_core_step import BARRIER_MARK, GI_SEEN_WORDS, unseen_gi_macro, wait_gi_macro, with_grid_barrier
+from .tensor_core_cell import GI_SEEN_WORDS, unseen_gi_macro, wait_gi_macro
+from .tensor_core_step import BARRIER_MARK, with_grid_barrier
 
 RESIDENT_ROWS = 64  # batch rows a block: one consumer warpgroup
 RESIDENT_STAGES = (4, 3)  # h's stages, the most that fit beside W first (2 would load none ahead)

@@ -45,7 +45,8 @@ from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS,
                            fused_threads_reason, mma_grid_reason)
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, WARP, TcKernelLayout,
                                  TcStepShape, UnitRowBlocks, acc_row_col, padded_stride, w_chunk)
-from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, load_gi_macro, with_grid_barrier
+from .tensor_core_cell import load_gi_macro
+from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, with_grid_barrier
 
 SPLIT_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)

@@ -1,4 +1,5 @@
-"""The tensor-core GRU step kernel's sizes (``tensor_core_step.py``): the knobs' allowed values,
+"""The tensor-core step kernel's sizes (``tensor_core_step.py``; the GRU's, and the LSTM's on four
+gates): the knobs' allowed values,
 a config's shape for one GRU (``TcStepShape``: blocks, threads, strides, shared memory) and every
 size the kernel's parts share (``TcKernelLayout``), kept apart from the kernel so the space's
 checks and the pick read them without building it."""
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.precision.precision import itemsize
+
+from .step_common import GRU_CELL
 
 WARP = 32
 MMA_M, MMA_N, MMA_K = 16, 8, 16
@@ -23,7 +26,8 @@ MAX_W_REGISTERS = 96  # W_hh fragments a lane may keep (32-bit registers) with s
 # accumulators, h fragments, gi and polled words under 255
 POLL_WORDS = 64  # with flags: exchange words a lane polls at once, more in rounds (faster than 32 or 16
 # at B64 H1024, the same at B8 H512; docs/results/gru.md)
-SPLIT_POLL_WORDS = 32  # the same for float32 state split into parts: its W fragments take twice the registers
+SPLIT_POLL_WORDS = 32  # the same for float32 state split into parts: its W fragments take twice the registers,
+# and for the LSTM's four gates (their accumulators and float32 gi: with 64 its H1024 blocks spill, ptxas)
 
 
 def acc_row_col(tx: Any, e: int) -> tuple[Any, Any]:
@@ -53,13 +57,14 @@ def w_chunk(k: Any, chunk: Any, chunks: int) -> Any:
 
 class UnitRowBlocks:
     """What both tensor-core step kernels' shapes derive alike from a block of ``units`` hidden
-    units (all three gates) and ``rows`` batch rows of one direction."""
+    units (all ``gate_count`` gates) and ``rows`` batch rows of one direction."""
 
     hidden: int
     batch: int
     dirs: int
     units: int
     rows: int
+    gate_count: int = 3  # the cell's gates (the GRU's three; the LSTM's four)
 
     @property
     def blocks(self) -> int:
@@ -67,8 +72,8 @@ class UnitRowBlocks:
 
     @property
     def w_stride(self) -> int:
-        """W's shared row: 3·units columns, unpadded (``w_chunk`` swizzles it)."""
-        return 3 * self.units
+        """W's shared row: gates·units columns, unpadded (``w_chunk`` swizzles it)."""
+        return self.gate_count * self.units
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class TcStepShape(UnitRowBlocks):
     w_regs: int = MAX_W_REGISTERS  # step_tc_wregs: registers a lane may keep W's fragments in
     warp_h: bool = False  # step_tc_warp_h: a warp's polled h stored by PTX (no block barrier before its products)
     stacked: bool = False  # step_tc_stack: split, h's low parts in the m16 tile's rows 8-15 (batch <= 8)
+    gate_count: int = 3  # the cell's gates: the GRU's r, z, n; the LSTM's i, f, g, o
 
     @property
     def parts(self) -> int:
@@ -132,8 +138,8 @@ class TcStepShape(UnitRowBlocks):
 
     @property
     def n_tiles(self) -> int:
-        """n8 accumulator tiles a warp holds: its units' three gates."""
-        return 3 * self.units // self.n_warps // MMA_N
+        """n8 accumulator tiles a warp holds: its units' gates."""
+        return self.gate_count * self.units // self.n_warps // MMA_N
 
     @property
     def w_registers(self) -> int:
@@ -188,7 +194,7 @@ class TcKernelLayout:
     math_dtype: str
     out_dtype: str
     flags: bool
-    gates: int  # 3·hidden: the gate GEMM's columns
+    gates: int  # gates·hidden: the gate GEMM's columns
     m_warps: int
     warp_units: int
     unit_tiles: int  # n8 tiles of one gate a warp holds
@@ -211,10 +217,11 @@ class TcKernelLayout:
     # rows (0: gi is complete at launch), a tile row complete at ``ready_count``
     ready_rows: int = 0
     ready_count: int = 0
+    cell: str = GRU_CELL  # the recurrent cell on the accumulators (``tensor_core_cell.py``)
 
     @classmethod
     def of(cls, steps: int, layers: int, shape: TcStepShape, *, gi_dtype: str, gh_dtype: str, math_dtype: str,
-           out_dtype: str, flags: bool, gi_ready: tuple[int, int] = (0, 0)) -> "TcKernelLayout":
+           out_dtype: str, flags: bool, gi_ready: tuple[int, int] = (0, 0), cell: str = GRU_CELL) -> "TcKernelLayout":
         K, k_warps, n_warps = shape.k_extent, shape.k_warps, shape.n_warps
         warp_k, k_slices = K // k_warps, shape.warp_slices
         chunks = math.gcd(k_slices, H_CHUNKS)
@@ -223,16 +230,18 @@ class TcKernelLayout:
         vec = 8 if shape.hidden % 8 == 0 else 1
         vector, word_values = shape.poll_bytes // 8, shape.word_values
         lane_loads = -(-MMA_M * copy_k // word_values // vector // WARP)
-        poll_loads = min(lane_loads, (SPLIT_POLL_WORDS if shape.split else POLL_WORDS) // vector)
+        few = shape.split or shape.gate_count > 3
+        poll_loads = min(lane_loads, (SPLIT_POLL_WORDS if few else POLL_WORDS) // vector)
         m_warps, warp_units = shape.rows // MMA_M, shape.units // n_warps
         return cls(steps, layers, shape, gi_dtype, gh_dtype, math_dtype, out_dtype, flags,
-                   gates=3 * shape.hidden, m_warps=m_warps, warp_units=warp_units, unit_tiles=warp_units // MMA_N,
+                   gates=shape.gate_count * shape.hidden, m_warps=m_warps, warp_units=warp_units,
+                   unit_tiles=warp_units // MMA_N,
                    warp_k=warp_k, chunks=chunks, chunk_k=warp_k // chunks, copy_k=copy_k, copy_chunks=copy_chunks,
                    copy_chunk_k=copy_k // copy_chunks, w_chunks=shape.w_stride * itemsize(shape.operand) // 16,
                    vec=vec, asynchronous=vec == 8, partial_tiles=(k_warps - 1) * m_warps * n_warps,
                    pair_words=-(-shape.hidden // word_values), slot_words=shape.dirs * shape.batch * shape.hidden,
                    poll_words=poll_loads * vector, poll_rounds=-(-lane_loads // poll_loads), poll_vector=vector,
-                   ready_rows=gi_ready[0], ready_count=gi_ready[1])
+                   ready_rows=gi_ready[0], ready_count=gi_ready[1], cell=cell)
 
     @property
     def counted(self) -> bool:

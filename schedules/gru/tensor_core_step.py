@@ -13,7 +13,7 @@ registers (a tensorized schedule stores them to a buffer first), and the W fill 
 outside the step loop.
 
 A block owns ``units`` hidden units of one direction (all three gates: 3·units columns of
-the gate GEMM) and ``rows`` batch rows (16 per warp along M); ``k_warps`` warps split the dot
+the gate GEMM; the LSTM's four: ``cell``) and ``rows`` batch rows (16 per warp along M); ``k_warps`` warps split the dot
 products over k (their partial sums meet in shared memory) and ``n_warps`` split the units
 (each its own units' three gates over all k: no partial sums, but every warp reads all of the
 block's h, so they meet at a block barrier after copying it).  Per step: each warp copies
@@ -48,26 +48,29 @@ from typing import Any
 
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
-from tvm_ext.lowering.step_loop import (BARRIER_WORDS, BARRIERS, NV_ATOMIC_ACQUIRE, NV_ATOMIC_RELAXED,
-                                        NV_SCOPE_DEVICE, SPIN_LIMIT, grid_barrier)
+from tvm_ext.lowering.step_loop import BARRIER_WORDS, BARRIERS, SPIN_LIMIT, grid_barrier
 from tvm_ext.schedules.gemm.wgmma_layout import counted_words
 from tvm_ext.target import TargetInfo
 
-from .step_common import cell_blend, cell_gates, float_pair, float_word, pack_pair, pair_tag, stored_as
 from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS,
                                  TC_ROWS, TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
+from .step_common import CELL_GATES, GRU_CELL, LSTM_CELL
+from .tensor_core_cell import (GI_SEEN_WORDS, cell_and_store_macro, keep_h_macro, load_gi_macro, unseen_gi_macro,
+                               wait_gi_macro)
 from .tensor_core_poll import poll_h_macro
-from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
+from .split import high_part, low_part, scaled_weight
 from .tensor_core_products import h_low, load_w_global_macro, load_w_macro, products_macro, w_low
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, CountedGiWords, StepSizes, StepVariant,
                            fused_threads_reason, mma_grid_reason)
+
 
 def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                  k_warps: int, operand: str, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
                  barrier: int, flags: bool = False, n_warps: int = 1, acc_sets: int = 1,
                  frags_ahead: bool = False, w_held: int = 0, poll_bytes: int = 8, split: bool = False,
                  split_pairs: bool = False, gi_ready: tuple[int, int] = (0, 0), name: str = "gru_steps",
-                 w_regs: int = MAX_W_REGISTERS, warp_h: bool = False, stacked: bool = False) -> Any:
+                 w_regs: int = MAX_W_REGISTERS, warp_h: bool = False, stacked: bool = False,
+                 cell: str = GRU_CELL) -> Any:
     """The persistent tensor-core step kernel of one layer as a lowered PrimFunc:
     (gi, hs, w, bias, layer, out, h_n, bar), the signature of the fused step kernel's
     persistent form (``tvm_ext.lowering.step_loop.loop_steps``), so the plan calls either alike.
@@ -96,11 +99,14 @@ def tc_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *,
     by PTX, so a warp starts its products without a block barrier (``poll_h_macro``); TVM may place
     h_s where w_s was once W's fragments are in registers and cannot see those stores, so one block
     barrier follows the fragments' loads (without it, grids of two blocks an SM read torn W).  ``stacked``
-    (``step_tc_stack``): h's low parts under its high parts in the m16 tile (``tensor_core_products``)."""
+    (``step_tc_stack``): h's low parts under its high parts in the m16 tile (``tensor_core_products``).
+
+    ``cell`` ``"lstm"``: the LSTM's four gates and cell (``tensor_core_cell.py``), the state
+    (2, dirs, batch, 2·hidden): h, then c, each cell lane keeping its c in registers."""
     shape = TcStepShape(batch, hidden, dirs, units, rows, k_warps, operand, n_warps, acc_sets, frags_ahead, w_held,
-                        poll_bytes, split, split_pairs, w_regs, warp_h, stacked)
+                        poll_bytes, split, split_pairs, w_regs, warp_h, stacked, CELL_GATES[cell])
     layout = TcKernelLayout.of(steps, layers, shape, gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
-                               out_dtype=out_dtype, flags=flags, gi_ready=gi_ready if flags else (0, 0))
+                               out_dtype=out_dtype, flags=flags, gi_ready=gi_ready if flags else (0, 0), cell=cell)
     kernel = _kernel(layout)
     if flags:
         return kernel.with_attr("global_symbol", name)
@@ -120,10 +126,12 @@ def _kernel(L: TcKernelLayout) -> Any:
     m_warps, n_warps, k_warps, U, warp_units = L.m_warps, shape.n_warps, shape.k_warps, shape.units, L.warp_units
     slot_words, warp_k, copy_k = L.slot_words, L.warp_k, L.copy_k
     stage_once, load_gi, step_products = _stage_once_macro(L), load_gi_macro(L), _step_products_macro(L)
-    sum_k_warps, cell_and_store = _sum_k_warps_macro(L), _cell_and_store_macro(L)
+    sum_k_warps, cell_and_store = _sum_k_warps_macro(L), cell_and_store_macro(L)
     load_w, held_slices, split, parts, state = load_w_macro(L), shape.held_slices, shape.split, shape.parts, L.state
     load_w_global = load_w_global_macro(L)
-    keep_h, unseen = _keep_h_macro(L), unseen_gi_macro()
+    keep_h, unseen = keep_h_macro(L), unseen_gi_macro()
+    lstm = L.cell == LSTM_CELL
+    keep_c, width = keep_h_macro(L, hidden), 2 * hidden if lstm else hidden  # of a state slot: h (and c)
     wait_gi = wait_gi_macro(L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count)
 
     @T.macro
@@ -140,12 +148,13 @@ def _kernel(L: TcKernelLayout) -> Any:
         b_frag = T.alloc_buffer((L.b_frag_size,), operand, scope="local")
         acc = T.alloc_buffer((n_tiles * 4 * (shape.acc_sets + split),), "float32", scope="local")
         b_h = T.alloc_buffer((n_tiles * 2,), "float32", scope="local")
-        gi_reg = T.alloc_buffer((3 * L.unit_tiles * 4,), gi_dtype, scope="local")
+        gi_reg = T.alloc_buffer((shape.gate_count * L.unit_tiles * 4,), gi_dtype, scope="local")
         got = T.alloc_buffer((L.poll_words,), "uint64", scope="local")
         poll = T.alloc_buffer((2,), "int32", scope="local")  # [polls so far, all tags seen]
         h_rounded = T.alloc_buffer((4,), operand, scope="local")  # with flags: the lane's h' in the state type
         h_val = T.alloc_buffer((2,), L.math_dtype, scope="local")  # the cell's h' and z, computed once
         h_kept = T.alloc_buffer((L.unit_tiles * 4 if split else 1,), state, scope="local")  # split: the lane's h
+        c_kept = T.alloc_buffer((L.unit_tiles * 4 if lstm else 1,), L.math_dtype, scope="local")  # the LSTM's c
         seen = T.alloc_buffer((GI_SEEN_WORDS if L.counted else 1,), "int32", scope="local")  # ``unseen_gi_macro``
         tid = T.meta_var(ty * WARP + tx)
         mi = T.meta_var(ty % m_warps)
@@ -163,6 +172,8 @@ def _kernel(L: TcKernelLayout) -> Any:
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
             if split:
                 keep_h(hs, h_kept, bz, j0, m0, mi, tx)
+            if lstm:
+                keep_c(hs, c_kept, bz, j0, m0, mi, tx)
         if flags:
             poll[0] = 0
         T.tvm_storage_sync("shared")
@@ -178,7 +189,7 @@ def _kernel(L: TcKernelLayout) -> Any:
             sum_k_warps(part, acc, mi, ni, ki, tx)
             if ki == 0:
                 cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0,
-                               m0, mi, tx, ready, poll, seen)
+                               m0, mi, tx, ready, poll, seen, c_kept)
             if flags:
                 T.tvm_storage_sync("shared")  # the next step's h overwrites h_s
             else:
@@ -191,7 +202,7 @@ def _kernel(L: TcKernelLayout) -> Any:
 
         @T.prim_func(private=True)
         def kernel_counted(gi: T.Buffer((steps * batch, dirs * G), gi_dtype),
-                           hs: T.Buffer((2, dirs, batch, hidden), state), w: T.Buffer((dirs, hidden, G), state),
+                           hs: T.Buffer((2, dirs, batch, width), state), w: T.Buffer((dirs, hidden, G), state),
                            bias: T.Buffer((dirs, G), state), layer: T.int32,
                            out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                            h_n: T.Buffer((layers * dirs, batch, hidden), state),
@@ -203,7 +214,7 @@ def _kernel(L: TcKernelLayout) -> Any:
         return kernel_counted
 
     @T.prim_func(private=True)
-    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), state),
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, width), state),
                w: T.Buffer((dirs, hidden, G), state), bias: T.Buffer((dirs, G), state), layer: T.int32,
                out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                h_n: T.Buffer((layers * dirs, batch, hidden), state), bar: T.Buffer((BARRIER_WORDS,), "int32"),
@@ -212,57 +223,6 @@ def _kernel(L: TcKernelLayout) -> Any:
         body(gi, hs, w, bias, layer, out, h_n, bar, hx, None)
 
     return kernel
-
-
-GI_SEEN_WORDS = 3  # ``wait_gi_macro``'s state: the first and last tile row known complete, all of gi stored
-
-
-def unseen_gi_macro(seen_at: int = 0) -> Any:
-    """``unseen(seen)``: ``wait_gi_macro``'s state (its ``GI_SEEN_WORDS`` from ``seen_at``) before
-    a kernel's first wait: no tile row known complete, nor all of gi."""
-    from tvm.script import tirx as T
-
-    @T.macro
-    def unseen(seen):  # type: ignore[no-untyped-def]
-        seen[seen_at] = -1
-        seen[seen_at + 1] = -1
-        seen[seen_at + 2] = 0  # 1: all of gi is stored
-
-    return unseen
-
-
-def wait_gi_macro(steps: int, batch: int, rows: int, tile: int, count: int, seen_at: int = 0) -> Any:
-    """``wait_gi(ready, poll, seen, step, bz, m0)``: with gi (``steps`` x ``batch`` rows) from an
-    input GEMM still running, its tile rows of ``tile`` rows complete at ``count``, spins until
-    the counts of the tile rows holding the block's ``rows`` rows from ``m0`` of ``step`` (of
-    direction ``bz``, the reverse one reading from the last step) are complete (acquire loads, so
-    the gi loads after them read what it stored); ``seen`` keeps (from ``seen_at``) the first and
-    last tile row known complete, so a lane polls once a tile row, and whether the total says all
-    of gi is stored (then it polls no more: after the GEMM's end a step's rows cost no load); the
-    spins count toward the kernel's poll limit (a GEMM that never counts is an error, not a
-    hang)."""
-    from tvm.script import tirx as T
-
-    total = counted_words(steps * batch, tile) - 1 if tile else 0  # where the total follows the rows' counts
-
-    def acquired(ready: Any, row: Any) -> Any:
-        return T.call_extern("int32", "__nv_atomic_load_n", T.address_of(ready[row]), NV_ATOMIC_ACQUIRE,
-                             NV_SCOPE_DEVICE)
-
-    @T.macro
-    def wait_gi(ready, poll, seen, step, bz, m0):  # type: ignore[no-untyped-def]
-        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
-        for end in T.unroll(2):  # the tile rows of the block's first and last real row
-            row = T.meta_var((t_row * batch + T.min(m0 + end * (rows - 1), batch - 1)) // tile)
-            if T.And(row != seen[seen_at + end], seen[seen_at + 2] == 0):
-                if acquired(ready, total) >= total * count:
-                    seen[seen_at + 2] = 1
-                else:
-                    while T.And(poll[0] < SPIN_LIMIT, acquired(ready, row) < count):
-                        poll[0] = poll[0] + 1
-                seen[seen_at + end] = row
-
-    return wait_gi
 
 
 def _stage_once_macro(L: TcKernelLayout) -> Any:
@@ -275,7 +235,8 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
     hidden, G, K, U, sw, sh = shape.hidden, L.gates, shape.k_extent, shape.units, shape.w_stride, shape.h_stride
     threads, vec, warp_units, w_chunks, unit_tiles = shape.threads, L.vec, L.warp_units, L.w_chunks, L.unit_tiles
     batch, n_tiles, zero_op = shape.batch, shape.n_tiles, tirx.const(0, shape.operand)
-    w_vectors, h_vectors = shape.w_rows * 3 * U // vec, shape.rows * K // vec
+    gates = shape.gate_count
+    w_vectors, h_vectors = shape.w_rows * gates * U // vec, shape.rows * K // vec
     split, w_lo, h_lo = shape.split, w_low(L), h_low(L)
 
     @T.macro
@@ -284,11 +245,11 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
         # n-th warp's share, gate g, its unit u) holds W[k, g * H + bx * U + n * warp_units + u]
         for it in T.unroll(-(-w_vectors // threads)):
             f = T.meta_var(it * threads + tid)
-            row = T.meta_var(f // (3 * U // vec))  # W's shared row, of k row k
+            row = T.meta_var(f // (gates * U // vec))  # W's shared row, of k row k
             k = T.meta_var(shape.w_k(row))
-            col = T.meta_var(f % (3 * U // vec) * vec)
-            g = T.meta_var(col % (3 * warp_units) // warp_units)
-            unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
+            col = T.meta_var(f % (gates * U // vec) * vec)
+            g = T.meta_var(col % (gates * warp_units) // warp_units)
+            unit = T.meta_var(bx * U + col // (gates * warp_units) * warp_units + col % warp_units)
             at = T.meta_var(row * sw + w_chunk(row, col // 8, w_chunks) * 8 + col % 8)
             if split:  # the high part, and the float16 rounding of the rest K rows on
                 if f < w_vectors:
@@ -323,54 +284,6 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
                     T.float32(0))
 
     return stage_once
-
-
-def _keep_h_macro(L: TcKernelLayout) -> Any:
-    """Split state: the cell lane's h0 (of its rows and units) from the state slot into registers,
-    where it keeps h' from step to step at float32 (the words it sends are split into parts)."""
-    from tvm.script import tirx as T
-
-    batch, hidden, unit_tiles = L.shape.batch, L.shape.hidden, L.unit_tiles
-
-    @T.macro
-    def keep_h(hs, h_kept, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
-        for t in T.unroll(unit_tiles):
-            for e in T.unroll(4):
-                row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
-                unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
-                h_kept[t * 4 + e] = T.if_then_else(row < batch and unit < hidden,
-                                                   hs[0, bz, T.min(row, batch - 1), T.min(unit, hidden - 1)],
-                                                   T.float32(0))
-
-    return keep_h
-
-
-def load_gi_macro(L: TcKernelLayout) -> Any:
-    """The lane's gi of one step into registers (loaded a step ahead, in flight across the barrier)."""
-    from tvm.script import tirx as T
-
-    steps, batch, hidden, dirs, G, unit_tiles = L.steps, L.shape.batch, L.shape.hidden, L.shape.dirs, L.gates, \
-        L.unit_tiles
-    gi_dtype = L.gi_dtype
-
-    @T.macro
-    def load_gi(gi, gi_reg, step, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
-        """The lane's gi of step ``step`` (``j0``: the warp's first unit)."""
-        t_row = T.meta_var(T.if_then_else(bz == 0, step, steps - 1 - step))
-        for g in T.unroll(3):
-            for t in T.unroll(unit_tiles):
-                for e in T.unroll(4):
-                    row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
-                    unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
-                    at = T.meta_var((T.min(t_row * batch + row, steps * batch - 1),
-                                     T.min(bz * G + g * hidden + unit, dirs * G - 1)))
-                    gi_reg[(g * unit_tiles + t) * 4 + e] = T.if_then_else(
-                        row < batch and unit < hidden,
-                        # from L2 where the GEMM still writes gi (no read-only or L1 copy of a line)
-                        T.call_extern(gi_dtype, "__ldcg", T.address_of(gi[at])) if L.counted else gi[at],
-                        T.cast(0, gi_dtype))
-
-    return load_gi
 
 
 def _copy_h_macro(L: TcKernelLayout) -> Any:
@@ -499,83 +412,6 @@ def k_warp_sums_macro(k_warps: int, n_warps: int, m_warps: int, sums: int, upper
     return sum_k_warps
 
 
-def _cell_and_store_macro(L: TcKernelLayout) -> Any:
-    """The first k warp's cell on its accumulators (a lane holds the r, z and n sums of the same
-    row and unit) and the store of h': to the other state slot (with flags: the exchange words),
-    the output and at the last step h_n; then the next step's gi."""
-    from tvm import tirx
-    from tvm.script import tirx as T
-
-    steps, batch, hidden, dirs, sh, operand = L.steps, L.shape.batch, L.shape.hidden, L.shape.dirs, \
-        L.shape.h_stride, L.shape.operand
-    unit_tiles, gh_dtype, math_dtype, out_dtype, flags = L.unit_tiles, L.gh_dtype, L.math_dtype, L.out_dtype, \
-        L.flags
-    slot_words, pair_words, zero_op, load_gi = L.slot_words, L.pair_words, tirx.const(0, operand), load_gi_macro(L)
-    wait_gi = wait_gi_macro(L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count)
-    split, split_pairs, state = L.shape.split, L.shape.split_pairs, L.state
-    unscale = 1.0 / SPLIT_WEIGHT_SCALE  # split: W_hh's parts were scaled
-
-    def store_word(hx: Any, s: Any, bz: Any, row: Any, index: Any, word: Any) -> Any:
-        """The relaxed store of exchange word ``index`` of ``row`` in step s + 1's slot."""
-        return T.call_extern("void", "__nv_atomic_store_n",
-                             T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + index]),
-                             word, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
-
-    def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
-        """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
-        g * unit_tiles + t, the same element (the same row and unit)."""
-        def at(g: int) -> int:
-            return (g * unit_tiles + t) * 4 + e
-
-        sums = [acc[at(g)] * T.float32(unscale) if split else acc[at(g)] for g in range(3)]
-        gh = [stored_as(sums[g] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=state)
-
-    @T.macro
-    def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0, m0,  # type: ignore[no-untyped-def]
-                       mi, tx, ready, poll, seen):
-        # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
-        t_row = T.meta_var(T.if_then_else(bz == 0, s, steps - 1 - s))
-        for t in T.unroll(unit_tiles):
-            for e in T.unroll(4):
-                row_in = T.meta_var(mi * MMA_M + acc_row_col(tx, e)[0])
-                col = T.meta_var(t * MMA_N + acc_row_col(tx, e)[1])
-                row = T.meta_var(m0 + row_in)
-                unit = T.meta_var(j0 + col)
-                if row < batch and unit < hidden:
-                    # z, then h', each computed once into a register: nvcc merges no copies of them
-                    z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
-                    h_val[1] = z_n[0]
-                    if split:  # the lane's own float32 h: one word a unit, or a pair's from its odd unit
-                        h_val[0] = cell_blend(h_val[1], z_n[1], h_kept[t * 4 + e], math_dtype)
-                        h_kept[t * 4 + e] = h_val[0]
-                        if not split_pairs:
-                            T.evaluate(store_word(hx, s, bz, row, unit, float_word(T, h_val[0], s + 1)))
-                        elif e % 2 == 1 or unit + 1 >= hidden:
-                            T.evaluate(store_word(hx, s, bz, row, unit // 2, float_pair(
-                                T, h_kept[t * 4 + e - e % 2], h_val[0], pair_tag(T, s + 1), has_second=e % 2 == 1)))
-                    else:
-                        h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
-                    h_new = T.meta_var(h_val[0])
-                    if flags and not split:  # the pair (e, e + 1) goes out as one word from its even unit
-                        h_rounded[e] = T.cast(h_new, operand)
-                        if e % 2 == 1 or unit + 1 >= hidden:
-                            T.evaluate(store_word(hx, s, bz, row, unit // 2, pack_pair(
-                                T, h_rounded[e - e % 2], T.if_then_else(e % 2 == 1, h_rounded[e], zero_op), operand,
-                                s + 1)))
-                    elif not flags:
-                        hs[(s + 1) % 2, bz, row, unit] = T.cast(h_new, operand)
-                    out[t_row * batch + row, bz * hidden + unit] = T.cast(h_new, out_dtype)
-                    if s == steps - 1:
-                        h_n[layer * dirs + bz, row, unit] = T.cast(h_new, state)
-        if s + 1 < steps:  # the next step's gi, its loads in flight across the barrier
-            if L.counted:  # once the input GEMM has stored its rows
-                wait_gi(ready, poll, seen, s + 1, bz, m0)
-            load_gi(gi, gi_reg, s + 1, bz, j0, m0, mi, tx)
-
-    return cell_and_store
-
-
 BARRIER_MARK = "tvm_ext_grid_barrier"  # (expected arrivals, leader): where the step's grid barrier goes
 
 
@@ -645,13 +481,15 @@ class TensorCoreStep(CountedGiWords, StepVariant):
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
+        # the split kernel's knobs: absent from a space without step_tc 2 (the LSTM's)
+        split_words, stack = getattr(c, "step_split_words", 1), getattr(c, "step_tc_stack", 0)
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2,
-                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h),
-                   stacked=bool(c.step_tc_stack))
+                   split_pairs=split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h),
+                   stacked=bool(stack))
 
     @property
     def shape(self) -> TcStepShape:
@@ -659,7 +497,7 @@ class TensorCoreStep(CountedGiWords, StepVariant):
         operand = "float16" if self.split else s.h_dtype
         return TcStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.k_warps, operand, self.n_warps,
                            self.acc_sets, self.frags_ahead, self.w_held, self.poll_bytes, self.split,
-                           self.split_pairs, self.w_regs, self.warp_h, self.stacked)
+                           self.split_pairs, self.w_regs, self.warp_h, self.stacked, s.gates)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs do not apply (with flags: nor the barrier)
@@ -682,6 +520,9 @@ class TensorCoreStep(CountedGiWords, StepVariant):
     def _tile_reason(self) -> str | None:
         """Why these types or sizes cannot run on the kernel (None: they can)."""
         h_dtype, w_dtype, acc_dtype, shape = self.sizes.h_dtype, self.sizes.w_dtype, self.sizes.acc_dtype, self.shape
+        if self.sizes.cell == LSTM_CELL and (self.split or not self.flags):
+            return ("the LSTM's tensor-core step kernel exchanges 16-bit h as tagged words (step_tc 1 with "
+                    "step_flags 1)")
         if self.split and (h_dtype, w_dtype) != ("float32", "float32"):
             return (f"split tensor-core step kernel (step_tc 2) needs float32 h and W_hh, got {h_dtype} and {w_dtype} "
                     f"(16-bit states: step_tc 1)")
@@ -761,7 +602,7 @@ class TensorCoreStep(CountedGiWords, StepVariant):
 
     def lowered_kernels(self) -> dict[str, Any]:
         s = self.sizes
-        return {"gru_steps": tc_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
+        return {f"{s.cell}_steps": tc_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
                                           rows=self.rows, k_warps=self.k_warps, operand=self.shape.operand,
                                           gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
                                           out_dtype=s.out_dtype, barrier=self.barrier, flags=self.flags,
@@ -769,4 +610,5 @@ class TensorCoreStep(CountedGiWords, StepVariant):
                                           frags_ahead=self.frags_ahead, w_held=self.w_held,
                                           poll_bytes=self.poll_bytes, split=self.split,
                                           split_pairs=self.split_pairs, gi_ready=self.gi_ready,
-                                          w_regs=self.w_regs, warp_h=self.warp_h, stacked=self.stacked)}
+                                          w_regs=self.w_regs, warp_h=self.warp_h, stacked=self.stacked,
+                                          name=f"{s.cell}_steps", cell=s.cell)}

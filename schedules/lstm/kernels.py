@@ -7,15 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
-from tvm_ext.schedules.gru.step_common import float_word
+from tvm_ext.schedules.gru.step_common import float_word, pack_pair
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barrier: bool = False,
-              flags: bool = False) -> Any:
+              flags: bool = False, paired: bool = False) -> Any:
     """Layer ``layer``'s slices of h0 and c0 into the state's slot 0 (h, then c); ``barrier``:
     also zeroes the persistent step kernel's barrier counter (and at layer 0 its timed-out
     flag), as the GRU's init does; ``flags`` (with ``barrier``): also the flag-exchange kernel's
-    words ``hx``, slot 0 h0's float32 bits with the tag 0, slot 1 zero (``gru.kernels``' form)."""
+    words ``hx``, slot 0 h0's float32 bits with the tag 0, slot 1 zero (``gru.kernels``' form);
+    ``paired`` (with ``flags``): the tensor-core kernel's words instead, two 16-bit values of
+    adjacent units a word (``pack_pair``)."""
     from tvm.script import tirx as T
 
     states = (layers * dirs, batch, hidden)
@@ -53,7 +55,20 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
                 copy(h0, c0, hs, layer, vd, vb, vj)
                 reset_barrier(bar, layer, vd, vb, vj)
 
-    n = dirs * batch * hidden
+    n, pair_words = dirs * batch * hidden, -(-hidden // 2)
+
+    @T.macro
+    def words(h0, hx, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        if paired:  # (parsed only where it is taken: 16-bit state)
+            if vj % 2 == 0:
+                word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
+                second = T.meta_var(T.if_then_else(
+                    vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
+                hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
+                hx[n + word] = T.uint64(0)
+        else:
+            hx[(vd * batch + vb) * hidden + vj] = float_word(T, h0[layer * dirs + vd, vb, vj], 0)
+            hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
 
     @T.prim_func(s_tir=True)
     def init_flags(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
@@ -63,11 +78,10 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
         for d, b, j in T.grid(dirs, batch, hidden):
             with T.sblock("init"):
                 vd, vb, vj = T.axis.remap("SSS", [d, b, j])
-                T.reads(h0[layer * dirs + vd, vb, vj], c0[layer * dirs + vd, vb, vj])
+                T.reads(h0[layer * dirs + vd, vb, vj:vj + 2], c0[layer * dirs + vd, vb, vj])
                 T.writes(hs[0, vd, vb, vj], hs[0, vd, vb, hidden + vj], bar[0:BARRIER_WORDS], hx[0:2 * n])
                 copy(h0, c0, hs, layer, vd, vb, vj)
-                hx[(vd * batch + vb) * hidden + vj] = float_word(T, h0[layer * dirs + vd, vb, vj], 0)
-                hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+                words(h0, hx, layer, vd, vb, vj)
                 reset_barrier(bar, layer, vd, vb, vj)
 
     if flags:

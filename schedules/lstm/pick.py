@@ -1,6 +1,7 @@
-"""An LSTM config without measuring: the GRU's rules (``schedules.gru.pick``) on four gates: the
-flag-exchange step kernel at a small batch on CUDA, the unfused steps on the tensor cores at a
-large batch, and otherwise its fused split-K step kernel."""
+"""An LSTM config without measuring: the GRU's rules (``schedules.gru.pick``) on four gates: with
+16-bit state on CUDA the tensor-core step kernel from batch 2, the flag-exchange step kernel at a
+small batch, the unfused steps on the tensor cores at a large batch, and otherwise its fused
+split-K step kernel."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,18 +9,29 @@ from typing import Any
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
-from tvm_ext.schedules.gru.pick import (FLAG_BATCH, MANY_ROWS, SMALL_TILES, THREADS_PER_SM, flag_step_config,
-                                       many_rows_config)
+from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
+                                       STREAMED_MAX_THREADS, THREADS_PER_SM, flag_step_config, many_rows_config,
+                                       tensor_core_step_config, tensor_core_why, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
+# The 16-bit tensor-core kernel's 32-unit blocks on four unit warps stream this many registers a lane of W's
+# fragments where the slice does not fit shared memory (four gates' sums and float32 gi take the rest; at 160
+# ptxas spilled): float16 B64 H1024 0.659 ms against 0.904 on 32-row blocks of 16 units (docs/results/gru.md)
+LSTM_WIDE_W_REGISTERS = 128
+
+
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
-    """(config, why): on CUDA up to ``FLAG_BATCH`` rows the flag-exchange step kernel where its
-    grid fits one block an SM (``flag_step_config``); from ``MANY_ROWS`` rows with a 16-bit hidden
-    GEMM on a tensor-core tile, the unfused steps, without one the fused step kernel on blocks of many rows (the GRU's
-    ``many_rows_config``); else on a GPU the fused step kernel split over k, persistent on CUDA
-    (one launch a layer, a grid barrier a step, W_hh's share in registers where it fits), a
-    launch per step elsewhere; on a CPU device the default (a launch per step)."""
+    """(config, why): on CUDA with 16-bit state past ``FLAG_BATCH_TENSOR_CORE`` rows the
+    tensor-core step kernel where its grid is resident (``tensor_core_step_config``, the GRU's
+    blocks) on ``STREAMED_MAX_THREADS`` threads or fewer (a lane of a 512-thread block gets 128
+    registers, and four gates' sums spill: ptxas at B128 H1024); up to ``FLAG_BATCH`` rows the
+    flag-exchange step kernel where its grid fits one block an SM (``flag_step_config``); from
+    ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core tile, the unfused steps, without
+    one the fused step kernel on blocks of many rows (the GRU's ``many_rows_config``); else on a
+    GPU the fused step kernel split over k, persistent on CUDA (one launch a layer, a grid barrier
+    a step, W_hh's share in registers where it fits), a launch per step elsewhere; on a CPU device
+    the default (a launch per step)."""
     base = template.default_config(target)
     if template.variable_lengths:
         return base, "variable lengths: the unfused steps (their cell keeps a finished row's h and c)"
@@ -27,12 +39,18 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return base, "CPU device: the fused step kernel, a launch per step"
     space = template.space(target)
     cuda = target.kind == "cuda"
+    sm_count = HardwareModel.from_target(target).sm_count
+    tensor_core = tensor_core_step_config(template, base, space, sm_count, LSTM_WIDE_W_REGISTERS) if cuda else None
+    if (tensor_core is not None and template.batch > FLAG_BATCH_TENSOR_CORE
+            and template.step_variant(tensor_core).shape.threads <= STREAMED_MAX_THREADS):
+        tensor_core, warp = warp_h_config(template, tensor_core, space)
+        return tensor_core, (f"{tensor_core_why(template.step_variant(tensor_core).shape, warp, ' of 4 gates')}, c "
+                             f"in the cell lanes' registers; the input GEMM before it")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         unfused = base.replace(fuse_step=0)
         if space.is_feasible(unfused):
             return unfused, (f"the unfused steps: per step the hidden GEMM on the tensor cores "
                              f"({template.hid_tensor_core.label()}), then the cell kernel")
-    sm_count = HardwareModel.from_target(target).sm_count
     flags = flag_step_config(template, base, space, sm_count) if cuda and template.batch <= FLAG_BATCH else None
     if flags is not None:
         shape = template.step_variant(flags).shape

@@ -32,6 +32,7 @@ from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, STEP_KNOB
 from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE
 from tvm_ext.schedules.gru.step_common import LSTM_CELL
 from tvm_ext.schedules.gru.step_variant import StepSizes
+from tvm_ext.schedules.gru.tensor_core_step import TensorCoreStep
 from tvm_ext.schedules.gru.template import default_gemm_config
 from tvm_ext.target import TargetInfo
 
@@ -45,6 +46,11 @@ STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 # The fused step kernel's knobs (the GRU's, on four gates), then the input GEMM's (prefixed in_)
 STEP_KNOB_NAMES = ("cell_block", "fuse_step", "step_j", "step_b", "step_u", "step_bt", "step_k", "step_pipeline",
                    "step_ks", "step_loop", "step_prefetch", "step_barrier", "step_w_onchip")
+# The tensor-core step kernel's knobs the LSTM takes (not the float32 split kernel's), with the value of
+# configs recorded before them where the GRU's knob has none
+TC_KNOB_NAMES = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
+                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h")
+TC_KNOB_BEFORE = {"step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1}
 
 
 def _four_gates(knob: Knob) -> Knob:
@@ -63,7 +69,15 @@ FLAG_KNOBS = (
     Knob("step_flag_input", (0, 1), "flag-exchange step kernel: 1 computes each step's x·W_ihᵀ + b_ih itself (W_ih's "
                                     "share in registers), so no input GEMM runs before it", before=0),
 )
-KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS
+# the tensor-core step kernel (``schedules/gru/tensor_core_step.py`` on four gates, 16-bit h and W_hh,
+# h exchanged as tagged words); ``before`` as above
+TC_KNOBS = (Knob("step_tc", (0, 1), "persistent step kernel, CUDA: 1 (float16 or bfloat16) runs the gate dot "
+                                    "products on the tensor cores (mma.sync), W_hh's slice of step_j units (8, 16 or "
+                                    "32) of 4 gates on chip for all T steps, h exchanged as tagged words (step_flags "
+                                    "1); a cell lane keeps its c in registers", before=0),) + tuple(
+    replace(_four_gates(k), doc=k.doc.replace("three gates", "four gates"), before=TC_KNOB_BEFORE.get(k.name, k.before))
+    for k in STEP_KNOBS if k.name in TC_KNOB_NAMES)
+KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS + TC_KNOBS
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (fuse_step 0): " + k.doc) for k in HID_GEMM_KNOBS))
 
@@ -247,12 +261,15 @@ class LstmTemplate(NamedBuffers, Template):
                          w_dtype=self.dtype, acc_dtype=F32, gh_dtype=F32, math_dtype=F32, out_dtype=self.dtype,
                          input=self.input, x_dtype=self.dtype, w_ih_dtype=self.dtype, cell=LSTM_CELL)
 
-    def step_variant(self, config: Config) -> FusedStep | FlagStep | LstmCellStep:
+    def step_variant(self, config: Config) -> FusedStep | FlagStep | TensorCoreStep | LstmCellStep:
         """The steps ``config`` runs: the hidden GEMM and the cell kernel (``fuse_step`` 0), or the
         fused step kernel, a launch per step or looped on the host (``step_loop`` 0, 1), or
-        persistent behind a grid barrier (2), or the flag-exchange kernel (``step_flags`` 1)."""
+        persistent behind a grid barrier (2), or the flag-exchange kernel (``step_flags`` 1), or
+        the tensor-core kernel (``step_tc`` 1)."""
         if not config.fuse_step:
             return LstmCellStep.of(self.step_sizes(), config, self.hidden_gemm(), self.variable_lengths)
+        if config.step_tc:
+            return TensorCoreStep.of(self.step_sizes(), config)
         if config.step_flags:
             return FlagStep.of(self.step_sizes(), config)
         family = PersistentStep if config.step_loop == 2 else FusedStep
@@ -302,7 +319,8 @@ class LstmTemplate(NamedBuffers, Template):
         values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
                                   "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
                                   "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
-                                  "step_w_onchip": 0, "step_flags": 0, "step_flag_units": 4, "step_flag_input": 0}
+                                  "step_w_onchip": 0, "step_flags": 0, "step_flag_units": 4, "step_flag_input": 0,
+                                  **{k.name: k.before for k in TC_KNOBS}}
         for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
             values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
         names = set(self.space(target).names)
@@ -329,8 +347,10 @@ class LstmTemplate(NamedBuffers, Template):
             init = init_states_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads)}
         else:
+            flags = isinstance(step, (FlagStep, TensorCoreStep))
             init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype,
-                             barrier=isinstance(step, (PersistentStep, FlagStep)), flags=isinstance(step, FlagStep))
+                             barrier=flags or isinstance(step, PersistentStep), flags=flags,
+                             paired=isinstance(step, TensorCoreStep))
             final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}

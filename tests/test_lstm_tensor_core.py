@@ -1,0 +1,135 @@
+"""The LSTM on the tensor-core step kernel (``schedules/gru/tensor_core_step.py`` on four gates,
+``tensor_core_cell.py``'s LSTM cell): CUDA generated and built offline, what the pick takes,
+the refusals; on a GPU machine against float64."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from tvm_ext.precision.precision import relative_error
+from tvm_ext.schedules.lstm import LSTM, LstmTemplate, lstm_reference
+from tvm_ext.target import offline_cuda
+
+from cubin_checks import ptxas_report
+
+TC = dict(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1)
+# (shape, knobs over the pick): 8-unit blocks with W_hh's fragments in registers, both directions and
+# two layers over an H the blocks and k warps do not divide, 16- and 32-unit blocks of 32 rows with
+# some fragments held (the B64 H1024 pick's form), warps along the units
+CASES = {
+    "b8-h512": (dict(seq=6, batch=8, inputs=512, hidden=512), {}),
+    "2layer-bi-ragged": (dict(seq=5, batch=5, inputs=40, hidden=200, layers=2, bidirectional=True), {}),
+    "b64-h1024": (dict(seq=4, batch=64, inputs=96, hidden=1024), {}),
+    "unit-warps": (dict(seq=5, batch=20, inputs=64, hidden=256),
+                   {**TC, "step_j": 32, "step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 4, "step_tc_wreg": 0,
+                    "step_tc_warp_h": 0, "step_tc_poll": 8}),
+}
+
+
+def _template(shape: dict, dtype: str = "float16") -> LstmTemplate:
+    return LstmTemplate(batch=shape["batch"], hidden=shape["hidden"], input=shape["inputs"], seq=shape["seq"],
+                        layers=shape.get("layers", 1), bidirectional=shape.get("bidirectional", False),
+                        dtype=dtype).with_tensor_cores(offline_cuda("sm_90a"))
+
+
+def _config(template: LstmTemplate, knobs: dict):
+    target = offline_cuda("sm_90a")
+    pick, _ = template.analytic_pick(target)
+    return pick.replace(**knobs)
+
+
+def test_the_tensor_core_kernel_runs_the_lstm_cell_offline():
+    """Built for an H100: the plan's calls (the paired words' init, the input GEMM, the step kernel,
+    c_n's copy), four gates' gi a lane, c kept in the cell lanes' registers from the state's c half
+    and the last c written back there, h sent as tagged 16-bit pairs."""
+    target = offline_cuda("sm_90a")
+    for shape, knobs in CASES.values():
+        t = _template(shape)
+        cfg = _config(t, knobs)
+        assert cfg.step_tc == 1 and t.space(target).infeasible_reason(cfg) is None
+        compiled = t.compile(cfg, target)
+        assert [c.func for c in compiled.calls][:4] == ["lstm_init", "lstm_gemm_x0", "lstm_steps", "lstm_final_c"]
+        body = compiled.source[compiled.source.index("lstm_steps_kernel("):]
+        unit_tiles = cfg.step_j // cfg.step_tc_nw // 8
+        assert f"float gi_reg_ptr[{4 * unit_tiles * 4}];" in body and "mma.sync.aligned.m16n8k16" in body
+        # c0 from the state's c half (H on), the last c back there where c_n's copy reads it
+        assert re.search(rf"\(\(float\)hs_ptr\[[^;]*\+ {shape['hidden']}\)\]\)", body) and "c_kept_ptr" in body
+        assert re.search(r"hs_ptr\[[^;]*\] = \(\(half\)c_kept_ptr\[\d+\]\);", body)
+        assert "__nv_atomic_store_n" in body and re.search(r"ld\.relaxed\.gpu|__nv_atomic_load", compiled.source)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("batch, hidden", [(8, 512), (64, 1024), (32, 1024)])
+def test_the_picks_build_without_spilling(tmp_path, batch, hidden):
+    """ptxas on the picks: four gates' sums and float32 gi beside W's held fragments fit a lane's
+    registers (at H1024 only with the poll words halved: 64 of them spilled 228 bytes)."""
+    t = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden))
+    cfg, _ = t.analytic_pick(offline_cuda("sm_90a"))
+    assert cfg.step_tc == 1
+    report = ptxas_report(t.compile(cfg, offline_cuda("sm_90a")).source, tmp_path)
+    steps = report[report.index("'lstm_steps_kernel'"):]
+    assert " 0 bytes spill stores" in steps[:400], steps[:400]
+
+
+def test_the_pick_takes_the_kernel_for_16_bit_state_from_batch_2():
+    """16-bit state on CUDA from batch 2 where its grid is resident on 256 threads a block or
+    fewer (the GRU's rule and blocks); one row stays on the flag-exchange kernel, float32 never
+    takes it, and blocks of 512 threads (B128 H1024: a lane capped at 128 registers) leave it
+    to the unfused steps, as does H2048 (no grid resident)."""
+    target = offline_cuda("sm_90a")
+    for batch, hidden, dtype, kernel in ((2, 256, "float16", "tensor-core"), (8, 512, "bfloat16", "tensor-core"),
+                                         (64, 1024, "float16", "tensor-core"), (1, 256, "float16", "flag-exchange"),
+                                         (8, 512, "float32", "flag-exchange"), (128, 1024, "float16", "the unfused"),
+                                         (64, 2048, "float16", "the unfused")):
+        cfg, why = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), dtype).analytic_pick(target)
+        assert why.startswith(kernel) and (cfg.step_tc == 1) == (kernel == "tensor-core"), (batch, hidden, why)
+
+
+def test_the_kernel_refuses_what_it_does_not_run():
+    """Only with exchange words (its grid barrier form is the GRU's), never float32 state (the
+    split kernel is the GRU's: not a value of the LSTM's knob), nor off CUDA."""
+    target = offline_cuda("sm_90a")
+    t = _template(dict(seq=4, batch=8, inputs=64, hidden=64))
+    cfg = _config(t, TC)
+    assert "exchanges 16-bit h as tagged words" in t.space(target).infeasible_reason(cfg.replace(step_flags=0))
+    assert t.space(target).knob("step_tc").choices == (0, 1)
+    single = LstmTemplate(batch=8, hidden=64, input=64, seq=4)
+    assert "both float16 or both bfloat16" in single.space(target).infeasible_reason(
+        single.default_config(target).replace(**TC, step_j=8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, bound", [("float16", 5e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_tensor_core_lstm_matches_float64(case, dtype, bound):
+    """On a GPU machine: against float64 twice on one input and once on another (a tag or a c left
+    from the call before would be read as this one's); the error is 16-bit storage's, where a wrong
+    gate or a lost c is O(1)."""
+    shape, knobs = CASES[case]
+    layers, dirs = shape.get("layers", 1), 2 if shape.get("bidirectional") else 1
+    lstm = LSTM.build("cuda", shape["inputs"], shape["hidden"], num_layers=layers,
+                      bidirectional=shape.get("bidirectional", False), batch=shape["batch"], seq=shape["seq"],
+                      dtype=dtype, config=knobs or None)
+    assert lstm.config.step_tc == 1
+    rng = np.random.default_rng(3)
+    bound_w = 1.0 / np.sqrt(shape["hidden"])
+    weights = {}
+    for layer in range(layers):
+        k = shape["inputs"] if layer == 0 else dirs * shape["hidden"]
+        for sfx in ("", "_reverse")[:dirs]:
+            for name, dims in (("weight_ih", (4 * shape["hidden"], k)), ("weight_hh", (4 * shape["hidden"],
+                                                                                       shape["hidden"])),
+                               ("bias_ih", (4 * shape["hidden"],)), ("bias_hh", (4 * shape["hidden"],))):
+                weights[f"{name}_l{layer}{sfx}"] = rng.uniform(-bound_w, bound_w, dims).astype(np.float32)
+    lstm.load_numpy(weights)
+    states = (layers * dirs, shape["batch"], shape["hidden"])
+    calls = [(rng.uniform(-1, 1, (shape["seq"], shape["batch"], shape["inputs"])).astype(np.float32),
+              rng.uniform(-1, 1, states).astype(np.float32), rng.uniform(-1, 1, states).astype(np.float32))
+             for _ in range(2)]
+    for x, h0, c0 in (calls[0], calls[0], calls[1]):
+        out, (h_n, c_n) = lstm(x, (h0, c0))
+        for ours, ref in zip((out, h_n, c_n), lstm_reference(x, weights, h0, c0, layers, dirs == 2)):
+            assert relative_error(ours, ref) < bound
