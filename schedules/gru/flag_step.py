@@ -35,7 +35,7 @@ from tvm_ext.lowering.step_loop import BARRIER_WORDS, NV_ATOMIC_RELAXED, NV_SCOP
 from tvm_ext.target import TargetInfo
 
 from .step_common import (CELL_GATES, GRU_CELL, LSTM_CELL, MAX_REGISTERS, OTHER_REGISTERS, cell_blend, float_word,
-                          lstm_c, lstm_h, stored_as, word_float, word_tag)
+                          lstm_c, lstm_h, state_width, stored_as, word_float, word_tag)
 from .step_variant import (CLUSTER_STEP_KNOBS, SIMT_STEP_KNOBS, TC_STEP_KNOBS, StepSizes, StepVariant,
                            fused_threads_reason, input_buffer, residency)
 from .warp_units import UNITS, WarpUnitMath, WarpUnitShape
@@ -119,8 +119,7 @@ def flag_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, 
     math = WarpUnitMath(steps, batch, hidden, dirs, shape.k_per_lane, h_dtype, w_dtype, gi_dtype, acc_dtype,
                         gh_dtype, math_dtype, cell_lanes=batch, gate_count=gates)
     body = _body_macro(steps, shape, math, out_dtype, x_dtype, cell)
-    width = 2 * hidden if cell == LSTM_CELL else hidden  # of a state slot: h, and the LSTM's c after it
-    hs_shape, w_shape, b_shape = (2, dirs, batch, width), (dirs, hidden, G), (dirs, G)
+    hs_shape, w_shape, b_shape = (2, dirs, batch, state_width(cell, hidden)), (dirs, hidden, G), (dirs, G)
     out_shape, h_n_shape = (steps * batch, dirs * hidden), (layers * dirs, batch, hidden)
     hx_words = 2 * dirs * batch * hidden
 

@@ -18,7 +18,7 @@ from tvm_ext.target import TargetInfo
 
 from .compute import F32
 from .step_common import (CELL_GATES, GRU_CELL, LSTM_CELL, MAX_REGISTERS, OTHER_REGISTERS, cell_math, lstm_c,
-                          lstm_h, lstm_store_macro, store_macro, stored_as)
+                          lstm_h, lstm_store_macro, state_width, store_macro, stored_as)
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, PERSISTENT_MIN_REGISTERS, TC_STEP_KNOBS, StepSizes,
                            StepVariant, fused_threads_reason, residency)
 
@@ -126,7 +126,7 @@ def step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, gi_dt
 
     gates, lstm = CELL_GATES[cell], cell == LSTM_CELL
     G, K = gates * hidden, max(k_extent, hidden)
-    width = 2 * hidden if lstm else hidden  # of a state slot: h, and the LSTM's c after it
+    width = state_width(cell, hidden)
     padded, last = K > hidden, hidden - 1
     tiles, tile = (-(-hidden // w_tile), w_tile) if w_tile else (1, 1)
     staged_w, reg_w, split = bool(w_tile), bool(w_split), max(w_split, 1)

@@ -177,11 +177,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"{held_why(shape, 'their')}{stacked}{warp}; {gemm_why}{early}")
     flags = flag_step_config(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
-        shape = template.step_variant(flags).shape
-        inputs = ("the input projected in it (W_ih's share in registers too), no input GEMM"
-                  if flags.step_flag_input else gemm_why)
-        return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
-                       f"{shape.units} units x all {template.batch} rows, W_hh's share in registers; {inputs}")
+        return flags, flag_step_why(template, flags, " in registers", gemm_why)
     resident, early = (_resident_cell(template, base, space, hw.sm_count, tensor_core is not None) if cuda
                        else (None, ""))
     if resident is not None:
@@ -356,6 +352,17 @@ def _stacked(cfg: Config, space: Any) -> tuple[Config, str]:
     if cfg.step_tc != 2 or cfg.step_flags != 1 or not space.is_feasible(stacked):
         return cfg, ""
     return stacked, ", h's low parts stacked under its high parts in the m16 tile's padding rows"
+
+
+def flag_step_why(template: Any, cfg: Config, gates: str, gemm_why: str) -> str:
+    """The why's words for the flag-exchange step kernel of ``cfg`` (``gates``: what W_hh's share
+    holds and the cell lane keeps, said where it is not the GRU's; ``gemm_why``: the input GEMM's
+    words, where the kernel does not project the input itself)."""
+    shape = template.step_variant(cfg).shape
+    inputs = "the input projected in it (W_ih's share in registers too), no input GEMM" if cfg.step_flag_input \
+        else gemm_why
+    return (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of {shape.units} units "
+            f"x all {template.batch} rows, W_hh's share{gates}; {inputs}")
 
 
 def tensor_core_why(shape: Any, warp: str, gates: str = "") -> str:

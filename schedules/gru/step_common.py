@@ -84,6 +84,11 @@ def lstm_h(T: Any, gi_o: Any, gh_o: Any, c_new: Any, math: str, kind: str = "cud
     return o * tanh(T, c_new.astype(math), math if state == F32 else "", kind)
 
 
+def state_width(cell: str, hidden: int) -> int:
+    """The width of a persistent step kernel's state slot: h, and after it the LSTM's c."""
+    return 2 * hidden if cell == LSTM_CELL else hidden
+
+
 def stored_as(value: Any, dtype: str) -> Any:
     """``value`` rounded to ``dtype`` as storing it in a ``dtype`` buffer would, for a value
     that stays in registers.  bfloat16 is rounded with integer ops on the float32 bits

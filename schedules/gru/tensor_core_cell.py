@@ -149,29 +149,29 @@ def cell_and_store_macro(L: TcKernelLayout) -> Any:
                              T.address_of(hx[((s + 1) % 2) * slot_words + (bz * batch + row) * pair_words + index]),
                              word, NV_ATOMIC_RELAXED, NV_SCOPE_DEVICE)
 
+    def at(g: int, t: int, e: int) -> int:
+        """Gate g's accumulator (and gi) of the lane's element e of unit tile t: tile g * unit_tiles
+        + t, the same element (the same row and unit)."""
+        return (g * unit_tiles + t) * 4 + e
+
+    def gh(acc: Any, b_h: Any, t: int, e: int, g: int) -> Any:
+        """Gate g's h·W_hhᵀ + b_hh of that element, stored as gh (split: W_hh's parts unscaled)."""
+        sums = acc[at(g, t, e)] * T.float32(unscale) if split else acc[at(g, t, e)]
+        return stored_as(sums + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype)
+
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
-        """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
-        g * unit_tiles + t, the same element (the same row and unit)."""
-        def at(g: int) -> int:
-            return (g * unit_tiles + t) * 4 + e
-
-        sums = [acc[at(g)] * T.float32(unscale) if split else acc[at(g)] for g in range(3)]
-        gh = [stored_as(sums[g] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype) for g in range(3)]
-        return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=state)
-
-    def lstm_gh(acc: Any, b_h: Any, t: int, e: int, g: int) -> Any:
-        """Gate g's h·W_hhᵀ + b_hh of the lane's element e of unit tile t (as ``gates``)."""
-        return stored_as(acc[(g * unit_tiles + t) * 4 + e] + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype)
+        """The GRU's z and n of the lane's element e of unit tile t."""
+        return cell_gates(T, *(gi_reg[at(g, t, e)] for g in range(3)), *(gh(acc, b_h, t, e, g) for g in range(3)),
+                          math_dtype, state=state)
 
     def lstm_c_new(acc: Any, b_h: Any, gi_reg: Any, c: Any, t: int, e: int) -> Any:
-        """c' of that element from its i, f and g sums and c."""
-        gi = [gi_reg[(g * unit_tiles + t) * 4 + e] for g in range(3)]
-        return lstm_c(T, *gi, *(lstm_gh(acc, b_h, t, e, g) for g in range(3)), c, math_dtype, state=state)
+        """The LSTM's c' of that element from its i, f and g sums and c."""
+        return lstm_c(T, *(gi_reg[at(g, t, e)] for g in range(3)), *(gh(acc, b_h, t, e, g) for g in range(3)), c,
+                      math_dtype, state=state)
 
     def lstm_h_new(acc: Any, b_h: Any, gi_reg: Any, c_new: Any, t: int, e: int) -> Any:
         """h' of that element from its o sum and c'."""
-        return lstm_h(T, gi_reg[(3 * unit_tiles + t) * 4 + e], lstm_gh(acc, b_h, t, e, 3), c_new, math_dtype,
-                      state=state)
+        return lstm_h(T, gi_reg[at(3, t, e)], gh(acc, b_h, t, e, 3), c_new, math_dtype, state=state)
 
     @T.macro
     def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0, m0,  # type: ignore[no-untyped-def]

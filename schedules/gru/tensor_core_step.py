@@ -54,7 +54,7 @@ from tvm_ext.target import TargetInfo
 
 from .tensor_core_layout import (MAX_W_REGISTERS, MMA_M, MMA_N, OPERANDS, TC_ACC_SETS, TC_N_WARPS,
                                  TC_ROWS, TC_UNITS, WARP, TcKernelLayout, TcStepShape, acc_row_col, w_chunk)
-from .step_common import CELL_GATES, GRU_CELL, LSTM_CELL
+from .step_common import CELL_GATES, GRU_CELL, LSTM_CELL, state_width
 from .tensor_core_cell import (GI_SEEN_WORDS, cell_and_store_macro, keep_h_macro, load_gi_macro, unseen_gi_macro,
                                wait_gi_macro)
 from .tensor_core_poll import poll_h_macro
@@ -131,7 +131,7 @@ def _kernel(L: TcKernelLayout) -> Any:
     load_w_global = load_w_global_macro(L)
     keep_h, unseen = keep_h_macro(L), unseen_gi_macro()
     lstm = L.cell == LSTM_CELL
-    keep_c, width = keep_h_macro(L, hidden), 2 * hidden if lstm else hidden  # of a state slot: h (and c)
+    keep_c, width = keep_h_macro(L, hidden), state_width(L.cell, hidden)
     wait_gi = wait_gi_macro(L.steps, L.shape.batch, L.shape.rows, L.ready_rows, L.ready_count)
 
     @T.macro

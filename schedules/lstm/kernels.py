@@ -96,13 +96,6 @@ def init_states_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str
 
     states = (layers * dirs, batch, hidden)
 
-    @T.macro
-    def reset_barrier(bar, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
-        if vd == 0 and vb == 0 and vj == 0:  # the counter, and at layer 0 the timed-out flag
-            bar[0] = 0
-            if layer == 0:
-                bar[1] = 0
-
     @T.prim_func(s_tir=True)
     def init(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,
              h: T.Buffer((dirs, batch, hidden), dtype), c: T.Buffer((dirs, batch, hidden), dtype)):

@@ -10,8 +10,8 @@ from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
-                                       STREAMED_MAX_THREADS, THREADS_PER_SM, flag_step_config, many_rows_config,
-                                       tensor_core_step_config, tensor_core_why, warp_h_config)
+                                       STREAMED_MAX_THREADS, THREADS_PER_SM, flag_step_config, flag_step_why,
+                                       many_rows_config, tensor_core_step_config, tensor_core_why, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -53,12 +53,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"({template.hid_tensor_core.label()}), then the cell kernel")
     flags = flag_step_config(template, base, space, sm_count) if cuda and template.batch <= FLAG_BATCH else None
     if flags is not None:
-        shape = template.step_variant(flags).shape
-        inputs = ("the input projected in it (W_ih's share in registers too), no input GEMM" if flags.step_flag_input
-                  else "the input GEMM before it")
-        return flags, (f"flag-exchange persistent step kernel (no grid barrier): {shape.blocks} blocks of "
-                       f"{shape.units} units x all {template.batch} rows, W_hh's share of 4 gates in registers, c in "
-                       f"the cell lane's; {inputs}")
+        return flags, flag_step_why(template, flags, " of 4 gates in registers, c in the cell lane's",
+                                    "the input GEMM before it")
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     many = many_rows_config(template, base, space, sm_count, extras) if cuda and template.batch >= MANY_ROWS else None
     if many is not None:

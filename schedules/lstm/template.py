@@ -55,7 +55,8 @@ TC_KNOB_BEFORE = {"step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1}
 
 def _four_gates(knob: Knob) -> Knob:
     """The GRU's step knob with its help counting the LSTM's four gates."""
-    return Knob(knob.name, knob.choices, knob.doc.replace("3 gates", "4 gates").replace("3 x step_u", "4 x step_u"))
+    return Knob(knob.name, knob.choices, knob.doc.replace("3 gates", "4 gates").replace("3 x step_u", "4 x step_u")
+                .replace("three gates", "four gates"))
 
 
 # the flag-exchange step kernel (``schedules/gru/flag_step.py`` on four gates); ``before``: the
@@ -75,7 +76,7 @@ TC_KNOBS = (Knob("step_tc", (0, 1), "persistent step kernel, CUDA: 1 (float16 or
                                     "products on the tensor cores (mma.sync), W_hh's slice of step_j units (8, 16 or "
                                     "32) of 4 gates on chip for all T steps, h exchanged as tagged words (step_flags "
                                     "1); a cell lane keeps its c in registers", before=0),) + tuple(
-    replace(_four_gates(k), doc=k.doc.replace("three gates", "four gates"), before=TC_KNOB_BEFORE.get(k.name, k.before))
+    replace(_four_gates(k), before=TC_KNOB_BEFORE.get(k.name, k.before))
     for k in STEP_KNOBS if k.name in TC_KNOB_NAMES)
 KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS + TC_KNOBS
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
@@ -319,8 +320,7 @@ class LstmTemplate(NamedBuffers, Template):
         values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
                                   "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
                                   "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
-                                  "step_w_onchip": 0, "step_flags": 0, "step_flag_units": 4, "step_flag_input": 0,
-                                  **{k.name: k.before for k in TC_KNOBS}}
+                                  "step_w_onchip": 0, **{k.name: k.before for k in FLAG_KNOBS + TC_KNOBS}}
         for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
             values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
         names = set(self.space(target).names)
