@@ -2,10 +2,12 @@
 
 The reference is ``nn.LSTM`` itself in float64 on the CPU (the same weights).  Without the
 ``gpu`` marker: argument handling, the weight copy, and calls on CPU tensors (OpenCL on PoCL):
-hx, layers, directions, ``batch_first``, ``PackedSequence``, ``torch.compile`` around it and
-``torch.export`` (``aten::lstm``).  ``gpu``: CUDA tensors in place (float32 and float16), the
-eager replay of a recorded graph, a capture in a user's CUDA graph on NaN-poisoned outputs, a
-``PackedSequence``, and the choice against ``nn.LSTM``, each rerun."""
+hx, layers, directions, ``batch_first``, ``PackedSequence``, a float32 module stored in
+bfloat16 (``precision``), ``torch.compile`` around it and ``torch.export`` (``aten::lstm``).
+``gpu``: CUDA tensors in place (float32 and float16), the eager replay of a recorded graph, a
+capture in a user's CUDA graph on NaN-poisoned outputs, a ``PackedSequence``, the choice against
+``nn.LSTM``, and a float32 shape served in TF32's class with its inputs range-checked, each
+rerun."""
 from __future__ import annotations
 
 import copy
@@ -61,7 +63,8 @@ def test_from_module_copies_arguments_and_weights():
     (lambda: LSTM(4, 4, dropout=0.5), "tvm_ext.torch.LSTM is for inference: dropout must be 0"),
     (lambda: LSTM(4, 4, proj_size=2), "does not support proj_size"),
     (lambda: LSTM.from_module(nn.LSTM(4, 4, proj_size=2)), "proj_size is not supported"),
-    (lambda: LSTM(4, 4, precision="float16"), "precision must be None"),
+    (lambda: LSTM(4, 4, precision={"x": "float16"}), "precision must be one of float32, float16, bfloat16 or None"),
+    (lambda: LSTM(4, 4, precision="float8"), "precision must be one of .* got 'float8'"),
     (lambda: LSTM(4, 0), "hidden_size must be a positive integer, got 0"),
     (lambda: LSTM(4, 4, dtype=torch.float64), "dtype torch.float64 is not supported"),
     (lambda: LSTM.from_module(nn.GRU(4, 4)), "takes a torch.nn.LSTM, got GRU"),
@@ -106,6 +109,22 @@ def test_cpu_tensors_run_on_opencl(kwargs):
         _close(lstm(x, hx), _reference(net, x, hx), 1e-5)
         _close(lstm(x), _reference(net, x), 1e-5)
     assert len(lstm.compiled_shapes) == 1
+
+
+def test_a_float32_module_stored_in_bfloat16_on_opencl():
+    """``precision``: float32 in and out, the LSTM stored in bfloat16 (PoCL has no float16): within
+    bfloat16's error of float64, not float32's, and not measured against torch (the user chose
+    the kernels)."""
+    torch.manual_seed(4)
+    net = nn.LSTM(6, 9, num_layers=2).eval()
+    lstm = LSTM.from_module(net, precision="bfloat16", fallback="measure")
+    x, hx = torch.randn(5, 3, 6), (torch.randn(2, 3, 9), torch.randn(2, 3, 9))
+    out, (h_n, c_n) = lstm(x, hx)
+    assert out.dtype == h_n.dtype == c_n.dtype == torch.float32
+    _close((out, (h_n, c_n)), _reference(net, x, hx), 3e-2)
+    assert relative_error(out.numpy(), _reference(net, x, hx)[0].numpy()) > 1e-4  # stored in bfloat16
+    (key,) = lstm.compiled_shapes
+    assert lstm._engines[key].template.dtype == "bfloat16" and not lstm.choices
 
 
 def test_packed_sequence_with_hx_on_opencl():
@@ -310,3 +329,54 @@ def test_the_first_call_of_a_shape_times_ours_against_nn_lstm():
                 assert relative_error(g.float().cpu().numpy(), e.numpy()) < 1e-5
         (choice,) = ours.lstm.choices.values()
         assert choice.backend in ("tvm_ext", "torch") and choice.ours_ms > 0 and choice.torch_ms > 0
+
+
+@pytest.mark.gpu
+def test_a_float32_shape_served_in_tf32_class_with_its_inputs_range_checked(monkeypatch):
+    """Where torch's TF32 call beat our float32 and ours in TF32's class beat torch's (the timer
+    says so): float32 in and out, float16 storage inside (TF32's error class against float64,
+    not float32's), on eager calls and inside a user's CUDA graph on NaN-poisoned outputs; a c_0
+    past what float16 storage holds over the call's steps is reported at the next call, naming
+    c_0 and the TF32 flag; with TF32 off the shape is measured again and ours serves it at
+    float32's accuracy."""
+    import tvm_ext.torch as tvm_torch
+    from tvm_ext.torch_fallback import TVM_EXT, TVM_EXT_TF32
+
+    def timer(ms):
+        def per_call_ms(sides, device):
+            for call in sides.values():
+                call()
+            return {name: ms[name] for name in sides}
+        return per_call_ms
+
+    monkeypatch.setattr(tvm_torch, "per_call_ms", timer({TVM_EXT: 2.0, "torch": 1.0, TVM_EXT_TF32: 0.5}))
+    torch.manual_seed(0)
+    net = nn.LSTM(256, 256, num_layers=2).cuda().eval()
+    lstm = LSTM.from_module(net)
+    x = torch.randn(32, 8, 256, device="cuda")
+    hx = tuple(torch.randn(2, 8, 256, device="cuda") for _ in range(2))
+    ref = _reference(net, x, hx)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True), torch.no_grad():
+        for _ in range(3):  # the first call measures and records, the next replay
+            out, (h_n, c_n) = lstm(x, hx)
+            assert out.dtype == c_n.dtype == torch.float32
+            _close((out, (h_n, c_n)), ref, 1e-3)
+            assert relative_error(out.cpu().numpy(), ref[0].numpy()) > 1e-6  # float16 storage
+        (choice,) = lstm.choices.values()
+        assert choice.backend == TVM_EXT_TF32 and choice.tf32_class_ms == 0.5
+        assert [k.tf32_class for k in lstm.compiled_shapes] == [True]  # the float32 LSTM let go
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured, _ = lstm(x, hx)
+        captured.fill_(float("nan"))
+        graph.replay()
+        assert relative_error(captured.cpu().numpy(), ref[0].numpy()) < 1e-3
+        lstm(x, (hx[0], hx[1] * 1e5))  # runs; its flag is read at the next call
+        with pytest.raises(TvmExtError, match="LSTM c_0 held a value whose .*allow_tf32 = False"):
+            lstm(x, hx)
+        _close(lstm(x, hx), ref, 1e-3)
+    monkeypatch.setattr(tvm_torch, "per_call_ms", timer({TVM_EXT: 1.0, "torch": 2.0}))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False), torch.no_grad():
+        _close(lstm(x, hx), ref, 1e-5)
+        assert lstm.choices[tvm_torch.EngineKey(8, 32, False, "cuda:0")].backend == TVM_EXT
+    lstm.check()

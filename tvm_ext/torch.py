@@ -55,7 +55,7 @@ from tvm_ext.torch_fallback import (FALLBACKS, TORCH, TVM_EXT, TVM_EXT_TF32, Bac
                                     fallback_reason, float16_input_limit, per_call_ms, tf32_error_seen)
 from tvm_ext.torch_calls import (TORCH_DTYPES, CallGraph, EagerCall, PackedInput, PackedLayout, TwinCall,
                                  run_bound)
-from tvm_ext.torch_watch import BarrierWatch
+from tvm_ext.torch_watch import BarrierWatch, StoredLimits
 
 DTYPES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 # the stored tensors in a 16-bit module (gate sums, the cell and accumulation stay float32)
@@ -198,7 +198,7 @@ class RecurrentModule(nn.Module):
         for engine in self._engines.values():
             engine.load_numpy(weights)
             if id(engine) in self._watches:  # the limits of x and h0 follow the weights
-                self._watches[id(engine)].narrow(self._narrowed_limit(engine))
+                self._watches[id(engine)].narrow(self._stored_limits(engine))
         if self._twin is not None:
             self._twin.reload(self)
 
@@ -512,19 +512,20 @@ class RecurrentModule(nn.Module):
     def _watch(self, engine: Any) -> "BarrierWatch":
         watch = self._watches.get(id(engine))
         if watch is None:
-            watch = self._watches[id(engine)] = BarrierWatch(engine, self._narrowed_limit(engine))
+            watch = self._watches[id(engine)] = BarrierWatch(engine, self._stored_limits(engine))
         return watch
 
-    def _narrowed_limit(self, engine: Any) -> float | None:
+    def _stored_limits(self, engine: Any) -> StoredLimits | None:
         """Where ``engine`` stores this float32 module's x in float16 (TF32's class, or a
         ``precision`` of float16): the largest |x| and |h0| its input GEMM's float16 products
         hold (``float16_input_limit``), else None."""
         if self.dtype != torch.float32 or engine.template.x_dtype != "float16":
             return None
-        return float16_input_limit(
+        limit = float16_input_limit(
             (getattr(self, f"weight_ih_l{layer}{sfx}").detach().float().cpu().numpy(),
              getattr(self, f"bias_ih_l{layer}{sfx}").detach().float().cpu().numpy() if self.bias else None)
             for layer in range(self.num_layers) for sfx in ("", "_reverse")[:self.dirs])
+        return StoredLimits({"x": limit, "h0": limit}, "float32", "the input GEMM's float16 products")
 
     def _replay(self, key: EngineKey, engine: Any, x: Any, hx: Any, lengths: Any,
                 copy_out: bool = True) -> tuple[Any, Any, "EagerCall | None"]:
@@ -578,28 +579,28 @@ class LSTM(RecurrentModule):
     """``torch.nn.LSTM`` inference on tvm_ext's LSTM (``tvm_ext.schedules.lstm``): ``GRU``'s
     arguments, calls, choice against torch, recorded graphs, buckets and compiled op (see the
     module docstring), with hx ``(h_0, c_0)`` and outputs ``(output, (h_n, c_n))`` as
-    ``nn.LSTM`` has them.  Stored in the module's dtype, the products and cell in float32: no
-    ``precision`` and no TF32 class (under cuDNN's TF32 flag a float32 shape is timed against
-    torch's TF32 call like any other).  ``config``: LSTM knobs over the pick; ``proj_size`` must
-    be 0."""
+    ``nn.LSTM`` has them.  ``precision``: one type name the LSTM stores x, the weights, h, c and
+    the outputs in (default: the module's dtype; the products and cell stay float32), e.g.
+    ``"float16"`` on a float32 module: float32 in and out, errors near 4e-4 (TF32's class, which
+    a float32 shape's first call also times where torch's call had TF32's error, as ``GRU``'s).
+    ``config``: LSTM knobs over the pick; ``proj_size`` must be 0."""
 
     NAME = "LSTM"
     GATES = 4
     STATES = 2
-    TF32_CLASS = False
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
                  device: Any = None, dtype: Any = None, config: Mapping[str, Any] | None = None,
-                 precision: Any = None, graphs: bool = True, fallback: str = "auto",
+                 precision: str | None = None, graphs: bool = True, fallback: str = "auto",
                  buckets: Mapping[str, Sequence[int]] | None = None):
         if proj_size:
             raise TvmExtError(f"tvm_ext.torch.LSTM does not support proj_size (got {proj_size}): h is hidden_size wide")
-        if precision is not None:
-            raise TvmExtError("tvm_ext.torch.LSTM stores its tensors in the module's dtype: precision must be None "
-                              f"(got {precision!r}); make the module float16 or bfloat16 for 16-bit storage")
+        if precision is not None and precision not in DTYPES.values():
+            raise TvmExtError(f"tvm_ext.torch.LSTM stores every tensor in one type: precision must be one of "
+                              f"{', '.join(DTYPES.values())} or None, got {precision!r}")
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device,
-                         dtype, config, None, graphs, fallback, buckets)
+                         dtype, config, precision, graphs, fallback, buckets)
 
     def joined_state(self, hx: Any) -> Any:
         """``(h_0, c_0)`` as the calls take it: one tensor, h's rows then c's (None stays None)."""
@@ -626,12 +627,25 @@ class LSTM(RecurrentModule):
                 "(layers·directions, batch, hidden)")
 
     def _build(self, target: Any, key: EngineKey) -> Any:
-        """The compiled LSTM of ``key``'s shape (``tvm_ext.schedules.lstm.LSTM``)."""
+        """The compiled LSTM of ``key``'s shape (``tvm_ext.schedules.lstm.LSTM``), stored in float16
+        in TF32's class, else in ``precision``'s type (the module's dtype by default)."""
         from tvm_ext.schedules.lstm import LSTM as CompiledLSTM
 
+        storage = "float16" if key.tf32_class else self.precision.get("x", DTYPES[self.dtype])
         return CompiledLSTM.build(target, self.input_size, self.hidden_size, self.num_layers, self.bidirectional,
                                   False, key.batch, key.seq, config=self.config or None, device_id=target.device_id,
-                                  dtype=DTYPES[self.dtype], variable_lengths=key.variable_lengths)
+                                  dtype=storage, variable_lengths=key.variable_lengths)
+
+    def _stored_limits(self, engine: Any) -> StoredLimits | None:
+        """Where ``engine`` stores a wider module's tensors in float16: x and h_0 below what float16
+        holds (x·W_ihᵀ is summed and stored in float32), c_0 as far below it as the call's steps
+        can add to |c| (each adds f·c + i·g, |i·g| < 1)."""
+        if self.dtype == torch.float16 or engine.template.dtype != "float16":
+            return None
+        from tvm_ext.schedules.gru.split import FLOAT16_MAX
+
+        return StoredLimits({"x": FLOAT16_MAX, "h0": FLOAT16_MAX, "c0": FLOAT16_MAX - engine.template.seq},
+                            DTYPES[self.dtype], "float16 storage (c over the call's steps)")
 
     def _numpy_call(self, engine: Any, x: Any, h0: Any, lengths: Any) -> tuple[Any, Any]:
         state = None if h0 is None else tuple(h0.reshape(2, -1, *h0.shape[1:]))

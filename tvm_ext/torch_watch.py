@@ -1,8 +1,10 @@
-"""The error flags of ``tvm_ext.torch.GRU``'s CUDA calls, read without a sync: a persistent step
-kernel's timed-out barrier, and inputs past what their float16 parts or storage hold."""
+"""The error flags of ``tvm_ext.torch.GRU``'s and ``LSTM``'s CUDA calls, read without a sync: a
+persistent step kernel's timed-out barrier, and inputs past what their float16 parts or storage
+hold."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -14,9 +16,9 @@ class BarrierWatch:
     """A call's error flags, written to pinned host memory by the call on its stream (a CUDA
     graph captures the writes too) and read at the next call: the persistent step kernels'
     timed-out flag (``bar[1]``), and whether an input the config splits into float16 parts
-    (``GRU.split_inputs``: x, h0), or a float32 input the engine stores in float16 (``narrowed``:
-    the largest |value| its input GEMM's float16 products hold), held a value past that, tested
-    on the device before the plan.  The numpy path checks both synchronously, which would cost the eager call
+    (``GRU.split_inputs``: x, h0), or an input of a wider module the engine stores in float16
+    (``narrowed``: each such input's largest |value|, ``StoredLimits``), held a value past that,
+    tested on the device before the plan.  The numpy path checks both synchronously, which would cost the eager call
     a sync; here the call whose flag is set has run, and the next one raises.
 
     The device writes the flags straight into the pinned words (``device_view``: one small
@@ -25,8 +27,9 @@ class BarrierWatch:
     input GEMM of a small GRU.  Where torch cannot view the pinned words as a CUDA tensor, the
     flags stay on the device and are copied out after the call."""
 
-    def __init__(self, engine: Any, narrowed: float | None = None):
+    def __init__(self, engine: Any, narrowed: "StoredLimits | None" = None):
         self.message = engine.barrier_timeout
+        self.what = type(engine).__name__  # GRU, LSTM: in messages
         self.split = engine.split_inputs()  # input -> the knob that splits it
         self.narrow(narrowed)
         self.active = engine.persistent or bool(self.limits)
@@ -40,21 +43,22 @@ class BarrierWatch:
                 torch.zeros(1 + len(RANGE_CHECKED), dtype=torch.int32, device=device)
             self.done: Any = None
 
-    def narrow(self, narrowed: float | None) -> None:
+    def narrow(self, narrowed: "StoredLimits | None") -> None:
         """Each checked input's limit: ``FLOAT16_MAX`` where split (what a float16 part holds),
-        ``narrowed`` where stored in float16 (set again when the weights change)."""
+        ``narrowed``'s where stored in float16 (set again when the weights change)."""
         from tvm_ext.schedules.gru.split import FLOAT16_MAX
 
+        self.narrowed = narrowed
         self.limits = {name: FLOAT16_MAX for name in self.split}
         if narrowed is not None:
-            self.limits.update({name: narrowed for name in RANGE_CHECKED})
+            self.limits.update(narrowed.limits)
 
     def check_ranges(self, tensors: Mapping[str, Any], zero_h0: bool) -> None:
         """On the device, before the plan: each checked input's flag set where its largest
         |value| is not below its limit (NaN included, as ``split_range_reason`` has it); h0 not
         where it is the module's zeros (``zero_h0``)."""
         for i, name in enumerate(RANGE_CHECKED, 1):
-            if name in self.limits and tensors[name].numel() and not (name == "h0" and zero_h0):
+            if name in self.limits and tensors[name].numel() and not (name in STATE_INPUTS and zero_h0):
                 largest = torch.linalg.vector_norm(tensors[name].flatten(), ord=math.inf)  # max |v|, NaN kept; no temp
                 torch.logical_not(largest.view(1) < self.limits[name], out=self.flags[i:i + 1])
 
@@ -100,15 +104,16 @@ class BarrierWatch:
         if flags[0]:
             raise TvmExtError(self.message)
         name = RANGE_CHECKED[flags.index(1, 1) - 1]
+        what = f"{self.what} {RANGE_NAMES[self.what].get(name, name)}"
         if name in self.split:
-            raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {self.limits[name]:g} or "
-                              f"more (or NaN), beyond what its float16 parts hold (a call ran on it: its outputs "
-                              f"are not valid); build without {self.split[name]}")
-        raise TvmExtError(f"GRU {RANGE_NAMES[name]} held a value whose |value| is {self.limits[name]:.6g} or more "
-                          f"(or NaN): this float32 GRU stores it in float16 (TF32's class, served where "
-                          f"torch.backends.cudnn.allow_tf32 lets torch's GRU use TF32, or precision float16), and "
-                          f"the input GEMM's float16 products would overflow (a call ran on it: its outputs are "
-                          f"not valid); set torch.backends.cudnn.allow_tf32 = False (float32's range) or scale "
+            raise TvmExtError(f"{what} held a value whose |value| is {self.limits[name]:g} or more (or NaN), beyond "
+                              f"what its float16 parts hold (a call ran on it: its outputs are not valid); build "
+                              f"without {self.split[name]}")
+        raise TvmExtError(f"{what} held a value whose |value| is {self.limits[name]:.6g} or more (or NaN): this "
+                          f"{self.narrowed.module_dtype} {self.what} stores it in float16 (TF32's class, served "
+                          f"where torch.backends.cudnn.allow_tf32 lets torch's {self.what} use TF32, or precision "
+                          f"float16), and {self.narrowed.overflows} would overflow (a call ran on it: its outputs "
+                          f"are not valid); set torch.backends.cudnn.allow_tf32 = False (float32's range) or scale "
                           f"the input")
 
 
@@ -129,5 +134,17 @@ def device_view(host: Any, device: Any) -> Any:
     return view if view.data_ptr() == host.data_ptr() and view.dtype == torch.int32 else None
 
 
-RANGE_CHECKED = ("x", "h0")  # the plan inputs a config may split into float16 parts, in the flags' order
-RANGE_NAMES = {"x": "input", "h0": "hx"}
+@dataclass(frozen=True)
+class StoredLimits:
+    """The inputs of a module wider than float16 that its engine stores in float16, each with the
+    largest |value| it takes, and what would overflow past them (in the error's words)."""
+
+    limits: Mapping[str, float]  # of ``RANGE_CHECKED``'s names
+    module_dtype: str  # the module's (float32, bfloat16)
+    overflows: str
+
+
+# the plan inputs a config may split into float16 parts or store in float16, in the flags' order
+RANGE_CHECKED = ("x", "h0", "c0")
+STATE_INPUTS = ("h0", "c0")  # the module's zeros where the call has no hx: not checked
+RANGE_NAMES = {"GRU": {"x": "input", "h0": "hx"}, "LSTM": {"x": "input", "h0": "h_0", "c0": "c_0"}}
