@@ -9,6 +9,10 @@ unless named:
   a row), float32 with FMA math (no TF32), 16-bit with float32 math precision and tensor-op math;
   ``torch.nn.LSTM`` (TF32 off); each per call, back to back and replayed from a CUDA graph: the
   baseline is the best over algorithms and methods.
+- float32 cases also against cuDNN with TF32 allowed (every algorithm with ``CUDNN_DEFAULT_MATH``,
+  and ``nn.LSTM`` under ``allow_tf32``, torch's default for RNNs): ours in TF32's error class
+  (``tvm_ext.torch.LSTM(precision="float16")``: float32 in and out, float16 storage), and
+  ``tvm_ext.torch.LSTM`` as it ships under torch's default flag (the side its first call chose).
 - ours: the analytic pick, and with ``--trials`` the best of a GA search of that many configs
   (records in ``$OUT``), each timed the same three ways (its TVM launches on torch's stream, so
   the CUDA graph records them); with ``--variants "label:knob=v,...;..."`` also each named set
@@ -19,6 +23,7 @@ NaN-poisoned outputs).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -58,7 +63,7 @@ CASES = (
     Case("fp16 B64 H1024", 64, 1024, dtype="float16"), Case("fp32 B8 H1024 3L", 8, 1024, layers=3),
     Case("fp32 B4 H1024", 4, 1024), Case("fp32 B8 H768", 8, 768), Case("fp16 B1 H256", 1, 256, dtype="float16"),
     Case("fp16 bi B8 H512", 8, 512, bidirectional=True, dtype="float16"),
-    Case("fp16 B32 H1024", 32, 1024, dtype="float16"),
+    Case("fp16 B32 H1024", 32, 1024, dtype="float16"), Case("fp32 B32 H512", 32, 512),
 )
 
 
@@ -119,6 +124,58 @@ def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str,
     return {**best_of(time_ours_three(launch, SETS)), "err": err, "config": dict(config.items)}
 
 
+def tf32_rows(net: Any, case: Case, xs: list[Any], err: Any) -> dict[str, Any]:
+    """A float32 case against cuDNN with TF32 allowed: every algorithm and ``nn.LSTM`` under
+    ``allow_tf32``; ours in TF32's class (float16 storage) and the module as it ships under that
+    flag, each timed the three ways, errors against float64."""
+    import torch
+
+    from tvm_ext.torch import LSTM as TvmLSTM
+
+    rows: dict[str, Any] = {"cudnn_tf32": {}}
+    for algo in ALGOS:
+        try:
+            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math="tf32")
+            rows["cudnn_tf32"][algo] = {**best_of(time_vendor(lambda i, rnn=rnn: rnn(xs[i])[0], SETS)),
+                                        "err": err(*rnn(xs[0]))}
+        except CudnnError as exc:
+            rows["cudnn_tf32"][algo] = {"refused": exc.status}
+        except Exception as exc:  # noqa: BLE001 - a failure is a row
+            rows["cudnn_tf32"][algo] = {"refused": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        with torch.no_grad():
+            y, (h, c) = net(xs[0])
+            rows["cudnn_tf32"]["nn.LSTM"] = {**best_of(time_vendor(lambda i: net(xs[i])[0], SETS)), "err": err(y, h, c)}
+            reduced = TvmLSTM.from_module(net, precision="float16")
+            y, (h, c) = reduced(xs[0])
+            rows["reduced"] = {**best_of(time_vendor(lambda i: reduced(xs[i])[0], SETS)), "err": err(y, h, c)}
+            shipped = TvmLSTM.from_module(net)
+            y, (h, c) = shipped(xs[0])
+            (choice,) = shipped.choices.values()
+            rows["shipped"] = {**best_of(time_vendor(lambda i: shipped(xs[i])[0], SETS)), "err": err(y, h, c),
+                               "backend": choice.backend, "ours_ms": choice.ours_ms, "torch_ms": choice.torch_ms,
+                               "tf32_class_ms": choice.tf32_class_ms}
+    finally:
+        torch.backends.cudnn.allow_tf32 = False
+    return rows
+
+
+def tf32_summary(row: dict[str, Any]) -> list[str] | None:
+    """A float32 case's TF32 row: cuDNN with TF32's best, ours in TF32's class, the module as it
+    ships (its side), and the ratios to cuDNN's TF32 best."""
+    if "cudnn_tf32" not in row:
+        return None
+    tf32 = {k: v for k, v in row["cudnn_tf32"].items() if "best" in v}
+    if not tf32:
+        return None
+    name = min(tf32, key=lambda k: tf32[k]["best"])
+    best, reduced, shipped = tf32[name]["best"], row["reduced"], row["shipped"]
+    return [row["case"]["label"], f"{best:.3f} ({name}, {tf32[name]['err']:.1e})",
+            f"{reduced['best']:.3f} ({reduced['err']:.1e})", f"{best / reduced['best']:.2f}x",
+            f"{shipped['best']:.3f} ({shipped['backend']}, {shipped['err']:.1e})", f"{best / shipped['best']:.2f}x"]
+
+
 def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -154,6 +211,8 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         y, (h, c) = net(xs[0])
         row["torch"] = {**best_of(time_vendor(lambda i: net(xs[i])[0], SETS)), "err": err(y, h, c)}
+    if case.dtype == "float32":
+        row.update(tf32_rows(net, case, xs, err))
     target = resolve_target("cuda")
     template = case.template().with_tensor_cores(target)
     x_sets = [x.cpu().float().numpy() for x in xs32]
@@ -212,6 +271,13 @@ def main() -> None:
                 ["case", "torch.nn.LSTM", *ALGOS, "cuDNN best", "ours (pick)", "ours (tuned)", "variants",
                  "cuDNN / ours (best of ours)",
                  "ours err", "cuDNN err"], rows))
+    with open(os.path.join(args.out, "lstm_vendor.jsonl")) as f:
+        tf32 = [cells for line in f if line.strip() and (cells := tf32_summary(json.loads(line)))]
+    if tf32:
+        print()
+        print(table("float32 LSTM against cuDNN with TF32 allowed (ms, err)",
+                    ["case", "cuDNN TF32 best", "ours, float16 storage", "TF32 best / ours",
+                     "tvm_ext.torch.LSTM as it ships (side)", "TF32 best / shipped"], tf32))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The LSTM on the tensor-core step kernel (``schedules/gru/tensor_core_step.py`` on four gates,
-``tensor_core_cell.py``'s LSTM cell): CUDA generated and built offline, what the pick takes,
-the refusals; on a GPU machine against float64."""
+``tensor_core_cell.py``'s LSTM cell), with 16-bit state and with float32 state split into
+float16 parts (``step_tc`` 2): CUDA generated and built offline, what the pick takes, the
+refusals; on a GPU machine against float64, and the split form's range checks."""
 from __future__ import annotations
 
 import re
@@ -9,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
+from tvm_ext.core.errors import TvmExtError
 from tvm_ext.precision.precision import relative_error
 from tvm_ext.schedules.lstm import LSTM, LstmTemplate, lstm_reference
 from tvm_ext.target import offline_cuda
@@ -82,48 +84,107 @@ def test_the_pick_takes_the_kernel_for_16_bit_state_from_batch_2():
     target = offline_cuda("sm_90a")
     for batch, hidden, dtype, kernel in ((2, 256, "float16", "tensor-core"), (8, 512, "bfloat16", "tensor-core"),
                                          (64, 1024, "float16", "tensor-core"), (1, 256, "float16", "flag-exchange"),
-                                         (8, 512, "float32", "flag-exchange"), (128, 1024, "float16", "the unfused"),
-                                         (64, 2048, "float16", "the unfused")):
+                                         (128, 1024, "float16", "the unfused"), (64, 2048, "float16", "the unfused")):
         cfg, why = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), dtype).analytic_pick(target)
         assert why.startswith(kernel) and (cfg.step_tc == 1) == (kernel == "tensor-core"), (batch, hidden, why)
 
 
+def test_the_pick_takes_the_split_kernel_for_float32_state_where_the_gru_does():
+    """float32 from batch 8, and from batch 4 at H512 or more with h's low parts stacked (the
+    GRU's rule), where W_hh's parts and the block's rows fit: 8-unit blocks of 16 rows, two
+    values a word at B32 H512; the flag-exchange kernel below, the fused kernel at B64 H1024
+    (no resident grid holds W_hh's parts beside the rows)."""
+    target = offline_cuda("sm_90a")
+    for batch, hidden, kernel, stacked, pairs in ((8, 512, "tensor-core", 1, 1), (4, 1024, "tensor-core", 1, 1),
+                                                 (32, 512, "tensor-core", 0, 2), (8, 1024, "tensor-core", 1, 1),
+                                                 (4, 256, "flag-exchange", 0, 1), (1, 256, "flag-exchange", 0, 1),
+                                                 (64, 1024, "fused", 0, 1)):
+        cfg, why = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), "float32").analytic_pick(target)
+        assert why.startswith(kernel) and (cfg.step_tc == 2) == (kernel == "tensor-core"), (batch, hidden, why)
+        assert (cfg.step_tc_stack, cfg.step_split_words) == (stacked, pairs), (batch, hidden, why)
+        assert (cfg.step_tc == 2) == ("float32 h and W_hh of 4 gates as float16 high and low parts" in why)
+
+
 def test_the_kernel_refuses_what_it_does_not_run():
-    """Only with exchange words (its grid barrier form is the GRU's), never float32 state (the
-    split kernel is the GRU's: not a value of the LSTM's knob), nor off CUDA."""
+    """Only with exchange words (its grid barrier forms are the GRU's), float32 state only split
+    into parts (step_tc 2) and 16-bit state only whole (step_tc 1), nor off CUDA."""
     target = offline_cuda("sm_90a")
     t = _template(dict(seq=4, batch=8, inputs=64, hidden=64))
     cfg = _config(t, TC)
-    assert "exchanges 16-bit h as tagged words" in t.space(target).infeasible_reason(cfg.replace(step_flags=0))
-    assert t.space(target).knob("step_tc").choices == (0, 1)
+    assert "exchanges h as tagged words" in t.space(target).infeasible_reason(cfg.replace(step_flags=0))
+    assert "needs float32 h and W_hh" in t.space(target).infeasible_reason(cfg.replace(step_tc=2))
     single = LstmTemplate(batch=8, hidden=64, input=64, seq=4)
     assert "both float16 or both bfloat16" in single.space(target).infeasible_reason(
         single.default_config(target).replace(**TC, step_j=8))
+    split = single.default_config(target).replace(**{**TC, "step_tc": 2}, step_j=8)
+    assert "exchanges h as tagged words" in single.space(target).infeasible_reason(split.replace(step_flags=0))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype, bound", [("float16", 5e-3), ("bfloat16", 3e-2)])
-@pytest.mark.parametrize("case", list(CASES))
-def test_cuda_tensor_core_lstm_matches_float64(case, dtype, bound):
-    """On a GPU machine: against float64 twice on one input and once on another (a tag or a c left
-    from the call before would be read as this one's); the error is 16-bit storage's, where a wrong
-    gate or a lost c is O(1)."""
-    shape, knobs = CASES[case]
+# float32 shapes on the split kernel (knobs over the pick): stacked low parts at B8, two values a word at
+# B16, one a word over a ragged bidirectional 2-layer H, W's fragments partly held at H1024
+SPLIT = dict(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=1, step_j=8, step_tc_rows=16,
+             step_tc_kw=8, step_tc_nw=1, step_tc_acc=1)
+SPLIT_CASES = {
+    "b8-h512-stacked": (dict(seq=6, batch=8, inputs=512, hidden=512), {}),
+    "b16-h256-pairs": (dict(seq=5, batch=16, inputs=96, hidden=256), {}),
+    "2layer-bi-ragged": (dict(seq=5, batch=5, inputs=40, hidden=200, layers=2, bidirectional=True),
+                         {**SPLIT, "step_tc_wreg": 1, "step_tc_stack": 1}),
+    "b8-h1024-held": (dict(seq=4, batch=8, inputs=64, hidden=1024), {}),
+}
+
+
+def test_the_split_kernel_runs_the_lstm_cell_offline():
+    """Built for an H100: W_hh's four gates staged as scaled float16 high and low parts, c kept in
+    the cell lanes' registers, h sent as tagged float32 words (or pairs with a tag bit), and the
+    init writing those words (not the 16-bit pairs)."""
+    target = offline_cuda("sm_90a")
+    for shape, knobs in SPLIT_CASES.values():
+        t = _template(shape, "float32")
+        cfg = _config(t, knobs)
+        assert cfg.step_tc == 2 and t.space(target).infeasible_reason(cfg) is None
+        compiled = t.compile(cfg, target)
+        body = compiled.source[compiled.source.index("lstm_steps_kernel("):]
+        assert "c_kept_ptr" in body and "h_kept_ptr" in body and "mma.sync.aligned.m16n8k16" in body
+        assert "* 0x1p+8f" in body  # W_hh's parts scaled by SPLIT_WEIGHT_SCALE
+        init = compiled.source[compiled.source.rindex("lstm_init_kernel("):]
+        init = init[:init.index("\n}\n")]
+        # h0's words: float32 bits beside the tag 0, or (pairs) two values a word, slot 1 tagged 1
+        assert ("(*(uint *)(&(" in init) and ("(uint64_t)1ULL;" in init) == (cfg.step_split_words == 2), init
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("batch, hidden", [(8, 512), (32, 512), (8, 1024)])
+def test_the_split_picks_build_without_spilling(tmp_path, batch, hidden):
+    t = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), "float32")
+    cfg, _ = t.analytic_pick(offline_cuda("sm_90a"))
+    assert cfg.step_tc == 2
+    report = ptxas_report(t.compile(cfg, offline_cuda("sm_90a")).source, tmp_path)
+    steps = report[report.index("'lstm_steps_kernel'"):]
+    assert " 0 bytes spill stores" in steps[:400], steps[:400]
+
+
+def _weights(shape: dict, rng: np.random.Generator) -> dict:
+    layers, dirs, hidden = shape.get("layers", 1), 2 if shape.get("bidirectional") else 1, shape["hidden"]
+    bound_w = 1.0 / np.sqrt(hidden)
+    weights = {}
+    for layer in range(layers):
+        k = shape["inputs"] if layer == 0 else dirs * hidden
+        for sfx in ("", "_reverse")[:dirs]:
+            for name, dims in (("weight_ih", (4 * hidden, k)), ("weight_hh", (4 * hidden, hidden)),
+                               ("bias_ih", (4 * hidden,)), ("bias_hh", (4 * hidden,))):
+                weights[f"{name}_l{layer}{sfx}"] = rng.uniform(-bound_w, bound_w, dims).astype(np.float32)
+    return weights
+
+
+def _cuda_against_float64(shape: dict, dtype: str, config, bound: float) -> LSTM:
+    """The LSTM built on CUDA against float64 twice on one input and once on another (a tag or a c
+    left from the call before would be read as this one's)."""
     layers, dirs = shape.get("layers", 1), 2 if shape.get("bidirectional") else 1
     lstm = LSTM.build("cuda", shape["inputs"], shape["hidden"], num_layers=layers,
                       bidirectional=shape.get("bidirectional", False), batch=shape["batch"], seq=shape["seq"],
-                      dtype=dtype, config=knobs or None)
-    assert lstm.config.step_tc == 1
+                      dtype=dtype, config=config)
     rng = np.random.default_rng(3)
-    bound_w = 1.0 / np.sqrt(shape["hidden"])
-    weights = {}
-    for layer in range(layers):
-        k = shape["inputs"] if layer == 0 else dirs * shape["hidden"]
-        for sfx in ("", "_reverse")[:dirs]:
-            for name, dims in (("weight_ih", (4 * shape["hidden"], k)), ("weight_hh", (4 * shape["hidden"],
-                                                                                       shape["hidden"])),
-                               ("bias_ih", (4 * shape["hidden"],)), ("bias_hh", (4 * shape["hidden"],))):
-                weights[f"{name}_l{layer}{sfx}"] = rng.uniform(-bound_w, bound_w, dims).astype(np.float32)
+    weights = _weights(shape, rng)
     lstm.load_numpy(weights)
     states = (layers * dirs, shape["batch"], shape["hidden"])
     calls = [(rng.uniform(-1, 1, (shape["seq"], shape["batch"], shape["inputs"])).astype(np.float32),
@@ -133,3 +194,34 @@ def test_cuda_tensor_core_lstm_matches_float64(case, dtype, bound):
         out, (h_n, c_n) = lstm(x, (h0, c0))
         for ours, ref in zip((out, h_n, c_n), lstm_reference(x, weights, h0, c0, layers, dirs == 2)):
             assert relative_error(ours, ref) < bound
+    return lstm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, bound", [("float16", 5e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_tensor_core_lstm_matches_float64(case, dtype, bound):
+    """On a GPU machine: the error is 16-bit storage's, where a wrong gate or a lost c is O(1)."""
+    shape, knobs = CASES[case]
+    lstm = _cuda_against_float64(shape, dtype, knobs or None, bound)
+    assert lstm.config.step_tc == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_cuda_split_lstm_matches_float64_at_float32_accuracy(case):
+    """On a GPU machine: float32's error (the parts drop 2 of 24 bits), where a lost low part is
+    1e-3 and a wrong gate O(1); an h_0 or a W_hh past what their float16 parts hold is refused
+    before a call runs on it."""
+    shape, knobs = SPLIT_CASES[case]
+    config = _config(_template(shape, "float32"), knobs)
+    lstm = _cuda_against_float64(shape, "float32", config, 2e-6)
+    assert lstm.config.step_tc == 2 and lstm.split_inputs() == {"h0": "step_tc 2"}
+    states = (shape.get("layers", 1) * (2 if shape.get("bidirectional") else 1), shape["batch"], shape["hidden"])
+    x = np.zeros((shape["seq"], shape["batch"], shape["inputs"]), np.float32)
+    with pytest.raises(TvmExtError, match="LSTM h0 has \\|value\\| 70000, beyond what its float16 parts hold"):
+        lstm(x, (np.full(states, 7e4, np.float32), np.zeros(states, np.float32)))
+    weights = _weights(shape, np.random.default_rng(4))
+    weights["weight_hh_l0"][0, 0] = 300.0
+    with pytest.raises(TvmExtError, match="weight_hh_l0 has \\|value\\| 300, .*build without step_tc 2"):
+        lstm.load_numpy(weights)

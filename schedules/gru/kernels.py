@@ -14,6 +14,37 @@ from .compute import F32
 from .step_common import float_pair, pack_pair
 
 
+def exchange_words_macro(batch: int, hidden: int, dirs: int, dtype: str, paired: bool, float_pairs: bool) -> Any:
+    """``words(h0, hx, layer, vd, vb, vj)``: an init's exchange words of h0's element (vd, vb, vj)
+    (a GRU's or an LSTM's): slot 0 h0's float32 bits beside the step tag 0 and slot 1 zero; with
+    ``paired`` two 16-bit values of adjacent units a word (``pack_pair``), with ``float_pairs``
+    two float32 values and a tag bit (``float_pair``), slot 1's words with the bit set, written
+    by the even unit's thread."""
+    from tvm.script import tirx as T
+
+    n, pair_words = dirs * batch * hidden, -(-hidden // 2)
+
+    @T.macro
+    def words(h0, hx, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
+        if paired or float_pairs:  # (parsed only where it is taken: 16-bit state, or split pairs)
+            if vj % 2 == 0:
+                word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
+                second = T.meta_var(T.if_then_else(
+                    vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
+                if float_pairs:
+                    hx[word] = float_pair(T, h0[layer * dirs + vd, vb, vj], second, T.uint64(0))
+                    hx[n + word] = T.uint64(1)
+                else:
+                    hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
+                    hx[n + word] = T.uint64(0)
+        else:
+            hx[(vd * batch + vb) * hidden + vj] = T.Cast(
+                "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
+            hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+
+    return words
+
+
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32, pingpong: bool = False,
               barrier: bool = False, flags: bool = False, paired: bool = False, float_pairs: bool = False,
               ready_words: int = 0, zero_words: int = 0) -> Any:
@@ -73,26 +104,12 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str = F32,
                 copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
 
     n = dirs * batch * hidden
-    pair_words = -(-hidden // 2)
+    words = exchange_words_macro(batch, hidden, dirs, dtype, paired, float_pairs)
 
     @T.macro
     def flag_words(h0, hs, bar, hx, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
         copy_and_reset(h0, hs, bar, layer, vd, vb, vj)
-        if paired or float_pairs:  # (parsed only where it is taken: 16-bit state, or split pairs)
-            if vj % 2 == 0:
-                word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
-                second = T.meta_var(T.if_then_else(
-                    vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
-                if float_pairs:
-                    hx[word] = float_pair(T, h0[layer * dirs + vd, vb, vj], second, T.uint64(0))
-                    hx[n + word] = T.uint64(1)
-                else:
-                    hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
-                    hx[n + word] = T.uint64(0)
-        else:
-            hx[(vd * batch + vb) * hidden + vj] = T.Cast(
-                "uint64", T.reinterpret("uint32", T.Cast("float32", h0[layer * dirs + vd, vb, vj])))
-            hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+        words(h0, hx, layer, vd, vb, vj)
 
     @T.prim_func(s_tir=True)
     def init_flags(h0: T.Buffer((layers * dirs, batch, hidden), dtype), layer: T.int32,

@@ -155,26 +155,19 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     hw = HardwareModel.from_target(target)
     space = template.space(target)
     cuda = target.kind == "cuda"
-    stacked_batch, stacked_hidden = SPLIT_FLAGS_STACKED
-    stacked_rule = template.batch >= stacked_batch and template.hidden >= stacked_hidden
+    stacked_rule = stacked_split_rows(template)
     wants_split_flags = cuda and (template.batch >= SPLIT_FLAGS_BATCH or stacked_rule)
     base, gemm_why = _input_gemm(template, base, space, hw.sm_count, any_size=cuda and stacked_rule)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = tensor_core_step_config(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
-    split_flags = _split_flags_step(template, base, space, hw.sm_count) if wants_split_flags else None
+    split_flags = split_flags_step_config(template, base, space, hw.sm_count) if wants_split_flags else None
     if split_flags is not None:
         split_flags, early = _overlapped(template, split_flags, space, hw.sm_count)
-        split_flags, stacked = _stacked(split_flags, space)
+        split_flags, stacked = stacked_config(split_flags, space)
         split_flags, warp = warp_h_config(template, split_flags, space)
-        shape = template.step_variant(split_flags).shape
-        return split_flags, (f"tensor-core persistent step kernel, float32 h and W_hh as float16 high and low parts "
-                             f"({'four products, two a W part' if shape.stacked else 'three products'}), h exchanged "
-                             f"as tagged float32 words"
-                             f"{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
-                             f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, "
-                             f"{shape.k_warps} warps splitting k, W_hh's parts in shared memory"
-                             f"{held_why(shape, 'their')}{stacked}{warp}; {gemm_why}{early}")
+        return split_flags, (f"{split_flags_why(template.step_variant(split_flags).shape, stacked, warp)}; "
+                             f"{gemm_why}{early}")
     flags = flag_step_config(template, base, space, hw.sm_count) if cuda and template.batch <= most_rows else None
     if flags is not None:
         return flags, flag_step_why(template, flags, " in registers", gemm_why)
@@ -343,7 +336,7 @@ def warp_h_config(template: Any, cfg: Config, space: Any) -> tuple[Config, str]:
     return warp, ", each warp multiplying the h it polled without a block barrier"
 
 
-def _stacked(cfg: Config, space: Any) -> tuple[Config, str]:
+def stacked_config(cfg: Config, space: Any) -> tuple[Config, str]:
     """``cfg`` with float32 h's low parts in its m16 tiles' padding rows (``step_tc_stack``: two
     mma.sync a W part for three) where the kernel allows it (batch 8 or less, 16 rows a block),
     and the why's words: with the warp's h stored by PTX, float32 B8 H512 0.244 → 0.213 ms, B8
@@ -352,6 +345,23 @@ def _stacked(cfg: Config, space: Any) -> tuple[Config, str]:
     if cfg.step_tc != 2 or cfg.step_flags != 1 or not space.is_feasible(stacked):
         return cfg, ""
     return stacked, ", h's low parts stacked under its high parts in the m16 tile's padding rows"
+
+
+def stacked_split_rows(template: Any) -> bool:
+    """Whether float32 state below ``SPLIT_FLAGS_BATCH`` rows takes the split kernel with its low
+    parts stacked (``SPLIT_FLAGS_STACKED``)."""
+    stacked_batch, stacked_hidden = SPLIT_FLAGS_STACKED
+    return template.batch >= stacked_batch and template.hidden >= stacked_hidden
+
+
+def split_flags_why(shape: Any, stacked: str, warp: str, gates: str = "") -> str:
+    """What the split tensor-core kernel exchanging tagged words runs (``split_flags_step_config``),
+    with ``stacked_config``'s and ``warp_h_config``'s words; ``gates``: after "W_hh" (the LSTM's)."""
+    return (f"tensor-core persistent step kernel, float32 h and W_hh{gates} as float16 high and low parts "
+            f"({'four products, two a W part' if shape.stacked else 'three products'}), h exchanged as tagged "
+            f"float32 words{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
+            f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, {shape.k_warps} warps "
+            f"splitting k, W_hh's parts in shared memory{held_why(shape, 'their')}{stacked}{warp}")
 
 
 def flag_step_why(template: Any, cfg: Config, gates: str, gemm_why: str) -> str:
@@ -511,7 +521,7 @@ def _held_and_paired(held: tuple[Config, ...], space: Any) -> Config | None:
     return pairs if space.is_feasible(pairs) else cfg
 
 
-def _split_flags_step(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
+def split_flags_step_config(template: Any, base: Config, space: Any, sm_count: int) -> Config | None:
     """The tensor-core kernel exchanging tagged words with float32 state split into parts where
     it runs (float32 h and W_hh, a resident grid, W's parts and all the block's rows of h in shared
     memory): 8 units a block where that grid has a block an SM at most, else 16, 16 rows, 8 k

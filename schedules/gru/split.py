@@ -64,14 +64,14 @@ def low_part(value: Any) -> Any:
     return (value - high_part(value).astype("float32")).astype("float16")
 
 
-def scaled_weight(w: Any, d: Any, k: Any, column: Any, hidden: int, unit: Any) -> Any:
-    """``w[d, k, column]`` of a (dirs, hidden, 3·hidden) float32 W_hh times ``SPLIT_WEIGHT_SCALE``,
+def scaled_weight(w: Any, d: Any, k: Any, column: Any, hidden: int, unit: Any, gates: int = 3) -> Any:
+    """``w[d, k, column]`` of a (dirs, hidden, gates·hidden) float32 W_hh times ``SPLIT_WEIGHT_SCALE``,
     zero where ``k`` or the column's ``unit`` is past the hidden size (the indices clamped, the
     load not made there): what the split step kernels stage as W_hh's parts (TIR)."""
     from tvm import tirx
 
     inside = tirx.all(k < hidden, unit < hidden)
-    value = tirx.if_then_else(inside, w[d, tirx.min(k, hidden - 1), tirx.min(column, 3 * hidden - 1)],
+    value = tirx.if_then_else(inside, w[d, tirx.min(k, hidden - 1), tirx.min(column, gates * hidden - 1)],
                               tirx.const(0, "float32"))
     return value * tirx.const(SPLIT_WEIGHT_SCALE, "float32")
 

@@ -174,6 +174,17 @@ def cell_and_store_macro(L: TcKernelLayout) -> Any:
         return lstm_h(T, gi_reg[at(3, t, e)], gh(acc, b_h, t, e, 3), c_new, math_dtype, state=state)
 
     @T.macro
+    def store_split(hx, h_kept, h_val, s, bz, row, unit, t, e):  # type: ignore[no-untyped-def]
+        """Split state: h' (``h_val[0]``) kept as the lane's float32 h and sent, one word a unit or
+        a pair's from its odd unit (the even one's from ``h_kept``)."""
+        h_kept[t * 4 + e] = h_val[0]
+        if not split_pairs:
+            T.evaluate(store_word(hx, s, bz, row, unit, float_word(T, h_val[0], s + 1)))
+        elif e % 2 == 1 or unit + 1 >= hidden:
+            T.evaluate(store_word(hx, s, bz, row, unit // 2, float_pair(
+                T, h_kept[t * 4 + e - e % 2], h_val[0], pair_tag(T, s + 1), has_second=e % 2 == 1)))
+
+    @T.macro
     def cell_and_store(gi, hs, hx, out, h_n, h_s, acc, b_h, gi_reg, h_rounded, h_val, h_kept, layer, s, bz, j0, m0,  # type: ignore[no-untyped-def]
                        mi, tx, ready, poll, seen, c_kept):
         # the cell: tile t of gate g holds units t*8 .. of that gate, same lanes
@@ -191,19 +202,15 @@ def cell_and_store_macro(L: TcKernelLayout) -> Any:
                         c_kept[t * 4 + e] = stored_as(h_val[1], state).astype(math_dtype)
                         if s == steps - 1:  # the last c where c_n's copy reads it (slot T mod 2)
                             hs[steps % 2, bz, row, hidden + unit] = T.cast(c_kept[t * 4 + e], state)
+                        if split:
+                            store_split(hx, h_kept, h_val, s, bz, row, unit, t, e)
                     else:
                         # z, then h', each computed once into a register: nvcc merges no copies of them
                         z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
                         h_val[1] = z_n[0]
-                        if split:  # the lane's own float32 h: one word a unit, or a pair's from its odd unit
+                        if split:  # the lane's own float32 h
                             h_val[0] = cell_blend(h_val[1], z_n[1], h_kept[t * 4 + e], math_dtype)
-                            h_kept[t * 4 + e] = h_val[0]
-                            if not split_pairs:
-                                T.evaluate(store_word(hx, s, bz, row, unit, float_word(T, h_val[0], s + 1)))
-                            elif e % 2 == 1 or unit + 1 >= hidden:
-                                T.evaluate(store_word(hx, s, bz, row, unit // 2, float_pair(
-                                    T, h_kept[t * 4 + e - e % 2], h_val[0], pair_tag(T, s + 1),
-                                    has_second=e % 2 == 1)))
+                            store_split(hx, h_kept, h_val, s, bz, row, unit, t, e)
                         else:
                             h_val[0] = cell_blend(h_val[1], z_n[1], h_s[row_in * sh + unit], math_dtype)
                     h_new = T.meta_var(h_val[0])

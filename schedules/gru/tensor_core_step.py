@@ -254,9 +254,10 @@ def _stage_once_macro(L: TcKernelLayout) -> Any:
             if split:  # the high part, and the float16 rounding of the rest K rows on
                 if f < w_vectors:
                     for v in T.unroll(vec):
-                        w_s[at + v] = high_part(scaled_weight(w, bz, k, g * hidden + unit + v, hidden, unit + v))
+                        w_s[at + v] = high_part(scaled_weight(w, bz, k, g * hidden + unit + v, hidden, unit + v,
+                                                              gates))
                         w_s[w_lo + at + v] = low_part(scaled_weight(w, bz, k, g * hidden + unit + v, hidden,
-                                                                    unit + v))
+                                                                    unit + v, gates))
             elif f < w_vectors:
                 if k < hidden and unit < hidden:
                     for v in T.vectorized(vec):
@@ -481,15 +482,13 @@ class TensorCoreStep(CountedGiWords, StepVariant):
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "TensorCoreStep":
-        # the split kernel's knobs: absent from a space without step_tc 2 (the LSTM's)
-        split_words, stack = getattr(c, "step_split_words", 1), getattr(c, "step_tc_stack", 0)
         return cls(sizes, units=c.step_j, rows=c.step_tc_rows, k_warps=c.step_tc_kw, n_warps=c.step_tc_nw,
                    acc_sets=c.step_tc_acc, frags_ahead=bool(c.step_tc_frag),
                    w_held=c.step_tc_wreg, barrier=c.step_barrier,
                    flags=bool(c.step_flags), loop=c.step_loop,
                    cluster=c.step_flags == 2, poll_bytes=c.step_tc_poll, split=c.step_tc == 2,
-                   split_pairs=split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h),
-                   stacked=bool(stack))
+                   split_pairs=c.step_split_words == 2, w_regs=c.step_tc_wregs, warp_h=bool(c.step_tc_warp_h),
+                   stacked=bool(c.step_tc_stack))
 
     @property
     def shape(self) -> TcStepShape:
@@ -520,9 +519,8 @@ class TensorCoreStep(CountedGiWords, StepVariant):
     def _tile_reason(self) -> str | None:
         """Why these types or sizes cannot run on the kernel (None: they can)."""
         h_dtype, w_dtype, acc_dtype, shape = self.sizes.h_dtype, self.sizes.w_dtype, self.sizes.acc_dtype, self.shape
-        if self.sizes.cell == LSTM_CELL and (self.split or not self.flags):
-            return ("the LSTM's tensor-core step kernel exchanges 16-bit h as tagged words (step_tc 1 with "
-                    "step_flags 1)")
+        if self.sizes.cell == LSTM_CELL and not self.flags:
+            return "the LSTM's tensor-core step kernel exchanges h as tagged words (step_flags 1)"
         if self.split and (h_dtype, w_dtype) != ("float32", "float32"):
             return (f"split tensor-core step kernel (step_tc 2) needs float32 h and W_hh, got {h_dtype} and {w_dtype} "
                     f"(16-bit states: step_tc 1)")

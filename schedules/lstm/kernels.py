@@ -7,17 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
-from tvm_ext.schedules.gru.step_common import float_word, pack_pair
+from tvm_ext.schedules.gru.kernels import exchange_words_macro
 
 
 def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barrier: bool = False,
-              flags: bool = False, paired: bool = False) -> Any:
+              flags: bool = False, paired: bool = False, float_pairs: bool = False) -> Any:
     """Layer ``layer``'s slices of h0 and c0 into the state's slot 0 (h, then c); ``barrier``:
     also zeroes the persistent step kernel's barrier counter (and at layer 0 its timed-out
     flag), as the GRU's init does; ``flags`` (with ``barrier``): also the flag-exchange kernel's
     words ``hx``, slot 0 h0's float32 bits with the tag 0, slot 1 zero (``gru.kernels``' form);
     ``paired`` (with ``flags``): the tensor-core kernel's words instead, two 16-bit values of
-    adjacent units a word (``pack_pair``)."""
+    adjacent units a word (``pack_pair``); ``float_pairs``: its split kernel's two float32 values
+    a word and a tag bit (``float_pair``), slot 1's words with the bit set."""
     from tvm.script import tirx as T
 
     states = (layers * dirs, batch, hidden)
@@ -55,20 +56,8 @@ def init_func(batch: int, hidden: int, dirs: int, layers: int, dtype: str, barri
                 copy(h0, c0, hs, layer, vd, vb, vj)
                 reset_barrier(bar, layer, vd, vb, vj)
 
-    n, pair_words = dirs * batch * hidden, -(-hidden // 2)
-
-    @T.macro
-    def words(h0, hx, layer, vd, vb, vj):  # type: ignore[no-untyped-def]
-        if paired:  # (parsed only where it is taken: 16-bit state)
-            if vj % 2 == 0:
-                word = T.meta_var((vd * batch + vb) * pair_words + vj // 2)
-                second = T.meta_var(T.if_then_else(
-                    vj + 1 < hidden, h0[layer * dirs + vd, vb, T.min(vj + 1, hidden - 1)], T.cast(0, dtype)))
-                hx[word] = pack_pair(T, h0[layer * dirs + vd, vb, vj], second, dtype, 0)
-                hx[n + word] = T.uint64(0)
-        else:
-            hx[(vd * batch + vb) * hidden + vj] = float_word(T, h0[layer * dirs + vd, vb, vj], 0)
-            hx[n + (vd * batch + vb) * hidden + vj] = T.uint64(0)
+    n = dirs * batch * hidden
+    words = exchange_words_macro(batch, hidden, dirs, dtype, paired, float_pairs)
 
     @T.prim_func(s_tir=True)
     def init_flags(h0: T.Buffer(states, dtype), c0: T.Buffer(states, dtype), layer: T.int32,

@@ -12,6 +12,7 @@ from tvm_ext.precision.precision import np_dtype
 from tvm_ext.schedules.gru.layer import (_numpy, built_config, expected_weight_shapes, plan_executor,
                                         weight_arrays)
 from tvm_ext.schedules.gru.lengths import checked_lengths
+from tvm_ext.schedules.gru.split import SPLIT_WEIGHT_SCALE, split_range_reason
 from tvm_ext.target import TargetInfo
 
 from .compute import GATES
@@ -28,6 +29,8 @@ class LSTM:
 
     ``dtype`` float16 or bfloat16 stores x, the weights, h, c and the outputs in that type (the
     products and the cell stay float32); weights and inputs are rounded to it as they are loaded.
+    A float32 LSTM on the split tensor-core step kernel (``step_tc`` 2) splits h and W_hh into
+    float16 parts: |h_0| and |W_hh| · ``SPLIT_WEIGHT_SCALE`` must stay below float16's largest.
     """
 
     barrier_timeout = BARRIER_TIMEOUT  # what a timed-out grid barrier of its step kernel raises
@@ -41,6 +44,7 @@ class LSTM:
         self.compiled = compiled
         self.persistent = any("bar" in c.args for c in compiled.calls)
         self.executor = plan_executor(compiled, template.buffers(), target)
+        self._splits_state = template.step_variant(config).splits_state  # h0 and W_hh split into float16 parts
         self._loaded = False
 
     @classmethod
@@ -69,6 +73,11 @@ class LSTM:
         """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
         be left out altogether (``nn.LSTM(bias=False)``).  ``proj_size`` is not supported."""
         arrays = weight_arrays(weights, self.expected_weight_shapes(), "LSTM")
+        for name, array in arrays.items():
+            reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, "step_tc 2") \
+                if self._splits_state and name.startswith("weight_hh") else None
+            if reason:
+                raise TvmExtError(reason)
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
         self._loaded = True
@@ -79,9 +88,9 @@ class LSTM:
         return self.load_numpy({k: _numpy(v) for k, v in state_dict.items()})
 
     def split_inputs(self) -> dict[str, str]:
-        """The call inputs split into float16 parts (``GRU.split_inputs``): none, an LSTM stores
-        its tensors in its dtype."""
-        return {}
+        """The call inputs split into float16 parts (``GRU.split_inputs``), each with the knob that
+        does: h0 where the step kernel splits the state."""
+        return {"h0": "step_tc 2"} if self._splits_state else {}
 
     # ---- forward ----------------------------------------------------------------------------
     def _state(self, value: Any, name: str) -> np.ndarray:
@@ -119,9 +128,13 @@ class LSTM:
         if self.batch_first:
             x = x.transpose(1, 0, 2)
         h0, c0 = state if state is not None else (None, None)
+        h0 = self._state(h0, "h0")
+        reason = split_range_reason("LSTM h0", h0, knob="step_tc 2") if self._splits_state else None
+        if reason:
+            raise TvmExtError(reason)
         ex = self.executor
         ex.write("x", np.ascontiguousarray(x))
-        ex.write("h0", self._state(h0, "h0"))
+        ex.write("h0", h0)
         ex.write("c0", self._state(c0, "c0"))
         if t.variable_lengths:
             ex.write("lengths", lengths)

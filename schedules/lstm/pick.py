@@ -1,7 +1,8 @@
 """An LSTM config without measuring: the GRU's rules (``schedules.gru.pick``) on four gates: with
-16-bit state on CUDA the tensor-core step kernel from batch 2, the flag-exchange step kernel at a
-small batch, the unfused steps on the tensor cores at a large batch, and otherwise its fused
-split-K step kernel."""
+16-bit state on CUDA the tensor-core step kernel from batch 2, with float32 state its split form
+(float16 parts) where the GRU takes it, the flag-exchange step kernel at a small batch, the
+unfused steps on the tensor cores at a large batch, and otherwise its fused split-K step
+kernel."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,8 +11,10 @@ from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
-                                       STREAMED_MAX_THREADS, THREADS_PER_SM, flag_step_config, flag_step_why,
-                                       many_rows_config, tensor_core_step_config, tensor_core_why, warp_h_config)
+                                       SPLIT_FLAGS_BATCH, STREAMED_MAX_THREADS, THREADS_PER_SM, flag_step_config,
+                                       flag_step_why, many_rows_config, split_flags_step_config, split_flags_why,
+                                       stacked_config, stacked_split_rows, tensor_core_step_config,
+                                       tensor_core_why, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -25,7 +28,10 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     """(config, why): on CUDA with 16-bit state past ``FLAG_BATCH_TENSOR_CORE`` rows the
     tensor-core step kernel where its grid is resident (``tensor_core_step_config``, the GRU's
     blocks) on ``STREAMED_MAX_THREADS`` threads or fewer (a lane of a 512-thread block gets 128
-    registers, and four gates' sums spill: ptxas at B128 H1024); up to ``FLAG_BATCH`` rows the
+    registers, and four gates' sums spill: ptxas at B128 H1024); with float32 state from
+    ``SPLIT_FLAGS_BATCH`` rows (or stacked: ``stacked_split_rows``) its split form exchanging
+    tagged words where it fits (``split_flags_step_config``: W_hh's parts and the block's rows of
+    h in shared memory, a resident grid); up to ``FLAG_BATCH`` rows the
     flag-exchange step kernel where its grid fits one block an SM (``flag_step_config``); from
     ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core tile, the unfused steps, without
     one the fused step kernel on blocks of many rows (the GRU's ``many_rows_config``); else on a
@@ -46,6 +52,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         tensor_core, warp = warp_h_config(template, tensor_core, space)
         return tensor_core, (f"{tensor_core_why(template.step_variant(tensor_core).shape, warp, ' of 4 gates')}, c "
                              f"in the cell lanes' registers; the input GEMM before it")
+    split = split_flags_step_config(template, base, space, sm_count) if (
+        cuda and template.dtype == "float32" and (template.batch >= SPLIT_FLAGS_BATCH or stacked_split_rows(template))
+    ) else None
+    if split is not None:
+        split, stacked = stacked_config(split, space)
+        split, warp = warp_h_config(template, split, space)
+        return split, (f"{split_flags_why(template.step_variant(split).shape, stacked, warp, ' of 4 gates')}, c in "
+                       f"the cell lanes' registers; the input GEMM before it")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         unfused = base.replace(fuse_step=0)
         if space.is_feasible(unfused):

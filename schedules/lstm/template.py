@@ -49,7 +49,7 @@ STEP_KNOB_NAMES = ("cell_block", "fuse_step", "step_j", "step_b", "step_u", "ste
 # The tensor-core step kernel's knobs the LSTM takes (not the float32 split kernel's), with the value of
 # configs recorded before them where the GRU's knob has none
 TC_KNOB_NAMES = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
-                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h")
+                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_tc_stack", "step_split_words")
 TC_KNOB_BEFORE = {"step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1}
 
 
@@ -72,10 +72,12 @@ FLAG_KNOBS = (
 )
 # the tensor-core step kernel (``schedules/gru/tensor_core_step.py`` on four gates, 16-bit h and W_hh,
 # h exchanged as tagged words); ``before`` as above
-TC_KNOBS = (Knob("step_tc", (0, 1), "persistent step kernel, CUDA: 1 (float16 or bfloat16) runs the gate dot "
-                                    "products on the tensor cores (mma.sync), W_hh's slice of step_j units (8, 16 or "
-                                    "32) of 4 gates on chip for all T steps, h exchanged as tagged words (step_flags "
-                                    "1); a cell lane keeps its c in registers", before=0),) + tuple(
+TC_KNOBS = (Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (float16 or bfloat16) runs the gate dot "
+                                       "products on the tensor cores (mma.sync), W_hh's slice of step_j units (8, "
+                                       "16 or 32) of 4 gates on chip for all T steps, h exchanged as tagged words "
+                                       "(step_flags 1); 2 (float32) as three products of h's and W_hh's float16 high "
+                                       "and low parts, float32-accurate, one float32 value a word (or two: "
+                                       "step_split_words); a cell lane keeps its c in registers", before=0),) + tuple(
     replace(_four_gates(k), before=TC_KNOB_BEFORE.get(k.name, k.before))
     for k in STEP_KNOBS if k.name in TC_KNOB_NAMES)
 KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS + TC_KNOBS
@@ -348,9 +350,10 @@ class LstmTemplate(NamedBuffers, Template):
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads)}
         else:
             flags = isinstance(step, (FlagStep, TensorCoreStep))
+            words = step.init_layout() if isinstance(step, TensorCoreStep) else {}
             init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype,
                              barrier=flags or isinstance(step, PersistentStep), flags=flags,
-                             paired=isinstance(step, TensorCoreStep))
+                             paired=words.get("paired", False), float_pairs=words.get("float_pairs", False))
             final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
