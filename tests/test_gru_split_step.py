@@ -83,7 +83,7 @@ def test_shape_sizes():
 @pytest.mark.parametrize("precision, knobs, reason", [
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=8), "8 k warps (step_tc_kw) do not split"),
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_loop=1), "persistent kernel only"),
-    (None, dict(step_j=8, step_tc_rows=16, step_tc_nw=1), "step_j 8 units per block"),
+    (None, dict(step_j=4, step_tc_rows=16, step_tc_nw=1), "step_j 4 units per block"),
     (None, dict(step_j=16, step_tc_rows=16, step_tc_nw=4), "not 8 units or more a warp"),
     ("float16", dict(step_j=16, step_tc_rows=16, step_tc_nw=1), "needs float32 h, W_hh"),
 ])
@@ -175,6 +175,9 @@ GPU_CASES = {  # K past the hidden size, rows past the batch, both directions, l
                        dict(step_j=16, step_tc_rows=16, step_tc_nw=2, step_tc_kw=4)),
     "b3-h33-3layer-bi-kw2": (Shape(seq=7, batch=3, input=33, hidden=33, layers=3, bidirectional=True),
                              dict(step_j=16, step_tc_rows=16, step_tc_nw=1, step_tc_kw=2)),
+    # 8 units a block: one n8 tile a gate, three (an odd count) a warp
+    "b20-h200-units8": (Shape(seq=9, batch=20, input=40, hidden=200), dict(step_j=8, step_tc_rows=16, step_tc_nw=1,
+                                                                          step_tc_kw=2)),
     # three blocks an SM (384 of 128 threads): the pick since its 256-thread blocks were not all resident
     "b192-h256-bi-kw2": (Shape(seq=8, batch=192, input=256, hidden=256, bidirectional=True),
                          dict(step_j=16, step_tc_rows=16, step_tc_nw=2, step_tc_kw=2)),

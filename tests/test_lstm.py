@@ -153,7 +153,7 @@ def test_bad_input_is_one_error(opencl):
     with pytest.raises(TvmExtError, match="c0 has shape"):
         lstm(np.zeros((3, 2, 4), np.float32), (np.zeros((1, 2, 8)), np.zeros((2, 2, 8))))
     with pytest.raises(TvmExtError, match="unknown LSTM knobs"):
-        LSTM.build(opencl, 4, 8, config={"step_tc_ahead": 2})  # (the GRU's grid-barrier split kernel's knob)
+        LSTM.build(opencl, 4, 8, config={"step_cell": 1})  # (the GRU's resident-cell kernel's knob)
     with pytest.raises(TvmExtError, match="tensor-core step kernel .* is CUDA's persistent kernel only"):
         LSTM.build(opencl, 4, 8, config={"step_tc": 1})
     with pytest.raises(TvmExtError, match="dtype 'int8' is not supported"):
@@ -203,11 +203,11 @@ def test_unfused_steps_are_a_gemm_then_a_cell_a_step_and_the_pick_at_a_large_16_
     compiled = half.compile(pick, target)
     assert "mma.sync" in compiled.source or "mma_sync" in compiled.source
     assert "step_j" not in half.shown_knobs(pick) and "hid_wg_x" in half.shown_knobs(pick)
-    # float32 at 64 rows has no tensor-core tile: the fused step kernel on blocks of many rows, W_hh's
-    # slice in shared memory, persistent (the GRU's rule)
+    # float32 at 64 rows has no tensor-core tile for the unfused steps: the split step kernel behind the
+    # grid barrier (W_hh's float16 parts on chip, persistent)
     single = LstmTemplate(batch=64, hidden=1024, input=1024, seq=4).with_tensor_cores(target)
     pick, why = single.analytic_pick(target)
-    assert (pick.fuse_step, pick.step_loop, pick.step_w_onchip) == (1, 2, 1) and single.step_variant(pick).rows > 8
+    assert (pick.fuse_step, pick.step_loop, pick.step_tc, pick.step_flags) == (1, 2, 2, 0), why
 
 
 def test_step_knobs_count_four_gates_in_their_limits():

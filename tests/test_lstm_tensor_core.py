@@ -12,6 +12,7 @@ import pytest
 
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.precision.precision import relative_error
+from tvm_ext.schedules.gru.split_step import TensorCoreSplitStep
 from tvm_ext.schedules.lstm import LSTM, LstmTemplate, lstm_reference
 from tvm_ext.target import offline_cuda
 
@@ -92,22 +93,24 @@ def test_the_pick_takes_the_kernel_for_16_bit_state_from_batch_2():
 def test_the_pick_takes_the_split_kernel_for_float32_state_where_the_gru_does():
     """float32 from batch 8, and from batch 4 at H512 or more with h's low parts stacked (the
     GRU's rule), where W_hh's parts and the block's rows fit: 8-unit blocks of 16 rows, two
-    values a word at B32 H512; the flag-exchange kernel below, the fused kernel at B64 H1024
-    (no resident grid holds W_hh's parts beside the rows)."""
+    values a word at B32 H512; the flag-exchange kernel below; from batch 32 where no such grid
+    is resident (B32-B64 H1024) the split kernel behind the grid barrier, h streamed in chunks."""
     target = offline_cuda("sm_90a")
     for batch, hidden, kernel, stacked, pairs in ((8, 512, "tensor-core", 1, 1), (4, 1024, "tensor-core", 1, 1),
                                                  (32, 512, "tensor-core", 0, 2), (8, 1024, "tensor-core", 1, 1),
                                                  (4, 256, "flag-exchange", 0, 1), (1, 256, "flag-exchange", 0, 1),
-                                                 (64, 1024, "fused", 0, 1)):
+                                                 (64, 1024, "split tensor-core", 0, 1),
+                                                 (32, 1024, "split tensor-core", 0, 1)):
         cfg, why = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), "float32").analytic_pick(target)
-        assert why.startswith(kernel) and (cfg.step_tc == 2) == (kernel == "tensor-core"), (batch, hidden, why)
+        assert why.startswith(kernel) and (cfg.step_tc == 2) == (kernel != "flag-exchange"), (batch, hidden, why)
+        assert cfg.step_flags == (kernel != "split tensor-core"), (batch, hidden, why)
         assert (cfg.step_tc_stack, cfg.step_split_words) == (stacked, pairs), (batch, hidden, why)
-        assert (cfg.step_tc == 2) == ("float32 h and W_hh of 4 gates as float16 high and low parts" in why)
+        assert (cfg.step_tc == 2) == ("W_hh of 4 gates as float16 high and low parts" in why)
 
 
 def test_the_kernel_refuses_what_it_does_not_run():
-    """Only with exchange words (its grid barrier forms are the GRU's), float32 state only split
-    into parts (step_tc 2) and 16-bit state only whole (step_tc 1), nor off CUDA."""
+    """16-bit state only whole (step_tc 1) with exchange words, float32 state only split into parts
+    (step_tc 2: without exchange words the kernel behind the grid barrier), nor off CUDA."""
     target = offline_cuda("sm_90a")
     t = _template(dict(seq=4, batch=8, inputs=64, hidden=64))
     cfg = _config(t, TC)
@@ -117,7 +120,7 @@ def test_the_kernel_refuses_what_it_does_not_run():
     assert "both float16 or both bfloat16" in single.space(target).infeasible_reason(
         single.default_config(target).replace(**TC, step_j=8))
     split = single.default_config(target).replace(**{**TC, "step_tc": 2}, step_j=8)
-    assert "exchanges h as tagged words" in single.space(target).infeasible_reason(split.replace(step_flags=0))
+    assert isinstance(single.step_variant(split.replace(step_flags=0)), TensorCoreSplitStep)  # the grid barrier's
 
 
 # float32 shapes on the split kernel (knobs over the pick): stacked low parts at B8, two values a word at
@@ -131,6 +134,46 @@ SPLIT_CASES = {
                          {**SPLIT, "step_tc_wreg": 1, "step_tc_stack": 1}),
     "b8-h1024-held": (dict(seq=4, batch=8, inputs=64, hidden=1024), {}),
 }
+
+
+# float32 shapes on the split kernel behind the grid barrier (``split_step.py``): the B64 H1024 pick (64
+# rows a block), 32 rows over a ragged batch and H, two bidirectional layers with K past the hidden size
+GRID = dict(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=0, step_j=8, step_tc_nw=1,
+            step_tc_ahead=2)
+GRID_CASES = {
+    "b64-h1024": (dict(seq=5, batch=64, inputs=96, hidden=1024), {}),
+    "b40-h96-rows32": (dict(seq=6, batch=40, inputs=72, hidden=96), {**GRID, "step_tc_rows": 32, "step_tc_kw": 4}),
+    "2layer-bi-ragged": (dict(seq=5, batch=5, inputs=40, hidden=200, layers=2, bidirectional=True),
+                         {**GRID, "step_tc_rows": 16, "step_tc_kw": 2}),
+}
+
+
+def test_the_grid_barrier_split_kernel_runs_the_lstm_cell_offline():
+    """Built for an H100: four gates' parts staged, the cell lanes' c read from the state's c half
+    once and written back after the last step, h streamed in chunks, a grid barrier a step."""
+    target = offline_cuda("sm_90a")
+    for shape, knobs in GRID_CASES.values():
+        t = _template(shape, "float32")
+        cfg = _config(t, knobs)
+        assert (cfg.step_tc, cfg.step_flags) == (2, 0) and t.space(target).infeasible_reason(cfg) is None
+        compiled = t.compile(cfg, target)
+        assert [c.func for c in compiled.calls][:4] == ["lstm_init", "lstm_gemm_x0", "lstm_steps", "lstm_final_c"]
+        body = compiled.source[compiled.source.index("lstm_steps_kernel("):]
+        assert f"float gi_reg[{4 * 4}];" in body.replace("_ptr", "") and "* 0x1p+8f" in body
+        assert re.search(rf"\(float\)hs_ptr\[[^;]*\+ {shape['hidden']}\)\]", body) or \
+            re.search(rf"hs_ptr\[[^;]*\+ {shape['hidden']}\)\]", body)  # c0 from the state's c half
+        assert "hx_ptr" not in body and "bar_ptr" in body  # the grid barrier, no exchange words
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("batch, hidden", [(64, 1024), (32, 1024)])
+def test_the_grid_barrier_split_picks_build_without_spilling(tmp_path, batch, hidden):
+    t = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), "float32")
+    cfg, _ = t.analytic_pick(offline_cuda("sm_90a"))
+    assert (cfg.step_tc, cfg.step_flags) == (2, 0)
+    report = ptxas_report(t.compile(cfg, offline_cuda("sm_90a")).source, tmp_path)
+    steps = report[report.index("'lstm_steps_kernel'"):]
+    assert " 0 bytes spill stores" in steps[:400], steps[:400]
 
 
 def test_the_split_kernel_runs_the_lstm_cell_offline():
@@ -205,6 +248,16 @@ def test_cuda_tensor_core_lstm_matches_float64(case, dtype, bound):
     shape, knobs = CASES[case]
     lstm = _cuda_against_float64(shape, dtype, knobs or None, bound)
     assert lstm.config.step_tc == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(GRID_CASES))
+def test_cuda_grid_barrier_split_lstm_matches_float64_at_float32_accuracy(case):
+    """On a GPU machine: float32's error behind the grid barrier (a block reading h before every
+    block stored it, or a c lost between steps, is far past it)."""
+    shape, knobs = GRID_CASES[case]
+    lstm = _cuda_against_float64(shape, "float32", _config(_template(shape, "float32"), knobs), 2e-6)
+    assert (lstm.config.step_tc, lstm.config.step_flags) == (2, 0) and lstm.split_inputs() == {"h0": "step_tc 2"}
 
 
 @pytest.mark.gpu

@@ -196,7 +196,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
             gemm_why = f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name})"
         return tensor_core, (f"{tensor_core_why(template.step_variant(tensor_core).shape, warp)}; {gemm_why}"
                              f"{early}")
-    split = _split_step(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
+    split = split_step_config(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
         shape = template.step_variant(split).shape
         return split, (f"split tensor-core persistent step kernel (float32 h and W_hh as float16 high and low "
@@ -628,14 +628,15 @@ def _cell_why(template: Any, cell: Config, reason: str) -> str:
             f"({template.step_variant(cell).wgmma.name}) with the cell in its store, one kernel a step ({reason})")
 
 
-def _split_step(base: Config, space: Any) -> Config | None:
+def split_step_config(base: Config, space: Any, blocks: tuple[tuple[int, int, int], ...] = SPLIT_BLOCKS
+                      ) -> Config | None:
     """The split tensor-core step kernel where it runs (float32 h and W_hh, a resident grid): the
-    first block of ``SPLIT_BLOCKS`` that fits, 16 units (W_hh's two parts of 32 units fill the
-    shared memory at H1024) on 2 warps and the fewest rows, so the most blocks share the
-    products (16 rows tie 32 units at H512), with the most k warps that fit (more warps hide
-    the multiplies' latency: 4 k warps 7-22 % faster than 1; docs/results/gru.md); None where
-    none fits."""
-    for units, rows, n_warps in SPLIT_BLOCKS:
+    first block of ``blocks`` (units, rows, unit warps) that fits, the GRU's ``SPLIT_BLOCKS``: 16
+    units (W_hh's two parts of 32 units fill the shared memory at H1024) on 2 warps and the
+    fewest rows, so the most blocks share the products (16 rows tie 32 units at H512), with the
+    most k warps that fit (more warps hide the multiplies' latency: 4 k warps 7-22 % faster than
+    1; docs/results/gru.md); None where none fits."""
+    for units, rows, n_warps in blocks:
         for k_warps in SPLIT_K_WARPS:
             cfg = base.replace(fuse_step=1, step_loop=2, step_barrier=2, step_tc=2, step_flags=0, step_j=units,
                                step_tc_rows=rows, step_tc_kw=k_warps, step_tc_nw=n_warps, step_tc_ahead=SPLIT_AHEAD)

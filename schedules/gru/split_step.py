@@ -40,15 +40,15 @@ from tvm_ext.lowering.step_loop import BARRIER_WORDS, BARRIERS
 from tvm_ext.target import TargetInfo
 
 from .split import SPLIT_WEIGHT_SCALE, high_part, low_part, scaled_weight
-from .step_common import cell_blend, cell_gates, stored_as
+from .step_common import CELL_GATES, GRU_CELL, LSTM_CELL, cell_blend, cell_gates, lstm_c, lstm_h, state_width, stored_as
 from .step_variant import (CLUSTER_STEP_KNOBS, FLAG_STEP_KNOBS, SIMT_STEP_KNOBS, StepSizes, StepVariant,
                            fused_threads_reason, mma_grid_reason)
 from .tensor_core_layout import (MMA_K, MMA_M, MMA_N, TC_N_WARPS, TC_ROWS, WARP, TcKernelLayout,
                                  TcStepShape, UnitRowBlocks, acc_row_col, padded_stride, w_chunk)
-from .tensor_core_cell import load_gi_macro
+from .tensor_core_cell import keep_h_macro, load_gi_macro
 from .tensor_core_step import BARRIER_MARK, k_warp_sums_macro, with_grid_barrier
 
-SPLIT_UNITS = (16, 32)  # hidden units per block: 2 or 4 n8 tiles per gate
+SPLIT_UNITS = (8, 16, 32)  # hidden units per block: 1, 2 or 4 n8 tiles per gate
 SPLIT_CHUNK_K = 64  # k of h a shared chunk holds (its high and low parts side by side in a row)
 # The registers a lane of the kernel wants (80-119 from nvcc where launch bounds name only the
 # threads): grids whose blocks an SM leave a lane fewer are refused. The kernel is compiled with
@@ -62,7 +62,7 @@ STATE = "float32"
 
 @dataclass(frozen=True)
 class SplitStepShape(UnitRowBlocks):
-    """The sizes a split step config implies for one GRU shape."""
+    """The sizes a split step config implies for one GRU (or LSTM) shape."""
 
     batch: int
     hidden: int
@@ -72,6 +72,7 @@ class SplitStepShape(UnitRowBlocks):
     n_warps: int
     ahead: int = 1  # chunks of h in flight in registers
     k_warps: int = 1  # warps splitting each chunk's k slices (their sums meet in shared memory)
+    gate_count: int = 3  # the GRU's three gates, the LSTM's four
 
     @property
     def k_extent(self) -> int:
@@ -111,8 +112,8 @@ class SplitStepShape(UnitRowBlocks):
 
     @property
     def n_tiles(self) -> int:
-        """n8 accumulator tiles a warp holds: its units' three gates."""
-        return 3 * self.unit_tiles
+        """n8 accumulator tiles a warp holds: its units' gates."""
+        return self.gate_count * self.unit_tiles
 
     @property
     def loads(self) -> int:
@@ -131,15 +132,20 @@ class SplitStepShape(UnitRowBlocks):
 
 def split_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, rows: int,
                     n_warps: int, ahead: int, gi_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                    barrier: int, k_warps: int = 1, name: str = "gru_steps") -> Any:
+                    barrier: int, k_warps: int = 1, name: str = "gru_steps", cell: str = GRU_CELL) -> Any:
     """The persistent split step kernel of one layer as a lowered PrimFunc: (gi, hs, w, bias,
     layer, out, h_n, bar), the persistent CUDA-core kernel's signature, so the plan calls either
-    alike.  ``barrier`` indexes ``tvm_ext.lowering.step_loop.BARRIERS`` (``step_barrier``)."""
-    shape = SplitStepShape(batch, hidden, dirs, units, rows, n_warps, ahead, k_warps)
+    alike.  ``barrier`` indexes ``tvm_ext.lowering.step_loop.BARRIERS`` (``step_barrier``).
+    ``cell`` ``"lstm"``: the LSTM's four gates and cell, the state (2, dirs, batch, 2·hidden): h,
+    then c, each cell lane keeping its c in registers (read from the c half before the first step,
+    written back after the last)."""
+    gates = CELL_GATES[cell]
+    shape = SplitStepShape(batch, hidden, dirs, units, rows, n_warps, ahead, k_warps, gates)
     # the 16-bit kernel's layout for its gi loads (the lane's rows and units are the same)
-    gi_layout = TcKernelLayout.of(steps, layers, TcStepShape(batch, hidden, dirs, units, rows, 1, PART, n_warps),
+    gi_layout = TcKernelLayout.of(steps, layers, TcStepShape(batch, hidden, dirs, units, rows, 1, PART, n_warps,
+                                                             gate_count=gates),
                                   gi_dtype=gi_dtype, gh_dtype=gh_dtype, math_dtype=math_dtype,
-                                  out_dtype=out_dtype, flags=False)
+                                  out_dtype=out_dtype, flags=False, cell=cell)
     kernel = _kernel(shape, steps, layers, gi_layout, gh_dtype=gh_dtype, math_dtype=math_dtype,
                      out_dtype=out_dtype)
     return with_grid_barrier(kernel, BARRIERS[barrier], replaced=1).with_attr("global_symbol", name)
@@ -152,16 +158,17 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
     cell and the store, and the grid barrier's mark."""
     from tvm.script import tirx as T
 
-    batch, hidden, dirs, G, K, sw, shr = S.batch, S.hidden, S.dirs, 3 * S.hidden, S.k_extent, S.w_stride, \
-        S.ring_stride
+    batch, hidden, dirs, G, K, sw, shr = S.batch, S.hidden, S.dirs, S.gate_count * S.hidden, S.k_extent, \
+        S.w_stride, S.ring_stride
+    lstm, width = gi_layout.cell == LSTM_CELL, state_width(gi_layout.cell, S.hidden)
     gi_dtype, m_warps, U, chunks, blocks = gi_layout.gi_dtype, S.m_warps, S.units, S.chunks, S.blocks
     stage_once, load_chunk, split_chunk = _stage_once_macro(S), _load_chunk_macro(S), _split_chunk_macro(S)
     products, load_gi, cell_and_store = _products_macro(S), load_gi_macro(gi_layout), \
         _cell_and_store_macro(S, steps, gi_layout, gh_dtype, math_dtype, out_dtype)
-    sum_k_warps = _sum_k_warps_macro(S)
+    sum_k_warps, keep_c = _sum_k_warps_macro(S), keep_h_macro(gi_layout, S.hidden)
 
     @T.prim_func(private=True)
-    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), STATE),
+    def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, width), STATE),
                w: T.Buffer((dirs, hidden, G), STATE), bias: T.Buffer((dirs, G), STATE), layer: T.int32,
                out: T.Buffer((steps * batch, dirs * hidden), out_dtype),
                h_n: T.Buffer((layers * dirs, batch, hidden), STATE), bar: T.Buffer((BARRIER_WORDS,), "int32")):
@@ -178,8 +185,9 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
         b_frag = T.alloc_buffer((16,), PART, scope="local")  # a pair of n8 tiles' high parts, then low
         acc = T.alloc_buffer((2 * S.n_tiles * 4,), "float32", scope="local")  # hi·hi, then the cross products
         b_h = T.alloc_buffer((S.n_tiles * 2,), "float32", scope="local")
-        gi_reg = T.alloc_buffer((3 * S.unit_tiles * 4,), gi_dtype, scope="local")
-        h_prev = T.alloc_buffer((S.unit_tiles * 4,), STATE, scope="local")  # the cell's h of the lane's pairs
+        gi_reg = T.alloc_buffer((S.gate_count * S.unit_tiles * 4,), gi_dtype, scope="local")
+        # the cell's h of the lane's pairs (the GRU's), or their c, kept for all steps (the LSTM's)
+        h_prev = T.alloc_buffer((S.unit_tiles * 4,), STATE, scope="local")
         h_reg = T.alloc_buffer((S.ahead * S.loads,), STATE, scope="local")  # the next chunks of h, in flight
         h_val = T.alloc_buffer((2,), math_dtype, scope="local")  # the cell's h' and z, computed once
         tid = T.meta_var(ty * WARP + tx)
@@ -191,17 +199,21 @@ def _kernel(S: SplitStepShape, steps: int, layers: int, gi_layout: TcKernelLayou
         stage_once(w, bias, w_s, b_h, bx, bz, tid, j0, tx)
         if ki == 0:
             load_gi(gi, gi_reg, 0, bz, j0, m0, mi, tx)
+            if lstm:
+                keep_c(hs, h_prev, bz, j0, m0, mi, tx)
         T.tvm_storage_sync("shared")
         for s in T.serial(steps):
             for a in T.unroll(S.ahead):
                 if a < chunks:
                     load_chunk(hs, h_reg, a, s, a, bz, m0, tid)
-            for t in T.unroll(S.unit_tiles):
-                for e in T.unroll(4):
-                    row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
-                    unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
-                    if ki == 0 and row < batch and unit < hidden:
-                        h_prev[t * 4 + e] = T.call_extern(STATE, "__ldcg", T.address_of(hs[s % 2, bz, row, unit]))
+            if not lstm:
+                for t in T.unroll(S.unit_tiles):
+                    for e in T.unroll(4):
+                        row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
+                        unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
+                        if ki == 0 and row < batch and unit < hidden:
+                            h_prev[t * 4 + e] = T.call_extern(STATE, "__ldcg",
+                                                              T.address_of(hs[s % 2, bz, row, unit]))
             for i in T.unroll(2 * S.n_tiles * 4):
                 acc[i] = T.float32(0)
             for c0 in T.serial(-(-chunks // S.ahead)):  # chunk c's h in register set c mod ahead
@@ -226,7 +238,8 @@ def _stage_once_macro(S: SplitStepShape) -> Any:
     memory, and the lane's b_h in registers, once for all steps."""
     from tvm.script import tirx as T
 
-    hidden, G, K, U, sw, threads = S.hidden, 3 * S.hidden, S.k_extent, S.units, S.w_stride, S.threads
+    hidden, gates, K, U, sw, threads = S.hidden, S.gate_count, S.k_extent, S.units, S.w_stride, S.threads
+    G = gates * hidden
     warp_units, w_chunks, unit_tiles, n_tiles = S.warp_units, sw * 2 // 16, S.unit_tiles, S.n_tiles
     values = K * sw
 
@@ -238,11 +251,11 @@ def _stage_once_macro(S: SplitStepShape) -> Any:
             f = T.meta_var(it * threads + tid)
             k = T.meta_var(f // sw)
             col = T.meta_var(f % sw)
-            g = T.meta_var(col % (3 * warp_units) // warp_units)
-            unit = T.meta_var(bx * U + col // (3 * warp_units) * warp_units + col % warp_units)
+            g = T.meta_var(col % (gates * warp_units) // warp_units)
+            unit = T.meta_var(bx * U + col // (gates * warp_units) * warp_units + col % warp_units)
             at = T.meta_var(k * sw + w_chunk(k, col // 8, w_chunks) * 8 + col % 8)
             if f < values:
-                scaled = T.meta_var(scaled_weight(w, bz, k, g * hidden + unit, hidden, unit))
+                scaled = T.meta_var(scaled_weight(w, bz, k, g * hidden + unit, hidden, unit, gates))
                 w_s[at] = high_part(scaled)
                 w_s[K * sw + at] = low_part(scaled)
         for t in T.unroll(n_tiles):
@@ -370,16 +383,33 @@ def _cell_and_store_macro(S: SplitStepShape, steps: int, gi_layout: TcKernelLayo
 
     batch, hidden, dirs, unit_tiles = S.batch, S.hidden, S.dirs, S.unit_tiles
     load_gi, unscale = load_gi_macro(gi_layout), 1.0 / SPLIT_WEIGHT_SCALE
+    lstm = gi_layout.cell == LSTM_CELL
+
+    def at(g: int, t: int, e: int) -> int:
+        """Gate g's sum (and gi) of the lane's element e of unit tile t: accumulator tile
+        g * unit_tiles + t, the same element (the same row and unit)."""
+        return (g * unit_tiles + t) * 4 + e
+
+    def sums(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[list[Any], list[Any]]:
+        """Each gate's gi and h·W_hhᵀ + b_hh (unscaled, stored as gh) of that element."""
+        gh = [stored_as(acc[at(g, t, e)] * T.float32(unscale) + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype)
+              for g in range(S.gate_count)]
+        return [gi_reg[at(g, t, e)] for g in range(S.gate_count)], gh
 
     def gates(acc: Any, b_h: Any, gi_reg: Any, t: int, e: int) -> tuple[Any, Any]:
-        """z and n of the lane's element e of unit tile t: gate g's sum is accumulator tile
-        g * unit_tiles + t, the same element (the same row and unit)."""
-        def at(g: int) -> int:
-            return (g * unit_tiles + t) * 4 + e
+        """The GRU's z and n of that element."""
+        gi, gh = sums(acc, b_h, gi_reg, t, e)
+        return cell_gates(T, *gi, *gh, math_dtype, state=STATE)
 
-        gh = [stored_as(acc[at(g)] * T.float32(unscale) + b_h[(g * unit_tiles + t) * 2 + e % 2], gh_dtype)
-              for g in range(3)]
-        return cell_gates(T, gi_reg[at(0)], gi_reg[at(1)], gi_reg[at(2)], *gh, math_dtype, state=STATE)
+    def lstm_c_new(acc: Any, b_h: Any, gi_reg: Any, c: Any, t: int, e: int) -> Any:
+        """The LSTM's c' of that element from its i, f and g sums and c."""
+        gi, gh = sums(acc, b_h, gi_reg, t, e)
+        return lstm_c(T, *gi[:3], *gh[:3], c, math_dtype, state=STATE)
+
+    def lstm_h_new(acc: Any, b_h: Any, gi_reg: Any, c_new: Any, t: int, e: int) -> Any:
+        """h' of that element from its o sum and c'."""
+        gi, gh = sums(acc, b_h, gi_reg, t, e)
+        return lstm_h(T, gi[3], gh[3], c_new, math_dtype, state=STATE)
 
     @T.macro
     def cell_and_store(gi, hs, out, h_n, acc, b_h, gi_reg, h_prev, h_val, layer, s, bz, j0, m0, mi, tx):  # type: ignore[no-untyped-def]
@@ -389,9 +419,16 @@ def _cell_and_store_macro(S: SplitStepShape, steps: int, gi_layout: TcKernelLayo
                 row = T.meta_var(m0 + mi * MMA_M + acc_row_col(tx, e)[0])
                 unit = T.meta_var(j0 + t * MMA_N + acc_row_col(tx, e)[1])
                 if row < batch and unit < hidden:
-                    z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
-                    h_val[1] = z_n[0]
-                    h_val[0] = cell_blend(h_val[1], z_n[1], h_prev[t * 4 + e], math_dtype)
+                    if lstm:  # c', then h'; c' kept (``h_prev`` holds c), the last c where c_n's copy reads it
+                        h_val[1] = lstm_c_new(acc, b_h, gi_reg, h_prev[t * 4 + e], t, e)
+                        h_val[0] = lstm_h_new(acc, b_h, gi_reg, h_val[1], t, e)
+                        h_prev[t * 4 + e] = h_val[1]
+                        if s == steps - 1:
+                            hs[steps % 2, bz, row, hidden + unit] = h_val[1]
+                    else:
+                        z_n = T.meta_var(gates(acc, b_h, gi_reg, t, e))
+                        h_val[1] = z_n[0]
+                        h_val[0] = cell_blend(h_val[1], z_n[1], h_prev[t * 4 + e], math_dtype)
                     hs[(s + 1) % 2, bz, row, unit] = T.Cast(STATE, h_val[0])
                     out[t_row * batch + row, bz * hidden + unit] = T.Cast(out_dtype, h_val[0])
                     if s == steps - 1:
@@ -427,7 +464,7 @@ class TensorCoreSplitStep(StepVariant):
     def shape(self) -> SplitStepShape:
         s = self.sizes
         return SplitStepShape(s.batch, s.hidden, s.dirs, self.units, self.rows, self.n_warps, self.ahead,
-                              self.k_warps)
+                              self.k_warps, s.gates)
 
     def unshown(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         # the CUDA-core kernel's knobs and the 16-bit kernel's accumulator sets and fragments do not apply
@@ -482,9 +519,8 @@ class TensorCoreSplitStep(StepVariant):
 
     def lowered_kernels(self) -> dict[str, Any]:
         s = self.sizes
-        return {"gru_steps": split_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
-                                             rows=self.rows, n_warps=self.n_warps, ahead=self.ahead,
-                                             k_warps=self.k_warps,
-                                             gi_dtype=s.gi_dtype,
-                                             gh_dtype=s.gh_dtype, math_dtype=s.math_dtype, out_dtype=s.out_dtype,
-                                             barrier=self.barrier)}
+        return {f"{s.cell}_steps": split_step_func(s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units,
+                                                   rows=self.rows, n_warps=self.n_warps, ahead=self.ahead,
+                                                   k_warps=self.k_warps, gi_dtype=s.gi_dtype, gh_dtype=s.gh_dtype,
+                                                   math_dtype=s.math_dtype, out_dtype=s.out_dtype,
+                                                   barrier=self.barrier, name=f"{s.cell}_steps", cell=s.cell)}

@@ -10,11 +10,12 @@ from typing import Any
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
+from tvm_ext.schedules.gru.split_step import SPLIT_CHUNK_K
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
-                                       SPLIT_FLAGS_BATCH, STREAMED_MAX_THREADS, THREADS_PER_SM, flag_step_config,
-                                       flag_step_why, many_rows_config, split_flags_step_config, split_flags_why,
-                                       stacked_config, stacked_split_rows, tensor_core_step_config,
-                                       tensor_core_why, warp_h_config)
+                                       SPLIT_FLAGS_BATCH, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS, THREADS_PER_SM,
+                                       flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
+                                       split_flags_why, split_step_config, stacked_config, stacked_split_rows,
+                                       tensor_core_step_config, tensor_core_why, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -22,6 +23,9 @@ from tvm_ext.target import TargetInfo
 # fragments where the slice does not fit shared memory (four gates' sums and float32 gi take the rest; at 160
 # ptxas spilled): float16 B64 H1024 0.659 ms against 0.904 on 32-row blocks of 16 units (docs/results/gru.md)
 LSTM_WIDE_W_REGISTERS = 128
+# The split kernel behind the grid barrier (``split_step.py``) on 8-unit blocks, (units, rows, unit warps):
+# W_hh's two parts of four gates take 128 KB a block at H1024, so 16 units (the GRU's) do not fit there
+LSTM_SPLIT_BLOCKS = ((8, 32, 1), (8, 64, 1))
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
@@ -31,7 +35,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     registers, and four gates' sums spill: ptxas at B128 H1024); with float32 state from
     ``SPLIT_FLAGS_BATCH`` rows (or stacked: ``stacked_split_rows``) its split form exchanging
     tagged words where it fits (``split_flags_step_config``: W_hh's parts and the block's rows of
-    h in shared memory, a resident grid); up to ``FLAG_BATCH`` rows the
+    h in shared memory, a resident grid), else from ``SPLIT_STEP_BATCH`` rows its form behind the
+    grid barrier streaming h in chunks (``split_step_config`` on ``LSTM_SPLIT_BLOCKS``); up to ``FLAG_BATCH`` rows the
     flag-exchange step kernel where its grid fits one block an SM (``flag_step_config``); from
     ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core tile, the unfused steps, without
     one the fused step kernel on blocks of many rows (the GRU's ``many_rows_config``); else on a
@@ -60,6 +65,15 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         split, warp = warp_h_config(template, split, space)
         return split, (f"{split_flags_why(template.step_variant(split).shape, stacked, warp, ' of 4 gates')}, c in "
                        f"the cell lanes' registers; the input GEMM before it")
+    split = split_step_config(base, space, LSTM_SPLIT_BLOCKS) if (
+        cuda and template.dtype == "float32" and template.batch >= SPLIT_STEP_BATCH) else None
+    if split is not None:
+        shape = template.step_variant(split).shape
+        return split, (f"split tensor-core persistent step kernel (float32 h and W_hh of 4 gates as float16 high and "
+                       f"low parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} "
+                       f"batch rows on {shape.k_warps} k warps, W_hh's parts in shared memory, h in chunks of "
+                       f"{SPLIT_CHUNK_K} {shape.ahead} ahead, a grid barrier a step, c in the cell lanes' registers; "
+                       f"the input GEMM before it")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         unfused = base.replace(fuse_step=0)
         if space.is_feasible(unfused):

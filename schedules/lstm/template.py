@@ -30,6 +30,7 @@ from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
 from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
 from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE
+from tvm_ext.schedules.gru.split_step import TensorCoreSplitStep
 from tvm_ext.schedules.gru.step_common import LSTM_CELL
 from tvm_ext.schedules.gru.step_variant import StepSizes
 from tvm_ext.schedules.gru.tensor_core_step import TensorCoreStep
@@ -46,10 +47,11 @@ STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 # The fused step kernel's knobs (the GRU's, on four gates), then the input GEMM's (prefixed in_)
 STEP_KNOB_NAMES = ("cell_block", "fuse_step", "step_j", "step_b", "step_u", "step_bt", "step_k", "step_pipeline",
                    "step_ks", "step_loop", "step_prefetch", "step_barrier", "step_w_onchip")
-# The tensor-core step kernel's knobs the LSTM takes (not the float32 split kernel's), with the value of
-# configs recorded before them where the GRU's knob has none
+# The tensor-core step kernels' knobs the LSTM takes, with the value of configs recorded before them where
+# the GRU's knob has none
 TC_KNOB_NAMES = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "step_tc_frag", "step_tc_wreg",
-                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_tc_stack", "step_split_words")
+                 "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_tc_stack", "step_split_words",
+                 "step_tc_ahead")
 TC_KNOB_BEFORE = {"step_tc_rows": 16, "step_tc_kw": 1, "step_tc_nw": 1}
 
 
@@ -76,8 +78,10 @@ TC_KNOBS = (Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (float16
                                        "products on the tensor cores (mma.sync), W_hh's slice of step_j units (8, "
                                        "16 or 32) of 4 gates on chip for all T steps, h exchanged as tagged words "
                                        "(step_flags 1); 2 (float32) as three products of h's and W_hh's float16 high "
-                                       "and low parts, float32-accurate, one float32 value a word (or two: "
-                                       "step_split_words); a cell lane keeps its c in registers", before=0),) + tuple(
+                                       "and low parts, float32-accurate: with step_flags 1 one float32 value a word "
+                                       "(or two: step_split_words), with step_flags 0 h read in chunks behind the "
+                                       "grid barrier (``split_step.py``); a cell lane keeps its c in registers",
+                before=0),) + tuple(
     replace(_four_gates(k), before=TC_KNOB_BEFORE.get(k.name, k.before))
     for k in STEP_KNOBS if k.name in TC_KNOB_NAMES)
 KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS + TC_KNOBS
@@ -264,13 +268,17 @@ class LstmTemplate(NamedBuffers, Template):
                          w_dtype=self.dtype, acc_dtype=F32, gh_dtype=F32, math_dtype=F32, out_dtype=self.dtype,
                          input=self.input, x_dtype=self.dtype, w_ih_dtype=self.dtype, cell=LSTM_CELL)
 
-    def step_variant(self, config: Config) -> FusedStep | FlagStep | TensorCoreStep | LstmCellStep:
+    def step_variant(self, config: Config) -> FusedStep | FlagStep | TensorCoreStep | TensorCoreSplitStep | \
+            LstmCellStep:
         """The steps ``config`` runs: the hidden GEMM and the cell kernel (``fuse_step`` 0), or the
         fused step kernel, a launch per step or looped on the host (``step_loop`` 0, 1), or
         persistent behind a grid barrier (2), or the flag-exchange kernel (``step_flags`` 1), or
-        the tensor-core kernel (``step_tc`` 1)."""
+        the tensor-core kernel (``step_tc`` 1, or 2 on float32 parts: with ``step_flags`` 1
+        exchanging words, else behind the grid barrier)."""
         if not config.fuse_step:
             return LstmCellStep.of(self.step_sizes(), config, self.hidden_gemm(), self.variable_lengths)
+        if config.step_tc == 2 and not config.step_flags:
+            return TensorCoreSplitStep.of(self.step_sizes(), config)
         if config.step_tc:
             return TensorCoreStep.of(self.step_sizes(), config)
         if config.step_flags:
@@ -352,7 +360,7 @@ class LstmTemplate(NamedBuffers, Template):
             flags = isinstance(step, (FlagStep, TensorCoreStep))
             words = step.init_layout() if isinstance(step, TensorCoreStep) else {}
             init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype,
-                             barrier=flags or isinstance(step, PersistentStep), flags=flags,
+                             barrier=flags or isinstance(step, (PersistentStep, TensorCoreSplitStep)), flags=flags,
                              paired=words.get("paired", False), float_pairs=words.get("float_pairs", False))
             final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
