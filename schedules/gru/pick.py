@@ -682,6 +682,12 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int,
             return split, f"input GEMM: float32 as TF32 parts on the tensor cores ({tf32.name})"
         label = wgmma.name if wgmma is not None else tile.label()
         return split, f"input GEMM: float32 as float16 parts on the tensor cores ({label})"
+    return large_input_tile(template, base, space, sm_count)
+
+
+def large_input_tile(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+    """``base`` with the input GEMM on the CUDA cores' large tile (``LARGE_GEMM_TILE``) where
+    that gives every SM a block (the GRU's, the LSTM's float32 GEMM), and the why's words."""
     gemm = template.input_gemm(0)
     tile_m = LARGE_GEMM_TILE["wg_y"] * LARGE_GEMM_TILE["task_y"]
     tile_n = LARGE_GEMM_TILE["wg_x"] * LARGE_GEMM_TILE["task_x"]

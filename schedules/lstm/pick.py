@@ -15,7 +15,7 @@ from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY
                                        SPLIT_FLAGS_BATCH, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS, THREADS_PER_SM,
                                        flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
                                        split_flags_why, split_step_config, stacked_config, stacked_split_rows,
-                                       tensor_core_step_config, tensor_core_why, warp_h_config)
+                                       large_input_tile, tensor_core_step_config, tensor_core_why, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -36,13 +36,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     ``SPLIT_FLAGS_BATCH`` rows (or stacked: ``stacked_split_rows``) its split form exchanging
     tagged words where it fits (``split_flags_step_config``: W_hh's parts and the block's rows of
     h in shared memory, a resident grid), else from ``SPLIT_STEP_BATCH`` rows its form behind the
-    grid barrier streaming h in chunks (``split_step_config`` on ``LSTM_SPLIT_BLOCKS``); up to ``FLAG_BATCH`` rows the
-    flag-exchange step kernel where its grid fits one block an SM (``flag_step_config``); from
+    grid barrier streaming h in chunks (``split_step_config`` on ``LSTM_SPLIT_BLOCKS``); up to
+    ``FLAG_BATCH`` rows the flag-exchange step kernel where its grid fits one block an SM (``flag_step_config``); from
     ``MANY_ROWS`` rows with a 16-bit hidden GEMM on a tensor-core tile, the unfused steps, without
     one the fused step kernel on blocks of many rows (the GRU's ``many_rows_config``); else on a
     GPU the fused step kernel split over k, persistent on CUDA (one launch a layer, a grid barrier
     a step, W_hh's share in registers where it fits), a launch per step elsewhere; on a CPU device
-    the default (a launch per step)."""
+    the default (a launch per step).  A float32 input GEMM on CUDA takes the CUDA cores' large tile
+    where it gives every SM a block (``large_input_tile``, the GRU's)."""
     base = template.default_config(target)
     if template.variable_lengths:
         return base, "variable lengths: the unfused steps (their cell keeps a finished row's h and c)"
@@ -51,6 +52,10 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     space = template.space(target)
     cuda = target.kind == "cuda"
     sm_count = HardwareModel.from_target(target).sm_count
+    gemm_why = "the input GEMM before it"
+    if cuda and template.in_tensor_core is None:  # float32: the CUDA cores' large tile where it fills the SMs
+        base, tile = large_input_tile(template, base, space, sm_count)
+        gemm_why += tile.replace("input GEMM:", ",", 1) if "default" not in tile else ""
     tensor_core = tensor_core_step_config(template, base, space, sm_count, LSTM_WIDE_W_REGISTERS) if cuda else None
     if (tensor_core is not None and template.batch > FLAG_BATCH_TENSOR_CORE
             and template.step_variant(tensor_core).shape.threads <= STREAMED_MAX_THREADS):
@@ -64,7 +69,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         split, stacked = stacked_config(split, space)
         split, warp = warp_h_config(template, split, space)
         return split, (f"{split_flags_why(template.step_variant(split).shape, stacked, warp, ' of 4 gates')}, c in "
-                       f"the cell lanes' registers; the input GEMM before it")
+                       f"the cell lanes' registers; {gemm_why}")
     split = split_step_config(base, space, LSTM_SPLIT_BLOCKS) if (
         cuda and template.dtype == "float32" and template.batch >= SPLIT_STEP_BATCH) else None
     if split is not None:
@@ -73,7 +78,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                        f"low parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} "
                        f"batch rows on {shape.k_warps} k warps, W_hh's parts in shared memory, h in chunks of "
                        f"{SPLIT_CHUNK_K} {shape.ahead} ahead, a grid barrier a step, c in the cell lanes' registers; "
-                       f"the input GEMM before it")
+                       f"{gemm_why}")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         unfused = base.replace(fuse_step=0)
         if space.is_feasible(unfused):
@@ -81,8 +86,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"({template.hid_tensor_core.label()}), then the cell kernel")
     flags = flag_step_config(template, base, space, sm_count) if cuda and template.batch <= FLAG_BATCH else None
     if flags is not None:
-        return flags, flag_step_why(template, flags, " of 4 gates in registers, c in the cell lane's",
-                                    "the input GEMM before it")
+        return flags, flag_step_why(template, flags, " of 4 gates in registers, c in the cell lane's", gemm_why)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     many = many_rows_config(template, base, space, sm_count, extras) if cuda and template.batch >= MANY_ROWS else None
     if many is not None:
