@@ -198,11 +198,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
                              f"{early}")
     split = split_step_config(base, space) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if split is not None:
-        shape = template.step_variant(split).shape
-        return split, (f"split tensor-core persistent step kernel (float32 h and W_hh as float16 high and low "
-                       f"parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} batch "
-                       f"rows on {split.step_tc_kw} k warps, W_hh's parts in shared memory, h in chunks of "
-                       f"{SPLIT_CHUNK_K} {SPLIT_AHEAD} ahead; {gemm_why}")
+        return split, f"{split_step_why(template.step_variant(split).shape)}; {gemm_why}"
     tf32 = _tf32_cell(template, base, space, hw.sm_count) if cuda and template.batch >= SPLIT_STEP_BATCH else None
     if tf32 is not None:
         return tf32, (_cell_why(template, tf32, "float32 h and W_hh as TF32 parts, three products: no split step "
@@ -362,6 +358,15 @@ def split_flags_why(shape: Any, stacked: str, warp: str, gates: str = "") -> str
             f"float32 words{' (two a word, a tag bit)' if shape.split_pairs else ''} (no grid barrier): "
             f"{shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows, {shape.k_warps} warps "
             f"splitting k, W_hh's parts in shared memory{held_why(shape, 'their')}{stacked}{warp}")
+
+
+def split_step_why(shape: Any, gates: str = "") -> str:
+    """What the split tensor-core kernel behind the grid barrier runs (``split_step_config``);
+    ``gates``: after "W_hh" (the LSTM's)."""
+    return (f"split tensor-core persistent step kernel (float32 h and W_hh{gates} as float16 high and low parts, "
+            f"three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} batch rows on "
+            f"{shape.k_warps} k warps, W_hh's parts in shared memory, h in chunks of {SPLIT_CHUNK_K} {shape.ahead} "
+            f"ahead")
 
 
 def flag_step_why(template: Any, cfg: Config, gates: str, gemm_why: str) -> str:

@@ -10,12 +10,12 @@ from typing import Any
 from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
-from tvm_ext.schedules.gru.split_step import SPLIT_CHUNK_K
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
                                        SPLIT_FLAGS_BATCH, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS, THREADS_PER_SM,
                                        flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
-                                       split_flags_why, split_step_config, stacked_config, stacked_split_rows,
-                                       large_input_tile, tensor_core_step_config, tensor_core_why, warp_h_config)
+                                       split_flags_why, split_step_config, split_step_why, stacked_config,
+                                       stacked_split_rows, large_input_tile, tensor_core_step_config,
+                                       tensor_core_why, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -61,24 +61,20 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
             and template.step_variant(tensor_core).shape.threads <= STREAMED_MAX_THREADS):
         tensor_core, warp = warp_h_config(template, tensor_core, space)
         return tensor_core, (f"{tensor_core_why(template.step_variant(tensor_core).shape, warp, ' of 4 gates')}, c "
-                             f"in the cell lanes' registers; the input GEMM before it")
+                             f"in the cell lanes' registers; {gemm_why}")
+    float32 = cuda and template.dtype == "float32"
     split = split_flags_step_config(template, base, space, sm_count) if (
-        cuda and template.dtype == "float32" and (template.batch >= SPLIT_FLAGS_BATCH or stacked_split_rows(template))
-    ) else None
+        float32 and (template.batch >= SPLIT_FLAGS_BATCH or stacked_split_rows(template))) else None
     if split is not None:
         split, stacked = stacked_config(split, space)
         split, warp = warp_h_config(template, split, space)
         return split, (f"{split_flags_why(template.step_variant(split).shape, stacked, warp, ' of 4 gates')}, c in "
                        f"the cell lanes' registers; {gemm_why}")
     split = split_step_config(base, space, LSTM_SPLIT_BLOCKS) if (
-        cuda and template.dtype == "float32" and template.batch >= SPLIT_STEP_BATCH) else None
+        float32 and template.batch >= SPLIT_STEP_BATCH) else None
     if split is not None:
-        shape = template.step_variant(split).shape
-        return split, (f"split tensor-core persistent step kernel (float32 h and W_hh of 4 gates as float16 high and "
-                       f"low parts, three products): {shape.blocks} blocks of {shape.units} units x {shape.rows} "
-                       f"batch rows on {shape.k_warps} k warps, W_hh's parts in shared memory, h in chunks of "
-                       f"{SPLIT_CHUNK_K} {shape.ahead} ahead, a grid barrier a step, c in the cell lanes' registers; "
-                       f"{gemm_why}")
+        return split, (f"{split_step_why(template.step_variant(split).shape, ' of 4 gates')}, a grid barrier a "
+                       f"step, c in the cell lanes' registers; {gemm_why}")
     if cuda and template.batch >= MANY_ROWS and template.hid_tensor_core is not None:
         unfused = base.replace(fuse_step=0)
         if space.is_feasible(unfused):

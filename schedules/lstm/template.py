@@ -357,11 +357,9 @@ class LstmTemplate(NamedBuffers, Template):
             init = init_states_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads)}
         else:
-            flags = isinstance(step, (FlagStep, TensorCoreStep))
-            words = step.init_layout() if isinstance(step, TensorCoreStep) else {}
+            layout = step.init_layout()  # what the step kernel reads: barrier and exchange words (as the GRU's)
             init = init_func(self.batch, self.hidden, self.dirs, self.layers, self.dtype,
-                             barrier=flags or isinstance(step, (PersistentStep, TensorCoreSplitStep)), flags=flags,
-                             paired=words.get("paired", False), float_pairs=words.get("float_pairs", False))
+                             **{k: layout.get(k, False) for k in ("barrier", "flags", "paired", "float_pairs")})
             final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
