@@ -23,7 +23,6 @@ NaN-poisoned outputs).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -125,6 +124,26 @@ def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str,
     return {**best_of(time_ours_three(launch, SETS)), "err": err, "config": dict(config.items)}
 
 
+def cudnn_rows(net: Any, case: Case, xs: list[Any], err: Any, math: str,
+               max_error: float | None = None) -> dict[str, Any]:
+    """cuDNN's LSTM through ``cudnnRNNForward`` with every algorithm in ``math``: each timed the
+    three ways with its error against float64 (marked wrong past ten times ``max_error``), or
+    the refusal as its row."""
+    rows: dict[str, Any] = {}
+    for algo in ALGOS:
+        try:
+            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math=math)
+            e = err(*rnn(xs[0]))
+            rows[algo] = {**best_of(time_vendor(lambda i, rnn=rnn: rnn(xs[i])[0], SETS)), "err": e}
+            if max_error is not None and e > 10 * max_error:
+                rows[algo]["wrong"] = True
+        except CudnnError as exc:
+            rows[algo] = {"refused": exc.status}
+        except Exception as exc:  # noqa: BLE001 - a failure is a row
+            rows[algo] = {"refused": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    return rows
+
+
 def tf32_rows(net: Any, case: Case, xs: list[Any], err: Any) -> dict[str, Any]:
     """A float32 case against cuDNN with TF32 allowed: every algorithm and ``nn.LSTM`` under
     ``allow_tf32``; ours in TF32's class (float16 storage) and the module as it ships under that
@@ -133,16 +152,7 @@ def tf32_rows(net: Any, case: Case, xs: list[Any], err: Any) -> dict[str, Any]:
 
     from tvm_ext.torch import LSTM as TvmLSTM
 
-    rows: dict[str, Any] = {"cudnn_tf32": {}}
-    for algo in ALGOS:
-        try:
-            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math="tf32")
-            rows["cudnn_tf32"][algo] = {**best_of(time_vendor(lambda i, rnn=rnn: rnn(xs[i])[0], SETS)),
-                                        "err": err(*rnn(xs[0]))}
-        except CudnnError as exc:
-            rows["cudnn_tf32"][algo] = {"refused": exc.status}
-        except Exception as exc:  # noqa: BLE001 - a failure is a row
-            rows["cudnn_tf32"][algo] = {"refused": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    rows: dict[str, Any] = {"cudnn_tf32": cudnn_rows(net, case, xs, err, "tf32")}
     torch.backends.cudnn.allow_tf32 = True
     try:
         with torch.no_grad():
@@ -191,23 +201,13 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     xs32 = [torch.randn(case.seq, case.batch, case.hidden, device="cuda") for _ in range(SETS)]
     xs = [x.to(dt) for x in xs32]
     ref = lstm_reference(xs[0].double().cpu().numpy(), weights, None, None, case.layers, case.bidirectional)
-    row: dict[str, Any] = {"case": asdict(case), "cudnn": {}}
+    row: dict[str, Any] = {"case": asdict(case)}
 
     def err(out: Any, h: Any, c: Any) -> float:
         return max(rel_err(t.detach().double().cpu().numpy(), r) for t, r in zip((out, h, c), ref))
 
-    math = "fma" if case.dtype == "float32" else "tensor_op"
-    for algo in ALGOS:
-        try:
-            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math=math)
-            e = err(*rnn(xs[0]))
-            row["cudnn"][algo] = {**best_of(time_vendor(lambda i, rnn=rnn: rnn(xs[i])[0], SETS)), "err": e}
-            if e > 10 * MAX_ERROR[case.dtype]:
-                row["cudnn"][algo]["wrong"] = True
-        except CudnnError as exc:
-            row["cudnn"][algo] = {"refused": exc.status}
-        except Exception as exc:  # noqa: BLE001 - a failure is a row
-            row["cudnn"][algo] = {"refused": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    row["cudnn"] = cudnn_rows(net, case, xs, err, "fma" if case.dtype == "float32" else "tensor_op",
+                              MAX_ERROR[case.dtype])
     torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         y, (h, c) = net(xs[0])
@@ -264,16 +264,22 @@ def main() -> None:
         p.error(str(exc))
     os.makedirs(args.out, exist_ok=True)
     print(f"device {device_name()}, cuDNN {cudnn_version()}, enums from {api().enum_source}", flush=True)
-    rows = case_rows(CASES, args.cases, lambda case: run_case(case, args), summary,
-                     os.path.join(args.out, "lstm_vendor.jsonl"))
+    tf32: list[list[str]] = []  # this run's float32 cases against cuDNN with TF32 (``tf32_summary``)
+
+    def run(case: Case) -> dict[str, Any]:
+        row = run_case(case, args)
+        cells = tf32_summary(row)
+        if cells:
+            tf32.append(cells)
+        return row
+
+    rows = case_rows(CASES, args.cases, run, summary, os.path.join(args.out, "lstm_vendor.jsonl"))
     print()
     print(table("LSTM inference: ours vs cuDNN's best algorithm (ms; best of per call, back to back and CUDA graph; "
                 "same rotated inputs)",
                 ["case", "torch.nn.LSTM", *ALGOS, "cuDNN best", "ours (pick)", "ours (tuned)", "variants",
                  "cuDNN / ours (best of ours)",
                  "ours err", "cuDNN err"], rows))
-    with open(os.path.join(args.out, "lstm_vendor.jsonl")) as f:
-        tf32 = [cells for line in f if line.strip() and (cells := tf32_summary(json.loads(line)))]
     if tf32:
         print()
         print(table("float32 LSTM against cuDNN with TF32 allowed (ms, err)",
