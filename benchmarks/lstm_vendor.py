@@ -100,11 +100,13 @@ def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str,
 
     template = case.template().with_tensor_cores(target)
     compiled = template.compile(config, target)
-    ex = CudaExecutor(compiled.executable.mod, compiled.function_calls(), template.buffers(), 0, sets=SETS)
+    ex = CudaExecutor(compiled.executable.mod, compiled.function_calls(), template.for_config(config).buffers(), 0,
+                      sets=SETS, prepared=compiled.prepared_steps("cuda"))
     zeros = np.zeros((case.layers * template.dirs, case.batch, case.hidden), np.float32)
     for i, x in enumerate(xs):
         for name, array in template.device_weights(weights).items():
             ex.write(name, array, i)
+        ex.prepare(i)  # W_ih's TF32 parts (``in_split`` 3), as the weights load
         ex.write("x", x.reshape(-1, case.hidden), i)
         ex.write("h0", zeros, i)
         ex.write("c0", zeros, i)

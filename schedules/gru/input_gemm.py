@@ -4,11 +4,12 @@ two deep: ``in_tf32_parts``), or 16-bit x and W_ih as they are (``in_wgmma``); t
 name, W_ih's split among them (run once as the weights are loaded: ``plan.prepare_calls``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gemm.gemm_3xtf32 import promote_steps, split_a_func
-from tvm_ext.schedules.gemm.wgmma import wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, k_parts_reason, promote_reason, wgmma_gemm
 
 from .split import SPLIT_WEIGHT_SCALE, split_weight_n_major_func, tf32_k_parts, tf32_orders
 
@@ -24,18 +25,63 @@ def wgmma_input_gemms(template: Any, config: Config) -> dict[str, Any]:
         tile = (template.tf32_input_tile(config) if tf32
                 else template.counted_gemm_tile(config) or template.in_split_wgmma)
         for i in template.input_gemm_kinds():
-            k, depth = template.layer_input(i), template.input_depth(i, config)
-            # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
-            way = (dict(promote=config.in_tf32_promote or promote_steps(tile, depth), k_parts=tf32_k_parts(parts),
-                        overlap=bool(config.in_tf32_promote)) if tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE))
-            funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, depth, c_dtype=p["gi"], bias_dtype=p["w_ih"],
-                                                 signal=bool(config.step_overlap), **way)
-            funcs[f"gru_split_w{i}"] = split_weight_n_major_func(k, n, tf32=tf32, parts=parts)
-            if template.split_rows_written(config, i):
-                funcs[f"gru_split_x{i}"] = split_a_func(m, k, tf32_orders(parts)[0])
+            funcs.update(split_input_gemm(SplitInputGemm(
+                "gru", i, tile, m, n, template.layer_input(i), template.input_depth(i, config), p["gi"], p["w_ih"],
+                tf32, parts, config.in_tf32_promote, bool(config.step_overlap),
+                template.split_rows_written(config, i))))
     if config.in_wgmma:  # the 16-bit input GEMM on wgmma, W_ih (K, N) read N-major
         tile = template.counted_gemm_tile(config) or template.in_wgmma_tile
         for i in template.input_gemm_kinds():
             funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, template.layer_input(i), c_dtype=p["gi"],
                                                  bias_dtype=p["w_ih"], b_layout="KN", signal=bool(config.step_overlap))
+    return funcs
+
+
+@dataclass(frozen=True)
+class SplitInputGemm:
+    """One input GEMM kind of a recurrent operator (the GRU's, the LSTM's) run on wgmma over x's
+    and W_ih's parts: ``prefix``'s function names, the tile, gi's (M, N), the depth K and the
+    parts' depth, and how the parts are made and read."""
+
+    prefix: str  # "gru", "lstm": the functions are <prefix>_gemm_x<kind>, <prefix>_split_w<kind>, ...
+    kind: int
+    tile: WgmmaTile
+    m: int
+    n: int
+    k: int
+    depth: int  # the parts' depth (float16: 3 x the padded K; TF32: parts x the padded K)
+    gi_dtype: str
+    bias_dtype: str
+    tf32: bool  # TF32 parts (in_split 3), else float16 parts with W_ih scaled (in_split 2)
+    parts: int  # the parts each row stores (``stored_parts``)
+    promote: int = 0  # ``in_tf32_promote``: 0 promotes every ``promote_steps``, 1 or 2 overlapped
+    signal: bool = False  # the GEMM counts its stored rows for a step kernel running beside it
+    rows_written: bool = False  # x split by ``gemm_3xtf32``'s kernel (else a scheduled one: the caller's)
+
+
+def tf32_parts_reason(tile: WgmmaTile, depths: Any, parts: int, promote: int = 0) -> str | None:
+    """Why ``tile`` cannot run an input GEMM of TF32 parts at each of ``depths``: promoting its
+    sums every ``promote`` k steps in two alternating sets (``in_tf32_promote``), or taking its k
+    steps from ``parts`` stored parts (``in_tf32_parts`` 2: the TMA's loads); None where it can."""
+    for depth in depths:
+        reason = promote and promote_reason(tile, depth, promote, overlap=True)
+        if reason:
+            return f"in_tf32_promote {promote}: {reason}"
+        reason = k_parts_reason(tile, depth, "NK", tf32_k_parts(parts))
+        if reason:
+            return f"in_tf32_parts {parts}: {reason}"
+    return None
+
+
+def split_input_gemm(g: SplitInputGemm) -> dict[str, Any]:
+    """The PrimFuncs of ``g`` by name: the GEMM, W_ih's split (run once as the weights are
+    loaded: ``prepare_calls``) and, where ``rows_written``, x's split."""
+    # float16: W_ih's scale undone before the bias; TF32: no scale, sums promoted as gemm_3xtf32 does
+    way = (dict(promote=g.promote or promote_steps(g.tile, g.depth), k_parts=tf32_k_parts(g.parts),
+                overlap=bool(g.promote)) if g.tf32 else dict(scale=1.0 / SPLIT_WEIGHT_SCALE))
+    funcs = {f"{g.prefix}_gemm_x{g.kind}": wgmma_gemm(g.tile, g.m, g.n, g.depth, c_dtype=g.gi_dtype,
+                                                      bias_dtype=g.bias_dtype, signal=g.signal, **way),
+             f"{g.prefix}_split_w{g.kind}": split_weight_n_major_func(g.k, g.n, tf32=g.tf32, parts=g.parts)}
+    if g.rows_written:
+        funcs[f"{g.prefix}_split_x{g.kind}"] = split_a_func(g.m, g.k, tf32_orders(g.parts)[0])
     return funcs

@@ -25,8 +25,7 @@ from tvm_ext.precision.precision import FLOAT_DTYPES, DtypeFields, TensorCoreGem
 from tvm_ext.measure.program import Artifact, CompiledProgram
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, GemmTemplate, TensorCoreTile, check_tile
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile
-from tvm_ext.schedules.gemm.wgmma import (WgmmaTile, in_row_order, k_parts_reason, promote_reason, row_order_divides,
-                                         signal_reason, wgmma_reason)
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, in_row_order, row_order_divides, signal_reason, wgmma_reason
 from tvm_ext.schedules.gemm.wgmma import target_reason as wgmma_target_reason
 from tvm_ext.schedules.gemm.wgmma_layout import stored_row_count
 from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
@@ -39,12 +38,11 @@ from . import plan as host_plan
 from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, CELL_TILE_UNITS, cell_tile_reason
 from .cell_step import CellStep
 from .compute import F32, PRECISION_PARAMS, device_layout, gru_reference, torch_layout
-from .input_gemm import wgmma_input_gemms
+from .input_gemm import tf32_parts_reason, wgmma_input_gemms
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
 from .lengths import LENGTHS_DTYPE, hold_func, row_vector, zero_out_func
-from .split import (PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func,
-                    tf32_k_parts)
+from .split import PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_rows_func, split_weight_func
 from .step_variant import StepSizes, StepVariant
 from .variants import select_step_variant
 
@@ -528,16 +526,8 @@ class GruTemplate(NamedBuffers, DtypeFields, Template):
             return "in_tf32_promote and in_tf32_parts change the input GEMM of TF32 parts (in_split 3)"
         if c.in_tf32_parts != PARTS and c.step_overlap and not c.step_overlap_tma:
             return "in_tf32_parts 2 reads the parts in turn through the TMA: the counted GEMM needs step_overlap_tma 1"
-        tile = self.tf32_input_tile(c)
-        for i in self.input_gemm_kinds():
-            depth = self.input_depth(i, c)
-            reason = c.in_tf32_promote and promote_reason(tile, depth, c.in_tf32_promote, overlap=True)
-            if reason:
-                return f"in_tf32_promote {c.in_tf32_promote}: {reason}"
-            reason = k_parts_reason(tile, depth, "NK", tf32_k_parts(c.in_tf32_parts))
-            if reason:
-                return f"in_tf32_parts {c.in_tf32_parts}: {reason}"
-        return None
+        return tf32_parts_reason(self.tf32_input_tile(c), [self.input_depth(i, c) for i in self.input_gemm_kinds()],
+                                 c.in_tf32_parts, c.in_tf32_promote)
 
     def stored_parts(self, config: Config) -> int:
         """The TF32 or float16 parts each row of the split input GEMM's operands holds."""

@@ -43,7 +43,9 @@ class LSTM:
         self.batch_first = batch_first
         self.compiled = compiled
         self.persistent = any("bar" in c.args for c in compiled.calls)
-        self.executor = plan_executor(compiled, template.buffers(), target)
+        # with the input GEMM on TF32 parts (``in_split`` 3) W_ih's are split as the weights are loaded
+        self.executor = plan_executor(compiled, template.for_config(config).buffers(), target,
+                                      compiled.prepared_steps(target.kind))
         self._splits_state = template.step_variant(config).splits_state  # h0 and W_hh split into float16 parts
         self._loaded = False
 
@@ -80,6 +82,7 @@ class LSTM:
                 raise TvmExtError(reason)
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
+        self.executor.prepare()  # what the weights give once (``plan.prepare_calls``)
         self._loaded = True
         return self
 

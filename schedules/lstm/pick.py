@@ -11,7 +11,8 @@ from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
-                                       SPLIT_FLAGS_BATCH, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS, THREADS_PER_SM,
+                                       SPLIT_FLAGS_BATCH, SPLIT_MIN_FLOPS, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS,
+                                       THREADS_PER_SM,
                                        flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
                                        split_flags_why, split_step_config, split_step_why, stacked_config,
                                        stacked_split_rows, large_input_tile, tensor_core_step_config,
@@ -42,8 +43,9 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     one the fused step kernel on blocks of many rows (the GRU's ``many_rows_config``); else on a
     GPU the fused step kernel split over k, persistent on CUDA (one launch a layer, a grid barrier
     a step, W_hh's share in registers where it fits), a launch per step elsewhere; on a CPU device
-    the default (a launch per step).  A float32 input GEMM on CUDA takes the CUDA cores' large tile
-    where it gives every SM a block (``large_input_tile``, the GRU's)."""
+    the default (a launch per step).  A float32 input GEMM on CUDA runs on Hopper as TF32 parts
+    stored once each (``in_split`` 3, ``in_tf32_parts`` 2) from the GRU's ``SPLIT_MIN_FLOPS``,
+    else on the CUDA cores' large tile where it gives every SM a block (``large_input_tile``)."""
     base = template.default_config(target)
     if template.variable_lengths:
         return base, "variable lengths: the unfused steps (their cell keeps a finished row's h and c)"
@@ -53,8 +55,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     cuda = target.kind == "cuda"
     sm_count = HardwareModel.from_target(target).sm_count
     gemm_why = "the input GEMM before it"
-    if cuda and template.in_tensor_core is None:  # float32: the CUDA cores' large tile where it fills the SMs
-        base, tile = large_input_tile(template, base, space, sm_count)
+    if cuda and template.in_tensor_core is None:  # float32: TF32 parts on wgmma, or the CUDA cores' large tile
+        base, tile = _float32_input_gemm(template, base, space, sm_count)
         gemm_why += tile.replace("input GEMM:", ",", 1) if "default" not in tile else ""
     tensor_core = tensor_core_step_config(template, base, space, sm_count, LSTM_WIDE_W_REGISTERS) if cuda else None
     if (tensor_core is not None and template.batch > FLAG_BATCH_TENSOR_CORE
@@ -112,3 +114,17 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid)")
     return base, f"the default (the split-K step kernel does not fit: {space.infeasible_reason(cfg)})"
+
+
+def _float32_input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:
+    """``base`` with the float32 input GEMM on TF32 parts (``in_split`` 3, two stored parts read in
+    turn by the TMA, else three side by side) where Hopper has a tile for it and layer 0's GEMM has
+    ``SPLIT_MIN_FLOPS``; else on the large tile (``large_input_tile``); and the why's words."""
+    if template.in_split_tf32 is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS:
+        for parts in (2, 3):
+            cfg = base.replace(in_split=3, in_tf32_parts=parts)
+            if space.is_feasible(cfg):
+                stored = "stored once each and read in turn by the TMA" if parts == 2 else "side by side"
+                return cfg, (f"input GEMM: float32 as TF32 parts on the tensor cores, {stored} "
+                             f"({template.tf32_input_tile(cfg).name})")
+    return large_input_tile(template, base, space, sm_count)

@@ -7,7 +7,9 @@ the fused step kernel on four gates (``fuse_step`` 1: ``schedules.gru.fused_step
 LSTM's cell, every step's ``h·W_hᵀ + b_h`` and the cell in one kernel) or the hidden GEMM and
 the cell kernel (``fuse_step`` 0: ``cell_step``; on an mma.sync tile for a 16-bit LSTM on CUDA).
 Storage is one type (``dtype``: x, the weights, h, c and the outputs); the products, gi and the
-cell are float32.
+cell are float32.  A float32 S1 on Hopper may run as three TF32 products of x's and W_ih's high
+and low parts on wgmma (``in_split`` 3: the GRU's ``SplitInputGemm``), W_ih split once as the
+weights are loaded (``plan.prepare_calls``).
 """
 from __future__ import annotations
 
@@ -23,13 +25,17 @@ from tvm_ext.core.template import NamedBuffers, Template, TensorSpec
 from tvm_ext.lowering.step_loop import BARRIER_WORDS
 from tvm_ext.measure.program import Artifact, CompiledProgram, RunPlan
 from tvm_ext.precision.precision import cast, sanity_tolerance
+from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, TensorCoreTile, check_tile
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 from tvm_ext.schedules.gru.compute import device_layout, torch_layout
 from tvm_ext.schedules.gru.flag_step import FlagStep
 from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
+from tvm_ext.schedules.gru.input_gemm import SplitInputGemm, split_input_gemm, tf32_parts_reason
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
-from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, STEP_KNOBS, gemm_config
+from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, INPUT_TF32_PARTS_KNOB, STEP_KNOBS, gemm_config
 from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE
+from tvm_ext.schedules.gru.split import PARTS, split_depth, split_rows_func
 from tvm_ext.schedules.gru.split_step import TensorCoreSplitStep
 from tvm_ext.schedules.gru.step_common import LSTM_CELL
 from tvm_ext.schedules.gru.step_variant import StepSizes
@@ -84,9 +90,16 @@ TC_KNOBS = (Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (float16
                 before=0),) + tuple(
     replace(_four_gates(k), before=TC_KNOB_BEFORE.get(k.name, k.before))
     for k in STEP_KNOBS if k.name in TC_KNOB_NAMES)
+# the float32 input GEMM as TF32 parts on Hopper's wgmma (the GRU's in_split 3 and in_tf32_parts); ``before``
+# as above
+SPLIT_KNOBS = (Knob("in_split", (0, 3), "input GEMM with float32 x and W_ih: 3 runs it on Hopper's warpgroup MMA as "
+                                        "three TF32 products of their high and low parts (3xTF32: float32-accurate, "
+                                        "float32's range), W_ih split once as the weights are loaded, x each call",
+                    before=0), INPUT_TF32_PARTS_KNOB)
 KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS + TC_KNOBS
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
-         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (fuse_step 0): " + k.doc) for k in HID_GEMM_KNOBS))
+         + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (fuse_step 0): " + k.doc) for k in HID_GEMM_KNOBS)
+         + SPLIT_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,9 @@ class LstmTemplate(NamedBuffers, Template):
     in_tensor_core: TensorCoreTile | None = None  # the input GEMM's tile (16-bit on CUDA: ``with_tensor_cores``)
     hid_tensor_core: TensorCoreTile | None = None  # the unfused steps' hidden GEMM's, likewise
     variable_lengths: bool = False  # each batch row stops at its own length (input ``lengths``; unfused steps)
+    in_split_tf32: WgmmaTile | None = None  # the float32 input GEMM's tile on TF32 parts (``in_split`` 3)
+    split_buffers: int = 0  # the in_split of the config whose buffers these are (``for_config``)
+    split_parts: int = PARTS  # and the TF32 parts each operand's rows hold (``stored_parts``)
 
     name = "lstm"
 
@@ -123,6 +139,8 @@ class LstmTemplate(NamedBuffers, Template):
         for name in ("in_tensor_core", "hid_tensor_core"):
             if getattr(self, name) is not None:
                 params[name] = str(getattr(self, name))
+        if self.in_split_tf32 is not None:
+            params["in_split_tf32"] = self.in_split_tf32.name
         if self.variable_lengths:  # only when set, as the GRU's
             params["variable_lengths"] = True
         return params
@@ -180,11 +198,21 @@ class LstmTemplate(NamedBuffers, Template):
                  "p0": state, "p1": state, "k0": state, "k1": state}  # and their h and c, ping-ponging
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.dtype)
+        if self.split_buffers:  # TF32 parts of the input GEMM's operands: x's per depth, W_ih's per layer
+            for i in self.input_gemm_kinds():
+                specs[f"xs{i}"] = TensorSpec((t * b, self.split_parts * split_depth(self.layer_input(i))), F32)
+            for layer in range(self.layers):  # split once, as the weights are loaded (``plan.prepare_calls``)
+                depth = self.split_parts * split_depth(self.layer_input(layer))
+                specs[f"ws{layer}"] = TensorSpec((d * GATES * h, depth), F32)
         return specs
 
     def for_config(self, config: Config) -> "LstmTemplate":
-        """The template whose buffers ``config``'s plan uses: this one (no config adds buffers)."""
-        return self
+        """The template whose buffers ``config``'s plan uses: with ``in_split`` 3 the TF32 parts
+        of x and W_ih besides."""
+        return replace(self, split_buffers=int(config.in_split), split_parts=self.stored_parts(config))
+
+    def measured_operator(self, config: Config) -> "LstmTemplate":
+        return self.for_config(config)
 
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         """x, h0 and c0 in [-1, 1]; weights in PyTorch's init range ±1/sqrt(H), held in ``dtype``;
@@ -253,10 +281,12 @@ class LstmTemplate(NamedBuffers, Template):
         if self.dtype not in target.float_dtypes:
             raise TvmExtError(f"LSTM dtype {self.dtype}: this {target.kind} device has no {self.dtype} arithmetic "
                               f"(it has {', '.join(target.float_dtypes)})")
-        if target.kind != "cuda" or self.dtype == F32:
-            return replace(self, in_tensor_core=None, hid_tensor_core=None)
         shapes = [(self.seq * self.batch, self.dirs * GATES * self.hidden, self.layer_input(layer))
                   for layer in range(self.layers)]
+        if target.kind != "cuda" or self.dtype == F32:
+            split = [(m, n, PARTS * split_depth(k)) for m, n, k in shapes]
+            tf32 = pick_tf32_tile(split, target) if target.kind == "cuda" else None
+            return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tf32=tf32)
         return replace(self, in_tensor_core=pick_tile(shapes, target),
                        hid_tensor_core=pick_tile([(self.batch, GATES * self.hidden, self.hidden)], target))
 
@@ -293,9 +323,13 @@ class LstmTemplate(NamedBuffers, Template):
         spaces = [(label, prefix, g.space(target), g.default_config(target)) for label, prefix, g in gemms]
 
         def gemm_reason(c: Config) -> str | None:
+            if c.in_split or c.in_tf32_parts != PARTS:
+                reason = self.tf32_input_reason(c)
+                if reason:
+                    return reason
             for label, prefix, space, base in spaces:
-                if prefix == "hid_" and c.fuse_step:
-                    continue  # the fused step kernel makes its own products
+                if prefix == "hid_" and c.fuse_step or prefix == "in_" and c.in_split:
+                    continue  # the fused step kernel makes its own products; wgmma runs the split GEMM
                 reason = space.infeasible_reason(gemm_config(c, prefix, base))
                 if reason:
                     return f"{label}: {reason}"
@@ -311,6 +345,54 @@ class LstmTemplate(NamedBuffers, Template):
             return step.reason(target)
 
         return Space(KNOBS, (gemm_reason, step_reason))
+
+    def tf32_input_reason(self, c: Config) -> str | None:
+        """Why ``c``'s input GEMM cannot run on TF32 parts (``in_split`` 3) or read them from two
+        stored parts (``in_tf32_parts`` 2: the TMA's k steps over [x_lo | x_hi] and [W_hi | W_lo])."""
+        if c.in_split != 3:
+            return "in_tf32_parts changes the input GEMM of TF32 parts (in_split 3)"
+        if self.in_split_tf32 is None:
+            return (f"input GEMM on TF32 parts (in_split 3) needs float32 x and W_ih, a Hopper GPU (sm_90) and a "
+                    f"TF32 wgmma tile dividing the (T·B, dirs·4H, 3·input) GEMMs, {self.seq * self.batch} rows "
+                    f"(LSTM.build picks one)")
+        if c.step_flag_input:
+            return "step_flag_input 1 runs x·W_ihᵀ in the step kernel: there is no input GEMM to split (in_split 3)"
+        return tf32_parts_reason(self.tf32_input_tile(c), [self.input_depth(k, c) for k in self.input_gemm_kinds()],
+                                 c.in_tf32_parts)
+
+    def stored_parts(self, config: Config) -> int:
+        """The TF32 parts each row of the split input GEMM's operands holds."""
+        return config.in_tf32_parts if config.in_split == 3 else PARTS
+
+    def tf32_input_tile(self, config: Config) -> WgmmaTile | None:
+        """The input GEMM's tile on TF32 parts, loaded by the TMA where it reads two stored parts."""
+        if self.in_split_tf32 is None:
+            return None
+        return replace(self.in_split_tf32, tma=True) if self.stored_parts(config) == 2 else self.in_split_tf32
+
+    def input_depth(self, kind: int, config: Config) -> int:
+        """The depth of input GEMM ``kind``: its TF32 parts' (3 x the padded K) with ``in_split``."""
+        k = self.layer_input(kind)
+        return PARTS * split_depth(k) if config.in_split else k
+
+    def split_rows_written(self, config: Config, kind: int) -> bool:
+        """Whether input GEMM ``kind``'s x is split by ``gemm_3xtf32``'s kernel (four columns a
+        thread) rather than the scheduled one: a depth that needs no padding (the GRU's rule)."""
+        return bool(config.in_split) and split_depth(self.layer_input(kind)) == self.layer_input(kind)
+
+    def split_input_gemms(self, config: Config) -> dict[str, Any]:
+        """With ``in_split`` 3, each input GEMM kind on wgmma over TF32 parts with W_ih's split
+        (and x's, where ``split_rows_written``): the GRU's ``split_input_gemm``; else none."""
+        if not config.in_split:
+            return {}
+        funcs: dict[str, Any] = {}
+        m, n = self.seq * self.batch, self.dirs * GATES * self.hidden
+        for kind in self.input_gemm_kinds():
+            funcs.update(split_input_gemm(SplitInputGemm(
+                "lstm", kind, self.tf32_input_tile(config), m, n, self.layer_input(kind),
+                self.input_depth(kind, config), F32, self.dtype, True, self.stored_parts(config),
+                rows_written=self.split_rows_written(config, kind))))
+        return funcs
 
     def fused_input_reason(self, step: Any) -> str | None:
         """Why ``step`` cannot run the input GEMM itself (``step_flag_input`` 1): only the
@@ -330,7 +412,7 @@ class LstmTemplate(NamedBuffers, Template):
         values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
                                   "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
                                   "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
-                                  "step_w_onchip": 0, **{k.name: k.before for k in FLAG_KNOBS + TC_KNOBS}}
+                                  "step_w_onchip": 0, **{k.name: k.before for k in FLAG_KNOBS + TC_KNOBS + SPLIT_KNOBS}}
         for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
             values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
         names = set(self.space(target).names)
@@ -344,9 +426,12 @@ class LstmTemplate(NamedBuffers, Template):
 
     def shown_knobs(self, config: Config) -> tuple[str, ...]:
         """The knobs of the steps ``config`` runs: fused, the step kernel's; unfused, the hidden
-        GEMM's and the cell kernel's (the input GEMM's either way)."""
+        GEMM's and the cell kernel's (the input GEMM's either way: on TF32 parts, ``in_split`` 3,
+        its parts' knob, not the CUDA-core tile's)."""
         unused = ("hid_", "cell_block") if config.fuse_step else ("step_",)
-        return tuple(name for name, _ in config.items if not name.startswith(unused))
+        split = {k.name for k in SPLIT_KNOBS}
+        return tuple(name for name, _ in config.items if not name.startswith(unused)
+                     and (name in split if config.in_split and name.startswith("in_") else name != "in_tf32_parts"))
 
     # ---- kernels and plan ------------------------------------------------------------------
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
@@ -365,16 +450,27 @@ class LstmTemplate(NamedBuffers, Template):
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
         base = default_gemm_config(self.input_gemm(0), target)
         for kind in self.input_gemm_kinds():
-            funcs[f"lstm_gemm_x{kind}"] = self.input_gemm(kind).schedule(gemm_config(config, "in_", base), target)
+            if not config.in_split:  # else on wgmma: ``lowered_kernels``
+                funcs[f"lstm_gemm_x{kind}"] = self.input_gemm(kind).schedule(gemm_config(config, "in_", base), target)
+            elif not self.split_rows_written(config, kind):  # x's parts zero-padded to split_depth
+                rows = split_rows_func(self.seq * self.batch, self.layer_input(kind), tf32=True,
+                                       parts=self.stored_parts(config))
+                funcs[f"lstm_split_x{kind}"] = schedule_elementwise(rows, "split", threads)
         funcs.update(step.scheduled_kernels(target))
         return funcs
+
+    def lowered_kernels(self, config: Config) -> dict[str, Any]:
+        """Kernel functions written as lowered loops (PrimFuncs by name): the split input GEMM on
+        wgmma (``in_split`` 3) and the step kernels written so (``StepVariant.lowered_kernels``)."""
+        return {**self.split_input_gemms(config), **self.step_variant(config).lowered_kernels()}
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """cp.async for the pipelined h slice, and the input GEMM tile's options (CUDA)."""
         if target.kind != "cuda":
             return {}
         options: dict[str, Any] = {"tirx.use_async_copy": True} if self.step_variant(config).async_copy() else {}
-        for gemm in [self.input_gemm(0)] + ([] if config.fuse_step else [self.hidden_gemm()]):
+        gemms = ([] if config.in_split else [self.input_gemm(0)]) + ([] if config.fuse_step else [self.hidden_gemm()])
+        for gemm in gemms:
             if gemm.uses_tensor_cores(target):
                 options.update(gemm.tensor_core.pass_config())
         return options
