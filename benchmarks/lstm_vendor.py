@@ -63,7 +63,8 @@ CASES = (
     Case("fp32 B4 H1024", 4, 1024), Case("fp32 B8 H768", 8, 768), Case("fp16 B1 H256", 1, 256, dtype="float16"),
     Case("fp16 bi B8 H512", 8, 512, bidirectional=True, dtype="float16"),
     Case("fp16 B32 H1024", 32, 1024, dtype="float16"), Case("fp32 B32 H512", 32, 512),
-    Case("fp32 B32 H1024", 32, 1024),
+    Case("fp32 B32 H1024", 32, 1024), Case("fp16 B16 H1024", 16, 1024, dtype="float16"),
+    Case("fp16 B32 H768", 32, 768, dtype="float16"),
 )
 
 

@@ -13,8 +13,11 @@ from tvm_ext.schedules.lstm import LSTM, LstmTemplate, lstm_reference
 from tvm_ext.target import offline_cuda
 
 
-def _weights(inputs: int, hidden: int, layers: int, dirs: int, seed: int = 0, bias: bool = True) -> dict:
-    rng = np.random.default_rng(seed)
+def _weights(inputs: int, hidden: int, layers: int, dirs: int, seed: int = 0, bias: bool = True,
+             rng: np.random.Generator | None = None) -> dict:
+    """nn.LSTM's weights by PyTorch's names in its init range, drawn from ``rng`` (default: one seeded
+    ``seed``) in the order weight_ih, weight_hh, bias_ih, bias_hh of each layer and direction."""
+    rng = rng if rng is not None else np.random.default_rng(seed)
     bound = 1.0 / np.sqrt(hidden)
     out = {}
     for layer in range(layers):

@@ -17,6 +17,7 @@ from tvm_ext.schedules.lstm import LSTM, LstmTemplate, lstm_reference
 from tvm_ext.target import offline_cuda
 
 from cubin_checks import ptxas_report
+from test_lstm import _weights as lstm_weights
 
 TC = dict(fuse_step=1, step_loop=2, step_barrier=2, step_tc=1, step_flags=1)
 # (shape, knobs over the pick): 8-unit blocks with W_hh's fragments in registers, both directions and
@@ -88,6 +89,18 @@ def test_the_pick_takes_the_kernel_for_16_bit_state_from_batch_2():
                                          (128, 1024, "float16", "the unfused"), (64, 2048, "float16", "the unfused")):
         cfg, why = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden), dtype).analytic_pick(target)
         assert why.startswith(kernel) and (cfg.step_tc == 1) == (kernel == "tensor-core"), (batch, hidden, why)
+
+
+def test_the_pick_takes_32_unit_blocks_of_four_unit_warps_from_batch_32_at_h768():
+    """From 32 rows at H768 and more the B64 H1024 pick's blocks (32 units on four unit warps, two
+    k warps, the first k slices' fragments held) where their grid is resident; below, the GRU's."""
+    target = offline_cuda("sm_90a")
+    for batch, hidden, wide in ((32, 1024, True), (32, 768, True), (48, 1024, True), (64, 1024, True),
+                                (16, 1024, False), (32, 512, False), (8, 768, False)):
+        cfg, why = _template(dict(seq=8, batch=batch, inputs=hidden, hidden=hidden)).analytic_pick(target)
+        assert cfg.step_tc == 1
+        assert ((cfg.step_j, cfg.step_tc_nw, cfg.step_tc_kw, cfg.step_tc_wreg) == (32, 4, 2, 3)) == wide, \
+            (batch, hidden, why)
 
 
 def test_the_pick_takes_the_split_kernel_for_float32_state_where_the_gru_does():
@@ -207,16 +220,8 @@ def test_the_split_picks_build_without_spilling(tmp_path, batch, hidden):
 
 
 def _weights(shape: dict, rng: np.random.Generator) -> dict:
-    layers, dirs, hidden = shape.get("layers", 1), 2 if shape.get("bidirectional") else 1, shape["hidden"]
-    bound_w = 1.0 / np.sqrt(hidden)
-    weights = {}
-    for layer in range(layers):
-        k = shape["inputs"] if layer == 0 else dirs * hidden
-        for sfx in ("", "_reverse")[:dirs]:
-            for name, dims in (("weight_ih", (4 * hidden, k)), ("weight_hh", (4 * hidden, hidden)),
-                               ("bias_ih", (4 * hidden,)), ("bias_hh", (4 * hidden,))):
-                weights[f"{name}_l{layer}{sfx}"] = rng.uniform(-bound_w, bound_w, dims).astype(np.float32)
-    return weights
+    return lstm_weights(shape["inputs"], shape["hidden"], shape.get("layers", 1),
+                        2 if shape.get("bidirectional") else 1, rng=rng)
 
 
 def _cuda_against_float64(shape: dict, dtype: str, config, bound: float) -> LSTM:

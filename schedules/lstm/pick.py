@@ -12,7 +12,7 @@ from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
                                        SPLIT_FLAGS_BATCH, SPLIT_MIN_FLOPS, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS,
-                                       THREADS_PER_SM,
+                                       THREADS_PER_SM, WGMMA_MIN_FLOPS, WIDE_K_WARPS,
                                        flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
                                        split_flags_why, split_step_config, split_step_why, stacked_config,
                                        stacked_split_rows, large_input_tile, tensor_core_step_config,
@@ -27,6 +27,13 @@ LSTM_WIDE_W_REGISTERS = 128
 # The split kernel behind the grid barrier (``split_step.py``) on 8-unit blocks, (units, rows, unit warps):
 # W_hh's two parts of four gates take 128 KB a block at H1024, so 16 units (the GRU's) do not fit there
 LSTM_SPLIT_BLOCKS = ((8, 32, 1), (8, 64, 1))
+# From this batch at this hidden size on, the 16-bit kernel on the B64 H1024 pick's blocks (32 units of four unit
+# warps, the fragments of the first k slices held) where their grid is resident, rather than the GRU's smaller
+# blocks: faster at float16 B32 H768 and H1024 (docs/results/gru.md)
+LSTM_WIDE_BATCH = 32
+LSTM_WIDE_HIDDEN = 768
+LSTM_WIDE_BLOCK = dict(step_j=32, step_tc_kw=WIDE_K_WARPS, step_tc_nw=4, step_tc_wreg=3,
+                       step_tc_wregs=LSTM_WIDE_W_REGISTERS, step_tc_warp_h=0)
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
@@ -45,7 +52,8 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     a step, W_hh's share in registers where it fits), a launch per step elsewhere; on a CPU device
     the default (a launch per step).  A float32 input GEMM on CUDA runs on Hopper as TF32 parts
     stored once each (``in_split`` 3, ``in_tf32_parts`` 2) from the GRU's ``SPLIT_MIN_FLOPS``,
-    else on the CUDA cores' large tile where it gives every SM a block (``large_input_tile``)."""
+    else on the CUDA cores' large tile where it gives every SM a block (``large_input_tile``); a
+    16-bit one from the GRU's ``WGMMA_MIN_FLOPS`` on wgmma as stored (``in_wgmma``)."""
     base = template.default_config(target)
     if template.variable_lengths:
         return base, "variable lengths: the unfused steps (their cell keeps a finished row's h and c)"
@@ -58,10 +66,14 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.in_tensor_core is None:  # float32: TF32 parts on wgmma, or the CUDA cores' large tile
         base, tile = _float32_input_gemm(template, base, space, sm_count)
         gemm_why += tile.replace("input GEMM:", ",", 1) if "default" not in tile else ""
+    elif cuda and template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
+        wgmma = base.replace(in_wgmma=1)  # 16-bit on Hopper's wgmma, as the GRU's
+        if space.is_feasible(wgmma):
+            base, gemm_why = wgmma, f"{gemm_why}, {template.dtype} on wgmma ({template.in_wgmma_tile.name})"
     tensor_core = tensor_core_step_config(template, base, space, sm_count, LSTM_WIDE_W_REGISTERS) if cuda else None
     if (tensor_core is not None and template.batch > FLAG_BATCH_TENSOR_CORE
             and template.step_variant(tensor_core).shape.threads <= STREAMED_MAX_THREADS):
-        tensor_core, warp = warp_h_config(template, tensor_core, space)
+        tensor_core, warp = warp_h_config(template, _wide_blocks(template, tensor_core, space), space)
         return tensor_core, (f"{tensor_core_why(template.step_variant(tensor_core).shape, warp, ' of 4 gates')}, c "
                              f"in the cell lanes' registers; {gemm_why}")
     float32 = cuda and template.dtype == "float32"
@@ -128,3 +140,14 @@ def _float32_input_gemm(template: Any, base: Config, space: Any, sm_count: int) 
                 return cfg, (f"input GEMM: float32 as TF32 parts on the tensor cores, {stored} "
                              f"({template.tf32_input_tile(cfg).name})")
     return large_input_tile(template, base, space, sm_count)
+
+
+def _wide_blocks(template: Any, cfg: Config, space: Any) -> Config:
+    """``cfg`` (the 16-bit tensor-core kernel) on ``LSTM_WIDE_BLOCK``'s blocks from
+    ``LSTM_WIDE_BATCH`` rows at ``LSTM_WIDE_HIDDEN`` or more where they run (a resident grid of
+    ``STREAMED_MAX_THREADS`` threads a block or fewer), else ``cfg``."""
+    if template.batch < LSTM_WIDE_BATCH or template.hidden < LSTM_WIDE_HIDDEN:
+        return cfg
+    wide = cfg.replace(**LSTM_WIDE_BLOCK)
+    fits = space.is_feasible(wide) and template.step_variant(wide).shape.threads <= STREAMED_MAX_THREADS
+    return wide if fits else cfg

@@ -80,7 +80,7 @@ def compile_lstm(template: Any, config: Config, target: TargetInfo) -> CompiledG
         funcs[name] = func.with_attr("global_symbol", name)
         modules[name] = tvm.IRModule({"main": funcs[name]})
         trace[name] = {"lowered": name}
-    arch = sm_90a(target) if config.in_split else target  # wgmma is an arch-specific instruction
+    arch = sm_90a(target) if template.input_on_wgmma(config) else target  # wgmma is an arch-specific instruction
     executable, launches = compile_functions(funcs, target, template.pass_config(config, target), arch)
     calls, prepare = plan_calls(template, config), prepare_calls(template, config)
     check_plan(template.for_config(config).buffers(), prepare + calls, funcs)

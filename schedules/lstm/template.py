@@ -7,9 +7,9 @@ the fused step kernel on four gates (``fuse_step`` 1: ``schedules.gru.fused_step
 LSTM's cell, every step's ``h·W_hᵀ + b_h`` and the cell in one kernel) or the hidden GEMM and
 the cell kernel (``fuse_step`` 0: ``cell_step``; on an mma.sync tile for a 16-bit LSTM on CUDA).
 Storage is one type (``dtype``: x, the weights, h, c and the outputs); the products, gi and the
-cell are float32.  A float32 S1 on Hopper may run as three TF32 products of x's and W_ih's high
-and low parts on wgmma (``in_split`` 3: the GRU's ``SplitInputGemm``), W_ih split once as the
-weights are loaded (``plan.prepare_calls``).
+cell are float32.  On Hopper S1 may run on wgmma: 16-bit as stored (``in_wgmma``), float32 as
+three TF32 products of x's and W_ih's high and low parts (``in_split`` 3: the GRU's
+``SplitInputGemm``), W_ih split once as the weights are loaded (``plan.prepare_calls``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from tvm_ext.measure.program import Artifact, CompiledProgram, RunPlan
 from tvm_ext.precision.precision import cast, sanity_tolerance
 from tvm_ext.schedules.gemm.gemm_3xtf32 import pick_tf32_tile
 from tvm_ext.schedules.gemm.simt import BiasGemmTemplate, TensorCoreTile, check_tile
-from tvm_ext.schedules.gemm.wgmma import WgmmaTile
+from tvm_ext.schedules.gemm.wgmma import WgmmaTile, wgmma_gemm
+from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.schedules.gru.compute import device_layout, torch_layout
 from tvm_ext.schedules.gru.flag_step import FlagStep
 from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
@@ -90,16 +91,20 @@ TC_KNOBS = (Knob("step_tc", (0, 1, 2), "persistent step kernel, CUDA: 1 (float16
                 before=0),) + tuple(
     replace(_four_gates(k), before=TC_KNOB_BEFORE.get(k.name, k.before))
     for k in STEP_KNOBS if k.name in TC_KNOB_NAMES)
-# the float32 input GEMM as TF32 parts on Hopper's wgmma (the GRU's in_split 3 and in_tf32_parts); ``before``
-# as above
-SPLIT_KNOBS = (Knob("in_split", (0, 3), "input GEMM with float32 x and W_ih: 3 runs it on Hopper's warpgroup MMA as "
-                                        "three TF32 products of their high and low parts (3xTF32: float32-accurate, "
-                                        "float32's range), W_ih split once as the weights are loaded, x each call",
-                    before=0), INPUT_TF32_PARTS_KNOB)
+# the input GEMM on Hopper's wgmma: float32 as TF32 parts (the GRU's in_split 3 and in_tf32_parts), 16-bit as
+# stored (the GRU's in_wgmma); ``before`` as above
+WGMMA_INPUT_KNOBS = (Knob("in_split", (0, 3), "input GEMM with float32 x and W_ih: 3 runs it on Hopper's warpgroup "
+                                              "MMA as three TF32 products of their high and low parts (3xTF32: "
+                                              "float32-accurate, float32's range), W_ih split once as the weights are "
+                                              "loaded, x each call", before=0),
+                     INPUT_TF32_PARTS_KNOB,
+                     Knob("in_wgmma", (0, 1), "input GEMM with float16 or bfloat16 x and W_ih: 1 runs it on Hopper's "
+                                              "warpgroup MMA (``wgmma.py``), W_ih read N-major as stored (the float32 "
+                                              "GEMM's counterpart is in_split 3)", before=0))
 KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) + FLAG_KNOBS + TC_KNOBS
          + tuple(Knob("in_" + k.name, k.choices, "input GEMM (S1): " + k.doc) for k in IN_GEMM_KNOBS)
          + tuple(Knob("hid_" + k.name, k.choices, "hidden GEMM (fuse_step 0): " + k.doc) for k in HID_GEMM_KNOBS)
-         + SPLIT_KNOBS)
+         + WGMMA_INPUT_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,7 @@ class LstmTemplate(NamedBuffers, Template):
     hid_tensor_core: TensorCoreTile | None = None  # the unfused steps' hidden GEMM's, likewise
     variable_lengths: bool = False  # each batch row stops at its own length (input ``lengths``; unfused steps)
     in_split_tf32: WgmmaTile | None = None  # the float32 input GEMM's tile on TF32 parts (``in_split`` 3)
+    in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM's tile on wgmma (``in_wgmma``)
     split_buffers: int = 0  # the in_split of the config whose buffers these are (``for_config``)
     split_parts: int = PARTS  # and the TF32 parts each operand's rows hold (``stored_parts``)
 
@@ -141,6 +147,8 @@ class LstmTemplate(NamedBuffers, Template):
                 params[name] = str(getattr(self, name))
         if self.in_split_tf32 is not None:
             params["in_split_tf32"] = self.in_split_tf32.name
+        if self.in_wgmma_tile is not None:
+            params["in_wgmma"] = self.in_wgmma_tile.name
         if self.variable_lengths:  # only when set, as the GRU's
             params["variable_lengths"] = True
         return params
@@ -286,9 +294,11 @@ class LstmTemplate(NamedBuffers, Template):
         if target.kind != "cuda" or self.dtype == F32:
             split = [(m, n, PARTS * split_depth(k)) for m, n, k in shapes]
             tf32 = pick_tf32_tile(split, target) if target.kind == "cuda" else None
-            return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tf32=tf32)
-        return replace(self, in_tensor_core=pick_tile(shapes, target),
-                       hid_tensor_core=pick_tile([(self.batch, GATES * self.hidden, self.hidden)], target))
+            return replace(self, in_tensor_core=None, hid_tensor_core=None, in_split_tf32=tf32, in_wgmma_tile=None)
+        return replace(self, in_tensor_core=pick_tile(shapes, target), in_split_tf32=None,
+                       hid_tensor_core=pick_tile([(self.batch, GATES * self.hidden, self.hidden)], target),
+                       in_wgmma_tile=pick_wgmma_tile(shapes, target, F32, b_layout="KN", operand=self.dtype,
+                                                     ragged_n=True))
 
     def for_target(self, target: TargetInfo) -> "LstmTemplate":
         return self.with_tensor_cores(target)
@@ -323,13 +333,13 @@ class LstmTemplate(NamedBuffers, Template):
         spaces = [(label, prefix, g.space(target), g.default_config(target)) for label, prefix, g in gemms]
 
         def gemm_reason(c: Config) -> str | None:
-            if c.in_split or c.in_tf32_parts != PARTS:
-                reason = self.tf32_input_reason(c)
-                if reason:
-                    return reason
+            reason = ((c.in_split or c.in_tf32_parts != PARTS) and self.tf32_input_reason(c)
+                      or c.in_wgmma and self.wgmma_input_reason(c))
+            if reason:
+                return reason
             for label, prefix, space, base in spaces:
-                if prefix == "hid_" and c.fuse_step or prefix == "in_" and c.in_split:
-                    continue  # the fused step kernel makes its own products; wgmma runs the split GEMM
+                if prefix == "hid_" and c.fuse_step or prefix == "in_" and self.input_on_wgmma(c):
+                    continue  # the fused step kernel makes its own products; wgmma runs the input GEMM
                 reason = space.infeasible_reason(gemm_config(c, prefix, base))
                 if reason:
                     return f"{label}: {reason}"
@@ -360,6 +370,23 @@ class LstmTemplate(NamedBuffers, Template):
         return tf32_parts_reason(self.tf32_input_tile(c), [self.input_depth(k, c) for k in self.input_gemm_kinds()],
                                  c.in_tf32_parts)
 
+    def wgmma_input_reason(self, c: Config) -> str | None:
+        """Why ``c``'s 16-bit input GEMM cannot run on wgmma as stored (``in_wgmma`` 1)."""
+        if c.in_split:
+            return ("in_wgmma 1 runs the 16-bit input GEMM on wgmma; the float32 one runs there as TF32 parts with "
+                    "in_split 3 (in_wgmma 0)")
+        if self.in_wgmma_tile is None:
+            return ("input GEMM on wgmma (in_wgmma 1) needs float16 or bfloat16 x and W_ih, a Hopper GPU (sm_90) and "
+                    f"a wgmma tile for the (T·B, dirs·4H, input) GEMMs, {self.seq * self.batch} rows: the input a "
+                    "multiple of 8 (LSTM.build picks one)")
+        if c.step_flag_input:
+            return "step_flag_input 1 runs x·W_ihᵀ in the step kernel: there is no input GEMM to run on wgmma"
+        return None
+
+    def input_on_wgmma(self, config: Config) -> bool:
+        """Whether ``config``'s input GEMM is a wgmma kernel (``lowered_kernels``), not a schedule."""
+        return bool(config.in_split or config.in_wgmma)
+
     def stored_parts(self, config: Config) -> int:
         """The TF32 parts each row of the split input GEMM's operands holds."""
         return config.in_tf32_parts if config.in_split == 3 else PARTS
@@ -380,14 +407,16 @@ class LstmTemplate(NamedBuffers, Template):
         thread) rather than the scheduled one: a depth that needs no padding (the GRU's rule)."""
         return bool(config.in_split) and split_depth(self.layer_input(kind)) == self.layer_input(kind)
 
-    def split_input_gemms(self, config: Config) -> dict[str, Any]:
-        """With ``in_split`` 3, each input GEMM kind on wgmma over TF32 parts with W_ih's split
-        (and x's, where ``split_rows_written``): the GRU's ``split_input_gemm``; else none."""
-        if not config.in_split:
-            return {}
+    def wgmma_input_gemms(self, config: Config) -> dict[str, Any]:
+        """Each input GEMM kind on wgmma: with ``in_wgmma`` 16-bit as stored (W_ih (K, N) read
+        N-major); with ``in_split`` 3 over TF32 parts with W_ih's split (and x's, where
+        ``split_rows_written``: the GRU's ``split_input_gemm``); else none."""
         funcs: dict[str, Any] = {}
         m, n = self.seq * self.batch, self.dirs * GATES * self.hidden
-        for kind in self.input_gemm_kinds():
+        for kind in self.input_gemm_kinds() if config.in_wgmma else ():
+            funcs[f"lstm_gemm_x{kind}"] = wgmma_gemm(self.in_wgmma_tile, m, n, self.layer_input(kind), c_dtype=F32,
+                                                     bias_dtype=self.dtype, b_layout="KN")
+        for kind in self.input_gemm_kinds() if config.in_split else ():
             funcs.update(split_input_gemm(SplitInputGemm(
                 "lstm", kind, self.tf32_input_tile(config), m, n, self.layer_input(kind),
                 self.input_depth(kind, config), F32, self.dtype, True, self.stored_parts(config),
@@ -412,7 +441,8 @@ class LstmTemplate(NamedBuffers, Template):
         values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
                                   "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
                                   "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
-                                  "step_w_onchip": 0, **{k.name: k.before for k in FLAG_KNOBS + TC_KNOBS + SPLIT_KNOBS}}
+                                  "step_w_onchip": 0,
+                                  **{k.name: k.before for k in FLAG_KNOBS + TC_KNOBS + WGMMA_INPUT_KNOBS}}
         for prefix, gemm in (("in_", self.input_gemm(0)), ("hid_", self.hidden_gemm())):
             values.update({prefix + k: v for k, v in default_gemm_config(gemm, target).items})
         names = set(self.space(target).names)
@@ -426,12 +456,13 @@ class LstmTemplate(NamedBuffers, Template):
 
     def shown_knobs(self, config: Config) -> tuple[str, ...]:
         """The knobs of the steps ``config`` runs: fused, the step kernel's; unfused, the hidden
-        GEMM's and the cell kernel's (the input GEMM's either way: on TF32 parts, ``in_split`` 3,
-        its parts' knob, not the CUDA-core tile's)."""
+        GEMM's and the cell kernel's (the input GEMM's either way: on wgmma its knobs, not the
+        tile's; ``in_tf32_parts`` with TF32 parts only)."""
         unused = ("hid_", "cell_block") if config.fuse_step else ("step_",)
-        split = {k.name for k in SPLIT_KNOBS}
+        wgmma = {k.name for k in WGMMA_INPUT_KNOBS}
         return tuple(name for name, _ in config.items if not name.startswith(unused)
-                     and (name in split if config.in_split and name.startswith("in_") else name != "in_tf32_parts"))
+                     and (name in wgmma if self.input_on_wgmma(config) and name.startswith("in_") else True)
+                     and (name != "in_tf32_parts" or config.in_split))
 
     # ---- kernels and plan ------------------------------------------------------------------
     def kernels(self, config: Config, target: TargetInfo) -> dict[str, Any]:
@@ -450,9 +481,9 @@ class LstmTemplate(NamedBuffers, Template):
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
         base = default_gemm_config(self.input_gemm(0), target)
         for kind in self.input_gemm_kinds():
-            if not config.in_split:  # else on wgmma: ``lowered_kernels``
+            if not self.input_on_wgmma(config):  # else ``lowered_kernels``
                 funcs[f"lstm_gemm_x{kind}"] = self.input_gemm(kind).schedule(gemm_config(config, "in_", base), target)
-            elif not self.split_rows_written(config, kind):  # x's parts zero-padded to split_depth
+            elif config.in_split and not self.split_rows_written(config, kind):  # x's parts zero-padded to split_depth
                 rows = split_rows_func(self.seq * self.batch, self.layer_input(kind), tf32=True,
                                        parts=self.stored_parts(config))
                 funcs[f"lstm_split_x{kind}"] = schedule_elementwise(rows, "split", threads)
@@ -460,16 +491,17 @@ class LstmTemplate(NamedBuffers, Template):
         return funcs
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
-        """Kernel functions written as lowered loops (PrimFuncs by name): the split input GEMM on
-        wgmma (``in_split`` 3) and the step kernels written so (``StepVariant.lowered_kernels``)."""
-        return {**self.split_input_gemms(config), **self.step_variant(config).lowered_kernels()}
+        """Kernel functions written as lowered loops (PrimFuncs by name): the input GEMM on wgmma
+        (``in_wgmma``, ``in_split`` 3) and the step kernels written so (``StepVariant.lowered_kernels``)."""
+        return {**self.wgmma_input_gemms(config), **self.step_variant(config).lowered_kernels()}
 
     def pass_config(self, config: Config, target: TargetInfo) -> dict[str, Any]:
         """cp.async for the pipelined h slice, and the input GEMM tile's options (CUDA)."""
         if target.kind != "cuda":
             return {}
         options: dict[str, Any] = {"tirx.use_async_copy": True} if self.step_variant(config).async_copy() else {}
-        gemms = ([] if config.in_split else [self.input_gemm(0)]) + ([] if config.fuse_step else [self.hidden_gemm()])
+        gemms = (([] if self.input_on_wgmma(config) else [self.input_gemm(0)])
+                 + ([] if config.fuse_step else [self.hidden_gemm()]))
         for gemm in gemms:
             if gemm.uses_tensor_cores(target):
                 options.update(gemm.tensor_core.pass_config())

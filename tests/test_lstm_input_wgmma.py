@@ -1,7 +1,8 @@
-"""The float32 LSTM's input GEMM on Hopper as three TF32 products of x's and W_ih's high and low
-parts (``in_split`` 3, the GRU's ``SplitInputGemm``): what the pick takes and where, the plan
-(W_ih split once as the weights load, x each call), the buffers, the generated CUDA built
-offline, the refusals; on a GPU machine against float64 at float32's accuracy."""
+"""The LSTM's input GEMM on Hopper's wgmma: float32 as three TF32 products of x's and W_ih's high
+and low parts (``in_split`` 3, the GRU's ``SplitInputGemm``), 16-bit as stored (``in_wgmma``):
+what the pick takes and where, the plan (W_ih's parts split once as the weights load, x's each
+call), the buffers, the generated CUDA built offline, the refusals; on a GPU machine against
+float64 at float32's accuracy and at 16-bit storage's."""
 from __future__ import annotations
 
 import re
@@ -117,6 +118,42 @@ def test_shown_knobs_name_the_parts_not_the_cuda_core_tile():
     assert "in_wg_x" in plain and "in_tf32_parts" not in plain
 
 
+def test_the_16_bit_pick_runs_its_input_gemm_on_wgmma_from_the_grus_size():
+    """float16 and bfloat16 B64 H1024: x and W_ih (K, N) read as stored by the TMA, no parts, no
+    prepare; below the GRU's WGMMA_MIN_FLOPS (a few steps) the mma.sync tile as before."""
+    for dtype in ("float16", "bfloat16"):
+        t = _template(64, 1024, dtype=dtype)
+        cfg, why = t.analytic_pick(HOPPER)
+        assert cfg.in_wgmma == 1 and cfg.in_split == 0 and f"{dtype} on wgmma" in why
+        compiled = t.compile(cfg, HOPPER)
+        gemm = [c for c in compiled.calls if c.func.startswith("lstm_gemm_x")]
+        assert [(c.func, c.args) for c in gemm] == [("lstm_gemm_x0", ("x", "w_ih0", "b_ih0", "gi"))]
+        assert compiled.prepare == () and "xs0" not in t.for_config(cfg).buffers()
+        body = compiled.source[re.search(r"lstm_gemm_x0_kernel\([^)]*\) \{", compiled.source).start():]
+        assert "CUtensorMap a_map" in body[:400] and "wgmma" in body[:body.index("\n}\n")]
+        assert t.params["in_wgmma"] == t.in_wgmma_tile.name and "in_wgmma" in t.shown_knobs(cfg)
+        assert "in_wg_x" not in t.shown_knobs(cfg)
+    assert _template(8, 256, seq=4, dtype="float16").analytic_pick(HOPPER)[0].in_wgmma == 0
+
+
+def test_what_the_16_bit_input_gemm_on_wgmma_refuses():
+    half = _template(64, 1024, dtype="float16")
+    cfg, _ = half.analytic_pick(HOPPER)
+    space = half.space(HOPPER)
+    assert "needs float32 x and W_ih" in space.infeasible_reason(cfg.replace(in_split=3))
+    single = _template(32, 1024)
+    split = single.analytic_pick(HOPPER)[0]
+    assert "the float32 one runs there as TF32 parts" in single.space(HOPPER).infeasible_reason(
+        split.replace(in_wgmma=1))
+    reason = single.space(HOPPER).infeasible_reason(split.replace(in_split=0, in_tf32_parts=3, in_wgmma=1))
+    assert single.in_wgmma_tile is None and "needs float16 or bfloat16 x and W_ih" in reason
+    ampere = _template(64, 1024, dtype="float16", target=offline_cuda("sm_80"))
+    assert ampere.in_wgmma_tile is None and ampere.analytic_pick(offline_cuda("sm_80"))[0].in_wgmma == 0
+    fused = space.make(**{**half.default_config(HOPPER).as_dict(), "fuse_step": 1, "step_loop": 2,
+                          "step_flags": 1, "step_flag_input": 1, "in_wgmma": 1})
+    assert "no input GEMM to run on wgmma" in space.infeasible_reason(fused)
+
+
 # ---- on a GPU machine -------------------------------------------------------------------------
 GPU_CASES = {  # (shape, parts): one layer of two stored parts; two layers both ways, a ragged input, three
     "b16-h256-two-parts": (dict(seq=8, batch=16, inputs=256, hidden=256), 2),
@@ -150,3 +187,36 @@ def test_cuda_input_gemm_on_tf32_parts_matches_float64_at_float32_accuracy(case)
     lstm = _cuda_against_float64(shape, "float32", config, 2e-6)
     assert lstm.config.in_split == 3 and lstm.compiled.prepare
     assert np.all(np.isfinite(lstm.executor.read("ws0")))
+
+
+WGMMA_CASES = {  # one layer; two layers both ways (layer 1 reads 2H: its own GEMM kind)
+    "b16-h256": dict(seq=8, batch=16, inputs=256, hidden=256),
+    "2layer-bi": dict(seq=4, batch=32, inputs=200, hidden=192, layers=2, bidirectional=True),
+}
+
+
+def _wgmma_config(shape: dict, dtype: str):
+    t = _template(shape["batch"], shape["hidden"], inputs=shape["inputs"], seq=shape["seq"],
+                  layers=shape.get("layers", 1), bidirectional=shape.get("bidirectional", False), dtype=dtype)
+    return t, t.analytic_pick(HOPPER)[0].replace(in_wgmma=1)
+
+
+@pytest.mark.parametrize("case", list(WGMMA_CASES))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_16_bit_gpu_cases_build_offline(case, dtype):
+    t, config = _wgmma_config(WGMMA_CASES[case], dtype)
+    assert t.space(HOPPER).infeasible_reason(config) is None
+    assert "lstm_gemm_x0_kernel(" in t.compile(config, HOPPER).source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, bound", [("float16", 5e-3), ("bfloat16", 3e-2)])
+@pytest.mark.parametrize("case", list(WGMMA_CASES))
+def test_cuda_16_bit_input_gemm_on_wgmma_matches_float64(case, dtype, bound):
+    """On a GPU machine: 16-bit storage's error, where a wrong bias, gate column or layer's
+    weights is O(1)."""
+    from test_lstm_tensor_core import _cuda_against_float64
+
+    shape = WGMMA_CASES[case]
+    lstm = _cuda_against_float64(shape, dtype, _wgmma_config(shape, dtype)[1], bound)
+    assert lstm.config.in_wgmma == 1 and not lstm.compiled.prepare
