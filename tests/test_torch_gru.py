@@ -16,6 +16,8 @@ from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import gru_reference  # noqa: E402
 from tvm_ext.torch import GRU  # noqa: E402
 
+from torch_capture import captured, replay_checked  # noqa: E402
+
 
 def _reference(net, x, h0=None, lengths=None, batch_first=False):
     state = {k: v.detach().float().cpu().numpy() for k, v in net.state_dict().items()}
@@ -168,24 +170,14 @@ def _captured_in_a_users_cuda_graph(config):
     torch.manual_seed(2)
     net = torch.nn.GRU(96, 96, bidirectional=True).cuda().eval()
     gru = GRU.from_module(net, config=config)
-    x = torch.randn(16, 4, 96, device="cuda")
-    static_x = x.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        gru(static_x)  # compiled and loaded outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, h_n = gru(static_x)
-    for seed in (3, 4):  # replays on new inputs, outputs poisoned before each
-        static_x.copy_(torch.randn(16, 4, 96, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
-        out.fill_(float("nan"))
-        h_n.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
+    static_x = torch.randn(16, 4, 96, device="cuda")
+    graph, (out, h_n) = captured(gru, static_x)
+
+    def check() -> None:
         ref_out, ref_h = _reference(net, static_x)
         assert relative_error(out.cpu().numpy(), ref_out) < 1e-5 and relative_error(h_n.cpu().numpy(), ref_h) < 1e-5
+
+    replay_checked(graph, static_x, (out, h_n), check)
     gru.check()
 
 

@@ -22,6 +22,8 @@ from tvm_ext.core.errors import TvmExtError  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.torch import GRU, LSTM  # noqa: E402
 
+from torch_capture import captured, replay_checked  # noqa: E402
+
 
 def _float64(net: nn.LSTM) -> nn.LSTM:
     return copy.deepcopy(net).cpu().double().eval()
@@ -270,21 +272,9 @@ def test_captured_in_a_users_cuda_graph():
     net = nn.LSTM(96, 96, bidirectional=True).cuda().eval()
     lstm = LSTM.from_module(net, fallback="off")
     static_x = torch.randn(16, 4, 96, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        lstm(static_x)  # compiled and loaded outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, (h_n, c_n) = lstm(static_x)
-    for seed in (3, 4):  # replays on new inputs, outputs poisoned before each
-        static_x.copy_(torch.randn(16, 4, 96, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
-        for t in (out, h_n, c_n):
-            t.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _close((out, (h_n, c_n)), _reference(net, static_x), 1e-5)
+    graph, (out, (h_n, c_n)) = captured(lstm, static_x)
+    replay_checked(graph, static_x, (out, h_n, c_n),
+                   lambda: _close((out, (h_n, c_n)), _reference(net, static_x), 1e-5))
     lstm.check()
 
 
