@@ -14,6 +14,8 @@ from tvm_ext.schedules.gru.plan import Call
 from tvm_ext.schedules.lstm import LstmTemplate
 from tvm_ext.target import offline_cuda
 
+from test_lstm_tensor_core import _cuda_against_float64, _template as shape_template
+
 HOPPER = offline_cuda("sm_90a")
 
 
@@ -161,16 +163,17 @@ GPU_CASES = {  # (shape, parts): one layer of two stored parts; two layers both 
 }
 
 
-def _gpu_config(shape: dict, parts: int):
-    t = _template(shape["batch"], shape["hidden"], inputs=shape["inputs"], seq=shape["seq"],
-                  layers=shape.get("layers", 1), bidirectional=shape.get("bidirectional", False))
-    return t, t.analytic_pick(HOPPER)[0].replace(in_split=3, in_tf32_parts=parts)
+def _case_config(shape: dict, dtype: str, **knobs):
+    """A GPU case's template and its pick with ``knobs`` over it."""
+    t = shape_template(shape, dtype)
+    return t, t.analytic_pick(HOPPER)[0].replace(**knobs)
 
 
 @pytest.mark.parametrize("case", list(GPU_CASES))
 def test_the_gpu_cases_build_offline(case):
     """What the GPU test below runs is in the space and builds (T·B rows a TF32 tile divides)."""
-    t, config = _gpu_config(*GPU_CASES[case])
+    shape, parts = GPU_CASES[case]
+    t, config = _case_config(shape, "float32", in_split=3, in_tf32_parts=parts)
     assert t.space(HOPPER).infeasible_reason(config) is None
     assert "lstm_gemm_x0_kernel(" in t.compile(config, HOPPER).source
 
@@ -180,10 +183,8 @@ def test_the_gpu_cases_build_offline(case):
 def test_cuda_input_gemm_on_tf32_parts_matches_float64_at_float32_accuracy(case):
     """On a GPU machine: float32's error (one TF32 product alone is 1e-4, a missing bias or a
     part read from the wrong layer O(1)), twice on one input and once on another."""
-    from test_lstm_tensor_core import _cuda_against_float64
-
     shape, parts = GPU_CASES[case]
-    _, config = _gpu_config(shape, parts)
+    _, config = _case_config(shape, "float32", in_split=3, in_tf32_parts=parts)
     lstm = _cuda_against_float64(shape, "float32", config, 2e-6)
     assert lstm.config.in_split == 3 and lstm.compiled.prepare
     assert np.all(np.isfinite(lstm.executor.read("ws0")))
@@ -195,16 +196,10 @@ WGMMA_CASES = {  # one layer; two layers both ways (layer 1 reads 2H: its own GE
 }
 
 
-def _wgmma_config(shape: dict, dtype: str):
-    t = _template(shape["batch"], shape["hidden"], inputs=shape["inputs"], seq=shape["seq"],
-                  layers=shape.get("layers", 1), bidirectional=shape.get("bidirectional", False), dtype=dtype)
-    return t, t.analytic_pick(HOPPER)[0].replace(in_wgmma=1)
-
-
 @pytest.mark.parametrize("case", list(WGMMA_CASES))
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_16_bit_gpu_cases_build_offline(case, dtype):
-    t, config = _wgmma_config(WGMMA_CASES[case], dtype)
+    t, config = _case_config(WGMMA_CASES[case], dtype, in_wgmma=1)
     assert t.space(HOPPER).infeasible_reason(config) is None
     assert "lstm_gemm_x0_kernel(" in t.compile(config, HOPPER).source
 
@@ -215,8 +210,6 @@ def test_the_16_bit_gpu_cases_build_offline(case, dtype):
 def test_cuda_16_bit_input_gemm_on_wgmma_matches_float64(case, dtype, bound):
     """On a GPU machine: 16-bit storage's error, where a wrong bias, gate column or layer's
     weights is O(1)."""
-    from test_lstm_tensor_core import _cuda_against_float64
-
     shape = WGMMA_CASES[case]
-    lstm = _cuda_against_float64(shape, dtype, _wgmma_config(shape, dtype)[1], bound)
+    lstm = _cuda_against_float64(shape, dtype, _case_config(shape, dtype, in_wgmma=1)[1], bound)
     assert lstm.config.in_wgmma == 1 and not lstm.compiled.prepare

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tvm_ext.core.space import Config
+from tvm_ext.core.template import TensorSpec
 from tvm_ext.schedules.gemm.gemm_3xtf32 import promote_steps, split_a_func
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile, k_parts_reason, promote_reason, wgmma_gemm
 
-from .split import SPLIT_WEIGHT_SCALE, split_weight_n_major_func, tf32_k_parts, tf32_orders
+from .split import PARTS, SPLIT_WEIGHT_SCALE, split_depth, split_weight_n_major_func, tf32_k_parts, tf32_orders
 
 
 def wgmma_input_gemms(template: Any, config: Config) -> dict[str, Any]:
@@ -35,6 +36,45 @@ def wgmma_input_gemms(template: Any, config: Config) -> dict[str, Any]:
             funcs[f"gru_gemm_x{i}"] = wgmma_gemm(tile, m, n, template.layer_input(i), c_dtype=p["gi"],
                                                  bias_dtype=p["w_ih"], b_layout="KN", signal=bool(config.step_overlap))
     return funcs
+
+
+class SplitInputParts:
+    """What a recurrent template (the GRU's, the LSTM's; its ``layer_input``, ``input_gemm_kinds``,
+    sizes and ``split_buffers`` / ``split_parts``) derives from its input GEMM's operands split into
+    parts (``in_split``): the parts a row stores, the GEMM's depth, who splits x, and the parts'
+    buffers."""
+
+    def stored_parts(self, config: Config) -> int:
+        """The TF32 or float16 parts each row of the split input GEMM's operands holds."""
+        return config.in_tf32_parts if config.in_split == 3 else PARTS
+
+    def input_depth(self, kind: int, config: Config) -> int:
+        """The depth of input GEMM ``kind`` (0: layer 0's, 1: the later layers'; ``input_gemm_kinds``),
+        its float16 or TF32 parts' with ``in_split``."""
+        k = self.layer_input(kind)
+        return PARTS * split_depth(k) if config.in_split else k
+
+    def split_rows_written(self, config: Config, kind: int) -> bool:
+        """Whether input GEMM ``kind``'s x is split by ``gemm_3xtf32``'s kernel (four columns a
+        thread, 16-byte loads and stores) rather than the scheduled one (an output element a
+        thread): TF32 parts (``in_split`` 3) of a depth that needs no padding."""
+        k = self.layer_input(kind)
+        return config.in_split == 3 and split_depth(k) == k
+
+    def part_specs(self, columns: int) -> dict[str, TensorSpec]:
+        """The parts of the input GEMM's operands for the config of ``split_buffers`` (none without
+        one): x's per depth K (``xs<kind>``), W_ih's of ``columns`` (dirs x the gates' columns) per
+        layer (``ws<layer>``, split once as the weights are loaded): TF32 parts as float32 words,
+        float16 parts N-major on wgmma (``in_split`` 2) and K-major on mma.sync (1)."""
+        if not self.split_buffers:
+            return {}
+        parts = "float32" if self.split_buffers == 3 else "float16"
+        specs = {f"xs{i}": TensorSpec((self.seq * self.batch, self.split_parts * split_depth(self.layer_input(i))),
+                                      parts) for i in self.input_gemm_kinds()}
+        for layer in range(self.layers):
+            depth = self.split_parts * split_depth(self.layer_input(layer))
+            specs[f"ws{layer}"] = TensorSpec((columns, depth) if self.split_buffers >= 2 else (depth, columns), parts)
+        return specs
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,16 @@ def _numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def check_split_weights(arrays: Mapping[str, np.ndarray], split: Mapping[str, str]) -> None:
+    """One ``TvmExtError`` where a weight stored as scaled float16 parts (``split``: PyTorch name
+    prefix -> the knob that splits it) holds a value its parts cannot (``split_range_reason``)."""
+    for name, array in arrays.items():
+        knob = next((k for prefix, k in split.items() if name.startswith(prefix)), None)
+        reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, knob) if knob else None
+        if reason:
+            raise TvmExtError(reason)
+
+
 def plan_executor(compiled: CompiledGru, specs: Mapping[str, Any], target: TargetInfo, prepared: int = 0) -> Any:
     """The executor of a compiled plan (the GRU's, the LSTM's) on its buffers ``specs``: OpenCL
     runs its kernel launches, CUDA calls its functions through TVM's runtime; ``prepared``: how
@@ -172,11 +182,7 @@ class GRU:
         split = {"weight_ih": "in_split"} if self.config.in_split in FLOAT16_SPLITS else {}
         if self._splits_state:
             split["weight_hh"] = "step_tc 2"
-        for name, array in arrays.items():
-            knob = next((k for prefix, k in split.items() if name.startswith(prefix)), None)
-            reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, knob) if knob else None
-            if reason:
-                raise TvmExtError(reason)
+        check_split_weights(arrays, split)
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
         self.executor.prepare()  # what the weights give once (``plan.prepare_calls``)

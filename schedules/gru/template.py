@@ -38,7 +38,7 @@ from . import plan as host_plan
 from .cell_epilogue import CELL_TILE_COLUMNS, CELL_TILE_STAGES, CELL_TILE_UNITS, cell_tile_reason
 from .cell_step import CellStep
 from .compute import F32, PRECISION_PARAMS, device_layout, gru_reference, torch_layout
-from .input_gemm import tf32_parts_reason, wgmma_input_gemms
+from .input_gemm import SplitInputParts, tf32_parts_reason, wgmma_input_gemms
 from .kernels import init_func, schedule_elementwise, schedule_init
 from .knobs import KNOBS, gemm_config
 from .lengths import LENGTHS_DTYPE, hold_func, row_vector, zero_out_func
@@ -81,7 +81,7 @@ def step_gemm_tile(tile: WgmmaTile | None, batch: int, hidden: int) -> WgmmaTile
 
 
 @dataclass(frozen=True)
-class GruTemplate(NamedBuffers, DtypeFields, Template):
+class GruTemplate(SplitInputParts, NamedBuffers, DtypeFields, Template):
     """A stack of GRU layers at one shape, as one tunable unit: its "kernel" is the whole
     forward pass (every launch of every step of every layer).
 
@@ -238,14 +238,7 @@ class GruTemplate(NamedBuffers, DtypeFields, Template):
             specs.update({f"wh{layer}": TensorSpec((d, 3 * h, h), w_hh) for layer in range(self.layers)})
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.out_dtype)
-        if self.split_buffers:  # parts of the input GEMM's operands: x's per depth K, W_ih's per layer
-            parts = "float32" if self.split_buffers == 3 else "float16"  # TF32 parts are float32 words
-            for i in self.input_gemm_kinds():
-                specs[f"xs{i}"] = TensorSpec((t * b, self.split_parts * split_depth(self.layer_input(i))), parts)
-            for layer in range(self.layers):  # split once, as the weights are loaded (``prepare_calls``)
-                depth = self.split_parts * split_depth(self.layer_input(layer))
-                specs[f"ws{layer}"] = TensorSpec((d * 3 * h, depth) if self.split_buffers >= 2 else (depth, d * 3 * h),
-                                                 parts)
+        specs.update(self.part_specs(d * 3 * h))  # the input GEMM's operands split into parts
         return specs
 
     def for_config(self, config: Config) -> "GruTemplate":
@@ -529,10 +522,6 @@ class GruTemplate(NamedBuffers, DtypeFields, Template):
         return tf32_parts_reason(self.tf32_input_tile(c), [self.input_depth(i, c) for i in self.input_gemm_kinds()],
                                  c.in_tf32_parts, c.in_tf32_promote)
 
-    def stored_parts(self, config: Config) -> int:
-        """The TF32 or float16 parts each row of the split input GEMM's operands holds."""
-        return config.in_tf32_parts if config.in_split == 3 else PARTS
-
     def tf32_input_tile(self, config: Config) -> WgmmaTile | None:
         """The tile of the input GEMM of TF32 parts (in_split 3): the counted one, or the picked
         one, loaded by the TMA where it reads two stored parts."""
@@ -616,12 +605,6 @@ class GruTemplate(NamedBuffers, DtypeFields, Template):
     def counted_depth(self, config: Config) -> int:
         """Layer 0's input GEMM depth (its float16 or TF32 parts' with ``in_split``)."""
         return self.input_depth(0, config)
-
-    def input_depth(self, kind: int, config: Config) -> int:
-        """The depth of input GEMM ``kind`` (0: layer 0's, 1: the later layers'; ``input_gemm_kinds``),
-        its float16 or TF32 parts' with ``in_split``."""
-        k = self.layer_input(kind)
-        return PARTS * split_depth(k) if config.in_split else k
 
     def overlap_reason(self, c: Config, step: StepVariant) -> str | None:
         """Why ``c``'s step kernel cannot start while its input GEMM runs (``step_overlap`` N)."""
@@ -719,13 +702,6 @@ class GruTemplate(NamedBuffers, DtypeFields, Template):
             funcs["gru_hold"] = schedule_elementwise(hold, "hold", threads, vectorized=True)
             funcs["gru_zero_out"] = schedule_elementwise(zero, "zero_out", threads, vectorized=True)
         return funcs
-
-    def split_rows_written(self, config: Config, kind: int) -> bool:
-        """Whether input GEMM ``kind``'s x is split by ``gemm_3xtf32``'s kernel (four columns a
-        thread, 16-byte loads and stores) rather than the scheduled one (an output element a
-        thread): TF32 parts (``in_split`` 3) of a depth that needs no padding."""
-        k = self.layer_input(kind)
-        return config.in_split == 3 and split_depth(k) == k
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
         """Kernel functions written as lowered loops rather than scheduled (PrimFuncs by name):

@@ -9,10 +9,10 @@ import numpy as np
 from tvm_ext.core.errors import TvmExtError
 from tvm_ext.core.space import Config
 from tvm_ext.precision.precision import np_dtype
-from tvm_ext.schedules.gru.layer import (_numpy, built_config, expected_weight_shapes, plan_executor,
-                                        weight_arrays)
+from tvm_ext.schedules.gru.layer import (_numpy, built_config, check_split_weights, expected_weight_shapes,
+                                        plan_executor, weight_arrays)
 from tvm_ext.schedules.gru.lengths import checked_lengths
-from tvm_ext.schedules.gru.split import SPLIT_WEIGHT_SCALE, split_range_reason
+from tvm_ext.schedules.gru.split import split_range_reason
 from tvm_ext.target import TargetInfo
 
 from .compute import GATES
@@ -75,11 +75,7 @@ class LSTM:
         """Load PyTorch-named weights (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...); biases may
         be left out altogether (``nn.LSTM(bias=False)``).  ``proj_size`` is not supported."""
         arrays = weight_arrays(weights, self.expected_weight_shapes(), "LSTM")
-        for name, array in arrays.items():
-            reason = split_range_reason(name, array, SPLIT_WEIGHT_SCALE, "step_tc 2") \
-                if self._splits_state and name.startswith("weight_hh") else None
-            if reason:
-                raise TvmExtError(reason)
+        check_split_weights(arrays, {"weight_hh": "step_tc 2"} if self._splits_state else {})
         for name, array in self.template.device_weights(arrays).items():
             self.executor.write(name, array)
         self.executor.prepare()  # what the weights give once (``plan.prepare_calls``)

@@ -32,7 +32,7 @@ from tvm_ext.schedules.gemm.wgmma_template import pick_wgmma_tile
 from tvm_ext.schedules.gru.compute import device_layout, torch_layout
 from tvm_ext.schedules.gru.flag_step import FlagStep
 from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
-from tvm_ext.schedules.gru.input_gemm import SplitInputGemm, split_input_gemm, tf32_parts_reason
+from tvm_ext.schedules.gru.input_gemm import SplitInputGemm, SplitInputParts, split_input_gemm, tf32_parts_reason
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
 from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, INPUT_TF32_PARTS_KNOB, STEP_KNOBS, gemm_config
 from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE
@@ -108,7 +108,7 @@ KNOBS = (tuple(_four_gates(k) for k in STEP_KNOBS if k.name in STEP_KNOB_NAMES) 
 
 
 @dataclass(frozen=True)
-class LstmTemplate(NamedBuffers, Template):
+class LstmTemplate(SplitInputParts, NamedBuffers, Template):
     """A stack of LSTM layers at one shape, as one tunable unit: its "kernel" is the whole
     forward pass.  Buffers in device layout: x (T·B, I); w_ih{l} (K_l, dirs·4H), w_hh{l}
     (dirs, H, 4H), gates in PyTorch's order i, f, g, o."""
@@ -206,12 +206,7 @@ class LstmTemplate(NamedBuffers, Template):
                  "p0": state, "p1": state, "k0": state, "k1": state}  # and their h and c, ping-ponging
         for i in range(min(2, self.layers - 1)):  # outputs of inner layers, alternating
             specs[f"y{i}"] = TensorSpec((t * b, d * h), self.dtype)
-        if self.split_buffers:  # TF32 parts of the input GEMM's operands: x's per depth, W_ih's per layer
-            for i in self.input_gemm_kinds():
-                specs[f"xs{i}"] = TensorSpec((t * b, self.split_parts * split_depth(self.layer_input(i))), F32)
-            for layer in range(self.layers):  # split once, as the weights are loaded (``plan.prepare_calls``)
-                depth = self.split_parts * split_depth(self.layer_input(layer))
-                specs[f"ws{layer}"] = TensorSpec((d * GATES * h, depth), F32)
+        specs.update(self.part_specs(d * GATES * h))  # the input GEMM's operands as TF32 parts
         return specs
 
     def for_config(self, config: Config) -> "LstmTemplate":
@@ -387,25 +382,11 @@ class LstmTemplate(NamedBuffers, Template):
         """Whether ``config``'s input GEMM is a wgmma kernel (``lowered_kernels``), not a schedule."""
         return bool(config.in_split or config.in_wgmma)
 
-    def stored_parts(self, config: Config) -> int:
-        """The TF32 parts each row of the split input GEMM's operands holds."""
-        return config.in_tf32_parts if config.in_split == 3 else PARTS
-
     def tf32_input_tile(self, config: Config) -> WgmmaTile | None:
         """The input GEMM's tile on TF32 parts, loaded by the TMA where it reads two stored parts."""
         if self.in_split_tf32 is None:
             return None
         return replace(self.in_split_tf32, tma=True) if self.stored_parts(config) == 2 else self.in_split_tf32
-
-    def input_depth(self, kind: int, config: Config) -> int:
-        """The depth of input GEMM ``kind``: its TF32 parts' (3 x the padded K) with ``in_split``."""
-        k = self.layer_input(kind)
-        return PARTS * split_depth(k) if config.in_split else k
-
-    def split_rows_written(self, config: Config, kind: int) -> bool:
-        """Whether input GEMM ``kind``'s x is split by ``gemm_3xtf32``'s kernel (four columns a
-        thread) rather than the scheduled one: a depth that needs no padding (the GRU's rule)."""
-        return bool(config.in_split) and split_depth(self.layer_input(kind)) == self.layer_input(kind)
 
     def wgmma_input_gemms(self, config: Config) -> dict[str, Any]:
         """Each input GEMM kind on wgmma: with ``in_wgmma`` 16-bit as stored (W_ih (K, N) read
