@@ -19,6 +19,11 @@ unless named:
   of knob values over the pick (a set the case's space refuses is a row saying why).
 Outputs and final states of every side are checked against float64 on set 0 (ours on
 NaN-poisoned outputs).
+
+A case with ``lengths`` times packed input (each row's length uniform in the range, the longest
+T): cuDNN with padded I/O and per-row lengths (every algorithm), ``nn.LSTM`` on a
+``PackedSequence``, ours with ``lengths`` (``variable_lengths``), and ``tvm_ext.torch.LSTM`` as it
+ships on the ``PackedSequence`` (the side its first call chose); no TF32 section.
 """
 from __future__ import annotations
 
@@ -50,10 +55,12 @@ class Case:
     layers: int = 1
     bidirectional: bool = False
     dtype: str = "float32"
+    lengths: tuple[int, int] | None = None  # uniform in [lo, hi], the longest row = seq
 
     def template(self) -> LstmTemplate:
         return LstmTemplate(batch=self.batch, hidden=self.hidden, input=self.hidden, seq=self.seq, layers=self.layers,
-                            bidirectional=self.bidirectional, dtype=self.dtype)
+                            bidirectional=self.bidirectional, dtype=self.dtype,
+                            variable_lengths=self.lengths is not None)
 
 
 CASES = (
@@ -65,6 +72,11 @@ CASES = (
     Case("fp16 B32 H1024", 32, 1024, dtype="float16"), Case("fp32 B32 H512", 32, 512),
     Case("fp32 B32 H1024", 32, 1024), Case("fp16 B16 H1024", 16, 1024, dtype="float16"),
     Case("fp16 B32 H768", 32, 768, dtype="float16"),
+    Case("fp32 B64 H1024 lengths", 64, 1024, lengths=(64, 128)),
+    Case("fp16 B64 H1024 lengths", 64, 1024, dtype="float16", lengths=(64, 128)),
+    Case("fp32 B8 H512 lengths", 8, 512, lengths=(64, 128)),
+    Case("fp16 bi B8 H512 lengths", 8, 512, bidirectional=True, dtype="float16", lengths=(64, 128)),
+    Case("fp32 bi B16 H512 lengths", 16, 512, bidirectional=True, lengths=(64, 128)),
 )
 
 
@@ -95,8 +107,9 @@ def tuned_config(template: LstmTemplate, target: Any, args: argparse.Namespace, 
 
 
 def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str, np.ndarray],
-         ref: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """Our plan of ``config`` timed three ways on the rotated sets, its error on set 0."""
+         ref: tuple[np.ndarray, ...], lengths: np.ndarray | None = None) -> dict[str, Any]:
+    """Our plan of ``config`` timed three ways on the rotated sets (``lengths`` each row's,
+    where the case has them), its error on set 0."""
     from tvm_ext.measure.executors import CudaExecutor
 
     template = case.template().with_tensor_cores(target)
@@ -111,6 +124,8 @@ def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str,
         ex.write("x", x.reshape(-1, case.hidden), i)
         ex.write("h0", zeros, i)
         ex.write("c0", zeros, i)
+        if lengths is not None:
+            ex.write("lengths", lengths.astype(np.int32), i)
     for name in ("out", "h_n", "c_n"):
         ex.write(name, np.full(template.output_specs()[name].shape, np.nan, np.float32), 0)
     ex.run(0)
@@ -128,14 +143,15 @@ def ours(case: Case, config: Any, target: Any, xs: list[Any], weights: dict[str,
 
 
 def cudnn_rows(net: Any, case: Case, xs: list[Any], err: Any, math: str,
-               max_error: float | None = None) -> dict[str, Any]:
+               max_error: float | None = None, lengths: np.ndarray | None = None) -> dict[str, Any]:
     """cuDNN's LSTM through ``cudnnRNNForward`` with every algorithm in ``math``: each timed the
     three ways with its error against float64 (marked wrong past ten times ``max_error``), or
     the refusal as its row."""
     rows: dict[str, Any] = {}
     for algo in ALGOS:
         try:
-            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math=math)
+            rnn = CudnnGru(net, case.batch, case.seq, algo=algo, math=math,
+                           lengths=None if lengths is None else lengths.tolist())
             e = err(*rnn(xs[0]))
             rows[algo] = {**best_of(time_vendor(lambda i, rnn=rnn: rnn(xs[i])[0], SETS)), "err": e}
             if max_error is not None and e > 10 * max_error:
@@ -175,6 +191,28 @@ def tf32_rows(net: Any, case: Case, xs: list[Any], err: Any) -> dict[str, Any]:
     return rows
 
 
+def packed_rows(net: Any, case: Case, xs: list[Any], lengths: np.ndarray, err: Any) -> dict[str, Any]:
+    """Packed input: ``nn.LSTM`` on a ``PackedSequence`` of each set, and ``tvm_ext.torch.LSTM`` as it
+    ships on them (the side its first call chose), each timed the three ways, errors of the
+    padded outputs against float64."""
+    import torch
+
+    from tvm_ext.torch import LSTM as TvmLSTM
+
+    pad = torch.nn.utils.rnn.pad_packed_sequence
+    packs = [torch.nn.utils.rnn.pack_padded_sequence(x, torch.as_tensor(lengths)) for x in xs]
+    y, (h, c) = net(packs[0])
+    rows = {"torch": {**best_of(time_vendor(lambda i: net(packs[i])[0].data, SETS)),
+                      "err": err(pad(y, total_length=case.seq)[0], h, c)}}
+    shipped = TvmLSTM.from_module(net)
+    y, (h, c) = shipped(packs[0])
+    (choice,) = shipped.choices.values()
+    rows["shipped"] = {**best_of(time_vendor(lambda i: shipped(packs[i])[0].data, SETS)),
+                       "err": err(pad(y, total_length=case.seq)[0], h, c), "backend": choice.backend,
+                       "ours_ms": choice.ours_ms, "torch_ms": choice.torch_ms}
+    return rows
+
+
 def tf32_summary(row: dict[str, Any]) -> list[str] | None:
     """A float32 case's TF32 row: cuDNN with TF32's best, ours in TF32's class, the module as it
     ships (its side), and the ratios to cuDNN's TF32 best."""
@@ -203,37 +241,49 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     net = net32.to(dt) if case.dtype != "float32" else net32
     xs32 = [torch.randn(case.seq, case.batch, case.hidden, device="cuda") for _ in range(SETS)]
     xs = [x.to(dt) for x in xs32]
-    ref = lstm_reference(xs[0].double().cpu().numpy(), weights, None, None, case.layers, case.bidirectional)
+    lengths = None
+    if case.lengths:
+        lo, hi = case.lengths
+        lengths = np.sort(np.random.default_rng(0).integers(lo, hi + 1, case.batch))[::-1].astype(np.int32)
+        lengths[0] = case.seq
+        row_lengths = lengths.tolist()
+    ref = lstm_reference(xs[0].double().cpu().numpy(), weights, None, None, case.layers, case.bidirectional,
+                         lengths=lengths)
     row: dict[str, Any] = {"case": asdict(case)}
+    if lengths is not None:
+        row["lengths"] = row_lengths
 
     def err(out: Any, h: Any, c: Any) -> float:
         return max(rel_err(t.detach().double().cpu().numpy(), r) for t, r in zip((out, h, c), ref))
 
     row["cudnn"] = cudnn_rows(net, case, xs, err, "fma" if case.dtype == "float32" else "tensor_op",
-                              MAX_ERROR[case.dtype])
+                              MAX_ERROR[case.dtype], lengths)
     torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
-        y, (h, c) = net(xs[0])
-        row["torch"] = {**best_of(time_vendor(lambda i: net(xs[i])[0], SETS)), "err": err(y, h, c)}
-    if case.dtype == "float32":
+        if lengths is None:
+            y, (h, c) = net(xs[0])
+            row["torch"] = {**best_of(time_vendor(lambda i: net(xs[i])[0], SETS)), "err": err(y, h, c)}
+        else:
+            row.update(packed_rows(net, case, xs, lengths, err))
+    if case.dtype == "float32" and lengths is None:
         row.update(tf32_rows(net, case, xs, err))
     target = resolve_target("cuda")
     template = case.template().with_tensor_cores(target)
     x_sets = [x.cpu().float().numpy() for x in xs32]
     pick, why = template.analytic_pick(target)
     row["pick_why"] = why
-    row["ours_pick"] = ours(case, pick, target, x_sets, weights, ref)
+    row["ours_pick"] = ours(case, pick, target, x_sets, weights, ref, lengths)
     space = template.space(target)
     for label, changes in args.variants.items():
         variant = pick.replace(**changes)
         reason = space.infeasible_reason(variant)
         row.setdefault("variants", {})[label] = {"refused": reason} if reason else \
-            ours(case, variant, target, x_sets, weights, ref)
+            ours(case, variant, target, x_sets, weights, ref, lengths)
     if args.trials:
         t0 = time.perf_counter()
         best = tuned_config(template, target, args, case.label)
         row["tuning_s"] = time.perf_counter() - t0
-        row["ours_tuned"] = ours(case, best, target, x_sets, weights, ref)
+        row["ours_tuned"] = ours(case, best, target, x_sets, weights, ref, lengths)
     return row
 
 
@@ -269,11 +319,21 @@ def main() -> None:
     print(f"device {device_name()}, cuDNN {cudnn_version()}, enums from {api().enum_source}", flush=True)
     tf32: list[list[str]] = []  # this run's float32 cases against cuDNN with TF32 (``tf32_summary``)
 
+    packed: list[list[str]] = []  # this run's cases with lengths: the module as it ships on packed input
+
     def run(case: Case) -> dict[str, Any]:
         row = run_case(case, args)
         cells = tf32_summary(row)
         if cells:
             tf32.append(cells)
+        if "shipped" in row and "lengths" in row:
+            shipped = row["shipped"]
+            vendor = min([v["best"] for v in row["cudnn"].values() if "best" in v and not v.get("wrong")]
+                         + [row["torch"]["best"]])
+            packed.append([case.label, f"{row['torch']['best']:.3f}", f"{vendor:.3f}",
+                           f"{row['ours_pick']['best']:.3f}" if "best" in row["ours_pick"] else "-",
+                           f"{shipped['best']:.3f} ({shipped['backend']}, {shipped['err']:.1e})",
+                           f"{vendor / shipped['best']:.2f}x"])
         return row
 
     rows = case_rows(CASES, args.cases, run, summary, os.path.join(args.out, "lstm_vendor.jsonl"))
@@ -283,6 +343,11 @@ def main() -> None:
                 ["case", "torch.nn.LSTM", *ALGOS, "cuDNN best", "ours (pick)", "ours (tuned)", "variants",
                  "cuDNN / ours (best of ours)",
                  "ours err", "cuDNN err"], rows))
+    if packed:
+        print()
+        print(table("packed input (PackedSequence): tvm_ext.torch.LSTM as it ships (ms)",
+                    ["case", "nn.LSTM packed", "cuDNN best", "ours (pick)", "shipped (side, err)",
+                     "cuDNN best / shipped"], packed))
     if tf32:
         print()
         print(table("float32 LSTM against cuDNN with TF32 allowed (ms, err)",

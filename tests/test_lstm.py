@@ -116,30 +116,51 @@ def test_a_bfloat16_lstm_is_within_bfloat16s_rounding(opencl, config):
             LSTM.build(opencl, 6, 10, dtype="float16")
 
 
-def test_variable_lengths_stop_each_row_at_its_own_length(opencl):
+@pytest.mark.parametrize("config", [None, {"fuse_step": 0}], ids=["fused", "unfused"])
+def test_variable_lengths_stop_each_row_at_its_own_length(opencl, config):
     """``variable_lengths``: each row stops at its own length as a ``PackedSequence`` does (outputs
-    past it zero, h_n and c_n at its last step, the backward direction starting there), two layers
-    both directions, unsorted lengths; the fused step kernel is refused for it with the reason;
-    bad lengths are one error each."""
-    lstm = LSTM.build(opencl, 5, 9, num_layers=2, bidirectional=True, batch=4, seq=6, variable_lengths=True)
-    assert lstm.config.fuse_step == 0
+    past it zero, h_n and c_n at its last step, the backward direction starting there from h0
+    and c0), two layers both directions, unsorted lengths, NaN in the padding; on the fused step
+    kernel (gi held, the backward h0's products added, the forward h_n copied: ``lengths.py``)
+    and on the unfused steps; bad lengths are one error each."""
+    lstm = LSTM.build(opencl, 5, 9, num_layers=2, bidirectional=True, batch=4, seq=6, variable_lengths=True,
+                      config=config)
+    assert lstm.config.fuse_step == (0 if config else 1)
     weights = _weights(5, 9, 2, 2)
     lstm.load_numpy(weights)
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, (6, 4, 5)).astype(np.float32)
     h0, c0 = (rng.uniform(-1, 1, (4, 4, 9)).astype(np.float32) for _ in range(2))
     lengths = np.array([3, 6, 1, 5], np.int32)
-    got = lstm(x, (h0, c0), lengths)
+    padded = x.copy()
+    padded[np.arange(6)[:, None] >= lengths[None, :]] = np.nan  # never reaches the state
+    got = lstm(padded, (h0, c0), lengths)
     want = lstm_reference(x, weights, h0, c0, 2, True, lengths=lengths)
     _close((got[0], *got[1]), want)
     assert not np.any(got[0][3:, 0]) and not np.any(got[0][1:, 2])  # past a row's length: zeros
     _close((lstm(x, (h0, c0))[0],), (lstm_reference(x, weights, h0, c0, 2, True)[0],))  # lengths left out: all T
     with pytest.raises(TvmExtError, match=r"LSTM lengths\[1\] = 7 is outside 1..6"):
         lstm(x, (h0, c0), [3, 7, 1, 5])
-    with pytest.raises(TvmExtError, match="fuse_step 0"):
-        LSTM.build(opencl, 5, 9, batch=4, seq=6, variable_lengths=True, config={"fuse_step": 1})
     with pytest.raises(TvmExtError, match="built for full-length rows"):
         LSTM.build(opencl, 5, 9, batch=4, seq=6).load_numpy(_weights(5, 9, 1, 1))(x, None, lengths)
+
+
+def test_variable_lengths_on_one_direction_and_the_refused_input_projection(opencl):
+    """One direction, three layers, float32 on the fused steps: each row's h_n from its last
+    step (the forward h_n's copy), c_n held; the flag-exchange kernel's own input projection
+    (``step_flag_input`` 1) is refused with variable lengths, with the reason."""
+    lstm = LSTM.build(opencl, 7, 5, num_layers=3, batch=3, seq=7, variable_lengths=True)
+    weights = _weights(7, 5, 3, 1, seed=2)
+    lstm.load_numpy(weights)
+    rng = np.random.default_rng(6)
+    x = rng.uniform(-1, 1, (7, 3, 7)).astype(np.float32)
+    h0, c0 = (rng.uniform(-1, 1, (3, 3, 5)).astype(np.float32) for _ in range(2))
+    lengths = np.array([2, 7, 4], np.int32)
+    got = lstm(x, (h0, c0), lengths)
+    _close((got[0], *got[1]), lstm_reference(x, weights, h0, c0, 3, False, lengths=lengths))
+    space = lstm.template.space(opencl)
+    flags = lstm.config.replace(step_loop=2, step_flags=1, step_flag_input=1)
+    assert "variable lengths hold each row's gates in gi" in space.infeasible_reason(flags)
 
 
 def test_bad_input_is_one_error(opencl):

@@ -24,6 +24,7 @@ from tvm_ext.precision.precision import itemsize
 # for any |gh| well under HOLD; HOLD is exact in all three types.
 HOLD = 8192.0
 LENGTHS_DTYPE = "int32"
+GRU_HELD = (0.0, HOLD, 0.0)  # r, z, n: z = 1 exactly, so h' = h
 
 
 def _constant(dtype: str, value: float) -> Any:
@@ -37,6 +38,15 @@ def _constant(dtype: str, value: float) -> Any:
     return tirx.reinterpret("bfloat16", tirx.const(bits, "uint16"))
 
 
+def _held_value(T: Any, gate: Any, held: tuple[float, ...], dtype: str) -> Any:
+    """``held[gate]`` as an expression of ``gate``: a choice for each gate not held at 0."""
+    value = _constant(dtype, 0.0)
+    for index, constant in enumerate(held):
+        if constant:
+            value = T.if_then_else(gate == index, _constant(dtype, constant), value)
+    return value
+
+
 def row_vector(hidden: int, dtype: str, kind: str) -> int:
     """Elements of a row one thread of the hold and the zeroing writes: 16 bytes on CUDA where
     the hidden size is a multiple of them (a vector then lies in one gate), else fewer; 1 on
@@ -47,13 +57,15 @@ def row_vector(hidden: int, dtype: str, kind: str) -> int:
     return vec
 
 
-def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str, vec: int = 1) -> Any:
-    """gi at rows (t, b) with t >= lengths[b], in place: the update gate's columns ``HOLD``, the
-    reset and new gates' 0 (whatever the input there was: padding, or an inner layer's output
-    past a length), ``vec`` elements at a time (``row_vector``)."""
+def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str, vec: int = 1,
+              held: tuple[float, ...] = GRU_HELD) -> Any:
+    """gi at rows (t, b) with t >= lengths[b], in place: gate g's columns ``held[g]`` (the GRU's:
+    the update gate's ``HOLD``, the reset and new gates' 0), whatever the input there was
+    (padding, or an inner layer's output past a length), ``vec`` elements at a time
+    (``row_vector``)."""
     from tvm.script import tirx as T
 
-    G = 3 * hidden
+    G = len(held) * hidden
 
     @T.prim_func(s_tir=True)
     def hold(lengths: T.Buffer((batch,), LENGTHS_DTYPE), gi: T.Buffer((steps * batch, dirs * G), gi_dtype)):
@@ -62,8 +74,7 @@ def hold_func(steps: int, batch: int, hidden: int, dirs: int, gi_dtype: str, vec
             with T.sblock("hold"):
                 vr, vc, vv = T.axis.remap("SSS", [r, c, v])
                 if vr // batch >= lengths[vr % batch]:
-                    gi[vr, vc * vec + vv] = T.if_then_else(vc * vec % G // hidden == 1, _constant(gi_dtype, HOLD),
-                                                           _constant(gi_dtype, 0.0))
+                    gi[vr, vc * vec + vv] = _held_value(T, vc * vec % G // hidden, held, gi_dtype)
 
     return hold
 

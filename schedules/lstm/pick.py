@@ -55,8 +55,6 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     else on the CUDA cores' large tile where it gives every SM a block (``large_input_tile``); a
     16-bit one from the GRU's ``WGMMA_MIN_FLOPS`` on wgmma as stored (``in_wgmma``)."""
     base = template.default_config(target)
-    if template.variable_lengths:
-        return base, "variable lengths: the unfused steps (their cell keeps a finished row's h and c)"
     if target.is_cpu:
         return base, "CPU device: the fused step kernel, a launch per step"
     space = template.space(target)

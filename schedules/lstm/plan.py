@@ -20,7 +20,8 @@ BARRIER_TIMEOUT = ("persistent LSTM step kernel: a grid barrier timed out (not e
 # Kernel function (name prefix) -> the stages its time counts toward
 FUNCTION_STAGES = {"lstm_init": ("step",), "lstm_gemm_x": ("input_gemm",), "lstm_split": ("input_gemm",),
                    "lstm_step": ("step",), "lstm_final_c": ("step",), "lstm_gemm_h": ("step",),
-                   "lstm_cell": ("step",)}  # and lstm_steps
+                   "lstm_cell": ("step",), "lstm_hold": ("step",), "lstm_last_h": ("step",),
+                   "lstm_h0_products": ("step",), "lstm_inject": ("step",)}  # and lstm_steps
 PREPARED = "lstm_split_w"  # the functions of ``prepare_calls``: ``run_plan`` times the pass after them
 
 
@@ -37,7 +38,9 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
     """Every call of one forward pass, in order: per layer the init (h0 and c0 into the state),
     S1 (with ``in_split`` 3 x's TF32 parts, then the GEMM over them and W_ih's prepared ones), the
     T steps (the variant's calls), then, after the fused step kernel, c_n's copy (the unfused
-    cell kernel writes c_n itself)."""
+    cell kernel writes c_n itself).  Variable lengths on the fused steps (``lengths.py``): gi held
+    past each row's length (with both directions the backward h0's products added at its first
+    step) before the steps, the forward h_n copied from the output after them."""
     step = template.step_variant(config)
     fused = not isinstance(step, LstmCellStep)
     calls = []
@@ -53,9 +56,17 @@ def plan_calls(template: Any, config: Config) -> tuple[Call, ...]:
             calls.append(Call(f"lstm_gemm_x{kind}", (f"xs{kind}", f"ws{layer}", f"b_ih{layer}", "gi")))
         else:
             calls.append(Call(f"lstm_gemm_x{kind}", (input_buffer(layer), f"w_ih{layer}", f"b_ih{layer}", "gi")))
+        held = fused and template.variable_lengths  # the unfused cell holds finished rows itself
+        if held:
+            calls.append(Call("lstm_hold", ("lengths", "gi")))
+            if template.bidirectional:
+                calls.append(Call("lstm_h0_products", ("h0", f"w_hh{layer}", layer, "gh")))
+                calls.append(Call("lstm_inject", ("lengths", "gh", "gi")))
         calls.extend(Call(func, args) for func, args in step.step_calls(layer, out))
         if fused:
             calls.append(Call("lstm_final_c", ("hs", layer, "c_n")))
+        if held:
+            calls.append(Call("lstm_last_h", ("lengths", out, layer, "h_n")))
     return tuple(calls)
 
 

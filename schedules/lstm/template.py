@@ -35,7 +35,7 @@ from tvm_ext.schedules.gru.fused_step import FusedStep, PersistentStep
 from tvm_ext.schedules.gru.input_gemm import SplitInputGemm, SplitInputParts, split_input_gemm, tf32_parts_reason
 from tvm_ext.schedules.gru.kernels import schedule_elementwise
 from tvm_ext.schedules.gru.knobs import HID_GEMM_KNOBS, IN_GEMM_KNOBS, INPUT_TF32_PARTS_KNOB, STEP_KNOBS, gemm_config
-from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE
+from tvm_ext.schedules.gru.lengths import LENGTHS_DTYPE, hold_func, row_vector
 from tvm_ext.schedules.gru.split import PARTS, split_depth, split_rows_func
 from tvm_ext.schedules.gru.split_step import TensorCoreSplitStep
 from tvm_ext.schedules.gru.step_common import LSTM_CELL
@@ -48,6 +48,7 @@ from . import plan as host_plan
 from .cell_step import LstmCellStep
 from .compute import GATES, lstm_reference
 from .kernels import final_c_func, init_func, init_states_func
+from .lengths import LSTM_HELD, h0_products_func, inject_func, last_h_func, schedule_h0_products
 
 F32 = "float32"
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
@@ -122,7 +123,7 @@ class LstmTemplate(SplitInputParts, NamedBuffers, Template):
     dtype: str = F32
     in_tensor_core: TensorCoreTile | None = None  # the input GEMM's tile (16-bit on CUDA: ``with_tensor_cores``)
     hid_tensor_core: TensorCoreTile | None = None  # the unfused steps' hidden GEMM's, likewise
-    variable_lengths: bool = False  # each batch row stops at its own length (input ``lengths``; unfused steps)
+    variable_lengths: bool = False  # each batch row stops at its own length (input ``lengths``: ``lengths.py``)
     in_split_tf32: WgmmaTile | None = None  # the float32 input GEMM's tile on TF32 parts (``in_split`` 3)
     in_wgmma_tile: WgmmaTile | None = None  # the 16-bit input GEMM's tile on wgmma (``in_wgmma``)
     split_buffers: int = 0  # the in_split of the config whose buffers these are (``for_config``)
@@ -341,9 +342,6 @@ class LstmTemplate(SplitInputParts, NamedBuffers, Template):
             return None
 
         def step_reason(c: Config) -> str | None:
-            if self.variable_lengths and c.fuse_step:
-                return ("variable lengths run on the unfused steps (fuse_step 0), whose cell keeps a finished row's "
-                        "h and c")
             step = self.step_variant(c)
             if c.step_flag_input and (why := self.fused_input_reason(step)):
                 return why
@@ -410,6 +408,8 @@ class LstmTemplate(SplitInputParts, NamedBuffers, Template):
         must be as deep as the first's."""
         if not step.fuses_input:
             return "step_flag_input 1 is the flag-exchange step kernel's (step_flags 1, step_loop 2)"
+        if self.variable_lengths:
+            return "step_flag_input 1: variable lengths hold each row's gates in gi, which that kernel does not write"
         if self.layers > 1 and self.layer_input(1) != self.input:
             return (f"step_flag_input 1: one step kernel serves every layer, so each layer's input must be "
                     f"{self.input} deep (layer 1 reads {self.layer_input(1)})")
@@ -417,9 +417,9 @@ class LstmTemplate(SplitInputParts, NamedBuffers, Template):
 
     def default_config(self, target: TargetInfo) -> Config:
         """The fused step kernel a launch per step, 32 units (fewer for a small H) a block, k
-        slices of 16 (with variable lengths the unfused steps), the GEMMs' default tiles."""
+        slices of 16, the GEMMs' default tiles."""
         units = min(32, 1 << max(1, (self.hidden - 1).bit_length()))
-        values: dict[str, Any] = {"cell_block": 256, "fuse_step": int(not self.variable_lengths), "step_j": units,
+        values: dict[str, Any] = {"cell_block": 256, "fuse_step": 1, "step_j": units,
                                   "step_b": 1, "step_u": 1, "step_bt": 1, "step_k": 16, "step_pipeline": 0,
                                   "step_ks": 1, "step_loop": 0, "step_prefetch": 0, "step_barrier": 0,
                                   "step_w_onchip": 0,
@@ -460,6 +460,8 @@ class LstmTemplate(SplitInputParts, NamedBuffers, Template):
             final_c = final_c_func(self.seq, self.batch, self.hidden, self.dirs, self.layers, self.dtype)
             funcs = {"lstm_init": schedule_elementwise(init, "init", threads),
                      "lstm_final_c": schedule_elementwise(final_c, "final_c", threads)}
+            if self.variable_lengths:
+                funcs.update(self._length_kernels(target, threads))
         base = default_gemm_config(self.input_gemm(0), target)
         for kind in self.input_gemm_kinds():
             if not self.input_on_wgmma(config):  # else ``lowered_kernels``
@@ -469,6 +471,21 @@ class LstmTemplate(SplitInputParts, NamedBuffers, Template):
                                        parts=self.stored_parts(config))
                 funcs[f"lstm_split_x{kind}"] = schedule_elementwise(rows, "split", threads)
         funcs.update(step.scheduled_kernels(target))
+        return funcs
+
+    def _length_kernels(self, target: TargetInfo, threads: int) -> dict[str, Any]:
+        """The fused steps' kernels of variable lengths (``lengths.py``): the hold of gi past each
+        row's length, the forward h_n's copy from the output and, with both directions, the
+        backward h0's products added at each row's first step."""
+        t, b, h, d = self.seq, self.batch, self.hidden, self.dirs
+        hold = hold_func(t, b, h, d, F32, row_vector(h, F32, target.kind), LSTM_HELD)
+        funcs = {"lstm_hold": schedule_elementwise(hold, "hold", threads, vectorized=True),
+                 "lstm_last_h": schedule_elementwise(last_h_func(t, b, h, d, self.layers, self.dtype), "last_h",
+                                                     threads)}
+        if self.bidirectional:
+            funcs["lstm_h0_products"] = schedule_h0_products(h0_products_func(b, h, self.layers, self.dtype), b,
+                                                             threads)
+            funcs["lstm_inject"] = schedule_elementwise(inject_func(t, b, h), "inject", threads)
         return funcs
 
     def lowered_kernels(self, config: Config) -> dict[str, Any]:
