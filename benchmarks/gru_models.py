@@ -24,7 +24,9 @@ Per case, one process, the same rotated inputs, every output against the float64
   an ONNX file (TorchScript exporter, ``tvm_ext.relax.onnx_import``): ``tune_relax`` on the imported
   module (``--trials`` per task; the two imports give the same tasks, so the second reuses the
   first's database), compiled in the Relax VM and timed per call, back to back and replayed
-  from a CUDA graph (the best of the three); for float32 also the ``.pt2`` import with its GRU in
+  from a CUDA graph (the best of the three); both imports fold a ``Linear`` feeding the GRU into its
+  input projection (``tvm_ext.relax.recurrent_fold``), ``--imports pt2-unfolded`` times the
+  ``.pt2`` without that; for float32 also the ``.pt2`` import with its GRU in
   float16 storage (``tune model --gru-storage float16``: sums and cell float32, errors the class
   of torch's default TF32 cuDNN).
 
@@ -55,6 +57,7 @@ MODELS = ("classifier", "speech", "lstm")
 BATCHES = (1, 8, 64)
 DTYPES = ("float32", "float16")
 IMPORTS = ("pt2", "onnx")
+UNFOLDED = "pt2-unfolded"  # an import way: the .pt2 with its front-end Linear left unfolded (``recurrent_fold``)
 
 
 @dataclass(frozen=True)
@@ -150,10 +153,14 @@ def export(case: Case, x: np.ndarray, work: str) -> dict[str, str]:
     return files
 
 
-def imported(path: str) -> Any:
-    """The Relax module of an exported file, as ``tune model FILE`` imports it."""
+def imported(path: str, fold_linears: bool = True) -> Any:
+    """The Relax module of an exported file, as ``tune model FILE`` imports it; without
+    ``fold_linears`` a ``.pt2`` whose Linear feeding the GRU stays a GEMM of its own."""
     from tvm_ext.cli.model_cli import load_model_file
+    from tvm_ext.relax.torch_import import import_exported_program
 
+    if not fold_linears:
+        return import_exported_program(load_model_file(path).program, fold_linears=False)
     return load_model_file(path).get_module()
 
 
@@ -240,12 +247,14 @@ def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray,
     storage16 = case.dtype == "float32" and case.model != "lstm"
     variants = [(way, None) for way in args.imports.split(",")] + ([("pt2", "float16")] if storage16 else [])
     for way, storage in variants:
-        label = f"tvm_ext from {'.pt2' if way == 'pt2' else 'ONNX'}" + (f", GRU {storage} storage" if storage else "")
+        label = f"tvm_ext from {'ONNX' if way == 'onnx' else '.pt2'}" + (f", GRU {storage} storage" if storage else "")
+        label += ", front end not folded" if way == UNFOLDED else ""
+        way, fold = ("pt2", False) if way == UNFOLDED else (way, True)
         if way not in files:
             rows.append(Row(case.label, label, note="export failed"))
             continue
         try:
-            mod = imported(files[way])
+            mod = imported(files[way], fold)
             start = time.time()
             result = tune_relax(mod, target, records, database, options, log=lambda m: print(f"  {m}", flush=True),
                                 gru_storage=storage)
@@ -363,7 +372,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
     p.add_argument("--no-import", action="store_true", help="leave out ours imported from .pt2 and ONNX")
-    p.add_argument("--imports", default=",".join(IMPORTS), help="the imports of ours timed (default pt2,onnx)")
+    p.add_argument("--imports", default=",".join(IMPORTS),
+                   help=f"the imports of ours timed (default pt2,onnx; {UNFOLDED}: the .pt2 with the Linear feeding "
+                        "the GRU not folded into its input projection)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: export, import both ways, match, compile")
     p.add_argument("--breakdown", action="store_true", help="GPU time a call by kernel (torch.profiler), each side")
     p.add_argument("--top", type=int, default=16, help="kernels shown a side in the breakdown")

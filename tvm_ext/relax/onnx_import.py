@@ -32,6 +32,7 @@ from .onnx_operators import missing_operators
 from .onnx_quantized import quantized_converters
 from .onnx_rnn import DEFAULT_ACTIVATIONS, GATES, Activation, RecurrentNode, convert_unrolled, read_node
 from .onnx_spectral import spectral_converters
+from .recurrent_fold import fold_linears_into_recurrent
 from .relax_gru import GRU_FUNCTION, LSTM_FUNCTION
 
 ONNX_GATES = ("z", "r", "h")  # ONNX's order of the three gates in W, R and B
@@ -399,8 +400,9 @@ def _check(model: Any, path: str) -> None:
         onnx.checker.check_model(path)
 
 
-def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
-    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's, its named
+def load_onnx(path: str, sizes: Mapping[str, int] | None = None, fold_linears: bool = True) -> Any:
+    """The Relax IRModule of an ONNX file (function ``main``), its GRUs as tvm_ext's (``fold_linears``:
+    a ``Linear`` feeding one folded into its input projection, ``recurrent_fold``), its named
     dimensions in ``sizes`` bound to them; bad input (a file that does not parse, an operator no
     converter takes, a GRU we cannot run) is one ``TvmExtError`` naming the node."""
     import onnx
@@ -416,7 +418,8 @@ def load_onnx(path: str, sizes: Mapping[str, int] | None = None) -> Any:
             _refuse_before_converting(model)
             return from_onnx(model)
 
-    return run_frontend(imported, functools.partial(_import_failure, path))
+    mod = run_frontend(imported, functools.partial(_import_failure, path))
+    return fold_linears_into_recurrent(mod) if fold_linears else mod
 
 
 def _import_failure(path: str, failure: BaseException) -> str:

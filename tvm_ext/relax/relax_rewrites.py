@@ -30,6 +30,13 @@ built from the same rewritten module.
   shape at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); docs/results/gemm.md).  For both
   16-bit rules a constant ``[k, n]`` weight (an ONNX ``MatMul`` on a ``Linear``'s initializer,
   folded to ``[k, n]`` by its exporter) is transposed here, once, and read as stored the same way.
+- ``plain_matmul_operands``: a ``matmul`` whose operand is a ``broadcast_to`` of a tensor to its
+  own shape, or of a 2-D weight to a batch of copies (torch's decomposed ``Linear`` on a 3-D
+  input writes both), takes the tensor itself (the matmul broadcasts a 2-D B over A's batch); and
+  a ``matmul`` of a transpose (and reshapes) that keep the last axis (a ``batch_first`` GRU's
+  output going into its head) by a 2-D weight no wider than it is deep multiplies first, as one
+  GEMM, and transposes and reshapes the narrower product.  Left as they were, the copies and the
+  wide transpose are kernels of their own and the matmul a batched GEMM.
 - ``whole_reductions``: a reduction over every axis (``x.sum()``, ``x.mean()``, an argmax of the
   flattened tensor) reduces a ``(1, n)`` reshape of its input over the last axis, reshaped to
   its output's shape.  A reduction to one value has no spatial axis for dlight's rules: their
@@ -55,6 +62,7 @@ LOW_PRECISION = ("float16", "bfloat16")
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+LAYOUT_OPS = ("relax.reshape", "relax.permute_dims")
 WEIGHT_ROWS = "matmul_weight_rows"  # the PrimFunc of a matmul reading its weight (N, K) as stored
 WHOLE_REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod", "relax.variance", "relax.std",
                     "relax.argmax", "relax.argmin")
@@ -69,6 +77,19 @@ def _static(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
     if shape is None or not all(hasattr(d, "value") for d in shape):
         return None
     return tuple(int(d.value) for d in shape)
+
+
+def keeps_last_axis(call: Any) -> bool:
+    """Whether a reshape or transpose (``LAYOUT_OPS``) leaves the last axis where and as it was."""
+    before, after = _shape(call.args[0]), _shape(call)
+    if not before or not after:
+        return False
+    if _op_name(call) == "relax.permute_dims":
+        axes = call.attrs.axes
+        return axes is not None and int(axes[-1]) == len(before) - 1
+    import tvm_ffi
+
+    return bool(tvm_ffi.structural_equal(before[-1], after[-1]))
 
 
 def _op_name(expr: Any) -> str:
@@ -162,6 +183,9 @@ def _make_mutator() -> Any:
             call = self.visit_expr_post_order(call)
             name = _op_name(call)
             if name == "relax.matmul":
+                simpler = self._plain_operands(call)
+                if simpler is not None:
+                    return simpler
                 rows = self._weight_rows(call)
                 return rows if rows is not None else self._accumulate_fp32(call)
             if name == "relax.reshape":
@@ -287,6 +311,51 @@ def _make_mutator() -> Any:
             wide = self.builder_.emit(self.builder_.call_te(_matmul_weight_rows, a, w, primfunc_name_hint=WEIGHT_ROWS))
             return wide if dtype == "float32" else relax.op.astype(wide, dtype)
 
+        def _plain_operands(self, call: Any) -> Any:
+            """``plain_matmul_operands`` (None where it changes nothing): a matmul's operands
+            without broadcasts to shapes the matmul broadcasts them to itself, and with a 2-D B its
+            A's transpose that keeps the last axis moved past it onto the narrower product."""
+            a, b = call.args
+            a_src, b_src = self._producer(a), self._producer(b)
+            a_shape, b_shape = _static(_shape(a)), _static(_shape(b))
+            if _op_name(a_src) == "relax.broadcast_to" and _static(_shape(a_src.args[0])) == a_shape:
+                a = a_src.args[0]
+            if _op_name(b_src) == "relax.broadcast_to" and b_shape is not None and 2 < len(b_shape) and \
+                    a_shape is not None and len(b_shape) <= len(a_shape) and \
+                    _static(_shape(b_src.args[0])) == b_shape[-2:]:
+                b, b_shape = b_src.args[0], b_shape[-2:]
+            source, layout = self._layout_source(a)
+            transposed = any(_op_name(op) == "relax.permute_dims" for op in layout)  # a copy to save
+            if transposed and b_shape is not None and len(b_shape) == 2 and b_shape[1] <= b_shape[0]:
+                self.changed += 1
+                product = relax.Call(call.op, [source, b], call.attrs)
+                for op in reversed(layout):  # the transposes and reshapes, now of the narrower product
+                    product = self.builder_.emit(product)
+                    product = relax.op.permute_dims(product, op.attrs.axes) if _op_name(op) == "relax.permute_dims" \
+                        else relax.op.reshape(product, [*_shape(op)[:-1], b_shape[1]])
+                return product
+            if a.same_as(call.args[0]) and b.same_as(call.args[1]):
+                return None
+            self.changed += 1
+            return relax.Call(call.op, [a, b], call.attrs)
+
+        def _layout_source(self, expr: Any) -> tuple[Any, list[Any]]:
+            """(the tensor under ``expr``'s transposes and reshapes that keep the last axis, those
+            ops from the outermost in), looking through tuples made here."""
+            layout: list[Any] = []
+            while len(layout) < 8:
+                op = self._producer(expr)
+                while isinstance(op, relax.TupleGetItem):  # a field of a tuple made here
+                    fields = self._producer(op.tuple_value)
+                    if not isinstance(fields, relax.Tuple):
+                        break
+                    op = self._producer(fields.fields[op.index])
+                if _op_name(op) not in LAYOUT_OPS or not keeps_last_axis(op):
+                    break
+                layout.append(op)
+                expr = op.args[0]
+            return expr, layout
+
         def _accumulate_fp32(self, call: Any) -> Any:
             dtype = str(call.ty.dtype)
             a, b = call.args
@@ -300,10 +369,10 @@ def _make_mutator() -> Any:
 
 
 def rewrite_model(mod: Any, target: Any = None) -> Any:
-    """``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` and ``narrow_weight_rows``
-    (for a ``target`` with wgmma), ``sink_reshapes``, ``whole_reductions``, ``empty_concats`` and ``clamp_takes`` on
-    every Relax function,
-    until nothing changes; dead bindings are removed."""
+    """``plain_matmul_operands``, ``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` and
+    ``narrow_weight_rows`` (for a ``target`` with wgmma), ``sink_reshapes``, ``whole_reductions``,
+    ``empty_concats`` and ``clamp_takes`` on every Relax function, until nothing changes; dead
+    bindings are removed."""
     import tvm
     from tvm import relax
 

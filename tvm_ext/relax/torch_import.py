@@ -37,6 +37,7 @@ from .torch_fft import refuse_complex
 from .torch_indexing import CONVERTERS as INDEXING_CONVERTERS
 from .torch_ranks import CONVERTERS as RANK_CONVERTERS
 from .torch_ranks import reads_indices
+from .recurrent_fold import fold_linears_into_recurrent
 from .torch_recurrent import GRU_OP, LSTM_OP, convert_gru, convert_lstm
 
 def _matmul_in_operand_type(node: Any, importer: Any) -> Any:
@@ -428,9 +429,11 @@ CONVERTERS = {"linear.default": _linear_in_operand_type, "addmm.default": _addmm
                   "avg_pool3d")}}
 
 
-def import_exported_program(program: Any) -> Any:
+def import_exported_program(program: Any, fold_linears: bool = True) -> Any:
     """The Relax IRModule (function ``main``) of a ``torch.export.ExportedProgram``, its GRUs and
-    LSTMs as tvm_ext's; an operator TVM's frontend has no converter for is one ``TvmExtError``."""
+    LSTMs as tvm_ext's (``fold_linears``: a ``Linear`` feeding one folded into its input
+    projection, ``recurrent_fold``); an operator TVM's frontend has no converter for is one
+    ``TvmExtError``."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -458,8 +461,9 @@ def import_exported_program(program: Any) -> Any:
         return from_exported_program(decomposed, custom_convert_map=custom, run_ep_decomposition=False)
 
     # the frontend's refusals, and TVM's checks failing inside it (tvm.error.InternalError)
-    return run_frontend(imported, _import_failure, (TvmExtError, AssertionError, NotImplementedError, KeyError,
-                                                    ValueError, TypeError, RuntimeError))
+    mod = run_frontend(imported, _import_failure, (TvmExtError, AssertionError, NotImplementedError, KeyError,
+                                                   ValueError, TypeError, RuntimeError))
+    return fold_linears_into_recurrent(mod) if fold_linears else mod
 
 
 def _import_failure(failure: BaseException) -> str:
