@@ -30,6 +30,11 @@ Per case, one process, the same rotated inputs, every output against the float64
   float16 storage (``tune model --gru-storage float16``: sums and cell float32, errors the class
   of torch's default TF32 cuDNN).
 
+With ``--rounds N`` (2 or more) each import of ours and torch's model run again, each replayed
+from its own CUDA graph on the same rotated inputs, in N interleaved rounds with the SM clock and
+power read after each: the median of the per-round ratios is the figure to quote (torch's graph of
+the speech model moved 8 % between two runs on one H100).
+
 Targets: ours >= 2x ``torch.compile(mode="max-autotune")`` and >= 1.5x torch eager in a CUDA
 graph.  Rows go to ``OUT/gru_models_rows.jsonl`` as they are made.
 
@@ -49,7 +54,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import breakdown_table, kernel_breakdown, rel_error_vs, table, time_vendor, vendor_methods  # noqa: E402
+from common import (breakdown_table, compare_in_rounds, kernel_breakdown, rel_error_vs, rounds_cells,  # noqa: E402
+                    rounds_header, table, time_vendor, tvm_launch, vendor_methods)
 from models import VERSUS_COMPILE_HEADER, Row, RowLog, _last_line, time_tvm, versus_compile  # noqa: E402
 
 SEQ = 128
@@ -230,9 +236,10 @@ def compile_row(case: Case, ref: np.ndarray, sets: list[Any], swap: bool = False
 
 
 def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray, args: argparse.Namespace,
-              work: str, kernels: dict[str, dict[str, float]]) -> list[Row]:
+              work: str, kernels: dict[str, dict[str, float]], compiled_by_label: dict[str, Any]) -> list[Row]:
     """Each import tuned into one database (the second import's tasks are the first's) and timed;
-    with ``--breakdown`` each one's GPU time by kernel goes into ``kernels``."""
+    with ``--breakdown`` each one's GPU time by kernel goes into ``kernels``; each compiled model
+    into ``compiled_by_label`` (``--rounds``)."""
     from tvm_ext.relax.pipeline import load_model, tune_relax
     from tvm_ext.core.session import SessionOptions
     from tvm_ext.target import resolve_target
@@ -264,6 +271,7 @@ def ours_rows(case: Case, files: dict[str, str], x: np.ndarray, ref: np.ndarray,
             compiled = load_model(mod, target, database, log=None, gru_storage=storage)
             secs, err, how = time_tvm(compiled, [x], ref)
             rows.append(Row(case.label, label, secs * 1e3, err, wall, trials, how))
+            compiled_by_label[label] = compiled
             if args.breakdown:
                 import tvm
 
@@ -285,8 +293,9 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     work = os.path.join(args.out, f"{case.model}_{case.dtype}_b{case.batch}")
     files = export(case, x, work)
     kernels: dict[str, dict[str, float]] = {}
+    compiled: dict[str, Any] = {}
     if not args.no_import:
-        log.add(*ours_rows(case, files, x, ref, args, work, kernels))
+        log.add(*ours_rows(case, files, x, ref, args, work, kernels, compiled))
     rng = np.random.default_rng(2)
     count = l2_rotation(x.nbytes + ref.size * np.dtype(case.dtype).itemsize)
     sets = [torch.from_numpy(x).cuda()] + [torch.from_numpy(rng.permutation(x.reshape(-1)).reshape(x.shape)).cuda()
@@ -305,6 +314,8 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
     if not args.no_compile:
         log.add(compile_row(case, ref, sets))
         log.add(compile_row(case, ref, sets, swap=True))
+    if args.rounds > 1 and compiled:
+        rounds_against_torch(case, compiled, sets, args)
     if args.breakdown:
         with torch.no_grad():
             model = cuda_model(case)
@@ -313,6 +324,30 @@ def bench(case: Case, args: argparse.Namespace, log: RowLog) -> None:
         print(text, flush=True)
         with open(os.path.join(args.out, f"{case.model}_{case.dtype}_b{case.batch}_breakdown.md"), "w") as f:
             f.write(text + "\n")
+
+
+def rounds_against_torch(case: Case, compiled: dict[str, Any], sets: list[Any], args: argparse.Namespace) -> None:
+    """``--rounds``: each compiled import of ours and torch's model, each replayed from its own CUDA
+    graph on the same rotated inputs, in interleaved rounds with the GPU's clock and power read
+    after each (``compare_in_rounds``); the median of the per-round ratios printed, the rounds
+    appended to ``OUT/gru_models_rounds.jsonl``."""
+    import torch
+    import tvm
+
+    model = cuda_model(case)
+    dev = tvm.cuda(0)
+    arg_sets = [[tvm.runtime.tensor(s.cpu().numpy(), dev)] for s in sets]  # torch's rotated inputs
+    rows = []
+    with torch.no_grad():
+        for label, program in compiled.items():
+            launch = tvm_launch(program._vm[program.function], arg_sets)
+            summaries, left_out = compare_in_rounds(
+                f"{case.label}: {label}", launch, {"torch CUDA graph": lambda i: model(sets[i])}, len(sets),
+                args.rounds, os.path.join(args.out, "gru_models_rounds.jsonl"), ours_label=label)
+            rows += [[label, *rounds_cells(summary)] for summary in summaries]
+            rows += [[label, name, f"left out: {why}"] + [""] * 8 for name, why in left_out.items()]
+    print(table(f"{case.label}: ours and torch in {args.rounds} interleaved rounds (median of per-round ratios)",
+                ["ours", *rounds_header()], rows), flush=True)
 
 
 def dry_run(cases: list[Case]) -> None:
@@ -375,10 +410,15 @@ def main() -> None:
     p.add_argument("--imports", default=",".join(IMPORTS),
                    help=f"the imports of ours timed (default pt2,onnx; {UNFOLDED}: the .pt2 with the Linear feeding "
                         "the GRU not folded into its input projection)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with 2 or more, also each import of ours and torch's CUDA graph in that many interleaved "
+                        "rounds, the median ratio quoted with the SM clock and power")
     p.add_argument("--dry-run", action="store_true", help="no GPU: export, import both ways, match, compile")
     p.add_argument("--breakdown", action="store_true", help="GPU time a call by kernel (torch.profiler), each side")
     p.add_argument("--top", type=int, default=16, help="kernels shown a side in the breakdown")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     cases = parse_cases(args.cases)
     if args.dry_run:
         dry_run(cases)

@@ -37,6 +37,24 @@ class FrontEndThenRecurrent(nn.Module):
         return (out, front) if self.tap else out
 
 
+def _rewritten_calls(mod) -> list:
+    """The Relax op calls of ``main`` after ``rewrite_model``, in order."""
+    from tvm import relax
+
+    from tvm_ext.relax.relax_rewrites import rewrite_model
+
+    calls = []
+    relax.analysis.post_order_visit(rewrite_model(mod)["main"], lambda e: calls.append(e) if isinstance(
+        e, relax.Call) and hasattr(e.op, "name") else None)
+    return calls
+
+
+def _head_input_shape(mod) -> list[int]:
+    """The shape of the last matmul's A after ``rewrite_model`` (the model's head)."""
+    head = [c for c in _rewritten_calls(mod) if c.op.name == "relax.matmul"][-1]
+    return [int(v) for v in head.args[0].ty.shape.values]
+
+
 def _run(opencl, model, mod, inputs):
     from tvm_ext.relax.pipeline import load_model
 
@@ -81,6 +99,7 @@ def test_an_onnx_linear_feeding_a_gru_is_folded(opencl, tmp_path):
     mod = onnx_model.get_module()
     first, second = find_grus(mod)  # the exporter writes a GRU node a layer
     assert (first.template.input, second.template.input) == (5, 8)
+    assert _head_input_shape(mod) == [8, 8]  # the head: one GEMM on the last layer's (T·B, H) output
     inputs = onnx_model.get_inputs()
     ours = load_model(mod, opencl, None, function="main", log=None)(*inputs)
     ours = ours[0] if isinstance(ours, (list, tuple)) else ours
@@ -121,21 +140,13 @@ def test_the_head_of_a_batch_first_layer_is_one_2d_gemm_on_its_output(opencl):
     decomposes into broadcast copies and a batched matmul of the transposed output, becomes one
     2-D matmul of the GRU's (T·B, H) output, the narrow product transposed after it: no
     ``broadcast_to`` and no transpose of the wide output are left; the model matches float64."""
-    from tvm import relax
-
-    from tvm_ext.relax.relax_rewrites import rewrite_model
-
     torch.manual_seed(5)
     model = FrontEndThenRecurrent("GRU", 4, 9, 6, layers=1).eval()
     program = torch.export.export(model, (torch.randn(3, 5, 4),))
     mod = import_exported_program(program)
-    calls = []
-    relax.analysis.post_order_visit(rewrite_model(mod)["main"], lambda e: calls.append(e) if isinstance(
-        e, relax.Call) and hasattr(e.op, "name") else None)
-    names = [c.op.name for c in calls]
-    head = [c for c in calls if c.op.name == "relax.matmul"][-1]
-    assert "relax.broadcast_to" not in names
-    assert [int(v) for v in head.args[0].ty.shape.values] == [15, 6]  # the GRU's (T·B, H) output
+    calls = _rewritten_calls(mod)
+    assert "relax.broadcast_to" not in [c.op.name for c in calls]
+    assert _head_input_shape(mod) == [15, 6]  # the GRU's (T·B, H) output
     transposes = [c for c in calls if c.op.name == "relax.permute_dims" and c.ty.shape is not None]
     assert all(int(c.ty.shape.values[-1]) in (3, 4) for c in transposes)  # of the input (4) or the head's (3)
     _run(opencl, model, mod, program_inputs(program, seed=6))

@@ -33,10 +33,11 @@ built from the same rewritten module.
 - ``plain_matmul_operands``: a ``matmul`` whose operand is a ``broadcast_to`` of a tensor to its
   own shape, or of a 2-D weight to a batch of copies (torch's decomposed ``Linear`` on a 3-D
   input writes both), takes the tensor itself (the matmul broadcasts a 2-D B over A's batch); and
-  a ``matmul`` of a transpose (and reshapes) that keep the last axis (a ``batch_first`` GRU's
-  output going into its head) by a 2-D weight no wider than it is deep multiplies first, as one
-  GEMM, and transposes and reshapes the narrower product.  Left as they were, the copies and the
-  wide transpose are kernels of their own and the matmul a batched GEMM.
+  a ``matmul`` of a transpose (and reshapes, squeezes) that keep the last axis (a ``batch_first``
+  GRU's output going into its head, from either importer) by a 2-D weight no wider than it is
+  deep multiplies first, as one GEMM, and transposes and reshapes the narrower product.  Left as
+  they were, the copies and the wide transpose are kernels of their own and the matmul a batched
+  GEMM.
 - ``whole_reductions``: a reduction over every axis (``x.sum()``, ``x.mean()``, an argmax of the
   flattened tensor) reduces a ``(1, n)`` reshape of its input over the last axis, reshaped to
   its output's shape.  A reduction to one value has no spatial axis for dlight's rules: their
@@ -62,7 +63,7 @@ LOW_PRECISION = ("float16", "bfloat16")
 UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh",
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
-LAYOUT_OPS = ("relax.reshape", "relax.permute_dims")
+LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims")
 WEIGHT_ROWS = "matmul_weight_rows"  # the PrimFunc of a matmul reading its weight (N, K) as stored
 WHOLE_REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod", "relax.variance", "relax.std",
                     "relax.argmax", "relax.argmin")
@@ -80,13 +81,18 @@ def _static(shape: tuple[Any, ...] | None) -> tuple[int, ...] | None:
 
 
 def keeps_last_axis(call: Any) -> bool:
-    """Whether a reshape or transpose (``LAYOUT_OPS``) leaves the last axis where and as it was."""
+    """Whether a reshape, transpose, squeeze or expand_dims (``LAYOUT_OPS``) leaves the last axis
+    where and as it was (the others being a reshape of the same data but for a transpose)."""
     before, after = _shape(call.args[0]), _shape(call)
     if not before or not after:
         return False
-    if _op_name(call) == "relax.permute_dims":
+    name = _op_name(call)
+    if name == "relax.permute_dims":
         axes = call.attrs.axes
         return axes is not None and int(axes[-1]) == len(before) - 1
+    if name in ("relax.squeeze", "relax.expand_dims"):  # no axis of theirs the last
+        axes, rank = call.attrs.axis, len(before if name == "relax.squeeze" else after)
+        return axes is not None and all(int(a) % rank != rank - 1 for a in axes)
     import tvm_ffi
 
     return bool(tvm_ffi.structural_equal(before[-1], after[-1]))
