@@ -264,6 +264,23 @@ def test_tune_cli_tunes_the_whole_layer_and_a_rerun_resumes(tmp_path, capsys):
     assert f"resumed: {len(measured)}" in capsys.readouterr().out
 
 
+def test_tune_cli_tunes_variable_lengths_on_the_fused_steps(tmp_path, capsys):
+    """``tune lstm --variable-lengths``: the template with lengths (its records keyed so), measured
+    against float64 on random lengths, its best on the fused step kernel."""
+    import json
+
+    from tvm_ext.tune import main
+
+    records = tmp_path / "lstm.jsonl"
+    assert main(["lstm", "--batch", "3", "--hidden", "8", "--input", "5", "--seq", "4", "--variable-lengths",
+                 "--trials", "2", "--population", "2", "--generations", "1", "--tourn-size", "1", "--workers", "1",
+                 "--records", str(records), "--no-progress"]) == 0
+    assert "errors 0" in capsys.readouterr().out
+    measured = [json.loads(line) for line in records.read_text().splitlines()]
+    assert measured and all(r["workload"]["params"].get("variable_lengths") is True for r in measured)
+    assert any(r["config"]["fuse_step"] == 1 and not r.get("error_kind") and r["costs"] for r in measured)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{"fuse_step": 0}] + [{"step_j": 16, "step_k": 16, "step_ks": 2, "step_loop": loop}
                                                       for loop in (0, 1, 2)])

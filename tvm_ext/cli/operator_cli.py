@@ -186,13 +186,16 @@ def add_gru_shape_args(gru: argparse.ArgumentParser) -> None:
         gru.add_argument(f"--{name}", type=int, required=True, help=help_text)
     gru.add_argument("--layers", type=int, default=1, help="stacked layers (default 1)")
     gru.add_argument("--bidirectional", action="store_true", help="two directions per layer")
+    gru.add_argument("--variable-lengths", action="store_true",
+                     help="each batch row stops at its own length, as a PackedSequence runs (calls take lengths; "
+                          "measured on lengths drawn in 1..T, one row of T)")
 
 
 def gru_template(args: argparse.Namespace) -> Any:
     from ..schedules.gru import GruTemplate
 
     return GruTemplate(batch=args.batch, hidden=args.hidden, input=args.input, seq=args.seq,
-                       layers=args.layers, bidirectional=args.bidirectional)
+                       layers=args.layers, bidirectional=args.bidirectional, variable_lengths=args.variable_lengths)
 
 
 # ---- tune: the LSTM layer ------------------------------------------------------------------------------
@@ -213,7 +216,8 @@ def lstm_template(args: argparse.Namespace) -> Any:
     from ..schedules.lstm import LstmTemplate
 
     return LstmTemplate(batch=args.batch, hidden=args.hidden, input=args.input, seq=args.seq,
-                        layers=args.layers, bidirectional=args.bidirectional, dtype=args.dtype)
+                        layers=args.layers, bidirectional=args.bidirectional, dtype=args.dtype,
+                        variable_lengths=args.variable_lengths)
 
 
 # ---- mixed-precision: GEMM and GRU ---------------------------------------------------------------------
