@@ -133,15 +133,16 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     """(config, why) for ``template`` (a ``GruTemplate``) on ``target``: the rules below, then the
     input GEMM of TF32 parts reading two stored parts where it runs ahead of the steps."""
     cfg, why = _rules_pick(template, target)
-    return _two_tf32_parts(template, cfg, why, template.space(target)) if cfg.in_split == 3 else (cfg, why)
+    return two_tf32_parts(template, cfg, why, template.space(target)) if cfg.in_split == 3 else (cfg, why)
 
 
-def _two_tf32_parts(template: Any, cfg: Config, why: str, space: Any) -> tuple[Config, str]:
+def two_tf32_parts(template: Any, cfg: Config, why: str, space: Any) -> tuple[Config, str]:
     """``cfg`` with its input GEMM of TF32 parts reading x's and W_ih's parts stored once each,
     in turn, by the TMA (``in_tf32_parts`` 2) where its tile can and no step kernel counts its rows
-    (a counted GEMM's tile keeps its loads: ``step_overlap_tma``), and the why's words for it."""
+    (a counted GEMM's tile keeps its loads: ``step_overlap_tma``), and the why's words for it (the
+    GRU's and the LSTM's, which has no counted GEMM)."""
     two = cfg.replace(in_tf32_parts=2)
-    if cfg.step_overlap or not space.is_feasible(two):
+    if getattr(cfg, "step_overlap", 0) or not space.is_feasible(two):
         return cfg, why
     return two, (f"{why}; the input GEMM's TF32 parts stored once each and read in turn by the TMA "
                  f"({template.tf32_input_tile(two).name})")
@@ -157,7 +158,7 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     cuda = target.kind == "cuda"
     stacked_rule = stacked_split_rows(template)
     wants_split_flags = cuda and (template.batch >= SPLIT_FLAGS_BATCH or stacked_rule)
-    base, gemm_why = _input_gemm(template, base, space, hw.sm_count, any_size=cuda and stacked_rule)
+    base, gemm_why = input_gemm_config(template, base, space, hw.sm_count, any_size=cuda and stacked_rule)
     extras = dict(step_loop=2, step_barrier=2, step_prefetch=1) if cuda else dict(step_loop=0)
     tensor_core = tensor_core_step_config(template, base, space, hw.sm_count) if cuda else None
     most_rows = FLAG_BATCH if tensor_core is None else FLAG_BATCH_TENSOR_CORE
@@ -665,11 +666,12 @@ def flag_step_config(template: Any, base: Config, space: Any, sm_count: int) -> 
     return None
 
 
-def _input_gemm(template: Any, base: Config, space: Any, sm_count: int,
-                any_size: bool = False) -> tuple[Config, str]:
+def input_gemm_config(template: Any, base: Config, space: Any, sm_count: int,
+                      any_size: bool = False) -> tuple[Config, str]:
     """``base`` with the float32 input GEMM split into float16 parts on the tensor cores where it
     is large enough to gain (``SPLIT_MIN_FLOPS``) or ``any_size`` (the stacked split step kernel's
-    shapes), else with its large tile where that gives every SM a block."""
+    shapes), else with its large tile where that gives every SM a block (the GRU's, and the
+    float32 LSTM's, which has only the split on TF32 parts)."""
     if template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
         cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
         if space.is_feasible(cfg):
@@ -677,7 +679,8 @@ def _input_gemm(template: Any, base: Config, space: Any, sm_count: int,
                          f"W_ih read N-major")
     # CUDA with a float16 tile (elsewhere the split gains nothing); on Hopper TF32 parts on wgmma
     # (float32's range), else float16 parts on wgmma, else on the mma.sync tile
-    tf32, wgmma, tile = template.in_split_tf32, template.in_split_wgmma, template.in_split_tensor_core
+    tf32 = template.in_split_tf32
+    wgmma, tile = getattr(template, "in_split_wgmma", None), getattr(template, "in_split_tensor_core", None)
     large = base.replace(**{"in_" + k: v for k, v in LARGE_GEMM_TILE.items()})  # what in_split 0 would run
     way = 3 if tf32 is not None else 2 if wgmma is not None else 1
     split = (large if space.is_feasible(large) else base).replace(in_split=way)

@@ -11,12 +11,12 @@ from tvm_ext.cost_model.hardware import HardwareModel
 from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
-                                       SPLIT_FLAGS_BATCH, SPLIT_MIN_FLOPS, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS,
+                                       SPLIT_FLAGS_BATCH, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS,
                                        THREADS_PER_SM, WGMMA_MIN_FLOPS, WIDE_K_WARPS,
                                        flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
-                                       split_flags_why, split_step_config, split_step_why, stacked_config,
-                                       stacked_split_rows, large_input_tile, tensor_core_step_config,
-                                       tensor_core_why, warp_h_config)
+                                       input_gemm_config, split_flags_why, split_step_config, split_step_why,
+                                       stacked_config, stacked_split_rows, tensor_core_step_config,
+                                       tensor_core_why, two_tf32_parts, warp_h_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -37,6 +37,13 @@ LSTM_WIDE_BLOCK = dict(step_j=32, step_tc_kw=WIDE_K_WARPS, step_tc_nw=4, step_tc
 
 
 def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
+    """(config, why) for ``template`` (an ``LstmTemplate``) on ``target``: the rules below, then
+    the input GEMM of TF32 parts reading two stored parts where it can, as the GRU's pick."""
+    cfg, why = _rules_pick(template, target)
+    return two_tf32_parts(template, cfg, why, template.space(target)) if cfg.in_split == 3 else (cfg, why)
+
+
+def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     """(config, why): on CUDA with 16-bit state past ``FLAG_BATCH_TENSOR_CORE`` rows the
     tensor-core step kernel where its grid is resident (``tensor_core_step_config``, the GRU's
     blocks) on ``STREAMED_MAX_THREADS`` threads or fewer (a lane of a 512-thread block gets 128
@@ -62,7 +69,7 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     sm_count = HardwareModel.from_target(target).sm_count
     gemm_why = "the input GEMM before it"
     if cuda and template.in_tensor_core is None:  # float32: TF32 parts on wgmma, or the CUDA cores' large tile
-        base, tile = _float32_input_gemm(template, base, space, sm_count)
+        base, tile = input_gemm_config(template, base, space, sm_count)
         gemm_why += tile.replace("input GEMM:", ",", 1) if "default" not in tile else ""
     elif cuda and template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
         wgmma = base.replace(in_wgmma=1)  # 16-bit on Hopper's wgmma, as the GRU's
@@ -124,20 +131,6 @@ def analytic_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
         return cfg, (f"fused step kernel, split-K: 32 units x 8 batch rows per block (32x{ks} threads, k slices of "
                      f"{step_k}), one launch per step (no resident persistent grid)")
     return base, f"the default (the split-K step kernel does not fit: {space.infeasible_reason(cfg)})"
-
-
-def _float32_input_gemm(template: Any, base: Config, space: Any, sm_count: int) -> tuple[Config, str]:
-    """``base`` with the float32 input GEMM on TF32 parts (``in_split`` 3, two stored parts read in
-    turn by the TMA, else three side by side) where Hopper has a tile for it and layer 0's GEMM has
-    ``SPLIT_MIN_FLOPS``; else on the large tile (``large_input_tile``); and the why's words."""
-    if template.in_split_tf32 is not None and template.input_gemm(0).flops() >= SPLIT_MIN_FLOPS:
-        for parts in (2, 3):
-            cfg = base.replace(in_split=3, in_tf32_parts=parts)
-            if space.is_feasible(cfg):
-                stored = "stored once each and read in turn by the TMA" if parts == 2 else "side by side"
-                return cfg, (f"input GEMM: float32 as TF32 parts on the tensor cores, {stored} "
-                             f"({template.tf32_input_tile(cfg).name})")
-    return large_input_tile(template, base, space, sm_count)
 
 
 def _wide_blocks(template: Any, cfg: Config, space: Any) -> Config:
