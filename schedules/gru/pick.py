@@ -666,17 +666,27 @@ def flag_step_config(template: Any, base: Config, space: Any, sm_count: int) -> 
     return None
 
 
+def wgmma_input_config(template: Any, base: Config, space: Any) -> tuple[Config, str] | None:
+    """``base`` with a 16-bit input GEMM on Hopper's wgmma as stored (``in_wgmma`` 1) where the
+    template has a tile for it and layer 0's GEMM has ``WGMMA_MIN_FLOPS``, and the why's words;
+    None where not (the GRU's and the 16-bit LSTM's)."""
+    if template.in_wgmma_tile is None or template.input_gemm(0).flops() < WGMMA_MIN_FLOPS:
+        return None
+    cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
+    if not space.is_feasible(cfg):
+        return None
+    return cfg, f"input GEMM: {template.x_dtype} on wgmma ({template.in_wgmma_tile.name}), W_ih read N-major"
+
+
 def input_gemm_config(template: Any, base: Config, space: Any, sm_count: int,
                       any_size: bool = False) -> tuple[Config, str]:
     """``base`` with the float32 input GEMM split into float16 parts on the tensor cores where it
     is large enough to gain (``SPLIT_MIN_FLOPS``) or ``any_size`` (the stacked split step kernel's
     shapes), else with its large tile where that gives every SM a block (the GRU's, and the
     float32 LSTM's, which has only the split on TF32 parts)."""
-    if template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
-        cfg = base.replace(in_wgmma=1)  # float16 x and W_ih on Hopper
-        if space.is_feasible(cfg):
-            return cfg, (f"input GEMM: {template.precision['x']} on wgmma ({template.in_wgmma_tile.name}), "
-                         f"W_ih read N-major")
+    on_wgmma = wgmma_input_config(template, base, space)
+    if on_wgmma is not None:
+        return on_wgmma
     # CUDA with a float16 tile (elsewhere the split gains nothing); on Hopper TF32 parts on wgmma
     # (float32's range), else float16 parts on wgmma, else on the mma.sync tile
     tf32 = template.in_split_tf32

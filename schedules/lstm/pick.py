@@ -12,11 +12,12 @@ from tvm_ext.core.space import Config
 from tvm_ext.schedules.gru.fused_step import step_k_extent
 from tvm_ext.schedules.gru.pick import (FLAG_BATCH, FLAG_BATCH_TENSOR_CORE, MANY_ROWS, SMALL_TILES,
                                        SPLIT_FLAGS_BATCH, SPLIT_STEP_BATCH, STREAMED_MAX_THREADS,
-                                       THREADS_PER_SM, WGMMA_MIN_FLOPS, WIDE_K_WARPS,
+                                       THREADS_PER_SM, WIDE_K_WARPS,
                                        flag_step_config, flag_step_why, many_rows_config, split_flags_step_config,
                                        input_gemm_config, split_flags_why, split_step_config, split_step_why,
                                        stacked_config, stacked_split_rows, tensor_core_step_config,
-                                       tensor_core_why, two_tf32_parts, warp_h_config)
+                                       tensor_core_why, two_tf32_parts, warp_h_config,
+                                       wgmma_input_config)
 from tvm_ext.target import TargetInfo
 
 
@@ -71,10 +72,9 @@ def _rules_pick(template: Any, target: TargetInfo) -> tuple[Config, str]:
     if cuda and template.in_tensor_core is None:  # float32: TF32 parts on wgmma, or the CUDA cores' large tile
         base, tile = input_gemm_config(template, base, space, sm_count)
         gemm_why += tile.replace("input GEMM:", ",", 1) if "default" not in tile else ""
-    elif cuda and template.in_wgmma_tile is not None and template.input_gemm(0).flops() >= WGMMA_MIN_FLOPS:
-        wgmma = base.replace(in_wgmma=1)  # 16-bit on Hopper's wgmma, as the GRU's
-        if space.is_feasible(wgmma):
-            base, gemm_why = wgmma, f"{gemm_why}, {template.dtype} on wgmma ({template.in_wgmma_tile.name})"
+    elif cuda and (on_wgmma := wgmma_input_config(template, base, space)) is not None:  # 16-bit, as the GRU's
+        base, tile = on_wgmma
+        gemm_why += tile.replace("input GEMM:", ",", 1)
     tensor_core = tensor_core_step_config(template, base, space, sm_count, LSTM_WIDE_W_REGISTERS) if cuda else None
     if (tensor_core is not None and template.batch > FLAG_BATCH_TENSOR_CORE
             and template.step_variant(tensor_core).shape.threads <= STREAMED_MAX_THREADS):

@@ -23,9 +23,7 @@ from typing import Any
 import numpy as np
 
 from .relax_gru import LSTM_FUNCTION, _out_types, _placeholder
-from .relax_rewrites import LAYOUT_OPS, _op_name, _shape, keeps_last_axis
-
-MAX_LAYOUT_OPS = 8  # reshapes and transposes between the Linear and the layer's x
+from .relax_rewrites import _op_name, bound_value, layout_source, replay_layout
 
 
 def _constant_array(expr: Any) -> np.ndarray | None:
@@ -44,8 +42,7 @@ def _make_folder() -> Any:
             self.folded = 0
 
         def _producer(self, expr: Any) -> Any:
-            bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-            return bound if bound is not None else expr
+            return bound_value(self, expr)
 
         def visit_call_(self, call: Any) -> Any:  # noqa: N802 (TVM's visitor name)
             call = self.visit_expr_post_order(call)
@@ -56,16 +53,6 @@ def _make_folder() -> Any:
                 return call
             self.folded += 1
             return folded
-
-        def _layout_chain(self, x: Any) -> tuple[Any, list[Any]]:
-            """(the value under x's reshapes and transposes that keep the last axis, those ops from
-            the outermost in)."""
-            chain = []
-            value = self._producer(x)
-            while _op_name(value) in LAYOUT_OPS and len(chain) < MAX_LAYOUT_OPS and keeps_last_axis(value):
-                chain.append(value)
-                value = self._producer(value.args[0])
-            return value, chain
 
         def _linear(self, value: Any) -> tuple[Any, np.ndarray, np.ndarray | None] | None:
             """(a, Wᵀ (I, K), b (K,) or None) where ``value`` is ``matmul(a, w) [+ b]`` with constant
@@ -102,8 +89,8 @@ def _make_folder() -> Any:
             w_ih, b_ih = (_constant_array(fields[first]), _constant_array(fields[first + 1]))
             if w_ih is None or b_ih is None:
                 return None
-            value, chain = self._layout_chain(fields[0])
-            linear = self._linear(value)
+            under, chain = layout_source(fields[0], self._producer)
+            linear = self._linear(self._producer(under))
             if linear is None:
                 return None
             a, weight, bias = linear
@@ -114,12 +101,8 @@ def _make_folder() -> Any:
             product = w_ih.astype(np.float64)
             w_new = (weight.astype(np.float64) @ product).astype(w_ih.dtype)
             b_new = b_ih.astype(np.float64) + (0.0 if bias is None else bias.astype(np.float64) @ product)
-            x = a
-            for op in reversed(chain):  # the same reshapes and transposes, the last axis now ``features``
-                if _op_name(op) == "relax.permute_dims":
-                    x = self.builder_.emit(relax.op.permute_dims(x, op.attrs.axes))
-                else:
-                    x = self.builder_.emit(relax.op.reshape(x, [*_shape(op)[:-1], features]))
+            x = replay_layout(self.builder_.emit, a, chain, features)  # the last axis now ``features``
+            x = self.builder_.emit(x) if isinstance(x, relax.Call) else x
             args = [x, *fields[1:first], relax.const(w_new), relax.const(b_new.astype(b_ih.dtype)),
                     *fields[first + 2:]]
             return relax.call_dps_packed(call.args[0], relax.Tuple(args), _out_types(call))

@@ -64,6 +64,7 @@ UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu"
          "relax.exp", "relax.astype", "relax.negative", "relax.sqrt", "relax.erf")
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims")
+MAX_LAYOUT_OPS = 8  # of them followed back from a value (``layout_source``)
 WEIGHT_ROWS = "matmul_weight_rows"  # the PrimFunc of a matmul reading its weight (N, K) as stored
 WHOLE_REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod", "relax.variance", "relax.std",
                     "relax.argmax", "relax.argmin")
@@ -96,6 +97,39 @@ def keeps_last_axis(call: Any) -> bool:
     import tvm_ffi
 
     return bool(tvm_ffi.structural_equal(before[-1], after[-1]))
+
+
+def bound_value(mutator: Any, expr: Any) -> Any:
+    """What a ``relax.PyExprMutator`` has ``expr`` (a variable) bound to, else ``expr``."""
+    from tvm import relax
+
+    bound = mutator.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+    return bound if bound is not None else expr
+
+
+def layout_source(expr: Any, producer: Any) -> tuple[Any, list[Any]]:
+    """(the value under ``expr``'s ``LAYOUT_OPS`` that keep the last axis, those ops from the
+    outermost in), each op found by ``producer`` (a variable's bound value)."""
+    layout: list[Any] = []
+    op = producer(expr)
+    while len(layout) < MAX_LAYOUT_OPS and _op_name(op) in LAYOUT_OPS and keeps_last_axis(op):
+        layout.append(op)
+        expr = op.args[0]
+        op = producer(expr)
+    return expr, layout
+
+
+def replay_layout(emit: Any, value: Any, layout: list[Any], last: Any) -> Any:
+    """``value`` through ``layout``'s ops (``layout_source``'s, innermost first), its last axis
+    ``last`` long: each transpose as it was, every other op as a reshape to its shape with that
+    last axis; each operand that is a call emitted first, the last op returned unemitted."""
+    from tvm import relax
+
+    for op in reversed(layout):
+        value = emit(value) if isinstance(value, relax.Call) else value
+        value = relax.op.permute_dims(value, op.attrs.axes) if _op_name(op) == "relax.permute_dims" \
+            else relax.op.reshape(value, [*_shape(op)[:-1], last])
+    return value
 
 
 def _op_name(expr: Any) -> str:
@@ -154,10 +188,7 @@ def _make_mutator() -> Any:
             self.wgmma_target = target if target is not None and has_wgmma(target) else None  # ``*_weight_rows``
 
         def _producer(self, expr: Any) -> Any:
-            if isinstance(expr, relax.Var):
-                bound = self.lookup_binding(expr)
-                return bound if bound is not None else expr
-            return expr
+            return bound_value(self, expr)
 
         def _from_matmul(self, expr: Any, depth: int = 0) -> bool:
             """Whether ``expr`` is a matmul (or the ``*_weight_rows`` computation one became), or
@@ -330,37 +361,26 @@ def _make_mutator() -> Any:
                     a_shape is not None and len(b_shape) <= len(a_shape) and \
                     _static(_shape(b_src.args[0])) == b_shape[-2:]:
                 b, b_shape = b_src.args[0], b_shape[-2:]
-            source, layout = self._layout_source(a)
+            source, layout = layout_source(a, self._through_tuples)
             transposed = any(_op_name(op) == "relax.permute_dims" for op in layout)  # a copy to save
             if transposed and b_shape is not None and len(b_shape) == 2 and b_shape[1] <= b_shape[0]:
-                self.changed += 1
-                product = relax.Call(call.op, [source, b], call.attrs)
-                for op in reversed(layout):  # the transposes and reshapes, now of the narrower product
-                    product = self.builder_.emit(product)
-                    product = relax.op.permute_dims(product, op.attrs.axes) if _op_name(op) == "relax.permute_dims" \
-                        else relax.op.reshape(product, [*_shape(op)[:-1], b_shape[1]])
-                return product
+                self.changed += 1  # the transposes and reshapes, now of the narrower product
+                return replay_layout(self.builder_.emit, relax.Call(call.op, [source, b], call.attrs), layout,
+                                     b_shape[1])
             if a.same_as(call.args[0]) and b.same_as(call.args[1]):
                 return None
             self.changed += 1
             return relax.Call(call.op, [a, b], call.attrs)
 
-        def _layout_source(self, expr: Any) -> tuple[Any, list[Any]]:
-            """(the tensor under ``expr``'s transposes and reshapes that keep the last axis, those
-            ops from the outermost in), looking through tuples made here."""
-            layout: list[Any] = []
-            while len(layout) < 8:
-                op = self._producer(expr)
-                while isinstance(op, relax.TupleGetItem):  # a field of a tuple made here
-                    fields = self._producer(op.tuple_value)
-                    if not isinstance(fields, relax.Tuple):
-                        break
-                    op = self._producer(fields.fields[op.index])
-                if _op_name(op) not in LAYOUT_OPS or not keeps_last_axis(op):
+        def _through_tuples(self, expr: Any) -> Any:
+            """``_producer``'s value, a field of a tuple made here taken for the field's own."""
+            op = self._producer(expr)
+            while isinstance(op, relax.TupleGetItem):
+                fields = self._producer(op.tuple_value)
+                if not isinstance(fields, relax.Tuple):
                     break
-                layout.append(op)
-                expr = op.args[0]
-            return expr, layout
+                op = self._producer(fields.fields[op.index])
+            return op
 
         def _accumulate_fp32(self, call: Any) -> Any:
             dtype = str(call.ty.dtype)
