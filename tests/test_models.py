@@ -311,10 +311,11 @@ def test_cuda_gru_sites_with_constant_weights_split_them_once():
 
 
 def test_gru_placeholder_states_its_precision(opencl):
-    """A float16 layer: x, weights, state and output float16, gates accumulating in float32."""
+    """A float16 layer: x, weights, gi, state and output float16 (as ``tvm_ext.torch.GRU`` and cuDNN
+    store a float16 GRU), gates accumulating and the cell computing in float32."""
     from tvm.relax.frontend import nn
 
-    from tvm_ext.relax.relax_gru import find_grus, gru_layer
+    from tvm_ext.relax.relax_gru import STORED_TENSORS, find_grus, gru_layer
 
     class Model(nn.Module):
         def __init__(self):
@@ -326,10 +327,9 @@ def test_gru_placeholder_states_its_precision(opencl):
     mod, _ = Model().export_tvm(spec={"forward": {"x": nn.spec.Tensor((4, 2, 8), "float16")}})
     (call,) = find_grus(mod, opencl)
     p = call.template.precision
-    assert {k: p[k] for k in ("x", "w_ih", "w_hh", "h", "out")} == dict.fromkeys(("x", "w_ih", "w_hh", "h", "out"),
-                                                                                 "float16")
-    assert {k: p[k] for k in ("in_acc", "gi", "hid_acc", "gh", "cell_math")} == dict.fromkeys(
-        ("in_acc", "gi", "hid_acc", "gh", "cell_math"), "float32")
+    assert {k: p[k] for k in STORED_TENSORS} == dict.fromkeys(STORED_TENSORS, "float16")
+    assert {k: p[k] for k in ("in_acc", "hid_acc", "gh", "cell_math")} == dict.fromkeys(
+        ("in_acc", "hid_acc", "gh", "cell_math"), "float32")
     assert (call.template.seq, call.template.batch) == (4, 2)
 
 

@@ -130,6 +130,56 @@ def test_a_constant_weight_is_transposed_once_and_read_as_stored_where_a_rule_ta
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
 
 
+def linear_transposed_constant(weight, rows: int):
+    """``x · weightᵀ`` with ``weight`` a constant ``[n, k]`` as a ``Linear`` stores it (a ``.pt2``
+    import's head), float16."""
+    from tvm import relax
+
+    n, k = weight.shape
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, k), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.op.permute_dims(relax.const(weight, "float16"))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("n, transposed, padded", [
+    (29, True, True), (29, False, True), (10, True, True),  # rows of 58 and 20 bytes: padded to 32 columns
+    (24, True, False), (40, False, False),  # whole 16-byte rows; wider than a 32-column tile
+])
+def test_a_narrow_constant_weight_of_ragged_rows_is_padded_to_32_columns(n, transposed, padded):
+    """``narrow_padded_columns``: a 16-bit matmul by a constant weight narrower than 32 columns
+    whose rows are no whole 16 bytes (a speech model's 29 classes) multiplies by the weight padded
+    with zero columns to 32, whose rows a GEMM reads 16 bytes at a time, and takes the first n
+    columns (a gather, not fused into the GEMM's store): the GEMM matched is N = 32 on mma.sync,
+    and the model computes what it did (built for the CPU,
+    against float64 numpy); whole rows and wider weights are left as they were."""
+    import tvm
+    from tvm import relax
+
+    from tvm_ext.relax.relax_rewrites import rewrite_model
+
+    rows, k = 256, K
+    rng = np.random.default_rng(1)
+    weight = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16)
+    mod = linear_transposed_constant(weight, rows) if transposed else linear_constant(weight.T.copy(), rows)
+    _, matches = _matches(mod, offline_cuda())
+    (match,) = [m for m in matches if "matmul" in m.name]
+    assert match.template.n == (32 if padded else n), match.reason
+    assert match.matcher == "tensor_core" or not padded  # B (K, N) of 32 columns: mma.sync's tiles
+    rewritten = rewrite_model(mod, offline_cuda())
+    assert ("R.take" in rewritten.script()) == padded
+    args = [tvm.runtime.tensor(rng.standard_normal((rows, k)).astype(np.float16))]
+    if not transposed:
+        args.append(tvm.runtime.tensor(np.zeros(n, np.float16)))
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    out = vm["main"](*args).numpy().astype(np.float64)
+    ref = args[0].numpy().astype(np.float64) @ weight.T.astype(np.float64)
+    assert out.shape == (rows, n) and np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-3
+
+
 def _operators(match, target, directory) -> str:
     entries = {Workload.of(match.template, target).key: {"config": match.template.default_config(target).as_dict()}}
     directory.mkdir(exist_ok=True)

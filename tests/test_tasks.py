@@ -342,3 +342,52 @@ def test_low_precision_matmuls_accumulate_in_float32():
     assert 'R.matmul(a, b, out_dtype="float32")' in text and 'R.astype' in text and '"float16")' in text
     kept = rewrite_model(_module(forward, {"a": ((4, 8), "float32"), "b": ((8, 4), "float32")}))["forward"].script()
     assert "R.astype" not in kept
+
+
+def test_a_matmul_whose_store_is_a_slice_of_the_product_is_not_taken(opencl, tmp_path):
+    """A slice fused after the matmul (its columns 0..4 of 8) stores another shape than the
+    product: no template composes that store, so the function keeps TVM's default schedule,
+    with the reason named, and the model still computes the slice."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 12), "float32"))
+    w = relax.Var("w", relax.TensorType((12, 8), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            product = bb.emit(relax.op.matmul(x, w))
+            out = bb.emit_output(relax.op.strided_slice(product, axes=[1], begin=[0], end=[5]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    _, matches = _matches(mod, opencl)
+    (fused,) = [m for m in matches if "matmul" in m.name]
+    assert "strided_slice" in fused.name and not fused.matched
+    assert "covers another shape than the product's" in fused.reason
+    a, b = RNG.standard_normal((16, 12)).astype("float32"), RNG.standard_normal((12, 8)).astype("float32")
+    out, _ = _run_default(mod, opencl, tmp_path, [a, b])
+    np.testing.assert_allclose(out.numpy() if hasattr(out, "numpy") else out, (a @ b)[:, :5], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n, matcher", [(32, "tensor_core"), (64, "wgmma")])
+def test_a_narrow_b_stored_k_by_n_goes_to_mma_sync_on_hopper(n, matcher):
+    """On Hopper a float16 matmul whose B is stored (K, N) with fewer than 64 columns goes to
+    mma.sync's 32-column tiles, the wgmma matcher naming why; from 64 columns wgmma takes it."""
+    from tvm import relax
+
+    from tvm_ext.relax.tasks import match_wgmma
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((256, 128), "float16"))
+    w = relax.Var("w", relax.TensorType((128, n), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    hopper = offline_cuda("sm_90a")
+    tasks = extract_tasks(legalize_and_fuse(bb.get(), hopper), hopper)
+    (match,) = [m for m in match_tasks(tasks, hopper) if "matmul" in m.name]
+    assert match.matcher == matcher and match.template.n == n
+    if matcher == "tensor_core":
+        (task,) = [t for t in tasks if t.task_name == match.name]
+        assert "B (K, N) of 32 columns, under 64: mma.sync takes it" in match_wgmma(task.dispatched[0]["main"],
+                                                                                      hopper).reason

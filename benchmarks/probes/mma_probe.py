@@ -28,7 +28,9 @@ from tvm_ext.target import resolve_target  # noqa: E402
 SHAPES = {"4096": (4096, 4096, 4096), "8192": (8192, 8192, 8192), "2048": (2048, 2048, 2048),
           "gru_in": (8192, 3072, 1024), "gru_hid": (64, 3072, 1024), "gru_hid8": (8, 1536, 512),
           # a speech model's output layer (29 classes: N padded) and front end (80 features: K padded)
-          "speech_head": (8192, 29, 1024), "speech_front": (8192, 1024, 80)}
+          "speech_head": (8192, 29, 1024), "speech_front": (8192, 1024, 80),
+          # the head with its weight padded to 32 columns (``relax_rewrites``: narrow_padded_columns)
+          "speech_head32": (8192, 32, 1024)}
 
 
 def variations(base: Any) -> list[Any]:

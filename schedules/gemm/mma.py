@@ -447,10 +447,11 @@ AUTO_TILES = (
     _tile((1, 2), (1, 2), 4, 4),  # 16x64x64: an M = 64 batch of GRU steps in 16-row tiles
     _tile((1, 1), (1, 2), 2, 2, mma_frag_buffers=1),  # 16x32x32: the smallest fit
 )
-# Tried first where N pads to one 32-wide column (no tile above divides it): a speech model's
-# 8192x29x1024 output layer took 0.020 ms on 64x32x64 with 4 warps along M, 0.022 on 128x32x64,
-# 0.037 on 16x32x32 (docs/results/models.md)
-NARROW_PADDED_TILES = (_tile((4, 1), (1, 2), 4, 4),)  # 64x32x64
+# Tried first where N is one 32-wide column, padded or whole: a speech model's 8192x29x1024 output
+# layer took 0.020 ms on 64x32x64 with 4 warps along M, 0.022 on 128x32x64, 0.037 on 16x32x32;
+# its weight padded to 32 columns (8192x32x1024) 0.0076 on 64x32x64 against 0.014 on 16x32x32
+# (docs/results/models.md)
+NARROW_TILES = (_tile((4, 1), (1, 2), 4, 4),)  # 64x32x64
 
 
 def pick_mma_tile(m: int, n: int, k: int, operand_dtype: str, acc_dtype: str, c_dtype: str,
@@ -490,10 +491,11 @@ def pick_mma_tile_for(shapes: Sequence[tuple[int, int, int]], operand_dtype: str
                          if split_k and min(k for _, _, k in shapes) // (s * MmaTile.of(tile).block_k) >= 4]
         options += [c for c in [tile] + split_options if fits(c)]
     exact_options = [c for c in options if exact(c)]
+    # an N of 32 or less on the narrow tiles first, padded or not
+    narrow = [c for c in NARROW_TILES if fits(c)] if all(n <= 32 for _, n, _ in shapes) else []
     if exact_options or not pad:
-        options = exact_options
-    else:  # N or K padded where no tile divides them; an N under 32 on the narrow tiles first
-        narrow = [c for c in NARROW_PADDED_TILES if fits(c)] if all(n < 32 for _, n, _ in shapes) else []
+        options = [c for c in narrow if exact(c)] + exact_options
+    else:  # N or K padded where no tile divides them
         options = narrow + options
     if not options:
         return None

@@ -35,7 +35,7 @@ from ..target import TargetInfo
 
 GRU_FUNCTION = "tvm_ext.gru"  # the placeholder's extern name
 LSTM_FUNCTION = "tvm_ext.lstm"  # the LSTM's
-ACC_DTYPE = "float32"  # gate GEMM accumulators, gi/gh and the cell math of a low-precision GRU
+ACC_DTYPE = "float32"  # gate GEMM accumulators, gh and the cell math of a low-precision GRU
 # what a float32 GRU stores in a 16-bit ``storage`` type (the torch module's ``precision="float16"``)
 STORED_TENSORS = ("x", "w_ih", "gi", "w_hh", "h", "out")
 STORAGE_DTYPES = ("float16", "bfloat16")
@@ -212,7 +212,8 @@ def lstm_template(call: Any, target: TargetInfo | None = None, storage: str | No
 
 def gru_template(call: Any, target: TargetInfo | None = None, storage: str | None = None) -> Any:
     """The ``GruTemplate`` a placeholder call stands for: sizes from its arguments' shapes,
-    precision from their dtypes (accumulators, gi/gh and the cell math float32).  ``storage``
+    precision from their dtypes (accumulators, gh and the cell math float32; gi in x's type
+    where x and W_ih share a 16-bit type, else float32).  ``storage``
     (float16 or bfloat16): a float32 GRU stores x, the weights, gi, h and out in that type
     (``lower_grus`` casts its arguments and results), its sums and cell staying float32.  An
     LSTM placeholder's ``LstmTemplate`` (``lstm_template``, ``storage`` as here)."""
@@ -238,8 +239,10 @@ def gru_template(call: Any, target: TargetInfo | None = None, storage: str | Non
     template = GruTemplate(batch=batch, hidden=hidden, input=features, seq=rows // batch, layers=layers,
                            bidirectional=dirs == 2, variable_lengths=bool(lengths))
     acc = ACC_DTYPE if x_dtype != "float32" else "float32"
+    # a 16-bit GRU stores gi in its input GEMM's operand type, as cuDNN and ``tvm_ext.torch.GRU`` do
+    gi = w_ih_dtype if x_dtype == w_ih_dtype != "float32" else acc
     template = template.with_precision({
-        "x": x_dtype, "w_ih": w_ih_dtype, "in_acc": acc, "gi": acc, "w_hh": w_hh_dtype, "hid_acc": acc,
+        "x": x_dtype, "w_ih": w_ih_dtype, "in_acc": acc, "gi": gi, "w_hh": w_hh_dtype, "hid_acc": acc,
         "gh": acc, "h": h_dtype, "cell_math": acc, "out": out_dtype})
     if storage is not None:
         if storage not in STORAGE_DTYPES:

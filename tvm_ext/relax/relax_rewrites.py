@@ -38,6 +38,11 @@ built from the same rewritten module.
   deep multiplies first, as one GEMM, and transposes and reshapes the narrower product.  Left as
   they were, the copies and the wide transpose are kernels of their own and the matmul a batched
   GEMM.
+- ``narrow_padded_columns``: a 16-bit ``matmul`` storing its operand type by a constant weight
+  narrower than 32 columns whose rows are no whole 16 bytes (a speech model's 29 classes, 10
+  classes) multiplies by that weight with zero columns to 32 and slices its first columns off
+  the product.  Rows of 58 bytes cannot be copied 16 bytes at a time: the GEMM read them a value
+  at a time, outside its asynchronous copy pipeline; the slice joins the next kernel.
 - ``whole_reductions``: a reduction over every axis (``x.sum()``, ``x.mean()``, an argmax of the
   flattened tensor) reduces a ``(1, n)`` reshape of its input over the last axis, reshaped to
   its output's shape.  A reduction to one value has no spatial axis for dlight's rules: their
@@ -65,6 +70,9 @@ UNARY = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.relu", "relax.nn.silu"
 BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 LAYOUT_OPS = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims")
 MAX_LAYOUT_OPS = 8  # of them followed back from a value (``layout_source``)
+# ``narrow_padded_columns``: a weight's rows are read 16 bytes at a time where they are whole
+# 16-byte rows (8 16-bit values); one narrower than a tile's 32 columns is padded to them
+ROW_ALIGN, PADDED_COLUMNS = 8, 32
 WEIGHT_ROWS = "matmul_weight_rows"  # the PrimFunc of a matmul reading its weight (N, K) as stored
 WHOLE_REDUCTIONS = ("relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod", "relax.variance", "relax.std",
                     "relax.argmax", "relax.argmin")
@@ -221,6 +229,8 @@ def _make_mutator() -> Any:
             name = _op_name(call)
             if name == "relax.matmul":
                 simpler = self._plain_operands(call)
+                if simpler is None:
+                    simpler = self._padded_columns(call)
                 if simpler is not None:
                     return simpler
                 rows = self._weight_rows(call)
@@ -372,6 +382,40 @@ def _make_mutator() -> Any:
             self.changed += 1
             return relax.Call(call.op, [a, b], call.attrs)
 
+        def _padded_columns(self, call: Any) -> Any:
+            """``narrow_padded_columns`` (None where it does not apply): a 16-bit matmul storing its
+            operand type, by a constant 2-D weight ``[k, n]`` (or the transpose of one ``[n, k]``)
+            of fewer than ``PADDED_COLUMNS`` columns whose rows are no whole 16 bytes, multiplies by
+            the weight with zero columns to ``PADDED_COLUMNS`` and takes its first n columns."""
+            a, b = call.args
+            operand = str(a.ty.dtype)
+            if operand not in LOW_PRECISION or str(b.ty.dtype) != operand or str(call.ty.dtype) != operand:
+                return None
+            shape, value = _static(_shape(b)), self._constant_value(b)
+            if shape is None or len(shape) != 2 or value is None or shape[1] % ROW_ALIGN == 0 or \
+                    shape[1] >= PADDED_COLUMNS:
+                return None
+            k, n = shape
+            padded = np.zeros((k, PADDED_COLUMNS), value.dtype)
+            padded[:, :n] = value
+            self.changed += 1
+            wide = self.builder_.emit(relax.Call(call.op, [a, relax.const(padded, operand)], call.attrs))
+            # the first n columns taken (a gather: not fused into the GEMM's store as a slice would be)
+            return relax.op.take(wide, relax.const(np.arange(n, dtype="int32")), axis=len(_shape(call)) - 1,
+                                 mode="clip")
+
+        def _constant_value(self, expr: Any) -> Any:
+            """The numpy value of a 2-D constant ``expr``, or of the transpose of one; else None."""
+            bound = self._producer(expr)
+            transpose = _op_name(bound) == "relax.permute_dims" and (
+                bound.attrs.axes is None or [int(x) for x in bound.attrs.axes] == [1, 0])
+            if transpose:
+                bound = self._producer(bound.args[0])
+            value = getattr(bound, "value", None) if isinstance(bound, GenericConst) else None
+            if not isinstance(value, Tensor) or len(value.shape) != 2:
+                return None
+            return value.numpy().T if transpose else value.numpy()
+
         def _through_tuples(self, expr: Any) -> Any:
             """``_producer``'s value, a field of a tuple made here taken for the field's own."""
             op = self._producer(expr)
@@ -395,10 +439,10 @@ def _make_mutator() -> Any:
 
 
 def rewrite_model(mod: Any, target: Any = None) -> Any:
-    """``plain_matmul_operands``, ``accumulate_fp32``, ``fp8_weight_rows``, ``ragged_weight_rows`` and
-    ``narrow_weight_rows`` (for a ``target`` with wgmma), ``sink_reshapes``, ``whole_reductions``,
-    ``empty_concats`` and ``clamp_takes`` on every Relax function, until nothing changes; dead
-    bindings are removed."""
+    """``plain_matmul_operands``, ``narrow_padded_columns``, ``accumulate_fp32``, ``fp8_weight_rows``,
+    ``ragged_weight_rows`` and ``narrow_weight_rows`` (for a ``target`` with wgmma), ``sink_reshapes``,
+    ``whole_reductions``, ``empty_concats`` and ``clamp_takes`` on every Relax function, until nothing
+    changes; dead bindings are removed."""
     import tvm
     from tvm import relax
 

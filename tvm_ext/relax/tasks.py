@@ -40,6 +40,10 @@ from .relax_wgmma import WgmmaSite, compose_epilogue, substitute_kernel
 from ..core.space import Config
 from ..target import TargetInfo
 
+# wgmma takes a B stored (K, N) from this many columns: narrower, mma.sync's 32-column tiles read
+# it faster (8192x32x1024 float16; docs/results/models.md)
+KN_MIN_COLUMNS = 64
+
 
 class TaskTemplate(Protocol):
     """What a matched template offers the pipeline: its config space and default, and its
@@ -238,6 +242,9 @@ def find_matmul(func: Any) -> MatmulPattern | NoMatch:
     for b in others:
         if any(iv.iter_type != IterVar.DataPar for iv in b.iter_vars):
             return NoMatch(f"block {b.name_hint} after the matmul is not elementwise", near=True)
+        if [_static(iv.dom.extent) for iv in b.iter_vars] != extents[:-1]:  # a store of another shape
+            return NoMatch(f"block {b.name_hint} after the matmul covers another shape than the product's "
+                           "(a slice or a pad of it)", near=True)
     *lead, m, n, k = extents
     output = func.params[-1]
     return MatmulPattern(
@@ -335,6 +342,9 @@ def match_wgmma(func: Any, target: TargetInfo) -> Any:
                            "wgmma takes float16 or bfloat16 accumulating in float32 into the same type")
     if isinstance(found, NoMatch):
         return found
+    if not found.b_transposed and found.n < KN_MIN_COLUMNS:
+        return NoMatch(f"{found.a_dtype} matmul on wgmma: B (K, N) of {found.n} columns, under "
+                       f"{KN_MIN_COLUMNS}: mma.sync takes it", near=True)
     return _substitution(func, found, lambda f: WgmmaGemmTemplate(
         f.m, f.n, f.k, b_layout="NK" if f.b_transposed else "KN", batch=f.lead, b_shared=f.b_shared,
         dtype=f.a_dtype), f"{found.a_dtype} matmul on wgmma", near=True)
