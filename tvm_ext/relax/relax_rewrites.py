@@ -40,9 +40,10 @@ built from the same rewritten module.
   GEMM.
 - ``narrow_padded_columns``: a 16-bit ``matmul`` storing its operand type by a constant weight
   narrower than 32 columns whose rows are no whole 16 bytes (a speech model's 29 classes, 10
-  classes) multiplies by that weight with zero columns to 32 and slices its first columns off
-  the product.  Rows of 58 bytes cannot be copied 16 bytes at a time: the GEMM read them a value
-  at a time, outside its asynchronous copy pipeline; the slice joins the next kernel.
+  classes) multiplies by that weight with zero columns to 32 and takes the product's first
+  columns with a gather.  Rows of 58 bytes cannot be copied 16 bytes at a time: the GEMM read them
+  a value at a time, outside its asynchronous copy pipeline.  The gather is a kernel of its own
+  (a slice would fuse into the GEMM's function, whose store no template composes).
 - ``whole_reductions``: a reduction over every axis (``x.sum()``, ``x.mean()``, an argmax of the
   flattened tensor) reduces a ``(1, n)`` reshape of its input over the last axis, reshaped to
   its output's shape.  A reduction to one value has no spatial axis for dlight's rules: their
@@ -391,11 +392,10 @@ def _make_mutator() -> Any:
             operand = str(a.ty.dtype)
             if operand not in LOW_PRECISION or str(b.ty.dtype) != operand or str(call.ty.dtype) != operand:
                 return None
-            shape, value = _static(_shape(b)), self._constant_value(b)
-            if shape is None or len(shape) != 2 or value is None or shape[1] % ROW_ALIGN == 0 or \
-                    shape[1] >= PADDED_COLUMNS:
+            value = self._constant_columns(b)
+            if value is None or value.shape[1] % ROW_ALIGN == 0 or value.shape[1] >= PADDED_COLUMNS:
                 return None
-            k, n = shape
+            k, n = value.shape
             padded = np.zeros((k, PADDED_COLUMNS), value.dtype)
             padded[:, :n] = value
             self.changed += 1
@@ -404,17 +404,15 @@ def _make_mutator() -> Any:
             return relax.op.take(wide, relax.const(np.arange(n, dtype="int32")), axis=len(_shape(call)) - 1,
                                  mode="clip")
 
-        def _constant_value(self, expr: Any) -> Any:
-            """The numpy value of a 2-D constant ``expr``, or of the transpose of one; else None."""
-            bound = self._producer(expr)
-            transpose = _op_name(bound) == "relax.permute_dims" and (
-                bound.attrs.axes is None or [int(x) for x in bound.attrs.axes] == [1, 0])
-            if transpose:
-                bound = self._producer(bound.args[0])
-            value = getattr(bound, "value", None) if isinstance(bound, GenericConst) else None
-            if not isinstance(value, Tensor) or len(value.shape) != 2:
-                return None
-            return value.numpy().T if transpose else value.numpy()
+        def _constant_columns(self, b: Any) -> Any:
+            """The numpy value ``[k, n]`` of a matmul's B that ``_stored_rows`` finds constant: a
+            constant ``[k, n]`` itself, or the transpose of a constant ``[n, k]``; else None."""
+            w, _, stored_k_by_n = self._stored_rows(b, eight_bit=False)
+            if stored_k_by_n:
+                return w.numpy()
+            const = self._producer(w) if w is not None else None
+            value = getattr(const, "value", None) if isinstance(const, GenericConst) else None
+            return value.numpy().T if isinstance(value, Tensor) and len(value.shape) == 2 else None
 
         def _through_tuples(self, expr: Any) -> Any:
             """``_producer``'s value, a field of a tuple made here taken for the field's own."""
