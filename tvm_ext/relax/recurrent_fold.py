@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .relax_gru import LSTM_FUNCTION, _out_types, _placeholder
-from .relax_rewrites import _op_name, bound_value, layout_source, replay_layout
+from .relax_rewrites import _op_name, bound_value, constant_columns, layout_source, replay_layout
 
 
 def _constant_array(expr: Any) -> np.ndarray | None:
@@ -70,15 +70,8 @@ def _make_folder() -> Any:
             if _op_name(value) != "relax.matmul":
                 return None
             a, w = value.args
-            weight = _constant_array(w)
-            if weight is None:
-                transposed = self._producer(w)
-                if _op_name(transposed) != "relax.permute_dims" or transposed.attrs.axes is None or \
-                        [int(v) for v in transposed.attrs.axes] != [1, 0]:
-                    return None
-                weight = _constant_array(transposed.args[0])
-                weight = None if weight is None else weight.T
-            if weight is None or weight.ndim != 2 or (bias is not None and bias.shape[0] != weight.shape[1]):
+            weight = constant_columns(w, self._producer)
+            if weight is None or (bias is not None and bias.shape[0] != weight.shape[1]):
                 return None
             return a, weight, bias
 

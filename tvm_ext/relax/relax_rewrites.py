@@ -61,7 +61,7 @@ built from the same rewritten module.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -145,6 +145,28 @@ def _op_name(expr: Any) -> str:
     from tvm.ir.expr import Call
 
     return str(getattr(expr.op, "name", "")) if isinstance(expr, Call) else ""
+
+
+def constant_columns(b: Any, producer: Callable[[Any], Any]) -> np.ndarray | None:
+    """The numpy value ``[k, n]`` of a matmul's B where it is constant: a constant ``[k, n]``
+    itself, or the transpose (``permute_dims``, axes ``[1, 0]`` or none given) of a constant
+    ``[n, k]``, each seen through ``producer`` (the binding a variable names); else None.  The
+    narrow-head padding and the fold of a ``Linear`` into a GRU's or LSTM's input projection both
+    read a weight this way."""
+    from tvm.ir.expr import Constant
+    from tvm.runtime import Tensor
+
+    value = producer(b)
+    transposed = _op_name(value) == "relax.permute_dims"
+    if transposed:
+        axes = value.attrs.axes
+        if axes is not None and [int(x) for x in axes] != [1, 0]:
+            return None
+        value = producer(value.args[0])
+    tensor = getattr(value, "value", None) if isinstance(value, Constant) else None
+    if not isinstance(tensor, Tensor) or len(tensor.shape) != 2:
+        return None
+    return tensor.numpy().T if transposed else tensor.numpy()
 
 
 def _wgmma_takes_ragged_n(rows: int, n: int, k: int) -> bool:
@@ -392,7 +414,7 @@ def _make_mutator() -> Any:
             operand = str(a.ty.dtype)
             if operand not in LOW_PRECISION or str(b.ty.dtype) != operand or str(call.ty.dtype) != operand:
                 return None
-            value = self._constant_columns(b)
+            value = constant_columns(b, self._producer)
             if value is None or value.shape[1] % ROW_ALIGN == 0 or value.shape[1] >= PADDED_COLUMNS:
                 return None
             k, n = value.shape
@@ -403,16 +425,6 @@ def _make_mutator() -> Any:
             # the first n columns taken (a gather: not fused into the GEMM's store as a slice would be)
             return relax.op.take(wide, relax.const(np.arange(n, dtype="int32")), axis=len(_shape(call)) - 1,
                                  mode="clip")
-
-        def _constant_columns(self, b: Any) -> Any:
-            """The numpy value ``[k, n]`` of a matmul's B that ``_stored_rows`` finds constant: a
-            constant ``[k, n]`` itself, or the transpose of a constant ``[n, k]``; else None."""
-            w, _, stored_k_by_n = self._stored_rows(b, eight_bit=False)
-            if stored_k_by_n:
-                return w.numpy()
-            const = self._producer(w) if w is not None else None
-            value = getattr(const, "value", None) if isinstance(const, GenericConst) else None
-            return value.numpy().T if isinstance(value, Tensor) and len(value.shape) == 2 else None
 
         def _through_tuples(self, expr: Any) -> Any:
             """``_producer``'s value, a field of a tuple made here taken for the field's own."""
