@@ -151,6 +151,7 @@ def test_gemm_benchmark_peers_are_label_knob_values_and_a_bad_one_is_one_error_l
 
 @pytest.mark.parametrize("probe, args, needle", [
     ("vendor_kernels.py", ["--shapes", "1024x768"], "error: --shapes takes MxNxK"),
+    ("vendor_kernels.py", ["--ours", "--ours-peers", "x:"], "error: --ours-peers takes"),
     ("multicast_probe.py", ["--cases", "fp8_4096,nope"], "error: --cases takes names of"),
     ("gru_kernel_times.py", ["--cases", "64x2048"], "error: --cases takes BATCH:HIDDEN"),
     ("gru_kernel_times.py", ["--variants", "pick;x:"], "error: --variants takes"),

@@ -2,8 +2,14 @@
 call it, A (M, K) and B (K, N) row-major) and cuBLASLt's e4m3 (``torch._scaled_mm``, sums promoted,
 as ``gemm_fp8.py`` calls it), each kernel's name, grid, block, registers, shared memory and median
 duration from torch's profiler over a few calls after a warm-up.  The name says the tile, the
-cluster and the split of K cuBLAS chose; what our pick might copy.
-Usage: python benchmarks/probes/vendor_kernels.py [--shapes 1024x768x768,...] [--fp8 4096,8192] [--out DIR]"""
+cluster and the split of K cuBLAS chose; what our pick might copy.  With ``--ours``, our analytic
+pick for each float16 shape (``gemm-tc``'s, A·Btᵀ as ``gemm_tensor_core.py`` runs it) and any
+``--ours-peers`` (the pick with knobs changed) profiled the same way: kernel time beside the
+vendor's, without the launches between calls that a CUDA graph's timing counts.  A kernel launched
+early (``wgmma_pdl`` 1, the picks') waits for the one ahead inside its own duration, up to twice
+its time back to back: a peer with ``wgmma_pdl=0`` gives its own time.
+Usage: python benchmarks/probes/vendor_kernels.py [--shapes 1024x768x768,...] [--fp8 4096,8192]
+[--ours] [--ours-peers 'label:knob=v,...;...'] [--out DIR]"""
 from __future__ import annotations
 
 import argparse
@@ -74,12 +80,43 @@ def cases(shapes: list[tuple[int, int, int]], fp8: list[int]) -> list[tuple[str,
     return made
 
 
+def ours_cases(shapes: list[tuple[int, int, int]], peers: dict[str, dict[str, int]]
+               ) -> list[tuple[str, Callable[[], Any]]]:
+    """(label, call) of our analytic pick at each float16 shape and of each peer (the pick with
+    knobs changed), each on one operand set (L2 warm, as the vendor's calls here)."""
+    from common import gemm_operand_sets, ours_launch
+
+    from tvm_ext.core.session import analytic_pick
+    from tvm_ext.schedules.gemm.tensor_core_choice import TensorCoreChoiceTemplate
+    from tvm_ext.target import resolve_target
+
+    target = resolve_target("cuda")
+    made = []
+    for m, n, k in shapes:
+        template = TensorCoreChoiceTemplate(m, n, k, a_dtype="float16", b_dtype="float16", c_dtype="float16")
+        pick = analytic_pick(template.for_target(target), target)[0].as_dict()
+        sets = gemm_operand_sets(m, n, k, "float16")[:1]
+        for label, changes in {"pick": {}, **peers}.items():
+            try:
+                launch, err = ours_launch(template, {**pick, **changes}, target, sets)
+            except Exception as exc:  # a peer the shape cannot take is reported, the rest go on
+                print(f"float16 {m}x{n}x{k} ours {label}: left out: {str(exc).splitlines()[0]}", flush=True)
+                continue
+            print(f"float16 {m}x{n}x{k} ours {label}: error {err:.1e}", flush=True)
+            made.append((f"float16 {m}x{n}x{k} ours {label}", lambda launch=launch: launch(0)))
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="MxNxK,... (float16)")
     parser.add_argument("--fp8", default="4096,8192", help="square e4m3 sizes, or empty")
+    parser.add_argument("--ours", action="store_true", help="also our analytic pick at each float16 shape")
+    parser.add_argument("--ours-peers", default="", help="with --ours, the pick with knobs changed: "
+                                                         "'label:knob=v,knob=v;...'")
     parser.add_argument("--out", default=".", help="folder for vendor_kernels.json")
     args = parser.parse_args(argv)
+    from common import parse_knob_sets
     try:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
         fp8 = [int(v) for v in args.fp8.split(",") if v]
@@ -89,10 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --shapes takes MxNxK,... and --fp8 sizes,... of positive integers, got "
               f"{args.shapes!r} / {args.fp8!r}", file=sys.stderr)
         return 2
+    try:
+        peers = parse_knob_sets(args.ours_peers, "--ours-peers")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from common import device_name
 
     found = {}
-    for label, call in cases(shapes, fp8):
+    for label, call in cases(shapes, fp8) + (ours_cases(shapes, peers) if args.ours else []):
         found[label] = kernels_of(call)
         for row in found[label]:
             print(f"{label}: {row['median_us']} us  grid {row['grid']} block {row['block']} regs {row['registers']} "
