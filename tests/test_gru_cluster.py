@@ -19,9 +19,9 @@ from tvm_ext.target import offline_cuda
 CLUSTER = dict(fuse_step=1, step_loop=2, step_flags=2)
 
 
-def _compiled(template, units):
+def _compiled(template, units, pull=0):
     target = offline_cuda("sm_90")
-    cfg = template.default_config(target).replace(**CLUSTER, step_flag_units=units)
+    cfg = template.default_config(target).replace(**CLUSTER, step_flag_units=units, step_cluster_pull=pull)
     assert template.space(target).is_feasible(cfg), template.space(target).infeasible_reason(cfg)
     return template.compile(cfg, target)
 
@@ -73,6 +73,31 @@ def test_quads_gather_a_blocks_h_and_store_it_four_values_an_st_async():
     assert "step_cluster_quads" not in template.shown_knobs(flags)
 
 
+def test_pull_keeps_h_in_its_writers_block_and_polls_remote_loads_of_it():
+    """``step_cluster_pull`` 1: the lane of a row stores h' as one (value, step) word into its own
+    block's slot with a relaxed cluster-scope store, nothing goes into a peer; a step pulls each
+    word of h with a relaxed load from the owning block's shared memory (its rank the unit's
+    block), polled until its tag is the step (the bounded poll raising the timed-out flag), then
+    one block barrier; no mbarrier is set up or waited on (B5 H200, 13 blocks of 16 units: 1000
+    words, two a thread of 512)."""
+    template = _template(5, 200)
+    target = offline_cuda("sm_90")
+    cfg = template.default_config(target).replace(**CLUSTER, step_flag_units=16)
+    push, pull = (_kernel(template.compile(cfg.replace(step_cluster_pull=p), target).source) for p in (0, 1))
+    loop, end = pull.index("for (int s = 0; s < 5; ++s)"), pull.rindex("tvm_builtin_ptx_barrier_cluster_arrive")
+    step = pull[loop:end]
+    assert step.count("tvm_builtin_ptx_ld_relaxed_cluster_shared__cluster_b64(") == 2  # two words a thread
+    assert step.count("tvm_builtin_ptx_mapa_u32_shared__cluster_u32(") == 2
+    assert "& 15))]" in step and ">> 4)));" in step  # the unit's word in its block, that block's rank
+    assert step.count("tvm_builtin_ptx_st_shared__cta_b32(") == 2  # the words' values into this block's h
+    assert step.count("tvm_builtin_ptx_st_relaxed_cluster_shared__cta_b64(") == 1
+    assert step.count("__syncthreads()") == 1 and ">> (uint64_t)32ULL)) == s)" in step and "2097152" in step
+    assert "st_async" not in pull and "mbarrier" not in pull and "st_async" in push and "mbarrier" in push
+    assert "step_cluster_pull" in template.shown_knobs(cfg.replace(step_cluster_pull=1))
+    flags = cfg.replace(step_flags=1, step_flag_units=8)
+    assert "step_cluster_pull" not in template.shown_knobs(flags)
+
+
 def test_the_cluster_is_launched_with_the_blocks_of_a_direction():
     """The kernel's launch tags carry the cluster size (``clusterCtaIdx.x``: TVM's runtime then
     launches with ``cuLaunchKernelEx`` and the cluster dimension), one cluster per direction."""
@@ -83,10 +108,11 @@ def test_the_cluster_is_launched_with_the_blocks_of_a_direction():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-@pytest.mark.parametrize("batch, hidden, units, bidirectional", [(1, 256, 16, False), (5, 200, 16, False),
-                                                                  (3, 33, 8, True), (8, 64, 8, False)])
-def test_nvcc_compiles_the_kernel_for_sm_90_without_spills(tmp_path, batch, hidden, units, bidirectional):
-    compiled = _compiled(_template(batch, hidden, bidirectional=bidirectional), units)
+@pytest.mark.parametrize("batch, hidden, units, bidirectional, pull", [
+    (1, 256, 16, False, 0), (5, 200, 16, False, 0), (3, 33, 8, True, 0), (8, 64, 8, False, 0),
+    (1, 256, 16, False, 1), (3, 33, 8, True, 1)])
+def test_nvcc_compiles_the_kernel_for_sm_90_without_spills(tmp_path, batch, hidden, units, bidirectional, pull):
+    compiled = _compiled(_template(batch, hidden, bidirectional=bidirectional), units, pull)
     assert " 0 bytes spill stores" in steps_kernel_ptxas(compiled.source, tmp_path)
 
 
@@ -97,6 +123,7 @@ def test_nvcc_compiles_the_kernel_for_sm_90_without_spills(tmp_path, batch, hidd
     (_template(16, 256), dict(step_flag_units=32), "registers a thread"),  # 1024 threads: 64 registers each
     (_template(2, 64), dict(step_flag_units=8, step_loop=1), "persistent kernel only"),
     (_template(2, 64), dict(step_flag_units=12), "allowed: (4, 8, 16, 32)"),
+    (_template(2, 64), dict(step_flag_units=8, step_cluster_pull=1, step_cluster_quads=1), "pulls h"),
 ])
 def test_space_refuses_with_the_reason(template, knobs, reason):
     target = offline_cuda("sm_90")
@@ -143,17 +170,19 @@ GPU_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quads", [0, 1])
+@pytest.mark.parametrize("quads, pull", [(0, 0), (1, 0), (0, 1)])
 @pytest.mark.parametrize("key", list(GPU_CASES))
-def test_cuda_cluster_step_matches_float64(key, quads):
+def test_cuda_cluster_step_matches_float64(key, quads, pull):
     """Against float64 on reruns with the same input (a value read before its block wrote it
     would move the error) and on a second input (nothing of the first call is read); h' stored
-    a value or four values an ``st.async``."""
+    a value or four values an ``st.async``, or pulled from its writer's block."""
     s, units = GPU_CASES[key]
     gru = GRU.build("cuda", s.input, s.hidden, num_layers=s.layers, bidirectional=s.bidirectional, batch=s.batch,
                     seq=s.seq, batch_first=s.batch_first,
-                    config={**CLUSTER, "step_flag_units": units, "step_cluster_quads": quads}).load_numpy(_weights(s))
+                    config={**CLUSTER, "step_flag_units": units, "step_cluster_quads": quads,
+                            "step_cluster_pull": pull}).load_numpy(_weights(s))
     assert gru.config.step_flags == 2 and gru.config.step_cluster_quads == quads
+    assert gru.config.step_cluster_pull == pull
     for seed in (1, 2):
         x, h0 = _inputs(s, seed)
         assert_reruns_match_float64(gru, s, x, h0, 1e-5, 1e-9)

@@ -9,9 +9,12 @@ differ only in how step s+1 learns that every block's h_{s+1} is written:
 - ``flags``: h stored as 8-byte words (value, step tag) with one relaxed 64-bit store; a
   reader polls the words themselves until every tag says step s+1 (no counter, no fence).
 
-Modes 10-16 put all blocks in one thread-block cluster (Hopper) and pass h through distributed
+Modes 10-20 put all blocks in one thread-block cluster (Hopper) and pass h through distributed
 shared memory instead: ``st.async`` counted on each block's ``mbarrier``, plain stores and a
-cluster barrier, or tagged words stored into every block and polled there.
+cluster barrier, tagged words stored into every block and polled there, (17-20) tagged words
+each block keeps in its own shared memory and the others pull with remote loads, (21, 22) a
+block's h' gathered and sent to every block in one bulk copy each, or (23, 24) tagged words stored
+into every block, each polled there by one thread.
 
 Prints µs per step (from T = 128 and T = 512 runs) and the error against float64.
 Run through the device tool: ``python benchmarks/probes/gru_flag_probe.py --out $OUT``.
@@ -40,7 +43,12 @@ SOURCE = r"""
 #define LIMIT (1 << 22)
 #define CLUSTER (MODE >= 10)
 #define TAGGED (MODE >= 13 && MODE <= 16)
-#define NO_MATH (MODE == 2 || MODE == 7 || MODE == 11 || MODE == 14 || MODE == 16)
+#define PULL (MODE >= 17 && MODE <= 20)
+#define PUSH1 (MODE == 23 || MODE == 24)
+#define PULL_WORDS (MODE >= 19 ? 2 : 1)
+#define BULK (MODE == 21 || MODE == 22)
+#define NO_MATH (MODE == 2 || MODE == 7 || MODE == 11 || MODE == 14 || MODE == 16 || MODE == 18 || MODE == 20 || \
+                 MODE == 22 || MODE == 24)
 #define SLOTS (CLUSTER ? 2 : 1)
 #define C ((H + U - 1) / U)
 
@@ -70,8 +78,14 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
     float* __restrict__ out, unsigned long long* xch, float* hbuf, int* bar, int T) {{
   __shared__ float h_s[SLOTS * B * HP];
   __shared__ __align__(8) unsigned long long mbar[2];
-#if TAGGED
+#if TAGGED || PUSH1
   __shared__ unsigned long long hw_s[2 * B * HP];  // (value, step tag) words, two slots
+#endif
+#if BULK
+  __shared__ __align__(16) float stage_s[B * U];  // the block's h', gathered for its bulk copies
+#endif
+#if PULL
+  __shared__ __align__(16) unsigned long long pub_s[2 * B * U];  // this block's h' as (value, tag) words, two slots
 #endif
 #if CLUSTER
   extern __shared__ float gi_s[];  // the block's input gates of every step: [T][B][3][U]
@@ -101,10 +115,17 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
     const int uu = f % U, g = f / U % 3, tb = f / (3 * U), jj = blockIdx.x * U + uu;
     gi_s[f] = jj < H ? gi[tb * G + g * H + jj] : 0.f;
   }}
-#if TAGGED
+#if TAGGED || PUSH1
   for (int f = tid; f < 2 * B * HP; f += THREADS) hw_s[f] = 0xffffffff00000000ull;  // tag -1
   for (int f = tid; f < B * H; f += THREADS)
     hw_s[f / H * HP + f % H] = (unsigned long long)(unsigned)__float_as_int(hbuf[f]);
+#endif
+#if PULL
+  for (int f = tid; f < 2 * B * U; f += THREADS) {{
+    const int b = f / U % B, jj = blockIdx.x * U + f % U;
+    pub_s[f] = f < B * U && jj < H ? (unsigned long long)(unsigned)__float_as_int(hbuf[b * H + jj])
+                                   : 0xffffffff00000000ull;  // slot 0: h0 with tag 0; slot 1: tag -1
+  }}
 #endif
   if (tid == 0) {{
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem(&mbar[0])) : "memory");
@@ -112,7 +133,7 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }}
   __syncthreads();
-#if MODE == 10 || MODE == 11
+#if MODE == 10 || MODE == 11 || BULK
   if (tid == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                               :: "r"(smem(&mbar[1])), "r"(B * H * 4) : "memory");
 #endif
@@ -143,6 +164,40 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
         ++spins;
       }}
     }}
+#elif PUSH1
+    // tagged words stored into every block, as 13, but each polled by one thread, then shared
+    for (int f = tid; f < B * H; f += THREADS) {{
+      const unsigned a = smem(&hw_s[(s & 1) * B * HP + f / H * HP + f % H]);
+      unsigned long long w0 = 0;
+      do {{ w0 = ld_shared_relaxed(a); }} while ((int)(w0 >> 32) != s && ++spins < LIMIT);
+      h_cur[f / H * HP + f % H] = __int_as_float((int)(w0 & 0xffffffffu));
+    }}
+    __syncthreads();
+#elif PULL
+    // thread t pulls words t * PULL_WORDS.. of h_s from the block that wrote them, polling each
+    // load until every word's tag says step s (no barrier: the writer only stores locally)
+    for (int f = tid * PULL_WORDS; f < B * H; f += THREADS * PULL_WORDS) {{
+      const int b = f / H, k = f % H;
+      const unsigned a = peer(smem(&pub_s[((s & 1) * B + b) * U + k % U]), k / U);
+      unsigned long long w0 = 0, w1 = 0;
+      bool done = false;
+      while (!done && spins < LIMIT) {{
+#if PULL_WORDS == 2
+        asm volatile("ld.relaxed.cluster.shared::cluster.v2.b64 {{%0, %1}}, [%2];"
+                     : "=l"(w0), "=l"(w1) : "r"(a) : "memory");
+        done = (int)(w0 >> 32) == s && (int)(w1 >> 32) == s;
+#else
+        asm volatile("ld.relaxed.cluster.shared::cluster.b64 %0, [%1];" : "=l"(w0) : "r"(a) : "memory");
+        done = (int)(w0 >> 32) == s;
+#endif
+        ++spins;
+      }}
+      h_cur[b * HP + k] = __int_as_float((int)(w0 & 0xffffffffu));
+#if PULL_WORDS == 2
+      h_cur[b * HP + k + 1] = __int_as_float((int)(w1 & 0xffffffffu));
+#endif
+    }}
+    __syncthreads();
 #elif MODE != 12
     if (s > 0) {{
       const unsigned slot = s & 1, bar_a = smem(&mbar[slot]), par = (phase >> slot) & 1u;
@@ -279,8 +334,29 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
 #endif
 #if CLUSTER
     // lane l stores its row's h' (row l % B) into blocks l / B, l / B + 32 / B, ...
+#if BULK
+    // the block's h' gathered, then one bulk copy a (destination block, row) counted on its barrier
+    if (tid < C * B) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // stage_s read out
+    __syncthreads();
+    if (s + 1 < T && lane < B) stage_s[lane * U + u] = hn;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (s + 1 < T && tid < C * B) {{
+      const int t = tid / B, b = tid % B;
+      const unsigned dst = smem(&h_nxt_local[b * HP + blockIdx.x * U]), bar_a = smem(&mbar[(s + 1) & 1]);
+      asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                   :: "r"(peer(dst, t)), "r"(smem(&stage_s[b * U])), "r"(U * 4), "r"(peer(bar_a, t)) : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }}
+#elif PULL
+    if (s + 1 < T && j < H && lane < B) {{  // the block's own slot; the others pull it
+      const unsigned long long word = ((unsigned long long)(unsigned)(s + 1) << 32) | (unsigned)__float_as_int(hn);
+      asm volatile("st.relaxed.cluster.shared::cta.b64 [%0], %1;"
+                   :: "r"(smem(&pub_s[(((s + 1) & 1) * B + lane) * U + u])), "l"(word) : "memory");
+    }}
+#else
     if (s + 1 < T && j < H) {{
-#if TAGGED
+#if TAGGED || PUSH1
       const unsigned a = smem(&hw_s[((s + 1) & 1) * B * HP + (lane % B) * HP + j]);
       const unsigned long long word = ((unsigned long long)(unsigned)(s + 1) << 32) | (unsigned)__float_as_int(hn);
 #else
@@ -290,7 +366,7 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
       const unsigned bar_a = smem(&mbar[(s + 1) & 1]);
 #endif
       for (int t = lane / B; t < C; t += 32 / B) {{
-#if TAGGED
+#if TAGGED || PUSH1
         asm volatile("st.relaxed.cluster.shared::cluster.b64 [%0], %1;" :: "r"(peer(a, t)), "l"(word) : "memory");
 #elif MODE == 12
         asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(peer(a, t)), "f"(hn) : "memory");
@@ -300,6 +376,7 @@ extern "C" __global__ void {ATTR} __launch_bounds__(THREADS) gru(
 #endif
       }}
     }}
+#endif  // PULL
 #endif
     if (lane < B && j < H) {{
 #if CLUSTER
@@ -344,7 +421,12 @@ MODES = ("flags", "barrier", "flags, no math", "no sync (racy)", "flags, one wor
          "flags, polls staggered", "flags, polls staggered, no math", "", "",
          "cluster, st.async + mbarrier", "cluster, st.async + mbarrier, no math", "cluster, stores + cluster barrier",
          "cluster, tagged words into every block's shared memory", "cluster, tagged words, no math",
-         "cluster, tagged words, volatile polls", "cluster, tagged words, volatile polls, no math")
+         "cluster, tagged words, volatile polls", "cluster, tagged words, volatile polls, no math",
+         "cluster, h' pulled from its writer's shared memory", "cluster, h' pulled, no math",
+         "cluster, h' pulled two words a load", "cluster, h' pulled two words a load, no math",
+         "cluster, h' gathered and bulk-copied into every block (mbarrier)", "cluster, bulk copies, no math",
+         "cluster, tagged words into every block, each polled by one thread",
+         "cluster, tagged words polled once, no math")
 
 
 def reference(gi: np.ndarray, w: np.ndarray, bh: np.ndarray, h0: np.ndarray, steps: int) -> np.ndarray:
@@ -439,8 +521,13 @@ def main() -> None:
                          "st.async counted on its mbarrier, 11 the same without the math, 12 plain stores into the "
                          "cluster and a cluster barrier a step, 13 (value, step tag) words stored into every "
                          "block's shared memory and polled there, 14 the same without the math, 15 / 16 as 13 / 14 "
-                         "with volatile polls (cluster modes read the input gates from shared memory, loaded "
-                         "before the first step)")
+                         "with volatile polls, 17 each block's h' kept in its own shared memory as tagged words and "
+                         "pulled by every block with remote loads polled until tagged, 18 the same without the "
+                         "math, 19 / 20 as 17 / 18 two words a load, 21 each block's h' gathered in its shared memory "
+                         "and copied into every block by one cp.async.bulk a block counted on its mbarrier, 22 the "
+                         "same without the math, 23 / 24 as 13 / 14 with each word polled by one thread and shared "
+                         "(cluster modes read the input gates from "
+                         "shared memory, loaded before the first step)")
     ap.add_argument("--cases", default="1x256x8,1x256x16,8x512x8,8x512x4,8x1024x8", help="BxHxunits,...")
     args = ap.parse_args()
     ap_modes = [tuple(int(v) for v in m.split(':')) for m in args.modes.split(',')]

@@ -8,6 +8,11 @@ with ``st.async``, which counts the bytes on the receiving block's barrier of th
 begins once its slot's barrier has counted all of h (one thread arms it for the next step).
 With ``step_cluster_quads`` the block first gathers its h' in its shared memory and its threads
 store it four values an ``st.async``: each receiving barrier counts a quarter of the arrivals.
+With ``step_cluster_pull`` nothing is stored into another block: each block keeps its units' h' in
+its own shared memory as (value, step tag) words, two slots, and every block pulls all of h_s with
+remote loads (``ld.relaxed.cluster.shared::cluster``, a word a thread, each polled until its tag
+says the step), then a block barrier; no mbarrier.  A slot is written again two steps later, only
+after its writer has pulled the words every block wrote after pulling from that slot.
 
 Why: at a batch of a few rows a step is a few hundred nanoseconds of math, and the flag kernel's
 exchange through L2 (a relaxed store, then polling until the tag shows) costs an L2 round trip;
@@ -46,6 +51,7 @@ class ClusterStepShape(WarpUnitShape):
     block, the blocks of a direction one cluster; ``quads``: h' gathered before it is stored."""
 
     quads: bool = False
+    pull: bool = False
 
     @property
     def cluster(self) -> int:
@@ -63,8 +69,8 @@ class ClusterStepShape(WarpUnitShape):
 
     @property
     def peers(self) -> int:
-        """Blocks each lane that runs a cell stores h' into."""
-        return -(-self.cluster // self.lanes_per_row)
+        """Blocks each lane that runs a cell stores h' into (none where h is pulled)."""
+        return 0 if self.pull else -(-self.cluster // self.lanes_per_row)
 
     def registers(self) -> int:
         """32-bit registers a thread needs: its W share, the accumulators (3 gates x rows), the
@@ -73,27 +79,30 @@ class ClusterStepShape(WarpUnitShape):
 
     def shared_bytes(self) -> int:
         """h twice (the slot read and the slot written), float32, rows padded to 32 k; with
-        ``quads`` the block's own h' once more."""
-        return 2 * self.batch * self.k_per_lane * WARP * 4 + (self.batch * self.units * 4 if self.quads else 0)
+        ``quads`` the block's own h' once more, with ``pull`` its words (8 bytes) in two slots."""
+        own = self.batch * self.units * (16 if self.pull else 4 if self.quads else 0)
+        return 2 * self.batch * self.k_per_lane * WARP * 4 + own
 
 
 def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: int, *, units: int, h_dtype: str,
                       w_dtype: str, gi_dtype: str, acc_dtype: str, gh_dtype: str, math_dtype: str, out_dtype: str,
-                      quads: bool = False, name: str = "gru_steps") -> Any:
+                      quads: bool = False, pull: bool = False, name: str = "gru_steps") -> Any:
     """The cluster step kernel of one layer as a lowered PrimFunc (gi, hs, w, bias, layer, out,
     h_n, bar): it reads h0 from slot 0 of the state ``hs`` that ``gru_init`` wrote, and raises the
     timed-out flag ``bar[1]`` where a wait gave up.  ``quads``: a block gathers its units' h' in
     its shared memory and stores them into the cluster four values an ``st.async`` (a quarter of
-    the arrivals each receiving barrier counts)."""
+    the arrivals each receiving barrier counts).  ``pull``: each block keeps its h' as tagged words
+    and pulls everyone's from their shared memory (``pull_step``)."""
     from tvm.script import tirx as T
 
-    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype, quads=quads)
+    shape = ClusterStepShape(batch, hidden, dirs, units, w_dtype, quads=quads, pull=pull)
     G, KP, U, cluster = 3 * hidden, shape.k_per_lane, units, shape.cluster
     HP = KP * WARP  # a row of h in shared memory, zero past the hidden size
     slot_words = batch * HP
     threads = shape.threads
     lanes_per_row, peers = shape.lanes_per_row, shape.peers
-    storing_lanes = lanes_per_row * batch
+    storing_lanes = batch if pull else lanes_per_row * batch
+    pulls = -(-batch * hidden // threads)  # words of h a thread pulls a step
     math = WarpUnitMath(steps, batch, hidden, dirs, KP, h_dtype, w_dtype, gi_dtype, acc_dtype, gh_dtype, math_dtype,
                         cell_lanes=storing_lanes)
     load_w, load_gi, gate_sums, select_row = math.macros()
@@ -117,6 +126,29 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
             if polls[0] >= SPIN_LIMIT:
                 done[0] = T.uint32(1)
 
+    @T.macro
+    def pull_step(h_s, own, word, far, done, polls, s, tid):  # type: ignore[no-untyped-def]
+        """h at step s into slot s % 2 of ``h_s``: thread t pulls words t, t + threads, ... (row f // hidden,
+        unit f % hidden) from the block that owns the unit, each polled until tagged s, or
+        ``SPIN_LIMIT`` polls (then the timed-out flag is raised and the kernel runs on)."""
+        for it in T.unroll(pulls):
+            f = T.meta_var(it * threads + tid)
+            if f < batch * hidden:
+                row, k = T.meta_var(f // hidden), T.meta_var(f % hidden)
+                T.ptx["mapa.shared::cluster.u32"](
+                    far[0], T.cuda.cvta_generic_to_shared(own.ptr_to([((s % 2) * batch + row) * units + k % units])),
+                    T.Cast("uint32", k // units))
+                done[0] = T.uint32(0)
+                while done[0] == T.uint32(0):
+                    T.ptx["ld.relaxed.cluster.shared::cluster.b64"](word[0], far[0])
+                    polls[0] = polls[0] + 1
+                    if T.Cast("int32", T.shift_right(word[0], T.uint64(32))) == s or polls[0] >= SPIN_LIMIT:
+                        done[0] = T.uint32(1)
+                T.ptx["st.shared::cta.b32"](  # by PTX: the slot read a step ago needs no barrier of its own
+                    T.cuda.cvta_generic_to_shared(h_s.ptr_to([(s % 2) * slot_words + row * HP + k])),
+                    T.Cast("uint32", T.bitwise_and(word[0], T.uint64(0xFFFFFFFF))))
+        T.tvm_storage_sync("shared")
+
     @T.prim_func(private=True)
     def kernel(gi: T.Buffer((steps * batch, dirs * G), gi_dtype), hs: T.Buffer((2, dirs, batch, hidden), h_dtype),
                w: T.Buffer((dirs, hidden, G), w_dtype), bias: T.Buffer((dirs, G), w_dtype), layer: T.int32,
@@ -135,9 +167,12 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         sums = T.alloc_buffer((3,), acc_dtype, scope="local")
         gi_reg = T.alloc_buffer((3,), gi_dtype, scope="local")
         b_h = T.alloc_buffer((3,), "float32", scope="local")
-        peer = T.alloc_buffer((peers,), "uint32", scope="local")
-        peer_bar = T.alloc_buffer((peers,), "uint32", scope="local")
+        peer = T.alloc_buffer((max(peers, 1),), "uint32", scope="local")
+        peer_bar = T.alloc_buffer((max(peers, 1),), "uint32", scope="local")
         staged = T.alloc_buffer((batch * units if quads else 1,), "float32", scope="shared")  # the block's h'
+        own = T.alloc_buffer((2 * batch * units if pull else 1,), "uint64", scope="shared")  # its h' words, pulled
+        word = T.alloc_buffer((1,), "uint64", scope="local")
+        far = T.alloc_buffer((1,), "uint32", scope="local")
         quad = T.alloc_buffer((4,), "float32", scope="local")
         h_new = T.alloc_buffer((1,), "float32", scope="local")
         z = T.alloc_buffer((1,), math_dtype, scope="local")  # the cell's update gate, computed once
@@ -145,7 +180,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         polls = T.alloc_buffer((1,), "int32", scope="local")
         tid = T.meta_var(ty * WARP + tx)
         j = T.meta_var(bx * U + ty)
-        if tid == 0:
+        if tid == 0 and not pull:
             for i in T.unroll(2):
                 T.ptx["mbarrier.init.shared::cta.b64"](T.cuda.cvta_generic_to_shared(mbar.ptr_to([i])), T.uint32(1))
             T.ptx["fence.mbarrier_init.release.cluster"]()
@@ -156,6 +191,10 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                 h_s[f] = T.if_then_else(f < slot_words and f % HP < hidden,
                                         T.cast(hs[0, bz, T.min(f // HP, batch - 1), T.min(f % HP, hidden - 1)],
                                                "float32"), T.float32(0))
+        if pull:
+            for it in T.unroll(-(-2 * batch * units // threads)):  # no slot holds a step's words yet
+                if it * threads + tid < 2 * batch * units:
+                    own[it * threads + tid] = T.shift_left(T.uint64(0xFFFFFFFF), T.uint64(32))  # tag -1
         for g in T.unroll(3):
             b_h[g] = T.if_then_else(j < hidden, T.cast(bias[bz, g * hidden + T.min(j, hidden - 1)], "float32"),
                                     T.float32(0))
@@ -163,7 +202,7 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
             rank = T.meta_var(T.Cast("uint32", T.min(tid // (batch * quads_a_block), cluster - 1)))
             T.ptx["mapa.shared::cluster.u32"](peer[0], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])), rank)
             T.ptx["mapa.shared::cluster.u32"](peer_bar[0], T.cuda.cvta_generic_to_shared(mbar.ptr_to([0])), rank)
-        else:
+        elif not pull:
             for r in T.unroll(peers):  # the blocks this lane stores into: r x lanes_per_row + l // batch
                 rank = T.meta_var(T.Cast("uint32", T.min(r * lanes_per_row + tx // batch, cluster - 1)))
                 T.ptx["mapa.shared::cluster.u32"](peer[r], T.cuda.cvta_generic_to_shared(h_s.ptr_to([0])), rank)
@@ -174,11 +213,15 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
         T.ptx["barrier.cluster.arrive.release.aligned"]()
         T.ptx["barrier.cluster.wait.acquire.aligned"]()  # every block runs, its barriers set, before any store
         for s in T.serial(steps):
-            if s > 0:
+            if pull:
+                if s > 0:  # slot 0 holds h0, loaded above
+                    pull_step(h_s, own, word, far, done, polls, s, tid)
+            elif s > 0:
                 wait_for_step(mbar, done, polls, s)
-            if tid == 0 and s + 1 < steps:  # slot (s+1) % 2 expects h_{s+1}: its last phase ended at step s-1
-                T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
-                    T.cuda.cvta_generic_to_shared(mbar.ptr_to([(s + 1) % 2])), T.uint32(tx_bytes))
+            if not pull:
+                if tid == 0 and s + 1 < steps:  # slot (s+1) % 2 expects h_{s+1}: its last phase ended at step s-1
+                    T.ptx["mbarrier.arrive.expect_tx.shared::cta.b64"](
+                        T.cuda.cvta_generic_to_shared(mbar.ptr_to([(s + 1) % 2])), T.uint32(tx_bytes))
             read = T.meta_var((s % 2) * slot_words)
             gate_sums(acc, w_r, h_s, read, tx)
             select_row(sums, acc, tx)  # lane l's row l % batch
@@ -188,7 +231,13 @@ def cluster_step_func(steps: int, batch: int, hidden: int, dirs: int, layers: in
                 z[0] = z_n[0]
                 h_new[0] = T.cast(stored_as(cell_blend(z[0], z_n[1], h_s[read + row * HP + j], math_dtype), h_dtype),
                                   "float32")
-                if s + 1 < steps and not quads:  # lane l stores into peers l // batch, + lanes_per_row, ...
+                if pull:
+                    if s + 1 < steps:  # into its own slot (s+1) % 2, tagged s + 1
+                        T.ptx["st.relaxed.cluster.shared::cta.b64"](
+                            T.cuda.cvta_generic_to_shared(own.ptr_to([((s + 1) % 2 * batch + row) * units + ty])),
+                            T.bitwise_or(T.shift_left(T.Cast("uint64", s + 1), T.uint64(32)),
+                                         T.Cast("uint64", T.reinterpret("uint32", h_new[0]))))
+                elif s + 1 < steps and not quads:  # lane l stores into peers l // batch, + lanes_per_row, ...
                     for r in T.unroll(peers):
                         if r * lanes_per_row + tx // batch < cluster:
                             T.ptx["st_async.shared::cluster.mbarrier::complete_tx::bytes.f32"](
@@ -233,18 +282,19 @@ class ClusterStep(StepVariant):
     loop: int
     step_j: int  # not this kernel's, but checked against the block limit as for every fused kernel
     quads: bool = False
+    pull: bool = False
 
     unshown_names = SIMT_STEP_KNOBS + TC_STEP_KNOBS + ("step_j", "step_barrier", "step_tc")
 
     @classmethod
     def of(cls, sizes: StepSizes, c: Config) -> "ClusterStep":
         return cls(sizes, units=c.step_flag_units, loop=c.step_loop, step_j=c.step_j,
-                   quads=bool(c.step_cluster_quads))
+                   quads=bool(c.step_cluster_quads), pull=bool(c.step_cluster_pull))
 
     @property
     def shape(self) -> ClusterStepShape:
         s = self.sizes
-        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, quads=self.quads)
+        return ClusterStepShape(s.batch, s.hidden, s.dirs, self.units, s.w_dtype, quads=self.quads, pull=self.pull)
 
     def reason(self, target: TargetInfo) -> str | None:
         """Why it cannot run here: CUDA's persistent kernel on a GPU with clusters, its tile,
@@ -263,6 +313,9 @@ class ClusterStep(StepVariant):
         shape = self.shape
         if why := shape.tile_reason(KERNEL):
             return why
+        if self.pull and self.quads:
+            return ("cluster step kernel: step_cluster_pull 1 pulls h, nothing is stored into a peer "
+                    "(step_cluster_quads 0)")
         if shape.cluster > CLUSTER_MAX:
             return (f"cluster step kernel: hidden {shape.hidden} over {shape.units} units a block is a cluster of "
                     f"{shape.cluster} blocks > {CLUSTER_MAX} (the largest cluster)")
@@ -293,4 +346,4 @@ class ClusterStep(StepVariant):
         return {"gru_steps": cluster_step_func(
             s.seq, s.batch, s.hidden, s.dirs, s.layers, units=self.units, h_dtype=s.h_dtype, w_dtype=s.w_dtype,
             gi_dtype=s.gi_dtype, acc_dtype=s.acc_dtype, gh_dtype=s.gh_dtype, math_dtype=s.math_dtype,
-            out_dtype=s.out_dtype, quads=self.quads)}
+            out_dtype=s.out_dtype, quads=self.quads, pull=self.pull)}

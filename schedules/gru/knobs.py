@@ -121,6 +121,10 @@ STEP_KNOBS = (
     Knob("step_cluster_quads", (0, 1), "cluster step kernel (step_flags 2): 1 gathers a block's h' in its shared "
                                        "memory and stores it into the cluster's blocks four values an st.async, "
                                        "each receiving barrier counting a quarter of the arrivals", before=0),
+    Knob("step_cluster_pull", (0, 1), "cluster step kernel (step_flags 2): 1 keeps a block's h' in its own shared "
+                                      "memory as (value, step) words and every block pulls all of h with remote "
+                                      "loads, each polled until tagged (no stores into a peer, no mbarrier)",
+         before=0),
     Knob("step_flag_units", (4, 8, 16, 32), "flag-exchange and cluster step kernels: hidden units per block (a warp "
                                             "each, its lanes splitting k, W_hh's share in registers)"),
 )

@@ -36,7 +36,7 @@ TC_STEP_KNOBS = ("step_tc_rows", "step_tc_kw", "step_tc_nw", "step_tc_acc", "ste
                  "step_tc_wregs", "step_tc_poll", "step_tc_warp_h", "step_tc_stack", "step_split_words",
                  "step_tc_ahead") + OVERLAP_KNOBS
 FLAG_STEP_KNOBS = ("step_flag_units", "step_flag_input")
-CLUSTER_STEP_KNOBS = ("step_cluster_quads",)
+CLUSTER_STEP_KNOBS = ("step_cluster_quads", "step_cluster_pull")
 
 
 @dataclass(frozen=True)

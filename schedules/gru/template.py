@@ -658,6 +658,7 @@ class GruTemplate(SplitInputParts, NamedBuffers, DtypeFields, Template):
                                   "step_overlap": 0, "step_overlap_bn": 0, "step_overlap_tma": 0,
                                   "step_overlap_stages": 0,
                                   "step_flags": 0, "step_flag_units": 8, "step_flag_input": 0, "step_cluster_quads": 0,
+                                  "step_cluster_pull": 0,
                                   "in_split": 0, "in_wgmma": 0, "in_tf32_promote": 0, "in_tf32_parts": 3,
                                   "hid_wgmma": 0, "hid_cell": 0, "hid_cell_share": 0, "hid_cell_bt": 0,
                                   "hid_cell_units": CELL_TILE_UNITS, "step_cell": 0, "step_cell_stages": 4,
