@@ -16,7 +16,6 @@ the SM clock and power read after each; the ratio quoted is the median of the pe
 from __future__ import annotations
 
 import datetime
-import math
 import json
 import os
 import statistics
@@ -25,10 +24,8 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
-from unittest.mock import patch
+from typing import Any, Callable
 
 from tvm_ext.measure.timing import (BACK_TO_BACK, GRAPH, PER_CALL, Launch, Rotation, Timing, TimingSettings,
                                     VendorTimes, back_to_back, calls_per_sample, per_call, rotation_count)
@@ -39,7 +36,7 @@ __all__ = ["TorchEventClock", "time_vendor", "time_graph", "time_ours", "time_ou
            "parse_shapes", "GpuReading", "parse_gpu_reading", "read_gpu", "smi_device", "round_order", "RoundRow",
            "interleaved_rounds", "RatioSummary", "ratio_summary", "graph_timer", "compare_in_rounds",
            "write_rounds", "rounds_header", "rounds_cells", "cublas_launches", "ours_launch", "TimingSettings",
-           "VendorTimes", "Timing", "host_and_wall_us", "profiled", "full_a_box"]
+           "VendorTimes", "Timing", "host_and_wall_us", "profiled"]
 
 MAX_GRAPH_CALLS = 4096  # calls captured in one graph at most (memory for their outputs)
 
@@ -786,24 +783,3 @@ def parse_knob_sets(text: str, option: str, bare: tuple[str, ...] = ()) -> dict[
             raise ValueError(f"{option} takes 'label:knob=integer,...;...', got {part!r}")
         sets[label.strip()] = changes
     return sets
-
-
-def gru_weights(rng: Any, hidden: int, bidirectional: bool = False) -> dict[str, Any]:
-    """One GRU layer's weights (input = hidden) as ``nn.GRU`` initialises them (uniform in
-    ±1/sqrt(hidden)), float32 arrays by ``state_dict`` name, drawn from ``rng`` in one order."""
-    g, k = 3 * hidden, 1 / math.sqrt(hidden)
-    return {name + tail: rng.uniform(-k, k, shape).astype("float32")
-            for tail in (("", "_reverse") if bidirectional else ("",)) for name, shape in (
-                ("weight_ih_l0", (g, hidden)), ("weight_hh_l0", (g, hidden)), ("bias_ih_l0", (g,)),
-                ("bias_hh_l0", (g,)))}
-
-
-@contextmanager
-def full_a_box(full: bool) -> Iterator[None]:
-    """While open (``full``), every wgmma kernel built loads A's whole tile by the TMA where M is
-    below one tile (rows past M as the TMA's zeros), as before ``KernelLayout.a_box_rows``: the
-    code before, built in the same process to time against the code now."""
-    from tvm_ext.schedules.gemm.wgmma_layout import KernelLayout
-
-    with patch.object(KernelLayout, "a_box_rows", property(lambda self: self.bm)) if full else nullcontext():
-        yield

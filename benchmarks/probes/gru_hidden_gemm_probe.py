@@ -28,7 +28,8 @@ TILES = {"64x96 s8 B(K,N)": (64, 8, "KN", 0, 96, 1), "64x96 s8 Bt(N,K)": (64, 8,
 
 
 def main() -> None:
-    from common import cublas_gemm, full_a_box, methods_text, ours_launch, seconds_by_method, time_ours_three
+    from common import cublas_gemm, methods_text, ours_launch, seconds_by_method, time_ours_three
+    from probe_helpers import full_a_box
 
     from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
     from tvm_ext.target import resolve_target

@@ -14,7 +14,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from common import gru_weights, kernel_calls, parse_knob_sets  # noqa: E402
+from common import kernel_calls, parse_knob_sets  # noqa: E402
+from probe_helpers import gru_weights  # noqa: E402
 from gru_step_knob import SEQ, STORED, variant_gru  # noqa: E402
 
 from tvm_ext.schedules.gru import GruTemplate  # noqa: E402

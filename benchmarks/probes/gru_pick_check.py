@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import gru_weights  # noqa: E402
+from probe_helpers import gru_weights  # noqa: E402
 from tvm_ext.cost_model.hardware import HardwareModel  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402
 from tvm_ext.schedules.gru import GRU, GruTemplate, gru_reference  # noqa: E402

@@ -27,7 +27,8 @@ from typing import Any, Iterator
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from common import full_a_box, gru_weights, parse_knob_sets, time_ours  # noqa: E402
+from common import parse_knob_sets, time_ours  # noqa: E402
+from probe_helpers import full_a_box, gru_weights  # noqa: E402
 
 from tvm_ext.core.space import Config  # noqa: E402
 from tvm_ext.precision.precision import relative_error  # noqa: E402

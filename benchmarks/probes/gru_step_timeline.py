@@ -79,7 +79,8 @@ def main() -> None:
 
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc",
                                  lambda code, target: stamped(code, step_values, itemsize), override=True)
-    from common import gru_weights, time_ours
+    from common import time_ours
+    from probe_helpers import gru_weights
 
     from tvm_ext.schedules.gru import GRU, GruTemplate
     from tvm_ext.target import resolve_target
