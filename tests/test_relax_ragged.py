@@ -65,7 +65,8 @@ def test_the_weight_is_read_as_stored_where_wgmma_takes_the_ragged_n(n, rows, ke
 
 @pytest.mark.parametrize("n, rows, k, dtype, kept", [
     (768, 1024, 768, "float16", False), (768, 768, 768, "bfloat16", False),  # BERT-base's projections
-    (3072, 1024, 768, "float16", True), (768, 1024, 3072, "float16", True),  # its FFN: wider tiles take (K, N)
+    (3072, 1024, 768, "float16", True),  # its FFN up: a wider tile takes (K, N)
+    (768, 1024, 3072, "float16", False),  # its FFN down: the narrow tile at 48 k steps, K whole
     (768, 128, 768, "float16", True),  # a few rows: the narrow tile is not the pick
 ])
 def test_the_weight_is_read_as_stored_where_the_narrow_pick_is_warp_specialized(n, rows, k, dtype, kept):

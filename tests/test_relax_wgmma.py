@@ -30,7 +30,7 @@ PROJECTIONS = {  # BERT-base (batch 8, sequence 128) float16: task -> (M, N, K),
     "fused_matmul_weight_rows_cast_add": ((1024, 768, 768), 1),  # Q, K, V: bias
     "fused_matmul_weight_rows_cast_add_add1": ((1024, 768, 768), 2),  # attention output: bias, residual
     "fused_matmul2_cast3_add2_gelu": ((1024, 3072, 768), 1),  # feed-forward in: bias, GELU
-    "fused_matmul3_cast_add_add1": ((1024, 768, 3072), 2),  # feed-forward out: bias, residual
+    "fused_matmul_weight_rows1_cast_add_add1": ((1024, 768, 3072), 2),  # feed-forward out: bias, residual
 }
 ATTENTION = {  # (batch, heads) products, B the keys transposed / the values, stored (K, N): (M, N, K)
     "fused_matmul_cast1_divide": (128, 128, 64),  # scores Q·Kᵀ / sqrt(64)

@@ -89,12 +89,21 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
     choice = TensorCoreChoiceTemplate(1024, 768, 768, a_dtype="float16", b_dtype="float16", c_dtype="float16")
     config, why = choice.analytic_pick(target)  # 128 tiles of 64x96, B (K, N) in 32-wide N atoms: wgmma
     assert config.as_dict()["tc_kernel"] == "wgmma" and "64x96" in why
-    for c_dtype in ("float16", "float32"):  # 96 tiles of 128x64 over 48 k steps: K split in a cluster, as gemm-wgmma's
+    for c_dtype in ("float16", "float32"):  # B (K, N) over 48 k steps: K split in a cluster, as gemm-wgmma's
         choice = TensorCoreChoiceTemplate(1024, 768, 3072, a_dtype="float16", b_dtype="float16", c_dtype=c_dtype)
         config, why = choice.analytic_pick(target)
         tile = WgmmaTile.of(choice.kernel_config(config)[1])
         assert (tile.bm, tile.bn, tile.split, tile.cluster) == (128, 128, 2, True), why
-        assert tile == WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072).default_config(target))
+        assert tile == WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072, b_layout="KN").default_config(target))
+    # Bt (N, K) at 48 k steps (BERT-base's FFN down): the 128 narrow tiles, one wave, K whole,
+    # warp-specialized; a wave of fewer tiles (M 512: 64), another depth or B (K, N) keep the split
+    assert pick(1024, 768, 3072) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True, specialized=True)
+    ffn_down = WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072).default_config(target))
+    assert ffn_down.name == "wgmma 64x96x64 s8 w1 smem tma ws pdl"
+    for m, k in ((512, 3072), (1024, 2048), (1024, 4096)):
+        assert pick(m, 768, k).split > 1 and pick(m, 768, k).bn != 96, (m, k)
+    kn_deep = pick_wgmma_tile([(1024, 768, 3072)], target, "float16", "KN", split_k=True, ragged_m=True, few_waves=True)
+    assert kn_deep.split == 2
 
 
 def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():
@@ -188,7 +197,8 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
     slices and stores C.  The partial sums are the function's own buffer (TVM's workspace)."""
     target = offline_cuda()
     t = WgmmaGemmTemplate(1024, 768, 3072)
-    cfg = t.default_config(target).replace(wgmma_split_cluster=0, wgmma_tma=0)  # cp.async: the operands named
+    cfg = _config(t, target, wgmma_bn=128, wgmma_stages=6, wgmma_smem_epilogue=0, wgmma_split_k=2,
+                  wgmma_pdl=1)  # cp.async: the operands named
     assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, pdl=True)
     program = t.build_program(cfg, target)
     assert program.params == ("A", "Bt", "C")
@@ -207,13 +217,13 @@ def test_a_split_k_runs_each_slice_as_a_unit_and_adds_the_slices_in_a_second_ker
 
 
 def test_a_cluster_adds_the_slices_of_a_tile_in_its_shared_memory_in_one_kernel():
-    """The default at BERT's FFN down: K in two, the two slices of a tile one thread-block cluster
+    """The default at BERT's FFN down with B (K, N): K in two, the two slices of a tile one thread-block cluster
     (adjacent blocks: slice blockIdx % 2, its k steps from slice x 1536); each block's float32
     sums go to its own shared memory, and block rank r adds rows [64r, 64r + 64) of both blocks'
     (``ld.shared::cluster``, 16 bytes at a time, 8 quads a thread) and stores them: one launch, no
     partial sums in global memory."""
     target = offline_cuda()
-    t = WgmmaGemmTemplate(1024, 768, 3072)
+    t = WgmmaGemmTemplate(1024, 768, 3072, b_layout="KN")
     cfg = t.default_config(target)
     assert WgmmaTile.of(cfg) == WgmmaTile(128, 128, 6, 1, False, 0, split=2, cluster=True, tma=True, pdl=True)
     program = t.build_program(cfg.replace(wgmma_tma=0), target)  # cp.async: the operands named
@@ -257,11 +267,11 @@ def test_the_pick_splits_k_only_where_the_output_has_too_few_tiles():
 
     target = offline_cuda()
 
-    def split_of(*shape):
-        return WgmmaTile.of(WgmmaGemmTemplate(*shape).default_config(target)).split
+    def split_of(*shape, b_layout="NK"):
+        return WgmmaTile.of(WgmmaGemmTemplate(*shape, b_layout=b_layout).default_config(target)).split
 
-    assert split_of(1024, 768, 3072) == 2 and split_of(512, 512, 8192) == 8
-    cluster = WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072).default_config(target)).cluster
+    assert split_of(1024, 768, 3072, b_layout="KN") == 2 and split_of(512, 512, 8192) == 8
+    cluster = WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072, b_layout="KN").default_config(target)).cluster
     assert cluster and not WgmmaTile.of(WgmmaGemmTemplate(512, 512, 8192).default_config(target)).cluster
     assert split_of(1024, 768, 768) == split_of(1024, 3072, 768) == split_of(4096, 4096, 4096) == 1
     assert pick_wgmma_tile([(1024, 768, 3072)], target, "float16").split == 1

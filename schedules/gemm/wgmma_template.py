@@ -57,10 +57,15 @@ FEW_WAVES = 2
 FEW_WAVES_TILES = DEFAULT_TILES + ((64, 128, 6, 1, 1, 0), (128, 192, 4, 1, 1, 0))
 # and where M is a multiple of 64 and a tile runs at most NARROW_MAX_STEPS k steps, 64x96 with 8
 # stages, warp-specialized where the TMA loads it (``narrow_specialized``; BERT-base's 1024x768x768
-# and four shapes like it faster than cuBLAS; at its 1024x768x3072, 48 k steps, and at a ragged
-# 200x3072x768 it measured slower than the pick without it: docs/results/gemm.md)
+# and four shapes like it faster than cuBLAS; at a ragged 200x3072x768 it measured slower than the
+# pick without it: docs/results/gemm.md)
 NARROW_TILES = ((64, 96, 8, 1, 1, 0),)
 NARROW_MAX_STEPS = 12
+# and at NARROW_DEEP_STEPS k steps, K whole, with Bt stored (N, K) where its tiles make one wave of
+# at least 90 % of the SMs (``narrow_whole_wave``): at BERT-base's FFN down, 1024x768x3072 (128
+# tiles), 1.02-1.04x the split-K pick in four runs of five on the H100 and the H200
+# (docs/results/gemm.md); B (K, N) measured slower there, other depths and tile counts unmeasured
+NARROW_DEEP_STEPS = 48
 MIN_RESIDENT_STAGES = 4
 # the pick loads its stages by the TMA where a block runs at least this many k steps, with 16-bit
 # operands: at 4096^3, 8192^3, the GRU's 8192x3072x1024 and BERT-base's FFN (24-48 k steps a
@@ -262,6 +267,10 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
+        deep = [t for t in past_n(made(NARROW_TILES))
+                if narrow_whole_wave(t, shapes, target.compute_units, b_layout, matrices)]
+        if deep:
+            return deep[0]
         extra = FEW_WAVES_TILES[len(DEFAULT_TILES):] + (NARROW_TILES if narrow_suits(shapes) else ())
         weighed = fitting + past_n(made(extra))
         picked = few_waves_pick(tile, weighed, shapes, target.compute_units, limit, b_layout, matrices, split_k)
@@ -276,6 +285,15 @@ def narrow_suits(shapes: Any) -> bool:
     """Whether ``NARROW_TILES`` are weighed for ``shapes``: every M a multiple of 64 and every K
     at most ``NARROW_MAX_STEPS`` k steps."""
     return all(m % 64 == 0 and k <= NARROW_MAX_STEPS * BK for m, _, k in shapes)
+
+
+def narrow_whole_wave(t: WgmmaTile, shapes: Any, sm_count: int, b_layout: str, matrices: int = 1) -> bool:
+    """Whether the narrow tile ``t`` takes ``shapes`` with K whole at ``NARROW_DEEP_STEPS`` k
+    steps: Bt stored (N, K), every M a multiple of 64 and every K that deep, and its C tiles one
+    wave of 90-100 % of the SMs."""
+    tiles = c_tile_count(t, shapes, matrices)
+    return (b_layout == "NK" and 9 * sm_count <= 10 * tiles <= 10 * sm_count
+            and all(m % 64 == 0 and k == NARROW_DEEP_STEPS * BK for m, _, k in shapes))
 
 
 def few_waves_problem(shapes: Any, sm_count: int, matrices: int = 1) -> bool:

@@ -26,8 +26,9 @@ built from the same rewritten module.
   against mma.sync's 0.68x; docs/results/gemm.md).
 - ``narrow_weight_rows``: on a GPU with wgmma, the same for a 16-bit ``Linear`` whose wgmma
   pick with B read as stored (N, K) is the warp-specialized narrow tile (``narrow_specialized``:
-  BERT-base's 1024x768x768 projections), which B stored (K, N) does not take (on the H200 that
-  shape at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); docs/results/gemm.md).  For both
+  BERT-base's 1024x768x768 projections and its 1024x768x3072 FFN down), which B stored (K, N)
+  does not take (on the H200 the projections at 1.23x cuBLAS read as stored, 1.10-1.15x as (K,
+  N); docs/results/gemm.md).  For both
   16-bit rules a constant ``[k, n]`` weight (an ONNX ``MatMul`` on a ``Linear``'s initializer,
   folded to ``[k, n]`` by its exporter) is transposed here, once, and read as stored the same way.
 - ``plain_matmul_operands``: a ``matmul`` whose operand is a ``broadcast_to`` of a tensor to its
