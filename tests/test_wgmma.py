@@ -104,6 +104,8 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
         assert pick(m, 768, k).split > 1 and pick(m, 768, k).bn != 96, (m, k)
     kn_deep = pick_wgmma_tile([(1024, 768, 3072)], target, "float16", "KN", split_k=True, ragged_m=True, few_waves=True)
     assert kn_deep.split == 2
+    wide_c = pick_wgmma_tile([(1024, 768, 3072)], target, "float32", split_k=True, ragged_m=True, few_waves=True)
+    assert wide_c.split == 2 and wide_c.bn == 128  # C not staged (float32): not the tile measured
 
 
 def test_a_skinny_gemm_gets_the_deep_64x64_pipeline():

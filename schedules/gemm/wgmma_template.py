@@ -267,8 +267,8 @@ def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                  and padding(t, shapes) <= FIRST_PICK_PADDING),
                 max(fitting, key=lambda t: (c_tile_count(t, shapes, matrices), -padding(t, shapes))))
     if few_waves and candidates is None and few_waves_problem(shapes, target.compute_units, matrices):
-        deep = [t for t in past_n(made(NARROW_TILES))
-                if narrow_whole_wave(t, shapes, target.compute_units, b_layout, matrices)]
+        deep = [t for t in past_n(made(NARROW_TILES))  # C staged, as measured
+                if t.smem_epilogue and narrow_whole_wave(t, shapes, target.compute_units, b_layout, matrices)]
         if deep:
             return deep[0]
         extra = FEW_WAVES_TILES[len(DEFAULT_TILES):] + (NARROW_TILES if narrow_suits(shapes) else ())
