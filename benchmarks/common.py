@@ -278,13 +278,17 @@ def methods_text(times: VendorTimes) -> str:
     return ", ".join(f"{method} {t.seconds * 1e3:.3f}" if t else method for method, t in vendor_methods(times))
 
 
-def gemm_operand_sets(m: int, n: int, k: int, dtype: str = "float32") -> list[tuple[Any, Any]]:
-    """randn A [m, k] and B [k, n] of ``dtype`` on the GPU, enough sets to rotate past L2."""
+def gemm_operand_sets(m: int, n: int, k: int, dtype: str = "float32", count: int | None = None
+                      ) -> list[tuple[Any, Any]]:
+    """randn A [m, k] and B [k, n] of ``dtype`` on the GPU: ``count`` sets, by default enough to
+    rotate past L2."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
+    if count is None:
+        count = l2_rotation(torch_dtype.itemsize * (m * k + k * n + m * n))
     return [(torch.randn(m, k, device="cuda", dtype=torch_dtype), torch.randn(k, n, device="cuda", dtype=torch_dtype))
-            for _ in range(l2_rotation(torch_dtype.itemsize * (m * k + k * n + m * n)))]
+            for _ in range(count)]
 
 
 def cublas_gemm(sets: Sequence[tuple[Any, Any]]) -> tuple[VendorTimes, float]:

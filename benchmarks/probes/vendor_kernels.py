@@ -95,7 +95,7 @@ def ours_cases(shapes: list[tuple[int, int, int]], peers: dict[str, dict[str, in
     for m, n, k in shapes:
         template = TensorCoreChoiceTemplate(m, n, k, a_dtype="float16", b_dtype="float16", c_dtype="float16")
         pick = analytic_pick(template.for_target(target), target)[0].as_dict()
-        sets = gemm_operand_sets(m, n, k, "float16")[:1]
+        sets = gemm_operand_sets(m, n, k, "float16", count=1)
         for label, changes in {"pick": {}, **peers}.items():
             try:
                 launch, err = ours_launch(template, {**pick, **changes}, target, sets)
