@@ -24,13 +24,13 @@ from tvm_ext.core.template import Workload
 from tvm_ext.relax.tvm_export import OPERATORS_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# lowered for Hopper: the projections read their Linear's weight (N, K) as stored (``narrow_weight_rows``:
-# their picks are warp-specialized), the attention's products B (K, N)
+# lowered for Hopper: the 768-column projections read their Linear's weight (N, K) as stored
+# (``narrow_weight_rows``: their pick is the warp-specialized narrow tile), the others (K, N)
 PROJECTIONS = {  # BERT-base (batch 8, sequence 128) float16: task -> (M, N, K), its epilogue's parameters
     "fused_matmul_weight_rows_cast_add": ((1024, 768, 768), 1),  # Q, K, V: bias
     "fused_matmul_weight_rows_cast_add_add1": ((1024, 768, 768), 2),  # attention output: bias, residual
-    "fused_matmul_weight_rows1_cast3_add2_gelu": ((1024, 3072, 768), 1),  # feed-forward in: bias, GELU
-    "fused_matmul_weight_rows2_cast_add_add1": ((1024, 768, 3072), 2),  # feed-forward out: bias, residual
+    "fused_matmul2_cast3_add2_gelu": ((1024, 3072, 768), 1),  # feed-forward in: bias, GELU
+    "fused_matmul_weight_rows1_cast_add_add1": ((1024, 768, 3072), 2),  # feed-forward out: bias, residual
 }
 ATTENTION = {  # (batch, heads) products, B the keys transposed / the values, stored (K, N): (M, N, K)
     "fused_matmul_cast1_divide": (128, 128, 64),  # scores Q·Kᵀ / sqrt(64)
@@ -76,7 +76,7 @@ def test_the_projections_and_attentions_batched_products_match_wgmma(base):
         expr = match.site.epilogue.expr
         assert str(expr.ty) == "float32"  # float16 additions run in float32, one rounding at the store
         assert expr.script().count("param_") + expr.script().count("lv") >= extras
-    assert "T.erf" in matches["fused_matmul_weight_rows1_cast3_add2_gelu"].site.epilogue.expr.script()
+    assert "T.erf" in matches["fused_matmul2_cast3_add2_gelu"].site.epilogue.expr.script()
     for name, (m, n, k) in ATTENTION.items():
         match = matches[name]
         assert match.matcher == "wgmma" and match.substitutes, (name, match.reason)
@@ -119,7 +119,7 @@ def test_compiled_model_runs_wgmma_kernels_with_the_epilogues_where_the_database
     (wgmma,) = [s for s in sources if "wgmma.mma_async" in s]  # the sm_90a module
     for name in {**PROJECTIONS, **ATTENTION}:
         assert f"{name}_kernel" in wgmma
-    definition = re.search(r"__global__ void[^\n;]*fused_matmul_weight_rows1_cast3_add2_gelu_kernel\([^\n;]*\{", wgmma)
+    definition = re.search(r"__global__ void[^\n;]*fused_matmul2_cast3_add2_gelu_kernel\([^\n;]*\{", wgmma)
     gelu = wgmma[definition.start():]
     assert "erff(" in gelu[:gelu.index("\n}\n")]  # GELU in the store of its GEMM
 

@@ -79,18 +79,7 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
     tokens = pick(700, 3072, 768)  # 264 tiles of 64x128: two a SM, so 4 stages rather than 6
     assert (tokens.bm, tokens.bn, tokens.stages, tokens.tiles) == (64, 128, 4, 1)
     assert tokens.tma  # 12 k steps, but 12 16-byte copies a thread a stage by cp.async (128x64: 6, and no TMA)
-    # 128 tiles of 128x192: one wave, not 1.5; with Bt (N, K) at 12-16 k steps warp-specialized, its two
-    # consumer warpgroups taking C's stage in turn (``turns_specialized``); B (K, N), 128x256 tiles, other
-    # depths and the GRU's callers (no ``few_waves``) keep the tile as it was
-    assert pick(1024, 3072, 768) == WgmmaTile(128, 192, 4, 1, True, 0, tma=True, specialized=True, c_turns=True)
-    for m, n, k in ((4096, 768, 768), (960, 3072, 1024)):
-        assert pick(m, n, k).c_turns and pick(m, n, k).specialized, (m, n, k)
-    plain = WgmmaTile(128, 192, 4, 1, True, 0, tma=True)
-    assert pick_wgmma_tile([(1024, 3072, 768)], target, "float16", "KN", split_k=True, ragged_m=True,
-                           few_waves=True) == plain
-    assert not pick(1024, 3072, 768, few_waves=False).c_turns
-    assert pick(1024, 3072, 512) == plain and pick(1024, 3072, 2048) == plain  # 8 and 32 k steps
-    assert not pick(1024, 4096, 768).c_turns  # 128x256
+    assert pick(1024, 3072, 768) == WgmmaTile(128, 192, 4, 1, True, 0, tma=True)  # 128 tiles: one wave, not 1.5
     assert 2 * (tokens.smem_bytes() + SHARED_RESERVED_PER_BLOCK) <= WGMMA_SHARED_PER_SM
     assert 2 * (dataclasses.replace(tokens, stages=5).smem_bytes() + SHARED_RESERVED_PER_BLOCK) > WGMMA_SHARED_PER_SM
     assert pick(1500, 768, 768) == WgmmaTile(128, 128, 6, 1, True, 0)  # 72 tiles rather than 144 two a block

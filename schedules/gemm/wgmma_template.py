@@ -66,13 +66,6 @@ NARROW_MAX_STEPS = 12
 # tiles), 1.02-1.04x the split-K pick in four runs of five on the H100 and the H200
 # (docs/results/gemm.md); B (K, N) measured slower there, other depths and tile counts unmeasured
 NARROW_DEEP_STEPS = 48
-# and where that pick is the 128x192 tile staging C, one C tile a block, its tiles one wave of
-# 90-100 % of the SMs TURNS_STEPS k steps deep, Bt stored (N, K): warp-specialized, its
-# two consumer warpgroups taking C's stage in turn (``turns_specialized``): 1.03-1.06x the pick at
-# 1024x3072x768 (BERT-base's FFN up, four runs), 960x3072x768, 4096x768x768 and 1024x3072x1024 on the
-# H100; 128x256 was not faster (0.985x at 1024x4096x768), other tiles unmeasured (docs/results/gemm.md)
-TURNS_TILE = (128, 192)
-TURNS_STEPS = (12, 16)  # the fewest and the most k steps measured
 MIN_RESIDENT_STAGES = 4
 # the pick loads its stages by the TMA where a block runs at least this many k steps, with 16-bit
 # operands: at 4096^3, 8192^3, the GRU's 8192x3072x1024 and BERT-base's FFN (24-48 k steps a
@@ -203,9 +196,8 @@ def pick_wgmma_tile(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str
                            few_waves, ragged_n)
     if tile is None:
         return None
-    limit = shared_limit(target)
-    tile = narrow_specialized(with_tma(tile, shapes, limit, b_layout, matrices), shapes, limit, b_layout)
-    return turns_specialized(tile, shapes, target.compute_units, limit, b_layout, matrices) if few_waves else tile
+    return narrow_specialized(with_tma(tile, shapes, shared_limit(target), b_layout, matrices), shapes,
+                              shared_limit(target), b_layout)
 
 
 def narrow_specialized(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> WgmmaTile:
@@ -217,22 +209,6 @@ def narrow_specialized(t: WgmmaTile, shapes: Any, limit: int, b_layout: str) -> 
         return t
     specialized = dataclasses.replace(t, specialized=True)
     return specialized if runs(specialized, shapes, limit, b_layout) else t
-
-
-def turns_specialized(t: WgmmaTile, shapes: Any, sm_count: int, limit: int, b_layout: str,
-                      matrices: int = 1) -> WgmmaTile:
-    """``TURNS_TILE`` with 16-bit operands loaded by the TMA and staging C, one C tile a block, its
-    tiles one wave of 90-100 % of the SMs ``TURNS_STEPS`` k steps deep, with Bt stored
-    (N, K) (as measured): warp-specialized, its two consumer warpgroups taking C's stage in turn
-    (``wgmma_c_turns``), where that runs; ``t`` elsewhere."""
-    tiles = c_tile_count(t, shapes, matrices)
-    if (b_layout != "NK" or t.operand not in TMA_OPERANDS or not (t.tma and t.smem_epilogue) or t.specialized
-            or (t.bm, t.bn) != TURNS_TILE or (t.tiles, t.split) != (1, 1)
-            or not 9 * sm_count <= 10 * tiles <= 10 * sm_count
-            or not all(TURNS_STEPS[0] * BK <= k <= TURNS_STEPS[1] * BK for _, _, k in shapes)):
-        return t
-    turned = dataclasses.replace(t, specialized=True, c_turns=True)
-    return turned if runs(turned, shapes, limit, b_layout) else t
 
 
 def first_wave_pick(shapes: Any, target: TargetInfo, c_dtype: str, b_layout: str = "NK",

@@ -25,13 +25,12 @@ built from the same rewritten module.
   stored (N, K) does, its last tile column guarded (on the H200, 1024x30522x768 at 1.65x cuBLAS
   against mma.sync's 0.68x; docs/results/gemm.md).
 - ``narrow_weight_rows``: on a GPU with wgmma, the same for a 16-bit ``Linear`` whose wgmma
-  pick with B read as stored (N, K) is warp-specialized (``narrow_specialized``, the narrow tile:
-  BERT-base's 1024x768x768 projections and its 1024x768x3072 FFN down; ``turns_specialized``, a
-  wave of 128x192 tiles: its 1024x3072x768 FFN up), which B stored (K, N) does not take (on
-  the H200 the projections at 1.23x cuBLAS read as stored, 1.10-1.15x as (K, N); on the H100
-  the FFN up 1.03x cuBLAS read so, 0.96-0.975x before; docs/results/gemm.md).  For both 16-bit rules
-  a constant ``[k, n]`` weight (an ONNX ``MatMul`` on a ``Linear``'s initializer, folded to ``[k, n]``
-  by its exporter) is transposed here, once, and read as stored the same way.
+  pick with B read as stored (N, K) is the warp-specialized narrow tile (``narrow_specialized``:
+  BERT-base's 1024x768x768 projections and its 1024x768x3072 FFN down), which B stored (K, N)
+  does not take (on the H200 the projections at 1.23x cuBLAS read as stored, 1.10-1.15x as (K,
+  N); docs/results/gemm.md).  For both
+  16-bit rules a constant ``[k, n]`` weight (an ONNX ``MatMul`` on a ``Linear``'s initializer,
+  folded to ``[k, n]`` by its exporter) is transposed here, once, and read as stored the same way.
 - ``plain_matmul_operands``: a ``matmul`` whose operand is a ``broadcast_to`` of a tensor to its
   own shape, or of a 2-D weight to a batch of copies (torch's decomposed ``Linear`` on a 3-D
   input writes both), takes the tensor itself (the matmul broadcasts a 2-D B over A's batch); and
