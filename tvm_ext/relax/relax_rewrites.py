@@ -148,6 +148,15 @@ def _op_name(expr: Any) -> str:
     return str(getattr(expr.op, "name", "")) if isinstance(expr, Call) else ""
 
 
+def _transposed_matrix(value: Any) -> Any:
+    """The matrix ``value`` is the transpose of (``permute_dims``, axes ``[1, 0]`` or none given),
+    else None: how a ``Linear``'s weight ``[n, k]`` reaches its matmul as B ``[k, n]``."""
+    if _op_name(value) != "relax.permute_dims":
+        return None
+    axes = value.attrs.axes
+    return value.args[0] if axes is None or [int(x) for x in axes] == [1, 0] else None
+
+
 def constant_columns(b: Any, producer: Callable[[Any], Any]) -> np.ndarray | None:
     """The numpy value ``[k, n]`` of a matmul's B where it is constant: a constant ``[k, n]``
     itself, or the transpose (``permute_dims``, axes ``[1, 0]`` or none given) of a constant
@@ -158,12 +167,10 @@ def constant_columns(b: Any, producer: Callable[[Any], Any]) -> np.ndarray | Non
     from tvm.runtime import Tensor
 
     value = producer(b)
-    transposed = _op_name(value) == "relax.permute_dims"
+    source = _transposed_matrix(value)
+    transposed = source is not None
     if transposed:
-        axes = value.attrs.axes
-        if axes is not None and [int(x) for x in axes] != [1, 0]:
-            return None
-        value = producer(value.args[0])
+        value = producer(source)
     tensor = getattr(value, "value", None) if isinstance(value, Constant) else None
     if not isinstance(tensor, Tensor) or len(tensor.shape) != 2:
         return None
@@ -344,11 +351,9 @@ def _make_mutator() -> Any:
             folded to ``[k, n]``), which the caller transposes once a rule takes the matmul; else
             (None, None, False)."""
             transposed = self._producer(b)
-            if _op_name(transposed) == "relax.permute_dims":
-                axes = transposed.attrs.axes
-                if axes is None or [int(x) for x in axes] == [1, 0]:
-                    return transposed.args[0], _static(_shape(transposed.args[0])), False
-                return None, None, False
+            source = _transposed_matrix(transposed)
+            if source is not None:
+                return source, _static(_shape(source)), False
             value = getattr(transposed, "value", None) if isinstance(transposed, GenericConst) else None
             if not eight_bit and isinstance(value, Tensor) and len(value.shape) == 2:
                 return value, (int(value.shape[1]), int(value.shape[0])), True
