@@ -155,9 +155,36 @@ def test_gemm_benchmark_peers_are_label_knob_values_and_a_bad_one_is_one_error_l
     ("multicast_probe.py", ["--cases", "fp8_4096,nope"], "error: --cases takes names of"),
     ("gru_kernel_times.py", ["--cases", "64x2048"], "error: --cases takes BATCH:HIDDEN"),
     ("gru_kernel_times.py", ["--variants", "pick;x:"], "error: --variants takes"),
+    ("wgmma_pick_probe.py", ["--shapes", "1024x768"], "error: bad shape '1024x768'"),
+    ("wgmma_pick_probe.py", ["--rounds", "0"], "error: --rounds must be at least 1"),
 ])
 def test_the_gemm_probes_refuse_bad_input_with_one_error_line(probe, args, needle):
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "probes", probe), *args],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stderr.strip().splitlines() == [run.stderr.strip().splitlines()[0]]
     assert run.stderr.startswith(needle)
+
+
+def test_the_pick_probe_turns_a_rule_off_for_its_peer_and_back_on():
+    """``wgmma_pick_probe``'s peer is the pick with one rule answering False: at 1024x768x2048 the
+    narrow whole-wave tile without ``narrow_whole_wave``, the pick again after; every rule it
+    offers is a predicate of the template module."""
+    from tvm_ext.schedules.gemm import wgmma_template
+    from tvm_ext.schedules.gemm.wgmma import WgmmaTile
+    from tvm_ext.target import offline_cuda
+
+    spec = importlib.util.spec_from_file_location("wgmma_pick_probe", os.path.join(ROOT, "benchmarks", "probes",
+                                                                                     "wgmma_pick_probe.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    target = offline_cuda()
+    template = wgmma_template.WgmmaGemmTemplate(1024, 768, 2048)
+
+    def tile():
+        return WgmmaTile.of(template.default_config(target))
+
+    assert (tile().bm, tile().bn, tile().specialized) == (64, 96, True)
+    with probe.rule_off("narrow_whole_wave"):
+        assert (tile().bm, tile().bn) != (64, 96)
+    assert (tile().bm, tile().bn) == (64, 96)
+    assert all(callable(getattr(wgmma_template, name)) for name in probe.RULES)

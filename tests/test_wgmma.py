@@ -73,7 +73,7 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
     assert pick(1024, 768, 768) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True, specialized=True)
     kn = pick_wgmma_tile([(1024, 768, 768)], target, "float16", "KN", split_k=True, ragged_m=True, few_waves=True)
     assert kn == WgmmaTile(64, 96, 8, 1, True, 0, tma=True)  # B (K, N): not specialized (not measured so)
-    assert pick(1024, 768, 1536) == WgmmaTile(128, 64, 6, 1, True, 0, tma=True)  # 24 k steps: 96 tiles of 128x64
+    assert pick(1024, 768, 1536) == pick(1024, 768, 768)  # 24 k steps: the narrow tiles too (``narrow_whole_wave``)
     assert pick(1000, 768, 768) == WgmmaTile(128, 64, 6, 1, True, 0)  # M ragged: the same
     assert pick(1024, 768, 768, few_waves=False) == WgmmaTile(64, 64, 8, 1, True, 8, tiles=2, tma=True)  # 24 k steps
     tokens = pick(700, 3072, 768)  # 264 tiles of 64x128: two a SM, so 4 stages rather than 6
@@ -95,13 +95,17 @@ def test_a_gemm_of_a_wave_or_two_takes_the_cheapest_tile_its_blocks_resident_tog
         tile = WgmmaTile.of(choice.kernel_config(config)[1])
         assert (tile.bm, tile.bn, tile.split, tile.cluster) == (128, 128, 2, True), why
         assert tile == WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072, b_layout="KN").default_config(target))
-    # Bt (N, K) at 48 k steps (BERT-base's FFN down): the 128 narrow tiles, one wave, K whole,
-    # warp-specialized; a wave of fewer tiles (M 512: 64), another depth or B (K, N) keep the split
-    assert pick(1024, 768, 3072) == WgmmaTile(64, 96, 8, 1, True, 0, tma=True, specialized=True)
+    # Bt (N, K) at 16 k steps or more (BERT-base's FFN down: 48): the 128 narrow tiles, one wave, K
+    # whole, warp-specialized; a wave of fewer tiles (M 512: 64), a shallower K, a K no multiple of 64
+    # or B (K, N) keep the pick they had
+    narrow = WgmmaTile(64, 96, 8, 1, True, 0, tma=True, specialized=True)
+    for k in (1024, 1280, 2048, 3072, 4096, 8192):
+        assert pick(1024, 768, k) == pick(960, 768, k) == pick(512, 1536, k) == narrow, k
     ffn_down = WgmmaTile.of(WgmmaGemmTemplate(1024, 768, 3072).default_config(target))
     assert ffn_down.name == "wgmma 64x96x64 s8 w1 smem tma ws pdl"
-    for m, k in ((512, 3072), (1024, 2048), (1024, 4096)):
-        assert pick(m, 768, k).split > 1 and pick(m, 768, k).bn != 96, (m, k)
+    assert pick(512, 768, 3072).split > 1 and pick(512, 768, 3072).bn != 96
+    for k in (960, 3000):
+        assert pick(1024, 768, k).bn != 96, k
     kn_deep = pick_wgmma_tile([(1024, 768, 3072)], target, "float16", "KN", split_k=True, ragged_m=True, few_waves=True)
     assert kn_deep.split == 2
     wide_c = pick_wgmma_tile([(1024, 768, 3072)], target, "float32", split_k=True, ragged_m=True, few_waves=True)
@@ -590,6 +594,35 @@ def test_cuda_96_column_tiles_match_float64(shape, knobs):
     out, ref = c.numpy().astype(np.float64), t.reference([a, bt])[0]
     assert np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(960, 768, 1280), (1024, 768, 4096), (512, 1536, 2048)])
+def test_cuda_narrow_whole_wave_picks_match_float64(shape):
+    """The default picks taking the narrow tiles from 16 k steps on (64x96, 8 stages,
+    warp-specialized, C staged; M ragged to its last tile row at 960) against float64 on
+    poisoned C: a stage released before its wgmma retired, or C's stage read before all of it
+    was written, gives an O(1) error or NaN."""
+    import tvm
+
+    from tvm_ext.target import resolve_target
+
+    m, n, k = shape
+    target = resolve_target("cuda")
+    t = WgmmaGemmTemplate(m, n, k)
+    cfg = t.default_config(target)
+    assert WgmmaTile.of(cfg).name == "wgmma 64x96x64 s8 w1 smem tma ws pdl"
+    program = t.build_program(cfg, target)
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    bt = rng.standard_normal((n, k)).astype(np.float16)
+    dev = tvm.cuda(0)
+    for _ in range(2):
+        c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float16), dev)
+        program.executable.mod["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(bt, dev), c)
+        out, ref = c.numpy().astype(np.float64), t.reference([a, bt])[0]
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
 
 
 @pytest.mark.gpu
