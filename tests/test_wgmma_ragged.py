@@ -9,7 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from test_wgmma import CLI, _config
+from test_wgmma import CLI, _c_against_float64, _config
 
 from tvm_ext.schedules.gemm.wgmma import WgmmaTile
 from tvm_ext.schedules.gemm.wgmma_template import WgmmaGemmTemplate
@@ -36,27 +36,6 @@ def test_a_ragged_m_is_guarded_and_an_m_the_tile_divides_builds_as_before():
         assert "% 1024" not in whole and "< 1024" not in whole
     assert pick_wgmma_tile([(64, 3072, 1024)], target, "float16", ragged_m=True).bm == 64  # 128 rows: half wasted
     assert pick_wgmma_tile([(700, 768, 768)], target, "float16") is None  # callers that don't ask: exact tiles
-
-
-def _c_against_float64(t, program, reruns=2):
-    """``program`` of template ``t`` on standard normal float16 operands, C a view of a
-    NaN-poisoned buffer a tile row (256 rows) longer, ``reruns`` times: C finite and within 1e-3
-    of float64, the buffer's tail still NaN (a store past M or N writes there)."""
-    import tvm
-
-    rng = np.random.default_rng(0)
-    operands = [rng.standard_normal(x.shape).astype(np.float16) for x in t.inputs()[:2]]
-    ref = t.reference(operands)[0]
-    m, n = ref.shape
-    dev = tvm.cuda(0)
-    for _ in range(reruns):  # a rerun: the same answer
-        poisoned = tvm.runtime.tensor(np.full(m * n + 256 * n, np.nan, np.float16), dev)
-        c = poisoned._create_view((m, n))
-        program.executable.mod["main"](*(tvm.runtime.tensor(x, dev) for x in operands), c)
-        out = c.numpy().astype(np.float64)
-        assert np.isfinite(out).all()
-        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-3
-        assert np.isnan(poisoned.numpy()[m * n:]).all()
 
 
 def _gru_against_float64(hidden, dtype, bound, seed, batch=32, seq=32):
